@@ -1,0 +1,105 @@
+"""Fixed-size KV blocks on two tiers: `gpu` (where attention runs) and `cpu` (swap space).
+
+Deals only in block ids and counts, like vLLM's BlockSpaceManager / nano-vllm's BlockManager,
+so the simulator and the real engine share it. The real engine maps block ids to slices of
+its cache tensors and performs the copies listed in SchedulerOutput.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class OutOfBlocks(RuntimeError):
+    pass
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+class BlockManager:
+    def __init__(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int = 16):
+        if num_gpu_blocks <= 0 or block_size <= 0 or num_cpu_blocks < 0:
+            raise ValueError(
+                f"BlockManager needs num_gpu_blocks > 0, num_cpu_blocks >= 0 and block_size > 0; "
+                f"got {num_gpu_blocks}, {num_cpu_blocks}, {block_size}"
+            )
+        self.block_size = block_size
+        self.num_gpu_blocks = num_gpu_blocks
+        self.num_cpu_blocks = num_cpu_blocks
+        self._free_gpu = deque(range(num_gpu_blocks))
+        self._free_cpu = deque(range(num_cpu_blocks))
+        self.gpu_tables: dict[str, list[int]] = {}  # request id -> gpu block ids
+        self.cpu_tables: dict[str, list[int]] = {}  # request id -> cpu block ids (swapped out)
+
+    # -- queries -------------------------------------------------------------------------
+    @property
+    def free_gpu_blocks(self) -> int:
+        return len(self._free_gpu)
+
+    @property
+    def free_cpu_blocks(self) -> int:
+        return len(self._free_cpu)
+
+    @property
+    def used_gpu_blocks(self) -> int:
+        return self.num_gpu_blocks - len(self._free_gpu)
+
+    @property
+    def used_cpu_blocks(self) -> int:
+        return self.num_cpu_blocks - len(self._free_cpu)
+
+    def num_gpu_blocks_of(self, rid: str) -> int:
+        return len(self.gpu_tables.get(rid, ()))
+
+    def num_cpu_blocks_of(self, rid: str) -> int:
+        return len(self.cpu_tables.get(rid, ()))
+
+    def extra_blocks_needed(self, rid: str, num_tokens: int) -> int:
+        """gpu blocks to add so `rid` can hold `num_tokens` cached tokens."""
+        return max(0, blocks_for(num_tokens, self.block_size) - self.num_gpu_blocks_of(rid))
+
+    # -- gpu -----------------------------------------------------------------------------
+    def grow(self, rid: str, num_tokens: int) -> list[int]:
+        """Make `rid`'s gpu table large enough for `num_tokens`; returns the new block ids."""
+        need = self.extra_blocks_needed(rid, num_tokens)
+        if need > len(self._free_gpu):
+            raise OutOfBlocks(f"{rid} needs {need} gpu blocks, {len(self._free_gpu)} free")
+        new = [self._free_gpu.popleft() for _ in range(need)]
+        self.gpu_tables.setdefault(rid, []).extend(new)
+        return new
+
+    def free(self, rid: str) -> None:
+        """Drop every block of `rid` on both tiers (finished or discarded)."""
+        self._free_gpu.extend(self.gpu_tables.pop(rid, ()))
+        self._free_cpu.extend(self.cpu_tables.pop(rid, ()))
+
+    # -- swapping ------------------------------------------------------------------------
+    def can_swap_out(self, rid: str) -> bool:
+        return self.num_gpu_blocks_of(rid) <= len(self._free_cpu)
+
+    def swap_out(self, rid: str) -> list[tuple[int, int]]:
+        """Move `rid`'s blocks gpu -> cpu; returns (gpu block, cpu block) copies to perform."""
+        gpu = self.gpu_tables.pop(rid, [])
+        if len(gpu) > len(self._free_cpu):
+            self.gpu_tables[rid] = gpu
+            raise OutOfBlocks(f"{rid} needs {len(gpu)} cpu blocks, {len(self._free_cpu)} free")
+        cpu = [self._free_cpu.popleft() for _ in gpu]
+        self.cpu_tables[rid] = cpu
+        self._free_gpu.extend(gpu)
+        return list(zip(gpu, cpu))
+
+    def can_swap_in(self, rid: str) -> bool:
+        return self.num_cpu_blocks_of(rid) <= len(self._free_gpu)
+
+    def swap_in(self, rid: str) -> list[tuple[int, int]]:
+        """Move `rid`'s blocks cpu -> gpu; returns (cpu block, gpu block) copies to perform."""
+        cpu = self.cpu_tables.pop(rid, [])
+        if len(cpu) > len(self._free_gpu):
+            self.cpu_tables[rid] = cpu
+            raise OutOfBlocks(f"{rid} needs {len(cpu)} gpu blocks, {len(self._free_gpu)} free")
+        gpu = [self._free_gpu.popleft() for _ in cpu]
+        self.gpu_tables[rid] = gpu
+        self._free_cpu.extend(cpu)
+        return list(zip(cpu, gpu))

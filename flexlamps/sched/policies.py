@@ -1,0 +1,211 @@
+"""Scheduling policies for augmented requests, behind one small interface.
+
+A policy answers two questions for the Scheduler:
+- `priority(req, ctx)`: the sort key (lower runs first) used to order admissions, to spend the
+  token budget, and (largest key) to pick a preemption victim;
+- `choose_strategies(reqs, ctx)`: what to do with each intercepted request's cache during its
+  API call (preserve / swap / discard).
+
+| name      | order                                   | during a call                       |
+|-----------|-----------------------------------------|-------------------------------------|
+| fcfs      | queue time; continuations re-queued at  | discard (vLLM's default)            |
+|           | the tail when their call returns        |                                     |
+| infercept | original arrival (FCFS)                 | min waste, swap budget first        |
+| sjf       | predicted tokens left before next call  | min waste                           |
+| lamps     | predicted memory x time until the next  | min waste (predicted), starvation   |
+|           | call returns; re-ranked every k iters   | guard promotes after N pass-overs   |
+| mlfq      | FastServe skip-join MLFQ level, arrival | min waste                           |
+| vtc       | least service (VTC counter) per client  | min waste                           |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flexlamps.sched.cost_model import CostModel
+from flexlamps.sched.predictors import Predictor
+from flexlamps.sched.request import Request, Status, Strategy
+from flexlamps.sched.waste import memory_over_time, wastes
+
+
+@dataclass
+class PolicyContext:
+    now: float
+    iteration: int
+    cost: CostModel
+    predictor: Predictor
+    batch_context_tokens: int  # C_batch: cached tokens of the running requests
+    swap_budget_tokens: int  # tokens a swap can move this iteration without stalling it
+    cpu_free_tokens: int  # room left on the cpu tier
+    step_s: float  # recent iteration time
+
+
+def min_waste_strategies(reqs: list[Request], ctx: PolicyContext) -> dict[str, Strategy]:
+    """INFERCEPT's choice: spend the swap budget on the requests that would otherwise waste the
+    most, then give every other request the cheaper of preserve / discard (or an unhidden swap
+    if that is cheaper still)."""
+    m = ctx.cost.kv_bytes_per_token
+    scored = []
+    for req in reqs:
+        c_i = req.num_computed
+        t_int = ctx.predictor.api_time(req.api_type, req)
+        w = wastes(c_i, max(0, ctx.batch_context_tokens - c_i), t_int, ctx.cost)
+        scored.append((min(w[Strategy.PRESERVE], w[Strategy.DISCARD]), req, w))
+    scored.sort(key=lambda t: -t[0])
+    budget, cpu_free = ctx.swap_budget_tokens, ctx.cpu_free_tokens
+    out: dict[str, Strategy] = {}
+    for best_other, req, w in scored:
+        c_i = req.num_computed
+        # a swap under the budget is hidden behind compute: only the request's own cache is
+        # held while it travels out and back
+        hidden_swap = 2 * ctx.cost.swap_time(c_i) * c_i * m
+        if c_i <= budget and c_i <= cpu_free and hidden_swap < best_other:
+            out[req.request_id] = Strategy.SWAP
+            budget -= c_i
+            cpu_free -= c_i
+            continue
+        options = {Strategy.PRESERVE: w[Strategy.PRESERVE], Strategy.DISCARD: w[Strategy.DISCARD]}
+        if c_i <= cpu_free:
+            options[Strategy.SWAP] = w[Strategy.SWAP]
+        choice = min(options, key=options.get)
+        if choice is Strategy.SWAP:
+            cpu_free -= c_i
+        out[req.request_id] = choice
+    return out
+
+
+class Policy:
+    name = "base"
+    starvation_threshold: int | None = None  # promote a request passed over this many times
+
+    def priority(self, req: Request, ctx: PolicyContext):
+        return (req.arrival_time,)
+
+    def choose_strategies(self, reqs: list[Request], ctx: PolicyContext) -> dict[str, Strategy]:
+        return min_waste_strategies(reqs, ctx)
+
+    def on_arrival(self, req: Request, active: list[Request]) -> None:
+        pass
+
+    def on_computed(self, req: Request, tokens: int, steps: int) -> None:
+        """`req` processed `tokens` tokens over `steps` iterations (for service accounting)."""
+
+
+class FCFS(Policy):
+    """vLLM: an API call ends the request's turn; its cache is dropped and the continuation
+    joins the tail of the queue when the call returns (`queue_time` is reset on resume)."""
+
+    name = "fcfs"
+
+    def priority(self, req, ctx):
+        return (req.queue_time, req.arrival_time)
+
+    def choose_strategies(self, reqs, ctx):
+        return {r.request_id: Strategy.DISCARD for r in reqs}
+
+
+class InferCept(Policy):
+    name = "infercept"
+
+
+class SJF(Policy):
+    name = "sjf"
+
+    def priority(self, req, ctx):
+        return (ctx.predictor.output_tokens(req), req.arrival_time)
+
+
+class LAMPS(Policy):
+    name = "lamps"
+
+    def __init__(self, starvation_threshold: int = 500, rerank_every: int = 10):
+        self.starvation_threshold = starvation_threshold
+        self.rerank_every = rerank_every
+
+    def score(self, req: Request, ctx: PolicyContext) -> float:
+        out = ctx.predictor.output_tokens(req)
+        api_type, api_time = ctx.predictor.next_call(req)
+        strategy = None
+        if api_type:
+            # predict the strategy the request will get when it is intercepted
+            c_i = int(req.num_tokens + out)
+            w = wastes(c_i, max(0, ctx.batch_context_tokens - req.num_computed), api_time, ctx.cost)
+            strategy = min(w, key=w.get)
+        # a request whose cache was discarded must first rebuild it: that counts too
+        rebuild = (req.num_tokens - 1 - req.num_computed) if req.status is not Status.RUNNING else 0
+        rebuild_cost = max(0, rebuild) * ctx.cost.prefill_time(max(0, rebuild)) if rebuild > 1 else 0.0
+        return memory_over_time(req.num_tokens, out, api_time, strategy, ctx.step_s, ctx.cost) + rebuild_cost
+
+    def priority(self, req, ctx):
+        if req.promoted:
+            return (0, req.arrival_time)
+        if req.rank_cache is None or ctx.iteration % self.rerank_every == 0:
+            req.rank_cache = self.score(req, ctx)
+        return (1, req.rank_cache, req.arrival_time)
+
+
+class MLFQ(Policy):
+    """FastServe's skip-join MLFQ: a new job joins the highest level whose quantum covers its
+    first iteration (the prefill), and drops a level each time it uses up its quantum."""
+
+    name = "mlfq"
+
+    def __init__(self, base_quantum: int = 8, levels: int = 8):
+        self.base_quantum, self.levels = base_quantum, levels
+        self._step_s = None
+
+    def quantum(self, level: int) -> int:
+        return self.base_quantum * 2**level
+
+    def priority(self, req, ctx):
+        if req.output_tokens == 0 and req.mlfq_used == 0:
+            # skip-join: prefill time measured in decode iterations
+            first = ctx.cost.prefill_time(req.prompt_tokens) / max(ctx.step_s, 1e-6)
+            level = 0
+            while level < self.levels - 1 and self.quantum(level) < first:
+                level += 1
+            req.mlfq_level = max(req.mlfq_level, level)
+        return (req.mlfq_level, req.arrival_time)
+
+    def on_computed(self, req, tokens, steps):
+        req.mlfq_used += steps
+        while req.mlfq_level < self.levels - 1 and req.mlfq_used >= self.quantum(req.mlfq_level):
+            req.mlfq_used -= self.quantum(req.mlfq_level)
+            req.mlfq_level += 1
+
+
+class VTC(Policy):
+    """Virtual Token Counter (Sheng et al., OSDI'24): serve the client that has received the
+    least weighted service (prompt tokens x 1, generated tokens x 2); a client returning from
+    idleness is lifted to the least counter among active clients."""
+
+    name = "vtc"
+
+    def __init__(self, input_weight: float = 1.0, output_weight: float = 2.0):
+        self.wi, self.wo = input_weight, output_weight
+        self.counters: dict[str, float] = {}
+
+    def on_arrival(self, req, active):
+        active_clients = {r.client_id for r in active if r is not req}
+        if req.client_id not in active_clients:
+            live = [self.counters.get(c, 0.0) for c in active_clients]
+            lifted = min(live) if live else 0.0
+            self.counters[req.client_id] = max(self.counters.get(req.client_id, 0.0), lifted)
+
+    def priority(self, req, ctx):
+        return (self.counters.get(req.client_id, 0.0), req.arrival_time)
+
+    def on_computed(self, req, tokens, steps):
+        w = self.wo * steps if tokens == 1 else self.wi * tokens
+        self.counters[req.client_id] = self.counters.get(req.client_id, 0.0) + w
+
+
+POLICIES = {p.name: p for p in (FCFS, InferCept, SJF, LAMPS, MLFQ, VTC)}
+
+
+def make_policy(name: str, **kwargs) -> Policy:
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}") from None
+    return cls(**kwargs)

@@ -1,0 +1,372 @@
+"""The augmented-request scheduler: requests, token counts and block ids only (no torch).
+
+Both the discrete-event simulator and the real engine drive it the same way:
+
+    sched.add_request(req)                       # arrival
+    out = sched.schedule(now)                    # plan one iteration -> SchedulerOutput
+    ... run it (or cost it) ...
+    sched.update_from_output(out, runner, now)   # tokens sampled, calls made, requests done
+    sched.resume(request_id, returned_tokens, now)   # an API call returned
+
+Like vLLM v1 there is no separate prefill or decode phase: every running request catches up
+`tokens_to_compute` under one token budget per iteration (a decode is a catch-up of 1), so
+recomputing a discarded cache is naturally chunked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flexlamps.sched.block_manager import BlockManager, blocks_for
+from flexlamps.sched.cost_model import CostModel
+from flexlamps.sched.output import RunnerOutput, SchedulerOutput
+from flexlamps.sched.policies import Policy, PolicyContext
+from flexlamps.sched.predictors import Predictor
+from flexlamps.sched.request import Request, Status, Strategy
+
+
+@dataclass
+class SchedulerConfig:
+    num_gpu_blocks: int
+    num_cpu_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    watermark: float = 0.01  # fraction of gpu blocks kept free at admission (vLLM's default)
+
+    @classmethod
+    def from_cost_model(cls, cost: CostModel, block_size: int = 16, **kw) -> "SchedulerConfig":
+        return cls(cost.gpu_kv_tokens // block_size, cost.cpu_swap_tokens // block_size, block_size, **kw)
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "SchedulerConfig":
+        return cls(**d)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, policy: Policy, predictor: Predictor, cost: CostModel):
+        self.config, self.policy, self.predictor, self.cost = config, policy, predictor, cost
+        self.bm = BlockManager(config.num_gpu_blocks, config.num_cpu_blocks, config.block_size)
+        self.requests: dict[str, Request] = {}
+        self.running: list[Request] = []
+        self.waiting: list[Request] = []  # WAITING and SWAPPED requests
+        self.paused: dict[str, Request] = {}
+        self.iteration = 0
+        self.step_s = cost.compute_time(0, 1, 0)  # moving average of iteration time
+        self._watermark = int(config.watermark * config.num_gpu_blocks)
+        self._pending: SchedulerOutput = SchedulerOutput()  # swaps / discards decided between steps
+        self._recompute_left: dict[str, int] = {}
+        self._ctx: PolicyContext | None = None
+
+    # -- events from outside ---------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"request {req.request_id!r} was already added; request ids must be unique")
+        if blocks_for(req.num_tokens + 1, self.config.block_size) > self.config.num_gpu_blocks - self._watermark:
+            raise ValueError(
+                f"request {req.request_id!r}: prompt of {req.num_tokens} tokens cannot fit the gpu "
+                f"tier ({self.config.num_gpu_blocks} blocks); shorten it or give the gpu tier more memory"
+            )
+        self.requests[req.request_id] = req
+        req.status = Status.WAITING
+        self.waiting.append(req)
+        self.policy.on_arrival(req, self.running + self.waiting)
+
+    def resume(self, rid: str, returned_tokens: int, now: float) -> None:
+        """The API call of `rid` returned `returned_tokens` tokens that join its context."""
+        req = self.paused.pop(rid)
+        self.predictor.observe_api(req.api_type, now - req.api_start)
+        req.num_tokens += returned_tokens
+        req.segment_index += 1
+        req.segment_output = 0
+        req.rank_cache = None
+        if req.strategy is Strategy.PRESERVE:
+            req.status = Status.RUNNING
+            self.running.append(req)
+            return
+        if req.strategy is Strategy.SWAP:
+            req.status = Status.SWAPPED
+        else:
+            req.status = Status.WAITING
+            req.queue_time = now  # vLLM's continuation joins the tail
+        self.waiting.append(req)
+
+    # -- planning ----------------------------------------------------------------------------
+    def context(self, now: float) -> PolicyContext:
+        batch_ctx = sum(r.num_computed for r in self.running)
+        return PolicyContext(
+            now=now,
+            iteration=self.iteration,
+            cost=self.cost,
+            predictor=self.predictor,
+            batch_context_tokens=batch_ctx,
+            swap_budget_tokens=self.cost.swap_budget_tokens(self.step_s),
+            cpu_free_tokens=self.bm.free_cpu_blocks * self.config.block_size,
+            step_s=self.step_s,
+        )
+
+    def schedule(self, now: float, max_steps: int = 1, step_limit=None) -> SchedulerOutput:
+        """Plan the next iteration. `step_limit(req)` (simulator only) bounds how many decode
+        steps `req` can take before something external happens to it (its call, its end)."""
+        self.iteration += 1
+        ctx = self._ctx = self.context(now)
+        prio = self.policy.priority
+        out, self._pending = self._pending, SchedulerOutput()
+        out.iteration = self.iteration
+        budget = self.config.max_num_batched_tokens
+        block_size = self.config.block_size
+
+        self.running.sort(key=lambda r: prio(r, ctx))
+        scheduled: list[Request] = []
+        i = 0
+        while i < len(self.running):
+            req = self.running[i]
+            n = min(req.tokens_to_compute, budget)
+            if n <= 0:
+                i += 1
+                continue
+            need = self.bm.extra_blocks_needed(req.request_id, req.num_computed + n)
+            if need > self.bm.free_gpu_blocks and not self._make_room(need, req, out, ctx):
+                continue  # `req` itself was preempted; self.running shrank
+            self._schedule_tokens(req, n, out)
+            scheduled.append(req)
+            budget -= n
+            i += 1
+
+        admitted = self._admit(budget, len(scheduled), out, ctx)
+        scheduled.extend(admitted)
+        self._account_starvation(admitted)
+
+        out.context_tokens = sum(r.num_computed + out.scheduled_tokens(r.request_id) for r in scheduled)
+        out.swap_tokens = (len(out.swap_in) + len(out.swap_out)) * block_size
+        if max_steps > 1 and out.decode and not (out.prefill or out.recompute or out.swap_in
+                                                 or out.swap_out or admitted):
+            out.num_steps = self._uniform_decode_steps(scheduled, max_steps, step_limit)
+        return out
+
+    def _schedule_tokens(self, req: Request, n: int, out: SchedulerOutput) -> None:
+        rid = req.request_id
+        self.bm.grow(rid, req.num_computed + n)
+        out.block_tables[rid] = self.bm.gpu_tables[rid]
+        if req.tokens_to_compute == 1:
+            out.decode.append(rid)
+        else:
+            redo = min(n, self._recompute_left.get(rid, 0))
+            if redo:
+                out.recompute[rid] = redo
+            if n - redo:
+                out.prefill[rid] = n - redo
+        if n == req.tokens_to_compute:
+            out.sampling.append(rid)
+
+    def _admit(self, budget: int, num_scheduled: int, out: SchedulerOutput, ctx) -> list[Request]:
+        """Admit waiting / swapped requests in priority order; stop at the first that does not
+        fit (vLLM's head-of-line rule, which also keeps a promoted request from being passed)."""
+        admitted: list[Request] = []
+        if not self.waiting or budget <= 0 or num_scheduled >= self.config.max_num_seqs:
+            return admitted
+        prio = self.policy.priority
+        self.waiting.sort(key=lambda r: (not r.promoted, prio(r, ctx)))
+        taken = 0
+        for req in self.waiting:
+            if budget <= 0 or num_scheduled + len(admitted) >= self.config.max_num_seqs:
+                break
+            rid = req.request_id
+            free = self.bm.free_gpu_blocks - self._watermark
+            if req.status is Status.SWAPPED:
+                need = self.bm.num_cpu_blocks_of(rid) + blocks_for(req.num_tokens, self.config.block_size) \
+                    - blocks_for(req.num_computed, self.config.block_size)
+                if need > free:
+                    break
+                out.swap_in.extend(self.bm.swap_in(rid))
+            else:
+                if blocks_for(req.num_tokens, self.config.block_size) > free:
+                    break
+            req.status = Status.RUNNING
+            n = min(req.tokens_to_compute, budget)
+            self._schedule_tokens(req, n, out)
+            budget -= n
+            admitted.append(req)
+            taken += 1
+        if taken:
+            admitted_ids = {r.request_id for r in admitted}
+            self.waiting = [r for r in self.waiting if r.request_id not in admitted_ids]
+            self.running.extend(admitted)
+        return admitted
+
+    def _account_starvation(self, admitted: list[Request]) -> None:
+        threshold = self.policy.starvation_threshold
+        if not admitted or threshold is None:
+            return
+        # passed over: a request that arrived later was admitted while this one waited
+        latest = max(r.arrival_time for r in admitted)
+        for req in self.waiting:
+            if req.arrival_time < latest and not req.promoted:
+                req.passed_over += 1
+                if req.passed_over >= threshold:
+                    req.promoted = True
+
+    def _make_room(self, need: int, req: Request, out: SchedulerOutput, ctx) -> bool:
+        """Free gpu blocks for `req`: first drop caches preserved through long calls (INFERCEPT's
+        passive discard), then preempt the lowest-priority running requests (recompute later).
+        Returns False if `req` itself had to be preempted."""
+        if self.paused:
+            preserved = [r for r in self.paused.values() if r.strategy is Strategy.PRESERVE
+                         and self.bm.num_gpu_blocks_of(r.request_id)]
+            preserved.sort(key=lambda r: r.api_start + self.predictor.api_time(r.api_type, r))
+            while preserved and need > self.bm.free_gpu_blocks:
+                victim = preserved.pop()
+                self._discard(victim, out)
+                victim.strategy = Strategy.DISCARD
+        while need > self.bm.free_gpu_blocks:
+            victim = self.running[-1]  # running is sorted best-first
+            self._preempt(victim, out)
+            if victim is req:
+                return False
+        return True
+
+    def _discard(self, req: Request, out: SchedulerOutput) -> None:
+        if req.num_computed:
+            self._recompute_left[req.request_id] = req.num_computed
+        self.bm.free(req.request_id)
+        req.num_computed = 0
+        out.discarded.append(req.request_id)
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self.running.remove(req)
+        self._discard(req, out)
+        out.preempted.append(req.request_id)
+        req.status = Status.WAITING
+        req.rank_cache = None
+        self.waiting.append(req)
+
+    def _uniform_decode_steps(self, scheduled: list[Request], max_steps: int, step_limit) -> int:
+        """How many identical decode iterations can run before anything changes: no request
+        reaches its next event, no waiting request could be admitted, no preemption needed."""
+        k = max_steps
+        if step_limit is not None:
+            for r in scheduled:
+                k = min(k, step_limit(r))
+        if k <= 1:
+            return 1
+        free = self.bm.free_gpu_blocks
+        if self.waiting and len(scheduled) < self.config.max_num_seqs:
+            bs = self.config.block_size
+            smallest = min(
+                self.bm.num_cpu_blocks_of(r.request_id) if r.status is Status.SWAPPED
+                else blocks_for(r.num_tokens, bs) for r in self.waiting
+            )
+            if smallest <= free - self._watermark:
+                return 1
+        bs = self.config.block_size
+        held = [(r.num_computed + 1, self.bm.num_gpu_blocks_of(r.request_id)) for r in scheduled]
+
+        def extra(steps: int) -> int:
+            return sum(max(0, -(-(c + steps - 1) // bs) - b) for c, b in held)
+
+        if extra(k) <= free:
+            return k
+        lo, hi = 1, k  # extra(lo) <= free (this step's blocks were already allocated)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if extra(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    # -- closing the loop -------------------------------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput, runner: RunnerOutput, now: float, step_s: float | None = None) -> None:
+        k = out.num_steps
+        reqs = self.requests
+        if k > 1:
+            for rid in out.decode:  # the first step's blocks are allocated; grow for the rest
+                self.bm.grow(rid, reqs[rid].num_computed + k)
+        for rid in out.decode:
+            req = reqs[rid]
+            req.num_computed += k
+            self.policy.on_computed(req, 1, k)
+        for part in (out.prefill, out.recompute):
+            for rid, n in part.items():
+                req = reqs[rid]
+                req.num_computed += n
+                if part is out.recompute:
+                    left = self._recompute_left[rid] - n
+                    if left > 0:
+                        self._recompute_left[rid] = left
+                    else:
+                        del self._recompute_left[rid]
+                self.policy.on_computed(req, n, 1)
+        for rid in out.sampling:
+            req = reqs[rid]
+            req.num_tokens += k
+            req.segment_output += k
+            req.output_tokens += k
+            if req.first_token_time is None:
+                req.first_token_time = now
+        if step_s is not None:
+            self.step_s = 0.9 * self.step_s + 0.1 * step_s / k
+        if runner.finished:
+            for rid in runner.finished:
+                self._finish(reqs[rid])
+        if runner.intercepted:
+            self._intercept([reqs[rid] for rid in runner.intercepted], runner.intercepted, now)
+
+    def _finish(self, req: Request) -> None:
+        self.predictor.observe_segment(req, req.segment_output, None)
+        self.running.remove(req)
+        self.bm.free(req.request_id)
+        self._recompute_left.pop(req.request_id, None)
+        req.status = Status.FINISHED
+        del self.requests[req.request_id]
+
+    def _intercept(self, reqs: list[Request], api_types: dict[str, str], now: float) -> None:
+        removed = {r.request_id for r in reqs}
+        self.running = [r for r in self.running if r.request_id not in removed]
+        for req in reqs:
+            req.api_type = api_types[req.request_id]
+            req.api_start = now
+            req.status = Status.PAUSED
+            self.predictor.observe_segment(req, req.segment_output, req.api_type)
+        ctx = self.context(now)
+        choice = self.policy.choose_strategies(reqs, ctx)
+        pending = self._pending
+        for req in reqs:
+            rid = req.request_id
+            strategy = choice[rid]
+            if strategy is Strategy.SWAP and not self.bm.can_swap_out(rid):
+                strategy = Strategy.DISCARD  # the cpu tier is full (INFERCEPT falls back too)
+            if strategy is Strategy.SWAP:
+                pending.swap_out.extend(self.bm.swap_out(rid))
+                pending.swapped_out.append(rid)
+            elif strategy is Strategy.DISCARD:
+                self._discard(req, pending)
+            else:
+                pending.preserved.append(rid)
+            req.strategy = strategy
+            self.paused[rid] = req
+
+    # -- checks -------------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the memory accounting is inconsistent (used by tests)."""
+        bm, bs = self.bm, self.config.block_size
+        assert bm.used_gpu_blocks <= bm.num_gpu_blocks, "gpu tier over capacity"
+        assert bm.used_cpu_blocks <= bm.num_cpu_blocks, "cpu tier over its swap budget"
+        assert sum(map(len, bm.gpu_tables.values())) == bm.used_gpu_blocks
+        assert sum(map(len, bm.cpu_tables.values())) == bm.used_cpu_blocks
+        for req in self.requests.values():
+            rid, gpu, cpu = req.request_id, bm.num_gpu_blocks_of(req.request_id), bm.num_cpu_blocks_of(req.request_id)
+            if req.status is Status.PAUSED and req.strategy is Strategy.PRESERVE:
+                assert gpu == blocks_for(req.num_computed, bs) and cpu == 0, f"{rid}: preserved cache not on gpu"
+            elif req.status in (Status.PAUSED, Status.SWAPPED) and req.strategy is Strategy.SWAP:
+                assert gpu == 0 and cpu == blocks_for(req.num_computed, bs), f"{rid}: swapped cache not on cpu"
+            elif req.status is Status.WAITING or (req.status is Status.PAUSED and req.strategy is Strategy.DISCARD):
+                assert gpu == 0 and cpu == 0 and req.num_computed == 0, f"{rid}: discarded cache still held"
+            elif req.status is Status.RUNNING:
+                assert cpu == 0 and gpu >= blocks_for(req.num_computed, bs), f"{rid}: running cache missing"
+        t = self.policy.starvation_threshold
+        if t is not None:
+            assert all(r.passed_over <= t for r in self.waiting), "a request was passed over past the threshold"
