@@ -1,0 +1,33 @@
+"""flexlamps' placement planner: where weights, KV cache and activations live, and how to batch.
+
+Pure numpy/scipy (never imports torch), so it can be used on its own to size deployments:
+
+    import placement
+    model = placement.ModelSpec.preset("opt-30b")        # or ModelSpec.from_hf_config(dict)
+    hw = placement.hardware_preset("t4-flexgen")          # or HardwareSpec.from_json(profile)
+    plan = placement.solve(model, hw, placement.WorkloadSpec(prompt_len=512, gen_len=32))
+    plan.policy, plan.tokens_per_s
+
+The engine reads `plan.policy` (a `Policy`); these names are a stable contract:
+    gpu_batch_size, num_gpu_batches          sequences per micro-batch, micro-batches per block
+    weights, cache, activations              `TierSplit(gpu=, cpu=, disk=)`, fractions summing to 1
+    compress_weight, compress_cache          group-wise quantized storage (`compression`: bits, group)
+    cpu_attention                            decode attention over off-GPU cache runs on the CPU
+`predict(policy, model, hardware, workload)` gives the time breakdown of any policy, so
+measured runs can be compared with the model. `solve` raises `InfeasiblePlanError` (with
+`.constraint` and `.shortfall_bytes`) when nothing fits.
+"""
+
+from placement.cost import CostBreakdown, predict
+from placement.model_spec import ModelSpec
+from placement.plan import InfeasiblePlanError, Plan
+from placement.presets import hardware_preset, model_preset
+from placement.search import solve
+from placement.specs import (CompressionSpec, HardwareSpec, Policy, TierSplit, WorkloadSpec)
+from placement.units import format_bytes, parse_bytes
+
+__all__ = [
+    "CompressionSpec", "CostBreakdown", "HardwareSpec", "InfeasiblePlanError", "ModelSpec",
+    "Plan", "Policy", "TierSplit", "WorkloadSpec", "format_bytes", "hardware_preset",
+    "model_preset", "parse_bytes", "predict", "solve",
+]

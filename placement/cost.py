@@ -1,0 +1,322 @@
+"""Analytic cost model: per-layer I/O and compute times and per-tier peak memory of a policy.
+
+Starts from FlexGen's model (ICML'23, §4 and experimental/cost_model.py):
+    prefill layer  = max(ctog + dtoc, gtoc + ctod, comp)
+    decode layer   = ctog + max(gtoc, dtoc, ctod, comp)
+    total          = L * prefill + L * (gen_len - 1) * decode,  throughput = block * gen_len / total
+with ctog/gtoc = CPU->GPU / GPU->CPU copies, dtoc/ctod = disk reads / writes. Extended with:
+  - cache sizes per architecture (GQA, MLA latent; sparse selection reads only top-k entries);
+  - compressed sizes for weights *and* cache, and the cost of dequantizing them;
+  - a GPU memory-bandwidth roofline for decode GEMMs (each micro-batch re-reads the layer);
+  - attention on the CPU for the cache not on the GPU (`cpu_attention`), else the cache moves;
+  - a shared prompt prefix computed and stored once per block.
+Embedding and output-head weights are spread evenly over the layers.
+
+Every quantity is affine in the nine placement fractions
+    x = [w_gpu, w_cpu, w_disk, c_gpu, c_cpu, c_disk, h_gpu, h_cpu, h_disk]
+(w: weights, c: cache, h: activations), so the same `Affine` terms feed both `predict` and
+the LP in `placement.lp`, which therefore cannot disagree.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from placement.model_spec import ModelSpec
+from placement.specs import CompressionSpec, HardwareSpec, Policy, TierSplit, WorkloadSpec
+
+NUM_FRACTIONS = 9
+W_GPU, W_CPU, W_DISK, C_GPU, C_CPU, C_DISK, H_GPU, H_CPU, H_DISK = range(NUM_FRACTIONS)
+PREFILL_TERMS = ("ctog", "gtoc", "dtoc", "ctod", "comp")
+DECODE_TERMS = PREFILL_TERMS
+MEMORY_ROWS = ("gpu_prefill", "gpu_decode", "cpu_prefill", "cpu_decode", "disk")
+
+
+class Affine:
+    """const + coef . x over the nine fractions."""
+
+    __slots__ = ("const", "coef")
+
+    def __init__(self, const: float = 0.0, coef: np.ndarray | None = None):
+        self.const = float(const)
+        self.coef = np.zeros(NUM_FRACTIONS) if coef is None else coef
+
+    def add(self, amount: float, *indices: int) -> "Affine":
+        """Add `amount * (x[i] + x[j] + ...)`, or a constant when no index is given."""
+        if not indices:
+            self.const += amount
+        for idx in indices:
+            self.coef[idx] += amount
+        return self
+
+    def __call__(self, x: np.ndarray) -> float:
+        return self.const + float(self.coef @ x)
+
+    def scaled(self, factor: float) -> "Affine":
+        return Affine(self.const * factor, self.coef * factor)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Choice:
+    """The discrete part of a policy: what the search enumerates and the LP holds fixed."""
+
+    gpu_batch_size: int
+    num_gpu_batches: int
+    compress_weight: bool = False
+    compress_cache: bool = False
+    cpu_attention: bool = False
+    compression: CompressionSpec = field(default_factory=CompressionSpec)
+
+    @classmethod
+    def of(cls, policy: Policy) -> "Choice":
+        return cls(gpu_batch_size=policy.gpu_batch_size, num_gpu_batches=policy.num_gpu_batches,
+                   compress_weight=policy.compress_weight, compress_cache=policy.compress_cache,
+                   cpu_attention=policy.cpu_attention, compression=policy.compression)
+
+
+@dataclass(slots=True)
+class CostTerms:
+    """Affine per-layer times (seconds) and peak memory rows (bytes) for one `Choice`."""
+
+    prefill: dict[str, Affine]  # PREFILL_TERMS
+    decode: dict[str, Affine]  # DECODE_TERMS
+    memory: dict[str, Affine]  # MEMORY_ROWS
+    num_layers: int
+    num_decode_steps: int  # gen_len - 1
+    tokens_per_block: int  # block size * gen_len
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostBreakdown:
+    """What `predict` returns: the times of a policy, its peak bytes per tier."""
+
+    tokens_per_s: float  # generated tokens per second
+    total_s: float  # one block: prefill + all decode steps
+    prefill_s: float
+    decode_s: float
+    prefill_layer_s: dict[str, float]  # per-layer terms: ctog, gtoc, dtoc, ctod, comp
+    decode_layer_s: dict[str, float]
+    peak_bytes: dict[str, float]  # MEMORY_ROWS
+
+
+def fractions_of(policy: Policy) -> np.ndarray:
+    return np.array(policy.weights.as_tuple() + policy.cache.as_tuple()
+                    + policy.activations.as_tuple(), dtype=float)
+
+
+def prefill_layer_time(terms: dict[str, Affine], x: np.ndarray) -> float:
+    v = {k: a(x) for k, a in terms.items()}
+    return max(v["ctog"] + v["dtoc"], v["gtoc"] + v["ctod"], v["comp"])
+
+
+def decode_layer_time(terms: dict[str, Affine], x: np.ndarray) -> float:
+    v = {k: a(x) for k, a in terms.items()}
+    return v["ctog"] + max(v["gtoc"], v["dtoc"], v["ctod"], v["comp"])
+
+
+def total_time(terms: CostTerms, x: np.ndarray) -> float:
+    return terms.num_layers * (prefill_layer_time(terms.prefill, x)
+                               + terms.num_decode_steps * decode_layer_time(terms.decode, x))
+
+
+def predict(policy: Policy, model: ModelSpec, hardware: HardwareSpec,
+            workload: WorkloadSpec) -> CostBreakdown:
+    """Predicted throughput and time breakdown of `policy` (memory limits are not checked)."""
+    terms = build_terms(Choice.of(policy), model, hardware, workload)
+    x = fractions_of(policy)
+    prefill_s = terms.num_layers * prefill_layer_time(terms.prefill, x)
+    decode_s = terms.num_layers * terms.num_decode_steps * decode_layer_time(terms.decode, x)
+    total_s = prefill_s + decode_s
+    return CostBreakdown(
+        tokens_per_s=terms.tokens_per_block / total_s, total_s=total_s,
+        prefill_s=prefill_s, decode_s=decode_s,
+        prefill_layer_s={k: a(x) for k, a in terms.prefill.items()},
+        decode_layer_s={k: a(x) for k, a in terms.decode.items()},
+        peak_bytes={k: a(x) for k, a in terms.memory.items()})
+
+
+@dataclass(frozen=True, slots=True)
+class _Sizes:
+    """Bytes and FLOPs of one layer for one block, derived once per `Choice`."""
+
+    weight_stored: float  # one layer's weights as stored (compressed or not), embeddings spread
+    weight_fp16: float  # the same, uncompressed (what GEMMs read)
+    cache_stored: float  # cache bytes per token per layer as stored
+    cache_fp16: float  # uncompressed
+    indexer: float  # indexer key bytes per token per layer (GPU-resident)
+    hidden: float  # hidden-state bytes per token
+    query: float  # query bytes per token (sent to the CPU for CPU attention)
+
+
+def _sizes(choice: Choice, model: ModelSpec) -> _Sizes:
+    dtype_bytes = model.dtype_bytes
+    ratio = choice.compression.bytes_per_element() / dtype_bytes
+    weight = model.weight_bytes_per_layer() + model.embedding_bytes() / model.num_layers
+    cache = model.cache_bytes_per_token_per_layer()
+    return _Sizes(
+        weight_stored=weight * (ratio if choice.compress_weight else 1.0), weight_fp16=weight,
+        cache_stored=cache * (ratio if choice.compress_cache else 1.0), cache_fp16=cache,
+        indexer=model.indexer_bytes_per_token_per_layer(),
+        hidden=model.hidden_size * dtype_bytes,
+        query=model.num_heads * (model.head_dim + model.qk_rope_head_dim) * dtype_bytes)
+
+
+def build_terms(choice: Choice, model: ModelSpec, hardware: HardwareSpec,
+                workload: WorkloadSpec) -> CostTerms:
+    """All affine terms of the cost model for one discrete choice."""
+    sz = _sizes(choice, model)
+    return CostTerms(
+        prefill=_prefill_terms(choice, sz, model, hardware, workload),
+        decode=_decode_terms(choice, sz, model, hardware, workload),
+        memory=_memory_rows(choice, sz, model, workload),
+        num_layers=model.num_layers, num_decode_steps=workload.gen_len - 1,
+        tokens_per_block=choice.gpu_batch_size * choice.num_gpu_batches * workload.gen_len)
+
+
+def _prefill_tokens(block: int, workload: WorkloadSpec) -> int:
+    # a shared prefix is computed (and cached) once per block, not once per sequence
+    return block * (workload.prompt_len - workload.shared_prefix_len) + workload.shared_prefix_len
+
+
+def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
+    block = choice.gpu_batch_size * choice.num_gpu_batches
+    s, p = workload.prompt_len, workload.shared_prefix_len
+    num_tokens = _prefill_tokens(block, workload)
+    hidden = block * s * sz.hidden
+    new_cache = num_tokens * sz.cache_stored
+
+    ctog = Affine().add(sz.weight_stored, W_CPU, W_DISK).add(hidden, H_CPU, H_DISK)
+    gtoc = Affine().add(new_cache, C_CPU, C_DISK).add(hidden, H_CPU, H_DISK)
+    dtoc = Affine().add(sz.weight_stored, W_DISK).add(hidden, H_DISK)
+    ctod = Affine().add(new_cache, C_DISK).add(hidden, H_DISK)
+
+    gpu_flops = hardware.gpu_flops(model.dtype)
+    # causal attention: the suffix queries see on average (s + p) / 2 tokens, the prefix p / 2
+    attn_flops = (block * (s - p) * model.attention_flops_per_query((s + p) / 2)
+                  + p * model.attention_flops_per_query(p / 2))
+    gemm_flops = num_tokens * model.matmul_flops_per_token_per_layer()
+    head_flops = block * model.head_flops_per_token() / model.num_layers  # last position only
+    comp_s = (gemm_flops + attn_flops + head_flops) / gpu_flops
+    if choice.compress_weight:
+        comp_s += sz.weight_fp16 / hardware.gpu_dequant_bytes_per_s
+    if choice.compress_cache:  # quantizing the new cache costs about as much as dequantizing
+        comp_s += num_tokens * sz.cache_fp16 / hardware.gpu_dequant_bytes_per_s
+    comp = Affine(comp_s)
+
+    return {
+        "ctog": ctog.scaled(1 / hardware.cpu_to_gpu_bytes_per_s),
+        "gtoc": gtoc.scaled(1 / hardware.gpu_to_cpu_bytes_per_s),
+        "dtoc": dtoc.scaled(1 / hardware.disk_read_bytes_per_s),
+        "ctod": ctod.scaled(1 / hardware.disk_write_bytes_per_s),
+        "comp": comp,
+    }
+
+
+def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
+    gbs, block = choice.gpu_batch_size, choice.gpu_batch_size * choice.num_gpu_batches
+    context = workload.prompt_len + workload.gen_len / 2  # average over the decode steps
+    entries = model.attended_entries(context)
+    hidden = block * sz.hidden
+    cache_read = block * entries * sz.cache_stored  # entries attention touches, as stored
+    new_cache = block * sz.cache_stored
+
+    ctog = Affine().add(sz.weight_stored, W_CPU, W_DISK).add(hidden, H_CPU, H_DISK)
+    gtoc = Affine().add(hidden, H_CPU, H_DISK).add(new_cache, C_CPU, C_DISK)
+    dtoc = Affine().add(sz.weight_stored, W_DISK).add(hidden, H_DISK).add(cache_read, C_DISK)
+    ctod = Affine().add(hidden, H_DISK).add(new_cache, C_DISK)
+    if choice.cpu_attention:  # queries go to the CPU, attention outputs come back
+        gtoc.add(block * sz.query, C_CPU, C_DISK)
+        ctog.add(block * sz.hidden, C_CPU, C_DISK)
+    else:  # the off-GPU cache must come to the GPU every step (only the selected entries)
+        ctog.add(cache_read, C_CPU, C_DISK)
+
+    gpu_flops = hardware.gpu_flops(model.dtype)
+    # roofline: every micro-batch re-reads the whole layer from GPU memory
+    gemm_s = choice.num_gpu_batches * max(
+        gbs * model.matmul_flops_per_token_per_layer() / gpu_flops,
+        sz.weight_fp16 / hardware.gpu_mem_bytes_per_s)
+    gemm_s += block * model.head_flops_per_token() / model.num_layers / gpu_flops
+    if choice.compress_weight:
+        gemm_s += sz.weight_fp16 / hardware.gpu_dequant_bytes_per_s
+    attn_flops = block * model.attention_flops_per_query(context)
+    attn_bytes = block * (entries * sz.cache_fp16 + context * sz.indexer)
+    gpu_attn_s = max(attn_flops / gpu_flops, attn_bytes / hardware.gpu_mem_bytes_per_s)
+    if choice.compress_cache:
+        gpu_attn_s += block * entries * sz.cache_fp16 / hardware.gpu_dequant_bytes_per_s
+    comp = Affine(gemm_s)
+    if choice.cpu_attention:
+        cpu_attn_s = attn_flops / hardware.cpu_attention_flops_per_s
+        if choice.compress_cache:
+            cpu_attn_s += block * entries * sz.cache_fp16 / hardware.cpu_dequant_bytes_per_s
+        comp.add(gpu_attn_s, C_GPU).add(cpu_attn_s, C_CPU, C_DISK)
+    else:
+        comp.add(gpu_attn_s)
+
+    return {
+        "ctog": ctog.scaled(1 / hardware.cpu_to_gpu_bytes_per_s),
+        "gtoc": gtoc.scaled(1 / hardware.gpu_to_cpu_bytes_per_s),
+        "dtoc": dtoc.scaled(1 / hardware.disk_read_bytes_per_s),
+        "ctod": ctod.scaled(1 / hardware.disk_write_bytes_per_s),
+        "comp": comp,
+    }
+
+
+def _stage_peak_elements(model: ModelSpec, num_queries: int, num_keys: float) -> float:
+    """Elements alive at the larger of the attention and FFN stages, per sequence."""
+    h = model.hidden_size
+    attention = num_queries * 4 * h + model.num_heads * num_queries * num_keys  # q,k,v,out + scores
+    ffn = num_queries * (2 * h + 2 * model.intermediate_size)  # in, out, two FFN-wide buffers
+    return max(attention, ffn)
+
+
+def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
+    """Peak bytes per tier: resident data ("home") plus working buffers for one micro-batch."""
+    gbs, block = choice.gpu_batch_size, choice.gpu_batch_size * choice.num_gpu_batches
+    s, n = workload.prompt_len, workload.gen_len
+    layers = model.num_layers
+    num_cached = block * (s + n - workload.shared_prefix_len) + workload.shared_prefix_len
+    weights_home = layers * sz.weight_stored
+    cache_home = layers * num_cached * sz.cache_stored
+    indexer_home = layers * num_cached * sz.indexer  # ESS: indexer keys stay on the GPU
+    hidden_p, hidden_g = block * s * sz.hidden, block * sz.hidden
+    full_entries = model.attended_entries(s + n)
+    db = model.dtype_bytes
+
+    def resident(hidden: float, gpu: bool) -> Affine:
+        w, c, h = (W_GPU, C_GPU, H_GPU) if gpu else (W_CPU, C_CPU, H_CPU)
+        return Affine().add(weights_home, w).add(cache_home, c).add(hidden, h)
+
+    # GPU: double-buffered streamed layer weights, the micro-batch's hidden in/out,
+    # FFN/attention intermediates, a dequantized layer when weights are compressed.
+    gpu_common = Affine(indexer_home + 2 * sz.weight_stored).add(-2 * sz.weight_stored, W_GPU)
+    if choice.compress_weight:
+        gpu_common.add(sz.weight_fp16)
+    act_p = db * gbs * _stage_peak_elements(model, s, s)
+    gpu_prefill = resident(hidden_p, True).add(gpu_common.const).add(act_p)
+    gpu_prefill.coef += gpu_common.coef
+    gpu_prefill.add(2 * gbs * s * sz.hidden).add(-2 * gbs * s * sz.hidden, H_GPU)
+    gpu_prefill.add(gbs * s * sz.cache_fp16)  # this micro-batch's new cache before it is stored
+    act_g = db * gbs * _stage_peak_elements(model, 1, full_entries)
+    gpu_decode = resident(hidden_g, True).add(gpu_common.const).add(act_g)
+    gpu_decode.coef += gpu_common.coef
+    gpu_decode.add(2 * gbs * sz.hidden).add(-2 * gbs * sz.hidden, H_GPU)
+    if not choice.cpu_attention:  # double-buffered off-GPU cache of one micro-batch
+        mb_cache = 2 * gbs * full_entries * sz.cache_stored
+        gpu_decode.add(mb_cache).add(-mb_cache, C_GPU)
+    if choice.compress_cache:
+        gpu_decode.add(gbs * full_entries * sz.cache_fp16)
+
+    # CPU: staging buffers for whatever streams from disk
+    cpu_prefill = resident(hidden_p, False).add(2 * sz.weight_stored, W_DISK)
+    cpu_prefill.add(2 * gbs * s * sz.hidden, H_DISK).add(gbs * s * sz.cache_stored, C_DISK)
+    cpu_decode = resident(hidden_g, False).add(2 * sz.weight_stored, W_DISK)
+    cpu_decode.add(2 * gbs * sz.hidden, H_DISK)
+    cpu_decode.add(2 * gbs * full_entries * sz.cache_stored, C_DISK)
+    if choice.cpu_attention:  # scores, plus a dequantized copy of one micro-batch's cache
+        cpu_decode.add(db * gbs * model.num_heads * full_entries)
+        if choice.compress_cache:
+            cpu_decode.add(gbs * full_entries * sz.cache_fp16)
+
+    disk = Affine().add(weights_home, W_DISK).add(cache_home, C_DISK).add(hidden_p, H_DISK)
+    return {"gpu_prefill": gpu_prefill, "gpu_decode": gpu_decode, "cpu_prefill": cpu_prefill,
+            "cpu_decode": cpu_decode, "disk": disk}

@@ -1,0 +1,182 @@
+"""The linear program over placement fractions for one discrete choice (scipy HiGHS).
+
+Variables (in this order; the first nine are `cost.NUM_FRACTIONS`):
+
+    symbol         meaning
+    w_g w_c w_d    fraction of weight bytes on GPU / CPU / disk
+    c_g c_c c_d    fraction of the KV cache on GPU / CPU / disk
+    h_g h_c h_d    fraction of the activations (hidden states) on GPU / CPU / disk
+    t_pre          epigraph of the per-layer prefill time (s)
+    t_dec          epigraph of the per-layer decode time (s)
+
+minimize   L * t_pre + L * (n - 1) * t_dec
+subject to t_pre >= ctog_p + dtoc_p,  t_pre >= gtoc_p + ctod_p,  t_pre >= comp_p
+           t_dec >= ctog_g + y   for y in (gtoc_g, dtoc_g, ctod_g, comp_g)
+           peak bytes of every memory row <= its tier's budget
+           each triple sums to 1, every fraction in its bounds (default [0, 1])
+
+The max() terms of the cost model become the epigraph rows above, which is exact because
+the objective pushes t_pre and t_dec down onto the largest term.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import linprog
+
+from placement.cost import NUM_FRACTIONS, Affine, CostTerms
+
+GiB = float(1 << 30)  # memory rows are solved in GiB to keep the LP well scaled
+T_PRE, T_DEC = NUM_FRACTIONS, NUM_FRACTIONS + 1
+NUM_VARS = NUM_FRACTIONS + 2
+FULL_BOUNDS = ((0.0, 1.0),) * NUM_FRACTIONS
+_PREFILL_MAX = (("ctog", "dtoc"), ("gtoc", "ctod"), ("comp",))
+_DECODE_MAX = (("ctog", "gtoc"), ("ctog", "dtoc"), ("ctog", "ctod"), ("ctog", "comp"))
+
+
+@dataclass(frozen=True, slots=True)
+class LpSolution:
+    fractions: np.ndarray  # the nine fractions
+    total_s: float  # predicted time of one block
+
+
+def _sum(terms: dict[str, Affine], names: tuple[str, ...]) -> Affine:
+    out = Affine()
+    for name in names:
+        out.const += terms[name].const
+        out.coef = out.coef + terms[name].coef
+    return out
+
+
+def _time_rows(terms: CostTerms) -> tuple[np.ndarray, np.ndarray]:
+    """Rows `coef . x - t <= -const` for every term inside the two max()es."""
+    rows, rhs = [], []
+    for table, groups, epigraph in ((terms.prefill, _PREFILL_MAX, T_PRE),
+                                    (terms.decode, _DECODE_MAX, T_DEC)):
+        for names in groups:
+            expr = _sum(table, names)
+            row = np.zeros(NUM_VARS)
+            row[:NUM_FRACTIONS] = expr.coef
+            row[epigraph] = -1.0
+            rows.append(row)
+            rhs.append(-expr.const)
+    return np.array(rows), np.array(rhs)
+
+
+def _memory_rows(terms: CostTerms, budgets: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    rows, rhs = [], []
+    for name, expr in terms.memory.items():
+        row = np.zeros(NUM_VARS)
+        row[:NUM_FRACTIONS] = expr.coef / GiB
+        rows.append(row)
+        rhs.append((budgets[name] - expr.const) / GiB)
+    return np.array(rows), np.array(rhs)
+
+
+def _sum_to_one_rows(num_vars: int) -> tuple[np.ndarray, np.ndarray]:
+    rows = np.zeros((3, num_vars))
+    for group in range(3):
+        rows[group, 3 * group:3 * group + 3] = 1.0
+    return rows, np.ones(3)
+
+
+def solve_fractions(terms: CostTerms, budgets: dict[str, float],
+                    bounds=FULL_BOUNDS) -> LpSolution | None:
+    """Fastest fractions for one choice, or None when no fractions fit the budgets.
+
+    Args:
+        terms: the cost model's affine terms for the choice.
+        budgets: bytes allowed for each memory row (keys of `terms.memory`).
+        bounds: (low, high) per fraction, e.g. to pin activations off the disk.
+    """
+    time_a, time_b = _time_rows(terms)
+    mem_a, mem_b = _memory_rows(terms, budgets)
+    eq_a, eq_b = _sum_to_one_rows(NUM_VARS)
+    objective = np.zeros(NUM_VARS)
+    objective[T_PRE] = terms.num_layers
+    objective[T_DEC] = terms.num_layers * terms.num_decode_steps
+    result = linprog(objective, A_ub=np.vstack([time_a, mem_a]), b_ub=np.concatenate([time_b, mem_b]),
+                     A_eq=eq_a, b_eq=eq_b, bounds=list(bounds) + [(0, None), (0, None)],
+                     method="highs")
+    if result.status != 0:
+        return None
+    return LpSolution(fractions=np.clip(result.x[:NUM_FRACTIONS], 0.0, 1.0), total_s=result.fun)
+
+
+def memory_excess(terms: CostTerms, budgets: dict[str, float],
+                  bounds=FULL_BOUNDS) -> dict[str, float]:
+    """Bytes each memory row overshoots its budget at the fractions that overshoot least.
+
+    An elastic LP: one excess variable per row, minimize their sum. All zero means feasible.
+    """
+    names = list(terms.memory)
+    num_vars = NUM_FRACTIONS + len(names)
+    mem_a, mem_b = _memory_rows(terms, budgets)
+    a_ub = np.zeros((len(names), num_vars))
+    a_ub[:, :NUM_FRACTIONS] = mem_a[:, :NUM_FRACTIONS]
+    a_ub[:, NUM_FRACTIONS:] = -np.eye(len(names))
+    eq_a, eq_b = _sum_to_one_rows(num_vars)
+    objective = np.concatenate([np.zeros(NUM_FRACTIONS), np.ones(len(names))])
+    result = linprog(objective, A_ub=a_ub, b_ub=mem_b, A_eq=eq_a, b_eq=eq_b,
+                     bounds=list(bounds) + [(0, None)] * len(names), method="highs")
+    if result.status != 0:  # cannot happen: the excess variables make it always feasible
+        raise RuntimeError(f"elastic memory LP failed: {result.message}")
+    return {name: excess * GiB for name, excess in zip(names, result.x[NUM_FRACTIONS:])}
+
+
+def affine_minima(consts: np.ndarray, coefs: np.ndarray, highs: np.ndarray) -> np.ndarray:
+    """Exact minima of k affine forms over the three sum-to-one triples, 0 <= x <= highs.
+
+    Each triple's unit of mass goes to its cheapest coordinates first, up to their highs.
+    Returns +inf for a form when some triple's highs cannot add up to 1.
+
+    Args:
+        consts: (k,) constants; coefs: (k, 9) coefficients; highs: (9,) upper bounds.
+    """
+    coefs = coefs.reshape(-1, 3, 3)  # (k, triple, coordinate)
+    order = np.argsort(coefs, axis=2)
+    sorted_coefs = np.sort(coefs, axis=2)
+    sorted_highs = highs.reshape(3, 3)[np.arange(3)[None, :, None], order]
+    room_before = 1.0 - np.concatenate(
+        [np.zeros(coefs.shape[:2] + (1,)), np.cumsum(sorted_highs, axis=2)[:, :, :2]], axis=2)
+    take = np.clip(np.minimum(sorted_highs, room_before), 0.0, None)
+    values = consts + (take * sorted_coefs).sum(axis=(1, 2))
+    short = take.sum(axis=2).min(axis=1) < 1.0 - 1e-9
+    return np.where(short, np.inf, values)
+
+
+def affine_minimum(expr: Affine, highs: np.ndarray | None = None) -> float:
+    """Minimum of one affine form over the fractions (see `affine_minima`)."""
+    highs = np.ones(NUM_FRACTIONS) if highs is None else highs
+    return float(affine_minima(np.array([expr.const]), expr.coef[None, :], highs)[0])
+
+
+def _stack(exprs: list[Affine]) -> tuple[np.ndarray, np.ndarray]:
+    return np.array([e.const for e in exprs]), np.array([e.coef for e in exprs])
+
+
+def memory_implied_highs(terms: CostTerms, budgets: dict[str, float]) -> np.ndarray | None:
+    """Upper bounds on single fractions that every memory row implies on its own.
+
+    With x_j = t and everything else at its cheapest, a row is at least
+    minimum + t * (coef_j - cheapest coef in j's triple), which must fit the budget.
+    Returns None when some row exceeds its budget whatever the fractions.
+    """
+    names = list(terms.memory)
+    consts, coefs = _stack([terms.memory[n] for n in names])
+    slack = np.array([budgets[n] for n in names]) - affine_minima(consts, coefs,
+                                                                  np.ones(NUM_FRACTIONS))
+    if (slack < 0).any():
+        return None
+    extra = coefs - np.repeat(coefs.reshape(-1, 3, 3).min(axis=2), 3, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        limits = np.where(extra > 0, slack[:, None] / extra, np.inf)
+    return np.minimum(limits.min(axis=0), 1.0)
+
+
+def time_lower_bound(terms: CostTerms, highs: np.ndarray | None = None) -> float:
+    """A cheap lower bound on the LP optimum: each max() term at its own best fractions."""
+    highs = np.ones(NUM_FRACTIONS) if highs is None else highs
+    pre = affine_minima(*_stack([_sum(terms.prefill, n) for n in _PREFILL_MAX]), highs).max()
+    dec = affine_minima(*_stack([_sum(terms.decode, n) for n in _DECODE_MAX]), highs).max()
+    return terms.num_layers * (pre + terms.num_decode_steps * dec)

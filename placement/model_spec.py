@@ -1,0 +1,184 @@
+"""`ModelSpec`: the shape numbers of a decoder-only model, built from an HF config.json dict.
+
+Counts the real tensors of each architecture (q/k/v/o with GQA or MLA, gate/up/down or
+fc1/fc2, norms, biases, MoE experts and router) so sizes match what the engine allocates, and
+the bytes each token adds to the cache per layer:
+  - MHA / GQA: K and V, `2 * num_kv_heads * head_dim` elements;
+  - MLA (DeepSeek-V3.x): the compressed latent plus the shared RoPE key,
+    `kv_lora_rank + qk_rope_head_dim` elements, plus (V3.2) the lightning indexer's key,
+    `index_head_dim` elements, which ESS keeps on the GPU.
+"""
+
+from dataclasses import dataclass
+
+from placement.jsonable import JsonMixin
+from placement.specs import DTYPE_BYTES
+
+ARCHES = ("llama", "opt", "mla")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec(JsonMixin):
+    name: str
+    arch: str  # "llama" (also mistral, qwen2), "opt", or "mla" (DeepSeek-V3.x)
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int  # per-head width of q/k (v too, except MLA)
+    intermediate_size: int  # dense FFN width
+    vocab_size: int
+    dtype: str = "fp16"  # storage / compute dtype of the uncompressed weights and cache
+    qkv_bias: bool = False  # qwen2, OPT
+    tie_word_embeddings: bool = False
+    num_learned_positions: int = 0  # OPT's learned position table rows
+    # MLA (zero when not MLA)
+    q_lora_rank: int = 0  # 0: plain q projection
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # DeepSeek-V3.2 lightning indexer (zero when absent)
+    index_num_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0  # cache entries each query attends to after selection
+    # MoE (zero when dense)
+    num_experts: int = 0  # routed experts per MoE layer
+    num_experts_per_token: int = 0
+    num_shared_experts: int = 0
+    moe_intermediate_size: int = 0
+    num_dense_layers: int = 0  # leading layers with a dense FFN (first_k_dense_replace)
+
+    def __post_init__(self):
+        if self.arch not in ARCHES:
+            raise ValueError(f"ModelSpec.arch must be one of {ARCHES}, got {self.arch!r}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"ModelSpec.dtype must be one of {tuple(DTYPE_BYTES)}, got {self.dtype!r}")
+        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                     "intermediate_size", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"ModelSpec.{name} must be a positive integer, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"ModelSpec: num_heads {self.num_heads} is not a multiple of "
+                             f"num_kv_heads {self.num_kv_heads}")
+        if self.arch == "mla" and not (self.kv_lora_rank and self.qk_rope_head_dim and self.v_head_dim):
+            raise ValueError("ModelSpec: an MLA model needs kv_lora_rank, qk_rope_head_dim, v_head_dim")
+
+    # ---- sizes ---------------------------------------------------------------------------
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def attention_param_count(self) -> int:
+        """Parameters of one attention block, its input norm included."""
+        h, nh = self.hidden_size, self.num_heads
+        if self.arch == "mla":
+            return self._mla_param_count()
+        q_dim, kv_dim = nh * self.head_dim, self.num_kv_heads * self.head_dim
+        count = h * q_dim + 2 * h * kv_dim + q_dim * h  # q, k, v, o
+        if self.arch == "opt":
+            count += q_dim + 2 * kv_dim + h  # biases of q, k, v, o
+            count += 2 * h  # layernorm weight + bias
+        else:
+            count += (q_dim + 2 * kv_dim) if self.qkv_bias else 0
+            count += h  # rmsnorm
+        return count
+
+    def _mla_param_count(self) -> int:
+        h, nh = self.hidden_size, self.num_heads
+        qk_dim = self.head_dim + self.qk_rope_head_dim  # head_dim holds qk_nope_head_dim
+        if self.q_lora_rank:
+            count = h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * nh * qk_dim
+        else:
+            count = h * nh * qk_dim
+        count += h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank  # kv_a + norm
+        count += self.kv_lora_rank * nh * (self.head_dim + self.v_head_dim)  # kv_b
+        count += nh * self.v_head_dim * h + h  # o_proj + input norm
+        if self.index_head_dim:
+            q_in = self.q_lora_rank or h
+            count += q_in * self.index_num_heads * self.index_head_dim  # indexer wq_b
+            count += h * self.index_head_dim + 2 * self.index_head_dim  # wk + k layernorm
+            count += h * self.index_num_heads  # per-head weights projection
+        return count
+
+    def ffn_param_count(self, *, moe: bool, active_only: bool = False) -> int:
+        """Parameters of one FFN block (its norm included); `active_only`: those a token uses."""
+        h = self.hidden_size
+        if self.arch == "opt":
+            return 2 * h * self.intermediate_size + self.intermediate_size + h + 2 * h
+        if not moe:
+            return 3 * h * self.intermediate_size + h
+        experts = self.num_experts_per_token if active_only else self.num_experts
+        expert = 3 * h * self.moe_intermediate_size
+        router = h * self.num_experts + self.num_experts  # gate + score-correction bias
+        return (experts + self.num_shared_experts) * expert + router + h
+
+    def _num_moe_layers(self) -> int:
+        return max(self.num_layers - self.num_dense_layers, 0) if self.num_experts else 0
+
+    def layer_param_count(self, *, active_only: bool = False) -> float:
+        """Parameters of one decoder layer, averaged over dense and MoE layers."""
+        num_moe = self._num_moe_layers()
+        ffn = ((self.num_layers - num_moe) * self.ffn_param_count(moe=False)
+               + num_moe * self.ffn_param_count(moe=True, active_only=active_only))
+        return self.attention_param_count() + ffn / self.num_layers
+
+    def weight_bytes_per_layer(self) -> float:
+        """Stored bytes of one decoder layer (the average layer, for MoE models)."""
+        return self.layer_param_count() * self.dtype_bytes
+
+    def embedding_bytes(self) -> int:
+        """Token embedding, output head (unless tied), learned positions, final norm."""
+        h = self.hidden_size
+        count = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        count += self.num_learned_positions * h
+        count += 2 * h if self.arch == "opt" else h
+        return count * self.dtype_bytes
+
+    def total_weight_bytes(self) -> float:
+        return self.num_layers * self.weight_bytes_per_layer() + self.embedding_bytes()
+
+    def cache_bytes_per_token_per_layer(self) -> int:
+        """Uncompressed cache bytes one token adds to one layer (indexer keys excluded)."""
+        if self.arch == "mla":
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * self.dtype_bytes
+        return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    def indexer_bytes_per_token_per_layer(self) -> int:
+        """Lightning-indexer key bytes per token per layer (DeepSeek-V3.2); kept on the GPU."""
+        return self.index_head_dim * self.dtype_bytes
+
+    # ---- work ----------------------------------------------------------------------------
+    def matmul_flops_per_token_per_layer(self) -> float:
+        """GEMM FLOPs one token costs in one (average) layer: 2 per active weight."""
+        return 2.0 * self.layer_param_count(active_only=True)
+
+    def head_flops_per_token(self) -> float:
+        return 2.0 * self.hidden_size * self.vocab_size
+
+    def attended_entries(self, context_len: float) -> float:
+        """Cache entries the attention reads for one query (sparse selection caps it)."""
+        return min(context_len, self.index_topk) if self.index_topk else context_len
+
+    def attention_flops_per_query(self, context_len: float) -> float:
+        """Score + weighted-sum FLOPs of one query token over `context_len` cached tokens."""
+        entries = self.attended_entries(context_len)
+        if self.arch == "mla":  # absorbed form: scores over latent+rope, output in latent space
+            flops = 2 * self.num_heads * (2 * self.kv_lora_rank + self.qk_rope_head_dim) * entries
+            return flops + 2 * self.index_num_heads * self.index_head_dim * context_len
+        return 4 * self.num_heads * self.head_dim * entries
+
+    # ---- construction --------------------------------------------------------------------
+    @classmethod
+    def from_hf_config(cls, config: dict, name: str | None = None) -> "ModelSpec":
+        """Build from a Hugging Face config.json dict (llama, mistral, qwen2, opt, deepseek_v3/v32)."""
+        from placement.hf_config import model_spec_kwargs
+
+        return cls(**model_spec_kwargs(config, name))
+
+    @classmethod
+    def preset(cls, name: str) -> "ModelSpec":
+        """A built-in model by name, e.g. "opt-30b", "Llama-3-8B", "deepseek-v3.2-attn"."""
+        from placement.presets import model_preset
+
+        return model_preset(name)

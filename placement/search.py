@@ -1,0 +1,147 @@
+"""`solve`: enumerate the discrete policy knobs, solve the fraction LP for each, keep the best.
+
+Knobs: GPU batch size, number of GPU batches, weight / cache compression, CPU attention.
+The grid is fixed (it does not depend on memory), and a choice is skipped only when it
+provably cannot fit (a memory row's minimum over all fractions exceeds its budget, or a
+smaller choice already failed) or provably cannot beat the best plan so far (a lower bound on
+its time), so the result is the true optimum over the grid: more memory never makes it worse.
+"""
+
+import itertools
+import time
+
+import numpy as np
+
+from placement.cost import (Choice, MEMORY_ROWS, build_terms, decode_layer_time,
+                            prefill_layer_time)
+from placement.lp import (memory_excess, memory_implied_highs, solve_fractions,
+                          time_lower_bound)
+from placement.model_spec import ModelSpec
+from placement.plan import ROW_LABELS, InfeasiblePlanError, Plan
+from placement.specs import CompressionSpec, HardwareSpec, Policy, TierSplit, WorkloadSpec
+
+GPU_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+NUM_GPU_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+def budgets_for(hardware: HardwareSpec, usable_fraction: float) -> dict[str, float]:
+    """Bytes each memory row may use: capacities derated for fragmentation, runtime, OS."""
+    if not 0 < usable_fraction <= 1:
+        raise ValueError(f"usable_fraction must be in (0, 1], got {usable_fraction}")
+    gpu = hardware.gpu_mem_bytes * usable_fraction
+    cpu = hardware.cpu_mem_bytes * usable_fraction
+    return {"gpu_prefill": gpu, "gpu_decode": gpu, "cpu_prefill": cpu, "cpu_decode": cpu,
+            "disk": hardware.disk_bytes * usable_fraction}
+
+
+def _choices(allow_weight_compression: bool, allow_cache_compression: bool,
+             allow_cpu_attention: bool):
+    flags = itertools.product((False, True) if allow_weight_compression else (False,),
+                              (False, True) if allow_cache_compression else (False,),
+                              (False, True) if allow_cpu_attention else (False,))
+    return list(flags)
+
+
+def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
+          usable_fraction: float = 0.9, allow_weight_compression: bool = True,
+          allow_cache_compression: bool = True, allow_cpu_attention: bool = True,
+          max_block_size: int = 8192, compression: CompressionSpec = CompressionSpec()) -> Plan:
+    """The highest-throughput policy that fits every tier's budget.
+
+    Args:
+        model, hardware, workload: what to run, where, and how long the sequences are.
+        usable_fraction: share of each tier's capacity the plan may fill.
+        allow_*: whether the search may turn on compression or CPU attention.
+        max_block_size: cap on gpu_batch_size * num_gpu_batches.
+        compression: the quantization used when compression is on.
+
+    Raises:
+        InfeasiblePlanError: not even one sequence fits; names the tier and the shortfall.
+    """
+    started = time.perf_counter()
+    budgets = budgets_for(hardware, usable_fraction)
+    flags = _choices(allow_weight_compression, allow_cache_compression, allow_cpu_attention)
+    candidates = _candidates(model, hardware, workload, budgets, flags, compression,
+                             max_block_size)
+    # best first: solve in order of the throughput bound, stop once no bound beats the best
+    candidates.sort(key=lambda cand: -cand[0])
+    too_big: dict[tuple, list[tuple[int, int]]] = {}  # flags -> (gbs, ngb) that did not fit
+    best, num_lps = None, 0
+    for bound, choice, terms in candidates:
+        if best is not None and bound <= best[0]:
+            break
+        key = (choice.compress_weight, choice.compress_cache, choice.cpu_attention)
+        if any(choice.gpu_batch_size >= gbs and choice.num_gpu_batches >= ngb
+               for gbs, ngb in too_big.get(key, ())):
+            continue  # memory grows with both knobs, so a larger one cannot fit either
+        solution = solve_fractions(terms, budgets)
+        num_lps += 1
+        if solution is None:
+            too_big.setdefault(key, []).append((choice.gpu_batch_size, choice.num_gpu_batches))
+            continue
+        tokens_per_s = terms.tokens_per_block / solution.total_s
+        if best is None or tokens_per_s > best[0]:
+            best = (tokens_per_s, choice, terms, solution.fractions)
+    if best is None:
+        raise _infeasible(model, hardware, workload, budgets, compression,
+                          allow_weight_compression, allow_cache_compression, allow_cpu_attention)
+    return _make_plan(best, budgets, num_lps, time.perf_counter() - started)
+
+
+def _candidates(model, hardware, workload, budgets, flags, compression, max_block_size):
+    """(throughput upper bound, choice, terms) for every grid point that might fit."""
+    out = []
+    for compress_weight, compress_cache, cpu_attention in flags:
+        for gpu_batch_size, num_gpu_batches in itertools.product(GPU_BATCH_SIZES, NUM_GPU_BATCHES):
+            if gpu_batch_size * num_gpu_batches > max_block_size:
+                continue
+            choice = Choice(gpu_batch_size=gpu_batch_size, num_gpu_batches=num_gpu_batches,
+                            compress_weight=compress_weight, compress_cache=compress_cache,
+                            cpu_attention=cpu_attention, compression=compression)
+            terms = build_terms(choice, model, hardware, workload)
+            highs = memory_implied_highs(terms, budgets)
+            if highs is None:
+                continue  # one tier overflows whatever the fractions
+            bound_s = time_lower_bound(terms, highs)
+            out.append((terms.tokens_per_block / bound_s, choice, terms))
+    return out
+
+
+def _make_plan(best, budgets: dict[str, float], num_lps: int, search_s: float) -> Plan:
+    _, choice, terms, x = best
+    policy = Policy(
+        gpu_batch_size=choice.gpu_batch_size, num_gpu_batches=choice.num_gpu_batches,
+        weights=TierSplit.clipped(*x[0:3]), cache=TierSplit.clipped(*x[3:6]),
+        activations=TierSplit.clipped(*x[6:9]), compress_weight=choice.compress_weight,
+        compress_cache=choice.compress_cache, cpu_attention=choice.cpu_attention,
+        compression=choice.compression)
+    prefill_s = terms.num_layers * prefill_layer_time(terms.prefill, x)
+    decode_s = terms.num_layers * terms.num_decode_steps * decode_layer_time(terms.decode, x)
+    rows = {name: terms.memory[name](x) for name in MEMORY_ROWS}
+    slack = {name: (budgets[name] - rows[name]) / budgets[name] for name in MEMORY_ROWS}
+    return Plan(
+        policy=policy, tokens_per_s=terms.tokens_per_block / (prefill_s + decode_s),
+        total_s=prefill_s + decode_s, prefill_s=prefill_s, decode_s=decode_s,
+        prefill_layer_s={k: a(x) for k, a in terms.prefill.items()},
+        decode_layer_s={k: a(x) for k, a in terms.decode.items()},
+        peak_bytes={"gpu": max(rows["gpu_prefill"], rows["gpu_decode"]),
+                    "cpu": max(rows["cpu_prefill"], rows["cpu_decode"]), "disk": rows["disk"]},
+        budget_bytes={"gpu": budgets["gpu_decode"], "cpu": budgets["cpu_decode"],
+                      "disk": budgets["disk"]},
+        binding_constraint=ROW_LABELS[min(slack, key=slack.get)],
+        num_lps_solved=num_lps, search_s=search_s)
+
+
+def _infeasible(model, hardware, workload, budgets, compression, allow_weight_compression,
+                allow_cache_compression, allow_cpu_attention) -> InfeasiblePlanError:
+    # the least memory-hungry choice: one sequence, everything the caller allows turned on
+    choice = Choice(gpu_batch_size=1, num_gpu_batches=1, compress_weight=allow_weight_compression,
+                    compress_cache=allow_cache_compression, cpu_attention=allow_cpu_attention,
+                    compression=compression)
+    excess = memory_excess(build_terms(choice, model, hardware, workload), budgets)
+    row = max(excess, key=excess.get)
+    hints = ["give the tier more memory (--gpu-mem/--cpu-mem) or shorten the sequences"]
+    if not (allow_weight_compression and allow_cache_compression):
+        hints.append("allow compression")
+    return InfeasiblePlanError(ROW_LABELS[row], max(float(np.ceil(excess[row])), 1.0),
+                               budgets[row], hint=", or ".join(hints))

@@ -1,0 +1,177 @@
+"""Hardware, workload and policy specs: frozen, keyword-only dataclasses with units in names.
+
+`ModelSpec` lives in `placement.model_spec`. Nothing here imports torch.
+"""
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from placement.jsonable import JsonMixin
+
+DTYPES = ("fp32", "bf16", "fp16")
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+_SUM_TOLERANCE = 1e-6
+
+
+def _require_positive(owner: str, **values: float) -> None:
+    for name, value in values.items():
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{owner}.{name} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HardwareSpec(JsonMixin):
+    """One machine: capacity and speed of its GPU, CPU memory and disk tiers.
+
+    On a CPU-only box the "gpu" tier is the CPU device itself with a user-chosen budget.
+    """
+
+    name: str = "custom"
+    gpu_mem_bytes: int  # usable GPU memory
+    cpu_mem_bytes: int  # usable CPU (host) memory
+    disk_bytes: int  # usable space in the offload folder
+    cpu_to_gpu_bytes_per_s: float  # pinned host -> device copy
+    gpu_to_cpu_bytes_per_s: float  # device -> pinned host copy
+    disk_read_bytes_per_s: float  # page cache dropped
+    disk_write_bytes_per_s: float  # page cache dropped, fsync'ed
+    gpu_matmul_flops_per_s: dict[str, float]  # dense GEMM throughput, by dtype (fp32/bf16/fp16)
+    cpu_matmul_flops_per_s: dict[str, float]  # dense GEMM on the CPU, by dtype
+    gpu_mem_bytes_per_s: float  # GPU memory bandwidth (decode roofline)
+    cpu_attention_flops_per_s: float  # decode attention on the CPU over an fp16 cache
+    gpu_dequant_bytes_per_s: float  # 4-bit -> fp16 on the GPU, counted in fp16 output bytes
+    cpu_dequant_bytes_per_s: float  # 4-bit -> fp16 on the CPU, counted in fp16 output bytes
+
+    def __post_init__(self):
+        _require_positive(
+            "HardwareSpec",
+            gpu_mem_bytes=self.gpu_mem_bytes, cpu_mem_bytes=self.cpu_mem_bytes,
+            disk_bytes=self.disk_bytes, cpu_to_gpu_bytes_per_s=self.cpu_to_gpu_bytes_per_s,
+            gpu_to_cpu_bytes_per_s=self.gpu_to_cpu_bytes_per_s,
+            disk_read_bytes_per_s=self.disk_read_bytes_per_s,
+            disk_write_bytes_per_s=self.disk_write_bytes_per_s,
+            gpu_mem_bytes_per_s=self.gpu_mem_bytes_per_s,
+            cpu_attention_flops_per_s=self.cpu_attention_flops_per_s,
+            gpu_dequant_bytes_per_s=self.gpu_dequant_bytes_per_s,
+            cpu_dequant_bytes_per_s=self.cpu_dequant_bytes_per_s)
+        for attr in ("gpu_matmul_flops_per_s", "cpu_matmul_flops_per_s"):
+            table = getattr(self, attr)
+            if not isinstance(table, dict) or not table:
+                raise ValueError(f"HardwareSpec.{attr} must map dtypes {DTYPES} to FLOP/s")
+            for dtype, flops in table.items():
+                if dtype not in DTYPES:
+                    raise ValueError(f"HardwareSpec.{attr}: unknown dtype {dtype!r}; use {DTYPES}")
+                _require_positive(f"HardwareSpec.{attr}", **{dtype: flops})
+
+    def gpu_flops(self, dtype: str) -> float:
+        """GEMM FLOP/s for `dtype`, falling back to the fastest 16-bit entry, then fp32."""
+        table = self.gpu_matmul_flops_per_s
+        for key in (dtype, "fp16", "bf16", "fp32"):
+            if key in table:
+                return table[key]
+        raise KeyError(dtype)
+
+    def with_memory(self, *, gpu_mem_bytes: int | None = None,
+                    cpu_mem_bytes: int | None = None, disk_bytes: int | None = None):
+        """A copy with some capacities overridden (None keeps the current value)."""
+        changes = {k: v for k, v in (("gpu_mem_bytes", gpu_mem_bytes),
+                                     ("cpu_mem_bytes", cpu_mem_bytes),
+                                     ("disk_bytes", disk_bytes)) if v is not None}
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadSpec(JsonMixin):
+    """A batch job: every sequence has the same prompt and output length (FlexGen's setting)."""
+
+    prompt_len: int  # tokens per prompt, including the shared prefix
+    gen_len: int  # tokens generated per sequence
+    shared_prefix_len: int = 0  # leading prompt tokens common to all sequences (computed once)
+
+    def __post_init__(self):
+        for name in ("prompt_len", "gen_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"WorkloadSpec.{name} must be an integer >= 1, got {value!r}")
+        if not (isinstance(self.shared_prefix_len, int)
+                and 0 <= self.shared_prefix_len <= self.prompt_len):
+            raise ValueError(f"WorkloadSpec.shared_prefix_len must be in [0, prompt_len="
+                             f"{self.prompt_len}], got {self.shared_prefix_len!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TierSplit(JsonMixin):
+    """Fractions of one kind of data on each tier; each in [0, 1], summing to 1."""
+
+    gpu: float
+    cpu: float
+    disk: float
+
+    def __post_init__(self):
+        parts = (self.gpu, self.cpu, self.disk)
+        if any(not math.isfinite(p) or p < -_SUM_TOLERANCE or p > 1 + _SUM_TOLERANCE
+               for p in parts):
+            raise ValueError(f"TierSplit fractions must lie in [0, 1], got {parts}")
+        if abs(sum(parts) - 1.0) > _SUM_TOLERANCE:
+            raise ValueError(f"TierSplit fractions must sum to 1, got {parts} (sum {sum(parts)})")
+
+    @classmethod
+    def clipped(cls, gpu: float, cpu: float, disk: float) -> "TierSplit":
+        """Build from solver output: clip tiny negatives and renormalize the round-off."""
+        parts = [min(max(float(p), 0.0), 1.0) + 0.0 for p in (gpu, cpu, disk)]  # + 0.0: no -0.0
+        parts = [round(p / sum(parts), 12) for p in parts]
+        largest = parts.index(max(parts))
+        parts[largest] = 1.0 - sum(p for i, p in enumerate(parts) if i != largest)
+        return cls(gpu=parts[0], cpu=parts[1], disk=parts[2])
+
+    def as_tuple(self) -> tuple[float, float, float]:
+        return (self.gpu, self.cpu, self.disk)
+
+
+ALL_GPU = TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompressionSpec(JsonMixin):
+    """Group-wise asymmetric min-max quantization (FlexGen's): an fp16 min and scale per group."""
+
+    num_bits: int = 4
+    group_size: int = 64
+
+    def __post_init__(self):
+        if self.num_bits not in (2, 4, 8) or self.group_size < 1:
+            raise ValueError(f"CompressionSpec: num_bits must be 2, 4 or 8 and group_size >= 1, "
+                             f"got {self.num_bits}, {self.group_size}")
+
+    def bytes_per_element(self) -> float:
+        # packed codes plus two fp16 numbers (min, scale) per group
+        return self.num_bits / 8 + 4 / self.group_size
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Policy(JsonMixin):
+    """Where the engine keeps weights, KV cache and activations, and how it batches.
+
+    A block of `num_gpu_batches * gpu_batch_size` sequences runs layer by layer (zig-zag).
+    """
+
+    gpu_batch_size: int  # sequences per GPU micro-batch
+    num_gpu_batches: int  # micro-batches per block
+    weights: TierSplit  # fraction of every layer's weight bytes on each tier
+    cache: TierSplit  # fraction of the KV (or MLA latent) cache on each tier
+    activations: TierSplit  # fraction of the hidden states between layers on each tier
+    compress_weight: bool = False  # weights stored group-wise quantized on every tier
+    compress_cache: bool = False  # KV cache stored group-wise quantized on every tier
+    cpu_attention: bool = False  # decode attention over the CPU/disk part of the cache runs on CPU
+    compression: CompressionSpec = field(default_factory=CompressionSpec)
+
+    def __post_init__(self):
+        for name in ("gpu_batch_size", "num_gpu_batches"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Policy.{name} must be an integer >= 1, got {value!r}")
+
+    @property
+    def block_size(self) -> int:
+        """Sequences processed together per block (FlexGen's effective batch size)."""
+        return self.gpu_batch_size * self.num_gpu_batches
