@@ -1,0 +1,108 @@
+"""QuantConfig: how a tensor is compressed (bits, group size, group dim, symmetry).
+
+Torch-free on purpose: `placement` sizes compressed tensors from this module alone
+(`packed_nbytes`), and `placement` must never import torch.
+
+Which dim to group along (FlexGen's choice, kept as our defaults):
+- Weights, `WEIGHT_DEFAULT` (group_dim=0). In the PyTorch/HF `[out_features, in_features]`
+  layout, dim 0 is the output channels, so a group is `group_size` consecutive output
+  channels at one input column; each input column gets its own scale. FlexGen
+  (FlexLLMGen `flex_opt.py`, `comp_weight_config`) uses group_dim=0 for its OPT weights,
+  which are stored in this same layout and applied with `F.linear`; the paper chose the
+  dims empirically. Our bench (`scripts/bench_quant.py`) prints the error of dim 0 vs dim 1
+  on SmolLM2's real weights so the choice stays measured, not assumed.
+- KV cache, `KV_CACHE_DEFAULT` (group_dim=-1). FlexGen stores the cache as
+  `(seq, batch*heads, head_dim)` and groups along dim 2, the head dim. Our cache is
+  `[batch, kv_heads, seq, head_dim]`, so that is the last dim. Grouping along the head
+  dim keeps every token's groups inside that token, so a new token is compressed alone
+  and appended without touching older ones (see `QuantizedKVBuffer`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+SUPPORTED_BITS = (4, 8)
+# Bytes of one scale/offset value per stored dtype name; scales are kept in the input's
+# floating dtype (FlexGen keeps fp16 scales for fp16 data: 4 + 2*16/64 = 4.5 bits/element).
+SCALE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuantConfig:
+    """Group-wise min-max quantization settings.
+
+    Args:
+        bits: bits per code, 4 (two codes per byte) or 8 (one code per byte).
+        group_size: elements sharing one scale (and one min when asymmetric).
+        group_dim: tensor dim the groups run along; negative counts from the end.
+        symmetric: if True, groups are centred on zero and store a scale only;
+            if False (FlexGen's default), each group stores a scale and its min.
+    """
+
+    bits: int = 4
+    group_size: int = 64
+    group_dim: int = 0
+    symmetric: bool = False
+
+    def __post_init__(self) -> None:
+        if self.bits not in SUPPORTED_BITS:
+            raise ValueError(f"QuantConfig.bits={self.bits} is not supported; use one of {SUPPORTED_BITS}")
+        if self.group_size < 1:
+            raise ValueError(f"QuantConfig.group_size={self.group_size} must be >= 1 (64 is FlexGen's default)")
+
+    @property
+    def max_code(self) -> int:
+        """Largest unsigned code: 15 for 4 bits, 255 for 8 bits."""
+        return (1 << self.bits) - 1
+
+    def resolve_dim(self, ndim: int) -> int:
+        """`group_dim` as a non-negative index into a tensor of `ndim` dims."""
+        dim = self.group_dim + ndim if self.group_dim < 0 else self.group_dim
+        if not 0 <= dim < max(ndim, 1):
+            raise ValueError(
+                f"QuantConfig.group_dim={self.group_dim} is out of range for a {ndim}-D tensor; "
+                f"use a dim in [-{ndim}, {ndim - 1}]"
+            )
+        return dim
+
+    def num_groups(self, shape: tuple[int, ...]) -> int:
+        """Number of groups (scales) a tensor of `shape` is split into."""
+        if len(shape) == 0:
+            return 1
+        dim = self.resolve_dim(len(shape))
+        others = math.prod(shape) // shape[dim] if shape[dim] else 0
+        return others * math.ceil(shape[dim] / self.group_size)
+
+    def code_nbytes(self, numel: int) -> int:
+        """Bytes of packed codes for `numel` elements: ceil(n/2) at 4 bits, n at 8."""
+        return (numel + 1) // 2 if self.bits == 4 else numel
+
+    def packed_nbytes(self, shape: tuple[int, ...], dtype: str = "float16") -> int:
+        """Total bytes a compressed tensor takes: codes plus per-group scales (and mins).
+
+        Args:
+            shape: the uncompressed tensor's shape.
+            dtype: the uncompressed dtype's name ("float16", "bfloat16", "float32");
+                scales and mins are stored in it.
+        """
+        if dtype not in SCALE_BYTES:
+            raise ValueError(f"dtype {dtype!r} cannot be quantized; use one of {sorted(SCALE_BYTES)}")
+        per_group = (1 if self.symmetric else 2) * SCALE_BYTES[dtype]
+        return self.code_nbytes(math.prod(shape)) + self.num_groups(tuple(shape)) * per_group
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "QuantConfig":
+        data = json.loads(text)
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown QuantConfig fields {sorted(unknown)} in {text!r}")
+        return cls(**data)
+
+
+WEIGHT_DEFAULT = QuantConfig(bits=4, group_size=64, group_dim=0, symmetric=False)
+KV_CACHE_DEFAULT = QuantConfig(bits=4, group_size=64, group_dim=-1, symmetric=False)
