@@ -140,8 +140,9 @@ def _infeasible(model, hardware, workload, budgets, compression, allow_weight_co
                     compression=compression)
     excess = memory_excess(build_terms(choice, model, hardware, workload), budgets)
     row = max(excess, key=excess.get)
-    hints = ["give the tier more memory (--gpu-mem/--cpu-mem) or shorten the sequences"]
+    tier = row.split("_")[0]
+    hints = [f"give the {tier} tier more room (--{tier}-mem)", "shorten the sequences"]
     if not (allow_weight_compression and allow_cache_compression):
         hints.append("allow compression")
     return InfeasiblePlanError(ROW_LABELS[row], max(float(np.ceil(excess[row])), 1.0),
-                               budgets[row], hint=", or ".join(hints))
+                               budgets[row], hint=", ".join(hints[:-1]) + " or " + hints[-1])

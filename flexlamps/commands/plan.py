@@ -1,0 +1,149 @@
+"""`flexlamps plan`: pick a placement policy for a model on a machine and print it.
+
+Imports only `placement` (no torch), so it answers in well under a second.
+"""
+
+import json
+from pathlib import Path
+
+import click
+
+from placement import (HardwareSpec, InfeasiblePlanError, ModelSpec, Plan, WorkloadSpec,
+                       format_bytes, hardware_preset, model_preset, parse_bytes, solve)
+from placement.plan import TIERS
+from placement.presets import HARDWARE_PRESETS, MODEL_CONFIGS
+from placement.units import GiB
+
+
+def load_model_spec(text: str) -> ModelSpec:
+    """A model from a config.json path, an HF folder holding one, or a preset name."""
+    path = Path(text)
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise click.BadParameter(f"folder {text!r} has no config.json", param_hint="--model")
+    if path.is_file():
+        try:
+            config = json.loads(path.read_text())
+            return ModelSpec.from_hf_config(config, name=path.parent.name or path.stem)
+        except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
+            raise click.BadParameter(f"{path}: {exc}", param_hint="--model") from None
+    try:
+        return model_preset(text)
+    except KeyError:
+        raise click.BadParameter(
+            f"{text!r} is neither a config.json, an HF folder, nor a preset "
+            f"({', '.join(MODEL_CONFIGS)})", param_hint="--model") from None
+
+
+def load_hardware_spec(text: str) -> HardwareSpec:
+    """A machine from a profile.json written by `flexlamps profile`, or a preset name."""
+    path = Path(text)
+    if path.is_file():
+        try:
+            return HardwareSpec.from_json(path.read_text())
+        except ValueError as exc:
+            raise click.BadParameter(f"{path}: {exc}", param_hint="--hardware") from None
+    try:
+        return hardware_preset(text)
+    except KeyError:
+        raise click.BadParameter(
+            f"{text!r} is neither a profile.json nor a preset ({', '.join(HARDWARE_PRESETS)})",
+            param_hint="--hardware") from None
+
+
+class ByteSize(click.ParamType):
+    """A positive size such as 2GiB, 512MiB or 16GB."""
+
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_bytes(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
+                workload: WorkloadSpec) -> str:
+    pol = plan.policy
+    lines = [
+        f"model     {model.name} ({model.arch}, {model.num_layers} layers, "
+        f"{format_bytes(model.total_weight_bytes())} of {model.dtype} weights)",
+        f"hardware  {hardware.name}",
+        f"workload  prompt {workload.prompt_len}, output {workload.gen_len}, "
+        f"shared prefix {workload.shared_prefix_len}",
+        "",
+        f"policy    gpu batch {pol.gpu_batch_size} x {pol.num_gpu_batches} micro-batches "
+        f"= block {pol.block_size}",
+        f"          compress weights {'yes' if pol.compress_weight else 'no'}, "
+        f"cache {'yes' if pol.compress_cache else 'no'} "
+        f"({pol.compression.num_bits}-bit, group {pol.compression.group_size}); "
+        f"cpu attention {'yes' if pol.cpu_attention else 'no'}",
+        "",
+        f"{'':14}{'gpu':>9}{'cpu':>9}{'disk':>9}",
+    ]
+    for label, split in (("weights", pol.weights), ("cache", pol.cache),
+                         ("activations", pol.activations)):
+        lines.append(f"{label:14}" + "".join(f"{100 * v:8.1f}%" for v in split.as_tuple()))
+    for label, table in (("peak (GiB)", plan.peak_bytes), ("budget (GiB)", plan.budget_bytes)):
+        lines.append(f"{label:14}" + "".join(f"{table[t] / GiB:9.1f}" for t in TIERS))
+    lines += [
+        "",
+        f"throughput  {plan.tokens_per_s:.2f} tokens/s "
+        f"(block of {pol.block_size} x {workload.gen_len} tokens in {plan.total_s:.1f} s)",
+        f"time split  prefill {plan.prefill_s:.1f} s, decode {plan.decode_s:.1f} s",
+        "per layer   " + "  ".join(f"{k} {v * 1e3:.1f}ms" for k, v in plan.prefill_layer_s.items())
+        + "  (prefill)",
+        "            " + "  ".join(f"{k} {v * 1e3:.1f}ms" for k, v in plan.decode_layer_s.items())
+        + "  (decode)",
+        f"binding     {plan.binding_constraint}",
+        f"search      {plan.num_lps_solved} LPs in {plan.search_s:.2f} s",
+    ]
+    return "\n".join(lines)
+
+
+@click.command("plan")
+@click.option("--model", "model_text", required=True,
+              help="config.json, an HF model folder, or a preset (e.g. opt-30b, llama-3-8b).")
+@click.option("--hardware", "hardware_text", default="t4-flexgen", show_default=True,
+              help="profile.json from `flexlamps profile`, or a preset (t4-flexgen, rtx4090, a100-80gb, ...).")
+@click.option("--prompt-len", type=click.IntRange(min=1), default=512, show_default=True)
+@click.option("--gen-len", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--shared-prefix-len", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Leading prompt tokens shared by all sequences (computed once).")
+@click.option("--gpu-mem", type=ByteSize(), help="Override the GPU memory, e.g. 2GiB.")
+@click.option("--cpu-mem", type=ByteSize(), help="Override the CPU memory, e.g. 64GiB.")
+@click.option("--disk-mem", type=ByteSize(), help="Override the disk space, e.g. 1TB.")
+@click.option("--usable-fraction", type=click.FloatRange(0, 1, min_open=True), default=0.9,
+              show_default=True, help="Share of each tier's capacity the plan may fill.")
+@click.option("--compress/--no-compress", default=True, show_default=True,
+              help="Let the search quantize weights and cache to 4 bits.")
+@click.option("--cpu-attention/--no-cpu-attention", default=True, show_default=True,
+              help="Let the search run decode attention on the CPU.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def command(model_text, hardware_text, prompt_len, gen_len, shared_prefix_len, gpu_mem,
+            cpu_mem, disk_mem, usable_fraction, compress, cpu_attention, as_json):
+    """Choose where weights, KV cache and activations live (GPU/CPU/disk) and how to batch."""
+    model = load_model_spec(model_text)
+    hardware = load_hardware_spec(hardware_text).with_memory(
+        gpu_mem_bytes=gpu_mem, cpu_mem_bytes=cpu_mem, disk_bytes=disk_mem)
+    if shared_prefix_len > prompt_len:
+        raise click.BadParameter(f"{shared_prefix_len} exceeds --prompt-len {prompt_len}",
+                                 param_hint="--shared-prefix-len")
+    workload = WorkloadSpec(prompt_len=prompt_len, gen_len=gen_len,
+                            shared_prefix_len=shared_prefix_len)
+    try:
+        plan = solve(model, hardware, workload, usable_fraction=usable_fraction,
+                     allow_weight_compression=compress, allow_cache_compression=compress,
+                     allow_cpu_attention=cpu_attention)
+    except InfeasiblePlanError as exc:
+        raise click.ClickException(f"no placement fits: {exc}") from None
+    if as_json:
+        click.echo(json.dumps({"model": model.to_dict(), "hardware": hardware.to_dict(),
+                               "workload": workload.to_dict(), "plan": plan.to_dict()},
+                              indent=2))
+    else:
+        click.echo(format_plan(plan, model, hardware, workload))

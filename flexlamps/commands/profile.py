@@ -1,0 +1,73 @@
+"""`flexlamps profile`: measure this machine and write a HardwareSpec JSON for `flexlamps plan`."""
+
+import os
+import tempfile
+from pathlib import Path
+
+import click
+
+from placement import format_bytes, parse_bytes
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write via a temp file in the same folder + rename, so no half-written file is left."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+@click.command("profile")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path),
+              required=True, help="Where to write the HardwareSpec JSON, e.g. hw.json.")
+@click.option("--quick", is_flag=True, help="Small probes: a few seconds, rougher numbers.")
+@click.option("--disk-dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Folder to measure disk speed in (your offload folder). Default: --out's.")
+@click.option("--gpu-mem", help="GPU memory to plan with, e.g. 8GiB. Default: the device's; "
+              "on a CPU-only box a quarter of RAM.")
+def command(out_path: Path, quick: bool, disk_dir: Path | None, gpu_mem: str | None):
+    """Measure disk, copy, GEMM, CPU-attention and dequantization speeds of this machine."""
+    from tqdm import tqdm
+
+    from flexlamps.hw_profile import PROBE_NAMES, profile_machine  # imports torch
+
+    out_path = out_path.resolve()
+    if not out_path.parent.is_dir():
+        raise click.BadParameter(f"folder {out_path.parent} does not exist", param_hint="--out")
+    gpu_budget = None
+    if gpu_mem is not None:
+        try:
+            gpu_budget = parse_bytes(gpu_mem)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--gpu-mem") from None
+    with tqdm(total=len(PROBE_NAMES), desc="profiling", unit="probe") as bar:
+        def step(name: str) -> None:
+            if bar.n or name != PROBE_NAMES[0]:
+                bar.update(1)
+            bar.set_postfix_str(name)
+
+        spec = profile_machine(disk_folder=disk_dir or out_path.parent, quick=quick,
+                               gpu_budget_bytes=gpu_budget, step=step)
+        bar.update(bar.total - bar.n)
+    write_atomically(out_path, spec.to_json() + "\n")
+    gb = 1e9
+    click.echo(
+        f"wrote {out_path}\n"
+        f"  disk read {spec.disk_read_bytes_per_s / gb:.2f} GB/s, "
+        f"write {spec.disk_write_bytes_per_s / gb:.2f} GB/s\n"
+        f"  cpu->gpu {spec.cpu_to_gpu_bytes_per_s / gb:.2f} GB/s, "
+        f"gpu->cpu {spec.gpu_to_cpu_bytes_per_s / gb:.2f} GB/s, "
+        f"gpu memory {spec.gpu_mem_bytes_per_s / gb:.1f} GB/s\n"
+        "  gemm " + ", ".join(f"{k} {v / 1e12:.3f} TFLOP/s"
+                              for k, v in spec.gpu_matmul_flops_per_s.items()) + "\n"
+        f"  cpu attention {spec.cpu_attention_flops_per_s / 1e9:.1f} GFLOP/s, "
+        f"dequant {spec.gpu_dequant_bytes_per_s / gb:.2f} GB/s\n"
+        f"  gpu {format_bytes(spec.gpu_mem_bytes)}, cpu {format_bytes(spec.cpu_mem_bytes)}, "
+        f"disk {format_bytes(spec.disk_bytes)}")

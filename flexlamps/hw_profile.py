@@ -1,0 +1,236 @@
+"""Measure this machine into a `placement.HardwareSpec` (what `flexlamps profile` runs).
+
+Each probe runs its kernel until a small time budget is spent and reports the rate of the
+best repetition (the least disturbed by other processes). On a box without CUDA the "gpu"
+tier is the CPU device: GPU FLOP/s are CPU FLOP/s, GPU<->CPU copies are memcpys, and the
+GPU memory is a budget the caller chooses (default a quarter of RAM, taken out of the CPU's).
+"""
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import psutil
+import torch
+
+from placement import HardwareSpec
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeSizes:
+    """How big each probe is; `quick` trades accuracy for a run of a few seconds."""
+
+    disk_file_bytes: int
+    copy_bytes: int
+    gemm_dim: int
+    attention_context: int
+    dequant_elements: int
+    seconds_per_probe: float
+
+    @classmethod
+    def for_mode(cls, quick: bool) -> "ProbeSizes":
+        if quick:
+            return cls(disk_file_bytes=32 << 20, copy_bytes=32 << 20, gemm_dim=256,
+                       attention_context=512, dequant_elements=1 << 20, seconds_per_probe=0.05)
+        return cls(disk_file_bytes=256 << 20, copy_bytes=128 << 20, gemm_dim=2048,
+                   attention_context=2048, dequant_elements=4 << 20, seconds_per_probe=0.4)
+
+
+def _best_rate(run: Callable[[], None], work: float, budget_s: float,
+               sync: Callable[[], None] = lambda: None) -> float:
+    """`work` units per second of the fastest repetition of `run` within `budget_s`."""
+    run()  # warm-up: allocations, kernel selection
+    sync()
+    best_s, spent = float("inf"), 0.0
+    while spent < budget_s or best_s == float("inf"):
+        start = time.perf_counter()
+        run()
+        sync()
+        elapsed = time.perf_counter() - start
+        best_s, spent = min(best_s, elapsed), spent + elapsed
+    return work / max(best_s, 1e-9)
+
+
+def measure_disk(folder: Path, num_bytes: int) -> tuple[float, float]:
+    """(read, write) bytes/s of a file in `folder`, with the page cache dropped before reading."""
+    chunk = os.urandom(1 << 20)
+    fd, name = tempfile.mkstemp(dir=folder, prefix=".flexlamps-disk-probe-")
+    try:
+        start = time.perf_counter()
+        for _ in range(num_bytes // len(chunk)):
+            os.write(fd, chunk)
+        os.fsync(fd)
+        write_s = time.perf_counter() - start
+        # after fsync the pages are clean, so DONTNEED really evicts them
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.lseek(fd, 0, os.SEEK_SET)
+        start = time.perf_counter()
+        while os.read(fd, 8 << 20):
+            pass
+        read_s = time.perf_counter() - start
+    finally:
+        os.close(fd)
+        os.unlink(name)
+    return num_bytes / read_s, num_bytes / write_s
+
+
+def measure_copies(device: torch.device, num_bytes: int, budget_s: float) -> tuple[float, float]:
+    """(cpu->gpu, gpu->cpu) bytes/s: pinned copies on CUDA, a plain memcpy on the CPU."""
+    numel = num_bytes // 4
+    if device.type == "cuda":
+        host = torch.empty(numel, dtype=torch.float32, pin_memory=True)
+        dev = torch.empty(numel, dtype=torch.float32, device=device)
+        sync = torch.cuda.synchronize
+        to_gpu = _best_rate(lambda: dev.copy_(host, non_blocking=True), num_bytes, budget_s, sync)
+        to_cpu = _best_rate(lambda: host.copy_(dev, non_blocking=True), num_bytes, budget_s, sync)
+        return to_gpu, to_cpu
+    src, dst = torch.ones(numel), torch.empty(numel)
+    rate = _best_rate(lambda: dst.copy_(src), num_bytes, budget_s)
+    return rate, rate
+
+
+def measure_device_bandwidth(device: torch.device, num_bytes: int, budget_s: float) -> float:
+    """Bytes/s of a large device-to-device copy, counting both the read and the write."""
+    src = torch.ones(num_bytes // 4, device=device)
+    dst = torch.empty_like(src)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    return _best_rate(lambda: dst.copy_(src), 2 * num_bytes, budget_s, sync)
+
+
+def measure_gemm(device: torch.device, max_dim: int, budget_s: float) -> dict[str, float]:
+    """FLOP/s of a square matmul for each dtype, sized so one call fits the time budget.
+
+    Some dtypes are orders of magnitude slower on some devices (fp16 on most CPUs), so a
+    128-wide probe first estimates the rate and the real probe grows up to `max_dim`.
+    """
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rates = {}
+    for name, dtype in _DTYPES.items():
+        dim = 128
+        while True:
+            a = torch.randn(dim, dim, device=device).to(dtype)
+            b = torch.randn(dim, dim, device=device).to(dtype)
+            rate = _best_rate(lambda: torch.mm(a, b), 2.0 * dim**3, budget_s / 4, sync)
+            # the next size up must still run a call in under a tenth of the budget
+            if dim >= max_dim or 2.0 * (2 * dim) ** 3 / rate > budget_s / 10:
+                break
+            dim *= 2
+        rates[name] = rate
+    return rates
+
+
+def measure_cpu_attention(context: int, budget_s: float) -> float:
+    """FLOP/s of one decode step of attention over a cache in CPU memory (fp32 compute)."""
+    batch, heads, head_dim = 8, 16, 128
+    q = torch.randn(batch, heads, 1, head_dim)
+    k = torch.randn(batch, heads, context, head_dim)
+    v = torch.randn(batch, heads, context, head_dim)
+    attend = torch.nn.functional.scaled_dot_product_attention
+    return _best_rate(lambda: attend(q, k, v), 4.0 * batch * heads * head_dim * context, budget_s)
+
+
+def measure_dequant(device: torch.device, numel: int, budget_s: float,
+                    group_size: int = 64) -> float:
+    """fp16 output bytes/s of unpacking 4-bit codes (two per byte) and applying min/scale."""
+    packed = torch.randint(0, 256, (numel // group_size, group_size // 2), dtype=torch.uint8,
+                           device=device)
+    scale = torch.rand(numel // group_size, 1, device=device, dtype=torch.float16)
+    low = torch.rand(numel // group_size, 1, device=device, dtype=torch.float16)
+
+    # CPUs lack fast fp16 arithmetic, so the CPU path computes in fp32 and stores fp16
+    compute = torch.float16 if device.type == "cuda" else torch.float32
+    scale, low = scale.to(compute), low.to(compute)
+
+    def dequant():
+        codes = torch.cat([packed & 0x0F, packed >> 4], dim=1)  # (groups, group_size)
+        return (codes.to(compute) * scale + low).to(torch.float16)
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    return _best_rate(dequant, 2.0 * numel, budget_s, sync)
+
+
+def _best_over_threads(probe: Callable[[], float | dict | tuple]):
+    """Run a CPU probe with one thread and with torch's default; keep the faster result.
+
+    On a loaded box, OpenMP's threads can wait on each other and run far slower than one
+    thread; the engine can choose either, so the profile records what is reachable.
+    """
+    default = torch.get_num_threads()
+    results = []
+    for num_threads in sorted({1, default}):
+        torch.set_num_threads(num_threads)
+        try:
+            results.append(probe())
+        finally:
+            torch.set_num_threads(default)
+    first = results[0]
+    if isinstance(first, dict):
+        return {k: max(r[k] for r in results) for k in first}
+    if isinstance(first, tuple):
+        return tuple(max(r[i] for r in results) for i in range(len(first)))
+    return max(results)
+
+
+def profile_machine(*, disk_folder: Path, quick: bool = False,
+                    gpu_budget_bytes: int | None = None,
+                    step: Callable[[str], None] = lambda name: None) -> HardwareSpec:
+    """Run every probe and return the machine as a `HardwareSpec`.
+
+    Args:
+        disk_folder: where the disk probe writes its temporary file (the offload folder).
+        quick: small probes, a few seconds in all (for tests and smoke runs).
+        gpu_budget_bytes: GPU memory to plan with; default: the device's memory on CUDA,
+            a quarter of RAM on a CPU-only box.
+        step: called with each probe's name before it runs (progress display).
+    """
+    sizes = ProbeSizes.for_mode(quick)
+    budget_s = sizes.seconds_per_probe
+    has_cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if has_cuda else "cpu")
+    ram = psutil.virtual_memory().total
+
+    step("disk")
+    disk_read, disk_write = measure_disk(disk_folder, sizes.disk_file_bytes)
+    on_cpu = (lambda probe: _best_over_threads(probe)) if not has_cuda else (lambda probe: probe())
+    cpu = torch.device("cpu")
+    step("copies")
+    to_gpu, to_cpu = on_cpu(lambda: measure_copies(device, sizes.copy_bytes, budget_s))
+    step("memory bandwidth")
+    gpu_bandwidth = on_cpu(lambda: measure_device_bandwidth(device, sizes.copy_bytes, budget_s))
+    step("gemm")
+    gpu_gemm = on_cpu(lambda: measure_gemm(device, sizes.gemm_dim, budget_s))
+    cpu_gemm = (_best_over_threads(lambda: measure_gemm(cpu, sizes.gemm_dim, budget_s))
+                if has_cuda else gpu_gemm)
+    step("cpu attention")
+    cpu_attention = _best_over_threads(
+        lambda: measure_cpu_attention(sizes.attention_context, budget_s))
+    step("dequantization")
+    gpu_dequant = on_cpu(lambda: measure_dequant(device, sizes.dequant_elements, budget_s))
+    cpu_dequant = (_best_over_threads(lambda: measure_dequant(cpu, sizes.dequant_elements, budget_s))
+                   if has_cuda else gpu_dequant)
+
+    if has_cuda:
+        gpu_mem = gpu_budget_bytes or torch.cuda.mem_get_info()[1]
+        cpu_mem = ram
+    else:  # the "gpu" tier is carved out of RAM
+        gpu_mem = gpu_budget_bytes or ram // 4
+        cpu_mem = max(ram - gpu_mem, 1)
+    return HardwareSpec(
+        name=f"profile:{socket.gethostname()}" + ("" if has_cuda else " (cpu as gpu)"),
+        gpu_mem_bytes=int(gpu_mem), cpu_mem_bytes=int(cpu_mem),
+        disk_bytes=int(shutil.disk_usage(disk_folder).free),
+        cpu_to_gpu_bytes_per_s=to_gpu, gpu_to_cpu_bytes_per_s=to_cpu,
+        disk_read_bytes_per_s=disk_read, disk_write_bytes_per_s=disk_write,
+        gpu_matmul_flops_per_s=gpu_gemm, cpu_matmul_flops_per_s=cpu_gemm,
+        gpu_mem_bytes_per_s=gpu_bandwidth, cpu_attention_flops_per_s=cpu_attention,
+        gpu_dequant_bytes_per_s=gpu_dequant, cpu_dequant_bytes_per_s=cpu_dequant)
+
+
+PROBE_NAMES = ("disk", "copies", "memory bandwidth", "gemm", "cpu attention", "dequantization")
