@@ -116,15 +116,23 @@ class Prompt:
 
 def build_prompt(spec: AdapterSpec, examples: list[Instance], eval_block: str,
                  fits: Optional[Callable[[str], bool]] = None) -> Prompt:
-    """Join the blocks; drop examples from the end (HELM's rule) while the prompt does not fit."""
+    """Join the blocks; drop examples from the end while the prompt does not fit, then, with none
+    left, cut the text from the right (HELM's rules)."""
     blocks = [example_block(spec, e, include_output=True) for e in examples]
     while True:
         head = ([spec.instructions] if spec.instructions else []) + blocks
         shared = spec.global_prefix + "".join(b + spec.instance_prefix for b in head)
         prompt = Prompt(shared, eval_block + spec.global_suffix, len(blocks))
-        if fits is None or not blocks or fits(prompt.text):
+        if fits is None or fits(prompt.text):
             return prompt
+        if not blocks:
+            break
         blocks = blocks[:-1]
+    lo, hi, text = 0, len(prompt.text), prompt.text  # longest prefix that fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(text[:mid]) else (lo, mid - 1)
+    return Prompt(text[:lo], "", 0, truncated=True)
 
 
 # About 1,500 tokens of English: well inside the context window of every model we run.
@@ -148,6 +156,18 @@ def split_document(text: str, max_chars: int) -> list[str]:
     if cur:
         pieces.append(cur)
     return pieces
+
+
+def _fitting_pieces(text: str, fits: Optional[Callable[[str], bool]]) -> list[str]:
+    """Pieces of LM_PIECE_CHARS at most, halved again until each fits the context window."""
+    out, todo = [], split_document(text, LM_PIECE_CHARS)[::-1]
+    while todo:
+        piece = todo.pop()
+        if fits is None or len(piece) < 2 or fits(piece):
+            out.append(piece)
+        else:
+            todo.extend(split_document(piece, (len(piece) + 1) // 2)[::-1])
+    return out
 
 
 def _request(spec: AdapterSpec, prompt: str, **overrides) -> Request:
@@ -210,7 +230,7 @@ def _instance_requests(spec: AdapterSpec, inst: Instance, trial: int, examples: 
     if spec.method == LANGUAGE_MODELING:
         # A long document is scored in pieces cut at line ends, each on its own (no conditioning).
         out = []
-        for piece in split_document(inst.input, LM_PIECE_CHARS):
+        for piece in _fitting_pieces(inst.input, fits):
             req = _request(spec, piece, num_completions=1, temperature=0.0, max_tokens=0, stop_sequences=[],
                            echo_prompt=True)
             out.append(RequestState(reference_index=None, request_mode=None, output_mapping=None, request=req,

@@ -100,7 +100,7 @@ class Executor:
         # All generation requests of a run share one adapter spec, hence one set of parameters.
         req = states[0].request
         params = self.make_params(max_new_tokens=req.max_tokens, temperature=req.temperature,
-                                  stop=list(req.stop_sequences) or None, logprobs=True, seed=0)
+                                  stop=tuple(req.stop_sequences), logprobs=True, seed=0)
         outs = self.llm.generate([s.request.prompt for s in states], params)
         tok = self.llm.tokenizer
         for s, o in zip(states, outs):
@@ -114,8 +114,14 @@ class Executor:
             )
 
     def _score(self, states: list[RequestState]) -> None:
-        outs = self.llm.score([s.context for s in states], [s.continuation for s in states])
         tok = self.llm.tokenizer
+        # A document scored from its start needs something to condition on: the tokenizer's BOS
+        # when it has one (the engine adds it for an empty context), else a newline.
+        bare = "" if getattr(tok, "bos_token_id", 0) is not None else "\n"
+        for s in states:
+            if not s.context:
+                s.context = bare
+        outs = self.llm.score([s.context for s in states], [s.continuation for s in states])
         for s, o in zip(states, outs):
             # The continuation's tokens as the engine saw them: the tail of the joint encoding.
             full = tok.encode(s.context + s.continuation)

@@ -52,8 +52,9 @@ def _prefill_counters(llm) -> tuple[Optional[int], Optional[int]]:
 
 
 def _context_limit(llm) -> Optional[int]:
-    for name in ("max_model_len", "context_length", "max_position_embeddings"):
-        v = getattr(llm, name, None)
+    config = getattr(llm, "config", None)
+    for obj, name in ((llm, "max_model_len"), (config, "max_position"), (config, "max_position_embeddings")):
+        v = getattr(obj, name, None)
         if isinstance(v, int) and v > 0:
             return v
     return None
