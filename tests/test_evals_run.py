@@ -1,0 +1,167 @@
+"""`flexlamps helm` end to end on the deterministic fake LM: HELM's file set and shapes, values,
+resume after a failure, skip when done, and crfm-helm's own `helm-summarize` on the suite."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import flexlamps.commands.helm as helm_cmd
+from flexlamps.evals.helm_output import RUN_FILES
+from tests.fake_lm import FakeLLM, SamplingParams
+
+# The demo's test questions the fake answers right: 2 of 8 -> quasi_exact_match 0.25, exact_match 1/8
+ANSWERS = {"capital of Italy": " Rome\n", "legs does a spider": " eight\n"}
+
+
+@pytest.fixture
+def use_fake(monkeypatch):
+    made = []
+
+    def factory(**kw):
+        def load(model, dtype, llm_args):
+            made.append(FakeLLM(**kw))
+            return made[-1]
+        monkeypatch.setattr(helm_cmd, "load_llm", load)
+        monkeypatch.setattr(helm_cmd, "sampling_params_factory", lambda: SamplingParams)
+        return made
+    return factory
+
+
+@pytest.fixture
+def mc_file(tmp_path):
+    f = tmp_path / "colors.jsonl"
+    rows = [{"question": f"Color number {i}?", "choices": ["red", "green", "blue"], "gold": i % 3} for i in range(5)]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return f
+
+
+def _run(tmp_path, *args):
+    res = CliRunner().invoke(helm_cmd.command, ["--suite", "s1", "--output-path", str(tmp_path / "out"), *args],
+                             catch_exceptions=False)
+    return res
+
+
+def _load(run_dir, name):
+    return json.loads((run_dir / name).read_text())
+
+
+def test_end_to_end_files_and_shapes(tmp_path, use_fake, mc_file):
+    use_fake(answers=ANSWERS)
+    res = _run(tmp_path, "--scenario", "demo", "--scenario-file", str(mc_file), "--batch-size", "3")
+    assert res.exit_code == 0, res.output
+    suite = tmp_path / "out" / "runs" / "s1"
+    demo = suite / "demo:model=flexlamps_smollm2-135m"
+    mc = suite / "file:name=colors,method=cloze,model=flexlamps_smollm2-135m"
+    for run in (demo, mc):
+        assert sorted(p.name for p in run.iterdir() if not p.name.startswith(".")) == sorted(RUN_FILES)
+        assert not list(run.glob("*.tmp"))
+    state = _load(demo, "scenario_state.json")
+    assert state["adapter_spec"]["method"] == "generation"
+    for rs in state["request_states"]:
+        assert rs["instance"]["id"] and all("tags" in r for r in rs["instance"]["references"])
+        assert rs["result"]["embedding"] == [] and rs["result"]["completions"][0]["tokens"]
+    assert len(state["request_states"]) == 8
+    stats = {s["name"]["name"]: s for s in _load(demo, "stats.json")}
+    assert stats["quasi_exact_match"]["count"] == 1 and stats["quasi_exact_match"]["sum"] == pytest.approx(0.25)
+    assert stats["exact_match"]["sum"] == pytest.approx(1 / 8)  # " Rome" == "Rome" after strip; "eight" != "Eight"
+    assert stats["num_instances"]["sum"] == 8 and stats["num_train_instances"]["sum"] == 2
+    spec = _load(demo, "run_spec.json")
+    assert spec["metric_specs"] and spec["groups"] == ["demo"]
+    assert _load(demo, "scenario.json")["tags"]
+    per = _load(mc, "per_instance_stats.json")
+    assert len(per) == 5 and all(s["count"] == 1 for p in per for s in p["stats"])
+    preds = _load(mc, "display_predictions.json")
+    assert len(preds) == 5 and all(p["reference_index"] == p["stats"]["predicted_index"] for p in preds)
+    summary = json.loads((suite / "summary.json").read_text())
+    assert {r["run"] for r in summary["runs"]} == {demo.name, mc.name}
+    assert demo.name in res.output and "prefill reuse" in res.output
+
+
+def test_exact_match_needs_the_words_not_the_case(tmp_path, use_fake):
+    use_fake(answers={"capital of Italy": " rome\n"})
+    _run(tmp_path, "--scenario", "demo")
+    demo = tmp_path / "out" / "runs" / "s1" / "demo:model=flexlamps_smollm2-135m"
+    stats = {s["name"]["name"]: s["sum"] for s in _load(demo, "stats.json")}
+    assert stats["exact_match"] == 0 and stats["quasi_exact_match"] == pytest.approx(1 / 8)
+
+
+def test_multiple_choice_scores_follow_the_fake_model(tmp_path, use_fake, mc_file):
+    made = use_fake()
+    _run(tmp_path, "--scenario-file", str(mc_file))
+    run = tmp_path / "out" / "runs" / "s1" / "file:name=colors,method=cloze,model=flexlamps_smollm2-135m"
+    llm = made[0]
+    correct = 0
+    for i in range(5):
+        ctx = f"Question: Color number {i}?\nAnswer:"
+        scores = [o.logprob / len(c) for o, c in
+                  zip(llm.score([ctx] * 3, [" red", " green", " blue"]), [" red", " green", " blue"])]
+        correct += scores.index(max(scores)) == i % 3
+    stats = {s["name"]["name"]: s["sum"] for s in _load(run, "stats.json")}
+    assert stats["mc_accuracy_char_norm"] == pytest.approx(correct / 5)
+    # the three choices of a question share their context: most prefill is reused
+    assert stats["prefill_tokens_computed"] < stats["prefill_tokens_requested"] / 2
+
+
+def test_resume_after_failure_and_skip_when_done(tmp_path, use_fake, mc_file):
+    use_fake(fail_after_calls=2)
+    with pytest.raises(RuntimeError, match="fake engine failure"):
+        _run(tmp_path, "--scenario-file", str(mc_file), "--batch-size", "4")
+    run = tmp_path / "out" / "runs" / "s1" / "file:name=colors,method=cloze,model=flexlamps_smollm2-135m"
+    assert not (run / "stats.json").exists()
+    done = (run / ".flexlamps_progress.jsonl").read_text().splitlines()
+    assert len(done) == 8  # two batches of 4 of the 15 requests
+    made = use_fake()
+    res = _run(tmp_path, "--scenario-file", str(mc_file), "--batch-size", "4")
+    assert res.exit_code == 0
+    assert made[-1].calls == 2  # only the 7 requests left, in two batches
+    resumed = _load(run, "stats.json")
+    clean_dir = tmp_path / "clean"
+    use_fake()
+    CliRunner().invoke(helm_cmd.command, ["--suite", "s1", "--output-path", str(clean_dir),
+                                          "--scenario-file", str(mc_file)], catch_exceptions=False)
+    clean = _load(clean_dir / "runs" / "s1" / run.name, "stats.json")
+    pick = lambda st: {s["name"]["name"]: s["sum"] for s in st if s["name"]["name"].startswith("mc_")}  # noqa: E731
+    assert pick(resumed) == pick(clean)
+    made = use_fake()
+    loaded = len(made)
+    res = _run(tmp_path, "--scenario-file", str(mc_file), "--batch-size", "4")
+    assert res.exit_code == 0 and len(made) == loaded  # finished run: the model is not even loaded
+    assert "skipped (done)" in res.output
+
+
+def test_bad_scenario_is_a_usage_error(tmp_path, use_fake):
+    use_fake()
+    res = CliRunner().invoke(helm_cmd.command, ["--scenario", "nope", "--output-path", str(tmp_path)])
+    assert res.exit_code == 2 and "unknown scenario 'nope'" in res.output
+
+
+def _helm_summarize():
+    exe = Path(sys.executable).with_name("helm-summarize")
+    return exe if exe.exists() else shutil.which("helm-summarize")
+
+
+@pytest.mark.skipif(_helm_summarize() is None, reason="crfm-helm is not installed (see docs/helm.md)")
+def test_helm_summarize_reads_the_suite(tmp_path, use_fake, mc_file):
+    use_fake(answers=ANSWERS)
+    _run(tmp_path, "--scenario", "demo", "--scenario-file", str(mc_file))
+    out = tmp_path / "out"
+    cmd = [str(_helm_summarize()), "--suite", "s1", "--output-path", str(out),
+           "--schema-path", str(out / "schema_flexlamps.json"), "--local-path", str(out / "prod_env")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    # it exits 0 even when it drops a run: check that both runs made it into its outputs
+    assert "skipping" not in log and "Traceback" not in log
+    runs = json.loads((out / "runs" / "s1" / "runs.json").read_text())
+    assert len(runs) == 2
+    table = json.loads((out / "runs" / "s1" / "groups" / "demo.json").read_text())[0]
+    row = table["rows"][0]
+    assert row[0]["value"] == "SmolLM2 135M Instruct (flexlamps)"  # display name from our metadata
+    assert row[1]["value"] == pytest.approx(0.25)  # the group's main metric: quasi_exact_match
