@@ -1,0 +1,104 @@
+"""The LP against a brute-force 0.1 grid over the fractions, and the search against enumeration."""
+
+import functools
+import itertools
+
+import numpy as np
+import pytest
+
+from placement import WorkloadSpec, hardware_preset, model_preset, solve
+from placement.cost import Choice, build_terms, predict
+from placement.lp import solve_fractions
+from placement.search import GPU_BATCH_SIZES, NUM_GPU_BATCHES, budgets_for
+
+MODELS = ("opt-6.7b", "opt-30b", "llama-2-13b", "llama-3-8b", "smollm2-135m",
+          "deepseek-v3.2-attn")
+HARDWARE = ("t4-flexgen", "rtx4090", "a100-40gb")
+
+
+@functools.cache
+def _triples(step: float = 0.1) -> np.ndarray:
+    """Every (gpu, cpu, disk) split on the 0.1 grid."""
+    ticks = np.round(np.arange(0, 1 + 1e-9, step), 10)
+    return np.array([(a, b, round(1 - a - b, 10)) for a in ticks for b in ticks
+                     if a + b <= 1 + 1e-9])
+
+
+def _on_grid(expr) -> np.ndarray:
+    """The affine form at every grid point, shape (weights, cache, activations) splits."""
+    t = _triples()
+    w, c, h = (t @ expr.coef[3 * g:3 * g + 3] for g in range(3))
+    return expr.const + w[:, None, None] + c[None, :, None] + h[None, None, :]
+
+
+def _grid_best_seconds(terms, budgets) -> float:
+    """Fastest block time over every 0.1-grid point that fits (inf when none fits)."""
+    fits = np.logical_and.reduce([_on_grid(row) <= budgets[name]
+                                  for name, row in terms.memory.items()])
+    pre = {k: _on_grid(a) for k, a in terms.prefill.items()}
+    dec = {k: _on_grid(a) for k, a in terms.decode.items()}
+    pre_s = np.maximum.reduce([pre["ctog"] + pre["dtoc"], pre["gtoc"] + pre["ctod"], pre["comp"]])
+    dec_s = dec["ctog"] + np.maximum.reduce([dec["gtoc"], dec["dtoc"], dec["ctod"], dec["comp"]])
+    total = terms.num_layers * (pre_s + terms.num_decode_steps * dec_s)
+    return float(total[fits].min()) if fits.any() else float("inf")
+
+
+def _random_cases(count: int, seed: int = 7):
+    rng = np.random.default_rng(seed)
+    while count:
+        model = model_preset(MODELS[rng.integers(len(MODELS))])
+        hw = hardware_preset(HARDWARE[rng.integers(len(HARDWARE))])
+        weights = model.total_weight_bytes()
+        # memory around the model size so that every tier matters
+        hw = hw.with_memory(gpu_mem_bytes=int(weights * rng.uniform(0.05, 0.8)) + (1 << 30),
+                            cpu_mem_bytes=int(weights * rng.uniform(0.2, 1.5)) + (2 << 30),
+                            disk_bytes=int(weights * rng.uniform(0.5, 3.0)) + (4 << 30))
+        workload = WorkloadSpec(prompt_len=int(rng.integers(16, 2048)),
+                                gen_len=int(rng.integers(1, 256)))
+        choice = Choice(gpu_batch_size=int(rng.choice([1, 4, 16, 64])),
+                        num_gpu_batches=int(rng.choice([1, 2, 8])),
+                        compress_weight=bool(rng.integers(2)), compress_cache=bool(rng.integers(2)),
+                        cpu_attention=bool(rng.integers(2)))
+        terms = build_terms(choice, model, hw, workload)
+        budgets = budgets_for(hw, 0.9)
+        grid_s = _grid_best_seconds(terms, budgets)
+        if np.isfinite(grid_s):
+            count -= 1
+            yield model, hw, workload, choice, terms, budgets, grid_s
+
+
+def test_lp_beats_the_brute_force_grid():
+    for model, hw, workload, choice, terms, budgets, grid_s in _random_cases(20):
+        solution = solve_fractions(terms, budgets)
+        assert solution is not None, (model.name, choice)
+        grid_tok_s = terms.tokens_per_block / grid_s
+        lp_tok_s = terms.tokens_per_block / solution.total_s
+        assert lp_tok_s >= grid_tok_s * 0.99, (model.name, hw.name, workload, choice)
+        # the LP's fractions fit, and the cost model agrees with the LP objective
+        x = solution.fractions
+        for name, row in terms.memory.items():
+            assert row(x) <= budgets[name] * (1 + 1e-6) + 1024
+        from placement.cost import total_time
+        assert total_time(terms, x) == pytest.approx(solution.total_s, rel=1e-6)
+
+
+def test_search_finds_the_best_enumerated_choice():
+    """Pruning never drops the optimum: compare with solving every grid point."""
+    model = model_preset("llama-2-7b")
+    hw = hardware_preset("rtx3090").with_memory(gpu_mem_bytes=8 << 30, cpu_mem_bytes=32 << 30)
+    workload = WorkloadSpec(prompt_len=256, gen_len=64)
+    plan = solve(model, hw, workload, allow_weight_compression=False, max_block_size=512)
+    budgets = budgets_for(hw, 0.9)
+    best = 0.0
+    for gbs, ngb, cache, cpu_attn in itertools.product(GPU_BATCH_SIZES, NUM_GPU_BATCHES,
+                                                        (False, True), (False, True)):
+        if gbs * ngb > 512:
+            continue
+        terms = build_terms(Choice(gpu_batch_size=gbs, num_gpu_batches=ngb, compress_cache=cache,
+                                   cpu_attention=cpu_attn), model, hw, workload)
+        solution = solve_fractions(terms, budgets)
+        if solution is not None:
+            best = max(best, terms.tokens_per_block / solution.total_s)
+    assert plan.tokens_per_s == pytest.approx(best, rel=1e-6)
+    assert predict(plan.policy, model, hw, workload).tokens_per_s == pytest.approx(
+        plan.tokens_per_s, rel=1e-6)

@@ -1,0 +1,96 @@
+"""ModelSpec sizes against the real tensors transformers allocates (on the meta device)."""
+
+import json
+
+import pytest
+
+from placement import ModelSpec, model_preset
+from placement.presets import MODEL_CONFIGS
+
+TINY_CONFIGS = {
+    "llama": dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=96, vocab_size=128),
+    "mistral": dict(model_type="mistral", hidden_size=64, num_hidden_layers=2,
+                    num_attention_heads=8, num_key_value_heads=2, head_dim=16,
+                    intermediate_size=80, vocab_size=100),
+    "qwen2": dict(model_type="qwen2", hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=1, intermediate_size=96, vocab_size=128,
+                  tie_word_embeddings=True),
+    "opt": dict(model_type="opt", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                ffn_dim=256, vocab_size=128, max_position_embeddings=64,
+                word_embed_proj_dim=64),
+    "deepseek_v3": dict(model_type="deepseek_v3", hidden_size=64, num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32,
+                        kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+                        intermediate_size=96, moe_intermediate_size=24, n_routed_experts=8,
+                        num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                        n_group=2, topk_group=1, vocab_size=128),
+}
+TINY_CONFIGS["deepseek_v32"] = dict(TINY_CONFIGS["deepseek_v3"], model_type="deepseek_v32",
+                                    index_n_heads=2, index_head_dim=16, index_topk=4)
+
+
+def _meta_model(config: dict):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf_config = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(hf_config)
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY_CONFIGS))
+def test_parameter_counts_match_transformers(model_type):
+    config = TINY_CONFIGS[model_type]
+    model = _meta_model(config)
+    spec = ModelSpec.from_hf_config(config)
+    # tied weights are counted once; persistent buffers (MoE score bias) are checkpoint tensors
+    saved = set(model.state_dict())
+    total = sum(p.numel() for p in model.parameters())
+    total += sum(b.numel() for name, b in model.named_buffers() if name in saved)
+    predicted = spec.total_weight_bytes() / spec.dtype_bytes
+    assert predicted == pytest.approx(total, abs=0.5)
+
+
+def test_dense_layer_count_matches_transformers_layer():
+    config = TINY_CONFIGS["llama"]
+    layer = _meta_model(config).model.layers[0]
+    spec = ModelSpec.from_hf_config(config)
+    assert spec.layer_param_count() == sum(p.numel() for p in layer.parameters())
+
+
+def test_cache_bytes_per_architecture():
+    opt = model_preset("opt-30b")  # MHA: K and V of every head, fp16
+    assert opt.cache_bytes_per_token_per_layer() == 2 * 7168 * 2
+    llama3 = model_preset("llama-3-8b")  # GQA: 8 KV heads of 128
+    assert llama3.cache_bytes_per_token_per_layer() == 2 * 8 * 128 * 2
+    mla = model_preset("deepseek-v3.2-attn")  # latent 512 + rope key 64, bf16
+    assert mla.cache_bytes_per_token_per_layer() == (512 + 64) * 2
+    assert mla.indexer_bytes_per_token_per_layer() == 128 * 2
+    assert mla.attended_entries(100_000) == 2048  # sparse selection caps the reads
+
+
+def test_presets_have_known_sizes():
+    # published parameter counts, within 2% (embeddings included)
+    expected = {"opt-30b": 30e9, "opt-175b": 175e9, "llama-2-7b": 6.74e9, "llama-3-8b": 8.03e9,
+                "llama-2-70b": 69e9, "smollm2-135m": 135e6, "deepseek-v3.2": 671e9}
+    for name, params in expected.items():
+        spec = model_preset(name)
+        assert spec.total_weight_bytes() / spec.dtype_bytes == pytest.approx(params, rel=0.02), name
+    assert set(expected) <= set(MODEL_CONFIGS)
+
+
+def test_preset_names_are_forgiving():
+    assert model_preset("facebook/opt-30b") == model_preset("OPT-30B")
+    with pytest.raises(KeyError, match="unknown model preset"):
+        model_preset("gpt-5")
+
+
+def test_json_round_trip_and_bad_configs():
+    spec = model_preset("deepseek-v3.2")
+    assert ModelSpec.from_json(spec.to_json()) == spec
+    with pytest.raises(ValueError, match="not supported"):
+        ModelSpec.from_hf_config({"model_type": "gpt2"})
+    with pytest.raises(ValueError, match="lacks 'hidden_size'"):
+        ModelSpec.from_hf_config({"model_type": "llama", "num_hidden_layers": 2})
+    with pytest.raises(ValueError, match="unknown field"):
+        ModelSpec.from_dict(dict(json.loads(spec.to_json()), colour="red"))
