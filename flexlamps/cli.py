@@ -1,0 +1,46 @@
+"""The `flexlamps` command line: a thin click layer over the Python API.
+
+Each subcommand lives in its own module under `flexlamps.commands` and is imported only when
+invoked, so `flexlamps plan` or `flexlamps simulate` never pay for importing torch.
+"""
+
+import importlib
+
+import click
+
+# name -> module under flexlamps.commands exporting `command`
+SUBCOMMANDS = {
+    "generate": "generate",
+    "plan": "plan",
+    "profile": "profile",
+    "helm": "helm",
+    "agents": "agents",
+    "simulate": "simulate",
+    "bench": "bench",
+    "report": "report",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(n for n, mod in SUBCOMMANDS.items() if _module_exists(mod))
+
+    def get_command(self, ctx, name):
+        mod = SUBCOMMANDS.get(name)
+        if mod is None or not _module_exists(mod):
+            return None
+        return importlib.import_module(f"flexlamps.commands.{mod}").command
+
+
+def _module_exists(mod: str) -> bool:
+    return importlib.util.find_spec(f"flexlamps.commands.{mod}") is not None
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="flexlamps")
+def main():
+    """flexlamps: run LLMs bigger than your GPU, fast, from GPU, CPU and disk."""
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""The plain in-memory executor: all weights resident on one device, one forward step at a time.
+
+It is the reference every other executor (offloaded, compressed) must reproduce exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flexlamps.models.config import ModelConfig
+from flexlamps.models.forward import forward_for
+from flexlamps.models.weight_specs import weight_specs
+
+
+def split_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor]):
+    """(global weights, per-layer dicts keyed by local name)."""
+    glob, layers = {}, [dict() for _ in range(cfg.num_layers)]
+    for spec in weight_specs(cfg):
+        if spec.layer is None:
+            glob[spec.name] = weights[spec.name]
+        else:
+            layers[spec.layer][spec.local_name] = weights[spec.name]
+    return glob, layers
+
+
+class InMemoryExecutor:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+                 device: torch.device | str = "cpu"):
+        self.cfg = cfg
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.fwd = forward_for(cfg)
+        self.global_weights, self.layer_weights = split_weights(cfg, weights)
+
+    @torch.inference_mode()
+    def forward(self, cache, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                logit_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Run one step for `input_ids` (n, T) at `positions` (n, T) in cache rows `slots` (n,).
+
+        Returns fp32 logits: for every position (n, T, V), or only at `logit_rows` (n,) — the
+        index along T whose logits are wanted for each row (the last real token).
+        """
+        fwd = self.fwd
+        ctx = fwd.step_context(positions, self.dtype)
+        x = fwd.embed(self.global_weights, input_ids, positions)
+        for i, w in enumerate(self.layer_weights):
+            x = fwd.layer(w, x, ctx, cache.attend_fn(i, slots, positions))
+        if logit_rows is not None:
+            x = x[torch.arange(x.shape[0]), logit_rows][:, None]
+        return fwd.head(self.global_weights, x).float()

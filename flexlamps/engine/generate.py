@@ -1,0 +1,159 @@
+"""Continuous-batching generation over one executor.
+
+Up to `max_batch` sequences decode together, each in its own cache row; when one finishes,
+its row is freed and the next waiting prompt is prefilled into it, so no sequence ever
+waits for the longest one in its batch and nothing is padded beyond a prefill group.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from flexlamps.engine.kv_cache import DenseKVCache
+from flexlamps.engine.sampling import SamplingParams, make_generator, select_tokens
+
+
+@dataclass
+class RequestOutput:
+    index: int  # position in the caller's list
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "eos" | "stop" | "length"
+    num_prompt_tokens: int
+    logprobs: list[float] | None = None
+    stop_string: str | None = None
+
+
+@dataclass
+class _Sequence:
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None
+    slot: int = -1
+    generated: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.generated)
+
+
+class ContextOverflowError(ValueError):
+    pass
+
+
+def generate(executor, tokenizer, prompts: Sequence[list[int]], params: Sequence[SamplingParams], *,
+             max_batch: int = 32, max_context: int | None = None,
+             on_finish: Callable[[RequestOutput], None] | None = None,
+             on_tokens: Callable[[int], None] | None = None) -> list[RequestOutput]:
+    cfg = executor.cfg
+    max_context = max_context or cfg.max_position
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        if not p:
+            raise ValueError(f"prompt {i} is empty")
+        if len(p) >= max_context:
+            raise ContextOverflowError(
+                f"prompt {i} has {len(p)} tokens, the model's context is {max_context}; shorten it")
+    seqs = [_Sequence(i, list(p), sp, make_generator(sp.seed)) for i, (p, sp) in enumerate(zip(prompts, params))]
+    if not seqs:
+        return []
+    capacity = min(max_context, max(s.length + s.params.max_new_tokens for s in seqs))
+    num_slots = min(max_batch, len(seqs))
+    cache = DenseKVCache(cfg, num_slots, capacity, executor.dtype, executor.device)
+    # longest prompts first: prefill groups of similar length waste less on padding
+    waiting = deque(sorted(seqs, key=lambda s: -len(s.prompt_ids)))
+    free = list(range(num_slots))
+    running: list[_Sequence] = []
+    results: list[RequestOutput | None] = [None] * len(seqs)
+    stop_checker = _StopChecker(tokenizer)
+
+    def finish(seq: _Sequence, reason: str, stop: str | None = None, text: str | None = None):
+        running.remove(seq)
+        free.append(seq.slot)
+        ids = seq.generated
+        if text is None:
+            body = ids[:-1] if reason == "eos" else ids
+            text = tokenizer.decode(body)
+        out = RequestOutput(seq.index, text, list(ids), reason, len(seq.prompt_ids),
+                            seq.logprobs if seq.params.logprobs else None, stop)
+        results[seq.index] = out
+        if on_finish:
+            on_finish(out)
+
+    def advance(batch: list[_Sequence], logits: torch.Tensor):
+        tokens = select_tokens(logits, [s.params for s in batch], [s.generator for s in batch])
+        want_lp = [i for i, s in enumerate(batch) if s.params.logprobs]
+        lps = torch.log_softmax(logits[want_lp], -1).gather(-1, tokens[want_lp, None])[:, 0] if want_lp else None
+        for j, i in enumerate(want_lp):
+            batch[i].logprobs.append(float(lps[j]))
+        for s, tok in zip(batch, tokens.tolist()):
+            s.generated.append(tok)
+        if on_tokens:
+            on_tokens(len(batch))
+        for s in batch:
+            tok = s.generated[-1]
+            if not s.params.ignore_eos and tok in tokenizer.eos_token_ids:
+                finish(s, "eos")
+                continue
+            if s.params.stop:
+                hit = stop_checker.check(s)
+                if hit is not None:
+                    finish(s, "stop", stop=hit[0], text=hit[1])
+                    continue
+            if len(s.generated) >= s.params.max_new_tokens or s.length >= capacity:
+                finish(s, "length")
+
+    while waiting or running:
+        if waiting and free:
+            group = [waiting.popleft() for _ in range(min(len(free), len(waiting)))]
+            free.sort()
+            for s in group:
+                s.slot = free.pop(0)
+            running.extend(group)
+            logits = _prefill(executor, cache, group)
+            advance(group, logits)
+            continue
+        running.sort(key=lambda s: s.slot)
+        batch = list(running)
+        ids = torch.tensor([[s.generated[-1]] for s in batch])
+        pos = torch.tensor([[s.length - 1] for s in batch])
+        slots = torch.tensor([s.slot for s in batch])
+        logits = executor.forward(cache, ids, pos, slots, logit_rows=torch.zeros(len(batch), dtype=torch.long))
+        advance(batch, logits[:, 0])
+    return results  # type: ignore[return-value]
+
+
+def _prefill(executor, cache, group: list[_Sequence]) -> torch.Tensor:
+    longest = max(len(s.prompt_ids) for s in group)
+    ids = torch.zeros(len(group), longest, dtype=torch.long)
+    for r, s in enumerate(group):
+        ids[r, : len(s.prompt_ids)] = torch.tensor(s.prompt_ids)
+    pos = torch.arange(longest).expand(len(group), longest)
+    slots = torch.tensor([s.slot for s in group])
+    last = torch.tensor([len(s.prompt_ids) - 1 for s in group])
+    return executor.forward(cache, ids, pos, slots, logit_rows=last)[:, 0]
+
+
+class _StopChecker:
+    """Finds stop strings in the decoded text, looking only at text that could hold a new match."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def check(self, seq: _Sequence) -> tuple[str, str] | None:
+        text = self.tokenizer.decode(seq.generated)
+        longest = max(len(s) for s in seq.params.stop)
+        tail_from = max(0, len(text) - longest - 16)  # new token adds a few chars; stay generous
+        best = None
+        for stop in seq.params.stop:
+            at = text.find(stop, tail_from)
+            if at >= 0 and (best is None or at < best[1]):
+                best = (stop, at)
+        if best is None:
+            return None
+        return best[0], text[: best[1]]

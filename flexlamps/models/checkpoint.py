@@ -1,0 +1,180 @@
+"""Checkpoint readers: Hugging Face folders (safetensors, sharded or not) and GGUF files.
+
+A reader knows the model's config and tokenizer and reads one tensor at a time by our
+canonical name (see `weight_specs`), so the engine can stream weights straight to their tier
+without ever holding the whole checkpoint in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from flexlamps.models.config import ModelConfig, UnsupportedModelError
+from flexlamps.models.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
+from flexlamps.models.weight_specs import WeightSpec, hf_name, weight_specs
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+class HFFolderReader:
+    def __init__(self, folder: Path):
+        self.path = folder
+        cfg_path = folder / "config.json"
+        if not cfg_path.exists():
+            raise CheckpointError(f"{folder} has no config.json; is it a Hugging Face model folder?")
+        try:
+            self.hf_config = json.loads(cfg_path.read_text())
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from None
+        self.config = ModelConfig.from_hf(self.hf_config)
+        self._files = self._tensor_files(folder)
+        self._handles: dict[Path, Any] = {}
+        self._tokenizer: Tokenizer | None = None
+
+    @staticmethod
+    def _tensor_files(folder: Path) -> dict[str, Path]:
+        from safetensors import safe_open
+
+        index = folder / "model.safetensors.index.json"
+        if index.exists():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            return {name: folder / fname for name, fname in weight_map.items()}
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(f"{folder} has no *.safetensors weights (pytorch_model.bin is not read)")
+        out = {}
+        for f in files:
+            with safe_open(str(f), framework="pt") as h:
+                out.update({k: f for k in h.keys()})
+        return out
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = tokenizer_from_hf_folder(self.path, self.hf_config)
+        return self._tokenizer
+
+    def read(self, spec: WeightSpec, dtype: torch.dtype) -> torch.Tensor:
+        from safetensors import safe_open
+
+        name = hf_name(self.config, spec)
+        if name not in self._files and name.startswith("model.") and name[6:] in self._files:
+            name = name[6:]  # some OPT checkpoints drop the "model." prefix
+        if name not in self._files:
+            raise CheckpointError(f"{self.path}: tensor {name} (for {spec.name}) is missing from the checkpoint")
+        f = self._files[name]
+        if f not in self._handles:
+            self._handles[f] = safe_open(str(f), framework="pt")
+        t = self._handles[f].get_tensor(name)
+        if tuple(t.shape) != spec.shape:
+            raise CheckpointError(f"{self.path}: tensor {name} has shape {tuple(t.shape)}, expected {spec.shape}")
+        return t.to(dtype)
+
+    def fingerprint(self) -> str:
+        h = hashlib.sha256(json.dumps(self.hf_config, sort_keys=True).encode())
+        for f in sorted(set(self._files.values())):
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+        return h.hexdigest()[:16]
+
+
+_GGUF_LAYER = {
+    "attn_norm": "attn_norm.weight", "q_proj": "attn_q.weight", "k_proj": "attn_k.weight",
+    "v_proj": "attn_v.weight", "q_bias": "attn_q.bias", "k_bias": "attn_k.bias", "v_bias": "attn_v.bias",
+    "o_proj": "attn_output.weight", "mlp_norm": "ffn_norm.weight", "gate_proj": "ffn_gate.weight",
+    "up_proj": "ffn_up.weight", "down_proj": "ffn_down.weight",
+}
+_GGUF_GLOBAL = {"embed_tokens": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
+
+
+class GGUFReader:
+    """LLaMA / Qwen2 GGUF files; quantized tensors are dequantized to float with the `gguf` package."""
+
+    def __init__(self, path: Path):
+        import gguf
+
+        self.path = path
+        try:
+            self._reader = gguf.GGUFReader(str(path))
+        except Exception as e:  # the gguf package raises assorted errors on junk input
+            raise CheckpointError(f"{path} is not a readable GGUF file: {e}") from None
+        self.fields = {k: _field_value(f) for k, f in self._reader.fields.items()}
+        self._tensors = {t.name: t for t in self._reader.tensors}
+        self.hf_config = self._hf_config()
+        self.config = ModelConfig.from_hf(self.hf_config)
+        self._tokenizer: Tokenizer | None = None
+
+    def _hf_config(self) -> dict[str, Any]:
+        f = self.fields
+        arch = f.get("general.architecture")
+        if arch not in ("llama", "qwen2"):
+            raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported (llama, qwen2 are)")
+        heads = f[f"{arch}.attention.head_count"]
+        cfg = {
+            "model_type": arch,
+            "vocab_size": f.get(f"{arch}.vocab_size", len(f["tokenizer.ggml.tokens"])),
+            "hidden_size": f[f"{arch}.embedding_length"],
+            "num_hidden_layers": f[f"{arch}.block_count"],
+            "num_attention_heads": heads,
+            "num_key_value_heads": f.get(f"{arch}.attention.head_count_kv", heads),
+            "intermediate_size": f[f"{arch}.feed_forward_length"],
+            "max_position_embeddings": f.get(f"{arch}.context_length", 2048),
+            "rms_norm_eps": f.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
+            "rope_theta": f.get(f"{arch}.rope.freq_base", 10000.0),
+            "tie_word_embeddings": "output.weight" not in self._tensors,
+            "attention_bias": "blk.0.attn_q.bias" in self._tensors,
+            "bos_token_id": f.get("tokenizer.ggml.bos_token_id"),
+            "eos_token_id": f.get("tokenizer.ggml.eos_token_id"),
+        }
+        if f.get(f"{arch}.rope.scaling.type") == "linear":
+            cfg["rope_scaling"] = {"rope_type": "linear", "factor": f[f"{arch}.rope.scaling.factor"]}
+        return cfg
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = tokenizer_from_gguf(self.fields)
+        return self._tokenizer
+
+    def read(self, spec: WeightSpec, dtype: torch.dtype) -> torch.Tensor:
+        from gguf.quants import dequantize
+
+        name = _GGUF_GLOBAL[spec.name] if spec.layer is None else f"blk.{spec.layer}.{_GGUF_LAYER[spec.local_name]}"
+        if name not in self._tensors:
+            raise CheckpointError(f"{self.path}: tensor {name} (for {spec.name}) is missing")
+        t = self._tensors[name]
+        arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(spec.shape)
+        w = torch.from_numpy(arr.copy())
+        # llama.cpp stores LLaMA's q/k rows interleaved for its RoPE; undo that to HF's order.
+        if self.config.model_type == "llama" and spec.local_name in ("q_proj", "k_proj"):
+            heads = self.config.num_heads if spec.local_name == "q_proj" else self.config.num_kv_heads
+            w = _unpermute_rows(w, heads)
+        return w.to(dtype)
+
+    def fingerprint(self) -> str:
+        st = self.path.stat()
+        return hashlib.sha256(f"{self.path.name}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+def _unpermute_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
+    rows = w.shape[0]
+    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _field_value(field) -> Any:
+    try:
+        return field.contents()
+    except Exception:
+        return None
+
+
+def read_all(reader, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return {s.name: reader.read(s, dtype) for s in weight_specs(reader.config)}

@@ -1,0 +1,9 @@
+"""Pick the forward implementation for a config's architecture."""
+
+from flexlamps.models.config import ModelConfig
+from flexlamps.models.llama import LlamaForward
+from flexlamps.models.opt import OptForward
+
+
+def forward_for(cfg: ModelConfig):
+    return LlamaForward(cfg) if cfg.arch == "llama" else OptForward(cfg)

@@ -1,0 +1,61 @@
+"""LLaMA-family forward, layer by layer: LLaMA-2/3, Mistral (full attention), Qwen2, SmolLM2, TinyLlama.
+
+Functions take the weights they need as arguments, so the engine decides where every tensor
+lives; attention is a callback (`attend`) so the engine owns the KV cache.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from flexlamps.models.config import ModelConfig
+from flexlamps.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
+
+# attend(q, k, v) with q (n, T, heads, d), k/v (n, T, kv_heads, d) -> (n, T, heads * d)
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalize in fp32 like the reference, then cast back before the scale.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _linear(x, w, b=None):
+    return F.linear(x, w, b)
+
+
+class LlamaForward:
+    def __init__(self, cfg: ModelConfig):
+        self.cfg = cfg
+        self.inv_freq = inverse_frequencies(cfg)
+
+    def step_context(self, positions: torch.Tensor, dtype: torch.dtype):
+        """Per-step values shared by all layers: the RoPE cos/sin for these positions."""
+        return rope_cos_sin(self.inv_freq, positions, dtype)
+
+    def embed(self, w: dict[str, torch.Tensor], input_ids: torch.Tensor, positions: torch.Tensor):
+        return F.embedding(input_ids, w["embed_tokens"])
+
+    def layer(self, w: dict[str, torch.Tensor], x: torch.Tensor, ctx, attend: Attend) -> torch.Tensor:
+        cfg = self.cfg
+        n, t, _ = x.shape
+        cos, sin = ctx
+        h = rms_norm(x, w["attn_norm"], cfg.norm_eps)
+        q = _linear(h, w["q_proj"], w.get("q_bias")).view(n, t, cfg.num_heads, cfg.head_dim)
+        k = _linear(h, w["k_proj"], w.get("k_bias")).view(n, t, cfg.num_kv_heads, cfg.head_dim)
+        v = _linear(h, w["v_proj"], w.get("v_bias")).view(n, t, cfg.num_kv_heads, cfg.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        x = x + _linear(attend(q, k, v), w["o_proj"])
+        h = rms_norm(x, w["mlp_norm"], cfg.norm_eps)
+        gate = F.silu(_linear(h, w["gate_proj"], w.get("gate_bias")))
+        up = _linear(h, w["up_proj"], w.get("up_bias"))
+        return x + _linear(gate * up, w["down_proj"], w.get("down_bias"))
+
+    def head(self, w: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        x = rms_norm(x, w["norm"], self.cfg.norm_eps)
+        return _linear(x, w["lm_head"] if "lm_head" in w else w["embed_tokens"])

