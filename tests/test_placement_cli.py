@@ -1,0 +1,115 @@
+"""`flexlamps plan` and `flexlamps profile` through click's CliRunner."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from flexlamps.cli import main
+from placement import HardwareSpec, ModelSpec, Plan, WorkloadSpec
+
+
+def _run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_import_placement_pulls_in_no_torch():
+    code = ("import placement, sys; placement.solve; "
+            "assert 'torch' not in sys.modules, 'placement imported torch'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_plan_json_schema():
+    result = _run("plan", "--model", "opt-30b", "--hardware", "t4-flexgen", "--prompt-len", "512",
+                  "--gen-len", "32", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert set(out) == {"model", "hardware", "workload", "plan"}
+    assert ModelSpec.from_dict(out["model"]).name == "opt-30b"
+    assert HardwareSpec.from_dict(out["hardware"]).name == "t4-flexgen"
+    assert WorkloadSpec.from_dict(out["workload"]) == WorkloadSpec(prompt_len=512, gen_len=32)
+    plan = Plan.from_dict(out["plan"])
+    policy = out["plan"]["policy"]
+    for key in ("gpu_batch_size", "num_gpu_batches", "weights", "cache", "activations",
+                "compress_weight", "compress_cache", "cpu_attention"):
+        assert key in policy
+    assert set(policy["weights"]) == {"gpu", "cpu", "disk"}
+    assert plan.tokens_per_s > 0 and set(plan.peak_bytes) == {"gpu", "cpu", "disk"}
+
+
+def test_plan_table_and_memory_overrides(tmp_path):
+    config = {"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 4,
+              "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 1024,
+              "vocab_size": 1000}
+    folder = tmp_path / "tiny-llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    for model_arg in (str(folder), str(folder / "config.json")):
+        result = _run("plan", "--model", model_arg, "--hardware", "rtx4090", "--gpu-mem", "2GiB",
+                      "--cpu-mem", "8GiB", "--prompt-len", "128", "--gen-len", "16")
+        assert result.exit_code == 0, result.output
+        assert "tiny-llama" in result.output and "tokens/s" in result.output
+        assert "budget (GiB)" in result.output and "1.8" in result.output  # 0.9 x 2 GiB
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--model", "gpt-9"), "neither a config.json"),
+    (("--model", "opt-30b", "--hardware", "tpu-v9"), "neither a profile.json"),
+    (("--model", "opt-30b", "--gpu-mem", "0"), "must be positive"),
+    (("--model", "opt-30b", "--cpu-mem", "-4GiB"), "must be positive"),
+    (("--model", "opt-30b", "--gpu-mem", "lots"), "cannot read the size"),
+    (("--model", "opt-30b", "--prompt-len", "0"), "prompt-len"),
+])
+def test_plan_rejects_bad_input(args, message):
+    result = _run("plan", *args)
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_plan_rejects_malformed_configs(tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    missing = tmp_path / "missing.json"
+    missing.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2}))
+    unsupported = tmp_path / "gpt2.json"
+    unsupported.write_text(json.dumps({"model_type": "gpt2"}))
+    empty_folder = tmp_path / "empty"
+    empty_folder.mkdir()
+    for path, message in ((broken, "Expecting property name"), (missing, "lacks 'hidden_size'"),
+                          (unsupported, "not supported"), (empty_folder, "no config.json")):
+        result = _run("plan", "--model", str(path))
+        assert result.exit_code == 2, result.output
+        assert message in result.output
+
+
+def test_plan_reports_infeasible_with_shortfall():
+    result = _run("plan", "--model", "opt-175b", "--gpu-mem", "1GiB", "--cpu-mem", "1GiB",
+                  "--disk-mem", "10GB")
+    assert result.exit_code == 1
+    assert "no placement fits: disk: needs" in result.output and "--disk-mem" in result.output
+
+
+def test_profile_quick_writes_a_spec_the_planner_reads(tmp_path):
+    out = tmp_path / "hw.json"
+    result = _run("profile", "--out", str(out), "--quick", "--gpu-mem", "1GiB")
+    assert result.exit_code == 0, result.output
+    spec = HardwareSpec.from_json(out.read_text())
+    assert spec.gpu_mem_bytes == 1 << 30
+    assert set(spec.gpu_matmul_flops_per_s) == {"fp32", "bf16", "fp16"}
+    assert spec.disk_read_bytes_per_s > 0 and spec.cpu_attention_flops_per_s > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hw.json"]  # no temp files left
+    planned = _run("plan", "--model", "smollm2-135m", "--hardware", str(out), "--json")
+    assert planned.exit_code == 0, planned.output
+    assert json.loads(planned.output)["hardware"]["gpu_mem_bytes"] == 1 << 30
+
+
+def test_profile_rejects_bad_input(tmp_path):
+    assert _run("profile", "--out", str(tmp_path / "no" / "hw.json"), "--quick").exit_code == 2
+    result = _run("profile", "--out", str(tmp_path / "hw.json"), "--quick", "--gpu-mem", "-1")
+    assert result.exit_code == 2 and "must be positive" in result.output
+    broken = tmp_path / "bad.json"
+    broken.write_text(json.dumps({"name": "x", "gpu_mem_bytes": 1}))
+    result = _run("plan", "--model", "opt-30b", "--hardware", str(broken))
+    assert result.exit_code == 2 and "HardwareSpec" in result.output
