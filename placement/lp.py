@@ -179,4 +179,6 @@ def time_lower_bound(terms: CostTerms, highs: np.ndarray | None = None) -> float
     highs = np.ones(NUM_FRACTIONS) if highs is None else highs
     pre = affine_minima(*_stack([_sum(terms.prefill, n) for n in _PREFILL_MAX]), highs).max()
     dec = affine_minima(*_stack([_sum(terms.decode, n) for n in _DECODE_MAX]), highs).max()
+    if not (np.isfinite(pre) and np.isfinite(dec)):
+        return float("inf")  # the highs leave some triple short of 1: nothing fits
     return terms.num_layers * (pre + terms.num_decode_steps * dec)

@@ -103,6 +103,8 @@ def _candidates(model, hardware, workload, budgets, flags, compression, max_bloc
             if highs is None:
                 continue  # one tier overflows whatever the fractions
             bound_s = time_lower_bound(terms, highs)
+            if bound_s == float("inf"):
+                continue
             out.append((terms.tokens_per_block / bound_s, choice, terms))
     return out
 

@@ -1,0 +1,48 @@
+"""Placement planner benchmark: search time for OPT-175B on FlexGen's T4 box, and the
+predicted throughput against FlexGen's measured numbers (ratios, one run).
+
+    .venv/bin/python scripts/bench_plan.py [--repeats 5]
+"""
+
+import argparse
+import statistics
+import time
+
+from placement import Policy, TierSplit, WorkloadSpec, hardware_preset, model_preset, predict, solve
+
+ON_CPU = TierSplit(gpu=0.0, cpu=1.0, disk=0.0)
+# FlexGen paper, T4 box, prompt 512 / output 32: its hand-set policy and measured tok/s
+FLEXGEN_OPT30B = (Policy(gpu_batch_size=48, num_gpu_batches=3,
+                         weights=TierSplit(gpu=0.2, cpu=0.8, disk=0.0), cache=ON_CPU,
+                         activations=ON_CPU, cpu_attention=True), 7.32)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    hw, workload = hardware_preset("t4-flexgen"), WorkloadSpec(prompt_len=512, gen_len=32)
+
+    opt175b = model_preset("opt-175b")
+    times, plan = [], None
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        plan = solve(opt175b, hw, workload)
+        times.append(time.perf_counter() - start)
+    print(f"OPT-175B full search on t4-flexgen: median {statistics.median(times):.3f} s, "
+          f"max {max(times):.3f} s over {args.repeats} runs ({plan.num_lps_solved} LPs); "
+          f"ratio to the 2 s target {statistics.median(times) / 2.0:.2f}")
+    print(f"  compressed plan: {plan.summary()}")
+
+    policy, measured = FLEXGEN_OPT30B
+    predicted = predict(policy, model_preset("opt-30b"), hw, workload).tokens_per_s
+    print(f"OPT-30B FlexGen policy: predicted {predicted:.2f} tok/s, measured {measured}, "
+          f"ratio {predicted / measured:.3f}")
+    solved = solve(model_preset("opt-30b"), hw, workload, allow_weight_compression=False,
+                   allow_cache_compression=False)
+    print(f"OPT-30B solver's own uncompressed plan: {solved.tokens_per_s:.2f} tok/s, "
+          f"ratio to measured {solved.tokens_per_s / measured:.3f}")
+
+
+if __name__ == "__main__":
+    main()
