@@ -16,6 +16,9 @@ FLEXGEN_OPT30B = (Policy(gpu_batch_size=48, num_gpu_batches=3,
                          weights=TierSplit(gpu=0.2, cpu=0.8, disk=0.0), cache=ON_CPU,
                          activations=ON_CPU, cpu_attention=True), 7.32)
 
+FLEXGEN_MEASURED = (("opt-6.7b", False, 25.26), ("opt-30b", False, 7.32), ("opt-175b", False, 0.69),
+                    ("opt-6.7b", True, 29.12), ("opt-30b", True, 8.38), ("opt-175b", True, 1.12))
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
@@ -34,6 +37,12 @@ def main() -> None:
           f"ratio to the 2 s target {statistics.median(times) / 2.0:.2f}")
     print(f"  compressed plan: {plan.summary()}")
 
+    print("FlexGen's measured runs (T4, prompt 512, output 32) vs the solver's own plan:")
+    for name, compress, measured in FLEXGEN_MEASURED:
+        own = solve(model_preset(name), hw, workload, allow_weight_compression=compress,
+                    allow_cache_compression=compress)
+        print(f"  {name:9} compression {'on ' if compress else 'off'}  measured {measured:6.2f}  "
+              f"planned {own.tokens_per_s:6.2f}  ratio {own.tokens_per_s / measured:.2f}")
     policy, measured = FLEXGEN_OPT30B
     predicted = predict(policy, model_preset("opt-30b"), hw, workload).tokens_per_s
     print(f"OPT-30B FlexGen policy: predicted {predicted:.2f} tok/s, measured {measured}, "
