@@ -36,3 +36,19 @@ def unpack_nibbles(packed: torch.Tensor, numel: int, out: torch.Tensor | None = 
     torch.bitwise_and(packed, 15, out=out[:half])
     torch.bitwise_right_shift(packed, 4, out=out[half : 2 * half])
     return out[:numel]
+
+
+def unpack_nibbles_range(packed: torch.Tensor, numel: int, start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+    """Codes `[start, stop)` of `numel` packed codes, written to `out[: stop - start]`.
+
+    Lets a caller decompress a large tensor chunk by chunk through a small, cache-resident
+    buffer. A range may straddle the split point; each side is one contiguous op.
+    """
+    half = packed.numel()
+    low_stop = min(stop, half)
+    if start < low_stop:
+        torch.bitwise_and(packed[start:low_stop], 15, out=out[: low_stop - start])
+    high_start = max(start, half)
+    if high_start < stop:
+        torch.bitwise_right_shift(packed[high_start - half : stop - half], 4, out=out[high_start - start : stop - start])
+    return out[: stop - start]

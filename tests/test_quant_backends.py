@@ -10,6 +10,9 @@ from quant import QuantBackendUnavailable, compress_state_dict, get_weight_quant
 from quant.backends import WEIGHT_QUANTIZERS, _load_bitsandbytes
 from quant.state_dict import decompress_state_dict, is_linear_weight, state_dict_nbytes
 
+# bitsandbytes imports torch.jit.script_method, deprecated in torch 2.13; not ours to fix
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
 
 def _bnb_runs() -> bool:
     try:

