@@ -141,3 +141,16 @@ def test_scalar_and_empty_tensors():
     assert torch.equal(dequantize(quantize(s, QuantConfig())), s)
     empty = torch.empty(0, 8)
     assert dequantize(quantize(empty, QuantConfig())).shape == (0, 8)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("shape, group_dim", [((64, 7), 0), ((3, 5, 16), -1), ((9, 64), 1)])
+def test_chunked_cpu_path_matches_single_chunk(monkeypatch, bits, shape, group_dim):
+    import quant.groupwise as groupwise
+
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1)).half()
+    qt = quantize(x, QuantConfig(bits=bits, group_size=16 if group_dim == -1 else 64, group_dim=group_dim))
+    whole = dequantize(qt)
+    monkeypatch.setattr(groupwise, "_CHUNK_ELEMENTS", 48)  # many chunks, one straddling the split
+    assert torch.equal(dequantize(qt), whole)
+    assert torch.equal(dequantize(qt, out=torch.empty(shape)).half(), whole)
