@@ -232,12 +232,16 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
 
     gpu_flops = hardware.gpu_flops(model.dtype)
     # roofline: every micro-batch re-reads the whole layer from GPU memory
+    # (an MoE micro-batch reads only the experts its tokens pick)
+    embed_share = sz.weight_fp16 - model.weight_bytes_per_layer()
+    touched_by_micro_batch = model.weight_bytes_touched_per_layer(gbs) + embed_share
     gemm_s = choice.num_gpu_batches * max(
         gbs * model.matmul_flops_per_token_per_layer() / gpu_flops,
-        sz.weight_fp16 / hardware.gpu_mem_bytes_per_s)
+        touched_by_micro_batch / hardware.gpu_mem_bytes_per_s)
     gemm_s += block * model.head_flops_per_token() / model.num_layers / gpu_flops
-    if choice.compress_weight:
-        gemm_s += sz.weight_fp16 / hardware.gpu_dequant_bytes_per_s
+    if choice.compress_weight:  # what the whole block touches is dequantized once
+        touched_by_block = model.weight_bytes_touched_per_layer(block) + embed_share
+        gemm_s += touched_by_block / hardware.gpu_dequant_bytes_per_s
     attn_flops = block * model.attention_flops_per_query(context)
     attn_bytes = block * (entries * sz.cache_fp16 + context * sz.indexer)
     gpu_attn_s = max(attn_flops / gpu_flops, attn_bytes / hardware.gpu_mem_bytes_per_s)
@@ -261,10 +265,16 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     }
 
 
+# Attention scores are built for at most this many queries at a time (chunked prefill), so
+# long prompts do not need a prompt_len^2 score buffer.
+PREFILL_QUERY_CHUNK = 1024
+
+
 def _stage_peak_elements(model: ModelSpec, num_queries: int, num_keys: float) -> float:
     """Elements alive at the larger of the attention and FFN stages, per sequence."""
     h = model.hidden_size
-    attention = num_queries * 4 * h + model.num_heads * num_queries * num_keys  # q,k,v,out + scores
+    scores = model.num_heads * min(num_queries, PREFILL_QUERY_CHUNK) * num_keys
+    attention = num_queries * 4 * h + scores  # q, k, v, output + one chunk's scores
     ffn = num_queries * (2 * h + 2 * model.intermediate_size)  # in, out, two FFN-wide buffers
     return max(attention, ffn)
 

@@ -127,6 +127,18 @@ class ModelSpec(JsonMixin):
         """Stored bytes of one decoder layer (the average layer, for MoE models)."""
         return self.layer_param_count() * self.dtype_bytes
 
+    def weight_bytes_touched_per_layer(self, num_tokens: float) -> float:
+        """Bytes of one (average) layer that `num_tokens` tokens read: with MoE, only the
+        routed experts some token picks (expected count under uniform routing)."""
+        num_moe = self._num_moe_layers()
+        if not num_moe:
+            return self.weight_bytes_per_layer()
+        expert = 3 * self.hidden_size * self.moe_intermediate_size
+        share = self.num_experts_per_token / self.num_experts
+        untouched = self.num_experts * (1 - share) ** num_tokens  # experts nobody picked
+        return (self.layer_param_count()
+                - num_moe / self.num_layers * untouched * expert) * self.dtype_bytes
+
     def embedding_bytes(self) -> int:
         """Token embedding, output head (unless tied), learned positions, final norm."""
         h = self.hidden_size

@@ -94,3 +94,13 @@ def test_json_round_trip_and_bad_configs():
         ModelSpec.from_hf_config({"model_type": "llama", "num_hidden_layers": 2})
     with pytest.raises(ValueError, match="unknown field"):
         ModelSpec.from_dict(dict(json.loads(spec.to_json()), colour="red"))
+
+
+def test_moe_micro_batches_touch_only_their_experts():
+    spec = model_preset("deepseek-v3.2")
+    one = spec.weight_bytes_touched_per_layer(1)
+    assert one == pytest.approx(spec.layer_param_count(active_only=True) * spec.dtype_bytes)
+    touched = [spec.weight_bytes_touched_per_layer(n) for n in (1, 4, 64, 4096)]
+    assert touched == sorted(touched) and touched[-1] == pytest.approx(spec.weight_bytes_per_layer())
+    dense = model_preset("llama-3-8b")
+    assert dense.weight_bytes_touched_per_layer(1) == dense.weight_bytes_per_layer()
