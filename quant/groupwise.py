@@ -93,10 +93,16 @@ def dequantize(
         dtype = out.dtype
     dtype = dtype or qt.dtype
     layout = qt.layout
-    if qt.device.type == "cpu" and layout.length % layout.group_size == 0 and qt.numel:
+    if qt.device.type == "cpu" and layout.length % layout.group_size == 0 and qt.numel:  # all groups full
         result = out if out is not None and out.is_contiguous() else torch.empty(qt.shape, dtype=dtype)
         _dequantize_cpu_chunked(qt, result.view(-1))
         return result if out is None or result is out else out.copy_(result)
+    return _dequantize_whole(qt, dtype, out)
+
+
+def _dequantize_whole(qt: QTensor, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
+    """One pass over the whole tensor: GPUs, and groups cut short by the tensor's end."""
+    layout = qt.layout
     codes = unpack_nibbles(qt.codes, qt.numel) if qt.config.bits == 4 else qt.codes
     work_dtype = _work_dtype(dtype, qt.device)
     if out is not None and out.dtype == work_dtype and out.is_contiguous():
