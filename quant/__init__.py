@@ -1,5 +1,16 @@
 """Group-wise 4-bit (and 8-bit) compression of weights and the KV cache.
 
+How the engine uses it:
+- Weights, once at load: `compress_state_dict(weights, WEIGHT_DEFAULT)` turns every 2-D
+  linear weight into a `QTensor` (0.281x its fp16 bytes at 4 bits, group 64); norms,
+  biases and embeddings stay dense. A QTensor stays compressed on every tier
+  (`.to(device)`, `.pin_memory()`, `to_tensors()` for safetensors on disk) and is
+  decompressed on the compute device, one layer at a time, with
+  `dequantize(qt, dtype, device, out=reused_buffer)`.
+- Other backends: `get_weight_quantizer("groupwise4" | "groupwise8" | "nf4" | "fp4" | "none")`.
+- KV cache: one `QuantizedKVBuffer(batch, kv_heads, capacity, head_dim, KV_CACHE_DEFAULT)`
+  per layer for K and one for V; `append(new)` each step, `dequantize(upto)` for attention.
+
 `quant.config` is torch-free so `placement` can size compressed tensors without torch;
 everything else is loaded on first use (`quant.quantize` etc.), so `import quant` stays
 cheap and torch-free. Must not import `flexlamps`, `offload` or `placement`.

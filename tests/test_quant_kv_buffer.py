@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from quant import KV_CACHE_DEFAULT, QuantConfig, QuantizedKVBuffer, dequantize, quantize
 
@@ -64,3 +66,23 @@ def test_errors_name_the_problem():
         buf.dequantize(3)
     with pytest.raises(ValueError, match="head_dim"):
         QuantizedKVBuffer(1, 2, 4, 64, QuantConfig(group_dim=2))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.integers(1, 5), min_size=1, max_size=8),
+    st.sampled_from([4, 8]),
+    st.integers(0, 3),
+)
+def test_any_split_of_appends_equals_whole_quantization(chunks, bits, spare):
+    """However the tokens arrive (prefill chunks, single tokens), the stored cache is the same."""
+    total = sum(chunks)
+    capacity = total + spare  # spare slots move the nibble split point
+    config = QuantConfig(bits=bits, group_size=32, group_dim=-1)
+    kv = torch.randn(1, 2, total, 48, generator=torch.Generator().manual_seed(total)).to(torch.bfloat16)
+    buf = QuantizedKVBuffer(1, 2, capacity, 48, config, dtype=torch.bfloat16)
+    start = 0
+    for size in chunks:
+        buf.append(kv[:, :, start : start + size])
+        start += size
+    assert torch.equal(buf.dequantize(), dequantize(quantize(kv, config)))
