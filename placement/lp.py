@@ -131,12 +131,13 @@ def affine_minima(consts: np.ndarray, coefs: np.ndarray, highs: np.ndarray) -> n
     Returns +inf for a form when some triple's highs cannot add up to 1.
 
     Args:
-        consts: (k,) constants; coefs: (k, 9) coefficients; highs: (9,) upper bounds.
+        consts: (k,) constants; coefs: (k, 9) coefficients; highs: (9,) or (k, 9) bounds.
     """
     coefs = coefs.reshape(-1, 3, 3)  # (k, triple, coordinate)
     order = np.argsort(coefs, axis=2)
-    sorted_coefs = np.sort(coefs, axis=2)
-    sorted_highs = highs.reshape(3, 3)[np.arange(3)[None, :, None], order]
+    sorted_coefs = np.take_along_axis(coefs, order, axis=2)
+    highs = np.broadcast_to(np.asarray(highs, dtype=float).reshape(-1, 3, 3), coefs.shape)
+    sorted_highs = np.take_along_axis(highs, order, axis=2)
     room_before = 1.0 - np.concatenate(
         [np.zeros(coefs.shape[:2] + (1,)), np.cumsum(sorted_highs, axis=2)[:, :, :2]], axis=2)
     take = np.clip(np.minimum(sorted_highs, room_before), 0.0, None)
@@ -145,40 +146,45 @@ def affine_minima(consts: np.ndarray, coefs: np.ndarray, highs: np.ndarray) -> n
     return np.where(short, np.inf, values)
 
 
-def affine_minimum(expr: Affine, highs: np.ndarray | None = None) -> float:
-    """Minimum of one affine form over the fractions (see `affine_minima`)."""
-    highs = np.ones(NUM_FRACTIONS) if highs is None else highs
-    return float(affine_minima(np.array([expr.const]), expr.coef[None, :], highs)[0])
-
-
 def _stack(exprs: list[Affine]) -> tuple[np.ndarray, np.ndarray]:
     return np.array([e.const for e in exprs]), np.array([e.coef for e in exprs])
 
 
-def memory_implied_highs(terms: CostTerms, budgets: dict[str, float]) -> np.ndarray | None:
-    """Upper bounds on single fractions that every memory row implies on its own.
+def memory_implied_highs(terms: list[CostTerms], budgets: dict[str, float]
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """For each choice: can it fit at all, and upper bounds on single fractions it implies.
 
-    With x_j = t and everything else at its cheapest, a row is at least
+    With x_j = t and everything else at its cheapest, a memory row is at least
     minimum + t * (coef_j - cheapest coef in j's triple), which must fit the budget.
-    Returns None when some row exceeds its budget whatever the fractions.
+
+    Returns:
+        fits: (n,) False where some row exceeds its budget whatever the fractions.
+        highs: (n, 9) upper bounds on the fractions.
     """
-    names = list(terms.memory)
-    consts, coefs = _stack([terms.memory[n] for n in names])
-    slack = np.array([budgets[n] for n in names]) - affine_minima(consts, coefs,
-                                                                  np.ones(NUM_FRACTIONS))
-    if (slack < 0).any():
-        return None
-    extra = coefs - np.repeat(coefs.reshape(-1, 3, 3).min(axis=2), 3, axis=1)
+    names = list(terms[0].memory)
+    consts, coefs = _stack([t.memory[name] for t in terms for name in names])
+    minima = affine_minima(consts, coefs, np.ones(NUM_FRACTIONS)).reshape(len(terms), len(names))
+    slack = np.array([budgets[name] for name in names]) - minima  # (n, rows)
+    coefs = coefs.reshape(len(terms), len(names), 3, 3)
+    extra = (coefs - coefs.min(axis=3, keepdims=True)).reshape(len(terms), len(names), -1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        limits = np.where(extra > 0, slack[:, None] / extra, np.inf)
-    return np.minimum(limits.min(axis=0), 1.0)
+        limits = np.where(extra > 0, np.maximum(slack, 0.0)[:, :, None] / extra, np.inf)
+    return (slack >= 0).all(axis=1), np.minimum(limits.min(axis=1), 1.0)
 
 
-def time_lower_bound(terms: CostTerms, highs: np.ndarray | None = None) -> float:
-    """A cheap lower bound on the LP optimum: each max() term at its own best fractions."""
-    highs = np.ones(NUM_FRACTIONS) if highs is None else highs
-    pre = affine_minima(*_stack([_sum(terms.prefill, n) for n in _PREFILL_MAX]), highs).max()
-    dec = affine_minima(*_stack([_sum(terms.decode, n) for n in _DECODE_MAX]), highs).max()
-    if not (np.isfinite(pre) and np.isfinite(dec)):
-        return float("inf")  # the highs leave some triple short of 1: nothing fits
-    return terms.num_layers * (pre + terms.num_decode_steps * dec)
+def time_lower_bounds(terms: list[CostTerms], highs: np.ndarray) -> np.ndarray:
+    """Cheap lower bounds on each choice's LP optimum: every max() term at its own best
+    fractions within `highs` ((n, 9)); +inf where the highs leave nothing feasible."""
+    groups = [(table, names) for table, groups in (("prefill", _PREFILL_MAX),
+                                                   ("decode", _DECODE_MAX)) for names in groups]
+    consts, coefs = _stack([_sum(getattr(t, table), names) for t in terms
+                            for table, names in groups])
+    per_term = affine_minima(consts, coefs, np.repeat(highs, len(groups), axis=0))
+    per_term = per_term.reshape(len(terms), len(groups))
+    pre = per_term[:, :len(_PREFILL_MAX)].max(axis=1)
+    dec = per_term[:, len(_PREFILL_MAX):].max(axis=1)
+    layers = np.array([t.num_layers for t in terms])
+    steps = np.array([t.num_decode_steps for t in terms])
+    with np.errstate(invalid="ignore"):  # 0 decode steps x inf
+        bound = layers * (pre + np.where(steps > 0, steps * dec, 0.0))
+    return np.where(np.isfinite(pre) & np.isfinite(dec), bound, np.inf)

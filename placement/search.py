@@ -15,7 +15,7 @@ import numpy as np
 from placement.cost import (Choice, MEMORY_ROWS, build_terms, decode_layer_time,
                             prefill_layer_time)
 from placement.lp import (memory_excess, memory_implied_highs, solve_fractions,
-                          time_lower_bound)
+                          time_lower_bounds)
 from placement.model_spec import ModelSpec
 from placement.plan import ROW_LABELS, InfeasiblePlanError, Plan
 from placement.specs import CompressionSpec, HardwareSpec, Policy, TierSplit, WorkloadSpec
@@ -90,23 +90,19 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
 
 def _candidates(model, hardware, workload, budgets, flags, compression, max_block_size):
     """(throughput upper bound, choice, terms) for every grid point that might fit."""
-    out = []
-    for compress_weight, compress_cache, cpu_attention in flags:
-        for gpu_batch_size, num_gpu_batches in itertools.product(GPU_BATCH_SIZES, NUM_GPU_BATCHES):
-            if gpu_batch_size * num_gpu_batches > max_block_size:
-                continue
-            choice = Choice(gpu_batch_size=gpu_batch_size, num_gpu_batches=num_gpu_batches,
-                            compress_weight=compress_weight, compress_cache=compress_cache,
-                            cpu_attention=cpu_attention, compression=compression)
-            terms = build_terms(choice, model, hardware, workload)
-            highs = memory_implied_highs(terms, budgets)
-            if highs is None:
-                continue  # one tier overflows whatever the fractions
-            bound_s = time_lower_bound(terms, highs)
-            if bound_s == float("inf"):
-                continue
-            out.append((terms.tokens_per_block / bound_s, choice, terms))
-    return out
+    choices = [Choice(gpu_batch_size=gbs, num_gpu_batches=ngb, compress_weight=weight,
+                      compress_cache=cache, cpu_attention=cpu_attention, compression=compression)
+               for weight, cache, cpu_attention in flags
+               for gbs, ngb in itertools.product(GPU_BATCH_SIZES, NUM_GPU_BATCHES)
+               if gbs * ngb <= max_block_size]
+    terms = [build_terms(choice, model, hardware, workload) for choice in choices]
+    fits, highs = memory_implied_highs(terms, budgets)
+    bounds = np.full(len(terms), np.inf)
+    if fits.any():
+        kept = np.flatnonzero(fits)
+        bounds[kept] = time_lower_bounds([terms[i] for i in kept], highs[kept])
+    return [(terms[i].tokens_per_block / bounds[i], choices[i], terms[i])
+            for i in np.flatnonzero(np.isfinite(bounds))]
 
 
 def _make_plan(best, budgets: dict[str, float], num_lps: int, search_s: float) -> Plan:
