@@ -49,6 +49,12 @@ class Affine:
             self.coef[idx] += amount
         return self
 
+    def plus(self, other: "Affine") -> "Affine":
+        """Add another affine form in place."""
+        self.const += other.const
+        self.coef = self.coef + other.coef
+        return self
+
     def __call__(self, x: np.ndarray) -> float:
         return self.const + float(self.coef @ x)
 
@@ -298,18 +304,17 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
 
     # GPU: double-buffered streamed layer weights, the micro-batch's hidden in/out,
     # FFN/attention intermediates, a dequantized layer when weights are compressed.
-    gpu_common = Affine(indexer_home + 2 * sz.weight_stored).add(-2 * sz.weight_stored, W_GPU)
-    if choice.compress_weight:
-        gpu_common.add(sz.weight_fp16)
-    act_p = db * gbs * _stage_peak_elements(model, s, s)
-    gpu_prefill = resident(hidden_p, True).add(gpu_common.const).add(act_p)
-    gpu_prefill.coef += gpu_common.coef
-    gpu_prefill.add(2 * gbs * s * sz.hidden).add(-2 * gbs * s * sz.hidden, H_GPU)
+    def gpu_working(tokens_per_seq: int) -> Affine:
+        hidden_io = 2 * gbs * tokens_per_seq * sz.hidden
+        work = Affine(indexer_home + 2 * sz.weight_stored + hidden_io)
+        work.add(-2 * sz.weight_stored, W_GPU).add(-hidden_io, H_GPU)
+        return work.add(sz.weight_fp16) if choice.compress_weight else work
+
+    gpu_prefill = resident(hidden_p, True).plus(gpu_working(s))
+    gpu_prefill.add(db * gbs * _stage_peak_elements(model, s, s))
     gpu_prefill.add(gbs * s * sz.cache_fp16)  # this micro-batch's new cache before it is stored
-    act_g = db * gbs * _stage_peak_elements(model, 1, full_entries)
-    gpu_decode = resident(hidden_g, True).add(gpu_common.const).add(act_g)
-    gpu_decode.coef += gpu_common.coef
-    gpu_decode.add(2 * gbs * sz.hidden).add(-2 * gbs * sz.hidden, H_GPU)
+    gpu_decode = resident(hidden_g, True).plus(gpu_working(1))
+    gpu_decode.add(db * gbs * _stage_peak_elements(model, 1, full_entries))
     if not choice.cpu_attention:  # double-buffered off-GPU cache of one micro-batch
         mb_cache = 2 * gbs * full_entries * sz.cache_stored
         gpu_decode.add(mb_cache).add(-mb_cache, C_GPU)

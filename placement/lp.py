@@ -43,8 +43,7 @@ class LpSolution:
 def _sum(terms: dict[str, Affine], names: tuple[str, ...]) -> Affine:
     out = Affine()
     for name in names:
-        out.const += terms[name].const
-        out.coef = out.coef + terms[name].coef
+        out.plus(terms[name])
     return out
 
 
