@@ -156,11 +156,14 @@ class _Sizes:
 
 def _sizes(choice: Choice, model: ModelSpec) -> _Sizes:
     dtype_bytes = model.dtype_bytes
-    ratio = choice.compression.bytes_per_element() / dtype_bytes
+    ratio = choice.compression.bytes_per_element(dtype_bytes) / dtype_bytes
+    # norms, biases and embeddings stay dense; only the layers' matrices are quantized
+    dense = model.vector_param_count() * dtype_bytes + model.embedding_bytes() / model.num_layers
     weight = model.weight_bytes_per_layer() + model.embedding_bytes() / model.num_layers
+    stored = (weight - dense) * ratio + dense if choice.compress_weight else weight
     cache = model.cache_bytes_per_token_per_layer()
     return _Sizes(
-        weight_stored=weight * (ratio if choice.compress_weight else 1.0), weight_fp16=weight,
+        weight_stored=stored, weight_fp16=weight,
         cache_stored=cache * (ratio if choice.compress_cache else 1.0), cache_fp16=cache,
         indexer=model.indexer_bytes_per_token_per_layer(),
         hidden=model.hidden_size * dtype_bytes,

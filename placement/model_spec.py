@@ -123,6 +123,22 @@ class ModelSpec(JsonMixin):
                + num_moe * self.ffn_param_count(moe=True, active_only=active_only))
         return self.attention_param_count() + ffn / self.num_layers
 
+    def vector_param_count(self) -> float:
+        """Parameters of one (average) layer outside 2-D matrices: norms, biases, the MoE
+        score bias. These stay uncompressed when weights are quantized."""
+        h = self.hidden_size
+        if self.arch == "opt":
+            q_dim = self.num_heads * self.head_dim
+            attention = q_dim + 2 * self.num_kv_heads * self.head_dim + h + 2 * h
+            return attention + self.intermediate_size + h + 2 * h
+        count = 2 * h  # input and post-attention norms
+        if self.arch == "llama" and self.qkv_bias:
+            count += (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        if self.arch == "mla":
+            count += (self.q_lora_rank or 0) + self.kv_lora_rank + 2 * self.index_head_dim
+            count += self.num_experts * self._num_moe_layers() / self.num_layers
+        return count
+
     def weight_bytes_per_layer(self) -> float:
         """Stored bytes of one decoder layer (the average layer, for MoE models)."""
         return self.layer_param_count() * self.dtype_bytes

@@ -133,19 +133,20 @@ ALL_GPU = TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CompressionSpec(JsonMixin):
-    """Group-wise asymmetric min-max quantization (FlexGen's): an fp16 min and scale per group."""
+    """Group-wise asymmetric min-max quantization (FlexGen's): a min and a scale per group."""
 
     num_bits: int = 4
     group_size: int = 64
 
     def __post_init__(self):
-        if self.num_bits not in (2, 4, 8) or self.group_size < 1:
-            raise ValueError(f"CompressionSpec: num_bits must be 2, 4 or 8 and group_size >= 1, "
+        if self.num_bits not in (4, 8) or self.group_size < 1:
+            raise ValueError(f"CompressionSpec: num_bits must be 4 or 8 and group_size >= 1, "
                              f"got {self.num_bits}, {self.group_size}")
 
-    def bytes_per_element(self) -> float:
-        # packed codes plus two fp16 numbers (min, scale) per group
-        return self.num_bits / 8 + 4 / self.group_size
+    def bytes_per_element(self, dtype_bytes: int = 2) -> float:
+        """Stored bytes per element: packed codes plus a min and a scale per group, both in
+        the uncompressed dtype (as `quant.config.QuantConfig.packed_nbytes` counts them)."""
+        return self.num_bits / 8 + 2 * dtype_bytes / self.group_size
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -104,3 +104,26 @@ def test_moe_micro_batches_touch_only_their_experts():
     assert touched == sorted(touched) and touched[-1] == pytest.approx(spec.weight_bytes_per_layer())
     dense = model_preset("llama-3-8b")
     assert dense.weight_bytes_touched_per_layer(1) == dense.weight_bytes_per_layer()
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY_CONFIGS))
+def test_vector_params_are_the_non_matrix_tensors(model_type):
+    config = TINY_CONFIGS[model_type]
+    model = _meta_model(config)
+    spec = ModelSpec.from_hf_config(config)
+    saved = set(model.state_dict())
+    vectors = sum(t.numel() for name, t in list(model.named_parameters()) + list(model.named_buffers())
+                  if name in saved and ".layers." in f".{name}" and t.dim() == 1)
+    assert spec.vector_param_count() * spec.num_layers == pytest.approx(vectors)
+
+
+def test_compressed_sizes_match_the_quant_package():
+    quant_config = pytest.importorskip("quant.config")
+    from placement import CompressionSpec
+
+    for dtype, dtype_bytes in (("float16", 2), ("float32", 4)):
+        for bits in (4, 8):
+            packed = quant_config.QuantConfig(bits=bits, group_size=64).packed_nbytes(
+                (128, 256), dtype)
+            ours = CompressionSpec(num_bits=bits, group_size=64).bytes_per_element(dtype_bytes)
+            assert ours * 128 * 256 == packed
