@@ -13,8 +13,9 @@ The engine reads `plan.policy` (a `Policy`); these names are a stable contract:
     weights, cache, activations              `TierSplit(gpu=, cpu=, disk=)`, fractions summing to 1
     compress_weight, compress_cache          group-wise quantized storage (`compression`: bits, group)
     cpu_attention                            decode attention over off-GPU cache runs on the CPU
-`predict(policy, model, hardware, workload)` gives the time breakdown of any policy, so
-measured runs can be compared with the model. `solve` raises `InfeasiblePlanError` (with
+`predict(policy, model, hardware, workload)` gives the time breakdown of any policy (and
+`evaluate` the same as a `Plan`, with peak memory against the budgets), so measured runs can
+be compared with the model. `solve` raises `InfeasiblePlanError` (with
 `.constraint` and `.shortfall_bytes`) when nothing fits.
 """
 
@@ -22,12 +23,12 @@ from placement.cost import CostBreakdown, predict
 from placement.model_spec import ModelSpec
 from placement.plan import InfeasiblePlanError, Plan
 from placement.presets import hardware_preset, model_preset
-from placement.search import solve
+from placement.search import evaluate, solve
 from placement.specs import (CompressionSpec, HardwareSpec, Policy, TierSplit, WorkloadSpec)
 from placement.units import format_bytes, parse_bytes
 
 __all__ = [
     "CompressionSpec", "CostBreakdown", "HardwareSpec", "InfeasiblePlanError", "ModelSpec",
     "Plan", "Policy", "TierSplit", "WorkloadSpec", "format_bytes", "hardware_preset",
-    "model_preset", "parse_bytes", "predict", "solve",
+    "evaluate", "model_preset", "parse_bytes", "predict", "solve",
 ]

@@ -7,13 +7,14 @@ smaller choice already failed) or provably cannot beat the best plan so far (a l
 its time), so the result is the true optimum over the grid: more memory never makes it worse.
 """
 
+import dataclasses
 import itertools
 import time
 
 import numpy as np
 
-from placement.cost import (Choice, MEMORY_ROWS, build_terms, decode_layer_time,
-                            prefill_layer_time)
+from placement.cost import (Choice, MEMORY_ROWS, build_terms, decode_layer_time, fractions_of,
+                            prefill_layer_time, total_time)
 from placement.lp import (memory_excess, memory_implied_highs, solve_fractions,
                           time_lower_bounds)
 from placement.model_spec import ModelSpec
@@ -103,6 +104,21 @@ def _candidates(model, hardware, workload, budgets, flags, compression, max_bloc
         bounds[kept] = time_lower_bounds([terms[i] for i in kept], highs[kept])
     return [(terms[i].tokens_per_block / bounds[i], choices[i], terms[i])
             for i in np.flatnonzero(np.isfinite(bounds))]
+
+
+def evaluate(policy: Policy, model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec,
+             *, usable_fraction: float = 0.9) -> Plan:
+    """A `Plan` for a given policy, without searching: its predicted times and peak memory.
+
+    The plan's peaks may exceed its budgets (compare `peak_bytes` with `budget_bytes`);
+    this is how a hand-set or engine-measured policy is checked against the model.
+    """
+    choice = Choice.of(policy)
+    terms = build_terms(choice, model, hardware, workload)
+    x = fractions_of(policy)
+    best = (terms.tokens_per_block / total_time(terms, x), choice, terms, x)
+    plan = _make_plan(best, budgets_for(hardware, usable_fraction), 0, 0.0)
+    return dataclasses.replace(plan, policy=policy)
 
 
 def _make_plan(best, budgets: dict[str, float], num_lps: int, search_s: float) -> Plan:

@@ -113,3 +113,22 @@ def test_profile_rejects_bad_input(tmp_path):
     broken.write_text(json.dumps({"name": "x", "gpu_mem_bytes": 1}))
     result = _run("plan", "--model", "opt-30b", "--hardware", str(broken))
     assert result.exit_code == 2 and "HardwareSpec" in result.output
+
+
+def test_plan_evaluates_a_given_policy(tmp_path):
+    searched = _run("plan", "--model", "opt-30b", "--json")
+    document = tmp_path / "plan.json"
+    document.write_text(searched.output)
+    policy_only = tmp_path / "policy.json"
+    policy_only.write_text(json.dumps(json.loads(searched.output)["plan"]["policy"]))
+    best = json.loads(searched.output)["plan"]["tokens_per_s"]
+    for path in (document, policy_only):
+        result = _run("plan", "--model", "opt-30b", "--policy", str(path), "--json")
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["plan"]["tokens_per_s"] == pytest.approx(best)
+    squeezed = _run("plan", "--model", "opt-30b", "--policy", str(policy_only), "--gpu-mem", "4GiB")
+    assert squeezed.exit_code == 0 and "exceeds the gpu budget" in squeezed.output
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"gpu_batch_size": 0}))
+    result = _run("plan", "--model", "opt-30b", "--policy", str(bad))
+    assert result.exit_code == 2 and "Policy" in result.output

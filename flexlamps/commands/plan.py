@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from placement import (HardwareSpec, InfeasiblePlanError, ModelSpec, Plan, WorkloadSpec,
-                       format_bytes, hardware_preset, model_preset, parse_bytes, solve)
+from placement import (HardwareSpec, InfeasiblePlanError, ModelSpec, Plan, Policy, WorkloadSpec,
+                       evaluate, format_bytes, hardware_preset, model_preset, parse_bytes, solve)
 from placement.plan import TIERS
 from placement.presets import HARDWARE_PRESETS, MODEL_CONFIGS
 from placement.units import GiB
@@ -50,6 +50,18 @@ def load_hardware_spec(text: str) -> HardwareSpec:
         raise click.BadParameter(
             f"{text!r} is neither a profile.json nor a preset ({', '.join(HARDWARE_PRESETS)})",
             param_hint="--hardware") from None
+
+
+def _load_policy(path: Path) -> Policy:
+    """A policy from its own JSON, a plan's JSON, or `flexlamps plan --json` output."""
+    try:
+        data = json.loads(path.read_text())
+        for key in ("plan", "policy"):  # unwrap the enclosing documents
+            if isinstance(data, dict) and key in data:
+                data = data[key]
+        return Policy.from_dict(data)
+    except ValueError as exc:
+        raise click.BadParameter(f"{path}: {exc}", param_hint="--policy") from None
 
 
 class ByteSize(click.ParamType):
@@ -100,7 +112,8 @@ def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
         "            " + "  ".join(f"{k} {v * 1e3:.1f}ms" for k, v in plan.decode_layer_s.items())
         + "  (decode)",
         f"binding     {plan.binding_constraint}",
-        f"search      {plan.num_lps_solved} LPs in {plan.search_s:.2f} s",
+        (f"search      {plan.num_lps_solved} LPs in {plan.search_s:.2f} s" if plan.num_lps_solved
+         else "search      none (policy given)"),
     ]
     return "\n".join(lines)
 
@@ -123,9 +136,11 @@ def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
               help="Let the search quantize weights and cache to 4 bits.")
 @click.option("--cpu-attention/--no-cpu-attention", default=True, show_default=True,
               help="Let the search run decode attention on the CPU.")
+@click.option("--policy", "policy_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Evaluate this policy (JSON, like a plan's \"policy\") instead of searching.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def command(model_text, hardware_text, prompt_len, gen_len, shared_prefix_len, gpu_mem,
-            cpu_mem, disk_mem, usable_fraction, compress, cpu_attention, as_json):
+            cpu_mem, disk_mem, usable_fraction, compress, cpu_attention, policy_path, as_json):
     """Choose where weights, KV cache and activations live (GPU/CPU/disk) and how to batch."""
     model = load_model_spec(model_text)
     hardware = load_hardware_spec(hardware_text).with_memory(
@@ -135,15 +150,22 @@ def command(model_text, hardware_text, prompt_len, gen_len, shared_prefix_len, g
                                  param_hint="--shared-prefix-len")
     workload = WorkloadSpec(prompt_len=prompt_len, gen_len=gen_len,
                             shared_prefix_len=shared_prefix_len)
-    try:
-        plan = solve(model, hardware, workload, usable_fraction=usable_fraction,
-                     allow_weight_compression=compress, allow_cache_compression=compress,
-                     allow_cpu_attention=cpu_attention)
-    except InfeasiblePlanError as exc:
-        raise click.ClickException(f"no placement fits: {exc}") from None
+    if policy_path is not None:
+        plan = evaluate(_load_policy(policy_path), model, hardware, workload,
+                        usable_fraction=usable_fraction)
+    else:
+        try:
+            plan = solve(model, hardware, workload, usable_fraction=usable_fraction,
+                         allow_weight_compression=compress, allow_cache_compression=compress,
+                         allow_cpu_attention=cpu_attention)
+        except InfeasiblePlanError as exc:
+            raise click.ClickException(f"no placement fits: {exc}") from None
     if as_json:
         click.echo(json.dumps({"model": model.to_dict(), "hardware": hardware.to_dict(),
                                "workload": workload.to_dict(), "plan": plan.to_dict()},
                               indent=2))
     else:
         click.echo(format_plan(plan, model, hardware, workload))
+    over = [t for t in TIERS if plan.peak_bytes[t] > plan.budget_bytes[t] * (1 + 1e-6)]
+    if over:
+        click.echo(f"warning: this policy exceeds the {', '.join(over)} budget", err=True)
