@@ -27,7 +27,7 @@ class Plan(JsonMixin):
     decode_layer_s: dict[str, float]
     peak_bytes: dict[str, float]  # per tier ("gpu", "cpu", "disk"), max of prefill and decode
     budget_bytes: dict[str, float]  # per tier, after derating
-    binding_constraint: str  # the memory row with the least room left, e.g. "cpu memory (decode)"
+    binding_constraint: str  # the full memory row, e.g. "cpu memory (decode)", or "none (...)"
     num_lps_solved: int  # LPs the search solved (the rest were pruned by bounds)
     search_s: float  # wall time of the search
 

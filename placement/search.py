@@ -142,8 +142,16 @@ def _make_plan(best, budgets: dict[str, float], num_lps: int, search_s: float) -
                     "cpu": max(rows["cpu_prefill"], rows["cpu_decode"]), "disk": rows["disk"]},
         budget_bytes={"gpu": budgets["gpu_decode"], "cpu": budgets["cpu_decode"],
                       "disk": budgets["disk"]},
-        binding_constraint=ROW_LABELS[min(slack, key=slack.get)],
+        binding_constraint=_binding(slack),
         num_lps_solved=num_lps, search_s=search_s)
+
+
+def _binding(slack: dict[str, float]) -> str:
+    """The memory row that limits the plan, or the one with the least room when none does."""
+    row = min(slack, key=slack.get)
+    if slack[row] < 0.01:
+        return ROW_LABELS[row]
+    return f"none ({ROW_LABELS[row]} has the least room, {slack[row]:.0%} free)"
 
 
 def _infeasible(model, hardware, workload, budgets, compression, allow_weight_compression,
