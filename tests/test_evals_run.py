@@ -135,6 +135,18 @@ def test_resume_after_failure_and_skip_when_done(tmp_path, use_fake, mc_file):
     assert "skipped (done)" in res.output
 
 
+def test_generation_file_with_aliases_stays_generation(tmp_path, use_fake):
+    use_fake(answers={"Peru": " Lima\n"})
+    f = tmp_path / "caps.jsonl"
+    f.write_text('{"input": "Capital of Peru?", "answer": ["Lima", "Lima city"]}\n'
+                 '{"input": "Capital of Chile?", "answer": "Santiago"}\n')
+    _run(tmp_path, "--scenario-file", str(f))
+    run = tmp_path / "out" / "runs" / "s1" / "file:name=caps,model=flexlamps_smollm2-135m"
+    stats = {s["name"]["name"]: s["sum"] for s in _load(run, "stats.json")}
+    assert _load(run, "run_spec.json")["adapter_spec"]["method"] == "generation"
+    assert stats["exact_match"] == pytest.approx(0.5)
+
+
 def test_bad_scenario_is_a_usage_error(tmp_path, use_fake):
     use_fake()
     res = CliRunner().invoke(helm_cmd.command, ["--scenario", "nope", "--output-path", str(tmp_path)])

@@ -97,7 +97,8 @@ def command(model, scenarios, scenario_files, suite, output_path, max_eval_insta
             jobs.append((name, args, load_scenario(name, args, Path(data_dir) if data_dir else None)))
         for f in scenario_files:
             scen = load_scenario("file", {"path": f, "name": Path(f).stem})
-            multiple_choice = all(len(i.references) > 1 for i in scen.instances)
+            # multiple choice has wrong options; generation lists only correct answers (aliases)
+            multiple_choice = any(not r.is_correct for i in scen.instances for r in i.references)
             jobs.append(("file", {"path": f, "name": Path(f).stem,
                                   "kind": "multiple_choice" if multiple_choice else "generation"}, scen))
         specs = [build_run_spec((n, a), helm_model, num_shots, max_eval_instances, max_tokens, seed)
