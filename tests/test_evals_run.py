@@ -177,3 +177,13 @@ def test_helm_summarize_reads_the_suite(tmp_path, use_fake, mc_file):
     row = table["rows"][0]
     assert row[0]["value"] == "SmolLM2 135M Instruct (flexlamps)"  # display name from our metadata
     assert row[1]["value"] == pytest.approx(0.25)  # the group's main metric: quasi_exact_match
+
+
+def test_atomic_write_leaves_nothing_half_written(tmp_path):
+    from flexlamps.evals.helm_output import write_json_atomic
+
+    p = tmp_path / "x.json"
+    write_json_atomic(p, {"a": 1})
+    with pytest.raises(TypeError):
+        write_json_atomic(p, {"a": object()})
+    assert json.loads(p.read_text()) == {"a": 1} and list(tmp_path.iterdir()) == [p]

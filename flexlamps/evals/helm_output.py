@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,9 @@ RUN_FILES = (
 def write_json_atomic(path: Path, obj: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # os.open honours the umask (mkstemp would leave the file readable by its owner only)
+    tmp = str(path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(obj, f, indent=2, ensure_ascii=False)
