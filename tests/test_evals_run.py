@@ -187,3 +187,22 @@ def test_atomic_write_leaves_nothing_half_written(tmp_path):
     with pytest.raises(TypeError):
         write_json_atomic(p, {"a": object()})
     assert json.loads(p.read_text()) == {"a": 1} and list(tmp_path.iterdir()) == [p]
+
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is not present beside the checkout")
+def test_five_shot_prefix_is_shared_and_reported(tmp_path, use_fake):
+    use_fake()
+    _run(tmp_path, "--scenario", "mmlu:subject=anatomy,method=cloze", "--num-shots", "5",
+         "--max-eval-instances", "10", "--data-dir", str(DATA))
+    run = tmp_path / "out" / "runs" / "s1" / "mmlu:subject=anatomy,method=cloze,num_shots=5,model=flexlamps_smollm2-135m"
+    states = _load(run, "scenario_state.json")["request_states"]
+    assert len(states) == 40 and all(s["num_train_instances"] == 5 for s in states)
+    prefix = states[0]["request"]["prompt"].rsplit("Question: ", 1)[0]
+    assert prefix.count("Question: ") == 5 and all(s["request"]["prompt"].startswith(prefix) for s in states)
+    stats = {s["name"]["name"]: s["sum"] for s in _load(run, "stats.json")}
+    # the fake engine reuses any prefix seen before, so only the first prompt pays for the examples
+    assert stats["prefill_reuse_factor"] > 5
+    assert stats["prefill_tokens_requested"] == sum(s["result"]["num_prompt_tokens"] for s in states)
