@@ -127,3 +127,20 @@ def test_compressed_sizes_match_the_quant_package():
                 (128, 256), dtype)
             ours = CompressionSpec(num_bits=bits, group_size=64).bytes_per_element(dtype_bytes)
             assert ours * 128 * 256 == packed
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "opt"])
+def test_sizes_match_the_engines_weight_specs(model_type):
+    """The planner sizes exactly the tensors the engine allocates (flexlamps.models)."""
+    weight_specs = pytest.importorskip("flexlamps.models.weight_specs")
+    from flexlamps.models.config import ModelConfig
+
+    config = TINY_CONFIGS[model_type]
+    specs = weight_specs.weight_specs(ModelConfig.from_hf(config))
+    spec = ModelSpec.from_hf_config(config)
+    for layer in range(spec.num_layers):
+        tensors = [s for s in specs if s.layer == layer]
+        assert sum(s.numel for s in tensors) == spec.layer_param_count()
+        assert sum(s.numel for s in tensors if s.role != "linear") == spec.vector_param_count()
+    embeddings = sum(s.numel for s in specs if s.layer is None)
+    assert embeddings * spec.dtype_bytes == spec.embedding_bytes()
