@@ -206,3 +206,26 @@ def test_five_shot_prefix_is_shared_and_reported(tmp_path, use_fake):
     # the fake engine reuses any prefix seen before, so only the first prompt pays for the examples
     assert stats["prefill_reuse_factor"] > 5
     assert stats["prefill_tokens_requested"] == sum(s["result"]["num_prompt_tokens"] for s in states)
+
+
+def test_helm_codec_reads_every_file(tmp_path, use_fake, mc_file):
+    pytest.importorskip("helm.common.codec", reason="crfm-helm is not installed (see docs/helm.md)")
+    from typing import List
+
+    from helm.benchmark.adaptation.scenario_state import ScenarioState
+    from helm.benchmark.metrics.metric import PerInstanceStats
+    from helm.benchmark.metrics.statistic import Stat as HelmStat
+    from helm.benchmark.run_spec import RunSpec
+    from helm.common.codec import from_json
+
+    use_fake(answers=ANSWERS)
+    _run(tmp_path, "--scenario", "demo", "--scenario-file", str(mc_file))
+    runs = sorted((tmp_path / "out" / "runs" / "s1").glob("*:*"))
+    assert len(runs) == 2
+    for run in runs:
+        state = from_json((run / "scenario_state.json").read_text(), ScenarioState)
+        assert all(rs.result.completions[0].tokens for rs in state.request_states)
+        assert from_json((run / "per_instance_stats.json").read_text(), List[PerInstanceStats])
+        stats = from_json((run / "stats.json").read_text(), List[HelmStat])
+        assert all(s.count == 1 and s.sum == s.mean for s in stats)
+        assert from_json((run / "run_spec.json").read_text(), RunSpec).metric_specs
