@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from placement.model_spec import ModelSpec
-from placement.specs import CompressionSpec, HardwareSpec, Policy, TierSplit, WorkloadSpec
+from placement.specs import CompressionSpec, HardwareSpec, Policy, WorkloadSpec
 
 NUM_FRACTIONS = 9
 W_GPU, W_CPU, W_DISK, C_GPU, C_CPU, C_DISK, H_GPU, H_CPU, H_DISK = range(NUM_FRACTIONS)
