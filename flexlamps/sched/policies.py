@@ -77,6 +77,9 @@ def min_waste_strategies(reqs: list[Request], ctx: PolicyContext) -> dict[str, S
 class Policy:
     name = "base"
     starvation_threshold: int | None = None  # promote a request passed over this many times
+    # how often a waiting request's key must be recomputed: None = never (it is fixed while the
+    # request waits), k = every k iterations
+    rerank_every: int | None = None
 
     def priority(self, req: Request, ctx: PolicyContext):
         return (req.arrival_time,)
@@ -118,7 +121,7 @@ class SJF(Policy):
 class LAMPS(Policy):
     name = "lamps"
 
-    def __init__(self, starvation_threshold: int = 500, rerank_every: int = 10):
+    def __init__(self, starvation_threshold: int | None = 2000, rerank_every: int = 10):
         self.starvation_threshold = starvation_threshold
         self.rerank_every = rerank_every
 
@@ -180,6 +183,7 @@ class VTC(Policy):
     idleness is lifted to the least counter among active clients."""
 
     name = "vtc"
+    rerank_every = 1  # counters move every iteration
 
     def __init__(self, input_weight: float = 1.0, output_weight: float = 2.0):
         self.wi, self.wo = input_weight, output_weight

@@ -89,6 +89,8 @@ class Request:
     mlfq_level: int = 0
     mlfq_used: int = 0  # iterations used in the current MLFQ level
     rank_cache: float | None = field(default=None, repr=False)
+    sort_key: tuple | None = field(default=None, repr=False)  # cached queue order while waiting
+    admit_need: int = 0  # gpu blocks needed to admit it from the queue
 
     def __post_init__(self):
         if self.num_tokens == 0:

@@ -15,7 +15,11 @@ recomputing a discarded cache is naturally chunked.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+from collections import Counter
 from dataclasses import dataclass
+from operator import attrgetter
 
 from flexlamps.sched.block_manager import BlockManager, blocks_for
 from flexlamps.sched.cost_model import CostModel
@@ -60,6 +64,11 @@ class Scheduler:
         self._pending: SchedulerOutput = SchedulerOutput()  # swaps / discards decided between steps
         self._recompute_left: dict[str, int] = {}
         self._ctx: PolicyContext | None = None
+        self._running_sorted = False  # running kept in priority order between membership changes
+        self._needs: Counter = Counter()  # admission needs (gpu blocks) of waiting requests
+        self._min_need: int | None = None
+        self._unsorted: list[Request] = []  # joined the queue since it was last ordered
+        self._promoted: list[Request] = []  # promoted since the queue was last ordered
 
     # -- events from outside ---------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -72,8 +81,59 @@ class Scheduler:
             )
         self.requests[req.request_id] = req
         req.status = Status.WAITING
-        self.waiting.append(req)
-        self.policy.on_arrival(req, self.running + self.waiting)
+        self._add_waiting(req)
+        self.policy.on_arrival(req, itertools.chain(self.running, self.waiting, self._unsorted,
+                                                    self.paused.values()))
+
+    def _add_waiting(self, req: Request) -> None:
+        """Queue `req`; it is placed in priority order when the queue is next looked at."""
+        self._unsorted.append(req)
+        req.sort_key = None
+        req.passed_over, req.promoted = 0, False  # starvation is counted per stay in the queue
+        need = req.admit_need = self._admission_blocks(req)
+        self._needs[need] += 1
+        if self._min_need is not None and need < self._min_need:
+            self._min_need = need
+
+    def _admission_blocks(self, req: Request) -> int:
+        bs = self.config.block_size
+        if req.status is Status.SWAPPED:
+            return self.bm.num_cpu_blocks_of(req.request_id) + blocks_for(req.num_tokens, bs) \
+                - blocks_for(req.num_computed, bs)
+        return blocks_for(req.num_tokens, bs)
+
+    def min_waiting_need(self) -> int:
+        if self._min_need is None:
+            self._min_need = min(self._needs, default=1 << 60)
+        return self._min_need
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self._unsorted)
+
+    def waiting_requests(self) -> list[Request]:
+        return self.waiting + self._unsorted
+
+    def _order_queue(self, ctx: PolicyContext) -> None:
+        prio, every = self.policy.priority, self.policy.rerank_every
+        if every is not None and self.iteration % every == 0:
+            # keys move (re-ranking, VTC counters): recompute them all
+            self.waiting.extend(self._unsorted)
+            self._unsorted.clear()
+            self._promoted.clear()
+            for r in self.waiting:
+                r.sort_key = (not r.promoted, prio(r, ctx))
+            self.waiting.sort(key=attrgetter("sort_key"))
+            return
+        stale = [r for r in self._promoted if r.sort_key is not None]
+        self._promoted.clear()
+        if stale:
+            ids = {id(r) for r in stale}
+            self.waiting = [r for r in self.waiting if id(r) not in ids]
+        for r in itertools.chain(stale, self._unsorted):
+            r.sort_key = (not r.promoted, prio(r, ctx))
+            bisect.insort(self.waiting, r, key=attrgetter("sort_key"))
+        self._unsorted.clear()
 
     def resume(self, rid: str, returned_tokens: int, now: float) -> None:
         """The API call of `rid` returned `returned_tokens` tokens that join its context."""
@@ -86,13 +146,14 @@ class Scheduler:
         if req.strategy is Strategy.PRESERVE:
             req.status = Status.RUNNING
             self.running.append(req)
+            self._running_sorted = False
             return
         if req.strategy is Strategy.SWAP:
             req.status = Status.SWAPPED
         else:
             req.status = Status.WAITING
             req.queue_time = now  # vLLM's continuation joins the tail
-        self.waiting.append(req)
+        self._add_waiting(req)
 
     # -- planning ----------------------------------------------------------------------------
     def context(self, now: float) -> PolicyContext:
@@ -119,20 +180,38 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         block_size = self.config.block_size
 
-        self.running.sort(key=lambda r: prio(r, ctx))
+        if not self._running_sorted or self.iteration % 16 == 0:
+            self.running.sort(key=lambda r: prio(r, ctx))
+            self._running_sorted = True
         scheduled: list[Request] = []
+        bs, tables = block_size, self.bm.gpu_tables
+        context = 0  # cached tokens attention reads this step
         i = 0
         while i < len(self.running):
             req = self.running[i]
+            rid = req.request_id
+            if req.num_tokens - req.num_computed == 1 and budget > 0:
+                table = tables.get(rid)
+                if table is not None and len(table) * bs > req.num_computed:
+                    # fast path: a decode step that fits in the blocks it already has
+                    out.decode.append(rid)
+                    out.sampling.append(rid)
+                    out.block_tables[rid] = table
+                    scheduled.append(req)
+                    context += req.num_computed + 1
+                    budget -= 1
+                    i += 1
+                    continue
             n = min(req.tokens_to_compute, budget)
             if n <= 0:
                 i += 1
                 continue
-            need = self.bm.extra_blocks_needed(req.request_id, req.num_computed + n)
+            need = self.bm.extra_blocks_needed(rid, req.num_computed + n)
             if need > self.bm.free_gpu_blocks and not self._make_room(need, req, out, ctx):
                 continue  # `req` itself was preempted; self.running shrank
             self._schedule_tokens(req, n, out)
             scheduled.append(req)
+            context += req.num_computed + n
             budget -= n
             i += 1
 
@@ -140,7 +219,8 @@ class Scheduler:
         scheduled.extend(admitted)
         self._account_starvation(admitted)
 
-        out.context_tokens = sum(r.num_computed + out.scheduled_tokens(r.request_id) for r in scheduled)
+        out.context_tokens = context + sum(r.num_computed + out.scheduled_tokens(r.request_id)
+                                           for r in admitted)
         out.swap_tokens = (len(out.swap_in) + len(out.swap_out)) * block_size
         if max_steps > 1 and out.decode and not (out.prefill or out.recompute or out.swap_in
                                                  or out.swap_out or admitted):
@@ -149,8 +229,11 @@ class Scheduler:
 
     def _schedule_tokens(self, req: Request, n: int, out: SchedulerOutput) -> None:
         rid = req.request_id
-        self.bm.grow(rid, req.num_computed + n)
-        out.block_tables[rid] = self.bm.gpu_tables[rid]
+        table = self.bm.gpu_tables.get(rid)
+        if table is None or len(table) * self.config.block_size < req.num_computed + n:
+            self.bm.grow(rid, req.num_computed + n)
+            table = self.bm.gpu_tables[rid]
+        out.block_tables[rid] = table
         if req.tokens_to_compute == 1:
             out.decode.append(rid)
         else:
@@ -166,10 +249,11 @@ class Scheduler:
         """Admit waiting / swapped requests in priority order; stop at the first that does not
         fit (vLLM's head-of-line rule, which also keeps a promoted request from being passed)."""
         admitted: list[Request] = []
-        if not self.waiting or budget <= 0 or num_scheduled >= self.config.max_num_seqs:
+        if not self.num_waiting or budget <= 0 or num_scheduled >= self.config.max_num_seqs:
             return admitted
-        prio = self.policy.priority
-        self.waiting.sort(key=lambda r: (not r.promoted, prio(r, ctx)))
+        if self.min_waiting_need() > self.bm.free_gpu_blocks - self._watermark:
+            return admitted  # nothing could fit: skip ranking the queue
+        self._order_queue(ctx)
         taken = 0
         for req in self.waiting:
             if budget <= 0 or num_scheduled + len(admitted) >= self.config.max_num_seqs:
@@ -192,9 +276,15 @@ class Scheduler:
             admitted.append(req)
             taken += 1
         if taken:
-            admitted_ids = {r.request_id for r in admitted}
-            self.waiting = [r for r in self.waiting if r.request_id not in admitted_ids]
+            del self.waiting[:taken]  # admissions are a prefix of the sorted queue
+            for r in admitted:
+                self._needs[r.admit_need] -= 1
+                if not self._needs[r.admit_need]:
+                    del self._needs[r.admit_need]
+                    if r.admit_need == self._min_need:
+                        self._min_need = None
             self.running.extend(admitted)
+            self._running_sorted = False
         return admitted
 
     def _account_starvation(self, admitted: list[Request]) -> None:
@@ -203,11 +293,12 @@ class Scheduler:
             return
         # passed over: a request that arrived later was admitted while this one waited
         latest = max(r.arrival_time for r in admitted)
-        for req in self.waiting:
+        for req in itertools.chain(self.waiting, self._unsorted):
             if req.arrival_time < latest and not req.promoted:
                 req.passed_over += 1
                 if req.passed_over >= threshold:
                     req.promoted = True
+                    self._promoted.append(req)
 
     def _make_room(self, need: int, req: Request, out: SchedulerOutput, ctx) -> bool:
         """Free gpu blocks for `req`: first drop caches preserved through long calls (INFERCEPT's
@@ -241,7 +332,7 @@ class Scheduler:
         out.preempted.append(req.request_id)
         req.status = Status.WAITING
         req.rank_cache = None
-        self.waiting.append(req)
+        self._add_waiting(req)
 
     def _uniform_decode_steps(self, scheduled: list[Request], max_steps: int, step_limit) -> int:
         """How many identical decode iterations can run before anything changes: no request
@@ -253,14 +344,9 @@ class Scheduler:
         if k <= 1:
             return 1
         free = self.bm.free_gpu_blocks
-        if self.waiting and len(scheduled) < self.config.max_num_seqs:
-            bs = self.config.block_size
-            smallest = min(
-                self.bm.num_cpu_blocks_of(r.request_id) if r.status is Status.SWAPPED
-                else blocks_for(r.num_tokens, bs) for r in self.waiting
-            )
-            if smallest <= free - self._watermark:
-                return 1
+        if self.num_waiting and len(scheduled) < self.config.max_num_seqs \
+                and self.min_waiting_need() <= free - self._watermark:
+            return 1
         bs = self.config.block_size
         held = [(r.num_computed + 1, self.bm.num_gpu_blocks_of(r.request_id)) for r in scheduled]
 
@@ -369,4 +455,5 @@ class Scheduler:
                 assert cpu == 0 and gpu >= blocks_for(req.num_computed, bs), f"{rid}: running cache missing"
         t = self.policy.starvation_threshold
         if t is not None:
-            assert all(r.passed_over <= t for r in self.waiting), "a request was passed over past the threshold"
+            assert all(r.passed_over <= t for r in self.waiting_requests()), \
+                "a request was passed over past the threshold"

@@ -102,13 +102,15 @@ class Simulator:
     def run(self) -> list[RequestRecord]:
         sched, cost, stats, events = self.sched, self.cost, self.stats, self.events
         now = 0.0
-        while events or sched.running or sched.waiting or sched.paused:
+        while events or sched.running or sched.num_waiting or sched.paused:
             self._fire_events(now)
-            out = sched.schedule(now, MAX_FAST_FORWARD, self._remaining)
+            # a decode run can only help if no event is due within the next two iterations
+            soon = events and events[0][0] - now < 2 * cost.compute_time(0, len(sched.running), 0)
+            out = sched.schedule(now, 1 if soon else MAX_FAST_FORWARD, self._remaining)
             stats.schedule_calls += 1
             if out.is_empty:
                 if not events:
-                    if sched.waiting or sched.running:
+                    if sched.num_waiting or sched.running:
                         raise RuntimeError("simulator: requests remain but nothing can be scheduled "
                                            "(a request larger than the gpu tier?)")
                     break
