@@ -1,0 +1,21 @@
+"""Tiered tensor storage for the offload engine: `gpu`, `cpu` and `disk`, each with a byte budget.
+
+- `TierBudget`: capacity, bytes in use and peak for one tier; an allocation past the
+  capacity raises `BudgetExceededError` naming the tier, what asked and the shortfall.
+- `DiskFolder`: tensors as raw files plus an `index.json` (Accelerate's offload-folder
+  layout), read with `os.pread` and the page cache dropped so reads are real disk reads,
+  written through a temp file and a rename, checked (size, checksum, owner fingerprint)
+  before reuse.
+- `TieredStore`: puts each named tensor on a tier and loads it onto the compute device on
+  worker threads, so I/O overlaps compute. Without a GPU the `gpu` tier is the CPU device,
+  its budget still enforced.
+
+Knows nothing of models or scheduling; compressed tensors come from `quant` (`QTensor`).
+"""
+
+from offload.budget import BudgetExceededError, TierBudget
+from offload.disk import DiskFolder, StaleOffloadFolderError
+from offload.store import TIERS, TieredStore, compute_device
+
+__all__ = ["BudgetExceededError", "DiskFolder", "StaleOffloadFolderError", "TIERS", "TierBudget",
+           "TieredStore", "compute_device"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from flexlamps.engine.kv_cache import DenseKVCache
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.forward import forward_for
 from flexlamps.models.weight_specs import weight_specs
@@ -31,6 +32,13 @@ class InMemoryExecutor:
         self.device = torch.device(device)
         self.fwd = forward_for(cfg)
         self.global_weights, self.layer_weights = split_weights(cfg, weights)
+
+    def new_cache(self, num_slots: int, capacity: int) -> DenseKVCache:
+        return DenseKVCache(self.cfg, num_slots, capacity, self.dtype, self.device)
+
+    def forward_steps(self, cache, steps) -> list[torch.Tensor]:
+        """Run several micro-batches (see offload_executor.Step); one forward each."""
+        return [self.forward(cache, s.input_ids, s.positions, s.slots, s.logit_rows) for s in steps]
 
     @torch.inference_mode()
     def forward(self, cache, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,

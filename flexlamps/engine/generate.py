@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from flexlamps.engine.kv_cache import DenseKVCache
+from flexlamps.engine.step import Step
 from flexlamps.engine.sampling import SamplingParams, make_generator, select_tokens
 
 
@@ -48,7 +48,7 @@ class ContextOverflowError(ValueError):
 
 
 def generate(executor, tokenizer, prompts: Sequence[list[int]], params: Sequence[SamplingParams], *,
-             max_batch: int = 32, max_context: int | None = None,
+             max_batch: int = 32, micro_batch: int | None = None, max_context: int | None = None,
              on_finish: Callable[[RequestOutput], None] | None = None,
              on_tokens: Callable[[int], None] | None = None) -> list[RequestOutput]:
     cfg = executor.cfg
@@ -64,7 +64,8 @@ def generate(executor, tokenizer, prompts: Sequence[list[int]], params: Sequence
         return []
     capacity = min(max_context, max(s.length + s.params.max_new_tokens for s in seqs))
     num_slots = min(max_batch, len(seqs))
-    cache = DenseKVCache(cfg, num_slots, capacity, executor.dtype, executor.device)
+    micro_batch = micro_batch or num_slots
+    cache = executor.new_cache(num_slots, capacity)
     # longest prompts first: prefill groups of similar length waste less on padding
     waiting = deque(sorted(seqs, key=lambda s: -len(s.prompt_ids)))
     free = list(range(num_slots))
@@ -108,35 +109,41 @@ def generate(executor, tokenizer, prompts: Sequence[list[int]], params: Sequence
             if len(s.generated) >= s.params.max_new_tokens or s.length >= capacity:
                 finish(s, "length")
 
+    # One sweep per iteration: the running sequences decode one token and, when rows are free,
+    # waiting prompts are prefilled in the same sweep (each group a micro-batch of its own).
     while waiting or running:
+        running.sort(key=lambda s: s.slot)
+        batches = [running[i:i + micro_batch] for i in range(0, len(running), micro_batch)]
+        steps = [_decode_step(b) for b in batches]
         if waiting and free:
             group = [waiting.popleft() for _ in range(min(len(free), len(waiting)))]
             free.sort()
             for s in group:
                 s.slot = free.pop(0)
+            for i in range(0, len(group), micro_batch):
+                batches.append(group[i:i + micro_batch])
+                steps.append(_prefill_step(batches[-1]))
             running.extend(group)
-            logits = _prefill(executor, cache, group)
-            advance(group, logits)
-            continue
-        running.sort(key=lambda s: s.slot)
-        batch = list(running)
-        ids = torch.tensor([[s.generated[-1]] for s in batch])
-        pos = torch.tensor([[s.length - 1] for s in batch])
-        slots = torch.tensor([s.slot for s in batch])
-        logits = executor.forward(cache, ids, pos, slots, logit_rows=torch.zeros(len(batch), dtype=torch.long))
-        advance(batch, logits[:, 0])
+        for batch, logits in zip(batches, executor.forward_steps(cache, steps)):
+            advance(batch, logits[:, 0])
+    if hasattr(cache, "free"):
+        cache.free()
     return results  # type: ignore[return-value]
 
 
-def _prefill(executor, cache, group: list[_Sequence]) -> torch.Tensor:
+def _decode_step(batch: list[_Sequence]) -> Step:
+    return Step(torch.tensor([[s.generated[-1]] for s in batch]), torch.tensor([[s.length - 1] for s in batch]),
+                torch.tensor([s.slot for s in batch]), torch.zeros(len(batch), dtype=torch.long))
+
+
+def _prefill_step(group: list[_Sequence]) -> Step:
     longest = max(len(s.prompt_ids) for s in group)
     ids = torch.zeros(len(group), longest, dtype=torch.long)
     for r, s in enumerate(group):
         ids[r, : len(s.prompt_ids)] = torch.tensor(s.prompt_ids)
     pos = torch.arange(longest).expand(len(group), longest)
-    slots = torch.tensor([s.slot for s in group])
-    last = torch.tensor([len(s.prompt_ids) - 1 for s in group])
-    return executor.forward(cache, ids, pos, slots, logit_rows=last)[:, 0]
+    return Step(ids, pos, torch.tensor([s.slot for s in group]),
+                torch.tensor([len(s.prompt_ids) - 1 for s in group]))
 
 
 class _StopChecker:

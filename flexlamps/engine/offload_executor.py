@@ -1,0 +1,198 @@
+"""The offload executor: weights and KV cache spread over gpu / cpu / disk as a `Policy` says,
+run in FlexGen's zig-zag order.
+
+One call runs a list of micro-batches (prefills and decodes mixed) through the model layer by
+layer: while layer j computes on every micro-batch, layer j+1's weights load on a worker
+thread, so each layer's I/O is paid once per sweep for the whole block and hidden behind
+compute. Results equal the in-memory executor's exactly (same ops on the same values);
+compressed weights or cache are within the quantization error.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from flexlamps.engine.step import Step
+from flexlamps.engine.placement_map import cache_tiers, weight_tiers
+from flexlamps.engine.tiered_cache import TieredKVCache
+from flexlamps.models.forward import forward_for
+from flexlamps.models.weight_specs import weight_specs
+from offload import DiskFolder, TierBudget, TieredStore, compute_device
+
+
+@dataclass
+class SweepProfile:
+    """Per-layer wall time against its I/O wait and compute, for the overlap report."""
+    layer_s: list[float] = field(default_factory=list)
+    io_wait_s: list[float] = field(default_factory=list)
+    compute_s: list[float] = field(default_factory=list)
+    io_s: list[float] = field(default_factory=list)
+
+
+def _bytes_per(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class OffloadExecutor:
+    def __init__(self, reader, policy, *, gpu_mem: int, cpu_mem: int, offload_dir=None,
+                 dtype: torch.dtype = torch.float32, device: torch.device | None = None, verify_disk: bool = True):
+        self.cfg = cfg = reader.config
+        self.dtype = dtype
+        self.policy = policy
+        self.device = device or compute_device()
+        self.fwd = forward_for(cfg)
+        self.budgets = {"gpu": TierBudget("gpu", gpu_mem), "cpu": TierBudget("cpu", cpu_mem)}
+        self.qcfg = self.kv_qcfg = None
+        if policy.compress_weight or policy.compress_cache:
+            import dataclasses
+
+            from quant import KV_CACHE_DEFAULT, WEIGHT_DEFAULT
+
+            size = dict(bits=policy.compression.num_bits, group_size=policy.compression.group_size)
+            self.qcfg = dataclasses.replace(WEIGHT_DEFAULT, **size)  # weights: groups along output channels
+            self.kv_qcfg = dataclasses.replace(KV_CACHE_DEFAULT, **size)  # cache: along the head dim
+        self.specs = weight_specs(cfg)
+        self.tiers = weight_tiers(cfg, policy.weights)
+        disk = None
+        if "disk" in self.tiers.values():
+            if offload_dir is None:
+                raise ValueError("the policy puts weights on disk; give an offload folder (--offload-dir)")
+            # the folder's contents depend on the model, the dtype, the weight split and compression
+            owner = f"{reader.fingerprint()}|{dtype}|{policy.weights!r}|{policy.compress_weight}|{self.qcfg!r}"
+            disk = DiskFolder(offload_dir, fingerprint=_stable_hash(owner))
+        self.store = TieredStore(self.budgets, disk, self.device)
+        self.reused_disk = False
+        self._place_weights(reader, disk, verify_disk)
+        self.global_names = [s.name for s in self.specs if s.layer is None]
+        self.layer_names = [[s.name for s in self.specs if s.layer == i] for i in range(cfg.num_layers)]
+        self.local = {s.name: s.local_name for s in self.specs}
+        self.profile: SweepProfile | None = None
+
+    # -- setup ------------------------------------------------------------------------------
+    def _compressible(self, spec) -> bool:
+        return self.policy.compress_weight and spec.role == "linear"
+
+    def _place_weights(self, reader, disk: DiskFolder | None, verify: bool) -> None:
+        from_disk = []
+        if disk is not None:
+            disk_specs = [s for s in self.specs if self.tiers[s.name] == "disk"]
+            expected_bytes = sum(s.numel for s in disk_specs) * _bytes_per(self.dtype)
+            disk.check_writable(expected_bytes)
+            names = self._disk_part_names(disk_specs)
+            self.reused_disk = disk.try_reuse(names, verify=verify)
+            if not self.reused_disk:
+                disk.clear()
+            from_disk = disk_specs if self.reused_disk else []
+        skip = {s.name for s in from_disk}
+        for spec in self.specs:
+            tier = self.tiers[spec.name]
+            if spec.name in skip:
+                self.store.adopt_disk(spec.name, compressed=self._compressible(spec))
+                continue
+            w = reader.read(spec, self.dtype)
+            if self._compressible(spec):
+                from quant import quantize
+
+                w = quantize(w, self.qcfg)
+            self.store.put(spec.name, w, tier)
+        if disk is not None and not self.reused_disk:
+            disk.commit()
+
+    def _disk_part_names(self, disk_specs) -> set[str]:
+        names = set()
+        for s in disk_specs:
+            if self._compressible(s):
+                names |= {f"{s.name}::codes", f"{s.name}::scales", f"{s.name}::meta", f"{s.name}::mins"}
+            else:
+                names.add(s.name)
+        return names
+
+    def new_cache(self, num_slots: int, capacity: int) -> TieredKVCache:
+        return TieredKVCache(self.cfg, num_slots, capacity, self.dtype, cache_tiers(self.cfg.num_layers, self.policy.cache),
+                             self.budgets, self.device, cpu_attention=self.policy.cpu_attention,
+                             compress=self.kv_qcfg if self.policy.compress_cache else None)
+
+    # -- running ----------------------------------------------------------------------------
+    def _layer_weights(self, fetched: dict) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, w in fetched.items():
+            if not isinstance(w, torch.Tensor):  # a quant.QTensor: decompressed here, one layer at a time
+                w = w.dequantize(dtype=self.dtype, device=self.device)
+            out[self.local[name]] = w
+        return out
+
+    def _workspace_bytes(self, step: Step, span: int) -> int:
+        """Compute scratch for one micro-batch (MLP, qkv, scores, logits), charged while it runs."""
+        cfg = self.cfg
+        n, t = step.input_ids.shape
+        per_token = 2 * cfg.intermediate_size + cfg.q_size + 2 * cfg.kv_size + 3 * cfg.hidden_size
+        scores = n * cfg.num_heads * t * span
+        logit_tokens = n if step.logit_rows is not None else n * t
+        return (n * t * per_token + scores) * _bytes_per(self.dtype) + logit_tokens * cfg.vocab_size * 4
+
+    @torch.inference_mode()
+    def forward_steps(self, cache: TieredKVCache, steps: list[Step], profile: bool = False) -> list[torch.Tensor]:
+        cfg, fwd, store = self.cfg, self.fwd, self.store
+        prof = SweepProfile() if profile else None
+        glob_fetched, glob_staged = store.fetch(self.global_names)
+        glob = self._layer_weights(glob_fetched)
+        act_tier = "cpu" if self.policy.activations.cpu > 0.5 else "gpu"
+        hidden, ctxs, act_bytes = [], [], 0
+        try:
+            for s in steps:
+                x = fwd.embed(glob, s.input_ids.to(self.device), s.positions.to(self.device))
+                nb = x.numel() * x.element_size()
+                self.budgets[act_tier].allocate(nb, f"activations ({act_tier})")
+                act_bytes += nb
+                hidden.append(x.to("cpu") if act_tier == "cpu" else x)
+                ctxs.append(fwd.step_context(s.positions.to(self.device), self.dtype))
+            spans = [int(s.positions.max()) + 1 for s in steps]
+            pending = store.fetch_async(self.layer_names[0]) if cfg.num_layers else None
+            for j in range(cfg.num_layers):
+                t0 = time.perf_counter()
+                fetched, staged = pending.result()
+                t_io = time.perf_counter()
+                pending = store.fetch_async(self.layer_names[j + 1]) if j + 1 < cfg.num_layers else None
+                try:
+                    w = self._layer_weights(fetched)
+                    for k, s in enumerate(steps):
+                        ws = self._workspace_bytes(s, spans[k])
+                        self.budgets["gpu"].allocate(ws, "compute workspace")
+                        try:
+                            x = hidden[k].to(self.device)
+                            x = fwd.layer(w, x, ctxs[k], cache.attend_fn(j, s.slots, s.positions))
+                            hidden[k] = x.to("cpu") if act_tier == "cpu" else x
+                        finally:
+                            self.budgets["gpu"].free(ws)
+                finally:
+                    store.release(staged)
+                if prof is not None:
+                    t1 = time.perf_counter()
+                    prof.layer_s.append(t1 - t0)
+                    prof.io_wait_s.append(t_io - t0)
+                    prof.compute_s.append(t1 - t_io)
+            outs = []
+            for k, s in enumerate(steps):
+                x = hidden[k].to(self.device)
+                if s.logit_rows is not None:
+                    x = x[torch.arange(x.shape[0]), s.logit_rows.to(self.device)][:, None]
+                outs.append(fwd.head(glob, x).float().cpu())
+            if prof is not None:
+                self.profile = prof
+            return outs
+        finally:
+            if act_bytes:
+                self.budgets[act_tier].free(act_bytes)
+            store.release(glob_staged)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _stable_hash(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()[:24]

@@ -1,0 +1,133 @@
+"""KV cache for the offload engine: each layer's cache lives on the tier the policy gives it,
+optionally 4-bit compressed (grouped along the head dim), with its bytes charged to that tier.
+
+Attention over a cache layer off the gpu tier either copies the rows it needs to the compute
+device (charged to the gpu budget while used) or, with `cpu_attention`, runs where the cache
+is, so only the queries and outputs move (FlexGen's choice for long caches).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from flexlamps.engine.kv_cache import _rows
+from flexlamps.models.config import ModelConfig
+from offload.budget import TierBudget
+
+
+def _nbytes(*ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+class _PackedKV:
+    """One layer's K or V as 4-bit codes + per-group step and min, per (slot, head, position)."""
+
+    def __init__(self, shape, dtype, device, cfg):
+        slots, heads, cap, d = shape
+        self.qcfg = cfg
+        self.groups = -(-d // cfg.group_size)
+        self.d = d
+        self.codes = torch.zeros((slots, heads, cap, d // 2), dtype=torch.uint8, device=device)
+        self.scales = torch.zeros((slots, heads, cap, self.groups), dtype=dtype, device=device)
+        self.mins = torch.zeros((slots, heads, cap, self.groups), dtype=dtype, device=device)
+        self.dtype = dtype
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.codes, self.scales, self.mins)
+
+    def write(self, slots, positions, new):  # new: (n, T, heads, d)
+        from quant.groupwise import quantize_grouped
+
+        n, t, h, d = new.shape
+        if d % 2:
+            raise ValueError("a compressed cache needs an even head_dim")
+        codes, step, mins = quantize_grouped(new.reshape(n * t * h, d, 1), self.qcfg)
+        # row-local split halves: byte j of a head vector holds codes j and j + d/2
+        codes = codes.reshape(n, t, h, d)
+        packed = codes[..., : d // 2] | (codes[..., d // 2:] << 4)
+        self.codes[slots[:, None], :, positions] = packed
+        self.scales[slots[:, None], :, positions] = step.reshape(n, t, h, self.groups).to(self.dtype)
+        self.mins[slots[:, None], :, positions] = mins.reshape(n, t, h, self.groups).to(self.dtype)
+
+    def read(self, slots, span) -> torch.Tensor:
+        codes = _rows(self.codes, slots, span)
+        n, h, s, _ = codes.shape
+        vals = torch.cat([codes & 15, codes >> 4], dim=-1).reshape(n, h, s, self.groups, -1)
+        scales = _rows(self.scales, slots, span)[..., None].float()
+        mins = _rows(self.mins, slots, span)[..., None].float()
+        return (vals.float() * scales + mins).reshape(n, h, s, self.d).to(self.dtype)
+
+
+class TieredKVCache:
+    def __init__(self, cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype,
+                 tiers: list[str], budgets: dict[str, TierBudget], device: torch.device,
+                 cpu_attention: bool = False, compress=None):
+        if "disk" in tiers:
+            raise ValueError("a KV cache on disk is not supported; give the cache gpu or cpu memory")
+        self.capacity, self.num_slots = capacity, num_slots
+        self.tiers, self.budgets = tiers, budgets
+        self.device, self.cpu_attention, self.compress = device, cpu_attention, compress
+        shape = (num_slots, cfg.num_kv_heads, capacity, cfg.head_dim)
+        self.k, self.v = [], []
+        self._charged: list[tuple[str, int]] = []
+        try:
+            for layer, tier in enumerate(tiers):
+                dev = device if tier == "gpu" else torch.device("cpu")
+                if compress is not None:
+                    k, v = _PackedKV(shape, dtype, dev, compress), _PackedKV(shape, dtype, dev, compress)
+                    n = k.nbytes + v.nbytes
+                else:
+                    per = num_slots * cfg.num_kv_heads * capacity * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
+                    n = 2 * per
+                budgets[tier].allocate(n, f"KV cache layer {layer} ({tier})")
+                self._charged.append((tier, n))
+                if compress is None:
+                    k, v = torch.zeros(shape, dtype=dtype, device=dev), torch.zeros(shape, dtype=dtype, device=dev)
+                self.k.append(k)
+                self.v.append(v)
+        except BaseException:
+            self.free()
+            raise
+
+    def free(self) -> None:
+        for tier, n in self._charged:
+            self.budgets[tier].free(n)
+        self._charged = []
+        self.k, self.v = [], []
+
+    def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor):
+        return lambda q, k, v: self.attend(layer, slots, positions, q, k, v)
+
+    def attend(self, layer, slots, positions, q, k, v) -> torch.Tensor:
+        n, t, heads, d = q.shape
+        kc, vc = self.k[layer], self.v[layer]
+        home = torch.device("cpu") if self.tiers[layer] != "gpu" else self.device
+        slots_h, pos_h = slots.to(home), positions.to(home)
+        span = int(positions.max()) + 1
+        if self.compress is not None:
+            kc.write(slots_h, pos_h, k.to(home))
+            vc.write(slots_h, pos_h, v.to(home))
+            keys, values = kc.read(slots_h, span), vc.read(slots_h, span)
+        else:
+            kc[slots_h[:, None], :, pos_h] = k.to(home)
+            vc[slots_h[:, None], :, pos_h] = v.to(home)
+            keys, values = _rows(kc, slots_h, span), _rows(vc, slots_h, span)
+        staged = 0
+        where = home
+        if self.tiers[layer] != "gpu" and not self.cpu_attention:
+            # bring this micro-batch's rows to the compute device for attention
+            staged = _nbytes(keys, values)
+            self.budgets["gpu"].allocate(staged, f"KV cache layer {layer} rows staged for attention")
+            keys, values = keys.to(self.device, copy=True), values.to(self.device, copy=True)
+            where = self.device
+        try:
+            qd = q.to(where)
+            mask = torch.arange(span, device=where)[None, None, :] <= positions.to(where)[:, :, None]
+            out = F.scaled_dot_product_attention(qd.transpose(1, 2), keys, values, attn_mask=mask[:, None],
+                                                 enable_gqa=heads != keys.shape[1])
+        finally:
+            if staged:
+                self.budgets["gpu"].free(staged)
+        return out.transpose(1, 2).reshape(n, t, heads * d).to(self.device)

@@ -1,0 +1,131 @@
+"""`TieredStore`: named tensors on the gpu / cpu / disk tiers, fetched to the compute device.
+
+A fetch of a tensor that lives off the gpu tier makes a staged copy on the compute device,
+charged to the gpu budget until `release`; fetches run on worker threads so the next
+layer's weights load while this one computes. Compressed tensors (`quant.QTensor`) are
+stored and moved compressed, as their component tensors.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+import torch
+
+from offload.budget import TierBudget
+from offload.disk import DiskFolder
+
+TIERS = ("gpu", "cpu", "disk")
+_SEP = "::"
+
+
+def compute_device() -> torch.device:
+    """The device of the `gpu` tier: CUDA when present, else the CPU (budget still enforced)."""
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class TieredStore:
+    def __init__(self, budgets: dict[str, TierBudget], disk: DiskFolder | None = None,
+                 device: torch.device | None = None, io_workers: int = 2):
+        self.budgets = budgets
+        self.disk = disk
+        self.device = device or compute_device()
+        self._tier: dict[str, str] = {}
+        self._resident: dict[str, torch.Tensor] = {}
+        self._qparts: dict[str, list[str]] = {}  # compressed tensor -> its component names
+        self._pool = ThreadPoolExecutor(max_workers=io_workers, thread_name_prefix="flexlamps-io")
+
+    # -- placement ---------------------------------------------------------------------------
+    def put(self, name: str, value, tier: str, *, write_disk: bool = True) -> None:
+        """Place `value` (a tensor or a QTensor) on `tier`. `write_disk=False` adopts a disk
+        copy already present in a reused offload folder."""
+        if tier not in TIERS:
+            raise ValueError(f"unknown tier {tier!r}; tiers are {', '.join(TIERS)}")
+        if hasattr(value, "to_tensors"):  # a quant.QTensor: store its parts
+            parts = value.to_tensors(prefix=name + _SEP)
+            self._qparts[name] = list(parts)
+            for part, t in parts.items():
+                self._put_plain(part, t, tier, write_disk)
+            self._tier[name] = tier
+            return
+        self._put_plain(name, value, tier, write_disk)
+
+    def _put_plain(self, name: str, t: torch.Tensor, tier: str, write_disk: bool) -> None:
+        self._tier[name] = tier
+        if tier == "disk":
+            if self.disk is None:
+                raise ValueError(f"{name} is placed on disk but no offload folder was given (--offload-dir)")
+            if write_disk:
+                self.disk.write(name, t)
+            return
+        self.budgets[tier].allocate(_nbytes(t), f"{name} ({tier} resident)")
+        dev = self.device if tier == "gpu" else torch.device("cpu")
+        t = t.to(dev)
+        if tier == "cpu" and self.device.type == "cuda":
+            t = t.pin_memory()  # pinned host memory: async, full-bandwidth H2D copies
+        self._resident[name] = t
+
+    def adopt_disk(self, name: str, compressed: bool) -> None:
+        """Register a tensor already in the (reused) offload folder without rewriting it."""
+        if compressed:
+            parts = [f"{name}{_SEP}{p}" for p in ("codes", "scales", "meta", "mins")]
+            self._qparts[name] = [p for p in parts if p in self.disk.index]
+            for p in self._qparts[name]:
+                self._tier[p] = "disk"
+        self._tier[name] = "disk"
+
+    def tier_of(self, name: str) -> str:
+        return self._tier[name]
+
+    # -- fetching ----------------------------------------------------------------------------
+    def fetch(self, names: list[str]) -> tuple[dict[str, object], int]:
+        """Tensors for `names` on the compute device, and the staged bytes charged to the gpu
+        budget (to hand back with `release`)."""
+        out, staged = {}, 0
+        try:
+            for name in names:
+                if name in self._qparts:
+                    from quant import QTensor
+
+                    parts = {}
+                    for part in self._qparts[name]:
+                        parts[part], b = self._fetch_plain(part)
+                        staged += b
+                    out[name] = QTensor.from_tensors(parts, prefix=name + _SEP)
+                else:
+                    out[name], b = self._fetch_plain(name)
+                    staged += b
+        except BaseException:
+            self.release(staged)
+            raise
+        return out, staged
+
+    def _fetch_plain(self, name: str) -> tuple[torch.Tensor, int]:
+        tier = self._tier[name]
+        if tier == "gpu":
+            return self._resident[name], 0
+        if tier == "cpu":
+            src = self._resident[name]
+            n = _nbytes(src)
+            self.budgets["gpu"].allocate(n, f"staging {name}")
+            # a real transfer on CUDA; on a CPU-only box a copy, so the accounting stays honest
+            return src.to(self.device, non_blocking=True, copy=True), n
+        shape, dtype = self.disk.spec(name)
+        buf = torch.empty(shape, dtype=dtype)
+        n = _nbytes(buf)
+        self.budgets["gpu"].allocate(n, f"staging {name}")
+        self.disk.read_into(name, buf)
+        return buf.to(self.device, non_blocking=True), n
+
+    def fetch_async(self, names: list[str]) -> Future:
+        return self._pool.submit(self.fetch, names)
+
+    def release(self, staged_bytes: int) -> None:
+        if staged_bytes:
+            self.budgets["gpu"].free(staged_bytes)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)

@@ -1,0 +1,154 @@
+"""The offload executor equals the plain in-memory one for every tier mix, within honest budgets."""
+
+import pytest
+import torch
+
+from flexlamps.engine.executor import InMemoryExecutor
+from flexlamps.engine.generate import generate
+from flexlamps.engine.offload_executor import OffloadExecutor
+from flexlamps.engine.sampling import SamplingParams
+from flexlamps.engine.step import Step
+from flexlamps.models.checkpoint import read_all
+from flexlamps.models.registry import open_checkpoint
+from offload import BudgetExceededError
+from placement import Policy, TierSplit
+
+GiB = 2**30
+ALL_GPU = TierSplit(gpu=1, cpu=0, disk=0)
+MIXES = {
+    "all_gpu": dict(weights=ALL_GPU, cache=ALL_GPU, activations=ALL_GPU),
+    "weights_half_cpu": dict(weights=TierSplit(gpu=0.5, cpu=0.5, disk=0), cache=ALL_GPU, activations=ALL_GPU),
+    "weights_mostly_disk": dict(weights=TierSplit(gpu=0.1, cpu=0.1, disk=0.8), cache=ALL_GPU, activations=ALL_GPU),
+    "cache_cpu_cpu_attention": dict(weights=ALL_GPU, cache=TierSplit(gpu=0, cpu=1, disk=0), activations=ALL_GPU,
+                                    cpu_attention=True),
+    "cache_cpu_staged": dict(weights=ALL_GPU, cache=TierSplit(gpu=0.5, cpu=0.5, disk=0), activations=ALL_GPU),
+    "activations_cpu": dict(weights=TierSplit(gpu=0.3, cpu=0.7, disk=0), cache=ALL_GPU,
+                            activations=TierSplit(gpu=0, cpu=1, disk=0)),
+}
+PROMPTS = ["hello world", "the quick brown fox jumps over", "numbers 1 2 3 4 5", "a"]
+
+
+def _policy(mix, **kw):
+    return Policy(gpu_batch_size=2, num_gpu_batches=2, **MIXES[mix], **kw)
+
+
+@pytest.fixture(scope="module")
+def reader(tiny_models):
+    return open_checkpoint(tiny_models["llama_gqa"])
+
+
+@pytest.fixture(scope="module")
+def plain(reader):
+    return InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32)
+
+
+def _steps(reader):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, reader.config.vocab_size, (4, 12), generator=g)
+    return [Step(ids[:2], torch.arange(12).expand(2, 12), torch.tensor([0, 1])),
+            Step(ids[2:, :7], torch.arange(7).expand(2, 7), torch.tensor([2, 3]))]
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
+def test_tier_mix_equals_plain_engine(reader, plain, mix, tmp_path):
+    ex = OffloadExecutor(reader, _policy(mix), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
+    steps = _steps(reader)
+    ref_cache, cache = plain.new_cache(4, 16), ex.new_cache(4, 16)
+    ref = plain.forward_steps(ref_cache, steps)
+    got = ex.forward_steps(cache, steps)
+    for a, b in zip(ref, got):
+        assert (a - b).abs().max().item() <= 1e-5
+    cache.free()
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (6, 3, 8, 5)]
+    ids = [reader.tokenizer.encode(p) for p in PROMPTS]
+    expected = [o.token_ids for o in generate(plain, reader.tokenizer, ids, params, max_batch=3)]
+    got = [o.token_ids for o in generate(ex, reader.tokenizer, ids, params, max_batch=3, micro_batch=2)]
+    assert got == expected
+    assert ex.budgets["gpu"].peak_bytes <= GiB and ex.budgets["gpu"].used_bytes == sum(
+        t.numel() * t.element_size() for n, t in ex.store._resident.items() if ex.store.tier_of(n) == "gpu")
+    ex.close()
+
+
+def test_weights_on_disk_really_leave_memory(reader, tmp_path):
+    ex = OffloadExecutor(reader, _policy("weights_mostly_disk"), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
+    on_disk = [n for n, t in ex.tiers.items() if t == "disk"]
+    assert on_disk and all(n not in ex.store._resident for n in on_disk)
+    assert (tmp_path / "off" / "index.json").exists()
+    ex.close()
+
+
+def test_offload_folder_is_reused_and_damage_detected(reader, tmp_path):
+    folder = tmp_path / "off"
+    first = OffloadExecutor(reader, _policy("weights_mostly_disk"), gpu_mem=GiB, cpu_mem=GiB, offload_dir=folder)
+    assert not first.reused_disk
+    second = OffloadExecutor(reader, _policy("weights_mostly_disk"), gpu_mem=GiB, cpu_mem=GiB, offload_dir=folder)
+    assert second.reused_disk
+    victim = next(folder.glob("*.dat"))
+    data = bytearray(victim.read_bytes())
+    data[0] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    third = OffloadExecutor(reader, _policy("weights_mostly_disk"), gpu_mem=GiB, cpu_mem=GiB, offload_dir=folder)
+    assert not third.reused_disk  # checksum mismatch: rebuilt, not used
+    other = OffloadExecutor(reader, _policy("weights_half_cpu", ), gpu_mem=GiB, cpu_mem=GiB, offload_dir=folder)
+    assert other.store.disk is None  # no disk share: folder untouched
+    fourth = OffloadExecutor(reader, Policy(gpu_batch_size=1, num_gpu_batches=1, weights=TierSplit(gpu=0, cpu=0.2, disk=0.8),
+                                            cache=ALL_GPU, activations=ALL_GPU),
+                             gpu_mem=GiB, cpu_mem=GiB, offload_dir=folder)
+    assert not fourth.reused_disk  # a different split is a stale folder
+    for ex in (first, second, third, other, fourth):
+        ex.close()
+
+
+def test_gpu_budget_is_enforced(reader, tmp_path):
+    with pytest.raises(BudgetExceededError, match="gpu tier budget exceeded"):
+        OffloadExecutor(reader, _policy("all_gpu"), gpu_mem=10_000, cpu_mem=GiB)
+
+
+def test_budget_too_small_for_a_step_raises(reader, tmp_path):
+    total = sum(s.numel for s in __import__("flexlamps.models.weight_specs", fromlist=["x"]).weight_specs(reader.config)) * 4
+    ex = OffloadExecutor(reader, _policy("weights_mostly_disk"), gpu_mem=int(total * 0.25), cpu_mem=GiB,
+                         offload_dir=tmp_path / "off")
+    cache = ex.new_cache(4, 16)
+    big = Step(torch.ones(4, 2000, dtype=torch.long), torch.arange(2000).expand(4, 2000), torch.arange(4))
+    with pytest.raises(BudgetExceededError):
+        ex.forward_steps(cache, [big])
+    assert ex.budgets["gpu"].used_bytes == sum(
+        t.numel() * t.element_size() for n, t in ex.store._resident.items() if ex.store.tier_of(n) == "gpu") + sum(
+        n for tier, n in cache._charged if tier == "gpu")
+    ex.close()
+
+
+def test_compressed_weights_equal_plain_engine_on_dequantized_weights(reader, tmp_path):
+    """Weights stay compressed on every tier and are decompressed per layer: the result must be
+    exactly the plain engine's on the same (dequantized) weights."""
+    from quant import dequantize, quantize
+
+    ex = OffloadExecutor(reader, _policy("weights_mostly_disk", compress_weight=True), gpu_mem=GiB, cpu_mem=GiB,
+                         offload_dir=tmp_path / "off")
+    lossy = {}
+    for spec in ex.specs:
+        w = reader.read(spec, torch.float32)
+        lossy[spec.name] = dequantize(quantize(w, ex.qcfg)) if spec.role == "linear" else w
+    plain = InMemoryExecutor(reader.config, lossy, torch.float32)
+    steps = _steps(reader)
+    ref = plain.forward_steps(plain.new_cache(4, 16), steps)
+    got = ex.forward_steps(ex.new_cache(4, 16), steps)
+    for a, b in zip(ref, got):
+        assert (a - b).abs().max().item() <= 1e-5
+    staged = sum(t.numel() * t.element_size() for n, t in ex.store._resident.items())
+    dense = sum(s.numel * 4 for s in ex.specs if ex.tiers[s.name] != "disk")
+    assert staged < dense  # compressed on the tiers, not just at compute time
+    ex.close()
+
+
+def test_compressed_cache_stays_close(reader, plain):
+    ex = OffloadExecutor(reader, _policy("all_gpu", compress_cache=True), gpu_mem=GiB, cpu_mem=GiB)
+    steps = _steps(reader)
+    ref = plain.forward_steps(plain.new_cache(4, 16), steps)
+    cache = ex.new_cache(4, 16)
+    got = ex.forward_steps(cache, steps)
+    dense_bytes = 2 * reader.config.num_layers * 4 * reader.config.kv_size * 16 * 4
+    assert sum(n for _, n in cache._charged) < 0.4 * dense_bytes
+    for a, b in zip(ref, got):
+        assert 0 < ((a - b).norm() / a.norm()).item() < 0.3
+    ex.close()
