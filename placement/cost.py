@@ -284,7 +284,9 @@ def _stage_peak_elements(model: ModelSpec, num_queries: int, num_keys: float) ->
     h = model.hidden_size
     scores = model.num_heads * min(num_queries, PREFILL_QUERY_CHUNK) * num_keys
     attention = num_queries * 4 * h + scores  # q, k, v, output + one chunk's scores
-    ffn = num_queries * (2 * h + 2 * model.intermediate_size)  # in, out, two FFN-wide buffers
+    # in, out, and the FFN-wide buffers: one for OPT (ReLU in place), gate and up otherwise
+    ffn_wide = 1 if model.arch == "opt" else 2
+    ffn = num_queries * (2 * h + ffn_wide * model.intermediate_size)
     return max(attention, ffn)
 
 
