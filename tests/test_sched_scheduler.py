@@ -8,8 +8,19 @@ from flexlamps.sched.policies import POLICIES, InferCept, LAMPS, Policy, make_po
 from flexlamps.sched.predictors import OraclePredictor
 from flexlamps.sched.request import Request, RequestSpec, Segment, Status, Strategy
 from flexlamps.sched.scheduler import Scheduler
+from flexlamps.sched.cost_model import CostModel
+from flexlamps.sched.scheduler import SchedulerConfig
 from flexlamps.sim.simulator import Simulator
-from tests.sched_workloads import small_cost, synthetic_specs, tight_config
+from flexlamps.sim.synthetic import synthetic_specs
+
+
+def small_cost():
+    return CostModel.gptj6b_a100()
+
+
+def tight_config(gpu_blocks=64, cpu_blocks=16, block_size=8, max_tokens=256, max_seqs=16):
+    return SchedulerConfig(num_gpu_blocks=gpu_blocks, num_cpu_blocks=cpu_blocks, block_size=block_size,
+                           max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens)
 
 
 class Forced(Policy):
