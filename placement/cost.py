@@ -283,7 +283,7 @@ def _stage_peak_elements(model: ModelSpec, num_queries: int, num_keys: float) ->
     """Elements alive at the larger of the attention and FFN stages, per sequence."""
     h = model.hidden_size
     scores = model.num_heads * min(num_queries, PREFILL_QUERY_CHUNK) * num_keys
-    attention = num_queries * 4 * h + scores  # q, k, v, output + one chunk's scores
+    attention = num_queries * 4 * h + scores  # q, k (the new cache), v, output + scores
     # in, out, and the FFN-wide buffers: one for OPT (ReLU in place), gate and up otherwise
     ffn_wide = 1 if model.arch == "opt" else 2
     ffn = num_queries * (2 * h + ffn_wide * model.intermediate_size)
@@ -317,7 +317,6 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
 
     gpu_prefill = resident(hidden_p, True).plus(gpu_working(s))
     gpu_prefill.add(db * gbs * _stage_peak_elements(model, s, s))
-    gpu_prefill.add(gbs * s * sz.cache_fp16)  # this micro-batch's new cache before it is stored
     gpu_decode = resident(hidden_g, True).plus(gpu_working(1))
     gpu_decode.add(db * gbs * _stage_peak_elements(model, 1, full_entries))
     if not choice.cpu_attention:  # double-buffered off-GPU cache of one micro-batch
