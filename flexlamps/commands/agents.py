@@ -1,0 +1,176 @@
+"""`flexlamps agents`: augmented requests (API-call pauses) on the real engine, per policy."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from flexlamps.commands.options import model_options
+from flexlamps.commands.simulate import _floats, _policies, _write_json
+
+_HELP = """Run augmented requests from an INFERCEPT-format TRACE on the real engine (paged KV cache,
+continuous batching) under each policy, and print per policy: end-to-end latency (mean, p50,
+p99), TTFT, normalized latency ((E2E - API time) / output tokens) and throughput. Writes
+summary.json and PNG plots (latency CDF, latency vs load) to OUT.
+
+The trace is scaled down so a CPU runs it in minutes: NUM_REQUESTS requests are drawn from its
+templates with Poisson arrivals at each QPS (in wall-clock seconds); prompts are cut to
+--max-prompt tokens, each segment's output to --max-output, each call's returned tokens to
+--max-api-tokens, the whole context to --max-context (the segment that would cross it ends the
+request); API durations are multiplied by --time-scale and really waited for. Prompt and
+returned tokens are deterministic filler ids per template (text segments are counted with
+the model's tokenizer); outputs are the model's greedy tokens.
+
+The gpu tier holds --gpu-kv-mem of KV blocks and the cpu tier --cpu-swap-mem of swap space;
+make the gpu pool small next to the offered load so the policies' memory choices matter.
+The scheduler's cost model (prefill / decode / swap cost) is measured on this machine first."""
+
+
+def _size(ctx, param, value):
+    from placement.units import parse_bytes
+
+    if str(value).strip() in ("0", "0B"):
+        return 0
+    try:
+        return parse_bytes(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e))
+
+
+@click.command("agents", help=_HELP)
+@model_options
+@click.option("--trace", "trace_path", required=True, type=click.Path(dir_okay=False),
+              help="INFERCEPT-format trace, e.g. ../shared/data/augmented/merged_exp_uniform.json")
+@click.option("--policies", default="lamps,infercept,fcfs", callback=_policies, show_default=True,
+              help="comma-separated: fcfs, infercept, sjf, lamps, mlfq, vtc")
+@click.option("--qps", default="0.5", callback=_floats, show_default=True,
+              help="comma-separated arrival rates (requests per wall-clock second)")
+@click.option("--num-requests", default=16, show_default=True, help="requests drawn from the trace per load")
+@click.option("--time-scale", default=0.1, show_default=True,
+              help="wall seconds waited per trace second of API time")
+@click.option("--max-context", default=512, show_default=True, help="tokens per request at most")
+@click.option("--max-prompt", default=96, show_default=True, help="prompt tokens at most")
+@click.option("--max-output", default=24, show_default=True, help="tokens decoded per segment at most")
+@click.option("--max-api-tokens", default=24, show_default=True, help="tokens a call returns at most")
+@click.option("--gpu-kv-mem", default="24MiB", callback=_size, show_default=True,
+              help="KV pool on the gpu tier (e.g. 24MiB); sets the number of blocks")
+@click.option("--cpu-swap-mem", default="8MiB", callback=_size, show_default=True,
+              help="swap space on the cpu tier (0 disables swapping)")
+@click.option("--block-size", default=16, show_default=True, help="tokens per KV block")
+@click.option("--max-num-seqs", default=16, show_default=True, help="requests per iteration at most")
+@click.option("--max-batched-tokens", default=256, show_default=True,
+              help="tokens per iteration at most (longer prefills and recomputes are chunked)")
+@click.option("--noise-sigma", default=0.0, show_default=True,
+              help="multiplicative Gaussian noise on the oracle predictions")
+@click.option("--seed", default=0, show_default=True, help="seed of the replay (templates drawn, arrivals)")
+@click.option("--threads", default=None, type=int, help="torch CPU threads [default: torch's choice]")
+@click.option("--verify", is_flag=True,
+              help="check every request's output against its uninterrupted generation (slower)")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="folder for summary.json and the PNG plots")
+@click.option("--no-plots", is_flag=True, help="skip the matplotlib plots")
+def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, max_context, max_prompt,
+            max_output, max_api_tokens, gpu_kv_mem, cpu_swap_mem, block_size, max_num_seqs,
+            max_batched_tokens, noise_sigma, seed, threads, verify, out_dir, no_plots):
+    import torch
+
+    from flexlamps.api import LLM
+    from flexlamps.engine.augmented_run import AgentsConfig, measure_cost
+    from flexlamps.engine.augmented_workload import TraceScale
+    from flexlamps.sim.trace import load_templates
+
+    if threads:
+        torch.set_num_threads(threads)
+    if num_requests < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--num-requests")
+    try:
+        llm = LLM(model, dtype=dtype)
+        if max_context > llm.config.max_position:
+            raise ValueError(f"--max-context {max_context} exceeds the model's context "
+                             f"({llm.config.max_position}); lower it")
+        scale = TraceScale(time_scale=time_scale, max_prompt=max_prompt, max_segment_output=max_output,
+                           max_api_tokens=max_api_tokens, max_context=max_context)
+        config = AgentsConfig(gpu_kv_bytes=gpu_kv_mem, cpu_swap_bytes=cpu_swap_mem, block_size=block_size,
+                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched_tokens,
+                              noise_sigma=noise_sigma, seed=seed)
+        templates = load_templates(trace_path, lambda text: len(llm.tokenizer.encode(text)),
+                                   max_model_len=1 << 30)  # capped below, by TraceScale
+    except ValueError as e:
+        raise click.ClickException(str(e))
+    os.makedirs(out_dir, exist_ok=True)
+    click.echo("measuring the cost model on this machine ...")
+    cost = measure_cost(llm, config, max_context)
+    results = _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, seed, verify)
+    _report(results, trace_path, out_dir, no_plots, dict(
+        model=model, dtype=dtype, trace=os.path.abspath(trace_path), num_requests=num_requests, seed=seed,
+        scale=scale.__dict__, config=config.to_json(), cost_model=cost.to_json()))
+
+
+def _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, seed, verify):
+    from tqdm import tqdm
+
+    from flexlamps.engine.augmented_reference import uninterrupted_tokens
+    from flexlamps.engine.augmented_run import run_policy_on_engine
+    from flexlamps.engine.augmented_workload import scale_spec, tokenize_requests
+    from flexlamps.sim.metrics import summarize
+    from flexlamps.sim.trace import replay
+
+    cfg = llm.config
+    special = set(cfg.eos_token_ids) | {t for t in (cfg.bos_token_id,) if t is not None}
+    results = []
+    for load in qps:
+        specs = [scale_spec(s, scale) for s in replay(templates, load, seed=seed, num_requests=num_requests)]
+        pool_tokens = cost.gpu_kv_tokens
+        if scale.max_context >= pool_tokens:
+            raise click.ClickException(f"--max-context {scale.max_context} does not fit the gpu KV pool "
+                                       f"({pool_tokens} tokens); raise --gpu-kv-mem or lower --max-context")
+        requests = tokenize_requests(specs, cfg.vocab_size, special)
+        expected = {r.spec.request_id: uninterrupted_tokens(llm.executor, r) for r in requests} if verify else None
+        for policy in policies:
+            with tqdm(total=len(requests), desc=f"{policy} qps {load:g}", unit="req", leave=False) as bar:
+                res = run_policy_on_engine(llm, requests, policy, config, cost, on_finish=lambda rec: bar.update())
+            mismatched = None
+            if expected is not None:
+                mismatched = sorted(rid for rid, toks in res.tokens.items() if toks != expected[rid])
+            summary = summarize(res.records, policy, load, res.end_time)
+            results.append((summary, res, mismatched))
+    return results
+
+
+def _report(results, trace_path, out_dir, no_plots, meta: dict) -> None:
+    header = (f"{'policy':10s} {'qps':>5s} {'n':>4s} {'E2E mean':>9s} {'p50':>7s} {'p99':>7s} "
+              f"{'TTFT mean':>9s} {'p50':>7s} {'p99':>7s} {'norm s/tok':>10s} {'req/s':>6s} {'tok/s':>6s} "
+              f"{'recomp':>6s} {'swap':>5s} {'P/S/D calls':>12s}")
+    click.echo(header)
+    rows = []
+    for s, res, mismatched in results:
+        st = res.stats
+        calls = "/".join(str(st.strategies[k]) for k in ("preserve", "swap", "discard"))
+        click.echo(f"{s.policy:10s} {s.qps:5g} {s.num_requests:4d} {s.e2e_mean:9.2f} {s.e2e_p50:7.2f} "
+                   f"{s.e2e_p99:7.2f} {s.ttft_mean:9.3f} {s.ttft_p50:7.3f} {s.ttft_p99:7.2f} "
+                   f"{s.norm_mean:10.4f} {s.throughput_rps:6.3f} {s.throughput_tps:6.1f} "
+                   f"{st.recompute_tokens:6d} {st.swap_tokens:5d} {calls:>12s}")
+        rows.append({"summary": s.to_json(), "stats": st.__dict__,
+                     "records": [r.__dict__ for r in res.records],
+                     "exact": None if mismatched is None else not mismatched,
+                     "mismatched": mismatched})
+    for s, _, mismatched in results:
+        if mismatched:
+            click.echo(f"{s.policy} qps {s.qps:g}: {len(mismatched)} outputs differ from the uninterrupted "
+                       f"generation: {', '.join(mismatched[:5])}", err=True)
+    _write_json(os.path.join(out_dir, "summary.json"), {**meta, "results": rows})
+    if not no_plots:
+        from flexlamps.sim.plots import plot_cdf, plot_vs_load
+
+        name = os.path.basename(trace_path)
+        by_load: dict[float, dict[str, list[float]]] = {}
+        for s, res, _ in results:
+            by_load.setdefault(s.qps, {})[s.policy] = [r.e2e for r in res.records]
+        for load, by_policy in by_load.items():
+            plot_cdf(by_policy, f"E2E CDF (real engine), {name}, qps {load:g}",
+                     os.path.join(out_dir, f"cdf_qps{load:g}.png"))
+        plot_vs_load([s for s, _, _ in results], os.path.join(out_dir, "latency_vs_load.png"), name)
+    click.echo(f"wrote {out_dir}/summary.json" + ("" if no_plots else " and PNG plots"))
+    if any(m for _, _, m in results):
+        raise click.ClickException("some outputs differ from their uninterrupted generation (see above)")

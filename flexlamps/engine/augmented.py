@@ -1,0 +1,266 @@
+"""The augmented (LAMPS) face of the engine: continuous batching over requests that pause for
+API calls, with the KV cache in fixed-size blocks (`PagedKVCache`).
+
+One iteration:
+
+    out = scheduler.schedule(now)                      # block ids and token counts only
+    cache: swap out -> zero discarded blocks -> swap in  # the moves `out` lists, in that order
+    forward: one micro-batch of every 1-token row (decodes), one per longer chunk
+             (prompt / returned API tokens / chunked recompute of a discarded cache)
+    sample (greedy) -> RunnerOutput(intercepted, finished) -> scheduler.update_from_output
+
+A request whose segment ends is intercepted: it sleeps for the segment's (scaled) API time in
+wall-clock time, then the call's returned tokens join its context and the scheduler resumes
+it. Whatever the scheduler did with its cache meanwhile (preserve / swap / discard), the
+engine only ever feeds `tokens[num_computed : num_computed + n]`, so the output equals an
+uninterrupted generation.
+
+Swap-outs come first because the blocks they vacate may already be granted (in the same
+SchedulerOutput) to a swap-in or to a growing request.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from flexlamps.engine.augmented_workload import TokenizedRequest, total_tokens
+from flexlamps.engine.paged_cache import PagedKVCache
+from flexlamps.sched.output import RunnerOutput, SchedulerOutput
+from flexlamps.sched.request import Request, Status
+from flexlamps.sched.scheduler import Scheduler
+from flexlamps.sim.simulator import RequestRecord, SimStats
+
+
+class WallClock:
+    """Seconds since the run started; idle waits really sleep."""
+
+    def __init__(self):
+        self._t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def sleep_until(self, t: float) -> None:
+        time.sleep(max(0.0, t - self.now()))
+
+    def end_iteration(self) -> None:
+        pass
+
+
+class StepClock:
+    """A deterministic clock for tests: each iteration takes `step_s`; waits jump ahead."""
+
+    def __init__(self, step_s: float = 0.01):
+        self.t, self.step_s = 0.0, step_s
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep_until(self, t: float) -> None:
+        self.t = max(self.t, t)
+
+    def end_iteration(self) -> None:
+        self.t += self.step_s
+
+
+@dataclass
+class AugmentedResult:
+    records: list[RequestRecord]
+    stats: SimStats
+    tokens: dict[str, list[int]] = field(default_factory=dict)  # full context of each finished request
+    end_time: float = 0.0
+
+
+class AugmentedEngine:
+    """Drives `scheduler` with a real model: `executor` runs forwards over `cache`.
+
+    Args:
+        executor: an executor with `.forward(cache, input_ids, positions, slots, logit_rows)`.
+        cache: the paged cache whose pools the scheduler's BlockManager counts.
+        scheduler: the same Scheduler the simulator drives (policy, predictor, cost model inside).
+        clock: WallClock (default) or StepClock.
+        check: run `scheduler.check_invariants()` and the engine's own checks every iteration.
+        on_iteration: called with the scheduler after every iteration (tests).
+        on_finish: called with each finished request's RequestRecord (progress bars).
+    """
+
+    def __init__(self, executor, cache: PagedKVCache, scheduler: Scheduler, clock=None,
+                 check: bool = False, on_iteration=None, on_finish=None):
+        bm = scheduler.bm
+        if (bm.num_gpu_blocks, bm.num_cpu_blocks, bm.block_size) != (
+                cache.num_gpu_blocks, cache.num_cpu_blocks, cache.block_size):
+            raise ValueError(f"paged cache ({cache.num_gpu_blocks} gpu / {cache.num_cpu_blocks} cpu blocks of "
+                             f"{cache.block_size}) and scheduler ({bm.num_gpu_blocks} / {bm.num_cpu_blocks} of "
+                             f"{bm.block_size}) disagree; build both from one SchedulerConfig")
+        self.executor, self.cache, self.sched = executor, cache, scheduler
+        self.clock = clock or WallClock()
+        self.check, self.on_iteration, self.on_finish = check, on_iteration, on_finish
+        self.stats = SimStats()
+        self._reqs: dict[str, TokenizedRequest] = {}
+        self._state: dict[str, Request] = {}  # scheduler objects, kept after they finish
+        self._tokens: dict[str, list[int]] = {}
+        self._tables: dict[str, list[int]] = {}  # last gpu table seen, to zero it when freed
+        self._returns: list[tuple[float, int, str]] = []  # (due time, seq, request id)
+        self._seq = 0
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self, requests: list[TokenizedRequest]) -> AugmentedResult:
+        arrivals = sorted(requests, key=lambda r: r.spec.arrival_time)
+        pool_tokens = self.cache.num_gpu_blocks * self.cache.block_size
+        for r in arrivals:
+            if r.spec.request_id in self._reqs:
+                raise ValueError(f"request id {r.spec.request_id!r} appears twice; ids must be unique")
+            if total_tokens(r.spec) >= pool_tokens:
+                raise ValueError(f"request {r.spec.request_id!r} grows to {total_tokens(r.spec)} tokens but the "
+                                 f"gpu KV pool holds {pool_tokens}; enlarge the pool or lower the context cap")
+            self._reqs[r.spec.request_id] = r
+        arrivals.reverse()  # pop from the end
+        records, finished_tokens = [], {}
+        sched, clock = self.sched, self.clock
+        while arrivals or self._returns or sched.running or sched.num_waiting or sched.paused:
+            now = clock.now()
+            while arrivals and arrivals[-1].spec.arrival_time <= now:
+                self._arrive(arrivals.pop())
+            while self._returns and self._returns[0][0] <= now:
+                _, _, rid = heapq.heappop(self._returns)
+                self._return_from_call(rid, now)
+            out = sched.schedule(now)
+            self._apply_moves(out)
+            if not (out.prefill or out.recompute or out.decode):
+                due = [t for t in (arrivals[-1].spec.arrival_time if arrivals else None,
+                                   self._returns[0][0] if self._returns else None) if t is not None]
+                if not due:
+                    raise RuntimeError("augmented engine: requests remain but nothing can be scheduled "
+                                       "(a request larger than the gpu pool?)")
+                clock.sleep_until(min(due))
+                continue
+            start = clock.now()
+            runner = self._forward_and_sample(out)
+            clock.end_iteration()
+            now = clock.now()
+            sched.update_from_output(out, runner, now, now - start)
+            self._count(out, now - start)
+            for rid in runner.intercepted:
+                self._intercepted(rid, now)
+            for rid in runner.finished:
+                records.append(self._record(rid, now))
+                if self.on_finish is not None:
+                    self.on_finish(records[-1])
+                finished_tokens[rid] = self._tokens.pop(rid)
+                self.cache.free(self._tables.pop(rid, ()))
+            if self.check:
+                self._check()
+            if self.on_iteration is not None:
+                self.on_iteration(sched)
+        self.stats.end_time = clock.now()
+        return AugmentedResult(records, self.stats, finished_tokens, self.stats.end_time)
+
+    # -- events --------------------------------------------------------------------------------
+    def _arrive(self, r: TokenizedRequest) -> None:
+        spec = r.spec
+        req = Request(spec.request_id, spec.arrival_time, spec.prompt_tokens,
+                      client_id=spec.client_id, kind=spec.kind)
+        self.sched.add_request(req)
+        self._state[spec.request_id] = req
+        self._tokens[spec.request_id] = list(r.prompt_ids)
+
+    def _intercepted(self, rid: str, now: float) -> None:
+        req = self.sched.paused[rid]
+        seg = self._reqs[rid].spec.segments[req.segment_index]
+        self.stats.strategies[req.strategy.value] += 1
+        self._seq += 1
+        heapq.heappush(self._returns, (now + seg.api_time, self._seq, rid))
+
+    def _return_from_call(self, rid: str, now: float) -> None:
+        req = self.sched.paused[rid]
+        returned = self._reqs[rid].returned_ids[req.segment_index]
+        self._tokens[rid].extend(returned)
+        self.sched.resume(rid, len(returned), now)
+
+    # -- cache moves ---------------------------------------------------------------------------
+    def _apply_moves(self, out: SchedulerOutput) -> None:
+        self.cache.swap_out(out.swap_out)
+        for rid in out.discarded:
+            self.cache.free(self._tables.pop(rid, ()))
+        for rid in out.swapped_out:
+            self._tables.pop(rid, None)
+        self.cache.swap_in(out.swap_in)
+        for rid, table in out.block_tables.items():
+            self._tables[rid] = list(table)
+
+    # -- forward -------------------------------------------------------------------------------
+    def _forward_and_sample(self, out: SchedulerOutput) -> RunnerOutput:
+        work = [(rid, 1) for rid in out.decode]
+        work += [(rid, out.prefill.get(rid, 0) + out.recompute.get(rid, 0))
+                 for rid in dict.fromkeys([*out.recompute, *out.prefill])]
+        singles = [w for w in work if w[1] == 1]
+        groups = ([singles] if singles else []) + [[w] for w in work if w[1] > 1]
+        last_logits: dict[str, torch.Tensor] = {}
+        for group in groups:
+            logits = self._forward(group, out)
+            for (rid, _), row in zip(group, logits):
+                last_logits[rid] = row
+        runner = RunnerOutput()
+        for rid in out.sampling:
+            token = int(last_logits[rid].argmax())
+            self._tokens[rid].append(token)
+            req = self._state[rid]
+            seg = self._reqs[rid].spec.segments[req.segment_index]
+            if req.segment_output + 1 >= seg.completion_tokens:
+                if seg.api_type:
+                    runner.intercepted[rid] = seg.api_type
+                else:
+                    runner.finished.add(rid)
+        return runner
+
+    def _forward(self, group: list[tuple[str, int]], out: SchedulerOutput) -> torch.Tensor:
+        """One micro-batch: rows of equal length n (all 1, or a single chunk). Returns the
+        logits (rows, vocab) at each row's last fed token."""
+        n = group[0][1]
+        ids, pos = [], []
+        for rid, _ in group:
+            start = self._state[rid].num_computed
+            toks = self._tokens[rid][start:start + n]
+            assert len(toks) == n, f"{rid}: {len(toks)} tokens to feed, scheduled {n}"
+            ids.append(toks)
+            pos.append(list(range(start, start + n)))
+        slots = self.cache.set_block_tables([out.block_tables[rid] for rid, _ in group])
+        device = self.cache.device
+        logits = self.executor.forward(self.cache, torch.tensor(ids, device=device),
+                                       torch.tensor(pos, device=device), slots,
+                                       torch.full((len(group),), n - 1, dtype=torch.long, device=device))
+        return logits[:, 0]
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    def _count(self, out: SchedulerOutput, seconds: float) -> None:
+        s = self.stats
+        s.iterations += 1
+        s.schedule_calls += 1
+        s.busy_s += seconds
+        s.prefill_tokens += sum(out.prefill.values())
+        s.recompute_tokens += sum(out.recompute.values())
+        s.decode_tokens += len(out.decode)
+        s.swap_tokens += out.swap_tokens
+        s.preemptions += len(out.preempted)
+
+    def _record(self, rid: str, now: float) -> RequestRecord:
+        req, spec = self._state[rid], self._reqs[rid].spec
+        return RequestRecord(
+            request_id=rid, kind=spec.kind, client_id=spec.client_id, arrival=spec.arrival_time,
+            first_token=req.first_token_time, finish=now, output_tokens=req.output_tokens,
+            api_seconds=spec.api_seconds, num_calls=sum(1 for s in spec.segments if s.api_type))
+
+    def _check(self) -> None:
+        self.sched.check_invariants()
+        bm = self.sched.bm
+        assert self.cache.gpu_pool_bytes == bm.num_gpu_blocks * self.cache.block_bytes
+        assert self.cache.cpu_pool_bytes == bm.num_cpu_blocks * self.cache.block_bytes
+        for rid, req in self.sched.requests.items():
+            assert len(self._tokens[rid]) == req.num_tokens, \
+                f"{rid}: engine holds {len(self._tokens[rid])} tokens, scheduler counts {req.num_tokens}"
+            if req.status is Status.RUNNING:
+                assert bm.num_gpu_blocks_of(rid) * bm.block_size >= req.num_computed

@@ -1,0 +1,73 @@
+"""One real-engine run of augmented requests under one policy, from plain settings.
+
+Builds, from one `AgentsConfig`: the paged cache (pools sized in blocks from byte budgets),
+the Scheduler with the same block counts, a CostModel measured on this machine (once per
+model, shared by every policy so they all price strategies alike), the policy and predictor,
+and runs the AugmentedEngine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from flexlamps.engine.augmented import AugmentedEngine, AugmentedResult, WallClock
+from flexlamps.engine.augmented_calibrate import calibrate_cost_model
+from flexlamps.engine.augmented_workload import TokenizedRequest
+from flexlamps.engine.paged_cache import PagedKVCache
+from flexlamps.sched.cost_model import CostModel
+from flexlamps.sched.policies import Policy, make_policy
+from flexlamps.sched.predictors import NoisyPredictor, OraclePredictor
+from flexlamps.sched.scheduler import Scheduler, SchedulerConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentsConfig:
+    gpu_kv_bytes: int  # the gpu tier's KV pool (the placement plan's cache share)
+    cpu_swap_bytes: int  # the cpu tier's swap pool
+    block_size: int = 16  # tokens per block
+    max_num_seqs: int = 16  # requests in one iteration
+    max_num_batched_tokens: int = 256  # tokens in one iteration (prefill chunks are cut to fit)
+    noise_sigma: float = 0.0  # multiplicative noise on the oracle's predictions
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.gpu_kv_bytes <= 0 or self.cpu_swap_bytes < 0:
+            raise ValueError(f"gpu_kv_bytes must be > 0 and cpu_swap_bytes >= 0, got "
+                             f"{self.gpu_kv_bytes} and {self.cpu_swap_bytes}")
+        if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def new_cache(llm, config: AgentsConfig) -> PagedKVCache:
+    cfg, dtype = llm.config, llm.dtype
+    gpu = PagedKVCache.blocks_in(cfg, config.gpu_kv_bytes, config.block_size, dtype)
+    cpu = PagedKVCache.blocks_in(cfg, config.cpu_swap_bytes, config.block_size, dtype)
+    if gpu < 1:
+        need = PagedKVCache.blocks_in(cfg, 1 << 40, config.block_size, dtype)
+        raise ValueError(f"gpu KV budget of {config.gpu_kv_bytes} bytes holds no block of {config.block_size} "
+                         f"tokens ({(1 << 40) // need} bytes each); raise --gpu-kv-mem")
+    return PagedKVCache(cfg, gpu, cpu, config.block_size, dtype, llm.executor.device)
+
+
+def measure_cost(llm, config: AgentsConfig, max_model_len: int) -> CostModel:
+    return calibrate_cost_model(llm.executor, new_cache(llm, config), max_model_len)
+
+
+def run_policy_on_engine(llm, requests: list[TokenizedRequest], policy: str | Policy, config: AgentsConfig,
+                         cost: CostModel, *, clock=None, check: bool = False,
+                         on_iteration=None, on_finish=None, policy_kwargs: dict | None = None) -> AugmentedResult:
+    cache = new_cache(llm, config)
+    sched_cfg = SchedulerConfig(cache.num_gpu_blocks, cache.num_cpu_blocks, config.block_size,
+                                max_num_seqs=config.max_num_seqs,
+                                max_num_batched_tokens=config.max_num_batched_tokens)
+    predictor = OraclePredictor({r.spec.request_id: r.spec for r in requests})
+    if config.noise_sigma > 0:
+        predictor = NoisyPredictor(predictor, config.noise_sigma, config.seed)
+    if not isinstance(policy, Policy):
+        policy = make_policy(policy, **(policy_kwargs or {}))
+    sched = Scheduler(sched_cfg, policy, predictor, cost)
+    engine = AugmentedEngine(llm.executor, cache, sched, clock or WallClock(), check, on_iteration, on_finish)
+    return engine.run(requests)

@@ -1,0 +1,156 @@
+"""A PagedAttention-style KV cache: fixed-size blocks in a `gpu` pool plus a `cpu` swap pool.
+
+The scheduler's BlockManager decides which block ids a request owns (it deals in ids only);
+this module owns the tensors behind those ids and performs the copies it is told to do.
+Per layer the gpu pool is (num_gpu_blocks, kv_heads, block_size, head_dim) for K and for V,
+so its bytes are exactly num_gpu_blocks x block_size x the model's KV bytes per token, which
+is what the BlockManager counts.
+
+Before each forward the engine sets the step's block tables (`set_block_tables`); the
+`attend_fn(layer, slots, positions)` contract is the dense cache's, with `slots` indexing
+rows of that per-step table: each row writes its new K/V at its own positions, then attends
+over its blocks with the mask key_pos <= query_pos.
+
+Must not import the scheduler (it only sees block ids from it).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from flexlamps.models.config import ModelConfig
+
+
+def _dtype_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class PagedKVCache:
+    """K/V blocks on the gpu tier (where attention runs) and a cpu swap pool.
+
+    Args:
+        cfg: model shapes (layers, kv heads, head dim).
+        num_gpu_blocks / num_cpu_blocks: pool sizes in blocks (the BlockManager's counts).
+        block_size: tokens per block.
+        dtype: cache dtype (the compute dtype).
+        device: the gpu tier's device (the CPU when there is no GPU; budgets still apply).
+        budgets: optional {"gpu": TierBudget, "cpu": TierBudget} charged for the two pools.
+    """
+
+    def __init__(self, cfg: ModelConfig, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int,
+                 dtype: torch.dtype, device: torch.device | str = "cpu", budgets: dict | None = None):
+        if num_gpu_blocks <= 0 or num_cpu_blocks < 0 or block_size <= 0:
+            raise ValueError(f"paged cache needs num_gpu_blocks > 0, num_cpu_blocks >= 0, block_size > 0; "
+                             f"got {num_gpu_blocks}, {num_cpu_blocks}, {block_size}")
+        self.cfg, self.block_size, self.dtype = cfg, block_size, dtype
+        self.device = torch.device(device)
+        self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
+        self.block_bytes = block_size * cfg.kv_bytes_per_token(_dtype_bytes(dtype))
+        self._budgets, self._charged = budgets or {}, []
+        for tier, n in (("gpu", num_gpu_blocks), ("cpu", num_cpu_blocks)):
+            if tier in self._budgets:
+                self._budgets[tier].allocate(n * self.block_bytes, f"paged KV {tier} pool ({n} blocks)")
+                self._charged.append((tier, n * self.block_bytes))
+        block = (cfg.num_kv_heads, block_size, cfg.head_dim)
+        # NOTE: zero-filled so that masked-out keys of a partly filled block are finite (SDPA
+        # turns a masked NaN score into NaN output).
+        self.k = [torch.zeros((num_gpu_blocks, *block), dtype=dtype, device=self.device)
+                  for _ in range(cfg.num_layers)]
+        self.v = [torch.zeros_like(t) for t in self.k]
+        self.k_cpu = [torch.zeros((num_cpu_blocks, *block), dtype=dtype) for _ in range(cfg.num_layers)]
+        self.v_cpu = [torch.zeros_like(t) for t in self.k_cpu]
+        self._tables = torch.zeros((0, 1), dtype=torch.long, device=self.device)
+
+    # -- sizes -------------------------------------------------------------------------------
+    @classmethod
+    def blocks_in(cls, cfg: ModelConfig, nbytes: int, block_size: int, dtype: torch.dtype) -> int:
+        """How many blocks fit in `nbytes` (to size the BlockManager from a byte budget)."""
+        return int(nbytes) // (block_size * cfg.kv_bytes_per_token(_dtype_bytes(dtype)))
+
+    @property
+    def gpu_pool_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    @property
+    def cpu_pool_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k_cpu + self.v_cpu)
+
+    def release(self) -> None:
+        """Return the pools' bytes to their budgets (the tensors go with the cache)."""
+        for tier, n in self._charged:
+            self._budgets[tier].free(n)
+        self._charged = []
+
+    # -- moves decided by the BlockManager ------------------------------------------------------
+    def swap_out(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy (gpu block, cpu block) pairs to the cpu pool."""
+        if not pairs:
+            return
+        gpu = torch.tensor([g for g, _ in pairs], device=self.device)
+        cpu = torch.tensor([c for _, c in pairs])
+        for layer in range(self.cfg.num_layers):
+            self.k_cpu[layer][cpu] = self.k[layer][gpu].to("cpu")
+            self.v_cpu[layer][cpu] = self.v[layer][gpu].to("cpu")
+
+    def swap_in(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy (cpu block, gpu block) pairs back to the gpu pool."""
+        if not pairs:
+            return
+        cpu = torch.tensor([c for c, _ in pairs])
+        gpu = torch.tensor([g for _, g in pairs], device=self.device)
+        for layer in range(self.cfg.num_layers):
+            self.k[layer][gpu] = self.k_cpu[layer][cpu].to(self.device)
+            self.v[layer][gpu] = self.v_cpu[layer][cpu].to(self.device)
+
+    def free(self, gpu_blocks: Sequence[int] = ()) -> None:
+        """Blocks given back to the pool need no data movement: every position a request reads
+        is written by that request first (its prefill, decode or recompute), and stale entries
+        past its length are masked. Zeroing them keeps masked keys finite."""
+        if gpu_blocks:
+            idx = torch.tensor(list(gpu_blocks), device=self.device)
+            for layer in range(self.cfg.num_layers):
+                self.k[layer][idx] = 0
+                self.v[layer][idx] = 0
+
+    # -- attention -------------------------------------------------------------------------------
+    def set_block_tables(self, tables: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Install this step's block tables (one row per micro-batch row); returns the `slots`
+        tensor (row indices) to pass to the executor. Short tables are padded with block 0,
+        whose entries the causal mask hides."""
+        width = max(1, max((len(t) for t in tables), default=1))
+        rows = torch.zeros((len(tables), width), dtype=torch.long)
+        for r, t in enumerate(tables):
+            if t:
+                rows[r, :len(t)] = torch.tensor(list(t))
+        self._tables = rows.to(self.device)
+        return torch.arange(len(tables), device=self.device)
+
+    def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor):
+        """The `attend(q, k, v)` callback for one layer of one step (see models.llama.Attend)."""
+        return lambda q, k, v: self.attend(layer, slots, positions, q, k, v)
+
+    def attend(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
+               q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        n, t, heads, d = q.shape
+        bs = self.block_size
+        tables = self._tables[slots]  # (n, width)
+        kc, vc = self.k[layer], self.v[layer]
+        # write: position p of row r lives at block tables[r, p // bs], offset p % bs
+        blocks = tables.gather(1, positions // bs)  # (n, T)
+        offsets = positions % bs
+        kc[blocks, :, offsets] = k.to(kc.dtype)  # k: (n, T, kv_heads, d)
+        vc[blocks, :, offsets] = v.to(vc.dtype)
+        num_blocks = int(positions.max()) // bs + 1
+        span = num_blocks * bs
+        used = tables[:, :num_blocks]  # (n, B)
+        # (n, B, kv_heads, bs, d) -> (n, kv_heads, B * bs, d)
+        keys = kc[used].permute(0, 2, 1, 3, 4).reshape(n, -1, span, d)
+        values = vc[used].permute(0, 2, 1, 3, 4).reshape(n, -1, span, d)
+        # query at position p sees keys 0..p of its own request
+        mask = torch.arange(span, device=q.device)[None, None, :] <= positions[:, :, None]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask[:, None],
+                                             enable_gqa=heads != keys.shape[1])
+        return out.transpose(1, 2).reshape(n, t, heads * d)
