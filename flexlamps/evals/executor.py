@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -51,8 +52,6 @@ class ProgressLog:
     def append(self, items: list[tuple[int, RequestState]]) -> None:
         if self.path is None:
             return
-        from dataclasses import asdict
-
         with open(self.path, "a", encoding="utf-8") as f:
             for i, st in items:
                 f.write(json.dumps({"i": i, "key": request_key(st), "result": asdict(st.result)},
