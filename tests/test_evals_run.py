@@ -229,3 +229,9 @@ def test_helm_codec_reads_every_file(tmp_path, use_fake, mc_file):
         stats = from_json((run / "stats.json").read_text(), List[HelmStat])
         assert all(s.count == 1 and s.sum == s.mean for s in stats)
         assert from_json((run / "run_spec.json").read_text(), RunSpec).metric_specs
+
+
+def test_evals_do_not_import_torch():
+    code = ("import sys, flexlamps.commands.helm, flexlamps.evals.runner, flexlamps.evals.summary; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
