@@ -1,16 +1,21 @@
-"""The Python API a vLLM user expects: `LLM(...).generate(prompts, SamplingParams(...))` and `.score`."""
+"""The Python API a vLLM user expects: `LLM(...).generate(prompts, SamplingParams(...))` and `.score`.
+
+With no memory budget the model runs fully in memory. With `gpu_mem` (and optionally
+`cpu_mem`, `offload_dir`) weights and cache are placed across gpu / cpu / disk by `policy`:
+"auto" asks the planner (this machine's profile, the run's lengths), a path loads a policy
+JSON, a `placement.Policy` is used as is.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
-from flexlamps.engine.executor import InMemoryExecutor
 from flexlamps.engine.generate import RequestOutput, generate
 from flexlamps.engine.sampling import SamplingParams
 from flexlamps.engine.scoring import PrefixScorer, PrefixStats, ScoreOutput, split_tokens
-from flexlamps.models.checkpoint import read_all
 from flexlamps.models.registry import open_checkpoint
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "ScoreOutput"]
@@ -26,28 +31,128 @@ def parse_dtype(name: str) -> torch.dtype:
         raise ValueError(f"dtype {name!r} is not supported; use one of float32, bfloat16, float16") from None
 
 
+def parse_mem(value) -> int | None:
+    if value is None or isinstance(value, int):
+        return value
+    from placement import parse_bytes
+
+    return int(parse_bytes(value))
+
+
+@dataclass
+class OffloadSettings:
+    gpu_mem: int
+    cpu_mem: int
+    offload_dir: str | None = None
+    policy: object = "auto"  # "auto" | path to a policy JSON | placement.Policy
+    compress_weight: bool | None = None  # None: as the policy says
+    compress_cache: bool | None = None
+    weight_quant: str | None = None  # groupwise4 | groupwise8 | nf4 | fp4 | none
+
+
+def psutil_total() -> int:
+    import psutil
+
+    return psutil.virtual_memory().total
+
+
 class LLM:
     """A model ready to generate and score.
 
     model: a built-in name ("smollm2-135m"), a Hugging Face folder or a .gguf file.
     dtype: compute and weight dtype (float32, bfloat16, float16).
-    max_batch_size: sequences decoded together (continuous batching).
+    max_batch_size: sequences decoded together (continuous batching); with offloading the
+        policy's block size (gpu_batch_size x num_gpu_batches) is used instead.
+    gpu_mem, cpu_mem: byte budgets ("2GiB" or an int) that turn on the offload engine.
+    offload_dir: folder for the disk tier. policy: "auto", a policy JSON path or a Policy.
     """
 
     def __init__(self, model: str = "smollm2-135m", *, dtype: str = "float32", max_batch_size: int = 32,
-                 device: str = "cpu", reuse_prefix: bool = True):
+                 device: str | None = None, reuse_prefix: bool = True, gpu_mem=None, cpu_mem=None,
+                 offload_dir: str | None = None, policy="auto", compress_weight: bool | None = None,
+                 compress_cache: bool | None = None, weight_quant: str | None = None):
         self.model_name = str(model)
         self.reader = open_checkpoint(model)
         self.config = self.reader.config
         self.tokenizer = self.reader.tokenizer
         self.dtype = parse_dtype(dtype)
         self.max_batch_size = max_batch_size
-        self.executor = InMemoryExecutor(self.config, read_all(self.reader, self.dtype), self.dtype, device)
-        self._scorer = PrefixScorer(self.executor, max_batch=max_batch_size, reuse_prefix=reuse_prefix)
+        self.device = device
+        self.reuse_prefix = reuse_prefix
+        self.offload = None
+        if gpu_mem is not None or cpu_mem is not None or offload_dir is not None or compress_weight or compress_cache:
+            import psutil
+
+            gpu = parse_mem(gpu_mem) if gpu_mem is not None else psutil.virtual_memory().total // 4
+            cpu = parse_mem(cpu_mem) if cpu_mem is not None else psutil.virtual_memory().available // 2
+            self.offload = OffloadSettings(gpu, cpu, offload_dir, policy, compress_weight, compress_cache, weight_quant)
+        self.executor = None
+        self.plan = None  # the planner's Plan when policy="auto"
+        self.micro_batch = None
+        self._scorer = None
+        if weight_quant not in (None, "none") and self.offload is None:
+            self.offload = OffloadSettings(psutil_total() // 4, psutil_total() // 2, None, policy, True, None, weight_quant)
+        if self.offload is None or not (isinstance(policy, str) and policy == "auto"):
+            self.prepare()
+
+    # -- setup ------------------------------------------------------------------------------
+    def prepare(self, prompt_len: int = 512, gen_len: int = 32, on_profile=None, num_sequences: int = 256) -> None:
+        """Build the executor; with policy="auto", plan for these lengths and at most
+        `num_sequences` sequences in flight first."""
+        if self.executor is not None:
+            return
+        if self.offload is None:
+            from flexlamps.engine.executor import InMemoryExecutor
+            from flexlamps.models.checkpoint import read_all
+
+            self.executor = InMemoryExecutor(self.config, read_all(self.reader, self.dtype), self.dtype,
+                                             self.device or "cpu")
+        else:
+            self.executor = self._offload_executor(prompt_len, gen_len, on_profile, num_sequences)
+        self._scorer = PrefixScorer(self.executor, max_batch=self.max_batch_size, reuse_prefix=self.reuse_prefix)
+
+    def _offload_executor(self, prompt_len, gen_len, on_profile, num_sequences):
+        import dataclasses
+        import tempfile
+        from pathlib import Path
+
+        from flexlamps.engine.offload_executor import OffloadExecutor
+        from flexlamps.engine.policy_choice import load_policy, machine_profile, plan_policy
+
+        o = self.offload
+        policy = o.policy
+        if isinstance(policy, str) and policy == "auto":
+            scratch = Path(o.offload_dir) if o.offload_dir else Path(tempfile.gettempdir()) / "flexlamps-profile"
+            hw = machine_profile(scratch, on_profile)
+            disk = None
+            if o.offload_dir:
+                import shutil
+
+                Path(o.offload_dir).mkdir(parents=True, exist_ok=True)
+                disk = shutil.disk_usage(o.offload_dir).free
+            self.plan = plan_policy(self.reader.hf_config, self.dtype, hw, gpu_mem=o.gpu_mem, cpu_mem=o.cpu_mem,
+                                    disk_bytes=disk, prompt_len=prompt_len, gen_len=gen_len,
+                                    max_block_size=max(1, num_sequences),
+                                    allow_compression=bool(o.compress_weight or o.compress_cache))
+            policy = self.plan.policy
+        elif isinstance(policy, (str, Path)):
+            policy = load_policy(policy)
+        if o.compress_weight is not None or o.compress_cache is not None:
+            policy = dataclasses.replace(
+                policy,
+                compress_weight=policy.compress_weight if o.compress_weight is None else o.compress_weight,
+                compress_cache=policy.compress_cache if o.compress_cache is None else o.compress_cache)
+        self.policy = policy
+        self.max_batch_size = policy.gpu_batch_size * policy.num_gpu_batches
+        self.micro_batch = policy.gpu_batch_size
+        return OffloadExecutor(self.reader, policy, gpu_mem=o.gpu_mem, cpu_mem=o.cpu_mem,
+                               offload_dir=o.offload_dir, dtype=self.dtype, weight_quant=o.weight_quant)
 
     @property
     def stats(self) -> PrefixStats:
         """Shared-prefix counters: prefill tokens requested vs computed by `score`."""
+        if self._scorer is None:
+            return PrefixStats()
         return self._scorer.stats
 
     def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
@@ -55,6 +160,17 @@ class LLM:
             text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
             return self.tokenizer.encode(text, add_special_tokens=False)
         return self.tokenizer.encode(prompt)
+
+    # -- work -------------------------------------------------------------------------------
+    def generate_ids(self, prompt_ids: list[list[int]], params: Sequence[SamplingParams], *,
+                     on_finish: Callable[[RequestOutput], None] | None = None,
+                     on_tokens: Callable[[int], None] | None = None) -> list[RequestOutput]:
+        if self.executor is None:
+            mean_len = sum(map(len, prompt_ids)) // max(1, len(prompt_ids))
+            self.prepare(prompt_len=mean_len, gen_len=max(p.max_new_tokens for p in params),
+                         num_sequences=len(prompt_ids))
+        return generate(self.executor, self.tokenizer, prompt_ids, list(params), max_batch=self.max_batch_size,
+                        micro_batch=self.micro_batch, on_finish=on_finish, on_tokens=on_tokens)
 
     def generate(self, prompts: Sequence[str] | str, params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, chat: bool = False, on_finish: Callable[[RequestOutput], None] | None = None,
@@ -65,12 +181,17 @@ class LLM:
         params = params or SamplingParams()
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         ids = [self.encode_prompt(p, chat) for p in prompts]
-        return generate(self.executor, self.tokenizer, ids, plist, max_batch=self.max_batch_size,
-                        on_finish=on_finish, on_tokens=on_tokens)
+        return self.generate_ids(ids, plist, on_finish=on_finish, on_tokens=on_tokens)
 
     def score(self, contexts: Sequence[str], continuations: Sequence[str]) -> list[ScoreOutput]:
         """Log-likelihood of each continuation after its context (shared prefixes computed once)."""
         if len(contexts) != len(continuations):
             raise ValueError(f"{len(contexts)} contexts but {len(continuations)} continuations")
         pairs = [split_tokens(self.tokenizer, c, k) for c, k in zip(contexts, continuations)]
+        if self.executor is None:
+            self.prepare(prompt_len=max(len(c) + len(k) for c, k in pairs), gen_len=1)
         return self._scorer.score(pairs)
+
+    def close(self) -> None:
+        if hasattr(self.executor, "close"):
+            self.executor.close()

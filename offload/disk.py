@@ -133,6 +133,25 @@ class DiskFolder:
             os.close(fd)
         return out
 
+    def read_rows_into(self, name: str, start: int, out: torch.Tensor) -> torch.Tensor:
+        """Read rows start .. start + len(out) of a tensor (along dim 0) into `out`."""
+        entry = self.index[name]
+        row_bytes = out[0].numel() * out.element_size() if len(out) else 0
+        view = memoryview(out.view(torch.uint8).numpy()).cast("B")
+        fd = os.open(self.folder / _file_name(name), os.O_RDONLY)
+        try:
+            done, offset = 0, start * row_bytes
+            while done < len(view):
+                n = os.preadv(fd, [view[done:]], offset + done)
+                if n <= 0:
+                    raise StaleOffloadFolderError(f"{self.folder}: {name} is truncated; delete the folder to rebuild it")
+                done += n
+            os.posix_fadvise(fd, offset, len(view), os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        assert list(out.shape[1:]) == entry["shape"][1:]
+        return out
+
     def spec(self, name: str) -> tuple[tuple[int, ...], torch.dtype]:
         e = self.index[name]
         return tuple(e["shape"]), _DTYPES[e["dtype"]]

@@ -51,6 +51,14 @@ class TieredStore:
                 self._put_plain(part, t, tier, write_disk)
             self._tier[name] = tier
             return
+        if not isinstance(value, torch.Tensor):  # another compressed form (bitsandbytes): memory tiers only
+            if tier == "disk":
+                raise ValueError(f"{name}: {type(value).__name__} weights cannot go to disk; use groupwise "
+                                 "compression or give the weights gpu/cpu memory")
+            self.budgets[tier].allocate(value.nbytes, f"{name} ({tier} resident)")
+            self._tier[name] = tier
+            self._resident[name] = value.to(self.device if tier == "gpu" else torch.device("cpu"))
+            return
         self._put_plain(name, value, tier, write_disk)
 
     def _put_plain(self, name: str, t: torch.Tensor, tier: str, write_disk: bool) -> None:
@@ -107,6 +115,10 @@ class TieredStore:
         tier = self._tier[name]
         if tier == "gpu":
             return self._resident[name], 0
+        if tier == "cpu" and not isinstance(self._resident[name], torch.Tensor):
+            src = self._resident[name]
+            self.budgets["gpu"].allocate(src.nbytes, f"staging {name}")
+            return src.to(self.device), src.nbytes
         if tier == "cpu":
             src = self._resident[name]
             n = _nbytes(src)
@@ -119,6 +131,41 @@ class TieredStore:
         self.budgets["gpu"].allocate(n, f"staging {name}")
         self.disk.read_into(name, buf)
         return buf.to(self.device, non_blocking=True), n
+
+    def fetch_rows(self, name: str, start: int, stop: int) -> tuple[torch.Tensor, int]:
+        """Rows start:stop of a plain tensor on the compute device, and the staged bytes."""
+        tier = self._tier[name]
+        if tier == "gpu":
+            return self._resident[name][start:stop], 0
+        if tier == "cpu":
+            src = self._resident[name][start:stop]
+            n = _nbytes(src)
+            self.budgets["gpu"].allocate(n, f"staging rows of {name}")
+            return src.to(self.device, copy=True), n
+        shape, dtype = self.disk.spec(name)
+        buf = torch.empty((stop - start, *shape[1:]), dtype=dtype)
+        n = _nbytes(buf)
+        self.budgets["gpu"].allocate(n, f"staging rows of {name}")
+        self.disk.read_rows_into(name, start, buf)
+        return buf.to(self.device), n
+
+    def gather_rows(self, name: str, rows: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Selected rows (an embedding lookup) on the compute device: only those rows move."""
+        tier = self._tier[name]
+        if tier in ("gpu", "cpu"):
+            src = self._resident[name]
+            out = src.index_select(0, rows.to(src.device)).to(self.device)
+            n = 0 if tier == "gpu" else _nbytes(out)
+        else:
+            shape, dtype = self.disk.spec(name)
+            out = torch.empty((len(rows), *shape[1:]), dtype=dtype)
+            for i, r in enumerate(rows.tolist()):
+                self.disk.read_rows_into(name, r, out[i:i + 1])
+            out = out.to(self.device)
+            n = _nbytes(out)
+        if n:
+            self.budgets["gpu"].allocate(n, f"rows of {name}")
+        return out, n
 
     def fetch_async(self, names: list[str]) -> Future:
         return self._pool.submit(self.fetch, names)

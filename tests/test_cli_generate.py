@@ -131,3 +131,31 @@ def test_killed_run_resumes_without_loss_or_duplicates(tiny_llama, tmp_path):
     assert sorted(ids) == sorted(set(ids)) and len(ids) == 40
     assert {r["id"]: r["text"] for r in rows} == {r["id"]: r["text"] for r in _read(ref)}
     assert killed and done_before >= 5
+
+
+def test_offloaded_generation_equals_plain(tiny_llama, tmp_path):
+    prompts = _write_prompts(tmp_path / "in.jsonl", 6)
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({
+        "gpu_batch_size": 2, "num_gpu_batches": 2, "weights": {"gpu": 0.2, "cpu": 0.3, "disk": 0.5},
+        "cache": {"gpu": 0.5, "cpu": 0.5, "disk": 0}, "activations": {"gpu": 1, "cpu": 0, "disk": 0}}))
+    common = ["--model", str(tiny_llama), "--prompts", str(prompts), "--max-new-tokens", "8", "--ignore-eos"]
+    res = _run(common + ["--out", str(tmp_path / "plain.jsonl")])
+    assert res.exit_code == 0, res.output
+    res = _run(common + ["--out", str(tmp_path / "off.jsonl"), "--gpu-mem", "64MiB", "--cpu-mem", "64MiB",
+                         "--offload-dir", str(tmp_path / "off"), "--policy", str(policy)])
+    assert res.exit_code == 0, res.output
+    assert "policy: block 2 x 2" in res.output and "peak gpu tier" in res.output
+    assert [r["text"] for r in _read(tmp_path / "plain.jsonl")] == [r["text"] for r in _read(tmp_path / "off.jsonl")]
+
+
+def test_offload_budget_too_small_is_a_clear_error(tiny_llama, tmp_path):
+    prompts = _write_prompts(tmp_path / "in.jsonl", 2)
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({
+        "gpu_batch_size": 1, "num_gpu_batches": 1, "weights": {"gpu": 1, "cpu": 0, "disk": 0},
+        "cache": {"gpu": 1, "cpu": 0, "disk": 0}, "activations": {"gpu": 1, "cpu": 0, "disk": 0}}))
+    res = CliRunner().invoke(main, ["generate", "--model", str(tiny_llama), "--prompts", str(prompts), "--out",
+                                    str(tmp_path / "o.jsonl"), "--gpu-mem", "10KiB", "--policy", str(policy)])
+    assert res.exit_code != 0 and "gpu tier budget exceeded" in res.output and "short" in res.output
+    assert not (tmp_path / "o.jsonl").exists()

@@ -32,9 +32,23 @@ def _peak_rss_mib() -> float:
 @click.option("--chat", is_flag=True, help="Wrap each prompt as a user turn in the model's chat template (instruct models).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past the end-of-sequence token.")
 @click.option("--batch-size", default=32, show_default=True, help="Sequences decoded together (continuous batching).")
+@click.option("--gpu-mem", default=None, help="GPU tier budget (e.g. 2GiB); turns on the offload engine. "
+              "Without a GPU the gpu tier is CPU memory, its budget still enforced. [default: off, all in memory]")
+@click.option("--cpu-mem", default=None, help="CPU tier budget for offloaded weights and cache (e.g. 8GiB). "
+              "[default with --gpu-mem: half the available RAM]")
+@click.option("--offload-dir", default=None, type=click.Path(file_okay=False),
+              help="Folder for the disk tier; reused across runs when still valid, rebuilt when stale or damaged.")
+@click.option("--policy", "policy_arg", default="auto", show_default=True,
+              help="Placement with --gpu-mem: 'auto' (the planner, with this machine's cached profile) or a policy JSON file.")
+@click.option("--compress-weight", is_flag=True, default=None, help="Store weights 4-bit group-wise on every tier.")
+@click.option("--compress-cache", is_flag=True, default=None, help="Store the KV cache 4-bit group-wise.")
+@click.option("--weight-quant", type=click.Choice(["groupwise4", "groupwise8", "nf4", "fp4", "none"]), default=None,
+              help="Weight compression backend (nf4/fp4 need a bitsandbytes that runs here). [default: groupwise4 "
+                   "with --compress-weight, else none]")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, top_p, top_k, seed, stop,
-            logprobs, chat, ignore_eos, batch_size, no_progress):
+            logprobs, chat, ignore_eos, batch_size, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight,
+            compress_cache, weight_quant, no_progress):
     """Generate a completion for every prompt in PROMPTS and write them to OUT."""
     from tqdm import tqdm
 
@@ -65,14 +79,21 @@ def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, t
         results.finalize(order)
         click.echo(f"all {len(records)} prompts already done in {out_path}")
         return
+    if weight_quant and weight_quant != "none":
+        compress_weight = True
+    offload = gpu_mem is not None or cpu_mem is not None or offload_dir is not None or compress_weight or compress_cache
     try:
-        llm = LLM(model, dtype=dtype, max_batch_size=batch_size)
+        llm = LLM(model, dtype=dtype, max_batch_size=batch_size, gpu_mem=gpu_mem, cpu_mem=cpu_mem,
+                  offload_dir=offload_dir, policy=policy_arg, compress_weight=compress_weight,
+                  compress_cache=compress_cache, weight_quant=weight_quant)
         base = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                     stop=tuple(stop), logprobs=logprobs, ignore_eos=ignore_eos)
         params = [SamplingParams(seed=zlib.crc32(f"{seed}:{r.id}".encode()), **base) for r in todo]
         prompt_ids = [llm.encode_prompt(r.prompt, chat) for r in todo]
-    except (UnknownModelError, UnsupportedModelError, CheckpointError, ValueError) as e:
-        raise click.ClickException(str(e))
+    except (UnknownModelError, UnsupportedModelError, CheckpointError, ValueError, OSError, MemoryError) as e:
+        raise click.ClickException(str(e))  # MemoryError: a tier budget that cannot hold the model
+    if offload:
+        _prepare_offload(llm, prompt_ids, max_new_tokens)
     limit = llm.config.max_position
     for r, ids in zip(todo, prompt_ids):
         if len(ids) >= limit:
@@ -104,11 +125,8 @@ def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, t
         results.add(row)
         bar.update(1)
 
-    from flexlamps.engine.generate import generate as run_generation
-
     try:
-        run_generation(llm.executor, llm.tokenizer, prompt_ids, params, max_batch=batch_size,
-                       on_finish=on_finish, on_tokens=on_tokens)
+        llm.generate_ids(prompt_ids, params, on_finish=on_finish, on_tokens=on_tokens)
     except KeyboardInterrupt:
         results.close()
         bar.close()
@@ -123,3 +141,30 @@ def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, t
     skipped = len(records) - len(todo)
     click.echo(f"prompts {len(todo)} (+{skipped} done before) | generated tokens {generated} | "
                f"wall {wall:.1f} s | {generated / wall:.1f} tok/s | peak RSS {_peak_rss_mib():.0f} MiB")
+    if offload:
+        b = llm.executor.budgets
+        click.echo(f"measured {generated / wall:.2f} tok/s | peak gpu tier {b['gpu'].peak_bytes / 2**20:.0f} MiB of "
+                   f"{b['gpu'].capacity_bytes / 2**20:.0f} | peak cpu tier {b['cpu'].peak_bytes / 2**20:.0f} MiB of "
+                   f"{b['cpu'].capacity_bytes / 2**20:.0f}")
+
+
+def _prepare_offload(llm, prompt_ids, max_new_tokens) -> None:
+    """Plan (or load) the policy, build the offload engine and print the policy before the run."""
+    from offload import BudgetExceededError
+    from placement import InfeasiblePlanError
+
+    mean_len = sum(map(len, prompt_ids)) // len(prompt_ids)
+    try:
+        llm.prepare(prompt_len=mean_len, gen_len=max_new_tokens, num_sequences=len(prompt_ids),
+                    on_profile=lambda p: click.echo(f"measuring this machine once (cached in {p}) ...", err=True))
+    except (InfeasiblePlanError, BudgetExceededError, OSError, ValueError) as e:
+        raise click.ClickException(str(e))
+    p = llm.policy
+    split = lambda t: f"gpu {t.gpu:.0%} / cpu {t.cpu:.0%} / disk {t.disk:.0%}"  # noqa: E731
+    click.echo(f"policy: block {p.gpu_batch_size} x {p.num_gpu_batches} | weights {split(p.weights)} | "
+               f"cache {split(p.cache)} | activations {split(p.activations)} | compress weight {p.compress_weight}, "
+               f"cache {p.compress_cache} | cpu attention {p.cpu_attention}")
+    if llm.plan is not None:
+        click.echo(f"predicted {llm.plan.tokens_per_s:.2f} tok/s (planner, prompt {mean_len}, gen {max_new_tokens})")
+    if llm.executor.reused_disk:
+        click.echo("offload folder reused")

@@ -10,6 +10,7 @@ compressed weights or cache are within the quantization error.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -38,7 +39,8 @@ def _bytes_per(dtype: torch.dtype) -> int:
 
 class OffloadExecutor:
     def __init__(self, reader, policy, *, gpu_mem: int, cpu_mem: int, offload_dir=None,
-                 dtype: torch.dtype = torch.float32, device: torch.device | None = None, verify_disk: bool = True):
+                 dtype: torch.dtype = torch.float32, device: torch.device | None = None, verify_disk: bool = True,
+                 weight_quant: str | None = None):
         self.cfg = cfg = reader.config
         self.dtype = dtype
         self.policy = policy
@@ -47,13 +49,23 @@ class OffloadExecutor:
         self.budgets = {"gpu": TierBudget("gpu", gpu_mem), "cpu": TierBudget("cpu", cpu_mem)}
         self.qcfg = self.kv_qcfg = None
         if policy.compress_weight or policy.compress_cache:
-            import dataclasses
+            from quant import KV_CACHE_DEFAULT
 
-            from quant import KV_CACHE_DEFAULT, WEIGHT_DEFAULT
-
+            self.qcfg = _weight_cfg(policy)  # weights: groups along the output channels
             size = dict(bits=policy.compression.num_bits, group_size=policy.compression.group_size)
-            self.qcfg = dataclasses.replace(WEIGHT_DEFAULT, **size)  # weights: groups along output channels
             self.kv_qcfg = dataclasses.replace(KV_CACHE_DEFAULT, **size)  # cache: along the head dim
+        # weight compression backend: group-wise (FlexGen's, any tier) or bitsandbytes nf4/fp4
+        self.weight_quantizer = None
+        if weight_quant not in (None, "none", "groupwise4", "groupwise8"):
+            from quant import get_weight_quantizer
+
+            self.weight_quantizer = get_weight_quantizer(weight_quant)
+            policy = dataclasses.replace(policy, compress_weight=True)
+            self.policy = policy
+        elif weight_quant in ("groupwise4", "groupwise8"):
+            policy = dataclasses.replace(policy, compress_weight=True)
+            self.policy = policy
+            self.qcfg = dataclasses.replace(self.qcfg or _weight_cfg(policy), bits=int(weight_quant[-1]))
         self.specs = weight_specs(cfg)
         self.tiers = weight_tiers(cfg, policy.weights)
         disk = None
@@ -66,7 +78,11 @@ class OffloadExecutor:
         self.store = TieredStore(self.budgets, disk, self.device)
         self.reused_disk = False
         self._place_weights(reader, disk, verify_disk)
-        self.global_names = [s.name for s in self.specs if s.layer is None]
+        # the embedding table and output head are read in pieces (rows looked up, head in vocab
+        # chunks), so they never have to be staged whole on the gpu tier
+        self.table_names = {"embed_tokens", "lm_head"}
+        self.small_global_names = [s.name for s in self.specs if s.layer is None and s.name not in self.table_names]
+        self.head_name = "lm_head" if any(s.name == "lm_head" for s in self.specs) else "embed_tokens"
         self.layer_names = [[s.name for s in self.specs if s.layer == i] for i in range(cfg.num_layers)]
         self.local = {s.name: s.local_name for s in self.specs}
         self.profile: SweepProfile | None = None
@@ -93,7 +109,9 @@ class OffloadExecutor:
                 self.store.adopt_disk(spec.name, compressed=self._compressible(spec))
                 continue
             w = reader.read(spec, self.dtype)
-            if self._compressible(spec):
+            if self._compressible(spec) and self.weight_quantizer is not None:
+                w = self.weight_quantizer.quantize(w)
+            elif self._compressible(spec):
                 from quant import quantize
 
                 w = quantize(w, self.qcfg)
@@ -124,6 +142,29 @@ class OffloadExecutor:
             out[self.local[name]] = w
         return out
 
+    HEAD_CHUNK_ROWS = 8192
+
+    def _embed(self, glob: dict, step: Step) -> torch.Tensor:
+        ids = step.input_ids
+        uniq, remapped = torch.unique(ids, return_inverse=True)
+        rows, staged = self.store.gather_rows("embed_tokens", uniq)
+        try:
+            return self.fwd.embed({**glob, "embed_tokens": rows}, remapped.to(self.device), step.positions.to(self.device))
+        finally:
+            self.store.release(staged)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        vocab = self.cfg.vocab_size
+        out = torch.empty((*h.shape[:-1], vocab), dtype=torch.float32)
+        for start in range(0, vocab, self.HEAD_CHUNK_ROWS):
+            stop = min(vocab, start + self.HEAD_CHUNK_ROWS)
+            w, staged = self.store.fetch_rows(self.head_name, start, stop)
+            try:
+                out[..., start:stop] = torch.nn.functional.linear(h, w).float().cpu()
+            finally:
+                self.store.release(staged)
+        return out
+
     def _workspace_bytes(self, step: Step, span: int) -> int:
         """Compute scratch for one micro-batch (MLP, qkv, scores, logits), charged while it runs."""
         cfg = self.cfg
@@ -137,13 +178,13 @@ class OffloadExecutor:
     def forward_steps(self, cache: TieredKVCache, steps: list[Step], profile: bool = False) -> list[torch.Tensor]:
         cfg, fwd, store = self.cfg, self.fwd, self.store
         prof = SweepProfile() if profile else None
-        glob_fetched, glob_staged = store.fetch(self.global_names)
+        glob_fetched, glob_staged = store.fetch(self.small_global_names)
         glob = self._layer_weights(glob_fetched)
         act_tier = "cpu" if self.policy.activations.cpu > 0.5 else "gpu"
         hidden, ctxs, act_bytes = [], [], 0
         try:
             for s in steps:
-                x = fwd.embed(glob, s.input_ids.to(self.device), s.positions.to(self.device))
+                x = self._embed(glob, s)
                 nb = x.numel() * x.element_size()
                 self.budgets[act_tier].allocate(nb, f"activations ({act_tier})")
                 act_bytes += nb
@@ -179,7 +220,7 @@ class OffloadExecutor:
                 x = hidden[k].to(self.device)
                 if s.logit_rows is not None:
                     x = x[torch.arange(x.shape[0]), s.logit_rows.to(self.device)][:, None]
-                outs.append(fwd.head(glob, x).float().cpu())
+                outs.append(self._logits(fwd.final_hidden(glob, x)))
             if prof is not None:
                 self.profile = prof
             return outs
@@ -190,6 +231,13 @@ class OffloadExecutor:
 
     def close(self) -> None:
         self.store.close()
+
+
+def _weight_cfg(policy):
+    from quant import WEIGHT_DEFAULT
+
+    return dataclasses.replace(WEIGHT_DEFAULT, bits=policy.compression.num_bits,
+                               group_size=policy.compression.group_size)
 
 
 def _stable_hash(text: str) -> str:

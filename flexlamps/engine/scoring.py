@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flexlamps.engine.kv_cache import DenseKVCache
+from flexlamps.engine.step import Step
 
 
 @dataclass
@@ -91,22 +91,27 @@ class PrefixScorer:
             leaves = [(list(pairs[i][1]), 0) for i in ids]
             for i, out in zip(ids, self._run_leaves(base, node, leaves)):
                 results[i] = out
+            if node is not root:
+                _free(node.cache)
         if singles:
             base = contexts[0][:common]
             leaves = [(pairs[i][0][common:] + pairs[i][1], len(pairs[i][0]) - common) for i in singles]
             for i, out in zip(singles, self._run_leaves(base, root, leaves)):
                 results[i] = out
+        if root is not None:
+            _free(root.cache)
         return results  # type: ignore[return-value]
 
     def _extend(self, parent, parent_ids: list[int], new_ids: list[int]) -> "_Prefix":
         """A one-row cache holding parent_ids + new_ids, computing only new_ids."""
         total = len(parent_ids) + len(new_ids)
-        cache = DenseKVCache(self.ex.cfg, 1, total, self.ex.dtype, self.ex.device)
+        cache = self.ex.new_cache(1, total)
         if parent is not None:
             cache.copy_prefix_from(parent.cache, len(parent_ids), torch.tensor([0]))
         ids = torch.tensor([new_ids])
         pos = torch.arange(len(parent_ids), total)[None]
-        logits = self.ex.forward(cache, ids, pos, torch.tensor([0]), logit_rows=torch.tensor([len(new_ids) - 1]))
+        step = Step(ids, pos, torch.tensor([0]), logit_rows=torch.tensor([len(new_ids) - 1]))
+        logits = self.ex.forward_steps(cache, [step])[0]
         self.stats.prefill_tokens_computed += len(new_ids)
         return _Prefix(cache, torch.log_softmax(logits[0, 0], -1))
 
@@ -123,14 +128,15 @@ class PrefixScorer:
         plen = len(base)
         n = len(leaves)
         width = max(len(toks) for toks, _ in leaves)
-        cache = DenseKVCache(self.ex.cfg, n, plen + width, self.ex.dtype, self.ex.device)
+        cache = self.ex.new_cache(n, plen + width)
         if prefix is not None:
             cache.copy_prefix_from(prefix.cache, plen, torch.arange(n))
         ids = torch.zeros(n, width, dtype=torch.long)
         for r, (toks, _) in enumerate(leaves):
             ids[r, : len(toks)] = torch.tensor(toks)
         pos = torch.arange(plen, plen + width).expand(n, width)
-        logp = torch.log_softmax(self.ex.forward(cache, ids, pos, torch.arange(n)), -1)
+        logp = torch.log_softmax(self.ex.forward_steps(cache, [Step(ids, pos, torch.arange(n))])[0], -1)
+        _free(cache)
         self.stats.prefill_tokens_computed += sum(len(toks) for toks, _ in leaves)
         outs = []
         for r, (toks, n_ctx) in enumerate(leaves):
@@ -143,6 +149,11 @@ class PrefixScorer:
             greedy = bool((pred.argmax(-1) == targets).all())
             outs.append(ScoreOutput(float(tok_lp.sum()), len(targets), greedy, tok_lp.tolist()))
         return outs
+
+
+def _free(cache) -> None:
+    if hasattr(cache, "free"):  # tiered caches hand their bytes back to the tier budgets
+        cache.free()
 
 
 @dataclass

@@ -97,6 +97,15 @@ class TieredKVCache:
         self._charged = []
         self.k, self.v = [], []
 
+    def copy_prefix_from(self, src: "TieredKVCache", length: int, slots: torch.Tensor) -> None:
+        """Copy the first `length` positions of src's row 0 into each of `slots` (shared prefixes)."""
+        for layer in range(len(self.k)):
+            for dst, source in ((self.k[layer], src.k[layer]), (self.v[layer], src.v[layer])):
+                parts = [(dst.codes, source.codes), (dst.scales, source.scales), (dst.mins, source.mins)] \
+                    if self.compress is not None else [(dst, source)]
+                for d, s in parts:
+                    d[slots.to(d.device), :, :length] = s[0, :, :length].to(d.device)
+
     def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor):
         return lambda q, k, v: self.attend(layer, slots, positions, q, k, v)
 

@@ -56,6 +56,9 @@ class LlamaForward:
         up = _linear(h, w["up_proj"], w.get("up_bias"))
         return x + _linear(gate * up, w["down_proj"], w.get("down_bias"))
 
+    def final_hidden(self, w: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """What the output projection reads (the engine may apply that projection in chunks)."""
+        return rms_norm(x, w["norm"], self.cfg.norm_eps)
+
     def head(self, w: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        x = rms_norm(x, w["norm"], self.cfg.norm_eps)
-        return _linear(x, w["lm_head"] if "lm_head" in w else w["embed_tokens"])
+        return _linear(self.final_hidden(w, x), w["lm_head"] if "lm_head" in w else w["embed_tokens"])

@@ -49,9 +49,12 @@ class OptForward:
         x = x + h
         return x if pre else self._norm(x, w, "mlp_norm")
 
-    def head(self, w, x: torch.Tensor) -> torch.Tensor:
+    def final_hidden(self, w, x: torch.Tensor) -> torch.Tensor:
         if "norm" in w:
             x = self._norm(x, w, "norm")
         if "project_out" in w:
             x = F.linear(x, w["project_out"])
-        return F.linear(x, w["lm_head"] if "lm_head" in w else w["embed_tokens"])
+        return x
+
+    def head(self, w, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.final_hidden(w, x), w["lm_head"] if "lm_head" in w else w["embed_tokens"])

@@ -1,0 +1,64 @@
+"""Choose the offload policy for a run: from a policy JSON, or `auto` — the planner's LP with
+this machine's measured profile (cached) and the run's memory budgets and lengths."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import torch
+
+import placement
+from placement import HardwareSpec, Plan, Policy, WorkloadSpec
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def profile_cache_path() -> Path:
+    root = os.environ.get("FLEXLAMPS_CACHE") or Path.home() / ".cache" / "flexlamps"
+    return Path(root) / "hardware.json"
+
+
+def machine_profile(scratch: Path, on_measure=None) -> HardwareSpec:
+    """This machine's profile: the cached one (written by `flexlamps profile`), or a quick
+    measurement made now and cached for the next run."""
+    path = profile_cache_path()
+    if path.exists():
+        try:
+            return HardwareSpec.from_json(path.read_text())
+        except (ValueError, TypeError, KeyError):
+            pass  # damaged cache: measure again
+    from flexlamps.hw_profile import profile_machine
+
+    if on_measure:
+        on_measure(path)
+    scratch.mkdir(parents=True, exist_ok=True)
+    spec = profile_machine(disk_folder=scratch, quick=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(spec.to_json())
+    os.replace(tmp, path)
+    return spec
+
+
+def plan_policy(hf_config: dict, dtype: torch.dtype, hardware: HardwareSpec, *, gpu_mem: int, cpu_mem: int,
+                disk_bytes: int | None, prompt_len: int, gen_len: int, max_block_size: int = 256,
+                allow_compression: bool = True) -> Plan:
+    model = placement.ModelSpec.from_hf_config(hf_config)
+    model = dataclasses.replace(model, dtype=_DTYPE_NAMES[dtype])
+    hw = dataclasses.replace(hardware, gpu_mem_bytes=gpu_mem, cpu_mem_bytes=cpu_mem,
+                             disk_bytes=max(1, disk_bytes or 1))
+    workload = WorkloadSpec(prompt_len=max(1, prompt_len), gen_len=max(1, gen_len))
+    return placement.solve(model, hw, workload, max_block_size=max_block_size,
+                           allow_weight_compression=allow_compression, allow_cache_compression=allow_compression)
+
+
+def load_policy(path: str | Path) -> Policy:
+    try:
+        return Policy.from_json(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"policy file {path} does not exist; pass --policy auto or a policy JSON") from None
+    except (json.JSONDecodeError, TypeError, KeyError, ValueError) as e:
+        raise ValueError(f"policy file {path} is not a valid policy: {e}") from None
