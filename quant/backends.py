@@ -156,7 +156,7 @@ def _load_bitsandbytes(quant_type: str, device: torch.device):
 
 
 def get_weight_quantizer(
-    name: str, group_size: int = 64, device: torch.device | str = "cpu"
+    name: str, group_size: int = 64, device: torch.device | str = "cpu", group_dim: int = 0
 ) -> GroupwiseQuantizer | BnbQuantizer | DenseQuantizer:
     """The weight quantizer called `name` (one of `WEIGHT_QUANTIZERS`).
 
@@ -164,6 +164,8 @@ def get_weight_quantizer(
         name: groupwise4 | groupwise8 | nf4 | fp4 | none.
         group_size: elements per group (ours) or per absmax block (bitsandbytes).
         device: where quantization will run; bitsandbytes is checked there.
+        group_dim: groupwise only: 0 (output channels, FlexGen) or 1 (input channels;
+            use it with group_size 32 on GGUF Q4_0/Q4_1 weights, whose blocks it matches).
     Raises:
         ValueError: unknown name.
         QuantBackendUnavailable: nf4/fp4 when bitsandbytes cannot run on `device`.
@@ -171,7 +173,7 @@ def get_weight_quantizer(
     if name == "none":
         return DenseQuantizer()
     if name in ("groupwise4", "groupwise8"):
-        return GroupwiseQuantizer(QuantConfig(bits=int(name[-1]), group_size=group_size, group_dim=0))
+        return GroupwiseQuantizer(QuantConfig(bits=int(name[-1]), group_size=group_size, group_dim=group_dim))
     if name in ("nf4", "fp4"):
         return BnbQuantizer(name, blocksize=group_size, device=device)
     raise ValueError(f"unknown weight quantizer {name!r}; choose one of {', '.join(WEIGHT_QUANTIZERS)}")

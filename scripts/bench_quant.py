@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from quant import (  # noqa: E402
+    KEY_CACHE_PER_CHANNEL,
     KV_CACHE_DEFAULT,
     QuantBackendUnavailable,
     QuantConfig,
@@ -154,10 +155,14 @@ def wikitext_perplexities(num_tokens: int, window: int = 1024, stride: int = 512
     ids = tokenizer(text_path.read_text(), return_tensors="pt").input_ids[:, :num_tokens]
     dense = {k: v.clone() for k, v in model.state_dict().items()}
 
+    kv_configs: list = [None, None]  # (keys, values) QuantConfig of the run in progress
+
     class QuantizedCache(DynamicCache):  # K/V compressed as they are stored, like our engine
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-            round_trip = lambda t: dequantize(quantize(t.half(), KV_CACHE_DEFAULT), t.dtype)  # noqa: E731
-            return super().update(round_trip(key_states), round_trip(value_states), layer_idx, *args, **kwargs)
+            key_cfg, value_cfg = kv_configs
+            key_states = dequantize(quantize(key_states.half(), key_cfg), key_states.dtype)
+            value_states = dequantize(quantize(value_states.half(), value_cfg), value_states.dtype)
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def perplexity(kv4: bool) -> float:
         nll, counted, prev_end = 0.0, 0, 0
@@ -174,26 +179,32 @@ def wikitext_perplexities(num_tokens: int, window: int = 1024, stride: int = 512
                 break
         return float(torch.exp(torch.tensor(nll / counted)))
 
-    def load_weights(group_dim: int | None) -> None:
+    def load_weights(weight_cfg: QuantConfig | None) -> None:
         state = dict(dense)
-        if group_dim is not None:
+        if weight_cfg is not None:
             for name, value in compress_state_dict(
-                {k: v.half() for k, v in dense.items() if is_linear_weight(k, v)}, QuantConfig(group_dim=group_dim)
+                {k: v.half() for k, v in dense.items() if is_linear_weight(k, v)}, weight_cfg
             ).items():
                 state[name] = value.dequantize(torch.float32)
         model.load_state_dict(state)
 
     print(f"\nWikiText-2 test, first {ids.shape[1]} tokens, window {window}, stride {stride} (SmolLM2 via transformers):")
     results = {}
-    for label, group_dim, kv4 in [
-        ("dense (GGUF Q4_1 dequantized)", None, False),
-        ("4-bit weights, group dim 0", 0, False),
-        ("4-bit weights, group dim 1", 1, False),
-        ("4-bit KV cache", None, True),
-        ("4-bit weights (dim 0) + KV", 0, True),
+    flexgen_w, gguf_w = QuantConfig(group_dim=0), QuantConfig(group_dim=1, group_size=32)
+    flexgen_kv, channel_k = (KV_CACHE_DEFAULT, KV_CACHE_DEFAULT), (KEY_CACHE_PER_CHANNEL, KV_CACHE_DEFAULT)
+    for label, weight_cfg, kv in [
+        ("dense (GGUF Q4_1 dequantized)", None, None),
+        ("W4 g64 dim 0 (FlexGen)", flexgen_w, None),
+        ("W4 g64 dim 1", QuantConfig(group_dim=1), None),
+        ("W4 g32 dim 1 (GGUF blocks)", gguf_w, None),
+        ("KV4 g64 head dim (FlexGen)", None, flexgen_kv),
+        ("K4 per channel + V4 head dim", None, channel_k),
+        ("W4 + KV4 (FlexGen both)", flexgen_w, flexgen_kv),
+        ("W4 g32 dim 1 + K4 chan + V4", gguf_w, channel_k),
     ]:
-        load_weights(group_dim)
-        results[label] = perplexity(kv4)
+        load_weights(weight_cfg)
+        kv_configs[:] = kv or (None, None)
+        results[label] = perplexity(kv is not None)
         base = results["dense (GGUF Q4_1 dequantized)"]
         print(f"  {label:<32} ppl {results[label]:8.3f}  ({100 * (results[label] / base - 1):+.2f}%)", flush=True)
 
