@@ -368,13 +368,18 @@ class Scheduler:
     def update_from_output(self, out: SchedulerOutput, runner: RunnerOutput, now: float, step_s: float | None = None) -> None:
         k = out.num_steps
         reqs = self.requests
+        on_computed = self.policy.on_computed
         if k > 1:
-            for rid in out.decode:  # the first step's blocks are allocated; grow for the rest
-                self.bm.grow(rid, reqs[rid].num_computed + k)
+            # the first step's blocks are allocated; grow for the rest
+            tables, bs, grow = self.bm.gpu_tables, self.config.block_size, self.bm.grow
+            for rid in out.decode:
+                req = reqs[rid]
+                if len(tables[rid]) * bs < req.num_computed + k:
+                    grow(rid, req.num_computed + k)
         for rid in out.decode:
             req = reqs[rid]
             req.num_computed += k
-            self.policy.on_computed(req, 1, k)
+            on_computed(req, 1, k)
         for part in (out.prefill, out.recompute):
             for rid, n in part.items():
                 req = reqs[rid]

@@ -1,0 +1,81 @@
+"""Ordering rules of each policy, on hand-built requests."""
+
+import pytest
+
+from flexlamps.sched.cost_model import CostModel
+from flexlamps.sched.policies import LAMPS, MLFQ, SJF, VTC, PolicyContext
+from flexlamps.sched.predictors import OraclePredictor
+from flexlamps.sched.request import Request, RequestSpec, Segment
+
+
+def _ctx(specs, iteration=1, step_s=0.02):
+    return PolicyContext(now=0.0, iteration=iteration, cost=CostModel.gptj6b_a100(),
+                         predictor=OraclePredictor({s.request_id: s for s in specs}),
+                         batch_context_tokens=10_000, swap_budget_tokens=1000, cpu_free_tokens=9000,
+                         step_s=step_s)
+
+
+def _req(spec, arrival=0.0, client="c"):
+    return Request(spec.request_id, arrival, spec.prompt_tokens, client_id=client)
+
+
+def test_sjf_orders_by_predicted_tokens_before_the_next_call():
+    short = RequestSpec("short", 500, (Segment(5),))
+    long = RequestSpec("long", 10, (Segment(300),))
+    ctx = _ctx([short, long])
+    p = SJF()
+    assert p.priority(_req(short, 1.0), ctx) < p.priority(_req(long, 0.0), ctx)
+
+
+def test_lamps_accounts_for_memory_held_through_the_call():
+    # same output; one preserves a big cache through a call, the other has no call
+    with_call = RequestSpec("call", 1500, (Segment(20, "qa", 0.5, 10), Segment(5)))
+    no_call = RequestSpec("plain", 1500, (Segment(20),))
+    small = RequestSpec("small", 100, (Segment(20, "qa", 0.5, 10), Segment(5)))
+    ctx = _ctx([with_call, no_call, small])
+    p = LAMPS()
+    keys = {s.request_id: p.priority(_req(s), ctx) for s in (with_call, no_call, small)}
+    assert keys["small"] < keys["plain"] < keys["call"]
+    # SJF cannot tell these apart: same tokens before the call
+    sjf = SJF()
+    assert sjf.priority(_req(with_call), ctx)[0] == sjf.priority(_req(no_call), ctx)[0]
+
+
+def test_lamps_reranks_only_every_k_iterations():
+    spec = RequestSpec("a", 100, (Segment(50),))
+    p = LAMPS(rerank_every=5)
+    req = _req(spec)
+    first = p.priority(req, _ctx([spec], iteration=1))
+    assert p.priority(req, _ctx([spec], iteration=2, step_s=1.0)) == first  # cached
+    assert p.priority(req, _ctx([spec], iteration=5, step_s=1.0)) != first  # re-ranked
+    req.promoted = True
+    assert p.priority(req, _ctx([spec], iteration=6)) < first  # the starvation guard wins
+
+
+def test_mlfq_skip_join_and_demotion():
+    p = MLFQ(base_quantum=4, levels=4)
+    long_prompt = RequestSpec("lp", 1900, (Segment(5),))
+    short_prompt = RequestSpec("sp", 10, (Segment(5),))
+    ctx = _ctx([long_prompt, short_prompt], step_s=0.02)
+    a, b = _req(long_prompt), _req(short_prompt, arrival=5.0)
+    assert p.priority(b, ctx) < p.priority(a, ctx)  # the long prefill skips the top level
+    assert b.mlfq_level == 0 and a.mlfq_level > 0
+    p.on_computed(b, 1, 4)  # used its level-0 quantum (4 iterations)
+    assert b.mlfq_level == 1
+
+
+def test_vtc_serves_the_least_served_client_and_lifts_returning_ones():
+    p = VTC()
+    spec = RequestSpec("x", 10, (Segment(5),))
+    heavy, light = _req(spec, 0.0, "heavy"), _req(spec, 1.0, "light")
+    p.on_arrival(heavy, [])
+    p.on_arrival(light, [heavy])
+    p.on_computed(heavy, 100, 1)  # 100 prompt tokens x 1
+    p.on_computed(heavy, 1, 10)  # 10 generated tokens x 2
+    assert p.counters["heavy"] == pytest.approx(120)
+    ctx = _ctx([spec])
+    assert p.priority(light, ctx) < p.priority(heavy, ctx)
+    p.on_computed(light, 50, 1)
+    newcomer = _req(spec, 2.0, "new")
+    p.on_arrival(newcomer, [heavy, light])  # lifted to the least active counter, 50
+    assert p.counters["new"] == pytest.approx(50)
