@@ -49,7 +49,7 @@ def _size(ctx, param, value):
 @click.option("--num-requests", default=16, show_default=True, help="requests drawn from the trace per load")
 @click.option("--time-scale", default=0.1, show_default=True,
               help="wall seconds waited per trace second of API time")
-@click.option("--max-context", default=512, show_default=True, help="tokens per request at most")
+@click.option("--max-context", default=256, show_default=True, help="tokens per request at most")
 @click.option("--max-prompt", default=96, show_default=True, help="prompt tokens at most")
 @click.option("--max-output", default=24, show_default=True, help="tokens decoded per segment at most")
 @click.option("--max-api-tokens", default=24, show_default=True, help="tokens a call returns at most")
