@@ -76,9 +76,8 @@ def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, m
     import torch
 
     from flexlamps.api import LLM
-    from flexlamps.engine.augmented_run import AgentsConfig, measure_cost
+    from flexlamps.engine.augmented_run import AgentsConfig, load_trace, measure_cost
     from flexlamps.engine.augmented_workload import TraceScale
-    from flexlamps.sim.trace import load_templates
 
     if threads:
         torch.set_num_threads(threads)
@@ -94,8 +93,7 @@ def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, m
         config = AgentsConfig(gpu_kv_bytes=gpu_kv_mem, cpu_swap_bytes=cpu_swap_mem, block_size=block_size,
                               max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched_tokens,
                               noise_sigma=noise_sigma, seed=seed)
-        templates = load_templates(trace_path, lambda text: len(llm.tokenizer.encode(text)),
-                                   max_model_len=1 << 30)  # capped below, by TraceScale
+        templates = load_trace(llm, trace_path)
     except ValueError as e:
         raise click.ClickException(str(e))
     os.makedirs(out_dir, exist_ok=True)
@@ -111,21 +109,16 @@ def _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, s
     from tqdm import tqdm
 
     from flexlamps.engine.augmented_reference import uninterrupted_tokens
-    from flexlamps.engine.augmented_run import run_policy_on_engine
-    from flexlamps.engine.augmented_workload import scale_spec, tokenize_requests
+    from flexlamps.engine.augmented_run import replay_requests, run_policy_on_engine
     from flexlamps.sim.metrics import summarize
-    from flexlamps.sim.trace import replay
 
-    cfg = llm.config
-    special = set(cfg.eos_token_ids) | {t for t in (cfg.bos_token_id,) if t is not None}
     results = []
     for load in qps:
-        specs = [scale_spec(s, scale) for s in replay(templates, load, seed=seed, num_requests=num_requests)]
         pool_tokens = cost.gpu_kv_tokens
         if scale.max_context >= pool_tokens:
             raise click.ClickException(f"--max-context {scale.max_context} does not fit the gpu KV pool "
                                        f"({pool_tokens} tokens); raise --gpu-kv-mem or lower --max-context")
-        requests = tokenize_requests(specs, cfg.vocab_size, special)
+        requests = replay_requests(llm, templates, scale, load, num_requests, seed)
         expected = {r.spec.request_id: uninterrupted_tokens(llm.executor, r) for r in requests} if verify else None
         for policy in policies:
             with tqdm(total=len(requests), desc=f"{policy} qps {load:g}", unit="req", leave=False) as bar:

@@ -12,12 +12,13 @@ from dataclasses import asdict, dataclass
 
 from flexlamps.engine.augmented import AugmentedEngine, AugmentedResult, WallClock
 from flexlamps.engine.augmented_calibrate import calibrate_cost_model
-from flexlamps.engine.augmented_workload import TokenizedRequest
+from flexlamps.engine.augmented_workload import TokenizedRequest, TraceScale, scale_spec, tokenize_requests
 from flexlamps.engine.paged_cache import PagedKVCache
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.policies import Policy, make_policy
 from flexlamps.sched.predictors import NoisyPredictor, OraclePredictor
 from flexlamps.sched.scheduler import Scheduler, SchedulerConfig
+from flexlamps.sim.trace import Template, load_templates, replay
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,3 +72,18 @@ def run_policy_on_engine(llm, requests: list[TokenizedRequest], policy: str | Po
     sched = Scheduler(sched_cfg, policy, predictor, cost)
     engine = AugmentedEngine(llm.executor, cache, sched, clock or WallClock(), check, on_iteration, on_finish)
     return engine.run(requests)
+
+
+def load_trace(llm, trace_path: str) -> list[Template]:
+    """Trace templates, text segments counted with the model's tokenizer (not capped: the
+    TraceScale caps them)."""
+    return load_templates(trace_path, lambda text: len(llm.tokenizer.encode(text)), max_model_len=1 << 30)
+
+
+def replay_requests(llm, templates: list[Template], scale: TraceScale, qps: float, num_requests: int,
+                    seed: int = 0) -> list[TokenizedRequest]:
+    """`num_requests` drawn from `templates` with Poisson arrivals at `qps`, scaled, with ids."""
+    cfg = llm.config
+    special = set(cfg.eos_token_ids) | ({cfg.bos_token_id} if cfg.bos_token_id is not None else set())
+    specs = [scale_spec(s, scale) for s in replay(templates, qps, seed=seed, num_requests=num_requests)]
+    return tokenize_requests(specs, cfg.vocab_size, special)
