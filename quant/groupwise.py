@@ -38,8 +38,8 @@ def quantize_grouped(x: torch.Tensor, config: QuantConfig):
 
     Returns:
         codes: uint8 `[outer, length, inner]`, unpacked.
-        scales: `[outer, groups, 1, inner]` in `x.dtype`.
-        mins: same shape and dtype, or None when symmetric.
+        scales: `[outer, groups, 1, inner]` in `x.dtype` (a QTensor of it if param_bits=8).
+        mins: same, or None when symmetric.
     """
     outer, length, inner = x.shape
     layout = GroupLayout(outer, length, inner, config.group_size)
@@ -55,18 +55,38 @@ def quantize_grouped(x: torch.Tensor, config: QuantConfig):
     if config.symmetric:
         mid = 1 << (config.bits - 1)
         step = _round_up(groups.abs().amax(dim=2, keepdim=True) / (mid - 1), store_dtype)
-        codes = torch.round(groups / _nonzero(step.float())) + mid
+        step, step_used = _store_params(step, config)
+        codes = torch.round(groups / _nonzero(step_used)) + mid
         mins = None
     else:
         lo = groups.amin(dim=2, keepdim=True)  # exact in store_dtype: it is one of the inputs
         hi = groups.amax(dim=2, keepdim=True)
+        mins, lo = _store_params(lo.to(store_dtype), config)
         # hi/n - lo/n instead of (hi-lo)/n: no overflow for ranges near the dtype's max
         step = _round_up(hi / config.max_code - lo / config.max_code, store_dtype)
-        codes = torch.round((groups - lo) / _nonzero(step.float()))
-        mins = lo.to(store_dtype)
+        step, step_used = _store_params(step, config)
+        codes = torch.round((groups - lo) / _nonzero(step_used))
     codes = codes.clamp_(0, config.max_code).to(torch.uint8)
     codes = codes.view(outer, layout.padded_length, inner)[:, :length, :]
     return codes, step, mins
+
+
+def _store_params(params: torch.Tensor, config: QuantConfig):
+    """`(stored, used)`: how group params `[O, G, 1, I]` are kept, and their float32 values.
+
+    With `param_bits=8` they become an 8-bit QTensor grouped over G (one min-max pair per
+    (outer, inner) position); codes are then computed from the values it decodes to, so
+    what dequantize sees is what quantize assumed.
+    """
+    if config.param_bits == 16:
+        return params, params.float()
+    stored = quantize(params, QuantConfig(bits=8, group_size=max(1, params.shape[1]), group_dim=1))
+    return stored, dequantize(stored, torch.float32)
+
+
+def dense_params(params) -> torch.Tensor:
+    """Group scales or mins as a dense tensor, decoding 8-bit params (`param_bits=8`)."""
+    return params.dequantize() if isinstance(params, QTensor) else params
 
 
 def dequantize(
@@ -111,11 +131,11 @@ def _dequantize_whole(qt: QTensor, dtype: torch.dtype, out: torch.Tensor | None)
         work = torch.empty(qt.shape, dtype=work_dtype, device=qt.device)
     work3 = work.view(layout.outer, layout.length, layout.inner)
     work3.copy_(codes.view(layout.outer, layout.length, layout.inner))
-    scales = qt.scales.to(work_dtype)
+    scales = dense_params(qt.scales).to(work_dtype)
     if qt.mins is None:  # symmetric: value = (code - mid) * step
         offsets = scales * -(1 << (qt.config.bits - 1))
     else:
-        offsets = qt.mins.to(work_dtype)
+        offsets = dense_params(qt.mins).to(work_dtype)
     apply_affine_(work3, scales, offsets, layout.group_size)
     if work is out:
         return out
@@ -151,11 +171,11 @@ def _dequantize_cpu_chunked(qt: QTensor, out_flat: torch.Tensor) -> None:
     slab = layout.group_size * layout.inner
     num_slabs = qt.numel // slab
     per_chunk = max(1, _CHUNK_ELEMENTS // slab)
-    scales = qt.scales.reshape(num_slabs, 1, layout.inner).float()  # (slabs, 1, I)
+    scales = dense_params(qt.scales).reshape(num_slabs, 1, layout.inner).float()  # (slabs, 1, I)
     if qt.mins is None:
         offsets = scales * -(1 << (qt.config.bits - 1))
     else:
-        offsets = qt.mins.reshape(num_slabs, 1, layout.inner).float()
+        offsets = dense_params(qt.mins).reshape(num_slabs, 1, layout.inner).float()
     codes_buf, work_buf = _cpu_workspace(min(num_slabs, per_chunk) * slab)
     direct = out_flat.dtype == torch.float32  # fp32 result: compute in place, no workspace
     for first in range(0, num_slabs, per_chunk):

@@ -44,6 +44,8 @@ class QuantizedKVBuffer:
             raise ValueError(
                 f"QuantizedKVBuffer groups along head_dim; got group_dim={config.group_dim}, use -1 or 3"
             )
+        if config.param_bits != 16:
+            raise ValueError(f"KV buffers keep group params in {dtype}; got param_bits={config.param_bits}, use 16")
         dtype_name(dtype)
         self.shape = (batch, num_heads, capacity, head_dim)
         self.config = config

@@ -49,6 +49,8 @@ class ChannelQuantizedKVBuffer:
             )
         if config.bits == 4 and config.group_size % 2:
             raise ValueError(f"4-bit blocks pack token pairs; group_size={config.group_size} must be even")
+        if config.param_bits != 16:
+            raise ValueError(f"KV buffers keep group params in {dtype}; got param_bits={config.param_bits}, use 16")
         dtype_name(dtype)
         self.shape = (batch, num_heads, capacity, head_dim)
         self.config = config

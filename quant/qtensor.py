@@ -25,6 +25,14 @@ def dtype_name(dtype: torch.dtype) -> str:
     raise ValueError(f"cannot quantize a {dtype} tensor; convert it to one of {sorted(_DTYPES)} first")
 
 
+def _nbytes(part) -> int:
+    if part is None:
+        return 0
+    if isinstance(part, torch.Tensor):
+        return part.numel() * part.element_size()
+    return part.nbytes
+
+
 @dataclasses.dataclass(frozen=True)
 class GroupLayout:
     """How a tensor of `shape` is viewed for grouping along one dim.
@@ -63,7 +71,8 @@ class QTensor:
     Attributes:
         codes: 1-D uint8. At 4 bits, ceil(n/2) bytes in `quant.pack`'s layout; at 8 bits,
             n bytes. Codes are stored unpadded, in the original tensor's row-major order.
-        scales: `[outer, num_groups, 1, inner]` step per group, in the original dtype.
+        scales: `[outer, num_groups, 1, inner]` step per group, in the original dtype;
+            itself an 8-bit QTensor of that when `config.param_bits == 8`.
         mins: same shape, each group's minimum (asymmetric); None when symmetric
             (the zero point is then the middle code, 2**(bits-1)).
         shape: the original shape.
@@ -72,8 +81,8 @@ class QTensor:
     """
 
     codes: torch.Tensor
-    scales: torch.Tensor
-    mins: torch.Tensor | None
+    scales: "torch.Tensor | QTensor"
+    mins: "torch.Tensor | QTensor | None"
     shape: tuple[int, ...]
     dtype: torch.dtype
     config: QuantConfig
@@ -93,11 +102,7 @@ class QTensor:
     @property
     def nbytes(self) -> int:
         """Bytes held: packed codes + scales (+ mins)."""
-        total = self.codes.numel() * self.codes.element_size()
-        total += self.scales.numel() * self.scales.element_size()
-        if self.mins is not None:
-            total += self.mins.numel() * self.mins.element_size()
-        return total
+        return sum(_nbytes(part) for part in (self.codes, self.scales, self.mins))
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "QTensor":
         """The same compressed tensor on `device` (still compressed)."""
@@ -119,26 +124,31 @@ class QTensor:
         meta = json.dumps(
             {"shape": list(self.shape), "dtype": dtype_name(self.dtype), "config": self.config.to_json()}
         ).encode()
-        tensors = {
-            f"{prefix}codes": self.codes,
-            f"{prefix}scales": self.scales,
-            f"{prefix}meta": torch.frombuffer(bytearray(meta), dtype=torch.uint8),
-        }
-        if self.mins is not None:
-            tensors[f"{prefix}mins"] = self.mins
+        tensors = {f"{prefix}codes": self.codes, f"{prefix}meta": torch.frombuffer(bytearray(meta), dtype=torch.uint8)}
+        for key, part in (("scales", self.scales), ("mins", self.mins)):
+            if isinstance(part, QTensor):  # 8-bit params: nested under "<key>."
+                tensors.update(part.to_tensors(prefix=f"{prefix}{key}."))
+            elif part is not None:
+                tensors[f"{prefix}{key}"] = part
         return tensors
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str = "") -> "QTensor":
         """Inverse of `to_tensors`; raises KeyError naming the missing key."""
-        for key in ("codes", "scales", "meta"):
+        for key in ("codes", "meta"):
             if f"{prefix}{key}" not in tensors:
                 raise KeyError(f"{prefix}{key!s} missing: not a QTensor written by QTensor.to_tensors(prefix={prefix!r})")
         meta = json.loads(bytes(tensors[f"{prefix}meta"].cpu().numpy().tobytes()).decode())
+
+        def params(key: str):
+            if f"{prefix}{key}.meta" in tensors:
+                return cls.from_tensors(tensors, prefix=f"{prefix}{key}.")
+            return tensors.get(f"{prefix}{key}")
+
         return cls(
             codes=tensors[f"{prefix}codes"],
-            scales=tensors[f"{prefix}scales"],
-            mins=tensors.get(f"{prefix}mins"),
+            scales=params("scales"),
+            mins=params("mins"),
             shape=tuple(meta["shape"]),
             dtype=_DTYPES[meta["dtype"]],
             config=QuantConfig.from_json(meta["config"]),

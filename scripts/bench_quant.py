@@ -190,17 +190,17 @@ def wikitext_perplexities(num_tokens: int, window: int = 1024, stride: int = 512
 
     print(f"\nWikiText-2 test, first {ids.shape[1]} tokens, window {window}, stride {stride} (SmolLM2 via transformers):")
     results = {}
-    flexgen_w, gguf_w = QuantConfig(group_dim=0), QuantConfig(group_dim=1, group_size=32)
+    flexgen_w = QuantConfig(group_dim=0)
+    gguf_w = QuantConfig(group_dim=1, group_size=32, param_bits=8)  # 4.5 bits, GGUF-aligned groups
     flexgen_kv, channel_k = (KV_CACHE_DEFAULT, KV_CACHE_DEFAULT), (KEY_CACHE_PER_CHANNEL, KV_CACHE_DEFAULT)
     for label, weight_cfg, kv in [
         ("dense (GGUF Q4_1 dequantized)", None, None),
         ("W4 g64 dim 0 (FlexGen)", flexgen_w, None),
-        ("W4 g64 dim 1", QuantConfig(group_dim=1), None),
-        ("W4 g32 dim 1 (GGUF blocks)", gguf_w, None),
+        ("W4 g32 dim 1, 8-bit params", gguf_w, None),
         ("KV4 g64 head dim (FlexGen)", None, flexgen_kv),
         ("K4 per channel + V4 head dim", None, channel_k),
         ("W4 + KV4 (FlexGen both)", flexgen_w, flexgen_kv),
-        ("W4 g32 dim 1 + K4 chan + V4", gguf_w, channel_k),
+        ("W4 g32 d1 p8 + K4 chan + V4", gguf_w, channel_k),
     ]:
         load_weights(weight_cfg)
         kv_configs[:] = kv or (None, None)
