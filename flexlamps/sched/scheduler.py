@@ -69,6 +69,7 @@ class Scheduler:
         self._min_need: int | None = None
         self._unsorted: list[Request] = []  # joined the queue since it was last ordered
         self._promoted: list[Request] = []  # promoted since the queue was last ordered
+        self._tracks_service = type(policy).on_computed is not Policy.on_computed
 
     # -- events from outside ---------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -348,6 +349,8 @@ class Scheduler:
                 and self.min_waiting_need() <= free - self._watermark:
             return 1
         bs = self.config.block_size
+        if free >= len(scheduled) * (-(-k // bs) + 1):
+            return k  # even if every request opens new blocks all the way, they fit
         held = [(r.num_computed + 1, self.bm.num_gpu_blocks_of(r.request_id)) for r in scheduled]
 
         def extra(steps: int) -> int:
@@ -368,7 +371,8 @@ class Scheduler:
     def update_from_output(self, out: SchedulerOutput, runner: RunnerOutput, now: float, step_s: float | None = None) -> None:
         k = out.num_steps
         reqs = self.requests
-        on_computed = self.policy.on_computed
+        # most policies keep no service accounting: skip the per-request calls for them
+        on_computed = self.policy.on_computed if self._tracks_service else None
         if k > 1:
             # the first step's blocks are allocated; grow for the rest
             tables, bs, grow = self.bm.gpu_tables, self.config.block_size, self.bm.grow
@@ -377,9 +381,10 @@ class Scheduler:
                 if len(tables[rid]) * bs < req.num_computed + k:
                     grow(rid, req.num_computed + k)
         for rid in out.decode:
-            req = reqs[rid]
-            req.num_computed += k
-            on_computed(req, 1, k)
+            reqs[rid].num_computed += k
+        if on_computed is not None:
+            for rid in out.decode:
+                on_computed(reqs[rid], 1, k)
         for part in (out.prefill, out.recompute):
             for rid, n in part.items():
                 req = reqs[rid]
@@ -390,7 +395,8 @@ class Scheduler:
                         self._recompute_left[rid] = left
                     else:
                         del self._recompute_left[rid]
-                self.policy.on_computed(req, n, 1)
+                if on_computed is not None:
+                    on_computed(req, n, 1)
         for rid in out.sampling:
             req = reqs[rid]
             req.num_tokens += k
