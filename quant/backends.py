@@ -156,7 +156,11 @@ def _load_bitsandbytes(quant_type: str, device: torch.device):
 
 
 def get_weight_quantizer(
-    name: str, group_size: int = 64, device: torch.device | str = "cpu", group_dim: int = 0
+    name: str,
+    group_size: int = 64,
+    device: torch.device | str = "cpu",
+    group_dim: int = 0,
+    param_bits: int = 16,
 ) -> GroupwiseQuantizer | BnbQuantizer | DenseQuantizer:
     """The weight quantizer called `name` (one of `WEIGHT_QUANTIZERS`).
 
@@ -166,6 +170,7 @@ def get_weight_quantizer(
         device: where quantization will run; bitsandbytes is checked there.
         group_dim: groupwise only: 0 (output channels, FlexGen) or 1 (input channels;
             use it with group_size 32 on GGUF Q4_0/Q4_1 weights, whose blocks it matches).
+        param_bits: groupwise only: 16, or 8 to store group scales/mins in 8 bits.
     Raises:
         ValueError: unknown name.
         QuantBackendUnavailable: nf4/fp4 when bitsandbytes cannot run on `device`.
@@ -173,7 +178,8 @@ def get_weight_quantizer(
     if name == "none":
         return DenseQuantizer()
     if name in ("groupwise4", "groupwise8"):
-        return GroupwiseQuantizer(QuantConfig(bits=int(name[-1]), group_size=group_size, group_dim=group_dim))
+        config = QuantConfig(bits=int(name[-1]), group_size=group_size, group_dim=group_dim, param_bits=param_bits)
+        return GroupwiseQuantizer(config)
     if name in ("nf4", "fp4"):
         return BnbQuantizer(name, blocksize=group_size, device=device)
     raise ValueError(f"unknown weight quantizer {name!r}; choose one of {', '.join(WEIGHT_QUANTIZERS)}")

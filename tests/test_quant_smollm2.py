@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from quant import WEIGHT_DEFAULT, compress_state_dict, is_linear_weight
+from quant import WEIGHT_DEFAULT, QuantConfig, compress_state_dict, is_linear_weight, quantize
 from quant.state_dict import state_dict_nbytes
 
 HIDDEN, FFN, KV, LAYERS = 576, 1536, 3 * 64, 30
@@ -44,6 +44,17 @@ def test_decoder_weights_compress_below_0_30_of_fp16():
     ratio = packed_bytes / fp16_bytes
     print(f"SmolLM2-135M decoder linears: {packed_bytes / 2**20:.1f} MiB of {fp16_bytes / 2**20:.1f} MiB fp16 = {ratio:.4f}x")
     assert ratio <= MAX_RATIO
+
+
+def test_gguf_aligned_config_also_fits():
+    # Group 32 along the input dim (the GGUF Q4_1 blocks) with 8-bit group params.
+    config = QuantConfig(group_size=32, group_dim=1, param_bits=8)
+    fp16_bytes = sum(2 * o * i for o, i in LAYER_SHAPES.values())
+    packed_bytes = sum(config.packed_nbytes(s, "float16") for s in LAYER_SHAPES.values())
+    layer = {n: torch.randn(s, dtype=torch.float16) for n, s in LAYER_SHAPES.items()}
+    assert sum(quantize(w, config).nbytes for w in layer.values()) == packed_bytes
+    print(f"g32 dim 1 8-bit params: {packed_bytes / fp16_bytes:.4f}x fp16")
+    assert packed_bytes / fp16_bytes <= MAX_RATIO
 
 
 def _smollm2_gguf() -> pathlib.Path | None:
