@@ -45,11 +45,12 @@ def test_fp16_weight_is_4_5_bits_per_element():
     assert WEIGHT_DEFAULT.packed_nbytes((576, 1536), "float16") / (576 * 1536 * 2) == pytest.approx(0.28125)
 
 
-def test_qtensor_safetensors_round_trip(tmp_path):
+@pytest.mark.parametrize("param_bits", [16, 8])
+def test_qtensor_safetensors_round_trip(tmp_path, param_bits):
     from safetensors.torch import load_file, save_file
 
     x = torch.randn(65, 9, dtype=torch.bfloat16)
-    qt = quantize(x, QuantConfig(group_dim=0))
+    qt = quantize(x, QuantConfig(group_dim=0, param_bits=param_bits))
     save_file(qt.to_tensors(prefix="w."), tmp_path / "q.safetensors")
     back = QTensor.from_tensors(load_file(tmp_path / "q.safetensors"), prefix="w.")
     assert back.shape == qt.shape and back.dtype == qt.dtype and back.config == qt.config
@@ -59,9 +60,11 @@ def test_qtensor_safetensors_round_trip(tmp_path):
 
 
 def test_qtensor_to_device_keeps_it_compressed():
-    qt = quantize(torch.randn(64, 4), QuantConfig())
-    moved = qt.to("cpu")
-    assert isinstance(moved, QTensor) and moved.nbytes == qt.nbytes
+    for config in (QuantConfig(), QuantConfig(param_bits=8)):
+        qt = quantize(torch.randn(64, 4), config)
+        moved = qt.to("cpu")
+        assert isinstance(moved, QTensor) and moved.nbytes == qt.nbytes
+        assert torch.equal(moved.dequantize(), qt.dequantize())
 
 
 def test_import_quant_config_does_not_import_torch():
