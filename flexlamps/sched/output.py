@@ -7,9 +7,13 @@ from dataclasses import dataclass, field
 
 @dataclass
 class SchedulerOutput:
-    """One iteration's plan. The executor swaps blocks in, runs one forward over the listed
-    tokens (or `num_steps` identical decode forwards), swaps blocks out, and reports back
-    through `Scheduler.update_from_output`."""
+    """One iteration's plan, for an executor that owns the KV tensors. Order matters:
+    1. copy `swap_out` (gpu -> cpu; decided when the calls were made, their gpu blocks are
+       already free in the BlockManager and may be reused below), then `swap_in` (cpu -> gpu);
+    2. run one forward over the listed tokens (or `num_steps` identical decode forwards); a
+       request's new tokens start at `Scheduler.requests[rid].num_computed`, which
+       `update_from_output` advances;
+    3. sample for `sampling`, and report calls / ends through `Scheduler.update_from_output`."""
 
     iteration: int = 0
     # `num_steps` > 1 only when every scheduled request is decoding and nothing else can change
