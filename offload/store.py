@@ -170,6 +170,10 @@ class TieredStore:
     def fetch_async(self, names: list[str]) -> Future:
         return self._pool.submit(self.fetch, names)
 
+    def submit(self, fn) -> Future:
+        """Run `fn` on the store's I/O threads (callers time or chain their own loads)."""
+        return self._pool.submit(fn)
+
     def release(self, staged_bytes: int) -> None:
         if staged_bytes:
             self.budgets["gpu"].free(staged_bytes)

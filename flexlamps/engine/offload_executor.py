@@ -26,7 +26,8 @@ from offload import DiskFolder, TierBudget, TieredStore, compute_device
 
 @dataclass
 class SweepProfile:
-    """Per-layer wall time against its I/O wait and compute, for the overlap report."""
+    """Per layer: wall time, time spent waiting for its weights, compute time, and how long its
+    weight load took on the I/O thread. Perfect overlap makes wall == max(io, compute)."""
     layer_s: list[float] = field(default_factory=list)
     io_wait_s: list[float] = field(default_factory=list)
     compute_s: list[float] = field(default_factory=list)
@@ -85,7 +86,8 @@ class OffloadExecutor:
         self.head_name = "lm_head" if any(s.name == "lm_head" for s in self.specs) else "embed_tokens"
         self.layer_names = [[s.name for s in self.specs if s.layer == i] for i in range(cfg.num_layers)]
         self.local = {s.name: s.local_name for s in self.specs}
-        self.profile: SweepProfile | None = None
+        self.record_profile = False  # when True, every sweep appends a SweepProfile to self.sweeps
+        self.sweeps: list[SweepProfile] = []
 
     # -- setup ------------------------------------------------------------------------------
     def _compressible(self, spec) -> bool:
@@ -142,6 +144,15 @@ class OffloadExecutor:
             out[self.local[name]] = w
         return out
 
+    def _fetch_timed(self, layer: int):
+        """Load a layer's weights on a worker thread; the result carries the load's duration."""
+        def load():
+            t = time.perf_counter()
+            fetched, staged = self.store.fetch(self.layer_names[layer])
+            return fetched, staged, time.perf_counter() - t
+
+        return self.store.submit(load)
+
     HEAD_CHUNK_ROWS = 8192
 
     def _embed(self, glob: dict, step: Step) -> torch.Tensor:
@@ -175,9 +186,9 @@ class OffloadExecutor:
         return (n * t * per_token + scores) * _bytes_per(self.dtype) + logit_tokens * cfg.vocab_size * 4
 
     @torch.inference_mode()
-    def forward_steps(self, cache: TieredKVCache, steps: list[Step], profile: bool = False) -> list[torch.Tensor]:
+    def forward_steps(self, cache: TieredKVCache, steps: list[Step]) -> list[torch.Tensor]:
         cfg, fwd, store = self.cfg, self.fwd, self.store
-        prof = SweepProfile() if profile else None
+        prof = SweepProfile() if self.record_profile else None
         glob_fetched, glob_staged = store.fetch(self.small_global_names)
         glob = self._layer_weights(glob_fetched)
         act_tier = "cpu" if self.policy.activations.cpu > 0.5 else "gpu"
@@ -191,12 +202,12 @@ class OffloadExecutor:
                 hidden.append(x.to("cpu") if act_tier == "cpu" else x)
                 ctxs.append(fwd.step_context(s.positions.to(self.device), self.dtype))
             spans = [int(s.positions.max()) + 1 for s in steps]
-            pending = store.fetch_async(self.layer_names[0]) if cfg.num_layers else None
+            pending = self._fetch_timed(0) if cfg.num_layers else None
             for j in range(cfg.num_layers):
                 t0 = time.perf_counter()
-                fetched, staged = pending.result()
+                fetched, staged, io_s = pending.result()
                 t_io = time.perf_counter()
-                pending = store.fetch_async(self.layer_names[j + 1]) if j + 1 < cfg.num_layers else None
+                pending = self._fetch_timed(j + 1) if j + 1 < cfg.num_layers else None
                 try:
                     w = self._layer_weights(fetched)
                     for k, s in enumerate(steps):
@@ -215,6 +226,7 @@ class OffloadExecutor:
                     prof.layer_s.append(t1 - t0)
                     prof.io_wait_s.append(t_io - t0)
                     prof.compute_s.append(t1 - t_io)
+                    prof.io_s.append(io_s)
             outs = []
             for k, s in enumerate(steps):
                 x = hidden[k].to(self.device)
@@ -222,12 +234,22 @@ class OffloadExecutor:
                     x = x[torch.arange(x.shape[0]), s.logit_rows.to(self.device)][:, None]
                 outs.append(self._logits(fwd.final_hidden(glob, x)))
             if prof is not None:
-                self.profile = prof
+                self.sweeps.append(prof)
             return outs
         finally:
             if act_bytes:
                 self.budgets[act_tier].free(act_bytes)
             store.release(glob_staged)
+
+    def overlap_report(self) -> dict[str, float]:
+        """Steady-state (all sweeps but the first) per-layer wall time vs max(I/O, compute)."""
+        sweeps = self.sweeps[1:] or self.sweeps
+        wall = sum(sum(p.layer_s) for p in sweeps)
+        bound = sum(max(io, c) for p in sweeps for io, c in zip(p.io_s, p.compute_s))
+        io = sum(sum(p.io_s) for p in sweeps)
+        compute = sum(sum(p.compute_s) for p in sweeps)
+        return {"sweeps": len(sweeps), "wall_s": wall, "io_s": io, "compute_s": compute,
+                "max_io_compute_s": bound, "ratio": wall / bound if bound else float("nan")}
 
     def close(self) -> None:
         self.store.close()
