@@ -70,7 +70,8 @@ def command(trace_path, policies, qps, window, seed, predictor, noise_sigma, cos
     os.makedirs(out_dir, exist_ok=True)
     summaries, cdfs = [], {}
     header = f"{'policy':10s} {'qps':>5s} {'n':>6s} {'E2E mean':>9s} {'p50':>8s} {'p99':>8s} " \
-             f"{'TTFT mean':>9s} {'p50':>7s} {'p99':>7s} {'norm s/tok':>10s} {'req/s':>6s} {'tok/s':>7s}"
+             f"{'TTFT mean':>9s} {'p50':>7s} {'p99':>7s} {'norm mean':>9s} {'p50':>7s} {'p99':>7s} " \
+             f"{'req/s':>6s} {'tok/s':>7s}"
     rows = []
     with tqdm(total=len(qps) * len(policies), desc="simulating", unit="run", leave=False) as bar:
         for load in qps:
@@ -82,8 +83,12 @@ def command(trace_path, policies, qps, window, seed, predictor, noise_sigma, cos
                 cdfs.setdefault(load, {})[policy] = [r.e2e for r in res.records]
                 rows.append(f"{s.policy:10s} {s.qps:5g} {s.num_requests:6d} {s.e2e_mean:9.2f} {s.e2e_p50:8.2f} "
                             f"{s.e2e_p99:8.2f} {s.ttft_mean:9.3f} {s.ttft_p50:7.3f} {s.ttft_p99:7.2f} "
-                            f"{s.norm_mean:10.4f} {s.throughput_rps:6.2f} {s.throughput_tps:7.0f}")
+                            f"{s.norm_mean:9.4f} {s.norm_p50:7.4f} {s.norm_p99:7.3f} "
+                            f"{s.throughput_rps:6.2f} {s.throughput_tps:7.0f}")
                 bar.update()
+    click.echo(f"cost model: {cost.note or 'custom'}; gpu KV {cost.gpu_kv_tokens} tokens, "
+               f"cpu swap {cost.cpu_swap_tokens} tokens; latency in s, normalized = "
+               "(E2E - API time) / output tokens")
     click.echo(header)
     for row in rows:
         click.echo(row)
