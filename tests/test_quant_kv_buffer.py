@@ -68,7 +68,7 @@ def test_errors_name_the_problem():
         QuantizedKVBuffer(1, 2, 4, 64, QuantConfig(group_dim=2))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     st.lists(st.integers(1, 5), min_size=1, max_size=8),
     st.sampled_from([4, 8]),

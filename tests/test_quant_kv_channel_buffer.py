@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from quant import KEY_CACHE_PER_CHANNEL, ChannelQuantizedKVBuffer, QuantConfig, dequantize, quantize
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(st.lists(st.integers(1, 40), min_size=1, max_size=6), st.sampled_from([4, 8]), st.booleans())
 def test_appends_match_block_quantization_and_residual_is_exact(chunks, bits, symmetric):
     config = QuantConfig(bits=bits, group_size=16, group_dim=2, symmetric=symmetric)
