@@ -36,6 +36,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--noise-sigma", type=float, default=0.6)
     ap.add_argument("--predictor", default="oracle", choices=["oracle", "learned"])
+    ap.add_argument("--speed", action="store_true", help="also time 10k-request simulations")
     args = ap.parse_args()
     cost = CostModel.gptj6b_a100()
     print(f"cost model: {cost.note}; gpu KV {cost.gpu_kv_tokens} tokens, cpu swap {cost.cpu_swap_tokens} tokens")
@@ -77,6 +78,18 @@ def main() -> int:
                   f"{ti:8.3f} | {ni:9.3f} | {verdict}", flush=True)
         ok_all &= passed_loaded
         print(f"{label}: {'a loaded point meets every ratio' if passed_loaded else 'NO loaded point meets the ratios'}")
+    if args.speed:
+        templates = load_templates(os.path.join(DATA, TRACES["multi-API"][0]), max_model_len=cost.max_model_len)
+        for qps in (2.0, 4.0):
+            specs = replay(templates, qps, num_requests=10_000, seed=args.seed)
+            for policy in ("infercept", "lamps"):
+                cpu = time.process_time()
+                res = run_policy(specs, policy, qps, cost, args.predictor, seed=args.seed)
+                cpu = time.process_time() - cpu
+                st = res.simulator.stats
+                print(f"speed: {len(specs)} requests, qps {qps:g}, {policy}: {cpu:.1f} s cpu "
+                      f"({res.summary.sim_seconds:.1f} s wall), {st.iterations} iterations in "
+                      f"{st.schedule_calls} scheduler calls")
     print(f"\nall checks {'passed' if ok_all else 'FAILED'} ({time.perf_counter() - t_start:.0f} s)")
     return 0 if ok_all else 1
 
