@@ -81,7 +81,8 @@ class BnbTensor:
 
     @property
     def nbytes(self) -> int:
-        return self.codes.numel() * self.codes.element_size() + self.state.absmax.numel() * self.state.absmax.element_size()
+        absmax = self.state.absmax
+        return self.codes.numel() * self.codes.element_size() + absmax.numel() * absmax.element_size()
 
     def to(self, device, non_blocking: bool = False) -> "BnbTensor":
         state = copy.copy(self.state)  # QuantState.to moves in place; keep the original where it is

@@ -143,8 +143,8 @@ class ChannelQuantizedKVBuffer:
         else:
             offsets = self.mins[:, :, :full, None, :].to(work_dtype)
         torch.addcmul(offsets, work, scales, out=work)
-        dense = torch.cat([work.view(batch, heads, full * block, head_dim), self.residual[:, :, : self.length % block].to(work_dtype)], 2)
-        dense = dense[:, :, :upto]
+        residual = self.residual[:, :, : self.length % block].to(work_dtype)
+        dense = torch.cat([work.view(batch, heads, full * block, head_dim), residual], dim=2)[:, :, :upto]
         return dense if dense.dtype == dtype else dense.to(dtype)
 
     def truncate(self, length: int) -> None:

@@ -50,5 +50,6 @@ def unpack_nibbles_range(packed: torch.Tensor, numel: int, start: int, stop: int
         torch.bitwise_and(packed[start:low_stop], 15, out=out[: low_stop - start])
     high_start = max(start, half)
     if high_start < stop:
-        torch.bitwise_right_shift(packed[high_start - half : stop - half], 4, out=out[high_start - start : stop - start])
+        high = packed[high_start - half : stop - half]
+        torch.bitwise_right_shift(high, 4, out=out[high_start - start : stop - start])
     return out[: stop - start]

@@ -137,7 +137,7 @@ class QTensor:
         """Inverse of `to_tensors`; raises KeyError naming the missing key."""
         for key in ("codes", "meta"):
             if f"{prefix}{key}" not in tensors:
-                raise KeyError(f"{prefix}{key!s} missing: not a QTensor written by QTensor.to_tensors(prefix={prefix!r})")
+                raise KeyError(f"{prefix}{key} missing: not written by QTensor.to_tensors(prefix={prefix!r})")
         meta = json.loads(bytes(tensors[f"{prefix}meta"].cpu().numpy().tobytes()).decode())
 
         def params(key: str):

@@ -32,7 +32,9 @@ DECODER_LINEAR = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_ga
 
 def test_decoder_weights_compress_below_0_30_of_fp16():
     gen = torch.Generator().manual_seed(0)
-    layer = {f"model.layers.0.{n}.weight": torch.randn(s, generator=gen).half() * 0.02 for n, s in LAYER_SHAPES.items()}
+    layer = {
+        f"model.layers.0.{n}.weight": torch.randn(s, generator=gen).half() * 0.02 for n, s in LAYER_SHAPES.items()
+    }
     layer["model.layers.0.input_layernorm.weight"] = torch.ones(HIDDEN, dtype=torch.float16)
     compressed = compress_state_dict(layer)
     linear = {k: v for k, v in compressed.items() if not isinstance(v, torch.Tensor)}
