@@ -1,0 +1,85 @@
+"""WikiText-2 perplexity of a model, uncompressed and with 4-bit weights and/or KV cache.
+
+Sliding windows as in the HF perplexity recipe: windows of --window tokens every --stride
+tokens; each window scores only the tokens not scored by the previous one. Compression runs
+through the offload engine (all tiers on the gpu tier), so the cache really is stored 4-bit
+and read back for attention.
+
+    python scripts/eval_perplexity.py --model smollm2-135m --tokens 32768 --window 1024 --stride 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from flexlamps.engine.executor import InMemoryExecutor
+from flexlamps.engine.offload_executor import OffloadExecutor
+from flexlamps.engine.step import Step
+from flexlamps.models.checkpoint import read_all
+from flexlamps.models.registry import open_checkpoint
+from placement import Policy, TierSplit
+
+WIKITEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext2" / "wikitext-test.txt"
+ALL_GPU = TierSplit(gpu=1, cpu=0, disk=0)
+
+
+def perplexity(executor, ids: list[int], window: int, stride: int) -> float:
+    nll, count, prev_end = 0.0, 0, 0
+    for begin in range(0, len(ids), stride):
+        end = min(begin + window, len(ids))
+        chunk = torch.tensor([ids[begin:end]])
+        target_from = prev_end - begin  # tokens before this were scored by an earlier window
+        cache = executor.new_cache(1, end - begin)
+        logits = executor.forward_steps(cache, [Step(chunk, torch.arange(end - begin)[None], torch.tensor([0]))])[0]
+        if hasattr(cache, "free"):
+            cache.free()
+        logp = torch.log_softmax(logits[0, :-1], -1)
+        targets = chunk[0, 1:]
+        lp = logp.gather(-1, targets[:, None])[:, 0]
+        start = max(target_from - 1, 0)
+        nll -= float(lp[start:].sum())
+        count += len(lp) - start
+        prev_end = end
+        if end == len(ids):
+            break
+    return math.exp(nll / count)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--window", type=int, default=1024)
+    ap.add_argument("--stride", type=int, default=512)
+    ap.add_argument("--configs", default="none,weights,cache,both")
+    ap.add_argument("--out", default=None, help="write the figures as JSON here")
+    args = ap.parse_args()
+    reader = open_checkpoint(args.model)
+    text = WIKITEXT.read_text(encoding="utf-8").replace("\r\n", "\n")
+    ids = reader.tokenizer.encode(text)[: args.tokens]
+    results = {}
+    for name in args.configs.split(","):
+        t = time.perf_counter()
+        if name == "none":
+            ex = InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32)
+        else:
+            policy = Policy(gpu_batch_size=1, num_gpu_batches=1, weights=ALL_GPU, cache=ALL_GPU, activations=ALL_GPU,
+                            compress_weight=name in ("weights", "both"), compress_cache=name in ("cache", "both"))
+            ex = OffloadExecutor(reader, policy, gpu_mem=8 * 2**30, cpu_mem=2**30)
+        results[name] = perplexity(ex, ids, args.window, args.stride)
+        base = results.get("none")
+        delta = f" ({(results[name] / base - 1) * 100:+.2f}% vs uncompressed)" if base and name != "none" else ""
+        print(f"{name:>8}: perplexity {results[name]:.4f}{delta}  [{time.perf_counter() - t:.0f} s]", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"tokens": len(ids), "window": args.window, "stride": args.stride,
+                                              "perplexity": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
