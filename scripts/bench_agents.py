@@ -10,6 +10,7 @@ import argparse
 import time
 
 from flexlamps.api import LLM
+from flexlamps.engine.augmented import CpuClock, WallClock
 from flexlamps.engine.augmented_reference import uninterrupted_tokens
 from flexlamps.engine.augmented_run import (AgentsConfig, load_trace, measure_cost, replay_requests,
                                             run_policy_on_engine)
@@ -35,6 +36,8 @@ def main() -> None:
     p.add_argument("--gpu-kv-mib", type=float, default=24)
     p.add_argument("--cpu-swap-mib", type=float, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clock", choices=("wall", "cpu"), default="cpu",
+                   help="cpu: this process's CPU time with API waits skipped (stable on a shared box)")
     p.add_argument("--verify", action="store_true", help="also check outputs against uninterrupted generation")
     a = p.parse_args()
 
@@ -43,7 +46,7 @@ def main() -> None:
                        max_api_tokens=a.max_api_tokens, max_context=a.max_context)
     config = AgentsConfig(gpu_kv_bytes=int(a.gpu_kv_mib * 2**20), cpu_swap_bytes=int(a.cpu_swap_mib * 2**20))
     requests = replay_requests(llm, load_trace(llm, a.trace), scale, a.qps, a.num_requests, a.seed)
-    cost = measure_cost(llm, config, a.max_context)
+    cost = measure_cost(llm, config, a.max_context, cpu_clock=a.clock == "cpu")
     print(f"{len(requests)} requests, {sum(r.spec.output_tokens for r in requests)} output tokens, "
           f"{sum(len(r.spec.segments) - 1 for r in requests)} calls; gpu pool {cost.gpu_kv_tokens} tokens, "
           f"cpu swap {cost.cpu_swap_tokens}; measured decode step {cost.compute_time(0, 1, 0):.3f} s, "
@@ -57,7 +60,8 @@ def main() -> None:
           f"{'P/S/D':>9s} {'sim E2E':>8s} {'wall s':>7s} exact")
     for policy in POLICIES:
         t0 = time.perf_counter()
-        res = run_policy_on_engine(llm, requests, policy, config, cost)
+        res = run_policy_on_engine(llm, requests, policy, config, cost,
+                                   clock=CpuClock() if a.clock == "cpu" else WallClock())
         real[policy] = summarize(res.records, policy, a.qps, res.end_time)
         sim[policy] = run_policy([r.spec for r in requests], policy, a.qps, cost, config=sched_cfg).summary
         exact = "-" if expected is None else all(res.tokens[k] == v for k, v in expected.items())

@@ -1,10 +1,12 @@
 """The augmented engine on a tiny model: outputs equal uninterrupted generation under every
 interception strategy and policy, with the memory invariants checked every iteration."""
 
+import time
+
 import pytest
 
 from flexlamps.api import LLM
-from flexlamps.engine.augmented import StepClock
+from flexlamps.engine.augmented import CpuClock, StepClock
 from flexlamps.engine.augmented_reference import uninterrupted_tokens
 from flexlamps.engine.augmented_run import AgentsConfig, measure_cost, run_policy_on_engine
 from flexlamps.engine.augmented_workload import tokenize_requests
@@ -104,3 +106,12 @@ def test_a_request_larger_than_the_pool_is_refused(llm, workload, cost):
     reqs, _ = workload
     with pytest.raises(ValueError, match="gpu KV pool holds 32"):
         run_policy_on_engine(llm, reqs, "lamps", _config(llm, gpu_blocks=8), cost, clock=StepClock())
+
+
+def test_cpu_clock_skips_api_waits_and_counts_only_this_process():
+    clock = CpuClock()
+    t0 = clock.now()
+    clock.sleep_until(t0 + 100.0)  # a 100 s call returns at once
+    assert clock.now() >= t0 + 100.0
+    time.sleep(0.05)  # waiting on something else costs no CPU time
+    assert clock.now() - (t0 + 100.0) < 0.04

@@ -15,7 +15,7 @@ p99), TTFT, normalized latency ((E2E - API time) / output tokens) and throughput
 summary.json and PNG plots (latency CDF, latency vs load) to OUT.
 
 The trace is scaled down so a CPU runs it in minutes: NUM_REQUESTS requests are drawn from its
-templates with Poisson arrivals at each QPS (in wall-clock seconds); prompts are cut to
+templates with Poisson arrivals at each QPS (per second of engine time, see --clock); prompts are cut to
 --max-prompt tokens, each segment's output to --max-output, each call's returned tokens to
 --max-api-tokens, the whole context to --max-context (the segment that would cross it ends the
 request); API durations are multiplied by --time-scale and really waited for. Prompt and
@@ -45,7 +45,7 @@ def _size(ctx, param, value):
 @click.option("--policies", default="lamps,infercept,fcfs", callback=_policies, show_default=True,
               help="comma-separated: fcfs, infercept, sjf, lamps, mlfq, vtc")
 @click.option("--qps", default="0.5", callback=_floats, show_default=True,
-              help="comma-separated arrival rates (requests per wall-clock second)")
+              help="comma-separated arrival rates (requests per second of engine time)")
 @click.option("--num-requests", default=16, show_default=True, help="requests drawn from the trace per load")
 @click.option("--time-scale", default=0.1, show_default=True,
               help="wall seconds waited per trace second of API time")
@@ -65,6 +65,9 @@ def _size(ctx, param, value):
               help="multiplicative Gaussian noise on the oracle predictions")
 @click.option("--seed", default=0, show_default=True, help="seed of the replay (templates drawn, arrivals)")
 @click.option("--threads", default=None, type=int, help="torch CPU threads [default: torch's choice]")
+@click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
+              help="wall: real time, API waits slept through; cpu: this process's CPU time, API waits "
+                   "skipped (latencies other jobs on a shared machine cannot stretch; use one thread)")
 @click.option("--verify", is_flag=True,
               help="check every request's output against its uninterrupted generation (slower)")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
@@ -72,7 +75,7 @@ def _size(ctx, param, value):
 @click.option("--no-plots", is_flag=True, help="skip the matplotlib plots")
 def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, max_context, max_prompt,
             max_output, max_api_tokens, gpu_kv_mem, cpu_swap_mem, block_size, max_num_seqs,
-            max_batched_tokens, noise_sigma, seed, threads, verify, out_dir, no_plots):
+            max_batched_tokens, noise_sigma, seed, threads, clock, verify, out_dir, no_plots):
     import torch
 
     from flexlamps.api import LLM
@@ -98,16 +101,17 @@ def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, m
         raise click.ClickException(str(e))
     os.makedirs(out_dir, exist_ok=True)
     click.echo("measuring the cost model on this machine ...")
-    cost = measure_cost(llm, config, max_context)
-    results = _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, seed, verify)
+    cost = measure_cost(llm, config, max_context, cpu_clock=clock == "cpu")
+    results = _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, seed, verify, clock)
     _report(results, trace_path, out_dir, no_plots, dict(
         model=model, dtype=dtype, trace=os.path.abspath(trace_path), num_requests=num_requests, seed=seed,
-        scale=scale.__dict__, config=config.to_json(), cost_model=cost.to_json()))
+        scale=scale.__dict__, config=config.to_json(), clock=clock, cost_model=cost.to_json()))
 
 
-def _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, seed, verify):
+def _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, seed, verify, clock):
     from tqdm import tqdm
 
+    from flexlamps.engine.augmented import CpuClock, WallClock
     from flexlamps.engine.augmented_reference import uninterrupted_tokens
     from flexlamps.engine.augmented_run import replay_requests, run_policy_on_engine
     from flexlamps.sim.metrics import summarize
@@ -122,7 +126,8 @@ def _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, s
         expected = {r.spec.request_id: uninterrupted_tokens(llm.executor, r) for r in requests} if verify else None
         for policy in policies:
             with tqdm(total=len(requests), desc=f"{policy} qps {load:g}", unit="req", leave=False) as bar:
-                res = run_policy_on_engine(llm, requests, policy, config, cost, on_finish=lambda rec: bar.update())
+                res = run_policy_on_engine(llm, requests, policy, config, cost, on_finish=lambda rec: bar.update(),
+                                           clock=CpuClock() if clock == "cpu" else WallClock())
             mismatched = None
             if expected is not None:
                 mismatched = sorted(rid for rid, toks in res.tokens.items() if toks != expected[rid])

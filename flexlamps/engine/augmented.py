@@ -51,6 +51,25 @@ class WallClock:
         pass
 
 
+class CpuClock:
+    """Engine time that other processes cannot stretch: the CPU seconds this process spent
+    (compute and scheduling) plus API waits, which are skipped over instead of slept through.
+    For a machine shared with other jobs; meaningful with one compute thread (OMP_NUM_THREADS=1),
+    since CPU time of parallel threads adds up."""
+
+    def __init__(self):
+        self._offset = -time.process_time()
+
+    def now(self) -> float:
+        return time.process_time() + self._offset
+
+    def sleep_until(self, t: float) -> None:
+        self._offset += max(0.0, t - self.now())
+
+    def end_iteration(self) -> None:
+        pass
+
+
 class StepClock:
     """A deterministic clock for tests: each iteration takes `step_s`; waits jump ahead."""
 
@@ -82,7 +101,7 @@ class AugmentedEngine:
         executor: an executor with `.forward(cache, input_ids, positions, slots, logit_rows)`.
         cache: the paged cache whose pools the scheduler's BlockManager counts.
         scheduler: the same Scheduler the simulator drives (policy, predictor, cost model inside).
-        clock: WallClock (default) or StepClock.
+        clock: WallClock (default), CpuClock (shared machines) or StepClock (tests).
         check: run `scheduler.check_invariants()` and the engine's own checks every iteration.
         on_iteration: called with the scheduler after every iteration (tests).
         on_finish: called with each finished request's RequestRecord (progress bars).

@@ -23,16 +23,17 @@ from flexlamps.engine.paged_cache import PagedKVCache
 from flexlamps.sched.cost_model import CostModel
 
 
-def _best_of(fn, repeats: int) -> float:
+def _best_of(fn, repeats: int, timer=time.perf_counter) -> float:
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = timer()
         fn()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, timer() - t0)
     return best
 
 
-def _forward_time(executor, cache: PagedKVCache, rows: int, length: int, start: int, repeats: int) -> float:
+def _forward_time(executor, cache: PagedKVCache, rows: int, length: int, start: int, repeats: int,
+                  timer) -> float:
     bs = cache.block_size
     num_blocks = (start + length - 1) // bs + 1
     blocks = list(range(num_blocks))
@@ -40,27 +41,29 @@ def _forward_time(executor, cache: PagedKVCache, rows: int, length: int, start: 
     ids = torch.zeros((rows, length), dtype=torch.long, device=cache.device)
     pos = torch.arange(start, start + length, device=cache.device).expand(rows, length)
     last = torch.full((rows,), length - 1, dtype=torch.long, device=cache.device)
-    return _best_of(lambda: executor.forward(cache, ids, pos, slots, last), repeats)
+    return _best_of(lambda: executor.forward(cache, ids, pos, slots, last), repeats, timer)
 
 
 def calibrate_cost_model(executor, cache: PagedKVCache, max_model_len: int, *, batch: int = 8,
-                         chunk: int = 64, long_context: int = 512, repeats: int = 2) -> CostModel:
-    """A CostModel for `executor` + `cache` on this machine (capacities from the cache)."""
+                         chunk: int = 64, long_context: int = 512, repeats: int = 2,
+                         timer=time.perf_counter) -> CostModel:
+    """A CostModel for `executor` + `cache` on this machine (capacities from the cache).
+    `timer` is the engine's clock: time.perf_counter (wall) or time.process_time (CPU)."""
     pool_tokens = cache.num_gpu_blocks * cache.block_size
     chunk = max(2, min(chunk, pool_tokens - 1, max_model_len - 1))
     long_context = max(2, min(long_context, pool_tokens - 1, max_model_len - 1))
-    _forward_time(executor, cache, 1, 1, 0, 1)  # warm-up
-    dec1 = _forward_time(executor, cache, 1, 1, 0, repeats)
-    dec_b = _forward_time(executor, cache, batch, 1, 0, repeats)
-    pre = _forward_time(executor, cache, 1, chunk, 0, repeats)
-    far = _forward_time(executor, cache, 1, 1, long_context - 1, repeats)
+    _forward_time(executor, cache, 1, 1, 0, 1, timer)  # warm-up
+    dec1 = _forward_time(executor, cache, 1, 1, 0, repeats, timer)
+    dec_b = _forward_time(executor, cache, batch, 1, 0, repeats, timer)
+    pre = _forward_time(executor, cache, 1, chunk, 0, repeats, timer)
+    far = _forward_time(executor, cache, 1, 1, long_context - 1, repeats, timer)
     per_seq = max(0.0, (dec_b - dec1) / (batch - 1))
     overhead = max(1e-6, dec1 - per_seq)
     per_token = max(1e-9, (pre - overhead) / chunk)
     kv_read = max(0.0, (far - dec1) / long_context)
     pairs = [(g, c) for g, c in zip(range(min(4, cache.num_gpu_blocks)), range(min(4, cache.num_cpu_blocks)))]
     if pairs:
-        swap_s = _best_of(lambda: cache.swap_out(pairs), repeats)
+        swap_s = _best_of(lambda: cache.swap_out(pairs), repeats, timer)
         swap_bps = len(pairs) * cache.block_bytes / max(swap_s, 1e-9)
     else:
         swap_bps = 1e9  # no swap space: the bandwidth is never used

@@ -8,6 +8,7 @@ and runs the AugmentedEngine.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 
 from flexlamps.engine.augmented import AugmentedEngine, AugmentedResult, WallClock
@@ -53,8 +54,10 @@ def new_cache(llm, config: AgentsConfig) -> PagedKVCache:
     return PagedKVCache(cfg, gpu, cpu, config.block_size, dtype, llm.executor.device)
 
 
-def measure_cost(llm, config: AgentsConfig, max_model_len: int) -> CostModel:
-    return calibrate_cost_model(llm.executor, new_cache(llm, config), max_model_len)
+def measure_cost(llm, config: AgentsConfig, max_model_len: int, cpu_clock: bool = False) -> CostModel:
+    """The CostModel of this machine, timed on the clock the run will use."""
+    return calibrate_cost_model(llm.executor, new_cache(llm, config), max_model_len,
+                                timer=time.process_time if cpu_clock else time.perf_counter)
 
 
 def run_policy_on_engine(llm, requests: list[TokenizedRequest], policy: str | Policy, config: AgentsConfig,
