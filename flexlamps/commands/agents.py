@@ -9,17 +9,17 @@ import click
 from flexlamps.commands.options import model_options
 from flexlamps.commands.simulate import _floats, _policies, _write_json
 
-_HELP = """Run augmented requests from an INFERCEPT-format TRACE on the real engine (paged KV cache,
+_HELP = """Run augmented requests from an INFERCEPT-format --trace on the real engine (paged KV cache,
 continuous batching) under each policy, and print per policy: end-to-end latency (mean, p50,
 p99), TTFT, normalized latency ((E2E - API time) / output tokens) and throughput. Writes
 summary.json and PNG plots (latency CDF, latency vs load) to OUT.
 
-The trace is scaled down so a CPU runs it in minutes: NUM_REQUESTS requests are drawn from its
+The trace is scaled down so a CPU runs it in minutes: --num-requests requests are drawn from its
 templates with Poisson arrivals at each QPS (per second of engine time, see --clock); prompts are cut to
 --max-prompt tokens, each segment's output to --max-output, each call's returned tokens to
 --max-api-tokens, the whole context to --max-context (the segment that would cross it ends the
-request); API durations are multiplied by --time-scale and really waited for. Prompt and
-returned tokens are deterministic filler ids per template (text segments are counted with
+request); API durations are multiplied by --time-scale and waited for (slept through with
+--clock wall, skipped in engine time with --clock cpu). Prompt and returned tokens are deterministic filler ids per template (text segments are counted with
 the model's tokenizer); outputs are the model's greedy tokens.
 
 The gpu tier holds --gpu-kv-mem of KV blocks and the cpu tier --cpu-swap-mem of swap space;
