@@ -65,13 +65,20 @@ def bench_weight(name: str, weight: torch.Tensor, repeats: int) -> None:
     memcpy_s = median_seconds(lambda: dst.copy_(weight), repeats)
     print(f"\n{name}: {tuple(weight.shape)} {weight.dtype}, {dense_bytes / 2**20:.1f} MiB; "
           f"memcpy {dense_bytes / memcpy_s / 1e9:.1f} GB/s")
-    print(f"  {'method':<26}{'quant GB/s':>11}{'dequant GB/s':>14}{'of memcpy':>11}{'size':>8}{'rel RMS':>9}")
+    print(f"  {'method':<32}{'quant GB/s':>11}{'dequant GB/s':>14}{'of memcpy':>11}{'size':>8}{'rel RMS':>9}")
     rows = []
-    for method in ("groupwise4", "groupwise8", "nf4", "fp4"):
+    methods = {
+        "groupwise4": dict(name="groupwise4"),
+        "groupwise8": dict(name="groupwise8"),
+        "groupwise4 g32 d1 p8": dict(name="groupwise4", group_size=32, group_dim=1, param_bits=8),
+        "nf4": dict(name="nf4"),
+        "fp4": dict(name="fp4"),
+    }
+    for method, kwargs in methods.items():
         try:
-            q = get_weight_quantizer(method)
+            q = get_weight_quantizer(**kwargs)
         except QuantBackendUnavailable as exc:
-            print(f"  {method:<26}unavailable: {exc}")
+            print(f"  {method:<32}unavailable: {exc}")
             continue
         compressed = q.quantize(weight)
         quant_s = median_seconds(lambda: q.quantize(weight), max(3, repeats // 4))
@@ -82,7 +89,7 @@ def bench_weight(name: str, weight: torch.Tensor, repeats: int) -> None:
             deq_s = median_seconds(lambda: dequantize(compressed, out=out), repeats)
             rows.append((f"{method} (fp32 out=)", quant_s, deq_s, compressed.nbytes, rows[-1][-1]))
     for method, quant_s, deq_s, nbytes, err in rows:
-        print(f"  {method:<26}{dense_bytes / quant_s / 1e9:>11.2f}{dense_bytes / deq_s / 1e9:>14.2f}"
+        print(f"  {method:<32}{dense_bytes / quant_s / 1e9:>11.2f}{dense_bytes / deq_s / 1e9:>14.2f}"
               f"{memcpy_s / deq_s:>11.2f}{nbytes / dense_bytes:>8.3f}{err:>9.4f}")
     by_name = {r[0]: r[2] for r in rows}
     for ours in ("groupwise4", "groupwise4 (fp32 out=)"):
