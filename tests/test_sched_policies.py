@@ -79,3 +79,16 @@ def test_vtc_serves_the_least_served_client_and_lifts_returning_ones():
     newcomer = _req(spec, 2.0, "new")
     p.on_arrival(newcomer, [heavy, light])  # lifted to the least active counter, 50
     assert p.counters["new"] == pytest.approx(50)
+
+
+def test_lamps_request_horizon_counts_later_segments():
+    # same first segment; one request goes on for three long segments after its call
+    short = RequestSpec("short", 100, (Segment(10, "calc", 0.001, 5), Segment(5)))
+    long = RequestSpec("long", 100, (Segment(10, "calc", 0.001, 5), Segment(300, "calc", 0.001, 5),
+                                     Segment(300, "calc", 0.001, 5), Segment(300)))
+    ctx = _ctx([short, long])
+    whole, segment = LAMPS(horizon="request"), LAMPS(horizon="segment")
+    assert whole.priority(_req(short), ctx) < whole.priority(_req(long), ctx)
+    assert segment.priority(_req(short), ctx) == pytest.approx(segment.priority(_req(long), ctx))
+    with pytest.raises(ValueError, match="horizon"):
+        LAMPS(horizon="nope")

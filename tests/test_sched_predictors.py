@@ -78,3 +78,23 @@ def test_noise_is_multiplicative_stable_and_seeded():
     mean = sum(factors) / len(factors)
     sd = (sum((f - mean) ** 2 for f in factors) / len(factors)) ** 0.5
     assert 0.9 < mean < 1.1 and 0.45 < sd < 0.7 and min(factors) >= 0.05
+
+
+def test_future_segments_oracle_and_learned():
+    spec = RequestSpec("a", 10, (Segment(7, "calc", 0.5, 3), Segment(4, "calc", 0.2, 2), Segment(9)))
+    oracle = OraclePredictor({"a": spec})
+    r = _req("a", 10)
+    assert oracle.future_segments(r) == [(4, "calc", 0.2, 2), (9, None, 0.0, 0)]
+    p = LearnedPredictor()
+    assert p.future_segments(r) == []  # nothing learned yet
+    for i in range(20):  # requests of this kind make 2 calls, 10 tokens per segment
+        done = _req(f"d{i}", 10)
+        for seg in range(3):
+            done.segment_index = seg
+            p.observe_segment(done, 10, "calc" if seg < 2 else None)
+        p.observe_api("calc", 1.0)
+    fut = p.future_segments(_req("new", 10))
+    assert [(t, a) for t, a, _, _ in fut] == [(10.0, "calc"), (10.0, None)]
+    assert fut[0][2] == pytest.approx(1.0)
+    noisy = NoisyPredictor(oracle, 0.6, seed=3).future_segments(r)
+    assert len(noisy) == 2 and noisy != oracle.future_segments(r)

@@ -119,25 +119,44 @@ class SJF(Policy):
 
 
 class LAMPS(Policy):
+    """`horizon="segment"` ranks by the memory held until the next call returns (the paper's
+    pre-API prediction); `"request"` adds the predicted later segments and calls too (the
+    request's total length), which ranks multi-call requests better when predictable."""
+
     name = "lamps"
 
-    def __init__(self, starvation_threshold: int | None = 2000, rerank_every: int = 10):
+    def __init__(self, starvation_threshold: int | None = 2000, rerank_every: int = 10,
+                 horizon: str = "request"):
+        if horizon not in ("segment", "request"):
+            raise ValueError(f"LAMPS horizon must be 'segment' or 'request', got {horizon!r}")
         self.starvation_threshold = starvation_threshold
         self.rerank_every = rerank_every
+        self.horizon = horizon
 
-    def score(self, req: Request, ctx: PolicyContext) -> float:
-        out = ctx.predictor.output_tokens(req)
-        api_type, api_time = ctx.predictor.next_call(req)
+    @staticmethod
+    def _segment_mot(context: float, out: float, api_type, api_time: float, ctx: PolicyContext) -> float:
         strategy = None
         if api_type:
             # predict the strategy the request will get when it is intercepted
-            c_i = int(req.num_tokens + out)
-            w = wastes(c_i, max(0, ctx.batch_context_tokens - req.num_computed), api_time, ctx.cost)
+            w = wastes(int(context + out), ctx.batch_context_tokens, api_time, ctx.cost)
             strategy = min(w, key=w.get)
+        return memory_over_time(context, out, api_time, strategy, ctx.step_s, ctx.cost)
+
+    def score(self, req: Request, ctx: PolicyContext) -> float:
+        pred = ctx.predictor
+        out = pred.output_tokens(req)
+        api_type, api_time = pred.next_call(req)
+        total = self._segment_mot(req.num_tokens, out, api_type, api_time, ctx)
         # a request whose cache was discarded must first rebuild it: that counts too
-        rebuild = (req.num_tokens - 1 - req.num_computed) if req.status is not Status.RUNNING else 0
-        rebuild_cost = max(0, rebuild) * ctx.cost.prefill_time(max(0, rebuild)) if rebuild > 1 else 0.0
-        return memory_over_time(req.num_tokens, out, api_time, strategy, ctx.step_s, ctx.cost) + rebuild_cost
+        rebuild = req.num_tokens - 1 - req.num_computed if req.status is not Status.RUNNING else 0
+        if rebuild > 1:
+            total += rebuild * ctx.cost.prefill_time(rebuild)
+        if self.horizon == "request" and api_type:
+            context = req.num_tokens + out
+            for tokens, seg_api, seg_s, returned in pred.future_segments(req):
+                total += self._segment_mot(context, tokens, seg_api, seg_s, ctx)
+                context += tokens + returned
+        return total
 
     def priority(self, req, ctx):
         if req.promoted:

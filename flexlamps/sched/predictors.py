@@ -32,6 +32,10 @@ class Predictor(Protocol):
     def api_time(self, api_type: str | None, req: Request) -> float:
         """Expected duration of a call of `api_type` that `req` has just made."""
 
+    def future_segments(self, req: Request) -> list[tuple[float, str | None, float, float]]:
+        """Segments after the current one: (output tokens, API type, API seconds, returned
+        tokens) each; [] when the request is expected to end with its current segment."""
+
     def observe_segment(self, req: Request, segment_output: int, api_type: str | None) -> None:
         """Learn from a segment of `req` that just ended (in a call of `api_type`, or the end)."""
 
@@ -56,6 +60,10 @@ class OraclePredictor:
 
     def api_time(self, api_type: str | None, req: Request) -> float:
         return self._segment(req).api_time
+
+    def future_segments(self, req: Request):
+        segs = self.specs[req.request_id].segments[req.segment_index + 1:]
+        return [(s.completion_tokens, s.api_type, s.api_time, s.api_tokens) for s in segs]
 
     def observe_segment(self, req, segment_output, api_type):
         pass
@@ -127,6 +135,9 @@ class LearnedPredictor:
         self._ends: dict[str, int] = defaultdict(int)
         self._kind_api: dict[str, str] = {}
         self._cache: dict[tuple[str, int], float] = {}
+        # per request kind: calls per finished request, tokens per segment (running sums)
+        self._kind_calls: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+        self._kind_out: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
 
     def _segment_start(self, req: Request) -> int:
         return req.num_tokens - req.segment_output
@@ -152,15 +163,31 @@ class LearnedPredictor:
         n = self._api_n.get(api_type or "", 0)
         return self._api_sum[api_type or ""] / n if n else self.default_api_time
 
+    def future_segments(self, req: Request):
+        calls, n = self._kind_calls[req.kind]
+        out, m = self._kind_out[req.kind]
+        if not n or not m:
+            return []
+        left = int(round(calls / n - req.segment_index))
+        api_type = self._kind_api.get(req.kind, req.kind)
+        seg = (out / m, api_type, self.api_time(api_type, req), 0.0)
+        return [seg] * max(0, left - 1) + [(out / m, None, 0.0, 0.0)] * (left > 0)
+
     def observe_segment(self, req, segment_output, api_type):
         self._cache.pop((req.request_id, req.segment_index), None)
         start = req.num_tokens - segment_output
         self.ridge.add(self.featurizer(req, start), math.log1p(segment_output))
+        stat = self._kind_out[req.kind]
+        stat[0] += segment_output
+        stat[1] += 1
         if api_type:
             self._calls[req.kind] += 1
             self._kind_api[req.kind] = api_type
         else:
             self._ends[req.kind] += 1
+            stat = self._kind_calls[req.kind]
+            stat[0] += req.segment_index
+            stat[1] += 1
 
     def observe_api(self, api_type, seconds):
         self._api_sum[api_type] += seconds
@@ -188,6 +215,13 @@ class NoisyPredictor:
 
     def api_time(self, api_type: str | None, req: Request) -> float:
         return self.base.api_time(api_type, req) * self._factor(req, "api")
+
+    def future_segments(self, req: Request):
+        out = []
+        for j, (tokens, api_type, api_s, ret) in enumerate(self.base.future_segments(req)):
+            out.append((max(1.0, tokens * self._factor(req, f"out+{j}")), api_type,
+                        api_s * self._factor(req, f"api+{j}"), ret))
+        return out
 
     def observe_segment(self, req, segment_output, api_type):
         self.base.observe_segment(req, segment_output, api_type)
