@@ -12,8 +12,9 @@ A policy answers two questions for the Scheduler:
 |           | the tail when their call returns        |                                     |
 | infercept | original arrival (FCFS)                 | min waste, swap budget first        |
 | sjf       | predicted tokens left before next call  | min waste                           |
-| lamps     | predicted memory x time until the next  | min waste (predicted), starvation   |
-|           | call returns; re-ranked every k iters   | guard promotes after N pass-overs   |
+| lamps     | predicted memory x time of the rest of  | min waste (predicted), starvation   |
+|           | the request, calls and their strategies | guard promotes after N pass-overs   |
+|           | included; re-ranked every k iterations  |                                     |
 | mlfq      | FastServe skip-join MLFQ level, arrival | min waste                           |
 | vtc       | least service (VTC counter) per client  | min waste                           |
 """
