@@ -215,7 +215,9 @@ def test_helm_codec_reads_every_file(tmp_path, use_fake, mc_file):
     from helm.benchmark.adaptation.scenario_state import ScenarioState
     from helm.benchmark.metrics.metric import PerInstanceStats
     from helm.benchmark.metrics.statistic import Stat as HelmStat
+    from helm.benchmark.presentation.run_display import DisplayPrediction, DisplayRequest
     from helm.benchmark.run_spec import RunSpec
+    from helm.benchmark.scenarios.scenario import Instance
     from helm.common.codec import from_json
 
     use_fake(answers=ANSWERS)
@@ -229,6 +231,9 @@ def test_helm_codec_reads_every_file(tmp_path, use_fake, mc_file):
         stats = from_json((run / "stats.json").read_text(), List[HelmStat])
         assert all(s.count == 1 and s.sum == s.mean for s in stats)
         assert from_json((run / "run_spec.json").read_text(), RunSpec).metric_specs
+        assert from_json((run / "display_predictions.json").read_text(), List[DisplayPrediction])
+        assert from_json((run / "display_requests.json").read_text(), List[DisplayRequest])
+        assert from_json((run / "instances.json").read_text(), List[Instance])
 
 
 def test_evals_do_not_import_torch():

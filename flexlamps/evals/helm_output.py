@@ -65,6 +65,8 @@ def _display(spec: RunSpec, states: list[RequestState], per_instance: list[tuple
             "instance_id": st.instance.id,
             "train_trial_index": st.train_trial_index,
             "predicted_text": text,
+            "truncated_predicted_text": None,
+            "base64_images": [],
             "mapped_output": mapped,
             "reference_index": st.reference_index,
             "stats": {k: v for k, v in stats.items() if k in shown and v is not None},
