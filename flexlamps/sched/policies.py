@@ -94,6 +94,9 @@ class Policy:
     def on_computed(self, req: Request, tokens: int, steps: int) -> None:
         """`req` processed `tokens` tokens over `steps` iterations (for service accounting)."""
 
+    def on_finish(self, req: Request) -> None:
+        """`req` left the system (drop any per-request state)."""
+
 
 class FCFS(Policy):
     """vLLM: an API call ends the request's turn; its cache is dropped and the continuation
@@ -133,6 +136,7 @@ class LAMPS(Policy):
         self.starvation_threshold = starvation_threshold
         self.rerank_every = rerank_every
         self.horizon = horizon
+        self._future: dict[str, tuple[int, float]] = {}
 
     @staticmethod
     def _segment_mot(context: float, out: float, api_type, api_time: float, ctx: PolicyContext) -> float:
@@ -153,11 +157,19 @@ class LAMPS(Policy):
         if rebuild > 1:
             total += rebuild * ctx.cost.prefill_time(rebuild)
         if self.horizon == "request" and api_type:
-            context = req.num_tokens + out
-            for tokens, seg_api, seg_s, returned in pred.future_segments(req):
-                total += self._segment_mot(context, tokens, seg_api, seg_s, ctx)
-                context += tokens + returned
+            # later segments only change when the request moves on: cache them per segment
+            cached = self._future.get(req.request_id)
+            if cached is None or cached[0] != req.segment_index:
+                context, later = req.num_tokens + out, 0.0
+                for tokens, seg_api, seg_s, returned in pred.future_segments(req):
+                    later += self._segment_mot(context, tokens, seg_api, seg_s, ctx)
+                    context += tokens + returned
+                cached = self._future[req.request_id] = (req.segment_index, later)
+            total += cached[1]
         return total
+
+    def on_finish(self, req: Request) -> None:
+        self._future.pop(req.request_id, None)
 
     def priority(self, req, ctx):
         if req.promoted:

@@ -419,6 +419,7 @@ class Scheduler:
         self._recompute_left.pop(req.request_id, None)
         req.status = Status.FINISHED
         del self.requests[req.request_id]
+        self.policy.on_finish(req)
 
     def _intercept(self, reqs: list[Request], api_types: dict[str, str], now: float) -> None:
         removed = {r.request_id for r in reqs}
