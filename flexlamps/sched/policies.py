@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.predictors import Predictor
 from flexlamps.sched.request import Request, Status, Strategy
-from flexlamps.sched.waste import memory_over_time, wastes
+from flexlamps.sched.waste import memory_over_time, waste_discard, waste_preserve, waste_swap, wastes
 
 
 @dataclass
@@ -142,9 +142,14 @@ class LAMPS(Policy):
     def _segment_mot(context: float, out: float, api_type, api_time: float, ctx: PolicyContext) -> float:
         strategy = None
         if api_type:
-            # predict the strategy the request will get when it is intercepted
-            w = wastes(int(context + out), ctx.batch_context_tokens, api_time, ctx.cost)
-            strategy = min(w, key=w.get)
+            # predict the strategy the request will get when it is intercepted (min waste)
+            cost, c_i, c_other = ctx.cost, int(context + out), ctx.batch_context_tokens
+            m = cost.kv_bytes_per_token
+            keep = waste_preserve(c_i, api_time, m)
+            drop = waste_discard(c_i, c_other, cost.prefill_time(c_i), m)
+            move = waste_swap(c_i, c_other, cost.swap_time(c_i), m)
+            strategy = (Strategy.PRESERVE if keep <= drop and keep <= move
+                        else Strategy.DISCARD if drop <= move else Strategy.SWAP)
         return memory_over_time(context, out, api_time, strategy, ctx.step_s, ctx.cost)
 
     def score(self, req: Request, ctx: PolicyContext) -> float:
