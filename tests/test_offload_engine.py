@@ -145,10 +145,10 @@ def test_compressed_cache_stays_close(reader, plain):
     ex = OffloadExecutor(reader, _policy("all_gpu", compress_cache=True), gpu_mem=GiB, cpu_mem=GiB)
     steps = _steps(reader)
     ref = plain.forward_steps(plain.new_cache(4, 16), steps)
-    cache = ex.new_cache(4, 16)
+    cache = ex.new_cache(4, 512)
     got = ex.forward_steps(cache, steps)
-    dense_bytes = 2 * reader.config.num_layers * 4 * reader.config.kv_size * 16 * 4
-    assert sum(n for _, n in cache._charged) < 0.4 * dense_bytes
+    dense_bytes = 2 * reader.config.num_layers * 4 * reader.config.kv_size * 512 * 4
+    assert sum(n for _, n in cache._charged) < 0.3 * dense_bytes
     for a, b in zip(ref, got):
         assert 0 < ((a - b).norm() / a.norm()).item() < 0.3
     ex.close()

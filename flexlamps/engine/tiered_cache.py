@@ -11,9 +11,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from flexlamps.engine.channel_keys import ChannelGroupedKeys
 from flexlamps.engine.kv_cache import _rows
 from flexlamps.models.config import ModelConfig
 from offload.budget import TierBudget
+
+
+# Keys are grouped per channel over this many tokens (values per token along the head dim):
+# on SmolLM2 WikiText that is what keeps 4-bit caches within about 2% of full precision.
+KEY_GROUP = 32
 
 
 def _nbytes(*ts) -> int:
@@ -69,6 +75,7 @@ class TieredKVCache:
         self.capacity, self.num_slots = capacity, num_slots
         self.tiers, self.budgets = tiers, budgets
         self.device, self.cpu_attention, self.compress = device, cpu_attention, compress
+
         shape = (num_slots, cfg.num_kv_heads, capacity, cfg.head_dim)
         self.k, self.v = [], []
         self._charged: list[tuple[str, int]] = []
@@ -76,7 +83,8 @@ class TieredKVCache:
             for layer, tier in enumerate(tiers):
                 dev = device if tier == "gpu" else torch.device("cpu")
                 if compress is not None:
-                    k, v = _PackedKV(shape, dtype, dev, compress), _PackedKV(shape, dtype, dev, compress)
+                    k = ChannelGroupedKeys(shape, dtype, dev, bits=compress.bits, group=KEY_GROUP)
+                    v = _PackedKV(shape, dtype, dev, compress)
                     n = k.nbytes + v.nbytes
                 else:
                     per = num_slots * cfg.num_kv_heads * capacity * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
@@ -100,11 +108,14 @@ class TieredKVCache:
     def copy_prefix_from(self, src: "TieredKVCache", length: int, slots: torch.Tensor) -> None:
         """Copy the first `length` positions of src's row 0 into each of `slots` (shared prefixes)."""
         for layer in range(len(self.k)):
-            for dst, source in ((self.k[layer], src.k[layer]), (self.v[layer], src.v[layer])):
-                parts = [(dst.codes, source.codes), (dst.scales, source.scales), (dst.mins, source.mins)] \
-                    if self.compress is not None else [(dst, source)]
-                for d, s in parts:
+            if self.compress is not None:
+                self.k[layer].copy_prefix_from(src.k[layer], length, slots)
+                dst, source = self.v[layer], src.v[layer]
+                for d, s in ((dst.codes, source.codes), (dst.scales, source.scales), (dst.mins, source.mins)):
                     d[slots.to(d.device), :, :length] = s[0, :, :length].to(d.device)
+                continue
+            for d, s in ((self.k[layer], src.k[layer]), (self.v[layer], src.v[layer])):
+                d[slots.to(d.device), :, :length] = s[0, :, :length].to(d.device)
 
     def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor):
         return lambda q, k, v: self.attend(layer, slots, positions, q, k, v)
