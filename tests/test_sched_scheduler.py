@@ -142,3 +142,26 @@ def test_request_larger_than_gpu_is_refused_with_a_fix():
 def test_unknown_policy_lists_choices():
     with pytest.raises(ValueError, match="lamps"):
         make_policy("nope")
+
+
+def test_mlfq_swaps_out_a_demoted_request_for_a_new_one():
+    specs = {"a": RequestSpec("a", 40, (Segment(50),)), "b": RequestSpec("b", 30, (Segment(5),))}
+    sched = Scheduler(tight_config(gpu_blocks=16, cpu_blocks=16, block_size=4), make_policy("mlfq"),
+                      OraclePredictor(specs), small_cost())
+    sched.add_request(Request("a", 0.0, 40))
+    out = sched.schedule(0.0)
+    sched.update_from_output(out, RunnerOutput(), 0.1)
+    sched.requests["a"].mlfq_level = 3  # as if it had used up three quanta
+    sched.add_request(Request("b", 0.2, 30))
+    out = sched.schedule(0.2)
+    sched.check_invariants()
+    assert out.preempted == ["a"] and len(out.swap_out) == 10  # 40 cached tokens / 4
+    assert sched.requests["a"].status is Status.SWAPPED and "b" in out.prefill
+    # InferCept never preempts for a newcomer: b simply waits
+    sched2 = Scheduler(tight_config(gpu_blocks=16, cpu_blocks=16, block_size=4), InferCept(),
+                       OraclePredictor(specs), small_cost())
+    sched2.add_request(Request("a", 0.0, 40))
+    sched2.update_from_output(sched2.schedule(0.0), RunnerOutput(), 0.1)
+    sched2.add_request(Request("b", 0.2, 30))
+    out2 = sched2.schedule(0.2)
+    assert not out2.preempted and "b" not in out2.prefill

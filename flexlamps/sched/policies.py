@@ -81,6 +81,7 @@ class Policy:
     # how often a waiting request's key must be recomputed: None = never (it is fixed while the
     # request waits), k = every k iterations
     rerank_every: int | None = None
+    preemptive = False  # may a waiting request that outranks running ones take their place?
 
     def priority(self, req: Request, ctx: PolicyContext):
         return (req.arrival_time,)
@@ -189,6 +190,7 @@ class MLFQ(Policy):
     first iteration (the prefill), and drops a level each time it uses up its quantum."""
 
     name = "mlfq"
+    preemptive = True
 
     def __init__(self, base_quantum: int = 8, levels: int = 8):
         self.base_quantum, self.levels = base_quantum, levels

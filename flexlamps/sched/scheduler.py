@@ -184,6 +184,8 @@ class Scheduler:
         if not self._running_sorted or self.iteration % 16 == 0:
             self.running.sort(key=lambda r: prio(r, ctx))
             self._running_sorted = True
+        if self.policy.preemptive and self.num_waiting and self.running:
+            self._preempt_for_waiting(out, ctx)
         scheduled: list[Request] = []
         bs, tables = block_size, self.bm.gpu_tables
         context = 0  # cached tokens attention reads this step
@@ -327,13 +329,41 @@ class Scheduler:
         req.num_computed = 0
         out.discarded.append(req.request_id)
 
-    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+    def _preempt(self, req: Request, out: SchedulerOutput, swap: bool = False) -> None:
+        """Send a running request back to the queue: its cache is swapped to the cpu tier when
+        asked and there is room (FastServe), otherwise dropped and recomputed later (vLLM)."""
         self.running.remove(req)
-        self._discard(req, out)
+        if swap and req.num_computed and self.bm.can_swap_out(req.request_id):
+            out.swap_out.extend(self.bm.swap_out(req.request_id))
+            req.status = Status.SWAPPED
+        else:
+            self._discard(req, out)
+            req.status = Status.WAITING
         out.preempted.append(req.request_id)
-        req.status = Status.WAITING
         req.rank_cache = None
         self._add_waiting(req)
+
+    def _preempt_for_waiting(self, out: SchedulerOutput, ctx) -> None:
+        """Preemptive policies (MLFQ): if the best waiting request outranks the worst running
+        ones and does not fit, swap those out for it (at most one admission's worth per step)."""
+        self._order_queue(ctx)
+        if not self.waiting:
+            return
+        best = self.waiting[0]
+        prio = self.policy.priority
+        key = prio(best, ctx)
+        need = best.admit_need + self._watermark
+        victims = []
+        free = self.bm.free_gpu_blocks
+        for victim in reversed(self.running):
+            if free >= need or not prio(victim, ctx) > key:
+                break
+            victims.append(victim)
+            free += self.bm.num_gpu_blocks_of(victim.request_id)
+        if free < need:
+            return  # preempting would not make room: leave the running batch alone
+        for victim in victims:
+            self._preempt(victim, out, swap=True)
 
     def _uniform_decode_steps(self, scheduled: list[Request], max_steps: int, step_limit) -> int:
         """How many identical decode iterations can run before anything changes: no request
@@ -459,7 +489,7 @@ class Scheduler:
             rid, gpu, cpu = req.request_id, bm.num_gpu_blocks_of(req.request_id), bm.num_cpu_blocks_of(req.request_id)
             if req.status is Status.PAUSED and req.strategy is Strategy.PRESERVE:
                 assert gpu == blocks_for(req.num_computed, bs) and cpu == 0, f"{rid}: preserved cache not on gpu"
-            elif req.status in (Status.PAUSED, Status.SWAPPED) and req.strategy is Strategy.SWAP:
+            elif req.status is Status.SWAPPED or (req.status is Status.PAUSED and req.strategy is Strategy.SWAP):
                 assert gpu == 0 and cpu == blocks_for(req.num_computed, bs), f"{rid}: swapped cache not on cpu"
             elif req.status is Status.WAITING or (req.status is Status.PAUSED and req.strategy is Strategy.DISCARD):
                 assert gpu == 0 and cpu == 0 and req.num_computed == 0, f"{rid}: discarded cache still held"
