@@ -23,6 +23,7 @@ from operator import attrgetter
 
 from flexlamps.sched.block_manager import BlockManager, blocks_for
 from flexlamps.sched.cost_model import CostModel
+from flexlamps.sched.invariants import check_invariants
 from flexlamps.sched.output import RunnerOutput, SchedulerOutput
 from flexlamps.sched.policies import Policy, PolicyContext
 from flexlamps.sched.predictors import Predictor
@@ -479,23 +480,5 @@ class Scheduler:
 
     # -- checks -------------------------------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Raise AssertionError if the memory accounting is inconsistent (used by tests)."""
-        bm, bs = self.bm, self.config.block_size
-        assert bm.used_gpu_blocks <= bm.num_gpu_blocks, "gpu tier over capacity"
-        assert bm.used_cpu_blocks <= bm.num_cpu_blocks, "cpu tier over its swap budget"
-        assert sum(map(len, bm.gpu_tables.values())) == bm.used_gpu_blocks
-        assert sum(map(len, bm.cpu_tables.values())) == bm.used_cpu_blocks
-        for req in self.requests.values():
-            rid, gpu, cpu = req.request_id, bm.num_gpu_blocks_of(req.request_id), bm.num_cpu_blocks_of(req.request_id)
-            if req.status is Status.PAUSED and req.strategy is Strategy.PRESERVE:
-                assert gpu == blocks_for(req.num_computed, bs) and cpu == 0, f"{rid}: preserved cache not on gpu"
-            elif req.status is Status.SWAPPED or (req.status is Status.PAUSED and req.strategy is Strategy.SWAP):
-                assert gpu == 0 and cpu == blocks_for(req.num_computed, bs), f"{rid}: swapped cache not on cpu"
-            elif req.status is Status.WAITING or (req.status is Status.PAUSED and req.strategy is Strategy.DISCARD):
-                assert gpu == 0 and cpu == 0 and req.num_computed == 0, f"{rid}: discarded cache still held"
-            elif req.status is Status.RUNNING:
-                assert cpu == 0 and gpu >= blocks_for(req.num_computed, bs), f"{rid}: running cache missing"
-        t = self.policy.starvation_threshold
-        if t is not None:
-            assert all(r.passed_over <= t for r in self.waiting_requests()), \
-                "a request was passed over past the threshold"
+        """Raise AssertionError if the memory accounting is inconsistent (see `invariants`)."""
+        check_invariants(self)
