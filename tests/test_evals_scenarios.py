@@ -125,6 +125,7 @@ def test_scenario_argument_parsing_and_run_names():
     assert spec.adapter_spec.instructions == ("The following are multiple choice questions (with answers) "
                                               "about college biology.\n")
     assert spec.groups == ["mmlu"] and spec.adapter_spec.max_train_instances == 5
+    assert build_run_spec("demo", "flexlamps/m", seed=3).name == "demo:seed=3,model=flexlamps_m"
     cloze = build_run_spec("arc:subset=challenge", "flexlamps/m")
     assert cloze.groups == ["arc_challenge_cloze"] and cloze.main_metric == "mc_accuracy_char_norm"
     with pytest.raises(ScenarioError, match="method must be"):

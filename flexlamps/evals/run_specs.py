@@ -150,6 +150,8 @@ def build_run_spec(scenario: "str | tuple[str, dict]", model: str, num_shots: Op
         shown = {"name": args.get("name", "custom"), **{k: v for k, v in shown.items() if k != "name"}}
     if num_shots is not None:
         shown["num_shots"] = str(num_shots)
+    if seed:  # another draw of examples is another run
+        shown["seed"] = str(seed)
     arg_text = ",".join(f"{k}={v}" for k, v in shown.items())
     run_name = f"{name}:{arg_text + ',' if arg_text else ''}model={model_slug(model)}"
     return RunSpec(run_name, name, args, spec, metrics, [group], main, seed)
