@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
-from placement.cost import (Choice, MEMORY_ROWS, build_terms, decode_layer_time, fractions_of,
+from placement.cost import (C_DISK, Choice, MEMORY_ROWS, build_terms, decode_layer_time, fractions_of,
                             prefill_layer_time, total_time)
-from placement.lp import (memory_excess, memory_implied_highs, solve_fractions,
+from placement.lp import (FULL_BOUNDS, memory_excess, memory_implied_highs, solve_fractions,
                           time_lower_bounds)
 from placement.model_spec import ModelSpec
 from placement.plan import ROW_LABELS, InfeasiblePlanError, Plan
@@ -46,7 +46,8 @@ def _choices(allow_weight_compression: bool, allow_cache_compression: bool,
 def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
           usable_fraction: float = 0.9, allow_weight_compression: bool = True,
           allow_cache_compression: bool = True, allow_cpu_attention: bool = True,
-          max_block_size: int = 8192, compression: CompressionSpec = CompressionSpec()) -> Plan:
+          max_block_size: int = 8192, compression: CompressionSpec = CompressionSpec(),
+          cache_on_disk: bool = True) -> Plan:
     """The highest-throughput policy that fits every tier's budget.
 
     Args:
@@ -55,11 +56,15 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
         allow_*: whether the search may turn on compression or CPU attention.
         max_block_size: cap on gpu_batch_size * num_gpu_batches.
         compression: the quantization used when compression is on.
+        cache_on_disk: whether the KV cache may be placed on disk (an engine without a disk
+            cache tier plans with False).
 
     Raises:
         InfeasiblePlanError: not even one sequence fits; names the tier and the shortfall.
     """
     started = time.perf_counter()
+    bounds = FULL_BOUNDS if cache_on_disk else tuple(
+        (0.0, 0.0) if i == C_DISK else b for i, b in enumerate(FULL_BOUNDS))
     budgets = budgets_for(hardware, usable_fraction)
     flags = _choices(allow_weight_compression, allow_cache_compression, allow_cpu_attention)
     candidates = _candidates(model, hardware, workload, budgets, flags, compression,
@@ -75,7 +80,7 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
         if any(choice.gpu_batch_size >= gbs and choice.num_gpu_batches >= ngb
                for gbs, ngb in too_big.get(key, ())):
             continue  # memory grows with both knobs, so a larger one cannot fit either
-        solution = solve_fractions(terms, budgets)
+        solution = solve_fractions(terms, budgets, bounds)
         num_lps += 1
         if solution is None:
             too_big.setdefault(key, []).append((choice.gpu_batch_size, choice.num_gpu_batches))
@@ -85,7 +90,7 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
             best = (tokens_per_s, choice, terms, solution.fractions)
     if best is None:
         raise _infeasible(model, hardware, workload, budgets, compression,
-                          allow_weight_compression, allow_cache_compression, allow_cpu_attention)
+                          allow_weight_compression, allow_cache_compression, allow_cpu_attention, bounds)
     return _make_plan(best, budgets, num_lps, time.perf_counter() - started)
 
 
@@ -155,12 +160,12 @@ def _binding(slack: dict[str, float]) -> str:
 
 
 def _infeasible(model, hardware, workload, budgets, compression, allow_weight_compression,
-                allow_cache_compression, allow_cpu_attention) -> InfeasiblePlanError:
+                allow_cache_compression, allow_cpu_attention, bounds=None) -> InfeasiblePlanError:
     # the least memory-hungry choice: one sequence, everything the caller allows turned on
     choice = Choice(gpu_batch_size=1, num_gpu_batches=1, compress_weight=allow_weight_compression,
                     compress_cache=allow_cache_compression, cpu_attention=allow_cpu_attention,
                     compression=compression)
-    excess = memory_excess(build_terms(choice, model, hardware, workload), budgets)
+    excess = memory_excess(build_terms(choice, model, hardware, workload), budgets, bounds or FULL_BOUNDS)
     row = max(excess, key=excess.get)
     tier = row.split("_")[0]
     hints = [f"give the {tier} tier more room (--{tier}-mem)", "shorten the sequences"]

@@ -102,3 +102,15 @@ def test_search_finds_the_best_enumerated_choice():
     assert plan.tokens_per_s == pytest.approx(best, rel=1e-6)
     assert predict(plan.policy, model, hw, workload).tokens_per_s == pytest.approx(
         plan.tokens_per_s, rel=1e-6)
+
+
+def test_cache_can_be_kept_off_disk():
+    import placement
+
+    model = placement.ModelSpec.preset("opt-30b")
+    hw = placement.hardware_preset("t4-flexgen")
+    wl = placement.WorkloadSpec(prompt_len=512, gen_len=32)
+    free = placement.solve(model, hw, wl, max_block_size=512)
+    pinned = placement.solve(model, hw, wl, max_block_size=512, cache_on_disk=False)
+    assert pinned.policy.cache.disk == 0
+    assert pinned.tokens_per_s <= free.tokens_per_s * (1 + 1e-9)
