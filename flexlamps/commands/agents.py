@@ -64,7 +64,6 @@ def _size(ctx, param, value):
 @click.option("--noise-sigma", default=0.0, show_default=True,
               help="multiplicative Gaussian noise on the oracle predictions")
 @click.option("--seed", default=0, show_default=True, help="seed of the replay (templates drawn, arrivals)")
-@click.option("--threads", default=None, type=int, help="torch CPU threads [default: torch's choice]")
 @click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
               help="wall: real time, API waits slept through; cpu: this process's CPU time, API waits "
                    "skipped (latencies other jobs on a shared machine cannot stretch; use one thread)")
@@ -75,15 +74,12 @@ def _size(ctx, param, value):
 @click.option("--no-plots", is_flag=True, help="skip the matplotlib plots")
 def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, max_context, max_prompt,
             max_output, max_api_tokens, gpu_kv_mem, cpu_swap_mem, block_size, max_num_seqs,
-            max_batched_tokens, noise_sigma, seed, threads, clock, verify, out_dir, no_plots):
-    import torch
+            max_batched_tokens, noise_sigma, seed, clock, verify, out_dir, no_plots):
 
     from flexlamps.api import LLM
     from flexlamps.engine.augmented_run import AgentsConfig, load_trace, measure_cost
     from flexlamps.engine.augmented_workload import TraceScale
 
-    if threads:
-        torch.set_num_threads(threads)
     if num_requests < 1:
         raise click.BadParameter("must be >= 1", param_hint="--num-requests")
     try:
