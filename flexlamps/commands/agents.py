@@ -75,7 +75,6 @@ def _size(ctx, param, value):
 def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, max_context, max_prompt,
             max_output, max_api_tokens, gpu_kv_mem, cpu_swap_mem, block_size, max_num_seqs,
             max_batched_tokens, noise_sigma, seed, clock, verify, out_dir, no_plots):
-
     from flexlamps.api import LLM
     from flexlamps.engine.augmented_run import AgentsConfig, load_trace, measure_cost
     from flexlamps.engine.augmented_workload import TraceScale
