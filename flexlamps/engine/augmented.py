@@ -15,6 +15,10 @@ it. Whatever the scheduler did with its cache meanwhile (preserve / swap / disca
 engine only ever feeds `tokens[num_computed : num_computed + n]`, so the output equals an
 uninterrupted generation.
 
+NOTE: every chunk is a forward of its own (a micro-batch has one length T), so an iteration
+with k chunks reads the weights k + 1 times; the CostModel prices one read per iteration,
+which is why the simulator's E2E for the same requests comes out below the engine's.
+
 Swap-outs come first because the blocks they vacate may already be granted (in the same
 SchedulerOutput) to a swap-in or to a growing request.
 """
