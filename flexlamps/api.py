@@ -90,6 +90,7 @@ class LLM:
         self.plan = None  # the planner's Plan when policy="auto"
         self.micro_batch = None
         self._scorer = None
+        self._stats = PrefixStats()
         if weight_quant not in (None, "none") and self.offload is None:
             self.offload = OffloadSettings(psutil_total() // 4, psutil_total() // 2, None, policy, True, None, weight_quant)
         if self.offload is None or not (isinstance(policy, str) and policy == "auto"):
@@ -109,7 +110,8 @@ class LLM:
                                              self.device or "cpu")
         else:
             self.executor = self._offload_executor(prompt_len, gen_len, on_profile, num_sequences)
-        self._scorer = PrefixScorer(self.executor, max_batch=self.max_batch_size, reuse_prefix=self.reuse_prefix)
+        self._scorer = PrefixScorer(self.executor, max_batch=self.max_batch_size, reuse_prefix=self.reuse_prefix,
+                                    stats=self._stats)
 
     def _offload_executor(self, prompt_len, gen_len, on_profile, num_sequences):
         import dataclasses
@@ -150,10 +152,8 @@ class LLM:
 
     @property
     def stats(self) -> PrefixStats:
-        """Shared-prefix counters: prefill tokens requested vs computed by `score`."""
-        if self._scorer is None:
-            return PrefixStats()
-        return self._scorer.stats
+        """Shared-prefix counters: prefill tokens requested vs computed (generate and score)."""
+        return self._stats
 
     def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
         if chat:
@@ -170,7 +170,8 @@ class LLM:
             self.prepare(prompt_len=mean_len, gen_len=max(p.max_new_tokens for p in params),
                          num_sequences=len(prompt_ids))
         return generate(self.executor, self.tokenizer, prompt_ids, list(params), max_batch=self.max_batch_size,
-                        micro_batch=self.micro_batch, on_finish=on_finish, on_tokens=on_tokens)
+                        micro_batch=self.micro_batch, on_finish=on_finish, on_tokens=on_tokens,
+                        stats=self.stats, reuse_prefix=self.reuse_prefix)
 
     def generate(self, prompts: Sequence[str] | str, params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, chat: bool = False, on_finish: Callable[[RequestOutput], None] | None = None,

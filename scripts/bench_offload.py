@@ -127,6 +127,8 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--gen-len", type=int, default=16)
     ap.add_argument("--gpu-frac", type=float, default=0.25, help="gpu budget as a share of the weight bytes")
+    ap.add_argument("--cpu-mem", default="64MiB", help="cpu tier budget (KV cache, activations, any weights "
+                    "the planner puts there); Accelerate's max_memory gets the gpu and cpu budgets together")
     ap.add_argument("--accelerate-batch", type=int, default=None)
     ap.add_argument("--workdir", default=None, help="where models and offload folders go (default: a temp dir)")
     args = ap.parse_args()
@@ -142,9 +144,12 @@ def main():
     gpu_mem = int(args.gpu_frac * wbytes)
     prompts = prompts_for(reader.tokenizer, args.prompts, args.prompt_len, reader.config.vocab_size)
     print(f"model {args.model} | weights {wbytes / 2**30:.2f} GiB {args.dtype} | gpu budget {gpu_mem / 2**30:.2f} GiB "
-          f"({args.gpu_frac:.0%}), rest on disk | {args.prompts} prompts x {args.prompt_len} tokens, {args.gen_len} new")
+          f"({args.gpu_frac:.0%}) + cpu {args.cpu_mem}, rest on disk | {args.prompts} prompts x {args.prompt_len} tokens, {args.gen_len} new")
     shutil.rmtree(work / "ours-offload", ignore_errors=True)
-    ours_tps, ours_ids, info = run_ours(folder, prompts, args.gen_len, args.dtype, gpu_mem, 64 * 2**20,
+    from placement import parse_bytes
+
+    cpu_mem = int(parse_bytes(args.cpu_mem))
+    ours_tps, ours_ids, info = run_ours(folder, prompts, args.gen_len, args.dtype, gpu_mem, cpu_mem,
                                         work / "ours-offload")
     p = info["policy"]
     print(f"flexlamps: policy block {p.gpu_batch_size}x{p.num_gpu_batches}, weights gpu {p.weights.gpu:.0%} "
@@ -155,7 +160,8 @@ def main():
           f"{o['max_io_compute_s']:.2f} s = {o['ratio']:.2f}x (I/O {o['io_s']:.2f} s, compute {o['compute_s']:.2f} s)")
     shutil.rmtree(work / "acc-offload", ignore_errors=True)
     batch = args.accelerate_batch or args.prompts
-    acc_tps, acc_ids = run_accelerate(folder, prompts, args.gen_len, args.dtype, gpu_mem, work / "acc-offload", batch)
+    acc_tps, acc_ids = run_accelerate(folder, prompts, args.gen_len, args.dtype, gpu_mem + cpu_mem,
+                                      work / "acc-offload", batch)
     same = sum(a == b for a, b in zip(ours_ids, acc_ids))
     print(f"accelerate disk offload (batch {batch}): {acc_tps:.2f} tok/s")
     print(f"ratio flexlamps / accelerate: {ours_tps / acc_tps:.2f}x | identical greedy outputs {same}/{len(prompts)}")

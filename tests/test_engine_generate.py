@@ -101,3 +101,36 @@ def test_score_matches_transformers(tiny_llama):
             logp = torch.log_softmax(ref(torch.tensor([c + k])).logits[0], -1)
         expected = sum(float(logp[len(c) - 1 + j, t]) for j, t in enumerate(k))
         assert llm.score([ctx], [cont])[0].logprob == pytest.approx(expected, abs=1e-3)
+
+
+def test_generation_with_shared_prefix_equals_no_reuse(tiny_llama):
+    shared = "the quick brown fox jumps over the lazy dog. hello world. numbers 1 2 3 4 5 6 7 8 9. "
+    prompts = [shared + q for q in ("Once upon", "a tiny", "hello", "the quick brown")]
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    reuse = LLM(str(tiny_llama), max_batch_size=2, reuse_prefix=True)
+    plain = LLM(str(tiny_llama), max_batch_size=2, reuse_prefix=False)
+    a = reuse.generate(prompts, params)
+    b = plain.generate(prompts, params)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert reuse.stats.prefill_tokens_requested == plain.stats.prefill_tokens_requested
+    assert reuse.stats.prefill_tokens_computed < 0.5 * plain.stats.prefill_tokens_computed
+
+
+def test_shared_prefix_with_offloaded_compressed_cache(tiny_llama):
+    from placement import Policy, TierSplit
+
+    g = TierSplit(gpu=1, cpu=0, disk=0)
+    shared = "the quick brown fox jumps over the lazy dog. hello world. numbers 1 2 3 4 5 6 7 8 9. "
+    prompts = [shared + q for q in ("Once upon", "a tiny", "hello")]
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=g, cache=TierSplit(gpu=0, cpu=1, disk=0),
+                    activations=g, compress_cache=True)
+    outs = {}
+    for reuse in (True, False):
+        llm = LLM(str(tiny_llama), gpu_mem="64MiB", cpu_mem="64MiB", policy=policy, reuse_prefix=reuse)
+        outs[reuse] = [o.token_ids for o in llm.generate(prompts, params)]
+        assert llm.executor.budgets["gpu"].used_bytes == sum(
+            t.numel() * t.element_size() for n, t in llm.executor.store._resident.items()
+            if llm.executor.store.tier_of(n) == "gpu")  # every cache freed
+    agree = sum(x == y for a, b in zip(outs[True], outs[False]) for x, y in zip(a, b))
+    assert agree >= 0.75 * sum(len(a) for a in outs[True])  # lossy cache: copies of a prefix, not bit-equal

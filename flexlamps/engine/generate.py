@@ -50,7 +50,11 @@ class ContextOverflowError(ValueError):
 def generate(executor, tokenizer, prompts: Sequence[list[int]], params: Sequence[SamplingParams], *,
              max_batch: int = 32, micro_batch: int | None = None, max_context: int | None = None,
              on_finish: Callable[[RequestOutput], None] | None = None,
-             on_tokens: Callable[[int], None] | None = None) -> list[RequestOutput]:
+             on_tokens: Callable[[int], None] | None = None, stats=None,
+             reuse_prefix: bool = True) -> list[RequestOutput]:
+    """Generate for every prompt. With `reuse_prefix`, a token prefix shared by all prompts of the
+    call (instructions, in-context examples, a system prompt) is computed once and copied into
+    each sequence's cache rows; `stats` (a PrefixStats) counts prefill tokens requested/computed."""
     cfg = executor.cfg
     max_context = max_context or cfg.max_position
     for i, (p, sp) in enumerate(zip(prompts, params)):
@@ -66,6 +70,11 @@ def generate(executor, tokenizer, prompts: Sequence[list[int]], params: Sequence
     num_slots = min(max_batch, len(seqs))
     micro_batch = micro_batch or num_slots
     cache = executor.new_cache(num_slots, capacity)
+    shared = _shared_prefix(seqs) if reuse_prefix else 0
+    prefix_cache = _compute_prefix(executor, seqs[0].prompt_ids[:shared]) if shared else None
+    if stats is not None:
+        stats.prefill_tokens_requested += sum(len(s.prompt_ids) for s in seqs)
+        stats.prefill_tokens_computed += shared + sum(len(s.prompt_ids) - shared for s in seqs)
     # longest prompts first: prefill groups of similar length waste less on padding
     waiting = deque(sorted(seqs, key=lambda s: -len(s.prompt_ids)))
     free = list(range(num_slots))
@@ -120,14 +129,17 @@ def generate(executor, tokenizer, prompts: Sequence[list[int]], params: Sequence
             free.sort()
             for s in group:
                 s.slot = free.pop(0)
+            if prefix_cache is not None:
+                cache.copy_prefix_from(prefix_cache, shared, torch.tensor([s.slot for s in group]))
             for i in range(0, len(group), micro_batch):
                 batches.append(group[i:i + micro_batch])
-                steps.append(_prefill_step(batches[-1]))
+                steps.append(_prefill_step(batches[-1], shared))
             running.extend(group)
         for batch, logits in zip(batches, executor.forward_steps(cache, steps)):
             advance(batch, logits[:, 0])
-    if hasattr(cache, "free"):
-        cache.free()
+    for c in (cache, prefix_cache):
+        if hasattr(c, "free"):
+            c.free()
     return results  # type: ignore[return-value]
 
 
@@ -136,14 +148,40 @@ def _decode_step(batch: list[_Sequence]) -> Step:
                 torch.tensor([s.slot for s in batch]), torch.zeros(len(batch), dtype=torch.long))
 
 
-def _prefill_step(group: list[_Sequence]) -> Step:
-    longest = max(len(s.prompt_ids) for s in group)
+def _prefill_step(group: list[_Sequence], start: int = 0) -> Step:
+    """Prefill of the prompts' tokens from position `start` on (before it: a shared prefix
+    already copied into their cache rows)."""
+    longest = max(len(s.prompt_ids) for s in group) - start
     ids = torch.zeros(len(group), longest, dtype=torch.long)
     for r, s in enumerate(group):
-        ids[r, : len(s.prompt_ids)] = torch.tensor(s.prompt_ids)
-    pos = torch.arange(longest).expand(len(group), longest)
+        ids[r, : len(s.prompt_ids) - start] = torch.tensor(s.prompt_ids[start:])
+    pos = torch.arange(start, start + longest).expand(len(group), longest)
     return Step(ids, pos, torch.tensor([s.slot for s in group]),
-                torch.tensor([len(s.prompt_ids) - 1 for s in group]))
+                torch.tensor([len(s.prompt_ids) - 1 - start for s in group]))
+
+
+# A shared prefix shorter than this is not worth a separate pass and the copies.
+MIN_SHARED_PREFIX = 16
+
+
+def _shared_prefix(seqs: list[_Sequence]) -> int:
+    """Tokens every prompt starts with, leaving each at least one token of its own."""
+    if len(seqs) < 2:
+        return 0
+    first = seqs[0].prompt_ids
+    n = min(len(s.prompt_ids) for s in seqs) - 1
+    shared = 0
+    while shared < n and all(s.prompt_ids[shared] == first[shared] for s in seqs):
+        shared += 1
+    return shared if shared >= MIN_SHARED_PREFIX else 0
+
+
+def _compute_prefix(executor, ids: list[int]):
+    cache = executor.new_cache(1, len(ids))
+    step = Step(torch.tensor([ids]), torch.arange(len(ids))[None], torch.tensor([0]),
+                torch.tensor([len(ids) - 1]))
+    executor.forward_steps(cache, [step])
+    return cache
 
 
 class _StopChecker:

@@ -59,11 +59,11 @@ def _lcp(seqs: list[list[int]]) -> int:
 
 
 class PrefixScorer:
-    def __init__(self, executor, max_batch: int = 32, reuse_prefix: bool = True):
+    def __init__(self, executor, max_batch: int = 32, reuse_prefix: bool = True, stats: PrefixStats | None = None):
         self.ex = executor
         self.max_batch = max_batch
         self.reuse_prefix = reuse_prefix
-        self.stats = PrefixStats()
+        self.stats = stats if stats is not None else PrefixStats()
 
     def score(self, pairs: list[tuple[list[int], list[int]]]) -> list[ScoreOutput]:
         if not pairs:
