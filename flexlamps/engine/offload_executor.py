@@ -86,6 +86,8 @@ class OffloadExecutor:
         self.head_name = "lm_head" if any(s.name == "lm_head" for s in self.specs) else "embed_tokens"
         self.layer_names = [[s.name for s in self.specs if s.layer == i] for i in range(cfg.num_layers)]
         self.local = {s.name: s.local_name for s in self.specs}
+        per_layer = [sum(s.numel for s in self.specs if s.layer == i) for i in range(cfg.num_layers)]
+        self.max_layer_bytes = max(per_layer, default=0) * _bytes_per(self.dtype)
         self.record_profile = False  # when True, every sweep appends a SweepProfile to self.sweeps
         self.sweeps: list[SweepProfile] = []
 
@@ -187,6 +189,32 @@ class OffloadExecutor:
 
     @torch.inference_mode()
     def forward_steps(self, cache: TieredKVCache, steps: list[Step]) -> list[torch.Tensor]:
+        """Run the micro-batches in one sweep. Decode micro-batches are merged into one when the
+        merged one's workspace fits the gpu budget: on hardware where small GEMMs are slow (a
+        CPU) that is much faster, and the cache still moves per row only."""
+        merged, sizes = self._merge_decodes(steps)
+        if merged is None:
+            return self._sweep(cache, steps)
+        outs = self._sweep(cache, [merged] + [s for s in steps if s.input_ids.shape[1] != 1])
+        decode_out = list(outs[0].split(sizes))
+        rest = iter(outs[1:])
+        return [decode_out.pop(0) if s.input_ids.shape[1] == 1 else next(rest) for s in steps]
+
+    def _merge_decodes(self, steps: list[Step]):
+        decodes = [s for s in steps if s.input_ids.shape[1] == 1 and s.logit_rows is not None]
+        if len(decodes) < 2 or len(decodes) != sum(s.input_ids.shape[1] == 1 for s in steps):
+            return None, None
+        merged = Step(torch.cat([s.input_ids for s in decodes]), torch.cat([s.positions for s in decodes]),
+                      torch.cat([s.slots for s in decodes]), torch.cat([s.logit_rows for s in decodes]))
+        span = int(merged.positions.max()) + 1
+        need = self._workspace_bytes(merged, span) + 2 * self.max_layer_bytes
+        if self.policy.cache.gpu < 1 and not self.policy.cpu_attention:
+            need += 2 * len(merged.slots) * self.cfg.kv_size * span * _bytes_per(self.dtype)  # staged rows
+        if need > self.budgets["gpu"].free_bytes:
+            return None, None
+        return merged, [len(s.slots) for s in decodes]
+
+    def _sweep(self, cache: TieredKVCache, steps: list[Step]) -> list[torch.Tensor]:
         cfg, fwd, store = self.cfg, self.fwd, self.store
         prof = SweepProfile() if self.record_profile else None
         glob_fetched, glob_staged = store.fetch(self.small_global_names)
