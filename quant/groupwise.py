@@ -155,7 +155,10 @@ def _cpu_workspace(numel: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Reused (uint8, float32) scratch of >= numel elements; fresh pages are slow to fault in."""
     cached = getattr(_workspaces, "buffers", None)
     if cached is None or cached[0].numel() < numel:
-        cached = (torch.empty(numel, dtype=torch.uint8), torch.empty(numel, dtype=torch.float32))
+        # normal tensors even when first asked for under inference_mode: the same scratch is
+        # written in place later outside it (an inference tensor would refuse that)
+        with torch.inference_mode(False):
+            cached = (torch.empty(numel, dtype=torch.uint8), torch.empty(numel, dtype=torch.float32))
         _workspaces.buffers = cached
     return cached
 
