@@ -64,7 +64,8 @@ class LLM:
     max_batch_size: sequences decoded together (continuous batching); with offloading the
         policy's block size (gpu_batch_size x num_gpu_batches) is used instead.
     gpu_mem, cpu_mem: byte budgets ("2GiB" or an int) that turn on the offload engine.
-    offload_dir: folder for the disk tier. policy: "auto", a policy JSON path or a Policy.
+    offload_dir: folder for the disk tier. policy: "auto", a policy JSON path, a Policy, or None
+        (everything on the gpu tier: compression without offloading).
     """
 
     def __init__(self, model: str = "smollm2-135m", *, dtype: str = "float32", max_batch_size: int = 32,
@@ -139,6 +140,12 @@ class LLM:
             policy = self.plan.policy
         elif isinstance(policy, (str, Path)):
             policy = load_policy(policy)
+        elif policy is None:  # everything on the gpu tier, one micro-batch of max_batch_size
+            from placement import Policy, TierSplit
+
+            gpu = TierSplit(gpu=1, cpu=0, disk=0)
+            policy = Policy(gpu_batch_size=self.max_batch_size, num_gpu_batches=1, weights=gpu, cache=gpu,
+                            activations=gpu)
         if o.compress_weight is not None or o.compress_cache is not None:
             policy = dataclasses.replace(
                 policy,
@@ -147,8 +154,10 @@ class LLM:
         self.policy = policy
         self.max_batch_size = policy.gpu_batch_size * policy.num_gpu_batches
         self.micro_batch = policy.gpu_batch_size
-        return OffloadExecutor(self.reader, policy, gpu_mem=o.gpu_mem, cpu_mem=o.cpu_mem,
-                               offload_dir=o.offload_dir, dtype=self.dtype, weight_quant=o.weight_quant)
+        executor = OffloadExecutor(self.reader, policy, gpu_mem=o.gpu_mem, cpu_mem=o.cpu_mem,
+                                   offload_dir=o.offload_dir, dtype=self.dtype, weight_quant=o.weight_quant)
+        self.policy = executor.policy  # as run: a weight backend turns compress_weight on
+        return executor
 
     @property
     def stats(self) -> PrefixStats:

@@ -61,3 +61,30 @@ def test_smollm2_compressed_tokens_stay_close(smollm2_path):
           f"teacher-forced top-1 agreement {sum(forced) / 4:.3f} {forced}")
     assert sum(forced) / len(forced) >= 0.85
     assert all(b.token_ids[:3] == a.token_ids[:3] for a, b in zip(plain, packed))
+
+
+@pytest.mark.parametrize("backend", ["nf4", "fp4", "groupwise8"])
+def test_weight_backends_run_through_the_engine(tiny_llama, backend):
+    if backend in ("nf4", "fp4"):
+        from quant import QuantBackendUnavailable, get_weight_quantizer
+
+        try:
+            get_weight_quantizer(backend)
+        except QuantBackendUnavailable as e:
+            pytest.skip(str(e))
+    import torch
+
+    from flexlamps.engine.step import Step
+
+    plain = LLM(str(tiny_llama))
+    llm = LLM(str(tiny_llama), weight_quant=backend, gpu_mem="64MiB", cpu_mem="64MiB", policy=None)
+    assert llm.policy.compress_weight
+    outs = llm.generate(PROMPTS[:2], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    assert all(len(o.token_ids) == 4 for o in outs)
+    ids = torch.tensor([plain.tokenizer.encode(PROMPTS[0])])
+    step = Step(ids, torch.arange(ids.shape[1])[None], torch.tensor([0]))
+    a = plain.executor.forward_steps(plain.executor.new_cache(1, ids.shape[1]), [step])[0].flatten()
+    cache = llm.executor.new_cache(1, ids.shape[1])
+    b = llm.executor.forward_steps(cache, [step])[0].flatten()
+    cache.free()
+    assert torch.nn.functional.cosine_similarity(a, b, dim=0) > 0.9  # lossy, but the same model
