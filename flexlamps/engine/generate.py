@@ -120,26 +120,28 @@ def generate(executor, tokenizer, prompts: Sequence[list[int]], params: Sequence
 
     # One sweep per iteration: the running sequences decode one token and, when rows are free,
     # waiting prompts are prefilled in the same sweep (each group a micro-batch of its own).
-    while waiting or running:
-        running.sort(key=lambda s: s.slot)
-        batches = [running[i:i + micro_batch] for i in range(0, len(running), micro_batch)]
-        steps = [_decode_step(b) for b in batches]
-        if waiting and free:
-            group = [waiting.popleft() for _ in range(min(len(free), len(waiting)))]
-            free.sort()
-            for s in group:
-                s.slot = free.pop(0)
-            if prefix_cache is not None:
-                cache.copy_prefix_from(prefix_cache, shared, torch.tensor([s.slot for s in group]))
-            for i in range(0, len(group), micro_batch):
-                batches.append(group[i:i + micro_batch])
-                steps.append(_prefill_step(batches[-1], shared))
-            running.extend(group)
-        for batch, logits in zip(batches, executor.forward_steps(cache, steps)):
-            advance(batch, logits[:, 0])
-    for c in (cache, prefix_cache):
-        if hasattr(c, "free"):
-            c.free()
+    try:
+        while waiting or running:
+            running.sort(key=lambda s: s.slot)
+            batches = [running[i:i + micro_batch] for i in range(0, len(running), micro_batch)]
+            steps = [_decode_step(b) for b in batches]
+            if waiting and free:
+                group = [waiting.popleft() for _ in range(min(len(free), len(waiting)))]
+                free.sort()
+                for s in group:
+                    s.slot = free.pop(0)
+                if prefix_cache is not None:
+                    cache.copy_prefix_from(prefix_cache, shared, torch.tensor([s.slot for s in group]))
+                for i in range(0, len(group), micro_batch):
+                    batches.append(group[i:i + micro_batch])
+                    steps.append(_prefill_step(batches[-1], shared))
+                running.extend(group)
+            for batch, logits in zip(batches, executor.forward_steps(cache, steps)):
+                advance(batch, logits[:, 0])
+    finally:  # tiered caches hand their bytes back to the tier budgets, even on errors
+        for c in (cache, prefix_cache):
+            if hasattr(c, "free"):
+                c.free()
     return results  # type: ignore[return-value]
 
 
