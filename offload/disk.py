@@ -119,28 +119,22 @@ class DiskFolder:
         entry = self.index[name]
         if list(out.shape) != entry["shape"] or _dtype_name(out.dtype) != entry["dtype"]:
             raise ValueError(f"buffer {tuple(out.shape)} {out.dtype} does not fit {name} {entry}")
-        view = memoryview(out.view(torch.uint8).numpy()).cast("B") if out.numel() else memoryview(b"")
-        fd = os.open(self.folder / _file_name(name), os.O_RDONLY)
-        try:
-            done = 0
-            while done < len(view):
-                n = os.preadv(fd, [view[done:]], done)
-                if n <= 0:
-                    raise StaleOffloadFolderError(f"{self.folder}: {name} is truncated; delete the folder to rebuild it")
-                done += n
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-        return out
+        return self._pread(name, 0, out)
 
     def read_rows_into(self, name: str, start: int, out: torch.Tensor) -> torch.Tensor:
         """Read rows start .. start + len(out) of a tensor (along dim 0) into `out`."""
         entry = self.index[name]
+        if list(out.shape[1:]) != entry["shape"][1:] or start + len(out) > entry["shape"][0]:
+            raise ValueError(f"rows {start}..{start + len(out)} {tuple(out.shape)} do not fit {name} {entry}")
         row_bytes = out[0].numel() * out.element_size() if len(out) else 0
-        view = memoryview(out.view(torch.uint8).numpy()).cast("B")
+        return self._pread(name, start * row_bytes, out)
+
+    def _pread(self, name: str, offset: int, out: torch.Tensor) -> torch.Tensor:
+        """Fill `out` from the file at `offset`, then drop those pages from the page cache."""
+        view = memoryview(out.view(torch.uint8).numpy()).cast("B") if out.numel() else memoryview(b"")
         fd = os.open(self.folder / _file_name(name), os.O_RDONLY)
         try:
-            done, offset = 0, start * row_bytes
+            done = 0
             while done < len(view):
                 n = os.preadv(fd, [view[done:]], offset + done)
                 if n <= 0:
@@ -149,7 +143,6 @@ class DiskFolder:
             os.posix_fadvise(fd, offset, len(view), os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-        assert list(out.shape[1:]) == entry["shape"][1:]
         return out
 
     def spec(self, name: str) -> tuple[tuple[int, ...], torch.dtype]:

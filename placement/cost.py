@@ -212,13 +212,7 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
         comp_s += num_tokens * sz.cache_fp16 / hardware.gpu_dequant_bytes_per_s
     comp = Affine(comp_s)
 
-    return {
-        "ctog": ctog.scaled(1 / hardware.cpu_to_gpu_bytes_per_s),
-        "gtoc": gtoc.scaled(1 / hardware.gpu_to_cpu_bytes_per_s),
-        "dtoc": dtoc.scaled(1 / hardware.disk_read_bytes_per_s),
-        "ctod": ctod.scaled(1 / hardware.disk_write_bytes_per_s),
-        "comp": comp,
-    }
+    return _layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)
 
 
 def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
@@ -265,13 +259,7 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     else:
         comp.add(gpu_attn_s)
 
-    return {
-        "ctog": ctog.scaled(1 / hardware.cpu_to_gpu_bytes_per_s),
-        "gtoc": gtoc.scaled(1 / hardware.gpu_to_cpu_bytes_per_s),
-        "dtoc": dtoc.scaled(1 / hardware.disk_read_bytes_per_s),
-        "ctod": ctod.scaled(1 / hardware.disk_write_bytes_per_s),
-        "comp": comp,
-    }
+    return _layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)
 
 
 # Attention scores are built for at most this many queries at a time (chunked prefill), so
@@ -339,3 +327,15 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     disk = Affine().add(weights_home, W_DISK).add(cache_home, C_DISK).add(hidden_p, H_DISK)
     return {"gpu_prefill": gpu_prefill, "gpu_decode": gpu_decode, "cpu_prefill": cpu_prefill,
             "cpu_decode": cpu_decode, "disk": disk}
+
+
+def _layer_seconds(ctog: Affine, gtoc: Affine, dtoc: Affine, ctod: Affine, comp: Affine,
+                   hardware: HardwareSpec) -> dict[str, Affine]:
+    """Per-layer terms in seconds: the four transfers' bytes over their bandwidths, and compute."""
+    return {
+        "ctog": ctog.scaled(1 / hardware.cpu_to_gpu_bytes_per_s),
+        "gtoc": gtoc.scaled(1 / hardware.gpu_to_cpu_bytes_per_s),
+        "dtoc": dtoc.scaled(1 / hardware.disk_read_bytes_per_s),
+        "ctod": ctod.scaled(1 / hardware.disk_write_bytes_per_s),
+        "comp": comp,
+    }

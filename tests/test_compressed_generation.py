@@ -42,8 +42,7 @@ def teacher_forced_agreement(llm, prompt_ids: list[int], continuation: list[int]
     cache = llm.executor.new_cache(1, len(ids))
     logits = llm.executor.forward_steps(cache, [Step(torch.tensor([ids]), torch.arange(len(ids))[None],
                                                      torch.tensor([0]))])[0]
-    if hasattr(cache, "free"):
-        cache.free()
+    cache.free()
     pred = logits[0, len(prompt_ids) - 1: -1].argmax(-1).tolist()
     return sum(p == t for p, t in zip(pred, continuation)) / len(continuation)
 

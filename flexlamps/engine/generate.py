@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from flexlamps.engine.prefix import common_prefix_length, prefill_prefix
 from flexlamps.engine.step import Step
 from flexlamps.engine.sampling import SamplingParams, make_generator, select_tokens
 
@@ -71,7 +72,7 @@ def generate(executor, tokenizer, prompts: Sequence[list[int]], params: Sequence
     micro_batch = micro_batch or num_slots
     cache = executor.new_cache(num_slots, capacity)
     shared = _shared_prefix(seqs) if reuse_prefix else 0
-    prefix_cache = _compute_prefix(executor, seqs[0].prompt_ids[:shared]) if shared else None
+    prefix_cache = prefill_prefix(executor, seqs[0].prompt_ids[:shared])[0] if shared else None
     if stats is not None:
         stats.prefill_tokens_requested += sum(len(s.prompt_ids) for s in seqs)
         stats.prefill_tokens_computed += shared + sum(len(s.prompt_ids) - shared for s in seqs)
@@ -139,9 +140,9 @@ def generate(executor, tokenizer, prompts: Sequence[list[int]], params: Sequence
             for batch, logits in zip(batches, executor.forward_steps(cache, steps)):
                 advance(batch, logits[:, 0])
     finally:  # tiered caches hand their bytes back to the tier budgets, even on errors
-        for c in (cache, prefix_cache):
-            if hasattr(c, "free"):
-                c.free()
+        cache.free()
+        if prefix_cache is not None:
+            prefix_cache.free()
     return results  # type: ignore[return-value]
 
 
@@ -170,20 +171,9 @@ def _shared_prefix(seqs: list[_Sequence]) -> int:
     """Tokens every prompt starts with, leaving each at least one token of its own."""
     if len(seqs) < 2:
         return 0
-    first = seqs[0].prompt_ids
     n = min(len(s.prompt_ids) for s in seqs) - 1
-    shared = 0
-    while shared < n and all(s.prompt_ids[shared] == first[shared] for s in seqs):
-        shared += 1
+    shared = min(common_prefix_length([s.prompt_ids for s in seqs]), n)
     return shared if shared >= MIN_SHARED_PREFIX else 0
-
-
-def _compute_prefix(executor, ids: list[int]):
-    cache = executor.new_cache(1, len(ids))
-    step = Step(torch.tensor([ids]), torch.arange(len(ids))[None], torch.tensor([0]),
-                torch.tensor([len(ids) - 1]))
-    executor.forward_steps(cache, [step])
-    return cache
 
 
 class _StopChecker:

@@ -26,6 +26,9 @@ class DenseKVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
+    def free(self) -> None:
+        """Nothing to hand back: a dense cache is charged to no tier budget (see TieredKVCache)."""
+
     def copy_prefix_from(self, src: "DenseKVCache", length: int, slots: torch.Tensor) -> None:
         """Copy the first `length` positions of src's row 0 into each of `slots` (shared prefixes)."""
         for layer in range(len(self.k)):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from flexlamps.engine.prefix import common_prefix_length, prefill_prefix
 from flexlamps.engine.step import Step
 
 
@@ -48,16 +49,6 @@ def split_tokens(tokenizer, context: str, continuation: str) -> tuple[list[int],
     return ctx, whole[len(ctx):]
 
 
-def _lcp(seqs: list[list[int]]) -> int:
-    first = seqs[0]
-    n = min(len(s) for s in seqs)
-    for i in range(n):
-        t = first[i]
-        if any(s[i] != t for s in seqs):
-            return i
-    return n
-
-
 class PrefixScorer:
     def __init__(self, executor, max_batch: int = 32, reuse_prefix: bool = True, stats: PrefixStats | None = None):
         self.ex = executor
@@ -75,7 +66,7 @@ class PrefixScorer:
         if not self.reuse_prefix:
             return self._run_leaves([], None, [(c + k, len(c)) for c, k in pairs])
         contexts = [c for c, _ in pairs]
-        common = _lcp(contexts) if len(pairs) > 1 else 0
+        common = common_prefix_length(contexts) if len(pairs) > 1 else 0
         by_context: dict[tuple[int, ...], list[int]] = {}
         for i, c in enumerate(contexts):
             by_context.setdefault(tuple(c), []).append(i)
@@ -92,28 +83,21 @@ class PrefixScorer:
             for i, out in zip(ids, self._run_leaves(base, node, leaves)):
                 results[i] = out
             if node is not root:
-                _free(node.cache)
+                node.cache.free()
         if singles:
             base = contexts[0][:common]
             leaves = [(pairs[i][0][common:] + pairs[i][1], len(pairs[i][0]) - common) for i in singles]
             for i, out in zip(singles, self._run_leaves(base, root, leaves)):
                 results[i] = out
         if root is not None:
-            _free(root.cache)
+            root.cache.free()
         return results  # type: ignore[return-value]
 
     def _extend(self, parent, parent_ids: list[int], new_ids: list[int]) -> "_Prefix":
         """A one-row cache holding parent_ids + new_ids, computing only new_ids."""
-        total = len(parent_ids) + len(new_ids)
-        cache = self.ex.new_cache(1, total)
-        if parent is not None:
-            cache.copy_prefix_from(parent.cache, len(parent_ids), torch.tensor([0]))
-        ids = torch.tensor([new_ids])
-        pos = torch.arange(len(parent_ids), total)[None]
-        step = Step(ids, pos, torch.tensor([0]), logit_rows=torch.tensor([len(new_ids) - 1]))
-        logits = self.ex.forward_steps(cache, [step])[0]
+        cache, logits = prefill_prefix(self.ex, new_ids, parent.cache if parent else None, len(parent_ids))
         self.stats.prefill_tokens_computed += len(new_ids)
-        return _Prefix(cache, torch.log_softmax(logits[0, 0], -1))
+        return _Prefix(cache, torch.log_softmax(logits, -1))
 
     def _run_leaves(self, base: list[int], prefix: "_Prefix | None",
                     leaves: list[tuple[list[int], int]]) -> list[ScoreOutput]:
@@ -136,7 +120,7 @@ class PrefixScorer:
             ids[r, : len(toks)] = torch.tensor(toks)
         pos = torch.arange(plen, plen + width).expand(n, width)
         logp = torch.log_softmax(self.ex.forward_steps(cache, [Step(ids, pos, torch.arange(n))])[0], -1)
-        _free(cache)
+        cache.free()
         self.stats.prefill_tokens_computed += sum(len(toks) for toks, _ in leaves)
         outs = []
         for r, (toks, n_ctx) in enumerate(leaves):
@@ -149,11 +133,6 @@ class PrefixScorer:
             greedy = bool((pred.argmax(-1) == targets).all())
             outs.append(ScoreOutput(float(tok_lp.sum()), len(targets), greedy, tok_lp.tolist()))
         return outs
-
-
-def _free(cache) -> None:
-    if hasattr(cache, "free"):  # tiered caches hand their bytes back to the tier budgets
-        cache.free()
 
 
 @dataclass
