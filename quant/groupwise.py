@@ -62,8 +62,9 @@ def quantize_grouped(x: torch.Tensor, config: QuantConfig):
         lo = groups.amin(dim=2, keepdim=True)  # exact in store_dtype: it is one of the inputs
         hi = groups.amax(dim=2, keepdim=True)
         mins, lo = _store_params(lo.to(store_dtype), config)
-        # hi/n - lo/n instead of (hi-lo)/n: no overflow for ranges near the dtype's max
-        step = _round_up(hi / config.max_code - lo / config.max_code, store_dtype)
+        # hi/n - lo/n instead of (hi-lo)/n: no overflow for ranges near the dtype's max. An 8-bit
+        # decoded min can sit above a narrow group's max; the step is then 0, never negative.
+        step = _round_up((hi / config.max_code - lo / config.max_code).clamp_min(0), store_dtype)
         step, step_used = _store_params(step, config)
         codes = torch.round((groups - lo) / _nonzero(step_used))
     codes = codes.clamp_(0, config.max_code).to(torch.uint8)
