@@ -20,6 +20,7 @@ from flexlamps.engine.step import Step
 from flexlamps.engine.placement_map import cache_tiers, weight_tiers
 from flexlamps.engine.tiered_cache import TieredKVCache
 from flexlamps.models.forward import forward_for
+from flexlamps.models.linear import linear
 from flexlamps.models.weight_specs import weight_specs
 from offload import DiskFolder, TierBudget, TieredStore, compute_device
 
@@ -173,7 +174,7 @@ class OffloadExecutor:
             stop = min(vocab, start + self.HEAD_CHUNK_ROWS)
             w, staged = self.store.fetch_rows(self.head_name, start, stop)
             try:
-                out[..., start:stop] = torch.nn.functional.linear(h, w).float().cpu()
+                out[..., start:stop] = linear(h, w).float().cpu()
             finally:
                 self.store.release(staged)
         return out

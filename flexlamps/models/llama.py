@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from flexlamps.models.config import ModelConfig
+from flexlamps.models.linear import linear
 from flexlamps.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
 # attend(q, k, v) with q (n, T, heads, d), k/v (n, T, kv_heads, d) -> (n, T, heads * d)
@@ -23,10 +24,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
-
-
-def _linear(x, w, b=None):
-    return F.linear(x, w, b)
 
 
 class LlamaForward:
@@ -46,19 +43,19 @@ class LlamaForward:
         n, t, _ = x.shape
         cos, sin = ctx
         h = rms_norm(x, w["attn_norm"], cfg.norm_eps)
-        q = _linear(h, w["q_proj"], w.get("q_bias")).view(n, t, cfg.num_heads, cfg.head_dim)
-        k = _linear(h, w["k_proj"], w.get("k_bias")).view(n, t, cfg.num_kv_heads, cfg.head_dim)
-        v = _linear(h, w["v_proj"], w.get("v_bias")).view(n, t, cfg.num_kv_heads, cfg.head_dim)
+        q = linear(h, w["q_proj"], w.get("q_bias")).view(n, t, cfg.num_heads, cfg.head_dim)
+        k = linear(h, w["k_proj"], w.get("k_bias")).view(n, t, cfg.num_kv_heads, cfg.head_dim)
+        v = linear(h, w["v_proj"], w.get("v_bias")).view(n, t, cfg.num_kv_heads, cfg.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        x = x + _linear(attend(q, k, v), w["o_proj"])
+        x = x + linear(attend(q, k, v), w["o_proj"])
         h = rms_norm(x, w["mlp_norm"], cfg.norm_eps)
-        gate = F.silu(_linear(h, w["gate_proj"], w.get("gate_bias")))
-        up = _linear(h, w["up_proj"], w.get("up_bias"))
-        return x + _linear(gate * up, w["down_proj"], w.get("down_bias"))
+        gate = F.silu(linear(h, w["gate_proj"], w.get("gate_bias")))
+        up = linear(h, w["up_proj"], w.get("up_bias"))
+        return x + linear(gate * up, w["down_proj"], w.get("down_bias"))
 
     def final_hidden(self, w: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """What the output projection reads (the engine may apply that projection in chunks)."""
         return rms_norm(x, w["norm"], self.cfg.norm_eps)
 
     def head(self, w: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        return _linear(self.final_hidden(w, x), w["lm_head"] if "lm_head" in w else w["embed_tokens"])
+        return linear(self.final_hidden(w, x), w["lm_head"] if "lm_head" in w else w["embed_tokens"])

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from flexlamps.models.config import ModelConfig
+from flexlamps.models.linear import linear
 from flexlamps.models.llama import Attend
 
 # OPT's learned position table is offset by 2 rows (fairseq's padding legacy).
@@ -27,7 +28,7 @@ class OptForward:
     def embed(self, w, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = F.embedding(input_ids, w["embed_tokens"])
         if "project_in" in w:
-            x = F.linear(x, w["project_in"])
+            x = linear(x, w["project_in"])
         return x + F.embedding(positions + POSITION_OFFSET, w["embed_positions"])
 
     def _norm(self, x, w, name):
@@ -38,14 +39,14 @@ class OptForward:
         n, t, _ = x.shape
         pre = cfg.do_layer_norm_before
         h = self._norm(x, w, "attn_norm") if pre else x
-        q = F.linear(h, w["q_proj"], w.get("q_bias")).view(n, t, cfg.num_heads, cfg.head_dim)
-        k = F.linear(h, w["k_proj"], w.get("k_bias")).view(n, t, cfg.num_heads, cfg.head_dim)
-        v = F.linear(h, w["v_proj"], w.get("v_bias")).view(n, t, cfg.num_heads, cfg.head_dim)
-        x = x + F.linear(attend(q, k, v), w["o_proj"], w.get("o_bias"))
+        q = linear(h, w["q_proj"], w.get("q_bias")).view(n, t, cfg.num_heads, cfg.head_dim)
+        k = linear(h, w["k_proj"], w.get("k_bias")).view(n, t, cfg.num_heads, cfg.head_dim)
+        v = linear(h, w["v_proj"], w.get("v_bias")).view(n, t, cfg.num_heads, cfg.head_dim)
+        x = x + linear(attend(q, k, v), w["o_proj"], w.get("o_bias"))
         if not pre:
             x = self._norm(x, w, "attn_norm")
         h = self._norm(x, w, "mlp_norm") if pre else x
-        h = F.linear(self.act(F.linear(h, w["fc1"], w.get("fc1_bias"))), w["fc2"], w.get("fc2_bias"))
+        h = linear(self.act(linear(h, w["fc1"], w.get("fc1_bias"))), w["fc2"], w.get("fc2_bias"))
         x = x + h
         return x if pre else self._norm(x, w, "mlp_norm")
 
@@ -53,8 +54,8 @@ class OptForward:
         if "norm" in w:
             x = self._norm(x, w, "norm")
         if "project_out" in w:
-            x = F.linear(x, w["project_out"])
+            x = linear(x, w["project_out"])
         return x
 
     def head(self, w, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.final_hidden(w, x), w["lm_head"] if "lm_head" in w else w["embed_tokens"])
+        return linear(self.final_hidden(w, x), w["lm_head"] if "lm_head" in w else w["embed_tokens"])
