@@ -5,7 +5,7 @@ import pytest
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.policies import LAMPS, MLFQ, SJF, VTC, PolicyContext
 from flexlamps.sched.predictors import OraclePredictor
-from flexlamps.sched.request import Request, RequestSpec, Segment
+from flexlamps.sched.request import Request, RequestSpec, Segment, Strategy
 
 
 def _ctx(specs, iteration=1, step_s=0.02):
@@ -92,3 +92,31 @@ def test_lamps_request_horizon_counts_later_segments():
     assert segment.priority(_req(short), ctx) == pytest.approx(segment.priority(_req(long), ctx))
     with pytest.raises(ValueError, match="horizon"):
         LAMPS(horizon="nope")
+
+
+def test_lamps_handles_a_call_with_the_strategy_its_rank_assumed():
+    # LAMPS (mars-repository/mars-codebase, vllm/core/scheduler_v2.py `classify`): the strategy
+    # is chosen before scheduling, with predicted values, and applied when the call comes.
+    # 1000 cached tokens at the call, 30 s, batch 10k tokens, no room on the cpu tier when it
+    # is ranked: preserve (30 s x 1000 tokens) dwarfs a chunked discard (~750 tokens x s)
+    spec = RequestSpec("r", 990, (Segment(10, "chatbot", 30.0, 5), Segment(5)))
+
+    def ctx(budget, cpu_free):
+        return PolicyContext(now=0.0, iteration=1, cost=CostModel.gptj6b_a100(),
+                             predictor=OraclePredictor({"r": spec}), batch_context_tokens=10_000,
+                             swap_budget_tokens=budget, cpu_free_tokens=cpu_free, step_s=0.02)
+
+    req = _req(spec)
+    planned, at_call = LAMPS(), LAMPS(handling="at_call")
+    planned.priority(req, ctx(500, 500))
+    req.num_computed, req.num_tokens, req.api_type = 1000, 1000, "chatbot"
+    assert planned.choose_strategies([req], ctx(500, 500)) == {"r": Strategy.DISCARD}
+    # by the call the cpu tier has room and the budget holds the cache: the planned handling
+    # keeps its plan, INFERCEPT's choice at the call (at_call) swaps
+    assert planned.choose_strategies([req], ctx(2000, 9000)) == {"r": Strategy.DISCARD}
+    assert at_call.choose_strategies([req], ctx(2000, 9000)) == {"r": Strategy.SWAP}
+    # a request never ranked in this segment falls back to the min-waste choice
+    req.segment_index = 1
+    assert planned.choose_strategies([req], ctx(2000, 9000)) == {"r": Strategy.SWAP}
+    with pytest.raises(ValueError, match="handling"):
+        LAMPS(handling="sometimes")

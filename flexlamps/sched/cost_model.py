@@ -67,6 +67,12 @@ class CostModel:
         """T_fwd(C): one forward over `tokens` context tokens (recomputing a discarded cache)."""
         return self.compute_time(tokens, 0, tokens)
 
+    def chunk_time(self, tokens: float) -> float:
+        """Time a chunk of `tokens` recomputed tokens adds to an iteration it shares with a
+        decode batch: the per-token slope of T_fwd (linear layers + attention over the chunk),
+        no fixed part, as INFERCEPT prices a recompute chunk (a * c_h)."""
+        return (self.prefill_per_token_s + self.kv_read_per_token_s) * tokens
+
     def swap_budget_tokens(self, iteration_s: float) -> int:
         """Tokens whose KV can move across PCIe while an iteration of `iteration_s` computes."""
         return int(iteration_s * self.swap_bytes_per_s / self.kv_bytes_per_token)

@@ -10,23 +10,27 @@ A policy answers two questions for the Scheduler:
 |-----------|-----------------------------------------|-------------------------------------|
 | fcfs      | queue time; continuations re-queued at  | discard (vLLM's default)            |
 |           | the tail when their call returns        |                                     |
-| infercept | original arrival (FCFS)                 | min waste, swap budget first        |
+| infercept | original arrival (FCFS)                 | min waste: swap budget to the most  |
+|           |                                         | wasteful, then preserve / discard   |
 | sjf       | predicted tokens left before next call  | min waste                           |
-| lamps     | predicted memory x time of the rest of  | min waste (predicted), starvation   |
-|           | the request, calls and their strategies | guard promotes after N pass-overs   |
-|           | included; re-ranked every k iterations  |                                     |
+| lamps     | predicted memory x time of the rest of  | the min-waste strategy predicted    |
+|           | the request, calls and their strategies | before scheduling (used in the      |
+|           | included; re-ranked every k iterations; | rank); starvation guard promotes    |
+|           |                                         | after N pass-overs                  |
 | mlfq      | FastServe skip-join MLFQ level, arrival | min waste                           |
 | vtc       | least service (VTC counter) per client  | min waste                           |
+
+Waste formulas and their sources: `flexlamps.sched.waste`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.predictors import Predictor
 from flexlamps.sched.request import Request, Status, Strategy
-from flexlamps.sched.waste import memory_over_time, waste_discard, waste_preserve, waste_swap, wastes
+from flexlamps.sched.waste import memory_over_time, wastes
 
 
 @dataclass
@@ -39,40 +43,51 @@ class PolicyContext:
     swap_budget_tokens: int  # tokens a swap can move this iteration without stalling it
     cpu_free_tokens: int  # room left on the cpu tier
     step_s: float  # recent iteration time
+    # recompute tokens an iteration can carry beside the running decodes (INFERCEPT's chunk,
+    # S - running tokens); the default is SchedulerConfig's token budget
+    chunk_tokens: int = 2048
 
 
 def min_waste_strategies(reqs: list[Request], ctx: PolicyContext) -> dict[str, Strategy]:
-    """INFERCEPT's choice: spend the swap budget on the requests that would otherwise waste the
-    most, then give every other request the cheaper of preserve / discard (or an unhidden swap
-    if that is cheaper still)."""
-    m = ctx.cost.kv_bytes_per_token
+    """INFERCEPT's min-waste choice (Sec. 4.3): order the intercepted requests by what they
+    would otherwise waste, min(preserve, chunked discard) (Eq. 5), most wasteful first; give
+    them pipelined swaps while the iteration's swap budget and the cpu tier last (a hidden swap
+    wastes nothing); every other request gets the cheaper of preserve (Eq. 2) and chunked
+    discard (Eq. 4)."""
     scored = []
     for req in reqs:
         c_i = req.num_computed
         t_int = ctx.predictor.api_time(req.api_type, req)
-        w = wastes(c_i, max(0, ctx.batch_context_tokens - c_i), t_int, ctx.cost)
+        w = wastes(c_i, max(0, ctx.batch_context_tokens - c_i), t_int, ctx.cost, ctx.chunk_tokens)
         scored.append((min(w[Strategy.PRESERVE], w[Strategy.DISCARD]), req, w))
     scored.sort(key=lambda t: -t[0])
     budget, cpu_free = ctx.swap_budget_tokens, ctx.cpu_free_tokens
     out: dict[str, Strategy] = {}
-    for best_other, req, w in scored:
+    for _, req, w in scored:
         c_i = req.num_computed
-        # a swap under the budget is hidden behind compute: only the request's own cache is
-        # held while it travels out and back
-        hidden_swap = 2 * ctx.cost.swap_time(c_i) * c_i * m
-        if c_i <= budget and c_i <= cpu_free and hidden_swap < best_other:
+        if 0 < c_i <= min(budget, cpu_free):
             out[req.request_id] = Strategy.SWAP
             budget -= c_i
             cpu_free -= c_i
-            continue
-        options = {Strategy.PRESERVE: w[Strategy.PRESERVE], Strategy.DISCARD: w[Strategy.DISCARD]}
-        if c_i <= cpu_free:
-            options[Strategy.SWAP] = w[Strategy.SWAP]
-        choice = min(options, key=options.get)
-        if choice is Strategy.SWAP:
-            cpu_free -= c_i
-        out[req.request_id] = choice
+        elif w[Strategy.PRESERVE] <= w[Strategy.DISCARD]:
+            out[req.request_id] = Strategy.PRESERVE
+        else:
+            out[req.request_id] = Strategy.DISCARD
     return out
+
+
+def predicted_strategy(c_i: int, api_time: float, ctx: PolicyContext) -> Strategy:
+    """The strategy a request is expected to get for a call of `api_time` seconds made with
+    `c_i` tokens cached, chosen before it is scheduled (LAMPS): the least of the three wastes,
+    preserve (Eq. 2), chunked discard (Eq. 4) and swap, priced as pipelined (free) when the
+    cache fits one iteration's swap budget and the cpu tier, as Eq. 3 otherwise."""
+    c_other = max(0, ctx.batch_context_tokens - c_i)
+    w = wastes(c_i, c_other, api_time, ctx.cost, ctx.chunk_tokens)
+    if c_i > ctx.cpu_free_tokens:
+        del w[Strategy.SWAP]
+    elif c_i <= ctx.swap_budget_tokens:
+        w[Strategy.SWAP] = 0.0
+    return min(w, key=w.get)
 
 
 class Policy:
@@ -124,58 +139,87 @@ class SJF(Policy):
 
 
 class LAMPS(Policy):
-    """`horizon="segment"` ranks by the memory held until the next call returns (the paper's
+    """LAMPS (Shahout et al., arXiv 2410.18248; mars-repository/mars-codebase): rank waiting
+    requests by the memory they are predicted to hold over time, their calls included, each
+    call priced with the strategy chosen for it before it is scheduled; promote a request
+    passed over `starvation_threshold` times; recompute ranks every `rerank_every` iterations.
+
+    `horizon="segment"` ranks by the memory held until the next call returns (the paper's
     pre-API prediction); `"request"` adds the predicted later segments and calls too (the
-    request's total length), which ranks multi-call requests better when predictable."""
+    request's total length), which ranks multi-call requests better when predictable.
+    `handling="planned"` handles each call with the strategy its rank assumed (LAMPS's code
+    classifies a request on arrival and on every return); `"at_call"` re-decides at the call
+    with INFERCEPT's min-waste choice and the batch of that moment."""
 
     name = "lamps"
 
     def __init__(self, starvation_threshold: int | None = 2000, rerank_every: int = 10,
-                 horizon: str = "request"):
+                 horizon: str = "request", handling: str = "planned"):
         if horizon not in ("segment", "request"):
             raise ValueError(f"LAMPS horizon must be 'segment' or 'request', got {horizon!r}")
+        if handling not in ("planned", "at_call"):
+            raise ValueError(f"LAMPS handling must be 'planned' or 'at_call', got {handling!r}")
         self.starvation_threshold = starvation_threshold
         self.rerank_every = rerank_every
         self.horizon = horizon
+        self.handling = handling
         self._future: dict[str, tuple[int, float]] = {}
+        self._planned: dict[str, tuple[int, Strategy]] = {}  # id -> (segment, strategy)
 
     @staticmethod
-    def _segment_mot(context: float, out: float, api_type, api_time: float, ctx: PolicyContext) -> float:
+    def _segment_mot(context: float, out: float, api_type, api_time: float,
+                     ctx: PolicyContext) -> tuple[float, Strategy | None]:
         strategy = None
         if api_type:
-            # predict the strategy the request will get when it is intercepted (min waste)
-            cost, c_i, c_other = ctx.cost, int(context + out), ctx.batch_context_tokens
-            m = cost.kv_bytes_per_token
-            keep = waste_preserve(c_i, api_time, m)
-            drop = waste_discard(c_i, c_other, cost.prefill_time(c_i), m)
-            move = waste_swap(c_i, c_other, cost.swap_time(c_i), m)
-            strategy = (Strategy.PRESERVE if keep <= drop and keep <= move
-                        else Strategy.DISCARD if drop <= move else Strategy.SWAP)
-        return memory_over_time(context, out, api_time, strategy, ctx.step_s, ctx.cost)
+            # the strategy the call is expected to get, chosen before scheduling (min waste)
+            strategy = predicted_strategy(int(context + out), api_time, ctx)
+        return memory_over_time(context, out, api_time, strategy, ctx.step_s, ctx.cost), strategy
 
     def score(self, req: Request, ctx: PolicyContext) -> float:
         pred = ctx.predictor
         out = pred.output_tokens(req)
         api_type, api_time = pred.next_call(req)
-        total = self._segment_mot(req.num_tokens, out, api_type, api_time, ctx)
-        # a request whose cache was discarded must first rebuild it: that counts too
+        total, strategy = self._segment_mot(req.num_tokens, out, api_type, api_time, ctx)
+        if strategy is not None:
+            self._planned[req.request_id] = (req.segment_index, strategy)
+        # a request whose cache was discarded must first rebuild it, its cache growing from 0
         rebuild = req.num_tokens - 1 - req.num_computed if req.status is not Status.RUNNING else 0
         if rebuild > 1:
-            total += rebuild * ctx.cost.prefill_time(rebuild)
+            total += rebuild * ctx.cost.prefill_time(rebuild) / 2
         if self.horizon == "request" and api_type:
             # later segments only change when the request moves on: cache them per segment
             cached = self._future.get(req.request_id)
             if cached is None or cached[0] != req.segment_index:
                 context, later = req.num_tokens + out, 0.0
                 for tokens, seg_api, seg_s, returned in pred.future_segments(req):
-                    later += self._segment_mot(context, tokens, seg_api, seg_s, ctx)
+                    later += self._segment_mot(context, tokens, seg_api, seg_s, ctx)[0]
                     context += tokens + returned
                 cached = self._future[req.request_id] = (req.segment_index, later)
             total += cached[1]
         return total
 
+    def choose_strategies(self, reqs, ctx):
+        if self.handling == "at_call":
+            return min_waste_strategies(reqs, ctx)
+        out, unplanned = {}, []
+        cpu_free, budget = ctx.cpu_free_tokens, ctx.swap_budget_tokens
+        for req in reqs:
+            seg, strategy = self._planned.get(req.request_id, (-1, None))
+            if seg != req.segment_index or (strategy is Strategy.SWAP and req.num_computed > cpu_free):
+                unplanned.append(req)  # not ranked in this segment, or no cpu room left
+                continue
+            if strategy is Strategy.SWAP:
+                cpu_free -= req.num_computed
+                budget -= req.num_computed
+            out[req.request_id] = strategy
+        if unplanned:
+            rest = replace(ctx, cpu_free_tokens=cpu_free, swap_budget_tokens=max(0, budget))
+            out.update(min_waste_strategies(unplanned, rest))
+        return out
+
     def on_finish(self, req: Request) -> None:
         self._future.pop(req.request_id, None)
+        self._planned.pop(req.request_id, None)
 
     def priority(self, req, ctx):
         if req.promoted:

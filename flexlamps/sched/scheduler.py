@@ -169,6 +169,7 @@ class Scheduler:
             swap_budget_tokens=self.cost.swap_budget_tokens(self.step_s),
             cpu_free_tokens=self.bm.free_cpu_blocks * self.config.block_size,
             step_s=self.step_s,
+            chunk_tokens=max(1, self.config.max_num_batched_tokens - len(self.running)),
         )
 
     def schedule(self, now: float, max_steps: int = 1, step_limit=None) -> SchedulerOutput:

@@ -1,14 +1,27 @@
-"""Memory waste of each interception strategy (INFERCEPT, ICML'24, Sec. 4) and the memory a
-request holds over time (LAMPS). Units: bytes x seconds (M = KV bytes per token).
+"""Memory waste of each interception strategy (INFERCEPT) and the memory a request holds over
+time (LAMPS). Units: bytes x seconds (M = KV bytes per token). Pure arithmetic, no state.
 
-    WastePreserve_i = T_INT_i * C_i * M                     cache idles on the gpu for the call
-    WasteDiscard_i  = T_fwd(C_i) * C_i * M                  the recomputed cache is rebuilt ...
-                    + T_fwd(C_i) * C_other * M              ... while the rest of the batch waits
-    WasteSwap_i     = 2 * T_swap(C_i) * C_batch * M         out and back in, stalling the batch
+INFERCEPT (Abhyankar et al., ICML'24, arXiv 2402.01869 v2, Sec. 3.2-4.3, Eqs. 1-5):
+
+    WasteDiscard_i  = T_fwd(C_i) * C_i * M + T_fwd(C_i) * C_other * M          (1)
+    WastePreserve_i = T_INT_i * C_i * M                                          (2)
+    WasteSwap_i     = 2 * T_swap(C_i) * C_batch * M                              (3)
+    WasteChunkD_i   = T_fwd(C_i) * C_i * M / 2 + n * T_fwd(C_i / n) * C_other * M   (4)
+    Waste_i         = min(WastePreserve_i, WasteChunkD_i)                        (5)
 
 C_i: the intercepted request's context; C_other: the context of the other running requests;
-C_batch = C_i + C_other. Swaps that fit in the per-iteration swap budget are hidden behind
-compute (INFERCEPT's pipelined swap) and waste nothing.
+C_batch = C_i + C_other; n: the chunks a discarded context is recomputed in. Recomputation
+is chunked (Sec. 4.2): each iteration carries at most `S - running tokens` recompute tokens
+beside the decode batch, so the cache grows from 0 to C_i (half of Eq. 1's first term) and
+each chunk stalls the batch only by its own forward time. Swaps that fit the per-iteration
+swap budget are pipelined behind compute and waste nothing (Sec. 4.2), which is why the
+min-waste choice (Sec. 4.3, `policies.min_waste_strategies`) spends that budget first and
+then picks the smaller of Eq. 2 and Eq. 4.
+
+The authors' implementation (WukLab/InferCept, vllm/core/scheduler_v2.py, `discard_waste`)
+evaluates Eq. 4 with the chunk c_h = max(S - running tokens, 1) and prices a chunk at the
+slope of its profiled forward time (a * c_h, no fixed part: the running batch pays that
+anyway). `wastes` does the same with `CostModel.chunk_time`.
 """
 
 from __future__ import annotations
@@ -18,22 +31,47 @@ from flexlamps.sched.request import Strategy
 
 
 def waste_preserve(c_i: int, t_int: float, m: float) -> float:
+    """Eq. 2: the cache idles on the gpu for the whole call."""
     return t_int * c_i * m
 
 
 def waste_discard(c_i: int, c_other: int, t_fwd: float, m: float) -> float:
+    """Eq. 1: an unchunked recomputation holds C_i and stalls the rest of the batch."""
     return t_fwd * c_i * m + t_fwd * c_other * m
 
 
 def waste_swap(c_i: int, c_other: int, t_swap: float, m: float) -> float:
+    """Eq. 3: an unpipelined swap out and back in stalls the whole batch twice."""
     return 2 * t_swap * (c_i + c_other) * m
 
 
-def wastes(c_i: int, c_other: int, t_int: float, cost: CostModel) -> dict[Strategy, float]:
+def waste_chunk_discard(c_i: int, c_other: int, t_fwd_all: float, t_fwd_chunk: float,
+                        num_chunks: int, m: float) -> float:
+    """Eq. 4: a recomputation in `num_chunks` chunks; `t_fwd_all` = T_fwd(C_i),
+    `t_fwd_chunk` = T_fwd(C_i / n), the time one chunk adds to its iteration."""
+    return t_fwd_all * c_i * m / 2 + num_chunks * t_fwd_chunk * c_other * m
+
+
+def recompute_chunks(c_i: int, chunk_tokens: int) -> int:
+    """How many iterations recomputing `c_i` tokens takes, `chunk_tokens` at a time (>= 1)."""
+    return max(1, -(-c_i // max(1, chunk_tokens)))
+
+
+def chunk_discard_waste(c_i: int, c_other: int, chunk_tokens: int, cost: CostModel) -> float:
+    """Eq. 4 priced with `cost`: chunks of at most `chunk_tokens` recompute tokens."""
+    n = recompute_chunks(c_i, chunk_tokens)
+    return waste_chunk_discard(c_i, c_other, cost.prefill_time(c_i), cost.chunk_time(c_i / n), n,
+                               cost.kv_bytes_per_token)
+
+
+def wastes(c_i: int, c_other: int, t_int: float, cost: CostModel,
+           chunk_tokens: int) -> dict[Strategy, float]:
+    """What each strategy would waste for one interception: preserve (Eq. 2), discard as the
+    engine does it, chunked (Eq. 4), and an unpipelined swap (Eq. 3)."""
     m = cost.kv_bytes_per_token
     return {
         Strategy.PRESERVE: waste_preserve(c_i, t_int, m),
-        Strategy.DISCARD: waste_discard(c_i, c_other, cost.prefill_time(c_i), m),
+        Strategy.DISCARD: chunk_discard_waste(c_i, c_other, chunk_tokens, cost),
         Strategy.SWAP: waste_swap(c_i, c_other, cost.swap_time(c_i), m),
     }
 
@@ -48,10 +86,15 @@ def memory_over_time(
 ) -> float:
     """Token x seconds a request holds on the gpu until its next call returns (LAMPS's rank).
 
-    Decoding `output` tokens from `context` holds context + t tokens at step t: the area is
-    (context * output + output^2 / 2) * step_s. During a call of `api_time` seconds the cache
-    is held (preserve), moved out and back (swap: the context is held for both transfers), or
-    dropped and rebuilt (discard: the context is held while it is recomputed).
+    LAMPS (Shahout et al., arXiv 2410.18248, Sec. 4; mars-repository/mars-codebase,
+    vllm/core/policy.py, `V2.get_priority`) ranks by the area under the request's memory
+    curve: decoding `output` tokens from `context` holds context + t tokens at step t, an area
+    of (context * output + output^2 / 2) * step_s; then, for the call, with C = context +
+    output:
+    - preserve: C is held for the whole call, C * api_time;
+    - swap: the cache drains out and fills back in, a triangle each way, C * T_swap(C);
+    - discard: nothing is held during the call; the chunked recomputation rebuilds the cache
+      from 0 to C, C * T_fwd(C) / 2 (Eq. 4's own term).
     """
     area = (context * output + output * output / 2) * step_s
     if not api_time or strategy is None:
@@ -60,5 +103,5 @@ def memory_over_time(
     if strategy is Strategy.PRESERVE:
         return area + c * api_time
     if strategy is Strategy.SWAP:
-        return area + c * 2 * cost.swap_time(int(c))
-    return area + c * cost.prefill_time(int(c))
+        return area + c * cost.swap_time(int(c))
+    return area + c * cost.prefill_time(int(c)) / 2
