@@ -77,3 +77,16 @@ def test_sched_and_sim_do_not_import_torch():
     code = ("import sys, flexlamps.sched, flexlamps.sim.run, flexlamps.sim.trace, flexlamps.sched.tools, "
             "flexlamps.commands.simulate; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_waiting_time_is_accounted():
+    from flexlamps.sched.request import RequestSpec, Segment
+    # a 64-token gpu tier holds one of these 50-token requests at a time: the second waits in
+    # the queue exactly until the first one finishes
+    specs = [RequestSpec(f"r{i}", 40, (Segment(10),), arrival_time=0.0) for i in range(2)]
+    cfg = SchedulerConfig(num_gpu_blocks=8, num_cpu_blocks=0, block_size=8, max_num_seqs=4,
+                          max_num_batched_tokens=512)
+    res = run_policy(specs, "infercept", 1.0, config=cfg)
+    first = min(r.finish for r in res.records)
+    assert res.simulator.stats.waiting_s == pytest.approx(first)
+    assert max(r.ttft for r in res.records) >= first

@@ -59,6 +59,7 @@ class SimStats:
     decode_tokens: int = 0
     swap_tokens: int = 0
     preemptions: int = 0
+    waiting_s: float = 0.0  # request x seconds spent queued (waiting or swapped, not in a call)
     strategies: dict = field(default_factory=lambda: {"preserve": 0, "swap": 0, "discard": 0})
     end_time: float = 0.0
 
@@ -114,6 +115,7 @@ class Simulator:
                         raise RuntimeError("simulator: requests remain but nothing can be scheduled "
                                            "(a request larger than the gpu tier?)")
                     break
+                stats.waiting_s += max(0.0, events[0][0] - now) * sched.num_waiting
                 now = max(now, events[0][0])
                 continue
             k = out.num_steps
@@ -125,6 +127,7 @@ class Simulator:
                 dt = cost.step_time(out.num_prefill_tokens, len(out.decode), out.context_tokens,
                                     out.swap_tokens)
             now += dt
+            stats.waiting_s += dt * sched.num_waiting
             stats.iterations += k
             stats.busy_s += dt
             stats.prefill_tokens += sum(out.prefill.values())
