@@ -23,13 +23,18 @@ request); API durations are multiplied by --time-scale and waited for (slept thr
 the model's tokenizer); outputs are the model's greedy tokens.
 
 The gpu tier holds --gpu-kv-mem of KV blocks and the cpu tier --cpu-swap-mem of swap space;
-make the gpu pool small next to the offered load so the policies' memory choices matter.
+make the gpu pool small next to the offered load so the policies' memory choices matter. With
+--gpu-mem and --cpu-mem (the tiers' budgets) the placement planner sizes both pools instead:
+the gpu pool is what the gpu budget leaves once the weights and working set are in, the swap
+pool what the cpu budget leaves.
 The scheduler's cost model (prefill / decode / swap cost) is measured on this machine first."""
 
 
 def _size(ctx, param, value):
     from placement.units import parse_bytes
 
+    if value is None:
+        return None
     if str(value).strip() in ("0", "0B"):
         return 0
     try:
@@ -57,6 +62,10 @@ def _size(ctx, param, value):
               help="KV pool on the gpu tier (e.g. 24MiB); sets the number of blocks")
 @click.option("--cpu-swap-mem", default="8MiB", callback=_size, show_default=True,
               help="swap space on the cpu tier (0 disables swapping)")
+@click.option("--gpu-mem", default=None, callback=_size,
+              help="gpu tier budget (e.g. 600MiB): the planner sizes the KV pool (overrides --gpu-kv-mem)")
+@click.option("--cpu-mem", default=None, callback=_size,
+              help="cpu tier budget, with --gpu-mem: the planner sizes the swap pool (overrides --cpu-swap-mem)")
 @click.option("--block-size", default=16, show_default=True, help="tokens per KV block")
 @click.option("--max-num-seqs", default=16, show_default=True, help="requests per iteration at most")
 @click.option("--max-batched-tokens", default=256, show_default=True,
@@ -73,14 +82,17 @@ def _size(ctx, param, value):
               help="folder for summary.json and the PNG plots")
 @click.option("--no-plots", is_flag=True, help="skip the matplotlib plots")
 def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, max_context, max_prompt,
-            max_output, max_api_tokens, gpu_kv_mem, cpu_swap_mem, block_size, max_num_seqs,
+            max_output, max_api_tokens, gpu_kv_mem, cpu_swap_mem, gpu_mem, cpu_mem, block_size, max_num_seqs,
             max_batched_tokens, noise_sigma, seed, clock, verify, out_dir, no_plots):
     from flexlamps.api import LLM
     from flexlamps.engine.augmented_run import AgentsConfig, load_trace, measure_cost
     from flexlamps.engine.augmented_workload import TraceScale
+    from placement import format_bytes
 
     if num_requests < 1:
         raise click.BadParameter("must be >= 1", param_hint="--num-requests")
+    if (gpu_mem is None) != (cpu_mem is None):
+        raise click.UsageError("give --gpu-mem and --cpu-mem together (the tiers' budgets), or neither")
     try:
         llm = LLM(model, dtype=dtype)
         if max_context > llm.config.max_position:
@@ -88,9 +100,16 @@ def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, m
                              f"({llm.config.max_position}); lower it")
         scale = TraceScale(time_scale=time_scale, max_prompt=max_prompt, max_segment_output=max_output,
                            max_api_tokens=max_api_tokens, max_context=max_context)
-        config = AgentsConfig(gpu_kv_bytes=gpu_kv_mem, cpu_swap_bytes=cpu_swap_mem, block_size=block_size,
-                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched_tokens,
-                              noise_sigma=noise_sigma, seed=seed)
+        settings = dict(block_size=block_size, max_num_seqs=max_num_seqs,
+                        max_num_batched_tokens=max_batched_tokens, noise_sigma=noise_sigma, seed=seed)
+        if gpu_mem is None:
+            config = AgentsConfig(gpu_kv_bytes=gpu_kv_mem, cpu_swap_bytes=cpu_swap_mem, **settings)
+        else:
+            config = AgentsConfig.from_tier_budgets(llm, gpu_mem_bytes=gpu_mem, cpu_mem_bytes=cpu_mem,
+                                                    max_context=max_context, **settings)
+            click.echo(f"planner: gpu KV pool {format_bytes(config.gpu_kv_bytes)}, cpu swap pool "
+                       f"{format_bytes(config.cpu_swap_bytes)} (budgets {format_bytes(gpu_mem)} / "
+                       f"{format_bytes(cpu_mem)})")
         templates = load_trace(llm, trace_path)
     except ValueError as e:
         raise click.ClickException(str(e))

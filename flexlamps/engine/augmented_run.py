@@ -1,6 +1,7 @@
 """One real-engine run of augmented requests under one policy, from plain settings.
 
-Builds, from one `AgentsConfig`: the paged cache (pools sized in blocks from byte budgets),
+Builds, from one `AgentsConfig`: the paged cache (pools sized in blocks from byte budgets, given
+or derived from the tiers' budgets by the placement planner, `AgentsConfig.from_tier_budgets`),
 the Scheduler with the same block counts, a CostModel measured on this machine (once per
 model, shared by every policy so they all price strategies alike), the policy and predictor,
 and runs the AugmentedEngine.
@@ -8,18 +9,26 @@ and runs the AugmentedEngine.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass
+
+import torch
+
+import placement
 
 from flexlamps.engine.augmented import AugmentedEngine, AugmentedResult, WallClock
 from flexlamps.engine.augmented_calibrate import calibrate_cost_model
 from flexlamps.engine.augmented_workload import TokenizedRequest, TraceScale, scale_spec, tokenize_requests
+from flexlamps.engine.kv_pools import kv_pools
 from flexlamps.engine.paged_cache import PagedKVCache
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.policies import Policy, make_policy
 from flexlamps.sched.predictors import NoisyPredictor, OraclePredictor
 from flexlamps.sched.scheduler import Scheduler, SchedulerConfig
 from flexlamps.sim.trace import Template, load_templates, replay
+
+_PLACEMENT_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +50,20 @@ class AgentsConfig:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_tier_budgets(cls, llm, *, gpu_mem_bytes: int, cpu_mem_bytes: int, max_context: int,
+                          **settings) -> "AgentsConfig":
+        """Pools sized by the placement planner from the tiers' byte budgets (`kv_pools`): the
+        gpu pool is what the gpu budget leaves once the weights and working set are in, the
+        swap pool what the cpu budget leaves. `settings`: the other AgentsConfig fields."""
+        config = cls(gpu_kv_bytes=1, cpu_swap_bytes=0, **settings)  # validates the settings
+        model = dataclasses.replace(placement.ModelSpec.from_hf_config(llm.reader.hf_config),
+                                    dtype=_PLACEMENT_DTYPES[llm.dtype])
+        pools = kv_pools(model, gpu_mem_bytes=gpu_mem_bytes, cpu_mem_bytes=cpu_mem_bytes,
+                         max_num_seqs=config.max_num_seqs, max_context=max_context,
+                         max_num_batched_tokens=config.max_num_batched_tokens)
+        return dataclasses.replace(config, gpu_kv_bytes=pools.gpu_kv_bytes, cpu_swap_bytes=pools.cpu_swap_bytes)
 
 
 def new_cache(llm, config: AgentsConfig) -> PagedKVCache:
