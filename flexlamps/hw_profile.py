@@ -18,6 +18,7 @@ from typing import Callable
 import psutil
 import torch
 
+from flexlamps.models.linear import linear
 from placement import HardwareSpec
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -107,6 +108,7 @@ def measure_device_bandwidth(device: torch.device, num_bytes: int, budget_s: flo
 def measure_gemm(device: torch.device, max_dim: int, budget_s: float) -> dict[str, float]:
     """FLOP/s of a square matmul for each dtype, sized so one call fits the time budget.
 
+    It runs the engine's own `linear` (oneDNN on the CPU), so the rate is the one layers get.
     Some dtypes are orders of magnitude slower on some devices (fp16 on most CPUs), so a
     128-wide probe first estimates the rate and the real probe grows up to `max_dim`.
     """
@@ -117,13 +119,92 @@ def measure_gemm(device: torch.device, max_dim: int, budget_s: float) -> dict[st
         while True:
             a = torch.randn(dim, dim, device=device).to(dtype)
             b = torch.randn(dim, dim, device=device).to(dtype)
-            rate = _best_rate(lambda: torch.mm(a, b), 2.0 * dim**3, budget_s / 4, sync)
+            rate = _best_rate(lambda: linear(a, b), 2.0 * dim**3, budget_s / 4, sync)
             # the next size up must still run a call in under a tenth of the budget
             if dim >= max_dim or 2.0 * (2 * dim) ** 3 / rate > budget_s / 10:
                 break
             dim *= 2
         rates[name] = rate
     return rates
+
+
+def measure_weight_stream(device: torch.device, num_bytes: int, budget_s: float,
+                          rows: int = 8, dim: int = 1024) -> float:
+    """Weight bytes/s a decode-sized GEMM (`rows` tokens) streams: the decode roofline.
+
+    The weights cycle through `num_bytes` of distinct matrices, more than a CPU's last-level
+    cache holds, so each call reads its weights from memory as a decode step does. A plain
+    memcpy overstates this on a CPU by several times.
+    """
+    num = max(2, num_bytes // (dim * dim * 4))
+    weights = [torch.randn(dim, dim, device=device) for _ in range(num)]
+    x = torch.randn(rows, dim, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def sweep():
+        for w in weights:
+            linear(x, w)
+
+    return _best_rate(sweep, float(num * dim * dim * 4), budget_s, sync)
+
+
+GEMM_ROWS = (1, 8, 32, 128, 512, 2048)
+
+
+def measure_gemm_by_rows(device: torch.device, num_bytes: int, budget_s: float,
+                         dtypes: tuple[str, ...], out_dim: int = 2048, in_dim: int = 1024
+                         ) -> dict[str, dict[str, float]]:
+    """GEMM FLOP/s of the engine's `linear` at each row count in GEMM_ROWS, per dtype.
+
+    Layer-sized weights cycle through `num_bytes` of distinct matrices (beyond the caches), so
+    small calls pay for reading their weights as a decode step does. The curve between the
+    bandwidth-bound and compute-bound ends is what the planner interpolates.
+    """
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    table = {}
+    for name in dtypes:
+        dtype = _DTYPES[name]
+        size = out_dim * in_dim * dtype.itemsize
+        weights = [torch.randn(out_dim, in_dim, device=device).to(dtype) for _ in range(max(2, num_bytes // size))]
+        rates = {}
+        for rows in GEMM_ROWS:
+            x = torch.randn(rows, in_dim, device=device).to(dtype)
+
+            def sweep():
+                for w in weights:
+                    linear(x, w)
+
+            flops = 2.0 * rows * out_dim * in_dim * len(weights)
+            rates[str(rows)] = _best_rate(sweep, flops, budget_s / len(GEMM_ROWS), sync)
+        table[name] = rates
+    return table
+
+
+def measure_layer_overhead(device: torch.device, budget_s: float) -> float:
+    """Seconds a layer costs beyond its FLOPs and bytes: launches and host-side dispatch.
+
+    A decode step of a model so narrow that its arithmetic is free, timed with two depths;
+    the slope per layer is the fixed cost every layer pays on every micro-batch.
+    """
+    from flexlamps.engine.executor import InMemoryExecutor
+    from flexlamps.models.config import ModelConfig
+    from flexlamps.models.weight_specs import weight_specs
+
+    def step_seconds(num_layers: int) -> float:
+        cfg = ModelConfig(arch="llama", model_type="llama", vocab_size=64, hidden_size=32, num_layers=num_layers,
+                          num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64, max_position=64)
+        gen = torch.Generator().manual_seed(0)
+        weights = {spec.name: torch.randn(spec.shape, generator=gen).to(device) for spec in weight_specs(cfg)}
+        executor = InMemoryExecutor(cfg, weights, torch.float32, device)
+        cache = executor.new_cache(1, 8)
+        ids, pos, slots = (torch.zeros((1, 1), dtype=torch.long, device=device),
+                           torch.zeros((1, 1), dtype=torch.long, device=device),
+                           torch.zeros(1, dtype=torch.long, device=device))
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        return 1.0 / _best_rate(lambda: executor.forward(cache, ids, pos, slots), 1.0, budget_s / 2, sync)
+
+    shallow, deep = 2, 10
+    return max(0.0, (step_seconds(deep) - step_seconds(shallow)) / (deep - shallow))
 
 
 def measure_cpu_attention(context: int, budget_s: float) -> float:
@@ -136,28 +217,25 @@ def measure_cpu_attention(context: int, budget_s: float) -> float:
     return _best_rate(lambda: attend(q, k, v), 4.0 * batch * heads * head_dim * context, budget_s)
 
 
-def measure_dequant(device: torch.device, numel: int, budget_s: float,
-                    group_size: int = 64) -> float:
-    """fp16 output bytes/s of unpacking 4-bit codes (two per byte) and applying min/scale."""
-    packed = torch.randint(0, 256, (numel // group_size, group_size // 2), dtype=torch.uint8,
-                           device=device)
-    scale = torch.rand(numel // group_size, 1, device=device, dtype=torch.float16)
-    low = torch.rand(numel // group_size, 1, device=device, dtype=torch.float16)
+def measure_dequant(device: torch.device, numel: int, budget_s: float) -> float:
+    """fp16-equivalent output bytes/s (2 per element) of the engine's 4-bit weight decompression.
 
-    # CPUs lack fast fp16 arithmetic, so the CPU path computes in fp32 and stores fp16
-    compute = torch.float16 if device.type == "cuda" else torch.float32
-    scale, low = scale.to(compute), low.to(compute)
+    Runs `quant`'s dequantizer on the layout the offload engine stores weights in (groups of
+    32 along the input channels, 8-bit group parameters), as the engine
+    does (a fresh tensor per layer), in the dtype it computes in on that device.
+    """
+    from quant import QuantConfig, quantize
 
-    def dequant():
-        codes = torch.cat([packed & 0x0F, packed >> 4], dim=1)  # (groups, group_size)
-        return (codes.to(compute) * scale + low).to(torch.float16)
-
+    config = QuantConfig(bits=4, group_size=32, group_dim=1, param_bits=8)  # offload_executor._weight_cfg
+    qt = quantize(torch.randn(max(1, numel // 1024), 1024, device=device), config)
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    return _best_rate(dequant, 2.0 * numel, budget_s, sync)
+    return _best_rate(lambda: qt.dequantize(dtype=dtype), 2.0 * qt.numel, budget_s, sync)
 
 
-def _best_over_threads(probe: Callable[[], float | dict | tuple]):
-    """Run a CPU probe with one thread and with torch's default; keep the faster result.
+def _best_over_threads(probe: Callable[[], float | dict | tuple], pick=max):
+    """Run a CPU probe with one thread and with torch's default; keep the faster result
+    (`pick`: max for rates, min for times).
 
     On a loaded box, OpenMP's threads can wait on each other and run far slower than one
     thread; the engine can choose either, so the profile records what is reachable.
@@ -172,10 +250,10 @@ def _best_over_threads(probe: Callable[[], float | dict | tuple]):
             torch.set_num_threads(default)
     first = results[0]
     if isinstance(first, dict):
-        return {k: max(r[k] for r in results) for k in first}
+        return {k: pick(r[k] for r in results) for k in first}
     if isinstance(first, tuple):
-        return tuple(max(r[i] for r in results) for i in range(len(first)))
-    return max(results)
+        return tuple(pick(r[i] for r in results) for i in range(len(first)))
+    return pick(results)
 
 
 def profile_machine(*, disk_folder: Path, quick: bool = False,
@@ -204,6 +282,16 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     to_gpu, to_cpu = on_cpu(lambda: measure_copies(device, sizes.copy_bytes, budget_s))
     step("memory bandwidth")
     gpu_bandwidth = on_cpu(lambda: measure_device_bandwidth(device, sizes.copy_bytes, budget_s))
+    # what decode GEMMs stream is the roofline; memcpy only bounds it
+    gpu_bandwidth = min(gpu_bandwidth, on_cpu(
+        lambda: measure_weight_stream(device, 4 * sizes.copy_bytes, budget_s)))
+    step("layer overhead")
+    layer_overhead = (_best_over_threads(lambda: measure_layer_overhead(device, budget_s), pick=min)
+                      if not has_cuda else measure_layer_overhead(device, budget_s))
+    step("gemm by rows")
+    # fp16 GEMMs are emulated (and slow) on CPUs; engines there run fp32 or bf16
+    row_dtypes = ("fp32", "bf16", "fp16") if has_cuda else ("fp32", "bf16")
+    gemm_by_rows = on_cpu(lambda: measure_gemm_by_rows(device, 2 * sizes.copy_bytes, 2 * budget_s, row_dtypes))
     step("gemm")
     gpu_gemm = on_cpu(lambda: measure_gemm(device, sizes.gemm_dim, budget_s))
     cpu_gemm = (_best_over_threads(lambda: measure_gemm(cpu, sizes.gemm_dim, budget_s))
@@ -230,7 +318,9 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
         disk_read_bytes_per_s=disk_read, disk_write_bytes_per_s=disk_write,
         gpu_matmul_flops_per_s=gpu_gemm, cpu_matmul_flops_per_s=cpu_gemm,
         gpu_mem_bytes_per_s=gpu_bandwidth, cpu_attention_flops_per_s=cpu_attention,
-        gpu_dequant_bytes_per_s=gpu_dequant, cpu_dequant_bytes_per_s=cpu_dequant)
+        gpu_dequant_bytes_per_s=gpu_dequant, cpu_dequant_bytes_per_s=cpu_dequant,
+        gpu_layer_overhead_s=layer_overhead, gpu_gemm_flops_by_rows=gemm_by_rows)
 
 
-PROBE_NAMES = ("disk", "copies", "memory bandwidth", "gemm", "cpu attention", "dequantization")
+PROBE_NAMES = ("disk", "copies", "memory bandwidth", "layer overhead", "gemm by rows", "gemm", "cpu attention",
+               "dequantization")

@@ -7,9 +7,11 @@ Starts from FlexGen's model (ICML'23, §4 and experimental/cost_model.py):
 with ctog/gtoc = CPU->GPU / GPU->CPU copies, dtoc/ctod = disk reads / writes. Extended with:
   - cache sizes per architecture (GQA, MLA latent; sparse selection reads only top-k entries);
   - compressed sizes for weights *and* cache, and the cost of dequantizing them;
-  - a GPU memory-bandwidth roofline for decode GEMMs (each micro-batch re-reads the layer);
+  - a GPU memory-bandwidth roofline for decode GEMMs (each micro-batch re-reads the layer), or
+    the GEMM rate the profile measured at that many rows (CPUs fall short of both bounds);
   - attention on the CPU for the cache not on the GPU (`cpu_attention`), else the cache moves;
-  - a shared prompt prefix computed and stored once per block.
+  - a shared prompt prefix computed and stored once per block;
+  - a fixed cost per layer and micro-batch (launches, dispatch), measured by the profile.
 Embedding and output-head weights are spread evenly over the layers.
 
 Every quantity is affine in the nine placement fractions
@@ -205,11 +207,16 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
                   + p * model.attention_flops_per_query(p / 2))
     gemm_flops = num_tokens * model.matmul_flops_per_token_per_layer()
     head_flops = block * model.head_flops_per_token() / model.num_layers  # last position only
-    comp_s = (gemm_flops + attn_flops + head_flops) / gpu_flops
-    if choice.compress_weight:
-        comp_s += sz.weight_fp16 / hardware.gpu_dequant_bytes_per_s
+    # each micro-batch runs its GEMMs on gbs * (s - p) rows (the prefix once, as one more call)
+    ngb = choice.num_gpu_batches
+    comp_s = ngb * hardware.gemm_seconds(model.dtype, choice.gpu_batch_size * max(s - p, 1),
+                                         (gemm_flops + head_flops) / ngb, sz.weight_fp16)
+    comp_s += attn_flops / gpu_flops
+    if choice.compress_weight:  # the layer's matrices (embeddings stay dense)
+        comp_s += _dequant_s(model.weight_bytes_per_layer(), model, hardware.gpu_dequant_bytes_per_s)
     if choice.compress_cache:  # quantizing the new cache costs about as much as dequantizing
-        comp_s += num_tokens * sz.cache_fp16 / hardware.gpu_dequant_bytes_per_s
+        comp_s += _dequant_s(num_tokens * sz.cache_fp16, model, hardware.gpu_dequant_bytes_per_s)
+    comp_s += choice.num_gpu_batches * hardware.gpu_layer_overhead_s
     comp = Affine(comp_s)
 
     return _layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)
@@ -234,32 +241,40 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
         ctog.add(cache_read, C_CPU, C_DISK)
 
     gpu_flops = hardware.gpu_flops(model.dtype)
-    # roofline: every micro-batch re-reads the whole layer from GPU memory
-    # (an MoE micro-batch reads only the experts its tokens pick)
+    # every micro-batch re-reads the whole layer (and its share of the head) from GPU memory
+    # (an MoE micro-batch reads only the experts its tokens pick): a roofline, or the measured
+    # GEMM rate at gbs rows, which on CPUs falls well short of both compute and bandwidth
     embed_share = sz.weight_fp16 - model.weight_bytes_per_layer()
     touched_by_micro_batch = model.weight_bytes_touched_per_layer(gbs) + embed_share
-    gemm_s = choice.num_gpu_batches * max(
-        gbs * model.matmul_flops_per_token_per_layer() / gpu_flops,
-        touched_by_micro_batch / hardware.gpu_mem_bytes_per_s)
-    gemm_s += block * model.head_flops_per_token() / model.num_layers / gpu_flops
+    micro_batch_flops = gbs * (model.matmul_flops_per_token_per_layer()
+                               + model.head_flops_per_token() / model.num_layers)
+    gemm_s = choice.num_gpu_batches * hardware.gemm_seconds(model.dtype, gbs, micro_batch_flops,
+                                                            touched_by_micro_batch)
+    gemm_s += choice.num_gpu_batches * hardware.gpu_layer_overhead_s
     if choice.compress_weight:  # what the whole block touches is dequantized once
-        touched_by_block = model.weight_bytes_touched_per_layer(block) + embed_share
-        gemm_s += touched_by_block / hardware.gpu_dequant_bytes_per_s
+        gemm_s += _dequant_s(model.weight_bytes_touched_per_layer(block), model,
+                             hardware.gpu_dequant_bytes_per_s)
     attn_flops = block * model.attention_flops_per_query(context)
     attn_bytes = block * (entries * sz.cache_fp16 + context * sz.indexer)
     gpu_attn_s = max(attn_flops / gpu_flops, attn_bytes / hardware.gpu_mem_bytes_per_s)
     if choice.compress_cache:
-        gpu_attn_s += block * entries * sz.cache_fp16 / hardware.gpu_dequant_bytes_per_s
+        gpu_attn_s += _dequant_s(block * entries * sz.cache_fp16, model, hardware.gpu_dequant_bytes_per_s)
     comp = Affine(gemm_s)
     if choice.cpu_attention:
         cpu_attn_s = attn_flops / hardware.cpu_attention_flops_per_s
         if choice.compress_cache:
-            cpu_attn_s += block * entries * sz.cache_fp16 / hardware.cpu_dequant_bytes_per_s
+            cpu_attn_s += _dequant_s(block * entries * sz.cache_fp16, model, hardware.cpu_dequant_bytes_per_s)
         comp.add(gpu_attn_s, C_GPU).add(cpu_attn_s, C_CPU, C_DISK)
     else:
         comp.add(gpu_attn_s)
 
     return _layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)
+
+
+def _dequant_s(dense_bytes: float, model: ModelSpec, fp16_bytes_per_s: float) -> float:
+    """Seconds to decompress what is `dense_bytes` in the model's dtype; dequantization rates
+    are counted in fp16 output bytes (2 per element) whatever the dtype."""
+    return dense_bytes / model.dtype_bytes * 2 / fp16_bytes_per_s
 
 
 # Attention scores are built for at most this many queries at a time (chunked prefill), so

@@ -41,6 +41,13 @@ class HardwareSpec(JsonMixin):
     cpu_attention_flops_per_s: float  # decode attention on the CPU over an fp16 cache
     gpu_dequant_bytes_per_s: float  # 4-bit -> fp16 on the GPU, counted in fp16 output bytes
     cpu_dequant_bytes_per_s: float  # 4-bit -> fp16 on the CPU, counted in fp16 output bytes
+    # fixed cost of running one layer on one micro-batch (kernel launches, host dispatch):
+    # negligible for big layers, most of a decode step for small models or small batches
+    gpu_layer_overhead_s: float = 0.0
+    # measured GEMM FLOP/s by dtype and by the number of rows (tokens) in the call, e.g.
+    # {"fp32": {"1": 4e9, "32": 6e10, "2048": 1e11}}; small calls reach far less than the peak
+    # and less than the bandwidth roofline on CPUs. Empty: use peak FLOP/s and the roofline.
+    gpu_gemm_flops_by_rows: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self):
         _require_positive(
@@ -54,6 +61,17 @@ class HardwareSpec(JsonMixin):
             cpu_attention_flops_per_s=self.cpu_attention_flops_per_s,
             gpu_dequant_bytes_per_s=self.gpu_dequant_bytes_per_s,
             cpu_dequant_bytes_per_s=self.cpu_dequant_bytes_per_s)
+        if not self.gpu_layer_overhead_s >= 0:
+            raise ValueError(f"HardwareSpec.gpu_layer_overhead_s must be >= 0, got {self.gpu_layer_overhead_s!r}")
+        for dtype, table in self.gpu_gemm_flops_by_rows.items():
+            if dtype not in DTYPES or not isinstance(table, dict) or not table:
+                raise ValueError(f"HardwareSpec.gpu_gemm_flops_by_rows: expected {{dtype in {DTYPES}: "
+                                 f"{{rows: FLOP/s}}}}, got {dtype!r}: {table!r}")
+            for rows, flops in table.items():
+                if not str(rows).isdigit() or int(rows) < 1:
+                    raise ValueError(f"HardwareSpec.gpu_gemm_flops_by_rows[{dtype!r}]: rows must be an "
+                                     f"integer >= 1, got {rows!r}")
+                _require_positive(f"HardwareSpec.gpu_gemm_flops_by_rows[{dtype!r}]", **{str(rows): flops})
         for attr in ("gpu_matmul_flops_per_s", "cpu_matmul_flops_per_s"):
             table = getattr(self, attr)
             if not isinstance(table, dict) or not table:
@@ -70,6 +88,28 @@ class HardwareSpec(JsonMixin):
             if key in table:
                 return table[key]
         raise KeyError(dtype)
+
+    def gemm_seconds(self, dtype: str, rows: float, flops: float, weight_bytes: float) -> float:
+        """Time of GEMMs doing `flops` on `rows` tokens per call over `weight_bytes` of weights.
+
+        From the measured table when there is one (interpolated in log rows, clamped at its
+        ends), else the roofline: the larger of compute at peak and streaming the weights.
+        """
+        table = self.gpu_gemm_flops_by_rows.get(dtype)
+        if not table:
+            return max(flops / self.gpu_flops(dtype), weight_bytes / self.gpu_mem_bytes_per_s)
+        points = sorted((int(r), f) for r, f in table.items())
+        x = math.log(max(rows, 1.0))
+        xs = [math.log(r) for r, _ in points]
+        if x <= xs[0]:
+            rate = points[0][1]
+        elif x >= xs[-1]:
+            rate = points[-1][1]
+        else:
+            i = next(i for i in range(1, len(xs)) if x <= xs[i])
+            t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+            rate = math.exp((1 - t) * math.log(points[i - 1][1]) + t * math.log(points[i][1]))
+        return flops / rate
 
     def with_memory(self, *, gpu_mem_bytes: int | None = None,
                     cpu_mem_bytes: int | None = None, disk_bytes: int | None = None):

@@ -99,6 +99,9 @@ def test_profile_quick_writes_a_spec_the_planner_reads(tmp_path):
     assert spec.gpu_mem_bytes == 1 << 30
     assert set(spec.gpu_matmul_flops_per_s) == {"fp32", "bf16", "fp16"}
     assert spec.disk_read_bytes_per_s > 0 and spec.cpu_attention_flops_per_s > 0
+    assert spec.gpu_layer_overhead_s > 0
+    rates = spec.gpu_gemm_flops_by_rows["fp32"]
+    assert rates["2048"] > rates["1"]  # one row streams weights; many rows reuse them
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hw.json"]  # no temp files left
     planned = _run("plan", "--model", "smollm2-135m", "--hardware", str(out), "--json")
     assert planned.exit_code == 0, planned.output

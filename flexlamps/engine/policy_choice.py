@@ -16,9 +16,13 @@ from placement import HardwareSpec, Plan, Policy, WorkloadSpec
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
+PROFILE_VERSION = 2  # 2: engine's linear, weight-streaming roofline, per-layer overhead, GEMM rate by rows
+
+
 def profile_cache_path() -> Path:
     root = os.environ.get("FLEXLAMPS_CACHE") or Path.home() / ".cache" / "flexlamps"
-    return Path(root) / "hardware.json"
+    # versioned: a profile written before the probes changed is measured again, not reused
+    return Path(root) / f"hardware-v{PROFILE_VERSION}.json"
 
 
 def machine_profile(scratch: Path, on_measure=None) -> HardwareSpec:

@@ -1,0 +1,60 @@
+"""Measured GEMM rates by row count and the per-layer overhead in the cost model."""
+
+import dataclasses
+import math
+
+import pytest
+
+from placement import HardwareSpec, Policy, TierSplit, WorkloadSpec, hardware_preset, model_preset, predict
+
+T4 = hardware_preset("t4-flexgen")
+ON_GPU = TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
+TABLE = {"fp16": {"1": 1e9, "16": 8e9, "256": 64e9}}
+WORKLOAD = WorkloadSpec(prompt_len=64, gen_len=8)
+
+
+def _policy(gbs: int, ngb: int) -> Policy:
+    return Policy(gpu_batch_size=gbs, num_gpu_batches=ngb, weights=ON_GPU, cache=ON_GPU, activations=ON_GPU)
+
+
+def test_gemm_seconds_interpolates_in_log_rows_and_clamps():
+    hw = dataclasses.replace(T4, gpu_gemm_flops_by_rows=TABLE)
+    assert hw.gemm_seconds("fp16", 16, 8e9, 0) == pytest.approx(1.0)
+    assert hw.gemm_seconds("fp16", 4, 1.0, 0) == pytest.approx(1 / math.sqrt(1e9 * 8e9))  # halfway in log
+    assert hw.gemm_seconds("fp16", 1024, 64e9, 0) == pytest.approx(1.0)  # past the end: the last rate
+    assert hw.gemm_seconds("fp16", 0.5, 1e9, 0) == pytest.approx(1.0)  # before the start: the first
+    # a dtype without a table falls back to the roofline: max(compute, weight streaming)
+    assert hw.gemm_seconds("fp32", 1, 1.0, T4.gpu_mem_bytes_per_s) == pytest.approx(1.0)
+
+
+def test_table_drives_decode_time_and_json_round_trips():
+    model = model_preset("opt-6.7b")
+    slow = dataclasses.replace(T4, gpu_gemm_flops_by_rows={"fp16": {"1": 1e9, "4096": 1e10}})
+    fast = dataclasses.replace(T4, gpu_gemm_flops_by_rows={"fp16": {"1": 1e10, "4096": 1e11}})
+    t_slow = predict(_policy(8, 1), model, slow, WORKLOAD).decode_layer_s["comp"]
+    t_fast = predict(_policy(8, 1), model, fast, WORKLOAD).decode_layer_s["comp"]
+    assert t_slow > 5 * t_fast
+    assert HardwareSpec.from_json(slow.to_json()) == slow
+
+
+def test_layer_overhead_is_paid_per_micro_batch_and_layer():
+    model = model_preset("smollm2-135m")
+    overhead = 1e-3
+    with_cost = dataclasses.replace(T4, gpu_layer_overhead_s=overhead)
+    for ngb in (1, 4):
+        base = predict(_policy(2, ngb), model, T4, WORKLOAD)
+        more = predict(_policy(2, ngb), model, with_cost, WORKLOAD)
+        assert more.decode_layer_s["comp"] - base.decode_layer_s["comp"] == pytest.approx(ngb * overhead)
+        assert more.prefill_layer_s["comp"] - base.prefill_layer_s["comp"] == pytest.approx(ngb * overhead)
+
+
+@pytest.mark.parametrize("bad", [{"int4": {"1": 1.0}}, {"fp16": {}}, {"fp16": {"0": 1.0}},
+                                 {"fp16": {"x": 1.0}}, {"fp16": {"8": -1.0}}])
+def test_bad_tables_are_rejected(bad):
+    with pytest.raises(ValueError, match="gpu_gemm_flops_by_rows"):
+        dataclasses.replace(T4, gpu_gemm_flops_by_rows=bad)
+
+
+def test_negative_overhead_is_rejected():
+    with pytest.raises(ValueError, match="gpu_layer_overhead_s"):
+        dataclasses.replace(T4, gpu_layer_overhead_s=-1.0)
