@@ -4,20 +4,22 @@ Budget: the `gpu` tier (here the CPU device, its budget enforced) gets --gpu-fra
 model's weight bytes; the rest of the weights go to disk. Accelerate gets the same bytes as
 `max_memory` for its resident weights and offloads the rest to its `offload_folder`.
 flexlamps runs the policy the planner picks for that budget (`--policy auto`); Accelerate
-runs the same prompts, batched at --accelerate-batch (default: all at once, its best case).
+runs the same prompts, batched at --accelerate-batch (default: the largest batch whose cache
+and activations fit the gpu budget beside its weights, as on a GPU; `all` is its best case here).
 
     python scripts/bench_offload.py --model smollm2 --prompts 32 --prompt-len 64 --gen-len 16
     python scripts/bench_offload.py --model tinyllama-random --dtype bfloat16 --prompts 64
 
-Notes printed with the results: our disk reads drop the page cache (real disk reads);
-Accelerate's memmaps are served from the page cache after the first pass whenever RAM can
-hold them, which favours it.
+Our disk reads drop the page cache (real disk reads). By default Accelerate's weight files
+are dropped from the page cache after every layer too (--accelerate-page-cache keep serves
+them from RAM after the first pass, which only a model smaller than RAM allows).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -101,13 +103,58 @@ def run_ours(folder, prompts, gen_len, dtype, gpu_mem, cpu_mem, offload_dir):
     return len(prompts) * gen_len / wall, [o.token_ids for o in outs], info
 
 
+def accelerate_fit(cfg, dtype_bytes: int, gpu_mem: int, cpu_mem: int, prompt_len: int, gen_len: int,
+                   max_batch: int) -> tuple[int, int]:
+    """(batch, max_memory bytes) for Accelerate under the same gpu budget as ours.
+
+    On a GPU, Accelerate keeps the KV cache and activations on the device next to its resident
+    weights, and copies each offloaded layer there before running it; on this CPU-only box
+    nothing would stop it from growing them past the budget. So its batch is the largest power
+    of two whose cache + activations + one streamed layer take at most half the gpu budget, and
+    its resident weights get what is left (plus the cpu budget), as a user tuning it would do.
+    """
+    from flexlamps.models.weight_specs import total_bytes
+
+    kv = cfg.kv_bytes_per_token(dtype_bytes) * (prompt_len + gen_len)
+    # prefill peak per sequence: hidden in/out, q/k/v/o, the two FFN-wide buffers (SDPA keeps
+    # no score matrix)
+    act = dtype_bytes * prompt_len * (6 * cfg.hidden_size + 2 * cfg.intermediate_size)
+    layer = total_bytes(cfg, dtype_bytes) // cfg.num_layers
+    batch = 1
+    while batch * 2 <= max_batch and layer + 2 * batch * (kv + act) <= gpu_mem // 2:
+        batch *= 2
+    return batch, max(1, gpu_mem - layer - batch * (kv + act)) + cpu_mem
+
+
+class PageDropper:
+    """Drops the page cache of the files Accelerate streams weights from after every layer, the
+    way our engine reads them (posix_fadvise DONTNEED): a model larger than RAM is read from
+    disk on every pass, not served from memory after the first."""
+
+    def __init__(self, model, folders):
+        self.paths = [p for f in folders for p in Path(f).rglob("*") if p.is_file()]
+        for layer in model.model.layers:
+            layer.register_forward_hook(lambda *_: self.drop())
+        self.drop()
+
+    def drop(self):
+        for path in self.paths:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 @torch.inference_mode()
-def run_accelerate(folder, prompts, gen_len, dtype, cpu_mem, offload_dir, batch):
+def run_accelerate(folder, prompts, gen_len, dtype, max_memory, offload_dir, batch, drop_pages):
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, dtype=getattr(torch, dtype), device_map="auto", max_memory={"cpu": cpu_mem},
+        folder, dtype=getattr(torch, dtype), device_map="auto", max_memory={"cpu": max_memory},
         offload_folder=str(offload_dir), offload_state_dict=True).eval()
+    if drop_pages:  # weights on "disk" are read from the checkpoint's safetensors or the offload folder
+        PageDropper(model, [folder, offload_dir] if Path(offload_dir).exists() else [folder])
     outs = []
     t = time.perf_counter()
     for i in range(0, len(prompts), batch):
@@ -129,7 +176,15 @@ def main():
     ap.add_argument("--gpu-frac", type=float, default=0.25, help="gpu budget as a share of the weight bytes")
     ap.add_argument("--cpu-mem", default="64MiB", help="cpu tier budget (KV cache, activations, any weights "
                     "the planner puts there); Accelerate's max_memory gets the gpu and cpu budgets together")
-    ap.add_argument("--accelerate-batch", type=int, default=None)
+    ap.add_argument("--accelerate-batch", default="fit",
+                    help="Accelerate's batch: 'fit' (largest whose KV cache and activations fit the gpu "
+                    "budget beside its weights, as on a GPU), 'all' (every prompt at once: its best case on "
+                    "a CPU, where nothing bounds it), or a number")
+    ap.add_argument("--accelerate-prompts", type=int, default=None,
+                    help="how many of the prompts Accelerate runs (default: one batch)")
+    ap.add_argument("--accelerate-page-cache", choices=["drop", "keep"], default="drop",
+                    help="drop: Accelerate's weight files leave the page cache after each layer, as ours "
+                    "do (a model bigger than RAM); keep: served from RAM after the first pass")
     ap.add_argument("--workdir", default=None, help="where models and offload folders go (default: a temp dir)")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="flexlamps-bench-"))
@@ -159,12 +214,21 @@ def main():
     print(f"overlap (steady state, {o['sweeps']} sweeps): per-layer wall {o['wall_s']:.2f} s vs max(I/O, compute) "
           f"{o['max_io_compute_s']:.2f} s = {o['ratio']:.2f}x (I/O {o['io_s']:.2f} s, compute {o['compute_s']:.2f} s)")
     shutil.rmtree(work / "acc-offload", ignore_errors=True)
-    batch = args.accelerate_batch or args.prompts
-    acc_tps, acc_ids = run_accelerate(folder, prompts, args.gen_len, args.dtype, gpu_mem + cpu_mem,
-                                      work / "acc-offload", batch)
+    if args.accelerate_batch == "fit":
+        batch, max_memory = accelerate_fit(reader.config, dtype.itemsize, gpu_mem, cpu_mem, args.prompt_len,
+                                           args.gen_len, args.prompts)
+    else:
+        batch = args.prompts if args.accelerate_batch == "all" else int(args.accelerate_batch)
+        max_memory = gpu_mem + cpu_mem
+    # its batches are alike, so by default it runs one of them (tokens/s is per batch anyway)
+    acc_prompts = prompts[:args.accelerate_prompts or batch]
+    acc_tps, acc_ids = run_accelerate(folder, acc_prompts, args.gen_len, args.dtype, max_memory,
+                                      work / "acc-offload", batch, args.accelerate_page_cache == "drop")
     same = sum(a == b for a, b in zip(ours_ids, acc_ids))
-    print(f"accelerate disk offload (batch {batch}): {acc_tps:.2f} tok/s")
-    print(f"ratio flexlamps / accelerate: {ours_tps / acc_tps:.2f}x | identical greedy outputs {same}/{len(prompts)}")
+    print(f"accelerate ran {len(acc_prompts)} of the {len(prompts)} prompts")
+    print(f"accelerate disk offload (batch {batch}, resident weights up to {max_memory / 2**20:.0f} MiB, "
+          f"page cache {args.accelerate_page_cache}): {acc_tps:.2f} tok/s")
+    print(f"ratio flexlamps / accelerate: {ours_tps / acc_tps:.2f}x | identical greedy outputs {same}/{len(acc_ids)}")
 
 
 if __name__ == "__main__":
