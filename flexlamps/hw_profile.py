@@ -128,26 +128,6 @@ def measure_gemm(device: torch.device, max_dim: int, budget_s: float) -> dict[st
     return rates
 
 
-def measure_weight_stream(device: torch.device, num_bytes: int, budget_s: float,
-                          rows: int = 8, dim: int = 1024) -> float:
-    """Weight bytes/s a decode-sized GEMM (`rows` tokens) streams: the decode roofline.
-
-    The weights cycle through `num_bytes` of distinct matrices, more than a CPU's last-level
-    cache holds, so each call reads its weights from memory as a decode step does. A plain
-    memcpy overstates this on a CPU by several times.
-    """
-    num = max(2, num_bytes // (dim * dim * 4))
-    weights = [torch.randn(dim, dim, device=device) for _ in range(num)]
-    x = torch.randn(rows, dim, device=device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-    def sweep():
-        for w in weights:
-            linear(x, w)
-
-    return _best_rate(sweep, float(num * dim * dim * 4), budget_s, sync)
-
-
 GEMM_ROWS = (1, 8, 32, 128, 512, 2048)
 
 
@@ -282,9 +262,6 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     to_gpu, to_cpu = on_cpu(lambda: measure_copies(device, sizes.copy_bytes, budget_s))
     step("memory bandwidth")
     gpu_bandwidth = on_cpu(lambda: measure_device_bandwidth(device, sizes.copy_bytes, budget_s))
-    # what decode GEMMs stream is the roofline; memcpy only bounds it
-    gpu_bandwidth = min(gpu_bandwidth, on_cpu(
-        lambda: measure_weight_stream(device, 4 * sizes.copy_bytes, budget_s)))
     step("layer overhead")
     layer_overhead = (_best_over_threads(lambda: measure_layer_overhead(device, budget_s), pick=min)
                       if not has_cuda else measure_layer_overhead(device, budget_s))
@@ -292,6 +269,9 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     # fp16 GEMMs are emulated (and slow) on CPUs; engines there run fp32 or bf16
     row_dtypes = ("fp32", "bf16", "fp16") if has_cuda else ("fp32", "bf16")
     gemm_by_rows = on_cpu(lambda: measure_gemm_by_rows(device, 2 * sizes.copy_bytes, 2 * budget_s, row_dtypes))
+    # the decode roofline is what an 8-row fp32 GEMM streams (4 weight bytes per 2 FLOPs per
+    # row); a memcpy only bounds it, and overstates it several times on a CPU
+    gpu_bandwidth = min(gpu_bandwidth, gemm_by_rows["fp32"]["8"] * 4 / (2 * 8))
     step("gemm")
     gpu_gemm = on_cpu(lambda: measure_gemm(device, sizes.gemm_dim, budget_s))
     cpu_gemm = (_best_over_threads(lambda: measure_gemm(cpu, sizes.gemm_dim, budget_s))
