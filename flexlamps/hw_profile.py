@@ -228,11 +228,16 @@ def _best_over_threads(probe: Callable[[], float | dict | tuple], pick=max):
             results.append(probe())
         finally:
             torch.set_num_threads(default)
+    return _pick_each(results, pick)
+
+
+def _pick_each(results: list, pick):
+    """Element-wise `pick` over results of one shape (numbers, or dicts/tuples of them, nested)."""
     first = results[0]
     if isinstance(first, dict):
-        return {k: pick(r[k] for r in results) for k in first}
+        return {k: _pick_each([r[k] for r in results], pick) for k in first}
     if isinstance(first, tuple):
-        return tuple(pick(r[i] for r in results) for i in range(len(first)))
+        return tuple(_pick_each([r[i] for r in results], pick) for i in range(len(first)))
     return pick(results)
 
 

@@ -135,3 +135,17 @@ def test_plan_evaluates_a_given_policy(tmp_path):
     bad.write_text(json.dumps({"gpu_batch_size": 0}))
     result = _run("plan", "--model", "opt-30b", "--policy", str(bad))
     assert result.exit_code == 2 and "Policy" in result.output
+
+
+def test_profile_keeps_the_best_of_each_thread_count(monkeypatch):
+    """The GEMM table is a dict of dicts: each entry is compared on its own, at every depth."""
+    import torch
+
+    from flexlamps import hw_profile
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    runs = iter([{"fp32": {"1": 1.0, "8": 9.0}}, {"fp32": {"1": 3.0, "8": 2.0}}])
+    assert hw_profile._best_over_threads(lambda: next(runs)) == {"fp32": {"1": 3.0, "8": 9.0}}
+    runs = iter([(1.0, 5.0), (2.0, 4.0)])
+    assert hw_profile._best_over_threads(lambda: next(runs), pick=min) == (1.0, 4.0)
