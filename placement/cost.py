@@ -277,22 +277,6 @@ def _dequant_s(dense_bytes: float, model: ModelSpec, fp16_bytes_per_s: float) ->
     return dense_bytes / model.dtype_bytes * 2 / fp16_bytes_per_s
 
 
-# Attention scores are built for at most this many queries at a time (chunked prefill), so
-# long prompts do not need a prompt_len^2 score buffer.
-PREFILL_QUERY_CHUNK = 1024
-
-
-def _stage_peak_elements(model: ModelSpec, num_queries: int, num_keys: float) -> float:
-    """Elements alive at the larger of the attention and FFN stages, per sequence."""
-    h = model.hidden_size
-    scores = model.num_heads * min(num_queries, PREFILL_QUERY_CHUNK) * num_keys
-    attention = num_queries * 4 * h + scores  # q, k (the new cache), v, output + scores
-    # in, out, and the FFN-wide buffers: one for OPT (ReLU in place), gate and up otherwise
-    ffn_wide = 1 if model.arch == "opt" else 2
-    ffn = num_queries * (2 * h + ffn_wide * model.intermediate_size)
-    return max(attention, ffn)
-
-
 def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     """Peak bytes per tier: resident data ("home") plus working buffers for one micro-batch."""
     gbs, block = choice.gpu_batch_size, choice.gpu_batch_size * choice.num_gpu_batches
@@ -319,9 +303,9 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
         return work.add(sz.weight_fp16) if choice.compress_weight else work
 
     gpu_prefill = resident(hidden_p, True).plus(gpu_working(s))
-    gpu_prefill.add(db * gbs * _stage_peak_elements(model, s, s))
+    gpu_prefill.add(db * gbs * model.layer_workspace_elements(s, s))
     gpu_decode = resident(hidden_g, True).plus(gpu_working(1))
-    gpu_decode.add(db * gbs * _stage_peak_elements(model, 1, full_entries))
+    gpu_decode.add(db * gbs * model.layer_workspace_elements(1, full_entries))
     if not choice.cpu_attention:  # double-buffered off-GPU cache of one micro-batch
         mb_cache = 2 * gbs * full_entries * sz.cache_stored
         gpu_decode.add(mb_cache).add(-mb_cache, C_GPU)

@@ -15,6 +15,9 @@ from placement.jsonable import JsonMixin
 from placement.specs import DTYPE_BYTES
 
 ARCHES = ("llama", "opt", "mla")
+# Attention scores are materialized for at most this many queries at a time (fused attention
+# kernels block the queries; this bounds what a long prompt charges).
+SCORE_QUERY_CHUNK = 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -195,6 +198,23 @@ class ModelSpec(JsonMixin):
             flops = 2 * self.num_heads * (2 * self.kv_lora_rank + self.qk_rope_head_dim) * entries
             return flops + 2 * self.index_num_heads * self.index_head_dim * context_len
         return 4 * self.num_heads * self.head_dim * entries
+
+    def layer_workspace_elements(self, num_queries: int, num_keys: float) -> float:
+        """Scratch elements one sequence holds at the peak of a layer, beside the cache.
+
+        The larger of the two stages, counting what the engine's forward keeps alive at once:
+        attention holds the input, its norm, q, k, v, the attention output, the o projection
+        and the scores (at most SCORE_QUERY_CHUNK queries at a time); the FFN holds the input,
+        its norm and the wide buffers (gate, up and their product; OPT: fc1 and its
+        activation). The engine charges exactly this to its gpu budget, so plans and runs agree.
+        """
+        h, queries = self.hidden_size, num_queries
+        q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        scores = self.num_heads * min(queries, SCORE_QUERY_CHUNK) * num_keys
+        attention = queries * (3 * h + 2 * q_dim + 2 * kv_dim) + scores
+        ffn_wide = 2 if self.arch == "opt" else 3
+        ffn = queries * (2 * h + ffn_wide * self.intermediate_size)
+        return max(attention, ffn)
 
     # ---- construction --------------------------------------------------------------------
     @classmethod

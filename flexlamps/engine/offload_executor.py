@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+import placement
 from flexlamps.engine.step import Step
 from flexlamps.engine.placement_map import cache_tiers, weight_tiers
 from flexlamps.engine.tiered_cache import TieredKVCache
@@ -48,6 +49,7 @@ class OffloadExecutor:
         self.policy = policy
         self.device = device or compute_device()
         self.fwd = forward_for(cfg)
+        self.model_spec = placement.ModelSpec.from_hf_config(reader.hf_config)
         self.budgets = {"gpu": TierBudget("gpu", gpu_mem), "cpu": TierBudget("cpu", cpu_mem)}
         self.qcfg = self.kv_qcfg = None
         if policy.compress_weight or policy.compress_cache:
@@ -170,23 +172,26 @@ class OffloadExecutor:
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         vocab = self.cfg.vocab_size
         out = torch.empty((*h.shape[:-1], vocab), dtype=torch.float32)
-        for start in range(0, vocab, self.HEAD_CHUNK_ROWS):
-            stop = min(vocab, start + self.HEAD_CHUNK_ROWS)
-            w, staged = self.store.fetch_rows(self.head_name, start, stop)
-            try:
-                out[..., start:stop] = linear(h, w).float().cpu()
-            finally:
-                self.store.release(staged)
+        chunk_bytes = h.numel() // h.shape[-1] * min(vocab, self.HEAD_CHUNK_ROWS) * _bytes_per(self.dtype)
+        self.budgets["gpu"].allocate(chunk_bytes, "logits of one vocab chunk")
+        try:
+            for start in range(0, vocab, self.HEAD_CHUNK_ROWS):
+                stop = min(vocab, start + self.HEAD_CHUNK_ROWS)
+                w, staged = self.store.fetch_rows(self.head_name, start, stop)
+                try:
+                    out[..., start:stop] = linear(h, w).float().cpu()
+                finally:
+                    self.store.release(staged)
+        finally:
+            self.budgets["gpu"].free(chunk_bytes)
         return out
 
     def _workspace_bytes(self, step: Step, span: int) -> int:
-        """Compute scratch for one micro-batch (MLP, qkv, scores, logits), charged while it runs."""
-        cfg = self.cfg
+        """Compute scratch for one micro-batch in one layer, charged while it runs: the
+        planner's own formula (so a plan that fits runs within its budget) plus the mask."""
         n, t = step.input_ids.shape
-        per_token = 2 * cfg.intermediate_size + cfg.q_size + 2 * cfg.kv_size + 3 * cfg.hidden_size
-        scores = n * cfg.num_heads * t * span
-        logit_tokens = n if step.logit_rows is not None else n * t
-        return (n * t * per_token + scores) * _bytes_per(self.dtype) + logit_tokens * cfg.vocab_size * 4
+        elements = n * self.model_spec.layer_workspace_elements(t, span)
+        return int(elements) * _bytes_per(self.dtype) + n * t * span  # + the boolean mask
 
     @torch.inference_mode()
     def forward_steps(self, cache: TieredKVCache, steps: list[Step]) -> list[torch.Tensor]:
