@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from flexlamps.engine.generate import RequestOutput, generate
+from flexlamps.engine.host_allocator import keep_freed_memory
 from flexlamps.engine.sampling import SamplingParams
 from flexlamps.engine.scoring import PrefixScorer, PrefixStats, ScoreOutput, split_tokens
 from flexlamps.models.registry import open_checkpoint
@@ -79,6 +80,7 @@ class LLM:
         self.dtype = parse_dtype(dtype)
         self.max_batch_size = max_batch_size
         self.device = device
+        keep_freed_memory()
         self.reuse_prefix = reuse_prefix
         self.offload = None
         if gpu_mem is not None or cpu_mem is not None or offload_dir is not None or compress_weight or compress_cache:

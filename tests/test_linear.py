@@ -1,10 +1,11 @@
-"""The shared matmul: a row's result never depends on which rows share the call."""
+"""The shared matmul: a row's result never depends on which rows share the call, on whether
+the weight is prepacked, or (fp32) on whether the residual add / product is fused into it."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from flexlamps.models.linear import linear, uses_onednn
+from flexlamps.models.linear import linear, pack, unpack, uses_onednn
 
 SHAPES = [(1536, 576), (576, 1536), (192, 576), (37, 19), (4096, 64)]
 
@@ -42,3 +43,43 @@ def test_fp16_and_grad_fall_back_to_torch():
     assert not uses_onednn(torch.randn(2, 4).half(), w.half())
     x = torch.randn(3, 4).half()
     assert torch.equal(linear(x, w.half()), F.linear(x, w.half()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out_in", SHAPES)
+def test_packed_weights_give_the_same_bits(dtype, out_in):
+    gen = torch.Generator().manual_seed(2)
+    w = torch.randn(*out_in, generator=gen).to(dtype)
+    b = torch.randn(out_in[0], generator=gen).to(dtype)
+    packed = pack(w)
+    assert torch.equal(unpack(packed), w)
+    for rows in (1, 2, 7, 32, 300):
+        x = torch.randn(rows, out_in[1], generator=gen).to(dtype)
+        assert torch.equal(linear(x, packed, b), linear(x, w, b)), rows
+
+
+@pytest.mark.parametrize("op", ["add", "mul"])
+@pytest.mark.parametrize("rows", [1, 2, 5, 64])
+def test_fused_post_ops_equal_the_separate_op_in_fp32(op, rows):
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(48, 40, generator=gen)
+    b = torch.randn(48, generator=gen)
+    x = torch.randn(rows, 3, 40, generator=gen)
+    other = torch.randn(rows, 3, 48, generator=gen)
+    ref = linear(x, w, b) + other if op == "add" else linear(x, w, b) * other
+    for weight in (w, pack(w)):
+        assert torch.equal(linear(x, weight, b, **{op: other}), ref)
+    # the fallback path (fp16 here) applies the same op after torch's linear
+    half = linear(x.half(), w.half(), b.half(), **{op: other.half()})
+    assert torch.equal(half, F.linear(x.half(), w.half(), b.half()) + other.half() if op == "add"
+                       else F.linear(x.half(), w.half(), b.half()) * other.half())
+
+
+def test_add_and_mul_together_are_refused():
+    with pytest.raises(ValueError, match="not both"):
+        linear(torch.randn(2, 4), torch.randn(3, 4), add=torch.randn(2, 3), mul=torch.randn(2, 3))
+
+
+def test_pack_leaves_weights_it_cannot_speed_up():
+    for w in (torch.randn(8, 4).half(), torch.randn(8), torch.randn(8, 4).to(torch.float64)):
+        assert pack(w) is w

@@ -60,3 +60,15 @@ def test_half_precision_close_to_fp32(tiny_models, dtype):
     # half precision: agreement of the top token on most positions, and bounded drift
     assert (out.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
     assert (out - ref).abs().max().item() < 0.25 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rms_norm_is_the_reference_formula_bit_for_bit(dtype):
+    from flexlamps.models.llama import rms_norm
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 9, 64, generator=gen).to(dtype)
+    w = torch.randn(64, generator=gen).to(dtype)
+    xf = x.float()
+    ref = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)  # HF LlamaRMSNorm
+    assert torch.equal(rms_norm(x, w, 1e-5), ref)

@@ -10,6 +10,7 @@ import torch
 from flexlamps.engine.kv_cache import DenseKVCache
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.forward import forward_for
+from flexlamps.models.linear import pack
 from flexlamps.models.weight_specs import weight_specs
 
 
@@ -31,7 +32,10 @@ class InMemoryExecutor:
         self.dtype = dtype
         self.device = torch.device(device)
         self.fwd = forward_for(cfg)
-        self.global_weights, self.layer_weights = split_weights(cfg, weights)
+        self.global_weights, layers = split_weights(cfg, weights)
+        # Resident weights are prepacked once for the GEMM; outputs are bit-identical to the
+        # unpacked weights the offloaded executor streams in (see models.linear).
+        self.layer_weights = [{name: pack(t) if t.dim() == 2 else t for name, t in w.items()} for w in layers]
 
     def new_cache(self, num_slots: int, capacity: int) -> DenseKVCache:
         return DenseKVCache(self.cfg, num_slots, capacity, self.dtype, self.device)

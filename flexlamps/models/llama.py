@@ -20,10 +20,11 @@ Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Normalize in fp32 like the reference, then cast back before the scale.
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    # The reference normalizes in fp32, casts back, then scales; torch's fused kernel gives
+    # the same bits in one pass (in fp32 with the scale folded in).
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, x.shape[-1:], weight, eps)
+    return weight * F.rms_norm(x.float(), x.shape[-1:], None, eps).to(x.dtype)
 
 
 class LlamaForward:
@@ -47,11 +48,12 @@ class LlamaForward:
         k = linear(h, w["k_proj"], w.get("k_bias")).view(n, t, cfg.num_kv_heads, cfg.head_dim)
         v = linear(h, w["v_proj"], w.get("v_bias")).view(n, t, cfg.num_kv_heads, cfg.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        x = x + linear(attend(q, k, v), w["o_proj"])
+        # residual adds and the gate product run inside the GEMMs (see models.linear)
+        x = linear(attend(q, k, v), w["o_proj"], add=x)
         h = rms_norm(x, w["mlp_norm"], cfg.norm_eps)
-        gate = F.silu(linear(h, w["gate_proj"], w.get("gate_bias")))
-        up = linear(h, w["up_proj"], w.get("up_bias"))
-        return x + linear(gate * up, w["down_proj"], w.get("down_bias"))
+        gate = F.silu(linear(h, w["gate_proj"], w.get("gate_bias")), inplace=True)
+        prod = linear(h, w["up_proj"], w.get("up_bias"), mul=gate)
+        return linear(prod, w["down_proj"], w.get("down_bias"), add=x)
 
     def final_hidden(self, w: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """What the output projection reads (the engine may apply that projection in chunks)."""

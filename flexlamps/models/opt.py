@@ -42,12 +42,11 @@ class OptForward:
         q = linear(h, w["q_proj"], w.get("q_bias")).view(n, t, cfg.num_heads, cfg.head_dim)
         k = linear(h, w["k_proj"], w.get("k_bias")).view(n, t, cfg.num_heads, cfg.head_dim)
         v = linear(h, w["v_proj"], w.get("v_bias")).view(n, t, cfg.num_heads, cfg.head_dim)
-        x = x + linear(attend(q, k, v), w["o_proj"], w.get("o_bias"))
+        x = linear(attend(q, k, v), w["o_proj"], w.get("o_bias"), add=x)
         if not pre:
             x = self._norm(x, w, "attn_norm")
         h = self._norm(x, w, "mlp_norm") if pre else x
-        h = linear(self.act(linear(h, w["fc1"], w.get("fc1_bias"))), w["fc2"], w.get("fc2_bias"))
-        x = x + h
+        x = linear(self.act(linear(h, w["fc1"], w.get("fc1_bias"))), w["fc2"], w.get("fc2_bias"), add=x)
         return x if pre else self._norm(x, w, "mlp_norm")
 
     def final_hidden(self, w, x: torch.Tensor) -> torch.Tensor:
