@@ -214,6 +214,7 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     comp_s += attn_flops / gpu_flops
     if choice.compress_weight:  # the layer's matrices (embeddings stay dense)
         comp_s += _dequant_s(model.weight_bytes_per_layer(), model, hardware.gpu_dequant_bytes_per_s)
+        comp_s += model.matrices_per_layer(num_tokens) * hardware.gpu_dequant_matrix_s
     if choice.compress_cache:  # quantizing the new cache costs about as much as dequantizing
         comp_s += _dequant_s(num_tokens * sz.cache_fp16, model, hardware.gpu_dequant_bytes_per_s)
     comp_s += choice.num_gpu_batches * hardware.gpu_layer_overhead_s
@@ -254,6 +255,7 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     if choice.compress_weight:  # what the whole block touches is dequantized once
         gemm_s += _dequant_s(model.weight_bytes_touched_per_layer(block), model,
                              hardware.gpu_dequant_bytes_per_s)
+        gemm_s += model.matrices_per_layer(block) * hardware.gpu_dequant_matrix_s
     attn_flops = block * model.attention_flops_per_query(context)
     attn_bytes = block * (entries * sz.cache_fp16 + context * sz.indexer)
     gpu_attn_s = max(attn_flops / gpu_flops, attn_bytes / hardware.gpu_mem_bytes_per_s)

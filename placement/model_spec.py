@@ -158,6 +158,22 @@ class ModelSpec(JsonMixin):
         return (self.layer_param_count()
                 - num_moe / self.num_layers * untouched * expert) * self.dtype_bytes
 
+    def matrices_per_layer(self, num_tokens: float) -> float:
+        """2-D weight matrices of one (average) layer that `num_tokens` tokens use (what
+        compressed weights decompress matrix by matrix); MoE counts the experts some token picks."""
+        if self.arch == "mla":
+            attention = (2 if self.q_lora_rank else 1) + 3 + (3 if self.index_head_dim else 0)
+        else:
+            attention = 4  # q, k, v, o
+        dense_ffn = 2 if self.arch == "opt" else 3
+        num_moe = self._num_moe_layers()
+        if not num_moe:
+            return attention + dense_ffn
+        share = self.num_experts_per_token / self.num_experts
+        touched = self.num_experts * (1 - (1 - share) ** num_tokens)
+        moe_ffn = 3 * (touched + self.num_shared_experts) + 1  # + the router
+        return attention + ((self.num_layers - num_moe) * dense_ffn + num_moe * moe_ffn) / self.num_layers
+
     def embedding_bytes(self) -> int:
         """Token embedding, output head (unless tied), learned positions, final norm."""
         h = self.hidden_size

@@ -44,6 +44,9 @@ class HardwareSpec(JsonMixin):
     # fixed cost of running one layer on one micro-batch (kernel launches, host dispatch):
     # negligible for big layers, most of a decode step for small models or small batches
     gpu_layer_overhead_s: float = 0.0
+    # fixed cost of decompressing one 4-bit weight matrix on the GPU (its group parameters,
+    # dispatch): a third of a small model's decompression time on a CPU, noise on big matrices
+    gpu_dequant_matrix_s: float = 0.0
     # measured GEMM FLOP/s by dtype and by the number of rows (tokens) in the call, e.g.
     # {"fp32": {"1": 4e9, "32": 6e10, "2048": 1e11}}; small calls reach far less than the peak
     # and less than the bandwidth roofline on CPUs. Empty: use peak FLOP/s and the roofline.
@@ -61,8 +64,9 @@ class HardwareSpec(JsonMixin):
             cpu_attention_flops_per_s=self.cpu_attention_flops_per_s,
             gpu_dequant_bytes_per_s=self.gpu_dequant_bytes_per_s,
             cpu_dequant_bytes_per_s=self.cpu_dequant_bytes_per_s)
-        if not self.gpu_layer_overhead_s >= 0:
-            raise ValueError(f"HardwareSpec.gpu_layer_overhead_s must be >= 0, got {self.gpu_layer_overhead_s!r}")
+        for name in ("gpu_layer_overhead_s", "gpu_dequant_matrix_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"HardwareSpec.{name} must be >= 0, got {getattr(self, name)!r}")
         for dtype, table in self.gpu_gemm_flops_by_rows.items():
             if dtype not in DTYPES or not isinstance(table, dict) or not table:
                 raise ValueError(f"HardwareSpec.gpu_gemm_flops_by_rows: expected {{dtype in {DTYPES}: "

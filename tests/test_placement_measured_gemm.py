@@ -58,3 +58,27 @@ def test_bad_tables_are_rejected(bad):
 def test_negative_overhead_is_rejected():
     with pytest.raises(ValueError, match="gpu_layer_overhead_s"):
         dataclasses.replace(T4, gpu_layer_overhead_s=-1.0)
+
+
+def test_dequantization_pays_a_fixed_cost_per_matrix_when_weights_are_compressed():
+    model = model_preset("smollm2-135m")
+    assert model.matrices_per_layer(1) == 7  # q, k, v, o, gate, up, down
+    assert model_preset("opt-6.7b").matrices_per_layer(1) == 6  # q, k, v, o, fc1, fc2
+    per_matrix = 1e-4
+    with_cost = dataclasses.replace(T4, gpu_dequant_matrix_s=per_matrix)
+    compressed = dataclasses.replace(_policy(4, 2), compress_weight=True)
+    base = predict(compressed, model, T4, WORKLOAD)
+    more = predict(compressed, model, with_cost, WORKLOAD)
+    # once per layer per sweep over the block, not per micro-batch
+    assert more.decode_layer_s["comp"] - base.decode_layer_s["comp"] == pytest.approx(7 * per_matrix)
+    assert more.prefill_layer_s["comp"] - base.prefill_layer_s["comp"] == pytest.approx(7 * per_matrix)
+    # dense weights decompress nothing
+    assert predict(_policy(4, 2), model, with_cost, WORKLOAD) == predict(_policy(4, 2), model, T4, WORKLOAD)
+    assert HardwareSpec.from_json(with_cost.to_json()) == with_cost
+    with pytest.raises(ValueError, match="gpu_dequant_matrix_s"):
+        dataclasses.replace(T4, gpu_dequant_matrix_s=-1.0)
+
+
+def test_moe_layers_count_only_the_experts_some_token_picks():
+    model = model_preset("deepseek-v3.2")
+    assert model.matrices_per_layer(1) < model.matrices_per_layer(64) < model.matrices_per_layer(1e6)

@@ -69,6 +69,6 @@ def command(out_path: Path, quick: bool, disk_dir: Path | None, gpu_mem: str | N
         "  gemm " + ", ".join(f"{k} {v / 1e12:.3f} TFLOP/s"
                               for k, v in spec.gpu_matmul_flops_per_s.items()) + "\n"
         f"  cpu attention {spec.cpu_attention_flops_per_s / 1e9:.1f} GFLOP/s, "
-        f"dequant {spec.gpu_dequant_bytes_per_s / gb:.2f} GB/s\n"
+        f"dequant {spec.gpu_dequant_bytes_per_s / gb:.2f} GB/s + {spec.gpu_dequant_matrix_s * 1e6:.0f} us a matrix\n"
         f"  gpu {format_bytes(spec.gpu_mem_bytes)}, cpu {format_bytes(spec.cpu_mem_bytes)}, "
         f"disk {format_bytes(spec.disk_bytes)}")
