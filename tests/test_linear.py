@@ -69,6 +69,10 @@ def test_fused_post_ops_equal_the_separate_op_in_fp32(op, rows):
     ref = linear(x, w, b) + other if op == "add" else linear(x, w, b) * other
     for weight in (w, pack(w)):
         assert torch.equal(linear(x, weight, b, **{op: other}), ref)
+    # bf16 keeps the GEMM output's rounding before the op, as transformers does
+    xb, wb, bb, ob = x.bfloat16(), w.bfloat16(), b.bfloat16(), other.bfloat16()
+    ref_b = linear(xb, wb, bb) + ob if op == "add" else linear(xb, wb, bb) * ob
+    assert torch.equal(linear(xb, pack(wb), bb, **{op: ob}), ref_b)
     # the fallback path (fp16 here) applies the same op after torch's linear
     half = linear(x.half(), w.half(), b.half(), **{op: other.half()})
     assert torch.equal(half, F.linear(x.half(), w.half(), b.half()) + other.half() if op == "add"

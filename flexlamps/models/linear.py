@@ -8,9 +8,11 @@ reorder is saved, 15-40% on decode-sized calls). Both give bit-identical results
 executor calls this same function, which keeps the plain, offloaded and scheduled paths
 bit-identical to each other.
 
-`add=` and `mul=` apply a residual add or an elementwise product to the output inside the
-GEMM (a oneDNN post-op: no second pass over a large activation); in fp32 the result equals
-the unfused `linear(x, w) + add` bit for bit.
+`add=` and `mul=` apply a residual add or an elementwise product to the output. In fp32 they
+run inside the GEMM (a oneDNN post-op: no second pass over a large activation) and equal the
+unfused `linear(x, w) + add` bit for bit. In bf16 a post-op would skip the rounding of the
+GEMM's output that transformers performs, and greedy outputs would drift from it on near
+ties, so there they run as a separate op.
 
 A result must not depend on which other rows share the call (a prompt decoded alone equals the
 same prompt decoded in a batch). oneDNN keeps that for every row count except one, where it
@@ -64,9 +66,11 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *,
     if add is not None and mul is not None:
         raise ValueError("linear: pass add= or mul=, not both")
     other = add if add is not None else mul
+    if other is not None and not (x.dtype == torch.float32 and uses_onednn(x, w)):
+        out = linear(x, w, b)
+        return out + add if add is not None else out * mul
     if not uses_onednn(x, w):
-        out = F.linear(x, unpack(w), b)
-        return out if other is None else (out + add if add is not None else out * mul)
+        return F.linear(x, unpack(w), b)
     lead = x.shape[:-1]
     out_dim = w.shape[0]
     rows = x.reshape(-1, x.shape[-1])
