@@ -207,9 +207,10 @@ def measure_dequant(device: torch.device, numel: int, budget_s: float) -> float:
     each, as the engine decompresses layer after layer. One matrix decompressed again and again
     stays in cache and read 2-3x faster than a model's layers do.
     """
-    from quant import QuantConfig, quantize
+    from flexlamps.engine.offload_executor import weight_quant_config
+    from quant import quantize
 
-    config = QuantConfig(bits=4, group_size=32, group_dim=1, param_bits=8)  # offload_executor._weight_cfg
+    config = weight_quant_config()
     per_matrix = 1 << 20
     matrices = [quantize(torch.randn(per_matrix // 1024, 1024, device=device), config)
                 for _ in range(max(1, numel // per_matrix))]
@@ -226,9 +227,10 @@ def measure_dequant(device: torch.device, numel: int, budget_s: float) -> float:
 def measure_dequant_matrix_s(device: torch.device, budget_s: float) -> float:
     """Seconds one weight matrix's decompression costs beyond its elements (the intercept of
     time against size, from a small and a larger matrix, both hot in cache)."""
-    from quant import QuantConfig, quantize
+    from flexlamps.engine.offload_executor import weight_quant_config
+    from quant import quantize
 
-    config = QuantConfig(bits=4, group_size=32, group_dim=1, param_bits=8)  # offload_executor._weight_cfg
+    config = weight_quant_config()
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     small, large = 1 << 14, 1 << 20
