@@ -6,12 +6,14 @@ Starts from FlexGen's model (ICML'23, §4 and experimental/cost_model.py):
     total          = L * prefill + L * (gen_len - 1) * decode,  throughput = block * gen_len / total
 with ctog/gtoc = CPU->GPU / GPU->CPU copies, dtoc/ctod = disk reads / writes. Extended with:
   - cache sizes per architecture (GQA, MLA latent; sparse selection reads only top-k entries);
-  - compressed sizes for weights *and* cache, and the cost of dequantizing them;
+  - compressed sizes for weights *and* cache, and the cost of dequantizing them (per element
+    and per matrix);
   - a GPU memory-bandwidth roofline for decode GEMMs (each micro-batch re-reads the layer), or
     the GEMM rate the profile measured at that many rows (CPUs fall short of both bounds);
   - attention on the CPU for the cache not on the GPU (`cpu_attention`), else the cache moves;
   - a shared prompt prefix computed and stored once per block;
-  - a fixed cost per layer and micro-batch (launches, dispatch), measured by the profile.
+  - a fixed cost per layer and micro-batch (launches, dispatch), measured by the profile;
+  - the memory-bound elementwise passes (norms, rotary, activation) at memory bandwidth.
 Embedding and output-head weights are spread evenly over the layers.
 
 Every quantity is affine in the nine placement fractions
@@ -212,6 +214,7 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     comp_s = ngb * hardware.gemm_seconds(model.dtype, choice.gpu_batch_size * max(s - p, 1),
                                          (gemm_flops + head_flops) / ngb, sz.weight_fp16)
     comp_s += attn_flops / gpu_flops
+    comp_s += _elementwise_s(num_tokens, model, hardware)
     if choice.compress_weight:  # the layer's matrices (embeddings stay dense)
         comp_s += _dequant_s(model.weight_bytes_per_layer(), model, hardware.gpu_dequant_bytes_per_s)
         comp_s += model.matrices_per_layer(num_tokens) * hardware.gpu_dequant_matrix_s
@@ -252,6 +255,7 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     gemm_s = choice.num_gpu_batches * hardware.gemm_seconds(model.dtype, gbs, micro_batch_flops,
                                                             touched_by_micro_batch)
     gemm_s += choice.num_gpu_batches * hardware.gpu_layer_overhead_s
+    gemm_s += _elementwise_s(block, model, hardware)
     if choice.compress_weight:  # what the whole block touches is dequantized once
         gemm_s += _dequant_s(model.weight_bytes_touched_per_layer(block), model,
                              hardware.gpu_dequant_bytes_per_s)
@@ -271,6 +275,12 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
         comp.add(gpu_attn_s)
 
     return _layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)
+
+
+def _elementwise_s(num_tokens: float, model: ModelSpec, hardware: HardwareSpec) -> float:
+    """Seconds of one layer's memory-bound passes (norms, rotary, activation) over `num_tokens`."""
+    elements = num_tokens * model.elementwise_elements_per_token_per_layer()
+    return elements * model.dtype_bytes / hardware.gpu_mem_bytes_per_s
 
 
 def _dequant_s(dense_bytes: float, model: ModelSpec, fp16_bytes_per_s: float) -> float:

@@ -232,6 +232,24 @@ class ModelSpec(JsonMixin):
         ffn = queries * (2 * h + ffn_wide * self.intermediate_size)
         return max(attention, ffn)
 
+    def elementwise_elements_per_token_per_layer(self) -> float:
+        """Activation elements one token's non-GEMM passes read and write in one layer: two
+        norms (read + write the hidden state), the rotary embedding of q and k (about ten
+        passes over them: negate, concatenate, two products and their sum), the cache write,
+        and the FFN activation in place; residual adds and the gate product ride on the GEMMs.
+        Memory-bound: a third of a small model's prefill on a CPU, noise on a GPU."""
+        h = self.hidden_size
+        if self.arch == "mla":
+            q_dim = self.num_heads * (self.head_dim + self.qk_rope_head_dim)
+            kv_dim = self.kv_lora_rank + self.qk_rope_head_dim
+        else:
+            q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        rotary = 0 if self.arch == "opt" else 10 * (q_dim + kv_dim)
+        num_moe = self._num_moe_layers()
+        moe_width = self.moe_intermediate_size * (self.num_experts_per_token + self.num_shared_experts)
+        ffn_width = ((self.num_layers - num_moe) * self.intermediate_size + num_moe * moe_width) / self.num_layers
+        return 4 * h + rotary + 4 * kv_dim + 2 * ffn_width
+
     # ---- construction --------------------------------------------------------------------
     @classmethod
     def from_hf_config(cls, config: dict, name: str | None = None) -> "ModelSpec":

@@ -82,3 +82,17 @@ def test_dequantization_pays_a_fixed_cost_per_matrix_when_weights_are_compressed
 def test_moe_layers_count_only_the_experts_some_token_picks():
     model = model_preset("deepseek-v3.2")
     assert model.matrices_per_layer(1) < model.matrices_per_layer(64) < model.matrices_per_layer(1e6)
+
+
+def test_elementwise_passes_are_priced_at_memory_bandwidth():
+    smollm2, opt = model_preset("smollm2-135m"), model_preset("opt-6.7b")
+    # norms 4h, rotary 10(q + kv), cache write 4kv, activation 2I (SmolLM2: h 576, kv 192, I 1536)
+    assert smollm2.elementwise_elements_per_token_per_layer() == 4 * 576 + 10 * (576 + 192) + 4 * 192 + 2 * 1536
+    assert opt.elementwise_elements_per_token_per_layer() == 4 * 4096 + 4 * 4096 + 2 * 16384  # no rotary
+    slow = dataclasses.replace(T4, gpu_mem_bytes_per_s=1e9)
+    policy = _policy(4, 2)
+    tokens = 8 * WORKLOAD.prompt_len
+    floor = tokens * smollm2.elementwise_elements_per_token_per_layer() * smollm2.dtype_bytes / 1e9
+    assert predict(policy, smollm2, slow, WORKLOAD).prefill_layer_s["comp"] >= floor
+    assert predict(policy, smollm2, slow, WORKLOAD).prefill_layer_s["comp"] > 2 * predict(
+        policy, smollm2, T4, WORKLOAD).prefill_layer_s["comp"]
