@@ -45,6 +45,20 @@ class ProbeSizes:
                    attention_context=2048, dequant_elements=64 << 20, seconds_per_probe=0.4)
 
 
+def _synchronizer(device: torch.device) -> Callable[[], None]:
+    """What waits for the device's queued work before a timer stops (nothing on the CPU)."""
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def _quantized_matrices(device: torch.device, numel: int, count: int) -> list:
+    """`count` random matrices of `numel` elements, compressed as the engine stores weights."""
+    from flexlamps.engine.offload_executor import weight_quant_config
+    from quant import quantize
+
+    config = weight_quant_config()
+    return [quantize(torch.randn(max(1, numel // 1024), 1024, device=device), config) for _ in range(count)]
+
+
 def _best_rate(run: Callable[[], None], work: float, budget_s: float,
                sync: Callable[[], None] = lambda: None) -> float:
     """`work` units per second of the fastest repetition of `run` within `budget_s`."""
@@ -102,7 +116,7 @@ def measure_device_bandwidth(device: torch.device, num_bytes: int, budget_s: flo
     """Bytes/s of a large device-to-device copy, counting both the read and the write."""
     src = torch.ones(num_bytes // 4, device=device)
     dst = torch.empty_like(src)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = _synchronizer(device)
     return _best_rate(lambda: dst.copy_(src), 2 * num_bytes, budget_s, sync)
 
 
@@ -113,7 +127,7 @@ def measure_gemm(device: torch.device, max_dim: int, budget_s: float) -> dict[st
     Some dtypes are orders of magnitude slower on some devices (fp16 on most CPUs), so a
     128-wide probe first estimates the rate and the real probe grows up to `max_dim`.
     """
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = _synchronizer(device)
     rates = {}
     for name, dtype in _DTYPES.items():
         dim = 128
@@ -141,7 +155,7 @@ def measure_gemm_by_rows(device: torch.device, num_bytes: int, budget_s: float,
     small calls pay for reading their weights as a decode step does. The curve between the
     bandwidth-bound and compute-bound ends is what the planner interpolates.
     """
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = _synchronizer(device)
     table = {}
     for name in dtypes:
         dtype = _DTYPES[name]
@@ -181,7 +195,7 @@ def measure_layer_overhead(device: torch.device, budget_s: float) -> float:
         ids, pos, slots = (torch.zeros((1, 1), dtype=torch.long, device=device),
                            torch.zeros((1, 1), dtype=torch.long, device=device),
                            torch.zeros(1, dtype=torch.long, device=device))
-        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        sync = _synchronizer(device)
         return 1.0 / _best_rate(lambda: executor.forward(cache, ids, pos, slots), 1.0, budget_s / 2, sync)
 
     shallow, deep = 2, 10
@@ -207,15 +221,10 @@ def measure_dequant(device: torch.device, numel: int, budget_s: float) -> float:
     each, as the engine decompresses layer after layer. One matrix decompressed again and again
     stays in cache and read 2-3x faster than a model's layers do.
     """
-    from flexlamps.engine.offload_executor import weight_quant_config
-    from quant import quantize
-
-    config = weight_quant_config()
     per_matrix = 1 << 20
-    matrices = [quantize(torch.randn(per_matrix // 1024, 1024, device=device), config)
-                for _ in range(max(1, numel // per_matrix))]
+    matrices = _quantized_matrices(device, per_matrix, max(1, numel // per_matrix))
     dtype = torch.float16 if device.type == "cuda" else torch.float32
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = _synchronizer(device)
 
     def sweep():
         for qt in matrices:
@@ -227,16 +236,12 @@ def measure_dequant(device: torch.device, numel: int, budget_s: float) -> float:
 def measure_dequant_matrix_s(device: torch.device, budget_s: float) -> float:
     """Seconds one weight matrix's decompression costs beyond its elements (the intercept of
     time against size, from a small and a larger matrix, both hot in cache)."""
-    from flexlamps.engine.offload_executor import weight_quant_config
-    from quant import quantize
-
-    config = weight_quant_config()
     dtype = torch.float16 if device.type == "cuda" else torch.float32
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = _synchronizer(device)
     small, large = 1 << 14, 1 << 20
     seconds = {}
     for numel in (small, large):
-        qt = quantize(torch.randn(numel // 1024, 1024, device=device), config)
+        qt, = _quantized_matrices(device, numel, 1)
         seconds[numel] = 1.0 / _best_rate(lambda: qt.dequantize(dtype=dtype), 1.0, budget_s / 2, sync)
     per_element = (seconds[large] - seconds[small]) / (large - small)
     return max(0.0, seconds[small] - small * per_element)

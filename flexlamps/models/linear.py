@@ -57,6 +57,7 @@ def pack(w: torch.Tensor) -> torch.Tensor:
 
 
 def unpack(w: torch.Tensor) -> torch.Tensor:
+    """The dense (out, in) weight, packed or not (for export and for torch's own linear)."""
     return w.to_dense() if w.is_mkldnn else w
 
 

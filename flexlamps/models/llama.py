@@ -48,7 +48,7 @@ class LlamaForward:
         k = linear(h, w["k_proj"], w.get("k_bias")).view(n, t, cfg.num_kv_heads, cfg.head_dim)
         v = linear(h, w["v_proj"], w.get("v_bias")).view(n, t, cfg.num_kv_heads, cfg.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        # residual adds and the gate product run inside the GEMMs (see models.linear)
+        # residual adds and the gate product ride on the GEMMs (fused in fp32; see models.linear)
         x = linear(attend(q, k, v), w["o_proj"], add=x)
         h = rms_norm(x, w["mlp_norm"], cfg.norm_eps)
         gate = F.silu(linear(h, w["gate_proj"], w.get("gate_bias")), inplace=True)
