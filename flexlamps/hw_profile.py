@@ -19,7 +19,7 @@ import psutil
 import torch
 
 from flexlamps.engine.host_allocator import keep_freed_memory
-from flexlamps.models.linear import linear
+from flexlamps.models.linear import linear, pack
 from placement import HardwareSpec
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -144,16 +144,18 @@ def measure_gemm(device: torch.device, max_dim: int, budget_s: float) -> dict[st
 
 
 GEMM_ROWS = (1, 8, 32, 128, 512, 2048)
+_SWEEP_FLOPS = 8e9  # per sweep of the GEMM-by-rows probe, at most (2 matrices at least)
 
 
 def measure_gemm_by_rows(device: torch.device, num_bytes: int, budget_s: float,
-                         dtypes: tuple[str, ...], out_dim: int = 2048, in_dim: int = 1024
-                         ) -> dict[str, dict[str, float]]:
+                         dtypes: tuple[str, ...], out_dim: int = 2048, in_dim: int = 1024,
+                         packed: bool = False) -> dict[str, dict[str, float]]:
     """GEMM FLOP/s of the engine's `linear` at each row count in GEMM_ROWS, per dtype.
 
     Layer-sized weights cycle through `num_bytes` of distinct matrices (beyond the caches), so
     small calls pay for reading their weights as a decode step does. The curve between the
-    bandwidth-bound and compute-bound ends is what the planner interpolates.
+    bandwidth-bound and compute-bound ends is what the planner interpolates. `packed`: the
+    weights in the layout the engine keeps resident ones in (`models.linear.pack`).
     """
     sync = _synchronizer(device)
     table = {}
@@ -161,15 +163,21 @@ def measure_gemm_by_rows(device: torch.device, num_bytes: int, budget_s: float,
         dtype = _DTYPES[name]
         size = out_dim * in_dim * dtype.itemsize
         weights = [torch.randn(out_dim, in_dim, device=device).to(dtype) for _ in range(max(2, num_bytes // size))]
+        if packed:
+            weights = [pack(w) for w in weights]
         rates = {}
         for rows in GEMM_ROWS:
             x = torch.randn(rows, in_dim, device=device).to(dtype)
+            # many rows are compute-bound: a few matrices measure them as well as all, and
+            # keep a sweep (run at least twice) to about a second on a CPU
+            per_matrix = 2.0 * rows * out_dim * in_dim
+            used = weights[:max(2, min(len(weights), int(_SWEEP_FLOPS // per_matrix)))]
 
             def sweep():
-                for w in weights:
+                for w in used:
                     linear(x, w)
 
-            flops = 2.0 * rows * out_dim * in_dim * len(weights)
+            flops = per_matrix * len(used)
             rates[str(rows)] = _best_rate(sweep, flops, budget_s / len(GEMM_ROWS), sync)
         table[name] = rates
     return table
@@ -308,7 +316,12 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     step("gemm by rows")
     # fp16 GEMMs are emulated (and slow) on CPUs; engines there run fp32 or bf16
     row_dtypes = ("fp32", "bf16", "fp16") if has_cuda else ("fp32", "bf16")
-    gemm_by_rows = on_cpu(lambda: measure_gemm_by_rows(device, 2 * sizes.copy_bytes, 2 * budget_s, row_dtypes))
+    # resident weights are prepacked on CPUs, a second table sharing the time one had (on GPUs
+    # packing is a no-op and the table would be the same)
+    rows_budget_s = 2 * budget_s if has_cuda else budget_s
+    gemm_by_rows = on_cpu(lambda: measure_gemm_by_rows(device, 2 * sizes.copy_bytes, rows_budget_s, row_dtypes))
+    gemm_by_rows_resident = {} if has_cuda else on_cpu(
+        lambda: measure_gemm_by_rows(device, 2 * sizes.copy_bytes, rows_budget_s, row_dtypes, packed=True))
     # the decode roofline is what an 8-row fp32 GEMM streams (4 weight bytes per 2 FLOPs per
     # row); a memcpy only bounds it, and overstates it several times on a CPU
     gpu_bandwidth = min(gpu_bandwidth, gemm_by_rows["fp32"]["8"] * 4 / (2 * 8))
@@ -342,7 +355,7 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
         gpu_mem_bytes_per_s=gpu_bandwidth, cpu_attention_flops_per_s=cpu_attention,
         gpu_dequant_bytes_per_s=gpu_dequant, cpu_dequant_bytes_per_s=cpu_dequant,
         gpu_layer_overhead_s=layer_overhead, gpu_dequant_matrix_s=dequant_matrix_s,
-        gpu_gemm_flops_by_rows=gemm_by_rows)
+        gpu_gemm_flops_by_rows=gemm_by_rows, gpu_gemm_flops_by_rows_resident=gemm_by_rows_resident)
 
 
 PROBE_NAMES = ("disk", "copies", "memory bandwidth", "layer overhead", "gemm by rows", "gemm", "cpu attention",

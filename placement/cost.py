@@ -211,8 +211,12 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     head_flops = block * model.head_flops_per_token() / model.num_layers  # last position only
     # each micro-batch runs its GEMMs on gbs * (s - p) rows (the prefix once, as one more call)
     ngb = choice.num_gpu_batches
-    comp_s = ngb * hardware.gemm_seconds(model.dtype, choice.gpu_batch_size * max(s - p, 1),
-                                         (gemm_flops + head_flops) / ngb, sz.weight_fp16)
+    rows = choice.gpu_batch_size * max(s - p, 1)
+    comp_s = ngb * hardware.gemm_seconds(model.dtype, rows, (gemm_flops + head_flops) / ngb, sz.weight_fp16)
+    # the share of the layer's weights resident on the GPU tier runs at the resident rate
+    resident_gain = 0.0 if choice.compress_weight else ngb * hardware.gemm_seconds(
+        model.dtype, rows, gemm_flops / ngb, sz.weight_fp16, resident=True) - ngb * hardware.gemm_seconds(
+        model.dtype, rows, gemm_flops / ngb, sz.weight_fp16)
     comp_s += attn_flops / gpu_flops
     comp_s += _elementwise_s(num_tokens, model, hardware)
     if choice.compress_weight:  # the layer's matrices (embeddings stay dense)
@@ -221,7 +225,7 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     if choice.compress_cache:  # quantizing the new cache costs about as much as dequantizing
         comp_s += _dequant_s(num_tokens * sz.cache_fp16, model, hardware.gpu_dequant_bytes_per_s)
     comp_s += choice.num_gpu_batches * hardware.gpu_layer_overhead_s
-    comp = Affine(comp_s)
+    comp = Affine(comp_s).add(resident_gain, W_GPU)
 
     return _layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)
 
@@ -254,6 +258,12 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
                                + model.head_flops_per_token() / model.num_layers)
     gemm_s = choice.num_gpu_batches * hardware.gemm_seconds(model.dtype, gbs, micro_batch_flops,
                                                             touched_by_micro_batch)
+    # the share of the layer's weights resident on the GPU tier runs at the resident rate
+    layer_flops = gbs * model.matmul_flops_per_token_per_layer()
+    layer_touched = model.weight_bytes_touched_per_layer(gbs)
+    resident_gain = 0.0 if choice.compress_weight else choice.num_gpu_batches * (
+        hardware.gemm_seconds(model.dtype, gbs, layer_flops, layer_touched, resident=True)
+        - hardware.gemm_seconds(model.dtype, gbs, layer_flops, layer_touched))
     gemm_s += choice.num_gpu_batches * hardware.gpu_layer_overhead_s
     gemm_s += _elementwise_s(block, model, hardware)
     if choice.compress_weight:  # what the whole block touches is dequantized once
@@ -265,7 +275,7 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     gpu_attn_s = max(attn_flops / gpu_flops, attn_bytes / hardware.gpu_mem_bytes_per_s)
     if choice.compress_cache:
         gpu_attn_s += _dequant_s(block * entries * sz.cache_fp16, model, hardware.gpu_dequant_bytes_per_s)
-    comp = Affine(gemm_s)
+    comp = Affine(gemm_s).add(resident_gain, W_GPU)
     if choice.cpu_attention:
         cpu_attn_s = attn_flops / hardware.cpu_attention_flops_per_s
         if choice.compress_cache:

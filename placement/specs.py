@@ -51,6 +51,9 @@ class HardwareSpec(JsonMixin):
     # {"fp32": {"1": 4e9, "32": 6e10, "2048": 1e11}}; small calls reach far less than the peak
     # and less than the bandwidth roofline on CPUs. Empty: use peak FLOP/s and the roofline.
     gpu_gemm_flops_by_rows: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the same for weights resident on the GPU tier for the whole run, where the engine keeps
+    # them in the GEMM's own layout (prepacked for oneDNN on CPUs). Empty: as streamed weights.
+    gpu_gemm_flops_by_rows_resident: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self):
         _require_positive(
@@ -67,15 +70,16 @@ class HardwareSpec(JsonMixin):
         for name in ("gpu_layer_overhead_s", "gpu_dequant_matrix_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"HardwareSpec.{name} must be >= 0, got {getattr(self, name)!r}")
-        for dtype, table in self.gpu_gemm_flops_by_rows.items():
-            if dtype not in DTYPES or not isinstance(table, dict) or not table:
-                raise ValueError(f"HardwareSpec.gpu_gemm_flops_by_rows: expected {{dtype in {DTYPES}: "
-                                 f"{{rows: FLOP/s}}}}, got {dtype!r}: {table!r}")
-            for rows, flops in table.items():
-                if not str(rows).isdigit() or int(rows) < 1:
-                    raise ValueError(f"HardwareSpec.gpu_gemm_flops_by_rows[{dtype!r}]: rows must be an "
-                                     f"integer >= 1, got {rows!r}")
-                _require_positive(f"HardwareSpec.gpu_gemm_flops_by_rows[{dtype!r}]", **{str(rows): flops})
+        for attr in ("gpu_gemm_flops_by_rows", "gpu_gemm_flops_by_rows_resident"):
+            for dtype, table in getattr(self, attr).items():
+                if dtype not in DTYPES or not isinstance(table, dict) or not table:
+                    raise ValueError(f"HardwareSpec.{attr}: expected {{dtype in {DTYPES}: "
+                                     f"{{rows: FLOP/s}}}}, got {dtype!r}: {table!r}")
+                for rows, flops in table.items():
+                    if not str(rows).isdigit() or int(rows) < 1:
+                        raise ValueError(f"HardwareSpec.{attr}[{dtype!r}]: rows must be an "
+                                         f"integer >= 1, got {rows!r}")
+                    _require_positive(f"HardwareSpec.{attr}[{dtype!r}]", **{str(rows): flops})
         for attr in ("gpu_matmul_flops_per_s", "cpu_matmul_flops_per_s"):
             table = getattr(self, attr)
             if not isinstance(table, dict) or not table:
@@ -93,13 +97,16 @@ class HardwareSpec(JsonMixin):
                 return table[key]
         raise KeyError(dtype)
 
-    def gemm_seconds(self, dtype: str, rows: float, flops: float, weight_bytes: float) -> float:
-        """Time of GEMMs doing `flops` on `rows` tokens per call over `weight_bytes` of weights.
+    def gemm_seconds(self, dtype: str, rows: float, flops: float, weight_bytes: float, *,
+                     resident: bool = False) -> float:
+        """Time of GEMMs doing `flops` on `rows` tokens per call over `weight_bytes` of weights
+        (`resident`: weights that stay on the GPU tier, see gpu_gemm_flops_by_rows_resident).
 
         From the measured table when there is one (interpolated in log rows, clamped at its
         ends), else the roofline: the larger of compute at peak and streaming the weights.
         """
-        table = self.gpu_gemm_flops_by_rows.get(dtype)
+        table = ((resident and self.gpu_gemm_flops_by_rows_resident.get(dtype))
+                 or self.gpu_gemm_flops_by_rows.get(dtype))
         if not table:
             return max(flops / self.gpu_flops(dtype), weight_bytes / self.gpu_mem_bytes_per_s)
         points = sorted((int(r), f) for r, f in table.items())

@@ -96,3 +96,28 @@ def test_elementwise_passes_are_priced_at_memory_bandwidth():
     assert predict(policy, smollm2, slow, WORKLOAD).prefill_layer_s["comp"] >= floor
     assert predict(policy, smollm2, slow, WORKLOAD).prefill_layer_s["comp"] > 2 * predict(
         policy, smollm2, T4, WORKLOAD).prefill_layer_s["comp"]
+
+
+def test_weights_resident_on_the_gpu_tier_run_at_the_resident_rate():
+    model = dataclasses.replace(model_preset("smollm2-135m"), dtype="fp16")
+    streamed = {"fp16": {"1": 1e9, "4096": 1e10}}
+    hw = dataclasses.replace(T4, gpu_gemm_flops_by_rows=streamed,
+                             gpu_gemm_flops_by_rows_resident={"fp16": {"1": 2e9, "4096": 2e10}})
+    assert hw.gemm_seconds("fp16", 8, 1e9, 0, resident=True) == pytest.approx(hw.gemm_seconds("fp16", 8, 1e9, 0) / 2)
+    plain = dataclasses.replace(T4, gpu_gemm_flops_by_rows=streamed)
+    assert plain.gemm_seconds("fp16", 8, 1e9, 0, resident=True) == plain.gemm_seconds("fp16", 8, 1e9, 0)
+    off_gpu = TierSplit(gpu=0.0, cpu=1.0, disk=0.0)
+    half = TierSplit(gpu=0.5, cpu=0.5, disk=0.0)
+
+    def comp(weights, hardware, **kw):
+        policy = Policy(gpu_batch_size=8, num_gpu_batches=1, weights=weights, cache=ON_GPU, activations=ON_GPU, **kw)
+        return predict(policy, model, hardware, WORKLOAD).decode_layer_s["comp"]
+
+    # linear in the resident share; streamed weights and compressed ones gain nothing
+    assert comp(off_gpu, hw) == pytest.approx(comp(off_gpu, plain))
+    gain = comp(off_gpu, hw) - comp(ON_GPU, hw)
+    assert gain > 0 and comp(off_gpu, hw) - comp(half, hw) == pytest.approx(gain / 2)
+    assert comp(ON_GPU, hw, compress_weight=True) == pytest.approx(comp(ON_GPU, plain, compress_weight=True))
+    assert HardwareSpec.from_json(hw.to_json()) == hw
+    with pytest.raises(ValueError, match="gpu_gemm_flops_by_rows_resident"):
+        dataclasses.replace(T4, gpu_gemm_flops_by_rows_resident={"fp16": {"0": 1.0}})

@@ -21,7 +21,7 @@ from flexlamps.engine.step import Step
 from flexlamps.engine.placement_map import cache_tiers, weight_tiers
 from flexlamps.engine.tiered_cache import TieredKVCache
 from flexlamps.models.forward import forward_for
-from flexlamps.models.linear import linear
+from flexlamps.models.linear import linear, pack
 from flexlamps.models.weight_specs import weight_specs
 from offload import DiskFolder, TierBudget, TieredStore, compute_device
 
@@ -122,6 +122,8 @@ class OffloadExecutor:
                 from quant import quantize
 
                 w = quantize(w, self.qcfg)
+            elif tier == "gpu" and spec.role == "linear" and spec.layer is not None:
+                w = pack(w)  # resident for the whole run: prepacked once (the planner prices it so)
             self.store.put(spec.name, w, tier)
         if disk is not None and not self.reused_disk:
             disk.commit()
