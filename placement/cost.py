@@ -213,10 +213,7 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     ngb = choice.num_gpu_batches
     rows = choice.gpu_batch_size * max(s - p, 1)
     comp_s = ngb * hardware.gemm_seconds(model.dtype, rows, (gemm_flops + head_flops) / ngb, sz.weight_fp16)
-    # the share of the layer's weights resident on the GPU tier runs at the resident rate
-    resident_gain = 0.0 if choice.compress_weight else ngb * hardware.gemm_seconds(
-        model.dtype, rows, gemm_flops / ngb, sz.weight_fp16, resident=True) - ngb * hardware.gemm_seconds(
-        model.dtype, rows, gemm_flops / ngb, sz.weight_fp16)
+    resident_s = _resident_delta_s(choice, model, hardware, rows, gemm_flops / ngb, sz.weight_fp16)
     comp_s += attn_flops / gpu_flops
     comp_s += _elementwise_s(num_tokens, model, hardware)
     if choice.compress_weight:  # the layer's matrices (embeddings stay dense)
@@ -225,7 +222,7 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     if choice.compress_cache:  # quantizing the new cache costs about as much as dequantizing
         comp_s += _dequant_s(num_tokens * sz.cache_fp16, model, hardware.gpu_dequant_bytes_per_s)
     comp_s += choice.num_gpu_batches * hardware.gpu_layer_overhead_s
-    comp = Affine(comp_s).add(resident_gain, W_GPU)
+    comp = Affine(comp_s).add(resident_s, W_GPU)
 
     return _layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)
 
@@ -258,12 +255,8 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
                                + model.head_flops_per_token() / model.num_layers)
     gemm_s = choice.num_gpu_batches * hardware.gemm_seconds(model.dtype, gbs, micro_batch_flops,
                                                             touched_by_micro_batch)
-    # the share of the layer's weights resident on the GPU tier runs at the resident rate
-    layer_flops = gbs * model.matmul_flops_per_token_per_layer()
-    layer_touched = model.weight_bytes_touched_per_layer(gbs)
-    resident_gain = 0.0 if choice.compress_weight else choice.num_gpu_batches * (
-        hardware.gemm_seconds(model.dtype, gbs, layer_flops, layer_touched, resident=True)
-        - hardware.gemm_seconds(model.dtype, gbs, layer_flops, layer_touched))
+    resident_s = _resident_delta_s(choice, model, hardware, gbs, gbs * model.matmul_flops_per_token_per_layer(),
+                                   model.weight_bytes_touched_per_layer(gbs))
     gemm_s += choice.num_gpu_batches * hardware.gpu_layer_overhead_s
     gemm_s += _elementwise_s(block, model, hardware)
     if choice.compress_weight:  # what the whole block touches is dequantized once
@@ -275,7 +268,7 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     gpu_attn_s = max(attn_flops / gpu_flops, attn_bytes / hardware.gpu_mem_bytes_per_s)
     if choice.compress_cache:
         gpu_attn_s += _dequant_s(block * entries * sz.cache_fp16, model, hardware.gpu_dequant_bytes_per_s)
-    comp = Affine(gemm_s).add(resident_gain, W_GPU)
+    comp = Affine(gemm_s).add(resident_s, W_GPU)
     if choice.cpu_attention:
         cpu_attn_s = attn_flops / hardware.cpu_attention_flops_per_s
         if choice.compress_cache:
@@ -285,6 +278,18 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
         comp.add(gpu_attn_s)
 
     return _layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)
+
+
+def _resident_delta_s(choice, model: ModelSpec, hardware: HardwareSpec, rows: float, flops: float,
+                      weight_bytes: float) -> float:
+    """Seconds a layer's GEMMs change by (negative: saved) per unit of the weight fraction on
+    the GPU tier, where the engine keeps weights resident in the GEMM's own layout; compressed
+    weights are decompressed afresh every time and gain nothing. `flops`: per micro-batch."""
+    if choice.compress_weight:
+        return 0.0
+    resident = hardware.gemm_seconds(model.dtype, rows, flops, weight_bytes, resident=True)
+    streamed = hardware.gemm_seconds(model.dtype, rows, flops, weight_bytes)
+    return choice.num_gpu_batches * (resident - streamed)
 
 
 def _elementwise_s(num_tokens: float, model: ModelSpec, hardware: HardwareSpec) -> float:
