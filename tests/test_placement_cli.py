@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from flexlamps.cli import main
@@ -102,6 +103,9 @@ def test_profile_quick_writes_a_spec_the_planner_reads(tmp_path):
     assert spec.gpu_layer_overhead_s > 0
     rates = spec.gpu_gemm_flops_by_rows["fp32"]
     assert rates["2048"] > rates["1"]  # one row streams weights; many rows reuse them
+    if not torch.cuda.is_available():  # resident weights are prepacked on CPUs only
+        assert set(spec.gpu_gemm_flops_by_rows_resident["fp32"]) == set(rates)
+    assert spec.gpu_dequant_matrix_s >= 0 and spec.gpu_dequant_bytes_per_s > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hw.json"]  # no temp files left
     planned = _run("plan", "--model", "smollm2-135m", "--hardware", str(out), "--json")
     assert planned.exit_code == 0, planned.output
