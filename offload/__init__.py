@@ -15,7 +15,7 @@ Knows nothing of models or scheduling; compressed tensors come from `quant` (`QT
 
 from offload.budget import BudgetExceededError, TierBudget
 from offload.disk import DiskFolder, StaleOffloadFolderError
-from offload.store import TIERS, TieredStore, compute_device
+from offload.store import TIERS, TieredStore, compute_device, tensor_bytes
 
 __all__ = ["BudgetExceededError", "DiskFolder", "StaleOffloadFolderError", "TIERS", "TierBudget",
-           "TieredStore", "compute_device"]
+           "TieredStore", "compute_device", "tensor_bytes"]

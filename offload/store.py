@@ -23,8 +23,9 @@ def compute_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+def tensor_bytes(*tensors: torch.Tensor) -> int:
+    """Bytes the tensors' elements take (what a tier budget is charged for them)."""
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class TieredStore:
@@ -69,7 +70,7 @@ class TieredStore:
             if write_disk:
                 self.disk.write(name, t)
             return
-        self.budgets[tier].allocate(_nbytes(t), f"{name} ({tier} resident)")
+        self.budgets[tier].allocate(tensor_bytes(t), f"{name} ({tier} resident)")
         dev = self.device if tier == "gpu" else torch.device("cpu")
         t = t.to(dev)
         if tier == "cpu" and self.device.type == "cuda":
@@ -121,13 +122,13 @@ class TieredStore:
             return src.to(self.device), src.nbytes
         if tier == "cpu":
             src = self._resident[name]
-            n = _nbytes(src)
+            n = tensor_bytes(src)
             self.budgets["gpu"].allocate(n, f"staging {name}")
             # a real transfer on CUDA; on a CPU-only box a copy, so the accounting stays honest
             return src.to(self.device, non_blocking=True, copy=True), n
         shape, dtype = self.disk.spec(name)
         buf = torch.empty(shape, dtype=dtype)
-        n = _nbytes(buf)
+        n = tensor_bytes(buf)
         self.budgets["gpu"].allocate(n, f"staging {name}")
         self.disk.read_into(name, buf)
         return buf.to(self.device, non_blocking=True), n
@@ -139,12 +140,12 @@ class TieredStore:
             return self._resident[name][start:stop], 0
         if tier == "cpu":
             src = self._resident[name][start:stop]
-            n = _nbytes(src)
+            n = tensor_bytes(src)
             self.budgets["gpu"].allocate(n, f"staging rows of {name}")
             return src.to(self.device, copy=True), n
         shape, dtype = self.disk.spec(name)
         buf = torch.empty((stop - start, *shape[1:]), dtype=dtype)
-        n = _nbytes(buf)
+        n = tensor_bytes(buf)
         self.budgets["gpu"].allocate(n, f"staging rows of {name}")
         self.disk.read_rows_into(name, start, buf)
         return buf.to(self.device), n
@@ -155,14 +156,14 @@ class TieredStore:
         if tier in ("gpu", "cpu"):
             src = self._resident[name]
             out = src.index_select(0, rows.to(src.device)).to(self.device)
-            n = 0 if tier == "gpu" else _nbytes(out)
+            n = 0 if tier == "gpu" else tensor_bytes(out)
         else:
             shape, dtype = self.disk.spec(name)
             out = torch.empty((len(rows), *shape[1:]), dtype=dtype)
             for i, r in enumerate(rows.tolist()):
                 self.disk.read_rows_into(name, r, out[i:i + 1])
             out = out.to(self.device)
-            n = _nbytes(out)
+            n = tensor_bytes(out)
         if n:
             self.budgets["gpu"].allocate(n, f"rows of {name}")
         return out, n

@@ -14,16 +14,13 @@ import torch.nn.functional as F
 from flexlamps.engine.channel_keys import ChannelGroupedKeys
 from flexlamps.engine.kv_cache import _rows
 from flexlamps.models.config import ModelConfig
+from offload import tensor_bytes
 from offload.budget import TierBudget
 
 
 # Keys are grouped per channel over this many tokens (values per token along the head dim):
 # on SmolLM2 WikiText that is what keeps 4-bit caches within about 2% of full precision.
 KEY_GROUP = 32
-
-
-def _nbytes(*ts) -> int:
-    return sum(t.numel() * t.element_size() for t in ts)
 
 
 class _PackedKV:
@@ -41,7 +38,7 @@ class _PackedKV:
 
     @property
     def nbytes(self) -> int:
-        return _nbytes(self.codes, self.scales, self.mins)
+        return tensor_bytes(self.codes, self.scales, self.mins)
 
     def write(self, slots, positions, new):  # new: (n, T, heads, d)
         from quant.groupwise import quantize_grouped
@@ -138,7 +135,7 @@ class TieredKVCache:
         where = home
         if self.tiers[layer] != "gpu" and not self.cpu_attention:
             # bring this micro-batch's rows to the compute device for attention
-            staged = _nbytes(keys, values)
+            staged = tensor_bytes(keys, values)
             self.budgets["gpu"].allocate(staged, f"KV cache layer {layer} rows staged for attention")
             keys, values = keys.to(self.device, copy=True), values.to(self.device, copy=True)
             where = self.device
