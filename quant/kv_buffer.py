@@ -17,10 +17,11 @@ import torch
 
 from quant.config import KV_CACHE_DEFAULT, QuantConfig
 from quant.groupwise import apply_affine_, quantize_grouped, _work_dtype
-from quant.qtensor import GroupLayout, dtype_name
+from quant.kv_base import CompressedKVBuffer
+from quant.qtensor import GroupLayout
 
 
-class QuantizedKVBuffer:
+class QuantizedKVBuffer(CompressedKVBuffer):
     """Compressed `[batch, num_heads, capacity, head_dim]` cache for one layer's K or V.
 
     Args:
@@ -29,6 +30,8 @@ class QuantizedKVBuffer:
         dtype: dtype of incoming K/V and of the stored scales; `dequantize` default.
         device: where the compressed buffers live.
     """
+
+    _TENSORS = ("codes", "scales")
 
     def __init__(
         self,
@@ -44,32 +47,12 @@ class QuantizedKVBuffer:
             raise ValueError(
                 f"QuantizedKVBuffer groups along head_dim; got group_dim={config.group_dim}, use -1 or 3"
             )
-        if config.param_bits != 16:
-            raise ValueError(f"KV buffers keep group params in {dtype}; got param_bits={config.param_bits}, use 16")
-        dtype_name(dtype)
-        self.shape = (batch, num_heads, capacity, head_dim)
-        self.config = config
-        self.dtype = dtype
-        self.length = 0  # tokens written so far (prefix [0, length) is valid)
+        super().__init__(batch, num_heads, capacity, head_dim, config, dtype)
         self._half = (capacity + 1) // 2 if config.bits == 4 else capacity
         groups = GroupLayout(1, head_dim, 1, config.group_size).num_groups
         self.codes = torch.zeros((batch, num_heads, self._half, head_dim), dtype=torch.uint8, device=device)
         self.scales = torch.zeros((batch, num_heads, capacity, groups), dtype=dtype, device=device)
         self.mins = None if config.symmetric else torch.zeros_like(self.scales)
-
-    @property
-    def capacity(self) -> int:
-        return self.shape[2]
-
-    @property
-    def device(self) -> torch.device:
-        return self.codes.device
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes allocated for the whole capacity."""
-        tensors = [self.codes, self.scales] + ([] if self.mins is None else [self.mins])
-        return sum(t.numel() * t.element_size() for t in tensors)
 
     def append(self, new: torch.Tensor) -> None:
         """Compress `new` `[batch, heads, num_new, head_dim]` and write it after the last token."""
@@ -110,9 +93,7 @@ class QuantizedKVBuffer:
 
     def dequantize(self, upto: int | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Dense `[batch, heads, upto, head_dim]` of tokens `[0, upto)` (default: `length`)."""
-        upto = self.length if upto is None else upto
-        if not 0 <= upto <= self.length:
-            raise ValueError(f"upto={upto} is outside the {self.length} tokens written")
+        upto = self._written(upto)
         dtype = dtype or self.dtype
         batch, heads, _, head_dim = self.shape
         work = torch.empty((batch, heads, upto, head_dim), dtype=_work_dtype(dtype, self.device), device=self.device)
@@ -134,18 +115,8 @@ class QuantizedKVBuffer:
 
     def truncate(self, length: int) -> None:
         """Forget tokens from `length` on (their slots are overwritten by later writes)."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot truncate to {length}: buffer holds {self.length} tokens")
+        self._check_truncate(length)
         self.length = length
-
-    def to(self, device: torch.device | str) -> "QuantizedKVBuffer":
-        """A copy on `device` (still compressed), e.g. to swap a paused request's cache to CPU."""
-        moved = object.__new__(QuantizedKVBuffer)
-        moved.__dict__.update(self.__dict__)
-        moved.codes = self.codes.to(device)
-        moved.scales = self.scales.to(device)
-        moved.mins = None if self.mins is None else self.mins.to(device)
-        return moved
 
 
 __all__ = ["QuantizedKVBuffer"]

@@ -18,12 +18,12 @@ import torch
 
 from quant.config import QuantConfig
 from quant.groupwise import _work_dtype, quantize_grouped
-from quant.qtensor import dtype_name
+from quant.kv_base import CompressedKVBuffer
 
 KEY_CACHE_PER_CHANNEL = QuantConfig(bits=4, group_size=64, group_dim=2, symmetric=False)
 
 
-class ChannelQuantizedKVBuffer:
+class ChannelQuantizedKVBuffer(CompressedKVBuffer):
     """Compressed `[batch, num_heads, capacity, head_dim]` cache grouped along the sequence.
 
     Args:
@@ -32,6 +32,8 @@ class ChannelQuantizedKVBuffer:
         dtype: dtype of incoming K and of the stored scales and the dense residual.
         device: where the buffers live.
     """
+
+    _TENSORS = ("codes", "scales", "residual")
 
     def __init__(
         self,
@@ -49,13 +51,7 @@ class ChannelQuantizedKVBuffer:
             )
         if config.bits == 4 and config.group_size % 2:
             raise ValueError(f"4-bit blocks pack token pairs; group_size={config.group_size} must be even")
-        if config.param_bits != 16:
-            raise ValueError(f"KV buffers keep group params in {dtype}; got param_bits={config.param_bits}, use 16")
-        dtype_name(dtype)
-        self.shape = (batch, num_heads, capacity, head_dim)
-        self.config = config
-        self.dtype = dtype
-        self.length = 0
+        super().__init__(batch, num_heads, capacity, head_dim, config, dtype)
         block = config.group_size
         num_blocks = max(1, capacity // block)  # a partial last block stays in the residual
         rows = block // 2 if config.bits == 4 else block
@@ -67,22 +63,8 @@ class ChannelQuantizedKVBuffer:
         self.residual = torch.zeros((batch, num_heads, block, head_dim), dtype=dtype, device=device)
 
     @property
-    def capacity(self) -> int:
-        return self.shape[2]
-
-    @property
-    def device(self) -> torch.device:
-        return self.codes.device
-
-    @property
     def num_full_blocks(self) -> int:
         return self.length // self.config.group_size
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes allocated: compressed blocks + their scales/mins + the dense residual."""
-        tensors = [self.codes, self.scales, self.residual] + ([] if self.mins is None else [self.mins])
-        return sum(t.numel() * t.element_size() for t in tensors)
 
     def append(self, new: torch.Tensor) -> None:
         """Add `new` `[batch, heads, num_new, head_dim]` after the last token."""
@@ -122,9 +104,7 @@ class ChannelQuantizedKVBuffer:
 
     def dequantize(self, upto: int | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Dense `[batch, heads, upto, head_dim]` of tokens `[0, upto)` (default: `length`)."""
-        upto = self.length if upto is None else upto
-        if not 0 <= upto <= self.length:
-            raise ValueError(f"upto={upto} is outside the {self.length} tokens written")
+        upto = self._written(upto)
         dtype = dtype or self.dtype
         batch, heads, _, head_dim = self.shape
         block = self.config.group_size
@@ -149,19 +129,9 @@ class ChannelQuantizedKVBuffer:
 
     def truncate(self, length: int) -> None:
         """Forget tokens from `length` on; a cut into a compressed block makes it dense again."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot truncate to {length}: buffer holds {self.length} tokens")
+        self._check_truncate(length)
         block = self.config.group_size
         start = length // block * block
         if length % block and start + block <= self.length:  # the cut block was compressed
             self.residual.copy_(self.dequantize(start + block)[:, :, start:].to(self.dtype))
         self.length = length
-
-    def to(self, device: torch.device | str) -> "ChannelQuantizedKVBuffer":
-        """A copy on `device` (still compressed), e.g. to swap a paused request's cache to CPU."""
-        moved = object.__new__(ChannelQuantizedKVBuffer)
-        moved.__dict__.update(self.__dict__)
-        for name in ("codes", "scales", "residual"):
-            setattr(moved, name, getattr(self, name).to(device))
-        moved.mins = None if self.mins is None else self.mins.to(device)
-        return moved
