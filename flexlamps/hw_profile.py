@@ -50,6 +50,11 @@ def _synchronizer(device: torch.device) -> Callable[[], None]:
     return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
 
+def _engine_dequant_dtype(device: torch.device) -> torch.dtype:
+    """The dtype the offload engine decompresses weights to on `device` (fp32 on CPUs)."""
+    return torch.float16 if device.type == "cuda" else torch.float32
+
+
 def _quantized_matrices(device: torch.device, numel: int, count: int) -> list:
     """`count` random matrices of `numel` elements, compressed as the engine stores weights."""
     from flexlamps.engine.offload_executor import weight_quant_config
@@ -231,7 +236,7 @@ def measure_dequant(device: torch.device, numel: int, budget_s: float) -> float:
     """
     per_matrix = 1 << 20
     matrices = _quantized_matrices(device, per_matrix, max(1, numel // per_matrix))
-    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    dtype = _engine_dequant_dtype(device)
     sync = _synchronizer(device)
 
     def sweep():
@@ -244,7 +249,7 @@ def measure_dequant(device: torch.device, numel: int, budget_s: float) -> float:
 def measure_dequant_matrix_s(device: torch.device, budget_s: float) -> float:
     """Seconds one weight matrix's decompression costs beyond its elements (the intercept of
     time against size, from a small and a larger matrix, both hot in cache)."""
-    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    dtype = _engine_dequant_dtype(device)
     sync = _synchronizer(device)
     small, large = 1 << 14, 1 << 20
     seconds = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from quant.config import QuantConfig
-from quant.qtensor import dtype_name
+from quant.qtensor import _nbytes, dtype_name
 
 
 class CompressedKVBuffer:
@@ -34,13 +34,10 @@ class CompressedKVBuffer:
     def device(self) -> torch.device:
         return self.codes.device
 
-    def _tensors(self) -> list[torch.Tensor]:
-        return [getattr(self, name) for name in self._TENSORS] + ([] if self.mins is None else [self.mins])
-
     @property
     def nbytes(self) -> int:
         """Bytes allocated for the whole capacity (codes, group params, any dense residual)."""
-        return sum(t.numel() * t.element_size() for t in self._tensors())
+        return sum(_nbytes(getattr(self, name)) for name in (*self._TENSORS, "mins"))
 
     def _written(self, upto: int | None) -> int:
         """`upto` (default: every token written), checked against what was written."""

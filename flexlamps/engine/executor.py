@@ -35,7 +35,7 @@ class InMemoryExecutor:
         self.global_weights, layers = split_weights(cfg, weights)
         # Resident weights are prepacked once for the GEMM; outputs are bit-identical to the
         # unpacked weights the offloaded executor streams in (see models.linear).
-        self.layer_weights = [{name: pack(t) if t.dim() == 2 else t for name, t in w.items()} for w in layers]
+        self.layer_weights = [{name: pack(t) for name, t in w.items()} for w in layers]  # norms stay as they are
 
     def new_cache(self, num_slots: int, capacity: int) -> DenseKVCache:
         return DenseKVCache(self.cfg, num_slots, capacity, self.dtype, self.device)
