@@ -1,7 +1,8 @@
 """Measure this machine into a `placement.HardwareSpec` (what `flexlamps profile` runs).
 
 Each probe runs its kernel until a small time budget is spent and reports the rate of the
-best repetition (the least disturbed by other processes). On a box without CUDA the "gpu"
+median repetition: what a long run sustains on a shared machine, where the best repetition
+overstates it (engine runs last seconds to hours and meet every slow moment). On a box without CUDA the "gpu"
 tier is the CPU device: GPU FLOP/s are CPU FLOP/s, GPU<->CPU copies are memcpys, and the
 GPU memory is a budget the caller chooses (default a quarter of RAM, taken out of the CPU's).
 """
@@ -9,6 +10,7 @@ GPU memory is a budget the caller chooses (default a quarter of RAM, taken out o
 import os
 import shutil
 import socket
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -55,28 +57,56 @@ def _engine_dequant_dtype(device: torch.device) -> torch.dtype:
     return torch.float16 if device.type == "cuda" else torch.float32
 
 
-def _quantized_matrices(device: torch.device, numel: int, count: int) -> list:
-    """`count` random matrices of `numel` elements, compressed as the engine stores weights."""
+def _quantized_matrices(device: torch.device, shapes) -> list:
+    """Random matrices of the given (out, in) shapes, compressed as the engine stores weights."""
     from flexlamps.engine.offload_executor import weight_quant_config
     from quant import quantize
 
     config = weight_quant_config()
-    return [quantize(torch.randn(max(1, numel // 1024), 1024, device=device), config) for _ in range(count)]
+    return [quantize(torch.randn(o, i, device=device), config) for o, i in shapes]
 
 
-def _best_rate(run: Callable[[], None], work: float, budget_s: float,
-               sync: Callable[[], None] = lambda: None) -> float:
-    """`work` units per second of the fastest repetition of `run` within `budget_s`."""
-    run()  # warm-up: allocations, kernel selection
-    sync()
-    best_s, spent = float("inf"), 0.0
-    while spent < budget_s or best_s == float("inf"):
+def _matrix_cycle(shapes, itemsize: int, num_bytes: int) -> list[tuple[int, int]]:
+    """`shapes` repeated until they hold `num_bytes` (2 matrices at least): distinct weights
+    beyond the caches, so each call reads its matrix from memory as a model's layers do."""
+    set_bytes = sum(o * i for o, i in shapes) * itemsize
+    cycle = list(shapes) * max(1, -(-num_bytes // set_bytes))
+    return cycle if len(cycle) > 1 else cycle * 2
+
+
+GENERIC_SHAPES = ((2048, 1024),)
+
+
+def probe_shapes(shapes, itemsize: int, num_bytes: int) -> tuple[tuple[int, int], ...]:
+    """The matrix shapes to probe: a model's own (`ModelSpec.layer_matrix_shapes`) when one
+    layer's set fits the probe's `num_bytes`, else a generic layer-sized matrix. On CPUs small
+    matrices run GEMMs well below a large one's rate (SmolLM2's 576-wide ones at 8 rows: 48
+    vs 87 GFLOP/s for 2048x1024 on this project's 2-core box); big ones reach it."""
+    if shapes and sum(o * i for o, i in shapes) * itemsize <= num_bytes:
+        return tuple((int(o), int(i)) for o, i in shapes)
+    return GENERIC_SHAPES
+
+
+def _repetition_times(run: Callable[[], None], budget_s: float, sync: Callable[[], None],
+                      at_least: int) -> list[float]:
+    """Seconds of each repetition of `run` until `budget_s` is spent (`at_least` of them)."""
+    times, spent = [], 0.0
+    while spent < budget_s or len(times) < at_least:
         start = time.perf_counter()
         run()
         sync()
         elapsed = time.perf_counter() - start
-        best_s, spent = min(best_s, elapsed), spent + elapsed
-    return work / max(best_s, 1e-9)
+        times.append(elapsed)
+        spent += elapsed
+    return times
+
+
+def _typical_rate(run: Callable[[], None], work: float, budget_s: float,
+                  sync: Callable[[], None] = lambda: None) -> float:
+    """`work` units per second of the median repetition of `run` within `budget_s` (3 at least)."""
+    run()  # warm-up: allocations, kernel selection
+    sync()
+    return work / max(statistics.median(_repetition_times(run, budget_s, sync, 3)), 1e-9)
 
 
 def measure_disk(folder: Path, num_bytes: int) -> tuple[float, float]:
@@ -109,11 +139,11 @@ def measure_copies(device: torch.device, num_bytes: int, budget_s: float) -> tup
         host = torch.empty(numel, dtype=torch.float32, pin_memory=True)
         dev = torch.empty(numel, dtype=torch.float32, device=device)
         sync = torch.cuda.synchronize
-        to_gpu = _best_rate(lambda: dev.copy_(host, non_blocking=True), num_bytes, budget_s, sync)
-        to_cpu = _best_rate(lambda: host.copy_(dev, non_blocking=True), num_bytes, budget_s, sync)
+        to_gpu = _typical_rate(lambda: dev.copy_(host, non_blocking=True), num_bytes, budget_s, sync)
+        to_cpu = _typical_rate(lambda: host.copy_(dev, non_blocking=True), num_bytes, budget_s, sync)
         return to_gpu, to_cpu
     src, dst = torch.ones(numel), torch.empty(numel)
-    rate = _best_rate(lambda: dst.copy_(src), num_bytes, budget_s)
+    rate = _typical_rate(lambda: dst.copy_(src), num_bytes, budget_s)
     return rate, rate
 
 
@@ -122,7 +152,7 @@ def measure_device_bandwidth(device: torch.device, num_bytes: int, budget_s: flo
     src = torch.ones(num_bytes // 4, device=device)
     dst = torch.empty_like(src)
     sync = _synchronizer(device)
-    return _best_rate(lambda: dst.copy_(src), 2 * num_bytes, budget_s, sync)
+    return _typical_rate(lambda: dst.copy_(src), 2 * num_bytes, budget_s, sync)
 
 
 def measure_gemm(device: torch.device, max_dim: int, budget_s: float) -> dict[str, float]:
@@ -139,7 +169,7 @@ def measure_gemm(device: torch.device, max_dim: int, budget_s: float) -> dict[st
         while True:
             a = torch.randn(dim, dim, device=device).to(dtype)
             b = torch.randn(dim, dim, device=device).to(dtype)
-            rate = _best_rate(lambda: linear(a, b), 2.0 * dim**3, budget_s / 4, sync)
+            rate = _typical_rate(lambda: linear(a, b), 2.0 * dim**3, budget_s / 4, sync)
             # the next size up must still run a call in under a tenth of the budget
             if dim >= max_dim or 2.0 * (2 * dim) ** 3 / rate > budget_s / 10:
                 break
@@ -150,42 +180,67 @@ def measure_gemm(device: torch.device, max_dim: int, budget_s: float) -> dict[st
 
 GEMM_ROWS = (1, 8, 32, 128, 512, 2048)
 _SWEEP_FLOPS = 8e9  # per sweep of the GEMM-by-rows probe, at most (2 matrices at least)
+_GEMM_PASSES = 3
 
 
 def measure_gemm_by_rows(device: torch.device, num_bytes: int, budget_s: float,
-                         dtypes: tuple[str, ...], out_dim: int = 2048, in_dim: int = 1024,
+                         dtypes: tuple[str, ...], shapes=GENERIC_SHAPES,
                          packed: bool = False) -> dict[str, dict[str, float]]:
     """GEMM FLOP/s of the engine's `linear` at each row count in GEMM_ROWS, per dtype.
 
-    Layer-sized weights cycle through `num_bytes` of distinct matrices (beyond the caches), so
-    small calls pay for reading their weights as a decode step does. The curve between the
-    bandwidth-bound and compute-bound ends is what the planner interpolates. `packed`: the
-    weights in the layout the engine keeps resident ones in (`models.linear.pack`).
+    Weights of the (out, in) `shapes` cycle through `num_bytes` of distinct matrices (beyond
+    the caches), so small calls pay for reading their weights as a decode step does. The
+    curve between the bandwidth-bound and compute-bound ends is what the planner
+    interpolates. `packed`: the weights in the layout the engine keeps resident ones in
+    (`models.linear.pack`).
     """
     sync = _synchronizer(device)
     table = {}
     for name in dtypes:
         dtype = _DTYPES[name]
-        size = out_dim * in_dim * dtype.itemsize
-        weights = [torch.randn(out_dim, in_dim, device=device).to(dtype) for _ in range(max(2, num_bytes // size))]
+        cycle = _matrix_cycle(shapes, dtype.itemsize, num_bytes)
+        weights = [torch.randn(o, i, device=device).to(dtype) for o, i in cycle]
         if packed:
             weights = [pack(w) for w in weights]
-        rates = {}
+        sweeps = {}
         for rows in GEMM_ROWS:
-            x = torch.randn(rows, in_dim, device=device).to(dtype)
+            inputs = {i: torch.randn(rows, i, device=device).to(dtype) for i in {i for _, i in cycle}}
             # many rows are compute-bound: a few matrices measure them as well as all, and
-            # keep a sweep (run at least twice) to about a second on a CPU
-            per_matrix = 2.0 * rows * out_dim * in_dim
-            used = weights[:max(2, min(len(weights), int(_SWEEP_FLOPS // per_matrix)))]
-
-            def sweep():
-                for w in used:
-                    linear(x, w)
-
-            flops = per_matrix * len(used)
-            rates[str(rows)] = _best_rate(sweep, flops, budget_s / len(GEMM_ROWS), sync)
-        table[name] = rates
+            # keep a sweep to a fraction of a second on a CPU
+            used, flops = [], 0.0
+            for w, (o, i) in zip(weights, cycle):
+                if len(used) >= 2 and flops + 2.0 * rows * o * i > _SWEEP_FLOPS:
+                    break
+                used.append((inputs[i], w))
+                flops += 2.0 * rows * o * i
+            sweeps[rows] = (lambda used=used: [linear(x, w) for x, w in used], flops)
+        # row counts take turns over several passes, so on a shared machine each median spans
+        # its slow and fast spells (one probe's second sees just one of them)
+        times = {rows: [] for rows in GEMM_ROWS}
+        for sweep, _ in sweeps.values():
+            sweep()  # warm-up
+        sync()
+        for _ in range(_GEMM_PASSES):
+            for rows, (sweep, _) in sweeps.items():
+                times[rows] += _repetition_times(sweep, budget_s / len(GEMM_ROWS) / _GEMM_PASSES, sync, 1)
+        rates = [sweeps[rows][1] / statistics.median(times[rows]) for rows in GEMM_ROWS]
+        table[name] = {str(rows): rate for rows, rate in zip(GEMM_ROWS, nondecreasing(rates))}
     return table
+
+
+def nondecreasing(values: list[float]) -> list[float]:
+    """The closest nondecreasing sequence in least squares (pool adjacent violators).
+
+    A GEMM's FLOP/s does not fall as its rows grow (the same weights serve more tokens); a
+    dip between neighbouring row counts is another process's noise, averaged out here."""
+    blocks: list[list[float]] = []  # [sum, count] of pooled runs
+    for value in values:
+        blocks.append([value, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(int(count))]
 
 
 def measure_layer_overhead(device: torch.device, budget_s: float) -> float:
@@ -209,7 +264,7 @@ def measure_layer_overhead(device: torch.device, budget_s: float) -> float:
                            torch.zeros((1, 1), dtype=torch.long, device=device),
                            torch.zeros(1, dtype=torch.long, device=device))
         sync = _synchronizer(device)
-        return 1.0 / _best_rate(lambda: executor.forward(cache, ids, pos, slots), 1.0, budget_s / 2, sync)
+        return 1.0 / _typical_rate(lambda: executor.forward(cache, ids, pos, slots), 1.0, budget_s / 2, sync)
 
     shallow, deep = 2, 10
     return max(0.0, (step_seconds(deep) - step_seconds(shallow)) / (deep - shallow))
@@ -222,20 +277,22 @@ def measure_cpu_attention(context: int, budget_s: float) -> float:
     k = torch.randn(batch, heads, context, head_dim)
     v = torch.randn(batch, heads, context, head_dim)
     attend = torch.nn.functional.scaled_dot_product_attention
-    return _best_rate(lambda: attend(q, k, v), 4.0 * batch * heads * head_dim * context, budget_s)
+    return _typical_rate(lambda: attend(q, k, v), 4.0 * batch * heads * head_dim * context, budget_s)
 
 
-def measure_dequant(device: torch.device, numel: int, budget_s: float) -> float:
-    """fp16-equivalent output bytes/s (2 per element) of the engine's 4-bit weight decompression.
+def measure_dequant(device: torch.device, numel: int, budget_s: float, shapes=((1024, 1024),),
+                    matrix_s: float = 0.0) -> float:
+    """fp16-equivalent output bytes/s (2 per element) of the engine's 4-bit weight decompression,
+    beyond the `matrix_s` seconds each matrix costs (`measure_dequant_matrix_s`, priced apart).
 
     Runs `quant`'s dequantizer on the layout the offload engine stores weights in (groups of
     32 along the input channels, 8-bit group parameters), in the dtype it computes in on that
-    device, over a sweep of 1M-element matrices totalling `numel` elements with a fresh output
+    device, over a sweep of matrices of `shapes` totalling `numel` elements with a fresh output
     each, as the engine decompresses layer after layer. One matrix decompressed again and again
     stays in cache and read 2-3x faster than a model's layers do.
     """
-    per_matrix = 1 << 20
-    matrices = _quantized_matrices(device, per_matrix, max(1, numel // per_matrix))
+    cycle = _matrix_cycle(shapes, 1, numel)
+    matrices = _quantized_matrices(device, cycle)
     dtype = _engine_dequant_dtype(device)
     sync = _synchronizer(device)
 
@@ -243,7 +300,9 @@ def measure_dequant(device: torch.device, numel: int, budget_s: float) -> float:
         for qt in matrices:
             qt.dequantize(dtype=dtype)
 
-    return _best_rate(sweep, 2.0 * per_matrix * len(matrices), budget_s, sync)
+    sweep_s = 1.0 / _typical_rate(sweep, 1.0, budget_s, sync)
+    elements = sum(o * i for o, i in cycle)
+    return 2.0 * elements / max(sweep_s - len(cycle) * matrix_s, 0.1 * sweep_s)
 
 
 def measure_dequant_matrix_s(device: torch.device, budget_s: float) -> float:
@@ -254,8 +313,8 @@ def measure_dequant_matrix_s(device: torch.device, budget_s: float) -> float:
     small, large = 1 << 14, 1 << 20
     seconds = {}
     for numel in (small, large):
-        qt, = _quantized_matrices(device, numel, 1)
-        seconds[numel] = 1.0 / _best_rate(lambda: qt.dequantize(dtype=dtype), 1.0, budget_s / 2, sync)
+        qt, = _quantized_matrices(device, [(numel // 1024, 1024)])
+        seconds[numel] = 1.0 / _typical_rate(lambda: qt.dequantize(dtype=dtype), 1.0, budget_s / 2, sync)
     per_element = (seconds[large] - seconds[small]) / (large - small)
     return max(0.0, seconds[small] - small * per_element)
 
@@ -289,7 +348,7 @@ def _pick_each(results: list, pick):
 
 
 def profile_machine(*, disk_folder: Path, quick: bool = False,
-                    gpu_budget_bytes: int | None = None,
+                    gpu_budget_bytes: int | None = None, model_shapes=None,
                     step: Callable[[str], None] = lambda name: None) -> HardwareSpec:
     """Run every probe and return the machine as a `HardwareSpec`.
 
@@ -298,6 +357,8 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
         quick: small probes, a few seconds in all (for tests and smoke runs).
         gpu_budget_bytes: GPU memory to plan with; default: the device's memory on CUDA,
             a quarter of RAM on a CPU-only box.
+        model_shapes: (out, in) of one layer's weight matrices (`ModelSpec.layer_matrix_shapes`)
+            to time GEMMs and decompression on; default: a generic 2048x1024 matrix.
         step: called with each probe's name before it runs (progress display).
     """
     keep_freed_memory()  # the allocator the engine runs with (LLM sets it too)
@@ -321,12 +382,14 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     step("gemm by rows")
     # fp16 GEMMs are emulated (and slow) on CPUs; engines there run fp32 or bf16
     row_dtypes = ("fp32", "bf16", "fp16") if has_cuda else ("fp32", "bf16")
-    # resident weights are prepacked on CPUs, a second table sharing the time one had (on GPUs
-    # packing is a no-op and the table would be the same)
-    rows_budget_s = 2 * budget_s if has_cuda else budget_s
-    gemm_by_rows = on_cpu(lambda: measure_gemm_by_rows(device, 2 * sizes.copy_bytes, rows_budget_s, row_dtypes))
+    # the planner's main input, so twice a probe's time (and a second table on CPUs, where
+    # resident weights are prepacked; on GPUs packing is a no-op and the table would be the same)
+    rows_budget_s = 2 * budget_s
+    rows_bytes = 2 * sizes.copy_bytes
+    shapes = probe_shapes(model_shapes, 4, rows_bytes)
+    gemm_by_rows = on_cpu(lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s, row_dtypes, shapes))
     gemm_by_rows_resident = {} if has_cuda else on_cpu(
-        lambda: measure_gemm_by_rows(device, 2 * sizes.copy_bytes, rows_budget_s, row_dtypes, packed=True))
+        lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s, row_dtypes, shapes, packed=True))
     # the decode roofline is what an 8-row fp32 GEMM streams (4 weight bytes per 2 FLOPs per
     # row); a memcpy only bounds it, and overstates it several times on a CPU
     gpu_bandwidth = min(gpu_bandwidth, gemm_by_rows["fp32"]["8"] * 4 / (2 * 8))
@@ -338,11 +401,16 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     cpu_attention = _best_over_threads(
         lambda: measure_cpu_attention(sizes.attention_context, budget_s))
     step("dequantization")
-    gpu_dequant = on_cpu(lambda: measure_dequant(device, sizes.dequant_elements, budget_s))
-    cpu_dequant = (_best_over_threads(lambda: measure_dequant(cpu, sizes.dequant_elements, budget_s))
-                   if has_cuda else gpu_dequant)
     dequant_matrix_s = (_best_over_threads(lambda: measure_dequant_matrix_s(device, budget_s), pick=min)
                         if not has_cuda else measure_dequant_matrix_s(device, budget_s))
+    dequant_shapes = probe_shapes(model_shapes, 1, sizes.dequant_elements) if model_shapes else ((1024, 1024),)
+
+    def dequant_rate(on: torch.device, matrix_s: float) -> float:
+        return measure_dequant(on, sizes.dequant_elements, budget_s, dequant_shapes, matrix_s)
+
+    gpu_dequant = on_cpu(lambda: dequant_rate(device, dequant_matrix_s))
+    # the CPU decompresses cache (CPU attention), which has no per-matrix term
+    cpu_dequant = _best_over_threads(lambda: dequant_rate(cpu, 0.0)) if has_cuda else gpu_dequant
 
     if has_cuda:
         gpu_mem = gpu_budget_bytes or torch.cuda.mem_get_info()[1]
@@ -351,7 +419,8 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
         gpu_mem = gpu_budget_bytes or ram // 4
         cpu_mem = max(ram - gpu_mem, 1)
     return HardwareSpec(
-        name=f"profile:{socket.gethostname()}" + ("" if has_cuda else " (cpu as gpu)"),
+        name=(f"profile:{socket.gethostname()}" + ("" if has_cuda else " (cpu as gpu)")
+              + (f", matrices {'/'.join(f'{o}x{i}' for o, i in shapes)}" if shapes != GENERIC_SHAPES else "")),
         gpu_mem_bytes=int(gpu_mem), cpu_mem_bytes=int(cpu_mem),
         disk_bytes=int(shutil.disk_usage(disk_folder).free),
         cpu_to_gpu_bytes_per_s=to_gpu, gpu_to_cpu_bytes_per_s=to_cpu,

@@ -37,6 +37,7 @@ class TieredStore:
         self._tier: dict[str, str] = {}
         self._resident: dict[str, torch.Tensor] = {}
         self._qparts: dict[str, list[str]] = {}  # compressed tensor -> its component names
+        self._gpu_qtensors: dict = {}  # compressed tensors on the gpu tier, built once (no copy)
         self._pool = ThreadPoolExecutor(max_workers=io_workers, thread_name_prefix="flexlamps-io")
 
     # -- placement ---------------------------------------------------------------------------
@@ -51,6 +52,9 @@ class TieredStore:
             for part, t in parts.items():
                 self._put_plain(part, t, tier, write_disk)
             self._tier[name] = tier
+            if tier == "gpu":  # rebuilt on every fetch it would cost Python time on the I/O thread
+                self._gpu_qtensors[name] = type(value).from_tensors(
+                    {part: self._resident[part] for part in parts}, prefix=name + _SEP)
             return
         if not isinstance(value, torch.Tensor):  # another compressed form (bitsandbytes): memory tiers only
             if tier == "disk":
@@ -96,7 +100,9 @@ class TieredStore:
         out, staged = {}, 0
         try:
             for name in names:
-                if name in self._qparts:
+                if name in self._gpu_qtensors:
+                    out[name] = self._gpu_qtensors[name]
+                elif name in self._qparts:
                     from quant import QTensor
 
                     parts = {}

@@ -8,8 +8,10 @@ with ctog/gtoc = CPU->GPU / GPU->CPU copies, dtoc/ctod = disk reads / writes. Ex
   - cache sizes per architecture (GQA, MLA latent; sparse selection reads only top-k entries);
   - compressed sizes for weights *and* cache, and the cost of dequantizing them (per element
     and per matrix);
-  - a GPU memory-bandwidth roofline for decode GEMMs (each micro-batch re-reads the layer), or
-    the GEMM rate the profile measured at that many rows (CPUs fall short of both bounds);
+  - a GPU memory-bandwidth roofline for decode GEMMs (each call re-reads the layer), or the
+    GEMM rate the profile measured at that many rows (CPUs fall short of both bounds);
+  - decode micro-batches merged into one call per layer (`Policy.merge_decode`, what this
+    engine does; FlexGen runs them one by one), which reserves the block's workspace;
   - attention on the CPU for the cache not on the GPU (`cpu_attention`), else the cache moves;
   - a shared prompt prefix computed and stored once per block;
   - a fixed cost per layer and micro-batch (launches, dispatch), measured by the profile;
@@ -76,12 +78,21 @@ class Choice:
     compress_cache: bool = False
     cpu_attention: bool = False
     compression: CompressionSpec = field(default_factory=CompressionSpec)
+    merge_decode: bool = True
 
     @classmethod
     def of(cls, policy: Policy) -> "Choice":
         return cls(gpu_batch_size=policy.gpu_batch_size, num_gpu_batches=policy.num_gpu_batches,
                    compress_weight=policy.compress_weight, compress_cache=policy.compress_cache,
-                   cpu_attention=policy.cpu_attention, compression=policy.compression)
+                   cpu_attention=policy.cpu_attention, compression=policy.compression,
+                   merge_decode=policy.merge_decode)
+
+    def decode_calls(self) -> tuple[int, int]:
+        """(calls, rows per call) a layer runs per decode step: the block merged, or each
+        micro-batch in turn."""
+        if self.merge_decode:
+            return 1, self.gpu_batch_size * self.num_gpu_batches
+        return self.num_gpu_batches, self.gpu_batch_size
 
 
 @dataclass(slots=True)
@@ -213,7 +224,7 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     ngb = choice.num_gpu_batches
     rows = choice.gpu_batch_size * max(s - p, 1)
     comp_s = ngb * hardware.gemm_seconds(model.dtype, rows, (gemm_flops + head_flops) / ngb, sz.weight_fp16)
-    resident_s = _resident_delta_s(choice, model, hardware, rows, gemm_flops / ngb, sz.weight_fp16)
+    resident_s = _resident_delta_s(choice, model, hardware, rows, gemm_flops / ngb, sz.weight_fp16, ngb)
     comp_s += attn_flops / gpu_flops
     comp_s += _elementwise_s(num_tokens, model, hardware)
     if choice.compress_weight:  # the layer's matrices (embeddings stay dense)
@@ -228,7 +239,7 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
 
 
 def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
-    gbs, block = choice.gpu_batch_size, choice.gpu_batch_size * choice.num_gpu_batches
+    block = choice.gpu_batch_size * choice.num_gpu_batches
     context = workload.prompt_len + workload.gen_len / 2  # average over the decode steps
     entries = model.attended_entries(context)
     hidden = block * sz.hidden
@@ -246,18 +257,18 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
         ctog.add(cache_read, C_CPU, C_DISK)
 
     gpu_flops = hardware.gpu_flops(model.dtype)
-    # every micro-batch re-reads the whole layer (and its share of the head) from GPU memory
-    # (an MoE micro-batch reads only the experts its tokens pick): a roofline, or the measured
-    # GEMM rate at gbs rows, which on CPUs falls well short of both compute and bandwidth
+    # every call (the merged block, or each micro-batch) re-reads the whole layer and its share
+    # of the head from GPU memory (an MoE call reads only the experts its tokens pick): a
+    # roofline, or the measured GEMM rate at that many rows, which on CPUs falls well short of both
+    calls, rows = choice.decode_calls()
     embed_share = sz.weight_fp16 - model.weight_bytes_per_layer()
-    touched_by_micro_batch = model.weight_bytes_touched_per_layer(gbs) + embed_share
-    micro_batch_flops = gbs * (model.matmul_flops_per_token_per_layer()
-                               + model.head_flops_per_token() / model.num_layers)
-    gemm_s = choice.num_gpu_batches * hardware.gemm_seconds(model.dtype, gbs, micro_batch_flops,
-                                                            touched_by_micro_batch)
-    resident_s = _resident_delta_s(choice, model, hardware, gbs, gbs * model.matmul_flops_per_token_per_layer(),
-                                   model.weight_bytes_touched_per_layer(gbs))
-    gemm_s += choice.num_gpu_batches * hardware.gpu_layer_overhead_s
+    touched_by_call = model.weight_bytes_touched_per_layer(rows) + embed_share
+    call_flops = rows * (model.matmul_flops_per_token_per_layer()
+                         + model.head_flops_per_token() / model.num_layers)
+    gemm_s = calls * hardware.gemm_seconds(model.dtype, rows, call_flops, touched_by_call)
+    resident_s = _resident_delta_s(choice, model, hardware, rows, rows * model.matmul_flops_per_token_per_layer(),
+                                   model.weight_bytes_touched_per_layer(rows), calls)
+    gemm_s += calls * hardware.gpu_layer_overhead_s
     gemm_s += _elementwise_s(block, model, hardware)
     if choice.compress_weight:  # what the whole block touches is dequantized once
         gemm_s += _dequant_s(model.weight_bytes_touched_per_layer(block), model,
@@ -281,15 +292,15 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
 
 
 def _resident_delta_s(choice, model: ModelSpec, hardware: HardwareSpec, rows: float, flops: float,
-                      weight_bytes: float) -> float:
+                      weight_bytes: float, calls: int) -> float:
     """Seconds a layer's GEMMs change by (negative: saved) per unit of the weight fraction on
     the GPU tier, where the engine keeps weights resident in the GEMM's own layout; compressed
-    weights are decompressed afresh every time and gain nothing. `flops`: per micro-batch."""
+    weights are decompressed afresh every time and gain nothing. `flops`: per call of `rows`."""
     if choice.compress_weight:
         return 0.0
     resident = hardware.gemm_seconds(model.dtype, rows, flops, weight_bytes, resident=True)
     streamed = hardware.gemm_seconds(model.dtype, rows, flops, weight_bytes)
-    return choice.num_gpu_batches * (resident - streamed)
+    return calls * (resident - streamed)
 
 
 def _elementwise_s(num_tokens: float, model: ModelSpec, hardware: HardwareSpec) -> float:
@@ -323,32 +334,34 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
 
     # GPU: double-buffered streamed layer weights, the micro-batch's hidden in/out,
     # FFN/attention intermediates, a dequantized layer when weights are compressed.
-    def gpu_working(tokens_per_seq: int) -> Affine:
-        hidden_io = 2 * gbs * tokens_per_seq * sz.hidden
+    def gpu_working(seqs: int, tokens_per_seq: int) -> Affine:
+        hidden_io = 2 * seqs * tokens_per_seq * sz.hidden
         work = Affine(indexer_home + 2 * sz.weight_stored + hidden_io)
         work.add(-2 * sz.weight_stored, W_GPU).add(-hidden_io, H_GPU)
         return work.add(sz.weight_fp16) if choice.compress_weight else work
 
-    gpu_prefill = resident(hidden_p, True).plus(gpu_working(s))
+    gpu_prefill = resident(hidden_p, True).plus(gpu_working(gbs, s))
     gpu_prefill.add(db * gbs * model.layer_workspace_elements(s, s))
-    gpu_decode = resident(hidden_g, True).plus(gpu_working(1))
-    gpu_decode.add(db * gbs * model.layer_workspace_elements(1, full_entries))
-    if not choice.cpu_attention:  # double-buffered off-GPU cache of one micro-batch
-        mb_cache = 2 * gbs * full_entries * sz.cache_stored
+    # a decode call runs the merged block or one micro-batch (`Choice.decode_calls`)
+    rows = choice.decode_calls()[1]
+    gpu_decode = resident(hidden_g, True).plus(gpu_working(rows, 1))
+    gpu_decode.add(db * rows * model.layer_workspace_elements(1, full_entries))
+    if not choice.cpu_attention:  # double-buffered off-GPU cache of one call's sequences
+        mb_cache = 2 * rows * full_entries * sz.cache_stored
         gpu_decode.add(mb_cache).add(-mb_cache, C_GPU)
     if choice.compress_cache:
-        gpu_decode.add(gbs * full_entries * sz.cache_fp16)
+        gpu_decode.add(rows * full_entries * sz.cache_fp16)
 
     # CPU: staging buffers for whatever streams from disk
     cpu_prefill = resident(hidden_p, False).add(2 * sz.weight_stored, W_DISK)
     cpu_prefill.add(2 * gbs * s * sz.hidden, H_DISK).add(gbs * s * sz.cache_stored, C_DISK)
     cpu_decode = resident(hidden_g, False).add(2 * sz.weight_stored, W_DISK)
-    cpu_decode.add(2 * gbs * sz.hidden, H_DISK)
-    cpu_decode.add(2 * gbs * full_entries * sz.cache_stored, C_DISK)
-    if choice.cpu_attention:  # scores, plus a dequantized copy of one micro-batch's cache
-        cpu_decode.add(db * gbs * model.num_heads * full_entries)
+    cpu_decode.add(2 * rows * sz.hidden, H_DISK)
+    cpu_decode.add(2 * rows * full_entries * sz.cache_stored, C_DISK)
+    if choice.cpu_attention:  # scores, plus a dequantized copy of one call's cache
+        cpu_decode.add(db * rows * model.num_heads * full_entries)
         if choice.compress_cache:
-            cpu_decode.add(gbs * full_entries * sz.cache_fp16)
+            cpu_decode.add(rows * full_entries * sz.cache_fp16)
 
     disk = Affine().add(weights_home, W_DISK).add(cache_home, C_DISK).add(hidden_p, H_DISK)
     return {"gpu_prefill": gpu_prefill, "gpu_decode": gpu_decode, "cpu_prefill": cpu_prefill,

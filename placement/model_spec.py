@@ -174,6 +174,25 @@ class ModelSpec(JsonMixin):
         moe_ffn = 3 * (touched + self.num_shared_experts) + 1  # + the router
         return attention + ((self.num_layers - num_moe) * dense_ffn + num_moe * moe_ffn) / self.num_layers
 
+    def layer_matrix_shapes(self) -> list[tuple[int, int]]:
+        """(out_features, in_features) of one layer's distinct weight matrices, as the engine
+        runs them: what a machine profile for this model times its GEMMs and decompression on.
+        MoE layers list one routed expert's matrices (every expert has the same shape)."""
+        h, nh, hd = self.hidden_size, self.num_heads, self.head_dim
+        if self.arch == "mla":
+            qk_dim = hd + self.qk_rope_head_dim
+            q = ([(self.q_lora_rank, h), (nh * qk_dim, self.q_lora_rank)] if self.q_lora_rank
+                 else [(nh * qk_dim, h)])
+            attention = q + [(self.kv_lora_rank + self.qk_rope_head_dim, h),
+                             (nh * (hd + self.v_head_dim), self.kv_lora_rank), (h, nh * self.v_head_dim)]
+        else:
+            kv = self.num_kv_heads * hd
+            attention = [(nh * hd, h), (kv, h), (kv, h), (h, nh * hd)]
+        if self.arch == "opt":
+            return attention + [(self.intermediate_size, h), (h, self.intermediate_size)]
+        width = self.moe_intermediate_size if self._num_moe_layers() else self.intermediate_size
+        return attention + [(width, h), (width, h), (h, width)]
+
     def embedding_bytes(self) -> int:
         """Token embedding, output head (unless tied), learned positions, final norm."""
         h = self.hidden_size

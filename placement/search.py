@@ -36,10 +36,11 @@ def budgets_for(hardware: HardwareSpec, usable_fraction: float) -> dict[str, flo
 
 
 def _choices(allow_weight_compression: bool, allow_cache_compression: bool,
-             allow_cpu_attention: bool):
+             allow_cpu_attention: bool, allow_merged_decode: bool):
     flags = itertools.product((False, True) if allow_weight_compression else (False,),
                               (False, True) if allow_cache_compression else (False,),
-                              (False, True) if allow_cpu_attention else (False,))
+                              (False, True) if allow_cpu_attention else (False,),
+                              (False, True) if allow_merged_decode else (False,))
     return list(flags)
 
 
@@ -47,7 +48,7 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
           usable_fraction: float = 0.9, allow_weight_compression: bool = True,
           allow_cache_compression: bool = True, allow_cpu_attention: bool = True,
           max_block_size: int = 8192, compression: CompressionSpec = CompressionSpec(),
-          cache_on_disk: bool = True) -> Plan:
+          cache_on_disk: bool = True, allow_merged_decode: bool = True) -> Plan:
     """The highest-throughput policy that fits every tier's budget.
 
     Args:
@@ -58,6 +59,8 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
         compression: the quantization used when compression is on.
         cache_on_disk: whether the KV cache may be placed on disk (an engine without a disk
             cache tier plans with False).
+        allow_merged_decode: whether decode micro-batches may run merged (`Policy.merge_decode`;
+            False models an engine that runs them one by one, as FlexGen's does).
 
     Raises:
         InfeasiblePlanError: not even one sequence fits; names the tier and the shortfall.
@@ -66,7 +69,8 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
     bounds = FULL_BOUNDS if cache_on_disk else tuple(
         (0.0, 0.0) if i == C_DISK else b for i, b in enumerate(FULL_BOUNDS))
     budgets = budgets_for(hardware, usable_fraction)
-    flags = _choices(allow_weight_compression, allow_cache_compression, allow_cpu_attention)
+    flags = _choices(allow_weight_compression, allow_cache_compression, allow_cpu_attention,
+                     allow_merged_decode)
     candidates = _candidates(model, hardware, workload, budgets, flags, compression,
                              max_block_size)
     # best first: solve in order of the throughput bound, stop once no bound beats the best
@@ -76,7 +80,7 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
     for bound, choice, terms in candidates:
         if best is not None and bound <= best[0]:
             break
-        key = (choice.compress_weight, choice.compress_cache, choice.cpu_attention)
+        key = (choice.compress_weight, choice.compress_cache, choice.cpu_attention, choice.merge_decode)
         if any(choice.gpu_batch_size >= gbs and choice.num_gpu_batches >= ngb
                for gbs, ngb in too_big.get(key, ())):
             continue  # memory grows with both knobs, so a larger one cannot fit either
@@ -97,10 +101,12 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
 def _candidates(model, hardware, workload, budgets, flags, compression, max_block_size):
     """(throughput upper bound, choice, terms) for every grid point that might fit."""
     choices = [Choice(gpu_batch_size=gbs, num_gpu_batches=ngb, compress_weight=weight,
-                      compress_cache=cache, cpu_attention=cpu_attention, compression=compression)
-               for weight, cache, cpu_attention in flags
+                      compress_cache=cache, cpu_attention=cpu_attention, compression=compression,
+                      merge_decode=merge)
+               for weight, cache, cpu_attention, merge in flags
                for gbs, ngb in itertools.product(GPU_BATCH_SIZES, NUM_GPU_BATCHES)
-               if gbs * ngb <= max_block_size]
+               if gbs * ngb <= max_block_size
+               and (merge or ngb > 1)]  # one micro-batch: merged and not are the same
     terms = [build_terms(choice, model, hardware, workload) for choice in choices]
     fits, highs = memory_implied_highs(terms, budgets)
     bounds = np.full(len(terms), np.inf)
@@ -133,7 +139,7 @@ def _make_plan(best, budgets: dict[str, float], num_lps: int, search_s: float) -
         weights=TierSplit.clipped(*x[0:3]), cache=TierSplit.clipped(*x[3:6]),
         activations=TierSplit.clipped(*x[6:9]), compress_weight=choice.compress_weight,
         compress_cache=choice.compress_cache, cpu_attention=choice.cpu_attention,
-        compression=choice.compression)
+        compression=choice.compression, merge_decode=choice.merge_decode)
     prefill_s = terms.num_layers * prefill_layer_time(terms.prefill, x)
     decode_s = terms.num_layers * terms.num_decode_steps * decode_layer_time(terms.decode, x)
     rows = {name: terms.memory[name](x) for name in MEMORY_ROWS}

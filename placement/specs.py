@@ -216,6 +216,10 @@ class Policy(JsonMixin):
     compress_cache: bool = False  # KV cache stored group-wise quantized on every tier
     cpu_attention: bool = False  # decode attention over the CPU/disk part of the cache runs on CPU
     compression: CompressionSpec = field(default_factory=CompressionSpec)
+    # decode micro-batches run each layer as one merged batch (one GEMM per matrix over the whole
+    # block; its workspace and staged cache reserved for the block). False: one by one, as
+    # FlexGen's engine does, which only micro-batches need the memory of.
+    merge_decode: bool = True
 
     def __post_init__(self):
         for name in ("gpu_batch_size", "num_gpu_batches"):

@@ -7,6 +7,7 @@ safetensors can write to disk. Knows nothing of models or tiers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 
@@ -23,6 +24,14 @@ def dtype_name(dtype: torch.dtype) -> str:
         if value == dtype:
             return name
     raise ValueError(f"cannot quantize a {dtype} tensor; convert it to one of {sorted(_DTYPES)} first")
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_meta(meta: bytes) -> tuple[tuple[int, ...], torch.dtype, QuantConfig]:
+    """Shape, dtype and config from `to_tensors`' meta bytes. Cached: an offload engine rebuilds
+    the same layers' QTensors every step, on an I/O thread whose Python holds the GIL."""
+    data = json.loads(meta.decode())
+    return tuple(data["shape"]), _DTYPES[data["dtype"]], QuantConfig.from_json(data["config"])
 
 
 def _nbytes(part) -> int:
@@ -138,7 +147,7 @@ class QTensor:
         for key in ("codes", "meta"):
             if f"{prefix}{key}" not in tensors:
                 raise KeyError(f"{prefix}{key} missing: not written by QTensor.to_tensors(prefix={prefix!r})")
-        meta = json.loads(bytes(tensors[f"{prefix}meta"].cpu().numpy().tobytes()).decode())
+        shape, dtype, config = _parse_meta(bytes(tensors[f"{prefix}meta"].cpu().numpy().tobytes()))
 
         def params(key: str):
             if f"{prefix}{key}.meta" in tensors:
@@ -149,9 +158,9 @@ class QTensor:
             codes=tensors[f"{prefix}codes"],
             scales=params("scales"),
             mins=params("mins"),
-            shape=tuple(meta["shape"]),
-            dtype=_DTYPES[meta["dtype"]],
-            config=QuantConfig.from_json(meta["config"]),
+            shape=shape,
+            dtype=dtype,
+            config=config,
         )
 
     def __repr__(self) -> str:

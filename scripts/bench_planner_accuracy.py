@@ -1,8 +1,10 @@
 """The planner's predicted throughput against the offload engine's measured one, per policy.
 
-Runs SmolLM2 (or --model) under several hand-picked policies on this machine, with the
-machine profile that `flexlamps profile` cached (or --hardware), and prints predicted and
-measured tokens/s and their ratio. Same prompts and lengths for every policy.
+Runs SmolLM2 (or --model) under several hand-picked policies on this machine and prints
+predicted and measured tokens/s, their ratio, and the prefill and per-step decode times
+behind them. Same prompts and lengths for every policy. The prediction uses a profile
+measured first, as `flexlamps profile --model <model>` does (GEMMs and decompression timed
+on the model's own matrices), or --hardware (a `flexlamps profile` JSON).
 
     python scripts/bench_planner_accuracy.py [--prompt-len 64 --gen-len 16 --hardware hw.json]
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -20,7 +23,8 @@ import torch
 
 import placement
 from flexlamps import LLM, SamplingParams
-from flexlamps.engine.policy_choice import machine_profile
+from flexlamps.hw_profile import profile_machine
+from flexlamps.models.registry import open_checkpoint
 from placement import Policy, TierSplit, WorkloadSpec
 
 G = TierSplit(gpu=1, cpu=0, disk=0)
@@ -40,40 +44,87 @@ def policies() -> dict[str, Policy]:
     }
 
 
+TOLERANCE = 0.2  # the planner's accuracy target: measured within +-20% of predicted
+
+
+@dataclasses.dataclass
+class Run:
+    """One policy's engine, prompts and every timed run (seconds, the engine's sweep profiles)."""
+
+    llm: LLM
+    prompts: list
+    params: SamplingParams
+    seconds: list = dataclasses.field(default_factory=list)
+    sweeps: list = dataclasses.field(default_factory=list)
+
+    def once(self) -> None:
+        self.llm.executor.sweeps = []
+        start = time.perf_counter()
+        self.llm.generate_ids(self.prompts, [self.params] * len(self.prompts))
+        self.seconds.append(time.perf_counter() - start)
+        self.sweeps.append(self.llm.executor.sweeps)
+
+    def median_run(self) -> tuple[float, list]:
+        """The median run's seconds and sweeps (the upper median for an even count)."""
+        k = sorted(range(len(self.seconds)), key=self.seconds.__getitem__)[len(self.seconds) // 2]
+        return self.seconds[k], self.sweeps[k]
+
+
+def start(model: str, policy: Policy, folder: Path, prompt_len: int, gen_len: int) -> Run:
+    llm = LLM(model, gpu_mem=8 * 2**30, cpu_mem=8 * 2**30, offload_dir=str(folder), policy=policy)
+    n = policy.gpu_batch_size * policy.num_gpu_batches
+    ids = llm.tokenizer.encode("The history of the printing press begins in the fifteenth century. " * 40)
+    params = SamplingParams(max_new_tokens=gen_len, ignore_eos=True)
+    run = Run(llm, [ids[i: i + prompt_len] for i in range(n)], params)
+    llm.generate_ids(run.prompts[:2], [dataclasses.replace(params, max_new_tokens=2)] * 2)  # warm-up
+    llm.executor.record_profile = True
+    return run
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--gen-len", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=2,
-                    help="runs per policy; the fastest counts, as the profile keeps each probe's best")
-    ap.add_argument("--hardware", default=None, help="a HardwareSpec JSON (default: this machine's cached profile)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs per policy, the policies taking turns; the median counts, as the profile "
+                         "keeps each probe's median")
+    ap.add_argument("--hardware", default=None,
+                    help="a HardwareSpec JSON (default: profile this machine now, with the model's matrices)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="flexlamps-acc-"))
-    hw = (placement.HardwareSpec.from_json(Path(args.hardware).read_text()) if args.hardware
-          else machine_profile(work))
+    model = placement.ModelSpec.from_hf_config(open_checkpoint(args.model).hf_config)
+    if args.hardware:
+        hw = placement.HardwareSpec.from_json(Path(args.hardware).read_text())
+    else:
+        print("profiling this machine (about 40 s) ...", flush=True)
+        hw = profile_machine(disk_folder=work, model_shapes=model.layer_matrix_shapes())
     print(f"hardware: {hw.name}")
-    print(f"{'policy':<34} {'predicted':>10} {'measured':>10} {'meas/pred':>10}")
-    for name, policy in policies().items():
-        folder = work / "offload"
-        shutil.rmtree(folder, ignore_errors=True)
-        llm = LLM(args.model, gpu_mem=8 * 2**30, cpu_mem=8 * 2**30, offload_dir=str(folder), policy=policy)
-        n = policy.gpu_batch_size * policy.num_gpu_batches
-        ids = llm.tokenizer.encode("The history of the printing press begins in the fifteenth century. " * 40)
-        prompts = [ids[i: i + args.prompt_len] for i in range(n)]
-        params = SamplingParams(max_new_tokens=args.gen_len, ignore_eos=True)
-        llm.generate_ids(prompts[:2], [dataclasses.replace(params, max_new_tokens=2)] * 2)  # warm-up
-        seconds = float("inf")
-        for _ in range(args.repeats):
-            t = time.perf_counter()
-            llm.generate_ids(prompts, [params] * n)
-            seconds = min(seconds, time.perf_counter() - t)
-        measured = n * args.gen_len / seconds
-        model = dataclasses.replace(placement.ModelSpec.from_hf_config(llm.reader.hf_config), dtype="fp32")
-        pred = placement.predict(policy, model, hw, WorkloadSpec(prompt_len=args.prompt_len, gen_len=args.gen_len))
-        print(f"{name:<34} {pred.tokens_per_s:>10.2f} {measured:>10.2f} {measured / pred.tokens_per_s:>10.2f}")
-        llm.close()
-    print(f"threads {torch.get_num_threads()}")
+    runs = {name: start(args.model, policy, work / f"offload-{i}", args.prompt_len, args.gen_len)
+            for i, (name, policy) in enumerate(policies().items())}
+    for _ in range(args.repeats):  # the policies take turns, so slow spells spread over all
+        for run in runs.values():
+            run.once()
+    print(f"{'policy':<34} {'predicted':>10} {'measured':>10} {'meas/pred':>10}   "
+          f"{'prefill s pred/meas':>20} {'decode step s pred/meas':>24}")
+    model = dataclasses.replace(model, dtype="fp32")
+    workload = WorkloadSpec(prompt_len=args.prompt_len, gen_len=args.gen_len)
+    within = 0
+    for name, run in runs.items():
+        policy = run.llm.policy
+        seconds, sweeps = run.median_run()
+        measured = len(run.prompts) * args.gen_len / seconds
+        pred = placement.predict(policy, model, hw, workload)
+        prefill_s = sum(p.sweep_s for p in sweeps if p.prefill)
+        decode_s = statistics.median(p.sweep_s for p in sweeps if not p.prefill)
+        ratio = measured / pred.tokens_per_s
+        within += abs(ratio - 1) <= TOLERANCE
+        print(f"{name:<34} {pred.tokens_per_s:>10.2f} {measured:>10.2f} {ratio:>10.2f}   "
+              f"{pred.prefill_s:>9.3f}/{prefill_s:<10.3f} "
+              f"{pred.decode_s / max(args.gen_len - 1, 1):>11.4f}/{decode_s:<12.4f}")
+        run.llm.close()
+    print(f"{within} of {len(runs)} policies within +-{TOLERANCE:.0%}; threads {torch.get_num_threads()}")
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -118,12 +118,13 @@ def test_budget_too_small_for_a_step_raises(reader, tmp_path):
     ex.close()
 
 
-def test_compressed_weights_equal_plain_engine_on_dequantized_weights(reader, tmp_path):
+@pytest.mark.parametrize("mix", ["weights_mostly_disk", "all_gpu"])
+def test_compressed_weights_equal_plain_engine_on_dequantized_weights(reader, tmp_path, mix):
     """Weights stay compressed on every tier and are decompressed per layer: the result must be
     exactly the plain engine's on the same (dequantized) weights."""
     from quant import dequantize, quantize
 
-    ex = OffloadExecutor(reader, _policy("weights_mostly_disk", compress_weight=True), gpu_mem=GiB, cpu_mem=GiB,
+    ex = OffloadExecutor(reader, _policy(mix, compress_weight=True), gpu_mem=GiB, cpu_mem=GiB,
                          offload_dir=tmp_path / "off")
     lossy = {}
     for spec in ex.specs:
@@ -151,4 +152,21 @@ def test_compressed_cache_stays_close(reader, plain):
     assert sum(n for _, n in cache._charged) < 0.3 * dense_bytes
     for a, b in zip(ref, got):
         assert 0 < ((a - b).norm() / a.norm()).item() < 0.3
+    ex.close()
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_decode_micro_batches_merge_only_when_the_policy_says_so(reader, plain, tmp_path, merge):
+    ex = OffloadExecutor(reader, _policy("all_gpu", merge_decode=merge), gpu_mem=GiB, cpu_mem=GiB,
+                         offload_dir=tmp_path / "off")
+    swept = []
+    sweep = ex._sweep
+    ex._sweep = lambda cache, steps: swept.append(len(steps)) or sweep(cache, steps)
+    params = [SamplingParams(max_new_tokens=4, ignore_eos=True)] * 4
+    ids = [reader.tokenizer.encode(p) for p in PROMPTS]
+    expected = [o.token_ids for o in generate(plain, reader.tokenizer, ids, params, max_batch=4)]
+    got = [o.token_ids for o in generate(ex, reader.tokenizer, ids, params, max_batch=4, micro_batch=2)]
+    assert got == expected
+    decode_sweeps = swept[1:]  # the first sweep prefills
+    assert decode_sweeps and all(n == (1 if merge else 2) for n in decode_sweeps)
     ex.close()

@@ -7,6 +7,8 @@ import sys
 import pytest
 import torch
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flexlamps.cli import main
 from placement import HardwareSpec, ModelSpec, Plan, WorkloadSpec
@@ -153,3 +155,40 @@ def test_profile_keeps_the_best_of_each_thread_count(monkeypatch):
     assert hw_profile._best_over_threads(lambda: next(runs)) == {"fp32": {"1": 3.0, "8": 9.0}}
     runs = iter([(1.0, 5.0), (2.0, 4.0)])
     assert hw_profile._best_over_threads(lambda: next(runs), pick=min) == (1.0, 4.0)
+
+
+def test_profile_times_gemms_on_the_models_own_matrices(tmp_path):
+    out = tmp_path / "hw.json"
+    result = _run("profile", "--out", str(out), "--quick", "--gpu-mem", "1GiB", "--model", "smollm2-135m")
+    assert result.exit_code == 0, result.output
+    spec = HardwareSpec.from_json(out.read_text())
+    assert "576x576/192x576/192x576/576x576/1536x576/1536x576/576x1536" in spec.name
+    rates = list(spec.gpu_gemm_flops_by_rows["fp32"].values())
+    assert rates == sorted(rates)  # noise pooled away: more rows never run slower
+    assert _run("profile", "--out", str(out), "--quick", "--model", "no-such-model").exit_code == 2
+
+
+def test_probe_shapes_fall_back_to_a_generic_matrix_for_big_models():
+    from flexlamps import hw_profile
+    from placement import model_preset
+
+    small = model_preset("smollm2-135m").layer_matrix_shapes()
+    assert hw_profile.probe_shapes(small, 4, 64 << 20) == tuple(small)
+    big = model_preset("opt-30b").layer_matrix_shapes()  # 2.4 GB of fp32 per layer
+    assert hw_profile.probe_shapes(big, 4, 256 << 20) == hw_profile.GENERIC_SHAPES
+    assert hw_profile.probe_shapes(None, 4, 256 << 20) == hw_profile.GENERIC_SHAPES
+    cycle = hw_profile._matrix_cycle(small, 4, 64 << 20)
+    assert sum(o * i for o, i in cycle) * 4 >= 64 << 20 and cycle[:len(small)] == small
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=1e-3, max_value=1e15), max_size=8))
+def test_nondecreasing_pools_dips_and_keeps_the_total(values):
+    from flexlamps.hw_profile import nondecreasing
+
+    out = nondecreasing(values)
+    assert len(out) == len(values)
+    assert all(a <= b * (1 + 1e-12) for a, b in zip(out, out[1:]))
+    assert sum(out) == pytest.approx(sum(values), rel=1e-9)
+    if values == sorted(values):
+        assert out == pytest.approx(values)

@@ -90,12 +90,12 @@ def test_search_finds_the_best_enumerated_choice():
     plan = solve(model, hw, workload, allow_weight_compression=False, max_block_size=512)
     budgets = budgets_for(hw, 0.9)
     best = 0.0
-    for gbs, ngb, cache, cpu_attn in itertools.product(GPU_BATCH_SIZES, NUM_GPU_BATCHES,
-                                                        (False, True), (False, True)):
+    for gbs, ngb, cache, cpu_attn, merge in itertools.product(GPU_BATCH_SIZES, NUM_GPU_BATCHES, (False, True),
+                                                               (False, True), (False, True)):
         if gbs * ngb > 512:
             continue
         terms = build_terms(Choice(gpu_batch_size=gbs, num_gpu_batches=ngb, compress_cache=cache,
-                                   cpu_attention=cpu_attn), model, hw, workload)
+                                   cpu_attention=cpu_attn, merge_decode=merge), model, hw, workload)
         solution = solve_fractions(terms, budgets)
         if solution is not None:
             best = max(best, terms.tokens_per_block / solution.total_s)

@@ -37,15 +37,32 @@ def test_table_drives_decode_time_and_json_round_trips():
     assert HardwareSpec.from_json(slow.to_json()) == slow
 
 
-def test_layer_overhead_is_paid_per_micro_batch_and_layer():
+def test_layer_overhead_is_paid_per_call_and_layer():
+    """Prefill runs each micro-batch; decode runs the merged block once, or each micro-batch
+    when `merge_decode` is off."""
     model = model_preset("smollm2-135m")
     overhead = 1e-3
     with_cost = dataclasses.replace(T4, gpu_layer_overhead_s=overhead)
     for ngb in (1, 4):
-        base = predict(_policy(2, ngb), model, T4, WORKLOAD)
-        more = predict(_policy(2, ngb), model, with_cost, WORKLOAD)
-        assert more.decode_layer_s["comp"] - base.decode_layer_s["comp"] == pytest.approx(ngb * overhead)
-        assert more.prefill_layer_s["comp"] - base.prefill_layer_s["comp"] == pytest.approx(ngb * overhead)
+        for merge in (True, False):
+            policy = dataclasses.replace(_policy(2, ngb), merge_decode=merge)
+            base = predict(policy, model, T4, WORKLOAD)
+            more = predict(policy, model, with_cost, WORKLOAD)
+            decode_calls = 1 if merge else ngb
+            assert more.decode_layer_s["comp"] - base.decode_layer_s["comp"] == pytest.approx(decode_calls * overhead)
+            assert more.prefill_layer_s["comp"] - base.prefill_layer_s["comp"] == pytest.approx(ngb * overhead)
+
+
+def test_merged_decode_runs_the_block_at_once_and_reserves_its_workspace():
+    model = model_preset("smollm2-135m")
+    table = dataclasses.replace(T4, gpu_gemm_flops_by_rows={"fp16": {"1": 1e9, "64": 3e10}})
+    merged = dataclasses.replace(_policy(8, 8), merge_decode=True)
+    split = dataclasses.replace(merged, merge_decode=False)
+    # 64 rows at 30 GFLOP/s once beat 8 rows (about 13 GFLOP/s interpolated) eight times
+    assert (predict(merged, model, table, WORKLOAD).decode_layer_s["comp"]
+            < 0.6 * predict(split, model, table, WORKLOAD).decode_layer_s["comp"])
+    assert (predict(merged, model, table, WORKLOAD).peak_bytes["gpu_decode"]
+            > predict(split, model, table, WORKLOAD).peak_bytes["gpu_decode"])
 
 
 @pytest.mark.parametrize("bad", [{"int4": {"1": 1.0}}, {"fp16": {}}, {"fp16": {"0": 1.0}},

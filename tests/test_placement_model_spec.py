@@ -144,3 +144,18 @@ def test_sizes_match_the_engines_weight_specs(model_type):
         assert sum(s.numel for s in tensors if s.role != "linear") == spec.vector_param_count()
     embeddings = sum(s.numel for s in specs if s.layer is None)
     assert embeddings * spec.dtype_bytes == spec.embedding_bytes()
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY_CONFIGS))
+def test_layer_matrix_shapes_are_the_layers_weight_matrices(model_type):
+    config = TINY_CONFIGS[model_type]
+    model = _meta_model(config).model
+    layers = model.decoder.layers if model_type == "opt" else model.layers
+    layer = layers[-1]  # the MoE layer where there is one
+    spec = ModelSpec.from_hf_config(config)
+    real = [tuple(p.shape) for p in layer.parameters() if p.dim() == 2]
+    ours = spec.layer_matrix_shapes()
+    if spec.num_experts:  # one routed expert stands for all; the router and indexer are left out
+        assert set(ours) <= set(real)
+    else:
+        assert sorted(ours) == sorted(real)

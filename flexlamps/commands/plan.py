@@ -89,7 +89,8 @@ def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
         f"shared prefix {workload.shared_prefix_len}",
         "",
         f"policy    gpu batch {pol.gpu_batch_size} x {pol.num_gpu_batches} micro-batches "
-        f"= block {pol.block_size}",
+        f"= block {pol.block_size}"
+        + (f", decoded {'merged' if pol.merge_decode else 'one by one'}" if pol.num_gpu_batches > 1 else ""),
         f"          compress weights {'yes' if pol.compress_weight else 'no'}, "
         f"cache {'yes' if pol.compress_cache else 'no'} "
         f"({pol.compression.num_bits}-bit, group {pol.compression.group_size}); "

@@ -32,7 +32,10 @@ def write_atomically(path: Path, text: str) -> None:
               help="Folder to measure disk speed in (your offload folder). Default: --out's.")
 @click.option("--gpu-mem", help="GPU memory to plan with, e.g. 8GiB. Default: the device's; "
               "on a CPU-only box a quarter of RAM.")
-def command(out_path: Path, quick: bool, disk_dir: Path | None, gpu_mem: str | None):
+@click.option("--model", "model_text", help="Time GEMMs and 4-bit decompression on this model's own "
+              "layer matrices (config.json, HF folder or preset; as `plan --model`). Small models run "
+              "well below a large matrix's rate on CPUs. Default: a generic 2048x1024 matrix.")
+def command(out_path: Path, quick: bool, disk_dir: Path | None, gpu_mem: str | None, model_text: str | None):
     """Measure disk, copy, GEMM, CPU-attention and dequantization speeds of this machine."""
     from tqdm import tqdm
 
@@ -41,6 +44,11 @@ def command(out_path: Path, quick: bool, disk_dir: Path | None, gpu_mem: str | N
     out_path = out_path.resolve()
     if not out_path.parent.is_dir():
         raise click.BadParameter(f"folder {out_path.parent} does not exist", param_hint="--out")
+    model = None
+    if model_text is not None:
+        from flexlamps.commands.plan import load_model_spec
+
+        model = load_model_spec(model_text)
     gpu_budget = None
     if gpu_mem is not None:
         try:
@@ -54,7 +62,8 @@ def command(out_path: Path, quick: bool, disk_dir: Path | None, gpu_mem: str | N
             bar.set_postfix_str(name)
 
         spec = profile_machine(disk_folder=disk_dir or out_path.parent, quick=quick,
-                               gpu_budget_bytes=gpu_budget, step=step)
+                               gpu_budget_bytes=gpu_budget, step=step,
+                               model_shapes=model.layer_matrix_shapes() if model else None)
         bar.update(bar.total - bar.n)
     write_atomically(out_path, spec.to_json() + "\n")
     gb = 1e9

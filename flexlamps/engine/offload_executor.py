@@ -29,7 +29,10 @@ from offload import DiskFolder, TierBudget, TieredStore, compute_device
 @dataclass
 class SweepProfile:
     """Per layer: wall time, time spent waiting for its weights, compute time, and how long its
-    weight load took on the I/O thread. Perfect overlap makes wall == max(io, compute)."""
+    weight load took on the I/O thread. Perfect overlap makes wall == max(io, compute).
+    `sweep_s`: the whole sweep, embeddings and output head included; `prefill`: it had a prompt."""
+    sweep_s: float = 0.0
+    prefill: bool = False
     layer_s: list[float] = field(default_factory=list)
     io_wait_s: list[float] = field(default_factory=list)
     compute_s: list[float] = field(default_factory=list)
@@ -198,8 +201,9 @@ class OffloadExecutor:
     @torch.inference_mode()
     def forward_steps(self, cache: TieredKVCache, steps: list[Step]) -> list[torch.Tensor]:
         """Run the micro-batches in one sweep. Decode micro-batches are merged into one when the
-        merged one's workspace fits the gpu budget: on hardware where small GEMMs are slow (a
-        CPU) that is much faster, and the cache still moves per row only."""
+        policy says so (`merge_decode`, the planner's default) and the merged one's workspace
+        fits the gpu budget: on hardware where small GEMMs are slow (a CPU) that is much
+        faster, and the cache still moves per row only."""
         merged, sizes = self._merge_decodes(steps)
         if merged is None:
             return self._sweep(cache, steps)
@@ -209,6 +213,8 @@ class OffloadExecutor:
         return [decode_out.pop(0) if s.input_ids.shape[1] == 1 else next(rest) for s in steps]
 
     def _merge_decodes(self, steps: list[Step]):
+        if not self.policy.merge_decode:
+            return None, None
         decodes = [s for s in steps if s.input_ids.shape[1] == 1 and s.logit_rows is not None]
         if len(decodes) < 2 or len(decodes) != sum(s.input_ids.shape[1] == 1 for s in steps):
             return None, None
@@ -224,7 +230,8 @@ class OffloadExecutor:
 
     def _sweep(self, cache: TieredKVCache, steps: list[Step]) -> list[torch.Tensor]:
         cfg, fwd, store = self.cfg, self.fwd, self.store
-        prof = SweepProfile() if self.record_profile else None
+        prof = SweepProfile(prefill=any(s.input_ids.shape[1] > 1 for s in steps)) if self.record_profile else None
+        t_sweep = time.perf_counter()
         glob_fetched, glob_staged = store.fetch(self.small_global_names)
         glob = self._layer_weights(glob_fetched)
         act_tier = "cpu" if self.policy.activations.cpu > 0.5 else "gpu"
@@ -270,6 +277,7 @@ class OffloadExecutor:
                     x = x[torch.arange(x.shape[0]), s.logit_rows.to(self.device)][:, None]
                 outs.append(self._logits(fwd.final_hidden(glob, x)))
             if prof is not None:
+                prof.sweep_s = time.perf_counter() - t_sweep
                 self.sweeps.append(prof)
             return outs
         finally:
