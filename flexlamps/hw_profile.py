@@ -206,13 +206,12 @@ def measure_gemm_by_rows(device: torch.device, num_bytes: int, budget_s: float,
         for rows in GEMM_ROWS:
             inputs = {i: torch.randn(rows, i, device=device).to(dtype) for i in {i for _, i in cycle}}
             # many rows are compute-bound: a few matrices measure them as well as all, and
-            # keep a sweep to a fraction of a second on a CPU
-            used, flops = [], 0.0
-            for w, (o, i) in zip(weights, cycle):
-                if len(used) >= 2 and flops + 2.0 * rows * o * i > _SWEEP_FLOPS:
-                    break
-                used.append((inputs[i], w))
-                flops += 2.0 * rows * o * i
+            # keep a sweep to a fraction of a second on a CPU; always whole sets of the shapes,
+            # so every row count is timed on the same mix (small matrices run slower)
+            set_flops = sum(2.0 * rows * o * i for o, i in shapes)
+            count = max(2, len(shapes) * max(1, int(_SWEEP_FLOPS // set_flops)))
+            used = [(inputs[i], w) for w, (o, i) in zip(weights[:count], cycle)]
+            flops = sum(2.0 * rows * o * i for o, i in cycle[:len(used)])
             sweeps[rows] = (lambda used=used: [linear(x, w) for x, w in used], flops)
         # row counts take turns over several passes, so on a shared machine each median spans
         # its slow and fast spells (one probe's second sees just one of them)
@@ -287,18 +286,22 @@ def measure_dequant(device: torch.device, numel: int, budget_s: float, shapes=((
 
     Runs `quant`'s dequantizer on the layout the offload engine stores weights in (groups of
     32 along the input channels, 8-bit group parameters), in the dtype it computes in on that
-    device, over a sweep of matrices of `shapes` totalling `numel` elements with a fresh output
-    each, as the engine decompresses layer after layer. One matrix decompressed again and again
+    device, over a sweep of matrices of `shapes` (one layer's, or 8 generic ones) totalling
+    `numel` elements with a fresh output each, as the engine decompresses layer after layer. One matrix decompressed again and again
     stays in cache and read 2-3x faster than a model's layers do.
     """
     cycle = _matrix_cycle(shapes, 1, numel)
     matrices = _quantized_matrices(device, cycle)
     dtype = _engine_dequant_dtype(device)
     sync = _synchronizer(device)
+    per_layer = len(shapes) if len(shapes) > 1 else 8  # generic: a layer of 8 matrices
 
     def sweep():
-        for qt in matrices:
-            qt.dequantize(dtype=dtype)
+        # a layer's matrices are all decompressed before it runs, and held until it is done:
+        # 20-30% slower here than dropping each at once, whose buffer the next one reuses warm
+        for first in range(0, len(matrices), per_layer):
+            layer = [qt.dequantize(dtype=dtype) for qt in matrices[first:first + per_layer]]
+            del layer
 
     sweep_s = 1.0 / _typical_rate(sweep, 1.0, budget_s, sync)
     elements = sum(o * i for o, i in cycle)
@@ -429,7 +432,8 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
         gpu_mem_bytes_per_s=gpu_bandwidth, cpu_attention_flops_per_s=cpu_attention,
         gpu_dequant_bytes_per_s=gpu_dequant, cpu_dequant_bytes_per_s=cpu_dequant,
         gpu_layer_overhead_s=layer_overhead, gpu_dequant_matrix_s=dequant_matrix_s,
-        gpu_gemm_flops_by_rows=gemm_by_rows, gpu_gemm_flops_by_rows_resident=gemm_by_rows_resident)
+        gpu_gemm_flops_by_rows=gemm_by_rows, gpu_gemm_flops_by_rows_resident=gemm_by_rows_resident,
+        gpu_is_host=not has_cuda)
 
 
 PROBE_NAMES = ("disk", "copies", "memory bandwidth", "layer overhead", "gemm by rows", "gemm", "cpu attention",

@@ -15,7 +15,8 @@ with ctog/gtoc = CPU->GPU / GPU->CPU copies, dtoc/ctod = disk reads / writes. Ex
   - attention on the CPU for the cache not on the GPU (`cpu_attention`), else the cache moves;
   - a shared prompt prefix computed and stored once per block;
   - a fixed cost per layer and micro-batch (launches, dispatch), measured by the profile;
-  - the memory-bound elementwise passes (norms, rotary, activation) at memory bandwidth.
+  - the memory-bound elementwise passes (norms, rotary, activation) at memory bandwidth;
+  - on a CPU standing in for the GPU, tier copies as compute work (they share its cores).
 Embedding and output-head weights are spread evenly over the layers.
 
 Every quantity is affine in the nine placement fractions
@@ -370,11 +371,15 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
 
 def _layer_seconds(ctog: Affine, gtoc: Affine, dtoc: Affine, ctod: Affine, comp: Affine,
                    hardware: HardwareSpec) -> dict[str, Affine]:
-    """Per-layer terms in seconds: the four transfers' bytes over their bandwidths, and compute."""
-    return {
+    """Per-layer terms in seconds: the four transfers' bytes over their bandwidths, and compute
+    (which the tier copies join when the gpu is the host CPU: `HardwareSpec.gpu_is_host`)."""
+    terms = {
         "ctog": ctog.scaled(1 / hardware.cpu_to_gpu_bytes_per_s),
         "gtoc": gtoc.scaled(1 / hardware.gpu_to_cpu_bytes_per_s),
         "dtoc": dtoc.scaled(1 / hardware.disk_read_bytes_per_s),
         "ctod": ctod.scaled(1 / hardware.disk_write_bytes_per_s),
         "comp": comp,
     }
+    if hardware.gpu_is_host:
+        terms["comp"] = Affine(comp.const, comp.coef.copy()).plus(terms["ctog"]).plus(terms["gtoc"])
+    return terms

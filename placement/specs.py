@@ -47,6 +47,10 @@ class HardwareSpec(JsonMixin):
     # fixed cost of decompressing one 4-bit weight matrix on the GPU (its group parameters,
     # dispatch): a third of a small model's decompression time on a CPU, noise on big matrices
     gpu_dequant_matrix_s: float = 0.0
+    # the "gpu" is the host CPU itself (a CPU-only box): copies between the gpu and cpu tiers,
+    # and a disk read's copy out of the page cache, are memcpys on the cores that compute, so
+    # they add to compute time instead of overlapping it as a GPU's DMA engines do
+    gpu_is_host: bool = False
     # measured GEMM FLOP/s by dtype and by the number of rows (tokens) in the call, e.g.
     # {"fp32": {"1": 4e9, "32": 6e10, "2048": 1e11}}; small calls reach far less than the peak
     # and less than the bandwidth roofline on CPUs. Empty: use peak FLOP/s and the roofline.
@@ -67,6 +71,8 @@ class HardwareSpec(JsonMixin):
             cpu_attention_flops_per_s=self.cpu_attention_flops_per_s,
             gpu_dequant_bytes_per_s=self.gpu_dequant_bytes_per_s,
             cpu_dequant_bytes_per_s=self.cpu_dequant_bytes_per_s)
+        if not isinstance(self.gpu_is_host, bool):
+            raise ValueError(f"HardwareSpec.gpu_is_host must be true or false, got {self.gpu_is_host!r}")
         for name in ("gpu_layer_overhead_s", "gpu_dequant_matrix_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"HardwareSpec.{name} must be >= 0, got {getattr(self, name)!r}")

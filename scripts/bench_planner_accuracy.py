@@ -49,36 +49,40 @@ TOLERANCE = 0.2  # the planner's accuracy target: measured within +-20% of predi
 
 @dataclasses.dataclass
 class Run:
-    """One policy's engine, prompts and every timed run (seconds, the engine's sweep profiles)."""
+    """One policy: every timed run (seconds, the engine's sweep profiles). Each run builds its
+    own engine and closes it, as a user's job would: engines of the other policies left alive
+    in the process slowed 4-bit decoding here by half again."""
 
-    llm: LLM
-    prompts: list
-    params: SamplingParams
+    model: str
+    policy: Policy
+    folder: Path  # the offload folder, reused by the next run of this policy
+    prompt_len: int
+    gen_len: int
     seconds: list = dataclasses.field(default_factory=list)
     sweeps: list = dataclasses.field(default_factory=list)
 
+    @property
+    def num_sequences(self) -> int:
+        return self.policy.gpu_batch_size * self.policy.num_gpu_batches
+
     def once(self) -> None:
-        self.llm.executor.sweeps = []
+        llm = LLM(self.model, gpu_mem=8 * 2**30, cpu_mem=8 * 2**30, offload_dir=str(self.folder), policy=self.policy)
+        ids = llm.tokenizer.encode("The history of the printing press begins in the fifteenth century. " * 40)
+        prompts = [ids[i: i + self.prompt_len] for i in range(self.num_sequences)]
+        params = SamplingParams(max_new_tokens=self.gen_len, ignore_eos=True)
+        llm.generate_ids(prompts[:2], [dataclasses.replace(params, max_new_tokens=2)] * 2)  # warm-up
+        llm.executor.record_profile = True
+        llm.executor.sweeps = []
         start = time.perf_counter()
-        self.llm.generate_ids(self.prompts, [self.params] * len(self.prompts))
+        llm.generate_ids(prompts, [params] * len(prompts))
         self.seconds.append(time.perf_counter() - start)
-        self.sweeps.append(self.llm.executor.sweeps)
+        self.sweeps.append(llm.executor.sweeps)
+        llm.close()
 
     def median_run(self) -> tuple[float, list]:
         """The median run's seconds and sweeps (the upper median for an even count)."""
         k = sorted(range(len(self.seconds)), key=self.seconds.__getitem__)[len(self.seconds) // 2]
         return self.seconds[k], self.sweeps[k]
-
-
-def start(model: str, policy: Policy, folder: Path, prompt_len: int, gen_len: int) -> Run:
-    llm = LLM(model, gpu_mem=8 * 2**30, cpu_mem=8 * 2**30, offload_dir=str(folder), policy=policy)
-    n = policy.gpu_batch_size * policy.num_gpu_batches
-    ids = llm.tokenizer.encode("The history of the printing press begins in the fifteenth century. " * 40)
-    params = SamplingParams(max_new_tokens=gen_len, ignore_eos=True)
-    run = Run(llm, [ids[i: i + prompt_len] for i in range(n)], params)
-    llm.generate_ids(run.prompts[:2], [dataclasses.replace(params, max_new_tokens=2)] * 2)  # warm-up
-    llm.executor.record_profile = True
-    return run
 
 
 def main():
@@ -100,7 +104,14 @@ def main():
         print("profiling this machine (about 40 s) ...", flush=True)
         hw = profile_machine(disk_folder=work, model_shapes=model.layer_matrix_shapes())
     print(f"hardware: {hw.name}")
-    runs = {name: start(args.model, policy, work / f"offload-{i}", args.prompt_len, args.gen_len)
+    for label, table in (("streamed", hw.gpu_gemm_flops_by_rows), ("resident", hw.gpu_gemm_flops_by_rows_resident)):
+        rates = table.get("fp32", {})
+        print(f"  fp32 GEMM GFLOP/s by rows, {label}: " + ", ".join(f"{r}: {f / 1e9:.0f}" for r, f in rates.items()))
+    print(f"  memory {hw.gpu_mem_bytes_per_s / 1e9:.1f} GB/s, copy {hw.cpu_to_gpu_bytes_per_s / 1e9:.1f} GB/s, "
+          f"disk read {hw.disk_read_bytes_per_s / 1e9:.2f} GB/s, layer overhead {hw.gpu_layer_overhead_s * 1e6:.0f} us, "
+          f"dequant {hw.gpu_dequant_bytes_per_s / 1e9:.2f} GB/s + {hw.gpu_dequant_matrix_s * 1e6:.0f} us a matrix, "
+          f"cpu attention {hw.cpu_attention_flops_per_s / 1e9:.1f} GFLOP/s", flush=True)
+    runs = {name: Run(args.model, policy, work / f"offload-{i}", args.prompt_len, args.gen_len)
             for i, (name, policy) in enumerate(policies().items())}
     for _ in range(args.repeats):  # the policies take turns, so slow spells spread over all
         for run in runs.values():
@@ -111,10 +122,9 @@ def main():
     workload = WorkloadSpec(prompt_len=args.prompt_len, gen_len=args.gen_len)
     within = 0
     for name, run in runs.items():
-        policy = run.llm.policy
         seconds, sweeps = run.median_run()
-        measured = len(run.prompts) * args.gen_len / seconds
-        pred = placement.predict(policy, model, hw, workload)
+        measured = run.num_sequences * args.gen_len / seconds
+        pred = placement.predict(run.policy, model, hw, workload)
         prefill_s = sum(p.sweep_s for p in sweeps if p.prefill)
         decode_s = statistics.median(p.sweep_s for p in sweeps if not p.prefill)
         ratio = measured / pred.tokens_per_s
@@ -122,7 +132,6 @@ def main():
         print(f"{name:<34} {pred.tokens_per_s:>10.2f} {measured:>10.2f} {ratio:>10.2f}   "
               f"{pred.prefill_s:>9.3f}/{prefill_s:<10.3f} "
               f"{pred.decode_s / max(args.gen_len - 1, 1):>11.4f}/{decode_s:<12.4f}")
-        run.llm.close()
     print(f"{within} of {len(runs)} policies within +-{TOLERANCE:.0%}; threads {torch.get_num_threads()}")
     shutil.rmtree(work, ignore_errors=True)
 

@@ -138,3 +138,19 @@ def test_weights_resident_on_the_gpu_tier_run_at_the_resident_rate():
     assert HardwareSpec.from_json(hw.to_json()) == hw
     with pytest.raises(ValueError, match="gpu_gemm_flops_by_rows_resident"):
         dataclasses.replace(T4, gpu_gemm_flops_by_rows_resident={"fp16": {"0": 1.0}})
+
+
+def test_tier_copies_join_compute_when_the_gpu_is_the_host():
+    """On a CPU standing in for the GPU the copies run on the compute's own cores."""
+    model = model_preset("smollm2-135m")
+    half = Policy(gpu_batch_size=4, num_gpu_batches=2, weights=TierSplit(gpu=0.5, cpu=0.5, disk=0.0),
+                  cache=ON_GPU, activations=TierSplit(gpu=0.0, cpu=1.0, disk=0.0))
+    host = dataclasses.replace(T4, gpu_is_host=True)
+    for phase in ("prefill_layer_s", "decode_layer_s"):
+        apart = getattr(predict(half, model, T4, WORKLOAD), phase)
+        shared = getattr(predict(half, model, host, WORKLOAD), phase)
+        assert apart["ctog"] > 0 and apart["gtoc"] > 0
+        assert shared["comp"] == pytest.approx(apart["comp"] + apart["ctog"] + apart["gtoc"])
+    assert HardwareSpec.from_json(host.to_json()) == host
+    with pytest.raises(ValueError, match="gpu_is_host"):
+        dataclasses.replace(T4, gpu_is_host="yes")
