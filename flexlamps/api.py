@@ -121,6 +121,7 @@ class LLM:
         import tempfile
         from pathlib import Path
 
+        import placement
         from flexlamps.engine.offload_executor import OffloadExecutor
         from flexlamps.engine.policy_choice import load_policy, machine_profile, plan_policy
 
@@ -128,7 +129,8 @@ class LLM:
         policy = o.policy
         if isinstance(policy, str) and policy == "auto":
             scratch = Path(o.offload_dir) if o.offload_dir else Path(tempfile.gettempdir()) / "flexlamps-profile"
-            hw = machine_profile(scratch, on_profile)
+            shapes = placement.ModelSpec.from_hf_config(self.reader.hf_config).layer_matrix_shapes()
+            hw = machine_profile(scratch, on_profile, model_shapes=shapes)
             disk = None
             if o.offload_dir:
                 import shutil

@@ -1,12 +1,14 @@
 """The planner's predicted throughput against the offload engine's measured one, per policy.
 
-Runs SmolLM2 (or --model) under several hand-picked policies on this machine and prints
+Runs SmolLM2 (or --model) under six hand-picked policies on this machine and prints
 predicted and measured tokens/s, their ratio, and the prefill and per-step decode times
-behind them. Same prompts and lengths for every policy. The prediction uses a profile
-measured first, as `flexlamps profile --model <model>` does (GEMMs and decompression timed
-on the model's own matrices), or --hardware (a `flexlamps profile` JSON).
+behind them; same prompts and lengths for every policy, each run in a fresh engine. It goes
+in rounds: a profile measured as `flexlamps profile --model <model>` does (GEMMs and
+decompression timed on the model's own matrices), then every policy once, predicted with
+that profile. On a shared machine speeds drift over minutes, so a policy's ratio is its
+median over the rounds (all rounds' ratios are printed). --hardware fixes one profile.
 
-    python scripts/bench_planner_accuracy.py [--prompt-len 64 --gen-len 16 --hardware hw.json]
+    python scripts/bench_planner_accuracy.py [--prompt-len 64 --gen-len 16 --rounds 3 --hardware hw.json]
 """
 
 from __future__ import annotations
@@ -58,14 +60,14 @@ class Run:
     folder: Path  # the offload folder, reused by the next run of this policy
     prompt_len: int
     gen_len: int
-    seconds: list = dataclasses.field(default_factory=list)
-    sweeps: list = dataclasses.field(default_factory=list)
+    results: list = dataclasses.field(default_factory=list)  # (seconds, sweeps, hardware) per run
 
     @property
     def num_sequences(self) -> int:
         return self.policy.gpu_batch_size * self.policy.num_gpu_batches
 
-    def once(self) -> None:
+    def once(self, hardware: placement.HardwareSpec) -> None:
+        """One timed run in a fresh engine, predicted with `hardware` (this round's profile)."""
         llm = LLM(self.model, gpu_mem=8 * 2**30, cpu_mem=8 * 2**30, offload_dir=str(self.folder), policy=self.policy)
         ids = llm.tokenizer.encode("The history of the printing press begins in the fifteenth century. " * 40)
         prompts = [ids[i: i + self.prompt_len] for i in range(self.num_sequences)]
@@ -75,14 +77,20 @@ class Run:
         llm.executor.sweeps = []
         start = time.perf_counter()
         llm.generate_ids(prompts, [params] * len(prompts))
-        self.seconds.append(time.perf_counter() - start)
-        self.sweeps.append(llm.executor.sweeps)
+        self.results.append((time.perf_counter() - start, llm.executor.sweeps, hardware))
         llm.close()
 
-    def median_run(self) -> tuple[float, list]:
-        """The median run's seconds and sweeps (the upper median for an even count)."""
-        k = sorted(range(len(self.seconds)), key=self.seconds.__getitem__)[len(self.seconds) // 2]
-        return self.seconds[k], self.sweeps[k]
+
+def describe(hw: placement.HardwareSpec) -> str:
+    tables = [f"fp32 GEMM GFLOP/s by rows, {label}: "
+              + ", ".join(f"{r}: {f / 1e9:.0f}" for r, f in table.get("fp32", {}).items())
+              for label, table in (("streamed", hw.gpu_gemm_flops_by_rows),
+                                   ("resident", hw.gpu_gemm_flops_by_rows_resident))]
+    return "\n".join(f"  {t}" for t in tables) + (
+        f"\n  memory {hw.gpu_mem_bytes_per_s / 1e9:.1f} GB/s, copy {hw.cpu_to_gpu_bytes_per_s / 1e9:.1f} GB/s, "
+        f"disk read {hw.disk_read_bytes_per_s / 1e9:.2f} GB/s, layer overhead {hw.gpu_layer_overhead_s * 1e6:.0f} us, "
+        f"dequant {hw.gpu_dequant_bytes_per_s / 1e9:.2f} GB/s + {hw.gpu_dequant_matrix_s * 1e6:.0f} us a matrix, "
+        f"cpu attention {hw.cpu_attention_flops_per_s / 1e9:.1f} GFLOP/s")
 
 
 def main():
@@ -90,49 +98,48 @@ def main():
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--gen-len", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="runs per policy, the policies taking turns; the median counts, as the profile "
-                         "keeps each probe's median")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds of (profile, then every policy once); a policy's ratio is its median "
+                         "over the rounds, each run predicted with its own round's profile")
     ap.add_argument("--hardware", default=None,
-                    help="a HardwareSpec JSON (default: profile this machine now, with the model's matrices)")
+                    help="a HardwareSpec JSON for every round (default: profile this machine each round, "
+                         "with the model's matrices)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="flexlamps-acc-"))
     model = placement.ModelSpec.from_hf_config(open_checkpoint(args.model).hf_config)
-    if args.hardware:
-        hw = placement.HardwareSpec.from_json(Path(args.hardware).read_text())
-    else:
-        print("profiling this machine (about 40 s) ...", flush=True)
-        hw = profile_machine(disk_folder=work, model_shapes=model.layer_matrix_shapes())
-    print(f"hardware: {hw.name}")
-    for label, table in (("streamed", hw.gpu_gemm_flops_by_rows), ("resident", hw.gpu_gemm_flops_by_rows_resident)):
-        rates = table.get("fp32", {})
-        print(f"  fp32 GEMM GFLOP/s by rows, {label}: " + ", ".join(f"{r}: {f / 1e9:.0f}" for r, f in rates.items()))
-    print(f"  memory {hw.gpu_mem_bytes_per_s / 1e9:.1f} GB/s, copy {hw.cpu_to_gpu_bytes_per_s / 1e9:.1f} GB/s, "
-          f"disk read {hw.disk_read_bytes_per_s / 1e9:.2f} GB/s, layer overhead {hw.gpu_layer_overhead_s * 1e6:.0f} us, "
-          f"dequant {hw.gpu_dequant_bytes_per_s / 1e9:.2f} GB/s + {hw.gpu_dequant_matrix_s * 1e6:.0f} us a matrix, "
-          f"cpu attention {hw.cpu_attention_flops_per_s / 1e9:.1f} GFLOP/s", flush=True)
     runs = {name: Run(args.model, policy, work / f"offload-{i}", args.prompt_len, args.gen_len)
             for i, (name, policy) in enumerate(policies().items())}
-    for _ in range(args.repeats):  # the policies take turns, so slow spells spread over all
+    fixed = placement.HardwareSpec.from_json(Path(args.hardware).read_text()) if args.hardware else None
+    for round_ in range(args.rounds):
+        # on a shared machine the speeds drift over minutes: each round's runs are predicted with
+        # a profile measured just before them
+        if fixed is None:
+            print(f"round {round_ + 1}: profiling this machine (about 40 s) ...", flush=True)
+        hw = fixed or profile_machine(disk_folder=work, model_shapes=model.layer_matrix_shapes())
+        print(f"hardware: {hw.name}\n{describe(hw)}", flush=True)
         for run in runs.values():
-            run.once()
+            run.once(hw)
     print(f"{'policy':<34} {'predicted':>10} {'measured':>10} {'meas/pred':>10}   "
-          f"{'prefill s pred/meas':>20} {'decode step s pred/meas':>24}")
+          f"{'prefill s pred/meas':>20} {'decode step s pred/meas':>24}   ratio per round")
     model = dataclasses.replace(model, dtype="fp32")
     workload = WorkloadSpec(prompt_len=args.prompt_len, gen_len=args.gen_len)
     within = 0
     for name, run in runs.items():
-        seconds, sweeps = run.median_run()
-        measured = run.num_sequences * args.gen_len / seconds
-        pred = placement.predict(run.policy, model, hw, workload)
+        rows = []
+        for seconds, sweeps, hw in run.results:
+            pred = placement.predict(run.policy, model, hw, workload)
+            measured = run.num_sequences * args.gen_len / seconds
+            rows.append((measured / pred.tokens_per_s, pred, measured, sweeps))
+        ratio, pred, measured, sweeps = sorted(rows, key=lambda r: r[0])[len(rows) // 2]  # the median round
         prefill_s = sum(p.sweep_s for p in sweeps if p.prefill)
         decode_s = statistics.median(p.sweep_s for p in sweeps if not p.prefill)
-        ratio = measured / pred.tokens_per_s
         within += abs(ratio - 1) <= TOLERANCE
         print(f"{name:<34} {pred.tokens_per_s:>10.2f} {measured:>10.2f} {ratio:>10.2f}   "
               f"{pred.prefill_s:>9.3f}/{prefill_s:<10.3f} "
-              f"{pred.decode_s / max(args.gen_len - 1, 1):>11.4f}/{decode_s:<12.4f}")
-    print(f"{within} of {len(runs)} policies within +-{TOLERANCE:.0%}; threads {torch.get_num_threads()}")
+              f"{pred.decode_s / max(args.gen_len - 1, 1):>11.4f}/{decode_s:<12.4f}   "
+              + " ".join(f"{r[0]:.2f}" for r in rows))
+    print(f"{within} of {len(runs)} policies within +-{TOLERANCE:.0%} (median round); "
+          f"threads {torch.get_num_threads()}")
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -16,19 +16,29 @@ from placement import HardwareSpec, Plan, Policy, WorkloadSpec
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-PROFILE_VERSION = 5  # 2: engine's linear, weight-streaming roofline, per-layer overhead, GEMM rate by rows; 3: dequantization over a sweep of matrices + a per-matrix cost, the engine's allocator; 4: GEMM rates for resident (prepacked) weights; 5: median repetitions, GEMM rows probed in turns over passes, nondecreasing
+PROFILE_VERSION = 5  # 2: engine's linear, weight-streaming roofline, per-layer overhead, GEMM rate by rows; 3: dequantization over a sweep of matrices + a per-matrix cost, the engine's allocator; 4: GEMM rates for resident (prepacked) weights; 5: median repetitions, a model's own matrices, gpu_is_host
 
 
-def profile_cache_path() -> Path:
+def profile_cache_path(shapes=None) -> Path:
+    """Where the profile timed on matrices of `shapes` (None: the generic ones) is cached."""
     root = os.environ.get("FLEXLAMPS_CACHE") or Path.home() / ".cache" / "flexlamps"
     # versioned: a profile written before the probes changed is measured again, not reused
-    return Path(root) / f"hardware-v{PROFILE_VERSION}.json"
+    name = f"hardware-v{PROFILE_VERSION}"
+    if shapes:
+        import hashlib
+
+        name += "-" + hashlib.sha256(repr(tuple(map(tuple, shapes))).encode()).hexdigest()[:12]
+    return Path(root) / f"{name}.json"
 
 
-def machine_profile(scratch: Path, on_measure=None) -> HardwareSpec:
-    """This machine's profile: the cached one (written by `flexlamps profile`), or a quick
-    measurement made now and cached for the next run."""
-    path = profile_cache_path()
+def machine_profile(scratch: Path, on_measure=None, model_shapes=None) -> HardwareSpec:
+    """This machine's profile: the cached one, or a quick measurement made now and cached for
+    the next run. `model_shapes`: the model's layer matrices, to time GEMMs and decompression
+    on (a model too big for the quick probes gets the generic profile)."""
+    from flexlamps.hw_profile import GENERIC_SHAPES, ProbeSizes, probe_shapes
+
+    shapes = probe_shapes(model_shapes, 4, 2 * ProbeSizes.for_mode(True).copy_bytes)
+    path = profile_cache_path(None if shapes == GENERIC_SHAPES else shapes)
     if path.exists():
         try:
             return HardwareSpec.from_json(path.read_text())
@@ -39,7 +49,7 @@ def machine_profile(scratch: Path, on_measure=None) -> HardwareSpec:
     if on_measure:
         on_measure(path)
     scratch.mkdir(parents=True, exist_ok=True)
-    spec = profile_machine(disk_folder=scratch, quick=True)
+    spec = profile_machine(disk_folder=scratch, quick=True, model_shapes=model_shapes)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(spec.to_json())
