@@ -2,9 +2,10 @@
 
 Each probe runs its kernel until a small time budget is spent and reports the rate of the
 median repetition: what a long run sustains on a shared machine, where the best repetition
-overstates it (engine runs last seconds to hours and meet every slow moment). On a box without CUDA the "gpu"
-tier is the CPU device: GPU FLOP/s are CPU FLOP/s, GPU<->CPU copies are memcpys, and the
-GPU memory is a budget the caller chooses (default a quarter of RAM, taken out of the CPU's).
+overstates it (engine runs last seconds to hours and meet every slow moment). On a box
+without CUDA the "gpu" tier is the CPU device: GPU FLOP/s are CPU FLOP/s, GPU<->CPU copies
+are memcpys, and the GPU memory is a budget the caller chooses (default a quarter of RAM,
+taken out of the CPU's).
 """
 
 import os
@@ -312,7 +313,8 @@ def measure_dequant(device: torch.device, numel: int, budget_s: float, shapes=((
     Runs `quant`'s dequantizer on the layout the offload engine stores weights in (groups of
     32 along the input channels, 8-bit group parameters), in the dtype it computes in on that
     device, over a sweep of matrices of `shapes` (one layer's, or 8 generic ones) totalling
-    `numel` elements with a fresh output each, as the engine decompresses layer after layer. One matrix decompressed again and again
+    `numel` elements with a fresh output each, as the engine decompresses layer after layer.
+    One matrix decompressed again and again
     stays in cache and read 2-3x faster than a model's layers do.
     """
     cycle = _matrix_cycle(shapes, 1, numel)

@@ -224,7 +224,7 @@ class Policy(JsonMixin):
     compression: CompressionSpec = field(default_factory=CompressionSpec)
     # decode micro-batches run each layer as one merged batch (one GEMM per matrix over the whole
     # block; its workspace and staged cache reserved for the block). False: one by one, as
-    # FlexGen's engine does, which only micro-batches need the memory of.
+    # FlexGen's engine does, reserving one micro-batch's workspace.
     merge_decode: bool = True
 
     def __post_init__(self):

@@ -16,7 +16,11 @@ from placement import HardwareSpec, Plan, Policy, WorkloadSpec
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-PROFILE_VERSION = 5  # 2: engine's linear, weight-streaming roofline, per-layer overhead, GEMM rate by rows; 3: dequantization over a sweep of matrices + a per-matrix cost, the engine's allocator; 4: GEMM rates for resident (prepacked) weights; 5: median repetitions, a model's own matrices, gpu_is_host
+# 2: engine's linear, weight-streaming roofline, per-layer overhead, GEMM rate by rows;
+# 3: dequantization over a sweep of matrices + a per-matrix cost, the engine's allocator;
+# 4: GEMM rates for resident (prepacked) weights; 5: median repetitions, a model's own
+# matrices, tensor-sized disk files, gpu_is_host
+PROFILE_VERSION = 5
 
 
 def profile_cache_path(shapes=None) -> Path:
