@@ -163,7 +163,7 @@ def _prepare_offload(llm, prompt_ids, max_new_tokens) -> None:
     split = lambda t: f"gpu {t.gpu:.0%} / cpu {t.cpu:.0%} / disk {t.disk:.0%}"  # noqa: E731
     click.echo(f"policy: block {p.gpu_batch_size} x {p.num_gpu_batches} | weights {split(p.weights)} | "
                f"cache {split(p.cache)} | activations {split(p.activations)} | compress weight {p.compress_weight}, "
-               f"cache {p.compress_cache} | cpu attention {p.cpu_attention}")
+               f"cache {p.compress_cache} | cpu attention {p.cpu_attention} | decode merged {p.merge_decode}")
     if llm.plan is not None:
         click.echo(f"predicted {llm.plan.tokens_per_s:.2f} tok/s (planner, prompt {mean_len}, gen {max_new_tokens})")
     if llm.executor.reused_disk:
