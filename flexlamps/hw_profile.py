@@ -47,6 +47,11 @@ class ProbeSizes:
         return cls(disk_file_bytes=256 << 20, copy_bytes=128 << 20, gemm_dim=2048,
                    attention_context=2048, dequant_elements=64 << 20, seconds_per_probe=0.4)
 
+    @property
+    def gemm_rows_bytes(self) -> int:
+        """Distinct weights the GEMM-by-rows probe cycles through (beyond the caches)."""
+        return 2 * self.copy_bytes
+
 
 def _synchronizer(device: torch.device) -> Callable[[], None]:
     """What waits for the device's queued work before a timer stops (nothing on the CPU)."""
@@ -87,6 +92,11 @@ def probe_shapes(shapes, itemsize: int, num_bytes: int,
     if shapes and sum(o * i for o, i in shapes) * itemsize <= num_bytes:
         return tuple((int(o), int(i)) for o, i in shapes)
     return fallback
+
+
+def gemm_probe_shapes(model_shapes, quick: bool) -> tuple[tuple[int, int], ...]:
+    """The matrices `profile_machine` times GEMMs on for `model_shapes` (fp32 weights)."""
+    return probe_shapes(model_shapes, 4, ProbeSizes.for_mode(quick).gemm_rows_bytes)
 
 
 def _repetition_times(run: Callable[[], None], budget_s: float, sync: Callable[[], None],
@@ -384,7 +394,7 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
 
     Args:
         disk_folder: where the disk probe writes its temporary file (the offload folder).
-        quick: small probes, a few seconds in all (for tests and smoke runs).
+        quick: small probes, about ten seconds in all (for tests and smoke runs).
         gpu_budget_bytes: GPU memory to plan with; default: the device's memory on CUDA,
             a quarter of RAM on a CPU-only box.
         model_shapes: (out, in) of one layer's weight matrices (`ModelSpec.layer_matrix_shapes`)
@@ -404,23 +414,24 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     file_shapes = probe_shapes(model_shapes, itemsize, sizes.disk_file_bytes)
     disk_read, disk_write = measure_disk(disk_folder, sizes.disk_file_bytes,
                                          [o * i * itemsize for o, i in file_shapes])
-    on_cpu = (lambda probe: _best_over_threads(probe)) if not has_cuda else (lambda probe: probe())
+    def on_cpu(probe, pick=max):  # the CPU is the device: keep its better thread count
+        return probe() if has_cuda else _best_over_threads(probe, pick=pick)
+
     cpu = torch.device("cpu")
     step("copies")
     to_gpu, to_cpu = on_cpu(lambda: measure_copies(device, sizes.copy_bytes, budget_s))
     step("memory bandwidth")
     gpu_bandwidth = on_cpu(lambda: measure_device_bandwidth(device, sizes.copy_bytes, budget_s))
     step("layer overhead")
-    layer_overhead = (_best_over_threads(lambda: measure_layer_overhead(device, budget_s), pick=min)
-                      if not has_cuda else measure_layer_overhead(device, budget_s))
+    layer_overhead = on_cpu(lambda: measure_layer_overhead(device, budget_s), pick=min)
     step("gemm by rows")
     # fp16 GEMMs are emulated (and slow) on CPUs; engines there run fp32 or bf16
     row_dtypes = ("fp32", "bf16", "fp16") if has_cuda else ("fp32", "bf16")
     # the planner's main input, so twice a probe's time (and a second table on CPUs, where
     # resident weights are prepacked; on GPUs packing is a no-op and the table would be the same)
     rows_budget_s = 2 * budget_s
-    rows_bytes = 2 * sizes.copy_bytes
-    shapes = probe_shapes(model_shapes, 4, rows_bytes)
+    rows_bytes = sizes.gemm_rows_bytes
+    shapes = gemm_probe_shapes(model_shapes, quick)
     gemm_by_rows = on_cpu(lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s, row_dtypes, shapes))
     gemm_by_rows_resident = {} if has_cuda else on_cpu(
         lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s, row_dtypes, shapes, packed=True))
@@ -435,8 +446,7 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     cpu_attention = _best_over_threads(
         lambda: measure_cpu_attention(sizes.attention_context, budget_s))
     step("dequantization")
-    dequant_matrix_s = (_best_over_threads(lambda: measure_dequant_matrix_s(device, budget_s), pick=min)
-                        if not has_cuda else measure_dequant_matrix_s(device, budget_s))
+    dequant_matrix_s = on_cpu(lambda: measure_dequant_matrix_s(device, budget_s), pick=min)
     dequant_shapes = probe_shapes(model_shapes, 1, sizes.dequant_elements, fallback=((1024, 1024),))
 
     def dequant_rate(on: torch.device, matrix_s: float) -> float:

@@ -373,13 +373,14 @@ def _layer_seconds(ctog: Affine, gtoc: Affine, dtoc: Affine, ctod: Affine, comp:
                    hardware: HardwareSpec) -> dict[str, Affine]:
     """Per-layer terms in seconds: the four transfers' bytes over their bandwidths, and compute
     (which the tier copies join when the gpu is the host CPU: `HardwareSpec.gpu_is_host`)."""
-    terms = {
-        "ctog": ctog.scaled(1 / hardware.cpu_to_gpu_bytes_per_s),
-        "gtoc": gtoc.scaled(1 / hardware.gpu_to_cpu_bytes_per_s),
+    ctog_s = ctog.scaled(1 / hardware.cpu_to_gpu_bytes_per_s)
+    gtoc_s = gtoc.scaled(1 / hardware.gpu_to_cpu_bytes_per_s)
+    if hardware.gpu_is_host:
+        comp.plus(ctog_s).plus(gtoc_s)
+    return {
+        "ctog": ctog_s,
+        "gtoc": gtoc_s,
         "dtoc": dtoc.scaled(1 / hardware.disk_read_bytes_per_s),
         "ctod": ctod.scaled(1 / hardware.disk_write_bytes_per_s),
         "comp": comp,
     }
-    if hardware.gpu_is_host:
-        terms["comp"] = Affine(comp.const, comp.coef.copy()).plus(terms["ctog"]).plus(terms["gtoc"])
-    return terms

@@ -39,9 +39,9 @@ def machine_profile(scratch: Path, on_measure=None, model_shapes=None) -> Hardwa
     """This machine's profile: the cached one, or a quick measurement made now and cached for
     the next run. `model_shapes`: the model's layer matrices, to time GEMMs and decompression
     on (a model too big for the quick probes gets the generic profile)."""
-    from flexlamps.hw_profile import GENERIC_SHAPES, ProbeSizes, probe_shapes
+    from flexlamps.hw_profile import GENERIC_SHAPES, gemm_probe_shapes
 
-    shapes = probe_shapes(model_shapes, 4, 2 * ProbeSizes.for_mode(True).copy_bytes)
+    shapes = gemm_probe_shapes(model_shapes, quick=True)
     path = profile_cache_path(None if shapes == GENERIC_SHAPES else shapes)
     if path.exists():
         try:
