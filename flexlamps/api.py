@@ -13,10 +13,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from flexlamps.engine.generate import RequestOutput, generate
-from flexlamps.engine.host_allocator import keep_freed_memory
-from flexlamps.engine.sampling import SamplingParams
-from flexlamps.engine.scoring import PrefixScorer, PrefixStats, ScoreOutput, split_tokens
+from flexlamps.engine.batch.generate import RequestOutput, generate
+from flexlamps.engine.executors.host_allocator import keep_freed_memory
+from flexlamps.engine.batch.sampling import SamplingParams
+from flexlamps.engine.batch.scoring import PrefixScorer, PrefixStats, ScoreOutput, split_tokens
 from flexlamps.models.registry import open_checkpoint
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "ScoreOutput"]
@@ -106,7 +106,7 @@ class LLM:
         if self.executor is not None:
             return
         if self.offload is None:
-            from flexlamps.engine.executor import InMemoryExecutor
+            from flexlamps.engine.executors.in_memory import InMemoryExecutor
             from flexlamps.models.checkpoint import read_all
 
             self.executor = InMemoryExecutor(self.config, read_all(self.reader, self.dtype), self.dtype,
@@ -122,8 +122,8 @@ class LLM:
         from pathlib import Path
 
         import placement
-        from flexlamps.engine.offload_executor import OffloadExecutor
-        from flexlamps.engine.policy_choice import load_policy, machine_profile, plan_policy
+        from flexlamps.engine.executors.offloaded import OffloadExecutor
+        from flexlamps.engine.executors.policy_choice import load_policy, machine_profile, plan_policy
 
         o = self.offload
         policy = o.policy

@@ -21,7 +21,7 @@ from typing import Callable
 import psutil
 import torch
 
-from flexlamps.engine.host_allocator import keep_freed_memory
+from flexlamps.engine.executors.host_allocator import keep_freed_memory
 from flexlamps.models.linear import linear, pack
 from placement import HardwareSpec
 
@@ -65,7 +65,7 @@ def _engine_dequant_dtype(device: torch.device) -> torch.dtype:
 
 def _quantized_matrices(device: torch.device, shapes) -> list:
     """Random matrices of the given (out, in) shapes, compressed as the engine stores weights."""
-    from flexlamps.engine.offload_executor import weight_quant_config
+    from flexlamps.engine.executors.offloaded import weight_quant_config
     from quant import quantize
 
     config = weight_quant_config()
@@ -284,7 +284,7 @@ def measure_layer_overhead(device: torch.device, budget_s: float) -> float:
     A decode step of a model so narrow that its arithmetic is free, timed with two depths;
     the slope per layer is the fixed cost every layer pays on every micro-batch.
     """
-    from flexlamps.engine.executor import InMemoryExecutor
+    from flexlamps.engine.executors.in_memory import InMemoryExecutor
     from flexlamps.models.config import ModelConfig
     from flexlamps.models.weight_specs import weight_specs
 

@@ -10,11 +10,11 @@ import argparse
 import time
 
 from flexlamps.api import LLM
-from flexlamps.engine.augmented import CpuClock, WallClock
-from flexlamps.engine.augmented_reference import uninterrupted_tokens
-from flexlamps.engine.augmented_run import (AgentsConfig, load_trace, measure_cost, replay_requests,
+from flexlamps.engine.augmented.engine import CpuClock, WallClock
+from flexlamps.engine.augmented.reference import uninterrupted_tokens
+from flexlamps.engine.augmented.run import (AgentsConfig, load_trace, measure_cost, replay_requests,
                                             run_policy_on_engine)
-from flexlamps.engine.augmented_workload import TraceScale
+from flexlamps.engine.augmented.workload import TraceScale
 from flexlamps.sched.scheduler import SchedulerConfig
 from flexlamps.sim.metrics import summarize
 from flexlamps.sim.run import run_policy

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from flexlamps.engine.executor import InMemoryExecutor
-from flexlamps.engine.offload_executor import OffloadExecutor
-from flexlamps.engine.step import Step
+from flexlamps.engine.executors.in_memory import InMemoryExecutor
+from flexlamps.engine.executors.offloaded import OffloadExecutor
+from flexlamps.engine.executors.step import Step
 from flexlamps.models.checkpoint import read_all
 from flexlamps.models.registry import open_checkpoint
 from placement import Policy, TierSplit

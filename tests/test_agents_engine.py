@@ -6,11 +6,11 @@ import time
 import pytest
 
 from flexlamps.api import LLM
-from flexlamps.engine.augmented import CpuClock, StepClock
-from flexlamps.engine.augmented_reference import uninterrupted_tokens
-from flexlamps.engine.augmented_run import AgentsConfig, measure_cost, run_policy_on_engine
-from flexlamps.engine.augmented_workload import tokenize_requests
-from flexlamps.engine.paged_cache import PagedKVCache
+from flexlamps.engine.augmented.engine import CpuClock, StepClock
+from flexlamps.engine.augmented.reference import uninterrupted_tokens
+from flexlamps.engine.augmented.run import AgentsConfig, measure_cost, run_policy_on_engine
+from flexlamps.engine.augmented.workload import tokenize_requests
+from flexlamps.engine.caches.paged import PagedKVCache
 from flexlamps.sched.policies import InferCept
 from flexlamps.sched.request import RequestSpec, Segment, Strategy
 

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 from click.testing import CliRunner
 
-from flexlamps.engine.kv_pools import kv_pools
+from flexlamps.engine.augmented.kv_pools import kv_pools
 from placement import ModelSpec, model_preset
 
 GIB, MIB = 1 << 30, 1 << 20
@@ -49,9 +49,9 @@ def test_a_gpu_budget_the_weights_fill_is_refused_with_the_fix():
 
 def test_engine_scheduler_capacities_come_from_the_tier_budgets(tiny_llama):
     from flexlamps.api import LLM
-    from flexlamps.engine.augmented import StepClock
-    from flexlamps.engine.augmented_run import AgentsConfig, measure_cost, run_policy_on_engine
-    from flexlamps.engine.augmented_workload import tokenize_requests
+    from flexlamps.engine.augmented.engine import StepClock
+    from flexlamps.engine.augmented.run import AgentsConfig, measure_cost, run_policy_on_engine
+    from flexlamps.engine.augmented.workload import tokenize_requests
     from flexlamps.sched.request import RequestSpec, Segment
 
     llm = LLM(str(tiny_llama))

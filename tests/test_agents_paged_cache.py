@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from flexlamps.engine.kv_cache import DenseKVCache
-from flexlamps.engine.paged_cache import PagedKVCache
+from flexlamps.engine.caches.dense import DenseKVCache
+from flexlamps.engine.caches.paged import PagedKVCache
 from flexlamps.models.config import ModelConfig
 from offload.budget import BudgetExceededError, TierBudget
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from flexlamps.engine.channel_keys import ChannelGroupedKeys
+from flexlamps.engine.caches.channel_keys import ChannelGroupedKeys
 
 
 def _roundtrip_bound(x: torch.Tensor, g: int) -> torch.Tensor:

@@ -36,7 +36,7 @@ def teacher_forced_agreement(llm, prompt_ids: list[int], continuation: list[int]
     (teacher forcing: one early difference does not shift every later position)."""
     import torch
 
-    from flexlamps.engine.step import Step
+    from flexlamps.engine.executors.step import Step
 
     ids = prompt_ids + continuation
     cache = llm.executor.new_cache(1, len(ids))
@@ -73,7 +73,7 @@ def test_weight_backends_run_through_the_engine(tiny_llama, backend):
             pytest.skip(str(e))
     import torch
 
-    from flexlamps.engine.step import Step
+    from flexlamps.engine.executors.step import Step
 
     plain = LLM(str(tiny_llama))
     llm = LLM(str(tiny_llama), weight_quant=backend, gpu_mem="64MiB", cpu_mem="64MiB", policy=None)

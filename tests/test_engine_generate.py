@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from flexlamps import LLM, SamplingParams
-from flexlamps.engine.kv_cache import DenseKVCache
+from flexlamps.engine.caches.dense import DenseKVCache
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_sampling_params_validation():
 
 
 def _direct_logprob(llm, context, continuation):
-    from flexlamps.engine.scoring import split_tokens
+    from flexlamps.engine.batch.scoring import split_tokens
 
     ctx, cont = split_tokens(llm.tokenizer, context, continuation)
     ids = ctx + cont
@@ -93,7 +93,7 @@ def test_score_matches_transformers(tiny_llama):
     transformers = pytest.importorskip("transformers")
     ref = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
     llm = LLM(str(tiny_llama))
-    from flexlamps.engine.scoring import split_tokens
+    from flexlamps.engine.batch.scoring import split_tokens
 
     for ctx, cont in [("Question: hello world\nAnswer:", " the quick"), ("numbers 1 2", " 3 4")]:
         c, k = split_tokens(llm.tokenizer, ctx, cont)

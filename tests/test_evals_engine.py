@@ -10,7 +10,7 @@ from click.testing import CliRunner
 pytest.importorskip("flexlamps.api", reason="the engine API (flexlamps/api.py) is not there yet")
 
 import flexlamps.commands.helm as helm_cmd  # noqa: E402
-from flexlamps.engine.scoring import split_tokens  # noqa: E402
+from flexlamps.engine.batch.scoring import split_tokens  # noqa: E402
 from flexlamps.evals.helm_output import RUN_FILES  # noqa: E402
 
 CHOICES = [

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from flexlamps.engine.executor import InMemoryExecutor
-from flexlamps.engine.kv_cache import DenseKVCache
+from flexlamps.engine.executors.in_memory import InMemoryExecutor
+from flexlamps.engine.caches.dense import DenseKVCache
 from flexlamps.models.checkpoint import read_all
 from flexlamps.models.registry import open_checkpoint
 from tests.conftest import TINY_CONFIGS

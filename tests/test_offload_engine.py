@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from flexlamps.engine.executor import InMemoryExecutor
-from flexlamps.engine.generate import generate
-from flexlamps.engine.offload_executor import OffloadExecutor
-from flexlamps.engine.sampling import SamplingParams
-from flexlamps.engine.step import Step
+from flexlamps.engine.executors.in_memory import InMemoryExecutor
+from flexlamps.engine.batch.generate import generate
+from flexlamps.engine.executors.offloaded import OffloadExecutor
+from flexlamps.engine.batch.sampling import SamplingParams
+from flexlamps.engine.executors.step import Step
 from flexlamps.models.checkpoint import read_all
 from flexlamps.models.registry import open_checkpoint
 from offload import BudgetExceededError

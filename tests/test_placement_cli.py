@@ -197,7 +197,7 @@ def test_nondecreasing_pools_dips_and_keeps_the_total(values):
 def test_engine_profile_cache_is_keyed_by_the_probed_matrices(tmp_path, monkeypatch):
     """A small model gets a profile timed on its own matrices; a model too big for the quick
     probes shares the generic one (so it is not measured again per model)."""
-    from flexlamps.engine import policy_choice
+    from flexlamps.engine.executors import policy_choice
     from placement import hardware_preset, model_preset
 
     monkeypatch.setenv("FLEXLAMPS_CACHE", str(tmp_path))

@@ -85,8 +85,8 @@ def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, m
             max_output, max_api_tokens, gpu_kv_mem, cpu_swap_mem, gpu_mem, cpu_mem, block_size, max_num_seqs,
             max_batched_tokens, noise_sigma, seed, clock, verify, out_dir, no_plots):
     from flexlamps.api import LLM
-    from flexlamps.engine.augmented_run import AgentsConfig, load_trace, measure_cost
-    from flexlamps.engine.augmented_workload import TraceScale
+    from flexlamps.engine.augmented.run import AgentsConfig, load_trace, measure_cost
+    from flexlamps.engine.augmented.workload import TraceScale
     from placement import format_bytes
 
     if num_requests < 1:
@@ -125,9 +125,9 @@ def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, m
 def _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, seed, verify, clock):
     from tqdm import tqdm
 
-    from flexlamps.engine.augmented import CpuClock, WallClock
-    from flexlamps.engine.augmented_reference import uninterrupted_tokens
-    from flexlamps.engine.augmented_run import replay_requests, run_policy_on_engine
+    from flexlamps.engine.augmented.engine import CpuClock, WallClock
+    from flexlamps.engine.augmented.reference import uninterrupted_tokens
+    from flexlamps.engine.augmented.run import replay_requests, run_policy_on_engine
     from flexlamps.sim.metrics import summarize
 
     results = []

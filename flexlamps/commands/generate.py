@@ -53,8 +53,8 @@ def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, t
     from tqdm import tqdm
 
     from flexlamps.api import LLM
-    from flexlamps.engine.generate import ContextOverflowError
-    from flexlamps.engine.sampling import SamplingParams
+    from flexlamps.engine.batch.generate import ContextOverflowError
+    from flexlamps.engine.batch.sampling import SamplingParams
     from flexlamps.io.prompts import PromptFileError, read_prompts
     from flexlamps.io.results import ResultsError, ResumableResults
     from flexlamps.models.checkpoint import CheckpointError

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from flexlamps.engine.kv_cache import DenseKVCache
+from flexlamps.engine.caches.dense import DenseKVCache
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.forward import forward_for
 from flexlamps.models.linear import pack

@@ -13,9 +13,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from flexlamps.engine.prefix import common_prefix_length, prefill_prefix
-from flexlamps.engine.step import Step
-from flexlamps.engine.sampling import SamplingParams, make_generator, select_tokens
+from flexlamps.engine.batch.prefix import common_prefix_length, prefill_prefix
+from flexlamps.engine.executors.step import Step
+from flexlamps.engine.batch.sampling import SamplingParams, make_generator, select_tokens
 
 
 @dataclass

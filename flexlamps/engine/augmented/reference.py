@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from flexlamps.engine.augmented_workload import TokenizedRequest, total_tokens
+from flexlamps.engine.augmented.workload import TokenizedRequest, total_tokens
 
 
 def uninterrupted_tokens(executor, request: TokenizedRequest) -> list[int]:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flexlamps.engine.prefix import common_prefix_length, prefill_prefix
-from flexlamps.engine.step import Step
+from flexlamps.engine.batch.prefix import common_prefix_length, prefill_prefix
+from flexlamps.engine.executors.step import Step
 
 
 @dataclass

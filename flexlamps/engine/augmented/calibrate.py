@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from flexlamps.engine.paged_cache import PagedKVCache
+from flexlamps.engine.caches.paged import PagedKVCache
 from flexlamps.sched.cost_model import CostModel
 
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import torch
 
 import placement
-from flexlamps.engine.step import Step
-from flexlamps.engine.placement_map import cache_tiers, weight_tiers
-from flexlamps.engine.tiered_cache import TieredKVCache
+from flexlamps.engine.executors.step import Step
+from flexlamps.engine.executors.placement_map import cache_tiers, weight_tiers
+from flexlamps.engine.caches.tiered import TieredKVCache
 from flexlamps.models.forward import forward_for
 from flexlamps.models.linear import linear, pack
 from flexlamps.models.weight_specs import weight_specs

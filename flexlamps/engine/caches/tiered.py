@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flexlamps.engine.channel_keys import ChannelGroupedKeys
-from flexlamps.engine.kv_cache import _rows
+from flexlamps.engine.caches.channel_keys import ChannelGroupedKeys
+from flexlamps.engine.caches.dense import _rows
 from flexlamps.models.config import ModelConfig
 from offload import tensor_bytes
 from offload.budget import TierBudget

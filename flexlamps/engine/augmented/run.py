@@ -17,11 +17,11 @@ import torch
 
 import placement
 
-from flexlamps.engine.augmented import AugmentedEngine, AugmentedResult, WallClock
-from flexlamps.engine.augmented_calibrate import calibrate_cost_model
-from flexlamps.engine.augmented_workload import TokenizedRequest, TraceScale, scale_spec, tokenize_requests
-from flexlamps.engine.kv_pools import kv_pools
-from flexlamps.engine.paged_cache import PagedKVCache
+from flexlamps.engine.augmented.engine import AugmentedEngine, AugmentedResult, WallClock
+from flexlamps.engine.augmented.calibrate import calibrate_cost_model
+from flexlamps.engine.augmented.workload import TokenizedRequest, TraceScale, scale_spec, tokenize_requests
+from flexlamps.engine.augmented.kv_pools import kv_pools
+from flexlamps.engine.caches.paged import PagedKVCache
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.policies import Policy, make_policy
 from flexlamps.sched.predictors import NoisyPredictor, OraclePredictor

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flexlamps.engine.augmented_workload import TokenizedRequest, total_tokens
-from flexlamps.engine.paged_cache import PagedKVCache
+from flexlamps.engine.augmented.workload import TokenizedRequest, total_tokens
+from flexlamps.engine.caches.paged import PagedKVCache
 from flexlamps.sched.output import RunnerOutput, SchedulerOutput
 from flexlamps.sched.request import Request, Status
 from flexlamps.sched.scheduler import Scheduler

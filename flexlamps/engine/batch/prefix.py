@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from flexlamps.engine.step import Step
+from flexlamps.engine.executors.step import Step
 
 
 def common_prefix_length(seqs: list[list[int]]) -> int:

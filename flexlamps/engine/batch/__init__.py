@@ -1,0 +1,1 @@
+"""The batch face: generate and score lists of prompts through an executor."""

@@ -1,0 +1,1 @@
+"""KV caches: dense (in memory), tiered (placed on gpu/cpu tiers, optionally compressed), paged (blocks)."""
