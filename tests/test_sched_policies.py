@@ -96,27 +96,32 @@ def test_lamps_request_horizon_counts_later_segments():
 
 def test_lamps_handles_a_call_with_the_strategy_its_rank_assumed():
     # LAMPS (mars-repository/mars-codebase, vllm/core/scheduler_v2.py `classify`): the strategy
-    # is chosen before scheduling, with predicted values, and applied when the call comes.
-    # 1000 cached tokens at the call, 30 s, batch 10k tokens, no room on the cpu tier when it
-    # is ranked: preserve (30 s x 1000 tokens) dwarfs a chunked discard (~750 tokens x s)
-    spec = RequestSpec("r", 990, (Segment(10, "chatbot", 30.0, 5), Segment(5)))
+    # is chosen before scheduling, with predicted values; the call starts preserved and the
+    # per-iteration rule applies the plans of all but the most wasteful preserved request.
+    # 1000 / 500 cached tokens at the call, 30 s calls, batch 10k tokens: preserve (30 s x
+    # 1000 tokens) dwarfs a chunked discard
+    specs = [RequestSpec("r", 990, (Segment(10, "chatbot", 30.0, 5), Segment(5))),
+             RequestSpec("s", 490, (Segment(10, "chatbot", 30.0, 5), Segment(5)))]
 
     def ctx(budget, cpu_free):
         return PolicyContext(now=0.0, iteration=1, cost=CostModel.gptj6b_a100(),
-                             predictor=OraclePredictor({"r": spec}), batch_context_tokens=10_000,
-                             swap_budget_tokens=budget, cpu_free_tokens=cpu_free, step_s=0.02)
+                             predictor=OraclePredictor({s.request_id: s for s in specs}),
+                             batch_context_tokens=10_000, swap_budget_tokens=budget,
+                             cpu_free_tokens=cpu_free, step_s=0.02)
 
-    req = _req(spec)
+    reqs = [_req(s) for s in specs]
     planned, at_call = LAMPS(), LAMPS(handling="at_call")
-    planned.priority(req, ctx(500, 500))
-    req.num_computed, req.num_tokens, req.api_type = 1000, 1000, "chatbot"
-    assert planned.choose_strategies([req], ctx(500, 500)) == {"r": Strategy.DISCARD}
-    # by the call the cpu tier has room and the budget holds the cache: the planned handling
-    # keeps its plan, INFERCEPT's choice at the call (at_call) swaps
-    assert planned.choose_strategies([req], ctx(2000, 9000)) == {"r": Strategy.DISCARD}
-    assert at_call.choose_strategies([req], ctx(2000, 9000)) == {"r": Strategy.SWAP}
-    # a request never ranked in this segment falls back to the min-waste choice
-    req.segment_index = 1
-    assert planned.choose_strategies([req], ctx(2000, 9000)) == {"r": Strategy.SWAP}
+    for req in reqs:
+        planned.priority(req, ctx(500, 0))  # ranked while the cpu tier is full: no swap
+        req.num_computed = req.num_tokens = req.prompt_tokens + 10
+        req.api_type = "chatbot"
+    assert planned.choose_strategies(reqs, ctx(500, 500)) == {"r": Strategy.PRESERVE, "s": Strategy.PRESERVE}
+    act, reclaimable = planned.review_paused([(r, r.num_computed) for r in reqs], ctx(2000, 9000))
+    # both planned discards; the smaller waste (s) is applied, r stays reclaimable
+    assert act == {"s": Strategy.DISCARD} and reclaimable == [reqs[0]]
+    # at_call: INFERCEPT's min-waste choice at the call, with the budget and cpu of that moment
+    assert at_call.choose_strategies(reqs[:1], ctx(2000, 9000)) == {"r": Strategy.SWAP}
     with pytest.raises(ValueError, match="handling"):
         LAMPS(handling="sometimes")
+    with pytest.raises(ValueError, match="starvation_counter"):
+        LAMPS(starvation_counter="sometimes")

@@ -112,8 +112,31 @@ def test_invariants_hold_every_iteration(policy):
     assert seen["iterations"] > 50
 
 
-def test_starvation_guard_bounds_pass_overs():
+def _starvation_run(policy, check):
     specs = synthetic_specs(n=120, qps=20.0, seed=5)
+    sim = Simulator(specs, policy, OraclePredictor({s.request_id: s for s in specs}), small_cost(),
+                    tight_config(gpu_blocks=48), on_iteration=check)
+    assert len(sim.run()) == len(specs)
+
+
+def test_starvation_guard_counts_iterations_waiting():
+    # LAMPS's counter (mars-codebase sequence.py): +1 every iteration a request waits; at the
+    # threshold it goes to the head of the queue until its next call
+    threshold = 5
+    seen = {"max_wait": 0, "promoted": 0}
+
+    def check(sched):
+        sched.check_invariants()  # no unpromoted request past the threshold
+        for r in sched.waiting_requests():
+            if r.status is Status.WAITING and not r.promoted:
+                seen["max_wait"] = max(seen["max_wait"], sched.iteration - r.starve_since)
+            seen["promoted"] += r.promoted
+
+    _starvation_run(LAMPS(starvation_threshold=threshold), check)
+    assert seen["max_wait"] >= threshold and seen["promoted"] > 0  # bound: check_invariants
+
+
+def test_starvation_guard_bounds_pass_overs():
     threshold = 5
     seen = {"max_passed": 0, "promoted": 0}
 
@@ -123,10 +146,7 @@ def test_starvation_guard_bounds_pass_overs():
             seen["max_passed"] = max(seen["max_passed"], r.passed_over)
             seen["promoted"] += r.promoted
 
-    sim = Simulator(specs, LAMPS(starvation_threshold=threshold),
-                    OraclePredictor({s.request_id: s for s in specs}), small_cost(),
-                    tight_config(gpu_blocks=48), on_iteration=check)
-    assert len(sim.run()) == len(specs)
+    _starvation_run(LAMPS(starvation_threshold=threshold, starvation_counter="pass_over"), check)
     assert seen["max_passed"] == threshold and seen["promoted"] > 0
 
 

@@ -11,13 +11,14 @@ triangle for each swap transfer, the growing cache while recomputing).
 import pytest
 
 from flexlamps.sched.cost_model import CostModel
-from flexlamps.sched.policies import PolicyContext, min_waste_strategies, predicted_strategy
+from flexlamps.sched.policies import (InferCept, PolicyContext, classify, infercept_review,
+                                     min_waste_strategies, predicted_strategy)
 from flexlamps.sched.predictors import OraclePredictor
 from flexlamps.sched.request import Request, RequestSpec, Segment, Strategy
 from flexlamps.sched.waste import (
     chunk_discard_waste,
+    infercept_discard_waste,
     memory_over_time,
-    recompute_chunks,
     waste_chunk_discard,
     waste_discard,
     waste_preserve,
@@ -45,19 +46,61 @@ def test_paper_equations_hand_computed():
     assert waste_chunk_discard(100, 400, 0.1, 0.025, 4, 10) == pytest.approx(450)
 
 
-def test_chunked_discard_priced_with_the_cost_model():
-    cost = toy_cost(overhead_s=0.01)  # T_fwd(100) = 0.11 s; a chunk has no fixed part
-    assert recompute_chunks(100, 30) == 4 and recompute_chunks(100, 2048) == 1
-    assert recompute_chunks(100, 0) == 100  # a full batch still moves one token per step
-    # 0.11 * 100 * 10 / 2 + 4 * 0.025 * 400 * 10 = 55 + 400
-    assert chunk_discard_waste(100, 400, 30, cost) == pytest.approx(455)
-    # one chunk: 55 + 1 * 0.1 * 400 * 10; chunking halves the request's own term, not the rest
-    assert chunk_discard_waste(100, 400, 2048, cost) == pytest.approx(455)
-    assert chunk_discard_waste(100, 400, 2048, cost) < waste_discard(100, 400, 0.11, 10)  # 550
+# INFERCEPT's GPT-J-6B profile (exps/6B_bench.sh): an iteration of T tokens takes a*T + c
+A_S, C_S, BUDGET = 0.0463e-3, 10e-3, 384
+F_S = A_S * BUDGET + C_S  # 27.7792 ms, a full 384-token iteration
+
+
+def test_infercept_code_discard_waste_worked_numbers():
+    # scheduler_v2.py `discard_waste`, 1024-token cache (64 blocks of 16), 16 running decodes
+    # holding 16384 tokens: c_h = 384 - 16 = 368, n = ceil(1024 / 368) - 1 = 2, last = 288
+    own = F_S * 3 * 2 / 2 * 368  # 30.668
+    stall = A_S * 368 * 2 * 16384  # 558.314
+    tail = A_S * 288 * (16384 + 288)  # 222.311
+    assert own + stall + tail == pytest.approx(811.2936, abs=1e-3)
+    assert infercept_discard_waste(1024, 16384, 368, F_S, A_S) == pytest.approx(811.2936, abs=1e-3)
+    # the same through the papers' preset and a PolicyContext (16 decodes in flight)
+    ctx = _ctx({}, CostModel.infercept_gptj6b(), 0, 0, 16384, chunk=368, budget_tokens=BUDGET)
+    assert ctx.discard_waste(1024) == pytest.approx(811.2936, abs=1e-3)
+    # one chunk (C_i < c_h) is Eq. 1 with T_fwd priced at its slope: 0.001 * 100 * (400 + 100)
+    assert infercept_discard_waste(100, 400, 2048, 99.0, 0.001) == pytest.approx(
+        waste_discard(100, 400, 0.1, 1.0)) == pytest.approx(50)
+    # the code's quirk, kept: an exact multiple of c_h loses its last chunk (n = 1, last = 0)
+    assert infercept_discard_waste(736, 0, 368, F_S, A_S) == pytest.approx(F_S * 368)
+    # in bytes x seconds through the cost model: the same times M
+    cost = toy_cost(overhead_s=0.01)  # a full 2048-token iteration: 2.058 s
+    assert chunk_discard_waste(100, 400, 2048, cost) == pytest.approx(50 * 10)
     w = wastes(100, 400, 2.0, toy_cost(), chunk_tokens=2048)
-    assert w[Strategy.PRESERVE] == pytest.approx(2000)
-    assert w[Strategy.DISCARD] == pytest.approx(450)  # Eq. 4: 50 + 400
+    assert w[Strategy.PRESERVE] == pytest.approx(2000)  # Eq. 2
+    assert w[Strategy.DISCARD] == pytest.approx(500)  # Eq. 4 (one chunk: Eq. 1)
     assert w[Strategy.SWAP] == pytest.approx(10000)  # Eq. 3, T_swap(100) = 1 s
+
+
+def test_infercept_per_iteration_rule_worked_numbers():
+    # three caches preserved through calls, 16 decodes holding 16384 tokens running, now = 10 s
+    cost = CostModel.infercept_gptj6b()
+    specs, held = {}, []
+    for rid, tokens, api_s, started in (("a", 1024, 6.0, 9.0), ("b", 512, 2.5, 9.5),
+                                        ("c", 256, 0.2, 9.9)):
+        specs[rid], req = _paused(rid, tokens, api_s)
+        req.api_start = started
+        held.append((req, tokens))
+    ctx = _ctx(specs, cost, 0, 0, 16384, chunk=368, budget_tokens=BUDGET, now=10.0)
+    # a: preserve 5 s left x 1024 = 5120 > discard 811.29 -> candidate, waste 811.29
+    # b: preserve 2 s x 512 = 1024 > discard 10.22 + 279.16 + 110.20 = 399.58 -> candidate
+    # c: preserve 0.1 s x 256 = 25.6 < discard 0.0463e-3 * 256 * 16640 = 197.2 -> stays
+    assert ctx.discard_waste(512) == pytest.approx(399.58, abs=0.01)
+    assert ctx.discard_waste(256) == pytest.approx(197.23, abs=0.01)
+    act, reclaimable = infercept_review(held, ctx, lambda r, t: (
+        (Strategy.DISCARD, ctx.discard_waste(t))
+        if ctx.discard_waste(t) < t * (r.api_start + specs[r.request_id].segments[0].api_time - ctx.now)
+        else (Strategy.PRESERVE, 0.0)))
+    # every candidate below the most wasteful is discarded now; the most wasteful (a) stays
+    # preserved, taken only under memory pressure
+    assert act == {"b": Strategy.DISCARD} and [r.request_id for r in reclaimable] == ["a"]
+    assert InferCept().review_paused(held, ctx) == (act, reclaimable)
+    # alone, a candidate is its own maximum: nothing is discarded
+    assert InferCept().review_paused(held[1:], ctx) == ({}, [held[1][0]])
 
 
 def _paused(rid, computed, api_time):
@@ -67,18 +110,20 @@ def _paused(rid, computed, api_time):
     return spec, req
 
 
-def _ctx(specs, cost, budget, cpu_free, batch):
-    return PolicyContext(now=0.0, iteration=1, cost=cost, predictor=OraclePredictor(specs),
+def _ctx(specs, cost, budget, cpu_free, batch, chunk=2048, budget_tokens=2048, now=0.0):
+    return PolicyContext(now=now, iteration=1, cost=cost, predictor=OraclePredictor(specs),
                          batch_context_tokens=batch, swap_budget_tokens=budget,
-                         cpu_free_tokens=cpu_free, step_s=0.01, chunk_tokens=2048)
+                         cpu_free_tokens=cpu_free, step_s=0.01, chunk_tokens=chunk,
+                         budget_tokens=budget_tokens)
 
 
 def test_min_waste_picks_cheaper_of_preserve_and_chunked_discard():
     cost = toy_cost()
-    s1, long_call = _paused("long", 100, 2.0)  # preserve 2000 > chunked discard 450
-    s2, short_call = _paused("short", 100, 0.01)  # preserve 10 < chunked discard 450
+    s1, long_call = _paused("long", 100, 2.0)  # preserve 2000 > chunked discard 500
+    s2, short_call = _paused("short", 100, 0.01)  # preserve 10 < chunked discard 500
     specs = {"long": s1, "short": s2}
-    got = min_waste_strategies([long_call, short_call], _ctx(specs, cost, 0, 0, 500))
+    # the intercepted requests have left the batch: C_other is the whole running context, 400
+    got = min_waste_strategies([long_call, short_call], _ctx(specs, cost, 0, 0, 400))
     assert got == {"long": Strategy.DISCARD, "short": Strategy.PRESERVE}
 
 
@@ -87,13 +132,13 @@ def test_swap_budget_goes_to_the_most_wasteful_request():
     s1, big = _paused("big", 100, 5.0)
     s2, small = _paused("small", 100, 0.1)
     specs = {"big": s1, "small": s2}
-    # batch 200 -> C_other 100. otherwise-waste (Eq. 5): big min(preserve 5000, chunked discard
-    # 50 + 0.1 * 100 * 10 = 150) = 150; small min(preserve 100, 150) = 100. The budget holds one
-    # 100-token cache: the most wasteful (big) is swapped, small keeps the cheaper preserve
-    got = min_waste_strategies([small, big], _ctx(specs, cost, 150, 100, 200))
+    # C_other 100: otherwise-waste (Eq. 5): big min(preserve 5000, discard 0.001*100*200*10 =
+    # 200) = 200; small min(preserve 100, 200) = 100. The budget holds one 100-token cache: the
+    # most wasteful (big) is swapped, small keeps the cheaper preserve
+    got = min_waste_strategies([small, big], _ctx(specs, cost, 150, 100, 100))
     assert got == {"big": Strategy.SWAP, "small": Strategy.PRESERVE}
     # no cpu room: nothing is swapped, big falls back to its cheaper option, discard
-    got = min_waste_strategies([small, big], _ctx(specs, cost, 150, 0, 200))
+    got = min_waste_strategies([small, big], _ctx(specs, cost, 150, 0, 100))
     assert got == {"big": Strategy.DISCARD, "small": Strategy.PRESERVE}
 
 
@@ -102,21 +147,22 @@ def test_no_unpipelined_swap_outside_the_budget():
     # INFERCEPT only swaps inside the budget; the rest preserve or discard
     cost = toy_cost(swap_bytes_per_s=1e6)
     s1, req = _paused("r", 100, 2.0)
-    got = min_waste_strategies([req], _ctx({"r": s1}, cost, 0, 10_000, 500))
+    got = min_waste_strategies([req], _ctx({"r": s1}, cost, 0, 10_000, 400))
     assert got == {"r": Strategy.DISCARD}
 
 
-def test_lamps_predicted_strategy():
-    cost = toy_cost()
-    ctx = _ctx({}, cost, 0, 10_000, 500)
-    # c_i 100, C_other 400, 2 s call: preserve 2000, chunked discard 450, swap (Eq. 3) 10000
-    assert predicted_strategy(100, 2.0, ctx) is Strategy.DISCARD
-    assert predicted_strategy(100, 0.1, ctx) is Strategy.PRESERVE  # preserve 100 < 450
-    # a cache that fits the swap budget is expected to move for free
-    ctx = _ctx({}, cost, 100, 10_000, 500)
-    assert predicted_strategy(100, 0.1, ctx) is Strategy.SWAP
-    ctx = _ctx({}, cost, 100, 50, 500)  # ... but not when the cpu tier cannot take it
-    assert predicted_strategy(100, 0.1, ctx) is Strategy.PRESERVE
+def test_lamps_classify_worked_numbers():
+    # LAMPS's `classify`: the least of preserve (Eq. 2), chunked discard (Eq. 4 as INFERCEPT's
+    # code prices it) and swap (Eq. 3), in token x seconds. c_i 100, C_other 400:
+    ctx = _ctx({}, toy_cost(), 0, 10_000, 400)
+    # 2 s call: preserve 200, discard 0.001 * 100 * 500 = 50, swap 2 * 1 s * 500 = 1000
+    assert classify(100, 2.0, ctx) == (Strategy.DISCARD, pytest.approx(50))
+    assert classify(100, 0.1, ctx) == (Strategy.PRESERVE, pytest.approx(10))  # 10 < 50
+    # a fast link: swap 2 * 0.001 * 500 = 1 wins, unless the cpu tier cannot take the cache
+    fast = _ctx({}, toy_cost(swap_bytes_per_s=1e6), 0, 10_000, 400)
+    assert classify(100, 0.1, fast) == (Strategy.SWAP, pytest.approx(1))
+    full = _ctx({}, toy_cost(swap_bytes_per_s=1e6), 0, 50, 400)
+    assert predicted_strategy(100, 0.1, full) is Strategy.PRESERVE
 
 
 def test_memory_over_time_hand_computed():

@@ -113,6 +113,37 @@ class CostModel:
             note=f"GPT-J-6B fp16 on A100-{gpu_mem_gb:g}GB, derived from shapes and datasheet",
         )
 
+    @classmethod
+    def infercept_gptj6b(cls, gpu_mem_gb: float = 40.0, cpu_swap_gib: float = 128.0) -> "CostModel":
+        """GPT-J-6B on one A100 as INFERCEPT profiled it for its paper (WukLab/InferCept,
+        exps/6B_bench.sh, the constants its scheduler_v2.py is patched with): an iteration
+        of T batched tokens takes a * T + c with a = 0.0463 ms/token, c = 10 ms (27.8 ms for
+        the 384-token budget); a swap moves a * 384 + b = 110.8 tokens (t_sin: a = 0.00462,
+        b = 108.99) while one full iteration computes, i.e. 3,990 tokens/s. Swap space: 128 GiB
+        as in its runs (LAMPS's runs: 32 GiB). The profile has no separate attention or
+        weight-streaming terms (a linear fit over batched tokens). The gpu KV tier is the
+        A100-40GB one of `gptj6b_a100` (the paper says "one A100"); the token budget (384) and
+        swap space are SchedulerConfig's (see `PAPER_SETTING`)."""
+        base = cls.gptj6b_a100(gpu_mem_gb, cpu_swap_gib)
+        a, c = 0.0463e-3, 10e-3
+        full_iteration = a * 384 + c
+        swap_tokens_per_s = (0.00462 * 384 + 108.99) / full_iteration
+        return cls(
+            overhead_s=c, weights_read_s=0.0, prefill_per_token_s=a, decode_per_seq_s=a,
+            kv_read_per_token_s=0.0, swap_bytes_per_s=swap_tokens_per_s * base.kv_bytes_per_token,
+            kv_bytes_per_token=base.kv_bytes_per_token, gpu_kv_tokens=base.gpu_kv_tokens,
+            cpu_swap_tokens=base.cpu_swap_tokens, max_model_len=2048,
+            note=f"GPT-J-6B on A100-{gpu_mem_gb:g}GB, INFERCEPT's profile (a*T + c), "
+                 f"{cpu_swap_gib:g} GiB swap",
+        )
+
+    @classmethod
+    def preset(cls, name: str, **kw) -> "CostModel":
+        try:
+            return PRESETS[name](**kw)
+        except KeyError:
+            raise ValueError(f"unknown cost-model preset {name!r}; choose from {', '.join(PRESETS)}") from None
+
     # -- json --------------------------------------------------------------------------------
     def to_json(self) -> dict:
         return asdict(self)
@@ -139,3 +170,13 @@ class CostModel:
                 return cls.from_json(json.load(f))
         except (OSError, json.JSONDecodeError, TypeError) as e:
             raise ValueError(f"cost model file {path}: {e}; write one with CostModel.save") from e
+
+
+# name -> cost model; the papers' setting also fixes SchedulerConfig (see PAPER_SETTING)
+PRESETS = {
+    "gptj6b-a100-datasheet": CostModel.gptj6b_a100,
+    "infercept-gptj6b": CostModel.infercept_gptj6b,
+}
+# the scheduler settings of INFERCEPT's and LAMPS's runs: vLLM's chunk-fill budget of 384
+# tokens per iteration (scheduler_v2.py, `mlimit`), vLLM's default 256 sequences
+PAPER_SETTING = {"max_num_batched_tokens": 384, "max_num_seqs": 256}

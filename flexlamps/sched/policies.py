@@ -10,15 +10,21 @@ A policy answers two questions for the Scheduler:
 |-----------|-----------------------------------------|-------------------------------------|
 | fcfs      | queue time; continuations re-queued at  | discard (vLLM's default)            |
 |           | the tail when their call returns        |                                     |
-| infercept | original arrival (FCFS)                 | min waste: swap budget to the most  |
-|           |                                         | wasteful, then preserve / discard   |
-| sjf       | predicted tokens left before next call  | min waste                           |
-| lamps     | predicted memory x time of the rest of  | the min-waste strategy predicted    |
-|           | the request, calls and their strategies | before scheduling (used in the      |
-|           | included; re-ranked every k iterations; | rank); starvation guard promotes    |
-|           |                                         | after N pass-overs                  |
-| mlfq      | FastServe skip-join MLFQ level, arrival | min waste                           |
-| vtc       | least service (VTC counter) per client  | min waste                           |
+| infercept | original arrival (FCFS)                 | INFERCEPT's code: every call starts |
+|           |                                         | preserved; each iteration discards  |
+|           |                                         | the preserved requests whose Eq. 4  |
+|           |                                         | waste is below their Eq. 2 waste,   |
+|           |                                         | except the most wasteful, which is  |
+|           |                                         | swapped out only under pressure     |
+| sjf       | predicted tokens left before next call  | min waste at the call               |
+| lamps     | predicted memory x time until the next  | the strategy classified before it   |
+|           | call returns (its strategy included);   | is scheduled, applied by the same   |
+|           | re-ranked every k iterations; a request | per-iteration rule as infercept     |
+|           | waiting 100 iterations goes first       |                                     |
+| lamps-ts  | ours: lamps's rank, slowed down by the  | as lamps                            |
+|           | time a request has waited (see class)   |                                     |
+| mlfq      | FastServe skip-join MLFQ level, arrival | min waste at the call               |
+| vtc       | least service (VTC counter) per client  | min waste at the call               |
 
 Waste formulas and their sources: `flexlamps.sched.waste`.
 """
@@ -30,7 +36,8 @@ from dataclasses import dataclass, replace
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.predictors import Predictor
 from flexlamps.sched.request import Request, Status, Strategy
-from flexlamps.sched.waste import memory_over_time, wastes
+from flexlamps.sched.waste import (infercept_discard_waste, memory_over_time, waste_preserve, waste_swap,
+                                   wastes)
 
 
 @dataclass
@@ -39,13 +46,23 @@ class PolicyContext:
     iteration: int
     cost: CostModel
     predictor: Predictor
-    batch_context_tokens: int  # C_batch: cached tokens of the running requests
+    batch_context_tokens: int  # cached tokens of the running requests (C_other of a paused one)
     swap_budget_tokens: int  # tokens a swap can move this iteration without stalling it
     cpu_free_tokens: int  # room left on the cpu tier
     step_s: float  # recent iteration time
-    # recompute tokens an iteration can carry beside the running decodes (INFERCEPT's chunk,
-    # S - running tokens); the default is SchedulerConfig's token budget
+    # recompute tokens an iteration can carry beside the running requests (INFERCEPT's chunk
+    # c_h = S - running tokens); the default is SchedulerConfig's token budget
     chunk_tokens: int = 2048
+    budget_tokens: int = 2048  # S: the iteration's token budget
+
+    def discard_waste(self, c_i: int, c_other: int | None = None) -> float:
+        """Eq. 4 as INFERCEPT's code prices it, in token x seconds, for a `c_i`-token cache
+        recomputed beside the running batch (`c_other` defaults to its cached tokens)."""
+        cost = self.cost
+        return infercept_discard_waste(
+            c_i, self.batch_context_tokens if c_other is None else c_other, self.chunk_tokens,
+            cost.compute_time(self.budget_tokens, 0, 0),
+            cost.prefill_per_token_s + cost.kv_read_per_token_s)
 
 
 def min_waste_strategies(reqs: list[Request], ctx: PolicyContext) -> dict[str, Strategy]:
@@ -58,7 +75,8 @@ def min_waste_strategies(reqs: list[Request], ctx: PolicyContext) -> dict[str, S
     for req in reqs:
         c_i = req.num_computed
         t_int = ctx.predictor.api_time(req.api_type, req)
-        w = wastes(c_i, max(0, ctx.batch_context_tokens - c_i), t_int, ctx.cost, ctx.chunk_tokens)
+        # the intercepted requests have left the running batch: C_other is all of it
+        w = wastes(c_i, ctx.batch_context_tokens, t_int, ctx.cost, ctx.chunk_tokens, ctx.budget_tokens)
         scored.append((min(w[Strategy.PRESERVE], w[Strategy.DISCARD]), req, w))
     scored.sort(key=lambda t: -t[0])
     budget, cpu_free = ctx.swap_budget_tokens, ctx.cpu_free_tokens
@@ -76,39 +94,82 @@ def min_waste_strategies(reqs: list[Request], ctx: PolicyContext) -> dict[str, S
     return out
 
 
+def classify(c_i: int, api_time: float, ctx: PolicyContext) -> tuple[Strategy, float]:
+    """LAMPS's `classify` (mars-repository/mars-codebase, vllm/core/scheduler_v2.py): before a
+    request is scheduled, the strategy its next call will get and that call's waste, in token
+    x seconds, from predicted values: preserve (Eq. 2), chunked discard (Eq. 4 as INFERCEPT's
+    code prices it, with the batch of the moment) and swap (Eq. 3; LAMPS prices it with its own
+    profiled fit), the least of the three; swap only while the cpu tier has room."""
+    w = {Strategy.PRESERVE: waste_preserve(c_i, api_time, 1.0),
+         Strategy.DISCARD: ctx.discard_waste(c_i)}
+    if c_i <= ctx.cpu_free_tokens:
+        w[Strategy.SWAP] = waste_swap(c_i, ctx.batch_context_tokens, ctx.cost.swap_time(c_i), 1.0)
+    best = min(w, key=w.get)
+    return best, w[best]
+
+
 def predicted_strategy(c_i: int, api_time: float, ctx: PolicyContext) -> Strategy:
-    """The strategy a request is expected to get for a call of `api_time` seconds made with
-    `c_i` tokens cached, chosen before it is scheduled (LAMPS): the least of the three wastes,
-    preserve (Eq. 2), chunked discard (Eq. 4) and swap, priced as pipelined (free) when the
-    cache fits one iteration's swap budget and the cpu tier, as Eq. 3 otherwise."""
-    c_other = max(0, ctx.batch_context_tokens - c_i)
-    w = wastes(c_i, c_other, api_time, ctx.cost, ctx.chunk_tokens)
-    if c_i > ctx.cpu_free_tokens:
-        del w[Strategy.SWAP]
-    elif c_i <= ctx.swap_budget_tokens:
-        w[Strategy.SWAP] = 0.0
-    return min(w, key=w.get)
+    """The strategy LAMPS classifies a call of `api_time` seconds made with `c_i` cached tokens."""
+    return classify(c_i, api_time, ctx)[0]
+
+
+def infercept_review(paused: list[tuple[Request, int]], ctx: PolicyContext, waste_of):
+    """INFERCEPT's per-iteration rule for requests preserved through a call (its code,
+    WukLab/InferCept vllm/core/scheduler_v2.py, `_schedule_chunk_and_fill`): each preserved
+    request whose handling `waste_of(req, tokens)` -> (strategy, waste) is not preserve is a
+    candidate; every candidate wasting less than the most wasteful one is handled now; the
+    most wasteful stay preserved as the ones memory is reclaimed from under pressure (swapped
+    out, or discarded when the cpu tier is full). Returns ({id: strategy}, reclaimable)."""
+    cands = []
+    for req, tokens in paused:
+        strategy, waste = waste_of(req, tokens)
+        if strategy is not Strategy.PRESERVE:
+            cands.append((waste, strategy, req))
+    if not cands:
+        return {}, []
+    top = max(w for w, _, _ in cands)
+    act = {r.request_id: s for w, s, r in cands if w < top}
+    return act, [r for w, _, r in cands if w >= top]
 
 
 class Policy:
     name = "base"
-    starvation_threshold: int | None = None  # promote a request passed over this many times
+    # starvation guard: None = none; otherwise a request is promoted to the head of the queue
+    # after `starvation_threshold` counts of `starvation_counter`: "iteration" (LAMPS's code:
+    # every iteration it waits) or "pass_over" (iterations in which a later arrival was admitted)
+    starvation_threshold: int | None = None
+    starvation_counter = "iteration"
     # how often a waiting request's key must be recomputed: None = never (it is fixed while the
     # request waits), k = every k iterations
     rerank_every: int | None = None
     preemptive = False  # may a waiting request that outranks running ones take their place?
+    preempt_by_swap = False  # running victims of memory pressure: swapped out (else recomputed)
+    reviews_paused = False  # calls start preserved and `review_paused` runs every iteration
 
     def priority(self, req: Request, ctx: PolicyContext):
         return (req.arrival_time,)
 
+    def running_priority(self, req: Request, ctx: PolicyContext):
+        """Order of the running batch (token budget first, preemption victims last)."""
+        return self.priority(req, ctx)
+
     def choose_strategies(self, reqs: list[Request], ctx: PolicyContext) -> dict[str, Strategy]:
+        if self.reviews_paused:
+            return {r.request_id: Strategy.PRESERVE for r in reqs}
         return min_waste_strategies(reqs, ctx)
+
+    def review_paused(self, paused: list[tuple[Request, int]], ctx: PolicyContext):
+        """For requests preserved through a call, each with the gpu tokens it holds: what to do
+        with them now ({id: strategy}) and which stay reclaimable under memory pressure."""
+        return {}, [r for r, _ in paused]
 
     def on_arrival(self, req: Request, active: list[Request]) -> None:
         pass
 
     def on_computed(self, req: Request, tokens: int, steps: int) -> None:
-        """`req` processed `tokens` tokens over `steps` iterations (for service accounting)."""
+        """`req` processed `tokens` tokens of its own (prompt or returned API tokens; decodes are
+        1 token x `steps` iterations) for service accounting; recomputation of a cache the
+        scheduler dropped is not the request's service and is not reported."""
 
     def on_finish(self, req: Request) -> None:
         """`req` left the system (drop any per-request state)."""
@@ -128,7 +189,33 @@ class FCFS(Policy):
 
 
 class InferCept(Policy):
+    """INFERCEPT as its code runs (WukLab/InferCept, api policy "V" with chunk fill): FCFS by
+    original arrival; every call starts preserved; each iteration, a preserved request whose
+    chunked-discard waste (Eq. 4 as the code prices it) is below its preserve waste over the
+    call's remaining time (Eq. 2) is a candidate, and all candidates but the most wasteful are
+    discarded; that one is swapped out (or discarded when the cpu tier is full) only when
+    memory runs short. Running requests preempted for memory are swapped out too."""
+
     name = "infercept"
+    reviews_paused = True
+    preempt_by_swap = True
+
+    def review_paused(self, paused, ctx):
+        pred = ctx.predictor
+
+        def waste_of(req, tokens):
+            left = max(0.0, req.api_start + pred.api_time(req.api_type, req) - ctx.now)
+            w_p, w_d = waste_preserve(tokens, left, 1.0), ctx.discard_waste(tokens)
+            return (Strategy.DISCARD, w_d) if w_d < w_p else (Strategy.PRESERVE, w_p)
+
+        return infercept_review(paused, ctx, waste_of)
+
+
+class InferCeptAtCall(Policy):
+    """The min-waste choice made once, at the call (INFERCEPT's paper, Sec. 4.3): the swap
+    budget to the most wasteful, then the cheaper of preserve (Eq. 2) and discard (Eq. 4)."""
+
+    name = "infercept-at-call"
 
 
 class SJF(Policy):
@@ -140,86 +227,102 @@ class SJF(Policy):
 
 class LAMPS(Policy):
     """LAMPS (Shahout et al., arXiv 2410.18248; mars-repository/mars-codebase): rank waiting
-    requests by the memory they are predicted to hold over time, their calls included, each
-    call priced with the strategy chosen for it before it is scheduled; promote a request
-    passed over `starvation_threshold` times; recompute ranks every `rerank_every` iterations.
+    requests by the memory they are predicted to hold over time until their next call returns,
+    the call priced with the strategy classified for it before it is scheduled; recompute
+    ranks every `rerank_every` iterations; the running batch stays in arrival order (its
+    `get_priority(running=True)`).
 
-    `horizon="segment"` ranks by the memory held until the next call returns (the paper's
-    pre-API prediction); `"request"` adds the predicted later segments and calls too (the
-    request's total length), which ranks multi-call requests better when predictable.
-    `handling="planned"` handles each call with the strategy its rank assumed (LAMPS's code
-    classifies a request on arrival and on every return); `"at_call"` re-decides at the call
-    with INFERCEPT's min-waste choice and the batch of that moment."""
+    Defaults as LAMPS's code and paper run it: `horizon="segment"` (the next call only),
+    `handling="planned"` (the call is handled with the classified strategy by INFERCEPT's
+    per-iteration rule: preserved first, the planned discards / swaps applied to all but the
+    most wasteful), a starvation counter that grows every iteration a request waits (status
+    WAITING) and promotes it at 100 (the paper's best; `sequence.py`'s
+    `increment_starvation`). In the released code that counter never moves for SchedulerV2
+    (it only counts requests whose `time_before_processing` > 0, which only the vLLM
+    scheduler sets); we count as the paper describes.
+
+    Variants kept as options: `horizon="request"` adds the predicted later segments and calls;
+    `handling="at_call"` re-decides at the call with INFERCEPT's min-waste choice;
+    `starvation_counter="pass_over"` counts only iterations in which a later arrival was
+    admitted (this simulator's earlier guard, threshold 2000)."""
 
     name = "lamps"
+    preempt_by_swap = True
 
-    def __init__(self, starvation_threshold: int | None = 2000, rerank_every: int = 10,
-                 horizon: str = "request", handling: str = "planned"):
+    def __init__(self, starvation_threshold: int | None = 100, rerank_every: int = 10,
+                 horizon: str = "segment", handling: str = "planned",
+                 starvation_counter: str = "iteration"):
         if horizon not in ("segment", "request"):
             raise ValueError(f"LAMPS horizon must be 'segment' or 'request', got {horizon!r}")
         if handling not in ("planned", "at_call"):
             raise ValueError(f"LAMPS handling must be 'planned' or 'at_call', got {handling!r}")
+        if starvation_counter not in ("iteration", "pass_over"):
+            raise ValueError("LAMPS starvation_counter must be 'iteration' or 'pass_over', "
+                             f"got {starvation_counter!r}")
         self.starvation_threshold = starvation_threshold
+        self.starvation_counter = starvation_counter
         self.rerank_every = rerank_every
         self.horizon = horizon
         self.handling = handling
+        self.reviews_paused = handling == "planned"
         self._future: dict[str, tuple[int, float]] = {}
-        self._planned: dict[str, tuple[int, Strategy]] = {}  # id -> (segment, strategy)
+        # id -> (segment, strategy, waste) classified for the call ending that segment
+        self._planned: dict[str, tuple[int, Strategy, float]] = {}
 
     @staticmethod
     def _segment_mot(context: float, out: float, api_type, api_time: float,
-                     ctx: PolicyContext) -> tuple[float, Strategy | None]:
-        strategy = None
+                     ctx: PolicyContext) -> tuple[float, Strategy | None, float]:
+        strategy, waste = None, 0.0
         if api_type:
-            # the strategy the call is expected to get, chosen before scheduling (min waste)
-            strategy = predicted_strategy(int(context + out), api_time, ctx)
-        return memory_over_time(context, out, api_time, strategy, ctx.step_s, ctx.cost), strategy
+            strategy, waste = classify(int(context + out), api_time, ctx)
+        return memory_over_time(context, out, api_time, strategy, ctx.step_s, ctx.cost), strategy, waste
 
     def score(self, req: Request, ctx: PolicyContext) -> float:
         pred = ctx.predictor
         out = pred.output_tokens(req)
         api_type, api_time = pred.next_call(req)
-        total, strategy = self._segment_mot(req.num_tokens, out, api_type, api_time, ctx)
+        total, strategy, waste = self._segment_mot(req.num_tokens, out, api_type, api_time, ctx)
         if strategy is not None:
-            self._planned[req.request_id] = (req.segment_index, strategy)
+            self._planned[req.request_id] = (req.segment_index, strategy, waste)
         # a request whose cache was discarded must first rebuild it, its cache growing from 0
         rebuild = req.num_tokens - 1 - req.num_computed if req.status is not Status.RUNNING else 0
         if rebuild > 1:
             total += rebuild * ctx.cost.prefill_time(rebuild) / 2
         if self.horizon == "request" and api_type:
-            # later segments only change when the request moves on: cache them per segment
-            cached = self._future.get(req.request_id)
-            if cached is None or cached[0] != req.segment_index:
-                context, later = req.num_tokens + out, 0.0
-                for tokens, seg_api, seg_s, returned in pred.future_segments(req):
-                    later += self._segment_mot(context, tokens, seg_api, seg_s, ctx)[0]
-                    context += tokens + returned
-                cached = self._future[req.request_id] = (req.segment_index, later)
-            total += cached[1]
+            total += self._later(req, out, ctx)
         return total
+
+    def _later(self, req: Request, out: float, ctx: PolicyContext) -> float:
+        # later segments only change when the request moves on: cache them per segment
+        cached = self._future.get(req.request_id)
+        if cached is None or cached[0] != req.segment_index:
+            context, later = req.num_tokens + out, 0.0
+            for tokens, seg_api, seg_s, returned in ctx.predictor.future_segments(req):
+                later += self._segment_mot(context, tokens, seg_api, seg_s, ctx)[0]
+                context += tokens + returned
+            cached = self._future[req.request_id] = (req.segment_index, later)
+        return cached[1]
+
+    def _plan(self, req: Request, tokens: int, ctx: PolicyContext) -> tuple[Strategy, float]:
+        seg, strategy, waste = self._planned.get(req.request_id, (-1, None, 0.0))
+        if seg != req.segment_index:  # never ranked in this segment: classify it now
+            strategy, waste = classify(tokens, ctx.predictor.api_time(req.api_type, req), ctx)
+        return strategy, waste
 
     def choose_strategies(self, reqs, ctx):
         if self.handling == "at_call":
             return min_waste_strategies(reqs, ctx)
-        out, unplanned = {}, []
-        cpu_free, budget = ctx.cpu_free_tokens, ctx.swap_budget_tokens
-        for req in reqs:
-            seg, strategy = self._planned.get(req.request_id, (-1, None))
-            if seg != req.segment_index or (strategy is Strategy.SWAP and req.num_computed > cpu_free):
-                unplanned.append(req)  # not ranked in this segment, or no cpu room left
-                continue
-            if strategy is Strategy.SWAP:
-                cpu_free -= req.num_computed
-                budget -= req.num_computed
-            out[req.request_id] = strategy
-        if unplanned:
-            rest = replace(ctx, cpu_free_tokens=cpu_free, swap_budget_tokens=max(0, budget))
-            out.update(min_waste_strategies(unplanned, rest))
-        return out
+        return {r.request_id: Strategy.PRESERVE for r in reqs}
+
+    def review_paused(self, paused, ctx):
+        return infercept_review(paused, ctx, lambda req, tokens: self._plan(req, tokens, ctx))
 
     def on_finish(self, req: Request) -> None:
         self._future.pop(req.request_id, None)
         self._planned.pop(req.request_id, None)
+
+    def running_priority(self, req, ctx):
+        return (req.arrival_time,)
 
     def priority(self, req, ctx):
         if req.promoted:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -71,6 +71,13 @@ class Scheduler:
         self._unsorted: list[Request] = []  # joined the queue since it was last ordered
         self._promoted: list[Request] = []  # promoted since the queue was last ordered
         self._tracks_service = type(policy).on_computed is not Policy.on_computed
+        # requests preserved on the gpu through a call, and those of them the policy lets memory
+        # pressure reclaim (all of them unless the policy reviews paused requests)
+        self._preserved: dict[str, Request] = {}
+        self._reclaimable: list[Request] = []
+        # per-iteration starvation counter: (iteration counting began, queue stay, request)
+        self._starving: deque = deque()
+        self.last_steps = 1  # iterations the last output covered (fast-forwarded decode runs)
 
     # -- events from outside ---------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -91,7 +98,14 @@ class Scheduler:
         """Queue `req`; it is placed in priority order when the queue is next looked at."""
         self._unsorted.append(req)
         req.sort_key = None
-        req.passed_over, req.promoted = 0, False  # starvation is counted per stay in the queue
+        req.queue_stays += 1
+        if self.policy.starvation_counter == "pass_over":
+            req.passed_over, req.promoted = 0, False  # counted per stay in the queue
+        elif self.policy.starvation_threshold is not None and not req.promoted \
+                and req.status is Status.WAITING:
+            # LAMPS counts iterations spent WAITING (not swapped), from joining the queue
+            req.starve_since = self.iteration
+            self._starving.append((self.iteration, req.queue_stays, req))
         need = req.admit_need = self._admission_blocks(req)
         self._needs[need] += 1
         if self._min_need is not None and need < self._min_need:
@@ -140,6 +154,7 @@ class Scheduler:
     def resume(self, rid: str, returned_tokens: int, now: float) -> None:
         """The API call of `rid` returned `returned_tokens` tokens that join its context."""
         req = self.paused.pop(rid)
+        self._preserved.pop(rid, None)
         self.predictor.observe_api(req.api_type, now - req.api_start)
         req.num_tokens += returned_tokens
         req.segment_index += 1
@@ -160,6 +175,8 @@ class Scheduler:
     # -- planning ----------------------------------------------------------------------------
     def context(self, now: float) -> PolicyContext:
         batch_ctx = sum(r.num_computed for r in self.running)
+        budget = self.config.max_num_batched_tokens
+        inflight = sum(r.num_tokens - r.num_computed for r in self.running)
         return PolicyContext(
             now=now,
             iteration=self.iteration,
@@ -169,7 +186,8 @@ class Scheduler:
             swap_budget_tokens=self.cost.swap_budget_tokens(self.step_s),
             cpu_free_tokens=self.bm.free_cpu_blocks * self.config.block_size,
             step_s=self.step_s,
-            chunk_tokens=max(1, self.config.max_num_batched_tokens - len(self.running)),
+            chunk_tokens=max(1, budget - inflight),
+            budget_tokens=budget,
         )
 
     def schedule(self, now: float, max_steps: int = 1, step_limit=None) -> SchedulerOutput:
@@ -184,8 +202,11 @@ class Scheduler:
         block_size = self.config.block_size
 
         if not self._running_sorted or self.iteration % 16 == 0:
-            self.running.sort(key=lambda r: prio(r, ctx))
+            rprio = self.policy.running_priority
+            self.running.sort(key=lambda r: rprio(r, ctx))
             self._running_sorted = True
+        if self._preserved and self.policy.reviews_paused:
+            self._review_paused(out, ctx)
         if self.policy.preemptive and self.num_waiting and self.running:
             self._preempt_for_waiting(out, ctx)
         scheduled: list[Request] = []
@@ -222,7 +243,10 @@ class Scheduler:
 
         admitted = self._admit(budget, len(scheduled), out, ctx)
         scheduled.extend(admitted)
-        self._account_starvation(admitted)
+        if self.policy.starvation_counter == "pass_over":
+            self._account_starvation(admitted)
+        elif self._starving:
+            self._promote_starved()
 
         out.context_tokens = context + sum(r.num_computed + out.scheduled_tokens(r.request_id)
                                            for r in admitted)
@@ -256,24 +280,20 @@ class Scheduler:
         admitted: list[Request] = []
         if not self.num_waiting or budget <= 0 or num_scheduled >= self.config.max_num_seqs:
             return admitted
-        if self.min_waiting_need() > self.bm.free_gpu_blocks - self._watermark:
+        # INFERCEPT's code lets newcomers take reclaimable preserved caches too
+        reclaimable = self._reclaimable_blocks() if self.policy.reviews_paused else 0
+        if self.min_waiting_need() > self.bm.free_gpu_blocks + reclaimable - self._watermark:
             return admitted  # nothing could fit: skip ranking the queue
         self._order_queue(ctx)
         taken = 0
         for req in self.waiting:
             if budget <= 0 or num_scheduled + len(admitted) >= self.config.max_num_seqs:
                 break
-            rid = req.request_id
-            free = self.bm.free_gpu_blocks - self._watermark
+            need = req.admit_need + self._watermark
+            if need > self.bm.free_gpu_blocks and not (reclaimable and self._reclaim(need, out)):
+                break
             if req.status is Status.SWAPPED:
-                need = self.bm.num_cpu_blocks_of(rid) + blocks_for(req.num_tokens, self.config.block_size) \
-                    - blocks_for(req.num_computed, self.config.block_size)
-                if need > free:
-                    break
-                out.swap_in.extend(self.bm.swap_in(rid))
-            else:
-                if blocks_for(req.num_tokens, self.config.block_size) > free:
-                    break
+                out.swap_in.extend(self.bm.swap_in(req.request_id))
             req.status = Status.RUNNING
             n = min(req.tokens_to_compute, budget)
             self._schedule_tokens(req, n, out)
@@ -306,23 +326,77 @@ class Scheduler:
                     self._promoted.append(req)
 
     def _make_room(self, need: int, req: Request, out: SchedulerOutput, ctx) -> bool:
-        """Free gpu blocks for `req`: first drop caches preserved through long calls (INFERCEPT's
-        passive discard), then preempt the lowest-priority running requests (recompute later).
-        Returns False if `req` itself had to be preempted."""
-        if self.paused:
-            preserved = [r for r in self.paused.values() if r.strategy is Strategy.PRESERVE
-                         and self.bm.num_gpu_blocks_of(r.request_id)]
-            preserved.sort(key=lambda r: r.api_start + self.predictor.api_time(r.api_type, r))
-            while preserved and need > self.bm.free_gpu_blocks:
-                victim = preserved.pop()
-                self._discard(victim, out)
-                victim.strategy = Strategy.DISCARD
+        """Free gpu blocks for `req`: first reclaim caches preserved through calls (INFERCEPT's
+        passive discard), then preempt the lowest-priority running requests. Returns False if
+        `req` itself had to be preempted."""
+        if self._preserved:
+            self._reclaim(need, out)
         while need > self.bm.free_gpu_blocks:
             victim = self.running[-1]  # running is sorted best-first
-            self._preempt(victim, out)
+            self._preempt(victim, out, swap=self.policy.preempt_by_swap)
             if victim is req:
                 return False
         return True
+
+    def _reclaim_order(self) -> list[Request]:
+        """Preserved caches memory pressure may take, the last one first: the policy's
+        reclaimable ones; otherwise all, the one expected back latest taken first."""
+        if self.policy.reviews_paused:
+            return [r for r in self._reclaimable if self._preserved.get(r.request_id) is r]
+        order = list(self._preserved.values())
+        order.sort(key=lambda r: r.api_start + self.predictor.api_time(r.api_type, r))
+        return order
+
+    def _reclaimable_blocks(self) -> int:
+        if not self._preserved:
+            return 0
+        if self.policy.reviews_paused:
+            return sum(self.bm.num_gpu_blocks_of(r.request_id) for r in self._reclaim_order())
+        return sum(self.bm.num_gpu_blocks_of(rid) for rid in self._preserved)
+
+    def _reclaim(self, need: int, out: SchedulerOutput) -> bool:
+        """Take preserved caches until `need` gpu blocks are free: reviewing policies swap them
+        out while the cpu tier has room (INFERCEPT's `passive_discard_by_order`), others drop
+        them. Returns whether `need` blocks are free."""
+        victims = self._reclaim_order()
+        swap = self.policy.reviews_paused
+        while victims and need > self.bm.free_gpu_blocks:
+            self._release_preserved(victims.pop(), Strategy.SWAP if swap else Strategy.DISCARD, out)
+        return need <= self.bm.free_gpu_blocks
+
+    def _release_preserved(self, req: Request, strategy: Strategy, out: SchedulerOutput) -> None:
+        """A request preserved through its call gives up its gpu cache: swapped out if asked and
+        the cpu tier has room, dropped otherwise."""
+        rid = req.request_id
+        del self._preserved[rid]
+        if strategy is Strategy.SWAP and self.bm.can_swap_out(rid):
+            out.swap_out.extend(self.bm.swap_out(rid))
+            out.swapped_out.append(rid)
+            req.strategy = Strategy.SWAP
+        else:
+            self._discard(req, out)
+            req.strategy = Strategy.DISCARD
+
+    def _review_paused(self, out: SchedulerOutput, ctx) -> None:
+        """INFERCEPT's per-iteration rule (see `policies.infercept_review`)."""
+        bs = self.config.block_size
+        held = [(r, self.bm.num_gpu_blocks_of(rid) * bs) for rid, r in self._preserved.items()]
+        act, self._reclaimable = self.policy.review_paused(held, ctx)
+        for rid, strategy in act.items():
+            if strategy is not Strategy.PRESERVE:
+                self._release_preserved(self._preserved[rid], strategy, out)
+
+    def _promote_starved(self) -> None:
+        """LAMPS's starvation guard: a request WAITING `starvation_threshold` iterations in one
+        stay goes to the head of the queue until its next call."""
+        limit = self.iteration - self.policy.starvation_threshold
+        starving = self._starving
+        while starving and starving[0][0] <= limit:
+            _, stay, req = starving.popleft()
+            if stay == req.queue_stays and req.status is Status.WAITING and not req.promoted \
+                    and req.request_id in self.requests:
+                req.promoted = True
+                self._promoted.append(req)
 
     def _discard(self, req: Request, out: SchedulerOutput) -> None:
         if req.num_computed:
@@ -402,6 +476,8 @@ class Scheduler:
     # -- closing the loop -------------------------------------------------------------------------
     def update_from_output(self, out: SchedulerOutput, runner: RunnerOutput, now: float, step_s: float | None = None) -> None:
         k = out.num_steps
+        self.iteration += k - 1  # schedule() counted one
+        self.last_steps = k
         reqs = self.requests
         # most policies keep no service accounting: skip the per-request calls for them
         on_computed = self.policy.on_computed if self._tracks_service else None
@@ -427,8 +503,8 @@ class Scheduler:
                         self._recompute_left[rid] = left
                     else:
                         del self._recompute_left[rid]
-                if on_computed is not None:
-                    on_computed(req, n, 1)
+                if on_computed is not None and part is out.prefill:
+                    on_computed(req, n, 1)  # recomputation is not the request's service
         for rid in out.sampling:
             req = reqs[rid]
             req.num_tokens += k
@@ -460,6 +536,7 @@ class Scheduler:
             req.api_type = api_types[req.request_id]
             req.api_start = now
             req.status = Status.PAUSED
+            req.promoted, req.passed_over = False, 0  # LAMPS resets starvation on a call
             self.predictor.observe_segment(req, req.segment_output, req.api_type)
         ctx = self.context(now)
         choice = self.policy.choose_strategies(reqs, ctx)
@@ -476,6 +553,7 @@ class Scheduler:
                 self._discard(req, pending)
             else:
                 pending.preserved.append(rid)
+                self._preserved[rid] = req
             req.strategy = strategy
             self.paused[rid] = req
 

@@ -57,21 +57,48 @@ def recompute_chunks(c_i: int, chunk_tokens: int) -> int:
     return max(1, -(-c_i // max(1, chunk_tokens)))
 
 
-def chunk_discard_waste(c_i: int, c_other: int, chunk_tokens: int, cost: CostModel) -> float:
-    """Eq. 4 priced with `cost`: chunks of at most `chunk_tokens` recompute tokens."""
-    n = recompute_chunks(c_i, chunk_tokens)
-    return waste_chunk_discard(c_i, c_other, cost.prefill_time(c_i), cost.chunk_time(c_i / n), n,
-                               cost.kv_bytes_per_token)
+def infercept_discard_waste(c_i: int, c_other: int, chunk_tokens: int, iteration_s: float,
+                            per_token_s: float, m: float = 1.0) -> float:
+    """Eq. 4 as INFERCEPT's code evaluates it (WukLab/InferCept, vllm/core/scheduler_v2.py,
+    `discard_waste`): the context is recomputed `chunk_tokens` (c_h) at a time beside the
+    running decodes, n = ceil(C_i / c_h) - 1 full chunks, then the remainder C_i mod c_h.
+
+    - own term: after the k-th full chunk the request holds k * c_h tokens for one full
+      iteration (`iteration_s`, the forward of the whole token budget): f_s * c_h * n(n+1)/2;
+    - stall term: each full chunk adds its slope time (`per_token_s` * c_h, no fixed part) to
+      an iteration the other C_other tokens wait through: n * a * c_h * C_other;
+    - the last partial chunk stalls the others and itself: a * last * (C_other + last).
+
+    With one chunk (C_i < c_h) it is Eq. 1 with T_fwd(C_i) priced at its slope. Two quirks of
+    the code are kept: a context that is an exact multiple of c_h loses its last chunk, and
+    the last chunk's own term leaves out the n * c_h tokens already rebuilt."""
+    c_h = max(1, chunk_tokens)
+    n = max(-(-c_i // c_h) - 1, 0)
+    own = iteration_s * (1 + n) * n / 2 * c_h
+    stall = per_token_s * c_h * n * c_other
+    last = c_i % c_h
+    tail = per_token_s * last * (c_other + last)
+    return (own + stall + tail) * m
+
+
+def chunk_discard_waste(c_i: int, c_other: int, chunk_tokens: int, cost: CostModel,
+                        budget_tokens: int | None = None) -> float:
+    """Eq. 4 priced with `cost` the way INFERCEPT's code does (`infercept_discard_waste`):
+    chunks of `chunk_tokens`, a full iteration of `budget_tokens` (default: the chunk)."""
+    full = cost.compute_time(budget_tokens or chunk_tokens, 0, 0)
+    slope = cost.prefill_per_token_s + cost.kv_read_per_token_s
+    return infercept_discard_waste(c_i, c_other, chunk_tokens, full, slope, cost.kv_bytes_per_token)
 
 
 def wastes(c_i: int, c_other: int, t_int: float, cost: CostModel,
-           chunk_tokens: int) -> dict[Strategy, float]:
+           chunk_tokens: int, budget_tokens: int | None = None) -> dict[Strategy, float]:
     """What each strategy would waste for one interception: preserve (Eq. 2), discard as the
-    engine does it, chunked (Eq. 4), and an unpipelined swap (Eq. 3)."""
+    engine does it, chunked (Eq. 4 as INFERCEPT's code prices it), and an unpipelined swap
+    (Eq. 3). `c_other` is the context of the *other* running requests (C_batch - C_i)."""
     m = cost.kv_bytes_per_token
     return {
         Strategy.PRESERVE: waste_preserve(c_i, t_int, m),
-        Strategy.DISCARD: chunk_discard_waste(c_i, c_other, chunk_tokens, cost),
+        Strategy.DISCARD: chunk_discard_waste(c_i, c_other, chunk_tokens, cost, budget_tokens),
         Strategy.SWAP: waste_swap(c_i, c_other, cost.swap_time(c_i), m),
     }
 

@@ -98,6 +98,8 @@ class Simulator:
             else:
                 req = sched.paused[rid]
                 seg = spec.segments[req.segment_index]
+                # how the call ended up handled (a preserved cache may be dropped during it)
+                self.stats.strategies[req.strategy.value] += 1
                 sched.resume(rid, seg.api_tokens, t)
 
     def run(self) -> list[RequestRecord]:
@@ -181,7 +183,6 @@ class Simulator:
         for rid in self._just_intercepted:
             req = sched.paused[rid]
             seg = self.specs[rid].segments[req.segment_index]
-            self.stats.strategies[req.strategy.value] += 1
             self._seq += 1
             heapq.heappush(self.events, (now + seg.api_time, _RETURN, self._seq, rid))
         for req, spec in self._pending_finish:
