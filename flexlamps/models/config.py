@@ -12,8 +12,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from flexlamps.models.mla_config import DEEPSEEK_MODEL_TYPES, MLAConfig, MoEConfig, mla_from_hf, moe_from_hf
+
 LLAMA_LIKE = {"llama", "mistral", "qwen2"}
-SUPPORTED_MODEL_TYPES = sorted(LLAMA_LIKE | {"opt"})
+SUPPORTED_MODEL_TYPES = sorted(LLAMA_LIKE | {"opt"} | set(DEEPSEEK_MODEL_TYPES))
 
 
 class UnsupportedModelError(ValueError):
@@ -22,7 +24,7 @@ class UnsupportedModelError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    arch: str  # "llama" (LLaMA, Mistral, Qwen2, SmolLM2, TinyLlama) or "opt"
+    arch: str  # "llama" (LLaMA, Mistral, Qwen2, SmolLM2, TinyLlama), "opt" or "mla" (DeepSeek-V3/V3.2)
     model_type: str  # the HF model_type it came from
     vocab_size: int
     hidden_size: int
@@ -44,6 +46,9 @@ class ModelConfig:
     activation: str = "silu"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # MLA only (head_dim is then the rotary width, as in transformers' DeepSeek configs)
+    mla: MLAConfig | None = None
+    moe: MoEConfig | None = None  # None: every layer has the dense FFN
 
     @property
     def q_size(self) -> int:
@@ -54,7 +59,9 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """K and V bytes one token holds in the cache, over all layers."""
+        """K and V bytes (MLA: latent and rotary key) one token holds in the cache, over all layers."""
+        if self.mla is not None:
+            return self.num_layers * self.mla.latent_width * dtype_bytes
         return 2 * self.num_layers * self.kv_size * dtype_bytes
 
     def to_json(self) -> str:
@@ -64,6 +71,10 @@ class ModelConfig:
     def from_json(cls, text: str) -> "ModelConfig":
         d = json.loads(text)
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
+        if d.get("mla"):
+            d["mla"] = MLAConfig(**d["mla"])
+        if d.get("moe"):
+            d["moe"] = MoEConfig(**{**d["moe"], "moe_layers": tuple(d["moe"]["moe_layers"])})
         return cls(**d)
 
     @classmethod
@@ -75,6 +86,8 @@ class ModelConfig:
                 f"model_type {model_type!r} is not supported; flexlamps runs {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         try:
+            if model_type in DEEPSEEK_MODEL_TYPES:
+                return _from_deepseek(hf)
             return _from_opt(hf) if model_type == "opt" else _from_llama(hf)
         except KeyError as e:
             raise UnsupportedModelError(f"config.json lacks the field {e.args[0]!r} needed for {model_type}") from None
@@ -87,7 +100,7 @@ def _eos_ids(hf: dict[str, Any]) -> tuple[int, ...]:
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
 
 
-def _rope(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+def _rope(hf: dict[str, Any], allowed: tuple[str, ...] = ("linear", "llama3")) -> tuple[float, dict[str, Any] | None]:
     params = dict(hf.get("rope_parameters") or {})
     theta = float(params.pop("rope_theta", hf.get("rope_theta", 10000.0)))
     scaling = hf.get("rope_scaling") or params or None
@@ -97,8 +110,8 @@ def _rope(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
         scaling.pop("rope_theta", None)
         if scaling["rope_type"] == "default":
             scaling = None
-    if scaling is not None and scaling["rope_type"] not in ("linear", "llama3"):
-        raise UnsupportedModelError(f"rope type {scaling['rope_type']!r} is not supported (linear, llama3 are)")
+    if scaling is not None and scaling["rope_type"] not in allowed:
+        raise UnsupportedModelError(f"rope type {scaling['rope_type']!r} is not supported ({', '.join(allowed)} are)")
     return theta, scaling
 
 
@@ -159,4 +172,34 @@ def _from_opt(hf: dict[str, Any]) -> ModelConfig:
         activation=hf.get("activation_function", "relu"),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=_eos_ids(hf),
+    )
+
+
+def _from_deepseek(hf: dict[str, Any]) -> ModelConfig:
+    if hf.get("attention_bias"):
+        raise UnsupportedModelError("attention_bias=true is not supported for DeepSeek MLA models "
+                                    "(no released checkpoint uses it)")
+    heads = hf["num_attention_heads"]
+    theta, scaling = _rope(hf, allowed=("linear", "yarn"))
+    return ModelConfig(
+        arch="mla",
+        model_type=hf["model_type"],
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=hf["qk_rope_head_dim"],
+        intermediate_size=hf["intermediate_size"],
+        max_position=hf.get("max_position_embeddings", 4096),
+        norm_eps=hf.get("rms_norm_eps", 1e-6),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qkv_bias=bool(hf.get("attention_bias", False)),
+        activation=hf.get("hidden_act", "silu"),
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_ids=_eos_ids(hf),
+        mla=mla_from_hf(hf, scaling),
+        moe=moe_from_hf(hf),
     )

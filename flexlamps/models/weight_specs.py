@@ -33,6 +33,8 @@ class WeightSpec:
 
 
 def weight_specs(cfg: ModelConfig) -> list[WeightSpec]:
+    if cfg.arch == "mla":
+        return _mla_specs(cfg)
     return _llama_specs(cfg) if cfg.arch == "llama" else _opt_specs(cfg)
 
 
@@ -71,6 +73,19 @@ def _llama_specs(cfg: ModelConfig) -> list[WeightSpec]:
         if cfg.mlp_bias:
             specs += [_layer(i, "gate_bias", (f,), "bias"), _layer(i, "up_bias", (f,), "bias"),
                       _layer(i, "down_bias", (h,), "bias")]
+    specs.append(WeightSpec("norm", (h,), "norm", None))
+    if not cfg.tie_word_embeddings:
+        specs.append(WeightSpec("lm_head", (cfg.vocab_size, h), "embed", None))
+    return specs
+
+
+def _mla_specs(cfg: ModelConfig) -> list[WeightSpec]:
+    from flexlamps.models.deepseek_weights import mla_layer_shapes
+
+    h = cfg.hidden_size
+    specs = [WeightSpec("embed_tokens", (cfg.vocab_size, h), "embed", None)]
+    for i in range(cfg.num_layers):
+        specs += [_layer(i, local, shape, role) for local, shape, role in mla_layer_shapes(cfg, i)]
     specs.append(WeightSpec("norm", (h,), "norm", None))
     if not cfg.tie_word_embeddings:
         specs.append(WeightSpec("lm_head", (cfg.vocab_size, h), "embed", None))
@@ -137,6 +152,10 @@ _OPT_HF_GLOBAL = {
 
 
 def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
+    if cfg.arch == "mla":
+        from flexlamps.models.deepseek_weights import mla_hf_name
+
+        return mla_hf_name(spec.name, spec.layer, spec.local_name)
     if cfg.arch == "llama":
         if spec.layer is None:
             return _LLAMA_HF_GLOBAL[spec.name]

@@ -1,0 +1,74 @@
+"""The weights of a DeepSeek-V3/V3.2 model as data (our names, shapes, roles) and their HF names.
+
+Roles as in `weight_specs`, plus "router": small 2-D matrices the forward runs in fp32 (the MoE
+router, the indexer's head weights), never compressed, as transformers keeps them in fp32.
+"""
+
+from __future__ import annotations
+
+from flexlamps.models.config import ModelConfig
+
+
+def mla_layer_shapes(cfg: ModelConfig, layer: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """(local name, shape, role) of one decoder layer's tensors."""
+    m, h, heads = cfg.mla, cfg.hidden_size, cfg.num_heads
+    out = [("attn_norm", (h,), "norm")]
+    if m.q_lora_rank:
+        out += [("q_a_proj", (m.q_lora_rank, h), "linear"), ("q_a_norm", (m.q_lora_rank,), "norm"),
+                ("q_b_proj", (heads * m.qk_head_dim, m.q_lora_rank), "linear")]
+    else:
+        out.append(("q_proj", (heads * m.qk_head_dim, h), "linear"))
+    out += [
+        ("kv_a_proj", (m.latent_width, h), "linear"),
+        ("kv_a_norm", (m.kv_lora_rank,), "norm"),
+        # sliced per head into W_UK / W_UV by the forward, so never compressed or prepacked
+        ("kv_b_proj", (heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank), "absorbed"),
+        ("o_proj", (h, heads * m.v_head_dim), "linear"),
+    ]
+    if m.has_indexer:
+        d = m.index_head_dim
+        out += [("index_q_proj", (m.index_num_heads * d, m.q_lora_rank), "linear"),
+                ("index_k_proj", (d, h), "linear"), ("index_k_norm", (d,), "norm"),
+                ("index_k_norm_bias", (d,), "bias"), ("index_weights", (m.index_num_heads, h), "router")]
+    out.append(("mlp_norm", (h,), "norm"))
+    moe = cfg.moe
+    if moe is None or not moe.moe_layers[layer]:
+        f = cfg.intermediate_size
+        return out + [("gate_proj", (f, h), "linear"), ("up_proj", (f, h), "linear"),
+                      ("down_proj", (h, f), "linear")]
+    f = moe.moe_intermediate_size
+    out += [("router", (moe.num_experts, h), "router"), ("router_bias", (moe.num_experts,), "bias")]
+    for e in range(moe.num_experts):
+        out += [(f"experts.{e}.gate_proj", (f, h), "linear"), (f"experts.{e}.up_proj", (f, h), "linear"),
+                (f"experts.{e}.down_proj", (h, f), "linear")]
+    if moe.num_shared_experts:
+        fs = f * moe.num_shared_experts
+        out += [("shared_gate_proj", (fs, h), "linear"), ("shared_up_proj", (fs, h), "linear"),
+                ("shared_down_proj", (h, fs), "linear")]
+    return out
+
+
+_HF_LAYER = {
+    "attn_norm": "input_layernorm.weight", "mlp_norm": "post_attention_layernorm.weight",
+    "q_proj": "self_attn.q_proj.weight", "q_a_proj": "self_attn.q_a_proj.weight",
+    "q_a_norm": "self_attn.q_a_layernorm.weight", "q_b_proj": "self_attn.q_b_proj.weight",
+    "kv_a_proj": "self_attn.kv_a_proj_with_mqa.weight", "kv_a_norm": "self_attn.kv_a_layernorm.weight",
+    "kv_b_proj": "self_attn.kv_b_proj.weight", "o_proj": "self_attn.o_proj.weight",
+    "index_q_proj": "self_attn.indexer.wq_b.weight", "index_k_proj": "self_attn.indexer.wk.weight",
+    "index_k_norm": "self_attn.indexer.k_norm.weight", "index_k_norm_bias": "self_attn.indexer.k_norm.bias",
+    "index_weights": "self_attn.indexer.weights_proj.weight",
+    "gate_proj": "mlp.gate_proj.weight", "up_proj": "mlp.up_proj.weight", "down_proj": "mlp.down_proj.weight",
+    "router": "mlp.gate.weight", "router_bias": "mlp.gate.e_score_correction_bias",
+    "shared_gate_proj": "mlp.shared_experts.gate_proj.weight",
+    "shared_up_proj": "mlp.shared_experts.up_proj.weight",
+    "shared_down_proj": "mlp.shared_experts.down_proj.weight",
+}
+_HF_GLOBAL = {"embed_tokens": "model.embed_tokens.weight", "norm": "model.norm.weight", "lm_head": "lm_head.weight"}
+
+
+def mla_hf_name(name: str, layer: int | None, local: str) -> str:
+    if layer is None:
+        return _HF_GLOBAL[name]
+    if local.startswith("experts."):  # experts.{e}.gate_proj -> mlp.experts.{e}.gate_proj.weight
+        return f"model.layers.{layer}.mlp.{local}.weight"
+    return f"model.layers.{layer}.{_HF_LAYER[local]}"

@@ -1,0 +1,104 @@
+"""Multi-head latent attention (DeepSeek-V2/V3) and DeepSeek-V3.2's lightning-indexer selection.
+
+The math a latent cache runs once it holds the entries; the cache decides where entries live
+and which it gathers. Attention always runs in the absorbed form: the query is multiplied into
+latent space by the key half of `kv_b_proj` (W_UK) once, scores are taken against the cached
+latents directly, and the weighted sum of latents is expanded by the value half (W_UV) after.
+So a decode step reads `kv_lora_rank + qk_rope_head_dim` values per selected entry and never
+expands the cache into per-head keys and values.
+
+Selection (V3.2): every query scores every cached indexer key,
+  score[t, s] = sum_h w[t, h] * relu(scale * q[t, h] . k[s]),
+and attends to the `index_topk` best visible entries. Ties are broken toward the earlier
+position (a stable sort), so every cache layout that holds the same entries picks the same
+ones; the chosen entries are then taken in position order, so the reductions over them run
+in the same order everywhere and results agree bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class MLAStep:
+    """What one layer hands its latent cache for one step of n rows of T tokens."""
+
+    q_latent: torch.Tensor  # (n, H, T, R) the no-rope query times W_UK: in latent space
+    q_rope: torch.Tensor  # (n, H, T, r) rotated query
+    latent: torch.Tensor  # (n, T, R) the new tokens' normalized latents (what is cached)
+    k_rope: torch.Tensor  # (n, T, r) the new tokens' rotated shared keys (cached beside them)
+    softmax_scale: float
+    index_q: torch.Tensor | None = None  # (n, T, Hi, Di) indexer queries, rotated
+    index_w: torch.Tensor | None = None  # (n, T, Hi) fp32 per-head weights, scaled by Hi ** -0.5
+    index_k: torch.Tensor | None = None  # (n, T, Di) the new tokens' indexer keys (cached)
+    index_topk: int = 0  # 0: no selection, attend to every visible entry
+
+    @property
+    def is_sparse(self) -> bool:
+        return self.index_topk > 0
+
+
+def index_scores(step: MLAStep, keys: torch.Tensor) -> torch.Tensor:
+    """(n, T, S) fp32 indexer scores of the step's queries against `keys` (n, S, Di)."""
+    q = step.index_q.float()  # (n, T, Hi, Di)
+    head_dim = q.shape[-1]
+    scores = torch.matmul(q, keys.float().transpose(-1, -2).unsqueeze(1)) * head_dim ** -0.5  # (n, T, Hi, S)
+    scores = F.relu(scores)
+    return torch.matmul(step.index_w.unsqueeze(-2), scores).squeeze(-2)  # (n, T, S)
+
+
+def visible_mask(positions: torch.Tensor, span: int) -> torch.Tensor:
+    """(n, T, span) bool: the query at position p sees cache entries 0..p of its own row."""
+    return torch.arange(span, device=positions.device)[None, None, :] <= positions[:, :, None]
+
+
+def select_topk(scores: torch.Tensor, visible: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `topk` best visible entries of each query, in position order.
+
+    Args:
+        scores: (n, T, S) indexer scores.
+        visible: (n, T, S) which entries each query may see.
+        topk: entries to keep (fewer when S is smaller).
+    Returns:
+        indices (n, T, k) int64 ascending, and valid (n, T, k) bool: False where a query sees
+        fewer than k entries and the slot holds an invisible one.
+    """
+    k = min(topk, scores.shape[-1])
+    masked = scores.masked_fill(~visible, float("-inf"))
+    order = torch.sort(masked, dim=-1, descending=True, stable=True).indices[..., :k]
+    indices = order.sort(dim=-1).values
+    return indices, visible.gather(-1, indices)
+
+
+def topk_mask(scores: torch.Tensor, visible: torch.Tensor, topk: int) -> torch.Tensor:
+    """(n, T, S) bool: visible entries among each query's top-k (the dense form of select_topk)."""
+    indices, valid = select_topk(scores, visible, topk)
+    keep = torch.zeros_like(visible)
+    return keep.scatter_(-1, indices, valid)
+
+
+def latent_attention(step: MLAStep, latent: torch.Tensor, k_rope: torch.Tensor,
+                     keep: torch.Tensor) -> torch.Tensor:
+    """Attention over cached entries, in latent space.
+
+    Args:
+        latent: (n, S, R) cached latents; k_rope: (n, S, r) their rotated keys.
+        keep: (n, T, S) bool, which entries each query attends to.
+    Returns:
+        (n, H, T, R): the attention-weighted sum of latents per head (times W_UV gives values).
+    """
+    lat = latent.unsqueeze(1)  # (n, 1, S, R)
+    scores = torch.matmul(step.q_latent, lat.transpose(-1, -2))  # (n, H, T, S)
+    scores = scores + torch.matmul(step.q_rope, k_rope.unsqueeze(1).transpose(-1, -2))
+    scores = (scores * step.softmax_scale).masked_fill(~keep.unsqueeze(1), float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(latent.dtype)
+    return torch.matmul(probs, lat)  # (n, H, T, R)
+
+
+def gather_entries(table: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """Rows of table (n, S, d) at indices (n, k) -> (n, k, d)."""
+    return table.gather(1, indices.unsqueeze(-1).expand(-1, -1, table.shape[-1]))

@@ -1,0 +1,54 @@
+"""Tiny random DeepSeek-V3 / V3.2 models saved in Hugging Face format (built with transformers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import save_tiny_tokenizer
+
+_MLA = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=4,
+            kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+            max_position_embeddings=256)
+_MOE = dict(n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
+            n_group=2, topk_group=1, routed_scaling_factor=2.5)
+
+DEEPSEEK_CONFIGS = {
+    # MoE after one dense layer, q low-rank, interleaved rope, YaRN scaling (as V3 ships)
+    "deepseek_v3": dict(model_type="deepseek_v3", num_hidden_layers=3, q_lora_rank=48,
+                        first_k_dense_replace=1, **_MLA, **_MOE,
+                        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                         "original_max_position_embeddings": 64, "beta_fast": 32,
+                                         "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}),
+    # dense FFN everywhere, plain q projection, half-split rope (V2-Lite-like)
+    "deepseek_v3_dense": dict(model_type="deepseek_v3", num_hidden_layers=2, q_lora_rank=None,
+                              first_k_dense_replace=2, rope_interleave=False, **_MLA),
+    # V3.2: lightning indexer picking 8 entries, MoE; 16 indexer heads make an exact tie of
+    # scores (all heads relu to 0) rare: transformers breaks such ties arbitrarily, we by position
+    "deepseek_v32": dict(model_type="deepseek_v32", num_hidden_layers=3, q_lora_rank=48,
+                         first_k_dense_replace=1, index_topk=8, index_head_dim=16, index_n_heads=16,
+                         **_MLA, **_MOE),
+}
+
+
+def make_deepseek_model(folder: Path, kind: str, seed: int = 0, dtype: str = "float32") -> Path:
+    """Save a random model of `kind` (see DEEPSEEK_CONFIGS) with a tiny tokenizer into `folder`."""
+    import torch
+    import transformers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = save_tiny_tokenizer(folder)
+    spec = dict(DEEPSEEK_CONFIGS[kind])
+    cls = {"deepseek_v3": transformers.DeepseekV3Config,
+           "deepseek_v32": transformers.DeepseekV32Config}[spec.pop("model_type")]
+    cfg = cls(vocab_size=vocab, bos_token_id=0, eos_token_id=1, **spec)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    # widen the random weights so logits differ and routing and selection matter
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.2)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.2)
+    model.to(getattr(torch, dtype)).save_pretrained(folder)
+    return folder
