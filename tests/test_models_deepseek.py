@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from flexlamps.engine.executor import InMemoryExecutor
-from flexlamps.engine.latent_cache import DenseLatentCache
+from flexlamps.engine.executors.in_memory import InMemoryExecutor
+from flexlamps.engine.caches.latent import DenseLatentCache
 from flexlamps.models.checkpoint import read_all
 from flexlamps.models.registry import open_checkpoint
 from tests.deepseek_models import DEEPSEEK_CONFIGS, make_deepseek_model

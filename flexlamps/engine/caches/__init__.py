@@ -1,1 +1,2 @@
-"""KV caches: dense (in memory), tiered (placed on gpu/cpu tiers, optionally compressed), paged (blocks)."""
+"""KV caches: dense (in memory), tiered (placed on gpu/cpu tiers, optionally compressed), paged (blocks);
+latent (MLA models: latents, rotary keys and indexer keys)."""
