@@ -8,6 +8,7 @@ import flexlamps.sim.simulator as simulator_mod
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.scheduler import SchedulerConfig
 from flexlamps.sim.run import run_policy
+from flexlamps.sim.simulator import RequestRecord
 from flexlamps.sim.synthetic import synthetic_specs
 
 
@@ -90,3 +91,29 @@ def test_waiting_time_is_accounted():
     first = min(r.finish for r in res.records)
     assert res.simulator.stats.waiting_s == pytest.approx(first)
     assert max(r.ttft for r in res.records) >= first
+
+
+def _record(i, arrival, e2e, tokens=10):
+    return RequestRecord(f"r{i}", "qa", "c", arrival, arrival + 0.1, arrival + e2e, tokens, 0.0, 0)
+
+
+def test_steady_state_excludes_warmup_cooldown_and_the_drain():
+    from flexlamps.sim.steady import steady_state
+
+    # 1 req/s over [0, 99], each 2 s long: stable, achieved = offered
+    flat = [_record(i, float(i), 2.0) for i in range(100)]
+    st = steady_state(flat, "p", 1.0, warmup=0.1, cooldown=0.2)
+    assert st.span == pytest.approx((9.9, 79.2)) and st.measured == 70  # arrivals 10..79
+    assert st.offered_rps == pytest.approx(70 / 69.3) and st.achieved_rps == pytest.approx(st.offered_rps)
+    assert st.growth == pytest.approx(1.0) and st.stable
+    # the drain does not count: completions after the last arrival are outside the span
+    assert st.summary.throughput_rps == pytest.approx(st.achieved_rps)
+    # a queue that grows: latency rises with the time the system has run -> unstable
+    growing = [_record(i, float(i), 2.0 + 0.5 * i) for i in range(100)]
+    st = steady_state(growing, "p", 1.0)
+    assert st.growth > 2 and not st.stable
+    # the server falls behind: completions stop keeping up with arrivals -> unstable
+    behind = [_record(i, float(i), 2.0 if i < 20 else 200.0) for i in range(100)]
+    assert not steady_state(behind, "p", 1.0).stable
+    with pytest.raises(ValueError, match="fractions"):
+        steady_state(flat, "p", 1.0, warmup=0.6, cooldown=0.5)

@@ -36,72 +36,122 @@ def _write_json(path: str, obj) -> None:
     os.replace(tmp, path)
 
 
+def _setting(preset, token_budget, max_seqs, swap_gib, cost_model, window, seed, predictor,
+             noise_sigma, warmup, cooldown, starvation_threshold, horizon, policies):
+    from flexlamps.sched.cost_model import PAPER_SETTING, CostModel
+    from flexlamps.sched.scheduler import SchedulerConfig
+    from flexlamps.sim.sweep import Setting
+
+    paper = preset == "infercept-gptj6b"
+    kw = {} if swap_gib is None else {"cpu_swap_gib": swap_gib}
+    cost = CostModel.load(cost_model) if cost_model else CostModel.preset(preset, **kw)
+    if cost_model and swap_gib is not None:
+        cost.cpu_swap_tokens = int(swap_gib * 2**30 // cost.kv_bytes_per_token)
+    budget = token_budget or (PAPER_SETTING["max_num_batched_tokens"] if paper else 2048)
+    if budget < 16 or max_seqs < 1:
+        raise click.BadParameter("needs --token-budget >= 16 and --max-seqs >= 1")
+    config = SchedulerConfig.from_cost_model(cost, max_num_seqs=max_seqs, max_num_batched_tokens=budget)
+    lamps_kw = {"starvation_threshold": starvation_threshold or None, "horizon": horizon}
+    policy_kwargs = {p: lamps_kw for p in policies if p.startswith("lamps")}
+    return Setting(cost, config, window, seed, predictor, noise_sigma, warmup, cooldown, policy_kwargs)
+
+
+HEADER = (f"{'policy':10s} {'qps':>6s} {'n':>5s} {'E2E mean':>9s} {'p50':>7s} {'p99':>7s} "
+          f"{'TTFT mean':>9s} {'p99':>7s} {'norm mean':>9s} {'offered':>7s} {'achieved':>8s} "
+          f"{'growth':>6s} window")
+
+
+def _row(st) -> str:
+    s = st.summary
+    return (f"{s.policy:10s} {s.qps:6g} {st.measured:5d} {s.e2e_mean:9.2f} {s.e2e_p50:7.2f} "
+            f"{s.e2e_p99:7.1f} {s.ttft_mean:9.3f} {s.ttft_p99:7.2f} {s.norm_mean:9.4f} "
+            f"{st.offered_rps:7.2f} {st.achieved_rps:8.2f} {st.growth:6.2f} "
+            f"{'stable' if st.stable else 'UNSTABLE'}")
+
+
 @click.command("simulate")
 @click.option("--trace", "trace_path", required=True, type=click.Path(dir_okay=False),
               help="INFERCEPT-format trace, e.g. ../shared/data/augmented/merged_exp_uniform.json")
 @click.option("--policies", default="lamps,infercept,fcfs,sjf", callback=_policies, show_default=True,
-              help="comma-separated: fcfs, infercept, sjf, lamps, mlfq, vtc")
+              help="comma-separated, from: fcfs, infercept, infercept-at-call, sjf, lamps, lamps-ts, mlfq, vtc")
 @click.option("--qps", default="1,2,4", callback=_floats, show_default=True,
-              help="comma-separated arrival rates (requests/s)")
-@click.option("--window", default=600.0, show_default=True,
+              help="comma-separated arrival rates (requests/s); with --sweep, the grid to search")
+@click.option("--window", default=300.0, show_default=True,
               help="replay window in seconds: 4 x qps x window requests (the papers use 1800)")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--predictor", type=click.Choice(["oracle", "learned"]), default="oracle", show_default=True)
 @click.option("--noise-sigma", default=0.0, show_default=True,
               help="multiplicative Gaussian noise on predictions (LAMPS's robustness study: 0.6)")
+@click.option("--preset", type=click.Choice(["infercept-gptj6b", "gptj6b-a100-datasheet"]),
+              default="infercept-gptj6b", show_default=True,
+              help="infercept-gptj6b: the papers' setting (INFERCEPT's GPT-J-6B A100 profile, 384-token "
+                   "budget, 128 GiB swap); gptj6b-a100-datasheet: derived from shapes and datasheets "
+                   "(2048-token budget, 4 GiB swap)")
 @click.option("--cost-model", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="CostModel JSON (default: GPT-J-6B on A100-40GB, derived from datasheets)")
+              help="CostModel JSON (replaces the preset's cost model)")
+@click.option("--token-budget", type=int, default=None,
+              help="tokens per iteration [default: 384 with infercept-gptj6b, else 2048]")
+@click.option("--max-seqs", default=256, show_default=True, help="sequences per iteration")
+@click.option("--swap-gib", type=float, default=None, help="cpu swap space in GiB [default: the preset's]")
+@click.option("--starvation-threshold", default=100, show_default=True,
+              help="LAMPS: iterations waiting before a request goes first (0: no guard)")
+@click.option("--horizon", type=click.Choice(["segment", "request"]), default="segment", show_default=True,
+              help="LAMPS: rank by memory until the next call returns, or over the whole request")
+@click.option("--warmup", default=0.15, show_default=True, help="fraction of the arrival span excluded at the start")
+@click.option("--cooldown", default=0.15, show_default=True, help="fraction of the arrival span excluded at the end")
+@click.option("--sweep", is_flag=True,
+              help="find each policy's saturation load (window test) on the --qps grid, bisected, and "
+                   "draw latency-vs-load curves marking it")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="folder for summary.json and the PNG plots")
 @click.option("--no-plots", is_flag=True, help="skip the matplotlib plots")
-def command(trace_path, policies, qps, window, seed, predictor, noise_sigma, cost_model, out_dir, no_plots):
-    """Simulate augmented requests (API-call pauses) under each policy and load."""
-    from tqdm import tqdm
-
-    from flexlamps.sched.cost_model import CostModel
-    from flexlamps.sim.run import run_policy
-    from flexlamps.sim.trace import load_templates, replay
+def command(trace_path, policies, qps, window, seed, predictor, noise_sigma, preset, cost_model,
+            token_budget, max_seqs, swap_gib, starvation_threshold, horizon, warmup, cooldown,
+            sweep, out_dir, no_plots):
+    """Simulate augmented requests (API-call pauses) under each policy and load, measured in
+    steady state: warm-up and cool-down excluded, throughput without the drain, and a window
+    test per point (does latency grow with the time the system has run?)."""
+    from flexlamps.sim.sweep import measure, saturation
+    from flexlamps.sim.trace import load_templates
 
     try:
-        cost = CostModel.load(cost_model) if cost_model else CostModel.gptj6b_a100()
-        templates = load_templates(trace_path, max_model_len=cost.max_model_len)
+        setting = _setting(preset, token_budget, max_seqs, swap_gib, cost_model, window, seed,
+                           predictor, noise_sigma, warmup, cooldown, starvation_threshold, horizon,
+                           policies)
+        templates = load_templates(trace_path, max_model_len=setting.cost.max_model_len)
     except ValueError as e:
         raise click.ClickException(str(e))
     os.makedirs(out_dir, exist_ok=True)
-    summaries, cdfs = [], {}
-    header = f"{'policy':10s} {'qps':>5s} {'n':>6s} {'E2E mean':>9s} {'p50':>8s} {'p99':>8s} " \
-             f"{'TTFT mean':>9s} {'p50':>7s} {'p99':>7s} {'norm mean':>9s} {'p50':>7s} {'p99':>7s} " \
-             f"{'req/s':>6s} {'tok/s':>7s}"
-    rows = []
-    with tqdm(total=len(qps) * len(policies), desc="simulating", unit="run", leave=False) as bar:
-        for load in qps:
-            specs = replay(templates, load, window, seed)
-            for policy in policies:
-                res = run_policy(specs, policy, load, cost, predictor, noise_sigma, seed)
-                s = res.summary
-                summaries.append(s)
-                cdfs.setdefault(load, {})[policy] = [r.e2e for r in res.records]
-                rows.append(f"{s.policy:10s} {s.qps:5g} {s.num_requests:6d} {s.e2e_mean:9.2f} {s.e2e_p50:8.2f} "
-                            f"{s.e2e_p99:8.2f} {s.ttft_mean:9.3f} {s.ttft_p50:7.3f} {s.ttft_p99:7.2f} "
-                            f"{s.norm_mean:9.4f} {s.norm_p50:7.4f} {s.norm_p99:7.3f} "
-                            f"{s.throughput_rps:6.2f} {s.throughput_tps:7.0f}")
-                bar.update()
-    click.echo(f"cost model: {cost.note or 'custom'}; gpu KV {cost.gpu_kv_tokens} tokens, "
-               f"cpu swap {cost.cpu_swap_tokens} tokens; latency in s, normalized = "
-               "(E2E - API time) / output tokens")
-    click.echo(header)
-    for row in rows:
-        click.echo(row)
+    cost, config = setting.cost, setting.config
+    click.echo(f"cost model: {cost.note or 'custom'}; gpu KV {cost.gpu_kv_tokens} tokens, cpu swap "
+               f"{cost.cpu_swap_tokens} tokens; budget {config.max_num_batched_tokens} tokens, "
+               f"{config.max_num_seqs} seqs; measured span: arrivals after the first {warmup:.0%} "
+               f"and before the last {cooldown:.0%}; latency in s")
+    click.echo(HEADER)
+    points, sat = [], {}
+    try:
+        for policy in policies:
+            if sweep:
+                sat[policy], got = saturation(templates, policy, qps, setting,
+                                              on_point=lambda st: click.echo(_row(st)))
+                points.extend(got.values())
+                click.echo(f"{policy}: saturates above {sat[policy]} req/s" if sat[policy]
+                           else f"{policy}: unstable at the lowest load {min(qps):g}")
+            else:
+                for load in qps:
+                    points.append(measure(templates, policy, load, setting))
+                    click.echo(_row(points[-1]))
+    except ValueError as e:
+        raise click.ClickException(str(e))
     _write_json(os.path.join(out_dir, "summary.json"), {
         "trace": os.path.abspath(trace_path), "window": window, "seed": seed, "predictor": predictor,
-        "noise_sigma": noise_sigma, "cost_model": cost.to_json(),
-        "results": [s.to_json() for s in summaries],
+        "noise_sigma": noise_sigma, "cost_model": cost.to_json(), "scheduler": config.to_json(),
+        "saturation": sat, "results": [p.to_json() for p in points],
     })
     if not no_plots:
-        from flexlamps.sim.plots import plot_cdf, plot_vs_load
+        from flexlamps.sim.plots import plot_vs_load
 
-        name = os.path.basename(trace_path)
-        for load, by_policy in cdfs.items():
-            plot_cdf(by_policy, f"E2E CDF, {name}, qps {load:g}", os.path.join(out_dir, f"cdf_qps{load:g}.png"))
-        plot_vs_load(summaries, os.path.join(out_dir, "latency_vs_load.png"), name)
-    click.echo(f"wrote {out_dir}/summary.json" + ("" if no_plots else " and PNG plots"))
+        plot_vs_load([p.summary for p in points], os.path.join(out_dir, "latency_vs_load.png"),
+                     os.path.basename(trace_path), sat,
+                     {(p.summary.policy, p.summary.qps): p.stable for p in points})
+    click.echo(f"wrote {out_dir}/summary.json" + ("" if no_plots else " and latency_vs_load.png"))

@@ -44,20 +44,32 @@ def plot_cdf(e2e_by_policy: dict[str, list[float]], title: str, path: str) -> No
     plt.close(fig)
 
 
-def plot_vs_load(summaries: list[Summary], path: str, trace_name: str = "") -> None:
+def plot_vs_load(summaries: list[Summary], path: str, trace_name: str = "",
+                 saturation: dict[str, float] | None = None,
+                 stable: dict[tuple[str, float], bool] | None = None) -> None:
+    """Latency-vs-load curves per policy (mean E2E, P99 E2E, mean TTFT), as the papers draw
+    them; a dashed line marks the load where each policy saturates (`saturation`), and points
+    that failed the window test (`stable[(policy, qps)]` False) are drawn hollow."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    metrics = [("e2e_mean", "mean E2E (s)"), ("ttft_mean", "mean TTFT (s)"),
-               ("norm_mean", "normalized latency (s/token)")]
-    for policy in dict.fromkeys(s.policy for s in summaries):
+    metrics = [("e2e_mean", "mean E2E (s)"), ("e2e_p99", "P99 E2E (s)"), ("ttft_mean", "mean TTFT (s)")]
+    stable = stable or {}
+    for i, policy in enumerate(dict.fromkeys(s.policy for s in summaries)):
+        color = f"C{i}"
         rows = sorted((s for s in summaries if s.policy == policy), key=lambda s: s.qps)
         for ax, (field, label) in zip(axes, metrics):
-            ax.plot([s.qps for s in rows], [getattr(s, field) for s in rows], marker="o", label=policy)
-            ax.set_xlabel("load (requests/s)")
+            xs, ys = [s.qps for s in rows], [getattr(s, field) for s in rows]
+            ax.plot(xs, ys, color=color, label=policy)
+            for x, y in zip(xs, ys):
+                ok = stable.get((policy, x), True)
+                ax.plot([x], [y], "o", color=color, markerfacecolor=color if ok else "none")
+            if saturation and saturation.get(policy):
+                ax.axvline(saturation[policy], color=color, ls="--", lw=1)
+            ax.set_xlabel("offered load (requests/s)")
             ax.set_ylabel(label)
             ax.set_yscale("log")
             ax.grid(alpha=0.3)
-    axes[0].legend()
+    axes[0].legend(title="dashed: saturation; hollow: unstable")
     fig.suptitle(f"latency vs load {trace_name}".strip())
     fig.tight_layout()
     _save(fig, path)
