@@ -125,3 +125,26 @@ def test_lamps_handles_a_call_with_the_strategy_its_rank_assumed():
         LAMPS(handling="sometimes")
     with pytest.raises(ValueError, match="starvation_counter"):
         LAMPS(starvation_counter="sometimes")
+
+
+def test_lamps_ts_serves_a_request_waiting_past_its_slack_first():
+    from flexlamps.sched.policies import LAMPSTailSafe
+
+    big = RequestSpec("big", 1800, (Segment(200),))
+    small = RequestSpec("small", 50, (Segment(5),))
+    p = LAMPSTailSafe(slack=4.0, min_wait_s=0.5, rerank_every=1)
+    old, new = _req(big, 0.0), _req(small, 9.0)
+    old.queued_at, new.queued_at = 0.0, 9.0
+    p.typical_wait = 1.0  # admitted requests waited ~1 s: the slack is 4 s
+
+    def ctx(now):
+        c = _ctx([big, small])
+        c.now = now
+        return c
+
+    assert p.priority(new, ctx(3.0)) < p.priority(old, ctx(3.0))  # 3 s: memory rank, small first
+    assert p.priority(old, ctx(9.5)) < p.priority(new, ctx(9.5))  # 9.5 s > 4 s: the old one first
+    p.on_admit(new, 10.0)
+    assert p.typical_wait == pytest.approx(0.98 + 0.02 * 1.0)
+    with pytest.raises(ValueError, match="slack"):
+        LAMPSTailSafe(slack=0)

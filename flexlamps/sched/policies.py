@@ -166,6 +166,9 @@ class Policy:
     def on_arrival(self, req: Request, active: list[Request]) -> None:
         pass
 
+    def on_admit(self, req: Request, now: float) -> None:
+        """`req` left the queue for the running batch at `now`."""
+
     def on_computed(self, req: Request, tokens: int, steps: int) -> None:
         """`req` processed `tokens` tokens of its own (prompt or returned API tokens; decodes are
         1 token x `steps` iterations) for service accounting; recomputation of a cache the
@@ -332,6 +335,33 @@ class LAMPS(Policy):
         return (1, req.rank_cache, req.arrival_time)
 
 
+class LAMPSTailSafe(LAMPS):
+    """Ours (`lamps-ts`): LAMPS's memory-over-time rank, with a slack-aware guard instead of a
+    fixed starvation count. A request that has waited in the queue longer than `slack` times
+    the typical wait (an exponential average of the waits of admitted requests, at least
+    `min_wait_s`) is served before every ranked request, oldest arrival first. Short jobs
+    still jump ahead while the queue is short-lived, which keeps LAMPS's mean gain, but no
+    request waits many typical waits, which holds the tail near FCFS's (INFERCEPT's)."""
+
+    name = "lamps-ts"
+
+    def __init__(self, slack: float = 4.0, min_wait_s: float = 0.5, **kw):
+        kw.setdefault("starvation_threshold", None)
+        super().__init__(**kw)
+        if slack <= 0 or min_wait_s < 0:
+            raise ValueError(f"lamps-ts needs slack > 0 and min_wait_s >= 0, got {slack}, {min_wait_s}")
+        self.slack, self.min_wait_s = slack, min_wait_s
+        self.typical_wait = 0.0
+
+    def on_admit(self, req: Request, now: float) -> None:
+        self.typical_wait = 0.98 * self.typical_wait + 0.02 * (now - req.queued_at)
+
+    def priority(self, req, ctx):
+        if req.promoted or ctx.now - req.queued_at > self.slack * max(self.typical_wait, self.min_wait_s):
+            return (0, req.arrival_time)
+        return super().priority(req, ctx)
+
+
 class MLFQ(Policy):
     """FastServe's skip-join MLFQ: a new job joins the highest level whose quantum covers its
     first iteration (the prefill), and drops a level each time it uses up its quantum."""
@@ -390,7 +420,7 @@ class VTC(Policy):
         self.counters[req.client_id] = self.counters.get(req.client_id, 0.0) + w
 
 
-POLICIES = {p.name: p for p in (FCFS, InferCept, SJF, LAMPS, MLFQ, VTC)}
+POLICIES = {p.name: p for p in (FCFS, InferCept, InferCeptAtCall, SJF, LAMPS, LAMPSTailSafe, MLFQ, VTC)}
 
 
 def make_policy(name: str, **kwargs) -> Policy:

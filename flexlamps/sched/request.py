@@ -85,6 +85,7 @@ class Request:
     first_token_time: float | None = None
     passed_over: int = 0  # iterations a later-arrived request was admitted before it
     queue_stays: int = 0  # how many times it joined the queue (tells stale starvation entries)
+    queued_at: float = 0.0  # when it last joined the queue (arrival, return, preemption)
     starve_since: int = 0  # iteration its starvation count began (LAMPS's per-iteration counter)
     promoted: bool = False
     served_tokens: float = 0.0  # VTC service counter contribution

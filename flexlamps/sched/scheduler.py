@@ -78,6 +78,7 @@ class Scheduler:
         # per-iteration starvation counter: (iteration counting began, queue stay, request)
         self._starving: deque = deque()
         self.last_steps = 1  # iterations the last output covered (fast-forwarded decode runs)
+        self._now = 0.0  # latest time seen (arrivals, returns, iterations)
 
     # -- events from outside ---------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -90,6 +91,7 @@ class Scheduler:
             )
         self.requests[req.request_id] = req
         req.status = Status.WAITING
+        self._now = max(self._now, req.arrival_time)
         self._add_waiting(req)
         self.policy.on_arrival(req, itertools.chain(self.running, self.waiting, self._unsorted,
                                                     self.paused.values()))
@@ -99,6 +101,7 @@ class Scheduler:
         self._unsorted.append(req)
         req.sort_key = None
         req.queue_stays += 1
+        req.queued_at = self._now
         if self.policy.starvation_counter == "pass_over":
             req.passed_over, req.promoted = 0, False  # counted per stay in the queue
         elif self.policy.starvation_threshold is not None and not req.promoted \
@@ -155,6 +158,7 @@ class Scheduler:
         """The API call of `rid` returned `returned_tokens` tokens that join its context."""
         req = self.paused.pop(rid)
         self._preserved.pop(rid, None)
+        self._now = max(self._now, now)
         self.predictor.observe_api(req.api_type, now - req.api_start)
         req.num_tokens += returned_tokens
         req.segment_index += 1
@@ -194,6 +198,7 @@ class Scheduler:
         """Plan the next iteration. `step_limit(req)` (simulator only) bounds how many decode
         steps `req` can take before something external happens to it (its call, its end)."""
         self.iteration += 1
+        self._now = max(self._now, now)
         ctx = self._ctx = self.context(now)
         prio = self.policy.priority
         out, self._pending = self._pending, SchedulerOutput()
@@ -295,6 +300,7 @@ class Scheduler:
             if req.status is Status.SWAPPED:
                 out.swap_in.extend(self.bm.swap_in(req.request_id))
             req.status = Status.RUNNING
+            self.policy.on_admit(req, ctx.now)
             n = min(req.tokens_to_compute, budget)
             self._schedule_tokens(req, n, out)
             budget -= n
