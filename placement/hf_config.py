@@ -31,10 +31,22 @@ def model_spec_kwargs(config: dict, name: str | None = None) -> dict:
                          f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     name = name or config.get("_name_or_path") or model_type
     if model_type == "opt":
-        return _opt(config, name)
-    if model_type in _DEEPSEEK:
-        return _deepseek(config, name)
-    return _llama(config, name, model_type)
+        kwargs = _opt(config, name)
+    elif model_type in _DEEPSEEK:
+        kwargs = _deepseek(config, name)
+    else:
+        kwargs = _llama(config, name, model_type)
+    return {**kwargs, "weight_format": _weight_format(config)}
+
+
+def _weight_format(config: dict) -> str:
+    """"fp8" for an FP8 checkpoint (its 2-D weights are stored in float8 with tile scales)."""
+    quant = config.get("quantization_config") or {}
+    method = quant.get("quant_method")
+    if method in (None, "fp8"):
+        return "fp8" if method else "dense"
+    raise ValueError(f"config.json quantization_config.quant_method {method!r} is not supported "
+                     "(fp8 is); give the unquantized checkpoint")
 
 
 def _llama(config: dict, name: str, model_type: str) -> dict:

@@ -13,8 +13,12 @@ from dataclasses import dataclass
 
 from placement.jsonable import JsonMixin
 from placement.specs import DTYPE_BYTES
+from quant.fp8_layout import WEIGHT_BLOCK, fp8_vector_bytes, fp8_weight_bytes, latent_record_bytes
 
 ARCHES = ("llama", "opt", "mla")
+STORAGE_FORMATS = ("dense", "fp8")
+# stored bytes per parameter of a 2-D weight in FP8: one byte plus its tile's fp32 scale
+_FP8_MATRIX_BYTES = fp8_weight_bytes(*WEIGHT_BLOCK) / (WEIGHT_BLOCK[0] * WEIGHT_BLOCK[1])
 # Attention scores are materialized for at most this many queries at a time (fused attention
 # kernels block the queries; this bounds what a long prompt charges).
 SCORE_QUERY_CHUNK = 1024
@@ -50,6 +54,12 @@ class ModelSpec(JsonMixin):
     num_shared_experts: int = 0
     moe_intermediate_size: int = 0
     num_dense_layers: int = 0  # leading layers with a dense FFN (first_k_dense_replace)
+    # storage formats: "fp8" keeps the layers' 2-D weights in float8 with one fp32 scale per
+    # 128x128 tile (FP8 checkpoints, `quant_method: fp8`; embeddings and vectors stay in dtype),
+    # and the MLA cache in ESS's FP8 records (latent 512 FP8 + 4 scales + 64 bf16 rotary = 656 B
+    # per token per layer for DeepSeek-V3.2; indexer key 128 FP8 + 1 scale = 132 B)
+    weight_format: str = "dense"
+    cache_format: str = "dense"
 
     def __post_init__(self):
         if self.arch not in ARCHES:
@@ -64,6 +74,11 @@ class ModelSpec(JsonMixin):
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelSpec: num_heads {self.num_heads} is not a multiple of "
                              f"num_kv_heads {self.num_kv_heads}")
+        for name in ("weight_format", "cache_format"):
+            if getattr(self, name) not in STORAGE_FORMATS:
+                raise ValueError(f"ModelSpec.{name} must be one of {STORAGE_FORMATS}, got {getattr(self, name)!r}")
+        if self.cache_format == "fp8" and self.arch != "mla":
+            raise ValueError("ModelSpec.cache_format 'fp8' is the MLA latent layout; use it with arch 'mla'")
         if self.arch == "mla" and not (self.kv_lora_rank and self.qk_rope_head_dim and self.v_head_dim):
             raise ValueError("ModelSpec: an MLA model needs kv_lora_rank, qk_rope_head_dim, v_head_dim")
 
@@ -142,9 +157,19 @@ class ModelSpec(JsonMixin):
             count += self.num_experts * self._num_moe_layers() / self.num_layers
         return count
 
+    @property
+    def matrix_bytes_per_param(self) -> float:
+        """Stored bytes of one parameter of a layer's 2-D weights (FP8: its share of the scales too)."""
+        return _FP8_MATRIX_BYTES if self.weight_format == "fp8" else self.dtype_bytes
+
+    def _stored_bytes(self, params: float) -> float:
+        """Bytes of `params` parameters of the average layer, vectors staying in dtype."""
+        vectors = self.vector_param_count()
+        return (params - vectors) * self.matrix_bytes_per_param + vectors * self.dtype_bytes
+
     def weight_bytes_per_layer(self) -> float:
         """Stored bytes of one decoder layer (the average layer, for MoE models)."""
-        return self.layer_param_count() * self.dtype_bytes
+        return self._stored_bytes(self.layer_param_count())
 
     def weight_bytes_touched_per_layer(self, num_tokens: float) -> float:
         """Bytes of one (average) layer that `num_tokens` tokens read: with MoE, only the
@@ -155,8 +180,7 @@ class ModelSpec(JsonMixin):
         expert = 3 * self.hidden_size * self.moe_intermediate_size
         share = self.num_experts_per_token / self.num_experts
         untouched = self.num_experts * (1 - share) ** num_tokens  # experts nobody picked
-        return (self.layer_param_count()
-                - num_moe / self.num_layers * untouched * expert) * self.dtype_bytes
+        return self._stored_bytes(self.layer_param_count() - num_moe / self.num_layers * untouched * expert)
 
     def matrices_per_layer(self, num_tokens: float) -> float:
         """2-D weight matrices of one (average) layer that `num_tokens` tokens use (what
@@ -205,13 +229,17 @@ class ModelSpec(JsonMixin):
         return self.num_layers * self.weight_bytes_per_layer() + self.embedding_bytes()
 
     def cache_bytes_per_token_per_layer(self) -> int:
-        """Uncompressed cache bytes one token adds to one layer (indexer keys excluded)."""
+        """Cache bytes one token adds to one layer as stored (indexer keys excluded)."""
+        if self.arch == "mla" and self.cache_format == "fp8":
+            return latent_record_bytes(self.kv_lora_rank, self.qk_rope_head_dim)
         if self.arch == "mla":
             return (self.kv_lora_rank + self.qk_rope_head_dim) * self.dtype_bytes
         return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     def indexer_bytes_per_token_per_layer(self) -> int:
         """Lightning-indexer key bytes per token per layer (DeepSeek-V3.2); kept on the GPU."""
+        if self.cache_format == "fp8" and self.index_head_dim:
+            return fp8_vector_bytes(self.index_head_dim)
         return self.index_head_dim * self.dtype_bytes
 
     # ---- work ----------------------------------------------------------------------------

@@ -50,6 +50,10 @@ MODEL_CONFIGS: dict[str, dict] = {
     "deepseek-v3.2": dict(_DEEPSEEK_V32_ATTN, n_routed_experts=256, num_experts_per_tok=8,
                           n_shared_experts=1, moe_intermediate_size=2048,
                           first_k_dense_replace=3),
+    # as released: the same model in an FP8 checkpoint (128x128 tiles, fp32 scales)
+    "deepseek-v3.2-exp": dict(_DEEPSEEK_V32_ATTN, n_routed_experts=256, num_experts_per_tok=8,
+                              n_shared_experts=1, moe_intermediate_size=2048, first_k_dense_replace=3,
+                              quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}),
 }
 
 

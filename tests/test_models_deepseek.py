@@ -50,3 +50,74 @@ def test_prefill_and_decode_match_transformers(deepseek_models, kind):
         got.append(ex.forward(cache, tok, torch.tensor([[PROMPT_LEN + step]]), slots))
     worst = max((g - e).abs().max().item() for g, e in zip(got, expected))
     assert worst <= 1e-4, f"{kind}: max |logit difference| {worst}"
+
+
+def test_fp8_latent_cache_stays_close(deepseek_models):
+    """ESS's FP8 records (latent and indexer keys) move logits by FP8 rounding only."""
+    folder = deepseek_models["deepseek_v32"]
+    reader = open_checkpoint(folder)
+    ex = InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32)
+    ids = torch.randint(2, reader.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(4))
+    positions, slots = torch.arange(20).expand(2, 20), torch.arange(2)
+    outs = []
+    for fp8 in (False, True):
+        cache = DenseLatentCache(reader.config, 2, 21, torch.float32, fp8=fp8)
+        ex.forward(cache, ids[:, :-1], positions[:, :-1], slots)
+        outs.append(ex.forward(cache, ids[:, -1:], positions[:, -1:], slots))
+    plain, fp8 = outs
+    m = reader.config.mla
+    assert DenseLatentCache(reader.config, 1, 1, torch.float32, fp8=True).latent_format.record_bytes == \
+        m.kv_lora_rank + 4 * (-(-m.kv_lora_rank // 128)) + 2 * m.qk_rope_head_dim
+    assert (fp8 - plain).abs().max().item() <= 0.1 * plain.abs().max().item()
+    assert torch.equal(fp8.argmax(-1), plain.argmax(-1))
+
+
+def _to_fp8_checkpoint(src, dst):
+    """Rewrite a dense checkpoint as DeepSeek-V3 ships it: 2-D projections in FP8 with 128x128
+    `weight_scale_inv` tiles, quantization_config fp8; returns the dequantized dense weights."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from quant.fp8 import dequantize_weight, quantize_weight
+
+    shutil.copytree(src, dst)
+    tensors, dense = load_file(str(dst / "model.safetensors")), {}
+    for name in list(tensors):
+        t = tensors[name]
+        if t.dim() == 2 and "embed" not in name and "lm_head" not in name and ".gate." not in name:
+            codes, scales = quantize_weight(t)
+            tensors[name], tensors[name + "_scale_inv"] = codes, scales
+            dense[name] = dequantize_weight(codes, scales, torch.float32)
+        else:
+            dense[name] = t
+    save_file(tensors, str(dst / "model.safetensors"))
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+                                  "activation_scheme": "dynamic"}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dense
+
+
+def test_fp8_checkpoint_loads_as_its_dequantized_weights(deepseek_models, tmp_path):
+    from flexlamps.models.weight_specs import hf_name, weight_specs
+
+    dense = _to_fp8_checkpoint(deepseek_models["deepseek_v3"], tmp_path / "fp8")
+    reader = open_checkpoint(tmp_path / "fp8")
+    assert reader.fp8_block == (128, 128)
+    for spec in weight_specs(reader.config):
+        assert torch.equal(reader.read(spec, torch.float32), dense[hf_name(reader.config, spec)]), spec.name
+
+
+def test_unsupported_quantization_is_refused(deepseek_models, tmp_path):
+    import json
+    import shutil
+
+    from flexlamps.models.checkpoint import CheckpointError
+
+    folder = shutil.copytree(deepseek_models["deepseek_v3_dense"], tmp_path / "awq")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "awq"}}))
+    with pytest.raises(CheckpointError, match="quant_method 'awq' is not supported"):
+        open_checkpoint(folder)

@@ -35,6 +35,7 @@ class HFFolderReader:
         except json.JSONDecodeError as e:
             raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from None
         self.config = ModelConfig.from_hf(self.hf_config)
+        self.fp8_block = _fp8_weight_block(self.hf_config, cfg_path)
         self._files = self._tensor_files(folder)
         self._handles: dict[Path, Any] = {}
         self._tokenizer: Tokenizer | None = None
@@ -76,7 +77,27 @@ class HFFolderReader:
         t = self._handles[f].get_tensor(name)
         if tuple(t.shape) != spec.shape:
             raise CheckpointError(f"{self.path}: tensor {name} has shape {tuple(t.shape)}, expected {spec.shape}")
+        if t.dtype == torch.float8_e4m3fn:
+            return self._dequantize_fp8(name, t, dtype)
         return t.to(dtype)
+
+    def _dequantize_fp8(self, name: str, codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """An FP8 checkpoint matrix times its `<name>_scale_inv` tiles (DeepSeek-V3's layout)."""
+        from safetensors import safe_open
+
+        from quant.fp8 import dequantize_weight
+
+        scale_name = name + "_scale_inv"
+        if self.fp8_block is None or scale_name not in self._files:
+            raise CheckpointError(f"{self.path}: {name} is stored in FP8 but the checkpoint has no "
+                                  f"{scale_name} or no quantization_config.weight_block_size")
+        f = self._files[scale_name]
+        if f not in self._handles:
+            self._handles[f] = safe_open(str(f), framework="pt")
+        try:
+            return dequantize_weight(codes, self._handles[f].get_tensor(scale_name), dtype, self.fp8_block)
+        except ValueError as e:
+            raise CheckpointError(f"{self.path}: {name}: {e}") from None
 
     def fingerprint(self) -> str:
         h = hashlib.sha256(json.dumps(self.hf_config, sort_keys=True).encode())
@@ -84,6 +105,23 @@ class HFFolderReader:
             st = f.stat()
             h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
         return h.hexdigest()[:16]
+
+
+def _fp8_weight_block(hf_config: dict[str, Any], cfg_path: Path) -> tuple[int, int] | None:
+    """The FP8 tile of a `quant_method: fp8` checkpoint, None for a dense one; other
+    quantization methods are refused here, before any weight is read."""
+    qc = hf_config.get("quantization_config")
+    if not qc:
+        return None
+    method = qc.get("quant_method")
+    if method != "fp8":
+        raise CheckpointError(f"{cfg_path}: quantization_config.quant_method {method!r} is not supported "
+                              "(fp8 is); give the unquantized checkpoint")
+    block = qc.get("weight_block_size") or [128, 128]
+    if len(block) != 2 or not all(isinstance(b, int) and b > 0 for b in block):
+        raise CheckpointError(f"{cfg_path}: quantization_config.weight_block_size must be two positive "
+                              f"integers, got {block!r}")
+    return (block[0], block[1])
 
 
 _GGUF_LAYER = {

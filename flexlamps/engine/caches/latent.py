@@ -1,10 +1,14 @@
 """A dense, preallocated MLA latent cache in one device's memory: the in-memory sparse path.
 
-Per layer and slot it holds each token's latent (kv_lora_rank), rotary key (qk_rope_head_dim)
-and, for DeepSeek-V3.2, indexer key (index_head_dim). A prefill (or any step of more than one
-token per row) attends over the whole visible span with the top-k selection as a mask; a
-decode step (one token per row) scores the indexer keys, gathers only the selected entries
-and attends over those — the path the offloaded latent cache must reproduce bit for bit.
+Per layer and slot it holds one record per token: the latent (kv_lora_rank) with the rotary
+key (qk_rope_head_dim), and, for DeepSeek-V3.2, the indexer key (index_head_dim). Records are
+either the values in the compute dtype or, with `fp8=True`, ESS's FP8 layout (656 B latent
+records and 132 B indexer keys for DeepSeek-V3.2; see `quant.fp8.LatentRecords`).
+
+A step of more than one token per row (prefill) attends over the whole visible span with the
+top-k selection as a mask; a decode step (one token per row) scores the indexer keys, gathers
+only the selected records and attends over those — the path the offloaded latent cache
+reproduces bit for bit.
 """
 
 from __future__ import annotations
@@ -16,33 +20,64 @@ from flexlamps.models.mla import (MLAStep, gather_entries, index_scores, latent_
                                   select_topk, topk_mask, visible_mask)
 
 
+class PlainRecords:
+    """Records in the compute dtype: `width` values then `tail` values, side by side."""
+
+    def __init__(self, width: int, tail: int, dtype: torch.dtype):
+        self.width, self.tail = width, tail
+        self.record_bytes = (width + tail) * torch.empty((), dtype=dtype).element_size()
+        self.storage_dtype, self.record_len = dtype, width + tail  # a record's tensor form
+
+    def pack(self, values: torch.Tensor, tail: torch.Tensor | None = None) -> torch.Tensor:
+        return values if tail is None else torch.cat([values, tail], dim=-1)
+
+    def unpack(self, records: torch.Tensor, dtype: torch.dtype):
+        if not self.tail:
+            return records, None
+        return records[..., :self.width], records[..., self.width:]
+
+
+def record_formats(cfg: ModelConfig, dtype: torch.dtype, fp8: bool):
+    """(latent record format, indexer key format or None) for an MLA model."""
+    m = cfg.mla
+    if fp8:
+        from quant.fp8 import LatentRecords
+
+        keys = LatentRecords(m.index_head_dim) if m.has_indexer else None
+        return LatentRecords(m.kv_lora_rank, m.qk_rope_head_dim), keys
+    keys = PlainRecords(m.index_head_dim, 0, dtype) if m.has_indexer else None
+    return PlainRecords(m.kv_lora_rank, m.qk_rope_head_dim, dtype), keys
+
+
 class DenseLatentCache:
     def __init__(self, cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu"):
-        m = cfg.mla
-        if m is None:
+                 device: torch.device | str = "cpu", *, fp8: bool = False):
+        if cfg.mla is None:
             raise ValueError(f"a latent cache needs an MLA model, got model_type {cfg.model_type!r}")
+        self.dtype = dtype
+        self.latent_format, self.key_format = record_formats(cfg, dtype, fp8)
 
-        def table(width: int) -> list[torch.Tensor]:
-            return [torch.zeros((num_slots, capacity, width), dtype=dtype, device=device)
+        def table(fmt) -> list[torch.Tensor]:
+            if fmt is None:
+                return []
+            return [torch.zeros((num_slots, capacity, fmt.record_len), dtype=fmt.storage_dtype, device=device)
                     for _ in range(cfg.num_layers)]
 
-        self.latent = table(m.kv_lora_rank)
-        self.rope = table(m.qk_rope_head_dim)
-        self.index_keys = table(m.index_head_dim) if m.has_indexer else []
+        self.entries = table(self.latent_format)
+        self.index_keys = table(self.key_format)
         self.capacity = capacity
         self.num_slots = num_slots
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.latent + self.rope + self.index_keys)
+        return sum(t.numel() * t.element_size() for t in self.entries + self.index_keys)
 
     def free(self) -> None:
         """Nothing to hand back: a dense cache is charged to no tier budget."""
 
     def copy_prefix_from(self, src: "DenseLatentCache", length: int, slots: torch.Tensor) -> None:
         """Copy the first `length` positions of src's row 0 into each of `slots` (shared prefixes)."""
-        for mine, theirs in ((self.latent, src.latent), (self.rope, src.rope), (self.index_keys, src.index_keys)):
+        for mine, theirs in ((self.entries, src.entries), (self.index_keys, src.index_keys)):
             for layer in range(len(mine)):
                 mine[layer][slots, :length] = theirs[layer][0, :length]
 
@@ -50,20 +85,22 @@ class DenseLatentCache:
         """The `attend(step)` callback for one layer of one step (see models.deepseek)."""
         return lambda step: self.attend(layer, slots, positions, step)
 
+    def _unpack(self, records: torch.Tensor):
+        return self.latent_format.unpack(records, self.dtype)
+
     def attend(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, step: MLAStep) -> torch.Tensor:
         rows = slots[:, None]
-        self.latent[layer][rows, positions] = step.latent
-        self.rope[layer][rows, positions] = step.k_rope
+        self.entries[layer][rows, positions] = self.latent_format.pack(step.latent, step.k_rope)
         if step.is_sparse:
-            self.index_keys[layer][rows, positions] = step.index_k
+            self.index_keys[layer][rows, positions] = self.key_format.pack(step.index_k)
         span = int(positions.max()) + 1
-        latent, rope = self.latent[layer][slots, :span], self.rope[layer][slots, :span]
+        records = self.entries[layer][slots, :span]
         visible = visible_mask(positions, span)
         if not step.is_sparse:
-            return latent_attention(step, latent, rope, visible)
-        scores = index_scores(step, self.index_keys[layer][slots, :span])
+            return latent_attention(step, *self._unpack(records), visible)
+        keys = self.key_format.unpack(self.index_keys[layer][slots, :span], self.dtype)[0]
+        scores = index_scores(step, keys)
         if positions.shape[1] > 1:
-            return latent_attention(step, latent, rope, topk_mask(scores, visible, step.index_topk))
+            return latent_attention(step, *self._unpack(records), topk_mask(scores, visible, step.index_topk))
         indices, valid = select_topk(scores, visible, step.index_topk)  # (n, 1, k)
-        return latent_attention(step, gather_entries(latent, indices[:, 0]),
-                                gather_entries(rope, indices[:, 0]), valid)
+        return latent_attention(step, *self._unpack(gather_entries(records, indices[:, 0])), valid)

@@ -1,0 +1,39 @@
+"""The planner sizes FP8 checkpoints and ESS's FP8 latent cache as they are stored."""
+
+import dataclasses
+
+import pytest
+
+import placement
+
+V32 = placement.model_preset("deepseek-v3.2")
+V32_FP8 = placement.model_preset("deepseek-v3.2-exp")
+
+
+def test_fp8_checkpoint_is_sized_at_one_byte_per_matrix_parameter():
+    assert V32.weight_format == "dense" and V32_FP8.weight_format == "fp8"
+    vectors = V32.vector_param_count() * V32.dtype_bytes
+    per_layer_bf16, per_layer_fp8 = V32.weight_bytes_per_layer(), V32_FP8.weight_bytes_per_layer()
+    # matrices: 2 bytes -> 1 byte plus one fp32 scale per 128x128 tile; vectors unchanged
+    assert per_layer_fp8 - vectors == pytest.approx((per_layer_bf16 - vectors) / 2 * (1 + 4 / 128 ** 2))
+    # DeepSeek-V3.2-Exp: 671B parameters, about 670 GB in FP8 plus bf16 embeddings
+    assert 660e9 < V32_FP8.total_weight_bytes() < 690e9
+    assert V32_FP8.weight_bytes_touched_per_layer(1) < V32.weight_bytes_touched_per_layer(1) / 1.9
+
+
+def test_ess_latent_layout():
+    plain = V32_FP8
+    fp8 = dataclasses.replace(plain, cache_format="fp8")
+    assert plain.cache_bytes_per_token_per_layer() == (512 + 64) * 2
+    assert fp8.cache_bytes_per_token_per_layer() == 656
+    assert fp8.indexer_bytes_per_token_per_layer() == 132
+
+
+def test_bad_formats_are_named():
+    with pytest.raises(ValueError, match="cache_format 'fp8' is the MLA latent layout"):
+        dataclasses.replace(placement.model_preset("llama-3-8b"), cache_format="fp8")
+    with pytest.raises(ValueError, match="weight_format must be one of"):
+        dataclasses.replace(V32, weight_format="int3")
+    with pytest.raises(ValueError, match="quant_method 'gptq' is not supported"):
+        placement.ModelSpec.from_hf_config(dict(placement.presets.MODEL_CONFIGS["deepseek-v3.2"],
+                                                quantization_config={"quant_method": "gptq"}))
