@@ -185,3 +185,34 @@ def test_mlfq_swaps_out_a_demoted_request_for_a_new_one():
     sched2.add_request(Request("b", 0.2, 30))
     out2 = sched2.schedule(0.2)
     assert not out2.preempted and "b" not in out2.prefill
+
+
+def test_infercept_preserves_at_the_call_then_applies_its_rule_next_iteration():
+    # INFERCEPT's code: calls start preserved; at the next iteration every candidate (discard
+    # waste < preserve waste) but the most wasteful is discarded; that one stays preserved
+    # and is swapped out only when memory runs short
+    specs = {"a": RequestSpec("a", 1000, (Segment(1, "chatbot", 30.0, 4), Segment(2))),
+             "b": RequestSpec("b", 500, (Segment(1, "chatbot", 30.0, 4), Segment(2))),
+             "c": RequestSpec("c", 300, (Segment(200),))}
+    cfg = SchedulerConfig(num_gpu_blocks=120, num_cpu_blocks=200, block_size=16,
+                          max_num_batched_tokens=2048)
+    sched = Scheduler(cfg, make_policy("infercept"), OraclePredictor(specs), CostModel.infercept_gptj6b())
+    for rid, spec in specs.items():
+        sched.add_request(Request(rid, 0.0, spec.prompt_tokens))
+    out = sched.schedule(0.0)  # all three prefill and sample their first token
+    sched.update_from_output(out, RunnerOutput(intercepted={"a": "chatbot", "b": "chatbot"}), 0.1)
+    assert {r: sched.paused[r].strategy for r in "ab"} == {"a": Strategy.PRESERVE, "b": Strategy.PRESERVE}
+    out = sched.schedule(0.1)
+    sched.check_invariants()
+    assert out.discarded == ["b"] and sched.paused["b"].strategy is Strategy.DISCARD
+    assert sched.paused["a"].strategy is Strategy.PRESERVE and sched._reclaimable == [sched.paused["a"]]
+    # c keeps decoding until the gpu runs short (120 blocks: a holds 63, c grows past 57):
+    # a's cache is swapped out, not dropped
+    now = 0.1
+    while sched.paused["a"].strategy is Strategy.PRESERVE:
+        sched.update_from_output(out, RunnerOutput(), now)
+        now += 0.01
+        out = sched.schedule(now)
+        sched.check_invariants()
+    assert sched.paused["a"].strategy is Strategy.SWAP and "a" in out.swapped_out
+    assert sched.bm.num_cpu_blocks_of("a") == 63

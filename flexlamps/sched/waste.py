@@ -11,17 +11,15 @@ INFERCEPT (Abhyankar et al., ICML'24, arXiv 2402.01869 v2, Sec. 3.2-4.3, Eqs. 1-
 
 C_i: the intercepted request's context; C_other: the context of the other running requests;
 C_batch = C_i + C_other; n: the chunks a discarded context is recomputed in. Recomputation
-is chunked (Sec. 4.2): each iteration carries at most `S - running tokens` recompute tokens
-beside the decode batch, so the cache grows from 0 to C_i (half of Eq. 1's first term) and
-each chunk stalls the batch only by its own forward time. Swaps that fit the per-iteration
-swap budget are pipelined behind compute and waste nothing (Sec. 4.2), which is why the
-min-waste choice (Sec. 4.3, `policies.min_waste_strategies`) spends that budget first and
-then picks the smaller of Eq. 2 and Eq. 4.
+is chunked (Sec. 4.2): each iteration carries at most c_h = S - running tokens recompute
+tokens beside the decode batch, so the cache grows from 0 to C_i and each chunk stalls the
+batch only by its own forward time.
 
-The authors' implementation (WukLab/InferCept, vllm/core/scheduler_v2.py, `discard_waste`)
-evaluates Eq. 4 with the chunk c_h = max(S - running tokens, 1) and prices a chunk at the
-slope of its profiled forward time (a * c_h, no fixed part: the running batch pays that
-anyway). `wastes` does the same with `CostModel.chunk_time`.
+The authors' code (WukLab/InferCept, vllm/core/scheduler_v2.py, `discard_waste`) evaluates
+Eq. 4 chunk by chunk: `infercept_discard_waste`, which `wastes` and the policies use (with
+one chunk it is Eq. 1, T_fwd priced at its slope). Eqs. 1-4 are also kept as written, with
+worked-number tests. Units: the papers' bytes x seconds (times M); the policies compare
+token x seconds (M = 1), as the code does.
 """
 
 from __future__ import annotations
