@@ -1,0 +1,76 @@
+"""ESS's table at DeepSeek-V3.2 scale (61 layers, 656 B FP8 latents, 132 B indexer keys,
+37 GB/s scattered H2D), with one global pool fraction and with per-layer pools from the LP.
+
+Miss curves come from synthetic selection traces calibrated to ESS's per-layer range (see
+placement.latent_traces); step compute from `StepCost.fit_ess` (see placement.ess). Prints,
+per context: batch and tokens/s without offload, at ESS's rho, at the best global rho, with
+per-layer pools; the gains next to ESS's; bytes moved per step and LRU vs Belady misses.
+
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/sim_ess.py [--steps 24] [--layers 61]
+"""
+
+import argparse
+import time
+
+import numpy as np
+
+from placement.ess import (ESS_TABLE, EssDeployment, StepCost, baseline_tokens_per_s, gain, plan_global,
+                           plan_per_layer)
+from placement.latent_traces import calibrated_correlations, miss_curve, synthetic_trace
+
+ESS_MISS_RANGE = (16.66, 605.0)  # ESS: misses per layer per step at a 20% pool, 32K
+POOL_FRACTIONS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)
+
+
+def layer_curves(dep: EssDeployment, correlations: list[float], context: int, steps: int):
+    sizes = sorted({max(dep.topk, int(f * context)) for f in POOL_FRACTIONS})
+    return [miss_curve(synthetic_trace(context, dep.topk, steps, a, seed=layer), context, sizes)
+            for layer, a in enumerate(correlations)]
+
+
+def report(dep: EssDeployment, cost: StepCost, curves, context: int) -> None:
+    row = ESS_TABLE[context]
+    base_batch, base_tps = baseline_tokens_per_s(dep, cost, context)
+    at_ess = plan_global(dep, cost, curves, context, rho=row["rho"])
+    best_global = plan_global(dep, cost, curves, context)
+    per_layer = plan_per_layer(dep, cost, curves, context)
+    ess_gain = row["ess_tokens_per_s"] / row["base_tokens_per_s"] - 1
+    print(f"\n== context {context // 1024}K ==")
+    print(f"  no offload: batch {base_batch} (ESS {row['base_batch']}), {base_tps:,.0f} tok/s "
+          f"(ESS {row['base_tokens_per_s']:,.0f})")
+    for label, plan in ((f"ESS's rho {row['rho']}", at_ess), ("best global rho", best_global),
+                        ("per-layer pools (LP)", per_layer)):
+        rho = np.mean(plan.pool_entries) / context
+        print(f"  {label:22s} batch {plan.batch:4d}, mean pool {rho:.3f}, {plan.tokens_per_s:,.0f} tok/s, "
+              f"gain {gain(plan, base_tps):+.1%} (ESS {ess_gain:+.1%}), exposed copy "
+              f"{plan.exposed_transfer_s * 1e3:.2f} ms of {plan.compute_s * 1e3:.1f} ms, "
+              f"{plan.entries_moved_per_step * dep.latent_bytes / 1e6:.1f} MB moved/step")
+    print(f"  per-layer vs best global: {per_layer.tokens_per_s / best_global.tokens_per_s - 1:+.1%} tok/s")
+    lru = [c.misses(p) for c, p in zip(curves, at_ess.pool_entries)]
+    opt = [c.misses(p, "belady") for c, p in zip(curves, at_ess.pool_entries)]
+    print(f"  misses per layer per step at ESS's rho (LRU / Belady lower bound): "
+          f"min {min(lru):.1f}/{min(opt):.1f}, mean {np.mean(lru):.1f}/{np.mean(opt):.1f}, "
+          f"max {max(lru):.1f}/{max(opt):.1f}; hit rate {1 - np.mean(lru) / dep.topk:.3f} "
+          f"(Belady {1 - np.mean(opt) / dep.topk:.3f})")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=24, help="decode steps per synthetic trace (8 warm up)")
+    p.add_argument("--layers", type=int, default=61)
+    p.add_argument("--overlap-share", type=float, default=0.3)
+    args = p.parse_args()
+    dep = EssDeployment(num_layers=args.layers, overlap_share=args.overlap_share)
+    cost = StepCost.fit_ess(dep)
+    print(f"step cost fitted to ESS's points: fixed {cost.fixed_s * 1e3:.1f} ms, per sequence "
+          f"{cost.per_seq_s * 1e3:.3f} ms + {cost.per_seq_per_token_s * 1e9:.2f} ns per context token")
+    start = time.time()
+    targets = list(np.geomspace(*ESS_MISS_RANGE, args.layers))
+    correlations = calibrated_correlations(targets, 32768, dep.topk, int(0.2 * 32768), steps=args.steps)
+    for context in ESS_TABLE:
+        report(dep, cost, layer_curves(dep, correlations, context, args.steps), context)
+    print(f"\n({time.time() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

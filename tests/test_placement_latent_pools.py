@@ -1,0 +1,83 @@
+"""Pool eviction (LRU vs the Belady bound), per-layer pool sizing, and ESS's deployment numbers."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from placement.ess import (ESS_TABLE, EssDeployment, StepCost, plan_global, plan_per_layer, solve_pools)
+from placement.eviction import belady_misses, lru_misses
+from placement.latent_traces import MissCurve, miss_curve, synthetic_trace
+
+
+def _trace(*steps):
+    return [np.array(s) for s in steps]
+
+
+def test_lru_and_belady_by_hand():
+    # pool of 2, a cycle of 3: LRU always evicts what comes next; Belady keeps 0 and 1 at
+    # step 2 (needed at steps 3 and 4) and drops 2 (never needed again)
+    trace = _trace([0], [1], [2], [0], [1])
+    assert lru_misses(trace, 3, 2).tolist() == [1, 1, 1, 1, 1]
+    assert belady_misses(trace, 3, 2).tolist() == [1, 1, 1, 0, 0]
+    # a tie in recency goes to the lower position: after {0,1} then {2}, LRU keeps 0 and 2
+    assert lru_misses(_trace([0, 1], [2], [0], [1]), 3, 2).tolist() == [2, 1, 0, 1]
+
+
+def test_pool_as_large_as_the_context_only_misses_first_uses():
+    trace = synthetic_trace(256, 16, 12, 0.5, seed=3)
+    first_uses = len(np.unique(np.concatenate(trace)))
+    assert lru_misses(trace, 256, 256).sum() == first_uses == belady_misses(trace, 256, 256).sum()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sets(st.integers(0, 11), min_size=1, max_size=4), min_size=1, max_size=12),
+       st.integers(4, 12))
+def test_belady_never_misses_more_than_lru(sets, capacity):
+    trace = [np.array(sorted(s)) for s in sets]
+    lru, opt = lru_misses(trace, 12, capacity), belady_misses(trace, 12, capacity)
+    assert opt.sum() <= lru.sum()
+    assert (opt >= 0).all() and all(m <= len(s) for m, s in zip(lru, sets))
+
+
+def test_more_pool_never_misses_more():
+    trace = synthetic_trace(2048, 64, 20, 0.9, seed=1)
+    curve = miss_curve(trace, 2048, [64, 128, 256, 512, 2048])
+    assert list(curve.lru) == sorted(curve.lru, reverse=True)
+    assert all(b <= l for b, l in zip(curve.belady, curve.lru))
+
+
+def test_ess_deployment_numbers():
+    dep = EssDeployment()
+    assert dep.baseline_batch(32768) == 52 and dep.baseline_batch(131072) == 13  # ESS's baselines
+    cost = StepCost.fit_ess(dep)
+    # the per-context-token cost is the indexer reading 61 x 132 B per token at HBM speed
+    bytes_per_s = 61 * 132 / cost.per_seq_per_token_s
+    assert 1.5e12 < bytes_per_s < 3.35e12
+    for context, row in ESS_TABLE.items():
+        for batch, tps in ((row["base_batch"], row["base_tokens_per_s"]), (row["ess_batch"], row["ess_tokens_per_s"])):
+            predicted = dep.tokens_per_s(batch, cost.seconds(batch, context))
+            assert abs(predicted / tps - 1) < 0.08
+
+
+def _curves(num_layers, context, topk):
+    """Layers from cold (many misses) to hot (few), convex in the pool size."""
+    sizes = (topk, context // 8, context // 4, context // 2, context)
+    curves = []
+    for layer in range(num_layers):
+        scale = 600.0 * 0.7 ** layer
+        lru = tuple(scale * (topk / s) ** 1.5 for s in sizes)
+        curves.append(MissCurve(sizes, lru, lru))
+    return curves
+
+
+def test_per_layer_pools_fit_the_budget_and_beat_one_global_fraction():
+    dep = EssDeployment(num_layers=8, cache_budget_bytes=52 * 32768 * 8 * 788, overlap_share=0.0)
+    cost = StepCost(fixed_s=0.04, per_seq_s=4.8e-4, per_seq_per_token_s=3.4e-9)
+    curves = _curves(8, 32768, dep.topk)
+    batch = 120
+    pools = solve_pools(dep, curves, batch, 32768, cost.seconds(batch, 32768))
+    assert sum(pools) <= dep.pool_entries_budget(batch, 32768) * (1 + 1e-9)
+    assert pools[0] > pools[-1]  # the cold layer gets the larger pool
+    best_global = plan_global(dep, cost, curves, 32768)
+    per_layer = plan_per_layer(dep, cost, curves, 32768)
+    assert per_layer.tokens_per_s >= best_global.tokens_per_s
