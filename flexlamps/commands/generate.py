@@ -5,11 +5,10 @@ from __future__ import annotations
 import resource
 import sys
 import time
-import zlib
 
 import click
 
-from flexlamps.commands.options import model_options
+from flexlamps.commands.options import model_options, ray_options
 
 
 def _peak_rss_mib() -> float:
@@ -46,125 +45,194 @@ def _peak_rss_mib() -> float:
               help="Weight compression backend (nf4/fp4 need a bitsandbytes that runs here). [default: groupwise4 "
                    "with --compress-weight, else none]")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@ray_options
 def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, top_p, top_k, seed, stop,
             logprobs, chat, ignore_eos, batch_size, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight,
-            compress_cache, weight_quant, no_progress):
+            compress_cache, weight_quant, no_progress, ray_address, ray_workers):
     """Generate a completion for every prompt in PROMPTS and write them to OUT."""
-    from tqdm import tqdm
+    from flexlamps.generate_job import GenerateSettings, pending_job
+    from flexlamps.io.prompts import PromptFileError
+    from flexlamps.io.results import ResultsError
 
-    from flexlamps.api import LLM
+    if batch_size < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--batch-size")
+    settings = GenerateSettings(
+        model=model, dtype=dtype, batch_size=batch_size, gpu_mem=gpu_mem, cpu_mem=cpu_mem, offload_dir=offload_dir,
+        policy=policy_arg, compress_weight=compress_weight, compress_cache=compress_cache, weight_quant=weight_quant,
+        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+        stop=tuple(stop), logprobs=logprobs, ignore_eos=ignore_eos, chat=chat)
+    try:
+        settings.sampling_params("")  # bad sampling flags fail here, before any model loads
+    except ValueError as e:
+        raise click.UsageError(str(e))
+    try:
+        job = pending_job(prompts_path, out_path)
+    except (PromptFileError, ResultsError) as e:
+        raise click.ClickException(str(e))
+    if not job.todo:
+        job.results.open()
+        job.results.finalize(job.order)
+        click.echo(f"all {len(job.records)} prompts already done in {out_path}")
+        return
+    if ray_address is None:
+        _run_local(settings, job, no_progress)
+    else:
+        threads = click.get_current_context().meta.get("flexlamps.threads") or 1
+        _run_on_ray(settings, job, no_progress, ray_address, ray_workers, threads)
+
+
+class _Progress:
+    """The progress bar with the running tokens/s, and the totals for the summary line."""
+
+    def __init__(self, total: int, disable: bool):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="prompt", disable=disable, file=sys.stderr, dynamic_ncols=True)
+        self.t0 = time.perf_counter()
+        self.generated = 0
+
+    def tokens(self, n: int) -> None:
+        self.generated += n
+        self.bar.set_postfix_str(f"{self.generated / max(time.perf_counter() - self.t0, 1e-9):.1f} tok/s",
+                                 refresh=False)
+
+    def prompts(self, n: int) -> None:
+        self.bar.update(n)
+
+    def close(self) -> float:
+        self.bar.close()
+        return time.perf_counter() - self.t0
+
+
+def _open_results(job, out_path) -> None:
+    from flexlamps.io.results import ResultsError
+
+    try:
+        job.results.open()
+    except (OSError, ResultsError) as e:
+        raise click.ClickException(f"cannot write {out_path}: {e}")
+
+
+def _interrupted(job, progress: _Progress) -> None:
+    job.results.close()
+    progress.close()
+    click.echo(f"\ninterrupted: {len(job.results.done)} of {len(job.records)} done; re-run the same command to "
+               "resume", err=True)
+    sys.exit(130)
+
+
+def _finish(job, progress: _Progress, wall: float) -> None:
+    job.results.finalize(job.order)
+    skipped = len(job.records) - len(job.todo)
+    click.echo(f"prompts {len(job.todo)} (+{skipped} done before) | generated tokens {progress.generated} | "
+               f"wall {wall:.1f} s | {progress.generated / wall:.1f} tok/s | peak RSS {_peak_rss_mib():.0f} MiB")
+
+
+def _run_local(settings, job, no_progress: bool) -> None:
+    """One engine in this process."""
     from flexlamps.engine.batch.generate import ContextOverflowError
-    from flexlamps.engine.batch.sampling import SamplingParams
-    from flexlamps.io.prompts import PromptFileError, read_prompts
-    from flexlamps.io.results import ResultsError, ResumableResults
+    from flexlamps.generate_job import PromptTooLongError, encode_checked, generate_rows
+
+    llm = _load_engine(settings)
+    try:
+        prompt_ids = encode_checked(llm.tokenizer, llm.config.max_position, job.todo, settings.chat)
+    except (PromptTooLongError, ValueError) as e:
+        raise click.ClickException(str(e))
+    if settings.offload:
+        _prepare_offload(llm, prompt_ids, settings)
+    _open_results(job, job.results.out)
+    progress = _Progress(len(job.todo), no_progress)
+
+    def on_row(row: dict) -> None:
+        job.results.add(row)
+        progress.prompts(1)
+
+    try:
+        generate_rows(llm, settings, job.todo, prompt_ids, on_row, on_tokens=progress.tokens)
+    except KeyboardInterrupt:
+        _interrupted(job, progress)
+    except ContextOverflowError as e:
+        raise click.ClickException(str(e))
+    wall = progress.close()
+    _finish(job, progress, wall)
+    if settings.offload:
+        b = llm.executor.budgets
+        click.echo(f"measured {progress.generated / wall:.2f} tok/s | peak gpu tier {b['gpu'].peak_bytes / 2**20:.0f} "
+                   f"MiB of {b['gpu'].capacity_bytes / 2**20:.0f} | peak cpu tier {b['cpu'].peak_bytes / 2**20:.0f} "
+                   f"MiB of {b['cpu'].capacity_bytes / 2**20:.0f}")
+
+
+def _load_engine(settings):
     from flexlamps.models.checkpoint import CheckpointError
     from flexlamps.models.config import UnsupportedModelError
     from flexlamps.models.registry import UnknownModelError
 
-    if batch_size < 1:
-        raise click.BadParameter("must be >= 1", param_hint="--batch-size")
     try:
-        records = read_prompts(prompts_path)
-    except PromptFileError as e:
-        raise click.ClickException(str(e))
-    results = ResumableResults(out_path)
-    try:
-        done = results.load()
-    except ResultsError as e:
-        raise click.ClickException(str(e))
-    todo = [r for r in records if r.id not in done]
-    order = [r.id for r in records]
-    if not todo:
-        results.open()
-        results.finalize(order)
-        click.echo(f"all {len(records)} prompts already done in {out_path}")
-        return
-    if weight_quant and weight_quant != "none":
-        compress_weight = True
-    offload = gpu_mem is not None or cpu_mem is not None or offload_dir is not None or compress_weight or compress_cache
-    try:
-        llm = LLM(model, dtype=dtype, max_batch_size=batch_size, gpu_mem=gpu_mem, cpu_mem=cpu_mem,
-                  offload_dir=offload_dir, policy=policy_arg, compress_weight=compress_weight,
-                  compress_cache=compress_cache, weight_quant=weight_quant)
-        base = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                    stop=tuple(stop), logprobs=logprobs, ignore_eos=ignore_eos)
-        params = [SamplingParams(seed=zlib.crc32(f"{seed}:{r.id}".encode()), **base) for r in todo]
-        prompt_ids = [llm.encode_prompt(r.prompt, chat) for r in todo]
+        return settings.load_llm()
     except (UnknownModelError, UnsupportedModelError, CheckpointError, ValueError, OSError, MemoryError) as e:
         raise click.ClickException(str(e))  # MemoryError: a tier budget that cannot hold the model
-    if offload:
-        _prepare_offload(llm, prompt_ids, max_new_tokens)
-    limit = llm.config.max_position
-    for r, ids in zip(todo, prompt_ids):
-        if len(ids) >= limit:
-            raise click.ClickException(f"prompt id {r.id!r} has {len(ids)} tokens; the model's context is {limit}. "
-                                       "Shorten it or drop it from the file.")
-    try:
-        results.open()
-    except (OSError, ResultsError) as e:
-        raise click.ClickException(f"cannot write {out_path}: {e}")
-
-    bar = tqdm(total=len(todo), unit="prompt", disable=no_progress, file=sys.stderr, dynamic_ncols=True)
-    t0 = time.perf_counter()
-    generated = 0
-
-    def on_tokens(n: int) -> None:
-        nonlocal generated
-        generated += n
-        bar.set_postfix_str(f"{generated / max(time.perf_counter() - t0, 1e-9):.1f} tok/s", refresh=False)
-
-    def on_finish(out) -> None:
-        rec = todo[out.index]
-        row = {"id": rec.id, **rec.extra, "text": out.text, "num_prompt_tokens": out.num_prompt_tokens,
-               "num_generated_tokens": len(out.token_ids), "finish_reason": out.finish_reason}
-        if out.stop_string is not None:
-            row["stop"] = out.stop_string
-        if logprobs:
-            row["token_ids"] = out.token_ids
-            row["logprobs"] = out.logprobs
-        results.add(row)
-        bar.update(1)
-
-    try:
-        llm.generate_ids(prompt_ids, params, on_finish=on_finish, on_tokens=on_tokens)
-    except KeyboardInterrupt:
-        results.close()
-        bar.close()
-        click.echo(f"\ninterrupted: {len(results.done)} of {len(records)} done; re-run the same command to resume",
-                   err=True)
-        sys.exit(130)
-    except ContextOverflowError as e:
-        raise click.ClickException(str(e))
-    bar.close()
-    wall = time.perf_counter() - t0
-    results.finalize(order)
-    skipped = len(records) - len(todo)
-    click.echo(f"prompts {len(todo)} (+{skipped} done before) | generated tokens {generated} | "
-               f"wall {wall:.1f} s | {generated / wall:.1f} tok/s | peak RSS {_peak_rss_mib():.0f} MiB")
-    if offload:
-        b = llm.executor.budgets
-        click.echo(f"measured {generated / wall:.2f} tok/s | peak gpu tier {b['gpu'].peak_bytes / 2**20:.0f} MiB of "
-                   f"{b['gpu'].capacity_bytes / 2**20:.0f} | peak cpu tier {b['cpu'].peak_bytes / 2**20:.0f} MiB of "
-                   f"{b['cpu'].capacity_bytes / 2**20:.0f}")
 
 
-def _prepare_offload(llm, prompt_ids, max_new_tokens) -> None:
+def _prepare_offload(llm, prompt_ids, settings) -> None:
     """Plan (or load) the policy, build the offload engine and print the policy before the run."""
+    from flexlamps.generate_job import prepare_offload
     from offload import BudgetExceededError
     from placement import InfeasiblePlanError
 
-    mean_len = sum(map(len, prompt_ids)) // len(prompt_ids)
     try:
-        llm.prepare(prompt_len=mean_len, gen_len=max_new_tokens, num_sequences=len(prompt_ids),
-                    on_profile=lambda p: click.echo(f"measuring this machine once (cached in {p}) ...", err=True))
+        lines = prepare_offload(llm, prompt_ids, settings, on_profile=lambda p: click.echo(
+            f"measuring this machine once (cached in {p}) ...", err=True))
     except (InfeasiblePlanError, BudgetExceededError, OSError, ValueError) as e:
         raise click.ClickException(str(e))
-    p = llm.policy
-    split = lambda t: f"gpu {t.gpu:.0%} / cpu {t.cpu:.0%} / disk {t.disk:.0%}"  # noqa: E731
-    click.echo(f"policy: block {p.gpu_batch_size} x {p.num_gpu_batches} | weights {split(p.weights)} | "
-               f"cache {split(p.cache)} | activations {split(p.activations)} | compress weight {p.compress_weight}, "
-               f"cache {p.compress_cache} | cpu attention {p.cpu_attention} | decode merged {p.merge_decode}")
-    if llm.plan is not None:
-        click.echo(f"predicted {llm.plan.tokens_per_s:.2f} tok/s (planner, prompt {mean_len}, gen {max_new_tokens})")
-    if llm.executor.reused_disk:
-        click.echo("offload folder reused")
+    for line in lines:
+        click.echo(line)
+
+
+def _run_on_ray(settings, job, no_progress: bool, address: str, num_workers, threads: int) -> None:
+    """One engine per Ray worker; this process only reads prompts and writes the results."""
+    from flexlamps.distributed.cluster import RayUnavailableError, ray_cluster
+    from flexlamps.distributed.generate import generate_on_ray
+    from flexlamps.distributed.pool import WorkerLostError
+
+    prompt_ids = _encode_on_driver(settings, job)
+    _open_results(job, job.results.out)
+    progress = None
+    try:
+        with ray_cluster(address or None, num_workers, threads) as slots:
+            def on_workers(infos):
+                click.echo(f"ray: {len(infos)} workers x {threads} threads ({'GPU' if slots.on_gpu else 'CPU'})")
+                for info in infos:
+                    for line in info["lines"]:
+                        click.echo(f"worker {info['rank']} ({info['host']}): {line}")
+
+            def on_rows(rows, tokens):
+                for row in rows:
+                    job.results.add(row)
+                progress.prompts(len(rows))
+                progress.tokens(tokens)
+
+            progress = _Progress(len(job.todo), no_progress)
+            generate_on_ray(settings, threads, slots, job.todo, prompt_ids, on_rows, on_workers)
+    except KeyboardInterrupt:
+        _interrupted(job, progress or _Progress(0, True))
+    except (RayUnavailableError, WorkerLostError) as e:
+        job.results.close()
+        raise click.ClickException(str(e))
+    except (ValueError, OSError, MemoryError) as e:  # a worker's engine: bad budget, policy, prompt
+        job.results.close()
+        raise click.ClickException(f"a worker failed: {e}")
+    _finish(job, progress, progress.close())
+
+
+def _encode_on_driver(settings, job) -> list[list[int]]:
+    """Check the model and every prompt's length here, before any cluster starts."""
+    from flexlamps.generate_job import PromptTooLongError, encode_checked
+    from flexlamps.models.checkpoint import CheckpointError
+    from flexlamps.models.config import UnsupportedModelError
+    from flexlamps.models.registry import UnknownModelError, open_checkpoint
+
+    try:
+        reader = open_checkpoint(settings.model)
+        return encode_checked(reader.tokenizer, reader.config.max_position, job.todo, settings.chat)
+    except (UnknownModelError, UnsupportedModelError, CheckpointError, PromptTooLongError, ValueError, OSError) as e:
+        raise click.ClickException(str(e))

@@ -39,6 +39,13 @@ class Tokenizer:
             ids = [self.bos_token_id] + ids
         return ids
 
+    def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
+        """A prompt's ids; `chat` wraps it as a user turn in the model's chat template."""
+        if chat:
+            text = self.apply_chat_template([{"role": "user", "content": prompt}])
+            return self.encode(text, add_special_tokens=False)
+        return self.encode(prompt)
+
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
         if not (add_special_tokens and self.add_bos):
             return [e.ids for e in self.tk.encode_batch(list(texts), add_special_tokens=add_special_tokens)]

@@ -1,0 +1,155 @@
+"""One `flexlamps generate` job, apart from where it runs: its settings, which prompts are still
+to do, prompt encoding with the context check, and the engine call that turns finished
+sequences into output records. The single-process command and the Ray workers
+(`flexlamps.distributed.generate`) both run prompts through `generate_rows`, so a record is
+built one way whichever path computed it.
+
+Imports torch only inside the functions that need the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from flexlamps.io.prompts import PromptRecord, read_prompts
+from flexlamps.io.results import ResumableResults
+
+
+class PromptTooLongError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateSettings:
+    """Everything that decides a record's content, plus how each engine is built."""
+
+    model: str
+    dtype: str = "float32"
+    batch_size: int = 32  # sequences decoded together (per engine)
+    # offload engine (any of these set turns it on); budgets are per engine
+    gpu_mem: str | None = None
+    cpu_mem: str | None = None
+    offload_dir: str | None = None
+    policy: str = "auto"
+    compress_weight: bool | None = None
+    compress_cache: bool | None = None
+    weight_quant: str | None = None
+    # sampling
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    ignore_eos: bool = False
+    chat: bool = False
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
+        if self.weight_quant and self.weight_quant != "none":
+            object.__setattr__(self, "compress_weight", True)
+
+    @property
+    def offload(self) -> bool:
+        return (self.gpu_mem is not None or self.cpu_mem is not None or self.offload_dir is not None
+                or bool(self.compress_weight) or bool(self.compress_cache))
+
+    def with_offload_dir(self, offload_dir: str | None) -> "GenerateSettings":
+        return dataclasses.replace(self, offload_dir=offload_dir)
+
+    def load_llm(self):
+        from flexlamps.api import LLM
+
+        return LLM(self.model, dtype=self.dtype, max_batch_size=self.batch_size, gpu_mem=self.gpu_mem,
+                   cpu_mem=self.cpu_mem, offload_dir=self.offload_dir, policy=self.policy,
+                   compress_weight=self.compress_weight, compress_cache=self.compress_cache,
+                   weight_quant=self.weight_quant)
+
+    def sampling_params(self, record_id: str):
+        """Each prompt's seed derives from --seed and its id, so results do not depend on
+        batching, sharding or resuming."""
+        from flexlamps.engine.batch.sampling import SamplingParams
+
+        return SamplingParams(seed=zlib.crc32(f"{self.seed}:{record_id}".encode()),
+                              max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                              top_k=self.top_k, stop=tuple(self.stop), logprobs=self.logprobs,
+                              ignore_eos=self.ignore_eos)
+
+
+@dataclass
+class PendingJob:
+    """The prompt file read against the output written so far."""
+
+    records: list[PromptRecord]  # every prompt, in input order
+    results: ResumableResults  # loaded: `results.done` holds the finished records
+    todo: list[PromptRecord]  # prompts without a finished record, in input order
+
+    @property
+    def order(self) -> list[str]:
+        return [r.id for r in self.records]
+
+
+def pending_job(prompts_path: str | Path, out_path: str | Path) -> PendingJob:
+    """Raises PromptFileError / ResultsError for a bad prompt file or a damaged output."""
+    records = read_prompts(prompts_path)
+    results = ResumableResults(out_path)
+    done = results.load()
+    return PendingJob(records, results, [r for r in records if r.id not in done])
+
+
+def encode_checked(tokenizer, max_position: int, records: list[PromptRecord], chat: bool) -> list[list[int]]:
+    """Every prompt's ids, or PromptTooLongError naming the first prompt the context cannot hold."""
+    out = []
+    for r in records:
+        ids = tokenizer.encode_prompt(r.prompt, chat)
+        if len(ids) >= max_position:
+            raise PromptTooLongError(f"prompt id {r.id!r} has {len(ids)} tokens; the model's context is "
+                                     f"{max_position}. Shorten it or drop it from the file.")
+        out.append(ids)
+    return out
+
+
+def result_row(record: PromptRecord, out, logprobs: bool) -> dict[str, Any]:
+    """The output record of one finished sequence (a `RequestOutput`)."""
+    row = {"id": record.id, **record.extra, "text": out.text, "num_prompt_tokens": out.num_prompt_tokens,
+           "num_generated_tokens": len(out.token_ids), "finish_reason": out.finish_reason}
+    if out.stop_string is not None:
+        row["stop"] = out.stop_string
+    if logprobs:
+        row["token_ids"] = out.token_ids
+        row["logprobs"] = out.logprobs
+    return row
+
+
+def generate_rows(llm, settings: GenerateSettings, records: list[PromptRecord], prompt_ids: list[list[int]],
+                  on_row: Callable[[dict], None], on_tokens: Callable[[int], None] | None = None) -> None:
+    """Generate every prompt on `llm`, calling `on_row` with each record as its sequence finishes."""
+    params = [settings.sampling_params(r.id) for r in records]
+    llm.generate_ids(prompt_ids, params, on_finish=lambda out: on_row(result_row(records[out.index], out,
+                                                                                 settings.logprobs)),
+                     on_tokens=on_tokens)
+
+
+def prepare_offload(llm, prompt_ids: list[list[int]], settings: GenerateSettings, on_profile=None) -> list[str]:
+    """Plan (or load) the policy and build the offload engine for these prompts; returns the
+    lines that describe the policy (printed by the command, reported by each Ray worker)."""
+    mean_len = sum(map(len, prompt_ids)) // max(1, len(prompt_ids))
+    llm.prepare(prompt_len=mean_len, gen_len=settings.max_new_tokens, num_sequences=len(prompt_ids),
+                on_profile=on_profile)
+    p = llm.policy
+    split = lambda t: f"gpu {t.gpu:.0%} / cpu {t.cpu:.0%} / disk {t.disk:.0%}"  # noqa: E731
+    lines = [f"policy: block {p.gpu_batch_size} x {p.num_gpu_batches} | weights {split(p.weights)} | "
+             f"cache {split(p.cache)} | activations {split(p.activations)} | compress weight {p.compress_weight}, "
+             f"cache {p.compress_cache} | cpu attention {p.cpu_attention} | decode merged {p.merge_decode}"]
+    if llm.plan is not None:
+        lines.append(f"predicted {llm.plan.tokens_per_s:.2f} tok/s (planner, prompt {mean_len}, "
+                     f"gen {settings.max_new_tokens})")
+    if llm.executor.reused_disk:
+        lines.append("offload folder reused")
+    return lines
