@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from flexlamps import LLM
-from flexlamps.engine.scoring import PrefixScorer, split_tokens
+from flexlamps.engine.batch.scoring import PrefixScorer, split_tokens
 
 SHOTS = "the quick brown fox jumps over the lazy dog.\n\n"
 QUESTIONS = [  # (context, choices): varied lengths, choice counts, one-token and shared endings
