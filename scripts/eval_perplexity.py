@@ -3,7 +3,8 @@
 Sliding windows as in the HF perplexity recipe: windows of --window tokens every --stride
 tokens; each window scores only the tokens not scored by the previous one. Compression runs
 through the offload engine (all tiers on the gpu tier), so the cache really is stored 4-bit
-and read back for attention.
+and read back for attention. `int4` is the in-memory engine in bfloat16 with a GGUF's 4-bit
+weights multiplied in place (the `--dtype auto` default for such files); `bf16` is dense bfloat16.
 
     python scripts/eval_perplexity.py --model smollm2-135m --tokens 32768 --window 1024 --stride 512
 """
@@ -56,17 +57,22 @@ def main():
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--window", type=int, default=1024)
     ap.add_argument("--stride", type=int, default=512)
-    ap.add_argument("--configs", default="none,weights,cache,both")
+    ap.add_argument("--configs", default="none,weights,cache,both", help="comma-separated: none (fp32), "
+                    "weights, cache, both (4-bit through the offload engine), bf16, int4 (in memory)")
+    ap.add_argument("--wikitext", type=Path, default=WIKITEXT, help="WikiText-2 raw test file")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     args = ap.parse_args()
     reader = open_checkpoint(args.model)
-    text = WIKITEXT.read_text(encoding="utf-8").replace("\r\n", "\n")
+    text = args.wikitext.read_text(encoding="utf-8").replace("\r\n", "\n")
     ids = reader.tokenizer.encode(text)[: args.tokens]
     results = {}
     for name in args.configs.split(","):
         t = time.perf_counter()
         if name == "none":
             ex = InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32)
+        elif name in ("bf16", "int4"):
+            weights = read_all(reader, torch.bfloat16, int4_in_place=name == "int4")
+            ex = InMemoryExecutor(reader.config, weights, torch.bfloat16)
         else:
             policy = Policy(gpu_batch_size=1, num_gpu_batches=1, weights=ALL_GPU, cache=ALL_GPU, activations=ALL_GPU,
                             compress_weight=name in ("weights", "both"), compress_cache=name in ("cache", "both"))

@@ -70,19 +70,19 @@ def make_tiny_model(folder: Path, kind: str, seed: int = 0) -> Path:
     return folder
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _weight_cache_in_a_temp_folder(tmp_path_factory):
+    """The engine's packed-weight cache goes to a temp folder, never the user's home."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FLEXLAMPS_CACHE_DIR", str(tmp_path_factory.mktemp("weight-cache")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny_models")
     return {kind: make_tiny_model(root / kind, kind) for kind in TINY_CONFIGS}
-
-
-@pytest.fixture(scope="session")
-def deepseek_models(tmp_path_factory) -> dict[str, Path]:
-    """Tiny random DeepSeek-V3 / V3.2 models (see tests/deepseek_models.py)."""
-    from tests.deepseek_models import DEEPSEEK_CONFIGS, make_deepseek_model
-
-    root = tmp_path_factory.mktemp("deepseek_models")
-    return {kind: make_deepseek_model(root / kind, kind) for kind in DEEPSEEK_CONFIGS}
 
 
 @pytest.fixture(scope="session")

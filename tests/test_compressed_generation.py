@@ -49,10 +49,10 @@ def teacher_forced_agreement(llm, prompt_ids: list[int], continuation: list[int]
 
 def test_smollm2_compressed_tokens_stay_close(smollm2_path):
     params = SamplingParams(max_new_tokens=32, ignore_eos=True)
-    plain = LLM("smollm2-135m").generate(PROMPTS, params)
+    plain = LLM("smollm2-135m", dtype="float32").generate(PROMPTS, params)
     policy = Policy(gpu_batch_size=4, num_gpu_batches=1, weights=G, cache=G, activations=G,
                     compress_weight=True, compress_cache=True)
-    llm = LLM("smollm2-135m", gpu_mem="2GiB", cpu_mem="1GiB", policy=policy)
+    llm = LLM("smollm2-135m", dtype="float32", gpu_mem="2GiB", cpu_mem="1GiB", policy=policy)
     packed = llm.generate(PROMPTS, params)
     free_running = [agreement(a.token_ids, b.token_ids) for a, b in zip(plain, packed)]
     forced = [teacher_forced_agreement(llm, llm.tokenizer.encode(p), a.token_ids) for p, a in zip(PROMPTS, plain)]

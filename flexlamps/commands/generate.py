@@ -8,7 +8,13 @@ import time
 
 import click
 
-from flexlamps.commands.options import model_options, offload_options, ray_options
+from flexlamps.commands.options import model_options, ray_options
+
+
+def _since_process_start() -> float:
+    import psutil
+
+    return time.time() - psutil.Process().create_time()
 
 
 def _peak_rss_mib() -> float:
@@ -31,7 +37,19 @@ def _peak_rss_mib() -> float:
 @click.option("--chat", is_flag=True, help="Wrap each prompt as a user turn in the model's chat template (instruct models).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past the end-of-sequence token.")
 @click.option("--batch-size", default=32, show_default=True, help="Sequences decoded together (continuous batching).")
-@offload_options
+@click.option("--gpu-mem", default=None, help="GPU tier budget (e.g. 2GiB); turns on the offload engine. "
+              "Without a GPU the gpu tier is CPU memory, its budget still enforced. [default: off, all in memory]")
+@click.option("--cpu-mem", default=None, help="CPU tier budget for offloaded weights and cache (e.g. 8GiB). "
+              "[default with --gpu-mem: half the available RAM]")
+@click.option("--offload-dir", default=None, type=click.Path(file_okay=False),
+              help="Folder for the disk tier; reused across runs when still valid, rebuilt when stale or damaged.")
+@click.option("--policy", "policy_arg", default="auto", show_default=True,
+              help="Placement with --gpu-mem: 'auto' (the planner, with this machine's cached profile) or a policy JSON file.")
+@click.option("--compress-weight", is_flag=True, default=None, help="Store weights 4-bit group-wise on every tier.")
+@click.option("--compress-cache", is_flag=True, default=None, help="Store the KV cache 4-bit group-wise.")
+@click.option("--weight-quant", type=click.Choice(["groupwise4", "groupwise8", "nf4", "fp4", "none"]), default=None,
+              help="Weight compression backend (nf4/fp4 need a bitsandbytes that runs here). [default: groupwise4 "
+                   "with --compress-weight, else none]")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 @ray_options
 def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, top_p, top_k, seed, stop,
@@ -78,8 +96,11 @@ class _Progress:
         self.bar = tqdm(total=total, unit="prompt", disable=disable, file=sys.stderr, dynamic_ncols=True)
         self.t0 = time.perf_counter()
         self.generated = 0
+        self.first_token_s = None  # from process start (imports and model load included)
 
     def tokens(self, n: int) -> None:
+        if self.first_token_s is None:
+            self.first_token_s = _since_process_start()
         self.generated += n
         self.bar.set_postfix_str(f"{self.generated / max(time.perf_counter() - self.t0, 1e-9):.1f} tok/s",
                                  refresh=False)
@@ -113,7 +134,8 @@ def _finish(job, progress: _Progress, wall: float) -> None:
     job.results.finalize(job.order)
     skipped = len(job.records) - len(job.todo)
     click.echo(f"prompts {len(job.todo)} (+{skipped} done before) | generated tokens {progress.generated} | "
-               f"wall {wall:.1f} s | {progress.generated / wall:.1f} tok/s | peak RSS {_peak_rss_mib():.0f} MiB")
+               f"wall {wall:.1f} s | {progress.generated / wall:.1f} tok/s | first token "
+               f"{progress.first_token_s or 0:.2f} s after process start | peak RSS {_peak_rss_mib():.0f} MiB")
 
 
 def _run_local(settings, job, no_progress: bool) -> None:

@@ -16,8 +16,11 @@ import numpy as np
 import torch
 
 from flexlamps.models.config import ModelConfig, UnsupportedModelError
+from flexlamps.models.gguf_blocks import BLOCK, int4_blocks, is_int4_block_type
+from flexlamps.models.gguf_header import read_header
 from flexlamps.models.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 from flexlamps.models.weight_specs import WeightSpec, hf_name, weight_specs
+from quant.int4_weight import KERNEL_DTYPES, Int4Weight
 
 
 class CheckpointError(ValueError):
@@ -136,19 +139,31 @@ _GGUF_GLOBAL = {"embed_tokens": "token_embd.weight", "norm": "output_norm.weight
 class GGUFReader:
     """LLaMA / Qwen2 GGUF files; quantized tensors are dequantized to float with the `gguf` package."""
 
-    def __init__(self, path: Path):
-        import gguf
+    def __init__(self, path: Path, cache_dir: Path | None = None):
+        """`cache_dir`: where the parsed header is kept (default: the weight cache's folder)."""
+        from flexlamps.models.weight_cache import default_cache_dir
 
         self.path = path
-        try:
-            self._reader = gguf.GGUFReader(str(path))
-        except Exception as e:  # the gguf package raises assorted errors on junk input
-            raise CheckpointError(f"{path} is not a readable GGUF file: {e}") from None
-        self.fields = {k: _field_value(f) for k, f in self._reader.fields.items()}
-        self._tensors = {t.name: t for t in self._reader.tensors}
+        self._reader = None  # the gguf package's reader, opened on the first tensor read
+        self._tensors = None  # its tensors by name
+        header = read_header(Path(path), self._parse_header, Path(cache_dir) if cache_dir else default_cache_dir())
+        self.fields, self._tensor_types, self.sha256 = header.fields, header.tensor_types, header.sha256
         self.hf_config = self._hf_config()
         self.config = ModelConfig.from_hf(self.hf_config)
         self._tokenizer: Tokenizer | None = None
+
+    def _open(self):
+        import gguf
+
+        try:
+            return gguf.GGUFReader(str(self.path))
+        except Exception as e:  # the gguf package raises assorted errors on junk input
+            raise CheckpointError(f"{self.path} is not a readable GGUF file: {e}") from None
+
+    def _parse_header(self):
+        self._reader = self._open()
+        fields = {k: _field_value(f) for k, f in self._reader.fields.items()}
+        return fields, {t.name: t.tensor_type.name for t in self._reader.tensors}
 
     def _hf_config(self) -> dict[str, Any]:
         f = self.fields
@@ -167,8 +182,8 @@ class GGUFReader:
             "max_position_embeddings": f.get(f"{arch}.context_length", 2048),
             "rms_norm_eps": f.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
             "rope_theta": f.get(f"{arch}.rope.freq_base", 10000.0),
-            "tie_word_embeddings": "output.weight" not in self._tensors,
-            "attention_bias": "blk.0.attn_q.bias" in self._tensors,
+            "tie_word_embeddings": "output.weight" not in self._tensor_types,
+            "attention_bias": "blk.0.attn_q.bias" in self._tensor_types,
             "bos_token_id": f.get("tokenizer.ggml.bos_token_id"),
             "eos_token_id": f.get("tokenizer.ggml.eos_token_id"),
         }
@@ -182,20 +197,46 @@ class GGUFReader:
             self._tokenizer = tokenizer_from_gguf(self.fields)
         return self._tokenizer
 
+    def _tensor(self, spec: WeightSpec):
+        name = _GGUF_GLOBAL[spec.name] if spec.layer is None else f"blk.{spec.layer}.{_GGUF_LAYER[spec.local_name]}"
+        if name not in self._tensor_types:
+            raise CheckpointError(f"{self.path}: tensor {name} (for {spec.name}) is missing")
+        if self._tensors is None:
+            self._reader = self._reader or self._open()
+            self._tensors = {t.name: t for t in self._reader.tensors}
+        return self._tensors[name]
+
+    def _row_heads(self, spec: WeightSpec) -> int | None:
+        """llama.cpp stores LLaMA's q/k rows interleaved for its RoPE: the head count to undo that."""
+        if self.config.model_type == "llama" and spec.local_name in ("q_proj", "k_proj"):
+            return self.config.num_heads if spec.local_name == "q_proj" else self.config.num_kv_heads
+        return None
+
     def read(self, spec: WeightSpec, dtype: torch.dtype) -> torch.Tensor:
         from gguf.quants import dequantize
 
-        name = _GGUF_GLOBAL[spec.name] if spec.layer is None else f"blk.{spec.layer}.{_GGUF_LAYER[spec.local_name]}"
-        if name not in self._tensors:
-            raise CheckpointError(f"{self.path}: tensor {name} (for {spec.name}) is missing")
-        t = self._tensors[name]
+        t = self._tensor(spec)
         arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(spec.shape)
         w = torch.from_numpy(arr.copy())
-        # llama.cpp stores LLaMA's q/k rows interleaved for its RoPE; undo that to HF's order.
-        if self.config.model_type == "llama" and spec.local_name in ("q_proj", "k_proj"):
-            heads = self.config.num_heads if spec.local_name == "q_proj" else self.config.num_kv_heads
-            w = _unpermute_rows(w, heads)
-        return w.to(dtype)
+        heads = self._row_heads(spec)
+        return (w if heads is None else _unpermute_rows(w, heads)).to(dtype)
+
+    def read_int4(self, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | None:
+        """A Q4_0 / Q4_1 weight as it is in the file (codes, block scales and zero points), to be
+        multiplied in place with activations in `dtype`; None for other tensor types."""
+        t = self._tensor(spec)
+        if len(spec.shape) != 2 or not is_int4_block_type(t.tensor_type.name):
+            return None
+        codes, scale, zero = int4_blocks(t.data, t.tensor_type.name, spec.shape)
+        heads = self._row_heads(spec)
+        if heads is not None:
+            codes, scale, zero = (_unpermute_rows(part, heads) for part in (codes, scale, zero))
+        return Int4Weight.from_codes(codes, scale, zero, BLOCK, dtype)
+
+    @property
+    def has_int4_weights(self) -> bool:
+        """Whether the file stores 4-bit blocks (Q4_0 / Q4_1) that can be computed in place."""
+        return any(is_int4_block_type(type_name) for type_name in self._tensor_types.values())
 
     def fingerprint(self) -> str:
         st = self.path.stat()
@@ -214,5 +255,12 @@ def _field_value(field) -> Any:
         return None
 
 
-def read_all(reader, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    return {s.name: reader.read(s, dtype) for s in weight_specs(reader.config)}
+def read_all(reader, dtype: torch.dtype, int4_in_place: bool = False) -> dict[str, torch.Tensor | Int4Weight]:
+    """Every weight by canonical name, in `dtype`. With `int4_in_place` (and a bf16/fp16 `dtype`),
+    4-bit GGUF weights stay 4-bit (`Int4Weight`, multiplied in place by `models.linear`)."""
+    out = {}
+    keep = int4_in_place and dtype in KERNEL_DTYPES and hasattr(reader, "read_int4")
+    for spec in weight_specs(reader.config):
+        w = reader.read_int4(spec, dtype) if keep and spec.role == "linear" else None
+        out[spec.name] = reader.read(spec, dtype) if w is None else w
+    return out

@@ -7,9 +7,11 @@ attention masks each row at its own length.
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from dataclasses import dataclass
 
+import torch
+
+from flexlamps.models.attention import attention
 from flexlamps.models.config import ModelConfig
 
 
@@ -35,28 +37,52 @@ class DenseKVCache:
             self.k[layer][slots, :, :length] = src.k[layer][0, :, :length]
             self.v[layer][slots, :, :length] = src.v[layer][0, :, :length]
 
-    def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor):
-        """The `attend(q, k, v)` callback for one layer of one step (see models.llama.Attend)."""
-        return lambda q, k, v: self.attend(layer, slots, positions, q, k, v)
+    def step_geometry(self, slots: torch.Tensor, positions: torch.Tensor) -> "StepGeometry":
+        """What every layer of one step shares (span, mask, where the rows are), computed once."""
+        span = int(positions.max()) + 1
+        # query at position p sees keys 0..p of its own row: causal and per-row length in one mask
+        mask = torch.arange(span, device=positions.device)[None, None, :] <= positions[:, :, None]
+        return StepGeometry(slots, positions, span, mask, _first_of_block(slots))
 
-    def attend(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
-               q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
+                  geometry: "StepGeometry | None" = None):
+        """The `attend(q, k, v)` callback for one layer of one step (see models.llama.Attend);
+        `geometry` (from `step_geometry` on these slots and positions) saves recomputing it."""
+        geo = geometry or self.step_geometry(slots, positions)
+        return lambda q, k, v: self.attend(layer, slots, positions, q, k, v, geo)
+
+    def attend(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor, geometry: "StepGeometry | None" = None) -> torch.Tensor:
+        geo = geometry or self.step_geometry(slots, positions)
         n, t, heads, d = q.shape
         kc, vc = self.k[layer], self.v[layer]
-        kc[slots[:, None], :, positions] = k
-        vc[slots[:, None], :, positions] = v
-        span = int(positions.max()) + 1
-        keys, values = _rows(kc, slots, span), _rows(vc, slots, span)
-        # query at position p sees keys 0..p of its own row: causal and per-row length in one mask
-        mask = torch.arange(span, device=q.device)[None, None, :] <= positions[:, :, None]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask[:, None],
-                                             enable_gqa=heads != keys.shape[1])
+        kc[geo.slots[:, None], :, geo.positions] = k
+        vc[geo.slots[:, None], :, geo.positions] = v
+        keys, values = _rows(kc, geo.slots, geo.span, geo.first), _rows(vc, geo.slots, geo.span, geo.first)
+        out = attention(q.transpose(1, 2), keys, values, geo.mask)
         return out.transpose(1, 2).reshape(n, t, heads * d)
 
 
-def _rows(cache: torch.Tensor, slots: torch.Tensor, span: int) -> torch.Tensor:
-    n = slots.shape[0]
+@dataclass(frozen=True)
+class StepGeometry:
+    """One step's rows: `slots` (n,), `positions` (n, T), keys 0..span-1 read, `mask` (n, T, span),
+    `first`: the first slot when the slots are one contiguous block (rows read as a view), else None."""
+    slots: torch.Tensor
+    positions: torch.Tensor
+    span: int
+    mask: torch.Tensor
+    first: int | None
+
+
+def _first_of_block(slots: torch.Tensor) -> int | None:
     first = int(slots[0])
-    if bool((slots == torch.arange(first, first + n, device=slots.device)).all()):
-        return cache[first:first + n, :, :span]  # a contiguous block of rows: a view, no copy
+    contiguous = bool((slots == torch.arange(first, first + slots.shape[0], device=slots.device)).all())
+    return first if contiguous else None
+
+
+def _rows(cache: torch.Tensor, slots: torch.Tensor, span: int, first: int | None = -1) -> torch.Tensor:
+    """Rows `slots` of the cache up to `span`; `first` as in `StepGeometry` (-1: find it here)."""
+    first = _first_of_block(slots) if first == -1 else first
+    if first is not None:
+        return cache[first:first + slots.shape[0], :, :span]  # a contiguous block of rows: a view, no copy
     return cache[slots, :, :span]

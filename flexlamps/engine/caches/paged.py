@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
+from flexlamps.models.attention import attention
 from flexlamps.models.config import ModelConfig
 
 
@@ -151,6 +151,5 @@ class PagedKVCache:
         values = vc[used].permute(0, 2, 1, 3, 4).reshape(n, -1, span, d)
         # query at position p sees keys 0..p of its own request
         mask = torch.arange(span, device=q.device)[None, None, :] <= positions[:, :, None]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask[:, None],
-                                             enable_gqa=heads != keys.shape[1])
+        out = attention(q.transpose(1, 2), keys, values, mask)
         return out.transpose(1, 2).reshape(n, t, heads * d)

@@ -9,10 +9,10 @@ is, so only the queries and outputs move (FlexGen's choice for long caches).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from flexlamps.engine.caches.channel_keys import ChannelGroupedKeys
 from flexlamps.engine.caches.dense import _rows
+from flexlamps.models.attention import attention
 from flexlamps.models.config import ModelConfig
 from offload import tensor_bytes
 from offload.budget import TierBudget
@@ -142,8 +142,7 @@ class TieredKVCache:
         try:
             qd = q.to(where)
             mask = torch.arange(span, device=where)[None, None, :] <= positions.to(where)[:, :, None]
-            out = F.scaled_dot_product_attention(qd.transpose(1, 2), keys, values, attn_mask=mask[:, None],
-                                                 enable_gqa=heads != keys.shape[1])
+            out = attention(qd.transpose(1, 2), keys, values, mask)
         finally:
             if staged:
                 self.budgets["gpu"].free(staged)

@@ -36,6 +36,10 @@ class InMemoryExecutor:
         # Resident weights are prepacked once for the GEMM; outputs are bit-identical to the
         # unpacked weights the offloaded executor streams in (see models.linear).
         self.layer_weights = [{name: pack(t) for name, t in w.items()} for w in layers]  # norms stay as they are
+        # the output head too (a packed copy of a tied embedding table: the lookup reads it dense);
+        # unpacked, oneDNN reorders the whole vocab x hidden matrix on every decode step
+        head = "lm_head" if "lm_head" in self.global_weights else "embed_tokens"
+        self.global_weights["lm_head"] = pack(self.global_weights[head])
 
     def new_cache(self, num_slots: int, capacity: int) -> DenseKVCache:
         return DenseKVCache(self.cfg, num_slots, capacity, self.dtype, self.device)
@@ -55,8 +59,10 @@ class InMemoryExecutor:
         fwd = self.fwd
         ctx = fwd.step_context(positions, self.dtype)
         x = fwd.embed(self.global_weights, input_ids, positions)
+        # masks and spans once per step, not per layer (caches that offer it)
+        geo = {"geometry": cache.step_geometry(slots, positions)} if hasattr(cache, "step_geometry") else {}
         for i, w in enumerate(self.layer_weights):
-            x = fwd.layer(w, x, ctx, cache.attend_fn(i, slots, positions))
+            x = fwd.layer(w, x, ctx, cache.attend_fn(i, slots, positions, **geo))
         if logit_rows is not None:
             x = x[torch.arange(x.shape[0]), logit_rows][:, None]
         return fwd.head(self.global_weights, x).float()

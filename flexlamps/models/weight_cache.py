@@ -1,0 +1,110 @@
+"""A cache of a checkpoint's weights as the engine computes with them, so a second load takes
+seconds: a GGUF is dequantized or repacked once (4-bit blocks into `Int4Weight`, with the
+fused kernel's own layout), written as one safetensors file and memory-mapped on later loads.
+
+The file is named by the SHA-256 of the checkpoint's bytes plus everything that changes the
+packed result (dtype, 4-bit in place or not, torch version, CPU kernel flavour, format
+version), so an edited checkpoint or another torch never reads a stale entry. Files are
+written to a temp name and renamed; a damaged entry is rebuilt. The folder is `cache_dir`,
+else $FLEXLAMPS_CACHE_DIR, else $XDG_CACHE_HOME/flexlamps, else ~/.cache/flexlamps (read when
+called, never at import).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from flexlamps.models.gguf_header import file_sha256
+from quant.int4_weight import Int4Weight
+
+FORMAT_VERSION = 1
+log = logging.getLogger(__name__)
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get("FLEXLAMPS_CACHE_DIR"):
+        return Path(os.environ["FLEXLAMPS_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "flexlamps"
+
+
+def cache_key(content_sha256: str, dtype: torch.dtype, int4_in_place: bool) -> str:
+    """What the packed weights depend on, hashed: the checkpoint's bytes and how they are packed."""
+    parts = {"sha256": content_sha256, "dtype": str(dtype), "int4": int4_in_place,
+             "torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "format": FORMAT_VERSION}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _flatten(weights: dict) -> dict[str, torch.Tensor]:
+    flat = {}
+    for name, w in weights.items():
+        if isinstance(w, Int4Weight):
+            flat.update(w.to_tensors(f"{name}.", with_kernel=True))
+        else:
+            flat[name] = w.contiguous()
+    return flat
+
+
+def _unflatten(flat: dict[str, torch.Tensor], names) -> dict:
+    return {name: Int4Weight.from_tensors(flat, f"{name}.") if Int4Weight.is_stored(flat, f"{name}.") else flat[name]
+            for name in names}
+
+
+def _write(path: Path, flat: dict[str, torch.Tensor]) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(flat, tmp, metadata={"format": str(FORMAT_VERSION)})
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read(path: Path, names) -> dict | None:
+    """The cached weights (memory-mapped), or None when the file is missing or unreadable."""
+    from safetensors import safe_open
+
+    if not path.exists():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            flat = {k: f.get_tensor(k) for k in f.keys()}
+        return _unflatten(flat, names)
+    except Exception as e:  # a torn or foreign file: rebuilt by the caller
+        log.warning("weight cache %s is unreadable (%s); rebuilding it", path, e)
+        return None
+
+
+def load_weights(reader, dtype: torch.dtype, *, int4_in_place: bool, cache_dir: Path | str | None = None,
+                 use_cache: bool = True) -> dict:
+    """`checkpoint.read_all(reader, dtype, int4_in_place)`, from the cache when the checkpoint is one
+    file (GGUF) whose packed weights were cached before; otherwise read, then cached."""
+    from flexlamps.models.checkpoint import read_all
+    from flexlamps.models.weight_specs import weight_specs
+
+    source = Path(reader.path)
+    if not use_cache or not source.is_file():
+        return read_all(reader, dtype, int4_in_place=int4_in_place)
+    names = [s.name for s in weight_specs(reader.config)]
+    content = getattr(reader, "sha256", None) or file_sha256(source)  # a GGUFReader has it from its header
+    path = Path(cache_dir or default_cache_dir()) / f"weights-{cache_key(content, dtype, int4_in_place)}.safetensors"
+    cached = _read(path, names)
+    if cached is not None:
+        return cached
+    weights = read_all(reader, dtype, int4_in_place=int4_in_place)
+    try:
+        _write(path, _flatten(weights))
+    except OSError as e:  # a read-only or full cache folder only costs the next load its speed
+        log.warning("could not write the weight cache %s (%s); set --cache-dir to a writable folder", path, e)
+    return weights

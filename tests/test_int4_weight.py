@@ -1,0 +1,110 @@
+"""4-bit weights multiplied in place: the Int4Weight layout, GGUF's Q4 blocks mapped onto it,
+and `models.linear` picking the fused kernel or the dense path by row count."""
+
+import numpy as np
+import pytest
+import torch
+
+from flexlamps.models.gguf_blocks import int4_blocks
+from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, linear
+from quant.int4_weight import Int4Weight, can_pack, pack_codes, unpack_codes
+
+
+def _random_weight(rows=64, cols=96, group=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (rows, cols), generator=g, dtype=torch.uint8)
+    scale = torch.rand(rows, cols // group, generator=g) / 10 + 0.01
+    zero = torch.randn(rows, cols // group, generator=g) / 10
+    return codes, scale, zero
+
+
+def _dense(codes, scale, zero, group=32, dtype=torch.bfloat16):
+    """w = (q - 8) * scale + zero with scale and zero rounded to `dtype` as Int4Weight stores them."""
+    s = scale.to(dtype).float().repeat_interleave(group, 1)
+    z = zero.to(dtype).float().repeat_interleave(group, 1)
+    return (codes.float() - 8) * s + z
+
+
+def test_codes_pack_round_trip():
+    codes, _, _ = _random_weight()
+    assert torch.equal(unpack_codes(pack_codes(codes)), codes)
+
+
+def test_dequantize_is_the_group_formula():
+    codes, scale, zero = _random_weight()
+    w = Int4Weight.from_codes(codes, scale, zero, 32)
+    assert w.shape == (64, 96) and w.kernel_codes is not None
+    torch.testing.assert_close(w.dequantize(torch.float32), _dense(codes, scale, zero), rtol=1e-6, atol=1e-6)
+
+
+def test_fused_kernel_matches_the_dense_weight():
+    codes, scale, zero = _random_weight()
+    w = Int4Weight.from_codes(codes, scale, zero, 32)
+    x = torch.randn(3, 96, dtype=torch.bfloat16)
+    ref = x.float() @ _dense(codes, scale, zero).t()
+    torch.testing.assert_close(w.matmul(x).float(), ref, rtol=2 ** -7, atol=2 ** -7 * ref.abs().max().item())
+
+
+def test_quantize_error_is_within_half_a_step():
+    dense = torch.randn(32, 64)
+    w = Int4Weight.quantize(dense, group_size=32, dtype=torch.float32)
+    step = w.scale_zero[..., 0].t().repeat_interleave(32, 1)
+    assert ((w.dequantize() - dense).abs() <= step / 2 + 1e-6).all()
+
+
+def test_linear_uses_the_kernel_for_few_rows_and_dense_for_many():
+    codes, scale, zero = _random_weight()
+    w = Int4Weight.from_codes(codes, scale, zero, 32)
+    bias, add = torch.randn(64, dtype=torch.bfloat16), torch.randn(2, 64, dtype=torch.bfloat16)
+    few = torch.randn(2, 96, dtype=torch.bfloat16)
+    assert torch.equal(linear(few, w, bias, add=add), w.matmul(few) + bias + add)
+    many = torch.randn(INT4_DENSE_FROM_ROWS, 96, dtype=torch.bfloat16)
+    assert torch.equal(linear(many, w, bias), linear(many, w.dequantize(), bias))
+    many32 = many.float()  # fp32 activations: the dense fp32 path, exact to the fp32 weight
+    assert torch.equal(linear(many32[:1], w), linear(many32[:1], w.dequantize(torch.float32)))
+
+
+def test_shapes_the_kernel_refuses_still_compute():
+    codes, scale, zero = _random_weight(rows=40)  # CPU kernel needs rows divisible by 16
+    assert not can_pack((40, 96), 32)
+    w = Int4Weight.from_codes(codes, scale, zero, 32)
+    x = torch.randn(1, 96, dtype=torch.bfloat16)
+    assert w.kernel_codes is None
+    assert torch.equal(linear(x, w), linear(x, w.dequantize()))
+
+
+def test_tensors_round_trip():
+    w = Int4Weight.from_codes(*_random_weight(), 32)
+    back = Int4Weight.from_tensors(w.to_tensors("p."), "p.")
+    assert torch.equal(back.codes, w.codes) and torch.equal(back.scale_zero, w.scale_zero)
+    assert torch.equal(back.kernel_codes, w.kernel_codes) and back.group_size == 32
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1"])
+def test_gguf_blocks_map_exactly(type_name):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    qtype = GGMLQuantizationType[type_name]
+    dense = np.random.default_rng(0).standard_normal((48, 64)).astype(np.float32)
+    raw = quantize(dense, qtype)
+    ref = torch.from_numpy(np.asarray(dequantize(raw, qtype), dtype=np.float32))
+    codes, scale, zero = int4_blocks(raw, type_name, (48, 64))
+    got = ((codes.float() - 8).reshape(48, 2, 32) * scale[..., None] + zero[..., None]).reshape(48, 64)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
+    if type_name == "Q4_0":
+        assert torch.equal(zero, torch.zeros_like(zero))
+
+
+def test_gguf_reader_keeps_q4_weights_4bit():
+    from flexlamps.models.registry import open_checkpoint
+    from flexlamps.models.weight_specs import weight_specs
+
+    reader = open_checkpoint("smollm2-135m")  # Q4_1 layers, q/k rows permuted by llama.cpp
+    assert reader.has_int4_weights
+    specs = {s.name: s for s in weight_specs(reader.config)}
+    for name in ("layers.0.q_proj", "layers.0.k_proj", "layers.0.down_proj"):
+        w = reader.read_int4(specs[name], torch.float32)
+        torch.testing.assert_close(w.dequantize(), reader.read(specs[name], torch.float32), rtol=0, atol=1e-6)
+    assert reader.read_int4(specs["embed_tokens"], torch.bfloat16) is None  # Q8_0 stays dense
+    assert reader.read_int4(specs["layers.0.attn_norm"], torch.bfloat16) is None

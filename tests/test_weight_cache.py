@@ -1,0 +1,143 @@
+"""The packed-weight cache: a GGUF repacked once, later loads read the cache; keyed by the file's
+bytes; a damaged entry is rebuilt; and the 4-bit-in-place engine agrees with fp32 on the file."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from flexlamps.engine.executors.in_memory import InMemoryExecutor
+from flexlamps.models import checkpoint
+from flexlamps.models.checkpoint import GGUFReader, read_all
+from flexlamps.models.weight_cache import load_weights
+from quant.int4_weight import Int4Weight
+
+HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, VOCAB = 64, 128, 2, 4, 2, 48
+
+
+def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
+    """A 2-layer LLaMA GGUF: Q4_1 attention, Q4_0 MLP, f32 norms and embeddings."""
+    import gguf
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (("embedding_length", HIDDEN), ("block_count", LAYERS), ("feed_forward_length", FFN),
+                       ("attention.head_count", HEADS), ("attention.head_count_kv", KV_HEADS),
+                       ("vocab_size", VOCAB), ("context_length", 128)):
+        w.add_uint32(f"llama.{key}", value)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_token_list([f"t{i}" for i in range(VOCAB)])
+
+    def add(name, shape, qtype=None):
+        data = (rng.standard_normal(shape) * 0.2).astype(np.float32)
+        if qtype is None:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
+
+    add("token_embd.weight", (VOCAB, HIDDEN))
+    add("output_norm.weight", (HIDDEN,))
+    add("output.weight", (VOCAB, HIDDEN))
+    head_dim = HIDDEN // HEADS
+    q41, q40 = gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q4_0
+    for i in range(LAYERS):
+        add(f"blk.{i}.attn_norm.weight", (HIDDEN,))
+        add(f"blk.{i}.ffn_norm.weight", (HIDDEN,))
+        add(f"blk.{i}.attn_q.weight", (HIDDEN, HIDDEN), q41)
+        add(f"blk.{i}.attn_k.weight", (KV_HEADS * head_dim, HIDDEN), q41)
+        add(f"blk.{i}.attn_v.weight", (KV_HEADS * head_dim, HIDDEN), q41)
+        add(f"blk.{i}.attn_output.weight", (HIDDEN, HIDDEN), q41)
+        add(f"blk.{i}.ffn_gate.weight", (FFN, HIDDEN), q40)
+        add(f"blk.{i}.ffn_up.weight", (FFN, HIDDEN), q40)
+        add(f"blk.{i}.ffn_down.weight", (HIDDEN, FFN), q40)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture
+def tiny_gguf(tmp_path) -> Path:
+    return write_tiny_gguf(tmp_path / "tiny.gguf")
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, Int4Weight):
+        return (isinstance(b, Int4Weight) and torch.equal(a.codes, b.codes) and torch.equal(a.scale_zero, b.scale_zero)
+                and torch.equal(a.kernel_codes, b.kernel_codes))
+    return torch.equal(a, b)
+
+
+def test_second_load_reads_the_cache(tiny_gguf, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    reader = GGUFReader(tiny_gguf)
+    first = load_weights(reader, torch.bfloat16, int4_in_place=True, cache_dir=cache)
+    assert isinstance(first["layers.0.q_proj"], Int4Weight) and isinstance(first["layers.1.down_proj"], Int4Weight)
+    assert len(list(cache.glob("weights-*.safetensors"))) == 1
+
+    def no_read(*a, **k):
+        raise AssertionError("the second load must come from the cache")
+
+    monkeypatch.setattr(checkpoint, "read_all", no_read)
+    second = load_weights(GGUFReader(tiny_gguf), torch.bfloat16, int4_in_place=True, cache_dir=cache)
+    assert first.keys() == second.keys() and all(_same(first[k], second[k]) for k in first)
+
+
+def test_cache_is_keyed_by_the_file_and_the_packing(tiny_gguf, tmp_path):
+    cache = tmp_path / "cache"
+    load_weights(GGUFReader(tiny_gguf), torch.bfloat16, int4_in_place=True, cache_dir=cache)
+    load_weights(GGUFReader(tiny_gguf), torch.float32, int4_in_place=False, cache_dir=cache)
+    other = write_tiny_gguf(tmp_path / "other.gguf", seed=1)
+    fresh = load_weights(GGUFReader(other), torch.bfloat16, int4_in_place=True, cache_dir=cache)
+    assert len(list(cache.glob("weights-*.safetensors"))) == 3
+    expect = read_all(GGUFReader(other), torch.bfloat16, int4_in_place=True)
+    assert all(_same(expect[k], fresh[k]) for k in expect)
+
+
+def test_damaged_cache_entry_is_rebuilt(tiny_gguf, tmp_path):
+    cache = tmp_path / "cache"
+    load_weights(GGUFReader(tiny_gguf), torch.bfloat16, int4_in_place=True, cache_dir=cache)
+    (entry,) = cache.glob("weights-*.safetensors")
+    entry.write_bytes(entry.read_bytes()[:100])
+    again = load_weights(GGUFReader(tiny_gguf), torch.bfloat16, int4_in_place=True, cache_dir=cache)
+    expect = read_all(GGUFReader(tiny_gguf), torch.bfloat16, int4_in_place=True)
+    assert all(_same(expect[k], again[k]) for k in expect)
+    assert entry.stat().st_size > 100
+
+
+def test_int4_in_place_engine_agrees_with_fp32(tiny_gguf):
+    reader = GGUFReader(tiny_gguf)
+    assert reader.has_int4_weights
+    ref = InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32)
+    int4 = InMemoryExecutor(reader.config, read_all(reader, torch.bfloat16, int4_in_place=True), torch.bfloat16)
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(12).expand(2, 12)
+    outs = []
+    for ex in (ref, int4):
+        cache = ex.new_cache(2, 16)
+        prefill = ex.forward(cache, ids, pos, torch.arange(2))  # 24 rows: the fused kernel
+        step = ex.forward(cache, ids[:, -1:], pos[:, -1:] + 1, torch.arange(2))
+        outs.append((prefill, step))
+    for got, want in zip(outs[1], outs[0]):
+        torch.testing.assert_close(got, want, rtol=0.05, atol=0.05 * want.abs().max().item())
+
+
+def test_header_is_parsed_once_and_reparsed_when_the_file_changes(tiny_gguf, tmp_path, monkeypatch):
+    import gguf
+
+    cache = tmp_path / "cache"
+    first = GGUFReader(tiny_gguf, cache)
+    real = gguf.GGUFReader
+
+    def no_parse(*a, **k):
+        raise AssertionError("a cached header must not be parsed again")
+
+    monkeypatch.setattr(gguf, "GGUFReader", no_parse)
+    second = GGUFReader(tiny_gguf, cache)
+    assert second.fields == first.fields and second.hf_config == first.hf_config and second.sha256 == first.sha256
+    monkeypatch.setattr(gguf, "GGUFReader", real)
+    write_tiny_gguf(tiny_gguf, seed=2)  # same size, new bytes and mtime
+    assert GGUFReader(tiny_gguf, cache).sha256 != first.sha256
