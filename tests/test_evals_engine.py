@@ -61,7 +61,7 @@ def test_tiny_llama_end_to_end_and_logprobs_match_transformers(tmp_path, tiny_ll
     suite = out / "runs" / "tiny"
     model_slug = f"flexlamps_{tiny_llama.name}"
     demo = suite / f"demo:model={model_slug}"
-    mc = suite / f"file:name=tiny_mc,method=cloze,model={model_slug}"
+    mc = suite / f"file:name=tiny_mc,model={model_slug}"
     for run in (demo, mc):
         assert {p.name for p in run.iterdir() if not p.name.startswith(".")} == set(RUN_FILES)
     gen = json.loads((demo / "scenario_state.json").read_text())["request_states"]
@@ -86,9 +86,11 @@ def test_tiny_llama_end_to_end_and_logprobs_match_transformers(tmp_path, tiny_ll
 def test_smollm2_choice_logprobs_match_transformers(tmp_path, smollm2_path, choice_file):
     transformers = pytest.importorskip("transformers")
     out = tmp_path / "out"
+    # quiz questions, so the quiz template (lighteval's cloze prompt) on request
     _run(["--model", "smollm2-135m", "--suite", "smol", "--output-path", str(out),
-          "--scenario-file", str(choice_file)])
-    states = _scored_states(out / "runs" / "smol" / "file:name=tiny_mc,method=cloze,model=flexlamps_smollm2-135m")
+          "--scenario", f"file:path={choice_file},prompt_template=quiz"])
+    run = out / "runs" / "smol" / "file:name=tiny_mc,template=quiz,model=flexlamps_smollm2-135m"
+    states = _scored_states(run)
     from flexlamps import LLM
 
     tok = LLM("smollm2-135m").tokenizer
@@ -96,6 +98,5 @@ def test_smollm2_choice_logprobs_match_transformers(tmp_path, smollm2_path, choi
         smollm2_path.parent, gguf_file=smollm2_path.name, torch_dtype=torch.float32).eval()
     ref = _hf_choice_logprobs(model, tok, states)
     assert [s["result"]["completions"][0]["logprob"] for s in states] == pytest.approx(ref, abs=1e-3)
-    stats = {s["name"]["name"]: s["sum"] for s in json.loads(
-        (out / "runs" / "smol" / "file:name=tiny_mc,method=cloze,model=flexlamps_smollm2-135m" / "stats.json").read_text())}
+    stats = {s["name"]["name"]: s["sum"] for s in json.loads((run / "stats.json").read_text())}
     assert stats["mc_accuracy_char_norm"] >= 2 / 3  # easy questions: a real model gets most right

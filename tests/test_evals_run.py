@@ -57,7 +57,7 @@ def test_end_to_end_files_and_shapes(tmp_path, use_fake, mc_file):
     assert res.exit_code == 0, res.output
     suite = tmp_path / "out" / "runs" / "s1"
     demo = suite / "demo:model=flexlamps_smollm2-135m"
-    mc = suite / "file:name=colors,method=cloze,model=flexlamps_smollm2-135m"
+    mc = suite / "file:name=colors,model=flexlamps_smollm2-135m"
     for run in (demo, mc):
         assert sorted(p.name for p in run.iterdir() if not p.name.startswith(".")) == sorted(RUN_FILES)
         assert not list(run.glob("*.tmp"))
@@ -78,7 +78,7 @@ def test_end_to_end_files_and_shapes(tmp_path, use_fake, mc_file):
     assert len(per) == 5 and all(s["count"] == 1 for p in per for s in p["stats"])
     preds = _load(mc, "display_predictions.json")
     assert len(preds) == 5 and all(p["reference_index"] == p["stats"]["predicted_index"] for p in preds)
-    summary = json.loads((suite / "summary.json").read_text())
+    summary = json.loads((suite / "flexlamps_summary.json").read_text())
     assert {r["run"] for r in summary["runs"]} == {demo.name, mc.name}
     assert demo.name in res.output and "prefill reuse" in res.output
 
@@ -94,11 +94,11 @@ def test_exact_match_needs_the_words_not_the_case(tmp_path, use_fake):
 def test_multiple_choice_scores_follow_the_fake_model(tmp_path, use_fake, mc_file):
     made = use_fake()
     _run(tmp_path, "--scenario-file", str(mc_file))
-    run = tmp_path / "out" / "runs" / "s1" / "file:name=colors,method=cloze,model=flexlamps_smollm2-135m"
+    run = tmp_path / "out" / "runs" / "s1" / "file:name=colors,model=flexlamps_smollm2-135m"
     llm = made[0]
     correct = 0
     for i in range(5):
-        ctx = f"Question: Color number {i}?\nAnswer:"
+        ctx = f"Color number {i}?"  # the default format: no template
         scores = [o.logprob / len(c) for o, c in
                   zip(llm.score([ctx] * 3, [" red", " green", " blue"]), [" red", " green", " blue"])]
         correct += scores.index(max(scores)) == i % 3
@@ -112,7 +112,7 @@ def test_resume_after_failure_and_skip_when_done(tmp_path, use_fake, mc_file):
     use_fake(fail_after_calls=2)
     with pytest.raises(RuntimeError, match="fake engine failure"):
         _run(tmp_path, "--scenario-file", str(mc_file), "--batch-size", "4")
-    run = tmp_path / "out" / "runs" / "s1" / "file:name=colors,method=cloze,model=flexlamps_smollm2-135m"
+    run = tmp_path / "out" / "runs" / "s1" / "file:name=colors,model=flexlamps_smollm2-135m"
     assert not (run / "stats.json").exists()
     done = (run / ".flexlamps_progress.jsonl").read_text().splitlines()
     assert len(done) == 8  # two batches of 4 of the 15 requests
@@ -128,11 +128,51 @@ def test_resume_after_failure_and_skip_when_done(tmp_path, use_fake, mc_file):
     clean = _load(clean_dir / "runs" / "s1" / run.name, "stats.json")
     pick = lambda st: {s["name"]["name"]: s["sum"] for s in st if s["name"]["name"].startswith("mc_")}  # noqa: E731
     assert pick(resumed) == pick(clean)
+    totals = ("num_requests", "total_prompt_tokens", "prefill_tokens_requested")
+    whole = lambda st: {s["name"]["name"]: s["sum"] for s in st if s["name"]["name"] in totals}  # noqa: E731
+    assert whole(resumed) == whole(clean) and whole(clean)["num_requests"] == 15  # over the whole run
+    computed = lambda st: next(s["sum"] for s in st if s["name"]["name"] == "prefill_tokens_computed")  # noqa: E731
+    assert computed(resumed) >= computed(clean)  # the second invocation recomputed the shared prefix
     made = use_fake()
     loaded = len(made)
     res = _run(tmp_path, "--scenario-file", str(mc_file), "--batch-size", "4")
     assert res.exit_code == 0 and len(made) == loaded  # finished run: the model is not even loaded
     assert "skipped (done)" in res.output
+
+
+def test_editing_the_file_reruns_it_and_ids_are_kept(tmp_path, use_fake):
+    f = tmp_path / "ids.jsonl"
+    rows = [{"id": f"q-{c}", "context": f"Color {c}?", "choices": ["red", "green"], "gold": 0} for c in "ab"]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    use_fake()
+    _run(tmp_path, "--scenario-file", str(f))
+    run = tmp_path / "out" / "runs" / "s1" / "file:name=ids,model=flexlamps_smollm2-135m"
+    assert [p["instance_id"] for p in _load(run, "per_instance_stats.json")] == ["q-a", "q-b"]
+    assert {p["instance_id"] for p in _load(run, "display_predictions.json")} == {"q-a", "q-b"}
+    assert {s["instance"]["id"] for s in _load(run, "scenario_state.json")["request_states"]} == {"q-a", "q-b"}
+    res = _run(tmp_path, "--scenario-file", str(f))
+    assert "skipped (done)" in res.output
+    rows[1]["choices"] = ["red", "a much longer green"]  # same name, same line count, other content
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = _run(tmp_path, "--scenario-file", str(f))
+    assert "skipped (done)" not in res.output
+    states = _load(run, "scenario_state.json")["request_states"]
+    assert "a much longer green" in {s["request"]["prompt"][len("Color b?"):].strip() for s in states}
+
+
+def test_other_weights_are_not_served_from_the_log(tmp_path, use_fake, mc_file):
+    from flexlamps.evals.executor import ProgressLog
+
+    made = use_fake()
+    _run(tmp_path, "--scenario-file", str(mc_file))
+    run = tmp_path / "out" / "runs" / "s1" / "file:name=colors,model=flexlamps_smollm2-135m"
+    (run / "stats.json").unlink()  # as if interrupted before the end
+    made = use_fake()
+    _run(tmp_path, "--scenario-file", str(mc_file), "--dtype", "bfloat16")
+    assert made[-1].calls > 0  # another dtype: nothing reused
+    lines = (run / ".flexlamps_progress.jsonl").read_text().splitlines()
+    assert len({json.loads(ln)["key"] for ln in lines}) == 30  # 15 requests under each engine identity
+    assert ProgressLog  # the log keys results by request and engine
 
 
 def test_generation_file_with_aliases_stays_generation(tmp_path, use_fake):
@@ -177,6 +217,12 @@ def test_helm_summarize_reads_the_suite(tmp_path, use_fake, mc_file):
     row = table["rows"][0]
     assert row[0]["value"] == "SmolLM2 135M Instruct (flexlamps)"  # display name from our metadata
     assert row[1]["value"] == pytest.approx(0.25)  # the group's main metric: quasi_exact_match
+    # the user's file has a table of its own, headed by its metric (char-normalized accuracy)
+    custom = json.loads((out / "runs" / "s1" / "groups" / "custom_colors.json").read_text())[0]
+    mc = tmp_path / "out" / "runs" / "s1" / "file:name=colors,model=flexlamps_smollm2-135m"
+    acc = {s["name"]["name"]: s["sum"] for s in _load(mc, "stats.json")}["mc_accuracy_char_norm"]
+    assert custom["header"][1]["value"].startswith("acc_norm")  # the metric's short name heads the column
+    assert custom["rows"][0][1]["value"] == pytest.approx(acc)
 
 
 def test_atomic_write_leaves_nothing_half_written(tmp_path):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flexlamps.evals.run_specs import build_run_spec, parse_scenario_arg
-from flexlamps.evals.scenarios import ScenarioError, gsm8k_reference, load_scenario, load_scenario_file
+from flexlamps.evals.scenarios import ScenarioError, gsm8k_reference, load_scenario
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is not present beside the checkout")
@@ -84,31 +84,6 @@ def test_triviaqa_aliases_and_wikitext_articles():
 def test_demo_scenario_builtin():
     s = load_scenario("demo", {})
     assert _splits(s) == {"train": 2, "test": 8}
-
-
-def test_generic_file_both_forms(tmp_path):
-    f = tmp_path / "mine.jsonl"
-    f.write_text('{"question": "2+2?", "choices": ["3", "4"], "gold": 1}\n'
-                 '\n'
-                 '{"input": "Capital of Peru?", "answer": ["Lima"], "split": "train"}\n')
-    s = load_scenario_file(f)
-    assert s.name == "mine" and s.instances[0].gold_index == 1
-    assert s.instances[1].split == "train" and s.instances[1].references[0].text == "Lima"
-
-
-@pytest.mark.parametrize("line,message", [
-    ('{"question": "x", "choices": ["a"], "gold": 3}', "in-range integer gold"),
-    ('{"question": "x"', "not valid JSON"),
-    ('{"input": "x"}', "needs 'answer'"),
-    ('["a"]', "expected a JSON object"),
-    ('{"input": "x", "answer": "y", "split": "dev"}', "split must be"),
-])
-def test_generic_file_errors_name_file_and_line(tmp_path, line, message):
-    f = tmp_path / "bad.jsonl"
-    f.write_text('{"input": "ok", "answer": "fine"}\n' + line + "\n")
-    with pytest.raises(ScenarioError) as e:
-        load_scenario_file(f)
-    assert f"{f}:2:" in str(e.value) and message.replace("needs 'answer'", "need 'answer'") in str(e.value)
 
 
 def test_missing_data_dir_says_how_to_fix(tmp_path):

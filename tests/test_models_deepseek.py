@@ -7,15 +7,9 @@ from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.caches.latent import DenseLatentCache
 from flexlamps.models.checkpoint import read_all
 from flexlamps.models.registry import open_checkpoint
-from tests.deepseek_models import DEEPSEEK_CONFIGS, make_deepseek_model
+from tests.deepseek_models import DEEPSEEK_CONFIGS
 
 PROMPT_LEN, DECODE_STEPS = 12, 32
-
-
-@pytest.fixture(scope="module")
-def deepseek_models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("deepseek")
-    return {kind: make_deepseek_model(root / kind, kind) for kind in DEEPSEEK_CONFIGS}
 
 
 def _reference_run(folder, ids: torch.Tensor):

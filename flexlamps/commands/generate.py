@@ -8,7 +8,7 @@ import time
 
 import click
 
-from flexlamps.commands.options import model_options, ray_options
+from flexlamps.commands.options import model_options, offload_options, ray_options
 
 
 def _since_process_start() -> float:
@@ -37,19 +37,7 @@ def _peak_rss_mib() -> float:
 @click.option("--chat", is_flag=True, help="Wrap each prompt as a user turn in the model's chat template (instruct models).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past the end-of-sequence token.")
 @click.option("--batch-size", default=32, show_default=True, help="Sequences decoded together (continuous batching).")
-@click.option("--gpu-mem", default=None, help="GPU tier budget (e.g. 2GiB); turns on the offload engine. "
-              "Without a GPU the gpu tier is CPU memory, its budget still enforced. [default: off, all in memory]")
-@click.option("--cpu-mem", default=None, help="CPU tier budget for offloaded weights and cache (e.g. 8GiB). "
-              "[default with --gpu-mem: half the available RAM]")
-@click.option("--offload-dir", default=None, type=click.Path(file_okay=False),
-              help="Folder for the disk tier; reused across runs when still valid, rebuilt when stale or damaged.")
-@click.option("--policy", "policy_arg", default="auto", show_default=True,
-              help="Placement with --gpu-mem: 'auto' (the planner, with this machine's cached profile) or a policy JSON file.")
-@click.option("--compress-weight", is_flag=True, default=None, help="Store weights 4-bit group-wise on every tier.")
-@click.option("--compress-cache", is_flag=True, default=None, help="Store the KV cache 4-bit group-wise.")
-@click.option("--weight-quant", type=click.Choice(["groupwise4", "groupwise8", "nf4", "fp4", "none"]), default=None,
-              help="Weight compression backend (nf4/fp4 need a bitsandbytes that runs here). [default: groupwise4 "
-                   "with --compress-weight, else none]")
+@offload_options
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 @ray_options
 def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, top_p, top_k, seed, stop,

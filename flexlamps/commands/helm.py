@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from flexlamps.commands.options import engine_settings, model_options, offload_options
 from flexlamps.evals.scenarios import ScenarioError
 
 
@@ -39,18 +40,19 @@ def _parse_llm_args(pairs: tuple[str, ...]) -> dict:
     for p in pairs:
         key, eq, value = p.partition("=")
         if not eq:
-            raise click.BadParameter(f"{p!r}: write KEY=VALUE, e.g. gpu_mem=2GiB", param_hint="--llm-arg")
+            raise click.BadParameter(f"{p!r}: write KEY=VALUE, e.g. max_batch_size=64", param_hint="--llm-arg")
         out[key] = value
     return out
 
 
 @click.command("helm")
-@click.option("--model", default="smollm2-135m", show_default=True,
-              help="Model: a built-in name, a Hugging Face folder or a .gguf file.")
+@model_options
+@offload_options
 @click.option("--scenario", "scenarios", multiple=True, metavar="NAME[:K=V,...]",
-              help="Scenario to run, repeatable, e.g. mmlu:subject=anatomy or arc:subset=challenge,method=cloze.")
+              help="Scenario to run, repeatable, e.g. mmlu:subject=anatomy, arc:subset=challenge,method=cloze or "
+                   "file:path=F.jsonl,metric=acc,prompt_template=quiz.")
 @click.option("--scenario-file", "scenario_files", multiple=True, type=click.Path(dir_okay=False),
-              help="A JSONL file of multiple-choice or generation instances (see docs/helm.md), repeatable.")
+              help="Your own JSONL file: multiple choice, partial scoring or generation (see docs/helm.md), repeatable.")
 @click.option("--suite", default="flexlamps", show_default=True, help="Suite name: runs go to OUTPUT/runs/SUITE/.")
 @click.option("--output-path", default="benchmark_output", show_default=True, type=click.Path(file_okay=False),
               help="HELM's benchmark_output folder.")
@@ -62,13 +64,14 @@ def _parse_llm_args(pairs: tuple[str, ...]) -> dict:
 @click.option("--seed", type=int, default=0, show_default=True, help="Offsets the seed that draws in-context examples.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Folder of benchmark files (default: $FLEXLAMPS_DATA or ../shared/data).")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Requests handed to the engine at once (also the resume granularity).")
-@click.option("--dtype", default="float32", show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Requests handed to the engine at once (also the resume granularity); the engine packs the "
+                   "continuations of all their questions into as few forward passes as it can.")
 @click.option("--llm-arg", "llm_args", multiple=True, metavar="KEY=VALUE", help="Extra LLM(...) argument, repeatable.")
 @click.option("--overwrite", is_flag=True, help="Redo finished runs instead of skipping them.")
-def command(model, scenarios, scenario_files, suite, output_path, max_eval_instances, num_shots, max_tokens, seed,
-            data_dir, batch_size, dtype, llm_args, overwrite):
+def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight, compress_cache, weight_quant,
+            scenarios, scenario_files, suite, output_path, max_eval_instances, num_shots, max_tokens, seed,
+            data_dir, batch_size, llm_args, overwrite):
     """Run evaluations and write HELM run folders that `helm-summarize` reads.
 
     \b
@@ -76,54 +79,50 @@ def command(model, scenarios, scenario_files, suite, output_path, max_eval_insta
       flexlamps helm --scenario mmlu:subject=anatomy --scenario demo \\
           --suite s1 --max-eval-instances 50 --num-shots 5
     """
-    from tqdm import tqdm
-
     from flexlamps.evals.helm_env import helm_model_name, write_helm_env
+    from flexlamps.evals.identity import EngineIdentity
+    from flexlamps.evals.jobs import RunOptions, plan_jobs
     from flexlamps.evals.runner import execute_run
-    from flexlamps.evals.scenarios import load_scenario
     from flexlamps.evals.summary import format_table, summary_rows, write_summary
-    from flexlamps.evals.run_specs import build_run_spec, parse_scenario_arg
+    from flexlamps.io.fingerprint import model_fingerprint
 
     if not scenarios and not scenario_files:
         raise click.UsageError("give at least one --scenario or --scenario-file (try --scenario demo)")
     helm_model = helm_model_name(model)
-    extra = _parse_llm_args(llm_args)
+    engine_kwargs, _ = engine_settings(gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight, compress_cache,
+                                       weight_quant)
+    extra = {**engine_kwargs, **_parse_llm_args(llm_args)}
     llm = LazyLLM(lambda: load_llm(model, dtype, extra))
+    identity = EngineIdentity(model_fingerprint(model), dtype, engine_kwargs["compress_weight"],
+                              engine_kwargs["compress_cache"], engine_kwargs["weight_quant"])
     output = Path(output_path)
-    jobs = []
+    opts = RunOptions(helm_model, num_shots, max_eval_instances, max_tokens, seed, Path(data_dir) if data_dir else None)
     try:
-        for text in scenarios:
-            name, args = parse_scenario_arg(text)
-            jobs.append((name, args, load_scenario(name, args, Path(data_dir) if data_dir else None)))
-        for f in scenario_files:
-            scen = load_scenario("file", {"path": f, "name": Path(f).stem})
-            # multiple choice has wrong options; generation lists only correct answers (aliases)
-            multiple_choice = any(not r.is_correct for i in scen.instances for r in i.references)
-            jobs.append(("file", {"path": f, "name": Path(f).stem,
-                                  "kind": "multiple_choice" if multiple_choice else "generation"}, scen))
-        specs = [build_run_spec((n, a), helm_model, num_shots, max_eval_instances, max_tokens, seed)
-                 for n, a, _ in jobs]
+        jobs = plan_jobs(scenarios, scenario_files, opts)
     except ScenarioError as e:
         raise click.UsageError(str(e)) from None
-
-    def progress(run_name):
-        def start(total, done):
-            bar = tqdm(total=total, initial=done, desc=run_name[:60], unit="req", leave=False)
-            return bar.update
-        return start
 
     def make_params(**kw):  # imported only when a run really generates
         return sampling_params_factory()(**kw)
 
     outcomes = []
-    for spec, (_, _, scen) in zip(specs, jobs):
-        outcome = execute_run(llm, spec, scen, output, suite, make_params, batch_size, overwrite,
-                              progress(spec.name))
+    for job in jobs:
+        outcome = execute_run(llm, job.spec, job.scenario, output, suite, make_params, batch_size, overwrite,
+                              _progress(job.spec.name), engine_key=identity.key)
         outcomes.append(outcome)
         click.echo(f"{'skipped (done)' if outcome.skipped else 'wrote'} {outcome.path}", err=True)
-    schema_path, prod_env = write_helm_env(output, [helm_model])
+    schema_path, prod_env = write_helm_env(output, [helm_model], [j.spec for j in jobs])
     rows = summary_rows(outcomes)
     summary_path = write_summary(output / "runs" / suite, rows)
     click.echo(format_table(rows))
     click.echo(f"\nsummary: {summary_path}\nHELM: helm-summarize --suite {suite} --output-path {output} "
                f"--schema-path {schema_path} --local-path {prod_env}", err=True)
+
+
+def _progress(run_name: str):
+    def start(total, done):
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, initial=done, desc=run_name[:60], unit="req", leave=False)
+        return bar.update
+    return start

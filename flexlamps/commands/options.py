@@ -36,3 +36,39 @@ def ray_options(fn):
                            "ADDRESS: HOST:PORT or ray://HOST:PORT of a running cluster, auto (one started here "
                            "with `ray start`), or nothing: $RAY_ADDRESS, else a private cluster on this machine.")(fn)
     return fn
+
+
+def offload_options(fn):
+    """Placement and compression: --gpu-mem, --cpu-mem, --offload-dir, --policy, --compress-weight,
+    --compress-cache, --weight-quant (any of them turns on the offload engine; see engine_settings)."""
+    options = [
+        click.option("--gpu-mem", default=None,
+                     help="GPU tier budget (e.g. 2GiB); turns on the offload engine. Without a GPU the gpu tier is "
+                          "CPU memory, its budget still enforced. [default: off, all in memory]"),
+        click.option("--cpu-mem", default=None, help="CPU tier budget for offloaded weights and cache (e.g. 8GiB). "
+                     "[default with --gpu-mem: half the available RAM]"),
+        click.option("--offload-dir", default=None, type=click.Path(file_okay=False),
+                     help="Folder for the disk tier; reused across runs when still valid, rebuilt when stale or damaged."),
+        click.option("--policy", "policy_arg", default="auto", show_default=True,
+                     help="Placement with --gpu-mem: 'auto' (the planner, with this machine's cached profile) or a "
+                          "policy JSON file."),
+        click.option("--compress-weight", is_flag=True, default=None, help="Store weights 4-bit group-wise on every tier."),
+        click.option("--compress-cache", is_flag=True, default=None, help="Store the KV cache 4-bit group-wise."),
+        click.option("--weight-quant", type=click.Choice(["groupwise4", "groupwise8", "nf4", "fp4", "none"]),
+                     default=None, help="Weight compression backend (nf4/fp4 need a bitsandbytes that runs here). "
+                                        "[default: groupwise4 with --compress-weight, else none]"),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def engine_settings(gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight, compress_cache,
+                    weight_quant) -> tuple[dict, bool]:
+    """(LLM(...) keyword arguments, whether the offload engine runs) from the offload_options."""
+    if weight_quant and weight_quant != "none":
+        compress_weight = True
+    offload = any(v is not None for v in (gpu_mem, cpu_mem, offload_dir)) or bool(compress_weight or compress_cache)
+    kwargs = dict(gpu_mem=gpu_mem, cpu_mem=cpu_mem, offload_dir=offload_dir, policy=policy_arg,
+                  compress_weight=compress_weight, compress_cache=compress_cache, weight_quant=weight_quant)
+    return kwargs, offload

@@ -12,9 +12,12 @@ MULTIPLE_CHOICE_SEPARATE = "multiple_choice_separate_original"
 LANGUAGE_MODELING = "language_modeling"
 # flexlamps' own: log-likelihood of one gold continuation (LAMBADA); HELM has no such method.
 CONTINUATION = "continuation_loglikelihood"
+# flexlamps' own: one context per choice, one shared continuation scored after each (WinoGrande).
+MULTIPLE_CHOICE_PARTIAL = "multiple_choice_partial"
 
-METHODS = (GENERATION, MULTIPLE_CHOICE_JOINT, MULTIPLE_CHOICE_SEPARATE, LANGUAGE_MODELING, CONTINUATION)
-SCORED_METHODS = (MULTIPLE_CHOICE_SEPARATE, LANGUAGE_MODELING, CONTINUATION)
+METHODS = (GENERATION, MULTIPLE_CHOICE_JOINT, MULTIPLE_CHOICE_SEPARATE, LANGUAGE_MODELING, CONTINUATION,
+           MULTIPLE_CHOICE_PARTIAL)
+SCORED_METHODS = (MULTIPLE_CHOICE_SEPARATE, LANGUAGE_MODELING, CONTINUATION, MULTIPLE_CHOICE_PARTIAL)
 
 
 @dataclass

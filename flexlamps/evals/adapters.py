@@ -18,6 +18,7 @@ from flexlamps.evals.adapter_spec import (
     GENERATION,
     LANGUAGE_MODELING,
     MULTIPLE_CHOICE_JOINT,
+    MULTIPLE_CHOICE_PARTIAL,
     MULTIPLE_CHOICE_SEPARATE,
     AdapterSpec,
 )
@@ -87,6 +88,9 @@ def gold_output(spec: AdapterSpec, inst: Instance, reference_index: Optional[int
 def example_block(spec: AdapterSpec, inst: Instance, include_output: bool,
                   reference_index: Optional[int] = None) -> str:
     """One instance's text; without the output it ends in the output prefix, right-stripped."""
+    if spec.method == MULTIPLE_CHOICE_PARTIAL:  # an example: the gold context, then the continuation
+        gold = inst.references[inst.gold_index].text
+        return spec.input_prefix + gold + spec.input_suffix + spec.output_prefix + inst.input + spec.output_suffix
     text = spec.input_prefix + inst.input + spec.input_suffix
     if spec.method == MULTIPLE_CHOICE_JOINT:
         letters = []
@@ -227,6 +231,8 @@ def _instance_requests(spec: AdapterSpec, inst: Instance, trial: int, examples: 
                                     prompt_truncated=prompt.truncated, context=prompt.text,
                                     continuation=cont, shared_prefix=prompt.shared, **common))
         return out
+    if spec.method == MULTIPLE_CHOICE_PARTIAL:
+        return _partial_requests(spec, inst, examples, fits, common)
     if spec.method == LANGUAGE_MODELING:
         # A long document is scored in pieces cut at line ends, each on its own (no conditioning).
         out = []
@@ -238,3 +244,17 @@ def _instance_requests(spec: AdapterSpec, inst: Instance, trial: int, examples: 
                                     continuation=piece, **common))
         return out
     raise ValueError(f"unsupported adapter method {spec.method!r}")
+
+
+def _partial_requests(spec: AdapterSpec, inst: Instance, examples: list[Instance], fits, common: dict):
+    """One request per context (a reference), each scoring the shared continuation (the input)."""
+    cont = spec.output_prefix + inst.input
+    out = []
+    for i, ref in enumerate(inst.references):
+        prompt = build_prompt(spec, examples, spec.input_prefix + ref.text + spec.input_suffix, fits)
+        req = _request(spec, prompt.text + cont, num_completions=1, temperature=0.0, max_tokens=0,
+                       stop_sequences=[], echo_prompt=True)
+        out.append(RequestState(reference_index=i, request_mode="original", output_mapping=None, request=req,
+                                num_train_instances=prompt.num_train_instances, prompt_truncated=prompt.truncated,
+                                context=prompt.text, continuation=cont, shared_prefix=prompt.shared, **common))
+    return out

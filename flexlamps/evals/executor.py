@@ -17,19 +17,21 @@ from typing import Callable, Optional
 from flexlamps.evals.requests import Completion, RequestResult, RequestState, Token
 
 
-def request_key(state: RequestState) -> str:
-    """Identifies a request's content, so a resumed run never reuses a result for another prompt."""
+def request_key(state: RequestState, engine_key: str = "") -> str:
+    """Identifies a request's content and the engine that answers it (weights, dtype,
+    compression), so a resumed run never reuses a result computed from other inputs."""
     r = state.request
     blob = json.dumps([r.prompt, state.context, state.continuation, r.max_tokens, r.temperature,
-                       r.stop_sequences, r.model], ensure_ascii=False)
+                       r.stop_sequences, r.model, engine_key], ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:24]
 
 
 class ProgressLog:
     """Append-only JSONL of finished results: {"i": index, "key": ..., "result": {...}}."""
 
-    def __init__(self, path: Optional[Path]):
+    def __init__(self, path: Optional[Path], engine_key: str = ""):
         self.path = Path(path) if path else None
+        self.engine_key = engine_key
 
     def load(self, states: list[RequestState]) -> int:
         """Fill `result` of states already done; returns how many. A torn last line is ignored."""
@@ -43,7 +45,7 @@ class ProgressLog:
                 except json.JSONDecodeError:
                     continue
                 i = rec.get("i")
-                if isinstance(i, int) and 0 <= i < len(states) and rec.get("key") == request_key(states[i]):
+                if isinstance(i, int) and 0 <= i < len(states) and rec.get("key") == request_key(states[i], self.engine_key):
                     if states[i].result is None:
                         done += 1
                     states[i].result = RequestResult.from_json(rec["result"])
@@ -54,9 +56,14 @@ class ProgressLog:
             return
         with open(self.path, "a", encoding="utf-8") as f:
             for i, st in items:
-                f.write(json.dumps({"i": i, "key": request_key(st), "result": asdict(st.result)},
+                f.write(json.dumps({"i": i, "key": request_key(st, self.engine_key), "result": asdict(st.result)},
                                    ensure_ascii=False) + "\n")
             f.flush()
+
+
+def _prefill_counters(llm) -> tuple[Optional[int], Optional[int]]:
+    st = getattr(llm, "stats", None)
+    return (getattr(st, "prefill_tokens_requested", None), getattr(st, "prefill_tokens_computed", None))
 
 
 def _token_texts(tokenizer, ids: list[int]) -> list[str]:
@@ -79,18 +86,23 @@ class Executor:
             batch = [states[i] for i in idx]
             scored = [s for s in batch if s.is_scored]
             generated = [s for s in batch if not s.is_scored]
+            requested0, computed0 = _prefill_counters(self.llm)
             t0 = time.perf_counter()
             if scored:
                 self._score(scored)
             if generated:
                 self._generate(generated)
             elapsed = time.perf_counter() - t0
+            requested1, computed1 = _prefill_counters(self.llm)
             now = int(time.time())
             for s in batch:
                 s.result.request_time = elapsed / len(batch)
                 s.result.batch_request_time = elapsed
                 s.result.batch_size = len(batch)
                 s.result.request_datetime = now
+                if None not in (requested0, computed0, requested1, computed1):
+                    s.result.prefill_requested_share = (requested1 - requested0) / len(batch)
+                    s.result.prefill_computed_share = (computed1 - computed0) / len(batch)
             log.append(list(zip(idx, batch)))
             if on_progress:
                 on_progress(len(batch))

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from flexlamps.evals.adapter_spec import MULTIPLE_CHOICE_SEPARATE
+from flexlamps.evals.adapter_spec import MULTIPLE_CHOICE_PARTIAL, MULTIPLE_CHOICE_SEPARATE
 from flexlamps.evals.instances import Scenario
 from flexlamps.evals.requests import RequestState
 from flexlamps.evals.run_specs import RunSpec
@@ -53,7 +53,7 @@ def _display(spec: RunSpec, states: list[RequestState], per_instance: list[tuple
     for st in states:
         key = (st.train_trial_index, st.instance.id)
         stats = stats_by_key.get(key, {})
-        if spec.adapter_spec.method == MULTIPLE_CHOICE_SEPARATE and stats.get("predicted_index") != st.reference_index:
+        if spec.adapter_spec.method in (MULTIPLE_CHOICE_SEPARATE, MULTIPLE_CHOICE_PARTIAL) and stats.get("predicted_index") != st.reference_index:
             continue
         if any(p["instance_id"] == st.instance.id and p["train_trial_index"] == st.train_trial_index
                for p in predictions[-1:]):

@@ -55,6 +55,10 @@ class RequestResult:
     # flexlamps extras (HELM ignores unknown keys): what the engine reported for this request.
     num_prompt_tokens: Optional[int] = None
     is_greedy: Optional[bool] = None
+    # this request's share of its engine batch's prefill tokens (requested, computed): summed over a
+    # run's results they give its totals, however many invocations it took
+    prefill_requested_share: Optional[float] = None
+    prefill_computed_share: Optional[float] = None
 
     @classmethod
     def from_json(cls, d: dict) -> "RequestResult":

@@ -8,7 +8,7 @@ SmolLM2 card's MMLU cloze).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from flexlamps.evals.adapter_spec import (
     CONTINUATION,
@@ -25,6 +25,9 @@ from flexlamps.evals.adapter_spec import (
     multiple_choice_separate_spec,
 )
 from flexlamps.evals.scenarios import ScenarioError
+
+if TYPE_CHECKING:
+    from flexlamps.evals.custom_file import FileSettings
 
 MC_SCENARIOS = ("mmlu", "arc", "piqa", "boolq", "openbookqa", "truthful_qa")
 MC_METHODS = {"joint": MULTIPLE_CHOICE_JOINT, "separate": MULTIPLE_CHOICE_SEPARATE, "cloze": "cloze",
@@ -100,15 +103,34 @@ def _mc_spec(scenario: str, args: dict, method: str) -> tuple[AdapterSpec, list[
     return multiple_choice_joint_spec(instr, noun, "Answer"), MC_JOINT_METRICS, "", "exact_match"
 
 
+def _file_spec(settings: "FileSettings") -> tuple[AdapterSpec, list[str], str]:
+    """(adapter spec, metrics, main metric) of a user's file, from its settings."""
+    from flexlamps.evals.custom_file import GENERATION_KIND, METRICS, MULTIPLE_CHOICE, adapter_spec_for
+
+    metrics = {MULTIPLE_CHOICE: MC_SEPARATE_METRICS, GENERATION_KIND: GENERATION_METRICS}.get(
+        settings.kind, ["mc_accuracy_raw"])
+    return adapter_spec_for(settings), list(metrics), METRICS[settings.metric]
+
+
+def file_group(name: str) -> str:
+    """The HELM run group of a user's file: one per file name (see helm_env.custom_run_group)."""
+    return "custom_" + "".join(c if c.isalnum() or c in "_-" else "_" for c in name)
+
+
 def build_run_spec(scenario: "str | tuple[str, dict]", model: str, num_shots: Optional[int] = None,
                    max_eval_instances: Optional[int] = None, max_tokens: Optional[int] = None,
-                   seed: int = 0) -> RunSpec:
+                   seed: int = 0, file_settings: "Optional[FileSettings]" = None) -> RunSpec:
     """`scenario` is 'name:k=v,...' or an already parsed (name, args); a `file` scenario's args
-    carry `path` and `kind` (multiple_choice or generation, from the file's content)."""
+    carry `path` and `name`, and `file_settings` (from custom_file) says how to run it."""
     name, args = parse_scenario_arg(scenario) if isinstance(scenario, str) else (scenario[0], dict(scenario[1]))
-    group = {"arc": f"arc_{args.get('subset', 'easy').lower()}", "file": "custom"}.get(name, name)
+    group = {"arc": f"arc_{args.get('subset', 'easy').lower()}"}.get(name, name)
     main = "exact_match"
-    if name in MC_SCENARIOS or (name == "file" and args.get("kind") == "multiple_choice"):
+    if name == "file":
+        if file_settings is None:
+            raise ScenarioError("a file scenario needs its settings (load it with custom_file.load_custom_file)")
+        spec, metrics, main = _file_spec(file_settings)
+        group = file_group(args.get("name", "custom"))
+    elif name in MC_SCENARIOS:
         raw = args.get("method", DEFAULT_MC_METHOD.get(name, "cloze"))
         if raw not in MC_METHODS:
             raise ScenarioError(f"{name}: method must be joint, separate or cloze, not {raw!r}")
@@ -127,9 +149,8 @@ def build_run_spec(scenario: "str | tuple[str, dict]", model: str, num_shots: Op
         spec, metrics = continuation_spec(), ["exact_match", "perplexity", "bits_per_byte"]
     elif name == "wikitext2":
         spec, metrics, main = language_modeling_spec(), ["perplexity", "bits_per_byte"], "bits_per_byte"
-    elif name in ("demo", "file"):
-        spec = generation_spec(input_noun="Question", output_noun="Answer",
-                               max_train_instances=2 if name == "demo" else 0, max_tokens=16)
+    elif name == "demo":
+        spec = generation_spec(input_noun="Question", output_noun="Answer", max_train_instances=2, max_tokens=16)
         metrics, main = list(GENERATION_METRICS), "quasi_exact_match"
     else:
         from flexlamps.evals.scenarios import LOADERS
@@ -145,9 +166,11 @@ def build_run_spec(scenario: "str | tuple[str, dict]", model: str, num_shots: Op
     if max_tokens is not None and spec.method == GENERATION:
         updates["max_tokens"] = max_tokens
     spec = replace(spec, **updates)
-    shown = {k: v for k, v in args.items() if k not in ("path", "kind")}
-    if name == "file":
-        shown = {"name": args.get("name", "custom"), **{k: v for k, v in shown.items() if k != "name"}}
+    shown = {k: v for k, v in args.items() if k != "path"}
+    if name == "file":  # settings that change the prompts name the run; the metric does not
+        shown = {"name": args.get("name", "custom")}
+        if file_settings.prompt_template != "none":
+            shown["template"] = file_settings.template_label
     if num_shots is not None:
         shown["num_shots"] = str(num_shots)
     if seed:  # another draw of examples is another run

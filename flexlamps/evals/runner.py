@@ -6,9 +6,7 @@ again; an interrupted one resumes from its progress log.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -16,6 +14,7 @@ from typing import Callable, Optional
 from flexlamps.evals.adapters import adapt
 from flexlamps.evals.executor import Executor, ProgressLog
 from flexlamps.evals.helm_output import run_dir, write_json_atomic, write_run
+from flexlamps.evals.identity import run_fingerprint
 from flexlamps.evals.instances import Scenario
 from flexlamps.evals.run_specs import RunSpec
 from flexlamps.evals.scoring import group_by_instance, instance_stats, run_stats
@@ -37,18 +36,8 @@ class RunOutcome:
         return next((s.mean for s in self.stats if s.name == name), None)
 
 
-def fingerprint(spec: RunSpec, scenario: Scenario) -> str:
-    blob = json.dumps([spec.to_json(), spec.seed, scenario.name, len(scenario.instances)], sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
 def _read_stats(path: Path) -> list[Stat]:
     return [Stat.from_json(d) for d in json.loads((path / "stats.json").read_text())]
-
-
-def _prefill_counters(llm) -> tuple[Optional[int], Optional[int]]:
-    st = getattr(llm, "stats", None)
-    return (getattr(st, "prefill_tokens_requested", None), getattr(st, "prefill_tokens_computed", None))
 
 
 def _context_limit(llm) -> Optional[int]:
@@ -68,12 +57,26 @@ def prompt_fitter(llm, max_tokens: int) -> Optional[Callable[[str], bool]]:
     return lambda text: len(llm.tokenizer.encode(text)) + max_tokens <= limit
 
 
+def prepare_engine(llm, states: list) -> None:
+    """Plan the engine for this run's workload before its first request (an offloaded engine's
+    policy depends on it): the mean prompt, the tokens generated (1 when scoring), the requests."""
+    prepare = getattr(llm, "prepare", None)
+    if prepare is None or getattr(llm, "executor", True) is not None or not states:
+        return
+    lengths = [len(llm.tokenizer.encode(s.request.prompt)) for s in states]
+    gen = max(1, max(s.request.max_tokens for s in states))
+    prepare(prompt_len=max(1, sum(lengths) // len(lengths)), gen_len=gen, num_sequences=len(states))
+
+
 def execute_run(llm, spec: RunSpec, scenario: Scenario, output_path: Path, suite: str,
                 make_sampling_params: Callable, batch_size: int = 32, overwrite: bool = False,
-                progress: Optional[Callable[[int, int], Callable[[int], None]]] = None) -> RunOutcome:
-    """`progress(total, already_done)` returns a callback taking the number of requests just done."""
+                progress: Optional[Callable[[int, int], Callable[[int], None]]] = None,
+                engine_key: str = "") -> RunOutcome:
+    """`progress(total, already_done)` returns a callback taking the number of requests just done.
+    `engine_key` (identity.EngineIdentity.key) names the weights and engine settings: results in
+    the progress log computed under another are not reused."""
     path = run_dir(output_path, suite, spec.name)
-    fp = fingerprint(spec, scenario)
+    fp = run_fingerprint(spec, scenario, engine_key)
     marker = path / MARKER_FILE
     if not overwrite and (path / "stats.json").exists() and marker.exists():
         if json.loads(marker.read_text()).get("fingerprint") == fp:
@@ -86,19 +89,15 @@ def execute_run(llm, spec: RunSpec, scenario: Scenario, output_path: Path, suite
 
     states = adapt(spec.adapter_spec, scenario.instances, seed_offset=spec.seed,
                    fits=prompt_fitter(llm, spec.adapter_spec.max_tokens))
-    log = ProgressLog(log_path)
+    log = ProgressLog(log_path, engine_key)
     already = log.load(states)
     callback = progress(len(states), already) if progress else None
-    fresh = [s for s in states if s.result is None]
-    requested0, computed0 = _prefill_counters(llm)
-    t0 = time.perf_counter()
+    prepare_engine(llm, [s for s in states if s.result is None])
     Executor(llm, make_sampling_params, batch_size).run(states, log, callback)
-    wall = time.perf_counter() - t0
-    requested1, computed1 = _prefill_counters(llm)
 
     per_instance = [(t, iid, instance_stats(spec, sts)) for (t, iid), sts in group_by_instance(states).items()]
     stats = run_stats(spec, per_instance)
-    engine = _engine_stats(states, fresh, wall, requested0, computed0, requested1, computed1)
+    engine = engine_stats(states, resumed=already)
     split = per_instance[0][2][0].split if per_instance else "test"
     stats += [single(k, v, split) for k, v in engine.items() if v is not None]
     write_run(path, spec, scenario, states, per_instance, stats)
@@ -106,25 +105,28 @@ def execute_run(llm, spec: RunSpec, scenario: Scenario, output_path: Path, suite
     return RunOutcome(spec, path, stats, engine=engine)
 
 
-def _engine_stats(states, fresh, wall, r0, c0, r1, c1) -> dict:
-    """Run-level efficiency of this invocation (requests resumed from the log are not in the
-    throughput) and the engine's shared-prefix reuse counters."""
-    out_tokens = sum(len(s.result.completions[0].tokens) for s in fresh if not s.is_scored)
-    prompt_tokens = sum(s.result.num_prompt_tokens or 0 for s in fresh)
+def engine_stats(states, resumed: int = 0) -> dict:
+    """Run-level efficiency over the whole run, however many invocations it took: engine time is
+    the sum of its batches' times, token counts and prefill counters the sums over its requests."""
+    wall = sum(s.result.request_time or 0.0 for s in states)
+    out_tokens = sum(len(s.result.completions[0].tokens) for s in states if not s.is_scored)
+    prompt_tokens = sum(s.result.num_prompt_tokens or 0 for s in states)
     eng = {
         "run_wall_time": wall,
         "num_requests": float(len(states)),
-        "num_requests_resumed": float(len(states) - len(fresh)),
+        "num_requests_resumed": float(resumed),
         "total_prompt_tokens": float(prompt_tokens),
         "total_output_tokens": float(out_tokens),
         "prompt_tokens_per_second": prompt_tokens / wall if wall > 0 else 0.0,
         "output_tokens_per_second": out_tokens / wall if wall > 0 else 0.0,
+        "requests_per_second": len(states) / wall if wall > 0 else 0.0,
         "prefill_tokens_requested": None,
         "prefill_tokens_computed": None,
         "prefill_reuse_factor": None,
     }
-    if None not in (r0, c0, r1, c1):
-        req, comp = r1 - r0, c1 - c0
+    shares = [(s.result.prefill_requested_share, s.result.prefill_computed_share) for s in states]
+    if states and all(r is not None and c is not None for r, c in shares):
+        req, comp = round(sum(r for r, _ in shares)), round(sum(c for _, c in shares))
         eng.update(prefill_tokens_requested=float(req), prefill_tokens_computed=float(comp),
                    prefill_reuse_factor=req / comp if comp else None)
     return eng

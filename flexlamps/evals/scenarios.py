@@ -253,42 +253,6 @@ def load_wikitext2(args: dict, data: Path) -> Scenario:
                     ["language modeling"], insts)
 
 
-def load_scenario_file(path: Path, name: Optional[str] = None) -> Scenario:
-    """A generic JSONL file, one instance a line, in one of two forms:
-
-    multiple choice: {"question": str, "choices": [str, ...], "gold": int, "split"?: "train"|"test"}
-    generation:      {"input": str, "answer": str | [str, ...], "split"?: ...}
-    ("query" is accepted for "question"/"input", "references" for "answer".)
-    """
-    path = Path(path)
-    insts = []
-    for lineno, row in read_jsonl(_need(path)):
-        split = row.get("split", TEST_SPLIT)
-        if split not in (TRAIN_SPLIT, VALID_SPLIT, TEST_SPLIT):
-            raise ScenarioError(f"{path}:{lineno}: split must be train, valid or test, not {split!r}")
-        text = row.get("question", row.get("input", row.get("query")))
-        if not isinstance(text, str):
-            raise ScenarioError(f"{path}:{lineno}: needs a string 'question' (or 'input'/'query')")
-        if "choices" in row:
-            try:
-                inst = mc_instance(text, [str(c) for c in row["choices"]], int(row["gold"]), split)
-            except (KeyError, TypeError, ValueError) as e:
-                raise ScenarioError(f"{path}:{lineno}: multiple-choice lines need choices (list) and an "
-                                    f"in-range integer gold ({e})") from None
-        else:
-            answers = row.get("answer", row.get("references"))
-            if isinstance(answers, str):
-                answers = [answers]
-            if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
-                raise ScenarioError(f"{path}:{lineno}: generation lines need 'answer' (a string or a list "
-                                    "of strings); multiple-choice lines need 'choices' and 'gold'")
-            inst = Instance(text, [Reference(a, [CORRECT_TAG]) for a in answers], split)
-        insts.append(inst)
-    if not insts:
-        raise ScenarioError(f"{path}: no instances in file")
-    return Scenario(name or path.stem, f"Instances from {path.name}.", ["custom"], insts)
-
-
 LOADERS: dict[str, Callable[[dict, Path], Scenario]] = {
     "mmlu": load_mmlu,
     "arc": load_arc,
@@ -308,7 +272,10 @@ def load_scenario(name: str, args: dict, data_dir: Optional[Path] = None) -> Sce
     if name == "file":
         if "path" not in args:
             raise ScenarioError("file scenario needs path=FILE (or use --scenario-file FILE)")
-        scen = load_scenario_file(Path(args["path"]), args.get("name"))
+        from flexlamps.evals.custom_file import load_custom_file
+
+        overrides = {k: v for k, v in args.items() if k not in ("path", "name")}
+        scen = load_custom_file(Path(args["path"]), args.get("name"), overrides).scenario
     else:
         if name not in LOADERS:
             raise ScenarioError(f"unknown scenario {name!r}; known: {', '.join(sorted(LOADERS))}, "

@@ -9,6 +9,7 @@ from flexlamps.evals.adapter_spec import (
     GENERATION,
     LANGUAGE_MODELING,
     MULTIPLE_CHOICE_JOINT,
+    MULTIPLE_CHOICE_PARTIAL,
     MULTIPLE_CHOICE_SEPARATE,
 )
 from flexlamps.evals.metrics import bits_per_byte, best_over_references, choice_scores, perplexity, pick
@@ -38,6 +39,26 @@ def _efficiency(states: list[RequestState], split: str) -> list[Stat]:
     ]
 
 
+# HELM stat name -> how the choice is picked; HELM's exact_match for separate is the per-token pick.
+CHOICE_NORMALIZATION = {"mc_accuracy_raw": "raw", "mc_accuracy_token_norm": "token", "mc_accuracy_char_norm": "char",
+                        "exact_match": "token"}
+
+
+def _choice_stats(spec: RunSpec, states: list[RequestState], split: str) -> list[Stat]:
+    """Accuracy under each normalization; `predicted_index` is the pick of the run's main metric."""
+    inst = states[0].instance
+    by_ref = sorted(states, key=lambda s: s.reference_index)
+    lps = [s.result.completions[0].logprob for s in by_ref]
+    ntok = [len(s.result.completions[0].tokens) for s in by_ref]
+    texts = [s.continuation for s in by_ref]
+    gold = [i for i, r in enumerate(inst.references) if r.is_correct]
+    picks = {norm: pick(choice_scores(lps, ntok, texts, norm), gold) for norm in ("raw", "token", "char")}
+    out = [single(m, picks[CHOICE_NORMALIZATION[m]][1], split) for m in spec.metrics if m in CHOICE_NORMALIZATION]
+    shown = CHOICE_NORMALIZATION.get(spec.main_metric, "token")
+    out.append(single("predicted_index", picks[shown][0], split))
+    return out
+
+
 def instance_stats(spec: RunSpec, states: list[RequestState]) -> list[Stat]:
     method = spec.adapter_spec.method
     inst = states[0].instance
@@ -52,20 +73,8 @@ def instance_stats(spec: RunSpec, states: list[RequestState]) -> list[Stat]:
         mapped = st.output_mapping.get(st.result.completions[0].text.strip())
         for m in spec.metrics:
             out.append(single(m, best_over_references(m, golds, mapped) if mapped is not None else 0.0, split))
-    elif method == MULTIPLE_CHOICE_SEPARATE:
-        by_ref = sorted(states, key=lambda s: s.reference_index)
-        lps = [s.result.completions[0].logprob for s in by_ref]
-        ntok = [len(s.result.completions[0].tokens) for s in by_ref]
-        texts = [s.continuation for s in by_ref]
-        gold = [i for i, r in enumerate(inst.references) if r.is_correct]
-        accs = {}
-        for norm in ("raw", "token", "char"):
-            idx, acc = pick(choice_scores(lps, ntok, texts, norm), gold)
-            accs[norm] = (idx, acc)
-        names = {"mc_accuracy_raw": "raw", "mc_accuracy_token_norm": "token", "mc_accuracy_char_norm": "char",
-                 "exact_match": "token"}  # HELM's exact_match here is the per-token pick
-        out += [single(m, accs[names[m]][1], split) for m in spec.metrics if m in names]
-        out.append(single("predicted_index", accs["token"][0], split))
+    elif method in (MULTIPLE_CHOICE_SEPARATE, MULTIPLE_CHOICE_PARTIAL):
+        out += _choice_stats(spec, states, split)
     elif method == CONTINUATION:
         r = states[0].result
         comp = r.completions[0]

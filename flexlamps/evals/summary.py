@@ -1,4 +1,5 @@
-"""The readable end of a `flexlamps helm` call: a table on stdout and `summary.json` per suite."""
+"""The readable end of a `flexlamps helm` call: a table on stdout and `flexlamps_summary.json` per
+suite (HELM's `helm-summarize` writes its own `summary.json` in the same folder)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def summary_rows(outcomes: list[RunOutcome]) -> list[dict]:
             "num_output_tokens": o.stat("num_output_tokens"),
             "run_wall_time": o.stat("run_wall_time"),
             "output_tokens_per_second": o.stat("output_tokens_per_second"),
+            "requests_per_second": o.stat("requests_per_second"),
             "prefill_tokens_requested": o.stat("prefill_tokens_requested"),
             "prefill_tokens_computed": o.stat("prefill_tokens_computed"),
             "skipped_as_done": o.skipped,
@@ -56,10 +58,13 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join([line(COLUMNS), line(tuple("-" * w for w in widths)), *map(line, cells)])
 
 
+SUMMARY_FILE = "flexlamps_summary.json"
+
+
 def write_summary(suite_dir: Path, rows: list[dict]) -> Path:
-    """summary.json beside the run folders (helm-summarize only reads folders there); rows of
-    earlier calls on the same suite are kept, a run asked again replaces its row."""
-    path = Path(suite_dir) / "summary.json"
+    """flexlamps_summary.json beside the run folders (helm-summarize only reads folders there);
+    rows of earlier calls on the same suite are kept, a run asked again replaces its row."""
+    path = Path(suite_dir) / SUMMARY_FILE
     merged: dict[str, dict] = {}
     if path.exists():
         try:

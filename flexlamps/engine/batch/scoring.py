@@ -3,8 +3,8 @@
 Requests that share a token prefix (the instructions and in-context examples of an
 evaluation, or one question's context under each of its choices) have that prefix computed
 once; its KV rows are copied into each request's cache row and only the rest is run.
-Levels: the prefix common to the whole call, then each distinct context, then the
-continuations, batched.
+Levels: the prefix common to the whole call, then the distinct contexts packed many to a
+forward step, then their continuations packed the same way (see PrefixScorer).
 """
 
 from __future__ import annotations
@@ -50,9 +50,24 @@ def split_tokens(tokenizer, context: str, continuation: str) -> tuple[list[int],
 
 
 class PrefixScorer:
-    def __init__(self, executor, max_batch: int = 32, reuse_prefix: bool = True, stats: PrefixStats | None = None):
+    """Scores (context ids, continuation ids) pairs.
+
+    With `reuse_prefix` (the default) the prefix common to the whole call is computed once, then
+    the distinct contexts are packed many to a forward step (one row each), and their
+    continuations follow in "rounds" over the same rows: round j feeds each row its j-th
+    continuation at the positions right after the row's context. A round overwrites the cache
+    positions the round before it wrote, and attention at position p only sees positions <= p,
+    so every continuation sees exactly its own context. The context step and all rounds of a
+    chunk of contexts go to the executor in one `forward_steps` call (one weight sweep when
+    offloaded), in order, micro-batched by `micro_batch` rows.
+    """
+
+    def __init__(self, executor, max_batch: int = 32, reuse_prefix: bool = True, stats: PrefixStats | None = None,
+                 micro_batch: int | None = None, max_logit_positions: int = 2048):
         self.ex = executor
         self.max_batch = max_batch
+        self.micro_batch = micro_batch or max_batch
+        self.max_logit_positions = max_logit_positions  # continuation positions whose logits a chunk holds
         self.reuse_prefix = reuse_prefix
         self.stats = stats if stats is not None else PrefixStats()
 
@@ -66,32 +81,87 @@ class PrefixScorer:
         if not self.reuse_prefix:
             return self._run_leaves([], None, [(c + k, len(c)) for c, k in pairs])
         contexts = [c for c, _ in pairs]
-        common = common_prefix_length(contexts) if len(pairs) > 1 else 0
+        # every context keeps at least its last token out of the shared root: its step gives the
+        # logits that predict the continuation's first token
+        common = min(common_prefix_length(contexts), min(map(len, contexts)) - 1) if len(pairs) > 1 else 0
         by_context: dict[tuple[int, ...], list[int]] = {}
         for i, c in enumerate(contexts):
             by_context.setdefault(tuple(c), []).append(i)
-        results: list[ScoreOutput | None] = [None] * len(pairs)
         root = self._extend(None, [], contexts[0][:common]) if common else None
-        # contexts seen once are batched together as leaves; repeated contexts get their own prefix
-        singles = [ids[0] for ids in by_context.values() if len(ids) == 1]
-        for ctx, ids in by_context.items():
-            if len(ids) == 1:
-                continue
-            node = self._extend(root, list(ctx[:common]), list(ctx[common:])) if len(ctx) > common else root
-            base = list(ctx)
-            leaves = [(list(pairs[i][1]), 0) for i in ids]
-            for i, out in zip(ids, self._run_leaves(base, node, leaves)):
-                results[i] = out
-            if node is not root:
-                node.cache.free()
-        if singles:
-            base = contexts[0][:common]
-            leaves = [(pairs[i][0][common:] + pairs[i][1], len(pairs[i][0]) - common) for i in singles]
-            for i, out in zip(singles, self._run_leaves(base, root, leaves)):
+        results: list[ScoreOutput | None] = [None] * len(pairs)
+        groups = sorted(by_context.items(), key=lambda kv: -len(kv[0]))  # similar lengths share a step
+        for chunk in self._chunks(groups, pairs):
+            for i, out in self._score_chunk(common, root, chunk, pairs):
                 results[i] = out
         if root is not None:
             root.cache.free()
         return results  # type: ignore[return-value]
+
+    def _chunks(self, groups, pairs):
+        """Consecutive groups (context, pair indices) while the rows fit `max_batch` and the
+        rounds' logit positions (padded per round) fit `max_logit_positions`."""
+        chunk, rounds = [], []
+        for ctx, ids in groups:
+            fed = sorted((len(pairs[i][1]) - 1 for i in ids), reverse=True)
+            merged = _add_rows(rounds, fed)
+            if chunk and (len(chunk) >= self.max_batch or sum(t * n for t, n in merged) > self.max_logit_positions):
+                yield chunk
+                chunk, merged = [], _add_rows([], fed)
+            chunk.append((ctx, ids))
+            rounds = merged
+        if chunk:
+            yield chunk
+
+    def _score_chunk(self, common: int, root, chunk, pairs):
+        """One forward_steps call: the chunk's contexts (after the root), then its rounds."""
+        rests = [list(ctx[common:]) for ctx, _ in chunk]
+        # round j takes each row's j-th longest continuation, so a round's rows have similar lengths
+        leaves = [sorted(ids, key=lambda i: -len(pairs[i][1])) for _, ids in chunk]
+        width = max(map(len, rests))
+        longest = max(len(pairs[ids[0]][1]) for ids in leaves)
+        cache = self.ex.new_cache(len(chunk), common + width + longest)
+        rows = torch.arange(len(chunk))
+        if root is not None:
+            cache.copy_prefix_from(root.cache, common, rows)
+        steps = self._micro_steps(rests, [common] * len(chunk), rows, last_only=True)
+        num_ctx_steps = len(steps)
+        members = []  # per round step: the pair indices of its rows
+        for j in range(max(map(len, leaves))):
+            fed = [(r, ids[j]) for r, ids in enumerate(leaves) if j < len(ids) and len(pairs[ids[j]][1]) > 1]
+            for lo in range(0, len(fed), self.micro_batch):
+                part = fed[lo: lo + self.micro_batch]
+                members.append([i for _, i in part])
+                steps += self._micro_steps([pairs[i][1][:-1] for _, i in part],
+                                           [common + len(rests[r]) for r, _ in part],
+                                           torch.tensor([r for r, _ in part]), last_only=False)
+        outs = self.ex.forward_steps(cache, steps)
+        cache.free()
+        self.stats.prefill_tokens_computed += sum(map(len, rests)) + sum(
+            len(pairs[i][1]) - 1 for part in members for i in part)
+        first = torch.log_softmax(torch.cat([o[:, 0] for o in outs[:num_ctx_steps]]), -1)  # (rows, V)
+        later: dict[int, torch.Tensor] = {}  # pair index -> log-probs predicting tokens 1.. of its continuation
+        for part, logits in zip(members, outs[num_ctx_steps:]):
+            for k, i in enumerate(part):
+                later[i] = torch.log_softmax(logits[k, : len(pairs[i][1]) - 1], -1)
+        for r, ids in enumerate(leaves):
+            for i in ids:
+                pred = first[r][None] if i not in later else torch.cat([first[r][None], later[i]])
+                yield i, _score_output(pred, pairs[i][1])
+
+    def _micro_steps(self, seqs: list[list[int]], starts: list[int], rows: torch.Tensor, last_only: bool) -> list[Step]:
+        """Steps of at most `micro_batch` rows: row k feeds seqs[k] at positions starts[k].. (padded
+        to the step's longest; padding only writes positions no real token attends to)."""
+        out = []
+        for lo in range(0, len(seqs), self.micro_batch):
+            part = seqs[lo: lo + self.micro_batch]
+            width = max(map(len, part))
+            ids = torch.zeros(len(part), width, dtype=torch.long)
+            for k, toks in enumerate(part):
+                ids[k, : len(toks)] = torch.tensor(toks)
+            pos = torch.tensor(starts[lo: lo + len(part)])[:, None] + torch.arange(width)[None]
+            last = torch.tensor([len(t) - 1 for t in part]) if last_only else None
+            out.append(Step(ids, pos, rows[lo: lo + len(part)], logit_rows=last))
+        return out
 
     def _extend(self, parent, parent_ids: list[int], new_ids: list[int]) -> "_Prefix":
         """A one-row cache holding parent_ids + new_ids, computing only new_ids."""
@@ -124,15 +194,28 @@ class PrefixScorer:
         self.stats.prefill_tokens_computed += sum(len(toks) for toks, _ in leaves)
         outs = []
         for r, (toks, n_ctx) in enumerate(leaves):
-            targets = torch.tensor(toks[n_ctx:])
             # token j of the leaf is predicted by position j - 1, or by the prefix's last position
             pred = logp[r, max(n_ctx - 1, 0): len(toks) - 1]
             if n_ctx == 0:
                 pred = torch.cat([prefix.last_logprobs[None], pred])
-            tok_lp = pred.gather(-1, targets[:, None])[:, 0]
-            greedy = bool((pred.argmax(-1) == targets).all())
-            outs.append(ScoreOutput(float(tok_lp.sum()), len(targets), greedy, tok_lp.tolist()))
+            outs.append(_score_output(pred, toks[n_ctx:]))
         return outs
+
+
+def _add_rows(rounds: list[tuple[int, int]], fed: list[int]) -> list[tuple[int, int]]:
+    """(longest fed length, rows) per round after a row joins with continuations fed `fed` long."""
+    out = list(rounds) + [(0, 0)] * (len(fed) - len(rounds))
+    for j, f in enumerate(fed):
+        out[j] = (max(out[j][0], f), out[j][1] + 1)
+    return out
+
+
+def _score_output(pred: torch.Tensor, targets: list[int]) -> ScoreOutput:
+    """pred: (len(targets), V) log-probs, row t predicting targets[t]."""
+    target = torch.tensor(targets)
+    tok_lp = pred.gather(-1, target[:, None])[:, 0]
+    greedy = bool((pred.argmax(-1) == target).all())
+    return ScoreOutput(float(tok_lp.sum()), len(targets), greedy, tok_lp.tolist())
 
 
 @dataclass

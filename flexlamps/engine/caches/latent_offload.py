@@ -1,0 +1,169 @@
+"""The MLA latent cache offloaded as ESS does it (DeepSeek-V3.2 models with an indexer).
+
+- every token's latent record (latent + rotary key; ESS's 656 B FP8 layout with `fp8=True`)
+  lives on the `cpu` tier, the full copy;
+- the indexer keys live on the `gpu` tier: every decode step scores all of them;
+- per layer a `gpu` pool of `pool_entries[layer]` records per slot (`LatentPool`, LRU),
+  warmed after a prefill with the last prompt token's top-k selection (ESS's warm-up);
+- a decode step selects its top-k with the indexer, stamps the pooled ones, and brings all
+  slots' missing records over in one batched gather from the cpu tier; attention then runs
+  over records gathered from the pool in position order, exactly the records the in-memory
+  cache gathers, so the logits equal `DenseLatentCache`'s bit for bit.
+Every table is charged to its tier's budget; staged prefill records and miss copies are
+charged to the gpu budget while they exist. `stats` counts lookups, misses and bytes moved.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flexlamps.engine.caches.latent import record_formats
+from flexlamps.engine.caches.latent_pool import LatentPool
+from flexlamps.models.config import ModelConfig
+from flexlamps.models.mla import (MLAStep, index_scores, latent_attention, select_topk, topk_mask,
+                                  visible_mask)
+from offload import tensor_bytes
+from offload.budget import TierBudget
+
+
+class OffloadedLatentCache:
+    def __init__(self, cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype,
+                 budgets: dict[str, TierBudget], device: torch.device, pool_entries: list[int], *,
+                 fp8: bool = False):
+        m = cfg.mla
+        if m is None or not m.has_indexer:
+            raise ValueError("an offloaded latent cache needs a sparse-attention MLA model (DeepSeek-V3.2, "
+                             f"with an indexer); model_type {cfg.model_type!r} attends to every entry")
+        if len(pool_entries) != cfg.num_layers:
+            raise ValueError(f"pool_entries needs one size per layer ({cfg.num_layers}), got {len(pool_entries)}")
+        need = min(m.index_topk, capacity)
+        if min(pool_entries) < need:
+            raise ValueError(f"every layer's pool must hold one step's working set ({need} entries), "
+                             f"got {min(pool_entries)}")
+        self.dtype, self.device, self.budgets = dtype, device, budgets
+        self.capacity, self.num_slots = capacity, num_slots
+        self.latent_format, self.key_format = record_formats(cfg, dtype, fp8)
+        self._charged: list[tuple[str, int]] = []
+        self._now = 0
+        self.stats = {"lookups": [0] * cfg.num_layers, "misses": [0] * cfg.num_layers, "h2d_bytes": 0}
+        try:
+            self._allocate(cfg.num_layers, [min(p, capacity) for p in pool_entries])
+        except BaseException:
+            self.free()
+            raise
+
+    def _charge(self, tier: str, nbytes: int, what: str) -> None:
+        self.budgets[tier].allocate(nbytes, what)
+        self._charged.append((tier, nbytes))
+
+    def _allocate(self, num_layers: int, pool_entries: list[int]) -> None:
+        lf, kf = self.latent_format, self.key_format
+        pin = self.device.type == "cuda"
+        self.entries, self.index_keys, self.pools = [], [], []
+        for layer in range(num_layers):
+            shape = (self.num_slots, self.capacity)
+            self._charge("cpu", self.num_slots * self.capacity * lf.record_bytes, f"latent records layer {layer}")
+            self.entries.append(torch.zeros((*shape, lf.record_len), dtype=lf.storage_dtype, pin_memory=pin))
+            self._charge("gpu", self.num_slots * self.capacity * kf.record_bytes, f"indexer keys layer {layer}")
+            self.index_keys.append(torch.zeros((*shape, kf.record_len), dtype=kf.storage_dtype, device=self.device))
+            pool = LatentPool(self.num_slots, self.capacity, pool_entries[layer], lf.record_len,
+                              lf.storage_dtype, self.device)
+            self._charge("gpu", pool.nbytes, f"latent pool layer {layer} ({pool_entries[layer]} entries a slot)")
+            self.pools.append(pool)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n for _, n in self._charged)
+
+    def free(self) -> None:
+        for tier, n in self._charged:
+            self.budgets[tier].free(n)
+        self._charged = []
+        self.entries, self.index_keys, self.pools = [], [], []
+
+    def copy_prefix_from(self, src: "OffloadedLatentCache", length: int, slots: torch.Tensor) -> None:
+        """Copy the first `length` positions of src's row 0 into each of `slots` (shared prefixes)."""
+        for layer in range(len(self.entries)):
+            self.entries[layer][slots, :length] = src.entries[layer][0, :length]
+            self.index_keys[layer][slots.to(self.device), :length] = src.index_keys[layer][0, :length]
+            for slot in slots.tolist():
+                self.pools[layer].reset(slot)
+
+    def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor):
+        return lambda step: self.attend(layer, slots, positions, step)
+
+    def _unpack(self, records: torch.Tensor):
+        return self.latent_format.unpack(records, self.dtype)
+
+    def attend(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, step: MLAStep) -> torch.Tensor:
+        self._now += 1
+        new = self.latent_format.pack(step.latent, step.k_rope)  # (n, T, record) on the device
+        slots_cpu, pos_cpu = slots.cpu(), positions.cpu()
+        for slot in slots_cpu[pos_cpu[:, 0] == 0].tolist():
+            self.pools[layer].reset(slot)  # a new sequence takes the slot
+        self.entries[layer][slots_cpu[:, None], pos_cpu] = new.cpu()
+        self.index_keys[layer][slots[:, None], positions] = self.key_format.pack(step.index_k)
+        span = int(positions.max()) + 1
+        keys = self.key_format.unpack(self.index_keys[layer][slots, :span], self.dtype)[0]
+        scores = index_scores(step, keys)
+        visible = visible_mask(positions, span)
+        if positions.shape[1] > 1:
+            return self._prefill(layer, slots_cpu, positions, step, scores, visible, span)
+        return self._decode(layer, slots_cpu, positions, step, scores, visible, new)
+
+    def _prefill(self, layer, slots_cpu, positions, step, scores, visible, span) -> torch.Tensor:
+        """All of the span's records staged on the device (as the in-memory cache holds them),
+        then the pool warmed with each row's last query's selection."""
+        staged_bytes = len(slots_cpu) * span * self.latent_format.record_bytes
+        self.budgets["gpu"].allocate(staged_bytes, f"latent records layer {layer} staged for a prefill")
+        try:
+            records = self.entries[layer][slots_cpu, :span].to(self.device)
+            self.stats["h2d_bytes"] += staged_bytes
+            out = latent_attention(step, *self._unpack(records), topk_mask(scores, visible, step.index_topk))
+            indices, valid = select_topk(scores[:, -1:], visible[:, -1:], step.index_topk)
+            pool = self.pools[layer]
+            for row, slot in enumerate(slots_cpu.tolist()):
+                missing, entries = pool.admit(slot, indices[row, 0][valid[row, 0]], self._now)
+                pool.records[slot, entries] = records[row, missing]
+        finally:
+            self.budgets["gpu"].free(staged_bytes)
+        return out
+
+    def _decode(self, layer, slots_cpu, positions, step, scores, visible, new) -> torch.Tensor:
+        indices, valid = select_topk(scores, visible, step.index_topk)  # (n, 1, k), position order
+        pool = self.pools[layer]
+        rows, missing_pos, targets = [], [], []
+        for row, slot in enumerate(slots_cpu.tolist()):
+            wanted = indices[row, 0][valid[row, 0]]
+            missing, entries = pool.admit(slot, wanted, self._now)
+            rows.append(torch.full_like(missing, slot))
+            missing_pos.append(missing)
+            targets.append(entries)
+            self.stats["lookups"][layer] += wanted.numel()
+            self.stats["misses"][layer] += missing.numel()
+        self._copy_in(layer, torch.cat(rows), torch.cat(missing_pos), torch.cat(targets))
+        slots_dev = slots_cpu.to(self.device)
+        entries = pool.entry_of[slots_dev[:, None], indices[:, 0]].clamp_min(0)  # unselected: masked below
+        gathered = pool.records[slots_dev[:, None], entries]  # (n, k, record)
+        out = latent_attention(step, *self._unpack(gathered), valid)
+        for row, slot in enumerate(slots_cpu.tolist()):  # the new tokens are on the device: pool them free
+            fresh, fresh_entries = pool.offer(slot, positions[row], self._now)
+            pool.records[slot, fresh_entries] = new[row, :fresh.numel()]
+        return out
+
+    def _copy_in(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, entries: torch.Tensor) -> None:
+        """All slots' missing records in one gather from the cpu tier and one copy to the device."""
+        if positions.numel() == 0:
+            return
+        nbytes = positions.numel() * self.latent_format.record_bytes
+        self.budgets["gpu"].allocate(nbytes, f"latent records layer {layer} copied in for a step")
+        try:
+            records = self.entries[layer][slots.cpu(), positions.cpu()].to(self.device)
+            self.pools[layer].records[slots.to(self.device), entries] = records
+            self.stats["h2d_bytes"] += nbytes
+        finally:
+            self.budgets["gpu"].free(nbytes)
+
+    def hit_rate(self) -> list[float]:
+        """Per layer, the share of selected entries found in the pool during decode."""
+        return [1.0 - m / k if k else 1.0 for m, k in zip(self.stats["misses"], self.stats["lookups"])]

@@ -1,0 +1,76 @@
+"""Scoring packs many questions' continuations per forward: it must equal scoring each
+(context, continuation) as one plain sequence, in memory and offloaded, however it is chunked."""
+
+import pytest
+import torch
+
+from flexlamps import LLM
+from flexlamps.engine.batch.scoring import PrefixScorer, split_tokens
+
+SHOTS = "the quick brown fox jumps over the lazy dog.\n\n"
+QUESTIONS = [  # (context, choices): varied lengths, choice counts, one-token and shared endings
+    ("hello world, this is", [" a tiny", " tokenizer for tests", "!", " the"]),
+    ("numbers 0 1 2", [" 3", " 3 4 5 6 7 8", " fox"]),
+    ("Once upon a time", [" there was a model", " 9"]),
+    ("hello world, this is", [" numbers"]),  # the same context again, in another group
+    ("a model that fit", [" on a small GPU.", " on", " in a huge data center far away", " dog", " ?"]),
+    ("lazy", [" dog", " cat"]),
+]
+
+
+def _pairs(tok, shots=SHOTS):
+    out = []
+    for ctx, choices in QUESTIONS:
+        out += [split_tokens(tok, shots + ctx, c) for c in choices]
+    return out
+
+
+def _plain(llm, pairs):
+    scorer = PrefixScorer(llm.executor, max_batch=4, reuse_prefix=False)
+    return scorer.score(pairs)
+
+
+@pytest.mark.parametrize("max_batch,micro_batch,max_logit_positions", [(32, None, 2048), (2, None, 6), (3, 2, 2048)])
+def test_packed_equals_plain_sequences(tiny_llama, max_batch, micro_batch, max_logit_positions):
+    llm = LLM(str(tiny_llama))
+    pairs = _pairs(llm.tokenizer)
+    ref = _plain(llm, pairs)
+    calls = []
+    forward = llm.executor.forward_steps
+    llm.executor.forward_steps = lambda cache, steps: calls.append(len(steps)) or forward(cache, steps)
+    packed = PrefixScorer(llm.executor, max_batch=max_batch, micro_batch=micro_batch,
+                          max_logit_positions=max_logit_positions)
+    got = packed.score(pairs)
+    assert [o.logprob for o in got] == pytest.approx([o.logprob for o in ref], abs=1e-4)
+    assert [o.num_tokens for o in got] == [o.num_tokens for o in ref]
+    assert [o.is_greedy for o in got] == [o.is_greedy for o in ref]
+    for g, r in zip(got, ref):
+        assert g.token_logprobs == pytest.approx(r.token_logprobs, abs=1e-4)
+    assert packed.stats.prefill_tokens_computed < 0.5 * packed.stats.prefill_tokens_requested
+    if max_batch == 32:  # one call for the shared examples, one for every question of the batch
+        assert len(calls) == 2
+
+
+def test_offloaded_packed_scoring_equals_in_memory(tiny_llama):
+    from placement import Policy, TierSplit
+
+    g, c = TierSplit(gpu=1, cpu=0, disk=0), TierSplit(gpu=0, cpu=1, disk=0)
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=2, weights=c, cache=c, activations=g)
+    mem = LLM(str(tiny_llama))
+    off = LLM(str(tiny_llama), gpu_mem="64MiB", cpu_mem="64MiB", policy=policy)
+    contexts = [SHOTS + ctx for ctx, choices in QUESTIONS for _ in choices]
+    conts = [ch for _, choices in QUESTIONS for ch in choices]
+    a, b = mem.score(contexts, conts), off.score(contexts, conts)
+    assert [o.logprob for o in b] == pytest.approx([o.logprob for o in a], abs=1e-4)
+    assert off.executor.budgets["gpu"].used_bytes == sum(
+        t.numel() * t.element_size() for n, t in off.executor.store._resident.items()
+        if off.executor.store.tier_of(n) == "gpu")  # every cache freed
+
+
+def test_no_shared_root_and_single_pair(tiny_llama):
+    llm = LLM(str(tiny_llama))
+    for pairs in (_pairs(llm.tokenizer, shots="")[:1], _pairs(llm.tokenizer, shots="")):
+        got = PrefixScorer(llm.executor).score(pairs)
+        assert [o.logprob for o in got] == pytest.approx([o.logprob for o in _plain(llm, pairs)], abs=1e-4)
+    with torch.no_grad():
+        assert PrefixScorer(llm.executor).score([]) == []

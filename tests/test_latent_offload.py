@@ -1,0 +1,76 @@
+"""The offloaded latent cache (cpu records, gpu indexer keys, LRU pools) equals the in-memory
+sparse path bit for bit, for every pool size from the whole context down to one step's top-k."""
+
+import pytest
+import torch
+
+from flexlamps.engine.caches.latent import DenseLatentCache
+from flexlamps.engine.caches.latent_offload import OffloadedLatentCache
+from flexlamps.engine.executors.in_memory import InMemoryExecutor
+from flexlamps.models.checkpoint import read_all
+from flexlamps.models.registry import open_checkpoint
+from offload.budget import BudgetExceededError, TierBudget
+
+PROMPT_LENS, DECODE_STEPS = (10, 6), 64
+CAPACITY = max(PROMPT_LENS) + DECODE_STEPS
+
+
+@pytest.fixture(scope="module")
+def v32(deepseek_models):
+    reader = open_checkpoint(deepseek_models["deepseek_v32"])
+    return reader.config, InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32)
+
+
+def _budgets(gpu=1 << 30, cpu=1 << 30):
+    return {"gpu": TierBudget("gpu", gpu), "cpu": TierBudget("cpu", cpu)}
+
+
+def _run(ex, cache) -> list[torch.Tensor]:
+    """Two rows of different prompt lengths, each prefilled alone, then greedy decode together."""
+    gen = torch.Generator().manual_seed(5)
+    logits, last = [], []
+    for slot, n in enumerate(PROMPT_LENS):
+        ids = torch.randint(2, ex.cfg.vocab_size, (1, n), generator=gen)
+        out = ex.forward(cache, ids, torch.arange(n)[None], torch.tensor([slot]))
+        logits.append(out)
+        last.append(out[:, -1].argmax(-1))
+    slots, pos = torch.tensor([0, 1]), torch.tensor(PROMPT_LENS)
+    tokens = torch.cat(last)[:, None]
+    for _ in range(DECODE_STEPS):
+        out = ex.forward(cache, tokens, pos[:, None], slots)
+        logits.append(out)
+        tokens, pos = out[:, -1].argmax(-1)[:, None], pos + 1
+    return logits
+
+
+@pytest.mark.parametrize("fp8", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_offloaded_equals_in_memory_for_every_pool_size(v32, fp8):
+    cfg, ex = v32
+    expected = _run(ex, DenseLatentCache(cfg, 2, CAPACITY, torch.float32, fp8=fp8))
+    topk = cfg.mla.index_topk
+    misses = {}
+    for pool in (CAPACITY, 2 * topk, topk):
+        budgets = _budgets()
+        cache = OffloadedLatentCache(cfg, 2, CAPACITY, torch.float32, budgets, torch.device("cpu"),
+                                     [pool] * cfg.num_layers, fp8=fp8)
+        got = _run(ex, cache)
+        assert all(torch.equal(g, e) for g, e in zip(got, expected)), f"pool {pool}"
+        misses[pool] = sum(cache.stats["misses"])
+        assert budgets["gpu"].used_bytes == cache.nbytes - budgets["cpu"].used_bytes
+        cache.free()
+        assert budgets["gpu"].used_bytes == 0 == budgets["cpu"].used_bytes
+    assert misses[topk] > misses[2 * topk] >= misses[CAPACITY]
+
+
+def test_pool_smaller_than_a_step_is_refused(v32):
+    cfg, _ = v32
+    with pytest.raises(ValueError, match="one step's working set"):
+        OffloadedLatentCache(cfg, 1, 32, torch.float32, _budgets(), torch.device("cpu"),
+                             [cfg.mla.index_topk - 1] * cfg.num_layers)
+
+
+def test_budgets_are_enforced(v32):
+    cfg, _ = v32
+    with pytest.raises(BudgetExceededError, match="gpu tier budget exceeded"):
+        OffloadedLatentCache(cfg, 4, 1024, torch.float32, _budgets(gpu=1 << 12), torch.device("cpu"),
+                             [16] * cfg.num_layers)
