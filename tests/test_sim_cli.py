@@ -40,16 +40,16 @@ def test_simulate_prints_table_and_writes_summary_and_plots(tmp_path):
 
 def test_simulate_sweep_marks_saturation(tmp_path):
     out = tmp_path / "out"
-    # a 32-token budget: the box saturates between 2 and 60 req/s
+    # a 32-token budget: the box saturates between 2 and 30 req/s
     res = CliRunner().invoke(main, ["simulate", "--trace", _trace(tmp_path), "--policies", "infercept",
-                                    "--qps", "2,60", "--window", "5", "--token-budget", "32",
+                                    "--qps", "2,30", "--window", "15", "--token-budget", "32",
                                     "--sweep", "--out", str(out)])
     assert res.exit_code == 0, res.output
     summary = json.loads((out / "summary.json").read_text())
     sat = summary["saturation"]["infercept"]
-    assert 2 <= sat < 60 and "saturates above" in res.output
+    assert 2 <= sat < 30 and "saturates above" in res.output
     by_load = {r["qps"]: r["stable"] for r in summary["results"]}
-    assert by_load[2] and not by_load[60] and len(by_load) == 5  # the grid, then 3 bisections
+    assert by_load[2] and not by_load[30] and len(by_load) == 5  # the grid, then 3 bisections
     assert (out / "latency_vs_load.png").read_bytes()[:4] == b"\x89PNG"
 
 

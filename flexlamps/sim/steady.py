@@ -7,12 +7,17 @@ or one that stops filling (the end). Over the measured span [t1, t2]:
 - latency percentiles of the requests that arrived in it (every request runs to completion);
 - offered load = arrivals in [t1, t2] / (t2 - t1); achieved throughput = completions in
   [t1, t2] / (t2 - t1), so the drain after the last arrival never counts;
-- window test: does the latency grow with the time the system has been running? The mean E2E
-  of the last third of the measured arrivals over that of the first third (`growth`). Below
-  saturation the queue is stationary and the thirds agree up to noise; past it the queue
-  grows without bound, and so does the latency with the window. A point is `stable` when
-  growth <= `GROWTH_LIMIT` and the achieved throughput keeps up with the offered load
-  (>= `KEEP_UP` of it).
+- window test: does the latency grow with the time the system has been running? The latency
+  the server adds (E2E minus the time inside API calls, which no scheduler can change and
+  whose 60 s human turns would drown the signal), median over the last third of the measured
+  arrivals over the median of the first third (`growth`). Below saturation the queue is
+  stationary and the thirds agree up to noise; past it the queue grows without bound, and so
+  does the latency with the window. A point is `stable` when growth <= `GROWTH_LIMIT`.
+
+The achieved throughput is reported beside the offered load but does not decide stability:
+requests whose calls last minutes keep finishing for minutes after they arrive, so a replay
+that started empty completes fewer requests than arrive until it has run longer than the
+latency tail (2-6% fewer in a 600 s multi-API replay whose P99 E2E is 300 s, stable or not).
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ from flexlamps.sim.simulator import RequestRecord
 
 WARMUP, COOLDOWN = 0.15, 0.15
 GROWTH_LIMIT = 1.25
-KEEP_UP = 0.95
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ class SteadyState:
     summary: Summary  # latencies of the measured requests; throughput without the drain
     offered_rps: float
     achieved_rps: float
-    growth: float  # mean E2E, last third of the measured arrivals / first third
+    growth: float  # median E2E - API time, last third of the measured arrivals / first third
     stable: bool
     measured: int  # requests that arrived in the measured span
     span: tuple[float, float]
@@ -72,8 +76,8 @@ def steady_state(records: list[RequestRecord], policy: str, qps: float, warmup: 
     summary = summarize(inside, policy, qps, length, sim_seconds)
     summary.throughput_rps, summary.throughput_tps = done / length, tokens / length
     third = len(inside) // 3
-    e2e = np.array([r.e2e for r in inside])
-    growth = float(e2e[-third:].mean() / max(e2e[:third].mean(), 1e-12))
+    served = np.array([r.e2e - r.api_seconds for r in inside])
+    growth = float(np.median(served[-third:]) / max(np.median(served[:third]), 1e-12))
     offered, achieved = len(inside) / length, done / length
-    stable = growth <= GROWTH_LIMIT and achieved >= KEEP_UP * offered
+    stable = growth <= GROWTH_LIMIT
     return SteadyState(summary, offered, achieved, growth, stable, len(inside), (t1, t2))
