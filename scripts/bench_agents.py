@@ -1,12 +1,19 @@
 """Real engine vs simulator on augmented requests: SmolLM2 on this CPU, the INFERCEPT trace
 scaled down, LAMPS / INFERCEPT / FCFS. Prints each policy's mean E2E and TTFT measured on the
-engine, the ratios the issue asks about (LAMPS/INFERCEPT, INFERCEPT/FCFS), and what the
-simulator predicts for the same requests with the cost model measured here (one run).
+engine, the ratios the issue asks about (LAMPS/INFERCEPT, INFERCEPT/FCFS), what the simulator
+predicts for the same requests with the cost model measured here, and whether the two order
+the policies alike.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_agents.py [--num-requests 16 --qps 0.5]
+Sized to finish within 10 minutes on a 2-core machine shared with other jobs: 8 requests of a
+shortened trace (prompts <= 64, segments <= 16 tokens, contexts <= 192), API times scaled by
+0.1, on the CPU clock (this process's CPU seconds, API waits skipped, so other jobs cannot
+stretch the figures); the built-in 135M model.
+
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_agents.py [--num-requests 8 --qps 0.5]
 """
 
 import argparse
+import os
 import time
 
 from flexlamps.api import LLM
@@ -20,18 +27,20 @@ from flexlamps.sim.metrics import summarize
 from flexlamps.sim.run import run_policy
 
 POLICIES = ("lamps", "infercept", "fcfs")
+TRACE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared",
+                     "data", "augmented", "merged_exp_uniform.json")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--trace", default="../shared/data/augmented/merged_exp_uniform.json")
-    p.add_argument("--num-requests", type=int, default=16)
+    p.add_argument("--trace", default=TRACE)
+    p.add_argument("--num-requests", type=int, default=8)
     p.add_argument("--qps", type=float, default=0.5)
     p.add_argument("--time-scale", type=float, default=0.1)
-    p.add_argument("--max-context", type=int, default=256)
-    p.add_argument("--max-prompt", type=int, default=96)
-    p.add_argument("--max-output", type=int, default=24)
+    p.add_argument("--max-context", type=int, default=192)
+    p.add_argument("--max-prompt", type=int, default=64)
+    p.add_argument("--max-output", type=int, default=16)
     p.add_argument("--max-api-tokens", type=int, default=24)
     p.add_argument("--gpu-kv-mib", type=float, default=24)
     p.add_argument("--cpu-swap-mib", type=float, default=8)
@@ -41,6 +50,7 @@ def main() -> None:
     p.add_argument("--verify", action="store_true", help="also check outputs against uninterrupted generation")
     a = p.parse_args()
 
+    t_start = time.perf_counter()
     llm = LLM(a.model)
     scale = TraceScale(time_scale=a.time_scale, max_prompt=a.max_prompt, max_segment_output=a.max_output,
                        max_api_tokens=a.max_api_tokens, max_context=a.max_context)
@@ -74,6 +84,9 @@ def main() -> None:
         print(f"{name}: mean E2E LAMPS/INFERCEPT {s['lamps'].e2e_mean / s['infercept'].e2e_mean:.2f}, "
               f"INFERCEPT/FCFS {s['infercept'].e2e_mean / s['fcfs'].e2e_mean:.2f}; mean TTFT LAMPS/INFERCEPT "
               f"{s['lamps'].ttft_mean / s['infercept'].ttft_mean:.2f}")
+    order = {name: sorted(POLICIES, key=lambda q: s[q].e2e_mean) for name, s in (("real", real), ("sim", sim))}
+    print(f"ordering by mean E2E: real {' < '.join(order['real'])}; sim {' < '.join(order['sim'])}: "
+          f"{'match' if order['real'] == order['sim'] else 'DIFFER'} ({time.perf_counter() - t_start:.0f} s in all)")
 
 
 if __name__ == "__main__":

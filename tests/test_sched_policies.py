@@ -148,3 +148,33 @@ def test_lamps_ts_serves_a_request_waiting_past_its_slack_first():
     assert p.typical_wait == pytest.approx(0.98 + 0.02 * 1.0)
     with pytest.raises(ValueError, match="slack"):
         LAMPSTailSafe(slack=0)
+
+
+def test_lamps_ts_keeps_calls_preserved_until_memory_is_short():
+    from flexlamps.sched.policies import LAMPSTailSafe
+
+    specs = [RequestSpec("long", 990, (Segment(10, "chatbot", 30.0, 5), Segment(5))),
+             RequestSpec("short", 490, (Segment(10, "chatbot", 2.0, 5), Segment(5)))]
+    c = _ctx(specs)
+    held = []
+    for s in specs:
+        req = _req(s)
+        req.api_type, req.api_start = "chatbot", 0.0
+        held.append((req, 1000 if s.request_id == "long" else 500))
+    c.now = 1.0
+    p = LAMPSTailSafe()
+    act, order = p.review_paused(held, c)
+    # nothing is dropped while memory lasts; the cache idling longest (29 s x 1000 tokens
+    # against 1 s x 500) is the first taken under pressure (the last of the order)
+    assert act == {} and [r.request_id for r in order] == ["short", "long"]
+    assert LAMPSTailSafe(handling="planned").review_paused(held, c)[0] != {}  # LAMPS's rule
+    # taken: dropped or swapped, whichever wastes less (Eq. 4 vs Eq. 3), 1000 tokens beside a
+    # 10k-token batch. Datasheet link (25 GB/s): swap 2 x 18 ms x 11k = 404 < discard
+    # 78.4 us x 1000 x 11k = 862 token x s
+    assert p.reclaim_strategy(1000, c) is Strategy.SWAP
+    c.cpu_free_tokens = 10  # ... unless the cpu tier cannot take it
+    assert p.reclaim_strategy(1000, c) is Strategy.DISCARD
+    # INFERCEPT's profile (3,990 tokens/s hidden under compute): swap 2 x 0.25 s x 11k = 5513
+    # > discard 46.3 us x 1000 x 11k = 509
+    c.cost, c.cpu_free_tokens = CostModel.infercept_gptj6b(), 9000
+    assert p.reclaim_strategy(1000, c) is Strategy.DISCARD

@@ -365,9 +365,12 @@ class Scheduler:
         out while the cpu tier has room (INFERCEPT's `passive_discard_by_order`), others drop
         them. Returns whether `need` blocks are free."""
         victims = self._reclaim_order()
-        swap = self.policy.reviews_paused
+        how = self.policy.reclaim_strategy if self.policy.reviews_paused else None
+        bs = self.config.block_size
         while victims and need > self.bm.free_gpu_blocks:
-            self._release_preserved(victims.pop(), Strategy.SWAP if swap else Strategy.DISCARD, out)
+            victim = victims.pop()
+            tokens = self.bm.num_gpu_blocks_of(victim.request_id) * bs
+            self._release_preserved(victim, how(tokens, self._ctx) if how else Strategy.DISCARD, out)
         return need <= self.bm.free_gpu_blocks
 
     def _release_preserved(self, req: Request, strategy: Strategy, out: SchedulerOutput) -> None:
