@@ -194,12 +194,13 @@ class AugmentedEngine:
     def _intercepted(self, rid: str, now: float) -> None:
         req = self.sched.paused[rid]
         seg = self._reqs[rid].spec.segments[req.segment_index]
-        self.stats.strategies[req.strategy.value] += 1
         self._seq += 1
         heapq.heappush(self._returns, (now + seg.api_time, self._seq, rid))
 
     def _return_from_call(self, rid: str, now: float) -> None:
         req = self.sched.paused[rid]
+        # how the call ended up handled (a preserved cache may be dropped during the call)
+        self.stats.strategies[req.strategy.value] += 1
         returned = self._reqs[rid].returned_ids[req.segment_index]
         self._tokens[rid].extend(returned)
         self.sched.resume(rid, len(returned), now)
