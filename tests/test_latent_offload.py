@@ -26,16 +26,15 @@ def _budgets(gpu=1 << 30, cpu=1 << 30):
 
 
 def _run(ex, cache) -> list[torch.Tensor]:
-    """Two rows of different prompt lengths, each prefilled alone, then greedy decode together."""
-    gen = torch.Generator().manual_seed(5)
-    logits, last = [], []
-    for slot, n in enumerate(PROMPT_LENS):
-        ids = torch.randint(2, ex.cfg.vocab_size, (1, n), generator=gen)
-        out = ex.forward(cache, ids, torch.arange(n)[None], torch.tensor([slot]))
-        logits.append(out)
-        last.append(out[:, -1].argmax(-1))
+    """Two prompts of different lengths prefilled in one padded step (as `generate` groups
+    them: the shorter row's tail is written, then overwritten by its decode), then greedy
+    decode together."""
+    longest = max(PROMPT_LENS)
+    ids = torch.randint(2, ex.cfg.vocab_size, (2, longest), generator=torch.Generator().manual_seed(5))
+    out = ex.forward(cache, ids, torch.arange(longest).expand(2, longest), torch.tensor([0, 1]))
+    logits = [out]
     slots, pos = torch.tensor([0, 1]), torch.tensor(PROMPT_LENS)
-    tokens = torch.cat(last)[:, None]
+    tokens = out[torch.arange(2), pos - 1].argmax(-1)[:, None]
     for _ in range(DECODE_STEPS):
         out = ex.forward(cache, tokens, pos[:, None], slots)
         logits.append(out)
@@ -74,3 +73,29 @@ def test_budgets_are_enforced(v32):
     with pytest.raises(BudgetExceededError, match="gpu tier budget exceeded"):
         OffloadedLatentCache(cfg, 4, 1024, torch.float32, _budgets(gpu=1 << 12), torch.device("cpu"),
                              [16] * cfg.num_layers)
+
+
+def test_generate_with_an_offloaded_latent_cache_equals_plain(deepseek_models, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from flexlamps.cli import main
+
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in
+                               enumerate(["the quick brown fox", "hello", "numbers 1 2 3 4 5 6"])))
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({
+        "gpu_batch_size": 2, "num_gpu_batches": 2, "weights": {"gpu": 0.5, "cpu": 0.5, "disk": 0},
+        "cache": {"gpu": 0.25, "cpu": 0.75, "disk": 0}, "activations": {"gpu": 1, "cpu": 0, "disk": 0}}))
+    common = ["generate", "--no-progress", "--model", str(deepseek_models["deepseek_v32"]), "--prompts",
+              str(prompts), "--max-new-tokens", "24", "--ignore-eos", "--threads", "1"]
+    plain = CliRunner().invoke(main, common + ["--out", str(tmp_path / "plain.jsonl")], catch_exceptions=False)
+    assert plain.exit_code == 0, plain.output
+    off = CliRunner().invoke(main, common + ["--out", str(tmp_path / "off.jsonl"), "--gpu-mem", "4MiB",
+                                             "--cpu-mem", "64MiB", "--policy", str(policy)], catch_exceptions=False)
+    assert off.exit_code == 0, off.output
+    assert "policy: block 2 x 2" in off.output and "cache gpu 25%" in off.output and "peak gpu tier" in off.output
+    texts = [[json.loads(line)["text"] for line in open(tmp_path / f"{name}.jsonl")] for name in ("plain", "off")]
+    assert texts[0] == texts[1]

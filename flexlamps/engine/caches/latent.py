@@ -51,7 +51,9 @@ def record_formats(cfg: ModelConfig, dtype: torch.dtype, fp8: bool):
 
 class DenseLatentCache:
     def __init__(self, cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu", *, fp8: bool = False):
+                 device: torch.device | str = "cpu", *, fp8: bool = False, budget=None):
+        """`budget`: the TierBudget of the tier `device` stands for, charged for the tables
+        (the offload executor's gpu tier); None charges nothing (the in-memory executor)."""
         if cfg.mla is None:
             raise ValueError(f"a latent cache needs an MLA model, got model_type {cfg.model_type!r}")
         self.dtype = dtype
@@ -63,17 +65,25 @@ class DenseLatentCache:
             return [torch.zeros((num_slots, capacity, fmt.record_len), dtype=fmt.storage_dtype, device=device)
                     for _ in range(cfg.num_layers)]
 
-        self.entries = table(self.latent_format)
-        self.index_keys = table(self.key_format)
         self.capacity = capacity
         self.num_slots = num_slots
+        self.budget, self._charged = budget, 0
+        if budget is not None:
+            per_token = self.latent_format.record_bytes + (self.key_format.record_bytes if self.key_format else 0)
+            self._charged = num_slots * capacity * cfg.num_layers * per_token
+            budget.allocate(self._charged, "latent cache (all layers)")
+        self.entries = table(self.latent_format)
+        self.index_keys = table(self.key_format)
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.entries + self.index_keys)
 
     def free(self) -> None:
-        """Nothing to hand back: a dense cache is charged to no tier budget."""
+        if self._charged:
+            self.budget.free(self._charged)
+            self._charged = 0
+        self.entries, self.index_keys = [], []
 
     def copy_prefix_from(self, src: "DenseLatentCache", length: int, slots: torch.Tensor) -> None:
         """Copy the first `length` positions of src's row 0 into each of `slots` (shared prefixes)."""
@@ -104,3 +114,20 @@ class DenseLatentCache:
             return latent_attention(step, *self._unpack(records), topk_mask(scores, visible, step.index_topk))
         indices, valid = select_topk(scores, visible, step.index_topk)  # (n, 1, k)
         return latent_attention(step, *self._unpack(gather_entries(records, indices[:, 0])), valid)
+
+
+def new_latent_cache(cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype, *,
+                     gpu_fraction: float, budgets: dict, device: torch.device, fp8: bool = False):
+    """The offload executor's latent cache: all on the gpu tier when the policy puts the whole
+    cache there (or the model has no indexer to select with), else ESS's layout with each
+    layer's gpu pool holding `gpu_fraction` of the context (at least one step's top-k)."""
+    from flexlamps.engine.caches.latent_offload import OffloadedLatentCache
+
+    if gpu_fraction >= 1.0 or not cfg.mla.has_indexer:
+        if gpu_fraction < 1.0:
+            raise ValueError(f"{cfg.model_type} attends to every cached entry, so its latent cache stays on "
+                             "the gpu tier; give it the gpu memory (--gpu-mem) or a policy with cache gpu 1")
+        return DenseLatentCache(cfg, num_slots, capacity, dtype, device, fp8=fp8, budget=budgets["gpu"])
+    pool = max(min(cfg.mla.index_topk, capacity), round(gpu_fraction * capacity))
+    return OffloadedLatentCache(cfg, num_slots, capacity, dtype, budgets, device,
+                                [pool] * cfg.num_layers, fp8=fp8)

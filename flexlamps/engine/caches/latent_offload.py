@@ -102,6 +102,7 @@ class OffloadedLatentCache:
         for slot in slots_cpu[pos_cpu[:, 0] == 0].tolist():
             self.pools[layer].reset(slot)  # a new sequence takes the slot
         self.entries[layer][slots_cpu[:, None], pos_cpu] = new.cpu()
+        self._refresh_pooled(layer, slots_cpu, positions, new)
         self.index_keys[layer][slots[:, None], positions] = self.key_format.pack(step.index_k)
         span = int(positions.max()) + 1
         keys = self.key_format.unpack(self.index_keys[layer][slots, :span], self.dtype)[0]
@@ -110,6 +111,16 @@ class OffloadedLatentCache:
         if positions.shape[1] > 1:
             return self._prefill(layer, slots_cpu, positions, step, scores, visible, span)
         return self._decode(layer, slots_cpu, positions, step, scores, visible, new)
+
+    def _refresh_pooled(self, layer: int, slots_cpu, positions, new) -> None:
+        """Positions written again (a padded prefill's tail, then the real tokens) must not keep
+        a stale pooled record."""
+        pool = self.pools[layer]
+        for row, slot in enumerate(slots_cpu.tolist()):
+            entries = pool.entries(slot, positions[row])
+            pooled = entries >= 0
+            if bool(pooled.any()):
+                pool.records[slot, entries[pooled]] = new[row, pooled]
 
     def _prefill(self, layer, slots_cpu, positions, step, scores, visible, span) -> torch.Tensor:
         """All of the span's records staged on the device (as the in-memory cache holds them),

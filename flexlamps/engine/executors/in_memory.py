@@ -41,7 +41,11 @@ class InMemoryExecutor:
         head = "lm_head" if "lm_head" in self.global_weights else "embed_tokens"
         self.global_weights["lm_head"] = pack(self.global_weights[head])
 
-    def new_cache(self, num_slots: int, capacity: int) -> DenseKVCache:
+    def new_cache(self, num_slots: int, capacity: int):
+        if self.cfg.mla is not None:
+            from flexlamps.engine.caches.latent import DenseLatentCache
+
+            return DenseLatentCache(self.cfg, num_slots, capacity, self.dtype, self.device)
         return DenseKVCache(self.cfg, num_slots, capacity, self.dtype, self.device)
 
     def forward_steps(self, cache, steps) -> list[torch.Tensor]:

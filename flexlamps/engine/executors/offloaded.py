@@ -141,6 +141,11 @@ class OffloadExecutor:
         return names
 
     def new_cache(self, num_slots: int, capacity: int) -> TieredKVCache:
+        if self.cfg.mla is not None:
+            from flexlamps.engine.caches.latent import new_latent_cache
+
+            return new_latent_cache(self.cfg, num_slots, capacity, self.dtype, gpu_fraction=self.policy.cache.gpu,
+                                    budgets=self.budgets, device=self.device)
         return TieredKVCache(self.cfg, num_slots, capacity, self.dtype, cache_tiers(self.cfg.num_layers, self.policy.cache),
                              self.budgets, self.device, cpu_attention=self.policy.cpu_attention,
                              compress=self.kv_qcfg if self.policy.compress_cache else None)
