@@ -90,37 +90,32 @@ def test_generate_on_ray_writes_the_single_process_file(cluster, tiny_llama, pro
     assert not (tmp_path / "ray.jsonl.partial").exists()
 
 
-def test_killed_worker_shard_is_retried(cluster, tiny_llama, prompts, reference, tmp_path):
-    killed = []
+def test_killed_worker_is_replaced_and_dead_driver_resumes(cluster, tiny_llama, prompts, reference, tmp_path):
+    """A worker process killed mid-run: its shards are retried on a fresh worker. Then the driver
+    dies: re-running the command keeps the records it had written and computes only the rest."""
+    seen = []
 
-    def kill_other_worker(pool, shard):
-        if not killed:  # the other worker still holds shards in flight
-            victim = next(w for w in pool.workers if w.info["pid"] != os.getpid())
-            killed.append(victim.info["pid"])
-            os.kill(victim.info["pid"], signal.SIGKILL)
-
-    out = tmp_path / "ray.jsonl"
-    pool = _run_api(tiny_llama, prompts, out, kill_other_worker)
-    ids = [json.loads(ln)["id"] for ln in out.read_text().splitlines()]
-    assert ids == [f"p{i}" for i in range(NUM_PROMPTS)]  # every id exactly once, in input order
-    assert out.read_bytes() == reference.read_bytes()
-    assert killed and pool.replaced == 1
-
-
-def test_dead_driver_rerun_keeps_finished_records(cluster, tiny_llama, prompts, reference, tmp_path):
-    def die(pool, shard):
-        raise KeyboardInterrupt  # the driver stops right after recording its first shard
+    def kill_then_die(pool, shard):
+        seen.append(pool)
+        if len(seen) == 1:  # every worker still holds shards in flight (2 each, 6 in all)
+            os.kill(pool.workers[0].info["pid"], signal.SIGKILL)
+        elif pool.replaced and len(seen) >= 3:
+            raise KeyboardInterrupt  # the driver stops right after recording a shard
 
     out = tmp_path / "ray.jsonl"
     with pytest.raises(KeyboardInterrupt):
-        _run_api(tiny_llama, prompts, out, die)
-    partial = (tmp_path / "ray.jsonl.partial").read_text()
-    done_before = partial.count("\n")
-    assert 1 <= done_before < NUM_PROMPTS and not out.exists()
+        _run_api(tiny_llama, prompts, out, kill_then_die)
+    assert seen[0].replaced == 1
+    partial = [json.loads(ln) for ln in (tmp_path / "ray.jsonl.partial").read_text().splitlines()]
+    done_before = len(partial)
+    assert 3 <= done_before < NUM_PROMPTS and len({r["id"] for r in partial}) == done_before
+    assert not out.exists()
     res = CliRunner().invoke(main, _args(tiny_llama, prompts, out) + ["--ray", "--ray-workers", "2"],
                              catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert f"prompts {NUM_PROMPTS - done_before} (+{done_before} done before)" in res.output
+    ids = [json.loads(ln)["id"] for ln in out.read_text().splitlines()]
+    assert ids == [f"p{i}" for i in range(NUM_PROMPTS)]  # every id exactly once, in input order
     assert out.read_bytes() == reference.read_bytes()
 
 
@@ -138,3 +133,55 @@ def test_missing_ray_says_how_to_install(tiny_llama, prompts, tmp_path, monkeypa
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     res = CliRunner().invoke(main, _args(tiny_llama, prompts, tmp_path / "o.jsonl") + ["--ray"])
     assert res.exit_code != 0 and "pip install 'flexlamps[ray]'" in res.output
+
+
+TIMED = {"request_time", "request_datetime", "batch_request_time", "inference_runtime", "run_wall_time",
+         "prompt_tokens_per_second", "output_tokens_per_second"}
+
+
+def _untimed(obj):
+    """A run file without what a clock decides (two single-process runs differ there too)."""
+    if isinstance(obj, dict):
+        name = obj.get("name")
+        return {k: _untimed(v) for k, v in obj.items() if k not in TIMED and not (
+            isinstance(name, dict) and name.get("name") in TIMED)}
+    if isinstance(obj, list):
+        return [_untimed(v) for v in obj if not (isinstance(v, dict) and isinstance(v.get("name"), dict)
+                                                 and v["name"].get("name") in TIMED)]
+    return obj
+
+
+@pytest.fixture
+def one_thread():
+    """Each worker computes on one thread; so does the single-process run it is compared with
+    (float sums split over threads may round differently)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_helm_on_ray_writes_the_single_process_run_folders(cluster, tiny_llama, tmp_path, one_thread):
+    from flexlamps.commands.helm import command as helm
+
+    mc = tmp_path / "colors.jsonl"
+    mc.write_text("".join(json.dumps({"question": f"Color number {i}?", "choices": ["red", "green", "blue"],
+                                      "gold": i % 3}) + "\n" for i in range(5)))
+    common = ["--model", str(tiny_llama), "--scenario", "demo", "--scenario-file", str(mc), "--suite", "s",
+              "--batch-size", "4", "--max-tokens", "4"]
+    folders = {}
+    for name, extra in (("one", []), ("ray", ["--ray", "--ray-workers", "2"])):
+        res = CliRunner().invoke(helm, common + ["--output-path", str(tmp_path / name)] + extra,
+                                 catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        folders[name] = tmp_path / name / "runs" / "s"
+    runs = sorted(p.name for p in folders["one"].iterdir() if p.is_dir())
+    assert len(runs) == 2 and runs == sorted(p.name for p in folders["ray"].iterdir() if p.is_dir())
+    for run in runs:
+        files = sorted(p.name for p in (folders["one"] / run).iterdir() if p.suffix == ".json")
+        assert files == sorted(p.name for p in (folders["ray"] / run).iterdir() if p.suffix == ".json")
+        for f in files:
+            one, on_ray = (json.loads((folders[k] / run / f).read_text()) for k in ("one", "ray"))
+            assert _untimed(on_ray) == _untimed(one), f"{run}/{f}"

@@ -188,9 +188,8 @@ def _prepare_offload(llm, prompt_ids, settings) -> None:
 
 def _run_on_ray(settings, job, no_progress: bool, address: str, num_workers, threads: int) -> None:
     """One engine per Ray worker; this process only reads prompts and writes the results."""
-    from flexlamps.distributed.cluster import RayUnavailableError, ray_cluster
+    from flexlamps.distributed.cluster import DistributedError, ray_cluster
     from flexlamps.distributed.generate import generate_on_ray
-    from flexlamps.distributed.pool import WorkerLostError
 
     prompt_ids = _encode_on_driver(settings, job)
     _open_results(job, job.results.out)
@@ -213,7 +212,7 @@ def _run_on_ray(settings, job, no_progress: bool, address: str, num_workers, thr
             generate_on_ray(settings, threads, slots, job.todo, prompt_ids, on_rows, on_workers)
     except KeyboardInterrupt:
         _interrupted(job, progress or _Progress(0, True))
-    except (RayUnavailableError, WorkerLostError) as e:
+    except DistributedError as e:
         job.results.close()
         raise click.ClickException(str(e))
     except (ValueError, OSError, MemoryError) as e:  # a worker's engine: bad budget, policy, prompt

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from flexlamps.commands.options import engine_settings, model_options, offload_options
+from flexlamps.commands.options import engine_settings, model_options, offload_options, ray_options
+from flexlamps.distributed.cluster import DistributedError
 from flexlamps.evals.scenarios import ScenarioError
 
 
@@ -69,9 +70,10 @@ def _parse_llm_args(pairs: tuple[str, ...]) -> dict:
                    "continuations of all their questions into as few forward passes as it can.")
 @click.option("--llm-arg", "llm_args", multiple=True, metavar="KEY=VALUE", help="Extra LLM(...) argument, repeatable.")
 @click.option("--overwrite", is_flag=True, help="Redo finished runs instead of skipping them.")
+@ray_options
 def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight, compress_cache, weight_quant,
             scenarios, scenario_files, suite, output_path, max_eval_instances, num_shots, max_tokens, seed,
-            data_dir, batch_size, llm_args, overwrite):
+            data_dir, batch_size, llm_args, overwrite, ray_address, ray_workers):
     """Run evaluations and write HELM run folders that `helm-summarize` reads.
 
     \b
@@ -92,7 +94,7 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
     engine_kwargs, _ = engine_settings(gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight, compress_cache,
                                        weight_quant)
     extra = {**engine_kwargs, **_parse_llm_args(llm_args)}
-    llm = LazyLLM(lambda: load_llm(model, dtype, extra))
+    llm, make_executor = _engine(model, dtype, extra, ray_address, ray_workers)
     identity = EngineIdentity(model_fingerprint(model), dtype, engine_kwargs["compress_weight"],
                               engine_kwargs["compress_cache"], engine_kwargs["weight_quant"])
     output = Path(output_path)
@@ -106,11 +108,17 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
         return sampling_params_factory()(**kw)
 
     outcomes = []
-    for job in jobs:
-        outcome = execute_run(llm, job.spec, job.scenario, output, suite, make_params, batch_size, overwrite,
-                              _progress(job.spec.name), engine_key=identity.key)
-        outcomes.append(outcome)
-        click.echo(f"{'skipped (done)' if outcome.skipped else 'wrote'} {outcome.path}", err=True)
+    try:
+        for job in jobs:
+            outcome = execute_run(llm, job.spec, job.scenario, output, suite, make_params, batch_size, overwrite,
+                                  _progress(job.spec.name), engine_key=identity.key, **make_executor)
+            outcomes.append(outcome)
+            click.echo(f"{'skipped (done)' if outcome.skipped else 'wrote'} {outcome.path}", err=True)
+    except DistributedError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        if ray_address is not None:
+            llm.close()
     schema_path, prod_env = write_helm_env(output, [helm_model], [j.spec for j in jobs])
     rows = summary_rows(outcomes)
     summary_path = write_summary(output / "runs" / suite, rows)
@@ -126,3 +134,19 @@ def _progress(run_name: str):
         bar = tqdm(total=total, initial=done, desc=run_name[:60], unit="req", leave=False)
         return bar.update
     return start
+
+
+def _engine(model: str, dtype: str, llm_args: dict, ray_address, ray_workers):
+    """(the llm execute_run sees, its extra arguments): one engine here, loaded on first use,
+    or with --ray a driver-side stand-in whose workers (one engine each) answer the requests."""
+    if ray_address is None:
+        return LazyLLM(lambda: load_llm(model, dtype, llm_args)), {}
+    from flexlamps.distributed.helm import RayEngine
+
+    def on_workers(infos):
+        click.echo(f"ray: {len(infos)} workers x {threads} threads on {', '.join(sorted({i['host'] for i in infos}))}",
+                   err=True)
+
+    threads = click.get_current_context().meta.get("flexlamps.threads") or 1  # per worker
+    engine = RayEngine(model, dtype, llm_args, ray_address or None, ray_workers, threads, on_workers=on_workers)
+    return engine, {"make_executor": engine.executor}

@@ -20,7 +20,11 @@ LOCAL_OBJECT_STORE_BYTES = 256 * 2**20  # results and shards are small; Ray's de
 CONNECT_TIMEOUT_S = 5.0
 
 
-class RayUnavailableError(RuntimeError):
+class DistributedError(RuntimeError):
+    """A scale-out failure the user can act on; the message says what to do."""
+
+
+class RayUnavailableError(DistributedError):
     """Ray is not installed, or the cluster cannot be reached or cannot hold the workers."""
 
 
@@ -53,6 +57,11 @@ def plan_workers(resources: dict[str, float], requested: int | None, threads: in
         raise RayUnavailableError(f"{n or 1} workers x {threads} threads need {(n or 1) * threads} CPUs; "
                                   f"the cluster has {cpus}. Lower --ray-workers or --threads.")
     return WorkerSlots(n, {"num_cpus": threads})
+
+
+def worker_offload_dir(offload_dir: str | None, rank: int) -> str | None:
+    """Workers sharing a machine must not share an offload folder: each gets a subfolder."""
+    return None if offload_dir is None else os.path.join(offload_dir, f"ray-worker-{rank}")
 
 
 def _host_port(address: str) -> tuple[str, int]:

@@ -9,21 +9,11 @@ each finished shard's records to the same resumable `<out>.partial` and, at the 
 
 from __future__ import annotations
 
-import os
-import socket
-from pathlib import Path
 from typing import Callable
 
-from flexlamps.distributed.cluster import WorkerSlots
-from flexlamps.distributed.pool import ActorPool, Shard
+from flexlamps.distributed.cluster import WorkerSlots, worker_offload_dir
+from flexlamps.distributed.pool import ActorPool, Shard, worker_info
 from flexlamps.generate_job import GenerateSettings, generate_rows, prepare_offload
-
-
-def worker_settings(settings: GenerateSettings, rank: int) -> GenerateSettings:
-    """Workers sharing a machine must not share an offload folder: each gets a subfolder."""
-    if settings.offload_dir is None:
-        return settings
-    return settings.with_offload_dir(str(Path(settings.offload_dir) / f"ray-worker-{rank}"))
 
 
 class GenerateWorker:
@@ -32,7 +22,7 @@ class GenerateWorker:
     engine's own exception (a budget too small, a policy file missing) and not a dead actor."""
 
     def __init__(self, settings: GenerateSettings, threads: int, plan_ids: list[list[int]], *, rank: int):
-        self.settings = worker_settings(settings, rank)
+        self.settings = settings.with_offload_dir(worker_offload_dir(settings.offload_dir, rank))
         self.rank = rank
         self.lines: list[str] = []
         self.error: BaseException | None = None
@@ -49,7 +39,7 @@ class GenerateWorker:
     def describe(self) -> dict:
         if self.error is not None:
             raise self.error
-        return {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "lines": self.lines}
+        return worker_info(self.rank, self.lines)
 
     def run(self, shard: list[tuple]) -> tuple[list[dict], int]:
         """`shard`: (PromptRecord, token ids) pairs. Returns their records (finish order) and

@@ -14,16 +14,23 @@ constructor hit, if any) and the method named in `run`.
 
 from __future__ import annotations
 
+import os
+import socket
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from flexlamps.distributed.cluster import WorkerSlots, import_ray
+from flexlamps.distributed.cluster import DistributedError, WorkerSlots, import_ray
 
 DEFAULT_MAX_ATTEMPTS = 3
 
 
-class WorkerLostError(RuntimeError):
+def worker_info(rank: int, lines: list[str]) -> dict:
+    """What a worker's describe() returns: where it runs and what it wants printed."""
+    return {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(), "lines": list(lines)}
+
+
+class WorkerLostError(DistributedError):
     """A shard lost its worker `max_attempts` times."""
 
 

@@ -71,10 +71,11 @@ def prepare_engine(llm, states: list) -> None:
 def execute_run(llm, spec: RunSpec, scenario: Scenario, output_path: Path, suite: str,
                 make_sampling_params: Callable, batch_size: int = 32, overwrite: bool = False,
                 progress: Optional[Callable[[int, int], Callable[[int], None]]] = None,
-                engine_key: str = "") -> RunOutcome:
+                engine_key: str = "", make_executor: Callable = Executor) -> RunOutcome:
     """`progress(total, already_done)` returns a callback taking the number of requests just done.
     `engine_key` (identity.EngineIdentity.key) names the weights and engine settings: results in
-    the progress log computed under another are not reused."""
+    the progress log computed under another are not reused. `make_executor(llm,
+    make_sampling_params, batch_size)` answers the requests (the Ray one shards them over workers)."""
     path = run_dir(output_path, suite, spec.name)
     fp = run_fingerprint(spec, scenario, engine_key)
     marker = path / MARKER_FILE
@@ -93,7 +94,7 @@ def execute_run(llm, spec: RunSpec, scenario: Scenario, output_path: Path, suite
     already = log.load(states)
     callback = progress(len(states), already) if progress else None
     prepare_engine(llm, [s for s in states if s.result is None])
-    Executor(llm, make_sampling_params, batch_size).run(states, log, callback)
+    make_executor(llm, make_sampling_params, batch_size).run(states, log, callback)
 
     per_instance = [(t, iid, instance_stats(spec, sts)) for (t, iid), sts in group_by_instance(states).items()]
     stats = run_stats(spec, per_instance)
