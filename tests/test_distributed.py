@@ -85,7 +85,7 @@ def test_generate_on_ray_writes_the_single_process_file(cluster, tiny_llama, pro
     res = CliRunner().invoke(main, _args(tiny_llama, prompts, out) + ["--ray", "--ray-workers", "2"],
                              catch_exceptions=False)
     assert res.exit_code == 0, res.output
-    assert "ray: 2 workers x 1 threads (CPU)" in res.output
+    assert "ray: 2 workers x 1 threads (CPU) on " in res.output
     assert out.read_bytes() == reference.read_bytes()
     assert not (tmp_path / "ray.jsonl.partial").exists()
 

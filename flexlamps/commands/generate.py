@@ -194,13 +194,18 @@ def _run_on_ray(settings, job, no_progress: bool, address: str, num_workers, thr
     prompt_ids = _encode_on_driver(settings, job)
     _open_results(job, job.results.out)
     progress = None
+    t0 = time.perf_counter()
     try:
         with ray_cluster(address or None, num_workers, threads) as slots:
-            def on_workers(infos):
-                click.echo(f"ray: {len(infos)} workers x {threads} threads ({'GPU' if slots.on_gpu else 'CPU'})")
+            def on_workers(infos):  # the clock of the tokens/s starts here, as it does after a local load
+                nonlocal progress
+                click.echo(f"ray: {len(infos)} workers x {threads} threads ({'GPU' if slots.on_gpu else 'CPU'}) "
+                           f"on {', '.join(sorted({i['host'] for i in infos}))}, started in "
+                           f"{time.perf_counter() - t0:.1f} s")
                 for info in infos:
                     for line in info["lines"]:
-                        click.echo(f"worker {info['rank']} ({info['host']}): {line}")
+                        click.echo(f"worker {info['rank']}: {line}")
+                progress = _Progress(len(job.todo), no_progress)
 
             def on_rows(rows, tokens):
                 for row in rows:
@@ -208,7 +213,6 @@ def _run_on_ray(settings, job, no_progress: bool, address: str, num_workers, thr
                 progress.prompts(len(rows))
                 progress.tokens(tokens)
 
-            progress = _Progress(len(job.todo), no_progress)
             generate_on_ray(settings, threads, slots, job.todo, prompt_ids, on_rows, on_workers)
     except KeyboardInterrupt:
         _interrupted(job, progress or _Progress(0, True))
