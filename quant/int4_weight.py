@@ -15,6 +15,7 @@ faster, so callers pick by row count (`flexlamps.models.linear`). Imports torch 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -52,6 +53,18 @@ def _kernel_codes(codes: torch.Tensor) -> torch.Tensor:
         inner_k_tiles = 8 if codes.shape[1] % 256 == 0 else 4 if codes.shape[1] % 128 == 0 else 2
         return torch.ops.aten._convert_weight_to_int4pack(pairs.contiguous(), inner_k_tiles)
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_kernel_blocks_stack() -> bool:
+    """Whether the CPU kernel layout of rows stacked in blocks of 64 is the stack of their layouts
+    (torch 2.13 tiles 64 output rows at a time); checked once on two random blocks."""
+    codes = torch.randint(0, 16, (128, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    return torch.equal(_kernel_codes(codes), torch.cat([_kernel_codes(codes[:64]), _kernel_codes(codes[64:])]))
+
+
+def _kernel_rows_stack(device: torch.device, rows: list[int]) -> bool:
+    return device.type == "cpu" and all(r % 64 == 0 for r in rows) and _cpu_kernel_blocks_stack()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -98,6 +111,23 @@ class Int4Weight:
         codes = ((groups - low[..., None]) / scale[..., None]).round_().clamp_(0, 15).to(torch.uint8)
         return cls.from_codes(codes.reshape(rows, cols), scale, low + 8 * scale, group_size,
                               dtype or (weight.dtype if weight.dtype in KERNEL_DTYPES else torch.bfloat16))
+
+    @classmethod
+    def cat(cls, weights: list["Int4Weight"]) -> "Int4Weight":
+        """The weights stacked along the output dim: one fused kernel call instead of several."""
+        first = weights[0]
+        if any((w.group_size, w.shape[1], w.dtype, w.device) != (first.group_size, first.shape[1], first.dtype,
+                                                                  first.device) for w in weights):
+            raise ValueError(f"Int4Weight.cat: weights differ in group size, input dim, dtype or device: {weights}")
+        codes = torch.cat([w.codes for w in weights])
+        scale_zero = torch.cat([w.scale_zero for w in weights], dim=1)
+        kernels = [w.kernel_codes for w in weights]
+        if all(k is not None for k in kernels) and _kernel_rows_stack(first.device, [w.shape[0] for w in weights]):
+            kernel = torch.cat(kernels)
+        else:
+            shape = (codes.shape[0], 2 * codes.shape[1])
+            kernel = _kernel_codes(unpack_codes(codes)) if can_pack(shape, first.group_size, first.device) else None
+        return cls(codes, scale_zero, first.group_size, kernel)
 
     @property
     def shape(self) -> tuple[int, int]:

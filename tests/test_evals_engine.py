@@ -87,7 +87,7 @@ def test_smollm2_choice_logprobs_match_transformers(tmp_path, smollm2_path, choi
     transformers = pytest.importorskip("transformers")
     out = tmp_path / "out"
     # quiz questions, so the quiz template (lighteval's cloze prompt) on request
-    _run(["--model", "smollm2-135m", "--suite", "smol", "--output-path", str(out),
+    _run(["--model", "smollm2-135m", "--dtype", "float32", "--suite", "smol", "--output-path", str(out),
           "--scenario", f"file:path={choice_file},prompt_template=quiz"])
     run = out / "runs" / "smol" / "file:name=tiny_mc,template=quiz,model=flexlamps_smollm2-135m"
     states = _scored_states(run)

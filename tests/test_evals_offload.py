@@ -31,8 +31,9 @@ def _per_instance(run_dir):
 def _compare(tmp_path, model, offload_args, abs_tol):
     f = tmp_path / "mine.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    _run(tmp_path / "mem", "--model", model, "--scenario-file", str(f), "--threads", "1")
-    res = _run(tmp_path / "off", "--model", model, "--scenario-file", str(f), "--threads", "1", *offload_args)
+    exact = ("--dtype", "float32")  # the float reference, which the offload engine must equal
+    _run(tmp_path / "mem", "--model", model, "--scenario-file", str(f), "--threads", "1", *exact)
+    res = _run(tmp_path / "off", "--model", model, "--scenario-file", str(f), "--threads", "1", *exact, *offload_args)
     name = next((tmp_path / "mem" / "runs" / "s").glob("file:*")).name
     mem, off = (_per_instance(tmp_path / d / "runs" / "s" / name) for d in ("mem", "off"))
     assert mem.keys() == off.keys() and len(mem) == 8

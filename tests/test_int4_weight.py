@@ -108,3 +108,12 @@ def test_gguf_reader_keeps_q4_weights_4bit():
         torch.testing.assert_close(w.dequantize(), reader.read(specs[name], torch.float32), rtol=0, atol=1e-6)
     assert reader.read_int4(specs["embed_tokens"], torch.bfloat16) is None  # Q8_0 stays dense
     assert reader.read_int4(specs["layers.0.attn_norm"], torch.bfloat16) is None
+
+
+@pytest.mark.parametrize("rows", [(64, 128), (48, 32)])  # stacked kernel layouts, and rebuilt ones
+def test_cat_stacks_output_rows(rows):
+    parts = [Int4Weight.from_codes(*_random_weight(rows=r, seed=r), 32) for r in rows]
+    both = Int4Weight.cat(parts)
+    x = torch.randn(3, 96, dtype=torch.bfloat16)
+    torch.testing.assert_close(both.matmul(x), torch.cat([p.matmul(x) for p in parts], dim=-1), rtol=0, atol=0)
+    assert torch.equal(both.dequantize(), torch.cat([p.dequantize() for p in parts]))

@@ -113,6 +113,7 @@ def test_int4_in_place_engine_agrees_with_fp32(tiny_gguf):
     assert reader.has_int4_weights
     ref = InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32)
     int4 = InMemoryExecutor(reader.config, read_all(reader, torch.bfloat16, int4_in_place=True), torch.bfloat16)
+    assert {"qkv_proj", "gate_up_proj"} <= int4.layer_weights[0].keys()  # 4-bit projections stacked
     ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
     pos = torch.arange(12).expand(2, 12)
     outs = []

@@ -36,6 +36,8 @@ class InMemoryExecutor:
         # Resident weights are prepacked once for the GEMM; outputs are bit-identical to the
         # unpacked weights the offloaded executor streams in (see models.linear).
         self.layer_weights = [{name: pack(t) for name, t in w.items()} for w in layers]  # norms stay as they are
+        if hasattr(self.fwd, "fuse_weights"):  # 4-bit projections stacked into fewer kernel calls
+            self.layer_weights = [self.fwd.fuse_weights(w) for w in self.layer_weights]
         # the output head too (a packed copy of a tied embedding table: the lookup reads it dense);
         # unpacked, oneDNN reorders the whole vocab x hidden matrix on every decode step
         head = "lm_head" if "lm_head" in self.global_weights else "embed_tokens"
