@@ -30,8 +30,9 @@ def _plain(llm, pairs):
     return scorer.score(pairs)
 
 
-@pytest.mark.parametrize("max_batch,micro_batch,max_logit_positions", [(32, None, 2048), (2, None, 6), (3, 2, 2048)])
-def test_packed_equals_plain_sequences(tiny_llama, max_batch, micro_batch, max_logit_positions):
+@pytest.mark.parametrize("max_batch,micro_batch,max_logit_positions,step_tokens",
+                         [(32, None, 2048, 1024), (2, None, 6, 1024), (3, 2, 2048, 1024), (32, None, 2048, 8)])
+def test_packed_equals_plain_sequences(tiny_llama, max_batch, micro_batch, max_logit_positions, step_tokens):
     llm = LLM(str(tiny_llama))
     pairs = _pairs(llm.tokenizer)
     ref = _plain(llm, pairs)
@@ -39,7 +40,7 @@ def test_packed_equals_plain_sequences(tiny_llama, max_batch, micro_batch, max_l
     forward = llm.executor.forward_steps
     llm.executor.forward_steps = lambda cache, steps: calls.append(len(steps)) or forward(cache, steps)
     packed = PrefixScorer(llm.executor, max_batch=max_batch, micro_batch=micro_batch,
-                          max_logit_positions=max_logit_positions)
+                          max_logit_positions=max_logit_positions, step_tokens=step_tokens)
     got = packed.score(pairs)
     assert [o.logprob for o in got] == pytest.approx([o.logprob for o in ref], abs=1e-4)
     assert [o.num_tokens for o in got] == [o.num_tokens for o in ref]

@@ -59,14 +59,16 @@ class PrefixScorer:
     positions the round before it wrote, and attention at position p only sees positions <= p,
     so every continuation sees exactly its own context. The context step and all rounds of a
     chunk of contexts go to the executor in one `forward_steps` call (one weight sweep when
-    offloaded), in order, micro-batched by `micro_batch` rows.
+    offloaded), in order, in steps of at most `micro_batch` rows and `step_tokens` padded tokens,
+    rows of similar lengths together.
     """
 
     def __init__(self, executor, max_batch: int = 32, reuse_prefix: bool = True, stats: PrefixStats | None = None,
-                 micro_batch: int | None = None, max_logit_positions: int = 2048):
+                 micro_batch: int | None = None, max_logit_positions: int = 2048, step_tokens: int = 1024):
         self.ex = executor
         self.max_batch = max_batch
         self.micro_batch = micro_batch or max_batch
+        self.step_tokens = step_tokens  # padded tokens per step: rows of similar length share one
         self.max_logit_positions = max_logit_positions  # continuation positions whose logits a chunk holds
         self.reuse_prefix = reuse_prefix
         self.stats = stats if stats is not None else PrefixStats()
@@ -123,17 +125,18 @@ class PrefixScorer:
         rows = torch.arange(len(chunk))
         if root is not None:
             cache.copy_prefix_from(root.cache, common, rows)
-        steps = self._micro_steps(rests, [common] * len(chunk), rows, last_only=True)
+        steps = []
+        for part in self._split(list(range(len(chunk))), lambda r: len(rests[r])):  # rows come longest first
+            steps.append(self._step([rests[r] for r in part], [common] * len(part), rows[part], last_only=True))
         num_ctx_steps = len(steps)
         members = []  # per round step: the pair indices of its rows
         for j in range(max(map(len, leaves))):
             fed = [(r, ids[j]) for r, ids in enumerate(leaves) if j < len(ids) and len(pairs[ids[j]][1]) > 1]
-            for lo in range(0, len(fed), self.micro_batch):
-                part = fed[lo: lo + self.micro_batch]
+            fed.sort(key=lambda m: -len(pairs[m[1]][1]))
+            for part in self._split(fed, lambda m: len(pairs[m[1]][1]) - 1):
                 members.append([i for _, i in part])
-                steps += self._micro_steps([pairs[i][1][:-1] for _, i in part],
-                                           [common + len(rests[r]) for r, _ in part],
-                                           torch.tensor([r for r, _ in part]), last_only=False)
+                steps.append(self._step([pairs[i][1][:-1] for _, i in part], [common + len(rests[r]) for r, _ in part],
+                                        torch.tensor([r for r, _ in part]), last_only=False))
         outs = self.ex.forward_steps(cache, steps)
         cache.free()
         self.stats.prefill_tokens_computed += sum(map(len, rests)) + sum(
@@ -148,20 +151,26 @@ class PrefixScorer:
                 pred = first[r][None] if i not in later else torch.cat([first[r][None], later[i]])
                 yield i, _score_output(pred, pairs[i][1])
 
-    def _micro_steps(self, seqs: list[list[int]], starts: list[int], rows: torch.Tensor, last_only: bool) -> list[Step]:
-        """Steps of at most `micro_batch` rows: row k feeds seqs[k] at positions starts[k].. (padded
-        to the step's longest; padding only writes positions no real token attends to)."""
-        out = []
-        for lo in range(0, len(seqs), self.micro_batch):
-            part = seqs[lo: lo + self.micro_batch]
-            width = max(map(len, part))
-            ids = torch.zeros(len(part), width, dtype=torch.long)
-            for k, toks in enumerate(part):
-                ids[k, : len(toks)] = torch.tensor(toks)
-            pos = torch.tensor(starts[lo: lo + len(part)])[:, None] + torch.arange(width)[None]
-            last = torch.tensor([len(t) - 1 for t in part]) if last_only else None
-            out.append(Step(ids, pos, rows[lo: lo + len(part)], logit_rows=last))
-        return out
+    def _split(self, items: list, length) -> list[list]:
+        """Consecutive parts of `items` (longest first) of at most `micro_batch` rows and
+        `step_tokens` tokens once padded to the part's first (longest) row."""
+        parts, lo = [], 0
+        while lo < len(items):
+            take = max(1, min(self.micro_batch, self.step_tokens // max(1, length(items[lo]))))
+            parts.append(items[lo: lo + take])
+            lo += take
+        return parts
+
+    def _step(self, seqs: list[list[int]], starts: list[int], rows: torch.Tensor, last_only: bool) -> Step:
+        """Row k feeds seqs[k] at positions starts[k].. (padded to the longest; padding only writes
+        positions no real token attends to); `last_only` returns each row's last logits only."""
+        width = max(map(len, seqs))
+        ids = torch.zeros(len(seqs), width, dtype=torch.long)
+        for k, toks in enumerate(seqs):
+            ids[k, : len(toks)] = torch.tensor(toks)
+        pos = torch.tensor(starts)[:, None] + torch.arange(width)[None]
+        last = torch.tensor([len(t) - 1 for t in seqs]) if last_only else None
+        return Step(ids, pos, rows, logit_rows=last)
 
     def _extend(self, parent, parent_ids: list[int], new_ids: list[int]) -> "_Prefix":
         """A one-row cache holding parent_ids + new_ids, computing only new_ids."""
