@@ -123,6 +123,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=200, help="first N items of the task's file")
     ap.add_argument("--data", type=Path, default=None, help="benchmark files (default: ../shared/data)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", default="float32", help="ours (the peer runs float32 transformers)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=256, help="ours: requests handed to the engine at once")
     ap.add_argument("--engine-batch", type=int, default=64, help="ours: contexts packed per forward step")
@@ -134,7 +135,7 @@ def main() -> None:
     file = work / f"{args.task}.jsonl"
     file.write_text("".join(json.dumps(it) + "\n" for it in items))
 
-    llm = LLM(args.model, max_batch_size=args.engine_batch)
+    llm = LLM(args.model, dtype=args.dtype, max_batch_size=args.engine_batch)
     hf, peer = load_peer(args.model, args.peer_batch_size)
     ours_best = peer_best = float("inf")
     for rep in range(args.repeats):  # alternate, so both see the same machine load
@@ -162,7 +163,7 @@ def report(args, items, ours_lps, peer_lps, ours_wall, peer_wall, computed, cont
     ours_flops = 2 * layer_params * computed + 2 * head_params * (len(items) + cont_tokens - num_requests)
     peer_flops = 2 * (layer_params + head_params) * tok
     load = os.getloadavg()[0]
-    print(f"\n{args.task}, first {len(items)} items ({num_requests} choices), {args.model}, float32, "
+    print(f"\n{args.task}, first {len(items)} items ({num_requests} choices), {args.model}, ours {args.dtype}, "
           f"{args.threads} thread(s), load average {load:.1f}, best of {args.repeats}")
     print(f"flexlamps helm   : {len(items) / ours_wall:8.2f} instances/s  acc {acc_o:.3f}  acc_norm {norm_o:.3f}  "
           f"{ours_flops / ours_wall / 1e9:6.1f} GFLOP/s = {ours_flops / ours_wall / peak:.0%} of peak")
