@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from flexlamps.io.fingerprint import RecordFingerprint, model_fingerprint, stable_hash
 from flexlamps.io.prompts import PromptRecord, read_prompts
 from flexlamps.io.results import ResumableResults
 
@@ -87,7 +88,7 @@ class PendingJob:
     """The prompt file read against the output written so far."""
 
     records: list[PromptRecord]  # every prompt, in input order
-    results: ResumableResults  # loaded: `results.done` holds the finished records
+    results: ResumableResults  # locked and loaded: `results.done` holds the finished records
     todo: list[PromptRecord]  # prompts without a finished record, in input order
 
     @property
@@ -95,24 +96,59 @@ class PendingJob:
         return [r.id for r in self.records]
 
 
-def pending_job(prompts_path: str | Path, out_path: str | Path) -> PendingJob:
-    """Raises PromptFileError / ResultsError for a bad prompt file or a damaged output."""
+def record_fingerprints(settings: GenerateSettings, records: list[PromptRecord]) -> dict[str, RecordFingerprint]:
+    """Each prompt's RecordFingerprint: the model file's content, the options that shape the
+    output (dtype, compression, chat, sampling), the prompt's id (it seeds sampling), text and
+    copied fields. Placement and batching are left out: they do not change a record."""
+    shaping = {k: getattr(settings, k) for k in (
+        "dtype", "compress_weight", "compress_cache", "weight_quant", "max_new_tokens", "temperature", "top_p",
+        "top_k", "seed", "stop", "logprobs", "ignore_eos", "chat")}
+    if settings.policy != "auto":  # a policy file may turn compression on
+        shaping["policy"] = stable_hash(Path(settings.policy).read_text())
+    model, options = model_fingerprint(settings.model), stable_hash(shaping)
+    return {r.id: RecordFingerprint(model=model, options=options, prompt=stable_hash([r.id, r.prompt, r.extra]))
+            for r in records}
+
+
+def pending_job(settings: GenerateSettings, prompts_path: str | Path, out_path: str | Path,
+                overwrite: bool = False) -> PendingJob:
+    """Read the prompts, lock `out_path` and load the finished records whose fingerprint matches.
+    Raises PromptFileError / ResultsError / PathInUseError (the caller releases `results`)."""
     records = read_prompts(prompts_path)
-    results = ResumableResults(out_path)
-    done = results.load()
+    results = ResumableResults(out_path, record_fingerprints(settings, records), overwrite=overwrite)
+    results.lock()
+    try:
+        done = results.load().done
+    except BaseException:
+        results.release()
+        raise
     return PendingJob(records, results, [r for r in records if r.id not in done])
+
+
+def encode_or_error_rows(tokenizer, max_position: int, records: list[PromptRecord], chat: bool):
+    """(records that can run, their token ids, error records for the others): a prompt that is
+    empty after tokenizing or that the context cannot hold gets finish_reason "error" and why."""
+    keep, ids_kept, errors = [], [], []
+    for r in records:
+        ids = tokenizer.encode_prompt(r.prompt, chat)
+        if ids and len(ids) < max_position:
+            keep.append(r)
+            ids_kept.append(ids)
+            continue
+        why = (f"the prompt has {len(ids)} tokens; the model's context is {max_position}" if ids else
+               "the prompt is empty after tokenizing")
+        errors.append({"id": r.id, **r.extra, "text": "", "num_prompt_tokens": len(ids), "num_generated_tokens": 0,
+                       "finish_reason": "error", "error": why})
+    return keep, ids_kept, errors
 
 
 def encode_checked(tokenizer, max_position: int, records: list[PromptRecord], chat: bool) -> list[list[int]]:
     """Every prompt's ids, or PromptTooLongError naming the first prompt the context cannot hold."""
-    out = []
-    for r in records:
-        ids = tokenizer.encode_prompt(r.prompt, chat)
-        if len(ids) >= max_position:
-            raise PromptTooLongError(f"prompt id {r.id!r} has {len(ids)} tokens; the model's context is "
-                                     f"{max_position}. Shorten it or drop it from the file.")
-        out.append(ids)
-    return out
+    _, ids, errors = encode_or_error_rows(tokenizer, max_position, records, chat)
+    if errors:
+        raise PromptTooLongError(f"prompt id {errors[0]['id']!r}: {errors[0]['error']} ({len(errors)} such prompts); "
+                                 "shorten them or drop them from the file")
+    return ids
 
 
 def result_row(record: PromptRecord, out, logprobs: bool) -> dict[str, Any]:

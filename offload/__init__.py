@@ -5,7 +5,9 @@
 - `DiskFolder`: tensors as raw files plus an `index.json` (Accelerate's offload-folder
   layout), read with `os.pread` and the page cache dropped so reads are real disk reads,
   written through a temp file and a rename, checked (size, checksum, owner fingerprint)
-  before reuse.
+  before reuse; it lives in a subfolder flexlamps creates, marks and locks, and deletes only
+  what its index lists.
+- `PathLock`: an OS file lock on a path a run writes, the refusal naming the holder.
 - `TieredStore`: puts each named tensor on a tier and loads it onto the compute device on
   worker threads, so I/O overlaps compute. Without a GPU the `gpu` tier is the CPU device,
   its budget still enforced.
@@ -14,8 +16,10 @@ Knows nothing of models or scheduling; compressed tensors come from `quant` (`QT
 """
 
 from offload.budget import BudgetExceededError, TierBudget
-from offload.disk import DiskFolder, StaleOffloadFolderError
+from offload.disk import DiskFolder, OffloadFolderError, StaleOffloadFolderError
+from offload.lock import PathInUseError, PathLock
 from offload.store import TIERS, TieredStore, compute_device, tensor_bytes
 
-__all__ = ["BudgetExceededError", "DiskFolder", "StaleOffloadFolderError", "TIERS", "TierBudget",
+__all__ = ["BudgetExceededError", "DiskFolder", "OffloadFolderError", "PathInUseError", "PathLock",
+           "StaleOffloadFolderError", "TIERS", "TierBudget",
            "TieredStore", "compute_device", "tensor_bytes"]

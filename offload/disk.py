@@ -1,4 +1,6 @@
-"""The disk tier: one raw file per tensor plus `index.json`, in Accelerate's offload-folder layout.
+"""The disk tier: one raw file per tensor plus `index.json`, in Accelerate's offload-folder layout,
+inside a subfolder `flexlamps-offload/` that flexlamps creates, marks and locks in the folder the
+user names: files beside it are never touched, and only files the index lists are deleted.
 
 `index.json` maps each name to its dtype and shape (what Accelerate writes); we add, under a
 `"__flexlamps__"` key, the owner fingerprint (model and placement) and a CRC32 and size per
@@ -9,6 +11,7 @@ Reads use `os.pread` into a caller-given buffer, then drop those pages from the 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -27,6 +30,14 @@ class StaleOffloadFolderError(RuntimeError):
     pass
 
 
+class OffloadFolderError(OSError):
+    """The offload folder cannot be used; the message names the folder, what was found and the fix."""
+
+
+SUBFOLDER = "flexlamps-offload"  # what we own inside the folder the user named
+_MARK = ".flexlamps-offload"     # the mark file in it that says so
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -36,40 +47,80 @@ def _file_name(name: str) -> str:
 
 
 class DiskFolder:
+    """Tensors of one run in `<folder>/flexlamps-offload/`, a subfolder flexlamps creates and
+    marks. Nothing outside it is written; inside it, only files its index lists are deleted.
+    `claim()` locks it for this process (a second run is refused, naming the holder)."""
+
     def __init__(self, folder: str | Path, fingerprint: str):
-        self.folder = Path(folder)
+        self.root = Path(folder)
+        self.folder = self.root / SUBFOLDER
         self.fingerprint = fingerprint
         self.index: dict[str, dict] = {}
         self._files: dict[str, dict] = {}
+        self._lock = None
 
-    # -- checks before anything is written ------------------------------------------------
-    def check_writable(self, needed_bytes: int) -> None:
-        """Raise with a clear message if the folder cannot be created or lacks room."""
+    # -- ownership ----------------------------------------------------------------------------
+    def claim(self) -> None:
+        """Create (or recognise) our subfolder and lock it for this process."""
+        from offload.lock import PathLock
+
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise OSError(f"offload folder {self.folder} cannot be created: {e.strerror}; choose another --offload-dir") from None
+            raise OffloadFolderError(f"--offload-dir {self.root} cannot be created: {e.strerror}; "
+                                     "choose another --offload-dir") from None
         if not os.access(self.folder, os.W_OK):
-            raise OSError(f"offload folder {self.folder} is not writable; choose another --offload-dir")
-        reusable = sum(f["size"] for f in self._files.values())
+            raise OffloadFolderError(f"--offload-dir {self.root} is not writable; choose another --offload-dir")
+        mark = self.folder / _MARK
+        if not mark.exists():
+            found = sorted(p.name for p in self.folder.iterdir())
+            if found:
+                raise OffloadFolderError(
+                    f"--offload-dir {self.root}: {self.folder} exists and holds files flexlamps did not make "
+                    f"({', '.join(found[:5])}{' ...' if len(found) > 5 else ''}); move them or choose another "
+                    "--offload-dir")
+            mark.write_text("made by flexlamps: it deletes only the files listed in index.json here\n")
+        self._lock = PathLock(self.folder / ".flexlamps", "--offload-dir", shown=self.root).acquire()
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    # -- checks before anything is written ------------------------------------------------
+    def check_room(self, needed_bytes: int, reused: bool) -> None:
+        """Raise when the disk cannot hold `needed_bytes` beside what stays; a reused folder
+        needs nothing more, a rebuilt one gets back the space of the files it replaces."""
+        if reused:
+            return
+        freed = sum(f.get("size", 0) for f in self._listed_files().values())
         free = shutil.disk_usage(self.folder).free
-        if needed_bytes - reusable > free:
-            raise OSError(f"offload folder {self.folder} has {free / 2**30:.2f} GiB free but the policy puts "
-                          f"{needed_bytes / 2**30:.2f} GiB there; free space or lower the disk share")
+        if needed_bytes - freed > free:
+            raise OffloadFolderError(f"--offload-dir {self.root} has {free / 2**30:.2f} GiB free but the policy puts "
+                                     f"{needed_bytes / 2**30:.2f} GiB there; free space, choose another "
+                                     "--offload-dir or raise --cpu-mem so less goes to disk")
 
     # -- reuse ------------------------------------------------------------------------------
+    def _read_index(self) -> dict | None:
+        try:
+            index = json.loads((self.folder / "index.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return index if isinstance(index, dict) and isinstance(index.get(_META_KEY), dict) else None
+
+    def _listed_files(self) -> dict[str, dict]:
+        index = self._read_index()
+        files = index[_META_KEY].get("files") if index else None
+        return files if isinstance(files, dict) else {}
+
     def try_reuse(self, expected: set[str], verify: bool = True) -> bool:
         """True when the folder already holds exactly the tensors `expected`, written for our
         fingerprint (which names the model and the placement), with intact files."""
-        path = self.folder / "index.json"
-        if not path.exists():
+        index = self._read_index()
+        if index is None:
             return False
-        try:
-            index = json.loads(path.read_text())
-            meta = index.pop(_META_KEY)
-        except (json.JSONDecodeError, KeyError, AttributeError):
-            return False
-        if meta.get("fingerprint") != self.fingerprint or set(index) != set(expected):
+        meta = index.pop(_META_KEY)
+        if not meta.get("complete") or meta.get("fingerprint") != self.fingerprint or set(index) != set(expected):
             return False
         for name in expected:
             f = meta["files"].get(name)
@@ -82,32 +133,50 @@ class DiskFolder:
         return True
 
     def clear(self) -> None:
-        if self.folder.exists():
-            for p in self.folder.glob("*.dat"):
-                p.unlink()
-            (self.folder / "index.json").unlink(missing_ok=True)
+        """Delete the files our index lists (and their temp files), then the index."""
+        for name in self._listed_files():
+            file = self.folder / _file_name(name)
+            file.unlink(missing_ok=True)
+            file.with_suffix(".tmp").unlink(missing_ok=True)
+        (self.folder / "index.json").unlink(missing_ok=True)
         self.index, self._files = {}, {}
+
+    def begin(self, names: set[str]) -> None:
+        """List the files about to be written before writing any: a run killed midway leaves
+        an index (marked incomplete) that lets the next run delete exactly them."""
+        self._write_index({}, {n: {} for n in names}, complete=False)
 
     # -- writes -----------------------------------------------------------------------------
     def write(self, name: str, tensor: torch.Tensor) -> None:
+        """Write one tensor through a temp file and a rename; a full disk names the folder."""
         data = tensor.detach().contiguous().cpu()
-        raw = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
+        raw = memoryview(data.view(torch.uint8).numpy()).cast("B") if data.numel() else memoryview(b"")
         file = self.folder / _file_name(name)
         tmp = file.with_suffix(".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(raw)
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            _write_all(tmp, raw)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            if e.errno == errno.ENOSPC:
+                raise OffloadFolderError(f"--offload-dir {self.root}: the disk filled up while writing {name}; "
+                                         "free space, choose another --offload-dir or raise --cpu-mem") from None
+            raise OffloadFolderError(f"--offload-dir {self.root}: cannot write {file.name}: {e.strerror}") from None
         os.replace(tmp, file)
         self.index[name] = {"dtype": _dtype_name(data.dtype), "shape": list(data.shape)}
         self._files[name] = {"size": len(raw), "crc32": zlib.crc32(raw)}
 
     def commit(self) -> None:
-        """Write index.json last: a folder without it (a crash mid-write) is never reused."""
-        body = dict(self.index)
-        body[_META_KEY] = {"fingerprint": self.fingerprint, "files": self._files}
+        """Mark the index complete, last: a folder killed mid-write is never reused."""
+        self._write_index(self.index, self._files, complete=True)
+
+    def _write_index(self, index: dict, files: dict, complete: bool) -> None:
+        body = dict(index)
+        body[_META_KEY] = {"fingerprint": self.fingerprint, "files": files, "complete": complete}
         tmp = self.folder / "index.json.tmp"
-        tmp.write_text(json.dumps(body))
+        with open(tmp, "w") as fh:
+            fh.write(json.dumps(body))
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, self.folder / "index.json")
 
     # -- reads ------------------------------------------------------------------------------
@@ -148,6 +217,17 @@ class DiskFolder:
     def spec(self, name: str) -> tuple[tuple[int, ...], torch.dtype]:
         e = self.index[name]
         return tuple(e["shape"]), _DTYPES[e["dtype"]]
+
+
+def _write_all(path: Path, raw: memoryview) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        done = 0
+        while done < len(raw):
+            done += os.write(fd, raw[done:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _crc32(path: Path) -> int:

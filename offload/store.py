@@ -187,3 +187,5 @@ class TieredStore:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        if self.disk is not None:
+            self.disk.release()

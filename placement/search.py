@@ -174,8 +174,10 @@ def _infeasible(model, hardware, workload, budgets, compression, allow_weight_co
     excess = memory_excess(build_terms(choice, model, hardware, workload), budgets, bounds or FULL_BOUNDS)
     row = max(excess, key=excess.get)
     tier = row.split("_")[0]
-    hints = [f"give the {tier} tier more room (--{tier}-mem)", "shorten the sequences"]
+    room = (f"give the {tier} tier more room (--{tier}-mem)" if tier != "disk" else
+            "give the disk tier more room (an --offload-dir with more free space; --disk-mem in flexlamps plan)")
+    hints = [room, "shorten the sequences"]
     if not (allow_weight_compression and allow_cache_compression):
-        hints.append("allow compression")
+        hints.append("allow compression (--compress-weight, --compress-cache)")
     return InfeasiblePlanError(ROW_LABELS[row], max(float(np.ceil(excess[row])), 1.0),
                                budgets[row], hint=", ".join(hints[:-1]) + " or " + hints[-1])

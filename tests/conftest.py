@@ -5,12 +5,32 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+# Tests run with a fixed thread count (torch's default of every core collapses on a busy
+# machine) and never touch the user's ~/.cache/flexlamps: a profile measured under test load
+# must not be kept for real runs. Set here, at import, so subprocesses inherit both.
+TEST_THREADS = int(os.environ.get("FLEXLAMPS_TEST_THREADS", "1"))
+os.environ["OMP_NUM_THREADS"] = str(TEST_THREADS)
+os.environ["FLEXLAMPS_CACHE"] = tempfile.mkdtemp(prefix="flexlamps-test-cache-")
+os.environ["FLEXLAMPS_CACHE_DIR"] = os.environ["FLEXLAMPS_CACHE"]  # the packed-weight and GGUF header caches
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fixed_threads():
+    import torch
+
+    torch.set_num_threads(TEST_THREADS)
+    yield
+    shutil.rmtree(os.environ["FLEXLAMPS_CACHE"], ignore_errors=True)
+
 
 _CORPUS = [
     "the quick brown fox jumps over the lazy dog",

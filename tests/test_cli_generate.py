@@ -54,6 +54,7 @@ def test_text_file_input_and_logprobs(tiny_llama, tmp_path):
     rows = _read(out)
     assert [r["id"] for r in rows] == ["1", "3"]  # ids are line numbers; blank lines skipped
     assert all(len(r["logprobs"]) == 4 and all(lp <= 0 for lp in r["logprobs"]) for r in rows)
+    assert "Add --chat" in res.output  # the tiny model has a chat template and no --chat was given
 
 
 def test_malformed_jsonl_names_line_and_writes_nothing(tiny_llama, tmp_path):
@@ -83,12 +84,19 @@ def test_unknown_model_is_a_clear_error(tmp_path, model):
     assert "unknown model" in res.output and "nothing is downloaded" in res.output
 
 
-def test_prompt_over_context_is_rejected(tiny_llama, tmp_path):
+def test_prompt_over_context_is_recorded_as_error_or_refused_with_strict(tiny_llama, tmp_path):
     prompts = tmp_path / "in.jsonl"
-    prompts.write_text(json.dumps({"id": "long", "prompt": "hello world " * 200}) + "\n")
-    res = CliRunner().invoke(main, ["generate", "--model", str(tiny_llama), "--prompts", str(prompts),
-                                    "--out", str(tmp_path / "o.jsonl")])
+    prompts.write_text(json.dumps({"id": "long", "prompt": "hello world " * 200}) + "\n"
+                       + json.dumps({"id": "ok", "prompt": "hello world"}) + "\n")
+    args = ["generate", "--model", str(tiny_llama), "--prompts", str(prompts), "--max-new-tokens", "3"]
+    res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "s.jsonl"), "--strict"])
     assert res.exit_code != 0 and "'long'" in res.output and "context is 128" in res.output
+    assert not (tmp_path / "s.jsonl").exists()
+    res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "o.jsonl")])
+    assert res.exit_code == 0, res.output
+    long, ok = _read(tmp_path / "o.jsonl")
+    assert long["finish_reason"] == "error" and "context is 128" in long["error"] and long["text"] == ""
+    assert ok["finish_reason"] != "error" and ok["num_generated_tokens"] >= 1
 
 
 def test_sampling_is_reproducible_across_batch_sizes(tiny_llama, tmp_path):
@@ -159,3 +167,73 @@ def test_offload_budget_too_small_is_a_clear_error(tiny_llama, tmp_path):
                                     str(tmp_path / "o.jsonl"), "--gpu-mem", "10KiB", "--policy", str(policy)])
     assert res.exit_code != 0 and "gpu tier budget exceeded" in res.output and "short" in res.output
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_rerun_with_other_prompt_text_is_refused_then_recomputed_with_overwrite(tiny_llama, tmp_path):
+    prompts = tmp_path / "in.txt"
+    prompts.write_text("hello world\nthe quick brown fox\n")
+    args = ["--model", str(tiny_llama), "--prompts", str(prompts), "--out", str(tmp_path / "o.jsonl"),
+            "--max-new-tokens", "3"]
+    assert _run(args).exit_code == 0
+    first = _read(tmp_path / "o.jsonl")
+    prompts.write_text("hello world\nnumbers 1 2 3\n")  # same ids (line numbers), other text on line 2
+    res = CliRunner().invoke(main, ["generate", "--no-progress", *args])
+    assert res.exit_code != 0 and "1 made with other prompt text" in res.output and "--overwrite" in res.output
+    assert _read(tmp_path / "o.jsonl") == first  # refused, not overwritten
+    res = _run([*args, "--overwrite"])
+    assert res.exit_code == 0 and "recomputing 1 finished records: 1 made with other prompt text" in res.output
+    again = _read(tmp_path / "o.jsonl")
+    assert again[0] == first[0] and again[1]["fingerprint"] != first[1]["fingerprint"]
+    res = _run([*args, "--temperature", "0.5"])
+    assert res.exit_code != 0 and "2 made with other options" in res.output
+
+
+def test_offload_dir_keeps_the_users_files(tiny_llama, tmp_path):
+    prompts = _write_prompts(tmp_path / "in.jsonl", 2)
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "mydata.dat").write_text("x")
+    for disk in (0.5, 0.6):  # the second split makes the folder stale: rebuilt
+        policy = tmp_path / "policy.json"
+        policy.write_text(json.dumps({
+            "gpu_batch_size": 2, "num_gpu_batches": 1, "weights": {"gpu": 1 - disk, "cpu": 0, "disk": disk},
+            "cache": {"gpu": 1, "cpu": 0, "disk": 0}, "activations": {"gpu": 1, "cpu": 0, "disk": 0}}))
+        res = _run(["--model", str(tiny_llama), "--prompts", str(prompts), "--out", str(tmp_path / f"{disk}.jsonl"),
+                    "--max-new-tokens", "2", "--gpu-mem", "64MiB", "--cpu-mem", "64MiB", "--offload-dir", str(folder),
+                    "--policy", str(policy)])
+        assert res.exit_code == 0, res.output
+    assert (folder / "mydata.dat").read_text() == "x"
+    assert sorted(p.name for p in folder.iterdir()) == ["flexlamps-offload", "mydata.dat"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--offload-dir", "PROMPTS/x"], "--offload-dir"),
+    (["--out", "PROMPTS/o.jsonl"], "--out"),
+    (["--top-p", "0"], "--top-p"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--gpu-mem", "lots"], "--gpu-mem"),
+    (["--policy", "missing.json"], "policy file missing.json does not exist"),
+    (["--prompts", "PROMPTS/x.jsonl"], "--prompts"),
+    (["--offload-dir", "/proc/flexlamps-test"], "--offload-dir"),
+])
+def test_bad_options_are_named_before_the_model_loads(tmp_path, monkeypatch, args, needle):
+    import flexlamps.api
+
+    prompts = _write_prompts(tmp_path / "in.jsonl", 1)
+    monkeypatch.setattr(flexlamps.api, "LLM", lambda *a, **k: pytest.fail("the model was loaded"))
+    args = [a.replace("PROMPTS", str(prompts)) for a in args]
+    if "--out" not in args:
+        args += ["--out", str(tmp_path / "o.jsonl")]
+    if "--prompts" not in args:
+        args += ["--prompts", str(prompts)]
+    res = CliRunner().invoke(main, ["generate", *args])
+    assert res.exit_code != 0 and needle in res.output, res.output
+    assert isinstance(res.exception, SystemExit), res.exception  # a message, not a traceback
+
+
+def test_max_rss_is_refused_upfront(tiny_llama, tmp_path):
+    prompts = _write_prompts(tmp_path / "in.jsonl", 1)
+    res = CliRunner().invoke(main, ["generate", "--model", str(tiny_llama), "--prompts", str(prompts), "--out",
+                                    str(tmp_path / "o.jsonl"), "--gpu-mem", "256MiB", "--cpu-mem", "256MiB",
+                                    "--max-rss", "600MiB"])
+    assert res.exit_code != 0 and "--max-rss 600 MiB cannot be met" in res.output and "fixed overhead" in res.output

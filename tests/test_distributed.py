@@ -52,7 +52,7 @@ def reference(tiny_llama, prompts, tmp_path_factory):
 def _ray_settings(model):
     from flexlamps.generate_job import GenerateSettings
 
-    return GenerateSettings(model=str(model), batch_size=3, max_new_tokens=6)
+    return GenerateSettings(model=str(model), dtype="auto", batch_size=3, max_new_tokens=6)  # as _args
 
 
 def _run_api(model, prompts, out, on_shard):
@@ -62,7 +62,7 @@ def _run_api(model, prompts, out, on_shard):
     from flexlamps.generate_job import encode_checked, pending_job
     from flexlamps.models.registry import open_checkpoint
 
-    job = pending_job(prompts, out)
+    job = pending_job(_ray_settings(model), prompts, out)
     reader = open_checkpoint(model)
     ids = encode_checked(reader.tokenizer, reader.config.max_position, job.todo, False)
     job.results.open()
@@ -74,9 +74,9 @@ def _run_api(model, prompts, out, on_shard):
     try:
         with ray_cluster(None, 2, 1) as slots:
             pool = generate_on_ray(_ray_settings(model), 1, slots, job.todo, ids, on_rows, on_shard=on_shard)
+        job.results.finalize(job.order)
     finally:
-        job.results.close()
-    job.results.finalize(job.order)
+        job.results.release()
     return pool
 
 

@@ -73,30 +73,29 @@ def test_weights_on_disk_really_leave_memory(reader, tmp_path):
     ex = OffloadExecutor(reader, _policy("weights_mostly_disk"), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
     on_disk = [n for n, t in ex.tiers.items() if t == "disk"]
     assert on_disk and all(n not in ex.store._resident for n in on_disk)
-    assert (tmp_path / "off" / "index.json").exists()
+    assert (tmp_path / "off" / "flexlamps-offload" / "index.json").exists()
     ex.close()
 
 
 def test_offload_folder_is_reused_and_damage_detected(reader, tmp_path):
     folder = tmp_path / "off"
-    first = OffloadExecutor(reader, _policy("weights_mostly_disk"), gpu_mem=GiB, cpu_mem=GiB, offload_dir=folder)
-    assert not first.reused_disk
-    second = OffloadExecutor(reader, _policy("weights_mostly_disk"), gpu_mem=GiB, cpu_mem=GiB, offload_dir=folder)
-    assert second.reused_disk
-    victim = next(folder.glob("*.dat"))
+
+    def run(policy):
+        ex = OffloadExecutor(reader, policy, gpu_mem=GiB, cpu_mem=GiB, offload_dir=folder)
+        ex.close()
+        return ex
+
+    assert not run(_policy("weights_mostly_disk")).reused_disk
+    assert run(_policy("weights_mostly_disk")).reused_disk
+    victim = next((folder / "flexlamps-offload").glob("*.dat"))
     data = bytearray(victim.read_bytes())
     data[0] ^= 0xFF
     victim.write_bytes(bytes(data))
-    third = OffloadExecutor(reader, _policy("weights_mostly_disk"), gpu_mem=GiB, cpu_mem=GiB, offload_dir=folder)
-    assert not third.reused_disk  # checksum mismatch: rebuilt, not used
-    other = OffloadExecutor(reader, _policy("weights_half_cpu", ), gpu_mem=GiB, cpu_mem=GiB, offload_dir=folder)
-    assert other.store.disk is None  # no disk share: folder untouched
-    fourth = OffloadExecutor(reader, Policy(gpu_batch_size=1, num_gpu_batches=1, weights=TierSplit(gpu=0, cpu=0.2, disk=0.8),
-                                            cache=ALL_GPU, activations=ALL_GPU),
-                             gpu_mem=GiB, cpu_mem=GiB, offload_dir=folder)
+    assert not run(_policy("weights_mostly_disk")).reused_disk  # checksum mismatch: rebuilt, not used
+    assert run(_policy("weights_half_cpu")).store.disk is None  # no disk share: folder untouched
+    fourth = run(Policy(gpu_batch_size=1, num_gpu_batches=1, weights=TierSplit(gpu=0, cpu=0.2, disk=0.8),
+                        cache=ALL_GPU, activations=ALL_GPU))
     assert not fourth.reused_disk  # a different split is a stale folder
-    for ex in (first, second, third, other, fourth):
-        ex.close()
 
 
 def test_gpu_budget_is_enforced(reader, tmp_path):

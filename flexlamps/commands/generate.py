@@ -1,14 +1,17 @@
-"""`flexlamps generate`: JSONL (or text) prompts in, one JSONL record per prompt out, resumable."""
+"""`flexlamps generate`: JSONL (or text) prompts in, one JSONL record per prompt out, resumable.
+
+Everything a user can get wrong is checked before the model loads: option ranges, sizes, paths,
+the policy file, the prompt file, and whether `--out` holds another job's records (or is in use).
+"""
 
 from __future__ import annotations
 
-import resource
 import sys
 import time
 
 import click
 
-from flexlamps.commands.options import model_options, offload_options, ray_options
+from flexlamps.commands.options import ByteSize, model_options, offload_options, peak_rss_mib, ray_options
 
 
 def _since_process_start() -> float:
@@ -17,39 +20,45 @@ def _since_process_start() -> float:
     return time.time() - psutil.Process().create_time()
 
 
-def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
 @click.command("generate")
 @model_options
 @click.option("--prompts", "prompts_path", required=True, type=click.Path(dir_okay=False),
               help='Input: JSONL lines {"id": ..., "prompt": ...} (extra fields are kept) or a text file, one prompt a line.')
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False),
-              help="Output JSONL, one record per prompt. Re-running the same command resumes: finished ids are skipped.")
-@click.option("--max-new-tokens", default=64, show_default=True, help="Tokens to generate per prompt at most.")
-@click.option("--temperature", default=0.0, show_default=True, help="Sampling temperature; 0 is greedy.")
-@click.option("--top-p", default=1.0, show_default=True, help="Nucleus sampling: keep the smallest set of tokens with this much probability.")
-@click.option("--top-k", default=0, show_default=True, help="Sample among the k most likely tokens; 0 keeps all.")
+              help="Output JSONL, one record per prompt. Re-running the same command resumes: finished records whose "
+                   "fingerprint (model file, options, prompt) matches are kept.")
+@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Tokens to generate per prompt at most.")
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0.0),
+              help="Sampling temperature; 0 is greedy.")
+@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(min=0.0, max=1.0, min_open=True),
+              help="Nucleus sampling: keep the smallest set of tokens with this much probability.")
+@click.option("--top-k", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Sample among the k most likely tokens; 0 keeps all.")
 @click.option("--seed", default=0, show_default=True, help="Sampling seed; each prompt's seed derives from it and the prompt id, so results do not depend on batching or resuming.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it.")
 @click.option("--logprobs", is_flag=True, help="Record the log-probability of each generated token.")
 @click.option("--chat", is_flag=True, help="Wrap each prompt as a user turn in the model's chat template (instruct models).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past the end-of-sequence token.")
-@click.option("--batch-size", default=32, show_default=True, help="Sequences decoded together (continuous batching).")
+@click.option("--batch-size", default=32, show_default=True, type=click.IntRange(min=1),
+              help="Sequences decoded together (continuous batching).")
 @offload_options
+@click.option("--max-rss", default=None, type=ByteSize(),
+              help="Refuse to start when the run's planned memory (fixed overhead plus weights, cache or tier "
+                   "budgets) exceeds this size.")
+@click.option("--overwrite", is_flag=True,
+              help="Recompute records of --out made from other inputs (model file, options, prompt text) instead "
+                   "of refusing; matching records are kept.")
+@click.option("--strict", is_flag=True, help="Refuse the whole job when a prompt cannot run (longer than the "
+              "model's context) instead of recording it with finish_reason \"error\" and running the others.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 @ray_options
 def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, top_p, top_k, seed, stop,
             logprobs, chat, ignore_eos, batch_size, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight,
-            compress_cache, weight_quant, no_progress, ray_address, ray_workers):
+            compress_cache, weight_quant, max_rss, overwrite, strict, no_progress, ray_address, ray_workers):
     """Generate a completion for every prompt in PROMPTS and write them to OUT."""
-    from flexlamps.generate_job import GenerateSettings, pending_job
-    from flexlamps.io.prompts import PromptFileError
-    from flexlamps.io.results import ResultsError
+    from flexlamps.generate_job import GenerateSettings
 
-    if batch_size < 1:
-        raise click.BadParameter("must be >= 1", param_hint="--batch-size")
     settings = GenerateSettings(
         model=model, dtype=dtype, batch_size=batch_size, gpu_mem=gpu_mem, cpu_mem=cpu_mem, offload_dir=offload_dir,
         policy=policy_arg, compress_weight=compress_weight, compress_cache=compress_cache, weight_quant=weight_quant,
@@ -59,20 +68,70 @@ def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, t
         settings.sampling_params("")  # bad sampling flags fail here, before any model loads
     except ValueError as e:
         raise click.UsageError(str(e))
+    job = _pending_job(settings, prompts_path, out_path, overwrite)
     try:
-        job = pending_job(prompts_path, out_path)
-    except (PromptFileError, ResultsError) as e:
+        _run(settings, job, no_progress, max_rss, strict, ray_address, ray_workers)
+    finally:
+        job.results.release()
+
+
+def _pending_job(settings, prompts_path, out_path, overwrite):
+    """Check the policy file and the offload folder, read the prompts, lock --out and load what
+    earlier runs finished; every refusal names the input and the fix."""
+    from flexlamps.generate_job import pending_job
+    from flexlamps.io.prompts import PromptFileError
+    from flexlamps.io.results import ResultsError
+    from offload import PathInUseError
+
+    try:
+        if settings.policy != "auto":
+            from flexlamps.engine.executors.policy_choice import load_policy
+
+            load_policy(settings.policy)
+        _check_offload_dir(settings.offload_dir)
+        job = pending_job(settings, prompts_path, out_path, overwrite)
+    except (PromptFileError, ResultsError, PathInUseError, ValueError) as e:
         raise click.ClickException(str(e))
+    if (why := job.results.state.describe()) is not None:
+        click.echo(why, err=True)
+    return job
+
+
+def _check_offload_dir(path: str | None) -> None:
+    import os
+    from pathlib import Path
+
+    if path is None:
+        return
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--offload-dir {path} cannot be created ({e.strerror}); choose another --offload-dir") from None
+    if not os.access(path, os.W_OK):
+        raise ValueError(f"--offload-dir {path} is not writable; choose another --offload-dir")
+
+
+def _run(settings, job, no_progress, max_rss, strict, ray_address, ray_workers) -> None:
+    from flexlamps.io.results import ResultsError
+    from offload import PathInUseError
+
     if not job.todo:
         job.results.open()
         job.results.finalize(job.order)
-        click.echo(f"all {len(job.records)} prompts already done in {out_path}")
+        click.echo(f"all {len(job.records)} prompts already done in {job.results.out}")
         return
-    if ray_address is None:
-        _run_local(settings, job, no_progress)
-    else:
-        threads = click.get_current_context().meta.get("flexlamps.threads") or 1
-        _run_on_ray(settings, job, no_progress, ray_address, ray_workers, threads)
+    if max_rss is not None:
+        from flexlamps.commands.memory import check_max_rss
+
+        check_max_rss(settings, max_rss, len(job.todo))
+    try:
+        if ray_address is None:
+            _run_local(settings, job, no_progress, strict)
+        else:
+            threads = click.get_current_context().meta.get("flexlamps.threads") or 1
+            _run_on_ray(settings, job, no_progress, ray_address, ray_workers, threads, strict)
+    except (ResultsError, PathInUseError) as e:
+        raise click.ClickException(str(e))
 
 
 class _Progress:
@@ -123,41 +182,63 @@ def _finish(job, progress: _Progress, wall: float) -> None:
     skipped = len(job.records) - len(job.todo)
     click.echo(f"prompts {len(job.todo)} (+{skipped} done before) | generated tokens {progress.generated} | "
                f"wall {wall:.1f} s | {progress.generated / wall:.1f} tok/s | first token "
-               f"{progress.first_token_s or 0:.2f} s after process start | peak RSS {_peak_rss_mib():.0f} MiB")
+               f"{progress.first_token_s or 0:.2f} s after process start | peak RSS {peak_rss_mib():.0f} MiB")
 
 
-def _run_local(settings, job, no_progress: bool) -> None:
+def _run_local(settings, job, no_progress: bool, strict: bool) -> None:
     """One engine in this process."""
     from flexlamps.engine.batch.generate import ContextOverflowError
-    from flexlamps.generate_job import PromptTooLongError, encode_checked, generate_rows
+    from flexlamps.generate_job import generate_rows
 
     llm = _load_engine(settings)
     try:
-        prompt_ids = encode_checked(llm.tokenizer, llm.config.max_position, job.todo, settings.chat)
-    except (PromptTooLongError, ValueError) as e:
-        raise click.ClickException(str(e))
-    if settings.offload:
-        _prepare_offload(llm, prompt_ids, settings)
-    _open_results(job, job.results.out)
-    progress = _Progress(len(job.todo), no_progress)
+        if not settings.chat and llm.tokenizer.chat_template:
+            click.echo("hint: this model has a chat template; an instruct model given plain prompts often answers "
+                       "with empty or odd text. Add --chat to wrap each prompt as a user turn.", err=True)
+        _open_results(job, job.results.out)
+        todo, prompt_ids = _encode(llm.tokenizer, llm.config.max_position, job, settings, strict)
+        if todo and settings.offload:
+            _prepare_offload(llm, prompt_ids, settings)
+        progress = _Progress(len(todo), no_progress)
 
-    def on_row(row: dict) -> None:
-        job.results.add(row)
-        progress.prompts(1)
+        def on_row(row: dict) -> None:
+            job.results.add(row)
+            progress.prompts(1)
 
-    try:
-        generate_rows(llm, settings, job.todo, prompt_ids, on_row, on_tokens=progress.tokens)
-    except KeyboardInterrupt:
-        _interrupted(job, progress)
-    except ContextOverflowError as e:
-        raise click.ClickException(str(e))
-    wall = progress.close()
-    _finish(job, progress, wall)
-    if settings.offload:
+        try:
+            if todo:
+                generate_rows(llm, settings, todo, prompt_ids, on_row, on_tokens=progress.tokens)
+        except KeyboardInterrupt:
+            _interrupted(job, progress)
+        except ContextOverflowError as e:
+            raise click.ClickException(str(e))
+        wall = progress.close()
+        _finish(job, progress, wall)
+    finally:
+        llm.close()  # releases the offload folder's lock even when the run fails
+    if settings.offload and todo:
         b = llm.executor.budgets
         click.echo(f"measured {progress.generated / wall:.2f} tok/s | peak gpu tier {b['gpu'].peak_bytes / 2**20:.0f} "
                    f"MiB of {b['gpu'].capacity_bytes / 2**20:.0f} | peak cpu tier {b['cpu'].peak_bytes / 2**20:.0f} "
-                   f"MiB of {b['cpu'].capacity_bytes / 2**20:.0f}")
+                   f"MiB of {b['cpu'].capacity_bytes / 2**20:.0f} | peak RSS {peak_rss_mib():.0f} MiB (whole process)")
+
+
+def _encode(tokenizer, max_position, job, settings, strict):
+    """Token ids of the prompts to run; the others are recorded with finish_reason "error" and
+    why (with --strict: the job is refused before anything runs)."""
+    from flexlamps.generate_job import encode_or_error_rows
+
+    todo, prompt_ids, errors = encode_or_error_rows(tokenizer, max_position, job.todo, settings.chat)
+    if errors and strict:
+        raise click.ClickException(f"prompt id {errors[0]['id']!r}: {errors[0]['error']} ({len(errors)} such "
+                                   "prompts); shorten them or drop them from the file, or leave out --strict to "
+                                   "record them as errors")
+    for row in errors:
+        job.results.add(row)
+    if errors:
+        click.echo(f"{len(errors)} prompts cannot run (e.g. id {errors[0]['id']!r}: {errors[0]['error']}); recorded "
+                   "with finish_reason \"error\"", err=True)
+    return todo, prompt_ids
 
 
 def _load_engine(settings):
@@ -186,13 +267,13 @@ def _prepare_offload(llm, prompt_ids, settings) -> None:
         click.echo(line)
 
 
-def _run_on_ray(settings, job, no_progress: bool, address: str, num_workers, threads: int) -> None:
+def _run_on_ray(settings, job, no_progress: bool, address: str, num_workers, threads: int, strict: bool) -> None:
     """One engine per Ray worker; this process only reads prompts and writes the results."""
     from flexlamps.distributed.cluster import DistributedError, ray_cluster
     from flexlamps.distributed.generate import generate_on_ray
 
-    prompt_ids = _encode_on_driver(settings, job)
     _open_results(job, job.results.out)
+    todo, prompt_ids = _encode_on_driver(settings, job, strict)
     progress = None
     t0 = time.perf_counter()
     try:
@@ -205,7 +286,7 @@ def _run_on_ray(settings, job, no_progress: bool, address: str, num_workers, thr
                 for info in infos:
                     for line in info["lines"]:
                         click.echo(f"worker {info['rank']}: {line}")
-                progress = _Progress(len(job.todo), no_progress)
+                progress = _Progress(len(todo), no_progress)
 
             def on_rows(rows, tokens):
                 for row in rows:
@@ -213,7 +294,8 @@ def _run_on_ray(settings, job, no_progress: bool, address: str, num_workers, thr
                 progress.prompts(len(rows))
                 progress.tokens(tokens)
 
-            generate_on_ray(settings, threads, slots, job.todo, prompt_ids, on_rows, on_workers)
+            if todo:  # prompts that cannot run were recorded as errors already
+                generate_on_ray(settings, threads, slots, todo, prompt_ids, on_rows, on_workers)
     except KeyboardInterrupt:
         _interrupted(job, progress or _Progress(0, True))
     except DistributedError as e:
@@ -222,18 +304,18 @@ def _run_on_ray(settings, job, no_progress: bool, address: str, num_workers, thr
     except (ValueError, OSError, MemoryError) as e:  # a worker's engine: bad budget, policy, prompt
         job.results.close()
         raise click.ClickException(f"a worker failed: {e}")
+    progress = progress or _Progress(0, True)  # nothing ran: every prompt was an error
     _finish(job, progress, progress.close())
 
 
-def _encode_on_driver(settings, job) -> list[list[int]]:
+def _encode_on_driver(settings, job, strict: bool):
     """Check the model and every prompt's length here, before any cluster starts."""
-    from flexlamps.generate_job import PromptTooLongError, encode_checked
     from flexlamps.models.checkpoint import CheckpointError
     from flexlamps.models.config import UnsupportedModelError
     from flexlamps.models.registry import UnknownModelError, open_checkpoint
 
     try:
         reader = open_checkpoint(settings.model)
-        return encode_checked(reader.tokenizer, reader.config.max_position, job.todo, settings.chat)
-    except (UnknownModelError, UnsupportedModelError, CheckpointError, PromptTooLongError, ValueError, OSError) as e:
+    except (UnknownModelError, UnsupportedModelError, CheckpointError, ValueError, OSError) as e:
         raise click.ClickException(str(e))
+    return _encode(reader.tokenizer, reader.config.max_position, job, settings, strict)

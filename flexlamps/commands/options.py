@@ -1,22 +1,74 @@
-"""Options shared by the commands that load a model."""
+"""Options shared by the commands that compute: model, dtype, threads, offloading; byte sizes;
+peak RSS."""
+
+from __future__ import annotations
+
+import os
+import resource
 
 import click
 
 
+class ByteSize(click.ParamType):
+    """A positive size such as 2GiB, 512MiB or 16GB."""
+
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        from placement import parse_bytes
+
+        try:
+            return parse_bytes(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def free_cores() -> int:
+    """CPU cores not already busy: the cores we may run on minus the 1-minute load average
+    (other processes' runnable threads), at least 1. torch's default (every core) makes its
+    threads wait on each other when another process holds some cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        busy = os.getloadavg()[0]
+    except OSError:
+        busy = 0.0
+    return max(1, min(cores, int(cores - busy + 0.5)))
+
+
+def set_threads(value: int | None) -> int:
+    """Use `value` compute threads; when None, $OMP_NUM_THREADS if the user set it, else the
+    free cores. Returns the count set."""
+    import torch
+
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    threads = value or (int(env) if env.isdigit() and int(env) > 0 else free_cores())
+    torch.set_num_threads(threads)
+    return threads
+
+
 def _set_threads(ctx, param, value):
     ctx.meta["flexlamps.threads"] = value  # read back by commands that start workers (--ray)
-    if value:
-        import torch
-
-        torch.set_num_threads(value)
+    set_threads(value)
     return value
 
 
+def threads_option(fn):
+    return click.option("--threads", type=click.IntRange(min=1), default=None, expose_value=False,
+                        callback=_set_threads,
+                        help="CPU threads for compute. [default: $OMP_NUM_THREADS, else the cores not busy "
+                             "with other processes, from the load average; torch's own default of every core "
+                             "can run many times slower on a busy machine]")(fn)
+
+
 def model_options(fn):
-    fn = click.option("--threads", type=click.IntRange(min=1), default=None, expose_value=False,
-                      callback=_set_threads,
-                      help="CPU threads for compute. On a shared, busy machine 1 can be far faster than the "
-                           "default (torch's: all cores), since threads then wait on each other.")(fn)
+    fn = threads_option(fn)
     fn = click.option("--dtype", default="auto", show_default=True,
                       type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
                       help="Weight and compute dtype. auto: bfloat16 with 4-bit weights computed in place for a "
@@ -42,13 +94,14 @@ def offload_options(fn):
     """Placement and compression: --gpu-mem, --cpu-mem, --offload-dir, --policy, --compress-weight,
     --compress-cache, --weight-quant (any of them turns on the offload engine; see engine_settings)."""
     options = [
-        click.option("--gpu-mem", default=None,
+        click.option("--gpu-mem", default=None, type=ByteSize(),
                      help="GPU tier budget (e.g. 2GiB); turns on the offload engine. Without a GPU the gpu tier is "
                           "CPU memory, its budget still enforced. [default: off, all in memory]"),
-        click.option("--cpu-mem", default=None, help="CPU tier budget for offloaded weights and cache (e.g. 8GiB). "
+        click.option("--cpu-mem", default=None, type=ByteSize(), help="CPU tier budget for offloaded weights and cache (e.g. 8GiB). "
                      "[default with --gpu-mem: half the available RAM]"),
         click.option("--offload-dir", default=None, type=click.Path(file_okay=False),
-                     help="Folder for the disk tier; reused across runs when still valid, rebuilt when stale or damaged."),
+                     help="Folder for the disk tier: flexlamps works in a subfolder flexlamps-offload/ it creates "
+                          "there, reused across runs when still valid; nothing else in the folder is touched."),
         click.option("--policy", "policy_arg", default="auto", show_default=True,
                      help="Placement with --gpu-mem: 'auto' (the planner, with this machine's cached profile) or a "
                           "policy JSON file."),

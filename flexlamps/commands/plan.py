@@ -9,10 +9,12 @@ from pathlib import Path
 import click
 
 from placement import (HardwareSpec, InfeasiblePlanError, ModelSpec, Plan, Policy, WorkloadSpec,
-                       evaluate, format_bytes, hardware_preset, model_preset, parse_bytes, solve)
+                       evaluate, format_bytes, hardware_preset, model_preset, solve)
 from placement.plan import TIERS
 from placement.presets import HARDWARE_PRESETS, MODEL_CONFIGS
 from placement.units import GiB
+
+from flexlamps.commands.options import ByteSize
 
 
 def load_model_spec(text: str) -> ModelSpec:
@@ -62,20 +64,6 @@ def _load_policy(path: Path) -> Policy:
         return Policy.from_dict(data)
     except ValueError as exc:
         raise click.BadParameter(f"{path}: {exc}", param_hint="--policy") from None
-
-
-class ByteSize(click.ParamType):
-    """A positive size such as 2GiB, 512MiB or 16GB."""
-
-    name = "size"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_bytes(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
 
 
 def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from flexlamps.commands.options import threads_option
+
 from placement import format_bytes, parse_bytes
 
 
@@ -35,6 +37,7 @@ def write_atomically(path: Path, text: str) -> None:
 @click.option("--model", "model_text", help="Time GEMMs and 4-bit decompression on this model's own "
               "layer matrices (config.json, HF folder or preset; as `plan --model`). Small models run "
               "well below a large matrix's rate on CPUs. Default: a generic 2048x1024 matrix.")
+@threads_option
 def command(out_path: Path, quick: bool, disk_dir: Path | None, gpu_mem: str | None, model_text: str | None):
     """Measure disk, copy, GEMM, CPU-attention and dequantization speeds of this machine."""
     from tqdm import tqdm

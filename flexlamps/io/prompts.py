@@ -33,6 +33,8 @@ def read_prompts(path: str | Path) -> list[PromptRecord]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise PromptFileError(f"prompt file {path} does not exist") from None
+    except OSError as e:  # under a file, unreadable, a special file
+        raise PromptFileError(f"--prompts {path} cannot be read ({e.strerror}); check the path") from None
     except UnicodeDecodeError as e:
         raise PromptFileError(f"prompt file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     lines = text.splitlines()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -136,8 +137,29 @@ _GGUF_LAYER = {
 _GGUF_GLOBAL = {"embed_tokens": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
 
 
+@dataclass(frozen=True)
+class _GGUFTensor:
+    """Where one tensor's bytes lie in a GGUF file, as the `gguf` package lays them out."""
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    item_dtype: np.dtype
+    item_shape: tuple[int, ...]
+    data_offset: int  # bytes from the file's start
+
+    def read(self, path: Path) -> np.ndarray:
+        """The tensor's raw items, read from the file (a copy of this tensor only)."""
+        count = int(np.prod(self.item_shape))
+        data = np.fromfile(path, dtype=self.item_dtype, count=count, offset=self.data_offset)
+        if data.size != count:
+            raise CheckpointError(f"{path}: a tensor is cut short; the file is truncated or damaged")
+        return data.reshape(self.item_shape)
+
+
 class GGUFReader:
-    """LLaMA / Qwen2 GGUF files; quantized tensors are dequantized to float with the `gguf` package."""
+    """LLaMA / Qwen2 GGUF files; quantized tensors are dequantized to float with the `gguf` package.
+
+    NOTE(safety): the `gguf` package's reader holds ~170 MiB of parsed fields for a 49k-token
+    vocabulary; only each tensor's location is kept, and a tensor's bytes are read from the file
+    when asked for, dequantized in blocks of rows, so a load holds one tensor's copy at a time."""
 
     def __init__(self, path: Path, cache_dir: Path | None = None):
         """`cache_dir`: where the parsed header is kept (default: the weight cache's folder)."""
@@ -202,8 +224,10 @@ class GGUFReader:
         if name not in self._tensor_types:
             raise CheckpointError(f"{self.path}: tensor {name} (for {spec.name}) is missing")
         if self._tensors is None:
-            self._reader = self._reader or self._open()
-            self._tensors = {t.name: t for t in self._reader.tensors}
+            reader = self._reader or self._open()
+            self._tensors = {t.name: _GGUFTensor(t.tensor_type, t.data.dtype, tuple(t.data.shape), t.data_offset)
+                             for t in reader.tensors}
+            self._reader = None  # its parsed fields hold ~170 MiB; tensors are read from the file
         return self._tensors[name]
 
     def _row_heads(self, spec: WeightSpec) -> int | None:
@@ -213,11 +237,8 @@ class GGUFReader:
         return None
 
     def read(self, spec: WeightSpec, dtype: torch.dtype) -> torch.Tensor:
-        from gguf.quants import dequantize
-
         t = self._tensor(spec)
-        arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(spec.shape)
-        w = torch.from_numpy(arr.copy())
+        w = torch.from_numpy(_dequantize_rows(t.read(self.path), t.tensor_type).reshape(spec.shape))
         heads = self._row_heads(spec)
         return (w if heads is None else _unpermute_rows(w, heads)).to(dtype)
 
@@ -227,7 +248,7 @@ class GGUFReader:
         t = self._tensor(spec)
         if len(spec.shape) != 2 or not is_int4_block_type(t.tensor_type.name):
             return None
-        codes, scale, zero = int4_blocks(t.data, t.tensor_type.name, spec.shape)
+        codes, scale, zero = int4_blocks(t.read(self.path), t.tensor_type.name, spec.shape)
         heads = self._row_heads(spec)
         if heads is not None:
             codes, scale, zero = (_unpermute_rows(part, heads) for part in (codes, scale, zero))
@@ -241,6 +262,22 @@ class GGUFReader:
     def fingerprint(self) -> str:
         st = self.path.stat()
         return hashlib.sha256(f"{self.path.name}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+def _dequantize_rows(data: np.ndarray, tensor_type, rows_per_chunk: int = 4096) -> np.ndarray:
+    """float32 values of a GGUF tensor, dequantized a block of rows at a time so the
+    temporaries stay small next to the result."""
+    from gguf.quants import dequantize
+
+    if data.ndim < 2 or len(data) <= rows_per_chunk:
+        arr = np.asarray(dequantize(data, tensor_type), dtype=np.float32)
+        return arr if arr.flags.writeable else arr.copy()
+    first = np.asarray(dequantize(data[:rows_per_chunk], tensor_type), dtype=np.float32)
+    out = np.empty((len(data), *first.shape[1:]), dtype=np.float32)
+    out[:rows_per_chunk] = first
+    for start in range(rows_per_chunk, len(data), rows_per_chunk):
+        out[start:start + rows_per_chunk] = dequantize(data[start:start + rows_per_chunk], tensor_type)
+    return out
 
 
 def _unpermute_rows(w: torch.Tensor, heads: int) -> torch.Tensor:

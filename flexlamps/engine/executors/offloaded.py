@@ -84,7 +84,11 @@ class OffloadExecutor:
             disk = DiskFolder(offload_dir, fingerprint=_stable_hash(owner))
         self.store = TieredStore(self.budgets, disk, self.device)
         self.reused_disk = False
-        self._place_weights(reader, disk, verify_disk)
+        try:
+            self._place_weights(reader, disk, verify_disk)
+        except BaseException:
+            self.store.close()  # frees the worker threads and the offload folder's lock
+            raise
         # the embedding table and output head are read in pieces (rows looked up, head in vocab
         # chunks), so they never have to be staged whole on the gpu tier
         self.table_names = {"embed_tokens", "lm_head"}
@@ -106,11 +110,13 @@ class OffloadExecutor:
         if disk is not None:
             disk_specs = [s for s in self.specs if self.tiers[s.name] == "disk"]
             expected_bytes = sum(s.numel for s in disk_specs) * _bytes_per(self.dtype)
-            disk.check_writable(expected_bytes)
             names = self._disk_part_names(disk_specs)
+            disk.claim()
             self.reused_disk = disk.try_reuse(names, verify=verify)
+            disk.check_room(expected_bytes, self.reused_disk)
             if not self.reused_disk:
                 disk.clear()
+                disk.begin(names)
             from_disk = disk_specs if self.reused_disk else []
         skip = {s.name for s in from_disk}
         for spec in self.specs:

@@ -1,0 +1,66 @@
+"""The whole process's planned memory, checked against `--max-rss` before the model loads.
+
+Tier budgets bound what the offload engine holds; the process also holds a fixed overhead
+that no budget sees: the Python interpreter and torch (about 230 MiB on CPU), the checkpoint
+reader and tokenizer, and the engine's working buffers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import click
+
+# measured with the built-in SmolLM2-135M on CPU (README "Memory"): peak RSS minus tier peaks
+FIXED_OVERHEAD_BYTES = 450 * 2**20
+# bytes per weight as the engine holds it; "auto" is 4-bit in place for a 4-bit GGUF (codes and
+# block scales, about 5 bits), else float32
+_WEIGHT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
+_AUTO_INT4_BYTES = 0.625
+
+
+def planned_rss_bytes(hf_config: dict, weight_bytes_per_param: float, *, offload_budgets: tuple[int, int] | None,
+                      num_sequences: int, context_len: int) -> int:
+    """Fixed overhead plus what the run's data may take: with offloading the two tier budgets
+    (caps the engine enforces), else every weight and a full float32 cache for `num_sequences`."""
+    import placement
+
+    if offload_budgets is not None:
+        return FIXED_OVERHEAD_BYTES + sum(offload_budgets)
+    spec = dataclasses.replace(placement.ModelSpec.from_hf_config(hf_config), dtype="fp32")
+    weights = spec.total_weight_bytes() / 4 * weight_bytes_per_param
+    cache = spec.cache_bytes_per_token_per_layer() * spec.num_layers * context_len * num_sequences
+    return int(FIXED_OVERHEAD_BYTES + weights + cache)
+
+
+def _offload_budgets(settings) -> tuple[int, int] | None:
+    if not settings.offload:
+        return None
+    import psutil
+
+    from flexlamps.api import parse_mem
+
+    mem = psutil.virtual_memory()  # the defaults are LLM's
+    gpu = parse_mem(settings.gpu_mem) if settings.gpu_mem is not None else mem.total // 4
+    cpu = parse_mem(settings.cpu_mem) if settings.cpu_mem is not None else mem.available // 2
+    return gpu, cpu
+
+
+def check_max_rss(settings, max_rss: int, num_prompts: int) -> None:
+    """Refuse (before loading the model) a run whose planned memory exceeds `max_rss`."""
+    from flexlamps.models.registry import open_checkpoint
+
+    reader = open_checkpoint(settings.model)
+    per_param = _WEIGHT_BYTES.get(settings.dtype) or (
+        _AUTO_INT4_BYTES if getattr(reader, "has_int4_weights", False) else 4.0)
+    budgets = _offload_budgets(settings)
+    planned = planned_rss_bytes(reader.hf_config, per_param, offload_budgets=budgets,
+                                num_sequences=min(num_prompts, settings.batch_size),
+                                context_len=min(reader.config.max_position, 512 + settings.max_new_tokens))
+    if planned > max_rss:
+        mib = lambda n: f"{n / 2**20:.0f} MiB"  # noqa: E731
+        what = ("the tier budgets --gpu-mem + --cpu-mem" if budgets is not None else
+                "the weights and a cache for the batch; --gpu-mem and --cpu-mem bound them")
+        raise click.ClickException(
+            f"--max-rss {mib(max_rss)} cannot be met: the run plans {mib(planned)} (fixed overhead "
+            f"{mib(FIXED_OVERHEAD_BYTES)} plus {what}); lower the budgets or raise --max-rss")
