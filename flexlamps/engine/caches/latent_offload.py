@@ -102,7 +102,7 @@ class OffloadedLatentCache:
         for slot in slots_cpu[pos_cpu[:, 0] == 0].tolist():
             self.pools[layer].reset(slot)  # a new sequence takes the slot
         self.entries[layer][slots_cpu[:, None], pos_cpu] = new.cpu()
-        self._refresh_pooled(layer, slots_cpu, positions, new)
+        self._refresh_pooled(layer, slots, positions, new)
         self.index_keys[layer][slots[:, None], positions] = self.key_format.pack(step.index_k)
         span = int(positions.max()) + 1
         keys = self.key_format.unpack(self.index_keys[layer][slots, :span], self.dtype)[0]
@@ -112,15 +112,14 @@ class OffloadedLatentCache:
             return self._prefill(layer, slots_cpu, positions, step, scores, visible, span)
         return self._decode(layer, slots_cpu, positions, step, scores, visible, new)
 
-    def _refresh_pooled(self, layer: int, slots_cpu, positions, new) -> None:
+    def _refresh_pooled(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, new) -> None:
         """Positions written again (a padded prefill's tail, then the real tokens) must not keep
         a stale pooled record."""
         pool = self.pools[layer]
-        for row, slot in enumerate(slots_cpu.tolist()):
-            entries = pool.entries(slot, positions[row])
-            pooled = entries >= 0
-            if bool(pooled.any()):
-                pool.records[slot, entries[pooled]] = new[row, pooled]
+        entries = pool.entries(slots, positions)
+        pooled = entries >= 0
+        if bool(pooled.any()):
+            pool.records[slots[:, None].expand_as(positions)[pooled], entries[pooled]] = new[pooled]
 
     def _prefill(self, layer, slots_cpu, positions, step, scores, visible, span) -> torch.Tensor:
         """All of the span's records staged on the device (as the in-memory cache holds them),
@@ -132,34 +131,26 @@ class OffloadedLatentCache:
             self.stats["h2d_bytes"] += staged_bytes
             out = latent_attention(step, *self._unpack(records), topk_mask(scores, visible, step.index_topk))
             indices, valid = select_topk(scores[:, -1:], visible[:, -1:], step.index_topk)
-            pool = self.pools[layer]
-            for row, slot in enumerate(slots_cpu.tolist()):
-                missing, entries = pool.admit(slot, indices[row, 0][valid[row, 0]], self._now)
-                pool.records[slot, entries] = records[row, missing]
+            slots = slots_cpu.to(self.device)
+            miss_slots, miss_pos, entries = self.pools[layer].admit(slots, indices[:, 0], valid[:, 0], self._now)
+            self.pools[layer].records[miss_slots, entries] = records[_row_of(slots)[miss_slots], miss_pos]
         finally:
             self.budgets["gpu"].free(staged_bytes)
         return out
 
     def _decode(self, layer, slots_cpu, positions, step, scores, visible, new) -> torch.Tensor:
         indices, valid = select_topk(scores, visible, step.index_topk)  # (n, 1, k), position order
-        pool = self.pools[layer]
-        rows, missing_pos, targets = [], [], []
-        for row, slot in enumerate(slots_cpu.tolist()):
-            wanted = indices[row, 0][valid[row, 0]]
-            missing, entries = pool.admit(slot, wanted, self._now)
-            rows.append(torch.full_like(missing, slot))
-            missing_pos.append(missing)
-            targets.append(entries)
-            self.stats["lookups"][layer] += wanted.numel()
-            self.stats["misses"][layer] += missing.numel()
-        self._copy_in(layer, torch.cat(rows), torch.cat(missing_pos), torch.cat(targets))
-        slots_dev = slots_cpu.to(self.device)
-        entries = pool.entry_of[slots_dev[:, None], indices[:, 0]].clamp_min(0)  # unselected: masked below
-        gathered = pool.records[slots_dev[:, None], entries]  # (n, k, record)
+        pool, slots = self.pools[layer], slots_cpu.to(self.device)
+        miss_slots, miss_pos, entries = pool.admit(slots, indices[:, 0], valid[:, 0], self._now)
+        self.stats["lookups"][layer] += int(valid.sum())
+        self.stats["misses"][layer] += miss_pos.numel()
+        self._copy_in(layer, miss_slots, miss_pos, entries)
+        pooled = pool.entries(slots, indices[:, 0]).clamp_min(0)  # unselected slots: masked below
+        gathered = pool.records[slots[:, None], pooled]  # (n, k, record)
         out = latent_attention(step, *self._unpack(gathered), valid)
-        for row, slot in enumerate(slots_cpu.tolist()):  # the new tokens are on the device: pool them free
-            fresh, fresh_entries = pool.offer(slot, positions[row], self._now)
-            pool.records[slot, fresh_entries] = new[row, :fresh.numel()]
+        # the new tokens are on the device already: pool them for free where an entry is spare
+        fresh_slots, _, fresh_entries = pool.offer(slots, positions, self._now)
+        pool.records[fresh_slots, fresh_entries] = new[_row_of(slots)[fresh_slots], 0]
         return out
 
     def _copy_in(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, entries: torch.Tensor) -> None:
@@ -178,3 +169,10 @@ class OffloadedLatentCache:
     def hit_rate(self) -> list[float]:
         """Per layer, the share of selected entries found in the pool during decode."""
         return [1.0 - m / k if k else 1.0 for m, k in zip(self.stats["misses"], self.stats["lookups"])]
+
+
+def _row_of(slots: torch.Tensor) -> torch.Tensor:
+    """A table from slot number to its row in `slots` (the step's rows)."""
+    table = torch.zeros(int(slots.max()) + 1, dtype=torch.long, device=slots.device)
+    table[slots] = torch.arange(len(slots), device=slots.device)
+    return table

@@ -233,7 +233,9 @@ class OffloadExecutor:
                       torch.cat([s.slots for s in decodes]), torch.cat([s.logit_rows for s in decodes]))
         span = int(merged.positions.max()) + 1
         need = self._workspace_bytes(merged, span) + 2 * self.max_layer_bytes
-        if self.policy.cache.gpu < 1 and not self.policy.cpu_attention:
+        if self.cfg.mla is not None and self.policy.cache.gpu < 1:  # a latent pool's misses: one top-k a row
+            need += len(merged.slots) * self.cfg.mla.index_topk * self.cfg.mla.latent_width * _bytes_per(self.dtype)
+        elif self.policy.cache.gpu < 1 and not self.policy.cpu_attention:
             need += 2 * len(merged.slots) * self.cfg.kv_size * span * _bytes_per(self.dtype)  # staged rows
         if need > self.budgets["gpu"].free_bytes:
             return None, None
