@@ -4,12 +4,12 @@ engine, the ratios the issue asks about (LAMPS/INFERCEPT, INFERCEPT/FCFS), what 
 predicts for the same requests with the cost model measured here, and whether the two order
 the policies alike.
 
-Sized to finish within 10 minutes on a 2-core machine shared with other jobs: 8 requests of a
+Sized to finish within 10 minutes on a 2-core machine shared with other jobs: 6 requests of a
 shortened trace (prompts <= 64, segments <= 16 tokens, contexts <= 192), API times scaled by
 0.1, on the CPU clock (this process's CPU seconds, API waits skipped, so other jobs cannot
 stretch the figures); the built-in 135M model.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_agents.py [--num-requests 8 --qps 0.5]
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_agents.py [--num-requests 6 --qps 0.5]
 """
 
 import argparse
@@ -35,7 +35,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--trace", default=TRACE)
-    p.add_argument("--num-requests", type=int, default=8)
+    p.add_argument("--num-requests", type=int, default=6)
     p.add_argument("--qps", type=float, default=0.5)
     p.add_argument("--time-scale", type=float, default=0.1)
     p.add_argument("--max-context", type=int, default=192)
@@ -86,7 +86,8 @@ def main() -> None:
               f"{s['lamps'].ttft_mean / s['infercept'].ttft_mean:.2f}")
     order = {name: sorted(POLICIES, key=lambda q: s[q].e2e_mean) for name, s in (("real", real), ("sim", sim))}
     print(f"ordering by mean E2E: real {' < '.join(order['real'])}; sim {' < '.join(order['sim'])}: "
-          f"{'match' if order['real'] == order['sim'] else 'DIFFER'} ({time.perf_counter() - t_start:.0f} s in all)")
+          f"{'match' if order['real'] == order['sim'] else 'DIFFER'} ({time.perf_counter() - t_start:.0f} s wall, "
+          f"{time.process_time():.0f} s cpu in all)")
 
 
 if __name__ == "__main__":

@@ -216,3 +216,31 @@ def test_infercept_preserves_at_the_call_then_applies_its_rule_next_iteration():
         sched.check_invariants()
     assert sched.paused["a"].strategy is Strategy.SWAP and "a" in out.swapped_out
     assert sched.bm.num_cpu_blocks_of("a") == 63
+
+
+def test_recomputation_is_not_counted_as_service():
+    # MLFQ's quanta and VTC's counters charge a request for its own tokens; rebuilding a cache
+    # the scheduler dropped during a call is the scheduler's cost, not the request's service
+    class Recording(Forced):
+        def __init__(self):
+            super().__init__(Strategy.DISCARD)
+            self.seen = []
+
+        def on_computed(self, req, tokens, steps):
+            self.seen.append((tokens, steps))
+
+    spec = RequestSpec("a", 20, (Segment(3, "calc", 1.0, 5), Segment(2)))
+    policy = Recording()
+    sched = Scheduler(tight_config(gpu_blocks=16, cpu_blocks=8, block_size=4), policy,
+                      OraclePredictor({"a": spec}), small_cost())
+    sched.add_request(Request("a", 0.0, 20))
+    now, out = 0.0, None
+    for step in range(3):  # prefill 20, 2 decodes, then the call drops the cache
+        out = sched.schedule(now)
+        now += 0.01
+        sched.update_from_output(out, RunnerOutput(intercepted={"a": "calc"} if step == 2 else {}), now)
+    sched.resume("a", 5, now + 1.0)  # 22 cached tokens to rebuild + 5 returned + the last sampled
+    out = sched.schedule(now + 1.0)
+    assert out.recompute == {"a": 22} and out.prefill == {"a": 6}
+    sched.update_from_output(out, RunnerOutput(), now + 1.01)
+    assert policy.seen == [(20, 1), (1, 1), (1, 1), (6, 1)]  # the 22 rebuilt tokens are not there
