@@ -127,21 +127,28 @@ def _from_llama(hf: dict[str, Any]) -> ModelConfig:
     theta, scaling = _rope(hf)
     return ModelConfig(
         arch="llama",
-        model_type=hf["model_type"],
-        vocab_size=hf["vocab_size"],
-        hidden_size=hidden,
-        num_layers=hf["num_hidden_layers"],
-        num_heads=heads,
+        **_rms_decoder_fields(hf),
         num_kv_heads=hf.get("num_key_value_heads") or heads,
         head_dim=hf.get("head_dim") or hidden // heads,
-        intermediate_size=hf["intermediate_size"],
         max_position=hf.get("max_position_embeddings", 2048),
-        norm_eps=hf.get("rms_norm_eps", 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=bool(hf.get("attention_bias", hf["model_type"] == "qwen2")),
         mlp_bias=bool(hf.get("mlp_bias", False)),
+    )
+
+
+def _rms_decoder_fields(hf: dict[str, Any]) -> dict[str, Any]:
+    """The fields LLaMA-like and DeepSeek configs spell alike."""
+    return dict(
+        model_type=hf["model_type"],
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"],
+        intermediate_size=hf["intermediate_size"],
+        norm_eps=hf.get("rms_norm_eps", 1e-6),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         activation=hf.get("hidden_act", "silu"),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=_eos_ids(hf),
@@ -179,27 +186,15 @@ def _from_deepseek(hf: dict[str, Any]) -> ModelConfig:
     if hf.get("attention_bias"):
         raise UnsupportedModelError("attention_bias=true is not supported for DeepSeek MLA models "
                                     "(no released checkpoint uses it)")
-    heads = hf["num_attention_heads"]
     theta, scaling = _rope(hf, allowed=("linear", "yarn"))
     return ModelConfig(
         arch="mla",
-        model_type=hf["model_type"],
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        num_layers=hf["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=heads,
-        head_dim=hf["qk_rope_head_dim"],
-        intermediate_size=hf["intermediate_size"],
+        **_rms_decoder_fields(hf),
+        num_kv_heads=hf["num_attention_heads"],  # one latent serves every head
+        head_dim=hf["qk_rope_head_dim"],  # the rotary width, as transformers sets head_dim
         max_position=hf.get("max_position_embeddings", 4096),
-        norm_eps=hf.get("rms_norm_eps", 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        qkv_bias=bool(hf.get("attention_bias", False)),
-        activation=hf.get("hidden_act", "silu"),
-        bos_token_id=hf.get("bos_token_id"),
-        eos_token_ids=_eos_ids(hf),
         mla=mla_from_hf(hf, scaling),
         moe=moe_from_hf(hf),
     )

@@ -7,6 +7,7 @@ router, the indexer's head weights), never compressed, as transformers keeps the
 from __future__ import annotations
 
 from flexlamps.models.config import ModelConfig
+from flexlamps.models.weight_specs import _LLAMA_HF
 
 
 def mla_layer_shapes(cfg: ModelConfig, layer: int) -> list[tuple[str, tuple[int, ...], str]]:
@@ -48,16 +49,16 @@ def mla_layer_shapes(cfg: ModelConfig, layer: int) -> list[tuple[str, tuple[int,
     return out
 
 
+# the norms, q_proj, o_proj and the dense FFN are named as in LLaMA checkpoints
 _HF_LAYER = {
-    "attn_norm": "input_layernorm.weight", "mlp_norm": "post_attention_layernorm.weight",
-    "q_proj": "self_attn.q_proj.weight", "q_a_proj": "self_attn.q_a_proj.weight",
+    **{k: _LLAMA_HF[k] for k in ("attn_norm", "mlp_norm", "q_proj", "o_proj", "gate_proj", "up_proj", "down_proj")},
+    "q_a_proj": "self_attn.q_a_proj.weight",
     "q_a_norm": "self_attn.q_a_layernorm.weight", "q_b_proj": "self_attn.q_b_proj.weight",
     "kv_a_proj": "self_attn.kv_a_proj_with_mqa.weight", "kv_a_norm": "self_attn.kv_a_layernorm.weight",
-    "kv_b_proj": "self_attn.kv_b_proj.weight", "o_proj": "self_attn.o_proj.weight",
+    "kv_b_proj": "self_attn.kv_b_proj.weight",
     "index_q_proj": "self_attn.indexer.wq_b.weight", "index_k_proj": "self_attn.indexer.wk.weight",
     "index_k_norm": "self_attn.indexer.k_norm.weight", "index_k_norm_bias": "self_attn.indexer.k_norm.bias",
     "index_weights": "self_attn.indexer.weights_proj.weight",
-    "gate_proj": "mlp.gate_proj.weight", "up_proj": "mlp.up_proj.weight", "down_proj": "mlp.down_proj.weight",
     "router": "mlp.gate.weight", "router_bias": "mlp.gate.e_score_correction_bias",
     "shared_gate_proj": "mlp.shared_experts.gate_proj.weight",
     "shared_up_proj": "mlp.shared_experts.up_proj.weight",
