@@ -43,8 +43,8 @@ from flexlamps.models.weight_specs import hf_name, weight_specs
 
 def make_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
     text = ("The history of the printing press begins in the fifteenth century, when movable type changed "
-            "how books were made and who could read them. ") * 400
-    ids = tokenizer.encode(text[:400_000])
+            "how books were made and who could read them. ") * 1500
+    ids = tokenizer.encode(text)
     return [ids[i * length * 3: i * length * 3 + length] for i in range(n)]
 
 
