@@ -34,7 +34,7 @@ Waste formulas and their sources: `flexlamps.sched.waste`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.predictors import Predictor

@@ -200,20 +200,12 @@ class Scheduler:
         self.iteration += 1
         self._now = max(self._now, now)
         ctx = self._ctx = self.context(now)
-        prio = self.policy.priority
         out, self._pending = self._pending, SchedulerOutput()
         out.iteration = self.iteration
         budget = self.config.max_num_batched_tokens
         block_size = self.config.block_size
 
-        if not self._running_sorted or self.iteration % 16 == 0:
-            rprio = self.policy.running_priority
-            self.running.sort(key=lambda r: rprio(r, ctx))
-            self._running_sorted = True
-        if self._preserved and self.policy.reviews_paused:
-            self._review_paused(out, ctx)
-        if self.policy.preemptive and self.num_waiting and self.running:
-            self._preempt_for_waiting(out, ctx)
+        self._prepare(out, ctx)
         scheduled: list[Request] = []
         bs, tables = block_size, self.bm.gpu_tables
         context = 0  # cached tokens attention reads this step
@@ -260,6 +252,18 @@ class Scheduler:
                                                  or out.swap_out or admitted):
             out.num_steps = self._uniform_decode_steps(scheduled, max_steps, step_limit)
         return out
+
+    def _prepare(self, out: SchedulerOutput, ctx) -> None:
+        """Before the token budget is spent: order the running batch, apply the policy's
+        per-iteration rule to preserved calls, let a preemptive policy swap out for a newcomer."""
+        if not self._running_sorted or self.iteration % 16 == 0:
+            rprio = self.policy.running_priority
+            self.running.sort(key=lambda r: rprio(r, ctx))
+            self._running_sorted = True
+        if self._preserved and self.policy.reviews_paused:
+            self._review_paused(out, ctx)
+        if self.policy.preemptive and self.num_waiting and self.running:
+            self._preempt_for_waiting(out, ctx)
 
     def _schedule_tokens(self, req: Request, n: int, out: SchedulerOutput) -> None:
         rid = req.request_id
