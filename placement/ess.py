@@ -30,6 +30,13 @@ from scipy.optimize import linprog
 
 from placement.latent_traces import MissCurve
 
+def pool_entries(index_topk: int, gpu_fraction: float, context: int) -> int:
+    """Entries per sequence in each layer's gpu pool when a policy keeps `gpu_fraction` of the
+    latent cache on the gpu tier: that share of the context, but at least one step's top-k
+    (what the engine's offloaded latent cache allocates)."""
+    return max(min(index_topk, context), round(gpu_fraction * context))
+
+
 # ESS's decode results (their table): context -> (batch, tokens/s) without and with offload, rho
 ESS_TABLE = {
     32768: dict(base_batch=52, base_tokens_per_s=9647.0, ess_batch=160, ess_tokens_per_s=16347.0, rho=0.21),

@@ -37,3 +37,22 @@ def test_bad_formats_are_named():
     with pytest.raises(ValueError, match="quant_method 'gptq' is not supported"):
         placement.ModelSpec.from_hf_config(dict(placement.presets.MODEL_CONFIGS["deepseek-v3.2"],
                                                 quantization_config={"quant_method": "gptq"}))
+
+
+def test_plan_prints_fp8_weights_and_the_latent_pools(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from flexlamps.cli import main
+
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({
+        "gpu_batch_size": 8, "num_gpu_batches": 1, "weights": {"gpu": 0.1, "cpu": 0.9, "disk": 0},
+        "cache": {"gpu": 0.25, "cpu": 0.75, "disk": 0}, "activations": {"gpu": 1, "cpu": 0, "disk": 0}}))
+    res = CliRunner().invoke(main, ["plan", "--model", "deepseek-v3.2-exp", "--hardware", "h200",
+                                    "--prompt-len", "32768", "--gen-len", "256", "--policy", str(policy)])
+    assert res.exit_code == 0, res.output
+    assert "of fp8 weights" in res.output
+    # a quarter of the 33024-token context per layer and sequence, above the top-2048
+    assert "gpu pool holds 8256 entries a sequence (25.0% of 33024, top-k 2048)" in res.output

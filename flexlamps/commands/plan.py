@@ -71,7 +71,8 @@ def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
     pol = plan.policy
     lines = [
         f"model     {model.name} ({model.arch}, {model.num_layers} layers, "
-        f"{format_bytes(model.total_weight_bytes())} of {model.dtype} weights)",
+        f"{format_bytes(model.total_weight_bytes())} of "
+        f"{'fp8' if model.weight_format == 'fp8' else model.dtype} weights)",
         f"hardware  {hardware.name}",
         f"workload  prompt {workload.prompt_len}, output {workload.gen_len}, "
         f"shared prefix {workload.shared_prefix_len}",
@@ -91,6 +92,7 @@ def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
         lines.append(f"{label:14}" + "".join(f"{100 * v:8.1f}%" for v in split.as_tuple()))
     for label, table in (("peak (GiB)", plan.peak_bytes), ("budget (GiB)", plan.budget_bytes)):
         lines.append(f"{label:14}" + "".join(f"{table[t] / GiB:9.1f}" for t in TIERS))
+    lines += _latent_pool_lines(pol, model, workload)
     lines += [
         "",
         f"throughput  {plan.tokens_per_s:.2f} tokens/s "
@@ -105,6 +107,18 @@ def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
          else "search      none (policy given)"),
     ]
     return "\n".join(lines)
+
+
+def _latent_pool_lines(pol: Policy, model: ModelSpec, workload: WorkloadSpec) -> list[str]:
+    """ESS's layout for sparse-attention MLA models with part of the cache off the gpu tier."""
+    if not model.index_topk or pol.cache.gpu >= 1:
+        return []
+    from placement.ess import pool_entries
+
+    context = workload.prompt_len + workload.gen_len
+    pool = pool_entries(model.index_topk, pol.cache.gpu, context)
+    return [f"latent pools  indexer keys on the gpu tier, latent records on the cpu tier; each layer's "
+            f"gpu pool holds {pool} entries a sequence ({pool / context:.1%} of {context}, top-k {model.index_topk})"]
 
 
 @click.command("plan")

@@ -128,6 +128,8 @@ def new_latent_cache(cfg: ModelConfig, num_slots: int, capacity: int, dtype: tor
             raise ValueError(f"{cfg.model_type} attends to every cached entry, so its latent cache stays on "
                              "the gpu tier; give it the gpu memory (--gpu-mem) or a policy with cache gpu 1")
         return DenseLatentCache(cfg, num_slots, capacity, dtype, device, fp8=fp8, budget=budgets["gpu"])
-    pool = max(min(cfg.mla.index_topk, capacity), round(gpu_fraction * capacity))
+    from placement.ess import pool_entries
+
+    pool = pool_entries(cfg.mla.index_topk, gpu_fraction, capacity)
     return OffloadedLatentCache(cfg, num_slots, capacity, dtype, budgets, device,
                                 [pool] * cfg.num_layers, fp8=fp8)
