@@ -56,3 +56,19 @@ def test_plan_prints_fp8_weights_and_the_latent_pools(tmp_path):
     assert "of fp8 weights" in res.output
     # a quarter of the 33024-token context per layer and sequence, above the top-2048
     assert "gpu pool holds 8256 entries a sequence (25.0% of 33024, top-k 2048)" in res.output
+
+
+def test_the_engine_plans_fp8_checkpoints_at_the_size_it_holds_them():
+    """The engine dequantizes FP8 weights at load, so its plan must not count them at 1 byte."""
+    import torch
+
+    from flexlamps.engine.executors.policy_choice import plan_policy
+
+    hf = dict(placement.presets.MODEL_CONFIGS["deepseek-v3.2-exp"])
+    hw = placement.hardware_preset("h200")
+    common = dict(gpu_mem=hw.gpu_mem_bytes, cpu_mem=hw.cpu_mem_bytes, disk_bytes=None, prompt_len=512,
+                  gen_len=32, allow_compression=False)
+    dense = {k: v for k, v in hf.items() if k != "quantization_config"}
+    with_fp8 = plan_policy(hf, torch.bfloat16, hw, **common)
+    without = plan_policy(dense, torch.bfloat16, hw, **common)
+    assert with_fp8.peak_bytes == without.peak_bytes
