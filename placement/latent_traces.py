@@ -71,3 +71,20 @@ def calibrated_correlations(targets: list[float], context: int, topk: int, pool_
               for i, c in enumerate(churn)]
     misses = np.maximum.accumulate(np.asarray(misses))  # enforce the monotone trend against noise
     return [float(1.0 - np.exp(np.interp(t, misses, np.log(churn)))) for t in targets]
+
+
+ESS_MISS_RANGE = (16.66, 605.0)  # ESS: misses per layer per step at a 20% pool, 32K context
+POOL_FRACTIONS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)  # where curves are measured
+
+
+def ess_layer_curves(num_layers: int, topk: int, contexts: list[int], steps: int = 24) -> dict[int, list[MissCurve]]:
+    """Per context, one miss curve per layer from synthetic traces whose LRU misses at a 20%
+    pool and 32K context span ESS's per-layer range (log-spaced over the layers)."""
+    targets = list(np.geomspace(*ESS_MISS_RANGE, num_layers))
+    correlations = calibrated_correlations(targets, 32768, topk, int(0.2 * 32768), steps=steps)
+    out = {}
+    for context in contexts:
+        sizes = sorted({max(topk, int(f * context)) for f in POOL_FRACTIONS})
+        out[context] = [miss_curve(synthetic_trace(context, topk, steps, a, seed=layer), context, sizes)
+                        for layer, a in enumerate(correlations)]
+    return out

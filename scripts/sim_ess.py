@@ -16,16 +16,7 @@ import numpy as np
 
 from placement.ess import (ESS_TABLE, EssDeployment, StepCost, baseline_tokens_per_s, gain, plan_global,
                            plan_per_layer)
-from placement.latent_traces import calibrated_correlations, miss_curve, synthetic_trace
-
-ESS_MISS_RANGE = (16.66, 605.0)  # ESS: misses per layer per step at a 20% pool, 32K
-POOL_FRACTIONS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)
-
-
-def layer_curves(dep: EssDeployment, correlations: list[float], context: int, steps: int):
-    sizes = sorted({max(dep.topk, int(f * context)) for f in POOL_FRACTIONS})
-    return [miss_curve(synthetic_trace(context, dep.topk, steps, a, seed=layer), context, sizes)
-            for layer, a in enumerate(correlations)]
+from placement.latent_traces import ess_layer_curves
 
 
 def report(dep: EssDeployment, cost: StepCost, curves, context: int) -> None:
@@ -65,10 +56,9 @@ def main() -> None:
     print(f"step cost fitted to ESS's points: fixed {cost.fixed_s * 1e3:.1f} ms, per sequence "
           f"{cost.per_seq_s * 1e3:.3f} ms + {cost.per_seq_per_token_s * 1e9:.2f} ns per context token")
     start = time.time()
-    targets = list(np.geomspace(*ESS_MISS_RANGE, args.layers))
-    correlations = calibrated_correlations(targets, 32768, dep.topk, int(0.2 * 32768), steps=args.steps)
+    curves = ess_layer_curves(args.layers, dep.topk, list(ESS_TABLE), steps=args.steps)
     for context in ESS_TABLE:
-        report(dep, cost, layer_curves(dep, correlations, context, args.steps), context)
+        report(dep, cost, curves[context], context)
     print(f"\n({time.time() - start:.0f} s)")
 
 

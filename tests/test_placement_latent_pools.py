@@ -1,6 +1,7 @@
 """Pool eviction (LRU vs the Belady bound), per-layer pool sizing, and ESS's deployment numbers."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -81,3 +82,24 @@ def test_per_layer_pools_fit_the_budget_and_beat_one_global_fraction():
     best_global = plan_global(dep, cost, curves, 32768)
     per_layer = plan_per_layer(dep, cost, curves, 32768)
     assert per_layer.tokens_per_s >= best_global.tokens_per_s
+
+
+@pytest.mark.slow
+def test_ess_table_at_deepseek_scale():
+    """scripts/sim_ess.py's numbers: 128K within 15% of ESS's gain, batches near ESS's at its
+    rho, per-layer pools at least as fast as the best global rho."""
+    from placement.ess import baseline_tokens_per_s, gain
+    from placement.latent_traces import ess_layer_curves
+
+    dep = EssDeployment()
+    cost = StepCost.fit_ess(dep)
+    curves = ess_layer_curves(dep.num_layers, dep.topk, list(ESS_TABLE))
+    for context, row in ESS_TABLE.items():
+        base = baseline_tokens_per_s(dep, cost, context)[1]
+        at_ess = plan_global(dep, cost, curves[context], context, rho=row["rho"])
+        assert abs(at_ess.batch / row["ess_batch"] - 1) < 0.1
+        assert plan_per_layer(dep, cost, curves[context], context).tokens_per_s >= \
+            plan_global(dep, cost, curves[context], context).tokens_per_s
+        if context == 131072:
+            ess_gain = row["ess_tokens_per_s"] / row["base_tokens_per_s"] - 1
+            assert abs(gain(at_ess, base) / ess_gain - 1) < 0.15
