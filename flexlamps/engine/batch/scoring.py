@@ -49,6 +49,12 @@ def split_tokens(tokenizer, context: str, continuation: str) -> tuple[list[int],
     return ctx, whole[len(ctx):]
 
 
+# A step's rows are padded to its longest; a row shorter than this share of it starts a new step
+# once the step has MIN_STEP_TOKENS (smaller GEMMs lose more to overhead than padding costs).
+PAD_RATIO = 0.95
+MIN_STEP_TOKENS = 32
+
+
 class PrefixScorer:
     """Scores (context ids, continuation ids) pairs.
 
@@ -152,13 +158,21 @@ class PrefixScorer:
                 yield i, _score_output(pred, pairs[i][1])
 
     def _split(self, items: list, length) -> list[list]:
-        """Consecutive parts of `items` (longest first) of at most `micro_batch` rows and
-        `step_tokens` tokens once padded to the part's first (longest) row."""
-        parts, lo = [], 0
-        while lo < len(items):
-            take = max(1, min(self.micro_batch, self.step_tokens // max(1, length(items[lo]))))
-            parts.append(items[lo: lo + take])
-            lo += take
+        """Consecutive parts of `items` (longest first), each padded to its first (longest) row: at
+        most `micro_batch` rows and `step_tokens` tokens, and a new part once a row is shorter than
+        PAD_RATIO of the first and the part is big enough to keep the GEMMs efficient."""
+        parts: list[list] = []
+        for item in items:
+            n = max(1, length(item))
+            if parts:
+                part = parts[-1]
+                first = max(1, length(part[0]))
+                fits = len(part) < self.micro_batch and (len(part) + 1) * first <= self.step_tokens
+                wasteful = n < PAD_RATIO * first and len(part) * first >= MIN_STEP_TOKENS
+                if fits and not wasteful:
+                    part.append(item)
+                    continue
+            parts.append([item])
         return parts
 
     def _step(self, seqs: list[list[int]], starts: list[int], rows: torch.Tensor, last_only: bool) -> Step:
