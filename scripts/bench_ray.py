@@ -5,7 +5,7 @@ and whether every configuration wrote the same records.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_ray.py --prompts 64 --max-new-tokens 32
 
-Prompts are the first N TriviaQA questions of ../shared/data (or --data); every prompt
+Prompts are the first N TriviaQA questions of $FLEXLAMPS_DATA or ../shared/data (or --data); every prompt
 generates exactly --max-new-tokens tokens (EOS ignored) so the configurations do equal work.
 """
 
@@ -23,7 +23,7 @@ from flexlamps.generate_job import GenerateSettings, encode_checked, generate_ro
 from flexlamps.io.prompts import PromptRecord
 from flexlamps.models.registry import open_checkpoint
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(os.environ.get("FLEXLAMPS_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
 
 
 def _prompts(data: Path, n: int) -> list[PromptRecord]:

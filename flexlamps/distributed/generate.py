@@ -9,6 +9,7 @@ each finished shard's records to the same resumable `<out>.partial` and, at the 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from flexlamps.distributed.cluster import WorkerSlots, worker_offload_dir
@@ -66,7 +67,7 @@ def generate_on_ray(settings: GenerateSettings, threads: int, slots: WorkerSlots
     num_workers = min(slots.num_workers, len(shards))
     per_worker = -(-len(records) // num_workers)
     plan_ids = prompt_ids[:per_worker]
-    pool = ActorPool(GenerateWorker, (settings, threads, plan_ids), _with_workers(slots, num_workers))
+    pool = ActorPool(GenerateWorker, (settings, threads, plan_ids), dataclasses.replace(slots, num_workers=num_workers))
     try:
         if on_workers:
             on_workers([w.info for w in pool.workers])
@@ -81,6 +82,3 @@ def generate_on_ray(settings: GenerateSettings, threads: int, slots: WorkerSlots
         pool.close()
     return pool
 
-
-def _with_workers(slots: WorkerSlots, num_workers: int) -> WorkerSlots:
-    return WorkerSlots(num_workers, slots.actor_options, slots.on_gpu)

@@ -14,6 +14,7 @@ constructor hit, if any) and the method named in `run`.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections import deque
@@ -23,6 +24,7 @@ from typing import Any, Callable
 from flexlamps.distributed.cluster import DistributedError, WorkerSlots, import_ray
 
 DEFAULT_MAX_ATTEMPTS = 3
+log = logging.getLogger(__name__)
 
 
 def worker_info(rank: int, lines: list[str]) -> dict:
@@ -108,6 +110,8 @@ class ActorPool:
             raise WorkerLostError(f"shard {shard.index} lost its worker {shard.attempt} times; last: {error}")
         queue.appendleft(shard)
         if worker.actor is actor:  # first failure seen from this actor: give the slot a new one
+            log.warning("worker %d (pid %s on %s) was lost; its unfinished shards go to a fresh worker",
+                        worker.slot, worker.info.get("pid"), worker.info.get("host"))
             self._replace(worker)
 
     def close(self) -> None:
