@@ -7,7 +7,8 @@
   written through a temp file and a rename, checked (size, checksum, owner fingerprint)
   before reuse; it lives in a subfolder flexlamps creates, marks and locks, and deletes only
   what its index lists.
-- `PathLock`: an OS file lock on a path a run writes, the refusal naming the holder.
+- `PathLock`: an OS file lock on a path a run writes, the refusal naming the holder;
+  `make_writable_folder`: a folder made and checked, the refusal naming the option.
 - `TieredStore`: puts each named tensor on a tier and loads it onto the compute device on
   worker threads, so I/O overlaps compute. Without a GPU the `gpu` tier is the CPU device,
   its budget still enforced.
@@ -17,9 +18,10 @@ Knows nothing of models or scheduling; compressed tensors come from `quant` (`QT
 
 from offload.budget import BudgetExceededError, TierBudget
 from offload.disk import DiskFolder, OffloadFolderError, StaleOffloadFolderError
+from offload.folders import UnusablePathError, make_writable_folder
 from offload.lock import PathInUseError, PathLock
 from offload.store import TIERS, TieredStore, compute_device, tensor_bytes
 
 __all__ = ["BudgetExceededError", "DiskFolder", "OffloadFolderError", "PathInUseError", "PathLock",
-           "StaleOffloadFolderError", "TIERS", "TierBudget",
+           "StaleOffloadFolderError", "TIERS", "TierBudget", "UnusablePathError", "make_writable_folder",
            "TieredStore", "compute_device", "tensor_bytes"]

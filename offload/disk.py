@@ -62,15 +62,10 @@ class DiskFolder:
     # -- ownership ----------------------------------------------------------------------------
     def claim(self) -> None:
         """Create (or recognise) our subfolder and lock it for this process."""
+        from offload.folders import make_writable_folder
         from offload.lock import PathLock
 
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise OffloadFolderError(f"--offload-dir {self.root} cannot be created: {e.strerror}; "
-                                     "choose another --offload-dir") from None
-        if not os.access(self.folder, os.W_OK):
-            raise OffloadFolderError(f"--offload-dir {self.root} is not writable; choose another --offload-dir")
+        make_writable_folder(self.folder, "--offload-dir", shown=self.root)
         mark = self.folder / _MARK
         if not mark.exists():
             found = sorted(p.name for p in self.folder.iterdir())

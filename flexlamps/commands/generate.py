@@ -98,17 +98,13 @@ def _pending_job(settings, prompts_path, out_path, overwrite):
 
 
 def _check_offload_dir(path: str | None) -> None:
-    import os
-    from pathlib import Path
+    from offload.folders import UnusablePathError, make_writable_folder
 
-    if path is None:
-        return
-    try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"--offload-dir {path} cannot be created ({e.strerror}); choose another --offload-dir") from None
-    if not os.access(path, os.W_OK):
-        raise ValueError(f"--offload-dir {path} is not writable; choose another --offload-dir")
+    if path is not None:
+        try:
+            make_writable_folder(path, "--offload-dir")
+        except UnusablePathError as e:
+            raise ValueError(str(e)) from None
 
 
 def _run(settings, job, no_progress, max_rss, strict, ray_address, ray_workers) -> None:

@@ -69,9 +69,13 @@ class ResumableResults:
 
     def lock(self) -> None:
         """Create `out`'s folder and hold `out` for this process (PathInUseError when taken)."""
+        from offload.folders import UnusablePathError, make_writable_folder
         from offload.lock import PathLock
 
-        _make_parent(self.out)
+        try:
+            make_writable_folder(self.out.parent, "--out", shown=self.out)
+        except UnusablePathError as e:
+            raise ResultsError(str(e)) from None
         self._lock = PathLock(self.out, "--out").acquire()
         for tmp in self.out.parent.glob(f".{self.out.name}.*.tmp"):  # left by a run killed mid-rename
             tmp.unlink(missing_ok=True)
@@ -164,16 +168,6 @@ class ResumableResults:
         self.close()
         _write_atomic(self.out, [json.dumps(self.done[rid], ensure_ascii=False) for rid in order], self.out)
         self.partial.unlink(missing_ok=True)
-
-
-def _make_parent(out: Path) -> None:
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ResultsError(f"--out {out}: cannot create its folder {out.parent} ({e.strerror}); "
-                           "choose another --out") from None
-    if not os.access(out.parent, os.W_OK):
-        raise ResultsError(f"--out {out}: its folder {out.parent} is not writable; choose another --out")
 
 
 def _lines(path: Path, truncate_torn: bool):
