@@ -13,7 +13,8 @@ The engine reads `plan.policy` (a `Policy`); these names are a stable contract:
     weights, cache, activations              `TierSplit(gpu=, cpu=, disk=)`, fractions summing to 1
     compress_weight, compress_cache          group-wise quantized storage (`compression`: bits, group)
     cpu_attention                            decode attention over off-GPU cache runs on the CPU
-`predict(policy, model, hardware, workload)` gives the time breakdown of any policy (and
+`solve` searches only what the engine runs as planned (`capabilities=`, an `EngineCapabilities`;
+the default is flexlamps' offload engine). `predict(policy, model, hardware, workload)` gives the time breakdown of any policy (and
 `evaluate` the same as a `Plan`, with peak memory against the budgets), so measured runs can
 be compared with the model. `solve` raises `InfeasiblePlanError` (with
 `.constraint` and `.shortfall_bytes`) when nothing fits.
@@ -24,11 +25,12 @@ from placement.model_spec import ModelSpec
 from placement.plan import InfeasiblePlanError, Plan
 from placement.presets import hardware_preset, model_preset
 from placement.search import evaluate, solve
-from placement.specs import (CompressionSpec, HardwareSpec, Policy, TierSplit, WorkloadSpec)
+from placement.specs import (CompressionSpec, EngineCapabilities, HardwareSpec, Policy, TierSplit,
+                             WorkloadSpec)
 from placement.units import format_bytes, parse_bytes
 
 __all__ = [
-    "CompressionSpec", "CostBreakdown", "HardwareSpec", "InfeasiblePlanError", "ModelSpec",
+    "CompressionSpec", "CostBreakdown", "EngineCapabilities", "HardwareSpec", "InfeasiblePlanError", "ModelSpec",
     "Plan", "Policy", "TierSplit", "WorkloadSpec", "format_bytes", "hardware_preset",
     "evaluate", "model_preset", "parse_bytes", "predict", "solve",
 ]

@@ -149,26 +149,31 @@ def _stack(exprs: list[Affine]) -> tuple[np.ndarray, np.ndarray]:
     return np.array([e.const for e in exprs]), np.array([e.coef for e in exprs])
 
 
-def memory_implied_highs(terms: list[CostTerms], budgets: dict[str, float]
-                         ) -> tuple[np.ndarray, np.ndarray]:
+def memory_implied_highs(terms: list[CostTerms], budgets: dict[str, float],
+                         caps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """For each choice: can it fit at all, and upper bounds on single fractions it implies.
 
     With x_j = t and everything else at its cheapest, a memory row is at least
     minimum + t * (coef_j - cheapest coef in j's triple), which must fit the budget.
 
+    Args:
+        caps: (n, 9) upper bounds each choice's fractions already have (None: all 1).
+
     Returns:
         fits: (n,) False where some row exceeds its budget whatever the fractions.
-        highs: (n, 9) upper bounds on the fractions.
+        highs: (n, 9) upper bounds on the fractions (within `caps`).
     """
+    caps = np.ones((len(terms), NUM_FRACTIONS)) if caps is None else np.asarray(caps, dtype=float)
     names = list(terms[0].memory)
     consts, coefs = _stack([t.memory[name] for t in terms for name in names])
-    minima = affine_minima(consts, coefs, np.ones(NUM_FRACTIONS)).reshape(len(terms), len(names))
+    minima = affine_minima(consts, coefs, np.repeat(caps, len(names), axis=0))
+    minima = minima.reshape(len(terms), len(names))
     slack = np.array([budgets[name] for name in names]) - minima  # (n, rows)
     coefs = coefs.reshape(len(terms), len(names), 3, 3)
     extra = (coefs - coefs.min(axis=3, keepdims=True)).reshape(len(terms), len(names), -1)
     with np.errstate(divide="ignore", invalid="ignore"):
         limits = np.where(extra > 0, np.maximum(slack, 0.0)[:, :, None] / extra, np.inf)
-    return (slack >= 0).all(axis=1), np.minimum(limits.min(axis=1), 1.0)
+    return (slack >= 0).all(axis=1), np.minimum(limits.min(axis=1), caps)
 
 
 def time_lower_bounds(terms: list[CostTerms], highs: np.ndarray) -> np.ndarray:

@@ -13,13 +13,14 @@ import time
 
 import numpy as np
 
-from placement.cost import (C_DISK, Choice, MEMORY_ROWS, build_terms, decode_layer_time, fractions_of,
-                            prefill_layer_time, total_time)
-from placement.lp import (FULL_BOUNDS, memory_excess, memory_implied_highs, solve_fractions,
-                          time_lower_bounds)
+from placement.cost import (C_DISK, H_CPU, H_DISK, H_GPU, MEMORY_ROWS, NUM_FRACTIONS, Choice,
+                            build_terms, decode_layer_time, fractions_of, prefill_layer_time,
+                            total_time)
+from placement.lp import memory_excess, memory_implied_highs, solve_fractions, time_lower_bounds
 from placement.model_spec import ModelSpec
 from placement.plan import ROW_LABELS, InfeasiblePlanError, Plan
-from placement.specs import CompressionSpec, HardwareSpec, Policy, TierSplit, WorkloadSpec
+from placement.specs import (CompressionSpec, EngineCapabilities, HardwareSpec, Policy, TierSplit,
+                             WorkloadSpec)
 
 GPU_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 NUM_GPU_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -35,56 +36,85 @@ def budgets_for(hardware: HardwareSpec, usable_fraction: float) -> dict[str, flo
             "disk": hardware.disk_bytes * usable_fraction}
 
 
-def _choices(allow_weight_compression: bool, allow_cache_compression: bool,
-             allow_cpu_attention: bool, allow_merged_decode: bool):
-    flags = itertools.product((False, True) if allow_weight_compression else (False,),
-                              (False, True) if allow_cache_compression else (False,),
-                              (False, True) if allow_cpu_attention else (False,),
-                              (False, True) if allow_merged_decode else (False,))
-    return list(flags)
+def _flag_sets(allow_weight_compression: bool, allow_cache_compression: bool,
+               allow_cpu_attention: bool, allow_merged_decode: bool,
+               capabilities: EngineCapabilities) -> list[tuple[bool, bool, bool, bool]]:
+    """(compress weights, compress cache, cpu attention, merged decode) the search may try:
+    what the caller allows and the engine can run."""
+    merges = [m for m, able in ((False, capabilities.per_micro_batch_decode),
+                                (True, capabilities.merged_decode and allow_merged_decode)) if able]
+    if not merges:
+        raise ValueError("allow_merged_decode=False, but the engine only runs merged decode")
+    return list(itertools.product(
+        (False, True) if allow_weight_compression and capabilities.weight_compression else (False,),
+        (False, True) if allow_cache_compression and capabilities.cache_compression else (False,),
+        (False, True) if allow_cpu_attention and capabilities.cpu_attention else (False,),
+        merges))
+
+
+def fraction_highs(capabilities: EngineCapabilities) -> list[np.ndarray]:
+    """Upper bounds on the nine fractions, one vector per placement the engine can run:
+    the cache off disk unless it can keep it there, and the activations on one tier at a time
+    (a vector per allowed tier) unless it can split them."""
+    base = np.ones(NUM_FRACTIONS)
+    if not capabilities.cache_on_disk:
+        base[C_DISK] = 0.0
+    act_tiers = capabilities.activation_tiers()
+    act_index = {"gpu": H_GPU, "cpu": H_CPU, "disk": H_DISK}
+    if capabilities.split_activations:
+        base[[act_index[t] for t in ("gpu", "cpu", "disk") if t not in act_tiers]] = 0.0
+        return [base]
+    out = []
+    for tier in act_tiers:
+        highs = base.copy()
+        highs[[H_GPU, H_CPU, H_DISK]] = 0.0
+        highs[act_index[tier]] = 1.0
+        out.append(highs)
+    return out
 
 
 def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
           usable_fraction: float = 0.9, allow_weight_compression: bool = True,
           allow_cache_compression: bool = True, allow_cpu_attention: bool = True,
           max_block_size: int = 8192, compression: CompressionSpec = CompressionSpec(),
-          cache_on_disk: bool = True, allow_merged_decode: bool = True) -> Plan:
-    """The highest-throughput policy that fits every tier's budget.
+          allow_merged_decode: bool = True,
+          capabilities: EngineCapabilities = EngineCapabilities()) -> Plan:
+    """The highest-throughput policy that fits every tier's budget and that the engine can run.
 
     Args:
         model, hardware, workload: what to run, where, and how long the sequences are.
         usable_fraction: share of each tier's capacity the plan may fill.
-        allow_*: whether the search may turn on compression or CPU attention.
+        allow_*: whether the search may turn on compression, CPU attention or merged decode
+            (`Policy.merge_decode`; False plans decode one micro-batch at a time, as FlexGen does).
         max_block_size: cap on gpu_batch_size * num_gpu_batches.
         compression: the quantization used when compression is on.
-        cache_on_disk: whether the KV cache may be placed on disk (an engine without a disk
-            cache tier plans with False).
-        allow_merged_decode: whether decode micro-batches may run merged (`Policy.merge_decode`;
-            False models an engine that runs them one by one, as FlexGen's does).
+        capabilities: what the engine can run (default: flexlamps' offload engine, which keeps
+            the cache and activations off disk and the activations on one tier);
+            `EngineCapabilities.unrestricted()` searches FlexGen's whole space.
 
     Raises:
         InfeasiblePlanError: not even one sequence fits; names the tier and the shortfall.
     """
     started = time.perf_counter()
-    bounds = FULL_BOUNDS if cache_on_disk else tuple(
-        (0.0, 0.0) if i == C_DISK else b for i, b in enumerate(FULL_BOUNDS))
     budgets = budgets_for(hardware, usable_fraction)
-    flags = _choices(allow_weight_compression, allow_cache_compression, allow_cpu_attention,
-                     allow_merged_decode)
-    candidates = _candidates(model, hardware, workload, budgets, flags, compression,
+    flags = _flag_sets(allow_weight_compression, allow_cache_compression, allow_cpu_attention,
+                       allow_merged_decode, capabilities)
+    placements = fraction_highs(capabilities)
+    candidates = _candidates(model, hardware, workload, budgets, flags, placements, compression,
                              max_block_size)
     # best first: solve in order of the throughput bound, stop once no bound beats the best
     candidates.sort(key=lambda cand: -cand[0])
     too_big: dict[tuple, list[tuple[int, int]]] = {}  # flags -> (gbs, ngb) that did not fit
     best, num_lps = None, 0
-    for bound, choice, terms in candidates:
+    for bound, choice, terms, place in candidates:
         if best is not None and bound <= best[0]:
             break
-        key = (choice.compress_weight, choice.compress_cache, choice.cpu_attention, choice.merge_decode)
+        key = (choice.compress_weight, choice.compress_cache, choice.cpu_attention,
+               choice.merge_decode, place)
         if any(choice.gpu_batch_size >= gbs and choice.num_gpu_batches >= ngb
                for gbs, ngb in too_big.get(key, ())):
             continue  # memory grows with both knobs, so a larger one cannot fit either
-        solution = solve_fractions(terms, budgets, bounds)
+        solution = solve_fractions(terms, budgets, _bounds(placements[place]))
         num_lps += 1
         if solution is None:
             too_big.setdefault(key, []).append((choice.gpu_batch_size, choice.num_gpu_batches))
@@ -93,28 +123,35 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
         if best is None or tokens_per_s > best[0]:
             best = (tokens_per_s, choice, terms, solution.fractions)
     if best is None:
-        raise _infeasible(model, hardware, workload, budgets, compression,
-                          allow_weight_compression, allow_cache_compression, allow_cpu_attention, bounds)
+        raise _infeasible(model, hardware, workload, budgets, compression, flags, placements)
     return _make_plan(best, budgets, num_lps, time.perf_counter() - started)
 
 
-def _candidates(model, hardware, workload, budgets, flags, compression, max_block_size):
-    """(throughput upper bound, choice, terms) for every grid point that might fit."""
+def _bounds(highs: np.ndarray) -> tuple[tuple[float, float], ...]:
+    return tuple((0.0, float(high)) for high in highs)
+
+
+def _candidates(model, hardware, workload, budgets, flags, placements, compression, max_block_size):
+    """(throughput upper bound, choice, terms, placement index) for every grid point and
+    placement that might fit."""
+    merges = {merge for *_, merge in flags}
+    single_batch_merge = True in merges  # one micro-batch: merged and not are the same
     choices = [Choice(gpu_batch_size=gbs, num_gpu_batches=ngb, compress_weight=weight,
                       compress_cache=cache, cpu_attention=cpu_attention, compression=compression,
                       merge_decode=merge)
                for weight, cache, cpu_attention, merge in flags
                for gbs, ngb in itertools.product(GPU_BATCH_SIZES, NUM_GPU_BATCHES)
-               if gbs * ngb <= max_block_size
-               and (merge or ngb > 1)]  # one micro-batch: merged and not are the same
+               if gbs * ngb <= max_block_size and (ngb > 1 or merge == single_batch_merge)]
     terms = [build_terms(choice, model, hardware, workload) for choice in choices]
-    fits, highs = memory_implied_highs(terms, budgets)
-    bounds = np.full(len(terms), np.inf)
+    pairs = [(i, place) for i in range(len(choices)) for place in range(len(placements))]
+    caps_highs = np.array([placements[place] for _, place in pairs])
+    fits, highs = memory_implied_highs([terms[i] for i, _ in pairs], budgets, caps_highs)
+    bounds = np.full(len(pairs), np.inf)
     if fits.any():
         kept = np.flatnonzero(fits)
-        bounds[kept] = time_lower_bounds([terms[i] for i in kept], highs[kept])
-    return [(terms[i].tokens_per_block / bounds[i], choices[i], terms[i])
-            for i in np.flatnonzero(np.isfinite(bounds))]
+        bounds[kept] = time_lower_bounds([terms[pairs[k][0]] for k in kept], highs[kept])
+    return [(terms[pairs[k][0]].tokens_per_block / bounds[k], choices[pairs[k][0]],
+             terms[pairs[k][0]], pairs[k][1]) for k in np.flatnonzero(np.isfinite(bounds))]
 
 
 def evaluate(policy: Policy, model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec,
@@ -165,19 +202,21 @@ def _binding(slack: dict[str, float]) -> str:
     return f"none ({ROW_LABELS[row]} has the least room, {slack[row]:.0%} free)"
 
 
-def _infeasible(model, hardware, workload, budgets, compression, allow_weight_compression,
-                allow_cache_compression, allow_cpu_attention, bounds=None) -> InfeasiblePlanError:
-    # the least memory-hungry choice: one sequence, everything the caller allows turned on
-    choice = Choice(gpu_batch_size=1, num_gpu_batches=1, compress_weight=allow_weight_compression,
-                    compress_cache=allow_cache_compression, cpu_attention=allow_cpu_attention,
-                    compression=compression)
-    excess = memory_excess(build_terms(choice, model, hardware, workload), budgets, bounds or FULL_BOUNDS)
+def _infeasible(model, hardware, workload, budgets, compression, flags,
+                placements) -> InfeasiblePlanError:
+    # the least memory-hungry choice: one sequence, everything the search may turn on
+    weight, cache, cpu_attention = (any(f[i] for f in flags) for i in range(3))
+    choice = Choice(gpu_batch_size=1, num_gpu_batches=1, compress_weight=weight,
+                    compress_cache=cache, cpu_attention=cpu_attention, compression=compression)
+    terms = build_terms(choice, model, hardware, workload)
+    excess = min((memory_excess(terms, budgets, _bounds(highs)) for highs in placements),
+                 key=lambda rows: sum(rows.values()))
     row = max(excess, key=excess.get)
     tier = row.split("_")[0]
     room = (f"give the {tier} tier more room (--{tier}-mem)" if tier != "disk" else
             "give the disk tier more room (an --offload-dir with more free space; --disk-mem in flexlamps plan)")
     hints = [room, "shorten the sequences"]
-    if not (allow_weight_compression and allow_cache_compression):
+    if not (weight and cache):
         hints.append("allow compression (--compress-weight, --compress-cache)")
     return InfeasiblePlanError(ROW_LABELS[row], max(float(np.ceil(excess[row])), 1.0),
                                budgets[row], hint=", ".join(hints[:-1]) + " or " + hints[-1])

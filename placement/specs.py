@@ -189,6 +189,58 @@ ALL_GPU = TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class EngineCapabilities(JsonMixin):
+    """The placements an engine runs exactly as planned; `solve` searches only those.
+
+    The defaults are what flexlamps' offload engine runs (it declares the same value itself,
+    and a test keeps the two equal); `unrestricted()` is the whole space of FlexGen's cost
+    model, for planning an engine that can do everything.
+    """
+
+    cache_on_disk: bool = False  # KV cache layers may live on the disk tier
+    activations_on_disk: bool = False  # the hidden states between layers may live on disk
+    # the hidden states may be spread over several tiers at once; False: all on one tier
+    split_activations: bool = False
+    merged_decode: bool = True  # decode micro-batches may run as one merged batch per layer
+    per_micro_batch_decode: bool = True  # ... or one by one (FlexGen's order)
+    cpu_attention: bool = True  # decode attention over off-GPU cache may run on the CPU
+    weight_compression: bool = True  # weights may be stored group-wise quantized
+    cache_compression: bool = True  # the KV cache may be stored group-wise quantized
+
+    def __post_init__(self):
+        if not (self.merged_decode or self.per_micro_batch_decode):
+            raise ValueError("EngineCapabilities: an engine must run decode merged, per "
+                             "micro-batch, or both")
+
+    @classmethod
+    def unrestricted(cls) -> "EngineCapabilities":
+        return cls(cache_on_disk=True, activations_on_disk=True, split_activations=True)
+
+    def activation_tiers(self) -> tuple[str, ...]:
+        """Tiers the hidden states may live on."""
+        return ("gpu", "cpu", "disk") if self.activations_on_disk else ("gpu", "cpu")
+
+    def unsupported(self, policy: "Policy") -> list[str]:
+        """What in `policy` this engine would not run as planned (empty: all of it runs)."""
+        problems = []
+        if policy.cache.disk > 0 and not self.cache_on_disk:
+            problems.append(f"{policy.cache.disk:.0%} of the KV cache on disk")
+        if policy.activations.disk > 0 and not self.activations_on_disk:
+            problems.append(f"{policy.activations.disk:.0%} of the activations on disk")
+        if max(policy.activations.as_tuple()) < 1 and not self.split_activations:
+            problems.append("activations split across tiers")
+        if policy.num_gpu_batches > 1 and not (
+                self.merged_decode if policy.merge_decode else self.per_micro_batch_decode):
+            problems.append("merged decode" if policy.merge_decode else "decode one micro-batch at a time")
+        for flag, able, what in ((policy.cpu_attention, self.cpu_attention, "CPU attention"),
+                                 (policy.compress_weight, self.weight_compression, "weight compression"),
+                                 (policy.compress_cache, self.cache_compression, "cache compression")):
+            if flag and not able:
+                problems.append(what)
+        return problems
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CompressionSpec(JsonMixin):
     """Group-wise asymmetric min-max quantization (FlexGen's): a min and a scale per group."""
 

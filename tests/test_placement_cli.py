@@ -208,3 +208,15 @@ def test_engine_profile_cache_is_keyed_by_the_probed_matrices(tmp_path, monkeypa
     policy_choice.profile_cache_path().write_text(generic.to_json())
     big = model_preset("llama-3-8b").layer_matrix_shapes()
     assert policy_choice.machine_profile(tmp_path, model_shapes=big) == generic
+
+
+def test_plan_keeps_to_what_the_engine_runs():
+    """Issue 13's reproduction: `plan --model opt-30b` put 13% of the cache on disk."""
+    default = json.loads(_run("plan", "--model", "opt-30b", "--json").output)["plan"]["policy"]
+    assert default["cache"]["disk"] == 0 and max(default["activations"].values()) == 1
+    one_by_one = _run("plan", "--model", "opt-30b", "--no-merged-decode", "--json")
+    assert json.loads(one_by_one.output)["plan"]["policy"]["merge_decode"] is False
+    flexgen_space = _run("plan", "--model", "opt-30b", "--cache-on-disk", "--no-merged-decode")
+    assert flexgen_space.exit_code == 0, flexgen_space.output
+    assert "would not run this policy as planned" in flexgen_space.output
+    assert "--no-cache-on-disk" in _run("plan", "--help").output

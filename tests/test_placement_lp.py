@@ -6,10 +6,11 @@ import itertools
 import numpy as np
 import pytest
 
+import placement
 from placement import WorkloadSpec, hardware_preset, model_preset, solve
 from placement.cost import Choice, build_terms, predict
 from placement.lp import solve_fractions
-from placement.search import GPU_BATCH_SIZES, NUM_GPU_BATCHES, budgets_for
+from placement.search import GPU_BATCH_SIZES, NUM_GPU_BATCHES, budgets_for, fraction_highs
 
 MODELS = ("opt-6.7b", "opt-30b", "llama-2-13b", "llama-3-8b", "smollm2-135m",
           "deepseek-v3.2-attn")
@@ -96,21 +97,53 @@ def test_search_finds_the_best_enumerated_choice():
             continue
         terms = build_terms(Choice(gpu_batch_size=gbs, num_gpu_batches=ngb, compress_cache=cache,
                                    cpu_attention=cpu_attn, merge_decode=merge), model, hw, workload)
-        solution = solve_fractions(terms, budgets)
-        if solution is not None:
-            best = max(best, terms.tokens_per_block / solution.total_s)
+        for highs in fraction_highs(placement.EngineCapabilities()):  # what the engine runs
+            solution = solve_fractions(terms, budgets, [(0.0, high) for high in highs])
+            if solution is not None:
+                best = max(best, terms.tokens_per_block / solution.total_s)
     assert plan.tokens_per_s == pytest.approx(best, rel=1e-6)
     assert predict(plan.policy, model, hw, workload).tokens_per_s == pytest.approx(
         plan.tokens_per_s, rel=1e-6)
 
 
 def test_cache_can_be_kept_off_disk():
-    import placement
-
     model = placement.ModelSpec.preset("opt-30b")
     hw = placement.hardware_preset("t4-flexgen")
     wl = placement.WorkloadSpec(prompt_len=512, gen_len=32)
-    free = placement.solve(model, hw, wl, max_block_size=512)
-    pinned = placement.solve(model, hw, wl, max_block_size=512, cache_on_disk=False)
+    free = placement.solve(model, hw, wl, max_block_size=512,
+                           capabilities=placement.EngineCapabilities.unrestricted())
+    pinned = placement.solve(model, hw, wl, max_block_size=512)
     assert pinned.policy.cache.disk == 0
     assert pinned.tokens_per_s <= free.tokens_per_s * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("model, hardware", [("opt-30b", "t4-flexgen"), ("opt-175b", "t4-flexgen"),
+                                             ("llama-3-8b", "rtx4090")])
+def test_default_plans_are_what_the_engine_runs(model, hardware):
+    """The reproductions of issue 13: cache on disk, activations on disk or split."""
+    plan = solve(model_preset(model), hardware_preset(hardware), WorkloadSpec(prompt_len=512, gen_len=32))
+    assert placement.EngineCapabilities().unsupported(plan.policy) == []
+    assert plan.policy.cache.disk == 0 and plan.policy.activations.disk == 0
+    assert max(plan.policy.activations.as_tuple()) == 1.0
+
+
+def test_unrestricted_capabilities_may_split_activations():
+    caps = placement.EngineCapabilities.unrestricted()
+    assert len(fraction_highs(caps)) == 1 and fraction_highs(caps)[0].min() == 1.0
+    assert [list(h[6:]) for h in fraction_highs(placement.EngineCapabilities())] == [[1, 0, 0], [0, 1, 0]]
+    policy = solve(model_preset("opt-30b"), hardware_preset("t4-flexgen"),
+                   WorkloadSpec(prompt_len=512, gen_len=32), capabilities=caps).policy
+    assert placement.EngineCapabilities().unsupported(policy)  # FlexGen's space, not ours
+
+
+def test_decode_mode_follows_the_caller_and_the_engine():
+    model, hw = model_preset("opt-30b"), hardware_preset("t4-flexgen")
+    wl = WorkloadSpec(prompt_len=512, gen_len=32)
+    one_by_one = solve(model, hw, wl, allow_merged_decode=False)
+    assert not one_by_one.policy.merge_decode or one_by_one.policy.num_gpu_batches == 1
+    merged_only = placement.EngineCapabilities(per_micro_batch_decode=False)
+    assert solve(model, hw, wl, capabilities=merged_only).policy.merge_decode
+    with pytest.raises(ValueError, match="only runs merged decode"):
+        solve(model, hw, wl, allow_merged_decode=False, capabilities=merged_only)
+    with pytest.raises(ValueError, match="merged, per micro-batch"):
+        placement.EngineCapabilities(merged_decode=False, per_micro_batch_decode=False)

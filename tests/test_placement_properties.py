@@ -4,7 +4,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from placement import InfeasiblePlanError, WorkloadSpec, hardware_preset, model_preset, predict, solve
+from placement import EngineCapabilities, InfeasiblePlanError, WorkloadSpec, hardware_preset, model_preset, predict, solve
 from placement.plan import ROW_LABELS
 from placement.search import budgets_for
 
@@ -61,6 +61,7 @@ def test_every_plan_fits_every_tier(case):
         assert plan.peak_bytes[tier] <= plan.budget_bytes[tier] * (1 + 1e-6) + 4096
     for split in (plan.policy.weights, plan.policy.cache, plan.policy.activations):
         assert min(split.as_tuple()) >= 0 and sum(split.as_tuple()) == pytest.approx(1.0)
+    assert EngineCapabilities().unsupported(plan.policy) == []
 
 
 @PROPERTY_SETTINGS

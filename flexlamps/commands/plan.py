@@ -3,13 +3,14 @@
 Imports only `placement` (no torch), so it answers in well under a second.
 """
 
+import dataclasses
 import json
 from pathlib import Path
 
 import click
 
-from placement import (HardwareSpec, InfeasiblePlanError, ModelSpec, Plan, Policy, WorkloadSpec,
-                       evaluate, format_bytes, hardware_preset, model_preset, solve)
+from placement import (EngineCapabilities, HardwareSpec, InfeasiblePlanError, ModelSpec, Plan, Policy,
+                       WorkloadSpec, evaluate, format_bytes, hardware_preset, model_preset, solve)
 from placement.plan import TIERS
 from placement.presets import HARDWARE_PRESETS, MODEL_CONFIGS
 from placement.units import GiB
@@ -139,11 +140,19 @@ def _latent_pool_lines(pol: Policy, model: ModelSpec, workload: WorkloadSpec) ->
               help="Let the search quantize weights and cache to 4 bits.")
 @click.option("--cpu-attention/--no-cpu-attention", default=True, show_default=True,
               help="Let the search run decode attention on the CPU.")
+@click.option("--merged-decode/--no-merged-decode", default=True, show_default=True,
+              help="Let the search run decode micro-batches merged into one batch per layer "
+                   "(--no-merged-decode: one by one, as FlexGen does).")
+@click.option("--cache-on-disk/--no-cache-on-disk", default=EngineCapabilities().cache_on_disk,
+              show_default=True,
+              help="Let the plan keep KV cache on disk: for an engine that can (FlexGen); "
+                   "flexlamps' own engine cannot, so the default is no.")
 @click.option("--policy", "policy_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Evaluate this policy (JSON, like a plan's \"policy\") instead of searching.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def command(model_text, hardware_text, prompt_len, gen_len, shared_prefix_len, gpu_mem,
-            cpu_mem, disk_mem, usable_fraction, compress, cpu_attention, policy_path, as_json):
+            cpu_mem, disk_mem, usable_fraction, compress, cpu_attention, merged_decode,
+            cache_on_disk, policy_path, as_json):
     """Choose where weights, KV cache and activations live (GPU/CPU/disk) and how to batch."""
     model = load_model_spec(model_text)
     hardware = load_hardware_spec(hardware_text).with_memory(
@@ -158,9 +167,11 @@ def command(model_text, hardware_text, prompt_len, gen_len, shared_prefix_len, g
                         usable_fraction=usable_fraction)
     else:
         try:
+            capabilities = dataclasses.replace(EngineCapabilities(), cache_on_disk=cache_on_disk)
             plan = solve(model, hardware, workload, usable_fraction=usable_fraction,
                          allow_weight_compression=compress, allow_cache_compression=compress,
-                         allow_cpu_attention=cpu_attention)
+                         allow_cpu_attention=cpu_attention, allow_merged_decode=merged_decode,
+                         capabilities=capabilities)
         except InfeasiblePlanError as exc:
             raise click.ClickException(f"no placement fits: {exc}") from None
     if as_json:
@@ -172,3 +183,7 @@ def command(model_text, hardware_text, prompt_len, gen_len, shared_prefix_len, g
     over = [t for t in TIERS if plan.peak_bytes[t] > plan.budget_bytes[t] * (1 + 1e-6)]
     if over:
         click.echo(f"warning: this policy exceeds the {', '.join(over)} budget", err=True)
+    unsupported = EngineCapabilities().unsupported(plan.policy)
+    if unsupported:
+        click.echo(f"note: flexlamps' engine would not run this policy as planned "
+                   f"({'; '.join(unsupported)})", err=True)

@@ -39,6 +39,14 @@ class SweepProfile:
     io_s: list[float] = field(default_factory=list)
 
 
+# What this executor runs exactly as planned: the cache and activations off disk, activations
+# on one tier, decode merged or per micro-batch. `placement.solve` plans for this by default
+# (a test keeps placement's default equal to it).
+CAPABILITIES = placement.EngineCapabilities(
+    cache_on_disk=False, activations_on_disk=False, split_activations=False, merged_decode=True,
+    per_micro_batch_decode=True, cpu_attention=True, weight_compression=True, cache_compression=True)
+
+
 def _bytes_per(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
@@ -47,6 +55,10 @@ class OffloadExecutor:
     def __init__(self, reader, policy, *, gpu_mem: int, cpu_mem: int, offload_dir=None,
                  dtype: torch.dtype = torch.float32, device: torch.device | None = None, verify_disk: bool = True,
                  weight_quant: str | None = None):
+        unsupported = CAPABILITIES.unsupported(policy)
+        if unsupported:
+            raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(unsupported)}); "
+                             "use --policy auto or a policy from `flexlamps plan`")
         self.cfg = cfg = reader.config
         self.dtype = dtype
         self.policy = policy
@@ -247,7 +259,7 @@ class OffloadExecutor:
         t_sweep = time.perf_counter()
         glob_fetched, glob_staged = store.fetch(self.small_global_names)
         glob = self._layer_weights(glob_fetched)
-        act_tier = "cpu" if self.policy.activations.cpu > 0.5 else "gpu"
+        act_tier = "cpu" if self.policy.activations.cpu == 1 else "gpu"  # one tier (CAPABILITIES)
         hidden, ctxs, act_bytes = [], [], 0
         try:
             for s in steps:
