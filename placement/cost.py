@@ -163,6 +163,8 @@ class _Sizes:
 
     weight_stored: float  # one layer's weights as stored (compressed or not), embeddings spread
     weight_fp16: float  # the same, uncompressed (what GEMMs read)
+    layer_stored: float  # one layer's own weights as stored, no embedding share (what streams)
+    layer_matrices: float  # its 2-D matrices uncompressed (what compressed weights expand to)
     cache_stored: float  # cache bytes per token per layer as stored
     cache_fp16: float  # uncompressed
     indexer: float  # indexer key bytes per token per layer (GPU-resident)
@@ -170,17 +172,23 @@ class _Sizes:
     query: float  # query bytes per token (sent to the CPU for CPU attention)
 
 
-def _sizes(choice: Choice, model: ModelSpec) -> _Sizes:
+def _sizes(choice: Choice, model: ModelSpec, workload: WorkloadSpec) -> _Sizes:
     dtype_bytes = model.dtype_bytes
     ratio = choice.compression.bytes_per_element(dtype_bytes) / dtype_bytes
+    capacity = workload.prompt_len + workload.gen_len
+    cache_ratio = choice.compression.cache_bytes_per_element(capacity, dtype_bytes) / dtype_bytes
     # norms, biases and embeddings stay dense; only the layers' matrices are quantized
     dense = model.vector_param_count() * dtype_bytes + model.embedding_bytes() / model.num_layers
     weight = model.weight_bytes_per_layer() + model.embedding_bytes() / model.num_layers
     stored = (weight - dense) * ratio + dense if choice.compress_weight else weight
     cache = model.cache_bytes_per_token_per_layer()
+    layer_dense = model.vector_param_count() * dtype_bytes
+    layer = model.weight_bytes_per_layer()
+    layer_stored = (layer - layer_dense) * ratio + layer_dense if choice.compress_weight else layer
     return _Sizes(
-        weight_stored=stored, weight_fp16=weight,
-        cache_stored=cache * (ratio if choice.compress_cache else 1.0), cache_fp16=cache,
+        weight_stored=stored, weight_fp16=weight, layer_stored=layer_stored,
+        layer_matrices=layer - layer_dense,
+        cache_stored=cache * (cache_ratio if choice.compress_cache else 1.0), cache_fp16=cache,
         indexer=model.indexer_bytes_per_token_per_layer(),
         hidden=model.hidden_size * dtype_bytes,
         query=model.num_heads * (model.head_dim + model.qk_rope_head_dim) * dtype_bytes)
@@ -189,7 +197,7 @@ def _sizes(choice: Choice, model: ModelSpec) -> _Sizes:
 def build_terms(choice: Choice, model: ModelSpec, hardware: HardwareSpec,
                 workload: WorkloadSpec) -> CostTerms:
     """All affine terms of the cost model for one discrete choice."""
-    sz = _sizes(choice, model)
+    sz = _sizes(choice, model, workload)
     return CostTerms(
         prefill=_prefill_terms(choice, sz, model, hardware, workload),
         decode=_decode_terms(choice, sz, model, hardware, workload),
@@ -333,30 +341,28 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
         w, c, h = (W_GPU, C_GPU, H_GPU) if gpu else (W_CPU, C_CPU, H_CPU)
         return Affine().add(weights_home, w).add(cache_home, c).add(hidden, h)
 
-    # GPU: double-buffered streamed layer weights, the micro-batch's hidden in/out,
-    # FFN/attention intermediates, a dequantized layer when weights are compressed.
+    # GPU: double-buffered streamed layer weights (a layer's own: the embedding table and the
+    # head are read in rows and vocab chunks, never staged whole), the micro-batch's hidden
+    # in/out, FFN/attention intermediates, a dequantized layer when weights are compressed.
     def gpu_working(seqs: int, tokens_per_seq: int) -> Affine:
         hidden_io = 2 * seqs * tokens_per_seq * sz.hidden
-        work = Affine(indexer_home + 2 * sz.weight_stored + hidden_io)
-        work.add(-2 * sz.weight_stored, W_GPU).add(-hidden_io, H_GPU)
-        return work.add(sz.weight_fp16) if choice.compress_weight else work
+        work = Affine(indexer_home + 2 * sz.layer_stored + hidden_io)
+        work.add(-2 * sz.layer_stored, W_GPU).add(-hidden_io, H_GPU)
+        return work.add(sz.layer_matrices) if choice.compress_weight else work
 
     gpu_prefill = resident(hidden_p, True).plus(gpu_working(gbs, s))
     gpu_prefill.add(db * gbs * model.layer_workspace_elements(s, s))
+    gpu_prefill.plus(_attended_cache(choice, gbs * s * sz.cache_fp16))
     # a decode call runs the merged block or one micro-batch (`Choice.decode_calls`)
     rows = choice.decode_calls()[1]
     gpu_decode = resident(hidden_g, True).plus(gpu_working(rows, 1))
     gpu_decode.add(db * rows * model.layer_workspace_elements(1, full_entries))
-    if not choice.cpu_attention:  # double-buffered off-GPU cache of one call's sequences
-        mb_cache = 2 * rows * full_entries * sz.cache_stored
-        gpu_decode.add(mb_cache).add(-mb_cache, C_GPU)
-    if choice.compress_cache:
-        gpu_decode.add(rows * full_entries * sz.cache_fp16)
+    gpu_decode.plus(_attended_cache(choice, rows * full_entries * sz.cache_fp16))
 
     # CPU: staging buffers for whatever streams from disk
-    cpu_prefill = resident(hidden_p, False).add(2 * sz.weight_stored, W_DISK)
+    cpu_prefill = resident(hidden_p, False).add(2 * sz.layer_stored, W_DISK)
     cpu_prefill.add(2 * gbs * s * sz.hidden, H_DISK).add(gbs * s * sz.cache_stored, C_DISK)
-    cpu_decode = resident(hidden_g, False).add(2 * sz.weight_stored, W_DISK)
+    cpu_decode = resident(hidden_g, False).add(2 * sz.layer_stored, W_DISK)
     cpu_decode.add(2 * rows * sz.hidden, H_DISK)
     cpu_decode.add(2 * rows * full_entries * sz.cache_stored, C_DISK)
     if choice.cpu_attention:  # scores, plus a dequantized copy of one call's cache
@@ -367,6 +373,19 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     disk = Affine().add(weights_home, W_DISK).add(cache_home, C_DISK).add(hidden_p, H_DISK)
     return {"gpu_prefill": gpu_prefill, "gpu_decode": gpu_decode, "cpu_prefill": cpu_prefill,
             "cpu_decode": cpu_decode, "disk": disk}
+
+
+def _attended_cache(choice: Choice, dense_bytes: float) -> Affine:
+    """GPU bytes one call's attention holds besides the resident cache: `dense_bytes`, the
+    call's cache rows uncompressed, copied in for the layers off the GPU (unless attention runs
+    on the CPU) and decompressed for compressed layers on it. The engine attends one call at a
+    time and fetches no cache ahead, so one copy is held, never two."""
+    staged = Affine()
+    if not choice.cpu_attention:
+        staged.add(dense_bytes, C_CPU, C_DISK)
+    if choice.compress_cache:
+        staged.add(dense_bytes, C_GPU)
+    return staged
 
 
 def _layer_seconds(ctog: Affine, gtoc: Affine, dtoc: Affine, ctod: Affine, comp: Affine,

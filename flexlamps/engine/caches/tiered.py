@@ -14,13 +14,14 @@ from flexlamps.engine.caches.channel_keys import ChannelGroupedKeys
 from flexlamps.engine.caches.dense import _rows
 from flexlamps.models.attention import attention
 from flexlamps.models.config import ModelConfig
+from placement.specs import CACHE_KEY_GROUP_TOKENS
 from offload import tensor_bytes
 from offload.budget import TierBudget
 
 
-# Keys are grouped per channel over this many tokens (values per token along the head dim):
-# on SmolLM2 WikiText that is what keeps 4-bit caches within about 2% of full precision.
-KEY_GROUP = 32
+# Keys are grouped per channel over this many tokens (values per token along the head dim);
+# the planner prices the same layout (placement.CompressionSpec.cache_bytes_per_element).
+KEY_GROUP = CACHE_KEY_GROUP_TOKENS
 
 
 class _PackedKV:
@@ -63,6 +64,34 @@ class _PackedKV:
         return (vals.float() * scales + mins).reshape(n, h, s, self.d).to(self.dtype)
 
 
+def _layer_buffers(cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype,
+                   device: torch.device, compress=None):
+    """One layer's K and V buffers (4-bit packed when `compress` is a QuantConfig)."""
+    shape = (num_slots, cfg.num_kv_heads, capacity, cfg.head_dim)
+    if compress is not None:
+        return (ChannelGroupedKeys(shape, dtype, device, bits=compress.bits, group=KEY_GROUP),
+                _PackedKV(shape, dtype, device, compress))
+    return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+
+
+def layer_bytes(cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype, compress=None) -> int:
+    """Bytes one layer's cache charges its tier: its buffers built on the meta device (no memory)."""
+    k, v = _layer_buffers(cfg, num_slots, capacity, dtype, torch.device("meta"), compress)
+    return sum(x.nbytes if not isinstance(x, torch.Tensor) else tensor_bytes(x) for x in (k, v))
+
+
+def staged_rows_bytes(cfg: ModelConfig, num_rows: int, span: int, dtype: torch.dtype) -> int:
+    """Bytes `attend` holds on the gpu tier for the rows it attends to (K and V, uncompressed):
+    copied in for a layer kept off it when attention does not run on the CPU, decompressed for a
+    compressed layer on it (see `attends_with_staged_rows`)."""
+    return 2 * num_rows * cfg.num_kv_heads * span * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def attends_with_staged_rows(tier: str, cpu_attention: bool, compressed: bool) -> bool:
+    """Whether attention over a layer on `tier` holds staged rows on the gpu tier."""
+    return (tier != "gpu" and not cpu_attention) or (tier == "gpu" and compressed)
+
+
 class TieredKVCache:
     def __init__(self, cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype,
                  tiers: list[str], budgets: dict[str, TierBudget], device: torch.device,
@@ -73,23 +102,16 @@ class TieredKVCache:
         self.tiers, self.budgets = tiers, budgets
         self.device, self.cpu_attention, self.compress = device, cpu_attention, compress
 
-        shape = (num_slots, cfg.num_kv_heads, capacity, cfg.head_dim)
         self.k, self.v = [], []
         self._charged: list[tuple[str, int]] = []
         try:
             for layer, tier in enumerate(tiers):
-                dev = device if tier == "gpu" else torch.device("cpu")
-                if compress is not None:
-                    k = ChannelGroupedKeys(shape, dtype, dev, bits=compress.bits, group=KEY_GROUP)
-                    v = _PackedKV(shape, dtype, dev, compress)
-                    n = k.nbytes + v.nbytes
-                else:
-                    per = num_slots * cfg.num_kv_heads * capacity * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
-                    n = 2 * per
+                # charged before it is allocated: a cache that does not fit never takes memory
+                n = layer_bytes(cfg, num_slots, capacity, dtype, compress)
                 budgets[tier].allocate(n, f"KV cache layer {layer} ({tier})")
                 self._charged.append((tier, n))
-                if compress is None:
-                    k, v = torch.zeros(shape, dtype=dtype, device=dev), torch.zeros(shape, dtype=dtype, device=dev)
+                dev = device if tier == "gpu" else torch.device("cpu")
+                k, v = _layer_buffers(cfg, num_slots, capacity, dtype, dev, compress)
                 self.k.append(k)
                 self.v.append(v)
         except BaseException:
@@ -133,12 +155,15 @@ class TieredKVCache:
             keys, values = _rows(kc, slots_h, span), _rows(vc, slots_h, span)
         staged = 0
         where = home
-        if self.tiers[layer] != "gpu" and not self.cpu_attention:
+        if self.tiers[layer] != "gpu" and not self.cpu_attention:  # see attends_with_staged_rows
             # bring this micro-batch's rows to the compute device for attention
             staged = tensor_bytes(keys, values)
             self.budgets["gpu"].allocate(staged, f"KV cache layer {layer} rows staged for attention")
             keys, values = keys.to(self.device, copy=True), values.to(self.device, copy=True)
             where = self.device
+        elif self.tiers[layer] == "gpu" and self.compress is not None:
+            staged = tensor_bytes(keys, values)  # decompressed on the gpu tier: held while attending
+            self.budgets["gpu"].allocate(staged, f"KV cache layer {layer} rows decompressed")
         try:
             qd = q.to(where)
             mask = torch.arange(span, device=where)[None, None, :] <= positions.to(where)[:, :, None]

@@ -20,10 +20,12 @@ import placement
 from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.placement_map import cache_tiers, weight_tiers
 from flexlamps.engine.caches.tiered import TieredKVCache
+from flexlamps.engine.executors.charges import (HEAD_CHUNK_ROWS, TABLE_NAMES, PlacementCharges,
+                                                kv_quant_config, weight_quant_config, workspace_bytes)
 from flexlamps.models.forward import forward_for
 from flexlamps.models.linear import linear, pack
 from flexlamps.models.weight_specs import weight_specs
-from offload import DiskFolder, TierBudget, TieredStore, compute_device
+from offload import DiskFolder, TierBudget, TieredStore, compute_device, tensor_bytes
 
 
 @dataclass
@@ -68,11 +70,8 @@ class OffloadExecutor:
         self.budgets = {"gpu": TierBudget("gpu", gpu_mem), "cpu": TierBudget("cpu", cpu_mem)}
         self.qcfg = self.kv_qcfg = None
         if policy.compress_weight or policy.compress_cache:
-            from quant import KV_CACHE_DEFAULT
-
             self.qcfg = weight_quant_config(policy.compression.num_bits)  # groups along the input channels
-            size = dict(bits=policy.compression.num_bits, group_size=policy.compression.group_size)
-            self.kv_qcfg = dataclasses.replace(KV_CACHE_DEFAULT, **size)  # cache: along the head dim
+            self.kv_qcfg = kv_quant_config(policy)
         # weight compression backend: group-wise (FlexGen's, any tier) or bitsandbytes nf4/fp4
         self.weight_quantizer = None
         if weight_quant not in (None, "none", "groupwise4", "groupwise8"):
@@ -103,13 +102,15 @@ class OffloadExecutor:
             raise
         # the embedding table and output head are read in pieces (rows looked up, head in vocab
         # chunks), so they never have to be staged whole on the gpu tier
-        self.table_names = {"embed_tokens", "lm_head"}
+        self.table_names = set(TABLE_NAMES)
         self.small_global_names = [s.name for s in self.specs if s.layer is None and s.name not in self.table_names]
         self.head_name = "lm_head" if any(s.name == "lm_head" for s in self.specs) else "embed_tokens"
         self.layer_names = [[s.name for s in self.specs if s.layer == i] for i in range(cfg.num_layers)]
         self.local = {s.name: s.local_name for s in self.specs}
         per_layer = [sum(s.numel for s in self.specs if s.layer == i) for i in range(cfg.num_layers)]
         self.max_layer_bytes = max(per_layer, default=0) * _bytes_per(self.dtype)
+        # what a sweep charges, computed ahead (whether merged decode fits); the dry run's counts
+        self.charges = PlacementCharges(reader.hf_config, policy, dtype)
         self.record_profile = False  # when True, every sweep appends a SweepProfile to self.sweeps
         self.sweeps: list[SweepProfile] = []
 
@@ -169,13 +170,16 @@ class OffloadExecutor:
                              compress=self.kv_qcfg if self.policy.compress_cache else None)
 
     # -- running ----------------------------------------------------------------------------
-    def _layer_weights(self, fetched: dict) -> dict[str, torch.Tensor]:
-        out = {}
+    def _layer_weights(self, fetched: dict) -> tuple[dict[str, torch.Tensor], int]:
+        """The fetched weights by local name, and the bytes of those decompressed here (a
+        quant.QTensor is decompressed on the compute device, one layer at a time)."""
+        out, dense_bytes = {}, 0
         for name, w in fetched.items():
-            if not isinstance(w, torch.Tensor):  # a quant.QTensor: decompressed here, one layer at a time
+            if not isinstance(w, torch.Tensor):
                 w = w.dequantize(dtype=self.dtype, device=self.device)
+                dense_bytes += tensor_bytes(w)
             out[self.local[name]] = w
-        return out
+        return out, dense_bytes
 
     def _fetch_timed(self, layer: int):
         """Load a layer's weights on a worker thread; the result carries the load's duration."""
@@ -186,7 +190,7 @@ class OffloadExecutor:
 
         return self.store.submit(load)
 
-    HEAD_CHUNK_ROWS = 8192
+    HEAD_CHUNK_ROWS = HEAD_CHUNK_ROWS
 
     def _embed(self, glob: dict, step: Step) -> torch.Tensor:
         ids = step.input_ids
@@ -215,11 +219,8 @@ class OffloadExecutor:
         return out
 
     def _workspace_bytes(self, step: Step, span: int) -> int:
-        """Compute scratch for one micro-batch in one layer, charged while it runs: the
-        planner's own formula (so a plan that fits runs within its budget) plus the mask."""
         n, t = step.input_ids.shape
-        elements = n * self.model_spec.layer_workspace_elements(t, span)
-        return int(elements) * _bytes_per(self.dtype) + n * t * span  # + the boolean mask
+        return workspace_bytes(self.model_spec, n, t, span, _bytes_per(self.dtype))
 
     @torch.inference_mode()
     def forward_steps(self, cache: TieredKVCache, steps: list[Step]) -> list[torch.Tensor]:
@@ -244,11 +245,9 @@ class OffloadExecutor:
         merged = Step(torch.cat([s.input_ids for s in decodes]), torch.cat([s.positions for s in decodes]),
                       torch.cat([s.slots for s in decodes]), torch.cat([s.logit_rows for s in decodes]))
         span = int(merged.positions.max()) + 1
-        need = self._workspace_bytes(merged, span) + 2 * self.max_layer_bytes
+        need = self.charges.sweep_gpu_peak([(len(merged.slots), 1, span)])
         if self.cfg.mla is not None and self.policy.cache.gpu < 1:  # a latent pool's misses: one top-k a row
             need += len(merged.slots) * self.cfg.mla.index_topk * self.cfg.mla.latent_width * _bytes_per(self.dtype)
-        elif self.policy.cache.gpu < 1 and not self.policy.cpu_attention:
-            need += 2 * len(merged.slots) * self.cfg.kv_size * span * _bytes_per(self.dtype)  # staged rows
         if need > self.budgets["gpu"].free_bytes:
             return None, None
         return merged, [len(s.slots) for s in decodes]
@@ -258,7 +257,7 @@ class OffloadExecutor:
         prof = SweepProfile(prefill=any(s.input_ids.shape[1] > 1 for s in steps)) if self.record_profile else None
         t_sweep = time.perf_counter()
         glob_fetched, glob_staged = store.fetch(self.small_global_names)
-        glob = self._layer_weights(glob_fetched)
+        glob = self._layer_weights(glob_fetched)[0]
         act_tier = "cpu" if self.policy.activations.cpu == 1 else "gpu"  # one tier (CAPABILITIES)
         hidden, ctxs, act_bytes = [], [], 0
         try:
@@ -276,8 +275,10 @@ class OffloadExecutor:
                 fetched, staged, io_s = pending.result()
                 t_io = time.perf_counter()
                 pending = self._fetch_timed(j + 1) if j + 1 < cfg.num_layers else None
+                dense_bytes = 0
                 try:
-                    w = self._layer_weights(fetched)
+                    w, dense_bytes = self._layer_weights(fetched)
+                    self.budgets["gpu"].allocate(dense_bytes, f"layer {j} weights decompressed")
                     for k, s in enumerate(steps):
                         ws = self._workspace_bytes(s, spans[k])
                         self.budgets["gpu"].allocate(ws, "compute workspace")
@@ -289,6 +290,7 @@ class OffloadExecutor:
                             self.budgets["gpu"].free(ws)
                 finally:
                     store.release(staged)
+                    self.budgets["gpu"].free(dense_bytes)
                 if prof is not None:
                     t1 = time.perf_counter()
                     prof.layer_s.append(t1 - t0)
@@ -322,15 +324,6 @@ class OffloadExecutor:
 
     def close(self) -> None:
         self.store.close()
-
-
-def weight_quant_config(num_bits: int = 4):
-    """Weights: groups of 32 along the input channels with 8-bit group parameters (the layout of
-    GGUF's Q4 blocks and of GPTQ/AWQ groups). FlexGen's output-channel groups of 64 cost SmolLM2
-    +42% WikiText perplexity; this layout is within 0.1% at 0.287x the fp16 bytes."""
-    from quant import QuantConfig
-
-    return QuantConfig(bits=num_bits, group_size=32, group_dim=1, param_bits=8)
 
 
 def _stable_hash(text: str) -> str:

@@ -2,7 +2,10 @@
 
 Like FlexGen, the split is applied inside each layer: a layer's tensors are walked in order
 and each goes to the tier where the middle of its byte range falls, so every layer keeps
-about `weights.gpu` of its bytes on the GPU and the I/O per layer is even.
+about `weights.gpu` of its bytes on the GPU and the I/O per layer is even. Unlike FlexGen,
+what one group (the global tensors, then each layer) rounds off is carried into the next
+group's target, so each tier holds its planned share of all the weights to within about one
+tensor: the bytes the planner counted are the bytes the budgets are charged.
 """
 
 from __future__ import annotations
@@ -23,12 +26,21 @@ def weight_tiers(cfg: ModelConfig, split) -> dict[str, str]:
     groups: dict[int | None, list[WeightSpec]] = {}
     for s in weight_specs(cfg):
         groups.setdefault(s.layer, []).append(s)
+    order = sorted(groups, key=lambda layer: -1 if layer is None else layer)  # globals first
     tiers = {}
-    for specs in groups.values():
-        total = sum(s.numel for s in specs)
+    seen = on_gpu = on_gpu_or_cpu = 0  # elements walked, and placed on the gpu / gpu+cpu tiers
+    for layer in order:
+        specs = groups[layer]
+        seen += sum(s.numel for s in specs)
+        # this group's share of each boundary, plus what earlier groups rounded off
+        gpu_end = split.gpu * seen - on_gpu
+        cpu_end = (split.gpu + split.cpu) * seen - on_gpu_or_cpu
         done = 0
         for s in specs:
-            tiers[s.name] = _tier_at((done + s.numel / 2) / total, split)
+            middle = done + s.numel / 2
+            tiers[s.name] = "gpu" if middle < gpu_end else "cpu" if middle < cpu_end else "disk"
+            on_gpu += s.numel if tiers[s.name] == "gpu" else 0
+            on_gpu_or_cpu += s.numel if tiers[s.name] != "disk" else 0
             done += s.numel
     return tiers
 

@@ -70,7 +70,7 @@ def plan_policy(hf_config: dict, dtype: torch.dtype, hardware: HardwareSpec, *, 
     hw = dataclasses.replace(hardware, gpu_mem_bytes=gpu_mem, cpu_mem_bytes=cpu_mem,
                              disk_bytes=max(1, disk_bytes or 1))
     workload = WorkloadSpec(prompt_len=max(1, prompt_len), gen_len=max(1, gen_len))
-    from flexlamps.engine.offload_executor import CAPABILITIES
+    from flexlamps.engine.executors.offloaded import CAPABILITIES
 
     return placement.solve(model, hw, workload, max_block_size=max_block_size, capabilities=CAPABILITIES,
                            allow_weight_compression=allow_compression, allow_cache_compression=allow_compression)

@@ -1,0 +1,75 @@
+"""A dry run of the offload executor: what it charges each tier for one block of a policy,
+without loading weights or allocating anything.
+
+It places every weight with the executor's own map and sizes it in the form the executor
+stores (`charges.PlacementCharges`, on torch's meta device), sizes the KV cache with the
+tiered cache's own buffers (meta again), then charges one prefill sweep and the last, longest
+decode sweep as the executor does, merging the decode micro-batches when the executor would.
+A plan the executor would refuse raises the same `BudgetExceededError`.
+`tests/test_plan_engine_agreement.py` holds it to the executor's measured peaks on a tiny model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import placement
+from flexlamps.engine.caches.tiered import layer_bytes
+from flexlamps.engine.executors.charges import PlacementCharges, kv_quant_config
+from flexlamps.engine.executors.offloaded import CAPABILITIES
+from offload import TierBudget
+
+
+@dataclass(frozen=True, slots=True)
+class DryRun:
+    """Peak bytes the executor charged per tier (disk: what the offload folder holds)."""
+
+    peak_bytes: dict[str, int]
+    merged_decode: bool  # the decode sweep ran its micro-batches merged
+
+
+def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem: int, prompt_len: int,
+            gen_len: int, dtype: torch.dtype = torch.float16) -> DryRun:
+    """Charge the budgets as `OffloadExecutor` would for one block of `policy`: its
+    `gpu_batch_size * num_gpu_batches` prompts of `prompt_len` tokens generating `gen_len`.
+
+    Raises:
+        ValueError: the executor would not run the policy as planned (see CAPABILITIES).
+        BudgetExceededError: a charge does not fit its tier, as in a real run.
+    """
+    unsupported = CAPABILITIES.unsupported(policy)
+    if unsupported:
+        raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(unsupported)})")
+    run = PlacementCharges(hf_config, policy, dtype)
+    budgets = {"gpu": TierBudget("gpu", gpu_mem), "cpu": TierBudget("cpu", cpu_mem)}
+    for spec in run.specs:
+        if run.tiers[spec.name] != "disk":
+            budgets[run.tiers[spec.name]].allocate(run.stored[spec.name], f"{spec.name} resident")
+    num_slots, capacity = policy.gpu_batch_size * policy.num_gpu_batches, prompt_len + gen_len
+    compress = kv_quant_config(policy) if policy.compress_cache else None
+    cache_bytes = layer_bytes(run.cfg, num_slots, capacity, dtype, compress)
+    for layer, tier in enumerate(run.cache_tiers):
+        budgets[tier].allocate(cache_bytes, f"KV cache layer {layer} ({tier})")
+    _sweep(run, budgets, [(policy.gpu_batch_size, prompt_len, prompt_len)] * policy.num_gpu_batches)
+    span = prompt_len + gen_len - 1  # the last decode step attends to the longest context
+    merged = (policy.merge_decode and policy.num_gpu_batches > 1
+              and run.sweep_gpu_peak([(num_slots, 1, span)]) <= budgets["gpu"].free_bytes)
+    rows = [num_slots] if merged else [policy.gpu_batch_size] * policy.num_gpu_batches
+    _sweep(run, budgets, [(n, 1, span) for n in rows])
+    disk = sum(run.stored[s.name] for s in run.specs if run.tiers[s.name] == "disk")
+    return DryRun({"gpu": budgets["gpu"].peak_bytes, "cpu": budgets["cpu"].peak_bytes, "disk": disk}, merged)
+
+
+def _sweep(run: PlacementCharges, budgets: dict[str, TierBudget], steps) -> None:
+    """Charge one sweep's peak: activations on the cpu tier when they live there, the rest on
+    the gpu tier (see `PlacementCharges.sweep_gpu_peak`)."""
+    host = run.activation_bytes(steps) if run.activation_tier == "cpu" else 0
+    budgets["cpu"].allocate(host, "activations (cpu)")
+    try:
+        peak = run.sweep_gpu_peak(steps)
+        budgets["gpu"].allocate(peak, "one sweep")
+        budgets["gpu"].free(peak)
+    finally:
+        budgets["cpu"].free(host)
