@@ -359,10 +359,12 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     gpu_decode.add(db * rows * model.layer_workspace_elements(1, full_entries))
     gpu_decode.plus(_attended_cache(choice, rows * full_entries * sz.cache_fp16))
 
-    # CPU: staging buffers for whatever streams from disk
-    cpu_prefill = resident(hidden_p, False).add(2 * sz.layer_stored, W_DISK)
+    # CPU: staging buffers for the activations and cache that stream from disk; weights on disk
+    # are read tensor by tensor straight into the gpu tier's staging (on a GPU through a
+    # transient one-tensor host buffer), so they hold no layer-sized CPU buffer
+    cpu_prefill = resident(hidden_p, False)
     cpu_prefill.add(2 * gbs * s * sz.hidden, H_DISK).add(gbs * s * sz.cache_stored, C_DISK)
-    cpu_decode = resident(hidden_g, False).add(2 * sz.layer_stored, W_DISK)
+    cpu_decode = resident(hidden_g, False)
     cpu_decode.add(2 * rows * sz.hidden, H_DISK)
     cpu_decode.add(2 * rows * full_entries * sz.cache_stored, C_DISK)
     if choice.cpu_attention:  # scores, plus a dequantized copy of one call's cache

@@ -9,11 +9,12 @@ its time), so the result is the true optimum over the grid: more memory never ma
 
 import dataclasses
 import itertools
+import math
 import time
 
 import numpy as np
 
-from placement.cost import (C_DISK, H_CPU, H_DISK, H_GPU, MEMORY_ROWS, NUM_FRACTIONS, Choice,
+from placement.cost import (C_DISK, C_GPU, H_CPU, H_DISK, H_GPU, MEMORY_ROWS, NUM_FRACTIONS, Choice,
                             build_terms, decode_layer_time, fractions_of, prefill_layer_time,
                             total_time)
 from placement.lp import memory_excess, memory_implied_highs, solve_fractions, time_lower_bounds
@@ -116,6 +117,9 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
             continue  # memory grows with both knobs, so a larger one cannot fit either
         solution = solve_fractions(terms, budgets, _bounds(placements[place]))
         num_lps += 1
+        if solution is not None:
+            solution, extra_lps = _cache_in_whole_layers(solution, terms, budgets, placements[place])
+            num_lps += extra_lps
         if solution is None:
             too_big.setdefault(key, []).append((choice.gpu_batch_size, choice.num_gpu_batches))
             continue
@@ -129,6 +133,31 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
 
 def _bounds(highs: np.ndarray) -> tuple[tuple[float, float], ...]:
     return tuple((0.0, float(high)) for high in highs)
+
+
+def _cache_in_whole_layers(solution, terms, budgets, highs) -> tuple[object, int]:
+    """The best solution whose cache split gives each tier whole layers, as the engine places
+    the cache (layer by layer), and the LPs solved to find it (None when none fits).
+
+    Each tier boundary of the LP's split is rounded down and up to a layer; the weights and
+    activations are solved again around each rounding."""
+    layers = terms.num_layers
+    gpu_end, cpu_end = solution.fractions[C_GPU] * layers, (1 - solution.fractions[C_DISK]) * layers
+    if all(abs(end - round(end)) < 1e-6 for end in (gpu_end, cpu_end)):
+        return solution, 0
+    best, num_lps = None, 0
+    for gpu_layers in {math.floor(gpu_end + 1e-6), math.ceil(gpu_end - 1e-6)}:
+        for cached_layers in {math.floor(cpu_end + 1e-6), math.ceil(cpu_end - 1e-6)}:
+            split = np.array([gpu_layers, cached_layers - gpu_layers, layers - cached_layers]) / layers
+            if split.min() < 0 or (split > highs[C_GPU:C_DISK + 1] + 1e-9).any():
+                continue
+            bounds = list(_bounds(highs))
+            bounds[C_GPU:C_DISK + 1] = [(float(f), float(f)) for f in split]
+            candidate = solve_fractions(terms, budgets, bounds)
+            num_lps += 1
+            if candidate is not None and (best is None or candidate.total_s < best.total_s):
+                best = candidate
+    return best, num_lps
 
 
 def _candidates(model, hardware, workload, budgets, flags, placements, compression, max_block_size):

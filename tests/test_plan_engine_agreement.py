@@ -85,12 +85,19 @@ def _check_plan_runs_in_a_dry_run(case):
     run = dry_run(config, plan.policy, gpu_mem=hw.gpu_mem_bytes, cpu_mem=hw.cpu_mem_bytes,
                   prompt_len=workload.prompt_len, gen_len=workload.gen_len, dtype=dtype)
     capacity = {"gpu": hw.gpu_mem_bytes, "cpu": hw.cpu_mem_bytes, "disk": hw.disk_bytes}
+    # the engine places whole tensors and whole cache layers: each tier boundary may fall half
+    # a matrix and half a cache layer away from the planned share
+    matrix = max(model.hidden_size * max(model.intermediate_size, model.num_heads * model.head_dim),
+                 1) * model.dtype_bytes
+    cache_layer = (plan.policy.block_size * (workload.prompt_len + workload.gen_len)
+                   * model.cache_bytes_per_token_per_layer())
     for tier in ("gpu", "cpu", "disk"):
         charged, estimate = run.peak_bytes[tier], plan.peak_bytes[tier]
         assert charged <= capacity[tier], (tier, charged, capacity[tier], plan.policy)
-        # within 10% of the estimate (1% of the budget of slack for tiers the plan barely uses)
-        assert abs(charged - estimate) <= 0.1 * estimate + 0.01 * plan.budget_bytes[tier], \
-            (tier, charged / GiB, estimate / GiB, plan.policy)
+        # within 10% of the estimate, plus that granularity and 1% of the budget for tiers
+        # the plan barely uses
+        slack = matrix + cache_layer + 0.01 * plan.budget_bytes[tier]
+        assert abs(charged - estimate) <= 0.1 * estimate + slack, (tier, charged / GiB, estimate / GiB, plan.policy)
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
@@ -143,4 +150,6 @@ def test_dry_run_charges_what_the_executor_charges(tiny_models, mix, tmp_path):
     executor.close()
     for tier in ("gpu", "cpu"):
         measured = executor.budgets[tier].peak_bytes
-        assert measured <= run.peak_bytes[tier] <= 1.02 * measured, (tier, measured, run.peak_bytes[tier])
+        # the dry run assumes the next layer's prefetch lands while a layer computes (as it
+        # does unless the machine is loaded), so it may exceed a measured peak, never fall short
+        assert measured <= run.peak_bytes[tier] <= 1.1 * measured, (tier, measured, run.peak_bytes[tier])

@@ -62,6 +62,13 @@ def _stored_nbytes(shape: tuple[int, ...], dtype: torch.dtype, num_bits: int | N
     return tensor_bytes(pack(w) if prepacked else w)
 
 
+def placed_size(spec, policy: placement.Policy, dtype: torch.dtype) -> int:
+    """Bytes a weight is stored in, whatever its tier (compressed or not): what the weight
+    split shares out (`placement_map.weight_tiers`)."""
+    compress = policy.compress_weight and spec.role == "linear"
+    return _stored_nbytes(tuple(spec.shape), dtype, policy.compression.num_bits if compress else None, False)
+
+
 class PlacementCharges:
     """A policy's placement of one model's weights and cache, as the executor makes it, and the
     bytes its sweeps charge. A step is (rows, tokens per row, attended span)."""
@@ -72,7 +79,7 @@ class PlacementCharges:
         self.policy, self.dtype = policy, dtype
         self.dtype_bytes = torch.empty((), dtype=dtype).element_size()
         self.specs = weight_specs(cfg)
-        self.tiers = weight_tiers(cfg, policy.weights)
+        self.tiers = weight_tiers(cfg, policy.weights, lambda spec: placed_size(spec, policy, dtype))
         self.stored = {s.name: self._stored_bytes(s) for s in self.specs}
         self.layer_names = [[s.name for s in self.specs if s.layer == j] for j in range(cfg.num_layers)]
         self.cache_tiers = cache_tiers(cfg.num_layers, policy.cache)

@@ -21,7 +21,8 @@ from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.placement_map import cache_tiers, weight_tiers
 from flexlamps.engine.caches.tiered import TieredKVCache
 from flexlamps.engine.executors.charges import (HEAD_CHUNK_ROWS, TABLE_NAMES, PlacementCharges,
-                                                kv_quant_config, weight_quant_config, workspace_bytes)
+                                                kv_quant_config, placed_size, weight_quant_config,
+                                                workspace_bytes)
 from flexlamps.models.forward import forward_for
 from flexlamps.models.linear import linear, pack
 from flexlamps.models.weight_specs import weight_specs
@@ -85,7 +86,7 @@ class OffloadExecutor:
             self.policy = policy
             self.qcfg = weight_quant_config(int(weight_quant[-1]))
         self.specs = weight_specs(cfg)
-        self.tiers = weight_tiers(cfg, policy.weights)
+        self.tiers = weight_tiers(cfg, policy.weights, lambda spec: placed_size(spec, policy, dtype))
         disk = None
         if "disk" in self.tiers.values():
             if offload_dir is None:

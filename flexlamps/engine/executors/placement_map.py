@@ -22,26 +22,31 @@ def _tier_at(point: float, split) -> str:
     return "disk"
 
 
-def weight_tiers(cfg: ModelConfig, split) -> dict[str, str]:
+def weight_tiers(cfg: ModelConfig, split, size_of=None) -> dict[str, str]:
+    """Tier of every weight tensor. `size_of(spec)`: the bytes it is stored in (default: its
+    element count), so that shares are shares of stored bytes, as the planner counts them
+    (compressed matrices shrink, embedding tables do not)."""
+    size_of = size_of or (lambda spec: spec.numel)
     groups: dict[int | None, list[WeightSpec]] = {}
     for s in weight_specs(cfg):
         groups.setdefault(s.layer, []).append(s)
     order = sorted(groups, key=lambda layer: -1 if layer is None else layer)  # globals first
     tiers = {}
-    seen = on_gpu = on_gpu_or_cpu = 0  # elements walked, and placed on the gpu / gpu+cpu tiers
+    seen = on_gpu = on_gpu_or_cpu = 0  # bytes walked, and placed on the gpu / gpu+cpu tiers
     for layer in order:
         specs = groups[layer]
-        seen += sum(s.numel for s in specs)
+        seen += sum(size_of(s) for s in specs)
         # this group's share of each boundary, plus what earlier groups rounded off
         gpu_end = split.gpu * seen - on_gpu
         cpu_end = (split.gpu + split.cpu) * seen - on_gpu_or_cpu
         done = 0
         for s in specs:
-            middle = done + s.numel / 2
+            size = size_of(s)
+            middle = done + size / 2
             tiers[s.name] = "gpu" if middle < gpu_end else "cpu" if middle < cpu_end else "disk"
-            on_gpu += s.numel if tiers[s.name] == "gpu" else 0
-            on_gpu_or_cpu += s.numel if tiers[s.name] != "disk" else 0
-            done += s.numel
+            on_gpu += size if tiers[s.name] == "gpu" else 0
+            on_gpu_or_cpu += size if tiers[s.name] != "disk" else 0
+            done += size
     return tiers
 
 
