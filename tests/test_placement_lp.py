@@ -131,9 +131,13 @@ def test_unrestricted_capabilities_may_split_activations():
     caps = placement.EngineCapabilities.unrestricted()
     assert len(fraction_highs(caps)) == 1 and fraction_highs(caps)[0].min() == 1.0
     assert [list(h[6:]) for h in fraction_highs(placement.EngineCapabilities())] == [[1, 0, 0], [0, 1, 0]]
-    policy = solve(model_preset("opt-30b"), hardware_preset("t4-flexgen"),
-                   WorkloadSpec(prompt_len=512, gen_len=32), capabilities=caps).policy
-    assert placement.EngineCapabilities().unsupported(policy)  # FlexGen's space, not ours
+    args = (model_preset("opt-30b"), hardware_preset("t4-flexgen"), WorkloadSpec(prompt_len=512, gen_len=32))
+    wider = solve(*args, capabilities=caps)
+    assert wider.tokens_per_s >= solve(*args).tokens_per_s * (1 - 1e-9)  # a superset of placements
+    split = placement.Policy(gpu_batch_size=1, num_gpu_batches=1, weights=wider.policy.weights,
+                             cache=wider.policy.cache, activations=placement.TierSplit(gpu=0.5, cpu=0.5, disk=0.0))
+    assert placement.EngineCapabilities().unsupported(split) == ["activations split across tiers"]
+    assert caps.unsupported(split) == []
 
 
 def test_decode_mode_follows_the_caller_and_the_engine():

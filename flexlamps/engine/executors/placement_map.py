@@ -33,12 +33,15 @@ def weight_tiers(cfg: ModelConfig, split, size_of=None) -> dict[str, str]:
     order = sorted(groups, key=lambda layer: -1 if layer is None else layer)  # globals first
     tiers = {}
     seen = on_gpu = on_gpu_or_cpu = 0  # bytes walked, and placed on the gpu / gpu+cpu tiers
-    for layer in order:
+    debt = (0.0, 0.0)  # what the global tensors rounded off, paid back evenly over the layers
+    for index, layer in enumerate(order):
         specs = groups[layer]
         seen += sum(size_of(s) for s in specs)
-        # this group's share of each boundary, plus what earlier groups rounded off
-        gpu_end = split.gpu * seen - on_gpu
-        cpu_end = (split.gpu + split.cpu) * seen - on_gpu_or_cpu
+        # this group's share of each boundary, plus what earlier groups rounded off (the
+        # globals' rounding spread over the layers, so every layer streams about as much)
+        left = 1 - index / (len(order) - 1) if len(order) > 1 and index else 0.0
+        gpu_end = split.gpu * seen - on_gpu - debt[0] * left
+        cpu_end = (split.gpu + split.cpu) * seen - on_gpu_or_cpu - debt[1] * left
         done = 0
         for s in specs:
             size = size_of(s)
@@ -47,6 +50,8 @@ def weight_tiers(cfg: ModelConfig, split, size_of=None) -> dict[str, str]:
             on_gpu += size if tiers[s.name] == "gpu" else 0
             on_gpu_or_cpu += size if tiers[s.name] != "disk" else 0
             done += size
+        if layer is None:
+            debt = (split.gpu * seen - on_gpu, (split.gpu + split.cpu) * seen - on_gpu_or_cpu)
     return tiers
 
 
