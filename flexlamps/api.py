@@ -8,59 +8,18 @@ JSON, a `placement.Policy` is used as is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
 from flexlamps.engine.batch.generate import RequestOutput, generate
-from flexlamps.engine.executors.host_allocator import keep_freed_memory
+from flexlamps.host_allocator import keep_freed_memory
 from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.batch.scoring import PrefixScorer, PrefixStats, ScoreOutput, split_tokens
 from flexlamps.models.registry import open_checkpoint
+from flexlamps.settings import RunSettings
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "ScoreOutput"]
-
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-
-
-def parse_dtype(name: str, reader=None) -> torch.dtype:
-    """A dtype by name; "auto" is the fastest that keeps quality for `reader`'s checkpoint:
-    bfloat16 with 4-bit weights multiplied in place where the file stores 4-bit blocks
-    (SmolLM2's Q4_1 GGUF: WikiText-2 perplexity within 1% of float32, see scripts/eval_perplexity.py),
-    float32 otherwise."""
-    if name.lower() == "auto":
-        return torch.bfloat16 if getattr(reader, "has_int4_weights", False) else torch.float32
-    try:
-        return DTYPES[name.lower()]
-    except KeyError:
-        raise ValueError(f"dtype {name!r} is not supported; use one of auto, float32, bfloat16, float16") from None
-
-
-def parse_mem(value) -> int | None:
-    if value is None or isinstance(value, int):
-        return value
-    from placement import parse_bytes
-
-    return int(parse_bytes(value))
-
-
-@dataclass
-class OffloadSettings:
-    gpu_mem: int
-    cpu_mem: int
-    offload_dir: str | None = None
-    policy: object = "auto"  # "auto" | path to a policy JSON | placement.Policy
-    compress_weight: bool | None = None  # None: as the policy says
-    compress_cache: bool | None = None
-    weight_quant: str | None = None  # groupwise4 | groupwise8 | nf4 | fp4 | none
-
-
-def psutil_total() -> int:
-    import psutil
-
-    return psutil.virtual_memory().total
+__all__ = ["LLM", "RunSettings", "SamplingParams", "RequestOutput", "ScoreOutput"]
 
 
 class LLM:
@@ -83,60 +42,76 @@ class LLM:
                  device: str | None = None, reuse_prefix: bool = True, gpu_mem=None, cpu_mem=None,
                  offload_dir: str | None = None, policy="auto", compress_weight: bool | None = None,
                  compress_cache: bool | None = None, weight_quant: str | None = None, cache_dir=None):
-        self.model_name = str(model)
-        self.reader = open_checkpoint(model, cache_dir or None)
+        self._setup(RunSettings.parse(
+            model, dtype=dtype, max_batch_size=max_batch_size, device=device, reuse_prefix=reuse_prefix,
+            gpu_mem=gpu_mem, cpu_mem=cpu_mem, offload_dir=offload_dir, policy=policy,
+            compress_weight=compress_weight, compress_cache=compress_cache, weight_quant=weight_quant,
+            cache_dir=cache_dir))
+
+    @classmethod
+    def from_settings(cls, settings: RunSettings) -> "LLM":
+        """The model as `settings` (parsed once, e.g. by the CLI) say."""
+        llm = cls.__new__(cls)
+        llm._setup(settings)
+        return llm
+
+    def _setup(self, settings: RunSettings) -> None:
+        self.settings = settings
+        self.model_name = settings.model
+        self.reader = open_checkpoint(settings.model, settings.cache_dir or None)
         self.config = self.reader.config
         self.tokenizer = self.reader.tokenizer
-        self.dtype = parse_dtype(dtype, self.reader)
-        self.max_batch_size = max_batch_size
-        self.device = device
-        self.cache_dir = cache_dir
+        self.dtype = settings.resolve_dtype(self.reader)
+        self.max_batch_size = settings.max_batch_size
+        self.device = settings.device
+        self.cache_dir = settings.cache_dir
         keep_freed_memory()
-        self.reuse_prefix = reuse_prefix
-        self.offload = None
-        if gpu_mem is not None or cpu_mem is not None or offload_dir is not None or compress_weight or compress_cache:
-            import psutil
-
-            gpu = parse_mem(gpu_mem) if gpu_mem is not None else psutil.virtual_memory().total // 4
-            cpu = parse_mem(cpu_mem) if cpu_mem is not None else psutil.virtual_memory().available // 2
-            self.offload = OffloadSettings(gpu, cpu, offload_dir, policy, compress_weight, compress_cache, weight_quant)
+        self.reuse_prefix = settings.reuse_prefix
+        # the offload executor's settings, with the tier budgets filled in; None: all in memory
+        self.offload = settings.with_budgets() if settings.offloaded else None
         self.executor = None
         self.plan = None  # the planner's Plan when policy="auto"
         self.micro_batch = None
         self._scorer = None
         self._stats = PrefixStats()
-        if weight_quant not in (None, "none") and self.offload is None:
-            self.offload = OffloadSettings(psutil_total() // 4, psutil_total() // 2, None, policy, True, None, weight_quant)
-        if self.offload is None or not (isinstance(policy, str) and policy == "auto"):
+        if self.offload is None or not (isinstance(settings.policy, str) and settings.policy == "auto"):
             self.prepare()
 
     # -- setup ------------------------------------------------------------------------------
-    def prepare(self, prompt_len: int = 512, gen_len: int = 32, on_profile=None, num_sequences: int = 256) -> None:
+    def prepare(self, prompt_len: int = 512, gen_len: int = 32, on_profile=None, num_sequences: int = 256,
+                planner_budgets: tuple[int, int] | None = None) -> None:
         """Build the executor; with policy="auto", plan for these lengths and at most
-        `num_sequences` sequences in flight first."""
+        `num_sequences` sequences in flight first. `planner_budgets`: the (gpu, cpu) bytes the
+        planner may fill, when part of each tier is kept for something it does not plan
+        (the augmented face's KV pools); the executor still runs within the whole budgets."""
         if self.executor is not None:
             return
         if self.offload is None:
             from flexlamps.engine.executors.in_memory import InMemoryExecutor
             from flexlamps.models.weight_cache import load_weights
+            from offload import compute_device
 
+            device = torch.device(self.device) if self.device else compute_device()  # the GPU when there is one
             weights = load_weights(self.reader, self.dtype, int4_in_place=True, cache_dir=self.cache_dir or None,
                                    use_cache=self.cache_dir is not False)
-            self.executor = InMemoryExecutor(self.config, weights, self.dtype, self.device or "cpu")
+            if device.type != "cpu":
+                weights = {name: t.to(device) for name, t in weights.items()}
+            self.executor = InMemoryExecutor(self.config, weights, self.dtype, device)
         else:
-            self.executor = self._offload_executor(prompt_len, gen_len, on_profile, num_sequences)
+            self.executor = self._offload_executor(prompt_len, gen_len, on_profile, num_sequences, planner_budgets)
         self._scorer = PrefixScorer(self.executor, max_batch=self.max_batch_size, micro_batch=self.micro_batch,
                                     reuse_prefix=self.reuse_prefix,
                                     stats=self._stats)
 
-    def _offload_executor(self, prompt_len, gen_len, on_profile, num_sequences):
+    def _offload_executor(self, prompt_len, gen_len, on_profile, num_sequences, planner_budgets=None):
         import dataclasses
         import tempfile
         from pathlib import Path
 
         import placement
         from flexlamps.engine.executors.offloaded import OffloadExecutor
-        from flexlamps.engine.executors.policy_choice import load_policy, machine_profile, plan_policy
+        from flexlamps.engine.executors.policy_choice import load_policy, plan_policy
+        from flexlamps.hw_profile import machine_profile
 
         o = self.offload
         policy = o.policy
@@ -150,7 +125,8 @@ class LLM:
 
                 Path(o.offload_dir).mkdir(parents=True, exist_ok=True)
                 disk = shutil.disk_usage(o.offload_dir).free
-            self.plan = plan_policy(self.reader.hf_config, self.dtype, hw, gpu_mem=o.gpu_mem, cpu_mem=o.cpu_mem,
+            gpu_mem, cpu_mem = planner_budgets or (o.gpu_mem, o.cpu_mem)
+            self.plan = plan_policy(self.reader.hf_config, self.dtype, hw, gpu_mem=gpu_mem, cpu_mem=cpu_mem,
                                     disk_bytes=disk, prompt_len=prompt_len, gen_len=gen_len,
                                     max_block_size=max(1, num_sequences),
                                     allow_compression=bool(o.compress_weight or o.compress_cache))

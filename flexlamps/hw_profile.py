@@ -21,7 +21,7 @@ from typing import Callable
 import psutil
 import torch
 
-from flexlamps.engine.executors.host_allocator import keep_freed_memory
+from flexlamps.host_allocator import keep_freed_memory
 from flexlamps.models.linear import linear, pack
 from placement import HardwareSpec
 
@@ -65,10 +65,9 @@ def _engine_dequant_dtype(device: torch.device) -> torch.dtype:
 
 def _quantized_matrices(device: torch.device, shapes) -> list:
     """Random matrices of the given (out, in) shapes, compressed as the engine stores weights."""
-    from flexlamps.engine.executors.offloaded import weight_quant_config
-    from quant import quantize
+    from quant import engine_weight_config, quantize
 
-    config = weight_quant_config()
+    config = engine_weight_config()
     return [quantize(torch.randn(o, i, device=device), config) for o, i in shapes]
 
 
@@ -284,22 +283,32 @@ def measure_layer_overhead(device: torch.device, budget_s: float) -> float:
     A decode step of a model so narrow that its arithmetic is free, timed with two depths;
     the slope per layer is the fixed cost every layer pays on every micro-batch.
     """
-    from flexlamps.engine.executors.in_memory import InMemoryExecutor
     from flexlamps.models.config import ModelConfig
+    from flexlamps.models.forward import forward_for
     from flexlamps.models.weight_specs import weight_specs
+
+    def attend(q, k, v):  # one token attending to itself: the cache's cost is not what is timed here
+        return v.repeat_interleave(q.shape[2] // v.shape[2], dim=2).reshape(q.shape[0], q.shape[1], -1)
 
     def step_seconds(num_layers: int) -> float:
         cfg = ModelConfig(arch="llama", model_type="llama", vocab_size=64, hidden_size=32, num_layers=num_layers,
                           num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64, max_position=64)
         gen = torch.Generator().manual_seed(0)
-        weights = {spec.name: torch.randn(spec.shape, generator=gen).to(device) for spec in weight_specs(cfg)}
-        executor = InMemoryExecutor(cfg, weights, torch.float32, device)
-        cache = executor.new_cache(1, 8)
-        ids, pos, slots = (torch.zeros((1, 1), dtype=torch.long, device=device),
-                           torch.zeros((1, 1), dtype=torch.long, device=device),
-                           torch.zeros(1, dtype=torch.long, device=device))
-        sync = _synchronizer(device)
-        return 1.0 / _typical_rate(lambda: executor.forward(cache, ids, pos, slots), 1.0, budget_s / 2, sync)
+        specs = weight_specs(cfg)
+        weights = {s.name: torch.randn(s.shape, generator=gen).to(device) for s in specs}
+        glob = {s.name: weights[s.name] for s in specs if s.layer is None}
+        layers = [{s.local_name: pack(weights[s.name]) for s in specs if s.layer == i} for i in range(num_layers)]
+        fwd, ids = forward_for(cfg), torch.zeros((1, 1), dtype=torch.long, device=device)
+
+        @torch.inference_mode()
+        def decode_step():
+            ctx = fwd.step_context(ids, torch.float32)
+            x = fwd.embed(glob, ids, ids)
+            for w in layers:
+                x = fwd.layer(w, x, ctx, attend)
+            return fwd.head(glob, x).float()
+
+        return 1.0 / _typical_rate(decode_step, 1.0, budget_s / 2, _synchronizer(device))
 
     shallow, deep = 2, 10
     return max(0.0, (step_seconds(deep) - step_seconds(shallow)) / (deep - shallow))
@@ -479,3 +488,44 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
 
 PROBE_NAMES = ("disk", "copies", "memory bandwidth", "layer overhead", "gemm by rows", "gemm", "cpu attention",
                "dequantization")
+
+
+# 2: engine's linear, weight-streaming roofline, per-layer overhead, GEMM rate by rows;
+# 3: dequantization over a sweep of matrices + a per-matrix cost, the engine's allocator;
+# 4: GEMM rates for resident (prepacked) weights; 5: median repetitions, a model's own
+# matrices, tensor-sized disk files, gpu_is_host
+PROFILE_VERSION = 5
+
+
+def profile_cache_path(shapes=None) -> Path:
+    """Where the profile timed on matrices of `shapes` (None: the generic ones) is cached."""
+    root = os.environ.get("FLEXLAMPS_CACHE") or Path.home() / ".cache" / "flexlamps"
+    # versioned: a profile written before the probes changed is measured again, not reused
+    name = f"hardware-v{PROFILE_VERSION}"
+    if shapes:
+        import hashlib
+
+        name += "-" + hashlib.sha256(repr(tuple(map(tuple, shapes))).encode()).hexdigest()[:12]
+    return Path(root) / f"{name}.json"
+
+
+def machine_profile(scratch: Path, on_measure=None, model_shapes=None) -> HardwareSpec:
+    """This machine's profile: the cached one, or a quick measurement made now and cached for
+    the next run. `model_shapes`: the model's layer matrices, to time GEMMs and decompression
+    on (a model too big for the quick probes gets the generic profile)."""
+    shapes = gemm_probe_shapes(model_shapes, quick=True)
+    path = profile_cache_path(None if shapes == GENERIC_SHAPES else shapes)
+    if path.exists():
+        try:
+            return HardwareSpec.from_json(path.read_text())
+        except (ValueError, TypeError, KeyError):
+            pass  # damaged cache: measure again
+    if on_measure:
+        on_measure(path)
+    scratch.mkdir(parents=True, exist_ok=True)
+    spec = profile_machine(disk_folder=scratch, quick=True, model_shapes=model_shapes)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(spec.to_json())
+    os.replace(tmp, path)
+    return spec

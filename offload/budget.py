@@ -40,6 +40,11 @@ class TierBudget:
             self.used_bytes -= nbytes
             assert self.used_bytes >= 0, f"{self.tier} budget freed more than it allocated"
 
+    def reset_peak(self) -> None:
+        """Start a new peak from the bytes in use now (to measure one phase of a run)."""
+        with self._lock:
+            self.peak_bytes = self.used_bytes
+
     @property
     def free_bytes(self) -> int:
         return self.capacity_bytes - self.used_bytes

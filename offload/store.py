@@ -34,6 +34,7 @@ class TieredStore:
         self.budgets = budgets
         self.disk = disk
         self.device = device or compute_device()
+        self._pinned = self.device.type == "cuda"  # disk reads land in pinned host buffers on CUDA
         self._tier: dict[str, str] = {}
         self._resident: dict[str, torch.Tensor] = {}
         self._qparts: dict[str, list[str]] = {}  # compressed tensor -> its component names
@@ -133,7 +134,7 @@ class TieredStore:
             # a real transfer on CUDA; on a CPU-only box a copy, so the accounting stays honest
             return src.to(self.device, non_blocking=True, copy=True), n
         shape, dtype = self.disk.spec(name)
-        buf = torch.empty(shape, dtype=dtype)
+        buf = torch.empty(shape, dtype=dtype, pin_memory=self._pinned)  # async H2D from pinned memory
         n = tensor_bytes(buf)
         self.budgets["gpu"].allocate(n, f"staging {name}")
         self.disk.read_into(name, buf)
@@ -150,7 +151,7 @@ class TieredStore:
             self.budgets["gpu"].allocate(n, f"staging rows of {name}")
             return src.to(self.device, copy=True), n
         shape, dtype = self.disk.spec(name)
-        buf = torch.empty((stop - start, *shape[1:]), dtype=dtype)
+        buf = torch.empty((stop - start, *shape[1:]), dtype=dtype, pin_memory=self._pinned)
         n = tensor_bytes(buf)
         self.budgets["gpu"].allocate(n, f"staging rows of {name}")
         self.disk.read_rows_into(name, start, buf)

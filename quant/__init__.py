@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 
-from quant.config import KV_CACHE_DEFAULT, WEIGHT_DEFAULT, QuantConfig
+from quant.config import KV_CACHE_DEFAULT, WEIGHT_DEFAULT, QuantConfig, engine_weight_config
 
 # public name -> module that defines it (imported lazily: they need torch)
 _LAZY = {
@@ -40,7 +40,7 @@ _LAZY = {
     "WEIGHT_QUANTIZERS": "quant.backends",
 }
 
-__all__ = ["QuantConfig", "WEIGHT_DEFAULT", "KV_CACHE_DEFAULT", *_LAZY]
+__all__ = ["QuantConfig", "WEIGHT_DEFAULT", "KV_CACHE_DEFAULT", "engine_weight_config", *_LAZY]
 
 
 def __getattr__(name: str):

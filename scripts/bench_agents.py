@@ -19,12 +19,11 @@ import time
 from flexlamps.api import LLM
 from flexlamps.engine.augmented.engine import CpuClock, WallClock
 from flexlamps.engine.augmented.reference import uninterrupted_tokens
-from flexlamps.engine.augmented.run import (AgentsConfig, load_trace, measure_cost, replay_requests,
-                                            run_policy_on_engine)
-from flexlamps.engine.augmented.workload import TraceScale
+from flexlamps.engine.augmented.run import AgentsConfig, measure_cost, run_policy_on_engine
 from flexlamps.sched.scheduler import SchedulerConfig
 from flexlamps.sim.metrics import summarize
 from flexlamps.sim.run import run_policy
+from flexlamps.workloads.tokenized import TraceScale, load_trace, replay_requests
 
 POLICIES = ("lamps", "infercept", "fcfs")
 TRACE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared",
@@ -61,7 +60,7 @@ def main() -> None:
           f"{sum(len(r.spec.segments) - 1 for r in requests)} calls; gpu pool {cost.gpu_kv_tokens} tokens, "
           f"cpu swap {cost.cpu_swap_tokens}; measured decode step {cost.compute_time(0, 1, 0):.3f} s, "
           f"prefill {cost.prefill_per_token_s * 1e3:.2f} ms/token")
-    expected = {r.spec.request_id: uninterrupted_tokens(llm.executor, r) for r in requests} if a.verify else None
+    expected = uninterrupted_tokens(llm.executor, requests) if a.verify else None
     sched_cfg = SchedulerConfig(cost.gpu_kv_tokens // config.block_size, cost.cpu_swap_tokens // config.block_size,
                                 config.block_size, max_num_seqs=config.max_num_seqs,
                                 max_num_batched_tokens=config.max_num_batched_tokens)

@@ -27,7 +27,7 @@ sys.path.insert(0, REPO)
 from flexlamps.sched.cost_model import PAPER_SETTING, CostModel  # noqa: E402
 from flexlamps.sched.scheduler import SchedulerConfig  # noqa: E402
 from flexlamps.sim.sweep import Setting, measure, saturation  # noqa: E402
-from flexlamps.sim.trace import load_templates  # noqa: E402
+from flexlamps.workloads.trace import load_templates  # noqa: E402
 
 DATA = os.path.join(REPO, "..", "shared", "data", "augmented")
 TRACES = {  # label -> (file, load grid for the saturation search)

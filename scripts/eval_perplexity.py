@@ -38,7 +38,7 @@ def perplexity(executor, ids: list[int], window: int, stride: int) -> float:
         target_from = prev_end - begin  # tokens before this were scored by an earlier window
         cache = executor.new_cache(1, end - begin)
         logits = executor.forward_steps(cache, [Step(chunk, torch.arange(end - begin)[None], torch.tensor([0]))])[0]
-        cache.free()
+        cache.release()
         logp = torch.log_softmax(logits[0, :-1], -1)
         targets = chunk[0, 1:]
         lp = logp.gather(-1, targets[:, None])[:, 0]

@@ -91,12 +91,26 @@ def make_tiny_model(folder: Path, kind: str, seed: int = 0) -> Path:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _weight_cache_in_a_temp_folder(tmp_path_factory):
-    """The engine's packed-weight cache goes to a temp folder, never the user's home."""
+def _caches_in_a_temp_folder(tmp_path_factory):
+    """Tests never write to the user's home cache: the engine's packed-weight cache and the
+    machine profiles go to a session folder."""
     mp = pytest.MonkeyPatch()
     mp.setenv("FLEXLAMPS_CACHE_DIR", str(tmp_path_factory.mktemp("weight-cache")))
+    mp.setenv("FLEXLAMPS_CACHE", str(tmp_path_factory.mktemp("profile-cache")))
     yield
     mp.undo()
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests run where CUDA is (scripts/gpu_check.sh) and are skipped elsewhere."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu_check.sh on one)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from flexlamps.cli import main
-from flexlamps.engine.augmented.workload import TraceScale, filler_ids, scale_spec, tokenize_requests, total_tokens
+from flexlamps.workloads.tokenized import TraceScale, filler_ids, scale_spec, tokenize_requests, total_tokens
 from flexlamps.sched.request import RequestSpec, Segment
 from tests.conftest import SHARED_DATA
 

@@ -9,7 +9,7 @@ from flexlamps.api import LLM
 from flexlamps.engine.augmented.engine import CpuClock, StepClock
 from flexlamps.engine.augmented.reference import uninterrupted_tokens
 from flexlamps.engine.augmented.run import AgentsConfig, measure_cost, run_policy_on_engine
-from flexlamps.engine.augmented.workload import tokenize_requests
+from flexlamps.workloads.tokenized import tokenize_requests
 from flexlamps.engine.caches.paged import PagedKVCache
 from flexlamps.sched.policies import InferCept
 from flexlamps.sched.request import RequestSpec, Segment, Strategy
@@ -48,7 +48,7 @@ def _specs():
 def workload(llm):
     cfg = llm.config
     reqs = tokenize_requests(_specs(), cfg.vocab_size, set(cfg.eos_token_ids) | {0, 1})
-    expected = {r.spec.request_id: uninterrupted_tokens(llm.executor, r) for r in reqs}
+    expected = uninterrupted_tokens(llm.executor, reqs)
     return reqs, expected
 
 

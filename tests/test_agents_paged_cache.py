@@ -67,7 +67,7 @@ def test_swap_out_and_in_round_trip_to_other_blocks():
         paged.v[layer].normal_()
     before = [paged.k[layer][[1, 6]].clone() for layer in range(CFG.num_layers)]
     paged.swap_out([(1, 3), (6, 0)])
-    paged.free([1, 6])
+    paged.free_blocks([1, 6])
     assert all(bool((paged.k[layer][[1, 6]] == 0).all()) for layer in range(CFG.num_layers))
     paged.swap_in([(3, 2), (0, 5)])
     for layer in range(CFG.num_layers):

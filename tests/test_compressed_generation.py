@@ -42,7 +42,7 @@ def teacher_forced_agreement(llm, prompt_ids: list[int], continuation: list[int]
     cache = llm.executor.new_cache(1, len(ids))
     logits = llm.executor.forward_steps(cache, [Step(torch.tensor([ids]), torch.arange(len(ids))[None],
                                                      torch.tensor([0]))])[0]
-    cache.free()
+    cache.release()
     pred = logits[0, len(prompt_ids) - 1: -1].argmax(-1).tolist()
     return sum(p == t for p, t in zip(pred, continuation)) / len(continuation)
 
@@ -85,5 +85,5 @@ def test_weight_backends_run_through_the_engine(tiny_llama, backend):
     a = plain.executor.forward_steps(plain.executor.new_cache(1, ids.shape[1]), [step])[0].flatten()
     cache = llm.executor.new_cache(1, ids.shape[1])
     b = llm.executor.forward_steps(cache, [step])[0].flatten()
-    cache.free()
+    cache.release()
     assert torch.nn.functional.cosine_similarity(a, b, dim=0) > 0.9  # lossy, but the same model

@@ -5,6 +5,7 @@ import torch
 
 from flexlamps import LLM, SamplingParams
 from flexlamps.engine.caches.dense import DenseKVCache
+from flexlamps.engine.executors.step import Step
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def test_logprobs_equal_a_full_forward(llm):
     ids = llm.tokenizer.encode(PROMPTS[1]) + out.token_ids
     n = len(ids)
     cache = DenseKVCache(llm.config, 1, n, torch.float32)
-    logits = llm.executor.forward(cache, torch.tensor([ids]), torch.arange(n)[None], torch.tensor([0]))
+    logits = llm.executor.forward_steps(cache, [Step(torch.tensor([ids]), torch.arange(n)[None], torch.tensor([0]))])[0]
     logp = torch.log_softmax(logits[0], -1)
     p = len(ids) - len(out.token_ids)
     expected = [float(logp[p - 1 + j, t]) for j, t in enumerate(out.token_ids)]
@@ -68,7 +69,8 @@ def _direct_logprob(llm, context, continuation):
     ctx, cont = split_tokens(llm.tokenizer, context, continuation)
     ids = ctx + cont
     cache = DenseKVCache(llm.config, 1, len(ids), torch.float32)
-    logits = llm.executor.forward(cache, torch.tensor([ids]), torch.arange(len(ids))[None], torch.tensor([0]))
+    logits = llm.executor.forward_steps(cache, [Step(torch.tensor([ids]), torch.arange(len(ids))[None],
+                                                    torch.tensor([0]))])[0]
     logp = torch.log_softmax(logits[0], -1)
     return sum(float(logp[len(ctx) - 1 + j, t]) for j, t in enumerate(cont)), len(cont)
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-CODE = "from flexlamps.engine.executors.host_allocator import keep_freed_memory; print(keep_freed_memory())"
+CODE = "from flexlamps.host_allocator import keep_freed_memory; print(keep_freed_memory())"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")

@@ -5,6 +5,7 @@ import torch
 
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.caches.dense import DenseKVCache
+from flexlamps.engine.executors.step import Step
 from flexlamps.models.checkpoint import read_all
 from flexlamps.models.registry import open_checkpoint
 from tests.conftest import TINY_CONFIGS
@@ -15,7 +16,7 @@ def _our_logits(folder, ids: torch.Tensor) -> torch.Tensor:
     ex = InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32)
     n, t = ids.shape
     cache = DenseKVCache(reader.config, n, t, torch.float32)
-    return ex.forward(cache, ids, torch.arange(t).expand(n, t), torch.arange(n))
+    return ex.forward_steps(cache, [Step(ids, torch.arange(t).expand(n, t), torch.arange(n))])[0]
 
 
 @pytest.mark.parametrize("kind", sorted(TINY_CONFIGS))
@@ -41,9 +42,9 @@ def test_incremental_decode_matches_full_forward(tiny_models):
     full = _our_logits(folder, ids)
     cache = DenseKVCache(reader.config, 1, 24, torch.float32)
     slots = torch.tensor([0])
-    steps = [ex.forward(cache, ids[:, :10], torch.arange(10)[None], slots)]
+    steps = ex.forward_steps(cache, [Step(ids[:, :10], torch.arange(10)[None], slots)])
     for t in range(10, 24):
-        steps.append(ex.forward(cache, ids[:, t:t + 1], torch.tensor([[t]]), slots))
+        steps += ex.forward_steps(cache, [Step(ids[:, t:t + 1], torch.tensor([[t]]), slots)])
     assert (torch.cat(steps, dim=1) - full).abs().max().item() <= 1e-4
 
 
@@ -55,7 +56,7 @@ def test_half_precision_close_to_fp32(tiny_models, dtype):
     ref = _our_logits(folder, ids)
     ex = InMemoryExecutor(reader.config, read_all(reader, dtype), dtype)
     cache = DenseKVCache(reader.config, 1, 16, dtype)
-    out = ex.forward(cache, ids, torch.arange(16)[None], torch.tensor([0]))
+    out = ex.forward_steps(cache, [Step(ids, torch.arange(16)[None], torch.tensor([0]))])[0]
     assert out.dtype == torch.float32
     # half precision: agreement of the top token on most positions, and bounded drift
     assert (out.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8

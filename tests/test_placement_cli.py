@@ -197,17 +197,17 @@ def test_nondecreasing_pools_dips_and_keeps_the_total(values):
 def test_engine_profile_cache_is_keyed_by_the_probed_matrices(tmp_path, monkeypatch):
     """A small model gets a profile timed on its own matrices; a model too big for the quick
     probes shares the generic one (so it is not measured again per model)."""
-    from flexlamps.engine.executors import policy_choice
+    from flexlamps import hw_profile
     from placement import hardware_preset, model_preset
 
     monkeypatch.setenv("FLEXLAMPS_CACHE", str(tmp_path))
     small = model_preset("smollm2-135m").layer_matrix_shapes()
-    assert policy_choice.profile_cache_path(small) != policy_choice.profile_cache_path()
-    assert policy_choice.profile_cache_path(small) == policy_choice.profile_cache_path(list(small))
+    assert hw_profile.profile_cache_path(small) != hw_profile.profile_cache_path()
+    assert hw_profile.profile_cache_path(small) == hw_profile.profile_cache_path(list(small))
     generic = hardware_preset("rtx4090")
-    policy_choice.profile_cache_path().write_text(generic.to_json())
+    hw_profile.profile_cache_path().write_text(generic.to_json())
     big = model_preset("llama-3-8b").layer_matrix_shapes()
-    assert policy_choice.machine_profile(tmp_path, model_shapes=big) == generic
+    assert hw_profile.machine_profile(tmp_path, model_shapes=big) == generic
 
 
 def test_plan_keeps_to_what_the_engine_runs():

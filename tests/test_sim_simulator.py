@@ -75,7 +75,7 @@ def test_cost_model_json_round_trip_and_decode_run(tmp_path):
 
 
 def test_sched_and_sim_do_not_import_torch():
-    code = ("import sys, flexlamps.sched, flexlamps.sim.run, flexlamps.sim.trace, flexlamps.sched.tools, "
+    code = ("import sys, flexlamps.sched, flexlamps.sim.run, flexlamps.workloads.trace, flexlamps.workloads.tokenized, "
             "flexlamps.commands.simulate; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

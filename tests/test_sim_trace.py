@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from flexlamps.sim.trace import approx_tokenize, load_templates, replay
+from flexlamps.workloads.trace import approx_tokenize, load_templates, replay
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "augmented"
 

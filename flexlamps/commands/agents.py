@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import click
@@ -24,9 +25,10 @@ the model's tokenizer); outputs are the model's greedy tokens.
 
 The gpu tier holds --gpu-kv-mem of KV blocks and the cpu tier --cpu-swap-mem of swap space;
 make the gpu pool small next to the offered load so the policies' memory choices matter. With
---gpu-mem and --cpu-mem (the tiers' budgets) the placement planner sizes both pools instead:
-the gpu pool is what the gpu budget leaves once the weights and working set are in, the swap
-pool what the cpu budget leaves.
+--gpu-mem and --cpu-mem (the tiers' budgets) the model runs on the offload executor instead:
+--policy places the weights across gpu / cpu / disk (--offload-dir), the gpu KV pool is what
+the gpu budget leaves once the weights and the largest iteration's working set are in, and the
+swap pool what the cpu budget leaves; peak use of each tier and the bytes swapped are printed.
 The scheduler's cost model (prefill / decode / swap cost) is measured on this machine first."""
 
 
@@ -63,9 +65,14 @@ def _size(ctx, param, value):
 @click.option("--cpu-swap-mem", default="8MiB", callback=_size, show_default=True,
               help="swap space on the cpu tier (0 disables swapping)")
 @click.option("--gpu-mem", default=None, callback=_size,
-              help="gpu tier budget (e.g. 600MiB): the planner sizes the KV pool (overrides --gpu-kv-mem)")
+              help="gpu tier budget (e.g. 64MiB): offloads the weights and sizes the KV pool (overrides --gpu-kv-mem)")
 @click.option("--cpu-mem", default=None, callback=_size,
-              help="cpu tier budget, with --gpu-mem: the planner sizes the swap pool (overrides --cpu-swap-mem)")
+              help="cpu tier budget, with --gpu-mem: holds offloaded weights and the swap pool "
+                   "(overrides --cpu-swap-mem)")
+@click.option("--offload-dir", default=None, type=click.Path(file_okay=False),
+              help="folder for weights the policy puts on disk (with --gpu-mem)")
+@click.option("--policy", "placement_policy", default="auto", show_default=True,
+              help="weight placement with --gpu-mem: auto (the planner) or a policy JSON from `flexlamps plan`")
 @click.option("--block-size", default=16, show_default=True, help="tokens per KV block")
 @click.option("--max-num-seqs", default=16, show_default=True, help="requests per iteration at most")
 @click.option("--max-batched-tokens", default=256, show_default=True,
@@ -82,34 +89,28 @@ def _size(ctx, param, value):
               help="folder for summary.json and the PNG plots")
 @click.option("--no-plots", is_flag=True, help="skip the matplotlib plots")
 def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, max_context, max_prompt,
-            max_output, max_api_tokens, gpu_kv_mem, cpu_swap_mem, gpu_mem, cpu_mem, block_size, max_num_seqs,
-            max_batched_tokens, noise_sigma, seed, clock, verify, out_dir, no_plots):
-    from flexlamps.api import LLM
-    from flexlamps.engine.augmented.run import AgentsConfig, load_trace, measure_cost
-    from flexlamps.engine.augmented.workload import TraceScale
-    from placement import format_bytes
+            max_output, max_api_tokens, gpu_kv_mem, cpu_swap_mem, gpu_mem, cpu_mem, offload_dir, placement_policy,
+            block_size, max_num_seqs, max_batched_tokens, noise_sigma, seed, clock, verify, out_dir, no_plots):
+    from flexlamps.engine.augmented.run import AgentsConfig, measure_cost
+    from flexlamps.workloads.tokenized import TraceScale, load_trace
 
     if num_requests < 1:
         raise click.BadParameter("must be >= 1", param_hint="--num-requests")
     if (gpu_mem is None) != (cpu_mem is None):
         raise click.UsageError("give --gpu-mem and --cpu-mem together (the tiers' budgets), or neither")
+    if offload_dir is not None and gpu_mem is None:
+        raise click.UsageError("--offload-dir needs the tiers' budgets: give --gpu-mem and --cpu-mem")
+    settings = dict(block_size=block_size, max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_batched_tokens, noise_sigma=noise_sigma, seed=seed)
     try:
-        llm = LLM(model, dtype=dtype)
-        if max_context > llm.config.max_position:
-            raise ValueError(f"--max-context {max_context} exceeds the model's context "
-                             f"({llm.config.max_position}); lower it")
         scale = TraceScale(time_scale=time_scale, max_prompt=max_prompt, max_segment_output=max_output,
                            max_api_tokens=max_api_tokens, max_context=max_context)
-        settings = dict(block_size=block_size, max_num_seqs=max_num_seqs,
-                        max_num_batched_tokens=max_batched_tokens, noise_sigma=noise_sigma, seed=seed)
         if gpu_mem is None:
+            llm = _load(model, dtype, max_context)
             config = AgentsConfig(gpu_kv_bytes=gpu_kv_mem, cpu_swap_bytes=cpu_swap_mem, **settings)
         else:
-            config = AgentsConfig.from_tier_budgets(llm, gpu_mem_bytes=gpu_mem, cpu_mem_bytes=cpu_mem,
-                                                    max_context=max_context, **settings)
-            click.echo(f"planner: gpu KV pool {format_bytes(config.gpu_kv_bytes)}, cpu swap pool "
-                       f"{format_bytes(config.cpu_swap_bytes)} (budgets {format_bytes(gpu_mem)} / "
-                       f"{format_bytes(cpu_mem)})")
+            llm, config = _offloaded(model, dtype, max_context, gpu_mem, cpu_mem, offload_dir, placement_policy,
+                                     settings)
         templates = load_trace(llm, trace_path)
     except ValueError as e:
         raise click.ClickException(str(e))
@@ -119,7 +120,39 @@ def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, m
     results = _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, seed, verify, clock)
     _report(results, trace_path, out_dir, no_plots, dict(
         model=model, dtype=dtype, trace=os.path.abspath(trace_path), num_requests=num_requests, seed=seed,
-        scale=scale.__dict__, config=config.to_json(), clock=clock, cost_model=cost.to_json()))
+        scale=scale.__dict__, config=config.to_json(), clock=clock, cost_model=cost.to_json(),
+        policy=None if llm.offload is None else llm.policy.to_dict()))
+    llm.close()
+
+
+def _load(model, dtype, max_context, **offload):
+    from flexlamps.api import LLM
+
+    llm = LLM(model, dtype=dtype, **offload)
+    if max_context > llm.config.max_position:
+        raise ValueError(f"--max-context {max_context} exceeds the model's context "
+                         f"({llm.config.max_position}); lower it")
+    return llm
+
+
+def _offloaded(model, dtype, max_context, gpu_mem, cpu_mem, offload_dir, placement_policy, settings):
+    """The model on the offload executor within the tiers' budgets, and the pools they leave."""
+    from flexlamps.engine.augmented.run import AgentsConfig, prepare_offloaded
+    from placement import format_bytes
+
+    llm = _load(model, dtype, max_context, gpu_mem=gpu_mem, cpu_mem=cpu_mem, offload_dir=offload_dir,
+                policy=placement_policy)
+    sizes = prepare_offloaded(llm, max_context=max_context, block_size=settings["block_size"],
+                              max_num_seqs=settings["max_num_seqs"],
+                              max_num_batched_tokens=settings["max_num_batched_tokens"], swap=cpu_mem > 0)
+    w = llm.policy.weights
+    use = llm.executor.tier_use()
+    click.echo(f"placement: weights {w.gpu:.0%} gpu / {w.cpu:.0%} cpu / {w.disk:.0%} disk "
+               f"({format_bytes(use['gpu'].used_bytes)} gpu, {format_bytes(use['cpu'].used_bytes)} cpu resident)")
+    click.echo(f"planner: gpu KV pool {format_bytes(sizes.gpu_kv_bytes)}, cpu swap pool "
+               f"{format_bytes(sizes.cpu_swap_bytes)} (budgets {format_bytes(gpu_mem)} / {format_bytes(cpu_mem)}; "
+               f"working set {format_bytes(sizes.gpu_working_set)} gpu, {format_bytes(sizes.cpu_working_set)} cpu)")
+    return llm, AgentsConfig(gpu_kv_bytes=sizes.gpu_kv_bytes, cpu_swap_bytes=sizes.cpu_swap_bytes, **settings)
 
 
 def _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, seed, verify, clock):
@@ -127,17 +160,18 @@ def _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, s
 
     from flexlamps.engine.augmented.engine import CpuClock, WallClock
     from flexlamps.engine.augmented.reference import uninterrupted_tokens
-    from flexlamps.engine.augmented.run import replay_requests, run_policy_on_engine
+    from flexlamps.engine.augmented.run import run_policy_on_engine
+    from flexlamps.workloads.tokenized import replay_requests
     from flexlamps.sim.metrics import summarize
 
-    results = []
+    results, plain = [], _plain_executor(llm) if verify else None
     for load in qps:
         pool_tokens = cost.gpu_kv_tokens
         if scale.max_context >= pool_tokens:
             raise click.ClickException(f"--max-context {scale.max_context} does not fit the gpu KV pool "
                                        f"({pool_tokens} tokens); raise --gpu-kv-mem or lower --max-context")
         requests = replay_requests(llm, templates, scale, load, num_requests, seed)
-        expected = {r.spec.request_id: uninterrupted_tokens(llm.executor, r) for r in requests} if verify else None
+        expected = uninterrupted_tokens(plain, requests) if verify else None
         for policy in policies:
             with tqdm(total=len(requests), desc=f"{policy} qps {load:g}", unit="req", leave=False) as bar:
                 res = run_policy_on_engine(llm, requests, policy, config, cost, on_finish=lambda rec: bar.update(),
@@ -148,6 +182,28 @@ def _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, s
             summary = summarize(res.records, policy, load, res.end_time)
             results.append((summary, res, mismatched))
     return results
+
+
+def _plain_executor(llm):
+    """The plain path every other one must equal: the model all in memory, outside the tiers'
+    budgets (an offloaded run's budgets may be far too small to hold every request at once)."""
+    if llm.offload is None:
+        return llm.executor
+    from flexlamps.api import LLM
+
+    return LLM(llm.model_name, dtype=str(llm.dtype).removeprefix("torch.")).executor
+
+
+def _report_memory(results) -> None:
+    """Per run: each budgeted tier's peak against its budget, and the KV bytes swapped to cpu."""
+    from placement import format_bytes
+
+    for s, res, _ in results:
+        peaks = [f"peak {tier} {format_bytes(u.peak_bytes)} of {format_bytes(u.capacity_bytes)}"
+                 for tier, u in res.tier_use.items() if u.capacity_bytes is not None]
+        if peaks:
+            click.echo(f"{s.policy} qps {s.qps:g}: {', '.join(peaks)}; swapped "
+                       f"{format_bytes(res.swapped_out_bytes)} to the cpu tier")
 
 
 def _report(results, trace_path, out_dir, no_plots, meta: dict) -> None:
@@ -164,9 +220,11 @@ def _report(results, trace_path, out_dir, no_plots, meta: dict) -> None:
                    f"{s.norm_mean:10.4f} {s.throughput_rps:6.3f} {s.throughput_tps:6.1f} "
                    f"{st.recompute_tokens:6d} {st.swap_tokens:5d} {calls:>12s}")
         rows.append({"summary": s.to_json(), "stats": st.__dict__,
-                     "records": [r.__dict__ for r in res.records],
+                     "records": [r.__dict__ for r in res.records], "swapped_out_bytes": res.swapped_out_bytes,
+                     "tier_use": {tier: dataclasses.asdict(use) for tier, use in res.tier_use.items()},
                      "exact": None if mismatched is None else not mismatched,
                      "mismatched": mismatched})
+    _report_memory(results)
     for s, _, mismatched in results:
         if mismatched:
             click.echo(f"{s.policy} qps {s.qps:g}: {len(mismatched)} outputs differ from the uninterrupted "

@@ -112,7 +112,7 @@ def command(trace_path, policies, qps, window, seed, predictor, noise_sigma, pre
     steady state: warm-up and cool-down excluded, throughput without the drain, and a window
     test per point (does latency grow with the time the system has run?)."""
     from flexlamps.sim.sweep import measure, saturation
-    from flexlamps.sim.trace import load_templates
+    from flexlamps.workloads.trace import load_templates
 
     try:
         setting = _setting(preset, token_budget, max_seqs, swap_gib, cost_model, window, seed,

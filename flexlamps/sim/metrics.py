@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from flexlamps.sim.simulator import RequestRecord
+from flexlamps.sched.records import RequestRecord
 
 
 @dataclass

@@ -11,7 +11,8 @@ from flexlamps.sched.predictors import LearnedPredictor, NoisyPredictor, OracleP
 from flexlamps.sched.request import RequestSpec
 from flexlamps.sched.scheduler import SchedulerConfig
 from flexlamps.sim.metrics import Summary, summarize
-from flexlamps.sim.simulator import RequestRecord, Simulator
+from flexlamps.sched.records import RequestRecord
+from flexlamps.sim.simulator import Simulator
 
 
 @dataclass

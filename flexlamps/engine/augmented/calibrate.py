@@ -19,7 +19,8 @@ import time
 
 import torch
 
-from flexlamps.engine.caches.paged import PagedKVCache
+from flexlamps.engine.executors.contract import Executor, PagedCache
+from flexlamps.engine.executors.step import Step
 from flexlamps.sched.cost_model import CostModel
 
 
@@ -32,7 +33,7 @@ def _best_of(fn, repeats: int, timer=time.perf_counter) -> float:
     return best
 
 
-def _forward_time(executor, cache: PagedKVCache, rows: int, length: int, start: int, repeats: int,
+def _forward_time(executor: Executor, cache: PagedCache, rows: int, length: int, start: int, repeats: int,
                   timer) -> float:
     bs = cache.block_size
     num_blocks = (start + length - 1) // bs + 1
@@ -41,10 +42,10 @@ def _forward_time(executor, cache: PagedKVCache, rows: int, length: int, start: 
     ids = torch.zeros((rows, length), dtype=torch.long, device=cache.device)
     pos = torch.arange(start, start + length, device=cache.device).expand(rows, length)
     last = torch.full((rows,), length - 1, dtype=torch.long, device=cache.device)
-    return _best_of(lambda: executor.forward(cache, ids, pos, slots, last), repeats, timer)
+    return _best_of(lambda: executor.forward_steps(cache, [Step(ids, pos, slots, last)]), repeats, timer)
 
 
-def calibrate_cost_model(executor, cache: PagedKVCache, max_model_len: int, *, batch: int = 8,
+def calibrate_cost_model(executor: Executor, cache: PagedCache, max_model_len: int, *, batch: int = 8,
                          chunk: int = 64, long_context: int = 512, repeats: int = 2,
                          timer=time.perf_counter) -> CostModel:
     """A CostModel for `executor` + `cache` on this machine (capacities from the cache).

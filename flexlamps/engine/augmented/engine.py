@@ -15,9 +15,9 @@ it. Whatever the scheduler did with its cache meanwhile (preserve / swap / disca
 engine only ever feeds `tokens[num_computed : num_computed + n]`, so the output equals an
 uninterrupted generation.
 
-NOTE: every chunk is a forward of its own (a micro-batch has one length T), so an iteration
-with k chunks reads the weights k + 1 times; the CostModel prices one read per iteration,
-which is why the simulator's E2E for the same requests comes out below the engine's.
+An iteration is one sweep of the executor (`forward_steps`): every chunk is a micro-batch of
+its own (a micro-batch has one length T), but the weights are read once per layer for all of
+them, so an offloaded model streams its weights once per iteration, as the CostModel prices.
 
 Swap-outs come first because the blocks they vacate may already be granted (in the same
 SchedulerOutput) to a swap-in or to a growing request.
@@ -31,12 +31,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flexlamps.engine.augmented.workload import TokenizedRequest, total_tokens
-from flexlamps.engine.caches.paged import PagedKVCache
+from flexlamps.workloads.tokenized import TokenizedRequest, total_tokens
+from flexlamps.engine.executors.contract import Executor, PagedCache
+from flexlamps.engine.executors.step import Step
 from flexlamps.sched.output import RunnerOutput, SchedulerOutput
 from flexlamps.sched.request import Request, Status
 from flexlamps.sched.scheduler import Scheduler
-from flexlamps.sim.simulator import RequestRecord, SimStats
+from flexlamps.sched.records import RequestRecord, SimStats
 
 
 class WallClock:
@@ -96,14 +97,16 @@ class AugmentedResult:
     stats: SimStats
     tokens: dict[str, list[int]] = field(default_factory=dict)  # full context of each finished request
     end_time: float = 0.0
+    swapped_out_bytes: int = 0  # KV bytes copied to the cpu tier's swap pool
+    tier_use: dict = field(default_factory=dict)  # per tier: bytes in use, peak and budget (TierUse)
 
 
 class AugmentedEngine:
     """Drives `scheduler` with a real model: `executor` runs forwards over `cache`.
 
     Args:
-        executor: an executor with `.forward(cache, input_ids, positions, slots, logit_rows)`.
-        cache: the paged cache whose pools the scheduler's BlockManager counts.
+        executor: any executor (see executors.contract): in memory, or offloaded across tiers.
+        cache: the paged cache (`executor.new_paged_cache`) whose pools the BlockManager counts.
         scheduler: the same Scheduler the simulator drives (policy, predictor, cost model inside).
         clock: WallClock (default), CpuClock (shared machines) or StepClock (tests).
         check: run `scheduler.check_invariants()` and the engine's own checks every iteration.
@@ -111,7 +114,7 @@ class AugmentedEngine:
         on_finish: called with each finished request's RequestRecord (progress bars).
     """
 
-    def __init__(self, executor, cache: PagedKVCache, scheduler: Scheduler, clock=None,
+    def __init__(self, executor: Executor, cache: PagedCache, scheduler: Scheduler, clock=None,
                  check: bool = False, on_iteration=None, on_finish=None):
         bm = scheduler.bm
         if (bm.num_gpu_blocks, bm.num_cpu_blocks, bm.block_size) != (
@@ -128,6 +131,7 @@ class AugmentedEngine:
         self._tokens: dict[str, list[int]] = {}
         self._tables: dict[str, list[int]] = {}  # last gpu table seen, to zero it when freed
         self._returns: list[tuple[float, int, str]] = []  # (due time, seq, request id)
+        self.swapped_out_bytes = 0
         self._seq = 0
 
     # -- the loop ------------------------------------------------------------------------------
@@ -174,13 +178,13 @@ class AugmentedEngine:
                 if self.on_finish is not None:
                     self.on_finish(records[-1])
                 finished_tokens[rid] = self._tokens.pop(rid)
-                self.cache.free(self._tables.pop(rid, ()))
+                self.cache.free_blocks(self._tables.pop(rid, ()))
             if self.check:
                 self._check()
             if self.on_iteration is not None:
                 self.on_iteration(sched)
         self.stats.end_time = clock.now()
-        return AugmentedResult(records, self.stats, finished_tokens, self.stats.end_time)
+        return AugmentedResult(records, self.stats, finished_tokens, self.stats.end_time, self.swapped_out_bytes)
 
     # -- events --------------------------------------------------------------------------------
     def _arrive(self, r: TokenizedRequest) -> None:
@@ -208,8 +212,9 @@ class AugmentedEngine:
     # -- cache moves ---------------------------------------------------------------------------
     def _apply_moves(self, out: SchedulerOutput) -> None:
         self.cache.swap_out(out.swap_out)
+        self.swapped_out_bytes += len(out.swap_out) * self.cache.block_bytes
         for rid in out.discarded:
-            self.cache.free(self._tables.pop(rid, ()))
+            self.cache.free_blocks(self._tables.pop(rid, ()))
         for rid in out.swapped_out:
             self._tables.pop(rid, None)
         self.cache.swap_in(out.swap_in)
@@ -224,9 +229,8 @@ class AugmentedEngine:
         singles = [w for w in work if w[1] == 1]
         groups = ([singles] if singles else []) + [[w] for w in work if w[1] > 1]
         last_logits: dict[str, torch.Tensor] = {}
-        for group in groups:
-            logits = self._forward(group, out)
-            for (rid, _), row in zip(group, logits):
+        for group, logits in zip(groups, self._forward(groups, out)):
+            for (rid, _), row in zip(group, logits[:, 0]):
                 last_logits[rid] = row
         runner = RunnerOutput()
         for rid in out.sampling:
@@ -241,23 +245,27 @@ class AugmentedEngine:
                     runner.finished.add(rid)
         return runner
 
-    def _forward(self, group: list[tuple[str, int]], out: SchedulerOutput) -> torch.Tensor:
-        """One micro-batch: rows of equal length n (all 1, or a single chunk). Returns the
-        logits (rows, vocab) at each row's last fed token."""
-        n = group[0][1]
-        ids, pos = [], []
-        for rid, _ in group:
-            start = self._state[rid].num_computed
-            toks = self._tokens[rid][start:start + n]
-            assert len(toks) == n, f"{rid}: {len(toks)} tokens to feed, scheduled {n}"
-            ids.append(toks)
-            pos.append(list(range(start, start + n)))
-        slots = self.cache.set_block_tables([out.block_tables[rid] for rid, _ in group])
-        device = self.cache.device
-        logits = self.executor.forward(self.cache, torch.tensor(ids, device=device),
-                                       torch.tensor(pos, device=device), slots,
-                                       torch.full((len(group),), n - 1, dtype=torch.long, device=device))
-        return logits[:, 0]
+    def _forward(self, groups: list[list[tuple[str, int]]], out: SchedulerOutput) -> list[torch.Tensor]:
+        """One sweep of the executor over every group: one micro-batch per group, of rows of
+        equal length n (all 1, or a single chunk). Returns per group the logits (rows, 1,
+        vocab) at each row's last fed token."""
+        rows = [rid for group in groups for rid, _ in group]
+        slots = self.cache.set_block_tables([out.block_tables[rid] for rid in rows])
+        device, steps, first = self.cache.device, [], 0
+        for group in groups:
+            n = group[0][1]
+            ids, pos = [], []
+            for rid, _ in group:
+                start = self._state[rid].num_computed
+                toks = self._tokens[rid][start:start + n]
+                assert len(toks) == n, f"{rid}: {len(toks)} tokens to feed, scheduled {n}"
+                ids.append(toks)
+                pos.append(list(range(start, start + n)))
+            steps.append(Step(torch.tensor(ids, device=device), torch.tensor(pos, device=device),
+                              slots[first:first + len(group)],
+                              torch.full((len(group),), n - 1, dtype=torch.long, device=device)))
+            first += len(group)
+        return self.executor.forward_steps(self.cache, steps)
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _count(self, out: SchedulerOutput, seconds: float) -> None:

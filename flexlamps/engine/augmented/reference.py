@@ -1,30 +1,67 @@
-"""The uninterrupted generation of an augmented request, to check the engine against.
+"""The uninterrupted generation of augmented requests, to check the engine against.
 
-One request alone in a dense cache, greedy: decode each segment's tokens, append the call's
-returned tokens, go on; no pause, no swap, no recompute. The augmented engine must produce
-exactly this token sequence whatever its policy did with the cache during the calls.
+Each request alone in its own row of a dense cache, greedy: decode each segment's tokens,
+append the call's returned tokens, go on; no pause, no swap, no recompute. The augmented
+engine must produce exactly these token sequences whatever its policy did with the caches
+during the calls. The requests advance together, one executor sweep per sampled token (rows
+are independent), so an offloaded executor streams its weights once per step for all of them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from flexlamps.engine.augmented.workload import TokenizedRequest, total_tokens
+from flexlamps.workloads.tokenized import TokenizedRequest, total_tokens
+from flexlamps.engine.executors.contract import Executor
+from flexlamps.engine.executors.step import Step
 
 
-def uninterrupted_tokens(executor, request: TokenizedRequest) -> list[int]:
-    """Prompt, sampled and returned tokens of `request`, in order (greedy)."""
-    cache = executor.new_cache(1, total_tokens(request.spec) + 1)
-    tokens, computed = list(request.prompt_ids), 0
-    slots = torch.zeros(1, dtype=torch.long, device=executor.device)
-    for seg, returned in zip(request.spec.segments, request.returned_ids):
-        for _ in range(seg.completion_tokens):
-            chunk = tokens[computed:]
-            ids = torch.tensor([chunk], device=executor.device)
-            pos = torch.arange(computed, len(tokens), device=executor.device)[None]
-            last = torch.tensor([len(chunk) - 1], device=executor.device)
-            logits = executor.forward(cache, ids, pos, slots, last)
-            computed = len(tokens)
-            tokens.append(int(logits[0, 0].argmax()))
-        tokens.extend(returned)
-    return tokens
+@dataclass
+class _Progress:
+    request: TokenizedRequest
+    row: int
+    tokens: list[int]
+    computed: int = 0
+    segment: int = 0
+    sampled: int = 0  # tokens sampled in the current segment
+    done: bool = False
+
+    def sample(self, token: int) -> None:
+        self.computed = len(self.tokens)
+        self.tokens.append(token)
+        self.sampled += 1
+        if self.sampled == self.request.spec.segments[self.segment].completion_tokens:
+            self.tokens.extend(self.request.returned_ids[self.segment])
+            self.segment, self.sampled = self.segment + 1, 0
+            self.done = self.segment == len(self.request.spec.segments)
+
+
+def uninterrupted_tokens(executor: Executor, requests: list[TokenizedRequest]) -> dict[str, list[int]]:
+    """Per request id: prompt, sampled and returned tokens, in order (greedy)."""
+    if not requests:
+        return {}
+    cache = executor.new_cache(len(requests), max(total_tokens(r.spec) for r in requests) + 1)
+    progress = [_Progress(r, row, list(r.prompt_ids)) for row, r in enumerate(requests)]
+    live = list(progress)
+    try:
+        while live:
+            decodes = [p for p in live if len(p.tokens) - p.computed == 1]
+            groups = ([decodes] if decodes else []) + [[p] for p in live if len(p.tokens) - p.computed > 1]
+            logits = executor.forward_steps(cache, [_step(group) for group in groups])
+            for group, out in zip(groups, logits):
+                for p, row in zip(group, out[:, 0]):
+                    p.sample(int(row.argmax()))
+            live = [p for p in live if not p.done]
+    finally:
+        cache.release()
+    return {p.request.spec.request_id: p.tokens for p in progress}
+
+
+def _step(group: list[_Progress]) -> Step:
+    """The rows' pending tokens (all of one length) as one micro-batch."""
+    n = len(group[0].tokens) - group[0].computed
+    ids = torch.tensor([p.tokens[p.computed:] for p in group])
+    pos = torch.stack([torch.arange(p.computed, p.computed + n) for p in group])
+    return Step(ids, pos, torch.tensor([p.row for p in group]), torch.full((len(group),), n - 1))

@@ -1,39 +1,31 @@
 """One real-engine run of augmented requests under one policy, from plain settings.
 
-Builds, from one `AgentsConfig`: the paged cache (pools sized in blocks from byte budgets, given
-or derived from the tiers' budgets by the placement planner, `AgentsConfig.from_tier_budgets`),
-the Scheduler with the same block counts, a CostModel measured on this machine (once per
-model, shared by every policy so they all price strategies alike), the policy and predictor,
-and runs the AugmentedEngine.
+Builds, from one `AgentsConfig`: the paged cache (pools sized in blocks from byte budgets, given,
+or what the tiers' budgets leave on an offload executor, `prepare_offloaded`), the Scheduler
+with the same block counts, a CostModel measured on this machine (once per model, shared by
+every policy so they all price strategies alike), the policy and predictor, and runs the
+AugmentedEngine over any executor.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import asdict, dataclass
 
-import torch
-
-import placement
-
-from flexlamps.engine.augmented.engine import AugmentedEngine, AugmentedResult, WallClock
 from flexlamps.engine.augmented.calibrate import calibrate_cost_model
-from flexlamps.engine.augmented.workload import TokenizedRequest, TraceScale, scale_spec, tokenize_requests
-from flexlamps.engine.augmented.kv_pools import kv_pools
-from flexlamps.engine.caches.paged import PagedKVCache
+from flexlamps.engine.augmented.engine import AugmentedEngine, AugmentedResult, WallClock
+from flexlamps.engine.augmented.pools import PoolSizes, agents_workload, planner_budgets, pool_sizes
+from flexlamps.workloads.tokenized import TokenizedRequest
+from flexlamps.engine.executors.contract import PagedCache
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.policies import Policy, make_policy
 from flexlamps.sched.predictors import NoisyPredictor, OraclePredictor
 from flexlamps.sched.scheduler import Scheduler, SchedulerConfig
-from flexlamps.sim.trace import Template, load_templates, replay
-
-_PLACEMENT_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 @dataclass(frozen=True, kw_only=True)
 class AgentsConfig:
-    gpu_kv_bytes: int  # the gpu tier's KV pool (the placement plan's cache share)
+    gpu_kv_bytes: int  # the gpu tier's KV pool
     cpu_swap_bytes: int  # the cpu tier's swap pool
     block_size: int = 16  # tokens per block
     max_num_seqs: int = 16  # requests in one iteration
@@ -51,65 +43,62 @@ class AgentsConfig:
     def to_json(self) -> dict:
         return asdict(self)
 
-    @classmethod
-    def from_tier_budgets(cls, llm, *, gpu_mem_bytes: int, cpu_mem_bytes: int, max_context: int,
-                          **settings) -> "AgentsConfig":
-        """Pools sized by the placement planner from the tiers' byte budgets (`kv_pools`): the
-        gpu pool is what the gpu budget leaves once the weights and working set are in, the
-        swap pool what the cpu budget leaves. `settings`: the other AgentsConfig fields."""
-        config = cls(gpu_kv_bytes=1, cpu_swap_bytes=0, **settings)  # validates the settings
-        model = dataclasses.replace(placement.ModelSpec.from_hf_config(llm.reader.hf_config),
-                                    dtype=_PLACEMENT_DTYPES[llm.dtype])
-        pools = kv_pools(model, gpu_mem_bytes=gpu_mem_bytes, cpu_mem_bytes=cpu_mem_bytes,
-                         max_num_seqs=config.max_num_seqs, max_context=max_context,
-                         max_num_batched_tokens=config.max_num_batched_tokens)
-        return dataclasses.replace(config, gpu_kv_bytes=pools.gpu_kv_bytes, cpu_swap_bytes=pools.cpu_swap_bytes)
+
+def prepare_offloaded(llm, *, max_context: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+                      swap: bool = True) -> PoolSizes:
+    """Build `llm`'s offload executor for the agents workload (with policy "auto" the planner
+    places the weights, kept out of part of each tier for the pools) and size both pools from
+    what the tiers' budgets leave."""
+    if llm.offload is None:
+        raise ValueError("tier budgets size the pools of an offloaded model only; give gpu_mem and cpu_mem")
+    kv_per_token = llm.config.kv_bytes_per_token(llm.dtype.itemsize)
+    gpu, cpu = planner_budgets(llm.offload.gpu_mem, llm.offload.cpu_mem, kv_per_token, max_num_seqs, max_context)
+    prompt, gen = agents_workload(max_context, max_num_seqs, max_num_batched_tokens)
+    llm.prepare(prompt_len=prompt, gen_len=gen, num_sequences=max_num_seqs, planner_budgets=(gpu, cpu))
+    return pool_sizes(llm.executor, max_context=max_context, max_num_seqs=max_num_seqs,
+                      max_num_batched_tokens=max_num_batched_tokens, block_size=block_size, swap=swap)
 
 
-def new_cache(llm, config: AgentsConfig) -> PagedKVCache:
-    cfg, dtype = llm.config, llm.dtype
-    gpu = PagedKVCache.blocks_in(cfg, config.gpu_kv_bytes, config.block_size, dtype)
-    cpu = PagedKVCache.blocks_in(cfg, config.cpu_swap_bytes, config.block_size, dtype)
+def new_cache(llm, config: AgentsConfig) -> PagedCache:
+    per_block = config.block_size * llm.config.kv_bytes_per_token(llm.dtype.itemsize)
+    gpu, cpu = config.gpu_kv_bytes // per_block, config.cpu_swap_bytes // per_block
     if gpu < 1:
-        need = PagedKVCache.blocks_in(cfg, 1 << 40, config.block_size, dtype)
         raise ValueError(f"gpu KV budget of {config.gpu_kv_bytes} bytes holds no block of {config.block_size} "
-                         f"tokens ({(1 << 40) // need} bytes each); raise --gpu-kv-mem")
-    return PagedKVCache(cfg, gpu, cpu, config.block_size, dtype, llm.executor.device)
+                         f"tokens ({per_block} bytes each); raise --gpu-kv-mem")
+    return llm.executor.new_paged_cache(gpu, cpu, config.block_size)
 
 
 def measure_cost(llm, config: AgentsConfig, max_model_len: int, cpu_clock: bool = False) -> CostModel:
-    """The CostModel of this machine, timed on the clock the run will use."""
-    return calibrate_cost_model(llm.executor, new_cache(llm, config), max_model_len,
-                                timer=time.process_time if cpu_clock else time.perf_counter)
+    """The CostModel of this machine, timed on the clock the run will use, with iterations no
+    larger than the run's (so they fit the working set the pools were sized beside)."""
+    cache = new_cache(llm, config)
+    try:
+        return calibrate_cost_model(llm.executor, cache, max_model_len, batch=min(8, max(2, config.max_num_seqs)),
+                                    chunk=min(64, config.max_num_batched_tokens),
+                                    timer=time.process_time if cpu_clock else time.perf_counter)
+    finally:
+        cache.release()
 
 
 def run_policy_on_engine(llm, requests: list[TokenizedRequest], policy: str | Policy, config: AgentsConfig,
                          cost: CostModel, *, clock=None, check: bool = False,
                          on_iteration=None, on_finish=None, policy_kwargs: dict | None = None) -> AugmentedResult:
+    """Run `requests` under `policy`; the result carries each tier's peak during this run."""
     cache = new_cache(llm, config)
-    sched_cfg = SchedulerConfig(cache.num_gpu_blocks, cache.num_cpu_blocks, config.block_size,
-                                max_num_seqs=config.max_num_seqs,
-                                max_num_batched_tokens=config.max_num_batched_tokens)
-    predictor = OraclePredictor({r.spec.request_id: r.spec for r in requests})
-    if config.noise_sigma > 0:
-        predictor = NoisyPredictor(predictor, config.noise_sigma, config.seed)
-    if not isinstance(policy, Policy):
-        policy = make_policy(policy, **(policy_kwargs or {}))
-    sched = Scheduler(sched_cfg, policy, predictor, cost)
-    engine = AugmentedEngine(llm.executor, cache, sched, clock or WallClock(), check, on_iteration, on_finish)
-    return engine.run(requests)
-
-
-def load_trace(llm, trace_path: str) -> list[Template]:
-    """Trace templates, text segments counted with the model's tokenizer (not capped: the
-    TraceScale caps them)."""
-    return load_templates(trace_path, lambda text: len(llm.tokenizer.encode(text)), max_model_len=1 << 30)
-
-
-def replay_requests(llm, templates: list[Template], scale: TraceScale, qps: float, num_requests: int,
-                    seed: int = 0) -> list[TokenizedRequest]:
-    """`num_requests` drawn from `templates` with Poisson arrivals at `qps`, scaled, with ids."""
-    cfg = llm.config
-    special = set(cfg.eos_token_ids) | ({cfg.bos_token_id} if cfg.bos_token_id is not None else set())
-    specs = [scale_spec(s, scale) for s in replay(templates, qps, seed=seed, num_requests=num_requests)]
-    return tokenize_requests(specs, cfg.vocab_size, special)
+    try:
+        sched_cfg = SchedulerConfig(cache.num_gpu_blocks, cache.num_cpu_blocks, config.block_size,
+                                    max_num_seqs=config.max_num_seqs,
+                                    max_num_batched_tokens=config.max_num_batched_tokens)
+        predictor = OraclePredictor({r.spec.request_id: r.spec for r in requests})
+        if config.noise_sigma > 0:
+            predictor = NoisyPredictor(predictor, config.noise_sigma, config.seed)
+        if not isinstance(policy, Policy):
+            policy = make_policy(policy, **(policy_kwargs or {}))
+        sched = Scheduler(sched_cfg, policy, predictor, cost)
+        llm.executor.reset_peaks()
+        engine = AugmentedEngine(llm.executor, cache, sched, clock or WallClock(), check, on_iteration, on_finish)
+        result = engine.run(requests)
+        result.tier_use = llm.executor.tier_use()
+        return result
+    finally:
+        cache.release()

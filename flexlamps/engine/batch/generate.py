@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from flexlamps.engine.batch.prefix import common_prefix_length, prefill_prefix
+from flexlamps.engine.executors.contract import Executor
 from flexlamps.engine.executors.step import Step
 from flexlamps.engine.batch.sampling import SamplingParams, make_generator, select_tokens
 
@@ -48,7 +49,7 @@ class ContextOverflowError(ValueError):
     pass
 
 
-def generate(executor, tokenizer, prompts: Sequence[list[int]], params: Sequence[SamplingParams], *,
+def generate(executor: Executor, tokenizer, prompts: Sequence[list[int]], params: Sequence[SamplingParams], *,
              max_batch: int = 32, micro_batch: int | None = None, max_context: int | None = None,
              on_finish: Callable[[RequestOutput], None] | None = None,
              on_tokens: Callable[[int], None] | None = None, stats=None,
@@ -56,9 +57,8 @@ def generate(executor, tokenizer, prompts: Sequence[list[int]], params: Sequence
     """Generate for every prompt. With `reuse_prefix`, a token prefix shared by all prompts of the
     call (instructions, in-context examples, a system prompt) is computed once and copied into
     each sequence's cache rows; `stats` (a PrefixStats) counts prefill tokens requested/computed."""
-    cfg = executor.cfg
-    max_context = max_context or cfg.max_position
-    for i, (p, sp) in enumerate(zip(prompts, params)):
+    max_context = max_context or executor.cfg.max_position
+    for i, p in enumerate(prompts):
         if not p:
             raise ValueError(f"prompt {i} is empty")
         if len(p) >= max_context:
@@ -69,34 +69,76 @@ def generate(executor, tokenizer, prompts: Sequence[list[int]], params: Sequence
         return []
     capacity = min(max_context, max(s.length + s.params.max_new_tokens for s in seqs))
     num_slots = min(max_batch, len(seqs))
-    micro_batch = micro_batch or num_slots
-    cache = executor.new_cache(num_slots, capacity)
     shared = _shared_prefix(seqs) if reuse_prefix else 0
-    prefix_cache = prefill_prefix(executor, seqs[0].prompt_ids[:shared])[0] if shared else None
     if stats is not None:
         stats.prefill_tokens_requested += sum(len(s.prompt_ids) for s in seqs)
         stats.prefill_tokens_computed += shared + sum(len(s.prompt_ids) - shared for s in seqs)
-    # longest prompts first: prefill groups of similar length waste less on padding
-    waiting = deque(sorted(seqs, key=lambda s: -len(s.prompt_ids)))
-    free = list(range(num_slots))
-    running: list[_Sequence] = []
-    results: list[RequestOutput | None] = [None] * len(seqs)
-    stop_checker = _StopChecker(tokenizer)
+    run = _Generation(executor, tokenizer, seqs, num_slots, capacity, micro_batch or num_slots, on_finish, on_tokens)
+    cache, prefix_cache = executor.new_cache(num_slots, capacity), None
+    try:
+        prefix_cache = prefill_prefix(executor, seqs[0].prompt_ids[:shared])[0] if shared else None
+        run.loop(cache, prefix_cache, shared)
+    finally:  # tiered caches hand their bytes back to the tier budgets, even on errors
+        cache.release()
+        if prefix_cache is not None:
+            prefix_cache.release()
+    return run.results  # type: ignore[return-value]
 
-    def finish(seq: _Sequence, reason: str, stop: str | None = None, text: str | None = None):
-        running.remove(seq)
-        free.append(seq.slot)
+
+class _Generation:
+    """The state of one `generate` call: waiting prompts, running sequences, free cache rows."""
+
+    def __init__(self, executor, tokenizer, seqs, num_slots, capacity, micro_batch, on_finish, on_tokens):
+        self.executor, self.tokenizer = executor, tokenizer
+        self.capacity, self.micro_batch = capacity, micro_batch
+        self.on_finish, self.on_tokens = on_finish, on_tokens
+        # longest prompts first: prefill groups of similar length waste less on padding
+        self.waiting = deque(sorted(seqs, key=lambda s: -len(s.prompt_ids)))
+        self.free = list(range(num_slots))
+        self.running: list[_Sequence] = []
+        self.results: list[RequestOutput | None] = [None] * len(seqs)
+        self.stop_checker = _StopChecker(tokenizer)
+
+    def loop(self, cache, prefix_cache, shared: int) -> None:
+        """One sweep per iteration: the running sequences decode one token and, when rows are
+        free, waiting prompts are prefilled in the same sweep (each group a micro-batch of its own)."""
+        mb = self.micro_batch
+        while self.waiting or self.running:
+            self.running.sort(key=lambda s: s.slot)
+            batches = [self.running[i:i + mb] for i in range(0, len(self.running), mb)]
+            steps = [_decode_step(b) for b in batches]
+            if self.waiting and self.free:
+                group = self._admit()
+                if prefix_cache is not None:
+                    cache.copy_prefix_from(prefix_cache, shared, torch.tensor([s.slot for s in group]))
+                for i in range(0, len(group), mb):
+                    batches.append(group[i:i + mb])
+                    steps.append(_prefill_step(batches[-1], shared))
+                self.running.extend(group)
+            for batch, logits in zip(batches, self.executor.forward_steps(cache, steps)):
+                self._advance(batch, logits[:, 0])
+
+    def _admit(self) -> list[_Sequence]:
+        """Waiting prompts into the free rows, lowest rows first."""
+        group = [self.waiting.popleft() for _ in range(min(len(self.free), len(self.waiting)))]
+        self.free.sort()
+        for s in group:
+            s.slot = self.free.pop(0)
+        return group
+
+    def _finish(self, seq: _Sequence, reason: str, stop: str | None = None, text: str | None = None) -> None:
+        self.running.remove(seq)
+        self.free.append(seq.slot)
         ids = seq.generated
         if text is None:
-            body = ids[:-1] if reason == "eos" else ids
-            text = tokenizer.decode(body)
+            text = self.tokenizer.decode(ids[:-1] if reason == "eos" else ids)
         out = RequestOutput(seq.index, text, list(ids), reason, len(seq.prompt_ids),
                             seq.logprobs if seq.params.logprobs else None, stop)
-        results[seq.index] = out
-        if on_finish:
-            on_finish(out)
+        self.results[seq.index] = out
+        if self.on_finish:
+            self.on_finish(out)
 
-    def advance(batch: list[_Sequence], logits: torch.Tensor):
+    def _advance(self, batch: list[_Sequence], logits: torch.Tensor) -> None:
         tokens = select_tokens(logits, [s.params for s in batch], [s.generator for s in batch])
         want_lp = [i for i, s in enumerate(batch) if s.params.logprobs]
         lps = torch.log_softmax(logits[want_lp], -1).gather(-1, tokens[want_lp, None])[:, 0] if want_lp else None
@@ -104,46 +146,21 @@ def generate(executor, tokenizer, prompts: Sequence[list[int]], params: Sequence
             batch[i].logprobs.append(float(lps[j]))
         for s, tok in zip(batch, tokens.tolist()):
             s.generated.append(tok)
-        if on_tokens:
-            on_tokens(len(batch))
+        if self.on_tokens:
+            self.on_tokens(len(batch))
         for s in batch:
-            tok = s.generated[-1]
-            if not s.params.ignore_eos and tok in tokenizer.eos_token_ids:
-                finish(s, "eos")
-                continue
-            if s.params.stop:
-                hit = stop_checker.check(s)
-                if hit is not None:
-                    finish(s, "stop", stop=hit[0], text=hit[1])
-                    continue
-            if len(s.generated) >= s.params.max_new_tokens or s.length >= capacity:
-                finish(s, "length")
+            self._check_end(s)
 
-    # One sweep per iteration: the running sequences decode one token and, when rows are free,
-    # waiting prompts are prefilled in the same sweep (each group a micro-batch of its own).
-    try:
-        while waiting or running:
-            running.sort(key=lambda s: s.slot)
-            batches = [running[i:i + micro_batch] for i in range(0, len(running), micro_batch)]
-            steps = [_decode_step(b) for b in batches]
-            if waiting and free:
-                group = [waiting.popleft() for _ in range(min(len(free), len(waiting)))]
-                free.sort()
-                for s in group:
-                    s.slot = free.pop(0)
-                if prefix_cache is not None:
-                    cache.copy_prefix_from(prefix_cache, shared, torch.tensor([s.slot for s in group]))
-                for i in range(0, len(group), micro_batch):
-                    batches.append(group[i:i + micro_batch])
-                    steps.append(_prefill_step(batches[-1], shared))
-                running.extend(group)
-            for batch, logits in zip(batches, executor.forward_steps(cache, steps)):
-                advance(batch, logits[:, 0])
-    finally:  # tiered caches hand their bytes back to the tier budgets, even on errors
-        cache.free()
-        if prefix_cache is not None:
-            prefix_cache.free()
-    return results  # type: ignore[return-value]
+    def _check_end(self, s: _Sequence) -> None:
+        tok = s.generated[-1]
+        if not s.params.ignore_eos and tok in self.tokenizer.eos_token_ids:
+            return self._finish(s, "eos")
+        if s.params.stop:
+            hit = self.stop_checker.check(s)
+            if hit is not None:
+                return self._finish(s, "stop", stop=hit[0], text=hit[1])
+        if len(s.generated) >= s.params.max_new_tokens or s.length >= self.capacity:
+            self._finish(s, "length")
 
 
 def _decode_step(batch: list[_Sequence]) -> Step:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from flexlamps.engine.executors.contract import Executor
 from flexlamps.engine.executors.step import Step
 
 
@@ -18,7 +19,7 @@ def common_prefix_length(seqs: list[list[int]]) -> int:
     return n
 
 
-def prefill_prefix(executor, new_ids: list[int], parent=None, parent_len: int = 0):
+def prefill_prefix(executor: Executor, new_ids: list[int], parent=None, parent_len: int = 0):
     """A one-row cache holding parent's first `parent_len` positions + `new_ids`, computing only
     `new_ids`. Returns the cache and the fp32 logits after its last token."""
     total = parent_len + len(new_ids)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from flexlamps.engine.batch.prefix import common_prefix_length, prefill_prefix
+from flexlamps.engine.executors.contract import Executor, KVCache
 from flexlamps.engine.executors.step import Step
 
 
@@ -69,7 +70,7 @@ class PrefixScorer:
     rows of similar lengths together.
     """
 
-    def __init__(self, executor, max_batch: int = 32, reuse_prefix: bool = True, stats: PrefixStats | None = None,
+    def __init__(self, executor: Executor, max_batch: int = 32, reuse_prefix: bool = True, stats: PrefixStats | None = None,
                  micro_batch: int | None = None, max_logit_positions: int = 2048, step_tokens: int = 1024):
         self.ex = executor
         self.max_batch = max_batch
@@ -102,7 +103,7 @@ class PrefixScorer:
             for i, out in self._score_chunk(common, root, chunk, pairs):
                 results[i] = out
         if root is not None:
-            root.cache.free()
+            root.cache.release()
         return results  # type: ignore[return-value]
 
     def _chunks(self, groups, pairs):
@@ -213,7 +214,7 @@ class PrefixScorer:
             ids[r, : len(toks)] = torch.tensor(toks)
         pos = torch.arange(plen, plen + width).expand(n, width)
         logp = torch.log_softmax(self.ex.forward_steps(cache, [Step(ids, pos, torch.arange(n))])[0], -1)
-        cache.free()
+        cache.release()
         self.stats.prefill_tokens_computed += sum(len(toks) for toks, _ in leaves)
         outs = []
         for r, (toks, n_ctx) in enumerate(leaves):
@@ -243,5 +244,5 @@ def _score_output(pred: torch.Tensor, targets: list[int]) -> ScoreOutput:
 
 @dataclass
 class _Prefix:
-    cache: DenseKVCache
+    cache: KVCache
     last_logprobs: torch.Tensor  # log-probs predicted after the prefix's last token

@@ -28,7 +28,7 @@ class DenseKVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
-    def free(self) -> None:
+    def release(self) -> None:
         """Nothing to hand back: a dense cache is charged to no tier budget (see TieredKVCache)."""
 
     def copy_prefix_from(self, src: "DenseKVCache", length: int, slots: torch.Tensor) -> None:

@@ -105,7 +105,7 @@ class PagedKVCache:
             self.k[layer][gpu] = self.k_cpu[layer][cpu].to(self.device)
             self.v[layer][gpu] = self.v_cpu[layer][cpu].to(self.device)
 
-    def free(self, gpu_blocks: Sequence[int] = ()) -> None:
+    def free_blocks(self, gpu_blocks: Sequence[int] = ()) -> None:
         """Blocks given back to the pool need no data movement: every position a request reads
         is written by that request first (its prefill, decode or recompute), and stale entries
         past its length are masked. Zeroing them keeps masked keys finite."""

@@ -115,10 +115,10 @@ class TieredKVCache:
                 self.k.append(k)
                 self.v.append(v)
         except BaseException:
-            self.free()
+            self.release()
             raise
 
-    def free(self) -> None:
+    def release(self) -> None:
         for tier, n in self._charged:
             self.budgets[tier].free(n)
         self._charged = []

@@ -26,12 +26,10 @@ TABLE_NAMES = ("embed_tokens", "lm_head")  # read in rows / vocab chunks, never 
 
 
 def weight_quant_config(num_bits: int = 4):
-    """Weights: groups of 32 along the input channels with 8-bit group parameters (the layout of
-    GGUF's Q4 blocks and of GPTQ/AWQ groups). FlexGen's output-channel groups of 64 cost SmolLM2
-    +42% WikiText perplexity; this layout is within 0.1% at 0.287x the fp16 bytes."""
-    from quant import QuantConfig
+    """Weights as the engine stores them compressed (one definition: quant.engine_weight_config)."""
+    from quant import engine_weight_config
 
-    return QuantConfig(bits=num_bits, group_size=32, group_dim=1, param_bits=8)
+    return engine_weight_config(num_bits)
 
 
 def kv_quant_config(policy: placement.Policy):

@@ -1,6 +1,8 @@
 """The plain in-memory executor: all weights resident on one device, one forward step at a time.
 
-It is the reference every other executor (offloaded, compressed) must reproduce exactly.
+It is the reference every other executor (offloaded, compressed) must reproduce exactly, and
+implements the executor contract (see executors.contract) with no tier budgets: its caches
+and weights are charged nowhere, and `tier_use` reports the weights on the compute device.
 """
 
 from __future__ import annotations
@@ -8,6 +10,9 @@ from __future__ import annotations
 import torch
 
 from flexlamps.engine.caches.dense import DenseKVCache
+from flexlamps.engine.caches.paged import PagedKVCache
+from flexlamps.engine.executors.contract import TierUse
+from flexlamps.engine.executors.step import Step
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.forward import forward_for
 from flexlamps.models.linear import pack
@@ -33,6 +38,7 @@ class InMemoryExecutor:
         self.device = torch.device(device)
         self.fwd = forward_for(cfg)
         self.global_weights, layers = split_weights(cfg, weights)
+        self._weight_bytes = sum(t.nbytes for t in weights.values())  # tensors and packed 4-bit weights alike
         # Resident weights are prepacked once for the GEMM; outputs are bit-identical to the
         # unpacked weights the offloaded executor streams in (see models.linear).
         self.layer_weights = [{name: pack(t) for name, t in w.items()} for w in layers]  # norms stay as they are
@@ -50,25 +56,37 @@ class InMemoryExecutor:
             return DenseLatentCache(self.cfg, num_slots, capacity, self.dtype, self.device)
         return DenseKVCache(self.cfg, num_slots, capacity, self.dtype, self.device)
 
-    def forward_steps(self, cache, steps) -> list[torch.Tensor]:
-        """Run several micro-batches (see offload_executor.Step); one forward each."""
-        return [self.forward(cache, s.input_ids, s.positions, s.slots, s.logit_rows) for s in steps]
+    def new_paged_cache(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> PagedKVCache:
+        return PagedKVCache(self.cfg, num_gpu_blocks, num_cpu_blocks, block_size, self.dtype, self.device)
+
+    def tier_use(self) -> dict[str, TierUse]:
+        return {"gpu": TierUse(self._weight_bytes, self._weight_bytes, None)}
+
+    def reset_peaks(self) -> None:
+        """Nothing to reset: the weights are all this executor counts."""
+
+    def close(self) -> None:
+        """Nothing to stop: no worker threads, no files."""
+
+    def forward_steps(self, cache, steps: list[Step]) -> list[torch.Tensor]:
+        """Run several micro-batches; one forward each."""
+        return [self._forward(cache, s) for s in steps]
 
     @torch.inference_mode()
-    def forward(self, cache, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                logit_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Run one step for `input_ids` (n, T) at `positions` (n, T) in cache rows `slots` (n,).
+    def _forward(self, cache, step: Step) -> torch.Tensor:
+        """Run one step: `input_ids` (n, T) at `positions` (n, T) in cache rows `slots` (n,).
 
-        Returns fp32 logits: for every position (n, T, V), or only at `logit_rows` (n,) — the
-        index along T whose logits are wanted for each row (the last real token).
+        Returns fp32 logits on the CPU: for every position (n, T, V), or only at `logit_rows`
+        (n,), the index along T whose logits are wanted for each row (the last real token).
         """
-        fwd = self.fwd
+        fwd, dev = self.fwd, self.device
+        input_ids, positions, slots = step.input_ids.to(dev), step.positions.to(dev), step.slots.to(dev)
         ctx = fwd.step_context(positions, self.dtype)
         x = fwd.embed(self.global_weights, input_ids, positions)
         # masks and spans once per step, not per layer (caches that offer it)
         geo = {"geometry": cache.step_geometry(slots, positions)} if hasattr(cache, "step_geometry") else {}
         for i, w in enumerate(self.layer_weights):
             x = fwd.layer(w, x, ctx, cache.attend_fn(i, slots, positions, **geo))
-        if logit_rows is not None:
-            x = x[torch.arange(x.shape[0]), logit_rows][:, None]
-        return fwd.head(self.global_weights, x).float()
+        if step.logit_rows is not None:
+            x = x[torch.arange(x.shape[0], device=dev), step.logit_rows.to(dev)][:, None]
+        return fwd.head(self.global_weights, x).float().cpu()

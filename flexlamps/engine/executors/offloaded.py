@@ -17,12 +17,15 @@ from dataclasses import dataclass, field
 import torch
 
 import placement
-from flexlamps.engine.executors.step import Step
-from flexlamps.engine.executors.placement_map import cache_tiers, weight_tiers
+from flexlamps.engine.caches.paged import PagedKVCache
 from flexlamps.engine.caches.tiered import TieredKVCache
 from flexlamps.engine.executors.charges import (HEAD_CHUNK_ROWS, TABLE_NAMES, PlacementCharges,
                                                 kv_quant_config, placed_size, weight_quant_config,
                                                 workspace_bytes)
+from flexlamps.engine.executors.contract import TierUse
+from flexlamps.engine.executors.placement_map import cache_tiers, weight_tiers
+from flexlamps.engine.executors.copy_stream import CopyStream
+from flexlamps.engine.executors.step import Step
 from flexlamps.models.forward import forward_for
 from flexlamps.models.linear import linear, pack
 from flexlamps.models.weight_specs import weight_specs
@@ -95,6 +98,7 @@ class OffloadExecutor:
             owner = f"{reader.fingerprint()}|{dtype}|{policy.weights!r}|{policy.compress_weight}|{self.qcfg!r}"
             disk = DiskFolder(offload_dir, fingerprint=_stable_hash(owner))
         self.store = TieredStore(self.budgets, disk, self.device)
+        self.copies = CopyStream(self.device)  # on CUDA: weight loads on a copy stream, joined by events
         self.reused_disk = False
         try:
             self._place_weights(reader, disk, verify_disk)
@@ -170,6 +174,19 @@ class OffloadExecutor:
                              self.budgets, self.device, cpu_attention=self.policy.cpu_attention,
                              compress=self.kv_qcfg if self.policy.compress_cache else None)
 
+    def new_paged_cache(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> PagedKVCache:
+        """KV blocks on the gpu tier (attention runs there) and a swap pool on the cpu tier,
+        both charged to this executor's budgets."""
+        return PagedKVCache(self.cfg, num_gpu_blocks, num_cpu_blocks, block_size, self.dtype, self.device,
+                            budgets=self.budgets)
+
+    def tier_use(self) -> dict[str, TierUse]:
+        return {tier: TierUse(b.used_bytes, b.peak_bytes, b.capacity_bytes) for tier, b in self.budgets.items()}
+
+    def reset_peaks(self) -> None:
+        for budget in self.budgets.values():
+            budget.reset_peak()
+
     # -- running ----------------------------------------------------------------------------
     def _layer_weights(self, fetched: dict) -> tuple[dict[str, torch.Tensor], int]:
         """The fetched weights by local name, and the bytes of those decompressed here (a
@@ -186,8 +203,10 @@ class OffloadExecutor:
         """Load a layer's weights on a worker thread; the result carries the load's duration."""
         def load():
             t = time.perf_counter()
-            fetched, staged = self.store.fetch(self.layer_names[layer])
-            return fetched, staged, time.perf_counter() - t
+            with self.copies.issuing():
+                fetched, staged = self.store.fetch(self.layer_names[layer])
+                done = self.copies.finished()
+            return fetched, staged, time.perf_counter() - t, done
 
         return self.store.submit(load)
 
@@ -273,7 +292,8 @@ class OffloadExecutor:
             pending = self._fetch_timed(0) if cfg.num_layers else None
             for j in range(cfg.num_layers):
                 t0 = time.perf_counter()
-                fetched, staged, io_s = pending.result()
+                fetched, staged, io_s, done = pending.result()
+                self.copies.hand_over(done, fetched.values())
                 t_io = time.perf_counter()
                 pending = self._fetch_timed(j + 1) if j + 1 < cfg.num_layers else None
                 dense_bytes = 0
