@@ -8,11 +8,11 @@ How the engine uses it:
   decompressed on the compute device, one layer at a time, with
   `dequantize(qt, dtype, device, out=reused_buffer)`.
 - Other backends: `get_weight_quantizer("groupwise4" | "groupwise8" | "nf4" | "fp4" | "none")`.
-- KV cache: one `QuantizedKVBuffer(batch, kv_heads, capacity, head_dim, KV_CACHE_DEFAULT)`
-  per layer for K and one for V; `append(new)` each step, `dequantize(upto)` for attention.
-  FlexGen's head-dim grouping costs SmolLM2 +14.9% perplexity (keys +16.3%, values +1.0%);
-  `ChannelQuantizedKVBuffer` (keys grouped per channel along the sequence, same interface)
-  with values in `QuantizedKVBuffer` measured +1.95%.
+- KV cache (`quant.kv_rows`, one row per sequence, each with its own length): keys in
+  `ChannelGroupedRows` (per channel over 32 tokens, `KV_KEYS_PER_CHANNEL`), values in
+  `TokenGroupedRows` (along the head dim, `KV_CACHE_DEFAULT`); `write(slots, positions, new)`
+  each step, `read(slots, span)` for attention. FlexGen's head-dim grouping for keys too costs
+  SmolLM2 +14.9% perplexity (keys +16.3%, values +1.0%); per-channel keys about +2%.
 
 `quant.config` is torch-free so `placement` can size compressed tensors without torch;
 everything else is loaded on first use (`quant.quantize` etc.), so `import quant` stays
@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import importlib
 
-from quant.config import KV_CACHE_DEFAULT, WEIGHT_DEFAULT, QuantConfig, engine_weight_config
+from quant.config import KV_CACHE_DEFAULT, KV_KEYS_PER_CHANNEL, WEIGHT_DEFAULT, QuantConfig, engine_weight_config
 
 # public name -> module that defines it (imported lazily: they need torch)
 _LAZY = {
     "QTensor": "quant.qtensor",
     "quantize": "quant.groupwise",
     "dequantize": "quant.groupwise",
-    "QuantizedKVBuffer": "quant.kv_buffer",
-    "ChannelQuantizedKVBuffer": "quant.kv_channel_buffer",
-    "KEY_CACHE_PER_CHANNEL": "quant.kv_channel_buffer",
+    "TokenGroupedRows": "quant.kv_rows",
+    "ChannelGroupedRows": "quant.kv_rows",
     "compress_state_dict": "quant.state_dict",
     "decompress_state_dict": "quant.state_dict",
     "is_linear_weight": "quant.state_dict",
@@ -40,7 +39,7 @@ _LAZY = {
     "WEIGHT_QUANTIZERS": "quant.backends",
 }
 
-__all__ = ["QuantConfig", "WEIGHT_DEFAULT", "KV_CACHE_DEFAULT", "engine_weight_config", *_LAZY]
+__all__ = ["QuantConfig", "WEIGHT_DEFAULT", "KV_CACHE_DEFAULT", "KV_KEYS_PER_CHANNEL", "engine_weight_config", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -14,7 +14,7 @@ Which dim to group along (FlexGen's choice, kept as our defaults):
   `(seq, batch*heads, head_dim)` and groups along dim 2, the head dim. Our cache is
   `[batch, kv_heads, seq, head_dim]`, so that is the last dim. Grouping along the head
   dim keeps every token's groups inside that token, so a new token is compressed alone
-  and appended without touching older ones (see `QuantizedKVBuffer`).
+  and appended without touching older ones (see `quant.kv_rows.TokenGroupedRows`).
 
 Measured on SmolLM2-135M (the built-in GGUF, WikiText-2 first 2048 tokens, window 1024,
 stride 512, transformers as the model; `scripts/bench_quant.py --ppl-tokens 2048`),
@@ -22,7 +22,7 @@ perplexity vs dense 18.29:
   FlexGen weights (4 bit, g64, dim 0)                 +50.1%   0.281x fp16
   g32 along dim 1 (the GGUF's Q4_1 blocks), 8-bit params  -0.06%   0.287x fp16
   FlexGen KV (g64, head dim, K and V)                 +15.5%
-  keys per channel (g64 along seq) + values head dim   +2.3%   (`ChannelQuantizedKVBuffer`)
+  keys per channel (g64 along seq) + values head dim   +2.3%   (`quant.kv_rows.ChannelGroupedRows`)
   both of ours together                                +2.7%   (FlexGen's both: +76.6%)
 So the FlexGen defaults stay the defaults (they are what FlexGen compares against), but
 GGUF-sourced weights should use `QuantConfig(group_size=32, group_dim=1, param_bits=8)`.
@@ -131,6 +131,11 @@ class QuantConfig:
 
 WEIGHT_DEFAULT = QuantConfig(bits=4, group_size=64, group_dim=0, symmetric=False)
 KV_CACHE_DEFAULT = QuantConfig(bits=4, group_size=64, group_dim=-1, symmetric=False)
+# The engine's compressed KV cache (quant.kv_rows): values as KV_CACHE_DEFAULT (groups along the
+# head dim, the policy's group size), keys per channel over 32 consecutive tokens (KIVI; groups
+# along the sequence dim, -2 of a [..., seq, head_dim] tensor), which keeps SmolLM2's 4-bit
+# cache within about 2% of full-precision WikiText perplexity where head-dim keys cost +14%.
+KV_KEYS_PER_CHANNEL = QuantConfig(bits=4, group_size=32, group_dim=-2, symmetric=False)
 
 
 def engine_weight_config(bits: int = 4) -> QuantConfig:

@@ -31,11 +31,11 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from quant import (  # noqa: E402
-    KEY_CACHE_PER_CHANNEL,
+    KV_KEYS_PER_CHANNEL,
     KV_CACHE_DEFAULT,
     QuantBackendUnavailable,
     QuantConfig,
-    QuantizedKVBuffer,
+    TokenGroupedRows,
     compress_state_dict,
     dequantize,
     is_linear_weight,
@@ -99,24 +99,27 @@ def bench_weight(name: str, weight: torch.Tensor, repeats: int) -> None:
 
 
 def bench_kv(batch: int, heads: int, seq: int, head_dim: int, repeats: int) -> None:
+    """The engine's compressed value rows (quant.kv_rows) against a dense copy."""
     kv = torch.randn(batch, heads, seq, head_dim, dtype=torch.float16)
     dense_bytes = kv.numel() * 2
     dst = torch.empty_like(kv)
     memcpy_s = median_seconds(lambda: dst.copy_(kv), repeats)
-    buf = QuantizedKVBuffer(batch, heads, seq + 1, head_dim, KV_CACHE_DEFAULT)
-    fill_s = median_seconds(lambda: (buf.truncate(0), buf.append(kv)), max(3, repeats // 4))
-    one = kv[:, :, :1]
-    append_s = median_seconds(lambda: (buf.truncate(seq), buf.append(one)), repeats)
-    deq_s = median_seconds(lambda: buf.dequantize(seq), repeats)
+    rows = TokenGroupedRows((batch, heads, seq + 1, head_dim), torch.float16, "cpu", KV_CACHE_DEFAULT)
+    slots, new = torch.arange(batch), kv.transpose(1, 2)  # (batch, seq, heads, d)
+    fill_s = median_seconds(lambda: rows.write(slots, torch.arange(seq).expand(batch, seq), new),
+                            max(3, repeats // 4))
+    last = torch.full((batch, 1), seq - 1)
+    append_s = median_seconds(lambda: rows.write(slots, last, new[:, -1:]), repeats)
+    read_s = median_seconds(lambda: rows.read(slots, seq), repeats)
     qt = quantize(kv, KV_CACHE_DEFAULT)
     whole_s = median_seconds(lambda: dequantize(qt), repeats)
     print(f"\nKV cache [{batch}, {heads}, {seq}, {head_dim}] fp16, {dense_bytes / 2**20:.1f} MiB; "
-          f"memcpy {dense_bytes / memcpy_s / 1e9:.1f} GB/s; rel RMS {rel_rms(buf.dequantize(seq), kv):.4f}")
+          f"memcpy {dense_bytes / memcpy_s / 1e9:.1f} GB/s; rel RMS {rel_rms(rows.read(slots, seq), kv):.4f}")
     print(f"  prefill quantize      {dense_bytes / fill_s / 1e9:8.2f} GB/s")
-    print(f"  append one token      {append_s * 1e6:8.1f} us ({batch * heads * head_dim * 2 / append_s / 1e9:.3f} GB/s)")
-    print(f"  buffer dequantize     {dense_bytes / deq_s / 1e9:8.2f} GB/s = {memcpy_s / deq_s:.2f} of memcpy")
+    print(f"  write one token       {append_s * 1e6:8.1f} us ({batch * heads * head_dim * 2 / append_s / 1e9:.3f} GB/s)")
+    print(f"  rows read             {dense_bytes / read_s / 1e9:8.2f} GB/s = {memcpy_s / read_s:.2f} of memcpy")
     print(f"  QTensor dequantize    {dense_bytes / whole_s / 1e9:8.2f} GB/s = {memcpy_s / whole_s:.2f} of memcpy")
-    print(f"  size {buf.nbytes / (batch * heads * (seq + 1) * head_dim * 2):.3f}x fp16")
+    print(f"  size {rows.nbytes / (batch * heads * (seq + 1) * head_dim * 2):.3f}x fp16")
 
 
 def bench_smollm2_group_dim() -> None:
@@ -199,7 +202,7 @@ def wikitext_perplexities(num_tokens: int, window: int = 1024, stride: int = 512
     results = {}
     flexgen_w = QuantConfig(group_dim=0)
     gguf_w = QuantConfig(group_dim=1, group_size=32, param_bits=8)  # 4.5 bits, GGUF-aligned groups
-    flexgen_kv, channel_k = (KV_CACHE_DEFAULT, KV_CACHE_DEFAULT), (KEY_CACHE_PER_CHANNEL, KV_CACHE_DEFAULT)
+    flexgen_kv, channel_k = (KV_CACHE_DEFAULT, KV_CACHE_DEFAULT), (KV_KEYS_PER_CHANNEL, KV_CACHE_DEFAULT)
     for label, weight_cfg, kv in [
         ("dense (GGUF Q4_1 dequantized)", None, None),
         ("W4 g64 dim 0 (FlexGen)", flexgen_w, None),

@@ -12,7 +12,7 @@ from flexlamps.engine.augmented.run import AgentsConfig, measure_cost, prepare_o
 from flexlamps.workloads.tokenized import tokenize_requests
 from flexlamps.sched.request import Strategy
 from placement import Policy, TierSplit
-from tests.test_agents_engine import BLOCK, Forced, _specs
+from tests.test_agents_engine import BLOCK, Forced, _config, _specs
 
 GPU_ONLY = TierSplit(gpu=1, cpu=0, disk=0)
 # weights a fifth on the gpu, the rest on cpu and disk; the policy's cache split does not apply
@@ -39,12 +39,6 @@ def workload(llm, tiny_llama):
     return reqs, uninterrupted_tokens(LLM(str(tiny_llama)).executor, reqs)
 
 
-def _config(llm, gpu_blocks=18, cpu_blocks=10):
-    per_block = BLOCK * llm.config.kv_bytes_per_token(4)
-    return AgentsConfig(gpu_kv_bytes=gpu_blocks * per_block, cpu_swap_bytes=cpu_blocks * per_block,
-                        block_size=BLOCK, max_num_seqs=6, max_num_batched_tokens=24)
-
-
 @pytest.fixture(scope="module")
 def cost(llm):
     return measure_cost(llm, _config(llm), 64)
@@ -68,7 +62,8 @@ def test_each_strategy_is_exact_with_weights_offloaded(llm, workload, cost, stra
     reqs, expected = workload
     res = run_policy_on_engine(llm, reqs, Forced(strategy), _config(llm), cost, clock=StepClock(0.01), check=True)
     assert res.stats.strategies[strategy.value] > 0
-    assert (res.swapped_out_bytes > 0) == (strategy is Strategy.SWAP)
+    if strategy is Strategy.SWAP:  # (other strategies may swap too: preemption under memory pressure)
+        assert res.swapped_out_bytes > 0
     assert res.tokens == expected
     for tier, use in res.tier_use.items():
         assert use.peak_bytes <= use.capacity_bytes, tier

@@ -4,6 +4,7 @@ sparse path bit for bit, for every pool size from the whole context down to one 
 import pytest
 import torch
 
+from flexlamps.engine.executors.step import Step
 from flexlamps.engine.caches.latent import DenseLatentCache
 from flexlamps.engine.caches.latent_offload import OffloadedLatentCache
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
@@ -31,12 +32,12 @@ def _run(ex, cache) -> list[torch.Tensor]:
     decode together."""
     longest = max(PROMPT_LENS)
     ids = torch.randint(2, ex.cfg.vocab_size, (2, longest), generator=torch.Generator().manual_seed(5))
-    out = ex.forward(cache, ids, torch.arange(longest).expand(2, longest), torch.tensor([0, 1]))
+    out = ex.forward_steps(cache, [Step(ids, torch.arange(longest).expand(2, longest), torch.tensor([0, 1]))])[0]
     logits = [out]
     slots, pos = torch.tensor([0, 1]), torch.tensor(PROMPT_LENS)
     tokens = out[torch.arange(2), pos - 1].argmax(-1)[:, None]
     for _ in range(DECODE_STEPS):
-        out = ex.forward(cache, tokens, pos[:, None], slots)
+        out = ex.forward_steps(cache, [Step(tokens, pos[:, None], slots)])[0]
         logits.append(out)
         tokens, pos = out[:, -1].argmax(-1)[:, None], pos + 1
     return logits
@@ -56,7 +57,7 @@ def test_offloaded_equals_in_memory_for_every_pool_size(v32, fp8):
         assert all(torch.equal(g, e) for g, e in zip(got, expected)), f"pool {pool}"
         misses[pool] = sum(cache.stats["misses"])
         assert budgets["gpu"].used_bytes == cache.nbytes - budgets["cpu"].used_bytes
-        cache.free()
+        cache.release()
         assert budgets["gpu"].used_bytes == 0 == budgets["cpu"].used_bytes
     assert misses[topk] > misses[2 * topk] >= misses[CAPACITY]
 

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.caches.latent import DenseLatentCache
 from flexlamps.models.checkpoint import read_all
@@ -39,9 +40,9 @@ def test_prefill_and_decode_match_transformers(deepseek_models, kind):
     ex = InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32)
     cache = DenseLatentCache(reader.config, 1, PROMPT_LEN + DECODE_STEPS + 1, torch.float32)
     slots = torch.tensor([0])
-    got = [ex.forward(cache, ids, torch.arange(PROMPT_LEN)[None], slots)]
+    got = [ex.forward_steps(cache, [Step(ids, torch.arange(PROMPT_LEN)[None], slots)])[0]]
     for step, tok in enumerate(tokens):
-        got.append(ex.forward(cache, tok, torch.tensor([[PROMPT_LEN + step]]), slots))
+        got.append(ex.forward_steps(cache, [Step(tok, torch.tensor([[PROMPT_LEN + step]]), slots)])[0])
     worst = max((g - e).abs().max().item() for g, e in zip(got, expected))
     assert worst <= 1e-4, f"{kind}: max |logit difference| {worst}"
 
@@ -56,8 +57,8 @@ def test_fp8_latent_cache_stays_close(deepseek_models):
     outs = []
     for fp8 in (False, True):
         cache = DenseLatentCache(reader.config, 2, 21, torch.float32, fp8=fp8)
-        ex.forward(cache, ids[:, :-1], positions[:, :-1], slots)
-        outs.append(ex.forward(cache, ids[:, -1:], positions[:, -1:], slots))
+        ex.forward_steps(cache, [Step(ids[:, :-1], positions[:, :-1], slots)])[0]
+        outs.append(ex.forward_steps(cache, [Step(ids[:, -1:], positions[:, -1:], slots)])[0])
     plain, fp8 = outs
     m = reader.config.mla
     assert DenseLatentCache(reader.config, 1, 1, torch.float32, fp8=True).latent_format.record_bytes == \

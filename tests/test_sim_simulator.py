@@ -8,7 +8,7 @@ import flexlamps.sim.simulator as simulator_mod
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.scheduler import SchedulerConfig
 from flexlamps.sim.run import run_policy
-from flexlamps.sim.simulator import RequestRecord
+from flexlamps.sched.records import RequestRecord
 from flexlamps.sim.synthetic import synthetic_specs
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.models import checkpoint
 from flexlamps.models.checkpoint import GGUFReader, read_all
@@ -119,8 +120,8 @@ def test_int4_in_place_engine_agrees_with_fp32(tiny_gguf):
     outs = []
     for ex in (ref, int4):
         cache = ex.new_cache(2, 16)
-        prefill = ex.forward(cache, ids, pos, torch.arange(2))  # 24 rows: the fused kernel
-        step = ex.forward(cache, ids[:, -1:], pos[:, -1:] + 1, torch.arange(2))
+        prefill = ex.forward_steps(cache, [Step(ids, pos, torch.arange(2))])[0]  # 24 rows: the fused kernel
+        step = ex.forward_steps(cache, [Step(ids[:, -1:], pos[:, -1:] + 1, torch.arange(2))])[0]
         outs.append((prefill, step))
     for got, want in zip(outs[1], outs[0]):
         torch.testing.assert_close(got, want, rtol=0.05, atol=0.05 * want.abs().max().item())

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flexlamps.sim.metrics import Summary, summarize
-from flexlamps.sim.simulator import RequestRecord
+from flexlamps.sched.records import RequestRecord
 
 WARMUP, COOLDOWN = 0.15, 0.15
 GROWTH_LIMIT = 1.25

@@ -13,7 +13,7 @@ from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.scheduler import SchedulerConfig
 from flexlamps.sim.run import run_policy
 from flexlamps.sim.steady import COOLDOWN, WARMUP, SteadyState, steady_state
-from flexlamps.sim.trace import Template, replay
+from flexlamps.workloads.trace import Template, replay
 
 
 @dataclass(frozen=True)

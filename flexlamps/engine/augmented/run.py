@@ -54,7 +54,9 @@ def prepare_offloaded(llm, *, max_context: int, block_size: int, max_num_seqs: i
     kv_per_token = llm.config.kv_bytes_per_token(llm.dtype.itemsize)
     gpu, cpu = planner_budgets(llm.offload.gpu_mem, llm.offload.cpu_mem, kv_per_token, max_num_seqs, max_context)
     prompt, gen = agents_workload(max_context, max_num_seqs, max_num_batched_tokens)
-    llm.prepare(prompt_len=prompt, gen_len=gen, num_sequences=max_num_seqs, planner_budgets=(gpu, cpu))
+    # the KV cache lives in the paged pools sized below, not where the planner would put it, so
+    # the planner is asked about one sequence: its weight placement, not a cache for the batch
+    llm.prepare(prompt_len=prompt, gen_len=gen, num_sequences=1, planner_budgets=(gpu, cpu))
     return pool_sizes(llm.executor, max_context=max_context, max_num_seqs=max_num_seqs,
                       max_num_batched_tokens=max_num_batched_tokens, block_size=block_size, swap=swap)
 

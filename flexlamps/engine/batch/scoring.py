@@ -70,7 +70,8 @@ class PrefixScorer:
     rows of similar lengths together.
     """
 
-    def __init__(self, executor: Executor, max_batch: int = 32, reuse_prefix: bool = True, stats: PrefixStats | None = None,
+    def __init__(self, executor: Executor, max_batch: int = 32, reuse_prefix: bool = True,
+                 stats: PrefixStats | None = None,
                  micro_batch: int | None = None, max_logit_positions: int = 2048, step_tokens: int = 1024):
         self.ex = executor
         self.max_batch = max_batch
@@ -145,7 +146,7 @@ class PrefixScorer:
                 steps.append(self._step([pairs[i][1][:-1] for _, i in part], [common + len(rests[r]) for r, _ in part],
                                         torch.tensor([r for r, _ in part]), last_only=False))
         outs = self.ex.forward_steps(cache, steps)
-        cache.free()
+        cache.release()
         self.stats.prefill_tokens_computed += sum(map(len, rests)) + sum(
             len(pairs[i][1]) - 1 for part in members for i in part)
         first = torch.log_softmax(torch.cat([o[:, 0] for o in outs[:num_ctx_steps]]), -1)  # (rows, V)

@@ -79,7 +79,7 @@ class DenseLatentCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.entries + self.index_keys)
 
-    def free(self) -> None:
+    def release(self) -> None:
         if self._charged:
             self.budget.free(self._charged)
             self._charged = 0

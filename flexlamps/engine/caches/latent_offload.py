@@ -49,7 +49,7 @@ class OffloadedLatentCache:
         try:
             self._allocate(cfg.num_layers, [min(p, capacity) for p in pool_entries])
         except BaseException:
-            self.free()
+            self.release()
             raise
 
     def _charge(self, tier: str, nbytes: int, what: str) -> None:
@@ -75,7 +75,7 @@ class OffloadedLatentCache:
     def nbytes(self) -> int:
         return sum(n for _, n in self._charged)
 
-    def free(self) -> None:
+    def release(self) -> None:
         for tier, n in self._charged:
             self.budgets[tier].free(n)
         self._charged = []

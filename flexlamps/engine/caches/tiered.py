@@ -1,5 +1,6 @@
 """KV cache for the offload engine: each layer's cache lives on the tier the policy gives it,
-optionally 4-bit compressed (grouped along the head dim), with its bytes charged to that tier.
+optionally 4-bit compressed (quant.kv_rows: keys per channel, values along the head dim), with
+its bytes charged to that tier.
 
 Attention over a cache layer off the gpu tier either copies the rows it needs to the compute
 device (charged to the gpu budget while used) or, with `cpu_attention`, runs where the cache
@@ -10,58 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from flexlamps.engine.caches.channel_keys import ChannelGroupedKeys
-from flexlamps.engine.caches.dense import _rows
 from flexlamps.models.attention import attention
 from flexlamps.models.config import ModelConfig
-from placement.specs import CACHE_KEY_GROUP_TOKENS
 from offload import tensor_bytes
 from offload.budget import TierBudget
+from quant.kv_rows import ChannelGroupedRows, TokenGroupedRows, rows_of
 
-
-# Keys are grouped per channel over this many tokens (values per token along the head dim);
-# the planner prices the same layout (placement.CompressionSpec.cache_bytes_per_element).
-KEY_GROUP = CACHE_KEY_GROUP_TOKENS
-
-
-class _PackedKV:
-    """One layer's K or V as 4-bit codes + per-group step and min, per (slot, head, position)."""
-
-    def __init__(self, shape, dtype, device, cfg):
-        slots, heads, cap, d = shape
-        self.qcfg = cfg
-        self.groups = -(-d // cfg.group_size)
-        self.d = d
-        self.codes = torch.zeros((slots, heads, cap, d // 2), dtype=torch.uint8, device=device)
-        self.scales = torch.zeros((slots, heads, cap, self.groups), dtype=dtype, device=device)
-        self.mins = torch.zeros((slots, heads, cap, self.groups), dtype=dtype, device=device)
-        self.dtype = dtype
-
-    @property
-    def nbytes(self) -> int:
-        return tensor_bytes(self.codes, self.scales, self.mins)
-
-    def write(self, slots, positions, new):  # new: (n, T, heads, d)
-        from quant.groupwise import quantize_grouped
-
-        n, t, h, d = new.shape
-        if d % 2:
-            raise ValueError("a compressed cache needs an even head_dim")
-        codes, step, mins = quantize_grouped(new.reshape(n * t * h, d, 1), self.qcfg)
-        # row-local split halves: byte j of a head vector holds codes j and j + d/2
-        codes = codes.reshape(n, t, h, d)
-        packed = codes[..., : d // 2] | (codes[..., d // 2:] << 4)
-        self.codes[slots[:, None], :, positions] = packed
-        self.scales[slots[:, None], :, positions] = step.reshape(n, t, h, self.groups).to(self.dtype)
-        self.mins[slots[:, None], :, positions] = mins.reshape(n, t, h, self.groups).to(self.dtype)
-
-    def read(self, slots, span) -> torch.Tensor:
-        codes = _rows(self.codes, slots, span)
-        n, h, s, _ = codes.shape
-        vals = torch.cat([codes & 15, codes >> 4], dim=-1).reshape(n, h, s, self.groups, -1)
-        scales = _rows(self.scales, slots, span)[..., None].float()
-        mins = _rows(self.mins, slots, span)[..., None].float()
-        return (vals.float() * scales + mins).reshape(n, h, s, self.d).to(self.dtype)
 
 
 def _layer_buffers(cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype,
@@ -69,8 +24,8 @@ def _layer_buffers(cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch
     """One layer's K and V buffers (4-bit packed when `compress` is a QuantConfig)."""
     shape = (num_slots, cfg.num_kv_heads, capacity, cfg.head_dim)
     if compress is not None:
-        return (ChannelGroupedKeys(shape, dtype, device, bits=compress.bits, group=KEY_GROUP),
-                _PackedKV(shape, dtype, device, compress))
+        return (ChannelGroupedRows(shape, dtype, device),  # quant.KV_KEYS_PER_CHANNEL, as the planner prices
+                TokenGroupedRows(shape, dtype, device, compress))
     return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
 
 
@@ -129,9 +84,7 @@ class TieredKVCache:
         for layer in range(len(self.k)):
             if self.compress is not None:
                 self.k[layer].copy_prefix_from(src.k[layer], length, slots)
-                dst, source = self.v[layer], src.v[layer]
-                for d, s in ((dst.codes, source.codes), (dst.scales, source.scales), (dst.mins, source.mins)):
-                    d[slots.to(d.device), :, :length] = s[0, :, :length].to(d.device)
+                self.v[layer].copy_prefix_from(src.v[layer], length, slots)
                 continue
             for d, s in ((self.k[layer], src.k[layer]), (self.v[layer], src.v[layer])):
                 d[slots.to(d.device), :, :length] = s[0, :, :length].to(d.device)
@@ -152,7 +105,7 @@ class TieredKVCache:
         else:
             kc[slots_h[:, None], :, pos_h] = k.to(home)
             vc[slots_h[:, None], :, pos_h] = v.to(home)
-            keys, values = _rows(kc, slots_h, span), _rows(vc, slots_h, span)
+            keys, values = rows_of(kc, slots_h, span), rows_of(vc, slots_h, span)
         staged = 0
         where = home
         if self.tiers[layer] != "gpu" and not self.cpu_attention:  # see attends_with_staged_rows

@@ -1,8 +1,12 @@
-"""Per-channel key compression: appends, decode steps, truncation and prefix copies."""
+"""The compressed KV rows the engine's caches use: per-channel keys (appends, decode steps,
+truncation, prefix copies) and per-token values (within half a step, prefix copies)."""
 
 import torch
 
-from flexlamps.engine.caches.channel_keys import ChannelGroupedKeys
+from quant import KV_CACHE_DEFAULT, QuantConfig
+from quant.kv_rows import ChannelGroupedRows, TokenGroupedRows
+
+G8 = QuantConfig(bits=4, group_size=8, group_dim=-2)
 
 
 def _roundtrip_bound(x: torch.Tensor, g: int) -> torch.Tensor:
@@ -15,7 +19,7 @@ def _roundtrip_bound(x: torch.Tensor, g: int) -> torch.Tensor:
 
 def test_chunked_and_decode_writes_read_back_within_half_a_step():
     g = torch.Generator().manual_seed(0)
-    keys = ChannelGroupedKeys((2, 3, 200, 16), torch.float32, "cpu", group=8)
+    keys = ChannelGroupedRows((2, 3, 200, 16), torch.float32, "cpu", G8)
     x = torch.randn(2, 70, 3, 16, generator=g) * torch.linspace(0.1, 10, 16)  # outlier channels
     keys.write(torch.tensor([0, 1]), torch.arange(50).expand(2, 50), x[:, :50])
     for p in range(50, 70):  # decode steps
@@ -29,7 +33,7 @@ def test_chunked_and_decode_writes_read_back_within_half_a_step():
 
 
 def test_rewrite_after_padding_truncates_and_reopens_a_block():
-    keys = ChannelGroupedKeys((1, 1, 64, 4), torch.float32, "cpu", group=8)
+    keys = ChannelGroupedRows((1, 1, 64, 4), torch.float32, "cpu", G8)
     x = torch.randn(1, 20, 1, 4)
     keys.write(torch.tensor([0]), torch.arange(20)[None], x)  # 20 tokens: blocks 0, 1 full, 4 in residual
     fresh = torch.randn(1, 1, 1, 4)
@@ -41,11 +45,32 @@ def test_rewrite_after_padding_truncates_and_reopens_a_block():
 
 
 def test_copy_prefix_from_matches_source():
-    src = ChannelGroupedKeys((1, 2, 64, 4), torch.float32, "cpu", group=8)
+    src = ChannelGroupedRows((1, 2, 64, 4), torch.float32, "cpu", G8)
     x = torch.randn(1, 21, 2, 4)
     src.write(torch.tensor([0]), torch.arange(21)[None], x)
-    dst = ChannelGroupedKeys((3, 2, 64, 4), torch.float32, "cpu", group=8)
+    dst = ChannelGroupedRows((3, 2, 64, 4), torch.float32, "cpu", G8)
     dst.copy_prefix_from(src, 19, torch.tensor([1, 2]))
     a = src.read(torch.tensor([0]), 19)
     b = dst.read(torch.tensor([1, 2]), 19)
     assert torch.allclose(b, a.expand(2, -1, -1, -1), atol=1e-6)
+
+
+def test_token_grouped_values_read_back_within_half_a_step_and_copy_prefixes():
+    g = torch.Generator().manual_seed(1)
+    rows = TokenGroupedRows((3, 2, 32, 64), torch.float32, "cpu", KV_CACHE_DEFAULT)
+    x = torch.randn(2, 20, 2, 64, generator=g)
+    rows.write(torch.tensor([0, 2]), torch.arange(20).expand(2, 20), x)
+    out = rows.read(torch.tensor([0, 2]), 20)  # (n, heads, span, d)
+    ref = x.transpose(1, 2)
+    groups = ref.reshape(2, 2, 20, 1, 64)  # one group of 64 per token and head
+    half_step = ((groups.amax(-1) - groups.amin(-1)) / 15 / 2 + 1e-5)
+    assert ((out - ref).abs() <= half_step).all()
+    rows.copy_prefix_from(rows, 12, torch.tensor([1]))  # row 0's first 12 positions into row 1
+    assert torch.equal(rows.read(torch.tensor([1]), 12), out[:1, :, :12])
+
+
+def test_the_planner_prices_the_key_layout_the_engine_runs():
+    from placement.specs import CACHE_KEY_GROUP_TOKENS
+    from quant import KV_KEYS_PER_CHANNEL
+
+    assert KV_KEYS_PER_CHANNEL.group_size == CACHE_KEY_GROUP_TOKENS
