@@ -415,7 +415,6 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     budget_s = sizes.seconds_per_probe
     has_cuda = torch.cuda.is_available()
     device = torch.device("cuda" if has_cuda else "cpu")
-    ram = psutil.virtual_memory().total
 
     step("disk")
     # the engine's tensor files: the model's matrices in its dtype (fp16 on GPUs, fp32 here)
@@ -434,16 +433,8 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     step("layer overhead")
     layer_overhead = on_cpu(lambda: measure_layer_overhead(device, budget_s), pick=min)
     step("gemm by rows")
-    # fp16 GEMMs are emulated (and slow) on CPUs; engines there run fp32 or bf16
-    row_dtypes = ("fp32", "bf16", "fp16") if has_cuda else ("fp32", "bf16")
-    # the planner's main input, so twice a probe's time (and a second table on CPUs, where
-    # resident weights are prepacked; on GPUs packing is a no-op and the table would be the same)
-    rows_budget_s = 2 * budget_s
-    rows_bytes = sizes.gemm_rows_bytes
     shapes = gemm_probe_shapes(model_shapes, quick)
-    gemm_by_rows = on_cpu(lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s, row_dtypes, shapes))
-    gemm_by_rows_resident = {} if has_cuda else on_cpu(
-        lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s, row_dtypes, shapes, packed=True))
+    gemm_by_rows, gemm_by_rows_resident = _gemm_row_tables(on_cpu, device, sizes, shapes, has_cuda)
     # the decode roofline is what an 8-row fp32 GEMM streams (4 weight bytes per 2 FLOPs per
     # row); a memcpy only bounds it, and overstates it several times on a CPU
     gpu_bandwidth = min(gpu_bandwidth, gemm_by_rows["fp32"]["8"] * 4 / (2 * 8))
@@ -455,22 +446,8 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     cpu_attention = _best_over_threads(
         lambda: measure_cpu_attention(sizes.attention_context, budget_s))
     step("dequantization")
-    dequant_matrix_s = on_cpu(lambda: measure_dequant_matrix_s(device, budget_s), pick=min)
-    dequant_shapes = probe_shapes(model_shapes, 1, sizes.dequant_elements, fallback=((1024, 1024),))
-
-    def dequant_rate(on: torch.device, matrix_s: float) -> float:
-        return measure_dequant(on, sizes.dequant_elements, budget_s, dequant_shapes, matrix_s)
-
-    gpu_dequant = on_cpu(lambda: dequant_rate(device, dequant_matrix_s))
-    # the CPU decompresses cache (CPU attention), which has no per-matrix term
-    cpu_dequant = _best_over_threads(lambda: dequant_rate(cpu, 0.0)) if has_cuda else gpu_dequant
-
-    if has_cuda:
-        gpu_mem = gpu_budget_bytes or torch.cuda.mem_get_info()[1]
-        cpu_mem = ram
-    else:  # the "gpu" tier is carved out of RAM
-        gpu_mem = gpu_budget_bytes or ram // 4
-        cpu_mem = max(ram - gpu_mem, 1)
+    dequant_matrix_s, gpu_dequant, cpu_dequant = _dequant_rates(on_cpu, device, sizes, model_shapes, has_cuda)
+    gpu_mem, cpu_mem = _tier_memory(has_cuda, gpu_budget_bytes)
     return HardwareSpec(
         name=(f"profile:{socket.gethostname()}" + ("" if has_cuda else " (cpu as gpu)")
               + (f", matrices {'/'.join(f'{o}x{i}' for o, i in shapes)}" if shapes != GENERIC_SHAPES else "")),
@@ -484,6 +461,43 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
         gpu_layer_overhead_s=layer_overhead, gpu_dequant_matrix_s=dequant_matrix_s,
         gpu_gemm_flops_by_rows=gemm_by_rows, gpu_gemm_flops_by_rows_resident=gemm_by_rows_resident,
         gpu_is_host=not has_cuda)
+
+
+def _gemm_row_tables(on_cpu, device: torch.device, sizes, shapes, has_cuda: bool) -> tuple[dict, dict]:
+    """GEMM rates by row count: streamed weights, and (on CPUs, where resident weights are
+    prepacked) resident ones; on GPUs packing is a no-op and the second table would repeat."""
+    # fp16 GEMMs are emulated (and slow) on CPUs; engines there run fp32 or bf16
+    row_dtypes = ("fp32", "bf16", "fp16") if has_cuda else ("fp32", "bf16")
+    rows_budget_s = 2 * sizes.seconds_per_probe  # the planner's main input: twice a probe's time
+    rows_bytes = sizes.gemm_rows_bytes
+    streamed = on_cpu(lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s, row_dtypes, shapes))
+    resident = {} if has_cuda else on_cpu(
+        lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s, row_dtypes, shapes, packed=True))
+    return streamed, resident
+
+
+def _dequant_rates(on_cpu, device: torch.device, sizes, model_shapes, has_cuda: bool) -> tuple[float, float, float]:
+    """(seconds per matrix, gpu bytes/s, cpu bytes/s) of decompression."""
+    budget_s = sizes.seconds_per_probe
+    matrix_s = on_cpu(lambda: measure_dequant_matrix_s(device, budget_s), pick=min)
+    shapes = probe_shapes(model_shapes, 1, sizes.dequant_elements, fallback=((1024, 1024),))
+
+    def rate(on: torch.device, per_matrix_s: float) -> float:
+        return measure_dequant(on, sizes.dequant_elements, budget_s, shapes, per_matrix_s)
+
+    gpu = on_cpu(lambda: rate(device, matrix_s))
+    # the CPU decompresses cache (CPU attention), which has no per-matrix term
+    cpu = _best_over_threads(lambda: rate(torch.device("cpu"), 0.0)) if has_cuda else gpu
+    return matrix_s, gpu, cpu
+
+
+def _tier_memory(has_cuda: bool, gpu_budget_bytes: int | None) -> tuple[int, int]:
+    """(gpu, cpu) bytes to plan with: on a CPU-only box the "gpu" tier is carved out of RAM."""
+    ram = psutil.virtual_memory().total
+    if has_cuda:
+        return gpu_budget_bytes or torch.cuda.mem_get_info()[1], ram
+    gpu_mem = gpu_budget_bytes or ram // 4
+    return gpu_mem, max(ram - gpu_mem, 1)
 
 
 PROBE_NAMES = ("disk", "copies", "memory bandwidth", "layer overhead", "gemm by rows", "gemm", "cpu attention",
