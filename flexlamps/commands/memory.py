@@ -36,14 +36,10 @@ def planned_rss_bytes(hf_config: dict, weight_bytes_per_param: float, *, offload
 def _offload_budgets(settings) -> tuple[int, int] | None:
     if not settings.offload:
         return None
-    import psutil
+    from flexlamps.settings import RunSettings
 
-    from flexlamps.api import parse_mem
-
-    mem = psutil.virtual_memory()  # the defaults are LLM's
-    gpu = parse_mem(settings.gpu_mem) if settings.gpu_mem is not None else mem.total // 4
-    cpu = parse_mem(settings.cpu_mem) if settings.cpu_mem is not None else mem.available // 2
-    return gpu, cpu
+    run = RunSettings.parse(settings.model, gpu_mem=settings.gpu_mem, cpu_mem=settings.cpu_mem).with_budgets()
+    return run.gpu_mem, run.cpu_mem  # the defaults are LLM's: one definition, in RunSettings
 
 
 def check_max_rss(settings, max_rss: int, num_prompts: int) -> None:
