@@ -18,7 +18,6 @@ from offload.budget import TierBudget
 from quant.kv_rows import ChannelGroupedRows, TokenGroupedRows, rows_of
 
 
-
 def _layer_buffers(cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype,
                    device: torch.device, compress=None):
     """One layer's K and V buffers (4-bit packed when `compress` is a QuantConfig)."""
