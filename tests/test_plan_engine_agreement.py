@@ -106,13 +106,6 @@ def test_plans_pass_the_engines_dry_run(case):
     _check_plan_runs_in_a_dry_run(case)
 
 
-@pytest.mark.slow
-@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
-@given(_cases())
-def test_plans_pass_the_engines_dry_run_500_cases(case):
-    _check_plan_runs_in_a_dry_run(case)
-
-
 # -- the dry run charges what the executor charges -----------------------------------------
 
 AGREEMENT_MIXES = {
