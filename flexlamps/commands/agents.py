@@ -114,6 +114,9 @@ def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, m
         templates = load_trace(llm, trace_path)
     except ValueError as e:
         raise click.ClickException(str(e))
+    if verify and str(llm.dtype) != "torch.float32":
+        click.echo(f"note: --verify checks exact equality, which holds in float32 (--dtype float32); in "
+                   f"{str(llm.dtype).removeprefix('torch.')} a different batch shape may round differently", err=True)
     os.makedirs(out_dir, exist_ok=True)
     click.echo("measuring the cost model on this machine ...")
     cost = measure_cost(llm, config, max_context, cpu_clock=clock == "cpu")

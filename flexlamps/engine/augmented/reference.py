@@ -3,8 +3,7 @@
 Each request alone in its own row of a dense cache, greedy: decode each segment's tokens,
 append the call's returned tokens, go on; no pause, no swap, no recompute. The augmented
 engine must produce exactly these token sequences whatever its policy did with the caches
-during the calls. The requests advance together, one executor sweep per sampled token (rows
-are independent), so an offloaded executor streams its weights once per step for all of them.
+during the calls. Each request runs alone, so no other row's length shapes its attention.
 """
 
 from __future__ import annotations
@@ -39,24 +38,21 @@ class _Progress:
 
 
 def uninterrupted_tokens(executor: Executor, requests: list[TokenizedRequest]) -> dict[str, list[int]]:
-    """Per request id: prompt, sampled and returned tokens, in order (greedy)."""
-    if not requests:
-        return {}
-    cache = executor.new_cache(len(requests), max(total_tokens(r.spec) for r in requests) + 1)
-    progress = [_Progress(r, row, list(r.prompt_ids)) for row, r in enumerate(requests)]
-    live = list(progress)
+    """Per request id: prompt, sampled and returned tokens, in order (greedy), each request
+    generated alone (no other row in its steps, so nothing else shapes its attention)."""
+    return {r.spec.request_id: _alone(executor, r) for r in requests}
+
+
+def _alone(executor: Executor, request: TokenizedRequest) -> list[int]:
+    cache = executor.new_cache(1, total_tokens(request.spec) + 1)
+    progress = _Progress(request, 0, list(request.prompt_ids))
     try:
-        while live:
-            decodes = [p for p in live if len(p.tokens) - p.computed == 1]
-            groups = ([decodes] if decodes else []) + [[p] for p in live if len(p.tokens) - p.computed > 1]
-            logits = executor.forward_steps(cache, [_step(group) for group in groups])
-            for group, out in zip(groups, logits):
-                for p, row in zip(group, out[:, 0]):
-                    p.sample(int(row.argmax()))
-            live = [p for p in live if not p.done]
+        while not progress.done:
+            logits = executor.forward_steps(cache, [_step([progress])])[0]
+            progress.sample(int(logits[0, 0].argmax()))
     finally:
         cache.release()
-    return {p.request.spec.request_id: p.tokens for p in progress}
+    return progress.tokens
 
 
 def _step(group: list[_Progress]) -> Step:
