@@ -417,11 +417,7 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     device = torch.device("cuda" if has_cuda else "cpu")
 
     step("disk")
-    # the engine's tensor files: the model's matrices in its dtype (fp16 on GPUs, fp32 here)
-    itemsize = 2 if has_cuda else 4
-    file_shapes = probe_shapes(model_shapes, itemsize, sizes.disk_file_bytes)
-    disk_read, disk_write = measure_disk(disk_folder, sizes.disk_file_bytes,
-                                         [o * i * itemsize for o, i in file_shapes])
+    disk_read, disk_write = _disk_rates(disk_folder, sizes, model_shapes, has_cuda)
     def on_cpu(probe, pick=max):  # the CPU is the device: keep its better thread count
         return probe() if has_cuda else _best_over_threads(probe, pick=pick)
 
@@ -449,8 +445,7 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     dequant_matrix_s, gpu_dequant, cpu_dequant = _dequant_rates(on_cpu, device, sizes, model_shapes, has_cuda)
     gpu_mem, cpu_mem = _tier_memory(has_cuda, gpu_budget_bytes)
     return HardwareSpec(
-        name=(f"profile:{socket.gethostname()}" + ("" if has_cuda else " (cpu as gpu)")
-              + (f", matrices {'/'.join(f'{o}x{i}' for o, i in shapes)}" if shapes != GENERIC_SHAPES else "")),
+        name=_profile_name(has_cuda, shapes),
         gpu_mem_bytes=int(gpu_mem), cpu_mem_bytes=int(cpu_mem),
         disk_bytes=int(shutil.disk_usage(disk_folder).free),
         cpu_to_gpu_bytes_per_s=to_gpu, gpu_to_cpu_bytes_per_s=to_cpu,
@@ -461,6 +456,19 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
         gpu_layer_overhead_s=layer_overhead, gpu_dequant_matrix_s=dequant_matrix_s,
         gpu_gemm_flops_by_rows=gemm_by_rows, gpu_gemm_flops_by_rows_resident=gemm_by_rows_resident,
         gpu_is_host=not has_cuda)
+
+
+def _profile_name(has_cuda: bool, shapes) -> str:
+    return (f"profile:{socket.gethostname()}" + ("" if has_cuda else " (cpu as gpu)")
+            + (f", matrices {'/'.join(f'{o}x{i}' for o, i in shapes)}" if shapes != GENERIC_SHAPES else ""))
+
+
+def _disk_rates(disk_folder: Path, sizes, model_shapes, has_cuda: bool) -> tuple[float, float]:
+    """Read and write rates over the engine's tensor files: the model's matrices in its dtype
+    (fp16 on GPUs, fp32 here)."""
+    itemsize = 2 if has_cuda else 4
+    file_shapes = probe_shapes(model_shapes, itemsize, sizes.disk_file_bytes)
+    return measure_disk(disk_folder, sizes.disk_file_bytes, [o * i * itemsize for o, i in file_shapes])
 
 
 def _gemm_row_tables(on_cpu, device: torch.device, sizes, shapes, has_cuda: bool) -> tuple[dict, dict]:

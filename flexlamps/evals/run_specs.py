@@ -117,6 +117,21 @@ def file_group(name: str) -> str:
     return "custom_" + "".join(c if c.isalnum() or c in "_-" else "_" for c in name)
 
 
+def _with_overrides(spec, name: str, model: str, num_shots: Optional[int], max_eval_instances: Optional[int],
+                    max_tokens: Optional[int]):
+    """The scenario's adapter spec with the command line's model, shots, instances and tokens."""
+    updates = dict(model=model, model_deployment=model)
+    if num_shots is not None:
+        if spec.method in (LANGUAGE_MODELING, CONTINUATION) and num_shots:
+            raise ScenarioError(f"{name}: in-context examples do not apply to {spec.method}; drop --num-shots")
+        updates["max_train_instances"] = num_shots
+    if max_eval_instances is not None:
+        updates["max_eval_instances"] = max_eval_instances
+    if max_tokens is not None and spec.method == GENERATION:
+        updates["max_tokens"] = max_tokens
+    return replace(spec, **updates)
+
+
 def build_run_spec(scenario: "str | tuple[str, dict]", model: str, num_shots: Optional[int] = None,
                    max_eval_instances: Optional[int] = None, max_tokens: Optional[int] = None,
                    seed: int = 0, file_settings: "Optional[FileSettings]" = None) -> RunSpec:
@@ -156,16 +171,7 @@ def build_run_spec(scenario: "str | tuple[str, dict]", model: str, num_shots: Op
         from flexlamps.evals.scenarios import LOADERS
 
         raise ScenarioError(f"unknown scenario {name!r}; known: {', '.join(sorted(LOADERS))}, file")
-    updates = dict(model=model, model_deployment=model)
-    if num_shots is not None:
-        if spec.method in (LANGUAGE_MODELING, CONTINUATION) and num_shots:
-            raise ScenarioError(f"{name}: in-context examples do not apply to {spec.method}; drop --num-shots")
-        updates["max_train_instances"] = num_shots
-    if max_eval_instances is not None:
-        updates["max_eval_instances"] = max_eval_instances
-    if max_tokens is not None and spec.method == GENERATION:
-        updates["max_tokens"] = max_tokens
-    spec = replace(spec, **updates)
+    spec = _with_overrides(spec, name, model, num_shots, max_eval_instances, max_tokens)
     shown = {k: v for k, v in args.items() if k != "path"}
     if name == "file":  # settings that change the prompts name the run; the metric does not
         shown = {"name": args.get("name", "custom")}
