@@ -16,8 +16,8 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
 echo "== parity and offload tests on CUDA"
-timeout 300 "$PY" -m pytest -q -x -m "gpu or not slow" tests/test_models_parity.py tests/test_offload_engine.py \
-    tests/test_engine_generate.py tests/test_agents_offloaded.py
+timeout 300 "$PY" -m pytest -q -x -m "gpu or not slow" tests/integration/test_models_parity.py tests/integration/test_offload_engine.py \
+    tests/unit/test_engine_generate.py tests/integration/test_agents_offloaded.py
 
 echo "== one offloaded SmolLM2 generate (weights across gpu / cpu / disk)"
 printf '{"id": "a", "prompt": "The capital of France is"}\n{"id": "b", "prompt": "1, 2, 3, 4,"}\n' > "$WORK/prompts.jsonl"

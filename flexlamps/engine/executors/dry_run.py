@@ -6,7 +6,7 @@ stores (`charges.PlacementCharges`, on torch's meta device), sizes the KV cache 
 tiered cache's own buffers (meta again), then charges one prefill sweep and the last, longest
 decode sweep as the executor does, merging the decode micro-batches when the executor would.
 A plan the executor would refuse raises the same `BudgetExceededError`.
-`tests/test_plan_engine_agreement.py` holds it to the executor's measured peaks on a tiny model.
+`tests/property/test_plan_engine_agreement.py` holds it to the executor's measured peaks on a tiny model.
 """
 
 from __future__ import annotations

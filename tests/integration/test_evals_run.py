@@ -14,6 +14,7 @@ from click.testing import CliRunner
 import flexlamps.commands.helm as helm_cmd
 from flexlamps.evals.helm_output import RUN_FILES
 from tests.fake_lm import FakeLLM, SamplingParams
+from tests.conftest import SHARED_DATA
 
 # The demo's test questions the fake answers right: 2 of 8 -> quasi_exact_match 0.25, exact_match 1/8
 ANSWERS = {"capital of Italy": " Rome\n", "legs does a spider": " eight\n"}
@@ -235,7 +236,7 @@ def test_atomic_write_leaves_nothing_half_written(tmp_path):
     assert json.loads(p.read_text()) == {"a": 1} and list(tmp_path.iterdir()) == [p]
 
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = SHARED_DATA
 
 
 @pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is not present beside the checkout")

@@ -13,7 +13,7 @@ from flexlamps.workloads.tokenized import tokenize_requests
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.request import Strategy
 from placement import Policy, TierSplit
-from tests.test_agents_engine import BLOCK, Forced, _config, _specs
+from tests.integration.test_agents_engine import BLOCK, Forced, _config, _specs
 
 GPU_ONLY = TierSplit(gpu=1, cpu=0, disk=0)
 # weights a fifth on the gpu, the rest on cpu and disk; the policy's cache split does not apply

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from quant import KV_CACHE_DEFAULT, WEIGHT_DEFAULT, QTensor, QuantConfig, quantize
+from tests.conftest import REPO
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def test_json_round_trip():

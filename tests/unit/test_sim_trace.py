@@ -4,8 +4,9 @@ from pathlib import Path
 import pytest
 
 from flexlamps.workloads.trace import approx_tokenize, load_templates, replay
+from tests.conftest import SHARED_DATA
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "augmented"
+DATA = SHARED_DATA / "augmented"
 
 
 def _write(tmp_path, obj, name="t.json"):

@@ -8,8 +8,9 @@ import pytest
 
 from flexlamps.evals.run_specs import build_run_spec, parse_scenario_arg
 from flexlamps.evals.scenarios import ScenarioError, gsm8k_reference, load_scenario
+from tests.conftest import SHARED_DATA
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = SHARED_DATA
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is not present beside the checkout")
 
 
