@@ -72,6 +72,7 @@ class LLM:
         self.executor = None
         self.plan = None  # the planner's Plan when policy="auto"
         self.micro_batch = None
+        self.planned_for = None  # (prompt_len, gen_len) the offloaded engine was planned for
         self._scorer = None
         self._stats = PrefixStats()
         if self.offload is None or not (isinstance(settings.policy, str) and settings.policy == "auto"):
@@ -99,6 +100,7 @@ class LLM:
             self.executor = InMemoryExecutor(self.config, weights, self.dtype, device)
         else:
             self.executor = self._offload_executor(prompt_len, gen_len, on_profile, num_sequences, planner_budgets)
+            self.planned_for = (prompt_len, gen_len)
         self._scorer = PrefixScorer(self.executor, max_batch=self.max_batch_size, micro_batch=self.micro_batch,
                                     reuse_prefix=self.reuse_prefix,
                                     stats=self._stats)
@@ -151,6 +153,23 @@ class LLM:
                                    offload_dir=o.offload_dir, dtype=self.dtype, weight_quant=o.weight_quant)
         self.policy = executor.policy  # as run: a weight backend turns compress_weight on
         return executor
+
+    def policy_lines(self) -> list[str]:
+        """What an offloaded engine runs, in words: its placement policy, the planner's prediction
+        (policy "auto") and whether the offload folder was reused; [] when all is in memory."""
+        if self.offload is None or self.executor is None:
+            return []
+        p = self.policy
+        split = lambda t: f"gpu {t.gpu:.0%} / cpu {t.cpu:.0%} / disk {t.disk:.0%}"  # noqa: E731
+        lines = [f"policy: block {p.gpu_batch_size} x {p.num_gpu_batches} | weights {split(p.weights)} | "
+                 f"cache {split(p.cache)} | activations {split(p.activations)} | compress weight {p.compress_weight}, "
+                 f"cache {p.compress_cache} | cpu attention {p.cpu_attention} | decode merged {p.merge_decode}"]
+        if self.plan is not None:
+            prompt_len, gen_len = self.planned_for
+            lines.append(f"predicted {self.plan.tokens_per_s:.2f} tok/s (planner, prompt {prompt_len}, gen {gen_len})")
+        if getattr(self.executor, "reused_disk", False):
+            lines.append("offload folder reused")
+        return lines
 
     @property
     def stats(self) -> PrefixStats:

@@ -178,14 +178,4 @@ def prepare_offload(llm, prompt_ids: list[list[int]], settings: GenerateSettings
     mean_len = sum(map(len, prompt_ids)) // max(1, len(prompt_ids))
     llm.prepare(prompt_len=mean_len, gen_len=settings.max_new_tokens, num_sequences=len(prompt_ids),
                 on_profile=on_profile)
-    p = llm.policy
-    split = lambda t: f"gpu {t.gpu:.0%} / cpu {t.cpu:.0%} / disk {t.disk:.0%}"  # noqa: E731
-    lines = [f"policy: block {p.gpu_batch_size} x {p.num_gpu_batches} | weights {split(p.weights)} | "
-             f"cache {split(p.cache)} | activations {split(p.activations)} | compress weight {p.compress_weight}, "
-             f"cache {p.compress_cache} | cpu attention {p.cpu_attention} | decode merged {p.merge_decode}"]
-    if llm.plan is not None:
-        lines.append(f"predicted {llm.plan.tokens_per_s:.2f} tok/s (planner, prompt {mean_len}, "
-                     f"gen {settings.max_new_tokens})")
-    if llm.executor.reused_disk:
-        lines.append("offload folder reused")
-    return lines
+    return llm.policy_lines()

@@ -87,6 +87,8 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
     from flexlamps.evals.runner import execute_run
     from flexlamps.evals.summary import format_table, summary_rows, write_summary
     from flexlamps.io.fingerprint import model_fingerprint
+    from offload.budget import BudgetExceededError
+    from placement import InfeasiblePlanError
 
     if not scenarios and not scenario_files:
         raise click.UsageError("give at least one --scenario or --scenario-file (try --scenario demo)")
@@ -108,13 +110,15 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
         return sampling_params_factory()(**kw)
 
     outcomes = []
+    show_policy = _policy_printer()
     try:
         for job in jobs:
             outcome = execute_run(llm, job.spec, job.scenario, output, suite, make_params, batch_size, overwrite,
-                                  _progress(job.spec.name), engine_key=identity.key, **make_executor)
+                                  _progress(job.spec.name), engine_key=identity.key, on_prepared=show_policy,
+                                  **make_executor)
             outcomes.append(outcome)
             click.echo(f"{'skipped (done)' if outcome.skipped else 'wrote'} {outcome.path}", err=True)
-    except DistributedError as e:
+    except (DistributedError, InfeasiblePlanError, BudgetExceededError) as e:
         raise click.ClickException(str(e)) from None
     finally:
         if ray_address is not None:
@@ -125,6 +129,19 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
     click.echo(format_table(rows))
     click.echo(f"\nsummary: {summary_path}\nHELM: helm-summarize --suite {suite} --output-path {output} "
                f"--schema-path {schema_path} --local-path {prod_env}", err=True)
+
+
+def _policy_printer():
+    """`on_prepared` for execute_run: shows the offloaded placement the engine runs (as `generate`
+    does), once per command: the first run that answers requests builds the engine."""
+    shown = []
+
+    def show(llm) -> None:
+        if not shown and hasattr(llm, "policy_lines"):
+            shown.append(True)
+            for line in llm.policy_lines():
+                click.echo(line, err=True)
+    return show
 
 
 def _progress(run_name: str):

@@ -57,25 +57,31 @@ def prompt_fitter(llm, max_tokens: int) -> Optional[Callable[[str], bool]]:
     return lambda text: len(llm.tokenizer.encode(text)) + max_tokens <= limit
 
 
-def prepare_engine(llm, states: list) -> None:
+def prepare_engine(llm, states: list, on_prepared: Optional[Callable[[object], None]] = None) -> None:
     """Plan the engine for this run's workload before its first request (an offloaded engine's
-    policy depends on it): the mean prompt, the tokens generated (1 when scoring), the requests."""
-    prepare = getattr(llm, "prepare", None)
-    if prepare is None or getattr(llm, "executor", True) is not None or not states:
+    policy depends on it): the mean prompt, the tokens generated (1 when scoring), the requests.
+    `on_prepared(llm)` is called once the engine is ready for requests (to show the policy it runs)."""
+    if not states:
         return
-    lengths = [len(llm.tokenizer.encode(s.request.prompt)) for s in states]
-    gen = max(1, max(s.request.max_tokens for s in states))
-    prepare(prompt_len=max(1, sum(lengths) // len(lengths)), gen_len=gen, num_sequences=len(states))
+    prepare = getattr(llm, "prepare", None)
+    if prepare is not None and getattr(llm, "executor", True) is None:
+        lengths = [len(llm.tokenizer.encode(s.request.prompt)) for s in states]
+        gen = max(1, max(s.request.max_tokens for s in states))
+        prepare(prompt_len=max(1, sum(lengths) // len(lengths)), gen_len=gen, num_sequences=len(states))
+    if on_prepared is not None:
+        on_prepared(llm)
 
 
 def execute_run(llm, spec: RunSpec, scenario: Scenario, output_path: Path, suite: str,
                 make_sampling_params: Callable, batch_size: int = 32, overwrite: bool = False,
                 progress: Optional[Callable[[int, int], Callable[[int], None]]] = None,
-                engine_key: str = "", make_executor: Callable = Executor) -> RunOutcome:
+                engine_key: str = "", make_executor: Callable = Executor,
+                on_prepared: Optional[Callable[[object], None]] = None) -> RunOutcome:
     """`progress(total, already_done)` returns a callback taking the number of requests just done.
     `engine_key` (identity.EngineIdentity.key) names the weights and engine settings: results in
     the progress log computed under another are not reused. `make_executor(llm,
-    make_sampling_params, batch_size)` answers the requests (the Ray one shards them over workers)."""
+    make_sampling_params, batch_size)` answers the requests (the Ray one shards them over workers);
+    `on_prepared(llm)` is called before the first request is answered (see `prepare_engine`)."""
     path = run_dir(output_path, suite, spec.name)
     fp = run_fingerprint(spec, scenario, engine_key)
     marker = path / MARKER_FILE
@@ -93,7 +99,7 @@ def execute_run(llm, spec: RunSpec, scenario: Scenario, output_path: Path, suite
     log = ProgressLog(log_path, engine_key)
     already = log.load(states)
     callback = progress(len(states), already) if progress else None
-    prepare_engine(llm, [s for s in states if s.result is None])
+    prepare_engine(llm, [s for s in states if s.result is None], on_prepared)
     make_executor(llm, make_sampling_params, batch_size).run(states, log, callback)
 
     per_instance = [(t, iid, instance_stats(spec, sts)) for (t, iid), sts in group_by_instance(states).items()]
