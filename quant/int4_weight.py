@@ -8,7 +8,9 @@ and Q4_1 (`d * q + m` = `(q - 8) * d + (m + 8 d)`) map onto it exactly, codes un
 
 Two forms of the codes are kept: `codes`, a plain row-major packing (for `dequantize`, for
 moving between devices and for files), and `kernel_codes`, the opaque tile layout the fused
-kernel reads on this device. The fused kernel wins for a few rows (decode: it reads 4.5 bits
+kernel reads on this device. On a CPU whose kernel layout `quant.int4_tiles` knows, a weight
+may hold the kernel layout alone (`kernel_only`, half the bytes: what the offload engine keeps
+on its tiers) and is dequantized from it, to the same values. The fused kernel wins for a few rows (decode: it reads 4.5 bits
 per weight instead of 16); for many rows (prefill) a dense GEMM on the dequantized matrix is
 faster, so callers pick by row count (`flexlamps.models.linear`). Imports torch only.
 """
@@ -19,8 +21,11 @@ import functools
 
 import torch
 
+from quant.int4_tiles import tile_rows, unpack_tile_rows_into, unpacked_from_tiles
+
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)  # the fused kernels' activation dtypes
 GROUP_SIZES = (32, 64, 128, 256)
+_DEQUANT_CHUNK_BYTES = 2 << 20  # fp32 codes dequantized at a time on a CPU: about one L2 cache
 
 
 def can_pack(shape: tuple[int, ...], group_size: int, device: torch.device | str = "cpu") -> bool:
@@ -72,7 +77,8 @@ class Int4Weight:
     """A weight (N, K) as 4-bit codes with a scale and zero point per group of input channels.
 
     Attributes:
-        codes: (N, K/2) uint8 in `pack_codes`' layout.
+        codes: (N, K/2) uint8 in `pack_codes`' layout; None when only `kernel_codes` are held
+            (`kernel_only`).
         scale_zero: (K/group_size, N, 2): each group's scale and zero point (the value of code
             8), in the compute dtype; the fused kernel's own format.
         group_size: input channels per group.
@@ -80,7 +86,7 @@ class Int4Weight:
             `from_codes`/`to`); None where the kernel cannot run (then `matmul` dequantizes).
     """
 
-    codes: torch.Tensor
+    codes: torch.Tensor | None
     scale_zero: torch.Tensor
     group_size: int
     kernel_codes: torch.Tensor | None = None
@@ -119,19 +125,39 @@ class Int4Weight:
         if any((w.group_size, w.shape[1], w.dtype, w.device) != (first.group_size, first.shape[1], first.dtype,
                                                                   first.device) for w in weights):
             raise ValueError(f"Int4Weight.cat: weights differ in group size, input dim, dtype or device: {weights}")
-        codes = torch.cat([w.codes for w in weights])
         scale_zero = torch.cat([w.scale_zero for w in weights], dim=1)
         kernels = [w.kernel_codes for w in weights]
-        if all(k is not None for k in kernels) and _kernel_rows_stack(first.device, [w.shape[0] for w in weights]):
+        stack = all(k is not None for k in kernels) and _kernel_rows_stack(first.device, [w.shape[0] for w in weights])
+        if stack and all(w.codes is None for w in weights):  # kernel layouts alone: stacked as they are
+            return cls(None, scale_zero, first.group_size, torch.cat(kernels))
+        codes = torch.cat([w.plain_codes() for w in weights])
+        if stack:
             kernel = torch.cat(kernels)
         else:
             shape = (codes.shape[0], 2 * codes.shape[1])
             kernel = _kernel_codes(unpack_codes(codes)) if can_pack(shape, first.group_size, first.device) else None
         return cls(codes, scale_zero, first.group_size, kernel)
 
+    def kernel_only(self) -> "Int4Weight":
+        """The same weight holding only the kernel's layout where `quant.int4_tiles` knows it
+        (a CPU; rows in whole tiles), else itself: half the bytes, the same results."""
+        if self.codes is None or self.kernel_codes is None or self.device.type != "cpu":
+            return self
+        tile = tile_rows(self.shape[1])
+        if tile is None or self.shape[0] % tile:
+            return self
+        return dataclasses.replace(self, codes=None)
+
+    def plain_codes(self) -> torch.Tensor:
+        """`codes` (row-major packing), rebuilt from the kernel layout when only that is held."""
+        if self.codes is not None:
+            return self.codes
+        return pack_codes(unpacked_from_tiles(self.kernel_codes, self.shape[1], tile_rows(self.shape[1])))
+
     @property
     def shape(self) -> tuple[int, int]:
-        return (self.codes.shape[0], 2 * self.codes.shape[1])
+        held = self.codes if self.codes is not None else self.kernel_codes  # both (N, K/2) on a CPU
+        return (held.shape[0], 2 * held.shape[1])
 
     @property
     def dtype(self) -> torch.dtype:
@@ -139,7 +165,7 @@ class Int4Weight:
 
     @property
     def device(self) -> torch.device:
-        return self.codes.device
+        return self.scale_zero.device
 
     @property
     def nbytes(self) -> int:
@@ -160,29 +186,49 @@ class Int4Weight:
         return out.reshape(*x.shape[:-1], self.shape[0])
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The dense (N, K) weight in `dtype` (default: the scales' dtype), computed in fp32."""
+        """The dense (N, K) weight in `dtype` (default: the scales' dtype), computed in fp32 as
+        `q * scale + (zero - 8 * scale)`, from either code layout (the same values)."""
         rows, cols = self.shape
-        groups = unpack_codes(self.codes).reshape(rows, cols // self.group_size, self.group_size)
-        scale = self.scale_zero[..., 0].t().float()[..., None]  # (N, K/g, 1)
-        offset = self.scale_zero[..., 1].t().float()[..., None] - 8 * scale  # w = q * scale + offset
-        # NOTE(speed): in-place mul/add over a broadcast scale: 7x faster than addcmul here
-        dense = groups.float().mul_(scale).add_(offset).reshape(rows, cols)
-        return dense.to(dtype or self.dtype)
+        out = torch.empty(rows, cols, dtype=dtype or self.dtype, device=self.device)
+        scale = self.scale_zero[..., 0].t().float()  # (N, K/g)
+        offset = self.scale_zero[..., 1].t().float() - 8 * scale
+        tile = tile_rows(cols) if self.codes is None else 1
+        # NOTE(offspeed): a few rows at a time, so the fp32 codes stay in cache (4-8x faster on
+        # a CPU than one pass per op over the whole matrix); in-place mul/add over a broadcast
+        # scale is 7x faster than addcmul (speed)
+        step = rows if self.device.type != "cpu" else max(64, _DEQUANT_CHUNK_BYTES // (4 * cols) // 64 * 64)
+        buf = torch.empty(min(step, rows), cols, device=self.device)
+        for start in range(0, rows, step):
+            stop = min(rows, start + step)
+            codes = buf[:stop - start]
+            if self.codes is None:
+                unpack_tile_rows_into(codes, self.kernel_codes, start, tile)
+            else:
+                half = cols // 2
+                torch.bitwise_and(self.codes[start:stop], 15, out=codes[:, :half])
+                torch.bitwise_right_shift(self.codes[start:stop], 4, out=codes[:, half:])
+            groups = codes.view(stop - start, cols // self.group_size, self.group_size)
+            groups.mul_(scale[start:stop, :, None]).add_(offset[start:stop, :, None])
+            out[start:stop].copy_(codes)
+        return out
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Int4Weight":
         """The same weight on `device`, its kernel layout rebuilt there."""
         device = torch.device(device)
         if device == self.device:
             return self
-        codes = self.codes.to(device, non_blocking=non_blocking)
+        codes = self.plain_codes().to(device, non_blocking=non_blocking)
         kernel = _kernel_codes(unpack_codes(codes)) if can_pack(self.shape, self.group_size, device) else None
         return dataclasses.replace(self, codes=codes, scale_zero=self.scale_zero.to(device), kernel_codes=kernel)
 
     def to_tensors(self, prefix: str = "", with_kernel: bool = False) -> dict[str, torch.Tensor]:
         """Flat dict for safetensors. The kernel layout depends on the device and torch build, so
-        it is written only on request (`with_kernel`: a cache keyed by those)."""
-        out = {f"{prefix}int4.codes": self.codes, f"{prefix}int4.scale_zero": self.scale_zero,
+        it is written only on request (`with_kernel`: a cache keyed by those), and alone for a
+        `kernel_only` weight then."""
+        out = {f"{prefix}int4.scale_zero": self.scale_zero,
                f"{prefix}int4.group_size": torch.tensor([self.group_size], dtype=torch.int32)}
+        if self.codes is not None or not with_kernel:
+            out[f"{prefix}int4.codes"] = self.plain_codes()
         if with_kernel and self.kernel_codes is not None:
             out[f"{prefix}int4.kernel_codes"] = self.kernel_codes
         return out
@@ -190,9 +236,11 @@ class Int4Weight:
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str = "") -> "Int4Weight":
         """Inverse of `to_tensors`; the kernel layout is taken as stored or rebuilt."""
-        codes, scale_zero = tensors[f"{prefix}int4.codes"], tensors[f"{prefix}int4.scale_zero"]
+        codes, scale_zero = tensors.get(f"{prefix}int4.codes"), tensors[f"{prefix}int4.scale_zero"]
         group_size = int(tensors[f"{prefix}int4.group_size"][0])
         kernel = tensors.get(f"{prefix}int4.kernel_codes")
+        if codes is None:  # written by a kernel_only weight
+            return cls(None, scale_zero, group_size, kernel)
         shape = (codes.shape[0], 2 * codes.shape[1])
         if kernel is None and can_pack(shape, group_size, codes.device):
             kernel = _kernel_codes(unpack_codes(codes))
@@ -200,7 +248,7 @@ class Int4Weight:
 
     @staticmethod
     def is_stored(tensors, prefix: str = "") -> bool:
-        return f"{prefix}int4.codes" in tensors
+        return f"{prefix}int4.scale_zero" in tensors
 
     def __repr__(self) -> str:
         return (f"Int4Weight(shape={self.shape}, group_size={self.group_size}, dtype={self.dtype}, "
