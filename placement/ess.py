@@ -1,24 +1,29 @@
 """ESS at DeepSeek-V3.2 scale: decode batch and throughput with the latent cache offloaded.
 
-The setting of ESS (seed 000): DeepSeek-V3.2-Exp decode on 8 GPUs (data-parallel attention),
-MTP with 1.7 accepted tokens per step, per GPU a fixed budget for the caches. Without
-offload every token keeps its FP8 latent (656 B) and indexer key (132 B) per layer on the
-GPU. With offload the indexer keys stay, the latents live on the CPU, and a GPU pool per
-layer holds some entries per sequence; each step copies the misses over PCIe (ESS's
-FlashTrans: 37 GB/s for scattered 656 B entries), overlapped with the indexer and the
-attention over the hits for part of each layer's time.
+The setting of ESS (seed 000, arXiv 2512.10576): DeepSeek-V3.2-Exp decode, 8 GPUs with
+data-parallel attention, MTP=2 with 1.7 accepted tokens per step, per GPU a fixed budget for
+the caches. Without offload every token keeps its FP8 latent (656 B) and indexer key (132 B)
+per layer on the GPU. With offload the indexer keys stay, the latents live on the CPU, and a
+GPU pool per layer holds some entries per sequence (LRU); each step copies the misses over
+PCIe (FlashTrans: 37 GB/s for scattered 656 B entries, UVA straight into the pool).
 
-Per-step compute is `StepCost`: a fixed part plus a part per sequence that grows with the
-context (the indexer reads every key). Its three numbers are fitted (least squares) to the
-step times implied by ESS's four published operating points, so the batch sizes, pool
-sizes and transfer volumes are what this module predicts. The fitted per-context-token
-cost, 3.4 ns per sequence, is reading 61 layers x 132 B of indexer keys at 2.4 TB/s — an
-H800's HBM at 70%, a sanity check on the fit.
+What ESS models, and so what this module models:
+  - step compute (`StepCost`): ESS's simulator replays measured operator times and fills the
+    points between by linear interpolation. The measured points we have are its published
+    ones: per context, the baseline (no copies) and the offloaded point; the step is linear in
+    the batch through them, net of the copy time this model leaves exposed at the latter.
+  - overlap (`_overlap`): DA overlap splits the sparse attention into the part over entries
+    already on the GPU, run while the misses arrive, and the rest; DBA also splits the
+    indexer by batch so that about half of it overlaps. The attention's time is its FLOPs at
+    FlashMLA's published FP8 sparse-decode rate (410 TFLOP/s on H800); the indexer's is the
+    part of the per-sequence step that grows with the context (it reads every key). What a
+    layer's copy needs beyond that window is exposed.
+  - memory: the cache budget ESS's baseline implies (52 sequences of 32K, equally 13 of
+    128K, fully cached); with offload, indexer keys plus the pools must fit it.
 
-The cache budget is the one ESS's baseline implies: 52 sequences of 32K (equally 13 of 128K)
-fully cached. `plan_global` picks one pool fraction for all layers (ESS's rho); `plan_per_layer`
-sizes each layer's pool by an LP (scipy HiGHS) over the layers' miss curves, batch size
-enumerated outside.
+`plan_global` picks one pool fraction for all layers (ESS's rho); `plan_per_layer` sizes each
+layer's pool by an LP (scipy HiGHS) over the layers' miss curves, batch size enumerated
+outside.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import numpy as np
 from scipy.optimize import linprog
 
 from placement.latent_traces import MissCurve
+
 
 def pool_entries(index_topk: int, gpu_fraction: float, context: int) -> int:
     """Entries per sequence in each layer's gpu pool when a policy keeps `gpu_fraction` of the
@@ -51,10 +57,16 @@ class EssDeployment:
     latent_bytes: int = 656  # FP8 latent record per token per layer
     indexer_bytes: int = 132  # FP8 indexer key per token per layer (always on the GPU)
     num_gpus: int = 8
-    tokens_per_step: float = 1.7  # MTP=2 with ESS's acceptance ratio
+    queries_per_step: int = 2  # MTP=2: each step verifies the next token and one draft
+    tokens_per_step: float = 1.7  # tokens accepted per step (ESS's acceptance ratio at MTP=2)
     h2d_bytes_per_s: float = 37e9  # ESS's FlashTrans, scattered entries
     cache_budget_bytes: float = 52 * 32768 * 61 * (656 + 132)  # per GPU, from ESS's 32K baseline
-    overlap_share: float = 0.3  # share of a layer's time a miss copy can hide behind
+    # sparse MLA decode, absorbed: scores over latent+rope (576), output in the latent (512)
+    num_heads: int = 128
+    score_dim: int = 576
+    value_dim: int = 512
+    attention_flops_per_s: float = 410e12  # FlashMLA's FP8 sparse decode kernel on H800 (its README)
+    indexer_overlap: float = 0.5  # ESS's DBA splits the indexer by batch: about half overlaps the copies
 
     def baseline_batch(self, context: int) -> int:
         """Sequences that fit with every latent on the GPU."""
@@ -62,37 +74,81 @@ class EssDeployment:
         return int(self.cache_budget_bytes // per_seq)
 
     def pool_entries_budget(self, batch: int, context: int) -> float:
-        """Pool entries per sequence, summed over layers, left beside the indexer keys and a
-        double-buffered staging area for one layer's misses."""
+        """Pool entries per sequence, summed over layers, left beside the indexer keys. FlashTrans
+        (UVA) writes the misses straight into the slots LRU frees, so no staging area is held."""
         indexer = batch * context * self.num_layers * self.indexer_bytes
-        staging = 2 * batch * self.topk * self.latent_bytes
-        return (self.cache_budget_bytes - indexer - staging) / (batch * self.latent_bytes)
+        return (self.cache_budget_bytes - indexer) / (batch * self.latent_bytes)
 
     def tokens_per_s(self, batch: int, step_s: float) -> float:
         return self.num_gpus * batch * self.tokens_per_step / step_s
 
+    def step_s(self, batch: int, tokens_per_s: float) -> float:
+        """The decode step time a published throughput implies."""
+        return self.num_gpus * batch * self.tokens_per_step / tokens_per_s
+
+    def attention_s_per_layer(self, batch: int) -> float:
+        """One layer's sparse attention over the top-k for the whole batch."""
+        flops = 2 * self.num_heads * self.topk * (self.score_dim + self.value_dim) * self.queries_per_step
+        return batch * flops / self.attention_flops_per_s
+
+
+def _linear(x: float, xs: tuple[int, ...], ys: tuple[float, ...]) -> float:
+    """Piecewise-linear through (xs, ys), extended past the ends along the end segments."""
+    idx = min(max(int(np.searchsorted(xs, x)), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[idx - 1], xs[idx], ys[idx - 1], ys[idx]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
 
 @dataclass(frozen=True, slots=True)
 class StepCost:
-    """Decode step compute seconds = fixed + batch * (per_seq + context * per_seq_per_token)."""
+    """Decode step compute. ESS's simulator replays operator times measured on real machines,
+    filling the points between by linear interpolation; here the measured points are its
+    published ones. At each published context the step is `fixed + batch * per_seq`, the line
+    through ESS's baseline (no copies) and its offloaded point (less the copy time this model
+    leaves exposed there); between contexts both are linear in the context. What grows with
+    the context per sequence is the indexer, which reads every key (attention reads the top-k)."""
 
-    fixed_s: float
-    per_seq_s: float
-    per_seq_per_token_s: float
+    contexts: tuple[int, ...]
+    fixed_s: tuple[float, ...]
+    per_seq_s: tuple[float, ...]
 
     def seconds(self, batch: int, context: int) -> float:
-        return self.fixed_s + batch * (self.per_seq_s + context * self.per_seq_per_token_s)
+        return (_linear(context, self.contexts, self.fixed_s)
+                + batch * _linear(context, self.contexts, self.per_seq_s))
+
+    def indexer_s_per_seq_token(self) -> float:
+        """Indexer seconds per step per sequence per context token (all layers)."""
+        return (self.per_seq_s[-1] - self.per_seq_s[0]) / (self.contexts[-1] - self.contexts[0])
 
     @classmethod
-    def fit_ess(cls, deployment: EssDeployment) -> "StepCost":
-        """Least-squares fit to the step times of ESS's four operating points."""
-        rows, times = [], []
-        for context, row in ESS_TABLE.items():
-            for batch, tps in ((row["base_batch"], row["base_tokens_per_s"]), (row["ess_batch"], row["ess_tokens_per_s"])):
-                rows.append([1.0, batch, batch * context])
-                times.append(deployment.num_gpus * batch * deployment.tokens_per_step / tps)
-        fixed, per_seq, per_token = np.linalg.lstsq(np.array(rows), np.array(times), rcond=None)[0]
-        return cls(float(fixed), float(per_seq), float(per_token))
+    def through(cls, dep: EssDeployment, exposed_s: dict[int, float]) -> "StepCost":
+        """Lines through ESS's two points at each context, its offloaded step less `exposed_s`."""
+        contexts = tuple(sorted(ESS_TABLE))
+        fixed, per_seq = [], []
+        for context in contexts:
+            row = ESS_TABLE[context]
+            base_s = dep.step_s(row["base_batch"], row["base_tokens_per_s"])
+            ess_s = dep.step_s(row["ess_batch"], row["ess_tokens_per_s"]) - exposed_s[context]
+            per_seq.append((ess_s - base_s) / (row["ess_batch"] - row["base_batch"]))
+            fixed.append(base_s - row["base_batch"] * per_seq[-1])
+        return cls(contexts, tuple(fixed), tuple(per_seq))
+
+    @classmethod
+    def fit_ess(cls, dep: EssDeployment, curves: dict[int, list[MissCurve]], *,
+                tolerance_s: float = 1e-12, max_rounds: int = 200) -> "StepCost":
+        """`through` ESS's points, with the copy time exposed at its offloaded points (its batch
+        and rho, these miss curves) found by fixed-point iteration (it depends on the indexer's
+        share of the step, which depends on the lines)."""
+        exposed = {context: 0.0 for context in ESS_TABLE}
+        for _ in range(max_rounds):
+            cost = cls.through(dep, exposed)
+            previous, exposed = exposed, {
+                context: plan_global_at(dep, cost, curves[context], context, row["ess_batch"],
+                                        row["rho"]).exposed_transfer_s
+                for context, row in ESS_TABLE.items()}
+            if max(abs(exposed[c] - previous[c]) for c in exposed) < tolerance_s:
+                break
+        return cls.through(dep, exposed)
 
 
 @dataclass(frozen=True)
@@ -110,17 +166,28 @@ class PoolPlan:
         return sum(self.misses) * self.batch
 
 
-def _exposed_s(dep: EssDeployment, batch: int, misses: list[float], compute_s: float) -> float:
-    """Transfer time not hidden: per layer, copies beyond its overlap window."""
-    window = dep.overlap_share * compute_s / dep.num_layers
-    per_entry = batch * dep.latent_bytes / dep.h2d_bytes_per_s
-    return sum(max(0.0, m * per_entry - window) for m in misses)
+def _overlap(dep: EssDeployment, cost: StepCost, batch: int, context: int) -> tuple[float, float]:
+    """(seconds of one layer's copy a miss per sequence costs, the part of a layer's window
+    that does not depend on its misses). ESS's DA overlap runs the attention over the entries
+    already on the GPU while the misses arrive; its DBA overlap also splits the indexer by
+    batch so that about half of it overlaps. Window = attention * (1 - misses / topk) +
+    indexer_overlap * indexer, written as fixed - per-miss share of the attention."""
+    attention = dep.attention_s_per_layer(batch)
+    indexer = batch * context * cost.indexer_s_per_seq_token() / dep.num_layers
+    per_miss = batch * dep.latent_bytes / dep.h2d_bytes_per_s + attention / dep.topk
+    return per_miss, attention + dep.indexer_overlap * indexer
+
+
+def _exposed_s(dep: EssDeployment, cost: StepCost, batch: int, context: int, misses: list[float]) -> float:
+    """Transfer time not hidden: per layer, the copy beyond its overlap window."""
+    per_miss, window = _overlap(dep, cost, batch, context)
+    return sum(max(0.0, m * per_miss - window) for m in misses)
 
 
 def _plan(dep, cost, curves, batch, context, pools) -> PoolPlan:
     misses = [c.misses(p) for c, p in zip(curves, pools)]
     compute = cost.seconds(batch, context)
-    exposed = _exposed_s(dep, batch, misses, compute)
+    exposed = _exposed_s(dep, cost, batch, context, misses)
     return PoolPlan(batch, tuple(pools), tuple(misses), compute, exposed,
                     dep.tokens_per_s(batch, compute + exposed))
 
@@ -142,6 +209,12 @@ def plan_global(dep: EssDeployment, cost: StepCost, curves: list[MissCurve], con
     return best
 
 
+def plan_global_at(dep: EssDeployment, cost: StepCost, curves: list[MissCurve], context: int,
+                   batch: int, rho: float) -> PoolPlan:
+    """One batch and pool fraction, whether or not it fits the budget."""
+    return _plan(dep, cost, curves, batch, context, [rho * context] * dep.num_layers)
+
+
 def _lower_hull(xs: tuple[int, ...], ys: tuple[float, ...]) -> list[tuple[float, float]]:
     """Vertices of the convex lower envelope of a decreasing miss curve."""
     hull: list[tuple[float, float]] = []
@@ -156,25 +229,34 @@ def _lower_hull(xs: tuple[int, ...], ys: tuple[float, ...]) -> list[tuple[float,
     return hull
 
 
-def solve_pools(dep: EssDeployment, curves: list[MissCurve], batch: int, context: int,
-                compute_s: float) -> list[float] | None:
+def hull_pieces(curve: MissCurve) -> list[tuple[float, float]]:
+    """(slope, intercept) of each segment of the curve's convex lower envelope: the misses at
+    pool size p are at least `slope * p + intercept` for every piece (exact on the hull), so a
+    minimizing LP can carry them as linear rows."""
+    hull = _lower_hull(curve.pool_entries, curve.lru)
+    pieces = []
+    for (x1, y1), (x2, y2) in zip(hull, hull[1:] or hull):
+        slope = 0.0 if x2 == x1 else (y2 - y1) / (x2 - x1)
+        pieces.append((slope, y1 - slope * x1))
+    return pieces
+
+
+def solve_pools(dep: EssDeployment, cost: StepCost, curves: list[MissCurve], batch: int,
+                context: int) -> list[float] | None:
     """Per-layer pool sizes minimizing exposed transfer time (LP over the curves' convex
-    hulls): variables pool_l and exposed_l; exposed_l >= per_entry * misses_l(pool_l) - window."""
+    hulls): variables pool_l and exposed_l; exposed_l >= per_miss * misses_l(pool_l) - window."""
     num = len(curves)
     budget = dep.pool_entries_budget(batch, context)
     if budget < num * dep.topk:
         return None
-    per_entry = batch * dep.latent_bytes / dep.h2d_bytes_per_s
-    window = dep.overlap_share * compute_s / dep.num_layers
+    per_miss, window = _overlap(dep, cost, batch, context)
     rows, rhs = [], []
     for layer, curve in enumerate(curves):
-        hull = _lower_hull(curve.pool_entries, curve.lru)
-        for (x1, y1), (x2, y2) in zip(hull, hull[1:] or hull):
-            slope = 0.0 if x2 == x1 else (y2 - y1) / (x2 - x1)
+        for slope, intercept in hull_pieces(curve):
             row = np.zeros(2 * num)
-            row[layer], row[num + layer] = per_entry * slope, -1.0
+            row[layer], row[num + layer] = per_miss * slope, -1.0
             rows.append(row)
-            rhs.append(window - per_entry * (y1 - slope * x1))
+            rhs.append(window - per_miss * intercept)
     rows.append(np.concatenate([np.ones(num), np.zeros(num)]))
     rhs.append(budget)
     top = [min(context, c.pool_entries[-1]) for c in curves]
@@ -188,8 +270,7 @@ def plan_per_layer(dep: EssDeployment, cost: StepCost, curves: list[MissCurve], 
     """Best batch with each layer's pool sized by `solve_pools`."""
     best = None
     for batch in range(1, 4 * dep.baseline_batch(context) + 64):
-        compute = cost.seconds(batch, context)
-        pools = solve_pools(dep, curves, batch, context, compute)
+        pools = solve_pools(dep, cost, curves, batch, context)
         if pools is None:
             continue
         plan = _plan(dep, cost, curves, batch, context, pools)
