@@ -21,6 +21,7 @@ be compared with the model. `solve` raises `InfeasiblePlanError` (with
 """
 
 from placement.cost import CostBreakdown, predict
+from placement.latent_pools import LatentMissCurves
 from placement.model_spec import ModelSpec
 from placement.plan import InfeasiblePlanError, Plan
 from placement.presets import hardware_preset, model_preset
@@ -30,7 +31,8 @@ from placement.specs import (CompressionSpec, EngineCapabilities, HardwareSpec, 
 from placement.units import format_bytes, parse_bytes
 
 __all__ = [
-    "CompressionSpec", "CostBreakdown", "EngineCapabilities", "HardwareSpec", "InfeasiblePlanError", "ModelSpec",
+    "CompressionSpec", "CostBreakdown", "EngineCapabilities", "HardwareSpec", "InfeasiblePlanError",
+    "LatentMissCurves", "ModelSpec",
     "Plan", "Policy", "TierSplit", "WorkloadSpec", "format_bytes", "hardware_preset",
     "evaluate", "model_preset", "parse_bytes", "predict", "solve",
 ]

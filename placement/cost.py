@@ -25,10 +25,12 @@ Every quantity is affine in the nine placement fractions
 the LP in `placement.lp`, which therefore cannot disagree.
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from placement.latent_pools import LatentMissCurves, MissEnvelope
 from placement.model_spec import ModelSpec
 from placement.specs import CompressionSpec, HardwareSpec, Policy, WorkloadSpec
 
@@ -80,13 +82,16 @@ class Choice:
     cpu_attention: bool = False
     compression: CompressionSpec = field(default_factory=CompressionSpec)
     merge_decode: bool = True
+    # a sparse-attention MLA model's latent cache in ESS's layout: all of it on the cpu tier,
+    # per layer a gpu pool (what c_gpu measures), misses copied each step (`placement.latent_pools`)
+    latent_pools: bool = False
 
     @classmethod
     def of(cls, policy: Policy) -> "Choice":
         return cls(gpu_batch_size=policy.gpu_batch_size, num_gpu_batches=policy.num_gpu_batches,
                    compress_weight=policy.compress_weight, compress_cache=policy.compress_cache,
                    cpu_attention=policy.cpu_attention, compression=policy.compression,
-                   merge_decode=policy.merge_decode)
+                   merge_decode=policy.merge_decode, latent_pools=policy.cache.gpu < 1)
 
     def decode_calls(self) -> tuple[int, int]:
         """(calls, rows per call) a layer runs per decode step: the block merged, or each
@@ -106,6 +111,24 @@ class CostTerms:
     num_layers: int
     num_decode_steps: int  # gen_len - 1
     tokens_per_block: int  # block size * gen_len
+    cache_gpu_bounds: tuple[float, float] = (0.0, 1.0)  # what the engine can run for c_gpu
+    latent: "LatentTerms | None" = None  # the pools' misses, for `Choice.latent_pools`
+
+
+@dataclass(frozen=True, slots=True)
+class LatentTerms:
+    """Decode copies of an offloaded latent cache's misses: with m the mean misses per layer
+    (a fraction of the top-k, per sequence per step), they add `m * decode_s_per_miss[term]`
+    to each decode term; m >= the envelope of the layers' miss curves at c_gpu."""
+
+    envelope: MissEnvelope
+    decode_s_per_miss: dict[str, float]
+    pools: tuple[float, ...] = ()  # given per-layer pools (a policy's); empty: the best split of c_gpu
+
+    def misses(self, x: np.ndarray) -> float:
+        if self.pools:
+            return self.envelope.misses_at(self.pools)
+        return self.envelope.value(float(x[C_GPU]))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,29 +154,39 @@ def prefill_layer_time(terms: dict[str, Affine], x: np.ndarray) -> float:
     return max(v["ctog"] + v["dtoc"], v["gtoc"] + v["ctod"], v["comp"])
 
 
-def decode_layer_time(terms: dict[str, Affine], x: np.ndarray) -> float:
-    v = {k: a(x) for k, a in terms.items()}
+def decode_layer_values(terms: CostTerms, x: np.ndarray) -> dict[str, float]:
+    """Each decode term of one layer in seconds, the latent pools' miss copies included."""
+    v = {k: a(x) for k, a in terms.decode.items()}
+    if terms.latent is not None:
+        misses = terms.latent.misses(x)
+        for name, seconds in terms.latent.decode_s_per_miss.items():
+            v[name] += seconds * misses
+    return v
+
+
+def decode_layer_time(terms: CostTerms, x: np.ndarray) -> float:
+    v = decode_layer_values(terms, x)
     return v["ctog"] + max(v["gtoc"], v["dtoc"], v["ctod"], v["comp"])
 
 
 def total_time(terms: CostTerms, x: np.ndarray) -> float:
     return terms.num_layers * (prefill_layer_time(terms.prefill, x)
-                               + terms.num_decode_steps * decode_layer_time(terms.decode, x))
+                               + terms.num_decode_steps * decode_layer_time(terms, x))
 
 
 def predict(policy: Policy, model: ModelSpec, hardware: HardwareSpec,
             workload: WorkloadSpec) -> CostBreakdown:
     """Predicted throughput and time breakdown of `policy` (memory limits are not checked)."""
-    terms = build_terms(Choice.of(policy), model, hardware, workload)
+    terms = terms_of_policy(policy, model, hardware, workload)
     x = fractions_of(policy)
     prefill_s = terms.num_layers * prefill_layer_time(terms.prefill, x)
-    decode_s = terms.num_layers * terms.num_decode_steps * decode_layer_time(terms.decode, x)
+    decode_s = terms.num_layers * terms.num_decode_steps * decode_layer_time(terms, x)
     total_s = prefill_s + decode_s
     return CostBreakdown(
         tokens_per_s=terms.tokens_per_block / total_s, total_s=total_s,
         prefill_s=prefill_s, decode_s=decode_s,
         prefill_layer_s={k: a(x) for k, a in terms.prefill.items()},
-        decode_layer_s={k: a(x) for k, a in terms.decode.items()},
+        decode_layer_s=decode_layer_values(terms, x),
         peak_bytes={k: a(x) for k, a in terms.memory.items()})
 
 
@@ -197,13 +230,48 @@ def _sizes(choice: Choice, model: ModelSpec, workload: WorkloadSpec) -> _Sizes:
 def build_terms(choice: Choice, model: ModelSpec, hardware: HardwareSpec,
                 workload: WorkloadSpec) -> CostTerms:
     """All affine terms of the cost model for one discrete choice."""
+    if choice.latent_pools and not model.index_topk:
+        choice = dataclasses.replace(choice, latent_pools=False)
     sz = _sizes(choice, model, workload)
+    latent = _latent_terms(choice, sz, model, hardware, workload) if choice.latent_pools else None
     return CostTerms(
         prefill=_prefill_terms(choice, sz, model, hardware, workload),
         decode=_decode_terms(choice, sz, model, hardware, workload),
         memory=_memory_rows(choice, sz, model, workload),
         num_layers=model.num_layers, num_decode_steps=workload.gen_len - 1,
-        tokens_per_block=choice.gpu_batch_size * choice.num_gpu_batches * workload.gen_len)
+        tokens_per_block=choice.gpu_batch_size * choice.num_gpu_batches * workload.gen_len,
+        cache_gpu_bounds=_cache_gpu_bounds(model, latent), latent=latent)
+
+
+def terms_of_policy(policy: Policy, model: ModelSpec, hardware: HardwareSpec,
+                    workload: WorkloadSpec) -> CostTerms:
+    """`build_terms` for a given policy, its per-layer latent pools included."""
+    terms = build_terms(Choice.of(policy), model, hardware, workload)
+    if terms.latent is not None and policy.latent_pools:
+        terms.latent = dataclasses.replace(terms.latent, pools=policy.latent_pools)
+    return terms
+
+
+def _cache_gpu_bounds(model: ModelSpec, latent: "LatentTerms | None") -> tuple[float, float]:
+    """An MLA cache leaves the gpu tier only in ESS's layout (pools of at least one step's
+    top-k); the engine keeps a latent cache without pools whole on the gpu tier."""
+    if latent is not None:
+        return latent.envelope.floor, 1.0
+    return (1.0, 1.0) if model.arch == "mla" else (0.0, 1.0)
+
+
+def _latent_terms(choice, sz, model, hardware, workload) -> LatentTerms:
+    """The miss copies of `Choice.latent_pools`: per layer and step, the block's misses (a
+    fraction of the top-k, per sequence) cross from the cpu tier as stored records."""
+    curves = hardware.latent_miss_curves or LatentMissCurves.ess()
+    context = workload.prompt_len + workload.gen_len
+    envelope = MissEnvelope(curves, model.num_layers, model.index_topk / context)
+    block = choice.gpu_batch_size * choice.num_gpu_batches
+    copy_s = block * min(model.index_topk, context) * sz.cache_stored / hardware.cpu_to_gpu_bytes_per_s
+    per_miss = {"ctog": copy_s}
+    if hardware.gpu_is_host:  # a memcpy on the cores that compute (see _layer_seconds)
+        per_miss["comp"] = copy_s
+    return LatentTerms(envelope, per_miss)
 
 
 def _prefill_tokens(block: int, workload: WorkloadSpec) -> int:
@@ -262,8 +330,8 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     if choice.cpu_attention:  # queries go to the CPU, attention outputs come back
         gtoc.add(block * sz.query, C_CPU, C_DISK)
         ctog.add(block * sz.hidden, C_CPU, C_DISK)
-    else:  # the off-GPU cache must come to the GPU every step (only the selected entries)
-        ctog.add(cache_read, C_CPU, C_DISK)
+    elif not choice.latent_pools:  # the off-GPU cache must come to the GPU every step (only
+        ctog.add(cache_read, C_CPU, C_DISK)  # the selected entries); pools copy their misses (LatentTerms)
 
     gpu_flops = hardware.gpu_flops(model.dtype)
     # every call (the merged block, or each micro-batch) re-reads the whole layer and its share
@@ -363,8 +431,12 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     # are read tensor by tensor straight into the gpu tier's staging (on a GPU through a
     # transient one-tensor host buffer), so they hold no layer-sized CPU buffer
     cpu_prefill = resident(hidden_p, False)
+    if choice.latent_pools:  # ESS's layout: every record on the cpu tier, the pools besides
+        cpu_prefill.add(cache_home, C_GPU)
     cpu_prefill.add(2 * gbs * s * sz.hidden, H_DISK).add(gbs * s * sz.cache_stored, C_DISK)
     cpu_decode = resident(hidden_g, False)
+    if choice.latent_pools:
+        cpu_decode.add(cache_home, C_GPU)
     cpu_decode.add(2 * rows * sz.hidden, H_DISK)
     cpu_decode.add(2 * rows * full_entries * sz.cache_stored, C_DISK)
     if choice.cpu_attention:  # scores, plus a dequantized copy of one call's cache
@@ -383,6 +455,8 @@ def _attended_cache(choice: Choice, dense_bytes: float) -> Affine:
     on the CPU) and decompressed for compressed layers on it. The engine attends one call at a
     time and fetches no cache ahead, so one copy is held, never two."""
     staged = Affine()
+    if choice.latent_pools:  # the selected records, gathered from the pool, as one buffer
+        return staged.add(dense_bytes)
     if not choice.cpu_attention:
         staged.add(dense_bytes, C_CPU, C_DISK)
     if choice.compress_cache:

@@ -9,6 +9,14 @@ import json
 import typing
 
 
+def _dataclass_in(annotation):
+    """The dataclass an annotation names, alone or as `X | None`; None otherwise."""
+    if dataclasses.is_dataclass(annotation):
+        return annotation
+    found = [arg for arg in typing.get_args(annotation) if dataclasses.is_dataclass(arg)]
+    return found[0] if len(found) == 1 else None
+
+
 class JsonMixin:
     """Adds `to_dict`/`to_json`/`from_dict`/`from_json` to a dataclass."""
 
@@ -29,8 +37,8 @@ class JsonMixin:
         hints = typing.get_type_hints(cls)
         kwargs = {}
         for name, value in data.items():
-            field_type = hints[name]
-            if dataclasses.is_dataclass(field_type) and isinstance(value, dict):
+            field_type = _dataclass_in(hints[name])
+            if field_type is not None and isinstance(value, dict):
                 value = field_type.from_dict(value)
             kwargs[name] = value
         try:

@@ -88,3 +88,16 @@ def ess_layer_curves(num_layers: int, topk: int, contexts: list[int], steps: int
         out[context] = [miss_curve(synthetic_trace(context, topk, steps, a, seed=layer), context, sizes)
                         for layer, a in enumerate(correlations)]
     return out
+
+
+def ess_miss_curves(num_layers: int = 61, topk: int = 2048, context: int = 32768, steps: int = 24):
+    """ESS's per-layer curves as the planner reads them (`placement.latent_pools`): pool sizes
+    and misses as fractions of the context and of the top-k."""
+    from placement.latent_pools import LatentMissCurves
+
+    curves = ess_layer_curves(num_layers, topk, [context], steps=steps)[context]
+    return LatentMissCurves(
+        source=f"ESS's curves: synthetic traces calibrated to ESS's per-layer misses ({ESS_MISS_RANGE[0]}-"
+               f"{ESS_MISS_RANGE[1]:g} at a 20% pool), {num_layers} layers, top-k {topk}, {context} context",
+        pool_fractions=[size / context for size in curves[0].pool_entries],
+        miss_fractions=[[m / topk for m in curve.lru] for curve in curves])

@@ -8,6 +8,9 @@ Variables (in this order; the first nine are `cost.NUM_FRACTIONS`):
     h_g h_c h_d    fraction of the activations (hidden states) on GPU / CPU / disk
     t_pre          epigraph of the per-layer prefill time (s)
     t_dec          epigraph of the per-layer decode time (s)
+    m              (ESS's latent pools only) mean misses per layer, a fraction of the top-k per
+                   sequence per step; m >= each piece of the layers' miss envelope at c_g, and
+                   its copies join the decode terms (`cost.LatentTerms`)
 
 minimize   L * t_pre + L * (n - 1) * t_dec
 subject to t_pre >= ctog_p + dtoc_p,  t_pre >= gtoc_p + ctod_p,  t_pre >= comp_p
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linprog
 
-from placement.cost import NUM_FRACTIONS, Affine, CostTerms
+from placement.cost import C_DISK, C_GPU, NUM_FRACTIONS, Affine, CostTerms
 
 GiB = float(1 << 30)  # memory rows are solved in GiB to keep the LP well scaled
 T_PRE, T_DEC = NUM_FRACTIONS, NUM_FRACTIONS + 1
@@ -47,25 +50,44 @@ def _sum(terms: dict[str, Affine], names: tuple[str, ...]) -> Affine:
     return out
 
 
+def _num_vars(terms: CostTerms) -> int:
+    return NUM_VARS + (terms.latent is not None)
+
+
 def _time_rows(terms: CostTerms) -> tuple[np.ndarray, np.ndarray]:
     """Rows `coef . x - t <= -const` for every term inside the two max()es."""
     rows, rhs = [], []
+    per_miss = terms.latent.decode_s_per_miss if terms.latent is not None else {}
     for table, groups, epigraph in ((terms.prefill, _PREFILL_MAX, T_PRE),
                                     (terms.decode, _DECODE_MAX, T_DEC)):
         for names in groups:
             expr = _sum(table, names)
-            row = np.zeros(NUM_VARS)
+            row = np.zeros(_num_vars(terms))
             row[:NUM_FRACTIONS] = expr.coef
             row[epigraph] = -1.0
+            if epigraph == T_DEC and per_miss:
+                row[NUM_VARS] = sum(per_miss.get(name, 0.0) for name in names)
             rows.append(row)
             rhs.append(-expr.const)
     return np.array(rows), np.array(rhs)
 
 
+def _miss_rows(terms: CostTerms) -> tuple[np.ndarray, np.ndarray]:
+    """m >= slope * c_g + intercept for each piece of the miss envelope (none without pools)."""
+    num_vars = _num_vars(terms)
+    if terms.latent is None:
+        return np.zeros((0, num_vars)), np.zeros(0)
+    pieces = terms.latent.envelope.pieces()
+    rows = np.zeros((len(pieces), num_vars))
+    for idx, (slope, _) in enumerate(pieces):
+        rows[idx, C_GPU], rows[idx, NUM_VARS] = slope, -1.0
+    return rows, -np.array([intercept for _, intercept in pieces])
+
+
 def _memory_rows(terms: CostTerms, budgets: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
     rows, rhs = [], []
     for name, expr in terms.memory.items():
-        row = np.zeros(NUM_VARS)
+        row = np.zeros(_num_vars(terms))
         row[:NUM_FRACTIONS] = expr.coef / GiB
         rows.append(row)
         rhs.append((budgets[name] - expr.const) / GiB)
@@ -89,17 +111,34 @@ def solve_fractions(terms: CostTerms, budgets: dict[str, float],
         bounds: (low, high) per fraction, e.g. to pin activations off the disk.
     """
     time_a, time_b = _time_rows(terms)
+    miss_a, miss_b = _miss_rows(terms)
     mem_a, mem_b = _memory_rows(terms, budgets)
-    eq_a, eq_b = _sum_to_one_rows(NUM_VARS)
-    objective = np.zeros(NUM_VARS)
+    num_vars = _num_vars(terms)
+    bounds = _with_cache_bounds(bounds, terms)
+    if any(low > high + 1e-12 for low, high in bounds):
+        return None
+    eq_a, eq_b = _sum_to_one_rows(num_vars)
+    objective = np.zeros(num_vars)
     objective[T_PRE] = terms.num_layers
     objective[T_DEC] = terms.num_layers * terms.num_decode_steps
-    result = linprog(objective, A_ub=np.vstack([time_a, mem_a]), b_ub=np.concatenate([time_b, mem_b]),
-                     A_eq=eq_a, b_eq=eq_b, bounds=list(bounds) + [(0, None), (0, None)],
+    result = linprog(objective, A_ub=np.vstack([time_a, miss_a, mem_a]),
+                     b_ub=np.concatenate([time_b, miss_b, mem_b]), A_eq=eq_a, b_eq=eq_b,
+                     bounds=bounds + [(0, None)] * (num_vars - NUM_FRACTIONS),
                      method="highs")
     if result.status != 0:
         return None
     return LpSolution(fractions=np.clip(result.x[:NUM_FRACTIONS], 0.0, 1.0), total_s=result.fun)
+
+
+def _with_cache_bounds(bounds, terms: CostTerms) -> list[tuple[float, float]]:
+    """`bounds` narrowed to the c_g the engine can run (`CostTerms.cache_gpu_bounds`); with
+    latent pools nothing of the cache is on disk (it all sits on the cpu tier)."""
+    out = [tuple(b) for b in bounds]
+    low, high = terms.cache_gpu_bounds
+    out[C_GPU] = (max(out[C_GPU][0], low), min(out[C_GPU][1], high))
+    if terms.latent is not None:
+        out[C_DISK] = (0.0, 0.0)
+    return out
 
 
 def memory_excess(terms: CostTerms, budgets: dict[str, float],

@@ -15,7 +15,8 @@ import time
 import numpy as np
 
 from placement.cost import (C_DISK, C_GPU, H_CPU, H_DISK, H_GPU, MEMORY_ROWS, NUM_FRACTIONS, Choice,
-                            build_terms, decode_layer_time, fractions_of, prefill_layer_time,
+                            build_terms, decode_layer_time, decode_layer_values, fractions_of,
+                            prefill_layer_time, terms_of_policy,
                             total_time)
 from placement.lp import memory_excess, memory_implied_highs, solve_fractions, time_lower_bounds
 from placement.model_spec import ModelSpec
@@ -111,7 +112,7 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
         if best is not None and bound <= best[0]:
             break
         key = (choice.compress_weight, choice.compress_cache, choice.cpu_attention,
-               choice.merge_decode, place)
+               choice.merge_decode, choice.latent_pools, place)
         if any(choice.gpu_batch_size >= gbs and choice.num_gpu_batches >= ngb
                for gbs, ngb in too_big.get(key, ())):
             continue  # memory grows with both knobs, so a larger one cannot fit either
@@ -141,6 +142,8 @@ def _cache_in_whole_layers(solution, terms, budgets, highs) -> tuple[object, int
 
     Each tier boundary of the LP's split is rounded down and up to a layer; the weights and
     activations are solved again around each rounding."""
+    if terms.latent is not None:  # pools are sized per layer, not placed in whole layers
+        return solution, 0
     layers = terms.num_layers
     gpu_end, cpu_end = solution.fractions[C_GPU] * layers, (1 - solution.fractions[C_DISK]) * layers
     if all(abs(end - round(end)) < 1e-6 for end in (gpu_end, cpu_end)):
@@ -171,6 +174,9 @@ def _candidates(model, hardware, workload, budgets, flags, placements, compressi
                for weight, cache, cpu_attention, merge in flags
                for gbs, ngb in itertools.product(GPU_BATCH_SIZES, NUM_GPU_BATCHES)
                if gbs * ngb <= max_block_size and (ngb > 1 or merge == single_batch_merge)]
+    if model.index_topk:  # ESS's layout too: per-layer gpu pools over the latent records on the cpu tier
+        choices += [dataclasses.replace(c, latent_pools=True) for c in choices
+                    if not (c.cpu_attention or c.compress_cache)]
     terms = [build_terms(choice, model, hardware, workload) for choice in choices]
     pairs = [(i, place) for i in range(len(choices)) for place in range(len(placements))]
     caps_highs = np.array([placements[place] for _, place in pairs])
@@ -191,7 +197,7 @@ def evaluate(policy: Policy, model: ModelSpec, hardware: HardwareSpec, workload:
     this is how a hand-set or engine-measured policy is checked against the model.
     """
     choice = Choice.of(policy)
-    terms = build_terms(choice, model, hardware, workload)
+    terms = terms_of_policy(policy, model, hardware, workload)
     x = fractions_of(policy)
     best = (terms.tokens_per_block / total_time(terms, x), choice, terms, x)
     plan = _make_plan(best, budgets_for(hardware, usable_fraction), 0, 0.0)
@@ -205,16 +211,17 @@ def _make_plan(best, budgets: dict[str, float], num_lps: int, search_s: float) -
         weights=TierSplit.clipped(*x[0:3]), cache=TierSplit.clipped(*x[3:6]),
         activations=TierSplit.clipped(*x[6:9]), compress_weight=choice.compress_weight,
         compress_cache=choice.compress_cache, cpu_attention=choice.cpu_attention,
-        compression=choice.compression, merge_decode=choice.merge_decode)
+        compression=choice.compression, merge_decode=choice.merge_decode,
+        latent_pools=tuple(terms.latent.envelope.pools(float(x[C_GPU]))) if terms.latent else ())
     prefill_s = terms.num_layers * prefill_layer_time(terms.prefill, x)
-    decode_s = terms.num_layers * terms.num_decode_steps * decode_layer_time(terms.decode, x)
+    decode_s = terms.num_layers * terms.num_decode_steps * decode_layer_time(terms, x)
     rows = {name: terms.memory[name](x) for name in MEMORY_ROWS}
     slack = {name: (budgets[name] - rows[name]) / budgets[name] for name in MEMORY_ROWS}
     return Plan(
         policy=policy, tokens_per_s=terms.tokens_per_block / (prefill_s + decode_s),
         total_s=prefill_s + decode_s, prefill_s=prefill_s, decode_s=decode_s,
         prefill_layer_s={k: a(x) for k, a in terms.prefill.items()},
-        decode_layer_s={k: a(x) for k, a in terms.decode.items()},
+        decode_layer_s=decode_layer_values(terms, x),
         peak_bytes={"gpu": max(rows["gpu_prefill"], rows["gpu_decode"]),
                     "cpu": max(rows["cpu_prefill"], rows["cpu_decode"]), "disk": rows["disk"]},
         budget_bytes={"gpu": budgets["gpu_decode"], "cpu": budgets["cpu_decode"],

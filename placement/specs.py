@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 
 from placement.jsonable import JsonMixin
+from placement.latent_pools import LatentMissCurves
 
 DTYPES = ("fp32", "bf16", "fp16")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -61,6 +62,9 @@ class HardwareSpec(JsonMixin):
     # the same for weights resident on the GPU tier for the whole run, where the engine keeps
     # them in the GEMM's own layout (prepacked for oneDNN on CPUs). Empty: as streamed weights.
     gpu_gemm_flops_by_rows_resident: dict[str, dict[str, float]] = field(default_factory=dict)
+    # a sparse-attention MLA model's latent-pool misses per layer, measured on it by `flexlamps
+    # profile --model` (None: the planner uses ESS's curves)
+    latent_miss_curves: LatentMissCurves | None = None
 
     def __post_init__(self):
         _require_positive(
@@ -293,12 +297,18 @@ class Policy(JsonMixin):
     # block; its workspace and staged cache reserved for the block). False: one by one, as
     # FlexGen's engine does, reserving one micro-batch's workspace.
     merge_decode: bool = True
+    # a sparse-attention MLA model's latent cache off the gpu tier (ESS's layout): per layer, its
+    # gpu pool as a fraction of the context (their mean is cache.gpu). Empty: cache.gpu for every layer.
+    latent_pools: tuple[float, ...] = ()
 
     def __post_init__(self):
         for name in ("gpu_batch_size", "num_gpu_batches"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"Policy.{name} must be an integer >= 1, got {value!r}")
+        object.__setattr__(self, "latent_pools", tuple(float(f) for f in self.latent_pools))
+        if not all(0 < f <= 1 for f in self.latent_pools):
+            raise ValueError(f"Policy.latent_pools must be fractions in (0, 1], got {self.latent_pools}")
 
     @property
     def block_size(self) -> int:

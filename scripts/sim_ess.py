@@ -8,10 +8,12 @@ per context: batch and tokens/s without offload, at ESS's rho, at the best globa
 per-layer pools; the gains next to ESS's; bytes moved per step and LRU vs Belady misses.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/sim_ess.py [--steps 24] [--layers 61]
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/sim_ess.py --write-curves placement/ess_miss_curves.json
 """
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -78,7 +80,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=24, help="decode steps per synthetic trace (8 warm up)")
     p.add_argument("--layers", type=int, default=61)
+    p.add_argument("--write-curves", metavar="PATH", help="only write ESS's per-layer miss curves for the "
+                   "planner (placement/ess_miss_curves.json) and stop")
     args = p.parse_args()
+    if args.write_curves:
+        from placement.latent_traces import ess_miss_curves
+
+        Path(args.write_curves).write_text(ess_miss_curves(args.layers, steps=args.steps).to_json(indent=None) + "\n")
+        return
     dep = EssDeployment(num_layers=args.layers)
     start = time.time()
     curves = ess_layer_curves(args.layers, dep.topk, list(ESS_TABLE), steps=args.steps)

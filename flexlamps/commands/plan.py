@@ -93,7 +93,7 @@ def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
         lines.append(f"{label:14}" + "".join(f"{100 * v:8.1f}%" for v in split.as_tuple()))
     for label, table in (("peak (GiB)", plan.peak_bytes), ("budget (GiB)", plan.budget_bytes)):
         lines.append(f"{label:14}" + "".join(f"{table[t] / GiB:9.1f}" for t in TIERS))
-    lines += _latent_pool_lines(pol, model, workload)
+    lines += _latent_pool_lines(plan, model, hardware, workload)
     lines += [
         "",
         f"throughput  {plan.tokens_per_s:.2f} tokens/s "
@@ -110,16 +110,31 @@ def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
     return "\n".join(lines)
 
 
-def _latent_pool_lines(pol: Policy, model: ModelSpec, workload: WorkloadSpec) -> list[str]:
-    """ESS's layout for sparse-attention MLA models with part of the cache off the gpu tier."""
+def _latent_pool_lines(plan: Plan, model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec) -> list[str]:
+    """ESS's layout for sparse-attention MLA models with part of the cache off the gpu tier:
+    each layer's pool, where the miss curves come from, and what one global fraction would give."""
+    pol = plan.policy
     if not model.index_topk or pol.cache.gpu >= 1:
         return []
+    from placement import LatentMissCurves
     from placement.ess import pool_entries
 
     context = workload.prompt_len + workload.gen_len
-    pool = pool_entries(model.index_topk, pol.cache.gpu, context)
-    return [f"latent pools  indexer keys on the gpu tier, latent records on the cpu tier; each layer's "
-            f"gpu pool holds {pool} entries a sequence ({pool / context:.1%} of {context}, top-k {model.index_topk})"]
+    fractions = pol.latent_pools or (pol.cache.gpu,) * model.num_layers
+    pools = [pool_entries(model.index_topk, f, context) for f in fractions]
+    curves = hardware.latent_miss_curves or LatentMissCurves.ess()
+    lines = [f"latent pools  indexer keys on the gpu tier, latent records on the cpu tier; gpu pool entries "
+             f"a sequence per layer (of {context}, top-k {model.index_topk}), min {min(pools)}, "
+             f"mean {sum(pools) / len(pools):.0f}, max {max(pools)}:",
+             *("              " + " ".join(f"{p:6d}" for p in pools[i:i + 10]) for i in range(0, len(pools), 10)),
+             f"              miss curves: {curves.source}"]
+    if pol.latent_pools:
+        uniform = dataclasses.replace(pol, latent_pools=(pol.cache.gpu,) * model.num_layers)
+        alone = evaluate(uniform, model, hardware, workload)
+        lines.append(f"              one pool fraction for every layer ({pol.cache.gpu:.1%}) instead: "
+                     f"{alone.tokens_per_s:.2f} tokens/s ({plan.tokens_per_s / alone.tokens_per_s - 1:+.1%} "
+                     "for the per-layer pools)")
+    return lines
 
 
 @click.command("plan")

@@ -62,6 +62,23 @@ def test_offloaded_equals_in_memory_for_every_pool_size(v32, fp8):
     assert misses[topk] > misses[2 * topk] >= misses[CAPACITY]
 
 
+def test_per_layer_pools_from_a_policy_equal_in_memory(v32):
+    """The planner's per-layer pools (Policy.latent_pools) reach the cache layer by layer."""
+    from flexlamps.engine.caches.latent import new_latent_cache
+
+    cfg, ex = v32
+    expected = _run(ex, DenseLatentCache(cfg, 2, CAPACITY, torch.float32))
+    fractions = tuple(1.0 if layer % 2 else 0.0 for layer in range(cfg.num_layers))  # whole, one step's top-k
+    cache = new_latent_cache(cfg, 2, CAPACITY, torch.float32, gpu_fraction=0.5, budgets=_budgets(),
+                             device=torch.device("cpu"), layer_fractions=fractions)
+    assert [p.pool_entries for p in cache.pools] == [CAPACITY if f else cfg.mla.index_topk for f in fractions]
+    got = _run(ex, cache)
+    assert all(torch.equal(g, e) for g, e in zip(got, expected))
+    with pytest.raises(ValueError, match="latent_pools has 1 layers"):
+        new_latent_cache(cfg, 2, CAPACITY, torch.float32, gpu_fraction=0.5, budgets=_budgets(),
+                         device=torch.device("cpu"), layer_fractions=(0.5,))
+
+
 def test_pool_smaller_than_a_step_is_refused(v32):
     cfg, _ = v32
     with pytest.raises(ValueError, match="one step's working set"):

@@ -54,8 +54,9 @@ def test_plan_prints_fp8_weights_and_the_latent_pools(tmp_path):
                                     "--prompt-len", "32768", "--gen-len", "256", "--policy", str(policy)])
     assert res.exit_code == 0, res.output
     assert "of fp8 weights" in res.output
-    # a quarter of the 33024-token context per layer and sequence, above the top-2048
-    assert "gpu pool holds 8256 entries a sequence (25.0% of 33024, top-k 2048)" in res.output
+    # no per-layer pools in the policy: a quarter of the 33024-token context for every layer
+    assert "(of 33024, top-k 2048), min 8256, mean 8256, max 8256" in res.output
+    assert "miss curves: ESS's curves" in res.output
 
 
 def test_the_engine_plans_fp8_checkpoints_at_the_size_it_holds_them():

@@ -117,10 +117,12 @@ class DenseLatentCache:
 
 
 def new_latent_cache(cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype, *,
-                     gpu_fraction: float, budgets: dict, device: torch.device, fp8: bool = False):
+                     gpu_fraction: float, budgets: dict, device: torch.device, fp8: bool = False,
+                     layer_fractions: tuple[float, ...] = ()):
     """The offload executor's latent cache: all on the gpu tier when the policy puts the whole
     cache there (or the model has no indexer to select with), else ESS's layout with each
-    layer's gpu pool holding `gpu_fraction` of the context (at least one step's top-k)."""
+    layer's gpu pool holding its share of the context (`layer_fractions`, the planner's
+    per-layer pools; empty: `gpu_fraction` for every layer), at least one step's top-k."""
     from flexlamps.engine.caches.latent_offload import OffloadedLatentCache
 
     if gpu_fraction >= 1.0 or not cfg.mla.has_indexer:
@@ -130,6 +132,8 @@ def new_latent_cache(cfg: ModelConfig, num_slots: int, capacity: int, dtype: tor
         return DenseLatentCache(cfg, num_slots, capacity, dtype, device, fp8=fp8, budget=budgets["gpu"])
     from placement.ess import pool_entries
 
-    pool = pool_entries(cfg.mla.index_topk, gpu_fraction, capacity)
-    return OffloadedLatentCache(cfg, num_slots, capacity, dtype, budgets, device,
-                                [pool] * cfg.num_layers, fp8=fp8)
+    fractions = layer_fractions or (gpu_fraction,) * cfg.num_layers
+    if len(fractions) != cfg.num_layers:
+        raise ValueError(f"the policy's latent_pools has {len(fractions)} layers, the model {cfg.num_layers}")
+    pools = [pool_entries(cfg.mla.index_topk, fraction, capacity) for fraction in fractions]
+    return OffloadedLatentCache(cfg, num_slots, capacity, dtype, budgets, device, pools, fp8=fp8)

@@ -169,7 +169,7 @@ class OffloadExecutor:
             from flexlamps.engine.caches.latent import new_latent_cache
 
             return new_latent_cache(self.cfg, num_slots, capacity, self.dtype, gpu_fraction=self.policy.cache.gpu,
-                                    budgets=self.budgets, device=self.device)
+                                    budgets=self.budgets, device=self.device, layer_fractions=self.policy.latent_pools)
         return TieredKVCache(self.cfg, num_slots, capacity, self.dtype, cache_tiers(self.cfg.num_layers, self.policy.cache),
                              self.budgets, self.device, cpu_attention=self.policy.cpu_attention,
                              compress=self.kv_qcfg if self.policy.compress_cache else None)
