@@ -15,14 +15,14 @@ import torch
 
 import placement
 from flexlamps.engine.caches.tiered import attends_with_staged_rows, staged_rows_bytes
-from flexlamps.engine.executors.placement_map import cache_tiers, weight_tiers
+from flexlamps.engine.executors.placement_map import TABLE_NAMES, cache_tiers, place_weights
+from flexlamps.engine.executors.split_tables import head_chunks
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.linear import pack
 from flexlamps.models.weight_specs import weight_specs
 from offload import tensor_bytes
 
-HEAD_CHUNK_ROWS = 8192  # the output head runs in chunks of this many vocab rows
-TABLE_NAMES = ("embed_tokens", "lm_head")  # read in rows / vocab chunks, never staged whole
+HEAD_CHUNK_ROWS = 8192  # the output head runs in chunks of this many vocab rows (within a piece)
 
 
 def weight_quant_config(num_bits: int = 4):
@@ -62,7 +62,7 @@ def _stored_nbytes(shape: tuple[int, ...], dtype: torch.dtype, num_bits: int | N
 
 def placed_size(spec, policy: placement.Policy, dtype: torch.dtype) -> int:
     """Bytes a weight is stored in, whatever its tier (compressed or not): what the weight
-    split shares out (`placement_map.weight_tiers`)."""
+    split shares out (`placement_map.place_weights`)."""
     compress = policy.compress_weight and spec.role == "linear"
     return _stored_nbytes(tuple(spec.shape), dtype, policy.compression.num_bits if compress else None, False)
 
@@ -77,8 +77,12 @@ class PlacementCharges:
         self.policy, self.dtype = policy, dtype
         self.dtype_bytes = torch.empty((), dtype=dtype).element_size()
         self.specs = weight_specs(cfg)
-        self.tiers = weight_tiers(cfg, policy.weights, lambda spec: placed_size(spec, policy, dtype))
-        self.stored = {s.name: self._stored_bytes(s) for s in self.specs}
+        self.placement = place_weights(cfg, policy.weights, lambda spec: placed_size(spec, policy, dtype))
+        self.tiers = self.placement.tiers  # every stored tensor: each weight, each table piece
+        self.stored = {s.name: self._stored_bytes(s) for s in self.specs if s.name not in TABLE_NAMES}
+        for spec in self.specs:
+            for piece in self.placement.pieces.get(spec.name, ()):
+                self.stored[piece.name] = _stored_nbytes((piece.num_rows, *spec.shape[1:]), dtype, None, False)
         self.layer_names = [[s.name for s in self.specs if s.layer == j] for j in range(cfg.num_layers)]
         self.cache_tiers = cache_tiers(cfg.num_layers, policy.cache)
 
@@ -115,8 +119,8 @@ class PlacementCharges:
         held = self.staged(globals_)
         held += self.activation_bytes(steps) if self.activation_tier == "gpu" else 0
         row_bytes = cfg.hidden_size * self.dtype_bytes
-        moments = [min(cfg.vocab_size, rows * tokens) * row_bytes for rows, tokens, _ in steps
-                   if self.tiers["embed_tokens"] != "gpu"]
+        embed_rows_off_gpu = sum(p.num_rows for p in self.placement.pieces["embed_tokens"] if p.tier != "gpu")
+        moments = [min(embed_rows_off_gpu, rows * tokens) * row_bytes for rows, tokens, _ in steps]
         for j in range(cfg.num_layers):
             weights = self.staged(self.layer_names[j]) + self.decompressed(j)
             weights += self.staged(self.layer_names[j + 1]) if j + 1 < cfg.num_layers else 0
@@ -127,8 +131,9 @@ class PlacementCharges:
                     need += staged_rows_bytes(cfg, rows, span, self.dtype)
                 step_peak = max(step_peak, need)
             moments.append(weights + step_peak)
-        head = "lm_head" if "lm_head" in self.stored else "embed_tokens"
-        head_rows = min(cfg.vocab_size, HEAD_CHUNK_ROWS)
-        head_staged = head_rows * row_bytes if self.tiers[head] != "gpu" else 0
+        head = self.placement.pieces.get("lm_head") or self.placement.pieces["embed_tokens"]
+        chunks = [(stop - start, piece.tier) for piece, start, stop in head_chunks(head, HEAD_CHUNK_ROWS)]
+        head_rows = max(n for n, _ in chunks)  # logits of the widest chunk, and the widest staged one
+        head_staged = max((n for n, tier in chunks if tier != "gpu"), default=0) * row_bytes
         moments += [rows * head_rows * self.dtype_bytes + head_staged for rows, _, _ in steps]
         return held + max(moments, default=0)

@@ -1,7 +1,7 @@
 """A dry run of the offload executor: what it charges each tier for one block of a policy,
 without loading weights or allocating anything.
 
-It places every weight with the executor's own map and sizes it in the form the executor
+It places every weight with the executor's own map (tables cut by vocab rows) and sizes it in the form the executor
 stores (`charges.PlacementCharges`, on torch's meta device), sizes the KV cache with the
 tiered cache's own buffers (meta again), then charges one prefill sweep and the last, longest
 decode sweep as the executor does, merging the decode micro-batches when the executor would.
@@ -44,9 +44,9 @@ def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem:
         raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(unsupported)})")
     run = PlacementCharges(hf_config, policy, dtype)
     budgets = {"gpu": TierBudget("gpu", gpu_mem), "cpu": TierBudget("cpu", cpu_mem)}
-    for spec in run.specs:
-        if run.tiers[spec.name] != "disk":
-            budgets[run.tiers[spec.name]].allocate(run.stored[spec.name], f"{spec.name} resident")
+    for name, tier in run.tiers.items():  # each weight, each piece of a split table
+        if tier != "disk":
+            budgets[tier].allocate(run.stored[name], f"{name} resident")
     num_slots, capacity = policy.gpu_batch_size * policy.num_gpu_batches, prompt_len + gen_len
     compress = kv_quant_config(policy) if policy.compress_cache else None
     cache_bytes = layer_bytes(run.cfg, num_slots, capacity, dtype, compress)
@@ -58,7 +58,7 @@ def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem:
               and run.sweep_gpu_peak([(num_slots, 1, span)]) <= budgets["gpu"].free_bytes)
     rows = [num_slots] if merged else [policy.gpu_batch_size] * policy.num_gpu_batches
     _sweep(run, budgets, [(n, 1, span) for n in rows])
-    disk = sum(run.stored[s.name] for s in run.specs if run.tiers[s.name] == "disk")
+    disk = sum(run.stored[name] for name, tier in run.tiers.items() if tier == "disk")
     return DryRun({"gpu": budgets["gpu"].peak_bytes, "cpu": budgets["cpu"].peak_bytes, "disk": disk}, merged)
 
 

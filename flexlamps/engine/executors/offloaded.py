@@ -19,11 +19,11 @@ import torch
 import placement
 from flexlamps.engine.caches.paged import PagedKVCache
 from flexlamps.engine.caches.tiered import TieredKVCache
-from flexlamps.engine.executors.charges import (HEAD_CHUNK_ROWS, TABLE_NAMES, PlacementCharges,
-                                                kv_quant_config, placed_size, weight_quant_config,
-                                                workspace_bytes)
+from flexlamps.engine.executors.charges import (HEAD_CHUNK_ROWS, PlacementCharges, kv_quant_config,
+                                                weight_quant_config, workspace_bytes)
 from flexlamps.engine.executors.contract import TierUse
-from flexlamps.engine.executors.placement_map import cache_tiers, weight_tiers
+from flexlamps.engine.executors.placement_map import TABLE_NAMES, cache_tiers
+from flexlamps.engine.executors.split_tables import gather_rows, head_chunks
 from flexlamps.engine.executors.copy_stream import CopyStream
 from flexlamps.engine.executors.step import Step
 from flexlamps.models.forward import forward_for
@@ -89,7 +89,11 @@ class OffloadExecutor:
             self.policy = policy
             self.qcfg = weight_quant_config(int(weight_quant[-1]))
         self.specs = weight_specs(cfg)
-        self.tiers = weight_tiers(cfg, policy.weights, lambda spec: placed_size(spec, policy, dtype))
+        # the placement and what a sweep charges, computed ahead (whether merged decode fits);
+        # the dry run's counts. Tables are cut by vocab rows into pieces, one a tier.
+        self.charges = PlacementCharges(reader.hf_config, policy, dtype)
+        self.placement = self.charges.placement
+        self.tiers, self.table_pieces = self.placement.tiers, self.placement.pieces
         disk = None
         if "disk" in self.tiers.values():
             if offload_dir is None:
@@ -105,17 +109,14 @@ class OffloadExecutor:
         except BaseException:
             self.store.close()  # frees the worker threads and the offload folder's lock
             raise
-        # the embedding table and output head are read in pieces (rows looked up, head in vocab
+        # the embedding table and output head are read in parts (rows looked up, head in vocab
         # chunks), so they never have to be staged whole on the gpu tier
-        self.table_names = set(TABLE_NAMES)
-        self.small_global_names = [s.name for s in self.specs if s.layer is None and s.name not in self.table_names]
-        self.head_name = "lm_head" if any(s.name == "lm_head" for s in self.specs) else "embed_tokens"
+        self.small_global_names = [s.name for s in self.specs if s.layer is None and s.name not in TABLE_NAMES]
+        self.head_pieces = self.table_pieces.get("lm_head") or self.table_pieces["embed_tokens"]
         self.layer_names = [[s.name for s in self.specs if s.layer == i] for i in range(cfg.num_layers)]
         self.local = {s.name: s.local_name for s in self.specs}
         per_layer = [sum(s.numel for s in self.specs if s.layer == i) for i in range(cfg.num_layers)]
         self.max_layer_bytes = max(per_layer, default=0) * _bytes_per(self.dtype)
-        # what a sweep charges, computed ahead (whether merged decode fits); the dry run's counts
-        self.charges = PlacementCharges(reader.hf_config, policy, dtype)
         self.record_profile = False  # when True, every sweep appends a SweepProfile to self.sweeps
         self.sweeps: list[SweepProfile] = []
 
@@ -124,44 +125,50 @@ class OffloadExecutor:
         return self.policy.compress_weight and spec.role == "linear"
 
     def _place_weights(self, reader, disk: DiskFolder | None, verify: bool) -> None:
-        from_disk = []
+        skip = set()  # stored tensors already in a reused offload folder
         if disk is not None:
-            disk_specs = [s for s in self.specs if self.tiers[s.name] == "disk"]
-            expected_bytes = sum(s.numel for s in disk_specs) * _bytes_per(self.dtype)
-            names = self._disk_part_names(disk_specs)
+            disk_names = [name for name, tier in self.tiers.items() if tier == "disk"]
+            names = self._disk_part_names(disk_names)
             disk.claim()
             self.reused_disk = disk.try_reuse(names, verify=verify)
-            disk.check_room(expected_bytes, self.reused_disk)
+            disk.check_room(sum(self.charges.stored[n] for n in disk_names), self.reused_disk)
             if not self.reused_disk:
                 disk.clear()
                 disk.begin(names)
-            from_disk = disk_specs if self.reused_disk else []
-        skip = {s.name for s in from_disk}
+            skip = set(disk_names) if self.reused_disk else set()
         for spec in self.specs:
-            tier = self.tiers[spec.name]
-            if spec.name in skip:
-                self.store.adopt_disk(spec.name, compressed=self._compressible(spec))
-                continue
-            w = reader.read(spec, self.dtype)
-            if self._compressible(spec) and self.weight_quantizer is not None:
-                w = self.weight_quantizer.quantize(w)
-            elif self._compressible(spec):
-                from quant import quantize
-
-                w = quantize(w, self.qcfg)
-            elif tier == "gpu" and spec.role == "linear" and spec.layer is not None:
-                w = pack(w)  # resident for the whole run: prepacked once (the planner prices it so)
-            self.store.put(spec.name, w, tier)
+            pieces = self.placement.pieces_of(spec)
+            for piece in pieces:
+                if piece.name in skip:
+                    self.store.adopt_disk(piece.name, compressed=self._compressible(spec))
+            todo = [piece for piece in pieces if piece.name not in skip]
+            w = reader.read(spec, self.dtype) if todo else None
+            for piece in todo:  # a table's pieces are copies: the whole table is not kept alive
+                part = w if len(pieces) == 1 else w[piece.start:piece.stop].clone()
+                self.store.put(piece.name, self._stored_form(spec, part, piece.tier), piece.tier)
         if disk is not None and not self.reused_disk:
             disk.commit()
 
-    def _disk_part_names(self, disk_specs) -> set[str]:
+    def _stored_form(self, spec, w: torch.Tensor, tier: str):
+        """A weight as the store keeps it: compressed, prepacked for the GEMM, or as read."""
+        if self._compressible(spec) and self.weight_quantizer is not None:
+            return self.weight_quantizer.quantize(w)
+        if self._compressible(spec):
+            from quant import quantize
+
+            return quantize(w, self.qcfg)
+        if tier == "gpu" and spec.role == "linear" and spec.layer is not None:
+            return pack(w)  # resident for the whole run: prepacked once (the planner prices it so)
+        return w
+
+    def _disk_part_names(self, disk_names) -> set[str]:
         names = set()
-        for s in disk_specs:
-            if self._compressible(s):
-                names |= {f"{s.name}::codes", f"{s.name}::scales", f"{s.name}::meta", f"{s.name}::mins"}
+        compressible = {s.name for s in self.specs if self._compressible(s)}
+        for name in disk_names:
+            if name in compressible:
+                names |= {f"{name}::codes", f"{name}::scales", f"{name}::meta", f"{name}::mins"}
             else:
-                names.add(s.name)
+                names.add(name)
         return names
 
     def new_cache(self, num_slots: int, capacity: int) -> TieredKVCache:
@@ -215,21 +222,22 @@ class OffloadExecutor:
     def _embed(self, glob: dict, step: Step) -> torch.Tensor:
         ids = step.input_ids
         uniq, remapped = torch.unique(ids, return_inverse=True)
-        rows, staged = self.store.gather_rows("embed_tokens", uniq)
+        rows, staged = gather_rows(self.store, self.table_pieces["embed_tokens"], uniq)
         try:
             return self.fwd.embed({**glob, "embed_tokens": rows}, remapped.to(self.device), step.positions.to(self.device))
         finally:
             self.store.release(staged)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        vocab = self.cfg.vocab_size
-        out = torch.empty((*h.shape[:-1], vocab), dtype=torch.float32)
-        chunk_bytes = h.numel() // h.shape[-1] * min(vocab, self.HEAD_CHUNK_ROWS) * _bytes_per(self.dtype)
+        """Logits in vocab chunks, each within one piece of the head (read from one tier)."""
+        out = torch.empty((*h.shape[:-1], self.cfg.vocab_size), dtype=torch.float32)
+        chunks = list(head_chunks(self.head_pieces, self.HEAD_CHUNK_ROWS))
+        widest = max(stop - start for _, start, stop in chunks)
+        chunk_bytes = h.numel() // h.shape[-1] * widest * _bytes_per(self.dtype)
         self.budgets["gpu"].allocate(chunk_bytes, "logits of one vocab chunk")
         try:
-            for start in range(0, vocab, self.HEAD_CHUNK_ROWS):
-                stop = min(vocab, start + self.HEAD_CHUNK_ROWS)
-                w, staged = self.store.fetch_rows(self.head_name, start, stop)
+            for piece, start, stop in chunks:
+                w, staged = self.store.fetch_rows(piece.name, start - piece.start, stop - piece.start)
                 try:
                     out[..., start:stop] = linear(h, w).float().cpu()
                 finally:

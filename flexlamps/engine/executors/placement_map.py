@@ -6,32 +6,70 @@ about `weights.gpu` of its bytes on the GPU and the I/O per layer is even. Unlik
 what one group (the global tensors, then each layer) rounds off is carried into the next
 group's target, so each tier holds its planned share of all the weights to within about one
 tensor: the bytes the planner counted are the bytes the budgets are charged.
+
+The embedding table and the output head are not placed whole: each is cut by vocab rows into
+one piece per tier, in the policy's fractions (an embedding lookup gathers rows from every
+piece, the head's logits are computed piece by piece). A table can be a large part of a small
+model; placed whole it would overshoot a tier's planned share by up to the table's size.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.weight_specs import WeightSpec, weight_specs
 
-
-def _tier_at(point: float, split) -> str:
-    if point < split.gpu:
-        return "gpu"
-    if point < split.gpu + split.cpu:
-        return "cpu"
-    return "disk"
+TABLE_NAMES = ("embed_tokens", "lm_head")  # read in rows / vocab chunks, never staged whole
+TIERS = ("gpu", "cpu", "disk")
 
 
-def weight_tiers(cfg: ModelConfig, split, size_of=None) -> dict[str, str]:
-    """Tier of every weight tensor. `size_of(spec)`: the bytes it is stored in (default: its
-    element count), so that shares are shares of stored bytes, as the planner counts them
-    (compressed matrices shrink, embedding tables do not)."""
+@dataclass(frozen=True, slots=True)
+class RowPiece:
+    """Rows `start:stop` of a table (embedding or output head), stored on one tier."""
+
+    name: str  # the stored tensor's name: the table's own when it is whole
+    tier: str
+    start: int  # first vocab row
+    stop: int  # one past the last
+
+    @property
+    def num_rows(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class WeightPlacement:
+    """Where every stored weight tensor lives."""
+
+    tiers: dict[str, str]  # every stored tensor's tier: each weight, or each piece of a table
+    pieces: dict[str, tuple[RowPiece, ...]]  # each table's pieces, in row order
+
+    def pieces_of(self, spec: WeightSpec) -> tuple[RowPiece, ...]:
+        """What is stored of `spec`: a table's pieces, or the whole tensor as one piece."""
+        return self.pieces.get(spec.name) or (RowPiece(spec.name, self.tiers[spec.name], 0, spec.shape[0]),)
+
+
+def table_pieces(spec: WeightSpec, split) -> tuple[RowPiece, ...]:
+    """A table cut by rows in the split's fractions (to the nearest row), gpu rows first."""
+    num_rows = spec.shape[0]
+    ends = (round(split.gpu * num_rows), round((split.gpu + split.cpu) * num_rows), num_rows)
+    bounds = [(tier, start, stop) for tier, start, stop in zip(TIERS, (0,) + ends[:2], ends) if stop > start]
+    if len(bounds) == 1:
+        return (RowPiece(spec.name, bounds[0][0], 0, num_rows),)
+    return tuple(RowPiece(f"{spec.name}.rows{start}-{stop}", tier, start, stop) for tier, start, stop in bounds)
+
+
+def place_weights(cfg: ModelConfig, split, size_of=None) -> WeightPlacement:
+    """Tier of every weight tensor, the tables cut into pieces. `size_of(spec)`: the bytes it is
+    stored in (default: its element count), so that shares are shares of stored bytes, as the
+    planner counts them (compressed matrices shrink, embedding tables do not)."""
     size_of = size_of or (lambda spec: spec.numel)
     groups: dict[int | None, list[WeightSpec]] = {}
     for s in weight_specs(cfg):
         groups.setdefault(s.layer, []).append(s)
     order = sorted(groups, key=lambda layer: -1 if layer is None else layer)  # globals first
-    tiers = {}
+    tiers, pieces = {}, {}
     seen = on_gpu = on_gpu_or_cpu = 0  # bytes walked, and placed on the gpu / gpu+cpu tiers
     debt = (0.0, 0.0)  # what the global tensors rounded off, paid back evenly over the layers
     for index, layer in enumerate(order):
@@ -42,8 +80,16 @@ def weight_tiers(cfg: ModelConfig, split, size_of=None) -> dict[str, str]:
         left = 1 - index / (len(order) - 1) if len(order) > 1 and index else 0.0
         gpu_end = split.gpu * seen - on_gpu - debt[0] * left
         cpu_end = (split.gpu + split.cpu) * seen - on_gpu_or_cpu - debt[1] * left
+        for s in (s for s in specs if s.name in TABLE_NAMES):  # cut in the split's fractions
+            pieces[s.name] = table_pieces(s, split)
+            for piece in pieces[s.name]:
+                tiers[piece.name] = piece.tier
+                size = size_of(s) * piece.num_rows // s.shape[0]
+                gpu_bytes, memory_bytes = size * (piece.tier == "gpu"), size * (piece.tier != "disk")
+                on_gpu, on_gpu_or_cpu = on_gpu + gpu_bytes, on_gpu_or_cpu + memory_bytes
+                gpu_end, cpu_end = gpu_end - gpu_bytes, cpu_end - memory_bytes
         done = 0
-        for s in specs:
+        for s in (s for s in specs if s.name not in TABLE_NAMES):  # whole, by where their middle falls
             size = size_of(s)
             middle = done + size / 2
             tiers[s.name] = "gpu" if middle < gpu_end else "cpu" if middle < cpu_end else "disk"
@@ -52,9 +98,17 @@ def weight_tiers(cfg: ModelConfig, split, size_of=None) -> dict[str, str]:
             done += size
         if layer is None:
             debt = (split.gpu * seen - on_gpu, (split.gpu + split.cpu) * seen - on_gpu_or_cpu)
-    return tiers
+    return WeightPlacement(tiers, pieces)
 
 
 def cache_tiers(num_layers: int, split) -> list[str]:
     """Tier per layer's KV cache: the first `split.gpu` of the layers on the GPU, and so on."""
     return [_tier_at((i + 0.5) / num_layers, split) for i in range(num_layers)]
+
+
+def _tier_at(point: float, split) -> str:
+    if point < split.gpu:
+        return "gpu"
+    if point < split.gpu + split.cpu:
+        return "cpu"
+    return "disk"

@@ -1,0 +1,80 @@
+"""Embedding tables and output heads cut by vocab rows across gpu / cpu / disk: each tier holds
+its planned share of the rows, and generation equals the in-memory engine's exactly (fp32)."""
+
+import pytest
+import torch
+
+from flexlamps.engine.batch.generate import generate
+from flexlamps.engine.batch.sampling import SamplingParams
+from flexlamps.engine.executors.in_memory import InMemoryExecutor
+from flexlamps.engine.executors.offloaded import OffloadExecutor
+from flexlamps.engine.executors.placement_map import place_weights
+from flexlamps.engine.executors.step import Step
+from flexlamps.models.checkpoint import read_all
+from flexlamps.models.config import ModelConfig
+from flexlamps.models.registry import open_checkpoint
+from flexlamps.models.weight_specs import weight_specs
+from placement import Policy, TierSplit
+
+GiB = 2**30
+ON_GPU = TierSplit(gpu=1, cpu=0, disk=0)
+THREE_TIERS = TierSplit(gpu=0.3, cpu=0.3, disk=0.4)
+
+
+def _check_pieces(pieces, num_rows: int) -> None:
+    assert [p.tier for p in pieces] == ["gpu", "cpu", "disk"]
+    assert pieces[0].start == 0 and pieces[-1].stop == num_rows
+    assert all(a.stop == b.start for a, b in zip(pieces, pieces[1:]))
+    for piece, share in zip(pieces, (THREE_TIERS.gpu, THREE_TIERS.cpu, THREE_TIERS.disk)):
+        assert abs(piece.num_rows - share * num_rows) <= 1
+
+
+# untied head (LLaMA), tied head (Qwen2), OPT (tied, learned positions)
+@pytest.mark.parametrize("kind", ["llama_gqa", "qwen2", "opt"])
+def test_split_tables_generate_exactly_as_in_memory(tiny_models, kind, tmp_path):
+    reader = open_checkpoint(tiny_models[kind])
+    vocab = reader.config.vocab_size
+    plain = InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32)
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=2, weights=THREE_TIERS, cache=ON_GPU, activations=ON_GPU)
+    ex = OffloadExecutor(reader, policy, gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off", dtype=torch.float32)
+    ex.HEAD_CHUNK_ROWS = 40  # several vocab chunks in every piece
+    assert set(ex.table_pieces) == ({"embed_tokens", "lm_head"} if kind == "llama_gqa" else {"embed_tokens"})
+    for pieces in ex.table_pieces.values():
+        _check_pieces(pieces, vocab)
+        assert all(ex.store.tier_of(p.name) == p.tier for p in pieces)
+    # prompts whose tokens fall in every piece of the embedding table
+    ids = torch.arange(2, vocab, 6)[:48].reshape(4, 12)
+    assert all(((ids >= p.start) & (ids < p.stop)).any() for p in ex.table_pieces["embed_tokens"])
+    steps = [Step(ids[:2], torch.arange(12).expand(2, 12), torch.tensor([0, 1])),
+             Step(ids[2:, :7], torch.arange(7).expand(2, 7), torch.tensor([2, 3]))]
+    expected = plain.forward_steps(plain.new_cache(4, 16), steps)
+    got = ex.forward_steps(ex.new_cache(4, 16), steps)
+    assert all(torch.equal(g, e) for g, e in zip(got, expected))
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (6, 3, 8, 5)]
+    prompts = ids.tolist()
+    ref = generate(plain, reader.tokenizer, prompts, params, max_batch=4, micro_batch=2)
+    out = generate(ex, reader.tokenizer, prompts, params, max_batch=4, micro_batch=2)
+    assert [o.token_ids for o in out] == [o.token_ids for o in ref]
+    ex.close()
+
+
+def test_each_tier_holds_its_share_when_the_head_is_large():
+    """The shape that once overshot: an untied head larger than the cpu tier's share of all
+    the weights. Cut by rows, every tier holds its share to within one layer tensor."""
+    cfg = ModelConfig.from_hf(dict(model_type="llama", hidden_size=1024, intermediate_size=2816,
+                                   num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
+                                   vocab_size=128256, tie_word_embeddings=False))
+    split = TierSplit(gpu=0.5, cpu=0.06, disk=0.44)
+    placed = place_weights(cfg, split)
+    specs = weight_specs(cfg)
+    total = sum(s.numel for s in specs)
+    largest = max(s.numel for s in specs if s.layer is not None)
+    head = next(s for s in specs if s.name == "lm_head")
+    assert head.numel > split.cpu * total  # whole, it would not fit the cpu share
+    held = dict.fromkeys(("gpu", "cpu", "disk"), 0)
+    for s in specs:
+        for piece in placed.pieces_of(s):
+            held[piece.tier] += s.numel // s.shape[0] * piece.num_rows
+    assert sum(held.values()) == total
+    for tier in held:
+        assert abs(held[tier] - getattr(split, tier) * total) <= largest, (tier, held, total)
