@@ -8,7 +8,9 @@ ceiling and disabling trimming lets the heap reuse those pages; this is what tcm
 jemalloc (recommended by PyTorch's CPU tuning guide) do by design. Peak RSS grows little,
 as the pages are reused for the next step's activations (SmolLM2, 32 prompts, 32 new tokens:
 1738 -> 1806 MiB, 77 -> 85 tok/s). Allocations above 32 MiB (weight buffers, caches) still go
-back to the system.
+back to the system. One arena serves every thread: the offload store reads weights on worker
+threads, and with an arena per thread each kept its own freed buffers (SmolLM2 offloaded to
+256 + 256 MiB, float32: peak RSS 969 -> 928 MiB at the same speed).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 _MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc's ceiling for M_MMAP_THRESHOLD on 64-bit
 _TRIM_NEVER = 2**31 - 1
 
@@ -41,5 +44,6 @@ def keep_freed_memory() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # musl or another libc without mallopt
         return False
-    _done = bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_NEVER))
+    _done = all(mallopt(param, value) for param, value in (
+        (_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX), (_M_TRIM_THRESHOLD, _TRIM_NEVER), (_M_ARENA_MAX, 1)))
     return _done

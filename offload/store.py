@@ -131,8 +131,9 @@ class TieredStore:
             src = self._resident[name]
             n = tensor_bytes(src)
             self.budgets["gpu"].allocate(n, f"staging {name}")
-            # a real transfer on CUDA; on a CPU-only box a copy, so the accounting stays honest
-            return src.to(self.device, non_blocking=True, copy=True), n
+            if self.device.type == "cpu":  # the tiers share one memory: charge the staging, skip the copy
+                return src, n
+            return src.to(self.device, non_blocking=True), n
         shape, dtype = self.disk.spec(name)
         buf = torch.empty(shape, dtype=dtype, pin_memory=self._pinned)  # async H2D from pinned memory
         n = tensor_bytes(buf)
@@ -149,7 +150,7 @@ class TieredStore:
             src = self._resident[name][start:stop]
             n = tensor_bytes(src)
             self.budgets["gpu"].allocate(n, f"staging rows of {name}")
-            return src.to(self.device, copy=True), n
+            return (src if self.device.type == "cpu" else src.to(self.device)), n
         shape, dtype = self.disk.spec(name)
         buf = torch.empty((stop - start, *shape[1:]), dtype=dtype, pin_memory=self._pinned)
         n = tensor_bytes(buf)
