@@ -1,7 +1,8 @@
 """`TieredStore`: named tensors on the gpu / cpu / disk tiers, fetched to the compute device.
 
 A fetch of a tensor that lives off the gpu tier makes a staged copy on the compute device,
-charged to the gpu budget until `release`; fetches run on worker threads so the next
+charged to the gpu budget until `release` (on a CPU-only machine a cpu-tier tensor is charged
+but not copied: both tiers are the same memory, and a copy would only cost time and RSS); fetches run on worker threads so the next
 layer's weights load while this one computes. Compressed tensors (`quant.QTensor`) are
 stored and moved compressed, as their component tensors.
 """
