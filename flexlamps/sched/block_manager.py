@@ -81,25 +81,24 @@ class BlockManager:
 
     def swap_out(self, rid: str) -> list[tuple[int, int]]:
         """Move `rid`'s blocks gpu -> cpu; returns (gpu block, cpu block) copies to perform."""
-        gpu = self.gpu_tables.pop(rid, [])
-        if len(gpu) > len(self._free_cpu):
-            self.gpu_tables[rid] = gpu
-            raise OutOfBlocks(f"{rid} needs {len(gpu)} cpu blocks, {len(self._free_cpu)} free")
-        cpu = [self._free_cpu.popleft() for _ in gpu]
-        self.cpu_tables[rid] = cpu
-        self._free_gpu.extend(gpu)
-        return list(zip(gpu, cpu))
+        return self._move(rid, (self.gpu_tables, self._free_gpu), (self.cpu_tables, self._free_cpu), "cpu")
 
     def can_swap_in(self, rid: str) -> bool:
         return self.num_cpu_blocks_of(rid) <= len(self._free_gpu)
 
     def swap_in(self, rid: str) -> list[tuple[int, int]]:
         """Move `rid`'s blocks cpu -> gpu; returns (cpu block, gpu block) copies to perform."""
-        cpu = self.cpu_tables.pop(rid, [])
-        if len(cpu) > len(self._free_gpu):
-            self.cpu_tables[rid] = cpu
-            raise OutOfBlocks(f"{rid} needs {len(cpu)} gpu blocks, {len(self._free_gpu)} free")
-        gpu = [self._free_gpu.popleft() for _ in cpu]
-        self.gpu_tables[rid] = gpu
-        self._free_cpu.extend(cpu)
-        return list(zip(cpu, gpu))
+        return self._move(rid, (self.cpu_tables, self._free_cpu), (self.gpu_tables, self._free_gpu), "gpu")
+
+    def _move(self, rid: str, source, target, target_tier: str) -> list[tuple[int, int]]:
+        """Give `rid` as many target blocks as it holds source blocks, free the source ones;
+        (source, target) block pairs to copy. Each side is (tables, free blocks)."""
+        (source_tables, source_free), (target_tables, target_free) = source, target
+        blocks = source_tables.pop(rid, [])
+        if len(blocks) > len(target_free):
+            source_tables[rid] = blocks
+            raise OutOfBlocks(f"{rid} needs {len(blocks)} {target_tier} blocks, {len(target_free)} free")
+        moved = [target_free.popleft() for _ in blocks]
+        target_tables[rid] = moved
+        source_free.extend(blocks)
+        return list(zip(blocks, moved))
