@@ -17,7 +17,9 @@ with ctog/gtoc = CPU->GPU / GPU->CPU copies, dtoc/ctod = disk reads / writes. Ex
   - a fixed cost per layer and micro-batch (launches, dispatch), measured by the profile;
   - the memory-bound elementwise passes (norms, rotary, activation) at memory bandwidth;
   - on a CPU standing in for the GPU, tier copies as compute work (they share its cores).
-Embedding and output-head weights are spread evenly over the layers.
+Embedding and output-head weights are spread evenly over the layers and share the layers'
+fractions: the engine cuts each table by vocab rows in those fractions, so every tier holds
+its counted share of them.
 
 Every quantity is affine in the nine placement fractions
     x = [w_gpu, w_cpu, w_disk, c_gpu, c_cpu, c_disk, h_gpu, h_cpu, h_disk]
