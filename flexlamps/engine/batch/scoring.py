@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from flexlamps.engine.batch.packing import Item, PackedRow, plan_rows, stack_rows
 from flexlamps.engine.batch.prefix import common_prefix_length, prefill_prefix
 from flexlamps.engine.executors.contract import Executor, KVCache
 from flexlamps.engine.executors.step import Step
@@ -50,6 +51,10 @@ def split_tokens(tokenizer, context: str, continuation: str) -> tuple[list[int],
     return ctx, whole[len(ctx):]
 
 
+# Tokens per packed row (several questions each; see engine.batch.packing): attention in a row
+# spans the whole row, so its cost per token grows with it; a few hundred keeps it small.
+ROW_TOKENS = 128
+
 # A step's rows are padded to its longest; a row shorter than this share of it starts a new step
 # once the step has MIN_STEP_TOKENS (smaller GEMMs lose more to overhead than padding costs).
 PAD_RATIO = 0.95
@@ -72,8 +77,11 @@ class PrefixScorer:
 
     def __init__(self, executor: Executor, max_batch: int = 32, reuse_prefix: bool = True,
                  stats: PrefixStats | None = None,
-                 micro_batch: int | None = None, max_logit_positions: int = 2048, step_tokens: int = 1024):
+                 micro_batch: int | None = None, max_logit_positions: int = 2048, step_tokens: int = 1024,
+                 row_tokens: int | None = ROW_TOKENS):
         self.ex = executor
+        self.row_tokens = row_tokens  # packed rows (see engine.batch.packing); None: one context per row
+        self._packs_rows: bool | None = None
         self.max_batch = max_batch
         self.micro_batch = micro_batch or max_batch
         self.step_tokens = step_tokens  # padded tokens per step: rows of similar length share one
@@ -100,12 +108,74 @@ class PrefixScorer:
         root = self._extend(None, [], contexts[0][:common]) if common else None
         results: list[ScoreOutput | None] = [None] * len(pairs)
         groups = sorted(by_context.items(), key=lambda kv: -len(kv[0]))  # similar lengths share a step
-        for chunk in self._chunks(groups, pairs):
-            for i, out in self._score_chunk(common, root, chunk, pairs):
-                results[i] = out
+        if self._can_pack():
+            items = [Item(ctx[common:], tuple(tuple(pairs[i][1]) for i in ids), tuple(ids)) for ctx, ids in groups]
+            scored = self._score_packed(common, root, items)
+        else:
+            scored = (out for chunk in self._chunks(groups, pairs) for out in self._score_chunk(common, root, chunk, pairs))
+        for i, out in scored:
+            results[i] = out
         if root is not None:
             root.cache.release()
         return results  # type: ignore[return-value]
+
+    def _can_pack(self) -> bool:
+        """Whether this executor's caches take packed rows (the dense and tiered KV caches do)."""
+        if self.row_tokens is None:
+            return False
+        if self._packs_rows is None:
+            probe = self.ex.new_cache(1, 1)
+            self._packs_rows = bool(getattr(probe, "packs_rows", False))
+            probe.release()
+        return self._packs_rows
+
+    def _score_packed(self, common: int, root, items: list[Item]):
+        """Items packed into rows (see engine.batch.packing); the rows go to the executor in
+        chunks holding no more cache positions than `max_batch` unpacked questions would (the
+        memory an offloaded policy was planned for), in steps of at most `step_tokens` tokens."""
+        rows = sorted(plan_rows(items, common, self.row_tokens), key=lambda r: -r.num_tokens)
+        longest = max(it.num_tokens for it in items)
+        width = rows[0].num_tokens
+        rows_per_step = max(1, min(self.step_tokens, self.micro_batch * longest) // width)
+        rows_per_chunk = max(rows_per_step, self.max_batch * (common + longest) // (common + width))
+        start = 0
+        while start < len(rows):
+            chunk, logits = [], 0
+            for row in rows[start:start + rows_per_chunk]:
+                if chunk and logits + row.num_logits > self.max_logit_positions:
+                    break
+                chunk.append(row)
+                logits += row.num_logits
+            start += len(chunk)
+            yield from self._run_packed(common, root, chunk, rows_per_step)
+
+    def _run_packed(self, common: int, root, rows: list[PackedRow], rows_per_step: int):
+        """One forward_steps call over these rows; yields (pair id, ScoreOutput)."""
+        cache = self.ex.new_cache(len(rows), common + rows[0].num_tokens)
+        if root is not None:
+            cache.copy_prefix_from(root.cache, common, torch.arange(len(rows)))
+        parts = [list(range(k, min(len(rows), k + rows_per_step))) for k in range(0, len(rows), rows_per_step)]
+        steps = []
+        for part in parts:
+            arr = stack_rows([rows[r] for r in part])
+            steps.append(Step(arr["ids"], arr["positions"], torch.tensor(part), logit_rows=arr["logit_index"],
+                              cache_positions=arr["cache_positions"], visible=arr["visible"]))
+        outs = self.ex.forward_steps(cache, steps)
+        cache.release()
+        self.stats.prefill_tokens_computed += sum(r.num_tokens for r in rows)
+        per_pair: dict[int, list[tuple[float, bool]]] = {}
+        for part, logits in zip(parts, outs):
+            logp = torch.log_softmax(logits, -1)  # (rows, K, V)
+            for k, r in enumerate(part):
+                targets = rows[r].logit_targets()
+                wanted = torch.tensor([tok for _, _, tok in targets])
+                lp = logp[k, : len(targets)].gather(-1, wanted[:, None])[:, 0]
+                best = logp[k, : len(targets)].argmax(-1) == wanted
+                for kk, (_, pair, _) in enumerate(targets):
+                    per_pair.setdefault(pair, []).append((lp[kk], bool(best[kk])))
+        for pair, toks in per_pair.items():
+            tok_lp = torch.stack([lp for lp, _ in toks])
+            yield pair, ScoreOutput(float(tok_lp.sum()), len(toks), all(g for _, g in toks), tok_lp.tolist())
 
     def _chunks(self, groups, pairs):
         """Consecutive groups (context, pair indices) while the rows fit `max_batch` and the

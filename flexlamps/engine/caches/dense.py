@@ -37,8 +37,14 @@ class DenseKVCache:
             self.k[layer][slots, :, :length] = src.k[layer][0, :, :length]
             self.v[layer][slots, :, :length] = src.v[layer][0, :, :length]
 
-    def step_geometry(self, slots: torch.Tensor, positions: torch.Tensor) -> "StepGeometry":
-        """What every layer of one step shares (span, mask, where the rows are), computed once."""
+    packs_rows = True  # accepts packed steps (see executors.step.Step)
+
+    def step_geometry(self, slots: torch.Tensor, positions: torch.Tensor,
+                      visible: torch.Tensor | None = None) -> "StepGeometry":
+        """What every layer of one step shares (span, mask, where the rows are), computed once.
+        `positions`: where the step's keys are written; `visible` (n, T, S): a packed step's mask."""
+        if visible is not None:
+            return StepGeometry(slots, positions, visible.shape[-1], visible, _first_of_block(slots))
         span = int(positions.max()) + 1
         # query at position p sees keys 0..p of its own row: causal and per-row length in one mask
         mask = torch.arange(span, device=positions.device)[None, None, :] <= positions[:, :, None]

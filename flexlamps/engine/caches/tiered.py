@@ -88,15 +88,19 @@ class TieredKVCache:
             for d, s in ((self.k[layer], src.k[layer]), (self.v[layer], src.v[layer])):
                 d[slots.to(d.device), :, :length] = s[0, :, :length].to(d.device)
 
-    def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor):
-        return lambda q, k, v: self.attend(layer, slots, positions, q, k, v)
+    packs_rows = True  # accepts packed steps (see executors.step.Step)
 
-    def attend(self, layer, slots, positions, q, k, v) -> torch.Tensor:
+    def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
+                  visible: torch.Tensor | None = None):
+        """`positions`: where the step's keys are written; `visible` (n, T, S): a packed step's mask."""
+        return lambda q, k, v: self.attend(layer, slots, positions, q, k, v, visible)
+
+    def attend(self, layer, slots, positions, q, k, v, visible=None) -> torch.Tensor:
         n, t, heads, d = q.shape
         kc, vc = self.k[layer], self.v[layer]
         home = torch.device("cpu") if self.tiers[layer] != "gpu" else self.device
         slots_h, pos_h = slots.to(home), positions.to(home)
-        span = int(positions.max()) + 1
+        span = int(positions.max()) + 1 if visible is None else visible.shape[-1]
         if self.compress is not None:
             kc.write(slots_h, pos_h, k.to(home))
             vc.write(slots_h, pos_h, v.to(home))
@@ -118,7 +122,8 @@ class TieredKVCache:
             self.budgets["gpu"].allocate(staged, f"KV cache layer {layer} rows decompressed")
         try:
             qd = q.to(where)
-            mask = torch.arange(span, device=where)[None, None, :] <= positions.to(where)[:, :, None]
+            mask = (visible.to(where) if visible is not None
+                    else torch.arange(span, device=where)[None, None, :] <= positions.to(where)[:, :, None])
             out = attention(qd.transpose(1, 2), keys, values, mask)
         finally:
             if staged:

@@ -83,10 +83,10 @@ class InMemoryExecutor:
         input_ids, positions, slots = step.input_ids.to(dev), step.positions.to(dev), step.slots.to(dev)
         ctx = fwd.step_context(positions, self.dtype)
         x = fwd.embed(self.global_weights, input_ids, positions)
+        writes = step.write_positions.to(dev)  # where keys go: the positions, or a packed row's places
+        mask = {k: v.to(dev) for k, v in step.mask_kwargs.items()}
         # masks and spans once per step, not per layer (caches that offer it)
-        geo = {"geometry": cache.step_geometry(slots, positions)} if hasattr(cache, "step_geometry") else {}
+        geo = {"geometry": cache.step_geometry(slots, writes, **mask)} if hasattr(cache, "step_geometry") else mask
         for i, w in enumerate(self.layer_weights):
-            x = fwd.layer(w, x, ctx, cache.attend_fn(i, slots, positions, **geo))
-        if step.logit_rows is not None:
-            x = x[torch.arange(x.shape[0], device=dev), step.logit_rows.to(dev)][:, None]
-        return fwd.head(self.global_weights, x).float().cpu()
+            x = fwd.layer(w, x, ctx, cache.attend_fn(i, slots, writes, **geo))
+        return fwd.head(self.global_weights, step.pick_logit_rows(x)).float().cpu()

@@ -267,7 +267,8 @@ class OffloadExecutor:
     def _merge_decodes(self, steps: list[Step]):
         if not self.policy.merge_decode:
             return None, None
-        decodes = [s for s in steps if s.input_ids.shape[1] == 1 and s.logit_rows is not None]
+        decodes = [s for s in steps if s.input_ids.shape[1] == 1 and s.logit_rows is not None and s.visible is None
+                   and s.cache_positions is None and s.logit_rows.dim() == 1]
         if len(decodes) < 2 or len(decodes) != sum(s.input_ids.shape[1] == 1 for s in steps):
             return None, None
         merged = Step(torch.cat([s.input_ids for s in decodes]), torch.cat([s.positions for s in decodes]),
@@ -296,7 +297,7 @@ class OffloadExecutor:
                 act_bytes += nb
                 hidden.append(x.to("cpu") if act_tier == "cpu" else x)
                 ctxs.append(fwd.step_context(s.positions.to(self.device), self.dtype))
-            spans = [int(s.positions.max()) + 1 for s in steps]
+            spans = [int(s.write_positions.max()) + 1 if s.visible is None else s.visible.shape[-1] for s in steps]
             pending = self._fetch_timed(0) if cfg.num_layers else None
             for j in range(cfg.num_layers):
                 t0 = time.perf_counter()
@@ -313,7 +314,8 @@ class OffloadExecutor:
                         self.budgets["gpu"].allocate(ws, "compute workspace")
                         try:
                             x = hidden[k].to(self.device)
-                            x = fwd.layer(w, x, ctxs[k], cache.attend_fn(j, s.slots, s.positions))
+                            x = fwd.layer(w, x, ctxs[k], cache.attend_fn(j, s.slots, s.write_positions,
+                                                                         **s.mask_kwargs))
                             hidden[k] = x.to("cpu") if act_tier == "cpu" else x
                         finally:
                             self.budgets["gpu"].free(ws)
@@ -328,9 +330,7 @@ class OffloadExecutor:
                     prof.io_s.append(io_s)
             outs = []
             for k, s in enumerate(steps):
-                x = hidden[k].to(self.device)
-                if s.logit_rows is not None:
-                    x = x[torch.arange(x.shape[0]), s.logit_rows.to(self.device)][:, None]
+                x = s.pick_logit_rows(hidden[k].to(self.device))
                 outs.append(self._logits(fwd.final_hidden(glob, x)))
             if prof is not None:
                 prof.sweep_s = time.perf_counter() - t_sweep
