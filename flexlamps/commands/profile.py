@@ -36,7 +36,9 @@ def write_atomically(path: Path, text: str) -> None:
               "on a CPU-only box a quarter of RAM.")
 @click.option("--model", "model_text", help="Time GEMMs and 4-bit decompression on this model's own "
               "layer matrices (config.json, HF folder or preset; as `plan --model`). Small models run "
-              "well below a large matrix's rate on CPUs. Default: a generic 2048x1024 matrix.")
+              "well below a large matrix's rate on CPUs. Default: a generic 2048x1024 matrix. For a "
+              "sparse-attention MLA model's HF folder, also measure its latent pools' miss curves "
+              "(a short decode) for the planner.")
 @threads_option
 def command(out_path: Path, quick: bool, disk_dir: Path | None, gpu_mem: str | None, model_text: str | None):
     """Measure disk, copy, GEMM, CPU-attention and dequantization speeds of this machine."""
@@ -68,6 +70,9 @@ def command(out_path: Path, quick: bool, disk_dir: Path | None, gpu_mem: str | N
                                gpu_budget_bytes=gpu_budget, step=step,
                                model_shapes=model.layer_matrix_shapes() if model else None)
         bar.update(bar.total - bar.n)
+    curves_line = ""
+    if model is not None and model.index_topk:
+        spec, curves_line = _with_latent_miss_curves(spec, model, model_text)
     write_atomically(out_path, spec.to_json() + "\n")
     gb = 1e9
     click.echo(
@@ -83,4 +88,28 @@ def command(out_path: Path, quick: bool, disk_dir: Path | None, gpu_mem: str | N
         f"  cpu attention {spec.cpu_attention_flops_per_s / 1e9:.1f} GFLOP/s, "
         f"dequant {spec.gpu_dequant_bytes_per_s / gb:.2f} GB/s + {spec.gpu_dequant_matrix_s * 1e6:.0f} us a matrix\n"
         f"  gpu {format_bytes(spec.gpu_mem_bytes)}, cpu {format_bytes(spec.cpu_mem_bytes)}, "
-        f"disk {format_bytes(spec.disk_bytes)}")
+        f"disk {format_bytes(spec.disk_bytes)}" + curves_line)
+
+
+def _with_latent_miss_curves(spec, model, model_text: str):
+    """The profile with the latent pools' miss curves measured on the model (a sparse-attention
+    MLA model's HF folder, small enough to run in memory), and the line that reports them."""
+    import dataclasses
+
+    import psutil
+
+    folder = Path(model_text)
+    if not (folder.is_dir() and any(folder.glob("*.safetensors"))):
+        return spec, "\n  latent miss curves: not measured (no weights: --model is not an HF folder); the planner uses ESS's"
+    needed = 4 * model.total_weight_bytes() / model.dtype_bytes  # float32 in memory
+    if needed > psutil.virtual_memory().available / 2:
+        return spec, (f"\n  latent miss curves: not measured ({format_bytes(needed)} of float32 weights do not "
+                      "fit in memory here); the planner uses ESS's")
+    from flexlamps.engine.latent_profile import measure_latent_miss_curves
+
+    curves = measure_latent_miss_curves(folder)
+    mean = [sum(row[i] for row in curves.miss_fractions) / len(curves.miss_fractions)
+            for i in range(len(curves.pool_fractions))]
+    line = ("\n  latent misses (fraction of top-k, mean over layers) by pool size: "
+            + ", ".join(f"{f:.0%}: {m:.3f}" for f, m in zip(curves.pool_fractions, mean)))
+    return dataclasses.replace(spec, latent_miss_curves=curves), line
