@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linprog
 
+from placement.latent_pools import lower_hull
 from placement.latent_traces import MissCurve
 
 
@@ -215,25 +216,11 @@ def plan_global_at(dep: EssDeployment, cost: StepCost, curves: list[MissCurve], 
     return _plan(dep, cost, curves, batch, context, [rho * context] * dep.num_layers)
 
 
-def _lower_hull(xs: tuple[int, ...], ys: tuple[float, ...]) -> list[tuple[float, float]]:
-    """Vertices of the convex lower envelope of a decreasing miss curve."""
-    hull: list[tuple[float, float]] = []
-    for x, y in zip(xs, ys):
-        while len(hull) >= 2:
-            (x1, y1), (x2, y2) = hull[-2], hull[-1]
-            if (y2 - y1) * (x - x1) >= (y - y1) * (x2 - x1):  # middle point above the chord
-                hull.pop()
-            else:
-                break
-        hull.append((float(x), float(y)))
-    return hull
-
-
 def hull_pieces(curve: MissCurve) -> list[tuple[float, float]]:
     """(slope, intercept) of each segment of the curve's convex lower envelope: the misses at
     pool size p are at least `slope * p + intercept` for every piece (exact on the hull), so a
     minimizing LP can carry them as linear rows."""
-    hull = _lower_hull(curve.pool_entries, curve.lru)
+    hull = lower_hull(curve.pool_entries, curve.lru)
     pieces = []
     for (x1, y1), (x2, y2) in zip(hull, hull[1:] or hull):
         slope = 0.0 if x2 == x1 else (y2 - y1) / (x2 - x1)

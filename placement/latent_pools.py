@@ -64,8 +64,9 @@ class LatentMissCurves(JsonMixin):
                 for layer in range(num_layers)]
 
 
-def _lower_hull(xs: np.ndarray, ys: np.ndarray) -> list[tuple[float, float]]:
-    """Vertices of the convex lower envelope of the points (xs ascending)."""
+def lower_hull(xs, ys) -> list[tuple[float, float]]:
+    """Vertices of the convex lower envelope of the points (xs ascending): a miss curve as the
+    convex function an LP can carry."""
     hull: list[tuple[float, float]] = []
     for x, y in zip(xs, ys):
         while len(hull) >= 2:
@@ -104,7 +105,7 @@ class MissEnvelope:
             xs = np.concatenate([[self.floor], xs[keep]])
             ys = np.concatenate([[np.interp(self.floor, curves.pool_fractions, row)], ys[keep]])
             self.layer_points.append((xs, ys))
-            hull = _lower_hull(xs, ys)
+            hull = lower_hull(xs, ys)
             self.floor_misses.append(hull[0][1])
             for (x1, y1), (x2, y2) in zip(hull, hull[1:]):
                 if y2 < y1:  # a flat tail saves nothing: pools stop growing there

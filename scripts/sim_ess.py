@@ -86,7 +86,10 @@ def main() -> None:
     if args.write_curves:
         from placement.latent_traces import ess_miss_curves
 
-        Path(args.write_curves).write_text(ess_miss_curves(args.layers, steps=args.steps).to_json(indent=None) + "\n")
+        out = Path(args.write_curves)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(ess_miss_curves(args.layers, steps=args.steps).to_json(indent=None) + "\n")
+        tmp.replace(out)  # never a half-written curve file
         return
     dep = EssDeployment(num_layers=args.layers)
     start = time.time()

@@ -8,7 +8,7 @@ import pytest
 from scipy.optimize import linprog
 
 import placement
-from placement.latent_pools import LatentMissCurves, MissEnvelope, _lower_hull
+from placement.latent_pools import LatentMissCurves, MissEnvelope, lower_hull
 from placement.presets import MODEL_CONFIGS
 
 FRACTIONS = [0.05, 0.1, 0.2, 0.4, 0.7, 1.0]
@@ -30,7 +30,7 @@ def _per_layer_lp(envelope: MissEnvelope, c_gpu: float) -> float:
     num = envelope.num_layers
     rows, rhs = [], []
     for layer, (xs, ys) in enumerate(envelope.layer_points):
-        hull = _lower_hull(xs, ys)
+        hull = lower_hull(xs, ys)
         for (x1, y1), (x2, y2) in zip(hull, hull[1:]):
             slope = (y2 - y1) / (x2 - x1)
             row = np.zeros(2 * num)
