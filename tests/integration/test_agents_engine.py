@@ -8,7 +8,8 @@ import pytest
 from flexlamps.api import LLM
 from flexlamps.engine.augmented.engine import CpuClock, StepClock
 from flexlamps.engine.augmented.reference import uninterrupted_tokens
-from flexlamps.engine.augmented.run import AgentsConfig, measure_cost, run_policy_on_engine
+from flexlamps.engine.augmented.run import AgentsConfig, run_policy_on_engine
+from flexlamps.sched.cost_model import CostModel
 from flexlamps.workloads.tokenized import tokenize_requests
 from flexlamps.engine.caches.paged import PagedKVCache
 from flexlamps.sched.policies import InferCept
@@ -60,7 +61,12 @@ def _config(llm, gpu_blocks=18, cpu_blocks=10):
 
 @pytest.fixture(scope="module")
 def cost(llm):
-    return measure_cost(llm, _config(llm), 128)
+    """A fixed cost model (what measure_cost gives on a CPU for this model, rounded), so each
+    policy's choices, and so the schedule, do not depend on the machine's load."""
+    per_token = llm.config.kv_bytes_per_token(4)
+    return CostModel(overhead_s=0.02, weights_read_s=0.0, prefill_per_token_s=1e-4, decode_per_seq_s=1e-3,
+                     kv_read_per_token_s=1e-6, swap_bytes_per_s=1e9, kv_bytes_per_token=per_token,
+                     gpu_kv_tokens=18 * BLOCK, cpu_swap_tokens=10 * BLOCK, max_model_len=128)
 
 
 def _run(llm, workload, cost, policy, config=None):
