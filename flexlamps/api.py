@@ -164,6 +164,9 @@ class LLM:
         lines = [f"policy: block {p.gpu_batch_size} x {p.num_gpu_batches} | weights {split(p.weights)} | "
                  f"cache {split(p.cache)} | activations {split(p.activations)} | compress weight {p.compress_weight}, "
                  f"cache {p.compress_cache} | cpu attention {p.cpu_attention} | decode merged {p.merge_decode}"]
+        if p.latent_pools:  # ESS's layout: each layer's gpu pool of latent records, a share of the context
+            lines.append("latent pools per layer (share of the context on the gpu tier): "
+                         + " ".join(f"{f:.0%}" for f in p.latent_pools))
         if self.plan is not None:
             prompt_len, gen_len = self.planned_for
             lines.append(f"predicted {self.plan.tokens_per_s:.2f} tok/s (planner, prompt {prompt_len}, gen {gen_len})")

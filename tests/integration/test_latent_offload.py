@@ -115,5 +115,15 @@ def test_generate_with_an_offloaded_latent_cache_equals_plain(deepseek_models, t
                                              "--cpu-mem", "64MiB", "--policy", str(policy)], catch_exceptions=False)
     assert off.exit_code == 0, off.output
     assert "policy: block 2 x 2" in off.output and "cache gpu 25%" in off.output and "peak gpu tier" in off.output
-    texts = [[json.loads(line)["text"] for line in open(tmp_path / f"{name}.jsonl")] for name in ("plain", "off")]
-    assert texts[0] == texts[1]
+    # a policy with the planner's per-layer pools (Policy.latent_pools) runs them, printed, same text
+    policy.write_text(json.dumps({
+        "gpu_batch_size": 2, "num_gpu_batches": 2, "weights": {"gpu": 0.5, "cpu": 0.5, "disk": 0},
+        "cache": {"gpu": 0.5, "cpu": 0.5, "disk": 0}, "activations": {"gpu": 1, "cpu": 0, "disk": 0},
+        "latent_pools": [0.25, 1.0, 0.25]}))
+    layered = CliRunner().invoke(main, common + ["--out", str(tmp_path / "layered.jsonl"), "--gpu-mem", "4MiB",
+                                                 "--cpu-mem", "64MiB", "--policy", str(policy)], catch_exceptions=False)
+    assert layered.exit_code == 0, layered.output
+    assert "latent pools per layer (share of the context on the gpu tier): 25% 100% 25%" in layered.output
+    texts = [[json.loads(line)["text"] for line in open(tmp_path / f"{name}.jsonl")]
+             for name in ("plain", "off", "layered")]
+    assert texts[0] == texts[1] == texts[2]
