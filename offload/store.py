@@ -3,8 +3,9 @@
 A fetch of a tensor that lives off the gpu tier makes a staged copy on the compute device,
 charged to the gpu budget until `release` (on a CPU-only machine a cpu-tier tensor is charged
 but not copied: both tiers are the same memory, and a copy would only cost time and RSS); fetches run on worker threads so the next
-layer's weights load while this one computes. Compressed tensors (`quant.QTensor`) are
-stored and moved compressed, as their component tensors.
+layer's weights load while this one computes. Compressed tensors (`quant.QTensor`,
+`quant.int4_weight.Int4Weight`) are stored and moved compressed, as their component tensors
+(`to_tensors`), and rebuilt from them after a load (`from_tensors`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ def tensor_bytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _parts_of(value, prefix: str) -> dict[str, torch.Tensor]:
+    """A compressed tensor's component tensors; an Int4Weight's with the code layouts it holds."""
+    from quant.int4_weight import Int4Weight
+
+    if isinstance(value, Int4Weight):
+        return value.to_tensors(prefix, with_kernel=True)
+    return value.to_tensors(prefix=prefix)
+
+
 class TieredStore:
     def __init__(self, budgets: dict[str, TierBudget], disk: DiskFolder | None = None,
                  device: torch.device | None = None, io_workers: int = 2):
@@ -39,18 +49,20 @@ class TieredStore:
         self._tier: dict[str, str] = {}
         self._resident: dict[str, torch.Tensor] = {}
         self._qparts: dict[str, list[str]] = {}  # compressed tensor -> its component names
+        self._qtypes: dict[str, type] = {}  # compressed tensor -> its class (rebuilt by from_tensors)
         self._gpu_qtensors: dict = {}  # compressed tensors on the gpu tier, built once (no copy)
         self._pool = ThreadPoolExecutor(max_workers=io_workers, thread_name_prefix="flexlamps-io")
 
     # -- placement ---------------------------------------------------------------------------
     def put(self, name: str, value, tier: str, *, write_disk: bool = True) -> None:
-        """Place `value` (a tensor or a QTensor) on `tier`. `write_disk=False` adopts a disk
-        copy already present in a reused offload folder."""
+        """Place `value` (a tensor, a QTensor or an Int4Weight) on `tier`. `write_disk=False`
+        adopts a disk copy already present in a reused offload folder."""
         if tier not in TIERS:
             raise ValueError(f"unknown tier {tier!r}; tiers are {', '.join(TIERS)}")
-        if hasattr(value, "to_tensors"):  # a quant.QTensor: store its parts
-            parts = value.to_tensors(prefix=name + _SEP)
+        if hasattr(value, "to_tensors"):  # a quant.QTensor or Int4Weight: store its parts
+            parts = _parts_of(value, name + _SEP)
             self._qparts[name] = list(parts)
+            self._qtypes[name] = type(value)
             for part, t in parts.items():
                 self._put_plain(part, t, tier, write_disk)
             self._tier[name] = tier
@@ -83,11 +95,12 @@ class TieredStore:
             t = t.pin_memory()  # pinned host memory: async, full-bandwidth H2D copies
         self._resident[name] = t
 
-    def adopt_disk(self, name: str, compressed: bool) -> None:
-        """Register a tensor already in the (reused) offload folder without rewriting it."""
-        if compressed:
-            parts = [f"{name}{_SEP}{p}" for p in ("codes", "scales", "meta", "mins")]
-            self._qparts[name] = [p for p in parts if p in self.disk.index]
+    def adopt_disk(self, name: str, compressed_as: type | None = None) -> None:
+        """Register a tensor already in the (reused) offload folder without rewriting it;
+        `compressed_as`: the class it was stored as (its parts are in the folder)."""
+        if compressed_as is not None:
+            self._qparts[name] = sorted(p for p in self.disk.index if p.startswith(name + _SEP))
+            self._qtypes[name] = compressed_as
             for p in self._qparts[name]:
                 self._tier[p] = "disk"
         self._tier[name] = "disk"
@@ -105,13 +118,11 @@ class TieredStore:
                 if name in self._gpu_qtensors:
                     out[name] = self._gpu_qtensors[name]
                 elif name in self._qparts:
-                    from quant import QTensor
-
                     parts = {}
                     for part in self._qparts[name]:
                         parts[part], b = self._fetch_plain(part)
                         staged += b
-                    out[name] = QTensor.from_tensors(parts, prefix=name + _SEP)
+                    out[name] = self._qtypes[name].from_tensors(parts, prefix=name + _SEP)
                 else:
                     out[name], b = self._fetch_plain(name)
                     staged += b

@@ -209,7 +209,7 @@ class _Sizes:
 
 def _sizes(choice: Choice, model: ModelSpec, workload: WorkloadSpec) -> _Sizes:
     dtype_bytes = model.dtype_bytes
-    ratio = choice.compression.bytes_per_element(dtype_bytes) / dtype_bytes
+    ratio = choice.compression.weight_bytes_per_element(dtype_bytes) / dtype_bytes
     capacity = workload.prompt_len + workload.gen_len
     cache_ratio = choice.compression.cache_bytes_per_element(capacity, dtype_bytes) / dtype_bytes
     # norms, biases and embeddings stay dense; only the layers' matrices are quantized

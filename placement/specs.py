@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 
 from placement.jsonable import JsonMixin
+from quant.config import engine_weight_bytes_per_element
 from placement.latent_pools import LatentMissCurves
 
 DTYPES = ("fp32", "bf16", "fp16")
@@ -263,6 +264,12 @@ class CompressionSpec(JsonMixin):
         """Stored bytes per element: packed codes plus a min and a scale per group, both in
         the uncompressed dtype (as `quant.config.QuantConfig.packed_nbytes` counts them)."""
         return self.num_bits / 8 + 2 * dtype_bytes / self.group_size
+
+    def weight_bytes_per_element(self, dtype_bytes: int = 2) -> float:
+        """Stored bytes per weight element: the engine keeps weights in its own layout
+        (`quant.config.engine_weight_config`: groups of 32 input channels), whatever
+        `group_size` says for the cache."""
+        return engine_weight_bytes_per_element(self.num_bits, "float32" if dtype_bytes == 4 else "bfloat16")
 
     def cache_bytes_per_element(self, capacity: int, dtype_bytes: int = 2) -> float:
         """Stored bytes per cache element, keys and values averaged, as the engine lays a

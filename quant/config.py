@@ -140,7 +140,16 @@ KV_KEYS_PER_CHANNEL = QuantConfig(bits=4, group_size=32, group_dim=-2, symmetric
 
 def engine_weight_config(bits: int = 4) -> QuantConfig:
     """The layout the offload engine stores compressed weights in: groups of 32 along the input
-    channels with 8-bit group parameters (the layout of GGUF's Q4 blocks and of GPTQ/AWQ
-    groups). FlexGen's output-channel groups of 64 cost SmolLM2 +42% WikiText perplexity; this
-    layout is within 0.1% at 0.287x the fp16 bytes."""
-    return QuantConfig(bits=bits, group_size=32, group_dim=1, param_bits=8)
+    channels (the layout of GGUF's Q4 blocks and of GPTQ/AWQ groups). At 4 bits a scale and a
+    zero point per group in the compute dtype (0.3125x the 16-bit bytes): torch's int4 kernel's
+    format, multiplied in place (`quant.int4_weight.Int4Weight`); at 8 bits with 8-bit group
+    parameters. FlexGen's output-channel groups of 64 cost SmolLM2 +42% WikiText perplexity;
+    groups of 32 along the inputs with 8-bit parameters are within 0.1% at 0.287x."""
+    return QuantConfig(bits=bits, group_size=32, group_dim=1, param_bits=16 if bits == 4 else 8)
+
+
+def engine_weight_bytes_per_element(bits: int, dtype: str) -> float:
+    """Stored bytes per element of a large matrix in `engine_weight_config(bits)`."""
+    config = engine_weight_config(bits)
+    cols = 128 * config.group_size  # wide enough that 8-bit parameters' per-row pair is noise
+    return config.packed_nbytes((1, cols), dtype) / cols

@@ -28,6 +28,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class LlamaForward:
+    # 4-bit projections stacked into one fused-kernel call each (`fuse_weights`; the offload
+    # executor stores them stacked): stacked name -> parts, in order
+    FUSED_INT4 = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
     def __init__(self, cfg: ModelConfig):
         self.cfg = cfg
         self.inv_freq = inverse_frequencies(cfg)
@@ -46,14 +50,13 @@ class LlamaForward:
         from quant.int4_weight import Int4Weight
 
         out = dict(w)
-        qkv, biases = ("q_proj", "k_proj", "v_proj"), ("q_bias", "k_bias", "v_bias")
-        if all(isinstance(w.get(n), Int4Weight) for n in qkv) and len({b in w for b in biases}) == 1:
-            out["qkv_proj"] = Int4Weight.cat([out.pop(n) for n in qkv])
-            if biases[0] in w:
-                out["qkv_bias"] = torch.cat([out.pop(b) for b in biases])
-        pair = ("gate_proj", "up_proj")
-        if all(isinstance(w.get(n), Int4Weight) for n in pair) and not {"gate_bias", "up_bias"} & w.keys():
-            out["gate_up_proj"] = Int4Weight.cat([out.pop(n) for n in pair])
+        for fused, parts in self.FUSED_INT4.items():
+            biases = [part.replace("_proj", "_bias") for part in parts]
+            with_bias = [b in w for b in biases]
+            if all(isinstance(w.get(part), Int4Weight) for part in parts) and len(set(with_bias)) == 1:
+                out[fused] = Int4Weight.cat([out.pop(part) for part in parts])
+                if with_bias[0]:
+                    out[fused.replace("_proj", "_bias")] = torch.cat([out.pop(b) for b in biases])
         return out
 
     def _qkv(self, w, h):
@@ -66,7 +69,7 @@ class LlamaForward:
     def _mlp_product(self, w, h):
         """silu(gate(h)) * up(h) (the product rides on the up GEMM, fused in fp32; see models.linear)."""
         if "gate_up_proj" in w:
-            gate, up = linear(h, w["gate_up_proj"]).chunk(2, dim=-1)
+            gate, up = linear(h, w["gate_up_proj"], w.get("gate_up_bias")).chunk(2, dim=-1)
             return F.silu(gate) * up
         gate = F.silu(linear(h, w["gate_proj"], w.get("gate_bias")), inplace=True)
         return linear(h, w["up_proj"], w.get("up_bias"), mul=gate)

@@ -17,10 +17,10 @@ import placement
 from flexlamps.engine.caches.tiered import attends_with_staged_rows, staged_rows_bytes
 from flexlamps.engine.executors.placement_map import TABLE_NAMES, cache_tiers, place_weights
 from flexlamps.engine.executors.split_tables import head_chunks
+from flexlamps.engine.executors.stored_weights import StoredWeights
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.linear import pack
-from flexlamps.models.weight_specs import weight_specs
-from offload import tensor_bytes
+from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, pack
+from offload import compute_device, tensor_bytes
 
 HEAD_CHUNK_ROWS = 8192  # the output head runs in chunks of this many vocab rows (within a piece)
 
@@ -60,46 +60,66 @@ def _stored_nbytes(shape: tuple[int, ...], dtype: torch.dtype, num_bits: int | N
     return tensor_bytes(pack(w) if prepacked else w)
 
 
-def placed_size(spec, policy: placement.Policy, dtype: torch.dtype) -> int:
-    """Bytes a weight is stored in, whatever its tier (compressed or not): what the weight
-    split shares out (`placement_map.place_weights`)."""
-    compress = policy.compress_weight and spec.role == "linear"
-    return _stored_nbytes(tuple(spec.shape), dtype, policy.compression.num_bits if compress else None, False)
+def int4_weights(policy: placement.Policy) -> bool:
+    """Whether compressed weights are 4-bit `Int4Weight`s (`stored_weights`), the engine's
+    form for 4-bit group-wise compression."""
+    return policy.compress_weight and policy.compression.num_bits == 4
 
 
 class PlacementCharges:
     """A policy's placement of one model's weights and cache, as the executor makes it, and the
-    bytes its sweeps charge. A step is (rows, tokens per row, attended span)."""
+    bytes its sweeps charge. A step is (rows, tokens per row, attended span). `int4`: 4-bit
+    weights as `Int4Weight`s (default: as the policy says); `device_type`: the compute device's
+    (the stored forms depend on it; default: this machine's)."""
 
-    def __init__(self, hf_config: dict, policy: placement.Policy, dtype: torch.dtype):
+    def __init__(self, hf_config: dict, policy: placement.Policy, dtype: torch.dtype, *,
+                 int4: bool | None = None, device_type: str | None = None):
         self.cfg = cfg = ModelConfig.from_hf(hf_config)
         self.model_spec = placement.ModelSpec.from_hf_config(hf_config)
         self.policy, self.dtype = policy, dtype
         self.dtype_bytes = torch.empty((), dtype=dtype).element_size()
-        self.specs = weight_specs(cfg)
-        self.placement = place_weights(cfg, policy.weights, lambda spec: placed_size(spec, policy, dtype))
+        self.weights = StoredWeights(cfg, dtype, device_type or compute_device().type,
+                                     int4_weights(policy) if int4 is None else int4)
+        self.specs = self.weights.specs  # as stored: 4-bit q/k/v and gate/up stacked
+        self.placement = place_weights(cfg, policy.weights, lambda spec: self._stored_bytes(spec, "disk"), self.specs)
         self.tiers = self.placement.tiers  # every stored tensor: each weight, each table piece
-        self.stored = {s.name: self._stored_bytes(s) for s in self.specs if s.name not in TABLE_NAMES}
+        self.stored = {s.name: self._stored_bytes(s, self.tiers[s.name]) for s in self.specs
+                       if s.name not in TABLE_NAMES}
         for spec in self.specs:
             for piece in self.placement.pieces.get(spec.name, ()):
                 self.stored[piece.name] = _stored_nbytes((piece.num_rows, *spec.shape[1:]), dtype, None, False)
         self.layer_names = [[s.name for s in self.specs if s.layer == j] for j in range(cfg.num_layers)]
         self.cache_tiers = cache_tiers(cfg.num_layers, policy.cache)
 
-    def _stored_bytes(self, spec) -> int:
-        compress = self.policy.compress_weight and spec.role == "linear"
-        prepacked = self.tiers[spec.name] == "gpu" and spec.role == "linear" and spec.layer is not None
+    def compressed(self, spec) -> bool:
+        return self.policy.compress_weight and spec.role == "linear"
+
+    def _stored_bytes(self, spec, tier: str) -> int:
+        """Bytes of a weight as stored on `tier` (off the gpu tier: what the split shares out)."""
+        if self.compressed(spec) and self.weights.is_int4(spec):
+            return self.weights.int4_nbytes(spec, tier)
+        prepacked = tier == "gpu" and spec.role == "linear" and spec.layer is not None and not self.compressed(spec)
         return _stored_nbytes(tuple(spec.shape), self.dtype,
-                              self.policy.compression.num_bits if compress else None, prepacked)
+                              self.policy.compression.num_bits if self.compressed(spec) else None, prepacked)
 
     def staged(self, names) -> int:
         """Bytes a fetch of `names` stages on the gpu tier (those not resident there)."""
         return sum(self.stored[n] for n in names if self.tiers[n] != "gpu")
 
-    def decompressed(self, layer: int) -> int:
-        if not self.policy.compress_weight:
-            return 0
-        return sum(s.numel for s in self.specs if s.layer == layer and s.role == "linear") * self.dtype_bytes
+    def decompressed(self, layer: int, rows: int) -> int:
+        """Bytes a layer's compressed weights expand to while it computes calls of up to `rows`
+        rows: other forms than Int4Weight all at once, before the layer runs, and 4-bit ones
+        as `int4_decompressed` says."""
+        others = sum(s.numel for s in self.specs
+                     if s.layer == layer and self.compressed(s) and not self.weights.is_int4(s))
+        return others * self.dtype_bytes + self.int4_decompressed(layer, rows)
+
+    def int4_decompressed(self, layer: int, rows: int) -> int:
+        """The largest 4-bit matrix of a layer that `models.linear` dequantizes for one call (on
+        its dense path: `rows` at least INT4_DENSE_FROM_ROWS, or no kernel for the shape)."""
+        dense_path = [s.numel for s in self.specs if s.layer == layer and self.compressed(s)
+                      and self.weights.is_int4(s) and (rows >= INT4_DENSE_FROM_ROWS or self.weights.dense_on_call(s))]
+        return max(dense_path, default=0) * self.dtype_bytes
 
     @property
     def activation_tier(self) -> str:
@@ -121,8 +141,9 @@ class PlacementCharges:
         row_bytes = cfg.hidden_size * self.dtype_bytes
         embed_rows_off_gpu = sum(p.num_rows for p in self.placement.pieces["embed_tokens"] if p.tier != "gpu")
         moments = [min(embed_rows_off_gpu, rows * tokens) * row_bytes for rows, tokens, _ in steps]
+        most_rows = max((rows * tokens for rows, tokens, _ in steps), default=0)
         for j in range(cfg.num_layers):
-            weights = self.staged(self.layer_names[j]) + self.decompressed(j)
+            weights = self.staged(self.layer_names[j]) + self.decompressed(j, most_rows)
             weights += self.staged(self.layer_names[j + 1]) if j + 1 < cfg.num_layers else 0
             step_peak = 0
             for rows, tokens, span in steps:

@@ -4,8 +4,9 @@ run in FlexGen's zig-zag order.
 One call runs a list of micro-batches (prefills and decodes mixed) through the model layer by
 layer: while layer j computes on every micro-batch, layer j+1's weights load on a worker
 thread, so each layer's I/O is paid once per sweep for the whole block and hidden behind
-compute. Results equal the in-memory executor's exactly (same ops on the same values);
-compressed weights or cache are within the quantization error.
+compute. Results equal the in-memory executor's exactly (same ops on the same values):
+4-bit weights stay 4-bit on every tier and are multiplied as the in-memory engine multiplies
+the same `Int4Weight`s (`stored_weights`); a compressed cache is within its quantization error.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from flexlamps.engine.executors.placement_map import TABLE_NAMES, cache_tiers
 from flexlamps.engine.executors.split_tables import gather_rows, head_chunks
 from flexlamps.engine.executors.copy_stream import CopyStream
 from flexlamps.engine.executors.step import Step
+from flexlamps.engine.executors.stored_weights import int4_format_tag
 from flexlamps.models.forward import forward_for
 from flexlamps.models.linear import linear, pack
-from flexlamps.models.weight_specs import weight_specs
 from offload import DiskFolder, TierBudget, TieredStore, compute_device, tensor_bytes
+from quant import QTensor
+from quant.int4_weight import Int4Weight
 
 
 @dataclass
@@ -88,10 +91,12 @@ class OffloadExecutor:
             policy = dataclasses.replace(policy, compress_weight=True)
             self.policy = policy
             self.qcfg = weight_quant_config(int(weight_quant[-1]))
-        self.specs = weight_specs(cfg)
         # the placement and what a sweep charges, computed ahead (whether merged decode fits);
-        # the dry run's counts. Tables are cut by vocab rows into pieces, one a tier.
-        self.charges = PlacementCharges(reader.hf_config, policy, dtype)
+        # the dry run's counts. Tables are cut by vocab rows into pieces, one a tier. 4-bit
+        # weights are Int4Weights, stacked where the forward stacks them (`stored_weights`).
+        int4 = bool(policy.compress_weight and self.weight_quantizer is None and self.qcfg.bits == 4)
+        self.charges = PlacementCharges(reader.hf_config, policy, dtype, int4=int4, device_type=self.device.type)
+        self.stored_weights, self.specs = self.charges.weights, self.charges.specs
         self.placement = self.charges.placement
         self.tiers, self.table_pieces = self.placement.tiers, self.placement.pieces
         disk = None
@@ -99,7 +104,9 @@ class OffloadExecutor:
             if offload_dir is None:
                 raise ValueError("the policy puts weights on disk; give an offload folder (--offload-dir)")
             # the folder's contents depend on the model, the dtype, the weight split and compression
+            # (and the form 4-bit weights are written in: another form is rebuilt, never read)
             owner = f"{reader.fingerprint()}|{dtype}|{policy.weights!r}|{policy.compress_weight}|{self.qcfg!r}"
+            owner += f"|{int4_format_tag(self.device)}" if int4 else ""
             disk = DiskFolder(offload_dir, fingerprint=_stable_hash(owner))
         self.store = TieredStore(self.budgets, disk, self.device)
         self.copies = CopyStream(self.device)  # on CUDA: weight loads on a copy stream, joined by events
@@ -140,14 +147,27 @@ class OffloadExecutor:
             pieces = self.placement.pieces_of(spec)
             for piece in pieces:
                 if piece.name in skip:
-                    self.store.adopt_disk(piece.name, compressed=self._compressible(spec))
+                    self.store.adopt_disk(piece.name, self._stored_class(spec))
             todo = [piece for piece in pieces if piece.name not in skip]
-            w = reader.read(spec, self.dtype) if todo else None
+            if todo and self._is_int4(spec):  # a matrix: one piece
+                self.store.put(spec.name, self.stored_weights.read_int4(reader, spec, todo[0].tier, self.device),
+                               todo[0].tier)
+                continue
+            w = self.stored_weights.read_dense(reader, spec) if todo else None
             for piece in todo:  # a table's pieces are copies: the whole table is not kept alive
                 part = w if len(pieces) == 1 else w[piece.start:piece.stop].clone()
                 self.store.put(piece.name, self._stored_form(spec, part, piece.tier), piece.tier)
         if disk is not None and not self.reused_disk:
             disk.commit()
+
+    def _is_int4(self, spec) -> bool:
+        return self._compressible(spec) and self.stored_weights.is_int4(spec)
+
+    def _stored_class(self, spec) -> type | None:
+        """What a weight was stored as, when compressed (to rebuild it from its parts)."""
+        if not self._compressible(spec):
+            return None
+        return Int4Weight if self._is_int4(spec) else QTensor
 
     def _stored_form(self, spec, w: torch.Tensor, tier: str):
         """A weight as the store keeps it: compressed, prepacked for the GEMM, or as read."""
@@ -163,9 +183,11 @@ class OffloadExecutor:
 
     def _disk_part_names(self, disk_names) -> set[str]:
         names = set()
-        compressible = {s.name for s in self.specs if self._compressible(s)}
+        compressible = {s.name: s for s in self.specs if self._compressible(s)}
         for name in disk_names:
-            if name in compressible:
+            if name in compressible and self._is_int4(compressible[name]):
+                names |= set(self.stored_weights.int4_part_names(compressible[name], "disk"))
+            elif name in compressible:
                 names |= {f"{name}::codes", f"{name}::scales", f"{name}::meta", f"{name}::mins"}
             else:
                 names.add(name)
@@ -197,10 +219,11 @@ class OffloadExecutor:
     # -- running ----------------------------------------------------------------------------
     def _layer_weights(self, fetched: dict) -> tuple[dict[str, torch.Tensor], int]:
         """The fetched weights by local name, and the bytes of those decompressed here (a
-        quant.QTensor is decompressed on the compute device, one layer at a time)."""
+        quant.QTensor is decompressed on the compute device, one layer at a time; a 4-bit
+        Int4Weight is multiplied as it is, by `models.linear`)."""
         out, dense_bytes = {}, 0
         for name, w in fetched.items():
-            if not isinstance(w, torch.Tensor):
+            if not isinstance(w, (torch.Tensor, Int4Weight)):
                 w = w.dequantize(dtype=self.dtype, device=self.device)
                 dense_bytes += tensor_bytes(w)
             out[self.local[name]] = w
@@ -298,6 +321,7 @@ class OffloadExecutor:
                 hidden.append(x.to("cpu") if act_tier == "cpu" else x)
                 ctxs.append(fwd.step_context(s.positions.to(self.device), self.dtype))
             spans = [int(s.write_positions.max()) + 1 if s.visible is None else s.visible.shape[-1] for s in steps]
+            most_rows = max(s.input_ids.numel() for s in steps)
             pending = self._fetch_timed(0) if cfg.num_layers else None
             for j in range(cfg.num_layers):
                 t0 = time.perf_counter()
@@ -308,6 +332,7 @@ class OffloadExecutor:
                 dense_bytes = 0
                 try:
                     w, dense_bytes = self._layer_weights(fetched)
+                    dense_bytes += self.charges.int4_decompressed(j, most_rows)  # inside models.linear
                     self.budgets["gpu"].allocate(dense_bytes, f"layer {j} weights decompressed")
                     for k, s in enumerate(steps):
                         ws = self._workspace_bytes(s, spans[k])

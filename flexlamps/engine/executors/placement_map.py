@@ -60,13 +60,14 @@ def table_pieces(spec: WeightSpec, split) -> tuple[RowPiece, ...]:
     return tuple(RowPiece(f"{spec.name}.rows{start}-{stop}", tier, start, stop) for tier, start, stop in bounds)
 
 
-def place_weights(cfg: ModelConfig, split, size_of=None) -> WeightPlacement:
+def place_weights(cfg: ModelConfig, split, size_of=None, specs: list[WeightSpec] | None = None) -> WeightPlacement:
     """Tier of every weight tensor, the tables cut into pieces. `size_of(spec)`: the bytes it is
     stored in (default: its element count), so that shares are shares of stored bytes, as the
-    planner counts them (compressed matrices shrink, embedding tables do not)."""
+    planner counts them (compressed matrices shrink, embedding tables do not). `specs`: the
+    tensors as stored (default: the model's `weight_specs`)."""
     size_of = size_of or (lambda spec: spec.numel)
     groups: dict[int | None, list[WeightSpec]] = {}
-    for s in weight_specs(cfg):
+    for s in specs if specs is not None else weight_specs(cfg):
         groups.setdefault(s.layer, []).append(s)
     order = sorted(groups, key=lambda layer: -1 if layer is None else layer)  # globals first
     tiers, pieces = {}, {}

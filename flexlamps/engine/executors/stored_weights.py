@@ -1,0 +1,131 @@
+"""How the offload executor keeps each weight on its tiers, and the bytes each form takes.
+
+Compressed 4-bit weights are `quant.int4_weight.Int4Weight`s, the layout the in-memory engine
+multiplies in place: 4-bit on every tier, handed to `models.linear` as they are, which runs
+torch's fused int4 kernel for few rows (decode) and dequantizes one matrix for a dense GEMM for
+many (prefill), as the in-memory engine does with the same weight, so both compute the same
+bits. The projections the forward stacks for one kernel call (`LlamaForward.FUSED_INT4`: q/k/v,
+gate/up) are stored stacked: a layer needs no copying at run time. On a CPU the tiers hold the
+kernel's tile layout alone (`Int4Weight.kernel_only`), used as read; on a GPU the tiers off the
+device hold the row-major codes and the kernel layout is built on the device after each load.
+A matrix the kernel cannot take keeps row-major codes (its kernel layout rebuilt after a load
+where the kernel can run it). 8-bit and backend-compressed weights are stored as their
+quantizers make them (`quant.QTensor`, dequantized per layer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from flexlamps.models.config import ModelConfig
+from flexlamps.models.forward import forward_for
+from flexlamps.models.weight_specs import WeightSpec, weight_specs
+from quant.int4_tiles import tile_rows
+from quant.int4_weight import KERNEL_DTYPES, Int4Weight, can_pack
+
+INT4_GROUP = 32  # input channels per scale and zero point: GGUF's Q4 block, read without a detour
+# part of an offload folder's fingerprint: a folder written in another form is rebuilt, never read
+INT4_FORMAT = "int4-v1"
+
+
+def int4_format_tag(device: torch.device) -> str:
+    """What the stored 4-bit bytes depend on: this format, and on a CPU the torch build's tiles."""
+    if device.type != "cpu":
+        return f"{INT4_FORMAT}|codes"
+    return (f"{INT4_FORMAT}|tiles {tile_rows(INT4_GROUP * 64)}|torch {torch.__version__}|"
+            f"{torch.backends.cpu.get_cpu_capability()}")
+
+
+def _held_layouts(shape: tuple[int, int], tier: str, device_type: str) -> tuple[bool, bool]:
+    """(row-major codes held, kernel layout held) by a 4-bit weight of `shape` on `tier`."""
+    kernel = can_pack(shape, INT4_GROUP, device_type)
+    if device_type == "cpu":
+        tile = tile_rows(shape[1])
+        if kernel and tile is not None and shape[0] % tile == 0:
+            return False, True  # the tiles alone, on every tier
+    return True, kernel and tier == "gpu"  # off the gpu tier: codes; the kernel layout built after a load
+
+
+def _fusable(spec: WeightSpec) -> bool:
+    return spec.role == "linear" and len(spec.shape) == 2 and spec.shape[1] % INT4_GROUP == 0
+
+
+class StoredWeights:
+    """The weights as the executor stores them: `specs` (with 4-bit q/k/v and gate/up stacked
+    when `int4`), the parts each stacked one is read from, and each one's bytes on a tier."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device_type: str, int4: bool):
+        self.dtype, self.device_type, self.int4 = dtype, device_type, int4
+        self.dtype_bytes = torch.empty((), dtype=dtype).element_size()
+        self.parts: dict[str, list[WeightSpec]] = {}  # stacked name -> its parts, in order
+        self.specs = self._stacked(weight_specs(cfg), getattr(forward_for(cfg), "FUSED_INT4", {}) if int4 else {})
+
+    def _stacked(self, specs: list[WeightSpec], fused: dict) -> list[WeightSpec]:
+        by_name = {s.name: s for s in specs}
+        replace: dict[str, WeightSpec | None] = {}  # a part's name -> its stacked spec (first part) or None
+        for layer in sorted({s.layer for s in specs if s.layer is not None}):
+            for name, locals_ in fused.items():
+                parts = [by_name.get(f"layers.{layer}.{p}") for p in locals_]
+                biases = [by_name.get(f"layers.{layer}.{p.replace('_proj', '_bias')}") for p in locals_]
+                if not all(p is not None and _fusable(p) for p in parts) or len({p.shape[1] for p in parts}) != 1:
+                    continue
+                if len({b is None for b in biases}) != 1:  # some parts with a bias: the forward keeps them apart
+                    continue
+                groups = [(name, parts)] + ([(name.replace("_proj", "_bias"), biases)] if biases[0] else [])
+                for stacked_local, members in groups:
+                    rows = sum(m.shape[0] for m in members)
+                    stacked = WeightSpec(f"layers.{layer}.{stacked_local}", (rows, *members[0].shape[1:]),
+                                         members[0].role, layer)
+                    self.parts[stacked.name] = members
+                    replace.update({m.name: None for m in members})
+                    replace[members[0].name] = stacked
+        return [replace.get(s.name, s) for s in specs if replace.get(s.name, s) is not None]
+
+    def is_int4(self, spec: WeightSpec) -> bool:
+        return self.int4 and _fusable(spec)
+
+    # -- bytes ------------------------------------------------------------------------------
+    def int4_nbytes(self, spec: WeightSpec, tier: str) -> int:
+        """Bytes of a 4-bit weight on `tier`: its code layouts, scales and zeros, group size."""
+        rows, cols = spec.shape
+        codes, kernel = _held_layouts((rows, cols), tier, self.device_type)
+        params = cols // INT4_GROUP * rows * 2 * self.dtype_bytes + 4
+        return (codes + kernel) * rows * cols // 2 + params
+
+    def int4_part_names(self, spec: WeightSpec, tier: str) -> list[str]:
+        """The names of a 4-bit weight's parts in the store (`Int4Weight.to_tensors`)."""
+        codes, kernel = _held_layouts(tuple(spec.shape), tier, self.device_type)
+        parts = ["scale_zero", "group_size"] + ["codes"] * codes + ["kernel_codes"] * kernel
+        return [f"{spec.name}::int4.{p}" for p in parts]
+
+    def dense_on_call(self, spec: WeightSpec) -> bool:
+        """Whether `models.linear` dequantizes this 4-bit weight whatever the rows (no kernel)."""
+        return not can_pack(tuple(spec.shape), INT4_GROUP, self.device_type)
+
+    # -- reading ----------------------------------------------------------------------------
+    def read_int4(self, reader, spec: WeightSpec, tier: str, device: torch.device) -> Int4Weight:
+        """A 4-bit weight as the executor keeps it on `tier` (parts read and stacked)."""
+        w = Int4Weight.cat([self._read_part(reader, p) for p in self.parts.get(spec.name, [spec])])
+        codes, kernel = _held_layouts(tuple(spec.shape), tier, self.device_type)
+        if device.type != "cpu" and kernel:
+            return w.to(device)
+        if not codes:
+            return w.kernel_only()
+        return dataclasses.replace(w, codes=w.plain_codes(), kernel_codes=w.kernel_codes if kernel else None)
+
+    def _read_part(self, reader, spec: WeightSpec) -> Int4Weight:
+        """A GGUF's Q4 blocks as they are in the file; other weights quantized (groups of 32)."""
+        if self.dtype in KERNEL_DTYPES and hasattr(reader, "read_int4"):
+            w = reader.read_int4(spec, self.dtype)
+            if w is not None and w.group_size == INT4_GROUP:
+                return w
+        return Int4Weight.quantize(reader.read(spec, self.dtype), INT4_GROUP, self.dtype)
+
+    def read_dense(self, reader, spec: WeightSpec) -> torch.Tensor:
+        """An uncompressed weight (a stacked bias: its parts concatenated)."""
+        parts = self.parts.get(spec.name)
+        if parts is None:
+            return reader.read(spec, self.dtype)
+        return torch.cat([reader.read(p, self.dtype) for p in parts])
