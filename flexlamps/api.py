@@ -97,7 +97,8 @@ class LLM:
                                    use_cache=self.cache_dir is not False)
             if device.type != "cpu":
                 weights = {name: t.to(device) for name, t in weights.items()}
-            self.executor = InMemoryExecutor(self.config, weights, self.dtype, device)
+            self.executor = InMemoryExecutor(self.config, weights, self.dtype, device,
+                                             dense_twins=device.type == "cpu" and _dense_twins_fit(weights))
         else:
             self.executor = self._offload_executor(prompt_len, gen_len, on_profile, num_sequences, planner_budgets)
             self.planned_for = (prompt_len, gen_len)
@@ -217,3 +218,18 @@ class LLM:
     def close(self) -> None:
         if hasattr(self.executor, "close"):
             self.executor.close()
+
+
+# The in-memory executor keeps a dense copy of its 4-bit weights (prefill and batches from 16 rows
+# run a dense GEMM instead of dequantizing per call) when the copies take at most this share of
+# the memory available now; otherwise the 4-bit weights alone (same results, slower prefill).
+DENSE_TWINS_MAX_SHARE = 0.25
+
+
+def _dense_twins_fit(weights: dict) -> bool:
+    import psutil
+
+    from quant.int4_weight import Int4Weight
+
+    dense_bytes = sum(w.shape[0] * w.shape[1] * w.dtype.itemsize for w in weights.values() if isinstance(w, Int4Weight))
+    return 0 < dense_bytes <= DENSE_TWINS_MAX_SHARE * psutil.virtual_memory().available

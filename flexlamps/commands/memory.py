@@ -14,9 +14,10 @@ import click
 # measured with the built-in SmolLM2-135M on CPU (README "Memory"): peak RSS minus tier peaks
 FIXED_OVERHEAD_BYTES = 450 * 2**20
 # bytes per weight as the engine holds it; "auto" is 4-bit in place for a 4-bit GGUF (codes and
-# block scales, about 5 bits), else float32
+# block scales, about 5 bits) plus the in-memory executor's bf16 copy for prefill (see
+# api.DENSE_TWINS_MAX_SHARE), else float32
 _WEIGHT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
-_AUTO_INT4_BYTES = 0.625
+_AUTO_INT4_BYTES = 2.625
 
 
 def planned_rss_bytes(hf_config: dict, weight_bytes_per_param: float, *, offload_budgets: tuple[int, int] | None,

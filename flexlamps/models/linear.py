@@ -26,9 +26,15 @@ Zen 4) it is exact. Parity tests that need bit-equality between batch shapes run
 A 4-bit weight (`quant.int4_weight.Int4Weight`) is multiplied in place by torch's fused int4
 kernel when the call has few rows (decode) and the activations are in its dtype; with many
 rows (prefill) or fp32 activations it is dequantized for this call and takes the dense path.
+An `Int4Twin` (the weight with a dense copy prepacked once, `with_dense_twin`; the in-memory
+executor's choice when memory allows) switches to the dense GEMM from fewer rows, since it has
+nothing to dequantize first; the offload executor streams plain 4-bit weights. In bf16 the two
+may therefore differ for calls of 16-127 rows by the kernels' rounding (fp32 is unaffected).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +55,10 @@ BF16_BATCH_TOLERANCE = {"rel": 2.0 ** -7, "abs_of_magnitude": 2.0 ** -12}
 # (3072x576) and down (576x1536): fused 0.8/0.3 ms vs dequantize + dense 9.5/1.1 ms at 16 rows,
 # 9.4/5.5 vs 15.3/5.7 at 64, even at 128, 40/20 vs 25/12 at 256.
 INT4_DENSE_FROM_ROWS = 128
+# The same for an `Int4Twin`, whose dense copy is ready: the fused kernel below this many rows.
+# Measured in SmolLM2's decode step (CPU seconds, 1 thread, Zen 4): fused/dense 35/71 ms at 2
+# rows, 46/62 at 4, 74/74 at 8, 100/78 at 16, 176/135 at 32.
+INT4_TWIN_DENSE_FROM_ROWS = 16
 
 
 def _onednn_available() -> bool:
@@ -67,18 +77,49 @@ def uses_onednn(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.dtype in _ONEDNN_DTYPES and w.dim() == 2 and not x.requires_grad)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Int4Twin:
+    """A 4-bit weight and its dense copy in the compute dtype, prepacked for the GEMM: calls with
+    few rows run the fused kernel on the codes (decode reads a quarter of the bytes), calls with
+    many rows the dense GEMM with nothing to dequantize or reorder first."""
+
+    int4: Int4Weight
+    dense: torch.Tensor  # pack(int4.dequantize()): (out, in), opaque oneDNN layout where it runs
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.int4.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.int4.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.int4.nbytes + self.dense.numel() * self.dense.element_size()
+
+
+def with_dense_twin(w):
+    """An `Int4Weight` (on the CPU, in a oneDNN dtype) as an `Int4Twin`; any other weight as it is."""
+    if not isinstance(w, Int4Weight) or not (_ONEDNN and w.device.type == "cpu" and w.dtype in _ONEDNN_DTYPES):
+        return w
+    return Int4Twin(w, pack(w.dequantize()))
+
+
 def pack(w: torch.Tensor) -> torch.Tensor:
     """w (out, in) in the layout `linear` computes fastest with; w itself where that is plain.
 
     The packed tensor is opaque (a oneDNN tensor of the same size); `unpack` gives w back.
     """
-    if isinstance(w, Int4Weight) or not uses_onednn(w, w) or w.is_mkldnn:
+    if isinstance(w, (Int4Weight, Int4Twin)) or not uses_onednn(w, w) or w.is_mkldnn:
         return w
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), _PACK_ROWS_HINT)
 
 
 def unpack(w: torch.Tensor) -> torch.Tensor:
     """The dense (out, in) weight, packed or not (for export and for torch's own linear)."""
+    if isinstance(w, Int4Twin):
+        w = w.int4
     if isinstance(w, Int4Weight):
         return w.dequantize()
     return w.to_dense() if w.is_mkldnn else w
@@ -90,7 +131,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *,
     if add is not None and mul is not None:
         raise ValueError("linear: pass add= or mul=, not both")
     other = add if add is not None else mul
-    if isinstance(w, Int4Weight):
+    if isinstance(w, (Int4Weight, Int4Twin)):
         return _int4_linear(x, w, b, add=add, mul=mul)
     if other is not None and not (x.dtype == torch.float32 and uses_onednn(x, w)):
         out = linear(x, w, b)
@@ -118,10 +159,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *,
     return out.reshape(*lead, out_dim)
 
 
-def _int4_linear(x: torch.Tensor, w: Int4Weight, b: torch.Tensor | None, *, add, mul) -> torch.Tensor:
+def _int4_linear(x: torch.Tensor, w: Int4Weight | Int4Twin, b: torch.Tensor | None, *, add, mul) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
-    if rows >= INT4_DENSE_FROM_ROWS or not w.can_run_fused(x):
-        return linear(x, w.dequantize(x.dtype), b, add=add, mul=mul)
+    twin = w if isinstance(w, Int4Twin) else None
+    w = twin.int4 if twin else w
+    if rows >= (INT4_TWIN_DENSE_FROM_ROWS if twin else INT4_DENSE_FROM_ROWS) or not w.can_run_fused(x):
+        dense = twin.dense if twin and x.dtype == twin.dtype else w.dequantize(x.dtype)
+        return linear(x, dense, b, add=add, mul=mul)
     out = w.matmul(x)
     if b is not None:
         out = out + b

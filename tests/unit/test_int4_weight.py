@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flexlamps.models.gguf_blocks import int4_blocks
-from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, linear
+from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, INT4_TWIN_DENSE_FROM_ROWS, Int4Twin, linear, with_dense_twin
 from quant.int4_weight import Int4Weight, can_pack, pack_codes, unpack_codes
 
 
@@ -62,6 +62,21 @@ def test_linear_uses_the_kernel_for_few_rows_and_dense_for_many():
     assert torch.equal(linear(many, w, bias), linear(many, w.dequantize(), bias))
     many32 = many.float()  # fp32 activations: the dense fp32 path, exact to the fp32 weight
     assert torch.equal(linear(many32[:1], w), linear(many32[:1], w.dequantize(torch.float32)))
+
+
+def test_a_dense_twin_runs_the_kernel_for_few_rows_and_its_dense_copy_from_fewer_rows():
+    codes, scale, zero = _random_weight()
+    w = Int4Weight.from_codes(codes, scale, zero, 32)
+    twin = with_dense_twin(w)
+    assert isinstance(twin, Int4Twin) and twin.shape == w.shape and twin.nbytes == w.nbytes + 64 * 96 * 2
+    bias, add = torch.randn(64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16)
+    for rows in (1, INT4_TWIN_DENSE_FROM_ROWS - 1, INT4_TWIN_DENSE_FROM_ROWS, INT4_DENSE_FROM_ROWS):
+        x = torch.randn(rows, 96, dtype=torch.bfloat16)
+        want = w.matmul(x) + bias + add if rows < INT4_TWIN_DENSE_FROM_ROWS else linear(x, w.dequantize(), bias, add=add)
+        assert torch.equal(linear(x, twin, bias, add=add.expand(rows, -1)), want), rows
+    x32 = torch.randn(3, 96)  # fp32 activations: the fp32 dense path, as without the twin
+    assert torch.equal(linear(x32, twin), linear(x32, w))
+    assert with_dense_twin(w.dequantize()) is not None and not isinstance(with_dense_twin(w.dequantize()), Int4Twin)
 
 
 def test_shapes_the_kernel_refuses_still_compute():

@@ -15,7 +15,7 @@ from flexlamps.engine.executors.contract import TierUse
 from flexlamps.engine.executors.step import Step
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.forward import forward_for
-from flexlamps.models.linear import pack
+from flexlamps.models.linear import pack, with_dense_twin
 from flexlamps.models.weight_specs import weight_specs
 
 
@@ -32,7 +32,9 @@ def split_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor]):
 
 class InMemoryExecutor:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", dense_twins: bool = False):
+        """`dense_twins`: keep a prepacked dense copy of every 4-bit weight beside it (`models.linear.
+        Int4Twin`): same results, prefill and large batches skip the per-call dequantization."""
         self.cfg = cfg
         self.dtype = dtype
         self.device = torch.device(device)
@@ -44,6 +46,10 @@ class InMemoryExecutor:
         self.layer_weights = [{name: pack(t) for name, t in w.items()} for w in layers]  # norms stay as they are
         if hasattr(self.fwd, "fuse_weights"):  # 4-bit projections stacked into fewer kernel calls
             self.layer_weights = [self.fwd.fuse_weights(w) for w in self.layer_weights]
+        if dense_twins:
+            self.layer_weights = [{name: with_dense_twin(t) for name, t in w.items()} for w in self.layer_weights]
+            self._weight_bytes = sum(t.nbytes for t in self.global_weights.values()) + sum(
+                t.nbytes for w in self.layer_weights for t in w.values())
         # the output head too (a packed copy of a tied embedding table: the lookup reads it dense);
         # unpacked, oneDNN reorders the whole vocab x hidden matrix on every decode step
         head = "lm_head" if "lm_head" in self.global_weights else "embed_tokens"
