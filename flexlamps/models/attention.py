@@ -1,11 +1,25 @@
 """`attention(q, keys, values, mask)`: the attention every KV cache calls once it has its keys.
 
-torch's `scaled_dot_product_attention` runs it, except for decode (one query per row) in
-bf16/fp16 on the CPU: there a grouped-query product is used, since torch's CPU flash kernel in
-bf16 measured 1.4x slower for one decode row and 3.8x slower for 32 (SmolLM2 shapes, span
-~150, 1 thread, Zen 4; prompts of 128 tokens are 1.1-1.7x faster in the flash kernel). Scores and softmax run in fp32 (as the flash kernel
-accumulates); the probabilities are rounded to the input dtype for the product with the
-values, as the flash kernel does.
+On the CPU a query's result depends only on that query and the keys its mask lets it see: not
+on the other rows of the step, on how far the step's keys are padded (the longest row's span),
+nor on how many queries share its chunk (a decode, a prompt chunk, a recompute). That is what
+lets a scheduled run (any rows sharing a step, any chunking) equal each request generated alone,
+bit for bit in fp32. torch's `scaled_dot_product_attention` does not keep it (its result moves by
+up to ~4e-7 with the padded span or the chunk length), nor does a plain `softmax(q k^T) v`, as
+MKL's GEMM picks its kernel and its split of the reduction by shape. So every product here is
+given shapes under which MKL's per-element result is fixed, measured on this class of machine
+and asserted by tests/unit/test_attention_exact.py:
+- at least `MIN_ROWS` query rows per product (1-3 rows run another kernel; fewer are padded);
+- keys in blocks of `KEY_BLOCK` for the product with the values (MKL splits a longer reduction
+  at points that depend on its length), the blocks' partial results added in key order; a block
+  past a query's last key holds probabilities of exactly 0 and adds exactly 0;
+- softmax over at least `MIN_SPAN` keys (its vectorized sums add masked zeros lane by lane).
+Scores and softmax run in fp32 for every dtype; in bf16/fp16 the probabilities are rounded to the
+input dtype before the product with the values (as torch's flash kernel does), and the result is
+rounded once at the end. Long prompt chunks run in blocks of queries (a query's result does not
+depend on its block), which bounds the scores' memory.
+
+On other devices torch's SDPA runs (no such promise there).
 """
 
 from __future__ import annotations
@@ -15,18 +29,76 @@ import math
 import torch
 import torch.nn.functional as F
 
+# NOTE(exact): the three shape rules above; changing them needs the exactness tests re-run.
+MIN_ROWS = 4
+MIN_SPAN = 16
+KEY_BLOCK = 128
+# Scores held at once in a long prompt chunk (fp32 elements: 16 MiB); more queries run in blocks.
+_SCORES_PER_BLOCK = 1 << 22
+
 
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """q (n, heads, T, d), keys/values (n, kv_heads, S, d), mask (n, T, S) bool (True: attend)
     -> (n, heads, T, d)."""
     heads, kv_heads = q.shape[1], keys.shape[1]
-    if q.dtype == torch.float32 or q.device.type != "cpu" or q.shape[2] != 1:
+    if q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=heads != kv_heads)
-    n, _, t, d = q.shape
+    return _per_query_attention(q, keys, values, mask)
+
+
+def _per_query_attention(q, keys, values, mask) -> torch.Tensor:
+    n, heads, t, d = q.shape
+    kv_heads, span = keys.shape[1], keys.shape[2]
+    group = heads // kv_heads  # heads h*group..h*group+group-1 read kv head h
+    if span < MIN_SPAN:  # zero keys and values, masked out
+        grow = MIN_SPAN - span
+        keys, values, mask = F.pad(keys, (0, 0, 0, grow)), F.pad(values, (0, 0, 0, grow)), F.pad(mask, (0, grow))
+        span = MIN_SPAN
+    keys, values = keys.float(), values.float()
+    padded_span = -(-span // KEY_BLOCK) * KEY_BLOCK
+    value_blocks = _value_blocks(values, span, padded_span)
+    grouped = q.reshape(n, kv_heads, group, t, d)
+    chunk = max(1, min(t, _SCORES_PER_BLOCK // (n * heads * padded_span)))
+    outs = []
+    for start in range(0, t, chunk):
+        end = min(t, start + chunk)
+        queries = grouped[:, :, :, start:end].float().reshape(n, kv_heads, group * (end - start), d)
+        probs = _probabilities(queries, keys, mask[:, start:end], group, padded_span)
+        if q.dtype != torch.float32:
+            probs = probs.to(q.dtype).float()
+        out = _weighted_values(probs, value_blocks)[:, :, :queries.shape[2]]
+        outs.append(out.view(n, kv_heads, group, end - start, d))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=3)
+    return out.reshape(n, heads, t, d).to(q.dtype)
+
+
+def _probabilities(queries, keys, mask, group: int, padded_span: int) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)), masked keys at probability 0: (n, kv, rows', padded_span), where
+    rows' = max(rows, MIN_ROWS) (zero queries pad the product; their rows are dropped later)."""
+    n, kv_heads, rows, d = queries.shape
     span = keys.shape[2]
-    group = heads // kv_heads
-    grouped = q.reshape(n, kv_heads, group * t, d).float()  # heads h*group..h*group+group-1 read kv head h
-    scores = torch.matmul(grouped, keys.float().transpose(-1, -2)).mul_(1.0 / math.sqrt(d))  # (n, kv, group*T, S)
-    scores = scores.view(n, kv_heads, group, t, span).masked_fill_(~mask[:, None, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(q.dtype).view(n, kv_heads, group * t, span)
-    return torch.matmul(probs, values).view(n, heads, t, d)
+    if rows < MIN_ROWS:
+        queries = F.pad(queries, (0, 0, 0, MIN_ROWS - rows))
+    scores = torch.matmul(queries, keys.transpose(-1, -2)).mul_(1.0 / math.sqrt(d))  # (n, kv, rows', S)
+    real = scores[:, :, :rows].view(n, kv_heads, group, rows // group, span)
+    real.masked_fill_(~mask[:, None, None], float("-inf"))
+    if padded_span > span:
+        scores = F.pad(scores, (0, padded_span - span), value=float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+def _value_blocks(values: torch.Tensor, span: int, padded_span: int) -> list[torch.Tensor]:
+    """values (n, kv, S, d) as KEY_BLOCK-long views; the last one zero-padded to full length."""
+    blocks = [values[:, :, a:a + KEY_BLOCK] for a in range(0, span - KEY_BLOCK + 1, KEY_BLOCK)]
+    if padded_span > span:
+        blocks.append(F.pad(values[:, :, len(blocks) * KEY_BLOCK:], (0, 0, 0, padded_span - span)))
+    return blocks
+
+
+def _weighted_values(probs: torch.Tensor, value_blocks: list[torch.Tensor]) -> torch.Tensor:
+    """probs (n, kv, rows, padded_span) @ values, one key block at a time, added in key order."""
+    out = None
+    for idx, block in enumerate(value_blocks):
+        part = torch.matmul(probs[..., idx * KEY_BLOCK:(idx + 1) * KEY_BLOCK], block)
+        out = part if out is None else out.add_(part)
+    return out

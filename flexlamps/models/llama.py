@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from flexlamps.models.activation import silu
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.linear import linear
 from flexlamps.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
@@ -70,8 +71,8 @@ class LlamaForward:
         """silu(gate(h)) * up(h) (the product rides on the up GEMM, fused in fp32; see models.linear)."""
         if "gate_up_proj" in w:
             gate, up = linear(h, w["gate_up_proj"], w.get("gate_up_bias")).chunk(2, dim=-1)
-            return F.silu(gate) * up
-        gate = F.silu(linear(h, w["gate_proj"], w.get("gate_bias")), inplace=True)
+            return silu(gate) * up
+        gate = silu(linear(h, w["gate_proj"], w.get("gate_bias")), inplace=True)
         return linear(h, w["up_proj"], w.get("up_bias"), mul=gate)
 
     def layer(self, w: dict[str, torch.Tensor], x: torch.Tensor, ctx, attend: Attend) -> torch.Tensor:

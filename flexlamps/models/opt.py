@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from flexlamps.models.activation import silu
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.linear import linear
 from flexlamps.models.llama import Attend
@@ -12,7 +13,7 @@ from flexlamps.models.llama import Attend
 # OPT's learned position table is offset by 2 rows (fairseq's padding legacy).
 POSITION_OFFSET = 2
 
-_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
+_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": silu}
 
 
 class OptForward:
