@@ -33,7 +33,7 @@ class LLM:
         policy's block size (gpu_batch_size x num_gpu_batches) is used instead.
     gpu_mem, cpu_mem: byte budgets ("2GiB" or an int) that turn on the offload engine.
     cache_dir: folder of the packed-weight cache (a GGUF is repacked once, later loads map the
-        file); default $FLEXLAMPS_CACHE_DIR or ~/.cache/flexlamps; False turns the cache off.
+        file); default $FLEXLAMPS_CACHE or ~/.cache/flexlamps; False turns the cache off.
     offload_dir: folder for the disk tier. policy: "auto", a policy JSON path, a Policy, or None
         (everything on the gpu tier: compression without offloading).
     """

@@ -22,6 +22,7 @@ import psutil
 import torch
 
 from flexlamps.host_allocator import keep_freed_memory
+from flexlamps.io.cache_folder import cache_root
 from flexlamps.models.linear import linear, pack
 from placement import HardwareSpec
 
@@ -521,7 +522,7 @@ PROFILE_VERSION = 5
 
 def profile_cache_path(shapes=None) -> Path:
     """Where the profile timed on matrices of `shapes` (None: the generic ones) is cached."""
-    root = os.environ.get("FLEXLAMPS_CACHE") or Path.home() / ".cache" / "flexlamps"
+    root = cache_root()
     # versioned: a profile written before the probes changed is measured again, not reused
     name = f"hardware-v{PROFILE_VERSION}"
     if shapes:

@@ -32,7 +32,7 @@ class RunSettings:
     compress_weight: bool | None = None  # None: as the policy says
     compress_cache: bool | None = None
     weight_quant: str | None = None  # groupwise4 | groupwise8 | nf4 | fp4 | none
-    cache_dir: object = None  # packed-weight cache folder; None: $FLEXLAMPS_CACHE_DIR or ~/.cache; False: off
+    cache_dir: object = None  # packed-weight cache folder; None: $FLEXLAMPS_CACHE or ~/.cache/flexlamps; False: off
 
     @classmethod
     def parse(cls, model: str = "smollm2-135m", **raw) -> "RunSettings":

@@ -19,8 +19,8 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 # must not be kept for real runs. Set here, at import, so subprocesses inherit both.
 TEST_THREADS = int(os.environ.get("FLEXLAMPS_TEST_THREADS", "1"))
 os.environ["OMP_NUM_THREADS"] = str(TEST_THREADS)
-os.environ["FLEXLAMPS_CACHE"] = tempfile.mkdtemp(prefix="flexlamps-test-cache-")
-os.environ["FLEXLAMPS_CACHE_DIR"] = os.environ["FLEXLAMPS_CACHE"]  # the packed-weight and GGUF header caches
+os.environ["FLEXLAMPS_CACHE"] = tempfile.mkdtemp(prefix="flexlamps-test-cache-")  # all of flexlamps' caches
+os.environ.pop("FLEXLAMPS_CACHE_DIR", None)  # its old name, read when FLEXLAMPS_CACHE is unset
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -92,11 +92,10 @@ def make_tiny_model(folder: Path, kind: str, seed: int = 0) -> Path:
 
 @pytest.fixture(autouse=True, scope="session")
 def _caches_in_a_temp_folder(tmp_path_factory):
-    """Tests never write to the user's home cache: the engine's packed-weight cache and the
-    machine profiles go to a session folder."""
+    """Tests never write to the user's home cache: packed weights, file hashes and machine
+    profiles go to a session folder."""
     mp = pytest.MonkeyPatch()
-    mp.setenv("FLEXLAMPS_CACHE_DIR", str(tmp_path_factory.mktemp("weight-cache")))
-    mp.setenv("FLEXLAMPS_CACHE", str(tmp_path_factory.mktemp("profile-cache")))
+    mp.setenv("FLEXLAMPS_CACHE", str(tmp_path_factory.mktemp("flexlamps-cache")))
     yield
     mp.undo()
 

@@ -6,8 +6,7 @@ The file is named by the SHA-256 of the checkpoint's bytes plus everything that 
 packed result (dtype, 4-bit in place or not, torch version, CPU kernel flavour, format
 version), so an edited checkpoint or another torch never reads a stale entry. Files are
 written to a temp name and renamed; a damaged entry is rebuilt. The folder is `cache_dir`,
-else $FLEXLAMPS_CACHE_DIR, else $XDG_CACHE_HOME/flexlamps, else ~/.cache/flexlamps (read when
-called, never at import).
+else flexlamps' cache folder ($FLEXLAMPS_CACHE; see flexlamps.io.cache_folder).
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from flexlamps.io.cache_folder import cache_root
 from flexlamps.models.gguf_header import file_sha256
 from quant.int4_weight import Int4Weight
 
@@ -29,10 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def default_cache_dir() -> Path:
-    if os.environ.get("FLEXLAMPS_CACHE_DIR"):
-        return Path(os.environ["FLEXLAMPS_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "flexlamps"
+    return cache_root()
 
 
 def cache_key(content_sha256: str, dtype: torch.dtype, int4_in_place: bool) -> str:
