@@ -18,6 +18,7 @@ from typing import Any, Callable
 from flexlamps.io.fingerprint import RecordFingerprint, model_fingerprint, stable_hash
 from flexlamps.io.prompts import PromptRecord, read_prompts
 from flexlamps.io.results import ResumableResults
+from flexlamps.settings import RunSettings
 
 
 class PromptTooLongError(ValueError):
@@ -26,19 +27,10 @@ class PromptTooLongError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class GenerateSettings:
-    """Everything that decides a record's content, plus how each engine is built."""
+    """Everything that decides a record's content, plus how each engine is built: `run`, the one
+    parsed `RunSettings` every engine of the job is made from (budgets are per engine)."""
 
-    model: str
-    dtype: str = "float32"
-    batch_size: int = 32  # sequences decoded together (per engine)
-    # offload engine (any of these set turns it on); budgets are per engine
-    gpu_mem: str | None = None
-    cpu_mem: str | None = None
-    offload_dir: str | None = None
-    policy: str = "auto"
-    compress_weight: bool | None = None
-    compress_cache: bool | None = None
-    weight_quant: str | None = None
+    run: RunSettings
     # sampling
     max_new_tokens: int = 64
     temperature: float = 0.0
@@ -50,27 +42,13 @@ class GenerateSettings:
     ignore_eos: bool = False
     chat: bool = False
 
-    def __post_init__(self):
-        if self.batch_size < 1:
-            raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
-        if self.weight_quant and self.weight_quant != "none":
-            object.__setattr__(self, "compress_weight", True)
-
-    @property
-    def offload(self) -> bool:
-        return (self.gpu_mem is not None or self.cpu_mem is not None or self.offload_dir is not None
-                or bool(self.compress_weight) or bool(self.compress_cache))
-
     def with_offload_dir(self, offload_dir: str | None) -> "GenerateSettings":
-        return dataclasses.replace(self, offload_dir=offload_dir)
+        return dataclasses.replace(self, run=dataclasses.replace(self.run, offload_dir=offload_dir))
 
     def load_llm(self):
         from flexlamps.api import LLM
 
-        return LLM(self.model, dtype=self.dtype, max_batch_size=self.batch_size, gpu_mem=self.gpu_mem,
-                   cpu_mem=self.cpu_mem, offload_dir=self.offload_dir, policy=self.policy,
-                   compress_weight=self.compress_weight, compress_cache=self.compress_cache,
-                   weight_quant=self.weight_quant)
+        return LLM.from_settings(self.run)
 
     def sampling_params(self, record_id: str):
         """Each prompt's seed derives from --seed and its id, so results do not depend on
@@ -100,12 +78,13 @@ def record_fingerprints(settings: GenerateSettings, records: list[PromptRecord])
     """Each prompt's RecordFingerprint: the model file's content, the options that shape the
     output (dtype, compression, chat, sampling), the prompt's id (it seeds sampling), text and
     copied fields. Placement and batching are left out: they do not change a record."""
-    shaping = {k: getattr(settings, k) for k in (
-        "dtype", "compress_weight", "compress_cache", "weight_quant", "max_new_tokens", "temperature", "top_p",
-        "top_k", "seed", "stop", "logprobs", "ignore_eos", "chat")}
-    if settings.policy != "auto":  # a policy file may turn compression on
-        shaping["policy"] = stable_hash(Path(settings.policy).read_text())
-    model, options = model_fingerprint(settings.model), stable_hash(shaping)
+    run = settings.run
+    shaping = {k: getattr(run, k) for k in ("dtype", "compress_weight", "compress_cache", "weight_quant")}
+    shaping.update({k: getattr(settings, k) for k in (
+        "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs", "ignore_eos", "chat")})
+    if run.policy != "auto":  # a policy file may turn compression on
+        shaping["policy"] = stable_hash(Path(run.policy).read_text())
+    model, options = model_fingerprint(run.model), stable_hash(shaping)
     return {r.id: RecordFingerprint(model=model, options=options, prompt=stable_hash([r.id, r.prompt, r.extra]))
             for r in records}
 

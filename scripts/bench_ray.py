@@ -20,6 +20,7 @@ from pathlib import Path
 from flexlamps.distributed.cluster import ray_cluster
 from flexlamps.distributed.generate import generate_on_ray
 from flexlamps.generate_job import GenerateSettings, encode_checked, generate_rows
+from flexlamps.settings import RunSettings
 from flexlamps.io.prompts import PromptRecord
 from flexlamps.models.registry import open_checkpoint
 
@@ -70,7 +71,8 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=DATA)
     args = ap.parse_args()
     print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
-    settings = GenerateSettings(model=args.model, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+    settings = GenerateSettings(run=RunSettings.parse(args.model, dtype="float32", max_batch_size=args.batch_size),
+                                max_new_tokens=args.max_new_tokens,
                                 ignore_eos=True)
     records = _prompts(args.data, args.prompts)
     reader = open_checkpoint(args.model)

@@ -11,7 +11,8 @@ import time
 
 import click
 
-from flexlamps.commands.options import ByteSize, model_options, offload_options, peak_rss_mib, ray_options
+from flexlamps.commands.options import (ByteSize, engine_settings, model_options, offload_options, peak_rss_mib,
+                                        ray_options)
 
 
 def _since_process_start() -> float:
@@ -59,10 +60,10 @@ def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, t
     """Generate a completion for every prompt in PROMPTS and write them to OUT."""
     from flexlamps.generate_job import GenerateSettings
 
+    run = engine_settings(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight, compress_cache,
+                          weight_quant, max_batch_size=batch_size)
     settings = GenerateSettings(
-        model=model, dtype=dtype, batch_size=batch_size, gpu_mem=gpu_mem, cpu_mem=cpu_mem, offload_dir=offload_dir,
-        policy=policy_arg, compress_weight=compress_weight, compress_cache=compress_cache, weight_quant=weight_quant,
-        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+        run=run, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
         stop=tuple(stop), logprobs=logprobs, ignore_eos=ignore_eos, chat=chat)
     try:
         settings.sampling_params("")  # bad sampling flags fail here, before any model loads
@@ -84,11 +85,11 @@ def _pending_job(settings, prompts_path, out_path, overwrite):
     from offload import PathInUseError
 
     try:
-        if settings.policy != "auto":
+        if settings.run.policy != "auto":
             from flexlamps.engine.executors.policy_choice import load_policy
 
-            load_policy(settings.policy)
-        _check_offload_dir(settings.offload_dir)
+            load_policy(settings.run.policy)
+        _check_offload_dir(settings.run.offload_dir)
         job = pending_job(settings, prompts_path, out_path, overwrite)
     except (PromptFileError, ResultsError, PathInUseError, ValueError) as e:
         raise click.ClickException(str(e))
@@ -193,7 +194,7 @@ def _run_local(settings, job, no_progress: bool, strict: bool) -> None:
                        "with empty or odd text. Add --chat to wrap each prompt as a user turn.", err=True)
         _open_results(job, job.results.out)
         todo, prompt_ids = _encode(llm.tokenizer, llm.config.max_position, job, settings, strict)
-        if todo and settings.offload:
+        if todo and settings.run.offloaded:
             _prepare_offload(llm, prompt_ids, settings)
         progress = _Progress(len(todo), no_progress)
 
@@ -212,7 +213,7 @@ def _run_local(settings, job, no_progress: bool, strict: bool) -> None:
         _finish(job, progress, wall)
     finally:
         llm.close()  # releases the offload folder's lock even when the run fails
-    if settings.offload and todo:
+    if settings.run.offloaded and todo:
         b = llm.executor.budgets
         click.echo(f"measured {progress.generated / wall:.2f} tok/s | peak gpu tier {b['gpu'].peak_bytes / 2**20:.0f} "
                    f"MiB of {b['gpu'].capacity_bytes / 2**20:.0f} | peak cpu tier {b['cpu'].peak_bytes / 2**20:.0f} "
@@ -311,7 +312,7 @@ def _encode_on_driver(settings, job, strict: bool):
     from flexlamps.models.registry import UnknownModelError, open_checkpoint
 
     try:
-        reader = open_checkpoint(settings.model)
+        reader = open_checkpoint(settings.run.model)
     except (UnknownModelError, UnsupportedModelError, CheckpointError, ValueError, OSError) as e:
         raise click.ClickException(str(e))
     return _encode(reader.tokenizer, reader.config.max_position, job, settings, strict)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from flexlamps.commands.options import engine_settings, model_options, offload_options, ray_options
+from flexlamps.commands.options import engine_settings, model_options, offload_kwargs, offload_options, ray_options
 from flexlamps.distributed.cluster import DistributedError
 from flexlamps.evals.scenarios import ScenarioError
 
@@ -93,12 +93,11 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
     if not scenarios and not scenario_files:
         raise click.UsageError("give at least one --scenario or --scenario-file (try --scenario demo)")
     helm_model = helm_model_name(model)
-    engine_kwargs, _ = engine_settings(gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight, compress_cache,
-                                       weight_quant)
-    extra = {**engine_kwargs, **_parse_llm_args(llm_args)}
+    run = engine_settings(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight, compress_cache,
+                          weight_quant)
+    extra = {**offload_kwargs(run), **_parse_llm_args(llm_args)}
     llm, make_executor = _engine(model, dtype, extra, ray_address, ray_workers)
-    identity = EngineIdentity(model_fingerprint(model), dtype, engine_kwargs["compress_weight"],
-                              engine_kwargs["compress_cache"], engine_kwargs["weight_quant"])
+    identity = EngineIdentity(model_fingerprint(model), dtype, run.compress_weight, run.compress_cache, run.weight_quant)
     output = Path(output_path)
     opts = RunOptions(helm_model, num_shots, max_eval_instances, max_tokens, seed, Path(data_dir) if data_dir else None)
     try:

@@ -34,12 +34,10 @@ def planned_rss_bytes(hf_config: dict, weight_bytes_per_param: float, *, offload
     return int(FIXED_OVERHEAD_BYTES + weights + cache)
 
 
-def _offload_budgets(settings) -> tuple[int, int] | None:
-    if not settings.offload:
+def _offload_budgets(run) -> tuple[int, int] | None:
+    if not run.offloaded:
         return None
-    from flexlamps.settings import RunSettings
-
-    run = RunSettings.parse(settings.model, gpu_mem=settings.gpu_mem, cpu_mem=settings.cpu_mem).with_budgets()
+    run = run.with_budgets()
     return run.gpu_mem, run.cpu_mem  # the defaults are LLM's: one definition, in RunSettings
 
 
@@ -47,12 +45,13 @@ def check_max_rss(settings, max_rss: int, num_prompts: int) -> None:
     """Refuse (before loading the model) a run whose planned memory exceeds `max_rss`."""
     from flexlamps.models.registry import open_checkpoint
 
-    reader = open_checkpoint(settings.model)
-    per_param = _WEIGHT_BYTES.get(settings.dtype) or (
+    run = settings.run
+    reader = open_checkpoint(run.model)
+    per_param = _WEIGHT_BYTES.get(run.dtype) or (
         _AUTO_INT4_BYTES if getattr(reader, "has_int4_weights", False) else 4.0)
-    budgets = _offload_budgets(settings)
+    budgets = _offload_budgets(run)
     planned = planned_rss_bytes(reader.hf_config, per_param, offload_budgets=budgets,
-                                num_sequences=min(num_prompts, settings.batch_size),
+                                num_sequences=min(num_prompts, run.max_batch_size),
                                 context_len=min(reader.config.max_position, 512 + settings.max_new_tokens))
     if planned > max_rss:
         mib = lambda n: f"{n / 2**20:.0f} MiB"  # noqa: E731

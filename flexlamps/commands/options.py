@@ -8,6 +8,8 @@ import resource
 
 import click
 
+from flexlamps.settings import RunSettings
+
 
 class ByteSize(click.ParamType):
     """A positive size such as 2GiB, 512MiB or 16GB."""
@@ -92,7 +94,7 @@ def ray_options(fn):
 
 def offload_options(fn):
     """Placement and compression: --gpu-mem, --cpu-mem, --offload-dir, --policy, --compress-weight,
-    --compress-cache, --weight-quant (any of them turns on the offload engine; see engine_settings)."""
+    --compress-cache, --weight-quant (any of them turns on the offload engine: RunSettings.offloaded)."""
     options = [
         click.option("--gpu-mem", default=None, type=ByteSize(),
                      help="GPU tier budget (e.g. 2GiB); turns on the offload engine. Without a GPU the gpu tier is "
@@ -116,12 +118,22 @@ def offload_options(fn):
     return fn
 
 
-def engine_settings(gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight, compress_cache,
-                    weight_quant) -> tuple[dict, bool]:
-    """(LLM(...) keyword arguments, whether the offload engine runs) from the offload_options."""
-    if weight_quant and weight_quant != "none":
-        compress_weight = True
-    offload = any(v is not None for v in (gpu_mem, cpu_mem, offload_dir)) or bool(compress_weight or compress_cache)
-    kwargs = dict(gpu_mem=gpu_mem, cpu_mem=cpu_mem, offload_dir=offload_dir, policy=policy_arg,
-                  compress_weight=compress_weight, compress_cache=compress_cache, weight_quant=weight_quant)
-    return kwargs, offload
+# the RunSettings fields that offload_options set
+OFFLOAD_SETTINGS = ("gpu_mem", "cpu_mem", "offload_dir", "policy", "compress_weight", "compress_cache", "weight_quant")
+
+
+def engine_settings(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight, compress_cache,
+                    weight_quant, **more) -> RunSettings:
+    """The model_options and offload_options parsed into the one RunSettings (`more`: other of its
+    fields, e.g. max_batch_size); a bad value is a UsageError naming it."""
+    try:
+        return RunSettings.parse(model, dtype=dtype, gpu_mem=gpu_mem, cpu_mem=cpu_mem, offload_dir=offload_dir,
+                                 policy=policy_arg, compress_weight=compress_weight, compress_cache=compress_cache,
+                                 weight_quant=weight_quant, **more)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
+def offload_kwargs(run: RunSettings) -> dict:
+    """`run`'s offload settings as LLM(...) keyword arguments (for engines built elsewhere, e.g. Ray workers)."""
+    return {name: getattr(run, name) for name in OFFLOAD_SETTINGS}

@@ -23,7 +23,7 @@ class GenerateWorker:
     engine's own exception (a budget too small, a policy file missing) and not a dead actor."""
 
     def __init__(self, settings: GenerateSettings, threads: int, plan_ids: list[list[int]], *, rank: int):
-        self.settings = settings.with_offload_dir(worker_offload_dir(settings.offload_dir, rank))
+        self.settings = settings.with_offload_dir(worker_offload_dir(settings.run.offload_dir, rank))
         self.rank = rank
         self.lines: list[str] = []
         self.error: BaseException | None = None
@@ -32,7 +32,7 @@ class GenerateWorker:
 
             torch.set_num_threads(threads)
             self.llm = self.settings.load_llm()
-            if self.settings.offload:
+            if self.settings.run.offloaded:
                 self.lines = prepare_offload(self.llm, plan_ids, self.settings)
         except Exception as e:  # noqa: BLE001 -- re-raised by describe() in the driver
             self.error = e
@@ -63,7 +63,7 @@ def generate_on_ray(settings: GenerateSettings, threads: int, slots: WorkerSlots
     """Generate `records` (with their ids) on `slots` workers; `on_rows(rows, tokens)` in the
     driver as each shard finishes. `on_workers` sees each worker's description once started;
     `on_shard(pool, shard)` runs after each shard is recorded (tests use it to kill a worker)."""
-    shards = shard_prompts(records, prompt_ids, settings.batch_size)
+    shards = shard_prompts(records, prompt_ids, settings.run.max_batch_size)
     num_workers = min(slots.num_workers, len(shards))
     per_worker = -(-len(records) // num_workers)
     plan_ids = prompt_ids[:per_worker]

@@ -51,8 +51,9 @@ def reference(tiny_llama, prompts, tmp_path_factory):
 
 def _ray_settings(model):
     from flexlamps.generate_job import GenerateSettings
+    from flexlamps.settings import RunSettings
 
-    return GenerateSettings(model=str(model), dtype="auto", batch_size=3, max_new_tokens=6)  # as _args
+    return GenerateSettings(run=RunSettings.parse(str(model), dtype="auto", max_batch_size=3), max_new_tokens=6)  # as _args
 
 
 def _run_api(model, prompts, out, on_shard):
