@@ -30,7 +30,9 @@ def reader(tiny_models):
 
 @pytest.fixture(scope="module")
 def plain(reader):
-    return InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32)
+    """The in-memory executor: the reference every cache and executor here must equal bit for bit."""
+    weights = read_all(reader, torch.float32)
+    return InMemoryExecutor(reader.config, weights, torch.float32)
 
 
 @pytest.fixture(scope="module")
