@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
 from flexlamps.models.attention import attention
 from flexlamps.models.config import ModelConfig
 
@@ -48,7 +49,7 @@ class DenseKVCache:
         span = int(positions.max()) + 1
         # query at position p sees keys 0..p of its own row: causal and per-row length in one mask
         mask = torch.arange(span, device=positions.device)[None, None, :] <= positions[:, :, None]
-        return StepGeometry(slots, positions, span, mask, _first_of_block(slots))
+        return StepGeometry(slots, positions, span, mask, _first_of_block(slots), is_fresh_prefill(positions))
 
     def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
                   geometry: "StepGeometry | None" = None):
@@ -64,7 +65,10 @@ class DenseKVCache:
         kc, vc = self.k[layer], self.v[layer]
         kc[geo.slots[:, None], :, geo.positions] = k
         vc[geo.slots[:, None], :, geo.positions] = v
-        keys, values = _rows(kc, geo.slots, geo.span, geo.first), _rows(vc, geo.slots, geo.span, geo.first)
+        if geo.fresh:  # see caches.fresh
+            keys, values = fresh_keys(k, v)
+        else:
+            keys, values = _rows(kc, geo.slots, geo.span, geo.first), _rows(vc, geo.slots, geo.span, geo.first)
         out = attention(q.transpose(1, 2), keys, values, geo.mask)
         return out.transpose(1, 2).reshape(n, t, heads * d)
 
@@ -72,12 +76,14 @@ class DenseKVCache:
 @dataclass(frozen=True)
 class StepGeometry:
     """One step's rows: `slots` (n,), `positions` (n, T), keys 0..span-1 read, `mask` (n, T, span),
-    `first`: the first slot when the slots are one contiguous block (rows read as a view), else None."""
+    `first`: the first slot when the slots are one contiguous block (rows read as a view), else None;
+    `fresh`: every row is a prompt chunk from position 0 (it attends over its own new keys)."""
     slots: torch.Tensor
     positions: torch.Tensor
     span: int
     mask: torch.Tensor
     first: int | None
+    fresh: bool = False
 
 
 def _first_of_block(slots: torch.Tensor) -> int | None:

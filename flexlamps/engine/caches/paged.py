@@ -20,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
 from flexlamps.models.attention import attention
 from flexlamps.models.config import ModelConfig
 
@@ -143,12 +144,16 @@ class PagedKVCache:
         offsets = positions % bs
         kc[blocks, :, offsets] = k.to(kc.dtype)  # k: (n, T, kv_heads, d)
         vc[blocks, :, offsets] = v.to(vc.dtype)
-        num_blocks = int(positions.max()) // bs + 1
-        span = num_blocks * bs
-        used = tables[:, :num_blocks]  # (n, B)
-        # (n, B, kv_heads, bs, d) -> (n, kv_heads, B * bs, d)
-        keys = kc[used].permute(0, 2, 1, 3, 4).reshape(n, -1, span, d)
-        values = vc[used].permute(0, 2, 1, 3, 4).reshape(n, -1, span, d)
+        if is_fresh_prefill(positions):  # see caches.fresh
+            span = t
+            keys, values = fresh_keys(k, v)
+        else:
+            num_blocks = int(positions.max()) // bs + 1
+            span = num_blocks * bs
+            used = tables[:, :num_blocks]  # (n, B)
+            # (n, B, kv_heads, bs, d) -> (n, kv_heads, B * bs, d)
+            keys = kc[used].permute(0, 2, 1, 3, 4).reshape(n, -1, span, d)
+            values = vc[used].permute(0, 2, 1, 3, 4).reshape(n, -1, span, d)
         # query at position p sees keys 0..p of its own request
         mask = torch.arange(span, device=q.device)[None, None, :] <= positions[:, :, None]
         out = attention(q.transpose(1, 2), keys, values, mask)

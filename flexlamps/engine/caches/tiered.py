@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
 from flexlamps.models.attention import attention
 from flexlamps.models.config import ModelConfig
 from offload import tensor_bytes
@@ -97,29 +98,14 @@ class TieredKVCache:
 
     def attend(self, layer, slots, positions, q, k, v, visible=None) -> torch.Tensor:
         n, t, heads, d = q.shape
-        kc, vc = self.k[layer], self.v[layer]
         home = torch.device("cpu") if self.tiers[layer] != "gpu" else self.device
-        slots_h, pos_h = slots.to(home), positions.to(home)
-        span = int(positions.max()) + 1 if visible is None else visible.shape[-1]
-        if self.compress is not None:
-            kc.write(slots_h, pos_h, k.to(home))
-            vc.write(slots_h, pos_h, v.to(home))
-            keys, values = kc.read(slots_h, span), vc.read(slots_h, span)
+        slots_h = slots.to(home)
+        self._write(layer, slots_h, positions.to(home), k.to(home), v.to(home))
+        if visible is None and is_fresh_prefill(positions):  # see caches.fresh: nothing read back or staged
+            span, (keys, values), where, staged = t, fresh_keys(k, v), k.device, 0
         else:
-            kc[slots_h[:, None], :, pos_h] = k.to(home)
-            vc[slots_h[:, None], :, pos_h] = v.to(home)
-            keys, values = rows_of(kc, slots_h, span), rows_of(vc, slots_h, span)
-        staged = 0
-        where = home
-        if self.tiers[layer] != "gpu" and not self.cpu_attention:  # see attends_with_staged_rows
-            # bring this micro-batch's rows to the compute device for attention
-            staged = tensor_bytes(keys, values)
-            self.budgets["gpu"].allocate(staged, f"KV cache layer {layer} rows staged for attention")
-            keys, values = keys.to(self.device, copy=True), values.to(self.device, copy=True)
-            where = self.device
-        elif self.tiers[layer] == "gpu" and self.compress is not None:
-            staged = tensor_bytes(keys, values)  # decompressed on the gpu tier: held while attending
-            self.budgets["gpu"].allocate(staged, f"KV cache layer {layer} rows decompressed")
+            span = int(positions.max()) + 1 if visible is None else visible.shape[-1]
+            keys, values, where, staged = self._rows_for_attention(layer, slots_h, span, home)
         try:
             qd = q.to(where)
             mask = (visible.to(where) if visible is not None
@@ -129,3 +115,33 @@ class TieredKVCache:
             if staged:
                 self.budgets["gpu"].free(staged)
         return out.transpose(1, 2).reshape(n, t, heads * d).to(self.device)
+
+    def _write(self, layer, slots, positions, k, v) -> None:
+        """This step's keys and values into the layer's rows (all on the layer's tier)."""
+        kc, vc = self.k[layer], self.v[layer]
+        if self.compress is not None:
+            kc.write(slots, positions, k)
+            vc.write(slots, positions, v)
+        else:
+            kc[slots[:, None], :, positions] = k
+            vc[slots[:, None], :, positions] = v
+
+    def _rows_for_attention(self, layer, slots, span: int, home):
+        """(keys, values, the device attention runs on, bytes held on the gpu tier meanwhile): the
+        rows up to `span`, staged on the compute device or decompressed as the layer's tier needs."""
+        kc, vc = self.k[layer], self.v[layer]
+        if self.compress is not None:
+            keys, values = kc.read(slots, span), vc.read(slots, span)
+        else:
+            keys, values = rows_of(kc, slots, span), rows_of(vc, slots, span)
+        staged, where = 0, home
+        if self.tiers[layer] != "gpu" and not self.cpu_attention:  # see attends_with_staged_rows
+            # bring this micro-batch's rows to the compute device for attention
+            staged = tensor_bytes(keys, values)
+            self.budgets["gpu"].allocate(staged, f"KV cache layer {layer} rows staged for attention")
+            keys, values = keys.to(self.device, copy=True), values.to(self.device, copy=True)
+            where = self.device
+        elif self.tiers[layer] == "gpu" and self.compress is not None:
+            staged = tensor_bytes(keys, values)  # decompressed on the gpu tier: held while attending
+            self.budgets["gpu"].allocate(staged, f"KV cache layer {layer} rows decompressed")
+        return keys, values, where, staged
