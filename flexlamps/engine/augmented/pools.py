@@ -76,13 +76,22 @@ def working_set(executor: Executor, *, max_context: int, max_num_seqs: int, max_
         slots = cache.set_block_tables([[0] * -(-max_context // block_size)] * max(1, max_num_seqs))
         resting = {tier: use.used_bytes for tier, use in executor.tier_use().items()}
         executor.reset_peaks()
-        for steps in _probe_iterations(max_context, max_num_seqs, max_num_batched_tokens):
+        probes = _probe_iterations(max_context, max_num_seqs, max_num_batched_tokens)
+        for steps in probes:
             executor.forward_steps(cache, [Step(s.input_ids.to(cache.device), s.positions.to(cache.device),
                                                 slots[s.slots.to(slots.device)], s.logit_rows.to(cache.device))
                                            for s in steps])
-        return {tier: use.peak_bytes - resting[tier] for tier, use in executor.tier_use().items()}
+        ws = {tier: use.peak_bytes - resting[tier] for tier, use in executor.tier_use().items()}
     finally:
         cache.release()
+    # the measured peak depends on whether the next layer's prefetch overlapped this one's
+    # staging (I/O-thread timing); the charges' worst case keeps the pools the same every run
+    charges = getattr(executor, "charges", None)
+    if charges is not None:
+        worst = max(charges.sweep_gpu_peak([(*s.input_ids.shape, int(s.positions.max()) + 1) for s in steps])
+                    for steps in probes)
+        ws["gpu"] = max(ws["gpu"], worst)
+    return ws
 
 
 def pool_sizes(executor: Executor, *, max_context: int, max_num_seqs: int, max_num_batched_tokens: int,
