@@ -168,7 +168,8 @@ class GGUFReader:
         self.path = path
         self._reader = None  # the gguf package's reader, opened on the first tensor read
         self._tensors = None  # its tensors by name
-        header = read_header(Path(path), self._parse_header, Path(cache_dir) if cache_dir else default_cache_dir())
+        self._cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        header = read_header(Path(path), self._parse_header, self._cache_dir)
         self.fields, self._tensor_types, self.sha256 = header.fields, header.tensor_types, header.sha256
         self.hf_config = self._hf_config()
         self.config = ModelConfig.from_hf(self.hf_config)
@@ -216,7 +217,7 @@ class GGUFReader:
     @property
     def tokenizer(self) -> Tokenizer:
         if self._tokenizer is None:
-            self._tokenizer = tokenizer_from_gguf(self.fields)
+            self._tokenizer = tokenizer_from_gguf(self.fields, self._cache_dir, self.sha256)
         return self._tokenizer
 
     def _tensor(self, spec: WeightSpec):

