@@ -7,6 +7,11 @@ packed result (dtype, 4-bit in place or not, torch version, CPU kernel flavour, 
 version), so an edited checkpoint or another torch never reads a stale entry. Files are
 written to a temp name and renamed; a damaged entry is rebuilt. The folder is `cache_dir`,
 else flexlamps' cache folder ($FLEXLAMPS_CACHE; see flexlamps.io.cache_folder).
+
+The entries are kept within `MAX_CACHE_BYTES` together: after an entry is written, the least
+recently used ones (a load that reads an entry marks it used) are deleted until the rest fit;
+the entry just written is always kept. Only this cache's own files (`weights-*.safetensors`)
+are ever deleted. A process that has an entry mapped keeps reading it after the deletion.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from flexlamps.models.gguf_header import file_sha256
 from quant.int4_weight import Int4Weight
 
 FORMAT_VERSION = 1
+MAX_CACHE_BYTES = 8 * 2**30  # all entries of one folder together
+_ENTRY_GLOB = "weights-*.safetensors"
 log = logging.getLogger(__name__)
 
 
@@ -98,10 +105,48 @@ def load_weights(reader, dtype: torch.dtype, *, int4_in_place: bool, cache_dir: 
     path = Path(cache_dir or default_cache_dir()) / f"weights-{cache_key(content, dtype, int4_in_place)}.safetensors"
     cached = _read(path, names)
     if cached is not None:
+        _mark_used(path)
         return cached
     weights = read_all(reader, dtype, int4_in_place=int4_in_place)
     try:
         _write(path, _flatten(weights))
+        prune(path.parent, keep=path)
     except OSError as e:  # a read-only or full cache folder only costs the next load its speed
         log.warning("could not write the weight cache %s (%s); set --cache-dir to a writable folder", path, e)
     return weights
+
+
+def _mark_used(path: Path) -> None:
+    try:
+        os.utime(path)  # the modification time is the entry's last use, for `prune`
+    except OSError:  # a read-only cache folder: its entries age by their writing
+        pass
+
+
+def prune(folder: Path, keep: Path | None = None, max_bytes: int | None = None) -> list[Path]:
+    """Delete the least recently used entries of `folder` until the rest take at most `max_bytes`
+    (default `MAX_CACHE_BYTES`); `keep` is never deleted. Returns the deleted paths."""
+    limit = MAX_CACHE_BYTES if max_bytes is None else max_bytes
+    entries = []
+    for entry in Path(folder).glob(_ENTRY_GLOB):
+        try:
+            st = entry.stat()
+        except OSError:  # deleted meanwhile by another process's prune
+            continue
+        entries.append((st.st_mtime_ns, st.st_size, entry))
+    total = sum(size for _, size, _ in entries)
+    deleted = []
+    for _, size, entry in sorted(entries, key=lambda e: e[0]):  # least recently used first
+        if total <= limit:
+            break
+        if keep is not None and entry == keep:
+            continue
+        try:
+            entry.unlink()
+        except FileNotFoundError:
+            pass
+        total -= size
+        deleted.append(entry)
+        log.info("weight cache: deleted %s (least recently used; the folder is kept under %d MiB)",
+                 entry, limit // 2**20)
+    return deleted

@@ -143,3 +143,38 @@ def test_header_is_parsed_once_and_reparsed_when_the_file_changes(tiny_gguf, tmp
     monkeypatch.setattr(gguf, "GGUFReader", real)
     write_tiny_gguf(tiny_gguf, seed=2)  # same size, new bytes and mtime
     assert GGUFReader(tiny_gguf, cache).sha256 != first.sha256
+
+
+def test_cache_keeps_the_recently_used_entries_within_its_size(tmp_path, monkeypatch):
+    import os
+
+    from flexlamps.models import weight_cache
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "notes.txt").write_text("the user's file")  # never one of the cache's own entries
+    for age, name in enumerate(("old", "used", "mid")):  # written in this order, 100 bytes each
+        entry = cache / f"weights-{name}.safetensors"
+        entry.write_bytes(b"x" * 100)
+        os.utime(entry, ns=(10**18 + age * 10**9, 10**18 + age * 10**9))
+    weight_cache._mark_used(cache / "weights-used.safetensors")  # read by a load: the newest use
+    new = cache / "weights-new.safetensors"
+    new.write_bytes(b"x" * 100)
+    deleted = weight_cache.prune(cache, keep=new, max_bytes=250)
+    assert sorted(p.name for p in deleted) == ["weights-mid.safetensors", "weights-old.safetensors"]
+    assert sorted(p.name for p in cache.iterdir()) == ["notes.txt", "weights-new.safetensors",
+                                                       "weights-used.safetensors"]
+    assert weight_cache.prune(cache, keep=new, max_bytes=50) == [cache / "weights-used.safetensors"]
+    assert new.exists()  # the entry just written stays even when it alone is over the size
+
+
+def test_a_load_prunes_the_folder_and_keeps_its_entry(tiny_gguf, tmp_path, monkeypatch):
+    from flexlamps.models import weight_cache
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    stale = cache / "weights-stale.safetensors"
+    stale.write_bytes(b"x" * 1000)
+    monkeypatch.setattr(weight_cache, "MAX_CACHE_BYTES", 1)
+    load_weights(GGUFReader(tiny_gguf), torch.bfloat16, int4_in_place=True, cache_dir=cache)
+    assert not stale.exists() and len(list(cache.glob("weights-*.safetensors"))) == 1
