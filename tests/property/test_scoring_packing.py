@@ -35,20 +35,33 @@ def test_every_token_sees_exactly_its_own_sequence(layout):
         assert r.num_tokens <= row_tokens or len(r.items) == 1
     root = [("root", k) for k in range(root_len)]  # what the shared prefix's cache positions hold
     arr = stack_rows(rows)
+    sees = _visible_cache_positions(arr["segments"])
+    for n, row in enumerate(rows):  # every real token attends in exactly one segment, padding in none
+        assert sorted(t for (r, t) in sees if r == n) == list(range(row.num_tokens))
     by_pair = {p: (it.context, c) for it in items for p, c in zip(it.pair_ids, it.continuations)}
     seen_targets = {}
     for n, row in enumerate(rows):
-        ids = arr["ids"][n].tolist()
-        pos = arr["positions"][n].tolist()
-        keys = root + list(zip(ids, pos))  # cache position -> (token, rotary position)
+        keys = root + list(zip(arr["ids"][n].tolist(), arr["positions"][n].tolist()))  # cache position -> key
         for k, (t, pair, target) in enumerate(row.logit_targets()):
             ctx, cont = by_pair[pair]
             assert arr["logit_index"][n, k] == t
             seen_targets.setdefault(pair, []).append(target)
-            # the query's visible keys, in cache order, are its plain sequence up to itself
-            visible = [keys[s] for s in range(len(keys)) if arr["visible"][n, t, s]]
+            # the query's keys, in the order its attention reads them, are its plain sequence up to itself
             plain = list(ctx) + list(cont[:-1])
             upto = len(ctx) + len(seen_targets[pair]) - 1  # tokens of the plain sequence fed so far
-            want = root + list(zip(plain[:upto], range(root_len, root_len + upto)))
-            assert visible == want
+            assert [keys[s] for s in sees[n, t]] == root + list(zip(plain[:upto], range(root_len, root_len + upto)))
     assert seen_targets == {p: list(c) for p, (_, c) in by_pair.items()}
+    assert arr["segments"].span == root_len + arr["ids"].shape[1]
+
+
+def _visible_cache_positions(segments) -> dict[tuple[int, int], list[int]]:
+    """(row, token index) -> the cache positions its attention reads, in order."""
+    out = {}
+    for g in segments.groups:
+        for s in range(len(g.rows)):
+            for i in range(g.queries.shape[1]):
+                if g.query_valid[s, i]:
+                    key = (int(g.rows[s]), int(g.queries[s, i]))
+                    assert key not in out
+                    out[key] = g.keys[s][g.mask[s, i]].tolist()
+    return out

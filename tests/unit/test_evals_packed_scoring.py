@@ -56,7 +56,7 @@ def test_packed_equals_plain_sequences(tiny_llama, max_batch, micro_batch, max_l
         assert g.token_logprobs == pytest.approx(r.token_logprobs, abs=TOLERANCE)
     assert packed.stats.prefill_tokens_computed < 0.5 * packed.stats.prefill_tokens_requested
     question_steps = [s for steps in calls[1:] for s in steps]  # after the shared examples' call
-    assert all((s.visible is not None) == (row_tokens is not None) for s in question_steps)
+    assert all((s.segments is not None) == (row_tokens is not None) for s in question_steps)
     if max_batch == 32 and row_tokens != 1:  # one call for the shared examples, one for every question
         assert len(calls) == 2
     if row_tokens == 128:  # every question's context and choices in one step, in one row of <= 128

@@ -3,15 +3,16 @@
 A row holds several independent items one after another, each item a context followed by its
 choices' continuations (all but their last token, which is only predicted). Every token carries
 its own rotary position (its place in its own sequence) apart from the cache position it is
-written at, and a block-diagonal mask (HF's "packed sequences", FlashAttention varlen) lets it
-see only the shared root prefix, its item's context and the earlier tokens of its own segment:
+written at, and it attends only to its own sequence (HF's "packed sequences", FlashAttention's
+varlen): the shared root prefix, its item's context and the earlier tokens of its own segment:
 
     cache row:  [ root | ctx A | A.choice0 | A.choice1 | ctx B | B.choice0 | ... | padding ]
     A.choice1 sees   root + ctx A + A.choice1 (causally), never A.choice0 or B.
 
 So a question's choices all run in the same step as their context: no padding between rows of
-unequal length, no short rounds of continuations. `plan_rows` is the layout (plain data, no
-torch); `PackedRow.tensors` turns one row into the Step's per-token arrays.
+unequal length, no short rounds of continuations. `plan_rows` is the layout (plain data);
+`stack_rows` turns rows into a Step's arrays, and `segments_of` into the attention each segment
+(a context, or one choice's fed tokens) runs over its own keys (see engine.caches.segments).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from flexlamps.engine.executors.step import SegmentGroup, Segments
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,32 +56,37 @@ class PackedRow:
     def num_logits(self) -> int:
         return sum(it.num_logits for it in self.items)
 
-    def tensors(self, width: int) -> dict[str, torch.Tensor]:
-        """The row's per-token arrays, padded to `width` tokens (index t is cache position
-        root_len + t): ids, positions (rotary), and the visible window as three bounds per token
-        (see `visible_mask`)."""
-        ids, pos, ctx_lo, ctx_hi, own_lo = ([] for _ in range(5))
-
-        def feed(toks, first_position: int, context: tuple[int, int]) -> None:
-            own_lo.extend([self.root_len + len(ids)] * len(toks))
-            ids.extend(toks)
-            pos.extend(range(first_position, first_position + len(toks)))
-            ctx_lo.extend([context[0]] * len(toks))
-            ctx_hi.extend([context[1]] * len(toks))
-
+    def segments(self) -> list[tuple[int, int, list[int]]]:
+        """(first token index in the row, tokens, keys) per segment: a context (seeing the root
+        and itself) or one choice's fed tokens (the root, its context, itself); keys are cache
+        positions in the segment's sequence order, the segment's own tokens last."""
+        out, t = [], 0
+        root = list(range(self.root_len))
         for it in self.items:
-            start = self.root_len + len(ids)
-            feed(it.context, self.root_len, (start, start))  # a context sees the root and itself
-            for cont in it.continuations:  # each choice: the root, its context, itself
-                feed(cont[:-1], self.root_len + len(it.context), (start, start + len(it.context)))
+            ctx = list(range(self.root_len + t, self.root_len + t + len(it.context)))
+            out.append((t, len(it.context), root + ctx))
+            t += len(it.context)
+            for cont in it.continuations:
+                fed = len(cont) - 1
+                if fed:
+                    out.append((t, fed, root + ctx + list(range(self.root_len + t, self.root_len + t + fed))))
+                t += fed
+        return out
+
+    def tensors(self, width: int) -> dict[str, torch.Tensor]:
+        """The row's ids and rotary positions, padded to `width` tokens (index t is cache
+        position root_len + t): a context from position root_len, a choice after its context."""
+        ids, pos = [], []
+        for it in self.items:
+            ids += it.context
+            pos += range(self.root_len, self.root_len + len(it.context))
+            for cont in it.continuations:
+                ids += cont[:-1]
+                pos += range(self.root_len + len(it.context), self.root_len + len(it.context) + len(cont) - 1)
         pad = width - len(ids)
-        cache_pos = torch.arange(self.root_len, self.root_len + width)
-        # padding sees only itself (never a real token's keys; no real token sees it)
         return {"ids": torch.tensor(ids + [0] * pad, dtype=torch.long),
                 "positions": torch.tensor(pos + [0] * pad, dtype=torch.long),
-                "ctx_lo": torch.tensor(ctx_lo + [0] * pad), "ctx_hi": torch.tensor(ctx_hi + [0] * pad),
-                "own_lo": torch.cat([torch.tensor(own_lo, dtype=torch.long), cache_pos[len(own_lo):]]),
-                "cache_positions": cache_pos}
+                "cache_positions": torch.arange(self.root_len, self.root_len + width)}
 
     def logit_targets(self) -> list[tuple[int, int, int]]:
         """(token index in the row, pair id, the token it must predict) for every logit the row
@@ -93,16 +101,6 @@ class PackedRow:
                 out += [(t + j - 1, pair, cont[j]) for j in range(1, len(cont))]
                 t += len(cont) - 1
         return out
-
-
-def visible_mask(root_len: int, arrays: dict[str, torch.Tensor]) -> torch.Tensor:
-    """(n, T, root_len + T) bool: token t sees the root, its item's context [ctx_lo, ctx_hi) and
-    its own segment from own_lo up to its own cache position."""
-    cache_pos = arrays["cache_positions"]  # (n, T)
-    keys = torch.arange(root_len + cache_pos.shape[1])[None, None, :]
-    own = (keys >= arrays["own_lo"][..., None]) & (keys <= cache_pos[..., None])
-    ctx = (keys >= arrays["ctx_lo"][..., None]) & (keys < arrays["ctx_hi"][..., None])
-    return own | ctx | (keys < root_len)
 
 
 def plan_rows(items: list[Item], root_len: int, row_tokens: int) -> list[PackedRow]:
@@ -122,14 +120,37 @@ def plan_rows(items: list[Item], root_len: int, row_tokens: int) -> list[PackedR
     return rows
 
 
-def stack_rows(rows: list[PackedRow]) -> dict[str, torch.Tensor]:
-    """The rows' arrays stacked (n, T), T the longest row; plus `visible` (n, T, S) and the
-    logit indices (n, K) padded with index 0."""
+def stack_rows(rows: list[PackedRow]) -> dict:
+    """The rows' arrays stacked (n, T), T the longest row; `segments` (executors.step.Segments)
+    and the logit indices (n, K) padded with index 0."""
     width = max(r.num_tokens for r in rows)
     per_row = [r.tensors(width) for r in rows]
-    out = {k: torch.stack([a[k] for a in per_row]) for k in per_row[0]}
-    out["visible"] = visible_mask(rows[0].root_len, out)
+    out: dict = {k: torch.stack([a[k] for a in per_row]) for k in per_row[0]}
+    out["segments"] = segments_of(rows)
     targets = [r.logit_targets() for r in rows]
     k = max(len(t) for t in targets)
     out["logit_index"] = torch.tensor([[t for t, _, _ in ts] + [0] * (k - len(ts)) for ts in targets])
     return out
+
+
+def segments_of(rows: list[PackedRow]) -> Segments:
+    """The rows' segments, grouped by query count rounded up to a power of two (equal shapes
+    per group: one attention call each, at most half of a group's queries padding)."""
+    buckets: dict[int, list[tuple[int, int, int, list[int]]]] = {}
+    for r, row in enumerate(rows):
+        for first, count, keys in row.segments():
+            buckets.setdefault(1 << (count - 1).bit_length(), []).append((r, first, count, keys))
+    groups = []
+    for q_max, segs in sorted(buckets.items()):
+        k_max = max(len(keys) for *_, keys in segs)
+        queries = torch.zeros(len(segs), q_max, dtype=torch.long)
+        keys_at = torch.zeros(len(segs), k_max, dtype=torch.long)
+        seen = torch.zeros(len(segs), q_max, dtype=torch.long)  # keys query i sees: 0..seen-1
+        for g, (_, first, count, keys) in enumerate(segs):
+            queries[g, :count] = torch.arange(first, first + count)
+            keys_at[g, : len(keys)] = torch.tensor(keys)
+            seen[g] = torch.arange(len(keys) - count + 1, len(keys) - count + 1 + q_max).clamp(max=len(keys))
+        mask = torch.arange(k_max)[None, None, :] < seen[:, :, None]  # padded queries: every key, unused
+        valid = torch.arange(q_max)[None, :] < torch.tensor([c for _, _, c, _ in segs])[:, None]
+        groups.append(SegmentGroup(torch.tensor([r for r, *_ in segs]), queries, valid, keys_at, mask))
+    return Segments(tuple(groups), rows[0].root_len + max(r.num_tokens for r in rows))

@@ -159,7 +159,7 @@ class PrefixScorer:
         for part in parts:
             arr = stack_rows([rows[r] for r in part])
             steps.append(Step(arr["ids"], arr["positions"], torch.tensor(part), logit_rows=arr["logit_index"],
-                              cache_positions=arr["cache_positions"], visible=arr["visible"]))
+                              cache_positions=arr["cache_positions"], segments=arr["segments"]))
         outs = self.ex.forward_steps(cache, steps)
         cache.release()
         self.stats.prefill_tokens_computed += sum(r.num_tokens for r in rows)

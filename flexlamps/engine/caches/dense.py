@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
+from flexlamps.engine.caches.segments import segment_attention
+from flexlamps.engine.executors.step import Segments
 from flexlamps.models.attention import attention
 from flexlamps.models.config import ModelConfig
 
@@ -41,15 +43,16 @@ class DenseKVCache:
     packs_rows = True  # accepts packed steps (see executors.step.Step)
 
     def step_geometry(self, slots: torch.Tensor, positions: torch.Tensor,
-                      visible: torch.Tensor | None = None) -> "StepGeometry":
+                      segments: Segments | None = None) -> "StepGeometry":
         """What every layer of one step shares (span, mask, where the rows are), computed once.
-        `positions`: where the step's keys are written; `visible` (n, T, S): a packed step's mask."""
-        if visible is not None:
-            return StepGeometry(slots, positions, visible.shape[-1], visible, _first_of_block(slots))
+        `positions`: where the step's keys are written; `segments`: a packed step's attention."""
+        first = _first_of_block(slots)
+        if segments is not None:
+            return StepGeometry(slots, positions, segments.span, None, first, segments=segments)
         span = int(positions.max()) + 1
         # query at position p sees keys 0..p of its own row: causal and per-row length in one mask
         mask = torch.arange(span, device=positions.device)[None, None, :] <= positions[:, :, None]
-        return StepGeometry(slots, positions, span, mask, _first_of_block(slots), is_fresh_prefill(positions))
+        return StepGeometry(slots, positions, span, mask, first, is_fresh_prefill(positions))
 
     def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
                   geometry: "StepGeometry | None" = None):
@@ -69,6 +72,8 @@ class DenseKVCache:
             keys, values = fresh_keys(k, v)
         else:
             keys, values = _rows(kc, geo.slots, geo.span, geo.first), _rows(vc, geo.slots, geo.span, geo.first)
+        if geo.segments is not None:
+            return segment_attention(q, keys, values, geo.segments).reshape(n, t, heads * d)
         out = attention(q.transpose(1, 2), keys, values, geo.mask)
         return out.transpose(1, 2).reshape(n, t, heads * d)
 
@@ -77,13 +82,15 @@ class DenseKVCache:
 class StepGeometry:
     """One step's rows: `slots` (n,), `positions` (n, T), keys 0..span-1 read, `mask` (n, T, span),
     `first`: the first slot when the slots are one contiguous block (rows read as a view), else None;
-    `fresh`: every row is a prompt chunk from position 0 (it attends over its own new keys)."""
+    `fresh`: every row is a prompt chunk from position 0 (it attends over its own new keys);
+    `segments`: a packed step's attention (then no mask)."""
     slots: torch.Tensor
     positions: torch.Tensor
     span: int
-    mask: torch.Tensor
+    mask: torch.Tensor | None
     first: int | None
     fresh: bool = False
+    segments: Segments | None = None
 
 
 def _first_of_block(slots: torch.Tensor) -> int | None:

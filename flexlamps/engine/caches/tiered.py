@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 
 from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
+from flexlamps.engine.caches.segments import segment_attention
+from flexlamps.engine.executors.step import Segments
 from flexlamps.models.attention import attention
 from flexlamps.models.config import ModelConfig
 from offload import tensor_bytes
@@ -91,25 +93,25 @@ class TieredKVCache:
 
     packs_rows = True  # accepts packed steps (see executors.step.Step)
 
-    def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
-                  visible: torch.Tensor | None = None):
-        """`positions`: where the step's keys are written; `visible` (n, T, S): a packed step's mask."""
-        return lambda q, k, v: self.attend(layer, slots, positions, q, k, v, visible)
+    def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, segments: Segments | None = None):
+        """`positions`: where the step's keys are written; `segments`: a packed step's attention."""
+        return lambda q, k, v: self.attend(layer, slots, positions, q, k, v, segments)
 
-    def attend(self, layer, slots, positions, q, k, v, visible=None) -> torch.Tensor:
+    def attend(self, layer, slots, positions, q, k, v, segments: Segments | None = None) -> torch.Tensor:
         n, t, heads, d = q.shape
         home = torch.device("cpu") if self.tiers[layer] != "gpu" else self.device
         slots_h = slots.to(home)
         self._write(layer, slots_h, positions.to(home), k.to(home), v.to(home))
-        if visible is None and is_fresh_prefill(positions):  # see caches.fresh: nothing read back or staged
+        if segments is None and is_fresh_prefill(positions):  # see caches.fresh: nothing read back or staged
             span, (keys, values), where, staged = t, fresh_keys(k, v), k.device, 0
         else:
-            span = int(positions.max()) + 1 if visible is None else visible.shape[-1]
+            span = int(positions.max()) + 1 if segments is None else segments.span
             keys, values, where, staged = self._rows_for_attention(layer, slots_h, span, home)
         try:
             qd = q.to(where)
-            mask = (visible.to(where) if visible is not None
-                    else torch.arange(span, device=where)[None, None, :] <= positions.to(where)[:, :, None])
+            if segments is not None:
+                return segment_attention(qd, keys, values, segments.to(where)).reshape(n, t, heads * d).to(self.device)
+            mask = torch.arange(span, device=where)[None, None, :] <= positions.to(where)[:, :, None]
             out = attention(qd.transpose(1, 2), keys, values, mask)
         finally:
             if staged:

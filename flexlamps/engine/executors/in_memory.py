@@ -90,7 +90,7 @@ class InMemoryExecutor:
         ctx = fwd.step_context(positions, self.dtype)
         x = fwd.embed(self.global_weights, input_ids, positions)
         writes = step.write_positions.to(dev)  # where keys go: the positions, or a packed row's places
-        mask = {k: v.to(dev) for k, v in step.mask_kwargs.items()}
+        mask = {k: v.to(dev) for k, v in step.mask_kwargs.items()}  # a packed step's segments
         # masks and spans once per step, not per layer (caches that offer it)
         geo = {"geometry": cache.step_geometry(slots, writes, **mask)} if hasattr(cache, "step_geometry") else mask
         for i, w in enumerate(self.layer_weights):

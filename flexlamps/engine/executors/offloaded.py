@@ -290,7 +290,7 @@ class OffloadExecutor:
     def _merge_decodes(self, steps: list[Step]):
         if not self.policy.merge_decode:
             return None, None
-        decodes = [s for s in steps if s.input_ids.shape[1] == 1 and s.logit_rows is not None and s.visible is None
+        decodes = [s for s in steps if s.input_ids.shape[1] == 1 and s.logit_rows is not None and s.segments is None
                    and s.cache_positions is None and s.logit_rows.dim() == 1]
         if len(decodes) < 2 or len(decodes) != sum(s.input_ids.shape[1] == 1 for s in steps):
             return None, None
@@ -320,7 +320,7 @@ class OffloadExecutor:
                 act_bytes += nb
                 hidden.append(x.to("cpu") if act_tier == "cpu" else x)
                 ctxs.append(fwd.step_context(s.positions.to(self.device), self.dtype))
-            spans = [int(s.write_positions.max()) + 1 if s.visible is None else s.visible.shape[-1] for s in steps]
+            spans = [s.span for s in steps]
             most_rows = max(s.input_ids.numel() for s in steps)
             pending = self._fetch_timed(0) if cfg.num_layers else None
             for j in range(cfg.num_layers):

@@ -15,16 +15,16 @@ class Step:
 
     Packed rows (several independent sequences in one cache row, e.g. many questions scored in
     one forward): `cache_positions` (n, T) says where each token's keys and values go in its row
-    when that is not its position (the position only sets the rotary phase), and `visible`
-    (n, T, S) which of the row's cache positions 0..S-1 each token attends to (its own
-    sequence's). None: a token is written at its position and sees the row's positions up to it.
-    Only caches with `packs_rows = True` accept packed steps."""
+    when that is not its position (the position only sets the rotary phase), and `segments`
+    which keys each token attends to (its own sequence's). None: a token is written at its
+    position and sees the row's positions up to it. Only caches with `packs_rows = True` accept
+    packed steps."""
     input_ids: torch.Tensor
     positions: torch.Tensor
     slots: torch.Tensor
     logit_rows: torch.Tensor | None = None
     cache_positions: torch.Tensor | None = None
-    visible: torch.Tensor | None = None
+    segments: "Segments | None" = None
 
     @property
     def write_positions(self) -> torch.Tensor:
@@ -34,7 +34,12 @@ class Step:
     @property
     def mask_kwargs(self) -> dict:
         """The packed-row mask for a cache's `attend_fn` / `step_geometry` ({} when causal)."""
-        return {} if self.visible is None else {"visible": self.visible}
+        return {} if self.segments is None else {"segments": self.segments}
+
+    @property
+    def span(self) -> int:
+        """Cache positions its attention reads (0..span-1 of each row)."""
+        return int(self.write_positions.max()) + 1 if self.segments is None else self.segments.span
 
     def pick_logit_rows(self, x: torch.Tensor) -> torch.Tensor:
         """Hidden states (n, T, h) -> those at `logit_rows`: (n, 1, h), (n, K, h), or all."""
@@ -43,3 +48,30 @@ class Step:
         rows = self.logit_rows.to(x.device)
         index = torch.arange(x.shape[0], device=x.device)
         return x[index, rows][:, None] if rows.dim() == 1 else x[index[:, None], rows]
+
+
+@dataclass(frozen=True)
+class SegmentGroup:
+    """Segments of one padded shape. A segment is a run of queries of one packed row that attends
+    to its own sequence: the keys at `keys` (cache positions, in the sequence's order) with query
+    i seeing keys 0..`mask`; gathered so they start at 0, as in a row of their own, its attention
+    sums in the order an unpacked row's does."""
+    rows: torch.Tensor  # (G,) the step row each segment is in
+    queries: torch.Tensor  # (G, Q) indices along T of its queries (padding: 0, see query_valid)
+    query_valid: torch.Tensor  # (G, Q) bool
+    keys: torch.Tensor  # (G, K) cache positions of the keys it reads (padding: 0, masked)
+    mask: torch.Tensor  # (G, Q, K) bool: query i sees key j
+
+    def to(self, device) -> "SegmentGroup":
+        return SegmentGroup(*(t.to(device) for t in (self.rows, self.queries, self.query_valid, self.keys,
+                                                      self.mask)))
+
+
+@dataclass(frozen=True)
+class Segments:
+    """Which keys each token of a packed step attends to, as groups of equally shaped segments."""
+    groups: tuple[SegmentGroup, ...]
+    span: int  # keys reach cache positions 0..span-1
+
+    def to(self, device) -> "Segments":
+        return Segments(tuple(g.to(device) for g in self.groups), self.span)

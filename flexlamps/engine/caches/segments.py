@@ -1,0 +1,28 @@
+"""Attention of a packed step (see executors.step.Segments), for the caches that pack rows.
+
+Each segment's queries attend to its own keys, gathered from the row so that they start at 0 in
+the order of the segment's sequence: the same shapes and summation order as that sequence in a
+row of its own, so float32 results equal unpacked scoring's (a mask over the whole row would sum
+the same values in another order).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flexlamps.engine.executors.step import Segments
+from flexlamps.models.attention import attention
+
+
+def segment_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, segments: Segments) -> torch.Tensor:
+    """q (n, T, heads, d), keys/values (n, kv_heads, S, d) -> (n, T, heads, d); tokens in no
+    segment (a row's padding) get zeros."""
+    out = q.new_zeros(q.shape)
+    for g in segments.groups:
+        kg = keys[g.rows[:, None], :, g.keys].transpose(1, 2)  # (G, K, kv_heads, d) -> (G, kv_heads, K, d)
+        vg = values[g.rows[:, None], :, g.keys].transpose(1, 2)
+        qg = q[g.rows[:, None], g.queries].transpose(1, 2)  # (G, Q, heads, d) -> (G, heads, Q, d)
+        og = attention(qg, kg, vg, g.mask).transpose(1, 2)  # (G, Q, heads, d)
+        rows = g.rows[:, None].expand_as(g.queries)
+        out[rows[g.query_valid], g.queries[g.query_valid]] = og[g.query_valid]
+    return out
