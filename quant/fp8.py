@@ -3,7 +3,9 @@
 Two uses:
 - weights of FP8 checkpoints (`quantization_config.quant_method: fp8`, DeepSeek-V3): a
   (out, in) matrix in FP8 and `weight_scale_inv` with one scale per 128x128 tile, so that
-  weight = codes * scale (`dequantize_weight`);
+  weight = codes * scale (`dequantize_weight`). The engine keeps them so (`Fp8Weight`) on
+  every tier and upcasts one matrix at a time just before its GEMM (`models.linear`), with the
+  same arithmetic as a dequantization at load, so results are the same bits;
 - the MLA latent cache in ESS's layout (`LatentRecords`): each token's entry is one flat
   record of bytes — the latent in FP8 with a scale per 128 values, then the rotary key in
   bf16 — so storing, gathering and copying an entry moves one contiguous row.
@@ -11,6 +13,8 @@ Sizes come from `quant.fp8_layout` (torch-free, used by the planner).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -46,16 +50,93 @@ def quantize_weight(w: torch.Tensor, block: tuple[int, int] = WEIGHT_BLOCK) -> t
     codes = (tiles / scales[:, None, :, None]).to(FP8).view(rows + pr, cols + pc)[:rows, :cols]
     return codes.contiguous(), scales
 
+def check_tile_scales(shape, scale_shape, block: tuple[int, int]) -> tuple[int, int]:
+    """The (rows, cols) tile grid of a `shape` weight; raises ValueError when `scale_shape` is another."""
+    expected = (-(-shape[0] // block[0]), -(-shape[1] // block[1]))
+    if tuple(scale_shape) != expected:
+        raise ValueError(f"FP8 weight of shape {tuple(shape)} with block {block} needs scales of shape "
+                         f"{expected}, got {tuple(scale_shape)}")
+    return expected
+
+
 def dequantize_weight(codes: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype,
                       block: tuple[int, int] = WEIGHT_BLOCK) -> torch.Tensor:
     """An FP8 checkpoint matrix times its per-tile `weight_scale_inv`, in `dtype`."""
     rows, cols = codes.shape
-    expected = (-(-rows // block[0]), -(-cols // block[1]))
-    if tuple(scale_inv.shape) != expected:
-        raise ValueError(f"FP8 weight of shape {(rows, cols)} with block {block} needs scales of shape "
-                         f"{expected}, got {tuple(scale_inv.shape)}")
-    scale = scale_inv.float().repeat_interleave(block[0], 0)[:rows].repeat_interleave(block[1], 1)[:, :cols]
-    return (codes.float() * scale).to(dtype)
+    expected = check_tile_scales(codes.shape, scale_inv.shape, block)
+    scale_inv = scale_inv.float()
+    if rows % block[0] == 0 and cols % block[1] == 0:  # whole tiles: a broadcast, no (rows, cols) scale copy
+        tiles = codes.float().view(expected[0], block[0], expected[1], block[1])
+        return (tiles * scale_inv[:, None, :, None]).view(rows, cols).to(dtype)
+    scale = scale_inv.repeat_interleave(block[0], 0)[:rows].repeat_interleave(block[1], 1)[:, :cols]
+    return (codes.float() * scale).to(dtype)  # the same products as above, elementwise
+
+
+# the compute dtypes an Fp8Weight may be upcast to, by their index in its stored `layout`
+_UPCAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Fp8Weight:
+    """An FP8 checkpoint's (out, in) matrix kept as stored: codes and per-tile scales, upcast
+    to `dtype` (the compute dtype) by `dequantize`, which `models.linear` calls per GEMM.
+    Stored on a tier as plain tensors (`to_tensors`: codes as uint8, since FP8 has no numpy
+    dtype for the disk tier) and rebuilt from them (`from_tensors`)."""
+
+    codes: torch.Tensor  # (out, in) float8_e4m3fn
+    scale_inv: torch.Tensor  # (ceil(out / block[0]), ceil(in / block[1])) fp32: weight = codes * scale
+    block: tuple[int, int]  # the checkpoint's weight_block_size
+    dtype: torch.dtype  # what it is upcast to: the compute dtype
+
+    def __post_init__(self):
+        if self.codes.dtype != FP8 or self.dtype not in _UPCAST_DTYPES:
+            raise ValueError(f"Fp8Weight needs {FP8} codes and a compute dtype in {_UPCAST_DTYPES}, "
+                             f"got {self.codes.dtype} and {self.dtype}")
+        check_tile_scales(self.codes.shape, self.scale_inv.shape, self.block)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: one per value plus the fp32 tile scales."""
+        return self.codes.numel() + self.scale_inv.numel() * self.scale_inv.element_size()
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The dense (out, in) weight in `dtype` (default: the compute dtype), as at load."""
+        return dequantize_weight(self.codes, self.scale_inv, dtype or self.dtype, self.block)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Fp8Weight":
+        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return dataclasses.replace(self, codes=move(self.codes), scale_inv=move(self.scale_inv))
+
+    def pin_memory(self) -> "Fp8Weight":
+        return dataclasses.replace(self, codes=self.codes.pin_memory(), scale_inv=self.scale_inv.pin_memory())
+
+    def to_tensors(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        layout = torch.tensor([*self.block, _UPCAST_DTYPES.index(self.dtype)], dtype=torch.int32)
+        codes, scale_inv, layout_name = self.part_names(prefix)
+        return {codes: self.codes.view(torch.uint8), scale_inv: self.scale_inv, layout_name: layout}
+
+    @staticmethod
+    def part_names(prefix: str = "") -> tuple[str, str, str]:
+        """The names `to_tensors` gives the codes, the scales and the layout (tile, dtype)."""
+        return f"{prefix}fp8.codes", f"{prefix}fp8.scale_inv", f"{prefix}fp8.layout"
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str = "") -> "Fp8Weight":
+        """Inverse of `to_tensors`."""
+        codes, scale_inv, layout = cls.part_names(prefix)
+        b0, b1, dtype_idx = (int(v) for v in tensors[layout].tolist())
+        return cls(tensors[codes].view(FP8), tensors[scale_inv], (b0, b1), _UPCAST_DTYPES[dtype_idx])
+
+    def __repr__(self) -> str:
+        return f"Fp8Weight(shape={self.shape}, block={self.block}, dtype={self.dtype}, device={self.device})"
 
 class LatentRecords:
     """One token's cached entry as a flat uint8 record: `width` values in FP8 with a scale per

@@ -52,3 +52,32 @@ def make_deepseek_model(folder: Path, kind: str, seed: int = 0, dtype: str = "fl
                 b.normal_(0.0, 0.2)
     model.to(getattr(torch, dtype)).save_pretrained(folder)
     return folder
+
+
+def to_fp8_checkpoint(src: Path, dst: Path) -> dict:
+    """Rewrite a dense checkpoint as DeepSeek-V3 ships it: 2-D projections in FP8 with 128x128
+    `weight_scale_inv` tiles, quantization_config fp8; returns the dequantized dense weights."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from quant.fp8 import dequantize_weight, quantize_weight
+
+    shutil.copytree(src, dst)
+    tensors, dense = load_file(str(dst / "model.safetensors")), {}
+    for name in list(tensors):
+        t = tensors[name]
+        if t.dim() == 2 and "embed" not in name and "lm_head" not in name and ".gate." not in name:
+            codes, scales = quantize_weight(t)
+            tensors[name], tensors[name + "_scale_inv"] = codes, scales
+            dense[name] = dequantize_weight(codes, scales, torch.float32)
+        else:
+            dense[name] = t
+    save_file(tensors, str(dst / "model.safetensors"))
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+                                  "activation_scheme": "dynamic"}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dense

@@ -39,7 +39,7 @@ class HFFolderReader:
         except json.JSONDecodeError as e:
             raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from None
         self.config = ModelConfig.from_hf(self.hf_config)
-        self.fp8_block = _fp8_weight_block(self.hf_config, cfg_path)
+        self.fp8_block = fp8_weight_block(self.hf_config, cfg_path)
         self._files = self._tensor_files(folder)
         self._handles: dict[Path, Any] = {}
         self._tokenizer: Tokenizer | None = None
@@ -67,39 +67,59 @@ class HFFolderReader:
             self._tokenizer = tokenizer_from_hf_folder(self.path, self.hf_config)
         return self._tokenizer
 
-    def read(self, spec: WeightSpec, dtype: torch.dtype) -> torch.Tensor:
+    def _handle(self, name: str):
+        """The open safetensors file that holds tensor `name`."""
         from safetensors import safe_open
 
+        f = self._files[name]
+        if f not in self._handles:
+            self._handles[f] = safe_open(str(f), framework="pt")
+        return self._handles[f]
+
+    def _file_name(self, spec: WeightSpec) -> str:
+        """The checkpoint's name of `spec`'s tensor (present in the files)."""
         name = hf_name(self.config, spec)
         if name not in self._files and name.startswith("model.") and name[6:] in self._files:
             name = name[6:]  # some OPT checkpoints drop the "model." prefix
         if name not in self._files:
             raise CheckpointError(f"{self.path}: tensor {name} (for {spec.name}) is missing from the checkpoint")
-        f = self._files[name]
-        if f not in self._handles:
-            self._handles[f] = safe_open(str(f), framework="pt")
-        t = self._handles[f].get_tensor(name)
+        return name
+
+    def read(self, spec: WeightSpec, dtype: torch.dtype) -> torch.Tensor:
+        name = self._file_name(spec)
+        t = self._handle(name).get_tensor(name)
         if tuple(t.shape) != spec.shape:
             raise CheckpointError(f"{self.path}: tensor {name} has shape {tuple(t.shape)}, expected {spec.shape}")
         if t.dtype == torch.float8_e4m3fn:
-            return self._dequantize_fp8(name, t, dtype)
+            return self._fp8_weight(name, t, dtype).dequantize()
         return t.to(dtype)
 
-    def _dequantize_fp8(self, name: str, codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """An FP8 checkpoint matrix times its `<name>_scale_inv` tiles (DeepSeek-V3's layout)."""
-        from safetensors import safe_open
+    def stores_fp8(self, spec: WeightSpec) -> bool:
+        """Whether the checkpoint holds `spec` in FP8 (from the file's header, no data read)."""
+        if self.fp8_block is None:
+            return False
+        name = self._file_name(spec)
+        return self._handle(name).get_slice(name).get_dtype() == "F8_E4M3"
 
-        from quant.fp8 import dequantize_weight
+    def read_fp8(self, spec: WeightSpec, dtype: torch.dtype):
+        """`spec` as the checkpoint stores it: a `quant.fp8.Fp8Weight` upcast to `dtype` per use."""
+        name = self._file_name(spec)
+        codes = self._handle(name).get_tensor(name)
+        if tuple(codes.shape) != spec.shape or codes.dtype != torch.float8_e4m3fn:
+            raise CheckpointError(f"{self.path}: tensor {name} is {codes.dtype} {tuple(codes.shape)}, "
+                                  f"expected FP8 {spec.shape}")
+        return self._fp8_weight(name, codes, dtype)
+
+    def _fp8_weight(self, name: str, codes: torch.Tensor, dtype: torch.dtype):
+        """An FP8 checkpoint matrix with its `<name>_scale_inv` tiles (DeepSeek-V3's layout)."""
+        from quant.fp8 import Fp8Weight
 
         scale_name = name + "_scale_inv"
         if self.fp8_block is None or scale_name not in self._files:
             raise CheckpointError(f"{self.path}: {name} is stored in FP8 but the checkpoint has no "
                                   f"{scale_name} or no quantization_config.weight_block_size")
-        f = self._files[scale_name]
-        if f not in self._handles:
-            self._handles[f] = safe_open(str(f), framework="pt")
         try:
-            return dequantize_weight(codes, self._handles[f].get_tensor(scale_name), dtype, self.fp8_block)
+            return Fp8Weight(codes, self._handle(scale_name).get_tensor(scale_name).float(), self.fp8_block, dtype)
         except ValueError as e:
             raise CheckpointError(f"{self.path}: {name}: {e}") from None
 
@@ -111,7 +131,17 @@ class HFFolderReader:
         return h.hexdigest()[:16]
 
 
-def _fp8_weight_block(hf_config: dict[str, Any], cfg_path: Path) -> tuple[int, int] | None:
+# FP8 matrices the engine keeps in FP8: those the forward multiplies (linear) or slices per
+# head (absorbed); "router" matrices run in fp32 and are small, so they are upcast at load
+FP8_KEPT_ROLES = ("linear", "absorbed")
+
+
+def keeps_fp8(spec: WeightSpec) -> bool:
+    """Whether the engine keeps this weight in FP8 when its checkpoint stores it so."""
+    return spec.role in FP8_KEPT_ROLES and spec.layer is not None and len(spec.shape) == 2
+
+
+def fp8_weight_block(hf_config: dict[str, Any], cfg_path: Path | str = "config.json") -> tuple[int, int] | None:
     """The FP8 tile of a `quant_method: fp8` checkpoint, None for a dense one; other
     quantization methods are refused here, before any weight is read."""
     qc = hf_config.get("quantization_config")
@@ -293,12 +323,17 @@ def _field_value(field) -> Any:
         return None
 
 
-def read_all(reader, dtype: torch.dtype, int4_in_place: bool = False) -> dict[str, torch.Tensor | Int4Weight]:
+def read_all(reader, dtype: torch.dtype, int4_in_place: bool = False,
+             fp8_in_place: bool = False) -> dict[str, torch.Tensor | Int4Weight]:
     """Every weight by canonical name, in `dtype`. With `int4_in_place` (and a bf16/fp16 `dtype`),
-    4-bit GGUF weights stay 4-bit (`Int4Weight`, multiplied in place by `models.linear`)."""
+    4-bit GGUF weights stay 4-bit (`Int4Weight`, multiplied in place by `models.linear`); with
+    `fp8_in_place`, an FP8 checkpoint's matrices stay FP8 (`Fp8Weight`, upcast per call)."""
     out = {}
     keep = int4_in_place and dtype in KERNEL_DTYPES and hasattr(reader, "read_int4")
+    fp8 = fp8_in_place and getattr(reader, "fp8_block", None) is not None
     for spec in weight_specs(reader.config):
         w = reader.read_int4(spec, dtype) if keep and spec.role == "linear" else None
+        if fp8 and keeps_fp8(spec) and reader.stores_fp8(spec):
+            w = reader.read_fp8(spec, dtype)
         out[spec.name] = reader.read(spec, dtype) if w is None else w
     return out

@@ -30,6 +30,10 @@ An `Int4Twin` (the weight with a dense copy prepacked once, `with_dense_twin`; t
 executor's choice when memory allows) switches to the dense GEMM from fewer rows, since it has
 nothing to dequantize first; the offload executor streams plain 4-bit weights. In bf16 the two
 may therefore differ for calls of 16-127 rows by the kernels' rounding (fp32 is unaffected).
+
+An FP8 checkpoint's weight kept as stored (`quant.fp8.Fp8Weight`) is upcast to the compute
+dtype for each call and runs the dense path: the same values a dequantization at load gives,
+so the same bits, with one matrix's dense copy alive at a time.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from quant.fp8 import Fp8Weight
 from quant.int4_weight import Int4Weight
 
 _ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
@@ -111,7 +116,7 @@ def pack(w: torch.Tensor) -> torch.Tensor:
 
     The packed tensor is opaque (a oneDNN tensor of the same size); `unpack` gives w back.
     """
-    if isinstance(w, (Int4Weight, Int4Twin)) or not uses_onednn(w, w) or w.is_mkldnn:
+    if isinstance(w, (Int4Weight, Int4Twin, Fp8Weight)) or not uses_onednn(w, w) or w.is_mkldnn:
         return w
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), _PACK_ROWS_HINT)
 
@@ -120,7 +125,7 @@ def unpack(w: torch.Tensor) -> torch.Tensor:
     """The dense (out, in) weight, packed or not (for export and for torch's own linear)."""
     if isinstance(w, Int4Twin):
         w = w.int4
-    if isinstance(w, Int4Weight):
+    if isinstance(w, (Int4Weight, Fp8Weight)):
         return w.dequantize()
     return w.to_dense() if w.is_mkldnn else w
 
@@ -133,6 +138,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *,
     other = add if add is not None else mul
     if isinstance(w, (Int4Weight, Int4Twin)):
         return _int4_linear(x, w, b, add=add, mul=mul)
+    if isinstance(w, Fp8Weight):  # upcast for this call only
+        return linear(x, w.dequantize(), b, add=add, mul=mul)
     if other is not None and not (x.dtype == torch.float32 and uses_onednn(x, w)):
         out = linear(x, w, b)
         return out + add if add is not None else out * mul

@@ -93,13 +93,14 @@ def _read(path: Path, names) -> dict | None:
 def load_weights(reader, dtype: torch.dtype, *, int4_in_place: bool, cache_dir: Path | str | None = None,
                  use_cache: bool = True) -> dict:
     """`checkpoint.read_all(reader, dtype, int4_in_place)`, from the cache when the checkpoint is one
-    file (GGUF) whose packed weights were cached before; otherwise read, then cached."""
+    file (GGUF) whose packed weights were cached before; otherwise read, then cached. An FP8
+    checkpoint (an HF folder: never cached) keeps its matrices FP8 (`quant.fp8.Fp8Weight`)."""
     from flexlamps.models.checkpoint import read_all
     from flexlamps.models.weight_specs import weight_specs
 
     source = Path(reader.path)
     if not use_cache or not source.is_file():
-        return read_all(reader, dtype, int4_in_place=int4_in_place)
+        return read_all(reader, dtype, int4_in_place=int4_in_place, fp8_in_place=True)
     names = [s.name for s in weight_specs(reader.config)]
     content = getattr(reader, "sha256", None) or file_sha256(source)  # a GGUFReader has it from its header
     path = Path(cache_dir or default_cache_dir()) / f"weights-{cache_key(content, dtype, int4_in_place)}.safetensors"

@@ -8,7 +8,7 @@ from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.caches.latent import DenseLatentCache
 from flexlamps.models.checkpoint import read_all
 from flexlamps.models.registry import open_checkpoint
-from tests.deepseek_models import DEEPSEEK_CONFIGS
+from tests.deepseek_models import DEEPSEEK_CONFIGS, to_fp8_checkpoint
 
 PROMPT_LEN, DECODE_STEPS = 12, 32
 
@@ -67,38 +67,10 @@ def test_fp8_latent_cache_stays_close(deepseek_models):
     assert torch.equal(fp8.argmax(-1), plain.argmax(-1))
 
 
-def _to_fp8_checkpoint(src, dst):
-    """Rewrite a dense checkpoint as DeepSeek-V3 ships it: 2-D projections in FP8 with 128x128
-    `weight_scale_inv` tiles, quantization_config fp8; returns the dequantized dense weights."""
-    import json
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-
-    from quant.fp8 import dequantize_weight, quantize_weight
-
-    shutil.copytree(src, dst)
-    tensors, dense = load_file(str(dst / "model.safetensors")), {}
-    for name in list(tensors):
-        t = tensors[name]
-        if t.dim() == 2 and "embed" not in name and "lm_head" not in name and ".gate." not in name:
-            codes, scales = quantize_weight(t)
-            tensors[name], tensors[name + "_scale_inv"] = codes, scales
-            dense[name] = dequantize_weight(codes, scales, torch.float32)
-        else:
-            dense[name] = t
-    save_file(tensors, str(dst / "model.safetensors"))
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
-                                  "activation_scheme": "dynamic"}
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return dense
-
-
 def test_fp8_checkpoint_loads_as_its_dequantized_weights(deepseek_models, tmp_path):
     from flexlamps.models.weight_specs import hf_name, weight_specs
 
-    dense = _to_fp8_checkpoint(deepseek_models["deepseek_v3"], tmp_path / "fp8")
+    dense = to_fp8_checkpoint(deepseek_models["deepseek_v3"], tmp_path / "fp8")
     reader = open_checkpoint(tmp_path / "fp8")
     assert reader.fp8_block == (128, 128)
     for spec in weight_specs(reader.config):

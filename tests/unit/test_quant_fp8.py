@@ -46,3 +46,29 @@ def test_weight_tiles_round_trip_and_size():
     assert ((back - w).abs() <= FP8_REL * w.abs() + FP8_FLOOR * w.abs().max()).all()
     with pytest.raises(ValueError, match="scales of shape"):
         dequantize_weight(codes, scales[:1], torch.float32)
+
+
+@pytest.mark.parametrize("shape, block", [((256, 384), (128, 128)), ((200, 72), (128, 128)), ((64, 96), (32, 16))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_weight_upcasts_to_the_per_value_products(shape, block, dtype):
+    """Whole tiles take a broadcast, ragged ones a per-value scale: both are codes * scale in fp32."""
+    from quant.fp8 import Fp8Weight
+
+    codes, scales = quantize_weight(torch.randn(shape, generator=torch.Generator().manual_seed(3)), block)
+    per_value = scales.repeat_interleave(block[0], 0)[:shape[0]].repeat_interleave(block[1], 1)[:, :shape[1]]
+    expected = (codes.float() * per_value).to(dtype)
+    w = Fp8Weight(codes, scales, block, dtype)
+    assert torch.equal(w.dequantize(), expected)
+    assert w.nbytes == fp8_weight_bytes(*shape, block)
+    parts = w.to_tensors("x::")
+    assert parts["x::fp8.codes"].dtype == torch.uint8  # the disk tier stores bytes
+    back = Fp8Weight.from_tensors(parts, "x::")
+    assert (back.block, back.dtype) == (block, dtype) and torch.equal(back.dequantize(), expected)
+
+
+def test_fp8_weight_refuses_mismatched_scales():
+    from quant.fp8 import Fp8Weight
+
+    codes, scales = quantize_weight(torch.randn(256, 128))
+    with pytest.raises(ValueError, match=r"needs scales of shape \(2, 1\), got \(1, 1\)"):
+        Fp8Weight(codes, scales[:1], (128, 128), torch.float32)

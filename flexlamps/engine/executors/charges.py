@@ -18,6 +18,7 @@ from flexlamps.engine.caches.tiered import attends_with_staged_rows, staged_rows
 from flexlamps.engine.executors.placement_map import TABLE_NAMES, cache_tiers, place_weights
 from flexlamps.engine.executors.split_tables import head_chunks
 from flexlamps.engine.executors.stored_weights import StoredWeights
+from flexlamps.models.checkpoint import fp8_weight_block
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, pack
 from offload import compute_device, tensor_bytes
@@ -60,6 +61,16 @@ def _stored_nbytes(shape: tuple[int, ...], dtype: torch.dtype, num_bits: int | N
     return tensor_bytes(pack(w) if prepacked else w)
 
 
+@functools.lru_cache(maxsize=4096)
+def _fp8_nbytes(shape: tuple[int, int], block: tuple[int, int], dtype: torch.dtype) -> int:
+    """Bytes of an FP8 checkpoint's matrix as the executor stores it (`Fp8Weight.to_tensors`)."""
+    from quant.fp8 import FP8, Fp8Weight
+
+    grid = (-(-shape[0] // block[0]), -(-shape[1] // block[1]))
+    w = Fp8Weight(torch.empty(shape, dtype=FP8, device="meta"), torch.empty(grid, device="meta"), block, dtype)
+    return tensor_bytes(*w.to_tensors().values())
+
+
 def int4_weights(policy: placement.Policy) -> bool:
     """Whether compressed weights are 4-bit `Int4Weight`s (`stored_weights`), the engine's
     form for 4-bit group-wise compression."""
@@ -70,16 +81,18 @@ class PlacementCharges:
     """A policy's placement of one model's weights and cache, as the executor makes it, and the
     bytes its sweeps charge. A step is (rows, tokens per row, attended span). `int4`: 4-bit
     weights as `Int4Weight`s (default: as the policy says); `device_type`: the compute device's
-    (the stored forms depend on it; default: this machine's)."""
+    (the stored forms depend on it; default: this machine's); `stores_fp8`: which weights an FP8
+    checkpoint holds in FP8 (its reader's `stores_fp8`; default: as DeepSeek-V3 ships them)."""
 
     def __init__(self, hf_config: dict, policy: placement.Policy, dtype: torch.dtype, *,
-                 int4: bool | None = None, device_type: str | None = None):
+                 int4: bool | None = None, device_type: str | None = None, stores_fp8=None):
         self.cfg = cfg = ModelConfig.from_hf(hf_config)
         self.model_spec = placement.ModelSpec.from_hf_config(hf_config)
         self.policy, self.dtype = policy, dtype
         self.dtype_bytes = torch.empty((), dtype=dtype).element_size()
         self.weights = StoredWeights(cfg, dtype, device_type or compute_device().type,
-                                     int4_weights(policy) if int4 is None else int4)
+                                     int4_weights(policy) if int4 is None else int4,
+                                     fp8_weight_block(hf_config), stores_fp8)
         self.specs = self.weights.specs  # as stored: 4-bit q/k/v and gate/up stacked
         self.placement = place_weights(cfg, policy.weights, lambda spec: self._stored_bytes(spec, "disk"), self.specs)
         self.tiers = self.placement.tiers  # every stored tensor: each weight, each table piece
@@ -94,10 +107,16 @@ class PlacementCharges:
     def compressed(self, spec) -> bool:
         return self.policy.compress_weight and spec.role == "linear"
 
+    def is_fp8(self, spec) -> bool:
+        """Kept in FP8 as its checkpoint stores it (compression, when asked, comes first)."""
+        return not self.compressed(spec) and self.weights.is_fp8(spec)
+
     def _stored_bytes(self, spec, tier: str) -> int:
         """Bytes of a weight as stored on `tier` (off the gpu tier: what the split shares out)."""
         if self.compressed(spec) and self.weights.is_int4(spec):
             return self.weights.int4_nbytes(spec, tier)
+        if self.is_fp8(spec):
+            return _fp8_nbytes(tuple(spec.shape), self.weights.fp8_block, self.dtype)
         prepacked = tier == "gpu" and spec.role == "linear" and spec.layer is not None and not self.compressed(spec)
         return _stored_nbytes(tuple(spec.shape), self.dtype,
                               self.policy.compression.num_bits if self.compressed(spec) else None, prepacked)
@@ -112,7 +131,16 @@ class PlacementCharges:
         as `int4_decompressed` says."""
         others = sum(s.numel for s in self.specs
                      if s.layer == layer and self.compressed(s) and not self.weights.is_int4(s))
-        return others * self.dtype_bytes + self.int4_decompressed(layer, rows)
+        return others * self.dtype_bytes + self.int4_decompressed(layer, rows) + self.fp8_upcast(layer)
+
+    def fp8_upcast(self, layer: int) -> int:
+        """Most bytes a layer's FP8 matrices hold upcast at once: `models.linear` upcasts one per
+        call, and an absorbed one (MLA's kv_b_proj) stays upcast through the attention, while
+        other calls run (the indexer's): the largest of each kind."""
+        fp8 = [s for s in self.specs if s.layer == layer and self.is_fp8(s)]
+        absorbed = max((s.numel for s in fp8 if s.role == "absorbed"), default=0)
+        called = max((s.numel for s in fp8 if s.role != "absorbed"), default=0)
+        return (absorbed + called) * self.dtype_bytes
 
     def int4_decompressed(self, layer: int, rows: int) -> int:
         """The largest 4-bit matrix of a layer that `models.linear` dequantizes for one call (on

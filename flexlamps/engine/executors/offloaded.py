@@ -6,7 +6,8 @@ layer: while layer j computes on every micro-batch, layer j+1's weights load on 
 thread, so each layer's I/O is paid once per sweep for the whole block and hidden behind
 compute. Results equal the in-memory executor's exactly (same ops on the same values):
 4-bit weights stay 4-bit on every tier and are multiplied as the in-memory engine multiplies
-the same `Int4Weight`s (`stored_weights`); a compressed cache is within its quantization error.
+the same `Int4Weight`s (`stored_weights`), an FP8 checkpoint's matrices stay FP8 and are upcast
+per call as it upcasts them; a compressed cache is within its quantization error.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from flexlamps.models.forward import forward_for
 from flexlamps.models.linear import linear, pack
 from offload import DiskFolder, TierBudget, TieredStore, compute_device, tensor_bytes
 from quant import QTensor
+from quant.fp8 import Fp8Weight
 from quant.int4_weight import Int4Weight
 
 
@@ -54,6 +56,10 @@ class SweepProfile:
 CAPABILITIES = placement.EngineCapabilities(
     cache_on_disk=False, activations_on_disk=False, split_activations=False, merged_decode=True,
     per_micro_batch_decode=True, cpu_attention=True, weight_compression=True, cache_compression=True)
+
+
+# part of an offload folder's fingerprint when FP8 matrices are kept FP8 (`Fp8Weight.to_tensors`)
+FP8_FORMAT = "fp8-v1"
 
 
 def _bytes_per(dtype: torch.dtype) -> int:
@@ -95,7 +101,8 @@ class OffloadExecutor:
         # the dry run's counts. Tables are cut by vocab rows into pieces, one a tier. 4-bit
         # weights are Int4Weights, stacked where the forward stacks them (`stored_weights`).
         int4 = bool(policy.compress_weight and self.weight_quantizer is None and self.qcfg.bits == 4)
-        self.charges = PlacementCharges(reader.hf_config, policy, dtype, int4=int4, device_type=self.device.type)
+        self.charges = PlacementCharges(reader.hf_config, policy, dtype, int4=int4, device_type=self.device.type,
+                                        stores_fp8=getattr(reader, "stores_fp8", None))
         self.stored_weights, self.specs = self.charges.weights, self.charges.specs
         self.placement = self.charges.placement
         self.tiers, self.table_pieces = self.placement.tiers, self.placement.pieces
@@ -107,6 +114,7 @@ class OffloadExecutor:
             # (and the form 4-bit weights are written in: another form is rebuilt, never read)
             owner = f"{reader.fingerprint()}|{dtype}|{policy.weights!r}|{policy.compress_weight}|{self.qcfg!r}"
             owner += f"|{int4_format_tag(self.device)}" if int4 else ""
+            owner += f"|{FP8_FORMAT}" if any(map(self.charges.is_fp8, self.specs)) else ""
             disk = DiskFolder(offload_dir, fingerprint=_stable_hash(owner))
         self.store = TieredStore(self.budgets, disk, self.device)
         self.copies = CopyStream(self.device)  # on CUDA: weight loads on a copy stream, joined by events
@@ -153,6 +161,9 @@ class OffloadExecutor:
                 self.store.put(spec.name, self.stored_weights.read_int4(reader, spec, todo[0].tier, self.device),
                                todo[0].tier)
                 continue
+            if todo and self.charges.is_fp8(spec):  # a matrix: one piece, kept as the checkpoint has it
+                self.store.put(spec.name, reader.read_fp8(spec, self.dtype), todo[0].tier)
+                continue
             w = self.stored_weights.read_dense(reader, spec) if todo else None
             for piece in todo:  # a table's pieces are copies: the whole table is not kept alive
                 part = w if len(pieces) == 1 else w[piece.start:piece.stop].clone()
@@ -164,7 +175,9 @@ class OffloadExecutor:
         return self._compressible(spec) and self.stored_weights.is_int4(spec)
 
     def _stored_class(self, spec) -> type | None:
-        """What a weight was stored as, when compressed (to rebuild it from its parts)."""
+        """What a weight was stored as, when compressed or FP8 (to rebuild it from its parts)."""
+        if self.charges.is_fp8(spec):
+            return Fp8Weight
         if not self._compressible(spec):
             return None
         return Int4Weight if self._is_int4(spec) else QTensor
@@ -184,11 +197,14 @@ class OffloadExecutor:
     def _disk_part_names(self, disk_names) -> set[str]:
         names = set()
         compressible = {s.name: s for s in self.specs if self._compressible(s)}
+        fp8 = {s.name for s in self.specs if self.charges.is_fp8(s)}
         for name in disk_names:
             if name in compressible and self._is_int4(compressible[name]):
                 names |= set(self.stored_weights.int4_part_names(compressible[name], "disk"))
             elif name in compressible:
                 names |= {f"{name}::codes", f"{name}::scales", f"{name}::meta", f"{name}::mins"}
+            elif name in fp8:
+                names |= set(Fp8Weight.part_names(f"{name}::"))
             else:
                 names.add(name)
         return names
@@ -220,10 +236,10 @@ class OffloadExecutor:
     def _layer_weights(self, fetched: dict) -> tuple[dict[str, torch.Tensor], int]:
         """The fetched weights by local name, and the bytes of those decompressed here (a
         quant.QTensor is decompressed on the compute device, one layer at a time; a 4-bit
-        Int4Weight is multiplied as it is, by `models.linear`)."""
+        Int4Weight is multiplied as it is and an Fp8Weight upcast per call, by `models.linear`)."""
         out, dense_bytes = {}, 0
         for name, w in fetched.items():
-            if not isinstance(w, (torch.Tensor, Int4Weight)):
+            if not isinstance(w, (torch.Tensor, Int4Weight, Fp8Weight)):
                 w = w.dequantize(dtype=self.dtype, device=self.device)
                 dense_bytes += tensor_bytes(w)
             out[self.local[name]] = w
@@ -332,7 +348,8 @@ class OffloadExecutor:
                 dense_bytes = 0
                 try:
                     w, dense_bytes = self._layer_weights(fetched)
-                    dense_bytes += self.charges.int4_decompressed(j, most_rows)  # inside models.linear
+                    # inside models.linear: 4-bit matrices dequantized, FP8 ones upcast, per call
+                    dense_bytes += self.charges.int4_decompressed(j, most_rows) + self.charges.fp8_upcast(j)
                     self.budgets["gpu"].allocate(dense_bytes, f"layer {j} weights decompressed")
                     for k, s in enumerate(steps):
                         ws = self._workspace_bytes(s, spans[k])

@@ -10,7 +10,8 @@ kernel's tile layout alone (`Int4Weight.kernel_only`), used as read; on a GPU th
 device hold the row-major codes and the kernel layout is built on the device after each load.
 A matrix the kernel cannot take keeps row-major codes (its kernel layout rebuilt after a load
 where the kernel can run it). 8-bit and backend-compressed weights are stored as their
-quantizers make them (`quant.QTensor`, dequantized per layer).
+quantizers make them (`quant.QTensor`, dequantized per layer). An FP8 checkpoint's matrices
+stay FP8 on every tier (`quant.fp8.Fp8Weight`: codes and tile scales), upcast per call.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import dataclasses
 
 import torch
 
+from flexlamps.models.checkpoint import keeps_fp8
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.forward import forward_for
 from flexlamps.models.weight_specs import WeightSpec, weight_specs
@@ -54,10 +56,14 @@ def _fusable(spec: WeightSpec) -> bool:
 
 class StoredWeights:
     """The weights as the executor stores them: `specs` (with 4-bit q/k/v and gate/up stacked
-    when `int4`), the parts each stacked one is read from, and each one's bytes on a tier."""
+    when `int4`), the parts each stacked one is read from, and each one's bytes on a tier.
+    `fp8_block`: an FP8 checkpoint's tile (None: a dense one); `stores_fp8(spec)`: whether it
+    holds a weight in FP8 (default: every matrix `keeps_fp8` names, as DeepSeek-V3 ships)."""
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device_type: str, int4: bool):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device_type: str, int4: bool,
+                 fp8_block: tuple[int, int] | None = None, stores_fp8=None):
         self.dtype, self.device_type, self.int4 = dtype, device_type, int4
+        self.fp8_block, self._stores_fp8 = fp8_block, stores_fp8
         self.dtype_bytes = torch.empty((), dtype=dtype).element_size()
         self.parts: dict[str, list[WeightSpec]] = {}  # stacked name -> its parts, in order
         self.specs = self._stacked(weight_specs(cfg), getattr(forward_for(cfg), "FUSED_INT4", {}) if int4 else {})
@@ -85,6 +91,11 @@ class StoredWeights:
 
     def is_int4(self, spec: WeightSpec) -> bool:
         return self.int4 and _fusable(spec)
+
+    def is_fp8(self, spec: WeightSpec) -> bool:
+        """Kept as the FP8 checkpoint stores it (when not compressed)."""
+        return (self.fp8_block is not None and keeps_fp8(spec)
+                and (self._stores_fp8 is None or self._stores_fp8(spec)))
 
     # -- bytes ------------------------------------------------------------------------------
     def int4_nbytes(self, spec: WeightSpec, tier: str) -> int:
