@@ -2,8 +2,6 @@
 the same logits as dequantizing them at load, in memory and offloaded, at about half the bytes
 of bf16, and the dry run charges what the executor charges."""
 
-from concurrent.futures import Future
-
 import pytest
 import torch
 
@@ -17,6 +15,7 @@ from placement import Policy, TierSplit
 from quant.fp8 import Fp8Weight
 from quant.fp8_layout import fp8_weight_bytes
 from tests.deepseek_models import to_fp8_checkpoint
+from tests.property.test_plan_engine_agreement import _run_at_once
 
 ON_GPU = TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
 SPLITS = {"gpu_cpu_disk": TierSplit(gpu=0.3, cpu=0.4, disk=0.3), "disk": TierSplit(gpu=0.0, cpu=0.0, disk=1.0)}
@@ -119,9 +118,3 @@ def test_dry_run_charges_what_the_fp8_executor_charges(fp8_models, tmp_path):
     for tier in ("gpu", "cpu"):
         measured = ex.budgets[tier].peak_bytes
         assert measured <= run.peak_bytes[tier] <= 1.1 * measured, (tier, measured, run.peak_bytes[tier])
-
-
-def _run_at_once(load) -> Future:
-    done = Future()
-    done.set_result(load())
-    return done
