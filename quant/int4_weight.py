@@ -185,11 +185,13 @@ class Int4Weight:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.kernel_codes, self.group_size, self.scale_zero)
         return out.reshape(*x.shape[:-1], self.shape[0])
 
-    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def dequantize(self, dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """The dense (N, K) weight in `dtype` (default: the scales' dtype), computed in fp32 as
-        `q * scale + (zero - 8 * scale)`, from either code layout (the same values)."""
+        `q * scale + (zero - 8 * scale)`, from either code layout (the same values); into `out`
+        when given (a buffer reused across calls: a fresh one of tens of MiB is paged in anew)."""
         rows, cols = self.shape
-        out = torch.empty(rows, cols, dtype=dtype or self.dtype, device=self.device)
+        if out is None:
+            out = torch.empty(rows, cols, dtype=dtype or self.dtype, device=self.device)
         scale = self.scale_zero[..., 0].t().float()  # (N, K/g)
         offset = self.scale_zero[..., 1].t().float() - 8 * scale
         tile = tile_rows(cols) if self.codes is None else 1
