@@ -115,8 +115,7 @@ def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, m
     except ValueError as e:
         raise click.ClickException(str(e))
     if verify and str(llm.dtype) != "torch.float32":
-        click.echo(f"note: --verify checks exact equality, which holds in float32 (--dtype float32); in "
-                   f"{str(llm.dtype).removeprefix('torch.')} a different batch shape may round differently", err=True)
+        click.echo(_VERIFY_LOW_PRECISION.format(str(llm.dtype).removeprefix("torch.")), err=True)
     os.makedirs(out_dir, exist_ok=True)
     click.echo("measuring the cost model on this machine ...")
     cost = measure_cost(llm, config, max_context, cpu_clock=clock == "cpu")
@@ -167,7 +166,7 @@ def _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, s
     from flexlamps.workloads.tokenized import replay_requests
     from flexlamps.sim.metrics import summarize
 
-    results, plain = [], _plain_executor(llm) if verify else None
+    results, plain = [], _reference_executor(llm) if verify else None
     for load in qps:
         pool_tokens = cost.gpu_kv_tokens
         if scale.max_context >= pool_tokens:
@@ -187,10 +186,20 @@ def _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, s
     return results
 
 
-def _plain_executor(llm):
-    """The plain path every other one must equal: the model all in memory, outside the tiers'
-    budgets (an offloaded run's budgets may be far too small to hold every request at once)."""
-    if llm.offload is None:
+_VERIFY_LOW_PRECISION = (
+    "note: in {} --verify compares each output with the same engine's own uninterrupted generation (its weights "
+    "and kernels; an in-memory run keeps 4-bit weights in another form). Exact equality then needs GEMM kernels "
+    "whose rows do not depend on the batch's row count: oneDNN's bf16 GEMM on CPUs without AMX, but not with AMX "
+    "(a row may move by one bf16 rounding step) nor 4-bit weights (another kernel from 128 rows); a near-tie may "
+    "then flip a token. Outputs that differ are listed. float32 (--dtype float32) is exact and is also checked "
+    "against the model all in memory.")
+
+
+def _reference_executor(llm):
+    """What every output must equal when generated alone. float32: the model all in memory, outside
+    the tiers' budgets (it also checks the offloading, bit for bit). Other dtypes: the engine's own
+    executor, one request at a time (see _VERIFY_LOW_PRECISION)."""
+    if llm.offload is None or str(llm.dtype) != "torch.float32":
         return llm.executor
     from flexlamps.api import LLM
 
