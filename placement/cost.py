@@ -212,17 +212,19 @@ def _sizes(choice: Choice, model: ModelSpec, workload: WorkloadSpec) -> _Sizes:
     ratio = choice.compression.weight_bytes_per_element(dtype_bytes) / dtype_bytes
     capacity = workload.prompt_len + workload.gen_len
     cache_ratio = choice.compression.cache_bytes_per_element(capacity, dtype_bytes) / dtype_bytes
-    # norms, biases and embeddings stay dense; only the layers' matrices are quantized
+    # norms, biases and embeddings stay dense; only the layers' matrices are quantized, from
+    # their values in dtype (an FP8 checkpoint's too: `per_stored` turns its bytes into those)
+    per_stored = dtype_bytes / model.matrix_bytes_per_param
     dense = model.vector_param_count() * dtype_bytes + model.embedding_bytes() / model.num_layers
     weight = model.weight_bytes_per_layer() + model.embedding_bytes() / model.num_layers
-    stored = (weight - dense) * ratio + dense if choice.compress_weight else weight
+    stored = (weight - dense) * per_stored * ratio + dense if choice.compress_weight else weight
     cache = model.cache_bytes_per_token_per_layer()
     layer_dense = model.vector_param_count() * dtype_bytes
     layer = model.weight_bytes_per_layer()
-    layer_stored = (layer - layer_dense) * ratio + layer_dense if choice.compress_weight else layer
+    layer_stored = (layer - layer_dense) * per_stored * ratio + layer_dense if choice.compress_weight else layer
     return _Sizes(
         weight_stored=stored, weight_fp16=weight, layer_stored=layer_stored,
-        layer_matrices=layer - layer_dense,
+        layer_matrices=(layer - layer_dense) * per_stored,
         cache_stored=cache * (cache_ratio if choice.compress_cache else 1.0), cache_fp16=cache,
         indexer=model.indexer_bytes_per_token_per_layer(),
         hidden=model.hidden_size * dtype_bytes,
@@ -312,6 +314,7 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     if choice.compress_cache:  # quantizing the new cache costs about as much as dequantizing
         comp_s += _dequant_s(num_tokens * sz.cache_fp16, model, hardware.gpu_dequant_bytes_per_s)
     comp_s += choice.num_gpu_batches * hardware.gpu_layer_overhead_s
+    comp_s += ngb * _fp8_upcast_s(choice, model, hardware, model.weight_bytes_per_layer())
     comp = Affine(comp_s).add(resident_s, W_GPU)
 
     return _layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)
@@ -348,6 +351,7 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     resident_s = _resident_delta_s(choice, model, hardware, rows, rows * model.matmul_flops_per_token_per_layer(),
                                    model.weight_bytes_touched_per_layer(rows), calls)
     gemm_s += calls * hardware.gpu_layer_overhead_s
+    gemm_s += calls * _fp8_upcast_s(choice, model, hardware, model.weight_bytes_touched_per_layer(rows))
     gemm_s += _elementwise_s(block, model, hardware)
     if choice.compress_weight:  # what the whole block touches is dequantized once
         gemm_s += _dequant_s(model.weight_bytes_touched_per_layer(block), model,
@@ -388,6 +392,16 @@ def _elementwise_s(num_tokens: float, model: ModelSpec, hardware: HardwareSpec) 
     return elements * model.dtype_bytes / hardware.gpu_mem_bytes_per_s
 
 
+def _fp8_upcast_s(choice: Choice, model: ModelSpec, hardware: HardwareSpec, stored_bytes: float) -> float:
+    """Seconds one call spends upcasting the FP8 matrices it uses (`stored_bytes` of a layer as
+    stored, vectors included): the engine upcasts each per call, at the dequantization rate."""
+    if model.weight_format != "fp8" or choice.compress_weight:
+        return 0.0
+    vectors = model.vector_param_count() * model.dtype_bytes
+    dense = (stored_bytes - vectors) * model.dtype_bytes / model.matrix_bytes_per_param
+    return _dequant_s(dense, model, hardware.gpu_dequant_bytes_per_s)
+
+
 def _dequant_s(dense_bytes: float, model: ModelSpec, fp16_bytes_per_s: float) -> float:
     """Seconds to decompress what is `dense_bytes` in the model's dtype; dequantization rates
     are counted in fp16 output bytes (2 per element) whatever the dtype."""
@@ -418,7 +432,11 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
         hidden_io = 2 * seqs * tokens_per_seq * sz.hidden
         work = Affine(indexer_home + 2 * sz.layer_stored + hidden_io)
         work.add(-2 * sz.layer_stored, W_GPU).add(-hidden_io, H_GPU)
-        return work.add(sz.layer_matrices) if choice.compress_weight else work
+        if choice.compress_weight:
+            return work.add(sz.layer_matrices)
+        if model.weight_format == "fp8":  # upcast per call: an absorbed matrix and one other at most
+            return work.add(2 * max(o * i for o, i in model.layer_matrix_shapes()) * db)
+        return work
 
     gpu_prefill = resident(hidden_p, True).plus(gpu_working(gbs, s))
     gpu_prefill.add(db * gbs * model.layer_workspace_elements(s, s))

@@ -112,12 +112,14 @@ class HFFolderReader:
 
     def _fp8_weight(self, name: str, codes: torch.Tensor, dtype: torch.dtype):
         """An FP8 checkpoint matrix with its `<name>_scale_inv` tiles (DeepSeek-V3's layout)."""
-        from quant.fp8 import Fp8Weight
+        from quant.fp8 import Fp8Weight, has_nan_codes
 
         scale_name = name + "_scale_inv"
         if self.fp8_block is None or scale_name not in self._files:
             raise CheckpointError(f"{self.path}: {name} is stored in FP8 but the checkpoint has no "
                                   f"{scale_name} or no quantization_config.weight_block_size")
+        if has_nan_codes(codes):
+            raise CheckpointError(f"{self.path}: {name} holds NaN FP8 codes; the checkpoint is damaged")
         try:
             return Fp8Weight(codes, self._handle(scale_name).get_tensor(scale_name).float(), self.fp8_block, dtype)
         except ValueError as e:

@@ -60,9 +60,11 @@ def test_plan_prints_fp8_weights_and_the_latent_pools(tmp_path):
 
 
 def test_the_engine_plans_fp8_checkpoints_at_the_size_it_holds_them():
-    """The engine dequantizes FP8 weights at load, so its plan must not count them at 1 byte."""
+    """The engine keeps FP8 matrices FP8 (upcast per call): its plan counts them as stored, and
+    the executor's charges for DeepSeek-V3.2-Exp's weights equal the planner's total."""
     import torch
 
+    from flexlamps.engine.executors.charges import PlacementCharges
     from flexlamps.engine.executors.policy_choice import plan_policy
 
     hf = dict(placement.presets.MODEL_CONFIGS["deepseek-v3.2-exp"])
@@ -72,4 +74,22 @@ def test_the_engine_plans_fp8_checkpoints_at_the_size_it_holds_them():
     dense = {k: v for k, v in hf.items() if k != "quantization_config"}
     with_fp8 = plan_policy(hf, torch.bfloat16, hw, **common)
     without = plan_policy(dense, torch.bfloat16, hw, **common)
-    assert with_fp8.peak_bytes == without.peak_bytes
+    assert 0.4 < with_fp8.peak_bytes["cpu"] / without.peak_bytes["cpu"] < 0.5  # the gpu tier is full in both
+    on_cpu = placement.TierSplit(gpu=0.0, cpu=1.0, disk=0.0)
+    policy = placement.Policy(gpu_batch_size=1, num_gpu_batches=1, weights=on_cpu, cache=on_cpu, activations=on_cpu)
+    charged = sum(PlacementCharges(hf, policy, torch.bfloat16, device_type="cpu").stored.values())
+    planned = dataclasses.replace(V32_FP8, dtype="bf16").total_weight_bytes()
+    assert charged == pytest.approx(planned, rel=1e-3)  # 627.7 GiB either way
+
+
+def test_fp8_weights_cost_an_upcast_per_call_unless_compressed():
+    from placement.cost import Choice, _fp8_upcast_s
+
+    hw = placement.hardware_preset("h200")
+    plain, compressed = Choice(gpu_batch_size=8, num_gpu_batches=1), Choice(gpu_batch_size=8, num_gpu_batches=1,
+                                                                             compress_weight=True)
+    layer = V32_FP8.weight_bytes_per_layer()
+    upcast = _fp8_upcast_s(plain, V32_FP8, hw, layer)
+    # the layer's matrices in bf16 (about twice their FP8 bytes) at the dequantization rate
+    assert upcast == pytest.approx(2 * layer / hw.gpu_dequant_bytes_per_s, rel=0.02)
+    assert _fp8_upcast_s(compressed, V32_FP8, hw, layer) == 0 == _fp8_upcast_s(plain, V32, hw, layer)

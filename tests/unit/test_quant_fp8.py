@@ -72,3 +72,13 @@ def test_fp8_weight_refuses_mismatched_scales():
     codes, scales = quantize_weight(torch.randn(256, 128))
     with pytest.raises(ValueError, match=r"needs scales of shape \(2, 1\), got \(1, 1\)"):
         Fp8Weight(codes, scales[:1], (128, 128), torch.float32)
+
+
+def test_fp8_values_are_torchs_for_every_finite_code():
+    from quant.fp8 import fp8_values, has_nan_codes
+
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    finite = torch.ones(256, dtype=torch.bool)
+    finite[[0x7F, 0xFF]] = False  # e4m3fn's two NaNs
+    assert torch.equal(fp8_values(codes)[finite], codes.float()[finite])
+    assert has_nan_codes(codes) and not has_nan_codes(codes[finite])

@@ -19,9 +19,8 @@ _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "f
 def plan_policy(hf_config: dict, dtype: torch.dtype, hardware: HardwareSpec, *, gpu_mem: int, cpu_mem: int,
                 disk_bytes: int | None, prompt_len: int, gen_len: int, max_block_size: int = 256,
                 allow_compression: bool = True) -> Plan:
-    model = placement.ModelSpec.from_hf_config(hf_config)
-    # the engine holds an FP8 checkpoint's weights dequantized to `dtype`: plan them at that size
-    model = dataclasses.replace(model, dtype=_DTYPE_NAMES[dtype], weight_format="dense")
+    # an FP8 checkpoint's matrices stay FP8 in the engine (upcast per call): planned as stored
+    model = dataclasses.replace(placement.ModelSpec.from_hf_config(hf_config), dtype=_DTYPE_NAMES[dtype])
     hw = dataclasses.replace(hardware, gpu_mem_bytes=gpu_mem, cpu_mem_bytes=cpu_mem,
                              disk_bytes=max(1, disk_bytes or 1))
     workload = WorkloadSpec(prompt_len=max(1, prompt_len), gen_len=max(1, gen_len))
