@@ -88,13 +88,14 @@ _DEQUANT_CHUNK_BYTES = 256 << 10  # fp32 values upcast at a time on a CPU: they 
 
 
 def dequantize_weight(codes: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype,
-                      block: tuple[int, int] = WEIGHT_BLOCK) -> torch.Tensor:
+                      block: tuple[int, int] = WEIGHT_BLOCK, out: torch.Tensor | None = None) -> torch.Tensor:
     """An FP8 checkpoint matrix times its per-tile `weight_scale_inv`, in `dtype`: each value
-    is code * scale in fp32, rounded once to `dtype` (finite codes)."""
+    is code * scale in fp32, rounded once to `dtype` (finite codes); into `out` when given."""
     rows, cols = codes.shape
     check_tile_scales(codes.shape, scale_inv.shape, block)
     scale_inv = scale_inv.float()
-    out = torch.empty(rows, cols, dtype=dtype, device=codes.device)
+    if out is None:
+        out = torch.empty(rows, cols, dtype=dtype, device=codes.device)
     # NOTE(fp8): a band of whole row tiles at a time on a CPU, so the temporaries stay in cache
     step = rows if codes.device.type != "cpu" else block[0] * max(1, _DEQUANT_CHUNK_BYTES // (4 * cols * block[0]))
     bits = torch.empty(min(step, rows), cols, dtype=torch.int16, device=codes.device)
@@ -147,9 +148,10 @@ class Fp8Weight:
         """Bytes held: one per value plus the fp32 tile scales."""
         return self.codes.numel() + self.scale_inv.numel() * self.scale_inv.element_size()
 
-    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The dense (out, in) weight in `dtype` (default: the compute dtype), as at load."""
-        return dequantize_weight(self.codes, self.scale_inv, dtype or self.dtype, self.block)
+    def dequantize(self, dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The dense (out, in) weight in `dtype` (default: the compute dtype), as at load; into
+        `out` when given (a buffer reused across calls)."""
+        return dequantize_weight(self.codes, self.scale_inv, dtype or self.dtype, self.block, out)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Fp8Weight":
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731

@@ -33,7 +33,8 @@ may therefore differ for calls of 16-127 rows by the kernels' rounding (fp32 is 
 
 An FP8 checkpoint's weight kept as stored (`quant.fp8.Fp8Weight`) is upcast to the compute
 dtype for each call and runs the dense path: the same values a dequantization at load gives,
-so the same bits, with one matrix's dense copy alive at a time.
+so the same bits, with one matrix's dense copy alive at a time (in the buffer 4-bit weights are
+dequantized into; `unpack` gives a fresh copy, which a caller may hold across calls).
 """
 
 from __future__ import annotations
@@ -140,8 +141,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *,
     other = add if add is not None else mul
     if isinstance(w, (Int4Weight, Int4Twin)):
         return _int4_linear(x, w, b, add=add, mul=mul)
-    if isinstance(w, Fp8Weight):  # upcast for this call only
-        return linear(x, w.dequantize(), b, add=add, mul=mul)
+    if isinstance(w, Fp8Weight):  # upcast for this call only, into the thread's reused buffer
+        return linear(x, w.dequantize(out=_dense_scratch(w.shape, w.dtype, w.device)), b, add=add, mul=mul)
     if other is not None and not (x.dtype == torch.float32 and uses_onednn(x, w)):
         out = linear(x, w, b)
         return out + add if add is not None else out * mul
