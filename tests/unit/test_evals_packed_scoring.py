@@ -30,8 +30,8 @@ def _plain(llm, pairs):
     return scorer.score(pairs)
 
 
-# fp32 log-probs of packed and plain scoring differ only by summation order inside attention
-TOLERANCE = 1e-4
+# packed and plain scoring give the same fp32 log-probs bit for bit: each segment attends over its
+# own keys gathered to start at 0, and attention on the CPU does not depend on what shares its step
 
 
 @pytest.mark.parametrize("max_batch,micro_batch,max_logit_positions,step_tokens,row_tokens",
@@ -49,11 +49,10 @@ def test_packed_equals_plain_sequences(tiny_llama, max_batch, micro_batch, max_l
     packed = PrefixScorer(llm.executor, max_batch=max_batch, micro_batch=micro_batch,
                           max_logit_positions=max_logit_positions, step_tokens=step_tokens, row_tokens=row_tokens)
     got = packed.score(pairs)
-    assert [o.logprob for o in got] == pytest.approx([o.logprob for o in ref], abs=TOLERANCE)
+    assert [o.logprob for o in got] == [o.logprob for o in ref]
     assert [o.num_tokens for o in got] == [o.num_tokens for o in ref]
     assert [o.is_greedy for o in got] == [o.is_greedy for o in ref]
-    for g, r in zip(got, ref):
-        assert g.token_logprobs == pytest.approx(r.token_logprobs, abs=TOLERANCE)
+    assert [o.token_logprobs for o in got] == [o.token_logprobs for o in ref]
     assert packed.stats.prefill_tokens_computed < 0.5 * packed.stats.prefill_tokens_requested
     question_steps = [s for steps in calls[1:] for s in steps]  # after the shared examples' call
     assert all((s.segments is not None) == (row_tokens is not None) for s in question_steps)
@@ -73,7 +72,7 @@ def test_offloaded_packed_scoring_equals_in_memory(tiny_llama):
     contexts = [SHOTS + ctx for ctx, choices in QUESTIONS for _ in choices]
     conts = [ch for _, choices in QUESTIONS for ch in choices]
     a, b = mem.score(contexts, conts), off.score(contexts, conts)
-    assert [o.logprob for o in b] == pytest.approx([o.logprob for o in a], abs=TOLERANCE)
+    assert [o.logprob for o in b] == [o.logprob for o in a]
     assert off.executor.budgets["gpu"].used_bytes == sum(
         t.numel() * t.element_size() for n, t in off.executor.store._resident.items()
         if off.executor.store.tier_of(n) == "gpu")  # every cache freed
@@ -83,6 +82,6 @@ def test_no_shared_root_and_single_pair(tiny_llama):
     llm = LLM(str(tiny_llama))
     for pairs in (_pairs(llm.tokenizer, shots="")[:1], _pairs(llm.tokenizer, shots="")):
         got = PrefixScorer(llm.executor).score(pairs)
-        assert [o.logprob for o in got] == pytest.approx([o.logprob for o in _plain(llm, pairs)], abs=TOLERANCE)
+        assert [o.logprob for o in got] == [o.logprob for o in _plain(llm, pairs)]
     with torch.no_grad():
         assert PrefixScorer(llm.executor).score([]) == []
