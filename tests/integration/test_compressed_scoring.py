@@ -1,6 +1,10 @@
-"""Scoring with a 4-bit KV cache (`--compress-cache`): per-choice log-probs stay within the
-quantization error of the uncompressed scoring, and no compressed key block is ever reopened
-(each cache position is written once, so a choice never sees keys re-quantized by a sibling's)."""
+"""Scoring with a 4-bit KV cache (`--compress-cache`): a question's own tokens attend over their
+keys as computed (FlexGen's prefill; the cache is still written compressed), the shared prefix
+computed before them (at least the BOS) is read back compressed. So per-choice log-probs equal the
+uncompressed scoring's bit for bit for a request alone and stay within the quantization error in a
+batch, and
+no compressed key block is ever reopened (each cache position is written once, so a choice never
+sees keys re-quantized after a sibling's continuation filled their block)."""
 
 import json
 
@@ -45,10 +49,18 @@ def test_compressed_cache_scoring_close_to_uncompressed(tiny_llama, monkeypatch)
     for p, c in zip(plain, got):
         assert c.num_tokens == p.num_tokens
         assert abs(c.logprob - p.logprob) <= PER_TOKEN_TOLERANCE * p.num_tokens
-    assert [c.logprob for c in got] != [p.logprob for p in plain]  # the cache really was compressed
+    assert [c.logprob for c in got] != [p.logprob for p in plain]  # the shared prefix was read compressed
     assert llm.executor.budgets["gpu"].used_bytes == sum(  # every cache freed
         t.numel() * t.element_size() for n, t in llm.executor.store._resident.items()
         if llm.executor.store.tier_of(n) == "gpu")
+
+
+def test_compressed_cache_scoring_without_shared_prefix_equals_uncompressed(tiny_llama):
+    """One request alone has no shared prefix (a batch shares at least its BOS): nothing is read back."""
+    plain, llm = LLM(str(tiny_llama), dtype="float32"), _compressed(str(tiny_llama))
+    for ctx, choices in QUESTIONS[:3]:
+        for c in choices:
+            assert llm.score([ctx], [c])[0].logprob == plain.score([ctx], [c])[0].logprob
 
 
 def test_helm_compress_cache_run_close_to_uncompressed(tmp_path, tiny_llama):

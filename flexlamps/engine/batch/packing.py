@@ -153,4 +153,5 @@ def segments_of(rows: list[PackedRow]) -> Segments:
         mask = torch.arange(k_max)[None, None, :] < seen[:, :, None]  # padded queries: every key, unused
         valid = torch.arange(q_max)[None, :] < torch.tensor([c for _, _, c, _ in segs])[:, None]
         groups.append(SegmentGroup(torch.tensor([r for r, *_ in segs]), queries, valid, keys_at, mask))
-    return Segments(tuple(groups), rows[0].root_len + max(r.num_tokens for r in rows))
+    root_len = rows[0].root_len
+    return Segments(tuple(groups), root_len + max(r.num_tokens for r in rows), fresh_from=root_len)

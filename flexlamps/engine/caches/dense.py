@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
-from flexlamps.engine.caches.segments import segment_attention
+from flexlamps.engine.caches.segments import segment_attention, with_fresh
 from flexlamps.engine.executors.step import Segments
 from flexlamps.models.attention import attention
 from flexlamps.models.config import ModelConfig
@@ -68,12 +68,15 @@ class DenseKVCache:
         kc, vc = self.k[layer], self.v[layer]
         kc[geo.slots[:, None], :, geo.positions] = k
         vc[geo.slots[:, None], :, geo.positions] = v
+        if geo.segments is not None:  # the rows before the step's own tokens, then those as computed
+            before = geo.segments.fresh_from
+            keys = with_fresh(_rows(kc, geo.slots, before, geo.first) if before else None, k)
+            values = with_fresh(_rows(vc, geo.slots, before, geo.first) if before else None, v)
+            return segment_attention(q, keys, values, geo.segments).reshape(n, t, heads * d)
         if geo.fresh:  # see caches.fresh
             keys, values = fresh_keys(k, v)
         else:
             keys, values = _rows(kc, geo.slots, geo.span, geo.first), _rows(vc, geo.slots, geo.span, geo.first)
-        if geo.segments is not None:
-            return segment_attention(q, keys, values, geo.segments).reshape(n, t, heads * d)
         out = attention(q.transpose(1, 2), keys, values, geo.mask)
         return out.transpose(1, 2).reshape(n, t, heads * d)
 

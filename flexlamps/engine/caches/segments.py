@@ -14,6 +14,14 @@ from flexlamps.engine.executors.step import Segments
 from flexlamps.models.attention import attention
 
 
+def with_fresh(cached: torch.Tensor | None, fresh: torch.Tensor) -> torch.Tensor:
+    """The keys (or values) of a packed step's rows: `cached` (n, kv_heads, fresh_from, d), the
+    rows before the step's own tokens (None: there are none), then `fresh` (n, T, kv_heads, d),
+    the step's own, as computed."""
+    own = fresh.transpose(1, 2)  # (n, kv_heads, T, d)
+    return own if cached is None else torch.cat([cached, own.to(cached.device, cached.dtype)], dim=2)
+
+
 def segment_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, segments: Segments) -> torch.Tensor:
     """q (n, T, heads, d), keys/values (n, kv_heads, S, d) -> (n, T, heads, d); tokens in no
     segment (a row's padding) get zeros."""

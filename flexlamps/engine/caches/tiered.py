@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
-from flexlamps.engine.caches.segments import segment_attention
+from flexlamps.engine.caches.segments import segment_attention, with_fresh
 from flexlamps.engine.executors.step import Segments
 from flexlamps.models.attention import attention
 from flexlamps.models.config import ModelConfig
@@ -102,21 +102,38 @@ class TieredKVCache:
         home = torch.device("cpu") if self.tiers[layer] != "gpu" else self.device
         slots_h = slots.to(home)
         self._write(layer, slots_h, positions.to(home), k.to(home), v.to(home))
-        if segments is None and is_fresh_prefill(positions):  # see caches.fresh: nothing read back or staged
+        if segments is not None:
+            return self._packed_attend(layer, slots_h, home, q, k, v, segments)
+        if is_fresh_prefill(positions):  # see caches.fresh: nothing read back or staged
             span, (keys, values), where, staged = t, fresh_keys(k, v), k.device, 0
         else:
-            span = int(positions.max()) + 1 if segments is None else segments.span
+            span = int(positions.max()) + 1
             keys, values, where, staged = self._rows_for_attention(layer, slots_h, span, home)
         try:
             qd = q.to(where)
-            if segments is not None:
-                return segment_attention(qd, keys, values, segments.to(where)).reshape(n, t, heads * d).to(self.device)
             mask = torch.arange(span, device=where)[None, None, :] <= positions.to(where)[:, :, None]
             out = attention(qd.transpose(1, 2), keys, values, mask)
         finally:
             if staged:
                 self.budgets["gpu"].free(staged)
         return out.transpose(1, 2).reshape(n, t, heads * d).to(self.device)
+
+    def _packed_attend(self, layer, slots, home, q, k, v, segments: Segments) -> torch.Tensor:
+        """A packed step (see executors.step.Segments): the rows before its own tokens as the
+        layer's tier holds them (staged or decompressed), its own tokens' keys as computed."""
+        n, t, heads, d = q.shape
+        before = segments.fresh_from
+        cached_k = cached_v = None
+        where, staged = k.device, 0
+        if before:
+            cached_k, cached_v, where, staged = self._rows_for_attention(layer, slots, before, home)
+        try:
+            keys, values = with_fresh(cached_k, k.to(where)), with_fresh(cached_v, v.to(where))
+            out = segment_attention(q.to(where), keys, values, segments.to(where))
+        finally:
+            if staged:
+                self.budgets["gpu"].free(staged)
+        return out.reshape(n, t, heads * d).to(self.device)
 
     def _write(self, layer, slots, positions, k, v) -> None:
         """This step's keys and values into the layer's rows (all on the layer's tier)."""

@@ -72,6 +72,9 @@ class Segments:
     """Which keys each token of a packed step attends to, as groups of equally shaped segments."""
     groups: tuple[SegmentGroup, ...]
     span: int  # keys reach cache positions 0..span-1
+    # cache positions fresh_from..span-1 hold this step's own tokens (written in order): their keys
+    # are attended as computed, not read back (a compressed cache's prefill reads exact keys)
+    fresh_from: int = 0
 
     def to(self, device) -> "Segments":
-        return Segments(tuple(g.to(device) for g in self.groups), self.span)
+        return Segments(tuple(g.to(device) for g in self.groups), self.span, self.fresh_from)
