@@ -22,7 +22,7 @@ import psutil
 import torch
 
 from flexlamps.host_allocator import keep_freed_memory
-from flexlamps.io.cache_folder import cache_root
+from flexlamps.cache_folder import cache_root
 from flexlamps.models.linear import linear, pack
 from placement import HardwareSpec
 

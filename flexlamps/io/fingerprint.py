@@ -3,7 +3,7 @@ inputs. Shared by `flexlamps helm` (run identities) and `flexlamps generate` (re
 
 - `stable_hash(obj)`: sha256 of a JSON-able object (keys sorted), 16 hex digits.
 - `file_sha256(path)`: a file's content hash, cached by (path, size, mtime, inode, ctime) in
-  `file-hashes.json` in flexlamps' cache folder (flexlamps.io.cache_folder) so a 100 MB GGUF is hashed once, not on every run.
+  `file-hashes.json` in flexlamps' cache folder (flexlamps.cache_folder) so a 100 MB GGUF is hashed once, not on every run.
 - `model_fingerprint(model)`: what `--model` names, by content: a GGUF file's hash, or a
   Hugging Face folder's config, tokenizer and weight files (`model_digest(path)`).
 - `RecordFingerprint`: the three parts a generated record carries (model, options, prompt),
@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from flexlamps.io.cache_folder import cache_root
+from flexlamps.cache_folder import cache_root
 
 _HASH_CHUNK = 1 << 22
 # files of a Hugging Face folder that decide what the model computes

@@ -6,7 +6,7 @@ The file is named by the SHA-256 of the checkpoint's bytes plus everything that 
 packed result (dtype, 4-bit in place or not, torch version, CPU kernel flavour, format
 version), so an edited checkpoint or another torch never reads a stale entry. Files are
 written to a temp name and renamed; a damaged entry is rebuilt. The folder is `cache_dir`,
-else flexlamps' cache folder ($FLEXLAMPS_CACHE; see flexlamps.io.cache_folder).
+else flexlamps' cache folder ($FLEXLAMPS_CACHE; see flexlamps.cache_folder).
 
 The entries are kept within `MAX_CACHE_BYTES` together: after an entry is written, the least
 recently used ones (a load that reads an entry marks it used) are deleted until the rest fit;
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from flexlamps.io.cache_folder import cache_root
+from flexlamps.cache_folder import cache_root
 from flexlamps.models.gguf_header import file_sha256
 from quant.int4_weight import Int4Weight
 

@@ -1,0 +1,65 @@
+"""The package import graph points one way: no cycle between sub-packages (lazy imports inside
+functions count too), and the engine never imports the simulator (DESIGN.md)."""
+
+import ast
+from collections import defaultdict
+
+from tests.conftest import REPO
+
+TOP = ("placement", "quant", "offload")
+
+
+def _package(module: str) -> str:
+    """flexlamps.engine.executors.x -> flexlamps.engine; quant.fp8 -> quant."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "flexlamps" else parts[0]
+
+
+def _graph() -> dict[str, set[str]]:
+    edges = defaultdict(set)
+    for root in ("flexlamps", *TOP):
+        for path in (REPO / root).rglob("*.py"):
+            source = _package(".".join(path.relative_to(REPO).with_suffix("").parts))
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    targets = [node.module]
+                elif isinstance(node, ast.Import):
+                    targets = [a.name for a in node.names]
+                else:
+                    continue
+                for t in map(_package, targets):
+                    if t != source and (t.startswith("flexlamps.") or t in TOP):
+                        edges[source].add(t)
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    found, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                found.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [])
+    return found
+
+
+def test_no_import_cycle_between_packages():
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_the_engine_does_not_import_the_simulator():
+    assert "flexlamps.sim" not in _graph()["flexlamps.engine"]
