@@ -49,7 +49,9 @@ def _write(tmp_path, name, rows):
 def _helm(tmp_path, model, f):
     out = tmp_path / "out"
     res = CliRunner().invoke(helm_cmd.command, ["--model", model, "--suite", "s", "--output-path", str(out),
-                                                "--scenario-file", str(f), "--threads", "1"], catch_exceptions=False)
+                                                "--scenario-file", str(f), "--threads", "1",
+                                                "--dtype", "float32"],  # the float reference's dtype
+                             catch_exceptions=False)
     assert res.exit_code == 0, res.output
     return next((out / "runs" / "s").glob(f"file:name={f.stem},*"))
 
