@@ -85,18 +85,7 @@ class OffloadExecutor:
         if policy.compress_weight or policy.compress_cache:
             self.qcfg = weight_quant_config(policy.compression.num_bits)  # groups along the input channels
             self.kv_qcfg = kv_quant_config(policy)
-        # weight compression backend: group-wise (FlexGen's, any tier) or bitsandbytes nf4/fp4
-        self.weight_quantizer = None
-        if weight_quant not in (None, "none", "groupwise4", "groupwise8"):
-            from quant import get_weight_quantizer
-
-            self.weight_quantizer = get_weight_quantizer(weight_quant)
-            policy = dataclasses.replace(policy, compress_weight=True)
-            self.policy = policy
-        elif weight_quant in ("groupwise4", "groupwise8"):
-            policy = dataclasses.replace(policy, compress_weight=True)
-            self.policy = policy
-            self.qcfg = weight_quant_config(int(weight_quant[-1]))
+        self.policy = policy = self._weight_backend(policy, weight_quant)
         # the placement and what a sweep charges, computed ahead (whether merged decode fits);
         # the dry run's counts. Tables are cut by vocab rows into pieces, one a tier. 4-bit
         # weights are Int4Weights, stacked where the forward stacks them (`stored_weights`).
@@ -106,16 +95,7 @@ class OffloadExecutor:
         self.stored_weights, self.specs = self.charges.weights, self.charges.specs
         self.placement = self.charges.placement
         self.tiers, self.table_pieces = self.placement.tiers, self.placement.pieces
-        disk = None
-        if "disk" in self.tiers.values():
-            if offload_dir is None:
-                raise ValueError("the policy puts weights on disk; give an offload folder (--offload-dir)")
-            # the folder's contents depend on the model, the dtype, the weight split and compression
-            # (and the form 4-bit weights are written in: another form is rebuilt, never read)
-            owner = f"{reader.fingerprint()}|{dtype}|{policy.weights!r}|{policy.compress_weight}|{self.qcfg!r}"
-            owner += f"|{int4_format_tag(self.device)}" if int4 else ""
-            owner += f"|{FP8_FORMAT}" if any(map(self.charges.is_fp8, self.specs)) else ""
-            disk = DiskFolder(offload_dir, fingerprint=_stable_hash(owner))
+        disk = self._disk_folder(reader, offload_dir, int4) if "disk" in self.tiers.values() else None
         self.store = TieredStore(self.budgets, disk, self.device)
         self.copies = CopyStream(self.device)  # on CUDA: weight loads on a copy stream, joined by events
         self.reused_disk = False
@@ -136,6 +116,31 @@ class OffloadExecutor:
         self.sweeps: list[SweepProfile] = []
 
     # -- setup ------------------------------------------------------------------------------
+    def _weight_backend(self, policy, weight_quant: str | None):
+        """The policy as run with the weight compression backend: group-wise (FlexGen's, any
+        tier) or bitsandbytes nf4/fp4; either one turns compress_weight on."""
+        self.weight_quantizer = None
+        if weight_quant in (None, "none"):
+            return policy
+        if weight_quant in ("groupwise4", "groupwise8"):
+            self.qcfg = weight_quant_config(int(weight_quant[-1]))
+        else:
+            from quant import get_weight_quantizer
+
+            self.weight_quantizer = get_weight_quantizer(weight_quant)
+        return dataclasses.replace(policy, compress_weight=True)
+
+    def _disk_folder(self, reader, offload_dir, int4: bool) -> DiskFolder:
+        if offload_dir is None:
+            raise ValueError("the policy puts weights on disk; give an offload folder (--offload-dir)")
+        # the folder's contents depend on the model, the dtype, the weight split and compression
+        # (and the form 4-bit weights are written in: another form is rebuilt, never read)
+        policy = self.policy
+        owner = f"{reader.fingerprint()}|{self.dtype}|{policy.weights!r}|{policy.compress_weight}|{self.qcfg!r}"
+        owner += f"|{int4_format_tag(self.device)}" if int4 else ""
+        owner += f"|{FP8_FORMAT}" if any(map(self.charges.is_fp8, self.specs)) else ""
+        return DiskFolder(offload_dir, fingerprint=_stable_hash(owner))
+
     def _compressible(self, spec) -> bool:
         return self.policy.compress_weight and spec.role == "linear"
 
@@ -352,15 +357,7 @@ class OffloadExecutor:
                     dense_bytes += self.charges.int4_decompressed(j, most_rows) + self.charges.fp8_upcast(j)
                     self.budgets["gpu"].allocate(dense_bytes, f"layer {j} weights decompressed")
                     for k, s in enumerate(steps):
-                        ws = self._workspace_bytes(s, spans[k])
-                        self.budgets["gpu"].allocate(ws, "compute workspace")
-                        try:
-                            x = hidden[k].to(self.device)
-                            x = fwd.layer(w, x, ctxs[k], cache.attend_fn(j, s.slots, s.write_positions,
-                                                                         **s.mask_kwargs))
-                            hidden[k] = x.to("cpu") if act_tier == "cpu" else x
-                        finally:
-                            self.budgets["gpu"].free(ws)
+                        hidden[k] = self._layer_step(j, w, s, hidden[k], ctxs[k], spans[k], cache, act_tier)
                 finally:
                     store.release(staged)
                     self.budgets["gpu"].free(dense_bytes)
@@ -382,6 +379,17 @@ class OffloadExecutor:
             if act_bytes:
                 self.budgets[act_tier].free(act_bytes)
             store.release(glob_staged)
+
+    def _layer_step(self, j: int, w: dict, step: Step, x, ctx, span: int, cache, act_tier: str):
+        """Layer j over one micro-batch, its workspace charged to the gpu tier meanwhile."""
+        ws = self._workspace_bytes(step, span)
+        self.budgets["gpu"].allocate(ws, "compute workspace")
+        try:
+            x = self.fwd.layer(w, x.to(self.device), ctx,
+                               cache.attend_fn(j, step.slots, step.write_positions, **step.mask_kwargs))
+            return x.to("cpu") if act_tier == "cpu" else x
+        finally:
+            self.budgets["gpu"].free(ws)
 
     def overlap_report(self) -> dict[str, float]:
         """Steady-state (all sweeps but the first) per-layer wall time vs max(I/O, compute)."""
