@@ -153,6 +153,36 @@ def bench_smollm2_group_dim() -> None:
     print("  (the GGUF stores decoder linears as Q4_1, 16 levels per 32 inputs along dim 1: that favours dim 1)")
 
 
+def _quantized_cache_class(dynamic_cache: type, kv_configs: list) -> type:
+    """A transformers cache that compresses K/V as they are stored, like our engine."""
+
+    class QuantizedCache(dynamic_cache):
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            key_cfg, value_cfg = kv_configs
+            key_states = dequantize(quantize(key_states.half(), key_cfg), key_states.dtype)
+            value_states = dequantize(quantize(value_states.half(), value_cfg), value_states.dtype)
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    return QuantizedCache
+
+
+def _sliding_perplexity(model, ids: torch.Tensor, window: int, stride: int, make_cache) -> float:
+    """Strided-window perplexity, each token scored once (the HF perplexity recipe)."""
+    nll, counted, prev_end = 0.0, 0, 0
+    for begin in range(0, ids.shape[1] - 1, stride):
+        end = min(begin + window, ids.shape[1])
+        labels = ids[:, begin:end].clone()
+        labels[:, : -(end - prev_end)] = -100  # score only tokens no earlier window scored
+        cache = make_cache()
+        with torch.no_grad():
+            loss = model(ids[:, begin:end], labels=labels, past_key_values=cache, use_cache=cache is not None).loss
+        scored = int((labels[:, 1:] != -100).sum())
+        nll, counted, prev_end = nll + loss.item() * scored, counted + scored, end
+        if end == ids.shape[1]:
+            break
+    return float(torch.exp(torch.tensor(nll / counted)))
+
+
 def wikitext_perplexities(num_tokens: int, window: int = 1024, stride: int = 512) -> None:
     """SmolLM2 perplexity on the first `num_tokens` of WikiText-2 test, dense vs 4-bit."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
@@ -166,28 +196,11 @@ def wikitext_perplexities(num_tokens: int, window: int = 1024, stride: int = 512
     dense = {k: v.clone() for k, v in model.state_dict().items()}
 
     kv_configs: list = [None, None]  # (keys, values) QuantConfig of the run in progress
-
-    class QuantizedCache(DynamicCache):  # K/V compressed as they are stored, like our engine
-        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-            key_cfg, value_cfg = kv_configs
-            key_states = dequantize(quantize(key_states.half(), key_cfg), key_states.dtype)
-            value_states = dequantize(quantize(value_states.half(), value_cfg), value_states.dtype)
-            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+    quantized_cache = _quantized_cache_class(DynamicCache, kv_configs)
 
     def perplexity(kv4: bool) -> float:
-        nll, counted, prev_end = 0.0, 0, 0
-        for begin in range(0, ids.shape[1] - 1, stride):
-            end = min(begin + window, ids.shape[1])
-            labels = ids[:, begin:end].clone()
-            labels[:, : -(end - prev_end)] = -100  # score only tokens no earlier window scored
-            cache = QuantizedCache(config=model.config) if kv4 else None
-            with torch.no_grad():
-                loss = model(ids[:, begin:end], labels=labels, past_key_values=cache, use_cache=kv4).loss
-            scored = int((labels[:, 1:] != -100).sum())
-            nll, counted, prev_end = nll + loss.item() * scored, counted + scored, end
-            if end == ids.shape[1]:
-                break
-        return float(torch.exp(torch.tensor(nll / counted)))
+        make_cache = (lambda: quantized_cache(config=model.config)) if kv4 else (lambda: None)
+        return _sliding_perplexity(model, ids, window, stride, make_cache)
 
     def load_weights(weight_cfg: QuantConfig | None) -> None:
         state = dict(dense)
