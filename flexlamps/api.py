@@ -97,14 +97,28 @@ class LLM:
                                    use_cache=self.cache_dir is not False)
             if device.type != "cpu":
                 weights = {name: t.to(device) for name, t in weights.items()}
-            self.executor = InMemoryExecutor(self.config, weights, self.dtype, device,
-                                             dense_twins=device.type == "cpu" and _dense_twins_fit(weights))
+            twins = device.type == "cpu" and _dense_twins_fit(weights)
+            self.executor = InMemoryExecutor(self.config, weights, self.dtype, device, dense_twins=twins,
+                                             dense_copies=self._cached_dense_copies() if twins else None)
         else:
             self.executor = self._offload_executor(prompt_len, gen_len, on_profile, num_sequences, planner_budgets)
             self.planned_for = (prompt_len, gen_len)
         self._scorer = PrefixScorer(self.executor, max_batch=self.max_batch_size, micro_batch=self.micro_batch,
                                     reuse_prefix=self.reuse_prefix,
                                     stats=self._stats)
+
+    def _cached_dense_copies(self):
+        """The weight cache's dense copies of the 4-bit matrices (see weight_cache.dense_copies), or
+        None when the cache is off or the checkpoint is not one file."""
+        import functools
+        from pathlib import Path
+
+        from flexlamps.models import weight_cache
+
+        if self.cache_dir is False or not Path(self.reader.path).is_file():
+            return None
+        entry = weight_cache.entry_path(self.reader, self.dtype, True, self.cache_dir or None)
+        return functools.partial(weight_cache.dense_copies, weight_cache.dense_path(entry))
 
     def _offload_executor(self, prompt_len, gen_len, on_profile, num_sequences, planner_budgets=None):
         import dataclasses

@@ -26,8 +26,8 @@ Zen 4) it is exact. Parity tests that need bit-equality between batch shapes run
 A 4-bit weight (`quant.int4_weight.Int4Weight`) is multiplied in place by torch's fused int4
 kernel when the call has few rows (decode) and the activations are in its dtype; with many
 rows (prefill) or fp32 activations it is dequantized for this call and takes the dense path.
-An `Int4Twin` (the weight with a dense copy prepacked once, `with_dense_twin`; the in-memory
-executor's choice when memory allows) switches to the dense GEMM from fewer rows, since it has
+An `Int4Twin` (the weight with a dense copy prepacked on first use, `with_dense_twin`; the
+in-memory executor's choice when memory allows) switches to the dense GEMM from fewer rows, since it has
 nothing to dequantize first; the offload executor streams plain 4-bit weights. In bf16 the two
 may therefore differ for calls of 16-127 rows by the kernels' rounding (fp32 is unaffected).
 
@@ -39,8 +39,8 @@ dequantized into; `unpack` gives a fresh copy, which a caller may hold across ca
 
 from __future__ import annotations
 
-import dataclasses
 import threading
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -85,14 +85,32 @@ def uses_onednn(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.dtype in _ONEDNN_DTYPES and w.dim() == 2 and not x.requires_grad)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
 class Int4Twin:
     """A 4-bit weight and its dense copy in the compute dtype, prepacked for the GEMM: calls with
     few rows run the fused kernel on the codes (decode reads a quarter of the bytes), calls with
-    many rows the dense GEMM with nothing to dequantize or reorder first."""
+    many rows the dense GEMM with nothing to dequantize or reorder first.
 
-    int4: Int4Weight
-    dense: torch.Tensor  # pack(int4.dequantize()): (out, in), opaque oneDNN layout where it runs
+    The dense copy is packed on its first use, from `plain` (the dequantized matrix, or a function
+    that reads it, e.g. from the weight cache, and gives None when it cannot) or else by
+    dequantizing: a load does no GEMM-sized work, and a run that never multiplies many rows (batch-1
+    decode) never holds it. Its values, and so every result, are the same whenever it is made."""
+
+    __slots__ = ("int4", "_plain", "_dense")
+
+    def __init__(self, int4: Int4Weight, plain: torch.Tensor | Callable[[], torch.Tensor | None] | None = None):
+        self.int4 = int4
+        self._plain = plain
+        self._dense = None
+
+    @property
+    def dense(self) -> torch.Tensor:
+        """pack(int4.dequantize()): (out, in), opaque oneDNN layout where it runs; made on first use."""
+        if self._dense is None:  # NOTE(speed): two threads racing here pack equal values
+            plain = self._plain() if callable(self._plain) else self._plain
+            if plain is None or tuple(plain.shape) != tuple(self.int4.shape) or plain.dtype != self.int4.dtype:
+                plain = self.int4.dequantize()
+            self._dense, self._plain = pack(plain), None
+        return self._dense
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -104,14 +122,20 @@ class Int4Twin:
 
     @property
     def nbytes(self) -> int:
-        return self.int4.nbytes + self.dense.numel() * self.dense.element_size()
+        """What the twin holds once its dense copy is made (charged up front)."""
+        rows, cols = self.int4.shape
+        return self.int4.nbytes + rows * cols * self.int4.dtype.itemsize
 
 
-def with_dense_twin(w):
-    """An `Int4Weight` (on the CPU, in a oneDNN dtype) as an `Int4Twin`; any other weight as it is."""
-    if not isinstance(w, Int4Weight) or not (_ONEDNN and w.device.type == "cpu" and w.dtype in _ONEDNN_DTYPES):
-        return w
-    return Int4Twin(w, pack(w.dequantize()))
+def can_have_dense_twin(w) -> bool:
+    """Whether `with_dense_twin` makes `w` an `Int4Twin`: an `Int4Weight` on the CPU, in a oneDNN dtype."""
+    return isinstance(w, Int4Weight) and _ONEDNN and w.device.type == "cpu" and w.dtype in _ONEDNN_DTYPES
+
+
+def with_dense_twin(w, plain=None):
+    """An `Int4Weight` (on the CPU, in a oneDNN dtype) as an `Int4Twin` (`plain`: its dense copy, or
+    a function that reads it, as `Int4Twin` takes); any other weight as it is."""
+    return Int4Twin(w, plain) if can_have_dense_twin(w) else w
 
 
 def pack(w: torch.Tensor) -> torch.Tensor:

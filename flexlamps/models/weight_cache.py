@@ -8,6 +8,10 @@ version), so an edited checkpoint or another torch never reads a stale entry. Fi
 written to a temp name and renamed; a damaged entry is rebuilt. The folder is `cache_dir`,
 else flexlamps' cache folder ($FLEXLAMPS_CACHE; see flexlamps.cache_folder).
 
+Beside an entry, `dense_copies` keeps the dequantized form of its 4-bit matrices (as the in-memory
+engine stacks them) for the dense twins of `models.linear.Int4Twin`, in a file of the same key
+(`weights-<key>-dense.safetensors`): a warm load maps it instead of dequantizing every matrix.
+
 The entries are kept within `MAX_CACHE_BYTES` together: after an entry is written, the least
 recently used ones (a load that reads an entry marks it used) are deleted until the rest fit;
 the entry just written is always kept. Only this cache's own files (`weights-*.safetensors`)
@@ -16,12 +20,14 @@ are ever deleted. A process that has an entry mapped keeps reading it after the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -44,6 +50,66 @@ def cache_key(content_sha256: str, dtype: torch.dtype, int4_in_place: bool) -> s
     parts = {"sha256": content_sha256, "dtype": str(dtype), "int4": int4_in_place,
              "torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "format": FORMAT_VERSION}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def entry_path(reader, dtype: torch.dtype, int4_in_place: bool, cache_dir: Path | str | None = None) -> Path:
+    """Where the packed weights of `reader`'s checkpoint (one file) are cached."""
+    content = getattr(reader, "sha256", None) or file_sha256(Path(reader.path))  # a GGUFReader has it from its header
+    return Path(cache_dir or default_cache_dir()) / f"weights-{cache_key(content, dtype, int4_in_place)}.safetensors"
+
+
+def dense_path(entry: Path) -> Path:
+    """The file beside `entry` that holds its 4-bit matrices dequantized (see `dense_copies`)."""
+    return entry.with_name(entry.name.removesuffix(".safetensors") + "-dense.safetensors")
+
+
+def dense_copies(path: Path, weights: dict[str, Int4Weight]) -> dict[str, Callable[[], torch.Tensor | None]]:
+    """For every weight, a function that reads `w.dequantize()` from `path`, written there first
+    unless the file holds them all (same names, shapes and dtypes). Each read maps the file anew and
+    the caller keeps only its packed copy, so no more than one dense matrix of the file is held at a
+    time. A read that fails (the file pruned meanwhile) gives None, for the caller to dequantize."""
+    if not _holds_dense(path, weights):
+        dense = {name: w.dequantize() for name, w in weights.items()}
+        try:
+            _write(path, dense)
+            prune(path.parent, keep=path)
+        except OSError as e:
+            log.warning("could not write the weight cache %s (%s); set --cache-dir to a writable folder", path, e)
+            return {name: (lambda t=t: t) for name, t in dense.items()}
+    else:
+        _mark_used(path)
+    return {name: functools.partial(_read_one, path, name) for name in weights}
+
+
+def _holds_dense(path: Path, weights: dict[str, Int4Weight]) -> bool:
+    from safetensors import safe_open
+
+    if not path.exists():
+        return False
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            if set(f.keys()) != set(weights):
+                return False
+            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in weights}
+            dtypes = {name: f.get_slice(name).get_dtype() for name in weights}
+    except Exception as e:  # a torn or foreign file: rebuilt by the caller
+        log.warning("weight cache %s is unreadable (%s); rebuilding it", path, e)
+        return False
+    return all(shapes[n] == tuple(w.shape) and dtypes[n] == _SAFETENSORS_DTYPES.get(w.dtype) for n, w in weights.items())
+
+
+_SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+
+
+def _read_one(path: Path, name: str) -> torch.Tensor | None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return f.get_tensor(name)
+    except Exception as e:
+        log.warning("weight cache %s: could not read %s (%s); dequantizing it instead", path, name, e)
+        return None
 
 
 def _flatten(weights: dict) -> dict[str, torch.Tensor]:
@@ -102,8 +168,7 @@ def load_weights(reader, dtype: torch.dtype, *, int4_in_place: bool, cache_dir: 
     if not use_cache or not source.is_file():
         return read_all(reader, dtype, int4_in_place=int4_in_place, fp8_in_place=True)
     names = [s.name for s in weight_specs(reader.config)]
-    content = getattr(reader, "sha256", None) or file_sha256(source)  # a GGUFReader has it from its header
-    path = Path(cache_dir or default_cache_dir()) / f"weights-{cache_key(content, dtype, int4_in_place)}.safetensors"
+    path = entry_path(reader, dtype, int4_in_place, cache_dir)
     cached = _read(path, names)
     if cached is not None:
         _mark_used(path)

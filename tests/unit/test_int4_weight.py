@@ -77,6 +77,10 @@ def test_a_dense_twin_runs_the_kernel_for_few_rows_and_its_dense_copy_from_fewer
     x32 = torch.randn(3, 96)  # fp32 activations: the fp32 dense path, as without the twin
     assert torch.equal(linear(x32, twin), linear(x32, w))
     assert with_dense_twin(w.dequantize()) is not None and not isinstance(with_dense_twin(w.dequantize()), Int4Twin)
+    x = torch.randn(INT4_DENSE_FROM_ROWS, 96, dtype=torch.bfloat16)
+    for plain in (w.dequantize(), lambda: w.dequantize(), lambda: None, torch.zeros(64, 95, dtype=torch.bfloat16)):
+        # the dense copy given, read when first needed, unreadable or not this weight's: the same results
+        assert torch.equal(linear(x, with_dense_twin(w, plain)), linear(x, twin)), plain
 
 
 def test_shapes_the_kernel_refuses_still_compute():

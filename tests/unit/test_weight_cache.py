@@ -178,3 +178,35 @@ def test_a_load_prunes_the_folder_and_keeps_its_entry(tiny_gguf, tmp_path, monke
     monkeypatch.setattr(weight_cache, "MAX_CACHE_BYTES", 1)
     load_weights(GGUFReader(tiny_gguf), torch.bfloat16, int4_in_place=True, cache_dir=cache)
     assert not stale.exists() and len(list(cache.glob("weights-*.safetensors"))) == 1
+
+
+def _twin_logits(reader, cache_file=None):
+    """Prefill logits of 24 rows (the twins' dense copies) from an executor with dense twins."""
+    import functools
+
+    from flexlamps.models.weight_cache import dense_copies
+
+    copies = functools.partial(dense_copies, cache_file) if cache_file else None
+    ex = InMemoryExecutor(reader.config, read_all(reader, torch.bfloat16, int4_in_place=True), torch.bfloat16,
+                          dense_twins=True, dense_copies=copies)
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    return ex.forward_steps(ex.new_cache(2, 16), [Step(ids, torch.arange(12).expand(2, 12), torch.arange(2))])[0]
+
+
+def test_dense_twins_are_read_from_the_cache_and_equal_dequantizing(tiny_gguf, tmp_path, monkeypatch):
+    from flexlamps.models.weight_cache import dense_path, entry_path
+
+    reader = GGUFReader(tiny_gguf)
+    want = _twin_logits(reader)  # every twin dequantizes its own copy
+    path = dense_path(entry_path(reader, torch.bfloat16, True, tmp_path / "cache"))
+    assert torch.equal(_twin_logits(reader, path), want) and path.exists()  # written, then read back
+    with monkeypatch.context() as m:
+        m.setattr(Int4Weight, "dequantize", lambda *a, **k: pytest.fail("a warm load must read the dense copies"))
+        assert torch.equal(_twin_logits(reader, path), want)
+    path.write_bytes(path.read_bytes()[:100])  # torn: rebuilt
+    assert torch.equal(_twin_logits(reader, path), want) and path.stat().st_size > 100
+    from flexlamps.models import weight_cache
+
+    monkeypatch.setattr(weight_cache, "_holds_dense", lambda *a: True)
+    path.unlink()  # gone after the load checked it (pruned by another process): each twin dequantizes
+    assert torch.equal(_twin_logits(reader, path), want)

@@ -7,6 +7,8 @@ and weights are charged nowhere, and `tier_use` reports the weights on the compu
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from flexlamps.engine.caches.dense import DenseKVCache
@@ -15,7 +17,7 @@ from flexlamps.engine.executors.contract import TierUse
 from flexlamps.engine.executors.step import Step
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.forward import forward_for
-from flexlamps.models.linear import pack, with_dense_twin
+from flexlamps.models.linear import can_have_dense_twin, pack, with_dense_twin
 from flexlamps.models.weight_specs import weight_specs
 
 
@@ -30,11 +32,21 @@ def split_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor]):
     return glob, layers
 
 
+def _with_dense_twins(layers: list[dict], dense_copies) -> list[dict]:
+    """Every layer's 4-bit weights as `Int4Twin`s, given their dense copies when `dense_copies` has them."""
+    int4 = {f"{i}.{name}": t for i, w in enumerate(layers) for name, t in w.items() if can_have_dense_twin(t)}
+    plain = dense_copies(int4) if dense_copies is not None and int4 else {}
+    return [{name: with_dense_twin(t, plain.get(f"{i}.{name}")) for name, t in w.items()} for i, w in enumerate(layers)]
+
+
 class InMemoryExecutor:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device | str = "cpu", dense_twins: bool = False):
-        """`dense_twins`: keep a prepacked dense copy of every 4-bit weight beside it (`models.linear.
-        Int4Twin`): same results, prefill and large batches skip the per-call dequantization."""
+                 device: torch.device | str = "cpu", dense_twins: bool = False,
+                 dense_copies: Callable[[dict], dict[str, torch.Tensor]] | None = None):
+        """`dense_twins`: keep a dense copy of every 4-bit weight beside it, prepacked on first use
+        (`models.linear.Int4Twin`): same results, prefill and large batches skip the per-call
+        dequantization. `dense_copies`: gives the dequantized matrices of {key: Int4Weight} (e.g.
+        mapped from the weight cache; keys "<layer>.<name>"); without it each twin dequantizes its own."""
         self.cfg = cfg
         self.dtype = dtype
         self.device = torch.device(device)
@@ -47,7 +59,7 @@ class InMemoryExecutor:
         if hasattr(self.fwd, "fuse_weights"):  # 4-bit projections stacked into fewer kernel calls
             self.layer_weights = [self.fwd.fuse_weights(w) for w in self.layer_weights]
         if dense_twins:
-            self.layer_weights = [{name: with_dense_twin(t) for name, t in w.items()} for w in self.layer_weights]
+            self.layer_weights = _with_dense_twins(self.layer_weights, dense_copies)
             self._weight_bytes = sum(t.nbytes for t in self.global_weights.values()) + sum(
                 t.nbytes for w in self.layer_weights for t in w.values())
         # the output head too (a packed copy of a tied embedding table: the lookup reads it dense);
