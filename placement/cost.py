@@ -215,11 +215,13 @@ def _sizes(choice: Choice, model: ModelSpec, workload: WorkloadSpec) -> _Sizes:
     # norms, biases and embeddings stay dense; only the layers' matrices are quantized, from
     # their values in dtype (an FP8 checkpoint's too: `per_stored` turns its bytes into those)
     per_stored = dtype_bytes / model.matrix_bytes_per_param
-    dense = model.vector_param_count() * dtype_bytes + model.embedding_bytes() / model.num_layers
+    # what compression leaves as it is: vectors, and the matrices the engine never compresses
+    layer_dense = (model.vector_param_count() * dtype_bytes
+                   + model.uncompressed_matrix_param_count() * model.matrix_bytes_per_param)
+    dense = layer_dense + model.embedding_bytes() / model.num_layers
     weight = model.weight_bytes_per_layer() + model.embedding_bytes() / model.num_layers
     stored = (weight - dense) * per_stored * ratio + dense if choice.compress_weight else weight
     cache = model.cache_bytes_per_token_per_layer()
-    layer_dense = model.vector_param_count() * dtype_bytes
     layer = model.weight_bytes_per_layer()
     layer_stored = (layer - layer_dense) * per_stored * ratio + layer_dense if choice.compress_weight else layer
     return _Sizes(

@@ -157,6 +157,16 @@ class ModelSpec(JsonMixin):
             count += self.num_experts * self._num_moe_layers() / self.num_layers
         return count
 
+    def uncompressed_matrix_param_count(self) -> float:
+        """Parameters of one (average) layer's 2-D weights the engine never compresses: MLA's
+        kv_b_proj (sliced per head for the absorbed attention), the indexer's head weights and
+        the MoE router (small, run in fp32)."""
+        if self.arch != "mla":
+            return 0.0
+        count = self.kv_lora_rank * self.num_heads * (self.head_dim + self.v_head_dim)
+        count += self.hidden_size * self.index_num_heads if self.index_head_dim else 0
+        return count + self.num_experts * self.hidden_size * self._num_moe_layers() / self.num_layers
+
     @property
     def matrix_bytes_per_param(self) -> float:
         """Stored bytes of one parameter of a layer's 2-D weights (FP8: its share of the scales too)."""

@@ -174,6 +174,8 @@ def _candidates(model, hardware, workload, budgets, flags, placements, compressi
                for weight, cache, cpu_attention, merge in flags
                for gbs, ngb in itertools.product(GPU_BATCH_SIZES, NUM_GPU_BATCHES)
                if gbs * ngb <= max_block_size and (ngb > 1 or merge == single_batch_merge)]
+    if model.arch == "mla":  # the engine's latent cache is stored as it is and attended on the gpu
+        choices = [c for c in choices if not (c.compress_cache or c.cpu_attention)]
     if model.index_topk:  # ESS's layout too: per-layer gpu pools over the latent records on the cpu tier
         choices += [dataclasses.replace(c, latent_pools=True) for c in choices
                     if not (c.cpu_attention or c.compress_cache)]

@@ -58,8 +58,20 @@ def _models(draw) -> dict:
 
 
 @st.composite
-def _cases(draw):
-    config = draw(_models())
+def _mla_models(draw) -> dict:
+    """An HF config.json of a dense DeepSeek-V3.2 shape (MLA + lightning indexer, dense FFN), a
+    few layers to all 61, some as small as a tiny test model's."""
+    heads = draw(st.sampled_from((8, 16, 32, 64, 128)))
+    return dict(model_type="deepseek_v32", hidden_size=56 * heads, num_hidden_layers=draw(st.integers(2, 61)),
+                num_attention_heads=heads, q_lora_rank=draw(st.sampled_from((384, 768, 1536))),
+                kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                index_n_heads=64, index_head_dim=128, index_topk=draw(st.sampled_from((256, 2048))),
+                intermediate_size=144 * heads, vocab_size=129280, torch_dtype="bfloat16")
+
+
+@st.composite
+def _cases(draw, models=_models()):
+    config = draw(models)
     model = placement.ModelSpec.from_hf_config(config)
     weights = model.total_weight_bytes()
     # memory around the model's size, so every tier matters in some cases
@@ -102,6 +114,14 @@ def _check_plan_runs_in_a_dry_run(case):
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 @given(_cases())
 def test_plans_pass_the_engines_dry_run(case):
+    _check_plan_runs_in_a_dry_run(case)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_cases(_mla_models()))
+def test_mla_plans_pass_the_engines_dry_run(case):
+    """The dry run charges a V3.2 model's latent cache as the planner sizes it (cpu records and
+    gpu pools, or all on the gpu tier), within the same 10%."""
     _check_plan_runs_in_a_dry_run(case)
 
 
@@ -161,3 +181,38 @@ def _run_at_once(load) -> Future:
     done = Future()
     done.set_result(load())
     return done
+
+
+LATENT_MIXES = {
+    "latent_on_gpu": dict(cache=ON_GPU),
+    "latent_pools": dict(cache=TierSplit(gpu=0.3, cpu=0.7, disk=0.0)),
+    "latent_pools_per_layer": dict(cache=TierSplit(gpu=0.3, cpu=0.7, disk=0.0), latent_pools=(1.0, 0.05, 0.3)),
+}
+
+
+@pytest.mark.parametrize("mix", sorted(LATENT_MIXES))
+def test_dry_run_charges_what_the_executor_charges_for_a_latent_cache(deepseek_models, mix, tmp_path):
+    """A DeepSeek-V3.2 model's latent cache (whole on the gpu tier, or cpu records with gpu
+    pools) is charged by the dry run as the executor charges it, not as a KV cache."""
+    from flexlamps.engine.batch.generate import generate
+    from flexlamps.engine.batch.sampling import SamplingParams
+    from flexlamps.models.registry import open_checkpoint
+
+    reader = open_checkpoint(deepseek_models["deepseek_v32"])
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=2, weights=TierSplit(gpu=0.5, cpu=0.5, disk=0.0),
+                    activations=ON_GPU, **LATENT_MIXES[mix])
+    prompt_len, gen_len, budget = 24, 6, 64 << 20
+    executor = OffloadExecutor(reader, policy, gpu_mem=budget, cpu_mem=budget, offload_dir=tmp_path / "off",
+                               dtype=torch.float32)
+    executor.store.submit = _run_at_once
+    ids = torch.randint(2, reader.config.vocab_size, (policy.block_size, prompt_len),
+                        generator=torch.Generator().manual_seed(0)).tolist()
+    params = [SamplingParams(max_new_tokens=gen_len, ignore_eos=True)] * len(ids)
+    generate(executor, reader.tokenizer, ids, params, max_batch=policy.block_size,
+             micro_batch=policy.gpu_batch_size, reuse_prefix=False)
+    run = dry_run(reader.hf_config, policy, gpu_mem=budget, cpu_mem=budget, prompt_len=prompt_len,
+                  gen_len=gen_len, dtype=torch.float32)
+    executor.close()
+    for tier in ("gpu", "cpu"):
+        measured = executor.budgets[tier].peak_bytes
+        assert measured <= run.peak_bytes[tier] <= 1.1 * measured, (tier, measured, run.peak_bytes[tier])

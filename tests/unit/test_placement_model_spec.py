@@ -146,6 +146,21 @@ def test_sizes_match_the_engines_weight_specs(model_type):
     assert embeddings * spec.dtype_bytes == spec.embedding_bytes()
 
 
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "deepseek_v32", "llama"])
+def test_uncompressed_matrices_are_those_the_engine_keeps_dense(model_type):
+    """With weight compression on, the engine quantizes only "linear" matrices: MLA's kv_b_proj
+    (absorbed), the indexer's head weights and the router stay as they are, and the planner
+    sizes them so (a plan with compressed weights would otherwise be 10-15% short)."""
+    weight_specs = pytest.importorskip("flexlamps.models.weight_specs")
+    from flexlamps.models.config import ModelConfig
+
+    config = TINY_CONFIGS[model_type]
+    specs = weight_specs.weight_specs(ModelConfig.from_hf(config))
+    spec = ModelSpec.from_hf_config(config)
+    kept = sum(s.numel for s in specs if s.layer is not None and len(s.shape) == 2 and s.role != "linear")
+    assert spec.uncompressed_matrix_param_count() * spec.num_layers == pytest.approx(kept)
+
+
 @pytest.mark.parametrize("model_type", sorted(TINY_CONFIGS))
 def test_layer_matrix_shapes_are_the_layers_weight_matrices(model_type):
     config = TINY_CONFIGS[model_type]

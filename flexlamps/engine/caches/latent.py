@@ -125,15 +125,59 @@ def new_latent_cache(cfg: ModelConfig, num_slots: int, capacity: int, dtype: tor
     per-layer pools; empty: `gpu_fraction` for every layer), at least one step's top-k."""
     from flexlamps.engine.caches.latent_offload import OffloadedLatentCache
 
-    if gpu_fraction >= 1.0 or not cfg.mla.has_indexer:
-        if gpu_fraction < 1.0:
-            raise ValueError(f"{cfg.model_type} attends to every cached entry, so its latent cache stays on "
-                             "the gpu tier; give it the gpu memory (--gpu-mem) or a policy with cache gpu 1")
+    if not is_offloaded(cfg, gpu_fraction):
         return DenseLatentCache(cfg, num_slots, capacity, dtype, device, fp8=fp8, budget=budgets["gpu"])
+    pools = pool_sizes(cfg, capacity, gpu_fraction, layer_fractions)
+    return OffloadedLatentCache(cfg, num_slots, capacity, dtype, budgets, device, pools, fp8=fp8)
+
+
+def is_offloaded(cfg: ModelConfig, gpu_fraction: float) -> bool:
+    """Whether `new_latent_cache` lays the cache out as ESS does (cpu records, gpu pools)."""
+    if gpu_fraction >= 1.0:
+        return False
+    if not cfg.mla.has_indexer:
+        raise ValueError(f"{cfg.model_type} attends to every cached entry, so its latent cache stays on "
+                         "the gpu tier; give it the gpu memory (--gpu-mem) or a policy with cache gpu 1")
+    return True
+
+
+def pool_sizes(cfg: ModelConfig, capacity: int, gpu_fraction: float,
+               layer_fractions: tuple[float, ...] = ()) -> list[int]:
+    """Each layer's pool entries per slot for a policy's cache fraction or per-layer pools."""
     from placement.ess import pool_entries
 
     fractions = layer_fractions or (gpu_fraction,) * cfg.num_layers
     if len(fractions) != cfg.num_layers:
         raise ValueError(f"the policy's latent_pools has {len(fractions)} layers, the model {cfg.num_layers}")
-    pools = [pool_entries(cfg.mla.index_topk, fraction, capacity) for fraction in fractions]
-    return OffloadedLatentCache(cfg, num_slots, capacity, dtype, budgets, device, pools, fp8=fp8)
+    return [pool_entries(cfg.mla.index_topk, fraction, capacity) for fraction in fractions]
+
+
+def latent_cache_bytes(cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype, *,
+                       gpu_fraction: float, layer_fractions: tuple[float, ...] = (),
+                       fp8: bool = False) -> dict[str, int]:
+    """Bytes `new_latent_cache` charges each tier for these arguments, allocating nothing (the
+    dry run's): the records in the compute dtype or ESS's FP8 layout (656 B a token and layer
+    for DeepSeek-V3.2), the indexer keys, and with offload each layer's pool and its books."""
+    from flexlamps.engine.caches.latent_pool import LatentPool
+
+    latent, keys = record_formats(cfg, dtype, fp8)
+    key_bytes = keys.record_bytes if keys is not None else 0
+    table = num_slots * capacity  # records per layer
+    if not is_offloaded(cfg, gpu_fraction):
+        return {"gpu": cfg.num_layers * table * (latent.record_bytes + key_bytes), "cpu": 0}
+    pools = pool_sizes(cfg, capacity, gpu_fraction, layer_fractions)
+    gpu = sum(table * key_bytes + LatentPool.bytes_for(num_slots, capacity, min(p, capacity), latent.record_bytes)
+              for p in pools)
+    return {"gpu": gpu, "cpu": cfg.num_layers * table * latent.record_bytes}
+
+
+def latent_staged_bytes(cfg: ModelConfig, num_rows: int, num_queries: int, span: int, dtype: torch.dtype, *,
+                        offloaded: bool, fp8: bool = False) -> int:
+    """Most gpu bytes an offloaded latent cache holds for one call's records besides its tables:
+    a prefill stages the rows' whole span, a decode copies in at most one top-k of misses a row.
+    A latent cache on the gpu tier stages nothing."""
+    if not offloaded:
+        return 0
+    record = record_formats(cfg, dtype, fp8)[0].record_bytes
+    entries = span if num_queries > 1 else min(cfg.mla.index_topk, span)
+    return num_rows * entries * record

@@ -30,6 +30,12 @@ class LatentPool:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.records, self.position, self.stamp, self.entry_of))
 
+    @staticmethod
+    def bytes_for(num_slots: int, capacity: int, pool_entries: int, record_bytes: int) -> int:
+        """`nbytes` of a pool of these sizes, allocating nothing: the records, then int64
+        position and stamp per entry and the entry of each position."""
+        return num_slots * (pool_entries * (record_bytes + 16) + capacity * 8)
+
     def reset(self, slot: int) -> None:
         """Forget a slot's entries (a new sequence takes the slot)."""
         self.position[slot] = -1

@@ -156,6 +156,19 @@ class PlacementCharges:
     def activation_bytes(self, steps) -> int:
         return sum(rows * tokens for rows, tokens, _ in steps) * self.cfg.hidden_size * self.dtype_bytes
 
+    def staged_cache_bytes(self, layer: int, rows: int, tokens: int, span: int) -> int:
+        """Gpu bytes layer `layer`'s cache holds for one call's rows besides its tables: an MLA
+        latent cache's staged records (`latent_staged_bytes`), else a KV layer's staged rows."""
+        cfg, policy = self.cfg, self.policy
+        if cfg.mla is not None:
+            from flexlamps.engine.caches.latent import is_offloaded, latent_staged_bytes
+
+            offloaded = is_offloaded(cfg, policy.cache.gpu)
+            return latent_staged_bytes(cfg, rows, tokens, span, self.dtype, offloaded=offloaded)
+        if attends_with_staged_rows(self.cache_tiers[layer], policy.cpu_attention, policy.compress_cache):
+            return staged_rows_bytes(cfg, rows, span, self.dtype)
+        return 0
+
     def sweep_gpu_peak(self, steps) -> int:
         """Most gpu bytes a sweep over `steps` holds beyond the resident weights and cache: the
         staged small global weights and the activations (when on the gpu tier) throughout,
@@ -176,9 +189,7 @@ class PlacementCharges:
             step_peak = 0
             for rows, tokens, span in steps:
                 need = workspace_bytes(self.model_spec, rows, tokens, span, self.dtype_bytes)
-                if attends_with_staged_rows(self.cache_tiers[j], policy.cpu_attention, policy.compress_cache):
-                    need += staged_rows_bytes(cfg, rows, span, self.dtype)
-                step_peak = max(step_peak, need)
+                step_peak = max(step_peak, need + self.staged_cache_bytes(j, rows, tokens, span))
             moments.append(weights + step_peak)
         head = self.placement.pieces.get("lm_head") or self.placement.pieces["embed_tokens"]
         chunks = [(stop - start, piece.tier) for piece, start, stop in head_chunks(head, HEAD_CHUNK_ROWS)]

@@ -3,7 +3,8 @@ without loading weights or allocating anything.
 
 It places every weight with the executor's own map (tables cut by vocab rows) and sizes it in the form the executor
 stores (`charges.PlacementCharges`, on torch's meta device), sizes the KV cache with the
-tiered cache's own buffers (meta again), then charges one prefill sweep and the last, longest
+tiered cache's own buffers (meta again) and an MLA latent cache with the latent cache's own
+record formats and pools (`latent_cache_bytes`), then charges one prefill sweep and the last, longest
 decode sweep as the executor does, merging the decode micro-batches when the executor would.
 A plan the executor would refuse raises the same `BudgetExceededError`.
 `tests/property/test_plan_engine_agreement.py` holds it to the executor's measured peaks on a tiny model.
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 import placement
+from flexlamps.engine.caches.latent import latent_cache_bytes
 from flexlamps.engine.caches.tiered import layer_bytes
 from flexlamps.engine.executors.charges import PlacementCharges, kv_quant_config
 from flexlamps.engine.executors.offloaded import CAPABILITIES
@@ -47,11 +49,8 @@ def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem:
     for name, tier in run.tiers.items():  # each weight, each piece of a split table
         if tier != "disk":
             budgets[tier].allocate(run.stored[name], f"{name} resident")
-    num_slots, capacity = policy.gpu_batch_size * policy.num_gpu_batches, prompt_len + gen_len
-    compress = kv_quant_config(policy) if policy.compress_cache else None
-    cache_bytes = layer_bytes(run.cfg, num_slots, capacity, dtype, compress)
-    for layer, tier in enumerate(run.cache_tiers):
-        budgets[tier].allocate(cache_bytes, f"KV cache layer {layer} ({tier})")
+    num_slots = policy.gpu_batch_size * policy.num_gpu_batches
+    _charge_cache(run, budgets, num_slots, prompt_len + gen_len)
     _sweep(run, budgets, [(policy.gpu_batch_size, prompt_len, prompt_len)] * policy.num_gpu_batches)
     span = prompt_len + gen_len - 1  # the last decode step attends to the longest context
     merged = (policy.merge_decode and policy.num_gpu_batches > 1
@@ -60,6 +59,22 @@ def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem:
     _sweep(run, budgets, [(n, 1, span) for n in rows])
     disk = sum(run.stored[name] for name, tier in run.tiers.items() if tier == "disk")
     return DryRun({"gpu": budgets["gpu"].peak_bytes, "cpu": budgets["cpu"].peak_bytes, "disk": disk}, merged)
+
+
+def _charge_cache(run: PlacementCharges, budgets: dict[str, TierBudget], num_slots: int, capacity: int) -> None:
+    """The cache the executor's `new_cache` builds: an MLA latent cache (whole on the gpu tier,
+    or ESS's cpu records and gpu pools) or a KV cache, layer by layer on the policy's tiers."""
+    policy, dtype = run.policy, run.dtype
+    if run.cfg.mla is not None:
+        latent = latent_cache_bytes(run.cfg, num_slots, capacity, dtype, gpu_fraction=policy.cache.gpu,
+                                    layer_fractions=policy.latent_pools)
+        for tier, nbytes in latent.items():
+            budgets[tier].allocate(nbytes, f"latent cache ({tier})")
+        return
+    compress = kv_quant_config(policy) if policy.compress_cache else None
+    cache_bytes = layer_bytes(run.cfg, num_slots, capacity, dtype, compress)
+    for layer, tier in enumerate(run.cache_tiers):
+        budgets[tier].allocate(cache_bytes, f"KV cache layer {layer} ({tier})")
 
 
 def _sweep(run: PlacementCharges, budgets: dict[str, TierBudget], steps) -> None:

@@ -318,9 +318,7 @@ class OffloadExecutor:
         merged = Step(torch.cat([s.input_ids for s in decodes]), torch.cat([s.positions for s in decodes]),
                       torch.cat([s.slots for s in decodes]), torch.cat([s.logit_rows for s in decodes]))
         span = int(merged.positions.max()) + 1
-        need = self.charges.sweep_gpu_peak([(len(merged.slots), 1, span)])
-        if self.cfg.mla is not None and self.policy.cache.gpu < 1:  # a latent pool's misses: one top-k a row
-            need += len(merged.slots) * self.cfg.mla.index_topk * self.cfg.mla.latent_width * _bytes_per(self.dtype)
+        need = self.charges.sweep_gpu_peak([(len(merged.slots), 1, span)])  # a latent pool's misses included
         if need > self.budgets["gpu"].free_bytes:
             return None, None
         return merged, [len(s.slots) for s in decodes]
