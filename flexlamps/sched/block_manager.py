@@ -2,7 +2,10 @@
 
 Deals only in block ids and counts, like vLLM's BlockSpaceManager / nano-vllm's BlockManager,
 so the simulator and the real engine share it. The real engine maps block ids to slices of
-its cache tensors and performs the copies listed in SchedulerOutput.
+its cache tensors and performs the copies listed in SchedulerOutput: all its swap-outs, then all
+its swap-ins. So a gpu block a swap-out vacates may go to a swap-in of the same output, but a
+cpu block a swap-in reads may not go to a swap-out before those copies are done (the swap-out
+would overwrite it first): swap-ins hold their cpu blocks until `copies_done`.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class BlockManager:
         self._free_cpu = deque(range(num_cpu_blocks))
         self.gpu_tables: dict[str, list[int]] = {}  # request id -> gpu block ids
         self.cpu_tables: dict[str, list[int]] = {}  # request id -> cpu block ids (swapped out)
+        self._cpu_being_read: list[int] = []  # cpu blocks of planned swap-ins, until `copies_done`
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -49,6 +53,11 @@ class BlockManager:
     @property
     def used_cpu_blocks(self) -> int:
         return self.num_cpu_blocks - len(self._free_cpu)
+
+    @property
+    def cpu_blocks_being_read(self) -> int:
+        """cpu blocks no request owns that swap-ins not yet performed still read."""
+        return len(self._cpu_being_read)
 
     def num_gpu_blocks_of(self, rid: str) -> int:
         return len(self.gpu_tables.get(rid, ()))
@@ -87,12 +96,21 @@ class BlockManager:
         return self.num_cpu_blocks_of(rid) <= len(self._free_gpu)
 
     def swap_in(self, rid: str) -> list[tuple[int, int]]:
-        """Move `rid`'s blocks cpu -> gpu; returns (cpu block, gpu block) copies to perform."""
-        return self._move(rid, (self.cpu_tables, self._free_cpu), (self.gpu_tables, self._free_gpu), "gpu")
+        """Move `rid`'s blocks cpu -> gpu; returns (cpu block, gpu block) copies to perform. The
+        cpu blocks are free again only after `copies_done`."""
+        return self._move(rid, (self.cpu_tables, self._free_cpu), (self.gpu_tables, self._free_gpu), "gpu",
+                          release=self._cpu_being_read)
 
-    def _move(self, rid: str, source, target, target_tier: str) -> list[tuple[int, int]]:
-        """Give `rid` as many target blocks as it holds source blocks, free the source ones;
-        (source, target) block pairs to copy. Each side is (tables, free blocks)."""
+    def copies_done(self) -> None:
+        """The copies returned so far were performed: the cpu blocks swap-ins read are free."""
+        self._free_cpu.extend(self._cpu_being_read)
+        self._cpu_being_read.clear()
+
+    def _move(self, rid: str, source, target, target_tier: str, release: list[int] | None = None
+              ) -> list[tuple[int, int]]:
+        """Give `rid` as many target blocks as it holds source blocks and release the source ones
+        (to the source's free blocks, or to `release`); (source, target) block pairs to copy.
+        Each side is (tables, free blocks)."""
         (source_tables, source_free), (target_tables, target_free) = source, target
         blocks = source_tables.pop(rid, [])
         if len(blocks) > len(target_free):
@@ -100,5 +118,5 @@ class BlockManager:
             raise OutOfBlocks(f"{rid} needs {len(blocks)} {target_tier} blocks, {len(target_free)} free")
         moved = [target_free.popleft() for _ in blocks]
         target_tables[rid] = moved
-        source_free.extend(blocks)
+        (source_free if release is None else release).extend(blocks)
         return list(zip(blocks, moved))

@@ -15,7 +15,7 @@ def check_invariants(sched) -> None:
     assert bm.used_gpu_blocks <= bm.num_gpu_blocks, "gpu tier over capacity"
     assert bm.used_cpu_blocks <= bm.num_cpu_blocks, "cpu tier over its swap budget"
     assert sum(map(len, bm.gpu_tables.values())) == bm.used_gpu_blocks
-    assert sum(map(len, bm.cpu_tables.values())) == bm.used_cpu_blocks
+    assert sum(map(len, bm.cpu_tables.values())) + bm.cpu_blocks_being_read == bm.used_cpu_blocks
     for req in sched.requests.values():
         rid, gpu, cpu = req.request_id, bm.num_gpu_blocks_of(req.request_id), bm.num_cpu_blocks_of(req.request_id)
         if req.status is Status.PAUSED and req.strategy is Strategy.PRESERVE:

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 @dataclass
 class SchedulerOutput:
     """One iteration's plan, for an executor that owns the KV tensors. Order matters:
-    1. copy `swap_out` (gpu -> cpu; decided when the calls were made, their gpu blocks are
-       already free in the BlockManager and may be reused below), then `swap_in` (cpu -> gpu);
+    1. copy `swap_out` (gpu -> cpu; the gpu blocks they vacate are already free in the
+       BlockManager and may be reused below), then `swap_in` (cpu -> gpu; the cpu blocks they
+       read are not a swap-out's target before the next output);
     2. run one forward over the listed tokens (or `num_steps` identical decode forwards); a
        request's new tokens start at `Scheduler.requests[rid].num_computed`, which
        `update_from_output` advances;

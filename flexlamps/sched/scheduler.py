@@ -199,6 +199,7 @@ class Scheduler:
         steps `req` can take before something external happens to it (its call, its end)."""
         self.iteration += 1
         self._now = max(self._now, now)
+        self.bm.copies_done()  # the last output was performed before this one is planned
         ctx = self._ctx = self.context(now)
         out, self._pending = self._pending, SchedulerOutput()
         out.iteration = self.iteration
@@ -488,6 +489,7 @@ class Scheduler:
 
     # -- closing the loop -------------------------------------------------------------------------
     def update_from_output(self, out: SchedulerOutput, runner: RunnerOutput, now: float, step_s: float | None = None) -> None:
+        self.bm.copies_done()  # `out` was performed: calls made now may swap into what it read
         k = out.num_steps
         self.iteration += k - 1  # schedule() counted one
         self.last_steps = k

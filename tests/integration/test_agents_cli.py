@@ -49,10 +49,6 @@ def _args(tiny_llama, out, *extra):
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason="../shared/data/augmented is not present")
-@pytest.mark.xfail(strict=False, reason=(
-    "known bug (issue 13 note, 2026-12-03): with a wall clock, a request lamps preempts by swap "
-    "and swaps back in sometimes decodes one different token right after (its KV blocks are intact "
-    "after the swap-in; about 1 run in 10); the cause is not found yet"))
 def test_agents_command_runs_policies_and_writes_results(tiny_llama, tmp_path):
     out = tmp_path / "agents"
     res = CliRunner().invoke(main, _args(tiny_llama, out, "--verify"))

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from flexlamps.api import LLM
-from flexlamps.engine.augmented.engine import CpuClock, StepClock
+from flexlamps.engine.augmented.engine import AugmentedEngine, CpuClock, StepClock
 from flexlamps.engine.augmented.reference import uninterrupted_tokens
 from flexlamps.engine.augmented.run import AgentsConfig, run_policy_on_engine
 from flexlamps.sched.cost_model import CostModel
@@ -121,3 +121,46 @@ def test_cpu_clock_skips_api_waits_and_counts_only_this_process():
     assert clock.now() >= t0 + 100.0
     time.sleep(0.05)  # waiting on something else costs no CPU time
     assert clock.now() - (t0 + 100.0) < 0.04
+
+
+class SwapsAtCall(InferCept):
+    """Calls start preserved and stay reclaimable (no waste rule), except those of `swapped`,
+    swapped out at the call."""
+
+    def __init__(self, swapped):
+        self.swapped = set(swapped)
+
+    def choose_strategies(self, reqs, ctx):
+        return {r.request_id: Strategy.SWAP if r.request_id in self.swapped else Strategy.PRESERVE for r in reqs}
+
+    def review_paused(self, paused, ctx):
+        return {}, [r for r, _ in paused]
+
+
+def test_a_swap_in_and_a_swap_out_in_one_iteration_keep_the_cache(llm, cost):
+    """Issue 13's wrong token, on a schedule that forces it: "a" (swapped at its call, filling the
+    cpu tier) is swapped back in and, in the same iteration, "c" needs room, so "b"'s preserved
+    cache is reclaimed. Were "b" swapped into the cpu blocks "a" is read from, the engine (swap-outs
+    first) would hand "a" the cache of "b"."""
+    specs = [RequestSpec("a", 7, (Segment(1, "x", 0.5, 1), Segment(12)), kind="qa"),
+             RequestSpec("b", 7, (Segment(1, "x", 4.0, 1), Segment(4)), kind="qa"),
+             RequestSpec("c", 9, (Segment(1),), arrival_time=0.75, kind="qa")]
+    cfg = llm.config
+    reqs = tokenize_requests(specs, cfg.vocab_size, set(cfg.eos_token_ids) | {0, 1})
+    outputs = []  # every output the engine ran
+    original = AugmentedEngine._apply_moves
+
+    def recording(self, out):
+        outputs.append(out)
+        original(self, out)
+
+    per_block = BLOCK * cfg.kv_bytes_per_token(4)
+    config = AgentsConfig(gpu_kv_bytes=6 * per_block, cpu_swap_bytes=2 * per_block, block_size=BLOCK,
+                          max_num_seqs=6, max_num_batched_tokens=24)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(AugmentedEngine, "_apply_moves", recording)
+        res = run_policy_on_engine(llm, reqs, SwapsAtCall({"a"}), config, cost, clock=StepClock(0.25), check=True)
+    back = next(out for out in outputs if out.swap_in)  # the iteration "a" comes back in
+    assert "c" in back.prefill and "a" in back.prefill and back.iteration == 3
+    assert {c for c, _ in back.swap_in}.isdisjoint(c for _, c in back.swap_out)
+    assert res.tokens == uninterrupted_tokens(llm.executor, reqs)

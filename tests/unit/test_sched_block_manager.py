@@ -29,7 +29,13 @@ def test_swap_out_and_in_move_blocks_between_tiers():
     bm.free("b")
     back = bm.swap_in("a")
     assert [c for c, _ in back] == [c for _, c in copies]
-    assert bm.used_cpu_blocks == 0 and bm.num_gpu_blocks_of("a") == 2
+    assert bm.num_cpu_blocks_of("a") == 0 and bm.num_gpu_blocks_of("a") == 2
+    # the cpu blocks are read by the swap-in copy: no swap-out may take them before it is done
+    assert bm.used_cpu_blocks == 2 and bm.cpu_blocks_being_read == 2
+    bm.grow("c", 32)
+    assert not bm.can_swap_out("c")
+    bm.copies_done()
+    assert bm.used_cpu_blocks == 0 and bm.can_swap_out("c")
 
 
 def test_swap_out_refused_without_cpu_room():

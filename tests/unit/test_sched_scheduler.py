@@ -244,3 +244,48 @@ def test_recomputation_is_not_counted_as_service():
     assert out.recompute == {"a": 22} and out.prefill == {"a": 6}
     sched.update_from_output(out, RunnerOutput(), now + 1.01)
     assert policy.seen == [(20, 1), (1, 1), (1, 1), (6, 1)]  # the 22 rebuilt tokens are not there
+
+
+class SwapsAtCall(Policy):
+    """Calls start preserved and stay reclaimable (INFERCEPT's handling), except those of
+    `swapped`, swapped out at the call; running victims are swapped too."""
+
+    reviews_paused = True
+    preempt_by_swap = True
+
+    def __init__(self, swapped):
+        self.swapped = set(swapped)
+
+    def choose_strategies(self, reqs, ctx):
+        return {r.request_id: Strategy.SWAP if r.request_id in self.swapped else Strategy.PRESERVE for r in reqs}
+
+
+def test_a_swap_out_never_overwrites_the_cpu_blocks_a_swap_in_of_the_same_output_reads():
+    # The engine copies an output's swap-outs before its swap-ins (gpu blocks a swap-out vacates
+    # may be granted to a swap-in). Here "a" (swapped at its call, holding the whole cpu tier)
+    # comes back and is swapped in; then "c" needs room and "b"'s preserved cache is reclaimed:
+    # it must not be swapped into the cpu blocks "a" is being read from in the same output (the
+    # engine would overwrite them first and hand "a" the cache of "b": issue 13's wrong token).
+    specs = {"a": RequestSpec("a", 7, (Segment(1, "x", 0.5, 1), Segment(8))),
+             "b": RequestSpec("b", 7, (Segment(1, "x", 4.0, 1), Segment(4))),
+             "c": RequestSpec("c", 9, (Segment(1),), arrival_time=0.75)}
+    sched = Scheduler(tight_config(gpu_blocks=6, cpu_blocks=2, block_size=4, max_tokens=24),
+                      SwapsAtCall({"a"}), OraclePredictor(specs), small_cost())
+    sched.add_request(Request("a", 0.0, 7))
+    sched.add_request(Request("b", 0.0, 7))
+    out = sched.schedule(0.0)  # both prefill, sample their one token and call
+    sched.update_from_output(out, RunnerOutput(intercepted={"a": "x", "b": "x"}), 0.25)
+    out = sched.schedule(0.25)  # a's cache goes to the cpu tier (both of its blocks)
+    assert out.swapped_out == ["a"] and sched.bm.free_cpu_blocks == 0
+    sched.resume("a", 1, 0.75)
+    sched.add_request(Request("c", 0.75, 9))
+    out = sched.schedule(0.75)
+    sched.check_invariants()
+    read = {cpu for cpu, _ in out.swap_in}
+    assert len(read) == 2 and "a" in out.prefill and "c" in out.prefill
+    assert read.isdisjoint(cpu for _, cpu in out.swap_out)
+    # with the cpu tier busy this iteration, b's cache was dropped (recomputed on its return)
+    assert sched.paused["b"].strategy is Strategy.DISCARD and out.discarded == ["b"]
+    sched.update_from_output(out, RunnerOutput(finished={"c"}), 1.0)
+    sched.check_invariants()
+    assert sched.bm.free_cpu_blocks == 2  # a's cpu blocks are free once the copies are done

@@ -20,7 +20,8 @@ its own (a micro-batch has one length T), but the weights are read once per laye
 them, so an offloaded model streams its weights once per iteration, as the CostModel prices.
 
 Swap-outs come first because the blocks they vacate may already be granted (in the same
-SchedulerOutput) to a swap-in or to a growing request.
+SchedulerOutput) to a swap-in or to a growing request; the BlockManager, for its part, gives the
+cpu blocks a swap-in reads to no swap-out of the same output.
 """
 
 from __future__ import annotations
@@ -215,7 +216,7 @@ class AugmentedEngine:
         self.swapped_out_bytes += len(out.swap_out) * self.cache.block_bytes
         for rid in out.discarded:
             self.cache.free_blocks(self._tables.pop(rid, ()))
-        for rid in out.swapped_out:
+        for rid in (*out.swapped_out, *out.preempted):  # gpu blocks gone to the cpu tier (or freed above)
             self._tables.pop(rid, None)
         self.cache.swap_in(out.swap_in)
         for rid, table in out.block_tables.items():
