@@ -68,6 +68,9 @@ class EssDeployment:
     value_dim: int = 512
     attention_flops_per_s: float = 410e12  # FlashMLA's FP8 sparse decode kernel on H800 (its README)
     indexer_overlap: float = 0.5  # ESS's DBA splits the indexer by batch: about half overlaps the copies
+    # ESS's DA: the misses arrive while attention runs over the hits; False: the copy, then the
+    # attention (flexlamps' exact decode); True with indexer_overlap 0: flexlamps' overlapped decode
+    hits_overlap: bool = True
 
     def baseline_batch(self, context: int) -> int:
         """Sequences that fit with every latent on the GPU."""
@@ -173,9 +176,12 @@ def _overlap(dep: EssDeployment, cost: StepCost, batch: int, context: int) -> tu
     already on the GPU while the misses arrive; its DBA overlap also splits the indexer by
     batch so that about half of it overlaps. Window = attention * (1 - misses / topk) +
     indexer_overlap * indexer, written as fixed - per-miss share of the attention."""
+    copy_per_miss = batch * dep.latent_bytes / dep.h2d_bytes_per_s
+    if not dep.hits_overlap:
+        return copy_per_miss, 0.0
     attention = dep.attention_s_per_layer(batch)
     indexer = batch * context * cost.indexer_s_per_seq_token() / dep.num_layers
-    per_miss = batch * dep.latent_bytes / dep.h2d_bytes_per_s + attention / dep.topk
+    per_miss = copy_per_miss + attention / dep.topk
     return per_miss, attention + dep.indexer_overlap * indexer
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, in under 8 minutes on one: the parity and offload tests on
 # CUDA (the in-memory engine defaults to the GPU; the offload executor loads weights on a copy
-# stream from pinned buffers), one offloaded SmolLM2 generate, and bench_offload at a small size.
+# stream from pinned buffers), the latent cache's miss copies, one offloaded SmolLM2 generate, and
+# bench_offload at a small size.
 # On a machine without CUDA it says so and exits 0.
 #   bash scripts/gpu_check.sh
 set -euo pipefail
@@ -18,6 +19,10 @@ trap 'rm -rf "$WORK"' EXIT
 echo "== parity and offload tests on CUDA"
 timeout 300 "$PY" -m pytest -q -x -m "gpu or not slow" tests/integration/test_models_parity.py tests/integration/test_offload_engine.py \
     tests/unit/test_engine_generate.py tests/integration/test_agents_offloaded.py
+
+echo "== the latent cache on CUDA: exact offload bit for bit, overlapped miss copies (copy stream, pinned staging) within tolerance"
+timeout 240 "$PY" -m pytest -q -x -m gpu tests/integration/test_latent_offload.py
+timeout 120 "$PY" scripts/bench_latent_overlap.py --device cuda --heads 128 --layers 4 --rows 16 --context 16384
 
 echo "== one offloaded SmolLM2 generate (weights across gpu / cpu / disk)"
 printf '{"id": "a", "prompt": "The capital of France is"}\n{"id": "b", "prompt": "1, 2, 3, 4,"}\n' > "$WORK/prompts.jsonl"

@@ -12,6 +12,7 @@ per-layer pools; the gains next to ESS's; bytes moved per step and LRU vs Belady
 """
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 
@@ -46,12 +47,26 @@ def report(dep: EssDeployment, cost: StepCost, curves, context: int) -> None:
           f"{at_ess_batch.tokens_per_s:,.0f} tok/s, gain {gain(at_ess_batch, base_tps):+.1%}, "
           f"exposed copy {at_ess_batch.exposed_transfer_s * 1e3:.2f} ms)")
     print(f"  per-layer vs best global: {per_layer.tokens_per_s / best_global.tokens_per_s - 1:+.1%} tok/s")
+    engine_modes(dep, cost, curves, context, base_tps)
     lru = [c.misses(p) for c, p in zip(curves, at_ess.pool_entries)]
     opt = [c.misses(p, "belady") for c, p in zip(curves, at_ess.pool_entries)]
     print(f"  misses per layer per step at ESS's rho (LRU / Belady lower bound): "
           f"min {min(lru):.1f}/{min(opt):.1f}, mean {np.mean(lru):.1f}/{np.mean(opt):.1f}, "
           f"max {max(lru):.1f}/{max(opt):.1f}; hit rate {1 - np.mean(lru) / dep.topk:.3f} "
           f"(Belady {1 - np.mean(opt) / dep.topk:.3f})")
+
+
+def engine_modes(dep: EssDeployment, cost: StepCost, curves, context: int, base_tps: float) -> None:
+    """flexlamps' two decode modes in these terms, per-layer pools each: exact (the misses'
+    copy, then the attention: nothing hidden) and overlapped (the copy under the attention over
+    the hits, ESS's DA; the indexer is not split by batch), beside ESS's DA + DBA."""
+    modes = {"exact (copy, then attend)": dataclasses.replace(dep, hits_overlap=False),
+             "overlapped (copy under the hits' attention)": dataclasses.replace(dep, indexer_overlap=0.0),
+             "ESS's DA + DBA": dep}
+    for label, mode in modes.items():
+        plan = plan_per_layer(mode, cost, curves, context)
+        print(f"  engine {label:44s} batch {plan.batch:4d}, {plan.tokens_per_s:,.0f} tok/s, gain "
+              f"{gain(plan, base_tps):+.1%}, exposed copy {plan.exposed_transfer_s * 1e3:.2f} ms")
 
 
 def print_parameters(dep: EssDeployment, cost: StepCost) -> None:

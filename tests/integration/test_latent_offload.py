@@ -35,11 +35,11 @@ def _run(ex, cache) -> list[torch.Tensor]:
     out = ex.forward_steps(cache, [Step(ids, torch.arange(longest).expand(2, longest), torch.tensor([0, 1]))])[0]
     logits = [out]
     slots, pos = torch.tensor([0, 1]), torch.tensor(PROMPT_LENS)
-    tokens = out[torch.arange(2), pos - 1].argmax(-1)[:, None]
+    tokens = out[torch.arange(2), pos - 1].argmax(-1)[:, None].cpu()
     for _ in range(DECODE_STEPS):
         out = ex.forward_steps(cache, [Step(tokens, pos[:, None], slots)])[0]
         logits.append(out)
-        tokens, pos = out[:, -1].argmax(-1)[:, None], pos + 1
+        tokens, pos = out[:, -1].argmax(-1)[:, None].cpu(), pos + 1
     return logits
 
 
@@ -127,3 +127,104 @@ def test_generate_with_an_offloaded_latent_cache_equals_plain(deepseek_models, t
     texts = [[json.loads(line)["text"] for line in open(tmp_path / f"{name}.jsonl")]
              for name in ("plain", "off", "layered")]
     assert texts[0] == texts[1] == texts[2]
+
+
+def _teacher_forced(ex, cache, tokens: torch.Tensor):
+    """Prefill, then decode the given tokens (n, DECODE_STEPS) whatever the logits say, so runs
+    whose logits differ by rounding stay on one path."""
+    longest = max(PROMPT_LENS)
+    ids = torch.randint(2, ex.cfg.vocab_size, (2, longest), generator=torch.Generator().manual_seed(5))
+    logits = [ex.forward_steps(cache, [Step(ids, torch.arange(longest).expand(2, longest), torch.tensor([0, 1]))])[0]]
+    slots, pos = torch.tensor([0, 1]), torch.tensor(PROMPT_LENS)
+    for step in range(DECODE_STEPS):
+        logits.append(ex.forward_steps(cache, [Step(tokens[:, step:step + 1], pos[:, None], slots)])[0])
+        pos = pos + 1
+    return logits
+
+
+def _recording_picks(monkeypatch, module):
+    """Record every decode step's selection made through `module.select_topk`."""
+    from flexlamps.models import mla
+
+    picks = []
+
+    def select(scores, visible, topk):
+        indices, valid = mla.select_topk(scores, visible, topk)
+        if scores.shape[1] == 1:
+            picks.append(indices.masked_fill(~valid, -1))
+        return indices, valid
+
+    monkeypatch.setattr(module, "select_topk", select)
+    return picks
+
+
+def _check_overlapped_misses(reader, device: str, pool_size: str, monkeypatch) -> None:
+    """Overlapped decoding (misses copied while attention runs over the hits, merged by
+    log-sum-exp) picks the same top-k as the in-memory path on `device` and its fp32 logits
+    stay within OVERLAP_LOGIT_TOLERANCE of them, for 64 teacher-forced steps."""
+    from flexlamps.engine.caches import latent, latent_offload
+    from flexlamps.engine.caches.latent_offload import OVERLAP_LOGIT_TOLERANCE
+
+    cfg = reader.config
+    ex = InMemoryExecutor(cfg, read_all(reader, torch.float32), torch.float32, device)
+    tokens = torch.randint(2, cfg.vocab_size, (2, DECODE_STEPS), generator=torch.Generator().manual_seed(9))
+    expected_picks = _recording_picks(monkeypatch, latent)
+    expected = _teacher_forced(ex, DenseLatentCache(cfg, 2, CAPACITY, torch.float32, device), tokens)
+    pool = {"everything": CAPACITY, "two steps": 2 * cfg.mla.index_topk, "one step": cfg.mla.index_topk}[pool_size]
+    got_picks = _recording_picks(monkeypatch, latent_offload)
+    cache = OffloadedLatentCache(cfg, 2, CAPACITY, torch.float32, _budgets(), torch.device(device),
+                                 [pool] * cfg.num_layers, overlap=True)
+    got = _teacher_forced(ex, cache, tokens)
+    del got_picks[:cfg.num_layers]  # the prefill's pool warm-up selections
+    assert len(got_picks) == len(expected_picks) == DECODE_STEPS * cfg.num_layers
+    assert all(torch.equal(g, e) for g, e in zip(got_picks, expected_picks))
+    worst = max(float((g - e).abs().max()) for g, e in zip(got, expected))
+    assert worst <= OVERLAP_LOGIT_TOLERANCE, worst
+    assert torch.equal(got[0], expected[0])  # prefill runs unsplit: the same bits
+    if pool_size != "everything":
+        assert sum(cache.stats["misses"]) > 0 and cache.stats["h2d_bytes"] > 0
+    cache.release()
+
+
+POOL_SIZES = ["everything", "two steps", "one step"]
+
+
+@pytest.mark.parametrize("pool_size", POOL_SIZES)
+def test_overlapped_misses_stay_within_the_stated_tolerance(deepseek_models, pool_size, monkeypatch):
+    _check_overlapped_misses(open_checkpoint(deepseek_models["deepseek_v32"]), "cpu", pool_size, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pool_size", POOL_SIZES)
+def test_cuda_overlapped_misses_stay_within_the_stated_tolerance(deepseek_models, pool_size, monkeypatch):
+    """On CUDA the misses come from pinned staging on a copy stream, joined by an event."""
+    _check_overlapped_misses(open_checkpoint(deepseek_models["deepseek_v32"]), "cuda", pool_size, monkeypatch)
+
+
+@pytest.mark.gpu
+def test_cuda_offloaded_equals_in_memory(deepseek_models):
+    """The exact mode on CUDA: the offloaded latent cache equals the in-memory one there, bit for bit."""
+    reader = open_checkpoint(deepseek_models["deepseek_v32"])
+    ex = InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32, "cuda")
+    expected = _run(ex, DenseLatentCache(reader.config, 2, CAPACITY, torch.float32, "cuda"))
+    for pool in (CAPACITY, reader.config.mla.index_topk):
+        cache = OffloadedLatentCache(reader.config, 2, CAPACITY, torch.float32, _budgets(), torch.device("cuda"),
+                                     [pool] * reader.config.num_layers)
+        assert all(torch.equal(g, e) for g, e in zip(_run(ex, cache), expected)), f"pool {pool}"
+        cache.release()
+
+
+def test_the_offload_executor_passes_the_overlap_choice_on(deepseek_models):
+    from flexlamps.engine.executors.offloaded import OffloadExecutor
+    from placement import Policy, TierSplit
+
+    reader = open_checkpoint(deepseek_models["deepseek_v32"])
+    on_gpu = TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=on_gpu, activations=on_gpu,
+                    cache=TierSplit(gpu=0.3, cpu=0.7, disk=0.0))
+    for overlap in (False, True):
+        ex = OffloadExecutor(reader, policy, gpu_mem=1 << 28, cpu_mem=1 << 28, overlap_latent_misses=overlap)
+        cache = ex.new_cache(2, CAPACITY)
+        assert (cache._copies is not None) == overlap
+        cache.release()
+        ex.close()

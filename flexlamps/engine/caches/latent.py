@@ -118,17 +118,20 @@ class DenseLatentCache:
 
 def new_latent_cache(cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype, *,
                      gpu_fraction: float, budgets: dict, device: torch.device, fp8: bool = False,
-                     layer_fractions: tuple[float, ...] = ()):
+                     layer_fractions: tuple[float, ...] = (), overlap_misses: bool = False):
     """The offload executor's latent cache: all on the gpu tier when the policy puts the whole
     cache there (or the model has no indexer to select with), else ESS's layout with each
     layer's gpu pool holding its share of the context (`layer_fractions`, the planner's
-    per-layer pools; empty: `gpu_fraction` for every layer), at least one step's top-k."""
+    per-layer pools; empty: `gpu_fraction` for every layer), at least one step's top-k;
+    `overlap_misses`: its decode copies the misses while attending over the hits (not bit-exact:
+    `latent_offload.OVERLAP_LOGIT_TOLERANCE`)."""
     from flexlamps.engine.caches.latent_offload import OffloadedLatentCache
 
     if not is_offloaded(cfg, gpu_fraction):
         return DenseLatentCache(cfg, num_slots, capacity, dtype, device, fp8=fp8, budget=budgets["gpu"])
     pools = pool_sizes(cfg, capacity, gpu_fraction, layer_fractions)
-    return OffloadedLatentCache(cfg, num_slots, capacity, dtype, budgets, device, pools, fp8=fp8)
+    return OffloadedLatentCache(cfg, num_slots, capacity, dtype, budgets, device, pools, fp8=fp8,
+                                overlap=overlap_misses)
 
 
 def is_offloaded(cfg: ModelConfig, gpu_fraction: float) -> bool:

@@ -8,7 +8,11 @@
 - a decode step selects its top-k with the indexer, stamps the pooled ones, and brings all
   slots' missing records over in one batched gather from the cpu tier; attention then runs
   over records gathered from the pool in position order, exactly the records the in-memory
-  cache gathers, so the logits equal `DenseLatentCache`'s bit for bit.
+  cache gathers, so the logits equal `DenseLatentCache`'s bit for bit;
+- with `overlap=True` (ESS's overlap) the misses are copied in (`latent_copy.MissCopy`: on
+  CUDA a copy stream from pinned staging, on the CPU a worker thread) while attention runs
+  over the hits, then over the misses, the two merged by log-sum-exp: the same top-k picks and
+  logits within fp32 rounding of the in-memory path (`OVERLAP_LOGIT_TOLERANCE`), not the bits.
 Every table is charged to its tier's budget; staged prefill records and miss copies are
 charged to the gpu budget while they exist. `stats` counts lookups, misses and bytes moved.
 """
@@ -20,16 +24,22 @@ import torch
 from flexlamps.engine.caches.latent import record_formats
 from flexlamps.engine.caches.latent_pool import LatentPool
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.mla import (MLAStep, index_scores, latent_attention, select_topk, topk_mask,
-                                  visible_mask)
+from flexlamps.models.mla import (MLAStep, index_scores, latent_attention, merge_partials, partial_attention,
+                                  select_topk, topk_mask, visible_mask)
 from offload import tensor_bytes
 from offload.budget import TierBudget
+
+
+# How far overlapped decoding's logits may move from the in-memory path's (fp32): the split
+# attention's two softmax sums and their merge round differently; measured on the tests' tiny
+# V3.2 model over 64 steps, every pool size: at most 6e-7 (the bound leaves 16x of room)
+OVERLAP_LOGIT_TOLERANCE = 1e-5
 
 
 class OffloadedLatentCache:
     def __init__(self, cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype,
                  budgets: dict[str, TierBudget], device: torch.device, pool_entries: list[int], *,
-                 fp8: bool = False):
+                 fp8: bool = False, overlap: bool = False):
         m = cfg.mla
         if m is None or not m.has_indexer:
             raise ValueError("an offloaded latent cache needs a sparse-attention MLA model (DeepSeek-V3.2, "
@@ -46,6 +56,11 @@ class OffloadedLatentCache:
         self._charged: list[tuple[str, int]] = []
         self._now = 0
         self.stats = {"lookups": [0] * cfg.num_layers, "misses": [0] * cfg.num_layers, "h2d_bytes": 0}
+        self._copies = None
+        if overlap:
+            from flexlamps.engine.caches.latent_copy import MissCopy
+
+            self._copies = MissCopy(device)
         try:
             self._allocate(cfg.num_layers, [min(p, capacity) for p in pool_entries])
         except BaseException:
@@ -80,6 +95,9 @@ class OffloadedLatentCache:
             self.budgets[tier].free(n)
         self._charged = []
         self.entries, self.index_keys, self.pools = [], [], []
+        if self._copies is not None:
+            self._copies.close()
+            self._copies = None
 
     def copy_prefix_from(self, src: "OffloadedLatentCache", length: int, slots: torch.Tensor) -> None:
         """Copy the first `length` positions of src's row 0 into each of `slots` (shared prefixes)."""
@@ -110,6 +128,8 @@ class OffloadedLatentCache:
         visible = visible_mask(positions, span)
         if positions.shape[1] > 1:
             return self._prefill(layer, slots_cpu, positions, step, scores, visible, span)
+        if self._copies is not None:
+            return self._decode_overlapped(layer, slots_cpu, positions, step, scores, visible, new)
         return self._decode(layer, slots_cpu, positions, step, scores, visible, new)
 
     def _refresh_pooled(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, new) -> None:
@@ -152,6 +172,40 @@ class OffloadedLatentCache:
         fresh_slots, _, fresh_entries = pool.offer(slots, positions, self._now)
         pool.records[fresh_slots, fresh_entries] = new[_row_of(slots)[fresh_slots], 0]
         return out
+
+    def _decode_overlapped(self, layer, slots_cpu, positions, step, scores, visible, new) -> torch.Tensor:
+        """`_decode` with the misses' copy overlapped with the attention over the hits."""
+        indices, valid = select_topk(scores, visible, step.index_topk)  # (n, 1, k), position order
+        pool, slots = self.pools[layer], slots_cpu.to(self.device)
+        hit = valid[:, 0] & (pool.entries(slots, indices[:, 0]) >= 0)  # (n, k): pooled before this step
+        miss_slots, miss_pos, entries = pool.admit(slots, indices[:, 0], valid[:, 0], self._now)
+        self.stats["lookups"][layer] += int(valid.sum())
+        self.stats["misses"][layer] += miss_pos.numel()
+        nbytes = miss_pos.numel() * self.latent_format.record_bytes
+        self.budgets["gpu"].allocate(nbytes, f"latent records layer {layer} copied in for a step")
+        try:
+            copy = self._copies.start(self.entries[layer], miss_slots.cpu(), miss_pos.cpu()) if nbytes else None
+            parts = [self._attend_part(pool, slots, indices[:, 0], hit, step)]
+            if copy is not None:
+                pool.records[miss_slots, entries] = self._copies.wait(copy)
+                self.stats["h2d_bytes"] += nbytes
+                parts.append(self._attend_part(pool, slots, indices[:, 0], valid[:, 0] & ~hit, step))
+        finally:
+            self.budgets["gpu"].free(nbytes)
+        out = merge_partials(parts, self.dtype)
+        fresh_slots, _, fresh_entries = pool.offer(slots, positions, self._now)
+        pool.records[fresh_slots, fresh_entries] = new[_row_of(slots)[fresh_slots], 0]
+        return out
+
+    def _attend_part(self, pool, slots, indices, part, step: MLAStep):
+        """Partial attention over the selected entries in `part` (n, k), gathered from the pool
+        compacted to the most any row has (each row's own in position order, then padding)."""
+        width = max(int(part.sum(1).max()), 1)
+        order = torch.sort((~part).to(torch.int8), dim=1, stable=True).indices[:, :width]  # part first
+        keep = part.gather(1, order)  # (n, width)
+        pooled = pool.entries(slots, indices.gather(1, order)).clamp_min(0)  # padding: masked below
+        latent, k_rope = self._unpack(pool.records[slots[:, None], pooled])  # (n, width, ...)
+        return partial_attention(step, latent, k_rope, keep[:, None, :])
 
     def _copy_in(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, entries: torch.Tensor) -> None:
         """All slots' missing records in one gather from the cpu tier and one copy to the device."""

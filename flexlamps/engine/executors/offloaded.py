@@ -69,7 +69,10 @@ def _bytes_per(dtype: torch.dtype) -> int:
 class OffloadExecutor:
     def __init__(self, reader, policy, *, gpu_mem: int, cpu_mem: int, offload_dir=None,
                  dtype: torch.dtype = torch.float32, device: torch.device | None = None, verify_disk: bool = True,
-                 weight_quant: str | None = None):
+                 weight_quant: str | None = None, overlap_latent_misses: bool = False):
+        """`overlap_latent_misses`: an offloaded MLA latent cache copies each decode step's
+        misses while attending over its hits (`caches.latent_copy`; within fp32 rounding of the
+        exact mode, which copies, then attends, and equals the in-memory path bit for bit)."""
         unsupported = CAPABILITIES.unsupported(policy)
         if unsupported:
             raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(unsupported)}); "
@@ -77,6 +80,7 @@ class OffloadExecutor:
         self.cfg = cfg = reader.config
         self.dtype = dtype
         self.policy = policy
+        self.overlap_latent_misses = overlap_latent_misses
         self.device = device or compute_device()
         self.fwd = forward_for(cfg)
         self.model_spec = placement.ModelSpec.from_hf_config(reader.hf_config)
@@ -219,7 +223,8 @@ class OffloadExecutor:
             from flexlamps.engine.caches.latent import new_latent_cache
 
             return new_latent_cache(self.cfg, num_slots, capacity, self.dtype, gpu_fraction=self.policy.cache.gpu,
-                                    budgets=self.budgets, device=self.device, layer_fractions=self.policy.latent_pools)
+                                    budgets=self.budgets, device=self.device, layer_fractions=self.policy.latent_pools,
+                                    overlap_misses=self.overlap_latent_misses)
         return TieredKVCache(self.cfg, num_slots, capacity, self.dtype, cache_tiers(self.cfg.num_layers, self.policy.cache),
                              self.budgets, self.device, cpu_attention=self.policy.cpu_attention,
                              compress=self.kv_qcfg if self.policy.compress_cache else None)
