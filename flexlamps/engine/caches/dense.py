@@ -3,6 +3,12 @@
 Layout per layer: (slots, kv_heads, capacity, head_dim). Sequences write their new keys at
 their own positions, so a batch mixes sequences of any length without padding the cache;
 attention masks each row at its own length.
+
+On the CPU a bf16/fp16 cache is held in fp32: the attention there computes in fp32 (see
+models.attention), so it would otherwise convert every layer's keys and values at every decode
+step (SmolLM2, batch 32: 23 ms of a 150-190 ms step). The values held are the keys and values as
+computed, exactly (the wider type holds them all), so results do not change; the cache takes twice
+the bytes of the compute dtype.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ class DenseKVCache:
     def __init__(self, cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu"):
         shape = (num_slots, cfg.num_kv_heads, capacity, cfg.head_dim)
+        dtype = held_dtype(dtype, device)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
         self.capacity = capacity
@@ -66,8 +73,8 @@ class DenseKVCache:
         geo = geometry or self.step_geometry(slots, positions)
         n, t, heads, d = q.shape
         kc, vc = self.k[layer], self.v[layer]
-        kc[geo.slots[:, None], :, geo.positions] = k
-        vc[geo.slots[:, None], :, geo.positions] = v
+        kc[geo.slots[:, None], :, geo.positions] = k.to(kc.dtype)
+        vc[geo.slots[:, None], :, geo.positions] = v.to(vc.dtype)
         if geo.segments is not None:  # the rows before the step's own tokens, then those as computed
             before = geo.segments.fresh_from
             keys = with_fresh(_rows(kc, geo.slots, before, geo.first) if before else None, k)
@@ -79,6 +86,11 @@ class DenseKVCache:
             keys, values = _rows(kc, geo.slots, geo.span, geo.first), _rows(vc, geo.slots, geo.span, geo.first)
         out = attention(q.transpose(1, 2), keys, values, geo.mask)
         return out.transpose(1, 2).reshape(n, t, heads * d)
+
+
+def held_dtype(dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
+    """The dtype a dense cache holds for keys and values computed in `dtype` on `device`."""
+    return torch.float32 if torch.device(device).type == "cpu" and dtype in (torch.bfloat16, torch.float16) else dtype
 
 
 @dataclass(frozen=True)
