@@ -28,7 +28,9 @@ kernel when the call has few rows (decode) and the activations are in its dtype;
 rows (prefill) or fp32 activations it is dequantized for this call and takes the dense path.
 An `Int4Twin` (the weight with a dense copy prepacked on first use, `with_dense_twin`; the
 in-memory executor's choice when memory allows) switches to the dense GEMM from fewer rows, since it has
-nothing to dequantize first; the offload executor streams plain 4-bit weights. In bf16 the two
+nothing to dequantize first; the offload executor streams plain 4-bit weights, and gives a sweep
+of several prompt chunks twins that switch where a plain weight does (one dequantization a
+layer, not one a chunk). In bf16 the two
 may therefore differ for calls of 16-127 rows by the kernels' rounding (fp32 is unaffected).
 
 An FP8 checkpoint's weight kept as stored (`quant.fp8.Fp8Weight`) is upcast to the compute
@@ -95,10 +97,14 @@ class Int4Twin:
     dequantizing: a load does no GEMM-sized work, and a run that never multiplies many rows (batch-1
     decode) never holds it. Its values, and so every result, are the same whenever it is made."""
 
-    __slots__ = ("int4", "_plain", "_dense")
+    __slots__ = ("int4", "_plain", "_dense", "dense_from_rows")
 
-    def __init__(self, int4: Int4Weight, plain: torch.Tensor | Callable[[], torch.Tensor | None] | None = None):
+    def __init__(self, int4: Int4Weight, plain: torch.Tensor | Callable[[], torch.Tensor | None] | None = None,
+                 dense_from_rows: int = INT4_TWIN_DENSE_FROM_ROWS):
         self.int4 = int4
+        # calls of this many rows run the dense copy, fewer the fused kernel; INT4_DENSE_FROM_ROWS
+        # keeps a plain weight's choice (the offload executor's twins, for one sweep: the same bits)
+        self.dense_from_rows = dense_from_rows
         self._plain = plain
         self._dense = None
 
@@ -201,7 +207,10 @@ def _dense_scratch(shape: tuple[int, int], dtype: torch.dtype, device: torch.dev
     numel = shape[0] * shape[1]
     buf = getattr(_SCRATCH, "buf", None)
     if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
-        buf = _SCRATCH.buf = torch.empty(numel, dtype=dtype, device=device)
+        # NOTE(offspeed): a normal tensor even when first made under inference_mode (the
+        # executors' forwards): an inference tensor could not be written by a later call outside it
+        with torch.inference_mode(False):
+            buf = _SCRATCH.buf = torch.empty(numel, dtype=dtype, device=device)
     return buf[:numel].view(shape)
 
 
@@ -209,7 +218,7 @@ def _int4_linear(x: torch.Tensor, w: Int4Weight | Int4Twin, b: torch.Tensor | No
     rows = x.numel() // x.shape[-1]
     twin = w if isinstance(w, Int4Twin) else None
     w = twin.int4 if twin else w
-    if rows >= (INT4_TWIN_DENSE_FROM_ROWS if twin else INT4_DENSE_FROM_ROWS) or not w.can_run_fused(x):
+    if rows >= (twin.dense_from_rows if twin else INT4_DENSE_FROM_ROWS) or not w.can_run_fused(x):
         dense = twin.dense if twin and x.dtype == twin.dtype else w.dequantize(
             x.dtype, out=_dense_scratch(w.shape, x.dtype, x.device))
         return linear(x, dense, b, add=add, mul=mul)

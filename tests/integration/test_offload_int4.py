@@ -124,3 +124,29 @@ def test_a_folder_written_in_another_4bit_form_is_rebuilt(tiny_models, tmp_path,
     assert run()
     leftovers = {p.name for p in (tmp_path / "off" / "flexlamps-offload").iterdir()}
     assert all(not name.endswith(".tmp") for name in leftovers)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prompt_chunks_share_one_dequantization_per_layer_and_equal_the_in_memory_engine(
+        tiny_models, tmp_path, monkeypatch, dtype):
+    reader = open_checkpoint(tiny_models["llama3_scaled"])
+    ex = OffloadExecutor(reader, _policy(), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off", dtype=dtype)
+    plain = _same_compression(reader, ex, dtype)
+    ids = torch.randint(2, reader.config.vocab_size, (8, 40), generator=torch.Generator().manual_seed(1))
+    chunks = [Step(ids[a:a + 4], torch.arange(40).expand(4, 40), torch.arange(a, a + 4)) for a in (0, 4)]
+    assert all(s.input_ids.numel() >= INT4_DENSE_FROM_ROWS for s in chunks)
+    ref = plain.forward_steps(plain.new_cache(8, 48), chunks)
+    calls = []
+    real = Int4Weight.dequantize
+    monkeypatch.setattr(Int4Weight, "dequantize", lambda self, *a, **k: calls.append(self.shape) or real(self, *a, **k))
+    cache = ex.new_cache(8, 48)
+    held = ex.budgets["gpu"].used_bytes
+    got = ex.forward_steps(cache, chunks)
+    for a, b in zip(ref, got):
+        assert torch.equal(a, b)
+    assert ex.budgets["gpu"].used_bytes == held  # the dense copies' charge freed with them
+    fetched, staged = ex.store.fetch(ex.layer_names[0])
+    ex.store.release(staged)
+    per_layer = sum(isinstance(w, Int4Weight) for w in fetched.values())
+    assert per_layer and len(calls) == per_layer * reader.config.num_layers  # once a sweep, not once a chunk
+    ex.close()

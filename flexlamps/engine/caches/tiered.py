@@ -155,10 +155,11 @@ class TieredKVCache:
             keys, values = rows_of(kc, slots, span), rows_of(vc, slots, span)
         staged, where = 0, home
         if self.tiers[layer] != "gpu" and not self.cpu_attention:  # see attends_with_staged_rows
-            # bring this micro-batch's rows to the compute device for attention
+            # bring this micro-batch's rows to the compute device for attention; on a CPU-only
+            # box that is the memory they are in (charged all the same: attention only reads them)
             staged = tensor_bytes(keys, values)
             self.budgets["gpu"].allocate(staged, f"KV cache layer {layer} rows staged for attention")
-            keys, values = keys.to(self.device, copy=True), values.to(self.device, copy=True)
+            keys, values = keys.to(self.device), values.to(self.device)
             where = self.device
         elif self.tiers[layer] == "gpu" and self.compress is not None:
             staged = tensor_bytes(keys, values)  # decompressed on the gpu tier: held while attending

@@ -149,6 +149,13 @@ class PlacementCharges:
                       and self.weights.is_int4(s) and (rows >= INT4_DENSE_FROM_ROWS or self.weights.dense_on_call(s))]
         return max(dense_path, default=0) * self.dtype_bytes
 
+    def int4_twins_bytes(self, layer: int) -> int:
+        """What the executor holds when it dequantizes a layer's 4-bit matrices once for a
+        sweep's prompt chunks (`OffloadExecutor._int4_twins`): all of them dense, plus one
+        matrix's transient copy before it is prepacked."""
+        sizes = [s.numel for s in self.specs if s.layer == layer and self.compressed(s) and self.weights.is_int4(s)]
+        return (sum(sizes) + max(sizes, default=0)) * self.dtype_bytes
+
     @property
     def activation_tier(self) -> str:
         return "cpu" if self.policy.activations.cpu == 1 else "gpu"  # one tier (CAPABILITIES)

@@ -30,7 +30,7 @@ from flexlamps.engine.executors.copy_stream import CopyStream
 from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.stored_weights import int4_format_tag
 from flexlamps.models.forward import forward_for
-from flexlamps.models.linear import linear, pack
+from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, Int4Twin, linear, pack
 from offload import DiskFolder, TierBudget, TieredStore, compute_device, tensor_bytes
 from quant import QTensor
 from quant.fp8 import Fp8Weight
@@ -344,8 +344,6 @@ class OffloadExecutor:
                 act_bytes += nb
                 hidden.append(x.to("cpu") if act_tier == "cpu" else x)
                 ctxs.append(fwd.step_context(s.positions.to(self.device), self.dtype))
-            spans = [s.span for s in steps]
-            most_rows = max(s.input_ids.numel() for s in steps)
             pending = self._fetch_timed(0) if cfg.num_layers else None
             for j in range(cfg.num_layers):
                 t0 = time.perf_counter()
@@ -353,17 +351,10 @@ class OffloadExecutor:
                 self.copies.hand_over(done, fetched.values())
                 t_io = time.perf_counter()
                 pending = self._fetch_timed(j + 1) if j + 1 < cfg.num_layers else None
-                dense_bytes = 0
                 try:
-                    w, dense_bytes = self._layer_weights(fetched)
-                    # inside models.linear: 4-bit matrices dequantized, FP8 ones upcast, per call
-                    dense_bytes += self.charges.int4_decompressed(j, most_rows) + self.charges.fp8_upcast(j)
-                    self.budgets["gpu"].allocate(dense_bytes, f"layer {j} weights decompressed")
-                    for k, s in enumerate(steps):
-                        hidden[k] = self._layer_step(j, w, s, hidden[k], ctxs[k], spans[k], cache, act_tier)
+                    self._run_layer(j, fetched, steps, hidden, ctxs, cache, act_tier)
                 finally:
                     store.release(staged)
-                    self.budgets["gpu"].free(dense_bytes)
                 if prof is not None:
                     t1 = time.perf_counter()
                     prof.layer_s.append(t1 - t0)
@@ -382,6 +373,38 @@ class OffloadExecutor:
             if act_bytes:
                 self.budgets[act_tier].free(act_bytes)
             store.release(glob_staged)
+
+    def _run_layer(self, j: int, fetched: dict, steps: list[Step], hidden: list, ctxs: list, cache,
+                   act_tier: str) -> None:
+        """Layer j over every micro-batch (hidden[k] replaced by its output), its decompressed
+        weights charged to the gpu tier meanwhile."""
+        w, dense_bytes = self._layer_weights(fetched)
+        w, twin_bytes = self._int4_twins(j, w, steps)
+        charged = 0
+        try:
+            if not twin_bytes:  # inside models.linear: 4-bit matrices dequantized per call
+                dense_bytes += self.charges.int4_decompressed(j, max(s.input_ids.numel() for s in steps))
+            dense_bytes += self.charges.fp8_upcast(j)  # FP8 matrices upcast per call
+            self.budgets["gpu"].allocate(dense_bytes, f"layer {j} weights decompressed")
+            charged = dense_bytes
+            for k, s in enumerate(steps):
+                hidden[k] = self._layer_step(j, w, s, hidden[k], ctxs[k], s.span, cache, act_tier)
+        finally:
+            self.budgets["gpu"].free(charged + twin_bytes)
+
+    def _int4_twins(self, j: int, w: dict, steps: list[Step]) -> tuple[dict, int]:
+        """When several of the sweep's calls take a 4-bit matrix's dense path (prompt chunks of
+        INT4_DENSE_FROM_ROWS rows or more), the layer's matrices are dequantized (and prepacked)
+        once for all of them instead of once a call: the same values, so the same bits. Returns
+        the weights and the gpu bytes charged for the dense copies (0: left to per-call)."""
+        dense_calls = sum(s.input_ids.numel() >= INT4_DENSE_FROM_ROWS for s in steps)
+        need = self.charges.int4_twins_bytes(j)
+        if dense_calls < 2 or not need or need > self.budgets["gpu"].free_bytes:
+            return w, 0
+        self.budgets["gpu"].allocate(need, f"layer {j} 4-bit weights dequantized for the sweep")
+        # each dense copy is made (and prepacked) on its first call (`Int4Twin.dense`)
+        return {name: Int4Twin(m, None, INT4_DENSE_FROM_ROWS) if isinstance(m, Int4Weight) else m
+                for name, m in w.items()}, need
 
     def _layer_step(self, j: int, w: dict, step: Step, x, ctx, span: int, cache, act_tier: str):
         """Layer j over one micro-batch, its workspace charged to the gpu tier meanwhile."""
