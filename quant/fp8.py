@@ -96,21 +96,40 @@ def dequantize_weight(codes: torch.Tensor, scale_inv: torch.Tensor, dtype: torch
     scale_inv = scale_inv.float()
     if out is None:
         out = torch.empty(rows, cols, dtype=dtype, device=codes.device)
+    # NOTE(fp8): the codes' bits read as bf16 are their values times 2^-120 (`fp8_values`); the
+    # 2^120 goes into the tile scales, one pass less, and the product is the same real number,
+    # rounded once, unless a scale times 2^120 would overflow (then the two passes, as before)
+    folded = bool(scale_inv.abs().max() < _FOLD_LIMIT)
+    scale_inv = scale_inv * 2.0 ** 120 if folded else scale_inv
     # NOTE(fp8): a band of whole row tiles at a time on a CPU, so the temporaries stay in cache
     step = rows if codes.device.type != "cpu" else block[0] * max(1, _DEQUANT_CHUNK_BYTES // (4 * cols * block[0]))
     bits = torch.empty(min(step, rows), cols, dtype=torch.int16, device=codes.device)
-    buf = torch.empty(min(step, rows), cols, device=codes.device)
+    in_place = out.dtype == torch.float32 and out.is_contiguous()  # fp32: computed where it ends
+    buf = None if in_place else torch.empty(min(step, rows), cols, device=codes.device)
     for start in range(0, rows, step):
         stop = min(rows, start + step)
-        values = _fp8_values_into(codes[start:stop], bits[:stop - start], buf[:stop - start])  # (n, cols) fp32
+        target = out[start:stop] if in_place else buf[:stop - start]
+        values = _fp8_bits_into(codes[start:stop], bits[:stop - start], target, folded)  # (n, cols) fp32
         scale = scale_inv[start // block[0]:-(-stop // block[0])].repeat_interleave(block[0], 0)
         scale = scale[start % block[0]:][:stop - start]  # (n, col tiles): each row's tile scales
         if cols % block[1] == 0:  # whole column tiles: a broadcast
             values.view(stop - start, -1, block[1]).mul_(scale[:, :, None])
         else:
             values.mul_(scale.repeat_interleave(block[1], 1)[:, :cols])
-        out[start:stop].copy_(values)
+        if not in_place:
+            out[start:stop].copy_(values)
     return out
+
+
+_FOLD_LIMIT = 2.0 ** 7  # scales below it times 2^120 stay finite in fp32 (largest 2^128)
+
+
+def _fp8_bits_into(codes: torch.Tensor, bits: torch.Tensor, out: torch.Tensor, folded: bool) -> torch.Tensor:
+    """The codes' fp32 values, times 2^-120 when `folded` (`fp8_values` without its last pass)."""
+    if not folded:
+        return _fp8_values_into(codes, bits, out)
+    bits.copy_(codes.view(torch.int8)).mul_(16).bitwise_and_(-0x7810)
+    return out.copy_(bits.view(torch.bfloat16))
 
 
 # the compute dtypes an Fp8Weight may be upcast to, by their index in its stored `layout`

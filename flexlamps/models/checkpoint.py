@@ -133,9 +133,11 @@ class HFFolderReader:
         return h.hexdigest()[:16]
 
 
-# FP8 matrices the engine keeps in FP8: those the forward multiplies (linear) or slices per
-# head (absorbed); "router" matrices run in fp32 and are small, so they are upcast at load
-FP8_KEPT_ROLES = ("linear", "absorbed")
+# FP8 matrices the engine keeps in FP8: those the forward multiplies (linear), slices per head
+# (absorbed) or routes with ("router": the MoE gate, the indexer's head weights; upcast per call
+# to the compute dtype, then run in fp32, the values an upcast at load gives). DeepSeek's own
+# checkpoints store those two in bf16, so there they are plain tensors anyway.
+FP8_KEPT_ROLES = ("linear", "absorbed", "router")
 
 
 def keeps_fp8(spec: WeightSpec) -> bool:

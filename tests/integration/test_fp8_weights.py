@@ -50,7 +50,10 @@ def test_kept_fp8_equals_dequantized_at_load(fp8_models, kind):
     dense, kept = read_all(reader, torch.float32), read_all(reader, torch.float32, fp8_in_place=True)
     fp8 = [s for s in weight_specs(reader.config) if isinstance(kept[s.name], Fp8Weight)]
     assert fp8 and all(keeps_fp8(s) for s in fp8)
-    assert {s.role for s in fp8} == {"linear", "absorbed"}  # the MoE router stays fp32: not FP8 in the file
+    # V3's MoE router is bf16 in the file, as DeepSeek ships it; V3.2's indexer head weights are
+    # FP8 in these test files and stay FP8 (role "router", upcast per call like the rest)
+    assert {s.role for s in fp8} == {"linear", "absorbed"} | ({"router"} if kind == "deepseek_v32" else set())
+    assert not any(s.name.endswith(".router") for s in fp8)
     # a byte a value and one fp32 scale a 128x128 tile, against 4 bytes a value
     assert sum(kept[s.name].nbytes for s in fp8) == sum(fp8_weight_bytes(*s.shape) for s in fp8)
     plain, in_place = (InMemoryExecutor(reader.config, w, torch.float32) for w in (dense, kept))

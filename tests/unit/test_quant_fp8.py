@@ -82,3 +82,17 @@ def test_fp8_values_are_torchs_for_every_finite_code():
     finite[[0x7F, 0xFF]] = False  # e4m3fn's two NaNs
     assert torch.equal(fp8_values(codes)[finite], codes.float()[finite])
     assert has_nan_codes(codes) and not has_nan_codes(codes[finite])
+
+
+@pytest.mark.parametrize("scale", [1e-30, 3e-3, 1.0, 127.0, 2.0 ** 7, 1e20])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_upcast_folds_the_bit_trick_into_the_scales_without_changing_a_bit(scale, dtype):
+    """Every finite code times a scale below 2^7 (the 2^120 of the bit trick folded into it) and
+    at or above it (not folded: it would overflow) is code * scale in fp32, then `dtype`."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F].repeat(2)[:2 * 127].repeat(128, 1).view(torch.float8_e4m3fn)
+    scales = torch.full((1, 2), scale)
+    expected = (codes.float() * scale).to(dtype)
+    assert torch.equal(dequantize_weight(codes, scales, dtype), expected)
+    out = torch.empty(codes.shape, dtype=dtype)  # into a caller's buffer, as `models.linear` upcasts
+    assert dequantize_weight(codes, scales, dtype, out=out) is out and torch.equal(out, expected)

@@ -58,7 +58,8 @@ class StoredWeights:
     """The weights as the executor stores them: `specs` (with 4-bit q/k/v and gate/up stacked
     when `int4`), the parts each stacked one is read from, and each one's bytes on a tier.
     `fp8_block`: an FP8 checkpoint's tile (None: a dense one); `stores_fp8(spec)`: whether it
-    holds a weight in FP8 (default: every matrix `keeps_fp8` names, as DeepSeek-V3 ships)."""
+    holds a weight in FP8 (default: every matrix `keeps_fp8` names but the routers, as DeepSeek
+    ships them)."""
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device_type: str, int4: bool,
                  fp8_block: tuple[int, int] | None = None, stores_fp8=None):
@@ -94,8 +95,9 @@ class StoredWeights:
 
     def is_fp8(self, spec: WeightSpec) -> bool:
         """Kept as the FP8 checkpoint stores it (when not compressed)."""
-        return (self.fp8_block is not None and keeps_fp8(spec)
-                and (self._stores_fp8 is None or self._stores_fp8(spec)))
+        if self._stores_fp8 is None:  # as DeepSeek ships them: its router matrices are bf16
+            return self.fp8_block is not None and keeps_fp8(spec) and spec.role != "router"
+        return self.fp8_block is not None and keeps_fp8(spec) and self._stores_fp8(spec)
 
     # -- bytes ------------------------------------------------------------------------------
     def int4_nbytes(self, spec: WeightSpec, tier: str) -> int:
