@@ -22,7 +22,7 @@ timeout 300 "$PY" -m pytest -q -x -m "gpu or not slow" tests/integration/test_mo
 
 echo "== the latent cache on CUDA: exact offload bit for bit, overlapped miss copies (copy stream, pinned staging) within tolerance"
 timeout 240 "$PY" -m pytest -q -x -m gpu tests/integration/test_latent_offload.py
-timeout 120 "$PY" scripts/bench_latent_overlap.py --device cuda --heads 128 --layers 4 --rows 16 --context 16384
+timeout 150 "$PY" scripts/bench_latent_overlap.py --device cuda --heads 128 --layers 2 --rows 8 --context 16384 --repeats 2
 
 echo "== one offloaded SmolLM2 generate (weights across gpu / cpu / disk)"
 printf '{"id": "a", "prompt": "The capital of France is"}\n{"id": "b", "prompt": "1, 2, 3, 4,"}\n' > "$WORK/prompts.jsonl"

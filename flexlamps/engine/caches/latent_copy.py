@@ -21,13 +21,20 @@ import torch
 
 
 class MissCopy:
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, max_records: int, record_len: int, storage_dtype: torch.dtype):
+        """`max_records`: the most records one step copies (every row missing its whole top-k);
+        on CUDA the pinned staging buffer holds that many (`staging_bytes`, the cpu tier's)."""
         self.device = device
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
-        self._staging: torch.Tensor | None = None  # pinned, on CUDA only
+        self._staging = (torch.empty((max_records, record_len), dtype=storage_dtype, pin_memory=True)
+                         if self.cuda else None)
         self._last_copy: torch.cuda.Event | None = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="latent-miss-copy")
+
+    @staticmethod
+    def staging_bytes(device: torch.device, max_records: int, record_bytes: int) -> int:
+        return max_records * record_bytes if device.type == "cuda" else 0
 
     def start(self, table: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor) -> Future:
         """Begin copying table[slots, positions] (1-D index tensors on the CPU) to the device."""
@@ -50,19 +57,12 @@ class MissCopy:
         rows = slots * table.shape[1] + positions
         if not self.cuda:
             return torch.index_select(flat, 0, rows), None
-        staging = self._staging_for(rows.numel(), flat)
+        if self._last_copy is not None:  # the staging buffer is free once the last copy is done
+            self._last_copy.synchronize()
+        staging = self._staging[:rows.numel()]
         torch.index_select(flat, 0, rows, out=staging)
         with torch.cuda.stream(self.stream):
             records = staging.to(self.device, non_blocking=True)
             self._last_copy = torch.cuda.Event()
             self._last_copy.record(self.stream)
         return records, self._last_copy
-
-    def _staging_for(self, num_rows: int, flat: torch.Tensor) -> torch.Tensor:
-        """A pinned buffer of `num_rows` records, free to overwrite (the last copy from it done)."""
-        if self._last_copy is not None:
-            self._last_copy.synchronize()
-        buf = self._staging
-        if buf is None or buf.shape[0] < num_rows or buf.shape[1] != flat.shape[1] or buf.dtype != flat.dtype:
-            buf = self._staging = torch.empty((max(num_rows, 1), flat.shape[1]), dtype=flat.dtype, pin_memory=True)
-        return buf[:num_rows]

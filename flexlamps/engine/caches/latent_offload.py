@@ -12,7 +12,8 @@
 - with `overlap=True` (ESS's overlap) the misses are copied in (`latent_copy.MissCopy`: on
   CUDA a copy stream from pinned staging, on the CPU a worker thread) while attention runs
   over the hits, then over the misses, the two merged by log-sum-exp: the same top-k picks and
-  logits within fp32 rounding of the in-memory path (`OVERLAP_LOGIT_TOLERANCE`), not the bits.
+  logits within fp32 rounding of the in-memory path (`OVERLAP_LOGIT_TOLERANCE`), not the bits;
+  its pinned staging (CUDA: room for every row's whole top-k) is charged to the cpu tier.
 Every table is charged to its tier's budget; staged prefill records and miss copies are
 charged to the gpu budget while they exist. `stats` counts lookups, misses and bytes moved.
 """
@@ -57,15 +58,22 @@ class OffloadedLatentCache:
         self._now = 0
         self.stats = {"lookups": [0] * cfg.num_layers, "misses": [0] * cfg.num_layers, "h2d_bytes": 0}
         self._copies = None
-        if overlap:
-            from flexlamps.engine.caches.latent_copy import MissCopy
-
-            self._copies = MissCopy(device)
         try:
             self._allocate(cfg.num_layers, [min(p, capacity) for p in pool_entries])
+            if overlap:
+                self._copies = self._miss_copy(num_slots * need)
         except BaseException:
             self.release()
             raise
+
+    def _miss_copy(self, max_records: int):
+        """The overlapped mode's copier, its pinned staging (on CUDA) charged to the cpu tier."""
+        from flexlamps.engine.caches.latent_copy import MissCopy
+
+        lf = self.latent_format
+        self._charge("cpu", MissCopy.staging_bytes(self.device, max_records, lf.record_bytes),
+                     "pinned staging for the latent misses")
+        return MissCopy(self.device, max_records, lf.record_len, lf.storage_dtype)
 
     def _charge(self, tier: str, nbytes: int, what: str) -> None:
         self.budgets[tier].allocate(nbytes, what)
