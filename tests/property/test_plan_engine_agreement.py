@@ -216,3 +216,18 @@ def test_dry_run_charges_what_the_executor_charges_for_a_latent_cache(deepseek_m
     for tier in ("gpu", "cpu"):
         measured = executor.budgets[tier].peak_bytes
         assert measured <= run.peak_bytes[tier] <= 1.1 * measured, (tier, measured, run.peak_bytes[tier])
+
+
+@pytest.mark.parametrize("flag", ["compress_cache", "cpu_attention"])
+def test_a_latent_cache_refuses_what_it_cannot_run(deepseek_models, flag):
+    """The latent cache has no compressed or CPU-attended form: such a policy is refused by the
+    executor and its dry run alike, not run as something else."""
+    from flexlamps.models.registry import open_checkpoint
+
+    reader = open_checkpoint(deepseek_models["deepseek_v32"])
+    policy = Policy(gpu_batch_size=1, num_gpu_batches=1, weights=ON_GPU, activations=ON_GPU,
+                    cache=TierSplit(gpu=0.5, cpu=0.5, disk=0.0), **{flag: True})
+    with pytest.raises(ValueError, match="without compress_cache and cpu_attention"):
+        OffloadExecutor(reader, policy, gpu_mem=1 << 28, cpu_mem=1 << 28)
+    with pytest.raises(ValueError, match="without compress_cache and cpu_attention"):
+        dry_run(reader.hf_config, policy, gpu_mem=1 << 28, cpu_mem=1 << 28, prompt_len=8, gen_len=2)

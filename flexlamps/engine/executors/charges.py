@@ -87,6 +87,9 @@ class PlacementCharges:
     def __init__(self, hf_config: dict, policy: placement.Policy, dtype: torch.dtype, *,
                  int4: bool | None = None, device_type: str | None = None, stores_fp8=None):
         self.cfg = cfg = ModelConfig.from_hf(hf_config)
+        if cfg.mla is not None and (policy.compress_cache or policy.cpu_attention):
+            raise ValueError(f"{cfg.model_type}'s latent cache is stored as it is and attended on the gpu tier: "
+                             "give a policy without compress_cache and cpu_attention (or --policy auto)")
         self.model_spec = placement.ModelSpec.from_hf_config(hf_config)
         self.policy, self.dtype = policy, dtype
         self.dtype_bytes = torch.empty((), dtype=dtype).element_size()
