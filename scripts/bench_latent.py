@@ -57,7 +57,7 @@ def largest_batch(reader, cache_gpu: float, gpu_mem: int, capacity: int, reserve
     batch = 1
     while True:
         try:
-            ex.new_cache(batch + 1, capacity).free()
+            ex.new_cache(batch + 1, capacity).release()
         except BudgetExceededError:
             ex.close()
             return batch
