@@ -190,10 +190,12 @@ LATENT_MIXES = {
 }
 
 
+@pytest.mark.parametrize("latent_fp8", [False, True])
 @pytest.mark.parametrize("mix", sorted(LATENT_MIXES))
-def test_dry_run_charges_what_the_executor_charges_for_a_latent_cache(deepseek_models, mix, tmp_path):
+def test_dry_run_charges_what_the_executor_charges_for_a_latent_cache(deepseek_models, mix, latent_fp8, tmp_path):
     """A DeepSeek-V3.2 model's latent cache (whole on the gpu tier, or cpu records with gpu
-    pools) is charged by the dry run as the executor charges it, not as a KV cache."""
+    pools; in the compute dtype or ESS's FP8 records) is charged by the dry run as the executor
+    charges it, not as a KV cache."""
     from flexlamps.engine.batch.generate import generate
     from flexlamps.engine.batch.sampling import SamplingParams
     from flexlamps.models.registry import open_checkpoint
@@ -203,7 +205,7 @@ def test_dry_run_charges_what_the_executor_charges_for_a_latent_cache(deepseek_m
                     activations=ON_GPU, **LATENT_MIXES[mix])
     prompt_len, gen_len, budget = 24, 6, 64 << 20
     executor = OffloadExecutor(reader, policy, gpu_mem=budget, cpu_mem=budget, offload_dir=tmp_path / "off",
-                               dtype=torch.float32)
+                               dtype=torch.float32, latent_fp8=latent_fp8)
     executor.store.submit = _run_at_once
     ids = torch.randint(2, reader.config.vocab_size, (policy.block_size, prompt_len),
                         generator=torch.Generator().manual_seed(0)).tolist()
@@ -211,11 +213,14 @@ def test_dry_run_charges_what_the_executor_charges_for_a_latent_cache(deepseek_m
     generate(executor, reader.tokenizer, ids, params, max_batch=policy.block_size,
              micro_batch=policy.gpu_batch_size, reuse_prefix=False)
     run = dry_run(reader.hf_config, policy, gpu_mem=budget, cpu_mem=budget, prompt_len=prompt_len,
-                  gen_len=gen_len, dtype=torch.float32)
+                  gen_len=gen_len, dtype=torch.float32, latent_fp8=latent_fp8)
     executor.close()
     for tier in ("gpu", "cpu"):
         measured = executor.budgets[tier].peak_bytes
         assert measured <= run.peak_bytes[tier] <= 1.1 * measured, (tier, measured, run.peak_bytes[tier])
+    cache = executor.new_cache(1, 1)
+    assert cache.latent_format.record_bytes == (52 if latent_fp8 else 160)  # 32 FP8 + a scale + 8 bf16; 40 fp32
+    cache.release()
 
 
 @pytest.mark.parametrize("flag", ["compress_cache", "cpu_attention"])

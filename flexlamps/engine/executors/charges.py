@@ -82,11 +82,14 @@ class PlacementCharges:
     bytes its sweeps charge. A step is (rows, tokens per row, attended span). `int4`: 4-bit
     weights as `Int4Weight`s (default: as the policy says); `device_type`: the compute device's
     (the stored forms depend on it; default: this machine's); `stores_fp8`: which weights an FP8
-    checkpoint holds in FP8 (its reader's `stores_fp8`; default: as DeepSeek-V3 ships them)."""
+    checkpoint holds in FP8 (its reader's `stores_fp8`; default: as DeepSeek-V3 ships them);
+    `latent_fp8`: an MLA model's latent cache holds ESS's FP8 records, not the compute dtype's."""
 
     def __init__(self, hf_config: dict, policy: placement.Policy, dtype: torch.dtype, *,
-                 int4: bool | None = None, device_type: str | None = None, stores_fp8=None):
+                 int4: bool | None = None, device_type: str | None = None, stores_fp8=None,
+                 latent_fp8: bool = False):
         self.cfg = cfg = ModelConfig.from_hf(hf_config)
+        self.latent_fp8 = latent_fp8  # an MLA latent cache in ESS's FP8 records (656 B for V3.2)
         if cfg.mla is not None and (policy.compress_cache or policy.cpu_attention):
             raise ValueError(f"{cfg.model_type}'s latent cache is stored as it is and attended on the gpu tier: "
                              "give a policy without compress_cache and cpu_attention (or --policy auto)")
@@ -174,7 +177,7 @@ class PlacementCharges:
             from flexlamps.engine.caches.latent import is_offloaded, latent_staged_bytes
 
             offloaded = is_offloaded(cfg, policy.cache.gpu)
-            return latent_staged_bytes(cfg, rows, tokens, span, self.dtype, offloaded=offloaded)
+            return latent_staged_bytes(cfg, rows, tokens, span, self.dtype, offloaded=offloaded, fp8=self.latent_fp8)
         if attends_with_staged_rows(self.cache_tiers[layer], policy.cpu_attention, policy.compress_cache):
             return staged_rows_bytes(cfg, rows, span, self.dtype)
         return 0

@@ -33,9 +33,10 @@ class DryRun:
 
 
 def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem: int, prompt_len: int,
-            gen_len: int, dtype: torch.dtype = torch.float16) -> DryRun:
+            gen_len: int, dtype: torch.dtype = torch.float16, latent_fp8: bool = False) -> DryRun:
     """Charge the budgets as `OffloadExecutor` would for one block of `policy`: its
-    `gpu_batch_size * num_gpu_batches` prompts of `prompt_len` tokens generating `gen_len`.
+    `gpu_batch_size * num_gpu_batches` prompts of `prompt_len` tokens generating `gen_len`;
+    `latent_fp8` as the executor's (an MLA latent cache in ESS's FP8 records).
 
     Raises:
         ValueError: the executor would not run the policy as planned (see CAPABILITIES).
@@ -44,7 +45,7 @@ def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem:
     unsupported = CAPABILITIES.unsupported(policy)
     if unsupported:
         raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(unsupported)})")
-    run = PlacementCharges(hf_config, policy, dtype)
+    run = PlacementCharges(hf_config, policy, dtype, latent_fp8=latent_fp8)
     budgets = {"gpu": TierBudget("gpu", gpu_mem), "cpu": TierBudget("cpu", cpu_mem)}
     for name, tier in run.tiers.items():  # each weight, each piece of a split table
         if tier != "disk":
@@ -67,7 +68,7 @@ def _charge_cache(run: PlacementCharges, budgets: dict[str, TierBudget], num_slo
     policy, dtype = run.policy, run.dtype
     if run.cfg.mla is not None:
         latent = latent_cache_bytes(run.cfg, num_slots, capacity, dtype, gpu_fraction=policy.cache.gpu,
-                                    layer_fractions=policy.latent_pools)
+                                    layer_fractions=policy.latent_pools, fp8=run.latent_fp8)
         for tier, nbytes in latent.items():
             budgets[tier].allocate(nbytes, f"latent cache ({tier})")
         return

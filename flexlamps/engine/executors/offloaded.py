@@ -69,10 +69,13 @@ def _bytes_per(dtype: torch.dtype) -> int:
 class OffloadExecutor:
     def __init__(self, reader, policy, *, gpu_mem: int, cpu_mem: int, offload_dir=None,
                  dtype: torch.dtype = torch.float32, device: torch.device | None = None, verify_disk: bool = True,
-                 weight_quant: str | None = None, overlap_latent_misses: bool = False):
+                 weight_quant: str | None = None, overlap_latent_misses: bool = False,
+                 latent_fp8: bool = False):
         """`overlap_latent_misses`: an offloaded MLA latent cache copies each decode step's
         misses while attending over its hits (`caches.latent_copy`; within fp32 rounding of the
-        exact mode, which copies, then attends, and equals the in-memory path bit for bit)."""
+        exact mode, which copies, then attends, and equals the in-memory path bit for bit).
+        `latent_fp8`: an MLA latent cache stores ESS's FP8 records (656 B a token and layer for
+        DeepSeek-V3.2, `quant.fp8.LatentRecords`) instead of the compute dtype's values."""
         unsupported = CAPABILITIES.unsupported(policy)
         if unsupported:
             raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(unsupported)}); "
@@ -95,7 +98,7 @@ class OffloadExecutor:
         # weights are Int4Weights, stacked where the forward stacks them (`stored_weights`).
         int4 = bool(policy.compress_weight and self.weight_quantizer is None and self.qcfg.bits == 4)
         self.charges = PlacementCharges(reader.hf_config, policy, dtype, int4=int4, device_type=self.device.type,
-                                        stores_fp8=getattr(reader, "stores_fp8", None))
+                                        stores_fp8=getattr(reader, "stores_fp8", None), latent_fp8=latent_fp8)
         self.stored_weights, self.specs = self.charges.weights, self.charges.specs
         self.placement = self.charges.placement
         self.tiers, self.table_pieces = self.placement.tiers, self.placement.pieces
@@ -224,7 +227,7 @@ class OffloadExecutor:
 
             return new_latent_cache(self.cfg, num_slots, capacity, self.dtype, gpu_fraction=self.policy.cache.gpu,
                                     budgets=self.budgets, device=self.device, layer_fractions=self.policy.latent_pools,
-                                    overlap_misses=self.overlap_latent_misses)
+                                    overlap_misses=self.overlap_latent_misses, fp8=self.charges.latent_fp8)
         return TieredKVCache(self.cfg, num_slots, capacity, self.dtype, cache_tiers(self.cfg.num_layers, self.policy.cache),
                              self.budgets, self.device, cpu_attention=self.policy.cpu_attention,
                              compress=self.kv_qcfg if self.policy.compress_cache else None)
