@@ -23,7 +23,8 @@ import torch
 
 from flexlamps.host_allocator import keep_freed_memory
 from flexlamps.cache_folder import cache_root
-from flexlamps.models.linear import linear, pack
+from flexlamps.hw_profile_int4 import measure_int4
+from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, linear, pack
 from placement import HardwareSpec
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -444,6 +445,8 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
         lambda: measure_cpu_attention(sizes.attention_context, budget_s))
     step("dequantization")
     dequant_matrix_s, gpu_dequant, cpu_dequant = _dequant_rates(on_cpu, device, sizes, model_shapes, has_cuda)
+    step("4-bit weights")
+    int4_table, int4_dequant = on_cpu(lambda: measure_int4(device, shapes, sizes.gemm_rows_bytes // 16, budget_s))
     gpu_mem, cpu_mem = _tier_memory(has_cuda, gpu_budget_bytes)
     return HardwareSpec(
         name=_profile_name(has_cuda, shapes),
@@ -456,7 +459,8 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
         gpu_dequant_bytes_per_s=gpu_dequant, cpu_dequant_bytes_per_s=cpu_dequant,
         gpu_layer_overhead_s=layer_overhead, gpu_dequant_matrix_s=dequant_matrix_s,
         gpu_gemm_flops_by_rows=gemm_by_rows, gpu_gemm_flops_by_rows_resident=gemm_by_rows_resident,
-        gpu_is_host=not has_cuda)
+        gpu_is_host=not has_cuda, gpu_int4_gemm_flops_by_rows=int4_table, int4_dense_from_rows=INT4_DENSE_FROM_ROWS,
+        gpu_int4_dequant_bytes_per_s=int4_dequant)
 
 
 def _profile_name(has_cuda: bool, shapes) -> str:
@@ -510,14 +514,15 @@ def _tier_memory(has_cuda: bool, gpu_budget_bytes: int | None) -> tuple[int, int
 
 
 PROBE_NAMES = ("disk", "copies", "memory bandwidth", "layer overhead", "gemm by rows", "gemm", "cpu attention",
-               "dequantization")
+               "dequantization", "4-bit weights")
 
 
 # 2: engine's linear, weight-streaming roofline, per-layer overhead, GEMM rate by rows;
 # 3: dequantization over a sweep of matrices + a per-matrix cost, the engine's allocator;
 # 4: GEMM rates for resident (prepacked) weights; 5: median repetitions, a model's own
-# matrices, tensor-sized disk files, gpu_is_host
-PROFILE_VERSION = 5
+# matrices, tensor-sized disk files, gpu_is_host; 6: the engine's 4-bit weights (fused kernel
+# by rows, dequantization rate, the switch between them)
+PROFILE_VERSION = 6
 
 
 def profile_cache_path(shapes=None) -> Path:

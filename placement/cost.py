@@ -306,12 +306,15 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     # each micro-batch runs its GEMMs on gbs * (s - p) rows (the prefix once, as one more call)
     ngb = choice.num_gpu_batches
     rows = choice.gpu_batch_size * max(s - p, 1)
-    comp_s = ngb * hardware.gemm_seconds(model.dtype, rows, (gemm_flops + head_flops) / ngb, sz.weight_fp16)
+    embed_share = sz.weight_fp16 - model.weight_bytes_per_layer()
+    comp_s = ngb * _call_gemm_s(choice, model, hardware, rows, gemm_flops / ngb, head_flops / ngb,
+                                sz.weight_fp16, embed_share)
     resident_s = _resident_delta_s(choice, model, hardware, rows, gemm_flops / ngb, sz.weight_fp16, ngb)
     comp_s += attn_flops / gpu_flops
     comp_s += _elementwise_s(num_tokens, model, hardware)
-    if choice.compress_weight:  # the layer's matrices (embeddings stay dense)
-        comp_s += _dequant_s(model.weight_bytes_per_layer(), model, hardware.gpu_dequant_bytes_per_s)
+    if choice.compress_weight and not _runs_fused_int4(choice, model, hardware, rows):
+        # the layer's matrices (embeddings stay dense), once a sweep for all its micro-batches
+        comp_s += _dequant_s(model.weight_bytes_per_layer(), model, _weight_dequant_rate(choice, hardware))
         comp_s += model.matrices_per_layer(num_tokens) * hardware.gpu_dequant_matrix_s
     if choice.compress_cache:  # quantizing the new cache costs about as much as dequantizing
         comp_s += _dequant_s(num_tokens * sz.cache_fp16, model, hardware.gpu_dequant_bytes_per_s)
@@ -347,17 +350,18 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     calls, rows = choice.decode_calls()
     embed_share = sz.weight_fp16 - model.weight_bytes_per_layer()
     touched_by_call = model.weight_bytes_touched_per_layer(rows) + embed_share
-    call_flops = rows * (model.matmul_flops_per_token_per_layer()
-                         + model.head_flops_per_token() / model.num_layers)
-    gemm_s = calls * hardware.gemm_seconds(model.dtype, rows, call_flops, touched_by_call)
+    gemm_s = calls * _call_gemm_s(choice, model, hardware, rows, rows * model.matmul_flops_per_token_per_layer(),
+                                  rows * model.head_flops_per_token() / model.num_layers, touched_by_call,
+                                  embed_share)
     resident_s = _resident_delta_s(choice, model, hardware, rows, rows * model.matmul_flops_per_token_per_layer(),
                                    model.weight_bytes_touched_per_layer(rows), calls)
     gemm_s += calls * hardware.gpu_layer_overhead_s
     gemm_s += calls * _fp8_upcast_s(choice, model, hardware, model.weight_bytes_touched_per_layer(rows))
     gemm_s += _elementwise_s(block, model, hardware)
-    if choice.compress_weight:  # what the whole block touches is dequantized once
+    if choice.compress_weight and not _runs_fused_int4(choice, model, hardware, rows):
+        # what the whole block touches is dequantized once
         gemm_s += _dequant_s(model.weight_bytes_touched_per_layer(block), model,
-                             hardware.gpu_dequant_bytes_per_s)
+                             _weight_dequant_rate(choice, hardware))
         gemm_s += model.matrices_per_layer(block) * hardware.gpu_dequant_matrix_s
     attn_flops = block * model.attention_flops_per_query(context)
     attn_bytes = block * (entries * sz.cache_fp16 + context * sz.indexer)
@@ -374,6 +378,30 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
         comp.add(gpu_attn_s)
 
     return _layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)
+
+
+def _runs_fused_int4(choice: Choice, model: ModelSpec, hardware: HardwareSpec, rows: float) -> bool:
+    """Whether the engine multiplies 4-bit weights in place on calls of `rows` rows (the fused
+    kernel), rather than dequantizing them for a dense GEMM (`HardwareSpec.int4_dense_from_rows`)."""
+    return (choice.compress_weight and choice.compression.num_bits == 4
+            and hardware.int4_gemm_seconds(model.dtype, rows, 1.0) is not None)
+
+
+def _weight_dequant_rate(choice: Choice, hardware: HardwareSpec) -> float:
+    """fp16 output bytes/s of decompressing the weights as the engine stores them."""
+    return hardware.int4_dequant_bytes_per_s if choice.compression.num_bits == 4 else hardware.gpu_dequant_bytes_per_s
+
+
+def _call_gemm_s(choice: Choice, model: ModelSpec, hardware: HardwareSpec, rows: float, layer_flops: float,
+                 head_flops: float, weight_bytes: float, head_bytes: float) -> float:
+    """Seconds of one call's GEMMs over `rows` rows: the layer's matrices (`layer_flops` over
+    `weight_bytes`, the head's share included) on the dense GEMM, or on the fused 4-bit kernel
+    where the engine runs that (the head's share, `head_flops` over `head_bytes`, stays dense)."""
+    fused_s = hardware.int4_gemm_seconds(model.dtype, rows, layer_flops) if _runs_fused_int4(
+        choice, model, hardware, rows) else None
+    if fused_s is None:
+        return hardware.gemm_seconds(model.dtype, rows, layer_flops + head_flops, weight_bytes)
+    return fused_s + hardware.gemm_seconds(model.dtype, rows, head_flops, head_bytes)
 
 
 def _resident_delta_s(choice, model: ModelSpec, hardware: HardwareSpec, rows: float, flops: float,
@@ -493,7 +521,11 @@ def _layer_seconds(ctog: Affine, gtoc: Affine, dtoc: Affine, ctod: Affine, comp:
     ctog_s = ctog.scaled(1 / hardware.cpu_to_gpu_bytes_per_s)
     gtoc_s = gtoc.scaled(1 / hardware.gpu_to_cpu_bytes_per_s)
     if hardware.gpu_is_host:
-        comp.plus(ctog_s).plus(gtoc_s)
+        # one memory: what the cpu tier holds is used where it is (charged, never copied); a
+        # disk read's copy out of the page cache (and a write's into it) runs on the cores that
+        # compute, so it joins compute and no link time is left
+        comp.plus(_disk_part(ctog_s)).plus(_disk_part(gtoc_s))
+        ctog_s, gtoc_s = Affine(), Affine()
     return {
         "ctog": ctog_s,
         "gtoc": gtoc_s,
@@ -501,3 +533,11 @@ def _layer_seconds(ctog: Affine, gtoc: Affine, dtoc: Affine, ctod: Affine, comp:
         "ctod": ctod.scaled(1 / hardware.disk_write_bytes_per_s),
         "comp": comp,
     }
+
+
+def _disk_part(term: Affine) -> Affine:
+    """The part of a tier copy that comes from or goes to disk (its disk fractions' terms)."""
+    coef = np.zeros(NUM_FRACTIONS)
+    for idx in (W_DISK, C_DISK, H_DISK):
+        coef[idx] = term.coef[idx]
+    return Affine(0.0, coef)

@@ -66,6 +66,14 @@ class HardwareSpec(JsonMixin):
     # a sparse-attention MLA model's latent-pool misses per layer, measured on it by `flexlamps
     # profile --model` (None: the planner uses ESS's curves)
     latent_miss_curves: LatentMissCurves | None = None
+    # 4-bit weights as the engine runs them: calls of fewer than `int4_dense_from_rows` rows
+    # multiply the packed codes in place (a fused kernel, FLOP/s by dtype and rows below), calls
+    # of more dequantize each matrix once a layer and sweep and run the dense GEMM. Empty table:
+    # every compressed call is priced as dequantization + dense GEMM.
+    gpu_int4_gemm_flops_by_rows: dict[str, dict[str, float]] = field(default_factory=dict)
+    int4_dense_from_rows: int = 0  # the engine's switch (rows per call); 0: no fused kernel
+    # decompression of those 4-bit weights, in fp16 output bytes/s (0: gpu_dequant_bytes_per_s)
+    gpu_int4_dequant_bytes_per_s: float = 0.0
 
     def __post_init__(self):
         _require_positive(
@@ -81,10 +89,13 @@ class HardwareSpec(JsonMixin):
             cpu_dequant_bytes_per_s=self.cpu_dequant_bytes_per_s)
         if not isinstance(self.gpu_is_host, bool):
             raise ValueError(f"HardwareSpec.gpu_is_host must be true or false, got {self.gpu_is_host!r}")
-        for name in ("gpu_layer_overhead_s", "gpu_dequant_matrix_s"):
+        for name in ("gpu_layer_overhead_s", "gpu_dequant_matrix_s", "gpu_int4_dequant_bytes_per_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"HardwareSpec.{name} must be >= 0, got {getattr(self, name)!r}")
-        for attr in ("gpu_gemm_flops_by_rows", "gpu_gemm_flops_by_rows_resident"):
+        if not (isinstance(self.int4_dense_from_rows, int) and self.int4_dense_from_rows >= 0):
+            raise ValueError(f"HardwareSpec.int4_dense_from_rows must be an integer >= 0, got "
+                             f"{self.int4_dense_from_rows!r}")
+        for attr in ("gpu_gemm_flops_by_rows", "gpu_gemm_flops_by_rows_resident", "gpu_int4_gemm_flops_by_rows"):
             for dtype, table in getattr(self, attr).items():
                 if dtype not in DTYPES or not isinstance(table, dict) or not table:
                     raise ValueError(f"HardwareSpec.{attr}: expected {{dtype in {DTYPES}: "
@@ -123,18 +134,19 @@ class HardwareSpec(JsonMixin):
                  or self.gpu_gemm_flops_by_rows.get(dtype))
         if not table:
             return max(flops / self.gpu_flops(dtype), weight_bytes / self.gpu_mem_bytes_per_s)
-        points = sorted((int(r), f) for r, f in table.items())
-        x = math.log(max(rows, 1.0))
-        xs = [math.log(r) for r, _ in points]
-        if x <= xs[0]:
-            rate = points[0][1]
-        elif x >= xs[-1]:
-            rate = points[-1][1]
-        else:
-            i = next(i for i in range(1, len(xs)) if x <= xs[i])
-            t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-            rate = math.exp((1 - t) * math.log(points[i - 1][1]) + t * math.log(points[i][1]))
-        return flops / rate
+        return flops / _rate_at(table, rows)
+
+    def int4_gemm_seconds(self, dtype: str, rows: float, flops: float) -> float | None:
+        """Time of the fused 4-bit kernel doing `flops` on calls of `rows` rows, or None where the
+        engine takes the dense path instead (`rows` >= int4_dense_from_rows, or no table)."""
+        table = self.gpu_int4_gemm_flops_by_rows.get(dtype)
+        if not table or rows >= self.int4_dense_from_rows:
+            return None
+        return flops / _rate_at(table, rows)
+
+    @property
+    def int4_dequant_bytes_per_s(self) -> float:
+        return self.gpu_int4_dequant_bytes_per_s or self.gpu_dequant_bytes_per_s
 
     def with_memory(self, *, gpu_mem_bytes: int | None = None,
                     cpu_mem_bytes: int | None = None, disk_bytes: int | None = None):
@@ -143,6 +155,20 @@ class HardwareSpec(JsonMixin):
                                      ("cpu_mem_bytes", cpu_mem_bytes),
                                      ("disk_bytes", disk_bytes)) if v is not None}
         return dataclasses.replace(self, **changes)
+
+
+def _rate_at(table: dict[str, float], rows: float) -> float:
+    """A measured {rows: FLOP/s} table at `rows`: interpolated in log rows, clamped at its ends."""
+    points = sorted((int(r), f) for r, f in table.items())
+    x = math.log(max(rows, 1.0))
+    xs = [math.log(r) for r, _ in points]
+    if x <= xs[0]:
+        return points[0][1]
+    if x >= xs[-1]:
+        return points[-1][1]
+    i = next(i for i in range(1, len(xs)) if x <= xs[i])
+    t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return math.exp((1 - t) * math.log(points[i - 1][1]) + t * math.log(points[i][1]))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

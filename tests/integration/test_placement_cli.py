@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from flexlamps.cli import main
 from placement import HardwareSpec, ModelSpec, Plan, WorkloadSpec
+from flexlamps.hw_profile_int4 import PROBE_ROWS
+from flexlamps.models.linear import INT4_DENSE_FROM_ROWS
 
 
 def _run(*args):
@@ -108,6 +110,9 @@ def test_profile_quick_writes_a_spec_the_planner_reads(tmp_path):
     if not torch.cuda.is_available():  # resident weights are prepacked on CPUs only
         assert set(spec.gpu_gemm_flops_by_rows_resident["fp32"]) == set(rates)
     assert spec.gpu_dequant_matrix_s >= 0 and spec.gpu_dequant_bytes_per_s > 0
+    # the engine's 4-bit weights: the fused kernel's rates under the engine's switch, their dequantization
+    assert spec.int4_dense_from_rows == INT4_DENSE_FROM_ROWS and spec.gpu_int4_dequant_bytes_per_s > 0
+    assert {int(r) for r in spec.gpu_int4_gemm_flops_by_rows["bf16"]} == {r for r in PROBE_ROWS if r < INT4_DENSE_FROM_ROWS}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hw.json"]  # no temp files left
     planned = _run("plan", "--model", "smollm2-135m", "--hardware", str(out), "--json")
     assert planned.exit_code == 0, planned.output

@@ -140,17 +140,67 @@ def test_weights_resident_on_the_gpu_tier_run_at_the_resident_rate():
         dataclasses.replace(T4, gpu_gemm_flops_by_rows_resident={"fp16": {"0": 1.0}})
 
 
-def test_tier_copies_join_compute_when_the_gpu_is_the_host():
-    """On a CPU standing in for the GPU the copies run on the compute's own cores."""
+def test_on_a_host_gpu_cpu_tier_data_is_not_copied_and_disk_copies_join_compute():
+    """On a CPU standing in for the GPU both tiers are one memory: what the cpu tier holds is
+    used where it is (no link time, no compute); a disk read's copy out of the page cache runs
+    on the compute's own cores."""
     model = model_preset("smollm2-135m")
-    half = Policy(gpu_batch_size=4, num_gpu_batches=2, weights=TierSplit(gpu=0.5, cpu=0.5, disk=0.0),
-                  cache=ON_GPU, activations=TierSplit(gpu=0.0, cpu=1.0, disk=0.0))
     host = dataclasses.replace(T4, gpu_is_host=True)
+
+    def policy(weights):
+        return Policy(gpu_batch_size=4, num_gpu_batches=2, weights=weights, cache=ON_GPU,
+                      activations=TierSplit(gpu=0.0, cpu=1.0, disk=0.0))
+
+    half_cpu = policy(TierSplit(gpu=0.5, cpu=0.5, disk=0.0))
+    half_disk = policy(TierSplit(gpu=0.5, cpu=0.0, disk=0.5))
     for phase in ("prefill_layer_s", "decode_layer_s"):
-        apart = getattr(predict(half, model, T4, WORKLOAD), phase)
-        shared = getattr(predict(half, model, host, WORKLOAD), phase)
+        apart = getattr(predict(half_cpu, model, T4, WORKLOAD), phase)
+        shared = getattr(predict(half_cpu, model, host, WORKLOAD), phase)
         assert apart["ctog"] > 0 and apart["gtoc"] > 0
-        assert shared["comp"] == pytest.approx(apart["comp"] + apart["ctog"] + apart["gtoc"])
+        assert shared["ctog"] == shared["gtoc"] == 0
+        assert shared["comp"] == pytest.approx(apart["comp"])
+        activations_s = getattr(predict(policy(ON_GPU), model, T4, WORKLOAD), phase)["ctog"]
+        apart = getattr(predict(half_disk, model, T4, WORKLOAD), phase)
+        shared = getattr(predict(half_disk, model, host, WORKLOAD), phase)
+        assert shared["ctog"] == 0 and shared["dtoc"] == apart["dtoc"] > 0
+        # the disk half's second hop (page cache -> staging) is compute; the activations' is free
+        assert shared["comp"] == pytest.approx(apart["comp"] + apart["ctog"] - activations_s)
     assert HardwareSpec.from_json(host.to_json()) == host
     with pytest.raises(ValueError, match="gpu_is_host"):
         dataclasses.replace(T4, gpu_is_host="yes")
+
+
+def test_4bit_calls_under_the_engines_switch_run_the_fused_kernel_and_over_it_dequantize():
+    """The engine multiplies 4-bit weights in place for calls of fewer than int4_dense_from_rows
+    rows (priced at the fused kernel's measured rate, nothing dequantized) and dequantizes them
+    once a layer and sweep for a dense GEMM on bigger calls (priced as such)."""
+    model = model_preset("opt-6.7b")
+    hw = dataclasses.replace(T4, gpu_gemm_flops_by_rows=TABLE, gpu_int4_gemm_flops_by_rows={"fp16": {"1": 2e9, "64": 4e9}},
+                             int4_dense_from_rows=64, gpu_int4_dequant_bytes_per_s=1e9)
+    assert HardwareSpec.from_json(hw.to_json()) == hw
+    assert hw.int4_gemm_seconds("fp16", 63, 4e9) == pytest.approx(4e9 / hw_rate(hw, 63))
+    assert hw.int4_gemm_seconds("fp16", 64, 4e9) is None and hw.int4_gemm_seconds("fp32", 1, 1.0) is None
+
+    def decode_comp(gbs, ngb, hardware, **kw):
+        policy = dataclasses.replace(_policy(gbs, ngb), compress_weight=True, **kw)
+        return predict(policy, model, hardware, WORKLOAD).decode_layer_s["comp"]
+
+    no_kernel = dataclasses.replace(hw, gpu_int4_gemm_flops_by_rows={})
+    layer_flops = model.matmul_flops_per_token_per_layer()
+    dequant_s = model.weight_bytes_per_layer() / model.dtype_bytes * 2 / 1e9
+    dequant_s += model.matrices_per_layer(16) * hw.gpu_dequant_matrix_s
+    # a merged block of 16 rows: fused, no dequantization; without a kernel: dense + one dequantization
+    fused = decode_comp(8, 2, hw)
+    dense = decode_comp(8, 2, no_kernel)
+    gemm_gap = hw.gemm_seconds("fp16", 16, 16 * layer_flops, 0) - hw.int4_gemm_seconds("fp16", 16, 16 * layer_flops)
+    assert dense - fused == pytest.approx(dequant_s + gemm_gap, rel=1e-6)
+    # a merged block of 128 rows is past the switch: the same price with or without the kernel
+    assert decode_comp(64, 2, hw) == pytest.approx(decode_comp(64, 2, no_kernel))
+    with pytest.raises(ValueError, match="int4_dense_from_rows"):
+        dataclasses.replace(T4, int4_dense_from_rows=-1)
+
+
+def hw_rate(hw, rows):
+    from placement.specs import _rate_at
+
+    return _rate_at(hw.gpu_int4_gemm_flops_by_rows["fp16"], rows)
