@@ -16,8 +16,9 @@ from flexlamps.engine.executors.stored_weights import INT4_GROUP
 from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, linear
 from quant.int4_weight import Int4Weight, can_pack
 
-# the dtypes the engine keeps 4-bit weights in on each device (their scales' dtype: the model's)
-_CPU_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# the dtypes the fused kernel runs in on each device (`Int4Weight.can_run_fused`); 4-bit weights
+# of other dtypes are always dequantized for the dense GEMM, which the planner prices without a table
+_CPU_DTYPES = {"bf16": torch.bfloat16}
 _CUDA_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PROBE_ROWS = (1, 8, 32, 64)
 
@@ -74,6 +75,5 @@ def measure_int4(device: torch.device, shapes, num_bytes: int, budget_s: float) 
         elements = sum(w.shape[0] * w.shape[1] for w in weights)
         seconds = _median_s(lambda: [w.dequantize(dtype, out=out[:w.shape[0] * w.shape[1]].view(w.shape))
                                      for w in weights], budget_s / (len(rows_list) + 1), sync)
-        if dtype.itemsize == 2 or not dequant_rate:  # the 16-bit rate, what bf16/fp16 runs pay
-            dequant_rate = 2.0 * elements / seconds
+        dequant_rate = max(dequant_rate, 2.0 * elements / seconds)
     return table, dequant_rate

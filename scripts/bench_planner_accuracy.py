@@ -8,7 +8,7 @@ decompression timed on the model's own matrices), then every policy once, predic
 that profile. On a shared machine speeds drift over minutes, so a policy's ratio is its
 median over the rounds (all rounds' ratios are printed). --hardware fixes one profile.
 
-    python scripts/bench_planner_accuracy.py [--prompt-len 64 --gen-len 16 --rounds 3 --hardware hw.json]
+    python scripts/bench_planner_accuracy.py [--dtype bfloat16 --prompt-len 64 --gen-len 16 --rounds 3 --hardware hw.json]
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ def policies() -> dict[str, Policy]:
         "weights 75% disk, 16x2": p(16, 2, TierSplit(gpu=0.25, cpu=0, disk=0.75)),
         "cache cpu + cpu attention, 8x2": p(8, 2, G, c=TierSplit(gpu=0, cpu=1, disk=0), cpu_attention=True),
         "4-bit weights, 16x1": p(16, 1, G, compress_weight=True),
+        # offloaded 4-bit: decode calls of 16 rows (fused kernel) and of 128 (dequantized, dense)
+        "4-bit weights 75% disk, 8x2": p(8, 2, TierSplit(gpu=0.25, cpu=0, disk=0.75), compress_weight=True),
+        "4-bit weights 75% disk, 32x4": p(32, 4, TierSplit(gpu=0.25, cpu=0, disk=0.75), compress_weight=True),
     }
 
 
@@ -58,6 +61,7 @@ class Run:
     model: str
     policy: Policy
     folder: Path  # the offload folder, reused by the next run of this policy
+    dtype: str  # torch dtype name the engine computes in
     prompt_len: int
     gen_len: int
     results: list = dataclasses.field(default_factory=list)  # (seconds, sweeps, hardware) per run
@@ -68,7 +72,8 @@ class Run:
 
     def once(self, hardware: placement.HardwareSpec) -> None:
         """One timed run in a fresh engine, predicted with `hardware` (this round's profile)."""
-        llm = LLM(self.model, gpu_mem=8 * 2**30, cpu_mem=8 * 2**30, offload_dir=str(self.folder), policy=self.policy)
+        llm = LLM(self.model, dtype=self.dtype, gpu_mem=8 * 2**30, cpu_mem=8 * 2**30, offload_dir=str(self.folder),
+                  policy=self.policy)
         ids = llm.tokenizer.encode("The history of the printing press begins in the fifteenth century. " * 40)
         prompts = [ids[i: i + self.prompt_len] for i in range(self.num_sequences)]
         params = SamplingParams(max_new_tokens=self.gen_len, ignore_eos=True)
@@ -82,20 +87,25 @@ class Run:
 
 
 def describe(hw: placement.HardwareSpec) -> str:
-    tables = [f"fp32 GEMM GFLOP/s by rows, {label}: "
-              + ", ".join(f"{r}: {f / 1e9:.0f}" for r, f in table.get("fp32", {}).items())
+    tables = [f"{dtype} GEMM GFLOP/s by rows, {label}: "
+              + ", ".join(f"{r}: {f / 1e9:.0f}" for r, f in table.get(dtype, {}).items())
               for label, table in (("streamed", hw.gpu_gemm_flops_by_rows),
-                                   ("resident", hw.gpu_gemm_flops_by_rows_resident))]
+                                   ("resident", hw.gpu_gemm_flops_by_rows_resident)) for dtype in ("fp32", "bf16")]
     return "\n".join(f"  {t}" for t in tables) + (
         f"\n  memory {hw.gpu_mem_bytes_per_s / 1e9:.1f} GB/s, copy {hw.cpu_to_gpu_bytes_per_s / 1e9:.1f} GB/s, "
         f"disk read {hw.disk_read_bytes_per_s / 1e9:.2f} GB/s, layer overhead {hw.gpu_layer_overhead_s * 1e6:.0f} us, "
         f"dequant {hw.gpu_dequant_bytes_per_s / 1e9:.2f} GB/s + {hw.gpu_dequant_matrix_s * 1e6:.0f} us a matrix, "
-        f"cpu attention {hw.cpu_attention_flops_per_s / 1e9:.1f} GFLOP/s")
+        f"cpu attention {hw.cpu_attention_flops_per_s / 1e9:.1f} GFLOP/s\n"
+        f"  4-bit fused kernel (under {hw.int4_dense_from_rows} rows) GFLOP/s by rows: "
+        + "; ".join(f"{d} " + ", ".join(f"{r}: {f / 1e9:.0f}" for r, f in t.items())
+                    for d, t in hw.gpu_int4_gemm_flops_by_rows.items())
+        + f"; 4-bit dequant {hw.gpu_int4_dequant_bytes_per_s / 1e9:.2f} GB/s")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--gen-len", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3,
@@ -107,7 +117,7 @@ def main():
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="flexlamps-acc-"))
     model = placement.ModelSpec.from_hf_config(open_checkpoint(args.model).hf_config)
-    runs = {name: Run(args.model, policy, work / f"offload-{i}", args.prompt_len, args.gen_len)
+    runs = {name: Run(args.model, policy, work / f"offload-{i}", args.dtype, args.prompt_len, args.gen_len)
             for i, (name, policy) in enumerate(policies().items())}
     fixed = placement.HardwareSpec.from_json(Path(args.hardware).read_text()) if args.hardware else None
     for round_ in range(args.rounds):
@@ -121,7 +131,7 @@ def main():
             run.once(hw)
     print(f"{'policy':<34} {'predicted':>10} {'measured':>10} {'meas/pred':>10}   "
           f"{'prefill s pred/meas':>20} {'decode step s pred/meas':>24}   ratio per round")
-    model = dataclasses.replace(model, dtype="fp32")
+    model = dataclasses.replace(model, dtype={"float32": "fp32", "bfloat16": "bf16"}[args.dtype])
     workload = WorkloadSpec(prompt_len=args.prompt_len, gen_len=args.gen_len)
     within = 0
     for name, run in runs.items():
