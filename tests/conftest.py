@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+# The benchmark data beside the checkout (`../shared/data`); a worktree elsewhere names it with
+# $FLEXLAMPS_SHARED_DATA, or the tests that read it skip.
+SHARED_DATA = Path(os.environ.get("FLEXLAMPS_SHARED_DATA") or REPO.parent / "shared" / "data")
 
 # Tests run with a fixed thread count (torch's default of every core collapses on a busy
 # machine) and never touch the user's ~/.cache/flexlamps: a profile measured under test load
