@@ -68,6 +68,10 @@ INT4_DENSE_FROM_ROWS = 128
 # Measured in SmolLM2's decode step (CPU seconds, 1 thread, Zen 4): fused/dense 35/71 ms at 2
 # rows, 46/62 at 4, 74/74 at 8, 100/78 at 16, 176/135 at 32.
 INT4_TWIN_DENSE_FROM_ROWS = 16
+# Calls an `Int4Twin`'s dense copy serves unpacked before it is packed: oneDNN multiplies a plain
+# matrix nearly as fast for one call (SmolLM2's stacked gate/up, 16 rows: 0.52 vs 0.48 ms) while
+# packing it costs 1.3 ms and fresh pages (0.5 s of a first prompt's prefill over all matrices).
+TWIN_PACK_AFTER_USES = 2
 _SCRATCH = threading.local()  # per thread: the buffer 4-bit weights are dequantized into
 
 
@@ -92,12 +96,14 @@ class Int4Twin:
     few rows run the fused kernel on the codes (decode reads a quarter of the bytes), calls with
     many rows the dense GEMM with nothing to dequantize or reorder first.
 
-    The dense copy is packed on its first use, from `plain` (the dequantized matrix, or a function
-    that reads it, e.g. from the weight cache, and gives None when it cannot) or else by
-    dequantizing: a load does no GEMM-sized work, and a run that never multiplies many rows (batch-1
-    decode) never holds it. Its values, and so every result, are the same whenever it is made."""
+    The dense copy comes from `plain` (the dequantized matrix, or a function that reads it, e.g.
+    from the weight cache, and gives None when it cannot) or else by dequantizing, when first
+    needed; it serves its first `TWIN_PACK_AFTER_USES` calls as it is and is packed for the GEMM
+    from the next one on (packed and plain give the same bits). A load does no GEMM-sized work, a
+    run that never multiplies many rows (batch-1 decode) never holds the copy, and a weight used
+    once or twice (a first prompt) is never packed. Every result is the same whenever it is made."""
 
-    __slots__ = ("int4", "_plain", "_dense", "dense_from_rows")
+    __slots__ = ("int4", "_plain", "_dense", "_uses", "dense_from_rows")
 
     def __init__(self, int4: Int4Weight, plain: torch.Tensor | Callable[[], torch.Tensor | None] | None = None,
                  dense_from_rows: int = INT4_TWIN_DENSE_FROM_ROWS):
@@ -107,16 +113,23 @@ class Int4Twin:
         self.dense_from_rows = dense_from_rows
         self._plain = plain
         self._dense = None
+        self._uses = 0
 
     @property
     def dense(self) -> torch.Tensor:
-        """pack(int4.dequantize()): (out, in), opaque oneDNN layout where it runs; made on first use."""
-        if self._dense is None:  # NOTE(speed): two threads racing here pack equal values
-            plain = self._plain() if callable(self._plain) else self._plain
-            if plain is None or tuple(plain.shape) != tuple(self.int4.shape) or plain.dtype != self.int4.dtype:
-                plain = self.int4.dequantize()
+        """The dense (out, in) copy: plain for its first calls, then packed (opaque oneDNN layout)."""
+        if self._dense is not None:
+            return self._dense
+        # NOTE(speed): two threads racing here make equal values
+        plain = self._plain() if callable(self._plain) else self._plain
+        if plain is None or tuple(plain.shape) != tuple(self.int4.shape) or plain.dtype != self.int4.dtype:
+            plain = self.int4.dequantize()
+        self._uses += 1
+        if self._uses > TWIN_PACK_AFTER_USES:
             self._dense, self._plain = pack(plain), None
-        return self._dense
+            return self._dense
+        self._plain = plain
+        return plain
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -81,6 +81,8 @@ def test_a_dense_twin_runs_the_kernel_for_few_rows_and_its_dense_copy_from_fewer
     for plain in (w.dequantize(), lambda: w.dequantize(), lambda: None, torch.zeros(64, 95, dtype=torch.bfloat16)):
         # the dense copy given, read when first needed, unreadable or not this weight's: the same results
         assert torch.equal(linear(x, with_dense_twin(w, plain)), linear(x, twin)), plain
+    for _ in range(4):  # served plain, then packed: the same bits
+        assert torch.equal(linear(x, twin), linear(x, w.dequantize()))
 
 
 def test_shapes_the_kernel_refuses_still_compute():
