@@ -146,7 +146,8 @@ class LLM:
             self.plan = plan_policy(self.reader.hf_config, self.dtype, hw, gpu_mem=gpu_mem, cpu_mem=cpu_mem,
                                     disk_bytes=disk, prompt_len=prompt_len, gen_len=gen_len,
                                     max_block_size=max(1, num_sequences),
-                                    allow_compression=bool(o.compress_weight or o.compress_cache))
+                                    allow_compression=bool(o.compress_weight or o.compress_cache),
+                                    compress_weight=o.compress_weight, compress_cache=o.compress_cache)
             policy = self.plan.policy
         elif isinstance(policy, (str, Path)):
             policy = load_policy(policy)

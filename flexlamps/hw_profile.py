@@ -446,7 +446,8 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     step("dequantization")
     dequant_matrix_s, gpu_dequant, cpu_dequant = _dequant_rates(on_cpu, device, sizes, model_shapes, has_cuda)
     step("4-bit weights")
-    int4_table, int4_dequant = on_cpu(lambda: measure_int4(device, shapes, sizes.gemm_rows_bytes // 16, budget_s))
+    int4_table, int4_dequant = on_cpu(lambda: measure_int4(device, shapes, sizes.gemm_rows_bytes // 16, 2 * budget_s))
+    int4_table = {name: dict(zip(table, nondecreasing(list(table.values())))) for name, table in int4_table.items()}
     gpu_mem, cpu_mem = _tier_memory(has_cuda, gpu_budget_bytes)
     return HardwareSpec(
         name=_profile_name(has_cuda, shapes),
@@ -521,8 +522,8 @@ PROBE_NAMES = ("disk", "copies", "memory bandwidth", "layer overhead", "gemm by 
 # 3: dequantization over a sweep of matrices + a per-matrix cost, the engine's allocator;
 # 4: GEMM rates for resident (prepacked) weights; 5: median repetitions, a model's own
 # matrices, tensor-sized disk files, gpu_is_host; 6: the engine's 4-bit weights (fused kernel
-# by rows, dequantization rate, the switch between them)
-PROFILE_VERSION = 6
+# by rows, dequantization rate, the switch between them); 7: those in passes taking turns
+PROFILE_VERSION = 7
 
 
 def profile_cache_path(shapes=None) -> Path:

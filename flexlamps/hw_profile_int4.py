@@ -21,6 +21,7 @@ from quant.int4_weight import Int4Weight, can_pack
 _CPU_DTYPES = {"bf16": torch.bfloat16}
 _CUDA_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PROBE_ROWS = (1, 8, 32, 64)
+_PASSES = 3  # the probes take turns this many times: on a shared machine each median spans slow and fast spells
 
 
 def _weights(device: torch.device, shapes, dtype: torch.dtype, num_bytes: int) -> list[Int4Weight]:
@@ -32,48 +33,54 @@ def _weights(device: torch.device, shapes, dtype: torch.dtype, num_bytes: int) -
     return [w.kernel_only() for w in weights]
 
 
-def _median_s(run: Callable[[], None], budget_s: float, sync: Callable[[], None]) -> float:
-    run()  # warm-up
-    sync()
+def _times(run: Callable[[], None], budget_s: float, sync: Callable[[], None]) -> list[float]:
     times, spent = [], 0.0
-    while spent < budget_s or len(times) < 3:
+    while spent < budget_s or not times:
         start = time.perf_counter()
         run()
         sync()
         times.append(time.perf_counter() - start)
         spent += times[-1]
-    return statistics.median(times)
+    return times
 
 
-def _fused_rate(weights: list[Int4Weight], rows: int, budget_s: float, sync) -> float:
-    """FLOP/s of `linear` on calls of `rows` rows over (a prefix of) `weights`: as many as one
-    call's time says a repetition can afford (the kernel is far slower in some dtypes)."""
+def _fused_sweep(weights: list[Int4Weight], rows: int, budget_s: float, sync) -> tuple[Callable[[], None], float]:
+    """(a sweep of `linear` calls of `rows` rows over a prefix of `weights`, its FLOPs): as many
+    matrices as one call's time says the budget affords (the kernel is far slower in some dtypes)."""
     dtype, device = weights[0].dtype, weights[0].device
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1], device=device, dtype=dtype) for w in weights}
     start = time.perf_counter()
     linear(inputs[weights[0].shape[1]], weights[0])
     sync()
-    one_s = time.perf_counter() - start
-    used = weights[:max(1, min(len(weights), int(budget_s / 4 / max(one_s, 1e-9))))]
+    used = weights[:max(1, min(len(weights), int(budget_s / 4 / max(time.perf_counter() - start, 1e-9))))]
     flops = sum(2.0 * rows * w.shape[0] * w.shape[1] for w in used)
-    return flops / _median_s(lambda: [linear(inputs[w.shape[1]], w) for w in used], budget_s, sync)
+    return (lambda: [linear(inputs[w.shape[1]], w) for w in used]), flops
 
 
 def measure_int4(device: torch.device, shapes, num_bytes: int, budget_s: float) -> tuple[dict, float]:
     """({dtype: {rows: FLOP/s}} of the fused kernel below INT4_DENSE_FROM_ROWS rows, fp16-equivalent
     output bytes/s of dequantizing a sweep of matrices) on `device`, through the engine's own
-    `linear` and `Int4Weight.dequantize` (into one reused buffer, as `models.linear` does)."""
+    `linear` and `Int4Weight.dequantize` (into one reused buffer, as `models.linear` does).
+    Rates are medians over passes that take turns; the table is made nondecreasing by the caller."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     dtypes = _CUDA_DTYPES if device.type == "cuda" else _CPU_DTYPES
     rows_list = [r for r in PROBE_ROWS if r < INT4_DENSE_FROM_ROWS]
+    share_s = budget_s / (len(rows_list) + 1) / _PASSES
     table, dequant_rate = {}, 0.0
     for name, dtype in dtypes.items():
         weights = _weights(device, shapes, dtype, num_bytes)
-        table[name] = {str(rows): _fused_rate(weights, rows, budget_s / (len(rows_list) + 1), sync)
-                       for rows in rows_list}
         out = torch.empty(max(w.shape[0] * w.shape[1] for w in weights), dtype=dtype, device=device)
-        elements = sum(w.shape[0] * w.shape[1] for w in weights)
-        seconds = _median_s(lambda: [w.dequantize(dtype, out=out[:w.shape[0] * w.shape[1]].view(w.shape))
-                                     for w in weights], budget_s / (len(rows_list) + 1), sync)
-        dequant_rate = max(dequant_rate, 2.0 * elements / seconds)
+        probes = {rows: _fused_sweep(weights, rows, share_s, sync) for rows in rows_list}
+        probes["dequant"] = ((lambda: [w.dequantize(dtype, out=out[:w.shape[0] * w.shape[1]].view(w.shape))
+                                       for w in weights]),
+                             2.0 * sum(w.shape[0] * w.shape[1] for w in weights))  # fp16 output bytes
+        times = {key: [] for key in probes}
+        for run, _ in probes.values():
+            run()  # warm-up
+        for _ in range(_PASSES):
+            for key, (run, _) in probes.items():
+                times[key] += _times(run, share_s, sync)
+        rates = {key: work / statistics.median(times[key]) for key, (_, work) in probes.items()}
+        dequant_rate = max(dequant_rate, rates.pop("dequant"))
+        table[name] = {str(rows): rate for rows, rate in rates.items()}
     return table, dequant_rate

@@ -80,7 +80,8 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
           allow_cache_compression: bool = True, allow_cpu_attention: bool = True,
           max_block_size: int = 8192, compression: CompressionSpec = CompressionSpec(),
           allow_merged_decode: bool = True,
-          capabilities: EngineCapabilities = EngineCapabilities()) -> Plan:
+          capabilities: EngineCapabilities = EngineCapabilities(),
+          require_weight_compression: bool = False, require_cache_compression: bool = False) -> Plan:
     """The highest-throughput policy that fits every tier's budget and that the engine can run.
 
     Args:
@@ -88,6 +89,8 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
         usable_fraction: share of each tier's capacity the plan may fill.
         allow_*: whether the search may turn on compression, CPU attention or merged decode
             (`Policy.merge_decode`; False plans decode one micro-batch at a time, as FlexGen does).
+        require_*_compression: plan only with that compression on (the user asked for it: the
+            plan then prices what will run).
         max_block_size: cap on gpu_batch_size * num_gpu_batches.
         compression: the quantization used when compression is on.
         capabilities: what the engine can run (default: flexlamps' offload engine, which keeps
@@ -101,6 +104,9 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
     budgets = budgets_for(hardware, usable_fraction)
     flags = _flag_sets(allow_weight_compression, allow_cache_compression, allow_cpu_attention,
                        allow_merged_decode, capabilities)
+    flags = [f for f in flags if (f[0] or not require_weight_compression) and (f[1] or not require_cache_compression)]
+    if not flags:
+        raise ValueError("compression is required but not allowed (or the engine cannot run it)")
     placements = fraction_highs(capabilities)
     candidates = _candidates(model, hardware, workload, budgets, flags, placements, compression,
                              max_block_size)

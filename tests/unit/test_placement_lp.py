@@ -151,3 +151,19 @@ def test_decode_mode_follows_the_caller_and_the_engine():
         solve(model, hw, wl, allow_merged_decode=False, capabilities=merged_only)
     with pytest.raises(ValueError, match="merged, per micro-batch"):
         placement.EngineCapabilities(merged_decode=False, per_micro_batch_decode=False)
+
+
+def test_compression_the_user_asked_for_is_planned_with():
+    """A user who asks for compressed weights (or cache) gets a plan priced with them on, not a
+    plan priced without them that the engine then runs compressed."""
+    model, hw = model_preset("opt-6.7b"), hardware_preset("t4-flexgen")
+    wl = WorkloadSpec(prompt_len=64, gen_len=16)
+    free = solve(model, hw, wl, max_block_size=64)
+    for weight, cache in ((True, False), (False, True), (True, True)):
+        plan = solve(model, hw, wl, max_block_size=64, require_weight_compression=weight,
+                     require_cache_compression=cache)
+        assert (plan.policy.compress_weight or not weight) and (plan.policy.compress_cache or not cache)
+        assert plan.tokens_per_s <= free.tokens_per_s * (1 + 1e-9)  # a subset of the free search
+        assert predict(plan.policy, model, hw, wl).tokens_per_s == pytest.approx(plan.tokens_per_s)
+    with pytest.raises(ValueError, match="required but not allowed"):
+        solve(model, hw, wl, allow_weight_compression=False, require_weight_compression=True)
