@@ -26,8 +26,8 @@ Zen 4) it is exact. Parity tests that need bit-equality between batch shapes run
 A 4-bit weight (`quant.int4_weight.Int4Weight`) is multiplied in place by torch's fused int4
 kernel when the call has few rows (decode) and the activations are in its dtype; with many
 rows (prefill) or fp32 activations it is dequantized for this call and takes the dense path.
-An `Int4Twin` (the weight with a dense copy prepacked on first use, `with_dense_twin`; the
-in-memory executor's choice when memory allows) switches to the dense GEMM from fewer rows, since it has
+An `Int4Twin` (the weight with a dense copy made when first needed and packed once it is used
+again, `with_dense_twin`; the in-memory executor's choice when memory allows) switches to the dense GEMM from fewer rows, since it has
 nothing to dequantize first; the offload executor streams plain 4-bit weights, and gives a sweep
 of several prompt chunks twins that switch where a plain weight does (one dequantization a
 layer, not one a chunk). In bf16 the two
