@@ -34,7 +34,7 @@ import numpy as np
 
 from placement.latent_pools import LatentMissCurves, MissEnvelope
 from placement.model_spec import ModelSpec
-from placement.specs import CompressionSpec, HardwareSpec, Policy, WorkloadSpec
+from placement.specs import CompressionSpec, EngineCapabilities, HardwareSpec, Policy, WorkloadSpec
 
 NUM_FRACTIONS = 9
 W_GPU, W_CPU, W_DISK, C_GPU, C_CPU, C_DISK, H_GPU, H_CPU, H_DISK = range(NUM_FRACTIONS)
@@ -87,6 +87,8 @@ class Choice:
     # a sparse-attention MLA model's latent cache in ESS's layout: all of it on the cpu tier,
     # per layer a gpu pool (what c_gpu measures), misses copied each step (`placement.latent_pools`)
     latent_pools: bool = False
+    # the engine's switch for 4-bit weights (`EngineCapabilities.int4_in_place_below_rows`)
+    int4_in_place_below_rows: int = EngineCapabilities().int4_in_place_below_rows
 
     @classmethod
     def of(cls, policy: Policy) -> "Choice":
@@ -457,13 +459,13 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
 
     # GPU: double-buffered streamed layer weights (a layer's own: the embedding table and the
     # head are read in rows and vocab chunks, never staged whole), the micro-batch's hidden
-    # in/out, FFN/attention intermediates, a dequantized layer when weights are compressed.
+    # in/out, FFN/attention intermediates, compressed weights as they expand.
     def gpu_working(seqs: int, tokens_per_seq: int) -> Affine:
         hidden_io = 2 * seqs * tokens_per_seq * sz.hidden
         work = Affine(indexer_home + 2 * sz.layer_stored + hidden_io)
         work.add(-2 * sz.layer_stored, W_GPU).add(-hidden_io, H_GPU)
         if choice.compress_weight:
-            return work.add(sz.layer_matrices)
+            return work.add(_dequantized_bytes(choice, sz, model, seqs * tokens_per_seq))
         if model.weight_format == "fp8":  # upcast per call: an absorbed matrix and one other at most
             return work.add(2 * max(o * i for o, i in model.layer_matrix_shapes()) * db)
         return work
@@ -497,6 +499,29 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     disk = Affine().add(weights_home, W_DISK).add(cache_home, C_DISK).add(hidden_p, H_DISK)
     return {"gpu_prefill": gpu_prefill, "gpu_decode": gpu_decode, "cpu_prefill": cpu_prefill,
             "cpu_decode": cpu_decode, "disk": disk}
+
+
+def _dequantized_bytes(choice: Choice, sz: _Sizes, model: ModelSpec, rows: int) -> float:
+    """GPU bytes a layer's compressed matrices must expand to while it runs calls of `rows` rows,
+    as the offload engine does it: 4-bit matrices in fp16/bf16 multiply in place under
+    `Choice.int4_in_place_below_rows` rows, else one matrix is dequantized per call (the engine
+    dequantizes a whole layer once per sweep only where the gpu tier has room left, which the
+    plan does not reserve). Other compressions expand the whole layer."""
+    if choice.compression.num_bits != 4:
+        return sz.layer_matrices
+    if rows < choice.int4_in_place_below_rows and model.dtype in ("fp16", "bf16"):
+        return 0.0
+    return _largest_called_matrix(model) * model.dtype_bytes
+
+
+def _largest_called_matrix(model: ModelSpec) -> int:
+    """Elements of the largest matrix one call multiplies: the engine stacks a LLaMA-family
+    layer's q/k/v and gate/up projections into one matrix each (OPT and MLA run theirs apart)."""
+    shapes = model.layer_matrix_shapes()
+    if model.arch not in ("opt", "mla") and len(shapes) == 7:
+        (q, h), (k, _), (v, _), o, (gate, _), (up, _), down = shapes
+        shapes = [(q + k + v, h), o, (gate + up, h), down]
+    return max((o * i for o, i in shapes), default=0)
 
 
 def _attended_cache(choice: Choice, dense_bytes: float) -> Affine:

@@ -109,7 +109,7 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
         raise ValueError("compression is required but not allowed (or the engine cannot run it)")
     placements = fraction_highs(capabilities)
     candidates = _candidates(model, hardware, workload, budgets, flags, placements, compression,
-                             max_block_size)
+                             max_block_size, capabilities.int4_in_place_below_rows)
     # best first: solve in order of the throughput bound, stop once no bound beats the best
     candidates.sort(key=lambda cand: -cand[0])
     too_big: dict[tuple, list[tuple[int, int]]] = {}  # flags -> (gbs, ngb) that did not fit
@@ -169,14 +169,15 @@ def _cache_in_whole_layers(solution, terms, budgets, highs) -> tuple[object, int
     return best, num_lps
 
 
-def _candidates(model, hardware, workload, budgets, flags, placements, compression, max_block_size):
+def _candidates(model, hardware, workload, budgets, flags, placements, compression, max_block_size,
+                int4_in_place_below_rows):
     """(throughput upper bound, choice, terms, placement index) for every grid point and
-    placement that might fit."""
+    placement that might fit; `int4_in_place_below_rows` is the engine's (`EngineCapabilities`)."""
     merges = {merge for *_, merge in flags}
     single_batch_merge = True in merges  # one micro-batch: merged and not are the same
     choices = [Choice(gpu_batch_size=gbs, num_gpu_batches=ngb, compress_weight=weight,
                       compress_cache=cache, cpu_attention=cpu_attention, compression=compression,
-                      merge_decode=merge)
+                      merge_decode=merge, int4_in_place_below_rows=int4_in_place_below_rows)
                for weight, cache, cpu_attention, merge in flags
                for gbs, ngb in itertools.product(GPU_BATCH_SIZES, NUM_GPU_BATCHES)
                if gbs * ngb <= max_block_size and (ngb > 1 or merge == single_batch_merge)]

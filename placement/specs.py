@@ -240,6 +240,9 @@ class EngineCapabilities(JsonMixin):
     cpu_attention: bool = True  # decode attention over off-GPU cache may run on the CPU
     weight_compression: bool = True  # weights may be stored group-wise quantized
     cache_compression: bool = True  # the KV cache may be stored group-wise quantized
+    # 4-bit weights in fp16/bf16 multiply in place (a fused kernel, no dense copy) on calls of
+    # fewer rows than this; larger calls dequantize them (0: always dequantized)
+    int4_in_place_below_rows: int = 128
 
     def __post_init__(self):
         if not (self.merged_decode or self.per_micro_batch_decode):

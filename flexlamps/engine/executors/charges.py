@@ -22,6 +22,7 @@ from flexlamps.models.checkpoint import fp8_weight_block
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, pack
 from offload import compute_device, tensor_bytes
+from quant.int4_weight import KERNEL_DTYPES
 
 HEAD_CHUNK_ROWS = 8192  # the output head runs in chunks of this many vocab rows (within a piece)
 
@@ -150,9 +151,11 @@ class PlacementCharges:
 
     def int4_decompressed(self, layer: int, rows: int) -> int:
         """The largest 4-bit matrix of a layer that `models.linear` dequantizes for one call (on
-        its dense path: `rows` at least INT4_DENSE_FROM_ROWS, or no kernel for the shape)."""
+        its dense path: `rows` at least INT4_DENSE_FROM_ROWS, activations the kernel does not
+        take (fp32), or no kernel for the shape)."""
+        dense_rows = rows >= INT4_DENSE_FROM_ROWS or self.dtype not in KERNEL_DTYPES
         dense_path = [s.numel for s in self.specs if s.layer == layer and self.compressed(s)
-                      and self.weights.is_int4(s) and (rows >= INT4_DENSE_FROM_ROWS or self.weights.dense_on_call(s))]
+                      and self.weights.is_int4(s) and (dense_rows or self.weights.dense_on_call(s))]
         return max(dense_path, default=0) * self.dtype_bytes
 
     def int4_twins_bytes(self, layer: int) -> int:

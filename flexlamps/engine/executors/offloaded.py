@@ -55,7 +55,8 @@ class SweepProfile:
 # (a test keeps placement's default equal to it).
 CAPABILITIES = placement.EngineCapabilities(
     cache_on_disk=False, activations_on_disk=False, split_activations=False, merged_decode=True,
-    per_micro_batch_decode=True, cpu_attention=True, weight_compression=True, cache_compression=True)
+    per_micro_batch_decode=True, cpu_attention=True, weight_compression=True, cache_compression=True,
+    int4_in_place_below_rows=INT4_DENSE_FROM_ROWS)
 
 
 # part of an offload folder's fingerprint when FP8 matrices are kept FP8 (`Fp8Weight.to_tensors`)
