@@ -151,15 +151,23 @@ AGREEMENT_MIXES = {
 
 @pytest.mark.parametrize("mix", sorted(AGREEMENT_MIXES))
 def test_dry_run_charges_what_the_executor_charges(tiny_models, mix, tmp_path):
-    from flexlamps.engine.batch.generate import generate
-    from flexlamps.engine.batch.sampling import SamplingParams
     from flexlamps.models.registry import open_checkpoint
 
     reader = open_checkpoint(tiny_models["llama_gqa"])
     policy = Policy(gpu_batch_size=2, num_gpu_batches=3, **AGREEMENT_MIXES[mix])
+    _check_dry_run_charges_what_the_executor_charges(reader, policy, tmp_path)
+
+
+def _check_dry_run_charges_what_the_executor_charges(reader, policy, tmp_path, **options):
+    """Generate with the executor, then dry-run the same policy: the dry run's peaks bound the
+    measured ones from above, within 10%. `options` go to both (e.g. latent_fp8). Returns the
+    (closed) executor."""
+    from flexlamps.engine.batch.generate import generate
+    from flexlamps.engine.batch.sampling import SamplingParams
+
     prompt_len, gen_len, budget = 24, 6, 64 << 20
     executor = OffloadExecutor(reader, policy, gpu_mem=budget, cpu_mem=budget, offload_dir=tmp_path / "off",
-                               dtype=torch.float32)
+                               dtype=torch.float32, **options)
     # the dry run assumes the next layer's prefetch lands while a layer computes, as it does
     # unless the machine is loaded: loads run at once here, so the measured peak cannot depend
     # on how the I/O thread was scheduled
@@ -170,11 +178,12 @@ def test_dry_run_charges_what_the_executor_charges(tiny_models, mix, tmp_path):
     generate(executor, reader.tokenizer, ids, params, max_batch=policy.block_size,
              micro_batch=policy.gpu_batch_size, reuse_prefix=False)
     run = dry_run(reader.hf_config, policy, gpu_mem=budget, cpu_mem=budget, prompt_len=prompt_len,
-                  gen_len=gen_len, dtype=torch.float32)
+                  gen_len=gen_len, dtype=torch.float32, **options)
     executor.close()
     for tier in ("gpu", "cpu"):
         measured = executor.budgets[tier].peak_bytes
         assert measured <= run.peak_bytes[tier] <= 1.1 * measured, (tier, measured, run.peak_bytes[tier])
+    return executor
 
 
 def _run_at_once(load) -> Future:
@@ -196,28 +205,12 @@ def test_dry_run_charges_what_the_executor_charges_for_a_latent_cache(deepseek_m
     """A DeepSeek-V3.2 model's latent cache (whole on the gpu tier, or cpu records with gpu
     pools; in the compute dtype or ESS's FP8 records) is charged by the dry run as the executor
     charges it, not as a KV cache."""
-    from flexlamps.engine.batch.generate import generate
-    from flexlamps.engine.batch.sampling import SamplingParams
     from flexlamps.models.registry import open_checkpoint
 
     reader = open_checkpoint(deepseek_models["deepseek_v32"])
     policy = Policy(gpu_batch_size=2, num_gpu_batches=2, weights=TierSplit(gpu=0.5, cpu=0.5, disk=0.0),
                     activations=ON_GPU, **LATENT_MIXES[mix])
-    prompt_len, gen_len, budget = 24, 6, 64 << 20
-    executor = OffloadExecutor(reader, policy, gpu_mem=budget, cpu_mem=budget, offload_dir=tmp_path / "off",
-                               dtype=torch.float32, latent_fp8=latent_fp8)
-    executor.store.submit = _run_at_once
-    ids = torch.randint(2, reader.config.vocab_size, (policy.block_size, prompt_len),
-                        generator=torch.Generator().manual_seed(0)).tolist()
-    params = [SamplingParams(max_new_tokens=gen_len, ignore_eos=True)] * len(ids)
-    generate(executor, reader.tokenizer, ids, params, max_batch=policy.block_size,
-             micro_batch=policy.gpu_batch_size, reuse_prefix=False)
-    run = dry_run(reader.hf_config, policy, gpu_mem=budget, cpu_mem=budget, prompt_len=prompt_len,
-                  gen_len=gen_len, dtype=torch.float32, latent_fp8=latent_fp8)
-    executor.close()
-    for tier in ("gpu", "cpu"):
-        measured = executor.budgets[tier].peak_bytes
-        assert measured <= run.peak_bytes[tier] <= 1.1 * measured, (tier, measured, run.peak_bytes[tier])
+    executor = _check_dry_run_charges_what_the_executor_charges(reader, policy, tmp_path, latent_fp8=latent_fp8)
     cache = executor.new_cache(1, 1)
     assert cache.latent_format.record_bytes == (52 if latent_fp8 else 160)  # 32 FP8 + a scale + 8 bf16; 40 fp32
     cache.release()
