@@ -179,7 +179,7 @@ def run_accelerate(folder, prompts, gen_len, dtype, max_memory, offload_dir, bat
     return len(prompts) * gen_len / wall, outs
 
 
-def main():
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=["smollm2", "tinyllama-random"], default="smollm2")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -203,7 +203,11 @@ def main():
                     help="flexlamps keeps its weights 4-bit on every tier, computed in place")
     ap.add_argument("--repeats", type=int, default=1, help="alternate the two engines this many times; "
                     "best of each")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main():
+    args = _parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="flexlamps-bench-"))
     dtype = getattr(torch, args.dtype)
     folder = (save_smollm2(work / "smollm2-hf", dtype) if args.model == "smollm2"
