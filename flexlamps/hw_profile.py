@@ -398,6 +398,23 @@ def _pick_each(results: list, pick):
     return pick(results)
 
 
+def _gemm_peaks(on_cpu, device: torch.device, sizes: ProbeSizes, has_cuda: bool) -> tuple[dict, dict]:
+    """Dense GEMM FLOP/s by dtype on the gpu tier's device and on the CPU (one probe on a
+    CPU-only box, where the two are the same cores)."""
+    gpu = on_cpu(lambda: measure_gemm(device, sizes.gemm_dim, sizes.seconds_per_probe))
+    if not has_cuda:
+        return gpu, gpu
+    return gpu, _best_over_threads(lambda: measure_gemm(torch.device("cpu"), sizes.gemm_dim, sizes.seconds_per_probe))
+
+
+def _int4_rates(on_cpu, device: torch.device, shapes, sizes: ProbeSizes) -> tuple[dict, float]:
+    """The fused 4-bit kernel's FLOP/s by rows (made nondecreasing in rows, as the GEMM tables
+    are) and the 4-bit dequantization rate."""
+    table, dequant = on_cpu(lambda: measure_int4(device, shapes, sizes.gemm_rows_bytes // 16,
+                                                 2 * sizes.seconds_per_probe))
+    return {name: dict(zip(rows, nondecreasing(list(rows.values())))) for name, rows in table.items()}, dequant
+
+
 def profile_machine(*, disk_folder: Path, quick: bool = False,
                     gpu_budget_bytes: int | None = None, model_shapes=None,
                     step: Callable[[str], None] = lambda name: None) -> HardwareSpec:
@@ -423,7 +440,6 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     def on_cpu(probe, pick=max):  # the CPU is the device: keep its better thread count
         return probe() if has_cuda else _best_over_threads(probe, pick=pick)
 
-    cpu = torch.device("cpu")
     step("copies")
     to_gpu, to_cpu = on_cpu(lambda: measure_copies(device, sizes.copy_bytes, budget_s))
     step("memory bandwidth")
@@ -437,17 +453,13 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     # row); a memcpy only bounds it, and overstates it several times on a CPU
     gpu_bandwidth = min(gpu_bandwidth, gemm_by_rows["fp32"]["8"] * 4 / (2 * 8))
     step("gemm")
-    gpu_gemm = on_cpu(lambda: measure_gemm(device, sizes.gemm_dim, budget_s))
-    cpu_gemm = (_best_over_threads(lambda: measure_gemm(cpu, sizes.gemm_dim, budget_s))
-                if has_cuda else gpu_gemm)
+    gpu_gemm, cpu_gemm = _gemm_peaks(on_cpu, device, sizes, has_cuda)
     step("cpu attention")
-    cpu_attention = _best_over_threads(
-        lambda: measure_cpu_attention(sizes.attention_context, budget_s))
+    cpu_attention = _best_over_threads(lambda: measure_cpu_attention(sizes.attention_context, budget_s))
     step("dequantization")
     dequant_matrix_s, gpu_dequant, cpu_dequant = _dequant_rates(on_cpu, device, sizes, model_shapes, has_cuda)
     step("4-bit weights")
-    int4_table, int4_dequant = on_cpu(lambda: measure_int4(device, shapes, sizes.gemm_rows_bytes // 16, 2 * budget_s))
-    int4_table = {name: dict(zip(table, nondecreasing(list(table.values())))) for name, table in int4_table.items()}
+    int4_table, int4_dequant = _int4_rates(on_cpu, device, shapes, sizes)
     gpu_mem, cpu_mem = _tier_memory(has_cuda, gpu_budget_bytes)
     return HardwareSpec(
         name=_profile_name(has_cuda, shapes),

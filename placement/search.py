@@ -110,29 +110,7 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
     placements = fraction_highs(capabilities)
     candidates = _candidates(model, hardware, workload, budgets, flags, placements, compression,
                              max_block_size, capabilities.int4_in_place_below_rows)
-    # best first: solve in order of the throughput bound, stop once no bound beats the best
-    candidates.sort(key=lambda cand: -cand[0])
-    too_big: dict[tuple, list[tuple[int, int]]] = {}  # flags -> (gbs, ngb) that did not fit
-    best, num_lps = None, 0
-    for bound, choice, terms, place in candidates:
-        if best is not None and bound <= best[0]:
-            break
-        key = (choice.compress_weight, choice.compress_cache, choice.cpu_attention,
-               choice.merge_decode, choice.latent_pools, place)
-        if any(choice.gpu_batch_size >= gbs and choice.num_gpu_batches >= ngb
-               for gbs, ngb in too_big.get(key, ())):
-            continue  # memory grows with both knobs, so a larger one cannot fit either
-        solution = solve_fractions(terms, budgets, _bounds(placements[place]))
-        num_lps += 1
-        if solution is not None:
-            solution, extra_lps = _cache_in_whole_layers(solution, terms, budgets, placements[place])
-            num_lps += extra_lps
-        if solution is None:
-            too_big.setdefault(key, []).append((choice.gpu_batch_size, choice.num_gpu_batches))
-            continue
-        tokens_per_s = terms.tokens_per_block / solution.total_s
-        if best is None or tokens_per_s > best[0]:
-            best = (tokens_per_s, choice, terms, solution.fractions)
+    best, num_lps = _best_candidate(candidates, budgets, placements)
     if best is None:
         raise _infeasible(model, hardware, workload, budgets, compression, flags, placements)
     return _make_plan(best, budgets, num_lps, time.perf_counter() - started)
@@ -166,6 +144,35 @@ def _cache_in_whole_layers(solution, terms, budgets, highs) -> tuple[object, int
             num_lps += 1
             if candidate is not None and (best is None or candidate.total_s < best.total_s):
                 best = candidate
+    return best, num_lps
+
+
+def _best_candidate(candidates, budgets: dict[str, float], placements) -> tuple[tuple | None, int]:
+    """The fastest candidate that fits, as (tokens/s, choice, terms, fractions), or None; and
+    how many LPs it took. Candidates are solved best bound first, stopping once no bound beats
+    the best found."""
+    candidates = sorted(candidates, key=lambda cand: -cand[0])
+    too_big: dict[tuple, list[tuple[int, int]]] = {}  # flags -> (gbs, ngb) that did not fit
+    best, num_lps = None, 0
+    for bound, choice, terms, place in candidates:
+        if best is not None and bound <= best[0]:
+            break
+        key = (choice.compress_weight, choice.compress_cache, choice.cpu_attention,
+               choice.merge_decode, choice.latent_pools, place)
+        if any(choice.gpu_batch_size >= gbs and choice.num_gpu_batches >= ngb
+               for gbs, ngb in too_big.get(key, ())):
+            continue  # memory grows with both knobs, so a larger one cannot fit either
+        solution = solve_fractions(terms, budgets, _bounds(placements[place]))
+        num_lps += 1
+        if solution is not None:
+            solution, extra_lps = _cache_in_whole_layers(solution, terms, budgets, placements[place])
+            num_lps += extra_lps
+        if solution is None:
+            too_big.setdefault(key, []).append((choice.gpu_batch_size, choice.num_gpu_batches))
+            continue
+        tokens_per_s = terms.tokens_per_block / solution.total_s
+        if best is None or tokens_per_s > best[0]:
+            best = (tokens_per_s, choice, terms, solution.fractions)
     return best, num_lps
 
 
