@@ -8,6 +8,7 @@ are memcpys, and the GPU memory is a budget the caller chooses (default a quarte
 taken out of the CPU's).
 """
 
+import json
 import os
 import shutil
 import socket
@@ -550,23 +551,67 @@ def profile_cache_path(shapes=None) -> Path:
     return Path(root) / f"{name}.json"
 
 
+# A cached profile is measured again when a quick GEMM now runs this much faster than it did
+# right after the profile was taken: that profile was measured on a busy machine (one cached
+# at 57 GFLOP/s bf16 where a quiet box gives about 200 kept plans slow for good). A slower
+# check keeps the cache: the box is busy now, and the quiet-box profile is the better guess.
+STALE_PROFILE_SPEEDUP = 1.5
+_CHECK_DIM = 256
+_CHECK_BUDGET_S = 0.03
+
+
+def check_rate() -> float:
+    """FLOP/s of a small fp32 GEMM through the engine's `linear` (median of ~30 ms of calls): a
+    cheap reading of how much of the CPU this process gets right now."""
+    a = torch.randn(_CHECK_DIM, _CHECK_DIM)
+    b = torch.randn(_CHECK_DIM, _CHECK_DIM)
+    return _typical_rate(lambda: linear(a, b), 2.0 * _CHECK_DIM**3, _CHECK_BUDGET_S)
+
+
+def _check_path(profile_path: Path) -> Path:
+    return profile_path.with_name(profile_path.stem + ".check.json")
+
+
+def _cached_profile(path: Path) -> tuple[HardwareSpec | None, str]:
+    """(the cached profile at `path`, "") if it can be used, else (None, why it is measured)."""
+    if not path.exists():
+        return None, "first run"
+    try:
+        spec = HardwareSpec.from_json(path.read_text())
+    except (ValueError, TypeError, KeyError):
+        return None, "the cached profile is damaged"
+    try:
+        recorded = float(json.loads(_check_path(path).read_text())["gemm_flops"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return spec, ""  # no check beside it (written by hand, or by an older flexlamps): trusted
+    now = check_rate()
+    if now > STALE_PROFILE_SPEEDUP * recorded:
+        return None, (f"it was measured on a busy machine (a quick GEMM ran {now / recorded:.1f}x "
+                      f"slower then than now)")
+    return spec, ""
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def machine_profile(scratch: Path, on_measure=None, model_shapes=None) -> HardwareSpec:
     """This machine's profile: the cached one, or a quick measurement made now and cached for
     the next run. `model_shapes`: the model's layer matrices, to time GEMMs and decompression
-    on (a model too big for the quick probes gets the generic profile)."""
+    on (a model too big for the quick probes gets the generic profile). `on_measure(path,
+    why)` is told before a measurement."""
     shapes = gemm_probe_shapes(model_shapes, quick=True)
     path = profile_cache_path(None if shapes == GENERIC_SHAPES else shapes)
-    if path.exists():
-        try:
-            return HardwareSpec.from_json(path.read_text())
-        except (ValueError, TypeError, KeyError):
-            pass  # damaged cache: measure again
+    spec, why = _cached_profile(path)
+    if spec is not None:
+        return spec
     if on_measure:
-        on_measure(path)
+        on_measure(path, why)
     scratch.mkdir(parents=True, exist_ok=True)
     spec = profile_machine(disk_folder=scratch, quick=True, model_shapes=model_shapes)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(spec.to_json())
-    os.replace(tmp, path)
+    _write_atomic(path, spec.to_json())
+    _write_atomic(_check_path(path), json.dumps({"gemm_flops": check_rate()}))
     return spec

@@ -266,8 +266,8 @@ def _prepare_offload(llm, prompt_ids, settings) -> None:
     from placement import InfeasiblePlanError
 
     try:
-        lines = prepare_offload(llm, prompt_ids, settings, on_profile=lambda p: click.echo(
-            f"measuring this machine once (cached in {p}) ...", err=True))
+        lines = prepare_offload(llm, prompt_ids, settings, on_profile=lambda p, why: click.echo(
+            f"measuring this machine ({why}; cached in {p}) ...", err=True))
     except (InfeasiblePlanError, BudgetExceededError, OSError, ValueError) as e:
         raise click.ClickException(str(e))
     for line in lines:
