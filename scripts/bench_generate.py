@@ -38,17 +38,11 @@ import time
 
 import torch
 
+from bench_prompts import distinct_prompts
 from flexlamps import LLM, SamplingParams
 from flexlamps.models.linear import linear, pack, unpack
 from flexlamps.models.weight_cache import load_weights
 from flexlamps.models.weight_specs import hf_name, weight_specs
-
-
-def make_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
-    text = ("The history of the printing press begins in the fifteenth century, when movable type changed "
-            "how books were made and who could read them. ") * 1500
-    ids = tokenizer.encode(text)
-    return [ids[i * length * 3: i * length * 3 + length] for i in range(n)]
 
 
 def transformers_models(llm: LLM):
@@ -187,7 +181,7 @@ def run_table(llm, hf32, hf16, args, threads: int, batches: list[int]) -> None:
     if args.llama_cpp:
         sides["llama.cpp"] = lambda p: time_llama_cpp(args.llama_cpp, str(llm.reader.path), len(p), args.prompt_len,
                                                       args.new_tokens, threads)
-    warm = make_prompts(llm.tokenizer, 1, args.prompt_len)
+    warm = distinct_prompts(llm.tokenizer, 1, args.prompt_len)
     for name in ("flexlamps", "hf-fp32", "hf-bf16"):
         sides[name](warm)
     peers = [s for s in sides if s != "flexlamps"]
@@ -195,7 +189,7 @@ def run_table(llm, hf32, hf16, args, threads: int, batches: list[int]) -> None:
           + " ".join(f"{s:>9}" for s in peers) + " | agree w/ hf-fp32: flexlamps hf-bf16 | of limit: "
           + " ".join(f"{s:>9}" for s in sides) + " | prefill/total s: flexlamps llama.cpp")
     for bs in batches:
-        prompts = make_prompts(llm.tokenizer, bs, args.prompt_len)
+        prompts = distinct_prompts(llm.tokenizer, bs, args.prompt_len)
         best, ids, prefill = {s: float("inf") for s in sides}, {}, {}
         for rep in range(args.repeats):
             order = list(sides)[rep % len(sides):] + list(sides)[:rep % len(sides)]

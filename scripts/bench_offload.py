@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from bench_prompts import distinct_prompts
+
 TINYLLAMA = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
                  num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, rope_theta=10000.0,
                  rms_norm_eps=1e-5, tie_word_embeddings=False)
@@ -83,13 +85,6 @@ def _copy_tokenizer(folder: Path) -> None:
     tok = open_checkpoint("smollm2-135m").tokenizer
     tok.tk.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
-
-
-def prompts_for(tokenizer, n: int, length: int, vocab: int) -> list[list[int]]:
-    text = ("The history of the printing press begins in the fifteenth century, when movable type changed "
-            "how books were made and who could read them. ") * 200
-    ids = [t % vocab for t in tokenizer.encode(text)]
-    return [ids[i * 7: i * 7 + length] for i in range(n)]
 
 
 def run_ours(folder, prompts, gen_len, dtype, gpu_mem, cpu_mem, offload_dir, compress_weight=False):
@@ -218,7 +213,7 @@ def main():
     reader = open_checkpoint(folder)
     wbytes = total_bytes(reader.config, dtype.itemsize if hasattr(dtype, "itemsize") else 4)
     gpu_mem = int(args.gpu_frac * wbytes)
-    prompts = prompts_for(reader.tokenizer, args.prompts, args.prompt_len, reader.config.vocab_size)
+    prompts = distinct_prompts(reader.tokenizer, args.prompts, args.prompt_len, reader.config.vocab_size)
     print(f"model {args.model} | weights {wbytes / 2**30:.2f} GiB {args.dtype} | gpu budget {gpu_mem / 2**30:.2f} GiB "
           f"({args.gpu_frac:.0%}) + cpu {args.cpu_mem}, rest on disk | {args.prompts} prompts x {args.prompt_len} tokens, {args.gen_len} new")
     shutil.rmtree(work / "ours-offload", ignore_errors=True)
