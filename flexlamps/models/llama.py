@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from flexlamps.models.activation import silu
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.linear import linear
-from flexlamps.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
+from flexlamps.models.rope import inverse_frequencies, rope_tables, rotate_half_split
 
 # attend(q, k, v) with q (n, T, heads, d), k/v (n, T, kv_heads, d) -> (n, T, heads * d)
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -38,8 +38,8 @@ class LlamaForward:
         self.inv_freq = inverse_frequencies(cfg)
 
     def step_context(self, positions: torch.Tensor, dtype: torch.dtype):
-        """Per-step values shared by all layers: the RoPE cos/sin for these positions."""
-        return rope_cos_sin(self.inv_freq, positions, dtype)
+        """Per-step values shared by all layers: the RoPE tables for these positions (`rope_tables`)."""
+        return rope_tables(self.inv_freq, positions, dtype)
 
     def embed(self, w: dict[str, torch.Tensor], input_ids: torch.Tensor, positions: torch.Tensor):
         return F.embedding(input_ids, w["embed_tokens"])
@@ -60,12 +60,19 @@ class LlamaForward:
                     out[fused.replace("_proj", "_bias")] = torch.cat([out.pop(b) for b in biases])
         return out
 
-    def _qkv(self, w, h):
+    def _rotated_qkv(self, w, h, ctx):
+        """q, k (rotated) and v as (n, T, heads, head_dim); a stacked projection's q and k are
+        rotated in one pass (views of one tensor)."""
         cfg = self.cfg
+        n, t, _ = h.shape
+        heads, kv = cfg.num_heads, cfg.num_kv_heads
         if "qkv_proj" in w:
-            sizes = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim)
-            return linear(h, w["qkv_proj"], w.get("qkv_bias")).split(sizes, dim=-1)
-        return (linear(h, w[f"{p}_proj"], w.get(f"{p}_bias")) for p in "qkv")
+            qkv = linear(h, w["qkv_proj"], w.get("qkv_bias")).view(n, t, heads + 2 * kv, cfg.head_dim)
+            qk = rotate_half_split(qkv[:, :, :heads + kv], *ctx)
+            return qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv:]
+        q, k, v = (linear(h, w[f"{p}_proj"], w.get(f"{p}_bias")) for p in "qkv")
+        return (rotate_half_split(q.view(n, t, heads, cfg.head_dim), *ctx),
+                rotate_half_split(k.view(n, t, kv, cfg.head_dim), *ctx), v.view(n, t, kv, cfg.head_dim))
 
     def _mlp_product(self, w, h):
         """silu(gate(h)) * up(h) (the product rides on the up GEMM, fused in fp32; see models.linear)."""
@@ -77,14 +84,7 @@ class LlamaForward:
 
     def layer(self, w: dict[str, torch.Tensor], x: torch.Tensor, ctx, attend: Attend) -> torch.Tensor:
         cfg = self.cfg
-        n, t, _ = x.shape
-        cos, sin = ctx
-        h = rms_norm(x, w["attn_norm"], cfg.norm_eps)
-        q, k, v = self._qkv(w, h)
-        q = q.reshape(n, t, cfg.num_heads, cfg.head_dim)
-        k = k.reshape(n, t, cfg.num_kv_heads, cfg.head_dim)
-        v = v.reshape(n, t, cfg.num_kv_heads, cfg.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = self._rotated_qkv(w, rms_norm(x, w["attn_norm"], cfg.norm_eps), ctx)
         # the residual adds ride on the GEMMs (fused in fp32; see models.linear)
         x = linear(attend(q, k, v), w["o_proj"], add=x)
         h = rms_norm(x, w["mlp_norm"], cfg.norm_eps)

@@ -84,6 +84,23 @@ def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     return torch.cat((even * cos - odd * sin, odd * cos + even * sin), dim=-1)
 
 
+def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+    """(cos, signed sin) of shape (n, T, 1, head_dim) for `rotate_half_split`, made once per step:
+    the sin's first half negated, which folds rotate-half's negation into the table."""
+    cos, sin = rope_cos_sin(inv_freq, positions, dtype)
+    half = sin.shape[-1] // 2
+    sin[..., :half].neg_()
+    return cos[:, :, None], sin[:, :, None]
+
+
+def rotate_half_split(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """`apply_rope(x, cos, sin)` bit for bit, in four ops, from `rope_tables`' (cos, signed sin):
+    x * cos + (x2, x1) * (-sin1, sin2), as x * cos + (-x2, x1) * (sin1, sin2) (negation is exact).
+    x (n, T, heads, head_dim) may be a strided view (q and k of one projection rotated at once)."""
+    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+    return (x * cos).add_(swapped.mul_(signed_sin))
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x (n, T, heads, head_dim) by the half-split convention HF LLaMA uses."""
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]
