@@ -1,6 +1,8 @@
-"""A query's attention result on the CPU is bit-identical whatever else shares its step: other
-rows (and the padded span their lengths make), the chunk it is computed in (decode, prompt
-chunk, recompute), the block of queries a long chunk is cut into. See models.attention."""
+"""A query's float32 attention result on the CPU is bit-identical whatever else shares its step:
+other rows (and the padded span their lengths make), the chunk it is computed in (decode, prompt
+chunk, recompute), the block of queries a long chunk is cut into. In bf16 it is fixed for a given
+step and within `BF16_TOLERANCE` (of the largest |value|) of float32's and of itself in any other
+step. See models.attention."""
 
 import random
 
@@ -8,7 +10,7 @@ import pytest
 import torch
 
 from flexlamps.models import attention as attention_module
-from flexlamps.models.attention import KEY_BLOCK, attention
+from flexlamps.models.attention import BF16_TOLERANCE, KEY_BLOCK, attention
 
 # (head_dim, heads, kv_heads): SmolLM2, MHA, LLaMA-3-8B (4 of its 8 kv heads), small GQA, MQA
 SHAPES = [(64, 9, 3), (64, 4, 4), (128, 16, 4), (16, 4, 2), (80, 8, 1)]
@@ -40,21 +42,48 @@ def _in_a_step(rnd, g, q0, keys, values, dtype):
     return attention(q, k, v, mask)[row, :, j]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "d{}h{}kv{}".format(*s))
-def test_query_result_does_not_depend_on_its_step(shape, dtype, monkeypatch):
+def _cases(shape, dtype, monkeypatch, count):
+    """(query result in a random step, alone, float32 alone) for `count` random queries."""
     d, heads, kv = shape
     rnd, g = random.Random(sum(shape)), torch.Generator().manual_seed(sum(shape))
-    for case in range(24):
+    for case in range(count):
         if case % 3 == 2:  # long chunks cut into blocks of a few queries
             monkeypatch.setattr(attention_module, "_SCORES_PER_BLOCK", rnd.choice([1, 4096, 50_000]))
         else:
             monkeypatch.undo()
         own = rnd.choice([1, 2, 9, 16, 17, KEY_BLOCK, KEY_BLOCK + 1, rnd.randrange(1, 400)])
-        q0 = torch.randn(heads, d, generator=g).to(dtype)
-        keys = torch.randn(kv, own, d, generator=g).to(dtype)
-        values = torch.randn(kv, own, d, generator=g).to(dtype)
-        assert torch.equal(_in_a_step(rnd, g, q0, keys, values, dtype), _alone(q0, keys, values)), (case, own)
+        q0 = torch.randn(heads, d, generator=g)
+        keys, values = torch.randn(kv, own, d, generator=g), torch.randn(kv, own, d, generator=g)
+        in_step = _in_a_step(rnd, g, q0.to(dtype), keys.to(dtype), values.to(dtype), dtype)
+        alone = _alone(q0.to(dtype), keys.to(dtype), values.to(dtype))
+        exact = _alone(*(x.to(dtype).float() for x in (q0, keys, values)))
+        yield in_step, alone, exact, values.to(dtype).float().abs().max()
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "d{}h{}kv{}".format(*s))
+def test_query_result_does_not_depend_on_its_step(shape, monkeypatch):
+    for case, (in_step, alone, _, _) in enumerate(_cases(shape, torch.float32, monkeypatch, 24)):
+        assert torch.equal(in_step, alone), case
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "d{}h{}kv{}".format(*s))
+def test_bf16_result_is_within_its_bound_of_float32_and_of_other_steps(shape, monkeypatch):
+    for case, (in_step, alone, exact, scale) in enumerate(_cases(shape, torch.bfloat16, monkeypatch, 24)):
+        bound = BF16_TOLERANCE * scale
+        assert (in_step.float() - alone.float()).abs().max() <= bound, case
+        assert (alone.float() - exact).abs().max() <= bound, case
+
+
+def test_bf16_result_is_fixed_for_a_step_and_the_bound_catches_a_wrong_key():
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(4, 9, 1, 64, generator=g).bfloat16()
+    k, v = torch.randn(4, 3, 40, 64, generator=g).bfloat16(), torch.randn(4, 3, 40, 64, generator=g).bfloat16()
+    mask = torch.arange(40)[None, None, :] <= torch.tensor([10, 20, 30, 39])[:, None, None]
+    out = attention(q, k, v, mask)
+    assert torch.equal(out, attention(q.clone(), k.clone(), v.clone(), mask.clone()))
+    wrong = mask.clone()
+    wrong[:, :, 0] = False  # one key dropped: far outside the bound
+    assert (attention(q, k, v, wrong).float() - out.float()).abs().max() > 4 * BF16_TOLERANCE * v.float().abs().max()
 
 
 def test_matches_plain_softmax_attention():
