@@ -244,7 +244,7 @@ DENSE_TWINS_MAX_SHARE = 0.25
 def _dense_twins_fit(weights: dict) -> bool:
     import psutil
 
-    from quant.int4_weight import Int4Weight
+    from flexlamps.models.linear import can_have_dense_twin
 
-    dense_bytes = sum(w.shape[0] * w.shape[1] * w.dtype.itemsize for w in weights.values() if isinstance(w, Int4Weight))
+    dense_bytes = sum(w.shape[0] * w.shape[1] * w.dtype.itemsize for w in weights.values() if can_have_dense_twin(w))
     return 0 < dense_bytes <= DENSE_TWINS_MAX_SHARE * psutil.virtual_memory().available

@@ -19,8 +19,8 @@ WEIGHT_BACKENDS = ("groupwise4", "groupwise8", "nf4", "fp4", "none")
 @dataclass(frozen=True, kw_only=True)
 class RunSettings:
     model: str = "smollm2-135m"  # a built-in name, a Hugging Face folder or a .gguf file
-    # compute and weight dtype: float32, bfloat16, float16, or auto: bfloat16 with 4-bit weights
-    # computed in place for a checkpoint with 4-bit blocks (SmolLM2's Q4_1 GGUF), else float32
+    # compute and weight dtype: float32, bfloat16, float16, or auto: bfloat16 with the blocks computed
+    # in place for a quantized GGUF (Q4_0/Q4_1 4-bit, Q8_0 int8; SmolLM2's Q4_1 GGUF), else float32
     dtype: str = "auto"
     max_batch_size: int = 32  # sequences decoded together (offloaded: the policy's block instead)
     device: str | None = None  # the in-memory executor's device; None: the GPU when there is one
@@ -63,7 +63,7 @@ class RunSettings:
         import torch
 
         if self.dtype == "auto":
-            return torch.bfloat16 if getattr(reader, "has_int4_weights", False) else torch.float32
+            return torch.bfloat16 if getattr(reader, "has_quantized_weights", False) else torch.float32
         return getattr(torch, self.dtype)
 
     def with_budgets(self) -> "RunSettings":

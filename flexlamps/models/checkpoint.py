@@ -17,11 +17,12 @@ import numpy as np
 import torch
 
 from flexlamps.models.config import ModelConfig, UnsupportedModelError
-from flexlamps.models.gguf_blocks import BLOCK, int4_blocks, is_int4_block_type
+from flexlamps.models.gguf_blocks import BLOCK, INT8_BLOCK_TYPE, int4_blocks, int8_blocks, is_int4_block_type
 from flexlamps.models.gguf_header import read_header
 from flexlamps.models.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 from flexlamps.models.weight_specs import WeightSpec, hf_name, weight_specs
 from quant.int4_weight import KERNEL_DTYPES, Int4Weight
+from quant.int8_weight import Int8Weight
 
 
 class CheckpointError(ValueError):
@@ -289,10 +290,27 @@ class GGUFReader:
             codes, scale, zero = (_unpermute_rows(part, heads) for part in (codes, scale, zero))
         return Int4Weight.from_codes(codes, scale, zero, BLOCK, dtype)
 
+    def read_int8(self, spec: WeightSpec, dtype: torch.dtype) -> Int8Weight | None:
+        """A Q8_0 matrix as it is in the file (int8 codes and block scales), to be multiplied in
+        place with activations in `dtype`; None for other tensor types."""
+        t = self._tensor(spec)
+        if len(spec.shape) != 2 or t.tensor_type.name != INT8_BLOCK_TYPE:
+            return None
+        codes, scale = int8_blocks(t.read(self.path), spec.shape)
+        heads = self._row_heads(spec)
+        if heads is not None:
+            codes, scale = (_unpermute_rows(part, heads) for part in (codes, scale))
+        return Int8Weight.from_codes(codes, scale, BLOCK, dtype)
+
     @property
     def has_int4_weights(self) -> bool:
         """Whether the file stores 4-bit blocks (Q4_0 / Q4_1) that can be computed in place."""
         return any(is_int4_block_type(type_name) for type_name in self._tensor_types.values())
+
+    @property
+    def has_quantized_weights(self) -> bool:
+        """Whether the file stores blocks computed in place (Q4_0 / Q4_1 / Q8_0)."""
+        return self.has_int4_weights or INT8_BLOCK_TYPE in self._tensor_types.values()
 
     def fingerprint(self) -> str:
         st = self.path.stat()
@@ -328,16 +346,34 @@ def _field_value(field) -> Any:
 
 
 def read_all(reader, dtype: torch.dtype, int4_in_place: bool = False,
-             fp8_in_place: bool = False) -> dict[str, torch.Tensor | Int4Weight]:
+             fp8_in_place: bool = False) -> dict[str, torch.Tensor | Int4Weight | Int8Weight]:
     """Every weight by canonical name, in `dtype`. With `int4_in_place` (and a bf16/fp16 `dtype`),
-    4-bit GGUF weights stay 4-bit (`Int4Weight`, multiplied in place by `models.linear`); with
-    `fp8_in_place`, an FP8 checkpoint's matrices stay FP8 (`Fp8Weight`, upcast per call)."""
+    quantized GGUF matrices stay quantized: 4-bit blocks as `Int4Weight`, Q8_0 as `Int8Weight`
+    (multiplied in place by `models.linear`), and a Q8_0 output head also as "lm_head" when the
+    model ties it to the embedding table (which stays dense for the lookup); with `fp8_in_place`,
+    an FP8 checkpoint's matrices stay FP8 (`Fp8Weight`, upcast per call)."""
     out = {}
     keep = int4_in_place and dtype in KERNEL_DTYPES and hasattr(reader, "read_int4")
     fp8 = fp8_in_place and getattr(reader, "fp8_block", None) is not None
-    for spec in weight_specs(reader.config):
-        w = reader.read_int4(spec, dtype) if keep and spec.role == "linear" else None
+    specs = weight_specs(reader.config)
+    int8 = keep and hasattr(reader, "read_int8")
+    for spec in specs:
+        w = _read_in_place(reader, spec, dtype) if keep and spec.role == "linear" else None
+        if int8 and spec.name == "lm_head":
+            w = reader.read_int8(spec, dtype)
         if fp8 and keeps_fp8(spec) and reader.stores_fp8(spec):
             w = reader.read_fp8(spec, dtype)
         out[spec.name] = reader.read(spec, dtype) if w is None else w
+    if int8 and "lm_head" not in out:  # tied: the head is the embedding table
+        head = reader.read_int8(next(s for s in specs if s.name == "embed_tokens"), dtype)
+        if head is not None:
+            out["lm_head"] = head
     return out
+
+
+def _read_in_place(reader, spec: WeightSpec, dtype: torch.dtype):
+    """`spec` as the file's 4-bit or 8-bit blocks (to compute in place), or None when it is neither."""
+    w = reader.read_int4(spec, dtype)
+    if w is None and hasattr(reader, "read_int8"):
+        w = reader.read_int8(spec, dtype)
+    return w

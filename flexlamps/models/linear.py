@@ -33,6 +33,13 @@ of several prompt chunks twins that switch where a plain weight does (one dequan
 layer, not one a chunk). In bf16 the two
 may therefore differ for calls of 16-127 rows by the kernels' rounding (fp32 is unaffected).
 
+A Q8_0 weight (`quant.int8_weight.Int8Weight`: int8 codes and a scale per 32 inputs) runs the
+same fused kernel on its codes split into two 4-bit halves. That wins only while the call reads
+weights rather than computes (1-2 rows), so it switches to the dense GEMM from
+`INT8_TWIN_DENSE_FROM_ROWS` rows as a twin (its dense copy made when first needed, as above) and
+from `INT8_DENSE_FROM_ROWS` as a plain weight (dequantized per call); its dense copy holds the
+values a dequantization at load gives, so fp32 keeps its exact results.
+
 An FP8 checkpoint's weight kept as stored (`quant.fp8.Fp8Weight`) is upcast to the compute
 dtype for each call and runs the dense path: the same values a dequantization at load gives,
 so the same bits, with one matrix's dense copy alive at a time (in the buffer 4-bit weights are
@@ -49,6 +56,7 @@ import torch.nn.functional as F
 
 from quant.fp8 import Fp8Weight
 from quant.int4_weight import Int4Weight
+from quant.int8_weight import Int8Weight
 
 _ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
 # The row count oneDNN tunes a packed layout for; results do not depend on it, and decode
@@ -72,6 +80,14 @@ INT4_TWIN_DENSE_FROM_ROWS = 16
 # matrix nearly as fast for one call (SmolLM2's stacked gate/up, 16 rows: 0.52 vs 0.48 ms) while
 # packing it costs 1.3 ms and fresh pages (0.5 s of a first prompt's prefill over all matrices).
 TWIN_PACK_AFTER_USES = 2
+# A Q8_0 weight's fused call (two 4-bit halves, 1.25 bytes a weight) against the dense bf16 GEMM
+# (2 bytes), weights streamed from memory (1 thread, Zen 4; SmolLM2's shapes cycled over 130 MiB):
+# 3072x576 0.30/0.50 ms at 1 row, 0.37/0.53 at 2, 0.83/0.47 at 4; the tied head 49152x576
+# 3.3/4.4 ms at 1 row, 4.1/4.5 at 2, 5.7/3.3 at 4. A twin runs the dense copy from 3 rows.
+INT8_TWIN_DENSE_FROM_ROWS = 3
+# A plain Q8_0 weight is dequantized for calls of this many rows (the fused call's time grows
+# with the rows, a dequantization's does not): the head 11.4 ms fused at 8 rows, 17 + 4 dequantized.
+INT8_DENSE_FROM_ROWS = 16
 _SCRATCH = threading.local()  # per thread: the buffer 4-bit weights are dequantized into
 
 
@@ -105,11 +121,14 @@ class Int4Twin:
 
     __slots__ = ("int4", "_plain", "_dense", "_uses", "dense_from_rows")
 
-    def __init__(self, int4: Int4Weight, plain: torch.Tensor | Callable[[], torch.Tensor | None] | None = None,
-                 dense_from_rows: int = INT4_TWIN_DENSE_FROM_ROWS):
+    def __init__(self, int4: Int4Weight | Int8Weight,
+                 plain: torch.Tensor | Callable[[], torch.Tensor | None] | None = None,
+                 dense_from_rows: int | None = None):
         self.int4 = int4
         # calls of this many rows run the dense copy, fewer the fused kernel; INT4_DENSE_FROM_ROWS
         # keeps a plain weight's choice (the offload executor's twins, for one sweep: the same bits)
+        if dense_from_rows is None:
+            dense_from_rows = INT8_TWIN_DENSE_FROM_ROWS if isinstance(int4, Int8Weight) else INT4_TWIN_DENSE_FROM_ROWS
         self.dense_from_rows = dense_from_rows
         self._plain = plain
         self._dense = None
@@ -147,12 +166,13 @@ class Int4Twin:
 
 
 def can_have_dense_twin(w) -> bool:
-    """Whether `with_dense_twin` makes `w` an `Int4Twin`: an `Int4Weight` on the CPU, in a oneDNN dtype."""
-    return isinstance(w, Int4Weight) and _ONEDNN and w.device.type == "cpu" and w.dtype in _ONEDNN_DTYPES
+    """Whether `with_dense_twin` makes `w` an `Int4Twin`: an `Int4Weight` or `Int8Weight` on the CPU,
+    in a oneDNN dtype."""
+    return isinstance(w, (Int4Weight, Int8Weight)) and _ONEDNN and w.device.type == "cpu" and w.dtype in _ONEDNN_DTYPES
 
 
 def with_dense_twin(w, plain=None):
-    """An `Int4Weight` (on the CPU, in a oneDNN dtype) as an `Int4Twin` (`plain`: its dense copy, or
+    """An `Int4Weight` or `Int8Weight` (on the CPU, in a oneDNN dtype) as an `Int4Twin` (`plain`: its dense copy, or
     a function that reads it, as `Int4Twin` takes); any other weight as it is."""
     return Int4Twin(w, plain) if can_have_dense_twin(w) else w
 
@@ -162,7 +182,7 @@ def pack(w: torch.Tensor) -> torch.Tensor:
 
     The packed tensor is opaque (a oneDNN tensor of the same size); `unpack` gives w back.
     """
-    if isinstance(w, (Int4Weight, Int4Twin, Fp8Weight)) or not uses_onednn(w, w) or w.is_mkldnn:
+    if isinstance(w, (Int4Weight, Int8Weight, Int4Twin, Fp8Weight)) or not uses_onednn(w, w) or w.is_mkldnn:
         return w
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), _PACK_ROWS_HINT)
 
@@ -171,7 +191,7 @@ def unpack(w: torch.Tensor) -> torch.Tensor:
     """The dense (out, in) weight, packed or not (for export and for torch's own linear)."""
     if isinstance(w, Int4Twin):
         w = w.int4
-    if isinstance(w, (Int4Weight, Fp8Weight)):
+    if isinstance(w, (Int4Weight, Int8Weight, Fp8Weight)):
         return w.dequantize()
     return w.to_dense() if w.is_mkldnn else w
 
@@ -182,7 +202,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *,
     if add is not None and mul is not None:
         raise ValueError("linear: pass add= or mul=, not both")
     other = add if add is not None else mul
-    if isinstance(w, (Int4Weight, Int4Twin)):
+    if isinstance(w, (Int4Weight, Int8Weight, Int4Twin)):
         return _int4_linear(x, w, b, add=add, mul=mul)
     if isinstance(w, Fp8Weight):  # upcast for this call only, into the thread's reused buffer
         return linear(x, w.dequantize(out=_dense_scratch(w.shape, w.dtype, w.device)), b, add=add, mul=mul)
@@ -227,11 +247,13 @@ def _dense_scratch(shape: tuple[int, int], dtype: torch.dtype, device: torch.dev
     return buf[:numel].view(shape)
 
 
-def _int4_linear(x: torch.Tensor, w: Int4Weight | Int4Twin, b: torch.Tensor | None, *, add, mul) -> torch.Tensor:
+def _int4_linear(x: torch.Tensor, w: Int4Weight | Int8Weight | Int4Twin, b: torch.Tensor | None, *,
+                 add, mul) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
     twin = w if isinstance(w, Int4Twin) else None
     w = twin.int4 if twin else w
-    if rows >= (twin.dense_from_rows if twin else INT4_DENSE_FROM_ROWS) or not w.can_run_fused(x):
+    plain_from = INT8_DENSE_FROM_ROWS if isinstance(w, Int8Weight) else INT4_DENSE_FROM_ROWS
+    if rows >= (twin.dense_from_rows if twin else plain_from) or not w.can_run_fused(x):
         dense = twin.dense if twin and x.dtype == twin.dtype else w.dequantize(
             x.dtype, out=_dense_scratch(w.shape, x.dtype, x.device))
         return linear(x, dense, b, add=add, mul=mul)

@@ -1,6 +1,6 @@
 """A cache of a checkpoint's weights as the engine computes with them, so a second load takes
-seconds: a GGUF is dequantized or repacked once (4-bit blocks into `Int4Weight`, with the
-fused kernel's own layout), written as one safetensors file and memory-mapped on later loads.
+seconds: a GGUF is dequantized or repacked once (4-bit blocks into `Int4Weight`, Q8_0 into
+`Int8Weight`, with the fused kernel's own layout), written as one safetensors file and memory-mapped on later loads.
 
 The file is named by the SHA-256 of the checkpoint's bytes plus everything that changes the
 packed result (dtype, 4-bit in place or not, torch version, CPU kernel flavour, format
@@ -34,8 +34,9 @@ import torch
 from flexlamps.cache_folder import cache_root
 from flexlamps.models.gguf_header import file_sha256
 from quant.int4_weight import Int4Weight
+from quant.int8_weight import Int8Weight
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: Q8_0 matrices kept int8 (`Int8Weight`), a tied Q8_0 head as "lm_head"
 MAX_CACHE_BYTES = 8 * 2**30  # all entries of one folder together
 _ENTRY_GLOB = "weights-*.safetensors"
 log = logging.getLogger(__name__)
@@ -115,7 +116,7 @@ def _read_one(path: Path, name: str) -> torch.Tensor | None:
 def _flatten(weights: dict) -> dict[str, torch.Tensor]:
     flat = {}
     for name, w in weights.items():
-        if isinstance(w, Int4Weight):
+        if isinstance(w, (Int4Weight, Int8Weight)):
             flat.update(w.to_tensors(f"{name}.", with_kernel=True))
         else:
             flat[name] = w.contiguous()
@@ -123,8 +124,16 @@ def _flatten(weights: dict) -> dict[str, torch.Tensor]:
 
 
 def _unflatten(flat: dict[str, torch.Tensor], names) -> dict:
-    return {name: Int4Weight.from_tensors(flat, f"{name}.") if Int4Weight.is_stored(flat, f"{name}.") else flat[name]
-            for name in names}
+    if "lm_head" not in names and Int8Weight.is_stored(flat, "lm_head."):  # a tied Q8_0 head (`read_all`)
+        names = [*names, "lm_head"]
+    return {name: _unflatten_one(flat, name) for name in names}
+
+
+def _unflatten_one(flat: dict[str, torch.Tensor], name: str):
+    for kind in (Int4Weight, Int8Weight):
+        if kind.is_stored(flat, f"{name}."):
+            return kind.from_tensors(flat, f"{name}.")
+    return flat[name]
 
 
 def _write(path: Path, flat: dict[str, torch.Tensor]) -> None:

@@ -17,8 +17,9 @@ from quant.int4_weight import Int4Weight
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, VOCAB = 64, 128, 2, 4, 2, 48
 
 
-def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
-    """A 2-layer LLaMA GGUF: Q4_1 attention, Q4_0 MLP, f32 norms and embeddings."""
+def write_tiny_gguf(path: Path, seed: int = 0, all_q8_0: bool = False) -> Path:
+    """A 2-layer LLaMA GGUF: Q4_1 attention, Q4_0 MLP, f32 norms and embeddings; `all_q8_0`:
+    every matrix Q8_0 instead, the head tied to the Q8_0 embedding table."""
     import gguf
     from gguf.quants import quantize
 
@@ -38,11 +39,14 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
         else:
             w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
 
-    add("token_embd.weight", (VOCAB, HIDDEN))
+    q41, q40, q80 = gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0
+    if all_q8_0:
+        q41 = q40 = q80
+    add("token_embd.weight", (VOCAB, HIDDEN), q80 if all_q8_0 else None)
     add("output_norm.weight", (HIDDEN,))
-    add("output.weight", (VOCAB, HIDDEN))
+    if not all_q8_0:
+        add("output.weight", (VOCAB, HIDDEN))
     head_dim = HIDDEN // HEADS
-    q41, q40 = gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q4_0
     for i in range(LAYERS):
         add(f"blk.{i}.attn_norm.weight", (HIDDEN,))
         add(f"blk.{i}.ffn_norm.weight", (HIDDEN,))

@@ -29,6 +29,8 @@ def split_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor]):
             glob[spec.name] = weights[spec.name]
         else:
             layers[spec.layer][spec.local_name] = weights[spec.name]
+    if "lm_head" in weights:  # also a tied model's Q8_0 head, kept int8 beside its table (`read_all`)
+        glob["lm_head"] = weights["lm_head"]
     return glob, layers
 
 
@@ -64,8 +66,10 @@ class InMemoryExecutor:
                 t.nbytes for w in self.layer_weights for t in w.values())
         # the output head too (a packed copy of a tied embedding table: the lookup reads it dense);
         # unpacked, oneDNN reorders the whole vocab x hidden matrix on every decode step
-        head = "lm_head" if "lm_head" in self.global_weights else "embed_tokens"
-        self.global_weights["lm_head"] = pack(self.global_weights[head])
+        head = self.global_weights.get("lm_head", self.global_weights["embed_tokens"])
+        if dense_twins and can_have_dense_twin(head):  # a Q8_0 head; a tied one's dense copy is the table
+            head = with_dense_twin(head, self.global_weights["embed_tokens"] if cfg.tie_word_embeddings else None)
+        self.global_weights["lm_head"] = pack(head)
 
     def new_cache(self, num_slots: int, capacity: int):
         if self.cfg.mla is not None:

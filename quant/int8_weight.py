@@ -1,0 +1,131 @@
+"""Int8Weight: a weight of 8-bit codes with one scale per group of input channels, `w = d * q`
+(GGUF's Q8_0: q in [-128, 127], an fp16 d per 32 inputs), multiplied in place by torch's fused
+int4 kernel.
+
+torch has no weight-only int8 kernel with group scales: `_weight_int8pack_mm` takes one scale per
+output channel, so Q8_0 would have to be requantized (lossy), and looping it over the groups runs
+5-80x slower than a dense GEMM. But an 8-bit code splits exactly into two 4-bit ones: with
+q + 128 = 16 h + l (h, l in [0, 15]),
+
+    d q = (h - 8) * 16 d  +  ((l - 8) * d + 8 d),
+
+two groups in the int4 kernel's format `(code - 8) * scale + zero` (`quant.int4_weight`). The h
+groups and the l groups side by side make one (N, 2K) 4-bit weight, and [x, x] times it is
+x @ (d q).T in one fused call, accumulated in fp32 and rounded once. It holds 1.25 bytes per
+weight (the kernel's codes and a scale and zero per 32) where a bf16 copy holds 2, and reads
+that much per call: decode of one or two rows, which streams weights from memory, runs
+1.3-2x faster than the dense GEMM; from about four rows the dense GEMM wins (`models.linear`
+switches). The values are `round(d) * q` exactly, with d rounded once to the compute dtype; a
+bf16 copy holds `round(d * q)` instead (the same relative error, 2^-9). Imports torch only.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from quant.int4_tiles import tile_rows, unpack_tile_rows_into
+from quant.int4_weight import Int4Weight, unpack_codes
+
+_DEQUANT_CHUNK_BYTES = 2 << 20  # fp32 values dequantized at a time on a CPU: about one L2 cache
+
+
+def split_codes(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """int8 codes (N, K) and per-group scales (N, G) -> the (N, 2K) 4-bit codes, scales and zeros
+    whose int4 weight equals `scale * codes` (high nibbles' groups first, then the low nibbles')."""
+    shifted = codes.to(torch.int16) + 128
+    high, low = (shifted >> 4).to(torch.uint8), (shifted & 15).to(torch.uint8)
+    scale = scale.float()
+    return (torch.cat([high, low], dim=1), torch.cat([16 * scale, scale], dim=1),
+            torch.cat([torch.zeros_like(scale), 8 * scale], dim=1))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Int8Weight:
+    """A weight (N, K) as int8 codes with one scale per group of input channels, held as the
+    (N, 2K) 4-bit weight `split` (see the module's docstring)."""
+
+    split: Int4Weight
+
+    @classmethod
+    def from_codes(cls, codes: torch.Tensor, scale: torch.Tensor, group_size: int = 32,
+                   dtype: torch.dtype = torch.bfloat16) -> "Int8Weight":
+        """From int8 codes (N, K) and scales (N, K/group_size): `w = scale * codes`."""
+        rows, cols = codes.shape
+        if codes.dtype != torch.int8 or cols % group_size or scale.shape != (rows, cols // group_size):
+            raise ValueError(f"Int8Weight: need int8 codes (N, K) and scales (N, K/{group_size}), got "
+                             f"{codes.dtype} {tuple(codes.shape)} and {tuple(scale.shape)}")
+        return cls(Int4Weight.from_codes(*split_codes(codes, scale), group_size, dtype).kernel_only())
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        rows, cols = self.split.shape
+        return (rows, cols // 2)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.split.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.split.device
+
+    @property
+    def group_size(self) -> int:
+        return self.split.group_size
+
+    @property
+    def nbytes(self) -> int:
+        return self.split.nbytes
+
+    def can_run_fused(self, x: torch.Tensor) -> bool:
+        return self.split.can_run_fused(x)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., K) @ w.T with the fused kernel (x in `dtype`, on `device`)."""
+        return self.split.matmul(torch.cat([x, x], dim=-1))
+
+    def dequantize(self, dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The dense (N, K) weight in `dtype` (default: the scales' dtype): `d * q` computed exactly
+        in fp32 and rounded once; into `out` when given. A few rows at a time: the halves' codes are
+        joined back into q = 16 h + l - 128 and scaled by the low halves' scales (d)."""
+        rows, cols = self.shape
+        if out is None:
+            out = torch.empty(rows, cols, dtype=dtype or self.dtype, device=self.device)
+        s = self.split
+        scale = s.scale_zero[cols // s.group_size:, :, 0].t()  # (N, K/g): the low halves' d
+        tile = tile_rows(2 * cols) if s.codes is None else 1
+        step = rows if self.device.type != "cpu" else max(64, _DEQUANT_CHUNK_BYTES // (4 * cols) // 64 * 64)
+        halves = torch.empty(min(step, rows), 2 * cols, dtype=torch.uint8, device=self.device)
+        values = torch.empty(min(step, rows), cols, device=self.device)
+        for start in range(0, rows, step):
+            stop = min(rows, start + step)
+            codes, q = halves[:stop - start], values[:stop - start]
+            if s.codes is None:
+                unpack_tile_rows_into(codes, s.kernel_codes, start, tile)
+            else:
+                codes.copy_(unpack_codes(s.codes[start:stop]))
+            torch.mul(codes[:, :cols], 16, out=q)  # exact in fp32: integers below 2^24
+            q.add_(codes[:, cols:]).sub_(128)
+            q.view(stop - start, -1, s.group_size).mul_(scale[start:stop, :, None])
+            out[start:stop].copy_(q)
+        return out
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Int8Weight":
+        return Int8Weight(self.split.to(device, non_blocking=non_blocking))
+
+    def to_tensors(self, prefix: str = "", with_kernel: bool = False) -> dict[str, torch.Tensor]:
+        """Flat dict for safetensors (`Int4Weight.to_tensors` of the split, under `<prefix>int8.`)."""
+        return self.split.to_tensors(f"{prefix}int8.", with_kernel)
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str = "") -> "Int8Weight":
+        return cls(Int4Weight.from_tensors(tensors, f"{prefix}int8."))
+
+    @staticmethod
+    def is_stored(tensors, prefix: str = "") -> bool:
+        return Int4Weight.is_stored(tensors, f"{prefix}int8.")
+
+    def __repr__(self) -> str:
+        return (f"Int8Weight(shape={self.shape}, group_size={self.group_size}, dtype={self.dtype}, "
+                f"nbytes={self.nbytes}, device={self.device})")

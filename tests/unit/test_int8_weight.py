@@ -1,0 +1,120 @@
+"""Q8_0 computed in place (`quant.int8_weight.Int8Weight`): the file's int8 codes and block scales
+are the weight, the split into two 4-bit halves multiplies exactly `round(d) * q`, and a model
+whose matrices are all Q8_0 gives the fp32 reference's logits within bf16's error, like a bf16
+copy does, and the same greedy tokens."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from flexlamps.engine.executors.in_memory import InMemoryExecutor
+from flexlamps.engine.executors.step import Step
+from flexlamps.models.checkpoint import GGUFReader, read_all
+from flexlamps.models.gguf_blocks import int8_blocks
+from flexlamps.models.linear import Int4Twin, linear
+from flexlamps.models.weight_cache import load_weights
+from flexlamps.settings import RunSettings
+from quant.int8_weight import Int8Weight
+from tests.unit.test_weight_cache import VOCAB, write_tiny_gguf
+
+@pytest.fixture(scope="module")
+def q8_gguf(tmp_path_factory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("q8") / "q8.gguf", all_q8_0=True)
+
+
+def _random_int8(rows, cols, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(-128, 128, (rows, cols), dtype=torch.int8, generator=g)
+    scale = (torch.rand(rows, cols // 32, generator=g) * 0.02 + 1e-3).half().float()
+    return codes, scale
+
+
+def test_q8_0_blocks_map_exactly():
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    dense = np.random.default_rng(0).standard_normal((48, 96)).astype(np.float32)
+    raw = quantize(dense, GGMLQuantizationType.Q8_0)
+    codes, scale = int8_blocks(raw, (48, 96))
+    got = (codes.float().reshape(48, 3, 32) * scale[..., None]).reshape(48, 96)
+    ref = torch.from_numpy(np.asarray(dequantize(raw, GGMLQuantizationType.Q8_0), dtype=np.float32))
+    assert codes.dtype == torch.int8 and torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("shape", [(128, 96), (48, 64)])  # kernel tiles alone; rows kept row-major
+def test_split_halves_multiply_round_d_times_q(shape):
+    codes, scale = _random_int8(*shape)
+    w = Int8Weight.from_codes(codes, scale, 32, torch.bfloat16)
+    exact = (codes.float().reshape(shape[0], -1, 32) * scale.bfloat16().float()[..., None]).reshape(shape)
+    assert torch.equal(w.dequantize(torch.float32), exact)
+    assert torch.equal(w.dequantize(), exact.bfloat16())
+    assert w.nbytes <= 1.25 * codes.numel() + codes.numel() * (shape[0] % 64 != 0)  # + row-major codes
+    x = torch.randn(3, shape[1], dtype=torch.bfloat16, generator=torch.Generator().manual_seed(1))
+    want = x.float() @ exact.t()
+    torch.testing.assert_close(w.matmul(x).float(), want, rtol=2**-7, atol=2**-7 * want.abs().max().item())
+    back = Int8Weight.from_tensors(w.to_tensors("p.", with_kernel=True), "p.")
+    assert torch.equal(back.dequantize(), w.dequantize()) and torch.equal(back.matmul(x), w.matmul(x))
+
+
+def test_linear_switches_from_the_fused_call_to_the_dense_copy():
+    codes, scale = _random_int8(128, 96)
+    w = Int8Weight.from_codes(codes, scale, 32, torch.bfloat16)
+    twin = Int4Twin(w)
+    g = torch.Generator().manual_seed(2)
+    for rows in (1, 2, 3, 8, 16, 40):
+        x = torch.randn(rows, 96, dtype=torch.bfloat16, generator=g)
+        dense = linear(x, w.dequantize())
+        fused = rows < twin.dense_from_rows
+        assert torch.equal(linear(x, twin), w.matmul(x) if fused else dense)
+        torch.testing.assert_close(linear(x, w).float(), dense.float(), rtol=2**-7,
+                                   atol=2**-7 * dense.abs().max().item())
+
+
+def _logits(weights, reader, dtype, feed=None, **kw):
+    """Prefill logits (2 x 12 rows), then 6 decode steps fed `feed` (default: their own greedy
+    tokens): (prefill logits, step logits, greedy tokens of every step)."""
+    ex = InMemoryExecutor(reader.config, weights, dtype, **kw)
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    cache = ex.new_cache(2, 20)
+    prefill = ex.forward_steps(cache, [Step(ids, torch.arange(12).expand(2, 12), torch.arange(2))])[0]
+    steps, tokens = [], [prefill[:, -1].argmax(-1)]
+    for i in range(6):
+        fed = tokens[-1] if feed is None else feed[i]
+        out = ex.forward_steps(cache, [Step(fed[:, None], torch.full((2, 1), 12 + i), torch.arange(2))])[0]
+        steps.append(out[:, -1])
+        tokens.append(out[:, -1].argmax(-1))
+    return prefill, torch.stack(steps), torch.stack(tokens)
+
+
+def test_all_q8_0_model_keeps_quality(q8_gguf):
+    """Within 10% of the largest fp32 logit and within 1.5x the bf16 copy's own error, fed the same
+    tokens; greedy picks agree with fp32 at least as often as the bf16 copy's, less one."""
+    reader = GGUFReader(q8_gguf)
+    assert reader.has_quantized_weights and not reader.has_int4_weights
+    assert RunSettings(dtype="auto").resolve_dtype(reader) == torch.bfloat16
+    weights = read_all(reader, torch.bfloat16, int4_in_place=True)
+    assert isinstance(weights["layers.1.down_proj"], Int8Weight) and isinstance(weights["lm_head"], Int8Weight)
+    assert not isinstance(weights["embed_tokens"], Int8Weight)  # the lookup reads the dense table
+    ref = _logits(read_all(reader, torch.float32), reader, torch.float32)
+    bf16_copy = _logits(read_all(reader, torch.bfloat16), reader, torch.bfloat16, feed=ref[2])
+    copy_agree = (bf16_copy[2] == ref[2]).sum()
+    for twins in (False, True):
+        int8 = _logits(weights, reader, torch.bfloat16, feed=ref[2], dense_twins=twins)
+        for got, copy, want in zip(int8[:2], bf16_copy[:2], ref[:2]):
+            err, copy_err = (got - want).abs().max().item(), (copy - want).abs().max().item()
+            assert err <= 0.1 * want.abs().max().item() and err <= 1.5 * copy_err, (err, copy_err)
+        assert (int8[2] == ref[2]).sum() >= copy_agree - 1
+
+
+def test_cache_keeps_q8_0_int8(q8_gguf, tmp_path):
+    cache = tmp_path / "cache"
+    first = load_weights(GGUFReader(q8_gguf), torch.bfloat16, int4_in_place=True, cache_dir=cache)
+    second = load_weights(GGUFReader(q8_gguf), torch.bfloat16, int4_in_place=True, cache_dir=cache)
+    assert first.keys() == second.keys() and "lm_head" in second
+    for name, w in first.items():
+        if isinstance(w, Int8Weight):
+            assert isinstance(second[name], Int8Weight) and torch.equal(second[name].dequantize(), w.dequantize())
+    fp32 = load_weights(GGUFReader(q8_gguf), torch.float32, int4_in_place=True, cache_dir=cache)
+    assert "lm_head" not in fp32 and not any(isinstance(w, Int8Weight) for w in fp32.values())  # fp32 stays exact
