@@ -63,6 +63,18 @@ def test_sampling_params_validation():
         SamplingParams(max_new_tokens=0)
 
 
+def test_greedy_tokens_is_torch_argmax():
+    from flexlamps.engine.batch.sampling import greedy_tokens
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 2, 1000, generator=gen)[:, 1]  # a strided view, as logits[:, 0] is
+    logits[1, 10], logits[1, 20] = float("nan"), float("nan")  # a NaN counts as the maximum
+    logits[2] = 0.5  # ties: the first
+    logits[3, 7], logits[3, 900] = float("inf"), float("inf")
+    assert torch.equal(greedy_tokens(logits), logits.argmax(-1))
+    assert torch.equal(greedy_tokens(logits.to(torch.bfloat16)), logits.to(torch.bfloat16).argmax(-1))
+
+
 def _direct_logprob(llm, context, continuation):
     from flexlamps.engine.batch.scoring import split_tokens
 

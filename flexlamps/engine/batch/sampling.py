@@ -71,10 +71,19 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dim (the first of equal maxima; a NaN counts as the maximum, as in
+    torch). On the CPU numpy's vectorized argmax runs it: torch's takes ~55 us for SmolLM2's 49k
+    logits at one thread, numpy's ~5 (a batch-1 decode step is ~25 ms)."""
+    if logits.device.type != "cpu" or logits.dtype != torch.float32:
+        return logits.argmax(-1)
+    return torch.from_numpy(logits.numpy().argmax(-1))
+
+
 def select_tokens(logits: torch.Tensor, params: list[SamplingParams],
                   generators: list[torch.Generator | None]) -> torch.Tensor:
     """Next token per row of `logits` (n, vocab), fp32."""
-    tokens = logits.argmax(-1)
+    tokens = greedy_tokens(logits)
     for i, p in enumerate(params):
         if not p.greedy:
             probs = filter_logits(logits[i], p).softmax(-1)

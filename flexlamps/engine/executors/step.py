@@ -43,8 +43,8 @@ class Step:
 
     def pick_logit_rows(self, x: torch.Tensor) -> torch.Tensor:
         """Hidden states (n, T, h) -> those at `logit_rows`: (n, 1, h), (n, K, h), or all."""
-        if self.logit_rows is None:
-            return x
+        if self.logit_rows is None or (x.shape[1] == 1 and self.logit_rows.dim() == 1):
+            return x  # one token per row (a decode step): its only index
         rows = self.logit_rows.to(x.device)
         index = torch.arange(x.shape[0], device=x.device)
         return x[index, rows][:, None] if rows.dim() == 1 else x[index[:, None], rows]
