@@ -24,10 +24,11 @@ import dataclasses
 
 import torch
 
-from quant.int4_tiles import tile_rows, unpack_tile_rows_into
+from quant.int4_tiles import tile_rows, tiles_from_unpacked, unpack_tile_rows_into
 from quant.int4_weight import Int4Weight, unpack_codes
 
 _DEQUANT_CHUNK_BYTES = 2 << 20  # fp32 values dequantized at a time on a CPU: about one L2 cache
+_PACK_ROWS = 4096  # rows split and laid out at a time
 
 
 def split_codes(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -55,7 +56,20 @@ class Int8Weight:
         if codes.dtype != torch.int8 or cols % group_size or scale.shape != (rows, cols // group_size):
             raise ValueError(f"Int8Weight: need int8 codes (N, K) and scales (N, K/{group_size}), got "
                              f"{codes.dtype} {tuple(codes.shape)} and {tuple(scale.shape)}")
-        return cls(Int4Weight.from_codes(*split_codes(codes, scale), group_size, dtype).kernel_only())
+        tile = tile_rows(2 * cols) if codes.device.type == "cpu" else None
+        if tile is None or rows % tile:
+            return cls(Int4Weight.from_codes(*split_codes(codes, scale), group_size, dtype).kernel_only())
+        # The kernel's tile layout written a few rows at a time (`int4_tiles`: checked against torch's
+        # packer), where the packer would take int32 codes of the whole split (16 bytes a weight).
+        kernel = torch.empty(rows, cols, dtype=torch.uint8)
+        step = max(tile, _PACK_ROWS // tile * tile)
+        for start in range(0, rows, step):
+            halves = split_codes(codes[start:start + step], scale[start:start + step])[0]
+            kernel[start:start + step] = tiles_from_unpacked(halves, tile)
+        scale = scale.float()
+        scale_zero = torch.stack([torch.cat([16 * scale, scale], 1).t(),
+                                  torch.cat([torch.zeros_like(scale), 8 * scale], 1).t()], dim=-1)
+        return cls(Int4Weight(None, scale_zero.to(dtype).contiguous(), group_size, kernel))
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -25,7 +25,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -33,6 +32,7 @@ import torch
 
 from flexlamps.cache_folder import cache_root
 from flexlamps.models.gguf_header import file_sha256
+from flexlamps.models.tensor_file import SAFETENSORS_DTYPES, write_tensors
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
 
@@ -64,19 +64,20 @@ def dense_path(entry: Path) -> Path:
     return entry.with_name(entry.name.removesuffix(".safetensors") + "-dense.safetensors")
 
 
-def dense_copies(path: Path, weights: dict[str, Int4Weight]) -> dict[str, Callable[[], torch.Tensor | None]]:
+def dense_copies(path: Path, weights: dict[str, Int4Weight | Int8Weight]) -> dict[str, Callable[[], torch.Tensor | None]]:
     """For every weight, a function that reads `w.dequantize()` from `path`, written there first
-    unless the file holds them all (same names, shapes and dtypes). Each read maps the file anew and
-    the caller keeps only its packed copy, so no more than one dense matrix of the file is held at a
-    time. A read that fails (the file pruned meanwhile) gives None, for the caller to dequantize."""
+    (one matrix at a time) unless the file holds them all (same names, shapes and dtypes). Each read
+    maps the file anew and the caller keeps only its packed copy, so no more than one dense matrix
+    of the file is held at a time. A read that fails (the file pruned meanwhile, or never written)
+    gives None, for the caller to dequantize."""
     if not _holds_dense(path, weights):
-        dense = {name: w.dequantize() for name, w in weights.items()}
+        layout = {name: (tuple(w.shape), w.dtype) for name, w in weights.items()}
         try:
-            _write(path, dense)
+            write_tensors(path, layout, lambda name: weights[name].dequantize(), {"format": str(FORMAT_VERSION)})
             prune(path.parent, keep=path)
         except OSError as e:
             log.warning("could not write the weight cache %s (%s); set --cache-dir to a writable folder", path, e)
-            return {name: (lambda t=t: t) for name, t in dense.items()}
+            return {name: (lambda: None) for name in weights}
     else:
         _mark_used(path)
     return {name: functools.partial(_read_one, path, name) for name in weights}
@@ -96,10 +97,7 @@ def _holds_dense(path: Path, weights: dict[str, Int4Weight]) -> bool:
     except Exception as e:  # a torn or foreign file: rebuilt by the caller
         log.warning("weight cache %s is unreadable (%s); rebuilding it", path, e)
         return False
-    return all(shapes[n] == tuple(w.shape) and dtypes[n] == _SAFETENSORS_DTYPES.get(w.dtype) for n, w in weights.items())
-
-
-_SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+    return all(shapes[n] == tuple(w.shape) and dtypes[n] == SAFETENSORS_DTYPES.get(w.dtype) for n, w in weights.items())
 
 
 def _read_one(path: Path, name: str) -> torch.Tensor | None:
@@ -137,17 +135,9 @@ def _unflatten_one(flat: dict[str, torch.Tensor], name: str):
 
 
 def _write(path: Path, flat: dict[str, torch.Tensor]) -> None:
-    from safetensors.torch import save_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(flat, tmp, metadata={"format": str(FORMAT_VERSION)})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """`flat` as a safetensors file, written tensor by tensor (no second copy of it all in bytes)."""
+    write_tensors(path, {name: (tuple(t.shape), t.dtype) for name, t in flat.items()}, flat.__getitem__,
+                  {"format": str(FORMAT_VERSION)})
 
 
 def _read(path: Path, names) -> dict | None:

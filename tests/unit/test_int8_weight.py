@@ -16,7 +16,8 @@ from flexlamps.models.gguf_blocks import int8_blocks
 from flexlamps.models.linear import Int4Twin, linear
 from flexlamps.models.weight_cache import load_weights
 from flexlamps.settings import RunSettings
-from quant.int8_weight import Int8Weight
+from quant.int4_weight import Int4Weight
+from quant.int8_weight import Int8Weight, split_codes
 from tests.unit.test_weight_cache import VOCAB, write_tiny_gguf
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,8 @@ def test_split_halves_multiply_round_d_times_q(shape):
     assert torch.equal(w.dequantize(torch.float32), exact)
     assert torch.equal(w.dequantize(), exact.bfloat16())
     assert w.nbytes <= 1.25 * codes.numel() + codes.numel() * (shape[0] % 64 != 0)  # + row-major codes
+    packed = Int4Weight.from_codes(*split_codes(codes, scale), 32, torch.bfloat16).kernel_only()  # torch's packer
+    assert torch.equal(w.split.kernel_codes, packed.kernel_codes) and torch.equal(w.split.scale_zero, packed.scale_zero)
     x = torch.randn(3, shape[1], dtype=torch.bfloat16, generator=torch.Generator().manual_seed(1))
     want = x.float() @ exact.t()
     torch.testing.assert_close(w.matmul(x).float(), want, rtol=2**-7, atol=2**-7 * want.abs().max().item())
