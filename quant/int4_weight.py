@@ -182,11 +182,12 @@ class Int4Weight:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., K) @ w.T with the fused kernel (x in `dtype`, on `device`)."""
         rows = x.reshape(-1, x.shape[-1]).contiguous()
-        if self.device.type == "cuda":
+        # NOTE(exact): no `device`/`shape` properties here: a batch-1 decode step makes ~120 calls
+        if self.kernel_codes.is_cuda:
             out = torch.ops.aten._weight_int4pack_mm(rows, self.kernel_codes, self.group_size, self.scale_zero)
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.kernel_codes, self.group_size, self.scale_zero)
-        return out.reshape(*x.shape[:-1], self.shape[0])
+        return out.view(*x.shape[:-1], out.shape[-1])
 
     def dequantize(self, dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """The dense (N, K) weight in `dtype` (default: the scales' dtype), computed in fp32 as

@@ -257,7 +257,11 @@ def _int4_linear(x: torch.Tensor, w: Int4Weight | Int8Weight | Int4Twin, b: torc
         dense = twin.dense if twin and x.dtype == twin.dtype else w.dequantize(
             x.dtype, out=_dense_scratch(w.shape, x.dtype, x.device))
         return linear(x, dense, b, add=add, mul=mul)
-    out = w.matmul(x)
+    out = w.matmul(x)  # a fresh tensor: the bias, add and product go in place (same values)
     if b is not None:
-        out = out + b
-    return out + add if add is not None else out if mul is None else out * mul
+        out = out.add_(b) if b.dtype == out.dtype else out + b
+    if add is not None:
+        return out.add_(add) if add.dtype == out.dtype else out + add
+    if mul is not None:
+        return out.mul_(mul) if mul.dtype == out.dtype else out * mul
+    return out

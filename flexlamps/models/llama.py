@@ -66,10 +66,10 @@ class LlamaForward:
         cfg = self.cfg
         n, t, _ = h.shape
         heads, kv = cfg.num_heads, cfg.num_kv_heads
-        if "qkv_proj" in w:
+        if "qkv_proj" in w:  # narrow: one op where a slice of the third dim is three
             qkv = linear(h, w["qkv_proj"], w.get("qkv_bias")).view(n, t, heads + 2 * kv, cfg.head_dim)
-            qk = rotate_half_split(qkv[:, :, :heads + kv], *ctx)
-            return qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv:]
+            qk = rotate_half_split(qkv.narrow(2, 0, heads + kv), *ctx)
+            return qk.narrow(2, 0, heads), qk.narrow(2, heads, kv), qkv.narrow(2, heads + kv, kv)
         q, k, v = (linear(h, w[f"{p}_proj"], w.get(f"{p}_bias")) for p in "qkv")
         return (rotate_half_split(q.view(n, t, heads, cfg.head_dim), *ctx),
                 rotate_half_split(k.view(n, t, kv, cfg.head_dim), *ctx), v.view(n, t, kv, cfg.head_dim))
@@ -77,8 +77,9 @@ class LlamaForward:
     def _mlp_product(self, w, h):
         """silu(gate(h)) * up(h) (the product rides on the up GEMM, fused in fp32; see models.linear)."""
         if "gate_up_proj" in w:
-            gate, up = linear(h, w["gate_up_proj"], w.get("gate_up_bias")).chunk(2, dim=-1)
-            return silu(gate) * up
+            gate_up = linear(h, w["gate_up_proj"], w.get("gate_up_bias"))
+            half = gate_up.shape[-1] // 2
+            return silu(gate_up.narrow(-1, 0, half)) * gate_up.narrow(-1, half, half)
         gate = silu(linear(h, w["gate_proj"], w.get("gate_bias")), inplace=True)
         return linear(h, w["up_proj"], w.get("up_bias"), mul=gate)
 
