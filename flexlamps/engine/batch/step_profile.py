@@ -5,10 +5,10 @@ decode steps (one token per row) of the executor twice: plainly (wall and thread
 step) and under torch's profiler, which records each op the step dispatches from Python. The
 time inside those top-level ops (kernels and the dispatcher's own C++ work; each op's shortest
 time over the profiled steps) is what the step spends in torch; the rest of the plain step's
-wall time (the best step) is the Python that runs between them (the forward's glue, the cache
-callbacks, building the step). Taking the best of each, a burst of load on shared cores counts
-in none. The profiler's own bookkeeping adds a
-little to the ops it records, so the Python overhead reported is, if anything, an underestimate.
+time (the best step; `StepProfile.step_s`) is the Python that runs between them (the forward's
+glue, the cache callbacks, building the step). Taking the best of each, a burst of load on
+shared cores counts in none. The profiler's own bookkeeping adds a little to the ops it
+records, so the Python overhead reported is, if anything, an underestimate.
 """
 
 from __future__ import annotations
@@ -31,10 +31,18 @@ class StepProfile:
     ops_per_step: int  # top-level torch ops one step dispatches
     top_ops: tuple[tuple[str, int, float], ...]  # (op, calls per step, seconds per step), slowest first
 
+    threads: int  # torch's thread count during the run
+
+    @property
+    def step_s(self) -> float:
+        """The step's time: its wall time, or at one thread its CPU time when less (a step the
+        scheduler paused in for other processes on shared cores counts then at its own work)."""
+        return min(self.wall_s, self.cpu_s) if self.threads == 1 else self.wall_s
+
     @property
     def python_s(self) -> float:
-        """The step's wall time outside torch's ops: its Python overhead."""
-        return max(self.wall_s - self.in_ops_s, 0.0)
+        """The step's time outside torch's ops: its Python overhead."""
+        return max(self.step_s - self.in_ops_s, 0.0)
 
 
 def _decode_step(batch: int, position: int) -> Step:
@@ -72,7 +80,7 @@ def profile_decode_step(executor, batch: int = 1, prompt_len: int = 128, steps: 
         seconds[name] += d
     top = tuple((name, calls[name], s) for name, s in seconds.most_common())
     return StepProfile(batch=batch, wall_s=min(walls), cpu_s=min(cpus), in_ops_s=sum(durations),
-                       ops_per_step=len(names), top_ops=top)
+                       ops_per_step=len(names), top_ops=top, threads=torch.get_num_threads())
 
 
 def _fastest_ops(runs: list[list]) -> tuple[list[str], list[float]]:
