@@ -74,8 +74,8 @@ class DenseKVCache:
         geo = geometry or self.step_geometry(slots, positions)
         n, t, heads, d = q.shape
         kc, vc = self.k[layer], self.v[layer]
-        kc[geo.slots[:, None], :, geo.positions] = k.to(kc.dtype)
-        vc[geo.slots[:, None], :, geo.positions] = v.to(vc.dtype)
+        _write(kc, geo, k)
+        _write(vc, geo, v)
         if geo.segments is not None:  # the rows before the step's own tokens, then those as computed
             before = geo.segments.fresh_from
             keys = with_fresh(_rows(kc, geo.slots, before, geo.first) if before else None, k)
@@ -87,6 +87,15 @@ class DenseKVCache:
             keys, values = _rows(kc, geo.slots, geo.span, geo.first), _rows(vc, geo.slots, geo.span, geo.first)
         out = attention(q.transpose(1, 2), keys, values, geo.mask)
         return out.transpose(1, 2).reshape(n, t, heads * d)
+
+
+def _write(cache: torch.Tensor, geo: "StepGeometry", new: torch.Tensor) -> None:
+    """Write a step's keys or values `new` (n, T, kv_heads, d) at its rows' positions: a prompt chunk
+    from position 0 into a block of rows is one strided copy (an indexed write takes 3-9x as long)."""
+    if geo.fresh and geo.first is not None:
+        cache[geo.first:geo.first + new.shape[0], :, :new.shape[1]].copy_(new.transpose(1, 2))
+    else:
+        cache[geo.slots[:, None], :, geo.positions] = new.to(cache.dtype)
 
 
 def held_dtype(dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
