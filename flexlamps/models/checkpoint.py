@@ -375,8 +375,10 @@ def read_all(reader, dtype: torch.dtype, int4_in_place: bool = False,
 
 
 def _read_in_place(reader, spec: WeightSpec, dtype: torch.dtype):
-    """`spec` as the file's 4-bit or 8-bit blocks (to compute in place), or None when it is neither."""
+    """`spec` as the file's 4-bit or 8-bit blocks (to compute in place), or None when it is neither.
+    4-bit weights keep the kernel's layout alone where it is known (`Int4Weight.kernel_only`: half
+    the bytes to hold, cache and stack; dequantized from it to the same values)."""
     w = reader.read_int4(spec, dtype)
-    if w is None and hasattr(reader, "read_int8"):
-        w = reader.read_int8(spec, dtype)
-    return w
+    if w is not None:
+        return w.kernel_only()
+    return reader.read_int8(spec, dtype) if hasattr(reader, "read_int8") else None

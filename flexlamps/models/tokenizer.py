@@ -64,14 +64,21 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
             raise ValueError("this model has no chat template; run without --chat-template")
-        import jinja2  # only for --chat: importing it costs about 0.2 s of every start
-
-        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined,
-                                 extensions=["jinja2.ext.loopcontrols"])
-        env.globals["raise_exception"] = _raise
-        return env.from_string(self.chat_template).render(
+        return self._compiled_template().render(
             messages=messages, add_generation_prompt=add_generation_prompt, **self._special_strings
         )
+
+    def _compiled_template(self):
+        """The chat template compiled once per template text (compiling took ~8 ms of every prompt)."""
+        cached = getattr(self, "_template", None)
+        if cached is None or cached[0] != self.chat_template:
+            import jinja2  # only for --chat: importing it costs about 0.2 s of every start
+
+            env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined,
+                                     extensions=["jinja2.ext.loopcontrols"])
+            env.globals["raise_exception"] = _raise
+            cached = self._template = (self.chat_template, env.from_string(self.chat_template))
+        return cached[1]
 
 
 def _raise(msg):
