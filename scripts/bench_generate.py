@@ -7,8 +7,8 @@ to bf16 for the bf16 side); llama.cpp (with --llama-cpp) runs `llama-batched-ben
 file itself. Reported per side: new tokens / total seconds of the call (prefill included, load
 excluded), the best of --repeats runs taken in turns, so a burst of load on the shared cores hits
 every side alike; flexlamps' ratio to every peer; greedy agreement with transformers fp32 (the
-reference); the prefill / decode split of flexlamps and llama.cpp; and the fraction of the
-machine's limit reached by each side. The limit: prefill at the measured bf16 GEMM peak, then
+reference); every side's prefill / total seconds (prefill: until the first new tokens); and the
+fraction of the machine's limit reached by each side. The limit: prefill at the measured bf16 GEMM peak, then
 every decode step at the slower of "read the GGUF's bytes at the probed read bandwidth" and
 "the step's matmuls at the GEMM peak". Last, flexlamps' Python overhead per decode step (wall
 time of a step minus the time torch's profiler sees in its ops).
@@ -75,13 +75,31 @@ def time_ours(llm, prompts, new_tokens) -> tuple[float, list[list[int]], float]:
     return time.perf_counter() - t, [o.token_ids for o in outs], first[0] - t
 
 
+class FirstTokens:
+    """A `generate()` streamer that notes when the first new tokens arrive: it is handed the
+    prompt first, then each step's tokens."""
+
+    def __init__(self):
+        self.puts, self.at = 0, None
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.at = time.perf_counter()
+
+    def end(self) -> None:
+        """Nothing to flush."""
+
+
 @torch.inference_mode()
-def time_theirs(model, prompts, new_tokens) -> tuple[float, list[list[int]], None]:
+def time_theirs(model, prompts, new_tokens) -> tuple[float, list[list[int]], float]:
+    """(seconds, token ids, seconds until the first tokens: the prefill of the whole batch)."""
     ids = torch.tensor(prompts)
+    first = FirstTokens()
     t = time.perf_counter()
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                         min_new_tokens=new_tokens, do_sample=False, pad_token_id=2)
-    return time.perf_counter() - t, out[:, ids.shape[1]:].tolist(), None
+                         min_new_tokens=new_tokens, do_sample=False, pad_token_id=2, streamer=first)
+    return time.perf_counter() - t, out[:, ids.shape[1]:].tolist(), first.at - t
 
 
 def time_llama_cpp(binary: str, gguf: str, batch: int, prompt_len: int, new_tokens: int,
@@ -187,7 +205,7 @@ def run_table(llm, hf32, hf16, args, threads: int, batches: list[int]) -> None:
     peers = [s for s in sides if s != "flexlamps"]
     print(f"{'batch':>5} | new tok/s: " + " ".join(f"{s:>10}" for s in sides) + " | flexlamps x: "
           + " ".join(f"{s:>9}" for s in peers) + " | agree w/ hf-fp32: flexlamps hf-bf16 | of limit: "
-          + " ".join(f"{s:>9}" for s in sides) + " | prefill/total s: flexlamps llama.cpp")
+          + " ".join(f"{s:>9}" for s in sides) + " | prefill/total s: " + " ".join(sides))
     for bs in batches:
         prompts = distinct_prompts(llm.tokenizer, bs, args.prompt_len)
         best, ids, prefill = {s: float("inf") for s in sides}, {}, {}
@@ -199,8 +217,7 @@ def run_table(llm, hf32, hf16, args, threads: int, batches: list[int]) -> None:
                     best[name], prefill[name] = seconds, pre
         n = bs * args.new_tokens
         limit = limit_seconds(llm.config, bs, args.prompt_len, args.new_tokens, step_bytes, bw, flops)
-        split = " ".join(f"{prefill[s]:.2f}/{best[s]:.2f}" if s in prefill and prefill[s] is not None else "-"
-                         for s in ("flexlamps", "llama.cpp"))
+        split = " ".join(f"{prefill[s]:.2f}/{best[s]:.2f}" for s in sides)
         print(f"{bs:>5} | {'':>10} " + " ".join(f"{n / best[s]:>10.1f}" for s in sides) + " | "
               + " ".join(f"{best[s] / best['flexlamps']:>8.2f}x" for s in peers)
               + f" | {agreement(ids['flexlamps'], ids['hf-fp32']):>9.1%} {agreement(ids['hf-bf16'], ids['hf-fp32']):>7.1%}"
