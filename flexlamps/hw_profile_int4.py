@@ -19,7 +19,7 @@ from quant.int4_weight import Int4Weight, can_pack
 # the dtypes the fused kernel runs in on each device (`Int4Weight.can_run_fused`); 4-bit weights
 # of other dtypes are always dequantized for the dense GEMM, which the planner prices without a table
 _CPU_DTYPES = {"bf16": torch.bfloat16}
-_CUDA_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_CUDA_DTYPES = {"bf16": torch.bfloat16}  # quant.int4_weight.CUDA_KERNEL_DTYPES
 PROBE_ROWS = (1, 8, 32, 64)
 _PASSES = 3  # the probes take turns this many times: on a shared machine each median spans slow and fast spells
 

@@ -20,7 +20,7 @@ be compared with the model. `solve` raises `InfeasiblePlanError` (with
 `.constraint` and `.shortfall_bytes`) when nothing fits.
 """
 
-from placement.cost import CostBreakdown, predict
+from placement.cost import CostBreakdown, int4_runs_in_place, predict
 from placement.latent_pools import LatentMissCurves
 from placement.model_spec import ModelSpec
 from placement.plan import InfeasiblePlanError, Plan
@@ -34,5 +34,5 @@ __all__ = [
     "CompressionSpec", "CostBreakdown", "EngineCapabilities", "HardwareSpec", "InfeasiblePlanError",
     "LatentMissCurves", "ModelSpec",
     "Plan", "Policy", "TierSplit", "WorkloadSpec", "format_bytes", "hardware_preset",
-    "evaluate", "model_preset", "parse_bytes", "predict", "solve",
+    "evaluate", "int4_runs_in_place", "model_preset", "parse_bytes", "predict", "solve",
 ]

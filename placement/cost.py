@@ -89,6 +89,9 @@ class Choice:
     latent_pools: bool = False
     # the engine's switch for 4-bit weights (`EngineCapabilities.int4_in_place_below_rows`)
     int4_in_place_below_rows: int = EngineCapabilities().int4_in_place_below_rows
+    # whether the machine has the fused 4-bit kernel for the model's dtype (`int4_runs_in_place`;
+    # set from the hardware by `build_terms`): without it every call dequantizes
+    int4_kernel: bool = True
 
     @classmethod
     def of(cls, policy: Policy) -> "Choice":
@@ -240,6 +243,8 @@ def build_terms(choice: Choice, model: ModelSpec, hardware: HardwareSpec,
     """All affine terms of the cost model for one discrete choice."""
     if choice.latent_pools and not model.index_topk:
         choice = dataclasses.replace(choice, latent_pools=False)
+    # time and memory follow one rule: 4-bit calls run in place only where the kernel exists
+    choice = dataclasses.replace(choice, int4_kernel=int4_runs_in_place(hardware, model.dtype))
     sz = _sizes(choice, model, workload)
     latent = _latent_terms(choice, sz, model, hardware, workload) if choice.latent_pools else None
     return CostTerms(
@@ -315,9 +320,11 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     comp_s += attn_flops / gpu_flops
     comp_s += _elementwise_s(num_tokens, model, hardware)
     if choice.compress_weight and not _runs_fused_int4(choice, model, hardware, rows):
-        # the layer's matrices (embeddings stay dense), once a sweep for all its micro-batches
-        comp_s += _dequant_s(model.weight_bytes_per_layer(), model, _weight_dequant_rate(choice, hardware))
-        comp_s += model.matrices_per_layer(num_tokens) * hardware.gpu_dequant_matrix_s
+        # the layer's matrices (embeddings stay dense): once a sweep for all its micro-batches,
+        # or once a call where the engine dequantizes per call (`_weight_dequant_passes`)
+        passes = _weight_dequant_passes(choice, ngb, rows)
+        comp_s += passes * _dequant_s(model.weight_bytes_per_layer(), model, _weight_dequant_rate(choice, hardware))
+        comp_s += passes * model.matrices_per_layer(num_tokens) * hardware.gpu_dequant_matrix_s
     if choice.compress_cache:  # quantizing the new cache costs about as much as dequantizing
         comp_s += _dequant_s(num_tokens * sz.cache_fp16, model, hardware.gpu_dequant_bytes_per_s)
     comp_s += choice.num_gpu_batches * hardware.gpu_layer_overhead_s
@@ -361,10 +368,15 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     gemm_s += calls * _fp8_upcast_s(choice, model, hardware, model.weight_bytes_touched_per_layer(rows))
     gemm_s += _elementwise_s(block, model, hardware)
     if choice.compress_weight and not _runs_fused_int4(choice, model, hardware, rows):
-        # what the whole block touches is dequantized once
-        gemm_s += _dequant_s(model.weight_bytes_touched_per_layer(block), model,
-                             _weight_dequant_rate(choice, hardware))
-        gemm_s += model.matrices_per_layer(block) * hardware.gpu_dequant_matrix_s
+        # what the whole block touches, dequantized once, or what each call touches, once a call
+        if _weight_dequant_passes(choice, calls, rows) == 1:
+            gemm_s += _dequant_s(model.weight_bytes_touched_per_layer(block), model,
+                                 _weight_dequant_rate(choice, hardware))
+            gemm_s += model.matrices_per_layer(block) * hardware.gpu_dequant_matrix_s
+        else:
+            gemm_s += calls * _dequant_s(model.weight_bytes_touched_per_layer(rows), model,
+                                         _weight_dequant_rate(choice, hardware))
+            gemm_s += calls * model.matrices_per_layer(rows) * hardware.gpu_dequant_matrix_s
     attn_flops = block * model.attention_flops_per_query(context)
     attn_bytes = block * (entries * sz.cache_fp16 + context * sz.indexer)
     gpu_attn_s = max(attn_flops / gpu_flops, attn_bytes / hardware.gpu_mem_bytes_per_s)
@@ -382,11 +394,41 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     return _layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)
 
 
+def int4_runs_in_place(hardware: HardwareSpec, dtype: str) -> bool:
+    """Whether `hardware` multiplies 4-bit weights in place (a fused kernel) with `dtype`
+    activations: it has a rate table for that dtype (measured by the profile, or a preset's)."""
+    return bool(hardware.gpu_int4_gemm_flops_by_rows.get(dtype)) and hardware.int4_dense_from_rows > 0
+
+
+def _in_place_int4(choice: Choice, model: ModelSpec, rows: float) -> bool:
+    """The engine's rule for a call of `rows` rows on 4-bit weights, used by time and memory
+    alike: in place (the fused kernel, nothing dense held) under the engine's switch, in a
+    16-bit dtype, where the machine has the kernel (`Choice.int4_kernel`)."""
+    return (choice.compress_weight and choice.compression.num_bits == 4 and choice.int4_kernel
+            and rows < choice.int4_in_place_below_rows and model.dtype in ("fp16", "bf16"))
+
+
 def _runs_fused_int4(choice: Choice, model: ModelSpec, hardware: HardwareSpec, rows: float) -> bool:
     """Whether the engine multiplies 4-bit weights in place on calls of `rows` rows (the fused
-    kernel), rather than dequantizing them for a dense GEMM (`HardwareSpec.int4_dense_from_rows`)."""
-    return (choice.compress_weight and choice.compression.num_bits == 4
-            and hardware.int4_gemm_seconds(model.dtype, rows, 1.0) is not None)
+    kernel, priced from the machine's table), rather than dequantizing them for a dense GEMM."""
+    return _in_place_int4(choice, model, rows) and hardware.int4_gemm_seconds(model.dtype, rows, 1.0) is not None
+
+
+def _int4_twins(choice: Choice, calls: int, rows: float) -> bool:
+    """Whether the engine dequantizes a layer's 4-bit matrices once for all of a sweep's calls
+    (and holds them dense meanwhile: `_dequantized_bytes`): two calls or more of at least
+    `Choice.int4_in_place_below_rows` rows (the offload executor's `_reserve_int4_twins`)."""
+    return (choice.compress_weight and choice.compression.num_bits == 4 and calls >= 2
+            and rows >= choice.int4_in_place_below_rows)
+
+
+def _weight_dequant_passes(choice: Choice, calls: int, rows: float) -> int:
+    """How often a layer's compressed weights are dequantized in a sweep of `calls` calls that
+    take the dense path: 4-bit matrices once a call, unless held dense for the sweep
+    (`_int4_twins`); other compressions once a sweep (the engine expands them on arrival)."""
+    if choice.compression.num_bits != 4 or _int4_twins(choice, calls, rows):
+        return 1
+    return calls
 
 
 def _weight_dequant_rate(choice: Choice, hardware: HardwareSpec) -> float:
@@ -460,22 +502,22 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     # GPU: double-buffered streamed layer weights (a layer's own: the embedding table and the
     # head are read in rows and vocab chunks, never staged whole), the micro-batch's hidden
     # in/out, FFN/attention intermediates, compressed weights as they expand.
-    def gpu_working(seqs: int, tokens_per_seq: int) -> Affine:
+    def gpu_working(seqs: int, tokens_per_seq: int, calls: int) -> Affine:
         hidden_io = 2 * seqs * tokens_per_seq * sz.hidden
         work = Affine(indexer_home + 2 * sz.layer_stored + hidden_io)
         work.add(-2 * sz.layer_stored, W_GPU).add(-hidden_io, H_GPU)
         if choice.compress_weight:
-            return work.add(_dequantized_bytes(choice, sz, model, seqs * tokens_per_seq))
+            return work.add(_dequantized_bytes(choice, sz, model, seqs * tokens_per_seq, calls))
         if model.weight_format == "fp8":  # upcast per call: an absorbed matrix and one other at most
             return work.add(2 * max(o * i for o, i in model.layer_matrix_shapes()) * db)
         return work
 
-    gpu_prefill = resident(hidden_p, True).plus(gpu_working(gbs, s))
+    gpu_prefill = resident(hidden_p, True).plus(gpu_working(gbs, s, choice.num_gpu_batches))
     gpu_prefill.add(db * gbs * model.layer_workspace_elements(s, s))
     gpu_prefill.plus(_attended_cache(choice, gbs * s * sz.cache_fp16))
     # a decode call runs the merged block or one micro-batch (`Choice.decode_calls`)
-    rows = choice.decode_calls()[1]
-    gpu_decode = resident(hidden_g, True).plus(gpu_working(rows, 1))
+    calls, rows = choice.decode_calls()
+    gpu_decode = resident(hidden_g, True).plus(gpu_working(rows, 1, calls))
     gpu_decode.add(db * rows * model.layer_workspace_elements(1, full_entries))
     gpu_decode.plus(_attended_cache(choice, rows * full_entries * sz.cache_fp16))
 
@@ -501,17 +543,20 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
             "cpu_decode": cpu_decode, "disk": disk}
 
 
-def _dequantized_bytes(choice: Choice, sz: _Sizes, model: ModelSpec, rows: int) -> float:
-    """GPU bytes a layer's compressed matrices must expand to while it runs calls of `rows` rows,
-    as the offload engine does it: 4-bit matrices in fp16/bf16 multiply in place under
-    `Choice.int4_in_place_below_rows` rows, else one matrix is dequantized per call (the engine
-    dequantizes a whole layer once per sweep only where the gpu tier has room left, which the
-    plan does not reserve). Other compressions expand the whole layer."""
+def _dequantized_bytes(choice: Choice, sz: _Sizes, model: ModelSpec, rows: int, calls: int = 1) -> float:
+    """GPU bytes a layer's compressed matrices must expand to while it runs `calls` calls of
+    `rows` rows each, as the offload engine does it: 4-bit matrices in fp16/bf16 multiply in
+    place under `Choice.int4_in_place_below_rows` rows; from there every matrix is held dense
+    for the sweep when there are several such calls (`_int4_twins`, plus one matrix's
+    transient copy before it is prepacked), else one matrix is dequantized per call. Other
+    compressions expand the whole layer. Without the kernel (`Choice.int4_kernel`) every
+    call dequantizes."""
     if choice.compression.num_bits != 4:
         return sz.layer_matrices
-    if rows < choice.int4_in_place_below_rows and model.dtype in ("fp16", "bf16"):
+    if _in_place_int4(dataclasses.replace(choice, compress_weight=True), model, rows):
         return 0.0
-    return _largest_called_matrix(model) * model.dtype_bytes
+    largest = _largest_called_matrix(model) * model.dtype_bytes
+    return sz.layer_matrices + largest if _int4_twins(choice, calls, rows) else largest
 
 
 def _largest_called_matrix(model: ModelSpec) -> int:

@@ -7,7 +7,7 @@ to what dense kernels reach in practice; measure your own box with `flexlamps pr
 import re
 
 from placement.model_spec import ModelSpec
-from placement.specs import HardwareSpec
+from placement.specs import EngineCapabilities, HardwareSpec
 
 GiB = 1 << 30
 GB = 10**9
@@ -67,6 +67,8 @@ def _t4_flexgen() -> HardwareSpec:
     # 25.26 tok/s; 4-bit dequantization 15 GB/s (unfused PyTorch ops), the best worst-case
     # fit to its three compressed runs (OPT-6.7B / 30B / 175B: 29.12 / 8.38 / 1.12 tok/s,
     # predicted within -19% / -3% / +22% for the exact published policies).
+    # No fused 4-bit kernel: torch's needs compute capability 8.0 (a T4 is 7.5) and bf16, which
+    # Turing lacks; 4-bit weights are dequantized for every call (time and memory alike).
     return HardwareSpec(
         name="t4-flexgen", gpu_mem_bytes=15 * GiB, cpu_mem_bytes=208 * GiB,
         disk_bytes=1500 * GiB,
@@ -80,8 +82,27 @@ def _t4_flexgen() -> HardwareSpec:
         gpu_dequant_bytes_per_s=15 * GB, cpu_dequant_bytes_per_s=2 * GB)
 
 
+# torch's fused 4-bit CUDA kernel (tinygemm, `_weight_int4pack_mm`): bf16 activations only, compute
+# capability 8.0 and later (so not the T4). Its rate from gpt-fast's published benchmark
+# (github.com/pytorch-labs/gpt-fast README: Llama-2-7B, batch 1, A100-80GB power-limited to
+# 330 W): 4-bit G=32 runs 196.80 tok/s reading 862.69 GB/s, where the A100-80GB's spec is
+# 2039 GB/s, so the kernel streams its codes at 42% of a GPU's spec bandwidth. At r rows it does
+# 2r FLOP per weight of 0.5625 bytes (4 bits, and a bf16 scale and zero per group of 64: the
+# engine's layout), up to the dense GEMM rate; from 128 rows the engine dequantizes instead.
+INT4_KERNEL_BANDWIDTH_SHARE = 862.69 / 2039
+INT4_BYTES_PER_WEIGHT = 0.5 + 4 / 64
+INT4_PRESET_ROWS = (1, 8, 32, 64)
+
+
+def _int4_kernel_rates(gpu_bw_gbs: float, bf16_tflops: float) -> dict[str, dict[str, float]]:
+    """{"bf16": {rows: FLOP/s}} of the fused 4-bit kernel on a GPU of this bandwidth (see above)."""
+    weights_per_s = INT4_KERNEL_BANDWIDTH_SHARE * gpu_bw_gbs * GB / INT4_BYTES_PER_WEIGHT
+    return {"bf16": {str(r): min(2 * r * weights_per_s, bf16_tflops * TFLOPS) for r in INT4_PRESET_ROWS}}
+
+
 def _consumer_or_dc(name, gpu_gib, gpu_bw_gbs, fp16_tflops, fp32_tflops, cpu_gib, pcie_gbs,
                     disk_read_gbs, disk_write_gbs, disk_gib, cpu_attn_gflops) -> HardwareSpec:
+    # every GPU preset below is Ampere or later (compute capability >= 8.0): it has the kernel
     return HardwareSpec(
         name=name, gpu_mem_bytes=int(gpu_gib * GiB), cpu_mem_bytes=int(cpu_gib * GiB),
         disk_bytes=int(disk_gib * GiB),
@@ -93,7 +114,9 @@ def _consumer_or_dc(name, gpu_gib, gpu_bw_gbs, fp16_tflops, fp32_tflops, cpu_gib
                                 "fp16": 0.3 * TFLOPS},
         gpu_mem_bytes_per_s=0.75 * gpu_bw_gbs * GB, cpu_attention_flops_per_s=cpu_attn_gflops * 1e9,
         # unfused dequantization reaches ~1/20 of the memory bandwidth (as fitted on the T4)
-        gpu_dequant_bytes_per_s=gpu_bw_gbs * GB / 20, cpu_dequant_bytes_per_s=4 * GB)
+        gpu_dequant_bytes_per_s=gpu_bw_gbs * GB / 20, cpu_dequant_bytes_per_s=4 * GB,
+        gpu_int4_gemm_flops_by_rows=_int4_kernel_rates(gpu_bw_gbs, fp16_tflops),
+        int4_dense_from_rows=EngineCapabilities().int4_in_place_below_rows)
 
 
 HARDWARE_PRESETS = {

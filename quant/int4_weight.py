@@ -23,7 +23,11 @@ import torch
 
 from quant.int4_tiles import tile_rows, unpack_tile_rows_into, unpacked_from_tiles
 
-KERNEL_DTYPES = (torch.bfloat16, torch.float16)  # the fused kernels' activation dtypes
+KERNEL_DTYPES = (torch.bfloat16, torch.float16)  # the fused kernels' activation dtypes (CPU)
+# torch's CUDA kernel (tinygemm, aten/src/ATen/native/cuda/int4mm.cu) takes bf16 activations
+# only and is built for compute capability 8.0 and later (Ampere on; not a T4's 7.5)
+CUDA_KERNEL_DTYPES = (torch.bfloat16,)
+CUDA_KERNEL_MIN_CAPABILITY = (8, 0)
 GROUP_SIZES = (32, 64, 128, 256)
 _DEQUANT_CHUNK_BYTES = 2 << 20  # fp32 codes dequantized at a time on a CPU: about one L2 cache
 
@@ -34,8 +38,15 @@ def can_pack(shape: tuple[int, ...], group_size: int, device: torch.device | str
         return False
     rows, cols = shape
     if torch.device(device).type == "cuda":
-        return rows % 8 == 0 and cols % max(group_size, 32) == 0
+        # a dry run for a GPU this machine lacks assumes a capable one (the planner says which)
+        capable = not torch.cuda.is_available() or torch.cuda.get_device_capability(device) >= CUDA_KERNEL_MIN_CAPABILITY
+        return rows % 8 == 0 and cols % max(group_size, 32) == 0 and capable
     return rows % 16 == 0 and cols % group_size == 0 and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+
+def kernel_dtypes(device_type: str) -> tuple[torch.dtype, ...]:
+    """The activation dtypes the fused kernel multiplies in on a device type."""
+    return CUDA_KERNEL_DTYPES if device_type == "cuda" else KERNEL_DTYPES
 
 
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
@@ -176,7 +187,7 @@ class Int4Weight:
     def can_run_fused(self, x: torch.Tensor) -> bool:
         # NOTE(offspeed): not in fp32 (an fp32 model's 4-bit weights offloaded): torch's CPU kernel
         # runs it ~5x slower than dequantizing for the dense GEMM (1 vs 80 GFLOP/s in bf16)
-        return (self.kernel_codes is not None and x.dtype == self.dtype and x.dtype in KERNEL_DTYPES
+        return (self.kernel_codes is not None and x.dtype == self.dtype and x.dtype in kernel_dtypes(x.device.type)
                 and x.device == self.device)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:

@@ -93,8 +93,10 @@ def _check_plan_runs_in_a_dry_run(case):
     except placement.InfeasiblePlanError:
         assume(False)
     dtype = torch.bfloat16 if model.dtype == "bf16" else torch.float16
+    # the target GPU's kernel rule, which the plan followed (no fused 4-bit kernel on a T4)
     run = dry_run(config, plan.policy, gpu_mem=hw.gpu_mem_bytes, cpu_mem=hw.cpu_mem_bytes,
-                  prompt_len=workload.prompt_len, gen_len=workload.gen_len, dtype=dtype)
+                  prompt_len=workload.prompt_len, gen_len=workload.gen_len, dtype=dtype,
+                  fused_int4=placement.int4_runs_in_place(hw, model.dtype))
     capacity = {"gpu": hw.gpu_mem_bytes, "cpu": hw.cpu_mem_bytes, "disk": hw.disk_bytes}
     # the engine places whole tensors and whole cache layers: each tier boundary may fall half
     # a matrix and half a cache layer away from the planned share

@@ -22,7 +22,7 @@ from flexlamps.models.checkpoint import fp8_weight_block
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, pack
 from offload import compute_device, tensor_bytes
-from quant.int4_weight import KERNEL_DTYPES
+from quant.int4_weight import kernel_dtypes
 
 HEAD_CHUNK_ROWS = 8192  # the output head runs in chunks of this many vocab rows (within a piece)
 
@@ -84,11 +84,13 @@ class PlacementCharges:
     weights as `Int4Weight`s (default: as the policy says); `device_type`: the compute device's
     (the stored forms depend on it; default: this machine's); `stores_fp8`: which weights an FP8
     checkpoint holds in FP8 (its reader's `stores_fp8`; default: as DeepSeek-V3 ships them);
-    `latent_fp8`: an MLA model's latent cache holds ESS's FP8 records, not the compute dtype's."""
+    `latent_fp8`: an MLA model's latent cache holds ESS's FP8 records, not the compute dtype's;
+    `fused_int4`: whether the device multiplies 4-bit weights in place in `dtype` (default: as
+    torch's kernels do on `device_type`; a planned GPU says it, `placement.int4_runs_in_place`)."""
 
     def __init__(self, hf_config: dict, policy: placement.Policy, dtype: torch.dtype, *,
                  int4: bool | None = None, device_type: str | None = None, stores_fp8=None,
-                 latent_fp8: bool = False):
+                 latent_fp8: bool = False, fused_int4: bool | None = None):
         self.cfg = cfg = ModelConfig.from_hf(hf_config)
         self.latent_fp8 = latent_fp8  # an MLA latent cache in ESS's FP8 records (656 B for V3.2)
         if cfg.mla is not None and (policy.compress_cache or policy.cpu_attention):
@@ -97,7 +99,9 @@ class PlacementCharges:
         self.model_spec = placement.ModelSpec.from_hf_config(hf_config)
         self.policy, self.dtype = policy, dtype
         self.dtype_bytes = torch.empty((), dtype=dtype).element_size()
-        self.weights = StoredWeights(cfg, dtype, device_type or compute_device().type,
+        device_type = device_type or compute_device().type
+        self.fused_int4 = dtype in kernel_dtypes(device_type) if fused_int4 is None else fused_int4
+        self.weights = StoredWeights(cfg, dtype, device_type,
                                      int4_weights(policy) if int4 is None else int4,
                                      fp8_weight_block(hf_config), stores_fp8)
         self.specs = self.weights.specs  # as stored: 4-bit q/k/v and gate/up stacked
@@ -136,9 +140,14 @@ class PlacementCharges:
         """Bytes a layer's compressed weights expand to while it computes calls of up to `rows`
         rows: other forms than Int4Weight all at once, before the layer runs, and 4-bit ones
         as `int4_decompressed` says."""
+        return self._expanded_whole(layer) + self.int4_decompressed(layer, rows)
+
+    def _expanded_whole(self, layer: int) -> int:
+        """Bytes of a layer's weights expanded for its whole run: compressed forms other than
+        Int4Weight, and the FP8 matrices upcast at once (`fp8_upcast`)."""
         others = sum(s.numel for s in self.specs
                      if s.layer == layer and self.compressed(s) and not self.weights.is_int4(s))
-        return others * self.dtype_bytes + self.int4_decompressed(layer, rows) + self.fp8_upcast(layer)
+        return others * self.dtype_bytes + self.fp8_upcast(layer)
 
     def fp8_upcast(self, layer: int) -> int:
         """Most bytes a layer's FP8 matrices hold upcast at once: `models.linear` upcasts one per
@@ -153,7 +162,7 @@ class PlacementCharges:
         """The largest 4-bit matrix of a layer that `models.linear` dequantizes for one call (on
         its dense path: `rows` at least INT4_DENSE_FROM_ROWS, activations the kernel does not
         take (fp32), or no kernel for the shape)."""
-        dense_rows = rows >= INT4_DENSE_FROM_ROWS or self.dtype not in KERNEL_DTYPES
+        dense_rows = rows >= INT4_DENSE_FROM_ROWS or not self.fused_int4
         dense_path = [s.numel for s in self.specs if s.layer == layer and self.compressed(s)
                       and self.weights.is_int4(s) and (dense_rows or self.weights.dense_on_call(s))]
         return max(dense_path, default=0) * self.dtype_bytes
@@ -164,6 +173,31 @@ class PlacementCharges:
         matrix's transient copy before it is prepacked."""
         sizes = [s.numel for s in self.specs if s.layer == layer and self.compressed(s) and self.weights.is_int4(s)]
         return (sum(sizes) + max(sizes, default=0)) * self.dtype_bytes
+
+    @staticmethod
+    def wants_int4_twins(steps) -> bool:
+        """Whether a sweep over `steps` dequantizes each 4-bit matrix of a layer once for all its
+        calls (when the gpu tier has room, `layer_need`): two calls or more take the dense path
+        (`INT4_DENSE_FROM_ROWS` rows or more: prompt chunks, or unmerged decode of large micro-batches)."""
+        return sum(rows * tokens >= INT4_DENSE_FROM_ROWS for rows, tokens, _ in steps) >= 2
+
+    def layer_need(self, layer: int, steps, twins: bool) -> int:
+        """Gpu bytes layer `layer` holds while it runs `steps`, besides its own staged weights:
+        the next layer's prefetch, its decompressed weights (with `twins`: every 4-bit matrix
+        dense for the whole sweep, else one a call), and the largest micro-batch's workspace
+        and staged cache rows. The executor takes twins where staged + this fits (the same rule
+        as `sweep_gpu_peak`)."""
+        most_rows = max((rows * tokens for rows, tokens, _ in steps), default=0)
+        if twins:
+            weights = self._expanded_whole(layer) + self.int4_twins_bytes(layer)
+        else:
+            weights = self.decompressed(layer, most_rows)
+        weights += self.staged(self.layer_names[layer + 1]) if layer + 1 < self.cfg.num_layers else 0
+        step_peak = 0
+        for rows, tokens, span in steps:
+            need = workspace_bytes(self.model_spec, rows, tokens, span, self.dtype_bytes)
+            step_peak = max(step_peak, need + self.staged_cache_bytes(layer, rows, tokens, span))
+        return weights + step_peak
 
     @property
     def activation_tier(self) -> str:
@@ -185,28 +219,28 @@ class PlacementCharges:
             return staged_rows_bytes(cfg, rows, span, self.dtype)
         return 0
 
-    def sweep_gpu_peak(self, steps) -> int:
+    def sweep_gpu_peak(self, steps, room: int | None = None) -> int:
         """Most gpu bytes a sweep over `steps` holds beyond the resident weights and cache: the
         staged small global weights and the activations (when on the gpu tier) throughout,
-        plus the largest of the embedding rows, a layer (its staged weights, the next layer's
-        prefetch, its decompressed weights, one micro-batch's workspace and staged cache rows)
-        and the output head's vocab chunk."""
-        cfg, policy = self.cfg, self.policy
+        plus the largest of the embedding rows, a layer (its staged weights and `layer_need`)
+        and the output head's vocab chunk. `room`: the gpu bytes free when the sweep starts,
+        which decides where a layer's 4-bit matrices are dequantized once for the sweep
+        (`wants_int4_twins`), as the executor decides it; None: wherever the sweep wants it
+        (the worst case)."""
+        cfg = self.cfg
         globals_ = [s.name for s in self.specs if s.layer is None and s.name not in TABLE_NAMES]
         held = self.staged(globals_)
         held += self.activation_bytes(steps) if self.activation_tier == "gpu" else 0
         row_bytes = cfg.hidden_size * self.dtype_bytes
         embed_rows_off_gpu = sum(p.num_rows for p in self.placement.pieces["embed_tokens"] if p.tier != "gpu")
         moments = [min(embed_rows_off_gpu, rows * tokens) * row_bytes for rows, tokens, _ in steps]
-        most_rows = max((rows * tokens for rows, tokens, _ in steps), default=0)
+        twins = self.wants_int4_twins(steps)
         for j in range(cfg.num_layers):
-            weights = self.staged(self.layer_names[j]) + self.decompressed(j, most_rows)
-            weights += self.staged(self.layer_names[j + 1]) if j + 1 < cfg.num_layers else 0
-            step_peak = 0
-            for rows, tokens, span in steps:
-                need = workspace_bytes(self.model_spec, rows, tokens, span, self.dtype_bytes)
-                step_peak = max(step_peak, need + self.staged_cache_bytes(j, rows, tokens, span))
-            moments.append(weights + step_peak)
+            staged = self.staged(self.layer_names[j])
+            moment = staged + self.layer_need(j, steps, twins)
+            if twins and room is not None and held + moment > room:
+                moment = staged + self.layer_need(j, steps, False)
+            moments.append(moment)
         head = self.placement.pieces.get("lm_head") or self.placement.pieces["embed_tokens"]
         chunks = [(stop - start, piece.tier) for piece, start, stop in head_chunks(head, HEAD_CHUNK_ROWS)]
         head_rows = max(n for n, _ in chunks)  # logits of the widest chunk, and the widest staged one

@@ -33,10 +33,12 @@ class DryRun:
 
 
 def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem: int, prompt_len: int,
-            gen_len: int, dtype: torch.dtype = torch.float16, latent_fp8: bool = False) -> DryRun:
+            gen_len: int, dtype: torch.dtype = torch.float16, latent_fp8: bool = False,
+            fused_int4: bool | None = None) -> DryRun:
     """Charge the budgets as `OffloadExecutor` would for one block of `policy`: its
     `gpu_batch_size * num_gpu_batches` prompts of `prompt_len` tokens generating `gen_len`;
-    `latent_fp8` as the executor's (an MLA latent cache in ESS's FP8 records).
+    `latent_fp8` as the executor's (an MLA latent cache in ESS's FP8 records); `fused_int4`:
+    whether the target multiplies 4-bit weights in place (`PlacementCharges`).
 
     Raises:
         ValueError: the executor would not run the policy as planned (see CAPABILITIES).
@@ -45,7 +47,7 @@ def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem:
     unsupported = CAPABILITIES.unsupported(policy)
     if unsupported:
         raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(unsupported)})")
-    run = PlacementCharges(hf_config, policy, dtype, latent_fp8=latent_fp8)
+    run = PlacementCharges(hf_config, policy, dtype, latent_fp8=latent_fp8, fused_int4=fused_int4)
     budgets = {"gpu": TierBudget("gpu", gpu_mem), "cpu": TierBudget("cpu", cpu_mem)}
     for name, tier in run.tiers.items():  # each weight, each piece of a split table
         if tier != "disk":
@@ -84,7 +86,7 @@ def _sweep(run: PlacementCharges, budgets: dict[str, TierBudget], steps) -> None
     host = run.activation_bytes(steps) if run.activation_tier == "cpu" else 0
     budgets["cpu"].allocate(host, "activations (cpu)")
     try:
-        peak = run.sweep_gpu_peak(steps)
+        peak = run.sweep_gpu_peak(steps, room=budgets["gpu"].free_bytes)
         budgets["gpu"].allocate(peak, "one sweep")
         budgets["gpu"].free(peak)
     finally:

@@ -354,9 +354,10 @@ class OffloadExecutor:
                 fetched, staged, io_s, done = pending.result()
                 self.copies.hand_over(done, fetched.values())
                 t_io = time.perf_counter()
+                twin_bytes = self._reserve_int4_twins(j, steps)  # before the next layer's staging
                 pending = self._fetch_timed(j + 1) if j + 1 < cfg.num_layers else None
                 try:
-                    self._run_layer(j, fetched, steps, hidden, ctxs, cache, act_tier)
+                    self._run_layer(j, fetched, steps, hidden, ctxs, cache, act_tier, twin_bytes)
                 finally:
                     store.release(staged)
                 if prof is not None:
@@ -379,11 +380,14 @@ class OffloadExecutor:
             store.release(glob_staged)
 
     def _run_layer(self, j: int, fetched: dict, steps: list[Step], hidden: list, ctxs: list, cache,
-                   act_tier: str) -> None:
+                   act_tier: str, twin_bytes: int) -> None:
         """Layer j over every micro-batch (hidden[k] replaced by its output), its decompressed
-        weights charged to the gpu tier meanwhile."""
+        weights charged to the gpu tier meanwhile (`twin_bytes`: its 4-bit matrices' dense
+        copies for the sweep, already charged; 0: dequantized per call)."""
         w, dense_bytes = self._layer_weights(fetched)
-        w, twin_bytes = self._int4_twins(j, w, steps)
+        if twin_bytes:  # each dense copy is made (and prepacked) on its first call (`Int4Twin.dense`)
+            w = {name: Int4Twin(m, None, INT4_DENSE_FROM_ROWS) if isinstance(m, Int4Weight) else m
+                 for name, m in w.items()}
         charged = 0
         try:
             if not twin_bytes:  # inside models.linear: 4-bit matrices dequantized per call
@@ -396,19 +400,20 @@ class OffloadExecutor:
         finally:
             self.budgets["gpu"].free(charged + twin_bytes)
 
-    def _int4_twins(self, j: int, w: dict, steps: list[Step]) -> tuple[dict, int]:
+    def _reserve_int4_twins(self, j: int, steps: list[Step]) -> int:
         """When several of the sweep's calls take a 4-bit matrix's dense path (prompt chunks of
-        INT4_DENSE_FROM_ROWS rows or more), the layer's matrices are dequantized (and prepacked)
-        once for all of them instead of once a call: the same values, so the same bits. Returns
-        the weights and the gpu bytes charged for the dense copies (0: left to per-call)."""
-        dense_calls = sum(s.input_ids.numel() >= INT4_DENSE_FROM_ROWS for s in steps)
+        INT4_DENSE_FROM_ROWS rows or more), layer j's matrices are dequantized (and prepacked)
+        once for all of them instead of once a call: the same values, so the same bits. Taken
+        where the layer's whole need with them (`PlacementCharges.layer_need`: the next layer's
+        staging included, which is why this runs before that prefetch) fits the gpu tier, as
+        the dry run decides it; the planner reserves it. Returns the bytes charged (0: per call)."""
+        shapes = [(s.input_ids.shape[0], s.input_ids.shape[1], s.span) for s in steps]
         need = self.charges.int4_twins_bytes(j)
-        if dense_calls < 2 or not need or need > self.budgets["gpu"].free_bytes:
-            return w, 0
+        if (not need or not self.charges.wants_int4_twins(shapes)
+                or self.charges.layer_need(j, shapes, True) > self.budgets["gpu"].free_bytes):
+            return 0
         self.budgets["gpu"].allocate(need, f"layer {j} 4-bit weights dequantized for the sweep")
-        # each dense copy is made (and prepacked) on its first call (`Int4Twin.dense`)
-        return {name: Int4Twin(m, None, INT4_DENSE_FROM_ROWS) if isinstance(m, Int4Weight) else m
-                for name, m in w.items()}, need
+        return need
 
     def _layer_step(self, j: int, w: dict, step: Step, x, ctx, span: int, cache, act_tier: str):
         """Layer j over one micro-batch, its workspace charged to the gpu tier meanwhile."""
