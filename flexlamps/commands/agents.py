@@ -188,10 +188,11 @@ def _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, s
 
 _VERIFY_LOW_PRECISION = (
     "note: in {} --verify compares each output with the same engine's own uninterrupted generation (its weights "
-    "and kernels; an in-memory run keeps 4-bit weights in another form). Exact equality then needs GEMM kernels "
-    "whose rows do not depend on the batch's row count: oneDNN's bf16 GEMM on CPUs without AMX, but not with AMX "
-    "(a row may move by one bf16 rounding step) nor 4-bit weights (another kernel from 128 rows); a near-tie may "
-    "then flip a token. Outputs that differ are listed. float32 (--dtype float32) is exact and is also checked "
+    "and kernels; an in-memory run keeps 4-bit weights in another form). Exact equality would need kernels whose "
+    "rows do not depend on the step's shapes: oneDNN's bf16 GEMM is so on CPUs without AMX, but not with AMX (a row "
+    "may move by one bf16 rounding step), nor are 4-bit weights (another kernel from 128 rows) or bf16 attention "
+    "(torch's flash kernel: a token may move by a rounding step with the rows and chunks of its step); a near-tie "
+    "may then flip a token. Outputs that differ are listed. float32 (--dtype float32) is exact and is also checked "
     "against the model all in memory.")
 
 
