@@ -4,7 +4,9 @@ per model: time, memory, logits against the fp32 reference, greedy agreement.
 1. The SmolLM2 tied head (49152 x 576, Q8_0 in the built-in GGUF) at each row count: the dense
    bf16 GEMM on a prepacked copy, the fused call on the int8 codes, and a per-call
    dequantization (what a plain weight does from `INT8_DENSE_FROM_ROWS` rows), best of --repeats.
-2. A model whose matrices are all Q8_0: SmolLM2's own weights (dequantized from the built-in
+2. The built-in SmolLM2 GGUF as it is (Q4_1 layers, Q8_0 tied head), in bf16 with dense twins (the
+   default): the head kept int8 (the default) or as a bf16 copy; decode step and agreement with fp32.
+3. A model whose matrices are all Q8_0: SmolLM2's own weights (dequantized from the built-in
    GGUF) written as a Q8_0 GGUF, then run by the in-memory engine in bf16 with the bf16 copy,
    with int8 twins (the default when memory allows) and with plain int8; decode-step time at
    batch 1 and 32, prefill logits and --new-tokens greedy tokens against fp32 on WikiText-2
@@ -143,12 +145,18 @@ def generate(ex: InMemoryExecutor, prompts: list[list[int]], new_tokens: int):
     return logits.float(), torch.stack(tokens, 1), step_ms
 
 
-def model_table(args) -> None:
-    work = Path(tempfile.mkdtemp(prefix="flexlamps-q8-"))
-    reader = GGUFReader(write_q8_smollm2(work / "smollm2-q8_0.gguf"), work)
+def builtin_engines(reader) -> dict[str, InMemoryExecutor]:
+    cfg, bf16 = reader.config, torch.bfloat16
+    weights = read_all(reader, bf16, int4_in_place=True)
+    copy_head = {k: v for k, v in weights.items() if k != "lm_head"}  # the head: the packed table
+    return {"fp32 reference": InMemoryExecutor(cfg, read_all(reader, torch.float32), torch.float32),
+            "head as bf16 copy": InMemoryExecutor(cfg, copy_head, bf16, dense_twins=True),
+            "head int8 (default)": InMemoryExecutor(cfg, weights, bf16, dense_twins=True)}
+
+
+def model_table(args, title: str, reader, exes: dict[str, InMemoryExecutor]) -> None:
     tokenizer = open_checkpoint("smollm2-135m").tokenizer
     prompts = distinct_prompts(tokenizer, max(32, args.prompts), args.prompt_len)
-    exes = engines(reader)
     step = {name: {} for name in exes}
     results = {}
     for _ in range(args.repeats):  # alternating; best of each
@@ -159,7 +167,7 @@ def model_table(args) -> None:
     for name, ex in exes.items():
         results[name] = generate(ex, prompts[:args.prompts], args.new_tokens)
     ref_logits, ref_tokens, _ = results["fp32 reference"]
-    print(f"\nall-Q8_0 SmolLM2 ({work}), bf16 compute, {args.prompts} prompts x {args.prompt_len} tokens, "
+    print(f"\n{title}, bf16 compute, {args.prompts} prompts x {args.prompt_len} tokens, "
           f"{args.new_tokens} greedy tokens")
     print("| engine | weights MiB | decode ms/step b=1 | b=32 | prefill logits max diff / max | "
           "greedy tokens = fp32 | identical outputs |")
@@ -185,8 +193,13 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     head_table([int(r) for r in args.rows.split(",")], args.repeats)
-    if not args.skip_model:
-        model_table(args)
+    if args.skip_model:
+        return
+    builtin = open_checkpoint("smollm2-135m")
+    model_table(args, "built-in SmolLM2 GGUF (Q4_1 layers, Q8_0 tied head)", builtin, builtin_engines(builtin))
+    work = Path(tempfile.mkdtemp(prefix="flexlamps-q8-"))
+    reader = GGUFReader(write_q8_smollm2(work / "smollm2-q8_0.gguf"), work)
+    model_table(args, f"all-Q8_0 SmolLM2 ({work})", reader, engines(reader))
 
 
 if __name__ == "__main__":
