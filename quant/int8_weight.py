@@ -16,7 +16,7 @@ weight (the kernel's codes and a scale and zero per 32) where a bf16 copy holds 
 that much per call: decode of one or two rows, which streams weights from memory, runs
 1.3-2x faster than the dense GEMM; from about four rows the dense GEMM wins (`models.linear`
 switches). The values are `round(d) * q` exactly, with d rounded once to the compute dtype; a
-bf16 copy holds `round(d * q)` instead (the same relative error, 2^-9). Imports torch only.
+bf16 copy holds `round(d * q)` instead (the same relative error, at most 2^-8). Imports torch only.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import dataclasses
 
 import torch
 
-from quant.int4_tiles import tile_rows, tiles_from_unpacked, unpack_tile_rows_into
+from quant.int4_tiles import tile_rows, tiles_from_unpacked
 from quant.int4_weight import Int4Weight, unpack_codes
 
 _DEQUANT_CHUNK_BYTES = 2 << 20  # fp32 values dequantized at a time on a CPU: about one L2 cache
@@ -101,29 +101,41 @@ class Int8Weight:
 
     def dequantize(self, dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """The dense (N, K) weight in `dtype` (default: the scales' dtype): `d * q` computed exactly
-        in fp32 and rounded once; into `out` when given. A few rows at a time: the halves' codes are
-        joined back into q = 16 h + l - 128 and scaled by the low halves' scales (d)."""
+        in fp32 and rounded once; into `out` when given. A few rows at a time: the int8 codes are
+        joined back from the halves' nibbles, then scaled by the low halves' scales (d)."""
         rows, cols = self.shape
         if out is None:
             out = torch.empty(rows, cols, dtype=dtype or self.dtype, device=self.device)
-        s = self.split
-        scale = s.scale_zero[cols // s.group_size:, :, 0].t()  # (N, K/g): the low halves' d
-        tile = tile_rows(2 * cols) if s.codes is None else 1
+        scale = self.split.scale_zero[cols // self.group_size:, :, 0].t()  # (N, K/g): the low halves' d
         step = rows if self.device.type != "cpu" else max(64, _DEQUANT_CHUNK_BYTES // (4 * cols) // 64 * 64)
-        halves = torch.empty(min(step, rows), 2 * cols, dtype=torch.uint8, device=self.device)
         values = torch.empty(min(step, rows), cols, device=self.device)
         for start in range(0, rows, step):
             stop = min(rows, start + step)
-            codes, q = halves[:stop - start], values[:stop - start]
-            if s.codes is None:
-                unpack_tile_rows_into(codes, s.kernel_codes, start, tile)
-            else:
-                codes.copy_(unpack_codes(s.codes[start:stop]))
-            torch.mul(codes[:, :cols], 16, out=q)  # exact in fp32: integers below 2^24
-            q.add_(codes[:, cols:]).sub_(128)
-            q.view(stop - start, -1, s.group_size).mul_(scale[start:stop, :, None])
-            out[start:stop].copy_(q)
+            v = values[:stop - start]
+            self._codes_into(v, start, stop)  # int8 -> fp32, exact
+            v.view(stop - start, -1, self.group_size).mul_(scale[start:stop, :, None])
+            out[start:stop].copy_(v)
         return out
+
+    def _codes_into(self, v: torch.Tensor, start: int, stop: int) -> None:
+        """The int8 codes of output rows start .. stop, as numbers into `v`. In the kernel's tile
+        layout a byte of the high halves' columns holds h of rows j and j + t/2 of a tile, the same
+        byte of the low halves' columns their l; 16 h + l is q + 128, which XOR 128 reads as q."""
+        s, cols = self.split, self.shape[1]
+        if s.codes is not None:
+            halves = unpack_codes(s.codes[start:stop])
+            v.copy_(((halves[:, :cols] << 4) | halves[:, cols:]).bitwise_xor_(128).view(torch.int8))
+            return
+        tile = tile_rows(2 * cols)
+        tiles = s.kernel_codes.view(-1, 2 * cols, tile // 2)[start // tile:stop // tile]  # (n, 2K, t/2)
+        high, low = tiles[:, :cols], tiles[:, cols:]
+        both = torch.empty(len(tiles), 2, cols, tile // 2, dtype=torch.uint8, device=v.device)
+        torch.bitwise_left_shift(high, 4, out=both[:, 0])  # rows j of each tile
+        both[:, 0].bitwise_or_(low & 15)
+        torch.bitwise_and(high, 240, out=both[:, 1])  # rows t/2 + j
+        both[:, 1].bitwise_or_(low >> 4)
+        both.bitwise_xor_(128)
+        v.view(len(tiles), 2, tile // 2, cols).copy_(both.view(torch.int8).transpose(2, 3))
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Int8Weight":
         return Int8Weight(self.split.to(device, non_blocking=non_blocking))

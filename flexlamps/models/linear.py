@@ -86,8 +86,10 @@ TWIN_PACK_AFTER_USES = 2
 # 3.3/4.4 ms at 1 row, 4.1/4.5 at 2, 5.7/3.3 at 4. A twin runs the dense copy from 3 rows.
 INT8_TWIN_DENSE_FROM_ROWS = 3
 # A plain Q8_0 weight is dequantized for calls of this many rows (the fused call's time grows
-# with the rows, a dequantization's does not): the head 11.4 ms fused at 8 rows, 17 + 4 dequantized.
-INT8_DENSE_FROM_ROWS = 16
+# with the rows, a dequantization's does not; 0.5-0.9 G weights/s): the head 22 ms fused at 16 rows,
+# 45-54 at 32, against 31-60 ms dequantized (load 3-4) + 6-11 ms of GEMM; 3072x576 at 32 rows
+# 2.7 ms fused, about 4 dequantized.
+INT8_DENSE_FROM_ROWS = 32
 _SCRATCH = threading.local()  # per thread: the buffer 4-bit weights are dequantized into
 
 
