@@ -121,7 +121,7 @@ class Int4Twin:
     run that never multiplies many rows (batch-1 decode) never holds the copy, and a weight used
     once or twice (a first prompt) is never packed. Every result is the same whenever it is made."""
 
-    __slots__ = ("int4", "_plain", "_dense", "_uses", "dense_from_rows")
+    __slots__ = ("int4", "_plain", "_dense", "_uses", "dense_from_rows", "_fused_on")
 
     def __init__(self, int4: Int4Weight | Int8Weight,
                  plain: torch.Tensor | Callable[[], torch.Tensor | None] | None = None,
@@ -132,6 +132,7 @@ class Int4Twin:
         if dense_from_rows is None:
             dense_from_rows = INT8_TWIN_DENSE_FROM_ROWS if isinstance(int4, Int8Weight) else INT4_TWIN_DENSE_FROM_ROWS
         self.dense_from_rows = dense_from_rows
+        self._fused_on = None  # the (dtype, device) of activations the fused kernel was found to take
         self._plain = plain
         self._dense = None
         self._uses = 0
@@ -151,6 +152,19 @@ class Int4Twin:
             return self._dense
         self._plain = plain
         return plain
+
+    def fused_matmul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x @ w.T by the fused kernel when this call takes it (fewer rows than `dense_from_rows`,
+        activations it multiplies), else None. The kernel's check is made once per dtype and
+        device: a batch-1 decode step makes ~120 of these calls."""
+        if x.numel() >= self.dense_from_rows * x.shape[-1]:
+            return None
+        on = (x.dtype, x.device)
+        if on != self._fused_on:
+            if not self.int4.can_run_fused(x):
+                return None
+            self._fused_on = on
+        return self.int4.matmul(x)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -203,6 +217,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *,
     """x (..., in) @ w (out, in).T + b, as `F.linear`; then `+ add` or `* mul` (same shape as the output)."""
     if add is not None and mul is not None:
         raise ValueError("linear: pass add= or mul=, not both")
+    if type(w) is Int4Twin:  # resident 4-bit weights, decode first: the step's most frequent call
+        out = w.fused_matmul(x)
+        if out is not None:
+            return _epilogue(out, b, add, mul)
     other = add if add is not None else mul
     if isinstance(w, (Int4Weight, Int8Weight, Int4Twin)):
         return _int4_linear(x, w, b, add=add, mul=mul)
@@ -259,7 +277,12 @@ def _int4_linear(x: torch.Tensor, w: Int4Weight | Int8Weight | Int4Twin, b: torc
         dense = twin.dense if twin and x.dtype == twin.dtype else w.dequantize(
             x.dtype, out=_dense_scratch(w.shape, x.dtype, x.device))
         return linear(x, dense, b, add=add, mul=mul)
-    out = w.matmul(x)  # a fresh tensor: the bias, add and product go in place (same values)
+    return _epilogue(w.matmul(x), b, add, mul)
+
+
+def _epilogue(out: torch.Tensor, b, add, mul) -> torch.Tensor:
+    """`out + b`, then `+ add` or `* mul`, in place on the fused kernel's fresh output (the same
+    values; out of place where a dtype differs, as torch would promote)."""
     if b is not None:
         out = out.add_(b) if b.dtype == out.dtype else out + b
     if add is not None:
