@@ -60,7 +60,8 @@ class DenseKVCache:
         span = int(positions.max()) + 1
         # query at position p sees keys 0..p of its own row: causal and per-row length in one mask
         mask = torch.arange(span, device=positions.device)[None, None, :] <= positions[:, :, None]
-        return StepGeometry(slots, positions, span, mask, first, is_fresh_prefill(positions))
+        return StepGeometry(slots, positions, span, mask, first, is_fresh_prefill(positions),
+                            decode_at=_shared_decode_position(positions, span, first))
 
     def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
                   geometry: "StepGeometry | None" = None):
@@ -94,6 +95,8 @@ def _write(cache: torch.Tensor, geo: "StepGeometry", new: torch.Tensor) -> None:
     from position 0 into a block of rows is one strided copy (an indexed write takes 3-9x as long)."""
     if geo.fresh and geo.first is not None:
         cache[geo.first:geo.first + new.shape[0], :, :new.shape[1]].copy_(new.transpose(1, 2))
+    elif geo.decode_at is not None:  # one position of a block of rows: a strided copy too
+        cache[geo.first:geo.first + new.shape[0], :, geo.decode_at].copy_(new[:, 0])
     else:
         cache[geo.slots[:, None], :, geo.positions] = new.to(cache.dtype)
 
@@ -108,7 +111,8 @@ class StepGeometry:
     """One step's rows: `slots` (n,), `positions` (n, T), keys 0..span-1 read, `mask` (n, T, span),
     `first`: the first slot when the slots are one contiguous block (rows read as a view), else None;
     `fresh`: every row is a prompt chunk from position 0 (it attends over its own new keys);
-    `segments`: a packed step's attention (then no mask)."""
+    `segments`: a packed step's attention (then no mask); `decode_at`: the position every row
+    writes its one token at, when they share it and the rows are a block (a batch-1 decode)."""
     slots: torch.Tensor
     positions: torch.Tensor
     span: int
@@ -116,6 +120,14 @@ class StepGeometry:
     first: int | None
     fresh: bool = False
     segments: Segments | None = None
+    decode_at: int | None = None
+
+
+def _shared_decode_position(positions: torch.Tensor, span: int, first: int | None) -> int | None:
+    """`StepGeometry.decode_at`: span - 1 when each row writes one token there (rows a block)."""
+    if positions.shape[1] != 1 or first is None:
+        return None
+    return span - 1 if positions.shape[0] == 1 or int(positions.min()) == span - 1 else None
 
 
 def _first_of_block(slots: torch.Tensor) -> int | None:
