@@ -235,9 +235,10 @@ class LLM:
             self.executor.close()
 
 
-# The in-memory executor keeps a dense copy of its 4-bit weights (prefill and batches from 16 rows
-# run a dense GEMM instead of dequantizing per call) when the copies take at most this share of
-# the memory available now; otherwise the 4-bit weights alone (same results, slower prefill).
+# The in-memory executor keeps a dense copy of its 4-bit and Q8_0 weights (prefill and batches from
+# 16 rows, 3 for Q8_0, run a dense GEMM instead of dequantizing per call) when the copies take at
+# most this share of the memory available now; otherwise the quantized weights alone (same results,
+# slower prefill).
 DENSE_TWINS_MAX_SHARE = 0.25
 
 
