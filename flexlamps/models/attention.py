@@ -1,6 +1,6 @@
 """`attention(q, keys, values, mask)`: the attention every KV cache calls once it has its keys.
 
-float32 on the CPU: a query's result depends only on that query and the keys its mask lets it
+float32 and float16 on the CPU: a query's result depends only on that query and the keys its mask lets it
 see: not on the other rows of the step, on how far the step's keys are padded (the longest row's
 span), nor on how many queries share its chunk (a decode, a prompt chunk, a recompute). That is
 what lets a scheduled run (any rows sharing a step, any chunking) equal each request generated
@@ -22,13 +22,13 @@ block), which bounds the scores' memory.
 bfloat16 on the CPU runs torch's fused flash kernel instead (2.5x faster on a prompt, and the
 keys are read as bf16, half the bytes; a decode runs the same arithmetic as two batched
 products): scores, softmax and sums in fp32, probabilities rounded to bf16 before the product
-with the values, the result rounded once. Its result is fixed for a
-given step (same shapes, same bits: the offloaded and in-memory engines agree exactly) but may
-move with the step's shapes, and stays within `BF16_TOLERANCE` of the largest |value| the query
-attends over, both of the float32 result and of itself in any other step (each rounding of a
-probability or of the result is within 2^-9 relative; measured at most 0.0032 across steps and
-vs float32). bf16 GEMMs already round a row by the batch it shares on some CPUs (see
-models.linear), so bf16 runs were never bit-identical across schedules.
+with the values, the result rounded once. Its result is fixed for a given step (same shapes,
+same bits: the offloaded and in-memory engines agree exactly) but may move with the step's
+shapes, and stays within `BF16_TOLERANCE` of the largest |value| the query attends over, both of
+the float32 result and of itself in any other step (each rounding of a probability or of the
+result is within 2^-9 relative; measured at most 0.0032 across steps and vs float32). bf16 GEMMs
+already round a row by the batch it shares on CPUs with AMX (see models.linear), so bf16 runs
+were bit-identical across schedules only on some CPUs; float32 is the exact mode everywhere.
 
 On other devices torch's SDPA runs (no such promise there).
 """
