@@ -17,6 +17,12 @@ in place by the int4 kernel for decode-sized calls, dequantized for a dense GEMM
 chunks); Accelerate has no such mode and runs uncompressed. `--repeats N` runs the two engines
 alternately N times and compares the best of each (the machine may be shared).
 
+The last line is the compute ceiling: the FLOPs both engines must do (every prompt token through
+every layer, the head on each prompt's last position, gen_len - 1 decode steps) over this
+machine's best dense GEMM rate (oneDNN, the model's gate/up over 1024 rows), measured after each
+repeat: what an engine computing the layers with this GEMM reaches at most, however its weights
+are stored or read, and so the largest ratio over Accelerate this machine allows.
+
 Our disk reads drop the page cache (real disk reads). By default Accelerate's weight files
 are dropped from the page cache after every layer too (--accelerate-page-cache keep serves
 them from RAM after the first pass, which only a model smaller than RAM allows).
@@ -174,6 +180,48 @@ def run_accelerate(folder, prompts, gen_len, dtype, max_memory, offload_dir, bat
     return len(prompts) * gen_len / wall, outs
 
 
+def work_flops(hf_config: dict, num_prompts: int, prompt_len: int, gen_len: int) -> tuple[float, float]:
+    """(prefill, decode) FLOPs both engines must do: every prompt token through every layer's
+    matrices and attention, the head on each prompt's last position only, then gen_len - 1
+    decode steps (the planner's own per-token counts, `placement.ModelSpec`)."""
+    import placement
+
+    m = placement.ModelSpec.from_hf_config(hf_config)
+    per_token = m.num_layers * m.matmul_flops_per_token_per_layer()
+    prompt_attn = m.num_layers * sum(m.attention_flops_per_query(t + 1) for t in range(prompt_len))
+    prefill = num_prompts * (prompt_len * per_token + prompt_attn + m.head_flops_per_token())
+    decode = num_prompts * sum(per_token + m.head_flops_per_token()
+                               + m.num_layers * m.attention_flops_per_query(prompt_len + t + 1)
+                               for t in range(gen_len - 1))
+    return prefill, decode
+
+
+def gemm_peak(hf_config: dict, rows: int, dtype: torch.dtype, repeats: int = 7) -> float:
+    """Best FLOP/s of this machine's dense GEMM (oneDNN, prepacked, at torch's thread count) on
+    the model's largest stacked matrix (LLaMA's gate/up) over `rows` rows: the rate no engine
+    computing these layers exceeds by much."""
+    from flexlamps.models.linear import linear, pack
+
+    hidden, ffn = hf_config["hidden_size"], hf_config["intermediate_size"]
+    x = torch.randn(rows, hidden, dtype=dtype)
+    w = pack(torch.randn(2 * ffn, hidden, dtype=dtype) * 0.02)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        linear(x, w)
+        best = min(best, time.perf_counter() - t)
+    return 2 * rows * hidden * 2 * ffn / best
+
+
+def _print_ceiling(hf_config, args, peak: float, acc_tps: float) -> None:
+    prefill, decode = work_flops(hf_config, args.prompts, args.prompt_len, args.gen_len)
+    ceiling = args.prompts * args.gen_len / ((prefill + decode) / peak)
+    print(f"compute ceiling: {(prefill + decode) / 1e12:.2f} TFLOP of work (prefill {prefill / 1e12:.2f}, decode "
+          f"{decode / 1e12:.2f}) at this machine's best dense GEMM rate {peak / 1e9:.0f} GFLOP/s "
+          f"({torch.get_num_threads()} threads, best of the repeats) = {ceiling:.2f} tok/s at most, "
+          f"{ceiling / acc_tps:.2f}x accelerate's best")
+
+
 def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=["smollm2", "tinyllama-random"], default="smollm2")
@@ -229,7 +277,8 @@ def main():
         max_memory = gpu_mem + cpu_mem
     # its batches are alike, so by default it runs one of them (tokens/s is per batch anyway)
     acc_prompts = prompts[:args.accelerate_prompts or batch]
-    ours_runs, acc_runs = [], []
+    ours_runs, acc_runs, peaks = [], [], []
+    llama = bool(reader.hf_config.get("intermediate_size"))  # the ceiling's GEMM probe takes its gate/up
     for repeat in range(args.repeats):
         ours_runs.append(run_ours(folder, prompts, args.gen_len, args.dtype, gpu_mem, cpu_mem, work / "ours-offload",
                                   args.compress_weight))
@@ -239,6 +288,7 @@ def main():
         print(f"[{repeat + 1}] accelerate disk offload (batch {batch}, {len(acc_prompts)} of the {len(prompts)} prompts, "
               f"resident weights up to {max_memory / 2**20:.0f} MiB, page cache {args.accelerate_page_cache}): "
               f"{acc_runs[-1][0]:.2f} tok/s", flush=True)
+        peaks += [gemm_peak(reader.hf_config, 1024, dtype)] if llama else []
     ours_tps, ours_ids, _ = max(ours_runs, key=lambda r: r[0])
     acc_tps, acc_ids = max(acc_runs, key=lambda r: r[0])
     same = sum(a == b for a, b in zip(ours_ids, acc_ids))
@@ -246,6 +296,8 @@ def main():
           f"(each run: {', '.join(f'{r[0]:.2f}' for r in ours_runs)} vs {', '.join(f'{r[0]:.2f}' for r in acc_runs)})")
     print(f"ratio flexlamps / accelerate: {ours_tps / acc_tps:.2f}x | identical greedy outputs {same}/{len(acc_ids)}"
           f"{' (flexlamps 4-bit, accelerate uncompressed)' if args.compress_weight else ''}")
+    if peaks:
+        _print_ceiling(reader.hf_config, args, max(peaks), acc_tps)
 
 
 def _print_ours(run, repeat: int) -> None:
