@@ -71,6 +71,11 @@ class Int8Weight:
                                   torch.cat([torch.zeros_like(scale), 8 * scale], 1).t()], dim=-1)
         return cls(Int4Weight(None, scale_zero.to(dtype).contiguous(), group_size, kernel))
 
+    @classmethod
+    def cat(cls, weights: list["Int8Weight"]) -> "Int8Weight":
+        """The weights stacked along the output dim (each row keeps its two halves): one fused call."""
+        return cls(Int4Weight.cat([w.split for w in weights]))
+
     @property
     def shape(self) -> tuple[int, int]:
         rows, cols = self.split.shape

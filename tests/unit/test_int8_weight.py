@@ -61,6 +61,14 @@ def test_split_halves_multiply_round_d_times_q(shape):
     assert torch.equal(back.dequantize(), w.dequantize()) and torch.equal(back.matmul(x), w.matmul(x))
 
 
+def test_cat_stacks_output_rows():
+    parts = [Int8Weight.from_codes(*_random_int8(rows, 96, seed=rows), 32, torch.bfloat16) for rows in (128, 64)]
+    both = Int8Weight.cat(parts)
+    x = torch.randn(2, 96, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
+    assert both.shape == (192, 96) and torch.equal(both.dequantize(), torch.cat([p.dequantize() for p in parts]))
+    assert torch.equal(both.matmul(x), torch.cat([p.matmul(x) for p in parts], dim=-1))
+
+
 def test_linear_switches_from_the_fused_call_to_the_dense_copy():
     codes, scale = _random_int8(128, 96)
     w = Int8Weight.from_codes(codes, scale, 32, torch.bfloat16)
