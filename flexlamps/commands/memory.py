@@ -15,9 +15,11 @@ import click
 FIXED_OVERHEAD_BYTES = 450 * 2**20
 # bytes per weight as the engine holds it; "auto" is 4-bit in place for a 4-bit GGUF (codes and
 # block scales, about 5 bits) plus the in-memory executor's bf16 copy for prefill (see
-# api.DENSE_TWINS_MAX_SHARE), else float32
+# api.DENSE_TWINS_MAX_SHARE), int8 in place for a Q8_0 GGUF (1.25 bytes, quant.int8_weight) plus
+# that copy, else float32
 _WEIGHT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
 _AUTO_INT4_BYTES = 2.625
+_AUTO_INT8_BYTES = 3.25
 
 
 def planned_rss_bytes(hf_config: dict, weight_bytes_per_param: float, *, offload_budgets: tuple[int, int] | None,
@@ -48,7 +50,8 @@ def check_max_rss(settings, max_rss: int, num_prompts: int) -> None:
     run = settings.run
     reader = open_checkpoint(run.model)
     per_param = _WEIGHT_BYTES.get(run.dtype) or (
-        _AUTO_INT4_BYTES if getattr(reader, "has_int4_weights", False) else 4.0)
+        _AUTO_INT4_BYTES if getattr(reader, "has_int4_weights", False)
+        else _AUTO_INT8_BYTES if getattr(reader, "has_quantized_weights", False) else 4.0)
     budgets = _offload_budgets(run)
     planned = planned_rss_bytes(reader.hf_config, per_param, offload_budgets=budgets,
                                 num_sequences=min(num_prompts, run.max_batch_size),
