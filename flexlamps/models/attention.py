@@ -51,6 +51,10 @@ _SCORES_PER_BLOCK = 1 << 23
 # bf16: how far a query's result may be from float32's, or from itself in another step, as a
 # fraction of the largest |value| it attends over (see the docstring)
 BF16_TOLERANCE = 2.0 ** -7
+# bf16 decode: from this many rows two batched products beat the flash kernel (SmolLM2, 1 thread,
+# A/B in one decode loop: 5-15 ms of a ~100 ms step faster at 32 rows, mixed at 8, 6 ms of ~35
+# slower at 1: eight small ops a layer against one)
+BATCHED_DECODE_FROM_ROWS = 16
 _LAST_BLOCK = threading.local()  # per thread: the zero-padded last block of values, reused
 
 
@@ -66,18 +70,20 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
 
 
 def _bf16_attention(q, keys, values, mask) -> torch.Tensor:
-    """A chunk of queries runs torch's flash kernel, which shares the kv heads (no mask copied per
-    head). A decode (one query a row) stacks each kv head's query heads as that head's rows and runs
-    two batched products instead: scores in fp32 from the keys upcast for the call (one layer's
-    keys, transiently), probabilities rounded to bf16 times the values, one rounding at the end, as
-    the flash kernel does. The flash kernel is slow on 3-row blocks (SmolLM2 batch 32: ~1.2 ms a
-    layer); this saves 5-10% of the decode step."""
+    """torch's flash kernel, except for a decode (one query a row) of many rows. A chunk shares
+    the kv heads in the kernel (no mask copied per head); a decode stacks each kv head's query
+    heads as that head's rows (keys read once per kv head). From `BATCHED_DECODE_FROM_ROWS` rows a
+    decode runs two batched products instead: scores in fp32 from the keys upcast for the call
+    (one layer's keys, transiently), probabilities rounded to bf16 times the values, one rounding
+    at the end, as the flash kernel does; its loop over heads is slow on 3-row blocks."""
     n, heads, t, d = q.shape
     kv_heads = keys.shape[1]
     if t > 1:
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=heads != kv_heads)
-    grouped = q.reshape(n, kv_heads, heads // kv_heads, d).float()
-    scores = torch.matmul(grouped, keys.float().transpose(-1, -2)).mul_(1.0 / math.sqrt(d))
+    grouped = q.reshape(n, kv_heads, heads // kv_heads, d)
+    if n < BATCHED_DECODE_FROM_ROWS:
+        return F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask[:, None]).view(n, heads, 1, d)
+    scores = torch.matmul(grouped.float(), keys.float().transpose(-1, -2)).mul_(1.0 / math.sqrt(d))
     scores.masked_fill_(~mask[:, None], float("-inf"))  # (n, 1, S) over each kv head's group of rows
     return torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), values).view(n, heads, 1, d)
 
