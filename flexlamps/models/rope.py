@@ -97,8 +97,7 @@ def rotate_half_split(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tens
     """`apply_rope(x, cos, sin)` bit for bit, in four ops, from `rope_tables`' (cos, signed sin):
     x * cos + (x2, x1) * (-sin1, sin2), as x * cos + (-x2, x1) * (sin1, sin2) (negation is exact).
     x (n, T, heads, head_dim) may be a strided view (q and k of one projection rotated at once)."""
-    *lead, d = x.shape
-    swapped = x.view(*lead, 2, d // 2).flip(-2).view(*lead, d)  # (x2, x1)
+    swapped = x.roll(x.shape[-1] // 2, -1)  # (x2, x1), one op
     return (x * cos).add_(swapped.mul_(signed_sin))
 
 
