@@ -23,17 +23,18 @@ _AUTO_INT8_BYTES = 3.25
 
 
 def planned_rss_bytes(hf_config: dict, weight_bytes_per_param: float, *, offload_budgets: tuple[int, int] | None,
-                      num_sequences: int, context_len: int) -> int:
+                      num_sequences: int, context_len: int, cache_bytes_per_value: int = 4) -> int:
     """Fixed overhead plus what the run's data may take: with offloading the two tier budgets
-    (caps the engine enforces), else every weight and a full float32 cache for `num_sequences`."""
+    (caps the engine enforces), else every weight and a full cache for `num_sequences`, its keys
+    and values `cache_bytes_per_value` bytes each (the dtype the dense cache holds)."""
     import placement
 
     if offload_budgets is not None:
         return FIXED_OVERHEAD_BYTES + sum(offload_budgets)
     spec = dataclasses.replace(placement.ModelSpec.from_hf_config(hf_config), dtype="fp32")
     weights = spec.total_weight_bytes() / 4 * weight_bytes_per_param
-    cache = spec.cache_bytes_per_token_per_layer() * spec.num_layers * context_len * num_sequences
-    return int(FIXED_OVERHEAD_BYTES + weights + cache)
+    cache = spec.cache_bytes_per_token_per_layer() / 4 * cache_bytes_per_value
+    return int(FIXED_OVERHEAD_BYTES + weights + cache * spec.num_layers * context_len * num_sequences)
 
 
 def _offload_budgets(run) -> tuple[int, int] | None:
@@ -53,9 +54,13 @@ def check_max_rss(settings, max_rss: int, num_prompts: int) -> None:
         _AUTO_INT4_BYTES if getattr(reader, "has_int4_weights", False)
         else _AUTO_INT8_BYTES if getattr(reader, "has_quantized_weights", False) else 4.0)
     budgets = _offload_budgets(run)
+    from flexlamps.engine.caches.dense import held_dtype
+
+    held = held_dtype(run.resolve_dtype(reader), "cpu")  # a bf16 run's cache is bf16 (2 bytes), fp16's fp32
     planned = planned_rss_bytes(reader.hf_config, per_param, offload_budgets=budgets,
                                 num_sequences=min(num_prompts, run.max_batch_size),
-                                context_len=min(reader.config.max_position, 512 + settings.max_new_tokens))
+                                context_len=min(reader.config.max_position, 512 + settings.max_new_tokens),
+                                cache_bytes_per_value=held.itemsize)
     if planned > max_rss:
         mib = lambda n: f"{n / 2**20:.0f} MiB"  # noqa: E731
         what = ("the tier budgets --gpu-mem + --cpu-mem" if budgets is not None else

@@ -237,3 +237,31 @@ def test_max_rss_is_refused_upfront(tiny_llama, tmp_path):
                                     str(tmp_path / "o.jsonl"), "--gpu-mem", "256MiB", "--cpu-mem", "256MiB",
                                     "--max-rss", "600MiB"])
     assert res.exit_code != 0 and "--max-rss 600 MiB cannot be met" in res.output and "fixed overhead" in res.output
+
+
+def test_max_rss_plans_the_cache_in_the_dtype_it_is_held(tiny_llama):
+    """A bf16 run's dense cache holds bf16 keys and values: half an fp32 run's cache bytes; fp16
+    on the CPU is held in fp32 (engine.caches.dense.held_dtype)."""
+    from click import ClickException
+
+    from flexlamps.commands.memory import check_max_rss, planned_rss_bytes
+    from flexlamps.models.registry import open_checkpoint
+    from flexlamps.generate_job import GenerateSettings
+    from flexlamps.settings import RunSettings
+
+    cfg = open_checkpoint(str(tiny_llama)).hf_config
+    plan = lambda per_value: planned_rss_bytes(cfg, 4.0, offload_budgets=None, num_sequences=64,  # noqa: E731
+                                               context_len=512, cache_bytes_per_value=per_value)
+    values = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * (
+        cfg["hidden_size"] // cfg["num_attention_heads"]) * 512 * 64
+    assert plan(4) - plan(2) == 2 * values
+    for dtype, cache_bytes in (("bfloat16", 2), ("float32", 4), ("float16", 4)):
+        settings = GenerateSettings(run=RunSettings(model=str(tiny_llama), dtype=dtype, max_batch_size=64),
+                                    max_new_tokens=0)
+        weights = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0}[dtype]
+        just_enough = planned_rss_bytes(cfg, weights, offload_budgets=None, num_sequences=64,
+                                        context_len=min(open_checkpoint(str(tiny_llama)).config.max_position, 512),
+                                        cache_bytes_per_value=cache_bytes)
+        check_max_rss(settings, just_enough, 64)
+        with pytest.raises(ClickException, match="cannot be met"):
+            check_max_rss(settings, just_enough - 1, 64)
