@@ -535,8 +535,9 @@ PROBE_NAMES = ("disk", "copies", "memory bandwidth", "layer overhead", "gemm by 
 # 3: dequantization over a sweep of matrices + a per-matrix cost, the engine's allocator;
 # 4: GEMM rates for resident (prepacked) weights; 5: median repetitions, a model's own
 # matrices, tensor-sized disk files, gpu_is_host; 6: the engine's 4-bit weights (fused kernel
-# by rows, dequantization rate, the switch between them); 7: those in passes taking turns
-PROFILE_VERSION = 7
+# by rows, dequantization rate, the switch between them); 7: those in passes taking turns;
+# 8: a quick GEMM check beside each profile, so one measured on a busy box is measured again
+PROFILE_VERSION = 8
 
 
 def profile_cache_path(shapes=None) -> Path:
