@@ -164,3 +164,32 @@ def test_cuda_offload_with_copy_stream_equals_the_plain_engine(reader, plain, mi
         for a, b in zip(ref, got):
             assert (a - b.cpu()).abs().max().item() <= 1e-4
     ex.close()
+
+
+@pytest.mark.parametrize("mix", ["cache_cpu_staged", "cache_cpu_cpu_attention"])
+def test_step_geometry_is_made_once_per_step_not_per_layer(reader, plain, mix, tmp_path, monkeypatch):
+    """Masks and spans once a step (issue 18): the fresh-prefill check and the mask per device run
+    once for each step however many layers and tiers it crosses, and the results stay the plain
+    engine's."""
+    from flexlamps.engine.caches import tiered
+
+    checks, masks = [], []
+    real_check, real_on = tiered.is_fresh_prefill, tiered.TieredStepGeometry.on
+    monkeypatch.setattr(tiered, "is_fresh_prefill", lambda p: checks.append(1) or real_check(p))
+
+    def counted_on(self, device):
+        masks.append((id(self), str(device))) if torch.device(device) not in self._placed else None
+        return real_on(self, device)
+
+    monkeypatch.setattr(tiered.TieredStepGeometry, "on", counted_on)
+    ex = OffloadExecutor(reader, _policy(mix), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
+    steps = _steps(reader)
+    cache, ref_cache = ex.new_cache(4, 16), plain.new_cache(4, 16)
+    got, ref = ex.forward_steps(cache, steps), plain.forward_steps(ref_cache, steps)
+    assert reader.config.num_layers > 1
+    assert len(checks) == len(steps)  # one geometry a step, not one a layer
+    assert len(masks) == len(set(masks)) <= len(steps) * 2  # placed at most once per (step, device)
+    for a, b in zip(ref, got):
+        assert (a - b).abs().max().item() <= 1e-5
+    cache.release()
+    ex.close()

@@ -9,6 +9,8 @@ is, so only the queries and outputs move (FlexGen's choice for long caches).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
@@ -93,43 +95,50 @@ class TieredKVCache:
 
     packs_rows = True  # accepts packed steps (see executors.step.Step)
 
-    def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, segments: Segments | None = None):
-        """`positions`: where the step's keys are written; `segments`: a packed step's attention."""
-        return lambda q, k, v: self.attend(layer, slots, positions, q, k, v, segments)
+    def step_geometry(self, slots: torch.Tensor, positions: torch.Tensor,
+                      segments: Segments | None = None) -> "TieredStepGeometry":
+        """What every layer of one step shares (see TieredStepGeometry), for `attend_fn(geometry=)`."""
+        return TieredStepGeometry(slots, positions, segments)
 
-    def attend(self, layer, slots, positions, q, k, v, segments: Segments | None = None) -> torch.Tensor:
+    def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, segments: Segments | None = None,
+                  geometry: "TieredStepGeometry | None" = None):
+        """`positions`: where the step's keys are written; `segments`: a packed step's attention;
+        `geometry` (from `step_geometry` on these slots, positions and segments) saves recomputing it."""
+        geo = geometry or self.step_geometry(slots, positions, segments)
+        return lambda q, k, v: self.attend(layer, slots, positions, q, k, v, geometry=geo)
+
+    def attend(self, layer, slots, positions, q, k, v, segments: Segments | None = None,
+               geometry: "TieredStepGeometry | None" = None) -> torch.Tensor:
+        geo = geometry or self.step_geometry(slots, positions, segments)
         n, t, heads, d = q.shape
         home = torch.device("cpu") if self.tiers[layer] != "gpu" else self.device
-        slots_h = slots.to(home)
-        self._write(layer, slots_h, positions.to(home), k.to(home), v.to(home))
-        if segments is not None:
-            return self._packed_attend(layer, slots_h, home, q, k, v, segments)
-        if is_fresh_prefill(positions):  # see caches.fresh: nothing read back or staged
-            span, (keys, values), where, staged = t, fresh_keys(k, v), k.device, 0
+        at_home = geo.on(home)
+        self._write(layer, at_home.slots, at_home.positions, k.to(home), v.to(home))
+        if geo.segments is not None:
+            return self._packed_attend(layer, at_home.slots, home, q, k, v, geo)
+        if geo.fresh:  # see caches.fresh: nothing read back or staged
+            (keys, values), where, staged = fresh_keys(k, v), k.device, 0
         else:
-            span = int(positions.max()) + 1
-            keys, values, where, staged = self._rows_for_attention(layer, slots_h, span, home)
+            keys, values, where, staged = self._rows_for_attention(layer, at_home.slots, geo.span, home)
         try:
-            qd = q.to(where)
-            mask = torch.arange(span, device=where)[None, None, :] <= positions.to(where)[:, :, None]
-            out = attention(qd.transpose(1, 2), keys, values, mask)
+            out = attention(q.to(where).transpose(1, 2), keys, values, geo.on(where).mask)
         finally:
             if staged:
                 self.budgets["gpu"].free(staged)
         return out.transpose(1, 2).reshape(n, t, heads * d).to(self.device)
 
-    def _packed_attend(self, layer, slots, home, q, k, v, segments: Segments) -> torch.Tensor:
+    def _packed_attend(self, layer, slots, home, q, k, v, geo: "TieredStepGeometry") -> torch.Tensor:
         """A packed step (see executors.step.Segments): the rows before its own tokens as the
         layer's tier holds them (staged or decompressed), its own tokens' keys as computed."""
         n, t, heads, d = q.shape
-        before = segments.fresh_from
+        before = geo.segments.fresh_from
         cached_k = cached_v = None
         where, staged = k.device, 0
         if before:
             cached_k, cached_v, where, staged = self._rows_for_attention(layer, slots, before, home)
         try:
             keys, values = with_fresh(cached_k, k.to(where)), with_fresh(cached_v, v.to(where))
-            out = segment_attention(q.to(where), keys, values, segments.to(where))
+            out = segment_attention(q.to(where), keys, values, geo.on(where).segments)
         finally:
             if staged:
                 self.budgets["gpu"].free(staged)
@@ -165,3 +174,39 @@ class TieredKVCache:
             staged = tensor_bytes(keys, values)  # decompressed on the gpu tier: held while attending
             self.budgets["gpu"].allocate(staged, f"KV cache layer {layer} rows decompressed")
         return keys, values, where, staged
+
+
+class PlacedStep(NamedTuple):
+    """A step's rows on one device: `mask` (n, T, span) is None for a packed step (`segments`)."""
+    slots: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor | None
+    segments: Segments | None
+
+
+class TieredStepGeometry:
+    """One step's attention geometry, shared by all its layers: the span its keys reach, whether
+    it is a fresh prefill (caches.fresh), and its slots, positions and causal mask (or a packed
+    step's segments) moved to each device a layer needs them on, made at most once per device
+    (the offload engine's layers sit on different tiers; per layer this was a mask, a span's
+    device sync and four copies each)."""
+
+    def __init__(self, slots: torch.Tensor, positions: torch.Tensor, segments: Segments | None = None):
+        self.segments = segments
+        self.fresh = segments is None and is_fresh_prefill(positions)
+        self.span = segments.span if segments is not None else int(positions.max()) + 1
+        self._slots, self._positions = slots, positions
+        self._placed: dict[torch.device, PlacedStep] = {}
+
+    def on(self, device: torch.device) -> PlacedStep:
+        device = torch.device(device)
+        placed = self._placed.get(device)
+        if placed is None:
+            positions = self._positions.to(device)
+            mask = segments = None
+            if self.segments is None:
+                mask = torch.arange(self.span, device=device)[None, None, :] <= positions[:, :, None]
+            else:
+                segments = self.segments.to(device)
+            placed = self._placed[device] = PlacedStep(self._slots.to(device), positions, mask, segments)
+        return placed

@@ -347,7 +347,7 @@ class OffloadExecutor:
                 self.budgets[act_tier].allocate(nb, f"activations ({act_tier})")
                 act_bytes += nb
                 hidden.append(x.to("cpu") if act_tier == "cpu" else x)
-                ctxs.append(fwd.step_context(s.positions.to(self.device), self.dtype))
+                ctxs.append((fwd.step_context(s.positions.to(self.device), self.dtype), self._attend_kwargs(cache, s)))
             pending = self._fetch_timed(0) if cfg.num_layers else None
             for j in range(cfg.num_layers):
                 t0 = time.perf_counter()
@@ -396,7 +396,7 @@ class OffloadExecutor:
             self.budgets["gpu"].allocate(dense_bytes, f"layer {j} weights decompressed")
             charged = dense_bytes
             for k, s in enumerate(steps):
-                hidden[k] = self._layer_step(j, w, s, hidden[k], ctxs[k], s.span, cache, act_tier)
+                hidden[k] = self._layer_step(j, w, s, hidden[k], ctxs[k], cache, act_tier)
         finally:
             self.budgets["gpu"].free(charged + twin_bytes)
 
@@ -415,13 +415,24 @@ class OffloadExecutor:
         self.budgets["gpu"].allocate(need, f"layer {j} 4-bit weights dequantized for the sweep")
         return need
 
-    def _layer_step(self, j: int, w: dict, step: Step, x, ctx, span: int, cache, act_tier: str):
-        """Layer j over one micro-batch, its workspace charged to the gpu tier meanwhile."""
-        ws = self._workspace_bytes(step, span)
+    @staticmethod
+    def _attend_kwargs(cache, step: Step) -> dict:
+        """`attend_fn`'s keywords for a step, the same for all its layers: the step's geometry
+        (mask, span, rows per device), computed once, where the cache offers it."""
+        if hasattr(cache, "step_geometry"):
+            return {"geometry": cache.step_geometry(step.slots, step.write_positions, **step.mask_kwargs)}
+        return step.mask_kwargs
+
+    def _layer_step(self, j: int, w: dict, step: Step, x, ctx, cache, act_tier: str):
+        """Layer j over one micro-batch, its workspace charged to the gpu tier meanwhile;
+        `ctx`: (the step's rotary tables, its `attend_fn` keywords), from `_sweep`."""
+        rope, attend_kwargs = ctx
+        geometry = attend_kwargs.get("geometry")
+        ws = self._workspace_bytes(step, geometry.span if geometry is not None else step.span)
         self.budgets["gpu"].allocate(ws, "compute workspace")
         try:
-            x = self.fwd.layer(w, x.to(self.device), ctx,
-                               cache.attend_fn(j, step.slots, step.write_positions, **step.mask_kwargs))
+            x = self.fwd.layer(w, x.to(self.device), rope,
+                               cache.attend_fn(j, step.slots, step.write_positions, **attend_kwargs))
             return x.to("cpu") if act_tier == "cpu" else x
         finally:
             self.budgets["gpu"].free(ws)
