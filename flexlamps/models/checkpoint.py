@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from flexlamps.models.config import ModelConfig, UnsupportedModelError
-from flexlamps.models.gguf_blocks import BLOCK, INT8_BLOCK_TYPE, int4_blocks, int8_blocks, is_int4_block_type
+from flexlamps.models.gguf_blocks import BLOCK, int4_blocks, int8_blocks, is_int4_block_type, is_int8_block_type
 from flexlamps.models.gguf_header import read_header
 from flexlamps.models.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 from flexlamps.models.weight_specs import WeightSpec, hf_name, weight_specs
@@ -279,7 +279,7 @@ class GGUFReader:
         return w if heads is None else _unpermute_rows(w, heads)
 
     def read_int4(self, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | None:
-        """A Q4_0 / Q4_1 weight as it is in the file (codes, block scales and zero points), to be
+        """A Q4_0 / Q4_1 / Q4_K weight as it is in the file (codes, block scales and zero points), to be
         multiplied in place with activations in `dtype`; None for other tensor types."""
         t = self._tensor(spec)
         if len(spec.shape) != 2 or not is_int4_block_type(t.tensor_type.name):
@@ -291,12 +291,12 @@ class GGUFReader:
         return Int4Weight.from_codes(codes, scale, zero, BLOCK, dtype)
 
     def read_int8(self, spec: WeightSpec, dtype: torch.dtype) -> Int8Weight | None:
-        """A Q8_0 matrix as it is in the file (int8 codes and block scales), to be multiplied in
-        place with activations in `dtype`; None for other tensor types."""
+        """A Q8_0 / Q5_0 matrix as it is in the file (int8 codes and block scales), to be multiplied
+        in place with activations in `dtype`; None for other tensor types."""
         t = self._tensor(spec)
-        if len(spec.shape) != 2 or t.tensor_type.name != INT8_BLOCK_TYPE:
+        if len(spec.shape) != 2 or not is_int8_block_type(t.tensor_type.name):
             return None
-        codes, scale = int8_blocks(t.read(self.path), spec.shape)
+        codes, scale = int8_blocks(t.read(self.path), spec.shape, t.tensor_type.name)
         heads = self._row_heads(spec)
         if heads is not None:
             codes, scale = (_unpermute_rows(part, heads) for part in (codes, scale))
@@ -304,13 +304,21 @@ class GGUFReader:
 
     @property
     def has_int4_weights(self) -> bool:
-        """Whether the file stores 4-bit blocks (Q4_0 / Q4_1) that can be computed in place."""
+        """Whether the file stores 4-bit blocks (Q4_0 / Q4_1 / Q4_K) that can be computed in place."""
         return any(is_int4_block_type(type_name) for type_name in self._tensor_types.values())
 
     @property
+    def layer_block_kinds(self) -> set[str]:
+        """How the layers' matrices are computed in place: "int4" (Q4 blocks) and/or "int8"
+        (Q8_0 / Q5_0); the global tables (embedding, head) not counted."""
+        types = [t for name, t in self._tensor_types.items() if name.startswith("blk.")]
+        return ({"int4"} if any(is_int4_block_type(t) for t in types) else set()) | (
+            {"int8"} if any(is_int8_block_type(t) for t in types) else set())
+
+    @property
     def has_quantized_weights(self) -> bool:
-        """Whether the file stores blocks computed in place (Q4_0 / Q4_1 / Q8_0)."""
-        return self.has_int4_weights or INT8_BLOCK_TYPE in self._tensor_types.values()
+        """Whether the file stores blocks computed in place (Q4_0 / Q4_1 / Q4_K / Q8_0 / Q5_0)."""
+        return self.has_int4_weights or any(is_int8_block_type(t) for t in self._tensor_types.values())
 
     def fingerprint(self) -> str:
         st = self.path.stat()
@@ -351,9 +359,9 @@ def _field_value(field) -> Any:
 def read_all(reader, dtype: torch.dtype, int4_in_place: bool = False,
              fp8_in_place: bool = False) -> dict[str, torch.Tensor | Int4Weight | Int8Weight]:
     """Every weight by canonical name, in `dtype`. With `int4_in_place` (and a bf16/fp16 `dtype`),
-    quantized GGUF matrices stay quantized: 4-bit blocks as `Int4Weight`, Q8_0 as `Int8Weight`
-    (multiplied in place by `models.linear`), and a Q8_0 output head also as "lm_head" when the
-    model ties it to the embedding table (which stays dense for the lookup); with `fp8_in_place`,
+    quantized GGUF matrices stay quantized: 4-bit blocks as `Int4Weight`, Q8_0 / Q5_0 as
+    `Int8Weight` (multiplied in place by `models.linear`), and a quantized output head also as
+    "lm_head" when the model ties it to the embedding table (which stays dense for the lookup); with `fp8_in_place`,
     an FP8 checkpoint's matrices stay FP8 (`Fp8Weight`, upcast per call)."""
     out = {}
     keep = int4_in_place and dtype in KERNEL_DTYPES and hasattr(reader, "read_int4")
@@ -367,8 +375,8 @@ def read_all(reader, dtype: torch.dtype, int4_in_place: bool = False,
         if fp8 and keeps_fp8(spec) and reader.stores_fp8(spec):
             w = reader.read_fp8(spec, dtype)
         out[spec.name] = reader.read(spec, dtype) if w is None else w
-    if int8 and "lm_head" not in out:  # tied: the head is the embedding table
-        head = reader.read_int8(next(s for s in specs if s.name == "embed_tokens"), dtype)
+    if int8 and "lm_head" not in out:  # tied: the head is the embedding table, kept as its blocks too
+        head = _read_in_place(reader, next(s for s in specs if s.name == "embed_tokens"), dtype)
         if head is not None:
             out["lm_head"] = head
     return out

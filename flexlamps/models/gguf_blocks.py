@@ -1,13 +1,19 @@
-"""GGUF Q4_0 / Q4_1 blocks read as 4-bit codes with a scale and zero point per block, and Q8_0
-blocks as int8 codes with a scale per block.
+"""GGUF Q4_0 / Q4_1 / Q4_K blocks read as 4-bit codes with a scale and zero point per group of
+32 inputs, and Q8_0 / Q5_0 blocks as int8 codes with a scale per block.
 
 A block covers 32 consecutive input channels of one row: an fp16 scale `d` (and for Q4_1 an
 fp16 minimum `m`), then 16 bytes whose low nibbles are elements 0-15 and high nibbles 16-31
 (ggml's `block_q4_0` / `block_q4_1`). Q4_0 means `d * (q - 8)`, Q4_1 `d * q + m`; both are
 `(q - 8) * scale + zero` (zero 0, or `m + 8 d`), the layout of `quant.int4_weight.Int4Weight`.
 A Q8_0 block is an fp16 `d` and 32 int8 codes `q` (`block_q8_0`), meaning `d * q`
-(`quant.int8_weight.Int8Weight`). The codes go from the file's bytes to the weight without a
-float detour.
+(`quant.int8_weight.Int8Weight`); a Q5_0 block (`block_q5_0`: fp16 `d`, 32 high bits, then
+low nibbles as in Q4_0) means `d * (q - 16)` with q in [0, 31], int8 codes `q - 16`.
+A Q4_K super-block (`block_q4_K`, 256 inputs: fp16 `d` and `dmin`, 12 bytes packing eight 6-bit
+scales `sc` and mins `m`, 128 bytes of nibbles) means `d sc_j * q - dmin m_j` in its eight
+sub-blocks of 32: `(q - 8) * scale + zero` with scale `d sc_j`, zero `8 d sc_j - dmin m_j`.
+The codes go from the file's bytes to the weight without a float detour. Other types (Q5_1,
+Q5_K, Q6_K: torch's kernel takes no zero point with int8 codes, nor groups of 16) are
+dequantized by the `gguf` package and computed dense.
 """
 
 from __future__ import annotations
@@ -15,13 +21,19 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-BLOCK = 32  # elements per Q4_0 / Q4_1 block
+BLOCK = 32  # elements per group: a Q4_0 / Q4_1 / Q8_0 / Q5_0 block, a Q4_K sub-block
 _HEADER_BYTES = {"Q4_0": 2, "Q4_1": 4}  # fp16 d (+ fp16 m) before the 16 code bytes
-INT8_BLOCK_TYPE = "Q8_0"  # fp16 d, then 32 int8 codes
+SUPER_BLOCK = 256  # elements per Q4_K super-block
+_Q4_K_BYTES = 144  # fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
+INT8_BLOCK_TYPES = ("Q8_0", "Q5_0")  # fp16 d, then 32 int8 codes / 4 bytes of high bits and 16 of nibbles
 
 
 def is_int4_block_type(type_name: str) -> bool:
-    return type_name in _HEADER_BYTES
+    return type_name in _HEADER_BYTES or type_name == "Q4_K"
+
+
+def is_int8_block_type(type_name: str) -> bool:
+    return type_name in INT8_BLOCK_TYPES
 
 
 def int4_blocks(data: np.ndarray, type_name: str, shape: tuple[int, int]):
@@ -29,10 +41,12 @@ def int4_blocks(data: np.ndarray, type_name: str, shape: tuple[int, int]):
 
     Args:
         data: the tensor's bytes as the gguf package gives them, (N, K/32 * block bytes) uint8.
-        type_name: "Q4_0" or "Q4_1".
+        type_name: "Q4_0", "Q4_1" or "Q4_K".
         shape: (N, K), the weight's PyTorch shape.
     """
     rows, cols = shape
+    if type_name == "Q4_K":
+        return _q4_k_blocks(data, rows, cols)
     header = _HEADER_BYTES[type_name]
     blocks = np.ascontiguousarray(data).reshape(rows, cols // BLOCK, header + BLOCK // 2)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # (N, K/32)
@@ -45,11 +59,49 @@ def int4_blocks(data: np.ndarray, type_name: str, shape: tuple[int, int]):
     return torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(zero)
 
 
-def int8_blocks(data: np.ndarray, shape: tuple[int, int]):
+def _q4_k_blocks(data: np.ndarray, rows: int, cols: int):
+    """`int4_blocks` of a Q4_K tensor: each super-block's eight sub-blocks as groups of 32."""
+    blocks = np.ascontiguousarray(data).reshape(rows, cols // SUPER_BLOCK, _Q4_K_BYTES)
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # (N, K/256, 1)
+    dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
+    sc, m = _q4_k_scales_mins(blocks[..., 4:16])  # (N, K/256, 8) each
+    # 32-byte chunk c: sub-block 2c in its low nibbles, 2c + 1 in its high ones
+    chunks = blocks[..., 16:].reshape(rows, cols // SUPER_BLOCK, 4, 1, 32)
+    codes = np.concatenate([chunks & 15, chunks >> 4], axis=3).reshape(rows, cols)
+    scale = (d * sc).reshape(rows, cols // BLOCK)
+    zero = (8 * scale - (dmin * m).reshape(rows, cols // BLOCK)).astype(np.float32)
+    return torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(zero)
+
+
+def _q4_k_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's `get_scale_min_k4` for all eight sub-blocks: 6-bit scales and mins from 12 bytes
+    (sub-blocks 0-3 in the low 6 bits of bytes 0-3 / 4-7; 4-7 in bytes 8-11's nibbles, their
+    top two bits in the top bits of bytes 0-3 / 4-7)."""
+    low, high, rest = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    sc = np.concatenate([low & 63, (rest & 15) | ((low >> 6) << 4)], axis=-1)
+    m = np.concatenate([high & 63, (rest >> 4) | ((high >> 6) << 4)], axis=-1)
+    return sc.astype(np.float32), m.astype(np.float32)
+
+
+def int8_blocks(data: np.ndarray, shape: tuple[int, int], type_name: str = "Q8_0"):
     """Codes (N, K) int8 and per-block scales (N, K/32) fp32 from a Q8_0 tensor's raw bytes
-    (N, K/32 * 34) uint8, as the gguf package gives them."""
+    (N, K/32 * 34) uint8, as the gguf package gives them, or a Q5_0 tensor's (N, K/32 * 22)."""
     rows, cols = shape
+    if type_name == "Q5_0":
+        return _q5_0_blocks(data, rows, cols)
     blocks = np.ascontiguousarray(data).reshape(rows, cols // BLOCK, 2 + BLOCK)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # (N, K/32)
     codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, cols)
+    return torch.from_numpy(codes), torch.from_numpy(d)
+
+
+def _q5_0_blocks(data: np.ndarray, rows: int, cols: int):
+    """`int8_blocks` of a Q5_0 tensor: element j's fifth bit is bit j of the little-endian qh."""
+    blocks = np.ascontiguousarray(data).reshape(rows, cols // BLOCK, 22)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    qh = blocks[..., 2:6].copy().view("<u4")  # (N, K/32, 1)
+    fifth = ((qh >> np.arange(BLOCK, dtype=np.uint32)) & 1).astype(np.uint8) << 4
+    quads = blocks[..., 6:]
+    low = np.concatenate([quads & 15, quads >> 4], axis=-1)
+    codes = ((low | fifth).astype(np.int8) - 16).reshape(rows, cols)
     return torch.from_numpy(codes), torch.from_numpy(d)

@@ -36,7 +36,9 @@ from flexlamps.models.tensor_file import SAFETENSORS_DTYPES, write_tensors
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
 
-FORMAT_VERSION = 2  # 2: Q8_0 matrices kept int8 (`Int8Weight`), a tied Q8_0 head as "lm_head"
+# 2: Q8_0 matrices kept int8 (`Int8Weight`), a tied Q8_0 head as "lm_head"; 3: Q4_K and Q5_0 kept
+# as their blocks too, a tied 4-bit head as "lm_head"
+FORMAT_VERSION = 3
 MAX_CACHE_BYTES = 8 * 2**30  # all entries of one folder together
 _ENTRY_GLOB = "weights-*.safetensors"
 log = logging.getLogger(__name__)
@@ -122,7 +124,8 @@ def _flatten(weights: dict) -> dict[str, torch.Tensor]:
 
 
 def _unflatten(flat: dict[str, torch.Tensor], names) -> dict:
-    if "lm_head" not in names and Int8Weight.is_stored(flat, "lm_head."):  # a tied Q8_0 head (`read_all`)
+    if "lm_head" not in names and any(k.is_stored(flat, "lm_head.") for k in (Int4Weight, Int8Weight)):
+        # a tied head kept as the embedding table's blocks (`read_all`)
         names = [*names, "lm_head"]
     return {name: _unflatten_one(flat, name) for name in names}
 

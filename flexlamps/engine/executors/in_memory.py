@@ -29,7 +29,7 @@ def split_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor]):
             glob[spec.name] = weights[spec.name]
         else:
             layers[spec.layer][spec.local_name] = weights[spec.name]
-    if "lm_head" in weights:  # also a tied model's Q8_0 head, kept int8 beside its table (`read_all`)
+    if "lm_head" in weights:  # also a tied model's quantized head, kept as blocks beside its table (`read_all`)
         glob["lm_head"] = weights["lm_head"]
     return glob, layers
 

@@ -1,0 +1,169 @@
+"""GGUF files as llama.cpp's Q4_K_M writes them: Q4_K and Q5_0 blocks computed in place (Q4_K as
+`Int4Weight` groups of 32, Q5_0 as `Int8Weight` codes), Q6_K dequantized for a dense GEMM. The
+blocks map exactly onto what the `gguf` package dequantizes, and a model mixing the three keeps
+the fp32 engine's logits within a bf16 copy's own error."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from flexlamps.engine.executors.in_memory import InMemoryExecutor
+from flexlamps.engine.executors.step import Step
+from flexlamps.models.checkpoint import GGUFReader, read_all
+from flexlamps.models.gguf_blocks import int4_blocks, int8_blocks
+from flexlamps.models.weight_cache import load_weights
+from flexlamps.settings import RunSettings
+from quant.int4_weight import Int4Weight
+from quant.int8_weight import Int8Weight
+
+HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, VOCAB = 256, 512, 2, 4, 2, 64
+
+
+def _fp16_bytes(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float16).reshape(-1, 1).view(np.uint8)
+
+
+def random_k_blocks(rng, rows: int, cols: int, type_name: str) -> np.ndarray:
+    """Random raw bytes of a Q4_K or Q6_K tensor (every bit pattern of the codes and packed
+    scales), with small positive fp16 super-block scales so the weights stay near +-1."""
+    size = {"Q4_K": 144, "Q6_K": 210}[type_name]
+    raw = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
+    if type_name == "Q4_K":  # d, dmin first
+        raw[..., 0:2] = _fp16_bytes(rng.uniform(5e-4, 3e-3, rows * cols // 256)).reshape(rows, -1, 2)
+        raw[..., 2:4] = _fp16_bytes(rng.uniform(5e-4, 3e-3, rows * cols // 256)).reshape(rows, -1, 2)
+    else:  # d last; the 16 int8 sub-block scales before it
+        raw[..., 208:210] = _fp16_bytes(rng.uniform(1e-4, 4e-4, rows * cols // 256)).reshape(rows, -1, 2)
+    return raw.reshape(rows, -1)
+
+
+def write_kquant_gguf(path: Path, seed: int = 0) -> Path:
+    """A 2-layer LLaMA GGUF typed as llama.cpp's Q4_K_M types a small model: Q4_K q/k/o/gate/up
+    and a tied Q4_K embedding table, Q5_0 v (Q4_K's fallback), Q6_K down in layer 0 and Q4_K in
+    layer 1, f32 norms."""
+    import gguf
+    from gguf.quants import quantize
+
+    T = gguf.GGMLQuantizationType
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (("embedding_length", HIDDEN), ("block_count", LAYERS), ("feed_forward_length", FFN),
+                       ("attention.head_count", HEADS), ("attention.head_count_kv", KV_HEADS),
+                       ("vocab_size", VOCAB), ("context_length", 128)):
+        w.add_uint32(f"llama.{key}", value)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_token_list([f"t{i}" for i in range(VOCAB)])
+
+    def add(name, shape, qtype=None):
+        if qtype in ("Q4_K", "Q6_K"):
+            w.add_tensor(name, random_k_blocks(rng, *shape, qtype), raw_dtype=T[qtype])
+            return
+        data = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+        w.add_tensor(name, data if qtype is None else quantize(data, T[qtype]), raw_dtype=T[qtype] if qtype else None)
+
+    add("token_embd.weight", (VOCAB, HIDDEN), "Q4_K")
+    add("output_norm.weight", (HIDDEN,))
+    kv = KV_HEADS * HIDDEN // HEADS
+    for i in range(LAYERS):
+        add(f"blk.{i}.attn_norm.weight", (HIDDEN,))
+        add(f"blk.{i}.ffn_norm.weight", (HIDDEN,))
+        add(f"blk.{i}.attn_q.weight", (HIDDEN, HIDDEN), "Q4_K")
+        add(f"blk.{i}.attn_k.weight", (kv, HIDDEN), "Q4_K")
+        add(f"blk.{i}.attn_v.weight", (kv, HIDDEN), "Q5_0")
+        add(f"blk.{i}.attn_output.weight", (HIDDEN, HIDDEN), "Q4_K")
+        add(f"blk.{i}.ffn_gate.weight", (FFN, HIDDEN), "Q4_K")
+        add(f"blk.{i}.ffn_up.weight", (FFN, HIDDEN), "Q4_K")
+        add(f"blk.{i}.ffn_down.weight", (HIDDEN, FFN), "Q6_K" if i == 0 else "Q4_K")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture
+def kquant_gguf(tmp_path) -> Path:
+    return write_kquant_gguf(tmp_path / "kquant.gguf")
+
+
+@pytest.mark.parametrize("shape", [(3, 256), (5, 768)])
+def test_q4_k_blocks_are_exactly_what_gguf_dequantizes(shape):
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import dequantize
+
+    raw = random_k_blocks(np.random.default_rng(shape[1]), *shape, "Q4_K")
+    codes, scale, zero = int4_blocks(raw, "Q4_K", shape)
+    assert codes.shape == shape and int(codes.max()) <= 15 and scale.shape == zero.shape == (shape[0], shape[1] // 32)
+    values = ((codes.float() - 8).view(shape[0], -1, 32) * scale[..., None] + zero[..., None]).view(shape)
+    want = torch.from_numpy(dequantize(raw, T.Q4_K).reshape(shape))
+    torch.testing.assert_close(values, want, rtol=0, atol=1e-6 * want.abs().max().item())
+
+
+def test_q5_0_blocks_are_exactly_what_gguf_dequantizes():
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import dequantize, quantize
+
+    raw = quantize(np.random.default_rng(1).standard_normal((7, 96)).astype(np.float32), T.Q5_0)
+    codes, scale = int8_blocks(raw, (7, 96), "Q5_0")
+    assert codes.dtype == torch.int8 and -16 <= int(codes.min()) and int(codes.max()) <= 15
+    values = (codes.float().view(7, 3, 32) * scale[..., None]).view(7, 96)
+    assert torch.equal(values, torch.from_numpy(dequantize(raw, T.Q5_0).reshape(7, 96)))
+
+
+def _logits(weights, reader, dtype, feed=None):
+    """Prefill logits (2 x 12 rows), then 4 decode steps fed `feed` (default: their own greedy
+    tokens): (prefill logits, step logits, greedy tokens of every step)."""
+    ex = InMemoryExecutor(reader.config, weights, dtype)
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    cache = ex.new_cache(2, 20)
+    prefill = ex.forward_steps(cache, [Step(ids, torch.arange(12).expand(2, 12), torch.arange(2))])[0]
+    steps, tokens = [], [prefill[:, -1].argmax(-1)]
+    for i in range(4):
+        fed = tokens[-1] if feed is None else feed[i]
+        out = ex.forward_steps(cache, [Step(fed[:, None], torch.full((2, 1), 12 + i), torch.arange(2))])[0]
+        steps.append(out[:, -1])
+        tokens.append(out[:, -1].argmax(-1))
+    return prefill, torch.stack(steps), torch.stack(tokens)
+
+
+def test_q4_k_m_model_computes_its_blocks_in_place_and_keeps_quality(kquant_gguf):
+    reader = GGUFReader(kquant_gguf)
+    assert reader.has_int4_weights and RunSettings(dtype="auto").resolve_dtype(reader) == torch.bfloat16
+    weights = read_all(reader, torch.bfloat16, int4_in_place=True)
+    assert isinstance(weights["layers.0.q_proj"], Int4Weight) and isinstance(weights["layers.1.down_proj"], Int4Weight)
+    assert isinstance(weights["layers.0.v_proj"], Int8Weight)  # Q5_0
+    assert type(weights["layers.0.down_proj"]) is torch.Tensor  # Q6_K: dense
+    assert isinstance(weights["lm_head"], Int4Weight) and type(weights["embed_tokens"]) is torch.Tensor  # tied
+    ref = _logits(read_all(reader, torch.float32), reader, torch.float32)
+    bf16_copy = _logits(read_all(reader, torch.bfloat16), reader, torch.bfloat16, feed=ref[2])
+    got = _logits(weights, reader, torch.bfloat16, feed=ref[2])
+    for mine, copy, want in zip(got[:2], bf16_copy[:2], ref[:2]):
+        err, copy_err = (mine - want).abs().max().item(), (copy - want).abs().max().item()
+        assert err <= 0.1 * want.abs().max().item() and err <= 2 * copy_err, (err, copy_err)
+    assert (got[2] == ref[2]).sum() >= (bf16_copy[2] == ref[2]).sum() - 1
+
+
+def test_cache_keeps_the_blocks(kquant_gguf, tmp_path):
+    cache = tmp_path / "cache"
+    first = load_weights(GGUFReader(kquant_gguf), torch.bfloat16, int4_in_place=True, cache_dir=cache)
+    second = load_weights(GGUFReader(kquant_gguf), torch.bfloat16, int4_in_place=True, cache_dir=cache)
+    assert first.keys() == second.keys() and "lm_head" in second
+    for name, w in first.items():
+        assert type(second[name]) is type(w), name
+        assert torch.equal(second[name] if type(w) is torch.Tensor else second[name].dequantize(),
+                           w if type(w) is torch.Tensor else w.dequantize()), name
+
+
+def test_max_rss_plans_a_q4_k_m_at_int8_bytes(kquant_gguf, tmp_path):
+    """--max-rss under --dtype auto: a file whose layers hold int8 blocks (Q5_0) beside 4-bit ones
+    is planned at the int8 figure, a 4-bit one (the head alone Q8_0 or not) at the 4-bit one."""
+    from flexlamps.commands.memory import _AUTO_INT4_BYTES, _AUTO_INT8_BYTES, _auto_bytes_per_param
+    from tests.unit.test_weight_cache import write_tiny_gguf
+
+    assert GGUFReader(kquant_gguf).layer_block_kinds == {"int4", "int8"}
+    assert _auto_bytes_per_param(GGUFReader(kquant_gguf)) == _AUTO_INT8_BYTES
+    q4 = GGUFReader(write_tiny_gguf(tmp_path / "q4.gguf"))
+    assert q4.layer_block_kinds == {"int4"} and _auto_bytes_per_param(q4) == _AUTO_INT4_BYTES
+    q8 = GGUFReader(write_tiny_gguf(tmp_path / "q8.gguf", all_q8_0=True))
+    assert q8.layer_block_kinds == {"int8"} and _auto_bytes_per_param(q8) == _AUTO_INT8_BYTES
