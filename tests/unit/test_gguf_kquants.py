@@ -167,3 +167,25 @@ def test_max_rss_plans_a_q4_k_m_at_int8_bytes(kquant_gguf, tmp_path):
     assert q4.layer_block_kinds == {"int4"} and _auto_bytes_per_param(q4) == _AUTO_INT4_BYTES
     q8 = GGUFReader(write_tiny_gguf(tmp_path / "q8.gguf", all_q8_0=True))
     assert q8.layer_block_kinds == {"int8"} and _auto_bytes_per_param(q8) == _AUTO_INT8_BYTES
+
+
+def test_offloaded_4bit_tiers_keep_the_q4_k_blocks(kquant_gguf, tmp_path):
+    """--compress-weight on the offload engine reads a Q4_K matrix's blocks as they are (not
+    dequantized and quantized again), from disk too."""
+    from flexlamps.engine.executors.offloaded import OffloadExecutor
+    from placement import Policy, TierSplit
+
+    reader = GGUFReader(kquant_gguf)
+    all_gpu = TierSplit(gpu=1, cpu=0, disk=0)
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=TierSplit(gpu=0, cpu=0, disk=1), cache=all_gpu,
+                    activations=all_gpu, compress_weight=True)
+    ex = OffloadExecutor(reader, policy, gpu_mem=2**30, cpu_mem=2**30, offload_dir=tmp_path / "off", dtype=torch.bfloat16)
+    try:
+        spec = next(s for s in ex.specs if s.name == "layers.1.down_proj")
+        assert ex.tiers[spec.name] == "disk"
+        fetched, staged = ex.store.fetch(ex.layer_names[1])
+        ex.store.release(staged)
+        want = reader.read_int4(spec, torch.bfloat16).dequantize()
+        assert torch.equal(fetched["layers.1.down_proj"].dequantize(), want)
+    finally:
+        ex.close()
