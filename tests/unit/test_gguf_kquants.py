@@ -9,14 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from flexlamps.engine.executors.in_memory import InMemoryExecutor
-from flexlamps.engine.executors.step import Step
 from flexlamps.models.checkpoint import GGUFReader, read_all
 from flexlamps.models.gguf_blocks import int4_blocks, int8_blocks
-from flexlamps.models.weight_cache import load_weights
 from flexlamps.settings import RunSettings
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
+from tests.gguf_models import (assert_as_good_as_a_bf16_copy, assert_cache_gives_back_the_same_weights, finish_gguf,
+                                llama_gguf_writer, prefill_and_decode_logits)
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, VOCAB = 256, 512, 2, 4, 2, 64
 
@@ -47,13 +46,7 @@ def write_kquant_gguf(path: Path, seed: int = 0) -> Path:
 
     T = gguf.GGMLQuantizationType
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "llama")
-    for key, value in (("embedding_length", HIDDEN), ("block_count", LAYERS), ("feed_forward_length", FFN),
-                       ("attention.head_count", HEADS), ("attention.head_count_kv", KV_HEADS),
-                       ("vocab_size", VOCAB), ("context_length", 128)):
-        w.add_uint32(f"llama.{key}", value)
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    w.add_token_list([f"t{i}" for i in range(VOCAB)])
+    w = llama_gguf_writer(path, hidden=HIDDEN, ffn=FFN, layers=LAYERS, heads=HEADS, kv_heads=KV_HEADS, vocab=VOCAB)
 
     def add(name, shape, qtype=None):
         if qtype in ("Q4_K", "Q6_K"):
@@ -75,11 +68,7 @@ def write_kquant_gguf(path: Path, seed: int = 0) -> Path:
         add(f"blk.{i}.ffn_gate.weight", (FFN, HIDDEN), "Q4_K")
         add(f"blk.{i}.ffn_up.weight", (FFN, HIDDEN), "Q4_K")
         add(f"blk.{i}.ffn_down.weight", (HIDDEN, FFN), "Q6_K" if i == 0 else "Q4_K")
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish_gguf(w, path)
 
 
 @pytest.fixture
@@ -112,19 +101,7 @@ def test_q5_0_blocks_are_exactly_what_gguf_dequantizes():
 
 
 def _logits(weights, reader, dtype, feed=None):
-    """Prefill logits (2 x 12 rows), then 4 decode steps fed `feed` (default: their own greedy
-    tokens): (prefill logits, step logits, greedy tokens of every step)."""
-    ex = InMemoryExecutor(reader.config, weights, dtype)
-    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
-    cache = ex.new_cache(2, 20)
-    prefill = ex.forward_steps(cache, [Step(ids, torch.arange(12).expand(2, 12), torch.arange(2))])[0]
-    steps, tokens = [], [prefill[:, -1].argmax(-1)]
-    for i in range(4):
-        fed = tokens[-1] if feed is None else feed[i]
-        out = ex.forward_steps(cache, [Step(fed[:, None], torch.full((2, 1), 12 + i), torch.arange(2))])[0]
-        steps.append(out[:, -1])
-        tokens.append(out[:, -1].argmax(-1))
-    return prefill, torch.stack(steps), torch.stack(tokens)
+    return prefill_and_decode_logits(weights, reader, dtype, steps=4, feed=feed)
 
 
 def test_q4_k_m_model_computes_its_blocks_in_place_and_keeps_quality(kquant_gguf):
@@ -137,22 +114,11 @@ def test_q4_k_m_model_computes_its_blocks_in_place_and_keeps_quality(kquant_gguf
     assert isinstance(weights["lm_head"], Int4Weight) and type(weights["embed_tokens"]) is torch.Tensor  # tied
     ref = _logits(read_all(reader, torch.float32), reader, torch.float32)
     bf16_copy = _logits(read_all(reader, torch.bfloat16), reader, torch.bfloat16, feed=ref[2])
-    got = _logits(weights, reader, torch.bfloat16, feed=ref[2])
-    for mine, copy, want in zip(got[:2], bf16_copy[:2], ref[:2]):
-        err, copy_err = (mine - want).abs().max().item(), (copy - want).abs().max().item()
-        assert err <= 0.1 * want.abs().max().item() and err <= 2 * copy_err, (err, copy_err)
-    assert (got[2] == ref[2]).sum() >= (bf16_copy[2] == ref[2]).sum() - 1
+    assert_as_good_as_a_bf16_copy(_logits(weights, reader, torch.bfloat16, feed=ref[2]), bf16_copy, ref)
 
 
 def test_cache_keeps_the_blocks(kquant_gguf, tmp_path):
-    cache = tmp_path / "cache"
-    first = load_weights(GGUFReader(kquant_gguf), torch.bfloat16, int4_in_place=True, cache_dir=cache)
-    second = load_weights(GGUFReader(kquant_gguf), torch.bfloat16, int4_in_place=True, cache_dir=cache)
-    assert first.keys() == second.keys() and "lm_head" in second
-    for name, w in first.items():
-        assert type(second[name]) is type(w), name
-        assert torch.equal(second[name] if type(w) is torch.Tensor else second[name].dequantize(),
-                           w if type(w) is torch.Tensor else w.dequantize()), name
+    assert "lm_head" in assert_cache_gives_back_the_same_weights(kquant_gguf, tmp_path / "cache")
 
 
 def test_max_rss_plans_a_q4_k_m_at_int8_bytes(kquant_gguf, tmp_path):

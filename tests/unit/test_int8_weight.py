@@ -9,8 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from flexlamps.engine.executors.in_memory import InMemoryExecutor
-from flexlamps.engine.executors.step import Step
 from flexlamps.models.checkpoint import GGUFReader, read_all
 from flexlamps.models.gguf_blocks import int8_blocks
 from flexlamps.models.linear import Int4Twin, linear
@@ -18,7 +16,9 @@ from flexlamps.models.weight_cache import load_weights
 from flexlamps.settings import RunSettings
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight, split_codes
-from tests.unit.test_weight_cache import VOCAB, write_tiny_gguf
+from tests.gguf_models import (assert_as_good_as_a_bf16_copy, assert_cache_gives_back_the_same_weights,
+                                prefill_and_decode_logits)
+from tests.unit.test_weight_cache import write_tiny_gguf
 
 @pytest.fixture(scope="module")
 def q8_gguf(tmp_path_factory) -> Path:
@@ -84,19 +84,7 @@ def test_linear_switches_from_the_fused_call_to_the_dense_copy():
 
 
 def _logits(weights, reader, dtype, feed=None, **kw):
-    """Prefill logits (2 x 12 rows), then 6 decode steps fed `feed` (default: their own greedy
-    tokens): (prefill logits, step logits, greedy tokens of every step)."""
-    ex = InMemoryExecutor(reader.config, weights, dtype, **kw)
-    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
-    cache = ex.new_cache(2, 20)
-    prefill = ex.forward_steps(cache, [Step(ids, torch.arange(12).expand(2, 12), torch.arange(2))])[0]
-    steps, tokens = [], [prefill[:, -1].argmax(-1)]
-    for i in range(6):
-        fed = tokens[-1] if feed is None else feed[i]
-        out = ex.forward_steps(cache, [Step(fed[:, None], torch.full((2, 1), 12 + i), torch.arange(2))])[0]
-        steps.append(out[:, -1])
-        tokens.append(out[:, -1].argmax(-1))
-    return prefill, torch.stack(steps), torch.stack(tokens)
+    return prefill_and_decode_logits(weights, reader, dtype, steps=6, feed=feed, **kw)
 
 
 def test_all_q8_0_model_keeps_quality(q8_gguf):
@@ -111,22 +99,14 @@ def test_all_q8_0_model_keeps_quality(q8_gguf):
     assert not isinstance(weights["embed_tokens"], Int8Weight)  # the lookup reads the dense table
     ref = _logits(read_all(reader, torch.float32), reader, torch.float32)
     bf16_copy = _logits(read_all(reader, torch.bfloat16), reader, torch.bfloat16, feed=ref[2])
-    copy_agree = (bf16_copy[2] == ref[2]).sum()
     for twins in (False, True):
         int8 = _logits(weights, reader, torch.bfloat16, feed=ref[2], dense_twins=twins)
-        for got, copy, want in zip(int8[:2], bf16_copy[:2], ref[:2]):
-            err, copy_err = (got - want).abs().max().item(), (copy - want).abs().max().item()
-            assert err <= 0.1 * want.abs().max().item() and err <= 2 * copy_err, (err, copy_err)
-        assert (int8[2] == ref[2]).sum() >= copy_agree - 1
+        assert_as_good_as_a_bf16_copy(int8, bf16_copy, ref)
 
 
 def test_cache_keeps_q8_0_int8(q8_gguf, tmp_path):
     cache = tmp_path / "cache"
-    first = load_weights(GGUFReader(q8_gguf), torch.bfloat16, int4_in_place=True, cache_dir=cache)
-    second = load_weights(GGUFReader(q8_gguf), torch.bfloat16, int4_in_place=True, cache_dir=cache)
-    assert first.keys() == second.keys() and "lm_head" in second
-    for name, w in first.items():
-        if isinstance(w, Int8Weight):
-            assert isinstance(second[name], Int8Weight) and torch.equal(second[name].dequantize(), w.dequantize())
+    second = assert_cache_gives_back_the_same_weights(q8_gguf, cache)
+    assert isinstance(second["lm_head"], Int8Weight) and isinstance(second["layers.0.q_proj"], Int8Weight)
     fp32 = load_weights(GGUFReader(q8_gguf), torch.float32, int4_in_place=True, cache_dir=cache)
     assert "lm_head" not in fp32 and not any(isinstance(w, Int8Weight) for w in fp32.values())  # fp32 stays exact

@@ -13,6 +13,7 @@ from flexlamps.models import checkpoint
 from flexlamps.models.checkpoint import GGUFReader, read_all
 from flexlamps.models.weight_cache import load_weights
 from quant.int4_weight import Int4Weight
+from tests.gguf_models import finish_gguf, llama_gguf_writer
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, VOCAB = 64, 128, 2, 4, 2, 48
 
@@ -24,13 +25,7 @@ def write_tiny_gguf(path: Path, seed: int = 0, all_q8_0: bool = False) -> Path:
     from gguf.quants import quantize
 
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "llama")
-    for key, value in (("embedding_length", HIDDEN), ("block_count", LAYERS), ("feed_forward_length", FFN),
-                       ("attention.head_count", HEADS), ("attention.head_count_kv", KV_HEADS),
-                       ("vocab_size", VOCAB), ("context_length", 128)):
-        w.add_uint32(f"llama.{key}", value)
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    w.add_token_list([f"t{i}" for i in range(VOCAB)])
+    w = llama_gguf_writer(path, hidden=HIDDEN, ffn=FFN, layers=LAYERS, heads=HEADS, kv_heads=KV_HEADS, vocab=VOCAB)
 
     def add(name, shape, qtype=None):
         data = (rng.standard_normal(shape) * 0.2).astype(np.float32)
@@ -57,11 +52,7 @@ def write_tiny_gguf(path: Path, seed: int = 0, all_q8_0: bool = False) -> Path:
         add(f"blk.{i}.ffn_gate.weight", (FFN, HIDDEN), q40)
         add(f"blk.{i}.ffn_up.weight", (FFN, HIDDEN), q40)
         add(f"blk.{i}.ffn_down.weight", (HIDDEN, FFN), q40)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish_gguf(w, path)
 
 
 @pytest.fixture

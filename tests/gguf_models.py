@@ -1,0 +1,73 @@
+"""Tiny LLaMA GGUF files written for tests, and the logits an engine gives on them."""
+
+from pathlib import Path
+
+import torch
+
+from flexlamps.engine.executors.in_memory import InMemoryExecutor
+from flexlamps.engine.executors.step import Step
+
+
+def llama_gguf_writer(path: Path, *, hidden: int, ffn: int, layers: int, heads: int, kv_heads: int, vocab: int):
+    """A `gguf.GGUFWriter` for a LLaMA of these sizes with its metadata and a made-up vocabulary
+    written; the caller adds the tensors, then `finish_gguf`."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (("embedding_length", hidden), ("block_count", layers), ("feed_forward_length", ffn),
+                       ("attention.head_count", heads), ("attention.head_count_kv", kv_heads),
+                       ("vocab_size", vocab), ("context_length", 128)):
+        w.add_uint32(f"llama.{key}", value)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_token_list([f"t{i}" for i in range(vocab)])
+    return w
+
+
+def finish_gguf(w, path: Path) -> Path:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def prefill_and_decode_logits(weights, reader, dtype, *, steps: int, feed=None, **executor_kw):
+    """Prefill logits (2 x 12 rows), then `steps` decode steps fed `feed` (default: their own
+    greedy tokens): (prefill logits, step logits, greedy tokens of every step)."""
+    ex = InMemoryExecutor(reader.config, weights, dtype, **executor_kw)
+    ids = torch.randint(0, reader.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    cache = ex.new_cache(2, 12 + steps + 2)
+    prefill = ex.forward_steps(cache, [Step(ids, torch.arange(12).expand(2, 12), torch.arange(2))])[0]
+    outs, tokens = [], [prefill[:, -1].argmax(-1)]
+    for i in range(steps):
+        fed = tokens[-1] if feed is None else feed[i]
+        out = ex.forward_steps(cache, [Step(fed[:, None], torch.full((2, 1), 12 + i), torch.arange(2))])[0]
+        outs.append(out[:, -1])
+        tokens.append(out[:, -1].argmax(-1))
+    return prefill, torch.stack(outs), torch.stack(tokens)
+
+
+def assert_as_good_as_a_bf16_copy(got, bf16_copy, ref) -> None:
+    """`got` (from `prefill_and_decode_logits`, fed the reference's tokens) is within 10% of the
+    largest reference logit and within twice a dense bf16 copy's own error, and its greedy picks
+    agree with the reference at least as often as the copy's, less one."""
+    for mine, copy, want in zip(got[:2], bf16_copy[:2], ref[:2]):
+        err, copy_err = (mine - want).abs().max().item(), (copy - want).abs().max().item()
+        assert err <= 0.1 * want.abs().max().item() and err <= 2 * copy_err, (err, copy_err)
+    assert (got[2] == ref[2]).sum() >= (bf16_copy[2] == ref[2]).sum() - 1
+
+
+def assert_cache_gives_back_the_same_weights(path: Path, cache_dir: Path) -> dict:
+    """Loads `path` in bf16 with its blocks in place twice (the second from the weight cache):
+    every weight comes back of the same kind and with the same values; returns the second load."""
+    from flexlamps.models.checkpoint import GGUFReader
+    from flexlamps.models.weight_cache import load_weights
+
+    first, second = (load_weights(GGUFReader(path), torch.bfloat16, int4_in_place=True, cache_dir=cache_dir)
+                     for _ in range(2))
+    assert first.keys() == second.keys()
+    for name, w in first.items():
+        assert type(second[name]) is type(w), name
+        plain = type(w) is torch.Tensor
+        assert torch.equal(second[name] if plain else second[name].dequantize(), w if plain else w.dequantize()), name
+    return second
