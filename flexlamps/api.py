@@ -28,8 +28,8 @@ class LLM:
     model: a built-in name ("smollm2-135m"), a Hugging Face folder or a .gguf file.
     dtype: compute and weight dtype (auto, float32, bfloat16, float16); "auto" is bfloat16 with
         a quantized GGUF's blocks computed in place, else float32. In bfloat16/float16 a GGUF's
-        Q4_0/Q4_1/Q4_K weights stay 4-bit in memory (`quant.int4_weight`), its Q8_0/Q5_0 ones
-        int8 (`quant.int8_weight`); other block types are dequantized.
+        Q4_0/Q4_1/Q4_K weights stay 4-bit in memory (`quant.int4_weight`), its Q8_0 and 5-bit
+        ones int8 (`quant.int8_weight`); other block types are dequantized.
     max_batch_size: sequences decoded together (continuous batching); with offloading the
         policy's block size (gpu_batch_size x num_gpu_batches) is used instead.
     gpu_mem, cpu_mem: byte budgets ("2GiB" or an int) that turn on the offload engine.

@@ -16,7 +16,8 @@ weight (the kernel's codes and a scale and zero per 32) where a bf16 copy holds 
 that much per call: decode of one or two rows, which streams weights from memory, runs
 1.3-2x faster than the dense GEMM; from about four rows the dense GEMM wins (`models.linear`
 switches). The values are `round(d) * q` exactly, with d rounded once to the compute dtype; a
-bf16 copy holds `round(d * q)` instead (the same relative error, at most 2^-8). Imports torch only.
+bf16 copy holds `round(d * q)` instead (the same relative error, at most 2^-8). A zero point per
+group (GGUF's Q5_1 / Q5_K: `d q + m`) rides on the low halves' zeros: `8 d + m`. Imports torch only.
 """
 from __future__ import annotations
 
@@ -31,14 +32,22 @@ _DEQUANT_CHUNK_BYTES = 2 << 20  # fp32 values dequantized at a time on a CPU: ab
 _PACK_ROWS = 4096  # rows split and laid out at a time
 
 
-def split_codes(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def split_codes(codes: torch.Tensor, scale: torch.Tensor,
+                zero: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """int8 codes (N, K) and per-group scales (N, G) -> the (N, 2K) 4-bit codes, scales and zeros
-    whose int4 weight equals `scale * codes` (high nibbles' groups first, then the low nibbles')."""
+    whose int4 weight equals `scale * codes (+ zero)` (high nibbles' groups first, then the low
+    nibbles', whose zero points carry `zero`)."""
     shifted = codes.to(torch.int16) + 128
     high, low = (shifted >> 4).to(torch.uint8), (shifted & 15).to(torch.uint8)
+    return (torch.cat([high, low], dim=1), *_split_scales(scale, zero))
+
+
+def _split_scales(scale: torch.Tensor, zero: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split's (N, 2G) scales and zeros: 16 d and 0 for the high halves, d and 8 d (+ zero)
+    for the low ones."""
     scale = scale.float()
-    return (torch.cat([high, low], dim=1), torch.cat([16 * scale, scale], dim=1),
-            torch.cat([torch.zeros_like(scale), 8 * scale], dim=1))
+    low_zero = 8 * scale if zero is None else 8 * scale + zero.float()
+    return torch.cat([16 * scale, scale], dim=1), torch.cat([torch.zeros_like(scale), low_zero], dim=1)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -50,15 +59,17 @@ class Int8Weight:
 
     @classmethod
     def from_codes(cls, codes: torch.Tensor, scale: torch.Tensor, group_size: int = 32,
-                   dtype: torch.dtype = torch.bfloat16) -> "Int8Weight":
-        """From int8 codes (N, K) and scales (N, K/group_size): `w = scale * codes`."""
+                   dtype: torch.dtype = torch.bfloat16, zero: torch.Tensor | None = None) -> "Int8Weight":
+        """From int8 codes (N, K) and scales (N, K/group_size): `w = scale * codes`, plus `zero`
+        (N, K/group_size) when given (GGUF's Q5_1 / Q5_K: `d q + m` with q - 16 as the code)."""
         rows, cols = codes.shape
-        if codes.dtype != torch.int8 or cols % group_size or scale.shape != (rows, cols // group_size):
-            raise ValueError(f"Int8Weight: need int8 codes (N, K) and scales (N, K/{group_size}), got "
+        if (codes.dtype != torch.int8 or cols % group_size or scale.shape != (rows, cols // group_size)
+                or (zero is not None and zero.shape != scale.shape)):
+            raise ValueError(f"Int8Weight: need int8 codes (N, K) and scales (and zeros) (N, K/{group_size}), got "
                              f"{codes.dtype} {tuple(codes.shape)} and {tuple(scale.shape)}")
         tile = tile_rows(2 * cols) if codes.device.type == "cpu" else None
         if tile is None or rows % tile:
-            return cls(Int4Weight.from_codes(*split_codes(codes, scale), group_size, dtype).kernel_only())
+            return cls(Int4Weight.from_codes(*split_codes(codes, scale, zero), group_size, dtype).kernel_only())
         # The kernel's tile layout written a few rows at a time (`int4_tiles`: checked against torch's
         # packer), where the packer would take int32 codes of the whole split (16 bytes a weight).
         kernel = torch.empty(rows, cols, dtype=torch.uint8)
@@ -66,9 +77,8 @@ class Int8Weight:
         for start in range(0, rows, step):
             halves = split_codes(codes[start:start + step], scale[start:start + step])[0]
             kernel[start:start + step] = tiles_from_unpacked(halves, tile)
-        scale = scale.float()
-        scale_zero = torch.stack([torch.cat([16 * scale, scale], 1).t(),
-                                  torch.cat([torch.zeros_like(scale), 8 * scale], 1).t()], dim=-1)
+        scales, zeros = _split_scales(scale, zero)
+        scale_zero = torch.stack([scales.t(), zeros.t()], dim=-1)
         return cls(Int4Weight(None, scale_zero.to(dtype).contiguous(), group_size, kernel))
 
     @classmethod
@@ -106,19 +116,25 @@ class Int8Weight:
 
     def dequantize(self, dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """The dense (N, K) weight in `dtype` (default: the scales' dtype): `d * q` computed exactly
-        in fp32 and rounded once; into `out` when given. A few rows at a time: the int8 codes are
-        joined back from the halves' nibbles, then scaled by the low halves' scales (d)."""
+        in fp32 (plus the zero point, where there is one) and rounded once; into `out` when given.
+        A few rows at a time: the int8 codes are joined back from the halves' nibbles, then scaled
+        by the low halves' scales (d)."""
         rows, cols = self.shape
         if out is None:
             out = torch.empty(rows, cols, dtype=dtype or self.dtype, device=self.device)
-        scale = self.split.scale_zero[cols // self.group_size:, :, 0].t()  # (N, K/g): the low halves' d
+        low = self.split.scale_zero[cols // self.group_size:]  # (K/g, N, 2): the low halves' d, 8 d + zero
+        scale = low[..., 0].t()
+        zero = low[..., 1].t().float() - 8 * scale.float()  # exactly 0 for Q8_0 / Q5_0
+        zero = zero if bool(zero.any()) else None
         step = rows if self.device.type != "cpu" else max(64, _DEQUANT_CHUNK_BYTES // (4 * cols) // 64 * 64)
         values = torch.empty(min(step, rows), cols, device=self.device)
         for start in range(0, rows, step):
             stop = min(rows, start + step)
             v = values[:stop - start]
             self._codes_into(v, start, stop)  # int8 -> fp32, exact
-            v.view(stop - start, -1, self.group_size).mul_(scale[start:stop, :, None])
+            groups = v.view(stop - start, -1, self.group_size).mul_(scale[start:stop, :, None])
+            if zero is not None:
+                groups.add_(zero[start:stop, :, None])
             out[start:stop].copy_(v)
         return out
 

@@ -74,7 +74,7 @@ def model_options(fn):
     fn = click.option("--dtype", default="auto", show_default=True,
                       type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
                       help="Weight and compute dtype. auto: bfloat16 with the blocks of a quantized GGUF (Q4_0, "
-                           "Q4_1, Q4_K, Q5_0, Q8_0) computed in place (perplexity within 1% of float32), "
+                           "Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0) computed in place (perplexity within 1% of float32), "
                            "else float32.")(fn)
     fn = click.option("--model", default="smollm2-135m", show_default=True,
                       help="Built-in name (smollm2-135m), a Hugging Face folder, or a .gguf file. Nothing is downloaded.")(fn)

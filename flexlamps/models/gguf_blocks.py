@@ -1,19 +1,21 @@
 """GGUF Q4_0 / Q4_1 / Q4_K blocks read as 4-bit codes with a scale and zero point per group of
-32 inputs, and Q8_0 / Q5_0 blocks as int8 codes with a scale per block.
+32 inputs, and Q8_0 / Q5_0 / Q5_1 / Q5_K blocks as int8 codes with a scale (and zero) per group.
 
 A block covers 32 consecutive input channels of one row: an fp16 scale `d` (and for Q4_1 an
 fp16 minimum `m`), then 16 bytes whose low nibbles are elements 0-15 and high nibbles 16-31
 (ggml's `block_q4_0` / `block_q4_1`). Q4_0 means `d * (q - 8)`, Q4_1 `d * q + m`; both are
 `(q - 8) * scale + zero` (zero 0, or `m + 8 d`), the layout of `quant.int4_weight.Int4Weight`.
 A Q8_0 block is an fp16 `d` and 32 int8 codes `q` (`block_q8_0`), meaning `d * q`
-(`quant.int8_weight.Int8Weight`); a Q5_0 block (`block_q5_0`: fp16 `d`, 32 high bits, then
-low nibbles as in Q4_0) means `d * (q - 16)` with q in [0, 31], int8 codes `q - 16`.
+(`quant.int8_weight.Int8Weight`); a Q5_0 block (`block_q5_0`: fp16 `d`, 32 fifth bits, then
+nibbles as in Q4_0) means `d * (q - 16)` with q in [0, 31], int8 codes `q - 16`; Q5_1 adds an
+fp16 `m` after `d` (`d q + m`: zero point `m + 16 d`).
 A Q4_K super-block (`block_q4_K`, 256 inputs: fp16 `d` and `dmin`, 12 bytes packing eight 6-bit
 scales `sc` and mins `m`, 128 bytes of nibbles) means `d sc_j * q - dmin m_j` in its eight
-sub-blocks of 32: `(q - 8) * scale + zero` with scale `d sc_j`, zero `8 d sc_j - dmin m_j`.
-The codes go from the file's bytes to the weight without a float detour. Other types (Q5_1,
-Q5_K, Q6_K: torch's kernel takes no zero point with int8 codes, nor groups of 16) are
-dequantized by the `gguf` package and computed dense.
+sub-blocks of 32: `(q - 8) * scale + zero` with scale `d sc_j`, zero `8 d sc_j - dmin m_j`;
+Q5_K adds 32 bytes of fifth bits (int8 codes `q - 16`, zero `16 d sc_j - dmin m_j`).
+The codes go from the file's bytes to the weight without a float detour. Other types (Q6_K's
+sub-blocks of 16 are smaller than the kernel's smallest group, 32; Q2_K, Q3_K, the IQ types)
+are dequantized by the `gguf` package and computed dense.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-BLOCK = 32  # elements per group: a Q4_0 / Q4_1 / Q8_0 / Q5_0 block, a Q4_K sub-block
+BLOCK = 32  # elements per group: a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 block, a Q4_K / Q5_K sub-block
 _HEADER_BYTES = {"Q4_0": 2, "Q4_1": 4}  # fp16 d (+ fp16 m) before the 16 code bytes
-SUPER_BLOCK = 256  # elements per Q4_K super-block
+SUPER_BLOCK = 256  # elements per Q4_K / Q5_K super-block
 _Q4_K_BYTES = 144  # fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
-INT8_BLOCK_TYPES = ("Q8_0", "Q5_0")  # fp16 d, then 32 int8 codes / 4 bytes of high bits and 16 of nibbles
+INT8_BLOCK_TYPES = ("Q8_0", "Q5_0", "Q5_1", "Q5_K")  # as int8 codes; Q5_1 / Q5_K with a zero point
 
 
 def is_int4_block_type(type_name: str) -> bool:
@@ -84,24 +86,60 @@ def _q4_k_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def int8_blocks(data: np.ndarray, shape: tuple[int, int], type_name: str = "Q8_0"):
-    """Codes (N, K) int8 and per-block scales (N, K/32) fp32 from a Q8_0 tensor's raw bytes
-    (N, K/32 * 34) uint8, as the gguf package gives them, or a Q5_0 tensor's (N, K/32 * 22)."""
+    """Codes (N, K) int8, per-group scales (N, K/32) fp32 and zero points (N, K/32) fp32 or None
+    (`w = scale * code (+ zero)`) from a Q8_0 / Q5_0 / Q5_1 / Q5_K tensor's raw bytes, as the gguf
+    package gives them ((N, K/32 * 34) uint8 for Q8_0)."""
     rows, cols = shape
-    if type_name == "Q5_0":
-        return _q5_0_blocks(data, rows, cols)
+    if type_name in _FIVE_BIT:
+        return _FIVE_BIT[type_name](np.ascontiguousarray(data), rows, cols)
     blocks = np.ascontiguousarray(data).reshape(rows, cols // BLOCK, 2 + BLOCK)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # (N, K/32)
     codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, cols)
-    return torch.from_numpy(codes), torch.from_numpy(d)
+    return torch.from_numpy(codes), torch.from_numpy(d), None
 
 
-def _q5_0_blocks(data: np.ndarray, rows: int, cols: int):
-    """`int8_blocks` of a Q5_0 tensor: element j's fifth bit is bit j of the little-endian qh."""
-    blocks = np.ascontiguousarray(data).reshape(rows, cols // BLOCK, 22)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    qh = blocks[..., 2:6].copy().view("<u4")  # (N, K/32, 1)
-    fifth = ((qh >> np.arange(BLOCK, dtype=np.uint32)) & 1).astype(np.uint8) << 4
-    quads = blocks[..., 6:]
-    low = np.concatenate([quads & 15, quads >> 4], axis=-1)
-    codes = ((low | fifth).astype(np.int8) - 16).reshape(rows, cols)
-    return torch.from_numpy(codes), torch.from_numpy(d)
+def _fp16(raw: np.ndarray) -> np.ndarray:
+    return raw.copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def _five_bit_codes(low: np.ndarray, fifth: np.ndarray) -> torch.Tensor:
+    """int8 codes q - 16 from 5-bit q's low nibbles and fifth bits (same shapes, uint8)."""
+    return torch.from_numpy((low | (fifth << 4)).astype(np.int8) - 16)
+
+
+def _q5_blocks(data: np.ndarray, rows: int, cols: int, with_min: bool):
+    """Q5_0 (`d (q - 16)`) / Q5_1 (`d q + m`, zero m + 16 d): fp16 d (and m), then a
+    little-endian uint32 whose bit j is element j's fifth bit, then nibbles as in Q4_0."""
+    header = 4 if with_min else 2
+    blocks = data.reshape(rows, cols // BLOCK, header + 4 + BLOCK // 2)
+    d = _fp16(blocks[..., 0:2])
+    qh = blocks[..., header:header + 4].copy().view("<u4")  # (N, K/32, 1)
+    fifth = ((qh >> np.arange(BLOCK, dtype=np.uint32)) & 1).astype(np.uint8)
+    quads = blocks[..., header + 4:]
+    codes = _five_bit_codes(np.concatenate([quads & 15, quads >> 4], axis=-1), fifth).reshape(rows, cols)
+    zero = torch.from_numpy(_fp16(blocks[..., 2:4]) + 16 * d) if with_min else None
+    return codes, torch.from_numpy(d), zero
+
+
+def _q5_k_blocks(data: np.ndarray, rows: int, cols: int):
+    """Q5_K super-blocks (`block_q5_K`: fp16 d and dmin, 12 bytes of 6-bit scales and mins as in
+    Q4_K, 32 bytes of fifth bits, 128 of nibbles): sub-block j's element l is nibble (low for
+    even j) of byte 32 (j // 2) + l plus 16 times bit j of qh[l]; `d sc_j q - dmin m_j`, so the
+    code q - 16 has scale `d sc_j` and zero `16 d sc_j - dmin m_j`."""
+    blocks = data.reshape(rows, cols // SUPER_BLOCK, _Q5_K_BYTES)
+    d, dmin = _fp16(blocks[..., 0:2])[..., None], _fp16(blocks[..., 2:4])[..., None]
+    sc, m = _q4_k_scales_mins(blocks[..., 4:16])
+    qh = blocks[..., 16:48][..., None, :]  # (N, K/256, 1, 32)
+    fifth = (qh >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # (N, K/256, 8, 32)
+    chunks = blocks[..., 48:].reshape(rows, cols // SUPER_BLOCK, 4, 1, 32)
+    low = np.concatenate([chunks & 15, chunks >> 4], axis=3).reshape(fifth.shape)
+    codes = _five_bit_codes(low, fifth).reshape(rows, cols)
+    scale = (d * sc).reshape(rows, cols // BLOCK)
+    zero = (16 * scale - (dmin * m).reshape(rows, cols // BLOCK)).astype(np.float32)
+    return codes, torch.from_numpy(scale), torch.from_numpy(zero)
+
+
+_Q5_K_BYTES = 176
+_FIVE_BIT = {"Q5_0": lambda data, r, c: _q5_blocks(data, r, c, with_min=False),
+             "Q5_1": lambda data, r, c: _q5_blocks(data, r, c, with_min=True),
+             "Q5_K": _q5_k_blocks}

@@ -25,11 +25,11 @@ def _fp16_bytes(values: np.ndarray) -> np.ndarray:
 
 
 def random_k_blocks(rng, rows: int, cols: int, type_name: str) -> np.ndarray:
-    """Random raw bytes of a Q4_K or Q6_K tensor (every bit pattern of the codes and packed
+    """Random raw bytes of a Q4_K, Q5_K or Q6_K tensor (every bit pattern of the codes and packed
     scales), with small positive fp16 super-block scales so the weights stay near +-1."""
-    size = {"Q4_K": 144, "Q6_K": 210}[type_name]
+    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[type_name]
     raw = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
-    if type_name == "Q4_K":  # d, dmin first
+    if type_name in ("Q4_K", "Q5_K"):  # d, dmin first
         raw[..., 0:2] = _fp16_bytes(rng.uniform(5e-4, 3e-3, rows * cols // 256)).reshape(rows, -1, 2)
         raw[..., 2:4] = _fp16_bytes(rng.uniform(5e-4, 3e-3, rows * cols // 256)).reshape(rows, -1, 2)
     else:  # d last; the 16 int8 sub-block scales before it
@@ -40,7 +40,7 @@ def random_k_blocks(rng, rows: int, cols: int, type_name: str) -> np.ndarray:
 def write_kquant_gguf(path: Path, seed: int = 0) -> Path:
     """A 2-layer LLaMA GGUF typed as llama.cpp's Q4_K_M types a small model: Q4_K q/k/o/gate/up
     and a tied Q4_K embedding table, Q5_0 v (Q4_K's fallback), Q6_K down in layer 0 and Q4_K in
-    layer 1, f32 norms."""
+    layer 1, f32 norms; layer 1's k and v are Q5_1 and its gate Q5_K instead (a Q5_K_M's types)."""
     import gguf
     from gguf.quants import quantize
 
@@ -49,10 +49,12 @@ def write_kquant_gguf(path: Path, seed: int = 0) -> Path:
     w = llama_gguf_writer(path, hidden=HIDDEN, ffn=FFN, layers=LAYERS, heads=HEADS, kv_heads=KV_HEADS, vocab=VOCAB)
 
     def add(name, shape, qtype=None):
-        if qtype in ("Q4_K", "Q6_K"):
+        if qtype in ("Q4_K", "Q5_K", "Q6_K"):
             w.add_tensor(name, random_k_blocks(rng, *shape, qtype), raw_dtype=T[qtype])
             return
         data = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+        if qtype == "Q5_1":  # rows of their own offsets: zero points that tell the rows apart
+            data += rng.uniform(-0.1, 0.1, (shape[0], 1)).astype(np.float32)
         w.add_tensor(name, data if qtype is None else quantize(data, T[qtype]), raw_dtype=T[qtype] if qtype else None)
 
     add("token_embd.weight", (VOCAB, HIDDEN), "Q4_K")
@@ -62,10 +64,10 @@ def write_kquant_gguf(path: Path, seed: int = 0) -> Path:
         add(f"blk.{i}.attn_norm.weight", (HIDDEN,))
         add(f"blk.{i}.ffn_norm.weight", (HIDDEN,))
         add(f"blk.{i}.attn_q.weight", (HIDDEN, HIDDEN), "Q4_K")
-        add(f"blk.{i}.attn_k.weight", (kv, HIDDEN), "Q4_K")
-        add(f"blk.{i}.attn_v.weight", (kv, HIDDEN), "Q5_0")
+        add(f"blk.{i}.attn_k.weight", (kv, HIDDEN), "Q4_K" if i == 0 else "Q5_1")  # rows unpermuted with zeros
+        add(f"blk.{i}.attn_v.weight", (kv, HIDDEN), "Q5_0" if i == 0 else "Q5_1")
         add(f"blk.{i}.attn_output.weight", (HIDDEN, HIDDEN), "Q4_K")
-        add(f"blk.{i}.ffn_gate.weight", (FFN, HIDDEN), "Q4_K")
+        add(f"blk.{i}.ffn_gate.weight", (FFN, HIDDEN), "Q4_K" if i == 0 else "Q5_K")
         add(f"blk.{i}.ffn_up.weight", (FFN, HIDDEN), "Q4_K")
         add(f"blk.{i}.ffn_down.weight", (HIDDEN, FFN), "Q6_K" if i == 0 else "Q4_K")
     return finish_gguf(w, path)
@@ -89,15 +91,57 @@ def test_q4_k_blocks_are_exactly_what_gguf_dequantizes(shape):
     torch.testing.assert_close(values, want, rtol=0, atol=1e-6 * want.abs().max().item())
 
 
-def test_q5_0_blocks_are_exactly_what_gguf_dequantizes():
+@pytest.mark.parametrize("type_name", ["Q5_0", "Q5_1", "Q5_K"])
+def test_five_bit_blocks_are_exactly_what_gguf_dequantizes(type_name):
     from gguf import GGMLQuantizationType as T
     from gguf.quants import dequantize, quantize
 
-    raw = quantize(np.random.default_rng(1).standard_normal((7, 96)).astype(np.float32), T.Q5_0)
-    codes, scale = int8_blocks(raw, (7, 96), "Q5_0")
-    assert codes.dtype == torch.int8 and -16 <= int(codes.min()) and int(codes.max()) <= 15
-    values = (codes.float().view(7, 3, 32) * scale[..., None]).view(7, 96)
-    assert torch.equal(values, torch.from_numpy(dequantize(raw, T.Q5_0).reshape(7, 96)))
+    rng = np.random.default_rng(1)
+    if type_name == "Q5_K":
+        raw = random_k_blocks(rng, 5, 512, "Q5_K")
+    else:
+        raw = quantize((rng.standard_normal((5, 512)) + 0.3).astype(np.float32), T[type_name])
+    codes, scale, zero = int8_blocks(raw, (5, 512), type_name)
+    assert codes.dtype == torch.int8 and int(codes.min()) == -16 and int(codes.max()) == 15
+    assert (zero is None) == (type_name == "Q5_0")
+    values = codes.float().view(5, 16, 32) * scale[..., None] + (0 if zero is None else zero[..., None])
+    want = torch.from_numpy(dequantize(raw, T[type_name]).reshape(5, 512))
+    torch.testing.assert_close(values.view(5, 512), want, rtol=0, atol=1e-6 * want.abs().max().item())
+
+
+def test_int8_weight_with_a_zero_point_multiplies_and_dequantizes_as_its_values():
+    g = torch.Generator().manual_seed(2)
+    codes = torch.randint(-16, 16, (64, 96), dtype=torch.int8, generator=g)
+    scale = torch.rand(64, 3, generator=g) * 0.02 + 1e-3
+    zero = torch.randn(64, 3, generator=g) * 0.05
+    w = Int8Weight.from_codes(codes, scale, 32, torch.bfloat16, zero=zero)
+    s, z = scale.bfloat16().float(), (8 * scale + zero).bfloat16().float() - 8 * scale.bfloat16().float()
+    exact = (codes.float().view(64, 3, 32) * s[..., None] + z[..., None]).view(64, 96)
+    assert torch.equal(w.dequantize(torch.float32), exact)
+    x = torch.randn(2, 96, generator=g).bfloat16()
+    torch.testing.assert_close(w.matmul(x).float(), x.float() @ exact.t(), rtol=2e-2, atol=2e-2)
+    assert not torch.equal(w.dequantize(torch.float32), Int8Weight.from_codes(codes, scale, 32).dequantize(torch.float32))
+
+
+def test_every_matrix_kept_as_blocks_holds_the_files_values(kquant_gguf):
+    """Each matrix read as blocks (q/k rows put back in HF order with their scales and zeros)
+    dequantizes to what the gguf package's float read gives, to bf16's rounding of the scales
+    and zero points."""
+    from flexlamps.models.weight_specs import weight_specs
+
+    reader = GGUFReader(kquant_gguf)
+    kinds = set()
+    for spec in weight_specs(reader.config):
+        if spec.role != "linear":
+            continue
+        w = reader.read_int4(spec, torch.bfloat16) or reader.read_int8(spec, torch.bfloat16)
+        if w is None:
+            continue
+        kinds.add(type(w))
+        want = reader.read(spec, torch.float32)
+        torch.testing.assert_close(w.dequantize(torch.float32), want, rtol=0, atol=2**-7 * want.abs().max().item(),
+                                   msg=spec.name)
+    assert kinds == {Int4Weight, Int8Weight}
 
 
 def _logits(weights, reader, dtype, feed=None):
@@ -109,7 +153,7 @@ def test_q4_k_m_model_computes_its_blocks_in_place_and_keeps_quality(kquant_gguf
     assert reader.has_int4_weights and RunSettings(dtype="auto").resolve_dtype(reader) == torch.bfloat16
     weights = read_all(reader, torch.bfloat16, int4_in_place=True)
     assert isinstance(weights["layers.0.q_proj"], Int4Weight) and isinstance(weights["layers.1.down_proj"], Int4Weight)
-    assert isinstance(weights["layers.0.v_proj"], Int8Weight)  # Q5_0
+    assert all(isinstance(weights[n], Int8Weight) for n in ("layers.0.v_proj", "layers.1.k_proj", "layers.1.gate_proj"))
     assert type(weights["layers.0.down_proj"]) is torch.Tensor  # Q6_K: dense
     assert isinstance(weights["lm_head"], Int4Weight) and type(weights["embed_tokens"]) is torch.Tensor  # tied
     ref = _logits(read_all(reader, torch.float32), reader, torch.float32)

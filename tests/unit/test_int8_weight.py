@@ -38,7 +38,8 @@ def test_q8_0_blocks_map_exactly():
 
     dense = np.random.default_rng(0).standard_normal((48, 96)).astype(np.float32)
     raw = quantize(dense, GGMLQuantizationType.Q8_0)
-    codes, scale = int8_blocks(raw, (48, 96))
+    codes, scale, zero = int8_blocks(raw, (48, 96))
+    assert zero is None
     got = (codes.float().reshape(48, 3, 32) * scale[..., None]).reshape(48, 96)
     ref = torch.from_numpy(np.asarray(dequantize(raw, GGMLQuantizationType.Q8_0), dtype=np.float32))
     assert codes.dtype == torch.int8 and torch.equal(got, ref)
