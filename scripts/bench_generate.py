@@ -48,6 +48,7 @@ import torch
 from bench_prompts import distinct_prompts
 from flexlamps import LLM, SamplingParams
 from flexlamps.models.linear import linear, pack, unpack
+from flexlamps.models.registry import open_checkpoint
 from flexlamps.models.weight_cache import load_weights
 from flexlamps.models.weight_specs import hf_name, weight_specs
 
@@ -253,9 +254,10 @@ def main():
         ap.error(f"--llama-cpp {args.llama_cpp} is not an executable file; build it as the docstring says")
     thread_counts = [int(t) for t in args.threads.split(",")] if args.threads else [torch.get_num_threads()]
     batches = [int(b) for b in args.batch_sizes.split(",")]
-    llm = LLM(args.model, dtype=args.dtype, max_batch_size=max(batches))
-    if not str(llm.reader.path).endswith(".gguf") or llm.config.model_type != "llama":
+    reader = open_checkpoint(args.model)  # checked before the load: every side runs the same LLaMA GGUF
+    if not str(reader.path).endswith(".gguf") or reader.config.model_type != "llama":
         ap.error(f"--model {args.model}: not a LLaMA GGUF file (every side runs the same GGUF)")
+    llm = LLM(args.model, dtype=args.dtype, max_batch_size=max(batches))
     hf32, hf16 = transformers_models(llm)
     for threads in thread_counts:
         run_table(llm, hf32, hf16, args, threads, batches)

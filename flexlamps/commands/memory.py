@@ -15,7 +15,7 @@ import click
 FIXED_OVERHEAD_BYTES = 450 * 2**20
 # bytes per weight as the engine holds it; "auto" is 4-bit in place for a 4-bit GGUF (codes and
 # block scales, about 5 bits) plus the in-memory executor's bf16 copy for prefill (see
-# api.DENSE_TWINS_MAX_SHARE), int8 in place for a Q8_0 / Q5_0 GGUF (1.25 bytes, quant.int8_weight)
+# api.DENSE_TWINS_MAX_SHARE), int8 in place for a Q8_0 / 5-bit GGUF (1.25 bytes, quant.int8_weight)
 # plus that copy, else float32
 _WEIGHT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
 _AUTO_INT4_BYTES = 2.625
@@ -45,7 +45,7 @@ def _offload_budgets(run) -> tuple[int, int] | None:
 
 
 def _auto_bytes_per_param(reader) -> float:
-    """`--dtype auto`'s bytes per weight: int8 in place where any layer holds Q8_0 / Q5_0 blocks
+    """`--dtype auto`'s bytes per weight: int8 in place where any layer holds Q8_0 / Q5_x blocks
     (the larger figure, so a file mixing them with 4-bit blocks, a Q4_K_M, is not under-planned),
     else 4-bit in place, else float32."""
     kinds = getattr(reader, "layer_block_kinds", set())

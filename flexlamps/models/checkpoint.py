@@ -360,7 +360,7 @@ def _field_value(field) -> Any:
 def read_all(reader, dtype: torch.dtype, int4_in_place: bool = False,
              fp8_in_place: bool = False) -> dict[str, torch.Tensor | Int4Weight | Int8Weight]:
     """Every weight by canonical name, in `dtype`. With `int4_in_place` (and a bf16/fp16 `dtype`),
-    quantized GGUF matrices stay quantized: 4-bit blocks as `Int4Weight`, Q8_0 / Q5_0 as
+    quantized GGUF matrices stay quantized: 4-bit blocks as `Int4Weight`, Q8_0 / Q5_x as
     `Int8Weight` (multiplied in place by `models.linear`), and a quantized output head also as
     "lm_head" when the model ties it to the embedding table (which stays dense for the lookup); with `fp8_in_place`,
     an FP8 checkpoint's matrices stay FP8 (`Fp8Weight`, upcast per call)."""

@@ -27,6 +27,7 @@ BLOCK = 32  # elements per group: a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 block, a Q4
 _HEADER_BYTES = {"Q4_0": 2, "Q4_1": 4}  # fp16 d (+ fp16 m) before the 16 code bytes
 SUPER_BLOCK = 256  # elements per Q4_K / Q5_K super-block
 _Q4_K_BYTES = 144  # fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
+_Q5_K_BYTES = 176  # the same, with 32 bytes of fifth bits before the nibbles
 INT8_BLOCK_TYPES = ("Q8_0", "Q5_0", "Q5_1", "Q5_K")  # as int8 codes; Q5_1 / Q5_K with a zero point
 
 
@@ -51,28 +52,44 @@ def int4_blocks(data: np.ndarray, type_name: str, shape: tuple[int, int]):
         return _q4_k_blocks(data, rows, cols)
     header = _HEADER_BYTES[type_name]
     blocks = np.ascontiguousarray(data).reshape(rows, cols // BLOCK, header + BLOCK // 2)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # (N, K/32)
-    quads = blocks[..., header:]  # (N, K/32, 16): element j low nibble, element j+16 high nibble
-    codes = np.concatenate([quads & 15, quads >> 4], axis=-1).reshape(rows, cols)
-    if type_name == "Q4_1":
-        zero = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * d
-    else:
-        zero = np.zeros_like(d)
+    d = _fp16(blocks[..., 0:2])  # (N, K/32)
+    codes = _block_nibbles(blocks[..., header:]).reshape(rows, cols)
+    zero = _fp16(blocks[..., 2:4]) + 8 * d if type_name == "Q4_1" else np.zeros_like(d)
     return torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(zero)
+
+
+def _fp16(raw: np.ndarray) -> np.ndarray:
+    """fp32 values of the fp16 numbers in the last dim's two bytes."""
+    return raw.copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def _block_nibbles(quads: np.ndarray) -> np.ndarray:
+    """A 32-element block's codes from its 16 bytes: element j in byte j's low nibble, j + 16 in its high one."""
+    return np.concatenate([quads & 15, quads >> 4], axis=-1)
 
 
 def _q4_k_blocks(data: np.ndarray, rows: int, cols: int):
     """`int4_blocks` of a Q4_K tensor: each super-block's eight sub-blocks as groups of 32."""
     blocks = np.ascontiguousarray(data).reshape(rows, cols // SUPER_BLOCK, _Q4_K_BYTES)
-    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # (N, K/256, 1)
-    dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
+    codes = _k_nibbles(blocks[..., 16:], rows, cols).reshape(rows, cols)
+    return (torch.from_numpy(codes), *_k_scales_zeros(blocks, rows, cols, code_offset=8))
+
+
+def _k_nibbles(qs: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """A Q4_K / Q5_K tensor's 128 nibble bytes a super-block as (N, K/256, 8, 32): 32-byte chunk c
+    holds sub-block 2c in its low nibbles, 2c + 1 in its high ones."""
+    chunks = qs.reshape(rows, cols // SUPER_BLOCK, 4, 1, 32)
+    return np.concatenate([chunks & 15, chunks >> 4], axis=3).reshape(rows, cols // SUPER_BLOCK, 8, 32)
+
+
+def _k_scales_zeros(blocks: np.ndarray, rows: int, cols: int, code_offset: int):
+    """A Q4_K / Q5_K super-block's `d sc_j q - dmin m_j` as scale `d sc_j` and zero
+    `code_offset d sc_j - dmin m_j` per sub-block (N, K/32), for codes `q - code_offset`."""
+    d, dmin = _fp16(blocks[..., 0:2])[..., None], _fp16(blocks[..., 2:4])[..., None]  # (N, K/256, 1)
     sc, m = _q4_k_scales_mins(blocks[..., 4:16])  # (N, K/256, 8) each
-    # 32-byte chunk c: sub-block 2c in its low nibbles, 2c + 1 in its high ones
-    chunks = blocks[..., 16:].reshape(rows, cols // SUPER_BLOCK, 4, 1, 32)
-    codes = np.concatenate([chunks & 15, chunks >> 4], axis=3).reshape(rows, cols)
     scale = (d * sc).reshape(rows, cols // BLOCK)
-    zero = (8 * scale - (dmin * m).reshape(rows, cols // BLOCK)).astype(np.float32)
-    return torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(zero)
+    zero = (code_offset * scale - (dmin * m).reshape(rows, cols // BLOCK)).astype(np.float32)
+    return torch.from_numpy(scale), torch.from_numpy(zero)
 
 
 def _q4_k_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -93,13 +110,9 @@ def int8_blocks(data: np.ndarray, shape: tuple[int, int], type_name: str = "Q8_0
     if type_name in _FIVE_BIT:
         return _FIVE_BIT[type_name](np.ascontiguousarray(data), rows, cols)
     blocks = np.ascontiguousarray(data).reshape(rows, cols // BLOCK, 2 + BLOCK)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # (N, K/32)
+    d = _fp16(blocks[..., 0:2])  # (N, K/32)
     codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, cols)
     return torch.from_numpy(codes), torch.from_numpy(d), None
-
-
-def _fp16(raw: np.ndarray) -> np.ndarray:
-    return raw.copy().view(np.float16)[..., 0].astype(np.float32)
 
 
 def _five_bit_codes(low: np.ndarray, fifth: np.ndarray) -> torch.Tensor:
@@ -115,8 +128,7 @@ def _q5_blocks(data: np.ndarray, rows: int, cols: int, with_min: bool):
     d = _fp16(blocks[..., 0:2])
     qh = blocks[..., header:header + 4].copy().view("<u4")  # (N, K/32, 1)
     fifth = ((qh >> np.arange(BLOCK, dtype=np.uint32)) & 1).astype(np.uint8)
-    quads = blocks[..., header + 4:]
-    codes = _five_bit_codes(np.concatenate([quads & 15, quads >> 4], axis=-1), fifth).reshape(rows, cols)
+    codes = _five_bit_codes(_block_nibbles(blocks[..., header + 4:]), fifth).reshape(rows, cols)
     zero = torch.from_numpy(_fp16(blocks[..., 2:4]) + 16 * d) if with_min else None
     return codes, torch.from_numpy(d), zero
 
@@ -127,19 +139,12 @@ def _q5_k_blocks(data: np.ndarray, rows: int, cols: int):
     even j) of byte 32 (j // 2) + l plus 16 times bit j of qh[l]; `d sc_j q - dmin m_j`, so the
     code q - 16 has scale `d sc_j` and zero `16 d sc_j - dmin m_j`."""
     blocks = data.reshape(rows, cols // SUPER_BLOCK, _Q5_K_BYTES)
-    d, dmin = _fp16(blocks[..., 0:2])[..., None], _fp16(blocks[..., 2:4])[..., None]
-    sc, m = _q4_k_scales_mins(blocks[..., 4:16])
     qh = blocks[..., 16:48][..., None, :]  # (N, K/256, 1, 32)
     fifth = (qh >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # (N, K/256, 8, 32)
-    chunks = blocks[..., 48:].reshape(rows, cols // SUPER_BLOCK, 4, 1, 32)
-    low = np.concatenate([chunks & 15, chunks >> 4], axis=3).reshape(fifth.shape)
-    codes = _five_bit_codes(low, fifth).reshape(rows, cols)
-    scale = (d * sc).reshape(rows, cols // BLOCK)
-    zero = (16 * scale - (dmin * m).reshape(rows, cols // BLOCK)).astype(np.float32)
-    return codes, torch.from_numpy(scale), torch.from_numpy(zero)
+    codes = _five_bit_codes(_k_nibbles(blocks[..., 48:], rows, cols), fifth).reshape(rows, cols)
+    return (codes, *_k_scales_zeros(blocks, rows, cols, code_offset=16))
 
 
-_Q5_K_BYTES = 176
 _FIVE_BIT = {"Q5_0": lambda data, r, c: _q5_blocks(data, r, c, with_min=False),
              "Q5_1": lambda data, r, c: _q5_blocks(data, r, c, with_min=True),
              "Q5_K": _q5_k_blocks}
