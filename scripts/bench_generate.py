@@ -47,7 +47,7 @@ import torch
 
 from bench_prompts import distinct_prompts
 from flexlamps import LLM, SamplingParams
-from flexlamps.models.linear import linear, pack, unpack
+from flexlamps.models.linear import linear, native_kernel, pack, unpack
 from flexlamps.models.registry import open_checkpoint
 from flexlamps.models.weight_cache import load_weights
 from flexlamps.models.weight_specs import hf_name, weight_specs
@@ -200,7 +200,8 @@ def run_table(llm, hf32, hf16, args, threads: int, batches: list[int]) -> None:
     bw, flops = read_bandwidth(), gemm_flops_bf16(llm.config.hidden_size, llm.config.intermediate_size)
     print(f"\nthreads {threads} | load avg {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus | flexlamps dtype "
           f"{llm.dtype} | GGUF bytes per decode step {step_bytes / 2**20:.0f} MiB | read bandwidth "
-          f"{bw / 1e9:.1f} GB/s -> batch-1 decode limit {bw / step_bytes:.0f} tok/s | bf16 GEMM peak {flops / 1e9:.0f} GFLOP/s")
+          f"{bw / 1e9:.1f} GB/s -> batch-1 decode limit {bw / step_bytes:.0f} tok/s | bf16 GEMM peak {flops / 1e9:.0f} GFLOP/s"
+          f" | decode kernel {'AVX-512 (quant.tile_gemv)' if native_kernel() else 'torch int4'}")
     sides = {"flexlamps": lambda p: time_ours(llm, p, args.new_tokens),
              "hf-fp32": lambda p: time_theirs(hf32, p, args.new_tokens),
              "hf-bf16": lambda p: time_theirs(hf16, p, args.new_tokens)}

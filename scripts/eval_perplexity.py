@@ -7,6 +7,13 @@ and read back for attention. `int4` is the in-memory engine in bfloat16 with a G
 weights multiplied in place (the `--dtype auto` default for such files); `bf16` is dense bfloat16.
 
     python scripts/eval_perplexity.py --model smollm2-135m --tokens 32768 --window 1024 --stride 512
+
+`--decode-rows N` scores the text as decode does instead: windows of --window tokens, N side by
+side, fed one token a step, each step's logits scoring the next token. Decode's products have
+few rows, so this is what measures the decode kernels (`int4`: the AVX-512 kernel, which rounds
+x to int8 per group; `FLEXLAMPS_NATIVE_KERNELS=0` runs torch's int4 kernel for comparison).
+
+    python scripts/eval_perplexity.py --configs none,int4 --tokens 8192 --window 512 --decode-rows 8
 """
 
 from __future__ import annotations
@@ -51,6 +58,24 @@ def perplexity(executor, ids: list[int], window: int, stride: int) -> float:
     return math.exp(nll / count)
 
 
+def decode_perplexity(executor, ids: list[int], window: int, rows: int) -> float:
+    """Perplexity with every token scored by a decode step: `rows` windows of `window` tokens at
+    a time, fed one token a step (teacher forcing)."""
+    nll, count = 0.0, 0
+    usable = len(ids) // window * window
+    windows = torch.tensor(ids[:usable]).view(-1, window)
+    for batch in windows.split(rows):
+        n = batch.shape[0]
+        cache = executor.new_cache(n, window)
+        for t in range(window - 1):
+            step = Step(batch[:, t:t + 1], torch.full((n, 1), t), torch.arange(n))
+            logits = executor.forward_steps(cache, [step])[0].reshape(n, -1).float()
+            nll -= float(torch.log_softmax(logits, -1).gather(-1, batch[:, t + 1:t + 2]).sum())
+            count += n
+        cache.release()
+    return math.exp(nll / count)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
@@ -60,6 +85,8 @@ def main():
     ap.add_argument("--configs", default="none,weights,cache,both", help="comma-separated: none (fp32), "
                     "weights, cache, both (4-bit through the offload engine), bf16, int4 (in memory)")
     ap.add_argument("--wikitext", type=Path, default=WIKITEXT, help="WikiText-2 raw test file")
+    ap.add_argument("--decode-rows", type=int, default=0,
+                    help="score by decode steps, this many windows side by side (0: by prefill, with --stride)")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     args = ap.parse_args()
     reader = open_checkpoint(args.model)
@@ -77,13 +104,14 @@ def main():
             policy = Policy(gpu_batch_size=1, num_gpu_batches=1, weights=ALL_GPU, cache=ALL_GPU, activations=ALL_GPU,
                             compress_weight=name in ("weights", "both"), compress_cache=name in ("cache", "both"))
             ex = OffloadExecutor(reader, policy, gpu_mem=8 * 2**30, cpu_mem=2**30)
-        results[name] = perplexity(ex, ids, args.window, args.stride)
+        results[name] = (decode_perplexity(ex, ids, args.window, args.decode_rows) if args.decode_rows
+                          else perplexity(ex, ids, args.window, args.stride))
         base = results.get("none")
         delta = f" ({(results[name] / base - 1) * 100:+.2f}% vs uncompressed)" if base and name != "none" else ""
         print(f"{name:>8}: perplexity {results[name]:.4f}{delta}  [{time.perf_counter() - t:.0f} s]", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"tokens": len(ids), "window": args.window, "stride": args.stride,
-                                              "perplexity": results}, indent=2))
+                                              "decode_rows": args.decode_rows, "perplexity": results}, indent=2))
 
 
 if __name__ == "__main__":

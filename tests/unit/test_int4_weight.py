@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from flexlamps.models.gguf_blocks import int4_blocks
-from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, INT4_TWIN_DENSE_FROM_ROWS, Int4Twin, linear, with_dense_twin
+from flexlamps.models.linear import (INT4_DENSE_FROM_ROWS, INT4_TWIN_DENSE_FROM_ROWS, NATIVE_TWIN_DENSE_FROM_ROWS, Int4Twin,
+                                      fused_product, linear, native_kernel, with_dense_twin)
 from quant.int4_weight import Int4Weight, can_pack, pack_codes, unpack_codes
 
 
@@ -57,7 +58,7 @@ def test_linear_uses_the_kernel_for_few_rows_and_dense_for_many():
     w = Int4Weight.from_codes(codes, scale, zero, 32)
     bias, add = torch.randn(64, dtype=torch.bfloat16), torch.randn(2, 64, dtype=torch.bfloat16)
     few = torch.randn(2, 96, dtype=torch.bfloat16)
-    assert torch.equal(linear(few, w, bias, add=add), w.matmul(few) + bias + add)
+    assert torch.equal(linear(few, w, bias, add=add), fused_product(w, few) + bias + add)
     many = torch.randn(INT4_DENSE_FROM_ROWS, 96, dtype=torch.bfloat16)
     assert torch.equal(linear(many, w, bias), linear(many, w.dequantize(), bias))
     many32 = many.float()  # fp32 activations: the dense fp32 path, exact to the fp32 weight
@@ -70,9 +71,12 @@ def test_a_dense_twin_runs_the_kernel_for_few_rows_and_its_dense_copy_from_fewer
     twin = with_dense_twin(w)
     assert isinstance(twin, Int4Twin) and twin.shape == w.shape and twin.nbytes == w.nbytes + 64 * 96 * 2
     bias, add = torch.randn(64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16)
-    for rows in (1, INT4_TWIN_DENSE_FROM_ROWS - 1, INT4_TWIN_DENSE_FROM_ROWS, INT4_DENSE_FROM_ROWS):
+    # torch's kernel, or the AVX-512 one (`fused_product`), below the twin's switch (which depends on which)
+    switch = twin.dense_from_rows
+    assert switch == (NATIVE_TWIN_DENSE_FROM_ROWS if native_kernel() else INT4_TWIN_DENSE_FROM_ROWS)
+    for rows in (1, switch - 1, switch, INT4_DENSE_FROM_ROWS):
         x = torch.randn(rows, 96, dtype=torch.bfloat16)
-        want = w.matmul(x) + bias + add if rows < INT4_TWIN_DENSE_FROM_ROWS else linear(x, w.dequantize(), bias, add=add)
+        want = fused_product(w, x) + bias + add if rows < switch else linear(x, w.dequantize(), bias, add=add)
         assert torch.equal(linear(x, twin, bias, add=add.expand(rows, -1)), want), rows
     x32 = torch.randn(3, 96)  # fp32 activations: the fp32 dense path, as without the twin
     assert torch.equal(linear(x32, twin), linear(x32, w))

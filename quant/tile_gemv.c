@@ -1,0 +1,195 @@
+/* x @ w.T for a few rows of x (decode), w a 4-bit weight in torch's CPU int4 tile layout
+ * (quant/int4_tiles.py) or an int8 weight held as two such 4-bit halves (quant/int8_weight.py),
+ * read where it lies with AVX-512 VNNI integer dot products, as llama.cpp computes its block
+ * types: x is rounded to int8 with one scale per group of the weight's inputs, each group's
+ * products are summed exactly in int32, and the group's scales are applied in fp32.
+ *
+ * Layout: tiles of 64 output rows; tile t holds K * 32 bytes, byte (k, j) with row 64t + j in
+ * its low nibble and row 64t + 32 + j in its high nibble. A byte permute (VBMI) gathers four
+ * columns of a row into one 32-bit lane, which is what a VNNI dot product multiplies.
+ * scale_zero is (K/G, N, 2) 16-bit floats (bf16 or fp16, as x and out): w = (q - 8) * scale + zero.
+ * An int8 weight's split (N, 2K) has its codes' high nibbles in columns 0..K-1 (scale 16 d,
+ * zero 0) and its low nibbles in K..2K-1 (scale d, zero 8 d + m): joined back, u = q + 128 and
+ * w = d * u + (zero - 136 d).
+ *
+ * Integer sums are exact, so a row's result does not depend on the rows beside it, on the
+ * thread count, or on the split of the work. Built and loaded by quant/tile_gemv.py. */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define TILE 64
+#define ROWS_PER_PASS 4
+#define AI static inline __attribute__((always_inline))
+/* How far ahead the codes are prefetched: decode's weights stream from memory, and the hardware
+ * prefetcher alone left a SmolLM2 step at about a third of the read bandwidth. */
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 512
+#endif
+
+static float half_to_float(uint16_t h, int fp16) {
+    if (fp16) return _cvtsh_ss(h);
+    union { uint32_t u; float f; } v = { (uint32_t)h << 16 };
+    return v.f;
+}
+
+AI __m512 halves_to_floats(__m256i h, int fp16) {
+    if (fp16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+AI __m256i floats_to_halves(__m512 f, int fp16) {
+    if (fp16) return _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512i u = _mm512_castps_si512(f);  /* bf16: round to nearest even; NaNs stay (quiet) NaNs */
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+/* The rows of x as int8 codes, a scale per group (codes * scale ~ x) and each group's sum. */
+typedef struct { const int8_t *q; const float *scale, *sum; int64_t cols, groups; } QRows;
+
+/* tot[b] += scale * dx * acc[b] + (zero - bias * scale) * sum_x for one group of a tile's 64 rows. */
+AI void add_group(const uint16_t *sz, float bias, int fp16, __m512i acc[][4], const QRows *x, int64_t g,
+                  float tot[][TILE], int nb) {
+    for (int i = 0; i < 4; i++) {
+        __m512i pairs = _mm512_loadu_si512(sz + 32 * i);  /* 16 rows' (scale, zero) */
+        __m512 scale = halves_to_floats(_mm512_cvtepi32_epi16(pairs), fp16);
+        __m512 zero = halves_to_floats(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16)), fp16);
+        __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(bias), scale, zero);
+        for (int b = 0; b < nb; b++) {
+            __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[b][i]), _mm512_set1_ps(x->scale[b * x->groups + g]));
+            __m512 t = _mm512_fmadd_ps(scale, dot, _mm512_loadu_ps(tot[b] + 16 * i));
+            t = _mm512_fmadd_ps(offset, _mm512_set1_ps(x->sum[b * x->groups + g]), t);
+            _mm512_storeu_ps(tot[b] + 16 * i, t);
+        }
+    }
+}
+
+/* Four columns k..k+3 of a tile's rows j and j + 16 (j < 16), as 32-bit lanes of 4 bytes. */
+AI void gather4(const uint8_t *p, __m512i idx_lo, __m512i idx_hi, __m512i *rows_lo, __m512i *rows_hi) {
+    __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 64);
+    *rows_lo = _mm512_permutex2var_epi8(a, idx_lo, b);
+    *rows_hi = _mm512_permutex2var_epi8(a, idx_hi, b);
+}
+
+/* One tile (64 output rows) for nb <= ROWS_PER_PASS rows of x; int8: the weight is a split. */
+AI void tile_pass(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t group, const QRows *x,
+                  float tot[][TILE], int fp16, int int8, int nb) {
+    const __m512i nib = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
+    __m512i idx_lo, idx_hi;
+    {
+        uint8_t lo[64], hi[64];
+        for (int i = 0; i < 16; i++)
+            for (int c = 0; c < 4; c++) {
+                lo[4 * i + c] = (uint8_t)((c & 2 ? 64 : 0) + (c & 1 ? 32 : 0) + i);
+                hi[4 * i + c] = (uint8_t)(lo[4 * i + c] + 16);
+            }
+        idx_lo = _mm512_loadu_si512(lo);
+        idx_hi = _mm512_loadu_si512(hi);
+    }
+    const int64_t low_half = x->cols * 32;  /* int8: the low nibbles' columns start at K */
+    for (int b = 0; b < nb; b++)
+        for (int r = 0; r < TILE; r++) tot[b][r] = 0.0f;
+    for (int64_t g = 0; g < x->groups; g++) {
+        __m512i acc[ROWS_PER_PASS][4];
+        for (int b = 0; b < nb; b++)
+            for (int i = 0; i < 4; i++) acc[b][i] = _mm512_setzero_si512();
+        if (g + 2 < x->groups) {  /* the scales two groups on: a strided read the prefetcher misses */
+            const char *next = (const char *)(sz + (int8 ? g + 2 + x->groups : g + 2) * n * 2);
+            for (int line = 0; line < 4; line++) _mm_prefetch(next + 64 * line, _MM_HINT_T0);
+        }
+        for (int64_t k = g * group; k < (g + 1) * group; k += 4) {
+            __m512i p0, p1, c[4];
+            _mm_prefetch((const char *)(codes + k * 32 + PREFETCH_BYTES), _MM_HINT_T0);
+            _mm_prefetch((const char *)(codes + k * 32 + PREFETCH_BYTES + 64), _MM_HINT_T0);
+            if (int8) {
+                _mm_prefetch((const char *)(codes + low_half + k * 32 + PREFETCH_BYTES), _MM_HINT_T0);
+                _mm_prefetch((const char *)(codes + low_half + k * 32 + PREFETCH_BYTES + 64), _MM_HINT_T0);
+            }
+            gather4(codes + k * 32, idx_lo, idx_hi, &p0, &p1);
+            if (int8) {  /* high nibbles from the first half, low ones from the second: q + 128 */
+                __m512i l0, l1;
+                gather4(codes + low_half + k * 32, idx_lo, idx_hi, &l0, &l1);
+                c[0] = _mm512_ternarylogic_epi32(high, _mm512_slli_epi16(p0, 4), l0, 0xCA);
+                c[1] = _mm512_ternarylogic_epi32(high, _mm512_slli_epi16(p1, 4), l1, 0xCA);
+                c[2] = _mm512_ternarylogic_epi32(high, p0, _mm512_srli_epi16(l0, 4), 0xCA);
+                c[3] = _mm512_ternarylogic_epi32(high, p1, _mm512_srli_epi16(l1, 4), 0xCA);
+            } else {
+                c[0] = _mm512_and_si512(p0, nib);
+                c[1] = _mm512_and_si512(p1, nib);
+                c[2] = _mm512_and_si512(_mm512_srli_epi16(p0, 4), nib);
+                c[3] = _mm512_and_si512(_mm512_srli_epi16(p1, 4), nib);
+            }
+            for (int b = 0; b < nb; b++) {
+                __m512i xb = _mm512_set1_epi32(*(const int32_t *)(x->q + b * x->cols + k));
+                for (int i = 0; i < 4; i++) acc[b][i] = _mm512_dpbusd_epi32(acc[b][i], c[i], xb);
+            }
+        }
+        const uint16_t *group_sz = sz + (int8 ? g + x->groups : g) * n * 2;
+        add_group(group_sz, int8 ? 136.0f : 8.0f, fp16, acc, x, g, tot, nb);
+    }
+}
+
+static void run_tile(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t group, const QRows *x,
+                     int64_t rows, uint16_t *out, int fp16, int int8) {
+    float tot[ROWS_PER_PASS][TILE] __attribute__((aligned(64)));
+    for (int64_t b0 = 0; b0 < rows; b0 += ROWS_PER_PASS) {
+        int nb = rows - b0 < ROWS_PER_PASS ? (int)(rows - b0) : ROWS_PER_PASS;
+        QRows xb = {x->q + b0 * x->cols, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups};
+        switch (nb) {  /* constant row counts, so the accumulators stay in registers */
+            case 1: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 1); break;
+            case 2: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 2); break;
+            case 3: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 3); break;
+            default: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 4); break;
+        }
+        for (int b = 0; b < nb; b++)
+            for (int i = 0; i < 4; i++)
+                _mm256_storeu_si256((__m256i *)(out + (b0 + b) * n + 16 * i),
+                                    floats_to_halves(_mm512_loadu_ps(tot[b] + 16 * i), fp16));
+    }
+}
+
+/* Each row's groups of x as int8 codes q (scale = max |x| / 127, q = round(x / scale)) and the
+ * sum of the values they stand for, scale * sum(q): a weight's zero point then multiplies the
+ * same x as its codes do (with the exact sum of x, errors grew 1.5-3x). */
+static void quantize_rows(const uint16_t *x, int64_t rows, int64_t cols, int64_t group, int fp16,
+                          int8_t *q, float *scale, float *sum) {
+    for (int64_t g = 0; g < rows * (cols / group); g++) {  /* the groups of all rows, in order */
+        const uint16_t *xg = x + g * group;
+        float amax = 0.0f;
+        for (int64_t i = 0; i < group; i++) amax = fmaxf(amax, fabsf(half_to_float(xg[i], fp16)));
+        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int32_t total = 0;
+        for (int64_t i = 0; i < group; i++) {
+            q[g * group + i] = (int8_t)lrintf(half_to_float(xg[i], fp16) * inv);
+            total += q[g * group + i];
+        }
+        scale[g] = amax / 127.0f;
+        sum[g] = scale[g] * (float)total;
+    }
+}
+
+/* out (rows, n) = x (rows, cols) @ w.T, w (n, cols) in 4-bit tiles, or with int8 an int8 weight's
+ * (n, 2 cols) split; returns 0, or -1 for shapes it does not take. */
+int flexlamps_tile_gemv(const uint8_t *codes, const uint16_t *scale_zero, const uint16_t *x, uint16_t *out,
+                        int64_t n, int64_t cols, int64_t group, int64_t rows, int fp16, int int8, int threads) {
+    if (n % TILE || group <= 0 || group % 4 || cols % group || rows <= 0)
+        return -1;
+    const int64_t groups = cols / group;
+    void *buf = malloc((size_t)(rows * cols) + 2 * sizeof(float) * (size_t)(rows * groups) + 64);
+    if (!buf) return -1;
+    float *scale = (float *)buf, *sum = scale + rows * groups;
+    int8_t *q = (int8_t *)(sum + rows * groups);
+    quantize_rows(x, rows, cols, group, fp16, q, scale, sum);
+    QRows xr = {q, scale, sum, cols, groups};
+    const int64_t tiles = n / TILE, tile_bytes = (int8 ? 2 : 1) * cols * 32;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t t = 0; t < tiles; t++)
+        run_tile(codes + t * tile_bytes, scale_zero + t * TILE * 2, n, group, &xr, rows, out + t * TILE, fp16, int8);
+    free(buf);
+    return 0;
+}

@@ -1,0 +1,167 @@
+"""The AVX-512 decode kernel (`quant.tile_gemv`): what it computes, that a row's result does not
+depend on its batch or the thread count, that `linear` gives the in-memory and offload engines
+the same products, and how it is built, found again and refused."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from flexlamps.models import linear as linear_mod
+from quant import tile_gemv
+from quant.int4_weight import Int4Weight
+from quant.int8_weight import Int8Weight
+
+KERNEL = linear_mod.native_kernel()
+needs_kernel = pytest.mark.skipif(KERNEL is None, reason="this CPU lacks AVX-512 VBMI/VNNI or no C compiler")
+# the kernel's result, rounded once to the output's dtype, against the same product in fp64: one
+# unit in the last place of the output (fp32 sums in another order may cross a rounding boundary),
+# plus that reordering itself, at most K * 2^-24 of the sum of the terms' sizes
+ULP = {torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}
+
+
+def _int4(rows: int, cols: int, group: int, dtype: torch.dtype, seed: int = 0) -> Int4Weight:
+    gen = torch.Generator().manual_seed(seed)
+    return Int4Weight.quantize(torch.randn(rows, cols, generator=gen), group, dtype).kernel_only()
+
+
+def _int8(rows: int, cols: int, dtype: torch.dtype, with_zero: bool, seed: int = 0) -> Int8Weight:
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(-128, 128, (rows, cols), dtype=torch.int8, generator=gen)
+    scale = torch.rand(rows, cols // 32, generator=gen) / 64
+    zero = torch.randn(rows, cols // 32, generator=gen) / 64 if with_zero else None
+    return Int8Weight.from_codes(codes, scale, 32, dtype, zero=zero)
+
+
+def _x(rows: int, cols: int, dtype: torch.dtype, seed: int = 1) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=gen) * torch.rand(rows, 1, generator=gen) * 4
+    x[0, :32] = 0  # a group of zeros: scale 0, codes 0
+    return x.to(dtype)
+
+
+def _assert_kernel_product(w, x: torch.Tensor) -> None:
+    rounded, dense = tile_gemv.rounded_like_kernel(x, w.group_size).double(), w.dequantize(torch.float32).double()
+    want, size = rounded @ dense.t(), rounded.abs() @ dense.abs().t()
+    got = KERNEL.matmul(w, x)
+    assert got.dtype == x.dtype and got.shape == want.shape
+    err = (got.double() - want).abs()
+    assert (err <= ULP[x.dtype] * want.abs() + x.shape[-1] * 2 ** -24 * size).all(), (err / size).max()
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape,group", [((64, 32), 32), ((192, 576), 32), ((576, 1536), 64), ((128, 256), 128)])
+def test_int4_is_x_rounded_to_int8_times_the_weight(dtype, shape, group):
+    w = _int4(*shape, group, dtype)
+    assert KERNEL.runs(w, _x(1, shape[1], dtype))
+    for rows in (1, 3, 4, 9):
+        _assert_kernel_product(w, _x(rows, shape[1], dtype, seed=rows))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("with_zero", [False, True])
+def test_int8_is_x_rounded_to_int8_times_the_weight(dtype, with_zero):
+    w = _int8(128, 576, dtype, with_zero)
+    assert KERNEL.runs(w, _x(1, 576, dtype))
+    for rows in (1, 2, 6):
+        _assert_kernel_product(w, _x(rows, 576, dtype, seed=rows))
+
+
+@needs_kernel
+def test_rounding_x_costs_a_fraction_of_the_weights_own_error():
+    """The kernel's extra error (x to int8 per group) is small beside the 4-bit weight's."""
+    dense = torch.randn(576, 576, generator=torch.Generator().manual_seed(3))
+    w = Int4Weight.quantize(dense, 32, torch.bfloat16).kernel_only()
+    x = _x(4, 576, torch.bfloat16)
+    exact = x.float() @ dense.t()
+    kernel_err = (KERNEL.matmul(w, x).float() - x.float() @ w.dequantize(torch.float32).t()).norm()
+    weight_err = (x.float() @ w.dequantize(torch.float32).t() - exact).norm()
+    assert kernel_err < 0.1 * weight_err
+    assert kernel_err < 0.01 * exact.norm()
+
+
+@needs_kernel
+def test_a_row_does_not_depend_on_its_batch_or_the_threads():
+    w, w8 = _int4(320, 576, 32, torch.bfloat16), _int8(192, 576, torch.bfloat16, True)
+    x = _x(11, 576, torch.bfloat16)
+    threads = torch.get_num_threads()
+    try:
+        for weight in (w, w8):
+            torch.set_num_threads(1)
+            alone = torch.cat([KERNEL.matmul(weight, x[i:i + 1]) for i in range(len(x))])
+            torch.set_num_threads(2)
+            assert torch.equal(KERNEL.matmul(weight, x), alone)
+            assert torch.equal(KERNEL.matmul(weight, x.view(11, 1, 576)).view(11, -1), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernel
+def test_it_refuses_what_it_cannot_read():
+    w = _int4(128, 64, 32, torch.bfloat16)
+    with pytest.raises(ValueError, match="does not match"):
+        KERNEL.matmul(w, _x(1, 32, torch.bfloat16))
+    assert not KERNEL.runs(w, _x(1, 64, torch.float16))  # not the weight's dtype
+    assert not KERNEL.runs(w, _x(1, 64, torch.float32))
+    assert not KERNEL.runs(_int4(48, 64, 32, torch.bfloat16), _x(1, 64, torch.bfloat16))  # not whole tiles
+
+
+@needs_kernel
+def test_linear_gives_both_engines_the_same_products():
+    """The in-memory engine's twin and the offload engine's plain weight go through the same
+    kernel, so their decode products are equal bit for bit."""
+    w = _int4(192, 576, 32, torch.bfloat16)
+    x = _x(3, 576, torch.bfloat16)
+    twin = linear_mod.with_dense_twin(w)
+    assert twin.dense_from_rows == linear_mod.NATIVE_TWIN_DENSE_FROM_ROWS
+    assert torch.equal(linear_mod.linear(x, twin), KERNEL.matmul(w, x))
+    assert torch.equal(linear_mod.linear(x, w), KERNEL.matmul(w, x))
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv(linear_mod.NATIVE_ENV, "0")
+    linear_mod.native_kernel.cache_clear()
+    try:
+        assert linear_mod.native_kernel() is None
+        w = _int4(64, 64, 32, torch.bfloat16)
+        assert linear_mod.with_dense_twin(w).dense_from_rows == linear_mod.INT4_TWIN_DENSE_FROM_ROWS
+    finally:
+        linear_mod.native_kernel.cache_clear()
+
+
+def test_a_cpu_without_the_instructions_is_refused(tmp_path):
+    (tmp_path / "cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma f16c avx512f avx512bw\n")
+    assert not tile_gemv.cpu_has_flags(tmp_path / "cpuinfo")
+    assert not tile_gemv.cpu_has_flags(tmp_path / "missing")
+
+
+@needs_kernel
+def test_built_once_into_its_folder_and_found_again(tmp_path):
+    first = tile_gemv.load(tmp_path)
+    built = sorted(p.name for p in tmp_path.iterdir())
+    assert first is not None and [n for n in built if n.endswith(".so")] and not [n for n in built if ".tmp" in n]
+    stamp = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.so")}
+    tile_gemv.load.cache_clear()
+    assert tile_gemv.load(tmp_path) is not None
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.so")} == stamp
+
+
+@needs_kernel
+def test_a_failing_compiler_leaves_torchs_kernel_with_a_warning(tmp_path, monkeypatch):
+    compiler = tmp_path / "cc"
+    compiler.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo fake 1.0; exit 0; }\necho "error: boom" >&2; exit 1\n')
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    with pytest.warns(RuntimeWarning, match="decode kernel is not used.*boom"):
+        assert tile_gemv.load(tmp_path / "fresh") is None
+    assert not [p for p in (tmp_path / "fresh").iterdir() if p.name.endswith((".so", ".tmp"))]
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    with pytest.warns(RuntimeWarning, match="no C compiler"):
+        assert tile_gemv.load(tmp_path / "other") is None
+
+
+def test_the_source_ships_with_the_package():
+    assert tile_gemv.SOURCE.is_file() and os.path.basename(tile_gemv.SOURCE) == "tile_gemv.c"
