@@ -1,12 +1,14 @@
 /* x @ w.T for a few rows of x (decode), w a 4-bit weight in torch's CPU int4 tile layout
  * (quant/int4_tiles.py) or an int8 weight held as two such 4-bit halves (quant/int8_weight.py),
- * read where it lies with AVX-512 VNNI integer dot products, as llama.cpp computes its block
- * types: x is rounded to int8 with one scale per group of the weight's inputs, each group's
- * products are summed exactly in int32, and the group's scales are applied in fp32.
+ * read where it lies with AVX-512 VNNI integer dot products: x is rounded to 16-bit (or, as
+ * llama.cpp does for its block types, 8-bit) integers with one scale per group of the weight's
+ * inputs, each group's products are summed exactly in int32, and the group's scales are applied
+ * in fp32.
  *
  * Layout: tiles of 64 output rows; tile t holds K * 32 bytes, byte (k, j) with row 64t + j in
  * its low nibble and row 64t + 32 + j in its high nibble. A byte permute (VBMI) gathers four
- * columns of a row into one 32-bit lane, which is what a VNNI dot product multiplies.
+ * columns of a row into one 32-bit lane, which is what an 8-bit VNNI dot product multiplies; for
+ * 16-bit x the lane's bytes are widened to two lanes of two 16-bit codes each.
  * scale_zero is (K/G, N, 2) 16-bit floats (bf16 or fp16, as x and out): w = (q - 8) * scale + zero.
  * An int8 weight's split (N, 2K) has its codes' high nibbles in columns 0..K-1 (scale 16 d,
  * zero 0) and its low nibbles in K..2K-1 (scale d, zero 8 d + m): joined back, u = q + 128 and
@@ -18,6 +20,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define TILE 64
 #define ROWS_PER_PASS 4
@@ -50,7 +53,7 @@ AI __m256i floats_to_halves(__m512 f, int fp16) {
 }
 
 /* The rows of x as int8 codes, a scale per group (codes * scale ~ x) and each group's sum. */
-typedef struct { const int8_t *q; const float *scale, *sum; int64_t cols, groups; } QRows;
+typedef struct { const int8_t *q8; const int16_t *q16; const float *scale, *sum; int64_t cols, groups; } QRows;
 
 /* tot[b] += scale * dx * acc[b] + (zero - bias * scale) * sum_x for one group of a tile's 64 rows. */
 AI void add_group(const uint16_t *sz, float bias, int fp16, __m512i acc[][4], const QRows *x, int64_t g,
@@ -69,6 +72,14 @@ AI void add_group(const uint16_t *sz, float bias, int fp16, __m512i acc[][4], co
     }
 }
 
+/* Row sums of a 16-bit product: lo/hi hold, per 128-bit lane L, two 32-bit pair sums for each
+ * of rows 4L, 4L+1 (lo) and 4L+2, 4L+3 (hi); back to one lane per row, rows in order. */
+AI __m512i pair_sums_to_rows(__m512i lo, __m512i hi, __m512i order) {
+    lo = _mm512_add_epi32(lo, _mm512_srli_epi64(lo, 32));
+    hi = _mm512_add_epi32(hi, _mm512_srli_epi64(hi, 32));
+    return _mm512_permutex2var_epi32(lo, order, hi);
+}
+
 /* Four columns k..k+3 of a tile's rows j and j + 16 (j < 16), as 32-bit lanes of 4 bytes. */
 AI void gather4(const uint8_t *p, __m512i idx_lo, __m512i idx_hi, __m512i *rows_lo, __m512i *rows_hi) {
     __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 64);
@@ -76,28 +87,33 @@ AI void gather4(const uint8_t *p, __m512i idx_lo, __m512i idx_hi, __m512i *rows_
     *rows_hi = _mm512_permutex2var_epi8(a, idx_hi, b);
 }
 
-/* One tile (64 output rows) for nb <= ROWS_PER_PASS rows of x; int8: the weight is a split. */
+/* One tile (64 output rows) for nb <= ROWS_PER_PASS rows of x; int8: the weight is a split;
+ * wide: x in 16-bit codes (pairs of codes widened to 16 bits, VNNI's 16-bit dot product). */
 AI void tile_pass(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t group, const QRows *x,
-                  float tot[][TILE], int fp16, int int8, int nb) {
-    const __m512i nib = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
-    __m512i idx_lo, idx_hi;
+                  float tot[][TILE], int fp16, int int8, int wide, int nb) {
+    const __m512i nib = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0), zero = _mm512_setzero_si512();
+    __m512i idx_lo, idx_hi, order;
     {
         uint8_t lo[64], hi[64];
-        for (int i = 0; i < 16; i++)
+        int32_t rows[16];
+        for (int i = 0; i < 16; i++) {
             for (int c = 0; c < 4; c++) {
                 lo[4 * i + c] = (uint8_t)((c & 2 ? 64 : 0) + (c & 1 ? 32 : 0) + i);
                 hi[4 * i + c] = (uint8_t)(lo[4 * i + c] + 16);
             }
+            rows[i] = (i % 4 >= 2 ? 16 : 0) + 4 * (i / 4) + 2 * (i % 2);  /* see pair_sums_to_rows */
+        }
         idx_lo = _mm512_loadu_si512(lo);
         idx_hi = _mm512_loadu_si512(hi);
+        order = _mm512_loadu_si512(rows);
     }
     const int64_t low_half = x->cols * 32;  /* int8: the low nibbles' columns start at K */
     for (int b = 0; b < nb; b++)
         for (int r = 0; r < TILE; r++) tot[b][r] = 0.0f;
     for (int64_t g = 0; g < x->groups; g++) {
-        __m512i acc[ROWS_PER_PASS][4];
+        __m512i acc[ROWS_PER_PASS][4], pairs[ROWS_PER_PASS][4][2];
         for (int b = 0; b < nb; b++)
-            for (int i = 0; i < 4; i++) acc[b][i] = _mm512_setzero_si512();
+            for (int i = 0; i < 4; i++) acc[b][i] = pairs[b][i][0] = pairs[b][i][1] = zero;
         if (g + 2 < x->groups) {  /* the scales two groups on: a strided read the prefetcher misses */
             const char *next = (const char *)(sz + (int8 ? g + 2 + x->groups : g + 2) * n * 2);
             for (int line = 0; line < 4; line++) _mm_prefetch(next + 64 * line, _MM_HINT_T0);
@@ -124,11 +140,29 @@ AI void tile_pass(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t g
                 c[2] = _mm512_and_si512(_mm512_srli_epi16(p0, 4), nib);
                 c[3] = _mm512_and_si512(_mm512_srli_epi16(p1, 4), nib);
             }
-            for (int b = 0; b < nb; b++) {
-                __m512i xb = _mm512_set1_epi32(*(const int32_t *)(x->q + b * x->cols + k));
-                for (int i = 0; i < 4; i++) acc[b][i] = _mm512_dpbusd_epi32(acc[b][i], c[i], xb);
+            if (wide) {
+                for (int i = 0; i < 4; i++) {
+                    __m512i lo = _mm512_unpacklo_epi8(c[i], zero), hi = _mm512_unpackhi_epi8(c[i], zero);
+                    for (int b = 0; b < nb; b++) {
+                        int64_t four;  /* x's 16-bit codes k..k+3, broadcast to every 64-bit lane */
+                        memcpy(&four, x->q16 + b * x->cols + k, sizeof four);
+                        __m512i xb = _mm512_set1_epi64(four);
+                        pairs[b][i][0] = _mm512_dpwssd_epi32(pairs[b][i][0], lo, xb);
+                        pairs[b][i][1] = _mm512_dpwssd_epi32(pairs[b][i][1], hi, xb);
+                    }
+                }
+            } else {
+                for (int b = 0; b < nb; b++) {
+                    int32_t four;  /* x's codes k..k+3, broadcast to every lane */
+                    memcpy(&four, x->q8 + b * x->cols + k, sizeof four);
+                    __m512i xb = _mm512_set1_epi32(four);
+                    for (int i = 0; i < 4; i++) acc[b][i] = _mm512_dpbusd_epi32(acc[b][i], c[i], xb);
+                }
             }
         }
+        if (wide)
+            for (int b = 0; b < nb; b++)
+                for (int i = 0; i < 4; i++) acc[b][i] = pair_sums_to_rows(pairs[b][i][0], pairs[b][i][1], order);
         const uint16_t *group_sz = sz + (int8 ? g + x->groups : g) * n * 2;
         add_group(group_sz, int8 ? 136.0f : 8.0f, fp16, acc, x, g, tot, nb);
     }
@@ -137,14 +171,18 @@ AI void tile_pass(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t g
 static void run_tile(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t group, const QRows *x,
                      int64_t rows, uint16_t *out, int fp16, int int8) {
     float tot[ROWS_PER_PASS][TILE] __attribute__((aligned(64)));
-    for (int64_t b0 = 0; b0 < rows; b0 += ROWS_PER_PASS) {
-        int nb = rows - b0 < ROWS_PER_PASS ? (int)(rows - b0) : ROWS_PER_PASS;
-        QRows xb = {x->q + b0 * x->cols, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups};
-        switch (nb) {  /* constant row counts, so the accumulators stay in registers */
-            case 1: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 1); break;
-            case 2: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 2); break;
-            case 3: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 3); break;
-            default: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 4); break;
+    const int wide = x->q16 != NULL, per_pass = wide ? 2 : ROWS_PER_PASS;  /* wide: twice the accumulators */
+    for (int64_t b0 = 0; b0 < rows; b0 += per_pass) {
+        int nb = rows - b0 < per_pass ? (int)(rows - b0) : per_pass;
+        QRows xb = {wide ? NULL : x->q8 + b0 * x->cols, wide ? x->q16 + b0 * x->cols : NULL,
+                    x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups};
+        switch (wide * 8 + nb) {  /* constant row counts, so the accumulators stay in registers */
+            case 1: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 0, 1); break;
+            case 2: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 0, 2); break;
+            case 3: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 0, 3); break;
+            case 4: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 0, 4); break;
+            case 9: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 1, 1); break;
+            default: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 1, 2); break;
         }
         for (int b = 0; b < nb; b++)
             for (int i = 0; i < 4; i++)
@@ -153,39 +191,45 @@ static void run_tile(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_
     }
 }
 
-/* Each row's groups of x as int8 codes q (scale = max |x| / 127, q = round(x / scale)) and the
- * sum of the values they stand for, scale * sum(q): a weight's zero point then multiplies the
- * same x as its codes do (with the exact sum of x, errors grew 1.5-3x). */
-static void quantize_rows(const uint16_t *x, int64_t rows, int64_t cols, int64_t group, int fp16,
-                          int8_t *q, float *scale, float *sum) {
+/* Each row's groups of x as codes q of `bits` bits (8 or 16; scale = max |x| / top, top = 127 or
+ * 32767, q = round(x / scale)) and the sum of the values they stand for, scale * sum(q): a
+ * weight's zero point then multiplies the same x as its codes do (with the exact sum of x, errors
+ * grew 1.5-3x). */
+static void quantize_rows(const uint16_t *x, int64_t rows, int64_t cols, int64_t group, int fp16, int bits,
+                          void *q, float *scale, float *sum) {
+    const float top = bits == 16 ? 32767.0f : 127.0f;
     for (int64_t g = 0; g < rows * (cols / group); g++) {  /* the groups of all rows, in order */
         const uint16_t *xg = x + g * group;
         float amax = 0.0f;
         for (int64_t i = 0; i < group; i++) amax = fmaxf(amax, fabsf(half_to_float(xg[i], fp16)));
-        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        float inv = amax > 0.0f ? top / amax : 0.0f;
         int32_t total = 0;
         for (int64_t i = 0; i < group; i++) {
-            q[g * group + i] = (int8_t)lrintf(half_to_float(xg[i], fp16) * inv);
-            total += q[g * group + i];
+            long code = lrintf(half_to_float(xg[i], fp16) * inv);
+            if (bits == 16) ((int16_t *)q)[g * group + i] = (int16_t)code;
+            else ((int8_t *)q)[g * group + i] = (int8_t)code;
+            total += (int32_t)code;
         }
-        scale[g] = amax / 127.0f;
+        scale[g] = amax / top;
         sum[g] = scale[g] * (float)total;
     }
 }
 
 /* out (rows, n) = x (rows, cols) @ w.T, w (n, cols) in 4-bit tiles, or with int8 an int8 weight's
- * (n, 2 cols) split; returns 0, or -1 for shapes it does not take. */
+ * (n, 2 cols) split, x rounded to codes of x_bits (8 or 16) bits; returns 0, or -1 for what it
+ * does not take. */
 int flexlamps_tile_gemv(const uint8_t *codes, const uint16_t *scale_zero, const uint16_t *x, uint16_t *out,
-                        int64_t n, int64_t cols, int64_t group, int64_t rows, int fp16, int int8, int threads) {
-    if (n % TILE || group <= 0 || group % 4 || cols % group || rows <= 0)
+                        int64_t n, int64_t cols, int64_t group, int64_t rows, int fp16, int int8, int x_bits,
+                        int threads) {
+    if (n % TILE || group <= 0 || group % 4 || group > 256 || cols % group || rows <= 0 || (x_bits != 8 && x_bits != 16))
         return -1;
     const int64_t groups = cols / group;
-    void *buf = malloc((size_t)(rows * cols) + 2 * sizeof(float) * (size_t)(rows * groups) + 64);
+    void *buf = malloc((size_t)(rows * cols * (x_bits / 8)) + 2 * sizeof(float) * (size_t)(rows * groups) + 64);
     if (!buf) return -1;
     float *scale = (float *)buf, *sum = scale + rows * groups;
-    int8_t *q = (int8_t *)(sum + rows * groups);
-    quantize_rows(x, rows, cols, group, fp16, q, scale, sum);
-    QRows xr = {q, scale, sum, cols, groups};
+    void *q = sum + rows * groups;
+    quantize_rows(x, rows, cols, group, fp16, x_bits, q, scale, sum);
+    QRows xr = {x_bits == 8 ? q : NULL, x_bits == 16 ? q : NULL, scale, sum, cols, groups};
     const int64_t tiles = n / TILE, tile_bytes = (int8 ? 2 : 1) * cols * 32;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t t = 0; t < tiles; t++)

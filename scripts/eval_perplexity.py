@@ -11,7 +11,7 @@ weights multiplied in place (the `--dtype auto` default for such files); `bf16` 
 `--decode-rows N` scores the text as decode does instead: windows of --window tokens, N side by
 side, fed one token a step, each step's logits scoring the next token. Decode's products have
 few rows, so this is what measures the decode kernels (`int4`: the AVX-512 kernel, which rounds
-x to int8 per group; `FLEXLAMPS_NATIVE_KERNELS=0` runs torch's int4 kernel for comparison).
+x to integers per group; `FLEXLAMPS_NATIVE_KERNELS=0` runs torch's int4 kernel for comparison).
 
     python scripts/eval_perplexity.py --configs none,int4 --tokens 8192 --window 512 --decode-rows 8
 """

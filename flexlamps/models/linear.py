@@ -42,8 +42,8 @@ values a dequantization at load gives, so fp32 keeps its exact results.
 
 On CPUs with AVX-512 VBMI and VNNI (Zen 4, Ice Lake and later Xeons) both fused products run
 our own kernel instead (`quant.tile_gemv`, compiled on first use into the cache folder): it reads
-the same tile layout, rounds x to int8 per group of 32 as llama.cpp does, and sums exactly in
-int32, 2.5-4x faster than torch's kernel on one row. Twins of either kind then run it below
+the same tile layout, rounds x to 16-bit integers per group of 32 (an error near bf16's own
+rounding of the output) and sums exactly in int32, 1.5-3x faster than torch's kernel on one row. Twins of either kind then run it below
 `NATIVE_TWIN_DENSE_FROM_ROWS`. Its results still do not depend on the batch, and the in-memory
 and offload engines get the same bits from it; `$FLEXLAMPS_NATIVE_KERNELS=0` switches it off.
 
@@ -101,11 +101,11 @@ INT8_TWIN_DENSE_FROM_ROWS = 3
 # 45-54 at 32, against 31-60 ms dequantized (load 3-4) + 6-11 ms of GEMM; 3072x576 at 32 rows
 # 2.7 ms fused, about 4 dequantized.
 INT8_DENSE_FROM_ROWS = 32
-# With the AVX-512 decode kernel (`quant.tile_gemv`) a twin of either kind runs it below this many
-# rows. Measured against the packed bf16 GEMM (1 thread, Zen 4, 20-40 matrices cycled so weights
-# come from memory): 1536x576 0.17/0.24 ms at 16 rows, 0.31/0.38 at 32; 576x1536 0.16/0.16 at 12,
-# 0.21/0.19 at 16; 3072x576 0.34/0.44 at 16.
-NATIVE_TWIN_DENSE_FROM_ROWS = 16
+# With the AVX-512 decode kernel (`quant.tile_gemv`, x in 16-bit codes) a twin of either kind runs
+# it below this many rows. Against the packed bf16 GEMM (1 thread, Zen 4, matrices cycled so weights
+# come from memory), 4-bit: 3072x576 0.32/0.33 ms at 8 rows, 576x1536 0.24/0.14; int8 twins
+# (Q8_0, Q5_x) a little slower, and the step's other work the same either way.
+NATIVE_TWIN_DENSE_FROM_ROWS = 8
 NATIVE_ENV = "FLEXLAMPS_NATIVE_KERNELS"  # "0": torch's int4 kernel only (A/B runs, a broken toolchain)
 _SCRATCH = threading.local()  # per thread: the buffer 4-bit weights are dequantized into
 

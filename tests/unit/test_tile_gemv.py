@@ -41,38 +41,54 @@ def _x(rows: int, cols: int, dtype: torch.dtype, seed: int = 1) -> torch.Tensor:
     return x.to(dtype)
 
 
-def _assert_kernel_product(w, x: torch.Tensor) -> None:
-    rounded, dense = tile_gemv.rounded_like_kernel(x, w.group_size).double(), w.dequantize(torch.float32).double()
+def _assert_kernel_product(w, x: torch.Tensor, x_bits: int) -> None:
+    kernel = tile_gemv.TileGemv(KERNEL.library, x_bits)
+    rounded = tile_gemv.rounded_like_kernel(x, w.group_size, x_bits).double()
+    dense = w.dequantize(torch.float32).double()
     want, size = rounded @ dense.t(), rounded.abs() @ dense.abs().t()
-    got = KERNEL.matmul(w, x)
+    got = kernel.matmul(w, x)
     assert got.dtype == x.dtype and got.shape == want.shape
     err = (got.double() - want).abs()
     assert (err <= ULP[x.dtype] * want.abs() + x.shape[-1] * 2 ** -24 * size).all(), (err / size).max()
 
 
 @needs_kernel
+@pytest.mark.parametrize("x_bits", [16, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape,group", [((64, 32), 32), ((192, 576), 32), ((576, 1536), 64), ((128, 256), 128)])
-def test_int4_is_x_rounded_to_int8_times_the_weight(dtype, shape, group):
+@pytest.mark.parametrize("shape,group", [((64, 32), 32), ((192, 576), 32), ((576, 1536), 64), ((128, 512), 256)])
+def test_int4_is_x_rounded_to_integers_times_the_weight(dtype, shape, group, x_bits):
     w = _int4(*shape, group, dtype)
     assert KERNEL.runs(w, _x(1, shape[1], dtype))
-    for rows in (1, 3, 4, 9):
-        _assert_kernel_product(w, _x(rows, shape[1], dtype, seed=rows))
+    for rows in (1, 2, 3, 4, 9):
+        _assert_kernel_product(w, _x(rows, shape[1], dtype, seed=rows), x_bits)
 
 
 @needs_kernel
+@pytest.mark.parametrize("x_bits", [16, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("with_zero", [False, True])
-def test_int8_is_x_rounded_to_int8_times_the_weight(dtype, with_zero):
+def test_int8_is_x_rounded_to_integers_times_the_weight(dtype, with_zero, x_bits):
     w = _int8(128, 576, dtype, with_zero)
     assert KERNEL.runs(w, _x(1, 576, dtype))
-    for rows in (1, 2, 6):
-        _assert_kernel_product(w, _x(rows, 576, dtype, seed=rows))
+    for rows in (1, 2, 3, 6):
+        _assert_kernel_product(w, _x(rows, 576, dtype, seed=rows), x_bits)
+
+
+@needs_kernel
+def test_the_largest_groups_do_not_overflow():
+    """Codes of 255 (int8 weights) times x's largest 16-bit code over a group of 256 inputs: the
+    int32 sums stay exact."""
+    rows, cols = 64, 512
+    codes = torch.full((rows, cols), 127, dtype=torch.int8)
+    w = Int8Weight.from_codes(codes, torch.full((rows, cols // 256), 1 / 64), 256, torch.float16)
+    x = torch.ones(2, cols, dtype=torch.float16)
+    _assert_kernel_product(w, x, 16)
 
 
 @needs_kernel
 def test_rounding_x_costs_a_fraction_of_the_weights_own_error():
-    """The kernel's extra error (x to int8 per group) is small beside the 4-bit weight's."""
+    """The kernel's extra error (x to integers per group) is small beside the 4-bit weight's, and
+    with 16-bit codes near the bf16 output's own rounding."""
     dense = torch.randn(576, 576, generator=torch.Generator().manual_seed(3))
     w = Int4Weight.quantize(dense, 32, torch.bfloat16).kernel_only()
     x = _x(4, 576, torch.bfloat16)
@@ -81,6 +97,9 @@ def test_rounding_x_costs_a_fraction_of_the_weights_own_error():
     weight_err = (x.float() @ w.dequantize(torch.float32).t() - exact).norm()
     assert kernel_err < 0.1 * weight_err
     assert kernel_err < 0.01 * exact.norm()
+    if KERNEL.x_bits == 16:
+        rounding = (w.matmul(x).float() - x.float() @ w.dequantize(torch.float32).t()).norm()  # torch's kernel
+        assert kernel_err < 1.5 * rounding
 
 
 @needs_kernel
