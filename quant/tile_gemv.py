@@ -94,14 +94,14 @@ class TileGemv:
         def product(x: torch.Tensor) -> torch.Tensor:
             if x.shape[-1] != cols:  # the kernel would read past x
                 raise ValueError(f"tile_gemv: x {tuple(x.shape)} does not match the weight {w!r}")
-            rows = x.reshape(-1, cols)
+            rows = x if x.dim() == 2 else x.reshape(-1, cols)  # (a reshape costs as much as the kernel on small rows)
             if not rows.is_contiguous():
                 rows = rows.contiguous()
             out = torch.empty(rows.shape[0], n, dtype=x.dtype)
             if fn(codes, scale_zero, rows.data_ptr(), out.data_ptr(), n, cols, group, rows.shape[0], DTYPES[x.dtype],
                   int8, x_bits, torch.get_num_threads()):
                 raise ValueError(f"tile_gemv: the kernel refused x {tuple(x.shape)} with {w!r}")
-            return out.view(*x.shape[:-1], n)
+            return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
 
         product.weight = w  # the pointers above stay valid while the weight lives
         return product
