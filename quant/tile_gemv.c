@@ -87,89 +87,106 @@ AI void gather4(const uint8_t *p, __m512i idx_lo, __m512i idx_hi, __m512i *rows_
     *rows_hi = _mm512_permutex2var_epi8(a, idx_hi, b);
 }
 
-/* One tile (64 output rows) for nb <= ROWS_PER_PASS rows of x; int8: the weight is a split;
- * wide: x in 16-bit codes (pairs of codes widened to 16 bits, VNNI's 16-bit dot product). */
-AI void tile_pass(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t group, const QRows *x,
-                  float tot[][TILE], int fp16, int int8, int wide, int nb) {
-    const __m512i nib = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0), zero = _mm512_setzero_si512();
-    __m512i idx_lo, idx_hi, order;
-    {
-        uint8_t lo[64], hi[64];
-        int32_t rows[16];
-        for (int i = 0; i < 16; i++) {
-            for (int c = 0; c < 4; c++) {
-                lo[4 * i + c] = (uint8_t)((c & 2 ? 64 : 0) + (c & 1 ? 32 : 0) + i);
-                hi[4 * i + c] = (uint8_t)(lo[4 * i + c] + 16);
-            }
-            rows[i] = (i % 4 >= 2 ? 16 : 0) + 4 * (i / 4) + 2 * (i % 2);  /* see pair_sums_to_rows */
+/* The permutes' indices: four columns of a row into a lane (rows j and j + 16, j < 16), and the
+ * order pair_sums_to_rows puts rows back in. */
+typedef struct { __m512i lo, hi, order; } Indices;
+
+static Indices make_indices(void) {
+    uint8_t lo[64], hi[64];
+    int32_t rows[16];
+    for (int i = 0; i < 16; i++) {
+        for (int c = 0; c < 4; c++) {
+            lo[4 * i + c] = (uint8_t)((c & 2 ? 64 : 0) + (c & 1 ? 32 : 0) + i);
+            hi[4 * i + c] = (uint8_t)(lo[4 * i + c] + 16);
         }
-        idx_lo = _mm512_loadu_si512(lo);
-        idx_hi = _mm512_loadu_si512(hi);
-        order = _mm512_loadu_si512(rows);
+        rows[i] = (i % 4 >= 2 ? 16 : 0) + 4 * (i / 4) + 2 * (i % 2);
     }
+    Indices idx = {_mm512_loadu_si512(lo), _mm512_loadu_si512(hi), _mm512_loadu_si512(rows)};
+    return idx;
+}
+
+/* The codes of columns k..k+3 of a tile's 64 rows, 16 rows a register, 4 bytes a row: 4-bit
+ * codes, or an int8 split's halves joined back (high nibbles from the first half, low ones from
+ * the second: q + 128). */
+AI void tile_codes(const uint8_t *p, int64_t low_half, const Indices *idx, int int8, __m512i c[4]) {
+    const __m512i nib = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
+    __m512i p0, p1;
+    _mm_prefetch((const char *)(p + PREFETCH_BYTES), _MM_HINT_T0);
+    _mm_prefetch((const char *)(p + PREFETCH_BYTES + 64), _MM_HINT_T0);
+    gather4(p, idx->lo, idx->hi, &p0, &p1);
+    if (int8) {
+        __m512i l0, l1;
+        _mm_prefetch((const char *)(p + low_half + PREFETCH_BYTES), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + low_half + PREFETCH_BYTES + 64), _MM_HINT_T0);
+        gather4(p + low_half, idx->lo, idx->hi, &l0, &l1);
+        c[0] = _mm512_ternarylogic_epi32(high, _mm512_slli_epi16(p0, 4), l0, 0xCA);
+        c[1] = _mm512_ternarylogic_epi32(high, _mm512_slli_epi16(p1, 4), l1, 0xCA);
+        c[2] = _mm512_ternarylogic_epi32(high, p0, _mm512_srli_epi16(l0, 4), 0xCA);
+        c[3] = _mm512_ternarylogic_epi32(high, p1, _mm512_srli_epi16(l1, 4), 0xCA);
+    } else {
+        c[0] = _mm512_and_si512(p0, nib);
+        c[1] = _mm512_and_si512(p1, nib);
+        c[2] = _mm512_and_si512(_mm512_srli_epi16(p0, 4), nib);
+        c[3] = _mm512_and_si512(_mm512_srli_epi16(p1, 4), nib);
+    }
+}
+
+/* acc (8-bit x) or pairs (16-bit x: codes widened, two pair sums a row) += codes * x's k..k+3. */
+AI void dot4(const __m512i c[4], const QRows *x, int64_t k, int wide, int nb, __m512i acc[][4],
+             __m512i pairs[][4][2]) {
+    const __m512i zero = _mm512_setzero_si512();
+    if (wide) {
+        for (int i = 0; i < 4; i++) {
+            __m512i lo = _mm512_unpacklo_epi8(c[i], zero), hi = _mm512_unpackhi_epi8(c[i], zero);
+            for (int b = 0; b < nb; b++) {
+                int64_t four;  /* x's 16-bit codes k..k+3, broadcast to every 64-bit lane */
+                memcpy(&four, x->q16 + b * x->cols + k, sizeof four);
+                __m512i xb = _mm512_set1_epi64(four);
+                pairs[b][i][0] = _mm512_dpwssd_epi32(pairs[b][i][0], lo, xb);
+                pairs[b][i][1] = _mm512_dpwssd_epi32(pairs[b][i][1], hi, xb);
+            }
+        }
+    } else {
+        for (int b = 0; b < nb; b++) {
+            int32_t four;  /* x's codes k..k+3, broadcast to every lane */
+            memcpy(&four, x->q8 + b * x->cols + k, sizeof four);
+            __m512i xb = _mm512_set1_epi32(four);
+            for (int i = 0; i < 4; i++) acc[b][i] = _mm512_dpbusd_epi32(acc[b][i], c[i], xb);
+        }
+    }
+}
+
+/* One tile (64 output rows) for nb <= ROWS_PER_PASS rows of x; int8: the weight is a split;
+ * wide: x in 16-bit codes. */
+AI void tile_pass(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t group, const QRows *x,
+                  const Indices *indices, float tot[][TILE], int fp16, int int8, int wide, int nb) {
+    const Indices idx = *indices;
     const int64_t low_half = x->cols * 32;  /* int8: the low nibbles' columns start at K */
     for (int b = 0; b < nb; b++)
         for (int r = 0; r < TILE; r++) tot[b][r] = 0.0f;
     for (int64_t g = 0; g < x->groups; g++) {
         __m512i acc[ROWS_PER_PASS][4], pairs[ROWS_PER_PASS][4][2];
         for (int b = 0; b < nb; b++)
-            for (int i = 0; i < 4; i++) acc[b][i] = pairs[b][i][0] = pairs[b][i][1] = zero;
+            for (int i = 0; i < 4; i++) acc[b][i] = pairs[b][i][0] = pairs[b][i][1] = _mm512_setzero_si512();
         if (g + 2 < x->groups) {  /* the scales two groups on: a strided read the prefetcher misses */
             const char *next = (const char *)(sz + (int8 ? g + 2 + x->groups : g + 2) * n * 2);
             for (int line = 0; line < 4; line++) _mm_prefetch(next + 64 * line, _MM_HINT_T0);
         }
         for (int64_t k = g * group; k < (g + 1) * group; k += 4) {
-            __m512i p0, p1, c[4];
-            _mm_prefetch((const char *)(codes + k * 32 + PREFETCH_BYTES), _MM_HINT_T0);
-            _mm_prefetch((const char *)(codes + k * 32 + PREFETCH_BYTES + 64), _MM_HINT_T0);
-            if (int8) {
-                _mm_prefetch((const char *)(codes + low_half + k * 32 + PREFETCH_BYTES), _MM_HINT_T0);
-                _mm_prefetch((const char *)(codes + low_half + k * 32 + PREFETCH_BYTES + 64), _MM_HINT_T0);
-            }
-            gather4(codes + k * 32, idx_lo, idx_hi, &p0, &p1);
-            if (int8) {  /* high nibbles from the first half, low ones from the second: q + 128 */
-                __m512i l0, l1;
-                gather4(codes + low_half + k * 32, idx_lo, idx_hi, &l0, &l1);
-                c[0] = _mm512_ternarylogic_epi32(high, _mm512_slli_epi16(p0, 4), l0, 0xCA);
-                c[1] = _mm512_ternarylogic_epi32(high, _mm512_slli_epi16(p1, 4), l1, 0xCA);
-                c[2] = _mm512_ternarylogic_epi32(high, p0, _mm512_srli_epi16(l0, 4), 0xCA);
-                c[3] = _mm512_ternarylogic_epi32(high, p1, _mm512_srli_epi16(l1, 4), 0xCA);
-            } else {
-                c[0] = _mm512_and_si512(p0, nib);
-                c[1] = _mm512_and_si512(p1, nib);
-                c[2] = _mm512_and_si512(_mm512_srli_epi16(p0, 4), nib);
-                c[3] = _mm512_and_si512(_mm512_srli_epi16(p1, 4), nib);
-            }
-            if (wide) {
-                for (int i = 0; i < 4; i++) {
-                    __m512i lo = _mm512_unpacklo_epi8(c[i], zero), hi = _mm512_unpackhi_epi8(c[i], zero);
-                    for (int b = 0; b < nb; b++) {
-                        int64_t four;  /* x's 16-bit codes k..k+3, broadcast to every 64-bit lane */
-                        memcpy(&four, x->q16 + b * x->cols + k, sizeof four);
-                        __m512i xb = _mm512_set1_epi64(four);
-                        pairs[b][i][0] = _mm512_dpwssd_epi32(pairs[b][i][0], lo, xb);
-                        pairs[b][i][1] = _mm512_dpwssd_epi32(pairs[b][i][1], hi, xb);
-                    }
-                }
-            } else {
-                for (int b = 0; b < nb; b++) {
-                    int32_t four;  /* x's codes k..k+3, broadcast to every lane */
-                    memcpy(&four, x->q8 + b * x->cols + k, sizeof four);
-                    __m512i xb = _mm512_set1_epi32(four);
-                    for (int i = 0; i < 4; i++) acc[b][i] = _mm512_dpbusd_epi32(acc[b][i], c[i], xb);
-                }
-            }
+            __m512i c[4];
+            tile_codes(codes + k * 32, low_half, &idx, int8, c);
+            dot4(c, x, k, wide, nb, acc, pairs);
         }
         if (wide)
             for (int b = 0; b < nb; b++)
-                for (int i = 0; i < 4; i++) acc[b][i] = pair_sums_to_rows(pairs[b][i][0], pairs[b][i][1], order);
+                for (int i = 0; i < 4; i++) acc[b][i] = pair_sums_to_rows(pairs[b][i][0], pairs[b][i][1], idx.order);
         const uint16_t *group_sz = sz + (int8 ? g + x->groups : g) * n * 2;
         add_group(group_sz, int8 ? 136.0f : 8.0f, fp16, acc, x, g, tot, nb);
     }
 }
 
 static void run_tile(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t group, const QRows *x,
-                     int64_t rows, uint16_t *out, int fp16, int int8) {
+                     const Indices *idx, int64_t rows, uint16_t *out, int fp16, int int8) {
     float tot[ROWS_PER_PASS][TILE] __attribute__((aligned(64)));
     const int wide = x->q16 != NULL, per_pass = wide ? 2 : ROWS_PER_PASS;  /* wide: twice the accumulators */
     for (int64_t b0 = 0; b0 < rows; b0 += per_pass) {
@@ -177,12 +194,12 @@ static void run_tile(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_
         QRows xb = {wide ? NULL : x->q8 + b0 * x->cols, wide ? x->q16 + b0 * x->cols : NULL,
                     x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups};
         switch (wide * 8 + nb) {  /* constant row counts, so the accumulators stay in registers */
-            case 1: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 0, 1); break;
-            case 2: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 0, 2); break;
-            case 3: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 0, 3); break;
-            case 4: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 0, 4); break;
-            case 9: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 1, 1); break;
-            default: tile_pass(codes, sz, n, group, &xb, tot, fp16, int8, 1, 2); break;
+            case 1: tile_pass(codes, sz, n, group, &xb, idx, tot, fp16, int8, 0, 1); break;
+            case 2: tile_pass(codes, sz, n, group, &xb, idx, tot, fp16, int8, 0, 2); break;
+            case 3: tile_pass(codes, sz, n, group, &xb, idx, tot, fp16, int8, 0, 3); break;
+            case 4: tile_pass(codes, sz, n, group, &xb, idx, tot, fp16, int8, 0, 4); break;
+            case 9: tile_pass(codes, sz, n, group, &xb, idx, tot, fp16, int8, 1, 1); break;
+            default: tile_pass(codes, sz, n, group, &xb, idx, tot, fp16, int8, 1, 2); break;
         }
         for (int b = 0; b < nb; b++)
             for (int i = 0; i < 4; i++)
@@ -247,14 +264,17 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint16_t *scale_zero, const 
     void *q = sum + rows * groups;
     quantize_rows(x, rows, cols, group, fp16, x_bits, q, scale, sum);
     QRows xr = {x_bits == 8 ? q : NULL, x_bits == 16 ? q : NULL, scale, sum, cols, groups};
+    const Indices idx = make_indices();
     const int64_t tiles = n / TILE, tile_bytes = (int8 ? 2 : 1) * cols * 32;
     if (threads <= 1 || tiles == 1) {  /* no parallel region to enter: a few microseconds a call */
         for (int64_t t = 0; t < tiles; t++)
-            run_tile(codes + t * tile_bytes, scale_zero + t * TILE * 2, n, group, &xr, rows, out + t * TILE, fp16, int8);
+            run_tile(codes + t * tile_bytes, scale_zero + t * TILE * 2, n, group, &xr, &idx, rows, out + t * TILE, fp16,
+                     int8);
     } else {
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int64_t t = 0; t < tiles; t++)
-            run_tile(codes + t * tile_bytes, scale_zero + t * TILE * 2, n, group, &xr, rows, out + t * TILE, fp16, int8);
+            run_tile(codes + t * tile_bytes, scale_zero + t * TILE * 2, n, group, &xr, &idx, rows, out + t * TILE, fp16,
+                     int8);
     }
     free(buf);
     return 0;
