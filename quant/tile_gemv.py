@@ -5,11 +5,14 @@ torch's CPU int4 kernel computes at 15-18 GMAC/s a core, so a decode step that s
 weights from memory waits on arithmetic instead. `tile_gemv.c` reads the same weights where they
 lie (torch's tile layout: nothing is repacked or held twice) and multiplies them by x rounded to
 integers with one scale per group, summed exactly in int32: 1.5-3x faster than torch's kernel on
-one row. x's codes have 16 bits (`X_BITS`): their rounding adds about 0.02% of an output's size
-(rms) to the 0.16% of the output's own bf16 rounding, so decode keeps the quality of a
+one row with the weights in cache; streamed from memory (a SmolLM2 step) it reaches 10-16 GB/s of
+the probe's 28, so a batch-1 step fell from 17-18 ms to 13-15.
+
+x's codes have 16 bits (`X_BITS`): the error stays at the bf16 rounding of the output (0.166% of
+an output's size, rms, against torch's kernel's 0.163%), so decode keeps the quality of a
 weight-only kernel. With 8 bits, as llama.cpp rounds x for its block types, it runs up to 1.5x
-faster from 4 rows but adds 0.55%, which on SmolLM2 cost +0.5% decode perplexity and a third of
-the greedy tokens that agreed with float32. A row's result does not depend on the batch.
+faster from 4 rows but the error grows to 0.55%: on SmolLM2 +0.5% decode perplexity, and greedy
+agreement with float32 at batch 8 fell from 68% to 60%. A row's result does not depend on the batch.
 
 `load(folder)` builds the library into `folder` once per source, compiler and flags (a file
 lock, a temporary file and a rename: concurrent processes neither race nor see half a file) and

@@ -43,7 +43,8 @@ values a dequantization at load gives, so fp32 keeps its exact results.
 On CPUs with AVX-512 VBMI and VNNI (Zen 4, Ice Lake and later Xeons) both fused products run
 our own kernel instead (`quant.tile_gemv`, compiled on first use into the cache folder): it reads
 the same tile layout, rounds x to 16-bit integers per group of 32 (an error near bf16's own
-rounding of the output) and sums exactly in int32, 1.5-3x faster than torch's kernel on one row. Twins of either kind then run it below
+rounding of the output) and sums exactly in int32, 1.5-3x faster than torch's kernel on one row
+(weights in cache). Twins of either kind then run it below
 `NATIVE_TWIN_DENSE_FROM_ROWS`. Its results still do not depend on the batch, and the in-memory
 and offload engines get the same bits from it; `$FLEXLAMPS_NATIVE_KERNELS=0` switches it off.
 
