@@ -74,14 +74,18 @@ class TileGemv:
         self.library, self._fn, self.x_bits = library, fn, x_bits
 
     @staticmethod
-    def runs(w: Int4Weight | Int8Weight, x: torch.Tensor) -> bool:
-        """Whether the kernel takes `w` (a CPU weight in whole tiles of torch's layout, groups of a
-        multiple of 4 inputs) with activations `x` (in the weight's bf16 or fp16)."""
+    def takes(w: Int4Weight | Int8Weight) -> bool:
+        """Whether the kernel takes `w`: a CPU weight in whole tiles of torch's layout, in bf16 or
+        fp16, its groups a multiple of 4 inputs."""
         split = w.split if isinstance(w, Int8Weight) else w
         rows, cols = split.shape
-        return (split.kernel_codes is not None and split.device.type == "cpu" and x.device.type == "cpu"
-                and x.dtype == split.dtype and x.dtype in DTYPES and rows % TILE == 0
-                and split.group_size % 4 == 0 and tile_rows(cols) == TILE)
+        return (split.kernel_codes is not None and split.device.type == "cpu" and split.dtype in DTYPES
+                and rows % TILE == 0 and split.group_size % 4 == 0 and tile_rows(cols) == TILE)
+
+    @classmethod
+    def runs(cls, w: Int4Weight | Int8Weight, x: torch.Tensor) -> bool:
+        """Whether the kernel takes `w` with activations `x` (on the CPU, in the weight's dtype)."""
+        return x.device.type == "cpu" and x.dtype == w.dtype and cls.takes(w)
 
     def matmul(self, w: Int4Weight | Int8Weight, x: torch.Tensor) -> torch.Tensor:
         """x (..., K) @ w.T, for a weight and activations `runs` takes."""

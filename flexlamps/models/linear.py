@@ -147,7 +147,7 @@ class Int4Twin:
         self.int4 = int4
         # calls of this many rows run the dense copy, fewer the fused kernel; INT4_DENSE_FROM_ROWS
         # keeps a plain weight's choice (the offload executor's twins, for one sweep: the same bits)
-        if dense_from_rows is None and native_kernel() is not None and int4.dtype in tile_gemv.DTYPES:
+        if dense_from_rows is None and native_kernel() is not None and native_kernel().takes(int4):
             dense_from_rows = NATIVE_TWIN_DENSE_FROM_ROWS
         elif dense_from_rows is None:
             dense_from_rows = INT8_TWIN_DENSE_FROM_ROWS if isinstance(int4, Int8Weight) else INT4_TWIN_DENSE_FROM_ROWS

@@ -125,7 +125,10 @@ def test_it_refuses_what_it_cannot_read():
         KERNEL.matmul(w, _x(1, 32, torch.bfloat16))
     assert not KERNEL.runs(w, _x(1, 64, torch.float16))  # not the weight's dtype
     assert not KERNEL.runs(w, _x(1, 64, torch.float32))
-    assert not KERNEL.runs(_int4(48, 64, 32, torch.bfloat16), _x(1, 64, torch.bfloat16))  # not whole tiles
+    partial = _int4(48, 64, 32, torch.bfloat16)  # not whole tiles
+    assert not KERNEL.runs(partial, _x(1, 64, torch.bfloat16)) and not KERNEL.takes(partial)
+    # such a twin keeps torch's kernel, so it keeps that kernel's switch to its dense copy
+    assert linear_mod.with_dense_twin(partial).dense_from_rows == linear_mod.INT4_TWIN_DENSE_FROM_ROWS
 
 
 @needs_kernel
