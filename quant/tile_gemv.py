@@ -105,7 +105,7 @@ class TileGemv:
             if not rows.is_contiguous():
                 rows = rows.contiguous()
             out = torch.empty(rows.shape[0], n, dtype=x.dtype)
-            if fn(codes, scale_zero, rows.data_ptr(), out.data_ptr(), n, cols, group, rows.shape[0], DTYPES[x.dtype],
+            if rows.shape[0] and fn(codes, scale_zero, rows.data_ptr(), out.data_ptr(), n, cols, group, rows.shape[0], DTYPES[x.dtype],
                   int8, x_bits, torch.get_num_threads()):
                 raise ValueError(f"tile_gemv: the kernel refused x {tuple(x.shape)} with {w!r}")
             return out if x.dim() == 2 else out.view(*x.shape[:-1], n)

@@ -123,6 +123,7 @@ def test_it_refuses_what_it_cannot_read():
     w = _int4(128, 64, 32, torch.bfloat16)
     with pytest.raises(ValueError, match="does not match"):
         KERNEL.matmul(w, _x(1, 32, torch.bfloat16))
+    assert KERNEL.matmul(w, torch.empty(0, 64, dtype=torch.bfloat16)).shape == (0, 128)  # an empty batch
     assert not KERNEL.runs(w, _x(1, 64, torch.float16))  # not the weight's dtype
     assert not KERNEL.runs(w, _x(1, 64, torch.float32))
     partial = _int4(48, 64, 32, torch.bfloat16)  # not whole tiles
