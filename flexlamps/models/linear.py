@@ -147,10 +147,10 @@ class Int4Twin:
         self.int4 = int4
         # calls of this many rows run the dense copy, fewer the fused kernel; INT4_DENSE_FROM_ROWS
         # keeps a plain weight's choice (the offload executor's twins, for one sweep: the same bits)
-        if dense_from_rows is None and native_kernel() is not None and native_kernel().takes(int4):
-            dense_from_rows = NATIVE_TWIN_DENSE_FROM_ROWS
-        elif dense_from_rows is None:
-            dense_from_rows = INT8_TWIN_DENSE_FROM_ROWS if isinstance(int4, Int8Weight) else INT4_TWIN_DENSE_FROM_ROWS
+        if dense_from_rows is None:
+            kernel = native_kernel()
+            dense_from_rows = (NATIVE_TWIN_DENSE_FROM_ROWS if kernel is not None and kernel.takes(int4)
+                               else INT8_TWIN_DENSE_FROM_ROWS if isinstance(int4, Int8Weight) else INT4_TWIN_DENSE_FROM_ROWS)
         self.dense_from_rows = dense_from_rows
         self._fused_on = None  # the (dtype, device) of activations the fused kernel was found to take
         self._fused = None  # and the product it runs for them (`fused_product`'s choice)
@@ -184,9 +184,7 @@ class Int4Twin:
         if on != self._fused_on:
             if not self.int4.can_run_fused(x):
                 return None
-            kernel = native_kernel()
-            native = kernel is not None and kernel.runs(self.int4, x)
-            self._fused = kernel.bind(self.int4) if native else self.int4.matmul
+            self._fused = _fused_for(self.int4, x)
             self._fused_on = on
         return self._fused(x)
 
@@ -217,10 +215,13 @@ def native_kernel() -> tile_gemv.TileGemv | None:
 def fused_product(w: Int4Weight | Int8Weight, x: torch.Tensor) -> torch.Tensor:
     """x @ w.T computed on the codes in place (x in the weight's dtype, `can_run_fused`): by the
     AVX-512 kernel where it takes them, else by torch's fused int4 kernel."""
+    return _fused_for(w, x)(x)
+
+
+def _fused_for(w: Int4Weight | Int8Weight, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The product `fused_product` runs for `w` and activations like `x` (a twin keeps it)."""
     kernel = native_kernel()
-    if kernel is not None and kernel.runs(w, x):
-        return kernel.matmul(w, x)
-    return w.matmul(x)
+    return kernel.bind(w) if kernel is not None and kernel.runs(w, x) else w.matmul
 
 
 def can_have_dense_twin(w) -> bool:
