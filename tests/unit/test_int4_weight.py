@@ -142,3 +142,26 @@ def test_cat_stacks_output_rows(rows):
     x = torch.randn(3, 96, dtype=torch.bfloat16)
     torch.testing.assert_close(both.matmul(x), torch.cat([p.matmul(x) for p in parts], dim=-1), rtol=0, atol=0)
     assert torch.equal(both.dequantize(), torch.cat([p.dequantize() for p in parts]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, cols, group", [(64, 96, 32), (64, 256, 64), (128, 512, 128), (48, 1024, 32)])
+def test_on_cuda_the_fused_kernel_matches_the_dense_weight(rows, cols, group):
+    """The CUDA path (tinygemm's layout, rebuilt by `to`): the same dequantized values as on the
+    CPU, the fused kernel within bf16 rounding of them, the dense path for many rows, and the
+    codes unchanged on the way back."""
+    codes, scale, zero = _random_weight(rows, cols, group)
+    cpu = Int4Weight.from_codes(codes, scale, zero, group)
+    w = cpu.to("cuda")
+    assert w.kernel_codes is not None and w.kernel_codes.is_cuda
+    assert torch.equal(w.dequantize(torch.float32).cpu(), cpu.dequantize(torch.float32))
+    dense = _dense(codes, scale, zero, group)
+    for n in (1, 3, INT4_DENSE_FROM_ROWS):
+        x = torch.randn(n, cols, dtype=torch.bfloat16)
+        ref = x.float() @ dense.t()
+        got = linear(x.cuda(), w).float().cpu()
+        torch.testing.assert_close(got, ref, rtol=2 ** -7, atol=2 ** -7 * ref.abs().max().item())
+    assert torch.equal(w.to("cpu").plain_codes(), cpu.plain_codes())
+    cat = Int4Weight.cat([w, w])
+    x = torch.randn(2, cols, dtype=torch.bfloat16, device="cuda")
+    assert torch.equal(linear(x, cat), torch.cat([linear(x, w), linear(x, w)], dim=1))
