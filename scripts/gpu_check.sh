@@ -29,16 +29,17 @@ status=0
 
 if [ "${1:-}" = "--all" ]; then
     echo "== the whole non-slow suite, the GPU visible"
-    timeout 420 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" -m "gpu or not slow" -rfE tests || status=1
+    timeout 420 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" -m "gpu or not slow" --tb=short -rfE tests || status=1
+else  # the whole suite holds these
+    echo "== parity and offload tests on CUDA"
+    timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m "gpu or not slow" -rfE tests/integration/test_models_parity.py \
+        tests/integration/test_offload_engine.py tests/unit/test_engine_generate.py tests/integration/test_agents_offloaded.py \
+        tests/unit/test_int4_weight.py tests/integration/test_offload_int4.py || status=1
+    echo "== the latent cache on CUDA: exact offload bit for bit"
+    timeout 240 "$PY" -m pytest -q -p no:cacheprovider -m gpu -rfE tests/integration/test_latent_offload.py || status=1
 fi
 
-echo "== parity and offload tests on CUDA"
-timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m "gpu or not slow" -rfE tests/integration/test_models_parity.py \
-    tests/integration/test_offload_engine.py tests/unit/test_engine_generate.py tests/integration/test_agents_offloaded.py \
-    tests/unit/test_int4_weight.py tests/integration/test_offload_int4.py || status=1
-
-echo "== the latent cache on CUDA: exact offload bit for bit, overlapped miss copies (copy stream, pinned staging) within tolerance"
-timeout 240 "$PY" -m pytest -q -p no:cacheprovider -m gpu -rfE tests/integration/test_latent_offload.py || status=1
+echo "== the latent cache's overlapped miss copies on CUDA (copy stream, pinned staging)"
 timeout 150 "$PY" scripts/bench_latent_overlap.py --device cuda --heads 128 --layers 2 --rows 8 --context 16384 --repeats 2 \
     || status=1
 
