@@ -220,6 +220,8 @@ class Int4Weight:
             codes = buf[:stop - start]
             if self.codes is None:
                 unpack_tile_rows_into(codes, self.kernel_codes, start, tile)
+            elif codes.device.type != "cpu":  # CUDA's bitwise ops write no float output
+                codes.copy_(unpack_codes(self.codes[start:stop]))
             else:
                 half = cols // 2
                 torch.bitwise_and(self.codes[start:stop], 15, out=codes[:, :half])

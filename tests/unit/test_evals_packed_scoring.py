@@ -32,6 +32,7 @@ def _plain(llm, pairs):
 
 # packed and plain scoring give the same fp32 log-probs bit for bit: each segment attends over its
 # own keys gathered to start at 0, and attention on the CPU does not depend on what shares its step
+# (so these engines run on the CPU where a GPU is present: cuBLAS picks kernels by shape)
 
 
 @pytest.mark.parametrize("max_batch,micro_batch,max_logit_positions,step_tokens,row_tokens",
@@ -40,7 +41,7 @@ def _plain(llm, pairs):
 def test_packed_equals_plain_sequences(tiny_llama, max_batch, micro_batch, max_logit_positions, step_tokens,
                                        row_tokens):
     """Packed rows (row_tokens) and, for caches that cannot pack, rounds of continuations (None)."""
-    llm = LLM(str(tiny_llama))
+    llm = LLM(str(tiny_llama), device="cpu")
     pairs = _pairs(llm.tokenizer)
     ref = _plain(llm, pairs)
     calls = []
@@ -79,7 +80,7 @@ def test_offloaded_packed_scoring_equals_in_memory(tiny_llama):
 
 
 def test_no_shared_root_and_single_pair(tiny_llama):
-    llm = LLM(str(tiny_llama))
+    llm = LLM(str(tiny_llama), device="cpu")
     for pairs in (_pairs(llm.tokenizer, shots="")[:1], _pairs(llm.tokenizer, shots="")):
         got = PrefixScorer(llm.executor).score(pairs)
         assert [o.logprob for o in got] == [o.logprob for o in _plain(llm, pairs)]

@@ -99,6 +99,8 @@ class DenseLatentCache:
         return self.latent_format.unpack(records, self.dtype)
 
     def attend(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, step: MLAStep) -> torch.Tensor:
+        device = self.entries[layer].device  # the offload executor hands the step's rows over from the CPU
+        slots, positions = slots.to(device), positions.to(device)
         rows = slots[:, None]
         self.entries[layer][rows, positions] = self.latent_format.pack(step.latent, step.k_rope)
         if step.is_sparse:

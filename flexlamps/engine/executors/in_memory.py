@@ -53,6 +53,8 @@ class InMemoryExecutor:
         self.dtype = dtype
         self.device = torch.device(device)
         self.fwd = forward_for(cfg)
+        if self.device.type != "cpu":  # all resident on the compute device, whatever device they were read to
+            weights = {name: t.to(self.device) for name, t in weights.items()}
         self.global_weights, layers = split_weights(cfg, weights)
         self._weight_bytes = sum(t.nbytes for t in weights.values())  # tensors and packed 4-bit weights alike
         # Resident weights are prepacked once for the GEMM; outputs are bit-identical to the

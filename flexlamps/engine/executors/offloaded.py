@@ -203,8 +203,8 @@ class OffloadExecutor:
             from quant import quantize
 
             return quantize(w, self.qcfg)
-        if tier == "gpu" and spec.role == "linear" and spec.layer is not None:
-            return pack(w)  # resident for the whole run: prepacked once (the planner prices it so)
+        if tier == "gpu" and spec.role == "linear" and spec.layer is not None and self.device.type == "cpu":
+            return pack(w)  # resident for the whole run: prepacked once for oneDNN (the planner prices it so)
         return w
 
     def _disk_part_names(self, disk_names) -> set[str]:
