@@ -14,9 +14,8 @@ weight-only kernel. With 8 bits, as llama.cpp rounds x for its block types, it r
 faster from 4 rows but the error grows to 0.55%: on SmolLM2 +0.5% decode perplexity, and greedy
 agreement with float32 at batch 8 fell from 68% to 60%. A row's result does not depend on the batch.
 
-`load(folder)` builds the library into `folder` once per source, compiler and flags (a file
-lock, a temporary file and a rename: concurrent processes neither race nor see half a file) and
-checks it against a plain computation before use; it answers None, and callers keep torch's
+`load(folder)` builds the library into `folder` once per source, compiler and flags
+(`quant.native_build`: concurrent processes neither race nor see half a file) and checks it against a plain computation before use; it answers None, and callers keep torch's
 kernel, where the CPU lacks the instructions (AVX-512 F/BW/VL/DQ/VBMI/VNNI), no C compiler is
 found (`$CC`, else cc), or the build or the check fails (with a warning that says why).
 The library joins torch's OpenMP runtime (the same libgomp), so it uses torch's threads.
@@ -26,18 +25,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
 import subprocess
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Callable
 
 import torch
-from filelock import FileLock
 
+from quant import native_build
 from quant.int4_tiles import tile_rows
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
@@ -53,12 +48,7 @@ X_BITS = 16  # x's codes: 16 bits (near bf16's own rounding) or 8 (llama.cpp's, 
 
 def cpu_has_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """Whether this CPU reports every instruction set the kernel is compiled for (Linux)."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return all(flag in flags for flag in CPU_FLAGS)
+    return native_build.cpu_has_flags(CPU_FLAGS, cpuinfo)
 
 
 class TileGemv:
@@ -119,42 +109,19 @@ def load(folder: Path) -> TileGemv | None:
     """The kernel built into (or found in) `folder` and checked, or None where it cannot run here."""
     if not cpu_has_flags():
         return None
-    compiler = shutil.which(os.environ.get("CC") or "cc")
-    if compiler is None:
+    try:
+        kernel = TileGemv(native_build.built_library(SOURCE, _COMPILE_FLAGS, Path(folder)))
+        _check(kernel)
+    except native_build.NoCompiler:
         warnings.warn("flexlamps: no C compiler found (set $CC), so 4-bit decode runs torch's slower int4 kernel",
                       RuntimeWarning, stacklevel=2)
         return None
-    try:
-        kernel = TileGemv(ctypes.CDLL(str(_built(Path(folder), compiler))))
-        _check(kernel)
     except (OSError, subprocess.CalledProcessError, AssertionError) as err:
         detail = getattr(err, "stderr", None) or err
         warnings.warn(f"flexlamps: the AVX-512 decode kernel is not used ({str(detail).strip()[-500:]}); "
                       "4-bit decode runs torch's slower int4 kernel", RuntimeWarning, stacklevel=2)
         return None
     return kernel
-
-
-def _built(folder: Path, compiler: str) -> Path:
-    """The library for this source, compiler and flags, compiled into `folder` unless there."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, *_COMPILE_FLAGS]).encode()).hexdigest()[:16]
-    target = folder / f"tile_gemv-{key}.so"
-    if target.exists():
-        return target
-    folder.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(folder / "tile_gemv.lock")):
-        if not target.exists():
-            fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so.tmp")
-            os.close(fd)
-            try:
-                subprocess.run([compiler, *_COMPILE_FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True,
-                               check=True)
-                os.replace(tmp, target)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-    return target
 
 
 def _check(kernel: TileGemv) -> None:

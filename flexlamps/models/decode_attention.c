@@ -1,0 +1,305 @@
+/* Decode attention on AVX-512 CPUs: one query per row (a decode step), bf16 or fp16 queries,
+ * keys and values, grouped-query heads. For each (row, kv head) the group's queries are scored
+ * against every visible key in fp32; exp(score - max) in fp32 is rounded to the activations'
+ * dtype (the largest weight is exactly 1), multiplied by the values with fp32 sums, divided by
+ * the weights' sum and rounded once: the arithmetic of torch's flash kernel in that dtype
+ * (models/attention.py). One task reads its
+ * keys and values once for all the heads of its group, and a task's result depends on nothing
+ * but its own query, keys, values and mask: not on the other rows, the thread count or the
+ * split of the work.
+ *
+ * Shapes (elements; the last dim of every tensor contiguous):
+ *   q (n, heads, d), keys and values (n, kv_heads, span, d), mask (n, span) (1: attend),
+ *   out (n, heads, d) contiguous; heads = kv_heads * group, d a multiple of 16, at most 256.
+ * strides: q's (row, head), keys' (row, head, position), values' likewise, mask's (row, position).
+ * Built and loaded by flexlamps/models/decode_attention.py. */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define AI static inline __attribute__((always_inline))
+#define MAX_D 256
+#define MAX_GROUP 16
+
+AI __m512 halves_to_floats(const uint16_t *p, int fp16) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    if (fp16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* fp32 -> bf16 (round to nearest even) or fp16, and back: what torch's `.to(dtype)` gives. */
+AI __m512i rounded_bits(__m512 f, int fp16) {
+    if (fp16) return _mm512_cvtepu16_epi32(_mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    __m512i u = _mm512_castps_si512(f);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    return _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+}
+
+AI __m512 rounded(__m512 f, int fp16) {
+    __m512i bits = rounded_bits(f, fp16);
+    if (fp16) return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(bits));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
+}
+
+/* exp(x) for x <= 0 (scores minus their max), within 2 ulp: x = k ln2 + r, |r| <= ln2 / 2, a
+ * degree-6 polynomial for exp(r), then scaled by 2^k; below -87.3 it is 0, as expf rounds. */
+AI __m512 exp_nonpositive(__m512 x) {
+    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+    const __m512 ln2_hi = _mm512_set1_ps(0.693359375f), ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, ln2_hi, x);
+    r = _mm512_fnmadd_ps(k, ln2_lo, r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512 e = _mm512_scalef_ps(p, k);
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ), e);
+}
+
+typedef struct {
+    const uint16_t *q, *k, *v; const uint8_t *mask; uint16_t *out;
+    int64_t heads, kv_heads, span, d; const int64_t *st; float scale; int fp16, bf16_dot;
+    float sums[MAX_GROUP];  /* per task: each query's sum of weights */
+} Args;
+
+/* 16 vectors' horizontal sums as one vector, in order: pairs are added after unpacking (4 levels). */
+AI __m512 sums16(__m512 *a) {
+    __m512 t[8], u[4], v[2];
+    for (int p = 0; p < 8; p++)
+        t[p] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * p], a[2 * p + 1]), _mm512_unpackhi_ps(a[2 * p], a[2 * p + 1]));
+    for (int q = 0; q < 4; q++) {
+        __m512d s = _mm512_castps_pd(t[2 * q]), r = _mm512_castps_pd(t[2 * q + 1]);
+        u[q] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(s, r)), _mm512_castpd_ps(_mm512_unpackhi_pd(s, r)));
+    }
+    for (int w = 0; w < 2; w++)
+        v[w] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * w], u[2 * w + 1], 0x88), _mm512_shuffle_f32x4(u[2 * w], u[2 * w + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x88), _mm512_shuffle_f32x4(v[0], v[1], 0xDD));
+}
+
+/* Which of keys j0..j0+count-1 the row attends to, as a bit mask. */
+AI __mmask16 visible16(const Args *a, const uint8_t *mask, int64_t j0, int count) {
+    if (a->st[9] == 1 && count == 16)
+        return _mm_test_epi8_mask(_mm_loadu_si128((const __m128i *)(mask + j0)), _mm_set1_epi8(-1));
+    __mmask16 m = 0;
+    for (int j = 0; j < count; j++) m |= (__mmask16)((mask[(j0 + j) * a->st[9]] != 0) << j);
+    return m;
+}
+
+/* The group's scores against every key, scaled; masked keys get -inf. Keys are converted to
+ * fp32 16 at a time into `kb` (L1) and read once per query of the group. */
+static void scores(const Args *a, int64_t row, int64_t kvh, const float *qf, int group, float *sc, float *kb) {
+    const uint16_t *keys = a->k + row * a->st[2] + kvh * a->st[3];
+    const uint8_t *mask = a->mask + row * a->st[8];
+    int64_t d = a->d, chunks = d / 16;
+    const __m512 scale = _mm512_set1_ps(a->scale), ninf = _mm512_set1_ps(-INFINITY);
+    for (int64_t j0 = 0; j0 < a->span; j0 += 16) {
+        int count = a->span - j0 < 16 ? (int)(a->span - j0) : 16;
+        for (int j = 0; j < 16; j++)
+            for (int64_t c = 0; c < chunks; c++)
+                _mm512_storeu_ps(kb + j * d + 16 * c, j < count ? halves_to_floats(keys + (j0 + j) * a->st[4] + 16 * c, a->fp16)
+                                                               : _mm512_setzero_ps());
+        __mmask16 vis = visible16(a, mask, j0, count);
+        for (int g = 0; g < group; g++) {
+            __m512 acc[16];
+            for (int j = 0; j < 16; j++) {
+                acc[j] = _mm512_mul_ps(_mm512_loadu_ps(qf + g * d), _mm512_loadu_ps(kb + j * d));
+                for (int64_t c = 1; c < chunks; c++)
+                    acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(qf + g * d + 16 * c), _mm512_loadu_ps(kb + j * d + 16 * c), acc[j]);
+            }
+            __m512 s = _mm512_mask_blend_ps(vis, ninf, _mm512_mul_ps(sums16(acc), scale));
+            _mm512_mask_storeu_ps(sc + g * a->span + j0, (__mmask16)((1u << count) - 1), s);
+        }
+    }
+}
+
+/* One query's scores -> weights in place: e_j = exp(s_j - max) rounded to the dtype (the
+ * largest is exactly 1, as in torch's flash kernel, so the key that dominates adds no rounding);
+ * returns their sum, by which the weighted values are divided once. */
+static float weights(float *sc, int64_t span, int fp16) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 16 <= span; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sc + j));
+    float m = _mm512_reduce_max_ps(mx);
+    for (; j < span; j++) m = sc[j] > m ? sc[j] : m;
+    __m512 vm = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
+    for (j = 0; j < span; j += 16) {
+        __mmask16 part = span - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (span - j)) - 1);
+        __m512 e = _mm512_maskz_mov_ps(part, rounded(exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(part, sc + j), vm)), fp16));
+        _mm512_mask_storeu_ps(sc + j, part, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+/* The weighted sum x of query g, chunk c, divided by the weights' sum and rounded once. */
+AI void store_rounded(const Args *a, int64_t row, int64_t kvh, int group, int g, int64_t c, __m512 x) {
+    uint16_t *out = a->out + (row * a->heads + kvh * group + g) * a->d + 16 * c;
+    x = _mm512_div_ps(x, _mm512_set1_ps(a->sums[g]));
+    _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi32_epi16(rounded_bits(x, a->fp16)));
+}
+
+/* out rows of the group = probabilities @ values, fp32 sums, rounded once; G queries of C
+ * chunks of 16, constants where inlined so the sums stay in registers. Probabilities of exactly
+ * 0 (masked keys, or rounded to 0) add exactly 0 and are skipped. */
+AI void weighted_values_fixed(const Args *a, int64_t row, int64_t kvh, const float *pr, const int G, const int C) {
+    const uint16_t *values = a->v + row * a->st[5] + kvh * a->st[6];
+    __m512 acc[G * C];
+    for (int i = 0; i < G * C; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < a->span; j++) {
+        __m512 vc[C];
+        for (int c = 0; c < C; c++) vc[c] = halves_to_floats(values + j * a->st[7] + 16 * c, a->fp16);
+        for (int g = 0; g < G; g++) {
+            float p = pr[g * a->span + j];
+            if (p == 0.0f) continue;
+            __m512 vp = _mm512_set1_ps(p);
+            for (int c = 0; c < C; c++) acc[g * C + c] = _mm512_fmadd_ps(vp, vc[c], acc[g * C + c]);
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < C; c++) store_rounded(a, row, kvh, G, g, c, acc[g * C + c]);
+}
+
+/* The same for any group and head size, the sums in memory (`acc`: group * d floats). */
+static void weighted_values_any(const Args *a, int64_t row, int64_t kvh, int group, const float *pr, float *acc) {
+    const uint16_t *values = a->v + row * a->st[5] + kvh * a->st[6];
+    int64_t chunks = a->d / 16;
+    for (int64_t i = 0; i < group * a->d; i++) acc[i] = 0.0f;
+    for (int64_t j = 0; j < a->span; j++) {
+        __m512 vc[MAX_D / 16];
+        for (int64_t c = 0; c < chunks; c++) vc[c] = halves_to_floats(values + j * a->st[7] + 16 * c, a->fp16);
+        for (int g = 0; g < group; g++) {
+            float p = pr[g * a->span + j];
+            if (p == 0.0f) continue;
+            __m512 vp = _mm512_set1_ps(p);
+            for (int64_t c = 0; c < chunks; c++) {
+                float *o = acc + g * a->d + 16 * c;
+                _mm512_storeu_ps(o, _mm512_fmadd_ps(vp, vc[c], _mm512_loadu_ps(o)));
+            }
+        }
+    }
+    for (int g = 0; g < group; g++)
+        for (int64_t c = 0; c < chunks; c++) store_rounded(a, row, kvh, group, g, c, _mm512_loadu_ps(acc + g * a->d + 16 * c));
+}
+
+static void weighted_values(const Args *a, int64_t row, int64_t kvh, int group, const float *pr, float *acc) {
+#define FIXED(G, C) if (group == G && a->d == 16 * C) { weighted_values_fixed(a, row, kvh, pr, G, C); return; }
+    FIXED(1, 4) FIXED(2, 4) FIXED(3, 4) FIXED(4, 4) FIXED(5, 4) FIXED(6, 4)
+    FIXED(1, 8) FIXED(2, 8) FIXED(3, 8)
+#undef FIXED
+    weighted_values_any(a, row, kvh, group, pr, acc);
+}
+
+/* bf16 on CPUs with AVX512_BF16: the products of bf16 pairs summed in fp32 by vdpbf16ps, with
+ * nothing converted first (the same fp32 arithmetic up to the order of the sums). */
+#define BF16_TARGET __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,fma")))
+
+BF16_TARGET static void scores_bf16(const Args *a, int64_t row, int64_t kvh, int group, float *sc) {
+    const uint16_t *keys = a->k + row * a->st[2] + kvh * a->st[3];
+    const uint8_t *mask = a->mask + row * a->st[8];
+    int64_t blocks = a->d / 32;
+    const __m512 scale = _mm512_set1_ps(a->scale), ninf = _mm512_set1_ps(-INFINITY);
+    __m512i qv[MAX_GROUP][MAX_D / 32];
+    for (int g = 0; g < group; g++)
+        for (int64_t b = 0; b < blocks; b++)
+            qv[g][b] = _mm512_loadu_si512(a->q + row * a->st[0] + (kvh * group + g) * a->st[1] + 32 * b);
+    for (int64_t j0 = 0; j0 < a->span; j0 += 16) {
+        int count = a->span - j0 < 16 ? (int)(a->span - j0) : 16;
+        __mmask16 vis = visible16(a, mask, j0, count);
+        for (int g = 0; g < group; g++) {
+            __m512 acc[16];
+            for (int j = 0; j < 16; j++) {
+                acc[j] = _mm512_setzero_ps();
+                if (j >= count) continue;
+                const uint16_t *key = keys + (j0 + j) * a->st[4];
+                for (int64_t b = 0; b < blocks; b++)
+                    acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)qv[g][b], (__m512bh)_mm512_loadu_si512(key + 32 * b));
+            }
+            __m512 s = _mm512_mask_blend_ps(vis, ninf, _mm512_mul_ps(sums16(acc), scale));
+            _mm512_mask_storeu_ps(sc + g * a->span + j0, (__mmask16)((1u << count) - 1), s);
+        }
+    }
+}
+
+/* Two keys at a time: their values interleaved (v_j[e], v_j+1[e]) and their probabilities paired,
+ * one vdpbf16ps adds p_j v_j[e] + p_j+1 v_j+1[e]; the interleave puts outputs e = 8L..8L+3 of a
+ * 32-block in lane L of `lo` and 8L+4..8L+7 in lane L of `hi`, put back in order at the end. */
+BF16_TARGET AI void weighted_values_bf16_fixed(const Args *a, int64_t row, int64_t kvh, const float *pr,
+                                               const int G, const int B) {
+    const uint16_t *values = a->v + row * a->st[5] + kvh * a->st[6];
+    __m512 lo[G * B], hi[G * B];
+    for (int i = 0; i < G * B; i++) lo[i] = hi[i] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < a->span; j += 2) {
+        int two = j + 1 < a->span;
+        __m512i il[B], ih[B];
+        for (int b = 0; b < B; b++) {
+            __m512i v0 = _mm512_loadu_si512(values + j * a->st[7] + 32 * b);
+            __m512i v1 = two ? _mm512_loadu_si512(values + (j + 1) * a->st[7] + 32 * b) : _mm512_setzero_si512();
+            il[b] = _mm512_unpacklo_epi16(v0, v1);
+            ih[b] = _mm512_unpackhi_epi16(v0, v1);
+        }
+        for (int g = 0; g < G; g++) {
+            union { float f; uint32_t u; } p0 = { pr[g * a->span + j] }, p1 = { two ? pr[g * a->span + j + 1] : 0.0f };
+            if (!(p0.u | p1.u)) continue;  /* masked, or rounded to 0: adds exactly 0 */
+            __m512bh pair = (__m512bh)_mm512_set1_epi32((int)((p0.u >> 16) | (p1.u & 0xFFFF0000u)));
+            for (int b = 0; b < B; b++) {
+                lo[g * B + b] = _mm512_dpbf16_ps(lo[g * B + b], pair, (__m512bh)il[b]);
+                hi[g * B + b] = _mm512_dpbf16_ps(hi[g * B + b], pair, (__m512bh)ih[b]);
+            }
+        }
+    }
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int g = 0; g < G; g++)
+        for (int b = 0; b < B; b++) {
+            store_rounded(a, row, kvh, G, g, 2 * b, _mm512_permutex2var_ps(lo[g * B + b], first, hi[g * B + b]));
+            store_rounded(a, row, kvh, G, g, 2 * b + 1, _mm512_permutex2var_ps(lo[g * B + b], second, hi[g * B + b]));
+        }
+}
+
+/* 1 if this (group, head size) has a bf16 path, which then ran. */
+BF16_TARGET static int weighted_values_bf16(const Args *a, int64_t row, int64_t kvh, int group, const float *pr) {
+#define FIXED(G, B) if (group == G && a->d == 32 * B) { weighted_values_bf16_fixed(a, row, kvh, pr, G, B); return 1; }
+    FIXED(1, 2) FIXED(2, 2) FIXED(3, 2) FIXED(4, 2) FIXED(5, 2) FIXED(6, 2) FIXED(8, 2)
+    FIXED(1, 4) FIXED(2, 4) FIXED(3, 4) FIXED(4, 4)
+#undef FIXED
+    return 0;
+}
+
+static int task(const Args *shared, int64_t row, int64_t kvh) {
+    Args own = *shared, *a = &own;  /* the weights' sums are this task's */
+    int group = (int)(a->heads / a->kv_heads);
+    float qf[MAX_GROUP * MAX_D], acc[MAX_GROUP * MAX_D], kb[16 * MAX_D];
+    float *sc = malloc(sizeof(float) * (size_t)(group * a->span + 16));  /* + a block's tail */
+    if (!sc) return 1;
+    for (int g = 0; g < group; g++) {
+        const uint16_t *q = a->q + row * a->st[0] + (kvh * group + g) * a->st[1];
+        for (int64_t c = 0; c < a->d / 16; c++) _mm512_storeu_ps(qf + g * a->d + 16 * c, halves_to_floats(q + 16 * c, a->fp16));
+    }
+    int bf16_dot = a->bf16_dot && !a->fp16 && a->d % 32 == 0;
+    if (bf16_dot) scores_bf16(a, row, kvh, group, sc);
+    else scores(a, row, kvh, qf, group, sc, kb);
+    for (int g = 0; g < group; g++) a->sums[g] = weights(sc + g * a->span, a->span, a->fp16);
+    if (!(bf16_dot && weighted_values_bf16(a, row, kvh, group, sc))) weighted_values(a, row, kvh, group, sc, acc);
+    free(sc);
+    return 0;
+}
+
+/* Returns 0, or 1 for shapes it does not take (nothing written) or a failed allocation. */
+int flexlamps_decode_attention(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint8_t *mask,
+                               uint16_t *out, int64_t n, int64_t heads, int64_t kv_heads, int64_t span, int64_t d,
+                               const int64_t *strides, float scale, int fp16, int bf16_dot, int threads) {
+    if (d % 16 || d > MAX_D || kv_heads < 1 || heads % kv_heads || heads / kv_heads > MAX_GROUP || span < 1)
+        return 1;
+    Args a = {q, k, v, mask, out, heads, kv_heads, span, d, strides, scale, fp16, bf16_dot, {0}};
+    int64_t tasks = n * kv_heads;
+    int failed = 0;
+    /* a task is 2-40 us: below a few per thread the fork costs more than it saves */
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(|:failed) if (threads > 1 && tasks >= 4 * threads)
+    for (int64_t t = 0; t < tasks; t++) failed |= task(&a, t / kv_heads, t % kv_heads);
+    return failed;
+}

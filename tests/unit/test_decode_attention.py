@@ -1,0 +1,116 @@
+"""The AVX-512 decode attention (flexlamps/models/decode_attention.c): its arithmetic (fp32
+scores and softmax, probabilities rounded to the dtype, fp32 sums, one rounding) against the
+same computed by torch, within the bf16 bound of float32; a row's result independent of the
+other rows, the padded span and the thread count; what it refuses; and how it is loaded."""
+
+import os
+
+import pytest
+import torch
+
+from flexlamps.models import attention as attention_module
+from flexlamps.models import decode_attention as da
+from flexlamps.models.attention import BF16_TOLERANCE, attention
+
+KERNEL = attention_module.native_decode_attention()
+needs_kernel = pytest.mark.skipif(KERNEL is None, reason="no AVX-512 CPU or no C compiler here")
+
+
+def _case(n, heads, kv, span, d, dtype, seed=0, capacity=None):
+    """q, and keys / values as views of a larger cache (strided rows), a decode mask per row."""
+    g = torch.Generator().manual_seed(seed)
+    capacity = capacity or span + 7
+    q = torch.randn(n, heads, 1, d, generator=g).to(dtype)
+    cache = (torch.randn(2, n, kv, capacity, d, generator=g) * 2).to(dtype)
+    last = torch.randint(0, span, (n,), generator=g)
+    last[0] = span - 1
+    mask = torch.arange(span)[None, None, :] <= last[:, None, None]
+    return q, cache[0, :, :, :span], cache[1, :, :, :span], mask
+
+
+def _max_error(got, want, values):
+    return ((got.float() - want.float()).abs().max() / values.float().abs().max()).item()
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads, kv, d", [(9, 3, 64), (4, 4, 64), (8, 2, 128), (16, 1, 32), (6, 3, 80), (12, 4, 96)])
+@pytest.mark.parametrize("span", [1, 15, 16, 17, 160, 1000])
+def test_the_kernel_is_its_arithmetic_and_within_the_bound_of_float32(dtype, heads, kv, d, span):
+    q, keys, values, mask = _case(3, heads, kv, span, d, dtype, seed=span + d)
+    got = KERNEL(q, keys, values, mask)
+    assert got.shape == (3, heads, 1, d) and got.dtype == dtype
+    # the same arithmetic in torch: equal but for the order of fp32 sums (and a probability on a
+    # rounding boundary moving one step)
+    assert _max_error(got, da.reference(q, keys, values, mask), values) <= 2 ** -9
+    exact = da.reference(q.float(), keys.float(), values.float(), mask)
+    assert _max_error(got, exact, values) <= BF16_TOLERANCE
+
+
+@needs_kernel
+def test_a_row_does_not_depend_on_the_rows_beside_it_the_padding_or_the_threads():
+    q, keys, values, mask = _case(8, 9, 3, 200, 64, torch.bfloat16, seed=3)
+    full = KERNEL(q, keys, values, mask)
+    for r in range(8):
+        alone = KERNEL(q[r:r + 1], keys[r:r + 1], values[r:r + 1], mask[r:r + 1])
+        assert torch.equal(alone, full[r:r + 1])
+        own = int(mask[r, 0].sum())  # its keys only: no masked tail
+        assert torch.equal(KERNEL(q[r:r + 1], keys[r:r + 1, :, :own], values[r:r + 1, :, :own], mask[r:r + 1, :, :own]),
+                           full[r:r + 1])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(KERNEL(q, keys, values, mask), full)
+    finally:
+        torch.set_num_threads(threads)
+    # contiguous copies, an int mask: the same bits
+    assert torch.equal(KERNEL(q.contiguous(), keys.contiguous(), values.contiguous(), mask.to(torch.uint8)), full)
+
+
+@needs_kernel
+def test_attention_runs_it_for_bf16_and_fp16_decodes_only():
+    q, keys, values, mask = _case(4, 9, 3, 50, 64, torch.bfloat16)
+    assert torch.equal(attention(q, keys, values, mask), KERNEL(q, keys, values, mask))
+    # fp32 keys of a bf16 step (a cache held in another dtype) are rounded to bf16 first
+    assert torch.equal(attention(q, keys.float(), values.float(), mask), KERNEL(q, keys, values, mask))
+    q32 = q.float()
+    assert not KERNEL.takes(q32, keys.float())  # fp32 keeps the exact per-query path
+    prompt = torch.randn(4, 9, 3, 64).bfloat16()
+    assert not KERNEL.takes(prompt, keys)  # several queries a row: torch's flash kernel
+    assert not KERNEL.takes(torch.randn(1, 9, 1, 72).bfloat16(), torch.randn(1, 3, 5, 72).bfloat16())  # d % 16
+    assert not KERNEL.takes(torch.randn(1, 9, 1, 64).bfloat16(), torch.randn(1, 2, 5, 64).bfloat16())  # 9 % 2
+
+
+@needs_kernel
+def test_an_empty_batch_gives_an_empty_output():
+    q, keys, values, mask = _case(1, 9, 3, 10, 64, torch.bfloat16)
+    assert KERNEL(q[:0], keys[:0], values[:0], mask[:0]).shape == (0, 9, 1, 64)
+
+
+def test_a_cpu_without_the_instructions_or_the_switch_off_gives_none(tmp_path, monkeypatch):
+    monkeypatch.setattr(da.native_build, "cpu_has_flags", lambda flags: False)
+    da.load.cache_clear()
+    assert da.load(tmp_path / "a") is None
+    monkeypatch.undo()
+    monkeypatch.setenv(da.NATIVE_ENV, "0")
+    da.load.cache_clear()
+    assert da.load(tmp_path / "b") is None
+    da.load.cache_clear()
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@needs_kernel
+def test_a_failing_compiler_keeps_torchs_attention_with_a_warning(tmp_path, monkeypatch):
+    compiler = tmp_path / "cc"
+    compiler.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo fake 1.0; exit 0; }\necho "error: boom" >&2; exit 1\n')
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    da.load.cache_clear()
+    with pytest.warns(RuntimeWarning, match="decode attention is not used.*boom"):
+        assert da.load(tmp_path / "fresh") is None
+    da.load.cache_clear()
+    assert not [p for p in (tmp_path / "fresh").iterdir() if p.name.endswith((".so", ".tmp"))]
+
+
+def test_the_source_ships_with_the_package():
+    assert da.SOURCE.is_file() and os.path.basename(da.SOURCE) == "decode_attention.c"
