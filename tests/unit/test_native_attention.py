@@ -1,7 +1,8 @@
-"""The AVX-512 decode attention (flexlamps/models/decode_attention.c): its arithmetic (fp32
-scores and softmax, probabilities rounded to the dtype, fp32 sums, one rounding) against the
-same computed by torch, within the bf16 bound of float32; a row's result independent of the
-other rows, the padded span and the thread count; what it refuses; and how it is loaded."""
+"""The AVX-512 bf16 / fp16 attention (flexlamps/models/native_attention.c): its arithmetic (fp32
+scores, exp(score - max) rounded to the dtype, fp32 sums divided by the weights' sum, one
+rounding) against the same computed by torch, within the bf16 bound of float32, for decodes and
+causal prompt chunks; a query's result independent of the other rows and positions, the padded
+span and the thread count; what it refuses; and how it is loaded."""
 
 import os
 
@@ -9,22 +10,24 @@ import pytest
 import torch
 
 from flexlamps.models import attention as attention_module
-from flexlamps.models import decode_attention as da
+from flexlamps.models import native_attention as da
 from flexlamps.models.attention import BF16_TOLERANCE, attention
 
-KERNEL = attention_module.native_decode_attention()
+KERNEL = attention_module.native_attention_kernel()
 needs_kernel = pytest.mark.skipif(KERNEL is None, reason="no AVX-512 CPU or no C compiler here")
 
 
-def _case(n, heads, kv, span, d, dtype, seed=0, capacity=None):
-    """q, and keys / values as views of a larger cache (strided rows), a decode mask per row."""
+def _case(n, heads, kv, span, d, dtype, seed=0, capacity=None, t=1):
+    """q, and keys / values as views of a larger cache (strided rows); a decode mask per row
+    (t = 1), or a causal chunk of t queries ending at the row's last key."""
     g = torch.Generator().manual_seed(seed)
     capacity = capacity or span + 7
-    q = torch.randn(n, heads, 1, d, generator=g).to(dtype)
+    q = torch.randn(n, heads, t, d, generator=g).to(dtype)
     cache = (torch.randn(2, n, kv, capacity, d, generator=g) * 2).to(dtype)
-    last = torch.randint(0, span, (n,), generator=g)
+    last = torch.randint(t - 1, span, (n,), generator=g)
     last[0] = span - 1
-    mask = torch.arange(span)[None, None, :] <= last[:, None, None]
+    positions = last[:, None] - torch.arange(t - 1, -1, -1)[None, :]  # (n, t)
+    mask = torch.arange(span)[None, None, :] <= positions[:, :, None]
     return q, cache[0, :, :, :span], cache[1, :, :, :span], mask
 
 
@@ -35,11 +38,11 @@ def _max_error(got, want, values):
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads, kv, d", [(9, 3, 64), (4, 4, 64), (8, 2, 128), (16, 1, 32), (6, 3, 80), (12, 4, 96)])
-@pytest.mark.parametrize("span", [1, 15, 16, 17, 160, 1000])
-def test_the_kernel_is_its_arithmetic_and_within_the_bound_of_float32(dtype, heads, kv, d, span):
-    q, keys, values, mask = _case(3, heads, kv, span, d, dtype, seed=span + d)
+@pytest.mark.parametrize("span, t", [(1, 1), (15, 1), (16, 1), (17, 1), (160, 1), (1000, 1), (17, 17), (200, 37)])
+def test_the_kernel_is_its_arithmetic_and_within_the_bound_of_float32(dtype, heads, kv, d, span, t):
+    q, keys, values, mask = _case(3, heads, kv, span, d, dtype, seed=span + d, t=t)
     got = KERNEL(q, keys, values, mask)
-    assert got.shape == (3, heads, 1, d) and got.dtype == dtype
+    assert got.shape == (3, heads, t, d) and got.dtype == dtype
     # the same arithmetic in torch: equal but for the order of fp32 sums (and a probability on a
     # rounding boundary moving one step)
     assert _max_error(got, da.reference(q, keys, values, mask), values) <= 2 ** -9
@@ -68,17 +71,36 @@ def test_a_row_does_not_depend_on_the_rows_beside_it_the_padding_or_the_threads(
 
 
 @needs_kernel
-def test_attention_runs_it_for_bf16_and_fp16_decodes_only():
+def test_a_query_in_a_chunk_equals_itself_alone():
+    q, keys, values, mask = _case(2, 8, 2, 90, 128, torch.bfloat16, seed=5, t=24)
+    chunk = KERNEL(q, keys, values, mask)
+    for r in range(2):
+        for i in (0, 7, 23):
+            alone = KERNEL(q[r:r + 1, :, i:i + 1], keys[r:r + 1], values[r:r + 1], mask[r:r + 1, i:i + 1])
+            assert torch.equal(alone, chunk[r:r + 1, :, i:i + 1])
+
+
+@needs_kernel
+def test_attention_runs_it_for_bf16_and_fp16_on_the_cpu():
     q, keys, values, mask = _case(4, 9, 3, 50, 64, torch.bfloat16)
     assert torch.equal(attention(q, keys, values, mask), KERNEL(q, keys, values, mask))
     # fp32 keys of a bf16 step (a cache held in another dtype) are rounded to bf16 first
     assert torch.equal(attention(q, keys.float(), values.float(), mask), KERNEL(q, keys, values, mask))
-    q32 = q.float()
-    assert not KERNEL.takes(q32, keys.float())  # fp32 keeps the exact per-query path
-    prompt = torch.randn(4, 9, 3, 64).bfloat16()
-    assert not KERNEL.takes(prompt, keys)  # several queries a row: torch's flash kernel
+    q, keys, values, mask = _case(2, 9, 3, 50, 64, torch.float16, t=9)  # a prompt chunk
+    assert torch.equal(attention(q, keys, values, mask), KERNEL(q, keys, values, mask))
+    assert not KERNEL.takes(q.float(), keys.float())  # fp32 keeps the exact per-query path
     assert not KERNEL.takes(torch.randn(1, 9, 1, 72).bfloat16(), torch.randn(1, 3, 5, 72).bfloat16())  # d % 16
     assert not KERNEL.takes(torch.randn(1, 9, 1, 64).bfloat16(), torch.randn(1, 2, 5, 64).bfloat16())  # 9 % 2
+
+
+@needs_kernel
+def test_a_query_that_sees_no_key_gets_zeros():
+    q, keys, values, mask = _case(2, 9, 3, 20, 64, torch.bfloat16)
+    mask = mask.clone()
+    mask[1] = False
+    got = KERNEL(q, keys, values, mask)
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+    assert torch.equal(got[:1], KERNEL(q[:1], keys[:1], values[:1], mask[:1]))
 
 
 @needs_kernel
@@ -113,4 +135,4 @@ def test_a_failing_compiler_keeps_torchs_attention_with_a_warning(tmp_path, monk
 
 
 def test_the_source_ships_with_the_package():
-    assert da.SOURCE.is_file() and os.path.basename(da.SOURCE) == "decode_attention.c"
+    assert da.SOURCE.is_file() and os.path.basename(da.SOURCE) == "native_attention.c"

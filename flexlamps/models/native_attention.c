@@ -1,5 +1,6 @@
-/* Decode attention on AVX-512 CPUs: one query per row (a decode step), bf16 or fp16 queries,
- * keys and values, grouped-query heads. For each (row, kv head) the group's queries are scored
+/* Attention on AVX-512 CPUs for bf16 or fp16 queries, keys and values, grouped-query heads: a
+ * decode step (one query a row) or a prompt chunk. For each (row, kv head, query position) the
+ * group's queries are scored
  * against every visible key in fp32; exp(score - max) in fp32 is rounded to the activations'
  * dtype (the largest weight is exactly 1), multiplied by the values with fp32 sums, divided by
  * the weights' sum and rounded once: the arithmetic of torch's flash kernel in that dtype
@@ -9,10 +10,12 @@
  * split of the work.
  *
  * Shapes (elements; the last dim of every tensor contiguous):
- *   q (n, heads, d), keys and values (n, kv_heads, span, d), mask (n, span) (1: attend),
- *   out (n, heads, d) contiguous; heads = kv_heads * group, d a multiple of 16, at most 256.
- * strides: q's (row, head), keys' (row, head, position), values' likewise, mask's (row, position).
- * Built and loaded by flexlamps/models/decode_attention.py. */
+ *   q (n, heads, t, d), keys and values (n, kv_heads, span, d), mask (n, t, span) (1: attend),
+ *   out (n, heads, t, d) contiguous; heads = kv_heads * group, d a multiple of 16, at most 256.
+ * strides: q's (row, head, position), keys' (row, head, position), values' likewise, mask's
+ * (row, query, key). Keys after a query's last visible one are not read (a causal prompt reads
+ * half); a query that sees no key gets zeros.
+ * Built and loaded by flexlamps/models/native_attention.py. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -63,8 +66,10 @@ AI __m512 exp_nonpositive(__m512 x) {
 
 typedef struct {
     const uint16_t *q, *k, *v; const uint8_t *mask; uint16_t *out;
-    int64_t heads, kv_heads, span, d; const int64_t *st; float scale; int fp16, bf16_dot;
-    float sums[MAX_GROUP];  /* per task: each query's sum of weights */
+    int64_t heads, kv_heads, span, d, t; const int64_t *st; float scale; int fp16, bf16_dot;
+    /* per task: its queries, its mask row and its outputs at their position, and each query's
+     * sum of weights; `span` is cut after its last visible key */
+    const uint16_t *qt; const uint8_t *mt; uint16_t *ot; float sums[MAX_GROUP];
 } Args;
 
 /* 16 vectors' horizontal sums as one vector, in order: pairs are added after unpacking (4 levels). */
@@ -83,25 +88,25 @@ AI __m512 sums16(__m512 *a) {
 
 /* Which of keys j0..j0+count-1 the row attends to, as a bit mask. */
 AI __mmask16 visible16(const Args *a, const uint8_t *mask, int64_t j0, int count) {
-    if (a->st[9] == 1 && count == 16)
+    if (a->st[11] == 1 && count == 16)
         return _mm_test_epi8_mask(_mm_loadu_si128((const __m128i *)(mask + j0)), _mm_set1_epi8(-1));
     __mmask16 m = 0;
-    for (int j = 0; j < count; j++) m |= (__mmask16)((mask[(j0 + j) * a->st[9]] != 0) << j);
+    for (int j = 0; j < count; j++) m |= (__mmask16)((mask[(j0 + j) * a->st[11]] != 0) << j);
     return m;
 }
 
 /* The group's scores against every key, scaled; masked keys get -inf. Keys are converted to
  * fp32 16 at a time into `kb` (L1) and read once per query of the group. */
 static void scores(const Args *a, int64_t row, int64_t kvh, const float *qf, int group, float *sc, float *kb) {
-    const uint16_t *keys = a->k + row * a->st[2] + kvh * a->st[3];
-    const uint8_t *mask = a->mask + row * a->st[8];
+    const uint16_t *keys = a->k + row * a->st[3] + kvh * a->st[4];
+    const uint8_t *mask = a->mt;
     int64_t d = a->d, chunks = d / 16;
     const __m512 scale = _mm512_set1_ps(a->scale), ninf = _mm512_set1_ps(-INFINITY);
     for (int64_t j0 = 0; j0 < a->span; j0 += 16) {
         int count = a->span - j0 < 16 ? (int)(a->span - j0) : 16;
         for (int j = 0; j < 16; j++)
             for (int64_t c = 0; c < chunks; c++)
-                _mm512_storeu_ps(kb + j * d + 16 * c, j < count ? halves_to_floats(keys + (j0 + j) * a->st[4] + 16 * c, a->fp16)
+                _mm512_storeu_ps(kb + j * d + 16 * c, j < count ? halves_to_floats(keys + (j0 + j) * a->st[5] + 16 * c, a->fp16)
                                                                : _mm512_setzero_ps());
         __mmask16 vis = visible16(a, mask, j0, count);
         for (int g = 0; g < group; g++) {
@@ -138,7 +143,7 @@ static float weights(float *sc, int64_t span, int fp16) {
 
 /* The weighted sum x of query g, chunk c, divided by the weights' sum and rounded once. */
 AI void store_rounded(const Args *a, int64_t row, int64_t kvh, int group, int g, int64_t c, __m512 x) {
-    uint16_t *out = a->out + (row * a->heads + kvh * group + g) * a->d + 16 * c;
+    uint16_t *out = a->ot + (kvh * group + g) * a->t * a->d + 16 * c;
     x = _mm512_div_ps(x, _mm512_set1_ps(a->sums[g]));
     _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi32_epi16(rounded_bits(x, a->fp16)));
 }
@@ -147,12 +152,12 @@ AI void store_rounded(const Args *a, int64_t row, int64_t kvh, int group, int g,
  * chunks of 16, constants where inlined so the sums stay in registers. Probabilities of exactly
  * 0 (masked keys, or rounded to 0) add exactly 0 and are skipped. */
 AI void weighted_values_fixed(const Args *a, int64_t row, int64_t kvh, const float *pr, const int G, const int C) {
-    const uint16_t *values = a->v + row * a->st[5] + kvh * a->st[6];
+    const uint16_t *values = a->v + row * a->st[6] + kvh * a->st[7];
     __m512 acc[G * C];
     for (int i = 0; i < G * C; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t j = 0; j < a->span; j++) {
         __m512 vc[C];
-        for (int c = 0; c < C; c++) vc[c] = halves_to_floats(values + j * a->st[7] + 16 * c, a->fp16);
+        for (int c = 0; c < C; c++) vc[c] = halves_to_floats(values + j * a->st[8] + 16 * c, a->fp16);
         for (int g = 0; g < G; g++) {
             float p = pr[g * a->span + j];
             if (p == 0.0f) continue;
@@ -166,12 +171,12 @@ AI void weighted_values_fixed(const Args *a, int64_t row, int64_t kvh, const flo
 
 /* The same for any group and head size, the sums in memory (`acc`: group * d floats). */
 static void weighted_values_any(const Args *a, int64_t row, int64_t kvh, int group, const float *pr, float *acc) {
-    const uint16_t *values = a->v + row * a->st[5] + kvh * a->st[6];
+    const uint16_t *values = a->v + row * a->st[6] + kvh * a->st[7];
     int64_t chunks = a->d / 16;
     for (int64_t i = 0; i < group * a->d; i++) acc[i] = 0.0f;
     for (int64_t j = 0; j < a->span; j++) {
         __m512 vc[MAX_D / 16];
-        for (int64_t c = 0; c < chunks; c++) vc[c] = halves_to_floats(values + j * a->st[7] + 16 * c, a->fp16);
+        for (int64_t c = 0; c < chunks; c++) vc[c] = halves_to_floats(values + j * a->st[8] + 16 * c, a->fp16);
         for (int g = 0; g < group; g++) {
             float p = pr[g * a->span + j];
             if (p == 0.0f) continue;
@@ -199,14 +204,14 @@ static void weighted_values(const Args *a, int64_t row, int64_t kvh, int group, 
 #define BF16_TARGET __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,fma")))
 
 BF16_TARGET static void scores_bf16(const Args *a, int64_t row, int64_t kvh, int group, float *sc) {
-    const uint16_t *keys = a->k + row * a->st[2] + kvh * a->st[3];
-    const uint8_t *mask = a->mask + row * a->st[8];
+    const uint16_t *keys = a->k + row * a->st[3] + kvh * a->st[4];
+    const uint8_t *mask = a->mt;
     int64_t blocks = a->d / 32;
     const __m512 scale = _mm512_set1_ps(a->scale), ninf = _mm512_set1_ps(-INFINITY);
     __m512i qv[MAX_GROUP][MAX_D / 32];
     for (int g = 0; g < group; g++)
         for (int64_t b = 0; b < blocks; b++)
-            qv[g][b] = _mm512_loadu_si512(a->q + row * a->st[0] + (kvh * group + g) * a->st[1] + 32 * b);
+            qv[g][b] = _mm512_loadu_si512(a->qt + (kvh * group + g) * a->st[1] + 32 * b);
     for (int64_t j0 = 0; j0 < a->span; j0 += 16) {
         int count = a->span - j0 < 16 ? (int)(a->span - j0) : 16;
         __mmask16 vis = visible16(a, mask, j0, count);
@@ -215,7 +220,7 @@ BF16_TARGET static void scores_bf16(const Args *a, int64_t row, int64_t kvh, int
             for (int j = 0; j < 16; j++) {
                 acc[j] = _mm512_setzero_ps();
                 if (j >= count) continue;
-                const uint16_t *key = keys + (j0 + j) * a->st[4];
+                const uint16_t *key = keys + (j0 + j) * a->st[5];
                 for (int64_t b = 0; b < blocks; b++)
                     acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)qv[g][b], (__m512bh)_mm512_loadu_si512(key + 32 * b));
             }
@@ -230,15 +235,15 @@ BF16_TARGET static void scores_bf16(const Args *a, int64_t row, int64_t kvh, int
  * 32-block in lane L of `lo` and 8L+4..8L+7 in lane L of `hi`, put back in order at the end. */
 BF16_TARGET AI void weighted_values_bf16_fixed(const Args *a, int64_t row, int64_t kvh, const float *pr,
                                                const int G, const int B) {
-    const uint16_t *values = a->v + row * a->st[5] + kvh * a->st[6];
+    const uint16_t *values = a->v + row * a->st[6] + kvh * a->st[7];
     __m512 lo[G * B], hi[G * B];
     for (int i = 0; i < G * B; i++) lo[i] = hi[i] = _mm512_setzero_ps();
     for (int64_t j = 0; j < a->span; j += 2) {
         int two = j + 1 < a->span;
         __m512i il[B], ih[B];
         for (int b = 0; b < B; b++) {
-            __m512i v0 = _mm512_loadu_si512(values + j * a->st[7] + 32 * b);
-            __m512i v1 = two ? _mm512_loadu_si512(values + (j + 1) * a->st[7] + 32 * b) : _mm512_setzero_si512();
+            __m512i v0 = _mm512_loadu_si512(values + j * a->st[8] + 32 * b);
+            __m512i v1 = two ? _mm512_loadu_si512(values + (j + 1) * a->st[8] + 32 * b) : _mm512_setzero_si512();
             il[b] = _mm512_unpacklo_epi16(v0, v1);
             ih[b] = _mm512_unpackhi_epi16(v0, v1);
         }
@@ -270,14 +275,25 @@ BF16_TARGET static int weighted_values_bf16(const Args *a, int64_t row, int64_t 
     return 0;
 }
 
-static int task(const Args *shared, int64_t row, int64_t kvh) {
-    Args own = *shared, *a = &own;  /* the weights' sums are this task's */
+/* The queries of kv head `kvh`'s group at position `pos` of row `row`. */
+static int task(const Args *shared, int64_t row, int64_t kvh, int64_t pos) {
+    Args own = *shared, *a = &own;
     int group = (int)(a->heads / a->kv_heads);
+    a->qt = a->q + row * a->st[0] + pos * a->st[2];
+    a->mt = a->mask + row * a->st[9] + pos * a->st[10];
+    a->ot = a->out + (row * a->heads * a->t + pos) * a->d;
+    while (a->span > 0 && !a->mt[(a->span - 1) * a->st[11]]) a->span--;  /* a causal row's later keys */
+    if (a->span == 0) {  /* no key to attend to: zeros, not 0/0 */
+        for (int g = 0; g < group; g++) a->sums[g] = 1.0f;
+        for (int g = 0; g < group; g++)
+            for (int64_t c = 0; c < a->d / 16; c++) store_rounded(a, row, kvh, group, g, c, _mm512_setzero_ps());
+        return 0;
+    }
     float qf[MAX_GROUP * MAX_D], acc[MAX_GROUP * MAX_D], kb[16 * MAX_D];
     float *sc = malloc(sizeof(float) * (size_t)(group * a->span + 16));  /* + a block's tail */
     if (!sc) return 1;
     for (int g = 0; g < group; g++) {
-        const uint16_t *q = a->q + row * a->st[0] + (kvh * group + g) * a->st[1];
+        const uint16_t *q = a->qt + (kvh * group + g) * a->st[1];
         for (int64_t c = 0; c < a->d / 16; c++) _mm512_storeu_ps(qf + g * a->d + 16 * c, halves_to_floats(q + 16 * c, a->fp16));
     }
     int bf16_dot = a->bf16_dot && !a->fp16 && a->d % 32 == 0;
@@ -290,16 +306,17 @@ static int task(const Args *shared, int64_t row, int64_t kvh) {
 }
 
 /* Returns 0, or 1 for shapes it does not take (nothing written) or a failed allocation. */
-int flexlamps_decode_attention(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint8_t *mask,
-                               uint16_t *out, int64_t n, int64_t heads, int64_t kv_heads, int64_t span, int64_t d,
-                               const int64_t *strides, float scale, int fp16, int bf16_dot, int threads) {
-    if (d % 16 || d > MAX_D || kv_heads < 1 || heads % kv_heads || heads / kv_heads > MAX_GROUP || span < 1)
+int flexlamps_attention(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint8_t *mask,
+                               uint16_t *out, int64_t n, int64_t heads, int64_t kv_heads, int64_t t, int64_t span,
+                               int64_t d, const int64_t *strides, float scale, int fp16, int bf16_dot, int threads) {
+    if (d % 16 || d > MAX_D || kv_heads < 1 || heads % kv_heads || heads / kv_heads > MAX_GROUP || span < 1 || t < 1)
         return 1;
-    Args a = {q, k, v, mask, out, heads, kv_heads, span, d, strides, scale, fp16, bf16_dot, {0}};
-    int64_t tasks = n * kv_heads;
+    Args a = {q, k, v, mask, out, heads, kv_heads, span, d, t, strides, scale, fp16, bf16_dot, 0, 0, 0, {0}};
+    int64_t tasks = n * kv_heads * t;
     int failed = 0;
-    /* a task is 2-40 us: below a few per thread the fork costs more than it saves */
+    /* a task is 1-40 us: below a few per thread the fork costs more than it saves; a row's
+     * positions are neighbouring tasks, which read the same keys */
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(|:failed) if (threads > 1 && tasks >= 4 * threads)
-    for (int64_t t = 0; t < tasks; t++) failed |= task(&a, t / kv_heads, t % kv_heads);
+    for (int64_t i = 0; i < tasks; i++) failed |= task(&a, i / (kv_heads * t), (i / t) % kv_heads, i % t);
     return failed;
 }

@@ -1,18 +1,21 @@
-"""Decode attention in bf16 / fp16 on AVX-512 CPUs (`decode_attention.c`), compiled on first use.
+"""Attention in bf16 / fp16 on AVX-512 CPUs (`native_attention.c`), compiled on first use.
 
 torch's flash kernel spends ~60 us a layer on one decode row of SmolLM2 (3 kv heads, 160 keys)
 and the batched products ~650 us on 32 rows, where the keys and values take a few us to read:
 the work is many tiny products. The kernel scores each kv head's group of queries against its
-keys once, in fp32, rounds exp(score - max) to the activations' dtype (the dominant key's weight is
-exactly 1), sums the weighted values in fp32 and divides by the weights' sum, rounding the result
-once: the flash kernel's arithmetic, within
-`attention.BF16_TOLERANCE` of it and of float32. A row's result depends only on its own query,
-keys, values and mask (not on the other rows, the thread count or the padded span).
+keys once, in fp32 (vdpbf16ps on bf16 pairs where the CPU has AVX512_BF16), rounds
+exp(score - max) to the activations' dtype (the dominant key's weight is exactly 1), sums the
+weighted values in fp32 and divides by the weights' sum, rounding the result once: the flash
+kernel's arithmetic, within `attention.BF16_TOLERANCE` of it and of float32. Keys after a
+query's last visible one are not read, so a causal prompt reads half of them (32 prompts of 128
+tokens: 23 -> 15 ms a layer). A query's result depends only on its own query, keys, values and
+mask: not on the other rows or positions, the thread count or the padded span. A query that
+sees no key gets zeros.
 
-`load(folder)` builds it (`quant.native_build`) and checks it against torch's attention; it
-answers None, with a warning that says why, where the CPU lacks AVX-512 F/BW/VL/DQ, no compiler
-is found, or the build or check fails, and attention keeps torch's kernels. $FLEXLAMPS_NATIVE_KERNELS=0
-turns it off.
+`load(folder)` builds it (`quant.native_build`) and checks it against `reference`; it answers
+None, with a warning that says why, where the CPU lacks AVX-512 F/BW/VL/DQ, no compiler is
+found, or the build or check fails, and attention keeps torch's kernels.
+$FLEXLAMPS_NATIVE_KERNELS=0 turns it off.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ import torch
 
 from quant import native_build
 
-SOURCE = Path(__file__).with_name("decode_attention.c")
+SOURCE = Path(__file__).with_name("native_attention.c")
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c")
 _COMPILE_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                   "-mfma", "-mf16c")
@@ -36,31 +39,35 @@ BF16_DOT_FLAGS = ("avx512_bf16",)  # bf16 pair products summed in fp32 (vdpbf16p
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}
 MAX_HEAD_DIM, MAX_GROUP = 256, 16
 NATIVE_ENV = "FLEXLAMPS_NATIVE_KERNELS"
-_Strides = ctypes.c_int64 * 10  # q's (row, head), keys' and values' (row, head, position), mask's (row, position)
+_Strides = ctypes.c_int64 * 12  # q's, keys' and values' (row, head, position), mask's (row, query, key)
 
 
-class DecodeAttention:
+class NativeAttention:
     """The loaded kernel: `takes(q, keys)` says whether it runs a call, `__call__` runs it."""
 
     def __init__(self, library: ctypes.CDLL, bf16_dot: bool = False):
-        fn = library.flexlamps_decode_attention
+        fn = library.flexlamps_attention
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.POINTER(_Strides), ctypes.c_float] + [ctypes.c_int] * 3
+        fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 6 + [ctypes.POINTER(_Strides), ctypes.c_float] + [ctypes.c_int] * 3
         self._fn, self.bf16_dot = fn, int(bf16_dot)
 
     @staticmethod
     def takes(q: torch.Tensor, keys: torch.Tensor) -> bool:
-        """q (n, heads, 1, d) and keys (n, kv_heads, S, d) on the CPU, both bf16 or both fp16."""
+        """q (n, heads, T, d) in bf16 or fp16 and keys (n, kv_heads, S, d) on the CPU (keys and
+        values in another dtype are rounded to q's first)."""
         n, heads, t, d = q.shape
         kv = keys.shape[1]
-        return (q.device.type == "cpu" and q.dtype in DTYPES and keys.dtype == q.dtype and t == 1 and d % 16 == 0
+        return (q.device.type == "cpu" and q.dtype in DTYPES and keys.device.type == "cpu" and d % 16 == 0
                 and d <= MAX_HEAD_DIM and heads % kv == 0 and heads // kv <= MAX_GROUP and keys.shape[2] > 0)
 
     def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """softmax(q keys^T / sqrt(d), masked) @ values for q (n, heads, 1, d), keys and values
-        (n, kv_heads, S, d) (any strides but the last), mask (n, 1, S) bool -> (n, heads, 1, d)."""
-        n, heads, _, d = q.shape
+        """softmax(q keys^T / sqrt(d), masked) @ values for q (n, heads, T, d), keys and values
+        (n, kv_heads, S, d) (any strides but the last), mask (n, T, S) bool -> (n, heads, T, d);
+        a query that sees no key gets zeros."""
+        n, heads, t, d = q.shape
         kv, span = keys.shape[1], keys.shape[2]
+        if keys.dtype != q.dtype:
+            keys, values = keys.to(q.dtype), values.to(q.dtype)
         if q.stride(-1) != 1:
             q = q.contiguous()
         if keys.stride(-1) != 1:
@@ -69,27 +76,27 @@ class DecodeAttention:
             values = values.contiguous()
         if mask.dtype != torch.bool:
             mask = mask.to(torch.bool)
-        out = torch.empty(n, heads, 1, d, dtype=q.dtype)
+        out = torch.empty(n, heads, t, d, dtype=q.dtype)
         qs, ks, vs, ms = q.stride(), keys.stride(), values.stride(), mask.stride()
-        strides = _Strides(qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ms[0], ms[2])
+        strides = _Strides(qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ms[0], ms[1], ms[2])
         if n and self._fn(q.data_ptr(), keys.data_ptr(), values.data_ptr(), mask.data_ptr(), out.data_ptr(), n, heads,
-                          kv, span, d, strides, 1.0 / math.sqrt(d), DTYPES[q.dtype], self.bf16_dot,
+                          kv, t, span, d, strides, 1.0 / math.sqrt(d), DTYPES[q.dtype], self.bf16_dot,
                           torch.get_num_threads()):
-            raise ValueError(f"decode_attention: the kernel refused q {tuple(q.shape)}, keys {tuple(keys.shape)}")
+            raise ValueError(f"native_attention: the kernel refused q {tuple(q.shape)}, keys {tuple(keys.shape)}")
         return out
 
 
 @functools.lru_cache(maxsize=None)
-def load(folder: Path) -> DecodeAttention | None:
+def load(folder: Path) -> NativeAttention | None:
     """The kernel built into (or found in) `folder` and checked, or None where it cannot run here."""
     if os.environ.get(NATIVE_ENV, "1").strip() == "0" or not native_build.cpu_has_flags(CPU_FLAGS):
         return None
     try:
         library = native_build.built_library(SOURCE, _COMPILE_FLAGS, Path(folder))
-        kernel = DecodeAttention(library, bf16_dot=native_build.cpu_has_flags(BF16_DOT_FLAGS))
+        kernel = NativeAttention(library, bf16_dot=native_build.cpu_has_flags(BF16_DOT_FLAGS))
         _check(kernel)
         if kernel.bf16_dot:  # and the plain path, which a head size that is no multiple of 32 takes
-            _check(DecodeAttention(library))
+            _check(NativeAttention(library))
     except (OSError, subprocess.CalledProcessError, AssertionError) as err:
         detail = getattr(err, "stderr", None) or err
         warnings.warn(f"flexlamps: the AVX-512 decode attention is not used ({str(detail).strip()[-500:]}); "
@@ -108,16 +115,18 @@ def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
     return ((weights @ v) / weights.sum(-1, keepdim=True)).to(q.dtype)
 
 
-def _check(kernel: DecodeAttention) -> None:
-    """The kernel against `reference` on grouped heads, a masked tail and a strided cache view."""
+def _check(kernel: NativeAttention) -> None:
+    """The kernel against `reference`: grouped heads over a strided cache view, a decode with a
+    masked tail and a causal prompt chunk after cached keys, in each dtype."""
     gen = torch.Generator().manual_seed(0)
     for dtype in DTYPES:
-        q = torch.randn(3, 6, 1, 64, generator=gen).to(dtype)
         cache = torch.randn(2, 3, 2, 40, 64, generator=gen).to(dtype)
         keys, values = cache[0, :, :, :37], cache[1, :, :, :37]
-        mask = torch.arange(37)[None, None, :] <= torch.tensor([36, 20, 0])[:, None, None]
-        got, want = kernel(q, keys, values, mask), reference(q, keys, values, mask)
-        bound = 2.0 ** -7 * values.float().abs().max().item()
-        assert (got.float() - want.float()).abs().max().item() <= bound, \
-            f"decode_attention: the kernel's check failed in {dtype} " \
-            f"(max error {(got.float() - want.float()).abs().max().item():.3g})"
+        decode = torch.arange(37)[None, None, :] <= torch.tensor([36, 20, 0])[:, None, None]
+        chunk = (torch.arange(37)[None, :] <= torch.arange(32, 37)[:, None]).expand(3, 5, 37)
+        for mask in (decode, chunk):
+            q = torch.randn(3, 6, mask.shape[1], 64, generator=gen).to(dtype)
+            got, want = kernel(q, keys, values, mask), reference(q, keys, values, mask)
+            error = (got.float() - want.float()).abs().max().item()
+            assert error <= 2.0 ** -7 * values.float().abs().max().item(), \
+                f"native_attention: the kernel's check failed in {dtype} (max error {error:.3g})"
