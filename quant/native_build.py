@@ -14,9 +14,13 @@ import os
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from filelock import FileLock
+
+T = TypeVar("T")
 
 
 class NoCompiler(OSError):
@@ -60,3 +64,19 @@ def built_library(source: Path, flags: tuple[str, ...], folder: Path) -> ctypes.
                     if os.path.exists(tmp):
                         os.unlink(tmp)
     return ctypes.CDLL(str(target))
+
+
+def load_checked(source: Path, flags: tuple[str, ...], folder: Path, make: Callable[[ctypes.CDLL], T], what: str,
+                 fallback: str) -> T | None:
+    """`make(library)` (which wraps the built library and checks it, raising AssertionError if a
+    result is wrong), or None with a RuntimeWarning naming `what` is not used and why, and what
+    runs instead (`fallback`): no compiler, a failed build, a library that does not load or check."""
+    try:
+        return make(built_library(source, flags, folder))
+    except NoCompiler:
+        warnings.warn(f"flexlamps: no C compiler found (set $CC), so {fallback}", RuntimeWarning, stacklevel=3)
+    except (OSError, subprocess.CalledProcessError, AssertionError) as err:
+        detail = getattr(err, "stderr", None) or err
+        warnings.warn(f"flexlamps: {what} is not used ({str(detail).strip()[-500:]}); {fallback}", RuntimeWarning,
+                      stacklevel=3)
+    return None

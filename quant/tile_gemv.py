@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import subprocess
-import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -109,19 +107,13 @@ def load(folder: Path) -> TileGemv | None:
     """The kernel built into (or found in) `folder` and checked, or None where it cannot run here."""
     if not cpu_has_flags():
         return None
-    try:
-        kernel = TileGemv(native_build.built_library(SOURCE, _COMPILE_FLAGS, Path(folder)))
+    def checked(library):
+        kernel = TileGemv(library)
         _check(kernel)
-    except native_build.NoCompiler:
-        warnings.warn("flexlamps: no C compiler found (set $CC), so 4-bit decode runs torch's slower int4 kernel",
-                      RuntimeWarning, stacklevel=2)
-        return None
-    except (OSError, subprocess.CalledProcessError, AssertionError) as err:
-        detail = getattr(err, "stderr", None) or err
-        warnings.warn(f"flexlamps: the AVX-512 decode kernel is not used ({str(detail).strip()[-500:]}); "
-                      "4-bit decode runs torch's slower int4 kernel", RuntimeWarning, stacklevel=2)
-        return None
-    return kernel
+        return kernel
+
+    return native_build.load_checked(SOURCE, _COMPILE_FLAGS, Path(folder), checked, "the AVX-512 decode kernel",
+                                      "4-bit decode runs torch's slower int4 kernel")
 
 
 def _check(kernel: TileGemv) -> None:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from flexlamps.models.activation import silu
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.linear import linear
+from flexlamps.models.native_elementwise import native_ops
 from flexlamps.models.rope import inverse_frequencies, rope_tables, rotate_half_split
 
 # attend(q, k, v) with q (n, T, heads, d), k/v (n, T, kv_heads, d) -> (n, T, heads * d)
@@ -27,6 +28,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # the scale is applied after that rounding, as the reference does.
     if x.dtype == torch.float32:
         return torch.rms_norm(x, x.shape[-1:], weight, eps)
+    ops = native_ops()  # AVX-512: the same two roundings in one pass (models.native_elementwise)
+    if ops is not None and ops.takes(x) and weight.dtype == x.dtype and weight.is_contiguous():
+        return ops.rms_norm(x, weight, eps)
     return weight * torch.rms_norm(x, x.shape[-1:], None, eps)
 
 
@@ -83,6 +87,9 @@ class LlamaForward:
         """silu(gate(h)) * up(h) (the product rides on the up GEMM, fused in fp32; see models.linear)."""
         if "gate_up_proj" in w:
             gate_up = linear(h, w["gate_up_proj"], w.get("gate_up_bias"))
+            ops = native_ops() if gate_up.dtype != torch.float32 else None
+            if ops is not None and ops.takes(gate_up):
+                return ops.silu_mul(gate_up)
             half = gate_up.shape[-1] // 2
             return silu(gate_up.narrow(-1, 0, half)) * gate_up.narrow(-1, half, half)
         gate = silu(linear(h, w["gate_proj"], w.get("gate_bias")), inplace=True)

@@ -23,8 +23,6 @@ import ctypes
 import functools
 import math
 import os
-import subprocess
-import warnings
 from pathlib import Path
 
 import torch
@@ -91,18 +89,15 @@ def load(folder: Path) -> NativeAttention | None:
     """The kernel built into (or found in) `folder` and checked, or None where it cannot run here."""
     if os.environ.get(NATIVE_ENV, "1").strip() == "0" or not native_build.cpu_has_flags(CPU_FLAGS):
         return None
-    try:
-        library = native_build.built_library(SOURCE, _COMPILE_FLAGS, Path(folder))
+    def checked(library):
         kernel = NativeAttention(library, bf16_dot=native_build.cpu_has_flags(BF16_DOT_FLAGS))
         _check(kernel)
         if kernel.bf16_dot:  # and the plain path, which a head size that is no multiple of 32 takes
             _check(NativeAttention(library))
-    except (OSError, subprocess.CalledProcessError, AssertionError) as err:
-        detail = getattr(err, "stderr", None) or err
-        warnings.warn(f"flexlamps: the AVX-512 decode attention is not used ({str(detail).strip()[-500:]}); "
-                      "decode attention runs torch's kernels", RuntimeWarning, stacklevel=2)
-        return None
-    return kernel
+        return kernel
+
+    return native_build.load_checked(SOURCE, _COMPILE_FLAGS, Path(folder), checked, "the AVX-512 attention",
+                                      "attention runs torch's kernels")
 
 
 def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

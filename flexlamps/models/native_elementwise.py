@@ -1,0 +1,108 @@
+"""RMSNorm and SwiGLU's silu-times-up in bf16 / fp16 on AVX-512 CPUs (`native_elementwise.c`),
+compiled on first use.
+
+torch runs each as several ops: a decode row pays a few us of dispatch per op (SmolLM2's 61
+norms a step: ~14 us each), and a prompt a pass over memory per op (32 x 128 tokens: 2-4 ms a
+norm). Each kernel is one pass with fp32 arithmetic and torch's roundings (the normalized row
+rounded to the dtype before the scale, as torch's `rms_norm` then `weight *`; silu rounded before
+the product), so results equal torch's but where an fp32 sum or exp lands on the other side of a
+rounding boundary. A row's result does not depend on the others.
+
+`load(folder)` builds it (`quant.native_build`) and checks it against torch; it answers None
+(with a warning that says why where a build or check fails) where the CPU lacks AVX-512 or no
+compiler is found, and the layers keep torch's ops. $FLEXLAMPS_NATIVE_KERNELS=0 turns it off.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from flexlamps.cache_folder import cache_root
+from quant import native_build
+
+SOURCE = Path(__file__).with_name("native_elementwise.c")
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c")
+_COMPILE_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+                  "-mfma", "-mf16c")
+DTYPES = {torch.bfloat16: 0, torch.float16: 1}
+NATIVE_ENV = "FLEXLAMPS_NATIVE_KERNELS"
+
+
+class NativeElementwise:
+    """`rms_norm(x, weight, eps)` and `silu_mul(gate_up)` for CPU tensors in bf16 / fp16 whose
+    last dim is contiguous (`takes`)."""
+
+    def __init__(self, library: ctypes.CDLL):
+        self._norm, self._silu_mul = library.flexlamps_rms_norm, library.flexlamps_silu_mul
+        self._norm.restype = self._silu_mul.restype = None
+        self._norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+        self._silu_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_int, ctypes.c_int]
+
+    @staticmethod
+    def takes(x: torch.Tensor) -> bool:
+        return x.device.type == "cpu" and x.dtype in DTYPES and x.stride(-1) == 1 and x.dim() >= 2
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """weight * round(x / sqrt(mean(x^2) + eps)) over the last dim (x in `takes`' form, its rows
+        evenly strided; weight contiguous, of x's dtype)."""
+        cols = x.shape[-1]
+        rows = x.numel() // cols if cols else 0
+        flat = x if x.dim() == 2 else x.reshape(rows, cols)  # a view where the rows are evenly strided
+        out = torch.empty(x.shape, dtype=x.dtype)
+        if rows:
+            self._norm(flat.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, cols, flat.stride(0), eps,
+                       DTYPES[x.dtype], torch.get_num_threads())
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """round(silu(gate)) * up for gate, up the two halves of the last dim of `gate_up`."""
+        half = gate_up.shape[-1] // 2
+        rows = gate_up.numel() // gate_up.shape[-1] if half else 0
+        flat = gate_up if gate_up.dim() == 2 else gate_up.reshape(rows, 2 * half)
+        out = torch.empty(*gate_up.shape[:-1], half, dtype=gate_up.dtype)
+        if rows:
+            self._silu_mul(flat.data_ptr(), out.data_ptr(), rows, half, flat.stride(0), DTYPES[gate_up.dtype],
+                           torch.get_num_threads())
+        return out
+
+
+@functools.lru_cache(maxsize=None)
+def native_ops() -> NativeElementwise | None:
+    """The kernels in the cache folder (built there on first use), or None where they cannot run."""
+    return load(cache_root() / "kernels")
+
+
+@functools.lru_cache(maxsize=None)
+def load(folder: Path) -> NativeElementwise | None:
+    """The kernels built into (or found in) `folder` and checked, or None where they cannot run here."""
+    if os.environ.get(NATIVE_ENV, "1").strip() == "0" or not native_build.cpu_has_flags(CPU_FLAGS):
+        return None
+
+    def checked(library):
+        ops = NativeElementwise(library)
+        _check(ops)
+        return ops
+
+    return native_build.load_checked(SOURCE, _COMPILE_FLAGS, Path(folder), checked, "the AVX-512 RMSNorm and SwiGLU",
+                                      "they run as torch's ops")
+
+
+def _check(ops: NativeElementwise) -> None:
+    """Both kernels against torch on odd widths (a partial last vector), within one rounding."""
+    gen = torch.Generator().manual_seed(0)
+    for dtype in DTYPES:
+        x = (torch.randn(3, 70, generator=gen) * 3).to(dtype)
+        weight = torch.randn(70, generator=gen).to(dtype)
+        want = weight * torch.rms_norm(x, (70,), None, 1e-5)
+        got = ops.rms_norm(x, weight, 1e-5)
+        assert torch.allclose(got.float(), want.float(), rtol=2 ** -6, atol=1e-6), \
+            f"native_elementwise: rms_norm's check failed in {dtype}"
+        want = F.silu(x[:, :35]) * x[:, 35:]
+        got = ops.silu_mul(x)
+        assert torch.allclose(got.float(), want.float(), rtol=2 ** -6, atol=1e-6), \
+            f"native_elementwise: silu_mul's check failed in {dtype}"
