@@ -2,7 +2,7 @@
 into a cache folder, and the loaded library.
 
 `built_library(source, flags, folder)` compiles `source` with the system C compiler (`$CC`, else
-cc) into `folder` once per source, compiler version and flags, under a file lock, into a
+cc) into `folder` once per source (and the local headers it includes), compiler version and flags, under a file lock, into a
 temporary file renamed into place: concurrent processes neither race nor see half a file.
 Imports nothing of torch.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -44,12 +45,20 @@ def compiler() -> str:
     return found
 
 
+def _texts(source: Path) -> list[str]:
+    """The source and the local headers it includes (`#include "name.h"`, beside it): a change to
+    any of them makes another library."""
+    text = source.read_text()
+    headers = re.findall(r'^\s*#\s*include\s+"([^"]+)"', text, flags=re.M)
+    return [text, *(f"{name}\0{(source.parent / name).read_text()}" for name in headers)]
+
+
 def built_library(source: Path, flags: tuple[str, ...], folder: Path) -> ctypes.CDLL:
     """`source` compiled with `flags` into `folder` unless already there, and loaded. Raises
     NoCompiler, subprocess.CalledProcessError (its stderr says why) or OSError."""
     cc = compiler()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([source.read_text(), version, *flags]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([*_texts(source), version, *flags]).encode()).hexdigest()[:16]
     target = folder / f"{source.stem}-{key}.so"
     if not target.exists():
         folder.mkdir(parents=True, exist_ok=True)

@@ -114,6 +114,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def failing_compiler(tmp_path, monkeypatch) -> Path:
+    """$CC set to a compiler that answers --version and fails every build with "error: boom"."""
+    compiler = tmp_path / "failing-cc"
+    compiler.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo fake 1.0; exit 0; }\necho "error: boom" >&2; exit 1\n')
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    return compiler
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny_models")

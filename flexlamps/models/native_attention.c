@@ -16,52 +16,19 @@
  * (row, query, key). Keys after a query's last visible one are not read (a causal prompt reads
  * half); a query that sees no key gets zeros.
  * Built and loaded by flexlamps/models/native_attention.py. */
-#include <immintrin.h>
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 
-#define AI static inline __attribute__((always_inline))
+#include "native_simd.h"
+
 #define MAX_D 256
 #define MAX_GROUP 16
 
-AI __m512 halves_to_floats(const uint16_t *p, int fp16) {
-    __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    if (fp16) return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
+AI __m512 halves_to_floats(const uint16_t *p, int fp16) { return load_halves(p, fp16, (__mmask16)0xFFFF); }
 
-/* fp32 -> bf16 (round to nearest even) or fp16, and back: what torch's `.to(dtype)` gives. */
-AI __m512i rounded_bits(__m512 f, int fp16) {
-    if (fp16) return _mm512_cvtepu16_epi32(_mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    __m512i u = _mm512_castps_si512(f);
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    return _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-}
-
-AI __m512 rounded(__m512 f, int fp16) {
-    __m512i bits = rounded_bits(f, fp16);
-    if (fp16) return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(bits));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
-}
-
-/* exp(x) for x <= 0 (scores minus their max), within 2 ulp: x = k ln2 + r, |r| <= ln2 / 2, a
- * degree-6 polynomial for exp(r), then scaled by 2^k; below -87.3 it is 0, as expf rounds. */
+/* exp(x) for x <= 0 (scores minus their max); below -87.3 exactly 0. */
 AI __m512 exp_nonpositive(__m512 x) {
-    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
-    const __m512 ln2_hi = _mm512_set1_ps(0.693359375f), ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
-    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(k, ln2_hi, x);
-    r = _mm512_fnmadd_ps(k, ln2_lo, r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512 e = _mm512_scalef_ps(p, k);
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ), e);
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ), exp_poly(x));
 }
 
 typedef struct {
@@ -145,7 +112,7 @@ static float weights(float *sc, int64_t span, int fp16) {
 AI void store_rounded(const Args *a, int64_t row, int64_t kvh, int group, int g, int64_t c, __m512 x) {
     uint16_t *out = a->ot + (kvh * group + g) * a->t * a->d + 16 * c;
     x = _mm512_div_ps(x, _mm512_set1_ps(a->sums[g]));
-    _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi32_epi16(rounded_bits(x, a->fp16)));
+    store_halves(out, x, a->fp16, (__mmask16)0xFFFF);
 }
 
 /* out rows of the group = probabilities @ values, fp32 sums, rounded once; G queries of C

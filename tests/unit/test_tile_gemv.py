@@ -173,11 +173,7 @@ def test_built_once_into_its_folder_and_found_again(tmp_path):
 
 
 @needs_kernel
-def test_a_failing_compiler_leaves_torchs_kernel_with_a_warning(tmp_path, monkeypatch):
-    compiler = tmp_path / "cc"
-    compiler.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo fake 1.0; exit 0; }\necho "error: boom" >&2; exit 1\n')
-    compiler.chmod(0o755)
-    monkeypatch.setenv("CC", str(compiler))
+def test_a_failing_compiler_leaves_torchs_kernel_with_a_warning(tmp_path, monkeypatch, failing_compiler):
     with pytest.warns(RuntimeWarning, match="decode kernel is not used.*boom"):
         assert tile_gemv.load(tmp_path / "fresh") is None
     assert not [p for p in (tmp_path / "fresh").iterdir() if p.name.endswith((".so", ".tmp"))]
