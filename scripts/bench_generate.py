@@ -11,8 +11,9 @@ every side alike; flexlamps' ratio to every peer; greedy agreement with transfor
 reference); every side's prefill / total seconds (prefill: until the first new tokens); and the
 fraction of the machine's limit reached by each side. The limit: prefill at the measured bf16 GEMM peak, then
 every decode step at the slower of "read the GGUF's bytes at the probed read bandwidth" and
-"the step's matmuls at the GEMM peak". Last, flexlamps' Python overhead per decode step (wall
-time of a step minus the time torch's profiler sees in its ops).
+"the step's matmuls at the GEMM peak". Last, flexlamps' time per decode step outside torch's ops
+(wall time of a step minus the time torch's profiler sees in its ops): Python, and our AVX-512
+kernels (ctypes calls, which the profiler does not see: at batch 1 most of the step).
 
     python scripts/bench_generate.py [--batch-sizes 1,8,32] [--prompt-len 128] [--new-tokens 32] \\
         [--threads 1,2] [--llama-cpp /work/llamacpp/build/bin/llama-batched-bench] [--model FILE.gguf]
@@ -171,7 +172,7 @@ def agreement(ids, ref) -> float:
 
 def step_overhead(llm, prompt_len: int, batch: int, steps: int = 8) -> tuple[float, float]:
     """(wall seconds of one decode step of `batch` rows, seconds of it inside torch's ops), the
-    best of `steps` steps after a prefill; the difference is the step's Python overhead."""
+    best of `steps` steps after a prefill; the difference is Python and our ctypes kernels."""
     from torch.profiler import profile
 
     from flexlamps.engine.executors.step import Step
@@ -235,7 +236,8 @@ def run_table(llm, hf32, hf16, args, threads: int, batches: list[int]) -> None:
     for bs in batches:
         wall, in_ops = step_overhead(llm, args.prompt_len, bs)
         print(f"flexlamps decode step, batch {bs}: {wall * 1e3:.1f} ms wall, {in_ops * 1e3:.1f} ms in torch ops "
-              f"(profiler), Python overhead ~{max(wall - in_ops, 0) * 1e3:.1f} ms ({max(wall - in_ops, 0) / wall:.0%})")
+              f"(profiler), outside them (Python and our AVX-512 kernels) ~{max(wall - in_ops, 0) * 1e3:.1f} ms "
+              f"({max(wall - in_ops, 0) / wall:.0%})")
 
 
 def main():
