@@ -74,6 +74,8 @@ class NativeAttention:
             values = values.contiguous()
         if mask.dtype != torch.bool:
             mask = mask.to(torch.bool)
+        if mask.shape != (n, t, span):  # one mask row for all of a row's queries: broadcast (stride 0)
+            mask = mask.expand(n, t, span)
         out = torch.empty(n, heads, t, d, dtype=q.dtype)
         qs, ks, vs, ms = q.stride(), keys.stride(), values.stride(), mask.stride()
         strides = _Strides(qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ms[0], ms[1], ms[2])

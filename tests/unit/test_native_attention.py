@@ -78,6 +78,9 @@ def test_a_query_in_a_chunk_equals_itself_alone():
         for i in (0, 7, 23):
             alone = KERNEL(q[r:r + 1, :, i:i + 1], keys[r:r + 1], values[r:r + 1], mask[r:r + 1, i:i + 1])
             assert torch.equal(alone, chunk[r:r + 1, :, i:i + 1])
+    # one mask row for every query of a row is broadcast, as torch's attention does
+    shared = mask[:, -1:]
+    assert torch.equal(KERNEL(q, keys, values, shared), KERNEL(q, keys, values, shared.expand(2, 24, 90).contiguous()))
 
 
 @needs_kernel
