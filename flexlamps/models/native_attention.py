@@ -64,8 +64,7 @@ class NativeAttention:
         a query that sees no key gets zeros."""
         n, heads, t, d = q.shape
         kv, span = keys.shape[1], keys.shape[2]
-        if keys.dtype != q.dtype:
-            keys, values = keys.to(q.dtype), values.to(q.dtype)
+        keys, values = keys.to(q.dtype), values.to(q.dtype)  # no-ops where they are q's dtype already
         if q.stride(-1) != 1:
             q = q.contiguous()
         if keys.stride(-1) != 1:
