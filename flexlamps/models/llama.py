@@ -29,7 +29,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.dtype == torch.float32:
         return torch.rms_norm(x, x.shape[-1:], weight, eps)
     ops = native_ops()  # AVX-512: the same two roundings in one pass (models.native_elementwise)
-    if ops is not None and ops.takes(x) and weight.dtype == x.dtype and weight.is_contiguous():
+    if (ops is not None and ops.takes(x) and weight.dtype == x.dtype and weight.is_contiguous()
+            and weight.shape == x.shape[-1:] and weight.device == x.device):
         return ops.rms_norm(x, weight, eps)
     return weight * torch.rms_norm(x, x.shape[-1:], None, eps)
 
