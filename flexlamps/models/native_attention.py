@@ -56,7 +56,8 @@ class NativeAttention:
         n, heads, t, d = q.shape
         kv = keys.shape[1]
         return (q.device.type == "cpu" and q.dtype in DTYPES and keys.device.type == "cpu" and d % 16 == 0
-                and d <= MAX_HEAD_DIM and heads % kv == 0 and heads // kv <= MAX_GROUP and keys.shape[2] > 0)
+                and d <= MAX_HEAD_DIM and heads % kv == 0 and heads // kv <= MAX_GROUP and keys.shape[2] > 0
+                and keys.shape[0] == n and keys.shape[3] == d)
 
     def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """softmax(q keys^T / sqrt(d), masked) @ values for q (n, heads, T, d), keys and values
@@ -64,6 +65,8 @@ class NativeAttention:
         a query that sees no key gets zeros."""
         n, heads, t, d = q.shape
         kv, span = keys.shape[1], keys.shape[2]
+        if values.shape != keys.shape:  # the kernel would read past them
+            raise ValueError(f"native_attention: values {tuple(values.shape)} differ from keys {tuple(keys.shape)}")
         keys, values = keys.to(q.dtype), values.to(q.dtype)  # no-ops where they are q's dtype already
         if q.stride(-1) != 1:
             q = q.contiguous()
@@ -90,6 +93,7 @@ def load(folder: Path) -> NativeAttention | None:
     """The kernel built into (or found in) `folder` and checked, or None where it cannot run here."""
     if os.environ.get(NATIVE_ENV, "1").strip() == "0" or not native_build.cpu_has_flags(CPU_FLAGS):
         return None
+
     def checked(library):
         kernel = NativeAttention(library, bf16_dot=native_build.cpu_has_flags(BF16_DOT_FLAGS))
         _check(kernel)

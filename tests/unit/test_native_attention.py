@@ -94,6 +94,10 @@ def test_attention_runs_it_for_bf16_and_fp16_on_the_cpu():
     assert not KERNEL.takes(q.float(), keys.float())  # fp32 keeps the exact per-query path
     assert not KERNEL.takes(torch.randn(1, 9, 1, 72).bfloat16(), torch.randn(1, 3, 5, 72).bfloat16())  # d % 16
     assert not KERNEL.takes(torch.randn(1, 9, 1, 64).bfloat16(), torch.randn(1, 2, 5, 64).bfloat16())  # 9 % 2
+    assert not KERNEL.takes(torch.randn(2, 9, 1, 64).bfloat16(), torch.randn(1, 3, 5, 64).bfloat16())  # rows
+    assert not KERNEL.takes(torch.randn(1, 9, 1, 64).bfloat16(), torch.randn(1, 3, 5, 32).bfloat16())  # head size
+    with pytest.raises(ValueError, match="values"):
+        KERNEL(q, keys, values[:, :, :-1], mask)
 
 
 @needs_kernel
