@@ -4,11 +4,14 @@ into a cache folder, and the loaded library.
 `built_library(source, flags, folder)` compiles `source` with the system C compiler (`$CC`, else
 cc) into `folder` once per source (and the local headers it includes), compiler version and flags, under a file lock, into a
 temporary file renamed into place: concurrent processes neither race nor see half a file.
-Imports nothing of torch.
+`load_checked(library, folder, make, check)` is what each kernel module's `load` runs: it
+honours $FLEXLAMPS_NATIVE_KERNELS=0 and the CPU's flags, builds, wraps and checks the library,
+and warns, answering None, where that fails. Imports nothing of torch.
 """
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import os
 import re
@@ -22,6 +25,18 @@ from typing import Callable, TypeVar
 from filelock import FileLock
 
 T = TypeVar("T")
+SWITCH_ENV = "FLEXLAMPS_NATIVE_KERNELS"  # "0": every library here is left unused
+
+
+@dataclasses.dataclass(frozen=True)
+class Library:
+    """A C kernel library: its source, how it is compiled, what the CPU must have, and for a
+    warning what it is and what runs without it."""
+    source: Path
+    compile_flags: tuple[str, ...]
+    cpu_flags: tuple[str, ...]
+    what: str
+    fallback: str
 
 
 class NoCompiler(OSError):
@@ -75,17 +90,27 @@ def built_library(source: Path, flags: tuple[str, ...], folder: Path) -> ctypes.
     return ctypes.CDLL(str(target))
 
 
-def load_checked(source: Path, flags: tuple[str, ...], folder: Path, make: Callable[[ctypes.CDLL], T], what: str,
-                 fallback: str) -> T | None:
-    """`make(library)` (which wraps the built library and checks it, raising AssertionError if a
-    result is wrong), or None with a RuntimeWarning naming `what` is not used and why, and what
-    runs instead (`fallback`): no compiler, a failed build, a library that does not load or check."""
+def switched_off() -> bool:
+    """Whether $FLEXLAMPS_NATIVE_KERNELS=0 asks for torch's ops only (A/B runs, a broken toolchain)."""
+    return os.environ.get(SWITCH_ENV, "1").strip() == "0"
+
+
+def load_checked(library: Library, folder: Path, make: Callable[[ctypes.CDLL], T],
+                 check: Callable[[T], None]) -> T | None:
+    """`make(the built library)`, once `check` (which raises AssertionError on a wrong result)
+    passed on it; None where the switch is off or the CPU lacks `library.cpu_flags`, and None with
+    a RuntimeWarning naming what is not used, why and what runs instead where no compiler is
+    found, the build fails, or the library does not load or check."""
+    if switched_off() or not cpu_has_flags(library.cpu_flags):
+        return None
     try:
-        return make(built_library(source, flags, folder))
+        kernel = make(built_library(library.source, library.compile_flags, folder))
+        check(kernel)
+        return kernel
     except NoCompiler:
-        warnings.warn(f"flexlamps: no C compiler found (set $CC), so {fallback}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"flexlamps: no C compiler found (set $CC), so {library.fallback}", RuntimeWarning, stacklevel=3)
     except (OSError, subprocess.CalledProcessError, AssertionError) as err:
         detail = getattr(err, "stderr", None) or err
-        warnings.warn(f"flexlamps: {what} is not used ({str(detail).strip()[-500:]}); {fallback}", RuntimeWarning,
-                      stacklevel=3)
+        warnings.warn(f"flexlamps: {library.what} is not used ({str(detail).strip()[-500:]}); {library.fallback}",
+                      RuntimeWarning, stacklevel=3)
     return None

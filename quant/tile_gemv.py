@@ -41,6 +41,8 @@ _COMPILE_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512b
                   "-mavx512vbmi", "-mavx512vnni", "-mfma", "-mf16c")
 TILE = 64  # output rows per tile: the kernel takes weights whose layout has tiles of this many
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}  # the activations' dtypes, as the kernel's flag
+LIBRARY = native_build.Library(SOURCE, _COMPILE_FLAGS, CPU_FLAGS, "the AVX-512 decode kernel",
+                               "4-bit decode runs torch's slower int4 kernel")
 X_BITS = 16  # x's codes: 16 bits (near bf16's own rounding) or 8 (llama.cpp's, a little faster)
 
 
@@ -105,15 +107,7 @@ class TileGemv:
 @functools.lru_cache(maxsize=None)
 def load(folder: Path) -> TileGemv | None:
     """The kernel built into (or found in) `folder` and checked, or None where it cannot run here."""
-    if not cpu_has_flags():
-        return None
-    def checked(library):
-        kernel = TileGemv(library)
-        _check(kernel)
-        return kernel
-
-    return native_build.load_checked(SOURCE, _COMPILE_FLAGS, Path(folder), checked, "the AVX-512 decode kernel",
-                                      "4-bit decode runs torch's slower int4 kernel")
+    return native_build.load_checked(LIBRARY, Path(folder), TileGemv, _check)
 
 
 def _check(kernel: TileGemv) -> None:

@@ -57,7 +57,6 @@ dequantized into; `unpack` gives a fresh copy, which a caller may hold across ca
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from typing import Callable
 
@@ -107,7 +106,6 @@ INT8_DENSE_FROM_ROWS = 32
 # come from memory), 4-bit: 3072x576 0.32/0.33 ms at 8 rows, 576x1536 0.24/0.14; int8 twins
 # (Q8_0, Q5_x) a little slower, and the step's other work the same either way.
 NATIVE_TWIN_DENSE_FROM_ROWS = 8
-NATIVE_ENV = "FLEXLAMPS_NATIVE_KERNELS"  # "0": torch's int4 kernel only (A/B runs, a broken toolchain)
 _SCRATCH = threading.local()  # per thread: the buffer 4-bit weights are dequantized into
 
 
@@ -207,8 +205,6 @@ class Int4Twin:
 def native_kernel() -> tile_gemv.TileGemv | None:
     """The AVX-512 decode kernel for 4-bit and int8 weights (built into the cache folder on first
     use), or None: not this CPU, no compiler, or switched off by $FLEXLAMPS_NATIVE_KERNELS=0."""
-    if os.environ.get(NATIVE_ENV, "1").strip() == "0":
-        return None
     return tile_gemv.load(cache_root() / "kernels")
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-import os
 from pathlib import Path
 
 import torch
@@ -36,7 +35,8 @@ _COMPILE_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512b
 BF16_DOT_FLAGS = ("avx512_bf16",)  # bf16 pair products summed in fp32 (vdpbf16ps): nothing converted first
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}
 MAX_HEAD_DIM, MAX_GROUP = 256, 16
-NATIVE_ENV = "FLEXLAMPS_NATIVE_KERNELS"
+LIBRARY = native_build.Library(SOURCE, _COMPILE_FLAGS, CPU_FLAGS, "the AVX-512 attention",
+                               "attention runs torch's kernels")
 _Strides = ctypes.c_int64 * 12  # q's, keys' and values' (row, head, position), mask's (row, query, key)
 
 
@@ -47,7 +47,7 @@ class NativeAttention:
         fn = library.flexlamps_attention
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 6 + [ctypes.POINTER(_Strides), ctypes.c_float] + [ctypes.c_int] * 3
-        self._fn, self.bf16_dot = fn, int(bf16_dot)
+        self.library, self._fn, self.bf16_dot = library, fn, int(bf16_dot)
 
     @staticmethod
     def takes(q: torch.Tensor, keys: torch.Tensor) -> bool:
@@ -91,18 +91,9 @@ class NativeAttention:
 @functools.lru_cache(maxsize=None)
 def load(folder: Path) -> NativeAttention | None:
     """The kernel built into (or found in) `folder` and checked, or None where it cannot run here."""
-    if os.environ.get(NATIVE_ENV, "1").strip() == "0" or not native_build.cpu_has_flags(CPU_FLAGS):
-        return None
-
-    def checked(library):
-        kernel = NativeAttention(library, bf16_dot=native_build.cpu_has_flags(BF16_DOT_FLAGS))
-        _check(kernel)
-        if kernel.bf16_dot:  # and the plain path, which a head size that is no multiple of 32 takes
-            _check(NativeAttention(library))
-        return kernel
-
-    return native_build.load_checked(SOURCE, _COMPILE_FLAGS, Path(folder), checked, "the AVX-512 attention",
-                                      "attention runs torch's kernels")
+    return native_build.load_checked(
+        LIBRARY, Path(folder), lambda library: NativeAttention(library, native_build.cpu_has_flags(BF16_DOT_FLAGS)),
+        _check)
 
 
 def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -117,16 +108,18 @@ def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
 
 def _check(kernel: NativeAttention) -> None:
     """The kernel against `reference`: grouped heads over a strided cache view, a decode with a
-    masked tail and a causal prompt chunk after cached keys, in each dtype."""
+    masked tail and a causal prompt chunk after cached keys, in each dtype; with vdpbf16ps, the
+    plain path too (a head size that is no multiple of 32 takes it)."""
     gen = torch.Generator().manual_seed(0)
-    for dtype in DTYPES:
-        cache = torch.randn(2, 3, 2, 40, 64, generator=gen).to(dtype)
-        keys, values = cache[0, :, :, :37], cache[1, :, :, :37]
-        decode = torch.arange(37)[None, None, :] <= torch.tensor([36, 20, 0])[:, None, None]
-        chunk = (torch.arange(37)[None, :] <= torch.arange(32, 37)[:, None]).expand(3, 5, 37)
-        for mask in (decode, chunk):
-            q = torch.randn(3, 6, mask.shape[1], 64, generator=gen).to(dtype)
-            got, want = kernel(q, keys, values, mask), reference(q, keys, values, mask)
-            error = (got.float() - want.float()).abs().max().item()
-            assert error <= 2.0 ** -7 * values.float().abs().max().item(), \
-                f"native_attention: the kernel's check failed in {dtype} (max error {error:.3g})"
+    for variant in (kernel, NativeAttention(kernel.library)) if kernel.bf16_dot else (kernel,):
+        for dtype in DTYPES:
+            cache = torch.randn(2, 3, 2, 40, 64, generator=gen).to(dtype)
+            keys, values = cache[0, :, :, :37], cache[1, :, :, :37]
+            decode = torch.arange(37)[None, None, :] <= torch.tensor([36, 20, 0])[:, None, None]
+            chunk = (torch.arange(37)[None, :] <= torch.arange(32, 37)[:, None]).expand(3, 5, 37)
+            for mask in (decode, chunk):
+                q = torch.randn(3, 6, mask.shape[1], 64, generator=gen).to(dtype)
+                got, want = variant(q, keys, values, mask), reference(q, keys, values, mask)
+                error = (got.float() - want.float()).abs().max().item()
+                assert error <= 2.0 ** -7 * values.float().abs().max().item(), \
+                    f"native_attention: the kernel's check failed in {dtype} (max error {error:.3g})"

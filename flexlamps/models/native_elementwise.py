@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from pathlib import Path
 
 import torch
@@ -30,7 +29,8 @@ CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c")
 _COMPILE_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                   "-mfma", "-mf16c")
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}
-NATIVE_ENV = "FLEXLAMPS_NATIVE_KERNELS"
+LIBRARY = native_build.Library(SOURCE, _COMPILE_FLAGS, CPU_FLAGS, "the AVX-512 RMSNorm and SwiGLU",
+                               "they run as torch's ops")
 
 
 class NativeElementwise:
@@ -80,16 +80,7 @@ def native_ops() -> NativeElementwise | None:
 @functools.lru_cache(maxsize=None)
 def load(folder: Path) -> NativeElementwise | None:
     """The kernels built into (or found in) `folder` and checked, or None where they cannot run here."""
-    if os.environ.get(NATIVE_ENV, "1").strip() == "0" or not native_build.cpu_has_flags(CPU_FLAGS):
-        return None
-
-    def checked(library):
-        ops = NativeElementwise(library)
-        _check(ops)
-        return ops
-
-    return native_build.load_checked(SOURCE, _COMPILE_FLAGS, Path(folder), checked, "the AVX-512 RMSNorm and SwiGLU",
-                                      "they run as torch's ops")
+    return native_build.load_checked(LIBRARY, Path(folder), NativeElementwise, _check)
 
 
 def _check(ops: NativeElementwise) -> None:

@@ -116,26 +116,5 @@ def test_an_empty_batch_gives_an_empty_output():
     assert KERNEL(q[:0], keys[:0], values[:0], mask[:0]).shape == (0, 9, 1, 64)
 
 
-def test_a_cpu_without_the_instructions_or_the_switch_off_gives_none(tmp_path, monkeypatch):
-    monkeypatch.setattr(da.native_build, "cpu_has_flags", lambda flags: False)
-    da.load.cache_clear()
-    assert da.load(tmp_path / "a") is None
-    monkeypatch.undo()
-    monkeypatch.setenv(da.NATIVE_ENV, "0")
-    da.load.cache_clear()
-    assert da.load(tmp_path / "b") is None
-    da.load.cache_clear()
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
-
-
-@needs_kernel
-def test_a_failing_compiler_keeps_torchs_attention_with_a_warning(tmp_path, failing_compiler):
-    da.load.cache_clear()
-    with pytest.warns(RuntimeWarning, match="attention is not used.*boom"):
-        assert da.load(tmp_path / "fresh") is None
-    da.load.cache_clear()
-    assert not [p for p in (tmp_path / "fresh").iterdir() if p.name.endswith((".so", ".tmp"))]
-
-
 def test_the_source_ships_with_the_package():
     assert da.SOURCE.is_file() and os.path.basename(da.SOURCE) == "native_attention.c"

@@ -72,24 +72,5 @@ def test_the_layers_use_them_in_bf16_and_not_in_fp32():
     assert not OPS.takes(x32) and not OPS.takes(x.transpose(1, 2))
 
 
-def test_no_instructions_or_the_switch_off_gives_none(tmp_path, monkeypatch):
-    monkeypatch.setattr(ne.native_build, "cpu_has_flags", lambda flags: False)
-    ne.load.cache_clear()
-    assert ne.load(tmp_path / "a") is None
-    monkeypatch.undo()
-    monkeypatch.setenv(ne.NATIVE_ENV, "0")
-    ne.load.cache_clear()
-    assert ne.load(tmp_path / "b") is None
-    ne.load.cache_clear()
-
-
-@needs_ops
-def test_a_failing_compiler_keeps_torchs_ops_with_a_warning(tmp_path, failing_compiler):
-    ne.load.cache_clear()
-    with pytest.warns(RuntimeWarning, match="RMSNorm and SwiGLU is not used.*boom"):
-        assert ne.load(tmp_path / "fresh") is None
-    ne.load.cache_clear()
-
-
 def test_the_source_ships_with_the_package():
     assert ne.SOURCE.is_file() and ne.SOURCE.name == "native_elementwise.c"
