@@ -95,9 +95,7 @@ class LLM:
 
             device = torch.device(self.device) if self.device else compute_device()  # the GPU when there is one
             weights = load_weights(self.reader, self.dtype, int4_in_place=True, cache_dir=self.cache_dir or None,
-                                   use_cache=self.cache_dir is not False)
-            if device.type != "cpu":
-                weights = {name: t.to(device) for name, t in weights.items()}
+                                   use_cache=self.cache_dir is not False)  # the executor moves them to `device`
             twins = device.type == "cpu" and _dense_twins_fit(weights)
             self.executor = InMemoryExecutor(self.config, weights, self.dtype, device, dense_twins=twins,
                                              dense_copies=self._cached_dense_copies() if twins else None)

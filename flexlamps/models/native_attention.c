@@ -84,7 +84,7 @@ static void scores(const Args *a, int64_t row, int64_t kvh, const float *qf, int
                     acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(qf + g * d + 16 * c), _mm512_loadu_ps(kb + j * d + 16 * c), acc[j]);
             }
             __m512 s = _mm512_mask_blend_ps(vis, ninf, _mm512_mul_ps(sums16(acc), scale));
-            _mm512_mask_storeu_ps(sc + g * a->span + j0, (__mmask16)((1u << count) - 1), s);
+            _mm512_mask_storeu_ps(sc + g * a->span + j0, lanes(count), s);
         }
     }
 }
@@ -100,7 +100,7 @@ static float weights(float *sc, int64_t span, int fp16) {
     for (; j < span; j++) m = sc[j] > m ? sc[j] : m;
     __m512 vm = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
     for (j = 0; j < span; j += 16) {
-        __mmask16 part = span - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (span - j)) - 1);
+        __mmask16 part = lanes(span - j);
         __m512 e = _mm512_maskz_mov_ps(part, rounded(exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(part, sc + j), vm)), fp16));
         _mm512_mask_storeu_ps(sc + j, part, e);
         sum = _mm512_add_ps(sum, e);
@@ -192,7 +192,7 @@ BF16_TARGET static void scores_bf16(const Args *a, int64_t row, int64_t kvh, int
                     acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)qv[g][b], (__m512bh)_mm512_loadu_si512(key + 32 * b));
             }
             __m512 s = _mm512_mask_blend_ps(vis, ninf, _mm512_mul_ps(sums16(acc), scale));
-            _mm512_mask_storeu_ps(sc + g * a->span + j0, (__mmask16)((1u << count) - 1), s);
+            _mm512_mask_storeu_ps(sc + g * a->span + j0, lanes(count), s);
         }
     }
 }

@@ -11,17 +11,15 @@
 
 #include "native_simd.h"
 
-AI __mmask16 part(int64_t left) { return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1); }
-
 static void rms_norm_row(const uint16_t *x, const uint16_t *w, uint16_t *out, int64_t cols, float eps, int fp16) {
     __m512 ss = _mm512_setzero_ps();
     for (int64_t c = 0; c < cols; c += 16) {
-        __m512 v = load_halves(x + c, fp16, part(cols - c));
+        __m512 v = load_halves(x + c, fp16, lanes(cols - c));
         ss = _mm512_fmadd_ps(v, v, ss);
     }
     __m512 r = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(ss) / (float)cols + eps));
     for (int64_t c = 0; c < cols; c += 16) {
-        __mmask16 m = part(cols - c);
+        __mmask16 m = lanes(cols - c);
         __m512 y = rounded(_mm512_mul_ps(load_halves(x + c, fp16, m), r), fp16);
         store_halves(out + c, _mm512_mul_ps(load_halves(w + c, fp16, m), y), fp16, m);
     }
@@ -36,7 +34,7 @@ AI __m512 silu16(__m512 x) {
 
 static void silu_mul_row(const uint16_t *gu, uint16_t *out, int64_t half, int fp16) {
     for (int64_t c = 0; c < half; c += 16) {
-        __mmask16 m = part(half - c);
+        __mmask16 m = lanes(half - c);
         __m512 s = rounded(silu16(load_halves(gu + c, fp16, m)), fp16);
         store_halves(out + c, _mm512_mul_ps(s, load_halves(gu + half + c, fp16, m)), fp16, m);
     }

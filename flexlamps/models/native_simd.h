@@ -8,6 +8,9 @@
 
 #define AI static inline __attribute__((always_inline))
 
+/* The first min(left, 16) lanes: a vector's worth, or a row's partial last one. */
+AI __mmask16 lanes(int64_t left) { return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1); }
+
 /* 16 halves (the lanes of `m`; others 0) as fp32. */
 AI __m512 load_halves(const uint16_t *p, int fp16, __mmask16 m) {
     __m256i h = _mm256_maskz_loadu_epi16(m, p);

@@ -68,7 +68,7 @@ def rope_attention_factor(cfg: ModelConfig) -> float:
 
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
     """cos, sin of shape (n, T, head_dim) for integer positions (n, T); computed in fp32 on the
-    positions' device (`inv_freq` is copied there if it lies elsewhere: callers keep one per device)."""
+    positions' device (`inv_freq`, made on the CPU, is copied there: once a step, not a layer)."""
     freqs = positions.to(torch.float32)[..., None] * inv_freq.to(positions.device)[None, None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     if scale != 1.0:
