@@ -13,6 +13,13 @@ from tests.deepseek_models import DEEPSEEK_CONFIGS, to_fp8_checkpoint
 PROMPT_LEN, DECODE_STEPS = 12, 32
 
 
+def _cache_kwarg(out) -> dict:
+    """The returned cache handed back: `cache` from transformers 5.2x, `past_key_values` before."""
+    if hasattr(out, "cache"):
+        return {"cache": out.cache}
+    return {"past_key_values": out.past_key_values}
+
+
 def _reference_run(folder, ids: torch.Tensor):
     """transformers' logits for the prompt and for DECODE_STEPS greedy steps, with the tokens."""
     import transformers
@@ -25,7 +32,7 @@ def _reference_run(folder, ids: torch.Tensor):
         for _ in range(DECODE_STEPS):
             nxt = out.logits[:, -1:].argmax(-1)
             tokens.append(nxt)
-            out = ref(nxt, cache=out.cache, use_cache=True)
+            out = ref(nxt, use_cache=True, **_cache_kwarg(out))
             logits.append(out.logits)
     return logits, tokens
 
