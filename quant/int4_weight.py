@@ -8,9 +8,10 @@ and Q4_1 (`d * q + m` = `(q - 8) * d + (m + 8 d)`) map onto it exactly, codes un
 
 Two forms of the codes are kept: `codes`, a plain row-major packing (for `dequantize`, for
 moving between devices and for files), and `kernel_codes`, the opaque tile layout the fused
-kernel reads on this device. On a CPU whose kernel layout `quant.int4_tiles` knows, a weight
-may hold the kernel layout alone (`kernel_only`, half the bytes: what the offload engine keeps
-on its tiers) and is dequantized from it, to the same values. The fused kernel wins for a few rows (decode: it reads 4.5 bits
+kernel reads on this device. On CUDA, and on a CPU whose kernel layout `quant.int4_tiles`
+knows, a weight may hold the kernel layout alone (`kernel_only`, half the bytes: what the
+offload engine keeps on its tiers, and every weight moved to a CUDA device) and is dequantized
+from it, to the same values (on CUDA the codes are read back through the kernel itself). The fused kernel wins for a few rows (decode: it reads 4.5 bits
 per weight instead of 16); for many rows (prefill) a dense GEMM on the dequantized matrix is
 faster, so callers pick by row count (`flexlamps.models.linear`). Imports torch only.
 """
@@ -80,7 +81,33 @@ def _cpu_kernel_blocks_stack() -> bool:
 
 
 def _kernel_rows_stack(device: torch.device, rows: list[int]) -> bool:
+    if device.type == "cuda":  # tinygemm's layout tiles 8 output rows at a time
+        return all(r % 8 == 0 for r in rows)
     return device.type == "cpu" and all(r % 64 == 0 for r in rows) and _cpu_kernel_blocks_stack()
+
+
+def _cuda_kernel_shape(kernel: torch.Tensor) -> tuple[int, int]:
+    """(N, K) of a weight in tinygemm's layout: (N/8, K/(inner_k_tiles*16), 32, inner_k_tiles/2) int32."""
+    return kernel.shape[0] * 8, kernel.shape[1] * kernel.shape[3] * 32
+
+
+def _cuda_codes(kernel: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The (N, K) uint8 codes of a tinygemm layout, exactly: the kernel itself multiplies an
+    identity by the weight with scale 1 and zero point 8 (code q -> q, exact in bf16), a slice
+    of K at a time (the layout's dim 1 cuts K into tiles; a whole-K identity would cost K*K*N)."""
+    rows, cols = _cuda_kernel_shape(kernel)
+    tile = kernel.shape[3] * 32  # input channels per index of dim 1
+    step = max(1, max(256, group_size) // tile)
+    out = torch.empty(rows, cols, dtype=torch.uint8, device=kernel.device)
+    for first in range(0, kernel.shape[1], step):
+        start, stop = first * tile, min(cols, (first + step) * tile)
+        groups = (stop - start) // group_size
+        unit = torch.tensor([1.0, 8.0], dtype=torch.bfloat16, device=kernel.device).expand(groups, rows, 2)
+        eye = torch.eye(stop - start, dtype=torch.bfloat16, device=kernel.device)
+        part = torch.ops.aten._weight_int4pack_mm(eye, kernel[:, first:first + step].contiguous(), group_size,
+                                                  unit.contiguous())
+        out[:, start:stop] = part.t().round().to(torch.uint8)
+    return out
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -150,9 +177,14 @@ class Int4Weight:
         return cls(codes, scale_zero, first.group_size, kernel)
 
     def kernel_only(self) -> "Int4Weight":
-        """The same weight holding only the kernel's layout where `quant.int4_tiles` knows it
-        (a CPU; rows in whole tiles), else itself: half the bytes, the same results."""
-        if self.codes is None or self.kernel_codes is None or self.device.type != "cpu":
+        """The same weight holding only the kernel's layout where it can be read back exactly (on
+        CUDA; on a CPU where `quant.int4_tiles` knows the tiles and the rows fill them), else
+        itself: half the bytes, the same results."""
+        if self.codes is None or self.kernel_codes is None:
+            return self
+        if self.device.type == "cuda":
+            return dataclasses.replace(self, codes=None)
+        if self.device.type != "cpu":
             return self
         tile = tile_rows(self.shape[1])
         if tile is None or self.shape[0] % tile:
@@ -163,10 +195,14 @@ class Int4Weight:
         """`codes` (row-major packing), rebuilt from the kernel layout when only that is held."""
         if self.codes is not None:
             return self.codes
+        if self.kernel_codes.is_cuda:
+            return pack_codes(_cuda_codes(self.kernel_codes, self.group_size))
         return pack_codes(unpacked_from_tiles(self.kernel_codes, self.shape[1], tile_rows(self.shape[1])))
 
     @property
     def shape(self) -> tuple[int, int]:
+        if self.codes is None and self.kernel_codes.dim() == 4:  # tinygemm's CUDA layout
+            return _cuda_kernel_shape(self.kernel_codes)
         held = self.codes if self.codes is not None else self.kernel_codes  # both (N, K/2) on a CPU
         return (held.shape[0], 2 * held.shape[1])
 
@@ -209,6 +245,8 @@ class Int4Weight:
             out = torch.empty(rows, cols, dtype=dtype or self.dtype, device=self.device)
         scale = self.scale_zero[..., 0].t().float()  # (N, K/g)
         offset = self.scale_zero[..., 1].t().float() - 8 * scale
+        if self.codes is None and self.kernel_codes.is_cuda:  # codes read back from tinygemm's layout
+            return dataclasses.replace(self, codes=self.plain_codes()).dequantize(dtype, out)
         tile = tile_rows(cols) if self.codes is None else 1
         # NOTE(offspeed): a few rows at a time, so the fp32 codes stay in cache (4-8x faster on
         # a CPU than one pass per op over the whole matrix); in-place mul/add over a broadcast
@@ -238,7 +276,9 @@ class Int4Weight:
             return self
         codes = self.plain_codes().to(device, non_blocking=non_blocking)
         kernel = _kernel_codes(unpack_codes(codes)) if can_pack(self.shape, self.group_size, device) else None
-        return dataclasses.replace(self, codes=codes, scale_zero=self.scale_zero.to(device), kernel_codes=kernel)
+        moved = dataclasses.replace(self, codes=codes, scale_zero=self.scale_zero.to(device), kernel_codes=kernel)
+        # NOTE(memory): on CUDA the tinygemm layout alone (half the bytes; codes read back from it)
+        return moved.kernel_only() if device.type == "cuda" else moved
 
     def to_tensors(self, prefix: str = "", with_kernel: bool = False) -> dict[str, torch.Tensor]:
         """Flat dict for safetensors. The kernel layout depends on the device and torch build, so

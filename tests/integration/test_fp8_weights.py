@@ -80,7 +80,7 @@ def test_offloaded_fp8_equals_in_memory(fp8_models, split, tmp_path):
     policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=SPLITS[split], cache=ON_GPU, activations=ON_GPU)
     for reused in (False, True):  # the second run reads the offload folder the first wrote
         ex = OffloadExecutor(reader, policy, gpu_mem=64 << 20, cpu_mem=64 << 20, offload_dir=tmp_path / "off",
-                             dtype=torch.float32)
+                             dtype=torch.float32, device=torch.device("cpu"))  # bit identity: the CPU's guarantee
         try:
             assert ex.reused_disk == reused
             on_disk = [s for s in ex.specs if ex.charges.is_fp8(s) and ex.tiers[s.name] == "disk"]

@@ -121,11 +121,11 @@ def test_gguf_blocks_map_exactly(type_name):
         assert torch.equal(zero, torch.zeros_like(zero))
 
 
-def test_gguf_reader_keeps_q4_weights_4bit():
+def test_gguf_reader_keeps_q4_weights_4bit(smollm2_path):
     from flexlamps.models.registry import open_checkpoint
     from flexlamps.models.weight_specs import weight_specs
 
-    reader = open_checkpoint("smollm2-135m")  # Q4_1 layers, q/k rows permuted by llama.cpp
+    reader = open_checkpoint(smollm2_path)  # Q4_1 layers, q/k rows permuted by llama.cpp
     assert reader.has_int4_weights
     specs = {s.name: s for s in weight_specs(reader.config)}
     for name in ("layers.0.q_proj", "layers.0.k_proj", "layers.0.down_proj"):
@@ -154,6 +154,9 @@ def test_on_cuda_the_fused_kernel_matches_the_dense_weight(rows, cols, group):
     cpu = Int4Weight.from_codes(codes, scale, zero, group)
     w = cpu.to("cuda")
     assert w.kernel_codes is not None and w.kernel_codes.is_cuda
+    # tinygemm's layout alone on the GPU: 4 bits a weight, as the planner charges
+    assert w.codes is None and w.shape == (rows, cols)
+    assert w.nbytes == rows * cols // 2 + w.scale_zero.numel() * w.scale_zero.element_size()
     assert torch.equal(w.dequantize(torch.float32).cpu(), cpu.dequantize(torch.float32))
     dense = _dense(codes, scale, zero, group)
     for n in (1, 3, INT4_DENSE_FROM_ROWS):
@@ -163,5 +166,6 @@ def test_on_cuda_the_fused_kernel_matches_the_dense_weight(rows, cols, group):
         torch.testing.assert_close(got, ref, rtol=2 ** -7, atol=2 ** -7 * ref.abs().max().item())
     assert torch.equal(w.to("cpu").plain_codes(), cpu.plain_codes())
     cat = Int4Weight.cat([w, w])
+    assert cat.codes is None and cat.shape == (2 * rows, cols)
     x = torch.randn(2, cols, dtype=torch.bfloat16, device="cuda")
     assert torch.equal(linear(x, cat), torch.cat([linear(x, w), linear(x, w)], dim=1))

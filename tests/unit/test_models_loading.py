@@ -81,11 +81,11 @@ def test_missing_smollm2_package_names_the_install_command(monkeypatch):
         open_checkpoint("smollm2-135m")
 
 
-def test_gguf_tokenizer_cached_build_equals_a_fresh_one(tmp_path):
+def test_gguf_tokenizer_cached_build_equals_a_fresh_one(tmp_path, smollm2_path):
     from flexlamps.models.registry import open_checkpoint
     from flexlamps.models.tokenizer import tokenizer_from_gguf
 
-    fields = open_checkpoint("smollm2-135m").fields
+    fields = open_checkpoint(smollm2_path).fields
     text = "Hello, world! 12345 <|im_start|>user\nWhat is 2+2?<|im_end|>"
     fresh = tokenizer_from_gguf(fields, tmp_path, "ab" * 32)  # builds and writes the cache
     assert len(list(tmp_path.glob("tokenizer-abab*.json"))) == 1

@@ -133,7 +133,7 @@ class OffloadedLatentCache:
         span = int(positions.max()) + 1
         keys = self.key_format.unpack(self.index_keys[layer][slots, :span], self.dtype)[0]
         scores = index_scores(step, keys)
-        visible = visible_mask(positions, span)
+        visible = visible_mask(positions, span).to(scores.device)  # positions may come on the CPU
         if positions.shape[1] > 1:
             return self._prefill(layer, slots_cpu, positions, step, scores, visible, span)
         if self._copies is not None:

@@ -200,6 +200,8 @@ class TieredStepGeometry:
 
     def on(self, device: torch.device) -> PlacedStep:
         device = torch.device(device)
+        if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" are one placement
+            device = torch.device("cuda", torch.cuda.current_device())
         placed = self._placed.get(device)
         if placed is None:
             positions = self._positions.to(device)

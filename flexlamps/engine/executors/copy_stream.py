@@ -15,6 +15,8 @@ import contextlib
 
 import torch
 
+from quant.int4_weight import Int4Weight
+
 
 class CopyStream:
     def __init__(self, device: torch.device):
@@ -51,6 +53,8 @@ def _tensors_of(value) -> list[torch.Tensor]:
     """The tensors a fetched weight is made of (a QTensor stores several)."""
     if isinstance(value, torch.Tensor):
         return [value]
+    if isinstance(value, Int4Weight):  # the layouts it holds (never a CUDA weight's codes rebuilt)
+        return list(value.to_tensors(with_kernel=True).values())
     if hasattr(value, "to_tensors"):
         return list(value.to_tensors().values())
     return []

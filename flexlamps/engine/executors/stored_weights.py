@@ -6,8 +6,9 @@ torch's fused int4 kernel for few rows (decode) and dequantizes one matrix for a
 many (prefill), as the in-memory engine does with the same weight, so both compute the same
 bits. The projections the forward stacks for one kernel call (`LlamaForward.FUSED_INT4`: q/k/v,
 gate/up) are stored stacked: a layer needs no copying at run time. On a CPU the tiers hold the
-kernel's tile layout alone (`Int4Weight.kernel_only`), used as read; on a GPU the tiers off the
-device hold the row-major codes and the kernel layout is built on the device after each load.
+kernel's tile layout alone (`Int4Weight.kernel_only`), used as read; on a GPU the gpu tier holds
+tinygemm's layout alone, and the tiers off the device hold the row-major codes, the kernel layout
+built on the device after each load.
 A matrix the kernel cannot take keeps row-major codes (its kernel layout rebuilt after a load
 where the kernel can run it). 8-bit and backend-compressed weights are stored as their
 quantizers make them (`quant.QTensor`, dequantized per layer). An FP8 checkpoint's matrices
@@ -43,6 +44,8 @@ def int4_format_tag(device: torch.device) -> str:
 def _held_layouts(shape: tuple[int, int], tier: str, device_type: str) -> tuple[bool, bool]:
     """(row-major codes held, kernel layout held) by a 4-bit weight of `shape` on `tier`."""
     kernel = can_pack(shape, INT4_GROUP, device_type)
+    if kernel and tier == "gpu" and device_type == "cuda":
+        return False, True  # tinygemm's layout alone (`Int4Weight.to` a CUDA device)
     if device_type == "cpu":
         tile = tile_rows(shape[1])
         if kernel and tile is not None and shape[0] % tile == 0:
