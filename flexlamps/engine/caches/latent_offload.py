@@ -125,15 +125,16 @@ class OffloadedLatentCache:
         self._now += 1
         new = self.latent_format.pack(step.latent, step.k_rope)  # (n, T, record) on the device
         slots_cpu, pos_cpu = slots.cpu(), positions.cpu()
+        slots, positions = slots.to(self.device), positions.to(self.device)  # the step's may come on the CPU
         for slot in slots_cpu[pos_cpu[:, 0] == 0].tolist():
             self.pools[layer].reset(slot)  # a new sequence takes the slot
         self.entries[layer][slots_cpu[:, None], pos_cpu] = new.cpu()
         self._refresh_pooled(layer, slots, positions, new)
         self.index_keys[layer][slots[:, None], positions] = self.key_format.pack(step.index_k)
-        span = int(positions.max()) + 1
+        span = int(pos_cpu.max()) + 1
         keys = self.key_format.unpack(self.index_keys[layer][slots, :span], self.dtype)[0]
         scores = index_scores(step, keys)
-        visible = visible_mask(positions, span).to(scores.device)  # positions may come on the CPU
+        visible = visible_mask(positions, span)
         if positions.shape[1] > 1:
             return self._prefill(layer, slots_cpu, positions, step, scores, visible, span)
         if self._copies is not None:
