@@ -1,16 +1,16 @@
-"""How every C kernel library is loaded (`quant.native_build.load_checked`: tile_gemv, the
-attention, RMSNorm and SwiGLU): the switch and a CPU without the instructions leave it unused
+"""How every C kernel library is loaded (`quant.native_build.load_checked`: tile_gemv, the int8
+GEMM, the attention, RMSNorm and SwiGLU): the switch and a CPU without the instructions leave it unused
 without building anything; a failing or missing compiler warns, says what runs instead and
 leaves no file behind."""
 
 import pytest
 
 from flexlamps.models import native_attention, native_elementwise
-from quant import native_build, tile_gemv
+from quant import int8_gemm, native_build, tile_gemv
 
-MODULES = [tile_gemv, native_attention, native_elementwise]
+MODULES = [tile_gemv, int8_gemm, native_attention, native_elementwise]
 # what each module's warning names
-WHAT = {tile_gemv: "decode kernel is not used", native_attention: "attention is not used",
+WHAT = {tile_gemv: "decode kernel is not used", int8_gemm: "int8 GEMM is not used", native_attention: "attention is not used",
         native_elementwise: "RMSNorm and SwiGLU is not used"}
 
 

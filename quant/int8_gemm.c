@@ -1,0 +1,147 @@
+/* Matrix products on int8 codes for prefill and batched decode, on AVX-512 VNNI CPUs: x rounded to
+ * int8 per group of 64 inputs (a scale each), the weight held as int8 per output channel (a scale
+ * each), products summed exactly in int32 within a group (vpdpbusd: 64 multiply-adds an
+ * instruction, twice bf16's vdpbf16ps), each group's sum scaled into an fp32 accumulator.
+ *   quantize: xq = round(x / s), s = max|x| / 127 over each group of 64 of a row; and
+ *             xinit = -128 * sum(xq) per group (the weight's +128 offset, taken out exactly)
+ *   gemm:     out[m, n] = round_dtype(sw[n] * sum_g s[m, g] * (xinit[m, g] + sum_k (w[n, k] + 128) * xq[m, k]))
+ * vpdpbusd multiplies unsigned by signed bytes, so the weight is stored as w + 128 (uint8) and
+ * each group's sum starts at -128 * sum(xq) instead of 0: the int32 sum is exactly sum w * xq.
+ * Every output is computed by the same sequence of operations whatever the rows and columns
+ * around it: a row's result does not depend on the batch or the thread count.
+ * Packed weight: column blocks of 16, each (K / 4, 16, 4) bytes: the 4 inputs of a dot step of 16
+ * outputs lie in one vector. Built and loaded by quant/int8_gemm.py. */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+#define GROUP 64                 /* inputs per x scale */
+#define STEPS (GROUP / 4)        /* vpdpbusd steps per group */
+#define MAX_ROWS 4               /* rows per micro-tile */
+#define MAX_BLOCKS 3             /* 16-column blocks per micro-tile */
+#define ROW_CHUNK 64             /* rows whose codes stay in L2 while every column panel passes */
+
+AI __m512 load_halves(const uint16_t *p, int fp16) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    if (fp16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* fp32 -> bf16 (nearest even, NaN kept) or fp16, as torch's `.to(dtype)`, in 16 halves. */
+AI __m256i to_halves(__m512 f, int fp16) {
+    if (fp16) return _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512i u = _mm512_castps_si512(f);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+/* One row: codes, a scale and a start per group of 64 (cols a multiple of 64). */
+static void quantize_row(const uint16_t *x, int64_t cols, int fp16, int8_t *q, float *scale, int32_t *init) {
+    for (int64_t g = 0; g < cols / GROUP; g++) {
+        __m512 v[4], amax = _mm512_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            v[j] = load_halves(x + g * GROUP + 16 * j, fp16);
+            amax = _mm512_max_ps(amax, _mm512_abs_ps(v[j]));
+        }
+        float m = _mm512_reduce_max_ps(amax);
+        __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+        __m512i sum = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+            __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(v[j], inv));  /* nearest even; |c| <= 127 */
+            sum = _mm512_add_epi32(sum, c);
+            _mm_storeu_si128((__m128i *)(q + g * GROUP + 16 * j), _mm512_cvtepi32_epi8(c));
+        }
+        scale[g] = m / 127.0f;
+        init[g] = -128 * _mm512_reduce_add_epi32(sum);
+    }
+}
+
+/* x (rows, cols) halves with row stride x_stride -> q (rows, cols), scale and init (rows, cols / 64). */
+void flexlamps_int8_quantize(const uint16_t *x, int64_t rows, int64_t cols, int64_t x_stride, int fp16, int8_t *q,
+                             float *scale, int32_t *init, int threads) {
+    int64_t groups = cols / GROUP;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows * cols >= (1 << 16))
+    for (int64_t i = 0; i < rows; i++)
+        quantize_row(x + i * x_stride, cols, fp16, q + i * cols, scale + i * groups, init + i * groups);
+}
+
+/* out[rows, 16 * blocks] of one micro-tile; `valid` columns of the last block are stored. The
+ * loops have constant bounds where this is inlined (see `tile`), so the sums live in registers. */
+AI void micro_tile(const int8_t *q, const float *scale, const int32_t *init, const uint8_t *w, const float *sw,
+                   uint16_t *out, int64_t cols, int64_t out_stride, int rows, int blocks, __mmask16 last, int fp16) {
+    int64_t groups = cols / GROUP, block_bytes = cols * 16;
+    __m512 acc[MAX_ROWS][MAX_BLOCKS];
+    for (int r = 0; r < rows; r++)
+        for (int b = 0; b < blocks; b++) acc[r][b] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        __m512i sum[MAX_ROWS][MAX_BLOCKS];
+        for (int r = 0; r < rows; r++)
+            for (int b = 0; b < blocks; b++) sum[r][b] = _mm512_set1_epi32(init[r * groups + g]);
+        for (int64_t s = g * STEPS; s < (g + 1) * STEPS; s++) {
+            __m512i wv[MAX_BLOCKS];
+            for (int b = 0; b < blocks; b++) wv[b] = _mm512_loadu_si512(w + b * block_bytes + s * 64);
+            for (int r = 0; r < rows; r++) {
+                int32_t four;  /* x's 4 codes of this step, broadcast */
+                memcpy(&four, q + r * cols + s * 4, 4);
+                __m512i xv = _mm512_set1_epi32(four);
+                for (int b = 0; b < blocks; b++) sum[r][b] = _mm512_dpbusd_epi32(sum[r][b], wv[b], xv);
+            }
+        }
+        for (int r = 0; r < rows; r++) {
+            __m512 sc = _mm512_set1_ps(scale[r * groups + g]);
+            for (int b = 0; b < blocks; b++) acc[r][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r][b]), sc, acc[r][b]);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int b = 0; b < blocks; b++) {
+            __m256i h = to_halves(_mm512_mul_ps(acc[r][b], _mm512_loadu_ps(sw + 16 * b)), fp16);
+            _mm256_mask_storeu_epi16(out + r * out_stride + 16 * b, b == blocks - 1 ? last : 0xFFFF, h);
+        }
+}
+
+/* A micro-tile of any size up to MAX_ROWS x MAX_BLOCKS, each size its own unrolled copy. */
+static void tile(const int8_t *q, const float *scale, const int32_t *init, const uint8_t *w, const float *sw,
+                 uint16_t *out, int64_t cols, int64_t out_stride, int rows, int blocks, __mmask16 last, int fp16) {
+#define TILE(R, B) micro_tile(q, scale, init, w, sw, out, cols, out_stride, R, B, last, fp16)
+    switch (rows * 4 + blocks) {
+    case 4 * 4 + 3: TILE(4, 3); break;
+    case 4 * 4 + 2: TILE(4, 2); break;
+    case 4 * 4 + 1: TILE(4, 1); break;
+    case 3 * 4 + 3: TILE(3, 3); break;
+    case 3 * 4 + 2: TILE(3, 2); break;
+    case 3 * 4 + 1: TILE(3, 1); break;
+    case 2 * 4 + 3: TILE(2, 3); break;
+    case 2 * 4 + 2: TILE(2, 2); break;
+    case 2 * 4 + 1: TILE(2, 1); break;
+    case 1 * 4 + 3: TILE(1, 3); break;
+    case 1 * 4 + 2: TILE(1, 2); break;
+    default: TILE(1, 1); break;
+    }
+#undef TILE
+}
+
+/* out (rows, n) halves, row stride out_stride = q (rows, cols) x packed w (n padded to 16, cols)^T.
+ * sw: n padded to a multiple of 16. Threads split the rows' chunks and the column panels. */
+void flexlamps_int8_gemm(const int8_t *q, const float *scale, const int32_t *init, const uint8_t *w, const float *sw,
+                         uint16_t *out, int64_t rows, int64_t cols, int64_t n, int64_t out_stride, int fp16,
+                         int threads) {
+    int64_t groups = cols / GROUP, blocks = (n + 15) / 16;
+    int64_t panels = (blocks + MAX_BLOCKS - 1) / MAX_BLOCKS, chunks = (rows + ROW_CHUNK - 1) / ROW_CHUNK;
+#pragma omp parallel for collapse(2) num_threads(threads) schedule(static) if (threads > 1 && rows * n * cols >= (1 << 22))
+    for (int64_t c = 0; c < chunks; c++)
+        for (int64_t p = 0; p < panels; p++) {
+            int64_t b0 = p * MAX_BLOCKS, nb = blocks - b0 < MAX_BLOCKS ? blocks - b0 : MAX_BLOCKS;
+            int64_t left = n - (b0 + nb - 1) * 16;  /* valid columns of the panel's last block */
+            __mmask16 last = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+            int64_t end = (c + 1) * ROW_CHUNK < rows ? (c + 1) * ROW_CHUNK : rows;
+            for (int64_t r = c * ROW_CHUNK; r < end; r += MAX_ROWS) {
+                int nr = end - r < MAX_ROWS ? (int)(end - r) : MAX_ROWS;
+                tile(q + r * cols, scale + r * groups, init + r * groups, w + b0 * cols * 16, sw + b0 * 16,
+                     out + r * out_stride + b0 * 16, cols, out_stride, nr, (int)nb, last, fp16);
+            }
+        }
+}

@@ -1,0 +1,122 @@
+"""The int8 GEMM (quant/int8_gemm.c): its arithmetic as stated (x in int8 per group of 64, the
+weight in int8 per output channel, exact int32 sums, one rounding), rows independent of the batch
+and of the thread count, and how `models.linear` uses it (prefill-sized calls only, the same bits
+for a twin and a plain weight, so both engines agree)."""
+
+import pytest
+import torch
+
+from flexlamps.models import linear as L
+from quant import int8_gemm as G
+from quant.int4_weight import Int4Weight
+
+GEMM = L.int8_kernel()
+needs_kernel = pytest.mark.skipif(GEMM is None, reason="no AVX-512 VNNI CPU or no C compiler here")
+
+
+def _one_step_apart(got, want, dtype, x=None, w=None):
+    """One rounding step of the dtype apart, plus (given x and w) the fp32 summation's reordering
+    error over the groups: groups * 2^-24 of the sum of the groups' magnitudes."""
+    step = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
+    slack = 1e-6 * want.float().abs().max()
+    if x is not None:
+        groups = x.shape[-1] // G.GROUP
+        slack = slack + groups * 2.0 ** -23 * _group_magnitude(x, w)
+    return ((got.float() - want.float()).abs() <= step * want.float().abs() + slack).all()
+
+
+def _group_magnitude(x, w):
+    """sum over groups of |x's group . w's group| (N per row), in the kernel's scales."""
+    xg = x.float().view(x.shape[0], -1, G.GROUP)
+    wd = w.packed.view(-1, w.shape[1] // 4, G.BLOCK, 4).permute(0, 2, 1, 3).reshape(-1, w.shape[1]).float() - 128
+    wd = (wd * w.scale[:, None])[:w.shape[0]].view(w.shape[0], -1, G.GROUP)
+    return torch.einsum("rgk,ngk->rng", xg, wd).abs().sum(-1)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows, n, k", [(1, 16, 64), (3, 17, 128), (5, 50, 192), (9, 48, 64), (70, 33, 256)])
+def test_matches_the_stated_arithmetic(dtype, rows, n, k):
+    """Partial row tiles (4 rows), partial column panels (48) and a partial last block (16)."""
+    g = torch.Generator().manual_seed(rows * n + k)
+    w = G.Int8Matrix.from_dense(torch.randn(n, k, generator=g))
+    x = (torch.randn(rows, k, generator=g) * 4).to(dtype)
+    got, want = GEMM.matmul(x, w), G.reference(x, w)
+    assert got.shape == (rows, n) and got.dtype == dtype
+    assert _one_step_apart(got, want, dtype, x, w)
+
+
+@needs_kernel
+def test_a_row_does_not_depend_on_the_batch_or_the_threads():
+    g = torch.Generator().manual_seed(0)
+    w = G.Int8Matrix.from_dense(torch.randn(100, 320, generator=g))
+    x = torch.randn(37, 320, generator=g).bfloat16()
+    full = GEMM.matmul(x, w)
+    for row in (0, 3, 4, 36):
+        assert torch.equal(GEMM.matmul(x[row:row + 1], w)[0], full[row])
+    assert torch.equal(GEMM.matmul(x[5:18], w), full[5:18])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(GEMM.matmul(x, w), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernel
+def test_zero_groups_rows_and_channels_give_zeros_not_nans():
+    w_dense = torch.randn(20, 128)
+    w_dense[3] = 0  # a channel of zeros: scale 0
+    w = G.Int8Matrix.from_dense(w_dense)
+    x = torch.randn(4, 128).bfloat16()
+    x[1] = 0  # a row of zeros
+    x[2, :64] = 0  # a group of zeros
+    out = GEMM.matmul(x, w)
+    assert torch.isfinite(out.float()).all()
+    assert (out[1] == 0).all() and (out[:, 3] == 0).all()
+    assert _one_step_apart(out, G.reference(x, w), torch.bfloat16, x, w)
+
+
+def test_the_packed_weight_is_the_weight_rounded_per_channel():
+    w = torch.randn(19, 64) * torch.linspace(0.1, 3, 19)[:, None]
+    m = G.Int8Matrix.from_dense(w)
+    assert m.shape == (19, 64) and m.scale.shape == (32,) and m.packed.numel() == 32 * 64
+    codes = m.packed.view(2, 16, 16, 4).permute(0, 2, 1, 3).reshape(32, 64).int() - 128
+    assert codes.abs().max() <= 127 and (codes[19:] == 0).all()
+    back = codes[:19].float() * m.scale[:19, None]
+    assert ((back - w).abs() <= m.scale[:19, None] / 2 + 1e-6).all()
+    with pytest.raises(ValueError, match="multiple of 64"):
+        G.Int8Matrix.from_dense(torch.randn(4, 96))
+
+
+def test_what_the_kernel_takes():
+    assert G.can_take(torch.zeros(3, 128, dtype=torch.bfloat16), (8, 128))
+    assert not G.can_take(torch.zeros(3, 96, dtype=torch.bfloat16), (8, 96))  # not whole groups
+    assert not G.can_take(torch.zeros(3, 128), (8, 128))  # fp32 keeps the exact dense path
+    assert not G.can_take(torch.zeros(3, 128, dtype=torch.bfloat16), (8, 64))
+
+
+@needs_kernel
+def test_error_against_the_exact_product_stays_near_one_percent():
+    """Gaussian x and weight: the rms error of int8 x (groups of 64) and int8 weight (per channel)."""
+    g = torch.Generator().manual_seed(3)
+    w, x = torch.randn(256, 576, generator=g), torch.randn(64, 576, generator=g)
+    exact = x @ w.t()
+    got = GEMM.matmul(x.bfloat16(), G.Int8Matrix.from_dense(w)).float()
+    assert (got - exact).norm() / exact.norm() < 0.015
+
+
+@needs_kernel
+def test_linear_runs_it_from_prefill_sized_calls_with_the_same_bits_for_twin_and_plain():
+    g = torch.Generator().manual_seed(5)
+    w = Int4Weight.quantize(torch.randn(96, 192, generator=g), 32, torch.bfloat16)
+    twin = L.Int4Twin(w)
+    many = torch.randn(L.INT8_GEMM_FROM_ROWS, 192, generator=g).bfloat16()
+    want = GEMM.matmul(many, G.Int8Matrix.from_dense(w.dequantize(torch.float32)))
+    assert torch.equal(L.linear(many, w), want)
+    assert torch.equal(L.linear(many, twin), want)
+    bias = torch.randn(96, generator=g).bfloat16()
+    assert torch.equal(L.linear(many, twin, bias), want + bias)
+    few = many[:L.INT8_GEMM_FROM_ROWS - 1]  # decode batches keep 16-bit x
+    assert not torch.equal(L.linear(few, twin), want[:-1])
+    assert torch.equal(L.linear(many.float(), w), L.linear(many.float(), w.dequantize(torch.float32)))  # fp32: exact
