@@ -39,6 +39,35 @@ AI __m256i to_halves(__m512 f, int fp16) {
     return _mm512_cvtepi32_epi16(r);
 }
 
+/* w (n, cols) fp32 -> packed (column blocks of 16, each (cols / 4, 16, 4) bytes of code + 128; n
+ * padded to 16 with zero weights) and scale (n padded): code = round(w / s), s = max|w_row| / 127. */
+void flexlamps_int8_pack(const float *w, int64_t n, int64_t cols, uint8_t *packed, float *scale, int threads) {
+    int64_t blocks = (n + 15) / 16;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n * cols >= (1 << 18))
+    for (int64_t row = 0; row < blocks * 16; row++) {
+        uint8_t *dst = packed + (row / 16) * cols * 16 + (row % 16) * 4;
+        if (row >= n) {
+            for (int64_t s = 0; s < cols / 4; s++) memset(dst + s * 64, 128, 4);
+            scale[row] = 0.0f;
+            continue;
+        }
+        const float *src = w + row * cols;
+        __m512 amax = _mm512_setzero_ps();
+        for (int64_t c = 0; c < cols; c += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(src + c)));
+        float s = _mm512_reduce_max_ps(amax) / 127.0f;
+        __m512 div = _mm512_set1_ps(s > 0.0f ? s : 1.0f);  /* a zero row: codes 0 */
+        for (int64_t c = 0; c < cols; c += 16) {
+            __m512i q = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_loadu_ps(src + c), div));
+            q = _mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127)),
+                                 _mm512_set1_epi32(128));
+            uint8_t bytes[16];
+            _mm_storeu_si128((__m128i *)bytes, _mm512_cvtepi32_epi8(q));
+            for (int j = 0; j < 4; j++) memcpy(dst + (c / 4 + j) * 64, bytes + 4 * j, 4);
+        }
+        scale[row] = s;
+    }
+}
+
 /* One row: codes, a scale and a start per group of 64 (cols a multiple of 64). */
 static void quantize_row(const uint16_t *x, int64_t cols, int fp16, int8_t *q, float *scale, int32_t *init) {
     for (int64_t g = 0; g < cols / GROUP; g++) {

@@ -203,9 +203,10 @@ class Int4Twin:
 
     @property
     def int8(self) -> Int8Matrix:
-        """The int8 copy (one scale per output channel) the int8 GEMM multiplies, made on first use."""
+        """The int8 copy (one scale per output channel) the int8 GEMM multiplies, made on first use
+        (only where `int8_kernel` runs)."""
         if self._int8 is None:  # NOTE(speed): two threads racing here make equal copies
-            self._int8 = Int8Matrix.from_dense(self.int4.dequantize(torch.float32))
+            self._int8 = int8_kernel().pack(self.int4.dequantize(torch.float32))
         return self._int8
 
     @property
@@ -243,7 +244,7 @@ def int8_product(w: Int4Weight | Int8Weight | Int4Twin, x: torch.Tensor) -> torc
     if isinstance(w, Int4Twin):
         return kernel.matmul(x, w.int8)
     dense = plain.dequantize(torch.float32, out=_dense_scratch(plain.shape, torch.float32, x.device))
-    return kernel.matmul(x, Int8Matrix.from_dense(dense))
+    return kernel.matmul(x, kernel.pack(dense))
 
 
 @functools.lru_cache(maxsize=None)

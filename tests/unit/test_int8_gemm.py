@@ -89,6 +89,16 @@ def test_the_packed_weight_is_the_weight_rounded_per_channel():
         G.Int8Matrix.from_dense(torch.randn(4, 96))
 
 
+@needs_kernel
+@pytest.mark.parametrize("rows, cols", [(19, 64), (48, 320), (1, 128)])
+def test_the_kernels_pack_equals_the_plain_statement(rows, cols):
+    w = torch.randn(rows, cols) * torch.rand(rows, 1) * 3
+    w[0] = 0  # a zero channel
+    w[-1, 5] = 7.5 * w[-1].abs().max() / 127 * 127  # a row's max
+    want, got = G.Int8Matrix.from_dense(w), GEMM.pack(w)
+    assert got.shape == want.shape and torch.equal(got.packed, want.packed) and torch.equal(got.scale, want.scale)
+
+
 def test_what_the_kernel_takes():
     assert G.can_take(torch.zeros(3, 128, dtype=torch.bfloat16), (8, 128))
     assert not G.can_take(torch.zeros(3, 96, dtype=torch.bfloat16), (8, 96))  # not whole groups
@@ -112,7 +122,7 @@ def test_linear_runs_it_from_prefill_sized_calls_with_the_same_bits_for_twin_and
     w = Int4Weight.quantize(torch.randn(96, 192, generator=g), 32, torch.bfloat16)
     twin = L.Int4Twin(w)
     many = torch.randn(L.INT8_GEMM_FROM_ROWS, 192, generator=g).bfloat16()
-    want = GEMM.matmul(many, G.Int8Matrix.from_dense(w.dequantize(torch.float32)))
+    want = GEMM.matmul(many, GEMM.pack(w.dequantize(torch.float32)))
     assert torch.equal(L.linear(many, w), want)
     assert torch.equal(L.linear(many, twin), want)
     bias = torch.randn(96, generator=g).bfloat16()
