@@ -9,9 +9,10 @@ file itself. Reported per side: new tokens / total seconds of the call (prefill 
 excluded), the best of --repeats runs taken in turns, so a burst of load on the shared cores hits
 every side alike; flexlamps' ratio to every peer; greedy agreement with transformers fp32 (the
 reference); every side's prefill / total seconds (prefill: until the first new tokens); and the
-fraction of the machine's limit reached by each side. The limit: prefill at the measured bf16 GEMM peak, then
-every decode step at the slower of "read the GGUF's bytes at the probed read bandwidth" and
-"the step's matmuls at the GEMM peak". Last, flexlamps' time per decode step outside torch's ops
+fraction of the machine's limit reached by each side. The limit: prefill at the machine's measured GEMM peak
+(the faster of oneDNN's bf16 GEMM and, where it runs, our int8 GEMM: `quant.int8_gemm`, twice bf16's
+multiply rate), then every decode step at the slower of "read the GGUF's bytes at the probed read
+bandwidth" and "the step's matmuls at that peak". Last, flexlamps' time per decode step outside torch's ops
 (wall time of a step minus the time torch's profiler sees in its ops): Python, and our AVX-512
 kernels (ctypes calls, which the profiler does not see: at batch 1 most of the step).
 
@@ -48,7 +49,7 @@ import torch
 
 from bench_prompts import distinct_prompts
 from flexlamps import LLM, SamplingParams
-from flexlamps.models.linear import linear, native_kernel, pack, unpack
+from flexlamps.models.linear import int8_kernel, linear, native_kernel, pack, unpack
 from flexlamps.models.registry import open_checkpoint
 from flexlamps.models.weight_cache import load_weights
 from flexlamps.models.weight_specs import hf_name, weight_specs
@@ -147,6 +148,21 @@ def gemm_flops_bf16(hidden: int, intermediate: int) -> float:
     return best
 
 
+def gemm_ops_int8(hidden: int, intermediate: int) -> float:
+    """int8 multiply-add rate (2 ops each, /s) of the same GEMM on our int8 kernel, quantizing x
+    included; 0 where the kernel does not run here."""
+    kernel = int8_kernel()
+    if kernel is None:
+        return 0.0
+    x, w = torch.randn(4096, hidden, dtype=torch.bfloat16), kernel.pack(torch.randn(intermediate, hidden))
+    best = 0.0
+    for _ in range(8):
+        t = time.perf_counter()
+        kernel.matmul(x, w)
+        best = max(best, 2.0 * x.shape[0] * hidden * intermediate / (time.perf_counter() - t))
+    return best
+
+
 def stored_bytes_per_step(gguf_path) -> int:
     """Bytes of the GGUF's tensors a decode step must read: all but the embedding table, which
     only has rows looked up (unless it doubles as the output head)."""
@@ -198,10 +214,12 @@ def step_overhead(llm, prompt_len: int, batch: int, steps: int = 8) -> tuple[flo
 def run_table(llm, hf32, hf16, args, threads: int, batches: list[int]) -> None:
     torch.set_num_threads(threads)
     step_bytes = stored_bytes_per_step(llm.reader.path)
-    bw, flops = read_bandwidth(), gemm_flops_bf16(llm.config.hidden_size, llm.config.intermediate_size)
+    bw, bf16 = read_bandwidth(), gemm_flops_bf16(llm.config.hidden_size, llm.config.intermediate_size)
+    flops = max(bf16, gemm_ops_int8(llm.config.hidden_size, llm.config.intermediate_size))
     print(f"\nthreads {threads} | load avg {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus | flexlamps dtype "
           f"{llm.dtype} | GGUF bytes per decode step {step_bytes / 2**20:.0f} MiB | read bandwidth "
-          f"{bw / 1e9:.1f} GB/s -> batch-1 decode limit {bw / step_bytes:.0f} tok/s | bf16 GEMM peak {flops / 1e9:.0f} GFLOP/s"
+          f"{bw / 1e9:.1f} GB/s -> batch-1 decode limit {bw / step_bytes:.0f} tok/s | GEMM peak: bf16 {bf16 / 1e9:.0f} GFLOP/s, "
+          f"int8 {flops / 1e9 if flops > bf16 else 0:.0f} GOP/s (the limit takes the faster)"
           f" | decode kernel {'AVX-512 (quant.tile_gemv)' if native_kernel() else 'torch int4'}")
     sides = {"flexlamps": lambda p: time_ours(llm, p, args.new_tokens),
              "hf-fp32": lambda p: time_theirs(hf32, p, args.new_tokens),

@@ -13,13 +13,14 @@ and activations fit the gpu budget beside its weights, as on a GPU; `all` is its
         --compress-weight --repeats 2 --workdir /tmp/bench-offload
 
 `--compress-weight` keeps flexlamps' weights 4-bit on every tier (read 4-bit from disk, multiplied
-in place by the int4 kernel for decode-sized calls, dequantized for a dense GEMM on prefill
-chunks); Accelerate has no such mode and runs uncompressed. `--repeats N` runs the two engines
+in place by the int4 kernel for decode-sized calls, and on prefill chunks rounded to int8 for our
+int8 GEMM where it runs, else dequantized for the dense GEMM); Accelerate has no such mode and runs uncompressed. `--repeats N` runs the two engines
 alternately N times and compares the best of each (the machine may be shared).
 
 The last line is the compute ceiling: the FLOPs both engines must do (every prompt token through
 every layer, the head on each prompt's last position, gen_len - 1 decode steps) over this
-machine's best dense GEMM rate (oneDNN, the model's gate/up over 1024 rows), measured after each
+machine's best GEMM rate (oneDNN's, or in bf16 our int8 GEMM's where it runs; the model's gate/up
+over 1024 rows), measured after each
 repeat: what an engine computing the layers with this GEMM reaches at most, however its weights
 are stored or read, and so the largest ratio over Accelerate this machine allows.
 
@@ -197,19 +198,25 @@ def work_flops(hf_config: dict, num_prompts: int, prompt_len: int, gen_len: int)
 
 
 def gemm_peak(hf_config: dict, rows: int, dtype: torch.dtype, repeats: int = 7) -> float:
-    """Best FLOP/s of this machine's dense GEMM (oneDNN, prepacked, at torch's thread count) on
-    the model's largest stacked matrix (LLaMA's gate/up) over `rows` rows: the rate no engine
-    computing these layers exceeds by much."""
-    from flexlamps.models.linear import linear, pack
+    """Best FLOP/s of this machine's GEMM (at torch's thread count) on the model's largest stacked
+    matrix (LLaMA's gate/up) over `rows` rows: the faster of oneDNN's dense GEMM (prepacked) and,
+    in bf16 where it runs, our int8 GEMM (`quant.int8_gemm`, which 4-bit prompts use): the rate
+    no engine computing these layers exceeds by much."""
+    from flexlamps.models.linear import int8_kernel, linear, pack
 
     hidden, ffn = hf_config["hidden_size"], hf_config["intermediate_size"]
     x = torch.randn(rows, hidden, dtype=dtype)
-    w = pack(torch.randn(2 * ffn, hidden, dtype=dtype) * 0.02)
+    w = torch.randn(2 * ffn, hidden) * 0.02
+    products = [lambda dense=pack(w.to(dtype)): linear(x, dense)]
+    kernel = int8_kernel() if dtype == torch.bfloat16 else None
+    if kernel is not None:
+        products.append(lambda codes=kernel.pack(w): kernel.matmul(x, codes))
     best = float("inf")
     for _ in range(repeats):
-        t = time.perf_counter()
-        linear(x, w)
-        best = min(best, time.perf_counter() - t)
+        for product in products:
+            t = time.perf_counter()
+            product()
+            best = min(best, time.perf_counter() - t)
     return 2 * rows * hidden * 2 * ffn / best
 
 
@@ -217,7 +224,7 @@ def _print_ceiling(hf_config, args, peak: float, acc_tps: float) -> None:
     prefill, decode = work_flops(hf_config, args.prompts, args.prompt_len, args.gen_len)
     ceiling = args.prompts * args.gen_len / ((prefill + decode) / peak)
     print(f"compute ceiling: {(prefill + decode) / 1e12:.2f} TFLOP of work (prefill {prefill / 1e12:.2f}, decode "
-          f"{decode / 1e12:.2f}) at this machine's best dense GEMM rate {peak / 1e9:.0f} GFLOP/s "
+          f"{decode / 1e12:.2f}) at this machine's best GEMM rate {peak / 1e9:.0f} GFLOP/s "
           f"({torch.get_num_threads()} threads, best of the repeats) = {ceiling:.2f} tok/s at most, "
           f"{ceiling / acc_tps:.2f}x accelerate's best")
 
