@@ -34,6 +34,7 @@ LIBRARY = native_build.Library(SOURCE, _COMPILE_FLAGS, CPU_FLAGS, "the AVX-512 i
                                "products of many rows run the bf16 GEMM")
 GROUP = 64  # x's inputs per scale (the kernel's GROUP)
 BLOCK = 16  # output columns per block of the packed weight
+PANEL_ROWS = 48  # weight rows a thread packs at a time in `matmul_dense` (the kernel's MAX_BLOCKS * 16)
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}
 
 
@@ -82,24 +83,58 @@ class Int8Gemm:
         self._quantize.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_int] + [ctypes.c_void_p] * 3
                                    + [ctypes.c_int])
         self._gemm.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 4 + [ctypes.c_int, ctypes.c_int]
+        self._gemm_dense = library.flexlamps_int8_gemm_dense
+        self._gemm_dense.restype = None
+        self._gemm_dense.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 4
+                                     + [ctypes.c_int, ctypes.c_void_p, ctypes.c_int])
         self._pack = library.flexlamps_int8_pack
         self._pack.restype = None
-        self._pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                               ctypes.c_int]
+        self._pack.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_int])
 
     def pack(self, w: torch.Tensor) -> Int8Matrix:
-        """`Int8Matrix.from_dense(w)` in one pass (the same codes and scales; 10x faster)."""
+        """`Int8Matrix.from_dense(w)` in one pass, for w in bf16 / fp16 (the same codes and scales;
+        10x faster), with nothing larger than the result allocated."""
         rows, cols = w.shape
         if cols % GROUP:
             raise ValueError(f"Int8Matrix: the input dim {cols} must be a multiple of {GROUP}")
-        w = w.float().contiguous()
+        if w.dtype not in DTYPES:
+            raise ValueError(f"Int8Gemm.pack takes a bf16 or fp16 weight, got {w.dtype}")
+        w = w.contiguous()
         padded = -(-rows // BLOCK) * BLOCK
         packed = torch.empty(padded * cols, dtype=torch.uint8)
         scale = torch.empty(padded, dtype=torch.float32)
-        self._pack(w.data_ptr(), rows, cols, packed.data_ptr(), scale.data_ptr(), torch.get_num_threads())
+        self._pack(w.data_ptr(), rows, cols, DTYPES[w.dtype], packed.data_ptr(), scale.data_ptr(),
+                   torch.get_num_threads())
         return Int8Matrix(packed, scale, (rows, cols))
 
     def matmul(self, x: torch.Tensor, w: Int8Matrix) -> torch.Tensor:
+        """x (..., K) @ w.T for a packed weight."""
+        flat, q, scale, init, out = self._quantized(x, w.shape[0])
+        if flat.shape[0]:
+            self._gemm(q.data_ptr(), scale.data_ptr(), init.data_ptr(), w.packed.data_ptr(), w.scale.data_ptr(),
+                       out.data_ptr(), flat.shape[0], flat.shape[1], w.shape[0], w.shape[0], DTYPES[x.dtype],
+                       torch.get_num_threads())
+        return out.view(*x.shape[:-1], w.shape[0])
+
+    def matmul_dense(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x (..., K) @ w.T for a dense (N, K) weight in bf16 / fp16, packed a column panel at a
+        time as it runs (nothing of its size held beside it): the bits of `matmul(x, pack(w))`."""
+        if w.dtype not in DTYPES or w.shape[1] % GROUP:
+            raise ValueError(f"Int8Gemm.matmul_dense takes a bf16 / fp16 weight of whole groups of {GROUP} "
+                             f"inputs, got {w.dtype} {tuple(w.shape)}")
+        w = w.contiguous()
+        flat, q, scale, init, out = self._quantized(x, w.shape[0])
+        threads = torch.get_num_threads()
+        panels = torch.empty(threads * PANEL_ROWS * w.shape[1], dtype=torch.uint8)
+        if flat.shape[0]:
+            self._gemm_dense(q.data_ptr(), scale.data_ptr(), init.data_ptr(), w.data_ptr(), DTYPES[w.dtype],
+                             out.data_ptr(), flat.shape[0], flat.shape[1], w.shape[0], w.shape[0], DTYPES[x.dtype],
+                             panels.data_ptr(), threads)
+        return out.view(*x.shape[:-1], w.shape[0])
+
+    def _quantized(self, x: torch.Tensor, n: int):
+        """x's rows (contiguous inputs), their int8 codes, scales and group starts, and the output."""
         cols = x.shape[-1]
         rows = x.numel() // cols
         flat = x.reshape(rows, cols)
@@ -108,14 +143,10 @@ class Int8Gemm:
         q = torch.empty(rows, cols, dtype=torch.int8)
         scale = torch.empty(rows, cols // GROUP, dtype=torch.float32)
         init = torch.empty(rows, cols // GROUP, dtype=torch.int32)
-        out = torch.empty(rows, w.shape[0], dtype=x.dtype)
-        threads, fp16 = torch.get_num_threads(), DTYPES[x.dtype]
         if rows:
-            self._quantize(flat.data_ptr(), rows, cols, flat.stride(0), fp16, q.data_ptr(), scale.data_ptr(),
-                           init.data_ptr(), threads)
-            self._gemm(q.data_ptr(), scale.data_ptr(), init.data_ptr(), w.packed.data_ptr(), w.scale.data_ptr(),
-                       out.data_ptr(), rows, cols, w.shape[0], w.shape[0], fp16, threads)
-        return out.view(*x.shape[:-1], w.shape[0])
+            self._quantize(flat.data_ptr(), rows, cols, flat.stride(0), DTYPES[x.dtype], q.data_ptr(),
+                           scale.data_ptr(), init.data_ptr(), torch.get_num_threads())
+        return flat, q, scale, init, torch.empty(rows, n, dtype=x.dtype)
 
 
 def reference(x: torch.Tensor, w: Int8Matrix) -> torch.Tensor:

@@ -154,7 +154,7 @@ def gemm_ops_int8(hidden: int, intermediate: int) -> float:
     kernel = int8_kernel()
     if kernel is None:
         return 0.0
-    x, w = torch.randn(4096, hidden, dtype=torch.bfloat16), kernel.pack(torch.randn(intermediate, hidden))
+    x, w = torch.randn(4096, hidden, dtype=torch.bfloat16), kernel.pack(torch.randn(intermediate, hidden, dtype=torch.bfloat16))
     best = 0.0
     for _ in range(8):
         t = time.perf_counter()

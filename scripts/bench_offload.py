@@ -210,7 +210,7 @@ def gemm_peak(hf_config: dict, rows: int, dtype: torch.dtype, repeats: int = 7) 
     products = [lambda dense=pack(w.to(dtype)): linear(x, dense)]
     kernel = int8_kernel() if dtype == torch.bfloat16 else None
     if kernel is not None:
-        products.append(lambda codes=kernel.pack(w): kernel.matmul(x, codes))
+        products.append(lambda codes=kernel.pack(w.bfloat16()): kernel.matmul(x, codes))
     best = float("inf")
     for _ in range(repeats):
         for product in products:

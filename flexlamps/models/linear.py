@@ -206,7 +206,7 @@ class Int4Twin:
         """The int8 copy (one scale per output channel) the int8 GEMM multiplies, made on first use
         (only where `int8_kernel` runs)."""
         if self._int8 is None:  # NOTE(speed): two threads racing here make equal copies
-            self._int8 = int8_kernel().pack(self.int4.dequantize(torch.float32))
+            self._int8 = int8_kernel().pack(self.int4.dequantize())  # in the compute dtype: 2 bytes a weight transient
         return self._int8
 
     @property
@@ -219,9 +219,11 @@ class Int4Twin:
 
     @property
     def nbytes(self) -> int:
-        """What the twin holds once its dense copy is made (charged up front)."""
+        """What the twin holds once its dense copy (and, where the int8 GEMM runs, its int8 copy)
+        are made (charged up front)."""
         rows, cols = self.int4.shape
-        return self.int4.nbytes + rows * cols * self.int4.dtype.itemsize
+        int8 = rows * cols + 4 * rows if _int8_runs(self.int4) else 0
+        return self.int4.nbytes + rows * cols * self.int4.dtype.itemsize + int8
 
 
 @functools.lru_cache(maxsize=None)
@@ -229,6 +231,12 @@ def int8_kernel() -> int8_gemm.Int8Gemm | None:
     """The AVX-512 VNNI int8 GEMM (built into the cache folder on first use), or None: not this
     CPU, no compiler, or switched off by $FLEXLAMPS_NATIVE_KERNELS=0."""
     return int8_gemm.load(cache_root() / "kernels")
+
+
+def _int8_runs(w: Int4Weight | Int8Weight) -> bool:
+    """Whether `int8_product` takes prompts of activations in `w`'s dtype."""
+    return (w.dtype in int8_gemm.DTYPES and w.shape[1] % int8_gemm.GROUP == 0 and w.device.type == "cpu"
+            and int8_kernel() is not None)
 
 
 def int8_product(w: Int4Weight | Int8Weight | Int4Twin, x: torch.Tensor) -> torch.Tensor | None:
@@ -243,8 +251,8 @@ def int8_product(w: Int4Weight | Int8Weight | Int4Twin, x: torch.Tensor) -> torc
         return None
     if isinstance(w, Int4Twin):
         return kernel.matmul(x, w.int8)
-    dense = plain.dequantize(torch.float32, out=_dense_scratch(plain.shape, torch.float32, x.device))
-    return kernel.matmul(x, kernel.pack(dense))
+    # dequantized into the buffer the dense path uses (what the budgets charge), packed as it runs
+    return kernel.matmul_dense(x, plain.dequantize(x.dtype, out=_dense_scratch(plain.shape, x.dtype, x.device)))
 
 
 @functools.lru_cache(maxsize=None)
