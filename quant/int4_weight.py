@@ -239,7 +239,9 @@ class Int4Weight:
     def dequantize(self, dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """The dense (N, K) weight in `dtype` (default: the scales' dtype), computed in fp32 as
         `q * scale + (zero - 8 * scale)`, from either code layout (the same values); into `out`
-        when given (a buffer reused across calls: a fresh one of tens of MiB is paged in anew)."""
+        when given (a buffer reused across calls: a fresh one of tens of MiB is paged in anew), or,
+        when `out` is a function, handed to it a few rows at a time: `out(start, stop, fp32 rows)`
+        (nothing of the matrix's size is made; returns `out`)."""
         rows, cols = self.shape
         if out is None:
             out = torch.empty(rows, cols, dtype=dtype or self.dtype, device=self.device)
@@ -266,7 +268,10 @@ class Int4Weight:
                 torch.bitwise_right_shift(self.codes[start:stop], 4, out=codes[:, half:])
             groups = codes.view(stop - start, cols // self.group_size, self.group_size)
             groups.mul_(scale[start:stop, :, None]).add_(offset[start:stop, :, None])
-            out[start:stop].copy_(codes)
+            if callable(out):  # handed the chunk's fp32 rows
+                out(start, stop, codes)
+            else:
+                out[start:stop].copy_(codes)
         return out
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Int4Weight":

@@ -13,7 +13,6 @@
  * outputs lie in one vector. Built and loaded by quant/int8_gemm.py. */
 #include <immintrin.h>
 #include <stdint.h>
-#include <omp.h>
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
@@ -40,21 +39,26 @@ AI __m256i to_halves(__m512 f, int fp16) {
     return _mm512_cvtepi32_epi16(r);
 }
 
-/* One row of a weight in halves (bf16 / fp16: the values the dense GEMM would multiply) to its
- * packed bytes (code + 128, 4 at a time every 64 bytes from `dst`) and scale: code = round(w / s),
- * s = max|w| / 127. A row past the weight's end (src NULL): zero weights. */
-static void pack_row(const uint16_t *src, int64_t cols, int fp16, uint8_t *dst, float *scale) {
+/* 16 inputs of a weight row: fp32 (kind 2) or halves (bf16 0, fp16 1). */
+AI __m512 load_weights(const void *row, int64_t c, int kind) {
+    if (kind == 2) return _mm512_loadu_ps((const float *)row + c);
+    return load_halves((const uint16_t *)row + c, kind);
+}
+
+/* One row of a weight to its packed bytes (code + 128, 4 at a time every 64 bytes from `dst`) and
+ * scale: code = round(w / s), s = max|w| / 127. A row past the weight's end (src NULL): zeros. */
+static void pack_row(const void *src, int64_t cols, int kind, uint8_t *dst, float *scale) {
     if (src == NULL) {
         for (int64_t s = 0; s < cols / 4; s++) memset(dst + s * 64, 128, 4);
         *scale = 0.0f;
         return;
     }
     __m512 amax = _mm512_setzero_ps();
-    for (int64_t c = 0; c < cols; c += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(load_halves(src + c, fp16)));
+    for (int64_t c = 0; c < cols; c += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(load_weights(src, c, kind)));
     float s = _mm512_reduce_max_ps(amax) / 127.0f;
     __m512 div = _mm512_set1_ps(s > 0.0f ? s : 1.0f);  /* a zero row: codes 0 */
     for (int64_t c = 0; c < cols; c += 16) {
-        __m512i q = _mm512_cvtps_epi32(_mm512_div_ps(load_halves(src + c, fp16), div));
+        __m512i q = _mm512_cvtps_epi32(_mm512_div_ps(load_weights(src, c, kind), div));
         q = _mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127)),
                              _mm512_set1_epi32(128));
         uint8_t bytes[16];
@@ -64,19 +68,18 @@ static void pack_row(const uint16_t *src, int64_t cols, int fp16, uint8_t *dst, 
     *scale = s;
 }
 
-/* Where row `row` (of a block-aligned run of rows) lies in a packed weight: column blocks of 16, each
- * (cols / 4, 16, 4) bytes. */
-AI uint8_t *packed_row(uint8_t *packed, int64_t row, int64_t cols) {
-    return packed + (row / 16) * cols * 16 + (row % 16) * 4;
-}
-
-/* w (n, cols) halves -> packed (n padded to 16 with zero weights) and scale (n padded). */
-void flexlamps_int8_pack(const uint16_t *w, int64_t n, int64_t cols, int fp16, uint8_t *packed, float *scale,
-                         int threads) {
-    int64_t padded = (n + 15) / 16 * 16;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n * cols >= (1 << 18))
-    for (int64_t row = 0; row < padded; row++)
-        pack_row(row < n ? w + row * cols : NULL, cols, fp16, packed_row(packed, row, cols), scale + row);
+/* Rows first .. first + count - 1 of a weight, given as `w` (count, cols) in fp32 or halves (NULL:
+ * zero rows, the padding to 16), into their places in packed (column blocks of 16, each
+ * (cols / 4, 16, 4) bytes) and scale. */
+void flexlamps_int8_pack(const void *w, int kind, int64_t first, int64_t count, int64_t cols, uint8_t *packed,
+                         float *scale, int threads) {
+    int64_t elem = kind == 2 ? 4 : 2;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && count * cols >= (1 << 18))
+    for (int64_t i = 0; i < count; i++) {
+        int64_t row = first + i;
+        const void *src = w == NULL ? NULL : (const char *)w + i * cols * elem;
+        pack_row(src, cols, kind, packed + (row / 16) * cols * 16 + (row % 16) * 4, scale + row);
+    }
 }
 
 /* One row: codes, a scale and a start per group of 64 (cols a multiple of 64). */
@@ -186,32 +189,3 @@ void flexlamps_int8_gemm(const int8_t *q, const float *scale, const int32_t *ini
         }
 }
 
-/* The same product for a weight given in halves (`w` (n, cols), bf16 / fp16): each column panel is
- * packed into a buffer of its own just before its rows run, so nothing of the weight's size is held
- * beside it; the same codes, scales and arithmetic as `flexlamps_int8_pack` then the GEMM, the same bits. */
-void flexlamps_int8_gemm_dense(const int8_t *q, const float *scale, const int32_t *init, const uint16_t *w,
-                               int w_fp16, uint16_t *out, int64_t rows, int64_t cols, int64_t n, int64_t out_stride,
-                               int fp16, uint8_t *panels_buffer, int threads) {
-    int64_t groups = cols / GROUP, blocks = (n + 15) / 16, panels = (blocks + MAX_BLOCKS - 1) / MAX_BLOCKS;
-#pragma omp parallel num_threads(threads) if (threads > 1 && rows * n * cols >= (1 << 22))
-    {
-        /* each thread's panel: MAX_BLOCKS * 16 * cols bytes of the caller's buffer */
-        uint8_t *panel = panels_buffer + (int64_t)omp_get_thread_num() * MAX_BLOCKS * 16 * cols;
-        float sw[MAX_BLOCKS * 16];
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < panels; p++) {
-            int64_t b0 = p * MAX_BLOCKS, nb = blocks - b0 < MAX_BLOCKS ? blocks - b0 : MAX_BLOCKS;
-            for (int64_t j = 0; j < nb * 16; j++) {
-                int64_t row = b0 * 16 + j;
-                pack_row(row < n ? w + row * cols : NULL, cols, w_fp16, packed_row(panel, j, cols), sw + j);
-            }
-            int64_t left = n - (b0 + nb - 1) * 16;
-            __mmask16 last = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-            for (int64_t r = 0; r < rows; r += MAX_ROWS) {
-                int nr = rows - r < MAX_ROWS ? (int)(rows - r) : MAX_ROWS;
-                tile(q + r * cols, scale + r * groups, init + r * groups, panel, sw, out + r * out_stride + b0 * 16,
-                     cols, out_stride, nr, (int)nb, last, fp16);
-            }
-        }
-    }
-}

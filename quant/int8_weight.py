@@ -116,7 +116,8 @@ class Int8Weight:
 
     def dequantize(self, dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """The dense (N, K) weight in `dtype` (default: the scales' dtype): `d * q` computed exactly
-        in fp32 (plus the zero point, where there is one) and rounded once; into `out` when given.
+        in fp32 (plus the zero point, where there is one) and rounded once; into `out` when given,
+        or, when `out` is a function, handed to it a few rows at a time: `out(start, stop, fp32 rows)`.
         A few rows at a time: the int8 codes are joined back from the halves' nibbles, then scaled
         by the low halves' scales (d)."""
         rows, cols = self.shape
@@ -135,7 +136,10 @@ class Int8Weight:
             groups = v.view(stop - start, -1, self.group_size).mul_(scale[start:stop, :, None])
             if zero is not None:
                 groups.add_(zero[start:stop, :, None])
-            out[start:stop].copy_(v)
+            if callable(out):  # handed the chunk's fp32 rows
+                out(start, stop, v)
+            else:
+                out[start:stop].copy_(v)
         return out
 
     def _codes_into(self, v: torch.Tensor, start: int, stop: int) -> None:

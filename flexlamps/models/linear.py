@@ -206,7 +206,7 @@ class Int4Twin:
         """The int8 copy (one scale per output channel) the int8 GEMM multiplies, made on first use
         (only where `int8_kernel` runs)."""
         if self._int8 is None:  # NOTE(speed): two threads racing here make equal copies
-            self._int8 = int8_kernel().pack(self.int4.dequantize())  # in the compute dtype: 2 bytes a weight transient
+            self._int8 = int8_kernel().pack_weight(self.int4)
         return self._int8
 
     @property
@@ -251,8 +251,8 @@ def int8_product(w: Int4Weight | Int8Weight | Int4Twin, x: torch.Tensor) -> torc
         return None
     if isinstance(w, Int4Twin):
         return kernel.matmul(x, w.int8)
-    # dequantized into the buffer the dense path uses (what the budgets charge), packed as it runs
-    return kernel.matmul_dense(x, plain.dequantize(x.dtype, out=_dense_scratch(plain.shape, x.dtype, x.device)))
+    # 1 byte a weight and no dense copy: within what the budgets charge the dense path's dequantization
+    return kernel.matmul(x, kernel.pack_weight(plain))
 
 
 @functools.lru_cache(maxsize=None)
