@@ -48,11 +48,12 @@ rounding of the output) and sums exactly in int32, 1.5-3x faster than torch's ke
 `NATIVE_TWIN_DENSE_FROM_ROWS`. Its results still do not depend on the batch, and the in-memory
 and offload engines get the same bits from it; `$FLEXLAMPS_NATIVE_KERNELS=0` switches it off.
 
-On CPUs with AVX-512 VNNI, calls of `INT8_GEMM_FROM_ROWS` rows or more (prefill) of a 4-bit or
+On CPUs with AVX-512 VNNI but no AMX (whose bf16 tiles outrun it), calls of `INT8_GEMM_FROM_ROWS`
+rows or more (prefill) of a 4-bit or
 Q8_0 weight in bf16 / fp16 run on int8 codes instead of the dense GEMM (`quant.int8_gemm`: x in
-int8 per group of 64, the weight in int8 per output channel, made once for a twin and per call
-for a plain weight, from the same values, so the engines agree): 1.7-1.9x the bf16 GEMM, within
-+0.1% perplexity. fp32 keeps the exact dense path.
+int8 per group of 64, the weight in int8 per output channel from its exact values, made once for
+a twin and per call for a plain weight, so the engines agree): 1.7-1.9x the bf16 GEMM, +0.1%
+perplexity. fp32 keeps the exact dense path.
 
 An FP8 checkpoint's weight kept as stored (`quant.fp8.Fp8Weight`) is upcast to the compute
 dtype for each call and runs the dense path: the same values a dequantization at load gives,
@@ -70,7 +71,7 @@ import torch
 import torch.nn.functional as F
 
 from flexlamps.cache_folder import cache_root
-from quant import int8_gemm, tile_gemv
+from quant import int8_gemm, native_build, tile_gemv
 from quant.fp8 import Fp8Weight
 from quant.int4_weight import Int4Weight
 from quant.int8_gemm import Int8Matrix
@@ -120,6 +121,7 @@ NATIVE_TWIN_DENSE_FROM_ROWS = 8
 # fp32 (teacher-forced, 2040 steps) fell from 0.969 to 0.923 (x's int8 and the weight's per-channel
 # int8 cost about 0.02 each), so calls of fewer rows keep 16-bit x.
 INT8_GEMM_FROM_ROWS = 128
+AMX_FLAGS = ("amx_bf16",)  # Intel Xeons from Sapphire Rapids: the bf16 GEMM beats our int8 one there
 _SCRATCH = threading.local()  # per thread: the buffer 4-bit weights are dequantized into
 
 
@@ -229,7 +231,10 @@ class Int4Twin:
 @functools.lru_cache(maxsize=None)
 def int8_kernel() -> int8_gemm.Int8Gemm | None:
     """The AVX-512 VNNI int8 GEMM (built into the cache folder on first use), or None: not this
-    CPU, no compiler, or switched off by $FLEXLAMPS_NATIVE_KERNELS=0."""
+    CPU, no compiler, switched off by $FLEXLAMPS_NATIVE_KERNELS=0, or a CPU with AMX, where
+    oneDNN's bf16 GEMM runs on AMX tiles, several times the rate of VNNI's int8 products."""
+    if native_build.cpu_has_flags(AMX_FLAGS):
+        return None
     return int8_gemm.load(cache_root() / "kernels")
 
 

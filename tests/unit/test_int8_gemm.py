@@ -6,12 +6,14 @@ for a twin and a plain weight, so both engines agree)."""
 import pytest
 import torch
 
+from flexlamps.cache_folder import cache_root
 from flexlamps.models import linear as L
 from quant import int8_gemm as G
 from quant.int4_weight import Int4Weight
 
-GEMM = L.int8_kernel()
+GEMM = G.load(cache_root() / "kernels")  # the kernel itself, where it can run (linear may prefer AMX)
 needs_kernel = pytest.mark.skipif(GEMM is None, reason="no AVX-512 VNNI CPU or no C compiler here")
+needs_linear_use = pytest.mark.skipif(L.int8_kernel() is None, reason="linear does not use the int8 GEMM here")
 
 
 def _one_step_apart(got, want, dtype, x=None, w=None):
@@ -127,7 +129,19 @@ def test_error_against_the_exact_product_stays_near_one_percent():
     assert (got - exact).norm() / exact.norm() < 0.015
 
 
-@needs_kernel
+def test_on_a_cpu_with_amx_linear_keeps_the_bf16_gemm(monkeypatch):
+    monkeypatch.setattr(L.native_build, "cpu_has_flags", lambda flags, cpuinfo=None: flags == L.AMX_FLAGS)
+    L.int8_kernel.cache_clear()
+    try:
+        assert L.int8_kernel() is None
+        w = Int4Weight.quantize(torch.randn(32, 128), 32, torch.bfloat16)
+        assert L.int8_product(w, torch.randn(L.INT8_GEMM_FROM_ROWS, 128).bfloat16()) is None
+    finally:
+        monkeypatch.undo()
+        L.int8_kernel.cache_clear()
+
+
+@needs_linear_use
 def test_linear_runs_it_from_prefill_sized_calls_with_the_same_bits_for_twin_and_plain():
     g = torch.Generator().manual_seed(5)
     w = Int4Weight.quantize(torch.randn(96, 192, generator=g), 32, torch.bfloat16)
