@@ -24,7 +24,7 @@ import torch
 
 from flexlamps.host_allocator import keep_freed_memory
 from flexlamps.cache_folder import cache_root
-from flexlamps.hw_profile_int4 import measure_int4
+from flexlamps.hw_profile_int4 import measure_int4, measure_int8_prompts
 from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, linear, pack
 from placement import HardwareSpec
 
@@ -416,6 +416,13 @@ def _int4_rates(on_cpu, device: torch.device, shapes, sizes: ProbeSizes) -> tupl
     return {name: dict(zip(rows, nondecreasing(list(rows.values())))) for name, rows in table.items()}, dequant
 
 
+def _int8_rates(shapes, sizes: ProbeSizes) -> dict:
+    """The int8 GEMM's FLOP/s by rows for 4-bit prompts on this CPU (nondecreasing in rows), or {}."""
+    table = _best_over_threads(lambda: measure_int8_prompts(shapes, sizes.gemm_rows_bytes // 4,
+                                                            2 * sizes.seconds_per_probe))
+    return {name: dict(zip(rows, nondecreasing(list(rows.values())))) for name, rows in table.items()}
+
+
 def profile_machine(*, disk_folder: Path, quick: bool = False,
                     gpu_budget_bytes: int | None = None, model_shapes=None,
                     step: Callable[[str], None] = lambda name: None) -> HardwareSpec:
@@ -461,6 +468,7 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     dequant_matrix_s, gpu_dequant, cpu_dequant = _dequant_rates(on_cpu, device, sizes, model_shapes, has_cuda)
     step("4-bit weights")
     int4_table, int4_dequant = _int4_rates(on_cpu, device, shapes, sizes)
+    int8_table = {} if has_cuda else _int8_rates(shapes, sizes)
     gpu_mem, cpu_mem = _tier_memory(has_cuda, gpu_budget_bytes)
     return HardwareSpec(
         name=_profile_name(has_cuda, shapes),
@@ -474,7 +482,7 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
         gpu_layer_overhead_s=layer_overhead, gpu_dequant_matrix_s=dequant_matrix_s,
         gpu_gemm_flops_by_rows=gemm_by_rows, gpu_gemm_flops_by_rows_resident=gemm_by_rows_resident,
         gpu_is_host=not has_cuda, gpu_int4_gemm_flops_by_rows=int4_table, int4_dense_from_rows=INT4_DENSE_FROM_ROWS,
-        gpu_int4_dequant_bytes_per_s=int4_dequant)
+        gpu_int4_dequant_bytes_per_s=int4_dequant, gpu_int8_prompt_flops_by_rows=int8_table)
 
 
 def _profile_name(has_cuda: bool, shapes) -> str:
@@ -536,8 +544,9 @@ PROBE_NAMES = ("disk", "copies", "memory bandwidth", "layer overhead", "gemm by 
 # 4: GEMM rates for resident (prepacked) weights; 5: median repetitions, a model's own
 # matrices, tensor-sized disk files, gpu_is_host; 6: the engine's 4-bit weights (fused kernel
 # by rows, dequantization rate, the switch between them); 7: those in passes taking turns;
-# 8: a quick GEMM check beside each profile, so one measured on a busy box is measured again
-PROFILE_VERSION = 8
+# 8: a quick GEMM check beside each profile, so one measured on a busy box is measured again;
+# 9: the int8 GEMM 4-bit prompts run on (a CPU with it)
+PROFILE_VERSION = 9
 
 
 def profile_cache_path(shapes=None) -> Path:

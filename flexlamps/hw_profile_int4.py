@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from flexlamps.engine.executors.stored_weights import INT4_GROUP
-from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, linear
+from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, int8_kernel, linear
 from quant.int4_weight import Int4Weight, can_pack
 
 # the dtypes the fused kernel runs in on each device (`Int4Weight.can_run_fused`); 4-bit weights
@@ -21,6 +21,7 @@ from quant.int4_weight import Int4Weight, can_pack
 _CPU_DTYPES = {"bf16": torch.bfloat16}
 _CUDA_DTYPES = {"bf16": torch.bfloat16}  # quant.int4_weight.CUDA_KERNEL_DTYPES
 PROBE_ROWS = (1, 8, 32, 64)
+PROMPT_ROWS = (128, 512, 2048)  # calls on int8 codes (`models.linear.int8_product`) from INT4_DENSE_FROM_ROWS
 _PASSES = 3  # the probes take turns this many times: on a shared machine each median spans slow and fast spells
 
 
@@ -84,3 +85,26 @@ def measure_int4(device: torch.device, shapes, num_bytes: int, budget_s: float) 
         dequant_rate = max(dequant_rate, rates.pop("dequant"))
         table[name] = {str(rows): rate for rows, rate in rates.items()}
     return table, dequant_rate
+
+
+def measure_int8_prompts(shapes, num_bytes: int, budget_s: float) -> dict:
+    """{"bf16": {rows: FLOP/s}} of the int8 GEMM that 4-bit prompts run on (packed weights: the
+    planner prices their packing as a dequantization), or {} where `models.linear` does not use it
+    (not a CPU with the kernel). Medians over passes that take turns."""
+    kernel = int8_kernel()
+    usable = [(o, i) for o, i in shapes if i % 64 == 0] or [(2048, 1024)]
+    if kernel is None:
+        return {}
+    cycle = usable * max(1, -(-num_bytes // sum(o * i for o, i in usable)))
+    packed = [kernel.pack(torch.randn(o, i, dtype=torch.bfloat16)) for o, i in cycle]
+    share_s = budget_s / len(PROMPT_ROWS) / _PASSES
+    probes = {}
+    for rows in PROMPT_ROWS:
+        inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=torch.bfloat16) for w in packed}
+        probes[rows] = ((lambda inputs=inputs: [kernel.matmul(inputs[w.shape[1]], w) for w in packed]),
+                        sum(2.0 * rows * w.shape[0] * w.shape[1] for w in packed))
+    times = {rows: [] for rows in probes}
+    for _ in range(_PASSES):
+        for rows, (run, _) in probes.items():
+            times[rows] += _times(run, share_s, lambda: None)
+    return {"bf16": {str(rows): work / statistics.median(times[rows]) for rows, (_, work) in probes.items()}}

@@ -440,9 +440,14 @@ def _call_gemm_s(choice: Choice, model: ModelSpec, hardware: HardwareSpec, rows:
                  head_flops: float, weight_bytes: float, head_bytes: float) -> float:
     """Seconds of one call's GEMMs over `rows` rows: the layer's matrices (`layer_flops` over
     `weight_bytes`, the head's share included) on the dense GEMM, or on the fused 4-bit kernel
-    where the engine runs that (the head's share, `head_flops` over `head_bytes`, stays dense)."""
-    fused_s = hardware.int4_gemm_seconds(model.dtype, rows, layer_flops) if _runs_fused_int4(
-        choice, model, hardware, rows) else None
+    where the engine runs that, or on int8 codes where it runs 4-bit prompts so (the head's share,
+    `head_flops` over `head_bytes`, stays dense)."""
+    if _runs_fused_int4(choice, model, hardware, rows):
+        fused_s = hardware.int4_gemm_seconds(model.dtype, rows, layer_flops)
+    elif choice.compress_weight and choice.compression.num_bits == 4 and model.dtype in ("fp16", "bf16"):
+        fused_s = hardware.int4_prompt_seconds(model.dtype, rows, layer_flops)
+    else:
+        fused_s = None
     if fused_s is None:
         return hardware.gemm_seconds(model.dtype, rows, layer_flops + head_flops, weight_bytes)
     return fused_s + hardware.gemm_seconds(model.dtype, rows, head_flops, head_bytes)

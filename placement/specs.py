@@ -74,6 +74,10 @@ class HardwareSpec(JsonMixin):
     int4_dense_from_rows: int = 0  # the engine's switch (rows per call); 0: no fused kernel
     # decompression of those 4-bit weights, in fp16 output bytes/s (0: gpu_dequant_bytes_per_s)
     gpu_int4_dequant_bytes_per_s: float = 0.0
+    # where the engine runs the calls of `int4_dense_from_rows` rows or more of 4-bit weights on
+    # int8 codes instead of the dense GEMM (a CPU with flexlamps' int8 GEMM): its FLOP/s by dtype
+    # and rows. Empty: those calls are priced on the dense GEMM.
+    gpu_int8_prompt_flops_by_rows: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self):
         _require_positive(
@@ -95,7 +99,8 @@ class HardwareSpec(JsonMixin):
         if not (isinstance(self.int4_dense_from_rows, int) and self.int4_dense_from_rows >= 0):
             raise ValueError(f"HardwareSpec.int4_dense_from_rows must be an integer >= 0, got "
                              f"{self.int4_dense_from_rows!r}")
-        for attr in ("gpu_gemm_flops_by_rows", "gpu_gemm_flops_by_rows_resident", "gpu_int4_gemm_flops_by_rows"):
+        for attr in ("gpu_gemm_flops_by_rows", "gpu_gemm_flops_by_rows_resident", "gpu_int4_gemm_flops_by_rows",
+                     "gpu_int8_prompt_flops_by_rows"):
             for dtype, table in getattr(self, attr).items():
                 if dtype not in DTYPES or not isinstance(table, dict) or not table:
                     raise ValueError(f"HardwareSpec.{attr}: expected {{dtype in {DTYPES}: "
@@ -134,6 +139,14 @@ class HardwareSpec(JsonMixin):
                  or self.gpu_gemm_flops_by_rows.get(dtype))
         if not table:
             return max(flops / self.gpu_flops(dtype), weight_bytes / self.gpu_mem_bytes_per_s)
+        return flops / _rate_at(table, rows)
+
+    def int4_prompt_seconds(self, dtype: str, rows: float, flops: float) -> float | None:
+        """Time of 4-bit weights' calls of `rows` rows doing `flops` on int8 codes, or None where
+        the engine runs the dense GEMM for them (fewer rows than int4_dense_from_rows, or no table)."""
+        table = self.gpu_int8_prompt_flops_by_rows.get(dtype)
+        if not table or rows < self.int4_dense_from_rows:
+            return None
         return flops / _rate_at(table, rows)
 
     def int4_gemm_seconds(self, dtype: str, rows: float, flops: float) -> float | None:

@@ -89,7 +89,9 @@ def command(out_path: Path, quick: bool, disk_dir: Path | None, gpu_mem: str | N
         f"dequant {spec.gpu_dequant_bytes_per_s / gb:.2f} GB/s + {spec.gpu_dequant_matrix_s * 1e6:.0f} us a matrix\n"
         f"  4-bit weights: fused kernel under {spec.int4_dense_from_rows} rows "
         + ", ".join(f"{k} {max(v.values()) / 1e9:.0f} GFLOP/s" for k, v in spec.gpu_int4_gemm_flops_by_rows.items())
-        + f"; dequantized above at {spec.gpu_int4_dequant_bytes_per_s / gb:.2f} GB/s\n"
+        + f"; dequantized above at {spec.gpu_int4_dequant_bytes_per_s / gb:.2f} GB/s"
+        + "".join(f", prompts on int8 codes {k} {max(v.values()) / 1e9:.0f} GFLOP/s"
+                  for k, v in spec.gpu_int8_prompt_flops_by_rows.items()) + "\n"
         f"  gpu {format_bytes(spec.gpu_mem_bytes)}, cpu {format_bytes(spec.cpu_mem_bytes)}, "
         f"disk {format_bytes(spec.disk_bytes)}" + curves_line)
 

@@ -204,3 +204,29 @@ def hw_rate(hw, rows):
     from placement.specs import _rate_at
 
     return _rate_at(hw.gpu_int4_gemm_flops_by_rows["fp16"], rows)
+
+
+def test_4bit_prompts_on_int8_codes_are_priced_at_the_int8_rate():
+    """Where the engine runs 4-bit calls of int4_dense_from_rows rows or more on int8 codes (a CPU
+    with flexlamps' int8 GEMM), the planner prices their layer matrices at that table's rate; the
+    dequantization (the int8 copy's packing) is priced as before, and fewer rows are unaffected."""
+    model = model_preset("opt-6.7b")
+    base = dataclasses.replace(T4, gpu_gemm_flops_by_rows=TABLE, gpu_int4_gemm_flops_by_rows={"fp16": {"1": 2e9, "64": 4e9}},
+                               int4_dense_from_rows=64, gpu_int4_dequant_bytes_per_s=1e9)
+    int8 = dataclasses.replace(base, gpu_int8_prompt_flops_by_rows={"fp16": {"64": 100e9, "4096": 200e9}})
+    assert HardwareSpec.from_json(int8.to_json()) == int8
+    assert int8.int4_prompt_seconds("fp16", 63, 1.0) is None and base.int4_prompt_seconds("fp16", 64, 1.0) is None
+    assert int8.int4_prompt_seconds("fp16", 4096, 4e11) == pytest.approx(2.0)
+
+    def comp(hardware, gbs, ngb, phase, compress=True):
+        policy = dataclasses.replace(_policy(gbs, ngb), compress_weight=compress)
+        return getattr(predict(policy, model, hardware, WORKLOAD), f"{phase}_layer_s")["comp"]
+
+    rows = 32 * WORKLOAD.prompt_len  # one prefill call's rows
+    layer_flops = rows * model.matmul_flops_per_token_per_layer()
+    saved = int8.gemm_seconds("fp16", rows, layer_flops, 0) - int8.int4_prompt_seconds("fp16", rows, layer_flops)
+    assert comp(base, 32, 1, "prefill") - comp(int8, 32, 1, "prefill") == pytest.approx(saved, rel=1e-6)
+    assert comp(int8, 32, 1, "prefill", compress=False) == comp(base, 32, 1, "prefill", compress=False)
+    assert comp(int8, 8, 2, "decode") == comp(base, 8, 2, "decode")  # 16 rows: the fused kernel
+    with pytest.raises(ValueError, match="gpu_int8_prompt_flops_by_rows"):
+        dataclasses.replace(T4, gpu_int8_prompt_flops_by_rows={"int8": {"1": 1.0}})
