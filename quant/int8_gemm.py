@@ -1,5 +1,5 @@
-"""Products of many rows (prefill, batched decode) on int8 codes, on AVX-512 VNNI CPUs
-(`int8_gemm.c`), compiled on first use and loaded with ctypes.
+"""Products of many rows (prompts) on int8 codes, on AVX-512 VNNI CPUs (`int8_gemm.c`),
+compiled on first use and loaded with ctypes.
 
 A prompt's products are compute-bound: oneDNN's bf16 GEMM runs them at ~87% of this core's bf16
 peak, as transformers does, so a 4-bit model's prefill was no faster than a dense one. int8
@@ -8,8 +8,10 @@ The weight is held as int8 with one scale per output channel (`Int8Matrix`, from
 Q8_0 weight's values: on SmolLM2 it moved WikiText-2 perplexity by -0.2%, noise); x is rounded
 to int8 per group of 64 inputs, as llama.cpp rounds x per block of 32 (one scale per row moved
 perplexity +3.7%, groups of 192 +1.1%, of 64 +0.5%). Sums within a group are exact in int32 and
-scaled into fp32; one rounding to the dtype at the end. A row's result does not depend on the
-batch or on the thread count.
+scaled into fp32; one rounding to the dtype at the end. Together, prefill-scored perplexity 30.67
+against the bf16 GEMM's 30.61 (fp32 30.64); decode-sized calls lose more greedy agreement, so
+`models.linear` uses it for prompts only. A row's result does not depend on the batch or on the
+thread count.
 
 `load(folder)` builds the library into `folder` (`quant.native_build`) and checks it against a
 plain computation; it answers None (callers keep the bf16 GEMM) where the CPU lacks AVX-512
