@@ -12,6 +12,7 @@
  * Packed weight: column blocks of 16, each (K / 4, 16, 4) bytes: the 4 inputs of a dot step of 16
  * outputs lie in one vector. Built and loaded by quant/int8_gemm.py. */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -54,8 +55,18 @@ static void pack_row(const void *src, int64_t cols, int kind, uint8_t *dst, floa
         return;
     }
     __m512 amax = _mm512_setzero_ps();
-    for (int64_t c = 0; c < cols; c += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(load_weights(src, c, kind)));
+    __mmask16 nan = 0;
+    for (int64_t c = 0; c < cols; c += 16) {
+        __m512 v = load_weights(src, c, kind);
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
     float s = _mm512_reduce_max_ps(amax) / 127.0f;
+    if (nan || s == INFINITY) {  /* NaN or inf in the row: its outputs NaN, as a float GEMM's */
+        pack_row(NULL, cols, kind, dst, scale);
+        *scale = NAN;
+        return;
+    }
     __m512 div = _mm512_set1_ps(s > 0.0f ? s : 1.0f);  /* a zero row: codes 0 */
     for (int64_t c = 0; c < cols; c += 16) {
         __m512i q = _mm512_cvtps_epi32(_mm512_div_ps(load_weights(src, c, kind), div));
@@ -86,11 +97,19 @@ void flexlamps_int8_pack(const void *w, int kind, int64_t first, int64_t count, 
 static void quantize_row(const uint16_t *x, int64_t cols, int fp16, int8_t *q, float *scale, int32_t *init) {
     for (int64_t g = 0; g < cols / GROUP; g++) {
         __m512 v[4], amax = _mm512_setzero_ps();
+        __mmask16 nan = 0;
         for (int j = 0; j < 4; j++) {
             v[j] = load_halves(x + g * GROUP + 16 * j, fp16);
             amax = _mm512_max_ps(amax, _mm512_abs_ps(v[j]));
+            nan |= _mm512_cmp_ps_mask(v[j], v[j], _CMP_UNORD_Q);
         }
         float m = _mm512_reduce_max_ps(amax);
+        if (nan || m == INFINITY) {  /* NaN or inf in x: the row's outputs NaN, as a float GEMM's */
+            memset(q + g * GROUP, 0, GROUP);
+            scale[g] = NAN;
+            init[g] = 0;
+            continue;
+        }
         __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
         __m512i sum = _mm512_setzero_si512();
         for (int j = 0; j < 4; j++) {

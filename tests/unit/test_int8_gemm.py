@@ -89,6 +89,21 @@ def test_zero_groups_rows_and_channels_give_zeros_not_nans():
     assert _one_step_apart(out, G.reference(x, w), torch.bfloat16, x, w)
 
 
+@needs_kernel
+def test_nan_and_inf_give_nan_outputs_as_a_float_gemm_would():
+    w_dense = torch.randn(20, 128)
+    w_dense[2, 7] = float("nan")
+    w_dense[5, 9] = float("inf")
+    x = torch.randn(4, 128)
+    x[1, 70] = float("nan")
+    x[3, 3] = float("-inf")
+    out = GEMM.matmul(x.bfloat16(), GEMM.pack(w_dense)).float()
+    bad_rows, bad_cols = {1, 3}, {2, 5}
+    for r in range(4):
+        for c in range(20):
+            assert out[r, c].isnan() == (r in bad_rows or c in bad_cols), (r, c)
+
+
 def test_the_packed_weight_is_the_weight_rounded_per_channel():
     w = torch.randn(19, 64) * torch.linspace(0.1, 3, 19)[:, None]
     m = G.Int8Matrix.from_dense(w)
