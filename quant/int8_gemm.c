@@ -1,4 +1,4 @@
-/* Matrix products on int8 codes for prefill and batched decode, on AVX-512 VNNI CPUs: x rounded to
+/* Matrix products on int8 codes for prompts (calls of many rows), on AVX-512 VNNI CPUs: x rounded to
  * int8 per group of 64 inputs (a scale each), the weight held as int8 per output channel (a scale
  * each), products summed exactly in int32 within a group (vpdpbusd: 64 multiply-adds an
  * instruction, twice bf16's vdpbf16ps), each group's sum scaled into an fp32 accumulator.
