@@ -122,6 +122,9 @@ class Int8Gemm:
 
     def _pack_rows(self, matrix: Int8Matrix, first: int, rows: torch.Tensor) -> None:
         kind = 2 if rows.dtype == torch.float32 else DTYPES.get(rows.dtype)
+        if rows.dim() != 2 or rows.shape[1] != matrix.shape[1] or first + rows.shape[0] > matrix.shape[0]:
+            raise ValueError(f"Int8Gemm.pack: rows {tuple(rows.shape)} from row {first} do not fit a weight "
+                             f"of shape {matrix.shape}")
         if kind is None or rows.device.type != "cpu" or not rows.is_contiguous():
             raise ValueError(f"Int8Gemm.pack takes contiguous fp32, bf16 or fp16 rows on the CPU, got {rows.dtype}")
         self._pack(rows.data_ptr(), kind, first, rows.shape[0], rows.shape[1], matrix.packed.data_ptr(),
@@ -129,6 +132,9 @@ class Int8Gemm:
 
     def matmul(self, x: torch.Tensor, w: Int8Matrix) -> torch.Tensor:
         """x (..., K) @ w.T for a packed weight."""
+        if not can_take(x, w.shape):  # the kernel would read past x or the weight
+            raise ValueError(f"Int8Gemm.matmul: x {tuple(x.shape)} {x.dtype} on {x.device} does not fit a weight of "
+                             f"shape {w.shape}: bf16 / fp16 on the CPU, last dim {w.shape[1]}")
         flat, q, scale, init, out = self._quantized(x, w.shape[0])
         if flat.shape[0]:
             self._gemm(q.data_ptr(), scale.data_ptr(), init.data_ptr(), w.packed.data_ptr(), w.scale.data_ptr(),

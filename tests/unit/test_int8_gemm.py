@@ -127,6 +127,17 @@ def test_the_kernels_pack_equals_the_plain_statement(rows, cols):
         assert got.shape == want.shape and torch.equal(got.packed, want.packed) and torch.equal(got.scale, want.scale)
 
 
+@needs_kernel
+def test_shapes_that_do_not_fit_are_refused_before_the_kernel_reads():
+    w = GEMM.pack(torch.randn(32, 128))
+    with pytest.raises(ValueError, match="does not fit"):
+        GEMM.matmul(torch.randn(3, 64).bfloat16(), w)
+    with pytest.raises(ValueError, match="does not fit"):
+        GEMM.matmul(torch.randn(3, 128), w)  # fp32
+    with pytest.raises(ValueError, match="do not fit"):
+        GEMM._pack_rows(w, 30, torch.randn(4, 128))
+
+
 def test_what_the_kernel_takes():
     assert G.can_take(torch.zeros(3, 128, dtype=torch.bfloat16), (8, 128))
     assert not G.can_take(torch.zeros(3, 96, dtype=torch.bfloat16), (8, 96))  # not whole groups
