@@ -413,13 +413,17 @@ def _int4_rates(on_cpu, device: torch.device, shapes, sizes: ProbeSizes) -> tupl
     are) and the 4-bit dequantization rate."""
     table, dequant = on_cpu(lambda: measure_int4(device, shapes, sizes.gemm_rows_bytes // 16,
                                                  2 * sizes.seconds_per_probe))
-    return {name: dict(zip(rows, nondecreasing(list(rows.values())))) for name, rows in table.items()}, dequant
+    return _nondecreasing_tables(table), dequant
 
 
 def _int8_rates(shapes, sizes: ProbeSizes) -> dict:
     """The int8 GEMM's FLOP/s by rows for 4-bit prompts on this CPU (nondecreasing in rows), or {}."""
-    table = _best_over_threads(lambda: measure_int8_prompts(shapes, sizes.gemm_rows_bytes // 4,
-                                                            2 * sizes.seconds_per_probe))
+    return _nondecreasing_tables(_best_over_threads(
+        lambda: measure_int8_prompts(shapes, sizes.gemm_rows_bytes // 4, 2 * sizes.seconds_per_probe)))
+
+
+def _nondecreasing_tables(table: dict) -> dict:
+    """{dtype: {rows: rate}} with each dtype's rates made nondecreasing in rows, as the GEMM tables are."""
     return {name: dict(zip(rows, nondecreasing(list(rows.values())))) for name, rows in table.items()}
 
 

@@ -14,6 +14,7 @@ import torch
 
 from flexlamps.engine.executors.stored_weights import INT4_GROUP
 from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, int8_kernel, linear
+from quant import int8_gemm
 from quant.int4_weight import Int4Weight, can_pack
 
 # the dtypes the fused kernel runs in on each device (`Int4Weight.can_run_fused`); 4-bit weights
@@ -75,13 +76,9 @@ def measure_int4(device: torch.device, shapes, num_bytes: int, budget_s: float) 
         probes["dequant"] = ((lambda: [w.dequantize(dtype, out=out[:w.shape[0] * w.shape[1]].view(w.shape))
                                        for w in weights]),
                              2.0 * sum(w.shape[0] * w.shape[1] for w in weights))  # fp16 output bytes
-        times = {key: [] for key in probes}
         for run, _ in probes.values():
             run()  # warm-up
-        for _ in range(_PASSES):
-            for key, (run, _) in probes.items():
-                times[key] += _times(run, share_s, sync)
-        rates = {key: work / statistics.median(times[key]) for key, (_, work) in probes.items()}
+        rates = _median_rates(probes, share_s, sync)
         dequant_rate = max(dequant_rate, rates.pop("dequant"))
         table[name] = {str(rows): rate for rows, rate in rates.items()}
     return table, dequant_rate
@@ -92,9 +89,9 @@ def measure_int8_prompts(shapes, num_bytes: int, budget_s: float) -> dict:
     planner prices their packing as a dequantization), or {} where `models.linear` does not use it
     (not a CPU with the kernel). Medians over passes that take turns."""
     kernel = int8_kernel()
-    usable = [(o, i) for o, i in shapes if i % 64 == 0] or [(2048, 1024)]
     if kernel is None:
         return {}
+    usable = [(o, i) for o, i in shapes if i % int8_gemm.GROUP == 0] or [(2048, 1024)]
     cycle = usable * max(1, -(-num_bytes // sum(o * i for o, i in usable)))
     packed = [kernel.pack(torch.randn(o, i, dtype=torch.bfloat16)) for o, i in cycle]
     share_s = budget_s / len(PROMPT_ROWS) / _PASSES
@@ -103,8 +100,13 @@ def measure_int8_prompts(shapes, num_bytes: int, budget_s: float) -> dict:
         inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=torch.bfloat16) for w in packed}
         probes[rows] = ((lambda inputs=inputs: [kernel.matmul(inputs[w.shape[1]], w) for w in packed]),
                         sum(2.0 * rows * w.shape[0] * w.shape[1] for w in packed))
-    times = {rows: [] for rows in probes}
+    return {"bf16": {str(rows): rate for rows, rate in _median_rates(probes, share_s, lambda: None).items()}}
+
+
+def _median_rates(probes: dict, share_s: float, sync) -> dict:
+    """{key: work / median time} of probes {key: (run, work)} timed in _PASSES passes taking turns."""
+    times = {key: [] for key in probes}
     for _ in range(_PASSES):
-        for rows, (run, _) in probes.items():
-            times[rows] += _times(run, share_s, lambda: None)
-    return {"bf16": {str(rows): work / statistics.median(times[rows]) for rows, (_, work) in probes.items()}}
+        for key, (run, _) in probes.items():
+            times[key] += _times(run, share_s, sync)
+    return {key: work / statistics.median(times[key]) for key, (_, work) in probes.items()}

@@ -242,13 +242,13 @@ class Int4Weight:
         when given (a buffer reused across calls: a fresh one of tens of MiB is paged in anew), or,
         when `out` is a function, handed to it a few rows at a time: `out(start, stop, fp32 rows)`
         (nothing of the matrix's size is made; returns `out`)."""
+        if self.codes is None and self.kernel_codes.is_cuda:  # codes read back from tinygemm's layout
+            return dataclasses.replace(self, codes=self.plain_codes()).dequantize(dtype, out)
         rows, cols = self.shape
         if out is None:
             out = torch.empty(rows, cols, dtype=dtype or self.dtype, device=self.device)
         scale = self.scale_zero[..., 0].t().float()  # (N, K/g)
         offset = self.scale_zero[..., 1].t().float() - 8 * scale
-        if self.codes is None and self.kernel_codes.is_cuda:  # codes read back from tinygemm's layout
-            return dataclasses.replace(self, codes=self.plain_codes()).dequantize(dtype, out)
         tile = tile_rows(cols) if self.codes is None else 1
         # NOTE(offspeed): a few rows at a time, so the fp32 codes stay in cache (4-8x faster on
         # a CPU than one pass per op over the whole matrix); in-place mul/add over a broadcast

@@ -52,9 +52,7 @@ class Int8Matrix:
     @classmethod
     def from_dense(cls, w: torch.Tensor) -> "Int8Matrix":
         """Round a dense (N, K) weight to int8, one scale per row: max |w| / 127."""
-        rows, cols = w.shape
-        if cols % GROUP:
-            raise ValueError(f"Int8Matrix: the input dim {cols} must be a multiple of {GROUP}")
+        rows, cols = _whole_groups(w.shape)
         wf = w.float()
         scale = wf.abs().amax(1) / torch.full((rows,), 127.0)  # true divisions, as the kernel's pack
         codes = (wf / torch.where(scale > 0, scale, 1)[:, None]).round_().clamp_(-127, 127)
@@ -67,6 +65,13 @@ class Int8Matrix:
     @property
     def nbytes(self) -> int:
         return self.packed.numel() + 4 * self.scale.numel()
+
+
+def _whole_groups(shape: tuple[int, int]) -> tuple[int, int]:
+    """`shape` (N, K) of a weight to pack, its K checked to hold whole groups of x."""
+    if shape[1] % GROUP:
+        raise ValueError(f"Int8Matrix: the input dim {shape[1]} must be a multiple of {GROUP}")
+    return shape
 
 
 def can_take(x: torch.Tensor, shape: tuple[int, int]) -> bool:
@@ -92,8 +97,7 @@ class Int8Gemm:
     def pack(self, w: torch.Tensor) -> Int8Matrix:
         """`Int8Matrix.from_dense(w)` in one pass, for a dense w in fp32, bf16 or fp16 (the same
         codes and scales; 10x faster)."""
-        rows, cols = self._packing(w.shape)
-        matrix = self._empty(rows, cols)
+        matrix = self._empty(*_whole_groups(w.shape))
         self._pack_rows(matrix, 0, w.contiguous())
         return matrix
 
@@ -101,16 +105,9 @@ class Int8Gemm:
         """A 4-bit or Q8_0 weight (`Int4Weight`, `Int8Weight`) packed from its exact fp32 values, a
         few rows at a time as `dequantize` makes them: no dense copy of the matrix is made (the int8
         one takes 1 byte a weight). Rounding its bf16 values instead cost +0.3% perplexity (SmolLM2)."""
-        rows, cols = self._packing(w.shape)
-        matrix = self._empty(rows, cols)
+        matrix = self._empty(*_whole_groups(w.shape))
         w.dequantize(torch.float32, out=lambda start, stop, values: self._pack_rows(matrix, start, values))
         return matrix
-
-    @staticmethod
-    def _packing(shape: tuple[int, int]) -> tuple[int, int]:
-        if shape[1] % GROUP:
-            raise ValueError(f"Int8Matrix: the input dim {shape[1]} must be a multiple of {GROUP}")
-        return shape
 
     def _empty(self, rows: int, cols: int) -> Int8Matrix:
         """A matrix to pack into, its padding rows (zero weights) already packed."""

@@ -140,12 +140,17 @@ def read_bandwidth() -> float:
 def gemm_flops_bf16(hidden: int, intermediate: int) -> float:
     """bf16 FLOP/s of a prefill-sized GEMM of this model's shape, through the engine's linear."""
     x, w = torch.randn(4096, hidden, dtype=torch.bfloat16), pack(torch.randn(intermediate, hidden, dtype=torch.bfloat16))
-    best = 0.0
-    for _ in range(8):
+    return _best_rate(lambda: linear(x, w), 2.0 * x.shape[0] * hidden * intermediate)
+
+
+def _best_rate(product, work: float, repeats: int = 8) -> float:
+    """`work` over the fastest of `repeats` runs of `product`."""
+    best = float("inf")
+    for _ in range(repeats):
         t = time.perf_counter()
-        linear(x, w)
-        best = max(best, 2.0 * x.shape[0] * hidden * intermediate / (time.perf_counter() - t))
-    return best
+        product()
+        best = min(best, time.perf_counter() - t)
+    return work / best
 
 
 def gemm_ops_int8(hidden: int, intermediate: int) -> float:
@@ -155,12 +160,7 @@ def gemm_ops_int8(hidden: int, intermediate: int) -> float:
     if kernel is None:
         return 0.0
     x, w = torch.randn(4096, hidden, dtype=torch.bfloat16), kernel.pack(torch.randn(intermediate, hidden, dtype=torch.bfloat16))
-    best = 0.0
-    for _ in range(8):
-        t = time.perf_counter()
-        kernel.matmul(x, w)
-        best = max(best, 2.0 * x.shape[0] * hidden * intermediate / (time.perf_counter() - t))
-    return best
+    return _best_rate(lambda: kernel.matmul(x, w), 2.0 * x.shape[0] * hidden * intermediate)
 
 
 def stored_bytes_per_step(gguf_path) -> int:

@@ -249,11 +249,9 @@ def int8_product(w: Int4Weight | Int8Weight | Int4Twin, x: torch.Tensor) -> torc
     16-bit dtype (fp32 keeps the exact dense path) on a CPU with the kernel; else None. A twin
     keeps its int8 copy; a plain weight is rounded to one for this call."""
     plain = w.int4 if isinstance(w, Int4Twin) else w
-    if x.dtype != plain.dtype or not int8_gemm.can_take(x, plain.shape) or plain.device.type != "cpu":
+    if x.dtype != plain.dtype or not _int8_runs(plain) or not int8_gemm.can_take(x, plain.shape):
         return None
     kernel = int8_kernel()
-    if kernel is None:
-        return None
     if isinstance(w, Int4Twin):
         return kernel.matmul(x, w.int8)
     # 1 byte a weight and no dense copy: within what the budgets charge the dense path's dequantization
