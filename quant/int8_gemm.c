@@ -16,7 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#define AI static inline __attribute__((always_inline))
+#include "native_halves.h"
+
 #define GROUP 64                 /* inputs per x scale */
 #define STEPS (GROUP / 4)        /* vpdpbusd steps per group */
 #define MAX_ROWS 4               /* rows per micro-tile */
@@ -24,20 +25,7 @@
 #define ROW_CHUNK 64             /* rows whose codes stay in L2 while every column panel passes */
 
 AI __m512 load_halves(const uint16_t *p, int fp16) {
-    __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    if (fp16) return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-/* fp32 -> bf16 (nearest even, NaN kept) or fp16, as torch's `.to(dtype)`, in 16 halves. */
-AI __m256i to_halves(__m512 f, int fp16) {
-    if (fp16) return _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512i u = _mm512_castps_si512(f);
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-    __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-    return _mm512_cvtepi32_epi16(r);
+    return halves_to_floats(_mm256_loadu_si256((const __m256i *)p), fp16);
 }
 
 /* 16 inputs of a weight row: fp32 (kind 2) or halves (bf16 0, fp16 1). */
@@ -160,7 +148,7 @@ AI void micro_tile(const int8_t *q, const float *scale, const int32_t *init, con
     }
     for (int r = 0; r < rows; r++)
         for (int b = 0; b < blocks; b++) {
-            __m256i h = to_halves(_mm512_mul_ps(acc[r][b], _mm512_loadu_ps(sw + 16 * b)), fp16);
+            __m256i h = floats_to_halves(_mm512_mul_ps(acc[r][b], _mm512_loadu_ps(sw + 16 * b)), fp16);
             _mm256_mask_storeu_epi16(out + r * out_stride + 16 * b, b == blocks - 1 ? last : 0xFFFF, h);
         }
 }

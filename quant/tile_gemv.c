@@ -22,9 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "native_halves.h"
+
 #define TILE 64
 #define ROWS_PER_PASS 4
-#define AI static inline __attribute__((always_inline))
 /* How far ahead the codes are prefetched: decode's weights stream from memory, and the hardware
  * prefetcher alone left a SmolLM2 step at about a third of the read bandwidth. */
 #ifndef PREFETCH_BYTES
@@ -35,21 +36,6 @@ static float half_to_float(uint16_t h, int fp16) {
     if (fp16) return _cvtsh_ss(h);
     union { uint32_t u; float f; } v = { (uint32_t)h << 16 };
     return v.f;
-}
-
-AI __m512 halves_to_floats(__m256i h, int fp16) {
-    if (fp16) return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-AI __m256i floats_to_halves(__m512 f, int fp16) {
-    if (fp16) return _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512i u = _mm512_castps_si512(f);  /* bf16: round to nearest even; NaNs stay (quiet) NaNs */
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-    __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-    return _mm512_cvtepi32_epi16(r);
 }
 
 /* The rows of x as int8 codes, a scale per group (codes * scale ~ x) and each group's sum. */

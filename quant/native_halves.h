@@ -1,0 +1,28 @@
+/* 16-bit floats (bf16 or fp16) to fp32 and back, as torch converts them, 16 lanes at a time: shared
+ * by the kernels of quant/ (tile_gemv.c, int8_gemm.c). The libraries' build keys cover this file
+ * (quant/native_build.py). */
+#ifndef FLEXLAMPS_NATIVE_HALVES_H
+#define FLEXLAMPS_NATIVE_HALVES_H
+#include <immintrin.h>
+#include <stdint.h>
+
+#define AI static inline __attribute__((always_inline))
+
+/* 16 halves as fp32 (exact). */
+AI __m512 halves_to_floats(__m256i h, int fp16) {
+    if (fp16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* 16 fp32 as halves, rounded as torch's `.to(dtype)`. */
+AI __m256i floats_to_halves(__m512 f, int fp16) {
+    if (fp16) return _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512i u = _mm512_castps_si512(f);  /* bf16: round to nearest even; NaNs stay (quiet) NaNs */
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+#endif
