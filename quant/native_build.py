@@ -2,7 +2,7 @@
 into a cache folder, and the loaded library.
 
 `built_library(source, flags, folder)` compiles `source` with the system C compiler (`$CC`, else
-cc) into `folder` once per source (and the local headers it includes), compiler version and flags, under a file lock, into a
+cc) into `folder` once per source (and the local headers it includes, nested ones too), compiler version and flags, under a file lock, into a
 temporary file renamed into place: concurrent processes neither race nor see half a file.
 `load_checked(library, folder, make, check)` is what each kernel module's `load` runs: it
 honours $FLEXLAMPS_NATIVE_KERNELS=0 and the CPU's flags, builds, wraps and checks the library,
@@ -60,12 +60,35 @@ def compiler() -> str:
     return found
 
 
+# Where a kernel's `#include "name.h"` is found when it is not beside the source: quant's own
+# headers (native_halves.h), which the kernels of flexlamps/models share; passed to the compiler as -I.
+INCLUDE_DIR = Path(__file__).resolve().parent
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', flags=re.M)
+
+
+def _header(name: str, beside: Path) -> Path:
+    """Where the compiler finds `#include "name"` written in a file of folder `beside`: there, else
+    in INCLUDE_DIR (the -I). Raises FileNotFoundError naming both."""
+    for folder in (beside, INCLUDE_DIR):
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f'#include "{name}" is neither in {beside} nor in {INCLUDE_DIR}')
+
+
 def _texts(source: Path) -> list[str]:
-    """The source and the local headers it includes (`#include "name.h"`, beside it): a change to
-    any of them makes another library."""
-    text = source.read_text()
-    headers = re.findall(r'^\s*#\s*include\s+"([^"]+)"', text, flags=re.M)
-    return [text, *(f"{name}\0{(source.parent / name).read_text()}" for name in headers)]
+    """The source and every local header it includes (`#include "name.h"`, beside the file that
+    includes it or in INCLUDE_DIR), nested includes too: a change to any of them makes another
+    library."""
+    texts, seen, todo = [], set(), [source.resolve()]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        text = path.read_text()
+        texts.append(text if path == source.resolve() else f"{path.name}\0{text}")
+        todo += [_header(name, path.parent).resolve() for name in _INCLUDE.findall(text)]
+    return texts
 
 
 def built_library(source: Path, flags: tuple[str, ...], folder: Path) -> ctypes.CDLL:
@@ -82,7 +105,8 @@ def built_library(source: Path, flags: tuple[str, ...], folder: Path) -> ctypes.
                 fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so.tmp")
                 os.close(fd)
                 try:
-                    subprocess.run([cc, *flags, str(source), "-o", tmp], capture_output=True, text=True, check=True)
+                    subprocess.run([cc, *flags, f"-I{INCLUDE_DIR}", str(source), "-o", tmp], capture_output=True,
+                                   text=True, check=True)
                     os.replace(tmp, target)
                 finally:
                     if os.path.exists(tmp):

@@ -24,7 +24,7 @@
 #define MAX_D 256
 #define MAX_GROUP 16
 
-AI __m512 halves_to_floats(const uint16_t *p, int fp16) { return load_halves(p, fp16, (__mmask16)0xFFFF); }
+AI __m512 load16(const uint16_t *p, int fp16) { return load_halves(p, fp16, (__mmask16)0xFFFF); }
 
 /* exp(x) for x <= 0 (scores minus their max); below -87.3 exactly 0. */
 AI __m512 exp_nonpositive(__m512 x) {
@@ -73,7 +73,7 @@ static void scores(const Args *a, int64_t row, int64_t kvh, const float *qf, int
         int count = a->span - j0 < 16 ? (int)(a->span - j0) : 16;
         for (int j = 0; j < 16; j++)
             for (int64_t c = 0; c < chunks; c++)
-                _mm512_storeu_ps(kb + j * d + 16 * c, j < count ? halves_to_floats(keys + (j0 + j) * a->st[5] + 16 * c, a->fp16)
+                _mm512_storeu_ps(kb + j * d + 16 * c, j < count ? load16(keys + (j0 + j) * a->st[5] + 16 * c, a->fp16)
                                                                : _mm512_setzero_ps());
         __mmask16 vis = visible16(a, mask, j0, count);
         for (int g = 0; g < group; g++) {
@@ -124,7 +124,7 @@ AI void weighted_values_fixed(const Args *a, int64_t row, int64_t kvh, const flo
     for (int i = 0; i < G * C; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t j = 0; j < a->span; j++) {
         __m512 vc[C];
-        for (int c = 0; c < C; c++) vc[c] = halves_to_floats(values + j * a->st[8] + 16 * c, a->fp16);
+        for (int c = 0; c < C; c++) vc[c] = load16(values + j * a->st[8] + 16 * c, a->fp16);
         for (int g = 0; g < G; g++) {
             float p = pr[g * a->span + j];
             if (p == 0.0f) continue;
@@ -143,7 +143,7 @@ static void weighted_values_any(const Args *a, int64_t row, int64_t kvh, int gro
     for (int64_t i = 0; i < group * a->d; i++) acc[i] = 0.0f;
     for (int64_t j = 0; j < a->span; j++) {
         __m512 vc[MAX_D / 16];
-        for (int64_t c = 0; c < chunks; c++) vc[c] = halves_to_floats(values + j * a->st[8] + 16 * c, a->fp16);
+        for (int64_t c = 0; c < chunks; c++) vc[c] = load16(values + j * a->st[8] + 16 * c, a->fp16);
         for (int g = 0; g < group; g++) {
             float p = pr[g * a->span + j];
             if (p == 0.0f) continue;
@@ -261,7 +261,7 @@ static int task(const Args *shared, int64_t row, int64_t kvh, int64_t pos) {
     if (!sc) return 1;
     for (int g = 0; g < group; g++) {
         const uint16_t *q = a->qt + (kvh * group + g) * a->st[1];
-        for (int64_t c = 0; c < a->d / 16; c++) _mm512_storeu_ps(qf + g * a->d + 16 * c, halves_to_floats(q + 16 * c, a->fp16));
+        for (int64_t c = 0; c < a->d / 16; c++) _mm512_storeu_ps(qf + g * a->d + 16 * c, load16(q + 16 * c, a->fp16));
     }
     int bf16_dot = a->bf16_dot && !a->fp16 && a->d % 32 == 0;
     if (bf16_dot) scores_bf16(a, row, kvh, group, sc);

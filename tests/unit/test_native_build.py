@@ -47,3 +47,34 @@ def test_a_failing_or_missing_compiler_warns_and_leaves_no_file(module, tmp_path
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     with pytest.warns(RuntimeWarning, match="no C compiler"):
         assert module.load(tmp_path / "other") is None
+
+
+def test_the_build_key_covers_nested_and_shared_headers(tmp_path):
+    """A kernel's header may include quant's shared header (found through INCLUDE_DIR, as the
+    compiler's -I finds it): both are in the key, so editing either makes another library."""
+    source = tmp_path / "k.c"
+    source.write_text('#include "local.h"\nint f(void) { return LOCAL; }\n')
+    (tmp_path / "local.h").write_text('#include "native_halves.h"\n#define LOCAL 1\n')
+    texts = native_build._texts(source)
+    assert texts[0] == source.read_text()
+    assert any(t.startswith("local.h\0") for t in texts)
+    shared = (native_build.INCLUDE_DIR / "native_halves.h").read_text()
+    assert f"native_halves.h\0{shared}" in texts
+    (tmp_path / "local.h").write_text('#include "native_halves.h"\n#define LOCAL 2\n')
+    assert native_build._texts(source) != texts
+    (tmp_path / "local.h").write_text('#include "missing.h"\n')
+    with pytest.raises(FileNotFoundError, match="missing.h"):
+        native_build._texts(source)
+
+
+@pytest.mark.skipif(not _builds_here(), reason="no AVX-512 CPU here (or switched off)")
+def test_a_kernel_beside_no_shared_header_still_compiles_with_it(tmp_path):
+    """The compiler gets INCLUDE_DIR as -I: a source elsewhere (flexlamps/models' kernels) that
+    includes quant's header builds and runs."""
+    source = tmp_path / "k.c"
+    source.write_text('#include "native_halves.h"\nfloat one(void) { __m256i h = _mm256_set1_epi16(0x3F80);\n'
+                      '  float out[16]; _mm512_storeu_ps(out, halves_to_floats(h, 0)); return out[3]; }\n')
+    lib = native_build.built_library(source, ("-O2", "-fPIC", "-shared", "-mavx512f", "-mavx512bw", "-mavx512vl"),
+                                     tmp_path / "build")
+    lib.one.restype = native_build.ctypes.c_float
+    assert lib.one() == 1.0
