@@ -221,10 +221,12 @@ class Int4Weight:
         return sum(p.numel() * p.element_size() for p in parts if p is not None)
 
     def can_run_fused(self, x: torch.Tensor) -> bool:
+        """Whether torch's fused kernel (`matmul`) multiplies x by this weight."""
         # NOTE(offspeed): not in fp32 (an fp32 model's 4-bit weights offloaded): torch's CPU kernel
         # runs it ~5x slower than dequantizing for the dense GEMM (1 vs 80 GFLOP/s in bf16)
+        # torch's kernels take groups from 32 (GROUP_SIZES); a Q6_K's 16 runs only on quant.tile_gemv
         return (self.kernel_codes is not None and x.dtype == self.dtype and x.dtype in kernel_dtypes(x.device.type)
-                and x.device == self.device)
+                and x.device == self.device and self.group_size in GROUP_SIZES)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., K) @ w.T with the fused kernel (x in `dtype`, on `device`)."""

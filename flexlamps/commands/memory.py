@@ -15,11 +15,12 @@ import click
 FIXED_OVERHEAD_BYTES = 450 * 2**20
 # bytes per weight as the engine holds it; "auto" is 4-bit in place for a 4-bit GGUF (codes and
 # block scales, about 5 bits) plus the in-memory executor's bf16 copy for prefill (see
-# api.DENSE_TWINS_MAX_SHARE), int8 in place for a Q8_0 / 5-bit GGUF (1.25 bytes, quant.int8_weight)
-# plus that copy, else float32
+# api.DENSE_TWINS_MAX_SHARE), int8 in place for a Q8_0 / 5-bit GGUF (1.25 bytes, quant.int8_weight;
+# 1.5 for Q6_K's groups of 16) plus that copy, else float32
 _WEIGHT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
 _AUTO_INT4_BYTES = 2.625
 _AUTO_INT8_BYTES = 3.25
+_AUTO_INT8_G16_BYTES = 3.5
 
 
 def planned_rss_bytes(hf_config: dict, weight_bytes_per_param: float, *, offload_budgets: tuple[int, int] | None,
@@ -45,10 +46,12 @@ def _offload_budgets(run) -> tuple[int, int] | None:
 
 
 def _auto_bytes_per_param(reader) -> float:
-    """`--dtype auto`'s bytes per weight: int8 in place where any layer holds Q8_0 / Q5_x blocks
-    (the larger figure, so a file mixing them with 4-bit blocks, a Q4_K_M, is not under-planned),
-    else 4-bit in place, else float32."""
+    """`--dtype auto`'s bytes per weight: int8 in place where any layer holds Q8_0 / Q5_x / Q6_K
+    blocks (the larger figure, so a file mixing them with 4-bit blocks, a Q4_K_M, is not
+    under-planned; Q6_K's the largest), else 4-bit in place, else float32."""
     kinds = getattr(reader, "layer_block_kinds", set())
+    if "int8-g16" in kinds:
+        return _AUTO_INT8_G16_BYTES
     if "int8" in kinds:
         return _AUTO_INT8_BYTES
     if "int4" in kinds or getattr(reader, "has_int4_weights", False):

@@ -291,8 +291,9 @@ class GGUFReader:
         return Int4Weight.from_codes(codes, scale, zero, BLOCK, dtype)
 
     def read_int8(self, spec: WeightSpec, dtype: torch.dtype) -> Int8Weight | None:
-        """A Q8_0 / Q5_0 / Q5_1 / Q5_K matrix as it is in the file (int8 codes, block scales and
-        zero points), to be multiplied in place with activations in `dtype`; None for other types."""
+        """A Q8_0 / Q5_0 / Q5_1 / Q5_K / Q6_K matrix as it is in the file (int8 codes, block scales
+        and zero points, groups of 32 or Q6_K's 16), to be multiplied in place with activations in
+        `dtype`; None for other types."""
         t = self._tensor(spec)
         if len(spec.shape) != 2 or not is_int8_block_type(t.tensor_type.name):
             return None
@@ -301,7 +302,7 @@ class GGUFReader:
         if heads is not None:
             codes, scale = (_unpermute_rows(part, heads) for part in (codes, scale))
             zero = None if zero is None else _unpermute_rows(zero, heads)
-        return Int8Weight.from_codes(codes, scale, BLOCK, dtype, zero=zero)
+        return Int8Weight.from_codes(codes, scale, spec.shape[1] // scale.shape[1], dtype, zero=zero)
 
     @property
     def has_int4_weights(self) -> bool:
@@ -311,14 +312,16 @@ class GGUFReader:
     @property
     def layer_block_kinds(self) -> set[str]:
         """How the layers' matrices are computed in place: "int4" (Q4 blocks) and/or "int8"
-        (Q8_0 / Q5_x); the global tables (embedding, head) not counted."""
-        types = [t for name, t in self._tensor_types.items() if name.startswith("blk.")]
+        (Q8_0 / Q5_x / Q6_K), and "int8-g16" too where Q6_K's groups of 16 are among them (their
+        scales take more bytes); the global tables (embedding, head) not counted."""
+        types = {t for name, t in self._tensor_types.items() if name.startswith("blk.")}
         return ({"int4"} if any(is_int4_block_type(t) for t in types) else set()) | (
-            {"int8"} if any(is_int8_block_type(t) for t in types) else set())
+            {"int8"} if any(is_int8_block_type(t) for t in types) else set()) | (
+            {"int8-g16"} if "Q6_K" in types else set())
 
     @property
     def has_quantized_weights(self) -> bool:
-        """Whether the file stores blocks computed in place (Q4_0 / Q4_1 / Q4_K; Q8_0 / Q5_x)."""
+        """Whether the file stores blocks computed in place (Q4_0 / Q4_1 / Q4_K; Q8_0 / Q5_x / Q6_K)."""
         return self.has_int4_weights or any(is_int8_block_type(t) for t in self._tensor_types.values())
 
     def fingerprint(self) -> str:

@@ -1,5 +1,6 @@
 """GGUF Q4_0 / Q4_1 / Q4_K blocks read as 4-bit codes with a scale and zero point per group of
-32 inputs, and Q8_0 / Q5_0 / Q5_1 / Q5_K blocks as int8 codes with a scale (and zero) per group.
+32 inputs, and Q8_0 / Q5_0 / Q5_1 / Q5_K / Q6_K blocks as int8 codes with a scale (and zero) per
+group (of 32; of 16 for Q6_K).
 
 A block covers 32 consecutive input channels of one row: an fp16 scale `d` (and for Q4_1 an
 fp16 minimum `m`), then 16 bytes whose low nibbles are elements 0-15 and high nibbles 16-31
@@ -13,9 +14,13 @@ A Q4_K super-block (`block_q4_K`, 256 inputs: fp16 `d` and `dmin`, 12 bytes pack
 scales `sc` and mins `m`, 128 bytes of nibbles) means `d sc_j * q - dmin m_j` in its eight
 sub-blocks of 32: `(q - 8) * scale + zero` with scale `d sc_j`, zero `8 d sc_j - dmin m_j`;
 Q5_K adds 32 bytes of fifth bits (int8 codes `q - 16`, zero `16 d sc_j - dmin m_j`).
-The codes go from the file's bytes to the weight without a float detour. Other types (Q6_K's
-sub-blocks of 16 are smaller than the kernel's smallest group, 32; Q2_K, Q3_K, the IQ types)
-are dequantized by the `gguf` package and computed dense.
+A Q6_K super-block (`block_q6_K`, 256 inputs: 128 bytes of low nibbles, 64 of 2-bit high parts,
+16 int8 sub-block scales `sc`, fp16 `d`) means `d sc_j (q - 32)` in its sixteen sub-blocks of 16:
+int8 codes `q - 32`, scale `d sc_j` (exact in fp32), no zero; groups of 16, which only our
+AVX-512 kernel (`quant.tile_gemv`) multiplies in place (torch's int4 kernel takes groups from 32:
+elsewhere such a weight is dequantized for the dense GEMM).
+The codes go from the file's bytes to the weight without a float detour. Other types (Q2_K,
+Q3_K, the IQ types) are dequantized by the `gguf` package and computed dense.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ _HEADER_BYTES = {"Q4_0": 2, "Q4_1": 4}  # fp16 d (+ fp16 m) before the 16 code b
 SUPER_BLOCK = 256  # elements per Q4_K / Q5_K super-block
 _Q4_K_BYTES = 144  # fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
 _Q5_K_BYTES = 176  # the same, with 32 bytes of fifth bits before the nibbles
-INT8_BLOCK_TYPES = ("Q8_0", "Q5_0", "Q5_1", "Q5_K")  # as int8 codes; Q5_1 / Q5_K with a zero point
+_Q6_K_BYTES = 210  # 128 bytes of low nibbles, 64 of high 2-bit parts, 16 int8 scales, fp16 d
+Q6_K_GROUP = 16  # inputs per Q6_K sub-block: one scale each
+INT8_BLOCK_TYPES = ("Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K")  # as int8 codes; Q5_1 / Q5_K with a zero point
 
 
 def is_int4_block_type(type_name: str) -> bool:
@@ -103,10 +110,13 @@ def _q4_k_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def int8_blocks(data: np.ndarray, shape: tuple[int, int], type_name: str = "Q8_0"):
-    """Codes (N, K) int8, per-group scales (N, K/32) fp32 and zero points (N, K/32) fp32 or None
-    (`w = scale * code (+ zero)`) from a Q8_0 / Q5_0 / Q5_1 / Q5_K tensor's raw bytes, as the gguf
-    package gives them ((N, K/32 * 34) uint8 for Q8_0)."""
+    """Codes (N, K) int8, per-group scales (N, K/g) fp32 and zero points (N, K/g) fp32 or None
+    (`w = scale * code (+ zero)`; g = 32, or Q6_K_GROUP for Q6_K: K over the scales' columns)
+    from a Q8_0 / Q5_0 / Q5_1 / Q5_K / Q6_K tensor's raw bytes, as the gguf package gives them
+    ((N, K/32 * 34) uint8 for Q8_0)."""
     rows, cols = shape
+    if type_name == "Q6_K":
+        return _q6_k_blocks(np.ascontiguousarray(data), rows, cols)
     if type_name in _FIVE_BIT:
         return _FIVE_BIT[type_name](np.ascontiguousarray(data), rows, cols)
     blocks = np.ascontiguousarray(data).reshape(rows, cols // BLOCK, 2 + BLOCK)
@@ -143,6 +153,21 @@ def _q5_k_blocks(data: np.ndarray, rows: int, cols: int):
     fifth = (qh >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # (N, K/256, 8, 32)
     codes = _five_bit_codes(_k_nibbles(blocks[..., 48:], rows, cols), fifth).reshape(rows, cols)
     return (codes, *_k_scales_zeros(blocks, rows, cols, code_offset=16))
+
+
+def _q6_k_blocks(data: np.ndarray, rows: int, cols: int):
+    """Q6_K super-blocks: each half of 128 elements takes 64 low-nibble bytes `ql` and 32 bytes
+    `qh`; element 32 i + l (i < 4, l < 32) is the low (i even) or high nibble of ql[l] (i < 2) or
+    ql[32 + l], plus 16 times bits 2i, 2i + 1 of qh[l]. Sub-block j (16 elements) has scale d sc_j."""
+    blocks = data.reshape(rows, cols // SUPER_BLOCK, _Q6_K_BYTES)
+    ql = blocks[..., :128].reshape(rows, -1, 2, 64)
+    qh = blocks[..., 128:192].reshape(rows, -1, 2, 1, 32)
+    low = np.stack([ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4], axis=-2)
+    high = (qh >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3  # (N, K/256, 2, 4, 32)
+    codes = torch.from_numpy((low | (high << 4)).astype(np.int8) - 32).reshape(rows, cols)
+    sc = blocks[..., 192:208].copy().view(np.int8).astype(np.float32)  # (N, K/256, 16)
+    scale = (_fp16(blocks[..., 208:210])[..., None] * sc).reshape(rows, cols // Q6_K_GROUP)
+    return codes, torch.from_numpy(scale), None
 
 
 _FIVE_BIT = {"Q5_0": lambda data, r, c: _q5_blocks(data, r, c, with_min=False),

@@ -42,8 +42,9 @@ values a dequantization at load gives, so fp32 keeps its exact results.
 
 On CPUs with AVX-512 VBMI and VNNI (Zen 4, Ice Lake and later Xeons) both fused products run
 our own kernel instead (`quant.tile_gemv`, compiled on first use into the cache folder): it reads
-the same tile layout, rounds x to 16-bit integers per group of 32 (an error near bf16's own
-rounding of the output) and sums exactly in int32, 1.5-3x faster than torch's kernel on one row
+the same tile layout, rounds x to 16-bit integers per group of the weight's inputs (32, or a
+Q6_K's 16; an error near bf16's own rounding of the output) and sums exactly in int32, 1.5-3x
+faster than torch's kernel on one row
 (weights in cache). Twins of either kind then run it below
 `NATIVE_TWIN_DENSE_FROM_ROWS`. Its results still do not depend on the batch, and the in-memory
 and offload engines get the same bits from it; `$FLEXLAMPS_NATIVE_KERNELS=0` switches it off.
@@ -197,7 +198,7 @@ class Int4Twin:
             return None
         on = (x.dtype, x.device)
         if on != self._fused_on:
-            if not self.int4.can_run_fused(x):
+            if not fuses(self.int4, x):
                 return None
             self._fused = _fused_for(self.int4, x)
             self._fused_on = on
@@ -266,9 +267,16 @@ def native_kernel() -> tile_gemv.TileGemv | None:
 
 
 def fused_product(w: Int4Weight | Int8Weight, x: torch.Tensor) -> torch.Tensor:
-    """x @ w.T computed on the codes in place (x in the weight's dtype, `can_run_fused`): by the
+    """x @ w.T computed on the codes in place (x in the weight's dtype, `fuses`): by the
     AVX-512 kernel where it takes them, else by torch's fused int4 kernel."""
     return _fused_for(w, x)(x)
+
+
+def fuses(w: Int4Weight | Int8Weight, x: torch.Tensor) -> bool:
+    """Whether `fused_product` multiplies x by w: on our AVX-512 kernel, or on torch's (which does
+    not take a Q6_K's groups of 16)."""
+    kernel = native_kernel()
+    return (kernel is not None and kernel.runs(w, x)) or w.can_run_fused(x)
 
 
 def _fused_for(w: Int4Weight | Int8Weight, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -369,7 +377,7 @@ def _int4_linear(x: torch.Tensor, w: Int4Weight | Int8Weight | Int4Twin, b: torc
     twin = w if isinstance(w, Int4Twin) else None
     w = twin.int4 if twin else w
     plain_from = INT8_DENSE_FROM_ROWS if isinstance(w, Int8Weight) else INT4_DENSE_FROM_ROWS
-    if rows >= (twin.dense_from_rows if twin else plain_from) or not w.can_run_fused(x):
+    if rows >= (twin.dense_from_rows if twin else plain_from) or not fuses(w, x):
         out = int8_product(twin or w, x) if rows >= INT8_GEMM_FROM_ROWS else None
         if out is not None:
             return _epilogue(out, b, add, mul)

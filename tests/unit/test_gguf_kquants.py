@@ -1,7 +1,7 @@
-"""GGUF files as llama.cpp's Q4_K_M writes them: Q4_K and Q5_0 blocks computed in place (Q4_K as
-`Int4Weight` groups of 32, Q5_0 as `Int8Weight` codes), Q6_K dequantized for a dense GEMM. The
-blocks map exactly onto what the `gguf` package dequantizes, and a model mixing the three keeps
-the fp32 engine's logits within a bf16 copy's own error."""
+"""GGUF files as llama.cpp's Q4_K_M writes them: Q4_K, Q5_0 and Q6_K blocks computed in place
+(Q4_K as `Int4Weight` groups of 32, Q5_0 as `Int8Weight` codes, Q6_K as `Int8Weight` codes in
+groups of 16). The blocks map exactly onto what the `gguf` package dequantizes, and a model
+mixing the three keeps the fp32 engine's logits within a bf16 copy's own error."""
 
 from pathlib import Path
 
@@ -91,6 +91,47 @@ def test_q4_k_blocks_are_exactly_what_gguf_dequantizes(shape):
     torch.testing.assert_close(values, want, rtol=0, atol=1e-6 * want.abs().max().item())
 
 
+def test_q6_k_blocks_are_exactly_what_gguf_dequantizes():
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import dequantize
+
+    raw = random_k_blocks(np.random.default_rng(6), 5, 512, "Q6_K")
+    codes, scale, zero = int8_blocks(raw, (5, 512), "Q6_K")
+    assert codes.dtype == torch.int8 and int(codes.min()) == -32 and int(codes.max()) == 31
+    assert zero is None and scale.shape == (5, 512 // 16)
+    values = codes.float().view(5, 32, 16) * scale[..., None]
+    assert torch.equal(values.view(5, 512), torch.from_numpy(dequantize(raw, T.Q6_K).reshape(5, 512)))
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["avx512-kernel", "torch-only"])
+def test_groups_of_16_multiply_in_place_where_our_kernel_runs_else_dense(native, monkeypatch):
+    """An `Int8Weight` in Q6_K's groups of 16: our AVX-512 kernel multiplies it in place (as it
+    does groups of 32); torch's int4 kernel takes no such groups, so without ours `models.linear`
+    runs it on its dequantized values, and nothing calls torch's kernel with it."""
+    from flexlamps.models import linear as lin
+    from quant.tile_gemv import rounded_like_kernel
+
+    g = torch.Generator().manual_seed(16)
+    codes = torch.randint(-32, 32, (128, 256), dtype=torch.int8, generator=g)
+    scale = torch.rand(128, 16, generator=g) * 0.01 + 1e-3
+    w = Int8Weight.from_codes(codes, scale, 16, torch.bfloat16)
+    assert w.group_size == 16 and not w.can_run_fused(torch.zeros(1, 256, dtype=torch.bfloat16))
+    assert torch.equal(w.dequantize(torch.float32), codes.float() * scale.bfloat16().float().repeat_interleave(16, 1))
+    if not native:
+        monkeypatch.setattr(lin, "native_kernel", lambda: None)
+    elif lin.native_kernel() is None:
+        pytest.skip("no AVX-512 kernel on this CPU")
+    x = torch.randn(3, 256, generator=g).bfloat16()
+    if native:  # x rounded to the kernel's codes, times the exact weight
+        want = rounded_like_kernel(x, 16, lin.native_kernel().x_bits) @ w.dequantize(torch.float32).t()
+    else:  # the dense GEMM on the bf16 copy
+        want = x.float() @ w.dequantize(torch.bfloat16).float().t()
+    assert lin.fuses(w, x) == native
+    got = lin.linear(x, lin.with_dense_twin(w))
+    torch.testing.assert_close(got.float(), want, rtol=2 ** -7, atol=1e-3 * want.abs().max().item())
+    torch.testing.assert_close(lin.linear(x, w).float(), want, rtol=2 ** -7, atol=1e-3 * want.abs().max().item())
+
+
 @pytest.mark.parametrize("type_name", ["Q5_0", "Q5_1", "Q5_K"])
 def test_five_bit_blocks_are_exactly_what_gguf_dequantizes(type_name):
     from gguf import GGMLQuantizationType as T
@@ -154,7 +195,7 @@ def test_q4_k_m_model_computes_its_blocks_in_place_and_keeps_quality(kquant_gguf
     weights = read_all(reader, torch.bfloat16, int4_in_place=True)
     assert isinstance(weights["layers.0.q_proj"], Int4Weight) and isinstance(weights["layers.1.down_proj"], Int4Weight)
     assert all(isinstance(weights[n], Int8Weight) for n in ("layers.0.v_proj", "layers.1.k_proj", "layers.1.gate_proj"))
-    assert type(weights["layers.0.down_proj"]) is torch.Tensor  # Q6_K: dense
+    assert isinstance(weights["layers.0.down_proj"], Int8Weight) and weights["layers.0.down_proj"].group_size == 16
     assert isinstance(weights["lm_head"], Int4Weight) and type(weights["embed_tokens"]) is torch.Tensor  # tied
     ref = _logits(read_all(reader, torch.float32), reader, torch.float32)
     bf16_copy = _logits(read_all(reader, torch.bfloat16), reader, torch.bfloat16, feed=ref[2])
@@ -167,12 +208,14 @@ def test_cache_keeps_the_blocks(kquant_gguf, tmp_path):
 
 def test_max_rss_plans_a_q4_k_m_at_int8_bytes(kquant_gguf, tmp_path):
     """--max-rss under --dtype auto: a file whose layers hold int8 blocks (Q5_0) beside 4-bit ones
-    is planned at the int8 figure, a 4-bit one (the head alone Q8_0 or not) at the 4-bit one."""
-    from flexlamps.commands.memory import _AUTO_INT4_BYTES, _AUTO_INT8_BYTES, _auto_bytes_per_param
+    is planned at the int8 figure (Q6_K's groups of 16 at theirs), a 4-bit one (the head alone
+    Q8_0 or not) at the 4-bit one."""
+    from flexlamps.commands.memory import (_AUTO_INT4_BYTES, _AUTO_INT8_BYTES, _AUTO_INT8_G16_BYTES,
+                                           _auto_bytes_per_param)
     from tests.unit.test_weight_cache import write_tiny_gguf
 
-    assert GGUFReader(kquant_gguf).layer_block_kinds == {"int4", "int8"}
-    assert _auto_bytes_per_param(GGUFReader(kquant_gguf)) == _AUTO_INT8_BYTES
+    assert GGUFReader(kquant_gguf).layer_block_kinds == {"int4", "int8", "int8-g16"}  # Q6_K's groups of 16
+    assert _auto_bytes_per_param(GGUFReader(kquant_gguf)) == _AUTO_INT8_G16_BYTES
     q4 = GGUFReader(write_tiny_gguf(tmp_path / "q4.gguf"))
     assert q4.layer_block_kinds == {"int4"} and _auto_bytes_per_param(q4) == _AUTO_INT4_BYTES
     q8 = GGUFReader(write_tiny_gguf(tmp_path / "q8.gguf", all_q8_0=True))
