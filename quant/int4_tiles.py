@@ -24,7 +24,8 @@ def tiles_from_unpacked(codes: torch.Tensor, tile: int) -> torch.Tensor:
     rows, cols = codes.shape
     halves = codes.reshape(rows // tile, 2, tile // 2, cols)  # (tiles, low/high half, t/2, K)
     packed = halves[:, 0] | (halves[:, 1] << 4)  # (tiles, t/2, K)
-    return packed.transpose(1, 2).reshape(rows, cols // 2)  # (tiles, K, t/2) flattened
+    # (tiles, K, t/2) flattened; contiguous: with one tile and K == t the reshape is a transposed view
+    return packed.transpose(1, 2).reshape(rows, cols // 2).contiguous()
 
 
 @functools.lru_cache(maxsize=None)

@@ -17,7 +17,15 @@ that much per call: decode of one or two rows, which streams weights from memory
 1.3-2x faster than the dense GEMM; from about four rows the dense GEMM wins (`models.linear`
 switches). The values are `round(d) * q` exactly, with d rounded once to the compute dtype; a
 bf16 copy holds `round(d * q)` instead (the same relative error, at most 2^-8). A zero point per
-group (GGUF's Q5_1 / Q5_K: `d q + m`) rides on the low halves' zeros: `8 d + m`. Imports torch only.
+group (GGUF's Q5_1 / Q5_K: `d q + m`) rides on the low halves' zeros: `8 d + m`.
+
+The 5-bit form (`from_codes(..., five_bit=True)`, codes in [-16, 15]: GGUF's Q5_0 / Q5_1 / Q5_K)
+holds u = q + 16 as 0.625 bytes a weight instead: its low nibbles as a 4-bit weight in the CPU
+kernel's tiles of 64 rows, its fifth bits as a plane in the order our AVX-512 kernel
+(`quant.tile_gemv`) reads them, and a scale and zero per group, `w = (u - 16) * scale + zero`.
+Only that kernel multiplies it in place (torch's int4 kernel takes no fifth bit: elsewhere it is
+dequantized for the dense GEMM), and it leaves the CPU as the split. Decode streams these weights
+from memory, so a call reads about 0.6 of the split's bytes. Imports torch only.
 """
 from __future__ import annotations
 
@@ -25,11 +33,29 @@ import dataclasses
 
 import torch
 
-from quant.int4_tiles import tile_rows, tiles_from_unpacked
+from quant.int4_tiles import tile_rows, tiles_from_unpacked, unpacked_from_tiles
 from quant.int4_weight import Int4Weight, unpack_codes
 
 _DEQUANT_CHUNK_BYTES = 2 << 20  # fp32 values dequantized at a time on a CPU: about one L2 cache
 _PACK_ROWS = 4096  # rows split and laid out at a time
+FIVE_BIT_TILE = 64  # output rows per tile of the 5-bit form (`quant.tile_gemv.TILE`)
+
+
+def fifth_plane(bits: torch.Tensor) -> torch.Tensor:
+    """(N, K) fifth bits (0 / 1) -> (N/64, 8K) bytes: for tile t and columns k..k+3, four
+    little-endian 64-bit words, bit 4i + c of word q the bit of row 64t + 16q + i, column k + c
+    (what tile_gemv.c's `tile_codes` adds to the 16 rows of its register q)."""
+    rows, cols = bits.shape
+    words = bits.reshape(rows // 64, 4, 16, cols // 4, 4).permute(0, 3, 1, 2, 4)  # (t, k/4, q, i, c)
+    octets = words.reshape(-1, 8, 8).to(torch.uint8) << torch.arange(8, dtype=torch.uint8, device=bits.device)
+    return octets.sum(-1, dtype=torch.uint8).reshape(rows // 64, 8 * cols)
+
+
+def fifth_bits(plane: torch.Tensor, cols: int) -> torch.Tensor:
+    """Inverse of `fifth_plane`: (N/64, 8K) bytes -> (N, K) uint8 bits."""
+    tiles = plane.shape[0]
+    bits = (plane.reshape(-1, 8, 1) >> torch.arange(8, dtype=torch.uint8, device=plane.device)) & 1
+    return bits.reshape(tiles, cols // 4, 4, 16, 4).permute(0, 2, 3, 1, 4).reshape(64 * tiles, cols)
 
 
 def split_codes(codes: torch.Tensor, scale: torch.Tensor,
@@ -53,20 +79,28 @@ def _split_scales(scale: torch.Tensor, zero: torch.Tensor | None) -> tuple[torch
 @dataclasses.dataclass(frozen=True, eq=False)
 class Int8Weight:
     """A weight (N, K) as int8 codes with one scale per group of input channels, held as the
-    (N, 2K) 4-bit weight `split` (see the module's docstring)."""
+    (N, 2K) 4-bit weight `split`, or in the 5-bit form (`fifth` given) as the (N, K) 4-bit weight
+    of the codes' low nibbles, whose (scale, zero) mean `(u - 16) * scale + zero`, and the plane
+    of their fifth bits (see the module's docstring)."""
 
     split: Int4Weight
+    fifth: torch.Tensor | None = None
 
     @classmethod
     def from_codes(cls, codes: torch.Tensor, scale: torch.Tensor, group_size: int = 32,
-                   dtype: torch.dtype = torch.bfloat16, zero: torch.Tensor | None = None) -> "Int8Weight":
+                   dtype: torch.dtype = torch.bfloat16, zero: torch.Tensor | None = None,
+                   five_bit: bool = False) -> "Int8Weight":
         """From int8 codes (N, K) and scales (N, K/group_size): `w = scale * codes`, plus `zero`
-        (N, K/group_size) when given (GGUF's Q5_1 / Q5_K: `d q + m` with q - 16 as the code)."""
+        (N, K/group_size) when given (GGUF's Q5_1 / Q5_K: `d q + m` with q - 16 as the code).
+        `five_bit`: the 5-bit form where the codes fit it (in [-16, 15], on a CPU whose int4
+        tiles have 64 rows, whole tiles), for our AVX-512 kernel; else the split."""
         rows, cols = codes.shape
         if (codes.dtype != torch.int8 or cols % group_size or scale.shape != (rows, cols // group_size)
                 or (zero is not None and zero.shape != scale.shape)):
             raise ValueError(f"Int8Weight: need int8 codes (N, K) and scales (and zeros) (N, K/{group_size}), got "
                              f"{codes.dtype} {tuple(codes.shape)} and {tuple(scale.shape)}")
+        if five_bit and _fits_five_bits(codes):
+            return cls._five_bit(codes, scale, group_size, dtype, zero)
         tile = tile_rows(2 * cols) if codes.device.type == "cpu" else None
         if tile is None or rows % tile:
             return cls(Int4Weight.from_codes(*split_codes(codes, scale, zero), group_size, dtype).kernel_only())
@@ -82,14 +116,36 @@ class Int8Weight:
         return cls(Int4Weight(None, scale_zero.to(dtype).contiguous(), group_size, kernel))
 
     @classmethod
+    def _five_bit(cls, codes: torch.Tensor, scale: torch.Tensor, group_size: int, dtype: torch.dtype,
+                  zero: torch.Tensor | None) -> "Int8Weight":
+        u = (codes + 16).to(torch.uint8)
+        zero = torch.zeros_like(scale) if zero is None else zero
+        scale_zero = torch.stack([scale.t(), zero.t()], dim=-1).to(dtype).contiguous()  # (K/g, N, 2)
+        nibbles = Int4Weight(None, scale_zero, group_size, tiles_from_unpacked(u & 15, FIVE_BIT_TILE))
+        return cls(nibbles, fifth_plane(u >> 4))
+
+    def as_split(self) -> "Int8Weight":
+        """The same codes, scales and zero points as the split (itself when it is one)."""
+        if self.fifth is None:
+            return self
+        rows, cols = self.shape
+        codes = torch.empty(rows, cols, dtype=torch.int8)
+        self._codes_into(codes, 0, rows)
+        scale, zero = (part.t() for part in self.split.scale_zero.unbind(-1))
+        return Int8Weight.from_codes(codes, scale, self.group_size, self.dtype, zero=zero if bool(zero.any()) else None)
+
+    @classmethod
     def cat(cls, weights: list["Int8Weight"]) -> "Int8Weight":
-        """The weights stacked along the output dim (each row keeps its two halves): one fused call."""
-        return cls(Int4Weight.cat([w.split for w in weights]))
+        """The weights stacked along the output dim (each row keeps its two halves, or its nibble
+        and fifth bit; a mix is stacked as splits): one fused call."""
+        if all(w.fifth is not None for w in weights):  # whole tiles each: the planes stack as the tiles do
+            return cls(Int4Weight.cat([w.split for w in weights]), torch.cat([w.fifth for w in weights]))
+        return cls(Int4Weight.cat([w.as_split().split for w in weights]))
 
     @property
     def shape(self) -> tuple[int, int]:
         rows, cols = self.split.shape
-        return (rows, cols // 2)
+        return (rows, cols if self.fifth is not None else cols // 2)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -105,13 +161,18 @@ class Int8Weight:
 
     @property
     def nbytes(self) -> int:
-        return self.split.nbytes
+        return self.split.nbytes + (0 if self.fifth is None else self.fifth.numel())
 
     def can_run_fused(self, x: torch.Tensor) -> bool:
-        return self.split.can_run_fused(x)
+        """Whether torch's fused int4 kernel (`matmul`) multiplies x by it: the split's question;
+        never the 5-bit form (our AVX-512 kernel's alone)."""
+        return self.fifth is None and self.split.can_run_fused(x)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., K) @ w.T with the fused kernel (x in `dtype`, on `device`)."""
+        """x (..., K) @ w.T with torch's fused kernel (x in `dtype`, on `device`; `can_run_fused`)."""
+        if self.fifth is not None:
+            raise ValueError("Int8Weight.matmul: torch's int4 kernel cannot multiply the 5-bit form; "
+                             "quant.tile_gemv does, or dequantize it")
         return self.split.matmul(torch.cat([x, x], dim=-1))
 
     def dequantize(self, dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -123,10 +184,7 @@ class Int8Weight:
         rows, cols = self.shape
         if out is None:
             out = torch.empty(rows, cols, dtype=dtype or self.dtype, device=self.device)
-        low = self.split.scale_zero[cols // self.group_size:]  # (K/g, N, 2): the low halves' d, 8 d + zero
-        scale = low[..., 0].t()
-        zero = low[..., 1].t().float() - 8 * scale.float()  # exactly 0 for Q8_0 / Q5_0
-        zero = zero if bool(zero.any()) else None
+        scale, zero = self._scale_zero()
         step = rows if self.device.type != "cpu" else max(64, _DEQUANT_CHUNK_BYTES // (4 * cols) // 64 * 64)
         values = torch.empty(min(step, rows), cols, device=self.device)
         for start in range(0, rows, step):
@@ -142,11 +200,27 @@ class Int8Weight:
                 out[start:stop].copy_(v)
         return out
 
+    def _scale_zero(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Each group's scale and zero point (N, K/g) in fp32, `w = scale * code + zero`; zero None
+        where it is 0 throughout (Q8_0 / Q5_0)."""
+        if self.fifth is not None:
+            scale, zero = (part.t().float() for part in self.split.scale_zero.unbind(-1))
+        else:
+            low = self.split.scale_zero[self.shape[1] // self.group_size:]  # (K/g, N, 2): the low halves' d, 8 d + zero
+            scale = low[..., 0].t()
+            zero = low[..., 1].t().float() - 8 * scale.float()  # exactly 0 for Q8_0 / Q5_0
+        return scale, (zero if bool(zero.any()) else None)
+
     def _codes_into(self, v: torch.Tensor, start: int, stop: int) -> None:
         """The int8 codes of output rows start .. stop, as numbers into `v`. In the kernel's tile
         layout a byte of the high halves' columns holds h of rows j and j + t/2 of a tile, the same
         byte of the low halves' columns their l; 16 h + l is q + 128, which XOR 128 reads as q."""
         s, cols = self.split, self.shape[1]
+        if self.fifth is not None:  # u = nibble + 16 fifth; q = u - 16
+            nibbles = unpacked_from_tiles(s.kernel_codes[start:stop], cols, FIVE_BIT_TILE)
+            tiles = self.fifth[start // FIVE_BIT_TILE:stop // FIVE_BIT_TILE]
+            v.copy_(nibbles.add_(fifth_bits(tiles, cols) << 4).view(torch.int8).sub_(16))
+            return
         if s.codes is not None:
             halves = unpack_codes(s.codes[start:stop])
             v.copy_(((halves[:, :cols] << 4) | halves[:, cols:]).bitwise_xor_(128).view(torch.int8))
@@ -163,15 +237,23 @@ class Int8Weight:
         v.view(len(tiles), 2, tile // 2, cols).copy_(both.view(torch.int8).transpose(2, 3))
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Int8Weight":
-        return Int8Weight(self.split.to(device, non_blocking=non_blocking))
+        """On `device`; the 5-bit form leaves the CPU as the split (its zero points, where it has
+        them, rounded once more: 8 scale + zero)."""
+        if torch.device(device) == self.device:
+            return self
+        return Int8Weight(self.as_split().split.to(device, non_blocking=non_blocking))
 
     def to_tensors(self, prefix: str = "", with_kernel: bool = False) -> dict[str, torch.Tensor]:
-        """Flat dict for safetensors (`Int4Weight.to_tensors` of the split, under `<prefix>int8.`)."""
-        return self.split.to_tensors(f"{prefix}int8.", with_kernel)
+        """Flat dict for safetensors (`Int4Weight.to_tensors` of the split or the nibbles, under
+        `<prefix>int8.`; the 5-bit form's plane as `<prefix>int8.fifth`)."""
+        out = self.split.to_tensors(f"{prefix}int8.", with_kernel)
+        if self.fifth is not None:
+            out[f"{prefix}int8.fifth"] = self.fifth
+        return out
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str = "") -> "Int8Weight":
-        return cls(Int4Weight.from_tensors(tensors, f"{prefix}int8."))
+        return cls(Int4Weight.from_tensors(tensors, f"{prefix}int8."), tensors.get(f"{prefix}int8.fifth"))
 
     @staticmethod
     def is_stored(tensors, prefix: str = "") -> bool:
@@ -179,4 +261,13 @@ class Int8Weight:
 
     def __repr__(self) -> str:
         return (f"Int8Weight(shape={self.shape}, group_size={self.group_size}, dtype={self.dtype}, "
+                f"{'5-bit' if self.fifth is not None else 'split'}, "
                 f"nbytes={self.nbytes}, device={self.device})")
+
+
+def _fits_five_bits(codes: torch.Tensor) -> bool:
+    """Whether codes (N, K) can take the 5-bit form: in [-16, 15], on a CPU whose int4 tiles
+    (`tile_rows`) have 64 rows, in whole tiles."""
+    rows, cols = codes.shape
+    return (codes.device.type == "cpu" and rows % FIVE_BIT_TILE == 0 and cols % 4 == 0
+            and tile_rows(cols) == FIVE_BIT_TILE and int(codes.min()) >= -16 and int(codes.max()) <= 15)

@@ -13,6 +13,10 @@
  * An int8 weight's split (N, 2K) has its codes' high nibbles in columns 0..K-1 (scale 16 d,
  * zero 0) and its low nibbles in K..2K-1 (scale d, zero 8 d + m): joined back, u = q + 128 and
  * w = d * u + (zero - 136 d).
+ * A 5-bit weight (GGUF's Q5_x: codes u in [0, 31]) holds its low nibbles as a 4-bit weight does
+ * and its fifth bits in a plane of 64-bit words, one per register of codes tile_codes makes: for
+ * tile t and columns k..k+3, words t K + k .. t K + k + 3, bit 4i + c of word q the fifth bit of
+ * row 64t + 16q + i, column k + c (quant/int8_weight.py writes it); w = (u - 16) * scale + zero.
  *
  * Integer sums are exact, so a row's result does not depend on the rows beside it, on the
  * thread count, or on the split of the work. Built and loaded by quant/tile_gemv.py. */
@@ -91,16 +95,20 @@ static Indices make_indices(void) {
     return idx;
 }
 
+/* A weight's kind: 4-bit codes, an int8 split, or 5-bit codes (nibbles and a plane of fifth bits). */
+enum { KIND_INT4 = 0, KIND_INT8_SPLIT = 1, KIND_INT5 = 2 };
+
 /* The codes of columns k..k+3 of a tile's 64 rows, 16 rows a register, 4 bytes a row: 4-bit
- * codes, or an int8 split's halves joined back (high nibbles from the first half, low ones from
- * the second: q + 128). */
-AI void tile_codes(const uint8_t *p, int64_t low_half, const Indices *idx, int int8, __m512i c[4]) {
+ * codes, an int8 split's halves joined back (high nibbles from the first half, low ones from
+ * the second: q + 128), or 4-bit codes plus 16 where `fifth`'s words (the plane at k) say. */
+AI void tile_codes(const uint8_t *p, int64_t low_half, const uint64_t *fifth, const Indices *idx, int kind,
+                   __m512i c[4]) {
     const __m512i nib = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
     __m512i p0, p1;
     _mm_prefetch((const char *)(p + PREFETCH_BYTES), _MM_HINT_T0);
     _mm_prefetch((const char *)(p + PREFETCH_BYTES + 64), _MM_HINT_T0);
     gather4(p, idx->lo, idx->hi, &p0, &p1);
-    if (int8) {
+    if (kind == KIND_INT8_SPLIT) {
         __m512i l0, l1;
         _mm_prefetch((const char *)(p + low_half + PREFETCH_BYTES), _MM_HINT_T0);
         _mm_prefetch((const char *)(p + low_half + PREFETCH_BYTES + 64), _MM_HINT_T0);
@@ -114,6 +122,11 @@ AI void tile_codes(const uint8_t *p, int64_t low_half, const Indices *idx, int i
         c[1] = _mm512_and_si512(p1, nib);
         c[2] = _mm512_and_si512(_mm512_srli_epi16(p0, 4), nib);
         c[3] = _mm512_and_si512(_mm512_srli_epi16(p1, 4), nib);
+        if (kind == KIND_INT5) {
+            const __m512i sixteen = _mm512_set1_epi8(16);
+            _mm_prefetch((const char *)fifth + PREFETCH_BYTES / 4, _MM_HINT_T0);
+            for (int i = 0; i < 4; i++) c[i] = _mm512_mask_add_epi8(c[i], _cvtu64_mask64(fifth[i]), c[i], sixteen);
+        }
     }
 }
 
@@ -142,12 +155,13 @@ AI void dot4(const __m512i c[4], const QRows *x, int64_t k, int wide, int nb, __
     }
 }
 
-/* One tile (64 output rows) for nb <= ROWS_PER_PASS rows of x; int8: the weight is a split;
- * wide: x in 16-bit codes. */
-AI void tile_pass(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t group, const QRows *x,
-                  const Indices *indices, float tot[][TILE], int fp16, int int8, int wide, int nb) {
+/* One tile (64 output rows) for nb <= ROWS_PER_PASS rows of x; kind: the weight's (fifth: its
+ * plane for this tile); wide: x in 16-bit codes. */
+AI void tile_pass(const uint8_t *codes, const uint64_t *fifth, const uint16_t *sz, int64_t n, int64_t group,
+                  const QRows *x, const Indices *indices, float tot[][TILE], int fp16, int kind, int wide, int nb) {
     const Indices idx = *indices;
-    const int64_t low_half = x->cols * 32;  /* int8: the low nibbles' columns start at K */
+    const int64_t low_half = x->cols * 32;  /* an int8 split: the low nibbles' columns start at K */
+    const int split = kind == KIND_INT8_SPLIT;
     for (int b = 0; b < nb; b++)
         for (int r = 0; r < TILE; r++) tot[b][r] = 0.0f;
     for (int64_t g = 0; g < x->groups; g++) {
@@ -155,24 +169,24 @@ AI void tile_pass(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t g
         for (int b = 0; b < nb; b++)
             for (int i = 0; i < 4; i++) acc[b][i] = pairs[b][i][0] = pairs[b][i][1] = _mm512_setzero_si512();
         if (g + 2 < x->groups) {  /* the scales two groups on: a strided read the prefetcher misses */
-            const char *next = (const char *)(sz + (int8 ? g + 2 + x->groups : g + 2) * n * 2);
+            const char *next = (const char *)(sz + (split ? g + 2 + x->groups : g + 2) * n * 2);
             for (int line = 0; line < 4; line++) _mm_prefetch(next + 64 * line, _MM_HINT_T0);
         }
         for (int64_t k = g * group; k < (g + 1) * group; k += 4) {
             __m512i c[4];
-            tile_codes(codes + k * 32, low_half, &idx, int8, c);
+            tile_codes(codes + k * 32, low_half, kind == KIND_INT5 ? fifth + k : NULL, &idx, kind, c);
             dot4(c, x, k, wide, nb, acc, pairs);
         }
         if (wide)
             for (int b = 0; b < nb; b++)
                 for (int i = 0; i < 4; i++) acc[b][i] = pair_sums_to_rows(pairs[b][i][0], pairs[b][i][1], idx.order);
-        const uint16_t *group_sz = sz + (int8 ? g + x->groups : g) * n * 2;
-        add_group(group_sz, int8 ? 136.0f : 8.0f, fp16, acc, x, g, tot, nb);
+        const uint16_t *group_sz = sz + (split ? g + x->groups : g) * n * 2;
+        add_group(group_sz, split ? 136.0f : kind == KIND_INT5 ? 16.0f : 8.0f, fp16, acc, x, g, tot, nb);
     }
 }
 
-static void run_tile(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t group, const QRows *x,
-                     const Indices *idx, int64_t rows, uint16_t *out, int fp16, int int8) {
+static void run_tile(const uint8_t *codes, const uint64_t *fifth, const uint16_t *sz, int64_t n, int64_t group,
+                     const QRows *x, const Indices *idx, int64_t rows, uint16_t *out, int fp16, int kind) {
     float tot[ROWS_PER_PASS][TILE] __attribute__((aligned(64)));
     const int wide = x->q16 != NULL, per_pass = wide ? 2 : ROWS_PER_PASS;  /* wide: twice the accumulators */
     for (int64_t b0 = 0; b0 < rows; b0 += per_pass) {
@@ -180,12 +194,12 @@ static void run_tile(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_
         QRows xb = {wide ? NULL : x->q8 + b0 * x->cols, wide ? x->q16 + b0 * x->cols : NULL,
                     x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups};
         switch (wide * 8 + nb) {  /* constant row counts, so the accumulators stay in registers */
-            case 1: tile_pass(codes, sz, n, group, &xb, idx, tot, fp16, int8, 0, 1); break;
-            case 2: tile_pass(codes, sz, n, group, &xb, idx, tot, fp16, int8, 0, 2); break;
-            case 3: tile_pass(codes, sz, n, group, &xb, idx, tot, fp16, int8, 0, 3); break;
-            case 4: tile_pass(codes, sz, n, group, &xb, idx, tot, fp16, int8, 0, 4); break;
-            case 9: tile_pass(codes, sz, n, group, &xb, idx, tot, fp16, int8, 1, 1); break;
-            default: tile_pass(codes, sz, n, group, &xb, idx, tot, fp16, int8, 1, 2); break;
+            case 1: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 0, 1); break;
+            case 2: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 0, 2); break;
+            case 3: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 0, 3); break;
+            case 4: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 0, 4); break;
+            case 9: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 1, 1); break;
+            default: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 1, 2); break;
         }
         for (int b = 0; b < nb; b++)
             for (int i = 0; i < 4; i++)
@@ -235,13 +249,14 @@ static void quantize_rows(const uint16_t *x, int64_t rows, int64_t cols, int64_t
     }
 }
 
-/* out (rows, n) = x (rows, cols) @ w.T, w (n, cols) in 4-bit tiles, or with int8 an int8 weight's
- * (n, 2 cols) split, x rounded to codes of x_bits (8 or 16) bits; returns 0, or -1 for what it
- * does not take. */
-int flexlamps_tile_gemv(const uint8_t *codes, const uint16_t *scale_zero, const uint16_t *x, uint16_t *out,
-                        int64_t n, int64_t cols, int64_t group, int64_t rows, int fp16, int int8, int x_bits,
-                        int threads) {
-    if (n % TILE || group <= 0 || group % 4 || group > 256 || cols % group || rows <= 0 || (x_bits != 8 && x_bits != 16))
+/* out (rows, n) = x (rows, cols) @ w.T, w (n, cols) in 4-bit tiles (kind 0), an int8 weight's
+ * (n, 2 cols) split (kind 1) or 5-bit codes, 4-bit tiles and the plane `fifth` (kind 2), x
+ * rounded to codes of x_bits (8 or 16) bits; returns 0, or -1 for what it does not take. */
+int flexlamps_tile_gemv(const uint8_t *codes, const uint64_t *fifth, const uint16_t *scale_zero, const uint16_t *x,
+                        uint16_t *out, int64_t n, int64_t cols, int64_t group, int64_t rows, int fp16, int kind,
+                        int x_bits, int threads) {
+    if (n % TILE || group <= 0 || group % 4 || group > 256 || cols % group || rows <= 0 || (x_bits != 8 && x_bits != 16)
+        || kind < KIND_INT4 || kind > KIND_INT5 || (kind == KIND_INT5 && !fifth))
         return -1;
     const int64_t groups = cols / group;
     void *buf = malloc((size_t)(rows * cols * (x_bits / 8)) + 2 * sizeof(float) * (size_t)(rows * groups) + 64);
@@ -251,16 +266,16 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint16_t *scale_zero, const 
     quantize_rows(x, rows, cols, group, fp16, x_bits, q, scale, sum);
     QRows xr = {x_bits == 8 ? q : NULL, x_bits == 16 ? q : NULL, scale, sum, cols, groups};
     const Indices idx = make_indices();
-    const int64_t tiles = n / TILE, tile_bytes = (int8 ? 2 : 1) * cols * 32;
+    const int64_t tiles = n / TILE, tile_bytes = (kind == KIND_INT8_SPLIT ? 2 : 1) * cols * 32;
     if (threads <= 1 || tiles == 1) {  /* no parallel region to enter: a few microseconds a call */
         for (int64_t t = 0; t < tiles; t++)
-            run_tile(codes + t * tile_bytes, scale_zero + t * TILE * 2, n, group, &xr, &idx, rows, out + t * TILE, fp16,
-                     int8);
+            run_tile(codes + t * tile_bytes, fifth ? fifth + t * cols : NULL, scale_zero + t * TILE * 2, n, group, &xr,
+                     &idx, rows, out + t * TILE, fp16, kind);
     } else {
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int64_t t = 0; t < tiles; t++)
-            run_tile(codes + t * tile_bytes, scale_zero + t * TILE * 2, n, group, &xr, &idx, rows, out + t * TILE, fp16,
-                     int8);
+            run_tile(codes + t * tile_bytes, fifth ? fifth + t * cols : NULL, scale_zero + t * TILE * 2, n, group, &xr,
+                     &idx, rows, out + t * TILE, fp16, kind);
     }
     free(buf);
     return 0;

@@ -41,6 +41,7 @@ _COMPILE_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512b
                   "-mavx512vbmi", "-mavx512vnni", "-mfma", "-mf16c")
 TILE = 64  # output rows per tile: the kernel takes weights whose layout has tiles of this many
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}  # the activations' dtypes, as the kernel's flag
+KIND_INT4, KIND_INT8_SPLIT, KIND_INT5 = 0, 1, 2  # the weight's layout, as the kernel's `kind`
 LIBRARY = native_build.Library(SOURCE, _COMPILE_FLAGS, CPU_FLAGS, "the AVX-512 decode kernel",
                                "4-bit decode runs torch's slower int4 kernel")
 X_BITS = 16  # x's codes: 16 bits (near bf16's own rounding) or 8 (llama.cpp's, a little faster)
@@ -60,7 +61,7 @@ class TileGemv:
             raise ValueError(f"tile_gemv: x_bits must be 8 or 16, got {x_bits}")
         fn = library.flexlamps_tile_gemv
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int] * 4
+        fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_int] * 4
         self.library, self._fn, self.x_bits = library, fn, x_bits
 
     @staticmethod
@@ -83,10 +84,13 @@ class TileGemv:
 
     def bind(self, w: Int4Weight | Int8Weight) -> Callable[[torch.Tensor], torch.Tensor]:
         """`matmul` for one weight, its arguments worked out once (a decode step makes ~120 calls)."""
-        int8 = int(isinstance(w, Int8Weight))
+        int8 = isinstance(w, Int8Weight)
         split = w.split if int8 else w
+        fifth = w.fifth if int8 else None  # the 5-bit form's plane
+        kind = KIND_INT5 if fifth is not None else KIND_INT8_SPLIT if int8 else KIND_INT4
         fn, n, cols, group, x_bits = self._fn, split.shape[0], w.shape[1], split.group_size, self.x_bits
         codes, scale_zero = split.kernel_codes.data_ptr(), split.scale_zero.data_ptr()
+        plane = None if fifth is None else fifth.data_ptr()
 
         def product(x: torch.Tensor) -> torch.Tensor:
             if x.shape[-1] != cols:  # the kernel would read past x
@@ -95,8 +99,8 @@ class TileGemv:
             if not rows.is_contiguous():
                 rows = rows.contiguous()
             out = torch.empty(rows.shape[0], n, dtype=x.dtype)
-            if rows.shape[0] and fn(codes, scale_zero, rows.data_ptr(), out.data_ptr(), n, cols, group, rows.shape[0], DTYPES[x.dtype],
-                  int8, x_bits, torch.get_num_threads()):
+            if rows.shape[0] and fn(codes, plane, scale_zero, rows.data_ptr(), out.data_ptr(), n, cols, group, rows.shape[0],
+                                    DTYPES[x.dtype], kind, x_bits, torch.get_num_threads()):
                 raise ValueError(f"tile_gemv: the kernel refused x {tuple(x.shape)} with {w!r}")
             return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
 
@@ -118,8 +122,11 @@ def _check(kernel: TileGemv) -> None:
     w8 = Int8Weight.from_codes(torch.randint(-128, 128, (64, 64), dtype=torch.int8, generator=gen),
                                torch.rand(64, 2, generator=gen) / 64, 32, torch.bfloat16,
                                zero=torch.randn(64, 2, generator=gen) / 64)
+    w5 = Int8Weight.from_codes(torch.randint(-16, 16, (64, 64), dtype=torch.int8, generator=gen),
+                               torch.rand(64, 2, generator=gen) / 64, 32, torch.bfloat16,
+                               zero=torch.randn(64, 2, generator=gen) / 64, five_bit=True)
     x = torch.randn(3, 64, generator=gen).to(torch.bfloat16)
-    for w in (w4, w8):
+    for w in (w4, w8, w5):
         assert kernel.runs(w, x), f"tile_gemv: the check's weight is not taken: {w!r}"
         want = (rounded_like_kernel(x, w.group_size, kernel.x_bits) @ w.dequantize(torch.float32).t()).to(torch.bfloat16)
         got = kernel.matmul(w, x)

@@ -32,14 +32,15 @@ import torch
 
 from flexlamps.cache_folder import cache_root
 from flexlamps.models.gguf_header import file_sha256
+from flexlamps.models.linear import native_kernel
 from flexlamps.models.tensor_file import SAFETENSORS_DTYPES, write_tensors
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
 
 # 2: Q8_0 matrices kept int8 (`Int8Weight`), a tied Q8_0 head as "lm_head"; 3: Q4_K and Q5_0 kept
 # as their blocks too, a tied 4-bit head as "lm_head"; 4: Q5_1 and Q5_K as int8 codes with zero points;
-# 5: Q6_K as int8 codes in groups of 16
-FORMAT_VERSION = 5
+# 5: Q6_K as int8 codes in groups of 16; 6: Q5_x in the 5-bit form where our AVX-512 kernel runs (keyed by it)
+FORMAT_VERSION = 6
 MAX_CACHE_BYTES = 8 * 2**30  # all entries of one folder together
 _ENTRY_GLOB = "weights-*.safetensors"
 log = logging.getLogger(__name__)
@@ -52,7 +53,8 @@ def default_cache_dir() -> Path:
 def cache_key(content_sha256: str, dtype: torch.dtype, int4_in_place: bool) -> str:
     """What the packed weights depend on, hashed: the checkpoint's bytes and how they are packed."""
     parts = {"sha256": content_sha256, "dtype": str(dtype), "int4": int4_in_place,
-             "torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "format": FORMAT_VERSION}
+             "torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "format": FORMAT_VERSION,
+             "five_bit": int4_in_place and native_kernel() is not None}  # what `read_int8` packs 5-bit codes as
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 

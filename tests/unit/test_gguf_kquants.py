@@ -11,7 +11,9 @@ import torch
 
 from flexlamps.models.checkpoint import GGUFReader, read_all
 from flexlamps.models.gguf_blocks import int4_blocks, int8_blocks
+from flexlamps.models.linear import native_kernel
 from flexlamps.settings import RunSettings
+from quant.int4_tiles import tile_rows
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
 from tests.gguf_models import (assert_as_good_as_a_bf16_copy, assert_cache_gives_back_the_same_weights, finish_gguf,
@@ -196,6 +198,9 @@ def test_q4_k_m_model_computes_its_blocks_in_place_and_keeps_quality(kquant_gguf
     assert isinstance(weights["layers.0.q_proj"], Int4Weight) and isinstance(weights["layers.1.down_proj"], Int4Weight)
     assert all(isinstance(weights[n], Int8Weight) for n in ("layers.0.v_proj", "layers.1.k_proj", "layers.1.gate_proj"))
     assert isinstance(weights["layers.0.down_proj"], Int8Weight) and weights["layers.0.down_proj"].group_size == 16
+    # Q5_0 / Q5_1 / Q5_K codes in 5 bits where our AVX-512 kernel multiplies them, else the split
+    five_bit = native_kernel() is not None and tile_rows(HIDDEN) == 64
+    assert all((weights[n].fifth is not None) == five_bit for n in ("layers.0.v_proj", "layers.1.k_proj"))
     assert isinstance(weights["lm_head"], Int4Weight) and type(weights["embed_tokens"]) is torch.Tensor  # tied
     ref = _logits(read_all(reader, torch.float32), reader, torch.float32)
     bf16_copy = _logits(read_all(reader, torch.bfloat16), reader, torch.bfloat16, feed=ref[2])
