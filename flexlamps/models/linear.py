@@ -38,7 +38,9 @@ same fused kernel on its codes split into two 4-bit halves. That wins only while
 weights rather than computes (1-2 rows), so it switches to the dense GEMM from
 `INT8_TWIN_DENSE_FROM_ROWS` rows as a twin (its dense copy made when first needed, as above) and
 from `INT8_DENSE_FROM_ROWS` as a plain weight (dequantized per call); its dense copy holds the
-values a dequantization at load gives, so fp32 keeps its exact results.
+values a dequantization at load gives, so fp32 keeps its exact results. A Q6_K weight (groups of
+16) and the 5-bit form of Q5_x codes run in place on our AVX-512 kernel only (`fuses`), elsewhere
+on their dense values.
 
 On CPUs with AVX-512 VBMI and VNNI (Zen 4, Ice Lake and later Xeons) both fused products run
 our own kernel instead (`quant.tile_gemv`, compiled on first use into the cache folder): it reads
