@@ -303,9 +303,8 @@ class GGUFReader:
         if heads is not None:
             codes, scale = (_unpermute_rows(part, heads) for part in (codes, scale))
             zero = None if zero is None else _unpermute_rows(zero, heads)
-        # the 5-bit codes (Q5_x) as 5 bits where our AVX-512 kernel multiplies them (0.6 of the split's bytes)
         return Int8Weight.from_codes(codes, scale, spec.shape[1] // scale.shape[1], dtype, zero=zero,
-                                     five_bit=native_kernel() is not None)
+                                     five_bit=packs_five_bit())
 
     @property
     def has_int4_weights(self) -> bool:
@@ -330,6 +329,12 @@ class GGUFReader:
     def fingerprint(self) -> str:
         st = self.path.stat()
         return hashlib.sha256(f"{self.path.name}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+def packs_five_bit() -> bool:
+    """Whether `GGUFReader.read_int8` holds 5-bit codes (Q5_x) in 5 bits (0.6 of the split's bytes):
+    where our AVX-512 kernel, which alone multiplies that form, runs (the weight cache keys by it)."""
+    return native_kernel() is not None
 
 
 def _dequantize_rows(data: np.ndarray, tensor_type, shape: tuple[int, ...], dtype: torch.dtype,

@@ -200,10 +200,10 @@ class Int4Twin:
             return None
         on = (x.dtype, x.device)
         if on != self._fused_on:
-            if not fuses(self.int4, x):
+            fused = _fused_for(self.int4, x)
+            if fused is None:
                 return None
-            self._fused = _fused_for(self.int4, x)
-            self._fused_on = on
+            self._fused, self._fused_on = fused, on
         return self._fused(x)
 
     @property
@@ -271,20 +271,26 @@ def native_kernel() -> tile_gemv.TileGemv | None:
 def fused_product(w: Int4Weight | Int8Weight, x: torch.Tensor) -> torch.Tensor:
     """x @ w.T computed on the codes in place (x in the weight's dtype, `fuses`): by the
     AVX-512 kernel where it takes them, else by torch's fused int4 kernel."""
-    return _fused_for(w, x)(x)
+    product = _fused_for(w, x)
+    if product is None:
+        raise ValueError(f"fused_product: neither our AVX-512 kernel nor torch's int4 kernel multiplies {w!r} "
+                         f"by x in {x.dtype} on {x.device} (see `fuses`)")
+    return product(x)
 
 
 def fuses(w: Int4Weight | Int8Weight, x: torch.Tensor) -> bool:
     """Whether `fused_product` multiplies x by w: on our AVX-512 kernel, or on torch's (which does
-    not take a Q6_K's groups of 16)."""
-    kernel = native_kernel()
-    return (kernel is not None and kernel.runs(w, x)) or w.can_run_fused(x)
+    not take a Q6_K's groups of 16, nor the 5-bit form)."""
+    return _fused_for(w, x) is not None
 
 
-def _fused_for(w: Int4Weight | Int8Weight, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The product `fused_product` runs for `w` and activations like `x` (a twin keeps it)."""
+def _fused_for(w: Int4Weight | Int8Weight, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The product `fused_product` runs for `w` and activations like `x` (a twin keeps it), or
+    None where no fused kernel takes them: the one place that decides."""
     kernel = native_kernel()
-    return kernel.bind(w) if kernel is not None and kernel.runs(w, x) else w.matmul
+    if kernel is not None and kernel.runs(w, x):
+        return kernel.bind(w)
+    return w.matmul if w.can_run_fused(x) else None
 
 
 def can_have_dense_twin(w) -> bool:
@@ -379,14 +385,15 @@ def _int4_linear(x: torch.Tensor, w: Int4Weight | Int8Weight | Int4Twin, b: torc
     twin = w if isinstance(w, Int4Twin) else None
     w = twin.int4 if twin else w
     plain_from = INT8_DENSE_FROM_ROWS if isinstance(w, Int8Weight) else INT4_DENSE_FROM_ROWS
-    if rows >= (twin.dense_from_rows if twin else plain_from) or not fuses(w, x):
+    fused = None if rows >= (twin.dense_from_rows if twin else plain_from) else _fused_for(w, x)
+    if fused is None:
         out = int8_product(twin or w, x) if rows >= INT8_GEMM_FROM_ROWS else None
         if out is not None:
             return _epilogue(out, b, add, mul)
         dense = twin.dense if twin and x.dtype == twin.dtype else w.dequantize(
             x.dtype, out=_dense_scratch(w.shape, x.dtype, x.device))
         return linear(x, dense, b, add=add, mul=mul)
-    return _epilogue(fused_product(w, x), b, add, mul)
+    return _epilogue(fused(x), b, add, mul)
 
 
 def _epilogue(out: torch.Tensor, b, add, mul) -> torch.Tensor:

@@ -32,7 +32,7 @@ import torch
 
 from flexlamps.cache_folder import cache_root
 from flexlamps.models.gguf_header import file_sha256
-from flexlamps.models.linear import native_kernel
+from flexlamps.models.checkpoint import packs_five_bit
 from flexlamps.models.tensor_file import SAFETENSORS_DTYPES, write_tensors
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
@@ -54,7 +54,7 @@ def cache_key(content_sha256: str, dtype: torch.dtype, int4_in_place: bool) -> s
     """What the packed weights depend on, hashed: the checkpoint's bytes and how they are packed."""
     parts = {"sha256": content_sha256, "dtype": str(dtype), "int4": int4_in_place,
              "torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "format": FORMAT_VERSION,
-             "five_bit": int4_in_place and native_kernel() is not None}  # what `read_int8` packs 5-bit codes as
+             "five_bit": int4_in_place and packs_five_bit()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
