@@ -1,0 +1,1 @@
+"""Tools an agent request calls: code run in a sandboxed subprocess (`sandbox`)."""

@@ -1,0 +1,128 @@
+"""The tool sandbox: whatever the code does, the caller gets a ToolResult saying so, in time."""
+
+import os
+import socket
+import tempfile
+import textwrap
+import time
+
+import pytest
+
+from flexlamps.tools.sandbox import Limits, ToolResult, call_function, describe_tools, run_program
+
+FAST = Limits(wall_s=1.5, cpu_s=5)
+
+
+def test_a_program_runs_in_its_own_temp_dir():
+    res = run_program("import os\nopen('note.txt', 'w').write('hi')\nprint(open('note.txt').read(), os.getcwd())")
+    assert res.ok  # cwd is the temp dir, shown as "."
+    assert res.output.split() == ["hi", "."]
+    assert res.seconds > 0
+
+
+def test_a_hang_is_cut_at_the_wall_limit():
+    start = time.perf_counter()
+    res = run_program("import time\ntime.sleep(60)", FAST)
+    assert res.status == "timeout"
+    assert time.perf_counter() - start < 5
+    assert 1.4 < res.seconds < 5
+    assert "time limit" in res.text()
+
+
+def test_a_busy_loop_is_cut_by_the_cpu_limit():
+    res = run_program("while True:\n    pass", Limits(wall_s=20, cpu_s=1))
+    assert res.status == "cpu_limit" and "CPU-time" in res.text()
+
+
+@pytest.mark.parametrize("source", [
+    "import socket\nsocket.socket()",
+    "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)",
+    "import urllib.request\nurllib.request.urlopen('http://example.com', timeout=1)",
+])
+def test_network_is_refused(source):
+    res = run_program(source, FAST)
+    assert res.status == "error"
+    assert "network access" in res.output
+
+
+def test_network_refused_even_with_the_namespace_off():
+    res = run_program("import socket\nsocket.socket(socket.AF_INET, socket.SOCK_STREAM)", Limits(network=True))
+    assert res.status == "error" and "socket.__new__" in res.output
+
+
+def test_writes_outside_the_temp_dir_are_refused():
+    outside = os.path.join(tempfile.gettempdir(), f"flexlamps-sandbox-escape-{os.getpid()}")
+    sources = [f"open({outside!r}, 'w').write('x')", f"import os\nos.open({outside!r}, os.O_CREAT | os.O_WRONLY)",
+               f"import os\nos.chdir('/tmp')\nopen('escape-{os.getpid()}', 'a')", f"import os\nos.mkdir({outside!r})",
+               f"import os\nopen('a', 'w').close()\nos.rename('a', {outside!r})", "import os\nos.remove('/etc/hostname')"]
+    for source in sources:
+        res = run_program(source, FAST)
+        assert res.status == "error" and "outside the sandbox's temp dir" in res.output, (source, res)
+        assert not os.path.exists(outside)
+    assert not os.path.exists(f"/tmp/escape-{os.getpid()}")
+
+
+def test_reading_is_allowed_and_processes_are_refused():
+    assert run_program("print(len(open('/etc/hostname').read()) >= 0)").output.strip() == "True"
+    for source in ("import subprocess\nsubprocess.run(['true'])", "import os\nos.system('true')",
+                   "import os\nos.fork()", "import ctypes\nctypes.CDLL(None).getpid()"):
+        res = run_program(source, FAST)
+        assert res.status == "error" and "refused" in res.output, source
+
+
+def test_crashes_and_exits_become_results():
+    res = run_program("import os\nos.abort()", FAST)
+    assert res.status == "killed" and res.text().startswith("error")
+    res = run_program("import sys\nsys.exit(3)", FAST)
+    assert res.status == "error" and "exit code 3" in res.output
+    res = run_program("def f():\n    assert 1 == 2, 'one is not two'\nf()", FAST)
+    assert res.status == "error"
+    # the traceback names program.py (not the temp dir) and none of the sandbox's own frames
+    assert 'File "program.py", line 2, in f' in res.output and "_child.py" not in res.output
+    assert res.output.rstrip().endswith("(exit code 1)") and "AssertionError: one is not two" in res.output
+
+
+def test_output_and_memory_are_capped():
+    res = run_program("print('x' * 10_000_000)", Limits(output_bytes=4096))
+    assert res.status == "output_limit" and len(res.output) <= 4096
+    assert len(res.text(100)) == 100
+    res = run_program("x = bytearray(900 * 2**20)\nprint('allocated')", Limits(memory_bytes=256 << 20))
+    assert res.status == "error" and "MemoryError" in res.output
+
+
+def test_tool_functions_are_called_and_described(tmp_path):
+    module = tmp_path / "tools.py"
+    module.write_text(textwrap.dedent('''
+        import socket
+
+        def add(a: int, b: int = 1):
+            """Add two numbers."""
+            return a + b
+
+        def shout(text: str):
+            return text.upper()
+
+        def dial():
+            socket.socket()
+
+        def _hidden():
+            pass
+    '''))
+    names = [t["name"] for t in describe_tools(module)]
+    assert names == ["add", "shout", "dial"]
+    add = describe_tools(module)[0]
+    assert add["description"] == "Add two numbers."
+    assert add["parameters"]["properties"] == {"a": {"type": "integer"}, "b": {"type": "integer"}}
+    assert add["parameters"]["required"] == ["a"]
+    assert call_function(module, "add", {"a": 2, "b": 3}).value == "5"
+    assert call_function(module, "shout", {"text": "hi"}).text() == "HI"
+    assert "network access" in call_function(module, "dial", {}, FAST).text()
+    missing = call_function(module, "nope", {}, FAST)
+    assert missing.status == "error" and "no tool function 'nope'" in missing.text()
+    assert "unexpected keyword" in call_function(module, "add", {"c": 1}, FAST).text()
+
+
+def test_limits_are_checked():
+    with pytest.raises(ValueError, match="sandbox limits too small"):
+        Limits(wall_s=0)
+    assert ToolResult("ok", "out", 0.1).text() == "out"
