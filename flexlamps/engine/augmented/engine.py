@@ -9,9 +9,9 @@ One iteration:
              (prompt / returned API tokens / chunked recompute of a discarded cache)
     sample (greedy) -> RunnerOutput(intercepted, finished) -> scheduler.update_from_output
 
-A request whose segment ends is intercepted: it sleeps for the segment's (scaled) API time in
-wall-clock time, then the call's returned tokens join its context and the scheduler resumes
-it. Whatever the scheduler did with its cache meanwhile (preserve / swap / discard), the
+A request whose segment ends is intercepted: its call runs (a trace's: sleeps for the segment's
+scaled API time; a live tool: runs in a thread, see `calls`), then the call's returned tokens
+join its context and the scheduler resumes it. Whatever the scheduler did with its cache meanwhile (preserve / swap / discard), the
 engine only ever feeds `tokens[num_computed : num_computed + n]`, so the output equals an
 uninterrupted generation.
 
@@ -26,13 +26,13 @@ cpu blocks a swap-in reads to no swap-out of the same output.
 
 from __future__ import annotations
 
-import heapq
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from flexlamps.workloads.tokenized import TokenizedRequest, total_tokens
+from flexlamps.engine.augmented.calls import FINISHED, Calls, TraceCalls
+from flexlamps.workloads.tokenized import TokenizedRequest
 from flexlamps.engine.executors.contract import Executor, PagedCache
 from flexlamps.engine.executors.step import Step
 from flexlamps.sched.output import RunnerOutput, SchedulerOutput
@@ -113,10 +113,11 @@ class AugmentedEngine:
         check: run `scheduler.check_invariants()` and the engine's own checks every iteration.
         on_iteration: called with the scheduler after every iteration (tests).
         on_finish: called with each finished request's RequestRecord (progress bars).
+        calls: what the requests do (`calls.Calls`); default: the requests' own trace segments.
     """
 
     def __init__(self, executor: Executor, cache: PagedCache, scheduler: Scheduler, clock=None,
-                 check: bool = False, on_iteration=None, on_finish=None):
+                 check: bool = False, on_iteration=None, on_finish=None, calls: Calls | None = None):
         bm = scheduler.bm
         if (bm.num_gpu_blocks, bm.num_cpu_blocks, bm.block_size) != (
                 cache.num_gpu_blocks, cache.num_cpu_blocks, cache.block_size):
@@ -131,40 +132,38 @@ class AugmentedEngine:
         self._state: dict[str, Request] = {}  # scheduler objects, kept after they finish
         self._tokens: dict[str, list[int]] = {}
         self._tables: dict[str, list[int]] = {}  # last gpu table seen, to zero it when freed
-        self._returns: list[tuple[float, int, str]] = []  # (due time, seq, request id)
+        self.calls = calls
         self.swapped_out_bytes = 0
-        self._seq = 0
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, requests: list[TokenizedRequest]) -> AugmentedResult:
         arrivals = sorted(requests, key=lambda r: r.spec.arrival_time)
+        calls = self.calls = self.calls or TraceCalls(requests)
         pool_tokens = self.cache.num_gpu_blocks * self.cache.block_size
         for r in arrivals:
             if r.spec.request_id in self._reqs:
                 raise ValueError(f"request id {r.spec.request_id!r} appears twice; ids must be unique")
-            if total_tokens(r.spec) >= pool_tokens:
-                raise ValueError(f"request {r.spec.request_id!r} grows to {total_tokens(r.spec)} tokens but the "
+            if calls.max_tokens(r.spec.request_id) >= pool_tokens:
+                raise ValueError(f"request {r.spec.request_id!r} grows to {calls.max_tokens(r.spec.request_id)} "
+                                 f"tokens but the "
                                  f"gpu KV pool holds {pool_tokens}; enlarge the pool or lower the context cap")
             self._reqs[r.spec.request_id] = r
         arrivals.reverse()  # pop from the end
         records, finished_tokens = [], {}
         sched, clock = self.sched, self.clock
-        while arrivals or self._returns or sched.running or sched.num_waiting or sched.paused:
+        while arrivals or calls.pending or sched.running or sched.num_waiting or sched.paused:
             now = clock.now()
             while arrivals and arrivals[-1].spec.arrival_time <= now:
                 self._arrive(arrivals.pop())
-            while self._returns and self._returns[0][0] <= now:
-                _, _, rid = heapq.heappop(self._returns)
-                self._return_from_call(rid, now)
+            for rid, returned in calls.poll(now):
+                self._return_from_call(rid, returned, now)
             out = sched.schedule(now)
             self._apply_moves(out)
             if not (out.prefill or out.recompute or out.decode):
-                due = [t for t in (arrivals[-1].spec.arrival_time if arrivals else None,
-                                   self._returns[0][0] if self._returns else None) if t is not None]
-                if not due:
+                if not (arrivals or calls.pending):
                     raise RuntimeError("augmented engine: requests remain but nothing can be scheduled "
                                        "(a request larger than the gpu pool?)")
-                clock.sleep_until(min(due))
+                calls.wait(arrivals[-1].spec.arrival_time if arrivals else None, clock)
                 continue
             start = clock.now()
             runner = self._forward_and_sample(out)
@@ -198,15 +197,12 @@ class AugmentedEngine:
 
     def _intercepted(self, rid: str, now: float) -> None:
         req = self.sched.paused[rid]
-        seg = self._reqs[rid].spec.segments[req.segment_index]
-        self._seq += 1
-        heapq.heappush(self._returns, (now + seg.api_time, self._seq, rid))
+        self.calls.start(req, req.api_type, now)
 
-    def _return_from_call(self, rid: str, now: float) -> None:
+    def _return_from_call(self, rid: str, returned: list[int], now: float) -> None:
         req = self.sched.paused[rid]
         # how the call ended up handled (a preserved cache may be dropped during the call)
         self.stats.strategies[req.strategy.value] += 1
-        returned = self._reqs[rid].returned_ids[req.segment_index]
         self._tokens[rid].extend(returned)
         self.sched.resume(rid, len(returned), now)
 
@@ -237,13 +233,11 @@ class AugmentedEngine:
         for rid in out.sampling:
             token = int(last_logits[rid].argmax())
             self._tokens[rid].append(token)
-            req = self._state[rid]
-            seg = self._reqs[rid].spec.segments[req.segment_index]
-            if req.segment_output + 1 >= seg.completion_tokens:
-                if seg.api_type:
-                    runner.intercepted[rid] = seg.api_type
-                else:
-                    runner.finished.add(rid)
+            verdict = self.calls.on_token(self._state[rid], self._tokens[rid])
+            if verdict is FINISHED:
+                runner.finished.add(rid)
+            elif verdict is not None:
+                runner.intercepted[rid] = verdict
         return runner
 
     def _forward(self, groups: list[list[tuple[str, int]]], out: SchedulerOutput) -> list[torch.Tensor]:
@@ -285,7 +279,7 @@ class AugmentedEngine:
         return RequestRecord(
             request_id=rid, kind=spec.kind, client_id=spec.client_id, arrival=spec.arrival_time,
             first_token=req.first_token_time, finish=now, output_tokens=req.output_tokens,
-            api_seconds=spec.api_seconds, num_calls=sum(1 for s in spec.segments if s.api_type))
+            api_seconds=self.calls.api_seconds(rid), num_calls=self.calls.num_calls(rid))
 
     def _check(self) -> None:
         self.sched.check_invariants()
