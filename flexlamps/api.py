@@ -16,7 +16,7 @@ from flexlamps.engine.batch.generate import RequestOutput, generate
 from flexlamps.host_allocator import keep_freed_memory
 from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.batch.scoring import PrefixScorer, PrefixStats, ScoreOutput, split_tokens
-from flexlamps.models.registry import open_checkpoint
+from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.settings import RunSettings
 
 __all__ = ["LLM", "RunSettings", "SamplingParams", "RequestOutput", "ScoreOutput"]
@@ -90,7 +90,7 @@ class LLM:
             return
         if self.offload is None:
             from flexlamps.engine.executors.in_memory import InMemoryExecutor
-            from flexlamps.models.weight_cache import load_weights
+            from flexlamps.models.loading.weight_cache import load_weights
             from offload import compute_device
 
             device = torch.device(self.device) if self.device else compute_device()  # the GPU when there is one
@@ -112,7 +112,7 @@ class LLM:
         import functools
         from pathlib import Path
 
-        from flexlamps.models import weight_cache
+        from flexlamps.models.loading import weight_cache
 
         if self.cache_dir is False or not Path(self.reader.path).is_file():
             return None
@@ -244,7 +244,7 @@ DENSE_TWINS_MAX_SHARE = 0.25
 def _dense_twins_fit(weights: dict) -> bool:
     import psutil
 
-    from flexlamps.models.linear import can_have_dense_twin
+    from flexlamps.models.blocks.linear import can_have_dense_twin
 
     dense_bytes = sum(w.shape[0] * w.shape[1] * w.dtype.itemsize for w in weights.values() if can_have_dense_twin(w))
     return 0 < dense_bytes <= DENSE_TWINS_MAX_SHARE * psutil.virtual_memory().available

@@ -25,7 +25,7 @@ import torch
 from flexlamps.host_allocator import keep_freed_memory
 from flexlamps.cache_folder import cache_root
 from flexlamps.hw_profile_int4 import measure_int4, measure_int8_prompts
-from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, linear, pack
+from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, linear, pack
 from placement import HardwareSpec
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

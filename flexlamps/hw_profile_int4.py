@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from flexlamps.engine.executors.stored_weights import INT4_GROUP
-from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, int8_kernel, linear
+from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, int8_kernel, linear
 from quant import int8_gemm
 from quant.int4_weight import Int4Weight, can_pack
 

@@ -13,7 +13,7 @@ knows, a weight may hold the kernel layout alone (`kernel_only`, half the bytes:
 offload engine keeps on its tiers, and every weight moved to a CUDA device) and is dequantized
 from it, to the same values (on CUDA the codes are read back through the kernel itself). The fused kernel wins for a few rows (decode: it reads 4.5 bits
 per weight instead of 16); for many rows (prefill) a dense GEMM on the dequantized matrix is
-faster, so callers pick by row count (`flexlamps.models.linear`). Imports torch only.
+faster, so callers pick by row count (`flexlamps.models.blocks.linear`). Imports torch only.
 """
 from __future__ import annotations
 

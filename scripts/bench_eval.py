@@ -92,7 +92,7 @@ def gemm_peak():
     """GEMM_REPEATS products of GEMM_N-square fp32 matrices (2 n^3 FLOPs each) by the fastest GEMM
     torch has here: oneDNN with a prepacked weight (what flexlamps' linear runs; on this Zen 4 it
     beats torch.mm's BLAS by ~35%), so no model rate can exceed the peak by a kernel choice."""
-    from flexlamps.models.linear import linear, pack
+    from flexlamps.models.blocks.linear import linear, pack
 
     a, b = torch.randn(GEMM_N, GEMM_N), pack(torch.randn(GEMM_N, GEMM_N))
     for _ in range(GEMM_REPEATS):
@@ -107,7 +107,7 @@ def load_peer(model: str, batch_size: int):
     import transformers
     from lm_eval.models.huggingface import HFLM
 
-    from flexlamps.models.builtin import BUILTIN_MODELS, builtin_path
+    from flexlamps.models.loading.builtin import BUILTIN_MODELS, builtin_path
 
     if model.lower() in BUILTIN_MODELS:
         path = builtin_path(model.lower())
@@ -203,7 +203,7 @@ def report(args, items, ours_lps, peer_lps, best, computed, cont_tokens, hf) -> 
 def hf_tokens(args, items) -> int:
     """Tokens lm-eval runs through the model (context + continuation per choice, no padding)."""
     from flexlamps import LLM as _LLM  # noqa: F401  (the same tokenizer as ours)
-    from flexlamps.models.registry import open_checkpoint
+    from flexlamps.models.loading.registry import open_checkpoint
 
     tok = open_checkpoint(args.model).tokenizer
     return sum(len(tok.encode(it["context"] + " " + c)) for it in items for c in it["choices"])

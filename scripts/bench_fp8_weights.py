@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' tiny 
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
-from flexlamps.models.checkpoint import read_all
-from flexlamps.models.registry import open_checkpoint
+from flexlamps.models.loading.checkpoint import read_all
+from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
 from tests.deepseek_models import DEEPSEEK_CONFIGS, to_fp8_checkpoint
 

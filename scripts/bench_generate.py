@@ -33,7 +33,7 @@ GGML_NATIVE=OFF with explicit AVX-512 flags: a native build's AMX kernels crash 
 A Q4_K_M of the built-in model (Q5_0 / Q8_0 / Q4_K / Q6_K: SmolLM2's 576-wide rows are no
 multiple of 256, so llama.cpp falls back from Q4_K to Q5_0 on most matrices), with the same
 build's quantizer: `cmake --build /work/llamacpp/build --target llama-quantize`, then
-    llama-quantize --allow-requantize "$(python -c 'from flexlamps.models.builtin import builtin_path; \\
+    llama-quantize --allow-requantize "$(python -c 'from flexlamps.models.loading.builtin import builtin_path; \\
         print(builtin_path("smollm2-135m"))')" /tmp/smollm2.Q4_K_M.gguf Q4_K_M
 """
 
@@ -49,9 +49,9 @@ import torch
 
 from bench_prompts import distinct_prompts
 from flexlamps import LLM, SamplingParams
-from flexlamps.models.linear import int8_kernel, linear, native_kernel, pack, unpack
-from flexlamps.models.registry import open_checkpoint
-from flexlamps.models.weight_cache import load_weights
+from flexlamps.models.blocks.linear import int8_kernel, linear, native_kernel, pack, unpack
+from flexlamps.models.loading.registry import open_checkpoint
+from flexlamps.models.loading.weight_cache import load_weights
 from flexlamps.models.weight_specs import hf_name, weight_specs
 
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' tiny 
 from flexlamps.engine.batch.generate import generate
 from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.executors.offloaded import OffloadExecutor
-from flexlamps.models.registry import open_checkpoint
+from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.models.weight_specs import weight_specs
 from offload.budget import BudgetExceededError
 from placement import Policy, TierSplit

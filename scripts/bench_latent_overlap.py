@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flexlamps.engine.caches.latent_offload import OffloadedLatentCache
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.mla import MLAStep
+from flexlamps.models.blocks.mla import MLAStep
 from offload.budget import TierBudget
 
 

@@ -52,8 +52,8 @@ def save_smollm2(folder: Path, dtype: torch.dtype) -> Path:
     """SmolLM2 as an HF safetensors folder (what Accelerate loads), from the built-in GGUF."""
     from safetensors.torch import save_file
 
-    from flexlamps.models.checkpoint import read_all
-    from flexlamps.models.registry import open_checkpoint
+    from flexlamps.models.loading.checkpoint import read_all
+    from flexlamps.models.loading.registry import open_checkpoint
     from flexlamps.models.weight_specs import hf_name, weight_specs
 
     reader = open_checkpoint("smollm2-135m")
@@ -87,7 +87,7 @@ def save_random_tinyllama(folder: Path, dtype: torch.dtype) -> Path:
 
 
 def _copy_tokenizer(folder: Path) -> None:
-    from flexlamps.models.registry import open_checkpoint
+    from flexlamps.models.loading.registry import open_checkpoint
 
     tok = open_checkpoint("smollm2-135m").tokenizer
     tok.tk.save(str(folder / "tokenizer.json"))
@@ -202,7 +202,7 @@ def gemm_peak(hf_config: dict, rows: int, dtype: torch.dtype, repeats: int = 7) 
     matrix (LLaMA's gate/up) over `rows` rows: the faster of oneDNN's dense GEMM (prepacked) and,
     in bf16 where it runs, our int8 GEMM (`quant.int8_gemm`, which 4-bit prompts use): the rate
     no engine computing these layers exceeds by much."""
-    from flexlamps.models.linear import int8_kernel, linear, pack
+    from flexlamps.models.blocks.linear import int8_kernel, linear, pack
 
     hidden, ffn = hf_config["hidden_size"], hf_config["intermediate_size"]
     x = torch.randn(rows, hidden, dtype=dtype)
@@ -262,7 +262,7 @@ def main():
     dtype = getattr(torch, args.dtype)
     folder = (save_smollm2(work / "smollm2-hf", dtype) if args.model == "smollm2"
               else save_random_tinyllama(work / "tinyllama-random", dtype))
-    from flexlamps.models.registry import open_checkpoint
+    from flexlamps.models.loading.registry import open_checkpoint
     from flexlamps.models.weight_specs import total_bytes
 
     reader = open_checkpoint(folder)

@@ -26,7 +26,7 @@ import torch
 import placement
 from flexlamps import LLM, SamplingParams
 from flexlamps.hw_profile import profile_machine
-from flexlamps.models.registry import open_checkpoint
+from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit, WorkloadSpec
 
 G = TierSplit(gpu=1, cpu=0, disk=0)

@@ -98,7 +98,7 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=64)
     ap.add_argument("--model", default="smollm2-135m", help="whose tokenizer (a built-in name or a path)")
     args = ap.parse_args()
-    from flexlamps.models.registry import open_checkpoint
+    from flexlamps.models.loading.registry import open_checkpoint
 
     prompts = distinct_prompts(open_checkpoint(args.model).tokenizer, args.n, args.length)
     source = "WikiText-2" if (shared_data() / WIKITEXT).is_file() else "generated text (no shared data)"

@@ -28,9 +28,9 @@ import torch
 from bench_prompts import distinct_prompts
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.step import Step
-from flexlamps.models.checkpoint import GGUFReader, read_all
-from flexlamps.models.linear import Int4Twin, linear, pack
-from flexlamps.models.registry import open_checkpoint
+from flexlamps.models.loading.checkpoint import GGUFReader, read_all
+from flexlamps.models.blocks.linear import Int4Twin, linear, pack
+from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.models.weight_specs import weight_specs
 from quant.int8_weight import Int8Weight
 

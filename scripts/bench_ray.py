@@ -22,7 +22,7 @@ from flexlamps.distributed.generate import generate_on_ray
 from flexlamps.generate_job import GenerateSettings, encode_checked, generate_rows
 from flexlamps.settings import RunSettings
 from flexlamps.io.prompts import PromptRecord
-from flexlamps.models.registry import open_checkpoint
+from flexlamps.models.loading.registry import open_checkpoint
 
 DATA = Path(os.environ.get("FLEXLAMPS_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
 

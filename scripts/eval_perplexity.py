@@ -29,8 +29,8 @@ import torch
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
-from flexlamps.models.checkpoint import read_all
-from flexlamps.models.registry import open_checkpoint
+from flexlamps.models.loading.checkpoint import read_all
+from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
 
 WIKITEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext2" / "wikitext-test.txt"

@@ -60,8 +60,8 @@ def assert_as_good_as_a_bf16_copy(got, bf16_copy, ref) -> None:
 def assert_cache_gives_back_the_same_weights(path: Path, cache_dir: Path) -> dict:
     """Loads `path` in bf16 with its blocks in place twice (the second from the weight cache):
     every weight comes back of the same kind and with the same values; returns the second load."""
-    from flexlamps.models.checkpoint import GGUFReader
-    from flexlamps.models.weight_cache import load_weights
+    from flexlamps.models.loading.checkpoint import GGUFReader
+    from flexlamps.models.loading.weight_cache import load_weights
 
     first, second = (load_weights(GGUFReader(path), torch.bfloat16, int4_in_place=True, cache_dir=cache_dir)
                      for _ in range(2))

@@ -249,9 +249,9 @@ def _encode(tokenizer, max_position, job, settings, strict):
 
 
 def _load_engine(settings):
-    from flexlamps.models.checkpoint import CheckpointError
+    from flexlamps.models.loading.checkpoint import CheckpointError
     from flexlamps.models.config import UnsupportedModelError
-    from flexlamps.models.registry import UnknownModelError
+    from flexlamps.models.loading.registry import UnknownModelError
 
     try:
         return settings.load_llm()
@@ -317,9 +317,9 @@ def _run_on_ray(settings, job, no_progress: bool, address: str, num_workers, thr
 
 def _encode_on_driver(settings, job, strict: bool):
     """Check the model and every prompt's length here, before any cluster starts."""
-    from flexlamps.models.checkpoint import CheckpointError
+    from flexlamps.models.loading.checkpoint import CheckpointError
     from flexlamps.models.config import UnsupportedModelError
-    from flexlamps.models.registry import UnknownModelError, open_checkpoint
+    from flexlamps.models.loading.registry import UnknownModelError, open_checkpoint
 
     try:
         reader = open_checkpoint(settings.run.model)

@@ -61,7 +61,7 @@ def _auto_bytes_per_param(reader) -> float:
 
 def check_max_rss(settings, max_rss: int, num_prompts: int) -> None:
     """Refuse (before loading the model) a run whose planned memory exceeds `max_rss`."""
-    from flexlamps.models.registry import open_checkpoint
+    from flexlamps.models.loading.registry import open_checkpoint
 
     run = settings.run
     reader = open_checkpoint(run.model)

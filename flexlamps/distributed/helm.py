@@ -68,7 +68,7 @@ class RayEngine:
 
     @cached_property
     def _reader(self):
-        from flexlamps.models.registry import open_checkpoint
+        from flexlamps.models.loading.registry import open_checkpoint
 
         return open_checkpoint(self.model)
 

@@ -18,8 +18,8 @@ import torch
 from flexlamps.engine.caches.latent_offload import OffloadedLatentCache
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.step import Step
-from flexlamps.models.checkpoint import read_all
-from flexlamps.models.registry import open_checkpoint
+from flexlamps.models.loading.checkpoint import read_all
+from flexlamps.models.loading.registry import open_checkpoint
 from offload.budget import TierBudget
 from placement.latent_pools import LatentMissCurves
 

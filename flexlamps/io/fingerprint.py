@@ -95,7 +95,7 @@ def model_fingerprint(model: str) -> str:
     """16 hex digits naming a model's weights by content: a built-in name, a Hugging Face
     folder (or its config.json) or a GGUF file. A name that resolves to nothing is
     fingerprinted as its text (loading it will fail anyway)."""
-    from flexlamps.models.builtin import BUILTIN_MODELS, UnknownModelError, builtin_path
+    from flexlamps.models.loading.builtin import BUILTIN_MODELS, UnknownModelError, builtin_path
 
     text = str(model)
     path = Path(text).expanduser()

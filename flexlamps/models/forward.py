@@ -1,9 +1,9 @@
 """Pick the forward implementation for a config's architecture."""
 
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.deepseek import DeepseekForward
-from flexlamps.models.llama import LlamaForward
-from flexlamps.models.opt import OptForward
+from flexlamps.models.families.deepseek import DeepseekForward
+from flexlamps.models.families.llama import LlamaForward
+from flexlamps.models.families.opt import OptForward
 
 
 def forward_for(cfg: ModelConfig):

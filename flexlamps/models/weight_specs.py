@@ -80,7 +80,7 @@ def _llama_specs(cfg: ModelConfig) -> list[WeightSpec]:
 
 
 def _mla_specs(cfg: ModelConfig) -> list[WeightSpec]:
-    from flexlamps.models.deepseek_weights import mla_layer_shapes
+    from flexlamps.models.families.deepseek_weights import mla_layer_shapes
 
     h = cfg.hidden_size
     specs = [WeightSpec("embed_tokens", (cfg.vocab_size, h), "embed", None)]
@@ -153,7 +153,7 @@ _OPT_HF_GLOBAL = {
 
 def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
     if cfg.arch == "mla":
-        from flexlamps.models.deepseek_weights import mla_hf_name
+        from flexlamps.models.families.deepseek_weights import mla_hf_name
 
         return mla_hf_name(spec.name, spec.layer, spec.local_name)
     if cfg.arch == "llama":

@@ -245,7 +245,7 @@ def test_max_rss_plans_the_cache_in_the_dtype_it_is_held(tiny_llama):
     from click import ClickException
 
     from flexlamps.commands.memory import check_max_rss, planned_rss_bytes
-    from flexlamps.models.registry import open_checkpoint
+    from flexlamps.models.loading.registry import open_checkpoint
     from flexlamps.generate_job import GenerateSettings
     from flexlamps.settings import RunSettings
 

@@ -61,7 +61,7 @@ def _run_api(model, prompts, out, on_shard):
     from flexlamps.distributed.cluster import ray_cluster
     from flexlamps.distributed.generate import generate_on_ray
     from flexlamps.generate_job import encode_checked, pending_job
-    from flexlamps.models.registry import open_checkpoint
+    from flexlamps.models.loading.registry import open_checkpoint
 
     job = pending_job(_ray_settings(model), prompts, out)
     reader = open_checkpoint(model)

@@ -8,8 +8,8 @@ import torch
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
-from flexlamps.models.checkpoint import keeps_fp8, read_all
-from flexlamps.models.registry import open_checkpoint
+from flexlamps.models.loading.checkpoint import keeps_fp8, read_all
+from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.models.weight_specs import weight_specs
 from placement import Policy, TierSplit
 from quant.fp8 import Fp8Weight

@@ -8,8 +8,8 @@ from flexlamps.engine.executors.step import Step
 from flexlamps.engine.caches.latent import DenseLatentCache
 from flexlamps.engine.caches.latent_offload import OffloadedLatentCache
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
-from flexlamps.models.checkpoint import read_all
-from flexlamps.models.registry import open_checkpoint
+from flexlamps.models.loading.checkpoint import read_all
+from flexlamps.models.loading.registry import open_checkpoint
 from offload.budget import BudgetExceededError, TierBudget
 
 PROMPT_LENS, DECODE_STEPS = (10, 6), 64
@@ -144,7 +144,7 @@ def _teacher_forced(ex, cache, tokens: torch.Tensor):
 
 def _recording_picks(monkeypatch, module):
     """Record every decode step's selection made through `module.select_topk`."""
-    from flexlamps.models import mla
+    from flexlamps.models.blocks import mla
 
     picks = []
 

@@ -6,8 +6,8 @@ import torch
 from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.caches.latent import DenseLatentCache
-from flexlamps.models.checkpoint import read_all
-from flexlamps.models.registry import open_checkpoint
+from flexlamps.models.loading.checkpoint import read_all
+from flexlamps.models.loading.registry import open_checkpoint
 from tests.deepseek_models import DEEPSEEK_CONFIGS, to_fp8_checkpoint
 
 PROMPT_LEN, DECODE_STEPS = 12, 32
@@ -88,7 +88,7 @@ def test_unsupported_quantization_is_refused(deepseek_models, tmp_path):
     import json
     import shutil
 
-    from flexlamps.models.checkpoint import CheckpointError
+    from flexlamps.models.loading.checkpoint import CheckpointError
 
     folder = shutil.copytree(deepseek_models["deepseek_v3_dense"], tmp_path / "awq")
     cfg = json.loads((folder / "config.json").read_text())

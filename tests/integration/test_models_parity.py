@@ -6,8 +6,8 @@ import torch
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.caches.dense import DenseKVCache
 from flexlamps.engine.executors.step import Step
-from flexlamps.models.checkpoint import read_all
-from flexlamps.models.registry import open_checkpoint
+from flexlamps.models.loading.checkpoint import read_all
+from flexlamps.models.loading.registry import open_checkpoint
 from tests.conftest import TINY_CONFIGS
 
 
@@ -65,7 +65,7 @@ def test_half_precision_close_to_fp32(tiny_models, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_rms_norm_is_the_reference_formula_bit_for_bit(dtype):
-    from flexlamps.models.llama import rms_norm
+    from flexlamps.models.blocks.norms import rms_norm
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(4, 9, 64, generator=gen).to(dtype)

@@ -8,8 +8,8 @@ from flexlamps.engine.batch.generate import generate
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.executors.step import Step
-from flexlamps.models.checkpoint import read_all
-from flexlamps.models.registry import open_checkpoint
+from flexlamps.models.loading.checkpoint import read_all
+from flexlamps.models.loading.registry import open_checkpoint
 from offload import BudgetExceededError
 from placement import Policy, TierSplit
 

@@ -12,8 +12,8 @@ from flexlamps.engine.executors import offloaded
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
-from flexlamps.models.linear import INT4_DENSE_FROM_ROWS
-from flexlamps.models.registry import open_checkpoint
+from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS
+from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.models.weight_specs import weight_specs
 from placement import CompressionSpec, Policy, TierSplit
 from quant import dequantize, quantize

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from flexlamps.cli import main
 from placement import HardwareSpec, ModelSpec, Plan, WorkloadSpec
 from flexlamps.hw_profile_int4 import PROBE_ROWS
-from flexlamps.models.linear import INT4_DENSE_FROM_ROWS
+from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS
 
 
 def _run(*args):

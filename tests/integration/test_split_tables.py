@@ -10,9 +10,9 @@ from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.placement_map import place_weights
 from flexlamps.engine.executors.step import Step
-from flexlamps.models.checkpoint import read_all
+from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.registry import open_checkpoint
+from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.models.weight_specs import weight_specs
 from placement import Policy, TierSplit
 

@@ -153,7 +153,7 @@ AGREEMENT_MIXES = {
 
 @pytest.mark.parametrize("mix", sorted(AGREEMENT_MIXES))
 def test_dry_run_charges_what_the_executor_charges(tiny_models, mix, tmp_path):
-    from flexlamps.models.registry import open_checkpoint
+    from flexlamps.models.loading.registry import open_checkpoint
 
     reader = open_checkpoint(tiny_models["llama_gqa"])
     policy = Policy(gpu_batch_size=2, num_gpu_batches=3, **AGREEMENT_MIXES[mix])
@@ -207,7 +207,7 @@ def test_dry_run_charges_what_the_executor_charges_for_a_latent_cache(deepseek_m
     """A DeepSeek-V3.2 model's latent cache (whole on the gpu tier, or cpu records with gpu
     pools; in the compute dtype or ESS's FP8 records) is charged by the dry run as the executor
     charges it, not as a KV cache."""
-    from flexlamps.models.registry import open_checkpoint
+    from flexlamps.models.loading.registry import open_checkpoint
 
     reader = open_checkpoint(deepseek_models["deepseek_v32"])
     policy = Policy(gpu_batch_size=2, num_gpu_batches=2, weights=TierSplit(gpu=0.5, cpu=0.5, disk=0.0),
@@ -222,7 +222,7 @@ def test_dry_run_charges_what_the_executor_charges_for_a_latent_cache(deepseek_m
 def test_a_latent_cache_refuses_what_it_cannot_run(deepseek_models, flag):
     """The latent cache has no compressed or CPU-attended form: such a policy is refused by the
     executor and its dry run alike, not run as something else."""
-    from flexlamps.models.registry import open_checkpoint
+    from flexlamps.models.loading.registry import open_checkpoint
 
     reader = open_checkpoint(deepseek_models["deepseek_v32"])
     policy = Policy(gpu_batch_size=1, num_gpu_batches=1, weights=ON_GPU, activations=ON_GPU,

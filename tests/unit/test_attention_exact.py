@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 
-from flexlamps.models import attention as attention_module
-from flexlamps.models.attention import BF16_TOLERANCE, KEY_BLOCK, attention
+from flexlamps.models.blocks import attention as attention_module
+from flexlamps.models.blocks.attention import BF16_TOLERANCE, KEY_BLOCK, attention
 
 # (head_dim, heads, kv_heads): SmolLM2, MHA, LLaMA-3-8B (4 of its 8 kv heads), small GQA, MQA
 SHAPES = [(64, 9, 3), (64, 4, 4), (128, 16, 4), (16, 4, 2), (80, 8, 1)]

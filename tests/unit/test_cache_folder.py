@@ -8,7 +8,7 @@ import pytest
 from flexlamps.hw_profile import profile_cache_path
 from flexlamps.cache_folder import cache_root
 from flexlamps.io.fingerprint import cache_root as fingerprint_root
-from flexlamps.models.weight_cache import default_cache_dir
+from flexlamps.models.loading.weight_cache import default_cache_dir
 
 
 def test_every_cache_reads_flexlamps_cache(monkeypatch, tmp_path):

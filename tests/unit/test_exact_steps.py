@@ -9,8 +9,8 @@ import torch
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
-from flexlamps.models.checkpoint import read_all
-from flexlamps.models.registry import open_checkpoint
+from flexlamps.models.loading.checkpoint import read_all
+from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
 
 MiB = 2**20

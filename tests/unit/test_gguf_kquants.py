@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from flexlamps.models.checkpoint import GGUFReader, read_all
-from flexlamps.models.gguf_blocks import int4_blocks, int8_blocks
-from flexlamps.models.linear import native_kernel
+from flexlamps.models.loading.checkpoint import GGUFReader, read_all
+from flexlamps.models.loading.gguf_blocks import int4_blocks, int8_blocks
+from flexlamps.models.blocks.linear import native_kernel
 from flexlamps.settings import RunSettings
 from quant.int4_tiles import tile_rows
 from quant.int4_weight import Int4Weight
@@ -110,7 +110,7 @@ def test_groups_of_16_multiply_in_place_where_our_kernel_runs_else_dense(native,
     """An `Int8Weight` in Q6_K's groups of 16: our AVX-512 kernel multiplies it in place (as it
     does groups of 32); torch's int4 kernel takes no such groups, so without ours `models.linear`
     runs it on its dequantized values, and nothing calls torch's kernel with it."""
-    from flexlamps.models import linear as lin
+    from flexlamps.models.blocks import linear as lin
     from quant.tile_gemv import rounded_like_kernel
 
     g = torch.Generator().manual_seed(16)

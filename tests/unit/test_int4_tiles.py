@@ -5,7 +5,7 @@ holding both layouts, and the chunked dequantization equal to the one-pass group
 import pytest
 import torch
 
-from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, linear
+from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, linear
 from quant.int4_tiles import tile_rows, tiles_from_unpacked, unpacked_from_tiles
 from quant.int4_weight import Int4Weight, unpack_codes
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from flexlamps.models.gguf_blocks import int4_blocks
-from flexlamps.models.linear import (INT4_DENSE_FROM_ROWS, INT4_TWIN_DENSE_FROM_ROWS, NATIVE_TWIN_DENSE_FROM_ROWS, Int4Twin,
+from flexlamps.models.loading.gguf_blocks import int4_blocks
+from flexlamps.models.blocks.linear import (INT4_DENSE_FROM_ROWS, INT4_TWIN_DENSE_FROM_ROWS, NATIVE_TWIN_DENSE_FROM_ROWS, Int4Twin,
                                       fused_product, linear, native_kernel, with_dense_twin)
 from quant.int4_weight import Int4Weight, can_pack, pack_codes, unpack_codes
 
@@ -122,7 +122,7 @@ def test_gguf_blocks_map_exactly(type_name):
 
 
 def test_gguf_reader_keeps_q4_weights_4bit(smollm2_path):
-    from flexlamps.models.registry import open_checkpoint
+    from flexlamps.models.loading.registry import open_checkpoint
     from flexlamps.models.weight_specs import weight_specs
 
     reader = open_checkpoint(smollm2_path)  # Q4_1 layers, q/k rows permuted by llama.cpp

@@ -7,7 +7,7 @@ safetensors, another device, no kernel) it falls back to what still gives those 
 import pytest
 import torch
 
-from flexlamps.models import linear as lin
+from flexlamps.models.blocks import linear as lin
 from quant.int4_tiles import tile_rows
 from quant.int8_weight import FIVE_BIT_TILE, Int8Weight, fifth_bits, fifth_plane
 from quant.tile_gemv import rounded_like_kernel

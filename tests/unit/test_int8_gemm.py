@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flexlamps.cache_folder import cache_root
-from flexlamps.models import linear as L
+from flexlamps.models.blocks import linear as L
 from quant import int8_gemm as G
 from quant.int4_weight import Int4Weight
 

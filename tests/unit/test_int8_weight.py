@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from flexlamps.models.checkpoint import GGUFReader, read_all
-from flexlamps.models.gguf_blocks import int8_blocks
-from flexlamps.models.linear import Int4Twin, fused_product, linear
-from flexlamps.models.weight_cache import load_weights
+from flexlamps.models.loading.checkpoint import GGUFReader, read_all
+from flexlamps.models.loading.gguf_blocks import int8_blocks
+from flexlamps.models.blocks.linear import Int4Twin, fused_product, linear
+from flexlamps.models.loading.weight_cache import load_weights
 from flexlamps.settings import RunSettings
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight, split_codes

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flexlamps.models.linear import BF16_BATCH_TOLERANCE, linear, pack, unpack, uses_onednn
+from flexlamps.models.blocks.linear import BF16_BATCH_TOLERANCE, linear, pack, unpack, uses_onednn
 
 SHAPES = [(1536, 576), (576, 1536), (192, 576), (37, 19), (4096, 64)]
 

@@ -6,9 +6,9 @@ import shutil
 import pytest
 import torch
 
-from flexlamps.models.checkpoint import CheckpointError, read_all
+from flexlamps.models.loading.checkpoint import CheckpointError, read_all
 from flexlamps.models.config import ModelConfig, UnsupportedModelError
-from flexlamps.models.registry import UnknownModelError, open_checkpoint
+from flexlamps.models.loading.registry import UnknownModelError, open_checkpoint
 
 
 def test_sharded_checkpoint_with_index_loads_the_same_weights(tiny_llama, tmp_path):
@@ -82,8 +82,8 @@ def test_missing_smollm2_package_names_the_install_command(monkeypatch):
 
 
 def test_gguf_tokenizer_cached_build_equals_a_fresh_one(tmp_path, smollm2_path):
-    from flexlamps.models.registry import open_checkpoint
-    from flexlamps.models.tokenizer import tokenizer_from_gguf
+    from flexlamps.models.loading.registry import open_checkpoint
+    from flexlamps.models.loading.tokenizer import tokenizer_from_gguf
 
     fields = open_checkpoint(smollm2_path).fields
     text = "Hello, world! 12345 <|im_start|>user\nWhat is 2+2?<|im_end|>"

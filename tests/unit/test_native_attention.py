@@ -9,9 +9,9 @@ import os
 import pytest
 import torch
 
-from flexlamps.models import attention as attention_module
+from flexlamps.models.blocks import attention as attention_module
 from flexlamps.models import native_attention as da
-from flexlamps.models.attention import BF16_TOLERANCE, attention
+from flexlamps.models.blocks.attention import BF16_TOLERANCE, attention
 
 KERNEL = attention_module.native_attention_kernel()
 needs_kernel = pytest.mark.skipif(KERNEL is None, reason="no AVX-512 CPU or no C compiler here")

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from flexlamps.models import native_elementwise as ne
-from flexlamps.models.llama import rms_norm
+from flexlamps.models.blocks.norms import rms_norm
 
 OPS = ne.native_ops()
 needs_ops = pytest.mark.skipif(OPS is None, reason="no AVX-512 CPU or no C compiler here")

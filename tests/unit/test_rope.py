@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from flexlamps.models.rope import apply_rope, rope_cos_sin, rope_tables, rotate_half_split
+from flexlamps.models.blocks.rope import apply_rope, rope_cos_sin, rope_tables, rotate_half_split
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -1,11 +1,11 @@
-"""flexlamps.models.tensor_file: a safetensors file written one tensor at a time reads back equal
+"""flexlamps.models.loading.tensor_file: a safetensors file written one tensor at a time reads back equal
 through safetensors itself, holds each tensor only while it is written, and is never left half-written."""
 
 import pytest
 import torch
 from safetensors import safe_open
 
-from flexlamps.models.tensor_file import write_tensors
+from flexlamps.models.loading.tensor_file import write_tensors
 
 
 def test_written_tensors_read_back_equal(tmp_path):

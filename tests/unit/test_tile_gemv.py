@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from flexlamps.models import linear as linear_mod
+from flexlamps.models.blocks import linear as linear_mod
 from quant import native_build, tile_gemv
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight

@@ -9,9 +9,9 @@ import torch
 
 from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
-from flexlamps.models import checkpoint
-from flexlamps.models.checkpoint import GGUFReader, read_all
-from flexlamps.models.weight_cache import load_weights
+from flexlamps.models.loading import checkpoint
+from flexlamps.models.loading.checkpoint import GGUFReader, read_all
+from flexlamps.models.loading.weight_cache import load_weights
 from quant.int4_weight import Int4Weight
 from tests.gguf_models import finish_gguf, llama_gguf_writer
 
@@ -143,7 +143,7 @@ def test_header_is_parsed_once_and_reparsed_when_the_file_changes(tiny_gguf, tmp
 def test_cache_keeps_the_recently_used_entries_within_its_size(tmp_path, monkeypatch):
     import os
 
-    from flexlamps.models import weight_cache
+    from flexlamps.models.loading import weight_cache
 
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -164,7 +164,7 @@ def test_cache_keeps_the_recently_used_entries_within_its_size(tmp_path, monkeyp
 
 
 def test_a_load_prunes_the_folder_and_keeps_its_entry(tiny_gguf, tmp_path, monkeypatch):
-    from flexlamps.models import weight_cache
+    from flexlamps.models.loading import weight_cache
 
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -179,7 +179,7 @@ def _twin_logits(reader, cache_file=None):
     """Prefill logits of 24 rows (the twins' dense copies) from an executor with dense twins."""
     import functools
 
-    from flexlamps.models.weight_cache import dense_copies
+    from flexlamps.models.loading.weight_cache import dense_copies
 
     copies = functools.partial(dense_copies, cache_file) if cache_file else None
     ex = InMemoryExecutor(reader.config, read_all(reader, torch.bfloat16, int4_in_place=True), torch.bfloat16,
@@ -189,7 +189,7 @@ def _twin_logits(reader, cache_file=None):
 
 
 def test_dense_twins_are_read_from_the_cache_and_equal_dequantizing(tiny_gguf, tmp_path, monkeypatch):
-    from flexlamps.models.weight_cache import dense_path, entry_path
+    from flexlamps.models.loading.weight_cache import dense_path, entry_path
 
     reader = GGUFReader(tiny_gguf)
     want = _twin_logits(reader)  # every twin dequantizes its own copy
@@ -200,7 +200,7 @@ def test_dense_twins_are_read_from_the_cache_and_equal_dequantizing(tiny_gguf, t
         assert torch.equal(_twin_logits(reader, path), want)
     path.write_bytes(path.read_bytes()[:100])  # torn: rebuilt
     assert torch.equal(_twin_logits(reader, path), want) and path.stat().st_size > 100
-    from flexlamps.models import weight_cache
+    from flexlamps.models.loading import weight_cache
 
     monkeypatch.setattr(weight_cache, "_holds_dense", lambda *a: True)
     path.unlink()  # gone after the load checked it (pruned by another process): each twin dequantizes

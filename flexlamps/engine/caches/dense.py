@@ -21,7 +21,7 @@ import torch
 from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
 from flexlamps.engine.caches.segments import segment_attention, with_fresh
 from flexlamps.engine.executors.step import Segments
-from flexlamps.models.attention import attention
+from flexlamps.models.blocks.attention import attention
 from flexlamps.models.config import ModelConfig
 
 

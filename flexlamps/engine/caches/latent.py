@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.mla import (MLAStep, gather_entries, index_scores, latent_attention,
+from flexlamps.models.blocks.mla import (MLAStep, gather_entries, index_scores, latent_attention,
                                   select_topk, topk_mask, visible_mask)
 
 

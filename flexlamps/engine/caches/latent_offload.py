@@ -25,7 +25,7 @@ import torch
 from flexlamps.engine.caches.latent import record_formats
 from flexlamps.engine.caches.latent_pool import LatentPool
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.mla import (MLAStep, index_scores, latent_attention, merge_partials, partial_attention,
+from flexlamps.models.blocks.mla import (MLAStep, index_scores, latent_attention, merge_partials, partial_attention,
                                   select_topk, topk_mask, visible_mask)
 from offload import tensor_bytes
 from offload.budget import TierBudget

@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
-from flexlamps.models.attention import attention
+from flexlamps.models.blocks.attention import attention
 from flexlamps.models.config import ModelConfig
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from flexlamps.engine.executors.step import Segments
-from flexlamps.models.attention import attention
+from flexlamps.models.blocks.attention import attention
 
 
 def with_fresh(cached: torch.Tensor | None, fresh: torch.Tensor) -> torch.Tensor:

@@ -18,9 +18,9 @@ from flexlamps.engine.caches.tiered import attends_with_staged_rows, staged_rows
 from flexlamps.engine.executors.placement_map import TABLE_NAMES, cache_tiers, place_weights
 from flexlamps.engine.executors.split_tables import head_chunks
 from flexlamps.engine.executors.stored_weights import StoredWeights
-from flexlamps.models.checkpoint import fp8_weight_block
+from flexlamps.models.loading.checkpoint import fp8_weight_block
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, pack
+from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, pack
 from offload import compute_device, tensor_bytes
 from quant.int4_weight import kernel_dtypes
 

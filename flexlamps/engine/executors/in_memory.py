@@ -17,7 +17,7 @@ from flexlamps.engine.executors.contract import TierUse
 from flexlamps.engine.executors.step import Step
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.forward import forward_for
-from flexlamps.models.linear import can_have_dense_twin, pack, with_dense_twin
+from flexlamps.models.blocks.linear import can_have_dense_twin, pack, with_dense_twin
 from flexlamps.models.weight_specs import weight_specs
 
 

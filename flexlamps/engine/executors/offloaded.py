@@ -30,7 +30,7 @@ from flexlamps.engine.executors.copy_stream import CopyStream
 from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.stored_weights import int4_format_tag
 from flexlamps.models.forward import forward_for
-from flexlamps.models.linear import INT4_DENSE_FROM_ROWS, Int4Twin, linear, pack
+from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, Int4Twin, linear, pack
 from offload import DiskFolder, TierBudget, TieredStore, compute_device, tensor_bytes
 from quant import QTensor
 from quant.fp8 import Fp8Weight

@@ -21,7 +21,7 @@ import dataclasses
 
 import torch
 
-from flexlamps.models.checkpoint import keeps_fp8
+from flexlamps.models.loading.checkpoint import keeps_fp8
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.forward import forward_for
 from flexlamps.models.weight_specs import WeightSpec, weight_specs

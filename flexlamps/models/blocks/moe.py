@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flexlamps.models.linear import linear, unpack
+from flexlamps.models.blocks.linear import linear, unpack
 from flexlamps.models.mla_config import MoEConfig
 
 

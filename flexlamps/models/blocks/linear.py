@@ -80,7 +80,7 @@ from quant.int4_weight import Int4Weight
 from quant.int8_gemm import Int8Matrix
 from quant.int8_weight import Int8Weight
 
-_ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
+_ONEDNN_DTYPES = (torch.float32,)  # and bfloat16 where oneDNN has a bf16 GEMM (`_onednn_dtypes`)
 # The row count oneDNN tunes a packed layout for; results do not depend on it, and decode
 # batches of 8-64 rows and prefill GEMMs of thousands both run at full speed with it.
 _PACK_ROWS_HINT = 32
@@ -125,6 +125,7 @@ NATIVE_TWIN_DENSE_FROM_ROWS = 8
 # int8 cost about 0.02 each), so calls of fewer rows keep 16-bit x.
 INT8_GEMM_FROM_ROWS = 128
 AMX_FLAGS = ("amx_bf16",)  # Intel Xeons from Sapphire Rapids: the bf16 GEMM beats our int8 one there
+_TWIN_DTYPES = (torch.float32, torch.bfloat16)  # dense copies on the CPU (`can_have_dense_twin`)
 _SCRATCH = threading.local()  # per thread: the buffer 4-bit weights are dequantized into
 
 
@@ -136,7 +137,18 @@ def _onednn_available() -> bool:
         return False
 
 
+def _onednn_dtypes() -> tuple[torch.dtype, ...]:
+    """The dtypes oneDNN multiplies here: bf16 needs AVX-512 (or AMX); on an AVX2-only CPU its
+    primitive cannot be created ("could not create a primitive descriptor"), so bf16 runs torch's."""
+    try:
+        bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        bf16 = False
+    return (torch.float32, torch.bfloat16) if bf16 else (torch.float32,)
+
+
 _ONEDNN = _onednn_available()
+_ONEDNN_DTYPES = _onednn_dtypes() if _ONEDNN else _ONEDNN_DTYPES
 
 
 def uses_onednn(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -295,8 +307,9 @@ def _fused_for(w: Int4Weight | Int8Weight, x: torch.Tensor) -> Callable[[torch.T
 
 def can_have_dense_twin(w) -> bool:
     """Whether `with_dense_twin` makes `w` an `Int4Twin`: an `Int4Weight` or `Int8Weight` on the CPU,
-    in a oneDNN dtype."""
-    return isinstance(w, (Int4Weight, Int8Weight)) and _ONEDNN and w.device.type == "cpu" and w.dtype in _ONEDNN_DTYPES
+    in fp32 or bf16."""
+    # not only oneDNN's dtypes: on a CPU without a bf16 oneDNN GEMM (no AVX-512) torch's runs the copy
+    return isinstance(w, (Int4Weight, Int8Weight)) and w.device.type == "cpu" and w.dtype in _TWIN_DTYPES
 
 
 def with_dense_twin(w, plain=None):

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flexlamps.models.builtin import (  # noqa: F401  (re-exported: callers import them from here)
+from flexlamps.models.loading.builtin import (  # noqa: F401  (re-exported: callers import them from here)
     BUILTIN_MODELS,
     SMOLLM2_FILE,
     SMOLLM2_PACKAGE,
     UnknownModelError,
     builtin_path,
 )
-from flexlamps.models.checkpoint import GGUFReader, HFFolderReader
+from flexlamps.models.loading.checkpoint import GGUFReader, HFFolderReader
 
 
 def open_checkpoint(model: str | Path, cache_dir: Path | str | None = None):

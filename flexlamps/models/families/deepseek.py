@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.linear import linear, unpack
-from flexlamps.models.llama import rms_norm
-from flexlamps.models.mla import MLAStep
-from flexlamps.models.moe import moe_ffn
-from flexlamps.models.rope import (apply_rope, apply_rope_interleaved, inverse_frequencies,
+from flexlamps.models.blocks.linear import linear, unpack
+from flexlamps.models.blocks.norms import rms_norm
+from flexlamps.models.blocks.mla import MLAStep
+from flexlamps.models.blocks.moe import moe_ffn
+from flexlamps.models.blocks.rope import (apply_rope, apply_rope_interleaved, inverse_frequencies,
                                    rope_attention_factor, rope_cos_sin)
 
 AttendLatent = Callable[[MLAStep], torch.Tensor]

@@ -11,28 +11,15 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from flexlamps.models.activation import silu
+from flexlamps.models.blocks.activation import silu
+from flexlamps.models.blocks.norms import rms_norm
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.linear import linear
+from flexlamps.models.blocks.linear import linear
 from flexlamps.models.native_elementwise import native_ops
-from flexlamps.models.rope import inverse_frequencies, rope_tables, rotate_half_split
+from flexlamps.models.blocks.rope import inverse_frequencies, rope_tables, rotate_half_split
 
 # attend(q, k, v) with q (n, T, heads, d), k/v (n, T, kv_heads, d) -> (n, T, heads * d)
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # The reference normalizes in fp32, casts back, then scales; torch's fused kernel gives
-    # the same bits in one pass (in fp32 with the scale folded in). In bf16/fp16 it normalizes in
-    # fp32 and rounds to the input's dtype itself (no casts around it: two ops fewer a norm);
-    # the scale is applied after that rounding, as the reference does.
-    if x.dtype == torch.float32:
-        return torch.rms_norm(x, x.shape[-1:], weight, eps)
-    ops = native_ops()  # AVX-512: the same two roundings in one pass (models.native_elementwise)
-    if (ops is not None and ops.takes(x) and weight.dtype == x.dtype and weight.is_contiguous()
-            and weight.shape == x.shape[-1:] and weight.device == x.device):
-        return ops.rms_norm(x, weight, eps)
-    return weight * torch.rms_norm(x, x.shape[-1:], None, eps)
 
 
 class LlamaForward:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flexlamps.models.activation import silu
+from flexlamps.models.blocks.activation import silu
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.linear import linear
-from flexlamps.models.llama import Attend
+from flexlamps.models.blocks.linear import linear
+from flexlamps.models.families.llama import Attend
 
 # OPT's learned position table is offset by 2 rows (fairseq's padding legacy).
 POSITION_OFFSET = 2

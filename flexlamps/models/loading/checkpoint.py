@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from flexlamps.models.config import ModelConfig, UnsupportedModelError
-from flexlamps.models.gguf_blocks import BLOCK, int4_blocks, int8_blocks, is_int4_block_type, is_int8_block_type
-from flexlamps.models.gguf_header import read_header
-from flexlamps.models.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
-from flexlamps.models.linear import native_kernel
+from flexlamps.models.loading.gguf_blocks import BLOCK, int4_blocks, int8_blocks, is_int4_block_type, is_int8_block_type
+from flexlamps.models.loading.gguf_header import read_header
+from flexlamps.models.loading.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
+from flexlamps.models.blocks.linear import native_kernel
 from flexlamps.models.weight_specs import WeightSpec, hf_name, weight_specs
 from quant.int4_weight import KERNEL_DTYPES, Int4Weight
 from quant.int8_weight import Int8Weight
@@ -199,7 +199,7 @@ class GGUFReader:
 
     def __init__(self, path: Path, cache_dir: Path | None = None):
         """`cache_dir`: where the parsed header is kept (default: the weight cache's folder)."""
-        from flexlamps.models.weight_cache import default_cache_dir
+        from flexlamps.models.loading.weight_cache import default_cache_dir
 
         self.path = path
         self._reader = None  # the gguf package's reader, opened on the first tensor read

@@ -1,0 +1,21 @@
+"""Norms: RMSNorm (its exact reference rounding, or the fused native kernel in 16-bit)."""
+
+from __future__ import annotations
+
+import torch
+
+from flexlamps.models.native_elementwise import native_ops
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # The reference normalizes in fp32, casts back, then scales; torch's fused kernel gives
+    # the same bits in one pass (in fp32 with the scale folded in). In bf16/fp16 it normalizes in
+    # fp32 and rounds to the input's dtype itself (no casts around it: two ops fewer a norm);
+    # the scale is applied after that rounding, as the reference does.
+    if x.dtype == torch.float32:
+        return torch.rms_norm(x, x.shape[-1:], weight, eps)
+    ops = native_ops()  # AVX-512: the same two roundings in one pass (models.native_elementwise)
+    if (ops is not None and ops.takes(x) and weight.dtype == x.dtype and weight.is_contiguous()
+            and weight.shape == x.shape[-1:] and weight.device == x.device):
+        return ops.rms_norm(x, weight, eps)
+    return weight * torch.rms_norm(x, x.shape[-1:], None, eps)
