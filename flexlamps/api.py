@@ -18,6 +18,7 @@ from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.batch.scoring import PrefixScorer, PrefixStats, ScoreOutput, split_tokens
 from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.settings import RunSettings
+from flexlamps.models.description import model_spec_from_hf
 
 __all__ = ["LLM", "RunSettings", "SamplingParams", "RequestOutput", "ScoreOutput"]
 
@@ -124,7 +125,6 @@ class LLM:
         import tempfile
         from pathlib import Path
 
-        import placement
         from flexlamps.engine.executors.offloaded import OffloadExecutor
         from flexlamps.engine.executors.policy_choice import load_policy, plan_policy
         from flexlamps.hw_profile import machine_profile
@@ -133,7 +133,7 @@ class LLM:
         policy = o.policy
         if isinstance(policy, str) and policy == "auto":
             scratch = Path(o.offload_dir) if o.offload_dir else Path(tempfile.gettempdir()) / "flexlamps-profile"
-            shapes = placement.ModelSpec.from_hf_config(self.reader.hf_config).layer_matrix_shapes()
+            shapes = model_spec_from_hf(self.reader.hf_config).layer_matrix_shapes()
             hw = machine_profile(scratch, on_profile, model_shapes=shapes)
             disk = None
             if o.offload_dir:

@@ -17,7 +17,8 @@ def _get(config: dict, key: str, default=None):
     return value
 
 
-def _dtype(config: dict, default: str) -> str:
+def hf_dtype(config: dict, default: str) -> str:
+    """The checkpoint's stored dtype as a `DTYPE_BYTES` key (`default` when the config names none)."""
     raw = config.get("torch_dtype") or config.get("dtype")
     return _HF_DTYPES.get(str(raw), default)
 
@@ -36,10 +37,10 @@ def model_spec_kwargs(config: dict, name: str | None = None) -> dict:
         kwargs = _deepseek(config, name)
     else:
         kwargs = _llama(config, name, model_type)
-    return {**kwargs, "weight_format": _weight_format(config)}
+    return {**kwargs, "weight_format": weight_format(config)}
 
 
-def _weight_format(config: dict) -> str:
+def weight_format(config: dict) -> str:
     """"fp8" for an FP8 checkpoint (its 2-D weights are stored in float8 with tile scales)."""
     quant = config.get("quantization_config") or {}
     method = quant.get("quant_method")
@@ -59,7 +60,7 @@ def _llama(config: dict, name: str, model_type: str) -> dict:
         head_dim=config.get("head_dim") or hidden // heads,
         intermediate_size=_get(config, "intermediate_size"),
         vocab_size=_get(config, "vocab_size"),
-        dtype=_dtype(config, "bf16"),
+        dtype=hf_dtype(config, "bf16"),
         qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
     )
@@ -73,7 +74,7 @@ def _opt(config: dict, name: str) -> dict:
         num_layers=_get(config, "num_hidden_layers"), hidden_size=hidden, num_heads=heads,
         num_kv_heads=heads, head_dim=hidden // heads,
         intermediate_size=_get(config, "ffn_dim"), vocab_size=_get(config, "vocab_size"),
-        dtype=_dtype(config, "fp16"), qkv_bias=True,
+        dtype=hf_dtype(config, "fp16"), qkv_bias=True,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
         # OPT's learned position table has 2 extra rows (padding offset)
         num_learned_positions=_get(config, "max_position_embeddings") + 2,
@@ -90,7 +91,7 @@ def _deepseek(config: dict, name: str) -> dict:
         head_dim=_get(config, "qk_nope_head_dim"),
         intermediate_size=_get(config, "intermediate_size"),
         vocab_size=_get(config, "vocab_size"),
-        dtype=_dtype(config, "bf16"),
+        dtype=hf_dtype(config, "bf16"),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         q_lora_rank=config.get("q_lora_rank") or 0,
         kv_lora_rank=_get(config, "kv_lora_rank"),

@@ -28,11 +28,11 @@ def planned_rss_bytes(hf_config: dict, weight_bytes_per_param: float, *, offload
     """Fixed overhead plus what the run's data may take: with offloading the two tier budgets
     (caps the engine enforces), else every weight and a full cache for `num_sequences`, its keys
     and values `cache_bytes_per_value` bytes each (the dtype the dense cache holds)."""
-    import placement
+    from flexlamps.models.description import model_spec_from_hf
 
     if offload_budgets is not None:
         return FIXED_OVERHEAD_BYTES + sum(offload_budgets)
-    spec = dataclasses.replace(placement.ModelSpec.from_hf_config(hf_config), dtype="fp32")
+    spec = dataclasses.replace(model_spec_from_hf(hf_config), dtype="fp32")
     weights = spec.total_weight_bytes() / 4 * weight_bytes_per_param
     cache = spec.cache_bytes_per_token_per_layer() / 4 * cache_bytes_per_value
     return int(FIXED_OVERHEAD_BYTES + weights + cache * spec.num_layers * context_len * num_sequences)

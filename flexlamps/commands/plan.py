@@ -16,6 +16,7 @@ from placement.presets import HARDWARE_PRESETS, MODEL_CONFIGS
 from placement.units import GiB
 
 from flexlamps.commands.options import ByteSize
+from flexlamps.models.description import model_spec_from_hf
 
 
 def load_model_spec(text: str) -> ModelSpec:
@@ -28,7 +29,7 @@ def load_model_spec(text: str) -> ModelSpec:
     if path.is_file():
         try:
             config = json.loads(path.read_text())
-            return ModelSpec.from_hf_config(config, name=path.parent.name or path.stem)
+            return model_spec_from_hf(config, name=path.parent.name or path.stem)
         except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
             raise click.BadParameter(f"{path}: {exc}", param_hint="--model") from None
     try:

@@ -1,12 +1,13 @@
-"""Pick the forward implementation for a config's architecture."""
+"""The forward implementations, by the key a family names (`Family.forward`)."""
 
+from flexlamps.models.blocks.decoder import DecoderForward
+from flexlamps.models.blocks.mla_decoder import DeepseekForward
+from flexlamps.models.blocks.opt_decoder import OptForward
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.families.deepseek import DeepseekForward
-from flexlamps.models.families.llama import LlamaForward
-from flexlamps.models.families.opt import OptForward
+from flexlamps.models.families import family_for
+
+FORWARDS = {"decoder": DecoderForward, "opt": OptForward, "mla": DeepseekForward}
 
 
 def forward_for(cfg: ModelConfig):
-    if cfg.arch == "mla":
-        return DeepseekForward(cfg)
-    return LlamaForward(cfg) if cfg.arch == "llama" else OptForward(cfg)
+    return FORWARDS[family_for(cfg.model_type).forward](cfg)

@@ -82,7 +82,7 @@ def test_plan_rejects_malformed_configs(tmp_path):
     unsupported.write_text(json.dumps({"model_type": "gpt2"}))
     empty_folder = tmp_path / "empty"
     empty_folder.mkdir()
-    for path, message in ((broken, "Expecting property name"), (missing, "lacks 'hidden_size'"),
+    for path, message in ((broken, "Expecting property name"), (missing, "config.json lacks the field"),
                           (unsupported, "not supported"), (empty_folder, "no config.json")):
         result = _run("plan", "--model", str(path))
         assert result.exit_code == 2, result.output

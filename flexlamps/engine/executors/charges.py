@@ -21,6 +21,7 @@ from flexlamps.engine.executors.stored_weights import StoredWeights
 from flexlamps.models.loading.checkpoint import fp8_weight_block
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, pack
+from flexlamps.models.description import model_spec_from_hf
 from offload import compute_device, tensor_bytes
 from quant.int4_weight import kernel_dtypes
 
@@ -96,7 +97,7 @@ class PlacementCharges:
         if cfg.mla is not None and (policy.compress_cache or policy.cpu_attention):
             raise ValueError(f"{cfg.model_type}'s latent cache is stored as it is and attended on the gpu tier: "
                              "give a policy without compress_cache and cpu_attention (or --policy auto)")
-        self.model_spec = placement.ModelSpec.from_hf_config(hf_config)
+        self.model_spec = model_spec_from_hf(hf_config)
         self.policy, self.dtype = policy, dtype
         self.dtype_bytes = torch.empty((), dtype=dtype).element_size()
         device_type = device_type or compute_device().type

@@ -31,6 +31,7 @@ from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.stored_weights import int4_format_tag
 from flexlamps.models.forward import forward_for
 from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, Int4Twin, linear, pack
+from flexlamps.models.description import model_spec_from_hf
 from offload import DiskFolder, TierBudget, TieredStore, compute_device, tensor_bytes
 from quant import QTensor
 from quant.fp8 import Fp8Weight
@@ -87,7 +88,7 @@ class OffloadExecutor:
         self.overlap_latent_misses = overlap_latent_misses
         self.device = device or compute_device()
         self.fwd = forward_for(cfg)
-        self.model_spec = placement.ModelSpec.from_hf_config(reader.hf_config)
+        self.model_spec = model_spec_from_hf(reader.hf_config)
         self.budgets = {"gpu": TierBudget("gpu", gpu_mem), "cpu": TierBudget("cpu", cpu_mem)}
         self.qcfg = self.kv_qcfg = None
         if policy.compress_weight or policy.compress_cache:

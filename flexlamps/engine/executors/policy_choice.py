@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 import placement
+from flexlamps.models.description import model_spec_from_hf
 from placement import HardwareSpec, Plan, Policy, WorkloadSpec
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -24,7 +25,7 @@ def plan_policy(hf_config: dict, dtype: torch.dtype, hardware: HardwareSpec, *, 
     (True: planned with it on, so the plan prices what runs; False: off; None: the planner's
     choice where `allow_compression`)."""
     # an FP8 checkpoint's matrices stay FP8 in the engine (upcast per call): planned as stored
-    model = dataclasses.replace(placement.ModelSpec.from_hf_config(hf_config), dtype=_DTYPE_NAMES[dtype])
+    model = dataclasses.replace(model_spec_from_hf(hf_config), dtype=_DTYPE_NAMES[dtype])
     hw = dataclasses.replace(hardware, gpu_mem_bytes=gpu_mem, cpu_mem_bytes=cpu_mem,
                              disk_bytes=max(1, disk_bytes or 1))
     workload = WorkloadSpec(prompt_len=max(1, prompt_len), gen_len=max(1, gen_len))

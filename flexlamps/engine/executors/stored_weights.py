@@ -4,7 +4,7 @@ Compressed 4-bit weights are `quant.int4_weight.Int4Weight`s, the layout the in-
 multiplies in place: 4-bit on every tier, handed to `models.linear` as they are, which runs
 torch's fused int4 kernel for few rows (decode) and dequantizes one matrix for a dense GEMM for
 many (prefill), as the in-memory engine does with the same weight, so both compute the same
-bits. The projections the forward stacks for one kernel call (`LlamaForward.FUSED_INT4`: q/k/v,
+bits. The projections the forward stacks for one kernel call (`DecoderForward.FUSED_INT4`: q/k/v,
 gate/up) are stored stacked: a layer needs no copying at run time. On a CPU the tiers hold the
 kernel's tile layout alone (`Int4Weight.kernel_only`), used as read; on a GPU the gpu tier holds
 tinygemm's layout alone, and the tiers off the device hold the row-major codes, the kernel layout

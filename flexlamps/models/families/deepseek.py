@@ -1,103 +1,117 @@
-"""DeepSeek-V3 / V3.2 forward, layer by layer: MLA attention (with the V3.2 lightning indexer)
-and a dense or mixture-of-experts FFN.
+"""DeepSeek-V3 / V3.2 (MLA, the lightning indexer, MoE): config, weights as data (our names, shapes,
+roles) and their HF names.
 
-As in `llama.py`, weights are handed in and attention is a callback: `attend(step)` takes an
-`MLAStep` (the absorbed query, the new tokens' latents, rotary keys and indexer keys), stores
-the new entries in the engine's latent cache, selects and gathers what each query attends to,
-and returns the attended latents (n, H, T, R); the layer expands them with W_UV.
+Roles as in `weight_specs`, plus "router": small 2-D matrices the forward runs in fp32 (the MoE
+router, the indexer's head weights), never compressed, as transformers keeps them in fp32.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any
 
-import torch
-import torch.nn.functional as F
-
-from flexlamps.models.config import ModelConfig
-from flexlamps.models.blocks.linear import linear, unpack
-from flexlamps.models.blocks.norms import rms_norm
-from flexlamps.models.blocks.mla import MLAStep
-from flexlamps.models.blocks.moe import moe_ffn
-from flexlamps.models.blocks.rope import (apply_rope, apply_rope_interleaved, inverse_frequencies,
-                                   rope_attention_factor, rope_cos_sin)
-
-AttendLatent = Callable[[MLAStep], torch.Tensor]
-# transformers builds the q/kv latent norms and the indexer's key LayerNorm with this eps
-LATENT_NORM_EPS = 1e-6
+from flexlamps.models.config import ModelConfig, UnsupportedModelError
+from flexlamps.models.families.family import Family
+from flexlamps.models.families.hf_fields import rms_decoder_fields, rope
+from flexlamps.models.families.llama import HF_LAYER as _LLAMA_HF
+from flexlamps.models.mla_config import DEEPSEEK_MODEL_TYPES, mla_from_hf, moe_from_hf
+from flexlamps.models.weight_specs import WeightSpec, head_specs, layer_spec
 
 
-class DeepseekForward:
-    def __init__(self, cfg: ModelConfig):
-        if cfg.mla is None:
-            raise ValueError(f"DeepseekForward needs an MLA config, got model_type {cfg.model_type!r}")
-        self.cfg = cfg
-        self.inv_freq = inverse_frequencies(cfg)  # cfg.head_dim is the rotary width
-        self.rope_scale = rope_attention_factor(cfg)
+def mla_layer_shapes(cfg: ModelConfig, layer: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """(local name, shape, role) of one decoder layer's tensors."""
+    m, h, heads = cfg.mla, cfg.hidden_size, cfg.num_heads
+    out = [("attn_norm", (h,), "norm")]
+    if m.q_lora_rank:
+        out += [("q_a_proj", (m.q_lora_rank, h), "linear"), ("q_a_norm", (m.q_lora_rank,), "norm"),
+                ("q_b_proj", (heads * m.qk_head_dim, m.q_lora_rank), "linear")]
+    else:
+        out.append(("q_proj", (heads * m.qk_head_dim, h), "linear"))
+    out += [
+        ("kv_a_proj", (m.latent_width, h), "linear"),
+        ("kv_a_norm", (m.kv_lora_rank,), "norm"),
+        # sliced per head into W_UK / W_UV by the forward, so never compressed or prepacked
+        ("kv_b_proj", (heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank), "absorbed"),
+        ("o_proj", (h, heads * m.v_head_dim), "linear"),
+    ]
+    if m.has_indexer:
+        d = m.index_head_dim
+        out += [("index_q_proj", (m.index_num_heads * d, m.q_lora_rank), "linear"),
+                ("index_k_proj", (d, h), "linear"), ("index_k_norm", (d,), "norm"),
+                ("index_k_norm_bias", (d,), "bias"), ("index_weights", (m.index_num_heads, h), "router")]
+    out.append(("mlp_norm", (h,), "norm"))
+    moe = cfg.moe
+    if moe is None or not moe.moe_layers[layer]:
+        f = cfg.intermediate_size
+        return out + [("gate_proj", (f, h), "linear"), ("up_proj", (f, h), "linear"),
+                      ("down_proj", (h, f), "linear")]
+    f = moe.moe_intermediate_size
+    out += [("router", (moe.num_experts, h), "router"), ("router_bias", (moe.num_experts,), "bias")]
+    for e in range(moe.num_experts):
+        out += [(f"experts.{e}.gate_proj", (f, h), "linear"), (f"experts.{e}.up_proj", (f, h), "linear"),
+                (f"experts.{e}.down_proj", (h, f), "linear")]
+    if moe.num_shared_experts:
+        fs = f * moe.num_shared_experts
+        out += [("shared_gate_proj", (fs, h), "linear"), ("shared_up_proj", (fs, h), "linear"),
+                ("shared_down_proj", (h, fs), "linear")]
+    return out
 
-    def step_context(self, positions: torch.Tensor, dtype: torch.dtype):
-        """RoPE cos/sin (n, T, qk_rope_head_dim) for these positions, shared by all layers."""
-        return rope_cos_sin(self.inv_freq, positions, dtype, self.rope_scale)
 
-    def embed(self, w: dict[str, torch.Tensor], input_ids: torch.Tensor, positions: torch.Tensor):
-        return F.embedding(input_ids, w["embed_tokens"])
+# the norms, q_proj, o_proj and the dense FFN are named as in LLaMA checkpoints
+_HF_LAYER = {
+    **{k: _LLAMA_HF[k] for k in ("attn_norm", "mlp_norm", "q_proj", "o_proj", "gate_proj", "up_proj", "down_proj")},
+    "q_a_proj": "self_attn.q_a_proj.weight",
+    "q_a_norm": "self_attn.q_a_layernorm.weight", "q_b_proj": "self_attn.q_b_proj.weight",
+    "kv_a_proj": "self_attn.kv_a_proj_with_mqa.weight", "kv_a_norm": "self_attn.kv_a_layernorm.weight",
+    "kv_b_proj": "self_attn.kv_b_proj.weight",
+    "index_q_proj": "self_attn.indexer.wq_b.weight", "index_k_proj": "self_attn.indexer.wk.weight",
+    "index_k_norm": "self_attn.indexer.k_norm.weight", "index_k_norm_bias": "self_attn.indexer.k_norm.bias",
+    "index_weights": "self_attn.indexer.weights_proj.weight",
+    "router": "mlp.gate.weight", "router_bias": "mlp.gate.e_score_correction_bias",
+    "shared_gate_proj": "mlp.shared_experts.gate_proj.weight",
+    "shared_up_proj": "mlp.shared_experts.up_proj.weight",
+    "shared_down_proj": "mlp.shared_experts.down_proj.weight",
+}
+_HF_GLOBAL = {"embed_tokens": "model.embed_tokens.weight", "norm": "model.norm.weight", "lm_head": "lm_head.weight"}
 
-    def layer(self, w: dict[str, torch.Tensor], x: torch.Tensor, ctx, attend: AttendLatent) -> torch.Tensor:
-        eps = self.cfg.norm_eps
-        x = linear(self.attention(w, rms_norm(x, w["attn_norm"], eps), ctx, attend), w["o_proj"], add=x)
-        h = rms_norm(x, w["mlp_norm"], eps)
-        if "router" in w:
-            return x + moe_ffn(w, h, self.cfg.moe)
-        gate = F.silu(linear(h, w["gate_proj"]), inplace=True)
-        return linear(linear(h, w["up_proj"], mul=gate), w["down_proj"], add=x)
 
-    def attention(self, w: dict[str, torch.Tensor], h: torch.Tensor, ctx, attend: AttendLatent) -> torch.Tensor:
-        """h (n, T, hidden) -> attention output (n, T, heads * v_head_dim), before o_proj."""
-        m, heads = self.cfg.mla, self.cfg.num_heads
-        n, t, _ = h.shape
-        cos, sin = ctx
-        rotate = apply_rope_interleaved if m.rope_interleave else apply_rope
-        q_resid = None
-        if m.q_lora_rank:
-            q_resid = rms_norm(linear(h, w["q_a_proj"]), w["q_a_norm"], LATENT_NORM_EPS)
-            q = linear(q_resid, w["q_b_proj"])
-        else:
-            q = linear(h, w["q_proj"])
-        q = q.view(n, t, heads, m.qk_head_dim)
-        q_nope, q_rope = q.split([m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1)
-        q_rope = rotate(q_rope, cos, sin)
-        latent, k_rope = linear(h, w["kv_a_proj"]).split([m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
-        latent = rms_norm(latent, w["kv_a_norm"], LATENT_NORM_EPS)
-        k_rope = rotate(k_rope.unsqueeze(2), cos, sin).squeeze(2)  # (n, T, r): one key for all heads
-        # kv_b_proj rows are, per head, nope key rows then value rows: (H, nope + v, R)
-        kv_b = unpack(w["kv_b_proj"]).view(heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
-        w_uk, w_uv = kv_b.split([m.qk_nope_head_dim, m.v_head_dim], dim=1)
-        step = MLAStep(
-            q_latent=torch.matmul(q_nope.transpose(1, 2), w_uk),  # (n, H, T, R)
-            q_rope=q_rope.transpose(1, 2),  # (n, H, T, r)
-            latent=latent, k_rope=k_rope, softmax_scale=m.softmax_scale)
-        if m.has_indexer:
-            self._index_inputs(w, h, q_resid, ctx, step)
-        out = torch.matmul(attend(step), w_uv.transpose(1, 2))  # (n, H, T, v)
-        return out.transpose(1, 2).reshape(n, t, heads * m.v_head_dim)
+def mla_hf_name(name: str, layer: int | None, local: str) -> str:
+    if layer is None:
+        return _HF_GLOBAL[name]
+    if local.startswith("experts."):  # experts.{e}.gate_proj -> mlp.experts.{e}.gate_proj.weight
+        return f"model.layers.{layer}.mlp.{local}.weight"
+    return f"model.layers.{layer}.{_HF_LAYER[local]}"
 
-    def _index_inputs(self, w, h: torch.Tensor, q_resid: torch.Tensor, ctx, step: MLAStep) -> None:
-        """The lightning indexer's queries, head weights and new keys (V3.2), onto `step`.
-        Its rotary part is the first qk_rope_head_dim dims, rotated half-split (not interleaved)."""
-        m = self.cfg.mla
-        n, t, _ = h.shape
-        cos, sin = ctx
-        rope = m.qk_rope_head_dim
-        q = linear(q_resid, w["index_q_proj"]).view(n, t, m.index_num_heads, m.index_head_dim)
-        q = torch.cat([apply_rope(q[..., :rope], cos, sin), q[..., rope:]], dim=-1)
-        k = F.layer_norm(linear(h, w["index_k_proj"]), (m.index_head_dim,), w["index_k_norm"],
-                         w["index_k_norm_bias"], LATENT_NORM_EPS).unsqueeze(2)
-        k = torch.cat([apply_rope(k[..., :rope], cos, sin), k[..., rope:]], dim=-1).squeeze(2)
-        weights = F.linear(h.float(), unpack(w["index_weights"]).float()) * m.index_num_heads ** -0.5
-        step.index_q, step.index_k, step.index_w, step.index_topk = q, k, weights, m.index_topk
 
-    def final_hidden(self, w: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, w["norm"], self.cfg.norm_eps)
+def _from_deepseek(hf: dict[str, Any]) -> ModelConfig:
+    if hf.get("attention_bias"):
+        raise UnsupportedModelError("attention_bias=true is not supported for DeepSeek MLA models "
+                                    "(no released checkpoint uses it)")
+    theta, scaling = rope(hf, allowed=("linear", "yarn"))
+    return ModelConfig(
+        arch="mla",
+        **rms_decoder_fields(hf),
+        num_kv_heads=hf["num_attention_heads"],  # one latent serves every head
+        head_dim=hf["qk_rope_head_dim"],  # the rotary width, as transformers sets head_dim
+        max_position=hf.get("max_position_embeddings", 4096),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        mla=mla_from_hf(hf, scaling),
+        moe=moe_from_hf(hf),
+    )
 
-    def head(self, w: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        return linear(self.final_hidden(w, x), w["lm_head"] if "lm_head" in w else w["embed_tokens"])
+
+def _mla_specs(cfg: ModelConfig) -> list[WeightSpec]:
+    h = cfg.hidden_size
+    specs = [WeightSpec("embed_tokens", (cfg.vocab_size, h), "embed", None)]
+    for i in range(cfg.num_layers):
+        specs += [layer_spec(i, local, shape, role) for local, shape, role in mla_layer_shapes(cfg, i)]
+    return specs + head_specs(cfg)
+
+
+def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
+    return mla_hf_name(spec.name, spec.layer, spec.local_name)
+
+
+FAMILY = Family(
+    name="deepseek", model_types=tuple(DEEPSEEK_MODEL_TYPES), forward="mla", parse=_from_deepseek,
+    weights=_mla_specs, hf_name=hf_name, examples="DeepSeek-V3, DeepSeek-V3.2 (MLA + indexer + MoE)")

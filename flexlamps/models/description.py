@@ -1,0 +1,56 @@
+"""The planner's view of a model (`placement.ModelSpec`), built from our one model description
+(`ModelConfig`, parsed by its family) so `plan`, the dry run and the engine size the same model.
+Torch-free."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import placement
+from placement.hf_config import hf_dtype, weight_format
+
+from flexlamps.models.config import ModelConfig
+
+_ARCH = {"decoder": "llama", "opt": "opt", "mla": "mla"}  # Family.forward -> ModelSpec.arch
+
+
+def model_spec(cfg: ModelConfig, hf_config: dict[str, Any] | None = None, name: str | None = None) -> placement.ModelSpec:
+    """`cfg` as the planner sizes it; `hf_config` gives the stored dtype and weight format (FP8)."""
+    from flexlamps.models.families import family_for
+
+    hf = hf_config or {}
+    kwargs: dict[str, Any] = dict(
+        name=name or hf.get("_name_or_path") or cfg.model_type, arch=_ARCH[family_for(cfg.model_type).forward],
+        num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, intermediate_size=cfg.intermediate_size,
+        vocab_size=cfg.vocab_size, dtype=hf_dtype(hf, "fp16" if cfg.arch == "opt" else "bf16"),
+        qkv_bias=cfg.qkv_bias, tie_word_embeddings=cfg.tie_word_embeddings,
+        weight_format=weight_format(hf))
+    if cfg.arch == "opt":
+        kwargs["num_learned_positions"] = cfg.max_position + 2
+    if cfg.mla is not None:
+        kwargs.update(_mla_fields(cfg))
+    if cfg.moe is not None:
+        kwargs.update(_moe_fields(cfg))
+    return placement.ModelSpec(**kwargs)
+
+
+def _mla_fields(cfg: ModelConfig) -> dict[str, Any]:
+    m = cfg.mla
+    return dict(num_kv_heads=cfg.num_heads, head_dim=m.qk_nope_head_dim, q_lora_rank=m.q_lora_rank,
+                kv_lora_rank=m.kv_lora_rank, qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim,
+                index_num_heads=m.index_num_heads, index_head_dim=m.index_head_dim, index_topk=m.index_topk)
+
+
+def _moe_fields(cfg: ModelConfig) -> dict[str, Any]:
+    moe = cfg.moe
+    dense = sum(1 for is_moe in moe.moe_layers if not is_moe)
+    return dict(num_experts=moe.num_experts, num_experts_per_token=moe.num_experts_per_token,
+                num_shared_experts=moe.num_shared_experts, moe_intermediate_size=moe.moe_intermediate_size,
+                num_dense_layers=dense)
+
+
+def model_spec_from_hf(hf_config: dict[str, Any], name: str | None = None) -> placement.ModelSpec:
+    """`model_spec` of a config.json's model: its family parses it, so `plan` accepts exactly what
+    `generate` does (the same UnsupportedModelError otherwise)."""
+    return model_spec(ModelConfig.from_hf(hf_config), hf_config, name)

@@ -1,0 +1,28 @@
+"""`Family`: what one architecture family declares, as data (torch-free: `plan` reads it too).
+
+A family module parses its `config.json` into a `ModelConfig`, lists its weights (`WeightSpec`s,
+our names) and maps them to its checkpoint's tensor names; its forward is assembled from the
+shared blocks and named by `forward` (a key of `models.forward.FORWARDS`). Everything a run does
+with a model goes through these, so adding a family is one module and one line in the registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from flexlamps.models.config import ModelConfig
+    from flexlamps.models.weight_specs import WeightSpec
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # shown by `flexlamps models`
+    model_types: tuple[str, ...]  # the HF config.json model_type values it reads
+    forward: str  # which forward runs it (models.forward.FORWARDS)
+    parse: Callable[[dict], "ModelConfig"]  # config.json -> ModelConfig; UnsupportedModelError naming the field
+    weights: Callable[["ModelConfig"], list["WeightSpec"]]  # every tensor the forward reads
+    hf_name: Callable[["ModelConfig", "WeightSpec"], str]  # a weight's name in the HF checkpoint
+    gguf_architectures: tuple[str, ...] = ()  # llama.cpp's general.architecture values it reads
+    examples: str = ""  # models people bring of this family, for `flexlamps models`
