@@ -14,14 +14,25 @@
   its budget still enforced.
 
 Knows nothing of models or scheduling; compressed tensors come from `quant` (`QTensor`).
+The names load on first use, so the torch-free commands may check their folders and locks
+(`offload.folders`, `offload.lock`) without importing torch.
 """
 
-from offload.budget import BudgetExceededError, TierBudget
-from offload.disk import DiskFolder, OffloadFolderError, StaleOffloadFolderError
-from offload.folders import UnusablePathError, make_writable_folder
-from offload.lock import PathInUseError, PathLock
-from offload.store import TIERS, TieredStore, compute_device, tensor_bytes
+import importlib
 
-__all__ = ["BudgetExceededError", "DiskFolder", "OffloadFolderError", "PathInUseError", "PathLock",
-           "StaleOffloadFolderError", "TIERS", "TierBudget", "UnusablePathError", "make_writable_folder",
-           "TieredStore", "compute_device", "tensor_bytes"]
+_HOMES = {
+    "BudgetExceededError": "offload.budget", "TierBudget": "offload.budget",
+    "DiskFolder": "offload.disk", "OffloadFolderError": "offload.disk", "StaleOffloadFolderError": "offload.disk",
+    "UnusablePathError": "offload.folders", "make_writable_folder": "offload.folders",
+    "PathInUseError": "offload.lock", "PathLock": "offload.lock",
+    "TIERS": "offload.store", "TieredStore": "offload.store", "compute_device": "offload.store",
+    "tensor_bytes": "offload.store",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'offload' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

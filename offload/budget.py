@@ -5,8 +5,13 @@ from __future__ import annotations
 import threading
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.3f} GiB"
+def _size(n: int) -> str:
+    """Bytes in the largest of GiB, MiB, KiB that leaves at least 1, else whole bytes (as
+    placement.format_bytes; offload does not import the planner)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if abs(n) >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} B"
 
 
 class BudgetExceededError(MemoryError):
@@ -14,7 +19,7 @@ class BudgetExceededError(MemoryError):
         self.tier, self.what = tier, what
         self.shortfall_bytes = used + needed - capacity
         super().__init__(
-            f"{tier} tier budget exceeded: {what} needs {_gib(needed)} with {_gib(used)} of {_gib(capacity)} "
+            f"{tier} tier budget exceeded: {what} needs {_size(needed)} with {_size(used)} of {_size(capacity)} "
             f"in use ({self.shortfall_bytes} bytes short); raise the {tier} budget or lower the batch size")
 
 
@@ -50,4 +55,4 @@ class TierBudget:
         return self.capacity_bytes - self.used_bytes
 
     def __repr__(self) -> str:
-        return f"TierBudget({self.tier}: {_gib(self.used_bytes)} used, peak {_gib(self.peak_bytes)}, cap {_gib(self.capacity_bytes)})"
+        return f"TierBudget({self.tier}: {_size(self.used_bytes)} used, peak {_size(self.peak_bytes)}, cap {_size(self.capacity_bytes)})"

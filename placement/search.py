@@ -265,8 +265,12 @@ def _infeasible(model, hardware, workload, budgets, compression, flags,
                  key=lambda rows: sum(rows.values()))
     row = max(excess, key=excess.get)
     tier = row.split("_")[0]
-    room = (f"give the {tier} tier more room (--{tier}-mem)" if tier != "disk" else
-            "give the disk tier more room (an --offload-dir with more free space; --disk-mem in flexlamps plan)")
+    if tier != "disk":
+        room = f"give the {tier} tier more room (--{tier}-mem)"
+    elif hardware.disk_bytes <= 1:  # no folder was given: the engine plans with no disk tier
+        room = "give the plan a disk tier (--offload-dir DIR; --disk-mem in flexlamps plan)"
+    else:
+        room = "give the disk tier more room (an --offload-dir with more free space; --disk-mem in flexlamps plan)"
     hints = [room, "shorten the sequences"]
     if not (weight and cache):
         hints.append("allow compression (--compress-weight, --compress-cache)")

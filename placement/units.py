@@ -38,7 +38,9 @@ def parse_bytes(text: str | int | float) -> int:
 
 
 def format_bytes(num_bytes: float) -> str:
-    """Render bytes in GiB (or MiB below 1 GiB) for tables and error messages."""
-    if abs(num_bytes) >= GiB:
-        return f"{num_bytes / GiB:.1f} GiB"
-    return f"{num_bytes / (1 << 20):.1f} MiB"
+    """Render bytes for tables and error messages in the largest unit of GiB, MiB, KiB that
+    leaves at least 1 (so 1 KiB is never shown as 0.0 MiB), else whole bytes."""
+    for unit, size in (("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(num_bytes) >= size:
+            return f"{num_bytes / size:.1f} {unit}"
+    return f"{num_bytes:.0f} B"

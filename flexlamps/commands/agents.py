@@ -7,7 +7,7 @@ import os
 
 import click
 
-from flexlamps.commands.options import model_options
+from flexlamps.commands.options import check_model, check_offload_dir, check_policy, model_options, writable_folder
 from flexlamps.commands.simulate import _floats, _policies, _write_json
 
 _HELP = """Run augmented requests from an INFERCEPT-format --trace on the real engine (paged KV cache,
@@ -47,19 +47,19 @@ def _size(ctx, param, value):
 
 @click.command("agents", help=_HELP)
 @model_options
-@click.option("--trace", "trace_path", required=True, type=click.Path(dir_okay=False),
+@click.option("--trace", "trace_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="INFERCEPT-format trace, e.g. ../shared/data/augmented/merged_exp_uniform.json")
 @click.option("--policies", default="lamps,infercept,fcfs", callback=_policies, show_default=True,
               help="comma-separated: fcfs, infercept, sjf, lamps, mlfq, vtc")
 @click.option("--qps", default="0.5", callback=_floats, show_default=True,
               help="comma-separated arrival rates (requests per second of engine time)")
-@click.option("--num-requests", default=16, show_default=True, help="requests drawn from the trace per load")
-@click.option("--time-scale", default=0.1, show_default=True,
+@click.option("--num-requests", default=16, type=click.IntRange(min=1), show_default=True, help="requests drawn from the trace per load")
+@click.option("--time-scale", default=0.1, type=click.FloatRange(min=0.0), show_default=True,
               help="wall seconds waited per trace second of API time")
-@click.option("--max-context", default=256, show_default=True, help="tokens per request at most")
-@click.option("--max-prompt", default=96, show_default=True, help="prompt tokens at most")
-@click.option("--max-output", default=24, show_default=True, help="tokens decoded per segment at most")
-@click.option("--max-api-tokens", default=24, show_default=True, help="tokens a call returns at most")
+@click.option("--max-context", default=256, type=click.IntRange(min=1), show_default=True, help="tokens per request at most")
+@click.option("--max-prompt", default=96, type=click.IntRange(min=1), show_default=True, help="prompt tokens at most")
+@click.option("--max-output", default=24, type=click.IntRange(min=1), show_default=True, help="tokens decoded per segment at most")
+@click.option("--max-api-tokens", default=24, type=click.IntRange(min=1), show_default=True, help="tokens a call returns at most")
 @click.option("--gpu-kv-mem", default="24MiB", callback=_size, show_default=True,
               help="KV pool on the gpu tier (e.g. 24MiB); sets the number of blocks")
 @click.option("--cpu-swap-mem", default="8MiB", callback=_size, show_default=True,
@@ -73,11 +73,11 @@ def _size(ctx, param, value):
               help="folder for weights the policy puts on disk (with --gpu-mem)")
 @click.option("--policy", "placement_policy", default="auto", show_default=True,
               help="weight placement with --gpu-mem: auto (the planner) or a policy JSON from `flexlamps plan`")
-@click.option("--block-size", default=16, show_default=True, help="tokens per KV block")
-@click.option("--max-num-seqs", default=16, show_default=True, help="requests per iteration at most")
-@click.option("--max-batched-tokens", default=256, show_default=True,
+@click.option("--block-size", default=16, type=click.IntRange(min=1), show_default=True, help="tokens per KV block")
+@click.option("--max-num-seqs", default=16, type=click.IntRange(min=1), show_default=True, help="requests per iteration at most")
+@click.option("--max-batched-tokens", default=256, type=click.IntRange(min=1), show_default=True,
               help="tokens per iteration at most (longer prefills and recomputes are chunked)")
-@click.option("--noise-sigma", default=0.0, show_default=True,
+@click.option("--noise-sigma", default=0.0, type=click.FloatRange(min=0.0), show_default=True,
               help="multiplicative Gaussian noise on the oracle predictions")
 @click.option("--seed", default=0, show_default=True, help="seed of the replay (templates drawn, arrivals)")
 @click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
@@ -93,18 +93,22 @@ def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, m
             block_size, max_num_seqs, max_batched_tokens, noise_sigma, seed, clock, verify, out_dir, no_plots):
     from flexlamps.engine.augmented.run import AgentsConfig, measure_cost
     from flexlamps.workloads.tokenized import TraceScale, load_trace
+    from flexlamps.workloads.trace import load_templates
 
-    if num_requests < 1:
-        raise click.BadParameter("must be >= 1", param_hint="--num-requests")
     if (gpu_mem is None) != (cpu_mem is None):
         raise click.UsageError("give --gpu-mem and --cpu-mem together (the tiers' budgets), or neither")
     if offload_dir is not None and gpu_mem is None:
         raise click.UsageError("--offload-dir needs the tiers' budgets: give --gpu-mem and --cpu-mem")
+    check_model(model)
+    writable_folder(out_dir, "--out")  # before the model loads
+    check_offload_dir(offload_dir)
+    check_policy(placement_policy)
     settings = dict(block_size=block_size, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_batched_tokens, noise_sigma=noise_sigma, seed=seed)
     try:
         scale = TraceScale(time_scale=time_scale, max_prompt=max_prompt, max_segment_output=max_output,
                            max_api_tokens=max_api_tokens, max_context=max_context)
+        load_templates(trace_path)  # a bad trace fails before the model loads (counted again with its tokenizer)
         if gpu_mem is None:
             llm = _load(model, dtype, max_context)
             config = AgentsConfig(gpu_kv_bytes=gpu_kv_mem, cpu_swap_bytes=cpu_swap_mem, **settings)
@@ -116,7 +120,6 @@ def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, m
         raise click.ClickException(str(e))
     if verify and str(llm.dtype) != "torch.float32":
         click.echo(_VERIFY_LOW_PRECISION.format(str(llm.dtype).removeprefix("torch.")), err=True)
-    os.makedirs(out_dir, exist_ok=True)
     click.echo("measuring the cost model on this machine ...")
     cost = measure_cost(llm, config, max_context, cpu_clock=clock == "cpu")
     results = _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, seed, verify, clock)
@@ -242,6 +245,9 @@ def _report(results, trace_path, out_dir, no_plots, meta: dict) -> None:
         if mismatched:
             click.echo(f"{s.policy} qps {s.qps:g}: {len(mismatched)} outputs differ from the uninterrupted "
                        f"generation: {', '.join(mismatched[:5])}", err=True)
+        elif mismatched is not None:
+            click.echo(f"{s.policy} qps {s.qps:g}: verified, all {s.num_requests} outputs equal the uninterrupted "
+                       "generation", err=True)
     _write_json(os.path.join(out_dir, "summary.json"), {**meta, "results": rows})
     if not no_plots:
         from flexlamps.sim.plots import plot_cdf, plot_vs_load

@@ -11,8 +11,8 @@ import time
 
 import click
 
-from flexlamps.commands.options import (ByteSize, engine_settings, model_options, offload_options, peak_rss_mib,
-                                        ray_options)
+from flexlamps.commands.options import (ByteSize, check_model, check_offload_dir, check_policy, engine_settings, model_options,
+                                        offload_options, peak_rss_mib, ray_options)
 
 
 def _since_process_start() -> float:
@@ -70,6 +70,7 @@ def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, t
     """Generate a completion for every prompt in PROMPTS and write them to OUT."""
     from flexlamps.generate_job import GenerateSettings
 
+    check_model(model)
     run = engine_settings(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight, compress_cache,
                           weight_quant, max_batch_size=batch_size)
     settings = GenerateSettings(
@@ -95,27 +96,14 @@ def _pending_job(settings, prompts_path, out_path, overwrite):
     from offload import PathInUseError
 
     try:
-        if settings.run.policy != "auto":
-            from flexlamps.engine.executors.policy_choice import load_policy
-
-            load_policy(settings.run.policy)
-        _check_offload_dir(settings.run.offload_dir)
+        check_policy(settings.run.policy)
+        check_offload_dir(settings.run.offload_dir)
         job = pending_job(settings, prompts_path, out_path, overwrite)
     except (PromptFileError, ResultsError, PathInUseError, ValueError) as e:
         raise click.ClickException(str(e))
     if (why := job.results.state.describe()) is not None:
         click.echo(why, err=True)
     return job
-
-
-def _check_offload_dir(path: str | None) -> None:
-    from offload.folders import UnusablePathError, make_writable_folder
-
-    if path is not None:
-        try:
-            make_writable_folder(path, "--offload-dir")
-        except UnusablePathError as e:
-            raise ValueError(str(e)) from None
 
 
 def _run(settings, job, no_progress, max_rss, strict, ray_address, ray_workers) -> None:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from flexlamps.commands.options import engine_settings, model_options, offload_kwargs, offload_options, ray_options
+from flexlamps.commands.options import (check_model, check_offload_dir, check_policy, engine_settings, engine_settings_from,
+                                        model_options, offload_kwargs, offload_options, ray_options, writable_folder)
 from flexlamps.distributed.cluster import DistributedError
 from flexlamps.evals.scenarios import ScenarioError
 
@@ -37,13 +38,46 @@ def sampling_params_factory():
 
 
 def _parse_llm_args(pairs: tuple[str, ...]) -> dict:
+    """KEY=VALUE pairs as LLM(...) keyword arguments, each value read with the type of LLM's own
+    option of that name (RunSettings' field): integers, booleans (true/false, 1/0, yes/no), sizes
+    for gpu_mem / cpu_mem, none for an option that may be None; an unknown key is named."""
+    import dataclasses
+    import typing
+
+    from flexlamps.settings import RunSettings
+
+    hints = typing.get_type_hints(RunSettings)
+    known = [f.name for f in dataclasses.fields(RunSettings) if f.name not in ("model", "dtype")]
     out = {}
     for p in pairs:
         key, eq, value = p.partition("=")
+        key = key.strip()
         if not eq:
             raise click.BadParameter(f"{p!r}: write KEY=VALUE, e.g. max_batch_size=64", param_hint="--llm-arg")
-        out[key] = value
+        if key in ("model", "dtype"):
+            raise click.BadParameter(f"{key}: give it as --{key}", param_hint="--llm-arg")
+        if key not in known:
+            raise click.BadParameter(f"unknown key {key!r}; LLM's options: {', '.join(known)}", param_hint="--llm-arg")
+        out[key] = _typed_value(key, value.strip(), hints[key])
     return out
+
+
+def _typed_value(key: str, value: str, hint):
+    import typing
+
+    from flexlamps.commands.options import ByteSize
+
+    args = typing.get_args(hint)
+    base = next((a for a in args if a is not type(None)), hint) if args else hint
+    if (type(None) in args or base is object) and value.lower() in ("none", "null"):
+        return None
+    kind = ByteSize() if key in ("gpu_mem", "cpu_mem") else {bool: click.BOOL, int: click.INT}.get(base)
+    if kind is None:
+        return value
+    try:
+        return kind.convert(value, None, None)
+    except click.BadParameter as e:
+        raise click.BadParameter(f"{key}={value!r}: {e.message}", param_hint="--llm-arg") from None
 
 
 @click.command("helm")
@@ -52,7 +86,7 @@ def _parse_llm_args(pairs: tuple[str, ...]) -> dict:
 @click.option("--scenario", "scenarios", multiple=True, metavar="NAME[:K=V,...]",
               help="Scenario to run, repeatable, e.g. mmlu:subject=anatomy, arc:subset=challenge,method=cloze or "
                    "file:path=F.jsonl,metric=acc,prompt_template=quiz.")
-@click.option("--scenario-file", "scenario_files", multiple=True, type=click.Path(dir_okay=False),
+@click.option("--scenario-file", "scenario_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Your own JSONL file: multiple choice, partial scoring or generation (see docs/helm.md), repeatable.")
 @click.option("--suite", default="flexlamps", show_default=True, help="Suite name: runs go to OUTPUT/runs/SUITE/.")
 @click.option("--output-path", default="benchmark_output", show_default=True, type=click.Path(file_okay=False),
@@ -63,7 +97,7 @@ def _parse_llm_args(pairs: tuple[str, ...]) -> dict:
               help="In-context examples per prompt (default: the scenario's HELM/lighteval default).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="Generation length for generation runs.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Offsets the seed that draws in-context examples.")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+@click.option("--data-dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="Folder of benchmark files (default: $FLEXLAMPS_DATA or ../shared/data).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True,
               help="Requests handed to the engine at once (also the resume granularity); the engine packs the "
@@ -92,18 +126,22 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
 
     if not scenarios and not scenario_files:
         raise click.UsageError("give at least one --scenario or --scenario-file (try --scenario demo)")
+    check_model(model)
     helm_model = helm_model_name(model)
     run = engine_settings(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight, compress_cache,
                           weight_quant)
     extra = {**offload_kwargs(run), **_parse_llm_args(llm_args)}
-    llm, make_executor = _engine(model, dtype, extra, ray_address, ray_workers)
-    identity = EngineIdentity(model_fingerprint(model), dtype, run.compress_weight, run.compress_cache, run.weight_quant)
-    output = Path(output_path)
+    engine_settings_from(model, dtype, extra)  # a bad --llm-arg value fails here, not once the model loads
     opts = RunOptions(helm_model, num_shots, max_eval_instances, max_tokens, seed, Path(data_dir) if data_dir else None)
     try:
         jobs = plan_jobs(scenarios, scenario_files, opts)
     except ScenarioError as e:
         raise click.UsageError(str(e)) from None
+    output = writable_folder(output_path, "--output-path")
+    check_offload_dir(run.offload_dir)
+    check_policy(run.policy)
+    llm, make_executor = _engine(model, dtype, extra, ray_address, ray_workers)
+    identity = EngineIdentity(model_fingerprint(model), dtype, run.compress_weight, run.compress_cache, run.weight_quant)
 
     def make_params(**kw):  # imported only when a run really generates
         return sampling_params_factory()(**kw)

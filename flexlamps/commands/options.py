@@ -1,5 +1,5 @@
 """Options shared by the commands that compute: model, dtype, threads, offloading; byte sizes;
-peak RSS."""
+peak RSS; the checks of paths a command reads or writes, made before any model loads."""
 
 from __future__ import annotations
 
@@ -25,6 +25,30 @@ class ByteSize(click.ParamType):
             return parse_bytes(value)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+
+
+def writable_folder(path, option: str):
+    """`path` made (with parents) and checked writable, or a one-line error naming `option` and
+    the fix: the check every command makes of its output folder before any model loads."""
+    from offload.folders import UnusablePathError, make_writable_folder
+
+    try:
+        return make_writable_folder(path, option)
+    except UnusablePathError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def writable_file_folder(path, option: str):
+    """The folder an output file goes in, made and checked writable (see `writable_folder`)."""
+    from pathlib import Path
+
+    from offload.folders import UnusablePathError, make_writable_folder
+
+    path = Path(path)
+    try:
+        return make_writable_folder(path.parent if str(path.parent) else Path("."), option, shown=path)
+    except UnusablePathError as e:
+        raise click.ClickException(str(e)) from None
 
 
 def peak_rss_mib() -> float:
@@ -127,12 +151,45 @@ def engine_settings(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, com
                     weight_quant, **more) -> RunSettings:
     """The model_options and offload_options parsed into the one RunSettings (`more`: other of its
     fields, e.g. max_batch_size); a bad value is a UsageError naming it."""
+    return engine_settings_from(model, dtype, dict(
+        gpu_mem=gpu_mem, cpu_mem=cpu_mem, offload_dir=offload_dir, policy=policy_arg, compress_weight=compress_weight,
+        compress_cache=compress_cache, weight_quant=weight_quant, **more))
+
+
+def engine_settings_from(model, dtype, fields: dict) -> RunSettings:
+    """RunSettings from LLM(...)'s keyword arguments; a bad value is a UsageError naming it."""
     try:
-        return RunSettings.parse(model, dtype=dtype, gpu_mem=gpu_mem, cpu_mem=cpu_mem, offload_dir=offload_dir,
-                                 policy=policy_arg, compress_weight=compress_weight, compress_cache=compress_cache,
-                                 weight_quant=weight_quant, **more)
+        return RunSettings.parse(model, dtype=dtype, **fields)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+
+
+def check_model(model: str) -> None:
+    """What --model names opens (a built-in name, an HF folder, a .gguf file: its config, tokenizer
+    and tensor index, no weights), else the reader's one-line error naming the input and the fix."""
+    from flexlamps.models.loading.registry import open_checkpoint
+
+    try:
+        open_checkpoint(model)
+    except (ValueError, OSError) as e:  # UnknownModelError, CheckpointError, UnsupportedModelError
+        raise click.ClickException(str(e)) from None
+
+
+def check_policy(policy) -> None:
+    """A --policy file read and checked before any model loads ("auto" plans later)."""
+    if isinstance(policy, str) and policy != "auto":
+        from flexlamps.engine.executors.policy_choice import load_policy
+
+        try:
+            load_policy(policy)
+        except ValueError as e:
+            raise click.ClickException(str(e)) from None
+
+
+def check_offload_dir(path: str | None) -> None:
+    """--offload-dir made and writable before any model loads (the engine makes its subfolder there)."""
+    if path is not None:
+        writable_folder(path, "--offload-dir")
 
 
 def offload_kwargs(run: RunSettings) -> dict:

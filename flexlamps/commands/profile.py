@@ -1,29 +1,20 @@
 """`flexlamps profile`: measure this machine and write a HardwareSpec JSON for `flexlamps plan`."""
 
-import os
-import tempfile
 from pathlib import Path
 
 import click
 
-from flexlamps.commands.options import threads_option
+from flexlamps.commands.options import threads_option, writable_file_folder, writable_folder
 
 from placement import format_bytes, parse_bytes
 
 
 def write_atomically(path: Path, text: str) -> None:
     """Write via a temp file in the same folder + rename, so no half-written file is left."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from flexlamps.io.atomic import atomic_output
+
+    with atomic_output(path, fsync=True) as handle:
+        handle.write(text)
 
 
 @click.command("profile")
@@ -46,9 +37,12 @@ def command(out_path: Path, quick: bool, disk_dir: Path | None, gpu_mem: str | N
 
     from flexlamps.hw_profile import PROBE_NAMES, profile_machine  # imports torch
 
-    out_path = out_path.resolve()
-    if not out_path.parent.is_dir():
+    if not out_path.parent.exists():
         raise click.BadParameter(f"folder {out_path.parent} does not exist", param_hint="--out")
+    writable_file_folder(out_path, "--out")
+    if disk_dir is not None:
+        writable_folder(disk_dir, "--disk-dir")  # the disk probe writes there
+    out_path = out_path.resolve()
     model = None
     if model_text is not None:
         from flexlamps.commands.plan import load_model_spec

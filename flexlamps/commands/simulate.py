@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 import click
+
+from flexlamps.commands.options import writable_folder
 
 
 def _floats(ctx, param, value):
@@ -30,10 +31,10 @@ def _policies(ctx, param, value):
 
 
 def _write_json(path: str, obj) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
+    from flexlamps.io.atomic import atomic_output
+
+    with atomic_output(path) as f:
         json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
 
 
 def _setting(preset, token_budget, max_seqs, swap_gib, cost_model, window, seed, predictor,
@@ -48,8 +49,6 @@ def _setting(preset, token_budget, max_seqs, swap_gib, cost_model, window, seed,
     if cost_model and swap_gib is not None:
         cost.cpu_swap_tokens = int(swap_gib * 2**30 // cost.kv_bytes_per_token)
     budget = token_budget or (PAPER_SETTING["max_num_batched_tokens"] if paper else 2048)
-    if budget < 16 or max_seqs < 1:
-        raise click.BadParameter("needs --token-budget >= 16 and --max-seqs >= 1")
     config = SchedulerConfig.from_cost_model(cost, max_num_seqs=max_seqs, max_num_batched_tokens=budget)
     lamps_kw = {"starvation_threshold": starvation_threshold or None, "horizon": horizon}
     policy_kwargs = {p: lamps_kw for p in policies if p.startswith("lamps")}
@@ -76,11 +75,11 @@ def _row(st) -> str:
               help="comma-separated, from: fcfs, infercept, infercept-at-call, sjf, lamps, lamps-ts, mlfq, vtc")
 @click.option("--qps", default="1,2,4", callback=_floats, show_default=True,
               help="comma-separated arrival rates (requests/s); with --sweep, the grid to search")
-@click.option("--window", default=300.0, show_default=True,
+@click.option("--window", default=300.0, type=click.FloatRange(min=0, min_open=True), show_default=True,
               help="replay window in seconds: 4 x qps x window requests (the papers use 1800)")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--predictor", type=click.Choice(["oracle", "learned"]), default="oracle", show_default=True)
-@click.option("--noise-sigma", default=0.0, show_default=True,
+@click.option("--noise-sigma", default=0.0, type=click.FloatRange(min=0), show_default=True,
               help="multiplicative Gaussian noise on predictions (LAMPS's robustness study: 0.6)")
 @click.option("--preset", type=click.Choice(["infercept-gptj6b", "gptj6b-a100-datasheet"]),
               default="infercept-gptj6b", show_default=True,
@@ -89,16 +88,16 @@ def _row(st) -> str:
                    "(2048-token budget, 4 GiB swap)")
 @click.option("--cost-model", type=click.Path(exists=True, dir_okay=False), default=None,
               help="CostModel JSON (replaces the preset's cost model)")
-@click.option("--token-budget", type=int, default=None,
+@click.option("--token-budget", type=click.IntRange(min=16), default=None,
               help="tokens per iteration [default: 384 with infercept-gptj6b, else 2048]")
-@click.option("--max-seqs", default=256, show_default=True, help="sequences per iteration")
-@click.option("--swap-gib", type=float, default=None, help="cpu swap space in GiB [default: the preset's]")
-@click.option("--starvation-threshold", default=100, show_default=True,
+@click.option("--max-seqs", default=256, type=click.IntRange(min=1), show_default=True, help="sequences per iteration")
+@click.option("--swap-gib", type=click.FloatRange(min=0), default=None, help="cpu swap space in GiB [default: the preset's]")
+@click.option("--starvation-threshold", default=100, type=click.IntRange(min=0), show_default=True,
               help="LAMPS: iterations waiting before a request goes first (0: no guard)")
 @click.option("--horizon", type=click.Choice(["segment", "request"]), default="segment", show_default=True,
               help="LAMPS: rank by memory until the next call returns, or over the whole request")
-@click.option("--warmup", default=0.15, show_default=True, help="fraction of the arrival span excluded at the start")
-@click.option("--cooldown", default=0.15, show_default=True, help="fraction of the arrival span excluded at the end")
+@click.option("--warmup", default=0.15, type=click.FloatRange(0, 1, max_open=True), show_default=True, help="fraction of the arrival span excluded at the start")
+@click.option("--cooldown", default=0.15, type=click.FloatRange(0, 1, max_open=True), show_default=True, help="fraction of the arrival span excluded at the end")
 @click.option("--sweep", is_flag=True,
               help="find each policy's saturation load (window test) on the --qps grid, bisected, and "
                    "draw latency-vs-load curves marking it")
@@ -114,6 +113,10 @@ def command(trace_path, policies, qps, window, seed, predictor, noise_sigma, pre
     from flexlamps.sim.sweep import measure, saturation
     from flexlamps.workloads.trace import load_templates
 
+    if warmup + cooldown >= 1:
+        raise click.UsageError(f"--warmup {warmup} and --cooldown {cooldown} leave no arrivals to measure; keep "
+                               "their sum below 1")
+    writable_folder(out_dir, "--out")
     try:
         setting = _setting(preset, token_budget, max_seqs, swap_gib, cost_model, window, seed,
                            predictor, noise_sigma, warmup, cooldown, starvation_threshold, horizon,
@@ -121,7 +124,6 @@ def command(trace_path, policies, qps, window, seed, predictor, noise_sigma, pre
         templates = load_templates(trace_path, max_model_len=setting.cost.max_model_len)
     except ValueError as e:
         raise click.ClickException(str(e))
-    os.makedirs(out_dir, exist_ok=True)
     cost, config = setting.cost, setting.config
     click.echo(f"cost model: {cost.note or 'custom'}; gpu KV {cost.gpu_kv_tokens} tokens, cpu swap "
                f"{cost.cpu_swap_tokens} tokens; budget {config.max_num_batched_tokens} tokens, "

@@ -5,8 +5,6 @@ name and renamed, so a folder never holds a half-written file."""
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ from flexlamps.evals.instances import Scenario
 from flexlamps.evals.requests import RequestState
 from flexlamps.evals.run_specs import RunSpec
 from flexlamps.evals.stats import Stat
+from flexlamps.io.atomic import atomic_output
 
 RUN_FILES = (
     "run_spec.json", "scenario.json", "scenario_state.json", "stats.json", "per_instance_stats.json",
@@ -26,18 +25,9 @@ RUN_FILES = (
 def write_json_atomic(path: Path, obj: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # os.open honours the umask (mkstemp would leave the file readable by its owner only)
-    tmp = str(path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, ensure_ascii=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_output(path) as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False)
+        f.write("\n")
 
 
 def run_dir(output_path: Path, suite: str, run_name: str) -> Path:

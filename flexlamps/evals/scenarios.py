@@ -52,18 +52,23 @@ def _need(path: Path, hint: str = "") -> Path:
 
 def read_jsonl(path: Path) -> list[tuple[int, dict]]:
     """(line number, JSON object) pairs, one object a line; a malformed line is reported with file and line number."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = list(f)
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
+        raise ScenarioError(f"{path}: cannot read it ({why}); give a JSONL file, one JSON object a line") from None
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ScenarioError(f"{path}:{lineno}: not valid JSON ({e.msg}); fix or remove that line") from None
-            if not isinstance(obj, dict):
-                raise ScenarioError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            rows.append((lineno, obj))
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ScenarioError(f"{path}:{lineno}: not valid JSON ({e.msg}); fix or remove that line") from None
+        if not isinstance(obj, dict):
+            raise ScenarioError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        rows.append((lineno, obj))
     return rows
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import tempfile
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -74,9 +73,9 @@ class ResumableResults:
 
         try:
             make_writable_folder(self.out.parent, "--out", shown=self.out)
+            self._lock = PathLock(self.out, "--out").acquire()
         except UnusablePathError as e:
             raise ResultsError(str(e)) from None
-        self._lock = PathLock(self.out, "--out").acquire()
         for tmp in self.out.parent.glob(f".{self.out.name}.*.tmp"):  # left by a run killed mid-rename
             tmp.unlink(missing_ok=True)
 
@@ -206,14 +205,11 @@ def _check_ok(rec: dict[str, Any]) -> bool:
 
 
 def _write_atomic(path: Path, lines: list[str], out: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    from flexlamps.io.atomic import atomic_output
+
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with atomic_output(path, fsync=True) as fh:
             for line in lines:
                 fh.write(line + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
         raise ResultsError(_write_failure(out, e)) from None

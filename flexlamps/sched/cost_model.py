@@ -20,8 +20,6 @@ datasheet numbers (see there). The real engine can measure its own and save it a
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 
 
@@ -157,11 +155,10 @@ class CostModel:
         return cls(**d)
 
     def save(self, path: str) -> None:
-        d = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
+        from flexlamps.io.atomic import atomic_output
+
+        with atomic_output(path) as f:
             json.dump(self.to_json(), f, indent=2)
-        os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: str) -> "CostModel":

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import numpy as np
 
 from flexlamps.sim.metrics import Summary
 
 
 def _save(fig, path: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
-    os.replace(tmp, path)
+    from flexlamps.io.atomic import atomic_output
+
+    with atomic_output(path, "wb") as handle:
+        fig.savefig(handle, dpi=120, bbox_inches="tight", format="png")
 
 
 def _pyplot():

@@ -55,6 +55,7 @@ def test_agents_command_runs_policies_and_writes_results(tiny_llama, tmp_path):
     assert res.exit_code == 0, res.output
     for policy in ("lamps", "infercept", "fcfs"):
         assert any(line.startswith(policy) for line in res.output.splitlines())
+        assert f"{policy} qps 50: verified, all 5 outputs equal the uninterrupted generation" in res.output
     summary = json.loads((out / "summary.json").read_text())
     assert [r["summary"]["policy"] for r in summary["results"]] == ["lamps", "infercept", "fcfs"]
     for r in summary["results"]:

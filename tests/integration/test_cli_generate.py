@@ -42,6 +42,7 @@ def test_happy_path_keeps_extra_fields_and_order(tiny_llama, tmp_path):
     assert all(1 <= r["num_generated_tokens"] <= 6 and r["finish_reason"] in ("eos", "length", "stop") for r in rows)
     assert "tok/s" in res.output and "peak RSS" in res.output
     assert not (tmp_path / "out.jsonl.partial").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]  # no lock files left
 
 
 def test_text_file_input_and_logprobs(tiny_llama, tmp_path):
@@ -154,6 +155,7 @@ def test_offloaded_generation_equals_plain(tiny_llama, tmp_path):
                          "--offload-dir", str(tmp_path / "off"), "--policy", str(policy)])
     assert res.exit_code == 0, res.output
     assert "policy: block 2 x 2" in res.output and "peak gpu tier" in res.output
+    assert not list(tmp_path.rglob("*.lock*"))  # the out file's and the offload folder's locks are gone
     assert [r["text"] for r in _read(tmp_path / "plain.jsonl")] == [r["text"] for r in _read(tmp_path / "off.jsonl")]
 
 

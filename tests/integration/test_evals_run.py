@@ -287,3 +287,31 @@ def test_evals_do_not_import_torch():
     code = ("import sys, flexlamps.commands.helm, flexlamps.evals.runner, flexlamps.evals.summary; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_llm_args_are_typed_as_llms_own_options(tmp_path, monkeypatch):
+    """--llm-arg values reach LLM(...) as its options' types: the option's own example runs, and
+    false is False (a string would be truthy)."""
+    seen = []
+
+    def load(model, dtype, llm_args):
+        seen.append(llm_args)
+        return FakeLLM(answers=ANSWERS)
+    monkeypatch.setattr(helm_cmd, "load_llm", load)
+    monkeypatch.setattr(helm_cmd, "sampling_params_factory", lambda: SamplingParams)
+    res = _run(tmp_path, "--scenario", "demo", "--llm-arg", "max_batch_size=8", "--llm-arg", "reuse_prefix=false",
+               "--llm-arg", "cpu_mem=64MiB", "--llm-arg", "device=none")
+    assert res.exit_code == 0, res.output
+    assert {k: seen[0][k] for k in ("max_batch_size", "reuse_prefix", "cpu_mem", "device")} == {
+        "max_batch_size": 8, "reuse_prefix": False, "cpu_mem": 64 << 20, "device": None}
+
+
+@pytest.mark.parametrize("arg,needle", [("batch=8", "unknown key 'batch'; LLM's options: max_batch_size"),
+                                        ("max_batch_size=eight", "max_batch_size='eight': 'eight' is not a valid"),
+                                        ("max_batch_size=0", "max_batch_size must be >= 1"),
+                                        ("dtype=float32", "dtype: give it as --dtype")])
+def test_bad_llm_args_are_named_before_anything_loads(tmp_path, monkeypatch, arg, needle):
+    monkeypatch.setattr(helm_cmd, "load_llm", lambda *a: pytest.fail("the model loaded"))
+    res = CliRunner().invoke(helm_cmd.command, ["--scenario", "demo", "--output-path", str(tmp_path), "--llm-arg",
+                                                arg])
+    assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output, res.output

@@ -47,5 +47,8 @@ def load_policy(path: str | Path) -> Policy:
         return Policy.from_json(Path(path).read_text())
     except FileNotFoundError:
         raise ValueError(f"policy file {path} does not exist; pass --policy auto or a policy JSON") from None
+    except OSError as e:
+        raise ValueError(f"policy file {path}: cannot read it ({e.strerror}); pass --policy auto or a policy "
+                         "JSON") from None
     except (json.JSONDecodeError, TypeError, KeyError, ValueError) as e:
         raise ValueError(f"policy file {path} is not a valid policy: {e}") from None
