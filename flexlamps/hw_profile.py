@@ -290,7 +290,7 @@ def measure_layer_overhead(device: torch.device, budget_s: float) -> float:
     from flexlamps.models.forward import forward_for
     from flexlamps.models.weight_specs import weight_specs
 
-    def attend(q, k, v):  # one token attending to itself: the cache's cost is not what is timed here
+    def attend(q, k, v, opts=None):  # one token attending to itself: the cache's cost is not what is timed here
         return v.repeat_interleave(q.shape[2] // v.shape[2], dim=2).reshape(q.shape[0], q.shape[1], -1)
 
     def step_seconds(num_layers: int) -> float:
@@ -307,8 +307,8 @@ def measure_layer_overhead(device: torch.device, budget_s: float) -> float:
         def decode_step():
             ctx = fwd.step_context(ids, torch.float32)
             x = fwd.embed(glob, ids, ids)
-            for w in layers:
-                x = fwd.layer(w, x, ctx, attend)
+            for i, w in enumerate(layers):
+                x = fwd.layer(w, x, ctx, attend, i)
             return fwd.head(glob, x).float()
 
         return 1.0 / _typical_rate(decode_step, 1.0, budget_s / 2, _synchronizer(device))

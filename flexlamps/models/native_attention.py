@@ -59,10 +59,11 @@ class NativeAttention:
                 and d <= MAX_HEAD_DIM and heads % kv == 0 and heads // kv <= MAX_GROUP and keys.shape[2] > 0
                 and keys.shape[0] == n and keys.shape[3] == d)
 
-    def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """softmax(q keys^T / sqrt(d), masked) @ values for q (n, heads, T, d), keys and values
+    def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                 scale: float | None = None) -> torch.Tensor:
+        """softmax(q keys^T * scale, masked) @ values for q (n, heads, T, d), keys and values
         (n, kv_heads, S, d) (any strides but the last), mask (n, T, S) bool -> (n, heads, T, d);
-        a query that sees no key gets zeros."""
+        scale None: 1 / sqrt(d); a query that sees no key gets zeros."""
         n, heads, t, d = q.shape
         kv, span = keys.shape[1], keys.shape[2]
         if values.shape != keys.shape:  # the kernel would read past them
@@ -81,9 +82,9 @@ class NativeAttention:
         out = torch.empty(n, heads, t, d, dtype=q.dtype)
         qs, ks, vs, ms = q.stride(), keys.stride(), values.stride(), mask.stride()
         strides = _Strides(qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ms[0], ms[1], ms[2])
+        scale = 1.0 / math.sqrt(d) if scale is None else scale
         if n and self._fn(q.data_ptr(), keys.data_ptr(), values.data_ptr(), mask.data_ptr(), out.data_ptr(), n, heads,
-                          kv, t, span, d, strides, 1.0 / math.sqrt(d), DTYPES[q.dtype], self.bf16_dot,
-                          torch.get_num_threads()):
+                          kv, t, span, d, strides, scale, DTYPES[q.dtype], self.bf16_dot, torch.get_num_threads()):
             raise ValueError(f"native_attention: the kernel refused q {tuple(q.shape)}, keys {tuple(keys.shape)}")
         return out
 

@@ -10,19 +10,20 @@ import pytest
 import torch
 
 from flexlamps.models.blocks import attention as attention_module
-from flexlamps.models.blocks.attention import BF16_TOLERANCE, KEY_BLOCK, attention
+from flexlamps.models.blocks.attention import BF16_TOLERANCE, KEY_BLOCK, AttnOptions, attention
 
 # (head_dim, heads, kv_heads): SmolLM2, MHA, LLaMA-3-8B (4 of its 8 kv heads), small GQA, MQA
 SHAPES = [(64, 9, 3), (64, 4, 4), (128, 16, 4), (16, 4, 2), (80, 8, 1)]
 
 
-def _alone(q0, keys, values):
+def _alone(q0, keys, values, opts=None):
     """Query q0 (heads, d) decoded alone over its own keys (kv, p+1, d): no padding, no other row."""
     span = keys.shape[1]
-    return attention(q0[None, :, None], keys[None], values[None], torch.ones(1, 1, span, dtype=torch.bool))[0, :, 0]
+    mask = torch.ones(1, 1, span, dtype=torch.bool)
+    return attention(q0[None, :, None], keys[None], values[None], mask, opts)[0, :, 0]
 
 
-def _in_a_step(rnd, g, q0, keys, values, dtype):
+def _in_a_step(rnd, g, q0, keys, values, dtype, opts=None):
     """The same query at a random place of a random step: n rows, a chunk of T queries, keys
     padded past its own by other rows; returns its result there."""
     heads, d = q0.shape
@@ -39,10 +40,10 @@ def _in_a_step(rnd, g, q0, keys, values, dtype):
     q[row, :, j], k[row, :, :own], v[row, :, :own] = q0, keys, values
     positions[row] = torch.arange(own - 1 - j, own - 1 - j + t)
     mask = torch.arange(span)[None, None, :] <= positions[:, :, None]
-    return attention(q, k, v, mask)[row, :, j]
+    return attention(q, k, v, mask, opts)[row, :, j]
 
 
-def _cases(shape, dtype, monkeypatch, count):
+def _cases(shape, dtype, monkeypatch, count, options=lambda heads, g: None):
     """(query result in a random step, alone, float32 alone) for `count` random queries."""
     d, heads, kv = shape
     rnd, g = random.Random(sum(shape)), torch.Generator().manual_seed(sum(shape))
@@ -54,15 +55,32 @@ def _cases(shape, dtype, monkeypatch, count):
         own = rnd.choice([1, 2, 9, 16, 17, KEY_BLOCK, KEY_BLOCK + 1, rnd.randrange(1, 400)])
         q0 = torch.randn(heads, d, generator=g)
         keys, values = torch.randn(kv, own, d, generator=g), torch.randn(kv, own, d, generator=g)
-        in_step = _in_a_step(rnd, g, q0.to(dtype), keys.to(dtype), values.to(dtype), dtype)
-        alone = _alone(q0.to(dtype), keys.to(dtype), values.to(dtype))
-        exact = _alone(*(x.to(dtype).float() for x in (q0, keys, values)))
+        opts = options(heads, g)
+        in_step = _in_a_step(rnd, g, q0.to(dtype), keys.to(dtype), values.to(dtype), dtype, opts)
+        alone = _alone(q0.to(dtype), keys.to(dtype), values.to(dtype), opts)
+        exact = _alone(*(x.to(dtype).float() for x in (q0, keys, values)), opts)
         yield in_step, alone, exact, values.to(dtype).float().abs().max()
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "d{}h{}kv{}".format(*s))
 def test_query_result_does_not_depend_on_its_step(shape, monkeypatch):
     for case, (in_step, alone, _, _) in enumerate(_cases(shape, torch.float32, monkeypatch, 24)):
+        assert torch.equal(in_step, alone), case
+
+
+def _soft_capped_with_sinks(heads, g):
+    return AttnOptions(scale=0.3, softcap=_softcap(g), sinks=torch.randn(heads, generator=g))
+
+
+def _softcap(g) -> float:
+    return float(torch.rand(1, generator=g)) * 5 + 0.5
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "d{}h{}kv{}".format(*s))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_options_keep_a_query_independent_of_its_step(shape, dtype, monkeypatch):
+    """Scale, soft-capping and sinks run on the exact path: the same bits in any step."""
+    for case, (in_step, alone, _, _) in enumerate(_cases(shape, dtype, monkeypatch, 12, _soft_capped_with_sinks)):
         assert torch.equal(in_step, alone), case
 
 

@@ -14,14 +14,14 @@ reads every cached key, so half the bytes is what it spends its time on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
 from flexlamps.engine.caches.segments import segment_attention, with_fresh
 from flexlamps.engine.executors.step import Segments
-from flexlamps.models.blocks.attention import attention
+from flexlamps.models.blocks.attention import AttnOptions, attention, visible_keys
 from flexlamps.models.config import ModelConfig
 
 
@@ -59,19 +59,19 @@ class DenseKVCache:
             return StepGeometry(slots, positions, segments.span, None, first, segments=segments)
         span = int(positions.max()) + 1
         # query at position p sees keys 0..p of its own row: causal and per-row length in one mask
-        mask = torch.arange(span, device=positions.device)[None, None, :] <= positions[:, :, None]
+        mask = visible_keys(span, positions)
         return StepGeometry(slots, positions, span, mask, first, is_fresh_prefill(positions),
                             decode_at=_shared_decode_position(positions, span, first))
 
     def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
                   geometry: "StepGeometry | None" = None):
-        """The `attend(q, k, v)` callback for one layer of one step (see models.llama.Attend);
+        """The `attend(q, k, v, opts)` callback for one layer of one step (see blocks.decoder.Attend);
         `geometry` (from `step_geometry` on these slots and positions) saves recomputing it."""
         geo = geometry or self.step_geometry(slots, positions)
-        return lambda q, k, v: self.attend(layer, slots, positions, q, k, v, geo)
+        return lambda q, k, v, opts=None: self.attend(layer, slots, positions, q, k, v, geo, opts)
 
     def attend(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor, geometry: "StepGeometry | None" = None) -> torch.Tensor:
+               v: torch.Tensor, geometry: "StepGeometry | None" = None, opts: AttnOptions | None = None) -> torch.Tensor:
         geo = geometry or self.step_geometry(slots, positions)
         n, t, heads, d = q.shape
         kc, vc = self.k[layer], self.v[layer]
@@ -81,12 +81,12 @@ class DenseKVCache:
             before = geo.segments.fresh_from
             keys = with_fresh(_rows(kc, geo.slots, before, geo.first) if before else None, k)
             values = with_fresh(_rows(vc, geo.slots, before, geo.first) if before else None, v)
-            return segment_attention(q, keys, values, geo.segments).reshape(n, t, heads * d)
+            return segment_attention(q, keys, values, geo.segments, opts).reshape(n, t, heads * d)
         if geo.fresh:  # see caches.fresh
             keys, values = fresh_keys(k, v)
         else:
             keys, values = _rows(kc, geo.slots, geo.span, geo.first), _rows(vc, geo.slots, geo.span, geo.first)
-        out = attention(q.transpose(1, 2), keys, values, geo.mask)
+        out = attention(q.transpose(1, 2), keys, values, geo.mask_for(opts), opts)
         return out.transpose(1, 2).reshape(n, t, heads * d)
 
 
@@ -121,6 +121,16 @@ class StepGeometry:
     fresh: bool = False
     segments: Segments | None = None
     decode_at: int | None = None
+    _windowed: dict = field(default_factory=dict, compare=False, repr=False)  # window -> mask, made once
+
+    def mask_for(self, opts: AttnOptions | None) -> torch.Tensor:
+        """`mask`, cut to the layer's sliding window if it has one."""
+        window = opts.window if opts is not None else None
+        if window is None:
+            return self.mask
+        if window not in self._windowed:
+            self._windowed[window] = visible_keys(self.span, self.positions, window)
+        return self._windowed[window]
 
 
 def _shared_decode_position(positions: torch.Tensor, span: int, first: int | None) -> int | None:

@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
-from flexlamps.models.blocks.attention import attention
+from flexlamps.models.blocks.attention import AttnOptions, attention, visible_keys
 from flexlamps.models.config import ModelConfig
 
 
@@ -130,11 +130,11 @@ class PagedKVCache:
         return torch.arange(len(tables), device=self.device)
 
     def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor):
-        """The `attend(q, k, v)` callback for one layer of one step (see models.llama.Attend)."""
-        return lambda q, k, v: self.attend(layer, slots, positions, q, k, v)
+        """The `attend(q, k, v, opts)` callback for one layer of one step (see blocks.decoder.Attend)."""
+        return lambda q, k, v, opts=None: self.attend(layer, slots, positions, q, k, v, opts)
 
     def attend(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
-               q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+               q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, opts: AttnOptions | None = None) -> torch.Tensor:
         n, t, heads, d = q.shape
         bs = self.block_size
         tables = self._tables[slots]  # (n, width)
@@ -154,7 +154,7 @@ class PagedKVCache:
             # (n, B, kv_heads, bs, d) -> (n, kv_heads, B * bs, d)
             keys = kc[used].permute(0, 2, 1, 3, 4).reshape(n, -1, span, d)
             values = vc[used].permute(0, 2, 1, 3, 4).reshape(n, -1, span, d)
-        # query at position p sees keys 0..p of its own request
-        mask = torch.arange(span, device=q.device)[None, None, :] <= positions[:, :, None]
-        out = attention(q.transpose(1, 2), keys, values, mask)
+        # query at position p sees keys 0..p of its own request (its window's, if the layer has one)
+        mask = visible_keys(span, positions.to(q.device), opts.window if opts is not None else None)
+        out = attention(q.transpose(1, 2), keys, values, mask, opts)
         return out.transpose(1, 2).reshape(n, t, heads * d)

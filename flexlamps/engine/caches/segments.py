@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from flexlamps.engine.executors.step import Segments
-from flexlamps.models.blocks.attention import attention
+from flexlamps.models.blocks.attention import AttnOptions, attention, windowed
 
 
 def with_fresh(cached: torch.Tensor | None, fresh: torch.Tensor) -> torch.Tensor:
@@ -22,15 +22,18 @@ def with_fresh(cached: torch.Tensor | None, fresh: torch.Tensor) -> torch.Tensor
     return own if cached is None else torch.cat([cached, own.to(cached.device, cached.dtype)], dim=2)
 
 
-def segment_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, segments: Segments) -> torch.Tensor:
+def segment_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, segments: Segments,
+                      opts: AttnOptions | None = None) -> torch.Tensor:
     """q (n, T, heads, d), keys/values (n, kv_heads, S, d) -> (n, T, heads, d); tokens in no
-    segment (a row's padding) get zeros."""
+    segment (a row's padding) get zeros. A segment's keys are its sequence's positions 0..K-1, so
+    a sliding window cuts its mask by key index."""
     out = q.new_zeros(q.shape)
     for g in segments.groups:
         kg = keys[g.rows[:, None], :, g.keys].transpose(1, 2)  # (G, K, kv_heads, d) -> (G, kv_heads, K, d)
         vg = values[g.rows[:, None], :, g.keys].transpose(1, 2)
         qg = q[g.rows[:, None], g.queries].transpose(1, 2)  # (G, Q, heads, d) -> (G, heads, Q, d)
-        og = attention(qg, kg, vg, g.mask).transpose(1, 2)  # (G, Q, heads, d)
+        mask = windowed(g.mask, opts.window if opts is not None else None)
+        og = attention(qg, kg, vg, mask, opts).transpose(1, 2)  # (G, Q, heads, d)
         rows = g.rows[:, None].expand_as(g.queries)
         out[rows[g.query_valid], g.queries[g.query_valid]] = og[g.query_valid]
     return out

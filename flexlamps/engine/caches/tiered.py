@@ -16,7 +16,7 @@ import torch
 from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
 from flexlamps.engine.caches.segments import segment_attention, with_fresh
 from flexlamps.engine.executors.step import Segments
-from flexlamps.models.blocks.attention import attention
+from flexlamps.models.blocks.attention import AttnOptions, attention, visible_keys
 from flexlamps.models.config import ModelConfig
 from offload import tensor_bytes
 from offload.budget import TierBudget
@@ -105,29 +105,31 @@ class TieredKVCache:
         """`positions`: where the step's keys are written; `segments`: a packed step's attention;
         `geometry` (from `step_geometry` on these slots, positions and segments) saves recomputing it."""
         geo = geometry or self.step_geometry(slots, positions, segments)
-        return lambda q, k, v: self.attend(layer, slots, positions, q, k, v, geometry=geo)
+        return lambda q, k, v, opts=None: self.attend(layer, slots, positions, q, k, v, geometry=geo, opts=opts)
 
     def attend(self, layer, slots, positions, q, k, v, segments: Segments | None = None,
-               geometry: "TieredStepGeometry | None" = None) -> torch.Tensor:
+               geometry: "TieredStepGeometry | None" = None, opts: AttnOptions | None = None) -> torch.Tensor:
         geo = geometry or self.step_geometry(slots, positions, segments)
         n, t, heads, d = q.shape
         home = torch.device("cpu") if self.tiers[layer] != "gpu" else self.device
         at_home = geo.on(home)
         self._write(layer, at_home.slots, at_home.positions, k.to(home), v.to(home))
         if geo.segments is not None:
-            return self._packed_attend(layer, at_home.slots, home, q, k, v, geo)
+            return self._packed_attend(layer, at_home.slots, home, q, k, v, geo, opts)
         if geo.fresh:  # see caches.fresh: nothing read back or staged
             (keys, values), where, staged = fresh_keys(k, v), k.device, 0
         else:
             keys, values, where, staged = self._rows_for_attention(layer, at_home.slots, geo.span, home)
         try:
-            out = attention(q.to(where).transpose(1, 2), keys, values, geo.on(where).mask)
+            window = opts.window if opts is not None else None
+            out = attention(q.to(where).transpose(1, 2), keys, values, geo.mask_on(where, window), opts)
         finally:
             if staged:
                 self.budgets["gpu"].free(staged)
         return out.transpose(1, 2).reshape(n, t, heads * d).to(self.device)
 
-    def _packed_attend(self, layer, slots, home, q, k, v, geo: "TieredStepGeometry") -> torch.Tensor:
+    def _packed_attend(self, layer, slots, home, q, k, v, geo: "TieredStepGeometry",
+                       opts: AttnOptions | None) -> torch.Tensor:
         """A packed step (see executors.step.Segments): the rows before its own tokens as the
         layer's tier holds them (staged or decompressed), its own tokens' keys as computed."""
         n, t, heads, d = q.shape
@@ -138,7 +140,7 @@ class TieredKVCache:
             cached_k, cached_v, where, staged = self._rows_for_attention(layer, slots, before, home)
         try:
             keys, values = with_fresh(cached_k, k.to(where)), with_fresh(cached_v, v.to(where))
-            out = segment_attention(q.to(where), keys, values, geo.on(where).segments)
+            out = segment_attention(q.to(where), keys, values, geo.on(where).segments, opts)
         finally:
             if staged:
                 self.budgets["gpu"].free(staged)
@@ -197,6 +199,7 @@ class TieredStepGeometry:
         self.span = segments.span if segments is not None else int(positions.max()) + 1
         self._slots, self._positions = slots, positions
         self._placed: dict[torch.device, PlacedStep] = {}
+        self._windowed: dict[tuple[torch.device, int], torch.Tensor] = {}
 
     def on(self, device: torch.device) -> PlacedStep:
         device = torch.device(device)
@@ -207,8 +210,18 @@ class TieredStepGeometry:
             positions = self._positions.to(device)
             mask = segments = None
             if self.segments is None:
-                mask = torch.arange(self.span, device=device)[None, None, :] <= positions[:, :, None]
+                mask = visible_keys(self.span, positions)
             else:
                 segments = self.segments.to(device)
             placed = self._placed[device] = PlacedStep(self._slots.to(device), positions, mask, segments)
         return placed
+
+    def mask_on(self, device: torch.device, window: int | None) -> torch.Tensor:
+        """`on(device).mask`, cut to a layer's sliding window if it has one (made once per window)."""
+        placed = self.on(device)
+        if window is None:
+            return placed.mask
+        key = (placed.positions.device, window)
+        if key not in self._windowed:
+            self._windowed[key] = visible_keys(self.span, placed.positions, window)
+        return self._windowed[key]

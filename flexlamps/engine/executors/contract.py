@@ -39,7 +39,7 @@ class TierUse:
 @runtime_checkable
 class KVCache(Protocol):
     """A cache the models attend through: `attend_fn(layer, slots, positions)` returns the
-    `attend(q, k, v)` callback of one layer of one step (see models.llama.Attend)."""
+    `attend(q, k, v, opts=None)` callback of one layer of one step (see blocks.decoder.Attend)."""
 
     def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor): ...
 

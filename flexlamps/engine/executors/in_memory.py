@@ -112,5 +112,5 @@ class InMemoryExecutor:
         # masks and spans once per step, not per layer (caches that offer it)
         geo = {"geometry": cache.step_geometry(slots, writes, **mask)} if hasattr(cache, "step_geometry") else mask
         for i, w in enumerate(self.layer_weights):
-            x = fwd.layer(w, x, ctx, cache.attend_fn(i, slots, writes, **geo))
+            x = fwd.layer(w, x, ctx, cache.attend_fn(i, slots, writes, **geo), i)
         return fwd.head(self.global_weights, step.pick_logit_rows(x)).float().cpu()

@@ -433,7 +433,7 @@ class OffloadExecutor:
         self.budgets["gpu"].allocate(ws, "compute workspace")
         try:
             x = self.fwd.layer(w, x.to(self.device), rope,
-                               cache.attend_fn(j, step.slots, step.write_positions, **attend_kwargs))
+                               cache.attend_fn(j, step.slots, step.write_positions, **attend_kwargs), j)
             return x.to("cpu") if act_tier == "cpu" else x
         finally:
             self.budgets["gpu"].free(ws)

@@ -1,4 +1,12 @@
-"""`attention(q, keys, values, mask)`: the attention every KV cache calls once it has its keys.
+"""`attention(q, keys, values, mask, opts)`: the attention every KV cache calls once it has its keys.
+
+`AttnOptions` carries what a family changes about it: the softmax scale, tanh soft-capping of the
+scores (Gemma-2), a sliding window (the caches fold it into the mask they build from key
+positions: `visible_keys`) and attention sinks (gpt-oss: a learned logit per head that joins the
+softmax's denominator and attends to nothing). The fused kernels below (the AVX-512 kernel,
+torch's flash kernel, SDPA elsewhere) take a scale and any mask; with soft-capping or sinks the
+exact fp32 path runs on every device, its shape rules unchanged (the sink is one more column
+before the keys, the same for every query of its head).
 
 float32 and float16 on the CPU: a query's result depends only on that query and the keys its mask lets it
 see: not on the other rows of the step, on how far the step's keys are padded (the longest row's
@@ -46,6 +54,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -70,18 +79,69 @@ BATCHED_DECODE_FROM_ROWS = 16
 _LAST_BLOCK = threading.local()  # per thread: the zero-padded last block of values, reused
 
 
-def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """q (n, heads, T, d), keys/values (n, kv_heads, S, d), mask (n, T, S) bool (True: attend)
-    -> (n, heads, T, d)."""
+@dataclass(frozen=True, eq=False)
+class AttnOptions:
+    """How one layer's attention departs from softmax(q k^T / sqrt(d)) v over its causal keys."""
+    scale: float | None = None  # the scores' factor; None: 1 / sqrt(head_dim)
+    softcap: float | None = None  # scores -> softcap * tanh(scores / softcap), before the mask
+    window: int | None = None  # a query at position p sees keys p-window+1..p (applied by the caches)
+    sinks: torch.Tensor | None = None  # (heads,) a logit per head in the softmax's denominator
+
+    def __post_init__(self):
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"AttnOptions: window must be >= 1, got {self.window}")
+        if self.softcap is not None and self.softcap <= 0:
+            raise ValueError(f"AttnOptions: softcap must be > 0, got {self.softcap}")
+
+    @property
+    def fused(self) -> bool:
+        """Whether the fused kernels compute it (a scale and a mask): no soft-capping, no sinks."""
+        return self.softcap is None and self.sinks is None
+
+    def scale_for(self, head_dim: int) -> float:
+        return 1.0 / math.sqrt(head_dim) if self.scale is None else float(self.scale)
+
+
+PLAIN = AttnOptions()
+
+
+def visible_keys(span: int, positions: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """The mask (n, T, span) of keys at cache positions 0..span-1 that queries at `positions` (n, T)
+    see: 0..p, or with a window p-window+1..p (as transformers masks a sliding window)."""
+    keys = torch.arange(span, device=positions.device)[None, None, :]
+    mask = keys <= positions[:, :, None]
+    if window is not None:
+        mask &= keys > positions[:, :, None] - window
+    return mask
+
+
+def windowed(mask: torch.Tensor, window: int | None) -> torch.Tensor:
+    """A causal mask (.., T, K) whose queries each see keys 0..j (key index = position, as in a
+    packed segment's keys) cut to the last `window` of them."""
+    if window is None:
+        return mask
+    last = mask.sum(-1, keepdim=True)  # keys 0..last-1 seen
+    return mask & (torch.arange(mask.shape[-1], device=mask.device) >= last - window)
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+              opts: AttnOptions | None = None) -> torch.Tensor:
+    """q (n, heads, T, d), keys/values (n, kv_heads, S, d), mask (n, T, S) bool (True: attend; a
+    window already in it) -> (n, heads, T, d)."""
+    opts = opts or PLAIN
     heads, kv_heads = q.shape[1], keys.shape[1]
+    scale = opts.scale_for(q.shape[-1])
+    if not opts.fused:
+        return _per_query_attention(q, keys, values, mask, opts)
     if q.device.type != "cpu":
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=heads != kv_heads)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=heads != kv_heads,
+                                              scale=scale)
     kernel = native_attention_kernel() if q.dtype in native_attention.DTYPES else None
     if kernel is not None and kernel.takes(q, keys):
-        return kernel(q, keys, values, mask)
+        return kernel(q, keys, values, mask, scale)
     if q.dtype == torch.bfloat16:
-        return _bf16_attention(q, keys.to(q.dtype), values.to(q.dtype), mask)
-    return _per_query_attention(q, keys, values, mask)
+        return _bf16_attention(q, keys.to(q.dtype), values.to(q.dtype), mask, scale)
+    return _per_query_attention(q, keys, values, mask, opts)
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,7 +151,7 @@ def native_attention_kernel() -> native_attention.NativeAttention | None:
     return native_attention.load(cache_root() / "kernels")
 
 
-def _bf16_attention(q, keys, values, mask) -> torch.Tensor:
+def _bf16_attention(q, keys, values, mask, scale: float) -> torch.Tensor:
     """torch's flash kernel, except for a decode (one query a row) of many rows. A chunk shares
     the kv heads in the kernel (no mask copied per head); a decode stacks each kv head's query
     heads as that head's rows (keys read once per kv head). From `BATCHED_DECODE_FROM_ROWS` rows a
@@ -101,16 +161,18 @@ def _bf16_attention(q, keys, values, mask) -> torch.Tensor:
     n, heads, t, d = q.shape
     kv_heads = keys.shape[1]
     if t > 1:
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=heads != kv_heads)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=heads != kv_heads,
+                                              scale=scale)
     grouped = q.reshape(n, kv_heads, heads // kv_heads, d)
     if n < BATCHED_DECODE_FROM_ROWS:
-        return F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask[:, None]).view(n, heads, 1, d)
-    scores = torch.matmul(grouped.float(), keys.float().transpose(-1, -2)).mul_(1.0 / math.sqrt(d))
+        return F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask[:, None],
+                                              scale=scale).view(n, heads, 1, d)
+    scores = torch.matmul(grouped.float(), keys.float().transpose(-1, -2)).mul_(scale)
     scores.masked_fill_(~mask[:, None], float("-inf"))  # (n, 1, S) over each kv head's group of rows
     return torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), values).view(n, heads, 1, d)
 
 
-def _per_query_attention(q, keys, values, mask) -> torch.Tensor:
+def _per_query_attention(q, keys, values, mask, opts: AttnOptions) -> torch.Tensor:
     n, heads, t, d = q.shape
     kv_heads, span = keys.shape[1], keys.shape[2]
     group = heads // kv_heads  # heads h*group..h*group+group-1 read kv head h
@@ -127,7 +189,7 @@ def _per_query_attention(q, keys, values, mask) -> torch.Tensor:
     for start in range(0, t, chunk):
         end = min(t, start + chunk)
         queries = grouped[:, :, :, start:end].float().reshape(n, kv_heads, group * (end - start), d)
-        probs = _probabilities(queries, keys, mask[:, start:end], group, padded_span)
+        probs = _probabilities(queries, keys, mask[:, start:end], group, padded_span, opts)
         if q.dtype != torch.float32:
             probs = probs.to(q.dtype).float()
         out = _weighted_values(probs, value_blocks)[:, :, :queries.shape[2]]
@@ -136,19 +198,35 @@ def _per_query_attention(q, keys, values, mask) -> torch.Tensor:
     return out.reshape(n, heads, t, d).to(q.dtype)
 
 
-def _probabilities(queries, keys, mask, group: int, padded_span: int) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d)), masked keys at probability 0: (n, kv, rows', padded_span), where
-    rows' = max(rows, MIN_ROWS) (zero queries pad the product; their rows are dropped later)."""
+def _probabilities(queries, keys, mask, group: int, padded_span: int, opts: AttnOptions) -> torch.Tensor:
+    """softmax(q k^T * scale), soft-capped, masked keys at probability 0: (n, kv, rows', padded_span),
+    where rows' = max(rows, MIN_ROWS) (zero queries pad the product; their rows are dropped later).
+    Sinks join the softmax as a column before the keys, dropped from what it returns."""
     n, kv_heads, rows, d = queries.shape
     span = keys.shape[2]
     if rows < MIN_ROWS:
         queries = F.pad(queries, (0, 0, 0, MIN_ROWS - rows))
-    scores = torch.matmul(queries, keys.transpose(-1, -2)).mul_(1.0 / math.sqrt(d))  # (n, kv, rows', S)
+    scores = torch.matmul(queries, keys.transpose(-1, -2)).mul_(opts.scale_for(d))  # (n, kv, rows', S)
+    if opts.softcap is not None:
+        scores.div_(opts.softcap).tanh_().mul_(opts.softcap)
     real = scores[:, :, :rows].view(n, kv_heads, group, rows // group, span)
     real.masked_fill_(~mask[:, None, None], float("-inf"))
     if padded_span > span:
         scores = F.pad(scores, (0, padded_span - span), value=float("-inf"))
-    return torch.softmax(scores, dim=-1)
+    if opts.sinks is None:
+        return torch.softmax(scores, dim=-1)
+    column = _sink_column(opts.sinks, scores, group, rows)
+    return torch.softmax(torch.cat([column, scores], dim=-1), dim=-1)[..., 1:]
+
+
+def _sink_column(sinks: torch.Tensor, scores: torch.Tensor, group: int, rows: int) -> torch.Tensor:
+    """Each score row's sink logit (n, kv, rows', 1): kv head h's rows are its `group` query heads,
+    each over its rows // group queries in order (see `_per_query_attention`); padding rows get 0."""
+    n, kv_heads, padded_rows, _ = scores.shape
+    per_head = sinks.to(scores.device, torch.float32).view(kv_heads, group, 1)
+    column = per_head.expand(kv_heads, group, rows // group).reshape(kv_heads, rows)
+    column = F.pad(column, (0, padded_rows - rows))
+    return column[None, :, :, None].expand(n, kv_heads, padded_rows, 1)
 
 
 def _value_blocks(values: torch.Tensor, span: int, padded_span: int) -> list[torch.Tensor]:

@@ -18,8 +18,9 @@ from flexlamps.models.blocks.linear import linear
 from flexlamps.models.native_elementwise import native_ops
 from flexlamps.models.blocks.rope import inverse_frequencies, rope_tables, rotate_half_split
 
-# attend(q, k, v) with q (n, T, heads, d), k/v (n, T, kv_heads, d) -> (n, T, heads * d)
-Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# attend(q, k, v, opts=None) with q (n, T, heads, d), k/v (n, T, kv_heads, d) -> (n, T, heads * d); opts: the
+# layer's AttnOptions (blocks.attention: scale, soft-capping, sliding window, sinks), which every cache honours
+Attend = Callable[..., torch.Tensor]
 
 
 class DecoderForward:
@@ -83,7 +84,8 @@ class DecoderForward:
         gate = silu(linear(h, w["gate_proj"], w.get("gate_bias")), inplace=True)
         return linear(h, w["up_proj"], w.get("up_bias"), mul=gate)
 
-    def layer(self, w: dict[str, torch.Tensor], x: torch.Tensor, ctx, attend: Attend) -> torch.Tensor:
+    def layer(self, w: dict[str, torch.Tensor], x: torch.Tensor, ctx, attend: Attend, index: int) -> torch.Tensor:
+        """Decoder layer `index` (its weights `w`) over hidden states x (n, T, hidden)."""
         cfg = self.cfg
         q, k, v = self._rotated_qkv(w, rms_norm(x, w["attn_norm"], cfg.norm_eps), ctx)
         # the residual adds ride on the GEMMs (fused in fp32; see models.linear)

@@ -42,7 +42,7 @@ class DeepseekForward:
     def embed(self, w: dict[str, torch.Tensor], input_ids: torch.Tensor, positions: torch.Tensor):
         return F.embedding(input_ids, w["embed_tokens"])
 
-    def layer(self, w: dict[str, torch.Tensor], x: torch.Tensor, ctx, attend: AttendLatent) -> torch.Tensor:
+    def layer(self, w: dict[str, torch.Tensor], x: torch.Tensor, ctx, attend: AttendLatent, index: int) -> torch.Tensor:
         eps = self.cfg.norm_eps
         x = linear(self.attention(w, rms_norm(x, w["attn_norm"], eps), ctx, attend), w["o_proj"], add=x)
         h = rms_norm(x, w["mlp_norm"], eps)

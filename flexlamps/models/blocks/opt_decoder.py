@@ -35,7 +35,7 @@ class OptForward:
     def _norm(self, x, w, name):
         return F.layer_norm(x, (x.shape[-1],), w[name], w[name + "_bias"], self.cfg.norm_eps)
 
-    def layer(self, w, x: torch.Tensor, ctx, attend: Attend) -> torch.Tensor:
+    def layer(self, w, x: torch.Tensor, ctx, attend: Attend, index: int) -> torch.Tensor:
         cfg = self.cfg
         n, t, _ = x.shape
         pre = cfg.do_layer_norm_before
