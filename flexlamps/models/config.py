@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from flexlamps.models.mla_config import MLAConfig, MoEConfig
+from flexlamps.models.mla_config import MLAConfig
+from flexlamps.models.moe_config import MoEConfig
 
 class UnsupportedModelError(ValueError):
     pass
@@ -70,7 +71,7 @@ class ModelConfig:
         if d.get("mla"):
             d["mla"] = MLAConfig(**d["mla"])
         if d.get("moe"):
-            d["moe"] = MoEConfig(**{**d["moe"], "moe_layers": tuple(d["moe"]["moe_layers"])})
+            d["moe"] = MoEConfig.from_dict(d["moe"])
         return cls(**d)
 
     @classmethod

@@ -1,4 +1,4 @@
-"""`MLAConfig` and `MoEConfig`: the DeepSeek-V2/V3/V3.2 facts beyond a LLaMA-like config.
+"""`MLAConfig`: the DeepSeek-V2/V3/V3.2 attention facts beyond a LLaMA-like config (MoE: `moe_config`).
 
 Read from an HF `config.json` of model_type `deepseek_v3` or `deepseek_v32` (the fields of
 transformers' `DeepseekV3Config` / `DeepseekV32Config`). Torch-free: `ModelConfig` holds these
@@ -48,19 +48,6 @@ class MLAConfig:
         return self.kv_lora_rank + self.qk_rope_head_dim
 
 
-@dataclass(frozen=True, kw_only=True)
-class MoEConfig:
-    num_experts: int  # routed experts per MoE layer
-    num_experts_per_token: int
-    num_shared_experts: int
-    moe_intermediate_size: int  # width of one expert
-    moe_layers: tuple[bool, ...]  # per layer: MoE FFN (True) or the dense FFN (False)
-    num_groups: int = 1  # routing picks `topk_groups` groups of experts first (DeepSeek-V3)
-    topk_groups: int = 1
-    norm_topk_prob: bool = True
-    routed_scaling_factor: float = 1.0
-
-
 def _yarn_mscale(scale: float, mscale: float) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
@@ -85,29 +72,4 @@ def mla_from_hf(hf: dict[str, Any], rope_scaling: dict[str, Any] | None) -> MLAC
         index_num_heads=hf["index_n_heads"] if indexed else 0,
         index_head_dim=hf["index_head_dim"] if indexed else 0,
         index_topk=hf["index_topk"] if indexed else 0,
-    )
-
-
-def moe_from_hf(hf: dict[str, Any]) -> MoEConfig | None:
-    """None for a dense model (no routed experts)."""
-    num_experts = hf.get("n_routed_experts") or 0
-    if not num_experts:
-        return None
-    num_layers = hf["num_hidden_layers"]
-    types = hf.get("mlp_layer_types")
-    if types:
-        moe_layers = tuple(t == "sparse" for t in types)
-    else:
-        first_dense = hf.get("first_k_dense_replace") or 0
-        moe_layers = tuple(i >= first_dense for i in range(num_layers))
-    return MoEConfig(
-        num_experts=num_experts,
-        num_experts_per_token=hf["num_experts_per_tok"],
-        num_shared_experts=hf.get("n_shared_experts") or 0,
-        moe_intermediate_size=hf["moe_intermediate_size"],
-        moe_layers=moe_layers,
-        num_groups=hf.get("n_group") or 1,
-        topk_groups=hf.get("topk_group") or 1,
-        norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
-        routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
     )

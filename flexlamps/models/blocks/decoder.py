@@ -15,6 +15,7 @@ from flexlamps.models.blocks.activation import silu
 from flexlamps.models.blocks.norms import rms_norm
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.blocks.linear import linear
+from flexlamps.models.blocks.moe import moe_ffn
 from flexlamps.models.native_elementwise import native_ops
 from flexlamps.models.blocks.rope import inverse_frequencies, rope_tables, rotate_half_split
 
@@ -91,6 +92,8 @@ class DecoderForward:
         # the residual adds ride on the GEMMs (fused in fp32; see models.linear)
         x = linear(attend(q, k, v), w["o_proj"], add=x)
         h = rms_norm(x, w["mlp_norm"], cfg.norm_eps)
+        if "router" in w:
+            return x + moe_ffn(w, h, cfg.moe)
         return linear(self._mlp_product(w, h), w["down_proj"], w.get("down_bias"), add=x)
 
     def final_hidden(self, w: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:

@@ -1,12 +1,14 @@
-"""DeepSeek-V3 mixture-of-experts FFN: sigmoid router with group-limited top-k, routed experts
-plus always-on shared experts.
+"""The mixture-of-experts FFN: a router picks `num_experts_per_token` routed experts per token
+and weights their outputs; always-on shared experts are added. Each router kind
+(`moe_config.ROUTERS`) computes exactly what transformers' router of its families does (the
+dtype of its logits included: fp32 for DeepSeek's and GLM's, the compute dtype otherwise).
 
-Routing, as transformers' `DeepseekV3TopkRouter` runs it: sigmoid scores in fp32; a
-per-expert correction bias is added for the choice only; experts are split into `num_groups`
-groups, each group scored by the sum of its two best biased scores, and only the
-`topk_groups` best groups compete; the top `num_experts_per_token` experts win. Their
-unbiased scores, normalized to sum to one when `norm_topk_prob`, times
-`routed_scaling_factor`, weight their outputs.
+Weights, by local name in the layer: `router` (E, hidden) and `router_bias` (E,); expert e's
+`experts.{e}.gate_proj` / `up_proj` / `down_proj` (and `gate_bias` / `up_bias` / `down_bias`
+for gpt-oss); the shared experts' `shared_gate_proj` / `shared_up_proj` / `shared_down_proj`
+and Qwen2-MoE's `shared_expert_gate` (1, hidden). Experts stay separate tensors so each can
+live on its own tier; each runs once per step on the tokens that chose it, in expert order,
+as transformers' loop does.
 """
 
 from __future__ import annotations
@@ -15,45 +17,98 @@ import torch
 import torch.nn.functional as F
 
 from flexlamps.models.blocks.linear import linear, unpack
-from flexlamps.models.mla_config import MoEConfig
+from flexlamps.models.moe_config import FP32_ROUTERS, MoEConfig
 
 
-def route(x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor,
-          cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (N, hidden) -> (weights (N, k) fp32, expert indices (N, k))."""
-    scores = F.linear(x.float(), unpack(router).float()).sigmoid()  # (N, E)
+def _mask_groups(scores: torch.Tensor, group_scores: torch.Tensor, cfg: MoEConfig, fill: float) -> torch.Tensor:
+    """`scores` (N, E) with the experts outside each token's `topk_groups` best groups set to `fill`."""
+    best_groups = group_scores.topk(cfg.topk_groups, dim=-1, sorted=False).indices
+    group_mask = torch.zeros_like(group_scores).scatter_(1, best_groups, 1.0)
+    per_group = cfg.num_experts // cfg.num_groups
+    expert_mask = group_mask.unsqueeze(-1).expand(-1, -1, per_group).reshape(-1, cfg.num_experts)
+    return scores.masked_fill(expert_mask == 0, fill)
+
+
+def _sigmoid_grouped(logits: torch.Tensor, bias: torch.Tensor, cfg: MoEConfig):
+    """DeepSeek-V3 / GLM-4.5: sigmoid scores; groups by the sum of their two best biased scores;
+    the bias picks, the unbiased scores weigh (renormalized when `norm_topk_prob`)."""
+    scores = logits.sigmoid()
     choice = scores + bias.float()
     per_group = cfg.num_experts // cfg.num_groups
     group_scores = choice.view(-1, cfg.num_groups, per_group).topk(2, dim=-1).values.sum(-1)  # (N, G)
-    best_groups = group_scores.topk(cfg.topk_groups, dim=-1, sorted=False).indices
-    group_mask = torch.zeros_like(group_scores).scatter_(1, best_groups, 1.0)
-    expert_mask = group_mask.unsqueeze(-1).expand(-1, -1, per_group).reshape(-1, cfg.num_experts)
-    choice = choice.masked_fill(expert_mask == 0, float("-inf"))
+    choice = _mask_groups(choice, group_scores, cfg, float("-inf"))
     indices = choice.topk(cfg.num_experts_per_token, dim=-1, sorted=False).indices
     weights = scores.gather(1, indices)
     if cfg.norm_topk_prob:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    return weights * cfg.routed_scaling_factor, indices
+    return weights, indices
 
 
-def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+def _softmax_deepseek_v2(logits: torch.Tensor, cfg: MoEConfig):
+    """DeepSeek-V2's `greedy` and `group_limited_greedy` (groups by their best score; the
+    experts of other groups score 0); never renormalized."""
+    scores = logits.softmax(dim=-1, dtype=torch.float32)
+    if cfg.router == "softmax_group_limited":
+        group_scores = scores.view(-1, cfg.num_groups, cfg.num_experts // cfg.num_groups).max(dim=-1).values
+        scores = _mask_groups(scores, group_scores, cfg, 0.0)
+    return scores.topk(cfg.num_experts_per_token, dim=-1, sorted=False)
+
+
+def route(x: torch.Tensor, w: dict[str, torch.Tensor], cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (N, hidden) -> (weights (N, k), expert indices (N, k)), scaled by `routed_scaling_factor`."""
+    k = cfg.num_experts_per_token
+    if cfg.router in FP32_ROUTERS:
+        logits = F.linear(x.float(), unpack(w["router"]).float())
+        if cfg.router == "sigmoid_grouped":
+            weights, indices = _sigmoid_grouped(logits, w["router_bias"], cfg)
+        else:
+            weights, indices = _softmax_deepseek_v2(logits, cfg)
+    elif cfg.router == "softmax_topk":  # Mixtral, Qwen-MoE, OLMoE
+        probs = linear(x, w["router"]).softmax(dim=-1, dtype=torch.float32)
+        weights, indices = probs.topk(k, dim=-1)
+        if cfg.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+    else:  # topk_softmax, gpt-oss: the top k logits, softmax over those
+        top, indices = linear(x, w["router"], w["router_bias"]).topk(k, dim=-1)
+        weights = top.softmax(dim=1, dtype=top.dtype)
+    if cfg.routed_scaling_factor != 1.0:
+        weights = weights * cfg.routed_scaling_factor
+    return weights, indices
+
+
+def swiglu(x: torch.Tensor, gate, up, down) -> torch.Tensor:
     return linear(F.silu(linear(x, gate)) * linear(x, up), down)
 
 
+def clamped_swiglu(x: torch.Tensor, w: dict[str, torch.Tensor], pre: str, cfg: MoEConfig) -> torch.Tensor:
+    """gpt-oss's expert: gate clamped above at `limit`, up to +-limit, `(up + 1) * gate * sigmoid(alpha * gate)`."""
+    gate = linear(x, w[pre + "gate_proj"], w[pre + "gate_bias"]).clamp(min=None, max=cfg.swiglu_limit)
+    up = linear(x, w[pre + "up_proj"], w[pre + "up_bias"]).clamp(min=-cfg.swiglu_limit, max=cfg.swiglu_limit)
+    glu = gate * torch.sigmoid(gate * cfg.swiglu_alpha)
+    return linear((up + 1) * glu, w[pre + "down_proj"], w[pre + "down_bias"])
+
+
+def _expert(x: torch.Tensor, w: dict[str, torch.Tensor], e: int, cfg: MoEConfig) -> torch.Tensor:
+    pre = f"experts.{e}."
+    if cfg.experts == "clamped_swiglu":
+        return clamped_swiglu(x, w, pre, cfg)
+    return swiglu(x, w[pre + "gate_proj"], w[pre + "up_proj"], w[pre + "down_proj"])
+
+
 def moe_ffn(w: dict[str, torch.Tensor], x: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
-    """The MoE FFN of one layer on x (n, T, hidden); expert e's weights are
-    `experts.{e}.gate_proj` / `up_proj` / `down_proj`, the shared ones `shared_*`."""
+    """The MoE FFN of one layer on x (n, T, hidden)."""
     shape = x.shape
     flat = x.reshape(-1, shape[-1])  # (N, hidden)
-    weights, indices = route(flat, w["router"], w["router_bias"], cfg)
+    weights, indices = route(flat, w, cfg)
     out = torch.zeros_like(flat)
-    # each expert runs once on the tokens that chose it, in expert order
     for expert in indices.unique().tolist():
         token_idx, slot_idx = torch.where(indices == expert)
-        pre = f"experts.{expert}."
-        y = swiglu(flat[token_idx], w[pre + "gate_proj"], w[pre + "up_proj"], w[pre + "down_proj"])
+        y = _expert(flat[token_idx], w, expert, cfg)
         out.index_add_(0, token_idx, (y * weights[token_idx, slot_idx, None]).to(out.dtype))
     out = out.view(shape)
-    if cfg.num_shared_experts:
-        out = out + swiglu(x, w["shared_gate_proj"], w["shared_up_proj"], w["shared_down_proj"])
+    if cfg.has_shared:
+        shared = swiglu(x, w["shared_gate_proj"], w["shared_up_proj"], w["shared_down_proj"])
+        if cfg.shared_expert_gate:
+            shared = torch.sigmoid(linear(x, w["shared_expert_gate"])) * shared
+        out = out + shared
     return out

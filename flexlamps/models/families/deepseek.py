@@ -13,7 +13,9 @@ from flexlamps.models.config import ModelConfig, UnsupportedModelError
 from flexlamps.models.families.family import Family
 from flexlamps.models.families.hf_fields import rms_decoder_fields, rope
 from flexlamps.models.families.llama import HF_LAYER as _LLAMA_HF
-from flexlamps.models.mla_config import DEEPSEEK_MODEL_TYPES, mla_from_hf, moe_from_hf
+from flexlamps.models.families.moe_weights import ffn_shapes
+from flexlamps.models.mla_config import DEEPSEEK_MODEL_TYPES, mla_from_hf
+from flexlamps.models.moe_config import moe_from_hf
 from flexlamps.models.weight_specs import WeightSpec, head_specs, layer_spec
 
 
@@ -38,22 +40,7 @@ def mla_layer_shapes(cfg: ModelConfig, layer: int) -> list[tuple[str, tuple[int,
         out += [("index_q_proj", (m.index_num_heads * d, m.q_lora_rank), "linear"),
                 ("index_k_proj", (d, h), "linear"), ("index_k_norm", (d,), "norm"),
                 ("index_k_norm_bias", (d,), "bias"), ("index_weights", (m.index_num_heads, h), "router")]
-    out.append(("mlp_norm", (h,), "norm"))
-    moe = cfg.moe
-    if moe is None or not moe.moe_layers[layer]:
-        f = cfg.intermediate_size
-        return out + [("gate_proj", (f, h), "linear"), ("up_proj", (f, h), "linear"),
-                      ("down_proj", (h, f), "linear")]
-    f = moe.moe_intermediate_size
-    out += [("router", (moe.num_experts, h), "router"), ("router_bias", (moe.num_experts,), "bias")]
-    for e in range(moe.num_experts):
-        out += [(f"experts.{e}.gate_proj", (f, h), "linear"), (f"experts.{e}.up_proj", (f, h), "linear"),
-                (f"experts.{e}.down_proj", (h, f), "linear")]
-    if moe.num_shared_experts:
-        fs = f * moe.num_shared_experts
-        out += [("shared_gate_proj", (fs, h), "linear"), ("shared_up_proj", (fs, h), "linear"),
-                ("shared_down_proj", (h, fs), "linear")]
-    return out
+    return out + [("mlp_norm", (h,), "norm")] + ffn_shapes(cfg, layer)
 
 
 # the norms, q_proj, o_proj and the dense FFN are named as in LLaMA checkpoints

@@ -1,0 +1,55 @@
+"""Tiny random mixture-of-experts checkpoints of every MoE family, saved by transformers' own
+config and model classes (float32), at two widths and with any seed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import save_tiny_tokenizer
+
+# per family: the config class name and its fields at the narrow width; "wide" doubles the
+# hidden size and the expert widths (and uses more experts), so widths, not only seeds, vary
+_ATTN = dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+MOE_CONFIGS: dict[str, tuple[str, dict]] = {
+    "mixtral": ("MixtralConfig", dict(hidden_size=64, intermediate_size=48, num_local_experts=6,
+                                      num_experts_per_tok=2, **_ATTN)),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(hidden_size=64, intermediate_size=80, moe_intermediate_size=32,
+                                         shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
+                                         mlp_only_layers=[1], **_ATTN)),
+    "qwen2_moe_norm": ("Qwen2MoeConfig", dict(hidden_size=64, intermediate_size=80, moe_intermediate_size=32,
+                                              shared_expert_intermediate_size=32, num_experts=6, num_experts_per_tok=3,
+                                              norm_topk_prob=True, decoder_sparse_step=2, qkv_bias=False,
+                                              tie_word_embeddings=True, **_ATTN)),
+}
+# the wide form of each: field -> value at the wide width
+_WIDE = dict(hidden_size=96, intermediate_size=64, moe_intermediate_size=48, shared_expert_intermediate_size=64)
+
+
+def config_fields(kind: str, wide: bool = False) -> tuple[str, dict]:
+    cls_name, fields = MOE_CONFIGS[kind]
+    fields = dict(fields)
+    if wide:
+        fields.update({k: v for k, v in _WIDE.items() if k in fields})
+    return cls_name, fields
+
+
+def make_moe_model(folder: Path, kind: str, seed: int = 0, wide: bool = False) -> Path:
+    """Save a random model of `kind` (see MOE_CONFIGS) with a tiny tokenizer into `folder`.
+    Weights are widened (normal, std 0.2) so logits differ and routing matters."""
+    import torch
+    import transformers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = save_tiny_tokenizer(folder)
+    cls_name, fields = config_fields(kind, wide)
+    cfg = getattr(transformers, cls_name)(vocab_size=vocab, bos_token_id=0, eos_token_id=1, **fields)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            p.normal_(0.0, 0.2)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.2)
+    model.to(torch.float32).save_pretrained(folder)
+    return folder
