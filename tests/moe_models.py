@@ -10,6 +10,9 @@ from tests.conftest import save_tiny_tokenizer
 # per family: the config class name and its fields at the narrow width; "wide" doubles the
 # hidden size and the expert widths (and uses more experts), so widths, not only seeds, vary
 _ATTN = dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+_MLA = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, kv_lora_rank=32, qk_nope_head_dim=16,
+            qk_rope_head_dim=8, v_head_dim=16, num_hidden_layers=3, num_attention_heads=4,
+            max_position_embeddings=256)
 MOE_CONFIGS: dict[str, tuple[str, dict]] = {
     "mixtral": ("MixtralConfig", dict(hidden_size=64, intermediate_size=48, num_local_experts=6,
                                       num_experts_per_tok=2, **_ATTN)),
@@ -20,6 +23,14 @@ MOE_CONFIGS: dict[str, tuple[str, dict]] = {
                                               shared_expert_intermediate_size=32, num_experts=6, num_experts_per_tok=3,
                                               norm_topk_prob=True, decoder_sparse_step=2, qkv_bias=False,
                                               tie_word_embeddings=True, **_ATTN)),
+    # MLA (plain q, as V2-Lite) with DeepSeek-V2's greedy softmax router, two shared experts
+    "deepseek_v2": ("DeepseekV2Config", dict(_MLA, q_lora_rank=None, n_routed_experts=8, num_experts_per_tok=2,
+                                             n_shared_experts=2, first_k_dense_replace=1, topk_method="greedy")),
+    # low-rank q, group-limited routing (4 groups, 2 kept), scaled weights
+    "deepseek_v2_grouped": ("DeepseekV2Config", dict(_MLA, q_lora_rank=48, n_routed_experts=8, num_experts_per_tok=3,
+                                                     n_shared_experts=1, first_k_dense_replace=0, n_group=4,
+                                                     topk_group=2, topk_method="group_limited_greedy",
+                                                     routed_scaling_factor=2.0, tie_word_embeddings=True)),
 }
 # the wide form of each: field -> value at the wide width
 _WIDE = dict(hidden_size=96, intermediate_size=64, moe_intermediate_size=48, shared_expert_intermediate_size=64)

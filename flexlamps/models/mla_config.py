@@ -1,7 +1,7 @@
 """`MLAConfig`: the DeepSeek-V2/V3/V3.2 attention facts beyond a LLaMA-like config (MoE: `moe_config`).
 
-Read from an HF `config.json` of model_type `deepseek_v3` or `deepseek_v32` (the fields of
-transformers' `DeepseekV3Config` / `DeepseekV32Config`). Torch-free: `ModelConfig` holds these
+Read from an HF `config.json` of model_type `deepseek_v2`, `deepseek_v3` or `deepseek_v32` (the
+fields of transformers' `DeepseekV2Config` / `DeepseekV3Config` / `DeepseekV32Config`). Torch-free: `ModelConfig` holds these
 as plain data, and the weight list, the forward and the caches read them.
 
 MLA (multi-head latent attention) caches per token one normalized latent of `kv_lora_rank`
@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-DEEPSEEK_MODEL_TYPES = ("deepseek_v3", "deepseek_v32")
+DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,8 +66,8 @@ def mla_from_hf(hf: dict[str, Any], rope_scaling: dict[str, Any] | None) -> MLAC
         qk_nope_head_dim=nope,
         qk_rope_head_dim=rope,
         v_head_dim=hf["v_head_dim"],
-        # V3.2's attention always interleaves; V3 says so in its config
-        rope_interleave=True if indexed else bool(hf.get("rope_interleave", True)),
+        # V2's and V3.2's attention always interleave; V3 says so in its config
+        rope_interleave=bool(hf.get("rope_interleave", True)) if hf["model_type"] == "deepseek_v3" else True,
         softmax_scale=scale,
         index_num_heads=hf["index_n_heads"] if indexed else 0,
         index_head_dim=hf["index_head_dim"] if indexed else 0,

@@ -1,4 +1,4 @@
-"""DeepSeek-V3 / V3.2 (MLA, the lightning indexer, MoE): config, weights as data (our names, shapes,
+"""DeepSeek-V2 / V3 / V3.2 (MLA, the lightning indexer, MoE): config, weights as data (our names, shapes,
 roles) and their HF names.
 
 Roles as in `weight_specs`, plus "router": small 2-D matrices the forward runs in fp32 (the MoE
@@ -7,6 +7,7 @@ router, the indexer's head weights), never compressed, as transformers keeps the
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from flexlamps.models.config import ModelConfig, UnsupportedModelError
@@ -69,10 +70,30 @@ def mla_hf_name(name: str, layer: int | None, local: str) -> str:
     return f"model.layers.{layer}.{_HF_LAYER[local]}"
 
 
+# DeepSeek-V2's `topk_method` -> our router kind (V3's "noaux_tc" is the sigmoid router)
+_V2_ROUTERS = {"greedy": "softmax_greedy", "group_limited_greedy": "softmax_group_limited"}
+
+
+def _v2_moe(hf: dict[str, Any]):
+    """DeepSeek-V2's MoE: softmax scores, greedy or group-limited top-k, never renormalized."""
+    method = hf.get("topk_method") or "greedy"
+    if method not in _V2_ROUTERS:
+        raise UnsupportedModelError(f"topk_method {method!r} is not supported for deepseek_v2 "
+                                    f"({', '.join(_V2_ROUTERS)} are)")
+    if hf.get("norm_topk_prob"):  # transformers' DeepseekV2 router never renormalizes
+        raise UnsupportedModelError("norm_topk_prob=true is not supported for deepseek_v2 (transformers "
+                                    "ignores it; released V2 checkpoints set false)")
+    if (hf.get("moe_layer_freq") or 1) != 1:
+        raise UnsupportedModelError(f"moe_layer_freq={hf['moe_layer_freq']} is not supported (1 is)")
+    moe = moe_from_hf(hf)
+    return moe and dataclasses.replace(moe, router=_V2_ROUTERS[method], norm_topk_prob=False)
+
+
 def _from_deepseek(hf: dict[str, Any]) -> ModelConfig:
-    if hf.get("attention_bias"):
-        raise UnsupportedModelError("attention_bias=true is not supported for DeepSeek MLA models "
-                                    "(no released checkpoint uses it)")
+    for field in ("attention_bias", "mlp_bias"):
+        if hf.get(field):
+            raise UnsupportedModelError(f"{field}=true is not supported for DeepSeek MLA models "
+                                        "(no released checkpoint uses it)")
     theta, scaling = rope(hf, allowed=("linear", "yarn"))
     return ModelConfig(
         arch="mla",
@@ -83,7 +104,7 @@ def _from_deepseek(hf: dict[str, Any]) -> ModelConfig:
         rope_theta=theta,
         rope_scaling=scaling,
         mla=mla_from_hf(hf, scaling),
-        moe=moe_from_hf(hf),
+        moe=_v2_moe(hf) if hf["model_type"] == "deepseek_v2" else moe_from_hf(hf),
     )
 
 
@@ -101,4 +122,4 @@ def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
 
 FAMILY = Family(
     name="deepseek", model_types=tuple(DEEPSEEK_MODEL_TYPES), forward="mla", parse=_from_deepseek,
-    weights=_mla_specs, hf_name=hf_name, examples="DeepSeek-V3, DeepSeek-V3.2 (MLA + indexer + MoE)")
+    weights=_mla_specs, hf_name=hf_name, examples="DeepSeek-V2 / V2-Lite, DeepSeek-V3, DeepSeek-V3.2 (MLA + indexer + MoE)")
