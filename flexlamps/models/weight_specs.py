@@ -35,6 +35,19 @@ class WeightSpec:
         return self.name.split(".", 2)[2] if self.layer is not None else self.name
 
 
+@dataclass(frozen=True)
+class FusedPart:
+    """A weight stored inside a larger checkpoint tensor (gpt-oss keeps all experts of a layer in
+    one): slab `index` of tensor `name`, its output rows every `stride`-th from `start`.
+    `transposed`: the dense slab is stored (in, out); an MXFP4 one (`name`_blocks / _scales) is
+    always (out, in)."""
+    name: str
+    index: int
+    start: int = 0
+    stride: int = 1
+    transposed: bool = False
+
+
 def weight_specs(cfg: "ModelConfig") -> list[WeightSpec]:
     """Every tensor `cfg`'s forward reads, in checkpoint order (its family's list)."""
     from flexlamps.models.families import family_for
@@ -47,6 +60,14 @@ def hf_name(cfg: "ModelConfig", spec: WeightSpec) -> str:
     from flexlamps.models.families import family_for
 
     return family_for(cfg.model_type).hf_name(cfg, spec)
+
+
+def hf_part(cfg: "ModelConfig", spec: WeightSpec) -> FusedPart | None:
+    """Where `spec` lies inside a fused checkpoint tensor, or None when it is a tensor of its own."""
+    from flexlamps.models.families import family_for
+
+    part = family_for(cfg.model_type).hf_part
+    return part(cfg, spec) if part is not None else None
 
 
 def layer_specs(cfg: "ModelConfig", layer: int) -> list[WeightSpec]:

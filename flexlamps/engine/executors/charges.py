@@ -18,7 +18,7 @@ from flexlamps.engine.caches.tiered import attends_with_staged_rows, staged_rows
 from flexlamps.engine.executors.placement_map import TABLE_NAMES, cache_tiers, place_weights
 from flexlamps.engine.executors.split_tables import head_chunks
 from flexlamps.engine.executors.stored_weights import StoredWeights
-from flexlamps.models.loading.checkpoint import fp8_weight_block
+from flexlamps.models.loading.checkpoint import fp8_weight_block, mxfp4_checkpoint
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, pack
 from flexlamps.models.description import model_spec_from_hf
@@ -91,7 +91,7 @@ class PlacementCharges:
 
     def __init__(self, hf_config: dict, policy: placement.Policy, dtype: torch.dtype, *,
                  int4: bool | None = None, device_type: str | None = None, stores_fp8=None,
-                 latent_fp8: bool = False, fused_int4: bool | None = None):
+                 latent_fp8: bool = False, fused_int4: bool | None = None, stores_mxfp4=None):
         self.cfg = cfg = ModelConfig.from_hf(hf_config)
         self.latent_fp8 = latent_fp8  # an MLA latent cache in ESS's FP8 records (656 B for V3.2)
         if cfg.mla is not None and (policy.compress_cache or policy.cpu_attention):
@@ -104,7 +104,8 @@ class PlacementCharges:
         self.fused_int4 = dtype in kernel_dtypes(device_type) if fused_int4 is None else fused_int4
         self.weights = StoredWeights(cfg, dtype, device_type,
                                      int4_weights(policy) if int4 is None else int4,
-                                     fp8_weight_block(hf_config), stores_fp8)
+                                     fp8_weight_block(hf_config), stores_fp8, mxfp4_checkpoint(hf_config),
+                                     stores_mxfp4)
         self.specs = self.weights.specs  # as stored: 4-bit q/k/v and gate/up stacked
         self.placement = place_weights(cfg, policy.weights, lambda spec: self._stored_bytes(spec, "disk"), self.specs)
         self.tiers = self.placement.tiers  # every stored tensor: each weight, each table piece
@@ -123,12 +124,27 @@ class PlacementCharges:
         """Kept in FP8 as its checkpoint stores it (compression, when asked, comes first)."""
         return not self.compressed(spec) and self.weights.is_fp8(spec)
 
+    def is_mxfp4(self, spec) -> bool:
+        """Kept in MXFP4 as its checkpoint stores it (compression, when asked, comes first)."""
+        return not self.compressed(spec) and self.weights.is_mxfp4(spec)
+
+    def kept_class(self, spec) -> type | None:
+        """The class of a weight kept as its checkpoint stores it (FP8 or MXFP4), else None."""
+        from quant.fp8 import Fp8Weight
+        from quant.mxfp4 import Mxfp4Weight
+
+        return Fp8Weight if self.is_fp8(spec) else Mxfp4Weight if self.is_mxfp4(spec) else None
+
     def _stored_bytes(self, spec, tier: str) -> int:
         """Bytes of a weight as stored on `tier` (off the gpu tier: what the split shares out)."""
         if self.compressed(spec) and self.weights.is_int4(spec):
             return self.weights.int4_nbytes(spec, tier)
         if self.is_fp8(spec):
             return _fp8_nbytes(tuple(spec.shape), self.weights.fp8_block, self.dtype)
+        if self.is_mxfp4(spec):
+            from quant.mxfp4 import mxfp4_nbytes
+
+            return mxfp4_nbytes(tuple(spec.shape))
         prepacked = tier == "gpu" and spec.role == "linear" and spec.layer is not None and not self.compressed(spec)
         return _stored_nbytes(tuple(spec.shape), self.dtype,
                               self.policy.compression.num_bits if self.compressed(spec) else None, prepacked)
@@ -151,10 +167,10 @@ class PlacementCharges:
         return others * self.dtype_bytes + self.fp8_upcast(layer)
 
     def fp8_upcast(self, layer: int) -> int:
-        """Most bytes a layer's FP8 matrices hold upcast at once: `models.linear` upcasts one per
+        """Most bytes a layer's FP8 (and MXFP4) matrices hold upcast at once: `models.linear` upcasts one per
         call, and an absorbed one (MLA's kv_b_proj) stays upcast through the attention, while
         other calls run (the indexer's): the largest of each kind."""
-        fp8 = [s for s in self.specs if s.layer == layer and self.is_fp8(s)]
+        fp8 = [s for s in self.specs if s.layer == layer and self.kept_class(s) is not None]
         absorbed = max((s.numel for s in fp8 if s.role == "absorbed"), default=0)
         called = max((s.numel for s in fp8 if s.role != "absorbed"), default=0)
         return (absorbed + called) * self.dtype_bytes

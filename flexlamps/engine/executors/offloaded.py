@@ -35,6 +35,7 @@ from flexlamps.models.description import model_spec_from_hf
 from offload import DiskFolder, TierBudget, TieredStore, compute_device, tensor_bytes
 from quant import QTensor
 from quant.fp8 import Fp8Weight
+from quant.mxfp4 import Mxfp4Weight
 from quant.int4_weight import Int4Weight
 
 
@@ -62,6 +63,7 @@ CAPABILITIES = placement.EngineCapabilities(
 
 # part of an offload folder's fingerprint when FP8 matrices are kept FP8 (`Fp8Weight.to_tensors`)
 FP8_FORMAT = "fp8-v1"
+MXFP4_FORMAT = "mxfp4-v1"  # the same for MXFP4 matrices (`Mxfp4Weight.to_tensors`)
 
 
 def _bytes_per(dtype: torch.dtype) -> int:
@@ -100,7 +102,8 @@ class OffloadExecutor:
         # weights are Int4Weights, stacked where the forward stacks them (`stored_weights`).
         int4 = bool(policy.compress_weight and self.weight_quantizer is None and self.qcfg.bits == 4)
         self.charges = PlacementCharges(reader.hf_config, policy, dtype, int4=int4, device_type=self.device.type,
-                                        stores_fp8=getattr(reader, "stores_fp8", None), latent_fp8=latent_fp8)
+                                        stores_fp8=getattr(reader, "stores_fp8", None), latent_fp8=latent_fp8,
+                                        stores_mxfp4=getattr(reader, "stores_mxfp4", None))
         self.stored_weights, self.specs = self.charges.weights, self.charges.specs
         self.placement = self.charges.placement
         self.tiers, self.table_pieces = self.placement.tiers, self.placement.pieces
@@ -148,6 +151,7 @@ class OffloadExecutor:
         owner = f"{reader.fingerprint()}|{self.dtype}|{policy.weights!r}|{policy.compress_weight}|{self.qcfg!r}"
         owner += f"|{int4_format_tag(self.device)}" if int4 else ""
         owner += f"|{FP8_FORMAT}" if any(map(self.charges.is_fp8, self.specs)) else ""
+        owner += f"|{MXFP4_FORMAT}" if any(map(self.charges.is_mxfp4, self.specs)) else ""
         return DiskFolder(offload_dir, fingerprint=_stable_hash(owner))
 
     def _compressible(self, spec) -> bool:
@@ -175,8 +179,10 @@ class OffloadExecutor:
                 self.store.put(spec.name, self.stored_weights.read_int4(reader, spec, todo[0].tier, self.device),
                                todo[0].tier)
                 continue
-            if todo and self.charges.is_fp8(spec):  # a matrix: one piece, kept as the checkpoint has it
-                self.store.put(spec.name, reader.read_fp8(spec, self.dtype), todo[0].tier)
+            kept = self.charges.kept_class(spec) if todo else None
+            if kept is not None:  # a matrix: one piece, kept as the checkpoint has it (FP8, MXFP4)
+                read = reader.read_fp8 if kept is Fp8Weight else reader.read_mxfp4
+                self.store.put(spec.name, read(spec, self.dtype), todo[0].tier)
                 continue
             w = self.stored_weights.read_dense(reader, spec) if todo else None
             for piece in todo:  # a table's pieces are copies: the whole table is not kept alive
@@ -190,8 +196,8 @@ class OffloadExecutor:
 
     def _stored_class(self, spec) -> type | None:
         """What a weight was stored as, when compressed or FP8 (to rebuild it from its parts)."""
-        if self.charges.is_fp8(spec):
-            return Fp8Weight
+        if self.charges.kept_class(spec) is not None:
+            return self.charges.kept_class(spec)
         if not self._compressible(spec):
             return None
         return Int4Weight if self._is_int4(spec) else QTensor
@@ -211,14 +217,14 @@ class OffloadExecutor:
     def _disk_part_names(self, disk_names) -> set[str]:
         names = set()
         compressible = {s.name: s for s in self.specs if self._compressible(s)}
-        fp8 = {s.name for s in self.specs if self.charges.is_fp8(s)}
+        kept = {s.name: self.charges.kept_class(s) for s in self.specs if self.charges.kept_class(s)}
         for name in disk_names:
             if name in compressible and self._is_int4(compressible[name]):
                 names |= set(self.stored_weights.int4_part_names(compressible[name], "disk"))
             elif name in compressible:
                 names |= {f"{name}::codes", f"{name}::scales", f"{name}::meta", f"{name}::mins"}
-            elif name in fp8:
-                names |= set(Fp8Weight.part_names(f"{name}::"))
+            elif name in kept:
+                names |= set(kept[name].part_names(f"{name}::"))
             else:
                 names.add(name)
         return names
@@ -254,7 +260,7 @@ class OffloadExecutor:
         Int4Weight is multiplied as it is and an Fp8Weight upcast per call, by `models.linear`)."""
         out, dense_bytes = {}, 0
         for name, w in fetched.items():
-            if not isinstance(w, (torch.Tensor, Int4Weight, Fp8Weight)):
+            if not isinstance(w, (torch.Tensor, Int4Weight, Fp8Weight, Mxfp4Weight)):
                 w = w.dequantize(dtype=self.dtype, device=self.device)
                 dense_bytes += tensor_bytes(w)
             out[self.local[name]] = w

@@ -12,7 +12,8 @@ built on the device after each load.
 A matrix the kernel cannot take keeps row-major codes (its kernel layout rebuilt after a load
 where the kernel can run it). 8-bit and backend-compressed weights are stored as their
 quantizers make them (`quant.QTensor`, dequantized per layer). An FP8 checkpoint's matrices
-stay FP8 on every tier (`quant.fp8.Fp8Weight`: codes and tile scales), upcast per call.
+stay FP8 on every tier (`quant.fp8.Fp8Weight`: codes and tile scales), upcast per call; an
+MXFP4 checkpoint's experts stay MXFP4 (`quant.mxfp4.Mxfp4Weight`), dequantized per call.
 """
 
 from __future__ import annotations
@@ -62,12 +63,13 @@ class StoredWeights:
     when `int4`), the parts each stacked one is read from, and each one's bytes on a tier.
     `fp8_block`: an FP8 checkpoint's tile (None: a dense one); `stores_fp8(spec)`: whether it
     holds a weight in FP8 (default: every matrix `keeps_fp8` names but the routers, as DeepSeek
-    ships them)."""
+    ships them); `mxfp4`, `stores_mxfp4(spec)`: the same for an MXFP4 checkpoint (gpt-oss)."""
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device_type: str, int4: bool,
-                 fp8_block: tuple[int, int] | None = None, stores_fp8=None):
+                 fp8_block: tuple[int, int] | None = None, stores_fp8=None, mxfp4: bool = False, stores_mxfp4=None):
         self.dtype, self.device_type, self.int4 = dtype, device_type, int4
         self.fp8_block, self._stores_fp8 = fp8_block, stores_fp8
+        self.mxfp4, self._stores_mxfp4 = mxfp4, stores_mxfp4
         self.dtype_bytes = torch.empty((), dtype=dtype).element_size()
         self.parts: dict[str, list[WeightSpec]] = {}  # stacked name -> its parts, in order
         self.specs = self._stacked(weight_specs(cfg), getattr(forward_for(cfg), "FUSED_INT4", {}) if int4 else {})
@@ -101,6 +103,15 @@ class StoredWeights:
         if self._stores_fp8 is None:  # as DeepSeek ships them: its router matrices are bf16
             return self.fp8_block is not None and keeps_fp8(spec) and spec.role != "router"
         return self.fp8_block is not None and keeps_fp8(spec) and self._stores_fp8(spec)
+
+    def is_mxfp4(self, spec: WeightSpec) -> bool:
+        """Kept as an MXFP4 checkpoint stores it (when not compressed); default: the experts'
+        matrices, as gpt-oss ships them."""
+        if not self.mxfp4 or spec.role != "linear" or spec.layer is None:
+            return False
+        if self._stores_mxfp4 is None:
+            return spec.local_name.startswith("experts.")
+        return self._stores_mxfp4(spec)
 
     # -- bytes ------------------------------------------------------------------------------
     def int4_nbytes(self, spec: WeightSpec, tier: str) -> int:

@@ -58,8 +58,8 @@ int8 per group of 64, the weight in int8 per output channel from its exact value
 a twin and per call for a plain weight, so the engines agree): 1.7-1.9x the bf16 GEMM, +0.1%
 perplexity. fp32 keeps the exact dense path.
 
-An FP8 checkpoint's weight kept as stored (`quant.fp8.Fp8Weight`) is upcast to the compute
-dtype for each call and runs the dense path: the same values a dequantization at load gives,
+An FP8 checkpoint's weight kept as stored (`quant.fp8.Fp8Weight`), and an MXFP4 one (gpt-oss's
+experts, `quant.mxfp4.Mxfp4Weight`), is upcast to the compute dtype for each call and runs the dense path: the same values a dequantization at load gives,
 so the same bits, with one matrix's dense copy alive at a time (in the buffer 4-bit weights are
 dequantized into; `unpack` gives a fresh copy, which a caller may hold across calls).
 """
@@ -76,6 +76,7 @@ import torch.nn.functional as F
 from flexlamps.cache_folder import cache_root
 from quant import int8_gemm, native_build, tile_gemv
 from quant.fp8 import Fp8Weight
+from quant.mxfp4 import Mxfp4Weight
 from quant.int4_weight import Int4Weight
 from quant.int8_gemm import Int8Matrix
 from quant.int8_weight import Int8Weight
@@ -323,7 +324,7 @@ def pack(w: torch.Tensor) -> torch.Tensor:
 
     The packed tensor is opaque (a oneDNN tensor of the same size); `unpack` gives w back.
     """
-    if isinstance(w, (Int4Weight, Int8Weight, Int4Twin, Fp8Weight)) or not uses_onednn(w, w) or w.is_mkldnn:
+    if isinstance(w, (Int4Weight, Int8Weight, Int4Twin, Fp8Weight, Mxfp4Weight)) or not uses_onednn(w, w) or w.is_mkldnn:
         return w
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), _PACK_ROWS_HINT)
 
@@ -332,7 +333,7 @@ def unpack(w: torch.Tensor) -> torch.Tensor:
     """The dense (out, in) weight, packed or not (for export and for torch's own linear)."""
     if isinstance(w, Int4Twin):
         w = w.int4
-    if isinstance(w, (Int4Weight, Int8Weight, Fp8Weight)):
+    if isinstance(w, (Int4Weight, Int8Weight, Fp8Weight, Mxfp4Weight)):
         return w.dequantize()
     return w.to_dense() if w.is_mkldnn else w
 
@@ -349,7 +350,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *,
     other = add if add is not None else mul
     if isinstance(w, (Int4Weight, Int8Weight, Int4Twin)):
         return _int4_linear(x, w, b, add=add, mul=mul)
-    if isinstance(w, Fp8Weight):  # upcast for this call only, into the thread's reused buffer
+    if isinstance(w, (Fp8Weight, Mxfp4Weight)):  # upcast for this call only, into the thread's reused buffer
         return linear(x, w.dequantize(out=_dense_scratch(w.shape, w.dtype, w.device)), b, add=add, mul=mul)
     if other is not None and not (x.dtype == torch.float32 and uses_onednn(x, w)):
         out = linear(x, w, b)

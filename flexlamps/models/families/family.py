@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from flexlamps.models.config import ModelConfig
-    from flexlamps.models.weight_specs import WeightSpec
+    from flexlamps.models.weight_specs import FusedPart, WeightSpec
 
 
 @dataclass(frozen=True)
@@ -24,5 +24,7 @@ class Family:
     parse: Callable[[dict], "ModelConfig"]  # config.json -> ModelConfig; UnsupportedModelError naming the field
     weights: Callable[["ModelConfig"], list["WeightSpec"]]  # every tensor the forward reads
     hf_name: Callable[["ModelConfig", "WeightSpec"], str]  # a weight's name in the HF checkpoint
+    # where a weight lies inside a fused checkpoint tensor (gpt-oss's experts), None: its own tensor
+    hf_part: Callable[["ModelConfig", "WeightSpec"], "FusedPart | None"] | None = None
     gguf_architectures: tuple[str, ...] = ()  # llama.cpp's general.architecture values it reads
     examples: str = ""  # models people bring of this family, for `flexlamps models`

@@ -21,7 +21,8 @@ from flexlamps.models.loading.gguf_blocks import BLOCK, int4_blocks, int8_blocks
 from flexlamps.models.loading.gguf_header import read_header
 from flexlamps.models.loading.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 from flexlamps.models.blocks.linear import native_kernel
-from flexlamps.models.weight_specs import WeightSpec, hf_name, weight_specs
+from flexlamps.models.loading.hf_parts import FusedParts
+from flexlamps.models.weight_specs import WeightSpec, hf_name, hf_part, weight_specs
 from quant.int4_weight import KERNEL_DTYPES, Int4Weight
 from quant.int8_weight import Int8Weight
 
@@ -43,6 +44,8 @@ class HFFolderReader:
         self.config = ModelConfig.from_hf(self.hf_config)
         self.fp8_block = fp8_weight_block(self.hf_config, cfg_path)
         self._files = self._tensor_files(folder)
+        self._parts = FusedParts(lambda name, i: self._handle(name).get_slice(name)[i], self._files.__contains__,
+                                 str(folder))
         self._handles: dict[Path, Any] = {}
         self._tokenizer: Tokenizer | None = None
 
@@ -88,6 +91,9 @@ class HFFolderReader:
         return name
 
     def read(self, spec: WeightSpec, dtype: torch.dtype) -> torch.Tensor:
+        part = hf_part(self.config, spec)
+        if part is not None:
+            return self._parts.read(part, spec, dtype)
         name = self._file_name(spec)
         t = self._handle(name).get_tensor(name)
         if tuple(t.shape) != spec.shape:
@@ -95,6 +101,18 @@ class HFFolderReader:
         if t.dtype == torch.float8_e4m3fn:
             return self._fp8_weight(name, t, dtype).dequantize()
         return t.to(dtype)
+
+    def stores_mxfp4(self, spec: WeightSpec) -> bool:
+        """Whether the checkpoint holds `spec` in MXFP4 (gpt-oss's experts; from the names alone)."""
+        part = hf_part(self.config, spec)
+        return part is not None and self._parts.is_mxfp4(part)
+
+    def read_mxfp4(self, spec: WeightSpec, dtype: torch.dtype):
+        """`spec` as the checkpoint stores it: a `quant.mxfp4.Mxfp4Weight` dequantized to `dtype` per use."""
+        part = hf_part(self.config, spec)
+        if part is None:
+            raise CheckpointError(f"{self.path}: {spec.name} is not stored in MXFP4")
+        return self._parts.read_mxfp4(part, spec, dtype)
 
     def stores_fp8(self, spec: WeightSpec) -> bool:
         """Whether the checkpoint holds `spec` in FP8 (from the file's header, no data read)."""
@@ -147,16 +165,23 @@ def keeps_fp8(spec: WeightSpec) -> bool:
     return spec.role in FP8_KEPT_ROLES and spec.layer is not None and len(spec.shape) == 2
 
 
+def mxfp4_checkpoint(hf_config: dict[str, Any]) -> bool:
+    """Whether the checkpoint stores weights in MXFP4 (`quant_method: mxfp4`, gpt-oss's experts)."""
+    return (hf_config.get("quantization_config") or {}).get("quant_method") == "mxfp4"
+
+
 def fp8_weight_block(hf_config: dict[str, Any], cfg_path: Path | str = "config.json") -> tuple[int, int] | None:
-    """The FP8 tile of a `quant_method: fp8` checkpoint, None for a dense one; other
+    """The FP8 tile of a `quant_method: fp8` checkpoint, None for a dense or MXFP4 one; other
     quantization methods are refused here, before any weight is read."""
     qc = hf_config.get("quantization_config")
     if not qc:
         return None
     method = qc.get("quant_method")
+    if method == "mxfp4":  # gpt-oss: its experts' MXFP4 blocks are read as they are (`hf_parts`)
+        return None
     if method != "fp8":
         raise CheckpointError(f"{cfg_path}: quantization_config.quant_method {method!r} is not supported "
-                              "(fp8 is); give the unquantized checkpoint")
+                              "(fp8 and mxfp4 are); give the unquantized checkpoint")
     block = qc.get("weight_block_size") or [128, 128]
     if len(block) != 2 or not all(isinstance(b, int) and b > 0 for b in block):
         raise CheckpointError(f"{cfg_path}: quantization_config.weight_block_size must be two positive "
@@ -374,10 +399,12 @@ def read_all(reader, dtype: torch.dtype, int4_in_place: bool = False,
     quantized GGUF matrices stay quantized: 4-bit blocks as `Int4Weight`, Q8_0 / Q5_x as
     `Int8Weight` (multiplied in place by `models.linear`), and a quantized output head also as
     "lm_head" when the model ties it to the embedding table (which stays dense for the lookup); with `fp8_in_place`,
-    an FP8 checkpoint's matrices stay FP8 (`Fp8Weight`, upcast per call)."""
+    an FP8 checkpoint's matrices stay FP8 (`Fp8Weight`, upcast per call). MXFP4 matrices (gpt-oss's
+    experts) always stay MXFP4 (`Mxfp4Weight`, dequantized per call)."""
     out = {}
     keep = int4_in_place and dtype in KERNEL_DTYPES and hasattr(reader, "read_int4")
     fp8 = fp8_in_place and getattr(reader, "fp8_block", None) is not None
+    mxfp4 = hasattr(reader, "stores_mxfp4")
     specs = weight_specs(reader.config)
     int8 = keep and hasattr(reader, "read_int8")
     for spec in specs:
@@ -386,6 +413,8 @@ def read_all(reader, dtype: torch.dtype, int4_in_place: bool = False,
             w = reader.read_int8(spec, dtype)
         if fp8 and keeps_fp8(spec) and reader.stores_fp8(spec):
             w = reader.read_fp8(spec, dtype)
+        if w is None and mxfp4 and spec.role == "linear" and reader.stores_mxfp4(spec):
+            w = reader.read_mxfp4(spec, dtype)  # always kept 4-bit: dequantized per call, exactly
         out[spec.name] = reader.read(spec, dtype) if w is None else w
     if int8 and "lm_head" not in out:  # tied: the head is the embedding table, kept as its blocks too
         head = _read_in_place(reader, next(s for s in specs if s.name == "embed_tokens"), dtype)
