@@ -41,13 +41,13 @@ def model_spec_kwargs(config: dict, name: str | None = None) -> dict:
 
 
 def weight_format(config: dict) -> str:
-    """"fp8" for an FP8 checkpoint (its 2-D weights are stored in float8 with tile scales)."""
+    """"fp8" for an FP8 checkpoint (2-D weights in float8 with tile scales), "mxfp4" for gpt-oss's (experts 4-bit)."""
     quant = config.get("quantization_config") or {}
     method = quant.get("quant_method")
-    if method in (None, "fp8"):
-        return "fp8" if method else "dense"
+    if method in (None, "fp8", "mxfp4"):
+        return method or "dense"
     raise ValueError(f"config.json quantization_config.quant_method {method!r} is not supported "
-                     "(fp8 is); give the unquantized checkpoint")
+                     "(fp8 and mxfp4 are); give the unquantized checkpoint")
 
 
 def _llama(config: dict, name: str, model_type: str) -> dict:

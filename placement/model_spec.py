@@ -16,7 +16,9 @@ from placement.specs import DTYPE_BYTES
 from quant.fp8_layout import WEIGHT_BLOCK, fp8_vector_bytes, fp8_weight_bytes, latent_record_bytes
 
 ARCHES = ("llama", "opt", "mla")
-STORAGE_FORMATS = ("dense", "fp8")
+STORAGE_FORMATS = ("dense", "fp8", "mxfp4")
+# stored bytes per parameter of an MXFP4 expert matrix (gpt-oss): a 4-bit code and a byte per 32
+_MXFP4_MATRIX_BYTES = 0.5 + 1 / 32
 # stored bytes per parameter of a 2-D weight in FP8: one byte plus its tile's fp32 scale
 _FP8_MATRIX_BYTES = fp8_weight_bytes(*WEIGHT_BLOCK) / (WEIGHT_BLOCK[0] * WEIGHT_BLOCK[1])
 # Attention scores are materialized for at most this many queries at a time (fused attention
@@ -53,7 +55,11 @@ class ModelSpec(JsonMixin):
     num_experts_per_token: int = 0
     num_shared_experts: int = 0
     moe_intermediate_size: int = 0
-    num_dense_layers: int = 0  # leading layers with a dense FFN (first_k_dense_replace)
+    num_dense_layers: int = 0  # layers with a dense FFN (first_k_dense_replace, Qwen's mlp_only_layers)
+    shared_intermediate_size: int = -1  # total width of the shared experts; -1: num_shared_experts experts
+    moe_router_bias: bool = True  # a per-expert router bias (DeepSeek-V3's score correction, gpt-oss's)
+    shared_expert_gate: bool = False  # Qwen2-MoE: the shared expert's (1, hidden) sigmoid gate
+    expert_bias: bool = False  # gpt-oss: biases on every expert projection
     # storage formats: "fp8" keeps the layers' 2-D weights in float8 with one fp32 scale per
     # 128x128 tile (FP8 checkpoints, `quant_method: fp8`; embeddings and vectors stay in dtype),
     # and the MLA cache in ESS's FP8 records (latent 512 FP8 + 4 scales + 64 bf16 rotary = 656 B
@@ -81,6 +87,8 @@ class ModelSpec(JsonMixin):
             raise ValueError("ModelSpec.cache_format 'fp8' is the MLA latent layout; use it with arch 'mla'")
         if self.arch == "mla" and not (self.kv_lora_rank and self.qk_rope_head_dim and self.v_head_dim):
             raise ValueError("ModelSpec: an MLA model needs kv_lora_rank, qk_rope_head_dim, v_head_dim")
+        if self.shared_intermediate_size < 0:  # one spelling of the same model: the width itself
+            object.__setattr__(self, "shared_intermediate_size", self.num_shared_experts * self.moe_intermediate_size)
 
     # ---- sizes ---------------------------------------------------------------------------
     @property
@@ -127,9 +135,20 @@ class ModelSpec(JsonMixin):
         if not moe:
             return 3 * h * self.intermediate_size + h
         experts = self.num_experts_per_token if active_only else self.num_experts
-        expert = 3 * h * self.moe_intermediate_size
-        router = h * self.num_experts + self.num_experts  # gate + score-correction bias
-        return (experts + self.num_shared_experts) * expert + router + h
+        f = self.moe_intermediate_size
+        expert = 3 * h * f + (2 * f + h if self.expert_bias else 0)
+        router = h * self.num_experts + (self.num_experts if self.moe_router_bias else 0)
+        shared = 3 * h * self.shared_width + (h if self.shared_expert_gate else 0)
+        return experts * expert + shared + router + h
+
+    @property
+    def shared_width(self) -> int:
+        """Total width of the always-on shared experts."""
+        return self.shared_intermediate_size
+
+    def _moe_share(self) -> float:
+        """The fraction of layers with a MoE FFN."""
+        return self._num_moe_layers() / self.num_layers
 
     def _num_moe_layers(self) -> int:
         return max(self.num_layers - self.num_dense_layers, 0) if self.num_experts else 0
@@ -154,28 +173,37 @@ class ModelSpec(JsonMixin):
             count += (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         if self.arch == "mla":
             count += (self.q_lora_rank or 0) + self.kv_lora_rank + 2 * self.index_head_dim
-            count += self.num_experts * self._num_moe_layers() / self.num_layers
-        return count
+        f = self.moe_intermediate_size
+        moe = (self.num_experts if self.moe_router_bias else 0) + (
+            self.num_experts * (2 * f + self.hidden_size) if self.expert_bias else 0)
+        return count + moe * self._moe_share()
 
     def uncompressed_matrix_param_count(self) -> float:
         """Parameters of one (average) layer's 2-D weights the engine never compresses: MLA's
         kv_b_proj (sliced per head for the absorbed attention), the indexer's head weights and
         the MoE router (small, run in fp32)."""
+        routers = (self.num_experts + (1 if self.shared_expert_gate else 0)) * self.hidden_size * self._moe_share()
         if self.arch != "mla":
-            return 0.0
+            return routers
         count = self.kv_lora_rank * self.num_heads * (self.head_dim + self.v_head_dim)
         count += self.hidden_size * self.index_num_heads if self.index_head_dim else 0
-        return count + self.num_experts * self.hidden_size * self._num_moe_layers() / self.num_layers
+        return count + routers
 
     @property
     def matrix_bytes_per_param(self) -> float:
         """Stored bytes of one parameter of a layer's 2-D weights (FP8: its share of the scales too)."""
         return _FP8_MATRIX_BYTES if self.weight_format == "fp8" else self.dtype_bytes
 
-    def _stored_bytes(self, params: float) -> float:
-        """Bytes of `params` parameters of the average layer, vectors staying in dtype."""
+    def _stored_bytes(self, params: float, experts: float | None = None) -> float:
+        """Bytes of `params` parameters of the average layer, vectors staying in dtype; MXFP4
+        checkpoints keep the routed experts' matrices (`experts` of them, default all) 4-bit."""
         vectors = self.vector_param_count()
-        return (params - vectors) * self.matrix_bytes_per_param + vectors * self.dtype_bytes
+        out = (params - vectors) * self.matrix_bytes_per_param + vectors * self.dtype_bytes
+        if self.weight_format == "mxfp4":
+            experts = self.num_experts if experts is None else experts
+            matrices = experts * 3 * self.hidden_size * self.moe_intermediate_size * self._moe_share()
+            out -= matrices * (self.matrix_bytes_per_param - _MXFP4_MATRIX_BYTES)
+        return out
 
     def weight_bytes_per_layer(self) -> float:
         """Stored bytes of one decoder layer (the average layer, for MoE models)."""
@@ -190,7 +218,8 @@ class ModelSpec(JsonMixin):
         expert = 3 * self.hidden_size * self.moe_intermediate_size
         share = self.num_experts_per_token / self.num_experts
         untouched = self.num_experts * (1 - share) ** num_tokens  # experts nobody picked
-        return self._stored_bytes(self.layer_param_count() - num_moe / self.num_layers * untouched * expert)
+        return self._stored_bytes(self.layer_param_count() - num_moe / self.num_layers * untouched * expert,
+                                  self.num_experts - untouched)
 
     def matrices_per_layer(self, num_tokens: float) -> float:
         """2-D weight matrices of one (average) layer that `num_tokens` tokens use (what
@@ -205,7 +234,7 @@ class ModelSpec(JsonMixin):
             return attention + dense_ffn
         share = self.num_experts_per_token / self.num_experts
         touched = self.num_experts * (1 - (1 - share) ** num_tokens)
-        moe_ffn = 3 * (touched + self.num_shared_experts) + 1  # + the router
+        moe_ffn = 3 * touched + (3 if self.shared_width else 0) + 1  # + the router
         return attention + ((self.num_layers - num_moe) * dense_ffn + num_moe * moe_ffn) / self.num_layers
 
     def layer_matrix_shapes(self) -> list[tuple[int, int]]:
@@ -303,7 +332,7 @@ class ModelSpec(JsonMixin):
             q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         rotary = 0 if self.arch == "opt" else 10 * (q_dim + kv_dim)
         num_moe = self._num_moe_layers()
-        moe_width = self.moe_intermediate_size * (self.num_experts_per_token + self.num_shared_experts)
+        moe_width = self.moe_intermediate_size * self.num_experts_per_token + self.shared_width
         ffn_width = ((self.num_layers - num_moe) * self.intermediate_size + num_moe * moe_width) / self.num_layers
         return 4 * h + rotary + 4 * kv_dim + 2 * ffn_width
 

@@ -47,7 +47,9 @@ def _moe_fields(cfg: ModelConfig) -> dict[str, Any]:
     dense = sum(1 for is_moe in moe.moe_layers if not is_moe)
     return dict(num_experts=moe.num_experts, num_experts_per_token=moe.num_experts_per_token,
                 num_shared_experts=moe.num_shared_experts, moe_intermediate_size=moe.moe_intermediate_size,
-                num_dense_layers=dense)
+                num_dense_layers=dense, shared_intermediate_size=moe.shared_intermediate_size,
+                moe_router_bias=moe.router_bias, shared_expert_gate=moe.shared_expert_gate,
+                expert_bias=moe.expert_bias)
 
 
 def model_spec_from_hf(hf_config: dict[str, Any], name: str | None = None) -> placement.ModelSpec:
