@@ -16,24 +16,18 @@ SUBCOMMANDS = {
     "helm": "helm",
     "agents": "agents",
     "simulate": "simulate",
-    "bench": "bench",
-    "report": "report",
 }
 
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
-        return sorted(n for n, mod in SUBCOMMANDS.items() if _module_exists(mod))
+        return sorted(SUBCOMMANDS)
 
     def get_command(self, ctx, name):
         mod = SUBCOMMANDS.get(name)
-        if mod is None or not _module_exists(mod):
+        if mod is None:
             return None
         return importlib.import_module(f"flexlamps.commands.{mod}").command
-
-
-def _module_exists(mod: str) -> bool:
-    return importlib.util.find_spec(f"flexlamps.commands.{mod}") is not None
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
