@@ -1,4 +1,9 @@
-"""Byte budgets per tier: enforced on every allocation, with a peak counter."""
+"""Byte budgets per tier: enforced on every allocation, with a peak counter.
+
+A budget may also hold a cache's bytes (`keep`): room the run does not need now, filled with
+something worth keeping (recently used experts) and given back on demand: an allocation that
+would not fit first asks `reclaim` to drop cached bytes. Cached bytes are not in `used_bytes`
+or the peak (what the run needed), nor taken from `free_bytes`."""
 
 from __future__ import annotations
 
@@ -31,12 +36,18 @@ class TierBudget:
         self.capacity_bytes = int(capacity_bytes)
         self.used_bytes = 0
         self.peak_bytes = 0
+        self.cached_bytes = 0  # held by a cache, reclaimable (`keep`)
+        self.reclaim = None  # reclaim(nbytes): a cache drops at least that many bytes if it can
         self._lock = threading.Lock()
 
     def allocate(self, nbytes: int, what: str) -> None:
+        short = self.used_bytes + self.cached_bytes + nbytes - self.capacity_bytes
+        if short > 0 and self.reclaim is not None:
+            self.reclaim(short)
         with self._lock:
-            if self.used_bytes + nbytes > self.capacity_bytes:
-                raise BudgetExceededError(self.tier, what, nbytes, self.used_bytes, self.capacity_bytes)
+            if self.used_bytes + self.cached_bytes + nbytes > self.capacity_bytes:
+                raise BudgetExceededError(self.tier, what, nbytes, self.used_bytes + self.cached_bytes,
+                                          self.capacity_bytes)
             self.used_bytes += nbytes
             self.peak_bytes = max(self.peak_bytes, self.used_bytes)
 
@@ -44,6 +55,24 @@ class TierBudget:
         with self._lock:
             self.used_bytes -= nbytes
             assert self.used_bytes >= 0, f"{self.tier} budget freed more than it allocated"
+
+    def keep(self, nbytes: int) -> None:
+        """Allocated bytes a cache keeps past their use: reclaimable from now on."""
+        with self._lock:
+            self.used_bytes -= nbytes
+            self.cached_bytes += nbytes
+
+    def take(self, nbytes: int) -> None:
+        """Cached bytes in use again (a cache hit): allocated until freed or kept."""
+        with self._lock:
+            self.cached_bytes -= nbytes
+            self.used_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.used_bytes)
+
+    def drop(self, nbytes: int) -> None:
+        """Cached bytes given back."""
+        with self._lock:
+            self.cached_bytes -= nbytes
 
     def reset_peak(self) -> None:
         """Start a new peak from the bytes in use now (to measure one phase of a run)."""

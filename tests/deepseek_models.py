@@ -30,14 +30,22 @@ DEEPSEEK_CONFIGS = {
 }
 
 
-def make_deepseek_model(folder: Path, kind: str, seed: int = 0, dtype: str = "float32") -> Path:
-    """Save a random model of `kind` (see DEEPSEEK_CONFIGS) with a tiny tokenizer into `folder`."""
+# many small experts, top-2 of 32, in every layer: where reading only the routed ones matters
+MANY_EXPERTS = dict(model_type="deepseek_v3", num_hidden_layers=2, q_lora_rank=None, first_k_dense_replace=0,
+                    **{**_MLA, **_MOE, "n_routed_experts": 32, "n_group": 1, "topk_group": 1,
+                       "moe_intermediate_size": 64})
+
+
+def make_deepseek_model(folder: Path, kind: str, seed: int = 0, dtype: str = "float32",
+                        spec: dict | None = None) -> Path:
+    """Save a random model of `kind` (see DEEPSEEK_CONFIGS; or the config `spec`) with a tiny
+    tokenizer into `folder`."""
     import torch
     import transformers
 
     folder.mkdir(parents=True, exist_ok=True)
     vocab = save_tiny_tokenizer(folder)
-    spec = dict(DEEPSEEK_CONFIGS[kind])
+    spec = dict(spec or DEEPSEEK_CONFIGS[kind])
     cls = {"deepseek_v3": transformers.DeepseekV3Config,
            "deepseek_v32": transformers.DeepseekV32Config}[spec.pop("model_type")]
     cfg = cls(vocab_size=vocab, bos_token_id=0, eos_token_id=1, **spec)

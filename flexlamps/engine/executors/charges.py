@@ -15,6 +15,7 @@ import torch
 
 import placement
 from flexlamps.engine.caches.tiered import attends_with_staged_rows, staged_rows_bytes
+from flexlamps.engine.executors.expert_weights import experts_by_layer
 from flexlamps.engine.executors.placement_map import TABLE_NAMES, cache_tiers, place_weights
 from flexlamps.engine.executors.split_tables import head_chunks
 from flexlamps.engine.executors.stored_weights import StoredWeights
@@ -114,7 +115,14 @@ class PlacementCharges:
         for spec in self.specs:
             for piece in self.placement.pieces.get(spec.name, ()):
                 self.stored[piece.name] = _stored_nbytes((piece.num_rows, *spec.shape[1:]), dtype, None, False)
-        self.layer_names = [[s.name for s in self.specs if s.layer == j] for j in range(cfg.num_layers)]
+        # what a layer's fetch stages: its weights but the routed experts, fetched once routed
+        experts = experts_by_layer(self.specs)
+        routed = {name for by_expert in experts.values() for names in by_expert.values() for name in names}
+        self.layer_names = [[s.name for s in self.specs if s.layer == j and s.name not in routed]
+                            for j in range(cfg.num_layers)]
+        self.expert_staged = {j: sorted((self.staged(names) for names in by_expert.values()), reverse=True)
+                              for j, by_expert in experts.items()}  # each expert's, largest first
+        self.experts_per_token = cfg.moe.num_experts_per_token if cfg.moe is not None else 0
         self.cache_tiers = cache_tiers(cfg.num_layers, policy.cache)
 
     def compressed(self, spec) -> bool:
@@ -152,6 +160,13 @@ class PlacementCharges:
     def staged(self, names) -> int:
         """Bytes a fetch of `names` stages on the gpu tier (those not resident there)."""
         return sum(self.stored[n] for n in names if self.tiers[n] != "gpu")
+
+    def staged_experts(self, layer: int, steps) -> int:
+        """Most bytes a sweep over `steps` stages of layer `layer`'s routed experts: the largest
+        of as many experts as its tokens can route to (`experts_per_token` each)."""
+        sizes = self.expert_staged.get(layer, [])
+        picks = sum(rows * tokens for rows, tokens, _ in steps) * self.experts_per_token
+        return sum(sizes[:picks])
 
     def decompressed(self, layer: int, rows: int) -> int:
         """Bytes a layer's compressed weights expand to while it computes calls of up to `rows`
@@ -253,7 +268,7 @@ class PlacementCharges:
         moments = [min(embed_rows_off_gpu, rows * tokens) * row_bytes for rows, tokens, _ in steps]
         twins = self.wants_int4_twins(steps)
         for j in range(cfg.num_layers):
-            staged = self.staged(self.layer_names[j])
+            staged = self.staged(self.layer_names[j]) + self.staged_experts(j, steps)
             moment = staged + self.layer_need(j, steps, twins)
             if twins and room is not None and held + moment > room:
                 moment = staged + self.layer_need(j, steps, False)

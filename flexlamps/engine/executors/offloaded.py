@@ -27,6 +27,7 @@ from flexlamps.engine.executors.contract import TierUse
 from flexlamps.engine.executors.placement_map import TABLE_NAMES, cache_tiers
 from flexlamps.engine.executors.split_tables import gather_rows, head_chunks
 from flexlamps.engine.executors.copy_stream import CopyStream
+from flexlamps.engine.executors.expert_weights import ExpertCache, LayerWeights, RoutedExpertLoads, experts_by_layer
 from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.stored_weights import int4_format_tag
 from flexlamps.models.forward import forward_for
@@ -74,12 +75,14 @@ class OffloadExecutor:
     def __init__(self, reader, policy, *, gpu_mem: int, cpu_mem: int, offload_dir=None,
                  dtype: torch.dtype = torch.float32, device: torch.device | None = None, verify_disk: bool = True,
                  weight_quant: str | None = None, overlap_latent_misses: bool = False,
-                 latent_fp8: bool = False):
+                 latent_fp8: bool = False, expert_cache: str = "lru"):
         """`overlap_latent_misses`: an offloaded MLA latent cache copies each decode step's
         misses while attending over its hits (`caches.latent_copy`; within fp32 rounding of the
         exact mode, which copies, then attends, and equals the in-memory path bit for bit).
         `latent_fp8`: an MLA latent cache stores ESS's FP8 records (656 B a token and layer for
-        DeepSeek-V3.2, `quant.fp8.LatentRecords`) instead of the compute dtype's values."""
+        DeepSeek-V3.2, `quant.fp8.LatentRecords`) instead of the compute dtype's values.
+        `expert_cache`: which experts read off the cpu/disk tiers stay in the gpu tier's free
+        room ("lru", "frequency" or "off"; `expert_weights.ExpertCache`)."""
         unsupported = CAPABILITIES.unsupported(policy)
         if unsupported:
             raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(unsupported)}); "
@@ -120,7 +123,12 @@ class OffloadExecutor:
         # chunks), so they never have to be staged whole on the gpu tier
         self.small_global_names = [s.name for s in self.specs if s.layer is None and s.name not in TABLE_NAMES]
         self.head_pieces = self.table_pieces.get("lm_head") or self.table_pieces["embed_tokens"]
-        self.layer_names = [[s.name for s in self.specs if s.layer == i] for i in range(cfg.num_layers)]
+        # a layer's routed experts are fetched when its router has picked them (`expert_weights`)
+        self.experts = experts_by_layer(self.specs)
+        self.expert_cache = ExpertCache(self.budgets["gpu"], expert_cache)
+        routed = {name for experts in self.experts.values() for names in experts.values() for name in names}
+        self.layer_names = [[s.name for s in self.specs if s.layer == i and s.name not in routed]
+                            for i in range(cfg.num_layers)]
         self.local = {s.name: s.local_name for s in self.specs}
         per_layer = [sum(s.numel for s in self.specs if s.layer == i) for i in range(cfg.num_layers)]
         self.max_layer_bytes = max(per_layer, default=0) * _bytes_per(self.dtype)
@@ -392,9 +400,13 @@ class OffloadExecutor:
         weights charged to the gpu tier meanwhile (`twin_bytes`: its 4-bit matrices' dense
         copies for the sweep, already charged; 0: dequantized per call)."""
         w, dense_bytes = self._layer_weights(fetched)
-        if twin_bytes:  # each dense copy is made (and prepacked) on its first call (`Int4Twin.dense`)
-            w = {name: Int4Twin(m, None, INT4_DENSE_FROM_ROWS) if isinstance(m, Int4Weight) else m
-                 for name, m in w.items()}
+        # each dense copy is made (and prepacked) on its first call (`Int4Twin.dense`)
+        twin = (lambda m: Int4Twin(m, None, INT4_DENSE_FROM_ROWS) if isinstance(m, Int4Weight) else m) \
+            if twin_bytes else (lambda m: m)
+        w = {name: twin(m) for name, m in w.items()}
+        loads = self._expert_loads(j, twin)
+        if loads is not None:
+            w = LayerWeights(w, {e: [self.local[n] for n in names] for e, names in loads.experts.items()}, loads.load)
         charged = 0
         try:
             if not twin_bytes:  # inside models.linear: 4-bit matrices dequantized per call
@@ -405,7 +417,22 @@ class OffloadExecutor:
             for k, s in enumerate(steps):
                 hidden[k] = self._layer_step(j, w, s, hidden[k], ctxs[k], cache, act_tier)
         finally:
+            if loads is not None:
+                loads.finish()
+                charged += loads.charged
             self.budgets["gpu"].free(charged + twin_bytes)
+
+    def _expert_loads(self, j: int, twin) -> RoutedExpertLoads | None:
+        """Layer j's routed experts, fetched as the forward reads them; None: it has none."""
+        if j not in self.experts:
+            return None
+
+        def convert(fetched):
+            w, dense_bytes = self._layer_weights(fetched)
+            self.budgets["gpu"].allocate(dense_bytes, f"layer {j} experts decompressed")
+            return {name: twin(m) for name, m in w.items()}, dense_bytes
+
+        return RoutedExpertLoads(self.store, self.expert_cache, j, self.experts[j], convert)
 
     def _reserve_int4_twins(self, j: int, steps: list[Step]) -> int:
         """When several of the sweep's calls take a 4-bit matrix's dense path (prompt chunks of
@@ -455,6 +482,7 @@ class OffloadExecutor:
                 "max_io_compute_s": bound, "ratio": wall / bound if bound else float("nan")}
 
     def close(self) -> None:
+        self.expert_cache.clear()
         self.store.close()
 
 

@@ -95,13 +95,27 @@ def _expert(x: torch.Tensor, w: dict[str, torch.Tensor], e: int, cfg: MoEConfig)
     return swiglu(x, w[pre + "gate_proj"], w[pre + "up_proj"], w[pre + "down_proj"])
 
 
+EXPERT_MATRICES = ("gate_proj", "up_proj", "down_proj")
+
+
+def read_experts(w, experts: list[int]) -> None:
+    """Tell `w` which experts this step reads, where it can take the hint (`will_read`: weights
+    that load on demand fetch them together); a dict needs none."""
+    will_read = getattr(w, "will_read", None)
+    if will_read is not None:
+        will_read([f"experts.{e}.{m}" for e in experts for m in EXPERT_MATRICES])
+
+
 def moe_ffn(w: dict[str, torch.Tensor], x: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
     """The MoE FFN of one layer on x (n, T, hidden)."""
     shape = x.shape
     flat = x.reshape(-1, shape[-1])  # (N, hidden)
     weights, indices = route(flat, w, cfg)
     out = torch.zeros_like(flat)
-    for expert in indices.unique().tolist():
+    routed = indices.unique().tolist()
+    read_experts(w, routed)
+    # each expert runs once on the tokens that chose it, in expert order
+    for expert in routed:
         token_idx, slot_idx = torch.where(indices == expert)
         y = _expert(flat[token_idx], w, expert, cfg)
         out.index_add_(0, token_idx, (y * weights[token_idx, slot_idx, None]).to(out.dtype))

@@ -1,0 +1,194 @@
+"""Routed experts read on demand: a MoE layer's weights handed to the forward as a mapping that
+fetches an expert's matrices when the forward first reads them (after its router has run), so
+a step moves from the cpu and disk tiers only the experts its tokens route to (the union over
+the micro-batches); and a hot set of experts kept on the compute device in the gpu tier's free
+room (`ExpertCache`).
+
+Model code sees a read-only mapping, as it would a dict, and knows nothing of tiers;
+`will_read(keys)` is a hint a block may give (the MoE FFN names its routed experts' matrices at
+once) so their loads go out together. An expert is `experts.{e}.*` in its layer (every MoE
+family's naming: the router and shared experts are plain weights, fetched with the layer).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Mapping
+
+from offload import TierBudget
+
+EXPERT_NAME = re.compile(r"^experts\.(\d+)\.")
+CACHE_ORDERS = ("lru", "frequency", "off")
+
+
+def expert_index(local_name: str) -> int | None:
+    """The routed expert a layer's weight belongs to (`experts.{e}.…`), None for the rest."""
+    match = EXPERT_NAME.match(local_name)
+    return int(match.group(1)) if match else None
+
+
+def experts_by_layer(specs) -> dict[int, dict[int, list[str]]]:
+    """Each layer's routed experts: expert index -> its stored weights' names, in spec order."""
+    out: dict[int, dict[int, list[str]]] = {}
+    for spec in specs:
+        expert = expert_index(spec.local_name) if spec.layer is not None else None
+        if expert is not None:
+            out.setdefault(spec.layer, {}).setdefault(expert, []).append(spec.name)
+    return out
+
+
+class LayerWeights(Mapping):
+    """One layer's weights by local name: `eager` ones already fetched, each routed expert's
+    fetched by `load(experts) -> {local name: weight}` on its first read."""
+
+    def __init__(self, eager: dict, experts: dict[int, list[str]], load):
+        self._values = dict(eager)
+        self._owner = {name: e for e, names in experts.items() for name in names}
+        self._load = load
+
+    def will_read(self, keys) -> None:
+        """Fetch the experts owning `keys` now, in one go (a hint; reads work without it)."""
+        wanted = sorted({self._owner[k] for k in keys if k in self._owner and k not in self._values})
+        if wanted:
+            self._values.update(self._load(wanted))
+
+    def __getitem__(self, key: str):
+        if key not in self._values and key in self._owner:
+            self.will_read([key])
+        return self._values[key]
+
+    def __contains__(self, key) -> bool:
+        return key in self._values or key in self._owner
+
+    def __iter__(self):
+        yield from self._values
+        yield from (k for k in self._owner if k not in self._values)
+
+    def __len__(self) -> int:
+        return len(self._values) + sum(k not in self._values for k in self._owner)
+
+
+class ExpertCache:
+    """Experts read from the cpu or disk tier, kept on the compute device after their layer ran,
+    in the gpu budget's free room: their bytes are the budget's cached bytes, dropped on demand
+    when an allocation needs the room (`TierBudget.reclaim`), least recently used first ("lru")
+    or least often routed first ("frequency": routing counts over the run). A hit's bytes are in
+    use until its layer ends (`take`, then `keep`)."""
+
+    def __init__(self, budget: TierBudget, order: str = "lru"):
+        if order not in CACHE_ORDERS:
+            raise ValueError(f"expert cache order {order!r}: use one of {', '.join(CACHE_ORDERS)}")
+        self.budget, self.order = budget, order
+        self._entries: OrderedDict[tuple[int, int], tuple[dict, int]] = OrderedDict()  # by recency
+        self._in_use: set[tuple[int, int]] = set()
+        self.routed = Counter()  # (layer, expert) -> times routed to (read by a step)
+        self.hits = self.misses = 0
+        self._lock = threading.Lock()
+        if order != "off":
+            budget.reclaim = self.reclaim
+
+    def get(self, key: tuple[int, int]) -> dict | None:
+        """A kept expert's fetched weights (now in use), or None (a miss: fetch it)."""
+        with self._lock:
+            self.routed[key] += 1
+            entry = self._entries.get(key)
+            if entry is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            self._entries.move_to_end(key)
+            self._in_use.add(key)
+            self.budget.take(entry[1])
+            return entry[0]
+
+    def put(self, key: tuple[int, int], fetched: dict, nbytes: int) -> bool:
+        """Keep a fetched expert (its `nbytes` staged bytes become cached); False when off."""
+        if self.order == "off":
+            return False
+        with self._lock:
+            self._entries[key] = (fetched, nbytes)
+            self._entries.move_to_end(key)
+            self.budget.keep(nbytes)
+        return True
+
+    def release(self, key: tuple[int, int]) -> None:
+        """A hit's layer is done: its bytes are cached again."""
+        with self._lock:
+            self._in_use.discard(key)
+            self.budget.keep(self._entries[key][1])
+
+    def reclaim(self, nbytes: int) -> None:
+        with self._lock:
+            victims = [k for k in self._entries if k not in self._in_use]
+            if self.order == "frequency":
+                victims.sort(key=lambda k: self.routed[k])  # stable: least recent first among equals
+            for key in victims:
+                if nbytes <= 0:
+                    break
+                nbytes -= self._drop(key)
+
+    def clear(self) -> None:
+        with self._lock:
+            for key in [k for k in self._entries if k not in self._in_use]:
+                self._drop(key)
+
+    def _drop(self, key) -> int:
+        nbytes = self._entries.pop(key)[1]
+        self.budget.drop(nbytes)
+        return nbytes
+
+    def stats(self) -> dict[str, float]:
+        reads = self.hits + self.misses
+        return {"order": self.order, "hits": self.hits, "misses": self.misses,
+                "hit_rate": self.hits / reads if reads else 0.0, "kept": len(self._entries),
+                "kept_bytes": self.budget.cached_bytes}
+
+
+class RoutedExpertLoads:
+    """Layer `layer`'s expert reads in one sweep: each routed expert fetched from its tiers (or
+    found in the cache), its staged bytes charged to the gpu tier until `finish`, which keeps the
+    copies worth keeping (those read off disk, or copied to another device) in the cache.
+    `convert(fetched) -> ({local name: weight}, bytes charged)` turns fetched weights into what
+    the forward multiplies (as the layer's other weights are)."""
+
+    def __init__(self, store, cache: ExpertCache, layer: int, experts: dict[int, list[str]], convert):
+        self.store, self.cache, self.layer = store, cache, layer
+        self.experts, self.convert = experts, convert
+        self._staged: list[tuple[tuple[int, int], dict, int]] = []  # fetched now
+        self._hits: list[tuple[int, int]] = []
+        self.charged = 0  # bytes `convert` charged (decompressed copies), freed by `finish`
+
+    def load(self, experts: list[int]) -> dict:
+        fetched_all = {}
+        for e in experts:
+            key = (self.layer, e)
+            fetched = None if self._resident(e) else self.cache.get(key)
+            if fetched is not None:
+                self._hits.append(key)
+            else:
+                fetched, staged = self.store.fetch(self.experts[e])
+                self._staged.append((key, fetched, staged))
+            fetched_all.update(fetched)
+        out, charged = self.convert(fetched_all)
+        self.charged += charged
+        return out
+
+    def finish(self) -> None:
+        """The layer ran: hits go back to the cache, fetched copies into it (or are released)."""
+        for key in self._hits:
+            self.cache.release(key)
+        for key, fetched, staged in self._staged:
+            if not (staged and self._is_copy(key) and self.cache.put(key, fetched, staged)):
+                self.store.release(staged)
+        self._hits, self._staged = [], []
+
+    def _resident(self, expert: int) -> bool:
+        return all(self.store.tier_of(name) == "gpu" for name in self.experts[expert])
+
+    def _is_copy(self, key) -> bool:
+        """Whether the fetch made a copy (read off disk, or moved to another device): a cpu-tier
+        expert on a CPU-only machine is its resident tensors, nothing worth keeping twice."""
+        tiers = {self.store.tier_of(name) for name in self.experts[key[1]]}
+        return "disk" in tiers or self.store.device.type != "cpu"

@@ -1,0 +1,100 @@
+"""A MoE model mostly on disk reads only the experts its tokens route to, and runs exactly as in
+memory; experts read off disk stay in the gpu tier's free room (the hot set) until it is needed."""
+
+import pytest
+import torch
+
+from flexlamps.engine.executors.in_memory import InMemoryExecutor
+from flexlamps.engine.executors.offloaded import OffloadExecutor
+from flexlamps.engine.executors.step import Step
+from flexlamps.models.loading.checkpoint import read_all
+from flexlamps.models.loading.registry import open_checkpoint
+from placement import Policy, TierSplit
+from tests.deepseek_models import MANY_EXPERTS, make_deepseek_model
+
+ON_GPU = TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
+MOSTLY_DISK = Policy(gpu_batch_size=1, num_gpu_batches=1, weights=TierSplit(gpu=0.05, cpu=0.05, disk=0.9),
+                     cache=ON_GPU, activations=ON_GPU)
+PROMPT_LEN, DECODE_STEPS = 6, 12
+
+
+@pytest.fixture(scope="module")
+def reader(tmp_path_factory):
+    return open_checkpoint(make_deepseek_model(tmp_path_factory.mktemp("moe") / "m", "", spec=MANY_EXPERTS))
+
+
+@pytest.fixture(scope="module")
+def in_memory_run(reader):
+    ex = InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32)
+    return _greedy(ex)
+
+
+def _read_bytes() -> int:
+    with open("/proc/self/io") as fh:
+        return int(next(line for line in fh if line.startswith("rchar:")).split()[1])
+
+
+def _greedy(ex, reads: list | None = None, forced: list[int] | None = None) -> tuple[list[int], list[torch.Tensor]]:
+    """One prompt's prefill, then DECODE_STEPS greedy steps at batch 1 (or steps fed the tokens
+    `forced`): the tokens, the logits, and (into `reads`) the bytes read by each decode step."""
+    ids = torch.randint(2, ex.cfg.vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(3))
+    cache = ex.new_cache(1, PROMPT_LEN + DECODE_STEPS)
+    out = ex.forward_steps(cache, [Step(ids, torch.arange(PROMPT_LEN)[None], torch.tensor([0]))])[0]
+    logits, tokens = [out[:, -1]], []
+    for pos in range(PROMPT_LEN, PROMPT_LEN + DECODE_STEPS):
+        tokens.append(forced[pos - PROMPT_LEN] if forced else int(out[0, -1].argmax()))
+        before = _read_bytes()
+        out = ex.forward_steps(cache, [Step(torch.tensor([[tokens[-1]]]), torch.tensor([[pos]]), torch.tensor([0]))])[0]
+        if reads is not None:
+            reads.append(_read_bytes() - before)
+        logits.append(out[:, -1])
+    return tokens, logits
+
+
+def _executor(reader, tmp_path, order: str, gpu_mem: int) -> OffloadExecutor:
+    return OffloadExecutor(reader, MOSTLY_DISK, gpu_mem=gpu_mem, cpu_mem=1 << 30, offload_dir=tmp_path / "off",
+                           dtype=torch.float32, expert_cache=order)
+
+
+def _disk_bytes(ex) -> int:
+    return sum(ex.charges.stored[name] for name, tier in ex.tiers.items() if tier == "disk")
+
+
+def test_a_decode_step_reads_only_the_routed_experts(reader, in_memory_run, tmp_path):
+    ex = _executor(reader, tmp_path, "off", 1 << 30)
+    reads = []
+    try:
+        tokens, logits = _greedy(ex, reads)
+    finally:
+        ex.close()
+    expected_tokens, expected_logits = in_memory_run
+    assert tokens == expected_tokens
+    assert all((a - b).abs().max() <= 1e-5 for a, b in zip(logits, expected_logits))
+    disk = _disk_bytes(ex)
+    assert disk > 0.8 * sum(ex.charges.stored.values())
+    per_step = sum(reads) / len(reads) / disk
+    assert per_step <= 0.3, per_step  # top-2 of 32 experts, plus the attention and the head
+
+
+@pytest.mark.parametrize("order", ["lru", "frequency"])
+def test_the_hot_set_serves_repeat_experts_from_free_room(reader, tmp_path, order):
+    """With room for a few experts beyond what a step needs, some reads hit and others evict;
+    the cached bytes give way to what the run needs, and the logits stay the same."""
+    forced = torch.randint(2, reader.config.vocab_size, (DECODE_STEPS,), generator=torch.Generator().manual_seed(4))
+    expected = _greedy(InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32),
+                       forced=forced.tolist())[1]
+    probe = _executor(reader, tmp_path / "probe", "off", 1 << 30)
+    one_expert = max(sum(probe.charges.stored[n] for n in names) for names in probe.experts[0].values())
+    _greedy(probe, forced=forced.tolist())
+    gpu_mem = probe.budgets["gpu"].peak_bytes + 6 * one_expert  # room for about 6 of 64 experts
+    probe.close()
+    ex = _executor(reader, tmp_path, order, gpu_mem)
+    try:
+        logits = _greedy(ex, forced=forced.tolist())[1]
+        stats = ex.expert_cache.stats()
+        assert ex.budgets["gpu"].used_bytes + ex.budgets["gpu"].cached_bytes <= gpu_mem
+    finally:
+        ex.close()
+    assert all((a - b).abs().max() <= 1e-5 for a, b in zip(logits, expected))
+    assert 0 < stats["hits"] and stats["misses"] > stats["kept"] > 0, stats  # some kept, some evicted
+    assert ex.budgets["gpu"].cached_bytes == 0  # given back on close
