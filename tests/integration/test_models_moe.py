@@ -38,7 +38,8 @@ def _reference(folder, ids: torch.Tensor):
 
     ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.no_grad():
-        out = ref.generate(ids, max_new_tokens=DECODE_STEPS, do_sample=False, output_logits=True,
+        out = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=DECODE_STEPS,
+                           do_sample=False, output_logits=True,
                            return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
         prompt_logits = ref(ids).logits
     return prompt_logits, torch.stack(out.logits, 1), out.sequences[:, ids.shape[1]:]
@@ -88,3 +89,28 @@ def test_family_matches_transformers_in_memory_and_offloaded(moe_models, kind, t
 @pytest.mark.parametrize("seed,wide", [(1, False), (0, True), (2, True)])
 def test_family_at_other_widths_and_seeds(moe_models, kind, seed, wide, tmp_path):
     _check_family(moe_models(kind, seed, wide), tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["qwen2_moe", "deepseek_v2_grouped"])
+def test_python_api_generates_transformers_tokens_in_memory_and_offloaded(moe_models, kind, tmp_path):
+    """flexlamps.LLM, in memory and with weights over gpu / cpu / disk, greedy-decodes
+    transformers' own tokens (16 new tokens per prompt, two prompts batched)."""
+    import transformers
+
+    from flexlamps import LLM, SamplingParams
+
+    folder = moe_models(kind)
+    prompts = ["the quick brown fox", "numbers 1 2 3 4 5 6"]
+    params = SamplingParams(max_new_tokens=DECODE_STEPS, ignore_eos=True)
+    plain = LLM(str(folder), dtype="float32")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    expected = []
+    for p in prompts:
+        ids = torch.tensor([plain.encode_prompt(p, False)])
+        with torch.no_grad():
+            out = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=DECODE_STEPS,
+                               do_sample=False, pad_token_id=0, eos_token_id=None)
+        expected.append(out[0, ids.shape[1]:].tolist())
+    assert [o.token_ids for o in plain.generate(prompts, params)] == expected
+    off = LLM(str(folder), dtype="float32", gpu_mem=GiB, cpu_mem=GiB, offload_dir=str(tmp_path / "off"), policy=SPREAD)
+    assert [o.token_ids for o in off.generate(prompts, params)] == expected
