@@ -19,7 +19,7 @@ def write_atomically(path: Path, text: str) -> None:
 
 @click.command("profile")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path),
-              required=True, help="Where to write the HardwareSpec JSON, e.g. hw.json.")
+              help="Where to write the HardwareSpec JSON, e.g. hw.json (needed unless --prompts is given).")
 @click.option("--quick", is_flag=True, help="Small probes: a few seconds, rougher numbers.")
 @click.option("--disk-dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Folder to measure disk speed in (your offload folder). Default: --out's.")
@@ -30,9 +30,65 @@ def write_atomically(path: Path, text: str) -> None:
               "well below a large matrix's rate on CPUs. Default: a generic 2048x1024 matrix. For a "
               "sparse-attention MLA model's HF folder, also measure its latent pools' miss curves "
               "(a short decode) for the planner.")
+@click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="A MoE model's routing on your prompts (one a line): run them with --model (an HF folder "
+              "or GGUF), count how often each layer's experts are picked and cache the counts; the engine "
+              "then puts the hottest experts on the fastest tier.")
 @threads_option
-def command(out_path: Path, quick: bool, disk_dir: Path | None, gpu_mem: str | None, model_text: str | None):
-    """Measure disk, copy, GEMM, CPU-attention and dequantization speeds of this machine."""
+def command(out_path: Path | None, quick: bool, disk_dir: Path | None, gpu_mem: str | None, model_text: str | None,
+            prompts_path: Path | None):
+    """Measure disk, copy, GEMM, CPU-attention and dequantization speeds of this machine (and,
+    with --prompts, a MoE model's routing)."""
+    if prompts_path is not None:
+        reader, prompts = _routing_inputs(model_text, prompts_path)
+        if out_path is None:
+            return _profile_routing(reader, prompts)
+    elif out_path is None:
+        raise click.UsageError("give --out (where to write the hardware profile) or --model with --prompts")
+    _profile_hardware(out_path, quick, disk_dir, gpu_mem, model_text)
+    if prompts_path is not None:
+        _profile_routing(reader, prompts)
+
+
+def _routing_inputs(model_text: str | None, prompts_path: Path):
+    """The MoE checkpoint and the prompts' token ids, checked before anything is measured."""
+    from flexlamps.models.loading.registry import open_checkpoint
+
+    if model_text is None:
+        raise click.BadParameter("a routing profile needs the model: add --model (an HF folder or GGUF)",
+                                 param_hint="--prompts")
+    try:
+        reader = open_checkpoint(model_text)
+    except (ValueError, OSError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--model") from None
+    if reader.config.moe is None:
+        raise click.BadParameter(f"{model_text} has no routed experts: --prompts profiles a MoE model's routing",
+                                 param_hint="--prompts")
+    try:
+        lines = [line.strip() for line in prompts_path.read_text().splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"cannot read {prompts_path}: {exc}", param_hint="--prompts") from None
+    if not lines:
+        raise click.BadParameter(f"{prompts_path} holds no prompts (one a line)", param_hint="--prompts")
+    return reader, [reader.tokenizer.encode(line) for line in lines]
+
+
+ROUTING_NEW_TOKENS = 16  # greedy tokens generated per prompt: decode's routing is counted too
+
+
+def _profile_routing(reader, prompts) -> None:
+    from flexlamps.engine.routing_profile import measure_routing, save_routing
+
+    profile = measure_routing(reader, prompts, ROUTING_NEW_TOKENS)
+    path = save_routing(reader, profile)
+    top = max(max(row) for row in profile.counts.values()) / profile.tokens if profile.tokens else 0.0
+    click.echo(f"wrote {path}\n  routing of {profile.tokens} tokens over {len(profile.counts)} MoE layers; "
+               f"the hottest expert is picked by {top:.0%} of tokens (uniform: "
+               f"{profile.experts_per_token / profile.num_experts:.0%})")
+
+
+def _profile_hardware(out_path: Path, quick: bool, disk_dir: Path | None, gpu_mem: str | None,
+                      model_text: str | None) -> None:
     from tqdm import tqdm
 
     from flexlamps.hw_profile import PROBE_NAMES, profile_machine  # imports torch

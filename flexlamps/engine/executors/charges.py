@@ -88,11 +88,12 @@ class PlacementCharges:
     checkpoint holds in FP8 (its reader's `stores_fp8`; default: as DeepSeek-V3 ships them);
     `latent_fp8`: an MLA model's latent cache holds ESS's FP8 records, not the compute dtype's;
     `fused_int4`: whether the device multiplies 4-bit weights in place in `dtype` (default: as
-    torch's kernels do on `device_type`; a planned GPU says it, `placement.int4_runs_in_place`)."""
+    torch's kernels do on `device_type`; a planned GPU says it, `placement.int4_runs_in_place`);
+    `routing`: a MoE model's `placement.routing.RoutingProfile` (hottest experts placed first)."""
 
     def __init__(self, hf_config: dict, policy: placement.Policy, dtype: torch.dtype, *,
                  int4: bool | None = None, device_type: str | None = None, stores_fp8=None,
-                 latent_fp8: bool = False, fused_int4: bool | None = None, stores_mxfp4=None):
+                 latent_fp8: bool = False, fused_int4: bool | None = None, stores_mxfp4=None, routing=None):
         self.cfg = cfg = ModelConfig.from_hf(hf_config)
         self.latent_fp8 = latent_fp8  # an MLA latent cache in ESS's FP8 records (656 B for V3.2)
         if cfg.mla is not None and (policy.compress_cache or policy.cpu_attention):
@@ -108,7 +109,8 @@ class PlacementCharges:
                                      fp8_weight_block(hf_config), stores_fp8, mxfp4_checkpoint(hf_config),
                                      stores_mxfp4)
         self.specs = self.weights.specs  # as stored: 4-bit q/k/v and gate/up stacked
-        self.placement = place_weights(cfg, policy.weights, lambda spec: self._stored_bytes(spec, "disk"), self.specs)
+        self.placement = place_weights(cfg, policy.weights, lambda spec: self._stored_bytes(spec, "disk"), self.specs,
+                                       expert_order=routing.expert_order if routing is not None else None)
         self.tiers = self.placement.tiers  # every stored tensor: each weight, each table piece
         self.stored = {s.name: self._stored_bytes(s, self.tiers[s.name]) for s in self.specs
                        if s.name not in TABLE_NAMES}

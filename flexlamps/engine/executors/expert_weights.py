@@ -5,8 +5,8 @@ the micro-batches); and a hot set of experts kept on the compute device in the g
 room (`ExpertCache`).
 
 Model code sees a read-only mapping, as it would a dict, and knows nothing of tiers;
-`will_read(keys)` is a hint a block may give (the MoE FFN names its routed experts' matrices at
-once) so their loads go out together. An expert is `experts.{e}.*` in its layer (every MoE
+`routed_to({expert: tokens})` is a hint the MoE FFN gives once its router has run, so the
+routed experts' loads go out together (and a routing profile can count them). An expert is `experts.{e}.*` in its layer (every MoE
 family's naming: the router and shared experts are plain weights, fetched with the layer).
 """
 
@@ -43,20 +43,27 @@ class LayerWeights(Mapping):
     """One layer's weights by local name: `eager` ones already fetched, each routed expert's
     fetched by `load(experts) -> {local name: weight}` on its first read."""
 
-    def __init__(self, eager: dict, experts: dict[int, list[str]], load):
+    def __init__(self, eager: dict, experts: dict[int, list[str]], load, on_route=None):
         self._values = dict(eager)
+        self._names = experts
         self._owner = {name: e for e, names in experts.items() for name in names}
-        self._load = load
+        self._load, self._on_route = load, on_route
 
-    def will_read(self, keys) -> None:
-        """Fetch the experts owning `keys` now, in one go (a hint; reads work without it)."""
-        wanted = sorted({self._owner[k] for k in keys if k in self._owner and k not in self._values})
+    def routed_to(self, tokens: dict[int, int]) -> None:
+        """A step's routing (expert -> its tokens): fetch those experts now, in one go (a hint;
+        reads work without it), and report it to `on_route`."""
+        if self._on_route is not None:
+            self._on_route(tokens)
+        self._fetch([e for e in sorted(tokens) if e in self._names])
+
+    def _fetch(self, experts) -> None:
+        wanted = [e for e in experts if self._names[e][0] not in self._values]
         if wanted:
             self._values.update(self._load(wanted))
 
     def __getitem__(self, key: str):
         if key not in self._values and key in self._owner:
-            self.will_read([key])
+            self._fetch([self._owner[key]])
         return self._values[key]
 
     def __contains__(self, key) -> bool:
@@ -159,6 +166,13 @@ class RoutedExpertLoads:
         self._staged: list[tuple[tuple[int, int], dict, int]] = []  # fetched now
         self._hits: list[tuple[int, int]] = []
         self.charged = 0  # bytes `convert` charged (decompressed copies), freed by `finish`
+
+    def mapping(self, eager: dict, local: dict[str, str], counter=None) -> LayerWeights:
+        """The layer's weights for the forward: `eager` ones, and these experts on first read
+        (`local`: stored name -> local name; `counter`: a RoutingCounter told the routing)."""
+        on_route = None if counter is None else (lambda tokens: counter.add(self.layer, tokens))
+        by_expert = {e: [local[name] for name in names] for e, names in self.experts.items()}
+        return LayerWeights(eager, by_expert, self.load, on_route)
 
     def load(self, experts: list[int]) -> dict:
         fetched_all = {}

@@ -27,7 +27,7 @@ from flexlamps.engine.executors.contract import TierUse
 from flexlamps.engine.executors.placement_map import TABLE_NAMES, cache_tiers
 from flexlamps.engine.executors.split_tables import gather_rows, head_chunks
 from flexlamps.engine.executors.copy_stream import CopyStream
-from flexlamps.engine.executors.expert_weights import ExpertCache, LayerWeights, RoutedExpertLoads, experts_by_layer
+from flexlamps.engine.executors.expert_weights import ExpertCache, RoutedExpertLoads, experts_by_layer
 from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.stored_weights import int4_format_tag
 from flexlamps.models.forward import forward_for
@@ -75,14 +75,16 @@ class OffloadExecutor:
     def __init__(self, reader, policy, *, gpu_mem: int, cpu_mem: int, offload_dir=None,
                  dtype: torch.dtype = torch.float32, device: torch.device | None = None, verify_disk: bool = True,
                  weight_quant: str | None = None, overlap_latent_misses: bool = False,
-                 latent_fp8: bool = False, expert_cache: str = "lru"):
+                 latent_fp8: bool = False, expert_cache: str = "lru", routing=None):
         """`overlap_latent_misses`: an offloaded MLA latent cache copies each decode step's
         misses while attending over its hits (`caches.latent_copy`; within fp32 rounding of the
         exact mode, which copies, then attends, and equals the in-memory path bit for bit).
         `latent_fp8`: an MLA latent cache stores ESS's FP8 records (656 B a token and layer for
         DeepSeek-V3.2, `quant.fp8.LatentRecords`) instead of the compute dtype's values.
         `expert_cache`: which experts read off the cpu/disk tiers stay in the gpu tier's free
-        room ("lru", "frequency" or "off"; `expert_weights.ExpertCache`)."""
+        room ("lru", "frequency" or "off"; `expert_weights.ExpertCache`). `routing`: a MoE
+        model's `placement.routing.RoutingProfile`, hottest experts on the fastest tier
+        (default: the one `flexlamps profile --prompts` cached for this checkpoint, if any)."""
         unsupported = CAPABILITIES.unsupported(policy)
         if unsupported:
             raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(unsupported)}); "
@@ -104,9 +106,14 @@ class OffloadExecutor:
         # the dry run's counts. Tables are cut by vocab rows into pieces, one a tier. 4-bit
         # weights are Int4Weights, stacked where the forward stacks them (`stored_weights`).
         int4 = bool(policy.compress_weight and self.weight_quantizer is None and self.qcfg.bits == 4)
+        if routing is None:
+            from flexlamps.engine.routing_profile import cached_routing
+
+            routing = cached_routing(reader)
+        self.routing_counter = None  # a RoutingCounter told every MoE layer's routing, when set
         self.charges = PlacementCharges(reader.hf_config, policy, dtype, int4=int4, device_type=self.device.type,
                                         stores_fp8=getattr(reader, "stores_fp8", None), latent_fp8=latent_fp8,
-                                        stores_mxfp4=getattr(reader, "stores_mxfp4", None))
+                                        stores_mxfp4=getattr(reader, "stores_mxfp4", None), routing=routing)
         self.stored_weights, self.specs = self.charges.weights, self.charges.specs
         self.placement = self.charges.placement
         self.tiers, self.table_pieces = self.placement.tiers, self.placement.pieces
@@ -406,7 +413,7 @@ class OffloadExecutor:
         w = {name: twin(m) for name, m in w.items()}
         loads = self._expert_loads(j, twin)
         if loads is not None:
-            w = LayerWeights(w, {e: [self.local[n] for n in names] for e, names in loads.experts.items()}, loads.load)
+            w = loads.mapping(w, self.local, self.routing_counter)
         charged = 0
         try:
             if not twin_bytes:  # inside models.linear: 4-bit matrices dequantized per call

@@ -7,6 +7,11 @@ what one group (the global tensors, then each layer) rounds off is carried into 
 group's target, so each tier holds its planned share of all the weights to within about one
 tensor: the bytes the planner counted are the bytes the budgets are charged.
 
+A MoE layer's routed experts are placed whole, one unit each (all its matrices on one tier),
+after the layer's other tensors (attention, router, shared experts: read by every step) and
+hottest first (`expert_order`, from a measured `placement.routing.RoutingProfile`), so the
+experts most tokens route to land on the fastest tier.
+
 The embedding table and the output head are not placed whole: each is cut by vocab rows into
 one piece per tier, in the policy's fractions (an embedding lookup gathers rows from every
 piece, the head's logits are computed piece by piece). A table can be a large part of a small
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flexlamps.engine.executors.expert_weights import expert_index
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.weight_specs import WeightSpec, weight_specs
 
@@ -60,11 +66,29 @@ def table_pieces(spec: WeightSpec, split) -> tuple[RowPiece, ...]:
     return tuple(RowPiece(f"{spec.name}.rows{start}-{stop}", tier, start, stop) for tier, start, stop in bounds)
 
 
-def place_weights(cfg: ModelConfig, split, size_of=None, specs: list[WeightSpec] | None = None) -> WeightPlacement:
+def placement_units(specs: list[WeightSpec], hottest_first: list[int] | None) -> list[list[WeightSpec]]:
+    """A layer's tensors as units placed whole, in order: each tensor alone, then each routed
+    expert's tensors together, hottest first (default: by index)."""
+    units: list[list[WeightSpec]] = []
+    experts: dict[int, list[WeightSpec]] = {}
+    for s in specs:
+        e = expert_index(s.local_name) if s.layer is not None else None
+        if e is None:
+            units.append([s])
+        else:
+            experts.setdefault(e, []).append(s)
+    hottest_first = [e for e in hottest_first or [] if e in experts]
+    order = hottest_first + sorted(set(experts) - set(hottest_first))
+    return units + [experts[e] for e in order]
+
+
+def place_weights(cfg: ModelConfig, split, size_of=None, specs: list[WeightSpec] | None = None,
+                  expert_order=None) -> WeightPlacement:
     """Tier of every weight tensor, the tables cut into pieces. `size_of(spec)`: the bytes it is
     stored in (default: its element count), so that shares are shares of stored bytes, as the
     planner counts them (compressed matrices shrink, embedding tables do not). `specs`: the
-    tensors as stored (default: the model's `weight_specs`)."""
+    tensors as stored (default: the model's `weight_specs`). `expert_order(layer)`: a MoE
+    layer's experts, hottest first (default: by index)."""
     size_of = size_of or (lambda spec: spec.numel)
     groups: dict[int | None, list[WeightSpec]] = {}
     for s in specs if specs is not None else weight_specs(cfg):
@@ -90,12 +114,14 @@ def place_weights(cfg: ModelConfig, split, size_of=None, specs: list[WeightSpec]
                 on_gpu, on_gpu_or_cpu = on_gpu + gpu_bytes, on_gpu_or_cpu + memory_bytes
                 gpu_end, cpu_end = gpu_end - gpu_bytes, cpu_end - memory_bytes
         done = 0
-        for s in (s for s in specs if s.name not in TABLE_NAMES):  # whole, by where their middle falls
-            size = size_of(s)
+        hottest = expert_order(layer) if expert_order is not None and layer is not None else None
+        for unit in placement_units([s for s in specs if s.name not in TABLE_NAMES], hottest):
+            size = sum(size_of(s) for s in unit)  # whole, by where its middle falls
             middle = done + size / 2
-            tiers[s.name] = "gpu" if middle < gpu_end else "cpu" if middle < cpu_end else "disk"
-            on_gpu += size if tiers[s.name] == "gpu" else 0
-            on_gpu_or_cpu += size if tiers[s.name] != "disk" else 0
+            tier = "gpu" if middle < gpu_end else "cpu" if middle < cpu_end else "disk"
+            tiers.update({s.name: tier for s in unit})
+            on_gpu += size if tier == "gpu" else 0
+            on_gpu_or_cpu += size if tier != "disk" else 0
             done += size
         if layer is None:
             debt = (split.gpu * seen - on_gpu, (split.gpu + split.cpu) * seen - on_gpu_or_cpu)

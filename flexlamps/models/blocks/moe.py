@@ -95,15 +95,16 @@ def _expert(x: torch.Tensor, w: dict[str, torch.Tensor], e: int, cfg: MoEConfig)
     return swiglu(x, w[pre + "gate_proj"], w[pre + "up_proj"], w[pre + "down_proj"])
 
 
-EXPERT_MATRICES = ("gate_proj", "up_proj", "down_proj")
-
-
-def read_experts(w, experts: list[int]) -> None:
-    """Tell `w` which experts this step reads, where it can take the hint (`will_read`: weights
-    that load on demand fetch them together); a dict needs none."""
-    will_read = getattr(w, "will_read", None)
-    if will_read is not None:
-        will_read([f"experts.{e}.{m}" for e in experts for m in EXPERT_MATRICES])
+def routed_experts(w, indices: torch.Tensor) -> list[int]:
+    """The experts `indices` route to, in order; `w` is told, with each one's token count,
+    where it takes the hint (`routed_to`: weights that load on demand fetch them together, a
+    profile counts them); a dict needs none."""
+    experts, counts = indices.unique(return_counts=True)
+    experts = experts.tolist()
+    routed_to = getattr(w, "routed_to", None)
+    if routed_to is not None:
+        routed_to(dict(zip(experts, counts.tolist())))
+    return experts
 
 
 def moe_ffn(w: dict[str, torch.Tensor], x: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
@@ -112,10 +113,8 @@ def moe_ffn(w: dict[str, torch.Tensor], x: torch.Tensor, cfg: MoEConfig) -> torc
     flat = x.reshape(-1, shape[-1])  # (N, hidden)
     weights, indices = route(flat, w, cfg)
     out = torch.zeros_like(flat)
-    routed = indices.unique().tolist()
-    read_experts(w, routed)
     # each expert runs once on the tokens that chose it, in expert order
-    for expert in routed:
+    for expert in routed_experts(w, indices):
         token_idx, slot_idx = torch.where(indices == expert)
         y = _expert(flat[token_idx], w, expert, cfg)
         out.index_add_(0, token_idx, (y * weights[token_idx, slot_idx, None]).to(out.dtype))
