@@ -44,8 +44,9 @@ def config_fields(kind: str, wide: bool = False) -> tuple[str, dict]:
     return cls_name, fields
 
 
-def make_moe_model(folder: Path, kind: str, seed: int = 0, wide: bool = False) -> Path:
-    """Save a random model of `kind` (see MOE_CONFIGS) with a tiny tokenizer into `folder`.
+def make_moe_model(folder: Path, kind: str, seed: int = 0, wide: bool = False, **overrides) -> Path:
+    """Save a random model of `kind` (see MOE_CONFIGS; `overrides`: fields changed) with a tiny
+    tokenizer into `folder`.
     Weights are widened (normal, std 0.2) so logits differ and routing matters."""
     import torch
     import transformers
@@ -53,7 +54,7 @@ def make_moe_model(folder: Path, kind: str, seed: int = 0, wide: bool = False) -
     folder.mkdir(parents=True, exist_ok=True)
     vocab = save_tiny_tokenizer(folder)
     cls_name, fields = config_fields(kind, wide)
-    cfg = getattr(transformers, cls_name)(vocab_size=vocab, bos_token_id=0, eos_token_id=1, **fields)
+    cfg = getattr(transformers, cls_name)(vocab_size=vocab, bos_token_id=0, eos_token_id=1, **{**fields, **overrides})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():
@@ -63,4 +64,30 @@ def make_moe_model(folder: Path, kind: str, seed: int = 0, wide: bool = False) -
             if name.endswith("e_score_correction_bias"):
                 b.normal_(0.0, 0.2)
     model.to(torch.float32).save_pretrained(folder)
+    if kind.endswith("_mxfp4"):
+        to_mxfp4(folder, seed)
     return folder
+
+
+def to_mxfp4(folder: Path, seed: int = 0) -> None:
+    """Rewrite a gpt-oss checkpoint's fused experts as gpt-oss ships them: random MXFP4 codes
+    (`<name>_blocks` (E, out, in / 32, 16), e8m0 `<name>_scales` (E, out, in / 32)) whose values
+    are about as wide as the other weights, and `quantization_config` mxfp4."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    tensors, g = load_file(str(path)), torch.Generator().manual_seed(seed)
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        experts, inputs, outputs = tensors.pop(name).shape  # dense: (E, in, out)
+        tensors[name + "_blocks"] = torch.randint(0, 256, (experts, outputs, inputs // 32, 16), generator=g,
+                                                  dtype=torch.uint8)
+        tensors[name + "_scales"] = torch.randint(121, 125, (experts, outputs, inputs // 32), generator=g,
+                                                  dtype=torch.uint8)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (folder / "config.json").write_text(json.dumps(cfg))

@@ -26,4 +26,4 @@ def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
 
 FAMILY = Family(
     name="mixtral", model_types=("mixtral",), forward="decoder", parse=_from_mixtral,
-    weights=decoder_specs, hf_name=hf_name, examples="Mixtral-8x7B, Mixtral-8x22B")
+    weights=decoder_specs, hf_name=hf_name, gguf_architectures=("llama",), examples="Mixtral-8x7B, Mixtral-8x22B")

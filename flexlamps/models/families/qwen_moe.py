@@ -36,4 +36,4 @@ def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
 
 FAMILY = Family(
     name="qwen2_moe", model_types=("qwen2_moe",), forward="decoder", parse=_from_qwen2_moe,
-    weights=decoder_specs, hf_name=hf_name, examples="Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B")
+    weights=decoder_specs, hf_name=hf_name, gguf_architectures=("qwen2moe",), examples="Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B")

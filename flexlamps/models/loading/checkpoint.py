@@ -19,6 +19,7 @@ import torch
 from flexlamps.models.config import ModelConfig, UnsupportedModelError
 from flexlamps.models.loading.gguf_blocks import BLOCK, int4_blocks, int8_blocks, is_int4_block_type, is_int8_block_type
 from flexlamps.models.loading.gguf_header import read_header
+from flexlamps.models.loading.gguf_moe import moe_gguf_tensor, moe_hf_fields
 from flexlamps.models.loading.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 from flexlamps.models.blocks.linear import native_kernel
 from flexlamps.models.loading.hf_parts import FusedParts
@@ -214,9 +215,17 @@ class _GGUFTensor:
             raise CheckpointError(f"{path}: a tensor is cut short; the file is truncated or damaged")
         return data.reshape(self.item_shape)
 
+    def slab(self, index: int) -> "_GGUFTensor":
+        """Slab `index` along the first (numpy) dim: one expert of llama.cpp's stacked experts."""
+        if len(self.item_shape) != 3 or not 0 <= index < self.item_shape[0]:
+            raise CheckpointError(f"expert {index} is not in a stacked tensor of shape {self.item_shape}")
+        rest = self.item_shape[1:]
+        return _GGUFTensor(self.tensor_type, self.item_dtype, rest,
+                           self.data_offset + index * int(np.prod(rest)) * self.item_dtype.itemsize)
+
 
 class GGUFReader:
-    """LLaMA / Qwen2 GGUF files; quantized tensors are dequantized to float with the `gguf` package.
+    """LLaMA / Qwen2 GGUF files, and their MoE forms (Mixtral, Qwen2-MoE: `gguf_moe`); quantized tensors are dequantized to float with the `gguf` package.
 
     NOTE(safety): the `gguf` package's reader holds ~170 MiB of parsed fields for a 49k-token
     vocabulary; only each tensor's location is kept, and a tensor's bytes are read from the file
@@ -252,8 +261,8 @@ class GGUFReader:
     def _hf_config(self) -> dict[str, Any]:
         f = self.fields
         arch = f.get("general.architecture")
-        if arch not in ("llama", "qwen2"):
-            raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported (llama, qwen2 are)")
+        if arch not in ("llama", "qwen2", "qwen2moe"):
+            raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported (llama, qwen2, qwen2moe are)")
         heads = f[f"{arch}.attention.head_count"]
         cfg = {
             "model_type": arch,
@@ -273,7 +282,7 @@ class GGUFReader:
         }
         if f.get(f"{arch}.rope.scaling.type") == "linear":
             cfg["rope_scaling"] = {"rope_type": "linear", "factor": f[f"{arch}.rope.scaling.factor"]}
-        return cfg
+        return {**cfg, **moe_hf_fields(arch, f, cfg)}
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -282,7 +291,12 @@ class GGUFReader:
         return self._tokenizer
 
     def _tensor(self, spec: WeightSpec):
-        name = _GGUF_GLOBAL[spec.name] if spec.layer is None else f"blk.{spec.layer}.{_GGUF_LAYER[spec.local_name]}"
+        moe = moe_gguf_tensor(spec.local_name) if spec.layer is not None else None
+        if moe is not None:
+            name, expert = f"blk.{spec.layer}.{moe[0]}", moe[1]
+        else:
+            name = _GGUF_GLOBAL[spec.name] if spec.layer is None else f"blk.{spec.layer}.{_GGUF_LAYER[spec.local_name]}"
+            expert = None
         if name not in self._tensor_types:
             raise CheckpointError(f"{self.path}: tensor {name} (for {spec.name}) is missing")
         if self._tensors is None:
@@ -290,11 +304,11 @@ class GGUFReader:
             self._tensors = {t.name: _GGUFTensor(t.tensor_type, t.data.dtype, tuple(t.data.shape), t.data_offset)
                              for t in reader.tensors}
             self._reader = None  # its parsed fields hold ~170 MiB; tensors are read from the file
-        return self._tensors[name]
+        return self._tensors[name] if expert is None else self._tensors[name].slab(expert)
 
     def _row_heads(self, spec: WeightSpec) -> int | None:
         """llama.cpp stores LLaMA's q/k rows interleaved for its RoPE: the head count to undo that."""
-        if self.config.model_type == "llama" and spec.local_name in ("q_proj", "k_proj"):
+        if self.config.model_type in ("llama", "mixtral") and spec.local_name in ("q_proj", "k_proj"):
             return self.config.num_heads if spec.local_name == "q_proj" else self.config.num_kv_heads
         return None
 

@@ -1,0 +1,46 @@
+"""MoE GGUF files (llama.cpp's names, written by the `gguf` package from tiny HF checkpoints)
+load as the same model: every weight equals the HF checkpoint's, logits equal; quantized
+stacked experts read one expert at a time, each its own slab's values, kept as blocks."""
+
+import pytest
+import torch
+
+from flexlamps.models.loading.checkpoint import GGUFReader, read_all
+from flexlamps.models.loading.registry import open_checkpoint
+from flexlamps.models.weight_specs import weight_specs
+from tests.gguf_models import prefill_and_decode_logits
+from tests.moe_gguf import write_moe_gguf
+from tests.moe_models import make_moe_model
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+def test_moe_gguf_is_the_hf_model(kind, tmp_path):
+    # llama.cpp's qwen2moe has no dense layers (mlp_only_layers)
+    folder = make_moe_model(tmp_path / kind, kind, **({"mlp_only_layers": []} if kind == "qwen2_moe" else {}))
+    gguf_reader = GGUFReader(write_moe_gguf(folder, tmp_path / f"{kind}.gguf"), cache_dir=tmp_path / "cache")
+    hf_reader = open_checkpoint(folder)
+    assert gguf_reader.config.model_type == hf_reader.config.model_type and gguf_reader.config.moe == hf_reader.config.moe
+    hf_weights, gguf_weights = read_all(hf_reader, torch.float32), read_all(gguf_reader, torch.float32)
+    for spec in weight_specs(hf_reader.config):
+        assert torch.equal(gguf_weights[spec.name], hf_weights[spec.name]), spec.name
+    ours = prefill_and_decode_logits(gguf_weights, gguf_reader, torch.float32, steps=8)
+    ref = prefill_and_decode_logits(hf_weights, hf_reader, torch.float32, steps=8)
+    assert all(torch.equal(a, b) for a, b in zip(ours, ref))
+
+
+def test_quantized_stacked_experts_read_one_slab_each(tmp_path):
+    import gguf
+    import numpy as np
+
+    folder = make_moe_model(tmp_path / "mixtral", "mixtral")
+    path = write_moe_gguf(folder, tmp_path / "q8.gguf", quantize_experts="Q8_0")
+    reader = GGUFReader(path, cache_dir=tmp_path / "cache")
+    stacked = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}["blk.1.ffn_gate_exps.weight"]
+    assert stacked.tensor_type.name == "Q8_0"
+    values = gguf.quants.dequantize(stacked.data, stacked.tensor_type)  # (E, F, H)
+    spec = next(s for s in weight_specs(reader.config) if s.name == "layers.1.experts.3.gate_proj")
+    assert torch.equal(reader.read(spec, torch.float32), torch.from_numpy(np.array(values[3], dtype=np.float32)))
+    kept = reader.read_int8(spec, torch.bfloat16)  # Q8_0 blocks computed in place: this expert's, to bf16 scales
+    want = reader.read(spec, torch.float32)
+    assert kept is not None and kept.shape == spec.shape
+    torch.testing.assert_close(kept.dequantize(torch.float32), want, rtol=0, atol=2**-7 * want.abs().max().item())
