@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "helm": "helm",
     "agents": "agents",
     "simulate": "simulate",
+    "env": "env",
 }
 
 

@@ -14,7 +14,7 @@ import torch
 
 from flexlamps.engine.executors.stored_weights import INT4_GROUP
 from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, int8_kernel, linear
-from quant import int8_gemm
+from flexlamps.kernels import int8_gemm
 from quant.int4_weight import Int4Weight, can_pack
 
 # the dtypes the fused kernel runs in on each device (`Int4Weight.can_run_fused`); 4-bit weights

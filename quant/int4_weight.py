@@ -224,7 +224,7 @@ class Int4Weight:
         """Whether torch's fused kernel (`matmul`) multiplies x by this weight."""
         # NOTE(offspeed): not in fp32 (an fp32 model's 4-bit weights offloaded): torch's CPU kernel
         # runs it ~5x slower than dequantizing for the dense GEMM (1 vs 80 GFLOP/s in bf16)
-        # torch's kernels take groups from 32 (GROUP_SIZES); a Q6_K's 16 runs only on quant.tile_gemv
+        # torch's kernels take groups from 32 (GROUP_SIZES); a Q6_K's 16 runs only on flexlamps.kernels.tile_gemv
         return (self.kernel_codes is not None and x.dtype == self.dtype and x.dtype in kernel_dtypes(x.device.type)
                 and x.device == self.device and self.group_size in GROUP_SIZES)
 

@@ -22,7 +22,7 @@ group (GGUF's Q5_1 / Q5_K: `d q + m`) rides on the low halves' zeros: `8 d + m`.
 The 5-bit form (`from_codes(..., five_bit=True)`, codes in [-16, 15]: GGUF's Q5_0 / Q5_1 / Q5_K)
 holds u = q + 16 as 0.625 bytes a weight instead: its low nibbles as a 4-bit weight in the CPU
 kernel's tiles of 64 rows, its fifth bits as a plane in the order our AVX-512 kernel
-(`quant.tile_gemv`) reads them, and a scale and zero per group, `w = (u - 16) * scale + zero`.
+(`flexlamps.kernels.tile_gemv`) reads them, and a scale and zero per group, `w = (u - 16) * scale + zero`.
 Only that kernel multiplies it in place (torch's int4 kernel takes no fifth bit: elsewhere it is
 dequantized for the dense GEMM), and it leaves the CPU as the split. Decode streams these weights
 from memory, so a call reads about 0.6 of the split's bytes. Imports torch only.
@@ -38,7 +38,7 @@ from quant.int4_weight import Int4Weight, unpack_codes
 
 _DEQUANT_CHUNK_BYTES = 2 << 20  # fp32 values dequantized at a time on a CPU: about one L2 cache
 _PACK_ROWS = 4096  # rows split and laid out at a time
-FIVE_BIT_TILE = 64  # output rows per tile of the 5-bit form (`quant.tile_gemv.TILE`)
+FIVE_BIT_TILE = 64  # output rows per tile of the 5-bit form (`flexlamps.kernels.tile_gemv.TILE`)
 
 
 def fifth_plane(bits: torch.Tensor) -> torch.Tensor:
@@ -172,7 +172,7 @@ class Int8Weight:
         """x (..., K) @ w.T with torch's fused kernel (x in `dtype`, on `device`; `can_run_fused`)."""
         if self.fifth is not None:
             raise ValueError("Int8Weight.matmul: torch's int4 kernel cannot multiply the 5-bit form; "
-                             "quant.tile_gemv does, or dequantize it")
+                             "flexlamps.kernels.tile_gemv does, or dequantize it")
         return self.split.matmul(torch.cat([x, x], dim=-1))
 
     def dequantize(self, dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -10,7 +10,7 @@ excluded), the best of --repeats runs taken in turns, so a burst of load on the 
 every side alike; flexlamps' ratio to every peer; greedy agreement with transformers fp32 (the
 reference); every side's prefill / total seconds (prefill: until the first new tokens); and the
 fraction of the machine's limit reached by each side. The limit: prefill at the machine's measured GEMM peak
-(the faster of oneDNN's bf16 GEMM and, where it runs, our int8 GEMM: `quant.int8_gemm`, twice bf16's
+(the faster of oneDNN's bf16 GEMM and, where it runs, our int8 GEMM: `flexlamps.kernels.int8_gemm`, twice bf16's
 multiply rate), then every decode step at the slower of "read the GGUF's bytes at the probed read
 bandwidth" and "the step's matmuls at that peak". Last, flexlamps' time per decode step outside torch's ops
 (wall time of a step minus the time torch's profiler sees in its ops): Python, and our AVX-512
@@ -220,7 +220,7 @@ def run_table(llm, hf32, hf16, args, threads: int, batches: list[int]) -> None:
           f"{llm.dtype} | GGUF bytes per decode step {step_bytes / 2**20:.0f} MiB | read bandwidth "
           f"{bw / 1e9:.1f} GB/s -> batch-1 decode limit {bw / step_bytes:.0f} tok/s | GEMM peak: bf16 {bf16 / 1e9:.0f} GFLOP/s, "
           f"int8 {flops / 1e9 if flops > bf16 else 0:.0f} GOP/s (the limit takes the faster)"
-          f" | decode kernel {'AVX-512 (quant.tile_gemv)' if native_kernel() else 'torch int4'}")
+          f" | decode kernel {'AVX-512 (flexlamps.kernels.tile_gemv)' if native_kernel() else 'torch int4'}")
     sides = {"flexlamps": lambda p: time_ours(llm, p, args.new_tokens),
              "hf-fp32": lambda p: time_theirs(hf32, p, args.new_tokens),
              "hf-bf16": lambda p: time_theirs(hf16, p, args.new_tokens)}

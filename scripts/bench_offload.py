@@ -200,7 +200,7 @@ def work_flops(hf_config: dict, num_prompts: int, prompt_len: int, gen_len: int)
 def gemm_peak(hf_config: dict, rows: int, dtype: torch.dtype, repeats: int = 7) -> float:
     """Best FLOP/s of this machine's GEMM (at torch's thread count) on the model's largest stacked
     matrix (LLaMA's gate/up) over `rows` rows: the faster of oneDNN's dense GEMM (prepacked) and,
-    in bf16 where it runs, our int8 GEMM (`quant.int8_gemm`, which 4-bit prompts use): the rate
+    in bf16 where it runs, our int8 GEMM (`flexlamps.kernels.int8_gemm`, which 4-bit prompts use): the rate
     no engine computing these layers exceeds by much."""
     from flexlamps.models.blocks.linear import int8_kernel, linear, pack
 

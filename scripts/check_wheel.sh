@@ -30,6 +30,7 @@ for cmd in $("$bin/python" -c 'from flexlamps.cli import SUBCOMMANDS; print(*SUB
   "$bin/flexlamps" "$cmd" --help >/dev/null
   "$bin/python" -m flexlamps "$cmd" --help >/dev/null
 done
+"$bin/flexlamps" env
 printf '{"id": "a", "prompt": "The capital of France is"}\n' > prompts.jsonl
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$bin/python" -W error -m flexlamps generate --model smollm2-135m \
   --prompts prompts.jsonl --out out.jsonl --chat --max-new-tokens 4

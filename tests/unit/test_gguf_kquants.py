@@ -111,7 +111,7 @@ def test_groups_of_16_multiply_in_place_where_our_kernel_runs_else_dense(native,
     does groups of 32); torch's int4 kernel takes no such groups, so without ours `models.linear`
     runs it on its dequantized values, and nothing calls torch's kernel with it."""
     from flexlamps.models.blocks import linear as lin
-    from quant.tile_gemv import rounded_like_kernel
+    from flexlamps.kernels.tile_gemv import rounded_like_kernel
 
     g = torch.Generator().manual_seed(16)
     codes = torch.randint(-32, 32, (128, 256), dtype=torch.int8, generator=g)

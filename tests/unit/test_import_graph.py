@@ -63,3 +63,14 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_engine_does_not_import_the_simulator():
     assert "flexlamps.sim" not in _graph()["flexlamps.engine"]
+
+
+def test_quant_offload_and_placement_know_nothing_of_flexlamps():
+    """DESIGN.md: quant and offload know nothing of models (nor of anything else in flexlamps)."""
+    graph = _graph()
+    assert {top: sorted(t for t in graph[top] if t.startswith("flexlamps")) for top in TOP} == {t: [] for t in TOP}
+
+
+def test_the_kernels_import_only_quant_and_the_cache_folder():
+    """flexlamps.kernels (every C kernel and its loader) sits below the models and the engine."""
+    assert _graph()["flexlamps.kernels"] <= {"quant", "flexlamps.cache_folder"}

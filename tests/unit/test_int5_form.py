@@ -10,7 +10,7 @@ import torch
 from flexlamps.models.blocks import linear as lin
 from quant.int4_tiles import tile_rows
 from quant.int8_weight import FIVE_BIT_TILE, Int8Weight, fifth_bits, fifth_plane
-from quant.tile_gemv import rounded_like_kernel
+from flexlamps.kernels.tile_gemv import rounded_like_kernel
 
 needs_tiles = pytest.mark.skipif(tile_rows(256) != FIVE_BIT_TILE, reason="torch's CPU int4 tiles here are not 64 rows")
 

@@ -1,4 +1,4 @@
-"""The int8 GEMM (quant/int8_gemm.c): its arithmetic as stated (x in int8 per group of 64, the
+"""The int8 GEMM (flexlamps/kernels/int8_gemm.c): its arithmetic as stated (x in int8 per group of 64, the
 weight in int8 per output channel, exact int32 sums, one rounding), rows independent of the batch
 and of the thread count, and how `models.linear` uses it (prefill-sized calls only, the same bits
 for a twin and a plain weight, so both engines agree)."""
@@ -8,7 +8,7 @@ import torch
 
 from flexlamps.cache_folder import cache_root
 from flexlamps.models.blocks import linear as L
-from quant import int8_gemm as G
+from flexlamps.kernels import int8_gemm as G
 from quant.int4_weight import Int4Weight
 
 GEMM = G.load(cache_root() / "kernels")  # the kernel itself, where it can run (linear may prefer AMX)
@@ -153,18 +153,6 @@ def test_error_against_the_exact_product_stays_near_one_percent():
     exact = x @ w.t()
     got = GEMM.matmul(x.bfloat16(), G.Int8Matrix.from_dense(w)).float()
     assert (got - exact).norm() / exact.norm() < 0.015
-
-
-def test_on_a_cpu_with_amx_linear_keeps_the_bf16_gemm(monkeypatch):
-    monkeypatch.setattr(L.native_build, "cpu_has_flags", lambda flags, cpuinfo=None: flags == L.AMX_FLAGS)
-    L.int8_kernel.cache_clear()
-    try:
-        assert L.int8_kernel() is None
-        w = Int4Weight.quantize(torch.randn(32, 128), 32, torch.bfloat16)
-        assert L.int8_product(w, torch.randn(L.INT8_GEMM_FROM_ROWS, 128).bfloat16()) is None
-    finally:
-        monkeypatch.undo()
-        L.int8_kernel.cache_clear()
 
 
 @needs_linear_use

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from flexlamps.models.blocks import attention as attention_module
-from flexlamps.models import native_attention as da
+from flexlamps.kernels import attention as da
 from flexlamps.models.blocks.attention import BF16_TOLERANCE, attention
 
 KERNEL = attention_module.native_attention_kernel()
@@ -117,4 +117,4 @@ def test_an_empty_batch_gives_an_empty_output():
 
 
 def test_the_source_ships_with_the_package():
-    assert da.SOURCE.is_file() and os.path.basename(da.SOURCE) == "native_attention.c"
+    assert da.SOURCE.is_file() and os.path.basename(da.SOURCE) == "attention.c"

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flexlamps.models import native_elementwise as ne
-from flexlamps.models.blocks.norms import rms_norm
+from flexlamps.kernels import elementwise as ne
+from flexlamps.models.blocks.norms import native_ops, rms_norm
 
-OPS = ne.native_ops()
+OPS = native_ops()
 needs_ops = pytest.mark.skipif(OPS is None, reason="no AVX-512 CPU or no C compiler here")
 
 
@@ -73,4 +73,4 @@ def test_the_layers_use_them_in_bf16_and_not_in_fp32():
 
 
 def test_the_source_ships_with_the_package():
-    assert ne.SOURCE.is_file() and ne.SOURCE.name == "native_elementwise.c"
+    assert ne.SOURCE.is_file() and ne.SOURCE.name == "elementwise.c"

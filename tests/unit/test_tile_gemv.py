@@ -1,4 +1,4 @@
-"""The AVX-512 decode kernel (`quant.tile_gemv`): what it computes, that a row's result does not
+"""The AVX-512 decode kernel (`flexlamps.kernels.tile_gemv`): what it computes, that a row's result does not
 depend on its batch or the thread count, that `linear` gives the in-memory and offload engines
 the same products, and how it is built, found again and refused."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from flexlamps.models.blocks import linear as linear_mod
-from quant import native_build, tile_gemv
+from flexlamps.kernels import loader, tile_gemv
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
 
@@ -144,17 +144,13 @@ def test_linear_gives_both_engines_the_same_products():
     assert torch.equal(linear_mod.linear(x, w), KERNEL.matmul(w, x))
 
 
-def test_switched_off_by_the_environment(monkeypatch):
-    monkeypatch.setenv(native_build.SWITCH_ENV, "0")
-    linear_mod.native_kernel.cache_clear()
-    tile_gemv.load.cache_clear()
-    try:
-        assert linear_mod.native_kernel() is None
-        w = _int4(64, 64, 32, torch.bfloat16)
-        assert linear_mod.with_dense_twin(w).dense_from_rows == linear_mod.INT4_TWIN_DENSE_FROM_ROWS
-    finally:
-        linear_mod.native_kernel.cache_clear()
-        tile_gemv.load.cache_clear()
+def test_switched_off_by_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(loader.SWITCH_ENV, "0")
+    kernels = loader.Kernels(tmp_path)
+    monkeypatch.setattr(loader, "chosen", lambda: kernels)
+    assert linear_mod.native_kernel() is None
+    w = _int4(64, 64, 32, torch.bfloat16)
+    assert linear_mod.with_dense_twin(w).dense_from_rows == linear_mod.INT4_TWIN_DENSE_FROM_ROWS
 
 
 def test_a_cpu_without_the_instructions_is_refused(tmp_path):

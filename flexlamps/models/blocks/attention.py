@@ -51,7 +51,6 @@ On other devices torch's SDPA runs (no such promise there).
 
 from __future__ import annotations
 
-import functools
 import math
 import threading
 from dataclasses import dataclass
@@ -59,8 +58,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from flexlamps.cache_folder import cache_root
-from flexlamps.models import native_attention
+from flexlamps.kernels import attention as native_attention, loader
 
 # NOTE(exact): the three shape rules above; changing them needs the exactness tests re-run.
 MIN_ROWS = 4
@@ -144,11 +142,10 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
     return _per_query_attention(q, keys, values, mask, opts)
 
 
-@functools.lru_cache(maxsize=None)
 def native_attention_kernel() -> native_attention.NativeAttention | None:
-    """The AVX-512 bf16 / fp16 attention (built into the cache folder on first use), or None: not this
-    CPU, no compiler, or switched off by $FLEXLAMPS_NATIVE_KERNELS=0."""
-    return native_attention.load(cache_root() / "kernels")
+    """This process's AVX-512 bf16 / fp16 attention, or None (not this CPU, no compiler, or switched
+    off by $FLEXLAMPS_NATIVE_KERNELS=0: `flexlamps.kernels.loader`)."""
+    return loader.chosen().get("attention")
 
 
 def _bf16_attention(q, keys, values, mask, scale: float) -> torch.Tensor:

@@ -16,7 +16,7 @@ from flexlamps.models.blocks.norms import rms_norm
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.blocks.linear import linear
 from flexlamps.models.blocks.moe import moe_ffn
-from flexlamps.models.native_elementwise import native_ops
+from flexlamps.models.blocks.norms import native_ops
 from flexlamps.models.blocks.rope import inverse_frequencies, rope_tables, rotate_half_split
 
 # attend(q, k, v, opts=None) with q (n, T, heads, d), k/v (n, T, kv_heads, d) -> (n, T, heads * d); opts: the

@@ -43,7 +43,7 @@ values a dequantization at load gives, so fp32 keeps its exact results. A Q6_K w
 on their dense values.
 
 On CPUs with AVX-512 VBMI and VNNI (Zen 4, Ice Lake and later Xeons) both fused products run
-our own kernel instead (`quant.tile_gemv`, compiled on first use into the cache folder): it reads
+our own kernel instead (`flexlamps.kernels.tile_gemv`, compiled on first use into the cache folder): it reads
 the same tile layout, rounds x to 16-bit integers per group of the weight's inputs (32, or a
 Q6_K's 16; an error near bf16's own rounding of the output) and sums exactly in int32, 1.5-3x
 faster than torch's kernel on one row
@@ -53,7 +53,7 @@ and offload engines get the same bits from it; `$FLEXLAMPS_NATIVE_KERNELS=0` swi
 
 On CPUs with AVX-512 VNNI but no AMX (whose bf16 tiles outrun it), calls of `INT8_GEMM_FROM_ROWS`
 rows or more (prefill) of a 4-bit or
-Q8_0 weight in bf16 / fp16 run on int8 codes instead of the dense GEMM (`quant.int8_gemm`: x in
+Q8_0 weight in bf16 / fp16 run on int8 codes instead of the dense GEMM (`flexlamps.kernels.int8_gemm`: x in
 int8 per group of 64, the weight in int8 per output channel from its exact values, made once for
 a twin and per call for a plain weight, so the engines agree): 1.7-1.9x the bf16 GEMM, +0.1%
 perplexity. fp32 keeps the exact dense path.
@@ -66,19 +66,17 @@ dequantized into; `unpack` gives a fresh copy, which a caller may hold across ca
 
 from __future__ import annotations
 
-import functools
 import threading
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from flexlamps.cache_folder import cache_root
-from quant import int8_gemm, native_build, tile_gemv
+from flexlamps.kernels import int8_gemm, loader, tile_gemv
 from quant.fp8 import Fp8Weight
 from quant.mxfp4 import Mxfp4Weight
 from quant.int4_weight import Int4Weight
-from quant.int8_gemm import Int8Matrix
+from flexlamps.kernels.int8_gemm import Int8Matrix
 from quant.int8_weight import Int8Weight
 
 _ONEDNN_DTYPES = (torch.float32,)  # and bfloat16 where oneDNN has a bf16 GEMM (`_onednn_dtypes`)
@@ -113,7 +111,7 @@ INT8_TWIN_DENSE_FROM_ROWS = 3
 # 45-54 at 32, against 31-60 ms dequantized (load 3-4) + 6-11 ms of GEMM; 3072x576 at 32 rows
 # 2.7 ms fused, about 4 dequantized.
 INT8_DENSE_FROM_ROWS = 32
-# With the AVX-512 decode kernel (`quant.tile_gemv`, x in 16-bit codes) a twin of either kind runs
+# With the AVX-512 decode kernel (`flexlamps.kernels.tile_gemv`, x in 16-bit codes) a twin of either kind runs
 # it below this many rows. Against the packed bf16 GEMM (1 thread, Zen 4, matrices cycled so weights
 # come from memory), 4-bit: 3072x576 0.32/0.33 ms at 8 rows, 576x1536 0.24/0.14; int8 twins
 # (Q8_0, Q5_x) a little slower, and the step's other work the same either way.
@@ -125,7 +123,6 @@ NATIVE_TWIN_DENSE_FROM_ROWS = 8
 # fp32 (teacher-forced, 2040 steps) fell from 0.969 to 0.923 (x's int8 and the weight's per-channel
 # int8 cost about 0.02 each), so calls of fewer rows keep 16-bit x.
 INT8_GEMM_FROM_ROWS = 128
-AMX_FLAGS = ("amx_bf16",)  # Intel Xeons from Sapphire Rapids: the bf16 GEMM beats our int8 one there
 _TWIN_DTYPES = (torch.float32, torch.bfloat16)  # dense copies on the CPU (`can_have_dense_twin`)
 _SCRATCH = threading.local()  # per thread: the buffer 4-bit weights are dequantized into
 
@@ -244,14 +241,10 @@ class Int4Twin:
         return self.int4.nbytes + rows * cols * self.int4.dtype.itemsize + int8
 
 
-@functools.lru_cache(maxsize=None)
 def int8_kernel() -> int8_gemm.Int8Gemm | None:
-    """The AVX-512 VNNI int8 GEMM (built into the cache folder on first use), or None: not this
-    CPU, no compiler, switched off by $FLEXLAMPS_NATIVE_KERNELS=0, or a CPU with AMX, where
-    oneDNN's bf16 GEMM runs on AMX tiles, several times the rate of VNNI's int8 products."""
-    if native_build.cpu_has_flags(AMX_FLAGS):
-        return None
-    return int8_gemm.load(cache_root() / "kernels")
+    """This process's AVX-512 VNNI int8 GEMM, or None (`flexlamps.kernels.loader` says why: not
+    this CPU, a CPU with AMX, where oneDNN's bf16 GEMM is faster, no compiler, or switched off)."""
+    return loader.chosen().get("int8_gemm")
 
 
 def _int8_runs(w: Int4Weight | Int8Weight) -> bool:
@@ -261,7 +254,7 @@ def _int8_runs(w: Int4Weight | Int8Weight) -> bool:
 
 
 def int8_product(w: Int4Weight | Int8Weight | Int4Twin, x: torch.Tensor) -> torch.Tensor | None:
-    """x @ w.T on int8 codes (`quant.int8_gemm`) where it runs: a 4-bit or Q8_0 weight, x in its
+    """x @ w.T on int8 codes (`flexlamps.kernels.int8_gemm`) where it runs: a 4-bit or Q8_0 weight, x in its
     16-bit dtype (fp32 keeps the exact dense path) on a CPU with the kernel; else None. A twin
     keeps its int8 copy; a plain weight is rounded to one for this call."""
     plain = w.int4 if isinstance(w, Int4Twin) else w
@@ -274,11 +267,10 @@ def int8_product(w: Int4Weight | Int8Weight | Int4Twin, x: torch.Tensor) -> torc
     return kernel.matmul(x, kernel.pack_weight(plain))
 
 
-@functools.lru_cache(maxsize=None)
 def native_kernel() -> tile_gemv.TileGemv | None:
-    """The AVX-512 decode kernel for 4-bit and int8 weights (built into the cache folder on first
-    use), or None: not this CPU, no compiler, or switched off by $FLEXLAMPS_NATIVE_KERNELS=0."""
-    return tile_gemv.load(cache_root() / "kernels")
+    """This process's AVX-512 decode kernel for 4-bit and int8 weights, or None (not this CPU, no
+    compiler, or switched off by $FLEXLAMPS_NATIVE_KERNELS=0: `flexlamps.kernels.loader`)."""
+    return loader.chosen().get("tile_gemv")
 
 
 def fused_product(w: Int4Weight | Int8Weight, x: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from flexlamps.models.native_elementwise import native_ops
+from flexlamps.kernels import loader
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -14,8 +14,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # the scale is applied after that rounding, as the reference does.
     if x.dtype == torch.float32:
         return torch.rms_norm(x, x.shape[-1:], weight, eps)
-    ops = native_ops()  # AVX-512: the same two roundings in one pass (models.native_elementwise)
+    ops = native_ops()  # AVX-512: the same two roundings in one pass (flexlamps.kernels.elementwise)
     if (ops is not None and ops.takes(x) and weight.dtype == x.dtype and weight.is_contiguous()
             and weight.shape == x.shape[-1:] and weight.device == x.device):
         return ops.rms_norm(x, weight, eps)
     return weight * torch.rms_norm(x, x.shape[-1:], None, eps)
+
+
+def native_ops():
+    """This process's AVX-512 RMSNorm and SwiGLU (`flexlamps.kernels.elementwise`), or None where
+    torch's ops run (`flexlamps.kernels.loader` says why)."""
+    return loader.chosen().get("elementwise")

@@ -6,7 +6,7 @@
  *              rms_norm rounds before the scale)
  *   silu_mul:  out = round(round(silu(gate)) * up), gate and up the two halves of a row
  * Rows are independent: a row's result does not depend on the others or on the thread count.
- * Built and loaded by flexlamps/models/native_elementwise.py. */
+ * Built and loaded by flexlamps/kernels/elementwise.py. */
 #include <math.h>
 
 #include "native_simd.h"

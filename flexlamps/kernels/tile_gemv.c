@@ -19,7 +19,7 @@
  * row 64t + 16q + i, column k + c (quant/int8_weight.py writes it); w = (u - 16) * scale + zero.
  *
  * Integer sums are exact, so a row's result does not depend on the rows beside it, on the
- * thread count, or on the split of the work. Built and loaded by quant/tile_gemv.py. */
+ * thread count, or on the split of the work. Built and loaded by flexlamps/kernels/tile_gemv.py. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-"""Attention in bf16 / fp16 on AVX-512 CPUs (`native_attention.c`), compiled on first use.
+"""Attention in bf16 / fp16 on AVX-512 CPUs (`attention.c`), compiled on first use.
 
 torch's flash kernel spends ~60 us a layer on one decode row of SmolLM2 (3 kv heads, 160 keys)
 and the batched products ~650 us on 32 rows, where the keys and values take a few us to read:
@@ -12,9 +12,9 @@ tokens: 23 -> 15 ms a layer). A query's result depends only on its own query, ke
 mask: not on the other rows or positions, the thread count or the padded span. A query that
 sees no key gets zeros.
 
-`load(folder)` builds it (`quant.native_build`) and checks it against `reference`; it answers
-None, with a warning that says why, where the CPU lacks AVX-512 F/BW/VL/DQ, no compiler is
-found, or the build or check fails, and attention keeps torch's kernels.
+`KERNEL` is how `flexlamps.kernels.loader` builds it and checks it against `reference` in each
+dtype (with vdpbf16ps and without); attention keeps torch's kernels, with a warning that says why,
+where the CPU lacks AVX-512 F/BW/VL/DQ, no compiler is found, or the build or check fails.
 $FLEXLAMPS_NATIVE_KERNELS=0 turns it off.
 """
 from __future__ import annotations
@@ -26,17 +26,18 @@ from pathlib import Path
 
 import torch
 
-from quant import native_build
+from flexlamps.kernels import build, loader
+from flexlamps.kernels.loader import require
 
-SOURCE = Path(__file__).with_name("native_attention.c")
+SOURCE = build.SOURCES / "attention.c"
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c")
 _COMPILE_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                   "-mfma", "-mf16c")
 BF16_DOT_FLAGS = ("avx512_bf16",)  # bf16 pair products summed in fp32 (vdpbf16ps): nothing converted first
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}
 MAX_HEAD_DIM, MAX_GROUP = 256, 16
-LIBRARY = native_build.Library(SOURCE, _COMPILE_FLAGS, CPU_FLAGS, "the AVX-512 attention",
-                               "attention runs torch's kernels")
+LIBRARY = build.Library(SOURCE, _COMPILE_FLAGS, CPU_FLAGS, "the AVX-512 attention",
+                        "attention runs torch's kernels")
 _Strides = ctypes.c_int64 * 12  # q's, keys' and values' (row, head, position), mask's (row, query, key)
 
 
@@ -89,14 +90,6 @@ class NativeAttention:
         return out
 
 
-@functools.lru_cache(maxsize=None)
-def load(folder: Path) -> NativeAttention | None:
-    """The kernel built into (or found in) `folder` and checked, or None where it cannot run here."""
-    return native_build.load_checked(
-        LIBRARY, Path(folder), lambda library: NativeAttention(library, native_build.cpu_has_flags(BF16_DOT_FLAGS)),
-        _check)
-
-
 def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The kernel's arithmetic in torch: fp32 scores, exp(score - max) rounded to q's dtype,
     fp32 sums with the values divided by the rounded weights' sum, rounded once."""
@@ -122,5 +115,19 @@ def _check(kernel: NativeAttention) -> None:
                 q = torch.randn(3, 6, mask.shape[1], 64, generator=gen).to(dtype)
                 got, want = variant(q, keys, values, mask), reference(q, keys, values, mask)
                 error = (got.float() - want.float()).abs().max().item()
-                assert error <= 2.0 ** -7 * values.float().abs().max().item(), \
-                    f"native_attention: the kernel's check failed in {dtype} (max error {error:.3g})"
+                require(error <= 2.0 ** -7 * values.float().abs().max().item(),  # NaN fails too
+                        f"native_attention: the kernel's check failed in {dtype} (max error {error:.3g})")
+
+
+def _make(library) -> NativeAttention:
+    return NativeAttention(library, build.cpu_has_flags(BF16_DOT_FLAGS))
+
+
+KERNEL = loader.Kernel("attention", LIBRARY, _make, _check)
+
+
+@functools.lru_cache(maxsize=None)
+def load(folder: Path) -> NativeAttention | None:
+    """The kernel built into (or found in) `folder` and checked, or None where it cannot run here
+    (the process's own: `loader.chosen().get("attention")`)."""
+    return loader.load(KERNEL, Path(folder)).kernel

@@ -13,9 +13,10 @@ against the bf16 GEMM's 30.61 (fp32 30.64); decode-sized calls lose more greedy 
 `models.linear` uses it for prompts only. A row's result does not depend on the batch or on the
 thread count.
 
-`load(folder)` builds the library into `folder` (`quant.native_build`) and checks it against a
-plain computation; it answers None (callers keep the bf16 GEMM) where the CPU lacks AVX-512
-VNNI, no compiler is found, the check fails, or $FLEXLAMPS_NATIVE_KERNELS=0. Imports torch only.
+`KERNEL` is how `flexlamps.kernels.loader` builds it and checks it against `reference` in each
+dtype; callers keep the bf16 GEMM where the CPU lacks AVX-512 VNNI or has AMX (oneDNN's bf16 GEMM
+on AMX tiles outruns VNNI's int8 products), no compiler is found, the check fails, or
+$FLEXLAMPS_NATIVE_KERNELS=0.
 """
 from __future__ import annotations
 
@@ -26,14 +27,15 @@ from pathlib import Path
 
 import torch
 
-from quant import native_build
+from flexlamps.kernels import build, loader
+from flexlamps.kernels.loader import require
 
-SOURCE = Path(__file__).with_name("int8_gemm.c")
+SOURCE = build.SOURCES / "int8_gemm.c"
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma", "f16c")
 _COMPILE_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                   "-mavx512vnni", "-mfma", "-mf16c")
-LIBRARY = native_build.Library(SOURCE, _COMPILE_FLAGS, CPU_FLAGS, "the AVX-512 int8 GEMM",
-                               "products of many rows run the bf16 GEMM")
+LIBRARY = build.Library(SOURCE, _COMPILE_FLAGS, CPU_FLAGS, "the AVX-512 int8 GEMM",
+                        "products of many rows run the bf16 GEMM")
 GROUP = 64  # x's inputs per scale (the kernel's GROUP)
 BLOCK = 16  # output columns per block of the packed weight
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}
@@ -169,18 +171,30 @@ def reference(x: torch.Tensor, w: Int8Matrix) -> torch.Tensor:
     return out[:, :w.shape[0]].to(x.dtype).view(*x.shape[:-1], w.shape[0])
 
 
-@functools.lru_cache(maxsize=None)
-def load(folder: Path) -> Int8Gemm | None:
-    """The kernel built into (or found in) `folder` and checked, or None where it cannot run here."""
-    return native_build.load_checked(LIBRARY, Path(folder), Int8Gemm, _check)
-
-
 def _check(gemm: Int8Gemm) -> None:
-    """Against `reference` on a shape with partial row and column tiles, within one rounding."""
+    """Against `reference` on a shape with partial row and column tiles, within one rounding, in
+    each dtype; the one-pass pack against `Int8Matrix.from_dense`."""
     gen = torch.Generator().manual_seed(0)
-    w = Int8Matrix.from_dense(torch.randn(37, 128, generator=gen))
+    dense = torch.randn(37, 128, generator=gen)
+    w = Int8Matrix.from_dense(dense)
+    packed = gemm.pack(dense)
+    require(bool(torch.equal(packed.packed, w.packed) and torch.equal(packed.scale, w.scale)),
+            "int8_gemm: the kernel's pack differs from Int8Matrix.from_dense")
     for dtype in DTYPES:
         x = torch.randn(6, 128, generator=gen).to(dtype)
         got, want = gemm.matmul(x, w).float(), reference(x, w).float()
-        assert torch.allclose(got, want, rtol=2 ** -7, atol=1e-3 * want.abs().max().item()), \
-            f"int8_gemm: the check failed in {dtype}"
+        error = (got - want).abs().max().item()
+        require(bool(torch.allclose(got, want, rtol=2 ** -7, atol=1e-3 * want.abs().max().item())),
+                f"int8_gemm: the check failed in {dtype} (max error {error:.3g})")
+
+
+AMX_FLAGS = ("amx_bf16",)  # with these, oneDNN's bf16 GEMM on AMX tiles is faster than this kernel
+KERNEL = loader.Kernel("int8_gemm", LIBRARY, Int8Gemm, _check, AMX_FLAGS,
+                       "this CPU has AMX: oneDNN's bf16 GEMM on its tiles is faster")
+
+
+@functools.lru_cache(maxsize=None)
+def load(folder: Path) -> Int8Gemm | None:
+    """The kernel built into (or found in) `folder` and checked, or None where it cannot run here,
+    AMX or not (the process's own, which leaves AMX CPUs to oneDNN: `loader.chosen().get("int8_gemm")`)."""
+    return loader.load(dataclasses.replace(KERNEL, faster_flags=()), Path(folder)).kernel

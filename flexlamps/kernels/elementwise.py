@@ -1,4 +1,4 @@
-"""RMSNorm and SwiGLU's silu-times-up in bf16 / fp16 on AVX-512 CPUs (`native_elementwise.c`),
+"""RMSNorm and SwiGLU's silu-times-up in bf16 / fp16 on AVX-512 CPUs (`elementwise.c`),
 compiled on first use.
 
 torch runs each as several ops: a decode row pays a few us of dispatch per op (SmolLM2's 61
@@ -8,9 +8,9 @@ rounded to the dtype before the scale, as torch's `rms_norm` then `weight *`; si
 the product), so results equal torch's but where an fp32 sum or exp lands on the other side of a
 rounding boundary. A row's result does not depend on the others.
 
-`load(folder)` builds it (`quant.native_build`) and checks it against torch; it answers None
-(with a warning that says why where a build or check fails) where the CPU lacks AVX-512 or no
-compiler is found, and the layers keep torch's ops. $FLEXLAMPS_NATIVE_KERNELS=0 turns it off.
+`KERNEL` is how `flexlamps.kernels.loader` builds it and checks both ops against torch in each
+dtype; the layers keep torch's ops (with a warning that says why where a build or check fails)
+where the CPU lacks AVX-512 or no compiler is found. $FLEXLAMPS_NATIVE_KERNELS=0 turns it off.
 """
 from __future__ import annotations
 
@@ -21,16 +21,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from flexlamps.cache_folder import cache_root
-from quant import native_build
+from flexlamps.kernels import build, loader
+from flexlamps.kernels.loader import require
 
-SOURCE = Path(__file__).with_name("native_elementwise.c")
+SOURCE = build.SOURCES / "elementwise.c"
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c")
 _COMPILE_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                   "-mfma", "-mf16c")
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}
-LIBRARY = native_build.Library(SOURCE, _COMPILE_FLAGS, CPU_FLAGS, "the AVX-512 RMSNorm and SwiGLU",
-                               "they run as torch's ops")
+LIBRARY = build.Library(SOURCE, _COMPILE_FLAGS, CPU_FLAGS, "the AVX-512 RMSNorm and SwiGLU",
+                        "they run as torch's ops")
 
 
 class NativeElementwise:
@@ -71,18 +71,6 @@ class NativeElementwise:
         return out
 
 
-@functools.lru_cache(maxsize=None)
-def native_ops() -> NativeElementwise | None:
-    """The kernels in the cache folder (built there on first use), or None where they cannot run."""
-    return load(cache_root() / "kernels")
-
-
-@functools.lru_cache(maxsize=None)
-def load(folder: Path) -> NativeElementwise | None:
-    """The kernels built into (or found in) `folder` and checked, or None where they cannot run here."""
-    return native_build.load_checked(LIBRARY, Path(folder), NativeElementwise, _check)
-
-
 def _check(ops: NativeElementwise) -> None:
     """Both kernels against torch on odd widths (a partial last vector), within one rounding."""
     gen = torch.Generator().manual_seed(0)
@@ -91,9 +79,19 @@ def _check(ops: NativeElementwise) -> None:
         weight = torch.randn(70, generator=gen).to(dtype)
         want = weight * torch.rms_norm(x, (70,), None, 1e-5)
         got = ops.rms_norm(x, weight, 1e-5)
-        assert torch.allclose(got.float(), want.float(), rtol=2 ** -6, atol=1e-6), \
-            f"native_elementwise: rms_norm's check failed in {dtype}"
+        require(bool(torch.allclose(got.float(), want.float(), rtol=2 ** -6, atol=1e-6)),
+                f"native_elementwise: rms_norm's check failed in {dtype}")
         want = F.silu(x[:, :35]) * x[:, 35:]
         got = ops.silu_mul(x)
-        assert torch.allclose(got.float(), want.float(), rtol=2 ** -6, atol=1e-6), \
-            f"native_elementwise: silu_mul's check failed in {dtype}"
+        require(bool(torch.allclose(got.float(), want.float(), rtol=2 ** -6, atol=1e-6)),
+                f"native_elementwise: silu_mul's check failed in {dtype}")
+
+
+KERNEL = loader.Kernel("elementwise", LIBRARY, NativeElementwise, _check)
+
+
+@functools.lru_cache(maxsize=None)
+def load(folder: Path) -> NativeElementwise | None:
+    """The kernels built into (or found in) `folder` and checked, or None where they cannot run
+    here (the process's own: `loader.chosen().get("elementwise")`)."""
+    return loader.load(KERNEL, Path(folder)).kernel

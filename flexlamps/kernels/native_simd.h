@@ -1,10 +1,10 @@
-/* AVX-512 helpers shared by the kernels of flexlamps/models (native_attention.c,
- * native_elementwise.c): 16-bit floats (bf16 or fp16) loaded and stored by lane mask with torch's
- * rounding (quant/native_halves.h's conversions), and exp. The libraries' build keys cover this
- * file and the one it includes (quant/native_build.py). */
+/* AVX-512 helpers shared by attention.c and
+ * elementwise.c: 16-bit floats (bf16 or fp16) loaded and stored by lane mask with torch's
+ * rounding (native_halves.h's conversions), and exp. The libraries' build keys cover this
+ * file and the one it includes (flexlamps/kernels/build.py). */
 #ifndef FLEXLAMPS_NATIVE_SIMD_H
 #define FLEXLAMPS_NATIVE_SIMD_H
-#include "native_halves.h"  /* quant's: halves_to_floats, floats_to_halves, AI */
+#include "native_halves.h"  /* halves_to_floats, floats_to_halves, AI */
 
 /* The first min(left, 16) lanes: a vector's worth, or a row's partial last one. */
 AI __mmask16 lanes(int64_t left) { return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1); }

@@ -10,7 +10,7 @@
  * Every output is computed by the same sequence of operations whatever the rows and columns
  * around it: a row's result does not depend on the batch or the thread count.
  * Packed weight: column blocks of 16, each (K / 4, 16, 4) bytes: the 4 inputs of a dot step of 16
- * outputs lie in one vector. Built and loaded by quant/int8_gemm.py. */
+ * outputs lie in one vector. Built and loaded by flexlamps/kernels/int8_gemm.py. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>

@@ -1,6 +1,6 @@
 /* 16-bit floats (bf16 or fp16) to fp32 and back, as torch converts them, 16 lanes at a time: shared
- * by the kernels of quant/ (tile_gemv.c, int8_gemm.c). The libraries' build keys cover this file
- * (quant/native_build.py). */
+ * by the kernels here (tile_gemv.c, int8_gemm.c, and through native_simd.h the others). The libraries' build keys cover this file
+ * (flexlamps/kernels/build.py). */
 #ifndef FLEXLAMPS_NATIVE_HALVES_H
 #define FLEXLAMPS_NATIVE_HALVES_H
 #include <immintrin.h>

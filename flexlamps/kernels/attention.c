@@ -4,7 +4,7 @@
  * against every visible key in fp32; exp(score - max) in fp32 is rounded to the activations'
  * dtype (the largest weight is exactly 1), multiplied by the values with fp32 sums, divided by
  * the weights' sum and rounded once: the arithmetic of torch's flash kernel in that dtype
- * (models/attention.py). One task reads its
+ * (models/blocks/attention.py). One task reads its
  * keys and values once for all the heads of its group, and a task's result depends on nothing
  * but its own query, keys, values and mask: not on the other rows, the thread count or the
  * split of the work.
@@ -15,7 +15,7 @@
  * strides: q's (row, head, position), keys' (row, head, position), values' likewise, mask's
  * (row, query, key). Keys after a query's last visible one are not read (a causal prompt reads
  * half); a query that sees no key gets zeros.
- * Built and loaded by flexlamps/models/native_attention.py. */
+ * Built and loaded by flexlamps/kernels/attention.py. */
 #include <math.h>
 #include <stdlib.h>
 

@@ -14,10 +14,10 @@ weight-only kernel. With 8 bits, as llama.cpp rounds x for its block types, it r
 faster from 4 rows but the error grows to 0.55%: on SmolLM2 +0.5% decode perplexity, and greedy
 agreement with float32 at batch 8 fell from 68% to 60%. A row's result does not depend on the batch.
 
-`load(folder)` builds the library into `folder` once per source, compiler and flags
-(`quant.native_build`: concurrent processes neither race nor see half a file) and checks it against a plain computation before use; it answers None, and callers keep torch's
-kernel, where the CPU lacks the instructions (AVX-512 F/BW/VL/DQ/VBMI/VNNI), no C compiler is
-found (`$CC`, else cc), or the build or the check fails (with a warning that says why).
+`KERNEL` is how `flexlamps.kernels.loader` builds it (once per source, compiler and flags) and
+checks it against a plain computation in each dtype and weight kind it takes; callers keep
+torch's kernel where the CPU lacks the instructions (AVX-512 F/BW/VL/DQ/VBMI/VNNI), no C compiler
+is found (`$CC`, else cc), or the build or the check fails (with a warning that says why).
 The library joins torch's OpenMP runtime (the same libgomp), so it uses torch's threads.
 Imports torch only.
 """
@@ -30,26 +30,27 @@ from typing import Callable
 
 import torch
 
-from quant import native_build
+from flexlamps.kernels import build, loader
+from flexlamps.kernels.loader import require
 from quant.int4_tiles import tile_rows
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
 
-SOURCE = Path(__file__).with_name("tile_gemv.c")
+SOURCE = build.SOURCES / "tile_gemv.c"
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vbmi", "avx512_vnni", "fma", "f16c")
 _COMPILE_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                   "-mavx512vbmi", "-mavx512vnni", "-mfma", "-mf16c")
 TILE = 64  # output rows per tile: the kernel takes weights whose layout has tiles of this many
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}  # the activations' dtypes, as the kernel's flag
 KIND_INT4, KIND_INT8_SPLIT, KIND_INT5 = 0, 1, 2  # the weight's layout, as the kernel's `kind`
-LIBRARY = native_build.Library(SOURCE, _COMPILE_FLAGS, CPU_FLAGS, "the AVX-512 decode kernel",
-                               "4-bit decode runs torch's slower int4 kernel")
+LIBRARY = build.Library(SOURCE, _COMPILE_FLAGS, CPU_FLAGS, "the AVX-512 decode kernel",
+                        "4-bit decode runs torch's slower int4 kernel")
 X_BITS = 16  # x's codes: 16 bits (near bf16's own rounding) or 8 (llama.cpp's, a little faster)
 
 
 def cpu_has_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """Whether this CPU reports every instruction set the kernel is compiled for (Linux)."""
-    return native_build.cpu_has_flags(CPU_FLAGS, cpuinfo)
+    return build.cpu_has_flags(CPU_FLAGS, cpuinfo)
 
 
 class TileGemv:
@@ -108,30 +109,39 @@ class TileGemv:
         return product
 
 
+def _check(kernel: TileGemv) -> None:
+    """The kernel against x rounded as it rounds it, times the dequantized weight, in fp32, for each
+    weight kind and activation dtype it takes (a miscompile or a CPU that misreports its flags
+    fails here, not in a user's outputs)."""
+    gen = torch.Generator().manual_seed(0)
+    for dtype in DTYPES:
+        x = torch.randn(3, 64, generator=gen).to(dtype)
+        for w in _check_weights(gen, dtype):
+            require(kernel.runs(w, x), f"tile_gemv: the check's weight is not taken: {w!r}")
+            want = (rounded_like_kernel(x, w.group_size, kernel.x_bits) @ w.dequantize(torch.float32).t()).to(dtype)
+            got = kernel.matmul(w, x).float()
+            error = (got - want.float()).abs().max().item()
+            require(bool(torch.allclose(got, want.float(), rtol=2 ** -7, atol=1e-3 * want.abs().max().item())),
+                    f"tile_gemv: the kernel's check failed for {w!r} in {dtype} (max error {error:.3g})")
+
+
+def _check_weights(gen: torch.Generator, dtype: torch.dtype) -> tuple:
+    """One weight of each kind the kernel takes: 4-bit, int8 in two 4-bit halves, the 5-bit form."""
+    def int8(low: int, high: int, five_bit: bool) -> Int8Weight:
+        return Int8Weight.from_codes(torch.randint(low, high, (64, 64), dtype=torch.int8, generator=gen),
+                                     torch.rand(64, 2, generator=gen) / 64, 32, dtype,
+                                     zero=torch.randn(64, 2, generator=gen) / 64, five_bit=five_bit)
+    return Int4Weight.quantize(torch.randn(128, 64, generator=gen), 32, dtype), int8(-128, 128, False), int8(-16, 16, True)
+
+
+KERNEL = loader.Kernel("tile_gemv", LIBRARY, TileGemv, _check)
+
+
 @functools.lru_cache(maxsize=None)
 def load(folder: Path) -> TileGemv | None:
-    """The kernel built into (or found in) `folder` and checked, or None where it cannot run here."""
-    return native_build.load_checked(LIBRARY, Path(folder), TileGemv, _check)
-
-
-def _check(kernel: TileGemv) -> None:
-    """The kernel against x rounded as it rounds it, times the dequantized weight, in fp32 (a
-    miscompile or a CPU that misreports its flags fails here, not in a user's outputs)."""
-    gen = torch.Generator().manual_seed(0)
-    w4 = Int4Weight.quantize(torch.randn(128, 64, generator=gen), 32, torch.bfloat16)
-    w8 = Int8Weight.from_codes(torch.randint(-128, 128, (64, 64), dtype=torch.int8, generator=gen),
-                               torch.rand(64, 2, generator=gen) / 64, 32, torch.bfloat16,
-                               zero=torch.randn(64, 2, generator=gen) / 64)
-    w5 = Int8Weight.from_codes(torch.randint(-16, 16, (64, 64), dtype=torch.int8, generator=gen),
-                               torch.rand(64, 2, generator=gen) / 64, 32, torch.bfloat16,
-                               zero=torch.randn(64, 2, generator=gen) / 64, five_bit=True)
-    x = torch.randn(3, 64, generator=gen).to(torch.bfloat16)
-    for w in (w4, w8, w5):
-        assert kernel.runs(w, x), f"tile_gemv: the check's weight is not taken: {w!r}"
-        want = (rounded_like_kernel(x, w.group_size, kernel.x_bits) @ w.dequantize(torch.float32).t()).to(torch.bfloat16)
-        got = kernel.matmul(w, x)
-        assert torch.allclose(got.float(), want.float(), rtol=2 ** -7, atol=1e-3 * want.abs().max().item()), \
-            f"tile_gemv: the kernel's check failed (max error {(got.float() - want.float()).abs().max():.3g})"
+    """The kernel built into (or found in) `folder` and checked, or None where it cannot run here
+    (the process's own: `loader.chosen().get("tile_gemv")`)."""
+    return loader.load(KERNEL, Path(folder)).kernel
 
 
 def rounded_like_kernel(x: torch.Tensor, group: int, bits: int = X_BITS) -> torch.Tensor:

@@ -1,0 +1,109 @@
+"""`flexlamps env`: what a bug report needs to know about this installation and machine."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+
+import click
+
+# CPU flags that decide which kernels run (theirs, AMX, AVX-512 BF16), in /proc/cpuinfo's names
+_RELEVANT_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vbmi", "avx512_vnni",
+                   "avx512_bf16", "amx_bf16")
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _versions() -> dict:
+    import flexlamps
+    import torch
+
+    return {"flexlamps": f"{flexlamps.__version__} ({os.path.dirname(flexlamps.__file__)})",
+            "python": f"{platform.python_version()} ({sys.executable})", "torch": torch.__version__,
+            "transformers": _version("transformers") or "not installed"}
+
+
+def _cpu() -> dict:
+    from flexlamps.kernels import build
+
+    have = build.cpu_flags()
+    name = next((line.split(":", 1)[1].strip() for line in _cpuinfo_lines() if line.startswith("model name")),
+                platform.processor() or platform.machine())
+    return {"model": name, "cores": os.cpu_count(), "features": [f for f in _RELEVANT_FLAGS if f in have],
+            "lacks": [f for f in _RELEVANT_FLAGS if f not in have]}
+
+
+def _cpuinfo_lines() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            return handle.read().splitlines()
+    except OSError:
+        return []
+
+
+def _gpu() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"none (torch {torch.__version__} sees no CUDA device)"
+    props = torch.cuda.get_device_properties(0)
+    return f"{props.name}, {props.total_memory / 2**30:.1f} GiB (CUDA {torch.version.cuda}, {torch.cuda.device_count()} devices)"
+
+
+def _kernels() -> dict:
+    """Each native kernel: loaded (built and checked), disabled or failed, and why."""
+    from flexlamps.kernels import loader
+
+    kernels = loader.chosen()
+    return {name: {"state": o.state, "why": o.why} for name in loader.NAMES
+            for o in (kernels.outcome(name),)}
+
+
+def _profiles() -> dict:
+    from flexlamps.cache_folder import cache_root
+    from flexlamps.hw_profile import profile_cache_path
+
+    generic = profile_cache_path()
+    per_model = sorted(p.name for p in generic.parent.glob(f"{generic.stem}-*.json") if not p.stem.endswith(".check"))
+    return {"cache folder": str(cache_root()),
+            "hardware profile": f"{generic} ({'measured' if generic.exists() else 'not measured yet: the first --policy auto run or `flexlamps profile` measures it'})",
+            "per-model profiles": per_model}
+
+
+def environment() -> dict:
+    return {**_versions(), "cpu": _cpu(), "gpu": _gpu(), "native kernels": _kernels(), **_profiles()}
+
+
+def _print(report: dict) -> None:
+    for key, value in report.items():
+        if key == "cpu":
+            click.echo(f"cpu: {value['model']}, {value['cores']} cores; has {' '.join(value['features']) or '-'}; "
+                       f"lacks {' '.join(value['lacks']) or '-'}")
+        elif key == "native kernels":
+            click.echo("native kernels:")
+            for name, outcome in value.items():
+                click.echo(f"  {name:<12} {outcome['state']}: {outcome['why']}")
+        elif isinstance(value, list):
+            click.echo(f"{key}: {', '.join(value) or 'none'}")
+        else:
+            click.echo(f"{key}: {value}")
+
+
+@click.command("env")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def command(as_json: bool):
+    """Print versions, CPU features, GPU, native kernels (loaded, disabled or failed, and why),
+    the cache folder and the hardware profile: what a bug report needs."""
+    report = environment()
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        _print(report)

@@ -1,0 +1,213 @@
+"""The one loader of the C kernels (`flexlamps.kernels.loader`): the switch, a CPU without the
+instructions and one with AMX leave a kernel unused without building anything; a failing or
+missing compiler, a check that fails (a kernel returning zeros: with and without `python -O`) or
+raises falls back to torch's kernels with one warning, for every kernel. Stubs stand in for the
+compiled libraries, so all of it runs on any CPU; tests/unit/test_tile_gemv.py and its siblings
+test the real kernels where they build."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flexlamps.kernels import attention, build, elementwise, int8_gemm, loader, tile_gemv
+from flexlamps.kernels.loader import KernelCheckError, Kernels
+from flexlamps.models.blocks import attention as attention_block, linear, norms
+from tests.conftest import REPO
+
+
+class ZeroTileGemv(tile_gemv.TileGemv):
+    def __init__(self):
+        self.x_bits = tile_gemv.X_BITS
+
+    @classmethod
+    def runs(cls, w, x):  # torch's int4 layout has tiles of 64 rows only where it has AVX-512
+        return x.dtype == w.dtype and x.device.type == "cpu"
+
+    def matmul(self, w, x):
+        return torch.zeros(*x.shape[:-1], w.shape[0], dtype=x.dtype)
+
+
+class TorchTileGemv(ZeroTileGemv):
+    def matmul(self, w, x):
+        return (tile_gemv.rounded_like_kernel(x, w.group_size) @ w.dequantize(torch.float32).t()).to(x.dtype)
+
+
+class ZeroInt8Gemm(int8_gemm.Int8Gemm):
+    def __init__(self):
+        pass
+
+    def pack(self, w):
+        return int8_gemm.Int8Matrix.from_dense(w)
+
+    def matmul(self, x, w):
+        return torch.zeros(*x.shape[:-1], w.shape[0], dtype=x.dtype)
+
+
+class TorchInt8Gemm(ZeroInt8Gemm):
+    def matmul(self, x, w):
+        return int8_gemm.reference(x, w)
+
+
+class ZeroAttention(attention.NativeAttention):
+    def __init__(self):
+        self.library, self.bf16_dot = None, 0
+
+    def __call__(self, q, keys, values, mask, scale=None):
+        return torch.zeros_like(q)
+
+
+class TorchAttention(ZeroAttention):
+    def __call__(self, q, keys, values, mask, scale=None):
+        return attention.reference(q, keys, values, mask)
+
+
+class ZeroElementwise(elementwise.NativeElementwise):
+    def __init__(self):
+        pass
+
+    def rms_norm(self, x, weight, eps):
+        return torch.zeros_like(x)
+
+    def silu_mul(self, gate_up):
+        return torch.zeros_like(gate_up[..., : gate_up.shape[-1] // 2])
+
+
+class TorchElementwise(ZeroElementwise):
+    def rms_norm(self, x, weight, eps):
+        return weight * torch.rms_norm(x, x.shape[-1:], None, eps)
+
+    def silu_mul(self, gate_up):
+        half = gate_up.shape[-1] // 2
+        return F.silu(gate_up[..., :half]) * gate_up[..., half:]
+
+
+ZERO = {"tile_gemv": ZeroTileGemv, "int8_gemm": ZeroInt8Gemm, "attention": ZeroAttention, "elementwise": ZeroElementwise}
+TORCH = {"tile_gemv": TorchTileGemv, "int8_gemm": TorchInt8Gemm, "attention": TorchAttention,
+         "elementwise": TorchElementwise}
+# what the models ask for each kernel
+ENTRY = {"tile_gemv": lambda: linear.native_kernel(), "int8_gemm": lambda: linear.int8_kernel(),
+         "attention": lambda: attention_block.native_attention_kernel(), "elementwise": lambda: norms.native_ops()}
+
+
+def test_every_kernel_module_is_registered():
+    assert set(ZERO) == set(loader.NAMES) == {loader.kernel_spec(n).name for n in loader.NAMES}
+
+
+@pytest.mark.parametrize("name", loader.NAMES)
+def test_the_check_passes_a_kernel_computing_as_torch_does(name):
+    loader.kernel_spec(name).check(TORCH[name]())
+
+
+@pytest.mark.parametrize("name", loader.NAMES)
+def test_a_kernel_returning_zeros_is_rejected(name):
+    with pytest.raises(KernelCheckError, match="check failed"):
+        loader.kernel_spec(name).check(ZERO[name]())
+
+
+def test_a_kernel_returning_zeros_is_rejected_under_python_O():
+    """`python -O` strips asserts: the checks must not be asserts."""
+    code = ("import sys; from flexlamps.kernels import loader\n"
+            "from tests.unit.test_kernels_loader import ZERO\n"
+            "assert True, 'unreachable'\n"
+            "for name in loader.NAMES:\n"
+            "    try:\n        loader.kernel_spec(name).check(ZERO[name]())\n"
+            "    except loader.KernelCheckError as err:\n        print('rejected', name, 'check failed' in str(err))\n"
+            "print('optimize', sys.flags.optimize)\n")
+    proc = subprocess.run([sys.executable, "-O", "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[:-1] == [f"rejected {n} True" for n in loader.NAMES] + ["optimize 1"]
+
+
+@pytest.fixture
+def cpu_has_everything(monkeypatch):
+    monkeypatch.setattr(build, "cpu_has_flags", lambda flags, cpuinfo=None: "amx_bf16" not in flags)
+
+
+SPECS = {name: loader.kernel_spec(name) for name in loader.NAMES}
+
+
+class _Raising:
+    def __getattr__(self, name):
+        raise ValueError("boom from a raising check")
+
+
+@pytest.mark.parametrize("name", loader.NAMES)
+@pytest.mark.parametrize("make", [lambda n: ZERO[n](), lambda n: _Raising()], ids=["zeros", "raises"])
+def test_a_failing_or_raising_check_falls_back_with_one_warning(name, make, tmp_path, monkeypatch, cpu_has_everything):
+    monkeypatch.setattr(build, "built_library", lambda *args: None)
+    monkeypatch.setattr(loader, "kernel_spec", lambda n: dataclasses.replace(SPECS[n], make=lambda library: make(n)))
+    kernels = Kernels(tmp_path)
+    monkeypatch.setattr(loader, "chosen", lambda: kernels)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert ENTRY[name]() is None and ENTRY[name]() is None  # the model's question, asked twice
+    assert len(caught) == 1 and caught[0].category is RuntimeWarning
+    assert loader.kernel_spec(name).library.what in str(caught[0].message)
+    outcome = kernels.outcome(name)
+    assert outcome.state == "failed" and ("KernelCheckError" in outcome.why or "boom" in outcome.why)
+
+
+@pytest.mark.parametrize("name", loader.NAMES)
+def test_a_failing_or_missing_compiler_warns_and_leaves_no_file(name, tmp_path, monkeypatch, cpu_has_everything):
+    failing = tmp_path / "cc"
+    failing.write_text("#!/bin/sh\ncase \"$1\" in --version) echo fake 1.0;; *) echo boom >&2; exit 1;; esac\n")
+    failing.chmod(0o755)
+    monkeypatch.setenv("CC", str(failing))
+    with pytest.warns(RuntimeWarning, match=f"{loader.kernel_spec(name).library.what}.*boom"):
+        assert loader.load(loader.kernel_spec(name), tmp_path / "fresh").kernel is None
+    assert not [p for p in (tmp_path / "fresh").iterdir() if p.name.endswith((".so", ".tmp"))]
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    with pytest.warns(RuntimeWarning, match="no C compiler"):
+        assert loader.load(loader.kernel_spec(name), tmp_path / "other").state == "failed"
+
+
+@pytest.mark.parametrize("name", loader.NAMES)
+def test_no_instructions_or_the_switch_off_disables_and_builds_nothing(name, tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "cpu_flags", lambda cpuinfo=None: ["fpu", "sse2"])
+    monkeypatch.setattr(build, "cpu_has_flags", lambda flags, cpuinfo=None: False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        outcome = loader.load(loader.kernel_spec(name), tmp_path / "a")
+    assert outcome.state == "disabled" and "this CPU lacks avx512f" in outcome.why
+    monkeypatch.undo()
+    monkeypatch.setenv(loader.SWITCH_ENV, "0")
+    assert loader.load(loader.kernel_spec(name), tmp_path / "b") == loader.Outcome(None, "disabled",
+                                                                                   "$FLEXLAMPS_NATIVE_KERNELS=0")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_on_a_cpu_with_amx_the_int8_gemm_is_left_to_onednn(tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "cpu_has_flags", lambda flags, cpuinfo=None: True)
+    outcome = loader.load(loader.kernel_spec("int8_gemm"), tmp_path)
+    assert outcome.state == "disabled" and "AMX" in outcome.why
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_the_build_key_covers_nested_headers(tmp_path):
+    source = tmp_path / "k.c"
+    source.write_text('#include "local.h"\nint f(void) { return LOCAL; }\n')
+    (tmp_path / "local.h").write_text('#include "inner.h"\n#define LOCAL 1\n')
+    (tmp_path / "inner.h").write_text("#define INNER 1\n")
+    texts = build._texts(source)
+    assert texts[0] == source.read_text() and any(t.startswith("local.h\0") for t in texts)
+    (tmp_path / "inner.h").write_text("#define INNER 2\n")
+    assert build._texts(source) != texts
+    (tmp_path / "local.h").write_text('#include "missing.h"\n')
+    with pytest.raises(FileNotFoundError, match="missing.h"):
+        build._texts(source)
+
+
+def test_every_kernel_source_and_header_sits_in_the_kernels_folder():
+    for name in loader.NAMES:
+        source = loader.kernel_spec(name).library.source
+        assert source.parent == build.SOURCES and source.is_file()
+        build._texts(source)  # every header it includes is beside it
+    assert not [p for root in ("flexlamps", "quant", "offload", "placement") for ext in ("*.c", "*.h")
+                for p in (REPO / root).rglob(ext) if p.parent != build.SOURCES]
