@@ -9,7 +9,7 @@ from flexlamps.models.loading.checkpoint import GGUFReader, read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.models.weight_specs import weight_specs
 from tests.gguf_models import prefill_and_decode_logits
-from tests.moe_gguf import write_moe_gguf
+from tests.moe_gguf import write_deepseek2_gguf, write_moe_gguf
 from tests.moe_models import make_moe_model
 
 
@@ -20,6 +20,22 @@ def test_moe_gguf_is_the_hf_model(kind, tmp_path):
     gguf_reader = GGUFReader(write_moe_gguf(folder, tmp_path / f"{kind}.gguf"), cache_dir=tmp_path / "cache")
     hf_reader = open_checkpoint(folder)
     assert gguf_reader.config.model_type == hf_reader.config.model_type and gguf_reader.config.moe == hf_reader.config.moe
+    hf_weights, gguf_weights = read_all(hf_reader, torch.float32), read_all(gguf_reader, torch.float32)
+    for spec in weight_specs(hf_reader.config):
+        assert torch.equal(gguf_weights[spec.name], hf_weights[spec.name]), spec.name
+    ours = prefill_and_decode_logits(gguf_weights, gguf_reader, torch.float32, steps=8)
+    ref = prefill_and_decode_logits(hf_weights, hf_reader, torch.float32, steps=8)
+    assert all(torch.equal(a, b) for a, b in zip(ours, ref))
+
+
+@pytest.mark.parametrize("kind,gating", [("deepseek_v2", None), ("deepseek_v2_grouped", 1)])
+def test_deepseek2_gguf_is_the_hf_model(kind, gating, tmp_path):
+    """llama.cpp's deepseek2 layout (MLA's kv_b_proj split into attn_k_b / attn_v_b, stacked
+    experts, group routing metadata) gives back the HF checkpoint's weights and logits."""
+    folder = make_moe_model(tmp_path / kind, kind)
+    gguf_reader = GGUFReader(write_deepseek2_gguf(folder, tmp_path / f"{kind}.gguf", gating), cache_dir=tmp_path / "c")
+    hf_reader = open_checkpoint(folder)
+    assert (gguf_reader.config.mla, gguf_reader.config.moe) == (hf_reader.config.mla, hf_reader.config.moe)
     hf_weights, gguf_weights = read_all(hf_reader, torch.float32), read_all(gguf_reader, torch.float32)
     for spec in weight_specs(hf_reader.config):
         assert torch.equal(gguf_weights[spec.name], hf_weights[spec.name]), spec.name

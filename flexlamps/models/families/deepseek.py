@@ -122,4 +122,5 @@ def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
 
 FAMILY = Family(
     name="deepseek", model_types=tuple(DEEPSEEK_MODEL_TYPES), forward="mla", parse=_from_deepseek,
-    weights=_mla_specs, hf_name=hf_name, examples="DeepSeek-V2 / V2-Lite, DeepSeek-V3, DeepSeek-V3.2 (MLA + indexer + MoE)")
+    weights=_mla_specs, hf_name=hf_name, gguf_architectures=("deepseek2",),
+    examples="DeepSeek-V2 / V2-Lite, DeepSeek-V3, DeepSeek-V3.2 (MLA + indexer + MoE)")

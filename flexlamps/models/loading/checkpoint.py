@@ -19,7 +19,8 @@ import torch
 from flexlamps.models.config import ModelConfig, UnsupportedModelError
 from flexlamps.models.loading.gguf_blocks import BLOCK, int4_blocks, int8_blocks, is_int4_block_type, is_int8_block_type
 from flexlamps.models.loading.gguf_header import read_header
-from flexlamps.models.loading.gguf_moe import moe_gguf_tensor, moe_hf_fields
+from flexlamps.models.loading.gguf_moe import (MLA_GGUF_LAYER, MLA_KV_B, deepseek2_hf_config, moe_gguf_tensor,
+                                               moe_hf_fields)
 from flexlamps.models.loading.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 from flexlamps.models.blocks.linear import native_kernel
 from flexlamps.models.loading.hf_parts import FusedParts
@@ -261,8 +262,11 @@ class GGUFReader:
     def _hf_config(self) -> dict[str, Any]:
         f = self.fields
         arch = f.get("general.architecture")
+        if arch == "deepseek2":
+            return deepseek2_hf_config(f, set(self._tensor_types))
         if arch not in ("llama", "qwen2", "qwen2moe"):
-            raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported (llama, qwen2, qwen2moe are)")
+            raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported "
+                                        "(llama, qwen2, qwen2moe, deepseek2 are)")
         heads = f[f"{arch}.attention.head_count"]
         cfg = {
             "model_type": arch,
@@ -291,12 +295,16 @@ class GGUFReader:
         return self._tokenizer
 
     def _tensor(self, spec: WeightSpec):
+        """Where `spec` lies in the file: its tensor, or its expert's slab of a stacked one."""
         moe = moe_gguf_tensor(spec.local_name) if spec.layer is not None else None
         if moe is not None:
-            name, expert = f"blk.{spec.layer}.{moe[0]}", moe[1]
-        else:
-            name = _GGUF_GLOBAL[spec.name] if spec.layer is None else f"blk.{spec.layer}.{_GGUF_LAYER[spec.local_name]}"
-            expert = None
+            t = self._tensors_by_name(f"blk.{spec.layer}.{moe[0]}", spec)
+            return t if moe[1] is None else t.slab(moe[1])
+        layer_names = MLA_GGUF_LAYER if self.config.mla is not None else _GGUF_LAYER
+        name = _GGUF_GLOBAL[spec.name] if spec.layer is None else f"blk.{spec.layer}.{layer_names[spec.local_name]}"
+        return self._tensors_by_name(name, spec)
+
+    def _tensors_by_name(self, name: str, spec: WeightSpec) -> _GGUFTensor:
         if name not in self._tensor_types:
             raise CheckpointError(f"{self.path}: tensor {name} (for {spec.name}) is missing")
         if self._tensors is None:
@@ -304,7 +312,7 @@ class GGUFReader:
             self._tensors = {t.name: _GGUFTensor(t.tensor_type, t.data.dtype, tuple(t.data.shape), t.data_offset)
                              for t in reader.tensors}
             self._reader = None  # its parsed fields hold ~170 MiB; tensors are read from the file
-        return self._tensors[name] if expert is None else self._tensors[name].slab(expert)
+        return self._tensors[name]
 
     def _row_heads(self, spec: WeightSpec) -> int | None:
         """llama.cpp stores LLaMA's q/k rows interleaved for its RoPE: the head count to undo that."""
@@ -312,7 +320,20 @@ class GGUFReader:
             return self.config.num_heads if spec.local_name == "q_proj" else self.config.num_kv_heads
         return None
 
+    def _read_kv_b(self, spec: WeightSpec, dtype: torch.dtype) -> torch.Tensor:
+        """MLA's kv_b_proj put back together from llama.cpp's `attn_k_b` (per head, transposed)
+        and `attn_v_b`: per head its nope-key rows, then its value rows."""
+        m, heads = self.config.mla, self.config.num_heads
+        parts = []
+        for name, shape in zip(MLA_KV_B, ((heads, m.kv_lora_rank, m.qk_nope_head_dim),
+                                           (heads, m.v_head_dim, m.kv_lora_rank))):
+            t = self._tensors_by_name(f"blk.{spec.layer}.{name}", spec)
+            parts.append(_dequantize_rows(t.read(self.path), t.tensor_type, shape, dtype))
+        return torch.cat([parts[0].transpose(1, 2), parts[1]], dim=1).reshape(spec.shape)
+
     def read(self, spec: WeightSpec, dtype: torch.dtype) -> torch.Tensor:
+        if spec.local_name == "kv_b_proj" and f"blk.{spec.layer}.{MLA_KV_B[0]}" in self._tensor_types:
+            return self._read_kv_b(spec, dtype)
         t = self._tensor(spec)
         w = _dequantize_rows(t.read(self.path), t.tensor_type, spec.shape, dtype)
         heads = self._row_heads(spec)

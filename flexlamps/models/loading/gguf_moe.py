@@ -1,6 +1,7 @@
 """Mixture-of-experts GGUF files under llama.cpp's names (torch-free): the config fields of
-Mixtral (llama.cpp's "llama" with `expert_count`) and Qwen2-MoE ("qwen2moe"), and where each of
-our MoE weights lies. llama.cpp stacks a layer's experts in one 3-D tensor per projection
+Mixtral (llama.cpp's "llama" with `expert_count`), Qwen2-MoE ("qwen2moe") and DeepSeek-V2/V3
+("deepseek2": MLA, its kv_b_proj split into `attn_k_b` (transposed) and `attn_v_b` by llama.cpp's
+converter), and where each of our weights lies. llama.cpp stacks a layer's experts in one 3-D tensor per projection
 (`ffn_gate_exps` (E, F, H) in numpy order, ...); each expert is one slab of it, read on its own,
 so experts stay separate weights (and keep their quantized blocks)."""
 
@@ -40,3 +41,54 @@ def moe_hf_fields(arch: str, f: dict[str, Any], hf: dict[str, Any]) -> dict[str,
             "shared_expert_intermediate_size": f.get(f"{arch}.expert_shared_feed_forward_length", 0),
             "norm_topk_prob": False, "qkv_bias": hf.get("attention_bias", True),
             "intermediate_size": f.get(f"{arch}.feed_forward_length", f[f"{arch}.expert_feed_forward_length"])}
+
+
+# DeepSeek's MLA and dense-FFN local names -> llama.cpp's deepseek2 tensors (kv_b_proj: `MLA_KV_B`)
+MLA_GGUF_LAYER = {
+    "attn_norm": "attn_norm.weight", "q_proj": "attn_q.weight", "q_a_proj": "attn_q_a.weight",
+    "q_a_norm": "attn_q_a_norm.weight", "q_b_proj": "attn_q_b.weight", "kv_a_proj": "attn_kv_a_mqa.weight",
+    "kv_a_norm": "attn_kv_a_norm.weight", "kv_b_proj": "attn_kv_b.weight", "o_proj": "attn_output.weight",
+    "mlp_norm": "ffn_norm.weight", "gate_proj": "ffn_gate.weight", "up_proj": "ffn_up.weight",
+    "down_proj": "ffn_down.weight",
+}
+MLA_KV_B = ("attn_k_b.weight", "attn_v_b.weight")  # (H, kv_lora_rank, nope) and (H, v, kv_lora_rank)
+
+
+def deepseek2_hf_config(f: dict[str, Any], tensors: set[str]) -> dict[str, Any]:
+    """A deepseek2 GGUF's HF config: deepseek_v3 when its router is sigmoid (gating func 2, with
+    `exp_probs_b`), else deepseek_v2 (softmax; groups: group-limited greedy)."""
+    a = "deepseek2"
+    rope_dim = f[f"{a}.rope.dimension_count"]
+    if f.get(f"{a}.rope.scaling.type") not in (None, "none"):
+        from flexlamps.models.config import UnsupportedModelError
+
+        raise UnsupportedModelError(f"deepseek2 GGUF rope scaling {f[f'{a}.rope.scaling.type']!r} is not supported")
+    sigmoid = f.get(f"{a}.expert_gating_func") == 2
+    groups = f.get(f"{a}.expert_group_count") or 1
+    cfg = {
+        "model_type": "deepseek_v3" if sigmoid else "deepseek_v2",
+        "vocab_size": f.get(f"{a}.vocab_size", len(f["tokenizer.ggml.tokens"])),
+        "hidden_size": f[f"{a}.embedding_length"], "num_hidden_layers": f[f"{a}.block_count"],
+        "num_attention_heads": f[f"{a}.attention.head_count"], "intermediate_size": f[f"{a}.feed_forward_length"],
+        "max_position_embeddings": f.get(f"{a}.context_length", 4096),
+        "rms_norm_eps": f.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": f.get(f"{a}.rope.freq_base", 10000.0), "tie_word_embeddings": "output.weight" not in tensors,
+        "q_lora_rank": f.get(f"{a}.attention.q_lora_rank"), "kv_lora_rank": f[f"{a}.attention.kv_lora_rank"],
+        "qk_rope_head_dim": rope_dim, "qk_nope_head_dim": f[f"{a}.attention.key_length_mla"] - rope_dim,
+        "v_head_dim": f[f"{a}.attention.value_length_mla"],
+        "bos_token_id": f.get("tokenizer.ggml.bos_token_id"), "eos_token_id": f.get("tokenizer.ggml.eos_token_id"),
+    }
+    if f.get(f"{a}.expert_count"):
+        cfg.update({
+            "n_routed_experts": f[f"{a}.expert_count"], "num_experts_per_tok": f[f"{a}.expert_used_count"],
+            "n_shared_experts": f.get(f"{a}.expert_shared_count", 0),
+            "moe_intermediate_size": f[f"{a}.expert_feed_forward_length"],
+            "first_k_dense_replace": f.get(f"{a}.leading_dense_block_count", 0),
+            "routed_scaling_factor": f.get(f"{a}.expert_weights_scale", 1.0),
+            "norm_topk_prob": bool(f.get(f"{a}.expert_weights_norm", False)),
+            "n_group": groups, "topk_group": f.get(f"{a}.expert_group_used_count") or 1})
+        if not sigmoid:
+            cfg["topk_method"] = "group_limited_greedy" if groups > 1 else "greedy"
+    else:
+        cfg["first_k_dense_replace"] = cfg["num_hidden_layers"]
+    return cfg
