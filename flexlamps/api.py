@@ -229,6 +229,13 @@ class LLM:
             self.prepare(prompt_len=max(len(c) + len(k) for c, k in pairs), gen_len=1)
         return self._scorer.score(pairs)
 
+    def run_agents(self, tasks, tools=None, **options):
+        """Agent tasks whose tools really run, on the augmented engine under one scheduling
+        policy: see `flexlamps.agents.api.run_agents` for `tasks`, `tools` and the options."""
+        from flexlamps.agents.api import run_agents
+
+        return run_agents(self, tasks, tools, **options)
+
     def close(self) -> None:
         if hasattr(self.executor, "close"):
             self.executor.close()

@@ -29,7 +29,19 @@ make the gpu pool small next to the offered load so the policies' memory choices
 --policy places the weights across gpu / cpu / disk (--offload-dir), the gpu KV pool is what
 the gpu budget leaves once the weights and the largest iteration's working set are in, and the
 swap pool what the cpu budget leaves; peak use of each tier and the bytes swapped are printed.
-The scheduler's cost model (prefill / decode / swap cost) is measured on this machine first."""
+The scheduler's cost model (prefill / decode / swap cost) is measured on this machine first.
+
+Live agents instead of a trace: --self-debug FILE (HumanEval-format tasks: the model writes the
+function, its tests run, it reads the failure and repairs, up to --rounds rounds), --gsm8k FILE
+(a Python calculator tool, scored by the final answer) or --tools module.py --prompts FILE (the
+model calls the file's functions with <tool_call>{json}</tool_call>). A request generates until
+it calls a tool, pauses while the tool runs in a sandboxed subprocess (--tool-timeout, no network,
+a temp dir) on a thread pool while the others decode, then resumes with the result as a new
+turn; the scheduler learns call durations per tool as they happen. All tasks arrive at once.
+Writes OUT/<policy>.jsonl (per task: every round's completion, the program run, its result and
+time) and OUT/summary.json (per policy: E2E mean / p99, throughput, tool calls and seconds, bytes
+swapped, preserve / swap / discard counts, pass@1 after each round or accuracy); a policy already
+in OUT with the same settings is kept (rerun to resume)."""
 
 
 def _size(ctx, param, value):
@@ -47,8 +59,27 @@ def _size(ctx, param, value):
 
 @click.command("agents", help=_HELP)
 @model_options
-@click.option("--trace", "trace_path", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--trace", "trace_path", default=None, type=click.Path(exists=True, dir_okay=False),
               help="INFERCEPT-format trace, e.g. ../shared/data/augmented/merged_exp_uniform.json")
+@click.option("--self-debug", "self_debug", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="live Self-Debugging on HumanEval-format tasks (.jsonl or .jsonl.gz): write, test, repair")
+@click.option("--gsm8k", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="live program-aided GSM8K (.jsonl): a Python calculator tool, scored by the final answer")
+@click.option("--tools", "tools_module", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="live tool calls (<tool_call>{json}</tool_call>) to the functions of this Python file; "
+                   "with --prompts")
+@click.option("--prompts", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="with --tools: the requests (.jsonl {id, prompt} or one per line)")
+@click.option("--rounds", default=2, type=click.IntRange(min=1), show_default=True,
+              help="live: rounds of write-and-test (self-debug) or tool calls per task at most")
+@click.option("--limit", default=None, type=click.IntRange(min=1), help="live: the first N tasks only")
+@click.option("--max-new-tokens", default=128, type=click.IntRange(min=1), show_default=True,
+              help="live: tokens the model writes per turn at most")
+@click.option("--tool-timeout", default=10.0, type=click.FloatRange(min=0.1), show_default=True,
+              help="live: wall seconds (and CPU seconds) a tool call may take before it is stopped")
+@click.option("--tool-workers", default=2, type=click.IntRange(min=1), show_default=True,
+              help="live: tool calls running at once")
+@click.option("--recheck", is_flag=True, help="self-debug: run every recorded program again and compare")
 @click.option("--policies", default="lamps,infercept,fcfs", callback=_policies, show_default=True,
               help="comma-separated: fcfs, infercept, sjf, lamps, mlfq, vtc")
 @click.option("--qps", default="0.5", callback=_floats, show_default=True,
@@ -56,14 +87,15 @@ def _size(ctx, param, value):
 @click.option("--num-requests", default=16, type=click.IntRange(min=1), show_default=True, help="requests drawn from the trace per load")
 @click.option("--time-scale", default=0.1, type=click.FloatRange(min=0.0), show_default=True,
               help="wall seconds waited per trace second of API time")
-@click.option("--max-context", default=256, type=click.IntRange(min=1), show_default=True, help="tokens per request at most")
+@click.option("--max-context", default=None, type=click.IntRange(min=1),
+              help="tokens per request at most [trace: 256; live: fits the longest prompt and every round]")
 @click.option("--max-prompt", default=96, type=click.IntRange(min=1), show_default=True, help="prompt tokens at most")
 @click.option("--max-output", default=24, type=click.IntRange(min=1), show_default=True, help="tokens decoded per segment at most")
 @click.option("--max-api-tokens", default=24, type=click.IntRange(min=1), show_default=True, help="tokens a call returns at most")
-@click.option("--gpu-kv-mem", default="24MiB", callback=_size, show_default=True,
-              help="KV pool on the gpu tier (e.g. 24MiB); sets the number of blocks")
-@click.option("--cpu-swap-mem", default="8MiB", callback=_size, show_default=True,
-              help="swap space on the cpu tier (0 disables swapping)")
+@click.option("--gpu-kv-mem", default=None, callback=_size,
+              help="KV pool on the gpu tier (e.g. 24MiB); sets the number of blocks [trace: 24MiB; live: 4 contexts]")
+@click.option("--cpu-swap-mem", default=None, callback=_size,
+              help="swap space on the cpu tier (0 disables swapping) [trace: 8MiB; live: 4 contexts]")
 @click.option("--gpu-mem", default=None, callback=_size,
               help="gpu tier budget (e.g. 64MiB): offloads the weights and sizes the KV pool (overrides --gpu-kv-mem)")
 @click.option("--cpu-mem", default=None, callback=_size,
@@ -88,7 +120,8 @@ def _size(ctx, param, value):
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="folder for summary.json and the PNG plots")
 @click.option("--no-plots", is_flag=True, help="skip the matplotlib plots")
-def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, max_context, max_prompt,
+def command(model, dtype, trace_path, self_debug, gsm8k, tools_module, prompts, rounds, limit, max_new_tokens,
+            tool_timeout, tool_workers, recheck, policies, qps, num_requests, time_scale, max_context, max_prompt,
             max_output, max_api_tokens, gpu_kv_mem, cpu_swap_mem, gpu_mem, cpu_mem, offload_dir, placement_policy,
             block_size, max_num_seqs, max_batched_tokens, noise_sigma, seed, clock, verify, out_dir, no_plots):
     from flexlamps.engine.augmented.run import AgentsConfig, measure_cost
@@ -105,6 +138,18 @@ def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, m
     check_policy(placement_policy)
     settings = dict(block_size=block_size, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_batched_tokens, noise_sigma=noise_sigma, seed=seed)
+    workload = _live_workload(trace_path, self_debug, gsm8k, tools_module, prompts, rounds, limit, tool_timeout)
+    if workload is not None:
+        from flexlamps.commands.agents_live import run_live
+
+        return run_live(workload=workload, model=model, dtype=dtype, policies=policies, max_context=max_context,
+                        max_new_tokens=max_new_tokens, rounds=rounds, tool_workers=tool_workers,
+                        gpu_kv_mem=gpu_kv_mem, cpu_swap_mem=cpu_swap_mem, settings=settings, out_dir=out_dir,
+                        offload=None if gpu_mem is None else (gpu_mem, cpu_mem, offload_dir, placement_policy),
+                        recheck=recheck)
+    max_context = max_context or 256
+    gpu_kv_mem = 24 << 20 if gpu_kv_mem is None else gpu_kv_mem
+    cpu_swap_mem = 8 << 20 if cpu_swap_mem is None else cpu_swap_mem
     try:
         scale = TraceScale(time_scale=time_scale, max_prompt=max_prompt, max_segment_output=max_output,
                            max_api_tokens=max_api_tokens, max_context=max_context)
@@ -128,6 +173,27 @@ def command(model, dtype, trace_path, policies, qps, num_requests, time_scale, m
         scale=scale.__dict__, config=config.to_json(), clock=clock, cost_model=cost.to_json(),
         policy=None if llm.offload is None else llm.policy.to_dict()))
     llm.close()
+
+
+def _live_workload(trace_path, self_debug, gsm8k, tools_module, prompts, rounds, limit, tool_timeout):
+    """The live workload the options name (read and checked before the model loads), or None for --trace."""
+    given = {"--trace": trace_path, "--self-debug": self_debug, "--gsm8k": gsm8k, "--tools": tools_module}
+    named = [k for k, v in given.items() if v is not None]
+    if len(named) != 1:
+        raise click.UsageError("give one workload: --trace, --self-debug, --gsm8k or --tools (with --prompts)"
+                               + (f"; got {' and '.join(named)}" if named else ""))
+    if prompts is not None and tools_module is None:
+        raise click.UsageError("--prompts goes with --tools")
+    if trace_path is not None:
+        return None
+    from flexlamps.agents.workloads import load_workload
+
+    name, path = {"--self-debug": ("self-debug", self_debug), "--gsm8k": ("gsm8k", gsm8k),
+                  "--tools": ("tools", tools_module)}[named[0]]
+    try:
+        return load_workload(name, path, rounds=rounds, limit=limit, tool_timeout=tool_timeout, prompts=prompts)
+    except ValueError as e:
+        raise click.ClickException(str(e))
 
 
 def _load(model, dtype, max_context, **offload):

@@ -176,6 +176,19 @@ class Scheduler:
             req.queue_time = now  # vLLM's continuation joins the tail
         self._add_waiting(req)
 
+    def end_paused(self, rid: str, now: float) -> None:
+        """The API call of `rid` returned and the request ends with it (its last call): its
+        blocks on either tier are freed, nothing is recomputed."""
+        req = self.paused.pop(rid)
+        self._preserved.pop(rid, None)
+        self._now = max(self._now, now)
+        self.predictor.observe_api(req.api_type, now - req.api_start)
+        self.bm.free(rid)
+        self._recompute_left.pop(rid, None)
+        req.status = Status.FINISHED
+        del self.requests[rid]
+        self.policy.on_finish(req)
+
     # -- planning ----------------------------------------------------------------------------
     def context(self, now: float) -> PolicyContext:
         batch_ctx = sum(r.num_computed for r in self.running)

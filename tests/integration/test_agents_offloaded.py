@@ -124,7 +124,9 @@ def test_agents_command_needs_both_tier_budgets(tiny_llama, tmp_path):
 
     from flexlamps.cli import main
 
-    res = CliRunner().invoke(main, ["agents", "--model", str(tiny_llama), "--trace", "t.json", "--gpu-mem", "1MiB",
+    trace = tmp_path / "t.json"  # --trace must exist: the budgets are checked next
+    trace.write_text("[]")
+    res = CliRunner().invoke(main, ["agents", "--model", str(tiny_llama), "--trace", str(trace), "--gpu-mem", "1MiB",
                                     "--out", str(tmp_path)])
     assert res.exit_code != 0 and "--cpu-mem" in res.output
 

@@ -47,7 +47,8 @@ def _workdir(tmp_path: Path) -> Path:
 
 
 def _missing_inputs(argv: list[str], cwd: Path) -> list[str]:
-    return [a for a in argv if "/" in a and a.endswith(".json") and a.startswith("..") and not (cwd / a).exists()]
+    return [a for a in argv if "/" in a and a.endswith((".json", ".jsonl", ".jsonl.gz")) and a.startswith("..")
+            and not (cwd / a).exists()]
 
 
 def test_readme_has_command_lines():

@@ -1,8 +1,6 @@
 """The tool sandbox: whatever the code does, the caller gets a ToolResult saying so, in time."""
 
 import os
-import socket
-import tempfile
 import textwrap
 import time
 
@@ -50,16 +48,22 @@ def test_network_refused_even_with_the_namespace_off():
     assert res.status == "error" and "socket.__new__" in res.output
 
 
-def test_writes_outside_the_temp_dir_are_refused():
-    outside = os.path.join(tempfile.gettempdir(), f"flexlamps-sandbox-escape-{os.getpid()}")
-    sources = [f"open({outside!r}, 'w').write('x')", f"import os\nos.open({outside!r}, os.O_CREAT | os.O_WRONLY)",
-               f"import os\nos.chdir('/tmp')\nopen('escape-{os.getpid()}', 'a')", f"import os\nos.mkdir({outside!r})",
-               f"import os\nopen('a', 'w').close()\nos.rename('a', {outside!r})", "import os\nos.remove('/etc/hostname')"]
+def test_writes_outside_the_temp_dir_are_refused(tmp_path):
+    outside = str(tmp_path / "escape")
+    keep = tmp_path / "keep.txt"  # a file the program must not remove
+    keep.write_text("mine")
+    sources = [f"open({outside!r}, 'w').write('x')",
+               f"import os\nos.open({outside!r}, os.O_CREAT | os.O_WRONLY)",
+               f"import os\nos.chdir({str(tmp_path)!r})\nopen('escape', 'a')",
+               f"import os\nos.mkdir({outside!r})",
+               f"import os\nopen('a', 'w').close()\nos.rename('a', {outside!r})",
+               f"import os\nos.remove({str(keep)!r})",
+               f"import shutil\nshutil.rmtree({str(tmp_path)!r})"]
     for source in sources:
         res = run_program(source, FAST)
         assert res.status == "error" and "outside the sandbox's temp dir" in res.output, (source, res)
         assert not os.path.exists(outside)
-    assert not os.path.exists(f"/tmp/escape-{os.getpid()}")
+    assert keep.read_text() == "mine"
 
 
 def test_reading_is_allowed_and_processes_are_refused():

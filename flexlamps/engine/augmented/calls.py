@@ -30,8 +30,9 @@ class Calls(Protocol):
     def start(self, req: Request, api_type: str, now: float) -> None:
         """`req` has paused at `now` for a call of `api_type` (ending its segment `req.segment_index`)."""
 
-    def poll(self, now: float) -> list[tuple[str, list[int]]]:
-        """Calls returned by `now`: (request id, the tokens joining its context)."""
+    def poll(self, now: float) -> list[tuple[str, list[int] | None]]:
+        """Calls returned by `now`: (request id, the tokens joining its context, or None when
+        the request ends with this call)."""
 
     @property
     def pending(self) -> int:

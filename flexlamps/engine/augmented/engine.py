@@ -139,15 +139,7 @@ class AugmentedEngine:
     def run(self, requests: list[TokenizedRequest]) -> AugmentedResult:
         arrivals = sorted(requests, key=lambda r: r.spec.arrival_time)
         calls = self.calls = self.calls or TraceCalls(requests)
-        pool_tokens = self.cache.num_gpu_blocks * self.cache.block_size
-        for r in arrivals:
-            if r.spec.request_id in self._reqs:
-                raise ValueError(f"request id {r.spec.request_id!r} appears twice; ids must be unique")
-            if calls.max_tokens(r.spec.request_id) >= pool_tokens:
-                raise ValueError(f"request {r.spec.request_id!r} grows to {calls.max_tokens(r.spec.request_id)} "
-                                 f"tokens but the "
-                                 f"gpu KV pool holds {pool_tokens}; enlarge the pool or lower the context cap")
-            self._reqs[r.spec.request_id] = r
+        self._register(arrivals, calls)
         arrivals.reverse()  # pop from the end
         records, finished_tokens = [], {}
         sched, clock = self.sched, self.clock
@@ -156,13 +148,16 @@ class AugmentedEngine:
             while arrivals and arrivals[-1].spec.arrival_time <= now:
                 self._arrive(arrivals.pop())
             for rid, returned in calls.poll(now):
-                self._return_from_call(rid, returned, now)
+                if self._return_from_call(rid, returned, now):
+                    self._finished(rid, now, records, finished_tokens)
             out = sched.schedule(now)
             self._apply_moves(out)
             if not (out.prefill or out.recompute or out.decode):
                 if not (arrivals or calls.pending):
-                    raise RuntimeError("augmented engine: requests remain but nothing can be scheduled "
-                                       "(a request larger than the gpu pool?)")
+                    if sched.running or sched.num_waiting or sched.paused:
+                        raise RuntimeError("augmented engine: requests remain but nothing can be scheduled "
+                                           "(a request larger than the gpu pool?)")
+                    continue  # the last calls just returned, ending their requests
                 calls.wait(arrivals[-1].spec.arrival_time if arrivals else None, clock)
                 continue
             start = clock.now()
@@ -174,17 +169,24 @@ class AugmentedEngine:
             for rid in runner.intercepted:
                 self._intercepted(rid, now)
             for rid in runner.finished:
-                records.append(self._record(rid, now))
-                if self.on_finish is not None:
-                    self.on_finish(records[-1])
-                finished_tokens[rid] = self._tokens.pop(rid)
-                self.cache.free_blocks(self._tables.pop(rid, ()))
+                self._finished(rid, now, records, finished_tokens)
             if self.check:
                 self._check()
             if self.on_iteration is not None:
                 self.on_iteration(sched)
         self.stats.end_time = clock.now()
         return AugmentedResult(records, self.stats, finished_tokens, self.stats.end_time, self.swapped_out_bytes)
+
+    def _register(self, requests: list[TokenizedRequest], calls: Calls) -> None:
+        pool_tokens = self.cache.num_gpu_blocks * self.cache.block_size
+        for r in requests:
+            rid = r.spec.request_id
+            if rid in self._reqs:
+                raise ValueError(f"request id {rid!r} appears twice; ids must be unique")
+            if calls.max_tokens(rid) >= pool_tokens:
+                raise ValueError(f"request {rid!r} grows to {calls.max_tokens(rid)} tokens but the gpu KV pool "
+                                 f"holds {pool_tokens}; enlarge the pool or lower the context cap")
+            self._reqs[rid] = r
 
     # -- events --------------------------------------------------------------------------------
     def _arrive(self, r: TokenizedRequest) -> None:
@@ -199,12 +201,24 @@ class AugmentedEngine:
         req = self.sched.paused[rid]
         self.calls.start(req, req.api_type, now)
 
-    def _return_from_call(self, rid: str, returned: list[int], now: float) -> None:
+    def _return_from_call(self, rid: str, returned: list[int] | None, now: float) -> bool:
+        """Resume `rid` with the call's tokens; None: it ends with this call (returns True)."""
         req = self.sched.paused[rid]
         # how the call ended up handled (a preserved cache may be dropped during the call)
         self.stats.strategies[req.strategy.value] += 1
+        if returned is None:
+            self.sched.end_paused(rid, now)
+            return True
         self._tokens[rid].extend(returned)
         self.sched.resume(rid, len(returned), now)
+        return False
+
+    def _finished(self, rid: str, now: float, records: list, finished_tokens: dict) -> None:
+        records.append(self._record(rid, now))
+        if self.on_finish is not None:
+            self.on_finish(records[-1])
+        finished_tokens[rid] = self._tokens.pop(rid)
+        self.cache.free_blocks(self._tables.pop(rid, ()))
 
     # -- cache moves ---------------------------------------------------------------------------
     def _apply_moves(self, out: SchedulerOutput) -> None:

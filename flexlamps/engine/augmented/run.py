@@ -84,21 +84,26 @@ def measure_cost(llm, config: AgentsConfig, max_model_len: int, cpu_clock: bool 
 
 def run_policy_on_engine(llm, requests: list[TokenizedRequest], policy: str | Policy, config: AgentsConfig,
                          cost: CostModel, *, clock=None, check: bool = False,
-                         on_iteration=None, on_finish=None, policy_kwargs: dict | None = None) -> AugmentedResult:
-    """Run `requests` under `policy`; the result carries each tier's peak during this run."""
+                         on_iteration=None, on_finish=None, policy_kwargs: dict | None = None,
+                         predictor=None, calls=None) -> AugmentedResult:
+    """Run `requests` under `policy`; the result carries each tier's peak during this run.
+    `predictor`: default the oracle of the requests' specs (noisy with `config.noise_sigma`);
+    `calls`: what the requests do between tokens (default their trace segments)."""
     cache = new_cache(llm, config)
     try:
         sched_cfg = SchedulerConfig(cache.num_gpu_blocks, cache.num_cpu_blocks, config.block_size,
                                     max_num_seqs=config.max_num_seqs,
                                     max_num_batched_tokens=config.max_num_batched_tokens)
-        predictor = OraclePredictor({r.spec.request_id: r.spec for r in requests})
-        if config.noise_sigma > 0:
-            predictor = NoisyPredictor(predictor, config.noise_sigma, config.seed)
+        if predictor is None:
+            predictor = OraclePredictor({r.spec.request_id: r.spec for r in requests})
+            if config.noise_sigma > 0:
+                predictor = NoisyPredictor(predictor, config.noise_sigma, config.seed)
         if not isinstance(policy, Policy):
             policy = make_policy(policy, **(policy_kwargs or {}))
         sched = Scheduler(sched_cfg, policy, predictor, cost)
         llm.executor.reset_peaks()
-        engine = AugmentedEngine(llm.executor, cache, sched, clock or WallClock(), check, on_iteration, on_finish)
+        engine = AugmentedEngine(llm.executor, cache, sched, clock or WallClock(), check, on_iteration, on_finish,
+                                 calls)
         result = engine.run(requests)
         result.tier_use = llm.executor.tier_use()
         return result

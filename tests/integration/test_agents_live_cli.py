@@ -1,0 +1,108 @@
+"""`flexlamps agents --self-debug / --gsm8k / --tools` on a tiny random model: a record for every
+task under every policy, programs identical under every policy, recorded results equal to
+running the programs again, resumable output."""
+
+import json
+import shutil
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from flexlamps.cli import main
+
+TASKS = [
+    {"task_id": "held/0", "prompt": "def add(a, b):\n", "entry_point": "add",
+     "test": "def check(c):\n    assert c(1, 2) == 3\n"},
+    {"task_id": "held/1", "prompt": "def neg(x):\n", "entry_point": "neg",
+     "test": "def check(c):\n    assert c(2) == -2\n"},
+    {"task_id": "held/2", "prompt": "def one():\n", "entry_point": "one",
+     "test": "def check(c):\n    assert c() == 1\n"},
+]
+ENTRY = {t["task_id"]: t["entry_point"] for t in TASKS}
+
+
+@pytest.fixture(scope="module")
+def long_tiny(tiny_llama, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("long_tiny_cli") / "model"
+    shutil.copytree(tiny_llama, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["max_position_embeddings"] = 1024
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def _common(model, out):
+    return ["agents", "--model", str(model), "--dtype", "float32", "--max-new-tokens", "8", "--max-context", "700",
+            "--block-size", "8", "--max-num-seqs", "3", "--tool-timeout", "1", "--out", str(out)]
+
+
+def _jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_self_debug_on_held_out_tasks(long_tiny, tmp_path):
+    tasks = tmp_path / "held.jsonl"
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+    out = tmp_path / "out"
+    args = [*_common(long_tiny, out), "--self-debug", str(tasks), "--rounds", "2", "--recheck",
+            "--policies", "lamps,infercept,fcfs"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert "programs identical under every policy: yes" in res.output
+    assert "recheck: 18 programs run again, 0 differ from their record" in res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["checks"] == {"programs_identical": True, "recheck_mismatches": []}
+    for policy in ("lamps", "infercept", "fcfs"):
+        records = _jsonl(out / f"{policy}.jsonl")
+        assert [r["task_id"] for r in records] == ["held/0", "held/1", "held/2"]
+        for r in records:
+            assert len(r["rounds"]) == 2 and r["tool_calls"] == 2 and r["e2e_s"] > 0
+            for rd in r["rounds"]:
+                assert rd["tool_seconds"] > 0 and rd["program"].endswith(f"check({ENTRY[r['task_id']]})\n")
+                assert set(rd) >= {"completion", "program", "passed", "tool_seconds", "feedback"}
+        assert all(rd["feedback"] for r in records for rd in r["rounds"])  # a random model fails its tests
+        s = summary["policies"][policy]
+        assert s["tasks"] == 3 and s["tool_calls"] == 6 and len(s["pass_at_round"]) == 2
+        assert sum(s["strategies"].values()) == 6 and s["pass_at_round"] == [0.0, 0.0]
+    # run again: every policy is already there
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0 and res.output.count("already in") == 3
+
+
+def test_gsm8k_and_tools_workloads(long_tiny, tmp_path):
+    gsm = tmp_path / "gsm.jsonl"
+    gsm.write_text(json.dumps({"question": "What is 2 + 3?", "answer": "2+3=5\n#### 5"}) + "\n")
+    res = CliRunner().invoke(main, [*_common(long_tiny, tmp_path / "g"), "--gsm8k", str(gsm), "--policies", "lamps"])
+    assert res.exit_code == 0, res.output
+    rec = _jsonl(tmp_path / "g" / "lamps.jsonl")[0]
+    assert rec["gold"] == "5" and "accuracy" in json.loads((tmp_path / "g" / "summary.json").read_text())[
+        "policies"]["lamps"]
+    module = tmp_path / "tools.py"
+    module.write_text(textwrap.dedent('''
+        def add(a: int, b: int):
+            """Add two integers."""
+            return a + b
+    '''))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("add 2 and 3\nadd 4 and 5\n")
+    res = CliRunner().invoke(main, [*_common(long_tiny, tmp_path / "t"), "--tools", str(module), "--prompts",
+                                    str(prompts), "--policies", "lamps,fcfs"])
+    assert res.exit_code == 0, res.output
+    assert [r["task_id"] for r in _jsonl(tmp_path / "t" / "fcfs.jsonl")] == ["1", "2"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "give one workload"),
+    (["--trace", "{tasks}", "--self-debug", "{tasks}"], "got --trace and --self-debug"),
+    (["--gsm8k", "{tasks}", "--prompts", "{tasks}"], "--prompts goes with --tools"),
+    (["--self-debug", "{bad}"], "missing or empty field(s) entry_point"),
+])
+def test_bad_workload_options_fail_before_the_model_loads(tmp_path, extra, message):
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text(json.dumps(TASKS[0]) + "\n")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({k: v for k, v in TASKS[0].items() if k != "entry_point"}) + "\n")
+    extra = [e.format(tasks=tasks, bad=bad) for e in extra]
+    res = CliRunner().invoke(main, ["agents", "--out", str(tmp_path / "o"), *extra])
+    assert res.exit_code != 0 and message in res.output, res.output
