@@ -43,3 +43,18 @@ def test_bad_shapes_are_refused():
         Mxfp4Weight(torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(4, 0, dtype=torch.uint8), torch.float32)
     with pytest.raises(ValueError, match="needs codes"):
         Mxfp4Weight(torch.zeros(4, 16, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.uint8), torch.float32)
+
+
+def test_ggml_mxfp4_blocks_hold_the_values_gguf_dequantizes():
+    """llama.cpp's MXFP4 blocks (another nibble order) become the same codes and exponents."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    from flexlamps.models.loading.gguf_blocks import mxfp4_blocks
+
+    values = np.random.default_rng(0).normal(0, 0.3, (24, 96)).astype(np.float32)
+    values[0, :32] = 0.0  # an all-zero block: exponent 0
+    raw = gguf.quants.quantize(values, gguf.GGMLQuantizationType.MXFP4)
+    codes, scales = mxfp4_blocks(raw, (24, 96))
+    want = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.MXFP4).astype(np.float32))
+    assert torch.equal(Mxfp4Weight(codes, scales, torch.float32).dequantize(), want)

@@ -173,3 +173,20 @@ def _q6_k_blocks(data: np.ndarray, rows: int, cols: int):
 _FIVE_BIT = {"Q5_0": lambda data, r, c: _q5_blocks(data, r, c, with_min=False),
              "Q5_1": lambda data, r, c: _q5_blocks(data, r, c, with_min=True),
              "Q5_K": _q5_k_blocks}
+
+
+_MXFP4_BYTES = 17  # ggml's block_mxfp4: an e8m0 exponent, then 16 bytes of e2m1 codes
+
+
+def mxfp4_blocks(data: np.ndarray, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """ggml MXFP4 rows (`block_mxfp4`: an e8m0 byte, then 16 bytes whose low nibbles are elements
+    0-15 and high nibbles 16-31) as `quant.mxfp4.Mxfp4Weight`'s codes (rows, cols / 2: elements
+    2i and 2i+1 in one byte, low first, as gpt-oss's checkpoints pack them) and scales
+    (rows, cols / 32). Same codes, same exponents: the same values."""
+    rows, cols = shape
+    blocks = np.ascontiguousarray(data).reshape(rows, cols // BLOCK, _MXFP4_BYTES)
+    nibbles = blocks[..., 1:]
+    codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)  # (rows, nb, 32): elements in order
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return (torch.from_numpy(np.ascontiguousarray(packed).reshape(rows, cols // 2)),
+            torch.from_numpy(np.ascontiguousarray(blocks[..., 0])))
