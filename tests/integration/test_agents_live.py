@@ -181,3 +181,21 @@ def test_llm_run_agents_with_a_tools_file(llm, cost, tmp_path):
     with pytest.raises(ValueError, match="defines no tool"):
         (tmp_path / "empty.py").write_text("X = 1\n")
         llm.run_agents(["hi"], str(tmp_path / "empty.py"))
+
+
+def test_offloaded_engine_gives_the_same_conversations(long_tiny, cost, runs, tmp_path):
+    """Weights over gpu / cpu / disk, the KV pool on the gpu tier and swaps on the cpu tier: the
+    same conversations as in memory, swapped caches included."""
+    from tests.integration.test_agents_offloaded import OFFLOADED
+
+    off = LLM(str(long_tiny), dtype="float32", gpu_mem=4 << 20, cpu_mem=4 << 20, offload_dir=str(tmp_path),
+              policy=OFFLOADED)
+    try:
+        assert {off.executor.store.tier_of(n) for n in off.executor.tiers} == {"gpu", "cpu", "disk"}
+        for policy in ("infercept", "lamps"):
+            run = run_tasks(off, _tasks(), policy, _config(off), cost, SETTINGS, check=True)
+            assert run.result.tokens == runs[policy].result.tokens
+        assert run.result.tier_use["cpu"].peak_bytes <= 4 << 20
+    finally:
+        off.close()
+    assert runs["lamps"].result.swapped_out_bytes > 0  # lamps swapped some caches to the cpu tier
