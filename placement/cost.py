@@ -208,6 +208,7 @@ class _Sizes:
     cache_stored: float  # cache bytes per token per layer as stored
     cache_fp16: float  # uncompressed
     indexer: float  # indexer key bytes per token per layer (GPU-resident)
+    state: float  # fixed bytes per sequence per layer (hybrid models' DeltaNet states, never compressed)
     hidden: float  # hidden-state bytes per token
     query: float  # query bytes per token (sent to the CPU for CPU attention)
 
@@ -234,6 +235,7 @@ def _sizes(choice: Choice, model: ModelSpec, workload: WorkloadSpec) -> _Sizes:
         layer_matrices=(layer - layer_dense) * per_stored,
         cache_stored=cache * (cache_ratio if choice.compress_cache else 1.0), cache_fp16=cache,
         indexer=model.indexer_bytes_per_token_per_layer(),
+        state=model.state_bytes_per_sequence_per_layer(),
         hidden=model.hidden_size * dtype_bytes,
         query=model.num_heads * (model.head_dim + model.qk_rope_head_dim) * dtype_bytes)
 
@@ -346,6 +348,9 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     gtoc = Affine().add(hidden, H_CPU, H_DISK).add(new_cache, C_CPU, C_DISK)
     dtoc = Affine().add(sz.weight_stored, W_DISK).add(hidden, H_DISK).add(cache_read, C_DISK)
     ctod = Affine().add(hidden, H_DISK).add(new_cache, C_DISK)
+    if sz.state:  # an off-gpu DeltaNet state comes to the compute device and goes back, every step
+        ctog.add(block * sz.state, C_CPU, C_DISK)
+        gtoc.add(block * sz.state, C_CPU, C_DISK)
     if choice.cpu_attention:  # queries go to the CPU, attention outputs come back
         gtoc.add(block * sz.query, C_CPU, C_DISK)
         ctog.add(block * sz.hidden, C_CPU, C_DISK)
@@ -495,6 +500,8 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     num_cached = block * (s + n - workload.shared_prefix_len) + workload.shared_prefix_len
     weights_home = layers * sz.weight_stored
     cache_home = layers * num_cached * sz.cache_stored
+    # DeltaNet states: one per sequence (and one for a shared prefix), placed by the cache fractions
+    cache_home += layers * (block + (1 if workload.shared_prefix_len else 0)) * sz.state
     indexer_home = layers * num_cached * sz.indexer  # ESS: indexer keys stay on the GPU
     hidden_p, hidden_g = block * s * sz.hidden, block * sz.hidden
     full_entries = model.attended_entries(s + n)

@@ -7,6 +7,9 @@ the bytes each token adds to the cache per layer:
   - MLA (DeepSeek-V3.x): the compressed latent plus the shared RoPE key,
     `kv_lora_rank + qk_rope_head_dim` elements, plus (V3.2) the lightning indexer's key,
     `index_head_dim` elements, which ESS keeps on the GPU.
+Hybrid models (Qwen3-Next, Qwen3.5) run `num_linear_layers` gated-DeltaNet layers, which cache
+nothing per token but hold a fixed state per sequence (a conv window in dtype, fp32 recurrent
+matrices); only their other layers cache K and V. Per-layer figures are averages over all layers.
 """
 
 from dataclasses import dataclass
@@ -66,6 +69,14 @@ class ModelSpec(JsonMixin):
     # per token per layer for DeepSeek-V3.2; indexer key 128 FP8 + 1 scale = 132 B)
     weight_format: str = "dense"
     cache_format: str = "dense"
+    # hybrid gated-DeltaNet models (zero when every layer is full attention): the full-attention
+    # layers' q_proj also yields a sigmoid output gate and they norm q and k per head
+    num_linear_layers: int = 0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel: int = 0
 
     def __post_init__(self):
         if self.arch not in ARCHES:
@@ -89,6 +100,42 @@ class ModelSpec(JsonMixin):
             raise ValueError("ModelSpec: an MLA model needs kv_lora_rank, qk_rope_head_dim, v_head_dim")
         if self.shared_intermediate_size < 0:  # one spelling of the same model: the width itself
             object.__setattr__(self, "shared_intermediate_size", self.num_shared_experts * self.moe_intermediate_size)
+        if self.num_linear_layers and (self.arch != "llama" or self.num_linear_layers >= self.num_layers
+                                       or not (self.linear_num_value_heads and self.linear_key_head_dim
+                                               and self.linear_value_head_dim and self.linear_conv_kernel)):
+            raise ValueError("ModelSpec: a hybrid model (arch 'llama') needs fewer linear layers than layers and "
+                             "linear_num_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel")
+
+    # ---- hybrid (gated DeltaNet) ---------------------------------------------------------
+    @property
+    def full_attention_share(self) -> float:
+        """Share of the layers that attend over a KV cache."""
+        return 1.0 - self.num_linear_layers / self.num_layers
+
+    def _linear_conv_dim(self) -> int:
+        return (2 * self.linear_num_key_heads * self.linear_key_head_dim
+                + self.linear_num_value_heads * self.linear_value_head_dim)
+
+    def linear_state_bytes(self) -> int:
+        """Bytes one sequence holds in one DeltaNet layer: the conv window in dtype, the
+        recurrent matrices in fp32 (as the engine keeps them)."""
+        recurrent = self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim * 4
+        return self._linear_conv_dim() * (self.linear_conv_kernel - 1) * self.dtype_bytes + recurrent
+
+    def state_bytes_per_sequence_per_layer(self) -> float:
+        """Fixed cache bytes one sequence holds per (average) layer, whatever its length."""
+        if not self.num_linear_layers:
+            return 0.0
+        return self.num_linear_layers * self.linear_state_bytes() / self.num_layers
+
+    def _linear_param_count(self) -> int:
+        """One DeltaNet mixer with its input norm: q|k|v|z and b|a projections, conv taps, A_log,
+        dt_bias, the gated norm, out_proj."""
+        h, heads = self.hidden_size, self.linear_num_value_heads
+        value_dim = heads * self.linear_value_head_dim
+        conv = self._linear_conv_dim()
+        return (h * (conv + value_dim + 2 * heads) + conv * self.linear_conv_kernel + 2 * heads
+                + self.linear_value_head_dim + value_dim * h + h)
 
     # ---- sizes ---------------------------------------------------------------------------
     @property
@@ -101,6 +148,10 @@ class ModelSpec(JsonMixin):
         if self.arch == "mla":
             return self._mla_param_count()
         q_dim, kv_dim = nh * self.head_dim, self.num_kv_heads * self.head_dim
+        if self.num_linear_layers:  # gated attention (q_proj twice as wide, q/k norms), averaged with DeltaNet
+            full = 2 * h * q_dim + 2 * h * kv_dim + q_dim * h + 2 * self.head_dim + h
+            return round(self.full_attention_share * full
+                         + (1 - self.full_attention_share) * self._linear_param_count())
         count = h * q_dim + 2 * h * kv_dim + q_dim * h  # q, k, v, o
         if self.arch == "opt":
             count += q_dim + 2 * kv_dim + h  # biases of q, k, v, o
@@ -176,7 +227,12 @@ class ModelSpec(JsonMixin):
         f = self.moe_intermediate_size
         moe = (self.num_experts if self.moe_router_bias else 0) + (
             self.num_experts * (2 * f + self.hidden_size) if self.expert_bias else 0)
-        return count + moe * self._moe_share()
+        count += moe * self._moe_share()
+        if self.num_linear_layers:  # q/k norms; conv taps, A_log, dt_bias and the gated norm
+            linear = (self._linear_conv_dim() * self.linear_conv_kernel + 2 * self.linear_num_value_heads
+                      + self.linear_value_head_dim)
+            count += self.full_attention_share * 2 * self.head_dim + (1 - self.full_attention_share) * linear
+        return count
 
     def uncompressed_matrix_param_count(self) -> float:
         """Parameters of one (average) layer's 2-D weights the engine never compresses: MLA's
@@ -267,13 +323,14 @@ class ModelSpec(JsonMixin):
     def total_weight_bytes(self) -> float:
         return self.num_layers * self.weight_bytes_per_layer() + self.embedding_bytes()
 
-    def cache_bytes_per_token_per_layer(self) -> int:
-        """Cache bytes one token adds to one layer as stored (indexer keys excluded)."""
+    def cache_bytes_per_token_per_layer(self) -> float:
+        """Cache bytes one token adds to one (average) layer as stored (indexer keys excluded)."""
         if self.arch == "mla" and self.cache_format == "fp8":
             return latent_record_bytes(self.kv_lora_rank, self.qk_rope_head_dim)
         if self.arch == "mla":
             return (self.kv_lora_rank + self.qk_rope_head_dim) * self.dtype_bytes
-        return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        kv = 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return kv if not self.num_linear_layers else kv * self.full_attention_share
 
     def indexer_bytes_per_token_per_layer(self) -> int:
         """Lightning-indexer key bytes per token per layer (DeepSeek-V3.2); kept on the GPU."""

@@ -140,6 +140,15 @@ def deepseek_models(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def hybrid_models(tmp_path_factory) -> dict[str, Path]:
+    """Tiny random Qwen3-Next / Qwen3.5 models (see tests/hybrid_models.py), seeds 0 and 1."""
+    from tests.hybrid_models import HYBRID_CONFIGS, make_hybrid_model
+
+    root = tmp_path_factory.mktemp("hybrid_models")
+    return {kind: make_hybrid_model(root / kind, kind, seed=i % 2) for i, kind in enumerate(HYBRID_CONFIGS)}
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(tiny_models) -> Path:
     return tiny_models["llama_gqa"]
 

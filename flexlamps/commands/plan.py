@@ -69,7 +69,9 @@ def _load_policy(path: Path) -> Policy:
 
 
 def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
-                workload: WorkloadSpec) -> str:
+                workload: WorkloadSpec, all_full_plan: Plan | None = None) -> str:
+    """`all_full_plan`: for a hybrid model, the plan of the same model with every layer full
+    attention (None: nothing fits it), shown beside this one."""
     pol = plan.policy
     lines = [
         f"model     {model.name} ({model.arch}, {model.num_layers} layers, "
@@ -95,6 +97,7 @@ def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
     for label, table in (("peak (GiB)", plan.peak_bytes), ("budget (GiB)", plan.budget_bytes)):
         lines.append(f"{label:14}" + "".join(f"{table[t] / GiB:9.1f}" for t in TIERS))
     lines += _latent_pool_lines(plan, model, hardware, workload)
+    lines += _hybrid_lines(plan, model, hardware, workload, all_full_plan)
     lines += [
         "",
         f"throughput  {plan.tokens_per_s:.2f} tokens/s "
@@ -109,6 +112,34 @@ def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
          else "search      none (policy given)"),
     ]
     return "\n".join(lines)
+
+
+def _hybrid_lines(plan: Plan, model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec,
+                  all_full_plan: Plan | None) -> list[str]:
+    """A hybrid model's cache (fixed state per sequence, KV in the full-attention layers only) and
+    how many sequences fit: the most its plan's placement holds, beside the same model with every
+    layer full attention under its own plan."""
+    if not model.num_linear_layers:
+        return []
+    from placement.hybrid_fit import all_full_attention, sequences_that_fit
+
+    full_model = all_full_attention(model)
+    ours = sequences_that_fit(plan.policy, model, hardware, workload)
+    if all_full_plan is None:
+        dense, dense_block, ratio = 0, "no plan fits", "none fit all full attention"
+    else:
+        dense = sequences_that_fit(all_full_plan.policy, full_model, hardware, workload).sequences
+        dense_block = f"planned block {all_full_plan.policy.block_size}, {all_full_plan.tokens_per_s:.2f} tokens/s"
+        ratio = f"{ours.sequences / dense:.1f}x the sequences" if dense else "none fit all full attention"
+    per_seq_full = full_model.num_layers * full_model.cache_bytes_per_token_per_layer() * (
+        workload.prompt_len + workload.gen_len)
+    return ["", f"hybrid    {model.num_linear_layers} DeltaNet layers hold "
+                f"{format_bytes(model.num_layers * model.state_bytes_per_sequence_per_layer())} of state a "
+                f"sequence; KV in {model.num_layers - model.num_linear_layers} full-attention layers only",
+            f"          cache a sequence at {workload.prompt_len + workload.gen_len} tokens (uncompressed): "
+            f"{format_bytes(ours.cache_bytes_per_sequence)}; all full attention {format_bytes(per_seq_full)}",
+            f"          sequences that fit: {ours.sequences} (planned block {plan.policy.block_size}); "
+            f"all full attention: {dense} ({dense_block}); {ratio}"]
 
 
 def _latent_pool_lines(plan: Plan, model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec) -> list[str]:
@@ -136,6 +167,26 @@ def _latent_pool_lines(plan: Plan, model: ModelSpec, hardware: HardwareSpec, wor
                      f"{alone.tokens_per_s:.2f} tokens/s ({plan.tokens_per_s / alone.tokens_per_s - 1:+.1%} "
                      "for the per-layer pools)")
     return lines
+
+
+def _all_full_attention_plan(model, hardware, workload, plan, given_policy: bool, usable_fraction, compress,
+                             cpu_attention, merged_decode, cache_on_disk) -> Plan | None:
+    """A hybrid model's comparison: the same model with every layer full attention, planned with
+    the same options (or the given policy evaluated); None for other models or when nothing fits."""
+    if not model.num_linear_layers:
+        return None
+    from placement.hybrid_fit import all_full_attention
+
+    full = all_full_attention(model)
+    if given_policy:
+        return evaluate(plan.policy, full, hardware, workload, usable_fraction=usable_fraction)
+    try:
+        return solve(full, hardware, workload, usable_fraction=usable_fraction, allow_weight_compression=compress,
+                     allow_cache_compression=compress, allow_cpu_attention=cpu_attention,
+                     allow_merged_decode=merged_decode,
+                     capabilities=dataclasses.replace(EngineCapabilities(), cache_on_disk=cache_on_disk))
+    except InfeasiblePlanError:
+        return None
 
 
 @click.command("plan")
@@ -195,7 +246,9 @@ def command(model_text, hardware_text, prompt_len, gen_len, shared_prefix_len, g
                                "workload": workload.to_dict(), "plan": plan.to_dict()},
                               indent=2))
     else:
-        click.echo(format_plan(plan, model, hardware, workload))
+        all_full = _all_full_attention_plan(model, hardware, workload, plan, policy_path is not None, usable_fraction,
+                                            compress, cpu_attention, merged_decode, cache_on_disk)
+        click.echo(format_plan(plan, model, hardware, workload, all_full))
     over = [t for t in TIERS if plan.peak_bytes[t] > plan.budget_bytes[t] * (1 + 1e-6)]
     if over:
         click.echo(f"warning: this policy exceeds the {', '.join(over)} budget", err=True)

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from flexlamps.models.hybrid_config import HybridConfig
 from flexlamps.models.mla_config import MLAConfig
 from flexlamps.models.moe_config import MoEConfig
 
@@ -21,7 +22,7 @@ class UnsupportedModelError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    arch: str  # "llama" (LLaMA, Mistral, Qwen2, SmolLM2, TinyLlama), "opt" or "mla" (DeepSeek-V3/V3.2)
+    arch: str  # "llama" (LLaMA, Mistral, Qwen2, SmolLM2, TinyLlama), "opt", "mla" (DeepSeek-V3/V3.2) or "hybrid"
     model_type: str  # the HF model_type it came from
     vocab_size: int
     hidden_size: int
@@ -46,6 +47,7 @@ class ModelConfig:
     # MLA only (head_dim is then the rotary width, as in transformers' DeepSeek configs)
     mla: MLAConfig | None = None
     moe: MoEConfig | None = None  # None: every layer has the dense FFN
+    hybrid: HybridConfig | None = None  # gated-DeltaNet layers beside full attention (Qwen3-Next, Qwen3.5)
 
     @property
     def q_size(self) -> int:
@@ -55,11 +57,22 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def num_kv_layers(self) -> int:
+        """Layers that cache keys and values (a hybrid model's DeltaNet layers hold a state instead)."""
+        return len(self.hybrid.full_layers) if self.hybrid is not None else self.num_layers
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """K and V bytes (MLA: latent and rotary key) one token holds in the cache, over all layers."""
         if self.mla is not None:
             return self.num_layers * self.mla.latent_width * dtype_bytes
-        return 2 * self.num_layers * self.kv_size * dtype_bytes
+        return 2 * self.num_kv_layers * self.kv_size * dtype_bytes
+
+    def state_bytes_per_sequence(self, dtype_bytes: int) -> int:
+        """Fixed bytes one sequence holds whatever its length (a hybrid model's DeltaNet states)."""
+        if self.hybrid is None:
+            return 0
+        return len(self.hybrid.linear_layers) * self.hybrid.state_bytes_per_layer(dtype_bytes)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -72,6 +85,8 @@ class ModelConfig:
             d["mla"] = MLAConfig(**d["mla"])
         if d.get("moe"):
             d["moe"] = MoEConfig.from_dict(d["moe"])
+        if d.get("hybrid"):
+            d["hybrid"] = HybridConfig(**{**d["hybrid"], "layer_types": tuple(d["hybrid"]["layer_types"])})
         return cls(**d)
 
     @classmethod

@@ -11,7 +11,7 @@ from placement.hf_config import hf_dtype, weight_format
 
 from flexlamps.models.config import ModelConfig
 
-_ARCH = {"decoder": "llama", "opt": "opt", "mla": "mla"}  # Family.forward -> ModelSpec.arch
+_ARCH = {"decoder": "llama", "opt": "opt", "mla": "mla", "hybrid": "llama"}  # Family.forward -> ModelSpec.arch
 
 
 def model_spec(cfg: ModelConfig, hf_config: dict[str, Any] | None = None, name: str | None = None) -> placement.ModelSpec:
@@ -32,7 +32,16 @@ def model_spec(cfg: ModelConfig, hf_config: dict[str, Any] | None = None, name: 
         kwargs.update(_mla_fields(cfg))
     if cfg.moe is not None:
         kwargs.update(_moe_fields(cfg))
+    if cfg.hybrid is not None:
+        kwargs.update(_hybrid_fields(cfg))
     return placement.ModelSpec(**kwargs)
+
+
+def _hybrid_fields(cfg: ModelConfig) -> dict[str, Any]:
+    hy = cfg.hybrid
+    return dict(num_linear_layers=len(hy.linear_layers), linear_num_key_heads=hy.num_key_heads,
+                linear_num_value_heads=hy.num_value_heads, linear_key_head_dim=hy.key_head_dim,
+                linear_value_head_dim=hy.value_head_dim, linear_conv_kernel=hy.conv_kernel)
 
 
 def _mla_fields(cfg: ModelConfig) -> dict[str, Any]:

@@ -176,8 +176,8 @@ def _prefill_step(group: list[_Sequence], start: int = 0) -> Step:
     for r, s in enumerate(group):
         ids[r, : len(s.prompt_ids) - start] = torch.tensor(s.prompt_ids[start:])
     pos = torch.arange(start, start + longest).expand(len(group), longest)
-    return Step(ids, pos, torch.tensor([s.slot for s in group]),
-                torch.tensor([len(s.prompt_ids) - 1 - start for s in group]))
+    lengths = torch.tensor([len(s.prompt_ids) - start for s in group])  # shorter rows are padded
+    return Step(ids, pos, torch.tensor([s.slot for s in group]), lengths - 1, lengths=lengths)
 
 
 # A shared prefix shorter than this is not worth a separate pass and the copies.

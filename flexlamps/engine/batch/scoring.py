@@ -255,8 +255,8 @@ class PrefixScorer:
         for k, toks in enumerate(seqs):
             ids[k, : len(toks)] = torch.tensor(toks)
         pos = torch.tensor(starts)[:, None] + torch.arange(width)[None]
-        last = torch.tensor([len(t) - 1 for t in seqs]) if last_only else None
-        return Step(ids, pos, rows, logit_rows=last)
+        lengths = torch.tensor([len(t) for t in seqs])
+        return Step(ids, pos, rows, logit_rows=lengths - 1 if last_only else None, lengths=lengths)
 
     def _extend(self, parent, parent_ids: list[int], new_ids: list[int]) -> "_Prefix":
         """A one-row cache holding parent_ids + new_ids, computing only new_ids."""

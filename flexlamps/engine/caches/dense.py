@@ -51,9 +51,10 @@ class DenseKVCache:
     packs_rows = True  # accepts packed steps (see executors.step.Step)
 
     def step_geometry(self, slots: torch.Tensor, positions: torch.Tensor,
-                      segments: Segments | None = None) -> "StepGeometry":
+                      segments: Segments | None = None, lengths: torch.Tensor | None = None) -> "StepGeometry":
         """What every layer of one step shares (span, mask, where the rows are), computed once.
-        `positions`: where the step's keys are written; `segments`: a packed step's attention."""
+        `positions`: where the step's keys are written; `segments`: a packed step's attention;
+        `lengths` (a padded step's real tokens) changes nothing: no query reads the padding."""
         first = _first_of_block(slots)
         if segments is not None:
             return StepGeometry(slots, positions, segments.span, None, first, segments=segments)

@@ -43,6 +43,12 @@ class PagedKVCache:
 
     def __init__(self, cfg: ModelConfig, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu", budgets: dict | None = None):
+        if cfg.hybrid is not None:
+            from flexlamps.models.config import UnsupportedModelError
+
+            raise UnsupportedModelError(
+                f"{cfg.model_type} keeps a recurrent DeltaNet state per request beside its KV cache, which the "
+                "augmented engine's paged cache cannot preserve, swap or recompute yet; run it with `generate`")
         if num_gpu_blocks <= 0 or num_cpu_blocks < 0 or block_size <= 0:
             raise ValueError(f"paged cache needs num_gpu_blocks > 0, num_cpu_blocks >= 0, block_size > 0; "
                              f"got {num_gpu_blocks}, {num_cpu_blocks}, {block_size}")

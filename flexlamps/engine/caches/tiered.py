@@ -95,9 +95,10 @@ class TieredKVCache:
 
     packs_rows = True  # accepts packed steps (see executors.step.Step)
 
-    def step_geometry(self, slots: torch.Tensor, positions: torch.Tensor,
-                      segments: Segments | None = None) -> "TieredStepGeometry":
-        """What every layer of one step shares (see TieredStepGeometry), for `attend_fn(geometry=)`."""
+    def step_geometry(self, slots: torch.Tensor, positions: torch.Tensor, segments: Segments | None = None,
+                      lengths: torch.Tensor | None = None) -> "TieredStepGeometry":
+        """What every layer of one step shares (see TieredStepGeometry), for `attend_fn(geometry=)`;
+        `lengths` (a padded step's real tokens) changes nothing: no query reads the padding."""
         return TieredStepGeometry(slots, positions, segments)
 
     def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, segments: Segments | None = None,

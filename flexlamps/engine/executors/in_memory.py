@@ -74,6 +74,14 @@ class InMemoryExecutor:
         self.global_weights["lm_head"] = pack(head)
 
     def new_cache(self, num_slots: int, capacity: int):
+        if self.cfg.hybrid is not None:  # KV for the full-attention layers, a state for the DeltaNet ones
+            from flexlamps.engine.caches.hybrid import HybridCache, kv_view
+            from flexlamps.engine.caches.state import StateCache
+
+            hy = self.cfg.hybrid
+            kv = DenseKVCache(kv_view(self.cfg), num_slots, capacity, self.dtype, self.device)
+            return HybridCache(self.cfg, kv, StateCache(hy, num_slots, self.dtype, ["gpu"] * len(hy.linear_layers),
+                                                        self.device))
         if self.cfg.mla is not None:
             from flexlamps.engine.caches.latent import DenseLatentCache
 
@@ -110,7 +118,11 @@ class InMemoryExecutor:
         writes = step.write_positions.to(dev)  # where keys go: the positions, or a packed row's places
         mask = {k: v.to(dev) for k, v in step.mask_kwargs.items()}  # a packed step's segments
         # masks and spans once per step, not per layer (caches that offer it)
-        geo = {"geometry": cache.step_geometry(slots, writes, **mask)} if hasattr(cache, "step_geometry") else mask
+        if hasattr(cache, "step_geometry"):
+            lengths = {} if step.lengths is None else {"lengths": step.lengths}
+            geo = {"geometry": cache.step_geometry(slots, writes, **mask, **lengths)}
+        else:
+            geo = mask
         for i, w in enumerate(self.layer_weights):
             x = fwd.layer(w, x, ctx, cache.attend_fn(i, slots, writes, **geo), i)
         return fwd.head(self.global_weights, step.pick_logit_rows(x)).float().cpu()

@@ -245,6 +245,8 @@ class OffloadExecutor:
         return names
 
     def new_cache(self, num_slots: int, capacity: int) -> TieredKVCache:
+        if self.cfg.hybrid is not None:
+            return self._hybrid_cache(num_slots, capacity)
         if self.cfg.mla is not None:
             from flexlamps.engine.caches.latent import new_latent_cache
 
@@ -254,6 +256,25 @@ class OffloadExecutor:
         return TieredKVCache(self.cfg, num_slots, capacity, self.dtype, cache_tiers(self.cfg.num_layers, self.policy.cache),
                              self.budgets, self.device, cpu_attention=self.policy.cpu_attention,
                              compress=self.kv_qcfg if self.policy.compress_cache else None)
+
+    def _hybrid_cache(self, num_slots: int, capacity: int):
+        """A hybrid model's KV cache over its full-attention layers and recurrent state for its
+        DeltaNet layers, each spread over the tiers by the policy's cache fractions."""
+        from flexlamps.engine.caches.hybrid import HybridCache, kv_view
+        from flexlamps.engine.caches.state import StateCache
+
+        cfg, split = self.cfg, self.policy.cache
+        kv_cfg = kv_view(cfg)
+        kv = TieredKVCache(kv_cfg, num_slots, capacity, self.dtype, cache_tiers(kv_cfg.num_layers, split),
+                           self.budgets, self.device, cpu_attention=self.policy.cpu_attention,
+                           compress=self.kv_qcfg if self.policy.compress_cache else None)
+        try:
+            state = StateCache(cfg.hybrid, num_slots, self.dtype, cache_tiers(len(cfg.hybrid.linear_layers), split),
+                               self.device, self.budgets)
+        except BaseException:
+            kv.release()
+            raise
+        return HybridCache(cfg, kv, state)
 
     def new_paged_cache(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> PagedKVCache:
         """KV blocks on the gpu tier (attention runs there) and a swap pool on the cpu tier,
@@ -461,7 +482,7 @@ class OffloadExecutor:
         """`attend_fn`'s keywords for a step, the same for all its layers: the step's geometry
         (mask, span, rows per device), computed once, where the cache offers it."""
         if hasattr(cache, "step_geometry"):
-            return {"geometry": cache.step_geometry(step.slots, step.write_positions, **step.mask_kwargs)}
+            return {"geometry": cache.step_geometry(step.slots, step.write_positions, **step.geometry_kwargs)}
         return step.mask_kwargs
 
     def _layer_step(self, j: int, w: dict, step: Step, x, ctx, cache, act_tier: str):

@@ -18,13 +18,18 @@ class Step:
     when that is not its position (the position only sets the rotary phase), and `segments`
     which keys each token attends to (its own sequence's). None: a token is written at its
     position and sees the row's positions up to it. Only caches with `packs_rows = True` accept
-    packed steps."""
+    packed steps.
+
+    `lengths` (n,): the real tokens of each row when rows are padded after them (a prefill group of
+    prompts of unequal length); None: every token is real. Attention never reads the padding, but
+    a recurrent state (caches.state) must stop at a row's last real token."""
     input_ids: torch.Tensor
     positions: torch.Tensor
     slots: torch.Tensor
     logit_rows: torch.Tensor | None = None
     cache_positions: torch.Tensor | None = None
     segments: "Segments | None" = None
+    lengths: torch.Tensor | None = None
 
     @property
     def write_positions(self) -> torch.Tensor:
@@ -35,6 +40,11 @@ class Step:
     def mask_kwargs(self) -> dict:
         """The packed-row mask for a cache's `attend_fn` / `step_geometry` ({} when causal)."""
         return {} if self.segments is None else {"segments": self.segments}
+
+    @property
+    def geometry_kwargs(self) -> dict:
+        """A cache's `step_geometry` keywords: the packed-row mask and the rows' real lengths."""
+        return self.mask_kwargs if self.lengths is None else {**self.mask_kwargs, "lengths": self.lengths}
 
     @property
     def span(self) -> int:

@@ -264,6 +264,10 @@ class GGUFReader:
         arch = f.get("general.architecture")
         if arch == "deepseek2":
             return deepseek2_hf_config(f, set(self._tensor_types))
+        if arch in ("qwen3next", "qwen35", "qwen35moe"):
+            raise UnsupportedModelError(
+                f"GGUF architecture {arch!r} (gated DeltaNet) is not read yet; give the model's Hugging Face "
+                "folder (config.json and *.safetensors) instead")
         if arch not in ("llama", "qwen2", "qwen2moe"):
             raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported "
                                         "(llama, qwen2, qwen2moe, deepseek2 are)")

@@ -1,0 +1,123 @@
+"""The gated delta rule (Gated DeltaNet's linear attention) as transformers' torch reference
+computes it (`torch_chunk_gated_delta_rule`, `torch_recurrent_gated_delta_rule`, the causal conv1d):
+float32 throughout, whatever the compute dtype.
+
+Per value head the state S (key_head_dim x value_head_dim) evolves token by token as
+    S <- exp(g) S;  S <- S + k (beta (v - S^T k))^T;  out = S^T q / sqrt(d)
+with q, k L2-normalized. A prompt runs the chunked form (chunks of `CHUNK` tokens: a triangular
+solve inside each chunk, one state update per chunk), a decode step the recurrent form; both give
+the same values to float32 rounding (tests/unit/test_gated_deltanet.py).
+
+Rows of a step may be padded after their real tokens (`valid`): a padded token gets beta = 0 and
+g = 0, so it leaves the state exactly as the row's last real token left it (its k_beta and v_beta
+are zero, so every term it adds is an exact zero), and the state at the end of the step is each
+row's state after its own last token.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from flexlamps.models.blocks.activation import silu
+
+CHUNK = 64  # transformers' chunk size
+L2_EPS = 1e-6
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
+
+
+def causal_conv(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal convolution + SiLU of x (n, T, C) after `conv_state` (n, C, K-1), the row's
+    previous K-1 inputs (zeros for a new sequence). Returns the output (n, T, C) and the new conv
+    state: the K-1 inputs ending at each row's last real token (`lengths`; None: all T).
+    Written as K shifted products added in tap order, so a token's result depends on nothing but
+    its own window (not on T or the batch), whatever the step's shape."""
+    n, t, c = x.shape
+    k = weight.shape[-1]
+    window = torch.cat([conv_state.transpose(1, 2).to(x.dtype), x], dim=1)  # (n, K-1+T, C)
+    taps = weight.reshape(c, k).to(x.dtype)
+    out = window[:, 0:t] * taps[:, 0]
+    for j in range(1, k):
+        out = out + window[:, j:j + t] * taps[:, j]
+    if lengths is None:
+        new_state = window[:, t:]
+    else:
+        index = lengths.to(x.device)[:, None] + torch.arange(k - 1, device=x.device)[None]  # (n, K-1)
+        new_state = window.gather(1, index[:, :, None].expand(n, k - 1, c))
+    return silu(out), new_state.transpose(1, 2)
+
+
+def _heads_first(q, k, v, g, beta, value_heads: int):
+    """fp32 (n, H, T, ...) tensors; q and k repeated so each serves its group of value heads and
+    L2-normalized (each form then scales q by 1/sqrt(d) as transformers' does: times d ** -0.5 in
+    the chunked form, divided by sqrt(d) in the recurrent one)."""
+    group = value_heads // k.shape[2]
+    if group > 1:
+        q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
+    q, k, v, g, beta = (t.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+                        for t in (q, k, v, g, beta))
+    return l2norm(q), l2norm(k), v, g, beta
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, state: torch.Tensor | None, chunk: int = CHUNK):
+    """q, k (n, T, Hk, dk), v (n, T, Hv, dv), g and beta (n, T, Hv), state (n, Hv, dk, dv) fp32 or
+    None (zeros) -> (out (n, T, Hv, dv) fp32, final state)."""
+    n, t = q.shape[:2]
+    q, k, v, g, beta = _heads_first(q, k, v, g, beta, v.shape[2])
+    q = q * q.shape[-1] ** -0.5
+    pad = (chunk - t % chunk) % chunk
+    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    beta, g = (F.pad(x, (0, pad)) for x in (beta, g))
+    heads, dk, dv = v.shape[1], k.shape[-1], v.shape[-1]
+    v_beta, k_beta = v * beta[..., None], k * beta[..., None]
+    q, k, k_beta, v_beta = (x.reshape(n, heads, -1, chunk, x.shape[-1]) for x in (q, k, k_beta, v_beta))
+    cum = g.reshape(n, heads, -1, chunk).cumsum(dim=3)
+    upper = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
+    pair_decay = (cum.unsqueeze(4) - cum.unsqueeze(3)).masked_fill(upper, float("-inf")).exp()
+    ut_system = (k_beta @ k.transpose(-1, -2)) * pair_decay
+    intra = (q @ k.transpose(-1, -2)) * pair_decay
+    new_values = torch.linalg.solve_triangular(ut_system, v_beta, upper=False, unitriangular=True)
+    k_cumdecay = torch.linalg.solve_triangular(ut_system, k_beta * cum.exp()[..., None], upper=False,
+                                               unitriangular=True)
+    s = q.new_zeros(n, heads, dk, dv) if state is None else state.to(torch.float32)
+    out = torch.zeros_like(new_values)
+    q = q * cum.exp()[..., None]
+    k = k * (cum[..., -1:] - cum).exp()[..., None]
+    chunk_decay = cum[..., -1].exp()[..., None, None]
+    for i in range(q.shape[2]):
+        v_new = new_values[:, :, i] - k_cumdecay[:, :, i] @ s
+        out[:, :, i] = q[:, :, i] @ s + intra[:, :, i] @ v_new
+        s = s * chunk_decay[:, :, i] + k[:, :, i].transpose(-1, -2) @ v_new
+    out = out.reshape(n, heads, -1, dv)[:, :, :t]
+    return out.transpose(1, 2), s
+
+
+def recurrent_gated_delta_rule(q, k, v, g, beta, state: torch.Tensor | None):
+    """The token-by-token form (decode steps); arguments and results as `chunk_gated_delta_rule`."""
+    n, t = q.shape[:2]
+    q, k, v, g, beta = _heads_first(q, k, v, g, beta, v.shape[2])
+    q = q / q.shape[-1] ** 0.5
+    heads, dk, dv = v.shape[1], k.shape[-1], v.shape[-1]
+    s = q.new_zeros(n, heads, dk, dv) if state is None else state.to(torch.float32)
+    out = torch.zeros_like(v)
+    for i in range(t):
+        s = s * g[:, :, i].exp()[..., None, None]
+        k_i = k[:, :, i].unsqueeze(-1)
+        delta = (v[:, :, i] - (s * k_i).sum(dim=-2)) * beta[:, :, i].unsqueeze(-1)
+        s = s + k_i * delta.unsqueeze(-2)
+        out[:, :, i] = (s * q[:, :, i].unsqueeze(-1)).sum(dim=-2)
+    return out.transpose(1, 2), s
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNormGated: normalize in fp32, round to the input dtype, scale, then times
+    silu(gate) in fp32, rounded once."""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    h = weight * h.to(dtype)
+    return (h * silu(gate.to(torch.float32))).to(dtype)

@@ -1,0 +1,25 @@
+"""Qwen3-Next (transformers `qwen3_next`): three gated-DeltaNet layers to one gated full-attention
+layer, a softmax top-k MoE with a sigmoid-gated shared expert (Qwen2-MoE's, `blocks.moe`); q/k/v/z
+and b/a projections grouped per key head in two matrices."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from flexlamps.models.config import ModelConfig
+from flexlamps.models.families.family import Family
+from flexlamps.models.families.hybrid_layers import hybrid_fields, hybrid_hf_name, hybrid_specs
+from flexlamps.models.families.qwen_moe import qwen_moe
+
+
+def _from_qwen3_next(hf: dict[str, Any]) -> ModelConfig:
+    moe = qwen_moe(hf, shared=bool(hf.get("shared_expert_intermediate_size")))
+    if moe is not None:  # Qwen3NextConfig's default, unlike Qwen2-MoE's
+        moe = dataclasses.replace(moe, norm_topk_prob=bool(hf.get("norm_topk_prob", True)))
+    return ModelConfig(arch="hybrid", **hybrid_fields(hf, fused_projections=True), moe=moe)
+
+
+FAMILY = Family(
+    name="qwen3_next", model_types=("qwen3_next",), forward="hybrid", parse=_from_qwen3_next,
+    weights=hybrid_specs, hf_name=hybrid_hf_name, examples="Qwen3-Next-80B-A3B (gated DeltaNet + MoE)")

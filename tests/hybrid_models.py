@@ -1,0 +1,48 @@
+"""Tiny random hybrid (gated DeltaNet + gated full attention) models in Hugging Face format, built
+with transformers' own config classes: Qwen3-Next (MoE with a shared expert) and Qwen3.5 text
+(dense MLP), each at two widths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import save_tiny_tokenizer
+
+_NARROW = dict(hidden_size=48, intermediate_size=80, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+               linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12)
+_WIDE = dict(hidden_size=96, intermediate_size=160, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+             linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=16, linear_value_head_dim=16,
+             linear_conv_kernel_dim=3)
+_MOE = dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=40)
+
+HYBRID_CONFIGS = {
+    # three DeltaNet layers, one full attention, MoE everywhere
+    "qwen3_next": dict(model_type="qwen3_next", num_hidden_layers=4, **_NARROW, **_MOE),
+    # full attention every 2nd layer, a dense layer among MoE ones, wider heads, kernel 3, GQA 4:1
+    "qwen3_next_wide": dict(model_type="qwen3_next", num_hidden_layers=4, full_attention_interval=2,
+                            mlp_only_layers=[1], **_WIDE, **_MOE),
+    "qwen3_5_text": dict(model_type="qwen3_5_text", num_hidden_layers=4, **_NARROW),
+    "qwen3_5_text_wide": dict(model_type="qwen3_5_text", num_hidden_layers=3,
+                              layer_types=["linear_attention", "full_attention", "linear_attention"], **_WIDE),
+}
+
+
+def make_hybrid_model(folder: Path, kind: str, seed: int = 0) -> Path:
+    """Save a random float32 model of `kind` (see HYBRID_CONFIGS) with a tiny tokenizer into `folder`."""
+    import torch
+    import transformers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = save_tiny_tokenizer(folder)
+    spec = dict(HYBRID_CONFIGS[kind])
+    cls = {"qwen3_next": transformers.Qwen3NextConfig,
+           "qwen3_5_text": transformers.Qwen3_5TextConfig}[spec.pop("model_type")]
+    cfg = cls(vocab_size=vocab, bos_token_id=0, eos_token_id=1, max_position_embeddings=512, **spec)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():  # widen the random weights so logits differ and routing matters
+        for name, p in model.named_parameters():
+            if not name.endswith("A_log"):  # keep transformers' decay rates (log of U(0.01, 16))
+                p.normal_(0.0, 0.2)
+    model.to(torch.float32).save_pretrained(folder)
+    return folder

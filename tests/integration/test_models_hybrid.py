@@ -1,0 +1,154 @@
+"""Hybrid gated-DeltaNet models (Qwen3-Next with MoE, Qwen3.5 text) against transformers, and
+their recurrent state through the engine: chunked prompts, padded prefill groups, refilled rows,
+shared prefixes, offloaded tiers."""
+
+import pytest
+import torch
+
+from flexlamps.engine.batch.generate import generate
+from flexlamps.engine.batch.sampling import SamplingParams
+from flexlamps.engine.executors.in_memory import InMemoryExecutor
+from flexlamps.engine.executors.offloaded import OffloadExecutor
+from flexlamps.engine.executors.step import Step
+from flexlamps.models.loading.checkpoint import read_all
+from flexlamps.models.loading.registry import open_checkpoint
+from placement import Policy, TierSplit
+from tests.hybrid_models import HYBRID_CONFIGS
+
+PROMPT_LEN, DECODE_STEPS = 70, 28  # the prompt spans two of the chunked form's 64-token chunks
+GiB = 2**30
+
+
+def _executor(folder):
+    reader = open_checkpoint(folder)
+    return reader, InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32)
+
+
+def _reference_run(folder, ids: torch.Tensor):
+    """transformers' logits for the prompt and DECODE_STEPS greedy steps (its recurrent decode)."""
+    import transformers
+
+    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    out = ref.generate(ids, max_new_tokens=DECODE_STEPS, do_sample=False, output_logits=True,
+                       return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+    return out.sequences[0, ids.shape[1]:].tolist(), torch.stack(out.logits, dim=1)
+
+
+@pytest.mark.parametrize("kind", sorted(HYBRID_CONFIGS))
+def test_greedy_decode_matches_transformers(hybrid_models, kind):
+    reader, ex = _executor(hybrid_models[kind])
+    assert reader.config.hybrid is not None
+    ids = torch.randint(2, reader.config.vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(1))
+    tokens, expected = _reference_run(hybrid_models[kind], ids)
+    cache = ex.new_cache(1, PROMPT_LEN + DECODE_STEPS)
+    slots = torch.tensor([0])
+    logits = [ex.forward_steps(cache, [Step(ids, torch.arange(PROMPT_LEN)[None], slots)])[0][:, -1:]]
+    ours = [int(logits[0].argmax())]
+    for t in range(DECODE_STEPS - 1):
+        step = Step(torch.tensor([[ours[-1]]]), torch.tensor([[PROMPT_LEN + t]]), slots)
+        logits.append(ex.forward_steps(cache, [step])[0])
+        ours.append(int(logits[-1].argmax()))
+    worst = (torch.cat(logits, dim=1) - expected).abs().max().item()
+    assert ours == tokens
+    assert worst <= 1e-4, f"{kind}: max |logit difference| {worst}"
+
+
+def _chunked_logits(ex, ids: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    cache, out, at = ex.new_cache(ids.shape[0], ids.shape[1]), [], 0
+    for size in sizes:
+        pos = torch.arange(at, at + size).expand(ids.shape[0], size)
+        out.append(ex.forward_steps(cache, [Step(ids[:, at:at + size], pos, torch.arange(ids.shape[0]))])[0])
+        at += size
+    return torch.cat(out, dim=1)
+
+
+@pytest.mark.parametrize("kind", ["qwen3_next", "qwen3_5_text_wide"])
+def test_prompt_chunking_does_not_change_logits(hybrid_models, kind):
+    """Chunks of any size (the chunked form's 64-token chunks cut anywhere, single tokens through
+    the recurrent form) give one prompt's logits to float32 rounding: the two forms of the rule
+    agree to ~1e-6 of their outputs (tests/unit/test_gated_deltanet.py), which these random
+    models' layers amplify to ~3e-5 of the largest logit at most (measured; the same order as
+    transformers' own prefill-vs-decode gap)."""
+    reader, ex = _executor(hybrid_models[kind])
+    ids = torch.randint(2, reader.config.vocab_size, (2, 100), generator=torch.Generator().manual_seed(4))
+    whole = _chunked_logits(ex, ids, [100])
+    assert torch.equal(_chunked_logits(ex, ids, [100]), whole)  # the same steps: the same bits
+    for sizes in ([64, 36], [30, 30, 40], [7] * 14 + [2], [1] * 10 + [90]):
+        worst = (_chunked_logits(ex, ids, sizes) - whole).abs().max().item()
+        assert worst <= 5e-5 * whole.abs().max().item(), f"chunks {sizes}: {worst}"
+
+
+def test_padded_prefill_group_and_refilled_rows_equal_each_prompt_alone(hybrid_models):
+    """generate() pads a prefill group to its longest prompt and refills finished rows: each
+    sequence's tokens equal its generation alone (its state stops at its own last token and a
+    new request's state starts at zero)."""
+    reader, ex = _executor(hybrid_models["qwen3_next"])
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(2, reader.config.vocab_size, (n,), generator=g).tolist() for n in (23, 5, 70, 12, 40)]
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (9, 4, 12, 6, 3)]
+    together = generate(ex, reader.tokenizer, prompts, params, max_batch=2, reuse_prefix=False)
+    alone = [generate(ex, reader.tokenizer, [p], [sp])[0] for p, sp in zip(prompts, params)]
+    assert [o.token_ids for o in together] == [o.token_ids for o in alone]
+
+
+def test_shared_prefix_state_is_copied_at_its_end(hybrid_models):
+    reader, ex = _executor(hybrid_models["qwen3_5_text"])
+    g = torch.Generator().manual_seed(6)
+    prefix = torch.randint(2, reader.config.vocab_size, (40,), generator=g).tolist()
+    prompts = [prefix + torch.randint(2, reader.config.vocab_size, (n,), generator=g).tolist() for n in (3, 9, 5)]
+    params = [SamplingParams(max_new_tokens=6, ignore_eos=True)] * 3
+    shared = generate(ex, reader.tokenizer, prompts, params, max_batch=3, reuse_prefix=True)
+    plain = generate(ex, reader.tokenizer, prompts, params, max_batch=3, reuse_prefix=False)
+    assert [o.token_ids for o in shared] == [o.token_ids for o in plain]
+
+
+def test_a_step_that_neither_starts_nor_continues_a_state_is_refused(hybrid_models):
+    reader, ex = _executor(hybrid_models["qwen3_5_text"])
+    cache = ex.new_cache(1, 32)
+    ids = torch.randint(2, reader.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(7))
+    ex.forward_steps(cache, [Step(ids, torch.arange(8)[None], torch.tensor([0]))])
+    with pytest.raises(ValueError, match="holds the recurrent state of 8 tokens"):
+        ex.forward_steps(cache, [Step(ids[:, :2], torch.arange(4, 6)[None], torch.tensor([0]))])
+
+
+MIXES = {
+    "all_gpu": dict(weights=TierSplit(gpu=1, cpu=0, disk=0), cache=TierSplit(gpu=1, cpu=0, disk=0)),
+    "weights_and_state_split": dict(weights=TierSplit(gpu=0.4, cpu=0.3, disk=0.3), cache=TierSplit(gpu=0.5, cpu=0.5, disk=0)),
+    "cache_cpu_attention": dict(weights=TierSplit(gpu=0.5, cpu=0.5, disk=0), cache=TierSplit(gpu=0, cpu=1, disk=0), cpu_attention=True),
+}
+
+
+def _rounds(vocab: int) -> list[list[Step]]:
+    """Two prefill micro-batches (one padded), then decode rounds of all four rows in one step."""
+    g = torch.Generator().manual_seed(8)
+    ids = torch.randint(2, vocab, (4, 70), generator=g)
+    rounds = [[Step(ids[:2, :70], torch.arange(70).expand(2, 70), torch.tensor([0, 1]), torch.tensor([69, 29]),
+                    lengths=torch.tensor([70, 30])),
+               Step(ids[2:, :17], torch.arange(17).expand(2, 17), torch.tensor([2, 3]))]]
+    at = torch.tensor([70, 30, 17, 17])
+    for r in range(5):
+        rounds.append([Step(ids[:, 20 + r:21 + r], (at + r)[:, None], torch.arange(4))])
+    return rounds
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
+def test_offloaded_equals_in_memory_bit_for_bit(hybrid_models, mix, tmp_path):
+    """Weights, KV cache and DeltaNet states over the tiers: the same steps give the same bits."""
+    reader, plain = _executor(hybrid_models["qwen3_next"])
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=2, activations=TierSplit(gpu=1, cpu=0, disk=0), **MIXES[mix])
+    ex = OffloadExecutor(reader, policy, gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
+    ref_cache, cache = plain.new_cache(4, 80), ex.new_cache(4, 80)
+    for steps in _rounds(reader.config.vocab_size):
+        for a, b in zip(plain.forward_steps(ref_cache, steps), ex.forward_steps(cache, steps)):
+            assert torch.equal(a, b)
+    if mix != "all_gpu":
+        assert ex.budgets["cpu"].used_bytes > 0 and "cpu" in cache.state.tiers
+    cache.release()
+    assert ex.budgets["gpu"].peak_bytes <= GiB
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(2, reader.config.vocab_size, (n,), generator=g).tolist() for n in (30, 6, 17, 66)]
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (7, 4, 9, 5)]
+    expected = generate(plain, reader.tokenizer, prompts, params, max_batch=3)
+    got = generate(ex, reader.tokenizer, prompts, params, max_batch=3, micro_batch=2)
+    assert [o.token_ids for o in got] == [o.token_ids for o in expected]
+    ex.close()

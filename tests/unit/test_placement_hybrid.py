@@ -1,0 +1,71 @@
+"""The planner's view of hybrid gated-DeltaNet models (torch-free): KV only for the full-attention
+layers, a fixed state per sequence, and how many sequences a placement holds beside the same model
+with every layer full attention."""
+
+import dataclasses
+import json
+
+from click.testing import CliRunner
+
+from flexlamps.commands.plan import command as plan_command
+from flexlamps.models.config import ModelConfig
+from flexlamps.models.description import model_spec_from_hf
+from placement import Policy, TierSplit, WorkloadSpec, evaluate, hardware_preset
+from placement.hybrid_fit import all_full_attention, sequences_that_fit
+
+# Qwen3-Next-80B-A3B's shape (its config.json's fields)
+QWEN3_NEXT_80B = {
+    "model_type": "qwen3_next", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5120,
+    "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+    "max_position_embeddings": 262144, "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+    "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+    "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "num_experts_per_tok": 10,
+    "num_experts": 512, "torch_dtype": "bfloat16"}
+
+
+def test_kv_only_in_full_attention_layers_and_a_fixed_state_per_sequence():
+    spec = model_spec_from_hf(QWEN3_NEXT_80B)
+    cfg = ModelConfig.from_hf(QWEN3_NEXT_80B)
+    assert spec.num_linear_layers == 36 and cfg.num_kv_layers == 12
+    kv_per_token = 12 * 2 * 2 * 256 * 2  # 12 layers, K and V, 2 kv heads x 256, bf16
+    assert spec.num_layers * spec.cache_bytes_per_token_per_layer() == kv_per_token == cfg.kv_bytes_per_token(2)
+    state = 36 * ((2 * 16 * 128 + 32 * 128) * 3 * 2 + 32 * 128 * 128 * 4)  # conv window bf16, recurrent fp32
+    assert spec.num_layers * spec.state_bytes_per_sequence_per_layer() == state == cfg.state_bytes_per_sequence(2)
+    assert 79.0e9 < spec.total_weight_bytes() / 2 < 81.0e9  # ~80B parameters
+    full = all_full_attention(spec)
+    assert full.num_layers * full.cache_bytes_per_token_per_layer() == 4 * kv_per_token
+    assert full.state_bytes_per_sequence_per_layer() == 0
+
+
+def test_the_state_is_charged_per_sequence_on_the_cache_tiers():
+    spec = model_spec_from_hf(QWEN3_NEXT_80B)
+    hw, wl = hardware_preset("rtx4090"), WorkloadSpec(prompt_len=512, gen_len=32)
+    cpu = TierSplit(gpu=0, cpu=1, disk=0)
+    policy = Policy(gpu_batch_size=4, num_gpu_batches=2, weights=TierSplit(gpu=0.1, cpu=0.4, disk=0.5), cache=cpu,
+                    activations=cpu)
+    peak = evaluate(policy, spec, hw, wl).peak_bytes["cpu"]
+    no_state = evaluate(policy, dataclasses.replace(spec, linear_conv_kernel=1, linear_value_head_dim=1), hw, wl)
+    assert peak > no_state.peak_bytes["cpu"] + 8 * spec.num_layers * spec.state_bytes_per_sequence_per_layer() * 0.99
+
+
+def test_plan_prints_the_sequences_that_fit_beside_all_full_attention(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(QWEN3_NEXT_80B))
+    out = CliRunner().invoke(plan_command, ["--model", str(config), "--hardware", "rtx4090", "--gpu-mem", "24GiB",
+                                            "--prompt-len", "32000", "--gen-len", "768"])
+    assert out.exit_code == 0, out.output
+    assert "36 DeltaNet layers hold 73.7 MiB of state a sequence; KV in 12 full-attention layers only" in out.output
+    line = next(ln for ln in out.output.splitlines() if "sequences that fit" in ln)
+    assert "all full attention" in line and "x the sequences" in line
+
+
+def test_sequences_that_fit_grow_with_the_state_saved():
+    spec = model_spec_from_hf(QWEN3_NEXT_80B)
+    hw, wl = hardware_preset("rtx4090").with_memory(gpu_mem_bytes=24 << 30), WorkloadSpec(prompt_len=8192, gen_len=64)
+    cpu = TierSplit(gpu=0, cpu=1, disk=0)
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=TierSplit(gpu=0.05, cpu=0.15, disk=0.8), cache=cpu,
+                    activations=cpu)
+    ours = sequences_that_fit(policy, spec, hw, wl).sequences
+    full = sequences_that_fit(policy, all_full_attention(spec), hw, wl).sequences
+    assert ours > 2 * full > 0
