@@ -205,6 +205,7 @@ class _Sizes:
     weight_fp16: float  # the same, uncompressed (what GEMMs read)
     layer_stored: float  # one layer's own weights as stored, no embedding share (what streams)
     layer_matrices: float  # its 2-D matrices uncompressed (what compressed weights expand to)
+    experts_stored: float  # its routed experts as stored (fetched only as tokens route to them)
     cache_stored: float  # cache bytes per token per layer as stored
     cache_fp16: float  # uncompressed
     indexer: float  # indexer key bytes per token per layer (GPU-resident)
@@ -233,6 +234,7 @@ def _sizes(choice: Choice, model: ModelSpec, workload: WorkloadSpec) -> _Sizes:
     return _Sizes(
         weight_stored=stored, weight_fp16=weight, layer_stored=layer_stored,
         layer_matrices=(layer - layer_dense) * per_stored,
+        experts_stored=model.routed_expert_bytes_per_layer() * (per_stored * ratio if choice.compress_weight else 1.0),
         cache_stored=cache * (cache_ratio if choice.compress_cache else 1.0), cache_fp16=cache,
         indexer=model.indexer_bytes_per_token_per_layer(),
         state=model.state_bytes_per_sequence_per_layer(),
@@ -301,9 +303,10 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     hidden = block * s * sz.hidden
     new_cache = num_tokens * sz.cache_stored
 
-    ctog = Affine().add(sz.weight_stored, W_CPU, W_DISK).add(hidden, H_CPU, H_DISK)
+    streamed = _streamed_weights(sz, model, num_tokens)
+    ctog = Affine().add(streamed, W_CPU, W_DISK).add(hidden, H_CPU, H_DISK)
     gtoc = Affine().add(new_cache, C_CPU, C_DISK).add(hidden, H_CPU, H_DISK)
-    dtoc = Affine().add(sz.weight_stored, W_DISK).add(hidden, H_DISK)
+    dtoc = Affine().add(streamed, W_DISK).add(hidden, H_DISK)
     ctod = Affine().add(new_cache, C_DISK).add(hidden, H_DISK)
 
     gpu_flops = hardware.gpu_flops(model.dtype)
@@ -344,9 +347,10 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     cache_read = block * entries * sz.cache_stored  # entries attention touches, as stored
     new_cache = block * sz.cache_stored
 
-    ctog = Affine().add(sz.weight_stored, W_CPU, W_DISK).add(hidden, H_CPU, H_DISK)
+    streamed = _streamed_weights(sz, model, block)  # the sweep reads the experts its block routes to
+    ctog = Affine().add(streamed, W_CPU, W_DISK).add(hidden, H_CPU, H_DISK)
     gtoc = Affine().add(hidden, H_CPU, H_DISK).add(new_cache, C_CPU, C_DISK)
-    dtoc = Affine().add(sz.weight_stored, W_DISK).add(hidden, H_DISK).add(cache_read, C_DISK)
+    dtoc = Affine().add(streamed, W_DISK).add(hidden, H_DISK).add(cache_read, C_DISK)
     ctod = Affine().add(hidden, H_DISK).add(new_cache, C_DISK)
     if sz.state:  # an off-gpu DeltaNet state comes to the compute device and goes back, every step
         ctog.add(block * sz.state, C_CPU, C_DISK)
@@ -397,6 +401,16 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
         comp.add(gpu_attn_s)
 
     return _layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)
+
+
+def _streamed_weights(sz: _Sizes, model: ModelSpec, num_tokens: float) -> float:
+    """Bytes of a layer (off the gpu tier) that a sweep over `num_tokens` tokens reads: all but
+    the routed experts, and of those the expected share its tokens pick, 1 - (1 - k/E)^T under
+    uniform routing (the engine fetches an expert once its router picked it)."""
+    if not model.num_experts:
+        return sz.weight_stored
+    read = 1 - (1 - model.num_experts_per_token / model.num_experts) ** num_tokens
+    return sz.weight_stored - sz.experts_stored * (1 - read)
 
 
 def int4_runs_in_place(hardware: HardwareSpec, dtype: str) -> bool:
@@ -512,12 +526,16 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
         return Affine().add(weights_home, w).add(cache_home, c).add(hidden, h)
 
     # GPU: double-buffered streamed layer weights (a layer's own: the embedding table and the
-    # head are read in rows and vocab chunks, never staged whole), the micro-batch's hidden
-    # in/out, FFN/attention intermediates, compressed weights as they expand.
+    # head are read in rows and vocab chunks, never staged whole; routed experts only as the
+    # sweep's tokens can pick them, and never prefetched), the micro-batch's hidden in/out,
+    # FFN/attention intermediates, compressed weights as they expand.
     def gpu_working(seqs: int, tokens_per_seq: int, calls: int) -> Affine:
         hidden_io = 2 * seqs * tokens_per_seq * sz.hidden
-        work = Affine(indexer_home + 2 * sz.layer_stored + hidden_io)
-        work.add(-2 * sz.layer_stored, W_GPU).add(-hidden_io, H_GPU)
+        picks = calls * seqs * tokens_per_seq * model.num_experts_per_token
+        routed = sz.experts_stored * min(1.0, picks / model.num_experts) if model.num_experts else 0.0
+        staged = 2 * (sz.layer_stored - sz.experts_stored) + routed
+        work = Affine(indexer_home + staged + hidden_io)
+        work.add(-staged, W_GPU).add(-hidden_io, H_GPU)
         if choice.compress_weight:
             return work.add(_dequantized_bytes(choice, sz, model, seqs * tokens_per_seq, calls))
         if model.weight_format == "fp8":  # upcast per call: an absorbed matrix and one other at most

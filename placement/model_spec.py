@@ -277,6 +277,11 @@ class ModelSpec(JsonMixin):
         return self._stored_bytes(self.layer_param_count() - num_moe / self.num_layers * untouched * expert,
                                   self.num_experts - untouched)
 
+    def routed_expert_bytes_per_layer(self) -> float:
+        """Stored bytes of the average layer's routed experts: what a step stages only as its
+        tokens route (0 for a dense model)."""
+        return self.weight_bytes_per_layer() - self.weight_bytes_touched_per_layer(0)
+
     def matrices_per_layer(self, num_tokens: float) -> float:
         """2-D weight matrices of one (average) layer that `num_tokens` tokens use (what
         compressed weights decompress matrix by matrix); MoE counts the experts some token picks."""

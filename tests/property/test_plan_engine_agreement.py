@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import placement
 from flexlamps.engine.executors.dry_run import dry_run
 from flexlamps.engine.executors.offloaded import CAPABILITIES, OffloadExecutor
+from flexlamps.models.description import model_spec_from_hf
 from placement import Policy, TierSplit, WorkloadSpec
 
 ON_GPU = TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
@@ -72,7 +73,7 @@ def _mla_models(draw) -> dict:
 @st.composite
 def _cases(draw, models=_models()):
     config = draw(models)
-    model = placement.ModelSpec.from_hf_config(config)
+    model = model_spec_from_hf(config)  # the engine's description (every family it runs)
     weights = model.total_weight_bytes()
     # memory around the model's size, so every tier matters in some cases
     hw = placement.hardware_preset(draw(st.sampled_from(HARDWARE))).with_memory(
@@ -231,3 +232,30 @@ def test_a_latent_cache_refuses_what_it_cannot_run(deepseek_models, flag):
         OffloadExecutor(reader, policy, gpu_mem=1 << 28, cpu_mem=1 << 28)
     with pytest.raises(ValueError, match="without compress_cache and cpu_attention"):
         dry_run(reader.hf_config, policy, gpu_mem=1 << 28, cpu_mem=1 << 28, prompt_len=8, gen_len=2)
+
+
+@st.composite
+def _moe_models(draw) -> dict:
+    """An HF config.json of a Mixtral- or Qwen2-MoE-shaped model: many experts, a few routed
+    per token, placed expert by expert (each whole on one tier)."""
+    heads = draw(st.sampled_from((8, 16, 32)))
+    hidden = 128 * heads
+    experts = draw(st.sampled_from((8, 32, 64, 128)))
+    common = dict(hidden_size=hidden, num_hidden_layers=draw(st.integers(2, 48)), num_attention_heads=heads,
+                  num_key_value_heads=draw(st.sampled_from((heads // 4, heads))), vocab_size=32000,
+                  max_position_embeddings=4096, torch_dtype="bfloat16",
+                  num_experts_per_tok=draw(st.sampled_from((1, 2, 8))))
+    width = 64 * draw(st.integers(4, 32))
+    if draw(st.booleans()):
+        return dict(model_type="mixtral", intermediate_size=width, num_local_experts=experts, **common)
+    return dict(model_type="qwen2_moe", intermediate_size=4 * width, moe_intermediate_size=width,
+                shared_expert_intermediate_size=width * draw(st.sampled_from((0, 1, 4))), num_experts=experts,
+                **common)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_cases(_moe_models()))
+def test_moe_plans_pass_the_engines_dry_run(case):
+    """MoE models, their experts placed whole and staged only as routed (min(E, tokens * k) a
+    layer), are charged by the dry run within the same 10% of the plan."""
+    _check_plan_runs_in_a_dry_run(case)
