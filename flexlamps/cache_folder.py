@@ -24,3 +24,9 @@ def cache_root() -> Path:
                       "instead (one folder for all of flexlamps' caches)", FutureWarning, stacklevel=2)
         return Path(os.environ[_OLD_CACHE_ENV])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flexlamps"
+
+
+def default_offload_dir() -> Path:
+    """The disk tier's folder when no --offload-dir is given: `offload/` in the cache folder (never
+    a folder of the working directory, which may be a checkout's source package `offload/`)."""
+    return cache_root() / "offload"

@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "agents": "agents",
     "simulate": "simulate",
     "env": "env",
+    "models": "models",
 }
 
 

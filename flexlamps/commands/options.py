@@ -128,7 +128,8 @@ def offload_options(fn):
                      "[default with --gpu-mem: half the available RAM]"),
         click.option("--offload-dir", default=None, type=click.Path(file_okay=False),
                      help="Folder for the disk tier: flexlamps works in a subfolder flexlamps-offload/ it creates "
-                          "there, reused across runs when still valid; nothing else in the folder is touched."),
+                          "there, reused across runs when still valid; nothing else in the folder is touched. "
+                          "[default: offload/ in the cache folder, ~/.cache/flexlamps]"),
         click.option("--policy", "policy_arg", default="auto", show_default=True,
                      help="Placement with --gpu-mem: 'auto' (the planner, with this machine's cached profile) or a "
                           "policy JSON file."),

@@ -60,8 +60,11 @@ def plan_workers(resources: dict[str, float], requested: int | None, threads: in
 
 
 def worker_offload_dir(offload_dir: str | None, rank: int) -> str | None:
-    """Workers sharing a machine must not share an offload folder: each gets a subfolder."""
-    return None if offload_dir is None else os.path.join(offload_dir, f"ray-worker-{rank}")
+    """Workers sharing a machine must not share an offload folder: each gets a subfolder (of the
+    cache folder's offload/ when none is given)."""
+    from flexlamps.cache_folder import default_offload_dir
+
+    return os.path.join(default_offload_dir() if offload_dir is None else offload_dir, f"ray-worker-{rank}")
 
 
 def _host_port(address: str) -> tuple[str, int]:

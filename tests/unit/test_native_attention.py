@@ -1,4 +1,4 @@
-"""The AVX-512 bf16 / fp16 attention (flexlamps/models/native_attention.c): its arithmetic (fp32
+"""The AVX-512 bf16 / fp16 attention (flexlamps/kernels/attention.c): its arithmetic (fp32
 scores, exp(score - max) rounded to the dtype, fp32 sums divided by the weights' sum, one
 rounding) against the same computed by torch, within the bf16 bound of float32, for decodes and
 causal prompt chunks; a query's result independent of the other rows and positions, the padded

@@ -1,4 +1,4 @@
-"""The AVX-512 RMSNorm and SwiGLU product (flexlamps/models/native_elementwise.c): torch's
+"""The AVX-512 RMSNorm and SwiGLU product (flexlamps/kernels/elementwise.c): torch's
 results with torch's roundings (all but a rare element an fp32 sum puts across a rounding
 boundary, by one step), rows independent of each other, and how the layers use them."""
 

