@@ -73,6 +73,7 @@ class LLM:
         self.offload = settings.with_budgets() if settings.offloaded else None
         self.executor = None
         self.plan = None  # the planner's Plan when policy="auto"
+        self.policy = None  # the offloaded engine's placement Policy once built; None: all in memory
         self.micro_batch = None
         self.planned_for = None  # (prompt_len, gen_len) the offloaded engine was planned for
         self._scorer = None

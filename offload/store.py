@@ -188,9 +188,6 @@ class TieredStore:
             self.budgets["gpu"].allocate(n, f"rows of {name}")
         return out, n
 
-    def fetch_async(self, names: list[str]) -> Future:
-        return self._pool.submit(self.fetch, names)
-
     def submit(self, fn) -> Future:
         """Run `fn` on the store's I/O threads (callers time or chain their own loads)."""
         return self._pool.submit(fn)

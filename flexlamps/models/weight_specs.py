@@ -70,10 +70,6 @@ def hf_part(cfg: "ModelConfig", spec: WeightSpec) -> FusedPart | None:
     return part(cfg, spec) if part is not None else None
 
 
-def layer_specs(cfg: "ModelConfig", layer: int) -> list[WeightSpec]:
-    return [s for s in weight_specs(cfg) if s.layer == layer]
-
-
 def total_bytes(cfg: "ModelConfig", dtype_bytes: int) -> int:
     return sum(s.numel for s in weight_specs(cfg)) * dtype_bytes
 

@@ -50,11 +50,6 @@ def waste_chunk_discard(c_i: int, c_other: int, t_fwd_all: float, t_fwd_chunk: f
     return t_fwd_all * c_i * m / 2 + num_chunks * t_fwd_chunk * c_other * m
 
 
-def recompute_chunks(c_i: int, chunk_tokens: int) -> int:
-    """How many iterations recomputing `c_i` tokens takes, `chunk_tokens` at a time (>= 1)."""
-    return max(1, -(-c_i // max(1, chunk_tokens)))
-
-
 def infercept_discard_waste(c_i: int, c_other: int, chunk_tokens: int, iteration_s: float,
                             per_token_s: float, m: float = 1.0) -> float:
     """Eq. 4 as INFERCEPT's code evaluates it (WukLab/InferCept, vllm/core/scheduler_v2.py,

@@ -76,6 +76,7 @@ def test_weight_backends_run_through_the_engine(tiny_llama, backend):
     from flexlamps.engine.executors.step import Step
 
     plain = LLM(str(tiny_llama))
+    assert plain.policy is None and plain.policy_lines() == []  # all in memory: no placement policy
     llm = LLM(str(tiny_llama), weight_quant=backend, gpu_mem="64MiB", cpu_mem="64MiB", policy=None)
     assert llm.policy.compress_weight
     outs = llm.generate(PROMPTS[:2], SamplingParams(max_new_tokens=4, ignore_eos=True))

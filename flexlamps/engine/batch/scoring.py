@@ -32,10 +32,6 @@ class PrefixStats:
     prefill_tokens_requested: int = 0
     prefill_tokens_computed: int = 0
 
-    @property
-    def reuse_factor(self) -> float:
-        return self.prefill_tokens_requested / max(1, self.prefill_tokens_computed)
-
 
 def split_tokens(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
     """Context and continuation ids the way lm-eval splits them: trailing context spaces move to
