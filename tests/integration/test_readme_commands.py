@@ -62,7 +62,8 @@ def test_ci_runs_the_readmes_test_command():
 def test_the_models_table_is_the_registrys():
     from flexlamps.commands.models import markdown_table
 
-    assert markdown_table() in README, "README's models table is stale: paste `flexlamps models --markdown`"
+    assert markdown_table() in README, ("README's models table is stale: replace it (below the line naming "
+                                        "`flexlamps models --markdown`) by that command's output")
 
 
 def test_every_link_resolves():
