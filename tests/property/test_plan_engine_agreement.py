@@ -161,6 +161,17 @@ def test_dry_run_charges_what_the_executor_charges(tiny_models, mix, tmp_path):
     _check_dry_run_charges_what_the_executor_charges(reader, policy, tmp_path)
 
 
+@pytest.mark.parametrize("mix", ["all_gpu", "weights_split_cache_cpu", "cpu_attention_activations_cpu"])
+def test_dry_run_charges_what_the_executor_charges_for_a_hybrid_model(hybrid_models, mix, tmp_path):
+    """Qwen3-Next: KV charged in its full-attention layers only, a fixed state per sequence in its
+    DeltaNet layers (on their tiers, staged while a cpu-tier one runs), as the executor charges them."""
+    from flexlamps.models.loading.registry import open_checkpoint
+
+    reader = open_checkpoint(hybrid_models["qwen3_next"])
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=2, **AGREEMENT_MIXES[mix])
+    _check_dry_run_charges_what_the_executor_charges(reader, policy, tmp_path)
+
+
 def _check_dry_run_charges_what_the_executor_charges(reader, policy, tmp_path, **options):
     """Generate with the executor, then dry-run the same policy: the dry run's peaks bound the
     measured ones from above, within 10%. `options` go to both (e.g. latent_fp8). Returns the

@@ -74,6 +74,16 @@ def _fp8_nbytes(shape: tuple[int, int], block: tuple[int, int], dtype: torch.dty
     return tensor_bytes(*w.to_tensors().values())
 
 
+def layer_cache_tiers(cfg, split) -> list[str]:
+    """Each model layer's cache tier: a hybrid model's KV layers and DeltaNet layers are each spread
+    by the policy's cache fractions among themselves (as `OffloadExecutor.new_cache` builds them)."""
+    if cfg.hybrid is None:
+        return cache_tiers(cfg.num_layers, split)
+    kv = iter(cache_tiers(len(cfg.hybrid.full_layers), split))
+    state = iter(cache_tiers(len(cfg.hybrid.linear_layers), split))
+    return [next(state) if cfg.hybrid.is_linear(i) else next(kv) for i in range(cfg.num_layers)]
+
+
 def int4_weights(policy: placement.Policy) -> bool:
     """Whether compressed weights are 4-bit `Int4Weight`s (`stored_weights`), the engine's
     form for 4-bit group-wise compression."""
@@ -125,7 +135,7 @@ class PlacementCharges:
         self.expert_staged = {j: sorted((self.staged(names) for names in by_expert.values()), reverse=True)
                               for j, by_expert in experts.items()}  # each expert's, largest first
         self.experts_per_token = cfg.moe.num_experts_per_token if cfg.moe is not None else 0
-        self.cache_tiers = cache_tiers(cfg.num_layers, policy.cache)
+        self.cache_tiers = layer_cache_tiers(cfg, policy.cache)
 
     def compressed(self, spec) -> bool:
         return self.policy.compress_weight and spec.role == "linear"
@@ -249,6 +259,10 @@ class PlacementCharges:
 
             offloaded = is_offloaded(cfg, policy.cache.gpu)
             return latent_staged_bytes(cfg, rows, tokens, span, self.dtype, offloaded=offloaded, fp8=self.latent_fp8)
+        if cfg.hybrid is not None and cfg.hybrid.is_linear(layer):  # a DeltaNet layer's rows of state
+            from flexlamps.engine.caches.state import state_layer_bytes
+
+            return state_layer_bytes(cfg.hybrid, rows, self.dtype) if self.cache_tiers[layer] != "gpu" else 0
         if attends_with_staged_rows(self.cache_tiers[layer], policy.cpu_attention, policy.compress_cache):
             return staged_rows_bytes(cfg, rows, span, self.dtype)
         return 0

@@ -76,9 +76,17 @@ def _charge_cache(run: PlacementCharges, budgets: dict[str, TierBudget], num_slo
             budgets[tier].allocate(nbytes, f"latent cache ({tier})")
         return
     compress = kv_quant_config(policy) if policy.compress_cache else None
-    cache_bytes = layer_bytes(run.cfg, num_slots, capacity, dtype, compress)
+    cfg = run.cfg
+    if cfg.hybrid is not None:  # KV in the full-attention layers, a fixed state in the DeltaNet ones
+        from flexlamps.engine.caches.hybrid import kv_view
+        from flexlamps.engine.caches.state import state_layer_bytes
+
+        state_bytes = state_layer_bytes(cfg.hybrid, num_slots, dtype)
+        cfg = kv_view(cfg)
+    cache_bytes = layer_bytes(cfg, num_slots, capacity, dtype, compress)
     for layer, tier in enumerate(run.cache_tiers):
-        budgets[tier].allocate(cache_bytes, f"KV cache layer {layer} ({tier})")
+        linear = run.cfg.hybrid is not None and run.cfg.hybrid.is_linear(layer)
+        budgets[tier].allocate(state_bytes if linear else cache_bytes, f"cache layer {layer} ({tier})")
 
 
 def _sweep(run: PlacementCharges, budgets: dict[str, TierBudget], steps) -> None:
