@@ -7,7 +7,7 @@ import os
 
 import click
 
-from flexlamps.commands.options import check_model, check_offload_dir, check_policy, model_options, writable_folder
+from flexlamps.commands.options import ByteSize, check_model, check_offload_dir, check_policy, model_options, writable_folder
 from flexlamps.commands.simulate import _floats, _policies, _write_json
 
 _HELP = """Run augmented requests from an INFERCEPT-format --trace on the real engine (paged KV cache,
@@ -42,19 +42,6 @@ Writes OUT/<policy>.jsonl (per task: every round's completion, the program run, 
 time) and OUT/summary.json (per policy: E2E mean / p99, throughput, tool calls and seconds, bytes
 swapped, preserve / swap / discard counts, pass@1 after each round or accuracy); a policy already
 in OUT with the same settings is kept (rerun to resume)."""
-
-
-def _size(ctx, param, value):
-    from placement.units import parse_bytes
-
-    if value is None:
-        return None
-    if str(value).strip() in ("0", "0B"):
-        return 0
-    try:
-        return parse_bytes(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e))
 
 
 @click.command("agents", help=_HELP)
@@ -92,13 +79,13 @@ def _size(ctx, param, value):
 @click.option("--max-prompt", default=96, type=click.IntRange(min=1), show_default=True, help="prompt tokens at most")
 @click.option("--max-output", default=24, type=click.IntRange(min=1), show_default=True, help="tokens decoded per segment at most")
 @click.option("--max-api-tokens", default=24, type=click.IntRange(min=1), show_default=True, help="tokens a call returns at most")
-@click.option("--gpu-kv-mem", default=None, callback=_size,
+@click.option("--gpu-kv-mem", default=None, type=ByteSize(),
               help="KV pool on the gpu tier (e.g. 24MiB); sets the number of blocks [trace: 24MiB; live: 4 contexts]")
-@click.option("--cpu-swap-mem", default=None, callback=_size,
+@click.option("--cpu-swap-mem", default=None, type=ByteSize(zero_ok=True),
               help="swap space on the cpu tier (0 disables swapping) [trace: 8MiB; live: 4 contexts]")
-@click.option("--gpu-mem", default=None, callback=_size,
+@click.option("--gpu-mem", default=None, type=ByteSize(),
               help="gpu tier budget (e.g. 64MiB): offloads the weights and sizes the KV pool (overrides --gpu-kv-mem)")
-@click.option("--cpu-mem", default=None, callback=_size,
+@click.option("--cpu-mem", default=None, type=ByteSize(),
               help="cpu tier budget, with --gpu-mem: holds offloaded weights and the swap pool "
                    "(overrides --cpu-swap-mem)")
 @click.option("--offload-dir", default=None, type=click.Path(file_okay=False),

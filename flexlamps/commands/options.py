@@ -12,15 +12,21 @@ from flexlamps.settings import RunSettings
 
 
 class ByteSize(click.ParamType):
-    """A positive size such as 2GiB, 512MiB or 16GB."""
+    """A positive size such as 2GiB, 512MiB or 16GB (`placement.parse_bytes`, the one size
+    parser); with `zero_ok`, 0 too (an option where 0 turns something off)."""
 
     name = "size"
+
+    def __init__(self, zero_ok: bool = False):
+        self.zero_ok = zero_ok
 
     def convert(self, value, param, ctx):
         if isinstance(value, int):
             return value
         from placement import parse_bytes
 
+        if self.zero_ok and str(value).strip().lower() in ("0", "0b"):
+            return 0
         try:
             return parse_bytes(value)
         except ValueError as exc:

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import click
 
-from flexlamps.commands.options import threads_option, writable_file_folder, writable_folder
+from flexlamps.commands.options import ByteSize, threads_option, writable_file_folder, writable_folder
 
-from placement import format_bytes, parse_bytes
+from placement import format_bytes
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -23,7 +23,7 @@ def write_atomically(path: Path, text: str) -> None:
 @click.option("--quick", is_flag=True, help="Small probes: a few seconds, rougher numbers.")
 @click.option("--disk-dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Folder to measure disk speed in (your offload folder). Default: --out's.")
-@click.option("--gpu-mem", help="GPU memory to plan with, e.g. 8GiB. Default: the device's; "
+@click.option("--gpu-mem", type=ByteSize(), help="GPU memory to plan with, e.g. 8GiB. Default: the device's; "
               "on a CPU-only box a quarter of RAM.")
 @click.option("--model", "model_text", help="Time GEMMs and 4-bit decompression on this model's own "
               "layer matrices (config.json, HF folder or preset; as `plan --model`). Small models run "
@@ -35,7 +35,7 @@ def write_atomically(path: Path, text: str) -> None:
               "or GGUF), count how often each layer's experts are picked and cache the counts; the engine "
               "then puts the hottest experts on the fastest tier.")
 @threads_option
-def command(out_path: Path | None, quick: bool, disk_dir: Path | None, gpu_mem: str | None, model_text: str | None,
+def command(out_path: Path | None, quick: bool, disk_dir: Path | None, gpu_mem: int | None, model_text: str | None,
             prompts_path: Path | None):
     """Measure disk, copy, GEMM, CPU-attention and dequantization speeds of this machine (and,
     with --prompts, a MoE model's routing)."""
@@ -87,7 +87,7 @@ def _profile_routing(reader, prompts) -> None:
                f"{profile.experts_per_token / profile.num_experts:.0%})")
 
 
-def _profile_hardware(out_path: Path, quick: bool, disk_dir: Path | None, gpu_mem: str | None,
+def _profile_hardware(out_path: Path, quick: bool, disk_dir: Path | None, gpu_mem: int | None,
                       model_text: str | None) -> None:
     from tqdm import tqdm
 
@@ -104,12 +104,7 @@ def _profile_hardware(out_path: Path, quick: bool, disk_dir: Path | None, gpu_me
         from flexlamps.commands.plan import load_model_spec
 
         model = load_model_spec(model_text)
-    gpu_budget = None
-    if gpu_mem is not None:
-        try:
-            gpu_budget = parse_bytes(gpu_mem)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--gpu-mem") from None
+    gpu_budget = gpu_mem  # bytes (ByteSize) or None
     with tqdm(total=len(PROBE_NAMES), desc="profiling", unit="probe") as bar:
         def step(name: str) -> None:
             if bar.n or name != PROBE_NAMES[0]:

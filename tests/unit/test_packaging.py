@@ -45,3 +45,13 @@ def test_python_m_flexlamps_ignores_folders_named_like_our_packages(tmp_path):
                            "t4-flexgen", "--prompt-len", "64", "--gen-len", "8"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_every_size_option_reads_sizes_with_the_one_parser():
+    """--gpu-mem, --cpu-mem and the pools' sizes: ByteSize (placement.parse_bytes) in every command."""
+    from flexlamps.commands.options import ByteSize
+
+    sizes = {(name, p.opts[0]): p.type for name in SUBCOMMANDS for p in main.get_command(None, name).params
+             if p.opts[0].endswith("-mem")}
+    assert ("agents", "--gpu-mem") in sizes and ("profile", "--gpu-mem") in sizes
+    assert all(isinstance(t, ByteSize) for t in sizes.values()), sizes
