@@ -152,3 +152,53 @@ def test_offloaded_equals_in_memory_bit_for_bit(hybrid_models, mix, tmp_path):
     got = generate(ex, reader.tokenizer, prompts, params, max_batch=3, micro_batch=2)
     assert [o.token_ids for o in got] == [o.token_ids for o in expected]
     ex.close()
+
+
+def test_the_augmented_engine_refuses_hybrid_models_before_loading(hybrid_models, tmp_path):
+    """Its paged pools hold KV blocks only: a DeltaNet state could be neither swapped nor counted,
+    so `agents` says so in one line instead of running the model wrong."""
+    from click.testing import CliRunner
+
+    from flexlamps.cli import main
+    from flexlamps.engine.caches.paged import PagedKVCache
+
+    trace = tmp_path / "trace.json"
+    trace.write_text("[]")
+    res = CliRunner().invoke(main, ["agents", "--model", str(hybrid_models["qwen3_5_text"]), "--trace", str(trace),
+                                    "--out", str(tmp_path / "out")])
+    assert res.exit_code == 1 and "recurrent DeltaNet state" in res.output and "`generate`" in res.output
+    reader = open_checkpoint(hybrid_models["qwen3_5_text"])
+    with pytest.raises(ValueError, match="augmented engine's paged cache"):
+        PagedKVCache(reader.config, 4, 4, 4, torch.float32)
+
+
+def test_gated_deltanet_gguf_files_are_refused_with_the_way_out(tmp_path):
+    import gguf
+
+    path = tmp_path / "qwen3next.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen3next")
+    writer.add_block_count(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="'qwen3next' \\(gated DeltaNet\\) is not read yet; give the model's Hugging Face"):
+        open_checkpoint(path).config
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["qwen3_next", "qwen3_5_text"])
+def test_bfloat16_is_as_close_to_float32_as_transformers_own_bfloat16(hybrid_models, kind):
+    """bf16 rounding moves these random models' logits by up to ~0.8 (dense) and ~3.7 (MoE: a token
+    routed to other experts) in transformers itself; ours moves them no further."""
+    import transformers
+
+    folder = hybrid_models[kind]
+    ids = torch.randint(2, 300, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        exact = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()(ids).logits
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()(ids).logits
+    reader = open_checkpoint(folder)
+    ex = InMemoryExecutor(reader.config, read_all(reader, torch.bfloat16), torch.bfloat16)
+    ours = ex.forward_steps(ex.new_cache(2, 40), [Step(ids, torch.arange(40).expand(2, 40), torch.arange(2))])[0]
+    assert (ours - exact).abs().max() <= 1.25 * (theirs.float() - exact).abs().max() + 0.05

@@ -29,6 +29,17 @@ def _dtype_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+def refuse_recurrent_state(cfg: ModelConfig) -> None:
+    """A hybrid model's DeltaNet state is no block of tokens: the BlockManager could neither count,
+    swap nor discard it, so the augmented engine refuses such models rather than run them wrong."""
+    if cfg.hybrid is not None:
+        from flexlamps.models.config import UnsupportedModelError
+
+        raise UnsupportedModelError(
+            f"{cfg.model_type} keeps a recurrent DeltaNet state per request beside its KV cache, which the "
+            "augmented engine's paged cache cannot preserve, swap or recompute yet; run it with `generate`")
+
+
 class PagedKVCache:
     """K/V blocks on the gpu tier (where attention runs) and a cpu swap pool.
 
@@ -43,12 +54,7 @@ class PagedKVCache:
 
     def __init__(self, cfg: ModelConfig, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu", budgets: dict | None = None):
-        if cfg.hybrid is not None:
-            from flexlamps.models.config import UnsupportedModelError
-
-            raise UnsupportedModelError(
-                f"{cfg.model_type} keeps a recurrent DeltaNet state per request beside its KV cache, which the "
-                "augmented engine's paged cache cannot preserve, swap or recompute yet; run it with `generate`")
+        refuse_recurrent_state(cfg)
         if num_gpu_blocks <= 0 or num_cpu_blocks < 0 or block_size <= 0:
             raise ValueError(f"paged cache needs num_gpu_blocks > 0, num_cpu_blocks >= 0, block_size > 0; "
                              f"got {num_gpu_blocks}, {num_cpu_blocks}, {block_size}")
