@@ -185,6 +185,27 @@ def measure_copies(device: torch.device, num_bytes: int, budget_s: float) -> tup
     return rate, rate
 
 
+READ_PROBE_BYTES = 512 << 20  # far past any last-level cache (16-32 MiB on this project's machines)
+READ_PROBE_PASSES = 9
+
+
+def measure_read_bandwidth(num_bytes: int = READ_PROBE_BYTES, passes: int = READ_PROBE_PASSES) -> float:
+    """Bytes/s a reduction reads from CPU memory: the median of `passes` passes over a buffer far
+    larger than the caches, after one warm-up pass (first-touch page faults). One best-of pass over a
+    256 MiB buffer gave 12.7 GB/s in one run and 35.5 in the next on a shared box; the median of
+    several passes stays within a few percent (scripts/bench_generate.py prints it)."""
+    if passes < 1 or num_bytes < 4:
+        raise ValueError(f"measure_read_bandwidth: passes {passes} and num_bytes {num_bytes} must be positive")
+    x = torch.ones(num_bytes // 4, dtype=torch.float32)
+    x.sum()
+    times = []
+    for _ in range(passes):
+        start = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - start)
+    return x.numel() * 4 / max(statistics.median(times), 1e-9)
+
+
 def measure_device_bandwidth(device: torch.device, num_bytes: int, budget_s: float) -> float:
     """Bytes/s of a large device-to-device copy, counting both the read and the write."""
     src = torch.ones(num_bytes // 4, device=device)

@@ -49,6 +49,7 @@ import torch
 
 from bench_prompts import distinct_prompts
 from flexlamps import LLM, SamplingParams
+from flexlamps.hw_profile import measure_read_bandwidth
 from flexlamps.models.blocks.linear import int8_kernel, linear, native_kernel, pack, unpack
 from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.models.loading.weight_cache import load_weights
@@ -126,17 +127,6 @@ def time_llama_cpp(binary: str, gguf: str, batch: int, prompt_len: int, new_toke
     return rows[0]["t"], None, rows[0]["t_pp"]
 
 
-def read_bandwidth() -> float:
-    """Bytes/s a reduction reads from memory (256 MiB, far past the caches), best of 5."""
-    x = torch.ones(64 * 2**20, dtype=torch.float32)
-    best = 0.0
-    for _ in range(5):
-        t = time.perf_counter()
-        x.sum()
-        best = max(best, x.numel() * 4 / (time.perf_counter() - t))
-    return best
-
-
 def gemm_flops_bf16(hidden: int, intermediate: int) -> float:
     """bf16 FLOP/s of a prefill-sized GEMM of this model's shape, through the engine's linear."""
     x, w = torch.randn(4096, hidden, dtype=torch.bfloat16), pack(torch.randn(intermediate, hidden, dtype=torch.bfloat16))
@@ -186,6 +176,13 @@ def agreement(ids, ref) -> float:
     return sum(a == b for x, y in zip(ids, ref) for a, b in zip(x, y)) / sum(len(y) for y in ref)
 
 
+def _agreements(ids: dict) -> str:
+    """flexlamps' and hf-bf16's greedy agreement with hf-fp32, or dashes without the transformers peers."""
+    if "hf-fp32" not in ids:
+        return f"{'-':>9} {'-':>7}"
+    return f"{agreement(ids['flexlamps'], ids['hf-fp32']):>9.1%} {agreement(ids['hf-bf16'], ids['hf-fp32']):>7.1%}"
+
+
 def step_overhead(llm, prompt_len: int, batch: int, steps: int = 8) -> tuple[float, float]:
     """(wall seconds of one decode step of `batch` rows, seconds of it inside torch's ops), the
     best of `steps` steps after a prefill; the difference is Python and our ctypes kernels."""
@@ -214,21 +211,22 @@ def step_overhead(llm, prompt_len: int, batch: int, steps: int = 8) -> tuple[flo
 def run_table(llm, hf32, hf16, args, threads: int, batches: list[int]) -> None:
     torch.set_num_threads(threads)
     step_bytes = stored_bytes_per_step(llm.reader.path)
-    bw, bf16 = read_bandwidth(), gemm_flops_bf16(llm.config.hidden_size, llm.config.intermediate_size)
+    bw, bf16 = measure_read_bandwidth(), gemm_flops_bf16(llm.config.hidden_size, llm.config.intermediate_size)
     flops = max(bf16, gemm_ops_int8(llm.config.hidden_size, llm.config.intermediate_size))
     print(f"\nthreads {threads} | load avg {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus | flexlamps dtype "
           f"{llm.dtype} | GGUF bytes per decode step {step_bytes / 2**20:.0f} MiB | read bandwidth "
           f"{bw / 1e9:.1f} GB/s -> batch-1 decode limit {bw / step_bytes:.0f} tok/s | GEMM peak: bf16 {bf16 / 1e9:.0f} GFLOP/s, "
           f"int8 {flops / 1e9 if flops > bf16 else 0:.0f} GOP/s (the limit takes the faster)"
           f" | decode kernel {'AVX-512 (flexlamps.kernels.tile_gemv)' if native_kernel() else 'torch int4'}")
-    sides = {"flexlamps": lambda p: time_ours(llm, p, args.new_tokens),
-             "hf-fp32": lambda p: time_theirs(hf32, p, args.new_tokens),
-             "hf-bf16": lambda p: time_theirs(hf16, p, args.new_tokens)}
-    if args.llama_cpp:
+    sides = {"flexlamps": lambda p: time_ours(llm, p, args.new_tokens)}
+    if hf32 is not None:
+        sides["hf-fp32"] = lambda p: time_theirs(hf32, p, args.new_tokens)
+        sides["hf-bf16"] = lambda p: time_theirs(hf16, p, args.new_tokens)
+    if "llama.cpp" in args.peers:
         sides["llama.cpp"] = lambda p: time_llama_cpp(args.llama_cpp, str(llm.reader.path), len(p), args.prompt_len,
                                                       args.new_tokens, threads)
     warm = distinct_prompts(llm.tokenizer, 1, args.prompt_len)
-    for name in ("flexlamps", "hf-fp32", "hf-bf16"):
+    for name in sides.keys() - {"llama.cpp"}:
         sides[name](warm)
     peers = [s for s in sides if s != "flexlamps"]
     print(f"{'batch':>5} | new tok/s: " + " ".join(f"{s:>10}" for s in sides) + " | flexlamps x: "
@@ -248,7 +246,7 @@ def run_table(llm, hf32, hf16, args, threads: int, batches: list[int]) -> None:
         split = " ".join(f"{prefill[s]:.2f}/{best[s]:.2f}" for s in sides)
         print(f"{bs:>5} | {'':>10} " + " ".join(f"{n / best[s]:>10.1f}" for s in sides) + " | "
               + " ".join(f"{best[s] / best['flexlamps']:>8.2f}x" for s in peers)
-              + f" | {agreement(ids['flexlamps'], ids['hf-fp32']):>9.1%} {agreement(ids['hf-bf16'], ids['hf-fp32']):>7.1%}"
+              + f" | {_agreements(ids)}"
               + " | " + " ".join(f"{limit / best[s]:>9.0%}" for s in sides)
               + f" | {split}   (load avg {os.getloadavg()[0]:.1f})", flush=True)
     for bs in batches:
@@ -256,6 +254,19 @@ def run_table(llm, hf32, hf16, args, threads: int, batches: list[int]) -> None:
         print(f"flexlamps decode step, batch {bs}: {wall * 1e3:.1f} ms wall, {in_ops * 1e3:.1f} ms in torch ops "
               f"(profiler), outside them (Python and our AVX-512 kernels) ~{max(wall - in_ops, 0) * 1e3:.1f} ms "
               f"({max(wall - in_ops, 0) / wall:.0%})")
+
+
+def _peers(ap: argparse.ArgumentParser, args) -> set[str]:
+    if args.peers == "none":
+        return set()
+    default = "hf,llama.cpp" if args.llama_cpp else "hf"
+    peers = {p.strip() for p in (args.peers or default).split(",") if p.strip()}
+    if peers - {"hf", "llama.cpp"}:
+        ap.error(f"--peers {args.peers}: unknown {', '.join(sorted(peers - {'hf', 'llama.cpp'}))} (give hf, llama.cpp)")
+    if "llama.cpp" in peers and not (args.llama_cpp and os.access(args.llama_cpp, os.X_OK)):
+        ap.error(f"--llama-cpp {args.llama_cpp}: llama.cpp's llama-batched-bench is needed as an executable file; "
+                 "build it as the docstring says")
+    return peers
 
 
 def main():
@@ -270,16 +281,18 @@ def main():
                     help="the built-in name or a LLaMA GGUF file (e.g. a Q4_K_M made by llama-quantize)")
     ap.add_argument("--dtype", default="auto", help="flexlamps' --dtype (auto: bf16, 4-bit in place for this GGUF)")
     ap.add_argument("--llama-cpp", default=None, help="path to llama.cpp's llama-batched-bench (see the docstring)")
+    ap.add_argument("--peers", default=None,
+                    help="comma-separated peers among hf (transformers fp32 and bf16: two more copies of the "
+                         "model in memory) and llama.cpp (needs --llama-cpp), or none; default: hf, and llama.cpp when given")
     args = ap.parse_args()
-    if args.llama_cpp and not os.access(args.llama_cpp, os.X_OK):
-        ap.error(f"--llama-cpp {args.llama_cpp} is not an executable file; build it as the docstring says")
+    args.peers = _peers(ap, args)
     thread_counts = [int(t) for t in args.threads.split(",")] if args.threads else [torch.get_num_threads()]
     batches = [int(b) for b in args.batch_sizes.split(",")]
     reader = open_checkpoint(args.model)  # checked before the load: every side runs the same LLaMA GGUF
     if not str(reader.path).endswith(".gguf") or reader.config.model_type != "llama":
         ap.error(f"--model {args.model}: not a LLaMA GGUF file (every side runs the same GGUF)")
     llm = LLM(args.model, dtype=args.dtype, max_batch_size=max(batches))
-    hf32, hf16 = transformers_models(llm)
+    hf32, hf16 = transformers_models(llm) if "hf" in args.peers else (None, None)
     for threads in thread_counts:
         run_table(llm, hf32, hf16, args, threads, batches)
 

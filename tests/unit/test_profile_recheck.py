@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from flexlamps import hw_profile
 from placement import hardware_preset
 
@@ -41,3 +43,12 @@ def test_a_profile_without_a_check_is_trusted(tmp_path, monkeypatch):
     _, _, measured = _cache(tmp_path, monkeypatch, check_flops=None)  # written by hand or an older flexlamps
     assert hw_profile.machine_profile(tmp_path / "scratch") == hardware_preset("rtx4090")
     assert measured == []
+
+
+def test_the_read_bandwidth_probe_takes_a_median_and_refuses_nonsense():
+    from flexlamps.hw_profile import measure_read_bandwidth
+
+    rate = measure_read_bandwidth(8 << 20, passes=3)
+    assert 1e8 < rate < 1e13  # bytes/s: some real memory speed, not a division by ~0
+    with pytest.raises(ValueError, match="passes 0"):
+        measure_read_bandwidth(8 << 20, passes=0)
