@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from flexlamps.models.hybrid_config import HybridConfig
+from flexlamps.models.layer_config import AttentionConfig, DecoderConfig, from_dict
 from flexlamps.models.mla_config import MLAConfig
 from flexlamps.models.moe_config import MoEConfig
 
@@ -38,6 +38,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2
     mlp_bias: bool = False
+    attention: AttentionConfig = field(default_factory=AttentionConfig)  # scale, windows, q/k norm, rope per layer
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)  # norms, embedding and logit scales
     # OPT only
     do_layer_norm_before: bool = True
     word_embed_proj_dim: int | None = None
@@ -81,6 +83,8 @@ class ModelConfig:
     def from_json(cls, text: str) -> "ModelConfig":
         d = json.loads(text)
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
+        d["attention"] = from_dict(AttentionConfig, d.get("attention"))
+        d["decoder"] = from_dict(DecoderConfig, d.get("decoder"))
         if d.get("mla"):
             d["mla"] = MLAConfig(**d["mla"])
         if d.get("moe"):

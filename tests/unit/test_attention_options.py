@@ -104,8 +104,8 @@ def test_packed_segment_window_equals_the_sequence_alone():
     for queries, keys in (seg_a, seg_b):
         seen = torch.arange(len(keys) - len(queries) + 1, len(keys) + 1)
         mask = torch.arange(len(keys))[None, None, :] < seen[None, :, None]
-        groups.append(SegmentGroup(torch.tensor([0]), torch.tensor([queries]), torch.ones(1, len(queries), dtype=torch.bool),
-                                   torch.tensor([keys]), mask))
+        valid = torch.ones(1, len(queries), dtype=torch.bool)
+        groups.append(SegmentGroup(torch.tensor([0]), torch.tensor([queries]), valid, torch.tensor([keys]), mask))
     keys, values = k.transpose(1, 2), v.transpose(1, 2)
     out = segment_attention(q, keys, values, Segments(tuple(groups), 9), opts)
     for queries, key_at in (seg_a, seg_b):

@@ -52,3 +52,74 @@ def test_the_registry_and_the_planners_view_import_no_torch():
     code = ("import sys; from flexlamps.models.families import families; families(); "
             "import flexlamps.models.description; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+# transformers' config class of each model type our decoder families read
+DECODER_CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
+                   "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "phi3": "Phi3Config",
+                   "smollm3": "SmolLM3Config", "granite": "GraniteConfig"}
+
+
+@pytest.mark.parametrize("model_type", sorted(DECODER_CLASSES))
+def test_every_config_field_transformers_defines_is_read_or_known_inert(model_type):
+    """No config option is dropped unseen: each field of transformers' class is one the family reads
+    (and runs or refuses) or one no forward reads (dropout, cache, init)."""
+    import dataclasses
+
+    import transformers
+
+    from flexlamps.models.families.hf_fields import INERT_FIELDS
+
+    cls = getattr(transformers, DECODER_CLASSES[model_type])
+    fields = {f.name for f in dataclasses.fields(cls)}
+    fam = family_for(model_type)
+    assert fields - fam.reads - INERT_FIELDS == set(), fam.name
+
+
+def _decoder(model_type: str, **extra) -> dict:
+    return {"model_type": model_type, "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, **extra}
+
+
+@pytest.mark.parametrize("config,field", [
+    (_decoder("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "'dynamic'"),
+    (_decoder("qwen3", rope_parameters={"rope_type": "mrope", "rope_theta": 1e4}), "'mrope'"),
+    (_decoder("gemma2", layer_types=["sliding_attention", "chunked_attention"], sliding_window=4),
+     "'chunked_attention'"),
+    (_decoder("gemma3_text", use_bidirectional_attention=True), "use_bidirectional_attention"),
+    (_decoder("llama", hidden_act="gelu"), "hidden_act='gelu'"),
+    (_decoder("phi3", rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 4}),
+     "'long_factor'"),
+    (_decoder("smollm3", no_rope_layers=[1]), "no_rope_layers"),
+])
+def test_options_we_do_not_run_are_refused_alike_by_generate_and_plan(config, field):
+    with pytest.raises(UnsupportedModelError) as by_generate:
+        ModelConfig.from_hf(config)
+    with pytest.raises(UnsupportedModelError) as by_plan:
+        model_spec_from_hf(config)
+    assert str(by_generate.value) == str(by_plan.value) and field in str(by_generate.value)
+
+
+def test_llama_attention_bias_reads_every_bias_transformers_builds():
+    """attention_bias: q, k, v and o (o_proj.bias was once never read); mlp_bias: gate, up, down."""
+    cfg = ModelConfig.from_hf(_decoder("llama", attention_bias=True, mlp_bias=True))
+    names = {hf_name(cfg, s) for s in weight_specs(cfg) if s.layer == 0 and s.role == "bias"}
+    assert names == {f"model.layers.0.self_attn.{p}_proj.bias" for p in "qkvo"} | \
+        {f"model.layers.0.mlp.{p}_proj.bias" for p in ("gate", "up", "down")}
+    qwen2 = ModelConfig.from_hf(_decoder("qwen2"))
+    assert {s.local_name for s in weight_specs(qwen2) if s.layer == 0 and s.role == "bias"} == \
+        {"q_bias", "k_bias", "v_bias"}
+
+
+def test_windows_and_per_layer_options_are_read():
+    mistral = ModelConfig.from_hf(_decoder("mistral", sliding_window=4096, max_position_embeddings=32768))
+    assert [mistral.attention.layer_window(i) for i in range(2)] == [4096, 4096]
+    qwen = ModelConfig.from_hf(_decoder("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1))
+    assert [qwen.attention.layer_window(i) for i in range(2)] == [None, 8]
+    assert ModelConfig.from_hf(_decoder("qwen2", sliding_window=8)).attention.window is None  # not used
+    gemma = ModelConfig.from_hf(_decoder("gemma3_text", num_hidden_layers=7, head_dim=8, rope_local_base_freq=10.0))
+    assert [gemma.attention.layer_local_rope(i) for i in range(7)] == [True] * 5 + [False, True]
+    assert gemma.rope_theta == 1_000_000.0 and gemma.attention.local_rope_theta == 10.0
+    smol = ModelConfig.from_hf(_decoder("smollm3", num_hidden_layers=4))
+    assert [smol.attention.layer_rotates(i) for i in range(4)] == [True, True, True, False]
+    assert ModelConfig.from_json(gemma.to_json()) == gemma

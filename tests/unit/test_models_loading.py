@@ -40,10 +40,8 @@ def test_config_spellings_and_mistral_window():
     new = ModelConfig.from_hf(dict(base, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}))
     assert old == new and old.rope_scaling == {"rope_type": "linear", "factor": 2.0}
     mistral = dict(base, model_type="mistral", max_position_embeddings=4096)
-    assert ModelConfig.from_hf(dict(mistral, sliding_window=None)).arch == "llama"
-    assert ModelConfig.from_hf(dict(mistral, sliding_window=4096)).arch == "llama"  # window covers the context
-    with pytest.raises(UnsupportedModelError, match="sliding_window"):
-        ModelConfig.from_hf(dict(mistral, sliding_window=1024))
+    assert ModelConfig.from_hf(dict(mistral, sliding_window=None)).attention.window is None
+    assert ModelConfig.from_hf(dict(mistral, sliding_window=1024)).attention.layer_window(1) == 1024
     with pytest.raises(UnsupportedModelError, match="gpt_neox"):
         ModelConfig.from_hf(dict(base, model_type="gpt_neox"))
     with pytest.raises(UnsupportedModelError, match="intermediate_size"):

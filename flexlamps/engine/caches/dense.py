@@ -72,7 +72,8 @@ class DenseKVCache:
         return lambda q, k, v, opts=None: self.attend(layer, slots, positions, q, k, v, geo, opts)
 
     def attend(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor, geometry: "StepGeometry | None" = None, opts: AttnOptions | None = None) -> torch.Tensor:
+               v: torch.Tensor, geometry: "StepGeometry | None" = None,
+               opts: AttnOptions | None = None) -> torch.Tensor:
         geo = geometry or self.step_geometry(slots, positions)
         n, t, heads, d = q.shape
         kc, vc = self.k[layer], self.v[layer]

@@ -412,7 +412,7 @@ class OffloadExecutor:
             outs = []
             for k, s in enumerate(steps):
                 x = s.pick_logit_rows(hidden[k].to(self.device))
-                outs.append(self._logits(fwd.final_hidden(glob, x)))
+                outs.append(fwd.finish_logits(self._logits(fwd.final_hidden(glob, x))))
             if prof is not None:
                 prof.sweep_s = time.perf_counter() - t_sweep
                 self.sweeps.append(prof)

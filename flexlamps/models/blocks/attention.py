@@ -241,7 +241,8 @@ def _padded_last_block(values: torch.Tensor, start: int) -> torch.Tensor:
     n, kv, span, d = values.shape
     real = span - start
     buf, held = getattr(_LAST_BLOCK, "buf", None), getattr(_LAST_BLOCK, "real", 0)
-    if buf is None or buf.shape != (n, kv, KEY_BLOCK, d) or buf.dtype != values.dtype or buf.device != values.device:
+    if (buf is None or buf.shape != (n, kv, KEY_BLOCK, d) or buf.dtype != values.dtype or buf.device != values.device
+            or buf.is_inference() != torch.is_inference_mode_enabled()):  # an inference tensor is read-only outside
         buf, held = values.new_zeros(n, kv, KEY_BLOCK, d), 0
     buf[:, :, :real].copy_(values[:, :, start:])
     if held > real:  # rows a longer block left behind

@@ -25,3 +25,9 @@ def native_ops():
     """This process's AVX-512 RMSNorm and SwiGLU (`flexlamps.kernels.elementwise`), or None where
     torch's ops run (`flexlamps.kernels.loader` says why)."""
     return loader.chosen().get("elementwise")
+
+
+def rms_norm_plus_one(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm: normalized in fp32 and scaled by (1 + w) in fp32, rounded once (transformers'
+    Gemma2RMSNorm: `(x * (1 + w)).to(dtype)`, not LLaMA's rounding before the scale)."""
+    return torch.rms_norm(x.float(), x.shape[-1:], 1.0 + weight.float(), eps).to(x.dtype)

@@ -57,5 +57,9 @@ class OptForward:
             x = linear(x, w["project_out"])
         return x
 
+    def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The output projection's result is the logits (no soft-capping or scale)."""
+        return logits
+
     def head(self, w, x: torch.Tensor) -> torch.Tensor:
         return linear(self.final_hidden(w, x), w["lm_head"] if "lm_head" in w else w["embed_tokens"])

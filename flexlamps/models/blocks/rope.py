@@ -1,25 +1,54 @@
-"""Rotary position embeddings: inverse frequencies (default, linear, llama3, yarn scaling) and rotation."""
+"""Rotary position embeddings: inverse frequencies (default, linear, llama3, yarn, longrope scaling) and
+rotation. Dynamic NTK is not among them: transformers recomputes it from the longest sequence seen so
+far, a state no step of ours could reproduce per request."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from flexlamps.models.config import ModelConfig
+from flexlamps.models.layer_config import ROPE_TYPES
+
+
+@dataclass(frozen=True, eq=False)
+class Rope:
+    """One rotary embedding: `inv_freq` (dim / 2,), cos and sin times `factor` (YaRN, LongRoPE); a
+    LongRoPE row whose step reaches past `long_from` positions turns with `long_inv_freq`."""
+    inv_freq: torch.Tensor
+    factor: float = 1.0
+    long_inv_freq: torch.Tensor | None = None
+    long_from: int = 0
+
+
+def rope_for(dim: int, theta: float, scaling: dict | None, max_position: int) -> Rope:
+    """The rotary embedding of `dim` rotated dims; ValueError naming an unknown rope type."""
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    kind = scaling["rope_type"] if scaling is not None else "default"
+    if kind == "default":
+        return Rope(inv)
+    if kind == "linear":
+        return Rope(inv / scaling["factor"])
+    if kind == "llama3":
+        return Rope(_llama3_inverse_frequencies(inv, scaling))
+    if kind == "yarn":
+        factor = scaling.get("factor") or max_position / scaling["original_max_position_embeddings"]
+        s = {**scaling, "factor": factor}
+        return Rope(_yarn_inverse_frequencies(inv, dim, theta, s), yarn_attention_factor(s))
+    if kind == "longrope":
+        return _longrope(dim, theta, scaling, max_position)
+    raise ValueError(f"rope type {kind!r} is not supported ({', '.join(ROPE_TYPES)} are)")
 
 
 def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
-    d = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    s = cfg.rope_scaling
-    if s is None:
-        return inv
-    if s["rope_type"] == "linear":
-        return inv / s["factor"]
-    if s["rope_type"] == "yarn":
-        return _yarn_inverse_frequencies(inv, d, cfg.rope_theta, s)
-    # llama3: long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+    """`cfg`'s inverse frequencies over its head_dim (MLA: the rotary width)."""
+    return rope_for(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position).inv_freq
+
+
+def _llama3_inverse_frequencies(inv: torch.Tensor, s: dict) -> torch.Tensor:
+    """llama3: long wavelengths are slowed by `factor`, short ones kept, the band between blended."""
     factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
     old_ctx = s["original_max_position_embeddings"]
     wavelen = 2 * math.pi / inv
@@ -28,6 +57,25 @@ def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
     blended = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= old_ctx / hi) & (wavelen <= old_ctx / lo)
     return torch.where(medium, blended, scaled)
+
+
+def _longrope(dim: int, theta: float, s: dict, max_position: int) -> Rope:
+    """LongRoPE (Phi-3): per-dim factors, the short ones up to `original_max_position_embeddings`
+    positions, the long ones past them (as transformers switches on the step's length), cos and sin
+    times sqrt(1 + log(factor) / log(original)) (or the config's attention_factor)."""
+    old_ctx = s["original_max_position_embeddings"]
+    factor = s.get("factor") or max_position / old_ctx
+    attention_factor = s.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(old_ctx))
+    shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+
+    def inv(ext) -> torch.Tensor:
+        if len(ext) != dim // 2:
+            raise ValueError(f"longrope factors hold {len(ext)} values; the rotary width {dim} needs {dim // 2}")
+        return 1.0 / (torch.tensor(ext, dtype=torch.float32) * theta ** shape)
+
+    return Rope(inv(s["short_factor"]), float(attention_factor), inv(s["long_factor"]), old_ctx)
 
 
 def _yarn_inverse_frequencies(inv: torch.Tensor, d: int, theta: float, s: dict) -> torch.Tensor:
@@ -55,6 +103,10 @@ def rope_attention_factor(cfg: ModelConfig) -> float:
     s = cfg.rope_scaling
     if s is None or s["rope_type"] != "yarn":
         return 1.0
+    return yarn_attention_factor(s)
+
+
+def yarn_attention_factor(s: dict) -> float:
     if s.get("attention_factor") is not None:
         return float(s["attention_factor"])
 
@@ -68,8 +120,10 @@ def rope_attention_factor(cfg: ModelConfig) -> float:
 
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
     """cos, sin of shape (n, T, head_dim) for integer positions (n, T); computed in fp32 on the
-    positions' device (`inv_freq`, made on the CPU, is copied there: once a step, not a layer)."""
-    freqs = positions.to(torch.float32)[..., None] * inv_freq.to(positions.device)[None, None, :]
+    positions' device (`inv_freq`, made on the CPU, is copied there: once a step, not a layer).
+    `inv_freq` (dim / 2,) for every row, or (n, dim / 2) a row."""
+    inv = inv_freq.to(positions.device)
+    freqs = positions.to(torch.float32)[..., None] * (inv[None, None, :] if inv.dim() == 1 else inv[:, None, :])
     emb = torch.cat((freqs, freqs), dim=-1)
     if scale != 1.0:
         return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
@@ -85,13 +139,24 @@ def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     return torch.cat((even * cos - odd * sin, odd * cos + even * sin), dim=-1)
 
 
-def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
     """(cos, signed sin) of shape (n, T, 1, head_dim) for `rotate_half_split`, made once per step:
     the sin's first half negated, which folds rotate-half's negation into the table."""
-    cos, sin = rope_cos_sin(inv_freq, positions, dtype)
+    cos, sin = rope_cos_sin(inv_freq, positions, dtype, scale)
     half = sin.shape[-1] // 2
     sin[..., :half].neg_()
     return cos[:, :, None], sin[:, :, None]
+
+
+def step_tables(rope: Rope, positions: torch.Tensor, dtype: torch.dtype):
+    """`rope_tables` of `rope` for a step's positions (n, T); LongRoPE picks each row's frequencies
+    by how far that row's step reaches (transformers: the step's longest sequence), so a row's
+    rotation never depends on the other rows."""
+    inv = rope.inv_freq
+    if rope.long_inv_freq is not None:
+        long_rows = (positions.amax(dim=1) + 1 > rope.long_from).cpu()[:, None]
+        inv = torch.where(long_rows, rope.long_inv_freq[None], rope.inv_freq[None])
+    return rope_tables(inv, positions, dtype, rope.factor)
 
 
 def rotate_half_split(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

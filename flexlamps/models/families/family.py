@@ -27,4 +27,7 @@ class Family:
     # where a weight lies inside a fused checkpoint tensor (gpt-oss's experts), None: its own tensor
     hf_part: Callable[["ModelConfig", "WeightSpec"], "FusedPart | None"] | None = None
     gguf_architectures: tuple[str, ...] = ()  # llama.cpp's general.architecture values it reads
+    # config.json fields `parse` reads (beside hf_fields.INERT_FIELDS): every field of transformers'
+    # config class for its model types is one or the other (tests/unit/test_model_families.py)
+    reads: frozenset[str] = frozenset()
     examples: str = ""  # models people bring of this family, for `flexlamps models`

@@ -50,6 +50,17 @@ class HFFolderReader:
                                  str(folder))
         self._handles: dict[Path, Any] = {}
         self._tokenizer: Tokenizer | None = None
+        self._refuse_unread()
+
+    def _refuse_unread(self) -> None:
+        """Every tensor of the checkpoint is read by some weight (see loading.unread)."""
+        from flexlamps.models.families import family_for
+        from flexlamps.models.loading.unread import unread_error, unread_tensors
+
+        read = {self._file_name(spec) for spec in weight_specs(self.config)}
+        unread = unread_tensors(self._files, read, self.hf_config)
+        if unread:
+            raise CheckpointError(unread_error(str(self.path), unread, family_for(self.config.model_type).name))
 
     @staticmethod
     def _tensor_files(folder: Path) -> dict[str, Path]:
