@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from flexlamps.models.hybrid_config import HybridConfig
 from flexlamps.models.layer_config import AttentionConfig, DecoderConfig, from_dict
 from flexlamps.models.mla_config import MLAConfig
 from flexlamps.models.moe_config import MoEConfig

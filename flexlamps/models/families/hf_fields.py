@@ -128,7 +128,7 @@ INERT_FIELDS = frozenset({
     "architectures", "chunk_size_feed_forward", "dtype", "torch_dtype", "id2label", "is_encoder_decoder",
     "label2id", "output_hidden_states", "problem_type", "return_dict", "transformers_version", "model_type",
     "_name_or_path", "use_cache", "initializer_range", "attention_dropout", "pad_token_id", "bos_token_id",
-    "eos_token_id", "max_position_embeddings",
+    "eos_token_id",
 })
 
 

@@ -22,7 +22,8 @@ __all__ = ["FAMILY", "HF_LAYER", "SHAPE_FIELDS", "decoder_fields", "decoder_hf_n
 # the fields every LLaMA-like config spells alike (read by hf_fields.decoder_model)
 SHAPE_FIELDS = frozenset({"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                           "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps",
-                          "tie_word_embeddings", "hidden_act", "rope_parameters", "rope_theta", "rope_scaling"})
+                          "tie_word_embeddings", "hidden_act", "rope_parameters", "rope_theta", "rope_scaling",
+                          "max_position_embeddings"})
 
 
 def _from_llama(hf: dict[str, Any]) -> ModelConfig:

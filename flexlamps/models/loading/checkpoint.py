@@ -205,8 +205,9 @@ def fp8_weight_block(hf_config: dict[str, Any], cfg_path: Path | str = "config.j
 _GGUF_LAYER = {
     "attn_norm": "attn_norm.weight", "q_proj": "attn_q.weight", "k_proj": "attn_k.weight",
     "v_proj": "attn_v.weight", "q_bias": "attn_q.bias", "k_bias": "attn_k.bias", "v_bias": "attn_v.bias",
-    "o_proj": "attn_output.weight", "mlp_norm": "ffn_norm.weight", "gate_proj": "ffn_gate.weight",
-    "up_proj": "ffn_up.weight", "down_proj": "ffn_down.weight",
+    "o_proj": "attn_output.weight", "o_bias": "attn_output.bias", "mlp_norm": "ffn_norm.weight",
+    "gate_proj": "ffn_gate.weight", "up_proj": "ffn_up.weight", "down_proj": "ffn_down.weight",
+    "gate_bias": "ffn_gate.bias", "up_bias": "ffn_up.bias", "down_bias": "ffn_down.bias",
 }
 _GGUF_GLOBAL = {"embed_tokens": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
 
@@ -296,11 +297,16 @@ class GGUFReader:
             "rope_theta": f.get(f"{arch}.rope.freq_base", 10000.0),
             "tie_word_embeddings": "output.weight" not in self._tensor_types,
             "attention_bias": "blk.0.attn_q.bias" in self._tensor_types,
+            "mlp_bias": "blk.0.ffn_up.bias" in self._tensor_types,
             "bos_token_id": f.get("tokenizer.ggml.bos_token_id"),
             "eos_token_id": f.get("tokenizer.ggml.eos_token_id"),
         }
         if f.get(f"{arch}.rope.scaling.type") == "linear":
             cfg["rope_scaling"] = {"rope_type": "linear", "factor": f[f"{arch}.rope.scaling.factor"]}
+        if arch == "llama" and cfg["attention_bias"] != ("blk.0.attn_output.bias" in self._tensor_types):
+            # transformers' LLaMA biases q, k, v and o together: one without the other is another model
+            raise UnsupportedModelError(f"{self.path}: biases on q/k/v without one on the output projection (or "
+                                        "the reverse) are not a LLaMA layout flexlamps runs")
         return {**cfg, **moe_hf_fields(arch, f, cfg)}
 
     @property
