@@ -84,5 +84,9 @@ class HybridForward:
     def final_hidden(self, w: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return offset_rms_norm(x, w["norm"], self.cfg.norm_eps)
 
+    def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The output projection's result is the logits (no soft-capping or scale)."""
+        return logits
+
     def head(self, w: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return linear(self.final_hidden(w, x), w["lm_head"] if "lm_head" in w else w["embed_tokens"])
