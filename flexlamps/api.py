@@ -128,7 +128,7 @@ class LLM:
 
         from flexlamps.engine.executors.offloaded import OffloadExecutor
         from flexlamps.engine.executors.policy_choice import load_policy, plan_policy
-        from flexlamps.hw_profile import machine_profile
+        from flexlamps.hardware.cache import machine_profile
 
         o = self.offload
         policy = o.policy

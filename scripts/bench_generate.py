@@ -49,7 +49,7 @@ import torch
 
 from bench_prompts import distinct_prompts
 from flexlamps import LLM, SamplingParams
-from flexlamps.hw_profile import measure_read_bandwidth
+from flexlamps.hardware.probes import measure_read_bandwidth
 from flexlamps.models.blocks.linear import int8_kernel, linear, native_kernel, pack, unpack
 from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.models.loading.weight_cache import load_weights

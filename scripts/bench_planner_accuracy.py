@@ -25,7 +25,7 @@ import torch
 
 import placement
 from flexlamps import LLM, SamplingParams
-from flexlamps.hw_profile import profile_machine
+from flexlamps.hardware.machine import profile_machine
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit, WorkloadSpec
 

@@ -69,7 +69,7 @@ def _kernels() -> dict:
 
 def _profiles() -> dict:
     from flexlamps.cache_folder import cache_root
-    from flexlamps.hw_profile import profile_cache_path
+    from flexlamps.hardware.cache import profile_cache_path
 
     generic = profile_cache_path()
     per_model = sorted(p.name for p in generic.parent.glob(f"{generic.stem}-*.json") if not p.stem.endswith(".check"))

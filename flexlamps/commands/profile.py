@@ -91,7 +91,7 @@ def _profile_hardware(out_path: Path, quick: bool, disk_dir: Path | None, gpu_me
                       model_text: str | None) -> None:
     from tqdm import tqdm
 
-    from flexlamps.hw_profile import PROBE_NAMES, profile_machine  # imports torch
+    from flexlamps.hardware.machine import PROBE_NAMES, profile_machine  # imports torch
 
     if not out_path.parent.exists():
         raise click.BadParameter(f"folder {out_path.parent} does not exist", param_hint="--out")

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from flexlamps.cli import main
 from placement import HardwareSpec, ModelSpec, Plan, WorkloadSpec
-from flexlamps.hw_profile_int4 import PROBE_ROWS
+from flexlamps.hardware.int4_probes import PROBE_ROWS
 from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS
 
 
@@ -152,14 +152,14 @@ def test_profile_keeps_the_best_of_each_thread_count(monkeypatch):
     """The GEMM table is a dict of dicts: each entry is compared on its own, at every depth."""
     import torch
 
-    from flexlamps import hw_profile
+    from flexlamps.hardware import machine
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     runs = iter([{"fp32": {"1": 1.0, "8": 9.0}}, {"fp32": {"1": 3.0, "8": 2.0}}])
-    assert hw_profile._best_over_threads(lambda: next(runs)) == {"fp32": {"1": 3.0, "8": 9.0}}
+    assert machine._best_over_threads(lambda: next(runs)) == {"fp32": {"1": 3.0, "8": 9.0}}
     runs = iter([(1.0, 5.0), (2.0, 4.0)])
-    assert hw_profile._best_over_threads(lambda: next(runs), pick=min) == (1.0, 4.0)
+    assert machine._best_over_threads(lambda: next(runs), pick=min) == (1.0, 4.0)
 
 
 def test_profile_times_gemms_on_the_models_own_matrices(tmp_path):
@@ -174,22 +174,22 @@ def test_profile_times_gemms_on_the_models_own_matrices(tmp_path):
 
 
 def test_probe_shapes_fall_back_to_a_generic_matrix_for_big_models():
-    from flexlamps import hw_profile
+    from flexlamps.hardware import probes
     from placement import model_preset
 
     small = model_preset("smollm2-135m").layer_matrix_shapes()
-    assert hw_profile.probe_shapes(small, 4, 64 << 20) == tuple(small)
+    assert probes.probe_shapes(small, 4, 64 << 20) == tuple(small)
     big = model_preset("opt-30b").layer_matrix_shapes()  # 2.4 GB of fp32 per layer
-    assert hw_profile.probe_shapes(big, 4, 256 << 20) == hw_profile.GENERIC_SHAPES
-    assert hw_profile.probe_shapes(None, 4, 256 << 20) == hw_profile.GENERIC_SHAPES
-    cycle = hw_profile._matrix_cycle(small, 4, 64 << 20)
+    assert probes.probe_shapes(big, 4, 256 << 20) == probes.GENERIC_SHAPES
+    assert probes.probe_shapes(None, 4, 256 << 20) == probes.GENERIC_SHAPES
+    cycle = probes._matrix_cycle(small, 4, 64 << 20)
     assert sum(o * i for o, i in cycle) * 4 >= 64 << 20 and cycle[:len(small)] == small
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(min_value=1e-3, max_value=1e15), max_size=8))
 def test_nondecreasing_pools_dips_and_keeps_the_total(values):
-    from flexlamps.hw_profile import nondecreasing
+    from flexlamps.hardware.probes import nondecreasing
 
     out = nondecreasing(values)
     assert len(out) == len(values)
@@ -202,17 +202,17 @@ def test_nondecreasing_pools_dips_and_keeps_the_total(values):
 def test_engine_profile_cache_is_keyed_by_the_probed_matrices(tmp_path, monkeypatch):
     """A small model gets a profile timed on its own matrices; a model too big for the quick
     probes shares the generic one (so it is not measured again per model)."""
-    from flexlamps import hw_profile
+    from flexlamps.hardware import cache
     from placement import hardware_preset, model_preset
 
     monkeypatch.setenv("FLEXLAMPS_CACHE", str(tmp_path))
     small = model_preset("smollm2-135m").layer_matrix_shapes()
-    assert hw_profile.profile_cache_path(small) != hw_profile.profile_cache_path()
-    assert hw_profile.profile_cache_path(small) == hw_profile.profile_cache_path(list(small))
+    assert cache.profile_cache_path(small) != cache.profile_cache_path()
+    assert cache.profile_cache_path(small) == cache.profile_cache_path(list(small))
     generic = hardware_preset("rtx4090")
-    hw_profile.profile_cache_path().write_text(generic.to_json())
+    cache.profile_cache_path().write_text(generic.to_json())
     big = model_preset("llama-3-8b").layer_matrix_shapes()
-    assert hw_profile.machine_profile(tmp_path, model_shapes=big) == generic
+    assert cache.machine_profile(tmp_path, model_shapes=big) == generic
 
 
 def test_plan_keeps_to_what_the_engine_runs():

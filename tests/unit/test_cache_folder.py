@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from flexlamps.hw_profile import profile_cache_path
+from flexlamps.hardware.cache import profile_cache_path
 from flexlamps.cache_folder import cache_root
 from flexlamps.io.fingerprint import cache_root as fingerprint_root
 from flexlamps.models.loading.weight_cache import default_cache_dir

@@ -74,3 +74,8 @@ def test_quant_offload_and_placement_know_nothing_of_flexlamps():
 def test_the_kernels_import_only_quant_and_the_cache_folder():
     """flexlamps.kernels (every C kernel and its loader) sits below the models and the engine."""
     assert _graph()["flexlamps.kernels"] <= {"quant", "flexlamps.cache_folder"}
+
+
+def test_the_hardware_profile_is_its_own_sub_package():
+    assert not list((REPO / "flexlamps").glob("hw_profile*.py"))
+    assert {"flexlamps.hardware"} <= set(_graph())

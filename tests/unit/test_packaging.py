@@ -5,7 +5,6 @@ import configparser
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from flexlamps.cli import SUBCOMMANDS, main
 from tests.conftest import REPO

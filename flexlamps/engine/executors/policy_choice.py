@@ -1,5 +1,5 @@
 """Choose the offload policy for a run: from a policy JSON, or `auto`: the planner's LP with
-this machine's profile (flexlamps.hw_profile.machine_profile, passed in) and the run's memory
+this machine's profile (flexlamps.hardware.cache.machine_profile, passed in) and the run's memory
 budgets and lengths."""
 
 from __future__ import annotations

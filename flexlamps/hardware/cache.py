@@ -1,0 +1,102 @@
+"""The machine profile `--policy auto` plans with: cached in the cache folder per probed matrices,
+measured on first use and again when a quick GEMM shows it was taken on a busy machine.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from flexlamps.cache_folder import cache_root
+from flexlamps.hardware import machine
+from flexlamps.hardware.probes import GENERIC_SHAPES, _typical_rate, gemm_probe_shapes
+from flexlamps.models.blocks.linear import linear
+from placement import HardwareSpec
+
+
+# 3: dequantization over a sweep of matrices + a per-matrix cost, the engine's allocator;
+# 4: GEMM rates for resident (prepacked) weights; 5: median repetitions, a model's own
+# matrices, tensor-sized disk files, gpu_is_host; 6: the engine's 4-bit weights (fused kernel
+# by rows, dequantization rate, the switch between them); 7: those in passes taking turns;
+# 8: a quick GEMM check beside each profile, so one measured on a busy box is measured again;
+# 9: the int8 GEMM 4-bit prompts run on (a CPU with it)
+PROFILE_VERSION = 9
+
+
+def profile_cache_path(shapes=None) -> Path:
+    """Where the profile timed on matrices of `shapes` (None: the generic ones) is cached."""
+    root = cache_root()
+    # versioned: a profile written before the probes changed is measured again, not reused
+    name = f"hardware-v{PROFILE_VERSION}"
+    if shapes:
+        import hashlib
+
+        name += "-" + hashlib.sha256(repr(tuple(map(tuple, shapes))).encode()).hexdigest()[:12]
+    return Path(root) / f"{name}.json"
+
+
+# A cached profile is measured again when a quick GEMM now runs this much faster than it did
+# right after the profile was taken: that profile was measured on a busy machine (one cached
+# at 57 GFLOP/s bf16 where a quiet box gives about 200 kept plans slow for good). A slower
+# check keeps the cache: the box is busy now, and the quiet-box profile is the better guess.
+STALE_PROFILE_SPEEDUP = 1.5
+_CHECK_DIM = 256
+_CHECK_BUDGET_S = 0.03
+
+
+def check_rate() -> float:
+    """FLOP/s of a small fp32 GEMM through the engine's `linear` (median of ~30 ms of calls): a
+    cheap reading of how much of the CPU this process gets right now."""
+    a = torch.randn(_CHECK_DIM, _CHECK_DIM)
+    b = torch.randn(_CHECK_DIM, _CHECK_DIM)
+    return _typical_rate(lambda: linear(a, b), 2.0 * _CHECK_DIM**3, _CHECK_BUDGET_S)
+
+
+def _check_path(profile_path: Path) -> Path:
+    return profile_path.with_name(profile_path.stem + ".check.json")
+
+
+def _cached_profile(path: Path) -> tuple[HardwareSpec | None, str]:
+    """(the cached profile at `path`, "") if it can be used, else (None, why it is measured)."""
+    if not path.exists():
+        return None, "first run"
+    try:
+        spec = HardwareSpec.from_json(path.read_text())
+    except (ValueError, TypeError, KeyError):
+        return None, "the cached profile is damaged"
+    try:
+        recorded = float(json.loads(_check_path(path).read_text())["gemm_flops"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return spec, ""  # no check beside it (written by hand, or by an older flexlamps): trusted
+    now = check_rate()
+    if now > STALE_PROFILE_SPEEDUP * recorded:
+        return None, (f"it was measured on a busy machine (a quick GEMM ran {now / recorded:.1f}x "
+                      f"slower then than now)")
+    return spec, ""
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def machine_profile(scratch: Path, on_measure=None, model_shapes=None) -> HardwareSpec:
+    """This machine's profile: the cached one, or a quick measurement made now and cached for
+    the next run. `model_shapes`: the model's layer matrices, to time GEMMs and decompression
+    on (a model too big for the quick probes gets the generic profile). `on_measure(path,
+    why)` is told before a measurement."""
+    shapes = gemm_probe_shapes(model_shapes, quick=True)
+    path = profile_cache_path(None if shapes == GENERIC_SHAPES else shapes)
+    spec, why = _cached_profile(path)
+    if spec is not None:
+        return spec
+    if on_measure:
+        on_measure(path, why)
+    scratch.mkdir(parents=True, exist_ok=True)
+    spec = machine.profile_machine(disk_folder=scratch, quick=True, model_shapes=model_shapes)
+    _write_atomic(path, spec.to_json())
+    _write_atomic(_check_path(path), json.dumps({"gemm_flops": check_rate()}))
+    return spec

@@ -1,0 +1,192 @@
+"""This machine as a `placement.HardwareSpec`: every probe run (the better of the thread counts on a
+CPU) and its rates assembled; what `flexlamps profile` prints and `--policy auto` plans with.
+"""
+
+import shutil
+import socket
+from pathlib import Path
+from typing import Callable
+
+import psutil
+import torch
+
+from flexlamps.hardware.int4_probes import measure_int4, measure_int8_prompts
+from flexlamps.hardware.probes import (GENERIC_SHAPES, ProbeSizes, gemm_probe_shapes, measure_copies,
+                                       measure_cpu_attention, measure_dequant, measure_dequant_matrix_s,
+                                       measure_device_bandwidth, measure_disk, measure_gemm, measure_gemm_by_rows,
+                                       measure_layer_overhead, nondecreasing, probe_shapes)
+from flexlamps.host_allocator import keep_freed_memory
+from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS
+from placement import HardwareSpec
+
+
+def _best_over_threads(probe: Callable[[], float | dict | tuple], pick=max):
+    """Run a CPU probe with one thread and with torch's default; keep the faster result
+    (`pick`: max for rates, min for times).
+
+    On a loaded box, OpenMP's threads can wait on each other and run far slower than one
+    thread; the engine can choose either, so the profile records what is reachable.
+    """
+    default = torch.get_num_threads()
+    results = []
+    for num_threads in sorted({1, default}):
+        torch.set_num_threads(num_threads)
+        try:
+            results.append(probe())
+        finally:
+            torch.set_num_threads(default)
+    return _pick_each(results, pick)
+
+
+def _pick_each(results: list, pick):
+    """Element-wise `pick` over results of one shape (numbers, or dicts/tuples of them, nested)."""
+    first = results[0]
+    if isinstance(first, dict):
+        return {k: _pick_each([r[k] for r in results], pick) for k in first}
+    if isinstance(first, tuple):
+        return tuple(_pick_each([r[i] for r in results], pick) for i in range(len(first)))
+    return pick(results)
+
+
+def _gemm_peaks(on_cpu, device: torch.device, sizes: ProbeSizes, has_cuda: bool) -> tuple[dict, dict]:
+    """Dense GEMM FLOP/s by dtype on the gpu tier's device and on the CPU (one probe on a
+    CPU-only box, where the two are the same cores)."""
+    gpu = on_cpu(lambda: measure_gemm(device, sizes.gemm_dim, sizes.seconds_per_probe))
+    if not has_cuda:
+        return gpu, gpu
+    return gpu, _best_over_threads(lambda: measure_gemm(torch.device("cpu"), sizes.gemm_dim, sizes.seconds_per_probe))
+
+
+def _int4_rates(on_cpu, device: torch.device, shapes, sizes: ProbeSizes) -> tuple[dict, float]:
+    """The fused 4-bit kernel's FLOP/s by rows (made nondecreasing in rows, as the GEMM tables
+    are) and the 4-bit dequantization rate."""
+    table, dequant = on_cpu(lambda: measure_int4(device, shapes, sizes.gemm_rows_bytes // 16,
+                                                 2 * sizes.seconds_per_probe))
+    return _nondecreasing_tables(table), dequant
+
+
+def _int8_rates(shapes, sizes: ProbeSizes) -> dict:
+    """The int8 GEMM's FLOP/s by rows for 4-bit prompts on this CPU (nondecreasing in rows), or {}."""
+    return _nondecreasing_tables(_best_over_threads(
+        lambda: measure_int8_prompts(shapes, sizes.gemm_rows_bytes // 4, 2 * sizes.seconds_per_probe)))
+
+
+def _nondecreasing_tables(table: dict) -> dict:
+    """{dtype: {rows: rate}} with each dtype's rates made nondecreasing in rows, as the GEMM tables are."""
+    return {name: dict(zip(rows, nondecreasing(list(rows.values())))) for name, rows in table.items()}
+
+
+def profile_machine(*, disk_folder: Path, quick: bool = False,
+                    gpu_budget_bytes: int | None = None, model_shapes=None,
+                    step: Callable[[str], None] = lambda name: None) -> HardwareSpec:
+    """Run every probe and return the machine as a `HardwareSpec`.
+
+    Args:
+        disk_folder: where the disk probe writes its temporary file (the offload folder).
+        quick: small probes, about ten seconds in all (for tests and smoke runs).
+        gpu_budget_bytes: GPU memory to plan with; default: the device's memory on CUDA,
+            a quarter of RAM on a CPU-only box.
+        model_shapes: (out, in) of one layer's weight matrices (`ModelSpec.layer_matrix_shapes`)
+            to time GEMMs and decompression on; default: a generic 2048x1024 matrix.
+        step: called with each probe's name before it runs (progress display).
+    """
+    keep_freed_memory()  # the allocator the engine runs with (LLM sets it too)
+    sizes = ProbeSizes.for_mode(quick)
+    budget_s = sizes.seconds_per_probe
+    has_cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if has_cuda else "cpu")
+
+    step("disk")
+    disk_read, disk_write = _disk_rates(disk_folder, sizes, model_shapes, has_cuda)
+    def on_cpu(probe, pick=max):  # the CPU is the device: keep its better thread count
+        return probe() if has_cuda else _best_over_threads(probe, pick=pick)
+
+    step("copies")
+    to_gpu, to_cpu = on_cpu(lambda: measure_copies(device, sizes.copy_bytes, budget_s))
+    step("memory bandwidth")
+    gpu_bandwidth = on_cpu(lambda: measure_device_bandwidth(device, sizes.copy_bytes, budget_s))
+    step("layer overhead")
+    layer_overhead = on_cpu(lambda: measure_layer_overhead(device, budget_s), pick=min)
+    step("gemm by rows")
+    shapes = gemm_probe_shapes(model_shapes, quick)
+    gemm_by_rows, gemm_by_rows_resident = _gemm_row_tables(on_cpu, device, sizes, shapes, has_cuda)
+    # the decode roofline is what an 8-row fp32 GEMM streams (4 weight bytes per 2 FLOPs per
+    # row); a memcpy only bounds it, and overstates it several times on a CPU
+    gpu_bandwidth = min(gpu_bandwidth, gemm_by_rows["fp32"]["8"] * 4 / (2 * 8))
+    step("gemm")
+    gpu_gemm, cpu_gemm = _gemm_peaks(on_cpu, device, sizes, has_cuda)
+    step("cpu attention")
+    cpu_attention = _best_over_threads(lambda: measure_cpu_attention(sizes.attention_context, budget_s))
+    step("dequantization")
+    dequant_matrix_s, gpu_dequant, cpu_dequant = _dequant_rates(on_cpu, device, sizes, model_shapes, has_cuda)
+    step("4-bit weights")
+    int4_table, int4_dequant = _int4_rates(on_cpu, device, shapes, sizes)
+    int8_table = {} if has_cuda else _int8_rates(shapes, sizes)
+    gpu_mem, cpu_mem = _tier_memory(has_cuda, gpu_budget_bytes)
+    return HardwareSpec(
+        name=_profile_name(has_cuda, shapes),
+        gpu_mem_bytes=int(gpu_mem), cpu_mem_bytes=int(cpu_mem),
+        disk_bytes=int(shutil.disk_usage(disk_folder).free),
+        cpu_to_gpu_bytes_per_s=to_gpu, gpu_to_cpu_bytes_per_s=to_cpu,
+        disk_read_bytes_per_s=disk_read, disk_write_bytes_per_s=disk_write,
+        gpu_matmul_flops_per_s=gpu_gemm, cpu_matmul_flops_per_s=cpu_gemm,
+        gpu_mem_bytes_per_s=gpu_bandwidth, cpu_attention_flops_per_s=cpu_attention,
+        gpu_dequant_bytes_per_s=gpu_dequant, cpu_dequant_bytes_per_s=cpu_dequant,
+        gpu_layer_overhead_s=layer_overhead, gpu_dequant_matrix_s=dequant_matrix_s,
+        gpu_gemm_flops_by_rows=gemm_by_rows, gpu_gemm_flops_by_rows_resident=gemm_by_rows_resident,
+        gpu_is_host=not has_cuda, gpu_int4_gemm_flops_by_rows=int4_table, int4_dense_from_rows=INT4_DENSE_FROM_ROWS,
+        gpu_int4_dequant_bytes_per_s=int4_dequant, gpu_int8_prompt_flops_by_rows=int8_table)
+
+
+def _profile_name(has_cuda: bool, shapes) -> str:
+    return (f"profile:{socket.gethostname()}" + ("" if has_cuda else " (cpu as gpu)")
+            + (f", matrices {'/'.join(f'{o}x{i}' for o, i in shapes)}" if shapes != GENERIC_SHAPES else ""))
+
+
+def _disk_rates(disk_folder: Path, sizes, model_shapes, has_cuda: bool) -> tuple[float, float]:
+    """Read and write rates over the engine's tensor files: the model's matrices in its dtype
+    (fp16 on GPUs, fp32 here)."""
+    itemsize = 2 if has_cuda else 4
+    file_shapes = probe_shapes(model_shapes, itemsize, sizes.disk_file_bytes)
+    return measure_disk(disk_folder, sizes.disk_file_bytes, [o * i * itemsize for o, i in file_shapes])
+
+
+def _gemm_row_tables(on_cpu, device: torch.device, sizes, shapes, has_cuda: bool) -> tuple[dict, dict]:
+    """GEMM rates by row count: streamed weights, and (on CPUs, where resident weights are
+    prepacked) resident ones; on GPUs packing is a no-op and the second table would repeat."""
+    # fp16 GEMMs are emulated (and slow) on CPUs; engines there run fp32 or bf16
+    row_dtypes = ("fp32", "bf16", "fp16") if has_cuda else ("fp32", "bf16")
+    rows_budget_s = 2 * sizes.seconds_per_probe  # the planner's main input: twice a probe's time
+    rows_bytes = sizes.gemm_rows_bytes
+    streamed = on_cpu(lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s, row_dtypes, shapes))
+    resident = {} if has_cuda else on_cpu(
+        lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s, row_dtypes, shapes, packed=True))
+    return streamed, resident
+
+
+def _dequant_rates(on_cpu, device: torch.device, sizes, model_shapes, has_cuda: bool) -> tuple[float, float, float]:
+    """(seconds per matrix, gpu bytes/s, cpu bytes/s) of decompression."""
+    budget_s = sizes.seconds_per_probe
+    matrix_s = on_cpu(lambda: measure_dequant_matrix_s(device, budget_s), pick=min)
+    shapes = probe_shapes(model_shapes, 1, sizes.dequant_elements, fallback=((1024, 1024),))
+
+    def rate(on: torch.device, per_matrix_s: float) -> float:
+        return measure_dequant(on, sizes.dequant_elements, budget_s, shapes, per_matrix_s)
+
+    gpu = on_cpu(lambda: rate(device, matrix_s))
+    # the CPU decompresses cache (CPU attention), which has no per-matrix term
+    cpu = _best_over_threads(lambda: rate(torch.device("cpu"), 0.0)) if has_cuda else gpu
+    return matrix_s, gpu, cpu
+
+
+def _tier_memory(has_cuda: bool, gpu_budget_bytes: int | None) -> tuple[int, int]:
+    """(gpu, cpu) bytes to plan with: on a CPU-only box the "gpu" tier is carved out of RAM."""
+    ram = psutil.virtual_memory().total
+    if has_cuda:
+        return gpu_budget_bytes or torch.cuda.mem_get_info()[1], ram
+    gpu_mem = gpu_budget_bytes or ram // 4
+    return gpu_mem, max(ram - gpu_mem, 1)
+
+
+PROBE_NAMES = ("disk", "copies", "memory bandwidth", "layer overhead", "gemm by rows", "gemm", "cpu attention",
+               "dequantization", "4-bit weights")
