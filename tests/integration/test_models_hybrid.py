@@ -202,3 +202,26 @@ def test_bfloat16_is_as_close_to_float32_as_transformers_own_bfloat16(hybrid_mod
     ex = InMemoryExecutor(reader.config, read_all(reader, torch.bfloat16), torch.bfloat16)
     ours = ex.forward_steps(ex.new_cache(2, 40), [Step(ids, torch.arange(40).expand(2, 40), torch.arange(2))])[0]
     assert (ours - exact).abs().max() <= 1.25 * (theirs.float() - exact).abs().max() + 0.05
+
+
+def test_scoring_feeds_each_pair_after_the_shared_root_in_a_row_of_its_own(hybrid_models):
+    """Rounds of continuations over one row would rewind its state: a hybrid model's pairs are
+    scored as leaves after the common root (its state copied at the root's end), as transformers
+    scores each context + continuation."""
+    import transformers
+
+    from flexlamps.engine.batch.scoring import PrefixScorer
+
+    folder = hybrid_models["qwen3_next"]
+    reader, ex = _executor(folder)
+    g = torch.Generator().manual_seed(10)
+    root = torch.randint(2, reader.config.vocab_size, (20,), generator=g).tolist()
+    ctx = [root + torch.randint(2, reader.config.vocab_size, (n,), generator=g).tolist() for n in (4, 9)]
+    pairs = [(ctx[0], [5, 6, 7]), (ctx[1], [8]), (ctx[0], [9, 10]), (ctx[1], [11, 12, 13, 14])]
+    got = PrefixScorer(ex).score(pairs)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    for (c, k), out in zip(pairs, got):
+        with torch.no_grad():
+            logp = torch.log_softmax(ref(torch.tensor([c + k])).logits[0], -1)
+        expected = sum(logp[len(c) - 1 + j, t].item() for j, t in enumerate(k))
+        assert abs(out.logprob - expected) <= 1e-4

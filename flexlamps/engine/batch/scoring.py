@@ -77,7 +77,7 @@ class PrefixScorer:
                  row_tokens: int | None = ROW_TOKENS):
         self.ex = executor
         self.row_tokens = row_tokens  # packed rows (see engine.batch.packing); None: one context per row
-        self._packs_rows: bool | None = None
+        self._flags: dict[str, bool] = {}  # the executor's cache kind (`_cache_kind`)
         self.max_batch = max_batch
         self.micro_batch = micro_batch or max_batch
         self.step_tokens = step_tokens  # padded tokens per step: rows of similar length share one
@@ -102,6 +102,11 @@ class PrefixScorer:
         for i, c in enumerate(contexts):
             by_context.setdefault(tuple(c), []).append(i)
         root = self._extend(None, [], contexts[0][:common]) if common else None
+        if not self._cache_kind("rewinds", True):  # no rounds over a row: each pair in a row of its own
+            leaves = self._run_leaves(contexts[0][:common], root, [(c[common:] + k, len(c) - common) for c, k in pairs])
+            if root is not None:
+                root.cache.release()
+            return leaves
         results: list[ScoreOutput | None] = [None] * len(pairs)
         groups = sorted(by_context.items(), key=lambda kv: -len(kv[0]))  # similar lengths share a step
         if self._can_pack():
@@ -117,13 +122,16 @@ class PrefixScorer:
 
     def _can_pack(self) -> bool:
         """Whether this executor's caches take packed rows (the dense and tiered KV caches do)."""
-        if self.row_tokens is None:
-            return False
-        if self._packs_rows is None:
+        return self.row_tokens is not None and self._cache_kind("packs_rows", False)
+
+    def _cache_kind(self, flag: str, default: bool) -> bool:
+        """A flag of this executor's caches: `packs_rows`, or `rewinds` (a row can be fed again from
+        an earlier position, as rounds of continuations are; a recurrent state cannot)."""
+        if flag not in self._flags:
             probe = self.ex.new_cache(1, 1)
-            self._packs_rows = bool(getattr(probe, "packs_rows", False))
+            self._flags[flag] = bool(getattr(probe, flag, default))
             probe.release()
-        return self._packs_rows
+        return self._flags[flag]
 
     def _score_packed(self, common: int, root, items: list[Item]):
         """Items packed into rows (see engine.batch.packing); the rows go to the executor in

@@ -31,6 +31,7 @@ class HybridGeometry:
 
 class HybridCache:
     packs_rows = False  # a packed row holds several sequences; a recurrent state holds one
+    rewinds = False  # a row fed again from an earlier position would need the state there (caches.state)
 
     def __init__(self, cfg: ModelConfig, kv, state: StateCache):
         self.kv, self.state = kv, state
