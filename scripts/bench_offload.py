@@ -86,6 +86,29 @@ def save_random_tinyllama(folder: Path, dtype: torch.dtype) -> Path:
     return folder
 
 
+# a Mixtral-shaped MoE small enough for a 2-core box: top-2 of 32 experts in each of 4 layers
+MIXTRAL_SMALL = dict(hidden_size=512, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
+                     num_key_value_heads=2, num_local_experts=32, num_experts_per_tok=2, vocab_size=32000,
+                     max_position_embeddings=2048, tie_word_embeddings=False)
+
+
+def save_random_mixtral(folder: Path, dtype: torch.dtype) -> Path:
+    """A random-weight Mixtral-shaped MoE (MIXTRAL_SMALL), saved as safetensors."""
+    import transformers
+
+    if (folder / "config.json").exists():
+        return folder
+    cfg = transformers.MixtralConfig(**MIXTRAL_SMALL, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(cfg).to(dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    model.save_pretrained(folder, safe_serialization=True)
+    _copy_tokenizer(folder)
+    return folder
+
+
 def _copy_tokenizer(folder: Path) -> None:
     from flexlamps.models.loading.registry import open_checkpoint
 
@@ -112,6 +135,7 @@ def run_ours(folder, prompts, gen_len, dtype, gpu_mem, cpu_mem, offload_dir, com
     info = dict(policy=llm.policy, predicted=llm.plan.tokens_per_s if llm.plan else None,
                 gpu_peak=b["gpu"].peak_bytes, gpu_cap=b["gpu"].capacity_bytes, disk_bytes=disk_bytes,
                 overlap=ex.overlap_report(), sweeps=len(ex.sweeps),
+                experts=ex.expert_cache.stats() if ex.experts else None,
                 prefill=dict(wall_s=first.sweep_s, io_s=sum(first.io_s), compute_s=sum(first.compute_s))
                 if first is not None and first.prefill else None)
     llm.close()
@@ -231,7 +255,7 @@ def _print_ceiling(hf_config, args, peak: float, acc_tps: float) -> None:
 
 def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["smollm2", "tinyllama-random"], default="smollm2")
+    ap.add_argument("--model", choices=["smollm2", "tinyllama-random", "mixtral-random"], default="smollm2")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=64)
@@ -260,8 +284,8 @@ def main():
     args = _parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="flexlamps-bench-"))
     dtype = getattr(torch, args.dtype)
-    folder = (save_smollm2(work / "smollm2-hf", dtype) if args.model == "smollm2"
-              else save_random_tinyllama(work / "tinyllama-random", dtype))
+    save = {"smollm2": save_smollm2, "tinyllama-random": save_random_tinyllama, "mixtral-random": save_random_mixtral}
+    folder = save[args.model](work / args.model, dtype)
     from flexlamps.models.loading.registry import open_checkpoint
     from flexlamps.models.weight_specs import total_bytes
 
@@ -309,6 +333,10 @@ def main():
 
 def _print_ours(run, repeat: int) -> None:
     tps, _, info = run
+    if info["experts"]:
+        e = info["experts"]
+        print(f"    routed experts read off the cpu/disk tiers: {e['misses']}, served by the hot set ({e['order']}): "
+              f"{e['hits']} (hit rate {e['hit_rate']:.2f}; {e['kept']} kept)")
     p = info["policy"]
     print(f"[{repeat + 1}] flexlamps: policy block {p.gpu_batch_size}x{p.num_gpu_batches}, weights gpu {p.weights.gpu:.0%} "
           f"cpu {p.weights.cpu:.0%} disk {p.weights.disk:.0%} ({info['disk_bytes'] / 2**20:.0f} MiB on disk), "

@@ -49,6 +49,16 @@ def policies() -> dict[str, Policy]:
     }
 
 
+def budget_policies() -> dict[str, Policy]:
+    """SmolLM2 as it runs by default (bf16, 4-bit weights multiplied in place) with its weights
+    on each tier: the gpu tier, the cpu tier, mostly disk."""
+    def p(w):
+        return Policy(gpu_batch_size=8, num_gpu_batches=1, weights=w, cache=G, activations=G, compress_weight=True)
+
+    return {"4-bit weights on gpu tier, 8x1": p(G), "4-bit weights on cpu tier, 8x1": p(TierSplit(gpu=0, cpu=1, disk=0)),
+            "4-bit weights 90% disk, 8x1": p(TierSplit(gpu=0.05, cpu=0.05, disk=0.9))}
+
+
 TOLERANCE = 0.2  # the planner's accuracy target: measured within +-20% of predicted
 
 
@@ -111,6 +121,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds of (profile, then every policy once); a policy's ratio is its median "
                          "over the rounds, each run predicted with its own round's profile")
+    ap.add_argument("--set", dest="policy_set", default="mixed", choices=["mixed", "budgets"],
+                    help="mixed: eight hand-picked policies; budgets: the default 4-bit weights on each tier "
+                         "(use with --dtype bfloat16)")
     ap.add_argument("--hardware", default=None,
                     help="a HardwareSpec JSON for every round (default: profile this machine each round, "
                          "with the model's matrices)")
@@ -118,7 +131,7 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="flexlamps-acc-"))
     model = placement.ModelSpec.from_hf_config(open_checkpoint(args.model).hf_config)
     runs = {name: Run(args.model, policy, work / f"offload-{i}", args.dtype, args.prompt_len, args.gen_len)
-            for i, (name, policy) in enumerate(policies().items())}
+            for i, (name, policy) in enumerate((policies() if args.policy_set == "mixed" else budget_policies()).items())}
     fixed = placement.HardwareSpec.from_json(Path(args.hardware).read_text()) if args.hardware else None
     for round_ in range(args.rounds):
         # on a shared machine the speeds drift over minutes: each round's runs are predicted with
