@@ -91,6 +91,7 @@ def _decoder(model_type: str, **extra) -> dict:
     (_decoder("phi3", rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 4}),
      "'long_factor'"),
     (_decoder("smollm3", no_rope_layers=[1]), "no_rope_layers"),
+    (_decoder("phi3", rope_scaling={"type": "linear", "factor": 2.0}), "'linear'"),  # phi3: longrope only
 ])
 def test_options_we_do_not_run_are_refused_alike_by_generate_and_plan(config, field):
     with pytest.raises(UnsupportedModelError) as by_generate:
@@ -109,6 +110,13 @@ def test_llama_attention_bias_reads_every_bias_transformers_builds():
     qwen2 = ModelConfig.from_hf(_decoder("qwen2"))
     assert {s.local_name for s in weight_specs(qwen2) if s.layer == 0 and s.role == "bias"} == \
         {"q_bias", "k_bias", "v_bias"}
+
+
+def test_phi3_reads_su_as_longrope():
+    factors = {"short_factor": [1.0] * 4, "long_factor": [2.0] * 4}
+    cfg = ModelConfig.from_hf(_decoder("phi3", original_max_position_embeddings=16, max_position_embeddings=64,
+                                       rope_scaling={"type": "su", **factors}))
+    assert cfg.rope_scaling == {"rope_type": "longrope", **factors, "original_max_position_embeddings": 16}
 
 
 def test_windows_and_per_layer_options_are_read():

@@ -16,7 +16,18 @@ from flexlamps.models.weight_specs import WeightSpec
 
 
 def _from_phi3(hf: dict[str, Any]) -> ModelConfig:
-    return decoder_model(hf, attention=AttentionConfig(window=hf.get("sliding_window")))
+    return decoder_model(_longrope_spelled(hf), attention=AttentionConfig(window=hf.get("sliding_window")),
+                         rope_types=("longrope",))
+
+
+def _longrope_spelled(hf: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3's early configs name LongRoPE "su" (or "yarn"); transformers reads both as "longrope"."""
+    for field in ("rope_parameters", "rope_scaling"):
+        params = hf.get(field)
+        if params and params.get("rope_type", params.get("type")) in ("su", "yarn"):
+            params = {k: v for k, v in params.items() if k != "type"}
+            return {**hf, field: {**params, "rope_type": "longrope"}}
+    return hf
 
 
 def _phi3_specs(cfg: ModelConfig) -> list[WeightSpec]:
