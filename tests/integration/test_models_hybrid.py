@@ -225,3 +225,22 @@ def test_scoring_feeds_each_pair_after_the_shared_root_in_a_row_of_its_own(hybri
             logp = torch.log_softmax(ref(torch.tensor([c + k])).logits[0], -1)
         expected = sum(logp[len(c) - 1 + j, t].item() for j, t in enumerate(k))
         assert abs(out.logprob - expected) <= 1e-4
+
+
+def test_a_multi_token_prediction_head_is_skipped_but_other_extras_refused(hybrid_models, tmp_path):
+    """Released Qwen3-Next / Qwen3.5 checkpoints carry an `mtp.*` head that generation never runs
+    (transformers skips it too); any other tensor no weight reads is an error naming it."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from flexlamps.models.loading.checkpoint import CheckpointError
+
+    folder = tmp_path / "with_mtp"
+    shutil.copytree(hybrid_models["qwen3_5_text"], folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    save_file({**tensors, "mtp.fc.weight": torch.zeros(4, 4)}, str(folder / "model.safetensors"))
+    assert open_checkpoint(folder).config.hybrid is not None
+    save_file({**tensors, "model.layers.0.linear_attn.extra.weight": torch.zeros(4)}, str(folder / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="linear_attn.extra.weight is not read"):
+        open_checkpoint(folder)

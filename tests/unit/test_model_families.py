@@ -60,7 +60,11 @@ DECODER_CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": 
                    "smollm3": "SmolLM3Config", "granite": "GraniteConfig"}
 
 
-@pytest.mark.parametrize("model_type", sorted(DECODER_CLASSES))
+# and of the hybrid gated-DeltaNet families
+HYBRID_CLASSES = {"qwen3_next": "Qwen3NextConfig", "qwen3_5_text": "Qwen3_5TextConfig"}
+
+
+@pytest.mark.parametrize("model_type", sorted(DECODER_CLASSES) + sorted(HYBRID_CLASSES))
 def test_every_config_field_transformers_defines_is_read_or_known_inert(model_type):
     """No config option is dropped unseen: each field of transformers' class is one the family reads
     (and runs or refuses) or one no forward reads (dropout, cache, init)."""
@@ -70,7 +74,7 @@ def test_every_config_field_transformers_defines_is_read_or_known_inert(model_ty
 
     from flexlamps.models.families.hf_fields import INERT_FIELDS
 
-    cls = getattr(transformers, DECODER_CLASSES[model_type])
+    cls = getattr(transformers, {**DECODER_CLASSES, **HYBRID_CLASSES}[model_type])
     fields = {f.name for f in dataclasses.fields(cls)}
     fam = family_for(model_type)
     assert fields - fam.reads - INERT_FIELDS == set(), fam.name

@@ -11,12 +11,17 @@ from typing import Any
 
 from flexlamps.models.config import ModelConfig, UnsupportedModelError
 from flexlamps.models.families.hf_fields import rms_decoder_fields, rope
+from flexlamps.models.families.llama import SHAPE_FIELDS
 from flexlamps.models.families.moe_weights import ffn_shapes, qwen_moe_name
 from flexlamps.models.hybrid_config import HybridConfig, layer_types_from_hf
 from flexlamps.models.weight_specs import WeightSpec, head_specs, layer_spec
 
 # transformers' default when a config names no partial_rotary_factor (its __post_init__ sets it)
 DEFAULT_PARTIAL_ROTARY = 0.25
+# the config.json fields `hybrid_fields` reads (Family.reads)
+HYBRID_READS = SHAPE_FIELDS | {"attention_bias", "layer_types", "full_attention_interval", "partial_rotary_factor",
+                               "linear_conv_kernel_dim", "linear_key_head_dim", "linear_num_key_heads",
+                               "linear_num_value_heads", "linear_value_head_dim"}
 
 
 def hybrid_fields(hf: dict[str, Any], *, fused_projections: bool) -> dict[str, Any]:

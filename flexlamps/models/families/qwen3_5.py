@@ -7,7 +7,7 @@ from typing import Any
 
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.families.family import Family
-from flexlamps.models.families.hybrid_layers import hybrid_fields, hybrid_hf_name, hybrid_specs
+from flexlamps.models.families.hybrid_layers import HYBRID_READS, hybrid_fields, hybrid_hf_name, hybrid_specs
 
 
 def _from_qwen3_5(hf: dict[str, Any]) -> ModelConfig:
@@ -16,4 +16,5 @@ def _from_qwen3_5(hf: dict[str, Any]) -> ModelConfig:
 
 FAMILY = Family(
     name="qwen3_5", model_types=("qwen3_5_text",), forward="hybrid", parse=_from_qwen3_5,
-    weights=hybrid_specs, hf_name=hybrid_hf_name, examples="Qwen3.5 text models (gated DeltaNet + dense MLP)")
+    weights=hybrid_specs, hf_name=hybrid_hf_name, examples="Qwen3.5 text models (gated DeltaNet + dense MLP)",
+    reads=HYBRID_READS)

@@ -2,14 +2,15 @@
 it, raised when the checkpoint is opened, before any weight is read (a bias the forward would skip,
 a norm of a variant we do not run). Known-harmless extras are allowed by name: transformers' rotary
 `inv_freq` buffers, DeepSeek's multi-token-prediction layers (past num_hidden_layers, unused to
-generate), an FP8 matrix's `_scale_inv` tiles (read with the matrix)."""
+generate) and Qwen3-Next's / Qwen3.5's (top-level `mtp.*`, which transformers skips too), an FP8
+matrix's `_scale_inv` tiles (read with the matrix)."""
 
 from __future__ import annotations
 
 import re
 from typing import Any, Iterable
 
-HARMLESS = (re.compile(r"(^|\.)rotary_emb\.inv_freq$"),)
+HARMLESS = (re.compile(r"(^|\.)rotary_emb\.inv_freq$"), re.compile(r"^mtp\."))
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
