@@ -339,6 +339,19 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     return _layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)
 
 
+def _decode_weight_dequant_s(choice, model, hardware, calls: int, rows: int, block: int) -> float:
+    """A decode layer's 4-bit weight dequantization where the fused kernel does not run them: what
+    the whole block touches, dequantized once, or what each call touches, once a call."""
+    if not choice.compress_weight or _runs_fused_int4(choice, model, hardware, rows):
+        return 0.0
+    rate = _weight_dequant_rate(choice, hardware)
+    if _weight_dequant_passes(choice, calls, rows) == 1:
+        return (_dequant_s(model.weight_bytes_touched_per_layer(block), model, rate)
+                + model.matrices_per_layer(block) * hardware.gpu_dequant_matrix_s)
+    return calls * (_dequant_s(model.weight_bytes_touched_per_layer(rows), model, rate)
+                    + model.matrices_per_layer(rows) * hardware.gpu_dequant_matrix_s)
+
+
 def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     block = choice.gpu_batch_size * choice.num_gpu_batches
     context = workload.prompt_len + workload.gen_len / 2  # average over the decode steps
@@ -376,16 +389,7 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     gemm_s += calls * hardware.gpu_layer_overhead_s
     gemm_s += calls * _fp8_upcast_s(choice, model, hardware, model.weight_bytes_touched_per_layer(rows))
     gemm_s += _elementwise_s(block, model, hardware)
-    if choice.compress_weight and not _runs_fused_int4(choice, model, hardware, rows):
-        # what the whole block touches, dequantized once, or what each call touches, once a call
-        if _weight_dequant_passes(choice, calls, rows) == 1:
-            gemm_s += _dequant_s(model.weight_bytes_touched_per_layer(block), model,
-                                 _weight_dequant_rate(choice, hardware))
-            gemm_s += model.matrices_per_layer(block) * hardware.gpu_dequant_matrix_s
-        else:
-            gemm_s += calls * _dequant_s(model.weight_bytes_touched_per_layer(rows), model,
-                                         _weight_dequant_rate(choice, hardware))
-            gemm_s += calls * model.matrices_per_layer(rows) * hardware.gpu_dequant_matrix_s
+    gemm_s += _decode_weight_dequant_s(choice, model, hardware, calls, rows, block)
     attn_flops = block * model.attention_flops_per_query(context)
     attn_bytes = block * (entries * sz.cache_fp16 + context * sz.indexer)
     gpu_attn_s = max(attn_flops / gpu_flops, attn_bytes / hardware.gpu_mem_bytes_per_s)
@@ -506,6 +510,21 @@ def _dequant_s(dense_bytes: float, model: ModelSpec, fp16_bytes_per_s: float) ->
     return dense_bytes / model.dtype_bytes * 2 / fp16_bytes_per_s
 
 
+def _cpu_decode_staging(choice, sz, model, rows: int, full_entries: float, cache_home: float) -> Affine:
+    """The cpu tier's bytes for a decode call beside what is resident there: ESS's records (every
+    one on the cpu tier, the pools besides), the disk tier's activations and cache staged, and with
+    CPU attention its scores plus a dequantized copy of one call's cache."""
+    out = Affine()
+    if choice.latent_pools:
+        out.add(cache_home, C_GPU)
+    out.add(2 * rows * sz.hidden, H_DISK).add(2 * rows * full_entries * sz.cache_stored, C_DISK)
+    if choice.cpu_attention:
+        out.add(model.dtype_bytes * rows * model.num_heads * full_entries)
+        if choice.compress_cache:
+            out.add(rows * full_entries * sz.cache_fp16)
+    return out
+
+
 def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     """Peak bytes per tier: resident data ("home") plus working buffers for one micro-batch."""
     gbs, block = choice.gpu_batch_size, choice.gpu_batch_size * choice.num_gpu_batches
@@ -558,15 +577,7 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     if choice.latent_pools:  # ESS's layout: every record on the cpu tier, the pools besides
         cpu_prefill.add(cache_home, C_GPU)
     cpu_prefill.add(2 * gbs * s * sz.hidden, H_DISK).add(gbs * s * sz.cache_stored, C_DISK)
-    cpu_decode = resident(hidden_g, False)
-    if choice.latent_pools:
-        cpu_decode.add(cache_home, C_GPU)
-    cpu_decode.add(2 * rows * sz.hidden, H_DISK)
-    cpu_decode.add(2 * rows * full_entries * sz.cache_stored, C_DISK)
-    if choice.cpu_attention:  # scores, plus a dequantized copy of one call's cache
-        cpu_decode.add(db * rows * model.num_heads * full_entries)
-        if choice.compress_cache:
-            cpu_decode.add(rows * full_entries * sz.cache_fp16)
+    cpu_decode = resident(hidden_g, False).plus(_cpu_decode_staging(choice, sz, model, rows, full_entries, cache_home))
 
     disk = Affine().add(weights_home, W_DISK).add(cache_home, C_DISK).add(hidden_p, H_DISK)
     return {"gpu_prefill": gpu_prefill, "gpu_decode": gpu_decode, "cpu_prefill": cpu_prefill,

@@ -115,11 +115,10 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
       flexlamps helm --scenario mmlu:subject=anatomy --scenario demo \\
           --suite s1 --max-eval-instances 50 --num-shots 5
     """
-    from flexlamps.evals.helm_env import helm_model_name, write_helm_env
+    from flexlamps.evals.helm_env import helm_model_name
     from flexlamps.evals.identity import EngineIdentity
     from flexlamps.evals.jobs import RunOptions, plan_jobs
     from flexlamps.evals.runner import execute_run
-    from flexlamps.evals.summary import format_table, summary_rows, write_summary
     from flexlamps.io.fingerprint import model_fingerprint
     from offload.budget import BudgetExceededError
     from placement import InfeasiblePlanError
@@ -160,6 +159,14 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
     finally:
         if ray_address is not None:
             llm.close()
+    _write_summaries(output, suite, helm_model, jobs, outcomes)
+
+
+def _write_summaries(output: Path, suite: str, helm_model: str, jobs, outcomes) -> None:
+    """HELM's schema and environment files, our summary table, and the helm-summarize command."""
+    from flexlamps.evals.helm_env import write_helm_env
+    from flexlamps.evals.summary import format_table, summary_rows, write_summary
+
     schema_path, prod_env = write_helm_env(output, [helm_model], [j.spec for j in jobs])
     rows = summary_rows(outcomes)
     summary_path = write_summary(output / "runs" / suite, rows)

@@ -127,19 +127,7 @@ class OffloadExecutor:
         except BaseException:
             self.store.close()  # frees the worker threads and the offload folder's lock
             raise
-        # the embedding table and output head are read in parts (rows looked up, head in vocab
-        # chunks), so they never have to be staged whole on the gpu tier
-        self.small_global_names = [s.name for s in self.specs if s.layer is None and s.name not in TABLE_NAMES]
-        self.head_pieces = self.table_pieces.get("lm_head") or self.table_pieces["embed_tokens"]
-        # a layer's routed experts are fetched when its router has picked them (`expert_weights`)
-        self.experts = experts_by_layer(self.specs)
-        self.expert_cache = ExpertCache(self.budgets["gpu"], expert_cache)
-        routed = {name for experts in self.experts.values() for names in experts.values() for name in names}
-        self.layer_names = [[s.name for s in self.specs if s.layer == i and s.name not in routed]
-                            for i in range(cfg.num_layers)]
-        self.local = {s.name: s.local_name for s in self.specs}
-        per_layer = [sum(s.numel for s in self.specs if s.layer == i) for i in range(cfg.num_layers)]
-        self.max_layer_bytes = max(per_layer, default=0) * _bytes_per(self.dtype)
+        self._index_weights(expert_cache)
         self.record_profile = False  # when True, every sweep appends a SweepProfile to self.sweeps
         self.sweeps: list[SweepProfile] = []
 
@@ -157,6 +145,22 @@ class OffloadExecutor:
 
             self.weight_quantizer = get_weight_quantizer(weight_quant)
         return dataclasses.replace(policy, compress_weight=True)
+
+    def _index_weights(self, expert_cache: str) -> None:
+        """Which weights a sweep reads where: globals, each layer's own, its routed experts."""
+        # the embedding table and output head are read in parts (rows looked up, head in vocab
+        # chunks), so they never have to be staged whole on the gpu tier
+        self.small_global_names = [s.name for s in self.specs if s.layer is None and s.name not in TABLE_NAMES]
+        self.head_pieces = self.table_pieces.get("lm_head") or self.table_pieces["embed_tokens"]
+        # a layer's routed experts are fetched when its router has picked them (`expert_weights`)
+        self.experts = experts_by_layer(self.specs)
+        self.expert_cache = ExpertCache(self.budgets["gpu"], expert_cache)
+        routed = {name for experts in self.experts.values() for names in experts.values() for name in names}
+        layers = range(self.cfg.num_layers)
+        self.layer_names = [[s.name for s in self.specs if s.layer == i and s.name not in routed] for i in layers]
+        self.local = {s.name: s.local_name for s in self.specs}
+        per_layer = [sum(s.numel for s in self.specs if s.layer == i) for i in layers]
+        self.max_layer_bytes = max(per_layer, default=0) * _bytes_per(self.dtype)
 
     def _disk_folder(self, reader, offload_dir, int4: bool) -> DiskFolder:
         offload_dir = default_offload_dir() if offload_dir is None else offload_dir
