@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from flexlamps.engine.batch.generate import RequestOutput, generate
+from flexlamps.engine.batch.generate import RequestOutput, generate, shared_prefix_length
 from flexlamps.host_allocator import keep_freed_memory
 from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.batch.scoring import PrefixScorer, PrefixStats, ScoreOutput, split_tokens
@@ -21,6 +21,13 @@ from flexlamps.settings import RunSettings
 from flexlamps.models.description import model_spec_from_hf
 
 __all__ = ["LLM", "RunSettings", "SamplingParams", "RequestOutput", "ScoreOutput"]
+
+
+def planning_lengths(prompt_ids: Sequence[list[int]]) -> tuple[int, int]:
+    """(longest prompt, shared prefix) of a call's prompts, what an offloaded engine is planned
+    for: generate's cache holds the longest prompt (not the mean) plus its new tokens, and a
+    prefix every prompt starts with sits in a one-row cache of its own."""
+    return max(map(len, prompt_ids), default=1), shared_prefix_length(prompt_ids)
 
 
 class LLM:
@@ -83,8 +90,9 @@ class LLM:
 
     # -- setup ------------------------------------------------------------------------------
     def prepare(self, prompt_len: int = 512, gen_len: int = 32, on_profile=None, num_sequences: int = 256,
-                planner_budgets: tuple[int, int] | None = None) -> None:
-        """Build the executor; with policy="auto", plan for these lengths and at most
+                planner_budgets: tuple[int, int] | None = None, prefix_len: int = 0) -> None:
+        """Build the executor; with policy="auto", plan for these lengths (`prompt_len`: the
+        longest prompt, `prefix_len`: a prefix they share, see `planning_lengths`) and at most
         `num_sequences` sequences in flight first. `planner_budgets`: the (gpu, cpu) bytes the
         planner may fill, when part of each tier is kept for something it does not plan
         (the augmented face's KV pools); the executor still runs within the whole budgets."""
@@ -102,7 +110,8 @@ class LLM:
             self.executor = InMemoryExecutor(self.config, weights, self.dtype, device, dense_twins=twins,
                                              dense_copies=self._cached_dense_copies() if twins else None)
         else:
-            self.executor = self._offload_executor(prompt_len, gen_len, on_profile, num_sequences, planner_budgets)
+            self.executor = self._offload_executor(prompt_len, gen_len, on_profile, num_sequences, planner_budgets,
+                                                   prefix_len)
             self.planned_for = (prompt_len, gen_len)
         self._scorer = PrefixScorer(self.executor, max_batch=self.max_batch_size, micro_batch=self.micro_batch,
                                     reuse_prefix=self.reuse_prefix,
@@ -121,7 +130,7 @@ class LLM:
         entry = weight_cache.entry_path(self.reader, self.dtype, True, self.cache_dir or None)
         return functools.partial(weight_cache.dense_copies, weight_cache.dense_path(entry))
 
-    def _offload_executor(self, prompt_len, gen_len, on_profile, num_sequences, planner_budgets=None):
+    def _offload_executor(self, prompt_len, gen_len, on_profile, num_sequences, planner_budgets=None, prefix_len=0):
         import dataclasses
         import tempfile
         from pathlib import Path
@@ -147,7 +156,8 @@ class LLM:
                                     disk_bytes=disk, prompt_len=prompt_len, gen_len=gen_len,
                                     max_block_size=max(1, num_sequences),
                                     allow_compression=bool(o.compress_weight or o.compress_cache),
-                                    compress_weight=o.compress_weight, compress_cache=o.compress_cache)
+                                    compress_weight=o.compress_weight, compress_cache=o.compress_cache,
+                                    prefix_len=prefix_len if self.reuse_prefix else 0)
             policy = self.plan.policy
         elif isinstance(policy, (str, Path)):
             policy = load_policy(policy)
@@ -203,9 +213,9 @@ class LLM:
                      on_finish: Callable[[RequestOutput], None] | None = None,
                      on_tokens: Callable[[int], None] | None = None) -> list[RequestOutput]:
         if self.executor is None:
-            mean_len = sum(map(len, prompt_ids)) // max(1, len(prompt_ids))
-            self.prepare(prompt_len=mean_len, gen_len=max(p.max_new_tokens for p in params),
-                         num_sequences=len(prompt_ids))
+            longest, shared = planning_lengths(prompt_ids)
+            self.prepare(prompt_len=longest, gen_len=max(p.max_new_tokens for p in params),
+                         num_sequences=len(prompt_ids), prefix_len=shared)
         return generate(self.executor, self.tokenizer, prompt_ids, list(params), max_batch=self.max_batch_size,
                         micro_batch=self.micro_batch, on_finish=on_finish, on_tokens=on_tokens,
                         stats=self.stats, reuse_prefix=self.reuse_prefix)

@@ -154,7 +154,9 @@ def generate_rows(llm, settings: GenerateSettings, records: list[PromptRecord], 
 def prepare_offload(llm, prompt_ids: list[list[int]], settings: GenerateSettings, on_profile=None) -> list[str]:
     """Plan (or load) the policy and build the offload engine for these prompts; returns the
     lines that describe the policy (printed by the command, reported by each Ray worker)."""
-    mean_len = sum(map(len, prompt_ids)) // max(1, len(prompt_ids))
-    llm.prepare(prompt_len=mean_len, gen_len=settings.max_new_tokens, num_sequences=len(prompt_ids),
+    from flexlamps.api import planning_lengths
+
+    longest, shared = planning_lengths(prompt_ids)
+    llm.prepare(prompt_len=longest, gen_len=settings.max_new_tokens, num_sequences=len(prompt_ids), prefix_len=shared,
                 on_profile=on_profile)
     return llm.policy_lines()

@@ -203,6 +203,9 @@ class WorkloadSpec(JsonMixin):
                              f"{self.prompt_len}], got {self.shared_prefix_len!r}")
 
 
+_SOLVER_NOISE = 1e-9  # HiGHS's feasibility tolerance: a fraction below it is the LP's round-off
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TierSplit(JsonMixin):
     """Fractions of one kind of data on each tier; each in [0, 1], summing to 1."""
@@ -221,8 +224,11 @@ class TierSplit(JsonMixin):
 
     @classmethod
     def clipped(cls, gpu: float, cpu: float, disk: float) -> "TierSplit":
-        """Build from solver output: clip tiny negatives and renormalize the round-off."""
+        """Build from solver output: clip tiny negatives, drop fractions within the solver's
+        tolerance (1e-9 of the cache on disk is round-off, yet an engine without a disk cache
+        would refuse it) and renormalize the round-off."""
         parts = [min(max(float(p), 0.0), 1.0) + 0.0 for p in (gpu, cpu, disk)]  # + 0.0: no -0.0
+        parts = [p if p > _SOLVER_NOISE else 0.0 for p in parts]
         parts = [round(p / sum(parts), 12) for p in parts]
         largest = parts.index(max(parts))
         parts[largest] = 1.0 - sum(p for i, p in enumerate(parts) if i != largest)

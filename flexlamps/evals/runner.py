@@ -59,7 +59,8 @@ def prompt_fitter(llm, max_tokens: int) -> Optional[Callable[[str], bool]]:
 
 def prepare_engine(llm, states: list, on_prepared: Optional[Callable[[object], None]] = None) -> None:
     """Plan the engine for this run's workload before its first request (an offloaded engine's
-    policy depends on it): the mean prompt, the tokens generated (1 when scoring), the requests.
+    policy depends on it): the longest prompt (the cache holds it), the tokens generated (1 when
+    scoring), the requests.
     `on_prepared(llm)` is called once the engine is ready for requests (to show the policy it runs)."""
     if not states:
         return
@@ -67,7 +68,7 @@ def prepare_engine(llm, states: list, on_prepared: Optional[Callable[[object], N
     if prepare is not None and getattr(llm, "executor", True) is None:
         lengths = [len(llm.tokenizer.encode(s.request.prompt)) for s in states]
         gen = max(1, max(s.request.max_tokens for s in states))
-        prepare(prompt_len=max(1, sum(lengths) // len(lengths)), gen_len=gen, num_sequences=len(states))
+        prepare(prompt_len=max(1, max(lengths)), gen_len=gen, num_sequences=len(states))
     if on_prepared is not None:
         on_prepared(llm)
 

@@ -77,7 +77,7 @@ def _kill_generate_then_rerun(job, tmp_path, seed):
     done = subprocess.run(_cmd(args, out, offload), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert out.read_text() == reference  # nothing lost, duplicated or stale; same order and values
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "off", "out.jsonl", "out.jsonl.lock"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "off", "out.jsonl"]  # no lock files left
     _assert_user_files(offload)
     assert (tmp_path / "notes.txt").read_text() == "beside --out"
 

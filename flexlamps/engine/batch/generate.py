@@ -69,7 +69,7 @@ def generate(executor: Executor, tokenizer, prompts: Sequence[list[int]], params
         return []
     capacity = min(max_context, max(s.length + s.params.max_new_tokens for s in seqs))
     num_slots = min(max_batch, len(seqs))
-    shared = _shared_prefix(seqs) if reuse_prefix else 0
+    shared = shared_prefix_length([s.prompt_ids for s in seqs]) if reuse_prefix else 0
     if stats is not None:
         stats.prefill_tokens_requested += sum(len(s.prompt_ids) for s in seqs)
         stats.prefill_tokens_computed += shared + sum(len(s.prompt_ids) - shared for s in seqs)
@@ -184,12 +184,13 @@ def _prefill_step(group: list[_Sequence], start: int = 0) -> Step:
 MIN_SHARED_PREFIX = 16
 
 
-def _shared_prefix(seqs: list[_Sequence]) -> int:
-    """Tokens every prompt starts with, leaving each at least one token of its own."""
-    if len(seqs) < 2:
+def shared_prefix_length(prompts: Sequence[list[int]]) -> int:
+    """Tokens every prompt starts with, leaving each at least one token of its own (0 below
+    MIN_SHARED_PREFIX: not worth a cache of its own)."""
+    if len(prompts) < 2:
         return 0
-    n = min(len(s.prompt_ids) for s in seqs) - 1
-    shared = min(common_prefix_length([s.prompt_ids for s in seqs]), n)
+    n = min(len(p) for p in prompts) - 1
+    shared = min(common_prefix_length(list(prompts)), n)
     return shared if shared >= MIN_SHARED_PREFIX else 0
 
 

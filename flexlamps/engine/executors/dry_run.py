@@ -34,12 +34,13 @@ class DryRun:
 
 def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem: int, prompt_len: int,
             gen_len: int, dtype: torch.dtype = torch.float16, latent_fp8: bool = False,
-            fused_int4: bool | None = None, routing=None) -> DryRun:
+            fused_int4: bool | None = None, routing=None, prefix_len: int = 0) -> DryRun:
     """Charge the budgets as `OffloadExecutor` would for one block of `policy`: its
     `gpu_batch_size * num_gpu_batches` prompts of `prompt_len` tokens generating `gen_len`;
     `latent_fp8` as the executor's (an MLA latent cache in ESS's FP8 records); `fused_int4`:
     whether the target multiplies 4-bit weights in place (`PlacementCharges`); `routing`: a MoE
-    model's routing profile (which experts go where).
+    model's routing profile (which experts go where); `prefix_len`: a prefix shared by the
+    prompts, held in a one-row cache of its own for the whole run (generate's).
 
     Raises:
         ValueError: the executor would not run the policy as planned (see CAPABILITIES).
@@ -55,6 +56,8 @@ def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem:
             budgets[tier].allocate(run.stored[name], f"{name} resident")
     num_slots = policy.gpu_batch_size * policy.num_gpu_batches
     _charge_cache(run, budgets, num_slots, prompt_len + gen_len)
+    if prefix_len:
+        _charge_cache(run, budgets, 1, prefix_len)
     _sweep(run, budgets, [(policy.gpu_batch_size, prompt_len, prompt_len)] * policy.num_gpu_batches)
     span = prompt_len + gen_len - 1  # the last decode step attends to the longest context
     merged = (policy.merge_decode and policy.num_gpu_batches > 1
