@@ -110,10 +110,10 @@ def test_a_plan_the_dry_run_refuses_is_planned_again_within_less(builtin, monkey
 
 def _generate_within(model, gpu: int, cpu: int, tmp_path, monkeypatch, prompts, gen_len: int):
     """Run the built-in model at its default dtype, planned with the preset machine."""
-    import flexlamps.hw_profile
+    import flexlamps.hardware.cache
     from flexlamps import LLM, SamplingParams
 
-    monkeypatch.setattr(flexlamps.hw_profile, "machine_profile",
+    monkeypatch.setattr(flexlamps.hardware.cache, "machine_profile",
                         lambda *a, **k: placement.hardware_preset(HARDWARE))
     llm = LLM(str(model), gpu_mem=gpu * MiB, cpu_mem=cpu * MiB, offload_dir=tmp_path / "off")
     try:
@@ -145,7 +145,7 @@ def test_deepseek_v32_with_a_wide_head_runs_in_12_mib_and_equals_in_memory(tmp_p
     stopped with 'staging rows of lm_head.rows...'); float32 output equals the in-memory run's."""
     import transformers
 
-    import flexlamps.hw_profile
+    import flexlamps.hardware.cache
     from flexlamps import LLM, SamplingParams
     from tests.conftest import save_tiny_tokenizer
     from tests.deepseek_models import DEEPSEEK_CONFIGS
@@ -161,7 +161,7 @@ def test_deepseek_v32_with_a_wide_head_runs_in_12_mib_and_equals_in_memory(tmp_p
         for p in model.parameters():
             p.normal_(0.0, 0.2)
     model.save_pretrained(folder)
-    monkeypatch.setattr(flexlamps.hw_profile, "machine_profile", lambda *a, **k: placement.hardware_preset(HARDWARE))
+    monkeypatch.setattr(flexlamps.hardware.cache, "machine_profile", lambda *a, **k: placement.hardware_preset(HARDWARE))
     prompts, params = [[0, 5, 17, 33, 60, 2, 9], [0, 5, 17, 40, 61]], [SamplingParams(max_new_tokens=4, ignore_eos=True)]
     offloaded = LLM(str(folder), gpu_mem=12 * MiB, cpu_mem=256 * MiB, offload_dir=tmp_path / "off")
     try:
