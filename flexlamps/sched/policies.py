@@ -135,7 +135,7 @@ def infercept_review(paused: list[tuple[Request, int]], ctx: PolicyContext, wast
     return act, [r for w, _, r in cands if w >= top]
 
 
-class Policy:
+class SchedulingPolicy:
     name = "base"
     # starvation guard: None = none; otherwise a request is promoted to the head of the queue
     # after `starvation_threshold` counts of `starvation_counter`: "iteration" (LAMPS's code:
@@ -186,7 +186,7 @@ class Policy:
         """`req` left the system (drop any per-request state)."""
 
 
-class FCFS(Policy):
+class FCFS(SchedulingPolicy):
     """vLLM: an API call ends the request's turn; its cache is dropped and the continuation
     joins the tail of the queue when the call returns (`queue_time` is reset on resume)."""
 
@@ -199,7 +199,7 @@ class FCFS(Policy):
         return {r.request_id: Strategy.DISCARD for r in reqs}
 
 
-class InferCept(Policy):
+class InferCept(SchedulingPolicy):
     """INFERCEPT as its code runs (WukLab/InferCept, api policy "V" with chunk fill): FCFS by
     original arrival; every call starts preserved; each iteration, a preserved request whose
     chunked-discard waste (Eq. 4 as the code prices it) is below its preserve waste over the
@@ -222,21 +222,21 @@ class InferCept(Policy):
         return infercept_review(paused, ctx, waste_of)
 
 
-class InferCeptAtCall(Policy):
+class InferCeptAtCall(SchedulingPolicy):
     """The min-waste choice made once, at the call (INFERCEPT's paper, Sec. 4.3): the swap
     budget to the most wasteful, then the cheaper of preserve (Eq. 2) and discard (Eq. 4)."""
 
     name = "infercept-at-call"
 
 
-class SJF(Policy):
+class SJF(SchedulingPolicy):
     name = "sjf"
 
     def priority(self, req, ctx):
         return (ctx.predictor.output_tokens(req), req.arrival_time)
 
 
-class LAMPS(Policy):
+class LAMPS(SchedulingPolicy):
     """LAMPS (Shahout et al., arXiv 2410.18248; mars-repository/mars-codebase): rank waiting
     requests by the memory they are predicted to hold over time until their next call returns,
     the call priced with the strategy classified for it before it is scheduled; recompute
@@ -397,7 +397,7 @@ class LAMPSTailSafe(LAMPS):
         return super().priority(req, ctx)
 
 
-class MLFQ(Policy):
+class MLFQ(SchedulingPolicy):
     """FastServe's skip-join MLFQ: a new job joins the highest level whose quantum covers its
     first iteration (the prefill), and drops a level each time it uses up its quantum."""
 
@@ -428,7 +428,7 @@ class MLFQ(Policy):
             req.mlfq_level += 1
 
 
-class VTC(Policy):
+class VTC(SchedulingPolicy):
     """Virtual Token Counter (Sheng et al., OSDI'24): serve the client that has received the
     least weighted service (prompt tokens x 1, generated tokens x 2); a client returning from
     idleness is lifted to the least counter among active clients."""
@@ -458,7 +458,7 @@ class VTC(Policy):
 POLICIES = {p.name: p for p in (FCFS, InferCept, InferCeptAtCall, SJF, LAMPS, LAMPSTailSafe, MLFQ, VTC)}
 
 
-def make_policy(name: str, **kwargs) -> Policy:
+def make_policy(name: str, **kwargs) -> SchedulingPolicy:
     try:
         cls = POLICIES[name]
     except KeyError:

@@ -25,7 +25,7 @@ from flexlamps.sched.block_manager import BlockManager, blocks_for
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.invariants import check_invariants
 from flexlamps.sched.output import RunnerOutput, SchedulerOutput
-from flexlamps.sched.policies import Policy, PolicyContext
+from flexlamps.sched.policies import SchedulingPolicy, PolicyContext
 from flexlamps.sched.predictors import Predictor
 from flexlamps.sched.request import Request, Status, Strategy
 
@@ -52,7 +52,7 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, policy: Policy, predictor: Predictor, cost: CostModel):
+    def __init__(self, config: SchedulerConfig, policy: SchedulingPolicy, predictor: Predictor, cost: CostModel):
         self.config, self.policy, self.predictor, self.cost = config, policy, predictor, cost
         self.bm = BlockManager(config.num_gpu_blocks, config.num_cpu_blocks, config.block_size)
         self.requests: dict[str, Request] = {}
@@ -70,7 +70,7 @@ class Scheduler:
         self._min_need: int | None = None
         self._unsorted: list[Request] = []  # joined the queue since it was last ordered
         self._promoted: list[Request] = []  # promoted since the queue was last ordered
-        self._tracks_service = type(policy).on_computed is not Policy.on_computed
+        self._tracks_service = type(policy).on_computed is not SchedulingPolicy.on_computed
         # requests preserved on the gpu through a call, and those of them the policy lets memory
         # pressure reclaim (all of them unless the policy reviews paused requests)
         self._preserved: dict[str, Request] = {}

@@ -13,7 +13,7 @@ from typing import Callable
 
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.output import RunnerOutput
-from flexlamps.sched.policies import Policy
+from flexlamps.sched.policies import SchedulingPolicy
 from flexlamps.sched.predictors import Predictor
 from flexlamps.sched.records import RequestRecord, SimStats
 from flexlamps.sched.request import Request, RequestSpec
@@ -24,7 +24,7 @@ MAX_FAST_FORWARD = 4096
 
 
 class Simulator:
-    def __init__(self, specs: list[RequestSpec], policy: Policy, predictor: Predictor,
+    def __init__(self, specs: list[RequestSpec], policy: SchedulingPolicy, predictor: Predictor,
                  cost: CostModel, config: SchedulerConfig | None = None,
                  on_iteration: Callable[[Scheduler], None] | None = None):
         self.specs = {s.request_id: s for s in specs}

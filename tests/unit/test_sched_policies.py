@@ -178,3 +178,12 @@ def test_lamps_ts_keeps_calls_preserved_until_memory_is_short():
     # > discard 46.3 us x 1000 x 11k = 509
     c.cost, c.cpu_free_tokens = CostModel.infercept_gptj6b(), 9000
     assert p.reclaim_strategy(1000, c) is Strategy.DISCARD
+
+
+def test_scheduling_and_placement_policies_have_distinct_names():
+    import flexlamps.sched as sched
+    import placement
+    from flexlamps.sched.policies import SchedulingPolicy
+
+    assert not hasattr(sched, "Policy") and sched.SchedulingPolicy is SchedulingPolicy
+    assert placement.Policy is not SchedulingPolicy and not hasattr(placement, "SchedulingPolicy")

@@ -4,7 +4,7 @@ iteration under every policy, the starvation guard."""
 import pytest
 
 from flexlamps.sched.output import RunnerOutput
-from flexlamps.sched.policies import POLICIES, InferCept, LAMPS, Policy, make_policy
+from flexlamps.sched.policies import POLICIES, InferCept, LAMPS, SchedulingPolicy, make_policy
 from flexlamps.sched.predictors import OraclePredictor
 from flexlamps.sched.request import Request, RequestSpec, Segment, Status, Strategy
 from flexlamps.sched.scheduler import Scheduler
@@ -23,7 +23,7 @@ def tight_config(gpu_blocks=64, cpu_blocks=16, block_size=8, max_tokens=256, max
                            max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens)
 
 
-class Forced(Policy):
+class Forced(SchedulingPolicy):
     """Applies a fixed strategy to every interception."""
 
     def __init__(self, strategy):
@@ -246,7 +246,7 @@ def test_recomputation_is_not_counted_as_service():
     assert policy.seen == [(20, 1), (1, 1), (1, 1), (6, 1)]  # the 22 rebuilt tokens are not there
 
 
-class SwapsAtCall(Policy):
+class SwapsAtCall(SchedulingPolicy):
     """Calls start preserved and stay reclaimable (INFERCEPT's handling), except those of
     `swapped`, swapped out at the call; running victims are swapped too."""
 

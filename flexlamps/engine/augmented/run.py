@@ -18,7 +18,7 @@ from flexlamps.engine.augmented.pools import PoolSizes, agents_workload, planner
 from flexlamps.workloads.tokenized import TokenizedRequest
 from flexlamps.engine.executors.contract import PagedCache
 from flexlamps.sched.cost_model import CostModel
-from flexlamps.sched.policies import Policy, make_policy
+from flexlamps.sched.policies import SchedulingPolicy, make_policy
 from flexlamps.sched.predictors import NoisyPredictor, OraclePredictor
 from flexlamps.sched.scheduler import Scheduler, SchedulerConfig
 
@@ -82,7 +82,7 @@ def measure_cost(llm, config: AgentsConfig, max_model_len: int, cpu_clock: bool 
         cache.release()
 
 
-def run_policy_on_engine(llm, requests: list[TokenizedRequest], policy: str | Policy, config: AgentsConfig,
+def run_policy_on_engine(llm, requests: list[TokenizedRequest], policy: str | SchedulingPolicy, config: AgentsConfig,
                          cost: CostModel, *, clock=None, check: bool = False,
                          on_iteration=None, on_finish=None, policy_kwargs: dict | None = None,
                          predictor=None, calls=None) -> AugmentedResult:
@@ -98,7 +98,7 @@ def run_policy_on_engine(llm, requests: list[TokenizedRequest], policy: str | Po
             predictor = OraclePredictor({r.spec.request_id: r.spec for r in requests})
             if config.noise_sigma > 0:
                 predictor = NoisyPredictor(predictor, config.noise_sigma, config.seed)
-        if not isinstance(policy, Policy):
+        if not isinstance(policy, SchedulingPolicy):
             policy = make_policy(policy, **(policy_kwargs or {}))
         sched = Scheduler(sched_cfg, policy, predictor, cost)
         llm.executor.reset_peaks()
