@@ -42,6 +42,7 @@ class ModelSpec(JsonMixin):
     vocab_size: int
     dtype: str = "fp16"  # storage / compute dtype of the uncompressed weights and cache
     qkv_bias: bool = False  # qwen2, OPT
+    attention_vectors: int = 0  # per layer beyond q/k/v biases and norms: q/k norms, o bias, sinks (llama arch)
     tie_word_embeddings: bool = False
     num_learned_positions: int = 0  # OPT's learned position table rows
     # MLA (zero when not MLA)
@@ -158,7 +159,7 @@ class ModelSpec(JsonMixin):
             count += 2 * h  # layernorm weight + bias
         else:
             count += (q_dim + 2 * kv_dim) if self.qkv_bias else 0
-            count += h  # rmsnorm
+            count += h + self.attention_vectors  # rmsnorm, q/k norms, o bias, sinks
         return count
 
     def _mla_param_count(self) -> int:
@@ -219,7 +220,7 @@ class ModelSpec(JsonMixin):
             q_dim = self.num_heads * self.head_dim
             attention = q_dim + 2 * self.num_kv_heads * self.head_dim + h + 2 * h
             return attention + self.intermediate_size + h + 2 * h
-        count = 2 * h  # input and post-attention norms
+        count = 2 * h + self.attention_vectors  # input and post-attention norms, q/k norms, o bias, sinks
         if self.arch == "llama" and self.qkv_bias:
             count += (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         if self.arch == "mla":

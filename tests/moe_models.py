@@ -31,6 +31,25 @@ MOE_CONFIGS: dict[str, tuple[str, dict]] = {
                                                      n_shared_experts=1, first_k_dense_replace=0, n_group=4,
                                                      topk_group=2, topk_method="group_limited_greedy",
                                                      routed_scaling_factor=2.0, tie_word_embeddings=True)),
+    # Qwen3-MoE: per-head q/k norms, renormalized top-k, a dense layer off the sparse step
+    "qwen3_moe": ("Qwen3MoeConfig", dict(hidden_size=64, intermediate_size=80, moe_intermediate_size=32, head_dim=16,
+                                         num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                                         decoder_sparse_step=2, **_ATTN)),
+    # OLMoE: q/k norms over the whole projection, top-k not renormalized, tied head
+    "olmoe": ("OlmoeConfig", dict(hidden_size=64, intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                                  tie_word_embeddings=True, **_ATTN)),
+    # GLM-4.5: half-rotated heads, q/k norms, sigmoid router with correction bias and groups, a dense first layer
+    "glm4_moe": ("Glm4MoeConfig", dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, head_dim=16,
+                                       n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, n_group=2,
+                                       topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.5,
+                                       use_qk_norm=True, attention_bias=True, **_ATTN)),
+    # gpt-oss: alternating 6-token windows, sinks, YaRN, biased router, clamped SwiGLU experts
+    "gpt_oss": ("GptOssConfig", dict(hidden_size=64, intermediate_size=32, head_dim=16, num_local_experts=6,
+                                     num_experts_per_tok=2, sliding_window=6, swiglu_limit=1.5, **_ATTN)),
+    # the same with its experts in MXFP4, as gpt-oss ships them (`to_mxfp4`), and a tied head
+    "gpt_oss_mxfp4": ("GptOssConfig", dict(hidden_size=64, intermediate_size=32, head_dim=16, num_local_experts=6,
+                                           num_experts_per_tok=2, sliding_window=6, tie_word_embeddings=True,
+                                           **_ATTN)),
 }
 # the wide form of each: field -> value at the wide width
 _WIDE = dict(hidden_size=96, intermediate_size=64, moe_intermediate_size=48, shared_expert_intermediate_size=64)

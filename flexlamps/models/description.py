@@ -25,6 +25,7 @@ def model_spec(cfg: ModelConfig, hf_config: dict[str, Any] | None = None, name: 
         num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, intermediate_size=cfg.intermediate_size,
         vocab_size=cfg.vocab_size, dtype=hf_dtype(hf, "fp16" if cfg.arch == "opt" else "bf16"),
         qkv_bias=cfg.qkv_bias, tie_word_embeddings=cfg.tie_word_embeddings,
+        attention_vectors=_attention_vectors(cfg),
         weight_format=weight_format(hf))
     if cfg.arch == "opt":
         kwargs["num_learned_positions"] = cfg.max_position + 2
@@ -42,6 +43,18 @@ def _hybrid_fields(cfg: ModelConfig) -> dict[str, Any]:
     return dict(num_linear_layers=len(hy.linear_layers), linear_num_key_heads=hy.num_key_heads,
                 linear_num_value_heads=hy.num_value_heads, linear_key_head_dim=hy.key_head_dim,
                 linear_value_head_dim=hy.value_head_dim, linear_conv_kernel=hy.conv_kernel)
+
+
+def _attention_vectors(cfg: ModelConfig) -> int:
+    """A decoder layer's attention vectors beyond q/k/v biases and its norm: q/k norms (per head
+    or over the projection), the o bias, the sinks."""
+    if cfg.arch != "llama":
+        return 0
+    att = cfg.attention
+    count = 0
+    if att.qk_norm:
+        count += cfg.q_size + cfg.kv_size if att.qk_norm_full else 2 * cfg.head_dim
+    return count + (cfg.hidden_size if att.o_bias else 0) + (cfg.num_heads if att.sinks else 0)
 
 
 def _mla_fields(cfg: ModelConfig) -> dict[str, Any]:

@@ -19,6 +19,7 @@ class AttentionConfig:
     window_layers: tuple[bool, ...] = ()  # which layers slide; () with a window: every layer
     sinks: bool = False  # a learned logit per head in the softmax's denominator (gpt-oss)
     qk_norm: bool = False  # RMSNorm of each head's q and k before the rotation (qwen3, gemma3)
+    qk_norm_full: bool = False  # with qk_norm: over all heads' q (k) at once, before the head split (OLMoE)
     o_bias: bool = False  # a bias on the output projection (llama attention_bias)
     rotary_dim: int | None = None  # partial rotary: the leading dims of each head rotated; None: all
     rope_layers: tuple[bool, ...] = ()  # which layers rotate; (): every layer (smollm3's no_rope_layers)

@@ -98,13 +98,18 @@ class DecoderForward:
         q, k, v = (linear(h, w[f"{p}_proj"], w.get(f"{p}_bias")) for p in "qkv")
         return q.view(n, t, heads, d), k.view(n, t, kv, d), v.view(n, t, kv, d), None
 
+    def _qk_normed(self, w, x: torch.Tensor, norm: str = "q_norm") -> torch.Tensor:
+        """Each head's q (k) RMS-normed, or all heads' at once (OLMoE: `qk_norm_full`)."""
+        if self.cfg.attention.qk_norm_full:
+            return self.norm(x.flatten(2), w[norm], self.cfg.norm_eps).view(x.shape)
+        return self.norm(x, w[norm], self.cfg.norm_eps)
+
     def _rotated_qkv(self, w, h, ctx, index: int):
         """q, k (normed per head where the family does, then rotated) and v; a stacked projection's
         q and k are rotated in one pass (views of one tensor)."""
         q, k, v, qk = self._qkv(w, h)
         if self.cfg.attention.qk_norm:
-            eps = self.cfg.norm_eps
-            q, k, qk = self.norm(q, w["q_norm"], eps), self.norm(k, w["k_norm"], eps), None
+            q, k, qk = self._qk_normed(w, q), self._qk_normed(w, k, "k_norm"), None
         kind = self.layer_rope[index]
         if kind is None:
             return q, k, v

@@ -11,7 +11,7 @@ from flexlamps.models.families.family import Family
 
 # the family modules, each defining FAMILY (a Family); order is the order `flexlamps models` lists them
 FAMILY_MODULES = ("llama", "qwen3", "gemma", "phi3", "smollm3", "granite", "opt", "deepseek", "mixtral", "qwen_moe",
-                  "qwen3_next", "qwen3_5")
+                  "qwen3_moe", "olmoe", "glm4_moe", "gpt_oss", "qwen3_next", "qwen3_5")
 
 
 @lru_cache(maxsize=None)

@@ -46,8 +46,9 @@ def attention_shapes(cfg: ModelConfig, stacked: bool = False) -> Shapes:
         out += [("q_proj", (q, h), "linear"), ("k_proj", (kv, h), "linear"), ("v_proj", (kv, h), "linear")]
     if cfg.qkv_bias:
         out += [("q_bias", (q,), "bias"), ("k_bias", (kv,), "bias"), ("v_bias", (kv,), "bias")]
-    if att.qk_norm:
-        out += [("q_norm", (d,), "norm"), ("k_norm", (d,), "norm")]
+    if att.qk_norm:  # per head, or over the whole projection (OLMoE)
+        q_norm, k_norm = (q, kv) if att.qk_norm_full else (d, d)
+        out += [("q_norm", (q_norm,), "norm"), ("k_norm", (k_norm,), "norm")]
     if att.sinks:
         out.append(("sinks", (cfg.num_heads,), "bias"))
     out.append(("o_proj", (h, q), "linear"))

@@ -6,8 +6,8 @@ from typing import Any
 
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.families.family import Family
-from flexlamps.models.families.llama import decoder_fields, decoder_hf_name, decoder_specs
-from flexlamps.models.families.moe_weights import mixtral_moe_name
+from flexlamps.models.families.llama import SHAPE_FIELDS, decoder_fields, decoder_hf_name, decoder_specs
+from flexlamps.models.families.moe_weights import ROUTER_TRAINING_FIELDS, mixtral_moe_name
 from flexlamps.models.moe_config import MoEConfig
 from flexlamps.models.weight_specs import WeightSpec
 
@@ -26,4 +26,5 @@ def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
 
 FAMILY = Family(
     name="mixtral", model_types=("mixtral",), forward="decoder", parse=_from_mixtral,
-    weights=decoder_specs, hf_name=hf_name, gguf_architectures=("llama",), examples="Mixtral-8x7B, Mixtral-8x22B")
+    weights=decoder_specs, hf_name=hf_name, gguf_architectures=("llama",), examples="Mixtral-8x7B, Mixtral-8x22B",
+    reads=SHAPE_FIELDS | ROUTER_TRAINING_FIELDS | {"num_local_experts", "num_experts_per_tok", "sliding_window"})

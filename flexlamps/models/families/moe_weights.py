@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from flexlamps.models.config import ModelConfig
 
 Shapes = list[tuple[str, tuple[int, ...], str]]  # (local name, shape, role)
+# MoE config fields only training reads: the load-balancing loss, router jitter, returning router logits
+ROUTER_TRAINING_FIELDS = frozenset({"output_router_logits", "router_aux_loss_coef", "router_jitter_noise"})
 
 _PROJ = ("gate_proj", "up_proj", "down_proj")
 

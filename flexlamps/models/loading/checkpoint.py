@@ -57,7 +57,10 @@ class HFFolderReader:
         from flexlamps.models.families import family_for
         from flexlamps.models.loading.unread import unread_error, unread_tensors
 
-        read = {self._file_name(spec) for spec in weight_specs(self.config)}
+        read = set()
+        for spec in weight_specs(self.config):
+            part = hf_part(self.config, spec)
+            read |= set(self._parts.names(part)) if part is not None else {self._file_name(spec)}
         unread = unread_tensors(self._files, read, self.hf_config)
         if unread:
             raise CheckpointError(unread_error(str(self.path), unread, family_for(self.config.model_type).name))

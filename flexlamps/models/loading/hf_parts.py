@@ -26,6 +26,10 @@ class FusedParts:
     def is_mxfp4(self, part: FusedPart) -> bool:
         return not self._has(part.name) and all(self._has(part.name + s) for s in MXFP4_SUFFIXES)
 
+    def names(self, part: FusedPart) -> tuple[str, ...]:
+        """The checkpoint tensors `part` is read from: the fused tensor, or its MXFP4 blocks and scales."""
+        return tuple(part.name + s for s in MXFP4_SUFFIXES) if self.is_mxfp4(part) else (part.name,)
+
     def _missing(self, part: FusedPart, spec: WeightSpec):
         from flexlamps.models.loading.checkpoint import CheckpointError
 

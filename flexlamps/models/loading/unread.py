@@ -18,7 +18,7 @@ def unread_tensors(names: Iterable[str], read: set[str], hf_config: dict[str, An
     """The tensors in `names` (a checkpoint's) that are not in `read` (the names its weights are read
     from) and not a known-harmless extra, sorted."""
     layers = hf_config.get("num_hidden_layers", 0)
-    mtp = hf_config.get("num_nextn_predict_layers") or 0
+    mtp = hf_config.get("num_nextn_predict_layers") or hf_config.get("num_mtp_layers") or 0  # GLM-4.5: either
     out = []
     for name in names:
         if name in read or any(p.search(name) for p in HARMLESS):
