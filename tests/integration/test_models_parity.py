@@ -58,9 +58,14 @@ def test_half_precision_close_to_fp32(tiny_models, dtype):
     cache = DenseKVCache(reader.config, 1, 16, dtype)
     out = ex.forward_steps(cache, [Step(ids, torch.arange(16)[None], torch.tensor([0]))])[0]
     assert out.dtype == torch.float32
-    # half precision: agreement of the top token on most positions, and bounded drift
-    assert (out.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
-    assert (out - ref).abs().max().item() < 0.25 * ref.abs().max().item()
+    # half precision drifts by a few of its rounding steps over the layers (measured over 5 seeds:
+    # at most 1.0% of the largest logit in bf16, 0.15% in fp16), and wherever fp32's top token
+    # leads by more than twice that drift, it stays on top
+    err = (out - ref).abs().max().item()
+    assert err < {torch.bfloat16: 0.03, torch.float16: 0.005}[dtype] * ref.abs().max().item()
+    top2 = ref.topk(2, dim=-1).values
+    clear = top2[..., 0] - top2[..., 1] > 2 * err
+    assert clear.any() and (out.argmax(-1) == ref.argmax(-1))[clear].all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

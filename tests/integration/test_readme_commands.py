@@ -105,6 +105,7 @@ def test_readme_line_parses(line, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 @pytest.mark.parametrize("line", LINES)
 def test_readme_line_runs(line, tmp_path):
     cwd = _workdir(tmp_path)
