@@ -1,7 +1,8 @@
 """GGUF files written with the `gguf` package from tiny HF MoE checkpoints, under llama.cpp's
 architecture, metadata and tensor names (as its convert_hf_to_gguf.py lays them out): Mixtral as
 "llama" with stacked `ffn_*_exps` experts and q/k rows permuted for llama.cpp's rope, Qwen2-MoE
-as "qwen2moe" with its shared expert and a 1-D `ffn_gate_inp_shexp`."""
+as "qwen2moe" with its shared expert and a 1-D `ffn_gate_inp_shexp`, Qwen3-MoE as "qwen3moe"
+with its q/k norms, DeepSeek-V2/V3 as "deepseek2"."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ def _layer_tensors(t: dict, i: int, hf: dict, arch: str) -> dict[str, np.ndarray
                 "attn_q.weight": _permute(q, heads) if arch == "llama" else q,
                 "attn_k.weight": _permute(k, kv) if arch == "llama" else k,
                 "attn_v.weight": t[p + "self_attn.v_proj.weight"], "attn_output.weight": t[p + "self_attn.o_proj.weight"]})
+    for b in ("q", "k"):
+        if p + f"self_attn.{b}_norm.weight" in t:
+            out[f"attn_{b}_norm.weight"] = t[p + f"self_attn.{b}_norm.weight"]
     for b in ("q", "k", "v"):
         if p + f"self_attn.{b}_proj.bias" in t:
             out[f"attn_{b}.bias"] = t[p + f"self_attn.{b}_proj.bias"]
@@ -48,11 +52,16 @@ def write_moe_gguf(folder: Path, path: Path, quantize_experts: str | None = None
     from safetensors.numpy import load_file
 
     hf = json.loads((folder / "config.json").read_text())
-    arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe"}[hf["model_type"]]
+    arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}[hf["model_type"]]
     t = load_file(str(folder / "model.safetensors"))
     w = gguf.GGUFWriter(str(path), arch)
     moe_width = hf.get("moe_intermediate_size") or hf["intermediate_size"]
     experts = hf.get("num_local_experts") or hf["num_experts"]
+    if hf.get("head_dim"):
+        w.add_uint32(f"{arch}.attention.key_length", hf["head_dim"])
+        w.add_uint32(f"{arch}.attention.value_length", hf["head_dim"])
+    if hf.get("norm_topk_prob") is not None and arch == "qwen3moe":
+        w.add_bool(f"{arch}.expert_weights_norm", hf["norm_topk_prob"])
     for key, value in (("embedding_length", hf["hidden_size"]), ("block_count", hf["num_hidden_layers"]),
                        ("feed_forward_length", hf["intermediate_size"]), ("attention.head_count", hf["num_attention_heads"]),
                        ("attention.head_count_kv", hf["num_key_value_heads"]), ("vocab_size", hf["vocab_size"]),

@@ -13,10 +13,11 @@ from tests.moe_gguf import write_deepseek2_gguf, write_moe_gguf
 from tests.moe_models import make_moe_model
 
 
-@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "qwen3_moe"])
 def test_moe_gguf_is_the_hf_model(kind, tmp_path):
-    # llama.cpp's qwen2moe has no dense layers (mlp_only_layers)
-    folder = make_moe_model(tmp_path / kind, kind, **({"mlp_only_layers": []} if kind == "qwen2_moe" else {}))
+    # llama.cpp's qwen2moe / qwen3moe have no dense layers (mlp_only_layers, decoder_sparse_step)
+    dense_layers = {"qwen2_moe": {"mlp_only_layers": []}, "qwen3_moe": {"decoder_sparse_step": 1}}
+    folder = make_moe_model(tmp_path / kind, kind, **dense_layers.get(kind, {}))
     gguf_reader = GGUFReader(write_moe_gguf(folder, tmp_path / f"{kind}.gguf"), cache_dir=tmp_path / "cache")
     hf_reader = open_checkpoint(folder)
     assert gguf_reader.config.model_type == hf_reader.config.model_type and gguf_reader.config.moe == hf_reader.config.moe

@@ -28,5 +28,5 @@ def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
 
 FAMILY = Family(
     name="qwen3_moe", model_types=("qwen3_moe",), forward="decoder", parse=_from_qwen3_moe, weights=decoder_specs,
-    hf_name=hf_name, examples="Qwen3-30B-A3B, Qwen3-235B-A22B",
+    hf_name=hf_name, gguf_architectures=("qwen3moe",), examples="Qwen3-30B-A3B, Qwen3-235B-A22B",
     reads=QWEN_MOE_FIELDS | {"attention_bias", "max_window_layers", "layer_types"})

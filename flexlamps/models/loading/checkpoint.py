@@ -211,6 +211,7 @@ _GGUF_LAYER = {
     "o_proj": "attn_output.weight", "o_bias": "attn_output.bias", "mlp_norm": "ffn_norm.weight",
     "gate_proj": "ffn_gate.weight", "up_proj": "ffn_up.weight", "down_proj": "ffn_down.weight",
     "gate_bias": "ffn_gate.bias", "up_bias": "ffn_up.bias", "down_bias": "ffn_down.bias",
+    "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
 }
 _GGUF_GLOBAL = {"embed_tokens": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
 
@@ -283,9 +284,9 @@ class GGUFReader:
             raise UnsupportedModelError(
                 f"GGUF architecture {arch!r} (gated DeltaNet) is not read yet; give the model's Hugging Face "
                 "folder (config.json and *.safetensors) instead")
-        if arch not in ("llama", "qwen2", "qwen2moe"):
+        if arch not in ("llama", "qwen2", "qwen2moe", "qwen3moe"):
             raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported "
-                                        "(llama, qwen2, qwen2moe, deepseek2 are)")
+                                        "(llama, qwen2, qwen2moe, qwen3moe, deepseek2 are)")
         heads = f[f"{arch}.attention.head_count"]
         cfg = {
             "model_type": arch,
@@ -294,6 +295,7 @@ class GGUFReader:
             "num_hidden_layers": f[f"{arch}.block_count"],
             "num_attention_heads": heads,
             "num_key_value_heads": f.get(f"{arch}.attention.head_count_kv", heads),
+            "head_dim": f.get(f"{arch}.attention.key_length"),
             "intermediate_size": f[f"{arch}.feed_forward_length"],
             "max_position_embeddings": f.get(f"{arch}.context_length", 2048),
             "rms_norm_eps": f.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),

@@ -1,5 +1,5 @@
 """Mixture-of-experts GGUF files under llama.cpp's names (torch-free): the config fields of
-Mixtral (llama.cpp's "llama" with `expert_count`), Qwen2-MoE ("qwen2moe") and DeepSeek-V2/V3
+Mixtral (llama.cpp's "llama" with `expert_count`), Qwen2-MoE ("qwen2moe"), Qwen3-MoE ("qwen3moe") and DeepSeek-V2/V3
 ("deepseek2": MLA, its kv_b_proj split into `attn_k_b` (transposed) and `attn_v_b` by llama.cpp's
 converter), and where each of our weights lies. llama.cpp stacks a layer's experts in one 3-D tensor per projection
 (`ffn_gate_exps` (E, F, H) in numpy order, ...); each expert is one slab of it, read on its own,
@@ -35,6 +35,11 @@ def moe_hf_fields(arch: str, f: dict[str, Any], hf: dict[str, Any]) -> dict[str,
     used = f[f"{arch}.expert_used_count"]
     if arch == "llama":  # Mixtral: experts as wide as the dense FFN would be, renormalized top-k
         return {"model_type": "mixtral", "num_local_experts": experts, "num_experts_per_tok": used}
+    if arch == "qwen3moe":  # per-head q/k norms (attn_q_norm / attn_k_norm); renormalized unless the file says
+        return {"model_type": "qwen3_moe", "num_experts": experts, "num_experts_per_tok": used,
+                "moe_intermediate_size": f[f"{arch}.expert_feed_forward_length"],
+                "norm_topk_prob": bool(f.get(f"{arch}.expert_weights_norm", True)),
+                "attention_bias": hf.get("attention_bias", False)}
     # qwen2moe: top-k never renormalized in llama.cpp's Qwen2-MoE graph; a gated shared expert
     return {"model_type": "qwen2_moe", "num_experts": experts, "num_experts_per_tok": used,
             "moe_intermediate_size": f[f"{arch}.expert_feed_forward_length"],
