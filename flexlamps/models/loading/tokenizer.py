@@ -58,6 +58,10 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tk.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def token_str(self, token_id: int) -> str:
+        """One token's text, special tokens included (what a chat template writes around turns)."""
+        return self.decode([token_id], skip_special_tokens=False)
+
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
             raise ValueError("this model has no chat template; run without --chat-template")
