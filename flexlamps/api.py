@@ -117,6 +117,24 @@ class LLM:
                                     reuse_prefix=self.reuse_prefix,
                                     stats=self._stats)
 
+    def prepare_pools(self, *, max_context: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+                      swap: bool = True):
+        """Build the offload executor for an augmented workload (with policy "auto" the planner
+        places the weights, kept out of part of each tier for the paged pools) and size both pools
+        from what the tiers' budgets leave (`engine.augmented.pools.PoolSizes`)."""
+        from flexlamps.engine.augmented.pools import agents_workload, planner_budgets, pool_sizes
+
+        if self.offload is None:
+            raise ValueError("tier budgets size the pools of an offloaded model only; give gpu_mem and cpu_mem")
+        kv_per_token = self.config.kv_bytes_per_token(self.dtype.itemsize)
+        gpu, cpu = planner_budgets(self.offload.gpu_mem, self.offload.cpu_mem, kv_per_token, max_num_seqs, max_context)
+        prompt, gen = agents_workload(max_context, max_num_seqs, max_num_batched_tokens)
+        # the KV cache lives in the paged pools, not where the planner would put it: the planner is
+        # asked about one sequence (its weight placement), not a cache for the batch
+        self.prepare(prompt_len=prompt, gen_len=gen, num_sequences=1, planner_budgets=(gpu, cpu))
+        return pool_sizes(self.executor, max_context=max_context, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=max_num_batched_tokens, block_size=block_size, swap=swap)
+
     def _cached_dense_copies(self):
         """The weight cache's dense copies of the 4-bit matrices (see weight_cache.dense_copies), or
         None when the cache is off or the checkpoint is not one file."""

@@ -55,7 +55,7 @@ def main() -> None:
                        max_api_tokens=a.max_api_tokens, max_context=a.max_context)
     config = AgentsConfig(gpu_kv_bytes=int(a.gpu_kv_mib * 2**20), cpu_swap_bytes=int(a.cpu_swap_mib * 2**20))
     requests = replay_requests(llm, load_trace(llm, a.trace), scale, a.qps, a.num_requests, a.seed)
-    cost = measure_cost(llm, config, a.max_context, cpu_clock=a.clock == "cpu")
+    cost = measure_cost(llm.executor, config, a.max_context, cpu_clock=a.clock == "cpu")
     print(f"{len(requests)} requests, {sum(r.spec.output_tokens for r in requests)} output tokens, "
           f"{sum(len(r.spec.segments) - 1 for r in requests)} calls; gpu pool {cost.gpu_kv_tokens} tokens, "
           f"cpu swap {cost.cpu_swap_tokens}; measured decode step {cost.compute_time(0, 1, 0):.3f} s, "
@@ -69,7 +69,7 @@ def main() -> None:
           f"{'P/S/D':>9s} {'sim E2E':>8s} {'wall s':>7s} exact")
     for policy in POLICIES:
         t0 = time.perf_counter()
-        res = run_policy_on_engine(llm, requests, policy, config, cost,
+        res = run_policy_on_engine(llm.executor, requests, policy, config, cost,
                                    clock=CpuClock() if a.clock == "cpu" else WallClock())
         real[policy] = summarize(res.records, policy, a.qps, res.end_time)
         sim[policy] = run_policy([r.spec for r in requests], policy, a.qps, cost, config=sched_cfg).summary

@@ -20,7 +20,7 @@ import numpy as np
 from flexlamps.agents.run import LiveSettings, run_tasks
 from flexlamps.agents.workloads import load_workload
 from flexlamps.api import LLM
-from flexlamps.engine.augmented.run import AgentsConfig, measure_cost, prepare_offloaded
+from flexlamps.engine.augmented.run import AgentsConfig, measure_cost
 
 DATA = os.environ.get("FLEXLAMPS_SHARED_DATA") or os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
@@ -51,7 +51,7 @@ def main() -> None:
     rows = []
     for mode in ("in memory", "offloaded"):
         llm, config = _engine(a, mode, ctx, shape)
-        cost = measure_cost(llm, config, ctx)
+        cost = measure_cost(llm.executor, config, ctx)
         for name, workload in workloads.items():
             alone = _one_at_a_time(mode, llm, workload, config, cost, live)
             rows.append(alone)
@@ -74,7 +74,7 @@ def _engine(a, mode: str, ctx: int, shape: dict):
         return llm, AgentsConfig(gpu_kv_bytes=gpu, cpu_swap_bytes=2 * ctx * per_token, **shape)
     llm = LLM(a.model, dtype="float32", gpu_mem=a.gpu_mem, cpu_mem=a.cpu_mem,
               offload_dir=tempfile.mkdtemp(prefix="bench-agents-live-"))
-    sizes = prepare_offloaded(llm, max_context=ctx, **shape)
+    sizes = llm.prepare_pools(max_context=ctx, **shape)
     print(f"offloaded: {' | '.join(llm.policy_lines())}; gpu KV pool {sizes.gpu_kv_bytes >> 20} MiB, "
           f"cpu swap pool {sizes.cpu_swap_bytes >> 20} MiB")
     return llm, AgentsConfig(gpu_kv_bytes=sizes.gpu_kv_bytes, cpu_swap_bytes=sizes.cpu_swap_bytes, **shape)

@@ -18,21 +18,21 @@ def run_agents(llm, tasks: Sequence, tools: str | None = None, *, policy: str = 
     at most `max_calls` calls each). Pools: given in bytes, else room for 4 full contexts on each
     tier (an offloaded model: what its tier budgets leave). Returns the run: per task what it did
     (`run.tasks[i].record()`), per request latency and tool time, swaps and strategies."""
-    from flexlamps.engine.augmented.run import AgentsConfig, measure_cost, prepare_offloaded
+    from flexlamps.engine.augmented.run import AgentsConfig, measure_cost
 
     tasks = _as_tasks(tasks, tools, max_calls, limits)
     if max_context > llm.config.max_position:
         raise ValueError(f"max_context {max_context} exceeds the model's context ({llm.config.max_position})")
     shape = dict(block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
     if llm.offload is not None:
-        sizes = prepare_offloaded(llm, max_context=max_context, **shape)
+        sizes = llm.prepare_pools(max_context=max_context, **shape)
         gpu, cpu = sizes.gpu_kv_bytes, sizes.cpu_swap_bytes
     else:
         per_token = llm.config.kv_bytes_per_token(llm.dtype.itemsize)
         gpu = gpu_kv_mem if gpu_kv_mem is not None else 4 * (max_context + block_size) * per_token
         cpu = cpu_swap_mem if cpu_swap_mem is not None else 4 * max_context * per_token
     config = AgentsConfig(gpu_kv_bytes=gpu, cpu_swap_bytes=cpu, **shape)
-    cost = cost or measure_cost(llm, config, max_context)
+    cost = cost or measure_cost(llm.executor, config, max_context)
     settings = LiveSettings(max_new_tokens=max_new_tokens, max_context=max_context, workers=workers)
     return run_tasks(llm, tasks, policy, config, cost, settings, check=check)
 

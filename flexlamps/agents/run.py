@@ -69,6 +69,6 @@ def run_tasks(llm, tasks: Sequence[AgentTask], policy: str, config: AgentsConfig
                           max_context=settings.max_context, pool=pool)
         predictor = LearnedPredictor(default_output=settings.max_new_tokens / 2,
                                      default_api_time=settings.first_call_s)
-        result = run_policy_on_engine(llm, requests, policy, config, cost, clock=WallClock(), check=check,
+        result = run_policy_on_engine(llm.executor, requests, policy, config, cost, clock=WallClock(), check=check,
                                       on_finish=on_finish, predictor=predictor, calls=calls)
     return LiveRun(policy, result, list(tasks), time.perf_counter() - start, predictor)

@@ -154,7 +154,7 @@ def command(model, dtype, trace_path, self_debug, gsm8k, tools_module, prompts, 
     if verify and str(llm.dtype) != "torch.float32":
         click.echo(_VERIFY_LOW_PRECISION.format(str(llm.dtype).removeprefix("torch.")), err=True)
     click.echo("measuring the cost model on this machine ...")
-    cost = measure_cost(llm, config, max_context, cpu_clock=clock == "cpu")
+    cost = measure_cost(llm.executor, config, max_context, cpu_clock=clock == "cpu")
     results = _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, seed, verify, clock)
     _report(results, trace_path, out_dir, no_plots, dict(
         model=model, dtype=dtype, trace=os.path.abspath(trace_path), num_requests=num_requests, seed=seed,
@@ -208,12 +208,12 @@ def _load(model, dtype, max_context, **offload):
 
 def _offloaded(model, dtype, max_context, gpu_mem, cpu_mem, offload_dir, placement_policy, settings):
     """The model on the offload executor within the tiers' budgets, and the pools they leave."""
-    from flexlamps.engine.augmented.run import AgentsConfig, prepare_offloaded
+    from flexlamps.engine.augmented.run import AgentsConfig
     from placement import format_bytes
 
     llm = _load(model, dtype, max_context, gpu_mem=gpu_mem, cpu_mem=cpu_mem, offload_dir=offload_dir,
                 policy=placement_policy)
-    sizes = prepare_offloaded(llm, max_context=max_context, block_size=settings["block_size"],
+    sizes = llm.prepare_pools(max_context=max_context, block_size=settings["block_size"],
                               max_num_seqs=settings["max_num_seqs"],
                               max_num_batched_tokens=settings["max_num_batched_tokens"], swap=cpu_mem > 0)
     w = llm.policy.weights
@@ -245,7 +245,7 @@ def _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, s
         expected = uninterrupted_tokens(plain, requests) if verify else None
         for policy in policies:
             with tqdm(total=len(requests), desc=f"{policy} qps {load:g}", unit="req", leave=False) as bar:
-                res = run_policy_on_engine(llm, requests, policy, config, cost, on_finish=lambda rec: bar.update(),
+                res = run_policy_on_engine(llm.executor, requests, policy, config, cost, on_finish=lambda rec: bar.update(),
                                            clock=CpuClock() if clock == "cpu" else WallClock())
             mismatched = None
             if expected is not None:

@@ -29,7 +29,7 @@ def run_live(*, workload, model, dtype, policies, max_context, max_new_tokens, r
     summary_path = os.path.join(out_dir, "summary.json")
     done = _previous(summary_path, key)
     click.echo(f"{workload.name}: {key['tasks']} tasks, context cap {max_context}, measuring the cost model ...")
-    cost = measure_cost(llm, config, max_context)
+    cost = measure_cost(llm.executor, config, max_context)
     for policy in policies:
         if policy in done:
             click.echo(f"{policy}: already in {summary_path}, kept")

@@ -72,7 +72,7 @@ def cost(llm):
 def _run(llm, workload, cost, policy, config=None):
     reqs, expected = workload
     used = []  # (gpu blocks in use, gpu blocks) after each iteration
-    res = run_policy_on_engine(llm, reqs, policy, config or _config(llm), cost, clock=StepClock(0.01),
+    res = run_policy_on_engine(llm.executor, reqs, policy, config or _config(llm), cost, clock=StepClock(0.01),
                                check=True, on_iteration=lambda s: used.append((s.bm.used_gpu_blocks, s.bm.num_gpu_blocks)))
     assert len(res.records) == len(reqs)
     # the pool was under pressure (nearly full at some point) and never over
@@ -111,7 +111,7 @@ def test_a_lost_swap_is_caught(llm, workload, cost, monkeypatch):
 def test_a_request_larger_than_the_pool_is_refused(llm, workload, cost):
     reqs, _ = workload
     with pytest.raises(ValueError, match="gpu KV pool holds 32"):
-        run_policy_on_engine(llm, reqs, "lamps", _config(llm, gpu_blocks=8), cost, clock=StepClock())
+        run_policy_on_engine(llm.executor, reqs, "lamps", _config(llm, gpu_blocks=8), cost, clock=StepClock())
 
 
 def test_cpu_clock_skips_api_waits_and_counts_only_this_process():
@@ -159,7 +159,7 @@ def test_a_swap_in_and_a_swap_out_in_one_iteration_keep_the_cache(llm, cost):
                           max_num_seqs=6, max_num_batched_tokens=24)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(AugmentedEngine, "_apply_moves", recording)
-        res = run_policy_on_engine(llm, reqs, SwapsAtCall({"a"}), config, cost, clock=StepClock(0.25), check=True)
+        res = run_policy_on_engine(llm.executor, reqs, SwapsAtCall({"a"}), config, cost, clock=StepClock(0.25), check=True)
     back = next(out for out in outputs if out.swap_in)  # the iteration "a" comes back in
     assert "c" in back.prefill and "a" in back.prefill and back.iteration == 3
     assert {c for c, _ in back.swap_in}.isdisjoint(c for _, c in back.swap_out)

@@ -8,7 +8,7 @@ from flexlamps.api import LLM
 from flexlamps.engine.augmented.engine import StepClock
 from flexlamps.engine.augmented.pools import pool_sizes, working_set
 from flexlamps.engine.augmented.reference import uninterrupted_tokens
-from flexlamps.engine.augmented.run import AgentsConfig, measure_cost, prepare_offloaded, run_policy_on_engine
+from flexlamps.engine.augmented.run import AgentsConfig, measure_cost, run_policy_on_engine
 from flexlamps.workloads.tokenized import tokenize_requests
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.request import Strategy
@@ -65,7 +65,7 @@ def test_offloading_changes_no_uninterrupted_generation(llm, workload):
 @pytest.mark.parametrize("strategy", list(Strategy))
 def test_each_strategy_is_exact_with_weights_offloaded(llm, workload, cost, strategy):
     reqs, expected = workload
-    res = run_policy_on_engine(llm, reqs, Forced(strategy), _config(llm), cost, clock=StepClock(0.01), check=True)
+    res = run_policy_on_engine(llm.executor, reqs, Forced(strategy), _config(llm), cost, clock=StepClock(0.01), check=True)
     assert res.stats.strategies[strategy.value] > 0
     if strategy is Strategy.SWAP:  # (other strategies may swap too: preemption under memory pressure)
         assert res.swapped_out_bytes > 0
@@ -81,7 +81,7 @@ def test_each_strategy_is_exact_with_weights_offloaded(llm, workload, cost, stra
 @pytest.mark.parametrize("policy", ["fcfs", "infercept", "lamps"])
 def test_policies_are_exact_with_weights_offloaded(llm, workload, cost, policy):
     reqs, expected = workload
-    res = run_policy_on_engine(llm, reqs, policy, _config(llm, gpu_blocks=16, cpu_blocks=6), cost,
+    res = run_policy_on_engine(llm.executor, reqs, policy, _config(llm, gpu_blocks=16, cpu_blocks=6), cost,
                                clock=StepClock(0.01), check=True)
     assert res.tokens == expected
 
@@ -102,11 +102,11 @@ def test_pools_are_what_the_budgets_leave(llm):
 
 def test_a_run_on_the_sized_pools_stays_within_the_budgets(tiny_llama, tmp_path):
     llm = LLM(str(tiny_llama), gpu_mem=512 * KIB, cpu_mem=512 * KIB, offload_dir=str(tmp_path), policy=OFFLOADED)
-    sizes = prepare_offloaded(llm, **LIMITS)
+    sizes = llm.prepare_pools(**LIMITS)
     config = AgentsConfig(gpu_kv_bytes=sizes.gpu_kv_bytes, cpu_swap_bytes=sizes.cpu_swap_bytes,
                           block_size=BLOCK, max_num_seqs=6, max_num_batched_tokens=24)
     reqs = tokenize_requests(_specs(), llm.config.vocab_size, set(llm.config.eos_token_ids) | {0, 1})
-    res = run_policy_on_engine(llm, reqs, "lamps", config, measure_cost(llm, config, 64), clock=StepClock(0.01))
+    res = run_policy_on_engine(llm.executor, reqs, "lamps", config, measure_cost(llm.executor, config, 64), clock=StepClock(0.01))
     assert res.tokens == uninterrupted_tokens(LLM(str(tiny_llama)).executor, reqs)
     assert all(u.peak_bytes <= u.capacity_bytes for u in res.tier_use.values())
     llm.close()
@@ -115,7 +115,7 @@ def test_a_run_on_the_sized_pools_stays_within_the_budgets(tiny_llama, tmp_path)
 def test_a_gpu_budget_without_room_for_one_request_is_refused(tiny_llama, tmp_path):
     llm = LLM(str(tiny_llama), gpu_mem=400 * KIB, cpu_mem=512 * KIB, offload_dir=str(tmp_path), policy=OFFLOADED)
     with pytest.raises(ValueError, match="raise --gpu-mem"):
-        prepare_offloaded(llm, **LIMITS)
+        llm.prepare_pools(**LIMITS)
     llm.close()
 
 

@@ -79,3 +79,18 @@ def test_the_kernels_import_only_quant_and_the_cache_folder():
 def test_the_hardware_profile_is_its_own_sub_package():
     assert not list((REPO / "flexlamps").glob("hw_profile*.py"))
     assert {"flexlamps.hardware"} <= set(_graph())
+
+
+def test_no_engine_module_imports_or_holds_the_llm_object():
+    """The faces take an executor (the contract), never the `LLM` facade above them: flexlamps.engine
+    imports nothing of flexlamps.api, and no engine function takes or names an `llm`."""
+    import ast as _ast
+
+    assert "flexlamps.api" not in _graph()["flexlamps.engine"]
+    holders = []
+    for path in (REPO / "flexlamps" / "engine").rglob("*.py"):
+        for node in _ast.walk(_ast.parse(path.read_text())):
+            names = ([a.arg for a in node.args.args + node.args.kwonlyargs] if isinstance(node, _ast.FunctionDef)
+                     else [node.id] if isinstance(node, _ast.Name) else [])
+            holders += [f"{path.relative_to(REPO)}:{node.lineno}" for name in names if name in ("llm", "LLM")]
+    assert holders == []

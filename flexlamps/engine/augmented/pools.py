@@ -86,11 +86,9 @@ def working_set(executor: Executor, *, max_context: int, max_num_seqs: int, max_
         cache.release()
     # the measured peak depends on whether the next layer's prefetch overlapped this one's
     # staging (I/O-thread timing); the charges' worst case keeps the pools the same every run
-    charges = getattr(executor, "charges", None)
-    if charges is not None:
-        worst = max(charges.sweep_gpu_peak([(*s.input_ids.shape, int(s.positions.max()) + 1) for s in steps])
-                    for steps in probes)
-        ws["gpu"] = max(ws["gpu"], worst)
+    worst = max(executor.planned_sweep_gpu_bytes([(*s.input_ids.shape, int(s.positions.max()) + 1) for s in steps])
+                for steps in probes)
+    ws["gpu"] = max(ws["gpu"], worst)
     return ws
 
 

@@ -1,7 +1,7 @@
 """One real-engine run of augmented requests under one policy, from plain settings.
 
-Builds, from one `AgentsConfig`: the paged cache (pools sized in blocks from byte budgets, given,
-or what the tiers' budgets leave on an offload executor, `prepare_offloaded`), the Scheduler
+Builds, from one `AgentsConfig` and an executor: the paged cache (pools sized in blocks from byte
+budgets, given, or what the tiers' budgets leave on an offload executor: `LLM.prepare_pools`), the Scheduler
 with the same block counts, a CostModel measured on this machine (once per model, shared by
 every policy so they all price strategies alike), the policy and predictor, and runs the
 AugmentedEngine over any executor.
@@ -14,9 +14,8 @@ from dataclasses import asdict, dataclass
 
 from flexlamps.engine.augmented.calibrate import calibrate_cost_model
 from flexlamps.engine.augmented.engine import AugmentedEngine, AugmentedResult, WallClock
-from flexlamps.engine.augmented.pools import PoolSizes, agents_workload, planner_budgets, pool_sizes
 from flexlamps.workloads.tokenized import TokenizedRequest
-from flexlamps.engine.executors.contract import PagedCache
+from flexlamps.engine.executors.contract import Executor, PagedCache
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.policies import SchedulingPolicy, make_policy
 from flexlamps.sched.predictors import NoisyPredictor, OraclePredictor
@@ -44,52 +43,35 @@ class AgentsConfig:
         return asdict(self)
 
 
-def prepare_offloaded(llm, *, max_context: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
-                      swap: bool = True) -> PoolSizes:
-    """Build `llm`'s offload executor for the agents workload (with policy "auto" the planner
-    places the weights, kept out of part of each tier for the pools) and size both pools from
-    what the tiers' budgets leave."""
-    if llm.offload is None:
-        raise ValueError("tier budgets size the pools of an offloaded model only; give gpu_mem and cpu_mem")
-    kv_per_token = llm.config.kv_bytes_per_token(llm.dtype.itemsize)
-    gpu, cpu = planner_budgets(llm.offload.gpu_mem, llm.offload.cpu_mem, kv_per_token, max_num_seqs, max_context)
-    prompt, gen = agents_workload(max_context, max_num_seqs, max_num_batched_tokens)
-    # the KV cache lives in the paged pools sized below, not where the planner would put it, so
-    # the planner is asked about one sequence: its weight placement, not a cache for the batch
-    llm.prepare(prompt_len=prompt, gen_len=gen, num_sequences=1, planner_budgets=(gpu, cpu))
-    return pool_sizes(llm.executor, max_context=max_context, max_num_seqs=max_num_seqs,
-                      max_num_batched_tokens=max_num_batched_tokens, block_size=block_size, swap=swap)
-
-
-def new_cache(llm, config: AgentsConfig) -> PagedCache:
-    per_block = config.block_size * llm.config.kv_bytes_per_token(llm.dtype.itemsize)
+def new_cache(executor: Executor, config: AgentsConfig) -> PagedCache:
+    per_block = config.block_size * executor.cfg.kv_bytes_per_token(executor.dtype.itemsize)
     gpu, cpu = config.gpu_kv_bytes // per_block, config.cpu_swap_bytes // per_block
     if gpu < 1:
         raise ValueError(f"gpu KV budget of {config.gpu_kv_bytes} bytes holds no block of {config.block_size} "
                          f"tokens ({per_block} bytes each); raise --gpu-kv-mem")
-    return llm.executor.new_paged_cache(gpu, cpu, config.block_size)
+    return executor.new_paged_cache(gpu, cpu, config.block_size)
 
 
-def measure_cost(llm, config: AgentsConfig, max_model_len: int, cpu_clock: bool = False) -> CostModel:
+def measure_cost(executor: Executor, config: AgentsConfig, max_model_len: int, cpu_clock: bool = False) -> CostModel:
     """The CostModel of this machine, timed on the clock the run will use, with iterations no
     larger than the run's (so they fit the working set the pools were sized beside)."""
-    cache = new_cache(llm, config)
+    cache = new_cache(executor, config)
     try:
-        return calibrate_cost_model(llm.executor, cache, max_model_len, batch=min(8, max(2, config.max_num_seqs)),
+        return calibrate_cost_model(executor, cache, max_model_len, batch=min(8, max(2, config.max_num_seqs)),
                                     chunk=min(64, config.max_num_batched_tokens),
                                     timer=time.process_time if cpu_clock else time.perf_counter)
     finally:
         cache.release()
 
 
-def run_policy_on_engine(llm, requests: list[TokenizedRequest], policy: str | SchedulingPolicy, config: AgentsConfig,
+def run_policy_on_engine(executor: Executor, requests: list[TokenizedRequest], policy: str | SchedulingPolicy, config: AgentsConfig,
                          cost: CostModel, *, clock=None, check: bool = False,
                          on_iteration=None, on_finish=None, policy_kwargs: dict | None = None,
                          predictor=None, calls=None) -> AugmentedResult:
     """Run `requests` under `policy`; the result carries each tier's peak during this run.
     `predictor`: default the oracle of the requests' specs (noisy with `config.noise_sigma`);
     `calls`: what the requests do between tokens (default their trace segments)."""
-    cache = new_cache(llm, config)
+    cache = new_cache(executor, config)
     try:
         sched_cfg = SchedulerConfig(cache.num_gpu_blocks, cache.num_cpu_blocks, config.block_size,
                                     max_num_seqs=config.max_num_seqs,
@@ -101,11 +83,11 @@ def run_policy_on_engine(llm, requests: list[TokenizedRequest], policy: str | Sc
         if not isinstance(policy, SchedulingPolicy):
             policy = make_policy(policy, **(policy_kwargs or {}))
         sched = Scheduler(sched_cfg, policy, predictor, cost)
-        llm.executor.reset_peaks()
-        engine = AugmentedEngine(llm.executor, cache, sched, clock or WallClock(), check, on_iteration, on_finish,
+        executor.reset_peaks()
+        engine = AugmentedEngine(executor, cache, sched, clock or WallClock(), check, on_iteration, on_finish,
                                  calls)
         result = engine.run(requests)
-        result.tier_use = llm.executor.tier_use()
+        result.tier_use = executor.tier_use()
         return result
     finally:
         cache.release()

@@ -83,6 +83,11 @@ class Executor(Protocol):
     def tier_use(self) -> dict[str, TierUse]:
         """Bytes per tier ("gpu", "cpu") as charged so far."""
 
+    def planned_sweep_gpu_bytes(self, step_shapes: Sequence[tuple[int, int, int]]) -> int:
+        """The gpu tier's bytes one sweep over steps of these (rows, tokens, context) shapes stages
+        at worst, as the placement charges them: what a face keeps free beside its pools (0 where
+        nothing is staged: all weights resident)."""
+
     def reset_peaks(self) -> None:
         """Start each tier's peak anew from its bytes in use (to measure one phase of a run)."""
 

@@ -94,6 +94,9 @@ class InMemoryExecutor:
     def tier_use(self) -> dict[str, TierUse]:
         return {"gpu": TierUse(self._weight_bytes, self._weight_bytes, None)}
 
+    def planned_sweep_gpu_bytes(self, step_shapes) -> int:
+        return 0  # every weight resident: a sweep stages nothing
+
     def reset_peaks(self) -> None:
         """Nothing to reset: the weights are all this executor counts."""
 

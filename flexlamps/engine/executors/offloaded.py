@@ -289,6 +289,9 @@ class OffloadExecutor:
     def tier_use(self) -> dict[str, TierUse]:
         return {tier: TierUse(b.used_bytes, b.peak_bytes, b.capacity_bytes) for tier, b in self.budgets.items()}
 
+    def planned_sweep_gpu_bytes(self, step_shapes) -> int:
+        return self.charges.sweep_gpu_peak(list(step_shapes))
+
     def reset_peaks(self) -> None:
         for budget in self.budgets.values():
             budget.reset_peak()
