@@ -167,3 +167,14 @@ def test_compression_the_user_asked_for_is_planned_with():
         assert predict(plan.policy, model, hw, wl).tokens_per_s == pytest.approx(plan.tokens_per_s)
     with pytest.raises(ValueError, match="required but not allowed"):
         solve(model, hw, wl, allow_weight_compression=False, require_weight_compression=True)
+
+
+def test_infeasible_without_a_disk_tier_asks_for_one_and_sizes_are_human():
+    """No --offload-dir: the hint names the option, not 'more free space'; a budget of a few KiB
+    is shown in KiB (it read '0.0 MiB')."""
+    model = placement.model_preset("llama-2-7b")
+    hw = placement.hardware_preset("t4-flexgen").with_memory(gpu_mem_bytes=1024, cpu_mem_bytes=2048, disk_bytes=1)
+    with pytest.raises(placement.InfeasiblePlanError) as e:
+        placement.solve(model, hw, placement.WorkloadSpec(prompt_len=64, gen_len=8))
+    assert "give the plan a disk tier (--offload-dir DIR" in str(e.value) and "more free space" not in str(e.value)
+    assert placement.format_bytes(1024) == "1.0 KiB" and placement.format_bytes(512) == "512 B"
