@@ -27,6 +27,8 @@ _FP8_MATRIX_BYTES = fp8_weight_bytes(*WEIGHT_BLOCK) / (WEIGHT_BLOCK[0] * WEIGHT_
 # Attention scores are materialized for at most this many queries at a time (fused attention
 # kernels block the queries; this bounds what a long prompt charges).
 SCORE_QUERY_CHUNK = 1024
+# tokens per chunk of a DeltaNet layer's chunked rule (models.blocks.gated_deltanet.CHUNK)
+LINEAR_CHUNK = 64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -379,7 +381,21 @@ class ModelSpec(JsonMixin):
         attention = queries * (3 * h + 2 * q_dim + 2 * kv_dim) + scores
         ffn_wide = 2 if self.arch == "opt" else 3
         ffn = queries * (2 * h + ffn_wide * self.intermediate_size)
-        return max(attention, ffn)
+        return max(attention, ffn, self._linear_workspace_elements(queries))
+
+    def _linear_workspace_elements(self, queries: int) -> float:
+        """A DeltaNet layer's peak, in dtype elements (its rule runs in fp32): the projections and
+        conv window in dtype, then q, k, v and their decayed copies in fp32 and, for a chunked
+        prompt, three chunk x chunk matrices per value head and chunk (models.blocks.gated_deltanet)."""
+        if not self.num_linear_layers:
+            return 0.0
+        fp32 = 4 / self.dtype_bytes
+        heads, value_dim = self.linear_num_value_heads, self.linear_num_value_heads * self.linear_value_head_dim
+        expanded = 2 * heads * self.linear_key_head_dim + value_dim  # q and k repeated per value head, v
+        chunks = -(-queries // LINEAR_CHUNK) * LINEAR_CHUNK if queries > 1 else 1
+        pairwise = 3 * heads * LINEAR_CHUNK * chunks if queries > 1 else 0
+        return (queries * (2 * self.hidden_size + 2 * self._linear_conv_dim() + 2 * value_dim)
+                + fp32 * (3 * chunks * expanded + pairwise))
 
     def elementwise_elements_per_token_per_layer(self) -> float:
         """Activation elements one token's non-GEMM passes read and write in one layer: two

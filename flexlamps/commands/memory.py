@@ -35,7 +35,8 @@ def planned_rss_bytes(hf_config: dict, weight_bytes_per_param: float, *, offload
     spec = dataclasses.replace(model_spec_from_hf(hf_config), dtype="fp32")
     weights = spec.total_weight_bytes() / 4 * weight_bytes_per_param
     cache = spec.cache_bytes_per_token_per_layer() / 4 * cache_bytes_per_value
-    return int(FIXED_OVERHEAD_BYTES + weights + cache * spec.num_layers * context_len * num_sequences)
+    state = spec.state_bytes_per_sequence_per_layer()  # a hybrid model's DeltaNet states (fp32 bound)
+    return int(FIXED_OVERHEAD_BYTES + weights + (cache * context_len + state) * spec.num_layers * num_sequences)
 
 
 def _offload_budgets(run) -> tuple[int, int] | None:

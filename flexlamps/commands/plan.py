@@ -117,29 +117,31 @@ def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
 def _hybrid_lines(plan: Plan, model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec,
                   all_full_plan: Plan | None) -> list[str]:
     """A hybrid model's cache (fixed state per sequence, KV in the full-attention layers only) and
-    how many sequences fit: the most its plan's placement holds, beside the same model with every
-    layer full attention under its own plan."""
+    how many sequences fit: for each model, the most that either plan's placement holds (the same
+    placements for both, so the count reflects the cache, not one plan's choices), beside the same
+    model with every layer full attention."""
     if not model.num_linear_layers:
         return []
     from placement.hybrid_fit import all_full_attention, sequences_that_fit
 
     full_model = all_full_attention(model)
-    ours = sequences_that_fit(plan.policy, model, hardware, workload)
-    if all_full_plan is None:
-        dense, dense_block, ratio = 0, "no plan fits", "none fit all full attention"
-    else:
-        dense = sequences_that_fit(all_full_plan.policy, full_model, hardware, workload).sequences
-        dense_block = f"planned block {all_full_plan.policy.block_size}, {all_full_plan.tokens_per_s:.2f} tokens/s"
-        ratio = f"{ours.sequences / dense:.1f}x the sequences" if dense else "none fit all full attention"
-    per_seq_full = full_model.num_layers * full_model.cache_bytes_per_token_per_layer() * (
-        workload.prompt_len + workload.gen_len)
+    policies = [plan.policy] + ([all_full_plan.policy] if all_full_plan is not None else [])
+    ours = max(sequences_that_fit(p, model, hardware, workload).sequences for p in policies)
+    dense = max(sequences_that_fit(p, full_model, hardware, workload).sequences for p in policies)
+    planned = ("no plan fits it" if all_full_plan is None else
+               f"planned block {all_full_plan.policy.block_size}, {all_full_plan.tokens_per_s:.2f} tokens/s")
+    ratio = f"{ours / dense:.1f}x the sequences" if dense else "none fit all full attention"
+    context = workload.prompt_len + workload.gen_len
+    per_seq = model.num_layers * (model.cache_bytes_per_token_per_layer() * context
+                                  + model.state_bytes_per_sequence_per_layer())
+    per_seq_full = full_model.num_layers * full_model.cache_bytes_per_token_per_layer() * context
     return ["", f"hybrid    {model.num_linear_layers} DeltaNet layers hold "
                 f"{format_bytes(model.num_layers * model.state_bytes_per_sequence_per_layer())} of state a "
                 f"sequence; KV in {model.num_layers - model.num_linear_layers} full-attention layers only",
-            f"          cache a sequence at {workload.prompt_len + workload.gen_len} tokens (uncompressed): "
-            f"{format_bytes(ours.cache_bytes_per_sequence)}; all full attention {format_bytes(per_seq_full)}",
-            f"          sequences that fit: {ours.sequences} (planned block {plan.policy.block_size}); "
-            f"all full attention: {dense} ({dense_block}); {ratio}"]
+            f"          cache a sequence at {context} tokens (uncompressed): {format_bytes(per_seq)}; "
+            f"all full attention {format_bytes(per_seq_full)}",
+            f"          sequences that fit: {ours} (planned block {plan.policy.block_size}); all full attention: "
+            f"{dense} ({planned}); {ratio}"]
 
 
 def _latent_pool_lines(plan: Plan, model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec) -> list[str]:

@@ -69,3 +69,12 @@ def test_sequences_that_fit_grow_with_the_state_saved():
     ours = sequences_that_fit(policy, spec, hw, wl).sequences
     full = sequences_that_fit(policy, all_full_attention(spec), hw, wl).sequences
     assert ours > 2 * full > 0
+
+
+def test_max_rss_plans_the_states_of_the_batch():
+    from flexlamps.commands.memory import planned_rss_bytes
+
+    spec = model_spec_from_hf(QWEN3_NEXT_80B)
+    one, nine = (planned_rss_bytes(QWEN3_NEXT_80B, 2.0, offload_budgets=None, num_sequences=n, context_len=1)
+                 for n in (1, 9))
+    assert nine - one >= 8 * spec.num_layers * spec.state_bytes_per_sequence_per_layer()
