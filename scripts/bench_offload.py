@@ -209,9 +209,9 @@ def work_flops(hf_config: dict, num_prompts: int, prompt_len: int, gen_len: int)
     """(prefill, decode) FLOPs both engines must do: every prompt token through every layer's
     matrices and attention, the head on each prompt's last position only, then gen_len - 1
     decode steps (the planner's own per-token counts, `placement.ModelSpec`)."""
-    import placement
+    from flexlamps.models.description import model_spec_from_hf
 
-    m = placement.ModelSpec.from_hf_config(hf_config)
+    m = model_spec_from_hf(hf_config)  # every family the engine runs
     per_token = m.num_layers * m.matmul_flops_per_token_per_layer()
     prompt_attn = m.num_layers * sum(m.attention_flops_per_query(t + 1) for t in range(prompt_len))
     prefill = num_prompts * (prompt_len * per_token + prompt_attn + m.head_flops_per_token())
