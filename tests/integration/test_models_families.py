@@ -132,3 +132,25 @@ def test_a_tensor_no_weight_reads_is_refused_before_loading(tmp_path):
     save_file(tensors, str(folder / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"model\.layers\.1\.self_attn\.o_proj\.bias .* is missing"):
         open_checkpoint(folder)
+
+
+@pytest.mark.parametrize("kind,change", [
+    ("mistral_window", {"attention": {"window": None}}),
+    ("gemma2", {"attention": {"softcap": None}}),
+    ("gemma3_text", {"attention": {"local_rope_theta": None}}),
+    ("granite", {"decoder": {"residual_scale": 1.0}}),
+])
+def test_each_option_the_checkpoints_turn_on_moves_the_logits(kind, change, tmp_path):
+    """The parity above can fail: running a family's model without one of its options leaves
+    transformers' logits far behind (the window is crossed, the caps bite, ...)."""
+    import dataclasses
+
+    folder = make_family_model(tmp_path / kind, family_spec(kind))
+    reader = open_checkpoint(folder)
+    ids = prompt_ids(reader.config.vocab_size)
+    expected, tokens = reference_run(folder, ids)
+    cfg = reader.config
+    for part, fields in change.items():
+        cfg = dataclasses.replace(cfg, **{part: dataclasses.replace(getattr(cfg, part), **fields)})
+    plain = InMemoryExecutor(cfg, read_all(reader, torch.float32), torch.float32)
+    assert worst_gap(our_run(plain, ids, tokens), expected) > 100 * LOGIT_TOLERANCE
