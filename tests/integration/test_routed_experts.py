@@ -132,3 +132,28 @@ def test_the_hot_set_serves_repeat_experts_from_free_room(reader, tmp_path, orde
     assert all((a - b).abs().max() <= 1e-5 for a, b in zip(logits, expected))
     assert 0 < stats["hits"] and stats["misses"] > stats["kept"] > 0, stats  # some kept, some evicted
     assert ex.budgets["gpu"].cached_bytes == 0  # given back on close
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_four_bit_experts_read_off_disk_equal_resident_ones(tmp_path, dtype):
+    """4-bit experts (multiplied in place, or dequantized once for prompt chunks of 128 rows or
+    more) fetched from disk as routed give the bits of the same experts resident on the gpu tier."""
+    import dataclasses
+
+    reader = open_checkpoint(_make(tmp_path / "mixtral", "mixtral"))
+    ids = torch.randint(2, reader.config.vocab_size, (4, 130), generator=torch.Generator().manual_seed(1))
+    steps = [Step(ids[:2], torch.arange(130).expand(2, 130), torch.tensor([0, 1])),
+             Step(ids[2:], torch.arange(130).expand(2, 130), torch.tensor([2, 3]))]
+    decode = [Step(ids[:, :1], torch.full((4, 1), 130), torch.arange(4))]
+    outs = []
+    for weights in (MOSTLY_DISK.weights, ON_GPU):
+        policy = dataclasses.replace(MOSTLY_DISK, weights=weights, compress_weight=True, gpu_batch_size=2,
+                                     num_gpu_batches=2)
+        ex = OffloadExecutor(reader, policy, gpu_mem=1 << 30, cpu_mem=1 << 30, offload_dir=tmp_path / str(weights.gpu),
+                             dtype=dtype)
+        try:
+            cache = ex.new_cache(4, 140)
+            outs.append(ex.forward_steps(cache, steps) + ex.forward_steps(cache, decode))
+        finally:
+            ex.close()
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
