@@ -93,3 +93,17 @@ def test_gguf_tokenizer_cached_build_equals_a_fresh_one(tmp_path, smollm2_path):
     assert cached.decode(fresh.encode(text), skip_special_tokens=False) == text
     next(tmp_path.glob("tokenizer-abab*.json")).write_text("{torn")
     assert tokenizer_from_gguf(fields, tmp_path, "ab" * 32).encode(text) == fresh.encode(text)
+
+
+def test_gguf_rope_factors_are_refused_not_dropped(tmp_path):
+    """llama.cpp writes Llama-3.1's rope scaling as a rope_freqs tensor; unread, every rotation would be
+    wrong, so the file is refused by name."""
+    import numpy as np
+
+    from tests.gguf_models import finish_gguf, llama_gguf_writer
+
+    path = tmp_path / "llama31.gguf"
+    w = llama_gguf_writer(path, hidden=32, ffn=64, layers=1, heads=4, kv_heads=2, vocab=16)
+    w.add_tensor("rope_freqs.weight", np.ones(4, dtype=np.float32))
+    with pytest.raises(UnsupportedModelError, match="rope_freqs.weight"):
+        open_checkpoint(finish_gguf(w, path))

@@ -308,6 +308,9 @@ class GGUFReader:
         }
         if f.get(f"{arch}.rope.scaling.type") == "linear":
             cfg["rope_scaling"] = {"rope_type": "linear", "factor": f[f"{arch}.rope.scaling.factor"]}
+        if "rope_freqs.weight" in self._tensor_types:  # llama.cpp's form of Llama-3.1's rope scaling
+            raise UnsupportedModelError(f"{self.path}: rope_freqs.weight (llama.cpp's rope scaling factors) is "
+                                        "not read from GGUF files; give the model's Hugging Face folder")
         if arch == "llama" and cfg["attention_bias"] != ("blk.0.attn_output.bias" in self._tensor_types):
             # transformers' LLaMA biases q, k, v and o together: one without the other is another model
             raise UnsupportedModelError(f"{self.path}: biases on q/k/v without one on the output projection (or "
