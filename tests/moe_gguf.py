@@ -162,3 +162,64 @@ def write_deepseek2_gguf(folder: Path, path: Path, gating_func: int | None = Non
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _ggml_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """gpt-oss's MXFP4 (blocks (..., G, 16): elements 2i, 2i+1 per byte; scales (..., G)) as ggml's
+    block_mxfp4 bytes (..., G * 17): the exponent, then elements 0-15 in the low nibbles, 16-31 high."""
+    codes = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], 32)
+    packed = codes[..., :16] | (codes[..., 16:] << 4)
+    return np.concatenate([scales[..., None], packed], axis=-1).reshape(*blocks.shape[:-2], -1).astype(np.uint8)
+
+
+def write_gpt_oss_gguf(folder: Path, path: Path) -> Path:
+    """A gpt-oss checkpoint with MXFP4 experts as llama.cpp's gpt-oss GGUF: experts MXFP4 (gate and
+    up split from the interleaved gate_up), their biases, router weight and bias, sinks."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    hf = json.loads((folder / "config.json").read_text())
+    t = load_file(str(folder / "model.safetensors"))
+    a, rope = "gpt-oss", hf["rope_parameters"]
+    w = gguf.GGUFWriter(str(path), a)
+    for key, value in (("embedding_length", hf["hidden_size"]), ("block_count", hf["num_hidden_layers"]),
+                       ("feed_forward_length", hf["intermediate_size"]), ("attention.head_count", hf["num_attention_heads"]),
+                       ("attention.head_count_kv", hf["num_key_value_heads"]), ("attention.key_length", hf["head_dim"]),
+                       ("attention.value_length", hf["head_dim"]), ("vocab_size", hf["vocab_size"]),
+                       ("context_length", hf["max_position_embeddings"]), ("expert_count", hf["num_local_experts"]),
+                       ("expert_used_count", hf["num_experts_per_tok"]), ("expert_feed_forward_length", hf["intermediate_size"]),
+                       ("attention.sliding_window", hf["sliding_window"]),
+                       ("rope.scaling.original_context_length", rope["original_max_position_embeddings"])):
+        w.add_uint32(f"{a}.{key}", value)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", hf["rms_norm_eps"])
+    w.add_float32(f"{a}.rope.freq_base", rope["rope_theta"])
+    w.add_string(f"{a}.rope.scaling.type", "yarn")
+    w.add_float32(f"{a}.rope.scaling.factor", rope["factor"])
+    w.add_token_list([f"t{i}" for i in range(hf["vocab_size"])])
+    tensors = {"token_embd.weight": t["model.embed_tokens.weight"], "output_norm.weight": t["model.norm.weight"]}
+    if "lm_head.weight" in t:
+        tensors["output.weight"] = t["lm_head.weight"]
+    mxfp4 = {}
+    for i in range(hf["num_hidden_layers"]):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        for ours, theirs in (("attn_norm.weight", "input_layernorm.weight"), ("post_attention_norm.weight", "post_attention_layernorm.weight"),
+                             ("attn_sinks.weight", "self_attn.sinks"), ("ffn_gate_inp.weight", "mlp.router.weight"),
+                             ("ffn_gate_inp.bias", "mlp.router.bias"), ("ffn_down_exps.bias", "mlp.experts.down_proj_bias")):
+            tensors[b + ours] = t[p + theirs]
+        for x, name in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("output", "o_proj")):
+            tensors[f"{b}attn_{x}.weight"], tensors[f"{b}attn_{x}.bias"] = t[p + f"self_attn.{name}.weight"], t[p + f"self_attn.{name}.bias"]
+        gate_up_bias = t[p + "mlp.experts.gate_up_proj_bias"]
+        tensors[b + "ffn_gate_exps.bias"], tensors[b + "ffn_up_exps.bias"] = gate_up_bias[:, 0::2], gate_up_bias[:, 1::2]
+        blocks, scales = t[p + "mlp.experts.gate_up_proj_blocks"], t[p + "mlp.experts.gate_up_proj_scales"]
+        mxfp4[b + "ffn_gate_exps.weight"] = _ggml_mxfp4(blocks[:, 0::2], scales[:, 0::2])
+        mxfp4[b + "ffn_up_exps.weight"] = _ggml_mxfp4(blocks[:, 1::2], scales[:, 1::2])
+        mxfp4[b + "ffn_down_exps.weight"] = _ggml_mxfp4(t[p + "mlp.experts.down_proj_blocks"], t[p + "mlp.experts.down_proj_scales"])
+    for name, value in tensors.items():
+        w.add_tensor(name, np.ascontiguousarray(value).astype(np.float32))
+    for name, value in mxfp4.items():
+        w.add_tensor(name, value, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

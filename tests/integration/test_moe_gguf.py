@@ -61,3 +61,27 @@ def test_quantized_stacked_experts_read_one_slab_each(tmp_path):
     want = reader.read(spec, torch.float32)
     assert kept is not None and kept.shape == spec.shape
     torch.testing.assert_close(kept.dequantize(torch.float32), want, rtol=0, atol=2**-7 * want.abs().max().item())
+
+
+def test_gpt_oss_gguf_keeps_mxfp4_experts_and_is_the_hf_model(tmp_path):
+    """llama.cpp's gpt-oss layout (MXFP4 ffn_*_exps in ggml's block order, expert biases, router bias,
+    sinks, post_attention_norm): experts read as Mxfp4Weight with the HF checkpoint's values,
+    every other weight equal, logits equal."""
+    from quant.mxfp4 import Mxfp4Weight
+    from tests.moe_gguf import write_gpt_oss_gguf
+
+    folder = make_moe_model(tmp_path / "gpt_oss", "gpt_oss_mxfp4")
+    gguf_reader = GGUFReader(write_gpt_oss_gguf(folder, tmp_path / "gpt-oss.gguf"), cache_dir=tmp_path / "c")
+    hf_reader = open_checkpoint(folder)
+    for field in ("moe", "attention", "rope_theta", "rope_scaling", "head_dim", "tie_word_embeddings", "qkv_bias"):
+        assert getattr(gguf_reader.config, field) == getattr(hf_reader.config, field), field
+    hf_weights, gguf_weights = read_all(hf_reader, torch.float32), read_all(gguf_reader, torch.float32)
+    for spec in weight_specs(hf_reader.config):
+        ours, want = gguf_weights[spec.name], hf_weights[spec.name]
+        if isinstance(want, Mxfp4Weight):
+            assert isinstance(ours, Mxfp4Weight) and torch.equal(ours.dequantize(), want.dequantize()), spec.name
+        else:
+            assert torch.equal(ours, want), spec.name
+    ours = prefill_and_decode_logits(gguf_weights, gguf_reader, torch.float32, steps=8)
+    ref = prefill_and_decode_logits(hf_weights, hf_reader, torch.float32, steps=8)
+    assert all(torch.equal(a, b) for a, b in zip(ours, ref))

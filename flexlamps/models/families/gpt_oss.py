@@ -66,7 +66,8 @@ def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
 
 FAMILY = Family(
     name="gpt_oss", model_types=("gpt_oss",), forward="decoder", parse=_from_gpt_oss, weights=_specs,
-    hf_name=hf_name, hf_part=hf_part, examples="gpt-oss-20b, gpt-oss-120b (MXFP4 experts kept 4-bit)",
+    hf_name=hf_name, hf_part=hf_part, gguf_architectures=("gpt-oss",),
+    examples="gpt-oss-20b, gpt-oss-120b (MXFP4 experts kept 4-bit)",
     reads=SHAPE_FIELDS | ROUTER_TRAINING_FIELDS | {
         "num_local_experts", "num_experts_per_tok", "swiglu_alpha", "swiglu_limit", "sliding_window", "layer_types",
         "attention_bias", "quantization_config"})

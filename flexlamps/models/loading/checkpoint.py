@@ -17,10 +17,11 @@ import numpy as np
 import torch
 
 from flexlamps.models.config import ModelConfig, UnsupportedModelError
+from flexlamps.models.loading.gguf_blocks import mxfp4_blocks
 from flexlamps.models.loading.gguf_blocks import BLOCK, int4_blocks, int8_blocks, is_int4_block_type, is_int8_block_type
 from flexlamps.models.loading.gguf_header import read_header
-from flexlamps.models.loading.gguf_moe import (MLA_GGUF_LAYER, MLA_KV_B, deepseek2_hf_config, moe_gguf_tensor,
-                                               moe_hf_fields)
+from flexlamps.models.loading.gguf_moe import (MLA_GGUF_LAYER, MLA_KV_B, deepseek2_hf_config, gpt_oss_hf_config,
+                                               GPT_OSS_GGUF_LAYER, moe_gguf_tensor, moe_hf_fields)
 from flexlamps.models.loading.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 from flexlamps.models.blocks.linear import native_kernel
 from flexlamps.models.loading.hf_parts import FusedParts
@@ -234,7 +235,7 @@ class _GGUFTensor:
 
     def slab(self, index: int) -> "_GGUFTensor":
         """Slab `index` along the first (numpy) dim: one expert of llama.cpp's stacked experts."""
-        if len(self.item_shape) != 3 or not 0 <= index < self.item_shape[0]:
+        if len(self.item_shape) not in (2, 3) or not 0 <= index < self.item_shape[0]:
             raise CheckpointError(f"expert {index} is not in a stacked tensor of shape {self.item_shape}")
         rest = self.item_shape[1:]
         return _GGUFTensor(self.tensor_type, self.item_dtype, rest,
@@ -242,7 +243,9 @@ class _GGUFTensor:
 
 
 class GGUFReader:
-    """LLaMA / Qwen2 GGUF files, and their MoE forms (Mixtral, Qwen2-MoE: `gguf_moe`); quantized tensors are dequantized to float with the `gguf` package.
+    """LLaMA / Qwen2 GGUF files and the MoE families llama.cpp writes (Mixtral, Qwen2/3-MoE,
+    DeepSeek-V2/V3, gpt-oss: `gguf_moe`); quantized tensors are dequantized to float with the
+    `gguf` package (gpt-oss's MXFP4 experts kept as their blocks).
 
     NOTE(safety): the `gguf` package's reader holds ~170 MiB of parsed fields for a 49k-token
     vocabulary; only each tensor's location is kept, and a tensor's bytes are read from the file
@@ -280,13 +283,15 @@ class GGUFReader:
         arch = f.get("general.architecture")
         if arch == "deepseek2":
             return deepseek2_hf_config(f, set(self._tensor_types))
+        if arch == "gpt-oss":
+            return gpt_oss_hf_config(f, self._tensor_types)
         if arch in ("qwen3next", "qwen35", "qwen35moe"):
             raise UnsupportedModelError(
                 f"GGUF architecture {arch!r} (gated DeltaNet) is not read yet; give the model's Hugging Face "
                 "folder (config.json and *.safetensors) instead")
         if arch not in ("llama", "qwen2", "qwen2moe", "qwen3moe"):
             raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported "
-                                        "(llama, qwen2, qwen2moe, qwen3moe, deepseek2 are)")
+                                        "(llama, qwen2, qwen2moe, qwen3moe, deepseek2, gpt-oss are)")
         heads = f[f"{arch}.attention.head_count"]
         cfg = {
             "model_type": arch,
@@ -325,11 +330,13 @@ class GGUFReader:
 
     def _tensor(self, spec: WeightSpec):
         """Where `spec` lies in the file: its tensor, or its expert's slab of a stacked one."""
-        moe = moe_gguf_tensor(spec.local_name) if spec.layer is not None else None
+        moe = moe_gguf_tensor(spec.local_name, self.config.model_type) if spec.layer is not None else None
         if moe is not None:
             t = self._tensors_by_name(f"blk.{spec.layer}.{moe[0]}", spec)
             return t if moe[1] is None else t.slab(moe[1])
         layer_names = MLA_GGUF_LAYER if self.config.mla is not None else _GGUF_LAYER
+        if self.config.model_type == "gpt_oss":
+            layer_names = {**_GGUF_LAYER, **GPT_OSS_GGUF_LAYER}
         name = _GGUF_GLOBAL[spec.name] if spec.layer is None else f"blk.{spec.layer}.{layer_names[spec.local_name]}"
         return self._tensors_by_name(name, spec)
 
@@ -379,6 +386,20 @@ class GGUFReader:
         if heads is not None:
             codes, scale, zero = (_unpermute_rows(part, heads) for part in (codes, scale, zero))
         return Int4Weight.from_codes(codes, scale, zero, BLOCK, dtype)
+
+    def stores_mxfp4(self, spec: WeightSpec) -> bool:
+        """Whether the file holds `spec` in ggml's MXFP4 blocks (gpt-oss's experts)."""
+        moe = moe_gguf_tensor(spec.local_name) if spec.layer is not None else None
+        return moe is not None and self._tensor_types.get(f"blk.{spec.layer}.{moe[0]}") == "MXFP4"
+
+    def read_mxfp4(self, spec: WeightSpec, dtype: torch.dtype):
+        """An MXFP4 expert matrix as its blocks (`quant.mxfp4.Mxfp4Weight`, dequantized per call)."""
+        from quant.mxfp4 import Mxfp4Weight
+
+        t = self._tensor(spec)
+        if t.tensor_type.name != "MXFP4":
+            raise CheckpointError(f"{self.path}: {spec.name} is not stored in MXFP4")
+        return Mxfp4Weight(*mxfp4_blocks(t.read(self.path), spec.shape), dtype)
 
     def read_int8(self, spec: WeightSpec, dtype: torch.dtype) -> Int8Weight | None:
         """A Q8_0 / Q5_0 / Q5_1 / Q5_K / Q6_K matrix as it is in the file (int8 codes, block scales

@@ -1,5 +1,6 @@
 """Mixture-of-experts GGUF files under llama.cpp's names (torch-free): the config fields of
-Mixtral (llama.cpp's "llama" with `expert_count`), Qwen2-MoE ("qwen2moe"), Qwen3-MoE ("qwen3moe") and DeepSeek-V2/V3
+Mixtral (llama.cpp's "llama" with `expert_count`), Qwen2-MoE ("qwen2moe"), Qwen3-MoE ("qwen3moe"),
+gpt-oss ("gpt-oss": MXFP4 experts kept 4-bit) and DeepSeek-V2/V3
 ("deepseek2": MLA, its kv_b_proj split into `attn_k_b` (transposed) and `attn_v_b` by llama.cpp's
 converter), and where each of our weights lies. llama.cpp stacks a layer's experts in one 3-D tensor per projection
 (`ffn_gate_exps` (E, F, H) in numpy order, ...); each expert is one slab of it, read on its own,
@@ -12,16 +13,23 @@ from typing import Any
 # our MoE local names -> llama.cpp's tensor (after `blk.{i}.`); expert projections are slabs
 _EXPERT_TENSORS = {"gate_proj": "ffn_gate_exps.weight", "up_proj": "ffn_up_exps.weight",
                    "down_proj": "ffn_down_exps.weight"}
+_EXPERT_BIASES = {"gate_bias": "ffn_gate_exps.bias", "up_bias": "ffn_up_exps.bias", "down_bias": "ffn_down_exps.bias"}
 _MOE_TENSORS = {"router": "ffn_gate_inp.weight", "router_bias": "exp_probs_b.bias",
                 "shared_gate_proj": "ffn_gate_shexp.weight", "shared_up_proj": "ffn_up_shexp.weight",
                 "shared_down_proj": "ffn_down_shexp.weight", "shared_expert_gate": "ffn_gate_inp_shexp.weight"}
 
 
-def moe_gguf_tensor(local: str) -> tuple[str, int | None] | None:
+# gpt-oss's names where llama.cpp's differ from LLaMA's (its router bias is `ffn_gate_inp.bias`)
+GPT_OSS_GGUF_LAYER = {"mlp_norm": "post_attention_norm.weight", "sinks": "attn_sinks.weight"}
+
+
+def moe_gguf_tensor(local: str, model_type: str = "") -> tuple[str, int | None] | None:
     """(llama.cpp tensor name, expert slab or None) of a MoE weight; None for other weights."""
+    if local == "router_bias" and model_type == "gpt_oss":
+        return "ffn_gate_inp.bias", None
     if local.startswith("experts."):
         _, e, proj = local.split(".")
-        return _EXPERT_TENSORS[proj], int(e)
+        return {**_EXPERT_TENSORS, **_EXPERT_BIASES}[proj], int(e)
     name = _MOE_TENSORS.get(local)
     return None if name is None else (name, None)
 
@@ -96,4 +104,35 @@ def deepseek2_hf_config(f: dict[str, Any], tensors: set[str]) -> dict[str, Any]:
             cfg["topk_method"] = "group_limited_greedy" if groups > 1 else "greedy"
     else:
         cfg["first_k_dense_replace"] = cfg["num_hidden_layers"]
+    return cfg
+
+
+def gpt_oss_hf_config(f: dict[str, Any], tensor_types: dict[str, str]) -> dict[str, Any]:
+    """A gpt-oss GGUF's HF config: llama.cpp slides the even layers (its swa pattern 2), keeps the
+    YaRN parameters gpt-oss ships (beta 32 / 1, no truncation) and the router's logit bias
+    (`ffn_gate_inp.bias`, read as `exp_probs_b`'s place: our `router_bias`); MXFP4 experts mark
+    the config `quant_method: mxfp4`, so every tier keeps them 4-bit."""
+    a = "gpt-oss"
+    layers = f[f"{a}.block_count"]
+    cfg = {
+        "model_type": "gpt_oss", "vocab_size": f.get(f"{a}.vocab_size", len(f["tokenizer.ggml.tokens"])),
+        "hidden_size": f[f"{a}.embedding_length"], "num_hidden_layers": layers,
+        "num_attention_heads": f[f"{a}.attention.head_count"],
+        "num_key_value_heads": f[f"{a}.attention.head_count_kv"], "head_dim": f[f"{a}.attention.key_length"],
+        "intermediate_size": f[f"{a}.expert_feed_forward_length"],
+        "max_position_embeddings": f.get(f"{a}.context_length", 131072),
+        "rms_norm_eps": f.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-5),
+        "num_local_experts": f[f"{a}.expert_count"], "num_experts_per_tok": f[f"{a}.expert_used_count"],
+        "sliding_window": f[f"{a}.attention.sliding_window"],
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        "attention_bias": "blk.0.attn_q.bias" in tensor_types,
+        "tie_word_embeddings": "output.weight" not in tensor_types,
+        "bos_token_id": f.get("tokenizer.ggml.bos_token_id"), "eos_token_id": f.get("tokenizer.ggml.eos_token_id"),
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": f.get(f"{a}.rope.freq_base", 150000.0),
+                            "factor": f.get(f"{a}.rope.scaling.factor", 32.0), "beta_fast": 32.0, "beta_slow": 1.0,
+                            "truncate": False, "original_max_position_embeddings":
+                                f.get(f"{a}.rope.scaling.original_context_length", 4096)},
+    }
+    if tensor_types.get("blk.0.ffn_gate_exps.weight") == "MXFP4":
+        cfg["quantization_config"] = {"quant_method": "mxfp4"}
     return cfg
