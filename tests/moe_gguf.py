@@ -21,10 +21,12 @@ def _layer_tensors(t: dict, i: int, hf: dict, arch: str) -> dict[str, np.ndarray
     p, out = f"model.layers.{i}.", {}
     heads, kv = hf["num_attention_heads"], hf["num_key_value_heads"]
     q, k = t[p + "self_attn.q_proj.weight"], t[p + "self_attn.k_proj.weight"]
-    out.update({"attn_norm.weight": t[p + "input_layernorm.weight"], "ffn_norm.weight": t[p + "post_attention_layernorm.weight"],
+    out.update({"attn_norm.weight": t[p + "input_layernorm.weight"],
+                "ffn_norm.weight": t[p + "post_attention_layernorm.weight"],
                 "attn_q.weight": _permute(q, heads) if arch == "llama" else q,
                 "attn_k.weight": _permute(k, kv) if arch == "llama" else k,
-                "attn_v.weight": t[p + "self_attn.v_proj.weight"], "attn_output.weight": t[p + "self_attn.o_proj.weight"]})
+                "attn_v.weight": t[p + "self_attn.v_proj.weight"],
+                "attn_output.weight": t[p + "self_attn.o_proj.weight"]})
     for b in ("q", "k"):
         if p + f"self_attn.{b}_norm.weight" in t:
             out[f"attn_{b}_norm.weight"] = t[p + f"self_attn.{b}_norm.weight"]
@@ -37,7 +39,8 @@ def _layer_tensors(t: dict, i: int, hf: dict, arch: str) -> dict[str, np.ndarray
     experts = hf.get("num_local_experts") or hf["num_experts"]
     for proj in ("gate_proj", "up_proj", "down_proj"):
         local = names[proj] if names else proj
-        out[f"ffn_{proj[:-5]}_exps.weight"] = np.stack([t[p + f"{moe}experts.{e}.{local}.weight"] for e in range(experts)])
+        stacked = [t[p + f"{moe}experts.{e}.{local}.weight"] for e in range(experts)]
+        out[f"ffn_{proj[:-5]}_exps.weight"] = np.stack(stacked)
         if p + f"mlp.shared_expert.{proj}.weight" in t:
             out[f"ffn_{proj[:-5]}_shexp.weight"] = t[p + f"mlp.shared_expert.{proj}.weight"]
     if p + "mlp.shared_expert_gate.weight" in t:
@@ -63,7 +66,8 @@ def write_moe_gguf(folder: Path, path: Path, quantize_experts: str | None = None
     if hf.get("norm_topk_prob") is not None and arch == "qwen3moe":
         w.add_bool(f"{arch}.expert_weights_norm", hf["norm_topk_prob"])
     for key, value in (("embedding_length", hf["hidden_size"]), ("block_count", hf["num_hidden_layers"]),
-                       ("feed_forward_length", hf["intermediate_size"]), ("attention.head_count", hf["num_attention_heads"]),
+                       ("feed_forward_length", hf["intermediate_size"]), ("attention.head_count",
+                                                                          hf["num_attention_heads"]),
                        ("attention.head_count_kv", hf["num_key_value_heads"]), ("vocab_size", hf["vocab_size"]),
                        ("context_length", hf["max_position_embeddings"]), ("expert_count", experts),
                        ("expert_used_count", hf["num_experts_per_tok"]), ("expert_feed_forward_length", moe_width)):
@@ -71,7 +75,8 @@ def write_moe_gguf(folder: Path, path: Path, quantize_experts: str | None = None
     if hf.get("shared_expert_intermediate_size"):
         w.add_uint32(f"{arch}.expert_shared_feed_forward_length", hf["shared_expert_intermediate_size"])
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", hf["rms_norm_eps"])
-    w.add_float32(f"{arch}.rope.freq_base", (hf.get("rope_parameters") or {}).get("rope_theta", hf.get("rope_theta", 1e4)))
+    w.add_float32(f"{arch}.rope.freq_base", (hf.get("rope_parameters") or {}).get("rope_theta",
+                                                                                  hf.get("rope_theta", 1e4)))
     w.add_token_list([f"t{i}" for i in range(hf["vocab_size"])])
     tensors = {"token_embd.weight": t["model.embed_tokens.weight"], "output_norm.weight": t["model.norm.weight"]}
     if "lm_head.weight" in t:
@@ -92,9 +97,12 @@ def write_moe_gguf(folder: Path, path: Path, quantize_experts: str | None = None
 
 
 _MLA_TENSORS = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
-                "self_attn.q_a_proj.weight": "attn_q_a.weight", "self_attn.q_a_layernorm.weight": "attn_q_a_norm.weight",
-                "self_attn.q_b_proj.weight": "attn_q_b.weight", "self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
-                "self_attn.kv_a_layernorm.weight": "attn_kv_a_norm.weight", "self_attn.o_proj.weight": "attn_output.weight",
+                "self_attn.q_a_proj.weight": "attn_q_a.weight",
+                "self_attn.q_a_layernorm.weight": "attn_q_a_norm.weight",
+                "self_attn.q_b_proj.weight": "attn_q_b.weight",
+                "self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
+                "self_attn.kv_a_layernorm.weight": "attn_kv_a_norm.weight",
+                "self_attn.o_proj.weight": "attn_output.weight",
                 "post_attention_layernorm.weight": "ffn_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
                 "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
                 "mlp.gate.weight": "ffn_gate_inp.weight", "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
@@ -110,7 +118,8 @@ def _mla_layer(t: dict, i: int, hf: dict) -> dict[str, np.ndarray]:
     out = {gguf_name: t[p + name] for name, gguf_name in _MLA_TENSORS.items() if p + name in t}
     heads, nope, v = hf["num_attention_heads"], hf["qk_nope_head_dim"], hf["v_head_dim"]
     kv_b = t[p + "self_attn.kv_b_proj.weight"].reshape(heads, nope + v, -1)
-    out["attn_k_b.weight"], out["attn_v_b.weight"] = np.ascontiguousarray(kv_b[:, :nope].transpose(0, 2, 1)), kv_b[:, nope:]
+    out["attn_k_b.weight"] = np.ascontiguousarray(kv_b[:, :nope].transpose(0, 2, 1))
+    out["attn_v_b.weight"] = kv_b[:, nope:]
     if p + "mlp.experts.0.gate_proj.weight" in t:
         for proj in ("gate_proj", "up_proj", "down_proj"):
             out[f"ffn_{proj[:-5]}_exps.weight"] = np.stack(
@@ -131,7 +140,8 @@ def write_deepseek2_gguf(folder: Path, path: Path, gating_func: int | None = Non
     kv, rope = hf["kv_lora_rank"], hf["qk_rope_head_dim"]
     u32 = {"embedding_length": hf["hidden_size"], "block_count": hf["num_hidden_layers"],
            "feed_forward_length": hf["intermediate_size"], "attention.head_count": hf["num_attention_heads"],
-           "attention.head_count_kv": 1, "vocab_size": hf["vocab_size"], "context_length": hf["max_position_embeddings"],
+           "attention.head_count_kv": 1, "vocab_size": hf["vocab_size"],
+           "context_length": hf["max_position_embeddings"],
            "leading_dense_block_count": hf["first_k_dense_replace"], "attention.kv_lora_rank": kv,
            "attention.key_length": kv + rope, "attention.value_length": kv,
            "attention.key_length_mla": hf["qk_nope_head_dim"] + rope, "attention.value_length_mla": hf["v_head_dim"],
@@ -183,11 +193,13 @@ def write_gpt_oss_gguf(folder: Path, path: Path) -> Path:
     a, rope = "gpt-oss", hf["rope_parameters"]
     w = gguf.GGUFWriter(str(path), a)
     for key, value in (("embedding_length", hf["hidden_size"]), ("block_count", hf["num_hidden_layers"]),
-                       ("feed_forward_length", hf["intermediate_size"]), ("attention.head_count", hf["num_attention_heads"]),
+                       ("feed_forward_length", hf["intermediate_size"]), ("attention.head_count",
+                                                                          hf["num_attention_heads"]),
                        ("attention.head_count_kv", hf["num_key_value_heads"]), ("attention.key_length", hf["head_dim"]),
                        ("attention.value_length", hf["head_dim"]), ("vocab_size", hf["vocab_size"]),
                        ("context_length", hf["max_position_embeddings"]), ("expert_count", hf["num_local_experts"]),
-                       ("expert_used_count", hf["num_experts_per_tok"]), ("expert_feed_forward_length", hf["intermediate_size"]),
+                       ("expert_used_count", hf["num_experts_per_tok"]), ("expert_feed_forward_length",
+                                                                          hf["intermediate_size"]),
                        ("attention.sliding_window", hf["sliding_window"]),
                        ("rope.scaling.original_context_length", rope["original_max_position_embeddings"])):
         w.add_uint32(f"{a}.{key}", value)
@@ -202,18 +214,23 @@ def write_gpt_oss_gguf(folder: Path, path: Path) -> Path:
     mxfp4 = {}
     for i in range(hf["num_hidden_layers"]):
         p, b = f"model.layers.{i}.", f"blk.{i}."
-        for ours, theirs in (("attn_norm.weight", "input_layernorm.weight"), ("post_attention_norm.weight", "post_attention_layernorm.weight"),
+        for ours, theirs in (("attn_norm.weight", "input_layernorm.weight"), ("post_attention_norm.weight",
+                                                                              "post_attention_layernorm.weight"),
                              ("attn_sinks.weight", "self_attn.sinks"), ("ffn_gate_inp.weight", "mlp.router.weight"),
-                             ("ffn_gate_inp.bias", "mlp.router.bias"), ("ffn_down_exps.bias", "mlp.experts.down_proj_bias")):
+                             ("ffn_gate_inp.bias", "mlp.router.bias"), ("ffn_down_exps.bias",
+                                                                        "mlp.experts.down_proj_bias")):
             tensors[b + ours] = t[p + theirs]
         for x, name in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("output", "o_proj")):
-            tensors[f"{b}attn_{x}.weight"], tensors[f"{b}attn_{x}.bias"] = t[p + f"self_attn.{name}.weight"], t[p + f"self_attn.{name}.bias"]
+            tensors[f"{b}attn_{x}.weight"] = t[p + f"self_attn.{name}.weight"]
+            tensors[f"{b}attn_{x}.bias"] = t[p + f"self_attn.{name}.bias"]
         gate_up_bias = t[p + "mlp.experts.gate_up_proj_bias"]
-        tensors[b + "ffn_gate_exps.bias"], tensors[b + "ffn_up_exps.bias"] = gate_up_bias[:, 0::2], gate_up_bias[:, 1::2]
+        tensors[b + "ffn_gate_exps.bias"], tensors[b + "ffn_up_exps.bias"] = gate_up_bias[:, 0::2], gate_up_bias[:,
+                                                                                                                 1::2]
         blocks, scales = t[p + "mlp.experts.gate_up_proj_blocks"], t[p + "mlp.experts.gate_up_proj_scales"]
         mxfp4[b + "ffn_gate_exps.weight"] = _ggml_mxfp4(blocks[:, 0::2], scales[:, 0::2])
         mxfp4[b + "ffn_up_exps.weight"] = _ggml_mxfp4(blocks[:, 1::2], scales[:, 1::2])
-        mxfp4[b + "ffn_down_exps.weight"] = _ggml_mxfp4(t[p + "mlp.experts.down_proj_blocks"], t[p + "mlp.experts.down_proj_scales"])
+        mxfp4[b + "ffn_down_exps.weight"] = _ggml_mxfp4(t[p + "mlp.experts.down_proj_blocks"],
+                                                        t[p + "mlp.experts.down_proj_scales"])
     for name, value in tensors.items():
         w.add_tensor(name, np.ascontiguousarray(value).astype(np.float32))
     for name, value in mxfp4.items():

@@ -20,7 +20,8 @@ def test_moe_gguf_is_the_hf_model(kind, tmp_path):
     folder = make_moe_model(tmp_path / kind, kind, **dense_layers.get(kind, {}))
     gguf_reader = GGUFReader(write_moe_gguf(folder, tmp_path / f"{kind}.gguf"), cache_dir=tmp_path / "cache")
     hf_reader = open_checkpoint(folder)
-    assert gguf_reader.config.model_type == hf_reader.config.model_type and gguf_reader.config.moe == hf_reader.config.moe
+    ours, want = gguf_reader.config, hf_reader.config
+    assert (ours.model_type, ours.moe) == (want.model_type, want.moe)
     hf_weights, gguf_weights = read_all(hf_reader, torch.float32), read_all(gguf_reader, torch.float32)
     for spec in weight_specs(hf_reader.config):
         assert torch.equal(gguf_weights[spec.name], hf_weights[spec.name]), spec.name

@@ -26,5 +26,6 @@ def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
 
 FAMILY = Family(
     name="mixtral", model_types=("mixtral",), forward="decoder", parse=_from_mixtral,
-    weights=decoder_specs, hf_name=hf_name, gguf_architectures=("llama",), examples="Mixtral-8x7B, Mixtral-8x22B",
+    weights=decoder_specs, hf_name=hf_name, gguf_architectures=("llama",),
+    examples="Mixtral-8x7B, Mixtral-8x22B",
     reads=SHAPE_FIELDS | ROUTER_TRAINING_FIELDS | {"num_local_experts", "num_experts_per_tok", "sliding_window"})

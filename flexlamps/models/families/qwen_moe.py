@@ -44,5 +44,6 @@ def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
 
 FAMILY = Family(
     name="qwen2_moe", model_types=("qwen2_moe",), forward="decoder", parse=_from_qwen2_moe,
-    weights=decoder_specs, hf_name=hf_name, gguf_architectures=("qwen2moe",), examples="Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B",
+    weights=decoder_specs, hf_name=hf_name, gguf_architectures=("qwen2moe",),
+    examples="Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B",
     reads=QWEN_MOE_FIELDS | {"qkv_bias", "shared_expert_intermediate_size", "layer_types", "max_window_layers"})
