@@ -163,12 +163,7 @@ class LLM:
             scratch = Path(o.offload_dir) if o.offload_dir else Path(tempfile.gettempdir()) / "flexlamps-profile"
             shapes = model_spec_from_hf(self.reader.hf_config).layer_matrix_shapes()
             hw = machine_profile(scratch, on_profile, model_shapes=shapes)
-            disk = None
-            if o.offload_dir:
-                import shutil
-
-                Path(o.offload_dir).mkdir(parents=True, exist_ok=True)
-                disk = shutil.disk_usage(o.offload_dir).free
+            disk = _free_disk_bytes(o.offload_dir)
             gpu_mem, cpu_mem = planner_budgets or (o.gpu_mem, o.cpu_mem)
             self.plan = plan_policy(self.reader.hf_config, self.dtype, hw, gpu_mem=gpu_mem, cpu_mem=cpu_mem,
                                     disk_bytes=disk, prompt_len=prompt_len, gen_len=gen_len,
@@ -284,3 +279,17 @@ def _dense_twins_fit(weights: dict) -> bool:
 
     dense_bytes = sum(w.shape[0] * w.shape[1] * w.dtype.itemsize for w in weights.values() if can_have_dense_twin(w))
     return 0 < dense_bytes <= DENSE_TWINS_MAX_SHARE * psutil.virtual_memory().available
+
+
+def _free_disk_bytes(offload_dir) -> int:
+    """The disk tier the planner may use: free space where the offload executor will write, the
+    folder given or, as the executor does without one, the default under the cache folder."""
+    import shutil
+    from pathlib import Path
+
+    from flexlamps.cache_folder import default_offload_dir
+
+    folder = Path(offload_dir) if offload_dir else default_offload_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    return shutil.disk_usage(folder).free
+
