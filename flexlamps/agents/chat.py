@@ -24,9 +24,10 @@ class ChatTurns:
         self.close = base[base.rindex(_MARK) + len(_MARK):]  # ends the assistant's turn
         self._eos_text = {e: tokenizer.token_str(e) for e in tokenizer.eos_token_ids}
 
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
-        """The conversation so far, ending with the assistant's header."""
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    def prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The conversation so far, ending with the assistant's header; `tools` (JSON schemas) are
+        shown by the template itself where it takes them."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def turn_text(self, role: str, content: str, after_token: int | None = None) -> str:

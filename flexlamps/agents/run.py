@@ -38,6 +38,14 @@ class LiveSettings:
             raise ValueError(f"max_context ({self.max_context}) must exceed max_new_tokens ({self.max_new_tokens})")
 
 
+def _first_prompt(turns: ChatTurns, task: AgentTask) -> list[int]:
+    """The task's opening conversation; a task with tools hands them to a template that shows them."""
+    tools = getattr(task, "template_tools", None)
+    if tools and turns.tokenizer.template_takes_tools:
+        return turns.prompt_ids(task.messages(template_shows_tools=True), tools=tools)
+    return turns.prompt_ids(task.messages())
+
+
 @dataclass
 class LiveRun:
     policy: str
@@ -56,7 +64,7 @@ def run_tasks(llm, tasks: Sequence[AgentTask], policy: str, config: AgentsConfig
     for task in tasks:
         if task.task_id in by_id:
             raise ValueError(f"task id {task.task_id!r} appears twice; ids must be unique")
-        ids = turns.prompt_ids(task.messages())
+        ids = _first_prompt(turns, task)
         if len(ids) + settings.max_new_tokens >= settings.max_context:
             raise ValueError(f"task {task.task_id!r}: its prompt of {len(ids)} tokens leaves no room for "
                              f"{settings.max_new_tokens} new tokens in a context of {settings.max_context}; "

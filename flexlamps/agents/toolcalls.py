@@ -2,8 +2,9 @@
 {...}}</tool_call>`) to the functions of a Python file, each call run in the sandbox.
 
 The file's tools are its public functions (or those it lists in `TOOLS`); their JSON schemas are
-read in the sandbox too (importing the file runs its code) and shown to the model in a system
-turn, the way Hermes-style chat templates show `tools`.
+read in the sandbox too (importing the file runs its code). A chat template that takes a `tools`
+list (Qwen, Hermes, Llama 3.1...) shows them in its own words; for one that does not, a system
+turn lists them the way Hermes-style templates do.
 """
 
 from __future__ import annotations
@@ -74,9 +75,17 @@ class ToolUseTask:
     calls: list[dict] = field(default_factory=list)
     answer: str | None = None
 
-    def messages(self) -> list[dict]:
-        listing = "".join("\n" + json.dumps({"type": "function", "function": t}) for t in self.tools) + "\n"
-        return [{"role": "system", "content": SYSTEM.format(tools=listing)}, {"role": "user", "content": self.prompt}]
+    @property
+    def template_tools(self) -> list[dict]:
+        """The tools as chat templates take them (transformers' `tools=`)."""
+        return [{"type": "function", "function": t} for t in self.tools]
+
+    def messages(self, template_shows_tools: bool = False) -> list[dict]:
+        user = {"role": "user", "content": self.prompt}
+        if template_shows_tools:
+            return [user]
+        listing = "".join("\n" + json.dumps(t) for t in self.template_tools) + "\n"
+        return [{"role": "system", "content": SYSTEM.format(tools=listing)}, user]
 
     def segment_done(self, text: str) -> bool:
         return "</tool_call>" in text
