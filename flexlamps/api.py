@@ -155,6 +155,7 @@ class LLM:
 
         from flexlamps.engine.executors.offloaded import OffloadExecutor
         from flexlamps.engine.executors.policy_choice import load_policy, plan_policy
+        from flexlamps.engine.routing_profile import cached_routing
         from flexlamps.hardware.cache import machine_profile
 
         o = self.offload
@@ -170,7 +171,8 @@ class LLM:
                                     max_block_size=max(1, num_sequences),
                                     allow_compression=bool(o.compress_weight or o.compress_cache),
                                     compress_weight=o.compress_weight, compress_cache=o.compress_cache,
-                                    prefix_len=prefix_len if self.reuse_prefix else 0)
+                                    prefix_len=prefix_len if self.reuse_prefix else 0,
+                                    routing=cached_routing(self.reader))
             policy = self.plan.policy
         elif isinstance(policy, (str, Path)):
             policy = load_policy(policy)

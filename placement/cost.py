@@ -409,11 +409,14 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
 
 def _streamed_weights(sz: _Sizes, model: ModelSpec, num_tokens: float) -> float:
     """Bytes of a layer (off the gpu tier) that a sweep over `num_tokens` tokens reads: all but
-    the routed experts, and of those the expected share its tokens pick, 1 - (1 - k/E)^T under
-    uniform routing (the engine fetches an expert once its router picked it)."""
+    the routed experts, and of those the expected share its tokens pick (`ModelSpec.expected_experts`:
+    from the measured routing profile, else uniform; the engine fetches an expert once its router
+    picked it). Priced for every off-gpu expert alike: with the hottest experts placed on the gpu
+    tier the ones off it are picked less often, so this is the chord of a convex curve, an upper
+    bound exact with all experts on one tier."""
     if not model.num_experts:
         return sz.weight_stored
-    read = 1 - (1 - model.num_experts_per_token / model.num_experts) ** num_tokens
+    read = model.expected_experts(num_tokens) / model.num_experts
     return sz.weight_stored - sz.experts_stored * (1 - read)
 
 

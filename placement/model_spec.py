@@ -15,6 +15,7 @@ matrices); only their other layers cache K and V. Per-layer figures are averages
 from dataclasses import dataclass
 
 from placement.jsonable import JsonMixin
+from placement.routing import RoutingProfile
 from placement.specs import DTYPE_BYTES
 from quant.fp8_layout import WEIGHT_BLOCK, fp8_vector_bytes, fp8_weight_bytes, latent_record_bytes
 
@@ -66,6 +67,9 @@ class ModelSpec(JsonMixin):
     moe_router_bias: bool = True  # a per-expert router bias (DeepSeek-V3's score correction, gpt-oss's)
     shared_expert_gate: bool = False  # Qwen2-MoE: the shared expert's (1, hidden) sigmoid gate
     expert_bias: bool = False  # gpt-oss: biases on every expert projection
+    # how often tokens route to each expert, measured on the user's prompts (`flexlamps profile
+    # --prompts`): the expected distinct experts a step reads follow it. None: uniform routing
+    routing: RoutingProfile | None = None
     # storage formats: "fp8" keeps the layers' 2-D weights in float8 with one fp32 scale per
     # 128x128 tile (FP8 checkpoints, `quant_method: fp8`; embeddings and vectors stay in dtype),
     # and the MLA cache in ESS's FP8 records (latent 512 FP8 + 4 scales + 64 bf16 rotary = 656 B
@@ -101,6 +105,11 @@ class ModelSpec(JsonMixin):
             raise ValueError("ModelSpec.cache_format 'fp8' is the MLA latent layout; use it with arch 'mla'")
         if self.arch == "mla" and not (self.kv_lora_rank and self.qk_rope_head_dim and self.v_head_dim):
             raise ValueError("ModelSpec: an MLA model needs kv_lora_rank, qk_rope_head_dim, v_head_dim")
+        if self.routing is not None and (self.routing.num_experts, self.routing.experts_per_token) != (
+                self.num_experts, self.num_experts_per_token):
+            raise ValueError(f"ModelSpec: the routing profile is for {self.routing.experts_per_token} of "
+                             f"{self.routing.num_experts} experts, the model routes to {self.num_experts_per_token} "
+                             f"of {self.num_experts}; measure it for this model (flexlamps profile --prompts)")
         if self.shared_intermediate_size < 0:  # one spelling of the same model: the width itself
             object.__setattr__(self, "shared_intermediate_size", self.num_shared_experts * self.moe_intermediate_size)
         if self.num_linear_layers and (self.arch != "llama" or self.num_linear_layers >= self.num_layers
@@ -268,15 +277,25 @@ class ModelSpec(JsonMixin):
         """Stored bytes of one decoder layer (the average layer, for MoE models)."""
         return self._stored_bytes(self.layer_param_count())
 
+    def expected_experts(self, num_tokens: float) -> float:
+        """Expected distinct routed experts `num_tokens` tokens pick in the average MoE layer: from
+        the measured routing profile when there is one (a skewed profile picks fewer, as hot
+        experts are shared), else uniform, E (1 - (1 - k/E)^T). 0 for a dense model."""
+        if not self.num_experts:
+            return 0.0
+        if self.routing is not None and self.routing.tokens:
+            layers = [int(j) for j in self.routing.counts] or range(self.num_dense_layers, self.num_layers)
+            return self.routing.mean_expected_distinct(num_tokens, layers)
+        return self.num_experts * (1 - (1 - self.num_experts_per_token / self.num_experts) ** num_tokens)
+
     def weight_bytes_touched_per_layer(self, num_tokens: float) -> float:
         """Bytes of one (average) layer that `num_tokens` tokens read: with MoE, only the
-        routed experts some token picks (expected count under uniform routing)."""
+        routed experts some token picks (`expected_experts`)."""
         num_moe = self._num_moe_layers()
         if not num_moe:
             return self.weight_bytes_per_layer()
         expert = 3 * self.hidden_size * self.moe_intermediate_size
-        share = self.num_experts_per_token / self.num_experts
-        untouched = self.num_experts * (1 - share) ** num_tokens  # experts nobody picked
+        untouched = self.num_experts - self.expected_experts(num_tokens)  # experts nobody picked
         return self._stored_bytes(self.layer_param_count() - num_moe / self.num_layers * untouched * expert,
                                   self.num_experts - untouched)
 
@@ -296,9 +315,7 @@ class ModelSpec(JsonMixin):
         num_moe = self._num_moe_layers()
         if not num_moe:
             return attention + dense_ffn
-        share = self.num_experts_per_token / self.num_experts
-        touched = self.num_experts * (1 - (1 - share) ** num_tokens)
-        moe_ffn = 3 * touched + (3 if self.shared_width else 0) + 1  # + the router
+        moe_ffn = 3 * self.expected_experts(num_tokens) + (3 if self.shared_width else 0) + 1  # + the router
         return attention + ((self.num_layers - num_moe) * dense_ffn + num_moe * moe_ffn) / self.num_layers
 
     def layer_matrix_shapes(self) -> list[tuple[int, int]]:
