@@ -120,7 +120,6 @@ def command(model, dtype, trace_path, self_debug, gsm8k, tools_module, prompts, 
     if offload_dir is not None and gpu_mem is None:
         raise click.UsageError("--offload-dir needs the tiers' budgets: give --gpu-mem and --cpu-mem")
     check_model(model)
-    _check_paged_cache_holds(model)
     writable_folder(out_dir, "--out")  # before the model loads
     check_offload_dir(offload_dir)
     check_policy(placement_policy)
@@ -161,18 +160,6 @@ def command(model, dtype, trace_path, self_debug, gsm8k, tools_module, prompts, 
         scale=scale.__dict__, config=config.to_json(), clock=clock, cost_model=cost.to_json(),
         policy=None if llm.offload is None else llm.policy.to_dict()))
     llm.close()
-
-
-def _check_paged_cache_holds(model: str) -> None:
-    """A model whose cache the paged pools cannot hold (a hybrid model's DeltaNet state) is refused
-    before it loads, with the paged cache's own message."""
-    from flexlamps.engine.caches.paged import refuse_recurrent_state
-    from flexlamps.models.loading.registry import open_checkpoint
-
-    try:
-        refuse_recurrent_state(open_checkpoint(model).config)
-    except ValueError as e:
-        raise click.ClickException(str(e)) from None
 
 
 def _live_workload(trace_path, self_debug, gsm8k, tools_module, prompts, rounds, limit, tool_timeout):

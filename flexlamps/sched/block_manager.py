@@ -6,6 +6,10 @@ its cache tensors and performs the copies listed in SchedulerOutput: all its swa
 its swap-ins. So a gpu block a swap-out vacates may go to a swap-in of the same output, but a
 cpu block a swap-in reads may not go to a swap-out before those copies are done (the swap-out
 would overwrite it first): swap-ins hold their cpu blocks until `copies_done`.
+
+A hybrid model's request also holds a fixed-size recurrent state (engine.caches.paged_state): it
+takes `state_blocks` blocks of the same pools from its first cached token on, at the head of its
+table, so a preserve keeps it, a swap moves it and a discard frees it with the request's KV blocks.
 """
 
 from __future__ import annotations
@@ -22,13 +26,14 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int = 16):
-        if num_gpu_blocks <= 0 or block_size <= 0 or num_cpu_blocks < 0:
+    def __init__(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int = 16, state_blocks: int = 0):
+        if num_gpu_blocks <= 0 or block_size <= 0 or num_cpu_blocks < 0 or state_blocks < 0:
             raise ValueError(
-                f"BlockManager needs num_gpu_blocks > 0, num_cpu_blocks >= 0 and block_size > 0; "
-                f"got {num_gpu_blocks}, {num_cpu_blocks}, {block_size}"
+                f"BlockManager needs num_gpu_blocks > 0, num_cpu_blocks >= 0, block_size > 0 and state_blocks "
+                f">= 0; got {num_gpu_blocks}, {num_cpu_blocks}, {block_size}, {state_blocks}"
             )
         self.block_size = block_size
+        self.state_blocks = state_blocks
         self.num_gpu_blocks = num_gpu_blocks
         self.num_cpu_blocks = num_cpu_blocks
         self._free_gpu = deque(range(num_gpu_blocks))
@@ -65,9 +70,14 @@ class BlockManager:
     def num_cpu_blocks_of(self, rid: str) -> int:
         return len(self.cpu_tables.get(rid, ()))
 
+    def blocks_held(self, num_tokens: int) -> int:
+        """Blocks a request with `num_tokens` cached tokens holds: its KV blocks and, from its
+        first token on, its state's."""
+        return blocks_for(num_tokens, self.block_size) + (self.state_blocks if num_tokens > 0 else 0)
+
     def extra_blocks_needed(self, rid: str, num_tokens: int) -> int:
         """gpu blocks to add so `rid` can hold `num_tokens` cached tokens."""
-        return max(0, blocks_for(num_tokens, self.block_size) - self.num_gpu_blocks_of(rid))
+        return max(0, self.blocks_held(num_tokens) - self.num_gpu_blocks_of(rid))
 
     # -- gpu -----------------------------------------------------------------------------
     def grow(self, rid: str, num_tokens: int) -> list[int]:

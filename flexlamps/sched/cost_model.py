@@ -36,6 +36,9 @@ class CostModel:
     cpu_swap_tokens: int  # swap space on the cpu tier, in tokens
     max_model_len: int = 2048
     note: str = ""
+    # a hybrid model's recurrent state, held whole from a request's first token on, as the KV tokens
+    # of its blocks (engine.caches.paged_state): constant memory beside the growing context
+    state_tokens: int = 0
 
     # -- derived costs ---------------------------------------------------------------------
     def compute_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:

@@ -86,10 +86,11 @@ def min_waste_strategies(reqs: list[Request], ctx: PolicyContext) -> dict[str, S
     out: dict[str, Strategy] = {}
     for _, req, w in scored:
         c_i = req.num_computed
-        if 0 < c_i <= min(budget, cpu_free):
+        moved = c_i + ctx.cost.state_tokens  # a hybrid model's state moves with the KV blocks
+        if 0 < c_i and moved <= min(budget, cpu_free):
             out[req.request_id] = Strategy.SWAP
-            budget -= c_i
-            cpu_free -= c_i
+            budget -= moved
+            cpu_free -= moved
         elif w[Strategy.PRESERVE] <= w[Strategy.DISCARD]:
             out[req.request_id] = Strategy.PRESERVE
         else:
@@ -102,11 +103,13 @@ def classify(c_i: int, api_time: float, ctx: PolicyContext) -> tuple[Strategy, f
     request is scheduled, the strategy its next call will get and that call's waste, in token
     x seconds, from predicted values: preserve (Eq. 2), chunked discard (Eq. 4 as INFERCEPT's
     code prices it, with the batch of the moment) and swap (Eq. 3; LAMPS prices it with its own
-    profiled fit), the least of the three; swap only while the cpu tier has room."""
-    w = {Strategy.PRESERVE: waste_preserve(c_i, api_time, 1.0),
+    profiled fit), the least of the three; swap only while the cpu tier has room. A hybrid
+    model's state (`cost.state_tokens`) is held by a preserve and moved by a swap beside the KV."""
+    held = c_i + ctx.cost.state_tokens
+    w = {Strategy.PRESERVE: waste_preserve(held, api_time, 1.0),
          Strategy.DISCARD: ctx.discard_waste(c_i)}
-    if c_i <= ctx.cpu_free_tokens:
-        w[Strategy.SWAP] = waste_swap(c_i, ctx.batch_context_tokens, ctx.cost.swap_time(c_i), 1.0)
+    if held <= ctx.cpu_free_tokens:
+        w[Strategy.SWAP] = waste_swap(held, ctx.batch_context_tokens, ctx.cost.swap_time(held), 1.0)
     best = min(w, key=w.get)
     return best, w[best]
 
@@ -378,14 +381,16 @@ class LAMPSTailSafe(LAMPS):
 
         def idle_left(item):
             req, tokens = item
-            return tokens * max(0.0, req.api_start + pred.api_time(req.api_type, req) - ctx.now)
+            held = tokens + ctx.cost.state_tokens
+            return held * max(0.0, req.api_start + pred.api_time(req.api_type, req) - ctx.now)
 
         return {}, [r for r, _ in sorted(paused, key=idle_left)]  # the last is taken first
 
     def reclaim_strategy(self, tokens, ctx):
-        if self.handling != "lazy" or tokens > ctx.cpu_free_tokens:
+        held = tokens + ctx.cost.state_tokens
+        if self.handling != "lazy" or held > ctx.cpu_free_tokens:
             return Strategy.SWAP if self.handling != "lazy" else Strategy.DISCARD
-        swap = waste_swap(tokens, ctx.batch_context_tokens, ctx.cost.swap_time(tokens), 1.0)
+        swap = waste_swap(held, ctx.batch_context_tokens, ctx.cost.swap_time(held), 1.0)
         return Strategy.SWAP if swap < ctx.discard_waste(tokens) else Strategy.DISCARD
 
     def on_admit(self, req: Request, now: float) -> None:

@@ -21,7 +21,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from operator import attrgetter
 
-from flexlamps.sched.block_manager import BlockManager, blocks_for
+from flexlamps.sched.block_manager import BlockManager
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.invariants import check_invariants
 from flexlamps.sched.output import RunnerOutput, SchedulerOutput
@@ -38,6 +38,7 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     watermark: float = 0.01  # fraction of gpu blocks kept free at admission (vLLM's default)
+    state_blocks: int = 0  # blocks a request's recurrent state takes (a hybrid model's; BlockManager)
 
     @classmethod
     def from_cost_model(cls, cost: CostModel, block_size: int = 16, **kw) -> "SchedulerConfig":
@@ -54,7 +55,7 @@ class SchedulerConfig:
 class Scheduler:
     def __init__(self, config: SchedulerConfig, policy: SchedulingPolicy, predictor: Predictor, cost: CostModel):
         self.config, self.policy, self.predictor, self.cost = config, policy, predictor, cost
-        self.bm = BlockManager(config.num_gpu_blocks, config.num_cpu_blocks, config.block_size)
+        self.bm = BlockManager(config.num_gpu_blocks, config.num_cpu_blocks, config.block_size, config.state_blocks)
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
         self.waiting: list[Request] = []  # WAITING and SWAPPED requests
@@ -84,7 +85,7 @@ class Scheduler:
     def add_request(self, req: Request) -> None:
         if req.request_id in self.requests:
             raise ValueError(f"request {req.request_id!r} was already added; request ids must be unique")
-        if blocks_for(req.num_tokens + 1, self.config.block_size) > self.config.num_gpu_blocks - self._watermark:
+        if self.bm.blocks_held(req.num_tokens + 1) > self.config.num_gpu_blocks - self._watermark:
             raise ValueError(
                 f"request {req.request_id!r}: prompt of {req.num_tokens} tokens cannot fit the gpu "
                 f"tier ({self.config.num_gpu_blocks} blocks); shorten it or give the gpu tier more memory"
@@ -115,11 +116,10 @@ class Scheduler:
             self._min_need = need
 
     def _admission_blocks(self, req: Request) -> int:
-        bs = self.config.block_size
+        held = self.bm.blocks_held
         if req.status is Status.SWAPPED:
-            return self.bm.num_cpu_blocks_of(req.request_id) + blocks_for(req.num_tokens, bs) \
-                - blocks_for(req.num_computed, bs)
-        return blocks_for(req.num_tokens, bs)
+            return self.bm.num_cpu_blocks_of(req.request_id) + held(req.num_tokens) - held(req.num_computed)
+        return held(req.num_tokens)
 
     def min_waiting_need(self) -> int:
         if self._min_need is None:
@@ -191,7 +191,8 @@ class Scheduler:
 
     # -- planning ----------------------------------------------------------------------------
     def context(self, now: float) -> PolicyContext:
-        batch_ctx = sum(r.num_computed for r in self.running)
+        # a hybrid model's running requests hold their states beside their contexts
+        batch_ctx = sum(r.num_computed for r in self.running) + self.cost.state_tokens * len(self.running)
         budget = self.config.max_num_batched_tokens
         inflight = sum(r.num_tokens - r.num_computed for r in self.running)
         return PolicyContext(
@@ -221,7 +222,7 @@ class Scheduler:
 
         self._prepare(out, ctx)
         scheduled: list[Request] = []
-        bs, tables = block_size, self.bm.gpu_tables
+        bs, tables, state = block_size, self.bm.gpu_tables, self.bm.state_blocks
         context = 0  # cached tokens attention reads this step
         i = 0
         while i < len(self.running):
@@ -229,7 +230,7 @@ class Scheduler:
             rid = req.request_id
             if req.num_tokens - req.num_computed == 1 and budget > 0:
                 table = tables.get(rid)
-                if table is not None and len(table) * bs > req.num_computed:
+                if table is not None and (len(table) - state) * bs > req.num_computed:
                     # fast path: a decode step that fits in the blocks it already has
                     out.decode.append(rid)
                     out.sampling.append(rid)
@@ -282,7 +283,7 @@ class Scheduler:
     def _schedule_tokens(self, req: Request, n: int, out: SchedulerOutput) -> None:
         rid = req.request_id
         table = self.bm.gpu_tables.get(rid)
-        if table is None or len(table) * self.config.block_size < req.num_computed + n:
+        if table is None or (len(table) - self.bm.state_blocks) * self.config.block_size < req.num_computed + n:
             self.bm.grow(rid, req.num_computed + n)
             table = self.bm.gpu_tables[rid]
         out.block_tables[rid] = table
@@ -384,10 +385,9 @@ class Scheduler:
         them. Returns whether `need` blocks are free."""
         victims = self._reclaim_order()
         how = self.policy.reclaim_strategy if self.policy.reviews_paused else None
-        bs = self.config.block_size
         while victims and need > self.bm.free_gpu_blocks:
             victim = victims.pop()
-            tokens = self.bm.num_gpu_blocks_of(victim.request_id) * bs
+            tokens = self._kv_tokens_held(victim.request_id)
             self._release_preserved(victim, how(tokens, self._ctx) if how else Strategy.DISCARD, out)
         return need <= self.bm.free_gpu_blocks
 
@@ -404,10 +404,14 @@ class Scheduler:
             self._discard(req, out)
             req.strategy = Strategy.DISCARD
 
+    def _kv_tokens_held(self, rid: str) -> int:
+        """Tokens `rid`'s gpu KV blocks hold (its state, if any, is priced by the cost model)."""
+        blocks = self.bm.num_gpu_blocks_of(rid)
+        return max(0, blocks - self.bm.state_blocks) * self.config.block_size
+
     def _review_paused(self, out: SchedulerOutput, ctx) -> None:
         """INFERCEPT's per-iteration rule (see `policies.infercept_review`)."""
-        bs = self.config.block_size
-        held = [(r, self.bm.num_gpu_blocks_of(rid) * bs) for rid, r in self._preserved.items()]
+        held = [(r, self._kv_tokens_held(rid)) for rid, r in self._preserved.items()]
         act, self._reclaimable = self.policy.review_paused(held, ctx)
         for rid, strategy in act.items():
             if strategy is not Strategy.PRESERVE:
@@ -484,7 +488,8 @@ class Scheduler:
         bs = self.config.block_size
         if free >= len(scheduled) * (-(-k // bs) + 1):
             return k  # even if every request opens new blocks all the way, they fit
-        held = [(r.num_computed + 1, self.bm.num_gpu_blocks_of(r.request_id)) for r in scheduled]
+        state = self.bm.state_blocks  # held from the first token on: decodes grow KV blocks only
+        held = [(r.num_computed + 1, self.bm.num_gpu_blocks_of(r.request_id) - state) for r in scheduled]
 
         def extra(steps: int) -> int:
             return sum(max(0, -(-(c + steps - 1) // bs) - b) for c, b in held)
@@ -511,10 +516,10 @@ class Scheduler:
         on_computed = self.policy.on_computed if self._tracks_service else None
         if k > 1:
             # the first step's blocks are allocated; grow for the rest
-            tables, bs, grow = self.bm.gpu_tables, self.config.block_size, self.bm.grow
+            tables, bs, grow, state = self.bm.gpu_tables, self.config.block_size, self.bm.grow, self.bm.state_blocks
             for rid in out.decode:
                 req = reqs[rid]
-                if len(tables[rid]) * bs < req.num_computed + k:
+                if (len(tables[rid]) - state) * bs < req.num_computed + k:
                     grow(rid, req.num_computed + k)
         for rid in out.decode:
             reqs[rid].num_computed += k

@@ -88,11 +88,11 @@ def wastes(c_i: int, c_other: int, t_int: float, cost: CostModel,
     """What each strategy would waste for one interception: preserve (Eq. 2), discard as the
     engine does it, chunked (Eq. 4 as INFERCEPT's code prices it), and an unpipelined swap
     (Eq. 3). `c_other` is the context of the *other* running requests (C_batch - C_i)."""
-    m = cost.kv_bytes_per_token
+    m, held = cost.kv_bytes_per_token, c_i + cost.state_tokens  # a hybrid model's state is held and moved too
     return {
-        Strategy.PRESERVE: waste_preserve(c_i, t_int, m),
+        Strategy.PRESERVE: waste_preserve(held, t_int, m),
         Strategy.DISCARD: chunk_discard_waste(c_i, c_other, chunk_tokens, cost, budget_tokens),
-        Strategy.SWAP: waste_swap(c_i, c_other, cost.swap_time(c_i), m),
+        Strategy.SWAP: waste_swap(held, c_other, cost.swap_time(held), m),
     }
 
 
@@ -115,13 +115,16 @@ def memory_over_time(
     - swap: the cache drains out and fills back in, a triangle each way, C * T_swap(C);
     - discard: nothing is held during the call; the chunked recomputation rebuilds the cache
       from 0 to C, C * T_fwd(C) / 2 (Eq. 4's own term).
+    A hybrid model's recurrent state (`cost.state_tokens`) is constant memory on top of the
+    context while the request holds a cache: it adds to what is held, moved and rebuilt alike.
     """
-    area = (context * output + output * output / 2) * step_s
+    state = cost.state_tokens
+    area = ((context + state) * output + output * output / 2) * step_s
     if not api_time or strategy is None:
         return area
     c = context + output
     if strategy is Strategy.PRESERVE:
-        return area + c * api_time
+        return area + (c + state) * api_time
     if strategy is Strategy.SWAP:
-        return area + c * cost.swap_time(int(c))
-    return area + c * cost.prefill_time(int(c)) / 2
+        return area + (c + state) * cost.swap_time(int(c + state))
+    return area + (c + state) * cost.prefill_time(int(c)) / 2

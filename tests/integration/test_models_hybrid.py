@@ -154,21 +154,13 @@ def test_offloaded_equals_in_memory_bit_for_bit(hybrid_models, mix, tmp_path):
     ex.close()
 
 
-def test_the_augmented_engine_refuses_hybrid_models_before_loading(hybrid_models, tmp_path):
-    """Its paged pools hold KV blocks only: a DeltaNet state could be neither swapped nor counted,
-    so `agents` says so in one line instead of running the model wrong."""
-    from click.testing import CliRunner
-
-    from flexlamps.cli import main
+def test_the_kv_only_paged_cache_refuses_a_hybrid_model(hybrid_models):
+    """PagedKVCache holds KV blocks only: built for a hybrid model it would drop the DeltaNet
+    states, so it names the cache that holds them (tests/integration/test_agents_hybrid.py)."""
     from flexlamps.engine.caches.paged import PagedKVCache
 
-    trace = tmp_path / "trace.json"
-    trace.write_text("[]")
-    res = CliRunner().invoke(main, ["agents", "--model", str(hybrid_models["qwen3_5_text"]), "--trace", str(trace),
-                                    "--out", str(tmp_path / "out")])
-    assert res.exit_code == 1 and "recurrent DeltaNet state" in res.output and "`generate`" in res.output
     reader = open_checkpoint(hybrid_models["qwen3_5_text"])
-    with pytest.raises(ValueError, match="augmented engine's paged cache"):
+    with pytest.raises(ValueError, match="HybridPagedCache"):
         PagedKVCache(reader.config, 4, 4, 4, torch.float32)
 
 

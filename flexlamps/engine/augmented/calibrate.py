@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from flexlamps.engine.caches.paged_state import probing
 from flexlamps.engine.executors.contract import Executor, PagedCache
 from flexlamps.engine.executors.step import Step
 from flexlamps.sched.cost_model import CostModel
@@ -36,13 +37,14 @@ def _best_of(fn, repeats: int, timer=time.perf_counter) -> float:
 def _forward_time(executor: Executor, cache: PagedCache, rows: int, length: int, start: int, repeats: int,
                   timer) -> float:
     bs = cache.block_size
-    num_blocks = (start + length - 1) // bs + 1
+    num_blocks = (start + length - 1) // bs + 1 + getattr(cache, "state_blocks", 0)
     blocks = list(range(num_blocks))
     slots = cache.set_block_tables([blocks] * rows)
     ids = torch.zeros((rows, length), dtype=torch.long, device=cache.device)
     pos = torch.arange(start, start + length, device=cache.device).expand(rows, length)
     last = torch.full((rows,), length - 1, dtype=torch.long, device=cache.device)
-    return _best_of(lambda: executor.forward_steps(cache, [Step(ids, pos, slots, last)]), repeats, timer)
+    with probing(cache):  # rows share blocks and start where no state was left: shapes only
+        return _best_of(lambda: executor.forward_steps(cache, [Step(ids, pos, slots, last)]), repeats, timer)
 
 
 def calibrate_cost_model(executor: Executor, cache: PagedCache, max_model_len: int, *, batch: int = 8,
@@ -50,7 +52,8 @@ def calibrate_cost_model(executor: Executor, cache: PagedCache, max_model_len: i
                          timer=time.perf_counter) -> CostModel:
     """A CostModel for `executor` + `cache` on this machine (capacities from the cache).
     `timer` is the engine's clock: time.perf_counter (wall) or time.process_time (CPU)."""
-    pool_tokens = cache.num_gpu_blocks * cache.block_size
+    state_blocks = getattr(cache, "state_blocks", 0)  # a hybrid model's recurrent state, per request
+    pool_tokens = (cache.num_gpu_blocks - state_blocks) * cache.block_size
     chunk = max(2, min(chunk, pool_tokens - 1, max_model_len - 1))
     long_context = max(2, min(long_context, pool_tokens - 1, max_model_len - 1))
     _forward_time(executor, cache, 1, 1, 0, 1, timer)  # warm-up
@@ -73,4 +76,5 @@ def calibrate_cost_model(executor: Executor, cache: PagedCache, max_model_len: i
         decode_per_seq_s=per_seq, kv_read_per_token_s=kv_read, swap_bytes_per_s=swap_bps,
         kv_bytes_per_token=cache.block_bytes // cache.block_size,
         gpu_kv_tokens=pool_tokens, cpu_swap_tokens=cache.num_cpu_blocks * cache.block_size,
+        state_tokens=state_blocks * cache.block_size,
         max_model_len=max_model_len, note="measured on this machine by flexlamps agents")

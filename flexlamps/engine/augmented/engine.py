@@ -118,12 +118,13 @@ class AugmentedEngine:
 
     def __init__(self, executor: Executor, cache: PagedCache, scheduler: Scheduler, clock=None,
                  check: bool = False, on_iteration=None, on_finish=None, calls: Calls | None = None):
-        bm = scheduler.bm
-        if (bm.num_gpu_blocks, bm.num_cpu_blocks, bm.block_size) != (
-                cache.num_gpu_blocks, cache.num_cpu_blocks, cache.block_size):
+        bm, state = scheduler.bm, getattr(cache, "state_blocks", 0)
+        if (bm.num_gpu_blocks, bm.num_cpu_blocks, bm.block_size, bm.state_blocks) != (
+                cache.num_gpu_blocks, cache.num_cpu_blocks, cache.block_size, state):
             raise ValueError(f"paged cache ({cache.num_gpu_blocks} gpu / {cache.num_cpu_blocks} cpu blocks of "
-                             f"{cache.block_size}) and scheduler ({bm.num_gpu_blocks} / {bm.num_cpu_blocks} of "
-                             f"{bm.block_size}) disagree; build both from one SchedulerConfig")
+                             f"{cache.block_size}, {state} per state) and scheduler ({bm.num_gpu_blocks} / "
+                             f"{bm.num_cpu_blocks} of {bm.block_size}, {bm.state_blocks} per state) disagree; "
+                             "build both from one SchedulerConfig")
         self.executor, self.cache, self.sched = executor, cache, scheduler
         self.clock = clock or WallClock()
         self.check, self.on_iteration, self.on_finish = check, on_iteration, on_finish
@@ -178,7 +179,7 @@ class AugmentedEngine:
         return AugmentedResult(records, self.stats, finished_tokens, self.stats.end_time, self.swapped_out_bytes)
 
     def _register(self, requests: list[TokenizedRequest], calls: Calls) -> None:
-        pool_tokens = self.cache.num_gpu_blocks * self.cache.block_size
+        pool_tokens = (self.cache.num_gpu_blocks - getattr(self.cache, "state_blocks", 0)) * self.cache.block_size
         for r in requests:
             rid = r.spec.request_id
             if rid in self._reqs:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flexlamps.engine.caches.paged_state import paged_state_blocks, probing
 from flexlamps.engine.executors.contract import Executor
 from flexlamps.engine.executors.step import Step
 
@@ -73,14 +74,16 @@ def working_set(executor: Executor, *, max_context: int, max_num_seqs: int, max_
     all point at one scratch block (the values do not matter, the shapes do)."""
     cache = executor.new_paged_cache(1, 0, block_size)
     try:
-        slots = cache.set_block_tables([[0] * -(-max_context // block_size)] * max(1, max_num_seqs))
+        width = -(-max_context // block_size) + getattr(cache, "state_blocks", 0)
+        slots = cache.set_block_tables([[0] * width] * max(1, max_num_seqs))
         resting = {tier: use.used_bytes for tier, use in executor.tier_use().items()}
         executor.reset_peaks()
         probes = _probe_iterations(max_context, max_num_seqs, max_num_batched_tokens)
         for steps in probes:
-            executor.forward_steps(cache, [Step(s.input_ids.to(cache.device), s.positions.to(cache.device),
-                                                slots[s.slots.to(slots.device)], s.logit_rows.to(cache.device))
-                                           for s in steps])
+            with probing(cache):  # every row shares the scratch block: shapes only
+                executor.forward_steps(cache, [Step(s.input_ids.to(cache.device), s.positions.to(cache.device),
+                                                    slots[s.slots.to(slots.device)], s.logit_rows.to(cache.device))
+                                               for s in steps])
         ws = {tier: use.peak_bytes - resting[tier] for tier, use in executor.tier_use().items()}
     finally:
         cache.release()
@@ -105,7 +108,8 @@ def pool_sizes(executor: Executor, *, max_context: int, max_num_seqs: int, max_n
     use = executor.tier_use()
     left = {tier: u.capacity_bytes - u.used_bytes - int(ws[tier] * (1 + WORKING_SET_MARGIN))
             for tier, u in use.items()}
-    need = -(-max_context // block_size) * block_size * executor.cfg.kv_bytes_per_token(executor.dtype.itemsize)
+    blocks = -(-max_context // block_size) + paged_state_blocks(executor.cfg, block_size, executor.dtype)
+    need = blocks * block_size * executor.cfg.kv_bytes_per_token(executor.dtype.itemsize)
     if left["gpu"] < need:
         from placement import format_bytes
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 from flexlamps.engine.augmented.calibrate import calibrate_cost_model
 from flexlamps.engine.augmented.engine import AugmentedEngine, AugmentedResult, WallClock
+from flexlamps.engine.caches.paged_state import paged_state_blocks
 from flexlamps.workloads.tokenized import TokenizedRequest
 from flexlamps.engine.executors.contract import Executor, PagedCache
 from flexlamps.sched.cost_model import CostModel
@@ -46,9 +47,11 @@ class AgentsConfig:
 def new_cache(executor: Executor, config: AgentsConfig) -> PagedCache:
     per_block = config.block_size * executor.cfg.kv_bytes_per_token(executor.dtype.itemsize)
     gpu, cpu = config.gpu_kv_bytes // per_block, config.cpu_swap_bytes // per_block
-    if gpu < 1:
-        raise ValueError(f"gpu KV budget of {config.gpu_kv_bytes} bytes holds no block of {config.block_size} "
-                         f"tokens ({per_block} bytes each); raise --gpu-kv-mem")
+    state = paged_state_blocks(executor.cfg, config.block_size, executor.dtype)  # a hybrid model's, per request
+    if gpu < 1 + state:
+        raise ValueError(f"gpu KV budget of {config.gpu_kv_bytes} bytes holds {gpu} blocks of {config.block_size} "
+                         f"tokens ({per_block} bytes each); one request needs {1 + state}"
+                         + (f" (its recurrent state takes {state})" if state else "") + "; raise --gpu-kv-mem")
     return executor.new_paged_cache(gpu, cpu, config.block_size)
 
 
@@ -74,6 +77,7 @@ def run_policy_on_engine(executor: Executor, requests: list[TokenizedRequest], p
     cache = new_cache(executor, config)
     try:
         sched_cfg = SchedulerConfig(cache.num_gpu_blocks, cache.num_cpu_blocks, config.block_size,
+                                    state_blocks=getattr(cache, "state_blocks", 0),
                                     max_num_seqs=config.max_num_seqs,
                                     max_num_batched_tokens=config.max_num_batched_tokens)
         if predictor is None:

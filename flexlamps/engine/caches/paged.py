@@ -30,14 +30,12 @@ def _dtype_bytes(dtype: torch.dtype) -> int:
 
 
 def refuse_recurrent_state(cfg: ModelConfig) -> None:
-    """A hybrid model's DeltaNet state is no block of tokens: the BlockManager could neither count,
-    swap nor discard it, so the augmented engine refuses such models rather than run them wrong."""
+    """A hybrid model's DeltaNet state is no block of tokens: this cache would drop it; its paged
+    cache is caches.paged_state.HybridPagedCache (what `executor.new_paged_cache` builds)."""
     if cfg.hybrid is not None:
-        from flexlamps.models.config import UnsupportedModelError
-
-        raise UnsupportedModelError(
-            f"{cfg.model_type} keeps a recurrent DeltaNet state per request beside its KV cache, which the "
-            "augmented engine's paged cache cannot preserve, swap or recompute yet; run it with `generate`")
+        raise ValueError(f"{cfg.model_type} keeps a recurrent DeltaNet state per request beside its KV cache, "
+                         "which PagedKVCache does not hold; build its paged cache with executor.new_paged_cache "
+                         "(HybridPagedCache)")
 
 
 class PagedKVCache:
@@ -67,15 +65,18 @@ class PagedKVCache:
             if tier in self._budgets:
                 self._budgets[tier].allocate(n * self.block_bytes, f"paged KV {tier} pool ({n} blocks)")
                 self._charged.append((tier, n * self.block_bytes))
-        block = (cfg.num_kv_heads, block_size, cfg.head_dim)
+        self.k, self.v, self.k_cpu, self.v_cpu = self._new_pools()
+        self._tables = torch.zeros((0, 1), dtype=torch.long, device=self.device)
+
+    def _new_pools(self) -> tuple[list, list, list, list]:
+        """Per layer: K and V blocks of the gpu pool, then of the cpu pool."""
+        cfg, dtype = self.cfg, self.dtype
+        block = (cfg.num_kv_heads, self.block_size, cfg.head_dim)
         # NOTE: zero-filled so that masked-out keys of a partly filled block are finite (SDPA
         # turns a masked NaN score into NaN output).
-        self.k = [torch.zeros((num_gpu_blocks, *block), dtype=dtype, device=self.device)
-                  for _ in range(cfg.num_layers)]
-        self.v = [torch.zeros_like(t) for t in self.k]
-        self.k_cpu = [torch.zeros((num_cpu_blocks, *block), dtype=dtype) for _ in range(cfg.num_layers)]
-        self.v_cpu = [torch.zeros_like(t) for t in self.k_cpu]
-        self._tables = torch.zeros((0, 1), dtype=torch.long, device=self.device)
+        k = [torch.zeros((self.num_gpu_blocks, *block), dtype=dtype, device=self.device) for _ in range(cfg.num_layers)]
+        k_cpu = [torch.zeros((self.num_cpu_blocks, *block), dtype=dtype) for _ in range(cfg.num_layers)]
+        return k, [torch.zeros_like(t) for t in k], k_cpu, [torch.zeros_like(t) for t in k_cpu]
 
     # -- sizes -------------------------------------------------------------------------------
     @classmethod

@@ -89,6 +89,10 @@ class InMemoryExecutor:
         return DenseKVCache(self.cfg, num_slots, capacity, self.dtype, self.device)
 
     def new_paged_cache(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> PagedKVCache:
+        if self.cfg.hybrid is not None:  # KV blocks and each request's DeltaNet state in one pool
+            from flexlamps.engine.caches.paged_state import HybridPagedCache
+
+            return HybridPagedCache(self.cfg, num_gpu_blocks, num_cpu_blocks, block_size, self.dtype, self.device)
         return PagedKVCache(self.cfg, num_gpu_blocks, num_cpu_blocks, block_size, self.dtype, self.device)
 
     def tier_use(self) -> dict[str, TierUse]:

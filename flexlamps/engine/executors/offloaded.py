@@ -283,6 +283,11 @@ class OffloadExecutor:
     def new_paged_cache(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> PagedKVCache:
         """KV blocks on the gpu tier (attention runs there) and a swap pool on the cpu tier,
         both charged to this executor's budgets."""
+        if self.cfg.hybrid is not None:  # KV blocks and each request's DeltaNet state in one pool
+            from flexlamps.engine.caches.paged_state import HybridPagedCache
+
+            return HybridPagedCache(self.cfg, num_gpu_blocks, num_cpu_blocks, block_size, self.dtype, self.device,
+                                    budgets=self.budgets)
         return PagedKVCache(self.cfg, num_gpu_blocks, num_cpu_blocks, block_size, self.dtype, self.device,
                             budgets=self.budgets)
 

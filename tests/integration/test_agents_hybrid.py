@@ -1,0 +1,134 @@
+"""The augmented face on hybrid models (Qwen3-Next with MoE, Qwen3.5): each request's DeltaNet state
+lives in blocks of the paged pool (engine.caches.paged_state), so it is preserved, swapped to the
+cpu tier and back, or discarded and recomputed from position 0 with the request's KV blocks; the
+outputs equal each request's uninterrupted generation under every strategy and policy, in memory
+and with the weights offloaded, with the memory invariants checked every iteration."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from flexlamps.api import LLM
+from flexlamps.cli import main
+from flexlamps.engine.augmented.engine import StepClock
+from flexlamps.engine.augmented.reference import uninterrupted_tokens
+from flexlamps.engine.augmented.run import AgentsConfig, run_policy_on_engine
+from flexlamps.engine.caches.paged_state import HybridPagedCache, paged_state_blocks
+from flexlamps.sched.cost_model import CostModel
+from flexlamps.sched.request import Strategy
+from flexlamps.workloads.tokenized import tokenize_requests
+from placement import Policy, TierSplit
+from tests.conftest import SHARED_DATA
+from tests.integration.test_agents_engine import Forced, _specs
+
+BLOCK = 8
+TRACE = SHARED_DATA / "augmented" / "merged_exp_uniform.json"
+KINDS = ["qwen3_next", "qwen3_5_text"]
+GPU_ONLY = TierSplit(gpu=1, cpu=0, disk=0)
+OFFLOADED = Policy(gpu_batch_size=3, num_gpu_batches=2, weights=TierSplit(gpu=0.2, cpu=0.3, disk=0.5),
+                   cache=GPU_ONLY, activations=GPU_ONLY)
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def model(request, hybrid_models):
+    """(checkpoint folder, in-memory LLM, the requests, their uninterrupted generation)."""
+    llm = LLM(str(hybrid_models[request.param]))
+    cfg = llm.config
+    reqs = tokenize_requests(_specs(), cfg.vocab_size, set(cfg.eos_token_ids) | {0, 1})
+    return hybrid_models[request.param], llm, reqs, uninterrupted_tokens(llm.executor, reqs)
+
+
+def _config(llm, gpu_blocks: int, cpu_blocks: int) -> AgentsConfig:
+    per_block = BLOCK * llm.config.kv_bytes_per_token(4)
+    return AgentsConfig(gpu_kv_bytes=gpu_blocks * per_block, cpu_swap_bytes=cpu_blocks * per_block,
+                        block_size=BLOCK, max_num_seqs=6, max_num_batched_tokens=24)
+
+
+def _cost(llm, gpu_blocks: int, cpu_blocks: int) -> CostModel:
+    """A fixed cost model, so each policy's choices do not depend on the machine's load."""
+    state = paged_state_blocks(llm.config, BLOCK, torch.float32)
+    return CostModel(overhead_s=0.02, weights_read_s=0.0, prefill_per_token_s=1e-4, decode_per_seq_s=1e-3,
+                     kv_read_per_token_s=1e-6, swap_bytes_per_s=1e9, kv_bytes_per_token=llm.config.kv_bytes_per_token(4),
+                     gpu_kv_tokens=(gpu_blocks - state) * BLOCK, cpu_swap_tokens=cpu_blocks * BLOCK,
+                     max_model_len=128, state_tokens=state * BLOCK)
+
+
+def _run(llm, reqs, policy, gpu_blocks=26, cpu_blocks=16, executor=None):
+    used = []
+    res = run_policy_on_engine(executor or llm.executor, reqs, policy, _config(llm, gpu_blocks, cpu_blocks),
+                               _cost(llm, gpu_blocks, cpu_blocks), clock=StepClock(0.01), check=True,
+                               on_iteration=lambda s: used.append(s.bm.used_gpu_blocks))
+    assert len(res.records) == len(reqs) and max(used) >= gpu_blocks - 6  # the pool was under pressure
+    return res
+
+
+def test_a_state_takes_whole_blocks_of_the_pool(model):
+    _, llm, _, _ = model
+    cache = llm.executor.new_paged_cache(10, 4, BLOCK)
+    assert isinstance(cache, HybridPagedCache) and cache.state_blocks == paged_state_blocks(llm.config, BLOCK,
+                                                                                            torch.float32)
+    assert cache.state_blocks * cache.block_bytes >= llm.config.state_bytes_per_sequence(4) > 0
+    assert cache.gpu_pool_bytes == 10 * cache.block_bytes and cache.cpu_pool_bytes == 4 * cache.block_bytes
+
+
+@pytest.mark.parametrize("strategy", list(Strategy))
+def test_each_strategy_keeps_the_state_exact(model, strategy):
+    _, llm, reqs, expected = model
+    res = _run(llm, reqs, Forced(strategy))
+    assert res.stats.strategies[strategy.value] > 0
+    if strategy is Strategy.SWAP:
+        assert res.stats.swap_tokens > 0 and res.swapped_out_bytes > 0
+    if strategy is Strategy.DISCARD:
+        assert res.stats.recompute_tokens > 0
+    assert res.tokens == expected
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "infercept", "lamps"])
+def test_policies_are_exact_with_states_under_memory_pressure(model, policy):
+    _, llm, reqs, expected = model
+    res = _run(llm, reqs, policy, gpu_blocks=24, cpu_blocks=14)
+    assert res.tokens == expected
+
+
+def test_a_state_not_swapped_back_is_refused(model, monkeypatch):
+    """The state check has teeth: a swap-in that copies nothing leaves the request's state blocks
+    with stale bytes (not the count of tokens its state has seen), and the next step is refused."""
+    _, llm, reqs, _ = model
+    monkeypatch.setattr(HybridPagedCache, "swap_in", lambda self, pairs: None)
+    with pytest.raises(ValueError, match=r"holds the recurrent state of -?\d+ tokens; a step from position"):
+        _run(llm, reqs, Forced(Strategy.SWAP))
+
+
+def test_states_swap_and_recompute_exactly_with_weights_offloaded(model, tmp_path):
+    folder, llm, reqs, expected = model
+    off = LLM(str(folder), gpu_mem=2 << 20, cpu_mem=2 << 20, offload_dir=str(tmp_path), policy=OFFLOADED)
+    try:
+        for strategy in (Strategy.SWAP, Strategy.DISCARD):
+            res = _run(llm, reqs, Forced(strategy), executor=off.executor)
+            assert res.tokens == expected, strategy
+        assert res.tier_use["gpu"].peak_bytes <= res.tier_use["gpu"].capacity_bytes
+    finally:
+        off.close()
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="../shared/data/augmented is not present")
+@pytest.mark.parametrize("kind", ["qwen3_next", pytest.param("qwen3_5_text", marks=pytest.mark.slow)])
+def test_agents_verify_is_exact_on_a_hybrid_model_with_swaps_and_discards(hybrid_models, kind, tmp_path):
+    """`agents --verify` in float32 under lamps, infercept and fcfs, pools small enough that states
+    are swapped to the cpu tier and discarded: every output equals its uninterrupted generation."""
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, [
+        "agents", "--model", str(hybrid_models[kind]), "--trace", str(TRACE), "--num-requests", "6", "--qps", "50",
+        "--time-scale", "0.001", "--max-context", "80", "--max-prompt", "20", "--max-output", "6",
+        "--max-api-tokens", "5", "--gpu-kv-mem", "40KiB", "--cpu-swap-mem", "24KiB", "--block-size", str(BLOCK),
+        "--verify", "--no-plots", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    results = json.loads((out / "summary.json").read_text())["results"]
+    assert [r["summary"]["policy"] for r in results] == ["lamps", "infercept", "fcfs"]
+    assert all(r["exact"] is True for r in results), res.output
+    stats = {r["summary"]["policy"]: r["stats"] for r in results}
+    assert sum(s["strategies"]["swap"] for s in stats.values()) > 0
+    assert sum(s["swap_tokens"] for s in stats.values()) > 0
+    assert stats["fcfs"]["strategies"]["discard"] > 0 and stats["fcfs"]["recompute_tokens"] > 0
