@@ -355,7 +355,7 @@ def _decode_weight_dequant_s(choice, model, hardware, calls: int, rows: int, blo
 def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     block = choice.gpu_batch_size * choice.num_gpu_batches
     context = workload.prompt_len + workload.gen_len / 2  # average over the decode steps
-    entries = model.attended_entries(context)
+    entries = model.mean_attended_entries(context)  # a window layer reads its window
     hidden = block * sz.hidden
     cache_read = block * entries * sz.cache_stored  # entries attention touches, as stored
     new_cache = block * sz.cache_stored
@@ -535,7 +535,7 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     layers = model.num_layers
     num_cached = block * (s + n - workload.shared_prefix_len) + workload.shared_prefix_len
     weights_home = layers * sz.weight_stored
-    cache_home = layers * num_cached * sz.cache_stored
+    cache_home = layers * _held_tokens(choice, model, workload) * sz.cache_stored
     # DeltaNet states: one per sequence (and one for a shared prefix), placed by the cache fractions
     cache_home += layers * (block + (1 if workload.shared_prefix_len else 0)) * sz.state
     indexer_home = layers * num_cached * sz.indexer  # ESS: indexer keys stay on the GPU
@@ -585,6 +585,17 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     disk = Affine().add(weights_home, W_DISK).add(cache_home, C_DISK).add(hidden_p, H_DISK)
     return {"gpu_prefill": gpu_prefill, "gpu_decode": gpu_decode, "cpu_prefill": cpu_prefill,
             "cpu_decode": cpu_decode, "disk": disk}
+
+
+def _held_tokens(choice: Choice, model: ModelSpec, workload: WorkloadSpec) -> float:
+    """Tokens an (average) layer's cache holds for a block: each sequence's own positions and a
+    shared prefix once, a window layer's last `window` of each (`ModelSpec.held_tokens`; a
+    compressed cache keeps every position: the engine rings uncompressed layers only)."""
+    block = choice.gpu_batch_size * choice.num_gpu_batches
+    own, prefix = workload.prompt_len + workload.gen_len - workload.shared_prefix_len, workload.shared_prefix_len
+    if choice.compress_cache:
+        return block * own + prefix
+    return block * model.held_tokens(own) + (model.held_tokens(prefix) if prefix else 0.0)
 
 
 def _dequantized_bytes(choice: Choice, sz: _Sizes, model: ModelSpec, rows: int, calls: int = 1) -> float:

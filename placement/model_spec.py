@@ -10,6 +10,9 @@ the bytes each token adds to the cache per layer:
 Hybrid models (Qwen3-Next, Qwen3.5) run `num_linear_layers` gated-DeltaNet layers, which cache
 nothing per token but hold a fixed state per sequence (a conv window in dtype, fp32 recurrent
 matrices); only their other layers cache K and V. Per-layer figures are averages over all layers.
+Sliding-window layers (`layer_windows`: Mistral-v0.1, Gemma-2/3's local layers, gpt-oss's even
+layers) keep only their last `window` positions, so a sequence holds min(window, context) tokens
+in each of them (`held_tokens`) and a query reads as many (`mean_attended_entries`).
 """
 
 from dataclasses import dataclass
@@ -84,6 +87,9 @@ class ModelSpec(JsonMixin):
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel: int = 0
+    # sliding windows, one entry per layer (0: the layer attends over the whole context); ():
+    # no layer slides
+    layer_windows: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.arch not in ARCHES:
@@ -117,6 +123,32 @@ class ModelSpec(JsonMixin):
                                                and self.linear_value_head_dim and self.linear_conv_kernel)):
             raise ValueError("ModelSpec: a hybrid model (arch 'llama') needs fewer linear layers than layers and "
                              "linear_num_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel")
+        self._check_windows()
+
+    def _check_windows(self) -> None:
+        windows = tuple(self.layer_windows)  # a list from JSON
+        object.__setattr__(self, "layer_windows", windows)
+        if not windows:
+            return
+        if len(windows) != self.num_layers or any(not isinstance(w, int) or w < 0 for w in windows):
+            raise ValueError(f"ModelSpec.layer_windows must hold one integer >= 0 per layer ({self.num_layers}; "
+                             f"0: no window), got {windows!r}")
+        if self.arch != "llama" or self.num_linear_layers:
+            raise ValueError("ModelSpec.layer_windows: sliding windows are modelled for plain decoders (arch 'llama' "
+                             "without linear layers)")
+
+    # ---- sliding windows -----------------------------------------------------------------
+    def held_tokens(self, context: float) -> float:
+        """Tokens one sequence of `context` positions keeps in an (average) layer's cache: the
+        context, or min(window, context) in a window layer (its ring of the last `window`)."""
+        if not self.layer_windows:
+            return context
+        return sum(min(w, context) if w else context for w in self.layer_windows) / self.num_layers
+
+    def mean_attended_entries(self, context: float) -> float:
+        """Cache entries one query at `context` reads in an (average) layer: a window layer's
+        window at most (`attended_entries` is the widest layer's)."""
+        return min(self.held_tokens(context), self.attended_entries(context))
 
     # ---- hybrid (gated DeltaNet) ---------------------------------------------------------
     @property
@@ -377,7 +409,7 @@ class ModelSpec(JsonMixin):
 
     def attention_flops_per_query(self, context_len: float) -> float:
         """Score + weighted-sum FLOPs of one query token over `context_len` cached tokens."""
-        entries = self.attended_entries(context_len)
+        entries = self.mean_attended_entries(context_len)
         if self.arch == "mla":  # absorbed form: scores over latent+rope, output in latent space
             flops = 2 * self.num_heads * (2 * self.kv_lora_rank + self.qk_rope_head_dim) * entries
             return flops + 2 * self.index_num_heads * self.index_head_dim * context_len

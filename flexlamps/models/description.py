@@ -35,6 +35,8 @@ def model_spec(cfg: ModelConfig, hf_config: dict[str, Any] | None = None, name: 
         kwargs.update(_moe_fields(cfg))
     if cfg.hybrid is not None:
         kwargs.update(_hybrid_fields(cfg))
+    if cfg.attention.window is not None:  # each layer's window (0: it attends over the whole context)
+        kwargs["layer_windows"] = tuple(cfg.attention.layer_window(i) or 0 for i in range(cfg.num_layers))
     return placement.ModelSpec(**kwargs)
 
 

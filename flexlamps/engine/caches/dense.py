@@ -10,6 +10,9 @@ step. The values held are the keys and values as computed, exactly (the wider ty
 all), so results do not change; the cache takes twice the bytes of the compute dtype. A bf16
 cache is held in bf16: bf16 attention runs torch's flash kernel on bf16 keys, and a decode step
 reads every cached key, so half the bytes is what it spends its time on.
+
+A sliding-window layer whose window is shorter than the capacity keeps a ring of its last
+`window` positions per row instead (caches.window), with the same results.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import torch
 
 from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
 from flexlamps.engine.caches.segments import segment_attention, with_fresh
+from flexlamps.engine.caches.window import (RingRows, RingStep, copy_ring_prefix, layer_rings, may_ring, refuse_packed,
+                                            ring_keys, ring_step, write_ring)
 from flexlamps.engine.executors.step import Segments
 from flexlamps.models.blocks.attention import AttnOptions, attention, visible_keys
 from flexlamps.models.config import ModelConfig
@@ -28,12 +33,16 @@ from flexlamps.models.config import ModelConfig
 class DenseKVCache:
     def __init__(self, cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu"):
-        shape = (num_slots, cfg.num_kv_heads, capacity, cfg.head_dim)
         dtype = held_dtype(dtype, device)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
+        self.rings = layer_rings(cfg, capacity)  # a window layer's ring, or None: the whole row
+        shapes = [(num_slots, cfg.num_kv_heads, ring or capacity, cfg.head_dim) for ring in self.rings]
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]
         self.capacity = capacity
         self.num_slots = num_slots
+        self.ring_rows = RingRows(num_slots, self.rings)
+        # packed sequences and rows fed again from far back need whole rows (see scoring)
+        self.packs_rows = self.rewinds = not may_ring(cfg)
 
     @property
     def nbytes(self) -> int:
@@ -43,12 +52,18 @@ class DenseKVCache:
         """Nothing to hand back: a dense cache is charged to no tier budget (see TieredKVCache)."""
 
     def copy_prefix_from(self, src: "DenseKVCache", length: int, slots: torch.Tensor) -> None:
-        """Copy the first `length` positions of src's row 0 into each of `slots` (shared prefixes)."""
+        """Copy the first `length` positions of src's row 0 into each of `slots` (shared prefixes;
+        a ring layer takes the last `window` of them)."""
         for layer in range(len(self.k)):
-            self.k[layer][slots, :, :length] = src.k[layer][0, :, :length]
-            self.v[layer][slots, :, :length] = src.v[layer][0, :, :length]
-
-    packs_rows = True  # accepts packed steps (see executors.step.Step)
+            ring, src_ring = self.rings[layer], src.rings[layer]
+            if ring is None and src_ring is None:
+                self.k[layer][slots, :, :length] = src.k[layer][0, :, :length]
+                self.v[layer][slots, :, :length] = src.v[layer][0, :, :length]
+                continue
+            src.ring_rows.check_source(length, length if ring is None else min(length, ring))
+            copy_ring_prefix(self.k[layer], ring, src.k[layer], src_ring, length, slots)
+            copy_ring_prefix(self.v[layer], ring, src.v[layer], src_ring, length, slots)
+        self.ring_rows.copied(slots, length)
 
     def step_geometry(self, slots: torch.Tensor, positions: torch.Tensor,
                       segments: Segments | None = None, lengths: torch.Tensor | None = None) -> "StepGeometry":
@@ -56,13 +71,18 @@ class DenseKVCache:
         `positions`: where the step's keys are written; `segments`: a packed step's attention;
         `lengths` (a padded step's real tokens) changes nothing: no query reads the padding."""
         first = _first_of_block(slots)
+        rings = {}
+        if self.ring_rows.active:  # checked and recorded once per step (caches.window)
+            refuse_packed(segments)
+            self.ring_rows.begin_step(slots, positions, lengths)
+            rings = {w: ring_step(positions, w, lengths) for w in set(self.rings) if w is not None}
         if segments is not None:
             return StepGeometry(slots, positions, segments.span, None, first, segments=segments)
         span = int(positions.max()) + 1
         # query at position p sees keys 0..p of its own row: causal and per-row length in one mask
         mask = visible_keys(span, positions)
         return StepGeometry(slots, positions, span, mask, first, is_fresh_prefill(positions),
-                            decode_at=_shared_decode_position(positions, span, first))
+                            decode_at=_shared_decode_position(positions, span, first), rings=rings)
 
     def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
                   geometry: "StepGeometry | None" = None):
@@ -77,6 +97,8 @@ class DenseKVCache:
         geo = geometry or self.step_geometry(slots, positions)
         n, t, heads, d = q.shape
         kc, vc = self.k[layer], self.v[layer]
+        if self.rings[layer] is not None:
+            return _ring_attend(kc, vc, geo, _ring_of(geo, self.rings[layer], opts), q, k, v, opts)
         _write(kc, geo, k)
         _write(vc, geo, v)
         if geo.segments is not None:  # the rows before the step's own tokens, then those as computed
@@ -90,6 +112,27 @@ class DenseKVCache:
             keys, values = _rows(kc, geo.slots, geo.span, geo.first), _rows(vc, geo.slots, geo.span, geo.first)
         out = attention(q.transpose(1, 2), keys, values, geo.mask_for(opts), opts)
         return out.transpose(1, 2).reshape(n, t, heads * d)
+
+
+def _ring_of(geo: "StepGeometry", ring: int, opts: AttnOptions | None) -> RingStep:
+    """The step's reads and writes of a ring layer, whose attention must slide by its ring."""
+    if opts is None or opts.window != ring:
+        raise ValueError(f"a cache layer keeps a ring of {ring} positions for its sliding window, but the layer "
+                         f"attends with window {None if opts is None else opts.window}")
+    return geo.rings[ring]
+
+
+def _ring_attend(kc, vc, geo: "StepGeometry", step: RingStep, q, k, v, opts: AttnOptions) -> torch.Tensor:
+    """A ring layer (caches.window): the ring's keys read before the step writes its own."""
+    n, t, heads, d = q.shape
+    if geo.fresh:  # see caches.fresh
+        keys, values = fresh_keys(k, v)
+    else:
+        keys, values = ring_keys(kc, geo.slots, k, step), ring_keys(vc, geo.slots, v, step)
+    write_ring(kc, geo.slots, k, step)
+    write_ring(vc, geo.slots, v, step)
+    out = attention(q.transpose(1, 2), keys, values, step.mask, opts)
+    return out.transpose(1, 2).reshape(n, t, heads * d)
 
 
 def _write(cache: torch.Tensor, geo: "StepGeometry", new: torch.Tensor) -> None:
@@ -123,6 +166,7 @@ class StepGeometry:
     fresh: bool = False
     segments: Segments | None = None
     decode_at: int | None = None
+    rings: dict = field(default_factory=dict, compare=False, repr=False)  # ring -> its RingStep (caches.window)
     _windowed: dict = field(default_factory=dict, compare=False, repr=False)  # window -> mask, made once
 
     def mask_for(self, opts: AttnOptions | None) -> torch.Tensor:

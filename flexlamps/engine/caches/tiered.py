@@ -5,6 +5,9 @@ its bytes charged to that tier.
 Attention over a cache layer off the gpu tier either copies the rows it needs to the compute
 device (charged to the gpu budget while used) or, with `cpu_attention`, runs where the cache
 is, so only the queries and outputs move (FlexGen's choice for long caches).
+
+An uncompressed sliding-window layer whose window is shorter than the capacity keeps a ring of
+its last `window` positions per row (caches.window): charged as such, the same results.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import torch
 
 from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
 from flexlamps.engine.caches.segments import segment_attention, with_fresh
+from flexlamps.engine.caches.window import (RingRows, RingStep, copy_ring_prefix, layer_rings, may_ring, refuse_packed,
+                                            ring_keys, ring_step, write_ring)
 from flexlamps.engine.executors.step import Segments
 from flexlamps.models.blocks.attention import AttnOptions, attention, visible_keys
 from flexlamps.models.config import ModelConfig
@@ -63,14 +68,18 @@ class TieredKVCache:
 
         self.k, self.v = [], []
         self._charged: list[tuple[str, int]] = []
+        self.rings = layer_rings(cfg, capacity, compressed=compress is not None)  # caches.window
+        self.ring_rows = RingRows(num_slots, self.rings)
+        self.packs_rows = self.rewinds = compress is not None or not may_ring(cfg)  # as DenseKVCache's
         try:
             for layer, tier in enumerate(tiers):
                 # charged before it is allocated: a cache that does not fit never takes memory
-                n = layer_bytes(cfg, num_slots, capacity, dtype, compress)
+                held = self.rings[layer] or capacity
+                n = layer_bytes(cfg, num_slots, held, dtype, compress)
                 budgets[tier].allocate(n, f"KV cache layer {layer} ({tier})")
                 self._charged.append((tier, n))
                 dev = device if tier == "gpu" else torch.device("cpu")
-                k, v = _layer_buffers(cfg, num_slots, capacity, dtype, dev, compress)
+                k, v = _layer_buffers(cfg, num_slots, held, dtype, dev, compress)
                 self.k.append(k)
                 self.v.append(v)
         except BaseException:
@@ -84,8 +93,16 @@ class TieredKVCache:
         self.k, self.v = [], []
 
     def copy_prefix_from(self, src: "TieredKVCache", length: int, slots: torch.Tensor) -> None:
-        """Copy the first `length` positions of src's row 0 into each of `slots` (shared prefixes)."""
+        """Copy the first `length` positions of src's row 0 into each of `slots` (shared prefixes;
+        a ring layer takes the last `window` of them)."""
+        self.ring_rows.copied(slots, length)
         for layer in range(len(self.k)):
+            ring, src_ring = self.rings[layer], src.rings[layer]
+            if ring is not None or src_ring is not None:
+                src.ring_rows.check_source(length, length if ring is None else min(length, ring))
+                copy_ring_prefix(self.k[layer], ring, src.k[layer], src_ring, length, slots)
+                copy_ring_prefix(self.v[layer], ring, src.v[layer], src_ring, length, slots)
+                continue
             if self.compress is not None:
                 self.k[layer].copy_prefix_from(src.k[layer], length, slots)
                 self.v[layer].copy_prefix_from(src.v[layer], length, slots)
@@ -93,13 +110,17 @@ class TieredKVCache:
             for d, s in ((self.k[layer], src.k[layer]), (self.v[layer], src.v[layer])):
                 d[slots.to(d.device), :, :length] = s[0, :, :length].to(d.device)
 
-    packs_rows = True  # accepts packed steps (see executors.step.Step)
-
     def step_geometry(self, slots: torch.Tensor, positions: torch.Tensor, segments: Segments | None = None,
                       lengths: torch.Tensor | None = None) -> "TieredStepGeometry":
         """What every layer of one step shares (see TieredStepGeometry), for `attend_fn(geometry=)`;
-        `lengths` (a padded step's real tokens) changes nothing: no query reads the padding."""
-        return TieredStepGeometry(slots, positions, segments)
+        `lengths` (a padded step's real tokens): the tokens a ring layer writes (no query reads the
+        padding). Once per step: it records how far the rings' rows are written."""
+        rings = {}
+        if self.ring_rows.active:
+            refuse_packed(segments)
+            self.ring_rows.begin_step(slots, positions, lengths)
+            rings = {w: ring_step(positions, w, lengths) for w in set(self.rings) if w is not None}
+        return TieredStepGeometry(slots, positions, segments, rings)
 
     def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, segments: Segments | None = None,
                   geometry: "TieredStepGeometry | None" = None):
@@ -114,6 +135,8 @@ class TieredKVCache:
         n, t, heads, d = q.shape
         home = torch.device("cpu") if self.tiers[layer] != "gpu" else self.device
         at_home = geo.on(home)
+        if self.rings[layer] is not None:
+            return self._ring_attend(layer, at_home.slots, home, q, k, v, geo, opts)
         self._write(layer, at_home.slots, at_home.positions, k.to(home), v.to(home))
         if geo.segments is not None:
             return self._packed_attend(layer, at_home.slots, home, q, k, v, geo, opts)
@@ -124,6 +147,36 @@ class TieredKVCache:
         try:
             window = opts.window if opts is not None else None
             out = attention(q.to(where).transpose(1, 2), keys, values, geo.mask_on(where, window), opts)
+        finally:
+            if staged:
+                self.budgets["gpu"].free(staged)
+        return out.transpose(1, 2).reshape(n, t, heads * d).to(self.device)
+
+    def _ring_attend(self, layer, slots, home, q, k, v, geo: "TieredStepGeometry",
+                     opts: AttnOptions | None) -> torch.Tensor:
+        """A ring layer (caches.window): the ring's rows and the step's keys gathered where the ring
+        lives (staged on the compute device as any cpu-tier rows), read before the step writes."""
+        n, t, heads, d = q.shape
+        window = self.rings[layer]
+        if opts is None or opts.window != window:
+            raise ValueError(f"KV cache layer {layer} keeps a ring of {window} positions for its sliding window, "
+                             f"but the layer attends with window {None if opts is None else opts.window}")
+        step = geo.ring_on(home, window)
+        kc, vc = self.k[layer], self.v[layer]
+        where, staged = k.device, 0
+        if geo.fresh:  # see caches.fresh
+            keys, values = fresh_keys(k, v)
+        else:
+            keys, values = ring_keys(kc, slots, k, step), ring_keys(vc, slots, v, step)
+            where = home
+            if self.tiers[layer] != "gpu" and not self.cpu_attention:  # as _rows_for_attention stages them
+                staged = tensor_bytes(keys, values)
+                self.budgets["gpu"].allocate(staged, f"KV cache layer {layer} rows staged for attention")
+                keys, values, where = keys.to(self.device), values.to(self.device), self.device
+        write_ring(kc, slots, k.to(home), step)
+        write_ring(vc, slots, v.to(home), step)
+        try:
+            out = attention(q.to(where).transpose(1, 2), keys, values, geo.ring_on(where, window).mask, opts)
         finally:
             if staged:
                 self.budgets["gpu"].free(staged)
@@ -194,8 +247,10 @@ class TieredStepGeometry:
     (the offload engine's layers sit on different tiers; per layer this was a mask, a span's
     device sync and four copies each)."""
 
-    def __init__(self, slots: torch.Tensor, positions: torch.Tensor, segments: Segments | None = None):
+    def __init__(self, slots: torch.Tensor, positions: torch.Tensor, segments: Segments | None = None,
+                 rings: dict[int, RingStep] | None = None):
         self.segments = segments
+        self._rings = {(torch.device(positions.device), w): step for w, step in (rings or {}).items()}
         self.fresh = segments is None and is_fresh_prefill(positions)
         self.span = segments.span if segments is not None else int(positions.max()) + 1
         self._slots, self._positions = slots, positions
@@ -216,6 +271,14 @@ class TieredStepGeometry:
                 segments = self.segments.to(device)
             placed = self._placed[device] = PlacedStep(self._slots.to(device), positions, mask, segments)
         return placed
+
+    def ring_on(self, device: torch.device, window: int) -> RingStep:
+        """A ring layer's `RingStep` (caches.window) on `device` (moved at most once per device)."""
+        device = self.on(device).positions.device
+        if (device, window) not in self._rings:
+            made = next(step for (_, w), step in self._rings.items() if w == window)
+            self._rings[(device, window)] = made.to(device)
+        return self._rings[(device, window)]
 
     def mask_on(self, device: torch.device, window: int | None) -> torch.Tensor:
         """`on(device).mask`, cut to a layer's sliding window if it has one (made once per window)."""

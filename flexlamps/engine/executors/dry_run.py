@@ -19,6 +19,7 @@ import torch
 import placement
 from flexlamps.engine.caches.latent import latent_cache_bytes
 from flexlamps.engine.caches.tiered import layer_bytes
+from flexlamps.engine.caches.window import layer_rings
 from flexlamps.engine.executors.charges import PlacementCharges, kv_quant_config
 from flexlamps.engine.executors.offloaded import CAPABILITIES
 from offload import TierBudget
@@ -70,7 +71,8 @@ def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem:
 
 def _charge_cache(run: PlacementCharges, budgets: dict[str, TierBudget], num_slots: int, capacity: int) -> None:
     """The cache the executor's `new_cache` builds: an MLA latent cache (whole on the gpu tier,
-    or ESS's cpu records and gpu pools) or a KV cache, layer by layer on the policy's tiers."""
+    or ESS's cpu records and gpu pools) or a KV cache, layer by layer on the policy's tiers (a
+    sliding-window layer's ring: its window, not the capacity)."""
     policy, dtype = run.policy, run.dtype
     if run.cfg.mla is not None:
         latent = latent_cache_bytes(run.cfg, num_slots, capacity, dtype, gpu_fraction=policy.cache.gpu,
@@ -86,10 +88,11 @@ def _charge_cache(run: PlacementCharges, budgets: dict[str, TierBudget], num_slo
 
         state_bytes = state_layer_bytes(cfg.hybrid, num_slots, dtype)
         cfg = kv_view(cfg)
-    cache_bytes = layer_bytes(cfg, num_slots, capacity, dtype, compress)
+    rings = iter(layer_rings(cfg, capacity, compressed=compress is not None))
     for layer, tier in enumerate(run.cache_tiers):
         linear = run.cfg.hybrid is not None and run.cfg.hybrid.is_linear(layer)
-        budgets[tier].allocate(state_bytes if linear else cache_bytes, f"cache layer {layer} ({tier})")
+        nbytes = state_bytes if linear else layer_bytes(cfg, num_slots, next(rings) or capacity, dtype, compress)
+        budgets[tier].allocate(nbytes, f"cache layer {layer} ({tier})")
 
 
 def _sweep(run: PlacementCharges, budgets: dict[str, TierBudget], steps) -> None:
