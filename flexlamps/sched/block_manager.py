@@ -10,6 +10,9 @@ would overwrite it first): swap-ins hold their cpu blocks until `copies_done`.
 A hybrid model's request also holds a fixed-size recurrent state (engine.caches.paged_state): it
 takes `state_blocks` blocks of the same pools from its first cached token on, at the head of its
 table, so a preserve keeps it, a swap moves it and a discard frees it with the request's KV blocks.
+
+A model whose layers all slide keeps a ring of at most `max_blocks` KV blocks per request, however
+long it grows (engine.caches.paged).
 """
 
 from __future__ import annotations
@@ -26,14 +29,17 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int = 16, state_blocks: int = 0):
-        if num_gpu_blocks <= 0 or block_size <= 0 or num_cpu_blocks < 0 or state_blocks < 0:
+    def __init__(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int = 16, state_blocks: int = 0,
+                 max_blocks: int | None = None):
+        if num_gpu_blocks <= 0 or block_size <= 0 or num_cpu_blocks < 0 or state_blocks < 0 or (
+                max_blocks is not None and max_blocks < 1):
             raise ValueError(
-                f"BlockManager needs num_gpu_blocks > 0, num_cpu_blocks >= 0, block_size > 0 and state_blocks "
-                f">= 0; got {num_gpu_blocks}, {num_cpu_blocks}, {block_size}, {state_blocks}"
+                f"BlockManager needs num_gpu_blocks > 0, num_cpu_blocks >= 0, block_size > 0, state_blocks >= 0 and "
+                f"max_blocks >= 1; got {num_gpu_blocks}, {num_cpu_blocks}, {block_size}, {state_blocks}, {max_blocks}"
             )
         self.block_size = block_size
         self.state_blocks = state_blocks
+        self.max_blocks = max_blocks  # KV blocks a request holds at most (a ring); None: no cap
         self.num_gpu_blocks = num_gpu_blocks
         self.num_cpu_blocks = num_cpu_blocks
         self._free_gpu = deque(range(num_gpu_blocks))
@@ -70,10 +76,15 @@ class BlockManager:
     def num_cpu_blocks_of(self, rid: str) -> int:
         return len(self.cpu_tables.get(rid, ()))
 
+    def kv_blocks(self, num_tokens: int) -> int:
+        """KV blocks a request with `num_tokens` cached tokens holds (a ring's `max_blocks` at most)."""
+        need = blocks_for(num_tokens, self.block_size)
+        return need if self.max_blocks is None else min(need, self.max_blocks)
+
     def blocks_held(self, num_tokens: int) -> int:
         """Blocks a request with `num_tokens` cached tokens holds: its KV blocks and, from its
         first token on, its state's."""
-        return blocks_for(num_tokens, self.block_size) + (self.state_blocks if num_tokens > 0 else 0)
+        return self.kv_blocks(num_tokens) + (self.state_blocks if num_tokens > 0 else 0)
 
     def extra_blocks_needed(self, rid: str, num_tokens: int) -> int:
         """gpu blocks to add so `rid` can hold `num_tokens` cached tokens."""

@@ -39,6 +39,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     watermark: float = 0.01  # fraction of gpu blocks kept free at admission (vLLM's default)
     state_blocks: int = 0  # blocks a request's recurrent state takes (a hybrid model's; BlockManager)
+    max_blocks: int | None = None  # KV blocks a request holds at most (a paged cache's ring); None: no cap
 
     @classmethod
     def from_cost_model(cls, cost: CostModel, block_size: int = 16, **kw) -> "SchedulerConfig":
@@ -55,7 +56,8 @@ class SchedulerConfig:
 class Scheduler:
     def __init__(self, config: SchedulerConfig, policy: SchedulingPolicy, predictor: Predictor, cost: CostModel):
         self.config, self.policy, self.predictor, self.cost = config, policy, predictor, cost
-        self.bm = BlockManager(config.num_gpu_blocks, config.num_cpu_blocks, config.block_size, config.state_blocks)
+        self.bm = BlockManager(config.num_gpu_blocks, config.num_cpu_blocks, config.block_size, config.state_blocks,
+                               config.max_blocks)
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
         self.waiting: list[Request] = []  # WAITING and SWAPPED requests
@@ -222,7 +224,7 @@ class Scheduler:
 
         self._prepare(out, ctx)
         scheduled: list[Request] = []
-        bs, tables, state = block_size, self.bm.gpu_tables, self.bm.state_blocks
+        tables = self.bm.gpu_tables
         context = 0  # cached tokens attention reads this step
         i = 0
         while i < len(self.running):
@@ -230,7 +232,7 @@ class Scheduler:
             rid = req.request_id
             if req.num_tokens - req.num_computed == 1 and budget > 0:
                 table = tables.get(rid)
-                if table is not None and (len(table) - state) * bs > req.num_computed:
+                if table is not None and not self.bm.extra_blocks_needed(rid, req.num_computed + 1):
                     # fast path: a decode step that fits in the blocks it already has
                     out.decode.append(rid)
                     out.sampling.append(rid)
@@ -283,7 +285,7 @@ class Scheduler:
     def _schedule_tokens(self, req: Request, n: int, out: SchedulerOutput) -> None:
         rid = req.request_id
         table = self.bm.gpu_tables.get(rid)
-        if table is None or (len(table) - self.bm.state_blocks) * self.config.block_size < req.num_computed + n:
+        if table is None or self.bm.extra_blocks_needed(rid, req.num_computed + n):
             self.bm.grow(rid, req.num_computed + n)
             table = self.bm.gpu_tables[rid]
         out.block_tables[rid] = table
@@ -492,7 +494,7 @@ class Scheduler:
         held = [(r.num_computed + 1, self.bm.num_gpu_blocks_of(r.request_id) - state) for r in scheduled]
 
         def extra(steps: int) -> int:
-            return sum(max(0, -(-(c + steps - 1) // bs) - b) for c, b in held)
+            return sum(max(0, self.bm.kv_blocks(c + steps - 1) - b) for c, b in held)
 
         if extra(k) <= free:
             return k
@@ -516,11 +518,10 @@ class Scheduler:
         on_computed = self.policy.on_computed if self._tracks_service else None
         if k > 1:
             # the first step's blocks are allocated; grow for the rest
-            tables, bs, grow, state = self.bm.gpu_tables, self.config.block_size, self.bm.grow, self.bm.state_blocks
             for rid in out.decode:
                 req = reqs[rid]
-                if (len(tables[rid]) - state) * bs < req.num_computed + k:
-                    grow(rid, req.num_computed + k)
+                if self.bm.extra_blocks_needed(rid, req.num_computed + k):
+                    self.bm.grow(rid, req.num_computed + k)
         for rid in out.decode:
             reqs[rid].num_computed += k
         if on_computed is not None:

@@ -4,12 +4,17 @@ two chunks plus 40 decode steps far past the window still gives transformers' lo
 its greedy tokens), the whole row's masked attention bit for bit, and the same bits offloaded
 (weights over gpu / cpu / disk, the cache on either tier). A sequence's cache bytes per layer stop
 growing at the window, in memory and on the offload executor's tiers; a prefix longer than the
-window is shared through the rings with the bits of computing it per prompt."""
+window is shared through the rings with the bits of computing it per prompt; the augmented engine's
+paged cache keeps a ring of blocks per request, and requests swapped out, discarded or preserved
+during their calls resume with the tokens of uninterrupted generation."""
 
 import pytest
 import torch
 
 import flexlamps.engine.caches.dense as dense_cache
+from flexlamps.engine.augmented.engine import StepClock
+from flexlamps.engine.augmented.reference import uninterrupted_tokens
+from flexlamps.engine.augmented.run import AgentsConfig, run_policy_on_engine
 from flexlamps.engine.batch.generate import generate
 from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.batch.scoring import PrefixStats
@@ -18,6 +23,10 @@ from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
+from flexlamps.sched.cost_model import CostModel
+from flexlamps.sched.policies import InferCept
+from flexlamps.sched.request import RequestSpec, Segment, Strategy
+from flexlamps.workloads.tokenized import tokenize_requests
 from placement import Policy, TierSplit
 from tests.family_models import LOGIT_TOLERANCE, WIDTHS, greedy_tokens, make_family_model, reference_run, worst_gap
 
@@ -122,3 +131,43 @@ def test_a_prefix_longer_than_the_window_is_shared_through_the_rings(mistral):
         assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
         _, tokens = reference_run(mistral, torch.tensor([prompt]), steps=DECODE)
         assert a.token_ids == torch.cat(tokens, dim=1)[0].tolist()
+
+
+class Forced(InferCept):
+    """INFERCEPT's order, but every intercepted request gets `strategy`."""
+
+    def __init__(self, strategy: Strategy):
+        self.strategy = strategy
+
+    def choose_strategies(self, reqs, ctx):
+        return {r.request_id: self.strategy for r in reqs}
+
+
+@pytest.mark.parametrize("strategy", list(Strategy))
+def test_augmented_requests_keep_rings_of_blocks_and_resume_exactly(mistral, strategy):
+    """6 requests of 39-49 tokens (past the window of 12) with two calls each, in blocks of 4: each
+    holds at most 3 blocks (its ring), and swap, discard or preserve during the calls gives the
+    tokens of generating each request alone."""
+    reader = open_checkpoint(mistral)
+    cfg = reader.config
+    plain = InMemoryExecutor(cfg, read_all(reader, torch.float32), torch.float32)
+    specs = [RequestSpec(f"r{i}", 14 + 2 * i, (Segment(6 + i % 3, "qa", 0.03, 3), Segment(8, "math", 0.02, 2),
+                                              Segment(6)), arrival_time=0.01 * i, kind="qa") for i in range(6)]
+    reqs = tokenize_requests(specs, cfg.vocab_size, set(cfg.eos_token_ids) | {0, 1})
+    per_token = cfg.kv_bytes_per_token(4)
+    config = AgentsConfig(gpu_kv_bytes=10 * 4 * per_token, cpu_swap_bytes=6 * 4 * per_token, block_size=4,
+                          max_num_seqs=4, max_num_batched_tokens=24)
+    cost = CostModel(overhead_s=0.02, weights_read_s=0.0, prefill_per_token_s=1e-4, decode_per_seq_s=1e-3,
+                     kv_read_per_token_s=1e-6, swap_bytes_per_s=1e9, kv_bytes_per_token=per_token,
+                     gpu_kv_tokens=40, cpu_swap_tokens=24, max_model_len=64)
+    widest = []
+    res = run_policy_on_engine(plain, reqs, Forced(strategy), config, cost, clock=StepClock(0.01), check=True,
+                               on_iteration=lambda s: widest.append(max(map(len, s.bm.gpu_tables.values()),
+                                                                        default=0)))
+    assert max(widest) == 3  # ceil(12 / 4): no request holds more, though all outgrow the window
+    assert res.stats.strategies[strategy.value] > 0
+    if strategy is Strategy.SWAP:
+        assert res.stats.swap_tokens > 0
+    if strategy is Strategy.DISCARD:
+        assert res.stats.recompute_tokens > 0
+    assert res.tokens == uninterrupted_tokens(plain, reqs)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from flexlamps.engine.caches.dense import DenseKVCache
+from flexlamps.engine.caches.paged import PagedKVCache
 from flexlamps.engine.caches.tiered import TieredKVCache
 from flexlamps.models.blocks.attention import AttnOptions
 from flexlamps.models.config import ModelConfig
@@ -36,10 +37,12 @@ def _caches(window: int) -> dict:
                                                   cpu_attention=True)}
 
 
-def _steps():
-    """(slots, first positions, tokens, real lengths or None): a padded prompt group, chunks longer
-    than the windows, decodes of rows at different positions, a chunk of both at different places."""
-    steps = [([0, 1], [0, 0], 150, [150, 100]), ([0], [150], 70, None), ([1], [100], 70, None)]
+def _steps(padded: bool = True):
+    """(slots, first positions, tokens, real lengths or None): a prompt group (padded, or not: a
+    paged cache's steps never are), chunks longer than the windows, decodes of rows at different
+    positions, a chunk of both at different places."""
+    steps = [([0, 1], [0, 0], 150, [150, 100] if padded else None), ([0], [150], 70, None)]
+    steps += [([1], [100], 70, None)] if padded else [([1], [150], 20, None)]
     steps += [([0, 1], [220 + i, 170 + i], 1, None) for i in range(200)]
     return steps + [([0, 1], [420, 370], 9, None), ([1], [379], 1, None)]
 
@@ -51,6 +54,11 @@ def _run(cache, steps, qkv, opts):
         slots = torch.tensor(slots)
         positions = torch.tensor(starts)[:, None] + torch.arange(t)
         q, k, v = (x[slots[:, None], positions] for x in qkv)
+        if isinstance(cache, PagedKVCache):  # each row's blocks: a ring of ring_blocks
+            rows = cache.set_block_tables([[r * cache.ring_blocks + b for b in range(cache.ring_blocks)]
+                                           for r in slots.tolist()])
+            outs.append(cache.attend_fn(0, rows, positions)(q, k, v, opts))
+            continue
         geo = cache.step_geometry(slots, positions, lengths=None if lengths is None else torch.tensor(lengths))
         outs.append(cache.attend_fn(0, slots, positions, geometry=geo)(q, k, v, opts))
     return outs
@@ -118,3 +126,19 @@ def test_a_prefix_longer_than_the_window_copied_into_rings(kind):
     cache.copy_prefix_from(prefix, 150, torch.tensor([0, 1]))
     for i, (a, b) in enumerate(zip(_run(cache, tail, qkv, opts), expected)):
         assert torch.equal(a, b), f"step {i}"
+
+
+@pytest.mark.parametrize("window, block_size", [(7, 4), (130, 16), (128, 16)])
+def test_paged_rings_of_blocks_give_the_whole_rows_bits(window, block_size):
+    """Every layer slides: a request keeps ceil(window / block_size) blocks, a ring of whole blocks."""
+    g = torch.Generator().manual_seed(window)
+    qkv = [torch.randn(ROWS, CAPACITY, h, D, generator=g) for h in (HEADS, KV, KV)]
+    opts = AttnOptions(window=window)
+    expected = _run(DenseKVCache(_cfg(None), ROWS, CAPACITY, torch.float32), _steps(padded=False), qkv, opts)
+    ring_blocks = -(-window // block_size)
+    paged = PagedKVCache(_cfg(window), ROWS * ring_blocks, 0, block_size, torch.float32)
+    assert paged.ring_blocks == ring_blocks
+    for i, (a, b) in enumerate(zip(_run(paged, _steps(padded=False), qkv, opts), expected)):
+        assert torch.equal(a, b), f"step {i}"
+    mixed = PagedKVCache(_cfg(window, layers=2, slides=(True, False)), 4, 0, block_size, torch.float32)
+    assert mixed.ring_blocks is None  # a full-attention layer reads every block

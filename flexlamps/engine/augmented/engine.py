@@ -119,12 +119,13 @@ class AugmentedEngine:
     def __init__(self, executor: Executor, cache: PagedCache, scheduler: Scheduler, clock=None,
                  check: bool = False, on_iteration=None, on_finish=None, calls: Calls | None = None):
         bm, state = scheduler.bm, getattr(cache, "state_blocks", 0)
-        if (bm.num_gpu_blocks, bm.num_cpu_blocks, bm.block_size, bm.state_blocks) != (
-                cache.num_gpu_blocks, cache.num_cpu_blocks, cache.block_size, state):
+        ring = getattr(cache, "ring_blocks", None)  # KV blocks a request keeps when every layer slides
+        if (bm.num_gpu_blocks, bm.num_cpu_blocks, bm.block_size, bm.state_blocks, bm.max_blocks) != (
+                cache.num_gpu_blocks, cache.num_cpu_blocks, cache.block_size, state, ring):
             raise ValueError(f"paged cache ({cache.num_gpu_blocks} gpu / {cache.num_cpu_blocks} cpu blocks of "
-                             f"{cache.block_size}, {state} per state) and scheduler ({bm.num_gpu_blocks} / "
-                             f"{bm.num_cpu_blocks} of {bm.block_size}, {bm.state_blocks} per state) disagree; "
-                             "build both from one SchedulerConfig")
+                             f"{cache.block_size}, {state} per state, at most {ring} a request) and scheduler "
+                             f"({bm.num_gpu_blocks} / {bm.num_cpu_blocks} of {bm.block_size}, {bm.state_blocks} per "
+                             f"state, at most {bm.max_blocks}) disagree; build both from one SchedulerConfig")
         self.executor, self.cache, self.sched = executor, cache, scheduler
         self.clock = clock or WallClock()
         self.check, self.on_iteration, self.on_finish = check, on_iteration, on_finish
@@ -184,7 +185,7 @@ class AugmentedEngine:
             rid = r.spec.request_id
             if rid in self._reqs:
                 raise ValueError(f"request id {rid!r} appears twice; ids must be unique")
-            if calls.max_tokens(rid) >= pool_tokens:
+            if self.sched.bm.kv_blocks(calls.max_tokens(rid) + 1) * self.cache.block_size > pool_tokens:  # a ring
                 raise ValueError(f"request {rid!r} grows to {calls.max_tokens(rid)} tokens but the gpu KV pool "
                                  f"holds {pool_tokens}; enlarge the pool or lower the context cap")
             self._reqs[rid] = r
@@ -305,4 +306,4 @@ class AugmentedEngine:
             assert len(self._tokens[rid]) == req.num_tokens, \
                 f"{rid}: engine holds {len(self._tokens[rid])} tokens, scheduler counts {req.num_tokens}"
             if req.status is Status.RUNNING:
-                assert bm.num_gpu_blocks_of(rid) * bm.block_size >= req.num_computed
+                assert bm.num_gpu_blocks_of(rid) >= bm.blocks_held(req.num_computed)

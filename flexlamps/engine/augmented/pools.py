@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from flexlamps.engine.caches.paged_state import paged_state_blocks, probing
+from flexlamps.engine.caches.window import paged_ring_blocks
 from flexlamps.engine.executors.contract import Executor
 from flexlamps.engine.executors.step import Step
 
@@ -108,7 +109,9 @@ def pool_sizes(executor: Executor, *, max_context: int, max_num_seqs: int, max_n
     use = executor.tier_use()
     left = {tier: u.capacity_bytes - u.used_bytes - int(ws[tier] * (1 + WORKING_SET_MARGIN))
             for tier, u in use.items()}
-    blocks = -(-max_context // block_size) + paged_state_blocks(executor.cfg, block_size, executor.dtype)
+    kv_blocks = -(-max_context // block_size)
+    ring = paged_ring_blocks(executor.cfg, block_size)  # every layer slides: a request keeps a ring of blocks
+    blocks = min(kv_blocks, ring or kv_blocks) + paged_state_blocks(executor.cfg, block_size, executor.dtype)
     need = blocks * block_size * executor.cfg.kv_bytes_per_token(executor.dtype.itemsize)
     if left["gpu"] < need:
         from placement import format_bytes

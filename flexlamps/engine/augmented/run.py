@@ -78,6 +78,7 @@ def run_policy_on_engine(executor: Executor, requests: list[TokenizedRequest], p
     try:
         sched_cfg = SchedulerConfig(cache.num_gpu_blocks, cache.num_cpu_blocks, config.block_size,
                                     state_blocks=getattr(cache, "state_blocks", 0),
+                                    max_blocks=getattr(cache, "ring_blocks", None),
                                     max_num_seqs=config.max_num_seqs,
                                     max_num_batched_tokens=config.max_num_batched_tokens)
         if predictor is None:

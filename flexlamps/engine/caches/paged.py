@@ -11,6 +11,12 @@ Before each forward the engine sets the step's block tables (`set_block_tables`)
 rows of that per-step table: each row writes its new K/V at its own positions, then attends
 over its blocks with the mask key_pos <= query_pos.
 
+When every layer slides (Mistral-v0.1), a request keeps only `ring_blocks` blocks, a ring of
+whole blocks holding its last window (the scheduler's BlockManager gives it no more: its
+`max_blocks`): position p lives at offset p % (ring_blocks x block_size) of the ring, read before
+the step writes it and gathered as caches.window does, so results stay those of all its blocks.
+A model with full-attention layers keeps every block (those layers read them all).
+
 Must not import the scheduler (it only sees block ids from it).
 """
 
@@ -19,8 +25,10 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
+from flexlamps.engine.caches.window import paged_ring_blocks, ring_keys, ring_step
 from flexlamps.models.blocks.attention import AttnOptions, attention, visible_keys
 from flexlamps.models.config import ModelConfig
 
@@ -60,6 +68,7 @@ class PagedKVCache:
         self.device = torch.device(device)
         self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
         self.block_bytes = block_size * cfg.kv_bytes_per_token(_dtype_bytes(dtype))
+        self.ring_blocks = paged_ring_blocks(cfg, block_size)  # blocks a request keeps at most; None: all
         self._budgets, self._charged = budgets or {}, []
         for tier, n in (("gpu", num_gpu_blocks), ("cpu", num_cpu_blocks)):
             if tier in self._budgets:
@@ -148,6 +157,8 @@ class PagedKVCache:
 
     def attend(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
                q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, opts: AttnOptions | None = None) -> torch.Tensor:
+        if self.ring_blocks is not None:
+            return self._ring_attend(layer, slots, positions, q, k, v, opts)
         n, t, heads, d = q.shape
         bs = self.block_size
         tables = self._tables[slots]  # (n, width)
@@ -170,4 +181,28 @@ class PagedKVCache:
         # query at position p sees keys 0..p of its own request (its window's, if the layer has one)
         mask = visible_keys(span, positions.to(q.device), opts.window if opts is not None else None)
         out = attention(q.transpose(1, 2), keys, values, mask, opts)
+        return out.transpose(1, 2).reshape(n, t, heads * d)
+
+    def _ring_attend(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, q: torch.Tensor,
+                     k: torch.Tensor, v: torch.Tensor, opts: AttnOptions | None) -> torch.Tensor:
+        """Every layer slides: each row's blocks are a ring of `ring_blocks` blocks (caches.window)."""
+        if opts is None or opts.window is None:
+            raise ValueError(f"paged KV layer {layer} keeps a ring of blocks for a sliding window, but the layer "
+                             "attends without one")
+        n, t, heads, d = q.shape
+        bs, ring = self.block_size, self.ring_blocks * self.block_size
+        tables = self._tables[slots][:, :self.ring_blocks]
+        tables = F.pad(tables, (0, self.ring_blocks - tables.shape[1]))  # short tables: block 0, masked
+        step = ring_step(positions, opts.window, ring=ring)
+        kc, vc = self.k[layer], self.v[layer]
+        if is_fresh_prefill(positions):  # see caches.fresh
+            keys, values = fresh_keys(k, v)
+        else:  # (n, B, kv_heads, bs, d) -> (n, kv_heads, B * bs, d): ring offsets in order
+            keys = ring_keys(kc[tables].permute(0, 2, 1, 3, 4).reshape(n, -1, ring, d), None, k, step)
+            values = ring_keys(vc[tables].permute(0, 2, 1, 3, 4).reshape(n, -1, ring, d), None, v, step)
+        blocks = tables[step.write_rows, step.write_slots // bs]
+        offsets = step.write_slots % bs
+        kc[blocks, :, offsets] = k[step.write_rows, step.write_tokens].to(kc.dtype)
+        vc[blocks, :, offsets] = v[step.write_rows, step.write_tokens].to(vc.dtype)
+        out = attention(q.transpose(1, 2), keys, values, step.mask, opts)
         return out.transpose(1, 2).reshape(n, t, heads * d)

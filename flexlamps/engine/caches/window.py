@@ -42,6 +42,16 @@ def layer_rings(cfg: ModelConfig, capacity: int, compressed: bool = False) -> li
             for i in range(cfg.num_layers)]
 
 
+def paged_ring_blocks(cfg: ModelConfig, block_size: int) -> int | None:
+    """Blocks a request keeps in a paged cache when every layer slides: a ring of whole blocks that
+    holds the longest window; None when some layer attends over the whole context (it needs every
+    block: the blocks are shared by all layers)."""
+    windows = [cfg.attention.layer_window(i) for i in range(cfg.num_layers)]
+    if cfg.hybrid is not None or any(w is None for w in windows):
+        return None
+    return -(-max(windows) // block_size)
+
+
 def may_ring(cfg: ModelConfig) -> bool:
     """Whether some layer of the model slides, so a long enough cache rings it (its rows can then
     neither hold packed sequences nor be fed again from far back)."""
@@ -53,7 +63,7 @@ class RingStep:
     """One step's reads and writes of the ring layers of one window.
 
     `source` (n, L): where each key of a row's attention buffer comes from, an index into the
-    row's ring (0..window-1) followed by the step's own keys (window..window+T-1); `mask`
+    row's ring (0..ring-1) followed by the step's own keys (ring..ring+T-1); `mask`
     (n, T, L): which of them each query sees; the step's tokens (`write_rows`, `write_tokens`)
     each ring slot `write_slots` receives."""
     source: torch.Tensor
@@ -67,28 +77,33 @@ class RingStep:
                                                  self.write_slots)))
 
 
-def ring_step(positions: torch.Tensor, window: int, lengths: torch.Tensor | None = None) -> RingStep:
+def ring_step(positions: torch.Tensor, window: int, lengths: torch.Tensor | None = None,
+              ring: int | None = None) -> RingStep:
     """`RingStep` of rows at `positions` (n, T), each consecutive from its first; `lengths` (n,):
-    each row's real tokens (the rest padding, never written)."""
+    each row's real tokens (the rest padding, never written); `ring`: the ring's length when not the
+    window (a paged cache's ring of whole blocks)."""
+    ring = ring or window
     n, t = positions.shape
     start = positions[:, 0]
     low = (start - window + 1).clamp(min=0) // KEY_BLOCK * KEY_BLOCK  # the buffer's first position
     width = int((start + t - low).max())
     keys = low[:, None] + torch.arange(width, device=positions.device)  # (n, L) each key's position
     own = keys - start[:, None]  # index along the step's tokens; < 0: in the ring
-    source = torch.where(own < 0, keys % window, window + own.clamp(max=t - 1))
+    source = torch.where(own < 0, keys % ring, ring + own.clamp(max=t - 1))
     seen_to = positions[:, :, None]
     mask = (keys[:, None, :] <= seen_to) & (keys[:, None, :] > seen_to - window)
     real = torch.full((n,), t, device=positions.device) if lengths is None else lengths.to(positions.device)
     token = torch.arange(t, device=positions.device)[None, :]
-    rows, tokens = ((token < real[:, None]) & (token >= real[:, None] - window)).nonzero(as_tuple=True)
-    return RingStep(source, mask, rows, tokens, positions[rows, tokens] % window)
+    rows, tokens = ((token < real[:, None]) & (token >= real[:, None] - ring)).nonzero(as_tuple=True)
+    return RingStep(source, mask, rows, tokens, positions[rows, tokens] % ring)
 
 
-def ring_keys(ring: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, step: RingStep) -> torch.Tensor:
+def ring_keys(ring: torch.Tensor, slots: torch.Tensor | None, fresh: torch.Tensor, step: RingStep) -> torch.Tensor:
     """The attention buffer (n, kv_heads, L, d) of rows `slots` of one layer's ring (slots, kv_heads,
-    window, d) and the step's own keys or values `fresh` (n, T, kv_heads, d), on the ring's device."""
-    rows = torch.cat([ring[slots], fresh.transpose(1, 2).to(ring.device, ring.dtype)], dim=2)
+    ring, d) and the step's own keys or values `fresh` (n, T, kv_heads, d), on the ring's device;
+    `slots` None: `ring` holds the step's rows already."""
+    held = ring if slots is None else ring[slots]
+    rows = torch.cat([held, fresh.transpose(1, 2).to(ring.device, ring.dtype)], dim=2)
     n, kv, _, d = rows.shape
     index = step.source[:, None, :, None].expand(n, kv, step.source.shape[1], d)
     return rows.gather(2, index)
