@@ -82,3 +82,20 @@ def test_plan_command_gives_the_windowed_model_a_larger_batch(tmp_path):
     print(f"flexlamps plan, Mistral-7B-v0.1 shape at 32K: block {blocks['window']} with its window, "
           f"{blocks['full']} without")
     assert blocks["window"] > blocks["full"]
+
+
+def test_dry_run_charges_a_window_layer_its_ring():
+    """The executor's dry run at 32K: the Mistral-7B-v0.1 shape's cache on the cpu tier takes
+    4096 positions a layer where its full-attention twin takes the context; nothing else moves."""
+    import torch
+
+    from flexlamps.engine.executors.dry_run import dry_run
+    from placement import Policy, TierSplit
+
+    on_cpu = TierSplit(gpu=0, cpu=1, disk=0)
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=on_cpu, cache=on_cpu, activations=on_cpu)
+    peaks = {window: dry_run({**MISTRAL_7B_V01, "sliding_window": window}, policy, gpu_mem=1 << 40, cpu_mem=1 << 40,
+                             prompt_len=32000, gen_len=768, dtype=torch.bfloat16).peak_bytes["cpu"]
+             for window in (4096, None)}
+    per_position = 32 * 2 * 2 * 8 * 128 * 2  # layers x rows x (K, V) x kv heads x head dim x bf16
+    assert peaks[None] - peaks[4096] == per_position * (32000 + 768 - 4096)
