@@ -69,7 +69,8 @@ class DenseKVCache:
                       segments: Segments | None = None, lengths: torch.Tensor | None = None) -> "StepGeometry":
         """What every layer of one step shares (span, mask, where the rows are), computed once.
         `positions`: where the step's keys are written; `segments`: a packed step's attention;
-        `lengths` (a padded step's real tokens) changes nothing: no query reads the padding."""
+        `lengths` (a padded step's real tokens): the tokens a ring layer writes (no query reads the
+        padding). Once per step when some layer rings: it records how far each row is written."""
         first = _first_of_block(slots)
         rings = {}
         if self.ring_rows.active:  # checked and recorded once per step (caches.window)
