@@ -108,6 +108,10 @@ class TieredStore:
     def tier_of(self, name: str) -> str:
         return self._tier[name]
 
+    def is_plain(self, name: str) -> bool:
+        """Whether `name` is stored as one plain tensor (not compressed parts, not bitsandbytes)."""
+        return name not in self._qparts and isinstance(self._resident.get(name, torch.empty(0)), torch.Tensor)
+
     # -- fetching ----------------------------------------------------------------------------
     def fetch(self, names: list[str]) -> tuple[dict[str, object], int]:
         """Tensors for `names` on the compute device, and the staged bytes charged to the gpu
@@ -152,6 +156,23 @@ class TieredStore:
         self.budgets["gpu"].allocate(n, f"staging {name}")
         self.disk.read_into(name, buf)
         return buf.to(self.device, non_blocking=True), n
+
+    def resident(self, names: list[str]) -> dict[str, object]:
+        """The gpu- and cpu-tier tensors for `names` where they live, neither copied nor charged:
+        for computing them in place (a cpu-tier MoE expert run on the CPU, `expert_weights`)."""
+        out = {}
+        for name in names:
+            tier = self._tier[name]
+            if tier == "disk":
+                raise ValueError(f"{name} is on the disk tier: fetch it (it has no resident copy to compute on)")
+            if name in self._gpu_qtensors:
+                out[name] = self._gpu_qtensors[name]
+            elif name in self._qparts:
+                out[name] = self._qtypes[name].from_tensors({p: self._resident[p] for p in self._qparts[name]},
+                                                           prefix=name + _SEP)
+            else:
+                out[name] = self._resident[name]
+        return out
 
     def fetch_rows(self, name: str, start: int, stop: int) -> tuple[torch.Tensor, int]:
         """Rows start:stop of a plain tensor on the compute device, and the staged bytes."""

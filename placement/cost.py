@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from placement.expert_compute import cpu_expert_tokens, cpu_experts_seconds, tokens_per_expert
 from placement.latent_pools import LatentMissCurves, MissEnvelope
 from placement.model_spec import ModelSpec
 from placement.specs import CompressionSpec, EngineCapabilities, HardwareSpec, Policy, WorkloadSpec
@@ -92,13 +93,17 @@ class Choice:
     # whether the machine has the fused 4-bit kernel for the model's dtype (`int4_runs_in_place`;
     # set from the hardware by `build_terms`): without it every call dequantizes
     int4_kernel: bool = True
+    # a MoE layer's cpu-tier experts run on the CPU below this many tokens per expert
+    # (`Policy.cpu_expert_tokens`); None: the planner's own switch for the machine (`build_terms`)
+    cpu_expert_tokens: int | None = None
 
     @classmethod
     def of(cls, policy: Policy) -> "Choice":
         return cls(gpu_batch_size=policy.gpu_batch_size, num_gpu_batches=policy.num_gpu_batches,
                    compress_weight=policy.compress_weight, compress_cache=policy.compress_cache,
                    cpu_attention=policy.cpu_attention, compression=policy.compression,
-                   merge_decode=policy.merge_decode, latent_pools=policy.cache.gpu < 1)
+                   merge_decode=policy.merge_decode, latent_pools=policy.cache.gpu < 1,
+                   cpu_expert_tokens=policy.cpu_expert_tokens)
 
     def decode_calls(self) -> tuple[int, int]:
         """(calls, rows per call) a layer runs per decode step: the block merged, or each
@@ -120,6 +125,7 @@ class CostTerms:
     tokens_per_block: int  # block size * gen_len
     cache_gpu_bounds: tuple[float, float] = (0.0, 1.0)  # what the engine can run for c_gpu
     latent: "LatentTerms | None" = None  # the pools' misses, for `Choice.latent_pools`
+    cpu_expert_tokens: int = 0  # the switch priced (`Choice.cpu_expert_tokens`), for the plan's policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +255,10 @@ def build_terms(choice: Choice, model: ModelSpec, hardware: HardwareSpec,
         choice = dataclasses.replace(choice, latent_pools=False)
     # time and memory follow one rule: 4-bit calls run in place only where the kernel exists
     choice = dataclasses.replace(choice, int4_kernel=int4_runs_in_place(hardware, model.dtype))
+    if choice.cpu_expert_tokens is None:
+        most = choice.gpu_batch_size * choice.num_gpu_batches * workload.prompt_len
+        choice = dataclasses.replace(choice, cpu_expert_tokens=cpu_expert_tokens(
+            model, hardware, compressed=choice.compress_weight, most_tokens=most))
     sz = _sizes(choice, model, workload)
     latent = _latent_terms(choice, sz, model, hardware, workload) if choice.latent_pools else None
     return CostTerms(
@@ -257,7 +267,8 @@ def build_terms(choice: Choice, model: ModelSpec, hardware: HardwareSpec,
         memory=_memory_rows(choice, sz, model, workload),
         num_layers=model.num_layers, num_decode_steps=workload.gen_len - 1,
         tokens_per_block=choice.gpu_batch_size * choice.num_gpu_batches * workload.gen_len,
-        cache_gpu_bounds=_cache_gpu_bounds(model, latent), latent=latent)
+        cache_gpu_bounds=_cache_gpu_bounds(model, latent), latent=latent,
+        cpu_expert_tokens=choice.cpu_expert_tokens)
 
 
 def terms_of_policy(policy: Policy, model: ModelSpec, hardware: HardwareSpec,
@@ -335,8 +346,22 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     comp_s += choice.num_gpu_batches * hardware.gpu_layer_overhead_s
     comp_s += ngb * _fp8_upcast_s(choice, model, hardware, model.weight_bytes_per_layer())
     comp = Affine(comp_s).add(resident_s, W_GPU)
+    _cpu_experts_in_place(choice, sz, model, hardware, (ngb, rows), num_tokens, ctog, comp)
 
     return _layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)
+
+
+def _cpu_experts_in_place(choice, sz, model, hardware, calls_rows: tuple[int, float], num_tokens: float,
+                          ctog: Affine, comp: Affine) -> None:
+    """Beside a GPU, where the engine computes cpu-tier experts where they live (few tokens per
+    expert, `placement.expert_compute`): their reads leave the copy and their work joins compute
+    at the CPU's rates. On a CPU-only machine cpu-tier weights are used in place anyway."""
+    calls, rows = calls_rows
+    if (not model.num_experts or hardware.gpu_is_host
+            or tokens_per_expert(model, rows) >= choice.cpu_expert_tokens):
+        return
+    ctog.add(-sz.experts_stored * model.expected_experts(num_tokens) / model.num_experts, W_CPU)
+    comp.add(calls * cpu_experts_seconds(model, hardware, rows, sz.experts_stored), W_CPU)
 
 
 def _decode_weight_dequant_s(choice, model, hardware, calls: int, rows: int, block: int) -> float:
@@ -396,6 +421,7 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     if choice.compress_cache:
         gpu_attn_s += _dequant_s(block * entries * sz.cache_fp16, model, hardware.gpu_dequant_bytes_per_s)
     comp = Affine(gemm_s).add(resident_s, W_GPU)
+    _cpu_experts_in_place(choice, sz, model, hardware, (calls, rows), block, ctog, comp)
     if choice.cpu_attention:
         cpu_attn_s = attn_flops / hardware.cpu_attention_flops_per_s
         if choice.compress_cache:

@@ -245,6 +245,11 @@ class ModelSpec(JsonMixin):
         """The fraction of layers with a MoE FFN."""
         return self._num_moe_layers() / self.num_layers
 
+    @property
+    def moe_layer_share(self) -> float:
+        """The fraction of layers with a MoE FFN (0 for a dense model)."""
+        return self._moe_share()
+
     def _num_moe_layers(self) -> int:
         return max(self.num_layers - self.num_dense_layers, 0) if self.num_experts else 0
 

@@ -228,7 +228,8 @@ def _make_plan(best, budgets: dict[str, float], num_lps: int, search_s: float) -
         activations=TierSplit.clipped(*x[6:9]), compress_weight=choice.compress_weight,
         compress_cache=choice.compress_cache, cpu_attention=choice.cpu_attention,
         compression=choice.compression, merge_decode=choice.merge_decode,
-        latent_pools=tuple(terms.latent.envelope.pools(float(x[C_GPU]))) if terms.latent else ())
+        latent_pools=tuple(terms.latent.envelope.pools(float(x[C_GPU]))) if terms.latent else (),
+        cpu_expert_tokens=terms.cpu_expert_tokens)
     prefill_s = terms.num_layers * prefill_layer_time(terms.prefill, x)
     decode_s = terms.num_layers * terms.num_decode_steps * decode_layer_time(terms, x)
     rows = {name: terms.memory[name](x) for name in MEMORY_ROWS}

@@ -78,6 +78,9 @@ class HardwareSpec(JsonMixin):
     # int8 codes instead of the dense GEMM (a CPU with flexlamps' int8 GEMM): its FLOP/s by dtype
     # and rows. Empty: those calls are priced on the dense GEMM.
     gpu_int8_prompt_flops_by_rows: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the host's memory bandwidth (MoE experts computed where they live stream it); 0: unmeasured,
+    # the gpu's where the gpu is the host, else the CPU attention rate (which streams its cache)
+    cpu_mem_bytes_per_s: float = 0.0
 
     def __post_init__(self):
         _require_positive(
@@ -93,7 +96,8 @@ class HardwareSpec(JsonMixin):
             cpu_dequant_bytes_per_s=self.cpu_dequant_bytes_per_s)
         if not isinstance(self.gpu_is_host, bool):
             raise ValueError(f"HardwareSpec.gpu_is_host must be true or false, got {self.gpu_is_host!r}")
-        for name in ("gpu_layer_overhead_s", "gpu_dequant_matrix_s", "gpu_int4_dequant_bytes_per_s"):
+        for name in ("gpu_layer_overhead_s", "gpu_dequant_matrix_s", "gpu_int4_dequant_bytes_per_s",
+                     "cpu_mem_bytes_per_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"HardwareSpec.{name} must be >= 0, got {getattr(self, name)!r}")
         if not (isinstance(self.int4_dense_from_rows, int) and self.int4_dense_from_rows >= 0):
@@ -156,6 +160,13 @@ class HardwareSpec(JsonMixin):
         if not table or rows >= self.int4_dense_from_rows:
             return None
         return flops / _rate_at(table, rows)
+
+    @property
+    def cpu_memory_bytes_per_s(self) -> float:
+        """The host's memory bandwidth: measured, or its stand-in (`cpu_mem_bytes_per_s`)."""
+        if self.cpu_mem_bytes_per_s:
+            return self.cpu_mem_bytes_per_s
+        return self.gpu_mem_bytes_per_s if self.gpu_is_host else self.cpu_attention_flops_per_s
 
     @property
     def int4_dequant_bytes_per_s(self) -> float:
@@ -355,12 +366,18 @@ class Policy(JsonMixin):
     # a sparse-attention MLA model's latent cache off the gpu tier (ESS's layout): per layer, its
     # gpu pool as a fraction of the context (their mean is cache.gpu). Empty: cache.gpu for every layer.
     latent_pools: tuple[float, ...] = ()
+    # a MoE layer's cpu-tier experts are computed on the CPU where they live (no copy) when its
+    # routed tokens per expert are fewer than this, else copied to the compute device for a
+    # batched GEMM (0: always copied); the planner sets it from the machine's rates
+    cpu_expert_tokens: int = 0
 
     def __post_init__(self):
         for name in ("gpu_batch_size", "num_gpu_batches"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"Policy.{name} must be an integer >= 1, got {value!r}")
+        if not (isinstance(self.cpu_expert_tokens, int) and self.cpu_expert_tokens >= 0):
+            raise ValueError(f"Policy.cpu_expert_tokens must be an integer >= 0, got {self.cpu_expert_tokens!r}")
         object.__setattr__(self, "latent_pools", tuple(float(f) for f in self.latent_pools))
         if not all(0 < f <= 1 for f in self.latent_pools):
             raise ValueError(f"Policy.latent_pools must be fractions in (0, 1], got {self.latent_pools}")

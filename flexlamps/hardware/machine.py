@@ -104,7 +104,7 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     step("copies")
     to_gpu, to_cpu = on_cpu(lambda: measure_copies(device, sizes.copy_bytes, budget_s))
     step("memory bandwidth")
-    gpu_bandwidth = on_cpu(lambda: measure_device_bandwidth(device, sizes.copy_bytes, budget_s))
+    gpu_bandwidth, cpu_bandwidth = _bandwidths(on_cpu, device, sizes.copy_bytes, budget_s)
     step("layer overhead")
     layer_overhead = on_cpu(lambda: measure_layer_overhead(device, budget_s), pick=min)
     step("gemm by rows")
@@ -130,12 +130,21 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
         cpu_to_gpu_bytes_per_s=to_gpu, gpu_to_cpu_bytes_per_s=to_cpu,
         disk_read_bytes_per_s=disk_read, disk_write_bytes_per_s=disk_write,
         gpu_matmul_flops_per_s=gpu_gemm, cpu_matmul_flops_per_s=cpu_gemm,
-        gpu_mem_bytes_per_s=gpu_bandwidth, cpu_attention_flops_per_s=cpu_attention,
+        gpu_mem_bytes_per_s=gpu_bandwidth, cpu_attention_flops_per_s=cpu_attention, cpu_mem_bytes_per_s=cpu_bandwidth,
         gpu_dequant_bytes_per_s=gpu_dequant, cpu_dequant_bytes_per_s=cpu_dequant,
         gpu_layer_overhead_s=layer_overhead, gpu_dequant_matrix_s=dequant_matrix_s,
         gpu_gemm_flops_by_rows=gemm_by_rows, gpu_gemm_flops_by_rows_resident=gemm_by_rows_resident,
         gpu_is_host=not has_cuda, gpu_int4_gemm_flops_by_rows=int4_table, int4_dense_from_rows=INT4_DENSE_FROM_ROWS,
         gpu_int4_dequant_bytes_per_s=int4_dequant, gpu_int8_prompt_flops_by_rows=int8_table)
+
+
+def _bandwidths(on_cpu, device: torch.device, num_bytes: int, budget_s: float) -> tuple[float, float]:
+    """(the device's memory bandwidth, the host's): beside a GPU the host's is what MoE experts
+    computed where they live stream; 0 on a CPU-only box (the planner takes the device's, the same)."""
+    gpu = on_cpu(lambda: measure_device_bandwidth(device, num_bytes, budget_s))
+    if device.type != "cuda":
+        return gpu, 0.0
+    return gpu, _best_over_threads(lambda: measure_device_bandwidth(torch.device("cpu"), num_bytes, budget_s))
 
 
 def _profile_name(has_cuda: bool, shapes) -> str:

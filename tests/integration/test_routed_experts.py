@@ -157,3 +157,37 @@ def test_four_bit_experts_read_off_disk_equal_resident_ones(tmp_path, dtype):
         finally:
             ex.close()
     assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+MOSTLY_CPU = TierSplit(gpu=0.05, cpu=0.95, disk=0.0)
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_cpu_tier_experts_are_computed_where_they_live_when_few_tokens_route_to_them(family_reader, tmp_path,
+                                                                                    in_place):
+    """Few tokens per expert (`Policy.cpu_expert_tokens` above a decode step's): a cpu-tier
+    expert is handed to the forward as it lives, never fetched (no staging copy, no charge);
+    below (0: always staged) it is fetched for the batched GEMM. The text equals in memory's."""
+    reader = family_reader
+    expected_tokens, expected_logits = _greedy(InMemoryExecutor(reader.config, read_all(reader, torch.float32),
+                                                                torch.float32))
+    policy = Policy(gpu_batch_size=1, num_gpu_batches=1, weights=MOSTLY_CPU, cache=ON_GPU, activations=ON_GPU,
+                    cpu_expert_tokens=1 << 20 if in_place else 0)
+    ex = OffloadExecutor(reader, policy, gpu_mem=1 << 30, cpu_mem=1 << 30, dtype=torch.float32, expert_cache="off")
+    cpu_experts = {name for experts in ex.experts.values() for names in experts.values() for name in names
+                   if ex.store.tier_of(name) == "cpu"}
+    fetched = []
+    fetch = ex.store.fetch
+    ex.store.fetch = lambda names: fetched.extend(names) or fetch(names)
+    try:
+        tokens, logits = _greedy(ex)
+    finally:
+        ex.close()
+    assert cpu_experts and tokens == expected_tokens
+    assert all((a - b).abs().max() <= 1e-5 for a, b in zip(logits, expected_logits))
+    staged = cpu_experts.intersection(fetched)
+    if in_place:
+        assert not staged, f"staged in the in-place regime: {sorted(staged)[:4]}"
+        assert ex.cpu_expert_reads["in place"] > 0 and ex.cpu_expert_reads["staged"] == 0
+    else:
+        assert staged and ex.cpu_expert_reads["in place"] == 0 and ex.cpu_expert_reads["staged"] > 0

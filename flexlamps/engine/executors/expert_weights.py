@@ -54,12 +54,12 @@ class LayerWeights(Mapping):
         reads work without it), and report it to `on_route`."""
         if self._on_route is not None:
             self._on_route(tokens)
-        self._fetch([e for e in sorted(tokens) if e in self._names])
+        self._fetch([e for e in sorted(tokens) if e in self._names], tokens)
 
-    def _fetch(self, experts) -> None:
+    def _fetch(self, experts, tokens: dict[int, int] | None = None) -> None:
         wanted = [e for e in experts if self._names[e][0] not in self._values]
         if wanted:
-            self._values.update(self._load(wanted))
+            self._values.update(self._load(wanted, tokens))
 
     def __getitem__(self, key: str):
         if key not in self._values and key in self._owner:
@@ -158,11 +158,21 @@ class RoutedExpertLoads:
     found in the cache), its staged bytes charged to the gpu tier until `finish`, which keeps the
     copies worth keeping (those read off disk, or copied to another device) in the cache.
     `convert(fetched) -> ({local name: weight}, bytes charged)` turns fetched weights into what
-    the forward multiplies (as the layer's other weights are)."""
+    the forward multiplies (as the layer's other weights are).
 
-    def __init__(self, store, cache: ExpertCache, layer: int, experts: dict[int, list[str]], convert):
+    Compute where they live: when the layer's first routed call sends fewer than `in_place_below`
+    tokens per expert (`Policy.cpu_expert_tokens`, set by the planner from the machine's rates), its
+    cpu-tier experts are handed to the forward as they live in host memory, neither copied nor
+    charged, and the MoE FFN runs them on the CPU (`blocks.moe`); with more, they are copied to the
+    compute device for a batched GEMM. `reads` counts the cpu-tier experts read each way."""
+
+    def __init__(self, store, cache: ExpertCache, layer: int, experts: dict[int, list[str]], convert,
+                 in_place_below: int = 0, reads: Counter | None = None):
         self.store, self.cache, self.layer = store, cache, layer
         self.experts, self.convert = experts, convert
+        self.in_place_below = in_place_below
+        self.reads = Counter() if reads is None else reads
+        self._in_place: bool | None = None  # decided on the layer's first routing hint
         self._staged: list[tuple[tuple[int, int], dict, int]] = []  # fetched now
         self._hits: list[tuple[int, int]] = []
         self.charged = 0  # bytes `convert` charged (decompressed copies), freed by `finish`
@@ -174,10 +184,19 @@ class RoutedExpertLoads:
         by_expert = {e: [local[name] for name in names] for e, names in self.experts.items()}
         return LayerWeights(eager, by_expert, self.load, on_route)
 
-    def load(self, experts: list[int]) -> dict:
+    def load(self, experts: list[int], tokens: dict[int, int] | None = None) -> dict:
+        """`experts`' weights for the forward (`tokens`: the routing hint, expert -> its tokens)."""
+        if self._in_place is None and tokens:
+            self._in_place = sum(tokens.values()) / len(tokens) < self.in_place_below
         fetched_all = {}
         for e in experts:
             key = (self.layer, e)
+            if self._in_place and self._lives_in_host_memory(e):
+                fetched = self.store.resident(self.experts[e])
+                self.reads["in place"] += 1
+                fetched_all.update(fetched)
+                continue
+            self.reads["staged"] += self._on_cpu_tier(e)
             fetched = None if self._resident(e) else self.cache.get(key)
             if fetched is not None:
                 self._hits.append(key)
@@ -188,6 +207,16 @@ class RoutedExpertLoads:
         out, charged = self.convert(fetched_all)
         self.charged += charged
         return out
+
+    def _on_cpu_tier(self, expert: int) -> bool:
+        return all(self.store.tier_of(name) == "cpu" for name in self.experts[expert])
+
+    def _lives_in_host_memory(self, expert: int) -> bool:
+        """A cpu-tier expert the CPU multiplies as stored: on a CPU-only machine any, beside a GPU
+        only plain tensors (a 4-bit weight there is in the GPU kernel's layout)."""
+        names = self.experts[expert]
+        return self._on_cpu_tier(expert) and (self.store.device.type == "cpu"
+                                              or all(self.store.is_plain(n) for n in names))
 
     def finish(self) -> None:
         """The layer ran: hits go back to the cache, fetched copies into it (or are released)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -155,6 +156,7 @@ class OffloadExecutor:
         # a layer's routed experts are fetched when its router has picked them (`expert_weights`)
         self.experts = experts_by_layer(self.specs)
         self.expert_cache = ExpertCache(self.budgets["gpu"], expert_cache)
+        self.cpu_expert_reads = Counter()  # cpu-tier experts read "in place" or "staged" (`RoutedExpertLoads`)
         routed = {name for experts in self.experts.values() for names in experts.values() for name in names}
         layers = range(self.cfg.num_layers)
         self.layer_names = [[s.name for s in self.specs if s.layer == i and s.name not in routed] for i in layers]
@@ -472,7 +474,8 @@ class OffloadExecutor:
             self.budgets["gpu"].allocate(dense_bytes, f"layer {j} experts decompressed")
             return {name: twin(m) for name, m in w.items()}, dense_bytes
 
-        return RoutedExpertLoads(self.store, self.expert_cache, j, self.experts[j], convert)
+        return RoutedExpertLoads(self.store, self.expert_cache, j, self.experts[j], convert,
+                                 self.policy.cpu_expert_tokens, self.cpu_expert_reads)
 
     def _reserve_int4_twins(self, j: int, steps: list[Step]) -> int:
         """When several of the sweep's calls take a 4-bit matrix's dense path (prompt chunks of

@@ -8,7 +8,7 @@ Weights, by local name in the layer: `router` (E, hidden) and `router_bias` (E,)
 for gpt-oss); the shared experts' `shared_gate_proj` / `shared_up_proj` / `shared_down_proj`
 and Qwen2-MoE's `shared_expert_gate` (1, hidden). Experts stay separate tensors so each can
 live on its own tier; each runs once per step on the tokens that chose it, in expert order,
-as transformers' loop does.
+as transformers' loop does, on the device its weights are on.
 """
 
 from __future__ import annotations
@@ -89,7 +89,12 @@ def clamped_swiglu(x: torch.Tensor, w: dict[str, torch.Tensor], pre: str, cfg: M
 
 
 def _expert(x: torch.Tensor, w: dict[str, torch.Tensor], e: int, cfg: MoEConfig) -> torch.Tensor:
+    """Expert e on its tokens x, computed where its weights are (an offloaded expert handed over
+    in host memory runs on the CPU: its tokens go there and its output comes back)."""
     pre = f"experts.{e}."
+    where = getattr(w[pre + "down_proj"], "device", x.device)  # an Int4Twin is always on the CPU
+    if where != x.device:
+        return _expert(x.to(where), w, e, cfg).to(x.device)
     if cfg.experts == "clamped_swiglu":
         return clamped_swiglu(x, w, pre, cfg)
     return swiglu(x, w[pre + "gate_proj"], w[pre + "up_proj"], w[pre + "down_proj"])
