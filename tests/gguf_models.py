@@ -71,3 +71,29 @@ def assert_cache_gives_back_the_same_weights(path: Path, cache_dir: Path) -> dic
         plain = type(w) is torch.Tensor
         assert torch.equal(second[name] if plain else second[name].dequantize(), w if plain else w.dequantize()), name
     return second
+
+
+def assert_gguf_is_the_hf_model(path: Path, folder: Path, cache_dir: Path, steps: int = 8) -> None:
+    """The GGUF at `path` loads as the HF checkpoint in `folder` (float32): the same ModelConfig,
+    every weight equal (a Gemma norm: its `1 + w`, the value its norm scales by), and bit-equal
+    prefill and `steps` decode logits."""
+    from flexlamps.models.loading.checkpoint import GGUFReader, read_all
+    from flexlamps.models.loading.registry import open_checkpoint
+    from flexlamps.models.weight_specs import weight_specs
+
+    gguf_reader, hf_reader = GGUFReader(path, cache_dir=cache_dir), open_checkpoint(folder)
+    differ = {f: (getattr(gguf_reader.config, f), getattr(hf_reader.config, f)) for f in vars(hf_reader.config)
+              if getattr(gguf_reader.config, f) != getattr(hf_reader.config, f)}
+    assert not differ, differ
+    ours, want = read_all(gguf_reader, torch.float32), read_all(hf_reader, torch.float32)
+    plus_one = hf_reader.config.decoder.norm_plus_one
+    for spec in weight_specs(hf_reader.config):
+        a, b = ours[spec.name], want[spec.name]
+        if hasattr(b, "dequantize"):
+            a, b = a.dequantize(), b.dequantize()
+        if plus_one and spec.role == "norm":
+            a, b = 1.0 + a, 1.0 + b
+        assert torch.equal(a, b), spec.name
+    got = prefill_and_decode_logits(ours, gguf_reader, torch.float32, steps=steps)
+    ref = prefill_and_decode_logits(want, hf_reader, torch.float32, steps=steps)
+    assert all(torch.equal(a, b) for a, b in zip(got, ref))

@@ -69,7 +69,8 @@ def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
 
 FAMILY = Family(
     name="gemma", model_types=("gemma2", "gemma3_text"), forward="decoder", parse=_from_gemma,
-    weights=_gemma_specs, hf_name=hf_name, examples="Gemma-2 2B/9B/27B, Gemma-3 1B (text)",
+    weights=_gemma_specs, hf_name=hf_name, gguf_architectures=("gemma2", "gemma3"),
+    examples="Gemma-2 2B/9B/27B, Gemma-3 1B (text)",
     reads=SHAPE_FIELDS | {"attention_bias", "attn_logit_softcapping", "final_logit_softcapping", "hidden_activation",
                           "layer_types", "query_pre_attn_scalar", "sliding_window", "sliding_window_pattern",
                           "use_bidirectional_attention", "rope_local_base_freq"})

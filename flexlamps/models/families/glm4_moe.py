@@ -35,7 +35,7 @@ def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
 
 FAMILY = Family(
     name="glm4_moe", model_types=("glm4_moe",), forward="decoder", parse=_from_glm4_moe, weights=decoder_specs,
-    hf_name=hf_name, examples="GLM-4.5, GLM-4.5-Air, GLM-4.6",
+    hf_name=hf_name, gguf_architectures=("glm4moe",), examples="GLM-4.5, GLM-4.5-Air, GLM-4.6",
     # num_mtp_layers: multi-token-prediction layers, unused to generate (as transformers)
     reads=SHAPE_FIELDS | ROUTER_TRAINING_FIELDS | {
         "attention_bias", "use_qk_norm", "partial_rotary_factor", "moe_intermediate_size", "num_experts_per_tok",

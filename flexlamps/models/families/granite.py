@@ -32,6 +32,6 @@ def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
 
 FAMILY = Family(
     name="granite", model_types=("granite",), forward="decoder", parse=_from_granite, weights=decoder_specs,
-    hf_name=hf_name, examples="Granite-3.x 2B/8B (dense)",
+    hf_name=hf_name, gguf_architectures=("granite",), examples="Granite-3.x 2B/8B (dense)",
     reads=SHAPE_FIELDS | {"attention_bias", "mlp_bias", "attention_multiplier", "embedding_multiplier",
                           "residual_multiplier", "logits_scaling"})

@@ -33,6 +33,6 @@ def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
 
 FAMILY = Family(
     name="olmoe", model_types=("olmoe",), forward="decoder", parse=_from_olmoe, weights=decoder_specs,
-    hf_name=hf_name, examples="OLMoE-1B-7B",
+    hf_name=hf_name, gguf_architectures=("olmoe",), examples="OLMoE-1B-7B",
     reads=SHAPE_FIELDS | ROUTER_TRAINING_FIELDS | {"attention_bias", "clip_qkv", "num_experts", "num_local_experts",
                                                    "num_experts_per_tok", "norm_topk_prob"})

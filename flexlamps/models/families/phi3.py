@@ -40,7 +40,8 @@ def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
 
 FAMILY = Family(
     name="phi3", model_types=("phi3",), forward="decoder", parse=_from_phi3, weights=_phi3_specs,
-    hf_name=hf_name, examples="Phi-3-mini/medium (4k, 128k LongRoPE), Phi-3.5-mini, Phi-4-mini",
+    hf_name=hf_name, gguf_architectures=("phi3",),
+    examples="Phi-3-mini/medium (4k, 128k LongRoPE), Phi-3.5-mini, Phi-4-mini",
     # embd_pdrop / resid_pdrop: dropout, off at inference
     reads=SHAPE_FIELDS | {"sliding_window", "original_max_position_embeddings", "partial_rotary_factor",
                           "embd_pdrop", "resid_pdrop"})

@@ -25,5 +25,5 @@ def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
 
 FAMILY = Family(
     name="qwen3", model_types=("qwen3",), forward="decoder", parse=_from_qwen3, weights=decoder_specs,
-    hf_name=hf_name, examples="Qwen3-0.6B ... Qwen3-32B (dense)",
+    hf_name=hf_name, gguf_architectures=("qwen3",), examples="Qwen3-0.6B ... Qwen3-32B (dense)",
     reads=SHAPE_FIELDS | {"attention_bias", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types"})

@@ -37,6 +37,6 @@ def hf_name(cfg: ModelConfig, spec: WeightSpec) -> str:
 
 FAMILY = Family(
     name="smollm3", model_types=("smollm3",), forward="decoder", parse=_from_smollm3, weights=decoder_specs,
-    hf_name=hf_name, examples="SmolLM3-3B",
+    hf_name=hf_name, gguf_architectures=("smollm3",), examples="SmolLM3-3B",
     reads=SHAPE_FIELDS | {"attention_bias", "mlp_bias", "no_rope_layers", "no_rope_layer_interval", "layer_types",
                           "sliding_window", "use_sliding_window"})

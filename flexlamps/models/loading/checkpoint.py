@@ -20,8 +20,10 @@ from flexlamps.models.config import ModelConfig, UnsupportedModelError
 from flexlamps.models.loading.gguf_blocks import mxfp4_blocks
 from flexlamps.models.loading.gguf_blocks import BLOCK, int4_blocks, int8_blocks, is_int4_block_type, is_int8_block_type
 from flexlamps.models.loading.gguf_header import read_header
+from flexlamps.models.loading.gguf_config import DECODER_ARCHITECTURES, as_written, decoder_hf_config
 from flexlamps.models.loading.gguf_moe import (MLA_GGUF_LAYER, MLA_KV_B, deepseek2_hf_config, gpt_oss_hf_config,
-                                               GPT_OSS_GGUF_LAYER, moe_gguf_tensor, moe_hf_fields)
+                                               moe_gguf_tensor)
+from flexlamps.models.loading.gguf_names import GGUF_GLOBAL, NORM_PLUS_ONE, layer_names, permuted_heads
 from flexlamps.models.loading.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 from flexlamps.models.blocks.linear import native_kernel
 from flexlamps.models.loading.hf_parts import FusedParts
@@ -206,17 +208,6 @@ def fp8_weight_block(hf_config: dict[str, Any], cfg_path: Path | str = "config.j
     return (block[0], block[1])
 
 
-_GGUF_LAYER = {
-    "attn_norm": "attn_norm.weight", "q_proj": "attn_q.weight", "k_proj": "attn_k.weight",
-    "v_proj": "attn_v.weight", "q_bias": "attn_q.bias", "k_bias": "attn_k.bias", "v_bias": "attn_v.bias",
-    "o_proj": "attn_output.weight", "o_bias": "attn_output.bias", "mlp_norm": "ffn_norm.weight",
-    "gate_proj": "ffn_gate.weight", "up_proj": "ffn_up.weight", "down_proj": "ffn_down.weight",
-    "gate_bias": "ffn_gate.bias", "up_bias": "ffn_up.bias", "down_bias": "ffn_down.bias",
-    "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
-}
-_GGUF_GLOBAL = {"embed_tokens": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
-
-
 @dataclass(frozen=True)
 class _GGUFTensor:
     """Where one tensor's bytes lie in a GGUF file, as the `gguf` package lays them out."""
@@ -243,8 +234,8 @@ class _GGUFTensor:
 
 
 class GGUFReader:
-    """LLaMA / Qwen2 GGUF files and the MoE families llama.cpp writes (Mixtral, Qwen2/3-MoE,
-    DeepSeek-V2/V3, gpt-oss: `gguf_moe`); quantized tensors are dequantized to float with the
+    """GGUF files under llama.cpp's architecture and tensor names: the LLaMA-like ones (`gguf_config`,
+    names in `gguf_names`), DeepSeek-V2/V3 and gpt-oss (`gguf_moe`); quantized tensors are dequantized to float with the
     `gguf` package (gpt-oss's MXFP4 experts kept as their blocks).
 
     NOTE(safety): the `gguf` package's reader holds ~170 MiB of parsed fields for a 49k-token
@@ -279,7 +270,7 @@ class GGUFReader:
         return fields, {t.name: t.tensor_type.name for t in self._reader.tensors}
 
     def _hf_config(self) -> dict[str, Any]:
-        f = self.fields
+        f = as_written(self.fields)
         arch = f.get("general.architecture")
         if arch == "deepseek2":
             return deepseek2_hf_config(f, set(self._tensor_types))
@@ -289,38 +280,23 @@ class GGUFReader:
             raise UnsupportedModelError(
                 f"GGUF architecture {arch!r} (gated DeltaNet) is not read yet; give the model's Hugging Face "
                 "folder (config.json and *.safetensors) instead")
-        if arch not in ("llama", "qwen2", "qwen2moe", "qwen3moe"):
-            raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported "
-                                        "(llama, qwen2, qwen2moe, qwen3moe, deepseek2, gpt-oss are)")
-        heads = f[f"{arch}.attention.head_count"]
-        cfg = {
-            "model_type": arch,
-            "vocab_size": f.get(f"{arch}.vocab_size", len(f["tokenizer.ggml.tokens"])),
-            "hidden_size": f[f"{arch}.embedding_length"],
-            "num_hidden_layers": f[f"{arch}.block_count"],
-            "num_attention_heads": heads,
-            "num_key_value_heads": f.get(f"{arch}.attention.head_count_kv", heads),
-            "head_dim": f.get(f"{arch}.attention.key_length"),
-            "intermediate_size": f[f"{arch}.feed_forward_length"],
-            "max_position_embeddings": f.get(f"{arch}.context_length", 2048),
-            "rms_norm_eps": f.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
-            "rope_theta": f.get(f"{arch}.rope.freq_base", 10000.0),
-            "tie_word_embeddings": "output.weight" not in self._tensor_types,
-            "attention_bias": "blk.0.attn_q.bias" in self._tensor_types,
-            "mlp_bias": "blk.0.ffn_up.bias" in self._tensor_types,
-            "bos_token_id": f.get("tokenizer.ggml.bos_token_id"),
-            "eos_token_id": f.get("tokenizer.ggml.eos_token_id"),
-        }
-        if f.get(f"{arch}.rope.scaling.type") == "linear":
-            cfg["rope_scaling"] = {"rope_type": "linear", "factor": f[f"{arch}.rope.scaling.factor"]}
-        if "rope_freqs.weight" in self._tensor_types:  # llama.cpp's form of Llama-3.1's rope scaling
-            raise UnsupportedModelError(f"{self.path}: rope_freqs.weight (llama.cpp's rope scaling factors) is "
-                                        "not read from GGUF files; give the model's Hugging Face folder")
-        if arch == "llama" and cfg["attention_bias"] != ("blk.0.attn_output.bias" in self._tensor_types):
-            # transformers' LLaMA biases q, k, v and o together: one without the other is another model
-            raise UnsupportedModelError(f"{self.path}: biases on q/k/v without one on the output projection (or "
-                                        "the reverse) are not a LLaMA layout flexlamps runs")
-        return {**cfg, **moe_hf_fields(arch, f, cfg)}
+        if arch not in DECODER_ARCHITECTURES:
+            from flexlamps.models.families import families
+
+            known = sorted({a for fam in families() for a in fam.gguf_architectures})
+            raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported ({', '.join(known)} are; "
+                                        "see `flexlamps models`)")
+        try:
+            return decoder_hf_config(f, self._tensor_types, self._small_tensor_values)
+        except UnsupportedModelError as e:
+            raise UnsupportedModelError(f"{self.path}: {e}") from None
+
+    def _small_tensor_values(self, name: str) -> list[float]:
+        """A small global tensor's values (Phi-3's rope factors), as Python floats of its fp32 values."""
+        if name not in self._tensor_types:
+            raise CheckpointError(f"{self.path}: tensor {name} is missing")
+        t = self._tensors_by_name(name, name)
+        return [float(v) for v in _dequantize_rows(t.read(self.path), t.tensor_type, t.item_shape, torch.float32)]
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -334,15 +310,13 @@ class GGUFReader:
         if moe is not None:
             t = self._tensors_by_name(f"blk.{spec.layer}.{moe[0]}", spec)
             return t if moe[1] is None else t.slab(moe[1])
-        layer_names = MLA_GGUF_LAYER if self.config.mla is not None else _GGUF_LAYER
-        if self.config.model_type == "gpt_oss":
-            layer_names = {**_GGUF_LAYER, **GPT_OSS_GGUF_LAYER}
-        name = _GGUF_GLOBAL[spec.name] if spec.layer is None else f"blk.{spec.layer}.{layer_names[spec.local_name]}"
-        return self._tensors_by_name(name, spec)
+        names = MLA_GGUF_LAYER if self.config.mla is not None else layer_names(self.config.model_type)
+        name = GGUF_GLOBAL[spec.name] if spec.layer is None else f"blk.{spec.layer}.{names[spec.local_name]}"
+        return self._tensors_by_name(name, spec.name)
 
-    def _tensors_by_name(self, name: str, spec: WeightSpec) -> _GGUFTensor:
+    def _tensors_by_name(self, name: str, ours: str) -> _GGUFTensor:
         if name not in self._tensor_types:
-            raise CheckpointError(f"{self.path}: tensor {name} (for {spec.name}) is missing")
+            raise CheckpointError(f"{self.path}: tensor {name} (for {ours}) is missing")
         if self._tensors is None:
             reader = self._reader or self._open()
             self._tensors = {t.name: _GGUFTensor(t.tensor_type, t.data.dtype, tuple(t.data.shape), t.data_offset)
@@ -351,10 +325,10 @@ class GGUFReader:
         return self._tensors[name]
 
     def _row_heads(self, spec: WeightSpec) -> int | None:
-        """llama.cpp stores LLaMA's q/k rows interleaved for its RoPE: the head count to undo that."""
-        if self.config.model_type in ("llama", "mixtral") and spec.local_name in ("q_proj", "k_proj"):
-            return self.config.num_heads if spec.local_name == "q_proj" else self.config.num_kv_heads
-        return None
+        """llama.cpp stores LLaMA's q/k rows (and biases) interleaved for its RoPE: the head count to undo that."""
+        if spec.layer is None:
+            return None
+        return permuted_heads(self.config.model_type, spec.local_name, self.config.num_heads, self.config.num_kv_heads)
 
     def _read_kv_b(self, spec: WeightSpec, dtype: torch.dtype) -> torch.Tensor:
         """MLA's kv_b_proj put back together from llama.cpp's `attn_k_b` (per head, transposed)
@@ -363,7 +337,7 @@ class GGUFReader:
         parts = []
         for name, shape in zip(MLA_KV_B, ((heads, m.kv_lora_rank, m.qk_nope_head_dim),
                                            (heads, m.v_head_dim, m.kv_lora_rank))):
-            t = self._tensors_by_name(f"blk.{spec.layer}.{name}", spec)
+            t = self._tensors_by_name(f"blk.{spec.layer}.{name}", spec.name)
             parts.append(_dequantize_rows(t.read(self.path), t.tensor_type, shape, dtype))
         return torch.cat([parts[0].transpose(1, 2), parts[1]], dim=1).reshape(spec.shape)
 
@@ -371,6 +345,8 @@ class GGUFReader:
         if spec.local_name == "kv_b_proj" and f"blk.{spec.layer}.{MLA_KV_B[0]}" in self._tensor_types:
             return self._read_kv_b(spec, dtype)
         t = self._tensor(spec)
+        if spec.role == "norm" and self.config.model_type in NORM_PLUS_ONE:  # stored as w + 1: back in fp32
+            return (_dequantize_rows(t.read(self.path), t.tensor_type, spec.shape, torch.float32) - 1.0).to(dtype)
         w = _dequantize_rows(t.read(self.path), t.tensor_type, spec.shape, dtype)
         heads = self._row_heads(spec)
         return w if heads is None else _unpermute_rows(w, heads)

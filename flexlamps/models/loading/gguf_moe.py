@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from flexlamps.models.config import UnsupportedModelError
+
 # our MoE local names -> llama.cpp's tensor (after `blk.{i}.`); expert projections are slabs
 _EXPERT_TENSORS = {"gate_proj": "ffn_gate_exps.weight", "up_proj": "ffn_up_exps.weight",
                    "down_proj": "ffn_down_exps.weight"}
@@ -17,10 +19,6 @@ _EXPERT_BIASES = {"gate_bias": "ffn_gate_exps.bias", "up_bias": "ffn_up_exps.bia
 _MOE_TENSORS = {"router": "ffn_gate_inp.weight", "router_bias": "exp_probs_b.bias",
                 "shared_gate_proj": "ffn_gate_shexp.weight", "shared_up_proj": "ffn_up_shexp.weight",
                 "shared_down_proj": "ffn_down_shexp.weight", "shared_expert_gate": "ffn_gate_inp_shexp.weight"}
-
-
-# gpt-oss's names where llama.cpp's differ from LLaMA's (its router bias is `ffn_gate_inp.bias`)
-GPT_OSS_GGUF_LAYER = {"mlp_norm": "post_attention_norm.weight", "sinks": "attn_sinks.weight"}
 
 
 def moe_gguf_tensor(local: str, model_type: str = "") -> tuple[str, int | None] | None:
@@ -34,7 +32,7 @@ def moe_gguf_tensor(local: str, model_type: str = "") -> tuple[str, int | None] 
     return None if name is None else (name, None)
 
 
-def moe_hf_fields(arch: str, f: dict[str, Any], hf: dict[str, Any]) -> dict[str, Any]:
+def moe_hf_fields(arch: str, f: dict[str, Any], hf: dict[str, Any], types: dict[str, str]) -> dict[str, Any]:
     """The HF config fields (model_type included) a MoE GGUF adds to `hf`, its LLaMA-like
     fields; {} for a dense file."""
     experts = f.get(f"{arch}.expert_count") or 0
@@ -43,6 +41,11 @@ def moe_hf_fields(arch: str, f: dict[str, Any], hf: dict[str, Any]) -> dict[str,
     used = f[f"{arch}.expert_used_count"]
     if arch == "llama":  # Mixtral: experts as wide as the dense FFN would be, renormalized top-k
         return {"model_type": "mixtral", "num_local_experts": experts, "num_experts_per_tok": used}
+    if arch == "olmoe":  # experts as wide as feed_forward_length; q/k norms over the whole projection
+        return {"model_type": "olmoe", "num_experts": experts, "num_experts_per_tok": used,
+                "norm_topk_prob": bool(f.get(f"{arch}.expert_weights_norm", False))}
+    if arch == "glm4moe":
+        return _glm4moe_fields(f, hf, types, experts, used)
     if arch == "qwen3moe":  # per-head q/k norms (attn_q_norm / attn_k_norm); renormalized unless the file says
         return {"model_type": "qwen3_moe", "num_experts": experts, "num_experts_per_tok": used,
                 "moe_intermediate_size": f[f"{arch}.expert_feed_forward_length"],
@@ -54,6 +57,29 @@ def moe_hf_fields(arch: str, f: dict[str, Any], hf: dict[str, Any]) -> dict[str,
             "shared_expert_intermediate_size": f.get(f"{arch}.expert_shared_feed_forward_length", 0),
             "norm_topk_prob": False, "qkv_bias": hf.get("attention_bias", True),
             "intermediate_size": f.get(f"{arch}.feed_forward_length", f[f"{arch}.expert_feed_forward_length"])}
+
+
+def _glm4moe_fields(f: dict[str, Any], hf: dict[str, Any], types: dict[str, str], experts: int,
+                    used: int) -> dict[str, Any]:
+    """GLM-4.5: llama.cpp's block_count counts the multi-token-prediction layers (`nextn_predict_layers`,
+    not run); a sigmoid router with groups; the rotated width as `rope.dimension_count`."""
+    a = "glm4moe"
+    if f.get(f"{a}.expert_gating_func", 2) != 2:
+        raise UnsupportedModelError(f"GGUF {a}.expert_gating_func {f[f'{a}.expert_gating_func']} is not supported "
+                                    "(GLM-4.5's router is sigmoid: 2)")
+    head_dim = hf["head_dim"] or hf["hidden_size"] // hf["num_attention_heads"]
+    nextn = f.get(f"{a}.nextn_predict_layers", 0)
+    return {"model_type": "glm4_moe", "num_hidden_layers": hf["num_hidden_layers"] - nextn,
+            "num_nextn_predict_layers": nextn, "n_routed_experts": experts, "num_experts_per_tok": used,
+            "moe_intermediate_size": f[f"{a}.expert_feed_forward_length"],
+            "n_shared_experts": f.get(f"{a}.expert_shared_count", 0),
+            "first_k_dense_replace": f.get(f"{a}.leading_dense_block_count", 0),
+            "routed_scaling_factor": f.get(f"{a}.expert_weights_scale", 1.0),
+            "norm_topk_prob": bool(f.get(f"{a}.expert_weights_norm", False)),
+            "n_group": f.get(f"{a}.expert_group_count") or 1, "topk_group": f.get(f"{a}.expert_group_used_count") or 1,
+            "use_qk_norm": "blk.0.attn_q_norm.weight" in types,
+            "rope_parameters": {**hf["rope_parameters"],
+                                "partial_rotary_factor": f.get(f"{a}.rope.dimension_count", head_dim) / head_dim}}
 
 
 # DeepSeek's MLA and dense-FFN local names -> llama.cpp's deepseek2 tensors (kv_b_proj: `MLA_KV_B`)
@@ -68,15 +94,17 @@ MLA_KV_B = ("attn_k_b.weight", "attn_v_b.weight")  # (H, kv_lora_rank, nope) and
 
 
 def deepseek2_hf_config(f: dict[str, Any], tensors: set[str]) -> dict[str, Any]:
-    """A deepseek2 GGUF's HF config: deepseek_v3 when its router is sigmoid (gating func 2, with
-    `exp_probs_b`), else deepseek_v2 (softmax; groups: group-limited greedy)."""
+    """A deepseek2 GGUF's HF config: deepseek_v3 when its router is sigmoid (gating func 2, or no
+    gating func beside V3's correction bias `exp_probs_b`: llama.cpp's converter writes none for a
+    V3 config without `scoring_func`), else deepseek_v2 (softmax; groups: group-limited greedy)."""
     a = "deepseek2"
     rope_dim = f[f"{a}.rope.dimension_count"]
     if f.get(f"{a}.rope.scaling.type") not in (None, "none"):
         from flexlamps.models.config import UnsupportedModelError
 
         raise UnsupportedModelError(f"deepseek2 GGUF rope scaling {f[f'{a}.rope.scaling.type']!r} is not supported")
-    sigmoid = f.get(f"{a}.expert_gating_func") == 2
+    gating = f.get(f"{a}.expert_gating_func")
+    sigmoid = gating == 2 or (gating is None and any(t.endswith(".exp_probs_b.bias") for t in tensors))
     groups = f.get(f"{a}.expert_group_count") or 1
     cfg = {
         "model_type": "deepseek_v3" if sigmoid else "deepseek_v2",

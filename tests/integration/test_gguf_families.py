@@ -1,0 +1,37 @@
+"""GGUF files of the LLaMA-like families (written by the `gguf` package from tiny HF checkpoints as
+llama.cpp's convert_hf_to_gguf.py lays them out: tests/decoder_gguf.py) load as the HF checkpoint:
+the same ModelConfig from the metadata, every weight equal, bit-equal logits (float32)."""
+
+import pytest
+
+from tests.decoder_gguf import write_decoder_gguf
+from tests.family_models import family_spec, make_family_model
+from tests.gguf_models import assert_gguf_is_the_hf_model
+from tests.moe_models import make_moe_model
+
+# the family configs of the parity tests, less what a GGUF cannot say (see decoder_gguf's doc)
+GGUF_SPECS = {
+    "llama_bias": family_spec("llama_bias"),  # q/k biases interleaved too; YaRN
+    "qwen2": {**family_spec("qwen2_window"), "use_sliding_window": False},
+    "qwen3": family_spec("qwen3"),
+    "smollm3": {**family_spec("smollm3"), "no_rope_layer_interval": 4, "num_hidden_layers": 4},
+    "granite": family_spec("granite"),
+    "gemma2": {**family_spec("gemma2"), "query_pre_attn_scalar": 16},
+    "gemma3_text": {**family_spec("gemma3_text"), "query_pre_attn_scalar": 16},
+    "phi3": family_spec("phi3"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(GGUF_SPECS))
+@pytest.mark.parametrize("tied", [False, True])
+def test_decoder_gguf_is_the_hf_model(kind, tied, tmp_path):
+    if kind == "gemma2" and not tied:
+        pytest.skip("llama.cpp's Gemma-2 always ties its head")
+    folder = make_family_model(tmp_path / kind, GGUF_SPECS[kind], tied=tied)
+    assert_gguf_is_the_hf_model(write_decoder_gguf(folder, tmp_path / f"{kind}.gguf"), folder, tmp_path / "c")
+
+
+@pytest.mark.parametrize("kind", ["olmoe", "glm4_moe"])
+def test_moe_decoder_gguf_is_the_hf_model(kind, tmp_path):
+    folder = make_moe_model(tmp_path / kind, kind)
+    assert_gguf_is_the_hf_model(write_decoder_gguf(folder, tmp_path / f"{kind}.gguf"), folder, tmp_path / "c")

