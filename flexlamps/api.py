@@ -8,17 +8,18 @@ JSON, a `placement.Policy` is used as is.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Sequence
-
-import torch
 
 from flexlamps.engine.batch.generate import RequestOutput, generate, shared_prefix_length
 from flexlamps.host_allocator import keep_freed_memory
 from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.batch.scoring import PrefixScorer, PrefixStats, ScoreOutput, split_tokens
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.registry import open_checkpoint
-from flexlamps.settings import RunSettings
-from flexlamps.models.description import model_spec_from_hf
+from flexlamps.run_plan import RunPlan, Workload, plan_augmented, plan_run
+from flexlamps.run_plan.build import build_executor, machine_inputs, with_measured_pools
+from flexlamps.settings import AugmentedSettings, RunSettings
 
 __all__ = ["LLM", "RunSettings", "SamplingParams", "RequestOutput", "ScoreOutput"]
 
@@ -69,9 +70,9 @@ class LLM:
         self.model_name = settings.model
         self.reader = open_checkpoint(settings.model, settings.cache_dir or None)
         self.config = self.reader.config
+        self.model_spec = model_spec(self.config, self.reader.hf_config)  # the planner's view, built once a run
         self.tokenizer = self.reader.tokenizer
         self.dtype = settings.resolve_dtype(self.reader)
-        self.max_batch_size = settings.max_batch_size
         self.device = settings.device
         self.cache_dir = settings.cache_dir
         keep_freed_memory()
@@ -79,121 +80,74 @@ class LLM:
         # the offload executor's settings, with the tier budgets filled in; None: all in memory
         self.offload = settings.with_budgets() if settings.offloaded else None
         self.executor = None
-        self.plan = None  # the planner's Plan when policy="auto"
-        self.policy = None  # the offloaded engine's placement Policy once built; None: all in memory
-        self.micro_batch = None
-        self.planned_for = None  # (prompt_len, gen_len) the offloaded engine was planned for
+        self.run_plan: RunPlan | None = None  # what the executor was built from
+        self.pool_sizes = None  # the augmented pools measured on an offload executor (PoolSizes)
         self._scorer = None
         self._stats = PrefixStats()
         if self.offload is None or not (isinstance(settings.policy, str) and settings.policy == "auto"):
             self.prepare()
 
-    # -- setup ------------------------------------------------------------------------------
+    # -- the plan and its executor ------------------------------------------------------------
+    @property
+    def policy(self):
+        """The offloaded engine's placement policy once built; None: all in memory (or not built yet)."""
+        return None if self.run_plan is None else self.run_plan.policy
+
+    @property
+    def plan(self):
+        """The planner's answer (`placement.Plan`) when policy "auto" chose the placement, else None."""
+        return None if self.run_plan is None else self.run_plan.predicted
+
+    @property
+    def max_batch_size(self) -> int:
+        """Sequences decoded together: the settings', or the offloaded policy's block once planned."""
+        return self.settings.max_batch_size if self.run_plan is None else self.run_plan.max_batch_size
+
     def prepare(self, prompt_len: int = 512, gen_len: int = 32, on_profile=None, num_sequences: int = 256,
-                planner_budgets: tuple[int, int] | None = None, prefix_len: int = 0) -> None:
-        """Build the executor; with policy="auto", plan for these lengths (`prompt_len`: the
-        longest prompt, `prefix_len`: a prefix they share, see `planning_lengths`) and at most
-        `num_sequences` sequences in flight first. `planner_budgets`: the (gpu, cpu) bytes the
-        planner may fill, when part of each tier is kept for something it does not plan
-        (the augmented face's KV pools); the executor still runs within the whole budgets."""
+                prefix_len: int = 0) -> None:
+        """Plan the run and build its executor; with policy="auto" the placement is planned for
+        these lengths (`prompt_len`: the longest prompt, `prefix_len`: a prefix they share, see
+        `planning_lengths`) and at most `num_sequences` sequences in flight."""
         if self.executor is not None:
             return
+        workload = Workload(prompt_len=prompt_len, gen_len=gen_len, num_sequences=num_sequences,
+                            prefix_len=prefix_len)
+        self._build(plan_run(self.offload or self.settings, self.config, self.reader.hf_config, self.dtype, workload,
+                             model=self.model_spec, **self._machine(on_profile)))
+
+    def prepare_augmented(self, augmented: AugmentedSettings, on_profile=None) -> RunPlan:
+        """Plan an augmented run and build its executor: the paged pools as given (in memory) or
+        what the tiers' budgets leave once the weights are placed (offloaded, measured on the
+        built executor); returns the plan, whose `pools` the augmented face runs with."""
+        if self.executor is None:
+            self._build(plan_augmented(self.offload or self.settings, augmented, self.config, self.reader.hf_config,
+                                       self.dtype, model=self.model_spec, **self._machine(on_profile)))
+        elif self.run_plan.augmented != augmented:
+            if self.run_plan.predicted is not None:  # "auto" placed the weights for another workload
+                raise ValueError("this LLM's placement was planned for another workload; make a fresh LLM for "
+                                 "the augmented run")
+            plan = plan_augmented(self.offload or self.settings, augmented, self.config, self.reader.hf_config,
+                                  self.dtype, model=self.model_spec)  # a placement given: the executor is the plan's
+            self.run_plan = self._as_run(plan)
+        if self.run_plan.pools is None:
+            self.run_plan, self.pool_sizes = with_measured_pools(self.run_plan, self.executor)
+        return self.run_plan
+
+    def _machine(self, on_profile) -> dict:
+        """What planning takes from this machine (`run_plan.build.machine_inputs`)."""
         if self.offload is None:
-            from flexlamps.engine.executors.in_memory import InMemoryExecutor
-            from flexlamps.models.loading.weight_cache import load_weights
-            from offload import compute_device
+            return {}
+        return machine_inputs(self.offload, self.model_spec, self.reader, on_profile)
 
-            device = torch.device(self.device) if self.device else compute_device()  # the GPU when there is one
-            weights = load_weights(self.reader, self.dtype, int4_in_place=True, cache_dir=self.cache_dir or None,
-                                   use_cache=self.cache_dir is not False)  # the executor moves them to `device`
-            twins = device.type == "cpu" and _dense_twins_fit(weights)
-            self.executor = InMemoryExecutor(self.config, weights, self.dtype, device, dense_twins=twins,
-                                             dense_copies=self._cached_dense_copies() if twins else None)
-        else:
-            self.executor = self._offload_executor(prompt_len, gen_len, on_profile, num_sequences, planner_budgets,
-                                                   prefix_len)
-            self.planned_for = (prompt_len, gen_len)
-        self._scorer = PrefixScorer(self.executor, max_batch=self.max_batch_size, micro_batch=self.micro_batch,
-                                    reuse_prefix=self.reuse_prefix,
-                                    stats=self._stats)
+    def _as_run(self, plan: RunPlan) -> RunPlan:
+        """`plan` with the policy as the executor runs it (a weight backend turns compress_weight on)."""
+        return dataclasses.replace(plan, policy=self.executor.policy) if plan.offloaded else plan
 
-    def prepare_pools(self, *, max_context: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
-                      swap: bool = True):
-        """Build the offload executor for an augmented workload (with policy "auto" the planner
-        places the weights, kept out of part of each tier for the paged pools) and size both pools
-        from what the tiers' budgets leave (`engine.augmented.pools.PoolSizes`)."""
-        from flexlamps.engine.augmented.pools import agents_workload, planner_budgets, pool_sizes
-
-        if self.offload is None:
-            raise ValueError("tier budgets size the pools of an offloaded model only; give gpu_mem and cpu_mem")
-        kv_per_token = self.config.kv_bytes_per_token(self.dtype.itemsize)
-        gpu, cpu = planner_budgets(self.offload.gpu_mem, self.offload.cpu_mem, kv_per_token, max_num_seqs, max_context)
-        prompt, gen = agents_workload(max_context, max_num_seqs, max_num_batched_tokens)
-        # the KV cache lives in the paged pools, not where the planner would put it: the planner is
-        # asked about one sequence (its weight placement), not a cache for the batch
-        self.prepare(prompt_len=prompt, gen_len=gen, num_sequences=1, planner_budgets=(gpu, cpu))
-        return pool_sizes(self.executor, max_context=max_context, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens, block_size=block_size, swap=swap)
-
-    def _cached_dense_copies(self):
-        """The weight cache's dense copies of the 4-bit matrices (see weight_cache.dense_copies), or
-        None when the cache is off or the checkpoint is not one file."""
-        import functools
-        from pathlib import Path
-
-        from flexlamps.models.loading import weight_cache
-
-        if self.cache_dir is False or not Path(self.reader.path).is_file():
-            return None
-        entry = weight_cache.entry_path(self.reader, self.dtype, True, self.cache_dir or None)
-        return functools.partial(weight_cache.dense_copies, weight_cache.dense_path(entry))
-
-    def _offload_executor(self, prompt_len, gen_len, on_profile, num_sequences, planner_budgets=None, prefix_len=0):
-        import dataclasses
-        import tempfile
-        from pathlib import Path
-
-        from flexlamps.engine.executors.offloaded import OffloadExecutor
-        from flexlamps.engine.executors.policy_choice import load_policy, plan_policy
-        from flexlamps.engine.routing_profile import cached_routing
-        from flexlamps.hardware.cache import machine_profile
-
-        o = self.offload
-        policy = o.policy
-        if isinstance(policy, str) and policy == "auto":
-            scratch = Path(o.offload_dir) if o.offload_dir else Path(tempfile.gettempdir()) / "flexlamps-profile"
-            shapes = model_spec_from_hf(self.reader.hf_config).layer_matrix_shapes()
-            hw = machine_profile(scratch, on_profile, model_shapes=shapes)
-            disk = _free_disk_bytes(o.offload_dir)
-            gpu_mem, cpu_mem = planner_budgets or (o.gpu_mem, o.cpu_mem)
-            self.plan = plan_policy(self.reader.hf_config, self.dtype, hw, gpu_mem=gpu_mem, cpu_mem=cpu_mem,
-                                    disk_bytes=disk, prompt_len=prompt_len, gen_len=gen_len,
-                                    max_block_size=max(1, num_sequences),
-                                    allow_compression=bool(o.compress_weight or o.compress_cache),
-                                    compress_weight=o.compress_weight, compress_cache=o.compress_cache,
-                                    prefix_len=prefix_len if self.reuse_prefix else 0,
-                                    routing=cached_routing(self.reader))
-            policy = self.plan.policy
-        elif isinstance(policy, (str, Path)):
-            policy = load_policy(policy)
-        elif policy is None:  # everything on the gpu tier, one micro-batch of max_batch_size
-            from placement import Policy, TierSplit
-
-            gpu = TierSplit(gpu=1, cpu=0, disk=0)
-            policy = Policy(gpu_batch_size=self.max_batch_size, num_gpu_batches=1, weights=gpu, cache=gpu,
-                            activations=gpu)
-        if o.compress_weight is not None or o.compress_cache is not None:
-            policy = dataclasses.replace(
-                policy,
-                compress_weight=policy.compress_weight if o.compress_weight is None else o.compress_weight,
-                compress_cache=policy.compress_cache if o.compress_cache is None else o.compress_cache)
-        self.policy = policy
-        self.max_batch_size = policy.gpu_batch_size * policy.num_gpu_batches
-        self.micro_batch = policy.gpu_batch_size
-        executor = OffloadExecutor(self.reader, policy, gpu_mem=o.gpu_mem, cpu_mem=o.cpu_mem,
-                                   offload_dir=o.offload_dir, dtype=self.dtype, weight_quant=o.weight_quant)
-        self.policy = executor.policy  # as run: a weight backend turns compress_weight on
-        return executor
+    def _build(self, plan: RunPlan) -> None:
+        self.executor = build_executor(plan, self.reader)
+        self.run_plan = self._as_run(plan)
+        self._scorer = PrefixScorer(self.executor, max_batch=plan.max_batch_size, micro_batch=plan.micro_batch,
+                                    reuse_prefix=self.reuse_prefix, stats=self._stats)
 
     def policy_lines(self) -> list[str]:
         """What an offloaded engine runs, in words: its placement policy, the planner's prediction
@@ -209,7 +163,7 @@ class LLM:
             lines.append("latent pools per layer (share of the context on the gpu tier): "
                          + " ".join(f"{f:.0%}" for f in p.latent_pools))
         if self.plan is not None:
-            prompt_len, gen_len = self.planned_for
+            prompt_len, gen_len = self.run_plan.workload.prompt_len, self.run_plan.workload.gen_len
             lines.append(f"predicted {self.plan.tokens_per_s:.2f} tok/s (planner, prompt {prompt_len}, gen {gen_len})")
         if getattr(self.executor, "reused_disk", False):
             lines.append("offload folder reused")
@@ -232,7 +186,7 @@ class LLM:
             self.prepare(prompt_len=longest, gen_len=max(p.max_new_tokens for p in params),
                          num_sequences=len(prompt_ids), prefix_len=shared)
         return generate(self.executor, self.tokenizer, prompt_ids, list(params), max_batch=self.max_batch_size,
-                        micro_batch=self.micro_batch, on_finish=on_finish, on_tokens=on_tokens,
+                        micro_batch=self.run_plan.micro_batch, on_finish=on_finish, on_tokens=on_tokens,
                         stats=self.stats, reuse_prefix=self.reuse_prefix)
 
     def generate(self, prompts: Sequence[str] | str, params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -265,33 +219,3 @@ class LLM:
     def close(self) -> None:
         if hasattr(self.executor, "close"):
             self.executor.close()
-
-
-# The in-memory executor keeps a dense copy of its 4-bit and Q8_0 weights (prefill and batches from
-# 16 rows, 3 for Q8_0, run a dense GEMM instead of dequantizing per call) when the copies take at
-# most this share of the memory available now; otherwise the quantized weights alone (same results,
-# slower prefill).
-DENSE_TWINS_MAX_SHARE = 0.25
-
-
-def _dense_twins_fit(weights: dict) -> bool:
-    import psutil
-
-    from flexlamps.models.blocks.linear import can_have_dense_twin
-
-    dense_bytes = sum(w.shape[0] * w.shape[1] * w.dtype.itemsize for w in weights.values() if can_have_dense_twin(w))
-    return 0 < dense_bytes <= DENSE_TWINS_MAX_SHARE * psutil.virtual_memory().available
-
-
-def _free_disk_bytes(offload_dir) -> int:
-    """The disk tier the planner may use: free space where the offload executor will write, the
-    folder given or, as the executor does without one, the default under the cache folder."""
-    import shutil
-    from pathlib import Path
-
-    from flexlamps.cache_folder import default_offload_dir
-
-    folder = Path(offload_dir) if offload_dir else default_offload_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    return shutil.disk_usage(folder).free
-

@@ -3,7 +3,9 @@
 Byte sizes ("2GiB" or an int), dtype names, the weight compression backend and whether the
 offload executor runs at all are decided here and nowhere else; the CLI builds one
 `RunSettings` and hands it to `LLM.from_settings`, and `LLM(...)` builds the same object from
-its keyword arguments. Frozen: a run's settings do not change once parsed. No torch import.
+its keyword arguments. `AugmentedSettings` adds what the augmented face (agents) runs with: its
+KV pools and its scheduler's iteration shape. Frozen: a run's settings do not change once
+parsed. No torch import.
 """
 
 from __future__ import annotations
@@ -77,11 +79,46 @@ class RunSettings:
                                    cpu_mem=self.cpu_mem if self.cpu_mem is not None else memory.available // 2)
 
 
-def _bytes(name: str, value) -> int | None:
+@dataclass(frozen=True, kw_only=True)
+class AugmentedSettings:
+    """The augmented face's settings: its paged pools and its scheduler's iterations."""
+    max_context: int  # tokens a request reaches at most
+    block_size: int = 16  # tokens per KV block
+    max_num_seqs: int = 16  # requests in one iteration at most
+    max_num_batched_tokens: int = 256  # tokens in one iteration (longer prefills are chunked)
+    noise_sigma: float = 0.0  # multiplicative noise on the oracle's predictions
+    seed: int = 0  # of that noise
+    # pools in bytes; None: room for 4 full contexts in memory, what the budgets leave when offloaded
+    gpu_kv_mem: int | None = None
+    cpu_swap_mem: int | None = None  # 0: no swapping
+
+    @classmethod
+    def parse(cls, **raw) -> "AugmentedSettings":
+        """Settings from user-facing values ("24MiB" or an int for the pools); raises ValueError
+        naming the bad one and the fix."""
+        for name in ("gpu_kv_mem", "cpu_swap_mem"):
+            raw[name] = _bytes(name, raw.get(name), zero_ok=name == "cpu_swap_mem")
+        settings = cls(**raw)
+        for name in ("max_context", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(settings, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(settings, name)}")
+        if settings.max_context < 2:
+            raise ValueError(f"max_context must be >= 2 tokens, got {settings.max_context}")
+        return settings
+
+    @property
+    def swap(self) -> bool:
+        """Whether paused requests' blocks may go to a swap pool on the cpu tier."""
+        return self.cpu_swap_mem != 0
+
+
+def _bytes(name: str, value, zero_ok: bool = False) -> int | None:
     if value is None or isinstance(value, int):
         return value
     from placement import parse_bytes
 
+    if zero_ok and str(value).strip().lower() in ("0", "0b"):
+        return 0
     try:
         return int(parse_bytes(value))
     except ValueError as e:

@@ -21,6 +21,7 @@ from flexlamps.agents.run import LiveSettings, run_tasks
 from flexlamps.agents.workloads import load_workload
 from flexlamps.api import LLM
 from flexlamps.engine.augmented.run import AgentsConfig, measure_cost
+from flexlamps.settings import AugmentedSettings
 
 DATA = os.environ.get("FLEXLAMPS_SHARED_DATA") or os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
@@ -74,10 +75,10 @@ def _engine(a, mode: str, ctx: int, shape: dict):
         return llm, AgentsConfig(gpu_kv_bytes=gpu, cpu_swap_bytes=2 * ctx * per_token, **shape)
     llm = LLM(a.model, dtype="float32", gpu_mem=a.gpu_mem, cpu_mem=a.cpu_mem,
               offload_dir=tempfile.mkdtemp(prefix="bench-agents-live-"))
-    sizes = llm.prepare_pools(max_context=ctx, **shape)
-    print(f"offloaded: {' | '.join(llm.policy_lines())}; gpu KV pool {sizes.gpu_kv_bytes >> 20} MiB, "
-          f"cpu swap pool {sizes.cpu_swap_bytes >> 20} MiB")
-    return llm, AgentsConfig(gpu_kv_bytes=sizes.gpu_kv_bytes, cpu_swap_bytes=sizes.cpu_swap_bytes, **shape)
+    config = llm.prepare_augmented(AugmentedSettings(max_context=ctx, **shape)).pools
+    print(f"offloaded: {' | '.join(llm.policy_lines())}; gpu KV pool {config.gpu_kv_bytes >> 20} MiB, "
+          f"cpu swap pool {config.cpu_swap_bytes >> 20} MiB")
+    return llm, config
 
 
 def _one_at_a_time(mode, llm, workload, config, cost, live) -> dict:

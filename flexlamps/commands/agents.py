@@ -7,11 +7,12 @@ import os
 
 import click
 
-from flexlamps.commands.options import ByteSize, check_model, check_offload_dir, check_policy, model_options, writable_folder
+from flexlamps.commands.options import (ByteSize, check_model, check_offload_dir, check_policy, engine_settings_from,
+                                        model_options, refused_option, writable_folder)
 from flexlamps.commands.simulate import _floats, _policies, _write_json
 
 _HELP = """Run augmented requests from an INFERCEPT-format --trace on the real engine (paged KV cache,
-continuous batching) under each policy, and print per policy: end-to-end latency (mean, p50,
+continuous batching) under each scheduling policy of --schedulers, and print per policy: end-to-end latency (mean, p50,
 p99), TTFT, normalized latency ((E2E - API time) / output tokens) and throughput. Writes
 summary.json and PNG plots (latency CDF, latency vs load) to OUT.
 
@@ -26,7 +27,7 @@ the model's tokenizer); outputs are the model's greedy tokens.
 The gpu tier holds --gpu-kv-mem of KV blocks and the cpu tier --cpu-swap-mem of swap space;
 make the gpu pool small next to the offered load so the policies' memory choices matter. With
 --gpu-mem and --cpu-mem (the tiers' budgets) the model runs on the offload executor instead:
---policy places the weights across gpu / cpu / disk (--offload-dir), the gpu KV pool is what
+--placement places the weights across gpu / cpu / disk (--offload-dir), the gpu KV pool is what
 the gpu budget leaves once the weights and the largest iteration's working set are in, and the
 swap pool what the cpu budget leaves; peak use of each tier and the bytes swapped are printed.
 The scheduler's cost model (prefill / decode / swap cost) is measured on this machine first.
@@ -67,8 +68,8 @@ in OUT with the same settings is kept (rerun to resume)."""
 @click.option("--tool-workers", default=2, type=click.IntRange(min=1), show_default=True,
               help="live: tool calls running at once")
 @click.option("--recheck", is_flag=True, help="self-debug: run every recorded program again and compare")
-@click.option("--policies", default="lamps,infercept,fcfs", callback=_policies, show_default=True,
-              help="comma-separated: fcfs, infercept, sjf, lamps, mlfq, vtc")
+@click.option("--schedulers", default="lamps,infercept,fcfs", callback=_policies, show_default=True,
+              help="scheduling policies to run, comma-separated: fcfs, infercept, sjf, lamps, mlfq, vtc")
 @click.option("--qps", default="0.5", callback=_floats, show_default=True,
               help="comma-separated arrival rates (requests per second of engine time)")
 @click.option("--num-requests", default=16, type=click.IntRange(min=1), show_default=True, help="requests drawn from the trace per load")
@@ -90,8 +91,11 @@ in OUT with the same settings is kept (rerun to resume)."""
                    "(overrides --cpu-swap-mem)")
 @click.option("--offload-dir", default=None, type=click.Path(file_okay=False),
               help="folder for weights the policy puts on disk (with --gpu-mem)")
-@click.option("--policy", "placement_policy", default="auto", show_default=True,
+@click.option("--placement", default="auto", show_default=True,
               help="weight placement with --gpu-mem: auto (the planner) or a policy JSON from `flexlamps plan`")
+@refused_option("--policy", "agents runs two kinds of policy: give the weight placement as --placement and the "
+                            "scheduling policies as --schedulers")
+@refused_option("--policies", "the scheduling policies are --schedulers (e.g. --schedulers lamps,fcfs)")
 @click.option("--block-size", default=16, type=click.IntRange(min=1), show_default=True, help="tokens per KV block")
 @click.option("--max-num-seqs", default=16, type=click.IntRange(min=1), show_default=True, help="requests per iteration at most")
 @click.option("--max-batched-tokens", default=256, type=click.IntRange(min=1), show_default=True,
@@ -108,10 +112,10 @@ in OUT with the same settings is kept (rerun to resume)."""
               help="folder for summary.json and the PNG plots")
 @click.option("--no-plots", is_flag=True, help="skip the matplotlib plots")
 def command(model, dtype, trace_path, self_debug, gsm8k, tools_module, prompts, rounds, limit, max_new_tokens,
-            tool_timeout, tool_workers, recheck, policies, qps, num_requests, time_scale, max_context, max_prompt,
-            max_output, max_api_tokens, gpu_kv_mem, cpu_swap_mem, gpu_mem, cpu_mem, offload_dir, placement_policy,
+            tool_timeout, tool_workers, recheck, schedulers, qps, num_requests, time_scale, max_context, max_prompt,
+            max_output, max_api_tokens, gpu_kv_mem, cpu_swap_mem, gpu_mem, cpu_mem, offload_dir, placement,
             block_size, max_num_seqs, max_batched_tokens, noise_sigma, seed, clock, verify, out_dir, no_plots):
-    from flexlamps.engine.augmented.run import AgentsConfig, measure_cost
+    from flexlamps.engine.augmented.run import measure_cost
     from flexlamps.workloads.tokenized import TraceScale, load_trace
     from flexlamps.workloads.trace import load_templates
 
@@ -122,44 +126,50 @@ def command(model, dtype, trace_path, self_debug, gsm8k, tools_module, prompts, 
     check_model(model)
     writable_folder(out_dir, "--out")  # before the model loads
     check_offload_dir(offload_dir)
-    check_policy(placement_policy)
-    settings = dict(block_size=block_size, max_num_seqs=max_num_seqs,
-                    max_num_batched_tokens=max_batched_tokens, noise_sigma=noise_sigma, seed=seed)
+    check_policy(placement)
+    run = engine_settings_from(model, dtype, dict(gpu_mem=gpu_mem, cpu_mem=cpu_mem, offload_dir=offload_dir,
+                                                   policy=placement))
+    shape = dict(block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched_tokens,
+                 noise_sigma=noise_sigma, seed=seed, gpu_kv_mem=gpu_kv_mem, cpu_swap_mem=cpu_swap_mem)
     workload = _live_workload(trace_path, self_debug, gsm8k, tools_module, prompts, rounds, limit, tool_timeout)
     if workload is not None:
         from flexlamps.commands.agents_live import run_live
 
-        return run_live(workload=workload, model=model, dtype=dtype, policies=policies, max_context=max_context,
-                        max_new_tokens=max_new_tokens, rounds=rounds, tool_workers=tool_workers,
-                        gpu_kv_mem=gpu_kv_mem, cpu_swap_mem=cpu_swap_mem, settings=settings, out_dir=out_dir,
-                        offload=None if gpu_mem is None else (gpu_mem, cpu_mem, offload_dir, placement_policy),
+        augmented = augmented_settings(max_context or workload.context_for(max_new_tokens, rounds), **shape)
+        return run_live(workload=workload, run=run, augmented=augmented, schedulers=schedulers,
+                        max_new_tokens=max_new_tokens, rounds=rounds, tool_workers=tool_workers, out_dir=out_dir,
                         recheck=recheck)
-    max_context = max_context or 256
-    gpu_kv_mem = 24 << 20 if gpu_kv_mem is None else gpu_kv_mem
-    cpu_swap_mem = 8 << 20 if cpu_swap_mem is None else cpu_swap_mem
+    shape.update(gpu_kv_mem=24 << 20 if gpu_kv_mem is None else gpu_kv_mem,
+                 cpu_swap_mem=8 << 20 if cpu_swap_mem is None else cpu_swap_mem)
+    augmented = augmented_settings(max_context or 256, **shape)
     try:
         scale = TraceScale(time_scale=time_scale, max_prompt=max_prompt, max_segment_output=max_output,
-                           max_api_tokens=max_api_tokens, max_context=max_context)
+                           max_api_tokens=max_api_tokens, max_context=augmented.max_context)
         load_templates(trace_path)  # a bad trace fails before the model loads (counted again with its tokenizer)
-        if gpu_mem is None:
-            llm = _load(model, dtype, max_context)
-            config = AgentsConfig(gpu_kv_bytes=gpu_kv_mem, cpu_swap_bytes=cpu_swap_mem, **settings)
-        else:
-            llm, config = _offloaded(model, dtype, max_context, gpu_mem, cpu_mem, offload_dir, placement_policy,
-                                     settings)
+        llm, plan = load_planned(run, augmented)
         templates = load_trace(llm, trace_path)
     except ValueError as e:
         raise click.ClickException(str(e))
     if verify and str(llm.dtype) != "torch.float32":
         click.echo(_VERIFY_LOW_PRECISION.format(str(llm.dtype).removeprefix("torch.")), err=True)
     click.echo("measuring the cost model on this machine ...")
-    cost = measure_cost(llm.executor, config, max_context, cpu_clock=clock == "cpu")
-    results = _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, seed, verify, clock)
+    cost = measure_cost(llm.executor, plan.pools, augmented.max_context, cpu_clock=clock == "cpu")
+    results = _run_all(llm, templates, scale, plan.pools, cost, schedulers, qps, num_requests, seed, verify, clock)
     _report(results, trace_path, out_dir, no_plots, dict(
         model=model, dtype=dtype, trace=os.path.abspath(trace_path), num_requests=num_requests, seed=seed,
-        scale=scale.__dict__, config=config.to_json(), clock=clock, cost_model=cost.to_json(),
-        policy=None if llm.offload is None else llm.policy.to_dict()))
+        scale=scale.__dict__, config=plan.pools.to_json(), clock=clock, cost_model=cost.to_json(),
+        placement=plan.policy.to_dict() if plan.offloaded else None))
     llm.close()
+
+
+def augmented_settings(max_context: int, **fields):
+    """The augmented face's settings, parsed once; a bad value is a UsageError naming it."""
+    from flexlamps.settings import AugmentedSettings
+
+    try:
+        return AugmentedSettings.parse(max_context=max_context, **fields)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
 
 
 def _live_workload(trace_path, self_debug, gsm8k, tools_module, prompts, rounds, limit, tool_timeout):
@@ -183,34 +193,24 @@ def _live_workload(trace_path, self_debug, gsm8k, tools_module, prompts, rounds,
         raise click.ClickException(str(e))
 
 
-def _load(model, dtype, max_context, **offload):
+def load_planned(run, augmented):
+    """The model, planned and built for the augmented run (`LLM.prepare_augmented`); offloaded,
+    the placement and the pools its budgets leave are printed."""
     from flexlamps.api import LLM
-
-    llm = LLM(model, dtype=dtype, **offload)
-    if max_context > llm.config.max_position:
-        raise ValueError(f"--max-context {max_context} exceeds the model's context "
-                         f"({llm.config.max_position}); lower it")
-    return llm
-
-
-def _offloaded(model, dtype, max_context, gpu_mem, cpu_mem, offload_dir, placement_policy, settings):
-    """The model on the offload executor within the tiers' budgets, and the pools they leave."""
-    from flexlamps.engine.augmented.run import AgentsConfig
     from placement import format_bytes
 
-    llm = _load(model, dtype, max_context, gpu_mem=gpu_mem, cpu_mem=cpu_mem, offload_dir=offload_dir,
-                policy=placement_policy)
-    sizes = llm.prepare_pools(max_context=max_context, block_size=settings["block_size"],
-                              max_num_seqs=settings["max_num_seqs"],
-                              max_num_batched_tokens=settings["max_num_batched_tokens"], swap=cpu_mem > 0)
-    w = llm.policy.weights
-    use = llm.executor.tier_use()
+    llm = LLM.from_settings(run)
+    plan = llm.prepare_augmented(augmented)
+    if not plan.offloaded:
+        return llm, plan
+    w, use, sizes = plan.policy.weights, llm.executor.tier_use(), llm.pool_sizes
     click.echo(f"placement: weights {w.gpu:.0%} gpu / {w.cpu:.0%} cpu / {w.disk:.0%} disk "
                f"({format_bytes(use['gpu'].used_bytes)} gpu, {format_bytes(use['cpu'].used_bytes)} cpu resident)")
     click.echo(f"planner: gpu KV pool {format_bytes(sizes.gpu_kv_bytes)}, cpu swap pool "
-               f"{format_bytes(sizes.cpu_swap_bytes)} (budgets {format_bytes(gpu_mem)} / {format_bytes(cpu_mem)}; "
-               f"working set {format_bytes(sizes.gpu_working_set)} gpu, {format_bytes(sizes.cpu_working_set)} cpu)")
-    return llm, AgentsConfig(gpu_kv_bytes=sizes.gpu_kv_bytes, cpu_swap_bytes=sizes.cpu_swap_bytes, **settings)
+               f"{format_bytes(sizes.cpu_swap_bytes)} (budgets {format_bytes(run.gpu_mem)} / "
+               f"{format_bytes(run.cpu_mem)}; working set {format_bytes(sizes.gpu_working_set)} gpu, "
+               f"{format_bytes(sizes.cpu_working_set)} cpu)")
+    return llm, plan
 
 
 def _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, seed, verify, clock):

@@ -11,60 +11,48 @@ import os
 import click
 
 
-def run_live(*, workload, model, dtype, policies, max_context, max_new_tokens, rounds, tool_workers, gpu_kv_mem,
-             cpu_swap_mem, offload, settings: dict, out_dir: str, recheck: bool) -> None:
+def run_live(*, workload, run, augmented, schedulers, max_new_tokens, rounds, tool_workers, out_dir: str,
+             recheck: bool) -> None:
+    """Each scheduling policy in `schedulers` over `workload`'s tasks, on the model `run`
+    (RunSettings) planned for `augmented` (AugmentedSettings)."""
     from flexlamps.agents.report import policy_summary, print_table, task_records, write_json_atomic, \
         write_jsonl_atomic
     from flexlamps.agents.run import LiveSettings, run_tasks
+    from flexlamps.commands.agents import load_planned
     from flexlamps.engine.augmented.run import measure_cost
 
-    max_context = max_context or workload.context_for(max_new_tokens, rounds)
-    live = LiveSettings(max_new_tokens=max_new_tokens, max_context=max_context, workers=tool_workers)
+    max_context = augmented.max_context
     try:
-        llm, config = _engine(model, dtype, max_context, gpu_kv_mem, cpu_swap_mem, offload, settings)
+        live = LiveSettings(max_new_tokens=max_new_tokens, max_context=max_context, workers=tool_workers)
+        llm, plan = load_planned(run, augmented)
     except ValueError as e:
         raise click.ClickException(str(e))
-    key = {"workload": workload.name, "model": model, "dtype": dtype, "tasks": len(workload.make_tasks()),
-           "rounds": rounds, "live": live.__dict__, "config": config.to_json()}
+    key = {"workload": workload.name, "model": run.model, "dtype": run.dtype, "tasks": len(workload.make_tasks()),
+           "rounds": rounds, "live": live.__dict__, "config": plan.pools.to_json()}
     summary_path = os.path.join(out_dir, "summary.json")
     done = _previous(summary_path, key)
     click.echo(f"{workload.name}: {key['tasks']} tasks, context cap {max_context}, measuring the cost model ...")
-    cost = measure_cost(llm.executor, config, max_context)
-    for policy in policies:
+    cost = measure_cost(llm.executor, plan.pools, max_context)
+    for policy in schedulers:
         if policy in done:
             click.echo(f"{policy}: already in {summary_path}, kept")
             continue
         tasks = workload.make_tasks()
         try:
-            run = run_tasks(llm, tasks, policy, config, cost, live, on_finish=_progress(policy, len(tasks)))
+            result = run_tasks(llm, tasks, policy, plan.pools, cost, live, on_finish=_progress(policy, len(tasks)))
         except ValueError as e:
             raise click.ClickException(str(e))
-        write_jsonl_atomic(os.path.join(out_dir, f"{policy}.jsonl"), task_records(run))
-        done[policy] = policy_summary(run, workload.score)
+        write_jsonl_atomic(os.path.join(out_dir, f"{policy}.jsonl"), task_records(result))
+        done[policy] = policy_summary(result, workload.score)
         write_json_atomic(summary_path, {"settings": key, "policies": done})
     llm.close()
-    summaries = [done[p] for p in policies]
-    print_table(summaries, click.echo)
-    checks = _checks(workload.name, out_dir, policies, dtype, recheck)
+    print_table([done[p] for p in schedulers], click.echo)
+    checks = _checks(workload.name, out_dir, schedulers, run.dtype, recheck)
     write_json_atomic(summary_path, {"settings": key, "policies": done, "checks": checks})
-    click.echo(f"wrote {summary_path} and {', '.join(p + '.jsonl' for p in policies)}")
+    click.echo(f"wrote {summary_path} and {', '.join(p + '.jsonl' for p in schedulers)}")
     if checks.get("recheck_mismatches"):
         raise click.ClickException(f"{len(checks['recheck_mismatches'])} recorded results differ when their "
                                    "programs run again (see summary.json)")
-
-
-def _engine(model, dtype, max_context, gpu_kv_mem, cpu_swap_mem, offload, settings):
-    """The model and the pools: given, or (default) room for 4 full contexts on each tier."""
-    from flexlamps.commands.agents import _load, _offloaded
-    from flexlamps.engine.augmented.run import AgentsConfig
-
-    if offload is not None:
-        return _offloaded(model, dtype, max_context, *offload, settings)
-    llm = _load(model, dtype, max_context)
-    per_token = llm.config.kv_bytes_per_token(llm.dtype.itemsize)
-    gpu = gpu_kv_mem if gpu_kv_mem is not None else 4 * (max_context + settings["block_size"]) * per_token
-    cpu = cpu_swap_mem if cpu_swap_mem is not None else 4 * max_context * per_token
-    return llm, AgentsConfig(gpu_kv_bytes=gpu, cpu_swap_bytes=cpu, **settings)
 
 
 def _previous(path: str, key: dict) -> dict:

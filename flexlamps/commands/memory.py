@@ -15,7 +15,7 @@ import click
 FIXED_OVERHEAD_BYTES = 450 * 2**20
 # bytes per weight as the engine holds it; "auto" is 4-bit in place for a 4-bit GGUF (codes and
 # block scales, about 5 bits) plus the in-memory executor's bf16 copy for prefill (see
-# api.DENSE_TWINS_MAX_SHARE), int8 in place for a Q8_0 / 5-bit GGUF (1.25 bytes, quant.int8_weight;
+# run_plan.build.DENSE_TWINS_MAX_SHARE), int8 in place for a Q8_0 / 5-bit GGUF (1.25 bytes, quant.int8_weight;
 # 1.5 for Q6_K's groups of 16) plus that copy, else float32
 _WEIGHT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
 _AUTO_INT4_BYTES = 2.625

@@ -33,6 +33,15 @@ class ByteSize(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+def refused_option(name: str, message: str):
+    """An option a command no longer takes: given, it stops the command with `message` (one line)."""
+    def refuse(ctx, param, value):
+        if value is not None:
+            raise click.UsageError(f"{name}: {message}")
+
+    return click.option(name, hidden=True, expose_value=False, callback=refuse, is_eager=True)
+
+
 def writable_folder(path, option: str):
     """`path` made (with parents) and checked writable, or a one-line error naming `option` and
     the fix: the check every command makes of its output folder before any model loads."""
@@ -124,7 +133,7 @@ def ray_options(fn):
 
 
 def offload_options(fn):
-    """Placement and compression: --gpu-mem, --cpu-mem, --offload-dir, --policy, --compress-weight,
+    """Placement and compression: --gpu-mem, --cpu-mem, --offload-dir, --placement, --compress-weight,
     --compress-cache, --weight-quant (any of them turns on the offload engine: RunSettings.offloaded)."""
     options = [
         click.option("--gpu-mem", default=None, type=ByteSize(),
@@ -136,9 +145,10 @@ def offload_options(fn):
                      help="Folder for the disk tier: flexlamps works in a subfolder flexlamps-offload/ it creates "
                           "there, reused across runs when still valid; nothing else in the folder is touched. "
                           "[default: offload/ in the cache folder, ~/.cache/flexlamps]"),
-        click.option("--policy", "policy_arg", default="auto", show_default=True,
-                     help="Placement with --gpu-mem: 'auto' (the planner, with this machine's cached profile) or a "
-                          "policy JSON file."),
+        click.option("--placement", "--policy", "policy_arg", default="auto", show_default=True,
+                     help="Weight, cache and activation placement with --gpu-mem: 'auto' (the planner, with this "
+                          "machine's cached profile) or a policy JSON file from `flexlamps plan`. --policy is "
+                          "FlexGen's name for it."),
         click.option("--compress-weight", is_flag=True, default=None, help="Store weights 4-bit group-wise on every tier."),
         click.option("--compress-cache", is_flag=True, default=None, help="Store the KV cache 4-bit group-wise."),
         click.option("--weight-quant", type=click.Choice(["groupwise4", "groupwise8", "nf4", "fp4", "none"]),
@@ -183,7 +193,7 @@ def check_model(model: str) -> None:
 
 
 def check_policy(policy) -> None:
-    """A --policy file read and checked before any model loads ("auto" plans later)."""
+    """A --placement file read and checked before any model loads ("auto" plans later)."""
     if isinstance(policy, str) and policy != "auto":
         from flexlamps.engine.executors.policy_choice import load_policy
 

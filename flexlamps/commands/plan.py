@@ -65,7 +65,7 @@ def _load_policy(path: Path) -> Policy:
                 data = data[key]
         return Policy.from_dict(data)
     except ValueError as exc:
-        raise click.BadParameter(f"{path}: {exc}", param_hint="--policy") from None
+        raise click.BadParameter(f"{path}: {exc}", param_hint="--placement") from None
 
 
 def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
@@ -216,8 +216,9 @@ def _all_full_attention_plan(model, hardware, workload, plan, given_policy: bool
               show_default=True,
               help="Let the plan keep KV cache on disk: for an engine that can (FlexGen); "
                    "flexlamps' own engine cannot, so the default is no.")
-@click.option("--policy", "policy_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="Evaluate this policy (JSON, like a plan's \"policy\") instead of searching.")
+@click.option("--placement", "--policy", "policy_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Evaluate this placement policy (JSON, like a plan's \"policy\") instead of searching. "
+                   "--policy is FlexGen's name for it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def command(model_text, hardware_text, prompt_len, gen_len, shared_prefix_len, gpu_mem,
             cpu_mem, disk_mem, usable_fraction, compress, cpu_attention, merged_decode,

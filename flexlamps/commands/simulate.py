@@ -71,8 +71,10 @@ def _row(st) -> str:
 @click.command("simulate")
 @click.option("--trace", "trace_path", required=True, type=click.Path(dir_okay=False),
               help="INFERCEPT-format trace, e.g. ../shared/data/augmented/merged_exp_uniform.json")
-@click.option("--policies", default="lamps,infercept,fcfs,sjf", callback=_policies, show_default=True,
-              help="comma-separated, from: fcfs, infercept, infercept-at-call, sjf, lamps, lamps-ts, mlfq, vtc")
+@click.option("--schedulers", "--policies", "policies", default="lamps,infercept,fcfs,sjf", callback=_policies,
+              show_default=True,
+              help="scheduling policies, comma-separated, from: fcfs, infercept, infercept-at-call, sjf, lamps, "
+                   "lamps-ts, mlfq, vtc (--policies: the same)")
 @click.option("--qps", default="1,2,4", callback=_floats, show_default=True,
               help="comma-separated arrival rates (requests/s); with --sweep, the grid to search")
 @click.option("--window", default=300.0, type=click.FloatRange(min=0, min_open=True), show_default=True,

@@ -172,7 +172,7 @@ def test_a_prompt_too_long_for_the_context_is_refused(llm, cost):
 def test_llm_run_agents_with_a_tools_file(llm, cost, tmp_path):
     module = tmp_path / "tools.py"
     module.write_text('def add(a: int, b: int):\n    """Add two integers."""\n    return a + b\n')
-    run = llm.run_agents(["add 2 and 3", "add 4 and 5"], str(module), policy="lamps", max_new_tokens=6,
+    run = llm.run_agents(["add 2 and 3", "add 4 and 5"], str(module), scheduler="lamps", max_new_tokens=6,
                          max_context=1000, cost=cost, check=True)
     assert [t.task_id for t in run.tasks] == ["0", "1"] and len(run.result.records) == 2
     assert all(t.answer is not None for t in run.tasks)  # the random model calls nothing: its text is the answer

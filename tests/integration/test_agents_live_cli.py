@@ -46,7 +46,7 @@ def test_self_debug_on_held_out_tasks(long_tiny, tmp_path):
     tasks.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
     out = tmp_path / "out"
     args = [*_common(long_tiny, out), "--self-debug", str(tasks), "--rounds", "2", "--recheck",
-            "--policies", "lamps,infercept,fcfs"]
+            "--schedulers", "lamps,infercept,fcfs"]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     assert "programs identical under every policy: yes" in res.output
@@ -73,7 +73,7 @@ def test_self_debug_on_held_out_tasks(long_tiny, tmp_path):
 def test_gsm8k_and_tools_workloads(long_tiny, tmp_path):
     gsm = tmp_path / "gsm.jsonl"
     gsm.write_text(json.dumps({"question": "What is 2 + 3?", "answer": "2+3=5\n#### 5"}) + "\n")
-    res = CliRunner().invoke(main, [*_common(long_tiny, tmp_path / "g"), "--gsm8k", str(gsm), "--policies", "lamps"])
+    res = CliRunner().invoke(main, [*_common(long_tiny, tmp_path / "g"), "--gsm8k", str(gsm), "--schedulers", "lamps"])
     assert res.exit_code == 0, res.output
     rec = _jsonl(tmp_path / "g" / "lamps.jsonl")[0]
     assert rec["gold"] == "5" and "accuracy" in json.loads((tmp_path / "g" / "summary.json").read_text())[
@@ -87,7 +87,7 @@ def test_gsm8k_and_tools_workloads(long_tiny, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("add 2 and 3\nadd 4 and 5\n")
     res = CliRunner().invoke(main, [*_common(long_tiny, tmp_path / "t"), "--tools", str(module), "--prompts",
-                                    str(prompts), "--policies", "lamps,fcfs"])
+                                    str(prompts), "--schedulers", "lamps,fcfs"])
     assert res.exit_code == 0, res.output
     assert [r["task_id"] for r in _jsonl(tmp_path / "t" / "fcfs.jsonl")] == ["1", "2"]
 

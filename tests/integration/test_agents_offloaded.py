@@ -8,10 +8,11 @@ from flexlamps.api import LLM
 from flexlamps.engine.augmented.engine import StepClock
 from flexlamps.engine.augmented.pools import pool_sizes, working_set
 from flexlamps.engine.augmented.reference import uninterrupted_tokens
-from flexlamps.engine.augmented.run import AgentsConfig, measure_cost, run_policy_on_engine
+from flexlamps.engine.augmented.run import measure_cost, run_policy_on_engine
 from flexlamps.workloads.tokenized import tokenize_requests
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.request import Strategy
+from flexlamps.settings import AugmentedSettings
 from placement import Policy, TierSplit
 from tests.integration.test_agents_engine import BLOCK, Forced, _config, _specs
 
@@ -102,9 +103,8 @@ def test_pools_are_what_the_budgets_leave(llm):
 
 def test_a_run_on_the_sized_pools_stays_within_the_budgets(tiny_llama, tmp_path):
     llm = LLM(str(tiny_llama), gpu_mem=512 * KIB, cpu_mem=512 * KIB, offload_dir=str(tmp_path), policy=OFFLOADED)
-    sizes = llm.prepare_pools(**LIMITS)
-    config = AgentsConfig(gpu_kv_bytes=sizes.gpu_kv_bytes, cpu_swap_bytes=sizes.cpu_swap_bytes,
-                          block_size=BLOCK, max_num_seqs=6, max_num_batched_tokens=24)
+    config = llm.prepare_augmented(AugmentedSettings(**LIMITS)).pools  # what the budgets leave
+    assert config.block_size == BLOCK and config.max_num_seqs == 6 and config.max_num_batched_tokens == 24
     reqs = tokenize_requests(_specs(), llm.config.vocab_size, set(llm.config.eos_token_ids) | {0, 1})
     res = run_policy_on_engine(llm.executor, reqs, "lamps", config, measure_cost(llm.executor, config, 64), clock=StepClock(0.01))
     assert res.tokens == uninterrupted_tokens(LLM(str(tiny_llama)).executor, reqs)
@@ -115,7 +115,7 @@ def test_a_run_on_the_sized_pools_stays_within_the_budgets(tiny_llama, tmp_path)
 def test_a_gpu_budget_without_room_for_one_request_is_refused(tiny_llama, tmp_path):
     llm = LLM(str(tiny_llama), gpu_mem=400 * KIB, cpu_mem=512 * KIB, offload_dir=str(tmp_path), policy=OFFLOADED)
     with pytest.raises(ValueError, match="raise --gpu-mem"):
-        llm.prepare_pools(**LIMITS)
+        llm.prepare_augmented(AugmentedSettings(**LIMITS))
     llm.close()
 
 
@@ -145,17 +145,17 @@ def test_agents_command_runs_offloaded_within_the_budgets(tiny_llama, tmp_path):
     policy = tmp_path / "policy.json"
     policy.write_text(OFFLOADED.to_json())
     res = CliRunner().invoke(main, [
-        "agents", "--model", str(tiny_llama), "--trace", str(trace), "--policies", "lamps,fcfs", "--num-requests", "3",
+        "agents", "--model", str(tiny_llama), "--trace", str(trace), "--schedulers", "lamps,fcfs", "--num-requests", "3",
         "--qps", "50", "--time-scale", "0.001", "--max-context", "40", "--max-prompt", "10", "--max-output", "4",
         "--max-api-tokens", "4", "--block-size", "4", "--max-num-seqs", "4", "--max-batched-tokens", "16",
-        "--gpu-mem", "512KiB", "--cpu-mem", "512KiB", "--offload-dir", str(tmp_path / "off"), "--policy", str(policy),
+        "--gpu-mem", "512KiB", "--cpu-mem", "512KiB", "--offload-dir", str(tmp_path / "off"), "--placement", str(policy),
         "--verify", "--no-plots", "--out", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
     assert "planner: gpu KV pool" in res.output and "swapped" in res.output
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     config, cost = summary["config"], summary["cost_model"]
     assert cost["gpu_kv_tokens"] == config["gpu_kv_bytes"] // (4 * cost["kv_bytes_per_token"]) * 4
-    assert summary["policy"]["weights"]["disk"] == 0.5
+    assert summary["placement"]["weights"]["disk"] == 0.5
     for row in summary["results"]:
         assert row["exact"] is True
         for use in row["tier_use"].values():

@@ -25,11 +25,11 @@ def test_readme_offloaded_agents_line_is_exact_within_budgets(smollm2_path, tmp_
     monkeypatch.chdir(tmp_path)  # the README's relative --offload-dir and --out
     args = ("agents --model smollm2-135m --trace {} --num-requests 24 --max-context 96 --max-prompt 32 --max-output 8 "
             "--max-api-tokens 8 --dtype float32 --gpu-mem 64MiB --cpu-mem 256MiB --offload-dir agents-offload "
-            "--policy auto --verify --out agents-off").format(TRACE).split()
-    res = CliRunner().invoke(main, [*args, "--policies", ",".join(POLICIES), "--no-plots"])
+            "--placement auto --verify --out agents-off").format(TRACE).split()
+    res = CliRunner().invoke(main, [*args, "--schedulers", ",".join(POLICIES), "--no-plots"])
     assert res.exit_code == 0, res.output
     summary = json.loads((tmp_path / "agents-off" / "summary.json").read_text())
-    assert summary["policy"]["weights"]["gpu"] < 1  # the weights really are offloaded
+    assert summary["placement"]["weights"]["gpu"] < 1  # the weights really are offloaded
     rows = {row["summary"]["policy"]: row for row in summary["results"]}
     assert sorted(rows) == sorted(POLICIES)
     for policy, row in rows.items():

@@ -27,11 +27,13 @@ SKIPPED = {"--ray", "--help", "--version"}
 NAMED = {
     "--model": ["no-such-model", "{empty_dir}", "{empty_gguf}", "{bad_config_dir}"],
     "--policy": ["{missing}", "{empty}", "{a_dir}"],
+    "--placement": ["{missing}", "{empty}", "{a_dir}"],
     "--hardware": ["no-such-machine", "{empty}"],
     "--scenario": ["no-such-scenario", "mmlu", "file", "arc:subset=medium"],
     "--llm-arg": ["no-equals", "no_such_key=1", "max_batch_size=many", "reuse_prefix=maybe", "model=x"],
     "--qps": ["fast", "-1", ","],
     "--policies": ["no-such-policy", ","],
+    "--schedulers": ["no-such-policy", ","],
     "--gpu-mem": ["lots", "-1GiB", "12XB"],
     "--cpu-mem": ["lots", "-1GiB"],
     "--gpu-kv-mem": ["lots"],

@@ -1,7 +1,7 @@
 """One real-engine run of augmented requests under one policy, from plain settings.
 
 Builds, from one `AgentsConfig` and an executor: the paged cache (pools sized in blocks from byte
-budgets, given, or what the tiers' budgets leave on an offload executor: `LLM.prepare_pools`), the Scheduler
+budgets, given, or what the tiers' budgets leave on an offload executor: `LLM.prepare_augmented`), the Scheduler
 with the same block counts, a CostModel measured on this machine (once per model, shared by
 every policy so they all price strategies alike), the policy and predictor, and runs the
 AugmentedEngine over any executor.

@@ -99,17 +99,19 @@ class PlacementCharges:
     `latent_fp8`: an MLA model's latent cache holds ESS's FP8 records, not the compute dtype's;
     `fused_int4`: whether the device multiplies 4-bit weights in place in `dtype` (default: as
     torch's kernels do on `device_type`; a planned GPU says it, `placement.int4_runs_in_place`);
-    `routing`: a MoE model's `placement.routing.RoutingProfile` (hottest experts placed first)."""
+    `routing`: a MoE model's `placement.routing.RoutingProfile` (hottest experts placed first);
+    `model_spec`: the run's `placement.ModelSpec` (default: built from `hf_config`)."""
 
     def __init__(self, hf_config: dict, policy: placement.Policy, dtype: torch.dtype, *,
                  int4: bool | None = None, device_type: str | None = None, stores_fp8=None,
-                 latent_fp8: bool = False, fused_int4: bool | None = None, stores_mxfp4=None, routing=None):
+                 latent_fp8: bool = False, fused_int4: bool | None = None, stores_mxfp4=None, routing=None,
+                 model_spec: placement.ModelSpec | None = None):
         self.cfg = cfg = ModelConfig.from_hf(hf_config)
         self.latent_fp8 = latent_fp8  # an MLA latent cache in ESS's FP8 records (656 B for V3.2)
         if cfg.mla is not None and (policy.compress_cache or policy.cpu_attention):
             raise ValueError(f"{cfg.model_type}'s latent cache is stored as it is and attended on the gpu tier: "
-                             "give a policy without compress_cache and cpu_attention (or --policy auto)")
-        self.model_spec = model_spec_from_hf(hf_config)
+                             "give a policy without compress_cache and cpu_attention (or --placement auto)")
+        self.model_spec = model_spec or model_spec_from_hf(hf_config)  # the run plan's, built once
         self.policy, self.dtype = policy, dtype
         self.dtype_bytes = torch.empty((), dtype=dtype).element_size()
         device_type = device_type or compute_device().type

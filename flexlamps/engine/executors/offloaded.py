@@ -34,7 +34,6 @@ from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.stored_weights import int4_format_tag
 from flexlamps.models.forward import forward_for
 from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, Int4Twin, linear, pack
-from flexlamps.models.description import model_spec_from_hf
 from offload import DiskFolder, TierBudget, TieredStore, compute_device, tensor_bytes
 from quant import QTensor
 from quant.fp8 import Fp8Weight
@@ -77,7 +76,7 @@ class OffloadExecutor:
     def __init__(self, reader, policy, *, gpu_mem: int, cpu_mem: int, offload_dir=None,
                  dtype: torch.dtype = torch.float32, device: torch.device | None = None, verify_disk: bool = True,
                  weight_quant: str | None = None, overlap_latent_misses: bool = False,
-                 latent_fp8: bool = False, expert_cache: str = "lru", routing=None):
+                 latent_fp8: bool = False, expert_cache: str = "lru", routing=None, model_spec=None):
         """`overlap_latent_misses`: an offloaded MLA latent cache copies each decode step's
         misses while attending over its hits (`caches.latent_copy`; within fp32 rounding of the
         exact mode, which copies, then attends, and equals the in-memory path bit for bit).
@@ -86,18 +85,18 @@ class OffloadExecutor:
         `expert_cache`: which experts read off the cpu/disk tiers stay in the gpu tier's free
         room ("lru", "frequency" or "off"; `expert_weights.ExpertCache`). `routing`: a MoE
         model's `placement.routing.RoutingProfile`, hottest experts on the fastest tier
-        (default: the one `flexlamps profile --prompts` cached for this checkpoint, if any)."""
+        (default: the one `flexlamps profile --prompts` cached for this checkpoint, if any).
+        `model_spec`: the run's `placement.ModelSpec` (the run plan's; default: built from the config)."""
         unsupported = CAPABILITIES.unsupported(policy)
         if unsupported:
             raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(unsupported)}); "
-                             "use --policy auto or a policy from `flexlamps plan`")
+                             "use --placement auto or a policy from `flexlamps plan`")
         self.cfg = cfg = reader.config
         self.dtype = dtype
         self.policy = policy
         self.overlap_latent_misses = overlap_latent_misses
         self.device = device or compute_device()
         self.fwd = forward_for(cfg)
-        self.model_spec = model_spec_from_hf(reader.hf_config)
         self.budgets = {"gpu": TierBudget("gpu", gpu_mem), "cpu": TierBudget("cpu", cpu_mem)}
         self.qcfg = self.kv_qcfg = None
         if policy.compress_weight or policy.compress_cache:
@@ -115,7 +114,9 @@ class OffloadExecutor:
         self.routing_counter = None  # a RoutingCounter told every MoE layer's routing, when set
         self.charges = PlacementCharges(reader.hf_config, policy, dtype, int4=int4, device_type=self.device.type,
                                         stores_fp8=getattr(reader, "stores_fp8", None), latent_fp8=latent_fp8,
-                                        stores_mxfp4=getattr(reader, "stores_mxfp4", None), routing=routing)
+                                        stores_mxfp4=getattr(reader, "stores_mxfp4", None), routing=routing,
+                                        model_spec=model_spec)
+        self.model_spec = self.charges.model_spec
         self.stored_weights, self.specs = self.charges.weights, self.charges.specs
         self.placement = self.charges.placement
         self.tiers, self.table_pieces = self.placement.tiers, self.placement.pieces

@@ -12,7 +12,7 @@ import torch
 
 import placement
 from flexlamps.models.description import model_spec_from_hf
-from placement import HardwareSpec, Plan, Policy, WorkloadSpec
+from placement import HardwareSpec, ModelSpec, Plan, Policy, WorkloadSpec
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -25,7 +25,8 @@ _REPLANS = 8
 def plan_policy(hf_config: dict, dtype: torch.dtype, hardware: HardwareSpec, *, gpu_mem: int, cpu_mem: int,
                 disk_bytes: int | None, prompt_len: int, gen_len: int, max_block_size: int = 256,
                 allow_compression: bool = True, compress_weight: bool | None = None,
-                compress_cache: bool | None = None, prefix_len: int = 0, routing=None) -> Plan:
+                compress_cache: bool | None = None, prefix_len: int = 0, routing=None,
+                model: ModelSpec | None = None) -> Plan:
     """The planner's policy for this run, checked by the executor's dry run: a plan the engine
     would not run within `gpu_mem` / `cpu_mem` (the planner's model of staging, workspaces and
     caches is coarser than the engine's charges) is planned again with that tier's budget less
@@ -34,9 +35,11 @@ def plan_policy(hf_config: dict, dtype: torch.dtype, hardware: HardwareSpec, *, 
     `compress_weight`/`compress_cache`: the user's choice (True: planned with it on, so the plan
     prices what runs; False: off; None: the planner's choice where `allow_compression`).
     `routing`: a MoE model's measured `placement.routing.RoutingProfile` (the experts a step
-    reads are priced from it; None: uniform routing)."""
+    reads are priced from it; None: uniform routing). `model`: the run's ModelSpec (the run plan
+    builds it once), else built from `hf_config`."""
+    spec = model or model_spec_from_hf(hf_config)
     # an FP8 checkpoint's matrices stay FP8 in the engine (upcast per call): planned as stored
-    model = dataclasses.replace(model_spec_from_hf(hf_config), dtype=_DTYPE_NAMES[dtype], routing=routing)
+    model = dataclasses.replace(spec, dtype=_DTYPE_NAMES[dtype], routing=routing)
     workload = WorkloadSpec(prompt_len=max(1, prompt_len), gen_len=max(1, gen_len))
     options = dict(max_block_size=max_block_size,
                    allow_weight_compression=_allowed(compress_weight, allow_compression),
@@ -47,7 +50,8 @@ def plan_policy(hf_config: dict, dtype: torch.dtype, hardware: HardwareSpec, *, 
         hw = dataclasses.replace(hardware, gpu_mem_bytes=planned["gpu"], cpu_mem_bytes=planned["cpu"],
                                  disk_bytes=max(1, disk_bytes or 1))
         plan = _solve(model, hw, workload, options)
-        short = _dry_run_shortfall(hf_config, plan.policy, dtype, gpu_mem, cpu_mem, workload, prefix_len, routing)
+        short = _dry_run_shortfall(hf_config, plan.policy, dtype, gpu_mem, cpu_mem, workload, prefix_len, routing,
+                                   spec)
         if short is None:
             return plan
         tier, nbytes = short
@@ -65,14 +69,15 @@ def _solve(model, hw: HardwareSpec, workload: WorkloadSpec, options: dict) -> Pl
 
 
 def _dry_run_shortfall(hf_config: dict, policy: Policy, dtype: torch.dtype, gpu_mem: int, cpu_mem: int,
-                       workload: WorkloadSpec, prefix_len: int, routing=None) -> tuple[str, int] | None:
+                       workload: WorkloadSpec, prefix_len: int, routing=None,
+                       model: ModelSpec | None = None) -> tuple[str, int] | None:
     """(tier, bytes short) where the executor would exceed its budgets running `policy`, else None."""
     from flexlamps.engine.executors.dry_run import dry_run
     from offload import BudgetExceededError
 
     try:
         dry_run(hf_config, policy, gpu_mem=gpu_mem, cpu_mem=cpu_mem, prompt_len=workload.prompt_len,
-                gen_len=workload.gen_len, dtype=dtype, prefix_len=prefix_len, routing=routing)
+                gen_len=workload.gen_len, dtype=dtype, prefix_len=prefix_len, routing=routing, model_spec=model)
     except BudgetExceededError as e:
         return e.tier, e.shortfall_bytes
     return None

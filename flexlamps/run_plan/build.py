@@ -1,0 +1,114 @@
+"""What a run plan needs from this machine, and the executor built from a plan.
+
+`machine_inputs` reads what the pure planning step (`plan.plan_run`) takes as arguments: the
+machine's profile (cached, or measured once) and the disk tier's free space. `build_executor`
+loads the weights into the executor the plan says; `with_measured_pools` sizes the augmented
+face's pools from what an offload executor's budgets leave once its weights are placed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+import placement
+from flexlamps.engine.executors.contract import Executor
+from flexlamps.run_plan.plan import RunPlan, agents_config
+from flexlamps.settings import RunSettings
+
+# The in-memory executor keeps a dense copy of its 4-bit and Q8_0 weights (prefill and batches from
+# 16 rows, 3 for Q8_0, run a dense GEMM instead of dequantizing per call) when the copies take at
+# most this share of the memory available now; otherwise the quantized weights alone (same results,
+# slower prefill).
+DENSE_TWINS_MAX_SHARE = 0.25
+
+
+def machine_inputs(settings: RunSettings, spec: placement.ModelSpec, reader, on_profile=None) -> dict:
+    """What `plan.plan_run` takes from this machine when the settings plan with it (policy "auto"
+    offloaded), else {}: `hardware`, the profile (the cached one, or measured now on the model's
+    own matrices, `on_profile(path, why)` told first); `disk_bytes`, the disk tier's free space;
+    `routing`, a MoE model's routing profile cached by `flexlamps profile --prompts` (or None)."""
+    if not (settings.offloaded and isinstance(settings.policy, str) and settings.policy == "auto"):
+        return {}
+    from flexlamps.engine.routing_profile import cached_routing
+    from flexlamps.hardware.cache import machine_profile
+
+    scratch = Path(settings.offload_dir) if settings.offload_dir else Path(tempfile.gettempdir()) / "flexlamps-profile"
+    hardware = machine_profile(scratch, on_profile, model_shapes=spec.layer_matrix_shapes())
+    return dict(hardware=hardware, disk_bytes=free_disk_bytes(settings.offload_dir), routing=cached_routing(reader))
+
+
+def free_disk_bytes(offload_dir) -> int:
+    """The disk tier the planner may use: free space where the offload executor will write, the
+    folder given or, as the executor does without one, the default under the cache folder."""
+    from flexlamps.cache_folder import default_offload_dir
+
+    folder = Path(offload_dir) if offload_dir else default_offload_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    return shutil.disk_usage(folder).free
+
+
+def build_executor(plan: RunPlan, reader) -> Executor:
+    """The executor `plan` says, with `reader`'s weights loaded: the offload executor within the
+    plan's budgets and policy, else the in-memory one on the settings' device (the GPU when there
+    is one)."""
+    settings = plan.settings
+    if plan.offloaded:
+        from flexlamps.engine.executors.offloaded import OffloadExecutor
+
+        return OffloadExecutor(reader, plan.policy, gpu_mem=settings.gpu_mem, cpu_mem=settings.cpu_mem,
+                               offload_dir=settings.offload_dir, dtype=plan.dtype, weight_quant=settings.weight_quant,
+                               model_spec=plan.model)
+    from flexlamps.engine.executors.in_memory import InMemoryExecutor
+    from flexlamps.models.loading.weight_cache import load_weights
+    from offload import compute_device
+
+    device = torch.device(settings.device) if settings.device else compute_device()
+    cache_dir = settings.cache_dir
+    weights = load_weights(reader, plan.dtype, int4_in_place=True, cache_dir=cache_dir or None,
+                           use_cache=cache_dir is not False)  # the executor moves them to `device`
+    twins = device.type == "cpu" and _dense_twins_fit(weights)
+    return InMemoryExecutor(reader.config, weights, plan.dtype, device, dense_twins=twins,
+                            dense_copies=_cached_dense_copies(reader, plan.dtype, cache_dir) if twins else None)
+
+
+def with_measured_pools(plan: RunPlan, executor: Executor):
+    """(`plan` with the augmented face's pools, their `PoolSizes`): sized from what the offload
+    executor's budgets leave once its weights are placed (`engine.augmented.pools.pool_sizes`).
+
+    Raises:
+        ValueError: the gpu budget leaves no room for one request of `max_context` tokens.
+    """
+    from flexlamps.engine.augmented.pools import pool_sizes
+
+    aug = plan.augmented
+    if aug is None or not plan.offloaded:
+        raise ValueError("pools are measured on the offload executor of a plan made by plan_augmented")
+    sizes = pool_sizes(executor, max_context=aug.max_context, max_num_seqs=aug.max_num_seqs,
+                       max_num_batched_tokens=aug.max_num_batched_tokens, block_size=aug.block_size, swap=aug.swap)
+    return dataclasses.replace(plan, pools=agents_config(aug, sizes.gpu_kv_bytes, sizes.cpu_swap_bytes)), sizes
+
+
+def _dense_twins_fit(weights: dict) -> bool:
+    import psutil
+
+    from flexlamps.models.blocks.linear import can_have_dense_twin
+
+    dense_bytes = sum(w.shape[0] * w.shape[1] * w.dtype.itemsize for w in weights.values() if can_have_dense_twin(w))
+    return 0 < dense_bytes <= DENSE_TWINS_MAX_SHARE * psutil.virtual_memory().available
+
+
+def _cached_dense_copies(reader, dtype: torch.dtype, cache_dir):
+    """The weight cache's dense copies of the 4-bit matrices (see weight_cache.dense_copies), or
+    None when the cache is off or the checkpoint is not one file."""
+    from flexlamps.models.loading import weight_cache
+
+    if cache_dir is False or not Path(reader.path).is_file():
+        return None
+    entry = weight_cache.entry_path(reader, dtype, True, cache_dir or None)
+    return functools.partial(weight_cache.dense_copies, weight_cache.dense_path(entry))

@@ -1,0 +1,166 @@
+"""The pure step from a run's settings and workload to its plan: the placement policy, the batch
+sizes, the tier budgets and, for the augmented face, the paged pools.
+
+Pure: it measures nothing and allocates nothing. What only the machine can say comes in as
+arguments (`hardware`: its profile, `disk_bytes`: the disk tier's free space, read by
+`build.machine_inputs`); the planner's check of its own answer is the executor's dry run, which
+charges budgets on paper. The one file it may read is the policy JSON the settings name.
+The planner's view of the model (`placement.ModelSpec`) is built here once per run, from the
+run's one `ModelConfig`, and handed to the planner, the dry run and the executor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import placement
+from flexlamps.engine.augmented.pools import agents_workload, planner_budgets
+from flexlamps.engine.augmented.run import AgentsConfig
+from flexlamps.models.config import ModelConfig
+from flexlamps.models.description import model_spec
+from flexlamps.settings import AugmentedSettings, RunSettings
+
+# the augmented face's default pools in memory: room for this many full contexts on each tier
+DEFAULT_POOL_CONTEXTS = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """What a run asks of its engine, as far as planning needs it."""
+    prompt_len: int = 512  # tokens of the longest prompt (the cache holds it whole)
+    gen_len: int = 32  # tokens generated per sequence at most
+    num_sequences: int = 256  # sequences in flight at most
+    prefix_len: int = 0  # tokens every prompt starts with (held once, in a one-row cache)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunPlan:
+    """What a run runs with; executors are built from it and both faces read it."""
+    settings: RunSettings  # as parsed; the tier budgets filled in when offloaded
+    model: placement.ModelSpec  # the planner's view of the run's ModelConfig, built once
+    dtype: torch.dtype  # compute and weight dtype as run
+    workload: Workload  # what the placement was planned for
+    policy: placement.Policy | None  # the placement; None: all in memory, no budgets
+    predicted: placement.Plan | None  # the planner's answer (policy "auto"), with its prediction
+    max_batch_size: int  # sequences decoded together (offloaded: the policy's block)
+    micro_batch: int | None  # rows per micro-batch (offloaded: the policy's gpu batch)
+    planner_budgets: tuple[int, int] | None  # (gpu, cpu) bytes the planner was let fill
+    augmented: AugmentedSettings | None = None  # the augmented face's settings, when planned for it
+    pools: AgentsConfig | None = None  # its pools; None while an offload executor has to measure them
+
+    @property
+    def offloaded(self) -> bool:
+        """Whether the offload executor runs (within the settings' tier budgets)."""
+        return self.policy is not None
+
+
+def plan_run(settings: RunSettings, config: ModelConfig, hf_config: dict, dtype: torch.dtype,
+             workload: Workload = Workload(), *, model: placement.ModelSpec | None = None,
+             hardware: placement.HardwareSpec | None = None, disk_bytes: int | None = None,
+             routing=None, budgets: tuple[int, int] | None = None) -> RunPlan:
+    """The plan for `workload`. Offloaded settings need their budgets filled in
+    (`RunSettings.with_budgets`), and policy "auto" needs `hardware` and `disk_bytes`. `model`:
+    the run's ModelSpec when the caller built it already (once per run), else built here.
+    `routing`: a MoE model's measured routing profile, which "auto" prices the experts by.
+    `budgets`: the (gpu, cpu) bytes the planner may fill, when part of each tier is kept for
+    something it does not plan (the augmented face's pools); the executor still runs within
+    the whole budgets.
+
+    Raises:
+        ValueError: a policy file that is not one; budgets not filled in; no hardware for "auto".
+        placement.InfeasiblePlanError: no placement runs within the budgets.
+    """
+    model = model or model_spec(config, hf_config)
+    if not settings.offloaded:
+        return RunPlan(settings=settings, model=model, dtype=dtype, workload=workload, policy=None, predicted=None,
+                       max_batch_size=settings.max_batch_size, micro_batch=None, planner_budgets=None)
+    if settings.gpu_mem is None or settings.cpu_mem is None:
+        raise ValueError("an offloaded run is planned within both tier budgets: fill them in first "
+                         "(RunSettings.with_budgets)")
+    machine = dict(hardware=hardware, disk_bytes=disk_bytes, routing=routing)
+    policy, predicted = _placement(settings, model, hf_config, dtype, workload, machine, budgets)
+    if settings.compress_weight is not None or settings.compress_cache is not None:
+        policy = dataclasses.replace(
+            policy, compress_weight=_given(settings.compress_weight, policy.compress_weight),
+            compress_cache=_given(settings.compress_cache, policy.compress_cache))
+    return RunPlan(settings=settings, model=model, dtype=dtype, workload=workload, policy=policy, predicted=predicted,
+                   max_batch_size=policy.gpu_batch_size * policy.num_gpu_batches, micro_batch=policy.gpu_batch_size,
+                   planner_budgets=budgets)
+
+
+def plan_augmented(settings: RunSettings, augmented: AugmentedSettings, config: ModelConfig, hf_config: dict,
+                   dtype: torch.dtype, *, model: placement.ModelSpec | None = None,
+                   hardware: placement.HardwareSpec | None = None, disk_bytes: int | None = None,
+                   routing=None) -> RunPlan:
+    """The plan of an augmented run: offloaded, the planner places the weights for one sequence
+    (the KV cache lives in the paged pools, not where it would put it) within budgets that keep
+    room for the pools, which the built executor then measures (`build.with_measured_pools`);
+    in memory, the pools as given, else room for `DEFAULT_POOL_CONTEXTS` full contexts each.
+
+    Raises:
+        ValueError: `max_context` beyond the model's context, and as `plan_run`.
+    """
+    if augmented.max_context > config.max_position:
+        raise ValueError(f"max_context {augmented.max_context} exceeds the model's context ({config.max_position}); "
+                         "lower --max-context")
+    prompt, gen = agents_workload(augmented.max_context, augmented.max_num_seqs, augmented.max_num_batched_tokens)
+    workload = Workload(prompt_len=prompt, gen_len=gen, num_sequences=1)
+    per_token = config.kv_bytes_per_token(dtype.itemsize)
+    budgets = None
+    if settings.offloaded and settings.gpu_mem is not None and settings.cpu_mem is not None:
+        budgets = planner_budgets(settings.gpu_mem, settings.cpu_mem, per_token, augmented.max_num_seqs,
+                                  augmented.max_context)
+    plan = plan_run(settings, config, hf_config, dtype, workload, model=model, hardware=hardware,
+                    disk_bytes=disk_bytes, routing=routing, budgets=budgets)
+    pools = None
+    if not plan.offloaded:
+        contexts = DEFAULT_POOL_CONTEXTS
+        gpu = _given(augmented.gpu_kv_mem, contexts * (augmented.max_context + augmented.block_size) * per_token)
+        cpu = _given(augmented.cpu_swap_mem, contexts * augmented.max_context * per_token)
+        pools = agents_config(augmented, gpu, cpu)
+    return dataclasses.replace(plan, augmented=augmented, pools=pools)
+
+
+def agents_config(augmented: AugmentedSettings, gpu_kv_bytes: int, cpu_swap_bytes: int) -> AgentsConfig:
+    """The augmented face's pools and scheduler shape, as its engine takes them."""
+    return AgentsConfig(gpu_kv_bytes=gpu_kv_bytes, cpu_swap_bytes=cpu_swap_bytes if augmented.swap else 0,
+                        block_size=augmented.block_size, max_num_seqs=augmented.max_num_seqs,
+                        max_num_batched_tokens=augmented.max_num_batched_tokens,
+                        noise_sigma=augmented.noise_sigma, seed=augmented.seed)
+
+
+def _placement(settings: RunSettings, model: placement.ModelSpec, hf_config: dict, dtype: torch.dtype,
+               workload: Workload, machine: dict, budgets) -> tuple[placement.Policy, placement.Plan | None]:
+    """The placement policy the settings name, and the planner's answer when it chose it (`machine`:
+    plan_run's hardware, disk_bytes and routing)."""
+    from flexlamps.engine.executors.policy_choice import load_policy, plan_policy
+
+    policy = settings.policy
+    if isinstance(policy, str) and policy == "auto":
+        if machine["hardware"] is None:
+            raise ValueError("policy 'auto' is planned with this machine's profile: pass hardware "
+                             "(flexlamps.run_plan.build.machine_inputs)")
+        gpu_mem, cpu_mem = budgets or (settings.gpu_mem, settings.cpu_mem)
+        compress = bool(settings.compress_weight or settings.compress_cache)
+        predicted = plan_policy(hf_config, dtype, machine["hardware"], gpu_mem=gpu_mem, cpu_mem=cpu_mem,
+                                disk_bytes=machine["disk_bytes"], routing=machine["routing"],
+                                prompt_len=workload.prompt_len, gen_len=workload.gen_len,
+                                max_block_size=max(1, workload.num_sequences), allow_compression=compress,
+                                compress_weight=settings.compress_weight, compress_cache=settings.compress_cache,
+                                prefix_len=workload.prefix_len if settings.reuse_prefix else 0, model=model)
+        return predicted.policy, predicted
+    if isinstance(policy, (str, Path)):
+        return load_policy(policy), None
+    if policy is None:  # everything on the gpu tier, one micro-batch of max_batch_size
+        gpu = placement.TierSplit(gpu=1, cpu=0, disk=0)
+        return placement.Policy(gpu_batch_size=settings.max_batch_size, num_gpu_batches=1, weights=gpu, cache=gpu,
+                                activations=gpu), None
+    return policy, None
+
+
+def _given(value, default):
+    return default if value is None else value
