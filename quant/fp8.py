@@ -15,8 +15,11 @@ Sizes come from `quant.fp8_layout` (torch-free, used by the planner).
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import torch
+
+from quant.compressed_weight import CompressedWeight
 
 from quant.fp8_layout import CACHE_BLOCK, WEIGHT_BLOCK, fp8_vector_bytes
 
@@ -137,12 +140,14 @@ _UPCAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Fp8Weight:
+class Fp8Weight(CompressedWeight):
     """An FP8 checkpoint's (out, in) matrix kept as stored: codes and per-tile scales, upcast
     to `dtype` (the compute dtype) by `dequantize`, which `models.linear` calls per GEMM.
     Stored on a tier as plain tensors (`to_tensors`: codes as uint8, since FP8 has no numpy
     dtype for the disk tier) and rebuilt from them (`from_tensors`)."""
 
+    KIND: ClassVar[str] = "fp8"
+    PARTS: ClassVar[tuple[str, ...]] = ("codes", "scale_inv")
     codes: torch.Tensor  # (out, in) float8_e4m3fn
     scale_inv: torch.Tensor  # (ceil(out / block[0]), ceil(in / block[1])) fp32: weight = codes * scale
     block: tuple[int, int]  # the checkpoint's weight_block_size
@@ -158,46 +163,25 @@ class Fp8Weight:
     def shape(self) -> tuple[int, int]:
         return tuple(self.codes.shape)
 
-    @property
-    def device(self) -> torch.device:
-        return self.codes.device
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held: one per value plus the fp32 tile scales."""
-        return self.codes.numel() + self.scale_inv.numel() * self.scale_inv.element_size()
-
     def dequantize(self, dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """The dense (out, in) weight in `dtype` (default: the compute dtype), as at load; into
         `out` when given (a buffer reused across calls)."""
         return dequantize_weight(self.codes, self.scale_inv, dtype or self.dtype, self.block, out)
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Fp8Weight":
-        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return dataclasses.replace(self, codes=move(self.codes), scale_inv=move(self.scale_inv))
+    def _stored(self, part: torch.Tensor) -> torch.Tensor:
+        return part.view(torch.uint8) if part.dtype == FP8 else part
 
-    def pin_memory(self) -> "Fp8Weight":
-        return dataclasses.replace(self, codes=self.codes.pin_memory(), scale_inv=self.scale_inv.pin_memory())
-
-    def to_tensors(self, prefix: str = "") -> dict[str, torch.Tensor]:
-        layout = torch.tensor([*self.block, _UPCAST_DTYPES.index(self.dtype)], dtype=torch.int32)
-        codes, scale_inv, layout_name = self.part_names(prefix)
-        return {codes: self.codes.view(torch.uint8), scale_inv: self.scale_inv, layout_name: layout}
-
-    @staticmethod
-    def part_names(prefix: str = "") -> tuple[str, str, str]:
-        """The names `to_tensors` gives the codes, the scales and the layout (tile, dtype)."""
-        return f"{prefix}fp8.codes", f"{prefix}fp8.scale_inv", f"{prefix}fp8.layout"
+    def _layout(self) -> list[int]:
+        return [*self.block, _UPCAST_DTYPES.index(self.dtype)]
 
     @classmethod
-    def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str = "") -> "Fp8Weight":
-        """Inverse of `to_tensors`."""
-        codes, scale_inv, layout = cls.part_names(prefix)
-        b0, b1, dtype_idx = (int(v) for v in tensors[layout].tolist())
-        return cls(tensors[codes].view(FP8), tensors[scale_inv], (b0, b1), _UPCAST_DTYPES[dtype_idx])
+    def _from_parts(cls, parts: list[torch.Tensor], layout: list[int]) -> "Fp8Weight":
+        codes, scale_inv = parts
+        return cls(codes.view(FP8), scale_inv, (layout[0], layout[1]), _UPCAST_DTYPES[layout[2]])
 
     def __repr__(self) -> str:
         return f"Fp8Weight(shape={self.shape}, block={self.block}, dtype={self.dtype}, device={self.device})"
+
 
 class LatentRecords:
     """One token's cached entry as a flat uint8 record: `width` values in FP8 with a scale per

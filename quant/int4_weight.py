@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import ClassVar
 
 import torch
 
+from quant.compressed_weight import CompressedWeight
 from quant.int4_tiles import tile_rows, unpack_tile_rows_into, unpacked_from_tiles
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)  # the fused kernels' activation dtypes (CPU)
@@ -111,7 +113,7 @@ def _cuda_codes(kernel: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Int4Weight:
+class Int4Weight(CompressedWeight):
     """A weight (N, K) as 4-bit codes with a scale and zero point per group of input channels.
 
     Attributes:
@@ -124,6 +126,8 @@ class Int4Weight:
             `from_codes`/`to`); None where the kernel cannot run (then `matmul` dequantizes).
     """
 
+    KIND: ClassVar[str] = "int4"
+    PARTS: ClassVar[tuple[str, ...]] = ("scale_zero", "codes", "kernel_codes")
     codes: torch.Tensor | None
     scale_zero: torch.Tensor
     group_size: int
@@ -210,16 +214,6 @@ class Int4Weight:
     def dtype(self) -> torch.dtype:
         return self.scale_zero.dtype
 
-    @property
-    def device(self) -> torch.device:
-        return self.scale_zero.device
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held: both code layouts and the group parameters."""
-        parts = (self.codes, self.scale_zero, self.kernel_codes)
-        return sum(p.numel() * p.element_size() for p in parts if p is not None)
-
     def can_run_fused(self, x: torch.Tensor) -> bool:
         """Whether torch's fused kernel (`matmul`) multiplies x by this weight."""
         # NOTE(offspeed): not in fp32 (an fp32 model's 4-bit weights offloaded): torch's CPU kernel
@@ -300,6 +294,13 @@ class Int4Weight:
         return out
 
     @classmethod
+    def part_names(cls, prefix: str = "", codes: bool = True, kernel: bool = False) -> tuple[str, ...]:
+        """The names `to_tensors` gives the parts: the group parameters, then the codes in the plain
+        layout and / or the kernel's (`codes`, `kernel`: which are written)."""
+        parts = ["scale_zero", "group_size"] + ["codes"] * codes + ["kernel_codes"] * kernel
+        return tuple(f"{prefix}{cls.KIND}.{part}" for part in parts)
+
+    @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str = "") -> "Int4Weight":
         """Inverse of `to_tensors`; the kernel layout is taken as stored or rebuilt."""
         codes, scale_zero = tensors.get(f"{prefix}int4.codes"), tensors[f"{prefix}int4.scale_zero"]
@@ -311,10 +312,6 @@ class Int4Weight:
         if kernel is None and can_pack(shape, group_size, codes.device):
             kernel = _kernel_codes(unpack_codes(codes))
         return cls(codes, scale_zero, group_size, kernel)
-
-    @staticmethod
-    def is_stored(tensors, prefix: str = "") -> bool:
-        return f"{prefix}int4.scale_zero" in tensors
 
     def __repr__(self) -> str:
         return (f"Int4Weight(shape={self.shape}, group_size={self.group_size}, dtype={self.dtype}, "

@@ -30,9 +30,11 @@ from memory, so a call reads about 0.6 of the split's bytes. Imports torch only.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import torch
 
+from quant.compressed_weight import CompressedWeight
 from quant.int4_tiles import tile_rows, tiles_from_unpacked, unpacked_from_tiles
 from quant.int4_weight import Int4Weight, unpack_codes
 
@@ -77,12 +79,14 @@ def _split_scales(scale: torch.Tensor, zero: torch.Tensor | None) -> tuple[torch
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Int8Weight:
+class Int8Weight(CompressedWeight):
     """A weight (N, K) as int8 codes with one scale per group of input channels, held as the
     (N, 2K) 4-bit weight `split`, or in the 5-bit form (`fifth` given) as the (N, K) 4-bit weight
     of the codes' low nibbles, whose (scale, zero) mean `(u - 16) * scale + zero`, and the plane
     of their fifth bits (see the module's docstring)."""
 
+    KIND: ClassVar[str] = "int8"
+    PARTS: ClassVar[tuple[str, ...]] = ("split", "fifth")
     split: Int4Weight
     fifth: torch.Tensor | None = None
 
@@ -152,16 +156,8 @@ class Int8Weight:
         return self.split.dtype
 
     @property
-    def device(self) -> torch.device:
-        return self.split.device
-
-    @property
     def group_size(self) -> int:
         return self.split.group_size
-
-    @property
-    def nbytes(self) -> int:
-        return self.split.nbytes + (0 if self.fifth is None else self.fifth.numel())
 
     def can_run_fused(self, x: torch.Tensor) -> bool:
         """Whether torch's fused int4 kernel (`matmul`) multiplies x by it: the split's question;
@@ -255,8 +251,13 @@ class Int8Weight:
     def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str = "") -> "Int8Weight":
         return cls(Int4Weight.from_tensors(tensors, f"{prefix}int8."), tensors.get(f"{prefix}int8.fifth"))
 
-    @staticmethod
-    def is_stored(tensors, prefix: str = "") -> bool:
+    @classmethod
+    def part_names(cls, prefix: str = "", codes: bool = True, kernel: bool = False) -> tuple[str, ...]:
+        """The names `to_tensors` gives the split's parts (`Int4Weight.part_names`), not the 5-bit plane."""
+        return Int4Weight.part_names(f"{prefix}{cls.KIND}.", codes, kernel)
+
+    @classmethod
+    def is_stored(cls, tensors, prefix: str = "") -> bool:
         return Int4Weight.is_stored(tensors, f"{prefix}int8.")
 
     def __repr__(self) -> str:

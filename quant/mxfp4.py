@@ -11,8 +11,11 @@ table in the target dtype, then `torch.ldexp`), so the values are the ones trans
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import torch
+
+from quant.compressed_weight import CompressedWeight
 
 MXFP4_BLOCK = 32  # input values per e8m0 scale
 # e2m1 codes 0..15: sign bit, 2 exponent bits, 1 mantissa bit (transformers' FP4_VALUES)
@@ -50,10 +53,12 @@ def dequantize_mxfp4(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dty
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Mxfp4Weight:
+class Mxfp4Weight(CompressedWeight):
     """An MXFP4 (out, in) matrix kept as stored, dequantized to `dtype` (the compute dtype) per
     call. Stored on a tier as its codes and scales (`to_tensors`) and rebuilt from them."""
 
+    KIND: ClassVar[str] = "mxfp4"
+    PARTS: ClassVar[tuple[str, ...]] = ("codes", "scales")
     codes: torch.Tensor  # (out, in / 2) uint8: two e2m1 codes per byte, the lower input first
     scales: torch.Tensor  # (out, in / 32) uint8: e8m0 exponents, biased by 127
     dtype: torch.dtype
@@ -68,39 +73,15 @@ class Mxfp4Weight:
     def shape(self) -> tuple[int, int]:
         return (self.codes.shape[0], self.codes.shape[1] * 2)
 
-    @property
-    def device(self) -> torch.device:
-        return self.codes.device
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held: half a byte per value and a byte per 32 values."""
-        return self.codes.numel() + self.scales.numel()
-
     def dequantize(self, dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         return dequantize_mxfp4(self.codes, self.scales, dtype or self.dtype, out)
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Mxfp4Weight":
-        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return dataclasses.replace(self, codes=move(self.codes), scales=move(self.scales))
-
-    def pin_memory(self) -> "Mxfp4Weight":
-        return dataclasses.replace(self, codes=self.codes.pin_memory(), scales=self.scales.pin_memory())
-
-    def to_tensors(self, prefix: str = "") -> dict[str, torch.Tensor]:
-        codes, scales, layout = self.part_names(prefix)
-        return {codes: self.codes, scales: self.scales,
-                layout: torch.tensor([_UPCAST_DTYPES.index(self.dtype)], dtype=torch.int32)}
-
-    @staticmethod
-    def part_names(prefix: str = "") -> tuple[str, str, str]:
-        """The names `to_tensors` gives the codes, the scales and the layout (the compute dtype)."""
-        return f"{prefix}mxfp4.codes", f"{prefix}mxfp4.scales", f"{prefix}mxfp4.layout"
+    def _layout(self) -> list[int]:
+        return [_UPCAST_DTYPES.index(self.dtype)]
 
     @classmethod
-    def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str = "") -> "Mxfp4Weight":
-        codes, scales, layout = cls.part_names(prefix)
-        return cls(tensors[codes], tensors[scales], _UPCAST_DTYPES[int(tensors[layout][0])])
+    def _from_parts(cls, parts: list[torch.Tensor], layout: list[int]) -> "Mxfp4Weight":
+        return cls(*parts, _UPCAST_DTYPES[layout[0]])
 
     def __repr__(self) -> str:
         return f"Mxfp4Weight(shape={self.shape}, dtype={self.dtype}, device={self.device})"

@@ -115,3 +115,35 @@ def test_add_and_mul_together_are_refused():
 def test_pack_leaves_weights_it_cannot_speed_up():
     for w in (torch.randn(8, 4).half(), torch.randn(8), torch.randn(8, 4).to(torch.float64)):
         assert pack(w) is w
+
+
+def test_every_compressed_weight_kind_owns_its_product():
+    """linear chooses from the table: each kind of compressed weight has its product, and a kind
+    with a dense twin (4-bit, int8) says from how many rows each form takes the dense GEMM."""
+    import quant.fp8  # noqa: F401  (each kind registers by subclassing)
+    import quant.mxfp4  # noqa: F401
+    from flexlamps.models.blocks.linear import PRODUCTS, Int4Twin
+    from quant.compressed_weight import CompressedWeight
+    from quant.int4_weight import Int4Weight
+    from quant.int8_weight import Int8Weight
+
+    kinds = set(CompressedWeight.__subclasses__())
+    assert kinds and kinds | {Int4Twin} == set(PRODUCTS)
+    for kind in (Int4Weight, Int8Weight):
+        assert 1 < PRODUCTS[kind].twin_dense_from_rows <= PRODUCTS[kind].dense_from_rows
+
+
+def test_compressed_weights_move_their_parts_together():
+    from quant.compressed_weight import CompressedWeight
+    from quant.int4_weight import Int4Weight
+    from quant.int8_weight import Int8Weight
+
+    w4 = Int4Weight.quantize(torch.randn(64, 64), 32, torch.float32)
+    w8 = Int8Weight.from_codes(torch.randint(-128, 128, (64, 64), dtype=torch.int8), torch.rand(64, 2),
+                               dtype=torch.float32)
+    for w in (w4, w8):
+        assert isinstance(w, CompressedWeight) and w.to("cpu") is w
+        assert w.nbytes == sum(t.numel() * t.element_size() for t in w.to_tensors(with_kernel=True).values()
+                               if t.dtype != torch.int32)
+    assert Int4Weight.is_stored(w4.to_tensors("a."), "a.") and not Int8Weight.is_stored(w4.to_tensors("a."), "a.")
+    assert set(Int8Weight.part_names("b.")) <= set(w8.to_tensors("b."))

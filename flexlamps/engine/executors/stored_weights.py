@@ -124,8 +124,7 @@ class StoredWeights:
     def int4_part_names(self, spec: WeightSpec, tier: str) -> list[str]:
         """The names of a 4-bit weight's parts in the store (`Int4Weight.to_tensors`)."""
         codes, kernel = _held_layouts(tuple(spec.shape), tier, self.device_type)
-        parts = ["scale_zero", "group_size"] + ["codes"] * codes + ["kernel_codes"] * kernel
-        return [f"{spec.name}::int4.{p}" for p in parts]
+        return list(Int4Weight.part_names(f"{spec.name}::", bool(codes), bool(kernel)))
 
     def dense_on_call(self, spec: WeightSpec) -> bool:
         """Whether `models.linear` dequantizes this 4-bit weight whatever the rows (no kernel)."""

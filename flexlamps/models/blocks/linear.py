@@ -67,6 +67,7 @@ dequantized into; `unpack` gives a fresh copy, which a caller may hold across ca
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -77,6 +78,7 @@ from quant.fp8 import Fp8Weight
 from quant.mxfp4 import Mxfp4Weight
 from quant.int4_weight import Int4Weight
 from flexlamps.kernels.int8_gemm import Int8Matrix
+from quant.compressed_weight import CompressedWeight
 from quant.int8_weight import Int8Weight
 
 _ONEDNN_DTYPES = (torch.float32,)  # and bfloat16 where oneDNN has a bf16 GEMM (`_onednn_dtypes`)
@@ -177,7 +179,7 @@ class Int4Twin:
         if dense_from_rows is None:
             kernel = native_kernel()
             dense_from_rows = (NATIVE_TWIN_DENSE_FROM_ROWS if kernel is not None and kernel.takes(int4)
-                               else INT8_TWIN_DENSE_FROM_ROWS if isinstance(int4, Int8Weight) else INT4_TWIN_DENSE_FROM_ROWS)
+                               else PRODUCTS[type(int4)].twin_dense_from_rows)
         self.dense_from_rows = dense_from_rows
         self._fused_on = None  # the (dtype, device) of activations the fused kernel was found to take
         self._fused = None  # and the product it runs for them (`fused_product`'s choice)
@@ -302,7 +304,9 @@ def can_have_dense_twin(w) -> bool:
     """Whether `with_dense_twin` makes `w` an `Int4Twin`: an `Int4Weight` or `Int8Weight` on the CPU,
     in fp32 or bf16."""
     # not only oneDNN's dtypes: on a CPU without a bf16 oneDNN GEMM (no AVX-512) torch's runs the copy
-    return isinstance(w, (Int4Weight, Int8Weight)) and w.device.type == "cpu" and w.dtype in _TWIN_DTYPES
+    kind = PRODUCTS.get(type(w))
+    return (kind is not None and kind.twin_dense_from_rows is not None and w.device.type == "cpu"
+            and w.dtype in _TWIN_DTYPES)
 
 
 def with_dense_twin(w, plain=None):
@@ -316,7 +320,7 @@ def pack(w: torch.Tensor) -> torch.Tensor:
 
     The packed tensor is opaque (a oneDNN tensor of the same size); `unpack` gives w back.
     """
-    if isinstance(w, (Int4Weight, Int8Weight, Int4Twin, Fp8Weight, Mxfp4Weight)) or not uses_onednn(w, w) or w.is_mkldnn:
+    if type(w) in PRODUCTS or not uses_onednn(w, w) or w.is_mkldnn:
         return w
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), _PACK_ROWS_HINT)
 
@@ -325,7 +329,7 @@ def unpack(w: torch.Tensor) -> torch.Tensor:
     """The dense (out, in) weight, packed or not (for export and for torch's own linear)."""
     if isinstance(w, Int4Twin):
         w = w.int4
-    if isinstance(w, (Int4Weight, Int8Weight, Fp8Weight, Mxfp4Weight)):
+    if isinstance(w, CompressedWeight):
         return w.dequantize()
     return w.to_dense() if w.is_mkldnn else w
 
@@ -335,15 +339,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *,
     """x (..., in) @ w (out, in).T + b, as `F.linear`; then `+ add` or `* mul` (same shape as the output)."""
     if add is not None and mul is not None:
         raise ValueError("linear: pass add= or mul=, not both")
-    if type(w) is Int4Twin:  # resident 4-bit weights, decode first: the step's most frequent call
-        out = w.fused_matmul(x)
-        if out is not None:
-            return _epilogue(out, b, add, mul)
+    kind = PRODUCTS.get(type(w))
+    if kind is not None:  # a compressed weight: its kind's product
+        return kind.run(x, w, b, add, mul)
     other = add if add is not None else mul
-    if isinstance(w, (Int4Weight, Int8Weight, Int4Twin)):
-        return _int4_linear(x, w, b, add=add, mul=mul)
-    if isinstance(w, (Fp8Weight, Mxfp4Weight)):  # upcast for this call only, into the thread's reused buffer
-        return linear(x, w.dequantize(out=_dense_scratch(w.shape, w.dtype, w.device)), b, add=add, mul=mul)
     if other is not None and not (x.dtype == torch.float32 and uses_onednn(x, w)):
         out = linear(x, w, b)
         return out + add if add is not None else out * mul
@@ -385,13 +384,29 @@ def _dense_scratch(shape: tuple[int, int], dtype: torch.dtype, device: torch.dev
     return buf[:numel].view(shape)
 
 
-def _int4_linear(x: torch.Tensor, w: Int4Weight | Int8Weight | Int4Twin, b: torch.Tensor | None, *,
-                 add, mul) -> torch.Tensor:
+def _twin_linear(x: torch.Tensor, w: Int4Twin, b: torch.Tensor | None, add, mul) -> torch.Tensor:
+    """A twin's product: the fused kernel for few rows (decode, the step's most frequent call),
+    else as its weight's codes say (`_codes_linear`) with the dense copy ready."""
+    out = w.fused_matmul(x)
+    if out is not None:
+        return _epilogue(out, b, add, mul)
+    return _codes_linear(x, w, b, add, mul)
+
+
+def _upcast_linear(x: torch.Tensor, w: Fp8Weight | Mxfp4Weight, b: torch.Tensor | None, add, mul) -> torch.Tensor:
+    """An FP8 or MXFP4 weight's product: upcast for this call only, into the thread's reused buffer."""
+    return linear(x, w.dequantize(out=_dense_scratch(w.shape, w.dtype, w.device)), b, add=add, mul=mul)
+
+
+def _codes_linear(x: torch.Tensor, w: Int4Weight | Int8Weight | Int4Twin, b: torch.Tensor | None,
+                  add, mul) -> torch.Tensor:
+    """A 4-bit or int8 weight's product: the fused kernel on its codes below its kind's row count
+    (`Product.dense_from_rows`, a twin's own), else int8 codes (`int8_product`) where that runs
+    for prompts, else the dense GEMM on its dense copy or a dequantization for this call."""
     rows = x.numel() // x.shape[-1]
     twin = w if isinstance(w, Int4Twin) else None
     w = twin.int4 if twin else w
-    plain_from = INT8_DENSE_FROM_ROWS if isinstance(w, Int8Weight) else INT4_DENSE_FROM_ROWS
-    fused = None if rows >= (twin.dense_from_rows if twin else plain_from) else _fused_for(w, x)
+    fused = None if rows >= (twin.dense_from_rows if twin else PRODUCTS[type(w)].dense_from_rows) else _fused_for(w, x)
     if fused is None:
         out = int8_product(twin or w, x) if rows >= INT8_GEMM_FROM_ROWS else None
         if out is not None:
@@ -412,3 +427,22 @@ def _epilogue(out: torch.Tensor, b, add, mul) -> torch.Tensor:
     if mul is not None:
         return out.mul_(mul) if mul.dtype == out.dtype else out * mul
     return out
+
+
+@dataclass(frozen=True)
+class Product:
+    """How one weight kind multiplies: `run(x, w, b, add, mul)`; a kind whose codes are multiplied
+    in place also says from how many rows a plain weight, and its `Int4Twin`, take the dense GEMM."""
+    run: Callable[..., torch.Tensor]
+    dense_from_rows: int | None = None
+    twin_dense_from_rows: int | None = None  # None: the kind has no twin (`can_have_dense_twin`)
+
+
+# weight kind -> its product; any other weight is a dense matrix (packed or not) and runs the GEMM
+PRODUCTS: dict[type, Product] = {
+    Int4Twin: Product(_twin_linear),
+    Int4Weight: Product(_codes_linear, INT4_DENSE_FROM_ROWS, INT4_TWIN_DENSE_FROM_ROWS),
+    Int8Weight: Product(_codes_linear, INT8_DENSE_FROM_ROWS, INT8_TWIN_DENSE_FROM_ROWS),
+    Fp8Weight: Product(_upcast_linear),
+    Mxfp4Weight: Product(_upcast_linear),
+}
