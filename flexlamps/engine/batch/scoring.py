@@ -102,7 +102,7 @@ class PrefixScorer:
         for i, c in enumerate(contexts):
             by_context.setdefault(tuple(c), []).append(i)
         root = self._extend(None, [], contexts[0][:common]) if common else None
-        if not self._cache_kind("rewinds", True):  # no rounds over a row: each pair in a row of its own
+        if not self._cache_kind("rewinds"):  # no rounds over a row: each pair in a row of its own
             leaves = self._run_leaves(contexts[0][:common], root, [(c[common:] + k, len(c) - common) for c, k in pairs])
             if root is not None:
                 root.cache.release()
@@ -122,14 +122,14 @@ class PrefixScorer:
 
     def _can_pack(self) -> bool:
         """Whether this executor's caches take packed rows (the dense and tiered KV caches do)."""
-        return self.row_tokens is not None and self._cache_kind("packs_rows", False)
+        return self.row_tokens is not None and self._cache_kind("packs_rows")
 
-    def _cache_kind(self, flag: str, default: bool) -> bool:
-        """A flag of this executor's caches: `packs_rows`, or `rewinds` (a row can be fed again from
-        an earlier position, as rounds of continuations are; a recurrent state cannot)."""
+    def _cache_kind(self, flag: str) -> bool:
+        """A flag of this executor's caches (the contract's `KVCache.packs_rows` or `rewinds`: a row
+        fed again from an earlier position, as rounds of continuations are)."""
         if flag not in self._flags:
             probe = self.ex.new_cache(1, 1)
-            self._flags[flag] = bool(getattr(probe, flag, default))
+            self._flags[flag] = bool(getattr(probe, flag))
             probe.release()
         return self._flags[flag]
 

@@ -50,6 +50,9 @@ def record_formats(cfg: ModelConfig, dtype: torch.dtype, fp8: bool):
 
 
 class DenseLatentCache:
+    packs_rows = False  # one sequence a row (the indexer's top-k is per sequence)
+    rewinds = True  # a row may be fed again from an earlier position
+
     def __init__(self, cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu", *, fp8: bool = False, budget=None):
         """`budget`: the TierBudget of the tier `device` stands for, charged for the tables

@@ -38,6 +38,9 @@ OVERLAP_LOGIT_TOLERANCE = 1e-5
 
 
 class OffloadedLatentCache:
+    packs_rows = False  # one sequence a row (the indexer's top-k is per sequence)
+    rewinds = True  # a row may be fed again from an earlier position
+
     def __init__(self, cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype,
                  budgets: dict[str, TierBudget], device: torch.device, pool_entries: list[int], *,
                  fp8: bool = False, overlap: bool = False):

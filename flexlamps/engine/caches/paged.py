@@ -58,6 +58,9 @@ class PagedKVCache:
         budgets: optional {"gpu": TierBudget, "cpu": TierBudget} charged for the two pools.
     """
 
+    packs_rows = False  # a row is a request's block table
+    rewinds = True  # a row may be fed again from an earlier position (but not a ring: see __init__)
+
     def __init__(self, cfg: ModelConfig, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu", budgets: dict | None = None):
         refuse_recurrent_state(cfg)
@@ -69,6 +72,8 @@ class PagedKVCache:
         self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
         self.block_bytes = block_size * cfg.kv_bytes_per_token(_dtype_bytes(dtype))
         self.ring_blocks = paged_ring_blocks(cfg, block_size)  # blocks a request keeps at most; None: all
+        if self.ring_blocks is not None:
+            self.rewinds = False  # a ring holds the last window only: a row cannot be fed again from far back
         self._budgets, self._charged = budgets or {}, []
         for tier, n in (("gpu", num_gpu_blocks), ("cpu", num_cpu_blocks)):
             if tier in self._budgets:

@@ -39,7 +39,11 @@ class TierUse:
 @runtime_checkable
 class KVCache(Protocol):
     """A cache the models attend through: `attend_fn(layer, slots, positions)` returns the
-    `attend(q, k, v, opts=None)` callback of one layer of one step (see blocks.decoder.Attend)."""
+    `attend(q, k, v, opts=None)` callback of one layer of one step (see blocks.decoder.Attend).
+    What a face may do with its rows, the cache says (the batch face packs and rewinds scoring rows)."""
+
+    packs_rows: bool  # accepts packed steps: several sequences in one row (see executors.step.Step)
+    rewinds: bool  # a row may be fed again from an earlier position (a recurrent state cannot)
 
     def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor): ...
 
