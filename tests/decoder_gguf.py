@@ -147,8 +147,9 @@ def _layer(t: dict, i: int, hf: dict, a: str) -> dict[str, np.ndarray]:
     return out
 
 
-def write_decoder_gguf(folder: Path, path: Path) -> Path:
-    """The float32 checkpoint in `folder` as llama.cpp's converter writes it (see the module doc)."""
+def write_decoder_gguf(folder: Path, path: Path, extra: dict[str, np.ndarray] | None = None) -> Path:
+    """The float32 checkpoint in `folder` as llama.cpp's converter writes it (see the module doc),
+    with the tensors `extra` added."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -166,7 +167,7 @@ def write_decoder_gguf(folder: Path, path: Path) -> Path:
         tensors["output.weight"] = t["lm_head.weight"]
     for i in range(hf["num_hidden_layers"]):
         tensors.update({f"blk.{i}.{k}": v for k, v in _layer(t, i, hf, a).items()})
-    for name, value in tensors.items():
+    for name, value in {**tensors, **(extra or {})}.items():
         value = value.astype(np.float32)
         w.add_tensor(name, value + np.float32(1) if a.startswith("gemma") and name.endswith("norm.weight") else value)
     w.write_header_to_file()

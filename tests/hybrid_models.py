@@ -27,14 +27,15 @@ HYBRID_CONFIGS = {
 }
 
 
-def make_hybrid_model(folder: Path, kind: str, seed: int = 0) -> Path:
-    """Save a random float32 model of `kind` (see HYBRID_CONFIGS) with a tiny tokenizer into `folder`."""
+def make_hybrid_model(folder: Path, kind: str, seed: int = 0, **overrides) -> Path:
+    """Save a random float32 model of `kind` (see HYBRID_CONFIGS; `overrides`: fields changed) with a
+    tiny tokenizer into `folder`."""
     import torch
     import transformers
 
     folder.mkdir(parents=True, exist_ok=True)
     vocab = save_tiny_tokenizer(folder)
-    spec = dict(HYBRID_CONFIGS[kind])
+    spec = {**HYBRID_CONFIGS[kind], **overrides}
     cls = {"qwen3_next": transformers.Qwen3NextConfig,
            "qwen3_5_text": transformers.Qwen3_5TextConfig}[spec.pop("model_type")]
     cfg = cls(vocab_size=vocab, bos_token_id=0, eos_token_id=1, max_position_embeddings=512, **spec)

@@ -35,3 +35,17 @@ def test_decoder_gguf_is_the_hf_model(kind, tied, tmp_path):
 def test_moe_decoder_gguf_is_the_hf_model(kind, tmp_path):
     folder = make_moe_model(tmp_path / kind, kind)
     assert_gguf_is_the_hf_model(write_decoder_gguf(folder, tmp_path / f"{kind}.gguf"), folder, tmp_path / "c")
+
+
+def test_a_tensor_no_weight_reads_is_refused_when_the_file_opens(tmp_path):
+    """No silent drops in GGUF files either: a tensor the forward would skip (a Gemma norm in a
+    Qwen3 file) is named; Phi-3's rope factors (read into the config) are not such a tensor."""
+    import numpy as np
+
+    from flexlamps.models.loading.checkpoint import CheckpointError, GGUFReader
+
+    folder = make_family_model(tmp_path / "qwen3", GGUF_SPECS["qwen3"])
+    extra = {"blk.1.post_ffw_norm.weight": np.ones(64, np.float32)}
+    path = write_decoder_gguf(folder, tmp_path / "extra.gguf", extra=extra)
+    with pytest.raises(CheckpointError, match=r"blk\.1\.post_ffw_norm\.weight is not read by flexlamps' qwen3 model"):
+        GGUFReader(path, cache_dir=tmp_path / "c")

@@ -255,6 +255,7 @@ class GGUFReader:
         self.hf_config = self._hf_config()
         self.config = ModelConfig.from_hf(self.hf_config)
         self._tokenizer: Tokenizer | None = None
+        self._refuse_unread()
 
     def _open(self):
         import gguf
@@ -304,15 +305,32 @@ class GGUFReader:
             self._tokenizer = tokenizer_from_gguf(self.fields, self._cache_dir, self.sha256)
         return self._tokenizer
 
-    def _tensor(self, spec: WeightSpec):
-        """Where `spec` lies in the file: its tensor, or its expert's slab of a stacked one."""
+    def _file_name(self, spec: WeightSpec) -> str:
+        """The name of the tensor `spec` lies in (for an expert: the stacked tensor)."""
         moe = moe_gguf_tensor(spec.local_name, self.config.model_type) if spec.layer is not None else None
         if moe is not None:
-            t = self._tensors_by_name(f"blk.{spec.layer}.{moe[0]}", spec)
-            return t if moe[1] is None else t.slab(moe[1])
+            return f"blk.{spec.layer}.{moe[0]}"
         names = MLA_GGUF_LAYER if self.config.mla is not None else layer_names(self.config.model_type)
-        name = GGUF_GLOBAL[spec.name] if spec.layer is None else f"blk.{spec.layer}.{names[spec.local_name]}"
-        return self._tensors_by_name(name, spec.name)
+        return GGUF_GLOBAL[spec.name] if spec.layer is None else f"blk.{spec.layer}.{names[spec.local_name]}"
+
+    def _tensor(self, spec: WeightSpec):
+        """Where `spec` lies in the file: its tensor, or its expert's slab of a stacked one."""
+        t = self._tensors_by_name(self._file_name(spec), spec.name)
+        moe = moe_gguf_tensor(spec.local_name, self.config.model_type) if spec.layer is not None else None
+        return t if moe is None or moe[1] is None else t.slab(moe[1])
+
+    def _refuse_unread(self) -> None:
+        """Every tensor of the file is read by some weight (see loading.unread.unread_gguf_tensors)."""
+        from flexlamps.models.families import family_for
+        from flexlamps.models.loading.unread import unread_error, unread_gguf_tensors
+
+        read = set()
+        for spec in weight_specs(self.config):
+            split = spec.local_name == "kv_b_proj" and f"blk.{spec.layer}.{MLA_KV_B[0]}" in self._tensor_types
+            read |= {f"blk.{spec.layer}.{n}" for n in MLA_KV_B} if split else {self._file_name(spec)}
+        unread = unread_gguf_tensors(self._tensor_types, read, self.fields, self.config.num_layers)
+        if unread:
+            raise CheckpointError(unread_error(str(self.path), unread, family_for(self.config.model_type).name))
 
     def _tensors_by_name(self, name: str, ours: str) -> _GGUFTensor:
         if name not in self._tensor_types:

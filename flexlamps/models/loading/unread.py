@@ -32,6 +32,18 @@ def unread_tensors(names: Iterable[str], read: set[str], hf_config: dict[str, An
     return sorted(out)
 
 
+# read into the config, not as weights: Phi-3's LongRoPE factors
+GGUF_CONFIG_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
+
+
+def unread_gguf_tensors(names: Iterable[str], read: set[str], fields: dict[str, Any], layers: int) -> list[str]:
+    """A GGUF's tensors in `names` not in `read`, nor config tensors, nor the blocks of its
+    multi-token-prediction layers past `layers` (llama.cpp counts them in block_count), sorted."""
+    mtp = fields.get(f"{fields.get('general.architecture')}.nextn_predict_layers") or 0
+    return sorted(n for n in names if n not in read and n not in GGUF_CONFIG_TENSORS
+                  and not (mtp and n.startswith("blk.") and int(n.split(".")[1]) >= layers))
+
+
 def unread_error(where: str, unread: list[str], family: str) -> str:
     """The one-line message for `unread` tensors (the first few named)."""
     shown = ", ".join(unread[:3]) + (f" and {len(unread) - 3} more" if len(unread) > 3 else "")
