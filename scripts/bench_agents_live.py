@@ -38,7 +38,8 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=4)
     p.add_argument("--gpu-mem", default="400MiB", help="offloaded engine: gpu tier budget")
     p.add_argument("--cpu-mem", default="2GiB", help="offloaded engine: cpu tier budget")
-    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--schedulers", "--policies", dest="policies", default=",".join(POLICIES),
+                   help="scheduling policies, comma-separated (--policies: the same)")
     a = p.parse_args()
     workloads = {
         "self-debug": load_workload("self-debug", os.path.join(DATA, "humaneval", "HumanEval.jsonl.gz"),
