@@ -68,8 +68,9 @@ in OUT with the same settings is kept (rerun to resume)."""
 @click.option("--tool-workers", default=2, type=click.IntRange(min=1), show_default=True,
               help="live: tool calls running at once")
 @click.option("--recheck", is_flag=True, help="self-debug: run every recorded program again and compare")
-@click.option("--schedulers", default="lamps,infercept,fcfs", callback=_policies, show_default=True,
-              help="scheduling policies to run, comma-separated: fcfs, infercept, sjf, lamps, mlfq, vtc")
+@click.option("--schedulers", "--policies", "schedulers", default="lamps,infercept,fcfs", callback=_policies,
+              show_default=True, help="scheduling policies to run, comma-separated: fcfs, infercept, sjf, lamps, "
+                                      "mlfq, vtc (--policies: the same, as simulate takes it)")
 @click.option("--qps", default="0.5", callback=_floats, show_default=True,
               help="comma-separated arrival rates (requests per second of engine time)")
 @click.option("--num-requests", default=16, type=click.IntRange(min=1), show_default=True, help="requests drawn from the trace per load")
@@ -95,7 +96,6 @@ in OUT with the same settings is kept (rerun to resume)."""
               help="weight placement with --gpu-mem: auto (the planner) or a policy JSON from `flexlamps plan`")
 @refused_option("--policy", "agents runs two kinds of policy: give the weight placement as --placement and the "
                             "scheduling policies as --schedulers")
-@refused_option("--policies", "the scheduling policies are --schedulers (e.g. --schedulers lamps,fcfs)")
 @click.option("--block-size", default=16, type=click.IntRange(min=1), show_default=True, help="tokens per KV block")
 @click.option("--max-num-seqs", default=16, type=click.IntRange(min=1), show_default=True, help="requests per iteration at most")
 @click.option("--max-batched-tokens", default=256, type=click.IntRange(min=1), show_default=True,
