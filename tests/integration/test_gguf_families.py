@@ -49,3 +49,32 @@ def test_a_tensor_no_weight_reads_is_refused_when_the_file_opens(tmp_path):
     path = write_decoder_gguf(folder, tmp_path / "extra.gguf", extra=extra)
     with pytest.raises(CheckpointError, match=r"blk\.1\.post_ffw_norm\.weight is not read by flexlamps' qwen3 model"):
         GGUFReader(path, cache_dir=tmp_path / "c")
+
+
+@pytest.mark.parametrize("kind", ["gemma3_text", "phi3"])
+def test_gguf_offloaded_over_three_tiers_equals_in_memory(kind, tmp_path):
+    """A GGUF's weights (Gemma's shifted norms, Phi-3's stacked projections) streamed from gpu / cpu /
+    disk give the in-memory engine's logits bit for bit."""
+    import torch
+
+    from flexlamps.engine.executors.in_memory import InMemoryExecutor
+    from flexlamps.engine.executors.offloaded import OffloadExecutor
+    from flexlamps.models.loading.checkpoint import GGUFReader, read_all
+    from placement import Policy, TierSplit
+    from tests.family_models import our_run, prompt_ids
+
+    folder = make_family_model(tmp_path / kind, GGUF_SPECS[kind], seed=2)
+    reader = GGUFReader(write_decoder_gguf(folder, tmp_path / f"{kind}.gguf"), cache_dir=tmp_path / "c")
+    ids = prompt_ids(reader.config.vocab_size)
+    tokens = [torch.full((2, 1), t) for t in (5, 9, 17, 3, 11, 40, 7, 2)]  # fed as decode steps, past the windows
+    on_gpu = TierSplit(gpu=1, cpu=0, disk=0)
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=TierSplit(gpu=0.3, cpu=0.3, disk=0.4),
+                    cache=on_gpu, activations=on_gpu)
+    ex = OffloadExecutor(reader, policy, gpu_mem=2**30, cpu_mem=2**30, offload_dir=tmp_path / "off")
+    try:
+        assert {"gpu", "cpu", "disk"} <= set(ex.tiers.values())
+        offloaded = our_run(ex, ids, tokens)
+    finally:
+        ex.close()
+    in_memory = our_run(InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32), ids, tokens)
+    assert all(torch.equal(a, b) for a, b in zip(offloaded, in_memory))

@@ -39,8 +39,9 @@ from quant.int8_weight import Int8Weight
 
 # 2: Q8_0 matrices kept int8 (`Int8Weight`), a tied Q8_0 head as "lm_head"; 3: Q4_K and Q5_0 kept
 # as their blocks too, a tied 4-bit head as "lm_head"; 4: Q5_1 and Q5_K as int8 codes with zero points;
-# 5: Q6_K as int8 codes in groups of 16; 6: Q5_x in the 5-bit form where our AVX-512 kernel runs (keyed by it)
-FORMAT_VERSION = 6
+# 5: Q6_K as int8 codes in groups of 16; 6: Q5_x in the 5-bit form where our AVX-512 kernel runs (keyed by it);
+# 7: a llama GGUF's q/k biases un-interleaved as its q/k rows are (6 kept them in llama.cpp's order)
+FORMAT_VERSION = 7
 MAX_CACHE_BYTES = 8 * 2**30  # all entries of one folder together
 _ENTRY_GLOB = "weights-*.safetensors"
 log = logging.getLogger(__name__)
