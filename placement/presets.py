@@ -130,6 +130,11 @@ HARDWARE_PRESETS = {
     "h100-80gb": lambda: _consumer_or_dc("h100-80gb", 80, 3350, 600, 45, 1024, 45, 6.0, 4.0, 8000, 120),
     "h200": lambda: _consumer_or_dc("h200", 131, 4800, 600, 45, 1536, 45, 6.0, 4.0, 8000, 120),
 }
+# each GPU preset's CUDA compute capability: what decides which 4-bit path the engine takes there
+# (`quant.int4_weight`: torch's fused kernel from 8.0, bf16 activations only; else dequantize, then
+# the dense GEMM), so the presets' rate tables price that path (a test keeps the two in step)
+CUDA_CAPABILITY = {"t4-flexgen": (7, 5), "rtx3090": (8, 6), "rtx4090": (8, 9), "a100-40gb": (8, 0),
+                   "a100-80gb": (8, 0), "h100-80gb": (9, 0), "h200": (9, 0)}
 _HARDWARE_ALIASES = {"t4": "t4-flexgen", "flexgen-t4": "t4-flexgen", "gcp-t4": "t4-flexgen",
                      "3090": "rtx3090", "4090": "rtx4090", "a100": "a100-80gb",
                      "h100": "h100-80gb", "h200-141gb": "h200"}
