@@ -161,10 +161,15 @@ class ModelSpec(JsonMixin):
                 + self.linear_num_value_heads * self.linear_value_head_dim)
 
     def linear_state_bytes(self) -> int:
-        """Bytes one sequence holds in one DeltaNet layer: the conv window in dtype, the
-        recurrent matrices in fp32 (as the engine keeps them)."""
-        recurrent = self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim * 4
-        return self._linear_conv_dim() * (self.linear_conv_kernel - 1) * self.dtype_bytes + recurrent
+        """Bytes one sequence holds in one DeltaNet layer, as the engine keeps them: the conv window
+        in dtype, the recurrent matrices at the last chunk boundary in fp32, and the tokens since
+        that boundary (at most LINEAR_CHUNK - 1: k, v and beta in dtype, g in fp32)."""
+        heads = self.linear_num_value_heads
+        recurrent = heads * self.linear_key_head_dim * self.linear_value_head_dim * 4
+        per_open_token = (self._linear_conv_dim() - self.linear_num_key_heads * self.linear_key_head_dim
+                          + heads) * self.dtype_bytes + heads * 4  # k | v | beta, and g
+        return (self._linear_conv_dim() * (self.linear_conv_kernel - 1) * self.dtype_bytes + recurrent
+                + (LINEAR_CHUNK - 1) * per_open_token)
 
     def state_bytes_per_sequence_per_layer(self) -> float:
         """Fixed cache bytes one sequence holds per (average) layer, whatever its length."""
@@ -439,15 +444,16 @@ class ModelSpec(JsonMixin):
 
     def _linear_workspace_elements(self, queries: int) -> float:
         """A DeltaNet layer's peak, in dtype elements (its rule runs in fp32): the projections and
-        conv window in dtype, then q, k, v and their decayed copies in fp32 and, for a chunked
-        prompt, three chunk x chunk matrices per value head and chunk (models.blocks.gated_deltanet)."""
+        conv window in dtype, then q, k, v and their decayed copies in fp32 and three chunk x chunk
+        matrices per value head and chunk, over the step's tokens after the row's open chunk (up to
+        LINEAR_CHUNK - 1 earlier tokens, decodes included: models.blocks.aligned_delta_rule)."""
         if not self.num_linear_layers:
             return 0.0
         fp32 = 4 / self.dtype_bytes
         heads, value_dim = self.linear_num_value_heads, self.linear_num_value_heads * self.linear_value_head_dim
         expanded = 2 * heads * self.linear_key_head_dim + value_dim  # q and k repeated per value head, v
-        chunks = -(-queries // LINEAR_CHUNK) * LINEAR_CHUNK if queries > 1 else 1
-        pairwise = 3 * heads * LINEAR_CHUNK * chunks if queries > 1 else 0
+        chunks = -(-(queries + LINEAR_CHUNK - 1) // LINEAR_CHUNK) * LINEAR_CHUNK
+        pairwise = 3 * heads * LINEAR_CHUNK * chunks
         return (queries * (2 * self.hidden_size + 2 * self._linear_conv_dim() + 2 * value_dim)
                 + fp32 * (3 * chunks * expanded + pairwise))
 

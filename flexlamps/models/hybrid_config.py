@@ -15,6 +15,7 @@ from typing import Any
 
 LINEAR, FULL = "linear_attention", "full_attention"
 RECURRENT_STATE_BYTES = 4  # the recurrent matrices stay float32 whatever the compute dtype
+DELTA_RULE_CHUNK = 64  # the chunked form's chunk (transformers'); states are kept at its boundaries
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,9 +60,15 @@ class HybridConfig:
     def recurrent_state_bytes(self) -> int:
         return self.num_value_heads * self.key_head_dim * self.value_head_dim * RECURRENT_STATE_BYTES
 
+    def open_chunk_bytes(self, dtype_bytes: int) -> int:
+        """The tokens since the state's last chunk boundary (at most DELTA_RULE_CHUNK - 1): k, v and
+        beta in the compute dtype, g in float32 (models.blocks.aligned_delta_rule)."""
+        per_token = (self.key_dim + self.value_dim + self.num_value_heads) * dtype_bytes + self.num_value_heads * 4
+        return (DELTA_RULE_CHUNK - 1) * per_token
+
     def state_bytes_per_layer(self, dtype_bytes: int) -> int:
         """Bytes one sequence holds in one DeltaNet layer, whatever its length."""
-        return self.conv_state_bytes(dtype_bytes) + self.recurrent_state_bytes
+        return self.conv_state_bytes(dtype_bytes) + self.recurrent_state_bytes + self.open_chunk_bytes(dtype_bytes)
 
 
 def layer_types_from_hf(hf: dict[str, Any]) -> tuple[str, ...]:

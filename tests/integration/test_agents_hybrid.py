@@ -23,7 +23,7 @@ from placement import Policy, TierSplit
 from tests.conftest import SHARED_DATA
 from tests.integration.test_agents_engine import Forced, _specs
 
-BLOCK = 8
+BLOCK = 16
 TRACE = SHARED_DATA / "augmented" / "merged_exp_uniform.json"
 KINDS = ["qwen3_next", "qwen3_5_text"]
 GPU_ONLY = TierSplit(gpu=1, cpu=0, disk=0)
@@ -55,7 +55,15 @@ def _cost(llm, gpu_blocks: int, cpu_blocks: int) -> CostModel:
                      max_model_len=128, state_tokens=state * BLOCK)
 
 
-def _run(llm, reqs, policy, gpu_blocks=26, cpu_blocks=16, executor=None):
+def _pools(llm, tight: bool = False) -> tuple[int, int]:
+    """gpu and cpu blocks: room for two requests' states and some KV on the gpu tier (three with
+    small contexts), for one swapped request (two unless `tight`) on the cpu tier."""
+    state = paged_state_blocks(llm.config, BLOCK, torch.float32)
+    return (2 * state + 10, state + 6) if tight else (2 * state + 12, 2 * state + 8)
+
+
+def _run(llm, reqs, policy, pools=None, executor=None):
+    gpu_blocks, cpu_blocks = pools or _pools(llm)
     used = []
     res = run_policy_on_engine(executor or llm.executor, reqs, policy, _config(llm, gpu_blocks, cpu_blocks),
                                _cost(llm, gpu_blocks, cpu_blocks), clock=StepClock(0.01), check=True,
@@ -88,7 +96,7 @@ def test_each_strategy_keeps_the_state_exact(model, strategy):
 @pytest.mark.parametrize("policy", ["fcfs", "infercept", "lamps"])
 def test_policies_are_exact_with_states_under_memory_pressure(model, policy):
     _, llm, reqs, expected = model
-    res = _run(llm, reqs, policy, gpu_blocks=24, cpu_blocks=14)
+    res = _run(llm, reqs, policy, _pools(llm, tight=True))
     assert res.tokens == expected
 
 
@@ -122,7 +130,7 @@ def test_agents_verify_is_exact_on_a_hybrid_model_with_swaps_and_discards(hybrid
     res = CliRunner().invoke(main, [
         "agents", "--model", str(hybrid_models[kind]), "--trace", str(TRACE), "--num-requests", "6", "--qps", "50",
         "--time-scale", "0.001", "--max-context", "80", "--max-prompt", "20", "--max-output", "6",
-        "--max-api-tokens", "5", "--gpu-kv-mem", "40KiB", "--cpu-swap-mem", "24KiB", "--block-size", str(BLOCK),
+        "--max-api-tokens", "5", "--gpu-kv-mem", "168KiB", "--cpu-swap-mem", "96KiB", "--block-size", str(BLOCK),
         "--verify", "--no-plots", "--out", str(out)])
     assert res.exit_code == 0, res.output
     results = json.loads((out / "summary.json").read_text())["results"]

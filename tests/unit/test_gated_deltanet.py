@@ -1,10 +1,12 @@
 """The gated delta rule and its causal conv: transformers' torch reference, its chunked and
-recurrent forms against each other, and padding that leaves a row's state untouched."""
+recurrent forms against each other, padding that leaves a row's state untouched, and the rule on
+chunks at absolute positions (what the engine runs) giving the same bits however a sequence is split."""
 
 import pytest
 import torch
 
-from flexlamps.models.blocks.gated_deltanet import (causal_conv, chunk_gated_delta_rule,
+from flexlamps.models.blocks.aligned_delta_rule import OpenChunk, aligned_gated_delta_rule
+from flexlamps.models.blocks.gated_deltanet import (CHUNK, causal_conv, chunk_gated_delta_rule,
                                                     recurrent_gated_delta_rule)
 
 
@@ -69,3 +71,43 @@ def test_causal_conv_state_is_the_window_before_each_rows_next_token():
     expected = torch.nn.functional.silu(torch.nn.functional.conv1d(
         x.transpose(1, 2), weight, padding=3, groups=5)[..., :9]).transpose(1, 2)
     assert (whole - expected).abs().max() <= 1e-6
+
+
+def _split_run(q, k, v, g, beta, sizes, lengths=None):
+    """The aligned rule over `sizes`-token steps from an empty state: (outputs, state, open chunk)."""
+    n, hk, dk = q.shape[0], q.shape[2], q.shape[3]
+    hv, dv = v.shape[2], v.shape[3]
+    state = torch.zeros(n, hv, dk, dv)
+    open_chunk = OpenChunk(torch.zeros(n, CHUNK - 1, hk * dk + hv * dv + hv), torch.zeros(n, CHUNK - 1, hv),
+                           torch.zeros(n, dtype=torch.long))
+    outs, at = [], 0
+    for i, size in enumerate(sizes):
+        part = (x[:, at:at + size] for x in (q, k, v, g, beta))
+        real = None if lengths is None or i < len(sizes) - 1 else lengths
+        out, state, open_chunk = aligned_gated_delta_rule(*part, state, open_chunk, real)
+        outs.append(out)
+        at += size
+    return torch.cat(outs, dim=1), state, open_chunk
+
+
+@pytest.mark.parametrize("sizes", [[64, 76], [30, 30, 80], [7] * 20, [1] * 70 + [70], [63, 1, 64, 12], [100, 1, 1, 38]])
+def test_the_aligned_rule_gives_the_same_bits_however_a_sequence_is_split(sizes):
+    """Chunks at absolute positions with the open chunk carried: a prompt in steps of any size, or
+    decoded a token at a time, gives one whole prefill's outputs, boundary state and open chunk."""
+    q, k, v, g, beta = _inputs(t=140)
+    whole = chunk_gated_delta_rule(q, k, v, g, beta, None)[0]
+    out, state, open_chunk = _split_run(q, k, v, g, beta, sizes)
+    one_step, one_state, one_open = _split_run(q, k, v, g, beta, [140])
+    assert torch.equal(one_step, whole) and torch.equal(out, whole)
+    assert torch.equal(state, one_state) and torch.equal(open_chunk.kvb, one_open.kvb)
+    assert open_chunk.length.tolist() == [140 % CHUNK] * 2
+    _, boundary = chunk_gated_delta_rule(*(x[:, :128] for x in (q, k, v, g, beta)), None)
+    assert torch.equal(state, boundary)  # the state at the last boundary (128), 12 tokens open
+
+
+def test_the_aligned_rule_ignores_padding_after_a_rows_real_tokens():
+    q, k, v, g, beta = _inputs(t=90)
+    out, state, open_chunk = _split_run(q, k, v, g, beta, [20, 70], torch.tensor([70, 51]))
+    alone, alone_state, alone_open = _split_run(*(x[1:, :71] for x in (q, k, v, g, beta)), [20, 51])
+    assert torch.equal(out[1:, :71], alone) and torch.equal(state[1:], alone_state)
+    assert torch.equal(open_chunk.kvb[1:], alone_open.kvb) and open_chunk.length.tolist() == [26, 7]

@@ -11,12 +11,13 @@ recomputation (`sched.block_manager`, `state_blocks`).
 
 A request's state bytes: the number of tokens the state has seen (int64; the same check as
 caches.state, so a step that neither starts nor continues a row's state is refused), then per
-DeltaNet layer its recurrent matrices (float32) and conv window (compute dtype), each 8-byte
-aligned. Blocks handed back are zeroed, so a granted block's state reads as zero tokens seen.
+DeltaNet layer the parts caches.state keeps (conv window, recurrent matrices at the last chunk
+boundary, the open chunk's k | v | beta and g), each 8-byte aligned. Blocks handed back are zeroed, so a granted block's state reads as zero tokens seen.
 """
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from typing import Sequence
 
@@ -26,7 +27,9 @@ from flexlamps.engine.caches.hybrid import HybridGeometry, kv_view
 from flexlamps.engine.caches.paged import PagedKVCache
 from flexlamps.engine.caches.state import StateStepRows
 from flexlamps.engine.executors.step import Segments
+from flexlamps.models.blocks.aligned_delta_rule import OpenChunk
 from flexlamps.models.config import ModelConfig
+from flexlamps.models.hybrid_config import DELTA_RULE_CHUNK
 
 _HEADER = 8  # int64: tokens the state has seen
 
@@ -35,14 +38,26 @@ def _aligned(n: int) -> int:
     return -(-n // 8) * 8
 
 
-def state_regions(cfg: ModelConfig, dtype: torch.dtype) -> tuple[list[tuple[int, int, int, int]], int]:
-    """Per DeltaNet layer (recurrent offset, bytes, conv offset, bytes) in a request's state bytes,
+def state_parts(cfg: ModelConfig, dtype: torch.dtype) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """(shape, dtype) of one row's parts of one DeltaNet layer's state, in caches.state's order."""
+    hy = cfg.hybrid
+    return [((hy.conv_dim, hy.conv_kernel - 1), dtype),
+            ((hy.num_value_heads, hy.key_head_dim, hy.value_head_dim), torch.float32),
+            ((DELTA_RULE_CHUNK - 1, hy.key_dim + hy.value_dim + hy.num_value_heads), dtype),
+            ((DELTA_RULE_CHUNK - 1, hy.num_value_heads), torch.float32)]
+
+
+def state_regions(cfg: ModelConfig, dtype: torch.dtype) -> tuple[list[list[tuple[int, int]]], int]:
+    """Per DeltaNet layer, per part (`state_parts`), its (offset, bytes) in a request's state bytes;
     and the total, header included."""
-    hy, at, regions = cfg.hybrid, _HEADER, []
-    rec, conv = hy.recurrent_state_bytes, hy.conv_state_bytes(torch.empty((), dtype=dtype).element_size())
-    for _ in hy.linear_layers:
-        regions.append((at, rec, at + _aligned(rec), conv))
-        at += _aligned(rec) + _aligned(conv)
+    at, regions = _HEADER, []
+    for _ in cfg.hybrid.linear_layers:
+        layer = []
+        for shape, part_dtype in state_parts(cfg, dtype):
+            nbytes = math.prod(shape) * torch.empty((), dtype=part_dtype).element_size()
+            layer.append((at, nbytes))
+            at += _aligned(nbytes)
+        regions.append(layer)
     return regions, at
 
 
@@ -64,6 +79,7 @@ class HybridPagedCache(PagedKVCache):
             raise ValueError(f"{cfg.model_type} has no DeltaNet layers; its paged cache is PagedKVCache")
         self.full_cfg = cfg
         self.regions, self.state_bytes = state_regions(cfg, dtype)
+        self.parts = state_parts(cfg, dtype)
         super().__init__(kv_view(cfg), num_gpu_blocks, num_cpu_blocks, block_size, dtype, device, budgets)
         self.state_blocks = -(-self.state_bytes // self.block_bytes)
         hy = cfg.hybrid
@@ -139,7 +155,7 @@ class HybridPagedCache(PagedKVCache):
                              f"{int(start[i])} can neither continue it nor start anew (recompute from position 0)")
         fed = torch.full_like(start, t) if lengths is None else lengths.cpu().to(torch.long)
         self._write(ids, 0, (start + fed).to(self.device)[:, None].view(torch.uint8))
-        rows = StateStepRows(ids, fresh, None if lengths is None else lengths.cpu())
+        rows = StateStepRows(ids, fresh, None if lengths is None else lengths.cpu(), torch.where(fresh, 0, start))
         return HybridGeometry(None, rows, int(positions.max()) + 1)
 
     def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
@@ -173,24 +189,23 @@ class PagedStateAccess:
 
     def __init__(self, cache: HybridPagedCache, layer: int, rows: StateStepRows):
         self.cache, self.rows, self.lengths = cache, rows, rows.lengths
-        self.rec_at, self.rec_bytes, self.conv_at, self.conv_bytes = cache.regions[layer]
+        self.regions = cache.regions[layer]
 
-    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
-        cache, ids, hy = self.cache, self.rows.slots, self.cache.full_cfg.hybrid
-        n = len(ids)
-        conv = cache._read(ids, self.conv_at, self.conv_bytes).view(cache.dtype)
-        conv = conv.view(n, hy.conv_dim, hy.conv_kernel - 1)
-        rec = cache._read(ids, self.rec_at, self.rec_bytes).view(torch.float32)
-        rec = rec.view(n, hy.num_value_heads, hy.key_head_dim, hy.value_head_dim)
+    def read(self) -> tuple[torch.Tensor, torch.Tensor, OpenChunk]:
+        cache, ids = self.cache, self.rows.slots
         keep = ~self.rows.fresh.to(cache.device)
-        return torch.where(keep[:, None, None], conv, 0), torch.where(keep[:, None, None, None], rec, 0)
+        parts = []
+        for (offset, nbytes), (shape, dtype) in zip(self.regions, cache.parts):
+            part = cache._read(ids, offset, nbytes).view(dtype).view(len(ids), *shape)
+            parts.append(torch.where(keep.view(-1, *[1] * len(shape)), part, 0))
+        conv, rec, kvb, g = parts
+        return conv, rec, OpenChunk(kvb, g, self.rows.open_lengths.to(cache.device))
 
-    def write(self, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+    def write(self, conv: torch.Tensor, recurrent: torch.Tensor, open_chunk: OpenChunk) -> None:
         cache, n = self.cache, len(self.rows.slots)
-        cache._write(self.rows.slots, self.conv_at,
-                     conv.to(cache.device, cache.dtype).contiguous().view(n, -1).view(torch.uint8))
-        cache._write(self.rows.slots, self.rec_at,
-                     recurrent.to(cache.device, torch.float32).contiguous().view(n, -1).view(torch.uint8))
+        values = (conv, recurrent, open_chunk.kvb, open_chunk.g)
+        for (offset, _), (_, dtype), value in zip(self.regions, cache.parts, values):
+            cache._write(self.rows.slots, offset, value.to(cache.device, dtype).contiguous().view(n, -1).view(torch.uint8))
 
 
 @contextmanager

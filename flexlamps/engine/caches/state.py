@@ -1,8 +1,10 @@
 """The recurrent-state cache kind: a fixed number of bytes per sequence, whatever its length, for
 a hybrid model's gated-DeltaNet layers (see models.hybrid_config).
 
-Per DeltaNet layer and row: the conv window (conv_dim x (kernel - 1), compute dtype) and the
-recurrent matrices (value heads x key_head_dim x value_head_dim, float32). Each layer lives on the
+Per DeltaNet layer and row: the conv window (conv_dim x (kernel - 1), compute dtype), the
+recurrent matrices at the row's last chunk boundary (value heads x key_head_dim x value_head_dim,
+float32) and the tokens since that boundary (models.blocks.aligned_delta_rule.OpenChunk: at most
+63 tokens' k | v | beta in the compute dtype and g in float32). Each layer lives on the
 tier the policy gives it (charged to that tier's budget when budgets are given); a step's rows are
 read onto the compute device (a cpu-tier layer's rows charged to the gpu tier meanwhile) and their
 new states written back, the same values wherever they lived, so an offloaded run equals the
@@ -20,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from flexlamps.models.hybrid_config import HybridConfig
+from flexlamps.models.blocks.aligned_delta_rule import OpenChunk
+from flexlamps.models.hybrid_config import DELTA_RULE_CHUNK, HybridConfig
 from offload.budget import TierBudget
 
 
@@ -30,6 +33,12 @@ class StateStepRows:
     slots: torch.Tensor  # (n,) on the cpu
     fresh: torch.Tensor  # (n,) bool: the row starts a sequence (state zeros)
     lengths: torch.Tensor | None  # (n,) real tokens per row; None: all of the step's tokens
+    held: torch.Tensor  # (n,) tokens the rows' states have seen before the step (0 when fresh)
+
+    @property
+    def open_lengths(self) -> torch.Tensor:
+        """Tokens each row holds past its last chunk boundary."""
+        return self.held % DELTA_RULE_CHUNK
 
 
 def state_layer_bytes(hy: HybridConfig, num_slots: int, dtype: torch.dtype) -> int:
@@ -47,7 +56,7 @@ class StateCache:
         self.hy, self.num_slots, self.tiers = hy, num_slots, tiers
         self.device, self.budgets = torch.device(device), budgets
         self.held = torch.zeros(num_slots, dtype=torch.long)  # tokens each row's state has seen
-        self.conv, self.recurrent, self._charged = [], [], []
+        self.conv, self.recurrent, self.chunk_kvb, self.chunk_g, self._charged = [], [], [], [], []
         layer_bytes = state_layer_bytes(hy, num_slots, dtype)
         try:
             for i, tier in enumerate(tiers):
@@ -58,18 +67,27 @@ class StateCache:
                 self.conv.append(torch.zeros(num_slots, hy.conv_dim, hy.conv_kernel - 1, dtype=dtype, device=home))
                 self.recurrent.append(torch.zeros(num_slots, hy.num_value_heads, hy.key_head_dim, hy.value_head_dim,
                                                   dtype=torch.float32, device=home))
+                width = hy.key_dim + hy.value_dim + hy.num_value_heads
+                self.chunk_kvb.append(torch.zeros(num_slots, DELTA_RULE_CHUNK - 1, width, dtype=dtype, device=home))
+                self.chunk_g.append(torch.zeros(num_slots, DELTA_RULE_CHUNK - 1, hy.num_value_heads,
+                                                dtype=torch.float32, device=home))
         except BaseException:
             self.release()
             raise
 
     @property
+    def parts(self) -> tuple[list[torch.Tensor], ...]:
+        """Per part of a state, its tensor per DeltaNet layer."""
+        return self.conv, self.recurrent, self.chunk_kvb, self.chunk_g
+
+    @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.conv + self.recurrent)
+        return sum(t.nbytes for part in self.parts for t in part)
 
     def release(self) -> None:
         for tier, n in self._charged:
             self.budgets[tier].free(n)
-        self._charged, self.conv, self.recurrent = [], [], []
+        self._charged, self.conv, self.recurrent, self.chunk_kvb, self.chunk_g = [], [], [], [], []
 
     def begin_step(self, slots: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor | None) -> StateStepRows:
         """Check that each row starts (position 0) or continues its state, and record what it
@@ -84,8 +102,9 @@ class StateCache:
                              f"tokens; a step from position {int(start[i])} can neither continue it nor start "
                              "anew (a DeltaNet state cannot be rewound: recompute from position 0)")
         fed = torch.full_like(start, t) if lengths is None else lengths.cpu().to(torch.long)
+        held = torch.where(fresh, 0, self.held[slots])
         self.held[slots] = start + fed
-        return StateStepRows(slots, fresh, None if lengths is None else lengths.cpu())
+        return StateStepRows(slots, fresh, None if lengths is None else lengths.cpu(), held)
 
     def access(self, layer: int, rows: StateStepRows) -> "LayerStateAccess":
         return LayerStateAccess(self, layer, rows)
@@ -96,7 +115,7 @@ class StateCache:
         if int(src.held[0]) != length:
             raise ValueError(f"a recurrent state holds {int(src.held[0])} tokens; it cannot serve as a prefix "
                              f"of {length} (states are copied at a prefix's end only)")
-        for mine, theirs in ((self.conv, src.conv), (self.recurrent, src.recurrent)):
+        for mine, theirs in zip(self.parts, src.parts):
             for layer in range(len(mine)):
                 mine[layer][slots.to(mine[layer].device)] = theirs[layer][0].to(mine[layer].device)
         self.held[slots.cpu()] = length
@@ -110,23 +129,24 @@ class LayerStateAccess:
         self.lengths = rows.lengths
         self._staged = 0
 
-    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(self) -> tuple[torch.Tensor, torch.Tensor, OpenChunk]:
         cache, dev = self.cache, self.cache.device
-        conv, rec = cache.conv[self.layer], cache.recurrent[self.layer]
+        conv = cache.conv[self.layer]
         slots = self.rows.slots.to(conv.device)
         if cache.tiers[self.layer] != "gpu" and cache.budgets is not None:  # staged while the layer runs
             self._staged = state_layer_bytes(cache.hy, len(slots), conv.dtype)
             cache.budgets["gpu"].allocate(self._staged, f"recurrent state of DeltaNet layer {self.layer}, staged")
         keep = ~self.rows.fresh.to(dev)
-        conv_rows = torch.where(keep[:, None, None], conv[slots].to(dev), 0)
-        return conv_rows, torch.where(keep[:, None, None, None], rec[slots].to(dev), 0)
+        conv_rows, rec, kvb, g = (torch.where(keep.view(-1, *[1] * (part[self.layer].dim() - 1)),
+                                              part[self.layer][slots].to(dev), 0) for part in cache.parts)
+        return conv_rows, rec, OpenChunk(kvb, g, self.rows.open_lengths.to(dev))
 
-    def write(self, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+    def write(self, conv: torch.Tensor, recurrent: torch.Tensor, open_chunk: OpenChunk) -> None:
         cache = self.cache
-        home_conv, home_rec = cache.conv[self.layer], cache.recurrent[self.layer]
-        slots = self.rows.slots.to(home_conv.device)
-        home_conv[slots] = conv.to(home_conv.device, home_conv.dtype)
-        home_rec[slots] = recurrent.to(home_rec.device, torch.float32)
+        slots = self.rows.slots.to(cache.conv[self.layer].device)
+        for part, value in zip(cache.parts, (conv, recurrent, open_chunk.kvb, open_chunk.g)):
+            home = part[self.layer]
+            home[slots] = value.to(home.device, home.dtype)
         if self._staged:
             cache.budgets["gpu"].free(self._staged)
             self._staged = 0

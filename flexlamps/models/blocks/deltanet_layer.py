@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
-from flexlamps.models.blocks.gated_deltanet import (causal_conv, chunk_gated_delta_rule, gated_rms_norm,
-                                                    recurrent_gated_delta_rule)
+from flexlamps.models.blocks.activation import sigmoid, softplus
+from flexlamps.models.blocks.aligned_delta_rule import OpenChunk, aligned_gated_delta_rule
+from flexlamps.models.blocks.gated_deltanet import causal_conv, gated_rms_norm
 from flexlamps.models.blocks.linear import linear
 from flexlamps.models.hybrid_config import HybridConfig
 
@@ -22,11 +22,11 @@ class StateAccess(Protocol):
     """One DeltaNet layer's state for the rows of one step."""
     lengths: torch.Tensor | None  # (n,) real tokens per row (padding after them); None: all T
 
-    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(conv window (n, C, K-1), recurrent state (n, Hv, dk, dv) fp32), zeros for rows that
-        start a sequence."""
+    def read(self) -> tuple[torch.Tensor, torch.Tensor, OpenChunk]:
+        """(conv window (n, C, K-1), recurrent state at the last chunk boundary (n, Hv, dk, dv) fp32,
+        the tokens since that boundary), zeros / empty for rows that start a sequence."""
 
-    def write(self, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+    def write(self, conv: torch.Tensor, recurrent: torch.Tensor, open_chunk: OpenChunk) -> None:
         """The rows' states after their last real token of the step."""
 
 
@@ -51,19 +51,17 @@ def deltanet_mixer(w: dict, h: torch.Tensor, hy: HybridConfig, eps: float, state
     the residual add; the rows' states advanced through their real tokens."""
     n, t, _ = h.shape
     mixed, z, b, a = _projections(w, h, hy)
-    conv_state, recurrent = state.read()
+    conv_state, recurrent, open_chunk = state.read()
     mixed, conv_state = causal_conv(mixed, conv_state, w["conv1d"], state.lengths)
     q, k, v = mixed.split([hy.key_dim, hy.key_dim, hy.value_dim], dim=-1)
     q = q.reshape(n, t, hy.num_key_heads, hy.key_head_dim)
     k = k.reshape(n, t, hy.num_key_heads, hy.key_head_dim)
     v = v.reshape(n, t, hy.num_value_heads, hy.value_head_dim)
-    beta = b.sigmoid()
-    g = -w["A_log"].float().exp() * F.softplus(a.float() + w["dt_bias"])
-    if state.lengths is not None:  # padded tokens leave the state as it is (see models.blocks.gated_deltanet)
-        valid = (torch.arange(t, device=h.device)[None] < state.lengths.to(h.device)[:, None])[..., None]
-        beta, g = beta * valid, g * valid
-    rule = recurrent_gated_delta_rule if t == 1 else chunk_gated_delta_rule
-    core, recurrent = rule(q, k, v, g, beta, recurrent)
-    state.write(conv_state, recurrent)
+    beta = sigmoid(b)  # these two as a row alone would get them (models.blocks.activation)
+    g = -w["A_log"].float().exp() * softplus(a.float() + w["dt_bias"])
+    # one form for prompts and decodes, on chunks at absolute positions: the same bits however the
+    # sequence is split into steps (models.blocks.aligned_delta_rule); padding after `lengths` ignored
+    core, recurrent, open_chunk = aligned_gated_delta_rule(q, k, v, g, beta, recurrent, open_chunk, state.lengths)
+    state.write(conv_state, recurrent, open_chunk)
     out = gated_rms_norm(core.to(h.dtype), z, w["linear_norm"], eps)
     return linear(out.reshape(n, t, hy.value_dim), w["out_proj"])

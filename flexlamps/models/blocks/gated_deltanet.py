@@ -4,9 +4,11 @@ float32 throughout, whatever the compute dtype.
 
 Per value head the state S (key_head_dim x value_head_dim) evolves token by token as
     S <- exp(g) S;  S <- S + k (beta (v - S^T k))^T;  out = S^T q / sqrt(d)
-with q, k L2-normalized. A prompt runs the chunked form (chunks of `CHUNK` tokens: a triangular
-solve inside each chunk, one state update per chunk), a decode step the recurrent form; both give
-the same values to float32 rounding (tests/unit/test_gated_deltanet.py).
+with q, k L2-normalized. The chunked form (chunks of `CHUNK` tokens: a triangular solve inside each
+chunk, one state update per chunk) is what the engine runs for prompts and decodes alike, on chunks
+at absolute positions (models.blocks.aligned_delta_rule); the recurrent form is transformers' decode,
+kept as the reference both are checked against (the same values to float32 rounding,
+tests/unit/test_gated_deltanet.py).
 
 Rows of a step may be padded after their real tokens (`valid`): a padded token gets beta = 0 and
 g = 0, so it leaves the state exactly as the row's last real token left it (its k_beta and v_beta
@@ -21,7 +23,7 @@ import torch.nn.functional as F
 
 from flexlamps.models.blocks.activation import silu
 
-CHUNK = 64  # transformers' chunk size
+from flexlamps.models.hybrid_config import DELTA_RULE_CHUNK as CHUNK  # transformers' chunk size
 L2_EPS = 1e-6
 
 
@@ -66,6 +68,16 @@ def _heads_first(q, k, v, g, beta, value_heads: int):
 def chunk_gated_delta_rule(q, k, v, g, beta, state: torch.Tensor | None, chunk: int = CHUNK):
     """q, k (n, T, Hk, dk), v (n, T, Hv, dv), g and beta (n, T, Hv), state (n, Hv, dk, dv) fp32 or
     None (zeros) -> (out (n, T, Hv, dv) fp32, final state)."""
+    t = q.shape[1]
+    out, final, _ = chunk_rule_with_boundaries(q, k, v, g, beta, state, None, chunk)
+    return out[:, :t], final
+
+
+def chunk_rule_with_boundaries(q, k, v, g, beta, state: torch.Tensor | None, keep_after: torch.Tensor | None,
+                               chunk: int = CHUNK):
+    """The chunked form (arguments as `chunk_gated_delta_rule`), returning (out (n, T padded to
+    chunks, Hv, dv) fp32, final state, per row the state after its first `keep_after[row]` chunks
+    (None when `keep_after` is None))."""
     n, t = q.shape[:2]
     q, k, v, g, beta = _heads_first(q, k, v, g, beta, v.shape[2])
     q = q * q.shape[-1] ** -0.5
@@ -84,6 +96,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, state: torch.Tensor | None, chunk: 
     k_cumdecay = torch.linalg.solve_triangular(ut_system, k_beta * cum.exp()[..., None], upper=False,
                                                unitriangular=True)
     s = q.new_zeros(n, heads, dk, dv) if state is None else state.to(torch.float32)
+    kept = None if keep_after is None else torch.where((keep_after == 0)[:, None, None, None], s, 0)
     out = torch.zeros_like(new_values)
     q = q * cum.exp()[..., None]
     k = k * (cum[..., -1:] - cum).exp()[..., None]
@@ -92,12 +105,15 @@ def chunk_gated_delta_rule(q, k, v, g, beta, state: torch.Tensor | None, chunk: 
         v_new = new_values[:, :, i] - k_cumdecay[:, :, i] @ s
         out[:, :, i] = q[:, :, i] @ s + intra[:, :, i] @ v_new
         s = s * chunk_decay[:, :, i] + k[:, :, i].transpose(-1, -2) @ v_new
-    out = out.reshape(n, heads, -1, dv)[:, :, :t]
-    return out.transpose(1, 2), s
+        if kept is not None:
+            kept = torch.where((keep_after == i + 1)[:, None, None, None], s, kept)
+    out = out.reshape(n, heads, -1, dv)
+    return out.transpose(1, 2), s, kept
 
 
 def recurrent_gated_delta_rule(q, k, v, g, beta, state: torch.Tensor | None):
-    """The token-by-token form (decode steps); arguments and results as `chunk_gated_delta_rule`."""
+    """The token-by-token form (transformers' decode steps); arguments and results as
+    `chunk_gated_delta_rule`."""
     n, t = q.shape[:2]
     q, k, v, g, beta = _heads_first(q, k, v, g, beta, v.shape[2])
     q = q / q.shape[-1] ** 0.5

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flexlamps.models.blocks.activation import silu
+from flexlamps.models.blocks.activation import sigmoid, silu
 from flexlamps.models.blocks.deltanet_layer import deltanet_mixer
 from flexlamps.models.blocks.linear import linear
 from flexlamps.models.blocks.rope import rope_cos_sin
@@ -78,7 +78,7 @@ class HybridForward:
         k = linear(h, w["k_proj"]).view(n, t, cfg.num_kv_heads, d)
         k = _rotate_partial(offset_rms_norm(k, w["k_norm"], eps), *ctx)
         v = linear(h, w["v_proj"]).view(n, t, cfg.num_kv_heads, d)
-        out = attend(q, k, v) * torch.sigmoid(gate.reshape(n, t, cfg.num_heads * d))
+        out = attend(q, k, v) * sigmoid(gate.reshape(n, t, cfg.num_heads * d))
         return linear(out, w["o_proj"])
 
     def final_hidden(self, w: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:

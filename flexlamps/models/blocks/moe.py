@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from flexlamps.models.blocks.activation import sigmoid, silu
 from flexlamps.models.blocks.linear import linear, unpack
 from flexlamps.models.moe_config import FP32_ROUTERS, MoEConfig
 
@@ -77,7 +78,7 @@ def route(x: torch.Tensor, w: dict[str, torch.Tensor], cfg: MoEConfig) -> tuple[
 
 
 def swiglu(x: torch.Tensor, gate, up, down) -> torch.Tensor:
-    return linear(F.silu(linear(x, gate)) * linear(x, up), down)
+    return linear(silu(linear(x, gate), inplace=True) * linear(x, up), down)
 
 
 def clamped_swiglu(x: torch.Tensor, w: dict[str, torch.Tensor], pre: str, cfg: MoEConfig) -> torch.Tensor:
@@ -127,6 +128,6 @@ def moe_ffn(w: dict[str, torch.Tensor], x: torch.Tensor, cfg: MoEConfig) -> torc
     if cfg.has_shared:
         shared = swiglu(x, w["shared_gate_proj"], w["shared_up_proj"], w["shared_down_proj"])
         if cfg.shared_expert_gate:
-            shared = torch.sigmoid(linear(x, w["shared_expert_gate"])) * shared
+            shared = sigmoid(linear(x, w["shared_expert_gate"])) * shared
         out = out + shared
     return out
