@@ -71,25 +71,18 @@ def save_tiny_tokenizer(folder: Path) -> int:
     return tk.get_vocab_size()
 
 
-def make_tiny_model(folder: Path, kind: str, seed: int = 0) -> Path:
-    """Save a random model of `kind` (see TINY_CONFIGS) with a tiny tokenizer into `folder`."""
-    import torch
+def make_tiny_model(folder: Path, kind: str, seed: int = 0, **overrides) -> Path:
+    """Save a random model of `kind` (see TINY_CONFIGS; `overrides`: fields changed, e.g. a wider
+    vocab_size than the tokenizer's) with a tiny tokenizer into `folder`."""
     import transformers
 
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = save_tiny_tokenizer(folder)
+    from tests.random_checkpoints import save_random_checkpoint
+
     spec = dict(TINY_CONFIGS[kind])
-    model_type = spec.pop("model_type")
-    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "opt": transformers.OPTConfig}[model_type]
-    cfg = cls(vocab_size=vocab, max_position_embeddings=128, bos_token_id=0, eos_token_id=1, **spec)
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
-    # random init is tiny; widen the weights so logits are not all alike and greedy paths differ
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.2)
-    model.save_pretrained(folder)
-    return folder
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+           "opt": transformers.OPTConfig}[spec.pop("model_type")]
+    return save_random_checkpoint(folder, lambda ids: cls(**{"max_position_embeddings": 128, **ids, **spec,
+                                                             **overrides}), seed=seed)
 
 
 @pytest.fixture(autouse=True, scope="session")

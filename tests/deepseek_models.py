@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import save_tiny_tokenizer
+from tests.random_checkpoints import save_random_checkpoint
 
 _MLA = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=4,
             kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
@@ -38,28 +38,15 @@ MANY_EXPERTS = dict(model_type="deepseek_v3", num_hidden_layers=2, q_lora_rank=N
 
 def make_deepseek_model(folder: Path, kind: str, seed: int = 0, dtype: str = "float32",
                         spec: dict | None = None) -> Path:
-    """Save a random model of `kind` (see DEEPSEEK_CONFIGS; or the config `spec`) with a tiny
-    tokenizer into `folder`."""
-    import torch
+    """Save a random model of `kind` (see DEEPSEEK_CONFIGS; or the config `spec`, a vocab_size in
+    it wider than the tokenizer's) with a tiny tokenizer into `folder`, its weights widened so
+    logits differ and routing and selection matter."""
     import transformers
 
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = save_tiny_tokenizer(folder)
     spec = dict(spec or DEEPSEEK_CONFIGS[kind])
     cls = {"deepseek_v3": transformers.DeepseekV3Config,
            "deepseek_v32": transformers.DeepseekV32Config}[spec.pop("model_type")]
-    cfg = cls(vocab_size=vocab, bos_token_id=0, eos_token_id=1, **spec)
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
-    # widen the random weights so logits differ and routing and selection matter
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(0.0, 0.2)
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.normal_(0.0, 0.2)
-    model.to(getattr(torch, dtype)).save_pretrained(folder)
-    return folder
+    return save_random_checkpoint(folder, lambda ids: cls(**{**ids, **spec}), seed=seed, dtype=dtype)
 
 
 def to_fp8_checkpoint(src: Path, dst: Path) -> dict:

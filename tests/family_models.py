@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.conftest import save_tiny_tokenizer
+from tests.random_checkpoints import save_random_checkpoint
 
 PROMPT_LEN, DECODE_STEPS = 12, 16  # greedy tokens compared: DECODE_STEPS, past every window below
 LOGIT_TOLERANCE = 1e-4
@@ -55,25 +55,17 @@ def family_spec(kind: str, width: str = "narrow") -> dict:
 
 def make_family_model(folder: Path, spec: dict, seed: int = 0, tied: bool = False,
                       init_std: float = 0.2) -> Path:
-    """Save a random float32 model of config fields `spec` with a tiny tokenizer into `folder`:
-    every parameter and float buffer drawn from N(0, init_std) (transformers' init is too small for
-    logits to differ), the head tied to the embedding or not."""
-    import torch
+    """Save a random float32 model of config fields `spec` (a vocab_size among them: wider than
+    the tokenizer's) with a tiny tokenizer into `folder`: every parameter drawn from
+    N(0, init_std) (transformers' init is too small for logits to differ), the head tied to the
+    embedding or not."""
     import transformers
 
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = save_tiny_tokenizer(folder)
     fields = dict(spec)
-    fields.setdefault("max_position_embeddings", 128)
-    cfg = transformers.AutoConfig.for_model(fields.pop("model_type"), vocab_size=vocab, bos_token_id=0,
-                                            eos_token_id=1, pad_token_id=None, tie_word_embeddings=tied, **fields)
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, init_std)
-    model.save_pretrained(folder)
-    return folder
+    model_type = fields.pop("model_type")
+    return save_random_checkpoint(folder, lambda ids: transformers.AutoConfig.for_model(
+        model_type, **{"max_position_embeddings": 128, **ids, "pad_token_id": None, "tie_word_embeddings": tied,
+                       **fields}), seed=seed, init_std=init_std)
 
 
 def hf_config(folder: Path) -> dict:

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
@@ -19,8 +20,16 @@ def llama_gguf_writer(path: Path, *, hidden: int, ffn: int, layers: int, heads: 
                        ("vocab_size", vocab), ("context_length", 128)):
         w.add_uint32(f"llama.{key}", value)
     w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    w.add_token_list([f"t{i}" for i in range(vocab)])
+    add_test_vocabulary(w, vocab)
     return w
+
+
+def add_test_vocabulary(w, vocab: int) -> None:
+    """A made-up byte-level BPE vocabulary of `vocab` tokens ("t", "0", "t0", "t3", "t4", ...; one
+    merge): enough for the reader to build a tokenizer, so the file runs through `LLM` as a real one."""
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(["t", "0", "t0"] + [f"t{i}" for i in range(3, vocab)])
+    w.add_token_merges(["t 0"])
 
 
 def finish_gguf(w, path: Path) -> Path:
@@ -29,6 +38,61 @@ def finish_gguf(w, path: Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _fp16_bytes(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float16).reshape(-1, 1).view(np.uint8)
+
+
+def random_k_blocks(rng, rows: int, cols: int, type_name: str) -> np.ndarray:
+    """Random raw bytes of a Q4_K, Q5_K or Q6_K tensor (every bit pattern of the codes and packed
+    scales), with small positive fp16 super-block scales so the weights stay near +-1."""
+    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[type_name]
+    raw = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
+    if type_name in ("Q4_K", "Q5_K"):  # d, dmin first
+        raw[..., 0:2] = _fp16_bytes(rng.uniform(5e-4, 3e-3, rows * cols // 256)).reshape(rows, -1, 2)
+        raw[..., 2:4] = _fp16_bytes(rng.uniform(5e-4, 3e-3, rows * cols // 256)).reshape(rows, -1, 2)
+    else:  # d last; the 16 int8 sub-block scales before it
+        raw[..., 208:210] = _fp16_bytes(rng.uniform(1e-4, 4e-4, rows * cols // 256)).reshape(rows, -1, 2)
+    return raw.reshape(rows, -1)
+
+
+def write_llama_gguf(path: Path, types, *, seed: int = 0, hidden: int, ffn: int, layers: int, heads: int,
+                     kv_heads: int, vocab: int) -> Path:
+    """A LLaMA GGUF of random weights, each tensor of the ggml type `types(name, layer)` names (its
+    llama.cpp name without `blk.i.` and `.weight`, e.g. "attn_v", "token_embd", "attn_norm"; layer
+    None for the globals; None: f32). K-quant blocks are random bytes (`random_k_blocks`), other
+    types the `gguf` package's quantization of N(0, 0.05) values (Q5_1 / Q4_1 rows offset apart,
+    so their zero points matter); the embedding table is tied (no output.weight)."""
+    import gguf
+    from gguf.quants import quantize
+
+    T = gguf.GGMLQuantizationType
+    rng = np.random.default_rng(seed)
+    w = llama_gguf_writer(path, hidden=hidden, ffn=ffn, layers=layers, heads=heads, kv_heads=kv_heads, vocab=vocab)
+
+    def add(name: str, layer: int | None, shape: tuple[int, ...]):
+        qtype = types(name, layer)
+        full = f"{name}.weight" if layer is None else f"blk.{layer}.{name}.weight"
+        if qtype in ("Q4_K", "Q5_K", "Q6_K"):
+            w.add_tensor(full, random_k_blocks(rng, *shape, qtype), raw_dtype=T[qtype])
+            return
+        data = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+        if qtype in ("Q5_1", "Q4_1"):  # rows of their own offsets: zero points that tell the rows apart
+            data += rng.uniform(-0.1, 0.1, (shape[0], 1)).astype(np.float32)
+        w.add_tensor(full, data if qtype is None else quantize(data, T[qtype]), raw_dtype=T[qtype] if qtype else None)
+
+    add("token_embd", None, (vocab, hidden))
+    add("output_norm", None, (hidden,))
+    kv = kv_heads * hidden // heads
+    for i in range(layers):
+        add("attn_norm", i, (hidden,))
+        add("ffn_norm", i, (hidden,))
+        for name, shape in (("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
+                            ("attn_output", (hidden, hidden)), ("ffn_gate", (ffn, hidden)), ("ffn_up", (ffn, hidden)),
+                            ("ffn_down", (hidden, ffn))):
+            add(name, i, shape)
+    return finish_gguf(w, path)
 
 
 def prefill_and_decode_logits(weights, reader, dtype, *, steps: int, feed=None, **executor_kw):

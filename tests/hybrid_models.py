@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import save_tiny_tokenizer
+from tests.random_checkpoints import save_random_checkpoint
 
 _NARROW = dict(hidden_size=48, intermediate_size=80, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12)
@@ -28,22 +28,12 @@ HYBRID_CONFIGS = {
 
 
 def make_hybrid_model(folder: Path, kind: str, seed: int = 0, **overrides) -> Path:
-    """Save a random float32 model of `kind` (see HYBRID_CONFIGS; `overrides`: fields changed) with a
-    tiny tokenizer into `folder`."""
-    import torch
+    """Save a random float32 model of `kind` (see HYBRID_CONFIGS; `overrides`: fields changed) with
+    a tiny tokenizer into `folder`; transformers' decay rates (A_log, the log of U(0.01, 16)) kept."""
     import transformers
 
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = save_tiny_tokenizer(folder)
     spec = {**HYBRID_CONFIGS[kind], **overrides}
     cls = {"qwen3_next": transformers.Qwen3NextConfig,
            "qwen3_5_text": transformers.Qwen3_5TextConfig}[spec.pop("model_type")]
-    cfg = cls(vocab_size=vocab, bos_token_id=0, eos_token_id=1, max_position_embeddings=512, **spec)
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():  # widen the random weights so logits differ and routing matters
-        for name, p in model.named_parameters():
-            if not name.endswith("A_log"):  # keep transformers' decay rates (log of U(0.01, 16))
-                p.normal_(0.0, 0.2)
-    model.to(torch.float32).save_pretrained(folder)
-    return folder
+    return save_random_checkpoint(folder, lambda ids: cls(**{**ids, "max_position_embeddings": 512, **spec}),
+                                  seed=seed, keep=("A_log",))

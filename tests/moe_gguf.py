@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.gguf_models import add_test_vocabulary
+
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's row order of LLaMA's q/k weights (convert_hf_to_gguf's LlamaModel.permute)."""
@@ -77,7 +79,7 @@ def write_moe_gguf(folder: Path, path: Path, quantize_experts: str | None = None
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", hf["rms_norm_eps"])
     w.add_float32(f"{arch}.rope.freq_base", (hf.get("rope_parameters") or {}).get("rope_theta",
                                                                                   hf.get("rope_theta", 1e4)))
-    w.add_token_list([f"t{i}" for i in range(hf["vocab_size"])])
+    add_test_vocabulary(w, hf["vocab_size"])
     tensors = {"token_embd.weight": t["model.embed_tokens.weight"], "output_norm.weight": t["model.norm.weight"]}
     if "lm_head.weight" in t:
         tensors["output.weight"] = t["lm_head.weight"]
@@ -159,7 +161,7 @@ def write_deepseek2_gguf(folder: Path, path: Path, gating_func: int | None = Non
     w.add_float32(f"{a}.expert_weights_scale", hf["routed_scaling_factor"])
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", hf["rms_norm_eps"])
     w.add_float32(f"{a}.rope.freq_base", hf["rope_parameters"]["rope_theta"])
-    w.add_token_list([f"t{i}" for i in range(hf["vocab_size"])])
+    add_test_vocabulary(w, hf["vocab_size"])
     tensors = {"token_embd.weight": t["model.embed_tokens.weight"], "output_norm.weight": t["model.norm.weight"]}
     if "lm_head.weight" in t:
         tensors["output.weight"] = t["lm_head.weight"]
@@ -207,7 +209,7 @@ def write_gpt_oss_gguf(folder: Path, path: Path) -> Path:
     w.add_float32(f"{a}.rope.freq_base", rope["rope_theta"])
     w.add_string(f"{a}.rope.scaling.type", "yarn")
     w.add_float32(f"{a}.rope.scaling.factor", rope["factor"])
-    w.add_token_list([f"t{i}" for i in range(hf["vocab_size"])])
+    add_test_vocabulary(w, hf["vocab_size"])
     tensors = {"token_embd.weight": t["model.embed_tokens.weight"], "output_norm.weight": t["model.norm.weight"]}
     if "lm_head.weight" in t:
         tensors["output.weight"] = t["lm_head.weight"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import save_tiny_tokenizer
+from tests.random_checkpoints import save_random_checkpoint
 
 # per family: the config class name and its fields at the narrow width; "wide" doubles the
 # hidden size and the expert widths (and uses more experts), so widths, not only seeds, vary
@@ -67,22 +67,11 @@ def make_moe_model(folder: Path, kind: str, seed: int = 0, wide: bool = False, *
     """Save a random model of `kind` (see MOE_CONFIGS; `overrides`: fields changed) with a tiny
     tokenizer into `folder`.
     Weights are widened (normal, std 0.2) so logits differ and routing matters."""
-    import torch
     import transformers
 
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = save_tiny_tokenizer(folder)
     cls_name, fields = config_fields(kind, wide)
-    cfg = getattr(transformers, cls_name)(vocab_size=vocab, bos_token_id=0, eos_token_id=1, **{**fields, **overrides})
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            p.normal_(0.0, 0.2)
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.normal_(0.0, 0.2)
-    model.to(torch.float32).save_pretrained(folder)
+    cls = getattr(transformers, cls_name)
+    save_random_checkpoint(folder, lambda ids: cls(**{**ids, **fields, **overrides}), seed=seed)
     if kind.endswith("_mxfp4"):
         to_mxfp4(folder, seed)
     return folder

@@ -143,24 +143,12 @@ def test_deepseek_v32_with_a_wide_head_runs_in_12_mib_and_equals_in_memory(tmp_p
     """A tiny DeepSeek-V3.2 (MLA, indexer, MoE) with a 49,152-token head: at 12 MiB the head's
     rows off the gpu tier are staged there in chunks, which the plan must leave room for (it
     stopped with 'staging rows of lm_head.rows...'); float32 output equals the in-memory run's."""
-    import transformers
-
     import flexlamps.hardware.cache
     from flexlamps import LLM, SamplingParams
-    from tests.conftest import save_tiny_tokenizer
-    from tests.deepseek_models import DEEPSEEK_CONFIGS
+    from tests.deepseek_models import DEEPSEEK_CONFIGS, make_deepseek_model
 
-    folder = tmp_path / "v32"
-    folder.mkdir()
-    save_tiny_tokenizer(folder)
-    spec = {k: v for k, v in DEEPSEEK_CONFIGS["deepseek_v32"].items() if k != "model_type"}
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(
-        transformers.DeepseekV32Config(vocab_size=49152, bos_token_id=0, eos_token_id=1, **spec))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.2)
-    model.save_pretrained(folder)
+    folder = make_deepseek_model(tmp_path / "v32", "deepseek_v32",
+                                 spec={**DEEPSEEK_CONFIGS["deepseek_v32"], "vocab_size": 49152})
     monkeypatch.setattr(flexlamps.hardware.cache, "machine_profile", lambda *a, **k: placement.hardware_preset(HARDWARE))
     prompts, params = [[0, 5, 17, 33, 60, 2, 9], [0, 5, 17, 40, 61]], [SamplingParams(max_new_tokens=4, ignore_eos=True)]
     offloaded = LLM(str(folder), gpu_mem=12 * MiB, cpu_mem=256 * MiB, offload_dir=tmp_path / "off")

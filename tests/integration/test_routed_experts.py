@@ -33,18 +33,10 @@ def _make(folder, family: str):
         return make_deepseek_model(folder, "", spec=MANY_EXPERTS)
     import transformers
 
-    from tests.conftest import save_tiny_tokenizer
+    from tests.random_checkpoints import save_random_checkpoint
 
-    folder.mkdir(parents=True)
     cls_name, fields = MANY_EXPERTS_OF[family]
-    cfg = getattr(transformers, cls_name)(vocab_size=save_tiny_tokenizer(folder), bos_token_id=0, eos_token_id=1,
-                                          **fields)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.2)
-    model.save_pretrained(folder)
+    save_random_checkpoint(folder, lambda ids: getattr(transformers, cls_name)(**ids, **fields))
     return folder
 
 

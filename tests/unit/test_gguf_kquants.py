@@ -16,63 +16,27 @@ from flexlamps.settings import RunSettings
 from quant.int4_tiles import tile_rows
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
-from tests.gguf_models import (assert_as_good_as_a_bf16_copy, assert_cache_gives_back_the_same_weights, finish_gguf,
-                                llama_gguf_writer, prefill_and_decode_logits)
+from tests.gguf_models import (assert_as_good_as_a_bf16_copy, assert_cache_gives_back_the_same_weights,
+                                prefill_and_decode_logits, random_k_blocks, write_llama_gguf)
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, VOCAB = 256, 512, 2, 4, 2, 64
 
 
-def _fp16_bytes(values: np.ndarray) -> np.ndarray:
-    return values.astype(np.float16).reshape(-1, 1).view(np.uint8)
-
-
-def random_k_blocks(rng, rows: int, cols: int, type_name: str) -> np.ndarray:
-    """Random raw bytes of a Q4_K, Q5_K or Q6_K tensor (every bit pattern of the codes and packed
-    scales), with small positive fp16 super-block scales so the weights stay near +-1."""
-    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[type_name]
-    raw = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
-    if type_name in ("Q4_K", "Q5_K"):  # d, dmin first
-        raw[..., 0:2] = _fp16_bytes(rng.uniform(5e-4, 3e-3, rows * cols // 256)).reshape(rows, -1, 2)
-        raw[..., 2:4] = _fp16_bytes(rng.uniform(5e-4, 3e-3, rows * cols // 256)).reshape(rows, -1, 2)
-    else:  # d last; the 16 int8 sub-block scales before it
-        raw[..., 208:210] = _fp16_bytes(rng.uniform(1e-4, 4e-4, rows * cols // 256)).reshape(rows, -1, 2)
-    return raw.reshape(rows, -1)
+def kquant_types(name: str, layer: int | None) -> str | None:
+    """llama.cpp's Q4_K_M types for a small model: Q4_K q/k/o/gate/up and a tied Q4_K embedding
+    table, Q5_0 v (Q4_K's fallback), Q6_K down in layer 0 and Q4_K in layer 1, f32 norms; layer 1's
+    k and v are Q5_1 and its gate Q5_K instead (a Q5_K_M's types)."""
+    if name.endswith("norm"):
+        return None
+    first = {"attn_k": "Q4_K", "attn_v": "Q5_0", "ffn_gate": "Q4_K", "ffn_down": "Q6_K"}
+    later = {"attn_k": "Q5_1", "attn_v": "Q5_1", "ffn_gate": "Q5_K", "ffn_down": "Q4_K"}
+    return (first if layer == 0 else later).get(name, "Q4_K")
 
 
 def write_kquant_gguf(path: Path, seed: int = 0) -> Path:
-    """A 2-layer LLaMA GGUF typed as llama.cpp's Q4_K_M types a small model: Q4_K q/k/o/gate/up
-    and a tied Q4_K embedding table, Q5_0 v (Q4_K's fallback), Q6_K down in layer 0 and Q4_K in
-    layer 1, f32 norms; layer 1's k and v are Q5_1 and its gate Q5_K instead (a Q5_K_M's types)."""
-    import gguf
-    from gguf.quants import quantize
-
-    T = gguf.GGMLQuantizationType
-    rng = np.random.default_rng(seed)
-    w = llama_gguf_writer(path, hidden=HIDDEN, ffn=FFN, layers=LAYERS, heads=HEADS, kv_heads=KV_HEADS, vocab=VOCAB)
-
-    def add(name, shape, qtype=None):
-        if qtype in ("Q4_K", "Q5_K", "Q6_K"):
-            w.add_tensor(name, random_k_blocks(rng, *shape, qtype), raw_dtype=T[qtype])
-            return
-        data = (rng.standard_normal(shape) * 0.05).astype(np.float32)
-        if qtype == "Q5_1":  # rows of their own offsets: zero points that tell the rows apart
-            data += rng.uniform(-0.1, 0.1, (shape[0], 1)).astype(np.float32)
-        w.add_tensor(name, data if qtype is None else quantize(data, T[qtype]), raw_dtype=T[qtype] if qtype else None)
-
-    add("token_embd.weight", (VOCAB, HIDDEN), "Q4_K")
-    add("output_norm.weight", (HIDDEN,))
-    kv = KV_HEADS * HIDDEN // HEADS
-    for i in range(LAYERS):
-        add(f"blk.{i}.attn_norm.weight", (HIDDEN,))
-        add(f"blk.{i}.ffn_norm.weight", (HIDDEN,))
-        add(f"blk.{i}.attn_q.weight", (HIDDEN, HIDDEN), "Q4_K")
-        add(f"blk.{i}.attn_k.weight", (kv, HIDDEN), "Q4_K" if i == 0 else "Q5_1")  # rows unpermuted with zeros
-        add(f"blk.{i}.attn_v.weight", (kv, HIDDEN), "Q5_0" if i == 0 else "Q5_1")
-        add(f"blk.{i}.attn_output.weight", (HIDDEN, HIDDEN), "Q4_K")
-        add(f"blk.{i}.ffn_gate.weight", (FFN, HIDDEN), "Q4_K" if i == 0 else "Q5_K")
-        add(f"blk.{i}.ffn_up.weight", (FFN, HIDDEN), "Q4_K")
-        add(f"blk.{i}.ffn_down.weight", (HIDDEN, FFN), "Q6_K" if i == 0 else "Q4_K")
-    return finish_gguf(w, path)
+    """A 2-layer LLaMA GGUF typed as `kquant_types`."""
+    return write_llama_gguf(path, kquant_types, seed=seed, hidden=HIDDEN, ffn=FFN, layers=LAYERS, heads=HEADS,
+                            kv_heads=KV_HEADS, vocab=VOCAB)
 
 
 @pytest.fixture

@@ -1,0 +1,113 @@
+"""Every landed family's tiny checkpoint under one name (a "kind"): the HF folders the test
+builders save (dense, windowed, MoE, MLA, hybrid) and GGUF files in llama.cpp's layouts (dense
+LLaMA in Q4_0 ... Q8_0 and the K-quants, MoE with quantized experts, DeepSeek-V2, gpt-oss with
+MXFP4 experts), each built once per (kind, vocabulary size) and kept in a folder.
+
+A vocabulary wider than the tiny tokenizer's (`WIDE_VOCAB`) makes the embedding table and the
+output head a large share of the model: split across tiers by rows and run in several chunks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from tests.conftest import TINY_CONFIGS, make_tiny_model
+from tests.deepseek_models import DEEPSEEK_CONFIGS, make_deepseek_model
+from tests.family_models import FAMILY_CONFIGS, WIDTHS, family_spec, make_family_model
+from tests.hybrid_models import HYBRID_CONFIGS, make_hybrid_model
+from tests.moe_models import MOE_CONFIGS, make_moe_model
+
+TOKENIZER_VOCAB = 320  # save_tiny_tokenizer's vocabulary (the default)
+WIDE_VOCAB = 9000  # > HEAD_CHUNK_ROWS: the head runs in two chunks
+VOCABS = (None, WIDE_VOCAB)
+
+# dense LLaMA GGUFs, each matrix of one ggml type (K-quants need rows of 256: hidden 256)
+_K_MIX = {"attn_v": "Q5_0", "ffn_down": "Q6_K"}  # llama.cpp's Q4_K_M: Q4_K, v and down kept wider
+GGUF_LLAMA_TYPES: dict[str, Callable[[str, int | None], str | None]] = {
+    "Q4_0": lambda name, layer: None if name.endswith("norm") else "Q4_0",
+    "Q4_1": lambda name, layer: None if name.endswith("norm") else "Q4_1",
+    "Q5_0": lambda name, layer: None if name.endswith("norm") else "Q5_0",
+    "Q5_1": lambda name, layer: None if name.endswith("norm") else "Q5_1",
+    "Q8_0": lambda name, layer: None if name.endswith("norm") else "Q8_0",
+    "Q4_K_M": lambda name, layer: None if name.endswith("norm") else _K_MIX.get(name, "Q4_K"),
+    "Q5_K": lambda name, layer: None if name.endswith("norm") else "Q5_K",
+    "Q6_K": lambda name, layer: None if name.endswith("norm") else "Q6_K",
+}
+GGUF_LLAMA_SHAPE = dict(hidden=256, ffn=512, layers=2, heads=4, kv_heads=2)
+# llama.cpp's qwen2moe / qwen3moe have no dense layers (mlp_only_layers, decoder_sparse_step)
+_GGUF_MOE_DENSE = {"mixtral": {}, "qwen2_moe": {"mlp_only_layers": []}, "qwen3_moe": {"decoder_sparse_step": 1}}
+_MOE_MODEL_TYPES = {"MixtralConfig": "mixtral", "Qwen2MoeConfig": "qwen2_moe", "DeepseekV2Config": "deepseek_v2",
+                    "Qwen3MoeConfig": "qwen3_moe", "OlmoeConfig": "olmoe", "Glm4MoeConfig": "glm4_moe",
+                    "GptOssConfig": "gpt_oss"}
+
+
+def _kinds() -> dict[str, tuple[str, Callable[[Path, dict], Path]]]:
+    """kind -> (its model_type, build(folder, overrides) -> checkpoint path)."""
+    kinds = {f"tiny:{k}": (spec["model_type"], lambda f, o, k=k: make_tiny_model(f, k, **o))
+             for k, spec in TINY_CONFIGS.items()}
+    for k, spec in FAMILY_CONFIGS.items():
+        for width in WIDTHS:  # the narrow head tied to the embedding
+            kinds[f"family:{k}:{width}"] = (spec["model_type"], lambda f, o, k=k, w=width: make_family_model(
+                f, {**family_spec(k, w), **o}, tied=w == "narrow"))
+    for k, (cls_name, _) in MOE_CONFIGS.items():
+        for wide in (False, True):
+            kinds[f"moe:{k}:{'wide' if wide else 'narrow'}"] = (
+                _MOE_MODEL_TYPES[cls_name], lambda f, o, k=k, wide=wide: make_moe_model(f, k, wide=wide, **o))
+    for k, spec in DEEPSEEK_CONFIGS.items():
+        kinds[f"deepseek:{k}"] = (spec["model_type"], lambda f, o, k=k: make_deepseek_model(
+            f, k, spec={**DEEPSEEK_CONFIGS[k], **o}))
+    for k, spec in HYBRID_CONFIGS.items():
+        kinds[f"hybrid:{k}"] = (spec["model_type"], lambda f, o, k=k: make_hybrid_model(f, k, **o))
+    for types in GGUF_LLAMA_TYPES:
+        kinds[f"gguf:llama:{types}"] = ("llama", lambda f, o, t=types: _llama_gguf(f, t, o))
+    for k in _GGUF_MOE_DENSE:
+        for experts in (None, "Q8_0", "Q4_0"):
+            kinds[f"gguf:{k}:{experts or 'f32'}"] = (k, lambda f, o, k=k, q=experts: _moe_gguf(f, k, q, o))
+    for k, gating in (("deepseek_v2", None), ("deepseek_v2_grouped", 1)):
+        kinds[f"gguf:{k}"] = ("deepseek_v2", lambda f, o, k=k, g=gating: _deepseek2_gguf(f, k, g, o))
+    kinds["gguf:gpt_oss_mxfp4"] = ("gpt_oss", _gpt_oss_gguf)
+    return kinds
+
+
+def _llama_gguf(folder: Path, types: str, overrides: dict) -> Path:
+    from tests.gguf_models import write_llama_gguf
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = overrides.get("vocab_size", TOKENIZER_VOCAB)
+    return write_llama_gguf(folder / "model.gguf", GGUF_LLAMA_TYPES[types], vocab=vocab, **GGUF_LLAMA_SHAPE)
+
+
+def _moe_gguf(folder: Path, kind: str, experts: str | None, overrides: dict) -> Path:
+    from tests.moe_gguf import write_moe_gguf
+
+    hf = make_moe_model(folder / "hf", kind, **_GGUF_MOE_DENSE[kind], **overrides)
+    return write_moe_gguf(hf, folder / "model.gguf", quantize_experts=experts)
+
+
+def _deepseek2_gguf(folder: Path, kind: str, gating: int | None, overrides: dict) -> Path:
+    from tests.moe_gguf import write_deepseek2_gguf
+
+    return write_deepseek2_gguf(make_moe_model(folder / "hf", kind, **overrides), folder / "model.gguf", gating)
+
+
+def _gpt_oss_gguf(folder: Path, overrides: dict) -> Path:
+    from tests.moe_gguf import write_gpt_oss_gguf
+
+    return write_gpt_oss_gguf(make_moe_model(folder / "hf", "gpt_oss_mxfp4", **overrides), folder / "model.gguf")
+
+
+KINDS = _kinds()
+
+
+class CheckpointZoo:
+    """Checkpoints by (kind, vocabulary size), built under `root` on first use and kept."""
+
+    def __init__(self, root: Path):
+        self.root, self._built = Path(root), {}
+
+    def path(self, kind: str, vocab: int | None = None) -> Path:
+        key = (kind, vocab)
+        if key not in self._built:
+            folder = self.root / f"{kind.replace(':', '-')}-{vocab or TOKENIZER_VOCAB}"
+            self._built[key] = KINDS[kind][1](folder, {} if vocab is None else {"vocab_size": vocab})
+        return self._built[key]
