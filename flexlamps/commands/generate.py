@@ -68,6 +68,7 @@ def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, t
             logprobs, chat, ignore_eos, batch_size, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight,
             compress_cache, weight_quant, max_rss, overwrite, strict, no_progress, ray_address, ray_workers):
     """Generate a completion for every prompt in PROMPTS and write them to OUT."""
+    from flexlamps import fault_points
     from flexlamps.generate_job import GenerateSettings
 
     check_model(model)
@@ -81,6 +82,7 @@ def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, t
     except ValueError as e:
         raise click.UsageError(str(e))
     job = _pending_job(settings, prompts_path, out_path, overwrite)
+    fault_points.reached("job_locked")
     try:
         _run(settings, job, no_progress, max_rss, strict, ray_address, ray_workers)
     finally:

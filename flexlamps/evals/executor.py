@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
 
+from flexlamps import fault_points
 from flexlamps.evals.requests import Completion, RequestResult, RequestState, Token
 
 
@@ -59,6 +60,7 @@ class ProgressLog:
                 f.write(json.dumps({"i": i, "key": request_key(st, self.engine_key), "result": asdict(st.result)},
                                    ensure_ascii=False) + "\n")
             f.flush()
+        fault_points.reached("helm_progress")
 
 
 def _prefill_counters(llm) -> tuple[Optional[int], Optional[int]]:

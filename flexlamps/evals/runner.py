@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from flexlamps import fault_points
 from flexlamps.evals.adapters import adapt
 from flexlamps.evals.executor import Executor, ProgressLog
 from flexlamps.evals.helm_output import run_dir, write_json_atomic, write_run
@@ -109,6 +110,7 @@ def execute_run(llm, spec: RunSpec, scenario: Scenario, output_path: Path, suite
     split = per_instance[0][2][0].split if per_instance else "test"
     stats += [single(k, v, split) for k, v in engine.items() if v is not None]
     write_run(path, spec, scenario, states, per_instance, stats)
+    fault_points.reached("helm_run_written")
     write_json_atomic(marker, {"fingerprint": fp, "finished": True})
     return RunOutcome(spec, path, stats, engine=engine)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flexlamps import fault_points
 from flexlamps.io.fingerprint import RecordFingerprint
 
 
@@ -147,6 +148,7 @@ class ResumableResults:
         except OSError as e:
             raise ResultsError(_write_failure(self.out, e)) from None
         self.done[rid] = rec
+        fault_points.reached("record")
 
     def close(self) -> None:
         if self._fh is not None:
@@ -166,6 +168,7 @@ class ResumableResults:
         """All ids done: write them in input order to <out> atomically and drop the partial file."""
         self.close()
         _write_atomic(self.out, [json.dumps(self.done[rid], ensure_ascii=False) for rid in order], self.out)
+        fault_points.reached("finalized")
         self.partial.unlink(missing_ok=True)
 
 

@@ -5,12 +5,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from click.testing import CliRunner
 
 from flexlamps.cli import main
+from flexlamps.fault_points import kill_at
 
 WORDS = ["the quick brown fox", "hello world", "numbers 1 2 3", "Once upon a time", "a tiny model", "punctuation !?"]
 
@@ -113,34 +113,25 @@ def test_sampling_is_reproducible_across_batch_sizes(tiny_llama, tmp_path):
 
 
 def test_killed_run_resumes_without_loss_or_duplicates(tiny_llama, tmp_path):
-    prompts = _write_prompts(tmp_path / "in.jsonl", 40)
-    args = ["--model", str(tiny_llama), "--prompts", str(prompts), "--max-new-tokens", "24", "--ignore-eos",
+    prompts = _write_prompts(tmp_path / "in.jsonl", 12)
+    args = ["--model", str(tiny_llama), "--prompts", str(prompts), "--max-new-tokens", "8", "--ignore-eos",
             "--batch-size", "1", "--no-progress"]
     cmd = [sys.executable, "-m", "flexlamps.cli", "generate", *args]
     ref = tmp_path / "ref.jsonl"
     subprocess.run(cmd + ["--out", str(ref)], check=True, capture_output=True, timeout=300)
 
+    # killed (SIGKILL) once its 5th record is synced: at that point, not after a delay the load decides
     out = tmp_path / "out.jsonl"
     partial = tmp_path / "out.jsonl.partial"
-    proc = subprocess.Popen(cmd + ["--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if partial.exists() and partial.read_text().count("\n") >= 5:
-            break
-        time.sleep(0.05)
-    killed = proc.poll() is None
-    if killed:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        assert not out.exists()
-    # whole lines only: the kill may tear the last one (the rerun redoes it)
-    done_before = partial.read_text().count("\n") if partial.exists() else 0
+    killed = subprocess.run(cmd + ["--out", str(out)], env={**os.environ, **kill_at("record", 5)},
+                            capture_output=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL and not out.exists()
+    assert partial.read_text().count("\n") == 5
     subprocess.run(cmd + ["--out", str(out)], check=True, capture_output=True, timeout=300)
     rows = _read(out)
     ids = [r["id"] for r in rows]
-    assert sorted(ids) == sorted(set(ids)) and len(ids) == 40
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == 12
     assert {r["id"]: r["text"] for r in rows} == {r["id"]: r["text"] for r in _read(ref)}
-    assert killed and done_before >= 5
 
 
 def test_offloaded_generation_equals_plain(tiny_llama, tmp_path):

@@ -1,15 +1,19 @@
-"""Fault injection: kill -9 at random points, a full disk, concurrent runs, damaged partial files.
+"""Fault injection: kill -9 at every stage of a run, a full disk, concurrent runs, damaged partial files.
 
-After each fault, rerunning the same command must give exactly the uninterrupted result (0 lost,
-0 duplicated, 0 stale records) and no user file may be touched. One seed of each kill runs in
-the quick suite (helm's, and the concurrent runs, in CI's `-m ci` leg); `-m "faults and slow"`
-runs 20 seeds each and two concurrent runs.
+A kill comes at a named point the run reaches (`flexlamps.fault_points`: --out locked, a weight
+stored in the offload folder, a record synced, the output written), never after a sleep, so
+where a run dies cannot depend on the machine's load. After each fault, rerunning the same
+command must give exactly the uninterrupted result (0 lost, 0 duplicated, 0 stale records) and
+no user file may be touched. One point of each kill runs in the quick suite (helm's, and the
+concurrent runs, in CI's `-m ci` leg); `-m "faults and slow"` runs every point, 20 seeds of the
+offload folder's writes and two concurrent runs.
 """
 
 import errno
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from flexlamps.cli import main
+from flexlamps.fault_points import kill_at
 from flexlamps.io.results import _with_check
 
 pytestmark = pytest.mark.faults
@@ -25,6 +30,12 @@ pytestmark = pytest.mark.faults
 NUM_PROMPTS = 12
 SEEDS_QUICK = [0]
 SEEDS_ALL = list(range(20))
+# where generate is killed (point, pass): from startup through loading, writing, finishing
+GENERATE_KILLS = [("job_locked", 1), ("weight_stored", 1), ("weight_stored", 12), ("record", 1), ("record", 6),
+                  ("record", NUM_PROMPTS), ("finalized", 1)]
+GENERATE_KILL_QUICK = ("record", 6)
+# helm's demo run: 8 requests, 4 batches of 2, then the run folder
+HELM_KILLS = [("helm_progress", 1), ("helm_progress", 3), ("helm_run_written", 1)]
 
 
 @pytest.fixture(scope="module")
@@ -63,18 +74,18 @@ def _cmd(args, out, offload):
     return [sys.executable, "-m", "flexlamps.cli", "generate", *args, "--out", str(out), "--offload-dir", str(offload)]
 
 
-def _kill_generate_then_rerun(job, tmp_path, seed):
+def _killed_at(cmd: list[str], point: tuple[str, int]) -> None:
+    """Run `cmd` to the fault point, where it dies of SIGKILL (it must reach it)."""
+    killed = subprocess.run(cmd, env={**os.environ, **kill_at(*point)}, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, (point, killed.returncode, killed.stderr[-2000:])
+
+
+def _kill_generate_then_rerun(job, tmp_path, point):
     args, reference = job
     out, offload = tmp_path / "out.jsonl", tmp_path / "off"
     _user_files(offload)
     (tmp_path / "notes.txt").write_text("beside --out")
-    delay = random.Random(seed).uniform(0.5, 12.0)  # from startup through loading, writing, finishing
-    proc = subprocess.Popen(_cmd(args, out, offload), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        proc.wait(timeout=delay)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    _killed_at(_cmd(args, out, offload), point)
     done = subprocess.run(_cmd(args, out, offload), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert out.read_text() == reference  # nothing lost, duplicated or stale; same order and values
@@ -83,15 +94,14 @@ def _kill_generate_then_rerun(job, tmp_path, seed):
     assert (tmp_path / "notes.txt").read_text() == "beside --out"
 
 
-@pytest.mark.parametrize("seed", SEEDS_QUICK)
-def test_kill_generate_quick(job, tmp_path, seed):
-    _kill_generate_then_rerun(job, tmp_path, seed)
+def test_kill_generate_quick(job, tmp_path):
+    _kill_generate_then_rerun(job, tmp_path, GENERATE_KILL_QUICK)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", SEEDS_ALL)
-def test_kill_generate(job, tmp_path, seed):
-    _kill_generate_then_rerun(job, tmp_path, seed)
+@pytest.mark.parametrize("point", GENERATE_KILLS, ids=[f"{p}-{n}" for p, n in GENERATE_KILLS])
+def test_kill_generate(job, tmp_path, point):
+    _kill_generate_then_rerun(job, tmp_path, point)
 
 
 _WRITER = """
@@ -227,24 +237,20 @@ def _helm_results(out):
     return results
 
 
-def _kill_helm_then_rerun(tiny_llama, tmp_path, seed):
+def _kill_helm_then_rerun(tiny_llama, tmp_path, point):
     cmd = [sys.executable, "-m", "flexlamps.cli", "helm", "--model", str(tiny_llama), "--scenario", "demo",
            "--suite", "s", "--batch-size", "2", "--max-tokens", "4"]
     ref = subprocess.run(cmd + ["--output-path", str(tmp_path / "ref")], capture_output=True, text=True, timeout=600)
     assert ref.returncode == 0, ref.stderr
     out = tmp_path / "out"
-    proc = subprocess.Popen(cmd + ["--output-path", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        proc.wait(timeout=random.Random(seed).uniform(0.5, 10.0))
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    _killed_at(cmd + ["--output-path", str(out)], point)
     done = subprocess.run(cmd + ["--output-path", str(out)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert _helm_results(out) == _helm_results(tmp_path / "ref")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [pytest.param(s, marks=pytest.mark.ci) if s == 0 else s for s in SEEDS_ALL])
-def test_kill_helm(tiny_llama, tmp_path, seed):
-    _kill_helm_then_rerun(tiny_llama, tmp_path, seed)
+@pytest.mark.parametrize("point", [pytest.param(p, marks=pytest.mark.ci) if p == HELM_KILLS[1] else p
+                                   for p in HELM_KILLS], ids=[f"{p}-{n}" for p, n in HELM_KILLS])
+def test_kill_helm(tiny_llama, tmp_path, point):
+    _kill_helm_then_rerun(tiny_llama, tmp_path, point)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 import placement
+from flexlamps import fault_points
 from flexlamps.cache_folder import default_offload_dir
 from flexlamps.engine.caches.paged import PagedKVCache
 from flexlamps.engine.caches.tiered import TieredKVCache
@@ -195,26 +196,31 @@ class OffloadExecutor:
                 disk.begin(names)
             skip = set(disk_names) if self.reused_disk else set()
         for spec in self.specs:
-            pieces = self.placement.pieces_of(spec)
-            for piece in pieces:
-                if piece.name in skip:
-                    self.store.adopt_disk(piece.name, self._stored_class(spec))
-            todo = [piece for piece in pieces if piece.name not in skip]
-            if todo and self._is_int4(spec):  # a matrix: one piece
-                self.store.put(spec.name, self.stored_weights.read_int4(reader, spec, todo[0].tier, self.device),
-                               todo[0].tier)
-                continue
-            kept = self.charges.kept_class(spec) if todo else None
-            if kept is not None:  # a matrix: one piece, kept as the checkpoint has it (FP8, MXFP4)
-                read = reader.read_fp8 if kept is Fp8Weight else reader.read_mxfp4
-                self.store.put(spec.name, read(spec, self.dtype), todo[0].tier)
-                continue
-            w = self.stored_weights.read_dense(reader, spec) if todo else None
-            for piece in todo:  # a table's pieces are copies: the whole table is not kept alive
-                part = w if len(pieces) == 1 else w[piece.start:piece.stop].clone()
-                self.store.put(piece.name, self._stored_form(spec, part, piece.tier), piece.tier)
+            self._store_weight(reader, spec, skip)
+            fault_points.reached("weight_stored")
         if disk is not None and not self.reused_disk:
             disk.commit()
+
+    def _store_weight(self, reader, spec, skip: set[str]) -> None:
+        """Put one weight's pieces on their tiers (those in `skip` adopted from the reused folder)."""
+        pieces = self.placement.pieces_of(spec)
+        for piece in pieces:
+            if piece.name in skip:
+                self.store.adopt_disk(piece.name, self._stored_class(spec))
+        todo = [piece for piece in pieces if piece.name not in skip]
+        if todo and self._is_int4(spec):  # a matrix: one piece
+            self.store.put(spec.name, self.stored_weights.read_int4(reader, spec, todo[0].tier, self.device),
+                           todo[0].tier)
+            return
+        kept = self.charges.kept_class(spec) if todo else None
+        if kept is not None:  # a matrix: one piece, kept as the checkpoint has it (FP8, MXFP4)
+            read = reader.read_fp8 if kept is Fp8Weight else reader.read_mxfp4
+            self.store.put(spec.name, read(spec, self.dtype), todo[0].tier)
+            return
+        w = self.stored_weights.read_dense(reader, spec) if todo else None
+        for piece in todo:  # a table's pieces are copies: the whole table is not kept alive
+            part = w if len(pieces) == 1 else w[piece.start:piece.stop].clone()
+            self.store.put(piece.name, self._stored_form(spec, part, piece.tier), piece.tier)
 
     def _is_int4(self, spec) -> bool:
         return self._compressible(spec) and self.stored_weights.is_int4(spec)
