@@ -16,6 +16,7 @@ from flexlamps.engine.augmented.engine import StepClock
 from flexlamps.engine.augmented.reference import uninterrupted_tokens
 from flexlamps.engine.augmented.run import AgentsConfig, run_policy_on_engine
 from flexlamps.engine.caches.paged_state import HybridPagedCache, paged_state_blocks
+from flexlamps.engine.executors.step import Step
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.request import Strategy
 from flexlamps.workloads.tokenized import tokenize_requests
@@ -25,7 +26,8 @@ from tests.integration.test_agents_engine import Forced, _specs
 
 BLOCK = 16
 TRACE = SHARED_DATA / "augmented" / "merged_exp_uniform.json"
-KINDS = ["qwen3_next", "qwen3_5_text"]
+# Qwen3.5 (dense MLP) runs the same cache and scheduler code as Qwen3-Next: under `slow` only
+KINDS = ["qwen3_next", pytest.param("qwen3_5_text", marks=pytest.mark.slow)]
 GPU_ONLY = TierSplit(gpu=1, cpu=0, disk=0)
 OFFLOADED = Policy(gpu_batch_size=3, num_gpu_batches=2, weights=TierSplit(gpu=0.2, cpu=0.3, disk=0.5),
                    cache=GPU_ONLY, activations=GPU_ONLY)
@@ -122,7 +124,7 @@ def test_states_swap_and_recompute_exactly_with_weights_offloaded(model, tmp_pat
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason="../shared/data/augmented is not present")
-@pytest.mark.parametrize("kind", ["qwen3_next", pytest.param("qwen3_5_text", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind", KINDS)
 def test_agents_verify_is_exact_on_a_hybrid_model_with_swaps_and_discards(hybrid_models, kind, tmp_path):
     """`agents --verify` in float32 under lamps, infercept and fcfs, pools small enough that states
     are swapped to the cpu tier and discarded: every output equals its uninterrupted generation."""
@@ -140,3 +142,37 @@ def test_agents_verify_is_exact_on_a_hybrid_model_with_swaps_and_discards(hybrid
     assert sum(s["strategies"]["swap"] for s in stats.values()) > 0
     assert sum(s["swap_tokens"] for s in stats.values()) > 0
     assert stats["fcfs"]["strategies"]["discard"] > 0 and stats["fcfs"]["recompute_tokens"] > 0
+
+
+def test_paged_states_give_one_prefills_logits_through_swaps_and_recomputes(model):
+    """A request's logits through the paged pool, in chunks of any size, swapped to the cpu pool
+    and back into other blocks between steps, then discarded and recomputed in other chunks: each
+    step's logits are those of one whole prefill in a dense cache, bit for bit."""
+    _, llm, _, _ = model
+    ex, n = llm.executor, 90
+    ids = torch.randint(2, llm.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(3))
+    dense = ex.new_cache(1, n)
+    whole = ex.forward_steps(dense, [Step(ids, torch.arange(n)[None], torch.tensor([0]))])[0]
+    state = paged_state_blocks(llm.config, BLOCK, torch.float32)
+    width = state + -(-n // BLOCK)
+    paged = ex.new_paged_cache(2 * width, width, BLOCK)
+    table, at = list(range(width)), 0
+
+    def feed(size):
+        nonlocal at
+        slots = paged.set_block_tables([table])
+        out = ex.forward_steps(paged, [Step(ids[:, at:at + size], torch.arange(at, at + size)[None], slots)])[0]
+        assert torch.equal(out, whole[:, at:at + size]), (at, size)
+        at += size
+
+    for size in (30, 1, 20):
+        feed(size)
+    paged.swap_out(list(zip(table, range(width))))  # to the cpu pool, back into the other gpu blocks
+    table = list(range(width, 2 * width))
+    paged.swap_in(list(zip(range(width), table)))
+    for size in (1, 38):
+        feed(size)
+    paged.free_blocks(table)  # discarded: recomputed from position 0
+    at = 0
+    for size in (45, 45):
+        feed(size)

@@ -238,3 +238,20 @@ def test_a_multi_token_prediction_head_is_skipped_but_other_extras_refused(hybri
     save_file({**tensors, "model.layers.0.linear_attn.extra.weight": torch.zeros(4)}, str(folder / "model.safetensors"))
     with pytest.raises(CheckpointError, match="linear_attn.extra.weight is not read"):
         open_checkpoint(folder)
+
+
+@pytest.mark.parametrize("prefix_len", [40, 64, 100])
+def test_a_prefix_states_copy_gives_the_whole_prefills_logits(hybrid_models, prefix_len):
+    """A shared prefix's state (its open chunk included) copied at the prefix's end, then the rest
+    of the prompt: the logits of one whole prefill, bit for bit."""
+    reader, ex = _executor(hybrid_models["qwen3_next"])
+    ids = torch.randint(2, reader.config.vocab_size, (2, 150), generator=torch.Generator().manual_seed(5))
+    ids[1, :prefix_len] = ids[0, :prefix_len]
+    whole = _chunked_logits(ex, ids, [150])
+    root = ex.new_cache(1, prefix_len)
+    ex.forward_steps(root, [Step(ids[:1, :prefix_len], torch.arange(prefix_len)[None], torch.tensor([0]))])
+    cache = ex.new_cache(2, 150)
+    cache.copy_prefix_from(root, prefix_len, torch.arange(2))
+    pos = torch.arange(prefix_len, 150).expand(2, -1)
+    rest = ex.forward_steps(cache, [Step(ids[:, prefix_len:], pos, torch.arange(2))])[0]
+    assert torch.equal(rest, whole[:, prefix_len:])
