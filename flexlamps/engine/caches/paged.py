@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
-from flexlamps.engine.caches.window import paged_ring_blocks, ring_keys, ring_step
+from flexlamps.engine.caches.window import paged_ring_blocks, ring_index, ring_keys, ring_step
 from flexlamps.models.blocks.attention import AttnOptions, attention, visible_keys
 from flexlamps.models.config import ModelConfig
 
@@ -202,9 +202,9 @@ class PagedKVCache:
         kc, vc = self.k[layer], self.v[layer]
         if is_fresh_prefill(positions):  # see caches.fresh
             keys, values = fresh_keys(k, v)
-        else:  # (n, B, kv_heads, bs, d) -> (n, kv_heads, B * bs, d): ring offsets in order
-            keys = ring_keys(kc[tables].permute(0, 2, 1, 3, 4).reshape(n, -1, ring, d), None, k, step)
-            values = ring_keys(vc[tables].permute(0, 2, 1, 3, 4).reshape(n, -1, ring, d), None, v, step)
+        else:  # ring offset o of a row: block tables[row, o // bs], offset o % bs
+            index = ring_index(tables.gather(1, step.ring_at // bs), step.ring_at % bs, bs, kc.shape[1])
+            keys, values = ring_keys(kc.view(-1, d), index, k, step), ring_keys(vc.view(-1, d), index, v, step)
         blocks = tables[step.write_rows, step.write_slots // bs]
         offsets = step.write_slots % bs
         kc[blocks, :, offsets] = k[step.write_rows, step.write_tokens].to(kc.dtype)

@@ -19,7 +19,7 @@ import torch
 from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
 from flexlamps.engine.caches.segments import segment_attention, with_fresh
 from flexlamps.engine.caches.window import (RingRows, RingStep, copy_ring_prefix, layer_rings, may_ring, refuse_packed,
-                                            ring_keys, ring_step, write_ring)
+                                            ring_index, ring_keys, ring_step, write_ring)
 from flexlamps.engine.executors.step import Segments
 from flexlamps.models.blocks.attention import AttnOptions, attention, visible_keys
 from flexlamps.models.config import ModelConfig
@@ -167,7 +167,9 @@ class TieredKVCache:
         if geo.fresh:  # see caches.fresh
             keys, values = fresh_keys(k, v)
         else:
-            keys, values = ring_keys(kc, slots, k, step), ring_keys(vc, slots, v, step)
+            index = ring_index(slots, step.ring_at, kc.shape[2], kc.shape[1])
+            keys = ring_keys(kc.view(-1, kc.shape[-1]), index, k, step)
+            values = ring_keys(vc.view(-1, vc.shape[-1]), index, v, step)
             where = home
             if self.tiers[layer] != "gpu" and not self.cpu_attention:  # as _rows_for_attention stages them
                 staged = tensor_bytes(keys, values)

@@ -14,6 +14,10 @@ each KEY_BLOCK of keys as one product and adds the blocks in key order, and its 
 row's scores lane by lane, so the keys sit in the same blocks and lanes as in the whole row, and
 the blocks left out (every key masked) added exactly 0 there.
 
+The buffer is a copy (one row copy per key, K and V): past the window a decode step copies its
+window where the whole row was read in place, its price for bytes that stop growing
+(scripts/bench_window_cache.py measures both side by side).
+
 The ring is read before the step writes it (a prompt chunk longer than the window would
 overwrite keys its first queries see), and each row writes only its last `window` real tokens.
 `RingRows` records how far each row was written, once per step: a step may continue a row,
@@ -23,7 +27,7 @@ anything else raises rather than read overwritten keys.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -62,19 +66,19 @@ def may_ring(cfg: ModelConfig) -> bool:
 class RingStep:
     """One step's reads and writes of the ring layers of one window.
 
-    `source` (n, L): where each key of a row's attention buffer comes from, an index into the
-    row's ring (0..ring-1) followed by the step's own keys (ring..ring+T-1); `mask`
-    (n, T, L): which of them each query sees; the step's tokens (`write_rows`, `write_tokens`)
-    each ring slot `write_slots` receives."""
-    source: torch.Tensor
+    A row's attention buffer (n, L) holds at `own_cols` (n, T) the step's own keys, elsewhere the
+    row's ring at slot `ring_at` (n, L) (those after the step's keys, or before the window, are
+    masked); `mask` (n, T, L): which keys each query sees; the step's tokens (`write_rows`,
+    `write_tokens`) each ring slot `write_slots` receives."""
+    ring_at: torch.Tensor
+    own_cols: torch.Tensor
     mask: torch.Tensor
     write_rows: torch.Tensor
     write_tokens: torch.Tensor
     write_slots: torch.Tensor
 
     def to(self, device) -> "RingStep":
-        return RingStep(*(t.to(device) for t in (self.source, self.mask, self.write_rows, self.write_tokens,
-                                                 self.write_slots)))
+        return RingStep(*(getattr(self, f.name).to(device) for f in fields(self)))
 
 
 def ring_step(positions: torch.Tensor, window: int, lengths: torch.Tensor | None = None,
@@ -88,25 +92,34 @@ def ring_step(positions: torch.Tensor, window: int, lengths: torch.Tensor | None
     low = (start - window + 1).clamp(min=0) // KEY_BLOCK * KEY_BLOCK  # the buffer's first position
     width = int((start + t - low).max())
     keys = low[:, None] + torch.arange(width, device=positions.device)  # (n, L) each key's position
-    own = keys - start[:, None]  # index along the step's tokens; < 0: in the ring
-    source = torch.where(own < 0, keys % ring, ring + own.clamp(max=t - 1))
     seen_to = positions[:, :, None]
     mask = (keys[:, None, :] <= seen_to) & (keys[:, None, :] > seen_to - window)
     real = torch.full((n,), t, device=positions.device) if lengths is None else lengths.to(positions.device)
     token = torch.arange(t, device=positions.device)[None, :]
     rows, tokens = ((token < real[:, None]) & (token >= real[:, None] - ring)).nonzero(as_tuple=True)
-    return RingStep(source, mask, rows, tokens, positions[rows, tokens] % ring)
+    own_cols = (start - low)[:, None] + torch.arange(t, device=positions.device)
+    return RingStep(keys % ring, own_cols, mask, rows, tokens, positions[rows, tokens] % ring)
 
 
-def ring_keys(ring: torch.Tensor, slots: torch.Tensor | None, fresh: torch.Tensor, step: RingStep) -> torch.Tensor:
-    """The attention buffer (n, kv_heads, L, d) of rows `slots` of one layer's ring (slots, kv_heads,
-    ring, d) and the step's own keys or values `fresh` (n, T, kv_heads, d), on the ring's device;
-    `slots` None: `ring` holds the step's rows already."""
-    held = ring if slots is None else ring[slots]
-    rows = torch.cat([held, fresh.transpose(1, 2).to(ring.device, ring.dtype)], dim=2)
-    n, kv, _, d = rows.shape
-    index = step.source[:, None, :, None].expand(n, kv, step.source.shape[1], d)
-    return rows.gather(2, index)
+def ring_keys(source: torch.Tensor, index: torch.Tensor, fresh: torch.Tensor, step: RingStep) -> torch.Tensor:
+    """The attention buffer (n, kv_heads, L, d): rows `index` (n, kv_heads, L) of `source` (a cache
+    layer viewed as (entries, d): `ring_index`), with the step's own `fresh` (n, T, kv_heads, d) at
+    `step.own_cols`. One row copy per key (an index along the ring dim copies element by element,
+    10x slower)."""
+    n, kv, width = index.shape
+    keys = source.index_select(0, index.reshape(-1)).view(n, kv, width, source.shape[-1])
+    rows = torch.arange(n, device=keys.device)[:, None].expand_as(step.own_cols)
+    keys[rows, :, step.own_cols] = fresh.to(keys.device, keys.dtype)
+    return keys
+
+
+def ring_index(rows: torch.Tensor, offsets: torch.Tensor, length: int, kv_heads: int) -> torch.Tensor:
+    """Entries (n, kv_heads, L) of a layer (rows, kv_heads, length, d) viewed as (entries, d) at
+    `offsets` (n, L) of `rows`, (n,) or (n, L): a dense ring's row slots and ring slots, or a paged
+    cache's blocks and offsets in them."""
+    heads = torch.arange(kv_heads, device=offsets.device)[None, :, None]
+    rows = rows[:, None, None] if rows.dim() == 1 else rows[:, None, :]
+    return (rows * kv_heads + heads) * length + offsets[:, None, :]
 
 
 def write_ring(ring: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, step: RingStep) -> None:
