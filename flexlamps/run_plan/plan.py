@@ -151,7 +151,8 @@ def _placement(settings: RunSettings, model: placement.ModelSpec, hf_config: dic
                                 prompt_len=workload.prompt_len, gen_len=workload.gen_len,
                                 max_block_size=max(1, workload.num_sequences), allow_compression=compress,
                                 compress_weight=settings.compress_weight, compress_cache=settings.compress_cache,
-                                prefix_len=workload.prefix_len if settings.reuse_prefix else 0, model=model)
+                                prefix_len=workload.prefix_len if settings.reuse_prefix else 0, model=model,
+                                weight_quant=settings.weight_quant)
         return predicted.policy, predicted
     if isinstance(policy, (str, Path)):
         return load_policy(policy), None

@@ -172,6 +172,18 @@ def test_dry_run_charges_what_the_executor_charges_for_a_hybrid_model(hybrid_mod
     _check_dry_run_charges_what_the_executor_charges(reader, policy, tmp_path)
 
 
+@pytest.mark.parametrize("weight_quant", ["groupwise8", "groupwise4"])
+def test_dry_run_charges_a_weight_backend_as_the_executor_stores_it(tiny_models, weight_quant, tmp_path):
+    """--weight-quant groupwise8 stores 8-bit weights: the dry run charged them at the policy's 4
+    bits, so a plan it passed stopped with BudgetExceededError (a tiny llama at 244 KiB gpu)."""
+    from flexlamps.models.loading.registry import open_checkpoint
+
+    reader = open_checkpoint(tiny_models["llama_gqa"])
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=3, **AGREEMENT_MIXES["weights_split_cache_cpu"])
+    executor = _check_dry_run_charges_what_the_executor_charges(reader, policy, tmp_path, weight_quant=weight_quant)
+    assert executor.policy.compress_weight and executor.qcfg.bits == int(weight_quant[-1])
+
+
 def _check_dry_run_charges_what_the_executor_charges(reader, policy, tmp_path, **options):
     """Generate with the executor, then dry-run the same policy: the dry run's peaks bound the
     measured ones from above, within 10%. `options` go to both (e.g. latent_fp8). Returns the

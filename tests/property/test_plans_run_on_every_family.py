@@ -1,7 +1,7 @@
 """A plan the planner calls feasible runs: on every landed family's tiny checkpoint (dense,
 windowed, MoE, MLA, hybrid; HF folders and GGUF files in llama.cpp's layouts, see
-tests/checkpoint_zoo.py), at the default dtype or a drawn one, with 4-bit weights and a
-compressed cache when drawn, tight budgets and wide heads split across tiers, the offload engine
+tests/checkpoint_zoo.py), at the default dtype or a drawn one, with 4-bit weights (or
+--weight-quant groupwise8/4) and a compressed cache when drawn, tight budgets and wide heads split across tiers, the offload engine
 runs what `LLM` plans for generate's workload (prompts sharing a prefix) without reaching its
 BudgetExceededError, and the executor's dry run of that plan bounds the peaks it measured.
 
@@ -55,6 +55,7 @@ def _cases(draw) -> dict:
     return dict(kind=kind, vocab=draw(st.sampled_from(VOCABS)), hardware=draw(st.sampled_from(HARDWARE)),
                 dtype=draw(st.sampled_from(("auto", "auto", "bfloat16", "float32"))),
                 compress_weight=draw(st.sampled_from((None, None, True))),
+                weight_quant=draw(st.sampled_from((None, None, None, "groupwise8", "groupwise4"))),
                 compress_cache=None if mla else draw(st.sampled_from((None, None, True))),
                 # budgets as shares of the model's weights (log-uniform): most cases tight
                 gpu_share=2 ** draw(st.floats(-5.0, 1.0)), cpu_share=2 ** draw(st.floats(-4.0, 2.0)),
@@ -84,7 +85,8 @@ def _check_the_plan_runs(zoo: CheckpointZoo, case: dict, tmp) -> None:
     hw = placement.hardware_preset(case["hardware"])
     with mock.patch("flexlamps.hardware.cache.machine_profile", lambda *a, **k: hw):
         llm = LLM(str(path), dtype=case["dtype"], gpu_mem=gpu_mem, cpu_mem=cpu_mem, offload_dir=str(tmp / "off"),
-                  compress_weight=case["compress_weight"], compress_cache=case["compress_cache"], cache_dir=False)
+                  compress_weight=case["compress_weight"], compress_cache=case["compress_cache"],
+                  weight_quant=case["weight_quant"], cache_dir=False)
         prompts = _prompts(case, llm.config.vocab_size)
         longest, shared = planning_lengths(prompts)
         try:
@@ -101,7 +103,7 @@ def _check_the_plan_runs(zoo: CheckpointZoo, case: dict, tmp) -> None:
     finally:
         llm.close()
     run = dry_run(llm.reader.hf_config, llm.policy, gpu_mem=gpu_mem, cpu_mem=cpu_mem, prompt_len=longest,
-                  gen_len=case["gen_len"], dtype=llm.dtype, prefix_len=shared)
+                  gen_len=case["gen_len"], dtype=llm.dtype, prefix_len=shared, weight_quant=case["weight_quant"])
     for tier, use in executor.tier_use().items():
         assert use.peak_bytes <= run.peak_bytes[tier], (tier, use.peak_bytes, run.peak_bytes[tier], llm.policy)
 

@@ -84,10 +84,26 @@ def layer_cache_tiers(cfg, split) -> list[str]:
     return [next(state) if cfg.hybrid.is_linear(i) else next(kv) for i in range(cfg.num_layers)]
 
 
-def int4_weights(policy: placement.Policy) -> bool:
+def int4_weights(policy: placement.Policy, weight_quant: str | None = None) -> bool:
     """Whether compressed weights are 4-bit `Int4Weight`s (`stored_weights`), the engine's
-    form for 4-bit group-wise compression."""
-    return policy.compress_weight and policy.compression.num_bits == 4
+    form for 4-bit group-wise compression (bitsandbytes' nf4/fp4 keep their own)."""
+    return (policy.compress_weight and weight_bits(policy, weight_quant) == 4
+            and weight_quant in (None, "none", "groupwise4"))
+
+
+# the group-wise weight compression backends (`--weight-quant`) and their bits
+GROUPWISE_BACKENDS = {"groupwise4": 4, "groupwise8": 8}
+
+
+def weight_bits(policy: placement.Policy, weight_quant: str | None = None) -> int:
+    """Bits of the group-wise compressed weights: the backend's own, else the policy's."""
+    return GROUPWISE_BACKENDS.get(weight_quant or "", policy.compression.num_bits)
+
+
+def with_backend(policy: placement.Policy, weight_quant: str | None) -> placement.Policy:
+    """The policy as run with the weight compression backend `weight_quant`: any turns
+    compress_weight on."""
+    return policy if weight_quant in (None, "none") else dataclasses.replace(policy, compress_weight=True)
 
 
 class PlacementCharges:
@@ -100,12 +116,13 @@ class PlacementCharges:
     `fused_int4`: whether the device multiplies 4-bit weights in place in `dtype` (default: as
     torch's kernels do on `device_type`; a planned GPU says it, `placement.int4_runs_in_place`);
     `routing`: a MoE model's `placement.routing.RoutingProfile` (hottest experts placed first);
-    `model_spec`: the run's `placement.ModelSpec` (default: built from `hf_config`)."""
+    `model_spec`: the run's `placement.ModelSpec` (default: built from `hf_config`); `weight_bits`: the
+    compressed weights' bits (default: the policy's; `--weight-quant groupwise8`: 8)."""
 
     def __init__(self, hf_config: dict, policy: placement.Policy, dtype: torch.dtype, *,
                  int4: bool | None = None, device_type: str | None = None, stores_fp8=None,
                  latent_fp8: bool = False, fused_int4: bool | None = None, stores_mxfp4=None, routing=None,
-                 model_spec: placement.ModelSpec | None = None):
+                 model_spec: placement.ModelSpec | None = None, weight_bits: int | None = None):
         self.cfg = cfg = ModelConfig.from_hf(hf_config)
         self.latent_fp8 = latent_fp8  # an MLA latent cache in ESS's FP8 records (656 B for V3.2)
         if cfg.mla is not None and (policy.compress_cache or policy.cpu_attention):
@@ -113,6 +130,7 @@ class PlacementCharges:
                              "give a policy without compress_cache and cpu_attention (or --placement auto)")
         self.model_spec = model_spec or model_spec_from_hf(hf_config)  # the run plan's, built once
         self.policy, self.dtype = policy, dtype
+        self.weight_bits = weight_bits or policy.compression.num_bits
         self.dtype_bytes = torch.empty((), dtype=dtype).element_size()
         device_type = device_type or compute_device().type
         self.fused_int4 = dtype in kernel_dtypes(device_type) if fused_int4 is None else fused_int4
@@ -169,7 +187,7 @@ class PlacementCharges:
             return mxfp4_nbytes(tuple(spec.shape))
         prepacked = tier == "gpu" and spec.role == "linear" and spec.layer is not None and not self.compressed(spec)
         return _stored_nbytes(tuple(spec.shape), self.dtype,
-                              self.policy.compression.num_bits if self.compressed(spec) else None, prepacked)
+                              self.weight_bits if self.compressed(spec) else None, prepacked)
 
     def staged(self, names) -> int:
         """Bytes a fetch of `names` stages on the gpu tier (those not resident there)."""

@@ -25,8 +25,9 @@ from flexlamps import fault_points
 from flexlamps.cache_folder import default_offload_dir
 from flexlamps.engine.caches.paged import PagedKVCache
 from flexlamps.engine.caches.tiered import TieredKVCache
-from flexlamps.engine.executors.charges import (HEAD_CHUNK_ROWS, PlacementCharges, kv_quant_config,
-                                                weight_quant_config, workspace_bytes)
+from flexlamps.engine.executors.charges import (GROUPWISE_BACKENDS, HEAD_CHUNK_ROWS, PlacementCharges,
+                                                int4_weights, kv_quant_config, weight_bits, weight_quant_config,
+                                                with_backend, workspace_bytes)
 from flexlamps.engine.executors.contract import TierUse
 from flexlamps.engine.executors.placement_map import TABLE_NAMES, cache_tiers
 from flexlamps.engine.executors.split_tables import gather_rows, head_chunks
@@ -108,7 +109,7 @@ class OffloadExecutor:
         # the placement and what a sweep charges, computed ahead (whether merged decode fits);
         # the dry run's counts. Tables are cut by vocab rows into pieces, one a tier. 4-bit
         # weights are Int4Weights, stacked where the forward stacks them (`stored_weights`).
-        int4 = bool(policy.compress_weight and self.weight_quantizer is None and self.qcfg.bits == 4)
+        int4 = bool(int4_weights(policy, weight_quant))
         if routing is None:
             from flexlamps.engine.routing_profile import cached_routing
 
@@ -117,7 +118,7 @@ class OffloadExecutor:
         self.charges = PlacementCharges(reader.hf_config, policy, dtype, int4=int4, device_type=self.device.type,
                                         stores_fp8=getattr(reader, "stores_fp8", None), latent_fp8=latent_fp8,
                                         stores_mxfp4=getattr(reader, "stores_mxfp4", None), routing=routing,
-                                        model_spec=model_spec)
+                                        model_spec=model_spec, weight_bits=weight_bits(policy, weight_quant))
         self.model_spec = self.charges.model_spec
         self.stored_weights, self.specs = self.charges.weights, self.charges.specs
         self.placement = self.charges.placement
@@ -142,13 +143,13 @@ class OffloadExecutor:
         self.weight_quantizer = None
         if weight_quant in (None, "none"):
             return policy
-        if weight_quant in ("groupwise4", "groupwise8"):
-            self.qcfg = weight_quant_config(int(weight_quant[-1]))
+        if weight_quant in GROUPWISE_BACKENDS:
+            self.qcfg = weight_quant_config(GROUPWISE_BACKENDS[weight_quant])
         else:
             from quant import get_weight_quantizer
 
             self.weight_quantizer = get_weight_quantizer(weight_quant)
-        return dataclasses.replace(policy, compress_weight=True)
+        return with_backend(policy, weight_quant)
 
     def _index_weights(self, expert_cache: str) -> None:
         """Which weights a sweep reads where: globals, each layer's own, its routed experts."""

@@ -26,7 +26,7 @@ def plan_policy(hf_config: dict, dtype: torch.dtype, hardware: HardwareSpec, *, 
                 disk_bytes: int | None, prompt_len: int, gen_len: int, max_block_size: int = 256,
                 allow_compression: bool = True, compress_weight: bool | None = None,
                 compress_cache: bool | None = None, prefix_len: int = 0, routing=None,
-                model: ModelSpec | None = None) -> Plan:
+                model: ModelSpec | None = None, weight_quant: str | None = None) -> Plan:
     """The planner's policy for this run, checked by the executor's dry run: a plan the engine
     would not run within `gpu_mem` / `cpu_mem` (the planner's model of staging, workspaces and
     caches is coarser than the engine's charges) is planned again with that tier's budget less
@@ -36,7 +36,8 @@ def plan_policy(hf_config: dict, dtype: torch.dtype, hardware: HardwareSpec, *, 
     prices what runs; False: off; None: the planner's choice where `allow_compression`).
     `routing`: a MoE model's measured `placement.routing.RoutingProfile` (the experts a step
     reads are priced from it; None: uniform routing). `model`: the run's ModelSpec (the run plan
-    builds it once), else built from `hf_config`."""
+    builds it once), else built from `hf_config`. `weight_quant`: the weight compression backend
+    the executor runs (groupwise8's 8-bit weights are charged as such)."""
     spec = model or model_spec_from_hf(hf_config)
     # an FP8 checkpoint's matrices stay FP8 in the engine (upcast per call): planned as stored
     model = dataclasses.replace(spec, dtype=_DTYPE_NAMES[dtype], routing=routing)
@@ -45,13 +46,18 @@ def plan_policy(hf_config: dict, dtype: torch.dtype, hardware: HardwareSpec, *, 
                    allow_weight_compression=_allowed(compress_weight, allow_compression),
                    allow_cache_compression=_allowed(compress_cache, allow_compression),
                    require_weight_compression=bool(compress_weight), require_cache_compression=bool(compress_cache))
-    planned = {"gpu": gpu_mem, "cpu": cpu_mem}
+    planned, short = {"gpu": gpu_mem, "cpu": cpu_mem}, None
     for _ in range(_REPLANS):
         hw = dataclasses.replace(hardware, gpu_mem_bytes=planned["gpu"], cpu_mem_bytes=planned["cpu"],
                                  disk_bytes=max(1, disk_bytes or 1))
-        plan = _solve(model, hw, workload, options)
+        try:
+            plan = _solve(model, hw, workload, options)
+        except placement.InfeasiblePlanError:
+            if short is None:  # the first plan: the planner's own word, at the user's budgets
+                raise
+            break  # nothing fits in what the engine's charges leave: say so at the user's budgets
         short = _dry_run_shortfall(hf_config, plan.policy, dtype, gpu_mem, cpu_mem, workload, prefix_len, routing,
-                                   spec)
+                                   spec, weight_quant)
         if short is None:
             return plan
         tier, nbytes = short
@@ -70,14 +76,15 @@ def _solve(model, hw: HardwareSpec, workload: WorkloadSpec, options: dict) -> Pl
 
 def _dry_run_shortfall(hf_config: dict, policy: Policy, dtype: torch.dtype, gpu_mem: int, cpu_mem: int,
                        workload: WorkloadSpec, prefix_len: int, routing=None,
-                       model: ModelSpec | None = None) -> tuple[str, int] | None:
+                       model: ModelSpec | None = None, weight_quant: str | None = None) -> tuple[str, int] | None:
     """(tier, bytes short) where the executor would exceed its budgets running `policy`, else None."""
     from flexlamps.engine.executors.dry_run import dry_run
     from offload import BudgetExceededError
 
     try:
         dry_run(hf_config, policy, gpu_mem=gpu_mem, cpu_mem=cpu_mem, prompt_len=workload.prompt_len,
-                gen_len=workload.gen_len, dtype=dtype, prefix_len=prefix_len, routing=routing, model_spec=model)
+                gen_len=workload.gen_len, dtype=dtype, prefix_len=prefix_len, routing=routing, model_spec=model,
+                weight_quant=weight_quant)
     except BudgetExceededError as e:
         return e.tier, e.shortfall_bytes
     return None
