@@ -33,8 +33,10 @@ def long_tiny(tiny_llama, tmp_path_factory):
 
 
 def _common(model, out):
+    # the programs end in a fraction of a second; a 1 s limit could time one out on a loaded box, and
+    # the feedback of a timeout would change the next round's program (and the policies' agreement)
     return ["agents", "--model", str(model), "--dtype", "float32", "--max-new-tokens", "8", "--max-context", "700",
-            "--block-size", "8", "--max-num-seqs", "3", "--tool-timeout", "1", "--out", str(out)]
+            "--block-size", "8", "--max-num-seqs", "3", "--tool-timeout", "60", "--out", str(out)]
 
 
 def _jsonl(path):
