@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from flexlamps.models.config import ModelConfig, UnsupportedModelError
 from flexlamps.models.loading.gguf_blocks import mxfp4_blocks
 from flexlamps.models.loading.gguf_blocks import BLOCK, int4_blocks, int8_blocks, is_int4_block_type, is_int8_block_type
 from flexlamps.models.loading.gguf_header import read_header
+from flexlamps.models.loading.gguf_tensors import GGUFTensor, dequantize_rows, field_value, unpermute_rows
 from flexlamps.models.loading.gguf_config import DECODER_ARCHITECTURES, as_written, decoder_hf_config
 from flexlamps.models.loading.gguf_moe import (MLA_GGUF_LAYER, MLA_KV_B, deepseek2_hf_config, gpt_oss_hf_config,
                                                moe_gguf_tensor)
@@ -208,31 +207,6 @@ def fp8_weight_block(hf_config: dict[str, Any], cfg_path: Path | str = "config.j
     return (block[0], block[1])
 
 
-@dataclass(frozen=True)
-class _GGUFTensor:
-    """Where one tensor's bytes lie in a GGUF file, as the `gguf` package lays them out."""
-    tensor_type: Any  # gguf.GGMLQuantizationType
-    item_dtype: np.dtype
-    item_shape: tuple[int, ...]
-    data_offset: int  # bytes from the file's start
-
-    def read(self, path: Path) -> np.ndarray:
-        """The tensor's raw items, read from the file (a copy of this tensor only)."""
-        count = int(np.prod(self.item_shape))
-        data = np.fromfile(path, dtype=self.item_dtype, count=count, offset=self.data_offset)
-        if data.size != count:
-            raise CheckpointError(f"{path}: a tensor is cut short; the file is truncated or damaged")
-        return data.reshape(self.item_shape)
-
-    def slab(self, index: int) -> "_GGUFTensor":
-        """Slab `index` along the first (numpy) dim: one expert of llama.cpp's stacked experts."""
-        if len(self.item_shape) not in (2, 3) or not 0 <= index < self.item_shape[0]:
-            raise CheckpointError(f"expert {index} is not in a stacked tensor of shape {self.item_shape}")
-        rest = self.item_shape[1:]
-        return _GGUFTensor(self.tensor_type, self.item_dtype, rest,
-                           self.data_offset + index * int(np.prod(rest)) * self.item_dtype.itemsize)
-
-
 class GGUFReader:
     """GGUF files under llama.cpp's architecture and tensor names: the LLaMA-like ones (`gguf_config`,
     names in `gguf_names`), DeepSeek-V2/V3 and gpt-oss (`gguf_moe`); quantized tensors are dequantized to float with the
@@ -267,7 +241,7 @@ class GGUFReader:
 
     def _parse_header(self):
         self._reader = self._open()
-        fields = {k: _field_value(f) for k, f in self._reader.fields.items()}
+        fields = {k: field_value(f) for k, f in self._reader.fields.items()}
         return fields, {t.name: t.tensor_type.name for t in self._reader.tensors}
 
     def _hf_config(self) -> dict[str, Any]:
@@ -297,7 +271,7 @@ class GGUFReader:
         if name not in self._tensor_types:
             raise CheckpointError(f"{self.path}: tensor {name} is missing")
         t = self._tensors_by_name(name, name)
-        return [float(v) for v in _dequantize_rows(t.read(self.path), t.tensor_type, t.item_shape, torch.float32)]
+        return [float(v) for v in dequantize_rows(t.read(self.path), t.tensor_type, t.item_shape, torch.float32)]
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -332,12 +306,12 @@ class GGUFReader:
         if unread:
             raise CheckpointError(unread_error(str(self.path), unread, family_for(self.config.model_type).name))
 
-    def _tensors_by_name(self, name: str, ours: str) -> _GGUFTensor:
+    def _tensors_by_name(self, name: str, ours: str) -> GGUFTensor:
         if name not in self._tensor_types:
             raise CheckpointError(f"{self.path}: tensor {name} (for {ours}) is missing")
         if self._tensors is None:
             reader = self._reader or self._open()
-            self._tensors = {t.name: _GGUFTensor(t.tensor_type, t.data.dtype, tuple(t.data.shape), t.data_offset)
+            self._tensors = {t.name: GGUFTensor(t.tensor_type, t.data.dtype, tuple(t.data.shape), t.data_offset)
                              for t in reader.tensors}
             self._reader = None  # its parsed fields hold ~170 MiB; tensors are read from the file
         return self._tensors[name]
@@ -356,7 +330,7 @@ class GGUFReader:
         for name, shape in zip(MLA_KV_B, ((heads, m.kv_lora_rank, m.qk_nope_head_dim),
                                            (heads, m.v_head_dim, m.kv_lora_rank))):
             t = self._tensors_by_name(f"blk.{spec.layer}.{name}", spec.name)
-            parts.append(_dequantize_rows(t.read(self.path), t.tensor_type, shape, dtype))
+            parts.append(dequantize_rows(t.read(self.path), t.tensor_type, shape, dtype))
         return torch.cat([parts[0].transpose(1, 2), parts[1]], dim=1).reshape(spec.shape)
 
     def read(self, spec: WeightSpec, dtype: torch.dtype) -> torch.Tensor:
@@ -364,10 +338,10 @@ class GGUFReader:
             return self._read_kv_b(spec, dtype)
         t = self._tensor(spec)
         if spec.role == "norm" and self.config.model_type in NORM_PLUS_ONE:  # stored as w + 1: back in fp32
-            return (_dequantize_rows(t.read(self.path), t.tensor_type, spec.shape, torch.float32) - 1.0).to(dtype)
-        w = _dequantize_rows(t.read(self.path), t.tensor_type, spec.shape, dtype)
+            return (dequantize_rows(t.read(self.path), t.tensor_type, spec.shape, torch.float32) - 1.0).to(dtype)
+        w = dequantize_rows(t.read(self.path), t.tensor_type, spec.shape, dtype)
         heads = self._row_heads(spec)
-        return w if heads is None else _unpermute_rows(w, heads)
+        return w if heads is None else unpermute_rows(w, heads)
 
     def read_int4(self, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | None:
         """A Q4_0 / Q4_1 / Q4_K weight as it is in the file (codes, block scales and zero points), to be
@@ -378,7 +352,7 @@ class GGUFReader:
         codes, scale, zero = int4_blocks(t.read(self.path), t.tensor_type.name, spec.shape)
         heads = self._row_heads(spec)
         if heads is not None:
-            codes, scale, zero = (_unpermute_rows(part, heads) for part in (codes, scale, zero))
+            codes, scale, zero = (unpermute_rows(part, heads) for part in (codes, scale, zero))
         return Int4Weight.from_codes(codes, scale, zero, BLOCK, dtype)
 
     def stores_mxfp4(self, spec: WeightSpec) -> bool:
@@ -405,8 +379,8 @@ class GGUFReader:
         codes, scale, zero = int8_blocks(t.read(self.path), spec.shape, t.tensor_type.name)
         heads = self._row_heads(spec)
         if heads is not None:
-            codes, scale = (_unpermute_rows(part, heads) for part in (codes, scale))
-            zero = None if zero is None else _unpermute_rows(zero, heads)
+            codes, scale = (unpermute_rows(part, heads) for part in (codes, scale))
+            zero = None if zero is None else unpermute_rows(zero, heads)
         return Int8Weight.from_codes(codes, scale, spec.shape[1] // scale.shape[1], dtype, zero=zero,
                                      five_bit=packs_five_bit())
 
@@ -439,37 +413,6 @@ def packs_five_bit() -> bool:
     """Whether `GGUFReader.read_int8` holds 5-bit codes (Q5_x) in 5 bits (0.6 of the split's bytes):
     where our AVX-512 kernel, which alone multiplies that form, runs (the weight cache keys by it)."""
     return native_kernel() is not None
-
-
-def _dequantize_rows(data: np.ndarray, tensor_type, shape: tuple[int, ...], dtype: torch.dtype,
-                     rows_per_chunk: int = 4096) -> torch.Tensor:
-    """A GGUF tensor's values (computed in float32, as the gguf package does) in `dtype`, a block of
-    rows at a time, so no float32 copy of a whole bf16 matrix is made (SmolLM2's table: 113 MiB)."""
-    from gguf.quants import dequantize
-
-    def values(rows: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.array(dequantize(rows, tensor_type), dtype=np.float32))
-
-    if data.ndim < 2 or len(data) <= rows_per_chunk:
-        return values(data).reshape(shape).to(dtype)
-    out = torch.empty(shape, dtype=dtype)
-    flat = out.view(len(data), -1)
-    for start in range(0, len(data), rows_per_chunk):
-        chunk = values(data[start:start + rows_per_chunk])
-        flat[start:start + len(chunk)] = chunk.reshape(len(chunk), -1)
-    return out
-
-
-def _unpermute_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
-    rows = w.shape[0]
-    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
-
-
-def _field_value(field) -> Any:
-    try:
-        return field.contents()
-    except Exception:
-        return None
 
 
 def read_all(reader, dtype: torch.dtype, int4_in_place: bool = False,
