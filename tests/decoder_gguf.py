@@ -92,9 +92,35 @@ def _metadata(w, a: str, hf: dict) -> None:
         for ours, theirs in (("attention.scale", "attention_multiplier"), ("embedding_scale", "embedding_multiplier"),
                              ("residual_scale", "residual_multiplier"), ("logit_scale", "logits_scaling")):
             w.add_float32(f"{a}.{ours}", hf[theirs])
-    w.add_token_list([f"t{i}" for i in range(hf["vocab_size"])])
     w.add_uint32("tokenizer.ggml.bos_token_id", hf["bos_token_id"])
     w.add_uint32("tokenizer.ggml.eos_token_id", hf["eos_token_id"])
+
+
+def _tokenizer_metadata(w, folder: Path, vocab_size: int) -> None:
+    """The folder's byte-level BPE tokenizer as GPT-2's GGUF vocabulary (what the converter writes for
+    it: tokens by id, padded to vocab_size, specials as control tokens, merges), BOS added as its
+    tokenizer_config says; a made-up token list when the folder has no tokenizer.json."""
+    path = folder / "tokenizer.json"
+    if not path.exists():
+        w.add_token_list([f"t{i}" for i in range(vocab_size)])
+        return
+    tk = json.loads(path.read_text())
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    types = [1] * vocab_size  # NORMAL
+    for token, i in tk["model"]["vocab"].items():
+        tokens[i] = token
+    for added in tk["added_tokens"]:
+        tokens[added["id"]], types[added["id"]] = added["content"], 3 if added["special"] else 4  # CONTROL
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in tk["model"]["merges"]])
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    w.add_add_bos_token(bool(config.get("add_bos_token", False)))
+    if config.get("chat_template"):
+        w.add_chat_template(config["chat_template"])
 
 
 def _phi3_rope(w, hf: dict) -> dict[str, np.ndarray]:
@@ -159,6 +185,7 @@ def write_decoder_gguf(folder: Path, path: Path, extra: dict[str, np.ndarray] | 
     t = load_file(str(folder / "model.safetensors"))
     w = gguf.GGUFWriter(str(path), a)
     _metadata(w, a, hf)
+    _tokenizer_metadata(w, folder, hf["vocab_size"])
     tensors = _phi3_rope(w, hf) if a == "phi3" else {}
     if hf.get("num_experts") or hf.get("n_routed_experts"):
         _moe_metadata(w, a, hf)

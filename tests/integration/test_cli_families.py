@@ -62,3 +62,23 @@ def test_cli_generates_the_same_text_in_memory_and_offloaded(kind, tmp_path):
 @pytest.mark.parametrize("kind", SLOW)
 def test_cli_generates_the_same_text_in_memory_and_offloaded_more_families(kind, tmp_path):
     _check(kind, tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "phi3"])
+def test_cli_on_the_gguf_gives_the_hf_folders_text(kind, tmp_path):
+    """`flexlamps generate --model X.gguf` (the checkpoint written as llama.cpp's GGUF, its tokenizer
+    as GPT-2's vocabulary) writes the Hugging Face folder's text and tokens, in memory and offloaded."""
+    from tests.decoder_gguf import write_decoder_gguf
+    from tests.integration.test_gguf_families import GGUF_SPECS
+
+    folder = make_family_model(tmp_path / kind, GGUF_SPECS[kind], seed=4, tied=True)
+    gguf_file = write_decoder_gguf(folder, tmp_path / f"{kind}.gguf")
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": t}) + "\n" for i, t in enumerate(TEXTS)))
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps(SPREAD))
+    want = _generate(folder, prompts, tmp_path / "hf.jsonl")
+    for name, extra in (("plain", ()), ("off", ("--gpu-mem", "64MiB", "--cpu-mem", "64MiB", "--offload-dir",
+                                                 str(tmp_path / "off"), "--policy", str(policy)))):
+        got = _generate(gguf_file, prompts, tmp_path / f"gguf-{name}.jsonl", *extra)
+        assert [(r["text"], r["token_ids"]) for r in got] == [(r["text"], r["token_ids"]) for r in want], name
