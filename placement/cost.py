@@ -435,15 +435,27 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
 
 def _streamed_weights(sz: _Sizes, model: ModelSpec, num_tokens: float) -> float:
     """Bytes of a layer (off the gpu tier) that a sweep over `num_tokens` tokens reads: all but
-    the routed experts, and of those the expected share its tokens pick (`ModelSpec.expected_experts`:
+    the input embedding rows its tokens do not look up and the routed experts, and of those the
+    expected share its tokens pick (`ModelSpec.expected_experts`:
     from the measured routing profile, else uniform; the engine fetches an expert once its router
     picked it). Priced for every off-gpu expert alike: with the hottest experts placed on the gpu
     tier the ones off it are picked less often, so this is the chord of a convex curve, an upper
     bound exact with all experts on one tier."""
+    unread_rows = _unread_input_rows(model, num_tokens)
     if not model.num_experts:
-        return sz.weight_stored
+        return sz.weight_stored - unread_rows
     read = model.expected_experts(num_tokens) / model.num_experts
-    return sz.weight_stored - sz.experts_stored * (1 - read)
+    return sz.weight_stored - unread_rows - sz.experts_stored * (1 - read)
+
+
+def _unread_input_rows(model: ModelSpec, num_tokens: float) -> float:
+    """The average layer's share of an untied input embedding table that a sweep over `num_tokens`
+    tokens leaves unread: the engine looks up its tokens' rows only (a tied table is read whole,
+    as the head). What `sz.weight_stored` counts of it beside those rows."""
+    if model.tie_word_embeddings:
+        return 0.0
+    table = model.vocab_size * model.hidden_size * model.dtype_bytes
+    return table * (1 - min(1.0, num_tokens / model.vocab_size)) / model.num_layers
 
 
 def int4_runs_in_place(hardware: HardwareSpec, dtype: str) -> bool:

@@ -183,3 +183,29 @@ def test_cpu_tier_experts_are_computed_where_they_live_when_few_tokens_route_to_
         assert ex.cpu_expert_reads["in place"] > 0 and ex.cpu_expert_reads["staged"] == 0
     else:
         assert staged and ex.cpu_expert_reads["in place"] == 0 and ex.cpu_expert_reads["staged"] > 0
+
+
+def test_the_planner_prices_the_bytes_a_decode_step_reads_off_disk(family_reader, tmp_path):
+    """Every weight on disk, batch 1, no hot set: the planner's disk bytes per decode step (its
+    dtoc term over the disk rate, all layers) are what the engine reads (/proc/self/io): the
+    layers but their unpicked experts, the head whole, one row of the input embedding table."""
+    import dataclasses
+
+    import placement
+    from flexlamps.models.description import model_spec_from_hf
+
+    reader = family_reader
+    policy = Policy(gpu_batch_size=1, num_gpu_batches=1, weights=TierSplit(gpu=0.0, cpu=0.0, disk=1.0),
+                    cache=ON_GPU, activations=ON_GPU)
+    ex = OffloadExecutor(reader, policy, gpu_mem=1 << 30, cpu_mem=1 << 30, offload_dir=tmp_path / "off",
+                         dtype=torch.float32, expert_cache="off")
+    reads = []
+    try:
+        _greedy(ex, reads)
+    finally:
+        ex.close()
+    spec = dataclasses.replace(model_spec_from_hf(reader.hf_config), dtype="fp32")
+    hw = placement.hardware_preset("rtx4090")
+    workload = placement.WorkloadSpec(prompt_len=PROMPT_LEN, gen_len=DECODE_STEPS + 1)
+    predicted = placement.predict(policy, spec, hw, workload).decode_layer_s["dtoc"] * hw.disk_read_bytes_per_s
+    assert sum(reads) / len(reads) == pytest.approx(predicted * spec.num_layers, rel=0.01)
