@@ -13,6 +13,9 @@ The engine reads `plan.policy` (a `Policy`); these names are a stable contract:
     weights, cache, activations              `TierSplit(gpu=, cpu=, disk=)`, fractions summing to 1
     compress_weight, compress_cache          group-wise quantized storage (`compression`: bits, group)
     cpu_attention                            decode attention over off-GPU cache runs on the CPU
+    cpu_expert_tokens                        MoE: cpu-tier experts run on the CPU below this many tokens each
+A MoE model's `ModelSpec.routing` (a `placement.routing.RoutingProfile` measured by `flexlamps profile
+--prompts`) prices the experts a step reads; without one, routing is uniform.
 `solve` searches only what the engine runs as planned (`capabilities=`, an `EngineCapabilities`;
 the default is flexlamps' offload engine). `predict(policy, model, hardware, workload)` gives the time breakdown of any policy (and
 `evaluate` the same as a `Plan`, with peak memory against the budgets), so measured runs can
