@@ -1,7 +1,8 @@
 """Every landed family's tiny checkpoint under one name (a "kind"): the HF folders the test
 builders save (dense, windowed, MoE, MLA, hybrid) and GGUF files in llama.cpp's layouts (dense
 LLaMA in Q4_0 ... Q8_0 and the K-quants, MoE with quantized experts, DeepSeek-V2, gpt-oss with
-MXFP4 experts), each built once per (kind, vocabulary size) and kept in a folder.
+MXFP4 experts, the decoder families tests/decoder_gguf.py writes), each built once per (kind,
+vocabulary size) and kept in a folder.
 
 A vocabulary wider than the tiny tokenizer's (`WIDE_VOCAB`) makes the embedding table and the
 output head a large share of the model: split across tiers by rows and run in several chunks."""
@@ -15,6 +16,7 @@ from tests.conftest import TINY_CONFIGS, make_tiny_model
 from tests.deepseek_models import DEEPSEEK_CONFIGS, make_deepseek_model
 from tests.family_models import FAMILY_CONFIGS, WIDTHS, family_spec, make_family_model
 from tests.hybrid_models import HYBRID_CONFIGS, make_hybrid_model
+from tests.integration.test_gguf_families import GGUF_SPECS
 from tests.moe_models import MOE_CONFIGS, make_moe_model
 
 TOKENIZER_VOCAB = 320  # save_tiny_tokenizer's vocabulary (the default)
@@ -66,7 +68,18 @@ def _kinds() -> dict[str, tuple[str, Callable[[Path, dict], Path]]]:
     for k, gating in (("deepseek_v2", None), ("deepseek_v2_grouped", 1)):
         kinds[f"gguf:{k}"] = ("deepseek_v2", lambda f, o, k=k, g=gating: _deepseek2_gguf(f, k, g, o))
     kinds["gguf:gpt_oss_mxfp4"] = ("gpt_oss", _gpt_oss_gguf)
+    for k, spec in GGUF_SPECS.items():  # llama.cpp's Gemma-2 ties its head: all tied here
+        kinds[f"gguf:{k}"] = (spec["model_type"], lambda f, o, k=k: _decoder_gguf(
+            make_family_model(f / "hf", {**GGUF_SPECS[k], **o}, tied=True), f))
+    for k in ("olmoe", "glm4_moe"):
+        kinds[f"gguf:{k}"] = (k, lambda f, o, k=k: _decoder_gguf(make_moe_model(f / "hf", k, **o), f))
     return kinds
+
+
+def _decoder_gguf(hf: Path, folder: Path) -> Path:
+    from tests.decoder_gguf import write_decoder_gguf
+
+    return write_decoder_gguf(hf, folder / "model.gguf")
 
 
 def _llama_gguf(folder: Path, types: str, overrides: dict) -> Path:
