@@ -20,6 +20,7 @@ import torch
 import placement
 from flexlamps.engine.augmented.pools import agents_workload, planner_budgets
 from flexlamps.engine.augmented.run import AgentsConfig
+from flexlamps.engine.caches.paged_state import paged_state_blocks
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.description import model_spec
 from flexlamps.settings import AugmentedSettings, RunSettings
@@ -110,17 +111,20 @@ def plan_augmented(settings: RunSettings, augmented: AugmentedSettings, config: 
     prompt, gen = agents_workload(augmented.max_context, augmented.max_num_seqs, augmented.max_num_batched_tokens)
     workload = Workload(prompt_len=prompt, gen_len=gen, num_sequences=1)
     per_token = config.kv_bytes_per_token(dtype.itemsize)
+    # a hybrid model's request also holds its DeltaNet state, in blocks of the same pools
+    state = paged_state_blocks(config, augmented.block_size, dtype) * augmented.block_size * per_token
     budgets = None
     if settings.offloaded and settings.gpu_mem is not None and settings.cpu_mem is not None:
         budgets = planner_budgets(settings.gpu_mem, settings.cpu_mem, per_token, augmented.max_num_seqs,
-                                  augmented.max_context)
+                                  augmented.max_context, state_bytes=state)
     plan = plan_run(settings, config, hf_config, dtype, workload, model=model, hardware=hardware,
                     disk_bytes=disk_bytes, routing=routing, budgets=budgets)
     pools = None
     if not plan.offloaded:
         contexts = DEFAULT_POOL_CONTEXTS
-        gpu = _given(augmented.gpu_kv_mem, contexts * (augmented.max_context + augmented.block_size) * per_token)
-        cpu = _given(augmented.cpu_swap_mem, contexts * augmented.max_context * per_token)
+        gpu = _given(augmented.gpu_kv_mem,
+                     contexts * ((augmented.max_context + augmented.block_size) * per_token + state))
+        cpu = _given(augmented.cpu_swap_mem, contexts * (augmented.max_context * per_token + state))
         pools = agents_config(augmented, gpu, cpu)
     return dataclasses.replace(plan, augmented=augmented, pools=pools)
 

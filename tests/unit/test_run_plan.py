@@ -108,6 +108,22 @@ def test_augmented_pools_in_memory_default_to_four_contexts_or_as_given(reader):
         plan_augmented(run, AugmentedSettings(max_context=10 ** 6), reader.config, reader.hf_config, torch.float32)
 
 
+def test_a_hybrid_models_default_pools_hold_four_requests_with_their_states(hybrid_models):
+    """Each request of a hybrid model also holds its DeltaNet state in blocks of the pools
+    (engine.caches.paged_state): the default pools make room for four of them."""
+    from flexlamps.engine.caches.paged_state import paged_state_blocks
+
+    reader = open_checkpoint(hybrid_models["qwen3_next"])
+    run = RunSettings.parse(str(hybrid_models["qwen3_next"]), dtype="float32")
+    plan = plan_augmented(run, AugmentedSettings(max_context=64, block_size=8), reader.config, reader.hf_config,
+                          torch.float32)
+    block = 8 * reader.config.kv_bytes_per_token(4)
+    state = paged_state_blocks(reader.config, 8, torch.float32)
+    assert state > 0
+    assert plan.pools.gpu_kv_bytes == 4 * (64 // 8 + 1 + state) * block
+    assert plan.pools.cpu_swap_bytes == 4 * (64 // 8 + state) * block
+
+
 def test_augmented_settings_refuse_bad_values_by_name():
     with pytest.raises(ValueError, match="gpu_kv_mem"):
         AugmentedSettings.parse(max_context=64, gpu_kv_mem="lots")

@@ -44,11 +44,11 @@ def agents_workload(max_context: int, max_num_seqs: int, max_num_batched_tokens:
 
 
 def planner_budgets(gpu_mem: int, cpu_mem: int, kv_bytes_per_token: int, max_num_seqs: int,
-                    max_context: int) -> tuple[int, int]:
+                    max_context: int, state_bytes: int = 0) -> tuple[int, int]:
     """The gpu and cpu budgets the planner may fill with weights and its working set: what is
     left after keeping room for every running request's full context (a quarter of the gpu
     tier at most) and as much swap space (a quarter of the cpu tier at most)."""
-    want = max_num_seqs * max_context * kv_bytes_per_token
+    want = max_num_seqs * (max_context * kv_bytes_per_token + state_bytes)  # a hybrid model's state per request
     return gpu_mem - min(gpu_mem // 4, want), cpu_mem - min(cpu_mem // 4, want)
 
 
