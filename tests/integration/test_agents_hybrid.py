@@ -132,7 +132,7 @@ def test_agents_verify_is_exact_on_a_hybrid_model_with_swaps_and_discards(hybrid
     res = CliRunner().invoke(main, [
         "agents", "--model", str(hybrid_models[kind]), "--trace", str(TRACE), "--num-requests", "6", "--qps", "50",
         "--time-scale", "0.001", "--max-context", "80", "--max-prompt", "20", "--max-output", "6",
-        "--max-api-tokens", "5", "--gpu-kv-mem", "168KiB", "--cpu-swap-mem", "96KiB", "--block-size", str(BLOCK),
+        "--max-api-tokens", "5", "--gpu-kv-mem", "144KiB", "--cpu-swap-mem", "96KiB", "--block-size", str(BLOCK),
         "--verify", "--no-plots", "--out", str(out)])
     assert res.exit_code == 0, res.output
     results = json.loads((out / "summary.json").read_text())["results"]
