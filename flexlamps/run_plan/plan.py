@@ -23,6 +23,7 @@ from flexlamps.engine.augmented.run import AgentsConfig
 from flexlamps.engine.caches.paged_state import paged_state_blocks
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.description import model_spec
+from flexlamps.models.families.support import check_paged
 from flexlamps.settings import AugmentedSettings, RunSettings
 
 # the augmented face's default pools in memory: room for this many full contexts on each tier
@@ -104,7 +105,9 @@ def plan_augmented(settings: RunSettings, augmented: AugmentedSettings, config: 
 
     Raises:
         ValueError: `max_context` beyond the model's context, and as `plan_run`.
+        UnsupportedModelError: a model whose cache the paged pool does not hold (`families.support`).
     """
+    check_paged(config.model_type)
     if augmented.max_context > config.max_position:
         raise ValueError(f"max_context {augmented.max_context} exceeds the model's context ({config.max_position}); "
                          "lower --max-context")

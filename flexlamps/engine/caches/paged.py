@@ -31,6 +31,7 @@ from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
 from flexlamps.engine.caches.window import paged_ring_blocks, ring_index, ring_keys, ring_step
 from flexlamps.models.blocks.attention import AttnOptions, attention, visible_keys
 from flexlamps.models.config import ModelConfig
+from flexlamps.models.families.support import check_paged
 
 
 def _dtype_bytes(dtype: torch.dtype) -> int:
@@ -63,6 +64,7 @@ class PagedKVCache:
 
     def __init__(self, cfg: ModelConfig, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu", budgets: dict | None = None):
+        check_paged(cfg.model_type)  # an MLA latent cache is no K/V heads
         refuse_recurrent_state(cfg)
         if num_gpu_blocks <= 0 or num_cpu_blocks < 0 or block_size <= 0:
             raise ValueError(f"paged cache needs num_gpu_blocks > 0, num_cpu_blocks >= 0, block_size > 0; "
