@@ -135,7 +135,8 @@ def _run_case(zoo, case, tmp_path_factory) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+# the quick suite replays the same 6 draws every run (an outcome no seed decides); the slow one explores
+@settings(max_examples=6, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=_cases())
 def test_feasible_plans_run_on_every_family(zoo, case, tmp_path_factory):
     _run_case(zoo, case, tmp_path_factory)
