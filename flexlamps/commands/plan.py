@@ -77,6 +77,7 @@ def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
         f"model     {model.name} ({model.arch}, {model.num_layers} layers, "
         f"{format_bytes(model.total_weight_bytes())} of "
         f"{'fp8' if model.weight_format == 'fp8' else model.dtype} weights)",
+        *_window_lines(model, workload, plan.policy.compress_cache),
         f"hardware  {hardware.name}",
         f"workload  prompt {workload.prompt_len}, output {workload.gen_len}, "
         f"shared prefix {workload.shared_prefix_len}",
@@ -112,6 +113,20 @@ def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
          else "search      none (policy given)"),
     ]
     return "\n".join(lines)
+
+
+def _window_lines(model: ModelSpec, workload: WorkloadSpec, compressed: bool) -> list[str]:
+    """A model with sliding-window layers: what their rings hold at the workload's context (a
+    compressed cache keeps every position)."""
+    windows = sorted({w for w in model.layer_windows if w})
+    if not windows:
+        return []
+    sliding = sum(1 for w in model.layer_windows if w)
+    context = workload.prompt_len + workload.gen_len
+    held = "every position (the cache is compressed)" if compressed else (
+        f"their last {'/'.join(map(str, windows))} positions: a sequence's cache at {context} tokens is "
+        f"{model.held_tokens(context) / context:.1%} of the whole context's")
+    return [f"windows   {sliding} of {model.num_layers} layers slide and keep {held}"]
 
 
 def _hybrid_lines(plan: Plan, model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec,

@@ -143,14 +143,16 @@ class Forced(InferCept):
         return {r.request_id: self.strategy for r in reqs}
 
 
-@pytest.mark.parametrize("strategy", list(Strategy))
-def test_augmented_requests_keep_rings_of_blocks_and_resume_exactly(mistral, strategy):
+@pytest.mark.parametrize("strategy, offloaded", [(s, False) for s in Strategy] + [(Strategy.SWAP, True)])
+def test_augmented_requests_keep_rings_of_blocks_and_resume_exactly(mistral, strategy, offloaded, tmp_path):
     """6 requests of 39-49 tokens (past the window of 12) with two calls each, in blocks of 4: each
     holds at most 3 blocks (its ring), and swap, discard or preserve during the calls gives the
-    tokens of generating each request alone."""
+    tokens of generating each request alone (in memory; offloaded: weights over gpu / cpu / disk)."""
     reader = open_checkpoint(mistral)
     cfg = reader.config
     plain = InMemoryExecutor(cfg, read_all(reader, torch.float32), torch.float32)
+    runs_on = OffloadExecutor(reader, OFFLOADED["cache_gpu"], gpu_mem=GiB, cpu_mem=GiB,
+                              offload_dir=tmp_path / "off") if offloaded else plain
     specs = [RequestSpec(f"r{i}", 14 + 2 * i, (Segment(6 + i % 3, "qa", 0.03, 3), Segment(8, "math", 0.02, 2),
                                               Segment(6)), arrival_time=0.01 * i, kind="qa") for i in range(6)]
     reqs = tokenize_requests(specs, cfg.vocab_size, set(cfg.eos_token_ids) | {0, 1})
@@ -161,9 +163,10 @@ def test_augmented_requests_keep_rings_of_blocks_and_resume_exactly(mistral, str
                      kv_read_per_token_s=1e-6, swap_bytes_per_s=1e9, kv_bytes_per_token=per_token,
                      gpu_kv_tokens=40, cpu_swap_tokens=24, max_model_len=64)
     widest = []
-    res = run_policy_on_engine(plain, reqs, Forced(strategy), config, cost, clock=StepClock(0.01), check=True,
+    res = run_policy_on_engine(runs_on, reqs, Forced(strategy), config, cost, clock=StepClock(0.01), check=True,
                                on_iteration=lambda s: widest.append(max(map(len, s.bm.gpu_tables.values()),
                                                                         default=0)))
+    runs_on.close()
     assert max(widest) == 3  # ceil(12 / 4): no request holds more, though all outgrow the window
     assert res.stats.strategies[strategy.value] > 0
     if strategy is Strategy.SWAP:

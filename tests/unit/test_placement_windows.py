@@ -82,6 +82,10 @@ def test_plan_command_gives_the_windowed_model_a_larger_batch(tmp_path):
     print(f"flexlamps plan, Mistral-7B-v0.1 shape at 32K: block {blocks['window']} with its window, "
           f"{blocks['full']} without")
     assert blocks["window"] > blocks["full"]
+    table = CliRunner().invoke(main, ["plan", "--model", str(tmp_path / "mistral-window"), "--hardware", "rtx4090",
+                                      "--prompt-len", "32000", "--gen-len", "768"])
+    assert "windows   32 of 32 layers slide and keep their last 4096 positions: a sequence's cache at 32768 " \
+           "tokens is 12.5% of the whole context's" in table.output, table.output
 
 
 def test_dry_run_charges_a_window_layer_its_ring():
