@@ -76,7 +76,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, state: torch.Tensor | None, chunk: 
 def chunk_rule_with_boundaries(q, k, v, g, beta, state: torch.Tensor | None, keep_after: torch.Tensor | None,
                                chunk: int = CHUNK):
     """The chunked form (arguments as `chunk_gated_delta_rule`), returning (out (n, T padded to
-    chunks, Hv, dv) fp32, final state, per row the state after its first `keep_after[row]` chunks
+    chunks, Hv, dv) fp32, the state after the last chunk (with `keep_after`: only if some row
+    keeps it, else the one before), per row the state after its first `keep_after[row]` chunks
     (None when `keep_after` is None))."""
     n, t = q.shape[:2]
     q, k, v, g, beta = _heads_first(q, k, v, g, beta, v.shape[2])
@@ -101,9 +102,15 @@ def chunk_rule_with_boundaries(q, k, v, g, beta, state: torch.Tensor | None, kee
     q = q * cum.exp()[..., None]
     k = k * (cum[..., -1:] - cum).exp()[..., None]
     chunk_decay = cum[..., -1].exp()[..., None, None]
-    for i in range(q.shape[2]):
+    chunks = q.shape[2]
+    # with `keep_after`, the state after the last chunk only matters where a row keeps it (a
+    # decode's open chunk rarely completes): its update, a third of the loop's work, is skipped
+    last_needed = keep_after is None or bool((keep_after == chunks).any())
+    for i in range(chunks):
         v_new = new_values[:, :, i] - k_cumdecay[:, :, i] @ s
         out[:, :, i] = q[:, :, i] @ s + intra[:, :, i] @ v_new
+        if i + 1 == chunks and not last_needed:
+            break
         s = s * chunk_decay[:, :, i] + k[:, :, i].transpose(-1, -2) @ v_new
         if kept is not None:
             kept = torch.where((keep_after == i + 1)[:, None, None, None], s, kept)
