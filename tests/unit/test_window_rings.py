@@ -10,7 +10,7 @@ import torch
 from flexlamps.engine.caches.dense import DenseKVCache
 from flexlamps.engine.caches.paged import PagedKVCache
 from flexlamps.engine.caches.tiered import TieredKVCache
-from flexlamps.models.blocks.attention import AttnOptions
+from flexlamps.models.blocks.attention import BF16_TOLERANCE, AttnOptions, native_attention_kernel
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.layer_config import AttentionConfig
 from offload.budget import TierBudget
@@ -28,12 +28,12 @@ def _budgets():
     return {t: TierBudget(t, 1 << 30) for t in ("gpu", "cpu")}
 
 
-def _caches(window: int) -> dict:
+def _caches(window: int, dtype: torch.dtype = torch.float32) -> dict:
     cfg, cpu = _cfg(window), torch.device("cpu")
-    return {"dense": DenseKVCache(cfg, ROWS, CAPACITY, torch.float32),
-            "tiered_gpu": TieredKVCache(cfg, ROWS, CAPACITY, torch.float32, ["gpu"], _budgets(), cpu),
-            "tiered_cpu_staged": TieredKVCache(cfg, ROWS, CAPACITY, torch.float32, ["cpu"], _budgets(), cpu),
-            "tiered_cpu_attention": TieredKVCache(cfg, ROWS, CAPACITY, torch.float32, ["cpu"], _budgets(), cpu,
+    return {"dense": DenseKVCache(cfg, ROWS, CAPACITY, dtype),
+            "tiered_gpu": TieredKVCache(cfg, ROWS, CAPACITY, dtype, ["gpu"], _budgets(), cpu),
+            "tiered_cpu_staged": TieredKVCache(cfg, ROWS, CAPACITY, dtype, ["cpu"], _budgets(), cpu),
+            "tiered_cpu_attention": TieredKVCache(cfg, ROWS, CAPACITY, dtype, ["cpu"], _budgets(), cpu,
                                                   cpu_attention=True)}
 
 
@@ -76,6 +76,29 @@ def test_rings_give_the_whole_rows_masked_attention_bit_for_bit(window):
         got = _run(cache, _steps(), qkv, opts)
         for i, (a, b) in enumerate(zip(got, expected)):
             assert torch.equal(a, b), f"{kind}, step {i}"
+
+
+@pytest.mark.parametrize("window", [7, 130])
+def test_half_precision_rings(window):
+    """float16 (exact fp32 attention on a CPU without the AVX-512 kernel): the whole row's bits.
+    bfloat16 (torch's flash kernel, whose result moves with a step's shapes: blocks.attention), and
+    both where the AVX-512 kernel runs them: the dense and every tiered ring give one another's
+    bits and stay within BF16_TOLERANCE of the whole row."""
+    g = torch.Generator().manual_seed(window)
+    base = [torch.randn(ROWS, CAPACITY, h, D, generator=g) for h in (HEADS, KV, KV)]
+    opts = AttnOptions(window=window)
+    for dtype in (torch.float16, torch.bfloat16):
+        qkv = [x.to(dtype) for x in base]
+        whole = _run(DenseKVCache(_cfg(None), ROWS, CAPACITY, dtype), _steps(), qkv, opts)
+        rings = {kind: _run(cache, _steps(), qkv, opts) for kind, cache in _caches(window, dtype).items()}
+        for kind, got in rings.items():
+            assert all(torch.equal(a, b) for a, b in zip(got, rings["dense"])), kind
+        largest = max(x.abs().max().item() for x in base[2:])  # the values attended over
+        for i, (a, b) in enumerate(zip(rings["dense"], whole)):
+            if dtype == torch.float16 and native_attention_kernel() is None:
+                assert torch.equal(a, b), f"float16 step {i}"
+            else:
+                assert (a.float() - b.float()).abs().max().item() <= BF16_TOLERANCE * largest, f"bf16 step {i}"
 
 
 def test_a_window_layers_bytes_stop_growing_at_its_window():
