@@ -7,7 +7,7 @@ SmolLM2 card's MMLU cloze).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
 from flexlamps.evals.adapter_spec import (

@@ -84,7 +84,7 @@ def plan_run(settings: RunSettings, config: ModelConfig, hf_config: dict, dtype:
         raise ValueError("an offloaded run is planned within both tier budgets: fill them in first "
                          "(RunSettings.with_budgets)")
     machine = dict(hardware=hardware, disk_bytes=disk_bytes, routing=routing)
-    policy, predicted = _placement(settings, model, hf_config, dtype, workload, machine, budgets)
+    policy, predicted = _placement(settings, model, config, hf_config, dtype, workload, machine, budgets)
     if settings.compress_weight is not None or settings.compress_cache is not None:
         policy = dataclasses.replace(
             policy, compress_weight=_given(settings.compress_weight, policy.compress_weight),
@@ -140,8 +140,9 @@ def agents_config(augmented: AugmentedSettings, gpu_kv_bytes: int, cpu_swap_byte
                         noise_sigma=augmented.noise_sigma, seed=augmented.seed)
 
 
-def _placement(settings: RunSettings, model: placement.ModelSpec, hf_config: dict, dtype: torch.dtype,
-               workload: Workload, machine: dict, budgets) -> tuple[placement.Policy, placement.Plan | None]:
+def _placement(settings: RunSettings, model: placement.ModelSpec, config: ModelConfig, hf_config: dict,
+               dtype: torch.dtype, workload: Workload, machine: dict,
+               budgets) -> tuple[placement.Policy, placement.Plan | None]:
     """The placement policy the settings name, and the planner's answer when it chose it (`machine`:
     plan_run's hardware, disk_bytes and routing)."""
     from flexlamps.engine.executors.policy_choice import load_policy, plan_policy
@@ -159,7 +160,7 @@ def _placement(settings: RunSettings, model: placement.ModelSpec, hf_config: dic
                                 max_block_size=max(1, workload.num_sequences), allow_compression=compress,
                                 compress_weight=settings.compress_weight, compress_cache=settings.compress_cache,
                                 prefix_len=workload.prefix_len if settings.reuse_prefix else 0, model=model,
-                                weight_quant=settings.weight_quant)
+                                weight_quant=settings.weight_quant, config=config)
         return predicted.policy, predicted
     if isinstance(policy, (str, Path)):
         return load_policy(policy), None

@@ -45,7 +45,7 @@ def test_a_given_policy_is_planned_as_it_is_with_the_compression_asked_for(reade
 def test_the_model_spec_is_built_once_a_run_for_profile_planner_dry_runs_and_executor(tiny_llama, monkeypatch,
                                                                                         tmp_path):
     """policy "auto" through LLM: the machine profile's shapes, the planner, each dry run and the
-    executor all read the one ModelSpec the LLM built."""
+    executor all read the one ModelSpec and the one ModelConfig the LLM built."""
     import flexlamps.api
     import flexlamps.engine.executors.charges as charges
     import flexlamps.engine.executors.policy_choice as policy_choice
@@ -63,10 +63,12 @@ def test_the_model_spec_is_built_once_a_run_for_profile_planner_dry_runs_and_exe
                         (plan_module, "model_spec")):
         monkeypatch.setattr(owner, name, lambda *a, **k: pytest.fail("a second ModelSpec"))
     llm = LLM(str(tiny_llama), dtype="float32", gpu_mem=2 * MiB, cpu_mem=8 * MiB, offload_dir=str(tmp_path))
+    # nor a second ModelConfig: the dry runs and the executor's charges read the reader's
+    monkeypatch.setattr(charges.ModelConfig, "from_hf", lambda *a, **k: pytest.fail("a second ModelConfig"))
     try:
         llm.prepare(prompt_len=16, gen_len=8, num_sequences=4)
         plan = llm.run_plan
-        assert built == [1] and shapes == [plan.model.layer_matrix_shapes()]
+        assert llm.executor.cfg is llm.config and built == [1] and shapes == [plan.model.layer_matrix_shapes()]
         assert plan.predicted is not None and plan.policy.weights == plan.predicted.policy.weights
         assert plan.workload.prompt_len == 16 and plan.max_batch_size <= 4
         assert llm.executor.model_spec is plan.model and llm.policy is plan.policy

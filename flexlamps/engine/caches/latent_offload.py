@@ -27,7 +27,6 @@ from flexlamps.engine.caches.latent_pool import LatentPool
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.blocks.mla import (MLAStep, index_scores, latent_attention, merge_partials, partial_attention,
                                   select_topk, topk_mask, visible_mask)
-from offload import tensor_bytes
 from offload.budget import TierBudget
 
 

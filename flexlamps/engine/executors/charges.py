@@ -116,14 +116,16 @@ class PlacementCharges:
     `fused_int4`: whether the device multiplies 4-bit weights in place in `dtype` (default: as
     torch's kernels do on `device_type`; a planned GPU says it, `placement.int4_runs_in_place`);
     `routing`: a MoE model's `placement.routing.RoutingProfile` (hottest experts placed first);
-    `model_spec`: the run's `placement.ModelSpec` (default: built from `hf_config`); `weight_bits`: the
-    compressed weights' bits (default: the policy's; `--weight-quant groupwise8`: 8)."""
+    `model_spec`, `config`: the run's `placement.ModelSpec` and `ModelConfig` (default: built from
+    `hf_config`); `weight_bits`: the compressed weights' bits (default: the policy's;
+    `--weight-quant groupwise8`: 8)."""
 
     def __init__(self, hf_config: dict, policy: placement.Policy, dtype: torch.dtype, *,
                  int4: bool | None = None, device_type: str | None = None, stores_fp8=None,
                  latent_fp8: bool = False, fused_int4: bool | None = None, stores_mxfp4=None, routing=None,
-                 model_spec: placement.ModelSpec | None = None, weight_bits: int | None = None):
-        self.cfg = cfg = ModelConfig.from_hf(hf_config)
+                 model_spec: placement.ModelSpec | None = None, weight_bits: int | None = None,
+                 config: ModelConfig | None = None):
+        self.cfg = cfg = config or ModelConfig.from_hf(hf_config)
         self.latent_fp8 = latent_fp8  # an MLA latent cache in ESS's FP8 records (656 B for V3.2)
         if cfg.mla is not None and (policy.compress_cache or policy.cpu_attention):
             raise ValueError(f"{cfg.model_type}'s latent cache is stored as it is and attended on the gpu tier: "

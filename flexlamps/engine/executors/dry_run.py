@@ -37,15 +37,16 @@ class DryRun:
 def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem: int, prompt_len: int,
             gen_len: int, dtype: torch.dtype = torch.float16, latent_fp8: bool = False,
             fused_int4: bool | None = None, routing=None, prefix_len: int = 0,
-            model_spec: placement.ModelSpec | None = None, weight_quant: str | None = None) -> DryRun:
+            model_spec: placement.ModelSpec | None = None, weight_quant: str | None = None,
+            config=None) -> DryRun:
     """Charge the budgets as `OffloadExecutor` would for one block of `policy`: its
     `gpu_batch_size * num_gpu_batches` prompts of `prompt_len` tokens generating `gen_len`;
     `latent_fp8` as the executor's (an MLA latent cache in ESS's FP8 records); `fused_int4`:
     whether the target multiplies 4-bit weights in place (`PlacementCharges`); `routing`: a MoE
     model's routing profile (which experts go where); `prefix_len`: a prefix shared by the
     prompts, held in a one-row cache of its own for the whole run (generate's); `model_spec`: the
-    run's ModelSpec when it has one (`PlacementCharges`); `weight_quant`: the executor's weight
-    compression backend (groupwise8 stores 8-bit weights).
+    run's ModelSpec when it has one and `config` its ModelConfig (`PlacementCharges`);
+    `weight_quant`: the executor's weight compression backend (groupwise8 stores 8-bit weights).
 
     Raises:
         ValueError: the executor would not run the policy as planned (see CAPABILITIES).
@@ -57,7 +58,7 @@ def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem:
     policy = with_backend(policy, weight_quant)
     run = PlacementCharges(hf_config, policy, dtype, latent_fp8=latent_fp8, fused_int4=fused_int4, routing=routing,
                            model_spec=model_spec, int4=int4_weights(policy, weight_quant),
-                           weight_bits=weight_bits(policy, weight_quant))
+                           weight_bits=weight_bits(policy, weight_quant), config=config)
     budgets = {"gpu": TierBudget("gpu", gpu_mem), "cpu": TierBudget("cpu", cpu_mem)}
     for name, tier in run.tiers.items():  # each weight, each piece of a split table
         if tier != "disk":

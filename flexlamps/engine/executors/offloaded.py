@@ -12,7 +12,6 @@ per call as it upcasts them; a compressed cache is within its quantization error
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import Counter
 from concurrent.futures import Future
@@ -118,7 +117,8 @@ class OffloadExecutor:
         self.charges = PlacementCharges(reader.hf_config, policy, dtype, int4=int4, device_type=self.device.type,
                                         stores_fp8=getattr(reader, "stores_fp8", None), latent_fp8=latent_fp8,
                                         stores_mxfp4=getattr(reader, "stores_mxfp4", None), routing=routing,
-                                        model_spec=model_spec, weight_bits=weight_bits(policy, weight_quant))
+                                        model_spec=model_spec, weight_bits=weight_bits(policy, weight_quant),
+                                        config=cfg)
         self.model_spec = self.charges.model_spec
         self.stored_weights, self.specs = self.charges.weights, self.charges.specs
         self.placement = self.charges.placement

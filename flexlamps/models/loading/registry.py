@@ -4,13 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flexlamps.models.loading.builtin import (  # noqa: F401  (re-exported: callers import them from here)
-    BUILTIN_MODELS,
-    SMOLLM2_FILE,
-    SMOLLM2_PACKAGE,
-    UnknownModelError,
-    builtin_path,
-)
+from flexlamps.models.loading.builtin import BUILTIN_MODELS, UnknownModelError, builtin_path
 from flexlamps.models.loading.checkpoint import GGUFReader, HFFolderReader
 
 
