@@ -86,3 +86,35 @@ def test_gpt_oss_gguf_keeps_mxfp4_experts_and_is_the_hf_model(tmp_path):
     ours = prefill_and_decode_logits(gguf_weights, gguf_reader, torch.float32, steps=8)
     ref = prefill_and_decode_logits(hf_weights, hf_reader, torch.float32, steps=8)
     assert all(torch.equal(a, b) for a, b in zip(ours, ref))
+
+
+def test_q8_experts_offloaded_are_read_dense_and_run_as_in_memory(tmp_path):
+    """The offload executor keeps no GGUF block as it is but 4-bit ones under --compress-weight
+    (`stored_weights`): Q8_0 experts are read dequantized in the compute dtype on every tier (never
+    an `Int8Weight`, which only the in-memory engine multiplies in place), and the run equals the
+    in-memory engine on those dense weights bit for bit."""
+    from flexlamps.engine.executors.in_memory import InMemoryExecutor
+    from flexlamps.engine.executors.offloaded import OffloadExecutor
+    from placement import Policy, TierSplit
+    from quant.int8_weight import Int8Weight
+    from tests.family_models import our_run, prompt_ids
+
+    folder = make_moe_model(tmp_path / "mixtral", "mixtral")
+    reader = GGUFReader(write_moe_gguf(folder, tmp_path / "q8.gguf", quantize_experts="Q8_0"), cache_dir=tmp_path / "c")
+    assert "int8" in reader.layer_block_kinds
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=TierSplit(gpu=0.3, cpu=0.3, disk=0.4),
+                    cache=TierSplit(gpu=1, cpu=0, disk=0), activations=TierSplit(gpu=1, cpu=0, disk=0))
+    ex = OffloadExecutor(reader, policy, gpu_mem=2**30, cpu_mem=2**30, offload_dir=tmp_path / "offload")
+    try:
+        assert set(ex.tiers.values()) == {"gpu", "cpu", "disk"}
+        experts = [s.name for s in ex.specs if ".experts." in s.name]
+        fetched, staged = ex.store.fetch(experts)
+        ex.store.release(staged)
+        assert not any(isinstance(w, Int8Weight) for w in fetched.values())
+        ids = prompt_ids(reader.config.vocab_size)
+        tokens = [torch.full((2, 1), 5 + i) for i in range(6)]
+        got = our_run(ex, ids, tokens)
+    finally:
+        ex.close()
+    want = our_run(InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32), ids, tokens)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
