@@ -27,6 +27,7 @@ from flexlamps.engine.executors.step import Step
 from flexlamps.models.config import UnsupportedModelError
 from flexlamps.models.families import family_for, supported_model_types
 from flexlamps.models.families.support import SUPPORT, support_of
+from flexlamps.models.forward import FORWARDS
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.models.weight_specs import weight_specs
@@ -80,7 +81,7 @@ def _cases(fast: list[str]) -> list:
 
 def test_every_supported_model_type_has_a_checkpoint_here():
     assert set(supported_model_types()) <= set(CASES), set(supported_model_types()) - set(CASES)
-    assert {family_for(k).forward for k in FAST} == set(SUPPORT)
+    assert {family_for(k).forward for k in FAST} == set(SUPPORT) == set(FORWARDS)  # every forward kind declared
 
 
 def _greedy(executor, ids, steps: int):
