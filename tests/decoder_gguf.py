@@ -205,7 +205,8 @@ def write_decoder_gguf(folder: Path, path: Path, extra: dict[str, np.ndarray] | 
 
 
 def write_hf_as_gguf(folder: Path, path: Path) -> Path:
-    """Any tiny checkpoint a writer here knows, as llama.cpp's GGUF (MoE ones: tests/moe_gguf.py)."""
+    """Any tiny checkpoint a writer here knows, as llama.cpp's GGUF (MoE ones: tests/moe_gguf.py,
+    hybrid ones: tests/hybrid_gguf.py)."""
     from tests.moe_gguf import write_deepseek2_gguf, write_gpt_oss_gguf, write_moe_gguf
 
     model_type = json.loads((folder / "config.json").read_text())["model_type"]
@@ -217,4 +218,8 @@ def write_hf_as_gguf(folder: Path, path: Path) -> Path:
         return write_deepseek2_gguf(folder, path, gating_func=2 if model_type == "deepseek_v3" else None)
     if model_type == "gpt_oss":
         return write_gpt_oss_gguf(folder, path)
+    if model_type in ("qwen3_next", "qwen3_5_text"):
+        from tests.hybrid_gguf import write_hybrid_gguf
+
+        return write_hybrid_gguf(folder, path)
     raise ValueError(f"no GGUF writer for model_type {model_type!r}")

@@ -37,3 +37,25 @@ def make_hybrid_model(folder: Path, kind: str, seed: int = 0, **overrides) -> Pa
            "qwen3_5_text": transformers.Qwen3_5TextConfig}[spec.pop("model_type")]
     return save_random_checkpoint(folder, lambda ids: cls(**{**ids, "max_position_embeddings": 512, **spec}),
                                   seed=seed, keep=("A_log",))
+
+
+def add_mtp_tensors(folder: Path) -> Path:
+    """Give the checkpoint in `folder` a multi-token-prediction block as Qwen3-Next / Qwen3.5 ship it
+    (top-level `mtp.*`: fc, its two input norms, a final norm and one full-attention layer, here a copy
+    of the last full-attention layer): llama.cpp's converter requires one; transformers and our
+    loader skip it."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    hf = json.loads((folder / "config.json").read_text())
+    t = load_file(str(folder / "model.safetensors"))
+    full = max(i for i, kind in enumerate(hf["layer_types"]) if kind == "full_attention")
+    prefix, h = f"model.layers.{full}.", hf["hidden_size"]
+    mtp = {f"mtp.layers.0.{name[len(prefix):]}": value for name, value in t.items() if name.startswith(prefix)}
+    mtp["mtp.fc.weight"] = np.full((h, 2 * h), 0.01, np.float32)
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        mtp[f"mtp.{norm}.weight"] = t["model.norm.weight"]
+    save_file({**t, **mtp}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder

@@ -6,7 +6,7 @@ Each family's tiny checkpoint is the parity tests' one, less what the converter 
 (these would load as another model, as they run in llama.cpp): a window on llama / qwen2 (none is
 written), Gemma's query_pre_attn_scalar (llama.cpp uses head_dim), SmolLM3's no-rope interval
 (llama.cpp fixes 4), Gemma-3's layer_types (llama.cpp's pattern of 6), an untied Gemma-2 head, the
-dense layers of Qwen-MoE (not convertible), gpt-oss's swiglu_limit (llama.cpp fixes 7), DeepSeek's
+dense layers of Qwen-MoE and Qwen3-Next (not convertible), gpt-oss's swiglu_limit (llama.cpp fixes 7), DeepSeek's
 YaRN (refused by our reader).
 Skipped when the converter is not found (FLEXLAMPS_LLAMA_CPP, or the script's default folder).
 """
@@ -16,7 +16,9 @@ import pytest
 from tests.deepseek_models import DEEPSEEK_CONFIGS, make_deepseek_model
 from tests.family_models import family_spec, make_family_model
 from tests.gguf_models import assert_gguf_is_the_hf_model
+from tests.hybrid_models import add_mtp_tensors, make_hybrid_model
 from tests.integration.test_gguf_families import GGUF_SPECS
+from tests.integration.test_hybrid_gguf import assert_hybrid_gguf_is_the_hf_model
 from tests.llama_cpp_converter import convert, find_converter
 from tests.moe_models import make_moe_model
 
@@ -27,6 +29,9 @@ DENSE = {**GGUF_SPECS, "gemma3_text": {**{k: v for k, v in family_spec("gemma3_t
 MOE = {"mixtral": {}, "qwen2_moe": {"mlp_only_layers": []}, "qwen3_moe": {"decoder_sparse_step": 1}, "olmoe": {},
        "glm4_moe": {}, "deepseek_v2": {}, "deepseek_v2_grouped": {}, "gpt_oss": {"swiglu_limit": 7.0},
        "gpt_oss_mxfp4": {}}
+
+# the converter writes no dense layer for qwen3next (llama.cpp's graph would run one)
+HYBRID = {"qwen3_next": {}, "qwen3_next_wide": {"mlp_only_layers": []}, "qwen3_5_text": {}, "qwen3_5_text_wide": {}}
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +63,16 @@ def test_converted_deepseek_v3_is_the_hf_model(converter, tmp_path):
     spec = {k: v for k, v in DEEPSEEK_CONFIGS["deepseek_v3"].items() if k != "rope_parameters"}
     folder = make_deepseek_model(tmp_path / "deepseek_v3", "deepseek_v3", spec=spec)
     _converted_matches(converter, folder, tmp_path)
+
+
+@pytest.mark.parametrize("kind", sorted(HYBRID))
+def test_converted_hybrid_is_the_hf_model(kind, converter, tmp_path):
+    """Qwen3-Next ("qwen3next") and Qwen3.5 ("qwen35"): the converter asserts a multi-token-prediction
+    block, which the tiny checkpoints get (`add_mtp_tensors`: skipped by transformers and by us) and
+    llama.cpp stores as one more block; its file loads as the HF checkpoint bit for bit."""
+    folder = add_mtp_tensors(make_hybrid_model(tmp_path / kind, kind, **HYBRID[kind]))
+    out = convert(converter, folder, tmp_path / f"{kind}.gguf")
+    assert_hybrid_gguf_is_the_hf_model(out, folder, tmp_path / "cache")
 
 
 @pytest.mark.parametrize("kind", ["llama_bias", "gemma3_text", "phi3"])

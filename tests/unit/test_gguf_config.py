@@ -7,13 +7,14 @@ import pytest
 from flexlamps.models.config import ModelConfig, UnsupportedModelError
 from flexlamps.models.families import families
 from flexlamps.models.loading.gguf_config import DECODER_ARCHITECTURES, as_written, decoder_hf_config
+from flexlamps.models.loading.gguf_hybrid import HYBRID_ARCHITECTURES
 
 OTHER_READERS = {"deepseek2", "gpt-oss"}  # gguf_moe's own configs
 
 
 def test_the_registry_names_exactly_the_architectures_read():
     declared = {a for fam in families() for a in fam.gguf_architectures}
-    assert declared == set(DECODER_ARCHITECTURES) | OTHER_READERS
+    assert declared == set(DECODER_ARCHITECTURES) | OTHER_READERS | set(HYBRID_ARCHITECTURES)
 
 
 def _fields(arch: str, **extra) -> dict:

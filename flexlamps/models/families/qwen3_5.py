@@ -16,5 +16,6 @@ def _from_qwen3_5(hf: dict[str, Any]) -> ModelConfig:
 
 FAMILY = Family(
     name="qwen3_5", model_types=("qwen3_5_text",), forward="hybrid", parse=_from_qwen3_5,
-    weights=hybrid_specs, hf_name=hybrid_hf_name, examples="Qwen3.5 text models (gated DeltaNet + dense MLP)",
+    weights=hybrid_specs, hf_name=hybrid_hf_name, gguf_architectures=("qwen35",),
+    examples="Qwen3.5 text models (gated DeltaNet + dense MLP)",
     reads=HYBRID_READS)

@@ -22,7 +22,8 @@ def _from_qwen3_next(hf: dict[str, Any]) -> ModelConfig:
 
 FAMILY = Family(
     name="qwen3_next", model_types=("qwen3_next",), forward="hybrid", parse=_from_qwen3_next,
-    weights=hybrid_specs, hf_name=hybrid_hf_name, examples="Qwen3-Next-80B-A3B (gated DeltaNet + MoE)",
+    weights=hybrid_specs, hf_name=hybrid_hf_name, gguf_architectures=("qwen3next",),
+    examples="Qwen3-Next-80B-A3B (gated DeltaNet + MoE)",
     # (output_router_logits and router_aux_loss_coef only shape transformers' training loss)
     reads=HYBRID_READS | {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
                           "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers",

@@ -20,6 +20,8 @@ from flexlamps.models.loading.gguf_blocks import BLOCK, int4_blocks, int8_blocks
 from flexlamps.models.loading.gguf_header import read_header
 from flexlamps.models.loading.gguf_tensors import GGUFTensor, dequantize_rows, field_value, unpermute_rows
 from flexlamps.models.loading.gguf_config import DECODER_ARCHITECTURES, as_written, decoder_hf_config
+from flexlamps.models.loading.gguf_hybrid import (HYBRID_ARCHITECTURES, REFUSED_HYBRID, hybrid_hf_config,
+                                                  changed_by_converter, hybrid_layer_names, read_hybrid)
 from flexlamps.models.loading.gguf_moe import (MLA_GGUF_LAYER, MLA_KV_B, deepseek2_hf_config, gpt_oss_hf_config,
                                                moe_gguf_tensor)
 from flexlamps.models.loading.gguf_names import GGUF_GLOBAL, NORM_PLUS_ONE, layer_names, permuted_heads
@@ -251,10 +253,8 @@ class GGUFReader:
             return deepseek2_hf_config(f, set(self._tensor_types))
         if arch == "gpt-oss":
             return gpt_oss_hf_config(f, self._tensor_types)
-        if arch in ("qwen3next", "qwen35", "qwen35moe"):
-            raise UnsupportedModelError(
-                f"GGUF architecture {arch!r} (gated DeltaNet) is not read yet; give the model's Hugging Face "
-                "folder (config.json and *.safetensors) instead")
+        if arch in HYBRID_ARCHITECTURES or arch in REFUSED_HYBRID:
+            return hybrid_hf_config(f, self._tensor_types)
         if arch not in DECODER_ARCHITECTURES:
             from flexlamps.models.families import families
 
@@ -284,6 +284,8 @@ class GGUFReader:
         moe = moe_gguf_tensor(spec.local_name, self.config.model_type) if spec.layer is not None else None
         if moe is not None:
             return f"blk.{spec.layer}.{moe[0]}"
+        if self.config.hybrid is not None and spec.layer is not None:
+            return f"blk.{spec.layer}.{hybrid_layer_names(spec.local_name)[0]}"
         names = MLA_GGUF_LAYER if self.config.mla is not None else layer_names(self.config.model_type)
         return GGUF_GLOBAL[spec.name] if spec.layer is None else f"blk.{spec.layer}.{names[spec.local_name]}"
 
@@ -302,6 +304,8 @@ class GGUFReader:
         for spec in weight_specs(self.config):
             split = spec.local_name == "kv_b_proj" and f"blk.{spec.layer}.{MLA_KV_B[0]}" in self._tensor_types
             read |= {f"blk.{spec.layer}.{n}" for n in MLA_KV_B} if split else {self._file_name(spec)}
+            if self.config.hybrid is not None and spec.local_name == "in_proj_qkvz":  # two tensors
+                read |= {f"blk.{spec.layer}.{n}" for n in hybrid_layer_names(spec.local_name)}
         unread = unread_gguf_tensors(self._tensor_types, read, self.fields, self.config.num_layers)
         if unread:
             raise CheckpointError(unread_error(str(self.path), unread, family_for(self.config.model_type).name))
@@ -336,6 +340,9 @@ class GGUFReader:
     def read(self, spec: WeightSpec, dtype: torch.dtype) -> torch.Tensor:
         if spec.local_name == "kv_b_proj" and f"blk.{spec.layer}.{MLA_KV_B[0]}" in self._tensor_types:
             return self._read_kv_b(spec, dtype)
+        hybrid = self._read_hybrid(spec)
+        if hybrid is not None:
+            return hybrid.to(dtype)
         t = self._tensor(spec)
         if spec.role == "norm" and self.config.model_type in NORM_PLUS_ONE:  # stored as w + 1: back in fp32
             return (dequantize_rows(t.read(self.path), t.tensor_type, spec.shape, torch.float32) - 1.0).to(dtype)
@@ -343,11 +350,26 @@ class GGUFReader:
         heads = self._row_heads(spec)
         return w if heads is None else unpermute_rows(w, heads)
 
+    def _read_hybrid(self, spec: WeightSpec) -> torch.Tensor | None:
+        """A hybrid model's weight the converter changed, put back (fp32; see gguf_hybrid), else None."""
+        if self.config.hybrid is None:
+            return None
+
+        def raw(name: str) -> torch.Tensor:
+            t = self._tensors_by_name(name if spec.layer is None else f"blk.{spec.layer}.{name}", spec.name)
+            return dequantize_rows(t.read(self.path), t.tensor_type, t.item_shape, torch.float32)
+
+        return read_hybrid(self.config, spec, raw)
+
+    def _rebuilt(self, spec: WeightSpec) -> bool:
+        """Whether `spec` is put together from changed values (read dense, never as the file's blocks)."""
+        return self.config.hybrid is not None and changed_by_converter(self.config, spec)
+
     def read_int4(self, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | None:
         """A Q4_0 / Q4_1 / Q4_K weight as it is in the file (codes, block scales and zero points), to be
         multiplied in place with activations in `dtype`; None for other tensor types."""
         t = self._tensor(spec)
-        if len(spec.shape) != 2 or not is_int4_block_type(t.tensor_type.name):
+        if len(spec.shape) != 2 or not is_int4_block_type(t.tensor_type.name) or self._rebuilt(spec):
             return None
         codes, scale, zero = int4_blocks(t.read(self.path), t.tensor_type.name, spec.shape)
         heads = self._row_heads(spec)
@@ -374,7 +396,7 @@ class GGUFReader:
         and zero points, groups of 32 or Q6_K's 16), to be multiplied in place with activations in
         `dtype`; None for other types."""
         t = self._tensor(spec)
-        if len(spec.shape) != 2 or not is_int8_block_type(t.tensor_type.name):
+        if len(spec.shape) != 2 or not is_int8_block_type(t.tensor_type.name) or self._rebuilt(spec):
             return None
         codes, scale, zero = int8_blocks(t.read(self.path), spec.shape, t.tensor_type.name)
         heads = self._row_heads(spec)

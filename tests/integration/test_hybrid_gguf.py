@@ -1,0 +1,93 @@
+"""GGUF files of the hybrid models (written by the `gguf` package from the tiny Qwen3-Next / Qwen3.5
+checkpoints as llama.cpp's convert_hf_to_gguf.py lays them out: tests/hybrid_gguf.py) load as the
+HF checkpoint: the same ModelConfig from the metadata, every weight the forward uses equal, bit-equal
+float32 logits; offloaded over three tiers equal to in memory."""
+
+import numpy as np
+import pytest
+import torch
+
+from flexlamps.models.loading.checkpoint import CheckpointError, GGUFReader, read_all
+from flexlamps.models.loading.registry import open_checkpoint
+from flexlamps.models.weight_specs import weight_specs
+from tests.gguf_models import prefill_and_decode_logits
+from tests.hybrid_gguf import write_hybrid_gguf
+from tests.hybrid_models import HYBRID_CONFIGS
+
+_PLUS_ONE = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "norm")
+
+
+def _as_used(spec, w: torch.Tensor) -> torch.Tensor:
+    """The value the forward computes with: `1 + w` for the zero-centred norms, `-exp(A_log)`."""
+    if spec.local_name in _PLUS_ONE or spec.name == "norm":
+        return 1.0 + w
+    return -w.float().exp() if spec.local_name == "A_log" else w
+
+
+def assert_hybrid_gguf_is_the_hf_model(path, folder, cache_dir) -> None:
+    gguf_reader, hf_reader = GGUFReader(path, cache_dir=cache_dir), open_checkpoint(folder)
+    assert gguf_reader.config == hf_reader.config
+    ours, want = read_all(gguf_reader, torch.float32), read_all(hf_reader, torch.float32)
+    for spec in weight_specs(hf_reader.config):
+        assert torch.equal(_as_used(spec, ours[spec.name]), _as_used(spec, want[spec.name])), spec.name
+    got = prefill_and_decode_logits(ours, gguf_reader, torch.float32, steps=8)
+    ref = prefill_and_decode_logits(want, hf_reader, torch.float32, steps=8)
+    assert all(torch.equal(a, b) for a, b in zip(got, ref))
+
+
+@pytest.mark.parametrize("kind", sorted(HYBRID_CONFIGS))
+def test_hybrid_gguf_is_the_hf_model(hybrid_models, kind, tmp_path):
+    """Qwen3-Next (grouped q/k/v/z split by the converter, a dense layer in the wide one) and Qwen3.5
+    (value heads tiled: 4 over 2 key heads, 6 over 2), both widths."""
+    folder = hybrid_models[kind]
+    assert_hybrid_gguf_is_the_hf_model(write_hybrid_gguf(folder, tmp_path / f"{kind}.gguf"), folder, tmp_path / "c")
+
+
+def test_multi_token_prediction_blocks_are_skipped(hybrid_models, tmp_path):
+    """llama.cpp counts the MTP layer in block_count and stores it as the next block: not run, not
+    an unread tensor; a tensor of a real layer no weight reads still is."""
+    folder = hybrid_models["qwen3_next"]
+    mtp = {"blk.4.nextn.eh_proj.weight": np.zeros((48, 96), np.float32),
+           "blk.4.attn_norm.weight": np.ones(48, np.float32)}
+    path = write_hybrid_gguf(folder, tmp_path / "mtp.gguf", extra=mtp, mtp_layers=1)
+    assert_hybrid_gguf_is_the_hf_model(path, folder, tmp_path / "c")
+    extra = {"blk.0.ffn_gate.weight": np.zeros((80, 48), np.float32)}
+    path = write_hybrid_gguf(folder, tmp_path / "extra.gguf", extra=extra)
+    with pytest.raises(CheckpointError, match=r"blk\.0\.ffn_gate\.weight is not read by flexlamps' qwen3_next"):
+        GGUFReader(path, cache_dir=tmp_path / "c")
+
+
+def test_qwen35moe_is_refused_by_name(tmp_path):
+    import gguf
+
+    from flexlamps.models.config import UnsupportedModelError
+    from tests.gguf_models import add_test_vocabulary, finish_gguf
+
+    w = gguf.GGUFWriter(str(tmp_path / "moe.gguf"), "qwen35moe")
+    add_test_vocabulary(w, 8)
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    with pytest.raises(UnsupportedModelError, match="'qwen35moe'.*Qwen3.5-MoE"):
+        GGUFReader(finish_gguf(w, tmp_path / "moe.gguf"), cache_dir=tmp_path / "c")
+
+
+@pytest.mark.parametrize("kind", ["qwen3_next", "qwen3_5_text_wide"])
+def test_hybrid_gguf_offloaded_over_three_tiers_equals_in_memory(hybrid_models, kind, tmp_path):
+    from flexlamps.engine.executors.in_memory import InMemoryExecutor
+    from flexlamps.engine.executors.offloaded import OffloadExecutor
+    from placement import Policy, TierSplit
+    from tests.family_models import our_run, prompt_ids
+
+    reader = GGUFReader(write_hybrid_gguf(hybrid_models[kind], tmp_path / f"{kind}.gguf"), cache_dir=tmp_path / "c")
+    ids = prompt_ids(reader.config.vocab_size)
+    tokens = [torch.full((2, 1), t) for t in (5, 9, 17, 3, 11, 40)]
+    on_gpu = TierSplit(gpu=1, cpu=0, disk=0)
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=TierSplit(gpu=0.3, cpu=0.3, disk=0.4),
+                    cache=TierSplit(gpu=0.5, cpu=0.5, disk=0), activations=on_gpu)
+    ex = OffloadExecutor(reader, policy, gpu_mem=2**30, cpu_mem=2**30, offload_dir=tmp_path / "off")
+    try:
+        assert {"gpu", "cpu", "disk"} <= set(ex.tiers.values())
+        offloaded = our_run(ex, ids, tokens)
+    finally:
+        ex.close()
+    in_memory = our_run(InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32), ids, tokens)
+    assert all(torch.equal(a, b) for a, b in zip(offloaded, in_memory))
