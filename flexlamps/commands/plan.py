@@ -98,6 +98,7 @@ def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
     for label, table in (("peak (GiB)", plan.peak_bytes), ("budget (GiB)", plan.budget_bytes)):
         lines.append(f"{label:14}" + "".join(f"{table[t] / GiB:9.1f}" for t in TIERS))
     lines += _latent_pool_lines(plan, model, hardware, workload)
+    lines += _expert_lines(plan, model)
     lines += _hybrid_lines(plan, model, hardware, workload, all_full_plan)
     lines += [
         "",
@@ -127,6 +128,19 @@ def _window_lines(model: ModelSpec, workload: WorkloadSpec, compressed: bool) ->
         f"their last {'/'.join(map(str, windows))} positions: a sequence's cache at {context} tokens is "
         f"{model.held_tokens(context) / context:.1%} of the whole context's")
     return [f"windows   {sliding} of {model.num_layers} layers slide and keep {held}"]
+
+
+def _expert_lines(plan: Plan, model: ModelSpec) -> list[str]:
+    """A MoE model's routing as priced and where its cpu-tier experts are computed."""
+    if not model.num_experts:
+        return []
+    block = plan.policy.block_size
+    routing = "measured" if model.routing is not None and model.routing.tokens else "uniform"
+    switch = plan.policy.cpu_expert_tokens
+    where = ("copied to the gpu tier" if not switch
+             else f"on the CPU where they live below {switch} tokens per expert, else copied")
+    return [f"experts   {routing} routing: {model.expected_experts(1):.1f} of {model.num_experts} a token, "
+            f"{model.expected_experts(block):.1f} a decode step of the block; cpu-tier experts {where}"]
 
 
 def _hybrid_lines(plan: Plan, model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec,

@@ -69,3 +69,20 @@ def test_solve_hands_the_engine_its_switch():
     assert plan.policy.weights.cpu > 0.5
     assert plan.policy.cpu_expert_tokens == cpu_expert_tokens(model, hw, compressed=False, most_tokens=64 * 8)
     assert placement.Policy.from_json(plan.policy.to_json()) == plan.policy
+
+
+def test_flexlamps_plan_says_how_experts_are_read_and_where_they_run(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from flexlamps.commands.plan import command as plan_command
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(MIXTRAL))
+    out = CliRunner().invoke(plan_command, ["--model", str(config), "--hardware", "rtx4090", "--gpu-mem", "8GiB",
+                                            "--prompt-len", "64", "--gen-len", "32", "--no-compress"])
+    assert out.exit_code == 0, out.output
+    line = next(ln for ln in out.output.splitlines() if ln.startswith("experts"))
+    assert "uniform routing: 2.0 of 8 a token" in line
+    assert "on the CPU where they live below 46 tokens per expert" in line
