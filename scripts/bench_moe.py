@@ -164,10 +164,19 @@ def _print_row(name: str, batch: int, gen_len: int, prompt_len: int, results: di
         print(f"  {side:<11} decode {d['decode_tps']:8.2f} tok/s  prefill {batch * prompt_len / d['prefill_s']:8.1f} "
               f"tok/s  disk {d['read_per_step'] / 2**20:8.1f} MiB/step  read() {d['rchar_per_step'] / 2**20:8.1f} "
               f"MiB/step{extra}")
-    flex = results.get("flexlamps")
     if "flexlamps" not in decoded:
         return
-    ours, lim = decoded["flexlamps"], _ceilings(args, batch, flex)
+    if name == "prompt-heavy":  # one or two decode steps: the row is about the prompt
+        ours = batch * prompt_len / decoded["flexlamps"]["prefill_s"]
+        ratios = [f"{ours / (batch * prompt_len / decoded[s]['prefill_s']):.2f}x {s}"
+                  for s in decoded if s != "flexlamps"]
+        print("  flexlamps prefill: " + ", ".join(ratios))
+        return
+    _print_decode_ratios(decoded, results["flexlamps"], _ceilings(args, batch, results["flexlamps"]))
+
+
+def _print_decode_ratios(decoded: dict, flex: dict, lim: dict) -> None:
+    ours = decoded["flexlamps"]
     ratios = [f"{ours['decode_tps'] / decoded[s]['decode_tps']:.2f}x {s}" for s in decoded if s != "flexlamps"]
     if flex["predicted_decode_tps"]:
         ratios.append(f"measured/predicted {ours['decode_tps'] / flex['predicted_decode_tps']:.2f}")
