@@ -59,13 +59,15 @@ class LLM:
             cache_dir=cache_dir))
 
     @classmethod
-    def from_settings(cls, settings: RunSettings) -> "LLM":
-        """The model as `settings` (parsed once, e.g. by the CLI) say."""
+    def from_settings(cls, settings: RunSettings, prepare: bool = True) -> "LLM":
+        """The model as `settings` (parsed once, e.g. by the CLI) say. `prepare=False`: no weights
+        are read until `load` (or `prepare`, or the first `generate`), so a caller can check the
+        run against the model's description first (`generate --max-rss`)."""
         llm = cls.__new__(cls)
-        llm._setup(settings)
+        llm._setup(settings, prepare)
         return llm
 
-    def _setup(self, settings: RunSettings) -> None:
+    def _setup(self, settings: RunSettings, prepare: bool = True) -> None:
         self.settings = settings
         self.model_name = settings.model
         self.reader = open_checkpoint(settings.model, settings.cache_dir or None)
@@ -84,7 +86,13 @@ class LLM:
         self.pool_sizes = None  # the augmented pools measured on an offload executor (PoolSizes)
         self._scorer = None
         self._stats = PrefixStats()
-        if self.offload is None or not (isinstance(settings.policy, str) and settings.policy == "auto"):
+        if prepare:
+            self.load()
+
+    def load(self) -> None:
+        """Build the executor where the settings fix it (in memory, or a placement given); policy
+        "auto" waits for the workload it plans for (`prepare`)."""
+        if self.offload is None or not (isinstance(self.settings.policy, str) and self.settings.policy == "auto"):
             self.prepare()
 
     # -- the plan and its executor ------------------------------------------------------------

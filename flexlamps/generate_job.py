@@ -45,10 +45,10 @@ class GenerateSettings:
     def with_offload_dir(self, offload_dir: str | None) -> "GenerateSettings":
         return dataclasses.replace(self, run=dataclasses.replace(self.run, offload_dir=offload_dir))
 
-    def load_llm(self):
+    def load_llm(self, prepare: bool = True):
         from flexlamps.api import LLM
 
-        return LLM.from_settings(self.run)
+        return LLM.from_settings(self.run, prepare)
 
     def sampling_params(self, record_id: str):
         """Each prompt's seed derives from --seed and its id, so results do not depend on

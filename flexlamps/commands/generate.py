@@ -117,14 +117,12 @@ def _run(settings, job, no_progress, max_rss, strict, ray_address, ray_workers) 
         job.results.finalize(job.order)
         click.echo(f"all {len(job.records)} prompts already done in {job.results.out}")
         return
-    if max_rss is not None:
-        from flexlamps.commands.memory import check_max_rss
-
-        check_max_rss(settings, max_rss, len(job.todo))
     try:
         if ray_address is None:
-            _run_local(settings, job, no_progress, strict)
+            _run_local(settings, job, no_progress, strict, max_rss)
         else:
+            if max_rss is not None:
+                _check_max_rss(settings, max_rss, len(job.todo), None)
             threads = click.get_current_context().meta.get("flexlamps.threads") or 1
             _run_on_ray(settings, job, no_progress, ray_address, ray_workers, threads, strict)
     except (ResultsError, PathInUseError) as e:
@@ -182,13 +180,31 @@ def _finish(job, progress: _Progress, wall: float) -> None:
                f"{progress.first_token_s or 0:.2f} s after process start | peak RSS {peak_rss_mib():.0f} MiB")
 
 
-def _run_local(settings, job, no_progress: bool, strict: bool) -> None:
-    """One engine in this process."""
+def _check_max_rss(settings, max_rss: int, num_prompts: int, llm) -> None:
+    """--max-rss against the run's one description: the local engine's (its weights not read yet),
+    or on Ray one opened here (the driver holds no engine)."""
+    from flexlamps.commands.memory import check_max_rss
+
+    if llm is None:
+        from flexlamps.models.description import model_spec
+        from flexlamps.models.loading.registry import open_checkpoint
+
+        reader = open_checkpoint(settings.run.model, settings.run.cache_dir or None)
+        check_max_rss(settings, max_rss, num_prompts, reader, model_spec(reader.config, reader.hf_config))
+    else:
+        check_max_rss(settings, max_rss, num_prompts, llm.reader, llm.model_spec)
+
+
+def _run_local(settings, job, no_progress: bool, strict: bool, max_rss: int | None) -> None:
+    """One engine in this process (with --max-rss, checked before any weight is read)."""
     from flexlamps.engine.batch.generate import ContextOverflowError
     from flexlamps.generate_job import generate_rows
 
-    llm = _load_engine(settings)
+    llm = _load_engine(settings, prepare=False)
     try:
+        if max_rss is not None:
+            _check_max_rss(settings, max_rss, len(job.todo), llm)
+        _load_weights(llm)
         if not settings.chat and llm.tokenizer.chat_template:
             click.echo("hint: this model has a chat template; an instruct model given plain prompts often answers "
                        "with empty or odd text. Add --chat to wrap each prompt as a user turn.", err=True)
@@ -238,15 +254,22 @@ def _encode(tokenizer, max_position, job, settings, strict):
     return todo, prompt_ids
 
 
-def _load_engine(settings):
-    from flexlamps.models.loading.checkpoint import CheckpointError
-    from flexlamps.models.config import UnsupportedModelError
-    from flexlamps.models.loading.registry import UnknownModelError
+_LOAD_ERRORS = (ValueError, OSError, MemoryError)  # MemoryError: a tier budget that cannot hold the model
 
+
+def _load_engine(settings, prepare: bool = True):
+    """The run's LLM (UnknownModelError, UnsupportedModelError and CheckpointError are ValueErrors)."""
     try:
-        return settings.load_llm()
-    except (UnknownModelError, UnsupportedModelError, CheckpointError, ValueError, OSError, MemoryError) as e:
-        raise click.ClickException(str(e))  # MemoryError: a tier budget that cannot hold the model
+        return settings.load_llm(prepare)
+    except _LOAD_ERRORS as e:
+        raise click.ClickException(str(e))
+
+
+def _load_weights(llm) -> None:
+    try:
+        llm.load()
+    except _LOAD_ERRORS as e:
+        raise click.ClickException(str(e))
 
 
 def _prepare_offload(llm, prompt_ids, settings) -> None:

@@ -23,16 +23,15 @@ _AUTO_INT8_BYTES = 3.25
 _AUTO_INT8_G16_BYTES = 3.5
 
 
-def planned_rss_bytes(hf_config: dict, weight_bytes_per_param: float, *, offload_budgets: tuple[int, int] | None,
+def planned_rss_bytes(model, weight_bytes_per_param: float, *, offload_budgets: tuple[int, int] | None,
                       num_sequences: int, context_len: int, cache_bytes_per_value: int = 4) -> int:
     """Fixed overhead plus what the run's data may take: with offloading the two tier budgets
-    (caps the engine enforces), else every weight and a full cache for `num_sequences`, its keys
-    and values `cache_bytes_per_value` bytes each (the dtype the dense cache holds)."""
-    from flexlamps.models.description import model_spec_from_hf
-
+    (caps the engine enforces), else every weight of `model` (the run's `placement.ModelSpec`) and
+    a full cache for `num_sequences`, its keys and values `cache_bytes_per_value` bytes each (the
+    dtype the dense cache holds)."""
     if offload_budgets is not None:
         return FIXED_OVERHEAD_BYTES + sum(offload_budgets)
-    spec = dataclasses.replace(model_spec_from_hf(hf_config), dtype="fp32")
+    spec = dataclasses.replace(model, dtype="fp32")
     weights = spec.total_weight_bytes() / 4 * weight_bytes_per_param
     cache = spec.cache_bytes_per_token_per_layer() / 4 * cache_bytes_per_value
     state = spec.state_bytes_per_sequence_per_layer()  # a hybrid model's DeltaNet states (fp32 bound)
@@ -60,18 +59,16 @@ def _auto_bytes_per_param(reader) -> float:
     return _AUTO_INT8_BYTES if getattr(reader, "has_quantized_weights", False) else 4.0
 
 
-def check_max_rss(settings, max_rss: int, num_prompts: int) -> None:
-    """Refuse (before loading the model) a run whose planned memory exceeds `max_rss`."""
-    from flexlamps.models.loading.registry import open_checkpoint
-
+def check_max_rss(settings, max_rss: int, num_prompts: int, reader, model) -> None:
+    """Refuse (before loading the weights) a run whose planned memory exceeds `max_rss`; `reader`
+    and `model`: the run's checkpoint reader and its `placement.ModelSpec` (an unprepared LLM's)."""
     run = settings.run
-    reader = open_checkpoint(run.model)
     per_param = _WEIGHT_BYTES.get(run.dtype) or _auto_bytes_per_param(reader)
     budgets = _offload_budgets(run)
     from flexlamps.engine.caches.dense import held_dtype
 
     held = held_dtype(run.resolve_dtype(reader), "cpu")  # a bf16 run's cache is bf16 (2 bytes), fp16's fp32
-    planned = planned_rss_bytes(reader.hf_config, per_param, offload_budgets=budgets,
+    planned = planned_rss_bytes(model, per_param, offload_budgets=budgets,
                                 num_sequences=min(num_prompts, run.max_batch_size),
                                 context_len=min(reader.config.max_position, 512 + settings.max_new_tokens),
                                 cache_bytes_per_value=held.itemsize)

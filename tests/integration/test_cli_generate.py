@@ -225,12 +225,22 @@ def test_bad_options_are_named_before_the_model_loads(tmp_path, monkeypatch, arg
     assert isinstance(res.exception, SystemExit), res.exception  # a message, not a traceback
 
 
-def test_max_rss_is_refused_upfront(tiny_llama, tmp_path):
+@pytest.mark.parametrize("budgets", [["--gpu-mem", "256MiB", "--cpu-mem", "256MiB"], []])
+def test_max_rss_is_refused_upfront(tiny_llama, tmp_path, monkeypatch, budgets):
+    """Before any weight is read, from the run's one description (a single ModelSpec built)."""
+    import flexlamps.api
+    import flexlamps.models.description as description
+    import flexlamps.models.loading.checkpoint as checkpoint
+
+    built, real = [], flexlamps.api.model_spec
+    monkeypatch.setattr(flexlamps.api, "model_spec", lambda *a, **k: built.append(1) or real(*a, **k))
+    monkeypatch.setattr(description, "model_spec_from_hf", lambda *a, **k: pytest.fail("a second ModelSpec"))
+    monkeypatch.setattr(checkpoint.HFFolderReader, "read", lambda *a, **k: pytest.fail("a weight was read"))
     prompts = _write_prompts(tmp_path / "in.jsonl", 1)
     res = CliRunner().invoke(main, ["generate", "--model", str(tiny_llama), "--prompts", str(prompts), "--out",
-                                    str(tmp_path / "o.jsonl"), "--gpu-mem", "256MiB", "--cpu-mem", "256MiB",
-                                    "--max-rss", "600MiB"])
-    assert res.exit_code != 0 and "--max-rss 600 MiB cannot be met" in res.output and "fixed overhead" in res.output
+                                    str(tmp_path / "o.jsonl"), *budgets, "--max-rss", "300MiB"])
+    assert res.exit_code != 0 and "--max-rss 300 MiB cannot be met" in res.output and "fixed overhead" in res.output
+    assert built == [1], res.output
 
 
 def test_max_rss_plans_the_cache_in_the_dtype_it_is_held(tiny_llama):
@@ -239,12 +249,14 @@ def test_max_rss_plans_the_cache_in_the_dtype_it_is_held(tiny_llama):
     from click import ClickException
 
     from flexlamps.commands.memory import check_max_rss, planned_rss_bytes
+    from flexlamps.models.description import model_spec
     from flexlamps.models.loading.registry import open_checkpoint
     from flexlamps.generate_job import GenerateSettings
     from flexlamps.settings import RunSettings
 
-    cfg = open_checkpoint(str(tiny_llama)).hf_config
-    plan = lambda per_value: planned_rss_bytes(cfg, 4.0, offload_budgets=None, num_sequences=64,  # noqa: E731
+    reader = open_checkpoint(str(tiny_llama))
+    cfg, spec = reader.hf_config, model_spec(reader.config, reader.hf_config)
+    plan = lambda per_value: planned_rss_bytes(spec, 4.0, offload_budgets=None, num_sequences=64,  # noqa: E731
                                                context_len=512, cache_bytes_per_value=per_value)
     values = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * (
         cfg["hidden_size"] // cfg["num_attention_heads"]) * 512 * 64
@@ -253,9 +265,9 @@ def test_max_rss_plans_the_cache_in_the_dtype_it_is_held(tiny_llama):
         settings = GenerateSettings(run=RunSettings(model=str(tiny_llama), dtype=dtype, max_batch_size=64),
                                     max_new_tokens=0)
         weights = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0}[dtype]
-        just_enough = planned_rss_bytes(cfg, weights, offload_budgets=None, num_sequences=64,
+        just_enough = planned_rss_bytes(spec, weights, offload_budgets=None, num_sequences=64,
                                         context_len=min(open_checkpoint(str(tiny_llama)).config.max_position, 512),
                                         cache_bytes_per_value=cache_bytes)
-        check_max_rss(settings, just_enough, 64)
+        check_max_rss(settings, just_enough, 64, reader, spec)
         with pytest.raises(ClickException, match="cannot be met"):
-            check_max_rss(settings, just_enough - 1, 64)
+            check_max_rss(settings, just_enough - 1, 64, reader, spec)

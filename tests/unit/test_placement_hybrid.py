@@ -76,6 +76,6 @@ def test_max_rss_plans_the_states_of_the_batch():
     from flexlamps.commands.memory import planned_rss_bytes
 
     spec = model_spec_from_hf(QWEN3_NEXT_80B)
-    one, nine = (planned_rss_bytes(QWEN3_NEXT_80B, 2.0, offload_budgets=None, num_sequences=n, context_len=1)
+    one, nine = (planned_rss_bytes(spec, 2.0, offload_budgets=None, num_sequences=n, context_len=1)
                  for n in (1, 9))
     assert nine - one >= 8 * spec.num_layers * spec.state_bytes_per_sequence_per_layer()
