@@ -34,6 +34,7 @@ from flexlamps.models.weight_specs import weight_specs
 from placement import Policy, TierSplit
 from quant import QTensor, dequantize, quantize
 from quant.int4_weight import Int4Weight
+from quant.mxfp4 import Mxfp4Weight
 from tests.conftest import SHARED_DATA, make_tiny_model
 from tests.deepseek_models import make_deepseek_model
 from tests.family_models import family_spec, make_family_model, our_run, prompt_ids
@@ -98,11 +99,12 @@ def _greedy(executor, ids, steps: int):
 
 def _same_4bit_weights(reader, ex) -> dict:
     """The checkpoint's weights as the offload executor compresses them: 4-bit Int4Weights where it
-    keeps them, other matrices as their group-wise 4-bit values."""
+    keeps them, other matrices as their group-wise 4-bit values; an MXFP4 checkpoint's experts
+    as its own 4-bit values (kept MXFP4, not quantized again)."""
     out = {}
     for spec in weight_specs(reader.config):
         w = reader.read(spec, torch.float32)
-        if spec.role == "linear":
+        if spec.role == "linear" and not ex.charges.is_mxfp4(spec):
             int4 = ex.stored_weights.is_int4(spec)
             w = Int4Weight.quantize(w, 32, torch.float32) if int4 else dequantize(quantize(w, ex.qcfg))
         out[spec.name] = w
@@ -110,14 +112,15 @@ def _same_4bit_weights(reader, ex) -> dict:
 
 
 def _stored_4bit(ex) -> bool:
-    """Every matmul weight the executor stores is 4-bit (an Int4Weight or a 4-bit QTensor)."""
+    """Every matmul weight the executor stores is 4-bit (an Int4Weight, a 4-bit QTensor, or an
+    MXFP4 checkpoint's Mxfp4Weight)."""
     for spec in ex.specs:
         if spec.role != "linear":
             continue
         fetched, staged = ex.store.fetch([spec.name])
         ex.store.release(staged)
         w = fetched[spec.name]
-        if not (isinstance(w, Int4Weight) or isinstance(w, QTensor) and w.config.bits == 4):
+        if not (isinstance(w, (Int4Weight, Mxfp4Weight)) or isinstance(w, QTensor) and w.config.bits == 4):
             return False
     return True
 

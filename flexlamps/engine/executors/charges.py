@@ -160,15 +160,17 @@ class PlacementCharges:
         self.cache_tiers = layer_cache_tiers(cfg, policy.cache)
 
     def compressed(self, spec) -> bool:
-        return self.policy.compress_weight and spec.role == "linear"
+        """Compressed by the policy: every matrix but an MXFP4 checkpoint's, which is 4-bit
+        already (quantizing its dequantized values again would add error and save nothing)."""
+        return self.policy.compress_weight and spec.role == "linear" and not self.weights.is_mxfp4(spec)
 
     def is_fp8(self, spec) -> bool:
         """Kept in FP8 as its checkpoint stores it (compression, when asked, comes first)."""
         return not self.compressed(spec) and self.weights.is_fp8(spec)
 
     def is_mxfp4(self, spec) -> bool:
-        """Kept in MXFP4 as its checkpoint stores it (compression, when asked, comes first)."""
-        return not self.compressed(spec) and self.weights.is_mxfp4(spec)
+        """Kept in MXFP4 as its checkpoint stores it, with or without compression."""
+        return self.weights.is_mxfp4(spec)
 
     def kept_class(self, spec) -> type | None:
         """The class of a weight kept as its checkpoint stores it (FP8 or MXFP4), else None."""

@@ -182,7 +182,7 @@ class OffloadExecutor:
         return DiskFolder(offload_dir, fingerprint=_stable_hash(owner))
 
     def _compressible(self, spec) -> bool:
-        return self.policy.compress_weight and spec.role == "linear"
+        return self.charges.compressed(spec)
 
     def _place_weights(self, reader, disk: DiskFolder | None, verify: bool) -> None:
         skip = set()  # stored tensors already in a reused offload folder
