@@ -3,10 +3,9 @@ parity tests use (hidden 80, 5 heads over 1 kv head, seeds 3 and 7; the head tie
 the family allows), prompt and 16 greedy steps in float32: the same greedy tokens and max |logit
 difference| <= 1e-4. Slow; `-s` prints each family's gap ("held-out <kind> seed <s>: <gap>").
 
-The gated-DeltaNet hybrids (Qwen3-Next, Qwen3.5) get 5e-5 of the largest logit instead (as the
-chunking test): their chunked and recurrent forms round apart, and transformers itself differs by
-1.6e-4 between its cached decode and its whole-sequence forward on qwen3_next seed 3 (max logit
-6.7), where ours is 1.8e-4 from its decode."""
+The gated-DeltaNet hybrids (Qwen3-Next, Qwen3.5) are held to the same bar against transformers
+and against transformers' forward in float64 (tests/hybrid_reference.py); a miss is an xfail that
+prints the three gaps (two of the eight cases today), and a gap over 5e-5 of the largest logit fails."""
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from tests.deepseek_models import DEEPSEEK_CONFIGS, make_deepseek_model
 from tests.family_models import (FAMILY_CONFIGS, LOGIT_TOLERANCE, greedy_tokens, make_family_model, our_run,
                                  prompt_ids, reference_run, worst_gap)
 from tests.hybrid_models import HYBRID_CONFIGS, make_hybrid_model
+from tests.hybrid_reference import float64_logits
 from tests.moe_models import MOE_CONFIGS, make_moe_model
 
 pytestmark = pytest.mark.slow
@@ -64,7 +64,32 @@ def test_held_out_checkpoint_matches_transformers(family, kind, seed, tmp_path):
     ours = our_run(InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32), ids, tokens)
     gap = worst_gap(ours, expected)
     print(f"held-out {kind} seed {seed}: {gap:.3g}")
-    largest = max(step.abs().max().item() for step in expected)
-    tolerance = max(LOGIT_TOLERANCE, 5e-5 * largest) if family == "hybrid" else LOGIT_TOLERANCE
-    assert gap <= tolerance, f"{kind} seed {seed}: max |logit difference| {gap:.3g}"
     assert all(torch.equal(a, b) for a, b in zip(greedy_tokens(ours), tokens)), f"{kind}: greedy tokens differ"
+    if family == "hybrid":
+        return _against_float64(folder, ids, tokens, ours, expected, f"{kind} seed {seed}")
+    assert gap <= LOGIT_TOLERANCE, f"{kind} seed {seed}: max |logit difference| {gap:.3g}"
+
+
+def _against_float64(folder, ids, tokens, ours, expected, case: str):
+    """A hybrid: within LOGIT_TOLERANCE of transformers, else an xfail printing how far each float32
+    run (ours, transformers' cached decode, its whole-sequence forward) is from transformers' forward
+    in float64. Measured misses: qwen3_next seed 3 (ours 1.8e-4 from float64, its whole forward as
+    far, its decode 2.1e-5: at that token the checkpoint amplifies float32 rounding ~50x, layer 0's
+    mixer 3.4e-6 off grows to 2.8e-4 after layer 2's MoE in its forward too; ours with the whole
+    delta rule in float64 is still 1.7e-4 off) and qwen3_5_text_wide seed 7 (ours and its decode
+    1.7-1.9e-4 from float64). Beyond 5e-5 of the largest logit it fails."""
+    import transformers
+
+    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    sequence = torch.cat([ids, *tokens], dim=1)
+    exact = float64_logits(ref, sequence)
+    with torch.no_grad():
+        whole = ref(sequence).logits.double()
+    ours, expected = torch.cat(ours, dim=1).double(), torch.cat(expected, dim=1).double()
+    gap, ours_off, theirs_off, whole_off = ((a - b).abs().max().item() for a, b in (
+        (ours, expected), (ours, exact), (expected, exact), (whole, exact)))
+    gaps = (f"ours - transformers {gap:.2e}, ours - float64 {ours_off:.2e}, transformers' decode - float64 "
+            f"{theirs_off:.2e}, its whole forward - float64 {whole_off:.2e}")
+    assert gap <= 5e-5 * expected.abs().max().item(), f"{case}: {gaps}"
+    if gap > LOGIT_TOLERANCE or ours_off > LOGIT_TOLERANCE:
+        pytest.xfail(f"over the bar of {LOGIT_TOLERANCE}: {gaps}")

@@ -14,8 +14,10 @@ from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
 from tests.hybrid_models import HYBRID_CONFIGS
+from tests.hybrid_reference import float64_logits
 
 PROMPT_LEN, DECODE_STEPS = 70, 28  # the prompt spans two of the chunked form's 64-token chunks
+LOGIT_BAR = 1e-4  # max |logit difference| in float32 (issue 34)
 GiB = 2**30
 
 
@@ -27,7 +29,8 @@ def _executor(folder):
 def _reference_run(folder, ids: torch.Tensor):
     """transformers' DECODE_STEPS greedy tokens (its recurrent decode) and its logits at the prompt's
     last token and each generated one from one forward over the whole sequence (its chunked form),
-    which is what our engine computes however the sequence is split (models.blocks.aligned_delta_rule)."""
+    which is what our engine computes however the sequence is split (models.blocks.aligned_delta_rule),
+    and the latter in float64."""
     import transformers
 
     ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -35,15 +38,37 @@ def _reference_run(folder, ids: torch.Tensor):
                        eos_token_id=None, pad_token_id=0)
     with torch.no_grad():
         logits = ref(out.sequences[:, :-1]).logits[:, ids.shape[1] - 1:]
-    return out.sequences[0, ids.shape[1]:].tolist(), logits
+    exact = float64_logits(ref, out.sequences[:, :-1])[:, ids.shape[1] - 1:]
+    return out.sequences[0, ids.shape[1]:].tolist(), logits, exact
 
 
+@pytest.fixture(scope="module")
+def hybrid_model_at(tmp_path_factory):
+    """(kind, seed) -> a tiny random checkpoint of that kind and seed, built once."""
+    from tests.hybrid_models import make_hybrid_model
+
+    made = {}
+
+    def build(kind: str, seed: int):
+        if (kind, seed) not in made:
+            made[kind, seed] = make_hybrid_model(tmp_path_factory.mktemp(f"{kind}_{seed}"), kind, seed=seed)
+        return made[kind, seed]
+    return build
+
+
+@pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("kind", sorted(HYBRID_CONFIGS))
-def test_greedy_decode_matches_transformers(hybrid_models, kind):
-    reader, ex = _executor(hybrid_models[kind])
+def test_greedy_decode_matches_transformers(hybrid_model_at, kind, seed):
+    """Greedy tokens equal to transformers', logits within LOGIT_BAR of its whole forward and of the
+    same forward in float64 (tests/hybrid_reference.py). Where its float32 forward is itself more
+    than the bar from float64 (its chunked form's in-chunk decay sums in fp32; ours are exact to
+    fp32, models.blocks.gated_deltanet._chunk_decays), that miss is reported as an xfail with the
+    measured gaps (qwen3_next seed 1, qwen3_next_wide seed 1), never hidden."""
+    folder = hybrid_model_at(kind, seed)
+    reader, ex = _executor(folder)
     assert reader.config.hybrid is not None
     ids = torch.randint(2, reader.config.vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(1))
-    tokens, expected = _reference_run(hybrid_models[kind], ids)
+    tokens, expected, exact = _reference_run(folder, ids)
     cache = ex.new_cache(1, PROMPT_LEN + DECODE_STEPS)
     slots = torch.tensor([0])
     logits = [ex.forward_steps(cache, [Step(ids, torch.arange(PROMPT_LEN)[None], slots)])[0][:, -1:]]
@@ -52,9 +77,15 @@ def test_greedy_decode_matches_transformers(hybrid_models, kind):
         step = Step(torch.tensor([[ours[-1]]]), torch.tensor([[PROMPT_LEN + t]]), slots)
         logits.append(ex.forward_steps(cache, [step])[0])
         ours.append(int(logits[-1].argmax()))
-    worst = (torch.cat(logits, dim=1) - expected).abs().max().item()
+    logits = torch.cat(logits, dim=1)
     assert ours == tokens
-    assert worst <= 1e-4, f"{kind}: max |logit difference| {worst}"
+    worst, ours_off, theirs_off = ((a.double() - b.double()).abs().max().item()
+                                   for a, b in ((logits, expected), (logits, exact), (expected, exact)))
+    gaps = f"ours - transformers {worst:.2e}, ours - float64 {ours_off:.2e}, transformers - float64 {theirs_off:.2e}"
+    assert ours_off <= LOGIT_BAR, f"{kind} seed {seed}: {gaps}"
+    if worst > LOGIT_BAR:
+        assert theirs_off > LOGIT_BAR, f"{kind} seed {seed}: {gaps}"
+        pytest.xfail(f"transformers' own float32 forward is off: {gaps}")
 
 
 def _chunked_logits(ex, ids: torch.Tensor, sizes: list[int]) -> torch.Tensor:

@@ -65,6 +65,23 @@ def _heads_first(q, k, v, g, beta, value_heads: int):
     return l2norm(q), l2norm(k), v, g, beta
 
 
+def _chunk_decays(g: torch.Tensor):
+    """g (n, H, chunks, C) fp32 -> the decays within each chunk, fp32: exp(cum_i) from the chunk's
+    start to token i, exp(cum_last - cum_i) from token i to its end, exp(cum_i - cum_j) from j to
+    i (0 for j > i), with cum the running sum of g over the chunk.
+    transformers takes the cumulative sums in fp32: a chunk's sum reaches hundreds (g down to -55 a
+    token on a tiny random checkpoint), so a difference of two near the diagonal, of order one,
+    loses digits to its operands' rounding (ulp(640) = 6e-5, exp's relative error). In fp64 each
+    decay is exact to fp32 rounding: 5-15x closer than transformers' whole forward to the same
+    forward in fp64 (docs/models.md); the sums stay per chunk at absolute positions, so every
+    split of a sequence still gives the same bits."""
+    cum = g.to(torch.float64).cumsum(dim=3)
+    chunk = g.shape[-1]
+    upper = torch.ones(chunk, chunk, dtype=torch.bool, device=g.device).triu(1)
+    pair = (cum.unsqueeze(4) - cum.unsqueeze(3)).masked_fill(upper, float("-inf"))
+    return (x.exp().to(torch.float32) for x in (cum, cum[..., -1:] - cum, pair))
+
+
 def chunk_gated_delta_rule(q, k, v, g, beta, state: torch.Tensor | None, chunk: int = CHUNK):
     """q, k (n, T, Hk, dk), v (n, T, Hv, dv), g and beta (n, T, Hv), state (n, Hv, dk, dv) fp32 or
     None (zeros) -> (out (n, T, Hv, dv) fp32, final state)."""
@@ -88,20 +105,18 @@ def chunk_rule_with_boundaries(q, k, v, g, beta, state: torch.Tensor | None, kee
     heads, dk, dv = v.shape[1], k.shape[-1], v.shape[-1]
     v_beta, k_beta = v * beta[..., None], k * beta[..., None]
     q, k, k_beta, v_beta = (x.reshape(n, heads, -1, chunk, x.shape[-1]) for x in (q, k, k_beta, v_beta))
-    cum = g.reshape(n, heads, -1, chunk).cumsum(dim=3)
-    upper = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
-    pair_decay = (cum.unsqueeze(4) - cum.unsqueeze(3)).masked_fill(upper, float("-inf")).exp()
+    from_start, to_end, pair_decay = _chunk_decays(g.reshape(n, heads, -1, chunk))
     ut_system = (k_beta @ k.transpose(-1, -2)) * pair_decay
     intra = (q @ k.transpose(-1, -2)) * pair_decay
     new_values = torch.linalg.solve_triangular(ut_system, v_beta, upper=False, unitriangular=True)
-    k_cumdecay = torch.linalg.solve_triangular(ut_system, k_beta * cum.exp()[..., None], upper=False,
+    k_cumdecay = torch.linalg.solve_triangular(ut_system, k_beta * from_start[..., None], upper=False,
                                                unitriangular=True)
     s = q.new_zeros(n, heads, dk, dv) if state is None else state.to(torch.float32)
     kept = None if keep_after is None else torch.where((keep_after == 0)[:, None, None, None], s, 0)
     out = torch.zeros_like(new_values)
-    q = q * cum.exp()[..., None]
-    k = k * (cum[..., -1:] - cum).exp()[..., None]
-    chunk_decay = cum[..., -1].exp()[..., None, None]
+    q = q * from_start[..., None]
+    k = k * to_end[..., None]
+    chunk_decay = from_start[..., -1, None, None]
     chunks = q.shape[2]
     # with `keep_after`, the state after the last chunk only matters where a row keeps it (a
     # decode's open chunk rarely completes): its update, a third of the loop's work, is skipped
