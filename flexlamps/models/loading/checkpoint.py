@@ -228,7 +228,12 @@ class GGUFReader:
         self._cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         header = read_header(Path(path), self._parse_header, self._cache_dir)
         self.fields, self._tensor_types, self.sha256 = header.fields, header.tensor_types, header.sha256
-        self.hf_config = self._hf_config()
+        try:
+            self.hf_config = self._hf_config()
+        except KeyError as e:  # a metadata key every converted file of its architecture has
+            raise CheckpointError(f"{path}: GGUF metadata key {e.args[0]!r} is missing (llama.cpp's "
+                                  "convert_hf_to_gguf.py writes it); convert the model again, or give its "
+                                  "Hugging Face folder") from None
         self.config = ModelConfig.from_hf(self.hf_config)
         self._tokenizer: Tokenizer | None = None
         self._refuse_unread()
