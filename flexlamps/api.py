@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 from flexlamps.engine.batch.generate import RequestOutput, generate, shared_prefix_length
 from flexlamps.host_allocator import keep_freed_memory
 from flexlamps.engine.batch.sampling import SamplingParams
-from flexlamps.engine.batch.scoring import PrefixScorer, PrefixStats, ScoreOutput, split_tokens
+from flexlamps.engine.batch.scoring import (PrefixScorer, PrefixStats, ScoreLimits, ScoreOutput, planning_positions,
+                                            split_tokens)
 from flexlamps.models.description import model_spec
 from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.run_plan import RunPlan, Workload, plan_augmented, plan_run
@@ -112,14 +113,16 @@ class LLM:
         return self.settings.max_batch_size if self.run_plan is None else self.run_plan.max_batch_size
 
     def prepare(self, prompt_len: int = 512, gen_len: int = 32, on_profile=None, num_sequences: int = 256,
-                prefix_len: int = 0) -> None:
+                prefix_len: int = 0, scoring: bool = False) -> None:
         """Plan the run and build its executor; with policy="auto" the placement is planned for
         these lengths (`prompt_len`: the longest prompt, `prefix_len`: a prefix they share, see
-        `planning_lengths`) and at most `num_sequences` sequences in flight."""
+        `planning_lengths`) and at most `num_sequences` sequences in flight; `scoring`: `score`
+        runs on it (its rows return logits at every position; `prompt_len`: the positions of a
+        scoring row, `engine.batch.scoring.planning_positions`)."""
         if self.executor is not None:
             return
         workload = Workload(prompt_len=prompt_len, gen_len=gen_len, num_sequences=num_sequences,
-                            prefix_len=prefix_len)
+                            prefix_len=prefix_len, scoring=scoring)
         self._build(plan_run(self.offload or self.settings, self.config, self.reader.hf_config, self.dtype, workload,
                              model=self.model_spec, **self._machine(on_profile)))
 
@@ -155,7 +158,7 @@ class LLM:
         self.executor = build_executor(plan, self.reader)
         self.run_plan = self._as_run(plan)
         self._scorer = PrefixScorer(self.executor, max_batch=plan.max_batch_size, micro_batch=plan.micro_batch,
-                                    reuse_prefix=self.reuse_prefix, stats=self._stats)
+                                    reuse_prefix=self.reuse_prefix, stats=self._stats, limits=_score_limits(plan))
 
     def policy_lines(self) -> list[str]:
         """What an offloaded engine runs, in words: its placement policy, the planner's prediction
@@ -212,10 +215,26 @@ class LLM:
         """Log-likelihood of each continuation after its context (shared prefixes computed once)."""
         if len(contexts) != len(continuations):
             raise ValueError(f"{len(contexts)} contexts but {len(continuations)} continuations")
-        pairs = [split_tokens(self.tokenizer, c, k) for c, k in zip(contexts, continuations)]
-        if self.executor is None:
-            self.prepare(prompt_len=max(len(c) + len(k) for c, k in pairs), gen_len=1)
+        return self.score_ids([split_tokens(self.tokenizer, c, k) for c, k in zip(contexts, continuations)])
+
+    def score_ids(self, pairs: list[tuple[list[int], list[int]]]) -> list[ScoreOutput]:
+        """`score` of (context ids, continuation ids) pairs."""
+        if self.executor is None and pairs:
+            self._prepare_scoring(pairs)
         return self._scorer.score(pairs)
+
+    def _prepare_scoring(self, pairs) -> None:
+        """Plan for the scorer's own rows (packed rows after a shared root, logits at every
+        position); where no plan fits them, for rows of one pair each (the fewest positions)."""
+        import placement
+
+        positions, root, fewest = planning_positions(pairs, self.reuse_prefix)
+        try:
+            self.prepare(prompt_len=positions, gen_len=1, num_sequences=len(pairs), prefix_len=root, scoring=True)
+        except placement.InfeasiblePlanError:
+            if positions == fewest:
+                raise
+            self.prepare(prompt_len=fewest, gen_len=1, num_sequences=len(pairs), prefix_len=root, scoring=True)
 
     def run_agents(self, tasks, tools=None, **options):
         """Agent tasks whose tools really run, on the augmented engine under one scheduling
@@ -227,3 +246,14 @@ class LLM:
     def close(self) -> None:
         if hasattr(self.executor, "close"):
             self.executor.close()
+
+
+def _score_limits(plan: RunPlan) -> ScoreLimits | None:
+    """The geometry the planner's dry run checked (policy "auto"), which `score` keeps to; None: in
+    memory, or a placement given (nothing was checked)."""
+    if plan.predicted is None:
+        return None
+    w = plan.workload
+    return ScoreLimits(rows=plan.max_batch_size, positions=w.prompt_len,
+                       prefix=w.prefix_len if plan.settings.reuse_prefix else 0,
+                       logits=w.logits_per_row)

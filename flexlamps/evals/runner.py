@@ -58,6 +58,17 @@ def prompt_fitter(llm, max_tokens: int) -> Optional[Callable[[str], bool]]:
     return lambda text: len(llm.tokenizer.encode(text)) + max_tokens <= limit
 
 
+def _planned_length(llm, state) -> int:
+    """Tokens of a request's row: its prompt, or a scored pair as the scorer splits it."""
+    if not state.is_scored:
+        return len(llm.tokenizer.encode(state.request.prompt))
+    from flexlamps.engine.batch.scoring import split_tokens
+
+    bare = "" if getattr(llm.tokenizer, "bos_token_id", 0) is not None else "\n"  # as the executor's _score
+    ctx, cont = split_tokens(llm.tokenizer, state.context or bare, state.continuation)
+    return len(ctx) + len(cont)
+
+
 def prepare_engine(llm, states: list, on_prepared: Optional[Callable[[object], None]] = None) -> None:
     """Plan the engine for this run's workload before its first request (an offloaded engine's
     policy depends on it): the longest prompt (the cache holds it), the tokens generated (1 when
@@ -67,9 +78,11 @@ def prepare_engine(llm, states: list, on_prepared: Optional[Callable[[object], N
         return
     prepare = getattr(llm, "prepare", None)
     if prepare is not None and getattr(llm, "executor", True) is None:
-        lengths = [len(llm.tokenizer.encode(s.request.prompt)) for s in states]
+        lengths = [_planned_length(llm, s) for s in states]
         gen = max(1, max(s.request.max_tokens for s in states))
-        prepare(prompt_len=max(1, max(lengths)), gen_len=gen, num_sequences=len(states))
+        scoring = any(s.is_scored for s in states)
+        prepare(prompt_len=max(1, max(lengths)), gen_len=gen, num_sequences=len(states),
+                **({"scoring": True} if scoring else {}))
     if on_prepared is not None:
         on_prepared(llm)
 

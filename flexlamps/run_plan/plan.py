@@ -37,6 +37,13 @@ class Workload:
     gen_len: int = 32  # tokens generated per sequence at most
     num_sequences: int = 256  # sequences in flight at most
     prefix_len: int = 0  # tokens every prompt starts with (held once, in a one-row cache)
+    scoring: bool = False  # rows are scored (`LLM.score`): logits at every prompt position, not the last
+
+    @property
+    def logits_per_row(self) -> int:
+        """Positions of a prompt row whose logits the prefill returns: scoring's, every position
+        after the shared prefix (held in its own cache)."""
+        return max(1, self.prompt_len - self.prefix_len) if self.scoring else 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,7 +167,8 @@ def _placement(settings: RunSettings, model: placement.ModelSpec, config: ModelC
                                 max_block_size=max(1, workload.num_sequences), allow_compression=compress,
                                 compress_weight=settings.compress_weight, compress_cache=settings.compress_cache,
                                 prefix_len=workload.prefix_len if settings.reuse_prefix else 0, model=model,
-                                weight_quant=settings.weight_quant, config=config)
+                                weight_quant=settings.weight_quant, config=config,
+                                logits_per_row=workload.logits_per_row)
         return predicted.policy, predicted
     if isinstance(policy, (str, Path)):
         return load_policy(policy), None

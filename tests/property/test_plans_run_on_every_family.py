@@ -2,8 +2,9 @@
 windowed, MoE, MLA, hybrid; HF folders and GGUF files in llama.cpp's layouts, see
 tests/checkpoint_zoo.py), at the default dtype or a drawn one, with 4-bit weights (or
 --weight-quant groupwise8/4) and a compressed cache when drawn, tight budgets and wide heads split across tiers, the offload engine
-runs what `LLM` plans for generate's workload (prompts sharing a prefix) without reaching its
-BudgetExceededError, and the executor's dry run of that plan bounds the peaks it measured.
+runs what `LLM` plans for generate's workload (prompts sharing a prefix) or score's (the prompts as
+contexts, several continuations each, packed rows) without reaching its BudgetExceededError, and
+the executor's dry run of that plan bounds the peaks it measured.
 
 A case the planner calls infeasible (InfeasiblePlanError) passes: the property is about the
 plans it hands out. `hypothesis --hypothesis-show-statistics` tells how many were feasible.
@@ -60,7 +61,8 @@ def _cases(draw) -> dict:
                 # budgets as shares of the model's weights (log-uniform): most cases tight
                 gpu_share=2 ** draw(st.floats(-5.0, 1.0)), cpu_share=2 ** draw(st.floats(-4.0, 2.0)),
                 shared=shared, lengths=lengths, gen_len=draw(st.integers(1, MAX_CONTEXT - shared - 32)),
-                seed=draw(st.integers(0, 2**16)))
+                seed=draw(st.integers(0, 2**16)), task=draw(st.sampled_from(("generate", "generate", "score"))),
+                choices=draw(st.integers(1, 4)))
 
 
 def _prompts(case: dict, vocab_size: int) -> list[list[int]]:
@@ -68,6 +70,14 @@ def _prompts(case: dict, vocab_size: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(case["seed"])
     prefix = torch.randint(2, vocab_size, (case["shared"],), generator=g).tolist()
     return [prefix + torch.randint(2, vocab_size, (n,), generator=g).tolist() for n in case["lengths"]]
+
+
+def _pairs(case: dict, prompts: list[list[int]], vocab_size: int) -> list[tuple[list[int], list[int]]]:
+    """score's requests: each prompt a context under `choices` continuations of 1-6 tokens."""
+    g = torch.Generator().manual_seed(case["seed"] + 1)
+    lengths = torch.randint(1, 7, (len(prompts), case["choices"]), generator=g).tolist()
+    return [(p, torch.randint(2, vocab_size, (n,), generator=g).tolist())
+            for p, ns in zip(prompts, lengths) for n in ns]
 
 
 def _check_the_plan_runs(zoo: CheckpointZoo, case: dict, tmp) -> None:
@@ -89,21 +99,31 @@ def _check_the_plan_runs(zoo: CheckpointZoo, case: dict, tmp) -> None:
                   weight_quant=case["weight_quant"], cache_dir=False)
         prompts = _prompts(case, llm.config.vocab_size)
         longest, shared = planning_lengths(prompts)
+        pairs = _pairs(case, prompts, llm.config.vocab_size)
         try:
-            llm.prepare(prompt_len=longest, gen_len=case["gen_len"], num_sequences=len(prompts), prefix_len=shared)
+            if case["task"] == "score":
+                llm._prepare_scoring(pairs)
+            else:
+                llm.prepare(prompt_len=longest, gen_len=case["gen_len"], num_sequences=len(prompts),
+                            prefix_len=shared)
         except placement.InfeasiblePlanError as e:
             event(f"infeasible: {str(e).split(':')[0]}")
             return
-    event("feasible")
+    event(f"feasible ({case['task']})")
     executor = llm.executor
     _tell_what_runs(executor)
     executor.store.submit = _run_at_once  # the peaks cannot depend on how the I/O thread was scheduled
     try:
-        llm.generate_ids(prompts, [SamplingParams(max_new_tokens=case["gen_len"], ignore_eos=True)] * len(prompts))
+        if case["task"] == "score":
+            llm.score_ids(pairs)
+        else:
+            llm.generate_ids(prompts, [SamplingParams(max_new_tokens=case["gen_len"], ignore_eos=True)] * len(prompts))
     finally:
         llm.close()
-    run = dry_run(llm.reader.hf_config, llm.policy, gpu_mem=gpu_mem, cpu_mem=cpu_mem, prompt_len=longest,
-                  gen_len=case["gen_len"], dtype=llm.dtype, prefix_len=shared, weight_quant=case["weight_quant"])
+    w = llm.run_plan.workload
+    run = dry_run(llm.reader.hf_config, llm.policy, gpu_mem=gpu_mem, cpu_mem=cpu_mem, prompt_len=w.prompt_len,
+                  gen_len=w.gen_len, dtype=llm.dtype, prefix_len=w.prefix_len, weight_quant=case["weight_quant"],
+                  logits_per_row=w.logits_per_row)
     for tier, use in executor.tier_use().items():
         assert use.peak_bytes <= run.peak_bytes[tier], (tier, use.peak_bytes, run.peak_bytes[tier], llm.policy)
 

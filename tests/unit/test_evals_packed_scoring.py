@@ -86,3 +86,54 @@ def test_no_shared_root_and_single_pair(tiny_llama):
         assert [o.logprob for o in got] == [o.logprob for o in _plain(llm, pairs)]
     with torch.no_grad():
         assert PrefixScorer(llm.executor).score([]) == []
+
+
+# (rewinds, packs_rows): packed rows, rounds of continuations over a row, one pair a row
+PATHS = {"packed": (True, True), "rounds": (True, False), "leaves": (False, False)}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("rows,slack,prefix", [(2, 0, 0), (3, 0, 1000), (1, 0, 0), (4, 40, 1000)])
+def test_scoring_keeps_to_the_planned_geometry(tiny_llama, path, rows, slack, prefix):
+    """Under an offloaded plan's `ScoreLimits` (what its dry run charged) every call holds at most
+    the plan's rows (one more for a planned root), rows of at most its positions, steps of at most
+    `micro_batch` rows and logits at most `positions` a row; scores equal the plain sequences'."""
+    from flexlamps.engine.batch.scoring import ScoreLimits, planning_positions
+
+    llm = LLM(str(tiny_llama), device="cpu")
+    pairs = _pairs(llm.tokenizer)
+    _, root, fewest = planning_positions(pairs)
+    logits = fewest + slack - (root if root <= prefix else 0)  # as Workload.logits_per_row
+    limits = ScoreLimits(rows=rows, positions=fewest + slack, prefix=prefix, logits=logits)
+    ref = _plain(llm, pairs)
+    ex, caches, calls = llm.executor, [], []
+    new_cache, forward = ex.new_cache, ex.forward_steps
+    ex.new_cache = lambda n, cap: caches.append((n, cap)) or new_cache(n, cap)
+    ex.forward_steps = lambda cache, steps: calls.append(steps) or forward(cache, steps)
+    scorer = PrefixScorer(ex, max_batch=rows, micro_batch=max(1, rows // 2), limits=limits)
+    rewinds, packs = PATHS[path]
+    scorer._flags = {"rewinds": rewinds, "packs_rows": packs}
+    got = scorer.score(pairs)
+    assert [o.token_logprobs for o in got] == [o.token_logprobs for o in ref]
+    root_planned = root <= prefix
+    if rows == 1:
+        assert all(n == 1 and cap <= limits.positions + 1 for n, cap in caches)  # no root: a block of one
+    assert all(n <= rows - (not root_planned and n != 1) and cap <= limits.positions + 1 for n, cap in caches[1:])
+    for steps in calls:
+        assert sum(s.input_ids.numel() for s in steps) <= rows * limits.positions
+        for s in steps:
+            assert s.input_ids.shape[0] <= max(1, rows // 2) and s.span <= limits.positions
+            logits = s.input_ids.shape[1] if s.logit_rows is None else s.logit_rows.reshape(len(s.slots), -1).shape[1]
+            assert logits <= limits.logits
+
+
+def test_an_engine_planned_for_generation_refuses_to_score(tiny_llama):
+    from flexlamps.engine.batch.scoring import ScoreLimits
+
+    llm = LLM(str(tiny_llama), device="cpu")
+    scorer = PrefixScorer(llm.executor, limits=ScoreLimits(rows=4, positions=64, prefix=0, logits=1))
+    with pytest.raises(ValueError, match="planned for generation"):
+        scorer.score(_pairs(llm.tokenizer))
+    scorer = PrefixScorer(llm.executor, limits=ScoreLimits(rows=4, positions=8, prefix=0, logits=8))
+    with pytest.raises(ValueError, match="score request 0 has"):
+        scorer.score(_pairs(llm.tokenizer))

@@ -27,6 +27,19 @@ class ScoreOutput:
     token_logprobs: list[float] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class ScoreLimits:
+    """What an offloaded plan holds (its dry run charged it), which the scorer stays within: at
+    most `rows` cache rows a call (in steps of the scorer's `micro_batch`), `positions` cache
+    positions a row (root included), logits at up to `logits` positions of a row, and a one-row
+    root cache of up to `prefix` positions beside the block (a longer root takes one of the
+    block's rows)."""
+    rows: int
+    positions: int
+    prefix: int
+    logits: int
+
+
 @dataclass
 class PrefixStats:
     prefill_tokens_requested: int = 0
@@ -45,6 +58,28 @@ def split_tokens(tokenizer, context: str, continuation: str) -> tuple[list[int],
     if whole[: len(ctx)] != ctx:  # the tokenizer merged across the boundary: encode separately
         whole = ctx + tokenizer.encode(continuation, add_special_tokens=False)
     return ctx, whole[len(ctx):]
+
+
+def root_length(contexts: list[list[int]]) -> int:
+    """Tokens of the root a call's contexts share; every context keeps at least its last token out
+    of it: its step gives the logits that predict the continuation's first token."""
+    return min(common_prefix_length(contexts), min(map(len, contexts)) - 1) if len(contexts) > 1 else 0
+
+
+def planning_positions(pairs: list[tuple[list[int], list[int]]], reuse_prefix: bool = True) -> tuple[int, int, int]:
+    """(cache positions a row of the scorer's own layout holds, root included; the root's
+    length; the fewest positions a row may hold): what an offloaded engine is planned for
+    (`ScoreLimits`). A pair feeds its context and all but its continuation's last token."""
+    fewest = max(len(c) + len(k) - 1 for c, k in pairs)
+    if not reuse_prefix:
+        return fewest, 0, fewest
+    common = root_length([c for c, _ in pairs])
+    by_context: dict[tuple[int, ...], list[int]] = {}
+    for i, (c, _) in enumerate(pairs):
+        by_context.setdefault(tuple(c), []).append(i)
+    items = [Item(ctx[common:], tuple(tuple(pairs[i][1]) for i in ids), tuple(ids)) for ctx, ids in by_context.items()]
+    widest = max(row.num_tokens for row in plan_rows(items, common, ROW_TOKENS))
+    return max(fewest, common + widest), common, fewest
 
 
 # Tokens per packed row (several questions each; see engine.batch.packing): attention in a row
@@ -74,8 +109,9 @@ class PrefixScorer:
     def __init__(self, executor: Executor, max_batch: int = 32, reuse_prefix: bool = True,
                  stats: PrefixStats | None = None,
                  micro_batch: int | None = None, max_logit_positions: int = 2048, step_tokens: int = 1024,
-                 row_tokens: int | None = ROW_TOKENS):
+                 row_tokens: int | None = ROW_TOKENS, limits: ScoreLimits | None = None):
         self.ex = executor
+        self.limits = limits  # an offloaded plan's geometry; None: in memory, no plan to keep to
         self.row_tokens = row_tokens  # packed rows (see engine.batch.packing); None: one context per row
         self._flags: dict[str, bool] = {}  # the executor's cache kind (`_cache_kind`)
         self.max_batch = max_batch
@@ -92,33 +128,77 @@ class PrefixScorer:
             if not ctx or not cont:
                 raise ValueError(f"score request {i} needs a non-empty context and continuation")
         self.stats.prefill_tokens_requested += sum(len(c) + len(k) for c, k in pairs)
+        rewinds, packs = self._cache_kind("rewinds"), self._can_pack()  # probed before any cache is held
         if not self.reuse_prefix:
+            self._check_limits(pairs, 0)
             return self._run_leaves([], None, [(c + k, len(c)) for c, k in pairs])
         contexts = [c for c, _ in pairs]
-        # every context keeps at least its last token out of the shared root: its step gives the
-        # logits that predict the continuation's first token
-        common = min(common_prefix_length(contexts), min(map(len, contexts)) - 1) if len(pairs) > 1 else 0
+        common = root_length(contexts)
+        if self.limits is not None and common > self.limits.prefix and self.limits.rows == 1:
+            common = 0  # an unplanned root takes one of the block's rows: a block of one has none to give
+        self._check_limits(pairs, common)
         by_context: dict[tuple[int, ...], list[int]] = {}
         for i, c in enumerate(contexts):
             by_context.setdefault(tuple(c), []).append(i)
         root = self._extend(None, [], contexts[0][:common]) if common else None
-        if not self._cache_kind("rewinds"):  # no rounds over a row: each pair in a row of its own
+        if not rewinds:  # no rounds over a row: each pair in a row of its own
             leaves = self._run_leaves(contexts[0][:common], root, [(c[common:] + k, len(c) - common) for c, k in pairs])
             if root is not None:
                 root.cache.release()
             return leaves
         results: list[ScoreOutput | None] = [None] * len(pairs)
-        groups = sorted(by_context.items(), key=lambda kv: -len(kv[0]))  # similar lengths share a step
-        if self._can_pack():
+        groups = sorted(self._fit_groups(by_context, pairs, common), key=lambda kv: -len(kv[0]))
+        if packs:
             items = [Item(ctx[common:], tuple(tuple(pairs[i][1]) for i in ids), tuple(ids)) for ctx, ids in groups]
             scored = self._score_packed(common, root, items)
         else:
-            scored = (out for chunk in self._chunks(groups, pairs) for out in self._score_chunk(common, root, chunk, pairs))
+            scored = (out for chunk in self._chunks(groups, pairs, common)
+                      for out in self._score_chunk(common, root, chunk, pairs))
         for i, out in scored:
             results[i] = out
         if root is not None:
             root.cache.release()
         return results  # type: ignore[return-value]
+
+    def _check_limits(self, pairs, common: int) -> None:
+        """Every pair fits the plan's rows after a root of `common`: its context and continuation
+        but the last token within the positions, what it feeds within the logits a row returns."""
+        if self.limits is None:
+            return
+        width = self._row_room(common)[0]
+        for i, (ctx, cont) in enumerate(pairs):
+            if len(ctx) + len(cont) - 1 - common <= width:
+                continue
+            if self.limits.logits == 1:
+                raise ValueError("this LLM's offloaded engine was planned for generation (one logit position "
+                                 "a row); plan it for scoring: LLM.prepare(..., scoring=True), or a fresh LLM")
+            raise ValueError(f"score request {i} has {len(ctx) + len(cont)} tokens; the offloaded engine was planned "
+                             f"for {common + width + 1}: plan for the longest (LLM.prepare(prompt_len=..., "
+                             "scoring=True)) or use a fresh LLM")
+
+    def _row_room(self, common: int) -> tuple[int, int]:
+        """(tokens a row feeds after a root of `common`, cache rows a call) within the plan's limits."""
+        lim = self.limits
+        return min(lim.positions - common, lim.logits), lim.rows - (1 if common > lim.prefix else 0)
+
+    def _fit_groups(self, by_context: dict, pairs, common: int) -> list[tuple[tuple[int, ...], list[int]]]:
+        """(context, pair ids) groups; within a plan's limits a context whose continuations do not
+        fit one row together is split into groups that do (the context fed once per group)."""
+        if self.limits is None:
+            return list(by_context.items())
+        width, _ = self._row_room(common)
+        out = []
+        for ctx, ids in by_context.items():
+            group, used = [], len(ctx) - common
+            for i in ids:
+                fed = len(pairs[i][1]) - 1
+                if group and used + fed > width:
+                    out.append((ctx, group))
+                    group, used = [], len(ctx) - common
+                group.append(i)
+                used += fed
+            out.append((ctx, group))
+        return out
 
     def _can_pack(self) -> bool:
         """Whether this executor's caches take packed rows (the dense and tiered KV caches do)."""
@@ -137,11 +217,16 @@ class PrefixScorer:
         """Items packed into rows (see engine.batch.packing); the rows go to the executor in
         chunks holding no more cache positions than `max_batch` unpacked questions would (the
         memory an offloaded policy was planned for), in steps of at most `step_tokens` tokens."""
-        rows = sorted(plan_rows(items, common, self.row_tokens), key=lambda r: -r.num_tokens)
+        row_tokens, max_rows = self.row_tokens, None
+        if self.limits is not None:  # rows as wide and as many as the plan holds
+            row_tokens, max_rows = self._row_room(common)
+        rows = sorted(plan_rows(items, common, row_tokens), key=lambda r: -r.num_tokens)
         longest = max(it.num_tokens for it in items)
         width = rows[0].num_tokens
         rows_per_step = max(1, min(self.step_tokens, self.micro_batch * longest) // width)
         rows_per_chunk = max(rows_per_step, self.max_batch * (common + longest) // (common + width))
+        if max_rows is not None:
+            rows_per_step, rows_per_chunk = min(rows_per_step, max_rows), min(rows_per_chunk, max_rows)
         start = 0
         while start < len(rows):
             chunk, logits = [], 0
@@ -181,14 +266,22 @@ class PrefixScorer:
             tok_lp = torch.stack([lp for lp, _ in toks])
             yield pair, ScoreOutput(float(tok_lp.sum()), len(toks), all(g for _, g in toks), tok_lp.tolist())
 
-    def _chunks(self, groups, pairs):
-        """Consecutive groups (context, pair indices) while the rows fit `max_batch` and the
-        rounds' logit positions (padded per round) fit `max_logit_positions`."""
+    def _chunks(self, groups, pairs, common: int):
+        """Consecutive groups (context, pair indices; longest context first) while the rows fit
+        `max_batch` and the rounds' logit positions (padded per round) fit `max_logit_positions`;
+        within a plan's limits also while a row's positions (the longest context and continuation)
+        and the call's padded tokens fit what the plan holds."""
         chunk, rounds = [], []
+        width, max_rows = self._row_room(common) if self.limits is not None else (None, self.max_batch)
         for ctx, ids in groups:
             fed = sorted((len(pairs[i][1]) - 1 for i in ids), reverse=True)
             merged = _add_rows(rounds, fed)
-            if chunk and (len(chunk) >= self.max_batch or sum(t * n for t, n in merged) > self.max_logit_positions):
+            padded = sum(t * n for t, n in merged)
+            over = len(chunk) >= max_rows or padded > self.max_logit_positions
+            if width is not None and chunk:
+                first = len(chunk[0][0]) - common
+                over = over or first + merged[0][0] > width or (len(chunk) + 1) * first + padded > max_rows * width
+            if chunk and over:
                 yield chunk
                 chunk, merged = [], _add_rows([], fed)
             chunk.append((ctx, ids))
@@ -272,25 +365,32 @@ class PrefixScorer:
                     leaves: list[tuple[list[int], int]]) -> list[ScoreOutput]:
         """Score leaves after a cached prefix `base`. A leaf is (tokens after base, how many of
         them are still context); the rest is the continuation."""
+        rows = self.max_batch
+        if self.limits is not None:
+            rows = self._row_room(len(base))[1] if prefix is not None else self.limits.rows
         outs = []
-        for start in range(0, len(leaves), self.max_batch):
-            outs += self._leaf_batch(base, prefix, leaves[start:start + self.max_batch])
+        for start in range(0, len(leaves), rows):
+            outs += self._leaf_batch(base, prefix, leaves[start:start + rows])
         return outs
 
     def _leaf_batch(self, base, prefix, leaves) -> list[ScoreOutput]:
+        """One forward_steps call over these leaves, in steps of `micro_batch` rows; a leaf's last
+        token is not fed (it is only predicted)."""
         plen = len(base)
         n = len(leaves)
-        width = max(len(toks) for toks, _ in leaves)
+        width = max(len(toks) for toks, _ in leaves) - 1
         cache = self.ex.new_cache(n, plen + width)
         if prefix is not None:
             cache.copy_prefix_from(prefix.cache, plen, torch.arange(n))
         ids = torch.zeros(n, width, dtype=torch.long)
         for r, (toks, _) in enumerate(leaves):
-            ids[r, : len(toks)] = torch.tensor(toks)
+            ids[r, : len(toks) - 1] = torch.tensor(toks[:-1])
         pos = torch.arange(plen, plen + width).expand(n, width)
-        logp = torch.log_softmax(self.ex.forward_steps(cache, [Step(ids, pos, torch.arange(n))])[0], -1)
+        parts = [torch.arange(k, min(n, k + self.micro_batch)) for k in range(0, n, self.micro_batch)]
+        outs = self.ex.forward_steps(cache, [Step(ids[p], pos[p], p) for p in parts])
+        logp = torch.log_softmax(torch.cat(outs), -1)
         cache.release()
-        self.stats.prefill_tokens_computed += sum(len(toks) for toks, _ in leaves)
+        self.stats.prefill_tokens_computed += sum(len(toks) - 1 for toks, _ in leaves)
         outs = []
         for r, (toks, n_ctx) in enumerate(leaves):
             # token j of the leaf is predicted by position j - 1, or by the prefix's last position

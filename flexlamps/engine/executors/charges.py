@@ -291,14 +291,15 @@ class PlacementCharges:
             return staged_rows_bytes(cfg, rows, span, self.dtype)
         return 0
 
-    def sweep_gpu_peak(self, steps, room: int | None = None) -> int:
+    def sweep_gpu_peak(self, steps, room: int | None = None, logits_per_row: int = 1) -> int:
         """Most gpu bytes a sweep over `steps` holds beyond the resident weights and cache: the
         staged small global weights and the activations (when on the gpu tier) throughout,
         plus the largest of the embedding rows, a layer (its staged weights and `layer_need`)
         and the output head's vocab chunk. `room`: the gpu bytes free when the sweep starts,
         which decides where a layer's 4-bit matrices are dequantized once for the sweep
         (`wants_int4_twins`), as the executor decides it; None: wherever the sweep wants it
-        (the worst case)."""
+        (the worst case). `logits_per_row`: positions of a row whose logits a step returns (1 when
+        generating; scoring asks for every fed position, `engine.batch.scoring`)."""
         cfg = self.cfg
         globals_ = [s.name for s in self.specs if s.layer is None and s.name not in TABLE_NAMES]
         held = self.staged(globals_)
@@ -317,5 +318,6 @@ class PlacementCharges:
         chunks = [(stop - start, piece.tier) for piece, start, stop in head_chunks(head, HEAD_CHUNK_ROWS)]
         head_rows = max(n for n, _ in chunks)  # logits of the widest chunk, and the widest staged one
         head_staged = max((n for n, tier in chunks if tier != "gpu"), default=0) * row_bytes
-        moments += [rows * head_rows * self.dtype_bytes + head_staged for rows, _, _ in steps]
+        moments += [rows * min(tokens, logits_per_row) * head_rows * self.dtype_bytes + head_staged
+                    for rows, tokens, _ in steps]
         return held + max(moments, default=0)

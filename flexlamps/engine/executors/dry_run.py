@@ -38,7 +38,7 @@ def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem:
             gen_len: int, dtype: torch.dtype = torch.float16, latent_fp8: bool = False,
             fused_int4: bool | None = None, routing=None, prefix_len: int = 0,
             model_spec: placement.ModelSpec | None = None, weight_quant: str | None = None,
-            config=None) -> DryRun:
+            config=None, logits_per_row: int = 1) -> DryRun:
     """Charge the budgets as `OffloadExecutor` would for one block of `policy`: its
     `gpu_batch_size * num_gpu_batches` prompts of `prompt_len` tokens generating `gen_len`;
     `latent_fp8` as the executor's (an MLA latent cache in ESS's FP8 records); `fused_int4`:
@@ -46,7 +46,9 @@ def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem:
     model's routing profile (which experts go where); `prefix_len`: a prefix shared by the
     prompts, held in a one-row cache of its own for the whole run (generate's); `model_spec`: the
     run's ModelSpec when it has one and `config` its ModelConfig (`PlacementCharges`);
-    `weight_quant`: the executor's weight compression backend (groupwise8 stores 8-bit weights).
+    `weight_quant`: the executor's weight compression backend (groupwise8 stores 8-bit weights);
+    `logits_per_row`: positions of a prompt row whose logits the prefill returns (1: generation;
+    scoring's rows: every position).
 
     Raises:
         ValueError: the executor would not run the policy as planned (see CAPABILITIES).
@@ -67,7 +69,7 @@ def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem:
     _charge_cache(run, budgets, num_slots, prompt_len + gen_len)
     if prefix_len:
         _charge_cache(run, budgets, 1, prefix_len)
-    _sweep(run, budgets, [(policy.gpu_batch_size, prompt_len, prompt_len)] * policy.num_gpu_batches)
+    _sweep(run, budgets, [(policy.gpu_batch_size, prompt_len, prompt_len)] * policy.num_gpu_batches, logits_per_row)
     span = prompt_len + gen_len - 1  # the last decode step attends to the longest context
     merged = (policy.merge_decode and policy.num_gpu_batches > 1
               and run.sweep_gpu_peak([(num_slots, 1, span)]) <= budgets["gpu"].free_bytes)
@@ -103,13 +105,13 @@ def _charge_cache(run: PlacementCharges, budgets: dict[str, TierBudget], num_slo
         budgets[tier].allocate(nbytes, f"cache layer {layer} ({tier})")
 
 
-def _sweep(run: PlacementCharges, budgets: dict[str, TierBudget], steps) -> None:
+def _sweep(run: PlacementCharges, budgets: dict[str, TierBudget], steps, logits_per_row: int = 1) -> None:
     """Charge one sweep's peak: activations on the cpu tier when they live there, the rest on
     the gpu tier (see `PlacementCharges.sweep_gpu_peak`)."""
     host = run.activation_bytes(steps) if run.activation_tier == "cpu" else 0
     budgets["cpu"].allocate(host, "activations (cpu)")
     try:
-        peak = run.sweep_gpu_peak(steps, room=budgets["gpu"].free_bytes)
+        peak = run.sweep_gpu_peak(steps, room=budgets["gpu"].free_bytes, logits_per_row=logits_per_row)
         budgets["gpu"].allocate(peak, "one sweep")
         budgets["gpu"].free(peak)
     finally:

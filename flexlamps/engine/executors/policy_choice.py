@@ -26,7 +26,8 @@ def plan_policy(hf_config: dict, dtype: torch.dtype, hardware: HardwareSpec, *, 
                 disk_bytes: int | None, prompt_len: int, gen_len: int, max_block_size: int = 256,
                 allow_compression: bool = True, compress_weight: bool | None = None,
                 compress_cache: bool | None = None, prefix_len: int = 0, routing=None,
-                model: ModelSpec | None = None, weight_quant: str | None = None, config=None) -> Plan:
+                model: ModelSpec | None = None, weight_quant: str | None = None, config=None,
+                logits_per_row: int = 1) -> Plan:
     """The planner's policy for this run, checked by the executor's dry run: a plan the engine
     would not run within `gpu_mem` / `cpu_mem` (the planner's model of staging, workspaces and
     caches is coarser than the engine's charges) is planned again with that tier's budget less
@@ -37,7 +38,9 @@ def plan_policy(hf_config: dict, dtype: torch.dtype, hardware: HardwareSpec, *, 
     `routing`: a MoE model's measured `placement.routing.RoutingProfile` (the experts a step
     reads are priced from it; None: uniform routing). `model`, `config`: the run's ModelSpec and
     ModelConfig (the run plan builds them once), else built from `hf_config`. `weight_quant`: the
-    weight compression backend the executor runs (groupwise8's 8-bit weights are charged as such)."""
+    weight compression backend the executor runs (groupwise8's 8-bit weights are charged as such).
+    `logits_per_row`: a prompt row's positions whose logits the prefill returns (scoring: all of
+    them, `dry_run`)."""
     spec = model or model_spec_from_hf(hf_config)
     # an FP8 checkpoint's matrices stay FP8 in the engine (upcast per call): planned as stored
     model = dataclasses.replace(spec, dtype=_DTYPE_NAMES[dtype], routing=routing)
@@ -57,7 +60,7 @@ def plan_policy(hf_config: dict, dtype: torch.dtype, hardware: HardwareSpec, *, 
                 raise
             break  # nothing fits in what the engine's charges leave: say so at the user's budgets
         short = _dry_run_shortfall(hf_config, plan.policy, dtype, gpu_mem, cpu_mem, workload, prefix_len, routing,
-                                   spec, weight_quant, config)
+                                   spec, weight_quant, config, logits_per_row)
         if short is None:
             return plan
         tier, nbytes = short
@@ -77,7 +80,7 @@ def _solve(model, hw: HardwareSpec, workload: WorkloadSpec, options: dict) -> Pl
 def _dry_run_shortfall(hf_config: dict, policy: Policy, dtype: torch.dtype, gpu_mem: int, cpu_mem: int,
                        workload: WorkloadSpec, prefix_len: int, routing=None,
                        model: ModelSpec | None = None, weight_quant: str | None = None,
-                       config=None) -> tuple[str, int] | None:
+                       config=None, logits_per_row: int = 1) -> tuple[str, int] | None:
     """(tier, bytes short) where the executor would exceed its budgets running `policy`, else None."""
     from flexlamps.engine.executors.dry_run import dry_run
     from offload import BudgetExceededError
@@ -85,7 +88,7 @@ def _dry_run_shortfall(hf_config: dict, policy: Policy, dtype: torch.dtype, gpu_
     try:
         dry_run(hf_config, policy, gpu_mem=gpu_mem, cpu_mem=cpu_mem, prompt_len=workload.prompt_len,
                 gen_len=workload.gen_len, dtype=dtype, prefix_len=prefix_len, routing=routing, model_spec=model,
-                weight_quant=weight_quant, config=config)
+                weight_quant=weight_quant, config=config, logits_per_row=logits_per_row)
     except BudgetExceededError as e:
         return e.tier, e.shortfall_bytes
     return None
