@@ -117,9 +117,10 @@ def _metadata(w, a: str, hf: dict, mtp_layers: int) -> None:
 
 
 def write_hybrid_gguf(folder: Path, path: Path, extra: dict[str, np.ndarray] | None = None,
-                      mtp_layers: int = 0) -> Path:
+                      mtp_layers: int = 0, quantize: str | None = None) -> Path:
     """The float32 hybrid checkpoint in `folder` as llama.cpp's converter writes it, with `mtp_layers`
-    multi-token-prediction blocks counted (their tensors, if any, in `extra`)."""
+    multi-token-prediction blocks counted (their tensors, if any, in `extra`); `quantize`: a gguf
+    quant type name (e.g. "Q8_0") for the matrices whose rows it can take."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -136,7 +137,12 @@ def write_hybrid_gguf(folder: Path, path: Path, extra: dict[str, np.ndarray] | N
     for i in range(hf["num_hidden_layers"]):
         tensors.update({f"blk.{i}.{k}": v for k, v in _layer(t, i, hf, a).items()})
     for name, value in {**tensors, **(extra or {})}.items():
-        w.add_tensor(name, np.ascontiguousarray(value, dtype=np.float32))
+        value = np.ascontiguousarray(value, dtype=np.float32)
+        if quantize and value.ndim >= 2 and value.shape[-1] % 32 == 0 and "conv1d" not in name:
+            qtype = gguf.GGMLQuantizationType[quantize]
+            w.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -91,3 +91,25 @@ def test_hybrid_gguf_offloaded_over_three_tiers_equals_in_memory(hybrid_models, 
         ex.close()
     in_memory = our_run(InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32), ids, tokens)
     assert all(torch.equal(a, b) for a, b in zip(offloaded, in_memory))
+
+
+@pytest.mark.parametrize("kind", ["qwen3_next_wide", "qwen3_5_text_wide"])
+def test_q8_0_hybrid_gguf_keeps_its_blocks_where_nothing_was_rearranged(hybrid_models, kind, tmp_path):
+    """A Q8_0 file (every matrix of 96 inputs): each weight within Q8_0's rounding of the HF one (a
+    row or head out of place is off by the weights themselves); in bf16 with blocks in place, the
+    matrices the converter rearranged come back dense and the others as their int8 blocks."""
+    from quant.int8_weight import Int8Weight
+
+    path = write_hybrid_gguf(hybrid_models[kind], tmp_path / f"{kind}.gguf", quantize="Q8_0")
+    reader, hf = GGUFReader(path, cache_dir=tmp_path / "c"), open_checkpoint(hybrid_models[kind])
+    assert reader.config == hf.config
+    ours, want = read_all(reader, torch.float32), read_all(hf, torch.float32)
+    for spec in weight_specs(hf.config):  # half a step of 1/127 of the block's largest, and the fp16 step
+        a, b = _as_used(spec, ours[spec.name]), _as_used(spec, want[spec.name])
+        assert (a - b).abs().max() <= b.abs().max() / 200, spec.name
+    kept = read_all(reader, torch.bfloat16, int4_in_place=True)
+    rebuilt = ({"in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"} if kind.startswith("qwen3_5")
+               else {"in_proj_qkvz"})
+    for spec in weight_specs(hf.config):
+        if spec.role == "linear" and spec.layer is not None and spec.shape[-1] % 32 == 0:  # quantized ones
+            assert isinstance(kept[spec.name], Int8Weight) != (spec.local_name in rebuilt), spec.name

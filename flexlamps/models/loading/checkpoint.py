@@ -211,8 +211,9 @@ def fp8_weight_block(hf_config: dict[str, Any], cfg_path: Path | str = "config.j
 
 class GGUFReader:
     """GGUF files under llama.cpp's architecture and tensor names: the LLaMA-like ones (`gguf_config`,
-    names in `gguf_names`), DeepSeek-V2/V3 and gpt-oss (`gguf_moe`); quantized tensors are dequantized to float with the
-    `gguf` package (gpt-oss's MXFP4 experts kept as their blocks).
+    names in `gguf_names`), DeepSeek-V2/V3 and gpt-oss (`gguf_moe`), Qwen3-Next and Qwen3.5
+    (`gguf_hybrid`); quantized tensors are dequantized to float with the `gguf` package (gpt-oss's
+    MXFP4 experts kept as their blocks).
 
     NOTE(safety): the `gguf` package's reader holds ~170 MiB of parsed fields for a 49k-token
     vocabulary; only each tensor's location is kept, and a tensor's bytes are read from the file
@@ -361,8 +362,12 @@ class GGUFReader:
             return None
 
         def raw(name: str) -> torch.Tensor:
+            from gguf.quants import quant_shape_from_byte_shape
+
             t = self._tensors_by_name(name if spec.layer is None else f"blk.{spec.layer}.{name}", spec.name)
-            return dequantize_rows(t.read(self.path), t.tensor_type, t.item_shape, torch.float32)
+            quantized = t.item_dtype == "uint8"  # the gguf package gives blocks as bytes
+            shape = quant_shape_from_byte_shape(t.item_shape, t.tensor_type) if quantized else t.item_shape
+            return dequantize_rows(t.read(self.path), t.tensor_type, tuple(shape), torch.float32)
 
         return read_hybrid(self.config, spec, raw)
 
