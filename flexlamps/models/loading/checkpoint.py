@@ -232,6 +232,8 @@ class GGUFReader:
         try:
             self.hf_config = self._hf_config()
         except KeyError as e:  # a metadata key every converted file of its architecture has
+            if not (isinstance(e.args[0], str) and "." in e.args[0] and e.args[0] not in self.fields):
+                raise  # not a metadata key the file lacks: our own bug, shown as it is
             raise CheckpointError(f"{path}: GGUF metadata key {e.args[0]!r} is missing (llama.cpp's "
                                   "convert_hf_to_gguf.py writes it); convert the model again, or give its "
                                   "Hugging Face folder") from None
