@@ -122,3 +122,21 @@ def worst_gap(ours: list, theirs: list) -> float:
 def greedy_tokens(logits: list):
     """The greedy token after each decode step's logits (the reference's tokens, when they agree)."""
     return [step[:, -1:].argmax(-1) for step in logits[:-1]]
+
+
+def assert_offloaded_equals_in_memory(reader, policy, ids, tokens, folder: Path) -> None:
+    """`policy` spreads the weights over gpu / cpu / disk, and its run gives the in-memory logits bit for bit."""
+    import torch
+
+    from flexlamps.engine.executors.in_memory import InMemoryExecutor
+    from flexlamps.engine.executors.offloaded import OffloadExecutor
+    from flexlamps.models.loading.checkpoint import read_all
+
+    ex = OffloadExecutor(reader, policy, gpu_mem=2**30, cpu_mem=2**30, offload_dir=folder)
+    try:
+        assert {"gpu", "cpu", "disk"} <= set(ex.tiers.values())
+        offloaded = our_run(ex, ids, tokens)
+    finally:
+        ex.close()
+    in_memory = our_run(InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32), ids, tokens)
+    assert all(torch.equal(a, b) for a, b in zip(offloaded, in_memory))

@@ -57,11 +57,9 @@ def test_gguf_offloaded_over_three_tiers_equals_in_memory(kind, tmp_path):
     disk give the in-memory engine's logits bit for bit."""
     import torch
 
-    from flexlamps.engine.executors.in_memory import InMemoryExecutor
-    from flexlamps.engine.executors.offloaded import OffloadExecutor
-    from flexlamps.models.loading.checkpoint import GGUFReader, read_all
+    from flexlamps.models.loading.checkpoint import GGUFReader
     from placement import Policy, TierSplit
-    from tests.family_models import our_run, prompt_ids
+    from tests.family_models import assert_offloaded_equals_in_memory, prompt_ids
 
     folder = make_family_model(tmp_path / kind, GGUF_SPECS[kind], seed=2)
     reader = GGUFReader(write_decoder_gguf(folder, tmp_path / f"{kind}.gguf"), cache_dir=tmp_path / "c")
@@ -70,11 +68,4 @@ def test_gguf_offloaded_over_three_tiers_equals_in_memory(kind, tmp_path):
     on_gpu = TierSplit(gpu=1, cpu=0, disk=0)
     policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=TierSplit(gpu=0.3, cpu=0.3, disk=0.4),
                     cache=on_gpu, activations=on_gpu)
-    ex = OffloadExecutor(reader, policy, gpu_mem=2**30, cpu_mem=2**30, offload_dir=tmp_path / "off")
-    try:
-        assert {"gpu", "cpu", "disk"} <= set(ex.tiers.values())
-        offloaded = our_run(ex, ids, tokens)
-    finally:
-        ex.close()
-    in_memory = our_run(InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32), ids, tokens)
-    assert all(torch.equal(a, b) for a, b in zip(offloaded, in_memory))
+    assert_offloaded_equals_in_memory(reader, policy, ids, tokens, tmp_path / "off")

@@ -72,10 +72,8 @@ def test_qwen35moe_is_refused_by_name(tmp_path):
 
 @pytest.mark.parametrize("kind", ["qwen3_next", "qwen3_5_text_wide"])
 def test_hybrid_gguf_offloaded_over_three_tiers_equals_in_memory(hybrid_models, kind, tmp_path):
-    from flexlamps.engine.executors.in_memory import InMemoryExecutor
-    from flexlamps.engine.executors.offloaded import OffloadExecutor
     from placement import Policy, TierSplit
-    from tests.family_models import our_run, prompt_ids
+    from tests.family_models import assert_offloaded_equals_in_memory, prompt_ids
 
     reader = GGUFReader(write_hybrid_gguf(hybrid_models[kind], tmp_path / f"{kind}.gguf"), cache_dir=tmp_path / "c")
     ids = prompt_ids(reader.config.vocab_size)
@@ -83,14 +81,7 @@ def test_hybrid_gguf_offloaded_over_three_tiers_equals_in_memory(hybrid_models, 
     on_gpu = TierSplit(gpu=1, cpu=0, disk=0)
     policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=TierSplit(gpu=0.3, cpu=0.3, disk=0.4),
                     cache=TierSplit(gpu=0.5, cpu=0.5, disk=0), activations=on_gpu)
-    ex = OffloadExecutor(reader, policy, gpu_mem=2**30, cpu_mem=2**30, offload_dir=tmp_path / "off")
-    try:
-        assert {"gpu", "cpu", "disk"} <= set(ex.tiers.values())
-        offloaded = our_run(ex, ids, tokens)
-    finally:
-        ex.close()
-    in_memory = our_run(InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32), ids, tokens)
-    assert all(torch.equal(a, b) for a, b in zip(offloaded, in_memory))
+    assert_offloaded_equals_in_memory(reader, policy, ids, tokens, tmp_path / "off")
 
 
 @pytest.mark.parametrize("kind", ["qwen3_next_wide", "qwen3_5_text_wide"])
