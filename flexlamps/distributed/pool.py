@@ -41,6 +41,7 @@ class Shard:
     index: int  # position in the caller's list
     payload: Any  # what the worker method receives
     attempt: int = 0  # times it was lost with its worker
+    worker: int | None = None  # slot of the worker that last ran it (for logs and fault tests)
 
 
 @dataclass
@@ -89,6 +90,7 @@ class ActorPool:
             self._submit(queue, in_flight, method)
             [ref], _ = self.ray.wait(list(in_flight), num_returns=1)
             worker, actor, shard = in_flight.pop(ref)
+            shard.worker = worker.slot
             try:
                 result = self._get_unwrapped(ref)
             except self.ray.exceptions.RayActorError as e:
