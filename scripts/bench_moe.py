@@ -115,7 +115,10 @@ def _decode(runs: dict, batch: int, gen_len: int) -> dict:
     one, full = runs[1] if 1 in runs else runs["1"], runs[gen_len] if gen_len in runs else runs[str(gen_len)]
     steps = gen_len - 1
     decode_s = full["s"] - one["s"]  # within the noise for one step of a prompt-heavy row
-    return {"decode_tps": batch * steps / decode_s if decode_s > 0 else float("nan"), "prefill_s": one["s"],
+    tps = batch * steps / decode_s if decode_s > 0 else float("nan")
+    if "t_tg" in full:  # llama.cpp times its own decode steps: no difference of two noisy prefills
+        tps = batch * gen_len / full["t_tg"]
+    return {"decode_tps": tps, "prefill_s": one["s"],
             "read_per_step": (full["read_bytes"] - one["read_bytes"]) / steps,
             "rchar_per_step": (full["rchar"] - one["rchar"]) / steps}
 

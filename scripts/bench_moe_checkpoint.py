@@ -116,14 +116,18 @@ _GGUF_LAYER = {"input_layernorm.weight": "attn_norm.weight", "post_attention_lay
 
 
 def _gguf_tensors(folder: Path, cfg: dict):
-    """(GGUF name, bf16 bits as uint16 numpy) in llama.cpp's qwen3moe layout, experts stacked (E, out, in)."""
+    """(GGUF name, numpy array: bf16 bits as uint16, norms f32) in llama.cpp's qwen3moe layout, experts
+    stacked (E, out, in)."""
     from safetensors import safe_open
 
     index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
     handles = {s: safe_open(str(folder / s), "pt") for s in set(index.values())}
 
     def get(name):
-        return handles[index[name]].get_tensor(name).view(torch.int16).numpy().view(np.uint16)
+        t = handles[index[name]].get_tensor(name)
+        if t.dim() == 1:  # norms in f32, as llama.cpp's converter writes them (its ops take no bf16 there)
+            return t.float().numpy()
+        return t.view(torch.int16).numpy().view(np.uint16)
 
     yield "token_embd.weight", get("model.embed_tokens.weight")
     for i in range(cfg["num_hidden_layers"]):
@@ -150,6 +154,7 @@ def _gguf_metadata(w, cfg: dict) -> None:
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
     w.add_float32(f"{a}.rope.freq_base", cfg["rope_theta"])
     w.add_tokenizer_model("none")  # token ids only: the bench never tokenizes text
+    w.add_uint32(f"{a}.vocab_size", cfg["vocab_size"])  # what llama.cpp sizes a "none" vocabulary by
     w.add_token_list([f"t{i}" for i in range(cfg["vocab_size"])])
 
 
@@ -164,8 +169,8 @@ def build_gguf(folder: Path, path: Path) -> Path:
     w = gguf.GGUFWriter(str(tmp), "qwen3moe")
     _gguf_metadata(w, cfg)
     for name, array in _gguf_tensors(folder, cfg):  # shapes first: the header lists every tensor
-        w.add_tensor_info(name, array.shape, np.dtype(np.uint16), array.nbytes,
-                          raw_dtype=gguf.GGMLQuantizationType.BF16)
+        kind = gguf.GGMLQuantizationType.BF16 if array.dtype == np.uint16 else gguf.GGMLQuantizationType.F32
+        w.add_tensor_info(name, array.shape, array.dtype, array.nbytes, raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()

@@ -110,7 +110,8 @@ def worker_command(side: str, args, batch: int, prompt_len: int, gen_len: int) -
 def llama_cpp_runs(cap: MemoryCap, binary: str, gguf: Path, batch: int, prompt_len: int, gen_len: int,
                    threads: int, timeout_s: float) -> dict:
     """llama-batched-bench for 1 and for `gen_len` new tokens: {gen: (seconds, bytes read)}; its own timing
-    (`t`: prefill and decode of the batch, model load excluded), our /proc counts."""
+    (`t`: prefill and decode of the batch, model load excluded; `t_tg`: its `gen` decode steps alone), our
+    /proc counts."""
     runs = {}
     for gen in (1, gen_len):
         drop_page_cache(gguf)
@@ -121,5 +122,5 @@ def llama_cpp_runs(cap: MemoryCap, binary: str, gguf: Path, batch: int, prompt_l
         rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         if len(rows) != 1:
             raise RuntimeError(f"unexpected llama-batched-bench output: {out[-500:]}")
-        runs[gen] = {"s": rows[0]["t"], **read}
+        runs[gen] = {"s": rows[0]["t"], "t_tg": rows[0]["t_tg"], **read}
     return runs
