@@ -6,6 +6,7 @@ import torch
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.batch.generate import generate
 from flexlamps.engine.executors.offloaded import OffloadExecutor
+from flexlamps.engine.executors.split_tables import head_chunks
 from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.executors.step import Step
 from flexlamps.models.loading.checkpoint import read_all
@@ -193,4 +194,24 @@ def test_step_geometry_is_made_once_per_step_not_per_layer(reader, plain, mix, t
     for a, b in zip(ref, got):
         assert (a - b).abs().max().item() <= 1e-5
     cache.release()
+    ex.close()
+
+
+@pytest.mark.parametrize("mix", ["weights_mostly_disk", "activations_cpu"])
+def test_the_head_is_read_once_a_sweep_for_every_micro_batch(reader, plain, mix, tmp_path):
+    """The output head's vocab chunks are read once a sweep (as the planner prices them), not once
+    per micro-batch, and each micro-batch's logits stay the plain engine's."""
+    ex = OffloadExecutor(reader, _policy(mix), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
+    head = {p.name for p in ex.head_pieces}
+    reads = []
+    fetch_rows = ex.store.fetch_rows
+    ex.store.fetch_rows = lambda name, *a: (reads.append(name) if name in head else None) or fetch_rows(name, *a)
+    steps = _steps(reader)
+    assert len(steps) > 1
+    got = ex.forward_steps(ex.new_cache(4, 16), steps)
+    ref = plain.forward_steps(plain.new_cache(4, 16), steps)
+    for a, b in zip(ref, got):
+        assert (a - b).abs().max().item() <= 1e-5
+    chunks = list(head_chunks(ex.head_pieces, ex.HEAD_CHUNK_ROWS))
+    assert len(reads) == len(chunks)  # one read a chunk for both micro-batches
     ex.close()

@@ -356,23 +356,27 @@ class OffloadExecutor:
         finally:
             self.store.release(staged)
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Logits in vocab chunks, each within one piece of the head (read from one tier)."""
-        out = torch.empty((*h.shape[:-1], self.cfg.vocab_size), dtype=torch.float32)
+    def _logits(self, hs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each micro-batch's logits, in vocab chunks within one piece of the head (read from one
+        tier): a chunk is read once a sweep, as the planner prices it, and multiplied by each
+        micro-batch's rows in turn (each product as it would be alone), one chunk of logits held
+        on the compute device at a time."""
+        outs = [torch.empty((*h.shape[:-1], self.cfg.vocab_size), dtype=torch.float32) for h in hs]
         chunks = list(head_chunks(self.head_pieces, self.HEAD_CHUNK_ROWS))
         widest = max(stop - start for _, start, stop in chunks)
-        chunk_bytes = h.numel() // h.shape[-1] * widest * _bytes_per(self.dtype)
+        chunk_bytes = max(h.numel() // h.shape[-1] for h in hs) * widest * _bytes_per(self.dtype)
         self.budgets["gpu"].allocate(chunk_bytes, "logits of one vocab chunk")
         try:
             for piece, start, stop in chunks:
                 w, staged = self.store.fetch_rows(piece.name, start - piece.start, stop - piece.start)
                 try:
-                    out[..., start:stop] = linear(h, w).float().cpu()
+                    for h, out in zip(hs, outs):
+                        out[..., start:stop] = linear(h.to(self.device), w).float().cpu()
                 finally:
                     self.store.release(staged)
         finally:
             self.budgets["gpu"].free(chunk_bytes)
-        return out
+        return outs
 
     def _workspace_bytes(self, step: Step, span: int) -> int:
         n, t = step.input_ids.shape
@@ -441,10 +445,10 @@ class OffloadExecutor:
                     prof.io_wait_s.append(t_io - t0)
                     prof.compute_s.append(t1 - t_io)
                     prof.io_s.append(io_s)
-            outs = []
-            for k, s in enumerate(steps):
-                x = s.pick_logit_rows(hidden[k].to(self.device))
-                outs.append(fwd.finish_logits(self._logits(fwd.final_hidden(glob, x))))
+            for k, s in enumerate(steps):  # each replaces its hidden states, on their tier
+                hidden[k] = fwd.final_hidden(glob, s.pick_logit_rows(hidden[k].to(self.device)))
+                hidden[k] = hidden[k].to("cpu") if act_tier == "cpu" else hidden[k]
+            outs = [fwd.finish_logits(logits) for logits in self._logits(hidden)]
             if prof is not None:
                 prof.sweep_s = time.perf_counter() - t_sweep
                 self.sweeps.append(prof)
