@@ -102,7 +102,7 @@ def test_a_decode_step_reads_only_the_routed_experts(family_reader, tmp_path):
     assert per_step <= 0.3, per_step  # top-2 of 32 experts, plus the attention and the head
 
 
-@pytest.mark.parametrize("order", ["lru", "frequency"])
+@pytest.mark.parametrize("order", ["cyclic", "lru", "frequency"])
 def test_the_hot_set_serves_repeat_experts_from_free_room(reader, tmp_path, order):
     """With room for a few experts beyond what a step needs, some reads hit and others evict;
     the cached bytes give way to what the run needs, and the logits stay the same."""

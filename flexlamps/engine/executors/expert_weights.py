@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from offload import TierBudget
 
 EXPERT_NAME = re.compile(r"^experts\.(\d+)\.")
-CACHE_ORDERS = ("lru", "frequency", "off")
+CACHE_ORDERS = ("cyclic", "lru", "frequency", "off")
 
 
 def expert_index(local_name: str) -> int | None:
@@ -80,14 +80,20 @@ class LayerWeights(Mapping):
 class ExpertCache:
     """Experts read from the cpu or disk tier, kept on the compute device after their layer ran,
     in the gpu budget's free room: their bytes are the budget's cached bytes, dropped on demand
-    when an allocation needs the room (`TierBudget.reclaim`), least recently used first ("lru")
-    or least often routed first ("frequency": routing counts over the run). A hit's bytes are in
-    use until its layer ends (`take`, then `keep`)."""
+    when an allocation needs the room (`TierBudget.reclaim`). Which go first:
+    - "cyclic" (the default): those whose layer comes back last, as sweeps visit the layers in
+      turn (the layer just run first: Belady's choice for this scan), least often routed first
+      within a layer. "lru" would drop the layer that comes next, and a cache smaller than a
+      step's reads would then never hit;
+    - "lru": least recently used; "frequency": least often routed (counts over the run).
+    A hit's bytes are in use until its layer ends (`take`, then `keep`). `num_layers`: the
+    model's, for "cyclic"."""
 
-    def __init__(self, budget: TierBudget, order: str = "lru"):
+    def __init__(self, budget: TierBudget, order: str = "cyclic", num_layers: int = 1):
         if order not in CACHE_ORDERS:
             raise ValueError(f"expert cache order {order!r}: use one of {', '.join(CACHE_ORDERS)}")
-        self.budget, self.order = budget, order
+        self.budget, self.order, self.num_layers = budget, order, max(1, num_layers)
+        self._layer_now = 0  # the layer whose experts were last asked for
         self._entries: OrderedDict[tuple[int, int], tuple[dict, int]] = OrderedDict()  # by recency
         self._in_use: set[tuple[int, int]] = set()
         self.routed = Counter()  # (layer, expert) -> times routed to (read by a step)
@@ -100,6 +106,7 @@ class ExpertCache:
         """A kept expert's fetched weights (now in use), or None (a miss: fetch it)."""
         with self._lock:
             self.routed[key] += 1
+            self._layer_now = key[0]
             entry = self._entries.get(key)
             if entry is None:
                 self.misses += 1
@@ -131,6 +138,8 @@ class ExpertCache:
             victims = [k for k in self._entries if k not in self._in_use]
             if self.order == "frequency":
                 victims.sort(key=lambda k: self.routed[k])  # stable: least recent first among equals
+            elif self.order == "cyclic":  # furthest next use first: (layer - now) mod L, largest first
+                victims.sort(key=lambda k: (-((k[0] - self._layer_now) % self.num_layers), self.routed[k]))
             for key in victims:
                 if nbytes <= 0:
                     break

@@ -78,14 +78,14 @@ class OffloadExecutor:
     def __init__(self, reader, policy, *, gpu_mem: int, cpu_mem: int, offload_dir=None,
                  dtype: torch.dtype = torch.float32, device: torch.device | None = None, verify_disk: bool = True,
                  weight_quant: str | None = None, overlap_latent_misses: bool = False,
-                 latent_fp8: bool = False, expert_cache: str = "lru", routing=None, model_spec=None):
+                 latent_fp8: bool = False, expert_cache: str = "cyclic", routing=None, model_spec=None):
         """`overlap_latent_misses`: an offloaded MLA latent cache copies each decode step's
         misses while attending over its hits (`caches.latent_copy`; within fp32 rounding of the
         exact mode, which copies, then attends, and equals the in-memory path bit for bit).
         `latent_fp8`: an MLA latent cache stores ESS's FP8 records (656 B a token and layer for
         DeepSeek-V3.2, `quant.fp8.LatentRecords`) instead of the compute dtype's values.
         `expert_cache`: which experts read off the cpu/disk tiers stay in the gpu tier's free
-        room ("lru", "frequency" or "off"; `expert_weights.ExpertCache`). `routing`: a MoE
+        room ("cyclic", "lru", "frequency" or "off"; `expert_weights.ExpertCache`). `routing`: a MoE
         model's `placement.routing.RoutingProfile`, hottest experts on the fastest tier
         (default: the one `flexlamps profile --prompts` cached for this checkpoint, if any).
         `model_spec`: the run's `placement.ModelSpec` (the run plan's; default: built from the config)."""
@@ -159,7 +159,7 @@ class OffloadExecutor:
         self.head_pieces = self.table_pieces.get("lm_head") or self.table_pieces["embed_tokens"]
         # a layer's routed experts are fetched when its router has picked them (`expert_weights`)
         self.experts = experts_by_layer(self.specs)
-        self.expert_cache = ExpertCache(self.budgets["gpu"], expert_cache)
+        self.expert_cache = ExpertCache(self.budgets["gpu"], expert_cache, self.cfg.num_layers)
         self.cpu_expert_reads = Counter()  # cpu-tier experts read "in place" or "staged" (`RoutedExpertLoads`)
         routed = {name for experts in self.experts.values() for names in experts.values() for name in names}
         layers = range(self.cfg.num_layers)
