@@ -116,9 +116,10 @@ def _decode(runs: dict, batch: int, gen_len: int) -> dict:
     one, full = runs[1] if 1 in runs else runs["1"], runs[gen_len] if gen_len in runs else runs[str(gen_len)]
     steps = gen_len - 1
     decode_s = full["s"] - one["s"]  # within the noise for one step of a prompt-heavy row
-    tps = batch * steps / decode_s if decode_s > 0 else float("nan")
     if "t_tg" in full:  # llama.cpp times its own decode steps: no difference of two noisy prefills
         tps = batch * gen_len / full["t_tg"]
+    else:
+        tps = batch * steps / decode_s if decode_s > 0 else float("nan")
     return {"decode_tps": tps, "prefill_s": one["s"],
             "read_per_step": (full["read_bytes"] - one["read_bytes"]) / steps,
             "rchar_per_step": (full["rchar"] - one["rchar"]) / steps}
@@ -240,10 +241,11 @@ def main() -> None:
     batches = [int(b) for b in (args.batches or ("1,8" if args.small else "1,8,64")).split(",")]
     workloads = {"decode-heavy": args.decode or ((16, 6) if args.small else (32, 16)),
                  "prompt-heavy": args.prompt or ((128, 2) if args.small else (512, 2))}
-    unknown = set(args.workloads.split(",")) - set(workloads)
+    chosen = args.workloads.split(",")
+    unknown = set(chosen) - set(workloads)
     if unknown:
         raise SystemExit(f"--workloads: unknown {', '.join(sorted(unknown))} (choose from {', '.join(workloads)})")
-    workloads = {k: v for k, v in workloads.items() if k in args.workloads.split(",")}
+    workloads = {k: v for k, v in workloads.items() if k in chosen}
     cap = MemoryCap(args.gpu_mem + args.cpu_mem + args.slack)
     print(f"model {model_bytes / 2**30:.2f} GiB bf16; budgets gpu {args.gpu_mem / 2**20:.0f} MiB + cpu "
           f"{args.cpu_mem / 2**20:.0f} MiB; {cap.describe()}; threads {args.threads}; load {os.getloadavg()[0]:.1f}",

@@ -370,7 +370,7 @@ class OffloadExecutor:
             for piece, start, stop in chunks:
                 w, staged = self.store.fetch_rows(piece.name, start - piece.start, stop - piece.start)
                 try:
-                    for h, out in zip(hs, outs):
+                    for h, out in zip(hs, outs):  # rows on the compute device one micro-batch at a time
                         out[..., start:stop] = linear(h.to(self.device), w).float().cpu()
                 finally:
                     self.store.release(staged)
@@ -446,8 +446,8 @@ class OffloadExecutor:
                     prof.compute_s.append(t1 - t_io)
                     prof.io_s.append(io_s)
             for k, s in enumerate(steps):  # each replaces its hidden states, on their tier
-                hidden[k] = fwd.final_hidden(glob, s.pick_logit_rows(hidden[k].to(self.device)))
-                hidden[k] = hidden[k].to("cpu") if act_tier == "cpu" else hidden[k]
+                x = fwd.final_hidden(glob, s.pick_logit_rows(hidden[k].to(self.device)))
+                hidden[k] = x.to("cpu") if act_tier == "cpu" else x
             outs = [fwd.finish_logits(logits) for logits in self._logits(hidden)]
             if prof is not None:
                 prof.sweep_s = time.perf_counter() - t_sweep
