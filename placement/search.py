@@ -4,7 +4,8 @@ Knobs: GPU batch size, number of GPU batches, weight / cache compression, CPU at
 The grid is fixed (it does not depend on memory), and a choice is skipped only when it
 provably cannot fit (a memory row's minimum over all fractions exceeds its budget, or a
 smaller choice already failed) or provably cannot beat the best plan so far (a lower bound on
-its time), so the result is the true optimum over the grid: more memory never makes it worse.
+its time), so the result is the true optimum over the grid (to within the LP's noise, `_TIE`,
+where the plan that computes less wins): more memory never makes it worse.
 """
 
 import dataclasses
@@ -155,7 +156,7 @@ def _best_candidate(candidates, budgets: dict[str, float], placements) -> tuple[
     too_big: dict[tuple, list[tuple[int, int]]] = {}  # flags -> (gbs, ngb) that did not fit
     best, num_lps = None, 0
     for bound, choice, terms, place in candidates:
-        if best is not None and bound <= best[0]:
+        if best is not None and bound < best[0] * (1 - _TIE):  # a tie may still win on compute
             break
         key = (choice.compress_weight, choice.compress_cache, choice.cpu_attention,
                choice.merge_decode, choice.latent_pools, place)
@@ -171,9 +172,23 @@ def _best_candidate(candidates, budgets: dict[str, float], placements) -> tuple[
             too_big.setdefault(key, []).append((choice.gpu_batch_size, choice.num_gpu_batches))
             continue
         tokens_per_s = terms.tokens_per_block / solution.total_s
-        if best is None or tokens_per_s > best[0]:
+        if best is None or _beats(tokens_per_s, terms, solution.fractions, best):
             best = (tokens_per_s, choice, terms, solution.fractions)
     return best, num_lps
+
+
+_TIE = 1e-5  # plans this close in throughput are a tie: the LP solver's own noise (HiGHS tolerances)
+
+
+def _beats(tokens_per_s: float, terms, x, best) -> bool:
+    """Faster than `best`, or as fast with less decode compute: where transfers bound both
+    (an I/O-bound decode), the one that computes less (merged decode, fewer calls) leaves the
+    most room for what the model does not price (transfers not overlapping compute fully)."""
+    if tokens_per_s > best[0] * (1 + _TIE):
+        return True
+    if tokens_per_s < best[0] * (1 - _TIE):
+        return False
+    return decode_layer_values(terms, x)["comp"] < decode_layer_values(best[2], best[3])["comp"]
 
 
 def _candidates(model, hardware, workload, budgets, flags, placements, compression, max_block_size,

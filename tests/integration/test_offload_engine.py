@@ -215,3 +215,65 @@ def test_the_head_is_read_once_a_sweep_for_every_micro_batch(reader, plain, mix,
     chunks = list(head_chunks(ex.head_pieces, ex.HEAD_CHUNK_ROWS))
     assert len(reads) == len(chunks)  # one read a chunk for both micro-batches
     ex.close()
+
+
+def _head_reads_by_thread(ex) -> list[str]:
+    """Wrap `ex.store.fetch_rows` to note the thread each head chunk is read on."""
+    import threading
+
+    head, threads = {p.name for p in ex.head_pieces}, []
+    fetch_rows = ex.store.fetch_rows
+
+    def noted(name, *a):
+        if name in head:
+            threads.append(threading.current_thread().name)
+        return fetch_rows(name, *a)
+    ex.store.fetch_rows = noted
+    return threads
+
+
+def test_the_head_reads_its_next_chunk_while_it_multiplies_one(reader, plain, tmp_path):
+    """With room for a second staged chunk, each off-gpu vocab chunk after the first is read on an
+    I/O thread while the one before is multiplied; with room for one only (the rest of the gpu
+    tier taken when the head starts), only while nothing is staged (a gpu-tier chunk multiplied),
+    and the run stays in budget. The logits equal the plain engine's either way."""
+    steps = _steps(reader)
+    ref = plain.forward_steps(plain.new_cache(4, 16), steps)
+    for room_for_one in (False, True):
+        ex = OffloadExecutor(reader, _policy("weights_mostly_disk"), gpu_mem=GiB, cpu_mem=GiB,
+                             offload_dir=tmp_path / str(room_for_one))
+        ex.HEAD_CHUNK_ROWS = 64  # several chunks on disk on the tiny vocab
+        threads = _head_reads_by_thread(ex)
+        if room_for_one:
+            _leave_room_for_one_chunk(ex)
+        got = ex.forward_steps(ex.new_cache(4, 16), steps)
+        chunks = list(head_chunks(ex.head_pieces, ex.HEAD_CHUNK_ROWS))
+        off_gpu = sum(p.tier != "gpu" for p, _, _ in chunks)
+        assert off_gpu > 2 and len(threads) == len(chunks)
+        read_ahead = sum(name.startswith("flexlamps-io") for name in threads)
+        # every off-gpu chunk but the first of all is read ahead; with room for one staged chunk,
+        # only one that follows a gpu-tier chunk (nothing staged while that one is multiplied)
+        expected = sum(chunks[i][0].tier != "gpu" and (not room_for_one or chunks[i - 1][0].tier == "gpu")
+                       for i in range(1, len(chunks)))
+        assert read_ahead == expected, threads
+        for a, b in zip(ref, got):
+            assert (a - b).abs().max().item() <= 1e-5
+        ex.close()
+
+
+def _leave_room_for_one_chunk(ex) -> None:
+    """Take all of the gpu tier but one head chunk's staging while `ex` computes logits."""
+    logits, budget = ex._logits, ex.budgets["gpu"]
+    elem = torch.empty(0, dtype=ex.dtype).element_size()
+    one_chunk = ex.HEAD_CHUNK_ROWS * ex.cfg.hidden_size * elem
+
+    def squeezed(hs):
+        rows = max(h.numel() // h.shape[-1] for h in hs)  # the chunk of logits `_logits` holds
+        taken = budget.capacity_bytes - budget.used_bytes - rows * ex.HEAD_CHUNK_ROWS * elem - one_chunk - 1
+        budget.allocate(taken, "test: the rest of the tier")
+        try:
+            return logits(hs)
+        finally:
+            budget.free(taken)
+    ex._logits = squeezed
+

@@ -102,6 +102,58 @@ def test_a_decode_step_reads_only_the_routed_experts(family_reader, tmp_path):
     assert per_step <= 0.3, per_step  # top-2 of 32 experts, plus the attention and the head
 
 
+def test_routed_experts_are_read_on_io_threads_while_the_forward_computes(reader, tmp_path):
+    """The disk-resident experts a router picks are read on the store's I/O threads (the forward
+    computes the first while later ones are read), and the logits equal the in-memory run's."""
+    import threading
+
+    expected = _greedy(InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32))[1]
+    ex = _executor(reader, tmp_path, "off", 1 << 30)
+    experts = {name for layer in ex.experts.values() for names in layer.values() for name in names}
+    threads = []
+    fetch = ex.store.fetch
+    ex.store.fetch = lambda names: (threads.append(threading.current_thread().name)
+                                    if experts.intersection(names) else None) or fetch(names)
+    try:
+        logits = _greedy(ex)[1]
+    finally:
+        ex.close()
+    assert threads and all(name.startswith("flexlamps-io") for name in threads), set(threads)
+    assert all((a - b).abs().max() <= 1e-5 for a, b in zip(logits, expected))
+
+
+def test_a_forward_that_raises_mid_layer_leaves_no_expert_staged(reader, tmp_path, monkeypatch):
+    """An expert's computation raising while later experts are still being read: the step raises,
+    every staged read is waited for and given back (the gpu tier holds what it held before), and
+    the next step runs as in memory."""
+    from flexlamps.models.blocks import moe
+
+    ex = _executor(reader, tmp_path, "off", 1 << 30)
+    ids = torch.randint(2, ex.cfg.vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(3))
+    step = Step(ids, torch.arange(PROMPT_LEN)[None], torch.tensor([0]))
+    plain = InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32)
+    expected = plain.forward_steps(plain.new_cache(1, PROMPT_LEN), [step])[0]
+    cache = ex.new_cache(1, PROMPT_LEN)
+    before = ex.budgets["gpu"].used_bytes  # the weights and the cache
+    real, calls = moe._expert, []
+
+    def failing(x, w, e, cfg):
+        calls.append(e)
+        if len(calls) == 2:
+            raise RuntimeError("expert failed")
+        return real(x, w, e, cfg)
+    monkeypatch.setattr(moe, "_expert", failing)
+    try:
+        with pytest.raises(RuntimeError, match="expert failed"):
+            ex.forward_steps(cache, [step])
+        assert ex.budgets["gpu"].used_bytes == before
+        monkeypatch.setattr(moe, "_expert", real)
+        got = ex.forward_steps(ex.new_cache(1, PROMPT_LEN), [step])[0]
+    finally:
+        ex.close()
+    assert (got - expected).abs().max() <= 1e-5
+
+
 @pytest.mark.parametrize("order", ["cyclic", "lru", "frequency"])
 def test_the_hot_set_serves_repeat_experts_from_free_room(reader, tmp_path, order):
     """With room for a few experts beyond what a step needs, some reads hit and others evict;

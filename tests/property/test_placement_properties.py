@@ -44,7 +44,8 @@ def test_more_memory_never_lowers_throughput(case, factor, tier):
     assume(before is not None)
     bigger = hw.with_memory(**{tier: int(getattr(hw, tier) * factor)})
     after = solve(model, bigger, workload, **options)  # must not become infeasible
-    assert after.tokens_per_s >= before.tokens_per_s * (1 - 1e-6)
+    # plans within the LP's noise (search._TIE, 1e-5) are a tie, won by the one that computes less
+    assert after.tokens_per_s >= before.tokens_per_s * (1 - 2e-5)
 
 
 @PROPERTY_SETTINGS

@@ -16,6 +16,7 @@ import re
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
+from concurrent.futures import Future
 
 from offload import TierBudget
 
@@ -41,29 +42,36 @@ def experts_by_layer(specs) -> dict[int, dict[int, list[str]]]:
 
 class LayerWeights(Mapping):
     """One layer's weights by local name: `eager` ones already fetched, each routed expert's
-    fetched by `load(experts) -> {local name: weight}` on its first read."""
+    fetched by `load(experts) -> {local name: weight}` on its first read. With `begin(experts,
+    tokens) -> {expert: Future of its weights}`, a routing hint starts the reads without waiting,
+    and a read of an expert waits for its own only."""
 
-    def __init__(self, eager: dict, experts: dict[int, list[str]], load, on_route=None):
+    def __init__(self, eager: dict, experts: dict[int, list[str]], load, on_route=None, begin=None):
         self._values = dict(eager)
         self._names = experts
         self._owner = {name: e for e, names in experts.items() for name in names}
-        self._load, self._on_route = load, on_route
+        self._load, self._on_route, self._begin = load, on_route, begin
+        self._pending: dict[int, Future] = {}
 
     def routed_to(self, tokens: dict[int, int]) -> None:
-        """A step's routing (expert -> its tokens): fetch those experts now, in one go (a hint;
-        reads work without it), and report it to `on_route`."""
+        """A step's routing (expert -> its tokens): start fetching those experts now, in one go
+        (a hint; reads work without it), and report it to `on_route`."""
         if self._on_route is not None:
             self._on_route(tokens)
-        self._fetch([e for e in sorted(tokens) if e in self._names], tokens)
-
-    def _fetch(self, experts, tokens: dict[int, int] | None = None) -> None:
-        wanted = [e for e in experts if self._names[e][0] not in self._values]
-        if wanted:
+        wanted = [e for e in sorted(tokens) if e in self._names and e not in self._pending
+                  and self._names[e][0] not in self._values]
+        if not wanted:
+            return
+        if self._begin is None:
             self._values.update(self._load(wanted, tokens))
+        else:
+            self._pending.update(self._begin(wanted, tokens))
 
     def __getitem__(self, key: str):
         if key not in self._values and key in self._owner:
-            self._fetch([self._owner[key]])
+            expert = self._owner[key]
+            pending = self._pending.pop(expert, None)
+            self._values.update(pending.result() if pending is not None else self._load([expert], None))
         return self._values[key]
 
     def __contains__(self, key) -> bool:
@@ -184,6 +192,8 @@ class RoutedExpertLoads:
         self._in_place: bool | None = None  # decided on the layer's first routing hint
         self._staged: list[tuple[tuple[int, int], dict, int]] = []  # fetched now
         self._hits: list[tuple[int, int]] = []
+        self._pending: list[Future] = []  # reads started by `begin`
+        self._lock = threading.Lock()  # `_staged` and `charged` grow on the I/O threads too
         self.charged = 0  # bytes `convert` charged (decompressed copies), freed by `finish`
 
     def mapping(self, eager: dict, local: dict[str, str], counter=None) -> LayerWeights:
@@ -191,30 +201,64 @@ class RoutedExpertLoads:
         (`local`: stored name -> local name; `counter`: a RoutingCounter told the routing)."""
         on_route = None if counter is None else (lambda tokens: counter.add(self.layer, tokens))
         by_expert = {e: [local[name] for name in names] for e, names in self.experts.items()}
-        return LayerWeights(eager, by_expert, self.load, on_route)
+        return LayerWeights(eager, by_expert, self.load, on_route, self.begin)
 
     def load(self, experts: list[int], tokens: dict[int, int] | None = None) -> dict:
-        """`experts`' weights for the forward (`tokens`: the routing hint, expert -> its tokens)."""
+        """`experts`' weights for the forward, read now (`tokens`: the routing hint, expert -> its tokens)."""
+        self._decide_in_place(tokens)
+        out = {}
+        for e in experts:
+            ready = self._ready(e)
+            out.update(ready if ready is not None else self._read(e))
+        return out
+
+    def begin(self, experts: list[int], tokens: dict[int, int] | None = None) -> dict[int, Future]:
+        """`load` without waiting: {expert: a Future of its weights}. Those used where they live or
+        found in the cache come back done; each read off the cpu or disk tier goes to the store's
+        I/O threads in routing order, so the forward computes the first experts while the later
+        ones are read (the overlap of the reads only a layer's router can name)."""
+        self._decide_in_place(tokens)
+        out = {}
+        for e in experts:
+            ready = self._ready(e)
+            if ready is None:
+                out[e] = self.store.submit(lambda e=e: self._read(e))
+                self._pending.append(out[e])
+            else:
+                out[e] = Future()
+                out[e].set_result(ready)
+        return out
+
+    def _decide_in_place(self, tokens: dict[int, int] | None) -> None:
         if self._in_place is None and tokens:
             self._in_place = sum(tokens.values()) / len(tokens) < self.in_place_below
-        fetched_all = {}
-        for e in experts:
-            key = (self.layer, e)
-            if self._in_place and self._lives_in_host_memory(e):
-                fetched = self.store.resident(self.experts[e])
-                self.reads["in place"] += 1
-                fetched_all.update(fetched)
-                continue
-            self.reads["staged"] += self._on_cpu_tier(e)
-            fetched = None if self._resident(e) else self.cache.get(key)
-            if fetched is not None:
-                self._hits.append(key)
-            else:
-                fetched, staged = self.store.fetch(self.experts[e])
-                self._staged.append((key, fetched, staged))
-            fetched_all.update(fetched)
-        out, charged = self.convert(fetched_all)
-        self.charged += charged
+
+    def _ready(self, e: int) -> dict | None:
+        """Expert e's weights where no read is needed (computed in place, on the gpu tier, or a
+        cache hit), else None."""
+        if self._in_place and self._lives_in_host_memory(e):
+            self.reads["in place"] += 1
+            return self._converted(self.store.resident(self.experts[e]))
+        self.reads["staged"] += self._on_cpu_tier(e)
+        if self._resident(e):
+            return self._converted(self.store.fetch(self.experts[e])[0])  # nothing staged
+        fetched = self.cache.get((self.layer, e))
+        if fetched is None:
+            return None
+        self._hits.append((self.layer, e))
+        return self._converted(fetched)
+
+    def _read(self, e: int) -> dict:
+        """Fetch expert e from its tiers (on an I/O thread under `begin`); `finish` keeps or releases it."""
+        fetched, staged = self.store.fetch(self.experts[e])
+        with self._lock:
+            self._staged.append(((self.layer, e), fetched, staged))
+        return self._converted(fetched)
+
+    def _converted(self, fetched: dict) -> dict:
+        out, charged = self.convert(fetched)
+        with self._lock:
+            self.charged += charged
         return out
 
     def _on_cpu_tier(self, expert: int) -> bool:
@@ -228,7 +272,11 @@ class RoutedExpertLoads:
                                               or all(self.store.is_plain(n) for n in names))
 
     def finish(self) -> None:
-        """The layer ran: hits go back to the cache, fetched copies into it (or are released)."""
+        """The layer ran: hits go back to the cache, fetched copies into it (or are released).
+        Reads the forward never waited for (it raised) are waited for first."""
+        for future in self._pending:
+            future.exception()  # waits; an error was the forward's to raise, and it stopped
+        self._pending = []
         for key in self._hits:
             self.cache.release(key)
         for key, fetched, staged in self._staged:

@@ -366,15 +366,17 @@ class OffloadExecutor:
         widest = max(stop - start for _, start, stop in chunks)
         chunk_bytes = max(h.numel() // h.shape[-1] for h in hs) * widest * _bytes_per(self.dtype)
         self.budgets["gpu"].allocate(chunk_bytes, "logits of one vocab chunk")
+        reads = _HeadReads(self.store, self.budgets["gpu"], chunks, self.cfg.hidden_size * _bytes_per(self.dtype))
         try:
-            for piece, start, stop in chunks:
-                w, staged = self.store.fetch_rows(piece.name, start - piece.start, stop - piece.start)
+            for i, (_, start, stop) in enumerate(chunks):
+                w, staged = reads.take(i)
                 try:
                     for h, out in zip(hs, outs):  # rows on the compute device one micro-batch at a time
                         out[..., start:stop] = linear(h.to(self.device), w).float().cpu()
                 finally:
                     self.store.release(staged)
         finally:
+            reads.close()
             self.budgets["gpu"].free(chunk_bytes)
         return outs
 
@@ -418,7 +420,7 @@ class OffloadExecutor:
         glob_fetched, glob_staged = store.fetch(self.small_global_names)
         glob = self._layer_weights(glob_fetched)[0]
         act_tier = "cpu" if self.policy.activations.cpu == 1 else "gpu"  # one tier (CAPABILITIES)
-        hidden, ctxs, act_bytes = [], [], 0
+        hidden, ctxs, act_bytes, pending = [], [], 0, None
         try:
             for s in steps:
                 x = self._embed(glob, s)
@@ -430,7 +432,7 @@ class OffloadExecutor:
             pending = self._fetch_timed(0) if cfg.num_layers else None
             for j in range(cfg.num_layers):
                 t0 = time.perf_counter()
-                fetched, staged, io_s, done = pending.result()
+                (fetched, staged, io_s, done), pending = pending.result(), None
                 self.copies.hand_over(done, fetched.values())
                 t_io = time.perf_counter()
                 twin_bytes = self._reserve_int4_twins(j, steps)  # before the next layer's staging
@@ -454,6 +456,8 @@ class OffloadExecutor:
                 self.sweeps.append(prof)
             return outs
         finally:
+            if pending is not None and pending.exception() is None:  # a layer raised: its next was read
+                store.release(pending.result()[1])
             if act_bytes:
                 self.budgets[act_tier].free(act_bytes)
             store.release(glob_staged)
@@ -549,6 +553,40 @@ class OffloadExecutor:
     def close(self) -> None:
         self.expert_cache.clear()
         self.store.close()
+
+
+class _HeadReads:
+    """The output head's vocab chunks for one sweep, in order (`take(i)`: chunk i's weight and its
+    staged bytes): each off-gpu chunk read while the one before is multiplied, when the gpu tier
+    has the room for a second staged chunk beyond what it holds (its cached experts counted as
+    room: they give way), else read in turn, as the dry run charges it, so the prefetch never
+    makes a run exceed its budget."""
+
+    def __init__(self, store, budget, chunks, row_bytes: int):
+        self.store, self.budget, self.chunks, self.row_bytes = store, budget, chunks, row_bytes
+        self._ahead: tuple[int, Future] | None = None
+
+    def _read(self, i: int):
+        piece, start, stop = self.chunks[i]
+        return self.store.fetch_rows(piece.name, start - piece.start, stop - piece.start)
+
+    def take(self, i: int):
+        if self._ahead is not None and self._ahead[0] == i:
+            got, self._ahead = self._ahead[1].result(), None
+        else:
+            got = self._read(i)
+        nxt = i + 1
+        if nxt < len(self.chunks) and self.chunks[nxt][0].tier != "gpu":
+            piece, start, stop = self.chunks[nxt]
+            if self.budget.capacity_bytes - self.budget.used_bytes >= (stop - start) * self.row_bytes:
+                self._ahead = (nxt, self.store.submit(lambda: self._read(nxt)))
+        return got
+
+    def close(self) -> None:
+        """Release a chunk read ahead and never taken (the sweep raised)."""
+        if self._ahead is not None and self._ahead[1].exception() is None:
+            self.store.release(self._ahead[1].result()[1])
+        self._ahead = None
 
 
 def _stable_hash(text: str) -> str:

@@ -1,0 +1,82 @@
+"""A MoE layer's routed experts are read while the forward computes: the routing hint starts
+every read at once and a read of one expert waits for that expert only (`LayerWeights` with
+`begin`), so the experts the router picked first are computed while later ones are still read."""
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from flexlamps.engine.executors.expert_weights import LayerWeights
+
+NAMES = {e: [f"experts.{e}.w"] for e in range(4)}
+
+
+def test_the_hint_starts_every_read_and_a_read_waits_for_its_own_expert_only():
+    gates = {e: threading.Event() for e in NAMES}
+    started = []
+    pool = ThreadPoolExecutor(max_workers=4)
+
+    def read(e):
+        started.append(e)
+        gates[e].wait(timeout=10)
+        return {f"experts.{e}.w": e}
+
+    def begin(experts, tokens):
+        return {e: pool.submit(read, e) for e in experts}
+
+    def load(experts, tokens):
+        raise AssertionError("nothing is read synchronously once the hint started it")
+
+    w = LayerWeights({"router": -1}, NAMES, load, begin=begin)
+    w.routed_to({3: 1, 1: 2})  # returns at once: the reads wait on their gates
+    assert not any(gates[e].is_set() for e in NAMES)
+    gates[1].set()
+    assert w["experts.1.w"] == 1  # expert 3's read is still held
+    assert not gates[3].is_set()
+    gates[3].set()
+    assert w["experts.3.w"] == 3
+    assert sorted(started) == [1, 3] and w["router"] == -1
+    pool.shutdown()
+
+
+def test_an_expert_never_hinted_is_read_when_first_used():
+    loaded = []
+
+    def load(experts, tokens):
+        loaded.extend(experts)
+        return {f"experts.{e}.w": e for e in experts}
+
+    def begin(experts, tokens):
+        done = {}
+        for e in experts:
+            done[e] = Future()
+            done[e].set_result({f"experts.{e}.w": e})
+        return done
+
+    w = LayerWeights({}, NAMES, load, begin=begin)
+    w.routed_to({0: 1})
+    assert w["experts.0.w"] == 0 and loaded == []
+    assert w["experts.2.w"] == 2 and loaded == [2]  # no hint: read now
+    w.routed_to({0: 1, 2: 1})  # already here: nothing started again
+    assert loaded == [2]
+
+
+def test_a_failed_read_is_raised_where_its_expert_is_used():
+    def begin(experts, tokens):
+        out = {}
+        for e in experts:
+            out[e] = Future()
+            if e == 2:
+                out[e].set_exception(OSError("disk gone"))
+            else:
+                out[e].set_result({f"experts.{e}.w": e})
+        return out
+
+    w = LayerWeights({}, NAMES, lambda experts, tokens: {}, begin=begin)
+    w.routed_to({1: 1, 2: 1})
+    assert w["experts.1.w"] == 1
+    try:
+        w["experts.2.w"]
+    except OSError as e:
+        assert "disk gone" in str(e)
+    else:
+        raise AssertionError("the read's error was swallowed")
