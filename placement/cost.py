@@ -96,6 +96,12 @@ class Choice:
     # a MoE layer's cpu-tier experts run on the CPU below this many tokens per expert
     # (`Policy.cpu_expert_tokens`); None: the planner's own switch for the machine (`build_terms`)
     cpu_expert_tokens: int | None = None
+    # the share of a decode step's reads of cached-kind experts (off disk; beside a GPU, copies off
+    # the cpu tier too) the engine's expert cache serves (`placement.expert_cache_terms`)
+    expert_hits: float = 0.0
+    # the disk fraction holds routed experts only, each read as routed: the engine places a MoE
+    # layer's dense parts and the head on the faster tiers first (set where the fractions allow it)
+    disk_experts_only: bool = False
 
     @classmethod
     def of(cls, policy: Policy) -> "Choice":
@@ -274,7 +280,9 @@ def build_terms(choice: Choice, model: ModelSpec, hardware: HardwareSpec,
 def terms_of_policy(policy: Policy, model: ModelSpec, hardware: HardwareSpec,
                     workload: WorkloadSpec) -> CostTerms:
     """`build_terms` for a given policy, its per-layer latent pools included."""
-    terms = build_terms(Choice.of(policy), model, hardware, workload)
+    from placement.expert_cache_terms import with_expert_hits  # it builds on this module
+
+    terms = with_expert_hits(Choice.of(policy), model, hardware, workload, fractions_of(policy))
     if terms.latent is not None and policy.latent_pools:
         terms.latent = dataclasses.replace(terms.latent, pools=policy.latent_pools)
     return terms
@@ -386,9 +394,11 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     new_cache = block * sz.cache_stored
 
     streamed = _streamed_weights(sz, model, block)  # the sweep reads the experts its block routes to
-    ctog = Affine().add(streamed, W_CPU, W_DISK).add(hidden, H_CPU, H_DISK)
+    cached = _cached_expert_reads(choice, sz, model, hardware, block)  # those the expert cache serves
+    disk = _disk_streamed(choice, sz, model, block, streamed - cached[1])
+    ctog = Affine().add(streamed - cached[0], W_CPU).add(disk, W_DISK).add(hidden, H_CPU, H_DISK)
     gtoc = Affine().add(hidden, H_CPU, H_DISK).add(new_cache, C_CPU, C_DISK)
-    dtoc = Affine().add(streamed, W_DISK).add(hidden, H_DISK).add(cache_read, C_DISK)
+    dtoc = Affine().add(disk, W_DISK).add(hidden, H_DISK).add(cache_read, C_DISK)
     ctod = Affine().add(hidden, H_DISK).add(new_cache, C_DISK)
     if sz.state:  # an off-gpu DeltaNet state comes to the compute device and goes back, every step
         ctog.add(block * sz.state, C_CPU, C_DISK)
@@ -446,6 +456,28 @@ def _streamed_weights(sz: _Sizes, model: ModelSpec, num_tokens: float) -> float:
         return sz.weight_stored - unread_rows
     read = model.expected_experts(num_tokens) / model.num_experts
     return sz.weight_stored - unread_rows - sz.experts_stored * (1 - read)
+
+
+def _cached_expert_reads(choice, sz: _Sizes, model: ModelSpec, hardware: HardwareSpec,
+                         num_tokens: float) -> tuple[float, float]:
+    """Bytes of a sweep's routed-expert reads (per unit of the cpu and of the disk fraction) the
+    expert cache serves: `Choice.expert_hits` of those off disk, and beside a GPU of the copies off
+    the cpu tier (never of cpu-tier experts computed where they live)."""
+    if not (model.num_experts and choice.expert_hits):
+        return 0.0, 0.0
+    served = choice.expert_hits * sz.experts_stored * model.expected_experts(num_tokens) / model.num_experts
+    copies_off_cpu = not hardware.gpu_is_host and tokens_per_expert(model, num_tokens) >= choice.cpu_expert_tokens
+    return (served if copies_off_cpu else 0.0), served
+
+
+def _disk_streamed(choice, sz: _Sizes, model: ModelSpec, num_tokens: float, streamed: float) -> float:
+    """Bytes a sweep reads per unit of the disk fraction: `streamed` (every kind of weight in its
+    share), or with `Choice.disk_experts_only` routed experts only, each read as routed, less
+    what the expert cache serves."""
+    if not (choice.disk_experts_only and model.num_experts):
+        return streamed
+    read = model.expected_experts(num_tokens) / model.num_experts
+    return sz.weight_stored * read * (1 - choice.expert_hits)
 
 
 def _unread_input_rows(model: ModelSpec, num_tokens: float) -> float:
@@ -591,9 +623,7 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     # FFN/attention intermediates, compressed weights as they expand.
     def gpu_working(seqs: int, tokens_per_seq: int, calls: int) -> Affine:
         hidden_io = 2 * seqs * tokens_per_seq * sz.hidden
-        picks = calls * seqs * tokens_per_seq * model.num_experts_per_token
-        routed = sz.experts_stored * min(1.0, picks / model.num_experts) if model.num_experts else 0.0
-        staged = 2 * (sz.layer_stored - sz.experts_stored) + routed
+        staged = 2 * (sz.layer_stored - sz.experts_stored) + routed_staging(sz, model, calls * seqs * tokens_per_seq)
         work = Affine(indexer_home + staged + hidden_io)
         work.add(-staged, W_GPU).add(-hidden_io, H_GPU)
         if choice.compress_weight:
@@ -623,6 +653,14 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     disk = Affine().add(weights_home, W_DISK).add(cache_home, C_DISK).add(hidden_p, H_DISK)
     return {"gpu_prefill": gpu_prefill, "gpu_decode": gpu_decode, "cpu_prefill": cpu_prefill,
             "cpu_decode": cpu_decode, "disk": disk}
+
+
+def routed_staging(sz: _Sizes, model: ModelSpec, num_tokens: float) -> float:
+    """Bytes of routed experts a layer's calls over `num_tokens` tokens stage (as the memory rows
+    charge them: every pick, up to all experts), before the gpu tier's own share."""
+    if not model.num_experts:
+        return 0.0
+    return sz.experts_stored * min(1.0, num_tokens * model.num_experts_per_token / model.num_experts)
 
 
 def _held_tokens(choice: Choice, model: ModelSpec, workload: WorkloadSpec) -> float:

@@ -24,6 +24,9 @@ class RoutingProfile(JsonMixin):
     experts_per_token: int
     tokens: int = 0  # tokens routed per layer (0: not measured, uniform)
     counts: dict[str, list[int]] = field(default_factory=dict)
+    # per measured sequence, its steps (the prompt's, then each decode step's): per MoE layer, the
+    # experts the step routed to; what the expert cache's hits are priced from (`expert_hits`)
+    traces: list[list[dict[str, list[int]]]] = field(default_factory=list)
 
     def __post_init__(self):
         if self.num_experts < 1 or not 1 <= self.experts_per_token <= self.num_experts:

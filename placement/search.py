@@ -19,6 +19,7 @@ from placement.cost import (C_DISK, C_GPU, H_CPU, H_DISK, H_GPU, MEMORY_ROWS, NU
                             build_terms, decode_layer_time, decode_layer_values, fractions_of,
                             prefill_layer_time, terms_of_policy,
                             total_time)
+from placement.expert_cache_terms import with_expert_hits
 from placement.lp import memory_excess, memory_implied_highs, solve_fractions, time_lower_bounds
 from placement.model_spec import ModelSpec
 from placement.plan import ROW_LABELS, InfeasiblePlanError, Plan
@@ -114,6 +115,9 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
     best, num_lps = _best_candidate(candidates, budgets, placements)
     if best is None:
         raise _infeasible(model, hardware, workload, budgets, compression, flags, placements)
+    _, choice, terms, x = best  # priced again with the expert cache's hits at its fractions
+    terms = with_expert_hits(choice, model, hardware, workload, x, terms)
+    best = (terms.tokens_per_block / total_time(terms, x), choice, terms, x)
     return _make_plan(best, budgets, num_lps, time.perf_counter() - started)
 
 

@@ -36,11 +36,32 @@ from bench_moe_peers import MemoryCap, drop_page_cache, io_counters, llama_cpp_r
 SIDES = ("flexlamps", "accelerate", "llama.cpp")
 
 
-def _prompts(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
+def _prompts(batch: int, prompt_len: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """The measured rows' prompts (seed 0), or held-out ones (another seed) for the routing profile."""
     import random
 
-    rng = random.Random(0)
+    rng = random.Random(seed)
     return [[rng.randrange(2, vocab) for _ in range(prompt_len)] for _ in range(batch)]
+
+
+def profile_routing(args, prompt_len: int) -> str:
+    """As `flexlamps profile --model M --prompts FILE` would: the model's routing on --routing-prompts
+    held-out prompts (not the rows' own), cached where every run of this model finds it (its plan
+    prices the expert cache's hits from the traces); 0: the cached profile removed, uniform routing.
+    Runs before the rows, outside the memory cap (it holds every weight in memory)."""
+    from flexlamps.commands.profile import ROUTING_NEW_TOKENS
+    from flexlamps.engine.routing_profile import measure_routing, routing_cache_path, save_routing
+    from flexlamps.models.loading.registry import open_checkpoint
+
+    reader = open_checkpoint(str(args.model))
+    if not args.routing_prompts:
+        routing_cache_path(reader.fingerprint()).unlink(missing_ok=True)  # the bench's own model's
+        return "routing: uniform (no profile)"
+    started = time.perf_counter()
+    prompts = _prompts(args.routing_prompts, prompt_len, reader.config.vocab_size, seed=1)
+    save_routing(reader, measure_routing(reader, prompts, ROUTING_NEW_TOKENS))
+    return (f"routing profiled on {args.routing_prompts} held-out prompts of {prompt_len} tokens "
+            f"({ROUTING_NEW_TOKENS} new each) in {time.perf_counter() - started:.0f} s")
 
 
 def _timed(generate, gens, folders) -> dict:
@@ -218,6 +239,8 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--slack", type=int, default=3 << 29, help="cap bytes beyond the budgets (runtime, code)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds a side may take for one row")
+    ap.add_argument("--routing-prompts", type=int, default=8,
+                    help="held-out prompts flexlamps' routing profile is measured on first (0: uniform routing)")
     for hidden in ("--worker", "--model", "--offload-dir"):
         ap.add_argument(hidden, default=None, help=argparse.SUPPRESS)
     for hidden in ("--batch", "--prompt-len", "--gen-len"):
@@ -246,6 +269,8 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--workloads: unknown {', '.join(sorted(unknown))} (choose from {', '.join(workloads)})")
     workloads = {k: v for k, v in workloads.items() if k in chosen}
+    if "flexlamps" in args.sides.split(","):
+        print(profile_routing(args, next(iter(workloads.values()))[0]), flush=True)
     cap = MemoryCap(args.gpu_mem + args.cpu_mem + args.slack)
     print(f"model {model_bytes / 2**30:.2f} GiB bf16; budgets gpu {args.gpu_mem / 2**20:.0f} MiB + cpu "
           f"{args.cpu_mem / 2**20:.0f} MiB; {cap.describe()}; threads {args.threads}; load {os.getloadavg()[0]:.1f}",

@@ -37,6 +37,13 @@ def test_profile_counts_routing_and_placement_follows_it(folder, tmp_path, monke
     assert profile.tokens == prompt_tokens + 15 * len(PROMPTS)  # every token read: 16 generated, 15 fed back
     assert sorted(profile.counts) == ["0", "1"]
     assert all(sum(row) == profile.tokens * moe.num_experts_per_token for row in profile.counts.values())
+    # each prompt traced step by step (its prompt, then 15 decode steps), per layer its experts
+    assert [len(steps) for steps in profile.traces] == [16] * len(PROMPTS)
+    for layer, row in profile.counts.items():
+        traced = {e for steps in profile.traces for step in steps for e in step[layer]}
+        assert traced == {e for e, n in enumerate(row) if n}
+        assert all(1 <= len(steps[t][layer]) <= moe.num_experts_per_token
+                   for steps in profile.traces for t in range(1, 16))  # a decode step: one token
     # an expert is placed whole; the gpu tier holds the most-routed ones
     policy = Policy(gpu_batch_size=1, num_gpu_batches=1, weights=TierSplit(gpu=0.5, cpu=0.2, disk=0.3),
                     cache=ON_GPU, activations=ON_GPU)

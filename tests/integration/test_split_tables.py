@@ -80,3 +80,39 @@ def test_each_tier_holds_its_share_when_the_head_is_large():
     assert sum(held.values()) == total
     for tier in held:
         assert abs(held[tier] - getattr(split, tier) * total) <= largest, (tier, held, total)
+
+
+def _held(cfg, placed) -> dict[str, int]:
+    held = dict.fromkeys(("gpu", "cpu", "disk"), 0)
+    for s in weight_specs(cfg):
+        for piece in placed.pieces_of(s):
+            held[piece.tier] += s.numel // s.shape[0] * piece.num_rows
+    return held
+
+
+def test_a_moe_head_keeps_its_disk_share_in_memory_and_the_coldest_experts_give_it_back():
+    """A MoE model reads its head whole every step and a routed expert only when routed: the head's
+    disk share goes to the cpu tier, each layer moving as many bytes of its last (coldest) experts
+    to disk, so every tier still holds its share to within one expert; the embedding table, read
+    by rows, keeps the split. Memory tiers that hold no experts beyond the dense parts: the split."""
+    from flexlamps.engine.executors.expert_weights import expert_index
+
+    cfg = ModelConfig.from_hf(dict(model_type="qwen3_moe", hidden_size=256, intermediate_size=512,
+                                   moe_intermediate_size=128, num_experts=32, num_experts_per_tok=4,
+                                   num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                   vocab_size=8000, tie_word_embeddings=False))
+    split = TierSplit(gpu=0.05, cpu=0.25, disk=0.7)
+    placed = place_weights(cfg, split)
+    specs = weight_specs(cfg)
+    total = sum(s.numel for s in specs)
+    one_expert = 3 * 256 * 128
+    assert [p.tier for p in placed.pieces["lm_head"]] == ["gpu", "cpu"]  # none on disk
+    assert "disk" in [p.tier for p in placed.pieces["embed_tokens"]]
+    held = _held(cfg, placed)
+    for tier in held:
+        assert abs(held[tier] - getattr(split, tier) * total) <= one_expert, (tier, held, total)
+    for s in specs:  # the dense parts stay in memory; on disk only experts, the last of each layer
+        if s.layer is not None and expert_index(s.local_name) is None:
+            assert placed.tiers[s.name] != "disk", s.name
+    tight = TierSplit(gpu=0.01, cpu=0.01, disk=0.98)  # memory for less than the dense parts
+    assert "disk" in [p.tier for p in place_weights(cfg, tight).pieces["lm_head"]]

@@ -15,7 +15,9 @@ experts most tokens route to land on the fastest tier.
 The embedding table and the output head are not placed whole: each is cut by vocab rows into
 one piece per tier, in the policy's fractions (an embedding lookup gathers rows from every
 piece, the head's logits are computed piece by piece). A table can be a large part of a small
-model; placed whole it would overshoot a tier's planned share by up to the table's size.
+model; placed whole it would overshoot a tier's planned share by up to the table's size. A MoE
+model's head, read whole every step, keeps its disk share on the cpu tier instead, the layers
+giving back as many bytes of their coldest experts (`_head_split`).
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ def place_weights(cfg: ModelConfig, split, size_of=None, specs: list[WeightSpec]
     for s in specs if specs is not None else weight_specs(cfg):
         groups.setdefault(s.layer, []).append(s)
     order = sorted(groups, key=lambda layer: -1 if layer is None else layer)  # globals first
+    head_name, head_split = _head_split(groups, split, size_of)
     tiers, pieces = {}, {}
     seen = on_gpu = on_gpu_or_cpu = 0  # bytes walked, and placed on the gpu / gpu+cpu tiers
     debt = (0.0, 0.0)  # what the global tensors rounded off, paid back evenly over the layers
@@ -106,7 +109,7 @@ def place_weights(cfg: ModelConfig, split, size_of=None, specs: list[WeightSpec]
         gpu_end = split.gpu * seen - on_gpu - debt[0] * left
         cpu_end = (split.gpu + split.cpu) * seen - on_gpu_or_cpu - debt[1] * left
         for s in (s for s in specs if s.name in TABLE_NAMES):  # cut in the split's fractions
-            pieces[s.name] = table_pieces(s, split)
+            pieces[s.name] = table_pieces(s, head_split if s.name == head_name else split)
             for piece in pieces[s.name]:
                 tiers[piece.name] = piece.tier
                 size = size_of(s) * piece.num_rows // s.shape[0]
@@ -126,6 +129,27 @@ def place_weights(cfg: ModelConfig, split, size_of=None, specs: list[WeightSpec]
         if layer is None:
             debt = (split.gpu * seen - on_gpu, (split.gpu + split.cpu) * seen - on_gpu_or_cpu)
     return WeightPlacement(tiers, pieces)
+
+
+def _head_split(groups: dict, split, size_of) -> tuple[str | None, object]:
+    """The output head (its table's name) and the split it is cut by. A MoE model reads its head
+    whole every step and a routed expert only when routed, so the head's disk share goes to the
+    cpu tier instead, given back by every layer from the experts it keeps in memory (placed after
+    its dense parts, coldest last: those go to disk): where each layer keeps that many. Else (a
+    dense model, or memory tiers that hold little beyond the layers' dense parts) the split."""
+    tables = {s.name: s for s in groups.get(None, []) if s.name in TABLE_NAMES}
+    head = tables.get("lm_head") or tables.get("embed_tokens")
+    layers = [specs for layer, specs in groups.items() if layer is not None]
+    if head is None or not layers or split.disk <= 0:
+        return None, split
+    give_back = size_of(head) * split.disk / len(layers)  # each layer's share
+    for specs in layers:
+        total = sum(size_of(s) for s in specs)
+        dense = sum(size_of(s) for s in specs if expert_index(s.local_name) is None)
+        experts_in_memory = (split.gpu + split.cpu) * total - max(dense, split.gpu * total)
+        if dense == total or experts_in_memory < give_back:
+            return None, split
+    return head.name, type(split)(gpu=split.gpu, cpu=split.cpu + split.disk, disk=0.0)
 
 
 def cache_tiers(num_layers: int, split) -> list[str]:
