@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from placement.expert_compute import cpu_expert_tokens, cpu_experts_seconds, tokens_per_expert
+from placement.expert_compute import (cpu_expert_tokens, cpu_experts_seconds, expert_flops_per_token,
+                                      tokens_per_expert)
 from placement.latent_pools import LatentMissCurves, MissEnvelope
 from placement.model_spec import ModelSpec
 from placement.specs import CompressionSpec, EngineCapabilities, HardwareSpec, Policy, WorkloadSpec
@@ -340,6 +341,7 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     embed_share = sz.weight_fp16 - model.weight_bytes_per_layer()
     comp_s = ngb * _call_gemm_s(choice, model, hardware, rows, gemm_flops / ngb, head_flops / ngb,
                                 sz.weight_fp16, embed_share)
+    comp_s += ngb * _routed_rows_delta_s(choice, model, hardware, rows)
     resident_s = _resident_delta_s(choice, model, hardware, rows, gemm_flops / ngb, sz.weight_fp16, ngb)
     comp_s += attn_flops / gpu_flops
     comp_s += _elementwise_s(num_tokens, model, hardware)
@@ -421,7 +423,7 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
                                   embed_share)
     resident_s = _resident_delta_s(choice, model, hardware, rows, rows * model.matmul_flops_per_token_per_layer(),
                                    model.weight_bytes_touched_per_layer(rows), calls)
-    gemm_s += calls * hardware.gpu_layer_overhead_s
+    gemm_s += calls * (hardware.gpu_layer_overhead_s + _routed_rows_delta_s(choice, model, hardware, rows))
     gemm_s += calls * _fp8_upcast_s(choice, model, hardware, model.weight_bytes_touched_per_layer(rows))
     gemm_s += _elementwise_s(block, model, hardware)
     gemm_s += _decode_weight_dequant_s(choice, model, hardware, calls, rows, block)
@@ -547,6 +549,18 @@ def _call_gemm_s(choice: Choice, model: ModelSpec, hardware: HardwareSpec, rows:
     if fused_s is None:
         return hardware.gemm_seconds(model.dtype, rows, layer_flops + head_flops, weight_bytes)
     return fused_s + hardware.gemm_seconds(model.dtype, rows, head_flops, head_bytes)
+
+
+def _routed_rows_delta_s(choice: Choice, model: ModelSpec, hardware: HardwareSpec, rows: float) -> float:
+    """Seconds a call's routed-expert GEMMs take beyond their price at the call's `rows`: each
+    expert multiplies only the tokens routed to it (`tokens_per_expert`: one or two in a decode
+    step), where a measured GEMM runs well below its rate at the call's rows. Uncompressed weights
+    (4-bit experts take the kernels' own rates)."""
+    if not model.num_experts or choice.compress_weight or rows <= 0:
+        return 0.0
+    flops = rows * model.num_experts_per_token * expert_flops_per_token(model) * model.moe_layer_share
+    own = max(tokens_per_expert(model, rows), 1.0)
+    return hardware.gemm_seconds(model.dtype, own, flops, 0.0) - hardware.gemm_seconds(model.dtype, rows, flops, 0.0)
 
 
 def _resident_delta_s(choice, model: ModelSpec, hardware: HardwareSpec, rows: float, flops: float,

@@ -28,7 +28,8 @@ def tokens_per_expert(model: ModelSpec, rows: float) -> float:
     return rows * model.num_experts_per_token / distinct if distinct else 0.0
 
 
-def _expert_flops_per_token(model: ModelSpec) -> float:
+def expert_flops_per_token(model: ModelSpec) -> float:
+    """GEMM FLOPs one token costs in one routed expert (its three matrices)."""
     return 2 * 3 * model.hidden_size * model.moe_intermediate_size
 
 
@@ -46,7 +47,7 @@ def cpu_expert_tokens(model: ModelSpec, hardware: HardwareSpec, *, compressed: b
     copy_s = expert_bytes / hardware.cpu_to_gpu_bytes_per_s
     cpu_flops = hardware.cpu_matmul_flops_per_s.get(model.dtype) or max(hardware.cpu_matmul_flops_per_s.values())
     for t in range(1, _MAX_SCAN + 1):
-        in_place_s = max(expert_bytes / hardware.cpu_memory_bytes_per_s, t * _expert_flops_per_token(model) / cpu_flops)
+        in_place_s = max(expert_bytes / hardware.cpu_memory_bytes_per_s, t * expert_flops_per_token(model) / cpu_flops)
         if in_place_s >= copy_s:
             return t
     return _MAX_SCAN
@@ -59,6 +60,6 @@ def cpu_experts_seconds(model: ModelSpec, hardware: HardwareSpec, rows: float, e
     if not model.num_experts:
         return 0.0
     read = experts_stored * model.expected_experts(rows) / model.num_experts
-    flops = rows * model.num_experts_per_token * _expert_flops_per_token(model) * model.moe_layer_share
+    flops = rows * model.num_experts_per_token * expert_flops_per_token(model) * model.moe_layer_share
     cpu_flops = hardware.cpu_matmul_flops_per_s.get(model.dtype) or max(hardware.cpu_matmul_flops_per_s.values())
     return max(read / hardware.cpu_memory_bytes_per_s, flops / cpu_flops)

@@ -96,3 +96,24 @@ def test_traced_routing_that_repeats_is_priced_with_the_cache_hits():
     assert without.decode_layer_s["dtoc"] > 0
     plan = placement.evaluate(policy, traced, hw, workload)
     assert plan.decode_s == pytest.approx(with_hits.decode_s, rel=1e-9)  # a plan prices it as predict does
+
+
+def test_each_routed_expert_multiplies_at_the_rate_of_its_own_tokens():
+    """A decode call of 8 rows sends each of its ~10 distinct experts 1-2 tokens: on a machine whose
+    GEMMs run 4x slower at 1-2 rows than at 8, the experts' FLOPs cost 4x, the rest of the layer
+    does not (a flat table: no difference)."""
+    model = _model()
+    policy = placement.Policy(gpu_batch_size=8, num_gpu_batches=1, cache=placement.TierSplit(gpu=1, cpu=0, disk=0),
+                              weights=placement.TierSplit(gpu=1, cpu=0, disk=0),
+                              activations=placement.TierSplit(gpu=1, cpu=0, disk=0))
+    workload = placement.WorkloadSpec(prompt_len=16, gen_len=8)
+    base = placement.hardware_preset("rtx4090")
+
+    def comp(slow_rows: float) -> float:
+        table = {"bf16": {"1": slow_rows, "2": slow_rows, "8": 4e10, "64": 4e10}}
+        hw = dataclasses.replace(base, gpu_gemm_flops_by_rows=table)
+        return placement.predict(policy, model, hw, workload).decode_layer_s["comp"]
+
+    assert 1 < placement.expert_compute.tokens_per_expert(model, 8) < 2
+    flops = 8 * 2 * placement.expert_compute.expert_flops_per_token(model)  # 8 tokens, top-2
+    assert comp(1e10) - comp(4e10) == pytest.approx(flops * (1 / 1e10 - 1 / 4e10), rel=1e-9)
