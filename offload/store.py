@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from offload.budget import TierBudget
-from offload.disk import DiskFolder
+from offload.disk import DiskFolder, aligned_empty
 
 TIERS = ("gpu", "cpu", "disk")
 _SEP = "::"
@@ -151,11 +151,18 @@ class TieredStore:
                 return src, n
             return src.to(self.device, non_blocking=True), n
         shape, dtype = self.disk.spec(name)
-        buf = torch.empty(shape, dtype=dtype, pin_memory=self._pinned)  # async H2D from pinned memory
+        buf = self._read_buffer(shape, dtype)
         n = tensor_bytes(buf)
         self.budgets["gpu"].allocate(n, f"staging {name}")
         self.disk.read_into(name, buf)
         return buf.to(self.device, non_blocking=True), n
+
+    def _read_buffer(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """A host buffer for a disk read: pinned on CUDA (async H2D copies), else aligned for a
+        direct read (`offload.disk`)."""
+        if self._pinned:
+            return torch.empty(shape, dtype=dtype, pin_memory=True)
+        return aligned_empty(shape, dtype)
 
     def resident(self, names: list[str]) -> dict[str, object]:
         """The gpu- and cpu-tier tensors for `names` where they live, neither copied nor charged:
@@ -185,7 +192,7 @@ class TieredStore:
             self.budgets["gpu"].allocate(n, f"staging rows of {name}")
             return (src if self.device.type == "cpu" else src.to(self.device)), n
         shape, dtype = self.disk.spec(name)
-        buf = torch.empty((stop - start, *shape[1:]), dtype=dtype, pin_memory=self._pinned)
+        buf = self._read_buffer((stop - start, *shape[1:]), dtype)
         n = tensor_bytes(buf)
         self.budgets["gpu"].allocate(n, f"staging rows of {name}")
         self.disk.read_rows_into(name, start, buf)

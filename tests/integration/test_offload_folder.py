@@ -127,3 +127,41 @@ def test_full_disk_names_the_folder_and_leaves_no_temp_file(tmp_path, monkeypatc
         folder.write("big", torch.ones(1000))
     folder.release()
     assert sorted(p.name for p in folder.folder.iterdir() if not p.name.startswith(".")) == ["index.json"]
+
+
+def _o_direct_works(folder) -> bool:
+    probe = folder / "probe"
+    probe.write_bytes(b"\0" * disk_mod.DIRECT_ALIGN)
+    try:
+        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.unlink()
+
+
+def test_aligned_reads_go_direct_and_the_rest_buffered_with_the_same_bits(tmp_path):
+    """A page-aligned buffer, offset and length: read with O_DIRECT (where the file system has it),
+    no page-cache copy; a buffer off the alignment, or rows of an odd width: a buffered read. The
+    values are the ones written either way."""
+    folder = DiskFolder(tmp_path, "fp")
+    folder.claim()
+    folder.begin({"big", "odd"})
+    big = torch.randn(8, 1024)  # 4 KiB rows
+    odd = torch.randn(5, 3)
+    folder.write("big", big)
+    folder.write("odd", odd)
+    folder.commit()
+    direct = _o_direct_works(tmp_path)
+    out = disk_mod.aligned_empty((8, 1024), torch.float32)
+    assert out.data_ptr() % disk_mod.DIRECT_ALIGN == 0
+    assert torch.equal(folder.read_into("big", out), big)
+    assert folder.reads == {"direct": int(direct), "buffered": int(not direct)}
+    rows = disk_mod.aligned_empty((2, 1024), torch.float32)
+    assert torch.equal(folder.read_rows_into("big", 3, rows), big[3:5])  # offset 3 rows: 12 KiB, aligned
+    misaligned = torch.empty(8 * 1024 + 1)[1:].view(8, 1024)
+    assert torch.equal(folder.read_into("big", misaligned), big)
+    assert torch.equal(folder.read_into("odd", torch.empty(5, 3)), odd)
+    assert folder.reads == {"direct": 2 * direct, "buffered": 2 + 2 * (not direct)}
+    folder.release()
