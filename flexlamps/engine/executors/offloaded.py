@@ -29,7 +29,7 @@ from flexlamps.engine.executors.charges import (GROUPWISE_BACKENDS, HEAD_CHUNK_R
                                                 with_backend, workspace_bytes)
 from flexlamps.engine.executors.contract import TierUse
 from flexlamps.engine.executors.placement_map import TABLE_NAMES, cache_tiers
-from flexlamps.engine.executors.split_tables import gather_rows, head_chunks
+from flexlamps.engine.executors.split_tables import HeadReads, gather_rows, head_chunks
 from flexlamps.engine.executors.copy_stream import CopyStream
 from flexlamps.engine.executors.expert_weights import ExpertCache, RoutedExpertLoads, experts_by_layer
 from flexlamps.engine.executors.step import Step
@@ -366,7 +366,7 @@ class OffloadExecutor:
         widest = max(stop - start for _, start, stop in chunks)
         chunk_bytes = max(h.numel() // h.shape[-1] for h in hs) * widest * _bytes_per(self.dtype)
         self.budgets["gpu"].allocate(chunk_bytes, "logits of one vocab chunk")
-        reads = _HeadReads(self.store, self.budgets["gpu"], chunks, self.cfg.hidden_size * _bytes_per(self.dtype))
+        reads = HeadReads(self.store, self.budgets["gpu"], chunks, self.cfg.hidden_size * _bytes_per(self.dtype))
         try:
             for i, (_, start, stop) in enumerate(chunks):
                 w, staged = reads.take(i)
@@ -553,40 +553,6 @@ class OffloadExecutor:
     def close(self) -> None:
         self.expert_cache.clear()
         self.store.close()
-
-
-class _HeadReads:
-    """The output head's vocab chunks for one sweep, in order (`take(i)`: chunk i's weight and its
-    staged bytes): each off-gpu chunk read while the one before is multiplied, when the gpu tier
-    has the room for a second staged chunk beyond what it holds (its cached experts counted as
-    room: they give way), else read in turn, as the dry run charges it, so the prefetch never
-    makes a run exceed its budget."""
-
-    def __init__(self, store, budget, chunks, row_bytes: int):
-        self.store, self.budget, self.chunks, self.row_bytes = store, budget, chunks, row_bytes
-        self._ahead: tuple[int, Future] | None = None
-
-    def _read(self, i: int):
-        piece, start, stop = self.chunks[i]
-        return self.store.fetch_rows(piece.name, start - piece.start, stop - piece.start)
-
-    def take(self, i: int):
-        if self._ahead is not None and self._ahead[0] == i:
-            got, self._ahead = self._ahead[1].result(), None
-        else:
-            got = self._read(i)
-        nxt = i + 1
-        if nxt < len(self.chunks) and self.chunks[nxt][0].tier != "gpu":
-            piece, start, stop = self.chunks[nxt]
-            if self.budget.capacity_bytes - self.budget.used_bytes >= (stop - start) * self.row_bytes:
-                self._ahead = (nxt, self.store.submit(lambda: self._read(nxt)))
-        return got
-
-    def close(self) -> None:
-        """Release a chunk read ahead and never taken (the sweep raised)."""
-        if self._ahead is not None and self._ahead[1].exception() is None:
-            self.store.release(self._ahead[1].result()[1])
-        self._ahead = None
 
 
 def _stable_hash(text: str) -> str:

@@ -2,17 +2,20 @@
 
 An embedding lookup gathers each piece's rows from its tier; the output head is computed in
 vocab chunks that never cross a piece, so each chunk is read from one tier and its logits are
-written into their columns. The executor runs both; the dry run sizes the head's chunks with
-the same `head_chunks`.
+written into their columns, the next off-gpu chunk read meanwhile where there is room
+(`HeadReads`). The executor runs both; the dry run sizes the head's chunks with the same
+`head_chunks`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 
 import torch
 
 from flexlamps.engine.executors.placement_map import RowPiece
+from offload import BudgetExceededError
 
 
 def head_chunks(pieces: Sequence[RowPiece], chunk_rows: int) -> Iterator[tuple[RowPiece, int, int]]:
@@ -40,3 +43,38 @@ def gather_rows(store, pieces: Sequence[RowPiece], rows: torch.Tensor) -> tuple[
     except BaseException:
         store.release(staged)
         raise
+
+
+class HeadReads:
+    """The output head's vocab chunks for one sweep, in order (`take(i)`: chunk i's weight and its
+    staged bytes): each off-gpu chunk read while the one before is multiplied, when the gpu tier
+    has the room for a second staged chunk beyond what it holds (its cached experts counted as
+    room: they give way), else read in turn, as the dry run charges it, so the prefetch never
+    makes a run exceed its budget."""
+
+    def __init__(self, store, budget, chunks, row_bytes: int):
+        self.store, self.budget, self.chunks, self.row_bytes = store, budget, chunks, row_bytes
+        self._ahead: tuple[int, Future] | None = None
+
+    def _read(self, i: int):
+        piece, start, stop = self.chunks[i]
+        return self.store.fetch_rows(piece.name, start - piece.start, stop - piece.start)
+
+    def take(self, i: int):
+        ahead, self._ahead = self._ahead, None
+        try:
+            got = ahead[1].result() if ahead is not None and ahead[0] == i else self._read(i)
+        except BudgetExceededError:  # the room went meanwhile (a row estimate off): read it in turn
+            got = self._read(i)
+        nxt = i + 1
+        if nxt < len(self.chunks) and self.chunks[nxt][0].tier != "gpu":
+            piece, start, stop = self.chunks[nxt]
+            if self.budget.capacity_bytes - self.budget.used_bytes >= (stop - start) * self.row_bytes:
+                self._ahead = (nxt, self.store.submit(lambda: self._read(nxt)))
+        return got
+
+    def close(self) -> None:
+        """Release a chunk read ahead and never taken (the sweep raised)."""
+        if self._ahead is not None and self._ahead[1].exception() is None:
+            self.store.release(self._ahead[1].result()[1])
+        self._ahead = None
