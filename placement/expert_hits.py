@@ -46,6 +46,10 @@ def expert_hit_rate(profile: RoutingProfile, batch: int, capacity: int, cached_k
     (`num_layers`: the model's, as the rule counts layers). 0 without traces or room."""
     if not profile.traces or capacity <= 0:
         return 0.0
+    if batch > len(profile.traces):
+        # more sequences than were traced: repeating traces would share their experts and overcount
+        # the hits; the traced ones at a time instead, each with its share of the room
+        capacity, batch = capacity * len(profile.traces) // batch, len(profile.traces)
     hits = reads = 0
     for steps in batched_steps(profile, batch):
         cache: dict[tuple[int, int], None] = {}  # in recency order, as the engine's
@@ -56,9 +60,10 @@ def expert_hit_rate(profile: RoutingProfile, batch: int, capacity: int, cached_k
                 routed.update(wanted)
                 hit = {k for k in wanted if k in cache}
                 _make_room(cache, hit, len(wanted) - len(hit), capacity, j, num_layers, routed)
-                for key in wanted:  # hits used again, misses kept
+                for key in wanted:  # hits used again, misses kept (as many as the room holds)
                     cache.pop(key, None)
                     cache[key] = None
+                _make_room(cache, set(), 0, capacity, j, num_layers, routed)
                 if t > 0:  # decode steps: what the planner prices
                     hits, reads = hits + len(hit), reads + len(wanted)
     return hits / reads if reads else 0.0

@@ -51,6 +51,17 @@ def test_a_batch_reads_the_union_of_its_sequences_experts():
     assert batched_steps(_profile([a]), 3) == [[{0: {1}}, {0: {2}}]]  # cycled to fill the batch
 
 
+def test_a_batch_beyond_the_traced_sequences_shares_the_room_instead_of_repeating_them():
+    """Two traced sequences, each keeping its own pair of experts: a batch of 2 with room for both
+    pairs hits on every decode read; a batch of 4 (twice the traces) gets each traced sequence half
+    the room per sequence, as four distinct sequences would, not the repeated pairs' free hits."""
+    a = [{0: [1, 2]}] * 5
+    b = [{0: [3, 4]}] * 5
+    profile = _profile([a, b])
+    assert expert_hit_rate(profile, 2, 4, ALL, 4) == 1.0
+    assert expert_hit_rate(profile, 4, 4, ALL, 4) == expert_hit_rate(profile, 2, 2, ALL, 4) < 1.0
+
+
 def _model(traces=None):
     spec = model_spec_from_hf(QWEN3_MOE)
     return dataclasses.replace(spec, routing=_profile(traces) if traces else None)
