@@ -233,10 +233,11 @@ def _head_reads_by_thread(ex) -> list[str]:
 
 
 def test_the_head_reads_its_next_chunk_while_it_multiplies_one(reader, plain, tmp_path):
-    """With room for a second staged chunk, each off-gpu vocab chunk after the first is read on an
-    I/O thread while the one before is multiplied; with room for one only (the rest of the gpu
-    tier taken when the head starts), only while nothing is staged (a gpu-tier chunk multiplied),
-    and the run stays in budget. The logits equal the plain engine's either way."""
+    """With room for a second staged chunk under the sweep's charged peak, each off-gpu vocab chunk
+    after the first is read on an I/O thread while the one before is multiplied; with room for
+    one only (the rest taken when the head starts), only while nothing is staged (a gpu-tier chunk
+    multiplied). Either way the gpu tier stays under what the dry run charges the sweep, and the
+    logits equal the plain engine's."""
     steps = _steps(reader)
     ref = plain.forward_steps(plain.new_cache(4, 16), steps)
     for room_for_one in (False, True):
@@ -246,7 +247,13 @@ def test_the_head_reads_its_next_chunk_while_it_multiplies_one(reader, plain, tm
         threads = _head_reads_by_thread(ex)
         if room_for_one:
             _leave_room_for_one_chunk(ex)
-        got = ex.forward_steps(ex.new_cache(4, 16), steps)
+        cache = ex.new_cache(4, 16)
+        ex.reset_peaks()
+        charged = ex.budgets["gpu"].used_bytes + ex.charges.sweep_gpu_peak(
+            [(s.input_ids.shape[0], s.input_ids.shape[1], s.span) for s in steps])
+        got = ex.forward_steps(cache, steps)
+        # reads ahead stay under what the dry run charges (the squeeze's own bytes are not charged)
+        assert ex.budgets["gpu"].peak_bytes <= (ex.budgets["gpu"].capacity_bytes if room_for_one else charged)
         chunks = list(head_chunks(ex.head_pieces, ex.HEAD_CHUNK_ROWS))
         off_gpu = sum(p.tier != "gpu" for p, _, _ in chunks)
         assert off_gpu > 2 and len(threads) == len(chunks)
@@ -262,17 +269,19 @@ def test_the_head_reads_its_next_chunk_while_it_multiplies_one(reader, plain, tm
 
 
 def _leave_room_for_one_chunk(ex) -> None:
-    """Take all of the gpu tier but one head chunk's staging while `ex` computes logits."""
+    """Take all of the gpu tier's room (under the sweep's charged peak) but one head chunk's
+    staging while `ex` computes logits."""
     logits, budget = ex._logits, ex.budgets["gpu"]
     elem = torch.empty(0, dtype=ex.dtype).element_size()
     one_chunk = ex.HEAD_CHUNK_ROWS * ex.cfg.hidden_size * elem
 
-    def squeezed(hs):
+    def squeezed(hs, limit):
         rows = max(h.numel() // h.shape[-1] for h in hs)  # the chunk of logits `_logits` holds
-        taken = budget.capacity_bytes - budget.used_bytes - rows * ex.HEAD_CHUNK_ROWS * elem - one_chunk - 1
+        top = min(budget.capacity_bytes, limit)
+        taken = top - budget.used_bytes - rows * ex.HEAD_CHUNK_ROWS * elem - one_chunk - 1
         budget.allocate(taken, "test: the rest of the tier")
         try:
-            return logits(hs)
+            return logits(hs, limit)
         finally:
             budget.free(taken)
     ex._logits = squeezed

@@ -356,17 +356,19 @@ class OffloadExecutor:
         finally:
             self.store.release(staged)
 
-    def _logits(self, hs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _logits(self, hs: list[torch.Tensor], limit: int | None = None) -> list[torch.Tensor]:
         """Each micro-batch's logits, in vocab chunks within one piece of the head (read from one
         tier): a chunk is read once a sweep, as the planner prices it, and multiplied by each
         micro-batch's rows in turn (each product as it would be alone), one chunk of logits held
-        on the compute device at a time."""
+        on the compute device at a time; the next chunk read meanwhile where the gpu tier stays
+        under `limit` (the sweep's charged peak: None, its capacity)."""
         outs = [torch.empty((*h.shape[:-1], self.cfg.vocab_size), dtype=torch.float32) for h in hs]
         chunks = list(head_chunks(self.head_pieces, self.HEAD_CHUNK_ROWS))
         widest = max(stop - start for _, start, stop in chunks)
         chunk_bytes = max(h.numel() // h.shape[-1] for h in hs) * widest * _bytes_per(self.dtype)
         self.budgets["gpu"].allocate(chunk_bytes, "logits of one vocab chunk")
-        reads = HeadReads(self.store, self.budgets["gpu"], chunks, self.cfg.hidden_size * _bytes_per(self.dtype))
+        reads = HeadReads(self.store, self.budgets["gpu"], chunks, self.cfg.hidden_size * _bytes_per(self.dtype),
+                          limit)
         try:
             for i, (_, start, stop) in enumerate(chunks):
                 w, staged = reads.take(i)
@@ -421,6 +423,9 @@ class OffloadExecutor:
         glob = self._layer_weights(glob_fetched)[0]
         act_tier = "cpu" if self.policy.activations.cpu == 1 else "gpu"  # one tier (CAPABILITIES)
         hidden, ctxs, act_bytes, pending = [], [], 0, None
+        # what the dry run charges this sweep at most: reads ahead stay under it
+        peak_limit = self.budgets["gpu"].used_bytes + self.charges.sweep_gpu_peak(
+            [(s.input_ids.shape[0], s.input_ids.shape[1], s.span) for s in steps])
         try:
             for s in steps:
                 x = self._embed(glob, s)
@@ -450,7 +455,7 @@ class OffloadExecutor:
             for k, s in enumerate(steps):  # each replaces its hidden states, on their tier
                 x = fwd.final_hidden(glob, s.pick_logit_rows(hidden[k].to(self.device)))
                 hidden[k] = x.to("cpu") if act_tier == "cpu" else x
-            outs = [fwd.finish_logits(logits) for logits in self._logits(hidden)]
+            outs = [fwd.finish_logits(logits) for logits in self._logits(hidden, peak_limit)]
             if prof is not None:
                 prof.sweep_s = time.perf_counter() - t_sweep
                 self.sweeps.append(prof)

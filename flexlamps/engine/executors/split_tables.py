@@ -47,13 +47,14 @@ def gather_rows(store, pieces: Sequence[RowPiece], rows: torch.Tensor) -> tuple[
 
 class HeadReads:
     """The output head's vocab chunks for one sweep, in order (`take(i)`: chunk i's weight and its
-    staged bytes): each off-gpu chunk read while the one before is multiplied, when the gpu tier
-    has the room for a second staged chunk beyond what it holds (its cached experts counted as
-    room: they give way), else read in turn, as the dry run charges it, so the prefetch never
-    makes a run exceed its budget."""
+    staged bytes): each off-gpu chunk read while the one before is multiplied, where the gpu tier's
+    use stays under `limit` with a second staged chunk (the sweep's charged peak, which the layers'
+    staging sets: cached experts give way), else read in turn, so the read-ahead never takes a run
+    past what its dry run charges. `limit` None: the tier's capacity."""
 
-    def __init__(self, store, budget, chunks, row_bytes: int):
+    def __init__(self, store, budget, chunks, row_bytes: int, limit: int | None = None):
         self.store, self.budget, self.chunks, self.row_bytes = store, budget, chunks, row_bytes
+        self.limit = budget.capacity_bytes if limit is None else min(limit, budget.capacity_bytes)
         self._ahead: tuple[int, Future] | None = None
 
     def _read(self, i: int):
@@ -69,7 +70,7 @@ class HeadReads:
         nxt = i + 1
         if nxt < len(self.chunks) and self.chunks[nxt][0].tier != "gpu":
             piece, start, stop = self.chunks[nxt]
-            if self.budget.capacity_bytes - self.budget.used_bytes >= (stop - start) * self.row_bytes:
+            if self.budget.used_bytes + (stop - start) * self.row_bytes <= self.limit:
                 self._ahead = (nxt, self.store.submit(lambda: self._read(nxt)))
         return got
 
