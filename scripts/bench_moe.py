@@ -98,6 +98,7 @@ def worker_flexlamps(args) -> dict:
     out = {"runs": runs, "policy": policy.to_dict(), "hit_rate": llm.executor.expert_cache.stats()["hit_rate"],
            "cpu_expert_reads": dict(llm.executor.cpu_expert_reads),
            "predicted_decode_tps": block * steps / plan.decode_s if plan and plan.decode_s else None,
+           "predicted_prefill_tps": block * args.prompt_len / plan.prefill_s if plan and plan.prefill_s else None,
            "predicted_read_per_step": plan.decode_layer_s["dtoc"] * hw.disk_read_bytes_per_s * spec.num_layers
            if plan else None,
            "disk_read_bytes_per_s": hw.disk_read_bytes_per_s, "gemm_flops_bf16": hw.gpu_flops("bf16")}
@@ -196,6 +197,8 @@ def _print_row(name: str, batch: int, gen_len: int, prompt_len: int, results: di
         ours = batch * prompt_len / decoded["flexlamps"]["prefill_s"]
         ratios = [f"{ours / (batch * prompt_len / decoded[s]['prefill_s']):.2f}x {s}"
                   for s in decoded if s != "flexlamps"]
+        if results["flexlamps"].get("predicted_prefill_tps"):
+            ratios.append(f"measured/predicted {ours / results['flexlamps']['predicted_prefill_tps']:.2f}")
         print("  flexlamps prefill: " + ", ".join(ratios))
         return
     _print_decode_ratios(decoded, results["flexlamps"], _ceilings(args, batch, results["flexlamps"]))
