@@ -277,7 +277,7 @@ def _leave_room_for_one_chunk(ex) -> None:
 
     def squeezed(hs, limit):
         rows = max(h.numel() // h.shape[-1] for h in hs)  # the chunk of logits `_logits` holds
-        top = min(budget.capacity_bytes, limit)
+        top = min(budget.capacity_bytes, limit())
         taken = top - budget.used_bytes - rows * ex.HEAD_CHUNK_ROWS * elem - one_chunk - 1
         budget.allocate(taken, "test: the rest of the tier")
         try:

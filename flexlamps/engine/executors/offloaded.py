@@ -356,12 +356,13 @@ class OffloadExecutor:
         finally:
             self.store.release(staged)
 
-    def _logits(self, hs: list[torch.Tensor], limit: int | None = None) -> list[torch.Tensor]:
+    def _logits(self, hs: list[torch.Tensor], limit=None) -> list[torch.Tensor]:
         """Each micro-batch's logits, in vocab chunks within one piece of the head (read from one
         tier): a chunk is read once a sweep, as the planner prices it, and multiplied by each
         micro-batch's rows in turn (each product as it would be alone), one chunk of logits held
         on the compute device at a time; the next chunk read meanwhile where the gpu tier stays
-        under `limit` (the sweep's charged peak: None, its capacity)."""
+        under `limit()` (the sweep's charged peak, asked only when a chunk could be read ahead;
+        None: its capacity)."""
         outs = [torch.empty((*h.shape[:-1], self.cfg.vocab_size), dtype=torch.float32) for h in hs]
         chunks = list(head_chunks(self.head_pieces, self.HEAD_CHUNK_ROWS))
         widest = max(stop - start for _, start, stop in chunks)
@@ -423,9 +424,13 @@ class OffloadExecutor:
         glob = self._layer_weights(glob_fetched)[0]
         act_tier = "cpu" if self.policy.activations.cpu == 1 else "gpu"  # one tier (CAPABILITIES)
         hidden, ctxs, act_bytes, pending = [], [], 0, None
-        # what the dry run charges this sweep at most: reads ahead stay under it
-        peak_limit = self.budgets["gpu"].used_bytes + self.charges.sweep_gpu_peak(
-            [(s.input_ids.shape[0], s.input_ids.shape[1], s.span) for s in steps])
+        # what the dry run charges this sweep at most: reads ahead stay under it (a walk over every
+        # layer's charges, so only worked out when the head has a chunk to read ahead)
+        base, shapes = self.budgets["gpu"].used_bytes, [(s.input_ids.shape[0], s.input_ids.shape[1], s.span)
+                                                        for s in steps]
+
+        def peak_limit() -> int:
+            return base + self.charges.sweep_gpu_peak(shapes)
         try:
             for s in steps:
                 x = self._embed(glob, s)

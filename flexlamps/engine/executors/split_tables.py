@@ -9,7 +9,7 @@ written into their columns, the next off-gpu chunk read meanwhile where there is
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 
 import torch
@@ -50,12 +50,19 @@ class HeadReads:
     staged bytes): each off-gpu chunk read while the one before is multiplied, where the gpu tier's
     use stays under `limit` with a second staged chunk (the sweep's charged peak, which the layers'
     staging sets: cached experts give way), else read in turn, so the read-ahead never takes a run
-    past what its dry run charges. `limit` None: the tier's capacity."""
+    past what its dry run charges. `limit`: a function giving it, called once, when a chunk could
+    first be read ahead; None: the tier's capacity."""
 
-    def __init__(self, store, budget, chunks, row_bytes: int, limit: int | None = None):
+    def __init__(self, store, budget, chunks, row_bytes: int, limit: Callable[[], int] | None = None):
         self.store, self.budget, self.chunks, self.row_bytes = store, budget, chunks, row_bytes
-        self.limit = budget.capacity_bytes if limit is None else min(limit, budget.capacity_bytes)
+        self._limit_of, self._limit = limit, None
         self._ahead: tuple[int, Future] | None = None
+
+    def _room_limit(self) -> int:
+        if self._limit is None:
+            asked = self._limit_of() if self._limit_of is not None else self.budget.capacity_bytes
+            self._limit = min(asked, self.budget.capacity_bytes)
+        return self._limit
 
     def _read(self, i: int):
         piece, start, stop = self.chunks[i]
@@ -70,7 +77,7 @@ class HeadReads:
         nxt = i + 1
         if nxt < len(self.chunks) and self.chunks[nxt][0].tier != "gpu":
             piece, start, stop = self.chunks[nxt]
-            if self.budget.used_bytes + (stop - start) * self.row_bytes <= self.limit:
+            if self.budget.used_bytes + (stop - start) * self.row_bytes <= self._room_limit():
                 self._ahead = (nxt, self.store.submit(lambda: self._read(nxt)))
         return got
 
