@@ -31,8 +31,8 @@ _FP8_MATRIX_BYTES = fp8_weight_bytes(*WEIGHT_BLOCK) / (WEIGHT_BLOCK[0] * WEIGHT_
 # Attention scores are materialized for at most this many queries at a time (fused attention
 # kernels block the queries; this bounds what a long prompt charges).
 SCORE_QUERY_CHUNK = 1024
-# tokens per chunk of a DeltaNet layer's chunked rule (models.blocks.gated_deltanet.CHUNK)
-LINEAR_CHUNK = 64
+# tokens per chunk of a DeltaNet layer's chunked rule (models.hybrid_config.DELTA_RULE_CHUNK)
+LINEAR_CHUNK = 16
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

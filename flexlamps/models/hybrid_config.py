@@ -15,7 +15,10 @@ from typing import Any
 
 LINEAR, FULL = "linear_attention", "full_attention"
 RECURRENT_STATE_BYTES = 4  # the recurrent matrices stay float32 whatever the compute dtype
-DELTA_RULE_CHUNK = 64  # the chunked form's chunk (transformers'); states are kept at its boundaries
+# the chunked form's chunk; states are kept at its boundaries. transformers' is 64, but a decode runs
+# its open chunk padded to a whole chunk: at 16 a decode step costs what the recurrent form's does and
+# a prompt no more than at 64 (docs/models.md, scripts/bench_delta_rule.py)
+DELTA_RULE_CHUNK = 16
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,7 @@ from placement import Policy, TierSplit
 from tests.hybrid_models import HYBRID_CONFIGS
 from tests.hybrid_reference import float64_logits
 
-PROMPT_LEN, DECODE_STEPS = 70, 28  # the prompt spans two of the chunked form's 64-token chunks
+PROMPT_LEN, DECODE_STEPS = 70, 28  # the prompt spans five of the chunked form's 16-token chunks
 LOGIT_BAR = 1e-4  # max |logit difference| in float32 (issue 34)
 GiB = 2**30
 
@@ -99,7 +99,7 @@ def _chunked_logits(ex, ids: torch.Tensor, sizes: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("kind", ["qwen3_next", "qwen3_5_text_wide"])
 def test_prompt_chunking_does_not_change_logits(hybrid_models, kind):
-    """Chunks of any size (the chunked form's 64-token chunks cut anywhere, single tokens decoded)
+    """Chunks of any size (the chunked form's chunks cut anywhere, single tokens decoded)
     give one whole prefill's logits bit for bit: the rule runs on chunks at absolute positions,
     carrying each row's open chunk (models.blocks.aligned_delta_rule)."""
     reader, ex = _executor(hybrid_models[kind])

@@ -137,4 +137,4 @@ def test_the_aligned_rule_ignores_padding_after_a_rows_real_tokens():
     out, state, open_chunk = _split_run(q, k, v, g, beta, [20, 70], torch.tensor([70, 51]))
     alone, alone_state, alone_open = _split_run(*(x[1:, :71] for x in (q, k, v, g, beta)), [20, 51])
     assert torch.equal(out[1:, :71], alone) and torch.equal(state[1:], alone_state)
-    assert torch.equal(open_chunk.kvb[1:], alone_open.kvb) and open_chunk.length.tolist() == [26, 7]
+    assert torch.equal(open_chunk.kvb[1:], alone_open.kvb) and open_chunk.length.tolist() == [90 % CHUNK, 71 % CHUNK]

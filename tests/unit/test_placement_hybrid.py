@@ -30,8 +30,8 @@ def test_kv_only_in_full_attention_layers_and_a_fixed_state_per_sequence():
     assert spec.num_linear_layers == 36 and cfg.num_kv_layers == 12
     kv_per_token = 12 * 2 * 2 * 256 * 2  # 12 layers, K and V, 2 kv heads x 256, bf16
     assert spec.num_layers * spec.cache_bytes_per_token_per_layer() == kv_per_token == cfg.kv_bytes_per_token(2)
-    # conv window bf16, recurrent fp32, and the open chunk: 63 tokens' k | v | beta bf16 and g fp32
-    state = 36 * ((2 * 16 * 128 + 32 * 128) * 3 * 2 + 32 * 128 * 128 * 4 + 63 * ((16 * 128 + 32 * 128 + 32) * 2 + 32 * 4))
+    # conv window bf16, recurrent fp32, and the open chunk: 15 tokens' k | v | beta bf16 and g fp32
+    state = 36 * ((2 * 16 * 128 + 32 * 128) * 3 * 2 + 32 * 128 * 128 * 4 + 15 * ((16 * 128 + 32 * 128 + 32) * 2 + 32 * 4))
     assert spec.num_layers * spec.state_bytes_per_sequence_per_layer() == state == cfg.state_bytes_per_sequence(2)
     assert 79.0e9 < spec.total_weight_bytes() / 2 < 81.0e9  # ~80B parameters
     full = all_full_attention(spec)
@@ -56,7 +56,7 @@ def test_plan_prints_the_sequences_that_fit_beside_all_full_attention(tmp_path):
     out = CliRunner().invoke(plan_command, ["--model", str(config), "--hardware", "rtx4090", "--gpu-mem", "24GiB",
                                             "--prompt-len", "32000", "--gen-len", "768"])
     assert out.exit_code == 0, out.output
-    assert "36 DeltaNet layers hold 100.7 MiB of state a sequence; KV in 12 full-attention layers only" in out.output
+    assert "36 DeltaNet layers hold 80.1 MiB of state a sequence; KV in 12 full-attention layers only" in out.output
     line = next(ln for ln in out.output.splitlines() if "sequences that fit" in ln)
     assert "all full attention" in line and "x the sequences" in line
 
@@ -79,3 +79,11 @@ def test_max_rss_plans_the_states_of_the_batch():
     one, nine = (planned_rss_bytes(spec, 2.0, offload_budgets=None, num_sequences=n, context_len=1)
                  for n in (1, 9))
     assert nine - one >= 8 * spec.num_layers * spec.state_bytes_per_sequence_per_layer()
+
+
+def test_the_planner_prices_the_engines_delta_rule_chunk():
+    """placement cannot import the engine (torch): its copy of the chunk size must agree."""
+    from flexlamps.models.hybrid_config import DELTA_RULE_CHUNK
+    from placement.model_spec import LINEAR_CHUNK
+
+    assert LINEAR_CHUNK == DELTA_RULE_CHUNK

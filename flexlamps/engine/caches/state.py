@@ -4,7 +4,7 @@ a hybrid model's gated-DeltaNet layers (see models.hybrid_config).
 Per DeltaNet layer and row: the conv window (conv_dim x (kernel - 1), compute dtype), the
 recurrent matrices at the row's last chunk boundary (value heads x key_head_dim x value_head_dim,
 float32) and the tokens since that boundary (models.blocks.aligned_delta_rule.OpenChunk: at most
-63 tokens' k | v | beta in the compute dtype and g in float32). Each layer lives on the
+DELTA_RULE_CHUNK - 1 tokens' k | v | beta in the compute dtype and g in float32). Each layer lives on the
 tier the policy gives it (charged to that tier's budget when budgets are given); a step's rows are
 read onto the compute device (a cpu-tier layer's rows charged to the gpu tier meanwhile) and their
 new states written back, the same values wherever they lived, so an offloaded run equals the

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from flexlamps.models.blocks.activation import silu
 
-from flexlamps.models.hybrid_config import DELTA_RULE_CHUNK as CHUNK  # transformers' chunk size
+from flexlamps.models.hybrid_config import DELTA_RULE_CHUNK as CHUNK  # ours (transformers' is 64: hybrid_config)
 L2_EPS = 1e-6
 
 
