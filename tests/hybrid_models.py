@@ -27,16 +27,17 @@ HYBRID_CONFIGS = {
 }
 
 
-def make_hybrid_model(folder: Path, kind: str, seed: int = 0, **overrides) -> Path:
+def make_hybrid_model(folder: Path, kind: str, seed: int = 0, init_std: float = 0.2, **overrides) -> Path:
     """Save a random float32 model of `kind` (see HYBRID_CONFIGS; `overrides`: fields changed) with
-    a tiny tokenizer into `folder`; transformers' decay rates (A_log, the log of U(0.01, 16)) kept."""
+    a tiny tokenizer into `folder`, its weights from N(0, init_std); transformers' decay rates
+    (A_log, the log of U(0.01, 16)) kept."""
     import transformers
 
     spec = {**HYBRID_CONFIGS[kind], **overrides}
     cls = {"qwen3_next": transformers.Qwen3NextConfig,
            "qwen3_5_text": transformers.Qwen3_5TextConfig}[spec.pop("model_type")]
     return save_random_checkpoint(folder, lambda ids: cls(**{**ids, "max_position_embeddings": 512, **spec}),
-                                  seed=seed, keep=("A_log",))
+                                  seed=seed, init_std=init_std, keep=("A_log",))
 
 
 def add_mtp_tensors(folder: Path) -> Path:

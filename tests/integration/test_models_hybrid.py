@@ -88,6 +88,25 @@ def test_greedy_decode_matches_transformers(hybrid_model_at, kind, seed):
         pytest.xfail(f"transformers' own float32 forward is off: {gaps}")
 
 
+@pytest.mark.parametrize("kind", sorted(HYBRID_CONFIGS))
+def test_at_transformers_own_init_logits_match_its_decode_to_float32_rounding(kind, tmp_path):
+    """Weights at transformers' initializer range (N(0, 0.02)), where float32 rounding is not
+    amplified: the same greedy tokens and logits within 2e-6 of transformers' cached decode (about
+    10x the 2-4e-7 measured, scripts/hybrid_parity_spread.py --init-std 0.02), far inside the
+    issue's 1e-4. (At the N(0, 0.2) the other tests draw, transformers' own two float32 paths
+    differ by more than 1e-4 on a quarter of the checkpoints: docs/models.md.)"""
+    from tests.family_models import greedy_tokens, our_run, prompt_ids, reference_run, worst_gap
+    from tests.hybrid_models import make_hybrid_model
+
+    folder = make_hybrid_model(tmp_path / kind, kind, seed=5, init_std=0.02)
+    reader, ex = _executor(folder)
+    ids = prompt_ids(reader.config.vocab_size, seed=5)
+    expected, tokens = reference_run(folder, ids, steps=24)
+    ours = our_run(ex, ids, tokens)
+    assert all(torch.equal(a, b) for a, b in zip(greedy_tokens(ours), tokens))
+    assert worst_gap(ours, expected) <= 2e-6
+
+
 def _chunked_logits(ex, ids: torch.Tensor, sizes: list[int]) -> torch.Tensor:
     cache, out, at = ex.new_cache(ids.shape[0], ids.shape[1]), [], 0
     for size in sizes:
