@@ -35,7 +35,7 @@ import numpy as np
 from placement.expert_compute import (cpu_expert_tokens, cpu_experts_seconds, expert_flops_per_token,
                                       tokens_per_expert)
 from placement.latent_pools import LatentMissCurves, MissEnvelope
-from placement.model_spec import ModelSpec
+from placement.model_spec import LINEAR_CHUNK, ModelSpec
 from placement.specs import CompressionSpec, EngineCapabilities, HardwareSpec, Policy, WorkloadSpec
 
 NUM_FRACTIONS = 9
@@ -344,6 +344,7 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     comp_s += ngb * _routed_rows_delta_s(choice, model, hardware, rows)
     resident_s = _resident_delta_s(choice, model, hardware, rows, gemm_flops / ngb, sz.weight_fp16, ngb)
     comp_s += attn_flops / gpu_flops
+    comp_s += _delta_rule_s(num_tokens, model, hardware, decode=False)
     comp_s += _elementwise_s(num_tokens, model, hardware)
     if choice.compress_weight and not _runs_fused_int4(choice, model, hardware, rows):
         # the layer's matrices (embeddings stay dense): once a sweep for all its micro-batches,
@@ -426,6 +427,7 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     gemm_s += calls * (hardware.gpu_layer_overhead_s + _routed_rows_delta_s(choice, model, hardware, rows))
     gemm_s += calls * _fp8_upcast_s(choice, model, hardware, model.weight_bytes_touched_per_layer(rows))
     gemm_s += _elementwise_s(block, model, hardware)
+    gemm_s += _delta_rule_s(block, model, hardware, decode=True)
     gemm_s += _decode_weight_dequant_s(choice, model, hardware, calls, rows, block)
     attn_flops = block * model.attention_flops_per_query(context)
     attn_bytes = block * (entries * sz.cache_fp16 + context * sz.indexer)
@@ -579,6 +581,14 @@ def _elementwise_s(num_tokens: float, model: ModelSpec, hardware: HardwareSpec) 
     """Seconds of one layer's memory-bound passes (norms, rotary, activation) over `num_tokens`."""
     elements = num_tokens * model.elementwise_elements_per_token_per_layer()
     return elements * model.dtype_bytes / hardware.gpu_mem_bytes_per_s
+
+
+def _delta_rule_s(num_tokens: float, model: ModelSpec, hardware: HardwareSpec, *, decode: bool) -> float:
+    """Seconds of one (average) layer's gated delta rule over `num_tokens` (0 without DeltaNet layers)."""
+    flops = num_tokens * model.delta_rule_flops_per_token_per_layer(decode)
+    if not flops:
+        return 0.0
+    return hardware.delta_rule_seconds("decode" if decode else "prompt", flops, LINEAR_CHUNK)
 
 
 def _fp8_upcast_s(choice: Choice, model: ModelSpec, hardware: HardwareSpec, stored_bytes: float) -> float:

@@ -35,6 +35,16 @@ SCORE_QUERY_CHUNK = 1024
 LINEAR_CHUNK = 16
 
 
+def delta_rule_flops(chunk: int, key_dim: int, value_dim: int, decode: bool) -> float:
+    """FLOPs of one value head's chunked gated delta rule (models.blocks.gated_deltanet) for one
+    token: per chunk, the two chunk x chunk products (k_beta k^T, q k^T), the two triangular solves,
+    the state's three products (k_cumdecay S, q S, its update k^T v_new) and intra v_new. A decode
+    token pays a whole chunk, its state update skipped; a prompt token a chunk's share."""
+    c, dk, dv = chunk, key_dim, value_dim
+    per_chunk = 4 * c * c * dk + c * c * (dk + dv) + 4 * c * dk * dv + 2 * c * c * dv
+    return per_chunk if decode else (per_chunk + 2 * c * dk * dv) / c
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec(JsonMixin):
     name: str
@@ -441,6 +451,14 @@ class ModelSpec(JsonMixin):
         ffn_wide = 2 if self.arch == "opt" else 3
         ffn = queries * (2 * h + ffn_wide * self.intermediate_size)
         return max(attention, ffn, self._linear_workspace_elements(queries))
+
+    def delta_rule_flops_per_token_per_layer(self, decode: bool) -> float:
+        """FLOPs of one token through the gated delta rule, per (average) layer: a decode token
+        runs a whole chunk (its open chunk padded), a prompt token its share of one."""
+        if not self.num_linear_layers:
+            return 0.0
+        flops = delta_rule_flops(LINEAR_CHUNK, self.linear_key_head_dim, self.linear_value_head_dim, decode)
+        return self.linear_num_value_heads * flops * self.num_linear_layers / self.num_layers
 
     def _linear_workspace_elements(self, queries: int) -> float:
         """A DeltaNet layer's peak, in dtype elements (its rule runs in fp32): the projections and

@@ -81,6 +81,11 @@ class HardwareSpec(JsonMixin):
     # the host's memory bandwidth (MoE experts computed where they live stream it); 0: unmeasured,
     # the gpu's where the gpu is the host, else the CPU attention rate (which streams its cache)
     cpu_mem_bytes_per_s: float = 0.0
+    # a hybrid model's gated delta rule as the engine runs it (small batched matmuls, triangular
+    # solves, decays: far below the GEMM rate), FLOP/s as `delta_rule_flops` counts them, for
+    # "decode" (one token a row, its open chunk padded to a chunk) and "prompt" (whole chunks).
+    # Empty: a third of the fp32 GEMM rate at a chunk's rows (measured so on a Zen 2 CPU).
+    gpu_delta_rule_flops_per_s: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
         _require_positive(
@@ -114,6 +119,11 @@ class HardwareSpec(JsonMixin):
                         raise ValueError(f"HardwareSpec.{attr}[{dtype!r}]: rows must be an "
                                          f"integer >= 1, got {rows!r}")
                     _require_positive(f"HardwareSpec.{attr}[{dtype!r}]", **{str(rows): flops})
+        for phase, flops in self.gpu_delta_rule_flops_per_s.items():
+            if phase not in ("decode", "prompt"):
+                raise ValueError(f"HardwareSpec.gpu_delta_rule_flops_per_s: unknown phase {phase!r}; "
+                                 "use 'decode' and 'prompt'")
+            _require_positive("HardwareSpec.gpu_delta_rule_flops_per_s", **{phase: flops})
         for attr in ("gpu_matmul_flops_per_s", "cpu_matmul_flops_per_s"):
             table = getattr(self, attr)
             if not isinstance(table, dict) or not table:
@@ -160,6 +170,14 @@ class HardwareSpec(JsonMixin):
         if not table or rows >= self.int4_dense_from_rows:
             return None
         return flops / _rate_at(table, rows)
+
+    def delta_rule_seconds(self, phase: str, flops: float, chunk: int) -> float:
+        """Time of `flops` of the gated delta rule in `phase` ("decode" or "prompt")."""
+        rate = self.gpu_delta_rule_flops_per_s.get(phase)
+        if rate is None:
+            table = self.gpu_gemm_flops_by_rows.get("fp32")
+            rate = (_rate_at(table, chunk) if table else self.gpu_flops("fp32")) / 3
+        return flops / rate
 
     @property
     def cpu_memory_bytes_per_s(self) -> float:

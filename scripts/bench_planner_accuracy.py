@@ -26,6 +26,7 @@ import torch
 import placement
 from flexlamps import LLM, SamplingParams
 from flexlamps.hardware.machine import profile_machine
+from flexlamps.models.description import model_spec_from_hf
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit, WorkloadSpec
 
@@ -105,7 +106,9 @@ def describe(hw: placement.HardwareSpec) -> str:
         f"\n  memory {hw.gpu_mem_bytes_per_s / 1e9:.1f} GB/s, copy {hw.cpu_to_gpu_bytes_per_s / 1e9:.1f} GB/s, "
         f"disk read {hw.disk_read_bytes_per_s / 1e9:.2f} GB/s, layer overhead {hw.gpu_layer_overhead_s * 1e6:.0f} us, "
         f"dequant {hw.gpu_dequant_bytes_per_s / 1e9:.2f} GB/s + {hw.gpu_dequant_matrix_s * 1e6:.0f} us a matrix, "
-        f"cpu attention {hw.cpu_attention_flops_per_s / 1e9:.1f} GFLOP/s\n"
+        f"cpu attention {hw.cpu_attention_flops_per_s / 1e9:.1f} GFLOP/s"
+        + "".join(f", delta rule {k} {v / 1e9:.1f} GFLOP/s" for k, v in hw.gpu_delta_rule_flops_per_s.items())
+        + "\n"
         f"  4-bit fused kernel (under {hw.int4_dense_from_rows} rows) GFLOP/s by rows: "
         + "; ".join(f"{d} " + ", ".join(f"{r}: {f / 1e9:.0f}" for r, f in t.items())
                     for d, t in hw.gpu_int4_gemm_flops_by_rows.items())
@@ -129,7 +132,7 @@ def main():
                          "with the model's matrices)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="flexlamps-acc-"))
-    model = placement.ModelSpec.from_hf_config(open_checkpoint(args.model).hf_config)
+    model = model_spec_from_hf(open_checkpoint(args.model).hf_config)  # every family the engine loads
     runs = {name: Run(args.model, policy, work / f"offload-{i}", args.dtype, args.prompt_len, args.gen_len)
             for i, (name, policy) in enumerate((policies() if args.policy_set == "mixed" else budget_policies()).items())}
     fixed = placement.HardwareSpec.from_json(Path(args.hardware).read_text()) if args.hardware else None

@@ -131,7 +131,9 @@ def _profile_hardware(out_path: Path, quick: bool, disk_dir: Path | None, gpu_me
         "  gemm " + ", ".join(f"{k} {v / 1e12:.3f} TFLOP/s"
                               for k, v in spec.gpu_matmul_flops_per_s.items()) + "\n"
         f"  cpu attention {spec.cpu_attention_flops_per_s / 1e9:.1f} GFLOP/s, "
-        f"dequant {spec.gpu_dequant_bytes_per_s / gb:.2f} GB/s + {spec.gpu_dequant_matrix_s * 1e6:.0f} us a matrix\n"
+        f"dequant {spec.gpu_dequant_bytes_per_s / gb:.2f} GB/s + {spec.gpu_dequant_matrix_s * 1e6:.0f} us a matrix"
+        + "".join(f", delta rule {k} {v / 1e9:.1f} GFLOP/s" for k, v in spec.gpu_delta_rule_flops_per_s.items())
+        + "\n"
         f"  4-bit weights: fused kernel under {spec.int4_dense_from_rows} rows "
         + ", ".join(f"{k} {max(v.values()) / 1e9:.0f} GFLOP/s" for k, v in spec.gpu_int4_gemm_flops_by_rows.items())
         + f"; dequantized above at {spec.gpu_int4_dequant_bytes_per_s / gb:.2f} GB/s"

@@ -12,7 +12,8 @@ import torch
 
 from flexlamps.hardware.int4_probes import measure_int4, measure_int8_prompts
 from flexlamps.hardware.probes import (GENERIC_SHAPES, ProbeSizes, gemm_probe_shapes, measure_copies,
-                                       measure_cpu_attention, measure_dequant, measure_dequant_matrix_s,
+                                       measure_cpu_attention, measure_delta_rule, measure_dequant,
+                                       measure_dequant_matrix_s,
                                        measure_device_bandwidth, measure_disk, measure_gemm, measure_gemm_by_rows,
                                        measure_layer_overhead, nondecreasing, probe_shapes)
 from flexlamps.host_allocator import keep_freed_memory
@@ -117,6 +118,8 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     gpu_gemm, cpu_gemm = _gemm_peaks(on_cpu, device, sizes, has_cuda)
     step("cpu attention")
     cpu_attention = _best_over_threads(lambda: measure_cpu_attention(sizes.attention_context, budget_s))
+    step("delta rule")
+    delta_rule = on_cpu(lambda: measure_delta_rule(device, budget_s))
     step("dequantization")
     dequant_matrix_s, gpu_dequant, cpu_dequant = _dequant_rates(on_cpu, device, sizes, model_shapes, has_cuda)
     step("4-bit weights")
@@ -135,7 +138,8 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
         gpu_layer_overhead_s=layer_overhead, gpu_dequant_matrix_s=dequant_matrix_s,
         gpu_gemm_flops_by_rows=gemm_by_rows, gpu_gemm_flops_by_rows_resident=gemm_by_rows_resident,
         gpu_is_host=not has_cuda, gpu_int4_gemm_flops_by_rows=int4_table, int4_dense_from_rows=INT4_DENSE_FROM_ROWS,
-        gpu_int4_dequant_bytes_per_s=int4_dequant, gpu_int8_prompt_flops_by_rows=int8_table)
+        gpu_int4_dequant_bytes_per_s=int4_dequant, gpu_int8_prompt_flops_by_rows=int8_table,
+        gpu_delta_rule_flops_per_s=delta_rule)
 
 
 def _bandwidths(on_cpu, device: torch.device, num_bytes: int, budget_s: float) -> tuple[float, float]:

@@ -340,6 +340,33 @@ def measure_cpu_attention(context: int, budget_s: float) -> float:
     return _typical_rate(lambda: attend(q, k, v), 4.0 * batch * heads * head_dim * context, budget_s)
 
 
+def measure_delta_rule(device: torch.device, budget_s: float) -> dict[str, float]:
+    """FLOP/s (as placement.model_spec.delta_rule_flops counts them) of the gated delta rule as the
+    engine runs it, 8 rows of 16 value heads of 128 x 128 (Qwen3.5 / Qwen3-Next's head size):
+    "decode", a one-token step (its open chunk padded to a chunk, the state update skipped), and
+    "prompt", a 256-token step. Far below the GEMM rate: small batched products and solves."""
+    from flexlamps.models.blocks.gated_deltanet import CHUNK, chunk_rule_with_boundaries
+    from placement.model_spec import delta_rule_flops
+
+    rows, heads, dim, prompt = 8, 16, 128, 256
+    gen = torch.Generator().manual_seed(0)
+
+    def inputs(tokens: int):
+        q, k = (torch.randn(rows, tokens, heads // 2, dim, generator=gen).to(device) for _ in range(2))
+        v = torch.randn(rows, tokens, heads, dim, generator=gen).to(device)
+        g, beta = -torch.rand(rows, tokens, heads, generator=gen), torch.rand(rows, tokens, heads, generator=gen)
+        return q, k, v, g.to(device), beta.to(device)
+
+    state = torch.zeros(rows, heads, dim, dim, device=device)
+    keep = torch.zeros(rows, dtype=torch.long, device=device)
+    one, many, sync = inputs(CHUNK), inputs(prompt), _synchronizer(device)
+    per_head = {phase: delta_rule_flops(CHUNK, dim, dim, phase == "decode") for phase in ("decode", "prompt")}
+    return {"decode": _typical_rate(lambda: chunk_rule_with_boundaries(*one, state, keep),
+                                    rows * heads * per_head["decode"], budget_s, sync),
+            "prompt": _typical_rate(lambda: chunk_rule_with_boundaries(*many, state, None),
+                                    rows * prompt * heads * per_head["prompt"], budget_s, sync)}
+
+
 def measure_dequant(device: torch.device, numel: int, budget_s: float, shapes=((1024, 1024),),
                     matrix_s: float = 0.0) -> float:
     """fp16-equivalent output bytes/s (2 per element) of the engine's 4-bit weight decompression,

@@ -87,3 +87,40 @@ def test_the_planner_prices_the_engines_delta_rule_chunk():
     from placement.model_spec import LINEAR_CHUNK
 
     assert LINEAR_CHUNK == DELTA_RULE_CHUNK
+
+
+def test_the_delta_rules_work_is_priced_a_decode_token_a_whole_chunk():
+    """A decode token pays its padded chunk of the chunked rule, a prompt token a chunk's share;
+    the planner charges it at the profile's delta-rule rate (a hybrid's decode was priced 2.7x too
+    fast without it, scripts/bench_planner_accuracy.py), and not at all on a model without
+    DeltaNet layers."""
+    from placement.model_spec import LINEAR_CHUNK, delta_rule_flops
+
+    spec = model_spec_from_hf(QWEN3_NEXT_80B)
+    c, d = LINEAR_CHUNK, 128
+    decode = 4 * c * c * d + 2 * c * c * d + 4 * c * d * d + 2 * c * c * d
+    assert delta_rule_flops(c, d, d, True) == decode
+    assert delta_rule_flops(c, d, d, False) == (decode + 2 * c * d * d) / c
+    assert spec.delta_rule_flops_per_token_per_layer(True) == 32 * decode * 36 / 48
+    assert all_full_attention(spec).delta_rule_flops_per_token_per_layer(True) == 0
+
+    hw = hardware_preset("rtx4090").with_memory(gpu_mem_bytes=24 << 30)
+    wl = WorkloadSpec(prompt_len=512, gen_len=32)
+    cpu = TierSplit(gpu=0, cpu=1, disk=0)
+    policy = Policy(gpu_batch_size=8, num_gpu_batches=1, weights=TierSplit(gpu=0.1, cpu=0.9, disk=0), cache=cpu,
+                    activations=cpu)
+    slow = dataclasses.replace(hw, gpu_delta_rule_flops_per_s={"decode": 1e9, "prompt": 1e9})
+    fast = dataclasses.replace(hw, gpu_delta_rule_flops_per_s={"decode": 1e15, "prompt": 1e15})
+    slow_est, fast_est = evaluate(policy, spec, slow, wl), evaluate(policy, spec, fast, wl)
+    rule_decode_s = 8 * spec.delta_rule_flops_per_token_per_layer(True) / 1e9
+    assert abs((slow_est.decode_s - fast_est.decode_s) / (spec.num_layers * 31) - rule_decode_s) < 1e-3 * rule_decode_s
+
+
+def test_a_delta_rule_rate_survives_json_and_a_bad_phase_is_refused():
+    import pytest
+
+    hw = dataclasses.replace(hardware_preset("rtx4090"), gpu_delta_rule_flops_per_s={"decode": 2e9, "prompt": 5e9})
+    back = type(hw).from_json(hw.to_json())
+    assert back.gpu_delta_rule_flops_per_s == {"decode": 2e9, "prompt": 5e9}
+    with pytest.raises(ValueError, match="unknown phase 'prefill'"):
+        dataclasses.replace(hw, gpu_delta_rule_flops_per_s={"prefill": 1e9})
