@@ -36,6 +36,12 @@ class StateStepRows:
     held: torch.Tensor  # (n,) tokens the rows' states have seen before the step (0 when fresh)
 
     @property
+    def slot_range(self) -> tuple[int, int] | None:
+        """(first, end) when the slots are consecutive and increasing, else None."""
+        first, n = int(self.slots[0]), len(self.slots)
+        return (first, first + n) if self.slots.tolist() == list(range(first, first + n)) else None
+
+    @property
     def open_lengths(self) -> torch.Tensor:
         """Tokens each row holds past its last chunk boundary."""
         return self.held % DELTA_RULE_CHUNK
@@ -128,6 +134,7 @@ class LayerStateAccess:
         self.cache, self.layer, self.rows = cache, layer, rows
         self.lengths = rows.lengths
         self._staged = 0
+        self._read: list[torch.Tensor] = [None] * 4  # the parts as read() handed them out
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor, OpenChunk]:
         cache, dev = self.cache, self.cache.device
@@ -136,17 +143,28 @@ class LayerStateAccess:
         if cache.tiers[self.layer] != "gpu" and cache.budgets is not None:  # staged while the layer runs
             self._staged = state_layer_bytes(cache.hy, len(slots), conv.dtype)
             cache.budgets["gpu"].allocate(self._staged, f"recurrent state of DeltaNet layer {self.layer}, staged")
-        keep = ~self.rows.fresh.to(dev)
-        conv_rows, rec, kvb, g = (torch.where(keep.view(-1, *[1] * (part[self.layer].dim() - 1)),
-                                              part[self.layer][slots].to(dev), 0) for part in cache.parts)
+        span = self.rows.slot_range
+        # consecutive slots (a batch decoding together): views of the cache, not copies; the rule
+        # never writes its inputs, and write() copies back only the parts that changed
+        rows = [(part[self.layer][span[0]:span[1]] if span else part[self.layer][slots]).to(dev)
+                for part in cache.parts]
+        if bool(self.rows.fresh.any()):  # rows that start a sequence read zeros
+            keep = ~self.rows.fresh.to(dev)
+            rows = [torch.where(keep.view(-1, *[1] * (r.dim() - 1)), r, 0) for r in rows]
+        self._read = rows
+        conv_rows, rec, kvb, g = rows
         return conv_rows, rec, OpenChunk(kvb, g, self.rows.open_lengths.to(dev))
 
     def write(self, conv: torch.Tensor, recurrent: torch.Tensor, open_chunk: OpenChunk) -> None:
+        """A part handed back as read (a decode leaves the boundary state as it was until its
+        chunk completes) is not copied back: the cache holds it already."""
         cache = self.cache
         slots = self.rows.slots.to(cache.conv[self.layer].device)
-        for part, value in zip(cache.parts, (conv, recurrent, open_chunk.kvb, open_chunk.g)):
-            home = part[self.layer]
-            home[slots] = value.to(home.device, home.dtype)
+        values = (conv, recurrent, open_chunk.kvb, open_chunk.g)
+        for part, value, read in zip(cache.parts, values, self._read):
+            if value is not read:
+                home = part[self.layer]
+                home[slots] = value.to(home.device, home.dtype)
         if self._staged:
             cache.budgets["gpu"].free(self._staged)
             self._staged = 0

@@ -112,7 +112,10 @@ def chunk_rule_with_boundaries(q, k, v, g, beta, state: torch.Tensor | None, kee
     k_cumdecay = torch.linalg.solve_triangular(ut_system, k_beta * from_start[..., None], upper=False,
                                                unitriangular=True)
     s = q.new_zeros(n, heads, dk, dv) if state is None else state.to(torch.float32)
-    kept = None if keep_after is None else torch.where((keep_after == 0)[:, None, None, None], s, 0)
+    if keep_after is None or not bool(keep_after.any()):
+        kept = None if keep_after is None else s  # no row completes a chunk (a decode, mostly): not a copy
+    else:
+        kept = torch.where((keep_after == 0)[:, None, None, None], s, 0)
     out = torch.zeros_like(new_values)
     q = q * from_start[..., None]
     k = k * to_end[..., None]
