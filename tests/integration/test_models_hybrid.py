@@ -143,6 +143,25 @@ def test_padded_prefill_group_and_refilled_rows_equal_each_prompt_alone(hybrid_m
     assert [o.token_ids for o in together] == [o.token_ids for o in alone]
 
 
+def test_a_slot_reused_from_position_0_forgets_its_previous_sequence(hybrid_models):
+    """A cache row that held 40 tokens starts a 5-token sequence (no chunk completes): its logits
+    and decode equal a fresh cache's bit for bit (the row's old boundary state must not survive)."""
+    reader, ex = _executor(hybrid_models["qwen3_5_text"])
+    g = torch.Generator().manual_seed(11)
+    old, new = (torch.randint(2, reader.config.vocab_size, (1, n), generator=g) for n in (40, 5))
+    slot = torch.tensor([0])
+    used, fresh = ex.new_cache(1, 48), ex.new_cache(1, 48)
+    ex.forward_steps(used, [Step(old, torch.arange(40)[None], slot)])
+    runs = []
+    for cache in (used, fresh):
+        logits = [ex.forward_steps(cache, [Step(new, torch.arange(5)[None], slot)])[0]]
+        for t in range(5, 9):
+            step = Step(logits[-1][:, -1:].argmax(-1), torch.tensor([[t]]), slot)
+            logits.append(ex.forward_steps(cache, [step])[0])
+        runs.append(torch.cat(logits, 1))
+    assert torch.equal(*runs)
+
+
 def test_shared_prefix_state_is_copied_at_its_end(hybrid_models):
     reader, ex = _executor(hybrid_models["qwen3_5_text"])
     g = torch.Generator().manual_seed(6)

@@ -56,3 +56,16 @@ def test_a_step_that_completes_no_chunk_hands_back_the_boundary_state_it_was_giv
     assert kept is state
     _, _, completed = chunk_rule_with_boundaries(q, k, v, decay, beta, state, torch.tensor([0, 1]))
     assert completed is not state and torch.equal(completed[0], state[0]) and not torch.equal(completed[1], state[1])
+
+
+def test_a_row_started_anew_in_a_used_slot_gets_zeros_written_even_when_no_chunk_completes():
+    """A refilled slot's new sequence reads zeros; its boundary state (handed back unchanged by a
+    short step) must still replace the previous sequence's in the cache."""
+    cache = StateCache(HY, 2, torch.float32, ["gpu"])
+    cache.recurrent[0].normal_()
+    cache.held[:] = 40
+    access = cache.access(0, cache.begin_step(torch.tensor([0, 1]), torch.tensor([[0, 1, 2], [40, 41, 42]]), None))
+    conv, boundary, open_chunk = access.read()
+    kept = cache.recurrent[0][1].clone()
+    access.write(conv, boundary, open_chunk)  # as a step completing no chunk hands it back
+    assert not cache.recurrent[0][0].any() and torch.equal(cache.recurrent[0][1], kept)

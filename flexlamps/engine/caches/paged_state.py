@@ -190,6 +190,7 @@ class PagedStateAccess:
     def __init__(self, cache: HybridPagedCache, layer: int, rows: StateStepRows):
         self.cache, self.rows, self.lengths = cache, rows, rows.lengths
         self.regions = cache.regions[layer]
+        self._read: list[torch.Tensor | None] = [None] * len(cache.parts)  # the parts as read() handed them out
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor, OpenChunk]:
         cache, ids = self.cache, self.rows.slots
@@ -198,13 +199,18 @@ class PagedStateAccess:
         for (offset, nbytes), (shape, dtype) in zip(self.regions, cache.parts):
             part = cache._read(ids, offset, nbytes).view(dtype).view(len(ids), *shape)
             parts.append(torch.where(keep.view(-1, *[1] * len(shape)), part, 0))
+        # a part handed back as read holds what the blocks hold, unless a row starts anew (its
+        # zeros must reach the blocks, which may hold a discarded state's bytes)
+        self._read = [None] * len(parts) if bool(self.rows.fresh.any()) else parts
         conv, rec, kvb, g = parts
         return conv, rec, OpenChunk(kvb, g, self.rows.open_lengths.to(cache.device))
 
     def write(self, conv: torch.Tensor, recurrent: torch.Tensor, open_chunk: OpenChunk) -> None:
         cache, n = self.cache, len(self.rows.slots)
         values = (conv, recurrent, open_chunk.kvb, open_chunk.g)
-        for (offset, _), (_, dtype), value in zip(self.regions, cache.parts, values):
+        for (offset, _), (_, dtype), value, read in zip(self.regions, cache.parts, values, self._read):
+            if value is read:  # handed back as read (a boundary state no chunk completed): the blocks hold it
+                continue
             cache._write(self.rows.slots, offset, value.to(cache.device, dtype).contiguous().view(n, -1).view(torch.uint8))
 
 

@@ -148,10 +148,10 @@ class LayerStateAccess:
         # never writes its inputs, and write() copies back only the parts that changed
         rows = [(part[self.layer][span[0]:span[1]] if span else part[self.layer][slots]).to(dev)
                 for part in cache.parts]
-        if bool(self.rows.fresh.any()):  # rows that start a sequence read zeros
+        self._read = list(rows)  # as the cache holds them: a part handed back unchanged is not written
+        if bool(self.rows.fresh.any()):  # rows that start a sequence read zeros (new tensors: written back)
             keep = ~self.rows.fresh.to(dev)
             rows = [torch.where(keep.view(-1, *[1] * (r.dim() - 1)), r, 0) for r in rows]
-        self._read = rows
         conv_rows, rec, kvb, g = rows
         return conv_rows, rec, OpenChunk(kvb, g, self.rows.open_lengths.to(dev))
 
