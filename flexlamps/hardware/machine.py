@@ -116,10 +116,7 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     gpu_bandwidth = min(gpu_bandwidth, gemm_by_rows["fp32"]["8"] * 4 / (2 * 8))
     step("gemm")
     gpu_gemm, cpu_gemm = _gemm_peaks(on_cpu, device, sizes, has_cuda)
-    step("cpu attention")
-    cpu_attention = _best_over_threads(lambda: measure_cpu_attention(sizes.attention_context, budget_s))
-    step("delta rule")
-    delta_rule = on_cpu(lambda: measure_delta_rule(device, budget_s))
+    cpu_attention, delta_rule = _attention_rates(on_cpu, device, sizes, step)
     step("dequantization")
     dequant_matrix_s, gpu_dequant, cpu_dequant = _dequant_rates(on_cpu, device, sizes, model_shapes, has_cuda)
     step("4-bit weights")
@@ -140,6 +137,14 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
         gpu_is_host=not has_cuda, gpu_int4_gemm_flops_by_rows=int4_table, int4_dense_from_rows=INT4_DENSE_FROM_ROWS,
         gpu_int4_dequant_bytes_per_s=int4_dequant, gpu_int8_prompt_flops_by_rows=int8_table,
         gpu_delta_rule_flops_per_s=delta_rule)
+
+
+def _attention_rates(on_cpu, device: torch.device, sizes: ProbeSizes, step) -> tuple[float, dict[str, float]]:
+    """(decode attention's FLOP/s on the CPU, a hybrid model's delta rule's FLOP/s on the device)."""
+    step("cpu attention")
+    cpu_attention = _best_over_threads(lambda: measure_cpu_attention(sizes.attention_context, sizes.seconds_per_probe))
+    step("delta rule")
+    return cpu_attention, on_cpu(lambda: measure_delta_rule(device, sizes.seconds_per_probe))
 
 
 def _bandwidths(on_cpu, device: torch.device, num_bytes: int, budget_s: float) -> tuple[float, float]:
