@@ -584,11 +584,13 @@ def _elementwise_s(num_tokens: float, model: ModelSpec, hardware: HardwareSpec) 
 
 
 def _delta_rule_s(num_tokens: float, model: ModelSpec, hardware: HardwareSpec, *, decode: bool) -> float:
-    """Seconds of one (average) layer's gated delta rule over `num_tokens` (0 without DeltaNet layers)."""
+    """Seconds of one (average) layer's gated delta rule over `num_tokens` (0 without DeltaNet
+    layers): its products at the rule's rate, the passes around it at the memory's."""
     flops = num_tokens * model.delta_rule_flops_per_token_per_layer(decode)
     if not flops:
         return 0.0
-    return hardware.delta_rule_seconds("decode" if decode else "prompt", flops, LINEAR_CHUNK)
+    passes = num_tokens * model.delta_rule_passes_per_token_per_layer(decode) * 4 / hardware.gpu_mem_bytes_per_s
+    return hardware.delta_rule_seconds("decode" if decode else "prompt", flops, LINEAR_CHUNK) + passes
 
 
 def _fp8_upcast_s(choice: Choice, model: ModelSpec, hardware: HardwareSpec, stored_bytes: float) -> float:

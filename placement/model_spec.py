@@ -460,6 +460,19 @@ class ModelSpec(JsonMixin):
         flops = delta_rule_flops(LINEAR_CHUNK, self.linear_key_head_dim, self.linear_value_head_dim, decode)
         return self.linear_num_value_heads * flops * self.num_linear_layers / self.num_layers
 
+    def delta_rule_passes_per_token_per_layer(self, decode: bool) -> float:
+        """fp32 elements one token's DeltaNet layer passes over beside its GEMMs and the rule (whose
+        measured rate covers its own casts and norms), per (average) layer: the causal conv and its
+        SiLU (~10 passes over its channels), the gated norm (~10 over the values), the tokens laid
+        after the open chunk (~4 over k | v | beta); a decode token lays out its whole open chunk."""
+        if not self.num_linear_layers:
+            return 0.0
+        heads = self.linear_num_value_heads
+        value_dim = heads * self.linear_value_head_dim
+        packed = self._linear_conv_dim() - self.linear_num_key_heads * self.linear_key_head_dim + heads
+        passes = 10 * self._linear_conv_dim() + 10 * value_dim + 4 * packed * (LINEAR_CHUNK if decode else 1)
+        return passes * self.num_linear_layers / self.num_layers
+
     def _linear_workspace_elements(self, queries: int) -> float:
         """A DeltaNet layer's peak, in dtype elements (its rule runs in fp32): the projections and
         conv window in dtype, then q, k, v and their decayed copies in fp32 and three chunk x chunk

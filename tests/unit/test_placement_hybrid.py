@@ -103,6 +103,9 @@ def test_the_delta_rules_work_is_priced_a_decode_token_a_whole_chunk():
     assert delta_rule_flops(c, d, d, False) == (decode + 2 * c * d * d) / c
     assert spec.delta_rule_flops_per_token_per_layer(True) == 32 * decode * 36 / 48
     assert all_full_attention(spec).delta_rule_flops_per_token_per_layer(True) == 0
+    # the passes around the rule: a decode token lays out its whole open chunk, a prompt token itself
+    passes = spec.delta_rule_passes_per_token_per_layer
+    assert passes(True) > passes(False) > 0 == all_full_attention(spec).delta_rule_passes_per_token_per_layer(False)
 
     hw = hardware_preset("rtx4090").with_memory(gpu_mem_bytes=24 << 30)
     wl = WorkloadSpec(prompt_len=512, gen_len=32)
