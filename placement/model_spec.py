@@ -176,10 +176,14 @@ class ModelSpec(JsonMixin):
         that boundary (at most LINEAR_CHUNK - 1: k, v and beta in dtype, g in fp32)."""
         heads = self.linear_num_value_heads
         recurrent = heads * self.linear_key_head_dim * self.linear_value_head_dim * 4
-        per_open_token = (self._linear_conv_dim() - self.linear_num_key_heads * self.linear_key_head_dim
-                          + heads) * self.dtype_bytes + heads * 4  # k | v | beta, and g
+        per_open_token = self._linear_open_token_entries() * self.dtype_bytes + heads * 4  # k | v | beta, and g
         return (self._linear_conv_dim() * (self.linear_conv_kernel - 1) * self.dtype_bytes + recurrent
                 + (LINEAR_CHUNK - 1) * per_open_token)
+
+    def _linear_open_token_entries(self) -> int:
+        """Entries one token of a DeltaNet layer's open chunk holds in the compute dtype: k | v | beta."""
+        return (self._linear_conv_dim() - self.linear_num_key_heads * self.linear_key_head_dim
+                + self.linear_num_value_heads)
 
     def state_bytes_per_sequence_per_layer(self) -> float:
         """Fixed cache bytes one sequence holds per (average) layer, whatever its length."""
@@ -467,10 +471,9 @@ class ModelSpec(JsonMixin):
         after the open chunk (~4 over k | v | beta); a decode token lays out its whole open chunk."""
         if not self.num_linear_layers:
             return 0.0
-        heads = self.linear_num_value_heads
-        value_dim = heads * self.linear_value_head_dim
-        packed = self._linear_conv_dim() - self.linear_num_key_heads * self.linear_key_head_dim + heads
-        passes = 10 * self._linear_conv_dim() + 10 * value_dim + 4 * packed * (LINEAR_CHUNK if decode else 1)
+        value_dim = self.linear_num_value_heads * self.linear_value_head_dim
+        laid_out = self._linear_open_token_entries() * (LINEAR_CHUNK if decode else 1)
+        passes = 10 * self._linear_conv_dim() + 10 * value_dim + 4 * laid_out
         return passes * self.num_linear_layers / self.num_layers
 
     def _linear_workspace_elements(self, queries: int) -> float:

@@ -34,16 +34,16 @@ def delta_rule_chunk(chunk: int):
     from flexlamps.models import hybrid_config
     from flexlamps.models.blocks import aligned_delta_rule, gated_deltanet
 
+    readers = ((hybrid_config, "DELTA_RULE_CHUNK"), (state, "DELTA_RULE_CHUNK"), (gated_deltanet, "CHUNK"),
+               (aligned_delta_rule, "CHUNK"))
     saved = (hybrid_config.DELTA_RULE_CHUNK, gated_deltanet.chunk_rule_with_boundaries.__defaults__)
-    for module, name in ((hybrid_config, "DELTA_RULE_CHUNK"), (state, "DELTA_RULE_CHUNK"),
-                         (gated_deltanet, "CHUNK"), (aligned_delta_rule, "CHUNK")):
+    for module, name in readers:
         setattr(module, name, chunk)
     gated_deltanet.chunk_rule_with_boundaries.__defaults__ = (chunk,)
     try:
         yield
     finally:
-        for module, name in ((hybrid_config, "DELTA_RULE_CHUNK"), (state, "DELTA_RULE_CHUNK"),
-                             (gated_deltanet, "CHUNK"), (aligned_delta_rule, "CHUNK")):
+        for module, name in readers:
             setattr(module, name, saved[0])
         gated_deltanet.chunk_rule_with_boundaries.__defaults__ = saved[1]
 

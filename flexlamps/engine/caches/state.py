@@ -34,12 +34,7 @@ class StateStepRows:
     fresh: torch.Tensor  # (n,) bool: the row starts a sequence (state zeros)
     lengths: torch.Tensor | None  # (n,) real tokens per row; None: all of the step's tokens
     held: torch.Tensor  # (n,) tokens the rows' states have seen before the step (0 when fresh)
-
-    @property
-    def slot_range(self) -> tuple[int, int] | None:
-        """(first, end) when the slots are consecutive and increasing, else None."""
-        first, n = int(self.slots[0]), len(self.slots)
-        return (first, first + n) if self.slots.tolist() == list(range(first, first + n)) else None
+    slot_range: tuple[int, int] | None = None  # (first, end) of consecutive increasing slots, else None
 
     @property
     def open_lengths(self) -> torch.Tensor:
@@ -110,7 +105,9 @@ class StateCache:
         fed = torch.full_like(start, t) if lengths is None else lengths.cpu().to(torch.long)
         held = torch.where(fresh, 0, self.held[slots])
         self.held[slots] = start + fed
-        return StateStepRows(slots, fresh, None if lengths is None else lengths.cpu(), held)
+        first = int(slots[0])
+        span = (first, first + len(slots)) if slots.tolist() == list(range(first, first + len(slots))) else None
+        return StateStepRows(slots, fresh, None if lengths is None else lengths.cpu(), held, span)
 
     def access(self, layer: int, rows: StateStepRows) -> "LayerStateAccess":
         return LayerStateAccess(self, layer, rows)
@@ -134,7 +131,7 @@ class LayerStateAccess:
         self.cache, self.layer, self.rows = cache, layer, rows
         self.lengths = rows.lengths
         self._staged = 0
-        self._read: list[torch.Tensor] = [None] * 4  # the parts as read() handed them out
+        self._read: list[torch.Tensor | None] = [None] * len(cache.parts)  # the parts as read() handed them out
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor, OpenChunk]:
         cache, dev = self.cache, self.cache.device

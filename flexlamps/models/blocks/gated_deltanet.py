@@ -112,8 +112,10 @@ def chunk_rule_with_boundaries(q, k, v, g, beta, state: torch.Tensor | None, kee
     k_cumdecay = torch.linalg.solve_triangular(ut_system, k_beta * from_start[..., None], upper=False,
                                                unitriangular=True)
     s = q.new_zeros(n, heads, dk, dv) if state is None else state.to(torch.float32)
-    if keep_after is None or not bool(keep_after.any()):
-        kept = None if keep_after is None else s  # no row completes a chunk (a decode, mostly): not a copy
+    if keep_after is None:
+        kept = None
+    elif not bool(keep_after.any()):
+        kept = s  # no row completes a chunk (a decode, mostly): the state it came with, not a copy
     else:
         kept = torch.where((keep_after == 0)[:, None, None, None], s, 0)
     out = torch.zeros_like(new_values)
