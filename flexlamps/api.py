@@ -12,6 +12,7 @@ import dataclasses
 from typing import Callable, Sequence
 
 from flexlamps.engine.batch.generate import RequestOutput, generate, shared_prefix_length
+from flexlamps.engine.batch.grammar import JsonGrammars
 from flexlamps.host_allocator import keep_freed_memory
 from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.batch.scoring import (PrefixScorer, PrefixStats, ScoreLimits, ScoreOutput, planning_positions,
@@ -86,6 +87,7 @@ class LLM:
         self.run_plan: RunPlan | None = None  # what the executor was built from
         self.pool_sizes = None  # the augmented pools measured on an offload executor (PoolSizes)
         self._scorer = None
+        self._grammars = None
         self._stats = PrefixStats()
         if prepare:
             self.load()
@@ -188,28 +190,50 @@ class LLM:
     def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
         return self.tokenizer.encode_prompt(prompt, chat)
 
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """A conversation's ids through the model's chat template, ready for the assistant's turn."""
+        return self.tokenizer.encode_chat(messages)
+
+    @property
+    def grammars(self) -> JsonGrammars:
+        """The compiler of the JSON schemas of `SamplingParams.json_schema`, for this model."""
+        if self._grammars is None:
+            self._grammars = JsonGrammars(self.tokenizer, self.config.vocab_size)
+        return self._grammars
+
     # -- work -------------------------------------------------------------------------------
     def generate_ids(self, prompt_ids: list[list[int]], params: Sequence[SamplingParams], *,
                      on_finish: Callable[[RequestOutput], None] | None = None,
                      on_tokens: Callable[[int], None] | None = None) -> list[RequestOutput]:
+        """One `RequestOutput` per prompt and sample (`SamplingParams.n`), in that order."""
         if self.executor is None:
             longest, shared = planning_lengths(prompt_ids)
             self.prepare(prompt_len=longest, gen_len=max(p.max_new_tokens for p in params),
-                         num_sequences=len(prompt_ids), prefix_len=shared)
+                         num_sequences=sum(p.n for p in params), prefix_len=shared)
+        grammars = self.grammars if any(p.json_schema is not None for p in params) else None
         return generate(self.executor, self.tokenizer, prompt_ids, list(params), max_batch=self.max_batch_size,
                         micro_batch=self.run_plan.micro_batch, on_finish=on_finish, on_tokens=on_tokens,
-                        stats=self.stats, reuse_prefix=self.reuse_prefix)
+                        stats=self.stats, reuse_prefix=self.reuse_prefix, grammars=grammars)
 
     def generate(self, prompts: Sequence[str] | str, params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, chat: bool = False, on_finish: Callable[[RequestOutput], None] | None = None,
                  on_tokens: Callable[[int], None] | None = None) -> list[RequestOutput]:
-        """One `RequestOutput` per prompt, in order. `chat` wraps each prompt in the chat template."""
+        """One `RequestOutput` per prompt and sample, in order. `chat` wraps each prompt in the chat template."""
         if isinstance(prompts, str):
             prompts = [prompts]
-        params = params or SamplingParams()
-        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         ids = [self.encode_prompt(p, chat) for p in prompts]
-        return self.generate_ids(ids, plist, on_finish=on_finish, on_tokens=on_tokens)
+        return self.generate_ids(ids, _per_prompt(params, len(ids)), on_finish=on_finish, on_tokens=on_tokens)
+
+    def chat(self, conversations: Sequence[list[dict]], params: SamplingParams | Sequence[SamplingParams] | None = None,
+             *, on_finish: Callable[[RequestOutput], None] | None = None,
+             on_tokens: Callable[[int], None] | None = None) -> list[RequestOutput]:
+        """The assistant's next turn of each conversation (a list of {"role", "content"} messages:
+        system prompts, few-shot turns, the user's question), rendered by the model's own chat
+        template; one `RequestOutput` per conversation and sample, in order."""
+        if conversations and isinstance(conversations[0], dict):
+            raise TypeError("chat takes a list of conversations, each a list of messages: wrap one in [...]")
+        ids = [self.encode_chat(list(c)) for c in conversations]
+        return self.generate_ids(ids, _per_prompt(params, len(ids)), on_finish=on_finish, on_tokens=on_tokens)
 
     def score(self, contexts: Sequence[str], continuations: Sequence[str]) -> list[ScoreOutput]:
         """Log-likelihood of each continuation after its context (shared prefixes computed once)."""
@@ -246,6 +270,12 @@ class LLM:
     def close(self) -> None:
         if hasattr(self.executor, "close"):
             self.executor.close()
+
+
+def _per_prompt(params, num_prompts: int) -> list[SamplingParams]:
+    """One SamplingParams per prompt: a list as given, one for all, or the defaults."""
+    params = params or SamplingParams()
+    return list(params) if isinstance(params, (list, tuple)) else [params] * num_prompts
 
 
 def _score_limits(plan: RunPlan) -> ScoreLimits | None:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import zlib
 from dataclasses import dataclass, field
 
 import torch
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,7 +21,10 @@ class SamplingParams:
     seed: int | None = None  # per-request seed: the same seed gives the same tokens in any batch
     stop: tuple[str, ...] = field(default_factory=tuple)  # stop strings, excluded from the text
     logprobs: bool = False  # return the log-probability of each generated token
+    top_logprobs: int = 0  # with logprobs: also the k most likely tokens at each step, with theirs
     ignore_eos: bool = False
+    n: int = 1  # samples of the prompt, sharing its prefill; sample k > 0 seeds from (seed, k)
+    json_schema: str | None = None  # JSON text of a schema every sample must follow (grammar.py)
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -29,6 +35,10 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {self.top_logprobs}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
@@ -39,6 +49,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def sample_seed(self, sample: int) -> int | None:
+        """The seed of sample `sample` of the prompt: `seed` itself for the first."""
+        if self.seed is None or sample == 0:
+            return self.seed
+        return zlib.crc32(f"{self.seed}:{sample}".encode())
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -46,9 +46,12 @@ class Tokenizer:
     def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
         """A prompt's ids; `chat` wraps it as a user turn in the model's chat template."""
         if chat:
-            text = self.apply_chat_template([{"role": "user", "content": prompt}])
-            return self.encode(text, add_special_tokens=False)
+            return self.encode_chat([{"role": "user", "content": prompt}])
         return self.encode(prompt)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """A conversation's ids through the chat template, ending where the assistant's turn starts."""
+        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
         if not (add_special_tokens and self.add_bos):
