@@ -74,7 +74,7 @@ def test_groups_of_16_multiply_in_place_where_our_kernel_runs_else_dense(native,
     """An `Int8Weight` in Q6_K's groups of 16: our AVX-512 kernel multiplies it in place (as it
     does groups of 32); torch's int4 kernel takes no such groups, so without ours `models.linear`
     runs it on its dequantized values, and nothing calls torch's kernel with it."""
-    from flexlamps.models.blocks import linear as lin
+    from flexlamps.models.blocks import coded_weights, linear as lin
     from flexlamps.kernels.tile_gemv import rounded_like_kernel
 
     g = torch.Generator().manual_seed(16)
@@ -84,7 +84,7 @@ def test_groups_of_16_multiply_in_place_where_our_kernel_runs_else_dense(native,
     assert w.group_size == 16 and not w.can_run_fused(torch.zeros(1, 256, dtype=torch.bfloat16))
     assert torch.equal(w.dequantize(torch.float32), codes.float() * scale.bfloat16().float().repeat_interleave(16, 1))
     if not native:
-        monkeypatch.setattr(lin, "native_kernel", lambda: None)
+        monkeypatch.setattr(coded_weights, "native_kernel", lambda: None)
     elif lin.native_kernel() is None:
         pytest.skip("no AVX-512 kernel on this CPU")
     x = torch.randn(3, 256, generator=g).bfloat16()

@@ -7,7 +7,7 @@ safetensors, another device, no kernel) it falls back to what still gives those 
 import pytest
 import torch
 
-from flexlamps.models.blocks import linear as lin
+from flexlamps.models.blocks import coded_weights, linear as lin
 from quant.int4_tiles import tile_rows
 from quant.int8_weight import FIVE_BIT_TILE, Int8Weight, fifth_bits, fifth_plane
 from flexlamps.kernels.tile_gemv import rounded_like_kernel
@@ -81,7 +81,7 @@ def test_the_kernel_multiplies_it_as_its_values(rows):
 
 @needs_tiles
 def test_without_our_kernel_it_runs_dense_on_its_values(monkeypatch):
-    monkeypatch.setattr(lin, "native_kernel", lambda: None)
+    monkeypatch.setattr(coded_weights, "native_kernel", lambda: None)
     codes, scale, zero = _codes()
     five = Int8Weight.from_codes(codes, scale, 32, torch.bfloat16, zero=zero, five_bit=True)
     x = torch.randn(2, 256, generator=torch.Generator().manual_seed(3)).bfloat16()

@@ -118,19 +118,18 @@ def test_pack_leaves_weights_it_cannot_speed_up():
 
 
 def test_every_compressed_weight_kind_owns_its_product():
-    """linear chooses from the table: each kind of compressed weight has its product, and a kind
-    with a dense twin (4-bit, int8) says from how many rows each form takes the dense GEMM."""
+    """linear asks the weight's kind: each kind of compressed weight (and a twin) has one, and
+    anything else is a dense tensor."""
     import quant.fp8  # noqa: F401  (each kind registers by subclassing)
     import quant.mxfp4  # noqa: F401
-    from flexlamps.models.blocks.linear import PRODUCTS, Int4Twin
+    from flexlamps.models.blocks.linear import KINDS, Int4Twin, kind_of
+    from flexlamps.models.blocks.weight_kind import WeightKind
     from quant.compressed_weight import CompressedWeight
-    from quant.int4_weight import Int4Weight
-    from quant.int8_weight import Int8Weight
 
     kinds = set(CompressedWeight.__subclasses__())
-    assert kinds and kinds | {Int4Twin} == set(PRODUCTS)
-    for kind in (Int4Weight, Int8Weight):
-        assert 1 < PRODUCTS[kind].twin_dense_from_rows <= PRODUCTS[kind].dense_from_rows
+    assert kinds and kinds | {Int4Twin, torch.Tensor} == set(KINDS)
+    assert all(isinstance(kind, WeightKind) for kind in KINDS.values())
+    assert kind_of(torch.nn.Parameter(torch.randn(2, 2))) is KINDS[torch.Tensor]
 
 
 def test_compressed_weights_move_their_parts_together():

@@ -1,0 +1,251 @@
+"""The compressed weight kinds (`weight_kind`): 4-bit blocks, int8 codes, FP8 and MXFP4.
+
+A 4-bit weight (`quant.int4_weight.Int4Weight`) is multiplied in place by a fused kernel on its
+codes: our own (`flexlamps.kernels.tile_gemv`, per instruction set, where the loader found one
+for this CPU) or else torch's int4 kernel, for the activations' dtypes it takes. A Q8_0 weight
+(`quant.int8_weight.Int8Weight`) runs the same kernels on its codes split into two 4-bit halves;
+a Q6_K (groups of 16) and the 5-bit form run in place on our kernel only (`fuses`). Otherwise the
+weight is dequantized and takes the dense GEMM (`dense_gemm`).
+
+An `Int4Twin` is such a weight with a dense copy kept beside it (made when first needed,
+prepacked once used again: the in-memory executor's choice where memory allows), and, where the
+int8 GEMM runs (`flexlamps.kernels.int8_gemm`: x in int8 per group of 64, the weight in int8
+per output channel), an int8 copy. The copies hold the values a dequantization at call time
+gives, so a twin and its plain weight give the same bits on every path.
+
+An FP8 (`quant.fp8.Fp8Weight`) or MXFP4 (`quant.mxfp4.Mxfp4Weight`) weight is upcast to the
+compute dtype for each call into this thread's reused buffer and runs the dense GEMM.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from flexlamps.kernels import int8_gemm, loader, tile_gemv
+from flexlamps.kernels.int8_gemm import Int8Matrix
+from flexlamps.models.blocks.dense_gemm import dense_linear, dense_scratch, pack
+from flexlamps.models.blocks.weight_kind import KINDS, Phase, WeightKind, epilogue, register
+from quant.fp8 import Fp8Weight
+from quant.int4_weight import Int4Weight
+from quant.int8_weight import Int8Weight
+from quant.mxfp4 import Mxfp4Weight
+
+# Row counts from which a call takes the dense GEMM (figures: docs/performance.md, "weight kinds").
+INT4_DENSE_FROM_ROWS = 128  # a plain 4-bit weight (dequantized per call)
+INT4_TWIN_DENSE_FROM_ROWS = 16  # a 4-bit twin (dense copy ready)
+INT8_DENSE_FROM_ROWS = 32  # a plain Q8_0 weight
+INT8_TWIN_DENSE_FROM_ROWS = 3  # a Q8_0 twin
+NATIVE_TWIN_DENSE_FROM_ROWS = 8  # a twin of either kind where our AVX-512 kernel runs
+INT8_GEMM_FROM_ROWS = 128  # from here a prompt's product runs on int8 codes where that kernel runs
+# Calls a twin's dense copy serves unpacked before it is packed: packing costs more than it saves
+# for a weight used once or twice (a first prompt).
+TWIN_PACK_AFTER_USES = 2
+_TWIN_DTYPES = (torch.float32, torch.bfloat16)  # dense copies on the CPU (`can_have_dense_twin`)
+
+
+def native_kernel() -> tile_gemv.TileGemv | None:
+    """This process's decode kernel for 4-bit and int8 weights, or None (not this CPU, no
+    compiler, or switched off by $FLEXLAMPS_NATIVE_KERNELS=0: `flexlamps.kernels.loader`)."""
+    return loader.chosen().get("tile_gemv")
+
+
+def int8_kernel() -> int8_gemm.Int8Gemm | None:
+    """This process's int8 GEMM, or None (`flexlamps.kernels.loader` says why)."""
+    return loader.chosen().get("int8_gemm")
+
+
+def _fused_for(w: Int4Weight | Int8Weight, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The fused product for `w` and activations like `x` (a twin keeps it), or None where no
+    fused kernel takes them: the one place that decides."""
+    kernel = native_kernel()
+    if kernel is not None and kernel.runs(w, x):
+        return kernel.bind(w)
+    return w.matmul if w.can_run_fused(x) else None
+
+
+def fused_product(w: Int4Weight | Int8Weight, x: torch.Tensor) -> torch.Tensor:
+    """x @ w.T computed on the codes in place (`fuses`)."""
+    product = _fused_for(w, x)
+    if product is None:
+        raise ValueError(f"fused_product: neither our kernel nor torch's int4 kernel multiplies {w!r} "
+                         f"by x in {x.dtype} on {x.device} (see `fuses`)")
+    return product(x)
+
+
+def fuses(w: Int4Weight | Int8Weight, x: torch.Tensor) -> bool:
+    """Whether `fused_product` multiplies x by w: on our kernel, or on torch's (which does not
+    take a Q6_K's groups of 16, nor the 5-bit form)."""
+    return _fused_for(w, x) is not None
+
+
+def _int8_runs(w: Int4Weight | Int8Weight) -> bool:
+    """Whether `int8_product` takes prompts of activations in `w`'s dtype."""
+    return (w.dtype in int8_gemm.DTYPES and w.shape[1] % int8_gemm.GROUP == 0 and w.device.type == "cpu"
+            and int8_kernel() is not None)
+
+
+def int8_product(w, x: torch.Tensor) -> torch.Tensor | None:
+    """x @ w.T on int8 codes where that kernel runs (a 4-bit or Q8_0 weight, x in its 16-bit
+    dtype); else None. A twin keeps its int8 copy; a plain weight is rounded to one for this call."""
+    plain = w.int4 if isinstance(w, Int4Twin) else w
+    if x.dtype != plain.dtype or not _int8_runs(plain) or not int8_gemm.can_take(x, plain.shape):
+        return None
+    kernel = int8_kernel()
+    return kernel.matmul(x, w.int8 if isinstance(w, Int4Twin) else kernel.pack_weight(plain))
+
+
+class Int4Twin:
+    """A 4-bit or int8 weight and its dense copy in the compute dtype, prepacked for the GEMM.
+
+    The dense copy comes from `plain` (the dequantized matrix, or a function that reads it, e.g.
+    from the weight cache, and gives None when it cannot) or else by dequantizing, when first
+    needed; it serves its first `TWIN_PACK_AFTER_USES` calls as it is and is packed from the next
+    one on (packed and plain give the same bits). Every result is the same whenever it is made."""
+
+    __slots__ = ("int4", "_plain", "_dense", "_int8", "_uses", "dense_from_rows", "_fused_on", "_fused")
+
+    def __init__(self, int4: Int4Weight | Int8Weight,
+                 plain: torch.Tensor | Callable[[], torch.Tensor | None] | None = None,
+                 dense_from_rows: int | None = None):
+        self.int4 = int4
+        if dense_from_rows is None:
+            kernel = native_kernel()
+            dense_from_rows = (NATIVE_TWIN_DENSE_FROM_ROWS if kernel is not None and kernel.takes(int4)
+                               else KINDS[type(int4)].twin_dense_from_rows)
+        self.dense_from_rows = dense_from_rows
+        self._fused_on = None  # the (dtype, device) of activations the fused kernel was found to take
+        self._fused = None  # and the product it runs for them (`_fused_for`'s choice)
+        self._plain = plain
+        self._dense = None
+        self._int8 = None  # the int8 copy `int8_product` multiplies, made when first needed
+        self._uses = 0
+
+    @property
+    def dense(self) -> torch.Tensor:
+        """The dense (out, in) copy: plain for its first calls, then packed (opaque oneDNN layout)."""
+        if self._dense is not None:
+            return self._dense
+        # NOTE(speed): two threads racing here make equal values
+        plain = self._plain() if callable(self._plain) else self._plain
+        if plain is None or tuple(plain.shape) != tuple(self.int4.shape) or plain.dtype != self.int4.dtype:
+            plain = self.int4.dequantize()
+        self._uses += 1
+        if self._uses > TWIN_PACK_AFTER_USES:
+            self._dense, self._plain = pack(plain), None
+            return self._dense
+        self._plain = plain
+        return plain
+
+    def fused(self, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The fused product for activations like x (`_fused_for`), looked up once per dtype and
+        device: a batch-1 decode step makes ~120 of these calls."""
+        on = (x.dtype, x.device)
+        if on != self._fused_on:
+            fused = _fused_for(self.int4, x)
+            if fused is None:
+                return None
+            self._fused, self._fused_on = fused, on
+        return self._fused
+
+    @property
+    def int8(self) -> Int8Matrix:
+        """The int8 copy (one scale per output channel) the int8 GEMM multiplies, made on first use."""
+        if self._int8 is None:  # NOTE(speed): two threads racing here make equal copies
+            self._int8 = int8_kernel().pack_weight(self.int4)
+        return self._int8
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.int4.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.int4.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """What the twin holds once its dense copy (and, where the int8 GEMM runs, its int8 copy)
+        are made (charged up front)."""
+        rows, cols = self.int4.shape
+        int8 = rows * cols + 4 * rows if _int8_runs(self.int4) else 0
+        return self.int4.nbytes + rows * cols * self.int4.dtype.itemsize + int8
+
+
+class CodesKind(WeightKind):
+    """4-bit blocks or int8 codes, plain or as an `Int4Twin`: the fused kernel on the codes below
+    a row count, else int8 codes for prompts where that kernel runs, else the dense GEMM."""
+
+    def __init__(self, name: str, dense_from_rows: int, twin_dense_from_rows: int):
+        self.name, self.dense_from_rows, self.twin_dense_from_rows = name, dense_from_rows, twin_dense_from_rows
+
+    def linear(self, w, x, phase, b=None, add=None, mul=None) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        twin = w if isinstance(w, Int4Twin) else None
+        codes = twin.int4 if twin else w
+        if rows < (twin.dense_from_rows if twin else self.dense_from_rows):
+            fused = twin.fused(x) if twin else _fused_for(codes, x)
+            if fused is not None:
+                return epilogue(fused(x), b, add, mul)
+        out = int8_product(w, x) if rows >= INT8_GEMM_FROM_ROWS else None
+        if out is not None:
+            return epilogue(out, b, add, mul)
+        dense = twin.dense if twin and x.dtype == twin.dtype else codes.dequantize(
+            x.dtype, out=dense_scratch(codes.shape, x.dtype, x.device))
+        return dense_linear(x, dense, b, add=add, mul=mul)
+
+    def product(self, w, x, phase) -> torch.Tensor:
+        return self.linear(w, x, phase)
+
+    def stored_bytes(self, w) -> int:
+        return int(w.nbytes)
+
+
+class UpcastKind(WeightKind):
+    """FP8 or MXFP4: upcast for this call only, into the thread's reused buffer, then the dense
+    GEMM (the values a dequantization at load gives: the same bits)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def linear(self, w, x, phase, b=None, add=None, mul=None) -> torch.Tensor:
+        dense = w.dequantize(out=dense_scratch(w.shape, w.dtype, w.device))
+        return dense_linear(x, dense, b, add=add, mul=mul)
+
+    def product(self, w, x, phase) -> torch.Tensor:
+        return self.linear(w, x, phase)
+
+
+INT4 = CodesKind("4-bit blocks", INT4_DENSE_FROM_ROWS, INT4_TWIN_DENSE_FROM_ROWS)
+INT8 = CodesKind("int8 codes", INT8_DENSE_FROM_ROWS, INT8_TWIN_DENSE_FROM_ROWS)
+register(Int4Weight, INT4)
+register(Int8Weight, INT8)
+register(Fp8Weight, UpcastKind("FP8"))
+register(Mxfp4Weight, UpcastKind("MXFP4"))
+
+
+class _TwinKind(WeightKind):
+    """An `Int4Twin` multiplies as its codes' kind does."""
+    name = "twin"
+
+    def linear(self, w, x, phase, b=None, add=None, mul=None) -> torch.Tensor:
+        return KINDS[type(w.int4)].linear(w, x, phase, b, add, mul)
+
+    def product(self, w, x, phase) -> torch.Tensor:
+        return self.linear(w, x, phase)
+
+
+register(Int4Twin, _TwinKind())
+
+
+def can_have_dense_twin(w) -> bool:
+    """Whether `with_dense_twin` makes `w` an `Int4Twin`: an `Int4Weight` or `Int8Weight` on the
+    CPU, in fp32 or bf16."""
+    return isinstance(KINDS.get(type(w)), CodesKind) and w.device.type == "cpu" and w.dtype in _TWIN_DTYPES
+
+
+def with_dense_twin(w, plain=None):
+    """An `Int4Weight` or `Int8Weight` (on the CPU, fp32 or bf16) as an `Int4Twin` (`plain`: its
+    dense copy, or a function that reads it); any other weight as it is."""
+    return Int4Twin(w, plain) if can_have_dense_twin(w) else w
