@@ -66,6 +66,22 @@ def writable_file_folder(path, option: str):
         raise click.ClickException(str(e)) from None
 
 
+def hold_output(path, option: str) -> None:
+    """`path`, a file or folder this command writes, locked until the command ends (on its target
+    where `path` is a symlink: two names of one folder are one output), or a one-line error naming
+    the run that holds it: the check `generate` makes of --out, for the commands that write folders."""
+    from pathlib import Path
+
+    from offload.folders import UnusablePathError
+    from offload.lock import PathInUseError, PathLock
+
+    try:
+        lock = PathLock(Path(path).resolve(), option, shown=path).acquire()
+    except (PathInUseError, UnusablePathError) as e:
+        raise click.ClickException(str(e)) from None
+    click.get_current_context().call_on_close(lock.release)
+
+
 def peak_rss_mib() -> float:
     """This process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -182,12 +198,16 @@ def engine_settings_from(model, dtype, fields: dict) -> RunSettings:
 
 
 def check_model(model: str) -> None:
-    """What --model names opens (a built-in name, an HF folder, a .gguf file: its config, tokenizer
-    and tensor index, no weights), else the reader's one-line error naming the input and the fix."""
+    """What --model names opens (a built-in name, an HF folder, a .gguf file: its config, tensor
+    index and every safetensors header, and a folder's tokenizer files; no weights), else the
+    reader's one-line error naming the input and the fix."""
+    from flexlamps.models.loading.checkpoint import HFFolderReader
     from flexlamps.models.loading.registry import open_checkpoint
 
     try:
-        open_checkpoint(model)
+        reader = open_checkpoint(model)
+        if isinstance(reader, HFFolderReader):  # files the user gave (a GGUF's is built from its own fields)
+            reader.tokenizer
     except (ValueError, OSError) as e:  # UnknownModelError, CheckpointError, UnsupportedModelError
         raise click.ClickException(str(e)) from None
 

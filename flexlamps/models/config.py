@@ -95,15 +95,24 @@ class ModelConfig:
         return cls(**d)
 
     @classmethod
-    def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
-        """Build from an HF `config.json` dict; raises UnsupportedModelError naming the field."""
+    def from_hf(cls, hf: dict[str, Any], source: str | None = None) -> "ModelConfig":
+        """Build from an HF `config.json` dict; raises UnsupportedModelError naming the field, and
+        `source` (the file the dict was read from) when given."""
         from flexlamps.models.families import family_for
+        from flexlamps.models.hf_field_types import wrong_field
 
+        where = f"{source}: " if source else ""
         if not isinstance(hf, dict):
-            raise UnsupportedModelError(f"config.json must hold a JSON object, not {type(hf).__name__}")
+            raise UnsupportedModelError(f"{source or 'config.json'} must hold a JSON object, not {type(hf).__name__}")
+        if (wrong := wrong_field(hf)) is not None:
+            raise UnsupportedModelError(f"{where}{wrong}")
         model_type = hf.get("model_type")
-        family = family_for(model_type)
         try:
-            return family.parse(hf)
+            return family_for(model_type).parse(hf)
         except KeyError as e:
-            raise UnsupportedModelError(f"config.json lacks the field {e.args[0]!r} needed for {model_type}") from None
+            raise UnsupportedModelError(f"{source or 'config.json'} lacks the field {e.args[0]!r} needed for "
+                                        f"{model_type}") from None
+        except UnsupportedModelError as e:
+            raise UnsupportedModelError(f"{where}{e}") from None
+        except (TypeError, ValueError, ArithmeticError) as e:  # a field of a form no check above knows
+            raise UnsupportedModelError(f"{where}a field's value has the wrong type or form ({e})") from None

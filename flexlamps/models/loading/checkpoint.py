@@ -17,7 +17,7 @@ import torch
 from flexlamps.models.config import ModelConfig, UnsupportedModelError
 from flexlamps.models.loading.gguf_blocks import mxfp4_blocks
 from flexlamps.models.loading.gguf_blocks import BLOCK, int4_blocks, int8_blocks, is_int4_block_type, is_int8_block_type
-from flexlamps.models.loading.gguf_header import read_header
+from flexlamps.models.loading.gguf_header import open_gguf, read_header
 from flexlamps.models.loading.gguf_tensors import GGUFTensor, dequantize_rows, field_value, unpermute_rows
 from flexlamps.models.loading.gguf_config import DECODER_ARCHITECTURES, as_written, decoder_hf_config
 from flexlamps.models.loading.gguf_hybrid import (HYBRID_ARCHITECTURES, REFUSED_HYBRID, hybrid_hf_config,
@@ -27,14 +27,12 @@ from flexlamps.models.loading.gguf_moe import (MLA_GGUF_LAYER, MLA_KV_B, deepsee
 from flexlamps.models.loading.gguf_names import GGUF_GLOBAL, NORM_PLUS_ONE, layer_names, permuted_heads
 from flexlamps.models.loading.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 from flexlamps.models.blocks.linear import native_kernel
+from flexlamps.models.loading.errors import CheckpointError, json_file
+from flexlamps.models.loading.hf_files import tensor_files
 from flexlamps.models.loading.hf_parts import FusedParts
 from flexlamps.models.weight_specs import WeightSpec, hf_name, hf_part, weight_specs
 from quant.int4_weight import KERNEL_DTYPES, Int4Weight
 from quant.int8_weight import Int8Weight
-
-
-class CheckpointError(ValueError):
-    pass
 
 
 class HFFolderReader:
@@ -43,13 +41,10 @@ class HFFolderReader:
         cfg_path = folder / "config.json"
         if not cfg_path.exists():
             raise CheckpointError(f"{folder} has no config.json; is it a Hugging Face model folder?")
-        try:
-            self.hf_config = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from None
-        self.config = ModelConfig.from_hf(self.hf_config)
+        self.hf_config = json_file(cfg_path, "model config")
+        self.config = ModelConfig.from_hf(self.hf_config, source=str(cfg_path))
         self.fp8_block = fp8_weight_block(self.hf_config, cfg_path)
-        self._files = self._tensor_files(folder)
+        self._files = tensor_files(folder)
         self._parts = FusedParts(lambda name, i: self._handle(name).get_slice(name)[i], self._files.__contains__,
                                  str(folder))
         self._handles: dict[Path, Any] = {}
@@ -68,23 +63,6 @@ class HFFolderReader:
         unread = unread_tensors(self._files, read, self.hf_config)
         if unread:
             raise CheckpointError(unread_error(str(self.path), unread, family_for(self.config.model_type).name))
-
-    @staticmethod
-    def _tensor_files(folder: Path) -> dict[str, Path]:
-        from safetensors import safe_open
-
-        index = folder / "model.safetensors.index.json"
-        if index.exists():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            return {name: folder / fname for name, fname in weight_map.items()}
-        files = sorted(folder.glob("*.safetensors"))
-        if not files:
-            raise CheckpointError(f"{folder} has no *.safetensors weights (pytorch_model.bin is not read)")
-        out = {}
-        for f in files:
-            with safe_open(str(f), framework="pt") as h:
-                out.update({k: f for k in h.keys()})
-        return out
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -242,12 +220,7 @@ class GGUFReader:
         self._refuse_unread()
 
     def _open(self):
-        import gguf
-
-        try:
-            return gguf.GGUFReader(str(self.path))
-        except Exception as e:  # the gguf package raises assorted errors on junk input
-            raise CheckpointError(f"{self.path} is not a readable GGUF file: {e}") from None
+        return open_gguf(Path(self.path))
 
     def _parse_header(self):
         self._reader = self._open()

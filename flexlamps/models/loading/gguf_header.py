@@ -10,6 +10,7 @@ nor re-hashes the file; an edited file gets a new entry.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -28,6 +29,46 @@ class GGUFHeader:
     fields: dict[str, Any]  # metadata key -> value (str, number, bool or list)
     tensor_types: dict[str, str]  # tensor name -> GGML type name ("Q4_1", "F32", ...)
     sha256: str  # of the whole file
+
+
+def open_gguf(path: Path):
+    """The `gguf` package's reader of `path`, or a CheckpointError naming the file: "truncated" when
+    the header or a tensor it lists lies past the file's end, else what the package said."""
+    from flexlamps.models.loading.errors import CheckpointError
+
+    size = path.stat().st_size
+    if size == 0:
+        raise CheckpointError(f"{path} is empty: not a GGUF file; copy or download it again")
+    try:
+        return _end_checked_reader()(str(path))
+    except _PastTheEnd as e:
+        raise CheckpointError(f"{path} is truncated: it holds {size} bytes, but its header needs at least "
+                              f"{e.args[0]}; copy or download it again") from None
+    except Exception as e:  # noqa: BLE001  (the gguf package raises assorted errors on junk input)
+        raise CheckpointError(f"{path} is not a readable GGUF file: {e}") from None
+
+
+class _PastTheEnd(Exception):
+    """A read the GGUF header asks for ends past the file's last byte (args: that end)."""
+
+
+@functools.lru_cache(maxsize=1)
+def _end_checked_reader():
+    """The reader class, made on first use (the gguf package imports numpy)."""
+    import gguf
+    import numpy as np
+
+    class Reader(gguf.GGUFReader):
+        """The package's reader, its every read of the memory-mapped file checked to lie within it
+        (numpy would hand back a shorter slice, and the package fail later on its shape)."""
+
+        def _get(self, offset, dtype, count=1, override_order=None):
+            end = int(offset) + np.dtype(dtype).itemsize * int(count)
+            if end > len(self.data):
+                raise _PastTheEnd(end)
+            return super()._get(offset, dtype, count, override_order)
+
+    return Reader
 
 
 def file_sha256(path: Path) -> str:

@@ -15,6 +15,8 @@ from typing import Any, Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 
+from flexlamps.models.loading.errors import CheckpointError, json_file
+
 log = logging.getLogger(__name__)
 
 # llama.cpp's pre-tokenizer names -> the split regex they stand for (GPT-2 style by default).
@@ -127,9 +129,15 @@ def tokenizer_from_hf_folder(folder: Path, hf_config: dict[str, Any]) -> Tokeniz
     path = folder / "tokenizer.json"
     if not path.exists():
         raise FileNotFoundError(f"{folder} has no tokenizer.json; flexlamps needs a fast-tokenizer file")
-    tk = HFTokenizer.from_file(str(path))
+    try:
+        tk = HFTokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001  (the tokenizers library raises a bare Exception on a bad file)
+        raise CheckpointError(f"{path} is not a readable tokenizer file ({e}); the file is damaged or cut short: "
+                              "copy or download it again") from None
     tc_path = folder / "tokenizer_config.json"
-    tc = json.loads(tc_path.read_text()) if tc_path.exists() else {}
+    tc = json_file(tc_path, "tokenizer config") if tc_path.exists() else {}
+    if not isinstance(tc, dict):
+        raise CheckpointError(f"{tc_path} must hold a JSON object, not {type(tc).__name__}")
     specials = {k: _token_text(tc.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
     bos = tk.token_to_id(specials["bos_token"]) if specials["bos_token"] else hf_config.get("bos_token_id")
     eos_ids = set()
