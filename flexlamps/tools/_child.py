@@ -1,12 +1,19 @@
-"""The sandbox's child: started as `python -I _child.py JOB.json` with the fresh temp dir as
-cwd, it limits itself, cuts its network, installs the guards and only then runs the job.
-Standard library only (the child imports nothing of flexlamps).
+"""The sandbox's child, started as `python -I -S _child.py RESULT_FD [UID GID]` with its work dir as
+cwd (inside bubblewrap, or a temp dir with --unsafe-tools). Standard library only: the child
+imports nothing of flexlamps, and flexlamps is not in the sandbox.
 
-The guards: resource limits (CPU seconds, address space, file size = the output cap, no core
-files), a network namespace of its own (when the kernel lets it: root), and an audit hook that
-refuses sockets, writes outside the temp dir and new processes. The hook guards plain Python
-(model-written programs, tool functions); it is no boundary against native code, which is why
-foreign calls through ctypes are refused too and the namespace is tried first.
+In order, before any of the job's code runs:
+1. with UID GID (the engine runs as root): drop to that uid and gid, and check no capability is
+   left (bubblewrap starts it as root of the sandbox's user namespace so it can; see bwrap.py);
+2. site-packages (after the drop: `-S` kept installed packages' .pth files from running as root);
+3. the job (JSON) is read from stdin, which then reads /dev/null: its `nonce` stays out of the files;
+4. its files are written to the work dir; the resource limits are set; the audit hook is installed
+   (a second layer only: the boundary is the OS's, see sandbox.py).
+
+The result goes to RESULT_FD, a pipe the engine reads: one JSON line holding the nonce, written
+only once the job ran to its end (a program's last statement ran, a tool returned). An exit of
+any kind before that (exit(), sys.exit(), os._exit(), a signal) leaves no such line, and the
+engine records the run as ended early.
 """
 
 import json
@@ -15,7 +22,6 @@ import resource
 import sys
 import traceback
 
-_CLONE_NEWNET = 0x40000000
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 # audit events whose first (and for the two-path ones, second) argument is a path being changed
 _ONE_PATH = {"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate", "os.utime",
@@ -27,24 +33,35 @@ _SPAWN = {"os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.f
           "ctypes.call_function"}
 
 
-def _limit(cpu_s: int, memory_bytes: int, output_bytes: int) -> None:
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (output_bytes, output_bytes))
+def _drop_to(uid: int, gid: int) -> None:
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    with open("/proc/self/status", encoding="ascii") as f:
+        caps = {k: int(v, 16) for k, v in (line.split(":\t") for line in f) if k in ("CapPrm", "CapEff", "CapAmb")}
+    if os.getresuid() != (uid,) * 3 or os.getresgid() != (gid,) * 3 or any(caps.values()):
+        os._exit(70)  # the engine reports exit code 70 as a broken sandbox
+
+
+def _read_job() -> dict:
+    with os.fdopen(os.dup(0), "rb") as f:
+        job = json.loads(f.read())
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return job
+
+
+def _limit(job: dict) -> None:
+    resource.setrlimit(resource.RLIMIT_CPU, (job["cpu_s"], job["cpu_s"] + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (job["memory_bytes"], job["memory_bytes"]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (job["output_bytes"], job["output_bytes"]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
-def _own_network() -> bool:
-    """A network namespace of our own (only a down loopback in it); False where not permitted."""
-    import ctypes
-
-    try:
-        return ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWNET) == 0
-    except (OSError, AttributeError):
-        return False
+    if job["processes"] is not None:
+        resource.setrlimit(resource.RLIMIT_NPROC, (job["processes"], job["processes"]))
 
 
 def _guard(root: str) -> None:
+    """The audit hook: refuses sockets, writes outside `root` and new processes from plain Python."""
     root = os.path.realpath(root)
 
     def inside(path) -> bool:
@@ -80,7 +97,7 @@ def _guard(root: str) -> None:
 def _run_program(job: dict) -> None:
     with open(job["program"], encoding="utf-8") as f:
         source = f.read()
-    # a fixed file name (not the temp dir's path): tracebacks read the same in every run
+    # a fixed file name (not the work dir's path): tracebacks read the same in every run
     code = compile(source, os.path.basename(job["program"]), "exec")
     exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
 
@@ -94,16 +111,15 @@ def _load_module(path: str):
     return module
 
 
-def _call(job: dict) -> None:
+def _call(job: dict):
     fn = getattr(_load_module(job["module"]), job["function"], None)
     if not callable(fn):
-        raise LookupError(f"no tool function {job['function']!r} in {job['module']}")
+        raise LookupError(f"no tool function {job['function']!r} in {job['module_name']}")
     value = fn(**job["arguments"])
-    with open(job["result"], "w", encoding="utf-8") as f:
-        json.dump({"value": value if isinstance(value, str) else json.dumps(value, default=str)}, f)
+    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
-def _describe(job: dict) -> None:
+def _describe(job: dict):
     """The module's tools as JSON schemas: its public functions (or those it lists in TOOLS)."""
     import inspect
 
@@ -120,27 +136,35 @@ def _describe(job: dict) -> None:
         required = [n for n, p in params.items() if p.default is inspect.Parameter.empty]
         tools.append({"name": fn.__name__, "description": inspect.getdoc(fn) or "",
                       "parameters": {"type": "object", "properties": props, "required": required}})
-    with open(job["result"], "w", encoding="utf-8") as f:
-        json.dump(tools, f)
+    return json.dumps(tools)
 
 
 def main() -> None:
-    with open(sys.argv[1], encoding="utf-8") as f:
-        job = json.load(f)
-    _limit(job["cpu_s"], job["memory_bytes"], job["output_bytes"])
-    isolated = _own_network() if job["unshare_network"] else False
+    result_fd = int(sys.argv[1])
+    if len(sys.argv) == 4:
+        _drop_to(int(sys.argv[2]), int(sys.argv[3]))
+    import site
+
+    site.main()
+    job = _read_job()
+    nonce = job.pop("nonce")
+    for name, text in job.pop("files").items():
+        with open(name, "w", encoding="utf-8") as f:
+            f.write(text)
+    _limit(job)
     sys.dont_write_bytecode = True
     _guard(os.getcwd())
-    if job.get("report_isolation"):
-        print(f"network namespace: {isolated}", file=sys.stderr)
     run = {"program": _run_program, "call": _call, "describe": _describe}[job["mode"]]
     try:
-        run(job)
-    except SystemExit:
-        raise
-    except BaseException as e:
+        value = run(job)
+    except BaseException as e:  # SystemExit too: its traceback shows where the code ended early
         _print_user_traceback(e)
-        os._exit(1)
+        code = e.code if isinstance(e, SystemExit) else 1
+        os._exit(code if isinstance(code, int) and 0 <= code < 256 else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with os.fdopen(result_fd, "wb") as f:  # a blocking pipe: all of it, however long
+        f.write(b"\n" + json.dumps({"nonce": nonce, "value": value}).encode() + b"\n")
 
 
 def _print_user_traceback(e: BaseException) -> None:
@@ -148,7 +172,10 @@ def _print_user_traceback(e: BaseException) -> None:
     te = traceback.TracebackException.from_exception(e)
     te.stack = traceback.StackSummary.from_list(
         [f for f in te.stack if os.path.abspath(f.filename) != os.path.abspath(__file__)])
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()
+    except OSError:
+        pass  # a full output: the traceback still goes to stderr
     sys.stderr.write("".join(te.format()))
     sys.stderr.flush()
 
