@@ -26,9 +26,10 @@ class Workload:
 
 
 def load_workload(name: str, path: str, *, rounds: int, limit: int | None, tool_timeout: float,
-                  prompts: str | None = None) -> Workload:
-    """`path`: the task file (self-debug, gsm8k) or the tools' Python file (tools, with `prompts`)."""
-    limits = Limits(wall_s=tool_timeout, cpu_s=max(1, math.ceil(tool_timeout)))
+                  prompts: str | None = None, unsafe_tools: bool = False) -> Workload:
+    """`path`: the task file (self-debug, gsm8k) or the tools' Python file (tools, with `prompts`);
+    `unsafe_tools`: run the tools without the OS sandbox (see flexlamps.tools.sandbox)."""
+    limits = Limits(wall_s=tool_timeout, cpu_s=max(1, math.ceil(tool_timeout)), unsafe=unsafe_tools)
     if name == "self-debug":
         from flexlamps.agents.selfdebug import SelfDebugTask, load_problems, pass_at_round
 

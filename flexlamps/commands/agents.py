@@ -36,8 +36,9 @@ Live agents instead of a trace: --self-debug FILE (HumanEval-format tasks: the m
 function, its tests run, it reads the failure and repairs, up to --rounds rounds), --gsm8k FILE
 (a Python calculator tool, scored by the final answer) or --tools module.py --prompts FILE (the
 model calls the file's functions with <tool_call>{json}</tool_call>). A request generates until
-it calls a tool, pauses while the tool runs in a sandboxed subprocess (--tool-timeout, no network,
-a temp dir) on a thread pool while the others decode, then resumes with the result as a new
+it calls a tool, pauses while the tool runs in a sandbox (bubblewrap: its own namespaces, no network,
+a read-only filesystem, a seccomp filter, --tool-timeout; without bubblewrap the command refuses unless
+--unsafe-tools) on a thread pool while the others decode, then resumes with the result as a new
 turn; the scheduler learns call durations per tool as they happen. All tasks arrive at once.
 Writes OUT/<policy>.jsonl (per task: every round's completion, the program run, its result and
 time) and OUT/summary.json (per policy: E2E mean / p99, throughput, tool calls and seconds, bytes
@@ -65,6 +66,9 @@ in OUT with the same settings is kept (rerun to resume)."""
               help="live: tokens the model writes per turn at most")
 @click.option("--tool-timeout", default=10.0, type=click.FloatRange(min=0.1), show_default=True,
               help="live: wall seconds (and CPU seconds) a tool call may take before it is stopped")
+@click.option("--unsafe-tools", is_flag=True,
+              help="live: run model-written and tool code without the OS sandbox where bubblewrap is missing "
+                   "(resource limits and an audit hook only: the code can read and write what this process can)")
 @click.option("--tool-workers", default=2, type=click.IntRange(min=1), show_default=True,
               help="live: tool calls running at once")
 @click.option("--recheck", is_flag=True, help="self-debug: run every recorded program again and compare")
@@ -112,7 +116,7 @@ in OUT with the same settings is kept (rerun to resume)."""
               help="folder for summary.json and the PNG plots")
 @click.option("--no-plots", is_flag=True, help="skip the matplotlib plots")
 def command(model, dtype, trace_path, self_debug, gsm8k, tools_module, prompts, rounds, limit, max_new_tokens,
-            tool_timeout, tool_workers, recheck, schedulers, qps, num_requests, time_scale, max_context, max_prompt,
+            tool_timeout, unsafe_tools, tool_workers, recheck, schedulers, qps, num_requests, time_scale, max_context, max_prompt,
             max_output, max_api_tokens, gpu_kv_mem, cpu_swap_mem, gpu_mem, cpu_mem, offload_dir, placement,
             block_size, max_num_seqs, max_batched_tokens, noise_sigma, seed, clock, verify, out_dir, no_plots):
     from flexlamps.engine.augmented.run import measure_cost
@@ -131,7 +135,8 @@ def command(model, dtype, trace_path, self_debug, gsm8k, tools_module, prompts, 
                                                    policy=placement))
     shape = dict(block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched_tokens,
                  noise_sigma=noise_sigma, seed=seed, gpu_kv_mem=gpu_kv_mem, cpu_swap_mem=cpu_swap_mem)
-    workload = _live_workload(trace_path, self_debug, gsm8k, tools_module, prompts, rounds, limit, tool_timeout)
+    workload = _live_workload(trace_path, self_debug, gsm8k, tools_module, prompts, rounds, limit, tool_timeout,
+                              unsafe_tools)
     if workload is not None:
         from flexlamps.commands.agents_live import run_live
 
@@ -172,7 +177,7 @@ def augmented_settings(max_context: int, **fields):
         raise click.UsageError(str(e)) from None
 
 
-def _live_workload(trace_path, self_debug, gsm8k, tools_module, prompts, rounds, limit, tool_timeout):
+def _live_workload(trace_path, self_debug, gsm8k, tools_module, prompts, rounds, limit, tool_timeout, unsafe_tools):
     """The live workload the options name (read and checked before the model loads), or None for --trace."""
     given = {"--trace": trace_path, "--self-debug": self_debug, "--gsm8k": gsm8k, "--tools": tools_module}
     named = [k for k, v in given.items() if v is not None]
@@ -183,14 +188,29 @@ def _live_workload(trace_path, self_debug, gsm8k, tools_module, prompts, rounds,
         raise click.UsageError("--prompts goes with --tools")
     if trace_path is not None:
         return None
+    _check_tool_sandbox(unsafe_tools)
     from flexlamps.agents.workloads import load_workload
 
     name, path = {"--self-debug": ("self-debug", self_debug), "--gsm8k": ("gsm8k", gsm8k),
                   "--tools": ("tools", tools_module)}[named[0]]
     try:
-        return load_workload(name, path, rounds=rounds, limit=limit, tool_timeout=tool_timeout, prompts=prompts)
+        return load_workload(name, path, rounds=rounds, limit=limit, tool_timeout=tool_timeout, prompts=prompts,
+                             unsafe_tools=unsafe_tools)
     except ValueError as e:
         raise click.ClickException(str(e))
+
+
+def _check_tool_sandbox(unsafe_tools: bool) -> None:
+    """Model-written code runs behind the OS sandbox, or the user asked for none by name."""
+    from flexlamps.tools.sandbox import boundary_problem
+
+    if unsafe_tools:
+        click.echo("warning: --unsafe-tools: model-written and tool code runs without the OS sandbox; it can read, "
+                   "write and signal whatever this process can", err=True)
+        return
+    problem = boundary_problem()
+    if problem is not None:
+        raise click.ClickException(f"{problem}; or pass --unsafe-tools to run model-written code without it")
 
 
 def load_planned(run, augmented):

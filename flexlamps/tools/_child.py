@@ -159,12 +159,20 @@ def main() -> None:
         value = run(job)
     except BaseException as e:  # SystemExit too: its traceback shows where the code ended early
         _print_user_traceback(e)
-        code = e.code if isinstance(e, SystemExit) else 1
+        code = (0 if e.code is None else e.code) if isinstance(e, SystemExit) else 1
         os._exit(code if isinstance(code, int) and 0 <= code < 256 else 1)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _flush()
     with os.fdopen(result_fd, "wb") as f:  # a blocking pipe: all of it, however long
         f.write(b"\n" + json.dumps({"nonce": nonce, "value": value}).encode() + b"\n")
+    os._exit(0)  # the run is over: what the code left (threads, atexit) has no say in it
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # the code closed or filled its output: what it printed is what there is
 
 
 def _print_user_traceback(e: BaseException) -> None:
@@ -172,12 +180,12 @@ def _print_user_traceback(e: BaseException) -> None:
     te = traceback.TracebackException.from_exception(e)
     te.stack = traceback.StackSummary.from_list(
         [f for f in te.stack if os.path.abspath(f.filename) != os.path.abspath(__file__)])
+    _flush()
     try:
-        sys.stdout.flush()
-    except OSError:
-        pass  # a full output: the traceback still goes to stderr
-    sys.stderr.write("".join(te.format()))
-    sys.stderr.flush()
+        sys.stderr.write("".join(te.format()))
+    except (OSError, ValueError):
+        pass
+    _flush()
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ def _run_boxed(job, out, wall_s, disk_bytes, network, seccomp):
             return (*_decode(_wait(proc, deadline), boxed=True), b"")
         pidfd = _pidfd(pid)
         result = _exchange(proc, job, pipes["result"][0], deadline)
-        return (*_decode(_wait(proc, deadline), boxed=True), result)
+        return (*_decode(_wait(proc, _stop_if_over(result, deadline)), boxed=True), result)
     finally:
         os.close(pipes["result"][0])
         _end(proc, pidfd)
@@ -108,7 +108,7 @@ def _run_unboxed(job, out, wall_s):
             os.close(write_fd)
         try:
             result = _exchange(proc, job, read_fd, deadline)
-            return (*_decode(_wait(proc, deadline), boxed=False), result, folder)
+            return (*_decode(_wait(proc, _stop_if_over(result, deadline)), boxed=False), result, folder)
         finally:
             os.close(read_fd)
             _end(proc, None)
@@ -154,6 +154,11 @@ def _exchange(proc: subprocess.Popen, job: bytes, result_fd: int, deadline: floa
                     sel.unregister(stdin)
                     proc.stdin.close()
     return bytes(result)
+
+
+def _stop_if_over(result: bytes, deadline: float) -> float:
+    """A result past RESULT_BYTES ends the child now (it may be blocked writing more)."""
+    return time.monotonic() if len(result) > RESULT_BYTES else deadline
 
 
 def _wait(proc: subprocess.Popen, deadline: float) -> int | None:

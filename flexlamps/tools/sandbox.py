@@ -170,6 +170,8 @@ def _result(outcome: launch.Outcome, nonce: str, limits: Limits) -> ToolResult:
     """What the child's exit, output and result line say, as a ToolResult (never an exception)."""
     output = outcome.output.decode("utf-8", errors="replace")
     seconds = outcome.seconds
+    if len(outcome.result) > launch.RESULT_BYTES:
+        return ToolResult("output_limit", output + f"\n(its result passed {launch.RESULT_BYTES} bytes)", seconds)
     if outcome.exit_code is None:
         return ToolResult("timeout", output, seconds)
     if outcome.signal is not None:
@@ -188,8 +190,6 @@ def _result(outcome: launch.Outcome, nonce: str, limits: Limits) -> ToolResult:
 def completion(data: bytes, nonce: str) -> tuple[list, str | None]:
     """The values of the result lines holding `nonce` (the child writes one), and a note on what
     else came back on the result pipe (garbage a tool wrote there, or too much)."""
-    if len(data) > launch.RESULT_BYTES:
-        return [], f"(the tool sent more than {launch.RESULT_BYTES} bytes where its result goes)"
     found = []
     for line in data.splitlines():
         try:

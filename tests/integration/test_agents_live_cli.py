@@ -108,3 +108,36 @@ def test_bad_workload_options_fail_before_the_model_loads(tmp_path, extra, messa
     extra = [e.format(tasks=tasks, bad=bad) for e in extra]
     res = CliRunner().invoke(main, ["agents", "--out", str(tmp_path / "o"), *extra])
     assert res.exit_code != 0 and message in res.output, res.output
+
+
+def test_a_program_that_exits_before_its_tests_is_recorded_failed(long_tiny, tmp_path):
+    """The task's own code calls exit(0) before the (failing) tests: a failure, and the record says why.
+    Whatever the random model writes lands in a raw string the test code closes."""
+    task = {"task_id": "exits/0", "entry_point": "add",
+            "prompt": 'import sys\nsys.exit(0)\n\n\ndef add(a, b):\n    return a - b\n\n\nNOTES = r"""\n',
+            "test": '"""\n\n\ndef check(c):\n    assert c(1, 2) == 3\n'}
+    tasks = tmp_path / "exits.jsonl"
+    tasks.write_text(json.dumps(task) + "\n")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, [*_common(long_tiny, out), "--self-debug", str(tasks), "--rounds", "1",
+                                    "--schedulers", "fcfs"])
+    assert res.exit_code == 0, res.output
+    (rd,) = _jsonl(out / "fcfs.jsonl")[0]["rounds"]
+    assert rd["passed"] is False and rd["tool_status"] == "exited", rd
+    assert "SystemExit: 0" in rd["feedback"] and "before it ran to its end" in rd["feedback"]
+    assert json.loads((out / "summary.json").read_text())["policies"]["fcfs"]["pass_at_round"] == [0.0]
+
+
+def test_without_a_sandbox_agents_refuses_to_run_tools_unless_told(tmp_path, monkeypatch, long_tiny):
+    from flexlamps.tools import sandbox
+
+    monkeypatch.setattr(sandbox, "boundary_problem", lambda: "bubblewrap (bwrap) is not on PATH; install it")
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text(json.dumps(TASKS[0]) + "\n")
+    res = CliRunner().invoke(main, [*_common(long_tiny, tmp_path / "o"), "--self-debug", str(tasks)])
+    assert res.exit_code != 0 and "bwrap" in res.output and "--unsafe-tools" in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1
+    res = CliRunner().invoke(main, [*_common(long_tiny, tmp_path / "u"), "--self-debug", str(tasks), "--rounds", "1",
+                                    "--schedulers", "fcfs", "--unsafe-tools"])
+    assert res.exit_code == 0 and "warning: --unsafe-tools" in res.output, res.output
+    assert (tmp_path / "u" / "fcfs.jsonl").exists()

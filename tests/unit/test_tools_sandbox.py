@@ -51,26 +51,22 @@ def test_network_refused_even_with_the_namespace_off():
     assert res.status == "error" and "socket.__new__" in res.output
 
 
-def test_writes_outside_the_temp_dir_are_refused(tmp_path):
-    outside = str(tmp_path / "escape")
-    keep = tmp_path / "keep.txt"  # a file the program must not remove
-    keep.write_text("mine")
-    sources = [f"open({outside!r}, 'w').write('x')",
-               f"import os\nos.open({outside!r}, os.O_CREAT | os.O_WRONLY)",
-               f"import os\nos.chdir({str(tmp_path)!r})\nopen('escape', 'a')",
-               f"import os\nos.mkdir({outside!r})",
-               f"import os\nopen('a', 'w').close()\nos.rename('a', {outside!r})",
-               f"import os\nos.remove({str(keep)!r})",
-               f"import shutil\nshutil.rmtree({str(tmp_path)!r})"]
+def test_the_audit_hook_still_refuses_writes_outside_the_work_dir():
+    """A second layer only (the boundary is the OS's: test_tools_sandbox_attacks.py)."""
+    sources = ["open('/usr/escape', 'w').write('x')",
+               "import os\nos.open('/usr/escape', os.O_CREAT | os.O_WRONLY)",
+               "import os\nos.chdir('/usr')\nopen('escape', 'a')",
+               "import os\nos.mkdir('/usr/escape')",
+               "import os\nopen('a', 'w').close()\nos.rename('a', '/usr/escape')",
+               "import os\nos.remove('/usr/bin/env')",
+               "import shutil\nshutil.rmtree('/usr/lib')"]
     for source in sources:
         res = run_program(source, FAST)
         assert res.status == "error" and "outside the sandbox's temp dir" in res.output, (source, res)
-        assert not os.path.exists(outside)
-    assert keep.read_text() == "mine"
 
 
 def test_reading_is_allowed_and_processes_are_refused():
-    assert run_program("print(len(open('/etc/hostname').read()) >= 0)").output.strip() == "True"
+    assert run_program("import os\nprint(len(open(os.__file__).read()) > 0)").output.strip() == "True"
     for source in ("import subprocess\nsubprocess.run(['true'])", "import os\nos.system('true')",
                    "import os\nos.fork()", "import ctypes\nctypes.CDLL(None).getpid()"):
         res = run_program(source, FAST)
@@ -81,7 +77,7 @@ def test_crashes_and_exits_become_results():
     res = run_program("import os\nos.abort()", FAST)
     assert res.status == "killed" and res.text().startswith("error")
     res = run_program("import sys\nsys.exit(3)", FAST)
-    assert res.status == "error" and "exit code 3" in res.output
+    assert res.status == "error" and "exit code 3" in res.output and "SystemExit: 3" in res.output
     res = run_program("def f():\n    assert 1 == 2, 'one is not two'\nf()", FAST)
     assert res.status == "error"
     # the traceback names program.py (not the temp dir) and none of the sandbox's own frames
