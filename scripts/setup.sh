@@ -13,7 +13,8 @@ if [ "${1:-}" = "--test" ]; then extras="[test,helm,plots,ray]"; fi
 if [ "${1:-}" = "--test" ]; then
   # the tool sandbox (flexlamps/tools/bwrap.py): bubblewrap, and libseccomp for its filter; CI runs as root
   if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    (apt-get update -qq && apt-get install -y -qq bubblewrap libseccomp2) >/dev/null
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap libseccomp2) >/dev/null \
+      || echo "setup.sh: could not install bubblewrap: the tool sandbox and its tests need it" >&2
   fi
   # crfm-helm's own helm-summarize reads our run folders in a test: its lean install (docs/helm.md)
   .venv/bin/python -m pip install -q --no-deps "crfm-helm==0.5.16"

@@ -1,11 +1,17 @@
 """The tool sandbox: whatever the code does, the caller gets a ToolResult saying so, in time."""
 
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
+import flexlamps.tools
 from flexlamps.tools.sandbox import Limits, ToolResult, call_function, describe_tools, run_program
 
 # programs that end on their own get a wall limit no load reaches (they take a fraction of a
@@ -129,3 +135,53 @@ def test_limits_are_checked():
     with pytest.raises(ValueError, match="sandbox limits too small"):
         Limits(wall_s=0)
     assert ToolResult("ok", "out", 0.1).text() == "out"
+
+
+def _nobody_can_run(python: str) -> bool:
+    try:
+        return subprocess.run([python, "-I", "-c", "pass"], user=65534, group=65534, extra_groups=[],
+                              capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run as root: it checks the sandbox as an unprivileged user")
+def test_the_sandbox_works_for_a_user_without_root():
+    """Users run flexlamps without root: there bwrap maps the sandbox's uid to theirs (bwrap.py)."""
+    import pyseccomp
+
+    python = next((p for p in (os.path.realpath(sys.executable), "/usr/bin/python3") if _nobody_can_run(p)), None)
+    if python is None:
+        pytest.skip("no Python here that an unprivileged user can run")
+    folder = tempfile.mkdtemp()  # under /tmp, outside root's folders: copies of the sandbox and pyseccomp
+    try:
+        shutil.copytree(Path(flexlamps.tools.__file__).parent, Path(folder, "flexlamps", "tools"))
+        Path(folder, "flexlamps", "__init__.py").write_text("")
+        shutil.copy(pyseccomp.__file__, folder)
+        subprocess.run(["chmod", "-R", "a+rX", folder], check=True)
+        script = (f"import sys; sys.path.insert(0, {folder!r})\n"
+                  "from flexlamps.tools.sandbox import boundary_problem, run_program\n"
+                  "print(boundary_problem(), run_program('print(6 * 7)').output.strip(), run_program('exit(0)').status)")
+        done = subprocess.run([python, "-I", "-c", script], user=65534, group=65534, extra_groups=[], cwd=folder,
+                              env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=300)
+    finally:
+        shutil.rmtree(folder)
+    assert done.stdout.split() == ["None", "42", "exited"], (done.stdout, done.stderr)
+
+
+def test_without_bubblewrap_calls_are_refused_unless_unsafe(monkeypatch):
+    from flexlamps.tools import bwrap, sandbox
+
+    monkeypatch.setattr(bwrap, "executable", lambda: None)
+    sandbox.boundary_problem.cache_clear()
+    try:
+        assert "apt-get install bubblewrap" in sandbox.boundary_problem()
+        with pytest.raises(sandbox.SandboxUnavailable, match="bubblewrap"):
+            run_program("pass", FAST)
+        before = set(os.listdir(tempfile.gettempdir()))
+        assert run_program("print(1)", Limits(wall_s=120, unsafe=True)).output == "1\n"
+        assert run_program("exit(0)", Limits(wall_s=120, unsafe=True)).status == "exited"
+        assert run_program("import time\ntime.sleep(60)", Limits(wall_s=1, unsafe=True)).status == "timeout"
+        assert set(os.listdir(tempfile.gettempdir())) - before == set()  # its temp dirs are gone
+    finally:
+        sandbox.boundary_problem.cache_clear()
