@@ -57,25 +57,30 @@ def run_child(job: bytes, *, wall_s: float, output_bytes: int, disk_bytes: int, 
 
 def _run_boxed(job, out, wall_s, disk_bytes, network, seccomp):
     deadline = time.monotonic() + wall_s
-    pipes = {name: os.pipe() for name in ("result", "info", "seccomp", "block")}
     root = bwrap.as_root()
+    pipes = {name: os.pipe() for name in ("result", "info", "seccomp", *(("block",) if root else ()))}
     fds = bwrap.Fds(result=pipes["result"][1], info=pipes["info"][1], seccomp=pipes["seccomp"][0],
                     block=pipes["block"][0] if root else None)
     os.write(pipes["seccomp"][1], seccomp)  # a few hundred bytes: the pipe holds them
     os.close(pipes["seccomp"][1])
     args = bwrap.command(bwrap.executable(), fds, disk_bytes, network, CHILD)
     keep = tuple(fd for fd in (fds.result, fds.info, fds.seccomp, fds.block) if fd is not None)
+    ours = (pipes["info"][0], *((pipes["block"][1],) if root else ()))
     try:
         proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=out, stderr=out, pass_fds=keep, env={},
                                 start_new_session=True, **({"extra_groups": []} if root else {}))
+    except BaseException:
+        for fd in (*ours, pipes["result"][0]):
+            os.close(fd)
+        raise
     finally:
         for fd in keep:
             os.close(fd)
     pidfd = None
     try:
         try:
-            with _closing(pipes["info"][0], pipes["block"][1]):
-                pid = (bwrap.map_users(pipes["info"][0], pipes["block"][1]) if root
+            with _closing(*ours):
+                pid = (bwrap.map_users(*ours) if root
                        else bwrap.sandbox_pid(pipes["info"][0]))
         except OSError:  # bwrap itself failed before the sandbox started: its message is in the output
             return (*_decode(_wait(proc, deadline), boxed=True), b"")

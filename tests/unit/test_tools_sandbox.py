@@ -185,3 +185,11 @@ def test_without_bubblewrap_calls_are_refused_unless_unsafe(monkeypatch):
         assert set(os.listdir(tempfile.gettempdir())) - before == set()  # its temp dirs are gone
     finally:
         sandbox.boundary_problem.cache_clear()
+
+
+def test_calls_leave_no_descriptor_open():
+    run_program("pass", FAST)
+    before = sorted(os.listdir("/proc/self/fd"))
+    for source in ("pass", "exit(0)", "import os\nos.abort()"):
+        run_program(source, FAST)
+    assert sorted(os.listdir("/proc/self/fd")) == before
