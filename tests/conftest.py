@@ -108,6 +108,23 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def no_model_load(monkeypatch):
+    """`flexlamps.api.LLM` replaced by one that fails the test when built: the checks a command
+    makes before the model loads are all that may run."""
+    import flexlamps.api
+
+    class NoLoad:
+        def __init__(self, *args, **kwargs):
+            pytest.fail("the model was loaded")
+
+        @classmethod
+        def from_settings(cls, *args, **kwargs):
+            pytest.fail("the model was loaded")
+
+    monkeypatch.setattr(flexlamps.api, "LLM", NoLoad)
+
+
+@pytest.fixture
 def failing_compiler(tmp_path, monkeypatch) -> Path:
     """$CC set to a compiler that answers --version and fails every build with "error: boom"."""
     compiler = tmp_path / "failing-cc"

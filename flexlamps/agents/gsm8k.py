@@ -37,12 +37,7 @@ def load_gsm8k(path: str, limit: int | None = None) -> list[MathProblem]:
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue
-                row = json.loads(line)
-                if not isinstance(row, dict) or "####" not in str(row.get("answer", "")) or not row.get("question"):
-                    raise ValueError(f"{path} line {n}: a GSM8K task is {{\"question\", \"answer\"}} with the "
-                                     "answer ending in '#### <number>'")
-                gold = row["answer"].rsplit("####", 1)[1].strip().replace(",", "")
-                problems.append(MathProblem(f"gsm8k/{n - 1}", row["question"], gold))
+                problems.append(_problem(json.loads(line), path, n))
                 if limit is not None and len(problems) == limit:
                     break
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -50,6 +45,17 @@ def load_gsm8k(path: str, limit: int | None = None) -> list[MathProblem]:
     if not problems:
         raise ValueError(f"{path}: no tasks in the file")
     return problems
+
+
+def _problem(row, path: str, n: int) -> MathProblem:
+    """Line `n`'s task; an error naming the line where it is not {"question": str, "answer": str}
+    with a number after the answer's '####'."""
+    question, answer = (row.get("question"), row.get("answer")) if isinstance(row, dict) else (None, None)
+    gold = answer.rsplit("####", 1)[1].strip().replace(",", "") if isinstance(answer, str) and "####" in answer else ""
+    if not isinstance(question, str) or not question.strip() or last_number(gold) != gold:
+        raise ValueError(f"{path} line {n}: a GSM8K task is {{\"question\": text, \"answer\": text ending in "
+                         "'#### <number>'}")
+    return MathProblem(f"gsm8k/{n - 1}", question, gold)
 
 
 def last_number(text: str) -> str | None:

@@ -4,8 +4,6 @@ long it took) and a summary (latency, throughput, tool calls, memory moves, task
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from typing import Callable
 
 from flexlamps.agents.run import LiveRun
@@ -50,15 +48,10 @@ def write_jsonl_atomic(path: str, rows: list[dict]) -> None:
 
 
 def _write_atomic(path: str, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from flexlamps.io.atomic import atomic_output
+
+    with atomic_output(path) as f:  # the file's mode follows the umask, as a plain open's would
+        f.write(text)
 
 
 def print_table(summaries: list[dict], echo=print) -> None:

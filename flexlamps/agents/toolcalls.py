@@ -27,11 +27,41 @@ _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
 def load_tools(module: str, limits: Limits = Limits()) -> list[dict]:
-    """The schemas of `module`'s tools; a file with none is an error naming it."""
-    tools = describe_tools(module, limits)
+    """The schemas of `module`'s tools; a file with none, or whose description (read from its
+    own process) is not a list of schemas, is an error naming it."""
+    try:
+        tools = describe_tools(module, limits)
+    except json.JSONDecodeError as e:  # what the module's own process left as its description
+        raise ValueError(f"{module}: the description of its tools is malformed (not JSON: {e.msg}); a tool is "
+                         "a public function with a plain name, a docstring and keyword parameters") from None
     if not tools:
         raise ValueError(f"{module} defines no tool: give it public functions (or a TOOLS list)")
+    why = malformed_schema(tools)
+    if why is not None:
+        raise ValueError(f"{module}: the description of its tools is malformed ({why}); a tool is a public "
+                         "function with a plain name, a docstring and keyword parameters")
     return tools
+
+
+def malformed_schema(tools) -> str | None:
+    """What is wrong with a tools description (not a list of {"name": identifier, "description":
+    text, "parameters": {"type": "object", "properties": {...}, "required": [...]}}), or None."""
+    if not isinstance(tools, list):
+        return f"a list of tools expected, got {type(tools).__name__}"
+    for n, tool in enumerate(tools):
+        params = tool.get("parameters") if isinstance(tool, dict) else None
+        if not isinstance(params, dict):
+            return f"tool {n} has no \"parameters\" object"
+        name, props, required = tool.get("name"), params.get("properties"), params.get("required", [])
+        if not isinstance(name, str) or not name.isidentifier():
+            return f"tool {n}'s name {name!r} is not an identifier"
+        if not isinstance(tool.get("description", ""), str):
+            return f"{name}'s description is not text"
+        if not isinstance(props, dict) or not all(isinstance(p, dict) for p in props.values()):
+            return f"{name}'s parameters have no \"properties\" object of schemas"
+        if not isinstance(required, list) or not set(required) <= set(props):
+            return f"{name}'s required parameters {required!r} are not among its properties"
+    return None
 
 
 def parse_call(text: str, names: set[str]) -> tuple[str, dict] | str | None:

@@ -8,7 +8,7 @@ import os
 import click
 
 from flexlamps.commands.options import (ByteSize, check_model, check_offload_dir, check_policy, engine_settings_from,
-                                        model_options, refused_option, writable_folder)
+                                        hold_output, model_options, refused_option, writable_folder)
 from flexlamps.commands.simulate import _floats, _policies, _write_json
 
 _HELP = """Run augmented requests from an INFERCEPT-format --trace on the real engine (paged KV cache,
@@ -129,6 +129,7 @@ def command(model, dtype, trace_path, self_debug, gsm8k, tools_module, prompts, 
         raise click.UsageError("--offload-dir needs the tiers' budgets: give --gpu-mem and --cpu-mem")
     check_model(model)
     writable_folder(out_dir, "--out")  # before the model loads
+    hold_output(out_dir, "--out")
     check_offload_dir(offload_dir)
     check_policy(placement)
     run = engine_settings_from(model, dtype, dict(gpu_mem=gpu_mem, cpu_mem=cpu_mem, offload_dir=offload_dir,

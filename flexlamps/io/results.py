@@ -56,7 +56,8 @@ class ResumableResults:
     """
 
     def __init__(self, out: str | Path, expected: dict[str, RecordFingerprint], overwrite: bool = False):
-        self.out = Path(out)
+        self.given = Path(out)
+        self.out = self.given.resolve()  # a symlink's target: what is written, locked and resumed
         self.partial = self.out.with_name(self.out.name + ".partial")
         self.expected, self.overwrite = expected, overwrite
         self.state = ResumeState()
@@ -73,8 +74,8 @@ class ResumableResults:
         from offload.lock import PathLock
 
         try:
-            make_writable_folder(self.out.parent, "--out", shown=self.out)
-            self._lock = PathLock(self.out, "--out").acquire()
+            make_writable_folder(self.out.parent, "--out", shown=self.given)
+            self._lock = PathLock(self.out, "--out", shown=self.given).acquire()
         except UnusablePathError as e:
             raise ResultsError(str(e)) from None
         for tmp in self.out.parent.glob(f".{self.out.name}.*.tmp"):  # left by a run killed mid-rename

@@ -3,7 +3,9 @@ task under every policy, programs identical under every policy, recorded results
 running the programs again, resumable output."""
 
 import json
+import os
 import shutil
+import stat
 import textwrap
 
 import pytest
@@ -75,8 +77,17 @@ def test_self_debug_on_held_out_tasks(long_tiny, tmp_path):
 def test_gsm8k_and_tools_workloads(long_tiny, tmp_path):
     gsm = tmp_path / "gsm.jsonl"
     gsm.write_text(json.dumps({"question": "What is 2 + 3?", "answer": "2+3=5\n#### 5"}) + "\n")
-    res = CliRunner().invoke(main, [*_common(long_tiny, tmp_path / "g"), "--gsm8k", str(gsm), "--schedulers", "lamps"])
+    umask = os.umask(0o002)
+    try:
+        res = CliRunner().invoke(main, [*_common(long_tiny, tmp_path / "g"), "--gsm8k", str(gsm), "--schedulers",
+                                        "lamps"])
+    finally:
+        os.umask(umask)
     assert res.exit_code == 0, res.output
+    # the outputs follow the umask (as a plain open's would), and the --out lock is gone
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "g").iterdir() if p.suffix != ".png"} == {
+        "lamps.jsonl": 0o664, "summary.json": 0o664}
+    assert not list(tmp_path.glob("g.lock*"))
     rec = _jsonl(tmp_path / "g" / "lamps.jsonl")[0]
     assert rec["gold"] == "5" and "accuracy" in json.loads((tmp_path / "g" / "summary.json").read_text())[
         "policies"]["lamps"]
@@ -99,15 +110,24 @@ def test_gsm8k_and_tools_workloads(long_tiny, tmp_path):
     (["--trace", "{tasks}", "--self-debug", "{tasks}"], "got --trace and --self-debug"),
     (["--gsm8k", "{tasks}", "--prompts", "{tasks}"], "--prompts goes with --tools"),
     (["--self-debug", "{bad}"], "missing or empty field(s) entry_point"),
+    (["--gsm8k", "{list_answer}"], "list_answer.jsonl line 1: a GSM8K task is"),
+    (["--gsm8k", "{number_question}"], "number_question.jsonl line 1: a GSM8K task is"),
+    (["--tools", "{lambda_tools}", "--prompts", "{tasks}"], "lambda_tools.py: the description of its tools is "
+                                                            "malformed (tool 0's name '<lambda>' is not an identifier)"),
 ])
-def test_bad_workload_options_fail_before_the_model_loads(tmp_path, extra, message):
-    tasks = tmp_path / "t.jsonl"
-    tasks.write_text(json.dumps(TASKS[0]) + "\n")
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({k: v for k, v in TASKS[0].items() if k != "entry_point"}) + "\n")
-    extra = [e.format(tasks=tasks, bad=bad) for e in extra]
+def test_bad_workload_options_fail_before_the_model_loads(tmp_path, no_model_load, extra, message):
+    files = {"tasks": "t.jsonl", "bad": "bad.jsonl", "list_answer": "list_answer.jsonl",
+             "number_question": "number_question.jsonl", "lambda_tools": "lambda_tools.py"}
+    paths = {key: tmp_path / name for key, name in files.items()}
+    paths["tasks"].write_text(json.dumps(TASKS[0]) + "\n")
+    paths["bad"].write_text(json.dumps({k: v for k, v in TASKS[0].items() if k != "entry_point"}) + "\n")
+    paths["list_answer"].write_text(json.dumps({"question": "2 + 3?", "answer": ["2+3=5", "#### 5"]}) + "\n")
+    paths["number_question"].write_text(json.dumps({"question": 5, "answer": "#### 5"}) + "\n")
+    paths["lambda_tools"].write_text("TOOLS = [lambda x: x]\n")
+    extra = [e.format(**paths) for e in extra]
     res = CliRunner().invoke(main, ["agents", "--out", str(tmp_path / "o"), *extra])
     assert res.exit_code != 0 and message in res.output, res.output
+    assert isinstance(res.exception, SystemExit) and res.output.count("Error") == 1, res.output  # no traceback
 
 
 def test_a_program_that_exits_before_its_tests_is_recorded_failed(long_tiny, tmp_path):

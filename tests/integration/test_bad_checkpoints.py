@@ -66,13 +66,6 @@ DAMAGES = {
 }
 
 
-@pytest.fixture
-def no_model_load(monkeypatch):
-    import flexlamps.api
-
-    monkeypatch.setattr(flexlamps.api, "LLM", lambda *a, **k: pytest.fail("the model was loaded"))
-
-
 def _generate(model, tmp_path):
     prompts = tmp_path / "in.jsonl"
     prompts.write_text('{"id": "a", "prompt": "hello"}\n')
