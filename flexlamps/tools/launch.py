@@ -82,8 +82,9 @@ def _run_boxed(job, out, wall_s, disk_bytes, network, seccomp):
             with _closing(*ours):
                 pid = (bwrap.map_users(*ours) if root
                        else bwrap.sandbox_pid(pipes["info"][0]))
-        except OSError:  # bwrap itself failed before the sandbox started: its message is in the output
-            return (*_decode(_wait(proc, deadline), boxed=True), b"")
+        except OSError:  # bwrap failed (its message is in the output) or the maps could not be written
+            _end(proc, None)  # it runs nothing more
+            return (*_decode(proc.returncode, boxed=True), b"")
         pidfd = _pidfd(pid)
         result = _exchange(proc, job, pipes["result"][0], deadline)
         return (*_decode(_wait(proc, _stop_if_over(result, deadline)), boxed=True), result)

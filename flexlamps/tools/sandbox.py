@@ -142,7 +142,8 @@ def boundary_problem() -> str | None:
                 f"libseccomp2 (apt-get install libseccomp2) and pyseccomp (pip install pyseccomp)")
     probe = _execute({"mode": "program", "program": "program.py"}, Limits(wall_s=120), {"program.py": "pass"}, True)
     if not probe.ok:
-        last = (probe.output.strip().splitlines() or [probe.status])[-1]
+        said = [line for line in probe.output.splitlines() if line.strip() and not line.startswith("(exit code")]
+        last = said[-1] if said else probe.status
         return (f"bubblewrap cannot make a sandbox here ({last}); user namespaces must be allowed "
                 f"(sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1)")
     return None

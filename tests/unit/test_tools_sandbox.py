@@ -193,3 +193,17 @@ def test_calls_leave_no_descriptor_open():
     for source in ("pass", "exit(0)", "import os\nos.abort()"):
         run_program(source, FAST)
     assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_bubblewrap_that_cannot_start_is_named_in_the_refusal(monkeypatch):
+    from flexlamps.tools import bwrap, sandbox
+
+    command = bwrap.command
+    monkeypatch.setattr(bwrap, "command", lambda *a: [*command(*a)[:1], "--no-such-option", *command(*a)[1:]])
+    sandbox.boundary_problem.cache_clear()
+    try:
+        problem = sandbox.boundary_problem()
+    finally:
+        sandbox.boundary_problem.cache_clear()
+    assert "cannot make a sandbox here (bwrap: Unknown option --no-such-option)" in problem
+    assert len(problem.splitlines()) == 1
