@@ -243,15 +243,18 @@ class LLM:
 
     def score_ids(self, pairs: list[tuple[list[int], list[int]]]) -> list[ScoreOutput]:
         """`score` of (context ids, continuation ids) pairs."""
-        if self.executor is None and pairs:
-            self._prepare_scoring(pairs)
+        self.prepare_scoring(pairs)
         return self._scorer.score(pairs)
 
-    def _prepare_scoring(self, pairs) -> None:
+    def prepare_scoring(self, pairs: list[tuple[list[int], list[int]]]) -> None:
         """Plan for the scorer's own rows (packed rows after a shared root, logits at every
-        position); where no plan fits them, for rows of one pair each (the fewest positions)."""
+        position); where no plan fits them, for rows of one pair each (the fewest positions).
+        Nothing to do once the executor is built; a caller scoring a job in parts plans it here
+        for all its pairs first."""
         import placement
 
+        if self.executor is not None or not pairs:
+            return
         positions, root, fewest = planning_positions(pairs, self.reuse_prefix)
         try:
             self.prepare(prompt_len=positions, gen_len=1, num_sequences=len(pairs), prefix_len=root, scoring=True)

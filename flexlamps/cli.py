@@ -11,6 +11,7 @@ import click
 # name -> module under flexlamps.commands exporting `command`
 SUBCOMMANDS = {
     "generate": "generate",
+    "eval": "eval",
     "plan": "plan",
     "profile": "profile",
     "helm": "helm",

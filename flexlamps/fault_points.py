@@ -10,7 +10,8 @@ the fault tests, a pass costs one environment lookup. The points, in the order a
 - `record`: generate has written one result record to `<out>.partial` and synced it;
 - `finalized`: generate has written `<out>`, its `.partial` not yet removed;
 - `helm_progress`: helm has appended a batch of results to a run's progress log;
-- `helm_run_written`: helm has written a run folder's files, its marker not yet saying finished.
+- `helm_run_written`: helm has written a run folder's files, its marker not yet saying finished;
+- `eval_part`: `flexlamps eval` has answered a part of lm_eval's requests and committed it to its cache.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 import signal
 
 KILL_AT = "FLEXLAMPS_KILL_AT"
-POINTS = ("job_locked", "weight_stored", "record", "finalized", "helm_progress", "helm_run_written")
+POINTS = ("job_locked", "weight_stored", "record", "finalized", "helm_progress", "helm_run_written", "eval_part")
 
 _passes: dict[str, int] = {}
 

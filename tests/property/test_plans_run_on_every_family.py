@@ -102,7 +102,7 @@ def _check_the_plan_runs(zoo: CheckpointZoo, case: dict, tmp) -> None:
         pairs = _pairs(case, prompts, llm.config.vocab_size)
         try:
             if case["task"] == "score":
-                llm._prepare_scoring(pairs)
+                llm.prepare_scoring(pairs)
             else:
                 llm.prepare(prompt_len=longest, gen_len=case["gen_len"], num_sequences=len(prompts),
                             prefix_len=shared)
