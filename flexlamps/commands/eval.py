@@ -53,12 +53,14 @@ def _require_lm_eval() -> None:
               "base of sampled generations' seeds.")
 @click.option("--bootstrap-iters", type=click.IntRange(min=0), default=100000, show_default=True,
               help="Bootstrap resamples for the stderr of non-mean metrics (0: none).")
+@click.option("--chunk-tokens", type=click.IntRange(min=1), default=16384, show_default=True,
+              help="Tokens of requests scored per engine call: the unit of progress and of what a killed run keeps.")
 @click.option("--overwrite", is_flag=True, help="Answer every request again instead of resuming from the cache.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bars.")
 def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight, compress_cache, weight_quant,
             tasks, output_path, include_path, num_fewshot, limit, log_samples, apply_chat_template,
             fewshot_as_multiturn, system_instruction, gen_kwargs, max_length, batch_size, seed, bootstrap_iters,
-            overwrite, no_progress):
+            chunk_tokens, overwrite, no_progress):
     """Run lm-evaluation-harness TASKS on the flexlamps engine and write lm_eval's results.
 
     \b
@@ -75,7 +77,7 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
     output = writable_folder(output_path, "--output-path")
     task_names, task_manager = _tasks(tasks, include_path)
     model_args = {"pretrained": model, "dtype": dtype, "max_batch_size": batch_size, "seed": seed,
-                  "progress": not no_progress, "max_length": max_length,
+                  "progress": not no_progress, "max_length": max_length, "chunk_tokens": chunk_tokens,
                   **{k: getattr(run, k) for k in ("gpu_mem", "cpu_mem", "offload_dir", "compress_weight",
                                                   "compress_cache", "weight_quant")},
                   **({} if run.policy == "auto" else {"policy": run.policy})}

@@ -120,7 +120,7 @@ class FlexlampsLM(TemplateLM):
     def get_model_info(self) -> dict:
         """Recorded in the results' config: the engine and its settings."""
         s = self.settings
-        return {"engine": "flexlamps", "model": s.model, "dtype": s.dtype, "offloaded": s.offloaded,
+        return {"engine": "flexlamps", "model_name": s.model, "model_dtype": s.dtype, "offloaded": s.offloaded,
                 "gpu_mem": s.gpu_mem, "cpu_mem": s.cpu_mem, "compress_weight": s.compress_weight,
                 "compress_cache": s.compress_cache, "weight_quant": s.weight_quant, "max_length": self.max_length}
 
