@@ -8,7 +8,7 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q "torch==2.13.0"
 extras=""
-if [ "${1:-}" = "--test" ]; then extras="[test,helm,plots,ray]"; fi
+if [ "${1:-}" = "--test" ]; then extras="[test,helm,plots,ray,eval]"; fi
 .venv/bin/python -m pip install -q -e ".${extras}"
 if [ "${1:-}" = "--test" ]; then
   # the tool sandbox (flexlamps/tools/bwrap.py): bubblewrap, and libseccomp for its filter; CI runs as root

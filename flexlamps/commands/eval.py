@@ -37,7 +37,7 @@ def _require_lm_eval() -> None:
 @click.option("--include-path", type=click.Path(exists=True), default=None,
               help="A folder (or file) of your own task YAMLs, added to lm_eval's registry.")
 @click.option("--num-fewshot", type=click.IntRange(min=0), default=None, help="In-context examples per prompt.")
-@click.option("--limit", type=float, default=None, help="At most this many documents per task (a value < 1: "
+@click.option("--limit", type=click.FloatRange(min=0, min_open=True), default=None, help="At most this many documents per task (a value < 1: "
               "that share of them); for quick checks.")
 @click.option("--log-samples", is_flag=True, help="Also write every document's prompt, responses and metrics.")
 @click.option("--apply-chat-template", is_flag=True, help="Render prompts with the model's chat template.")

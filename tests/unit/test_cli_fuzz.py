@@ -68,6 +68,7 @@ def _baseline(name: str, d) -> list[str]:
         "plan": ["--model", "llama-2-7b"],
         "profile": ["--out", out + ".json", "--quick"],
         "helm": ["--scenario", "demo", "--output-path", out],
+        "eval": ["--tasks", "no_such_task", "--output-path", out],
         "agents": ["--trace", str(d / "trace.json"), "--out", out],
         "simulate": ["--trace", str(d / "trace.json"), "--out", out],
     }.get(name, [])
