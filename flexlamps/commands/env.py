@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import sys
+import warnings
 
 import click
 
@@ -63,8 +64,10 @@ def _kernels() -> dict:
     from flexlamps.kernels import loader
 
     kernels = loader.chosen()
-    return {name: {"state": o.state, "why": o.why} for name in loader.NAMES
-            for o in (kernels.outcome(name),)}
+    with warnings.catch_warnings():  # a kernel that fails warns; its line below says the same, once
+        warnings.filterwarnings("ignore", message="flexlamps: .* is not used", category=RuntimeWarning)
+        outcomes = {name: kernels.outcome(name) for name in loader.NAMES}
+    return {name: {"state": o.state, "why": o.why} for name, o in outcomes.items()}
 
 
 def _profiles() -> dict:
@@ -73,9 +76,25 @@ def _profiles() -> dict:
 
     generic = profile_cache_path()
     per_model = sorted(p.name for p in generic.parent.glob(f"{generic.stem}-*.json") if not p.stem.endswith(".check"))
-    return {"cache folder": str(cache_root()),
+    return {"cache folder": _cache_folder(cache_root()),
             "hardware profile": f"{generic} ({'measured' if generic.exists() else 'not measured yet: the first --policy auto run or `flexlamps profile` measures it'})",
             "per-model profiles": per_model}
+
+
+def _cache_folder(root) -> str:
+    """The cache folder, and what stops flexlamps keeping its caches there, if anything."""
+    from flexlamps.cache_folder import CACHE_ENV
+
+    fix = f"remove it or set ${CACHE_ENV} to a folder"
+    if root.exists() and not root.is_dir():
+        return f"{root} (a file, not a folder: no cache can be kept there; {fix})"
+    blocker = next((p for p in root.parents if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        return f"{root} (under {blocker}, which is a file: no cache can be kept there; remove that file or set " \
+               f"${CACHE_ENV} to a folder)"
+    if root.is_dir() and not os.access(root, os.W_OK | os.X_OK):
+        return f"{root} (not writable: no cache can be kept there; {fix})"
+    return str(root)
 
 
 def environment() -> dict:

@@ -30,3 +30,33 @@ def test_env_names_a_kernel_that_failed_and_why(monkeypatch, tmp_path):
     monkeypatch.setattr(loader, "chosen", lambda: kernels)
     result = CliRunner().invoke(main, ["env"])
     assert result.exit_code == 0 and "tile_gemv    failed: KernelCheckError: boom" in result.output
+
+
+def test_env_prints_each_kernel_failure_once(tmp_path, failing_compiler):
+    """A kernel that fails to build is its env line, not also the loader's raw warning."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from flexlamps.kernels import build\n"
+            "build.cpu_has_flags = lambda flags, cpuinfo=None: 'amx_bf16' not in flags  # every kernel is tried\n"
+            "from flexlamps.cli import main\n"
+            "main(['env'], prog_name='flexlamps')\n")
+    env = {**os.environ, "FLEXLAMPS_CACHE": str(tmp_path / "cache"), "CC": str(failing_compiler),
+           loader.SWITCH_ENV: "1", "PYTHONWARNINGS": "default"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("failed: CalledProcessError: error: boom") == len(loader.NAMES), proc.stdout
+    assert "boom" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr
+
+
+def test_env_flags_a_cache_folder_that_is_a_file(monkeypatch, tmp_path):
+    (tmp_path / "cache").write_text("not a folder")
+    for root, words in ((tmp_path / "cache", "a file, not a folder"), (tmp_path / "cache" / "sub", "which is a file")):
+        monkeypatch.setenv("FLEXLAMPS_CACHE", str(root))
+        monkeypatch.setenv(loader.SWITCH_ENV, "0")
+        monkeypatch.setattr(loader, "chosen", lambda: loader.Kernels(root / "kernels"))
+        result = CliRunner().invoke(main, ["env"])
+        assert result.exit_code == 0, result.output
+        line = next(ln for ln in result.output.splitlines() if ln.startswith("cache folder: "))
+        assert words in line and "set $FLEXLAMPS_CACHE to a folder" in line, line
