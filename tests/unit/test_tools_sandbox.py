@@ -169,6 +169,10 @@ def test_the_sandbox_works_for_a_user_without_root():
     assert done.stdout.split() == ["None", "42", "exited"], (done.stdout, done.stderr)
 
 
+def _tool_dirs() -> set[str]:
+    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("flexlamps-tool-")}
+
+
 def test_without_bubblewrap_calls_are_refused_unless_unsafe(monkeypatch):
     from flexlamps.tools import bwrap, sandbox
 
@@ -178,11 +182,11 @@ def test_without_bubblewrap_calls_are_refused_unless_unsafe(monkeypatch):
         assert "apt-get install bubblewrap" in sandbox.boundary_problem()
         with pytest.raises(sandbox.SandboxUnavailable, match="bubblewrap"):
             run_program("pass", FAST)
-        before = set(os.listdir(tempfile.gettempdir()))
+        before = _tool_dirs()
         assert run_program("print(1)", Limits(wall_s=120, unsafe=True)).output == "1\n"
         assert run_program("exit(0)", Limits(wall_s=120, unsafe=True)).status == "exited"
         assert run_program("import time\ntime.sleep(60)", Limits(wall_s=1, unsafe=True)).status == "timeout"
-        assert set(os.listdir(tempfile.gettempdir())) - before == set()  # its temp dirs are gone
+        assert _tool_dirs() - before == set()  # its temp dirs are gone
     finally:
         sandbox.boundary_problem.cache_clear()
 
