@@ -34,6 +34,7 @@ import numpy as np
 
 from placement.expert_compute import (cpu_expert_tokens, cpu_experts_seconds, expert_flops_per_token,
                                       tokens_per_expert)
+from placement.expert_groups import experts_read, staged_share
 from placement.latent_pools import LatentMissCurves, MissEnvelope
 from placement.model_spec import LINEAR_CHUNK, ModelSpec
 from placement.specs import CompressionSpec, EngineCapabilities, HardwareSpec, Policy, WorkloadSpec
@@ -103,6 +104,8 @@ class Choice:
     # the disk fraction holds routed experts only, each read as routed: the engine places a MoE
     # layer's dense parts and the head on the faster tiers first (set where the fractions allow it)
     disk_experts_only: bool = False
+    # a MoE layer's routed experts staged at once, at most (`Policy.expert_group`; 0: all a sweep picks)
+    expert_group: int = 0
 
     @classmethod
     def of(cls, policy: Policy) -> "Choice":
@@ -110,7 +113,7 @@ class Choice:
                    compress_weight=policy.compress_weight, compress_cache=policy.compress_cache,
                    cpu_attention=policy.cpu_attention, compression=policy.compression,
                    merge_decode=policy.merge_decode, latent_pools=policy.cache.gpu < 1,
-                   cpu_expert_tokens=policy.cpu_expert_tokens)
+                   cpu_expert_tokens=policy.cpu_expert_tokens, expert_group=policy.expert_group)
 
     def decode_calls(self) -> tuple[int, int]:
         """(calls, rows per call) a layer runs per decode step: the block merged, or each
@@ -323,7 +326,9 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     hidden = block * s * sz.hidden
     new_cache = num_tokens * sz.cache_stored
 
-    streamed = _streamed_weights(sz, model, num_tokens)
+    ngb = choice.num_gpu_batches
+    rows = choice.gpu_batch_size * max(s - p, 1)  # a micro-batch's GEMM rows (the prefix once more)
+    streamed = _streamed_weights(sz, model, num_tokens, experts_read(model, choice.expert_group, ngb, rows, num_tokens))
     ctog = Affine().add(streamed, W_CPU, W_DISK).add(hidden, H_CPU, H_DISK)
     gtoc = Affine().add(new_cache, C_CPU, C_DISK).add(hidden, H_CPU, H_DISK)
     dtoc = Affine().add(streamed, W_DISK).add(hidden, H_DISK)
@@ -336,8 +341,6 @@ def _prefill_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     gemm_flops = num_tokens * model.matmul_flops_per_token_per_layer()
     head_flops = block * model.head_flops_per_token() / model.num_layers  # last position only
     # each micro-batch runs its GEMMs on gbs * (s - p) rows (the prefix once, as one more call)
-    ngb = choice.num_gpu_batches
-    rows = choice.gpu_batch_size * max(s - p, 1)
     embed_share = sz.weight_fp16 - model.weight_bytes_per_layer()
     comp_s = ngb * _call_gemm_s(choice, model, hardware, rows, gemm_flops / ngb, head_flops / ngb,
                                 sz.weight_fp16, embed_share)
@@ -396,9 +399,11 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     cache_read = block * entries * sz.cache_stored  # entries attention touches, as stored
     new_cache = block * sz.cache_stored
 
-    streamed = _streamed_weights(sz, model, block)  # the sweep reads the experts its block routes to
+    calls, rows = choice.decode_calls()
+    read = experts_read(model, choice.expert_group, calls, rows, block)  # the experts its block routes to
+    streamed = _streamed_weights(sz, model, block, read)
     cached = _cached_expert_reads(choice, sz, model, hardware, block)  # those the expert cache serves
-    disk = _disk_streamed(choice, sz, model, block, streamed - cached[1])
+    disk = _disk_streamed(choice, sz, model, read, streamed - cached[1])
     ctog = Affine().add(streamed - cached[0], W_CPU).add(disk, W_DISK).add(hidden, H_CPU, H_DISK)
     gtoc = Affine().add(hidden, H_CPU, H_DISK).add(new_cache, C_CPU, C_DISK)
     dtoc = Affine().add(disk, W_DISK).add(hidden, H_DISK).add(cache_read, C_DISK)
@@ -416,7 +421,6 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     # every call (the merged block, or each micro-batch) re-reads the whole layer and its share
     # of the head from GPU memory (an MoE call reads only the experts its tokens pick): a
     # roofline, or the measured GEMM rate at that many rows, which on CPUs falls well short of both
-    calls, rows = choice.decode_calls()
     embed_share = sz.weight_fp16 - model.weight_bytes_per_layer()
     touched_by_call = model.weight_bytes_touched_per_layer(rows) + embed_share
     gemm_s = calls * _call_gemm_s(choice, model, hardware, rows, rows * model.matmul_flops_per_token_per_layer(),
@@ -447,19 +451,19 @@ def _decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     return _layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)
 
 
-def _streamed_weights(sz: _Sizes, model: ModelSpec, num_tokens: float) -> float:
+def _streamed_weights(sz: _Sizes, model: ModelSpec, num_tokens: float, experts: float) -> float:
     """Bytes of a layer (off the gpu tier) that a sweep over `num_tokens` tokens reads: all but
     the input embedding rows its tokens do not look up and the routed experts, and of those the
     expected share its tokens pick (`ModelSpec.expected_experts`:
     from the measured routing profile, else uniform; the engine fetches an expert once its router
     picked it). Priced for every off-gpu expert alike: with the hottest experts placed on the gpu
     tier the ones off it are picked less often, so this is the chord of a convex curve, an upper
-    bound exact with all experts on one tier."""
+    bound exact with all experts on one tier. `experts`: how many of them it reads
+    (`expert_groups.experts_read`: streamed over several calls, some more than once)."""
     unread_rows = _unread_input_rows(model, num_tokens)
     if not model.num_experts:
         return sz.weight_stored - unread_rows
-    read = model.expected_experts(num_tokens) / model.num_experts
-    return sz.weight_stored - unread_rows - sz.experts_stored * (1 - read)
+    return sz.weight_stored - unread_rows - sz.experts_stored * (1 - experts / model.num_experts)
 
 
 def _cached_expert_reads(choice, sz: _Sizes, model: ModelSpec, hardware: HardwareSpec,
@@ -474,14 +478,13 @@ def _cached_expert_reads(choice, sz: _Sizes, model: ModelSpec, hardware: Hardwar
     return (served if copies_off_cpu else 0.0), served
 
 
-def _disk_streamed(choice, sz: _Sizes, model: ModelSpec, num_tokens: float, streamed: float) -> float:
+def _disk_streamed(choice, sz: _Sizes, model: ModelSpec, experts: float, streamed: float) -> float:
     """Bytes a sweep reads per unit of the disk fraction: `streamed` (every kind of weight in its
-    share), or with `Choice.disk_experts_only` routed experts only, each read as routed, less
-    what the expert cache serves."""
+    share), or with `Choice.disk_experts_only` routed experts only, each of the `experts` read as
+    routed, less what the expert cache serves."""
     if not (choice.disk_experts_only and model.num_experts):
         return streamed
-    read = model.expected_experts(num_tokens) / model.num_experts
-    return sz.weight_stored * read * (1 - choice.expert_hits)
+    return sz.weight_stored * experts / model.num_experts * (1 - choice.expert_hits)
 
 
 def _unread_input_rows(model: ModelSpec, num_tokens: float) -> float:
@@ -649,7 +652,8 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     # FFN/attention intermediates, compressed weights as they expand.
     def gpu_working(seqs: int, tokens_per_seq: int, calls: int) -> Affine:
         hidden_io = 2 * seqs * tokens_per_seq * sz.hidden
-        staged = 2 * (sz.layer_stored - sz.experts_stored) + routed_staging(sz, model, calls * seqs * tokens_per_seq)
+        staged = (2 * (sz.layer_stored - sz.experts_stored)
+                  + routed_staging(sz, model, calls * seqs * tokens_per_seq, choice.expert_group))
         work = Affine(indexer_home + staged + hidden_io)
         work.add(-staged, W_GPU).add(-hidden_io, H_GPU)
         if choice.compress_weight:
@@ -681,12 +685,11 @@ def _memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
             "cpu_decode": cpu_decode, "disk": disk}
 
 
-def routed_staging(sz: _Sizes, model: ModelSpec, num_tokens: float) -> float:
-    """Bytes of routed experts a layer's calls over `num_tokens` tokens stage (as the memory rows
-    charge them: every pick, up to all experts), before the gpu tier's own share."""
-    if not model.num_experts:
-        return 0.0
-    return sz.experts_stored * min(1.0, num_tokens * model.num_experts_per_token / model.num_experts)
+def routed_staging(sz: _Sizes, model: ModelSpec, num_tokens: float, group: int = 0) -> float:
+    """Bytes of routed experts a layer's calls over `num_tokens` tokens stage at once (every pick,
+    up to all experts, or the `group` streamed, `placement.expert_groups`), before the gpu tier's
+    own share."""
+    return sz.experts_stored * staged_share(model, num_tokens, group)
 
 
 def _held_tokens(choice: Choice, model: ModelSpec, workload: WorkloadSpec) -> float:

@@ -63,7 +63,7 @@ def expert_hits_at(choice: Choice, model: ModelSpec, hardware: HardwareSpec, wor
     block = choice.gpu_batch_size * choice.num_gpu_batches
     calls, rows = choice.decode_calls()
     # the decode row holds the routed experts of a call as staged bytes; the cache has the rest
-    routed = routed_staging(sz, model, calls * rows) * (1.0 - float(x[W_GPU]))
+    routed = routed_staging(sz, model, calls * rows, choice.expert_group) * (1.0 - float(x[W_GPU]))
     room = hardware.gpu_mem_bytes - (terms.memory["gpu_decode"](x) - routed)
     capacity = int(room // expert_bytes)
     copies_off_cpu = not hardware.gpu_is_host and tokens_per_expert(model, rows) >= choice.cpu_expert_tokens

@@ -20,6 +20,7 @@ from placement.cost import (C_DISK, C_GPU, H_CPU, H_DISK, H_GPU, MEMORY_ROWS, NU
                             prefill_layer_time, terms_of_policy,
                             total_time)
 from placement.expert_cache_terms import with_expert_hits
+from placement.expert_groups import ONE_AT_A_TIME, STREAMED
 from placement.lp import memory_excess, memory_implied_highs, solve_fractions, time_lower_bounds
 from placement.model_spec import ModelSpec
 from placement.plan import ROW_LABELS, InfeasiblePlanError, Plan
@@ -110,9 +111,16 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
     if not flags:
         raise ValueError("compression is required but not allowed (or the engine cannot run it)")
     placements = fraction_highs(capabilities)
-    candidates = _candidates(model, hardware, workload, budgets, flags, placements, compression,
-                             max_block_size, capabilities.int4_in_place_below_rows)
-    best, num_lps = _best_candidate(candidates, budgets, placements)
+    best, num_lps = None, 0
+    # a MoE model's experts staged all at once, or streamed two at a time; one at a time only
+    # where nothing else fits (`expert_groups`)
+    for groups in ((0, STREAMED), (ONE_AT_A_TIME,)) if model.num_experts else ((0,),):
+        candidates = _candidates(model, hardware, workload, budgets, flags, placements, compression,
+                                 max_block_size, capabilities.int4_in_place_below_rows, groups)
+        best, lps = _best_candidate(candidates, budgets, placements)
+        num_lps += lps
+        if best is not None:
+            break
     if best is None:
         raise _infeasible(model, hardware, workload, budgets, compression, flags, placements)
     _, choice, terms, x = best  # priced again with the expert cache's hits at its fractions
@@ -163,7 +171,7 @@ def _best_candidate(candidates, budgets: dict[str, float], placements) -> tuple[
         if best is not None and bound < best[0] * (1 - _TIE):  # a tie may still win on compute
             break
         key = (choice.compress_weight, choice.compress_cache, choice.cpu_attention,
-               choice.merge_decode, choice.latent_pools, place)
+               choice.merge_decode, choice.latent_pools, choice.expert_group, place)
         if any(choice.gpu_batch_size >= gbs and choice.num_gpu_batches >= ngb
                for gbs, ngb in too_big.get(key, ())):
             continue  # memory grows with both knobs, so a larger one cannot fit either
@@ -176,7 +184,7 @@ def _best_candidate(candidates, budgets: dict[str, float], placements) -> tuple[
             too_big.setdefault(key, []).append((choice.gpu_batch_size, choice.num_gpu_batches))
             continue
         tokens_per_s = terms.tokens_per_block / solution.total_s
-        if best is None or _beats(tokens_per_s, terms, solution.fractions, best):
+        if best is None or _beats(tokens_per_s, choice, terms, solution.fractions, best):
             best = (tokens_per_s, choice, terms, solution.fractions)
     return best, num_lps
 
@@ -184,21 +192,27 @@ def _best_candidate(candidates, budgets: dict[str, float], placements) -> tuple[
 _TIE = 1e-5  # plans this close in throughput are a tie: the LP solver's own noise (HiGHS tolerances)
 
 
-def _beats(tokens_per_s: float, terms, x, best) -> bool:
+def _beats(tokens_per_s: float, choice: Choice, terms, x, best) -> bool:
     """Faster than `best`, or as fast with less decode compute: where transfers bound both
     (an I/O-bound decode), the one that computes less (merged decode, fewer calls) leaves the
-    most room for what the model does not price (transfers not overlapping compute fully)."""
+    most room for what the model does not price (transfers not overlapping compute fully); as
+    fast with as much, the one that stages all its routed experts at once (every read started
+    together, where streaming holds two)."""
     if tokens_per_s > best[0] * (1 + _TIE):
         return True
     if tokens_per_s < best[0] * (1 - _TIE):
         return False
-    return decode_layer_values(terms, x)["comp"] < decode_layer_values(best[2], best[3])["comp"]
+    comp, best_comp = decode_layer_values(terms, x)["comp"], decode_layer_values(best[2], best[3])["comp"]
+    if comp != best_comp:
+        return comp < best_comp
+    return choice.expert_group == 0 < best[1].expert_group
 
 
 def _candidates(model, hardware, workload, budgets, flags, placements, compression, max_block_size,
-                int4_in_place_below_rows):
+                int4_in_place_below_rows, expert_groups=(0,)):
     """(throughput upper bound, choice, terms, placement index) for every grid point and
-    placement that might fit; `int4_in_place_below_rows` is the engine's (`EngineCapabilities`)."""
+    placement that might fit; `int4_in_place_below_rows` is the engine's (`EngineCapabilities`);
+    a MoE model's choices once per group size in `expert_groups` (`Policy.expert_group`)."""
     merges = {merge for *_, merge in flags}
     single_batch_merge = True in merges  # one micro-batch: merged and not are the same
     choices = [Choice(gpu_batch_size=gbs, num_gpu_batches=ngb, compress_weight=weight,
@@ -212,6 +226,7 @@ def _candidates(model, hardware, workload, budgets, flags, placements, compressi
     if model.index_topk:  # ESS's layout too: per-layer gpu pools over the latent records on the cpu tier
         choices += [dataclasses.replace(c, latent_pools=True) for c in choices
                     if not (c.cpu_attention or c.compress_cache)]
+    choices = [dataclasses.replace(c, expert_group=group) for group in expert_groups for c in choices]
     terms = [build_terms(choice, model, hardware, workload) for choice in choices]
     pairs = [(i, place) for i in range(len(choices)) for place in range(len(placements))]
     caps_highs = np.array([placements[place] for _, place in pairs])
@@ -248,7 +263,7 @@ def _make_plan(best, budgets: dict[str, float], num_lps: int, search_s: float) -
         compress_cache=choice.compress_cache, cpu_attention=choice.cpu_attention,
         compression=choice.compression, merge_decode=choice.merge_decode,
         latent_pools=tuple(terms.latent.envelope.pools(float(x[C_GPU]))) if terms.latent else (),
-        cpu_expert_tokens=terms.cpu_expert_tokens)
+        cpu_expert_tokens=terms.cpu_expert_tokens, expert_group=choice.expert_group)
     prefill_s = terms.num_layers * prefill_layer_time(terms.prefill, x)
     decode_s = terms.num_layers * terms.num_decode_steps * decode_layer_time(terms, x)
     rows = {name: terms.memory[name](x) for name in MEMORY_ROWS}
@@ -279,7 +294,8 @@ def _infeasible(model, hardware, workload, budgets, compression, flags,
     # the least memory-hungry choice: one sequence, everything the search may turn on
     weight, cache, cpu_attention = (any(f[i] for f in flags) for i in range(3))
     choice = Choice(gpu_batch_size=1, num_gpu_batches=1, compress_weight=weight,
-                    compress_cache=cache, cpu_attention=cpu_attention, compression=compression)
+                    compress_cache=cache, cpu_attention=cpu_attention, compression=compression,
+                    expert_group=ONE_AT_A_TIME if model.num_experts else 0)
     terms = build_terms(choice, model, hardware, workload)
     excess = min((memory_excess(terms, budgets, _bounds(highs)) for highs in placements),
                  key=lambda rows: sum(rows.values()))

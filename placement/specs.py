@@ -388,14 +388,20 @@ class Policy(JsonMixin):
     # routed tokens per expert are fewer than this, else copied to the compute device for a
     # batched GEMM (0: always copied); the planner sets it from the machine's rates
     cpu_expert_tokens: int = 0
+    # a MoE layer's routed experts staged on the gpu tier at once, at most: its touched experts
+    # stream through in groups of this many, one given back as the next is read (0: every expert
+    # a sweep's tokens pick, staged together for the layer)
+    expert_group: int = 0
 
     def __post_init__(self):
         for name in ("gpu_batch_size", "num_gpu_batches"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"Policy.{name} must be an integer >= 1, got {value!r}")
-        if not (isinstance(self.cpu_expert_tokens, int) and self.cpu_expert_tokens >= 0):
-            raise ValueError(f"Policy.cpu_expert_tokens must be an integer >= 0, got {self.cpu_expert_tokens!r}")
+        for name in ("cpu_expert_tokens", "expert_group"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 0):
+                raise ValueError(f"Policy.{name} must be an integer >= 0, got {value!r}")
         object.__setattr__(self, "latent_pools", tuple(float(f) for f in self.latent_pools))
         if not all(0 < f <= 1 for f in self.latent_pools):
             raise ValueError(f"Policy.latent_pools must be fractions in (0, 1], got {self.latent_pools}")

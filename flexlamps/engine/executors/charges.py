@@ -198,10 +198,13 @@ class PlacementCharges:
         return sum(self.stored[n] for n in names if self.tiers[n] != "gpu")
 
     def staged_experts(self, layer: int, steps) -> int:
-        """Most bytes a sweep over `steps` stages of layer `layer`'s routed experts: the largest
-        of as many experts as its tokens can route to (`experts_per_token` each)."""
+        """Most bytes a sweep over `steps` stages of layer `layer`'s routed experts at once: the
+        largest of as many experts as its tokens can route to (`experts_per_token` each), or as
+        its group holds (`Policy.expert_group`)."""
         sizes = self.expert_staged.get(layer, [])
         picks = sum(rows * tokens for rows, tokens, _ in steps) * self.experts_per_token
+        if self.policy.expert_group:
+            picks = min(picks, self.policy.expert_group)
         return sum(sizes[:picks])
 
     def decompressed(self, layer: int, rows: int) -> int:

@@ -18,6 +18,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import Future
 
+from flexlamps.engine.executors.expert_groups import ExpertGroups
 from offload import TierBudget
 
 EXPERT_NAME = re.compile(r"^experts\.(\d+)\.")
@@ -44,34 +45,55 @@ class LayerWeights(Mapping):
     """One layer's weights by local name: `eager` ones already fetched, each routed expert's
     fetched by `load(experts) -> {local name: weight}` on its first read. With `begin(experts,
     tokens) -> {expert: Future of its weights}`, a routing hint starts the reads without waiting,
-    and a read of an expert waits for its own only."""
+    and a read of an expert waits for its own only. `group`: at most this many experts staged at
+    once (0: no cap), `holds(e)` saying which take room and `evict(e)` giving one back once the
+    forward is done with it (`expert_groups.ExpertGroups`)."""
 
-    def __init__(self, eager: dict, experts: dict[int, list[str]], load, on_route=None, begin=None):
+    def __init__(self, eager: dict, experts: dict[int, list[str]], load, on_route=None, begin=None,
+                 group: int = 0, holds=None, evict=None):
         self._values = dict(eager)
         self._names = experts
         self._owner = {name: e for e, names in experts.items() for name in names}
-        self._load, self._on_route, self._begin = load, on_route, begin
+        self._load, self._on_route, self._begin, self._evict = load, on_route, begin, evict
         self._pending: dict[int, Future] = {}
+        self._tokens: dict[int, int] | None = None  # the latest routing hint
+        self._groups = ExpertGroups(group, self._start, self._give_back,
+                                    None if holds is None else (lambda e: holds(e, self._tokens)))
 
     def routed_to(self, tokens: dict[int, int]) -> None:
-        """A step's routing (expert -> its tokens): start fetching those experts now, in one go
-        (a hint; reads work without it), and report it to `on_route`."""
+        """A step's routing (expert -> its tokens): start fetching those experts now, in
+        expert order as the group has room (a hint; reads work without it), and report it to
+        `on_route`."""
         if self._on_route is not None:
             self._on_route(tokens)
-        wanted = [e for e in sorted(tokens) if e in self._names and e not in self._pending
-                  and self._names[e][0] not in self._values]
-        if not wanted:
-            return
+        self._tokens = tokens
+        staged = {e for e in self._names if e in self._pending or self._names[e][0] in self._values}
+        self._groups.want([e for e in sorted(tokens) if e in self._names], staged)
+
+    def expert_done(self, expert: int) -> None:
+        """The forward has computed `expert` on its tokens: its room may go to the next read."""
+        self._groups.finished(expert)
+
+    def _start(self, e: int) -> None:
         if self._begin is None:
-            self._values.update(self._load(wanted, tokens))
+            self._values.update(self._load([e], self._tokens))
         else:
-            self._pending.update(self._begin(wanted, tokens))
+            self._pending.update(self._begin([e], self._tokens))
+
+    def _give_back(self, e: int) -> None:
+        for name in self._names[e]:
+            self._values.pop(name, None)
+        if self._evict is not None:
+            self._evict(e)
 
     def __getitem__(self, key: str):
         if key not in self._values and key in self._owner:
             expert = self._owner[key]
+            if expert in self._groups.queue:
+                self._groups.pump(first=expert)
             pending = self._pending.pop(expert, None)
-            self._values.update(pending.result() if pending is not None else self._load([expert], None))
+            if key not in self._values:
+                self._values.update(pending.result() if pending is not None else self._load([expert], None))
         return self._values[key]
 
     def __contains__(self, key) -> bool:
@@ -181,13 +203,17 @@ class RoutedExpertLoads:
     tokens per expert (`Policy.cpu_expert_tokens`, set by the planner from the machine's rates), its
     cpu-tier experts are handed to the forward as they live in host memory, neither copied nor
     charged, and the MoE FFN runs them on the CPU (`blocks.moe`); with more, they are copied to the
-    compute device for a batched GEMM. `reads` counts the cpu-tier experts read each way."""
+    compute device for a batched GEMM. `reads` counts the cpu-tier experts read each way.
+
+    Groups: with `group` (`Policy.expert_group`), at most that many experts hold staged bytes at
+    once; one the forward is done with is given back (`evict`: into the cache, or released) when
+    the next read needs its room (`expert_groups`)."""
 
     def __init__(self, store, cache: ExpertCache, layer: int, experts: dict[int, list[str]], convert,
-                 in_place_below: int = 0, reads: Counter | None = None):
+                 in_place_below: int = 0, reads: Counter | None = None, group: int = 0):
         self.store, self.cache, self.layer = store, cache, layer
         self.experts, self.convert = experts, convert
-        self.in_place_below = in_place_below
+        self.in_place_below, self.group = in_place_below, group
         self.reads = Counter() if reads is None else reads
         self._in_place: bool | None = None  # decided on the layer's first routing hint
         self._staged: list[tuple[tuple[int, int], dict, int]] = []  # fetched now
@@ -195,13 +221,34 @@ class RoutedExpertLoads:
         self._pending: list[Future] = []  # reads started by `begin`
         self._lock = threading.Lock()  # `_staged` and `charged` grow on the I/O threads too
         self.charged = 0  # bytes `convert` charged (decompressed copies), freed by `finish`
+        self._charged_by = Counter()  # the same per expert, for `evict`
 
     def mapping(self, eager: dict, local: dict[str, str], counter=None) -> LayerWeights:
         """The layer's weights for the forward: `eager` ones, and these experts on first read
         (`local`: stored name -> local name; `counter`: a RoutingCounter told the routing)."""
         on_route = None if counter is None else (lambda tokens: counter.add(self.layer, tokens))
         by_expert = {e: [local[name] for name in names] for e, names in self.experts.items()}
-        return LayerWeights(eager, by_expert, self.load, on_route, self.begin)
+        return LayerWeights(eager, by_expert, self.load, on_route, self.begin, self.group, self.holds, self.evict)
+
+    def holds(self, e: int, tokens: dict[int, int] | None = None) -> bool:
+        """Whether expert e takes staged gpu bytes once read: not when used where it lives."""
+        self._decide_in_place(tokens)
+        return not (self._resident(e) or (self._in_place and self._lives_in_host_memory(e)))
+
+    def evict(self, e: int) -> None:
+        """The forward is done with expert e before the layer ends: its bytes go back now, as
+        `finish` gives them back (a copy worth keeping into the cache, a hit released)."""
+        key = (self.layer, e)
+        with self._lock:
+            staged = [entry for entry in self._staged if entry[0] == key]
+            self._staged = [entry for entry in self._staged if entry[0] != key]
+            charged = self._charged_by.pop(e, 0)
+            self.charged -= charged
+        self.cache.budget.free(charged)
+        if key in self._hits:
+            self._hits.remove(key)
+            self.cache.release(key)
+        self._give_back(staged)
 
     def load(self, experts: list[int], tokens: dict[int, int] | None = None) -> dict:
         """`experts`' weights for the forward, read now (`tokens`: the routing hint, expert -> its tokens)."""
@@ -238,27 +285,28 @@ class RoutedExpertLoads:
         cache hit), else None."""
         if self._in_place and self._lives_in_host_memory(e):
             self.reads["in place"] += 1
-            return self._converted(self.store.resident(self.experts[e]))
+            return self._converted(e, self.store.resident(self.experts[e]))
         self.reads["staged"] += self._on_cpu_tier(e)
         if self._resident(e):
-            return self._converted(self.store.fetch(self.experts[e])[0])  # nothing staged
+            return self._converted(e, self.store.fetch(self.experts[e])[0])  # nothing staged
         fetched = self.cache.get((self.layer, e))
         if fetched is None:
             return None
         self._hits.append((self.layer, e))
-        return self._converted(fetched)
+        return self._converted(e, fetched)
 
     def _read(self, e: int) -> dict:
         """Fetch expert e from its tiers (on an I/O thread under `begin`); `finish` keeps or releases it."""
         fetched, staged = self.store.fetch(self.experts[e])
         with self._lock:
             self._staged.append(((self.layer, e), fetched, staged))
-        return self._converted(fetched)
+        return self._converted(e, fetched)
 
-    def _converted(self, fetched: dict) -> dict:
+    def _converted(self, e: int, fetched: dict) -> dict:
         out, charged = self.convert(fetched)
         with self._lock:
             self.charged += charged
+            self._charged_by[e] += charged
         return out
 
     def _on_cpu_tier(self, expert: int) -> bool:
@@ -279,10 +327,14 @@ class RoutedExpertLoads:
         self._pending = []
         for key in self._hits:
             self.cache.release(key)
-        for key, fetched, staged in self._staged:
-            if not (staged and self._is_copy(key) and self.cache.put(key, fetched, staged)):
-                self.store.release(staged)
+        self._give_back(self._staged)
         self._hits, self._staged = [], []
+
+    def _give_back(self, staged) -> None:
+        """Fetched copies worth keeping into the cache, the others' bytes released."""
+        for key, fetched, nbytes in staged:
+            if not (nbytes and self._is_copy(key) and self.cache.put(key, fetched, nbytes)):
+                self.store.release(nbytes)
 
     def _resident(self, expert: int) -> bool:
         return all(self.store.tier_of(name) == "gpu" for name in self.experts[expert])

@@ -511,7 +511,7 @@ class OffloadExecutor:
             return {name: twin(m) for name, m in w.items()}, dense_bytes
 
         return RoutedExpertLoads(self.store, self.expert_cache, j, self.experts[j], convert,
-                                 self.policy.cpu_expert_tokens, self.cpu_expert_reads)
+                                 self.policy.cpu_expert_tokens, self.cpu_expert_reads, self.policy.expert_group)
 
     def _reserve_int4_twins(self, j: int, steps: list[Step]) -> int:
         """When several of the sweep's calls take a 4-bit matrix's dense path (prompt chunks of

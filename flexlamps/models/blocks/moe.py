@@ -119,11 +119,14 @@ def moe_ffn(w: dict[str, torch.Tensor], x: torch.Tensor, cfg: MoEConfig) -> torc
     flat = x.reshape(-1, shape[-1])  # (N, hidden)
     weights, indices = route(flat, w, cfg)
     out = torch.zeros_like(flat)
+    done = getattr(w, "expert_done", None)  # weights that stream experts take each back once used
     # each expert runs once on the tokens that chose it, in expert order
     for expert in routed_experts(w, indices):
         token_idx, slot_idx = torch.where(indices == expert)
         y = _expert(flat[token_idx], w, expert, cfg)
         out.index_add_(0, token_idx, (y * weights[token_idx, slot_idx, None]).to(out.dtype))
+        if done is not None:
+            done(expert)
     out = out.view(shape)
     if cfg.has_shared:
         shared = swiglu(x, w["shared_gate_proj"], w["shared_up_proj"], w["shared_down_proj"])
