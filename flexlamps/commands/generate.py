@@ -56,7 +56,8 @@ def _since_process_start() -> float:
 @offload_options
 @click.option("--max-rss", default=None, type=ByteSize(),
               help="Refuse to start when the run's planned memory (fixed overhead plus weights, cache or tier "
-                   "budgets) exceeds this size.")
+                   "budgets) exceeds this size. With --gpu-mem and no --cpu-mem, the cpu tier is what this "
+                   "leaves (printed), so the run holds as much of the model as the cap allows.")
 @click.option("--overwrite", is_flag=True,
               help="Recompute records of --out made from other inputs (model file, options, prompt text) instead "
                    "of refusing; matching records are kept.")
@@ -74,6 +75,8 @@ def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, t
     check_model(model)
     run = engine_settings(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight, compress_cache,
                           weight_quant, max_batch_size=batch_size)
+    if max_rss is not None:
+        run = _cpu_tier_within(run, max_rss)
     settings = GenerateSettings(
         run=run, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
         stop=tuple(stop), logprobs=logprobs, ignore_eos=ignore_eos, chat=chat)
@@ -87,6 +90,17 @@ def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, t
         _run(settings, job, no_progress, max_rss, strict, ray_address, ray_workers)
     finally:
         job.results.release()
+
+
+def _cpu_tier_within(run, max_rss: int):
+    """With --max-rss and --gpu-mem but no --cpu-mem: the cpu tier is what the cap leaves, said on stderr."""
+    from flexlamps.commands.memory import fill_cap
+    from offload import compute_device
+
+    run, line = fill_cap(run, max_rss, gpu_is_host=compute_device().type == "cpu")
+    if line is not None:
+        click.echo(line, err=True)
+    return run
 
 
 def _pending_job(settings, prompts_path, out_path, overwrite):

@@ -38,6 +38,30 @@ def planned_rss_bytes(model, weight_bytes_per_param: float, *, offload_budgets: 
     return int(FIXED_OVERHEAD_BYTES + weights + (cache * context_len + state) * spec.num_layers * num_sequences)
 
 
+def cpu_mem_within(max_rss: int, gpu_mem: int, gpu_is_host: bool) -> int:
+    """The cpu tier a memory cap leaves the offload engine: the cap less the fixed overhead and,
+    where the gpu tier is host memory (no GPU), the gpu tier (`--max-rss` with `--gpu-mem` and no
+    `--cpu-mem`: the whole cap goes to the engine, as a peer's page cache would take it)."""
+    return max_rss - FIXED_OVERHEAD_BYTES - (gpu_mem if gpu_is_host else 0)
+
+
+def fill_cap(run, max_rss: int, gpu_is_host: bool):
+    """`run` with its cpu tier what `max_rss` leaves (`cpu_mem_within`), and the line that says so;
+    unchanged (and None) unless offloaded with a gpu tier given and the cpu tier not."""
+    if not run.offloaded or run.gpu_mem is None or run.cpu_mem is not None:
+        return run, None
+    mib = lambda n: f"{n / 2**20:.0f} MiB"  # noqa: E731
+    cpu_mem = cpu_mem_within(max_rss, run.gpu_mem, gpu_is_host)
+    if cpu_mem <= 0:
+        raise click.ClickException(
+            f"--max-rss {mib(max_rss)} leaves no cpu tier after the fixed overhead ({mib(FIXED_OVERHEAD_BYTES)})"
+            + (f" and --gpu-mem {mib(run.gpu_mem)} (host memory here)" if gpu_is_host else "")
+            + "; raise --max-rss or lower --gpu-mem")
+    line = (f"cpu tier {mib(cpu_mem)}: what --max-rss {mib(max_rss)} leaves after the fixed overhead "
+            f"({mib(FIXED_OVERHEAD_BYTES)})" + (" and the gpu tier (host memory here)" if gpu_is_host else ""))
+    return dataclasses.replace(run, cpu_mem=cpu_mem), line
+
+
 def _offload_budgets(run) -> tuple[int, int] | None:
     if not run.offloaded:
         return None

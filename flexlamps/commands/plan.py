@@ -139,8 +139,11 @@ def _expert_lines(plan: Plan, model: ModelSpec) -> list[str]:
     switch = plan.policy.cpu_expert_tokens
     where = ("copied to the gpu tier" if not switch
              else f"on the CPU where they live below {switch} tokens per expert, else copied")
+    group = plan.policy.expert_group
+    staged = f"streamed {group} at a time" if group else "staged together for a layer"
     return [f"experts   {routing} routing: {model.expected_experts(1):.1f} of {model.num_experts} a token, "
-            f"{model.expected_experts(block):.1f} a decode step of the block; cpu-tier experts {where}"]
+            f"{model.expected_experts(block):.1f} a decode step of the block; cpu-tier experts {where}; "
+            f"off-gpu experts {staged}"]
 
 
 def _hybrid_lines(plan: Plan, model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec,
@@ -220,6 +223,20 @@ def _all_full_attention_plan(model, hardware, workload, plan, given_policy: bool
         return None
 
 
+def _cpu_tier_within(hardware: HardwareSpec, max_rss: int) -> HardwareSpec:
+    """The machine with the cpu tier `--max-rss` leaves (`memory.cpu_mem_within`), said on stderr."""
+    from flexlamps.commands.memory import FIXED_OVERHEAD_BYTES, cpu_mem_within
+
+    cpu_mem = cpu_mem_within(max_rss, hardware.gpu_mem_bytes, hardware.gpu_is_host)
+    if cpu_mem <= 0:
+        raise click.BadParameter(f"{format_bytes(max_rss)} leaves no cpu tier after the fixed overhead "
+                                 f"({format_bytes(FIXED_OVERHEAD_BYTES)}) and the gpu tier", param_hint="--max-rss")
+    click.echo(f"cpu tier {format_bytes(cpu_mem)} (--cpu-mem {cpu_mem}): what --max-rss {format_bytes(max_rss)} leaves "
+               f"after the fixed overhead ({format_bytes(FIXED_OVERHEAD_BYTES)})"
+               + (" and the gpu tier (host memory on this machine)" if hardware.gpu_is_host else ""), err=True)
+    return hardware.with_memory(cpu_mem_bytes=cpu_mem)
+
+
 @click.command("plan")
 @click.option("--model", "model_text", required=True,
               help="config.json, an HF model folder, or a preset (e.g. opt-30b, llama-3-8b).")
@@ -232,6 +249,10 @@ def _all_full_attention_plan(model, hardware, workload, plan, given_policy: bool
 @click.option("--gpu-mem", type=ByteSize(), help="Override the GPU memory, e.g. 2GiB.")
 @click.option("--cpu-mem", type=ByteSize(), help="Override the CPU memory, e.g. 64GiB.")
 @click.option("--disk-mem", type=ByteSize(), help="Override the disk space, e.g. 1TB.")
+@click.option("--max-rss", type=ByteSize(),
+              help="A memory cap on the whole process (e.g. a container's): without --cpu-mem, the cpu tier is "
+                   "what it leaves after the engine's fixed overhead (and the gpu tier, on a machine without a "
+                   "GPU); the number is printed: pass it as generate's --cpu-mem, or give generate --max-rss.")
 @click.option("--usable-fraction", type=click.FloatRange(0, 1, min_open=True), default=0.9,
               show_default=True, help="Share of each tier's capacity the plan may fill.")
 @click.option("--compress/--no-compress", default=True, show_default=True,
@@ -250,12 +271,14 @@ def _all_full_attention_plan(model, hardware, workload, plan, given_policy: bool
                    "--policy is FlexGen's name for it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def command(model_text, hardware_text, prompt_len, gen_len, shared_prefix_len, gpu_mem,
-            cpu_mem, disk_mem, usable_fraction, compress, cpu_attention, merged_decode,
+            cpu_mem, disk_mem, max_rss, usable_fraction, compress, cpu_attention, merged_decode,
             cache_on_disk, policy_path, as_json):
     """Choose where weights, KV cache and activations live (GPU/CPU/disk) and how to batch."""
     model = load_model_spec(model_text)
     hardware = load_hardware_spec(hardware_text).with_memory(
         gpu_mem_bytes=gpu_mem, cpu_mem_bytes=cpu_mem, disk_bytes=disk_mem)
+    if max_rss is not None and cpu_mem is None:
+        hardware = _cpu_tier_within(hardware, max_rss)
     if shared_prefix_len > prompt_len:
         raise click.BadParameter(f"{shared_prefix_len} exceeds --prompt-len {prompt_len}",
                                  param_hint="--shared-prefix-len")
