@@ -68,6 +68,12 @@ def _stdout_failed(error: OSError) -> bool:
 @click.version_option(package_name="flexlamps")
 def main():
     """flexlamps: run LLMs bigger than your GPU, fast, from GPU, CPU and disk."""
+    from flexlamps.kernels import variants  # torch-free: a bad $FLEXLAMPS_CPU_VARIANT stops here, in one line
+
+    try:
+        variants.process_level()
+    except variants.VariantRefused as err:
+        raise click.ClickException(str(err)) from None
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import warnings
 import click
 
 # CPU flags that decide which kernels run (theirs, AMX, AVX-512 BF16), in /proc/cpuinfo's names
-_RELEVANT_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vbmi", "avx512_vnni",
+_RELEVANT_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vbmi", "avx512_vnni",
                    "avx512_bf16", "amx_bf16")
 
 
@@ -60,14 +60,17 @@ def _gpu() -> str:
 
 
 def _kernels() -> dict:
-    """Each native kernel: loaded (built and checked), disabled or failed, and why."""
-    from flexlamps.kernels import loader
+    """The CPU level the kernels run at, and each native kernel: loaded (built and checked, in
+    which variant), disabled or failed, and why."""
+    from flexlamps.kernels import loader, variants
 
+    level = variants.process_level()
     kernels = loader.chosen()
     with warnings.catch_warnings():  # a kernel that fails warns; its line below says the same, once
         warnings.filterwarnings("ignore", message="flexlamps: .* is not used", category=RuntimeWarning)
         outcomes = {name: kernels.outcome(name) for name in loader.NAMES}
-    return {name: {"state": o.state, "why": o.why} for name, o in outcomes.items()}
+    report = {"cpu variant": level or variants.BELOW_BASELINE}
+    return report | {name: {"state": o.state, "variant": o.variant, "why": o.why} for name, o in outcomes.items()}
 
 
 def _profiles() -> dict:
@@ -107,9 +110,11 @@ def _print(report: dict) -> None:
             click.echo(f"cpu: {value['model']}, {value['cores']} cores; has {' '.join(value['features']) or '-'}; "
                        f"lacks {' '.join(value['lacks']) or '-'}")
         elif key == "native kernels":
-            click.echo("native kernels:")
+            click.echo(f"native kernels (cpu variant: {value['cpu variant']}):")
             for name, outcome in value.items():
-                click.echo(f"  {name:<12} {outcome['state']}: {outcome['why']}")
+                if name != "cpu variant":
+                    variant = f" ({outcome['variant']})" if outcome["variant"] else ""
+                    click.echo(f"  {name:<12} {outcome['state']}{variant}: {outcome['why']}")
         elif isinstance(value, list):
             click.echo(f"{key}: {', '.join(value) or 'none'}")
         else:

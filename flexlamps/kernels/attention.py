@@ -26,29 +26,25 @@ from pathlib import Path
 
 import torch
 
-from flexlamps.kernels import build, loader
+from flexlamps.kernels import build, loader, variants
 from flexlamps.kernels.loader import require
 
 SOURCE = build.SOURCES / "attention.c"
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c")
-_COMPILE_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-                  "-mfma", "-mf16c")
+VARIANTS = (variants.variant("avx512"),)
 BF16_DOT_FLAGS = ("avx512_bf16",)  # bf16 pair products summed in fp32 (vdpbf16ps): nothing converted first
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}
 MAX_HEAD_DIM, MAX_GROUP = 256, 16
-LIBRARY = build.Library(SOURCE, _COMPILE_FLAGS, CPU_FLAGS, "the AVX-512 attention",
-                        "attention runs torch's kernels")
 _Strides = ctypes.c_int64 * 12  # q's, keys' and values' (row, head, position), mask's (row, query, key)
 
 
 class NativeAttention:
     """The loaded kernel: `takes(q, keys)` says whether it runs a call, `__call__` runs it."""
 
-    def __init__(self, library: ctypes.CDLL, bf16_dot: bool = False):
+    def __init__(self, library: ctypes.CDLL, bf16_dot: bool = False, level: str = "avx512"):
         fn = library.flexlamps_attention
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 6 + [ctypes.POINTER(_Strides), ctypes.c_float] + [ctypes.c_int] * 3
-        self.library, self._fn, self.bf16_dot = library, fn, int(bf16_dot)
+        self.library, self._fn, self.bf16_dot, self.level = library, fn, int(bf16_dot), level
 
     @staticmethod
     def takes(q: torch.Tensor, keys: torch.Tensor) -> bool:
@@ -105,7 +101,7 @@ def _check(kernel: NativeAttention) -> None:
     masked tail and a causal prompt chunk after cached keys, in each dtype; with vdpbf16ps, the
     plain path too (a head size that is no multiple of 32 takes it)."""
     gen = torch.Generator().manual_seed(0)
-    for variant in (kernel, NativeAttention(kernel.library)) if kernel.bf16_dot else (kernel,):
+    for variant in (kernel, NativeAttention(kernel.library, level=kernel.level)) if kernel.bf16_dot else (kernel,):
         for dtype in DTYPES:
             cache = torch.randn(2, 3, 2, 40, 64, generator=gen).to(dtype)
             keys, values = cache[0, :, :, :37], cache[1, :, :, :37]
@@ -119,15 +115,16 @@ def _check(kernel: NativeAttention) -> None:
                         f"native_attention: the kernel's check failed in {dtype} (max error {error:.3g})")
 
 
-def _make(library) -> NativeAttention:
-    return NativeAttention(library, build.cpu_has_flags(BF16_DOT_FLAGS))
+def _make(library, level: str) -> NativeAttention:
+    return NativeAttention(library, level == "avx512" and build.cpu_has_flags(BF16_DOT_FLAGS), level)
 
 
-KERNEL = loader.Kernel("attention", LIBRARY, _make, _check)
+KERNEL = loader.Kernel("attention", SOURCE, VARIANTS, "the attention kernel", "attention runs torch's kernels",
+                       _make, _check)
 
 
 @functools.lru_cache(maxsize=None)
-def load(folder: Path) -> NativeAttention | None:
+def load(folder: Path, level: str | None = None) -> NativeAttention | None:
     """The kernel built into (or found in) `folder` and checked, or None where it cannot run here
     (the process's own: `loader.chosen().get("attention")`)."""
-    return loader.load(KERNEL, Path(folder)).kernel
+    return loader.load(KERNEL, Path(folder), level).kernel

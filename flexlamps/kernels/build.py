@@ -9,7 +9,6 @@ concurrent processes neither race nor see half a file. Imports nothing of torch.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import hashlib
 import os
 import re
@@ -21,17 +20,6 @@ from pathlib import Path
 from filelock import FileLock
 
 SOURCES = Path(__file__).resolve().parent  # every kernel's C source and header
-
-
-@dataclasses.dataclass(frozen=True)
-class Library:
-    """A C kernel library: its source, how it is compiled, what the CPU must have, and for a
-    warning what it is and what runs without it."""
-    source: Path
-    compile_flags: tuple[str, ...]
-    cpu_flags: tuple[str, ...]
-    what: str
-    fallback: str
 
 
 class NoCompiler(OSError):

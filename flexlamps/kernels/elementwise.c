@@ -1,10 +1,11 @@
-/* A decoder layer's element-wise ops in bf16 / fp16 on AVX-512 CPUs, each one pass over its rows
- * with fp32 arithmetic and torch's roundings: torch runs them as several ops (rms_norm: an upcast,
- * a square, a mean, an rsqrt, two products; SwiGLU: silu on a strided half, then a product), each
+/* A decoder layer's element-wise ops in bf16 / fp16, each one pass over its rows with fp32
+ * arithmetic and torch's roundings: torch runs them as several ops (rms_norm: an upcast, a
+ * square, a mean, an rsqrt, two products; SwiGLU: silu on a strided half, then a product), each
  * a few us of dispatch on a decode row and a pass over memory on a prompt.
  *   rms_norm:  out = w * round(x / sqrt(mean(x^2) + eps))   (round: to the dtype, as torch's
  *              rms_norm rounds before the scale)
  *   silu_mul:  out = round(round(silu(gate)) * up), gate and up the two halves of a row
+ * Written once over native_simd.h's vectors: the AVX-512 and AVX2 variants differ in their flags.
  * Rows are independent: a row's result does not depend on the others or on the thread count.
  * Built and loaded by flexlamps/kernels/elementwise.py. */
 #include <math.h>
@@ -12,31 +13,31 @@
 #include "native_simd.h"
 
 static void rms_norm_row(const uint16_t *x, const uint16_t *w, uint16_t *out, int64_t cols, float eps, int fp16) {
-    __m512 ss = _mm512_setzero_ps();
-    for (int64_t c = 0; c < cols; c += 16) {
-        __m512 v = load_halves(x + c, fp16, lanes(cols - c));
-        ss = _mm512_fmadd_ps(v, v, ss);
+    vf ss = vf_zero();
+    for (int64_t c = 0; c < cols; c += VW) {
+        vf v = load_halves(x + c, fp16, lanes(cols - c));
+        ss = vf_fmadd(v, v, ss);
     }
-    __m512 r = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(ss) / (float)cols + eps));
-    for (int64_t c = 0; c < cols; c += 16) {
-        __mmask16 m = lanes(cols - c);
-        __m512 y = rounded(_mm512_mul_ps(load_halves(x + c, fp16, m), r), fp16);
-        store_halves(out + c, _mm512_mul_ps(load_halves(w + c, fp16, m), y), fp16, m);
+    vf r = vf_set1(1.0f / sqrtf(vf_sum(ss) / (float)cols + eps));
+    for (int64_t c = 0; c < cols; c += VW) {
+        vmask m = lanes(cols - c);
+        vf y = rounded(vf_mul(load_halves(x + c, fp16, m), r), fp16);
+        store_halves(out + c, vf_mul(load_halves(w + c, fp16, m), y), fp16, m);
     }
 }
 
 /* x / (1 + exp(-x)) in fp32, as torch computes it: exp(-x) overflows to inf below x = -88 (a
  * quotient of -0, as torch's) and is taken at -88 above x = 88 (a quotient of x). */
-AI __m512 silu16(__m512 x) {
-    __m512 e = exp_poly(_mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), x), _mm512_set1_ps(-88.0f)));  /* exp(-x) */
-    return _mm512_div_ps(x, _mm512_add_ps(e, _mm512_set1_ps(1.0f)));
+AI vf silu(vf x) {
+    vf e = exp_poly(vf_max(vf_sub(vf_zero(), x), vf_set1(-88.0f)));  /* exp(-x) */
+    return vf_div(x, vf_add(e, vf_set1(1.0f)));
 }
 
 static void silu_mul_row(const uint16_t *gu, uint16_t *out, int64_t half, int fp16) {
-    for (int64_t c = 0; c < half; c += 16) {
-        __mmask16 m = lanes(half - c);
-        __m512 s = rounded(silu16(load_halves(gu + c, fp16, m)), fp16);
-        store_halves(out + c, _mm512_mul_ps(s, load_halves(gu + half + c, fp16, m)), fp16, m);
+    for (int64_t c = 0; c < half; c += VW) {
+        vmask m = lanes(half - c);
+        vf s = rounded(silu(load_halves(gu + c, fp16, m)), fp16);
+        store_halves(out + c, vf_mul(s, load_halves(gu + half + c, fp16, m)), fp16, m);
     }
 }
 

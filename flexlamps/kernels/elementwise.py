@@ -21,23 +21,20 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from flexlamps.kernels import build, loader
+from flexlamps.kernels import build, loader, variants
 from flexlamps.kernels.loader import require
 
 SOURCE = build.SOURCES / "elementwise.c"
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c")
-_COMPILE_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-                  "-mfma", "-mf16c")
+VARIANTS = (variants.variant("avx2"), variants.variant("avx512"))
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}
-LIBRARY = build.Library(SOURCE, _COMPILE_FLAGS, CPU_FLAGS, "the AVX-512 RMSNorm and SwiGLU",
-                        "they run as torch's ops")
 
 
 class NativeElementwise:
     """`rms_norm(x, weight, eps)` and `silu_mul(gate_up)` for CPU tensors in bf16 / fp16 whose
     last dim is contiguous (`takes`)."""
 
-    def __init__(self, library: ctypes.CDLL):
+    def __init__(self, library: ctypes.CDLL, level: str = "avx512"):
+        self.level = level
         self._norm, self._silu_mul = library.flexlamps_rms_norm, library.flexlamps_silu_mul
         self._norm.restype = self._silu_mul.restype = None
         self._norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
@@ -87,11 +84,12 @@ def _check(ops: NativeElementwise) -> None:
                 f"native_elementwise: silu_mul's check failed in {dtype}")
 
 
-KERNEL = loader.Kernel("elementwise", LIBRARY, NativeElementwise, _check)
+KERNEL = loader.Kernel("elementwise", SOURCE, VARIANTS, "the RMSNorm and SwiGLU kernels", "they run as torch's ops",
+                       NativeElementwise, _check)
 
 
 @functools.lru_cache(maxsize=None)
-def load(folder: Path) -> NativeElementwise | None:
+def load(folder: Path, level: str | None = None) -> NativeElementwise | None:
     """The kernels built into (or found in) `folder` and checked, or None where they cannot run
     here (the process's own: `loader.chosen().get("elementwise")`)."""
-    return loader.load(KERNEL, Path(folder)).kernel
+    return loader.load(KERNEL, Path(folder), level).kernel

@@ -27,15 +27,12 @@ from pathlib import Path
 
 import torch
 
-from flexlamps.kernels import build, loader
+from flexlamps.kernels import build, loader, variants
 from flexlamps.kernels.loader import require
 
 SOURCE = build.SOURCES / "int8_gemm.c"
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma", "f16c")
-_COMPILE_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-                  "-mavx512vnni", "-mfma", "-mf16c")
-LIBRARY = build.Library(SOURCE, _COMPILE_FLAGS, CPU_FLAGS, "the AVX-512 int8 GEMM",
-                        "products of many rows run the bf16 GEMM")
+VARIANTS = (variants.variant("avx2"), variants.variant("avx_vnni"),
+            variants.variant("avx512", ("avx512_vnni",), ("-mavx512vnni",)))
 GROUP = 64  # x's inputs per scale (the kernel's GROUP)
 BLOCK = 16  # output columns per block of the packed weight
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}
@@ -85,7 +82,8 @@ def can_take(x: torch.Tensor, shape: tuple[int, int]) -> bool:
 class Int8Gemm:
     """`matmul(x, w)`: x (..., K) in bf16 / fp16 times an `Int8Matrix`'s transpose, in x's dtype."""
 
-    def __init__(self, library: ctypes.CDLL):
+    def __init__(self, library: ctypes.CDLL, level: str = "avx512"):
+        self.level = level
         self._quantize, self._gemm = library.flexlamps_int8_quantize, library.flexlamps_int8_gemm
         self._quantize.restype = self._gemm.restype = None
         self._quantize.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_int] + [ctypes.c_void_p] * 3
@@ -189,12 +187,12 @@ def _check(gemm: Int8Gemm) -> None:
 
 
 AMX_FLAGS = ("amx_bf16",)  # with these, oneDNN's bf16 GEMM on AMX tiles is faster than this kernel
-KERNEL = loader.Kernel("int8_gemm", LIBRARY, Int8Gemm, _check, AMX_FLAGS,
-                       "this CPU has AMX: oneDNN's bf16 GEMM on its tiles is faster")
+KERNEL = loader.Kernel("int8_gemm", SOURCE, VARIANTS, "the int8 GEMM", "products of many rows run the bf16 GEMM",
+                       Int8Gemm, _check, AMX_FLAGS, "this CPU has AMX: oneDNN's bf16 GEMM on its tiles is faster")
 
 
 @functools.lru_cache(maxsize=None)
-def load(folder: Path) -> Int8Gemm | None:
+def load(folder: Path, level: str | None = None) -> Int8Gemm | None:
     """The kernel built into (or found in) `folder` and checked, or None where it cannot run here,
     AMX or not (the process's own, which leaves AMX CPUs to oneDNN: `loader.chosen().get("int8_gemm")`)."""
-    return loader.load(dataclasses.replace(KERNEL, faster_flags=()), Path(folder)).kernel
+    return loader.load(dataclasses.replace(KERNEL, faster_flags=()), Path(folder), level).kernel

@@ -1,13 +1,17 @@
-"""The one loader of flexlamps' C kernels: which of them run in this process, decided once.
+"""The one loader of flexlamps' C kernels: which of them run in this process, and which
+instruction-set variant of each, decided once.
 
-Each kernel module here (`NAMES`) defines `KERNEL`, a `Kernel`: its library (source, compile and
-CPU flags), how to wrap the loaded library, and a check against torch's arithmetic that raises
-`KernelCheckError` (never `assert`: it must hold under `python -O`). `chosen()` is the process's
-`Kernels`: a kernel is loaded on first use from the cache folder (built there once per machine),
-or not where $FLEXLAMPS_NATIVE_KERNELS=0, the CPU lacks its instructions or has ones that make
-torch's own faster. Anything else that stops it (no compiler, a failed build, a library that does
-not load, a check that fails or raises) leaves torch's kernels running, with one warning naming
-the kernel, why and what runs instead. `flexlamps env` prints each kernel's `Outcome`.
+Each kernel module here (`NAMES`) defines `KERNEL`, a `Kernel`: its C source and the variants it
+is built in (`flexlamps.kernels.variants`: AVX2 + FMA + F16C, AVX-VNNI, AVX-512 ...), how to wrap
+the loaded library, and a check against torch's arithmetic that raises `KernelCheckError` (never
+`assert`: it must hold under `python -O`). `chosen()` is the process's `Kernels`: a kernel is
+loaded on first use, in its best variant at or below the process's level (the CPU's best, or
+$FLEXLAMPS_CPU_VARIANT) that the CPU has, from the cache folder (built there once per machine
+and variant); or not where $FLEXLAMPS_NATIVE_KERNELS=0, the CPU has none of its variants or has
+instructions that make torch's own faster. Anything else that stops it (no compiler, a failed
+build, a library that does not load, a check that fails or raises) leaves torch's kernels
+running, with one warning naming the kernel, why and what runs instead. `flexlamps env` prints
+each kernel's `Outcome`, its variant included.
 """
 from __future__ import annotations
 
@@ -22,7 +26,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from flexlamps.cache_folder import cache_root
-from flexlamps.kernels import build
+from flexlamps.kernels import build, variants
+from flexlamps.kernels.variants import Variant
 
 SWITCH_ENV = "FLEXLAMPS_NATIVE_KERNELS"  # "0": torch's kernels everywhere (A/B runs, a broken toolchain)
 NAMES = ("tile_gemv", "int8_gemm", "attention", "elementwise")  # the kernel modules of this package
@@ -40,55 +45,75 @@ def require(ok: bool, message: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Kernel:
-    """One C kernel: its library, `make` (the loaded library -> the object callers use) and `check`
-    (raises on a wrong result). Where the CPU has `faster_flags`, torch's own runs (`faster_why`)."""
+    """One C kernel: its source, the variants it is built in (lowest level first), `make` (the
+    loaded library and its level -> the object callers use) and `check` (raises on a wrong result);
+    for a warning, what it is and what runs without it. Where the CPU has `faster_flags`, torch's
+    own runs (`faster_why`)."""
     name: str
-    library: build.Library
-    make: Callable[[Any], Any]
+    source: Path
+    variants: tuple[Variant, ...]
+    what: str
+    fallback: str
+    make: Callable[[Any, str], Any]
     check: Callable[[Any], None]
     faster_flags: tuple[str, ...] = ()
     faster_why: str = ""
 
+    def variant(self, level: str) -> Variant:
+        """The variant built for `level` (KeyError naming the ones there are)."""
+        for candidate in self.variants:
+            if candidate.level == level:
+                return candidate
+        raise KeyError(f"{self.name} has no {level} variant (it has {', '.join(v.level for v in self.variants)})")
+
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """What loading a kernel gave: the object (None unless `state` is "loaded") and why."""
+    """What loading a kernel gave: the object (None unless `state` is "loaded"), why, and the
+    variant (the level it was built for; None where none was tried)."""
     kernel: Any
     state: str  # "loaded", "disabled" (by the switch or the CPU) or "failed" (with a warning)
     why: str
+    variant: str | None = None
 
 
 def switched_off() -> bool:
     return os.environ.get(SWITCH_ENV, "1").strip() == "0"
 
 
-def disabled_because(kernel: Kernel) -> str | None:
-    """Why `kernel` is not even tried in this process, or None."""
+def pick(kernel: Kernel, level: str | None = None) -> Variant | str:
+    """The variant of `kernel` this process runs (at most `level`, else the process's level), or why
+    none is tried. Raises variants.VariantRefused for an override the CPU lacks."""
     if switched_off():
         return f"${SWITCH_ENV}=0"
-    if not build.cpu_has_flags(kernel.library.cpu_flags):
-        have = build.cpu_flags()
-        missing = [flag for flag in kernel.library.cpu_flags if flag not in have] or kernel.library.cpu_flags
-        return f"this CPU lacks {' '.join(missing)}"
-    if kernel.faster_flags and build.cpu_has_flags(kernel.faster_flags):
+    have = build.cpu_flags()
+    cap = level if level is not None else variants.process_level(have)
+    if cap is None:
+        return variants.BELOW_BASELINE
+    chosen = variants.best(kernel.variants, cap, have)
+    if chosen is None:
+        lowest = kernel.variants[0]
+        return f"this CPU lacks {' '.join(f for f in lowest.cpu_flags if f not in have) or lowest.level}"
+    if kernel.faster_flags and all(flag in have for flag in kernel.faster_flags):
         return kernel.faster_why
-    return None
+    return chosen
 
 
-def load(kernel: Kernel, folder: Path) -> Outcome:
-    """`kernel` built into (or found in) `folder`, wrapped and checked; see the module's docstring."""
-    why = disabled_because(kernel)
-    if why is not None:
-        return Outcome(None, "disabled", why)
+def load(kernel: Kernel, folder: Path, level: str | None = None) -> Outcome:
+    """`kernel` in its variant for `level` (None: the process's), built into (or found in) `folder`,
+    wrapped and checked; see the module's docstring."""
+    chosen = pick(kernel, level)
+    if isinstance(chosen, str):
+        return Outcome(None, "disabled", chosen)
     try:
-        made = kernel.make(build.built_library(kernel.library.source, kernel.library.compile_flags, Path(folder)))
+        made = kernel.make(build.built_library(kernel.source, chosen.compile_flags, Path(folder)), chosen.level)
         kernel.check(made)
     except Exception as err:  # noqa: BLE001  (whatever stops a kernel, torch's run instead)
         why = _reason(err)
-        warnings.warn(f"flexlamps: {kernel.library.what} is not used ({why}); {kernel.library.fallback}",
+        warnings.warn(f"flexlamps: {kernel.what} ({chosen.level}) is not used ({why}); {kernel.fallback}",
                       RuntimeWarning, stacklevel=3)
-        return Outcome(None, "failed", why)
-    return Outcome(made, "loaded", "built and checked against torch")
+        return Outcome(None, "failed", why, chosen.level)
+    return Outcome(made, "loaded", "built and checked against torch", chosen.level)
 
 
 def _reason(err: Exception) -> str:
@@ -106,17 +131,18 @@ def kernel_spec(name: str) -> Kernel:
 
 
 class Kernels:
-    """The kernels one process runs, each loaded on first use from `folder` (thread-safe)."""
+    """The kernels one process runs, each loaded on first use from `folder` (thread-safe), in
+    their variants at or below `level` (None: the process's level, `variants.process_level`)."""
 
-    def __init__(self, folder: Path):
-        self.folder = Path(folder)
+    def __init__(self, folder: Path, level: str | None = None):
+        self.folder, self.level = Path(folder), level
         self._outcomes: dict[str, Outcome] = {}
         self._lock = threading.Lock()
 
     def outcome(self, name: str) -> Outcome:
         with self._lock:
             if name not in self._outcomes:
-                self._outcomes[name] = load(kernel_spec(name), self.folder)
+                self._outcomes[name] = load(kernel_spec(name), self.folder, self.level)
             return self._outcomes[name]
 
     def get(self, name: str) -> Any:

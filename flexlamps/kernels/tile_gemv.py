@@ -1,5 +1,6 @@
-"""Decode's 4-bit and 8-bit matrix products on AVX-512 VNNI CPUs (`tile_gemv.c`), compiled here
-on first use and loaded with ctypes.
+"""Decode's 4-bit and 8-bit matrix products (`tile_gemv.c`), compiled here on first use in a
+variant per instruction set (AVX2 + FMA + F16C, AVX-VNNI, AVX-512 VBMI + VNNI) and loaded with
+ctypes.
 
 torch's CPU int4 kernel computes at 15-18 GMAC/s a core, so a decode step that should stream its
 weights from memory waits on arithmetic instead. `tile_gemv.c` reads the same weights where they
@@ -14,10 +15,14 @@ weight-only kernel. With 8 bits, as llama.cpp rounds x for its block types, it r
 faster from 4 rows but the error grows to 0.55%: on SmolLM2 +0.5% decode perplexity, and greedy
 agreement with float32 at batch 8 fell from 68% to 60%. A row's result does not depend on the batch.
 
+The AVX2 variants take torch's AVX2 layout (tiles of 32 rows) and the AVX-512 one (64), 16-bit x
+and 4-bit or int8 codes (not the 5-bit form, whose plane is laid out for AVX-512 registers), and
+add the same exact sums in the same fp32 steps as the AVX-512 variant: the same bits.
+
 `KERNEL` is how `flexlamps.kernels.loader` builds it (once per source, compiler and flags) and
 checks it against a plain computation in each dtype and weight kind it takes; callers keep
-torch's kernel where the CPU lacks the instructions (AVX-512 F/BW/VL/DQ/VBMI/VNNI), no C compiler
-is found (`$CC`, else cc), or the build or the check fails (with a warning that says why).
+torch's kernel where the CPU lacks AVX2 + FMA + F16C, no C compiler is found (`$CC`, else cc),
+or the build or the check fails (with a warning that says why).
 The library joins torch's OpenMP runtime (the same libgomp), so it uses torch's threads.
 Imports torch only.
 """
@@ -30,54 +35,47 @@ from typing import Callable
 
 import torch
 
-from flexlamps.kernels import build, loader
+from flexlamps.kernels import build, loader, variants
 from flexlamps.kernels.loader import require
 from quant.int4_tiles import tile_rows
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
 
 SOURCE = build.SOURCES / "tile_gemv.c"
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vbmi", "avx512_vnni", "fma", "f16c")
-_COMPILE_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-                  "-mavx512vbmi", "-mavx512vnni", "-mfma", "-mf16c")
-TILE = 64  # output rows per tile: the kernel takes weights whose layout has tiles of this many
+VARIANTS = (variants.variant("avx2"), variants.variant("avx_vnni"),
+            variants.variant("avx512", ("avx512vbmi", "avx512_vnni"), ("-mavx512vbmi", "-mavx512vnni")))
+TILES = {"avx512": (64,)}  # the tile rows a variant takes (the others: torch's AVX2 and AVX-512 layouts)
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}  # the activations' dtypes, as the kernel's flag
 KIND_INT4, KIND_INT8_SPLIT, KIND_INT5 = 0, 1, 2  # the weight's layout, as the kernel's `kind`
-LIBRARY = build.Library(SOURCE, _COMPILE_FLAGS, CPU_FLAGS, "the AVX-512 decode kernel",
-                        "4-bit decode runs torch's slower int4 kernel")
-X_BITS = 16  # x's codes: 16 bits (near bf16's own rounding) or 8 (llama.cpp's, a little faster)
-
-
-def cpu_has_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """Whether this CPU reports every instruction set the kernel is compiled for (Linux)."""
-    return build.cpu_has_flags(CPU_FLAGS, cpuinfo)
+X_BITS = 16  # x's codes: 16 bits (near bf16's own rounding) or 8 (llama.cpp's, a little faster; AVX-512 only)
 
 
 class TileGemv:
-    """The loaded kernel: `runs(w, x)` says whether it takes a weight and activations,
-    `matmul(w, x)` computes x @ w.T."""
+    """The loaded kernel in one variant (`level`): `runs(w, x)` says whether it takes a weight and
+    activations, `matmul(w, x)` computes x @ w.T."""
 
-    def __init__(self, library: ctypes.CDLL, x_bits: int = X_BITS):
-        if x_bits not in (8, 16):
-            raise ValueError(f"tile_gemv: x_bits must be 8 or 16, got {x_bits}")
+    def __init__(self, library: ctypes.CDLL, level: str = "avx512", x_bits: int = X_BITS):
+        if x_bits not in (8, 16) or (x_bits == 8 and level != "avx512"):
+            raise ValueError(f"tile_gemv: x_bits must be 16 (or 8 on AVX-512), got {x_bits} for {level}")
         fn = library.flexlamps_tile_gemv
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_int] * 4
-        self.library, self._fn, self.x_bits = library, fn, x_bits
+        fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.c_int] * 4
+        self.library, self._fn, self.x_bits, self.level = library, fn, x_bits, level
+        self.tiles = TILES.get(level, (32, 64))
 
-    @staticmethod
-    def takes(w: Int4Weight | Int8Weight) -> bool:
-        """Whether the kernel takes `w`: a CPU weight in whole tiles of torch's layout, in bf16 or
-        fp16, its groups a multiple of 4 inputs."""
+    def takes(self, w: Int4Weight | Int8Weight) -> bool:
+        """Whether the kernel takes `w`: a CPU weight in whole tiles of torch's layout (of rows this
+        variant takes), in bf16 or fp16, its groups a multiple of 4 inputs."""
         split = w.split if isinstance(w, Int8Weight) else w
         rows, cols = split.shape
+        tile = tile_rows(cols)
         return (split.kernel_codes is not None and split.device.type == "cpu" and split.dtype in DTYPES
-                and rows % TILE == 0 and split.group_size % 4 == 0 and tile_rows(cols) == TILE)
+                and tile in self.tiles and rows % tile == 0 and split.group_size % 4 == 0
+                and (self.level == "avx512" or not (isinstance(w, Int8Weight) and w.fifth is not None)))
 
-    @classmethod
-    def runs(cls, w: Int4Weight | Int8Weight, x: torch.Tensor) -> bool:
+    def runs(self, w: Int4Weight | Int8Weight, x: torch.Tensor) -> bool:
         """Whether the kernel takes `w` with activations `x` (on the CPU, in the weight's dtype)."""
-        return x.device.type == "cpu" and x.dtype == w.dtype and cls.takes(w)
+        return x.device.type == "cpu" and x.dtype == w.dtype and self.takes(w)
 
     def matmul(self, w: Int4Weight | Int8Weight, x: torch.Tensor) -> torch.Tensor:
         """x (..., K) @ w.T, for a weight and activations `runs` takes."""
@@ -90,6 +88,7 @@ class TileGemv:
         fifth = w.fifth if int8 else None  # the 5-bit form's plane
         kind = KIND_INT5 if fifth is not None else KIND_INT8_SPLIT if int8 else KIND_INT4
         fn, n, cols, group, x_bits = self._fn, split.shape[0], w.shape[1], split.group_size, self.x_bits
+        tile = tile_rows(split.shape[1])
         codes, scale_zero = split.kernel_codes.data_ptr(), split.scale_zero.data_ptr()
         plane = None if fifth is None else fifth.data_ptr()
 
@@ -101,7 +100,7 @@ class TileGemv:
                 rows = rows.contiguous()
             out = torch.empty(rows.shape[0], n, dtype=x.dtype)
             if rows.shape[0] and fn(codes, plane, scale_zero, rows.data_ptr(), out.data_ptr(), n, cols, group, rows.shape[0],
-                                    DTYPES[x.dtype], kind, x_bits, torch.get_num_threads()):
+                                    tile, DTYPES[x.dtype], kind, x_bits, torch.get_num_threads()):
                 raise ValueError(f"tile_gemv: the kernel refused x {tuple(x.shape)} with {w!r}")
             return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
 
@@ -116,7 +115,7 @@ def _check(kernel: TileGemv) -> None:
     gen = torch.Generator().manual_seed(0)
     for dtype in DTYPES:
         x = torch.randn(3, 64, generator=gen).to(dtype)
-        for w in _check_weights(gen, dtype):
+        for w in _check_weights(gen, dtype, kernel):
             require(kernel.runs(w, x), f"tile_gemv: the check's weight is not taken: {w!r}")
             want = (rounded_like_kernel(x, w.group_size, kernel.x_bits) @ w.dequantize(torch.float32).t()).to(dtype)
             got = kernel.matmul(w, x).float()
@@ -125,23 +124,28 @@ def _check(kernel: TileGemv) -> None:
                     f"tile_gemv: the kernel's check failed for {w!r} in {dtype} (max error {error:.3g})")
 
 
-def _check_weights(gen: torch.Generator, dtype: torch.dtype) -> tuple:
-    """One weight of each kind the kernel takes: 4-bit, int8 in two 4-bit halves, the 5-bit form."""
+def _check_weights(gen: torch.Generator, dtype: torch.dtype, kernel: TileGemv) -> tuple:
+    """One weight of each kind the kernel takes: 4-bit, int8 in two 4-bit halves, the 5-bit form
+    (on AVX-512)."""
     def int8(low: int, high: int, five_bit: bool) -> Int8Weight:
         return Int8Weight.from_codes(torch.randint(low, high, (64, 64), dtype=torch.int8, generator=gen),
                                      torch.rand(64, 2, generator=gen) / 64, 32, dtype,
                                      zero=torch.randn(64, 2, generator=gen) / 64, five_bit=five_bit)
-    return Int4Weight.quantize(torch.randn(128, 64, generator=gen), 32, dtype), int8(-128, 128, False), int8(-16, 16, True)
+    weights = (Int4Weight.quantize(torch.randn(128, 64, generator=gen), 32, dtype), int8(-128, 128, False),
+               int8(-16, 16, True))
+    return tuple(w for w in weights if kernel.takes(w) or not (isinstance(w, Int8Weight) and w.fifth is not None))
 
 
-KERNEL = loader.Kernel("tile_gemv", LIBRARY, TileGemv, _check)
+KERNEL = loader.Kernel("tile_gemv", SOURCE, VARIANTS, "the decode kernel", "4-bit decode runs torch's slower int4 kernel",
+                       TileGemv, _check)
 
 
 @functools.lru_cache(maxsize=None)
-def load(folder: Path) -> TileGemv | None:
-    """The kernel built into (or found in) `folder` and checked, or None where it cannot run here
-    (the process's own: `loader.chosen().get("tile_gemv")`)."""
-    return loader.load(KERNEL, Path(folder)).kernel
+def load(folder: Path, level: str | None = None) -> TileGemv | None:
+    """The kernel (in its variant for `level`, None: the process's) built into (or found in)
+    `folder` and checked, or None where it cannot run here (the process's own:
+    `loader.chosen().get("tile_gemv")`)."""
+    return loader.load(KERNEL, Path(folder), level).kernel
 
 
 def rounded_like_kernel(x: torch.Tensor, group: int, bits: int = X_BITS) -> torch.Tensor:

@@ -5,7 +5,10 @@ import json
 from click.testing import CliRunner
 
 from flexlamps.cli import main
-from flexlamps.kernels import loader
+from flexlamps.kernels import build, loader, variants
+
+# every variant's flags but AMX's: each kernel is tried in its highest variant
+EVERY_FLAG = sorted({f for n in loader.NAMES for v in loader.kernel_spec(n).variants for f in v.cpu_flags})
 
 
 def test_env_reports_every_kernel_and_the_cache(monkeypatch, tmp_path):
@@ -15,8 +18,10 @@ def test_env_reports_every_kernel_and_the_cache(monkeypatch, tmp_path):
     result = CliRunner().invoke(main, ["env", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
-    assert report["native kernels"] == {n: {"state": "disabled", "why": "$FLEXLAMPS_NATIVE_KERNELS=0"}
-                                        for n in loader.NAMES}
+    kernels = report["native kernels"]
+    assert kernels.pop("cpu variant") in (*variants.LEVELS, variants.BELOW_BASELINE)
+    assert kernels == {n: {"state": "disabled", "variant": None, "why": "$FLEXLAMPS_NATIVE_KERNELS=0"}
+                       for n in loader.NAMES}
     assert report["cache folder"] == str(tmp_path) and report["hardware profile"].startswith(str(tmp_path))
     assert report["torch"] and report["flexlamps"].startswith("0.") and "transformers" in report
     assert set(report["cpu"]) == {"model", "cores", "features", "lacks"} and report["gpu"]
@@ -26,10 +31,10 @@ def test_env_reports_every_kernel_and_the_cache(monkeypatch, tmp_path):
 
 def test_env_names_a_kernel_that_failed_and_why(monkeypatch, tmp_path):
     kernels = loader.Kernels(tmp_path)
-    kernels._outcomes = {n: loader.Outcome(None, "failed", "KernelCheckError: boom") for n in loader.NAMES}
+    kernels._outcomes = {n: loader.Outcome(None, "failed", "KernelCheckError: boom", "avx2") for n in loader.NAMES}
     monkeypatch.setattr(loader, "chosen", lambda: kernels)
     result = CliRunner().invoke(main, ["env"])
-    assert result.exit_code == 0 and "tile_gemv    failed: KernelCheckError: boom" in result.output
+    assert result.exit_code == 0 and "tile_gemv    failed (avx2): KernelCheckError: boom" in result.output
 
 
 def test_env_prints_each_kernel_failure_once(tmp_path, failing_compiler):
@@ -39,14 +44,14 @@ def test_env_prints_each_kernel_failure_once(tmp_path, failing_compiler):
     import sys
 
     code = ("from flexlamps.kernels import build\n"
-            "build.cpu_has_flags = lambda flags, cpuinfo=None: 'amx_bf16' not in flags  # every kernel is tried\n"
+            "build.cpu_flags = lambda cpuinfo=None: %r  # every kernel is tried\n" % EVERY_FLAG
             "from flexlamps.cli import main\n"
             "main(['env'], prog_name='flexlamps')\n")
     env = {**os.environ, "FLEXLAMPS_CACHE": str(tmp_path / "cache"), "CC": str(failing_compiler),
            loader.SWITCH_ENV: "1", "PYTHONWARNINGS": "default"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("failed: CalledProcessError: error: boom") == len(loader.NAMES), proc.stdout
+    assert proc.stdout.count("failed (avx512): CalledProcessError: error: boom") == len(loader.NAMES), proc.stdout
     assert "boom" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr
 
 
@@ -60,3 +65,19 @@ def test_env_flags_a_cache_folder_that_is_a_file(monkeypatch, tmp_path):
         assert result.exit_code == 0, result.output
         line = next(ln for ln in result.output.splitlines() if ln.startswith("cache folder: "))
         assert words in line and "set $FLEXLAMPS_CACHE to a folder" in line, line
+
+
+def test_env_names_each_kernels_variant_and_a_cpu_below_avx2_in_one_line(monkeypatch, tmp_path):
+    monkeypatch.delenv(variants.VARIANT_ENV, raising=False)
+    monkeypatch.setattr(build, "cpu_flags", lambda cpuinfo=None: ["fpu", "sse2"])
+    monkeypatch.setattr(loader, "chosen", lambda: loader.Kernels(tmp_path))
+    text = CliRunner().invoke(main, ["env"]).output
+    assert f"native kernels (cpu variant: {variants.BELOW_BASELINE}):" in text
+    assert f"  tile_gemv    disabled: {variants.BELOW_BASELINE}" in text
+    kernels = loader.Kernels(tmp_path)
+    kernels._outcomes = {n: loader.Outcome(object(), "loaded", "built and checked against torch", "avx2")
+                         for n in loader.NAMES}
+    monkeypatch.setattr(loader, "chosen", lambda: kernels)
+    monkeypatch.setattr(build, "cpu_flags", lambda cpuinfo=None: ["avx2", "fma", "f16c"])
+    text = CliRunner().invoke(main, ["env"]).output
+    assert "native kernels (cpu variant: avx2):" in text and "  int8_gemm    loaded (avx2): built" in text

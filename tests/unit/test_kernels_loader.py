@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flexlamps.kernels import attention, build, elementwise, int8_gemm, loader, tile_gemv
+from flexlamps.kernels import attention, build, elementwise, int8_gemm, loader, tile_gemv, variants
 from flexlamps.kernels.loader import KernelCheckError, Kernels
 from flexlamps.models.blocks import attention as attention_block, linear, norms
 from tests.conftest import REPO
@@ -23,7 +23,7 @@ from tests.conftest import REPO
 
 class ZeroTileGemv(tile_gemv.TileGemv):
     def __init__(self):
-        self.x_bits = tile_gemv.X_BITS
+        self.x_bits, self.level, self.tiles = tile_gemv.X_BITS, "avx512", (32, 64)
 
     @classmethod
     def runs(cls, w, x):  # torch's int4 layout has tiles of 64 rows only where it has AVX-512
@@ -125,9 +125,14 @@ def test_a_kernel_returning_zeros_is_rejected_under_python_O():
     assert proc.stdout.split("\n")[:-1] == [f"rejected {n} True" for n in loader.NAMES] + ["optimize 1"]
 
 
+EVERY_FLAG = sorted({f for n in loader.NAMES for v in loader.kernel_spec(n).variants for f in v.cpu_flags})
+
+
 @pytest.fixture
 def cpu_has_everything(monkeypatch):
-    monkeypatch.setattr(build, "cpu_has_flags", lambda flags, cpuinfo=None: "amx_bf16" not in flags)
+    """A CPU with every variant's flags (no AMX), and no override of the level."""
+    monkeypatch.setattr(build, "cpu_flags", lambda cpuinfo=None: list(EVERY_FLAG))
+    monkeypatch.delenv(variants.VARIANT_ENV, raising=False)
 
 
 SPECS = {name: loader.kernel_spec(name) for name in loader.NAMES}
@@ -142,14 +147,14 @@ class _Raising:
 @pytest.mark.parametrize("make", [lambda n: ZERO[n](), lambda n: _Raising()], ids=["zeros", "raises"])
 def test_a_failing_or_raising_check_falls_back_with_one_warning(name, make, tmp_path, monkeypatch, cpu_has_everything):
     monkeypatch.setattr(build, "built_library", lambda *args: None)
-    monkeypatch.setattr(loader, "kernel_spec", lambda n: dataclasses.replace(SPECS[n], make=lambda library: make(n)))
+    monkeypatch.setattr(loader, "kernel_spec", lambda n: dataclasses.replace(SPECS[n], make=lambda library, level: make(n)))
     kernels = Kernels(tmp_path)
     monkeypatch.setattr(loader, "chosen", lambda: kernels)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert ENTRY[name]() is None and ENTRY[name]() is None  # the model's question, asked twice
     assert len(caught) == 1 and caught[0].category is RuntimeWarning
-    assert loader.kernel_spec(name).library.what in str(caught[0].message)
+    assert loader.kernel_spec(name).what in str(caught[0].message)
     outcome = kernels.outcome(name)
     assert outcome.state == "failed" and ("KernelCheckError" in outcome.why or "boom" in outcome.why)
 
@@ -160,7 +165,7 @@ def test_a_failing_or_missing_compiler_warns_and_leaves_no_file(name, tmp_path, 
     failing.write_text("#!/bin/sh\ncase \"$1\" in --version) echo fake 1.0;; *) echo boom >&2; exit 1;; esac\n")
     failing.chmod(0o755)
     monkeypatch.setenv("CC", str(failing))
-    with pytest.warns(RuntimeWarning, match=f"{loader.kernel_spec(name).library.what}.*boom"):
+    with pytest.warns(RuntimeWarning, match=f"{loader.kernel_spec(name).what}.*boom"):
         assert loader.load(loader.kernel_spec(name), tmp_path / "fresh").kernel is None
     assert not [p for p in (tmp_path / "fresh").iterdir() if p.name.endswith((".so", ".tmp"))]
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
@@ -170,12 +175,11 @@ def test_a_failing_or_missing_compiler_warns_and_leaves_no_file(name, tmp_path, 
 
 @pytest.mark.parametrize("name", loader.NAMES)
 def test_no_instructions_or_the_switch_off_disables_and_builds_nothing(name, tmp_path, monkeypatch):
-    monkeypatch.setattr(build, "cpu_flags", lambda cpuinfo=None: ["fpu", "sse2"])
-    monkeypatch.setattr(build, "cpu_has_flags", lambda flags, cpuinfo=None: False)
+    monkeypatch.setattr(build, "cpu_flags", lambda cpuinfo=None: ["fpu", "sse2"])  # below AVX2, or an ARM CPU
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         outcome = loader.load(loader.kernel_spec(name), tmp_path / "a")
-    assert outcome.state == "disabled" and "this CPU lacks avx512f" in outcome.why
+    assert outcome == loader.Outcome(None, "disabled", variants.BELOW_BASELINE)
     monkeypatch.undo()
     monkeypatch.setenv(loader.SWITCH_ENV, "0")
     assert loader.load(loader.kernel_spec(name), tmp_path / "b") == loader.Outcome(None, "disabled",
@@ -184,7 +188,7 @@ def test_no_instructions_or_the_switch_off_disables_and_builds_nothing(name, tmp
 
 
 def test_on_a_cpu_with_amx_the_int8_gemm_is_left_to_onednn(tmp_path, monkeypatch):
-    monkeypatch.setattr(build, "cpu_has_flags", lambda flags, cpuinfo=None: True)
+    monkeypatch.setattr(build, "cpu_flags", lambda cpuinfo=None: [*EVERY_FLAG, "amx_bf16"])
     outcome = loader.load(loader.kernel_spec("int8_gemm"), tmp_path)
     assert outcome.state == "disabled" and "AMX" in outcome.why
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
@@ -206,8 +210,61 @@ def test_the_build_key_covers_nested_headers(tmp_path):
 
 def test_every_kernel_source_and_header_sits_in_the_kernels_folder():
     for name in loader.NAMES:
-        source = loader.kernel_spec(name).library.source
+        source = loader.kernel_spec(name).source
         assert source.parent == build.SOURCES and source.is_file()
         build._texts(source)  # every header it includes is beside it
     assert not [p for root in ("flexlamps", "quant", "offload", "placement") for ext in ("*.c", "*.h")
                 for p in (REPO / root).rglob(ext) if p.parent != build.SOURCES]
+
+
+def _picked(name: str, flags: list[str], monkeypatch, level_env: str | None = None):
+    monkeypatch.setattr(build, "cpu_flags", lambda cpuinfo=None: flags)
+    if level_env is None:
+        monkeypatch.delenv(variants.VARIANT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(variants.VARIANT_ENV, level_env)
+    chosen = loader.pick(loader.kernel_spec(name))
+    return chosen if isinstance(chosen, str) else chosen.level
+
+
+AVX2 = ["sse2", "avx", "avx2", "fma", "f16c"]
+AVX512 = [*AVX2, "avx512f", "avx512bw", "avx512vl", "avx512dq"]
+
+
+def test_each_kernel_runs_its_best_variant_the_cpu_has(monkeypatch):
+    assert _picked("tile_gemv", AVX2, monkeypatch) == "avx2"
+    assert _picked("tile_gemv", [*AVX2, "avx_vnni"], monkeypatch) == "avx_vnni"
+    assert _picked("tile_gemv", AVX512, monkeypatch) == "avx2"  # no VBMI / VNNI: Skylake-X
+    assert _picked("tile_gemv", [*AVX512, "avx512vbmi", "avx512_vnni"], monkeypatch) == "avx512"
+    assert _picked("elementwise", AVX512, monkeypatch) == "avx512"
+    assert _picked("int8_gemm", [*AVX512, "avx512_vnni", "avx_vnni"], monkeypatch) == "avx512"
+
+
+def test_the_override_caps_the_level_and_refuses_one_the_cpu_lacks(monkeypatch):
+    full = [*AVX512, "avx512vbmi", "avx512_vnni", "avx_vnni"]
+    assert _picked("tile_gemv", full, monkeypatch, "avx2") == "avx2"
+    assert _picked("tile_gemv", full, monkeypatch, "AVX_VNNI") == "avx_vnni"
+    with pytest.raises(variants.VariantRefused, match=r"^\$FLEXLAMPS_CPU_VARIANT=avx512: this CPU lacks avx512f"):
+        _picked("tile_gemv", AVX2, monkeypatch, "avx512")
+    with pytest.raises(variants.VariantRefused, match="no such CPU variant; use one of avx2, avx_vnni, avx512"):
+        _picked("tile_gemv", full, monkeypatch, "sse4")
+    monkeypatch.setenv(loader.SWITCH_ENV, "0")  # switched off: nothing is tried, nothing refused
+    assert _picked("tile_gemv", AVX2, monkeypatch, "avx2") == f"${loader.SWITCH_ENV}=0"
+
+
+def test_a_kernel_without_a_variant_for_this_cpu_says_what_it_lacks(monkeypatch):
+    spec = dataclasses.replace(loader.kernel_spec("attention"), variants=(variants.variant("avx512"),))
+    monkeypatch.setattr(loader, "kernel_spec", lambda name: spec)
+    assert _picked("attention", AVX2, monkeypatch) == "this CPU lacks avx512f avx512bw avx512vl avx512dq"
+
+
+def test_the_cli_refuses_an_override_the_cpu_lacks_in_one_line(monkeypatch):
+    from click.testing import CliRunner
+
+    from flexlamps.cli import main
+
+    monkeypatch.setattr(build, "cpu_flags", lambda cpuinfo=None: AVX2)
+    monkeypatch.setenv(variants.VARIANT_ENV, "avx512")
+    result = CliRunner().invoke(main, ["env"])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert result.output.startswith("Error: $FLEXLAMPS_CPU_VARIANT=avx512: this CPU lacks avx512f")

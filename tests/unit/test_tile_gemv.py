@@ -1,6 +1,7 @@
-"""The AVX-512 decode kernel (`flexlamps.kernels.tile_gemv`): what it computes, that a row's result does not
-depend on its batch or the thread count, that `linear` gives the in-memory and offload engines
-the same products, and how it is built, found again and refused."""
+"""The decode kernel (`flexlamps.kernels.tile_gemv`), in every variant this CPU has: what it computes,
+that a row's result does not depend on its batch or the thread count, that the variants agree bit
+for bit, that `linear` gives the in-memory and offload engines the same products, and how it is
+built, found again and refused."""
 from __future__ import annotations
 
 import os
@@ -10,11 +11,14 @@ import torch
 
 from flexlamps.models.blocks import linear as linear_mod
 from flexlamps.kernels import loader, tile_gemv
+from quant.int4_tiles import tile_rows
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
+from tests.kernel_variants import levels, variant_kernel
 
 KERNEL = linear_mod.native_kernel()
-needs_kernel = pytest.mark.skipif(KERNEL is None, reason="this CPU lacks AVX-512 VBMI/VNNI or no C compiler")
+needs_kernel = pytest.mark.skipif(KERNEL is None, reason="this CPU lacks AVX2 + FMA + F16C or no C compiler")
+LEVELS = levels(tile_gemv.KERNEL)
 # the kernel's result, rounded once to the output's dtype, against the same product in fp64: one
 # unit in the last place of the output (fp32 sums in another order may cross a rounding boundary),
 # plus that reordering itself, at most K * 2^-24 of the sum of the terms' sizes
@@ -41,8 +45,16 @@ def _x(rows: int, cols: int, dtype: torch.dtype, seed: int = 1) -> torch.Tensor:
     return x.to(dtype)
 
 
-def _assert_kernel_product(w, x: torch.Tensor, x_bits: int) -> None:
-    kernel = tile_gemv.TileGemv(KERNEL.library, x_bits)
+def _variant(level: str, x_bits: int = tile_gemv.X_BITS) -> tile_gemv.TileGemv:
+    """The `level` variant taking x in `x_bits` codes (skipped where the variant has none)."""
+    kernel = variant_kernel(tile_gemv.KERNEL, level)
+    if x_bits == 8 and level != "avx512":
+        pytest.skip(f"tile_gemv {level}: 8-bit x is AVX-512's only")
+    return tile_gemv.TileGemv(kernel.library, level, x_bits)
+
+
+def _assert_kernel_product(kernel: tile_gemv.TileGemv, w, x: torch.Tensor) -> None:
+    x_bits = kernel.x_bits
     rounded = tile_gemv.rounded_like_kernel(x, w.group_size, x_bits).double()
     dense = w.dequantize(torch.float32).double()
     want, size = rounded @ dense.t(), rounded.abs() @ dense.abs().t()
@@ -52,37 +64,48 @@ def _assert_kernel_product(w, x: torch.Tensor, x_bits: int) -> None:
     assert (err <= ULP[x.dtype] * want.abs() + x.shape[-1] * 2 ** -24 * size).all(), (err / size).max()
 
 
-@needs_kernel
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("x_bits", [16, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape,group", [((64, 32), 32), ((192, 576), 32), ((576, 1536), 64), ((128, 512), 256)])
-def test_int4_is_x_rounded_to_integers_times_the_weight(dtype, shape, group, x_bits):
-    w = _int4(*shape, group, dtype)
-    assert KERNEL.runs(w, _x(1, shape[1], dtype))
+def test_int4_is_x_rounded_to_integers_times_the_weight(level, dtype, shape, group, x_bits):
+    kernel, w = _variant(level, x_bits), _int4(*shape, group, dtype)
+    assert kernel.runs(w, _x(1, shape[1], dtype))
     for rows in (1, 2, 3, 4, 9):
-        _assert_kernel_product(w, _x(rows, shape[1], dtype, seed=rows), x_bits)
+        _assert_kernel_product(kernel, w, _x(rows, shape[1], dtype, seed=rows))
 
 
-@needs_kernel
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("x_bits", [16, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("with_zero", [False, True])
-def test_int8_is_x_rounded_to_integers_times_the_weight(dtype, with_zero, x_bits):
-    w = _int8(128, 576, dtype, with_zero)
-    assert KERNEL.runs(w, _x(1, 576, dtype))
+def test_int8_is_x_rounded_to_integers_times_the_weight(level, dtype, with_zero, x_bits):
+    kernel, w = _variant(level, x_bits), _int8(128, 576, dtype, with_zero)
+    assert kernel.runs(w, _x(1, 576, dtype))
     for rows in (1, 2, 3, 6):
-        _assert_kernel_product(w, _x(rows, 576, dtype, seed=rows), x_bits)
+        _assert_kernel_product(kernel, w, _x(rows, 576, dtype, seed=rows))
 
 
-@needs_kernel
-def test_the_largest_groups_do_not_overflow():
+@pytest.mark.parametrize("level", LEVELS)
+def test_the_variants_agree_bit_for_bit(level):
+    """Exact integer sums and the same fp32 steps: every variant gives the lowest one's bits on
+    the weights both take (the lowest takes every tile size torch lays out)."""
+    kernel, lowest = _variant(level), _variant(LEVELS[0])
+    for w in (_int4(192, 576, 32, torch.bfloat16), _int8(128, 576, torch.float16, True)):
+        if kernel.takes(w):
+            x = _x(5, 576, w.dtype)
+            assert torch.equal(kernel.matmul(w, x), lowest.matmul(w, x))
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_the_largest_groups_do_not_overflow(level):
     """Codes of 255 (int8 weights) times x's largest 16-bit code over a group of 256 inputs: the
     int32 sums stay exact."""
     rows, cols = 64, 512
     codes = torch.full((rows, cols), 127, dtype=torch.int8)
     w = Int8Weight.from_codes(codes, torch.full((rows, cols // 256), 1 / 64), 256, torch.float16)
     x = torch.ones(2, cols, dtype=torch.float16)
-    _assert_kernel_product(w, x, 16)
+    _assert_kernel_product(_variant(level), w, x)
 
 
 @needs_kernel
@@ -102,18 +125,19 @@ def test_rounding_x_costs_a_fraction_of_the_weights_own_error():
         assert kernel_err < 1.5 * rounding
 
 
-@needs_kernel
-def test_a_row_does_not_depend_on_its_batch_or_the_threads():
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_row_does_not_depend_on_its_batch_or_the_threads(level):
+    kernel = _variant(level)
     w, w8 = _int4(320, 576, 32, torch.bfloat16), _int8(192, 576, torch.bfloat16, True)
     x = _x(11, 576, torch.bfloat16)
     threads = torch.get_num_threads()
     try:
         for weight in (w, w8):
             torch.set_num_threads(1)
-            alone = torch.cat([KERNEL.matmul(weight, x[i:i + 1]) for i in range(len(x))])
+            alone = torch.cat([kernel.matmul(weight, x[i:i + 1]) for i in range(len(x))])
             torch.set_num_threads(2)
-            assert torch.equal(KERNEL.matmul(weight, x), alone)
-            assert torch.equal(KERNEL.matmul(weight, x.view(11, 1, 576)).view(11, -1), alone)
+            assert torch.equal(kernel.matmul(weight, x), alone)
+            assert torch.equal(kernel.matmul(weight, x.view(11, 1, 576)).view(11, -1), alone)
     finally:
         torch.set_num_threads(threads)
 
@@ -126,7 +150,7 @@ def test_it_refuses_what_it_cannot_read():
     assert KERNEL.matmul(w, torch.empty(0, 64, dtype=torch.bfloat16)).shape == (0, 128)  # an empty batch
     assert not KERNEL.runs(w, _x(1, 64, torch.float16))  # not the weight's dtype
     assert not KERNEL.runs(w, _x(1, 64, torch.float32))
-    partial = _int4(48, 64, 32, torch.bfloat16)  # not whole tiles
+    partial = _int4(tile_rows(64) + 16, 64, 32, torch.bfloat16)  # not whole tiles
     assert not KERNEL.runs(partial, _x(1, 64, torch.bfloat16)) and not KERNEL.takes(partial)
     # such a twin keeps torch's kernel, so it keeps that kernel's switch to its dense copy
     assert linear_mod.with_dense_twin(partial).dense_from_rows == linear_mod.INT4_TWIN_DENSE_FROM_ROWS
@@ -153,10 +177,10 @@ def test_switched_off_by_the_environment(monkeypatch, tmp_path):
     assert linear_mod.with_dense_twin(w).dense_from_rows == linear_mod.INT4_TWIN_DENSE_FROM_ROWS
 
 
-def test_a_cpu_without_the_instructions_is_refused(tmp_path):
-    (tmp_path / "cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma f16c avx512f avx512bw\n")
-    assert not tile_gemv.cpu_has_flags(tmp_path / "cpuinfo")
-    assert not tile_gemv.cpu_has_flags(tmp_path / "missing")
+def test_a_cpu_without_the_instructions_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setattr(loader.build, "cpu_flags", lambda cpuinfo=None: "fpu sse2 avx2 fma avx512f avx512bw".split())
+    outcome = loader.load(tile_gemv.KERNEL, tmp_path / "kernels")  # no F16C: no variant at all
+    assert outcome.state == "disabled" and "F16C" in outcome.why and not (tmp_path / "kernels").exists()
 
 
 @needs_kernel

@@ -1,0 +1,157 @@
+/* tile_gemv.c's inner loops on AVX2 + FMA + F16C (AVX-VNNI's vpdpwssd where built with it): a
+ * tile of 32 or 64 output rows (torch's layout has 32 on AVX2 builds, 64 on AVX-512 ones) for up
+ * to PASS_ROWS rows of x in 16-bit codes. A tile's rows are taken 16 at a time (a 16-byte slice
+ * of each column: rows j in the low nibbles, rows j + tile/2 in the high ones): the codes of two
+ * columns are widened to 16 bits and paired in a row's 32-bit lane, and vpmaddwd adds the row's
+ * two products to its int32 sum (exact, as the AVX-512 variant's). The fp32 steps after each
+ * group are the AVX-512 variant's, in the same order, so both give the same bits.
+ * Included by tile_gemv.c only, for its AVX2 variants. */
+#define PASS_ROWS 2
+
+#ifdef __AVXVNNI__
+#define DPWSSD(acc, a, b) _mm256_dpwssd_avx_epi32(acc, a, b)
+#else
+#define DPWSSD(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))  /* codes >= 0: no overflow */
+#endif
+
+typedef struct { int64_t tile; } Setup;  /* what run_tile needs prepared once a call */
+
+/* 16-bit x only (8-bit codes would need the sign trick of int8_gemm's AVX2 path), no 5-bit plane
+ * (its words are laid out for the AVX-512 registers). */
+static int takes_tile(int64_t tile, int kind, int x_bits) {
+    return (tile == 32 || tile == 64) && kind != KIND_INT5 && x_bits == 16;
+}
+
+static Setup make_setup(int64_t tile) { Setup s = {tile}; return s; }
+
+/* Columns k, k + 1 of a 16-row slice at p (column stride h bytes) as 32-bit lanes of two 16-bit
+ * codes: c[0] rows 0-3 | 8-11 and c[1] rows 4-7 | 12-15 of the low nibbles' rows, c[2], c[3] the
+ * same of the high nibbles'. An int8 split joins its halves (high nibbles at p, low ones at p +
+ * low_half) into u = q + 128. */
+AI void pair_codes(const uint8_t *p, int64_t h, int64_t low_half, int kind, __m256i c[4]) {
+    const __m256i nib = _mm256_set1_epi16(0x0F);
+    __m256i a0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    __m256i a1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + h)));
+    __m256i l0, l1, h0, h1;
+    if (kind == KIND_INT8_SPLIT) {
+        const __m256i top = _mm256_set1_epi16(0xF0);
+        __m256i b0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + low_half)));
+        __m256i b1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + low_half + h)));
+        l0 = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(a0, nib), 4), _mm256_and_si256(b0, nib));
+        l1 = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(a1, nib), 4), _mm256_and_si256(b1, nib));
+        h0 = _mm256_or_si256(_mm256_and_si256(a0, top), _mm256_srli_epi16(b0, 4));
+        h1 = _mm256_or_si256(_mm256_and_si256(a1, top), _mm256_srli_epi16(b1, 4));
+    } else {
+        l0 = _mm256_and_si256(a0, nib);
+        l1 = _mm256_and_si256(a1, nib);
+        h0 = _mm256_srli_epi16(a0, 4);
+        h1 = _mm256_srli_epi16(a1, 4);
+    }
+    c[0] = _mm256_unpacklo_epi16(l0, l1);
+    c[1] = _mm256_unpackhi_epi16(l0, l1);
+    c[2] = _mm256_unpacklo_epi16(h0, h1);
+    c[3] = _mm256_unpackhi_epi16(h0, h1);
+}
+
+/* 8 rows' (scale, zero) pairs of 16-bit floats as fp32. */
+AI void scale_zero8(const uint16_t *sz, int fp16, __m256 *scale, __m256 *zero) {
+    __m256i pairs = _mm256_loadu_si256((const __m256i *)sz);
+    __m256i low = _mm256_and_si256(pairs, _mm256_set1_epi32(0xFFFF)), high = _mm256_srli_epi32(pairs, 16);
+    *scale = halves_to_floats8(_mm_packus_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1)), fp16);
+    *zero = halves_to_floats8(_mm_packus_epi32(_mm256_castsi256_si128(high), _mm256_extracti128_si256(high, 1)), fp16);
+}
+
+/* tot[b][r..r+7] += scale * (dot * dx) + (zero - bias * scale) * sum_x: the AVX-512 variant's steps. */
+AI void add_group8(const uint16_t *sz, int64_t r, float bias, int fp16, const __m256i dot[], const QRows *x,
+                   int64_t g, float tot[][64], int nb) {
+    __m256 scale, zero;
+    scale_zero8(sz + 2 * r, fp16, &scale, &zero);
+    __m256 offset = _mm256_fnmadd_ps(_mm256_set1_ps(bias), scale, zero);
+    for (int b = 0; b < nb; b++) {
+        __m256 d = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[b]), _mm256_set1_ps(x->scale[b * x->groups + g]));
+        __m256 t = _mm256_fmadd_ps(scale, d, _mm256_loadu_ps(tot[b] + r));
+        _mm256_storeu_ps(tot[b] + r, _mm256_fmadd_ps(offset, _mm256_set1_ps(x->sum[b * x->groups + g]), t));
+    }
+}
+
+/* The 16-row slice `s` of a tile (rows 16s.. in the low nibbles, h + 16s.. in the high ones) for
+ * nb rows of x, every group. */
+AI void slice_pass(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t h, int64_t s, int64_t group,
+                   const QRows *x, float tot[][64], int fp16, int kind, int nb) {
+    const int split = kind == KIND_INT8_SPLIT;
+    const int64_t low_half = x->cols * h, first[4] = {16 * s, 16 * s + 8, h + 16 * s, h + 16 * s + 8};
+    const float bias = split ? 136.0f : 8.0f;
+    for (int64_t g = 0; g < x->groups; g++) {
+        __m256i acc[PASS_ROWS][4];
+        for (int b = 0; b < nb; b++)
+            for (int i = 0; i < 4; i++) acc[b][i] = _mm256_setzero_si256();
+        for (int64_t k = g * group; k < (g + 1) * group; k += 2) {
+            const uint8_t *p = codes + k * h + 16 * s;
+            if ((k & 3) == 0) _mm_prefetch((const char *)(p + 16 * h), _MM_HINT_T0);
+            __m256i c[4];
+            pair_codes(p, h, low_half, kind, c);
+            for (int b = 0; b < nb; b++) {
+                int32_t two;  /* x's 16-bit codes k, k + 1, broadcast */
+                memcpy(&two, x->q16 + b * x->cols + k, sizeof two);
+                __m256i xb = _mm256_set1_epi32(two);
+                for (int i = 0; i < 4; i++) acc[b][i] = DPWSSD(acc[b][i], c[i], xb);
+            }
+        }
+        const uint16_t *group_sz = sz + (split ? g + x->groups : g) * n * 2;
+        for (int half = 0; half < 2; half++)  /* the low nibbles' rows, then the high ones' */
+            for (int upper = 0; upper < 2; upper++) {  /* rows 0-7 of the slice's 16, then 8-15 */
+                __m256i dot[PASS_ROWS];
+                for (int b = 0; b < nb; b++)
+                    dot[b] = _mm256_permute2x128_si256(acc[b][2 * half], acc[b][2 * half + 1], upper ? 0x31 : 0x20);
+                add_group8(group_sz, first[2 * half + upper], bias, fp16, dot, x, g, tot, nb);
+            }
+    }
+}
+
+static void run_tile(const uint8_t *codes, const uint64_t *fifth, const uint16_t *sz, int64_t n, int64_t group,
+                     const QRows *x, const Setup *setup, int64_t rows, uint16_t *out, int fp16, int kind) {
+    (void)fifth;
+    float tot[PASS_ROWS][64] __attribute__((aligned(32)));
+    const int64_t tile = setup->tile, h = tile / 2;
+    for (int64_t b0 = 0; b0 < rows; b0 += PASS_ROWS) {
+        int nb = rows - b0 < PASS_ROWS ? (int)(rows - b0) : PASS_ROWS;
+        QRows xb = {NULL, x->q16 + b0 * x->cols, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups};
+        for (int b = 0; b < nb; b++)
+            for (int64_t r = 0; r < tile; r++) tot[b][r] = 0.0f;
+        for (int64_t s = 0; s < h / 16; s++) {  /* constant row counts, so the sums stay in registers */
+            if (nb == PASS_ROWS) slice_pass(codes, sz, n, h, s, group, &xb, tot, fp16, kind, PASS_ROWS);
+            else slice_pass(codes, sz, n, h, s, group, &xb, tot, fp16, kind, 1);
+        }
+        for (int b = 0; b < nb; b++)
+            for (int64_t r = 0; r < tile; r += 8)
+                _mm_storeu_si128((__m128i *)(out + (b0 + b) * n + r), floats_to_halves8(_mm256_loadu_ps(tot[b] + r), fp16));
+    }
+}
+
+/* One group of x's values as codes: amax, the codes' sum and the codes at q; 8 values at a time
+ * (the same results as tile_gemv.c's scalar loop). Returns 0 where the group is not whole vectors. */
+static int quantize_group_simd(const uint16_t *xg, int64_t group, int fp16, int bits, void *q, float *amax_out,
+                               int32_t *total_out) {
+    if (group % 8 || bits != 16) return 0;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int64_t i = 0; i < group; i += 8)
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, halves_to_floats8(_mm_loadu_si128((const __m128i *)(xg + i)), fp16)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+    __m256 inv = _mm256_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
+    __m256i t = _mm256_setzero_si256();
+    for (int64_t i = 0; i < group; i += 8) {
+        __m256 f = halves_to_floats8(_mm_loadu_si128((const __m128i *)(xg + i)), fp16);
+        __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(f, inv));  /* nearest even, as lrintf */
+        t = _mm256_add_epi32(t, c);
+        _mm_storeu_si128((__m128i *)((int16_t *)q + i),
+                         _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1)));
+    }
+    __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4E));
+    *amax_out = amax;
+    *total_out = _mm_cvtsi128_si32(_mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xB1)));
+    return 1;
+}

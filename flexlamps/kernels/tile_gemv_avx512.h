@@ -1,0 +1,196 @@
+/* tile_gemv.c's inner loops on AVX-512 (F, BW, VL, DQ, VBMI, VNNI): one tile of 64 output rows
+ * for up to ROWS_PER_PASS rows of x, a byte permute (VBMI) gathering four columns of a row into
+ * one 32-bit lane for an 8-bit VNNI dot product (16-bit x: the bytes widened, vpdpwssd).
+ * Included by tile_gemv.c only, for its AVX-512 variant. */
+#define ROWS_PER_PASS 4
+
+/* tot[b] += scale * dx * acc[b] + (zero - bias * scale) * sum_x for one group of a tile's 64 rows. */
+AI void add_group(const uint16_t *sz, float bias, int fp16, __m512i acc[][4], const QRows *x, int64_t g,
+                  float tot[][TILE], int nb) {
+    for (int i = 0; i < 4; i++) {
+        __m512i pairs = _mm512_loadu_si512(sz + 32 * i);  /* 16 rows' (scale, zero) */
+        __m512 scale = halves_to_floats(_mm512_cvtepi32_epi16(pairs), fp16);
+        __m512 zero = halves_to_floats(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16)), fp16);
+        __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(bias), scale, zero);
+        for (int b = 0; b < nb; b++) {
+            __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[b][i]), _mm512_set1_ps(x->scale[b * x->groups + g]));
+            __m512 t = _mm512_fmadd_ps(scale, dot, _mm512_loadu_ps(tot[b] + 16 * i));
+            t = _mm512_fmadd_ps(offset, _mm512_set1_ps(x->sum[b * x->groups + g]), t);
+            _mm512_storeu_ps(tot[b] + 16 * i, t);
+        }
+    }
+}
+
+/* Row sums of a 16-bit product: lo/hi hold, per 128-bit lane L, two 32-bit pair sums for each
+ * of rows 4L, 4L+1 (lo) and 4L+2, 4L+3 (hi); back to one lane per row, rows in order. */
+AI __m512i pair_sums_to_rows(__m512i lo, __m512i hi, __m512i order) {
+    lo = _mm512_add_epi32(lo, _mm512_srli_epi64(lo, 32));
+    hi = _mm512_add_epi32(hi, _mm512_srli_epi64(hi, 32));
+    return _mm512_permutex2var_epi32(lo, order, hi);
+}
+
+/* Four columns k..k+3 of a tile's rows j and j + 16 (j < 16), as 32-bit lanes of 4 bytes. */
+AI void gather4(const uint8_t *p, __m512i idx_lo, __m512i idx_hi, __m512i *rows_lo, __m512i *rows_hi) {
+    __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 64);
+    *rows_lo = _mm512_permutex2var_epi8(a, idx_lo, b);
+    *rows_hi = _mm512_permutex2var_epi8(a, idx_hi, b);
+}
+
+/* The permutes' indices: four columns of a row into a lane (rows j and j + 16, j < 16), and the
+ * order pair_sums_to_rows puts rows back in. */
+typedef struct { __m512i lo, hi, order; } Indices;
+
+static Indices make_indices(void) {
+    uint8_t lo[64], hi[64];
+    int32_t rows[16];
+    for (int i = 0; i < 16; i++) {
+        for (int c = 0; c < 4; c++) {
+            lo[4 * i + c] = (uint8_t)((c & 2 ? 64 : 0) + (c & 1 ? 32 : 0) + i);
+            hi[4 * i + c] = (uint8_t)(lo[4 * i + c] + 16);
+        }
+        rows[i] = (i % 4 >= 2 ? 16 : 0) + 4 * (i / 4) + 2 * (i % 2);
+    }
+    Indices idx = {_mm512_loadu_si512(lo), _mm512_loadu_si512(hi), _mm512_loadu_si512(rows)};
+    return idx;
+}
+
+
+/* The codes of columns k..k+3 of a tile's 64 rows, 16 rows a register, 4 bytes a row: 4-bit
+ * codes, an int8 split's halves joined back (high nibbles from the first half, low ones from
+ * the second: q + 128), or 4-bit codes plus 16 where `fifth`'s words (the plane at k) say. */
+AI void tile_codes(const uint8_t *p, int64_t low_half, const uint64_t *fifth, const Indices *idx, int kind,
+                   __m512i c[4]) {
+    const __m512i nib = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
+    __m512i p0, p1;
+    _mm_prefetch((const char *)(p + PREFETCH_BYTES), _MM_HINT_T0);
+    _mm_prefetch((const char *)(p + PREFETCH_BYTES + 64), _MM_HINT_T0);
+    gather4(p, idx->lo, idx->hi, &p0, &p1);
+    if (kind == KIND_INT8_SPLIT) {
+        __m512i l0, l1;
+        _mm_prefetch((const char *)(p + low_half + PREFETCH_BYTES), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + low_half + PREFETCH_BYTES + 64), _MM_HINT_T0);
+        gather4(p + low_half, idx->lo, idx->hi, &l0, &l1);
+        c[0] = _mm512_ternarylogic_epi32(high, _mm512_slli_epi16(p0, 4), l0, 0xCA);
+        c[1] = _mm512_ternarylogic_epi32(high, _mm512_slli_epi16(p1, 4), l1, 0xCA);
+        c[2] = _mm512_ternarylogic_epi32(high, p0, _mm512_srli_epi16(l0, 4), 0xCA);
+        c[3] = _mm512_ternarylogic_epi32(high, p1, _mm512_srli_epi16(l1, 4), 0xCA);
+    } else {
+        c[0] = _mm512_and_si512(p0, nib);
+        c[1] = _mm512_and_si512(p1, nib);
+        c[2] = _mm512_and_si512(_mm512_srli_epi16(p0, 4), nib);
+        c[3] = _mm512_and_si512(_mm512_srli_epi16(p1, 4), nib);
+        if (kind == KIND_INT5) {
+            const __m512i sixteen = _mm512_set1_epi8(16);
+            _mm_prefetch((const char *)fifth + PREFETCH_BYTES / 4, _MM_HINT_T0);
+            for (int i = 0; i < 4; i++) c[i] = _mm512_mask_add_epi8(c[i], _cvtu64_mask64(fifth[i]), c[i], sixteen);
+        }
+    }
+}
+
+/* acc (8-bit x) or pairs (16-bit x: codes widened, two pair sums a row) += codes * x's k..k+3. */
+AI void dot4(const __m512i c[4], const QRows *x, int64_t k, int wide, int nb, __m512i acc[][4],
+             __m512i pairs[][4][2]) {
+    const __m512i zero = _mm512_setzero_si512();
+    if (wide) {
+        for (int i = 0; i < 4; i++) {
+            __m512i lo = _mm512_unpacklo_epi8(c[i], zero), hi = _mm512_unpackhi_epi8(c[i], zero);
+            for (int b = 0; b < nb; b++) {
+                int64_t four;  /* x's 16-bit codes k..k+3, broadcast to every 64-bit lane */
+                memcpy(&four, x->q16 + b * x->cols + k, sizeof four);
+                __m512i xb = _mm512_set1_epi64(four);
+                pairs[b][i][0] = _mm512_dpwssd_epi32(pairs[b][i][0], lo, xb);
+                pairs[b][i][1] = _mm512_dpwssd_epi32(pairs[b][i][1], hi, xb);
+            }
+        }
+    } else {
+        for (int b = 0; b < nb; b++) {
+            int32_t four;  /* x's codes k..k+3, broadcast to every lane */
+            memcpy(&four, x->q8 + b * x->cols + k, sizeof four);
+            __m512i xb = _mm512_set1_epi32(four);
+            for (int i = 0; i < 4; i++) acc[b][i] = _mm512_dpbusd_epi32(acc[b][i], c[i], xb);
+        }
+    }
+}
+
+/* One tile (64 output rows) for nb <= ROWS_PER_PASS rows of x; kind: the weight's (fifth: its
+ * plane for this tile); wide: x in 16-bit codes. */
+AI void tile_pass(const uint8_t *codes, const uint64_t *fifth, const uint16_t *sz, int64_t n, int64_t group,
+                  const QRows *x, const Indices *indices, float tot[][TILE], int fp16, int kind, int wide, int nb) {
+    const Indices idx = *indices;
+    const int64_t low_half = x->cols * 32;  /* an int8 split: the low nibbles' columns start at K */
+    const int split = kind == KIND_INT8_SPLIT;
+    for (int b = 0; b < nb; b++)
+        for (int r = 0; r < TILE; r++) tot[b][r] = 0.0f;
+    for (int64_t g = 0; g < x->groups; g++) {
+        __m512i acc[ROWS_PER_PASS][4], pairs[ROWS_PER_PASS][4][2];
+        for (int b = 0; b < nb; b++)
+            for (int i = 0; i < 4; i++) acc[b][i] = pairs[b][i][0] = pairs[b][i][1] = _mm512_setzero_si512();
+        if (g + 2 < x->groups) {  /* the scales two groups on: a strided read the prefetcher misses */
+            const char *next = (const char *)(sz + (split ? g + 2 + x->groups : g + 2) * n * 2);
+            for (int line = 0; line < 4; line++) _mm_prefetch(next + 64 * line, _MM_HINT_T0);
+        }
+        for (int64_t k = g * group; k < (g + 1) * group; k += 4) {
+            __m512i c[4];
+            tile_codes(codes + k * 32, low_half, kind == KIND_INT5 ? fifth + k : NULL, &idx, kind, c);
+            dot4(c, x, k, wide, nb, acc, pairs);
+        }
+        if (wide)
+            for (int b = 0; b < nb; b++)
+                for (int i = 0; i < 4; i++) acc[b][i] = pair_sums_to_rows(pairs[b][i][0], pairs[b][i][1], idx.order);
+        const uint16_t *group_sz = sz + (split ? g + x->groups : g) * n * 2;
+        add_group(group_sz, split ? 136.0f : kind == KIND_INT5 ? 16.0f : 8.0f, fp16, acc, x, g, tot, nb);
+    }
+}
+
+static void run_tile(const uint8_t *codes, const uint64_t *fifth, const uint16_t *sz, int64_t n, int64_t group,
+                     const QRows *x, const Indices *idx, int64_t rows, uint16_t *out, int fp16, int kind) {
+    float tot[ROWS_PER_PASS][TILE] __attribute__((aligned(64)));
+    const int wide = x->q16 != NULL, per_pass = wide ? 2 : ROWS_PER_PASS;  /* wide: twice the accumulators */
+    for (int64_t b0 = 0; b0 < rows; b0 += per_pass) {
+        int nb = rows - b0 < per_pass ? (int)(rows - b0) : per_pass;
+        QRows xb = {wide ? NULL : x->q8 + b0 * x->cols, wide ? x->q16 + b0 * x->cols : NULL,
+                    x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups};
+        switch (wide * 8 + nb) {  /* constant row counts, so the accumulators stay in registers */
+            case 1: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 0, 1); break;
+            case 2: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 0, 2); break;
+            case 3: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 0, 3); break;
+            case 4: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 0, 4); break;
+            case 9: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 1, 1); break;
+            default: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 1, 2); break;
+        }
+        for (int b = 0; b < nb; b++)
+            for (int i = 0; i < 4; i++)
+                _mm256_storeu_si256((__m256i *)(out + (b0 + b) * n + 16 * i),
+                                    floats_to_halves(_mm512_loadu_ps(tot[b] + 16 * i), fp16));
+    }
+}
+
+typedef Indices Setup;  /* what run_tile needs prepared once a call */
+
+static int takes_tile(int64_t tile, int kind, int x_bits) { (void)kind; (void)x_bits; return tile == TILE; }
+
+static Setup make_setup(int64_t tile) { (void)tile; return make_indices(); }
+
+/* One group of x's values as codes: amax, the codes' sum and the codes at q; 16 values at a time
+ * (the same results as tile_gemv.c's scalar loop). Returns 0 where the group is not whole vectors. */
+static int quantize_group_simd(const uint16_t *xg, int64_t group, int fp16, int bits, void *q, float *amax_out,
+                               int32_t *total_out) {
+    if (group % 16) return 0;
+    const float top = bits == 16 ? 32767.0f : 127.0f;
+    __m512 m = _mm512_setzero_ps();
+    for (int64_t i = 0; i < group; i += 16)
+        m = _mm512_max_ps(m, _mm512_abs_ps(halves_to_floats(_mm256_loadu_si256((const __m256i *)(xg + i)), fp16)));
+    float amax = _mm512_reduce_max_ps(m);
+    __m512 inv = _mm512_set1_ps(amax > 0.0f ? top / amax : 0.0f);
+    __m512i t = _mm512_setzero_si512();
+    for (int64_t i = 0; i < group; i += 16) {
+        __m512 f = halves_to_floats(_mm256_loadu_si256((const __m256i *)(xg + i)), fp16);
+        __m512i c = _mm512_cvt_roundps_epi32(_mm512_mul_ps(f, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        t = _mm512_add_epi32(t, c);
+        if (bits == 16) _mm256_storeu_si256((__m256i *)((int16_t *)q + i), _mm512_cvtepi32_epi16(c));
+        else _mm_storeu_si128((__m128i *)((int8_t *)q + i), _mm512_cvtepi32_epi8(c));
+    }
+    *amax_out = amax;
+    *total_out = _mm512_reduce_add_epi32(t);
+    return 1;
+}

@@ -1,0 +1,32 @@
+"""Every instruction-set variant of a native kernel as a test parameter: each runs where the CPU
+has it and is skipped, with the flags it lacks, where not (CI runs the AVX2 variant on any x86
+box; an AVX-512 box runs both)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flexlamps.cache_folder import cache_root
+from flexlamps.kernels import build, loader
+
+
+def levels(spec: loader.Kernel) -> list[str]:
+    """The levels `spec` is built for, lowest first (`pytest.mark.parametrize` over them)."""
+    return [v.level for v in spec.variants]
+
+
+def variant_kernel(spec: loader.Kernel, level: str):
+    """`spec`'s kernel in its `level` variant, built and checked; skips the test where the CPU lacks
+    the variant's flags or the kernels are switched off, fails it where the variant does not load."""
+    have = build.cpu_flags()
+    missing = [flag for flag in spec.variant(level).cpu_flags if flag not in have]
+    if missing:
+        pytest.skip(f"{spec.name} {level}: this CPU lacks {' '.join(missing)}")
+    outcome = loader.load(spec, Path(cache_root()) / "kernels", level)
+    if outcome.state == "disabled":
+        pytest.skip(f"{spec.name} {level}: {outcome.why}")
+    if outcome.kernel is None:
+        pytest.fail(f"{spec.name} {level} did not load: {outcome.why}")
+    assert outcome.variant == level
+    return outcome.kernel
