@@ -32,6 +32,25 @@
 #include "int8_gemm_avx2.h"
 #endif
 
+/* One row of a weight to its packed bytes (code + 128, 4 at a time every 64 bytes from `dst`) and
+ * scale: code = round(w / s), s = max|w| / 127. A row past the weight's end (src NULL): zeros. */
+static void pack_row(const void *src, int64_t cols, int kind, uint8_t *dst, float *scale) {
+    if (src == NULL) {
+        for (int64_t s = 0; s < cols / 4; s++) memset(dst + s * 64, 128, 4);
+        *scale = 0.0f;
+        return;
+    }
+    int nan;
+    float s = row_amax(src, cols, kind, &nan) / 127.0f;
+    if (nan || s == INFINITY) {  /* NaN or inf in the row: its outputs NaN, as a float GEMM's */
+        pack_row(NULL, cols, kind, dst, scale);
+        *scale = NAN;
+        return;
+    }
+    pack_codes(src, cols, kind, dst, s > 0.0f ? s : 1.0f);  /* a zero row: codes 0 */
+    *scale = s;
+}
+
 /* Rows first .. first + count - 1 of a weight, given as `w` (count, cols) in fp32 or halves (NULL:
  * zero rows, the padding to 16), into their places in packed (column blocks of 16, each
  * (cols / 4, 16, 4) bytes) and scale. */

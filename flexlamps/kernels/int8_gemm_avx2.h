@@ -39,22 +39,12 @@ AI float amax_of(const void *row, int64_t count, int kind, int *nan) {
     return hmax8(amax);
 }
 
-/* One row of a weight to its packed bytes (code + 128, 4 at a time every 64 bytes from `dst`) and
- * scale: code = round(w / s), s = max|w| / 127. A row past the weight's end (src NULL): zeros. */
-static void pack_row(const void *src, int64_t cols, int kind, uint8_t *dst, float *scale) {
-    if (src == NULL) {
-        for (int64_t s = 0; s < cols / 4; s++) memset(dst + s * 64, 128, 4);
-        *scale = 0.0f;
-        return;
-    }
-    int nan;
-    float s = amax_of(src, cols, kind, &nan) / 127.0f;
-    if (nan || s == INFINITY) {  /* NaN or inf in the row: its outputs NaN, as a float GEMM's */
-        pack_row(NULL, cols, kind, dst, scale);
-        *scale = NAN;
-        return;
-    }
-    __m256 div = _mm256_set1_ps(s > 0.0f ? s : 1.0f);  /* a zero row: codes 0 */
+/* max |w| over a row of a weight, and whether it holds a NaN. */
+static float row_amax(const void *src, int64_t cols, int kind, int *nan) { return amax_of(src, cols, kind, nan); }
+
+/* A row's codes round(w / s), clamped to +-127, plus 128, 4 at a time every 64 bytes from `dst`. */
+static void pack_codes(const void *src, int64_t cols, int kind, uint8_t *dst, float s) {
+    __m256 div = _mm256_set1_ps(s);
     for (int64_t c = 0; c < cols; c += 8) {
         __m256i q = _mm256_cvtps_epi32(_mm256_div_ps(load_weights8(src, c, kind), div));
         q = _mm256_add_epi32(_mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127)),
@@ -63,7 +53,6 @@ static void pack_row(const void *src, int64_t cols, int kind, uint8_t *dst, floa
         _mm256_storeu_si256((__m256i *)codes, q);
         for (int j = 0; j < 8; j++) dst[(c / 4 + j / 4) * 64 + j % 4] = (uint8_t)codes[j];
     }
-    *scale = s;
 }
 
 /* One row: codes, a scale and a start per group of 64 (cols a multiple of 64). */

@@ -13,28 +13,22 @@ AI __m512 load_weights(const void *row, int64_t c, int kind) {
     return load_halves((const uint16_t *)row + c, kind);
 }
 
-/* One row of a weight to its packed bytes (code + 128, 4 at a time every 64 bytes from `dst`) and
- * scale: code = round(w / s), s = max|w| / 127. A row past the weight's end (src NULL): zeros. */
-static void pack_row(const void *src, int64_t cols, int kind, uint8_t *dst, float *scale) {
-    if (src == NULL) {
-        for (int64_t s = 0; s < cols / 4; s++) memset(dst + s * 64, 128, 4);
-        *scale = 0.0f;
-        return;
-    }
+/* max |w| over a row of a weight, and whether it holds a NaN. */
+static float row_amax(const void *src, int64_t cols, int kind, int *nan) {
     __m512 amax = _mm512_setzero_ps();
-    __mmask16 nan = 0;
+    __mmask16 bad = 0;
     for (int64_t c = 0; c < cols; c += 16) {
         __m512 v = load_weights(src, c, kind);
         amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
-        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        bad |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     }
-    float s = _mm512_reduce_max_ps(amax) / 127.0f;
-    if (nan || s == INFINITY) {  /* NaN or inf in the row: its outputs NaN, as a float GEMM's */
-        pack_row(NULL, cols, kind, dst, scale);
-        *scale = NAN;
-        return;
-    }
-    __m512 div = _mm512_set1_ps(s > 0.0f ? s : 1.0f);  /* a zero row: codes 0 */
+    *nan = bad != 0;
+    return _mm512_reduce_max_ps(amax);
+}
+
+/* A row's codes round(w / s), clamped to +-127, plus 128, 4 at a time every 64 bytes from `dst`. */
+static void pack_codes(const void *src, int64_t cols, int kind, uint8_t *dst, float s) {
+    __m512 div = _mm512_set1_ps(s);
     for (int64_t c = 0; c < cols; c += 16) {
         __m512i q = _mm512_cvtps_epi32(_mm512_div_ps(load_weights(src, c, kind), div));
         q = _mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127)),
@@ -43,7 +37,6 @@ static void pack_row(const void *src, int64_t cols, int kind, uint8_t *dst, floa
         _mm_storeu_si128((__m128i *)bytes, _mm512_cvtepi32_epi8(q));
         for (int j = 0; j < 4; j++) memcpy(dst + (c / 4 + j) * 64, bytes + 4 * j, 4);
     }
-    *scale = s;
 }
 
 /* One row: codes, a scale and a start per group of 64 (cols a multiple of 64). */
