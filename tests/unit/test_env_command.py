@@ -44,7 +44,7 @@ def test_env_prints_each_kernel_failure_once(tmp_path, failing_compiler):
     import sys
 
     code = ("from flexlamps.kernels import build\n"
-            "build.cpu_flags = lambda cpuinfo=None: %r  # every kernel is tried\n" % EVERY_FLAG
+            f"build.cpu_flags = lambda cpuinfo=None: {EVERY_FLAG!r}  # every kernel is tried\n"
             "from flexlamps.cli import main\n"
             "main(['env'], prog_name='flexlamps')\n")
     env = {**os.environ, "FLEXLAMPS_CACHE": str(tmp_path / "cache"), "CC": str(failing_compiler),
