@@ -158,8 +158,8 @@ class FlexlampsLM(TemplateLM):
         llm.prepare_scoring([w for windows in docs for w in windows])
         bar = self._bar(len(docs), "loglikelihood_rolling", disable_tqdm)
         for chunk in score_chunks(range(len(docs)), docs, self.chunk_tokens):
-            flat = [(d, w) for d in chunk for w in docs[d]]
-            for (d, _), res in zip(flat, llm.score_ids([w for _, w in flat])):
+            flat = [(d, w) for d in chunk for w in docs[d]]  # an empty document has no window
+            for (d, _), res in zip(flat, llm.score_ids([w for _, w in flat]) if flat else []):
                 out[d] += res.logprob
             for d in chunk:
                 self.cache_hook.add_partial("loglikelihood_rolling", requests[d].args, out[d])

@@ -17,7 +17,7 @@ PAIRS = [("the quick brown fox", " jumps over the lazy dog"), ("the quick brown 
          ("numbers 0 1 2", " 3 4 5"), ("", "hello world"), ("Once upon a time there was ", "a model"),
          # longer than MAX_LENGTH + 1 tokens: truncated from the left, as HFLM truncates
          ("the quick brown fox jumps over the lazy dog " * 3, "hello world, this is a tiny tokenizer")]
-DOCS = ["the quick brown fox jumps over the lazy dog. " * 4 + "Once upon a time.", "hello world",
+DOCS = ["the quick brown fox jumps over the lazy dog. " * 4 + "Once upon a time.", "hello world", "",
         "numbers 0 1 2 3 4 5 6 7 8 9 and punctuation !?.,;: " * 2]
 GENERATIONS = [("the quick brown", {"until": ["\n\n"], "max_gen_toks": 6, "do_sample": False}),
                ("hello world, this is", {"until": ["o"], "max_gen_toks": 8}),
