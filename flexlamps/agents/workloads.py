@@ -50,6 +50,8 @@ def load_workload(name: str, path: str, *, rounds: int, limit: int | None, tool_
         if prompts is None:
             raise ValueError("--tools needs --prompts FILE: the requests that may call the tools")
         records = read_prompts(prompts)[:limit]
+        if any(r.prompt is None or r.error is not None for r in records):
+            raise ValueError(f"--prompts {prompts}: the tools workload takes {{\"id\", \"prompt\"}} lines")
         tools = load_tools(path, limits)
         schema_chars = sum(len(str(t)) for t in tools) + 600
         return Workload(name, lambda: [ToolUseTask(r.id, r.prompt, path, tools, rounds, limits) for r in records],

@@ -1,4 +1,5 @@
 """`flexlamps generate`: JSONL (or text) prompts in, one JSONL record per prompt out, resumable.
+An OpenAI Batch file in gives OpenAI batch output lines out (`flexlamps.io.openai_batch`).
 
 Everything a user can get wrong is checked before the model loads: option ranges, sizes, paths,
 the policy file, the prompt file, and whether `--out` holds another job's records (or is in use).
@@ -34,7 +35,8 @@ def _since_process_start() -> float:
 @click.command("generate")
 @model_options
 @click.option("--prompts", "prompts_path", required=True, type=click.Path(dir_okay=False),
-              help='Input: JSONL lines {"id": ..., "prompt": ...} (extra fields are kept) or a text file, one prompt a line.')
+              help='Input: JSONL lines {"id": ..., "prompt": ...} or {"id": ..., "messages": [...]} (extra fields are '
+                   'kept), an OpenAI Batch file (custom_id, url, body), or a text file, one prompt a line.')
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False),
               help="Output JSONL, one record per prompt. Re-running the same command resumes: finished records whose "
                    "fingerprint (model file, options, prompt) matches are kept.")
@@ -51,6 +53,9 @@ def _since_process_start() -> float:
 @click.option("--logprobs", is_flag=True, help="Record the log-probability of each generated token.")
 @click.option("--chat", is_flag=True, help="Wrap each prompt as a user turn in the model's chat template (instruct models).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past the end-of-sequence token.")
+@click.option("--json-schema", "json_schema_path", default=None, type=click.Path(dir_okay=False),
+              help="A JSON schema file every answer must follow (enforced while decoding), for lines that give "
+                   "none of their own (a json_schema field, or an OpenAI body's response_format).")
 @click.option("--batch-size", default=32, show_default=True, type=click.IntRange(min=1),
               help="Sequences decoded together (continuous batching).")
 @offload_options
@@ -61,12 +66,13 @@ def _since_process_start() -> float:
 @click.option("--overwrite", is_flag=True,
               help="Recompute records of --out made from other inputs (model file, options, prompt text) instead "
                    "of refusing; matching records are kept.")
-@click.option("--strict", is_flag=True, help="Refuse the whole job when a prompt cannot run (longer than the "
-              "model's context) instead of recording it with finish_reason \"error\" and running the others.")
+@click.option("--strict", is_flag=True, help="Refuse the whole job when a line cannot run (longer than the model's "
+              "context, a bad OpenAI body, a schema that cannot be compiled) instead of recording it as an error "
+              "(finish_reason \"error\", or an OpenAI error line) and running the others.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 @ray_options
 def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, top_p, top_k, seed, stop,
-            logprobs, chat, ignore_eos, batch_size, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight,
+            logprobs, chat, ignore_eos, json_schema_path, batch_size, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight,
             compress_cache, weight_quant, max_rss, overwrite, strict, no_progress, ray_address, ray_workers):
     """Generate a completion for every prompt in PROMPTS and write them to OUT."""
     from flexlamps import fault_points
@@ -79,7 +85,8 @@ def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, t
         run = _cpu_tier_within(run, max_rss)
     settings = GenerateSettings(
         run=run, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-        stop=tuple(stop), logprobs=logprobs, ignore_eos=ignore_eos, chat=chat)
+        stop=tuple(stop), logprobs=logprobs, ignore_eos=ignore_eos, chat=chat,
+        json_schema=_read_schema(json_schema_path), created=_modified_s(prompts_path))
     try:
         settings.sampling_params("")  # bad sampling flags fail here, before any model loads
     except ValueError as e:
@@ -103,6 +110,35 @@ def _cpu_tier_within(run, max_rss: int):
     return run
 
 
+def _read_schema(path: str | None) -> str | None:
+    """--json-schema's schema as canonical text, or a usage error naming the file and the fix."""
+    import json
+
+    from flexlamps.io.records import canonical_schema
+
+    if path is None:
+        return None
+    try:
+        schema = json.loads(open(path, encoding="utf-8").read())
+    except OSError as e:
+        raise click.UsageError(f"--json-schema {path} cannot be read ({e.strerror}); check the path")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise click.UsageError(f"--json-schema {path} is not JSON ({e}); give a JSON schema object")
+    if not isinstance(schema, dict):
+        raise click.UsageError(f"--json-schema {path} must hold a JSON schema object, not {type(schema).__name__}")
+    return canonical_schema(schema)
+
+
+def _modified_s(path: str) -> int:
+    """The prompt file's modification time in whole seconds (0 when it is missing: reading it says so)."""
+    import os
+
+    try:
+        return int(os.stat(path).st_mtime)
+    except OSError:
+        return 0
+
+
 def _pending_job(settings, prompts_path, out_path, overwrite):
     """Check the policy file and the offload folder, read the prompts, lock --out and load what
     earlier runs finished; every refusal names the input and the fix."""
@@ -119,7 +155,16 @@ def _pending_job(settings, prompts_path, out_path, overwrite):
         raise click.ClickException(str(e))
     if (why := job.results.state.describe()) is not None:
         click.echo(why, err=True)
+    _note_models(job.records, settings.model_name)
     return job
+
+
+def _note_models(records, loaded: str) -> None:
+    """OpenAI bodies name a model; the loaded one answers them all (said once, not an error)."""
+    named = {r.model for r in records if r.model is not None and r.model != loaded}
+    if named:
+        click.echo(f"note: lines name model(s) {', '.join(sorted(named)[:3])}; {loaded} (--model) answers every "
+                   "line and is the \"model\" of each response", err=True)
 
 
 def _run(settings, job, no_progress, max_rss, strict, ray_address, ray_workers) -> None:
@@ -219,13 +264,13 @@ def _run_local(settings, job, no_progress: bool, strict: bool, max_rss: int | No
         if max_rss is not None:
             _check_max_rss(settings, max_rss, len(job.todo), llm)
         _load_weights(llm)
-        if not settings.chat and llm.tokenizer.chat_template:
+        if not settings.chat and llm.tokenizer.chat_template and any(r.prompt and not r.endpoint for r in job.todo):
             click.echo("hint: this model has a chat template; an instruct model given plain prompts often answers "
                        "with empty or odd text. Add --chat to wrap each prompt as a user turn.", err=True)
         _open_results(job, job.results.out)
-        todo, prompt_ids = _encode(llm.tokenizer, llm.config.max_position, job, settings, strict)
+        todo, prompt_ids = _encode(llm.tokenizer, llm.config.max_position, job, settings, strict, llm.grammars)
         if todo and settings.run.offloaded:
-            _prepare_offload(llm, prompt_ids, settings)
+            _prepare_offload(llm, prompt_ids, settings, todo)
         progress = _Progress(len(todo), no_progress)
 
         def on_row(row: dict) -> None:
@@ -250,21 +295,23 @@ def _run_local(settings, job, no_progress: bool, strict: bool, max_rss: int | No
                    f"MiB of {b['cpu'].capacity_bytes / 2**20:.0f} | peak RSS {peak_rss_mib():.0f} MiB (whole process)")
 
 
-def _encode(tokenizer, max_position, job, settings, strict):
-    """Token ids of the prompts to run; the others are recorded with finish_reason "error" and
-    why (with --strict: the job is refused before anything runs)."""
-    from flexlamps.generate_job import encode_or_error_rows
+def _encode(tokenizer, max_position, job, settings, strict, grammars):
+    """Token ids of the prompts to run; the others are recorded as errors with why (finish_reason
+    "error", or an OpenAI error line; with --strict: the job is refused before anything runs)."""
+    from flexlamps.generate_job import encode_or_error_rows, error_message
 
-    todo, prompt_ids, errors = encode_or_error_rows(tokenizer, max_position, job.todo, settings.chat)
-    if errors and strict:
-        raise click.ClickException(f"prompt id {errors[0]['id']!r}: {errors[0]['error']} ({len(errors)} such "
-                                   "prompts); shorten them or drop them from the file, or leave out --strict to "
-                                   "record them as errors")
+    todo, prompt_ids, errors = encode_or_error_rows(tokenizer, max_position, job.todo, settings.chat, grammars,
+                                                    settings.json_schema)
+    if errors:
+        first = errors[0].get("custom_id") or errors[0]["id"]
+        if strict:
+            raise click.ClickException(f"prompt id {first!r}: {error_message(errors[0])} ({len(errors)} such "
+                                       "prompts); fix them or drop them from the file, or leave out --strict to "
+                                       "record them as errors")
+        click.echo(f"{len(errors)} prompts cannot run (e.g. id {first!r}: {error_message(errors[0])}); recorded "
+                   "as errors", err=True)
     for row in errors:
         job.results.add(row)
-    if errors:
-        click.echo(f"{len(errors)} prompts cannot run (e.g. id {errors[0]['id']!r}: {errors[0]['error']}); recorded "
-                   "with finish_reason \"error\"", err=True)
     return todo, prompt_ids
 
 
@@ -286,7 +333,7 @@ def _load_weights(llm) -> None:
         raise click.ClickException(str(e))
 
 
-def _prepare_offload(llm, prompt_ids, settings) -> None:
+def _prepare_offload(llm, prompt_ids, settings, records) -> None:
     """Plan (or load) the policy, build the offload engine and print the policy before the run."""
     from flexlamps.generate_job import prepare_offload
     from offload import BudgetExceededError
@@ -294,7 +341,7 @@ def _prepare_offload(llm, prompt_ids, settings) -> None:
 
     try:
         lines = prepare_offload(llm, prompt_ids, settings, on_profile=lambda p, why: click.echo(
-            f"measuring this machine ({why}; cached in {p}) ...", err=True))
+            f"measuring this machine ({why}; cached in {p}) ...", err=True), records=records)
     except (InfeasiblePlanError, BudgetExceededError, OSError, ValueError) as e:
         raise click.ClickException(str(e))
     for line in lines:
@@ -352,4 +399,7 @@ def _encode_on_driver(settings, job, strict: bool):
         reader = open_checkpoint(settings.run.model)
     except (UnknownModelError, UnsupportedModelError, CheckpointError, ValueError, OSError) as e:
         raise click.ClickException(str(e))
-    return _encode(reader.tokenizer, reader.config.max_position, job, settings, strict)
+    from flexlamps.engine.batch.grammar import JsonGrammars
+
+    return _encode(reader.tokenizer, reader.config.max_position, job, settings, strict,
+                   JsonGrammars(reader.tokenizer, reader.config.vocab_size))

@@ -22,7 +22,8 @@ class GenerateWorker:
     of its share). The constructor keeps its error for `describe`, so the driver sees the
     engine's own exception (a budget too small, a policy file missing) and not a dead actor."""
 
-    def __init__(self, settings: GenerateSettings, threads: int, plan_ids: list[list[int]], *, rank: int):
+    def __init__(self, settings: GenerateSettings, threads: int, plan_ids: list[list[int]], plan_records: list, *,
+                 rank: int):
         self.settings = settings.with_offload_dir(worker_offload_dir(settings.run.offload_dir, rank))
         self.rank = rank
         self.lines: list[str] = []
@@ -33,7 +34,7 @@ class GenerateWorker:
             torch.set_num_threads(threads)
             self.llm = self.settings.load_llm()
             if self.settings.run.offloaded:
-                self.lines = prepare_offload(self.llm, plan_ids, self.settings)
+                self.lines = prepare_offload(self.llm, plan_ids, self.settings, records=plan_records)
         except Exception as e:  # noqa: BLE001 -- re-raised by describe() in the driver
             self.error = e
 
@@ -47,8 +48,10 @@ class GenerateWorker:
         the tokens generated."""
         records, ids = [r for r, _ in shard], [i for _, i in shard]
         rows: list[dict] = []
-        generate_rows(self.llm, self.settings, records, ids, rows.append)
-        return rows, sum(r["num_generated_tokens"] for r in rows)
+        tokens = [0]
+        generate_rows(self.llm, self.settings, records, ids, rows.append,
+                      on_tokens=lambda n: tokens.__setitem__(0, tokens[0] + n))
+        return rows, tokens[0]
 
 
 def shard_prompts(records: list, prompt_ids: list[list[int]], shard_size: int) -> list[Shard]:
@@ -66,8 +69,8 @@ def generate_on_ray(settings: GenerateSettings, threads: int, slots: WorkerSlots
     shards = shard_prompts(records, prompt_ids, settings.run.max_batch_size)
     num_workers = min(slots.num_workers, len(shards))
     per_worker = -(-len(records) // num_workers)
-    plan_ids = prompt_ids[:per_worker]
-    pool = ActorPool(GenerateWorker, (settings, threads, plan_ids), dataclasses.replace(slots, num_workers=num_workers))
+    plan = (prompt_ids[:per_worker], records[:per_worker])
+    pool = ActorPool(GenerateWorker, (settings, threads, *plan), dataclasses.replace(slots, num_workers=num_workers))
     try:
         if on_workers:
             on_workers([w.info for w in pool.workers])

@@ -1,23 +1,21 @@
-"""Read prompt files: JSONL records `{"id": ..., "prompt": ...}` (extra fields kept) or plain text,
-one prompt per line. Errors name the file, the line and the fix."""
+"""Read prompt files: JSONL records `{"id": ..., "prompt": ...}` or `{"id": ..., "messages": [...]}`
+(an optional `json_schema` the answer must follow; other fields kept), OpenAI Batch files
+(`openai_batch`, recognised by the first line's `custom_id` and `body`) or plain text, one prompt
+per line. Errors name the file, the line and the fix."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from flexlamps.io.openai_batch import is_batch_line, read_batch_lines
+from flexlamps.io.records import PromptRecord, canonical_schema
+
+__all__ = ["PromptFileError", "PromptRecord", "read_prompts"]
 
 
 class PromptFileError(ValueError):
     pass
-
-
-@dataclass
-class PromptRecord:
-    id: str
-    prompt: str
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _is_jsonl(path: Path, lines: list[str]) -> bool:
@@ -38,10 +36,23 @@ def read_prompts(path: str | Path) -> list[PromptRecord]:
     except UnicodeDecodeError as e:
         raise PromptFileError(f"prompt file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     lines = text.splitlines()
-    records = _read_jsonl(path, lines) if _is_jsonl(path, lines) else _read_text(lines)
+    if not _is_jsonl(path, lines):
+        records = _read_text(lines)
+    elif _first_is_batch_line(lines):
+        records = read_batch_lines(path, lines)
+    else:
+        records = _read_jsonl(path, lines)
     if not records:
         raise PromptFileError(f"prompt file {path} holds no prompts")
     return records
+
+
+def _first_is_batch_line(lines: list[str]) -> bool:
+    first = next((ln for ln in lines if ln.strip()), "")
+    try:
+        return is_batch_line(json.loads(first))
+    except json.JSONDecodeError:
+        return False
 
 
 def _read_text(lines: list[str]) -> list[PromptRecord]:
@@ -61,12 +72,27 @@ def _read_jsonl(path: Path, lines: list[str]) -> list[PromptRecord]:
                                   "each line must be one JSON object like {\"id\": 1, \"prompt\": \"...\"}") from None
         if not isinstance(obj, dict):
             raise PromptFileError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
-        prompt = obj.pop("prompt", None)
-        if not isinstance(prompt, str) or not prompt:
-            raise PromptFileError(f"{path}:{n}: needs a non-empty string field \"prompt\"")
-        rid = str(obj.pop("id", n))
-        if rid in seen:
-            raise PromptFileError(f"{path}:{n}: id {rid!r} already used on line {seen[rid]}; ids must be unique")
-        seen[rid] = n
-        records.append(PromptRecord(rid, prompt, obj))
+        record = _plain_record(path, n, obj)
+        if record.id in seen:
+            raise PromptFileError(f"{path}:{n}: id {record.id!r} already used on line {seen[record.id]}; ids must be unique")
+        seen[record.id] = n
+        records.append(record)
     return records
+
+
+def _plain_record(path: Path, n: int, obj: dict) -> PromptRecord:
+    prompt, messages, schema = obj.pop("prompt", None), obj.pop("messages", None), obj.pop("json_schema", None)
+    if messages is not None:
+        if prompt is not None:
+            raise PromptFileError(f"{path}:{n}: give \"prompt\" or \"messages\", not both")
+        if not (isinstance(messages, list) and messages and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in messages)):
+            raise PromptFileError(f"{path}:{n}: \"messages\" must be a non-empty list of "
+                                  "{\"role\": ..., \"content\": \"...\"} objects")
+    elif not isinstance(prompt, str) or not prompt:
+        raise PromptFileError(f"{path}:{n}: needs a non-empty string field \"prompt\" (or \"messages\")")
+    if schema is not None and not isinstance(schema, dict):
+        raise PromptFileError(f"{path}:{n}: \"json_schema\" must be a JSON schema object")
+    return PromptRecord(str(obj.pop("id", n)), prompt, obj, messages=messages,
+                        json_schema=None if schema is None else canonical_schema(schema))

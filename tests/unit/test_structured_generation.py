@@ -7,7 +7,8 @@ import jsonschema
 import pytest
 
 from flexlamps import LLM, SamplingParams
-from flexlamps.engine.batch.grammar import GrammarError, canonical_schema
+from flexlamps.engine.batch.grammar import GrammarError
+from flexlamps.io.records import canonical_schema
 
 SCHEMAS = {
     "nested": {"type": "object", "properties": {

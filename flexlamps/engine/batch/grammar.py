@@ -8,8 +8,6 @@ outlines-core): docs/generate.md, measured by scripts/bench_grammar_libraries.py
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import torch
 
@@ -20,11 +18,6 @@ _JSON_OPTIONS = {"whitespace_flexible": False}
 
 class GrammarError(ValueError):
     """A schema the grammar library cannot compile (the message says why)."""
-
-
-def canonical_schema(schema) -> str:
-    """The JSON text a schema is keyed, fingerprinted and compiled by (keys sorted)."""
-    return json.dumps(schema, sort_keys=True, ensure_ascii=False)
 
 
 class JsonGrammars:
