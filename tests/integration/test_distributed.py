@@ -91,6 +91,27 @@ def test_generate_on_ray_writes_the_single_process_file(cluster, tiny_llama, pro
     assert not (tmp_path / "ray.jsonl.partial").exists()
 
 
+def test_openai_batch_file_on_ray_writes_the_single_process_file(cluster, tiny_llama, tmp_path):
+    """Chat and completions lines, a schema, n samples and a broken body, sharded over 2 workers."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"messages": chat + [{"role": "user", "content": WORDS[i]}], "n": 1 + i % 3, "temperature": 0.7,
+                       "max_tokens": 30, **({"response_format": {"type": "json_schema", "json_schema": {
+                           "name": "s", "schema": schema}}} if i % 2 else {})}} for i in range(5)]
+    lines += [{"custom_id": "p", "method": "POST", "url": "/v1/completions", "body": {"prompt": "a", "max_tokens": 4}},
+              {"custom_id": "broken", "method": "POST", "url": "/v1/completions", "body": {"prompt": 3}}]
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    ref, out = tmp_path / "ref.jsonl", tmp_path / "ray.jsonl"
+    assert CliRunner().invoke(main, _args(tiny_llama, batch, ref), catch_exceptions=False).exit_code == 0
+    res = CliRunner().invoke(main, _args(tiny_llama, batch, out) + ["--ray", "--ray-workers", "2"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert out.read_bytes() == ref.read_bytes()
+    assert json.loads(out.read_text().splitlines()[-1])["error"]["code"] == "invalid_request"
+
+
 def test_killed_worker_is_replaced_and_its_shards_retried(cluster, tiny_llama, prompts, reference, tmp_path):
     """A worker process killed mid-run: its shards are retried on a fresh worker and the file is
     the single-process one. Deterministic: the worker killed is the one that ran the first recorded
