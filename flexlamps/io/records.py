@@ -33,5 +33,6 @@ class PromptRecord:
 
 
 def canonical_schema(schema) -> str:
-    """The JSON text a schema is keyed, fingerprinted and compiled by (keys sorted)."""
-    return json.dumps(schema, sort_keys=True, ensure_ascii=False)
+    """The JSON text a schema is keyed, fingerprinted and compiled by. Keys keep their order: the
+    order of `properties` is the order the answer writes them in."""
+    return json.dumps(schema, ensure_ascii=False, separators=(",", ":"))

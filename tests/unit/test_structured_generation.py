@@ -105,3 +105,10 @@ def test_chat_equals_generate_with_chat(llm):
     assert llm.encode_chat(system) != llm.encode_chat(convo)
     with pytest.raises(TypeError):
         llm.chat(convo, params)
+
+
+def test_properties_come_in_the_schemas_order(llm):
+    schema = {"type": "object", "properties": {"zeta": {"type": "boolean"}, "alpha": {"type": "boolean"}},
+              "required": ["zeta", "alpha"], "additionalProperties": False}
+    out = llm.generate(["hello"], SamplingParams(max_new_tokens=40, json_schema=canonical_schema(schema)))[0]
+    assert out.text.startswith('{"zeta":') and list(json.loads(out.text)) == ["zeta", "alpha"]
