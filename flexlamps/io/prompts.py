@@ -48,11 +48,14 @@ def read_prompts(path: str | Path) -> list[PromptRecord]:
 
 
 def _first_is_batch_line(lines: list[str]) -> bool:
-    first = next((ln for ln in lines if ln.strip()), "")
-    try:
-        return is_batch_line(json.loads(first))
-    except json.JSONDecodeError:
-        return False
+    """Whether the first line that is JSON is an OpenAI Batch request (a broken line before it
+    then becomes that file's error line, not a refusal of the file)."""
+    for line in lines:
+        try:
+            return is_batch_line(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return False
 
 
 def _read_text(lines: list[str]) -> list[PromptRecord]:
