@@ -80,3 +80,28 @@ def test_a_failed_read_is_raised_where_its_expert_is_used():
         assert "disk gone" in str(e)
     else:
         raise AssertionError("the read's error was swallowed")
+
+
+def test_an_expert_given_back_while_its_read_is_in_flight_is_waited_for_first():
+    """Streaming in groups (`group`): an expert given back before its read landed is given back
+    once it has, so its staged bytes are never left behind."""
+    gate, evicted = threading.Event(), []
+    pool = ThreadPoolExecutor(max_workers=2)
+
+    def read(e):
+        gate.wait(timeout=10)
+        return {f"experts.{e}.w": e}
+
+    def begin(experts, tokens):
+        return {e: pool.submit(read, e) for e in experts}
+
+    def evict(e):
+        evicted.append((e, gate.is_set()))
+
+    w = LayerWeights({}, NAMES, lambda experts, tokens: {}, begin=begin, group=1, evict=evict)
+    w.routed_to({1: 1, 2: 1})
+    assert w._groups.held == [1] and w._groups.queue == [2]
+    threading.Timer(0.2, gate.set).start()
+    w._groups.pump(first=2)  # the forward waits on 2: 1, still being read, makes room
+    assert evicted == [(1, True)] and w["experts.2.w"] == 2
+    pool.shutdown()

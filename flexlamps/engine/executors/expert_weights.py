@@ -81,6 +81,9 @@ class LayerWeights(Mapping):
             self._pending.update(self._begin([e], self._tokens))
 
     def _give_back(self, e: int) -> None:
+        pending = self._pending.pop(e, None)
+        if pending is not None:  # a read still in flight: its bytes are staged once it lands
+            pending.exception()
         for name in self._names[e]:
             self._values.pop(name, None)
         if self._evict is not None:
