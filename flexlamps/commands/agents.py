@@ -8,7 +8,8 @@ import os
 import click
 
 from flexlamps.commands.options import (ByteSize, check_model, check_offload_dir, check_policy, engine_settings_from,
-                                        hold_output, model_options, refused_option, writable_folder)
+                                        hold_output, model_options, plots_wanted, refused_option,
+                                        writable_folder)
 from flexlamps.commands.simulate import _floats, _policies, _write_json
 
 _HELP = """Run augmented requests from an INFERCEPT-format --trace on the real engine (paged KV cache,
@@ -145,6 +146,7 @@ def command(model, dtype, trace_path, self_debug, gsm8k, tools_module, prompts, 
         return run_live(workload=workload, run=run, augmented=augmented, schedulers=schedulers,
                         max_new_tokens=max_new_tokens, rounds=rounds, tool_workers=tool_workers, out_dir=out_dir,
                         recheck=recheck)
+    no_plots = not plots_wanted(no_plots)  # the trace's run draws plots; a live one does not
     shape.update(gpu_kv_mem=24 << 20 if gpu_kv_mem is None else gpu_kv_mem,
                  cpu_swap_mem=8 << 20 if cpu_swap_mem is None else cpu_swap_mem)
     augmented = augmented_settings(max_context or 256, **shape)
@@ -160,7 +162,10 @@ def command(model, dtype, trace_path, self_debug, gsm8k, tools_module, prompts, 
         click.echo(_VERIFY_LOW_PRECISION.format(str(llm.dtype).removeprefix("torch.")), err=True)
     click.echo("measuring the cost model on this machine ...")
     cost = measure_cost(llm.executor, plan.pools, augmented.max_context, cpu_clock=clock == "cpu")
-    results = _run_all(llm, templates, scale, plan.pools, cost, schedulers, qps, num_requests, seed, verify, clock)
+    try:
+        results = _run_all(llm, templates, scale, plan.pools, cost, schedulers, qps, num_requests, seed, verify, clock)
+    except ValueError as e:  # NonFiniteLogitsError: a model whose weights hold NaN
+        raise click.ClickException(f"--model {model}: {e}") from None
     _report(results, trace_path, out_dir, no_plots, dict(
         model=model, dtype=dtype, trace=os.path.abspath(trace_path), num_requests=num_requests, seed=seed,
         scale=scale.__dict__, config=plan.pools.to_json(), clock=clock, cost_model=cost.to_json(),

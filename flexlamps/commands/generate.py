@@ -78,7 +78,7 @@ def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, t
     from flexlamps import fault_points
     from flexlamps.generate_job import GenerateSettings
 
-    check_model(model)
+    check_model(model, chat=chat)
     run = engine_settings(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight, compress_cache,
                           weight_quant, max_batch_size=batch_size)
     if max_rss is not None:
@@ -257,6 +257,7 @@ def _check_max_rss(settings, max_rss: int, num_prompts: int, llm) -> None:
 def _run_local(settings, job, no_progress: bool, strict: bool, max_rss: int | None) -> None:
     """One engine in this process (with --max-rss, checked before any weight is read)."""
     from flexlamps.engine.batch.generate import ContextOverflowError
+    from flexlamps.engine.batch.sampling import NonFiniteLogitsError
     from flexlamps.generate_job import generate_rows
 
     llm = _load_engine(settings, prepare=False)
@@ -284,6 +285,8 @@ def _run_local(settings, job, no_progress: bool, strict: bool, max_rss: int | No
             _interrupted(job, progress)
         except ContextOverflowError as e:
             raise click.ClickException(str(e))
+        except NonFiniteLogitsError as e:
+            raise click.ClickException(f"--model {settings.run.model}: {e}") from None
         wall = progress.close()
         _finish(job, progress, wall)
     finally:

@@ -117,7 +117,8 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
     """
     from flexlamps.evals.helm_env import helm_model_name
     from flexlamps.evals.identity import EngineIdentity
-    from flexlamps.evals.jobs import RunOptions, plan_jobs
+    from flexlamps.evals.jobs import RunOptions
+    from flexlamps.engine.batch.sampling import NonFiniteLogitsError
     from flexlamps.evals.runner import execute_run
     from flexlamps.io.fingerprint import model_fingerprint
     from offload.budget import BudgetExceededError
@@ -132,10 +133,7 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
     extra = {**offload_kwargs(run), **_parse_llm_args(llm_args)}
     engine_settings_from(model, dtype, extra)  # a bad --llm-arg value fails here, not once the model loads
     opts = RunOptions(helm_model, num_shots, max_eval_instances, max_tokens, seed, Path(data_dir) if data_dir else None)
-    try:
-        jobs = plan_jobs(scenarios, scenario_files, opts)
-    except ScenarioError as e:
-        raise click.UsageError(str(e)) from None
+    jobs = _planned_jobs(scenarios, scenario_files, opts)
     output = writable_folder(output_path, "--output-path")
     check_offload_dir(run.offload_dir)
     check_policy(run.policy)
@@ -156,10 +154,26 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
             click.echo(f"{'skipped (done)' if outcome.skipped else 'wrote'} {outcome.path}", err=True)
     except (DistributedError, InfeasiblePlanError, BudgetExceededError) as e:
         raise click.ClickException(str(e)) from None
+    except NonFiniteLogitsError as e:
+        raise click.ClickException(f"--model {model}: {e}") from None
     finally:
         if ray_address is not None:
             llm.close()
     _write_summaries(output, suite, helm_model, jobs, outcomes)
+
+
+def _planned_jobs(scenarios, scenario_files, opts):
+    """The runs to make; a bad scenario, or a metric whose package is not installed, is one line."""
+    from flexlamps.evals.jobs import plan_jobs
+    from flexlamps.evals.metrics import missing_metric_package
+
+    try:
+        jobs = plan_jobs(scenarios, scenario_files, opts)
+    except ScenarioError as e:
+        raise click.UsageError(str(e)) from None
+    if (why := missing_metric_package({m for job in jobs for m in job.spec.metrics})) is not None:
+        raise click.ClickException(why)
+    return jobs
 
 
 def _write_summaries(output: Path, suite: str, helm_model: str, jobs, outcomes) -> None:

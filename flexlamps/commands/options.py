@@ -82,6 +82,20 @@ def hold_output(path, option: str) -> None:
     click.get_current_context().call_on_close(lock.release)
 
 
+def plots_wanted(no_plots: bool) -> bool:
+    """Whether to draw the PNG plots: not with --no-plots, nor where matplotlib (the `plots` extra)
+    is not installed: a note says so before the run, whose result is its summary.json."""
+    if no_plots:
+        return False
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        click.echo("note: no PNG plots: matplotlib is not installed (pip install 'flexlamps[plots]'); "
+                   "summary.json is written", err=True)
+        return False
+    return True
+
+
 def peak_rss_mib() -> float:
     """This process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -197,19 +211,27 @@ def engine_settings_from(model, dtype, fields: dict) -> RunSettings:
         raise click.UsageError(str(e)) from None
 
 
-def check_model(model: str) -> None:
+def check_model(model: str, chat: bool = False) -> None:
     """What --model names opens (a built-in name, an HF folder, a .gguf file: its config, tensor
-    index and every safetensors header, and a folder's tokenizer files; no weights), else the
-    reader's one-line error naming the input and the fix."""
+    index and every safetensors header, and a folder's tokenizer files; no weights), and with
+    `chat` its chat template renders a user turn; else a one-line error naming the input and the fix."""
     from flexlamps.models.loading.checkpoint import HFFolderReader
     from flexlamps.models.loading.registry import open_checkpoint
 
     try:
         reader = open_checkpoint(model)
-        if isinstance(reader, HFFolderReader):  # files the user gave (a GGUF's is built from its own fields)
-            reader.tokenizer
+        if isinstance(reader, HFFolderReader) or chat:  # a folder's files the user gave (a GGUF's are its own)
+            tokenizer = reader.tokenizer
     except (ValueError, OSError) as e:  # UnknownModelError, CheckpointError, UnsupportedModelError
         raise click.ClickException(str(e)) from None
+    if chat and tokenizer.chat_template:  # no template at all: each prompt is told so, as before
+        import jinja2
+
+        try:
+            tokenizer.apply_chat_template([{"role": "user", "content": "hello"}])
+        except jinja2.TemplateError as e:
+            raise click.ClickException(f"--model {model}: its chat template does not render a user turn "
+                                       f"({type(e).__name__}: {e}); fix the template or leave out --chat") from None
 
 
 def check_policy(policy) -> None:

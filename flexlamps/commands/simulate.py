@@ -7,7 +7,7 @@ import os
 
 import click
 
-from flexlamps.commands.options import writable_folder
+from flexlamps.commands.options import plots_wanted, writable_folder
 
 
 def _floats(ctx, param, value):
@@ -119,6 +119,7 @@ def command(trace_path, policies, qps, window, seed, predictor, noise_sigma, pre
         raise click.UsageError(f"--warmup {warmup} and --cooldown {cooldown} leave no arrivals to measure; keep "
                                "their sum below 1")
     writable_folder(out_dir, "--out")
+    no_plots = not plots_wanted(no_plots)
     try:
         setting = _setting(preset, token_budget, max_seqs, swap_gib, cost_model, window, seed,
                            predictor, noise_sigma, warmup, cooldown, starvation_threshold, horizon,

@@ -52,12 +52,31 @@ def f1_score(gold: str, pred: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+# metrics another package computes: metric -> (its module, the pip package that installs it)
+METRIC_PACKAGES = {"rouge_l": ("rouge_score", "rouge-score")}
+
+
+def missing_metric_package(metrics) -> str | None:
+    """Why one of `metrics` cannot be computed here (its package does not import), or None: checked
+    before a model runs, so a run never ends in an ImportError after its answers are generated."""
+    import importlib
+
+    for name in sorted(set(metrics) & set(METRIC_PACKAGES)):
+        module, package = METRIC_PACKAGES[name]
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return (f"the metric {name} needs the {package} package, which is not installed: pip install "
+                    f"{package} (a dependency of flexlamps: reinstall it with pip install .)")
+    return None
+
+
 @lru_cache(maxsize=1)
 def _rouge_l_scorer():
     try:
         from rouge_score import rouge_scorer
     except ImportError as e:  # the [helm] extra
-        raise ImportError("rouge_l needs the rouge-score package: pip install 'flexlamps[helm]'") from e
+        raise ImportError("rouge_l needs the rouge-score package: pip install rouge-score") from e
     return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
 
 

@@ -75,7 +75,7 @@ def _generate(model, tmp_path):
 
 def _assert_one_line(res, needles, model):
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output  # no traceback
-    lines = res.output.strip().splitlines()
+    lines = [ln for ln in res.output.strip().splitlines() if not ln.startswith("hint: ")]
     assert len(lines) == 1 and lines[0].startswith("Error: ") and str(model) in lines[0], res.output
     words = lines[0].replace(str(model), "MODEL")  # the temp path holds the test's name
     assert all(n in words for n in needles), res.output
@@ -105,3 +105,44 @@ def test_the_folder_that_loads_still_runs(tiny_llama, tmp_path):
     """The checks read headers only: an intact copy generates as before."""
     res = _generate(_copy(tiny_llama, tmp_path), tmp_path)
     assert res.exit_code == 0, res.output
+
+
+def _nan_weight(folder):
+    """One NaN in one matrix of the folder's checkpoint (a damaged or badly converted file)."""
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    tensors["model.layers.0.mlp.down_proj.weight"][0, 0] = float("nan")
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def test_a_model_whose_weights_hold_nan_is_refused_when_it_runs(tiny_llama, tmp_path):
+    """Checked at each step's chosen logits (a gather), where a NaN weight always shows: not at load,
+    where it would cost a pass over every weight of every load."""
+    folder = _copy(tiny_llama, tmp_path)
+    _nan_weight(folder)
+    res = _generate(folder, tmp_path)
+    _assert_one_line(res, ["--model MODEL: the model computed NaN logits: its weights hold NaN"], folder)
+
+
+def test_scoring_a_model_whose_weights_hold_nan_is_refused(tiny_llama, tmp_path):
+    from flexlamps import LLM
+    from flexlamps.engine.batch.sampling import NonFiniteLogitsError
+
+    folder = _copy(tiny_llama, tmp_path)
+    _nan_weight(folder)
+    with pytest.raises(NonFiniteLogitsError, match="NaN logits"):
+        LLM(str(folder), dtype="float32").score(["hello world"], [" the end"])
+
+
+def test_a_chat_template_that_does_not_render_is_refused_with_chat(tiny_llama, tmp_path, no_model_load):
+    folder = _copy(tiny_llama, tmp_path)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for m in messages %}{{ m.content }"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "hello"}\n')
+    res = CliRunner().invoke(main, ["generate", "--model", str(folder), "--prompts", str(prompts), "--out",
+                                    str(tmp_path / "out.jsonl"), "--chat"])
+    _assert_one_line(res, ["its chat template does not render a user turn (TemplateSyntaxError"], folder)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from flexlamps.engine.augmented.calls import FINISHED, Calls, TraceCalls
+from flexlamps.engine.batch.sampling import check_finite
 from flexlamps.workloads.tokenized import TokenizedRequest
 from flexlamps.engine.executors.contract import Executor, PagedCache
 from flexlamps.engine.executors.step import Step
@@ -248,6 +249,7 @@ class AugmentedEngine:
         runner = RunnerOutput()
         for rid in out.sampling:
             token = int(last_logits[rid].argmax())
+            check_finite(last_logits[rid][token:token + 1])
             self._tokens[rid].append(token)
             verdict = self.calls.on_token(self._state[rid], self._tokens[rid])
             if verdict is FINISHED:

@@ -64,6 +64,23 @@ class SamplingParams:
         return cls(**json.loads(text))
 
 
+class NonFiniteLogitsError(ValueError):
+    """The model computed NaN (or +inf) logits: no token or log-probability can come of them."""
+
+
+NON_FINITE = ("the model computed NaN logits: its weights hold NaN or infinite values (a damaged or badly converted "
+              "checkpoint: convert or download it again), or float16 overflowed (try --dtype bfloat16 or float32)")
+
+
+def check_finite(chosen: torch.Tensor) -> None:
+    """`chosen`: per row, the logit (or log-probability) a step picked. NaN anywhere in a row's
+    logits makes its argmax NaN (NaN counts as the maximum), so checking these few values
+    catches a model whose weights hold NaN at every step's cost of a gather: checking every
+    weight at load would be a pass over all of them (a 70B model's 140 GB) on every load."""
+    if bool((torch.isnan(chosen) | torch.isposinf(chosen)).any()):
+        raise NonFiniteLogitsError(NON_FINITE)
+
+
 def make_generator(seed: int | None) -> torch.Generator | None:
     if seed is None:
         return None
@@ -100,6 +117,7 @@ def select_tokens(logits: torch.Tensor, params: list[SamplingParams],
                   generators: list[torch.Generator | None]) -> torch.Tensor:
     """Next token per row of `logits` (n, vocab), fp32."""
     tokens = greedy_tokens(logits)
+    check_finite(logits.gather(-1, tokens[:, None].to(logits.device)))
     for i, p in enumerate(params):
         if not p.greedy:
             probs = filter_logits(logits[i], p).softmax(-1)

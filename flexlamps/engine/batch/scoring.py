@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from flexlamps.engine.batch.packing import Item, PackedRow, plan_rows, stack_rows
+from flexlamps.engine.batch.sampling import check_finite
 from flexlamps.engine.batch.prefix import common_prefix_length, prefill_prefix
 from flexlamps.engine.executors.contract import Executor, KVCache
 from flexlamps.engine.executors.step import Step
@@ -264,6 +265,7 @@ class PrefixScorer:
                     per_pair.setdefault(pair, []).append((lp[kk], bool(best[kk])))
         for pair, toks in per_pair.items():
             tok_lp = torch.stack([lp for lp, _ in toks])
+            check_finite(tok_lp)
             yield pair, ScoreOutput(float(tok_lp.sum()), len(toks), all(g for _, g in toks), tok_lp.tolist())
 
     def _chunks(self, groups, pairs, common: int):
@@ -413,6 +415,7 @@ def _score_output(pred: torch.Tensor, targets: list[int]) -> ScoreOutput:
     """pred: (len(targets), V) log-probs, row t predicting targets[t]."""
     target = torch.tensor(targets)
     tok_lp = pred.gather(-1, target[:, None])[:, 0]
+    check_finite(tok_lp)
     greedy = bool((pred.argmax(-1) == target).all())
     return ScoreOutput(float(tok_lp.sum()), len(targets), greedy, tok_lp.tolist())
 
