@@ -19,7 +19,7 @@ import click
 import pytest
 
 from flexlamps.cli import main
-from tests.conftest import REPO
+from tests.conftest import REPO, SHARED_DATA
 
 
 def readme_command_lines() -> list[str]:
@@ -123,8 +123,9 @@ def first_setup(tmp_path_factory) -> Path:
         if (REPO / name).is_file():
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, root / name)
-    if (REPO.parent / "shared").exists():  # the benchmark data beside the checkout
-        (root.parent / "shared").symlink_to(REPO.parent / "shared")
+    if SHARED_DATA.exists():  # the benchmark data beside the checkout (../shared/data)
+        (root.parent / "shared").mkdir()
+        (root.parent / "shared" / "data").symlink_to(SHARED_DATA)
     proc = subprocess.run(["bash", "scripts/setup.sh"], cwd=root, env=_newcomer_env(), capture_output=True,
                           text=True, timeout=1500)
     assert proc.returncode == 0, f"bash scripts/setup.sh\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
