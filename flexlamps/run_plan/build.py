@@ -24,7 +24,8 @@ from flexlamps.settings import RunSettings
 # The in-memory executor keeps a dense copy of its 4-bit and Q8_0 weights (prefill and batches from
 # 16 rows, 3 for Q8_0, run a dense GEMM instead of dequantizing per call) when the copies take at
 # most this share of the memory available now; otherwise the quantized weights alone (same results,
-# slower prefill).
+# slower prefill). Weights whose both phases run on their codes (our decode kernel and int8 GEMM, in
+# their dtype) get none: no full-model copy exists.
 DENSE_TWINS_MAX_SHARE = 0.25
 
 
@@ -99,8 +100,20 @@ def _dense_twins_fit(weights: dict) -> bool:
 
     from flexlamps.models.blocks.linear import can_have_dense_twin
 
-    dense_bytes = sum(w.shape[0] * w.shape[1] * w.dtype.itemsize for w in weights.values() if can_have_dense_twin(w))
+    dense_bytes = sum(w.shape[0] * w.shape[1] * w.dtype.itemsize for w in weights.values()
+                      if can_have_dense_twin(w) and not _codes_serve_both_phases(w))
     return 0 < dense_bytes <= DENSE_TWINS_MAX_SHARE * psutil.virtual_memory().available
+
+
+def _codes_serve_both_phases(w) -> bool:
+    """Whether decode (our tile_gemv) and prompts (our int8 GEMM) both multiply `w`'s codes here: a
+    dense copy would only hold memory (on AVX2 CPUs, torch's bf16 GEMM it feeds is slower still)."""
+    from flexlamps.kernels import int8_gemm
+    from flexlamps.models.blocks.linear import int8_kernel, native_kernel
+
+    decode = native_kernel()
+    return (decode is not None and decode.takes(w) and int8_kernel() is not None and w.dtype in int8_gemm.DTYPES
+            and w.shape[1] % int8_gemm.GROUP == 0)
 
 
 def _cached_dense_copies(reader, dtype: torch.dtype, cache_dir):

@@ -150,3 +150,25 @@ def test_the_other_commands_keep_policy_and_policies_as_aliases():
                                 ("agents", "--policies", "--schedulers")):
         params = main.get_command(None, name).params
         assert any(p.opts[:2] == [option, alias] for p in params), name
+
+
+def test_no_dense_twins_where_both_phases_run_on_the_codes(monkeypatch):
+    """Our decode kernel and int8 GEMM multiply a bf16 4-bit weight's codes in both phases: no dense
+    copy of it is made (no full-model twin); an fp32 one (no int8 GEMM for fp32) keeps its twin."""
+    import torch
+
+    from flexlamps.models.blocks import linear
+    from flexlamps.run_plan import build as run_build
+    from quant.int4_weight import Int4Weight
+
+    class Takes:
+        def takes(self, w):
+            return True
+
+    w = Int4Weight.quantize(torch.randn(128, 128), 32, torch.bfloat16)
+    monkeypatch.setattr(linear, "native_kernel", lambda: Takes())
+    monkeypatch.setattr(linear, "int8_kernel", lambda: object())
+    assert not run_build._dense_twins_fit({"w": w})
+    assert run_build._dense_twins_fit({"w": Int4Weight.quantize(torch.randn(128, 128), 32, torch.float32)})
+    monkeypatch.setattr(linear, "int8_kernel", lambda: None)  # prompts would run the dense GEMM: a twin
+    assert run_build._dense_twins_fit({"w": w})
