@@ -9,15 +9,16 @@ from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.step import Step
 
 
-def llama_gguf_writer(path: Path, *, hidden: int, ffn: int, layers: int, heads: int, kv_heads: int, vocab: int):
-    """A `gguf.GGUFWriter` for a LLaMA of these sizes with its metadata and a made-up vocabulary
-    written; the caller adds the tensors, then `finish_gguf`."""
+def llama_gguf_writer(path: Path, *, hidden: int, ffn: int, layers: int, heads: int, kv_heads: int, vocab: int,
+                      context: int = 128):
+    """A `gguf.GGUFWriter` for a LLaMA of these sizes (`context`: its trained context, tokens) with its
+    metadata and a made-up vocabulary written; the caller adds the tensors, then `finish_gguf`."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), "llama")
     for key, value in (("embedding_length", hidden), ("block_count", layers), ("feed_forward_length", ffn),
                        ("attention.head_count", heads), ("attention.head_count_kv", kv_heads),
-                       ("vocab_size", vocab), ("context_length", 128)):
+                       ("vocab_size", vocab), ("context_length", context)):
         w.add_uint32(f"llama.{key}", value)
     w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
     add_test_vocabulary(w, vocab)
@@ -58,7 +59,7 @@ def random_k_blocks(rng, rows: int, cols: int, type_name: str) -> np.ndarray:
 
 
 def write_llama_gguf(path: Path, types, *, seed: int = 0, hidden: int, ffn: int, layers: int, heads: int,
-                     kv_heads: int, vocab: int) -> Path:
+                     kv_heads: int, vocab: int, context: int = 128) -> Path:
     """A LLaMA GGUF of random weights, each tensor of the ggml type `types(name, layer)` names (its
     llama.cpp name without `blk.i.` and `.weight`, e.g. "attn_v", "token_embd", "attn_norm"; layer
     None for the globals; None: f32). K-quant blocks are random bytes (`random_k_blocks`), other
@@ -69,7 +70,8 @@ def write_llama_gguf(path: Path, types, *, seed: int = 0, hidden: int, ffn: int,
 
     T = gguf.GGMLQuantizationType
     rng = np.random.default_rng(seed)
-    w = llama_gguf_writer(path, hidden=hidden, ffn=ffn, layers=layers, heads=heads, kv_heads=kv_heads, vocab=vocab)
+    w = llama_gguf_writer(path, hidden=hidden, ffn=ffn, layers=layers, heads=heads, kv_heads=kv_heads, vocab=vocab,
+                          context=context)
 
     def add(name: str, layer: int | None, shape: tuple[int, ...]):
         qtype = types(name, layer)

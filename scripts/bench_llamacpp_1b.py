@@ -1,0 +1,212 @@
+"""flexlamps against llama.cpp on a 1.1B TinyLlama-shaped checkpoint of random weights, CPU only.
+
+The checkpoint (22 layers, hidden 2048, FFN 5632, 32 heads, 4 kv heads, vocabulary 32000; weights
+N(0, 0.05) in fp16, tied embeddings) is written once as a GGUF with llama.cpp's own `gguf` package
+and quantized by llama.cpp's `llama-quantize` to each of --quants; every side then runs the same
+file. llama.cpp runs `llama-batched-bench`; flexlamps runs `LLM.generate` in a worker process of
+this script. Each side runs in its own process (its peak RSS from the kernel's rusage), in turns,
+--repeats times; the fastest run counts. Printed per quantization: batch 1 decode (new tokens / s
+after the first), batch 1 and batch 32 total (new tokens / s of the whole call, prefill included),
+peak RSS, and flexlamps' ratio to llama.cpp for each; first the CPU (model, flags) and the memory's
+bandwidth (a reduction's read rate, and a copy's read + write rate).
+
+`--isa avx2` caps flexlamps and torch at AVX2 ($FLEXLAMPS_CPU_VARIANT, $ATEN_CPU_CAPABILITY,
+$ONEDNN_MAX_CPU_ISA) and runs a llama.cpp built without AVX-512 (scripts/llama_cpp_tools.py builds
+it, or give --llama-cpp-tools), so an AVX-512 box measures the AVX2 path too.
+
+    python scripts/bench_llamacpp_1b.py [--quants Q4_K_M,Q4_0,Q8_0] [--isa native|avx2] [--repeats 3] \\
+        [--llama-cpp-tools DIR] [--folder DIR] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+SHAPE = dict(hidden=2048, ffn=5632, layers=22, heads=32, kv_heads=4, vocab=32000, context=2048)  # TinyLlama-1.1B
+ISA_ENV = {"native": {}, "avx2": {"FLEXLAMPS_CPU_VARIANT": "avx2", "ATEN_CPU_CAPABILITY": "avx2",
+                                   "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+CPU_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi",
+             "avx512_bf16", "amx_bf16")
+
+
+def cpu_line() -> str:
+    text = Path("/proc/cpuinfo").read_text()
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return f"CPU: {model}, {os.cpu_count()} cpus; has {' '.join(f for f in CPU_FLAGS if f in flags) or '-'}"
+
+
+def bandwidth_line() -> str:
+    """The memory's read rate (flexlamps' probe) and a stream-like copy's (read + write bytes / s)."""
+    import numpy as np
+
+    from flexlamps.hardware.probes import measure_read_bandwidth
+
+    src = np.ones(2**28 // 8)  # 256 MiB, far past the caches
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return (f"memory: read {measure_read_bandwidth() / 1e9:.1f} GB/s (reduction, median), "
+            f"copy {2 * src.nbytes / best / 1e9:.1f} GB/s (read + write, best of 5)")
+
+
+def make_checkpoint(folder: Path) -> Path:
+    """The fp16 GGUF of random weights (written once)."""
+    from tests.gguf_models import write_llama_gguf
+
+    path = folder / "tinyllama-1.1b-random-f16.gguf"
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        write_llama_gguf(tmp, lambda name, layer: None if name.endswith("norm") else "F16", **SHAPE)
+        tmp.rename(path)
+    return path
+
+
+def quantized(tools: Path, f16: Path, quant: str) -> Path:
+    out = f16.with_name(f16.name.replace("-f16", f"-{quant}"))
+    if not out.exists():
+        subprocess.run([str(tools / "llama-quantize"), str(f16), str(out.with_suffix(".tmp")), quant], check=True,
+                       capture_output=True)
+        out.with_suffix(".tmp").rename(out)
+    return out
+
+
+# Runs argv[1:] and writes its peak RSS (KiB) last on stderr. A small process of its own: a child's
+# ru_maxrss counts the image it was forked from, so a side forked from this script would count it.
+_LAUNCHER = ("import resource, subprocess, sys\n"
+             "code = subprocess.run(sys.argv[1:]).returncode\n"
+             "sys.stderr.write(f'\\npeak-rss-kib {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}\\n')\n"
+             "sys.exit(code)\n")
+
+
+def run_measured(cmd: list[str], env: dict) -> tuple[str, int]:
+    """(stdout, peak RSS in bytes of that process alone) of `cmd` run to its end."""
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, *cmd], stdout=subprocess.PIPE, stderr=err,
+                              text=True, env={**os.environ, **env})
+        err.seek(0)
+        lines = err.read().strip().splitlines()
+    if proc.returncode or not lines or not lines[-1].startswith("peak-rss-kib "):
+        raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {chr(10).join(lines[-10:])[-800:]}")
+    return proc.stdout, int(lines[-1].split()[1]) * 1024
+
+
+def llama_cpp(tools: Path, gguf: Path, batch: int, args) -> dict:
+    """llama-batched-bench's run: total and decode seconds, new tokens, peak RSS."""
+    cmd = [str(tools / "llama-batched-bench"), "-m", str(gguf), "-c", str(batch * (args.prompt_len + args.new_tokens) + 16),
+           "-b", "2048", "-ub", "512", "-npp", str(args.prompt_len), "-ntg", str(args.new_tokens), "-npl", str(batch),
+           "-t", str(args.threads), "--output-format", "jsonl"]
+    out, rss = run_measured(cmd, {})
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if len(rows) != 1 or rows[0]["pl"] != batch:
+        raise RuntimeError(f"unexpected llama-batched-bench output for batch {batch}: {out[-500:]}")
+    return {"total_s": rows[0]["t"], "decode_s": rows[0]["t_tg"], "decode_tokens": batch * args.new_tokens,
+            "new_tokens": batch * args.new_tokens, "rss": rss}
+
+
+def flexlamps(gguf: Path, batch: int, args) -> dict:
+    """This script's worker on the same file: the same figures as `llama_cpp`."""
+    cmd = [sys.executable, __file__, "--worker", str(gguf), "--batch", str(batch), "--prompt-len", str(args.prompt_len),
+           "--new-tokens", str(args.new_tokens), "--threads", str(args.threads)]
+    out, rss = run_measured(cmd, ISA_ENV[args.isa])
+    return {**json.loads(out.strip().splitlines()[-1]), "rss": rss}
+
+
+def worker(args) -> None:
+    """One timed `generate` of --batch prompts after a warm-up, as JSON on stdout."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from bench_generate import time_ours
+    from bench_prompts import distinct_prompts
+    from flexlamps import LLM
+
+    torch.set_num_threads(args.threads)
+    llm = LLM(args.worker, max_batch_size=args.batch)
+    time_ours(llm, distinct_prompts(llm.tokenizer, 1, args.prompt_len), 2)
+    total, _, prefill = time_ours(llm, distinct_prompts(llm.tokenizer, args.batch, args.prompt_len), args.new_tokens)
+    print(json.dumps({"total_s": total, "decode_s": total - prefill, "decode_tokens": args.batch * (args.new_tokens - 1),
+                      "new_tokens": args.batch * args.new_tokens}))
+
+
+def best_of(sides: dict, repeats: int) -> dict:
+    """Each side's fastest run (and its highest peak RSS), the sides run in turns."""
+    best = {}
+    for rep in range(repeats):
+        for name in list(sides)[rep % len(sides):] + list(sides)[:rep % len(sides)]:
+            run = sides[name]()
+            old = best.get(name)
+            if old is None or run["total_s"] < old["total_s"]:
+                best[name] = {**run, "rss": max(run["rss"], old["rss"] if old else 0)}
+            else:
+                old["rss"] = max(old["rss"], run["rss"])
+    return best
+
+
+def compare(tools: Path, gguf: Path, args) -> None:
+    """Batch 1 and batch 32 on one file: rates, peak RSS and flexlamps' ratios."""
+    rows = {}
+    for batch in (1, 32):
+        rows[batch] = best_of({"flexlamps": lambda: flexlamps(gguf, batch, args),
+                               "llama.cpp": lambda: llama_cpp(tools, gguf, batch, args)}, args.repeats)
+    figures = {
+        "batch 1 decode tok/s": {s: r["decode_tokens"] / r["decode_s"] for s, r in rows[1].items()},
+        "batch 1 total tok/s": {s: r["new_tokens"] / r["total_s"] for s, r in rows[1].items()},
+        "batch 32 total tok/s": {s: r["new_tokens"] / r["total_s"] for s, r in rows[32].items()},
+        "peak RSS GB": {s: max(rows[b][s]["rss"] for b in rows) / 1e9 for s in rows[1]},
+    }
+    print(f"\n{gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB), load avg {os.getloadavg()[0]:.1f}")
+    for what, value in figures.items():
+        print(f"  {what:<22} flexlamps {value['flexlamps']:8.2f}   llama.cpp {value['llama.cpp']:8.2f}   "
+              f"ratio {value['flexlamps'] / value['llama.cpp']:.2f}x", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quants", default="Q4_K_M,Q4_0,Q8_0", help="llama-quantize types, comma-separated")
+    ap.add_argument("--isa", choices=sorted(ISA_ENV), default="native")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each side, in turns; the fastest counts")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--folder", type=Path, default=Path.home() / ".cache" / "flexlamps-bench-1b",
+                    help="where the checkpoint and its quantizations are written (default: %(default)s)")
+    ap.add_argument("--llama-cpp-tools", type=Path, default=None,
+                    help="a folder with llama-batched-bench and llama-quantize built for --isa (default: build them "
+                         "with scripts/llama_cpp_tools.py)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    sys.path.insert(0, str(REPO / "scripts"))
+    from llama_cpp_tools import DEFAULT_DEST, ensure_tools
+
+    tools = args.llama_cpp_tools or ensure_tools(DEFAULT_DEST, args.isa)
+    if not (tools / "llama-batched-bench").is_file():
+        ap.error(f"--llama-cpp-tools {tools}: no llama-batched-bench there (scripts/llama_cpp_tools.py builds it)")
+    args.folder.mkdir(parents=True, exist_ok=True)
+    print(cpu_line())
+    print(bandwidth_line())
+    print(f"isa {args.isa} | threads {args.threads} | prompts {args.prompt_len} tokens, {args.new_tokens} new | "
+          f"best of {args.repeats} | llama.cpp tools {tools}", flush=True)
+    f16 = make_checkpoint(args.folder)
+    for quant in args.quants.split(","):
+        compare(tools, quantized(tools, f16, quant.strip()), args)
+
+
+if __name__ == "__main__":
+    main()
