@@ -15,7 +15,7 @@ $ONEDNN_MAX_CPU_ISA) and runs a llama.cpp built without AVX-512 (scripts/llama_c
 it, or give --llama-cpp-tools), so an AVX-512 box measures the AVX2 path too.
 
     python scripts/bench_llamacpp_1b.py [--quants Q4_K_M,Q4_0,Q8_0] [--isa native|avx2] [--repeats 3] \\
-        [--llama-cpp-tools DIR] [--folder DIR] [--threads N]
+        [--batches 1,32] [--llama-cpp-tools DIR] [--folder DIR] [--threads N]
 """
 
 from __future__ import annotations
@@ -157,17 +157,17 @@ def best_of(sides: dict, repeats: int) -> dict:
 
 
 def compare(tools: Path, gguf: Path, args) -> None:
-    """Batch 1 and batch 32 on one file: rates, peak RSS and flexlamps' ratios."""
+    """--batches (1 and 32) on one file: rates, peak RSS and flexlamps' ratios."""
     rows = {}
-    for batch in (1, 32):
+    for batch in args.batches:
         rows[batch] = best_of({"flexlamps": lambda: flexlamps(gguf, batch, args),
                                "llama.cpp": lambda: llama_cpp(tools, gguf, batch, args)}, args.repeats)
-    figures = {
-        "batch 1 decode tok/s": {s: r["decode_tokens"] / r["decode_s"] for s, r in rows[1].items()},
-        "batch 1 total tok/s": {s: r["new_tokens"] / r["total_s"] for s, r in rows[1].items()},
-        "batch 32 total tok/s": {s: r["new_tokens"] / r["total_s"] for s, r in rows[32].items()},
-        "peak RSS GB": {s: max(rows[b][s]["rss"] for b in rows) / 1e9 for s in rows[1]},
-    }
+    figures = {}
+    for batch, row in rows.items():
+        if batch == 1:
+            figures["batch 1 decode tok/s"] = {s: r["decode_tokens"] / r["decode_s"] for s, r in row.items()}
+        figures[f"batch {batch} total tok/s"] = {s: r["new_tokens"] / r["total_s"] for s, r in row.items()}
+    figures["peak RSS GB"] = {s: max(rows[b][s]["rss"] for b in rows) / 1e9 for s in ("flexlamps", "llama.cpp")}
     print(f"\n{gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB), load avg {os.getloadavg()[0]:.1f}")
     for what, value in figures.items():
         print(f"  {what:<22} flexlamps {value['flexlamps']:8.2f}   llama.cpp {value['llama.cpp']:8.2f}   "
@@ -182,6 +182,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--batches", default="1,32", help="batch sizes, comma-separated (1 adds the decode rate)")
     ap.add_argument("--folder", type=Path, default=Path.home() / ".cache" / "flexlamps-bench-1b",
                     help="where the checkpoint and its quantizations are written (default: %(default)s)")
     ap.add_argument("--llama-cpp-tools", type=Path, default=None,
@@ -192,6 +193,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         return worker(args)
+    args.batches = [int(b) for b in args.batches.split(",")]
     sys.path.insert(0, str(REPO / "scripts"))
     from llama_cpp_tools import DEFAULT_DEST, ensure_tools
 
