@@ -23,7 +23,7 @@ MAX_N = 128  # samples of one line
 MAX_STOP = 4  # OpenAI's limit
 # fields accepted and left without effect on the answer (with the value that is a no-op, if any)
 _IGNORED = {"user": None, "metadata": None, "store": None, "service_tier": None, "stream": False,
-            "frequency_penalty": 0, "presence_penalty": 0, "echo": False, "best_of": None}
+            "frequency_penalty": 0, "presence_penalty": 0, "echo": False, "best_of": 1}
 
 
 class BodyError(ValueError):

@@ -4,10 +4,12 @@ on a tiny random model (its tokenizer is byte-level BPE: any JSON text can be sp
 import json
 
 import jsonschema
+import numpy as np
 import pytest
+import torch
 
 from flexlamps import LLM, SamplingParams
-from flexlamps.engine.batch.grammar import GrammarError
+from flexlamps.engine.batch.grammar import GrammarError, mask_rows
 from flexlamps.io.records import canonical_schema
 
 SCHEMAS = {
@@ -112,3 +114,26 @@ def test_properties_come_in_the_schemas_order(llm):
               "required": ["zeta", "alpha"], "additionalProperties": False}
     out = llm.generate(["hello"], SamplingParams(max_new_tokens=40, json_schema=canonical_schema(schema)))[0]
     assert out.text.startswith('{"zeta":') and list(json.loads(out.text)) == ["zeta", "alpha"]
+
+
+class _Bits:
+    """A grammar stand-in allowing fixed tokens."""
+    vocab_size = 64
+
+    def __init__(self, allowed):
+        self.bits = np.zeros(self.vocab_size, dtype=np.uint8)
+        self.bits[allowed] = 1
+
+    def fill_mask(self, words):
+        words[:] = np.packbits(self.bits, bitorder="little").view(np.int32)
+
+
+def test_mask_rows_blocks_only_the_disallowed_tokens_of_the_constrained_rows():
+    with torch.inference_mode():  # as the executors return them: a strided view of an inference tensor
+        base = torch.randn(3, 2, 60)
+    before = base.clone()
+    mask_rows(base[:, 0], [0, 2], [_Bits([1, 5, 59]), _Bits([0])])
+    assert torch.isfinite(base[0, 0]).nonzero().flatten().tolist() == [1, 5, 59]
+    assert torch.isfinite(base[2, 0]).nonzero().flatten().tolist() == [0]
+    assert torch.equal(base[1], before[1]) and torch.equal(base[:, 1], before[:, 1])
+    assert torch.equal(base[0, 0, [1, 5, 59]], before[0, 0, [1, 5, 59]])

@@ -83,8 +83,8 @@ class RowGrammar:
 
 
 def mask_rows(logits: torch.Tensor, rows: list[int], grammars: list[RowGrammar]) -> None:
-    """Set to -inf, in place, every logit of `rows` (of `logits` (n, vocab) fp32) that the row's
-    grammar does not allow next."""
+    """Set to -inf, in place, every logit of `rows` (of `logits` (n, vocab)) that the row's grammar
+    does not allow next."""
     if not rows:
         return
     vocab = logits.shape[1]
@@ -92,7 +92,14 @@ def mask_rows(logits: torch.Tensor, rows: list[int], grammars: list[RowGrammar])
     for k, grammar in enumerate(grammars):
         grammar.fill_mask(words[k])
     # little-endian bit order: bit b of word w is token 32 * w + b
-    allowed = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab].astype(bool)
-    index = torch.tensor(rows)
+    allowed = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab].view(bool)
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        # numpy's masked copy into a view of the logits: ~6x faster than torch's masked_fill here
+        values = logits.numpy()
+        for k, row in enumerate(rows):
+            np.copyto(values[row], -np.inf, where=~allowed[k])
+        return
+    index = torch.tensor(rows, device=logits.device)
     with torch.inference_mode():  # the executors return inference tensors
-        logits[index] = logits[index].masked_fill(torch.from_numpy(~allowed), float("-inf"))
+        blocked = torch.from_numpy(~allowed).to(logits.device)
+        logits[index] = logits[index].masked_fill(blocked, float("-inf"))
