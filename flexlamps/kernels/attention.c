@@ -1,4 +1,4 @@
-/* Attention on AVX-512 CPUs for bf16 or fp16 queries, keys and values, grouped-query heads: a
+/* Attention for bf16 or fp16 queries, keys and values, grouped-query heads: a
  * decode step (one query a row) or a prompt chunk. For each (row, kv head, query position) the
  * group's queries are scored
  * against every visible key in fp32; exp(score - max) in fp32 is rounded to the activations'
@@ -24,12 +24,10 @@
 #define MAX_D 256
 #define MAX_GROUP 16
 
-AI __m512 load16(const uint16_t *p, int fp16) { return load_halves(p, fp16, (__mmask16)0xFFFF); }
+AI vf load_vec(const uint16_t *p, int fp16) { return load_halves(p, fp16, ALL_LANES); }
 
 /* exp(x) for x <= 0 (scores minus their max); below -87.3 exactly 0. */
-AI __m512 exp_nonpositive(__m512 x) {
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ), exp_poly(x));
-}
+AI vf exp_nonpositive(vf x) { return vf_keep(vf_ge(x, vf_set1(-87.3f)), exp_poly(x)); }
 
 typedef struct {
     const uint16_t *q, *k, *v; const uint8_t *mask; uint16_t *out;
@@ -39,8 +37,9 @@ typedef struct {
     const uint16_t *qt; const uint8_t *mt; uint16_t *ot; float sums[MAX_GROUP];
 } Args;
 
+#ifdef __AVX512F__
 /* 16 vectors' horizontal sums as one vector, in order: pairs are added after unpacking (4 levels). */
-AI __m512 sums16(__m512 *a) {
+AI vf sums_vw(vf *a) {
     __m512 t[8], u[4], v[2];
     for (int p = 0; p < 8; p++)
         t[p] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * p], a[2 * p + 1]), _mm512_unpackhi_ps(a[2 * p], a[2 * p + 1]));
@@ -52,39 +51,57 @@ AI __m512 sums16(__m512 *a) {
         v[w] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * w], u[2 * w + 1], 0x88), _mm512_shuffle_f32x4(u[2 * w], u[2 * w + 1], 0xDD));
     return _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x88), _mm512_shuffle_f32x4(v[0], v[1], 0xDD));
 }
+#else
+/* 8 vectors' horizontal sums as one vector, in order: pairs are added after unpacking (3 levels). */
+AI vf sums_vw(vf *a) {
+    vf t[4], u[2];
+    for (int p = 0; p < 4; p++)
+        t[p] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * p], a[2 * p + 1]), _mm256_unpackhi_ps(a[2 * p], a[2 * p + 1]));
+    for (int q = 0; q < 2; q++) {
+        __m256d s = _mm256_castps_pd(t[2 * q]), r = _mm256_castps_pd(t[2 * q + 1]);
+        u[q] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(s, r)), _mm256_castpd_ps(_mm256_unpackhi_pd(s, r)));
+    }
+    return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
+}
+#endif
 
-/* Which of keys j0..j0+count-1 the row attends to, as a bit mask. */
-AI __mmask16 visible16(const Args *a, const uint8_t *mask, int64_t j0, int count) {
+/* Which of keys j0..j0+count-1 the row attends to, as a lane mask. */
+AI vmask visible(const Args *a, const uint8_t *mask, int64_t j0, int count) {
+#ifdef __AVX512F__
     if (a->st[11] == 1 && count == 16)
         return _mm_test_epi8_mask(_mm_loadu_si128((const __m128i *)(mask + j0)), _mm_set1_epi8(-1));
     __mmask16 m = 0;
     for (int j = 0; j < count; j++) m |= (__mmask16)((mask[(j0 + j) * a->st[11]] != 0) << j);
     return m;
+#else
+    int m = 0;
+    for (int j = 0; j < count; j++) m |= (mask[(j0 + j) * a->st[11]] != 0) << j;
+    return vmask_from_bits(m);
+#endif
 }
 
 /* The group's scores against every key, scaled; masked keys get -inf. Keys are converted to
- * fp32 16 at a time into `kb` (L1) and read once per query of the group. */
+ * fp32 VW at a time into `kb` (L1) and read once per query of the group. */
 static void scores(const Args *a, int64_t row, int64_t kvh, const float *qf, int group, float *sc, float *kb) {
     const uint16_t *keys = a->k + row * a->st[3] + kvh * a->st[4];
     const uint8_t *mask = a->mt;
-    int64_t d = a->d, chunks = d / 16;
-    const __m512 scale = _mm512_set1_ps(a->scale), ninf = _mm512_set1_ps(-INFINITY);
-    for (int64_t j0 = 0; j0 < a->span; j0 += 16) {
-        int count = a->span - j0 < 16 ? (int)(a->span - j0) : 16;
-        for (int j = 0; j < 16; j++)
+    int64_t d = a->d, chunks = d / VW;
+    const vf scale = vf_set1(a->scale), ninf = vf_set1(-INFINITY);
+    for (int64_t j0 = 0; j0 < a->span; j0 += VW) {
+        int count = a->span - j0 < VW ? (int)(a->span - j0) : VW;
+        for (int j = 0; j < VW; j++)
             for (int64_t c = 0; c < chunks; c++)
-                _mm512_storeu_ps(kb + j * d + 16 * c, j < count ? load16(keys + (j0 + j) * a->st[5] + 16 * c, a->fp16)
-                                                               : _mm512_setzero_ps());
-        __mmask16 vis = visible16(a, mask, j0, count);
+                vf_store(kb + j * d + VW * c, j < count ? load_vec(keys + (j0 + j) * a->st[5] + VW * c, a->fp16) : vf_zero());
+        vmask vis = visible(a, mask, j0, count);
         for (int g = 0; g < group; g++) {
-            __m512 acc[16];
-            for (int j = 0; j < 16; j++) {
-                acc[j] = _mm512_mul_ps(_mm512_loadu_ps(qf + g * d), _mm512_loadu_ps(kb + j * d));
+            vf acc[VW];
+            for (int j = 0; j < VW; j++) {
+                acc[j] = vf_mul(vf_load(qf + g * d), vf_load(kb + j * d));
                 for (int64_t c = 1; c < chunks; c++)
-                    acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(qf + g * d + 16 * c), _mm512_loadu_ps(kb + j * d + 16 * c), acc[j]);
+                    acc[j] = vf_fmadd(vf_load(qf + g * d + VW * c), vf_load(kb + j * d + VW * c), acc[j]);
             }
-            __m512 s = _mm512_mask_blend_ps(vis, ninf, _mm512_mul_ps(sums16(acc), scale));
-            _mm512_mask_storeu_ps(sc + g * a->span + j0, lanes(count), s);
+            vf s = vf_select(vis, vf_mul(sums_vw(acc), scale), ninf);
+            vf_store_lanes(sc + g * a->span + j0, lanes(count), s);
         }
     }
 }
@@ -93,43 +110,43 @@ static void scores(const Args *a, int64_t row, int64_t kvh, const float *qf, int
  * largest is exactly 1, as in torch's flash kernel, so the key that dominates adds no rounding);
  * returns their sum, by which the weighted values are divided once. */
 static float weights(float *sc, int64_t span, int fp16) {
-    __m512 mx = _mm512_set1_ps(-INFINITY);
+    vf mx = vf_set1(-INFINITY);
     int64_t j = 0;
-    for (; j + 16 <= span; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sc + j));
-    float m = _mm512_reduce_max_ps(mx);
+    for (; j + VW <= span; j += VW) mx = vf_max(mx, vf_load(sc + j));
+    float m = vf_hmax(mx);
     for (; j < span; j++) m = sc[j] > m ? sc[j] : m;
-    __m512 vm = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
-    for (j = 0; j < span; j += 16) {
-        __mmask16 part = lanes(span - j);
-        __m512 e = _mm512_maskz_mov_ps(part, rounded(exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(part, sc + j), vm)), fp16));
-        _mm512_mask_storeu_ps(sc + j, part, e);
-        sum = _mm512_add_ps(sum, e);
+    vf vm = vf_set1(m), sum = vf_zero();
+    for (j = 0; j < span; j += VW) {
+        vmask part = lanes(span - j);
+        vf e = vf_keep(part, rounded(exp_nonpositive(vf_sub(vf_load_lanes(part, sc + j), vm)), fp16));
+        vf_store_lanes(sc + j, part, e);
+        sum = vf_add(sum, e);
     }
-    return _mm512_reduce_add_ps(sum);
+    return vf_sum(sum);
 }
 
 /* The weighted sum x of query g, chunk c, divided by the weights' sum and rounded once. */
-AI void store_rounded(const Args *a, int64_t row, int64_t kvh, int group, int g, int64_t c, __m512 x) {
-    uint16_t *out = a->ot + (kvh * group + g) * a->t * a->d + 16 * c;
-    x = _mm512_div_ps(x, _mm512_set1_ps(a->sums[g]));
-    store_halves(out, x, a->fp16, (__mmask16)0xFFFF);
+AI void store_rounded(const Args *a, int64_t row, int64_t kvh, int group, int g, int64_t c, vf x) {
+    uint16_t *out = a->ot + (kvh * group + g) * a->t * a->d + VW * c;
+    x = vf_div(x, vf_set1(a->sums[g]));
+    store_halves(out, x, a->fp16, ALL_LANES);
 }
 
 /* out rows of the group = probabilities @ values, fp32 sums, rounded once; G queries of C
- * chunks of 16, constants where inlined so the sums stay in registers. Probabilities of exactly
+ * chunks of VW, constants where inlined so the sums stay in registers. Probabilities of exactly
  * 0 (masked keys, or rounded to 0) add exactly 0 and are skipped. */
 AI void weighted_values_fixed(const Args *a, int64_t row, int64_t kvh, const float *pr, const int G, const int C) {
     const uint16_t *values = a->v + row * a->st[6] + kvh * a->st[7];
-    __m512 acc[G * C];
-    for (int i = 0; i < G * C; i++) acc[i] = _mm512_setzero_ps();
+    vf acc[G * C];
+    for (int i = 0; i < G * C; i++) acc[i] = vf_zero();
     for (int64_t j = 0; j < a->span; j++) {
-        __m512 vc[C];
-        for (int c = 0; c < C; c++) vc[c] = load16(values + j * a->st[8] + 16 * c, a->fp16);
+        vf vc[C];
+        for (int c = 0; c < C; c++) vc[c] = load_vec(values + j * a->st[8] + VW * c, a->fp16);
         for (int g = 0; g < G; g++) {
             float p = pr[g * a->span + j];
             if (p == 0.0f) continue;
-            __m512 vp = _mm512_set1_ps(p);
-            for (int c = 0; c < C; c++) acc[g * C + c] = _mm512_fmadd_ps(vp, vc[c], acc[g * C + c]);
+            vf vp = vf_set1(p);
+            for (int c = 0; c < C; c++) acc[g * C + c] = vf_fmadd(vp, vc[c], acc[g * C + c]);
         }
     }
     for (int g = 0; g < G; g++)
@@ -139,33 +156,34 @@ AI void weighted_values_fixed(const Args *a, int64_t row, int64_t kvh, const flo
 /* The same for any group and head size, the sums in memory (`acc`: group * d floats). */
 static void weighted_values_any(const Args *a, int64_t row, int64_t kvh, int group, const float *pr, float *acc) {
     const uint16_t *values = a->v + row * a->st[6] + kvh * a->st[7];
-    int64_t chunks = a->d / 16;
+    int64_t chunks = a->d / VW;
     for (int64_t i = 0; i < group * a->d; i++) acc[i] = 0.0f;
     for (int64_t j = 0; j < a->span; j++) {
-        __m512 vc[MAX_D / 16];
-        for (int64_t c = 0; c < chunks; c++) vc[c] = load16(values + j * a->st[8] + 16 * c, a->fp16);
+        vf vc[MAX_D / VW];
+        for (int64_t c = 0; c < chunks; c++) vc[c] = load_vec(values + j * a->st[8] + VW * c, a->fp16);
         for (int g = 0; g < group; g++) {
             float p = pr[g * a->span + j];
             if (p == 0.0f) continue;
-            __m512 vp = _mm512_set1_ps(p);
+            vf vp = vf_set1(p);
             for (int64_t c = 0; c < chunks; c++) {
-                float *o = acc + g * a->d + 16 * c;
-                _mm512_storeu_ps(o, _mm512_fmadd_ps(vp, vc[c], _mm512_loadu_ps(o)));
+                float *o = acc + g * a->d + VW * c;
+                vf_store(o, vf_fmadd(vp, vc[c], vf_load(o)));
             }
         }
     }
     for (int g = 0; g < group; g++)
-        for (int64_t c = 0; c < chunks; c++) store_rounded(a, row, kvh, group, g, c, _mm512_loadu_ps(acc + g * a->d + 16 * c));
+        for (int64_t c = 0; c < chunks; c++) store_rounded(a, row, kvh, group, g, c, vf_load(acc + g * a->d + VW * c));
 }
 
 static void weighted_values(const Args *a, int64_t row, int64_t kvh, int group, const float *pr, float *acc) {
-#define FIXED(G, C) if (group == G && a->d == 16 * C) { weighted_values_fixed(a, row, kvh, pr, G, C); return; }
-    FIXED(1, 4) FIXED(2, 4) FIXED(3, 4) FIXED(4, 4) FIXED(5, 4) FIXED(6, 4)
-    FIXED(1, 8) FIXED(2, 8) FIXED(3, 8)
+#define FIXED(G, D) if (group == G && a->d == D) { weighted_values_fixed(a, row, kvh, pr, G, D / VW); return; }
+    FIXED(1, 64) FIXED(2, 64) FIXED(3, 64) FIXED(4, 64) FIXED(5, 64) FIXED(6, 64)
+    FIXED(1, 128) FIXED(2, 128) FIXED(3, 128)
 #undef FIXED
     weighted_values_any(a, row, kvh, group, pr, acc);
 }
 
+#ifdef __AVX512F__
 /* bf16 on CPUs with AVX512_BF16: the products of bf16 pairs summed in fp32 by vdpbf16ps, with
  * nothing converted first (the same fp32 arithmetic up to the order of the sums). */
 #define BF16_TARGET __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,fma")))
@@ -181,7 +199,7 @@ BF16_TARGET static void scores_bf16(const Args *a, int64_t row, int64_t kvh, int
             qv[g][b] = _mm512_loadu_si512(a->qt + (kvh * group + g) * a->st[1] + 32 * b);
     for (int64_t j0 = 0; j0 < a->span; j0 += 16) {
         int count = a->span - j0 < 16 ? (int)(a->span - j0) : 16;
-        __mmask16 vis = visible16(a, mask, j0, count);
+        __mmask16 vis = visible(a, mask, j0, count);
         for (int g = 0; g < group; g++) {
             __m512 acc[16];
             for (int j = 0; j < 16; j++) {
@@ -191,7 +209,7 @@ BF16_TARGET static void scores_bf16(const Args *a, int64_t row, int64_t kvh, int
                 for (int64_t b = 0; b < blocks; b++)
                     acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)qv[g][b], (__m512bh)_mm512_loadu_si512(key + 32 * b));
             }
-            __m512 s = _mm512_mask_blend_ps(vis, ninf, _mm512_mul_ps(sums16(acc), scale));
+            __m512 s = _mm512_mask_blend_ps(vis, ninf, _mm512_mul_ps(sums_vw(acc), scale));
             _mm512_mask_storeu_ps(sc + g * a->span + j0, lanes(count), s);
         }
     }
@@ -241,6 +259,7 @@ BF16_TARGET static int weighted_values_bf16(const Args *a, int64_t row, int64_t 
 #undef FIXED
     return 0;
 }
+#endif
 
 /* The queries of kv head `kvh`'s group at position `pos` of row `row`. */
 static int task(const Args *shared, int64_t row, int64_t kvh, int64_t pos) {
@@ -253,21 +272,27 @@ static int task(const Args *shared, int64_t row, int64_t kvh, int64_t pos) {
     if (a->span == 0) {  /* no key to attend to: zeros, not 0/0 */
         for (int g = 0; g < group; g++) a->sums[g] = 1.0f;
         for (int g = 0; g < group; g++)
-            for (int64_t c = 0; c < a->d / 16; c++) store_rounded(a, row, kvh, group, g, c, _mm512_setzero_ps());
+            for (int64_t c = 0; c < a->d / VW; c++) store_rounded(a, row, kvh, group, g, c, vf_zero());
         return 0;
     }
-    float qf[MAX_GROUP * MAX_D], acc[MAX_GROUP * MAX_D], kb[16 * MAX_D];
+    float qf[MAX_GROUP * MAX_D], acc[MAX_GROUP * MAX_D], kb[VW * MAX_D];
     float *sc = malloc(sizeof(float) * (size_t)(group * a->span + 16));  /* + a block's tail */
     if (!sc) return 1;
     for (int g = 0; g < group; g++) {
         const uint16_t *q = a->qt + (kvh * group + g) * a->st[1];
-        for (int64_t c = 0; c < a->d / 16; c++) _mm512_storeu_ps(qf + g * a->d + 16 * c, load16(q + 16 * c, a->fp16));
+        for (int64_t c = 0; c < a->d / VW; c++) vf_store(qf + g * a->d + VW * c, load_vec(q + VW * c, a->fp16));
     }
+#ifdef __AVX512F__
     int bf16_dot = a->bf16_dot && !a->fp16 && a->d % 32 == 0;
     if (bf16_dot) scores_bf16(a, row, kvh, group, sc);
     else scores(a, row, kvh, qf, group, sc, kb);
     for (int g = 0; g < group; g++) a->sums[g] = weights(sc + g * a->span, a->span, a->fp16);
     if (!(bf16_dot && weighted_values_bf16(a, row, kvh, group, sc))) weighted_values(a, row, kvh, group, sc, acc);
+#else  /* vdpbf16ps is AVX-512's: the fp32 paths */
+    scores(a, row, kvh, qf, group, sc, kb);
+    for (int g = 0; g < group; g++) a->sums[g] = weights(sc + g * a->span, a->span, a->fp16);
+    weighted_values(a, row, kvh, group, sc, acc);
+#endif
     free(sc);
     return 0;
 }

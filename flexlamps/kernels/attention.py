@@ -1,4 +1,5 @@
-"""Attention in bf16 / fp16 on AVX-512 CPUs (`attention.c`), compiled on first use.
+"""Attention in bf16 / fp16 (`attention.c`), compiled on first use in an AVX2 and an AVX-512 variant
+(one source over native_simd.h's vectors; vdpbf16ps paths on AVX-512 BF16 CPUs).
 
 torch's flash kernel spends ~60 us a layer on one decode row of SmolLM2 (3 kv heads, 160 keys)
 and the batched products ~650 us on 32 rows, where the keys and values take a few us to read:
@@ -14,7 +15,7 @@ sees no key gets zeros.
 
 `KERNEL` is how `flexlamps.kernels.loader` builds it and checks it against `reference` in each
 dtype (with vdpbf16ps and without); attention keeps torch's kernels, with a warning that says why,
-where the CPU lacks AVX-512 F/BW/VL/DQ, no compiler is found, or the build or check fails.
+where the CPU lacks AVX2 + FMA + F16C, no compiler is found, or the build or check fails.
 $FLEXLAMPS_NATIVE_KERNELS=0 turns it off.
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ from flexlamps.kernels import build, loader, variants
 from flexlamps.kernels.loader import require
 
 SOURCE = build.SOURCES / "attention.c"
-VARIANTS = (variants.variant("avx512"),)
+VARIANTS = (variants.variant("avx2"), variants.variant("avx512"))
 BF16_DOT_FLAGS = ("avx512_bf16",)  # bf16 pair products summed in fp32 (vdpbf16ps): nothing converted first
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}
 MAX_HEAD_DIM, MAX_GROUP = 256, 16

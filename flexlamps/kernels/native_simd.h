@@ -48,6 +48,11 @@ AI vf vf_scale2(vf f, vf k) { return _mm512_scalef_ps(f, k); }
 /* Lanes where a >= b (ordered), as a mask. */
 AI vmask vf_ge(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
 
+AI vf vf_select(vmask m, vf yes, vf no) { return _mm512_mask_blend_ps(m, no, yes); }  /* yes where m */
+AI vf vf_load_lanes(vmask m, const float *p) { return _mm512_maskz_loadu_ps(m, p); }  /* others 0 */
+AI void vf_store_lanes(float *p, vmask m, vf f) { _mm512_mask_storeu_ps(p, m, f); }
+AI vmask vmask_from_bits(int bits) { return (vmask)bits; }  /* lane i live where bit i is set */
+
 #else /* AVX2 + FMA + F16C */
 #define VW 8
 typedef __m256 vf;
@@ -122,6 +127,14 @@ AI vf vf_scale2(vf f, vf k) {
 }
 
 AI vmask vf_ge(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
+
+AI vf vf_select(vmask m, vf yes, vf no) { return _mm256_blendv_ps(no, yes, m); }  /* yes where m */
+AI vf vf_load_lanes(vmask m, const float *p) { return _mm256_maskload_ps(p, _mm256_castps_si256(m)); }
+AI void vf_store_lanes(float *p, vmask m, vf f) { _mm256_maskstore_ps(p, _mm256_castps_si256(m), f); }
+AI vmask vmask_from_bits(int bits) {  /* lane i live where bit i is set */
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(bits), bit), bit));
+}
 #endif
 
 /* f rounded to the 16-bit dtype, as fp32. */

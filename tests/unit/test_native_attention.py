@@ -1,4 +1,4 @@
-"""The AVX-512 bf16 / fp16 attention (flexlamps/kernels/attention.c): its arithmetic (fp32
+"""The bf16 / fp16 attention (flexlamps/kernels/attention.c), in every variant this CPU has: its arithmetic (fp32
 scores, exp(score - max) rounded to the dtype, fp32 sums divided by the weights' sum, one
 rounding) against the same computed by torch, within the bf16 bound of float32, for decodes and
 causal prompt chunks; a query's result independent of the other rows and positions, the padded
@@ -13,8 +13,14 @@ from flexlamps.models.blocks import attention as attention_module
 from flexlamps.kernels import attention as da
 from flexlamps.models.blocks.attention import BF16_TOLERANCE, attention
 
-KERNEL = attention_module.native_attention_kernel()
-needs_kernel = pytest.mark.skipif(KERNEL is None, reason="no AVX-512 CPU or no C compiler here")
+from tests.kernel_variants import levels, variant_kernel
+
+LAYER_KERNEL = attention_module.native_attention_kernel()  # what the layers run in this process
+
+
+@pytest.fixture(params=levels(da.KERNEL))
+def kernel(request) -> da.NativeAttention:
+    return variant_kernel(da.KERNEL, request.param)
 
 
 def _case(n, heads, kv, span, d, dtype, seed=0, capacity=None, t=1):
@@ -35,13 +41,12 @@ def _max_error(got, want, values):
     return ((got.float() - want.float()).abs().max() / values.float().abs().max()).item()
 
 
-@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads, kv, d", [(9, 3, 64), (4, 4, 64), (8, 2, 128), (16, 1, 32), (6, 3, 80), (12, 4, 96)])
 @pytest.mark.parametrize("span, t", [(1, 1), (15, 1), (16, 1), (17, 1), (160, 1), (1000, 1), (17, 17), (200, 37)])
-def test_the_kernel_is_its_arithmetic_and_within_the_bound_of_float32(dtype, heads, kv, d, span, t):
+def test_the_kernel_is_its_arithmetic_and_within_the_bound_of_float32(kernel, dtype, heads, kv, d, span, t):
     q, keys, values, mask = _case(3, heads, kv, span, d, dtype, seed=span + d, t=t)
-    got = KERNEL(q, keys, values, mask)
+    got = kernel(q, keys, values, mask)
     assert got.shape == (3, heads, t, d) and got.dtype == dtype
     # the same arithmetic in torch: equal but for the order of fp32 sums (and a probability on a
     # rounding boundary moving one step)
@@ -50,70 +55,66 @@ def test_the_kernel_is_its_arithmetic_and_within_the_bound_of_float32(dtype, hea
     assert _max_error(got, exact, values) <= BF16_TOLERANCE
 
 
-@needs_kernel
-def test_a_row_does_not_depend_on_the_rows_beside_it_the_padding_or_the_threads():
+def test_a_row_does_not_depend_on_the_rows_beside_it_the_padding_or_the_threads(kernel):
     q, keys, values, mask = _case(8, 9, 3, 200, 64, torch.bfloat16, seed=3)
-    full = KERNEL(q, keys, values, mask)
+    full = kernel(q, keys, values, mask)
     for r in range(8):
-        alone = KERNEL(q[r:r + 1], keys[r:r + 1], values[r:r + 1], mask[r:r + 1])
+        alone = kernel(q[r:r + 1], keys[r:r + 1], values[r:r + 1], mask[r:r + 1])
         assert torch.equal(alone, full[r:r + 1])
         own = int(mask[r, 0].sum())  # its keys only: no masked tail
-        assert torch.equal(KERNEL(q[r:r + 1], keys[r:r + 1, :, :own], values[r:r + 1, :, :own], mask[r:r + 1, :, :own]),
+        assert torch.equal(kernel(q[r:r + 1], keys[r:r + 1, :, :own], values[r:r + 1, :, :own], mask[r:r + 1, :, :own]),
                            full[r:r + 1])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert torch.equal(KERNEL(q, keys, values, mask), full)
+        assert torch.equal(kernel(q, keys, values, mask), full)
     finally:
         torch.set_num_threads(threads)
     # contiguous copies, an int mask: the same bits
-    assert torch.equal(KERNEL(q.contiguous(), keys.contiguous(), values.contiguous(), mask.to(torch.uint8)), full)
+    assert torch.equal(kernel(q.contiguous(), keys.contiguous(), values.contiguous(), mask.to(torch.uint8)), full)
 
 
-@needs_kernel
-def test_a_query_in_a_chunk_equals_itself_alone():
+def test_a_query_in_a_chunk_equals_itself_alone(kernel):
     q, keys, values, mask = _case(2, 8, 2, 90, 128, torch.bfloat16, seed=5, t=24)
-    chunk = KERNEL(q, keys, values, mask)
+    chunk = kernel(q, keys, values, mask)
     for r in range(2):
         for i in (0, 7, 23):
-            alone = KERNEL(q[r:r + 1, :, i:i + 1], keys[r:r + 1], values[r:r + 1], mask[r:r + 1, i:i + 1])
+            alone = kernel(q[r:r + 1, :, i:i + 1], keys[r:r + 1], values[r:r + 1], mask[r:r + 1, i:i + 1])
             assert torch.equal(alone, chunk[r:r + 1, :, i:i + 1])
     # one mask row for every query of a row is broadcast, as torch's attention does
     shared = mask[:, -1:]
-    assert torch.equal(KERNEL(q, keys, values, shared), KERNEL(q, keys, values, shared.expand(2, 24, 90).contiguous()))
+    assert torch.equal(kernel(q, keys, values, shared), kernel(q, keys, values, shared.expand(2, 24, 90).contiguous()))
 
 
-@needs_kernel
+@pytest.mark.skipif(LAYER_KERNEL is None, reason="the layers run torch's attention here")
 def test_attention_runs_it_for_bf16_and_fp16_on_the_cpu():
     q, keys, values, mask = _case(4, 9, 3, 50, 64, torch.bfloat16)
-    assert torch.equal(attention(q, keys, values, mask), KERNEL(q, keys, values, mask))
+    assert torch.equal(attention(q, keys, values, mask), LAYER_KERNEL(q, keys, values, mask))
     # fp32 keys of a bf16 step (a cache held in another dtype) are rounded to bf16 first
-    assert torch.equal(attention(q, keys.float(), values.float(), mask), KERNEL(q, keys, values, mask))
+    assert torch.equal(attention(q, keys.float(), values.float(), mask), LAYER_KERNEL(q, keys, values, mask))
     q, keys, values, mask = _case(2, 9, 3, 50, 64, torch.float16, t=9)  # a prompt chunk
-    assert torch.equal(attention(q, keys, values, mask), KERNEL(q, keys, values, mask))
-    assert not KERNEL.takes(q.float(), keys.float())  # fp32 keeps the exact per-query path
-    assert not KERNEL.takes(torch.randn(1, 9, 1, 72).bfloat16(), torch.randn(1, 3, 5, 72).bfloat16())  # d % 16
-    assert not KERNEL.takes(torch.randn(1, 9, 1, 64).bfloat16(), torch.randn(1, 2, 5, 64).bfloat16())  # 9 % 2
-    assert not KERNEL.takes(torch.randn(2, 9, 1, 64).bfloat16(), torch.randn(1, 3, 5, 64).bfloat16())  # rows
-    assert not KERNEL.takes(torch.randn(1, 9, 1, 64).bfloat16(), torch.randn(1, 3, 5, 32).bfloat16())  # head size
+    assert torch.equal(attention(q, keys, values, mask), LAYER_KERNEL(q, keys, values, mask))
+    assert not LAYER_KERNEL.takes(q.float(), keys.float())  # fp32 keeps the exact per-query path
+    assert not LAYER_KERNEL.takes(torch.randn(1, 9, 1, 72).bfloat16(), torch.randn(1, 3, 5, 72).bfloat16())  # d % 16
+    assert not LAYER_KERNEL.takes(torch.randn(1, 9, 1, 64).bfloat16(), torch.randn(1, 2, 5, 64).bfloat16())  # 9 % 2
+    assert not LAYER_KERNEL.takes(torch.randn(2, 9, 1, 64).bfloat16(), torch.randn(1, 3, 5, 64).bfloat16())  # rows
+    assert not LAYER_KERNEL.takes(torch.randn(1, 9, 1, 64).bfloat16(), torch.randn(1, 3, 5, 32).bfloat16())  # head size
     with pytest.raises(ValueError, match="values"):
-        KERNEL(q, keys, values[:, :, :-1], mask)
+        LAYER_KERNEL(q, keys, values[:, :, :-1], mask)
 
 
-@needs_kernel
-def test_a_query_that_sees_no_key_gets_zeros():
+def test_a_query_that_sees_no_key_gets_zeros(kernel):
     q, keys, values, mask = _case(2, 9, 3, 20, 64, torch.bfloat16)
     mask = mask.clone()
     mask[1] = False
-    got = KERNEL(q, keys, values, mask)
+    got = kernel(q, keys, values, mask)
     assert torch.equal(got[1], torch.zeros_like(got[1]))
-    assert torch.equal(got[:1], KERNEL(q[:1], keys[:1], values[:1], mask[:1]))
+    assert torch.equal(got[:1], kernel(q[:1], keys[:1], values[:1], mask[:1]))
 
 
-@needs_kernel
-def test_an_empty_batch_gives_an_empty_output():
+def test_an_empty_batch_gives_an_empty_output(kernel):
     q, keys, values, mask = _case(1, 9, 3, 10, 64, torch.bfloat16)
-    assert KERNEL(q[:0], keys[:0], values[:0], mask[:0]).shape == (0, 9, 1, 64)
+    assert kernel(q[:0], keys[:0], values[:0], mask[:0]).shape == (0, 9, 1, 64)
 
 
 def test_the_source_ships_with_the_package():
