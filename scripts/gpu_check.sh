@@ -3,7 +3,7 @@
 # CUDA (the in-memory engine defaults to the GPU; the offload executor loads weights on a copy
 # stream from pinned buffers), 4-bit weights through torch's CUDA int4 kernel, the latent
 # cache's miss copies, MoE experts computed where they live or copied and streamed in groups
-# (and bench_moe --small), one offloaded generate from the CLI, and bench_offload at a small size.
+# (and bench_moe --small), batch invariance, one offloaded generate from the CLI, and bench_offload at a small size.
 # `--all` first runs the whole non-slow suite with the GPU visible (every engine test then
 # computes on CUDA where it does not name a device).
 # On a machine without CUDA it says so and exits 0.
@@ -42,6 +42,9 @@ else  # the whole suite holds these
     echo "== the latent cache on CUDA: exact offload bit for bit"
     timeout 240 "$PY" -m pytest -q -p no:cacheprovider -m gpu -rfE tests/integration/test_latent_offload.py || status=1
 fi
+
+echo "== batch invariance on CUDA: each row's tokens and log-probs the same bits in any batch (docs/generate.md)"
+timeout 300 "$PY" -m pytest -q -p no:cacheprovider -rfE tests/property/test_batch_invariance.py -k "not 200_cases" || status=1
 
 echo "== the latent cache's overlapped miss copies on CUDA (copy stream, pinned staging)"
 timeout 150 "$PY" scripts/bench_latent_overlap.py --device cuda --heads 128 --layers 2 --rows 8 --context 16384 --repeats 2 \

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from flexlamps.models.loading.gguf_blocks import int4_blocks
-from flexlamps.models.blocks.linear import (INT4_DENSE_FROM_ROWS, INT4_TWIN_DENSE_FROM_ROWS, NATIVE_TWIN_DENSE_FROM_ROWS, Int4Twin,
-                                      fused_product, linear, native_kernel, with_dense_twin)
+from flexlamps.models.blocks.dense_gemm import fast_dense_gemm
+from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, Int4Twin, Phase, fused_product, fuses, linear, with_dense_twin
 from quant.int4_weight import Int4Weight, can_pack, pack_codes, unpack_codes
 
 
@@ -53,40 +53,54 @@ def test_quantize_error_is_within_half_a_step():
     assert ((w.dequantize() - dense).abs() <= step / 2 + 1e-6).all()
 
 
-def test_linear_uses_the_kernel_for_few_rows_and_dense_for_many():
+def _path_by_phase(w, x, phase):
+    """What `linear` must give for x in `phase` (`coded_weights.CodesKind`): the fused kernel
+    in decode, and in a prompt where this CPU has no fast dense GEMM for x's dtype; else the
+    dense GEMM on the dequantized weight."""
+    if phase is Phase.DECODE or not fast_dense_gemm(x):
+        if fuses(w, x):
+            return fused_product(w, x)
+    return linear(x, w.dequantize(x.dtype))
+
+
+def test_linear_chooses_the_kernel_by_phase_never_by_rows():
     codes, scale, zero = _random_weight()
     w = Int4Weight.from_codes(codes, scale, zero, 32)
-    bias, add = torch.randn(64, dtype=torch.bfloat16), torch.randn(2, 64, dtype=torch.bfloat16)
-    few = torch.randn(2, 96, dtype=torch.bfloat16)
-    assert torch.equal(linear(few, w, bias, add=add), fused_product(w, few) + bias + add)
-    many = torch.randn(INT4_DENSE_FROM_ROWS, 96, dtype=torch.bfloat16)
-    assert torch.equal(linear(many, w, bias), linear(many, w.dequantize(), bias))
-    many32 = many.float()  # fp32 activations: the dense fp32 path, exact to the fp32 weight
-    assert torch.equal(linear(many32[:1], w), linear(many32[:1], w.dequantize(torch.float32)))
+    bias = torch.randn(64, dtype=torch.bfloat16)
+    for phase in Phase:
+        x = torch.randn(40, 96, dtype=torch.bfloat16)
+        want = _path_by_phase(w, x, phase) + bias
+        for rows in (1, 2, 3, 17, 40):  # a row's bits do not depend on the rows beside it
+            assert torch.equal(linear(x[:rows], w, bias, phase=phase), want[:rows]), (phase, rows)
+    # a forward's (n, T, in) activations: T > 1 is a prompt, T == 1 decode
+    x = torch.randn(3, 5, 96, dtype=torch.bfloat16)
+    assert torch.equal(linear(x, w), _path_by_phase(w, x.reshape(15, 96), Phase.PROMPT).view(3, 5, 64))
+    assert torch.equal(linear(x[:, :1], w), _path_by_phase(w, x[:, 0], Phase.DECODE)[:, None])
+    x32 = torch.randn(3, 96)  # fp32 activations: the dense fp32 path, exact to the fp32 weight
+    assert torch.equal(linear(x32[:1], w), linear(x32[:1], w.dequantize(torch.float32)))
 
 
-def test_a_dense_twin_runs_the_kernel_for_few_rows_and_its_dense_copy_from_fewer_rows():
+def test_a_dense_twin_gives_its_plain_weights_bits_in_both_phases():
     codes, scale, zero = _random_weight()
     w = Int4Weight.from_codes(codes, scale, zero, 32)
     twin = with_dense_twin(w)
     assert isinstance(twin, Int4Twin) and twin.shape == w.shape and twin.nbytes == w.nbytes + 64 * 96 * 2
     bias, add = torch.randn(64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16)
-    # torch's kernel, or the AVX-512 one (`fused_product`), below the twin's switch (which depends on which)
-    switch = twin.dense_from_rows
-    assert switch == (NATIVE_TWIN_DENSE_FROM_ROWS if native_kernel() else INT4_TWIN_DENSE_FROM_ROWS)
-    for rows in (1, switch - 1, switch, INT4_DENSE_FROM_ROWS):
-        x = torch.randn(rows, 96, dtype=torch.bfloat16)
-        want = fused_product(w, x) + bias + add if rows < switch else linear(x, w.dequantize(), bias, add=add)
-        assert torch.equal(linear(x, twin, bias, add=add.expand(rows, -1)), want), rows
+    for phase in Phase:
+        for rows in (1, 2, 16, 40):
+            x = torch.randn(rows, 96, dtype=torch.bfloat16)
+            want = linear(x, w, bias, add=add.expand(rows, -1), phase=phase)
+            assert torch.equal(linear(x, twin, bias, add=add.expand(rows, -1), phase=phase), want), (phase, rows)
     x32 = torch.randn(3, 96)  # fp32 activations: the fp32 dense path, as without the twin
     assert torch.equal(linear(x32, twin), linear(x32, w))
     assert with_dense_twin(w.dequantize()) is not None and not isinstance(with_dense_twin(w.dequantize()), Int4Twin)
-    x = torch.randn(INT4_DENSE_FROM_ROWS, 96, dtype=torch.bfloat16)
+    x = torch.randn(40, 96, dtype=torch.bfloat16)
     for plain in (w.dequantize(), lambda: w.dequantize(), lambda: None, torch.zeros(64, 95, dtype=torch.bfloat16)):
         # the dense copy given, read when first needed, unreadable or not this weight's: the same results
-        assert torch.equal(linear(x, with_dense_twin(w, plain)), linear(x, twin)), plain
+        assert torch.equal(linear(x, with_dense_twin(w, plain), phase=Phase.PROMPT),
+                           linear(x, twin, phase=Phase.PROMPT)), plain
     for _ in range(4):  # served plain, then packed: the same bits
-        assert torch.equal(linear(x, twin), linear(x, w.dequantize()))
+        assert torch.equal(linear(x, twin, phase=Phase.PROMPT), linear(x, w, phase=Phase.PROMPT))
 
 
 def test_shapes_the_kernel_refuses_still_compute():

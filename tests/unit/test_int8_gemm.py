@@ -152,17 +152,18 @@ def test_error_against_the_exact_product_stays_near_one_percent(gemm):
 
 
 @needs_linear_use
-def test_linear_runs_it_from_prefill_sized_calls_with_the_same_bits_for_twin_and_plain():
+def test_linear_runs_it_for_prompts_with_the_same_bits_for_twin_and_plain():
     gemm = L.int8_kernel()
     g = torch.Generator().manual_seed(5)
     w = Int4Weight.quantize(torch.randn(96, 192, generator=g), 32, torch.bfloat16)
     twin = L.Int4Twin(w)
-    many = torch.randn(L.INT8_GEMM_FROM_ROWS, 192, generator=g).bfloat16()
+    many = torch.randn(128, 192, generator=g).bfloat16()
     want = gemm.matmul(many, gemm.pack(w.dequantize(torch.float32)))
-    assert torch.equal(L.linear(many, w), want)
-    assert torch.equal(L.linear(many, twin), want)
+    prompt = L.Phase.PROMPT
+    assert torch.equal(L.linear(many, w, phase=prompt), want)
+    assert torch.equal(L.linear(many, twin, phase=prompt), want)
+    assert torch.equal(L.linear(many[:3], twin, phase=prompt), want[:3])  # a prompt's rows, any count
     bias = torch.randn(96, generator=g).bfloat16()
-    assert torch.equal(L.linear(many, twin, bias), want + bias)
-    few = many[:L.INT8_GEMM_FROM_ROWS - 1]  # decode batches keep 16-bit x
-    assert not torch.equal(L.linear(few, twin), want[:-1])
+    assert torch.equal(L.linear(many, twin, bias, phase=prompt), want + bias)
+    assert not torch.equal(L.linear(many, twin, phase=L.Phase.DECODE), want)  # decode keeps 16-bit x
     assert torch.equal(L.linear(many.float(), w), L.linear(many.float(), w.dequantize(torch.float32)))  # fp32: exact

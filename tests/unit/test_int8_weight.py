@@ -11,7 +11,8 @@ import torch
 
 from flexlamps.models.loading.checkpoint import GGUFReader, read_all
 from flexlamps.models.loading.gguf_blocks import int8_blocks
-from flexlamps.models.blocks.linear import Int4Twin, fused_product, linear
+from flexlamps.models.blocks.dense_gemm import fast_dense_gemm
+from flexlamps.models.blocks.linear import Int4Twin, Phase, fused_product, linear
 from flexlamps.models.loading.weight_cache import load_weights
 from flexlamps.settings import RunSettings
 from quant.int4_weight import Int4Weight
@@ -70,18 +71,21 @@ def test_cat_stacks_output_rows():
     assert torch.equal(both.matmul(x), torch.cat([p.matmul(x) for p in parts], dim=-1))
 
 
-def test_linear_switches_from_the_fused_call_to_the_dense_copy():
+def test_linear_takes_one_kernel_per_phase_whatever_the_rows():
     codes, scale = _random_int8(128, 96)
     w = Int8Weight.from_codes(codes, scale, 32, torch.bfloat16)
     twin = Int4Twin(w)
     g = torch.Generator().manual_seed(2)
-    for rows in (1, 2, 3, 8, 16, 40):
-        x = torch.randn(rows, 96, dtype=torch.bfloat16, generator=g)
-        dense = linear(x, w.dequantize())
-        fused = rows < twin.dense_from_rows
-        assert torch.equal(linear(x, twin), fused_product(w, x) if fused else dense)
-        torch.testing.assert_close(linear(x, w).float(), dense.float(), rtol=2**-7,
-                                   atol=2**-7 * dense.abs().max().item())
+    x = torch.randn(40, 96, dtype=torch.bfloat16, generator=g)
+    dense = linear(x, w.dequantize())
+    assert torch.equal(linear(x, twin, phase=Phase.DECODE), fused_product(w, x))  # decode: on the codes
+    prompt = linear(x, twin, phase=Phase.PROMPT)
+    assert torch.equal(prompt, dense if fast_dense_gemm(x) else fused_product(w, x))
+    for rows in (1, 2, 3, 8, 16):
+        for phase, want in ((Phase.DECODE, fused_product(w, x)), (Phase.PROMPT, prompt)):
+            assert torch.equal(linear(x[:rows], twin, phase=phase), want[:rows]), (phase, rows)
+            assert torch.equal(linear(x[:rows], w, phase=phase), want[:rows]), (phase, rows)
+    torch.testing.assert_close(linear(x, w).float(), dense.float(), rtol=2**-7, atol=2**-7 * dense.abs().max().item())
 
 
 def _logits(weights, reader, dtype, feed=None, **kw):

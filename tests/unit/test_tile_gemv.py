@@ -152,8 +152,6 @@ def test_it_refuses_what_it_cannot_read():
     assert not KERNEL.runs(w, _x(1, 64, torch.float32))
     partial = _int4(tile_rows(64) + 16, 64, 32, torch.bfloat16)  # not whole tiles
     assert not KERNEL.runs(partial, _x(1, 64, torch.bfloat16)) and not KERNEL.takes(partial)
-    # such a twin keeps torch's kernel, so it keeps that kernel's switch to its dense copy
-    assert linear_mod.with_dense_twin(partial).dense_from_rows == linear_mod.INT4_TWIN_DENSE_FROM_ROWS
 
 
 @needs_kernel
@@ -163,9 +161,9 @@ def test_linear_gives_both_engines_the_same_products():
     w = _int4(192, 576, 32, torch.bfloat16)
     x = _x(3, 576, torch.bfloat16)
     twin = linear_mod.with_dense_twin(w)
-    assert twin.dense_from_rows == linear_mod.NATIVE_TWIN_DENSE_FROM_ROWS
-    assert torch.equal(linear_mod.linear(x, twin), KERNEL.matmul(w, x))
-    assert torch.equal(linear_mod.linear(x, w), KERNEL.matmul(w, x))
+    decode = linear_mod.Phase.DECODE  # decode rows take the kernel at any row count
+    assert torch.equal(linear_mod.linear(x, twin, phase=decode), KERNEL.matmul(w, x))
+    assert torch.equal(linear_mod.linear(x, w, phase=decode), KERNEL.matmul(w, x))
 
 
 def test_switched_off_by_the_environment(monkeypatch, tmp_path):
@@ -173,8 +171,6 @@ def test_switched_off_by_the_environment(monkeypatch, tmp_path):
     kernels = loader.Kernels(tmp_path)
     monkeypatch.setattr(loader, "chosen", lambda: kernels)
     assert linear_mod.native_kernel() is None
-    w = _int4(64, 64, 32, torch.bfloat16)
-    assert linear_mod.with_dense_twin(w).dense_from_rows == linear_mod.INT4_TWIN_DENSE_FROM_ROWS
 
 
 def test_a_cpu_without_the_instructions_is_refused(monkeypatch, tmp_path):

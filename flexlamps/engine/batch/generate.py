@@ -222,8 +222,10 @@ def _decode_step(batch: list[_Sequence]) -> Step:
 
 def _prefill_step(group: list[_Sequence], start: int = 0) -> Step:
     """Prefill of the prompts' tokens from position `start` on (before it: a shared prefix
-    already copied into their cache rows)."""
-    longest = max(len(s.prompt_ids) for s in group) - start
+    already copied into their cache rows). At least two columns (a padded one where every
+    prompt has one token left): a prompt's tokens are always fed as a prompt (`weight_kind.phase_of`),
+    whatever its neighbours' lengths."""
+    longest = max(2, max(len(s.prompt_ids) for s in group) - start)
     ids = torch.zeros(len(group), longest, dtype=torch.long)
     for r, s in enumerate(group):
         ids[r, : len(s.prompt_ids) - start] = torch.tensor(s.prompt_ids[start:])

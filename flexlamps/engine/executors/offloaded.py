@@ -479,7 +479,7 @@ class OffloadExecutor:
         copies for the sweep, already charged; 0: dequantized per call)."""
         w, dense_bytes = self._layer_weights(fetched)
         # each dense copy is made (and prepacked) on its first call (`Int4Twin.dense`)
-        twin = (lambda m: Int4Twin(m, None, INT4_DENSE_FROM_ROWS) if isinstance(m, Int4Weight) else m) \
+        twin = (lambda m: Int4Twin(m) if isinstance(m, Int4Weight) else m) \
             if twin_bytes else (lambda m: m)
         w = {name: twin(m) for name, m in w.items()}
         loads = self._expert_loads(j, twin)

@@ -25,20 +25,17 @@ import torch
 
 from flexlamps.kernels import int8_gemm, loader, tile_gemv
 from flexlamps.kernels.int8_gemm import Int8Matrix
-from flexlamps.models.blocks.dense_gemm import dense_linear, dense_scratch, pack
+from flexlamps.models.blocks.dense_gemm import dense_linear, dense_scratch, fast_dense_gemm, pack
 from flexlamps.models.blocks.weight_kind import KINDS, Phase, WeightKind, epilogue, register
 from quant.fp8 import Fp8Weight
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
 from quant.mxfp4 import Mxfp4Weight
 
-# Row counts from which a call takes the dense GEMM (figures: docs/performance.md, "weight kinds").
-INT4_DENSE_FROM_ROWS = 128  # a plain 4-bit weight (dequantized per call)
-INT4_TWIN_DENSE_FROM_ROWS = 16  # a 4-bit twin (dense copy ready)
-INT8_DENSE_FROM_ROWS = 32  # a plain Q8_0 weight
-INT8_TWIN_DENSE_FROM_ROWS = 3  # a Q8_0 twin
-NATIVE_TWIN_DENSE_FROM_ROWS = 8  # a twin of either kind where our AVX-512 kernel runs
-INT8_GEMM_FROM_ROWS = 128  # from here a prompt's product runs on int8 codes where that kernel runs
+# What the planner prices (placement's `int4_dense_from_rows`): 4-bit calls of fewer rows on the
+# fused kernel (decode batches), of more on the dense GEMM (prompt chunks). The kinds choose by
+# phase, not by this count.
+INT4_DENSE_FROM_ROWS = 128
 # Calls a twin's dense copy serves unpacked before it is packed: packing costs more than it saves
 # for a weight used once or twice (a first prompt).
 TWIN_PACK_AFTER_USES = 2
@@ -104,17 +101,11 @@ class Int4Twin:
     needed; it serves its first `TWIN_PACK_AFTER_USES` calls as it is and is packed from the next
     one on (packed and plain give the same bits). Every result is the same whenever it is made."""
 
-    __slots__ = ("int4", "_plain", "_dense", "_int8", "_uses", "dense_from_rows", "_fused_on", "_fused")
+    __slots__ = ("int4", "_plain", "_dense", "_int8", "_uses", "_fused_on", "_fused")
 
     def __init__(self, int4: Int4Weight | Int8Weight,
-                 plain: torch.Tensor | Callable[[], torch.Tensor | None] | None = None,
-                 dense_from_rows: int | None = None):
+                 plain: torch.Tensor | Callable[[], torch.Tensor | None] | None = None):
         self.int4 = int4
-        if dense_from_rows is None:
-            kernel = native_kernel()
-            dense_from_rows = (NATIVE_TWIN_DENSE_FROM_ROWS if kernel is not None and kernel.takes(int4)
-                               else KINDS[type(int4)].twin_dense_from_rows)
-        self.dense_from_rows = dense_from_rows
         self._fused_on = None  # the (dtype, device) of activations the fused kernel was found to take
         self._fused = None  # and the product it runs for them (`_fused_for`'s choice)
         self._plain = plain
@@ -174,22 +165,28 @@ class Int4Twin:
 
 
 class CodesKind(WeightKind):
-    """4-bit blocks or int8 codes, plain or as an `Int4Twin`: the fused kernel on the codes below
-    a row count, else int8 codes for prompts where that kernel runs, else the dense GEMM."""
+    """4-bit blocks or int8 codes, plain or as an `Int4Twin`. The kernel is chosen by the phase,
+    never by the row count (`weight_kind`'s rule):
 
-    def __init__(self, name: str, dense_from_rows: int, twin_dense_from_rows: int):
-        self.name, self.dense_from_rows, self.twin_dense_from_rows = name, dense_from_rows, twin_dense_from_rows
+    - DECODE: the fused kernel on the codes (ours, else torch's) wherever one takes x, else the
+      dense GEMM;
+    - PROMPT: where this CPU has a fast dense GEMM for x's dtype (oneDNN: fp32 everywhere, bf16
+      on AVX-512 / AMX CPUs), int8 codes (`int8_product`, where that kernel runs) or the dense
+      GEMM on the twin's copy or a dequantization; elsewhere (an AVX2 CPU in bf16, where torch's
+      bf16 GEMM is slower than the fused kernel at every row count) as DECODE.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
 
     def linear(self, w, x, phase, b=None, add=None, mul=None) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1]
         twin = w if isinstance(w, Int4Twin) else None
         codes = twin.int4 if twin else w
-        if rows < (twin.dense_from_rows if twin else self.dense_from_rows):
+        if phase is Phase.DECODE or not fast_dense_gemm(x):
             fused = twin.fused(x) if twin else _fused_for(codes, x)
             if fused is not None:
                 return epilogue(fused(x), b, add, mul)
-        out = int8_product(w, x) if rows >= INT8_GEMM_FROM_ROWS else None
-        if out is not None:
+        elif (out := int8_product(w, x)) is not None:
             return epilogue(out, b, add, mul)
         dense = twin.dense if twin and x.dtype == twin.dtype else codes.dequantize(
             x.dtype, out=dense_scratch(codes.shape, x.dtype, x.device))
@@ -198,8 +195,13 @@ class CodesKind(WeightKind):
     def product(self, w, x, phase) -> torch.Tensor:
         return self.linear(w, x, phase)
 
-    def stored_bytes(self, w) -> int:
-        return int(w.nbytes)
+    def dequantizes(self, w, dtype: torch.dtype, phase: Phase) -> bool:
+        """Whether a call of `phase` with activations in `dtype` multiplies a plain `w` on a
+        dense copy made for the call (what the offload executor charges for it)."""
+        x = torch.empty(0, w.shape[1], dtype=dtype, device=w.device)
+        if phase is Phase.DECODE or not fast_dense_gemm(x):
+            return _fused_for(w, x) is None
+        return not (x.dtype == w.dtype and _int8_runs(w))
 
 
 class UpcastKind(WeightKind):
@@ -217,8 +219,8 @@ class UpcastKind(WeightKind):
         return self.linear(w, x, phase)
 
 
-INT4 = CodesKind("4-bit blocks", INT4_DENSE_FROM_ROWS, INT4_TWIN_DENSE_FROM_ROWS)
-INT8 = CodesKind("int8 codes", INT8_DENSE_FROM_ROWS, INT8_TWIN_DENSE_FROM_ROWS)
+INT4 = CodesKind("4-bit blocks")
+INT8 = CodesKind("int8 codes")
 register(Int4Weight, INT4)
 register(Int8Weight, INT8)
 register(Fp8Weight, UpcastKind("FP8"))

@@ -66,6 +66,13 @@ def uses_onednn(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.dtype in _ONEDNN_DTYPES and w.dim() == 2 and not x.requires_grad)
 
 
+def fast_dense_gemm(x: torch.Tensor) -> bool:
+    """Whether the dense GEMM runs fast for activations like x: oneDNN's (fp32 everywhere, bf16 on
+    CPUs with AVX-512 or AMX) or a GPU's. torch's own bf16 GEMM on an AVX2 CPU is slower than the
+    fused kernels on 4-bit and int8 codes at every row count (SmolLM2's shapes, 1 thread, Zen 2)."""
+    return x.device.type != "cpu" or (_ONEDNN and x.dtype in _ONEDNN_DTYPES)
+
+
 def pack(w: torch.Tensor) -> torch.Tensor:
     """w (out, in) in the layout the dense product computes fastest with; w itself where that is
     plain (or w is no dense tensor). The packed tensor is opaque (a oneDNN tensor of the same

@@ -93,7 +93,7 @@ class DeepseekForward:
         k = F.layer_norm(linear(h, w["index_k_proj"]), (m.index_head_dim,), w["index_k_norm"],
                          w["index_k_norm_bias"], LATENT_NORM_EPS).unsqueeze(2)
         k = torch.cat([apply_rope(k[..., :rope], cos, sin), k[..., rope:]], dim=-1).squeeze(2)
-        weights = F.linear(h.float(), unpack(w["index_weights"]).float()) * m.index_num_heads ** -0.5
+        weights = linear(h.float(), unpack(w["index_weights"]).float()) * m.index_num_heads ** -0.5
         step.index_q, step.index_k, step.index_w, step.index_topk = q, k, weights, m.index_topk
 
     def final_hidden(self, w: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:

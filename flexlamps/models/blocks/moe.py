@@ -14,7 +14,6 @@ as transformers' loop does, on the device its weights are on.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from flexlamps.models.blocks.activation import sigmoid, silu
 from flexlamps.models.blocks.linear import linear, unpack
@@ -59,7 +58,8 @@ def route(x: torch.Tensor, w: dict[str, torch.Tensor], cfg: MoEConfig) -> tuple[
     """x (N, hidden) -> (weights (N, k), expert indices (N, k)), scaled by `routed_scaling_factor`."""
     k = cfg.num_experts_per_token
     if cfg.router in FP32_ROUTERS:
-        logits = F.linear(x.float(), unpack(w["router"]).float())
+        # NOTE(invariance): our linear, not F.linear: MKL's fp32 GEMV for one row sums in another order
+        logits = linear(x.float(), unpack(w["router"]).float())
         if cfg.router == "sigmoid_grouped":
             weights, indices = _sigmoid_grouped(logits, w["router_bias"], cfg)
         else:
