@@ -27,16 +27,13 @@ product with the values (as torch's flash kernel does), and the result is rounde
 end. Long prompt chunks run in blocks of queries (a query's result does not depend on its
 block), which bounds the scores' memory.
 
-bfloat16 on the CPU runs torch's fused flash kernel instead (2.5x faster on a prompt, and the
-keys are read as bf16, half the bytes; a decode runs the same arithmetic as two batched
-products): scores, softmax and sums in fp32, probabilities rounded to bf16 before the product
-with the values, the result rounded once. Its result is fixed for a given step (same shapes,
-same bits: the offloaded and in-memory engines agree exactly) but may move with the step's
-shapes, and stays within `BF16_TOLERANCE` of the largest |value| the query attends over, both of
-the float32 result and of itself in any other step (each rounding of a probability or of the
-result is within 2^-9 relative; measured at most 0.0032 across steps and vs float32). bf16 GEMMs
-already round a row by the batch it shares on CPUs with AMX (see models.linear), so bf16 runs
-were bit-identical across schedules only on some CPUs; float32 is the exact mode everywhere.
+bfloat16 on the CPU without our kernel runs the same exact path (keys and values upcast, the
+probabilities rounded to bf16 before the product with the values, one rounding at the end), so a
+query's bits do not depend on its step either (`weight_kind`'s batch invariance). torch's flash
+kernel, 2.5x faster on a prompt, moves a query's result with the step's shapes; it no longer runs.
+`BF16_TOLERANCE`: how far a bf16 result may be from float32's, as a fraction of the largest
+|value| the query attends over (each rounding of a probability or of the result is within 2^-9
+relative; measured at most 0.0032).
 
 bf16 and fp16 on the CPU run `native_attention`'s AVX-512 kernel where it is built, a decode or
 a prompt chunk alike: the flash kernel's arithmetic (fp32 scores, exp(score - max) rounded to the
@@ -70,10 +67,6 @@ _SCORES_PER_BLOCK = 1 << 23
 # bf16: how far a query's result may be from float32's, or from itself in another step, as a
 # fraction of the largest |value| it attends over (see the docstring)
 BF16_TOLERANCE = 2.0 ** -7
-# bf16 decode: from this many rows two batched products beat the flash kernel (SmolLM2, 1 thread,
-# A/B in one decode loop: 5-15 ms of a ~100 ms step faster at 32 rows, mixed at 8, 6 ms of ~35
-# slower at 1: eight small ops a layer against one)
-BATCHED_DECODE_FROM_ROWS = 16
 _LAST_BLOCK = threading.local()  # per thread: the zero-padded last block of values, reused
 
 
@@ -137,8 +130,6 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
     kernel = native_attention_kernel() if q.dtype in native_attention.DTYPES else None
     if kernel is not None and kernel.takes(q, keys):
         return kernel(q, keys, values, mask, scale)
-    if q.dtype == torch.bfloat16:
-        return _bf16_attention(q, keys.to(q.dtype), values.to(q.dtype), mask, scale)
     return _per_query_attention(q, keys, values, mask, opts)
 
 
@@ -146,27 +137,6 @@ def native_attention_kernel() -> native_attention.NativeAttention | None:
     """This process's AVX-512 bf16 / fp16 attention, or None (not this CPU, no compiler, or switched
     off by $FLEXLAMPS_NATIVE_KERNELS=0: `flexlamps.kernels.loader`)."""
     return loader.chosen().get("attention")
-
-
-def _bf16_attention(q, keys, values, mask, scale: float) -> torch.Tensor:
-    """torch's flash kernel, except for a decode (one query a row) of many rows. A chunk shares
-    the kv heads in the kernel (no mask copied per head); a decode stacks each kv head's query
-    heads as that head's rows (keys read once per kv head). From `BATCHED_DECODE_FROM_ROWS` rows a
-    decode runs two batched products instead: scores in fp32 from the keys upcast for the call
-    (one layer's keys, transiently), probabilities rounded to bf16 times the values, one rounding
-    at the end, as the flash kernel does; its loop over heads is slow on 3-row blocks."""
-    n, heads, t, d = q.shape
-    kv_heads = keys.shape[1]
-    if t > 1:
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=heads != kv_heads,
-                                              scale=scale)
-    grouped = q.reshape(n, kv_heads, heads // kv_heads, d)
-    if n < BATCHED_DECODE_FROM_ROWS:
-        return F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask[:, None],
-                                              scale=scale).view(n, heads, 1, d)
-    scores = torch.matmul(grouped.float(), keys.float().transpose(-1, -2)).mul_(scale)
-    scores.masked_fill_(~mask[:, None], float("-inf"))  # (n, 1, S) over each kv head's group of rows
-    return torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), values).view(n, heads, 1, d)
 
 
 def _per_query_attention(q, keys, values, mask, opts: AttnOptions) -> torch.Tensor:
