@@ -168,12 +168,12 @@ class CodesKind(WeightKind):
     """4-bit blocks or int8 codes, plain or as an `Int4Twin`. The kernel is chosen by the phase,
     never by the row count (`weight_kind`'s rule):
 
-    - DECODE: the fused kernel on the codes (ours, else torch's) wherever one takes x, else the
-      dense GEMM;
-    - PROMPT: where this CPU has a fast dense GEMM for x's dtype (oneDNN: fp32 everywhere, bf16
-      on AVX-512 / AMX CPUs), int8 codes (`int8_product`, where that kernel runs) or the dense
-      GEMM on the twin's copy or a dequantization; elsewhere (an AVX2 CPU in bf16, where torch's
-      bf16 GEMM is slower than the fused kernel at every row count) as DECODE.
+    - DECODE: the fused kernel on the codes (ours, else torch's) wherever one takes x (16-bit x:
+      greedy agreement with float32), else the dense GEMM on the twin's copy or a dequantization;
+    - PROMPT: where this CPU has a fast dense GEMM for x's dtype (oneDNN: fp32 everywhere, bf16 on
+      AVX-512 / AMX CPUs; a GPU), int8 codes (`int8_product`, where that kernel runs) or that GEMM;
+      elsewhere as DECODE (torch's bf16 GEMM on an AVX2 CPU is slower than the fused kernels at
+      every row count, and int8 x on short prompts costs the first token's accuracy).
     """
 
     def __init__(self, name: str):
@@ -194,14 +194,6 @@ class CodesKind(WeightKind):
 
     def product(self, w, x, phase) -> torch.Tensor:
         return self.linear(w, x, phase)
-
-    def dequantizes(self, w, dtype: torch.dtype, phase: Phase) -> bool:
-        """Whether a call of `phase` with activations in `dtype` multiplies a plain `w` on a
-        dense copy made for the call (what the offload executor charges for it)."""
-        x = torch.empty(0, w.shape[1], dtype=dtype, device=w.device)
-        if phase is Phase.DECODE or not fast_dense_gemm(x):
-            return _fused_for(w, x) is None
-        return not (x.dtype == w.dtype and _int8_runs(w))
 
 
 class UpcastKind(WeightKind):
