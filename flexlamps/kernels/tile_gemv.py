@@ -62,6 +62,7 @@ class TileGemv:
         fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.c_int] * 4
         self.library, self._fn, self.x_bits, self.level = library, fn, x_bits, level
         self.tiles = TILES.get(level, (32, 64))
+        self.takes_five_bit = level == "avx512"  # the 5-bit form's plane is laid out for AVX-512 registers
 
     def takes(self, w: Int4Weight | Int8Weight) -> bool:
         """Whether the kernel takes `w`: a CPU weight in whole tiles of torch's layout (of rows this
@@ -71,7 +72,7 @@ class TileGemv:
         tile = tile_rows(cols)
         return (split.kernel_codes is not None and split.device.type == "cpu" and split.dtype in DTYPES
                 and tile in self.tiles and rows % tile == 0 and split.group_size % 4 == 0
-                and (self.level == "avx512" or not (isinstance(w, Int8Weight) and w.fifth is not None)))
+                and (self.takes_five_bit or not (isinstance(w, Int8Weight) and w.fifth is not None)))
 
     def runs(self, w: Int4Weight | Int8Weight, x: torch.Tensor) -> bool:
         """Whether the kernel takes `w` with activations `x` (on the CPU, in the weight's dtype)."""

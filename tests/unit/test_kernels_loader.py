@@ -23,7 +23,7 @@ from tests.conftest import REPO
 
 class ZeroTileGemv(tile_gemv.TileGemv):
     def __init__(self):
-        self.x_bits, self.level, self.tiles = tile_gemv.X_BITS, "avx512", (32, 64)
+        self.x_bits, self.level, self.tiles, self.takes_five_bit = tile_gemv.X_BITS, "avx512", (32, 64), True
 
     @classmethod
     def runs(cls, w, x):  # torch's int4 layout has tiles of 64 rows only where it has AVX-512

@@ -192,3 +192,21 @@ def test_built_once_into_its_folder_and_found_again(tmp_path):
 
 def test_the_source_ships_with_the_package():
     assert tile_gemv.SOURCE.is_file() and os.path.basename(tile_gemv.SOURCE) == "tile_gemv.c"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_only_a_variant_that_multiplies_the_five_bit_form_has_gguf_q5_held_in_it(level, monkeypatch):
+    """The 5-bit form's plane is AVX-512's: an AVX2 process keeps Q5_x as int8 codes it multiplies."""
+    from flexlamps.models.loading import checkpoint
+
+    kernel = _variant(level)
+    gen = torch.Generator().manual_seed(4)
+    five = Int8Weight.from_codes(torch.randint(-16, 16, (64, 64), dtype=torch.int8, generator=gen),
+                                 torch.rand(64, 2, generator=gen) / 64, 32, torch.bfloat16, five_bit=True)
+    assert kernel.takes_five_bit == (level == "avx512")
+    if five.fifth is not None:  # torch's AVX2 layout (tiles of 32) holds no 5-bit form: plain int8 codes
+        assert kernel.takes(five) == kernel.takes_five_bit
+    monkeypatch.setattr(checkpoint, "native_kernel", lambda: kernel)
+    assert checkpoint.packs_five_bit() == (level == "avx512")
+    monkeypatch.setattr(checkpoint, "native_kernel", lambda: None)
+    assert not checkpoint.packs_five_bit()

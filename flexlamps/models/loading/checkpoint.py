@@ -418,8 +418,10 @@ class GGUFReader:
 
 def packs_five_bit() -> bool:
     """Whether `GGUFReader.read_int8` holds 5-bit codes (Q5_x) in 5 bits (0.6 of the split's bytes):
-    where our AVX-512 kernel, which alone multiplies that form, runs (the weight cache keys by it)."""
-    return native_kernel() is not None
+    where our decode kernel runs in a variant that multiplies that form (AVX-512's; elsewhere Q5_x
+    stay int8 codes the AVX2 variant takes). The weight cache keys by it."""
+    kernel = native_kernel()
+    return kernel is not None and kernel.takes_five_bit
 
 
 def read_all(reader, dtype: torch.dtype, int4_in_place: bool = False,
