@@ -14,6 +14,7 @@ flexlamps runs float32 too, so the two compute the same weights. Run from the re
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -27,14 +28,15 @@ from flexlamps.evals.lm_eval_model import FlexlampsLM  # noqa: E402
 from scripts.bench_eval import load_peer  # noqa: E402
 
 
-def evaluate(lm, task: str, limit: int, manager) -> tuple[dict, float]:
-    """(lm_eval's results for `task`, wall seconds)."""
+def evaluate(lm, task: str, limit: int, manager) -> tuple[dict, float, list]:
+    """(lm_eval's results for `task`, wall seconds, each document's responses)."""
     import lm_eval
 
     t0 = time.perf_counter()
     out = lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=manager, limit=limit, bootstrap_iters=0,
-                                  log_samples=False)
-    return out["results"][task], time.perf_counter() - t0
+                                  log_samples=True)
+    wall = time.perf_counter() - t0
+    return out["results"][task], wall, [s["resps"] for s in out["samples"][task]]
 
 
 def metrics(result: dict) -> dict[str, float]:
@@ -51,23 +53,41 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32, help="lm_eval's --batch_size for HF; flexlamps' rows")
     ap.add_argument("--gpu-mem", default="64MiB", help="the offloaded flexlamps run's gpu tier")
     ap.add_argument("--cpu-mem", default="256MiB", help="the offloaded flexlamps run's cpu tier (the rest on disk)")
-    ap.add_argument("--no-offload", action="store_true", help="skip the offloaded flexlamps run")
+    ap.add_argument("--sides", default="hf,flexlamps,offloaded", help="which of hf, flexlamps, offloaded run")
+    ap.add_argument("--responses", type=Path, default=None, help="write each side's responses here (JSON)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from lm_eval.tasks import TaskManager
 
     manager = TaskManager(include_path=str(REPO / "examples" / "lm_eval"))
-    _, hf = load_peer(args.model, args.batch_size)
-    if args.max_length:
-        hf._max_length = args.max_length
-    common = dict(dtype="float32", max_length=args.max_length, max_batch_size=args.batch_size, progress=False)
-    sides = {"hf": hf, "flexlamps": FlexlampsLM(args.model, **common)}
-    if not args.no_offload:
-        sides["offloaded"] = FlexlampsLM(args.model, gpu_mem=args.gpu_mem, cpu_mem=args.cpu_mem, **common)
+    sides = make_sides(args)
+    responses = {}
     for spec in args.task:
         name, _, limit = spec.partition(":")
-        runs = {side: evaluate(lm, name, int(limit), manager) for side, lm in sides.items()}
+        runs = {}
+        for side, lm in sides.items():
+            runs[side] = evaluate(lm, name, int(limit), manager)
+            print(f"{name} {side}: {metrics(runs[side][0])} in {runs[side][1]:.1f} s", flush=True)
         report(name, int(limit), runs, args.threads)
+        responses[name] = {side: run[2] for side, run in runs.items()}
+    if args.responses:
+        args.responses.write_text(json.dumps(responses))
+
+
+def make_sides(args) -> dict:
+    """The lm_eval models compared, by name: lm_eval's HF backend, flexlamps in memory, offloaded."""
+    wanted = args.sides.split(",")
+    common = dict(dtype="float32", max_length=args.max_length, max_batch_size=args.batch_size, progress=False)
+    sides = {}
+    if "hf" in wanted:
+        sides["hf"] = load_peer(args.model, args.batch_size)[1]
+        if args.max_length:
+            sides["hf"]._max_length = args.max_length
+    if "flexlamps" in wanted:
+        sides["flexlamps"] = FlexlampsLM(args.model, **common)
+    if "offloaded" in wanted:
+        sides["offloaded"] = FlexlampsLM(args.model, gpu_mem=args.gpu_mem, cpu_mem=args.cpu_mem, **common)
+    return sides
 
 
 def report(task: str, limit: int, runs: dict, threads: int) -> None:
@@ -75,12 +95,16 @@ def report(task: str, limit: int, runs: dict, threads: int) -> None:
 
     print(f"\n{task}, first {limit} documents, {threads} thread(s), load average {os.getloadavg()[0]:.1f}")
     names = list(runs)
+    for n in names[1:]:
+        same = sum(a == b for a, b in zip(runs[names[0]][2], runs[n][2]))
+        print(f"  {n}: responses equal to {names[0]}'s on {same} of {len(runs[n][2])} documents")
     print("  " + f"{'metric':32s}" + "".join(f"{n:>14s}" for n in names))
-    for key in metrics(runs["hf"][0]):
+    for key in metrics(runs[names[0]][0]):
         print("  " + f"{key:32s}" + "".join(f"{metrics(runs[n][0]).get(key, float('nan')):14.6f}" for n in names))
     print("  " + f"{'wall s':32s}" + "".join(f"{runs[n][1]:14.1f}" for n in names))
-    for n in names[1:]:
-        print(f"  {n}: {runs['hf'][1] / runs[n][1]:.2f}x the HF backend's speed")
+    if "hf" in runs:
+        for n in names[1:]:
+            print(f"  {n}: {runs['hf'][1] / runs[n][1]:.2f}x the HF backend's speed")
 
 
 if __name__ == "__main__":
