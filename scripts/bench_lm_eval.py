@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32, help="lm_eval's --batch_size for HF; flexlamps' rows")
     ap.add_argument("--gpu-mem", default="64MiB", help="the offloaded flexlamps run's gpu tier")
     ap.add_argument("--cpu-mem", default="256MiB", help="the offloaded flexlamps run's cpu tier (the rest on disk)")
+    ap.add_argument("--offload-dir", default=None, help="the offloaded run's disk tier [default: a new temp folder]")
     ap.add_argument("--sides", default="hf,flexlamps,offloaded", help="which of hf, flexlamps, offloaded run")
     ap.add_argument("--responses", type=Path, default=None, help="write each side's responses here (JSON)")
     args = ap.parse_args()
@@ -86,7 +87,11 @@ def make_sides(args) -> dict:
     if "flexlamps" in wanted:
         sides["flexlamps"] = FlexlampsLM(args.model, **common)
     if "offloaded" in wanted:
-        sides["offloaded"] = FlexlampsLM(args.model, gpu_mem=args.gpu_mem, cpu_mem=args.cpu_mem, **common)
+        import tempfile
+
+        sides["offloaded"] = FlexlampsLM(args.model, gpu_mem=args.gpu_mem, cpu_mem=args.cpu_mem,
+                                         offload_dir=args.offload_dir or tempfile.mkdtemp(prefix="bench_lm_eval_"),
+                                         **common)
     return sides
 
 

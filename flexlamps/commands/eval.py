@@ -49,8 +49,8 @@ def _require_lm_eval() -> None:
               help="Tokens a request may hold (also the rolling-perplexity window). [default: the model's context]")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
               help="Sequences decoded together; contexts packed per scoring call.")
-@click.option("--seed", type=int, default=0, show_default=True, help="lm_eval's seeds (few-shot draws) and the "
-              "base of sampled generations' seeds.")
+@click.option("--seed", type=int, default=None, help="One seed for lm_eval's four (Python, numpy, torch, few-shot "
+              "draws) and the base of sampled generations' seeds. [default: lm_eval's own, 0,1234,1234,1234]")
 @click.option("--bootstrap-iters", type=click.IntRange(min=0), default=100000, show_default=True,
               help="Bootstrap resamples for the stderr of non-mean metrics (0: none).")
 @click.option("--chunk-tokens", type=click.IntRange(min=1), default=16384, show_default=True,
@@ -76,7 +76,7 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
     check_offload_dir(run.offload_dir)
     output = writable_folder(output_path, "--output-path")
     task_names, task_manager = _tasks(tasks, include_path)
-    model_args = {"pretrained": model, "dtype": dtype, "max_batch_size": batch_size, "seed": seed,
+    model_args = {"pretrained": model, "dtype": dtype, "max_batch_size": batch_size, "seed": seed or 0,
                   "progress": not no_progress, "max_length": max_length, "chunk_tokens": chunk_tokens,
                   **{k: getattr(run, k) for k in ("gpu_mem", "cpu_mem", "offload_dir", "compress_weight",
                                                   "compress_cache", "weight_quant")},

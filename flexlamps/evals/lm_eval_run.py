@@ -18,7 +18,7 @@ class EvalOptions:
     fewshot_as_multiturn: bool = True
     system_instruction: str | None = None
     gen_kwargs: str | None = None
-    seed: int = 0
+    seed: int | None = None  # one seed for all four of lm_eval's; None: lm_eval's own defaults
     bootstrap_iters: int = 100000
 
 
@@ -40,8 +40,7 @@ def run_lm_eval(model_args: dict, tasks: list, task_manager, output: Path, cache
         num_fewshot=opts.num_fewshot, limit=limit, use_cache=cache, log_samples=opts.log_samples,
         evaluation_tracker=tracker, apply_chat_template=opts.apply_chat_template,
         fewshot_as_multiturn=opts.fewshot_as_multiturn, system_instruction=opts.system_instruction,
-        gen_kwargs=opts.gen_kwargs, bootstrap_iters=opts.bootstrap_iters, random_seed=opts.seed,
-        numpy_random_seed=opts.seed, torch_random_seed=opts.seed, fewshot_random_seed=opts.seed)
+        gen_kwargs=opts.gen_kwargs, bootstrap_iters=opts.bootstrap_iters, **_seeds(opts.seed))
     samples = results.pop("samples", None) if opts.log_samples else None
     results.pop("samples", None)
     tracker.save_results_aggregated(results=results, samples=samples)
@@ -50,3 +49,11 @@ def run_lm_eval(model_args: dict, tasks: list, task_manager, output: Path, cache
             tracker.save_results_samples(task_name=task_name, samples=samples[task_name])
     table = make_table(results) + (make_table(results, "groups") if "groups" in results else "")
     return table, sorted(set(output.rglob("*.json*")) - before)
+
+
+def _seeds(seed: int | None) -> dict:
+    """simple_evaluate's four seeds: all `seed`, or where None lm_eval's defaults (its command
+    line's 0,1234,1234,1234), so a run's few-shot draws are those `lm_eval` itself makes."""
+    if seed is None:
+        return {}
+    return dict(random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
