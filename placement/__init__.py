@@ -15,7 +15,8 @@ The engine reads `plan.policy` (a `Policy`); these names are a stable contract:
     cpu_attention                            decode attention over off-GPU cache runs on the CPU
     cpu_expert_tokens                        MoE: cpu-tier experts run on the CPU below this many tokens each
 A MoE model's `ModelSpec.routing` (a `placement.routing.RoutingProfile` measured by `flexlamps profile
---prompts`) prices the experts a step reads; without one, routing is uniform.
+--prompts`) prices the experts a step reads; without one, routing is uniform. `ModelSpec.tensors`
+(a `TensorTable`, built by the model's family) lists every weight: a row per tensor of a layer.
 `solve` searches only what the engine runs as planned (`capabilities=`, an `EngineCapabilities`;
 the default is flexlamps' offload engine). `predict(policy, model, hardware, workload)` gives the time breakdown of any policy (and
 `evaluate` the same as a `Plan`, with peak memory against the budgets), so measured runs can
@@ -31,11 +32,12 @@ from placement.presets import hardware_preset, model_preset
 from placement.search import evaluate, solve
 from placement.specs import (CompressionSpec, EngineCapabilities, HardwareSpec, Policy, TierSplit,
                              WorkloadSpec)
+from placement.tensor_table import TensorRow, TensorTable
 from placement.units import format_bytes, parse_bytes
 
 __all__ = [
     "CompressionSpec", "CostBreakdown", "EngineCapabilities", "HardwareSpec", "InfeasiblePlanError",
     "LatentMissCurves", "ModelSpec",
-    "Plan", "Policy", "TierSplit", "WorkloadSpec", "format_bytes", "hardware_preset",
+    "Plan", "Policy", "TensorRow", "TensorTable", "TierSplit", "WorkloadSpec", "format_bytes", "hardware_preset",
     "evaluate", "int4_runs_in_place", "model_preset", "parse_bytes", "predict", "solve",
 ]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from placement.jsonable import JsonMixin
 from placement.routing import RoutingProfile
 from placement.specs import DTYPE_BYTES
+from placement.tensor_table import TensorTable
 from quant.fp8_layout import WEIGHT_BLOCK, fp8_vector_bytes, fp8_weight_bytes, latent_record_bytes
 
 ARCHES = ("llama", "opt", "mla")
@@ -100,6 +101,9 @@ class ModelSpec(JsonMixin):
     # sliding windows, one entry per layer (0: the layer attends over the whole context); ():
     # no layer slides
     layer_windows: tuple[int, ...] = ()
+    # every weight, a row per tensor of a layer, as the model's family lists them
+    # (flexlamps.models.description.tensor_table); None: a description from shape numbers alone
+    tensors: TensorTable | None = None
 
     def __post_init__(self):
         if self.arch not in ARCHES:

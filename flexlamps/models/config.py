@@ -16,6 +16,7 @@ from flexlamps.models.hybrid_config import HybridConfig
 from flexlamps.models.layer_config import AttentionConfig, DecoderConfig, from_dict
 from flexlamps.models.mla_config import MLAConfig
 from flexlamps.models.moe_config import MoEConfig
+from flexlamps.models.storage_config import StorageConfig, storage_from_hf
 
 class UnsupportedModelError(ValueError):
     pass
@@ -51,6 +52,7 @@ class ModelConfig:
     mla: MLAConfig | None = None
     moe: MoEConfig | None = None  # None: every layer has the dense FFN
     hybrid: HybridConfig | None = None  # gated-DeltaNet layers beside full attention (Qwen3-Next, Qwen3.5)
+    storage: StorageConfig = field(default_factory=StorageConfig)  # stored dtype, FP8 tiles, MXFP4 experts
 
     @property
     def q_size(self) -> int:
@@ -86,6 +88,7 @@ class ModelConfig:
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
         d["attention"] = from_dict(AttentionConfig, d.get("attention"))
         d["decoder"] = from_dict(DecoderConfig, d.get("decoder"))
+        d["storage"] = from_dict(StorageConfig, d.get("storage"))
         if d.get("mla"):
             d["mla"] = MLAConfig(**d["mla"])
         if d.get("moe"):
@@ -108,7 +111,7 @@ class ModelConfig:
             raise UnsupportedModelError(f"{where}{wrong}")
         model_type = hf.get("model_type")
         try:
-            return family_for(model_type).parse(hf)
+            cfg = family_for(model_type).parse(hf)
         except KeyError as e:
             raise UnsupportedModelError(f"{source or 'config.json'} lacks the field {e.args[0]!r} needed for "
                                         f"{model_type}") from None
@@ -116,3 +119,8 @@ class ModelConfig:
             raise UnsupportedModelError(f"{where}{e}") from None
         except (TypeError, ValueError, ArithmeticError) as e:  # a field of a form no check above knows
             raise UnsupportedModelError(f"{where}a field's value has the wrong type or form ({e})") from None
+        try:  # OPT checkpoints are fp16 where config.json names no dtype, the others bf16
+            storage = storage_from_hf(hf, "fp16" if cfg.arch == "opt" else "bf16")
+        except ValueError as e:
+            raise UnsupportedModelError(f"{where}{e}") from None
+        return dataclasses.replace(cfg, storage=storage)

@@ -1,21 +1,25 @@
-"""The planner's view of a model (`placement.ModelSpec`), built from our one model description
-(`ModelConfig`, parsed by its family) so `plan`, the dry run and the engine size the same model.
-Torch-free."""
+"""The planner's view of a model (`placement.ModelSpec` and its `placement.TensorTable`), built
+from our one model description (`ModelConfig`, parsed by its family) so `plan`, the dry run and the
+engine size the same model. Torch-free."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import placement
-from placement.hf_config import hf_dtype, weight_format
+from placement.specs import DTYPE_BYTES
+from placement.tensor_table import TensorRow, TensorTable
+from quant.fp8_layout import fp8_weight_bytes
 
 from flexlamps.models.config import ModelConfig
+from flexlamps.models.weight_specs import WeightSpec, keeps_fp8, weight_specs
 
 _ARCH = {"decoder": "llama", "opt": "opt", "mla": "mla", "hybrid": "llama"}  # Family.forward -> ModelSpec.arch
 
 
 def model_spec(cfg: ModelConfig, hf_config: dict[str, Any] | None = None, name: str | None = None) -> placement.ModelSpec:
-    """`cfg` as the planner sizes it; `hf_config` gives the stored dtype and weight format (FP8)."""
+    """`cfg` as the planner sizes it (its stored dtype and format from `cfg.storage`); `hf_config`
+    only names it (`_name_or_path`)."""
     from flexlamps.models.families import family_for
 
     hf = hf_config or {}
@@ -23,10 +27,10 @@ def model_spec(cfg: ModelConfig, hf_config: dict[str, Any] | None = None, name: 
         name=name or hf.get("_name_or_path") or cfg.model_type, arch=_ARCH[family_for(cfg.model_type).forward],
         num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, num_heads=cfg.num_heads,
         num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, intermediate_size=cfg.intermediate_size,
-        vocab_size=cfg.vocab_size, dtype=hf_dtype(hf, "fp16" if cfg.arch == "opt" else "bf16"),
+        vocab_size=cfg.vocab_size, dtype=cfg.storage.dtype,
         qkv_bias=cfg.qkv_bias, tie_word_embeddings=cfg.tie_word_embeddings,
         attention_vectors=_attention_vectors(cfg),
-        weight_format=weight_format(hf))
+        weight_format=cfg.storage.weight_format, tensors=tensor_table(cfg))
     if cfg.arch == "opt":
         kwargs["num_learned_positions"] = cfg.max_position + 2
     if cfg.mla is not None:
@@ -80,3 +84,47 @@ def model_spec_from_hf(hf_config: dict[str, Any], name: str | None = None) -> pl
     """`model_spec` of a config.json's model: its family parses it, so `plan` accepts exactly what
     `generate` does (the same UnsupportedModelError otherwise)."""
     return model_spec(ModelConfig.from_hf(hf_config), hf_config, name)
+
+
+# ---- the per-tensor table ------------------------------------------------------------------------
+def stored_bytes(cfg: ModelConfig, spec: WeightSpec, dtype: str | None = None) -> int:
+    """Bytes of `spec` as its checkpoint keeps it (`dtype`: the unquantized tensors' instead of the
+    stored one): FP8 codes and a fp32 scale per tile for the matrices an FP8 checkpoint keeps so
+    (not the routers, as DeepSeek ships them), MXFP4 blocks (4-bit codes, a byte per 32) for
+    gpt-oss's experts, else the dtype's."""
+    st = cfg.storage
+    if st.fp8_block is not None and keeps_fp8(spec) and spec.role != "router":
+        return fp8_weight_bytes(*spec.shape, st.fp8_block)
+    if st.mxfp4 and spec.role == "linear" and spec.layer is not None and spec.local_name.startswith("experts."):
+        return spec.numel // 2 + spec.numel // 32
+    return spec.numel * DTYPE_BYTES[dtype or st.dtype]
+
+
+def _row_key(cfg: ModelConfig, spec: WeightSpec, dtype: str | None, head: str) -> tuple:
+    """(name, shape, kind, routed, stored bytes, flops per token) of `spec`; a routed expert's name
+    without its index, so a layer's experts share one row."""
+    local, routed = spec.local_name, spec.local_name.startswith("experts.")
+    name = "experts." + local.split(".", 2)[2] if routed else local
+    multiplies = (spec.layer is not None and spec.role in ("linear", "router", "absorbed")) or spec.name == head
+    return (name, spec.shape, spec.role, routed, stored_bytes(cfg, spec, dtype),
+            2.0 * spec.numel if multiplies else 0.0)
+
+
+def tensor_table(cfg: ModelConfig, dtype: str | None = None) -> TensorTable:
+    """Every weight of `cfg` (its family's list) as the planner's table: a row per tensor of a layer,
+    the layers holding it alike sharing it, a layer's routed experts one row of `copies`; `dtype`:
+    the unquantized tensors' bytes in it instead of the stored dtype (a run's compute dtype)."""
+    specs = weight_specs(cfg)
+    head = "lm_head" if any(s.name == "lm_head" for s in specs) else "embed_tokens"  # what the head multiplies
+    copies: dict[tuple, int] = {}  # (row key, layer) -> copies in that layer
+    for spec in specs:
+        key = (_row_key(cfg, spec, dtype, head), spec.layer)
+        copies[key] = copies.get(key, 0) + 1
+    layers: dict[tuple, list[int]] = {}  # (row key, copies) -> layers
+    for (key, layer), n in copies.items():
+        layers.setdefault((key, n), []).extend([] if layer is None else [layer])
+    per_token = cfg.moe.num_experts_per_token if cfg.moe is not None else 0
+    rows = [TensorRow(name=name, shape=shape, kind=kind, routed=routed, stored_bytes=nbytes, flops_per_token=flops,
+                      layers=tuple(held), copies=n, active=per_token if routed else n)
+            for ((name, shape, kind, routed, nbytes, flops), n), held in layers.items()]
+    return TensorTable(num_layers=cfg.num_layers, rows=tuple(rows))

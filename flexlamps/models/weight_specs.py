@@ -48,6 +48,18 @@ class FusedPart:
     transposed: bool = False
 
 
+# FP8 matrices the engine keeps in FP8: those the forward multiplies (linear), slices per head
+# (absorbed) or routes with ("router": the MoE gate, the indexer's head weights; upcast per call
+# to the compute dtype, then run in fp32, the values an upcast at load gives). DeepSeek's own
+# checkpoints store those two in bf16, so there they are plain tensors anyway.
+FP8_KEPT_ROLES = ("linear", "absorbed", "router")
+
+
+def keeps_fp8(spec: WeightSpec) -> bool:
+    """Whether the engine keeps this weight in FP8 when its checkpoint stores it so."""
+    return spec.role in FP8_KEPT_ROLES and spec.layer is not None and len(spec.shape) == 2
+
+
 def weight_specs(cfg: "ModelConfig") -> list[WeightSpec]:
     """Every tensor `cfg`'s forward reads, in checkpoint order (its family's list)."""
     from flexlamps.models.families import family_for

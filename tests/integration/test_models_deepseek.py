@@ -88,10 +88,10 @@ def test_unsupported_quantization_is_refused(deepseek_models, tmp_path):
     import json
     import shutil
 
-    from flexlamps.models.loading.checkpoint import CheckpointError
+    from flexlamps.models.config import UnsupportedModelError
 
     folder = shutil.copytree(deepseek_models["deepseek_v3_dense"], tmp_path / "awq")
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "awq"}}))
-    with pytest.raises(CheckpointError, match="quant_method 'awq' is not supported"):
+    with pytest.raises(UnsupportedModelError, match="config.json: quantization_config.quant_method 'awq' is not"):
         open_checkpoint(folder)

@@ -19,7 +19,6 @@ from flexlamps.engine.executors.expert_weights import experts_by_layer
 from flexlamps.engine.executors.placement_map import TABLE_NAMES, cache_tiers, place_weights
 from flexlamps.engine.executors.split_tables import head_chunks
 from flexlamps.engine.executors.stored_weights import StoredWeights
-from flexlamps.models.loading.checkpoint import fp8_weight_block, mxfp4_checkpoint
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, pack
 from flexlamps.models.description import model_spec_from_hf
@@ -138,7 +137,7 @@ class PlacementCharges:
         self.fused_int4 = dtype in kernel_dtypes(device_type) if fused_int4 is None else fused_int4
         self.weights = StoredWeights(cfg, dtype, device_type,
                                      int4_weights(policy) if int4 is None else int4,
-                                     fp8_weight_block(hf_config), stores_fp8, mxfp4_checkpoint(hf_config),
+                                     cfg.storage.fp8_block, stores_fp8, cfg.storage.mxfp4,
                                      stores_mxfp4)
         self.specs = self.weights.specs  # as stored: 4-bit q/k/v and gate/up stacked
         self.placement = place_weights(cfg, policy.weights, lambda spec: self._stored_bytes(spec, "disk"), self.specs,

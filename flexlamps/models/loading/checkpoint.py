@@ -30,7 +30,7 @@ from flexlamps.models.blocks.linear import native_kernel
 from flexlamps.models.loading.errors import CheckpointError, json_file
 from flexlamps.models.loading.hf_files import tensor_files
 from flexlamps.models.loading.hf_parts import FusedParts
-from flexlamps.models.weight_specs import WeightSpec, hf_name, hf_part, weight_specs
+from flexlamps.models.weight_specs import WeightSpec, hf_name, hf_part, keeps_fp8, weight_specs
 from quant.int4_weight import KERNEL_DTYPES, Int4Weight
 from quant.int8_weight import Int8Weight
 
@@ -43,7 +43,7 @@ class HFFolderReader:
             raise CheckpointError(f"{folder} has no config.json; is it a Hugging Face model folder?")
         self.hf_config = json_file(cfg_path, "model config")
         self.config = ModelConfig.from_hf(self.hf_config, source=str(cfg_path))
-        self.fp8_block = fp8_weight_block(self.hf_config, cfg_path)
+        self.fp8_block = self.config.storage.fp8_block
         self._files = tensor_files(folder)
         self._parts = FusedParts(lambda name, i: self._handle(name).get_slice(name)[i], self._files.__contains__,
                                  str(folder))
@@ -149,42 +149,6 @@ class HFFolderReader:
             st = f.stat()
             h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
         return h.hexdigest()[:16]
-
-
-# FP8 matrices the engine keeps in FP8: those the forward multiplies (linear), slices per head
-# (absorbed) or routes with ("router": the MoE gate, the indexer's head weights; upcast per call
-# to the compute dtype, then run in fp32, the values an upcast at load gives). DeepSeek's own
-# checkpoints store those two in bf16, so there they are plain tensors anyway.
-FP8_KEPT_ROLES = ("linear", "absorbed", "router")
-
-
-def keeps_fp8(spec: WeightSpec) -> bool:
-    """Whether the engine keeps this weight in FP8 when its checkpoint stores it so."""
-    return spec.role in FP8_KEPT_ROLES and spec.layer is not None and len(spec.shape) == 2
-
-
-def mxfp4_checkpoint(hf_config: dict[str, Any]) -> bool:
-    """Whether the checkpoint stores weights in MXFP4 (`quant_method: mxfp4`, gpt-oss's experts)."""
-    return (hf_config.get("quantization_config") or {}).get("quant_method") == "mxfp4"
-
-
-def fp8_weight_block(hf_config: dict[str, Any], cfg_path: Path | str = "config.json") -> tuple[int, int] | None:
-    """The FP8 tile of a `quant_method: fp8` checkpoint, None for a dense or MXFP4 one; other
-    quantization methods are refused here, before any weight is read."""
-    qc = hf_config.get("quantization_config")
-    if not qc:
-        return None
-    method = qc.get("quant_method")
-    if method == "mxfp4":  # gpt-oss: its experts' MXFP4 blocks are read as they are (`hf_parts`)
-        return None
-    if method != "fp8":
-        raise CheckpointError(f"{cfg_path}: quantization_config.quant_method {method!r} is not supported "
-                              "(fp8 and mxfp4 are); give the unquantized checkpoint")
-    block = qc.get("weight_block_size") or [128, 128]
-    if len(block) != 2 or not all(isinstance(b, int) and b > 0 for b in block):
-        raise CheckpointError(f"{cfg_path}: quantization_config.weight_block_size must be two positive "
-                              f"integers, got {block!r}")
-    return (block[0], block[1])
 
 
 class GGUFReader:
