@@ -12,7 +12,7 @@ import click
 from placement import (EngineCapabilities, HardwareSpec, InfeasiblePlanError, ModelSpec, Plan, Policy,
                        WorkloadSpec, evaluate, format_bytes, hardware_preset, model_preset, solve)
 from placement.plan import TIERS
-from placement.presets import HARDWARE_PRESETS, MODEL_CONFIGS
+from placement.presets import HARDWARE_PRESETS, model_presets
 from placement.units import GiB
 
 from flexlamps.commands.options import ByteSize
@@ -37,7 +37,7 @@ def load_model_spec(text: str) -> ModelSpec:
     except KeyError:
         raise click.BadParameter(
             f"{text!r} is neither a config.json, an HF folder, nor a preset "
-            f"({', '.join(MODEL_CONFIGS)})", param_hint="--model") from None
+            f"({', '.join(model_presets())})", param_hint="--model") from None
 
 
 def load_hardware_spec(text: str) -> HardwareSpec:

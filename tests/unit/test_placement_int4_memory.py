@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import placement
+from flexlamps.models.description import model_spec_from_hf
 from flexlamps.engine.executors.charges import PlacementCharges
 from flexlamps.engine.executors.offloaded import CAPABILITIES
 from placement.cost import Choice, _dequantized_bytes, _largest_called_matrix, _sizes
@@ -23,7 +24,7 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 @pytest.mark.parametrize("rows", [1, 32, 127, 128, 512])
 def test_planned_dequantized_bytes_equal_the_engines_charge(config, dtype_name, rows):
     config = dict(config, torch_dtype=dtype_name)
-    model = placement.ModelSpec.from_hf_config(config)
+    model = model_spec_from_hf(config)
     on_gpu = placement.TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
     policy = placement.Policy(gpu_batch_size=1, num_gpu_batches=1, weights=on_gpu, cache=on_gpu,
                               activations=on_gpu, compress_weight=True)
@@ -42,7 +43,7 @@ def test_the_engines_switch_is_what_the_planner_assumes_by_default():
 def _planned_layer_s_and_bytes(hw, dtype: str, rows: int):
     """A bf16/fp16 llama's decode of `rows` merged rows, 4-bit, all weights on the gpu tier:
     (GEMM seconds of a decode layer, planned gpu bytes at decode)."""
-    model = placement.ModelSpec.from_hf_config(dict(LLAMA, torch_dtype=dtype))
+    model = model_spec_from_hf(dict(LLAMA, torch_dtype=dtype))
     on_gpu = placement.TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
     policy = placement.Policy(gpu_batch_size=rows, num_gpu_batches=1, weights=on_gpu, cache=on_gpu,
                               activations=on_gpu, compress_weight=True)
@@ -64,7 +65,7 @@ def test_time_and_memory_follow_one_kernel_rule_on_presets(preset, dtype):
     # without a kernel the same plan costs a dequantization and holds a matrix more
     no_kernel = dataclasses.replace(hw, gpu_int4_gemm_flops_by_rows={})
     comp_dense_s, gpu_dense_bytes = _planned_layer_s_and_bytes(no_kernel, dtype, rows)
-    model = placement.ModelSpec.from_hf_config(dict(LLAMA, torch_dtype=dtype))
+    model = model_spec_from_hf(dict(LLAMA, torch_dtype=dtype))
     matrix = _largest_called_matrix(model) * model.dtype_bytes
     if fused:
         assert gpu_dense_bytes - gpu_bytes == pytest.approx(matrix)
@@ -83,7 +84,7 @@ def test_time_and_memory_follow_one_kernel_rule_on_presets(preset, dtype):
 def test_a_sweep_of_prompt_chunks_holds_the_layer_dense_in_plan_and_engine():
     """Several prompt chunks of 128+ rows: the engine dequantizes a layer's 4-bit matrices once
     for all of them (and holds them dense); the plan reserves that, and prices one pass."""
-    model = placement.ModelSpec.from_hf_config(dict(LLAMA, torch_dtype="bfloat16"))
+    model = model_spec_from_hf(dict(LLAMA, torch_dtype="bfloat16"))
     sizes = _sizes(Choice(gpu_batch_size=2, num_gpu_batches=3, compress_weight=True), model,
                    placement.WorkloadSpec(prompt_len=8, gen_len=4))
     choice = Choice(gpu_batch_size=2, num_gpu_batches=3, compress_weight=True)

@@ -107,7 +107,7 @@ def test_search_finds_the_best_enumerated_choice():
 
 
 def test_cache_can_be_kept_off_disk():
-    model = placement.ModelSpec.preset("opt-30b")
+    model = placement.model_preset("opt-30b")
     hw = placement.hardware_preset("t4-flexgen")
     wl = placement.WorkloadSpec(prompt_len=512, gen_len=32)
     free = placement.solve(model, hw, wl, max_block_size=512,
