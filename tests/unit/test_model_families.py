@@ -49,7 +49,7 @@ def test_the_registry_and_the_planners_view_import_no_torch():
 # transformers' config class of each model type our decoder families read
 DECODER_CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
                    "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "phi3": "Phi3Config",
-                   "smollm3": "SmolLM3Config", "granite": "GraniteConfig"}
+                   "smollm3": "SmolLM3Config", "granite": "GraniteConfig", "ernie4_5": "Ernie4_5Config"}
 
 
 # and of the hybrid gated-DeltaNet families
