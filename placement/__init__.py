@@ -24,7 +24,7 @@ be compared with the model. `solve` raises `InfeasiblePlanError` (with
 `.constraint` and `.shortfall_bytes`) when nothing fits.
 """
 
-from placement.cost import CostBreakdown, int4_runs_in_place, predict
+from placement.cost import CostBreakdown, predict
 from placement.latent_pools import LatentMissCurves
 from placement.model_spec import ModelSpec
 from placement.plan import InfeasiblePlanError, Plan
@@ -34,6 +34,7 @@ from placement.specs import (CompressionSpec, EngineCapabilities, HardwareSpec, 
                              WorkloadSpec)
 from placement.tensor_table import TensorRow, TensorTable
 from placement.units import format_bytes, parse_bytes
+from placement.weight_calls import int4_runs_in_place
 
 __all__ = [
     "CompressionSpec", "CostBreakdown", "EngineCapabilities", "HardwareSpec", "InfeasiblePlanError",

@@ -84,13 +84,14 @@ def test_the_engine_plans_fp8_checkpoints_at_the_size_it_holds_them():
 
 
 def test_fp8_weights_cost_an_upcast_per_call_unless_compressed():
-    from placement.cost import Choice, _fp8_upcast_s
+    from placement.choice import Choice
+    from placement.weight_calls import fp8_upcast_s
 
     hw = placement.hardware_preset("h200")
     plain, compressed = Choice(gpu_batch_size=8, num_gpu_batches=1), Choice(gpu_batch_size=8, num_gpu_batches=1,
                                                                              compress_weight=True)
     layer = V32_FP8.weight_bytes_per_layer()
-    upcast = _fp8_upcast_s(plain, V32_FP8, hw, layer)
+    upcast = fp8_upcast_s(plain, V32_FP8, hw, layer)
     # the layer's matrices in bf16 (about twice their FP8 bytes) at the dequantization rate
     assert upcast == pytest.approx(2 * layer / hw.gpu_dequant_bytes_per_s, rel=0.02)
-    assert _fp8_upcast_s(compressed, V32_FP8, hw, layer) == 0 == _fp8_upcast_s(plain, V32, hw, layer)
+    assert fp8_upcast_s(compressed, V32_FP8, hw, layer) == 0 == fp8_upcast_s(plain, V32, hw, layer)

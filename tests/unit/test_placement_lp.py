@@ -8,7 +8,9 @@ import pytest
 
 import placement
 from placement import WorkloadSpec, hardware_preset, model_preset, solve
-from placement.cost import Choice, build_terms, predict
+from placement.choice import Choice
+from placement.cost import predict
+from placement.terms import build_terms
 from placement.lp import solve_fractions
 from placement.search import GPU_BATCH_SIZES, NUM_GPU_BATCHES, budgets_for, fraction_highs
 
