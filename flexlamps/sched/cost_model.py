@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from flexlamps.io.atomic import atomic_output
+
 
 @dataclass
 class CostModel:
@@ -158,7 +160,6 @@ class CostModel:
         return cls(**d)
 
     def save(self, path: str) -> None:
-        from flexlamps.io.atomic import atomic_output
 
         with atomic_output(path) as f:
             json.dump(self.to_json(), f, indent=2)

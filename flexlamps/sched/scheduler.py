@@ -15,45 +15,22 @@ recomputing a discarded cache is naturally chunked.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from collections import Counter, deque
-from dataclasses import dataclass
-from operator import attrgetter
 
 from flexlamps.sched.block_manager import BlockManager
+from flexlamps.sched.config import SchedulerConfig
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.invariants import check_invariants
+from flexlamps.sched.memory_pressure import MemoryPressure
 from flexlamps.sched.output import RunnerOutput, SchedulerOutput
 from flexlamps.sched.policies import SchedulingPolicy, PolicyContext
 from flexlamps.sched.predictors import Predictor
 from flexlamps.sched.request import Request, Status, Strategy
+from flexlamps.sched.waiting_queue import WaitingQueue
 
 
-@dataclass
-class SchedulerConfig:
-    num_gpu_blocks: int
-    num_cpu_blocks: int
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    watermark: float = 0.01  # fraction of gpu blocks kept free at admission (vLLM's default)
-    state_blocks: int = 0  # blocks a request's recurrent state takes (a hybrid model's; BlockManager)
-    max_blocks: int | None = None  # KV blocks a request holds at most (a paged cache's ring); None: no cap
-
-    @classmethod
-    def from_cost_model(cls, cost: CostModel, block_size: int = 16, **kw) -> "SchedulerConfig":
-        return cls(cost.gpu_kv_tokens // block_size, cost.cpu_swap_tokens // block_size, block_size, **kw)
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
-
-    @classmethod
-    def from_json(cls, d: dict) -> "SchedulerConfig":
-        return cls(**d)
-
-
-class Scheduler:
+class Scheduler(WaitingQueue, MemoryPressure):
     def __init__(self, config: SchedulerConfig, policy: SchedulingPolicy, predictor: Predictor, cost: CostModel):
         self.config, self.policy, self.predictor, self.cost = config, policy, predictor, cost
         self.bm = BlockManager(config.num_gpu_blocks, config.num_cpu_blocks, config.block_size, config.state_blocks,
@@ -98,63 +75,6 @@ class Scheduler:
         self._add_waiting(req)
         self.policy.on_arrival(req, itertools.chain(self.running, self.waiting, self._unsorted,
                                                     self.paused.values()))
-
-    def _add_waiting(self, req: Request) -> None:
-        """Queue `req`; it is placed in priority order when the queue is next looked at."""
-        self._unsorted.append(req)
-        req.sort_key = None
-        req.queue_stays += 1
-        req.queued_at = self._now
-        if self.policy.starvation_counter == "pass_over":
-            req.passed_over, req.promoted = 0, False  # counted per stay in the queue
-        elif self.policy.starvation_threshold is not None and not req.promoted \
-                and req.status is Status.WAITING:
-            # LAMPS counts iterations spent WAITING (not swapped), from joining the queue
-            req.starve_since = self.iteration
-            self._starving.append((self.iteration, req.queue_stays, req))
-        need = req.admit_need = self._admission_blocks(req)
-        self._needs[need] += 1
-        if self._min_need is not None and need < self._min_need:
-            self._min_need = need
-
-    def _admission_blocks(self, req: Request) -> int:
-        held = self.bm.blocks_held
-        if req.status is Status.SWAPPED:
-            return self.bm.num_cpu_blocks_of(req.request_id) + held(req.num_tokens) - held(req.num_computed)
-        return held(req.num_tokens)
-
-    def min_waiting_need(self) -> int:
-        if self._min_need is None:
-            self._min_need = min(self._needs, default=1 << 60)
-        return self._min_need
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting) + len(self._unsorted)
-
-    def waiting_requests(self) -> list[Request]:
-        return self.waiting + self._unsorted
-
-    def _order_queue(self, ctx: PolicyContext) -> None:
-        prio, every = self.policy.priority, self.policy.rerank_every
-        if every is not None and self.iteration % every == 0:
-            # keys move (re-ranking, VTC counters): recompute them all
-            self.waiting.extend(self._unsorted)
-            self._unsorted.clear()
-            self._promoted.clear()
-            for r in self.waiting:
-                r.sort_key = (not r.promoted, prio(r, ctx))
-            self.waiting.sort(key=attrgetter("sort_key"))
-            return
-        stale = [r for r in self._promoted if r.sort_key is not None]
-        self._promoted.clear()
-        if stale:
-            ids = {id(r) for r in stale}
-            self.waiting = [r for r in self.waiting if id(r) not in ids]
-        for r in itertools.chain(stale, self._unsorted):
-            r.sort_key = (not r.promoted, prio(r, ctx))
-            bisect.insort(self.waiting, r, key=attrgetter("sort_key"))
-        self._unsorted.clear()
 
     def resume(self, rid: str, returned_tokens: int, now: float) -> None:
         """The API call of `rid` returned `returned_tokens` tokens that join its context."""
@@ -338,141 +258,6 @@ class Scheduler:
             self.running.extend(admitted)
             self._running_sorted = False
         return admitted
-
-    def _account_starvation(self, admitted: list[Request]) -> None:
-        threshold = self.policy.starvation_threshold
-        if not admitted or threshold is None:
-            return
-        # passed over: a request that arrived later was admitted while this one waited
-        latest = max(r.arrival_time for r in admitted)
-        for req in itertools.chain(self.waiting, self._unsorted):
-            if req.arrival_time < latest and not req.promoted:
-                req.passed_over += 1
-                if req.passed_over >= threshold:
-                    req.promoted = True
-                    self._promoted.append(req)
-
-    def _make_room(self, need: int, req: Request, out: SchedulerOutput, ctx) -> bool:
-        """Free gpu blocks for `req`: first reclaim caches preserved through calls (INFERCEPT's
-        passive discard), then preempt the lowest-priority running requests. Returns False if
-        `req` itself had to be preempted."""
-        if self._preserved:
-            self._reclaim(need, out)
-        while need > self.bm.free_gpu_blocks:
-            victim = self.running[-1]  # running is sorted best-first
-            self._preempt(victim, out, swap=self.policy.preempt_by_swap)
-            if victim is req:
-                return False
-        return True
-
-    def _reclaim_order(self) -> list[Request]:
-        """Preserved caches memory pressure may take, the last one first: the policy's
-        reclaimable ones; otherwise all, the one expected back latest taken first."""
-        if self.policy.reviews_paused:
-            return [r for r in self._reclaimable if self._preserved.get(r.request_id) is r]
-        order = list(self._preserved.values())
-        order.sort(key=lambda r: r.api_start + self.predictor.api_time(r.api_type, r))
-        return order
-
-    def _reclaimable_blocks(self) -> int:
-        if not self._preserved:
-            return 0
-        if self.policy.reviews_paused:
-            return sum(self.bm.num_gpu_blocks_of(r.request_id) for r in self._reclaim_order())
-        return sum(self.bm.num_gpu_blocks_of(rid) for rid in self._preserved)
-
-    def _reclaim(self, need: int, out: SchedulerOutput) -> bool:
-        """Take preserved caches until `need` gpu blocks are free: reviewing policies swap them
-        out while the cpu tier has room (INFERCEPT's `passive_discard_by_order`), others drop
-        them. Returns whether `need` blocks are free."""
-        victims = self._reclaim_order()
-        how = self.policy.reclaim_strategy if self.policy.reviews_paused else None
-        while victims and need > self.bm.free_gpu_blocks:
-            victim = victims.pop()
-            tokens = self._kv_tokens_held(victim.request_id)
-            self._release_preserved(victim, how(tokens, self._ctx) if how else Strategy.DISCARD, out)
-        return need <= self.bm.free_gpu_blocks
-
-    def _release_preserved(self, req: Request, strategy: Strategy, out: SchedulerOutput) -> None:
-        """A request preserved through its call gives up its gpu cache: swapped out if asked and
-        the cpu tier has room, dropped otherwise."""
-        rid = req.request_id
-        del self._preserved[rid]
-        if strategy is Strategy.SWAP and self.bm.can_swap_out(rid):
-            out.swap_out.extend(self.bm.swap_out(rid))
-            out.swapped_out.append(rid)
-            req.strategy = Strategy.SWAP
-        else:
-            self._discard(req, out)
-            req.strategy = Strategy.DISCARD
-
-    def _kv_tokens_held(self, rid: str) -> int:
-        """Tokens `rid`'s gpu KV blocks hold (its state, if any, is priced by the cost model)."""
-        blocks = self.bm.num_gpu_blocks_of(rid)
-        return max(0, blocks - self.bm.state_blocks) * self.config.block_size
-
-    def _review_paused(self, out: SchedulerOutput, ctx) -> None:
-        """INFERCEPT's per-iteration rule (see `policies.infercept_review`)."""
-        held = [(r, self._kv_tokens_held(rid)) for rid, r in self._preserved.items()]
-        act, self._reclaimable = self.policy.review_paused(held, ctx)
-        for rid, strategy in act.items():
-            if strategy is not Strategy.PRESERVE:
-                self._release_preserved(self._preserved[rid], strategy, out)
-
-    def _promote_starved(self) -> None:
-        """LAMPS's starvation guard: a request WAITING `starvation_threshold` iterations in one
-        stay goes to the head of the queue until its next call."""
-        limit = self.iteration - self.policy.starvation_threshold
-        starving = self._starving
-        while starving and starving[0][0] <= limit:
-            _, stay, req = starving.popleft()
-            if stay == req.queue_stays and req.status is Status.WAITING and not req.promoted \
-                    and req.request_id in self.requests:
-                req.promoted = True
-                self._promoted.append(req)
-
-    def _discard(self, req: Request, out: SchedulerOutput) -> None:
-        if req.num_computed:
-            self._recompute_left[req.request_id] = req.num_computed
-        self.bm.free(req.request_id)
-        req.num_computed = 0
-        out.discarded.append(req.request_id)
-
-    def _preempt(self, req: Request, out: SchedulerOutput, swap: bool = False) -> None:
-        """Send a running request back to the queue: its cache is swapped to the cpu tier when
-        asked and there is room (FastServe), otherwise dropped and recomputed later (vLLM)."""
-        self.running.remove(req)
-        if swap and req.num_computed and self.bm.can_swap_out(req.request_id):
-            out.swap_out.extend(self.bm.swap_out(req.request_id))
-            req.status = Status.SWAPPED
-        else:
-            self._discard(req, out)
-            req.status = Status.WAITING
-        out.preempted.append(req.request_id)
-        req.rank_cache = None
-        self._add_waiting(req)
-
-    def _preempt_for_waiting(self, out: SchedulerOutput, ctx) -> None:
-        """Preemptive policies (MLFQ): if the best waiting request outranks the worst running
-        ones and does not fit, swap those out for it (at most one admission's worth per step)."""
-        self._order_queue(ctx)
-        if not self.waiting:
-            return
-        best = self.waiting[0]
-        prio = self.policy.priority
-        key = prio(best, ctx)
-        need = best.admit_need + self._watermark
-        victims = []
-        free = self.bm.free_gpu_blocks
-        for victim in reversed(self.running):
-            if free >= need or not prio(victim, ctx) > key:
-                break
-            victims.append(victim)
-            free += self.bm.num_gpu_blocks_of(victim.request_id)
-        if free < need:
-            return  # preempting would not make room: leave the running batch alone
-        for victim in victims:
-            self._preempt(victim, out, swap=True)
 
     def _uniform_decode_steps(self, scheduled: list[Request], max_steps: int, step_limit) -> int:
         """How many identical decode iterations can run before anything changes: no request
