@@ -11,17 +11,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Sequence
 
+from flexlamps.agents.api import run_agents
 from flexlamps.engine.batch.generate import RequestOutput, generate, shared_prefix_length
 from flexlamps.engine.batch.grammar import JsonGrammars
-from flexlamps.host_allocator import keep_freed_memory
 from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.batch.scoring import (PrefixScorer, PrefixStats, ScoreLimits, ScoreOutput, planning_positions,
                                             split_tokens)
+from flexlamps.host_allocator import keep_freed_memory
 from flexlamps.models.description import model_spec
 from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.run_plan import RunPlan, Workload, plan_augmented, plan_run
 from flexlamps.run_plan.build import build_executor, machine_inputs, with_measured_pools
 from flexlamps.settings import AugmentedSettings, RunSettings
+import placement
 
 __all__ = ["LLM", "RunSettings", "SamplingParams", "RequestOutput", "ScoreOutput"]
 
@@ -251,7 +253,6 @@ class LLM:
         position); where no plan fits them, for rows of one pair each (the fewest positions).
         Nothing to do once the executor is built; a caller scoring a job in parts plans it here
         for all its pairs first."""
-        import placement
 
         if self.executor is not None or not pairs:
             return
@@ -263,12 +264,17 @@ class LLM:
                 raise
             self.prepare(prompt_len=fewest, gen_len=1, num_sequences=len(pairs), prefix_len=root, scoring=True)
 
-    def run_agents(self, tasks, tools=None, **options):
+    def run_agents(self, tasks, tools=None, *, max_context: int = 1024, gpu_kv_mem: int | None = None,
+                   cpu_swap_mem: int | None = None, block_size: int = 16, max_num_seqs: int = 16,
+                   max_num_batched_tokens: int = 256, **options):
         """Agent tasks whose tools really run, on the augmented engine under one scheduling
-        policy: see `flexlamps.agents.api.run_agents` for `tasks`, `tools` and the options."""
-        from flexlamps.agents.api import run_agents
-
-        return run_agents(self, tasks, tools, **options)
+        policy: see `flexlamps.agents.api.run_agents` for `tasks`, `tools` and the options. The
+        paged pools: given in bytes, else room for 4 full contexts on each tier (an offloaded
+        model: what its tier budgets leave)."""
+        plan = self.prepare_augmented(AugmentedSettings.parse(
+            max_context=max_context, block_size=block_size, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, gpu_kv_mem=gpu_kv_mem, cpu_swap_mem=cpu_swap_mem))
+        return run_agents(self.executor, self.tokenizer, plan, tasks, tools, **options)
 
     def close(self) -> None:
         if hasattr(self.executor, "close"):

@@ -11,6 +11,8 @@ import sys
 
 import click
 
+from flexlamps.kernels import variants
+
 # name -> module under flexlamps.commands exporting `command`
 SUBCOMMANDS = {
     "generate": "generate",
@@ -68,7 +70,6 @@ def _stdout_failed(error: OSError) -> bool:
 @click.version_option(package_name="flexlamps")
 def main():
     """flexlamps: run LLMs bigger than your GPU, fast, from GPU, CPU and disk."""
-    from flexlamps.kernels import variants  # torch-free: a bad $FLEXLAMPS_CPU_VARIANT stops here, in one line
 
     try:
         variants.process_level()

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from flexlamps.api import LLM, planning_lengths
+from flexlamps.engine.batch.grammar import GrammarError
+from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.io.fingerprint import RecordFingerprint, model_fingerprint, stable_hash
 from flexlamps.io.openai_output import error_line, response_line
 from flexlamps.io.prompts import PromptRecord, read_prompts
@@ -54,7 +57,6 @@ class GenerateSettings:
         return dataclasses.replace(self, run=dataclasses.replace(self.run, offload_dir=offload_dir))
 
     def load_llm(self, prepare: bool = True):
-        from flexlamps.api import LLM
 
         return LLM.from_settings(self.run, prepare)
 
@@ -62,7 +64,6 @@ class GenerateSettings:
         """A prompt's params: the command's options, overridden by what its line sets. Its seed
         derives from --seed and its id (or is the line's own), so results do not depend on
         batching, sharding or resuming."""
-        from flexlamps.engine.batch.sampling import SamplingParams
 
         fields = dict(seed=zlib.crc32(f"{self.seed}:{record_id}".encode()), max_new_tokens=self.max_new_tokens,
                       temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, stop=tuple(self.stop),
@@ -158,7 +159,6 @@ def _encode_or_why(tokenizer, max_position: int, r: PromptRecord, chat: bool):
 
 
 def _schema_error(grammars, schema: str):
-    from flexlamps.engine.batch.grammar import GrammarError
 
     try:
         grammars.compile(schema)
@@ -222,7 +222,6 @@ def prepare_offload(llm, prompt_ids: list[list[int]], settings: GenerateSettings
     """Plan (or load) the policy and build the offload engine for these prompts (`records`: their
     lines, whose own max_tokens and n are planned for); returns the lines that describe the
     policy (printed by the command, reported by each Ray worker)."""
-    from flexlamps.api import planning_lengths
 
     longest, shared = planning_lengths(prompt_ids)
     params = [settings.sampling_params(r.id, r) for r in records or []]

@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from placement import parse_bytes
+
 DTYPE_NAMES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
                "float16": "float16", "fp16": "float16"}
 WEIGHT_BACKENDS = ("groupwise4", "groupwise8", "nf4", "fp4", "none")
@@ -115,7 +117,6 @@ class AugmentedSettings:
 def _bytes(name: str, value, zero_ok: bool = False) -> int | None:
     if value is None or isinstance(value, int):
         return value
-    from placement import parse_bytes
 
     if zero_ok and str(value).strip().lower() in ("0", "0b"):
         return 0

@@ -24,6 +24,9 @@ from pathlib import Path
 
 import torch
 
+from offload.folders import make_writable_folder
+from offload.lock import PathLock
+
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "uint8": torch.uint8, "int8": torch.int8, "int32": torch.int32, "int64": torch.int64}
 _META_KEY = "__flexlamps__"
@@ -77,8 +80,6 @@ class DiskFolder:
     # -- ownership ----------------------------------------------------------------------------
     def claim(self) -> None:
         """Create (or recognise) our subfolder and lock it for this process."""
-        from offload.folders import make_writable_folder
-        from offload.lock import PathLock
 
         make_writable_folder(self.folder, "--offload-dir", shown=self.root)
         mark = self.folder / _MARK

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import filelock
 
+from offload.folders import UnusablePathError, make_writable_folder
+
 
 class PathInUseError(RuntimeError):
     """Another live process holds the lock; the message names it and the fix."""
@@ -38,7 +40,6 @@ class PathLock:
         self._lock = _file_lock(self.lock_path)
 
     def acquire(self) -> PathLock:
-        from offload.folders import UnusablePathError, make_writable_folder
 
         make_writable_folder(self.lock_path.parent, self.option, self.shown)
         try:

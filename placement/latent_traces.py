@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from placement.eviction import belady_misses, lru_misses
+from placement.latent_pools import LatentMissCurves
 
 WARMUP_STEPS = 8  # ESS warms its LRU with the prefill's last top-k before decode counts misses
 
@@ -93,7 +94,6 @@ def ess_layer_curves(num_layers: int, topk: int, contexts: list[int], steps: int
 def ess_miss_curves(num_layers: int = 61, topk: int = 2048, context: int = 32768, steps: int = 24):
     """ESS's per-layer curves as the planner reads them (`placement.latent_pools`): pool sizes
     and misses as fractions of the context and of the top-k."""
-    from placement.latent_pools import LatentMissCurves
 
     curves = ess_layer_curves(num_layers, topk, [context], steps=steps)[context]
     return LatentMissCurves(

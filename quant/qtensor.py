@@ -124,7 +124,7 @@ class QTensor:
         return dataclasses.replace(self, codes=pin(self.codes), scales=pin(self.scales), mins=pin(self.mins))
 
     def dequantize(self, dtype: torch.dtype | None = None, device=None, out=None) -> torch.Tensor:
-        from quant.groupwise import dequantize
+        from quant.groupwise import dequantize  # lazy (cycle): groupwise returns QTensors
 
         return dequantize(self, dtype=dtype, device=device, out=out)
 

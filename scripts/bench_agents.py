@@ -54,7 +54,7 @@ def main() -> None:
     scale = TraceScale(time_scale=a.time_scale, max_prompt=a.max_prompt, max_segment_output=a.max_output,
                        max_api_tokens=a.max_api_tokens, max_context=a.max_context)
     config = AgentsConfig(gpu_kv_bytes=int(a.gpu_kv_mib * 2**20), cpu_swap_bytes=int(a.cpu_swap_mib * 2**20))
-    requests = replay_requests(llm, load_trace(llm, a.trace), scale, a.qps, a.num_requests, a.seed)
+    requests = replay_requests(llm.config, load_trace(llm.tokenizer, a.trace), scale, a.qps, a.num_requests, a.seed)
     cost = measure_cost(llm.executor, config, a.max_context, cpu_clock=a.clock == "cpu")
     print(f"{len(requests)} requests, {sum(r.spec.output_tokens for r in requests)} output tokens, "
           f"{sum(len(r.spec.segments) - 1 for r in requests)} calls; gpu pool {cost.gpu_kv_tokens} tokens, "

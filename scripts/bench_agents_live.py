@@ -59,7 +59,7 @@ def main() -> None:
             rows.append(alone)
             _print(rows[-1:], header=not rows[:-1])
             for policy in a.policies.split(","):
-                run = run_tasks(llm, workload.make_tasks(), policy, config, cost, live)
+                run = run_tasks(llm.executor, llm.tokenizer, workload.make_tasks(), policy, config, cost, live)
                 rows.append(_row(mode, name, policy, [r.e2e for r in run.result.records], run.result.end_time,
                                  run, workload.score(run.tasks), alone))
                 _print(rows[-1:], header=False)
@@ -86,7 +86,7 @@ def _one_at_a_time(mode, llm, workload, config, cost, live) -> dict:
     """Each task alone, in turn: task i finishes after the runs of tasks 1..i."""
     tasks, walls, tokens = workload.make_tasks(), [], {}
     for task in tasks:
-        run = run_tasks(llm, [task], "fcfs", config, cost, live)
+        run = run_tasks(llm.executor, llm.tokenizer, [task], "fcfs", config, cost, live)
         walls.append(run.result.end_time)
         tokens.update(run.result.tokens)
     row = _row(mode, workload.name, "alone", list(np.cumsum(walls)), sum(walls), None, workload.score(tasks), None)

@@ -57,7 +57,8 @@ def profile_routing(args, prompt_len: int) -> str:
     prices the expert cache's hits from the traces); 0: the cached profile removed, uniform routing.
     Runs before the rows, outside the memory cap (it holds every weight in memory)."""
     from flexlamps.commands.profile import ROUTING_NEW_TOKENS
-    from flexlamps.engine.routing_profile import measure_routing, routing_cache_path, save_routing
+    from flexlamps.engine.routing_measure import measure_routing
+    from flexlamps.engine.routing_profile import routing_cache_path, save_routing
     from flexlamps.models.loading.registry import open_checkpoint
 
     reader = open_checkpoint(str(args.model))

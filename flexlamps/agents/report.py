@@ -7,6 +7,7 @@ import json
 from typing import Callable
 
 from flexlamps.agents.run import LiveRun
+from flexlamps.io.atomic import atomic_output
 from flexlamps.sim.metrics import summarize
 
 
@@ -48,7 +49,6 @@ def write_jsonl_atomic(path: str, rows: list[dict]) -> None:
 
 
 def _write_atomic(path: str, text: str) -> None:
-    from flexlamps.io.atomic import atomic_output
 
     with atomic_output(path) as f:  # the file's mode follows the umask, as a plain open's would
         f.write(text)

@@ -18,6 +18,7 @@ from flexlamps.agents.live import LiveCalls
 from flexlamps.agents.task import AgentTask
 from flexlamps.engine.augmented.engine import AugmentedResult, WallClock
 from flexlamps.engine.augmented.run import AgentsConfig, run_policy_on_engine
+from flexlamps.engine.executors.contract import Executor
 from flexlamps.sched.cost_model import CostModel
 from flexlamps.sched.predictors import LearnedPredictor
 from flexlamps.sched.request import RequestSpec
@@ -55,11 +56,12 @@ class LiveRun:
     predictor: LearnedPredictor  # what the scheduler learned: call durations per tool, segment lengths
 
 
-def run_tasks(llm, tasks: Sequence[AgentTask], policy: str, config: AgentsConfig, cost: CostModel,
-              settings: LiveSettings = LiveSettings(), *, check: bool = False,
+def run_tasks(executor: Executor, tokenizer, tasks: Sequence[AgentTask], policy: str, config: AgentsConfig,
+              cost: CostModel, settings: LiveSettings = LiveSettings(), *, check: bool = False,
               on_finish: Callable | None = None) -> LiveRun:
-    """Run `tasks` (fresh ones: they record what they do) under `policy`."""
-    turns = ChatTurns(llm.tokenizer)
+    """Run `tasks` (fresh ones: they record what they do) under `policy` on `executor` (built for
+    the run plan whose pools are `config`); `tokenizer` renders the turns."""
+    turns = ChatTurns(tokenizer)
     requests, by_id = [], {}
     for task in tasks:
         if task.task_id in by_id:
@@ -77,6 +79,6 @@ def run_tasks(llm, tasks: Sequence[AgentTask], policy: str, config: AgentsConfig
                           max_context=settings.max_context, pool=pool)
         predictor = LearnedPredictor(default_output=settings.max_new_tokens / 2,
                                      default_api_time=settings.first_call_s)
-        result = run_policy_on_engine(llm.executor, requests, policy, config, cost, clock=WallClock(), check=check,
+        result = run_policy_on_engine(executor, requests, policy, config, cost, clock=WallClock(), check=check,
                                       on_finish=on_finish, predictor=predictor, calls=calls)
     return LiveRun(policy, result, list(tasks), time.perf_counter() - start, predictor)

@@ -7,6 +7,10 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from flexlamps.agents.gsm8k import CalculatorTask, accuracy, load_gsm8k
+from flexlamps.agents.selfdebug import SelfDebugTask, load_problems, pass_at_round
+from flexlamps.agents.toolcalls import ToolUseTask, load_tools, tool_score
+from flexlamps.io.prompts import read_prompts
 from flexlamps.tools.sandbox import Limits
 
 WORKLOADS = ("self-debug", "gsm8k", "tools")
@@ -31,21 +35,17 @@ def load_workload(name: str, path: str, *, rounds: int, limit: int | None, tool_
     `unsafe_tools`: run the tools without the OS sandbox (see flexlamps.tools.sandbox)."""
     limits = Limits(wall_s=tool_timeout, cpu_s=max(1, math.ceil(tool_timeout)), unsafe=unsafe_tools)
     if name == "self-debug":
-        from flexlamps.agents.selfdebug import SelfDebugTask, load_problems, pass_at_round
 
         problems = load_problems(path, limit)
         return Workload(name, lambda: [SelfDebugTask(p, rounds, limits) for p in problems],
                         lambda tasks: {"pass_at_round": pass_at_round(tasks, rounds)},
                         max(len(p.prompt) for p in problems))
     if name == "gsm8k":
-        from flexlamps.agents.gsm8k import CalculatorTask, accuracy, load_gsm8k
 
         problems = load_gsm8k(path, limit)
         return Workload(name, lambda: [CalculatorTask(p, rounds, limits) for p in problems], accuracy,
                         max(len(p.question) for p in problems))
     if name == "tools":
-        from flexlamps.agents.toolcalls import ToolUseTask, load_tools, tool_score
-        from flexlamps.io.prompts import read_prompts
 
         if prompts is None:
             raise ValueError("--tools needs --prompts FILE: the requests that may call the tools")

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
-import os
-
 import click
 
+from flexlamps.agents.workloads import load_workload
+from flexlamps.commands.agents_live import run_live
+from flexlamps.commands.agents_setup import augmented_settings
+from flexlamps.commands.agents_trace import TraceReplay, run_trace
 from flexlamps.commands.options import (ByteSize, check_model, check_offload_dir, check_policy, engine_settings_from,
                                         hold_output, model_options, plots_wanted, refused_option,
                                         writable_folder)
-from flexlamps.commands.simulate import _floats, _policies, _write_json
+from flexlamps.commands.simulate import _floats, _policies
+from flexlamps.tools import sandbox
+from flexlamps.workloads.tokenized import TraceScale
 
 _HELP = """Run augmented requests from an INFERCEPT-format --trace on the real engine (paged KV cache,
 continuous batching) under each scheduling policy of --schedulers, and print per policy: end-to-end latency (mean, p50,
@@ -116,71 +119,45 @@ in OUT with the same settings is kept (rerun to resume)."""
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="folder for summary.json and the PNG plots")
 @click.option("--no-plots", is_flag=True, help="skip the matplotlib plots")
-def command(model, dtype, trace_path, self_debug, gsm8k, tools_module, prompts, rounds, limit, max_new_tokens,
-            tool_timeout, unsafe_tools, tool_workers, recheck, schedulers, qps, num_requests, time_scale, max_context, max_prompt,
-            max_output, max_api_tokens, gpu_kv_mem, cpu_swap_mem, gpu_mem, cpu_mem, offload_dir, placement,
-            block_size, max_num_seqs, max_batched_tokens, noise_sigma, seed, clock, verify, out_dir, no_plots):
-    from flexlamps.engine.augmented.run import measure_cost
-    from flexlamps.workloads.tokenized import TraceScale, load_trace
-    from flexlamps.workloads.trace import load_templates
-
-    if (gpu_mem is None) != (cpu_mem is None):
+def command(**options):
+    if (options["gpu_mem"] is None) != (options["cpu_mem"] is None):
         raise click.UsageError("give --gpu-mem and --cpu-mem together (the tiers' budgets), or neither")
-    if offload_dir is not None and gpu_mem is None:
+    if options["offload_dir"] is not None and options["gpu_mem"] is None:
         raise click.UsageError("--offload-dir needs the tiers' budgets: give --gpu-mem and --cpu-mem")
-    check_model(model)
-    writable_folder(out_dir, "--out")  # before the model loads
-    hold_output(out_dir, "--out")
-    check_offload_dir(offload_dir)
-    check_policy(placement)
-    run = engine_settings_from(model, dtype, dict(gpu_mem=gpu_mem, cpu_mem=cpu_mem, offload_dir=offload_dir,
-                                                   policy=placement))
-    shape = dict(block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched_tokens,
-                 noise_sigma=noise_sigma, seed=seed, gpu_kv_mem=gpu_kv_mem, cpu_swap_mem=cpu_swap_mem)
-    workload = _live_workload(trace_path, self_debug, gsm8k, tools_module, prompts, rounds, limit, tool_timeout,
-                              unsafe_tools)
+    check_model(options["model"])
+    writable_folder(options["out_dir"], "--out")  # before the model loads
+    hold_output(options["out_dir"], "--out")
+    check_offload_dir(options["offload_dir"])
+    check_policy(options["placement"])
+    run = engine_settings_from(options["model"], options["dtype"], dict(
+        gpu_mem=options["gpu_mem"], cpu_mem=options["cpu_mem"], offload_dir=options["offload_dir"],
+        policy=options["placement"]))
+    shape = {k: options[k] for k in ("block_size", "max_num_seqs", "noise_sigma", "seed", "gpu_kv_mem", "cpu_swap_mem")}
+    shape["max_num_batched_tokens"] = options["max_batched_tokens"]
+    workload = _live_workload(**{k: options[k] for k in _WORKLOAD_OPTIONS})
     if workload is not None:
-        from flexlamps.commands.agents_live import run_live
-
-        augmented = augmented_settings(max_context or workload.context_for(max_new_tokens, rounds), **shape)
-        return run_live(workload=workload, run=run, augmented=augmented, schedulers=schedulers,
-                        max_new_tokens=max_new_tokens, rounds=rounds, tool_workers=tool_workers, out_dir=out_dir,
-                        recheck=recheck)
-    no_plots = not plots_wanted(no_plots)  # the trace's run draws plots; a live one does not
-    shape.update(gpu_kv_mem=24 << 20 if gpu_kv_mem is None else gpu_kv_mem,
-                 cpu_swap_mem=8 << 20 if cpu_swap_mem is None else cpu_swap_mem)
-    augmented = augmented_settings(max_context or 256, **shape)
+        context = options["max_context"] or workload.context_for(options["max_new_tokens"], options["rounds"])
+        return run_live(workload=workload, run=run, augmented=augmented_settings(context, **shape),
+                        **{k: options[k] for k in ("schedulers", "max_new_tokens", "rounds", "tool_workers",
+                                                   "out_dir", "recheck")})
+    plots = plots_wanted(options["no_plots"])  # the trace's run draws plots; a live one does not
+    shape.update(gpu_kv_mem=24 << 20 if shape["gpu_kv_mem"] is None else shape["gpu_kv_mem"],
+                 cpu_swap_mem=8 << 20 if shape["cpu_swap_mem"] is None else shape["cpu_swap_mem"])
+    augmented = augmented_settings(options["max_context"] or 256, **shape)
     try:
-        scale = TraceScale(time_scale=time_scale, max_prompt=max_prompt, max_segment_output=max_output,
-                           max_api_tokens=max_api_tokens, max_context=augmented.max_context)
-        load_templates(trace_path)  # a bad trace fails before the model loads (counted again with its tokenizer)
-        llm, plan = load_planned(run, augmented)
-        templates = load_trace(llm, trace_path)
+        scale = TraceScale(time_scale=options["time_scale"], max_prompt=options["max_prompt"],
+                           max_segment_output=options["max_output"], max_api_tokens=options["max_api_tokens"],
+                           max_context=augmented.max_context)
     except ValueError as e:
         raise click.ClickException(str(e))
-    if verify and str(llm.dtype) != "torch.float32":
-        click.echo(_VERIFY_LOW_PRECISION.format(str(llm.dtype).removeprefix("torch.")), err=True)
-    click.echo("measuring the cost model on this machine ...")
-    cost = measure_cost(llm.executor, plan.pools, augmented.max_context, cpu_clock=clock == "cpu")
-    try:
-        results = _run_all(llm, templates, scale, plan.pools, cost, schedulers, qps, num_requests, seed, verify, clock)
-    except ValueError as e:  # NonFiniteLogitsError: a model whose weights hold NaN
-        raise click.ClickException(f"--model {model}: {e}") from None
-    _report(results, trace_path, out_dir, no_plots, dict(
-        model=model, dtype=dtype, trace=os.path.abspath(trace_path), num_requests=num_requests, seed=seed,
-        scale=scale.__dict__, config=plan.pools.to_json(), clock=clock, cost_model=cost.to_json(),
-        placement=plan.policy.to_dict() if plan.offloaded else None))
-    llm.close()
+    replay = TraceReplay(schedulers=options["schedulers"], qps=options["qps"], num_requests=options["num_requests"],
+                         seed=options["seed"], verify=options["verify"], clock=options["clock"], plots=plots)
+    run_trace(options["trace_path"], run, augmented, scale, replay, options["out_dir"])
 
 
-def augmented_settings(max_context: int, **fields):
-    """The augmented face's settings, parsed once; a bad value is a UsageError naming it."""
-    from flexlamps.settings import AugmentedSettings
-
-    try:
-        return AugmentedSettings.parse(max_context=max_context, **fields)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
+# the options that choose and read the workload (--trace, or a live one)
+_WORKLOAD_OPTIONS = ("trace_path", "self_debug", "gsm8k", "tools_module", "prompts", "rounds", "limit", "tool_timeout",
+                     "unsafe_tools")
 
 
 def _live_workload(trace_path, self_debug, gsm8k, tools_module, prompts, rounds, limit, tool_timeout, unsafe_tools):
@@ -195,7 +172,6 @@ def _live_workload(trace_path, self_debug, gsm8k, tools_module, prompts, rounds,
     if trace_path is not None:
         return None
     _check_tool_sandbox(unsafe_tools)
-    from flexlamps.agents.workloads import load_workload
 
     name, path = {"--self-debug": ("self-debug", self_debug), "--gsm8k": ("gsm8k", gsm8k),
                   "--tools": ("tools", tools_module)}[named[0]]
@@ -208,137 +184,13 @@ def _live_workload(trace_path, self_debug, gsm8k, tools_module, prompts, rounds,
 
 def _check_tool_sandbox(unsafe_tools: bool) -> None:
     """Model-written code runs behind the OS sandbox, or the user asked for none by name."""
-    from flexlamps.tools.sandbox import boundary_problem
 
     if unsafe_tools:
         click.echo("warning: --unsafe-tools: model-written and tool code runs without the OS sandbox; it can read, "
                    "write and signal whatever this process can", err=True)
         return
-    problem = boundary_problem()
+    problem = sandbox.boundary_problem()
     if problem is not None:
         raise click.ClickException(f"{problem}; or pass --unsafe-tools to run model-written code without it")
 
 
-def load_planned(run, augmented):
-    """The model, planned and built for the augmented run (`LLM.prepare_augmented`); offloaded,
-    the placement and the pools its budgets leave are printed."""
-    from flexlamps.api import LLM
-    from placement import format_bytes
-
-    llm = LLM.from_settings(run)
-    plan = llm.prepare_augmented(augmented)
-    if not plan.offloaded:
-        return llm, plan
-    w, use, sizes = plan.policy.weights, llm.executor.tier_use(), llm.pool_sizes
-    click.echo(f"placement: weights {w.gpu:.0%} gpu / {w.cpu:.0%} cpu / {w.disk:.0%} disk "
-               f"({format_bytes(use['gpu'].used_bytes)} gpu, {format_bytes(use['cpu'].used_bytes)} cpu resident)")
-    click.echo(f"planner: gpu KV pool {format_bytes(sizes.gpu_kv_bytes)}, cpu swap pool "
-               f"{format_bytes(sizes.cpu_swap_bytes)} (budgets {format_bytes(run.gpu_mem)} / "
-               f"{format_bytes(run.cpu_mem)}; working set {format_bytes(sizes.gpu_working_set)} gpu, "
-               f"{format_bytes(sizes.cpu_working_set)} cpu)")
-    return llm, plan
-
-
-def _run_all(llm, templates, scale, config, cost, policies, qps, num_requests, seed, verify, clock):
-    from tqdm import tqdm
-
-    from flexlamps.engine.augmented.engine import CpuClock, WallClock
-    from flexlamps.engine.augmented.reference import uninterrupted_tokens
-    from flexlamps.engine.augmented.run import run_policy_on_engine
-    from flexlamps.workloads.tokenized import replay_requests
-    from flexlamps.sim.metrics import summarize
-
-    results, plain = [], _reference_executor(llm) if verify else None
-    for load in qps:
-        pool_tokens = cost.gpu_kv_tokens
-        if scale.max_context >= pool_tokens:
-            raise click.ClickException(f"--max-context {scale.max_context} does not fit the gpu KV pool "
-                                       f"({pool_tokens} tokens); raise --gpu-kv-mem or lower --max-context")
-        requests = replay_requests(llm, templates, scale, load, num_requests, seed)
-        expected = uninterrupted_tokens(plain, requests) if verify else None
-        for policy in policies:
-            with tqdm(total=len(requests), desc=f"{policy} qps {load:g}", unit="req", leave=False) as bar:
-                res = run_policy_on_engine(llm.executor, requests, policy, config, cost, on_finish=lambda rec: bar.update(),
-                                           clock=CpuClock() if clock == "cpu" else WallClock())
-            mismatched = None
-            if expected is not None:
-                mismatched = sorted(rid for rid, toks in res.tokens.items() if toks != expected[rid])
-            summary = summarize(res.records, policy, load, res.end_time)
-            results.append((summary, res, mismatched))
-    return results
-
-
-_VERIFY_LOW_PRECISION = (
-    "note: in {} --verify compares each output with the same engine's own uninterrupted generation (its weights "
-    "and kernels; an in-memory run keeps 4-bit weights in another form). Exact equality would need kernels whose "
-    "rows do not depend on the step's shapes: oneDNN's bf16 GEMM is so on CPUs without AMX, but not with AMX (a row "
-    "may move by one bf16 rounding step), nor are 4-bit weights (another kernel from 128 rows) or bf16 attention "
-    "(torch's flash kernel: a token may move by a rounding step with the rows and chunks of its step); a near-tie "
-    "may then flip a token. Outputs that differ are listed. float32 (--dtype float32) is exact and is also checked "
-    "against the model all in memory.")
-
-
-def _reference_executor(llm):
-    """What every output must equal when generated alone. float32: the model all in memory, outside
-    the tiers' budgets (it also checks the offloading, bit for bit). Other dtypes: the engine's own
-    executor, one request at a time (see _VERIFY_LOW_PRECISION)."""
-    if llm.offload is None or str(llm.dtype) != "torch.float32":
-        return llm.executor
-    from flexlamps.api import LLM
-
-    return LLM(llm.model_name, dtype=str(llm.dtype).removeprefix("torch.")).executor
-
-
-def _report_memory(results) -> None:
-    """Per run: each budgeted tier's peak against its budget, and the KV bytes swapped to cpu."""
-    from placement import format_bytes
-
-    for s, res, _ in results:
-        peaks = [f"peak {tier} {format_bytes(u.peak_bytes)} of {format_bytes(u.capacity_bytes)}"
-                 for tier, u in res.tier_use.items() if u.capacity_bytes is not None]
-        if peaks:
-            click.echo(f"{s.policy} qps {s.qps:g}: {', '.join(peaks)}; swapped "
-                       f"{format_bytes(res.swapped_out_bytes)} to the cpu tier")
-
-
-def _report(results, trace_path, out_dir, no_plots, meta: dict) -> None:
-    header = (f"{'policy':10s} {'qps':>5s} {'n':>4s} {'E2E mean':>9s} {'p50':>7s} {'p99':>7s} "
-              f"{'TTFT mean':>9s} {'p50':>7s} {'p99':>7s} {'norm s/tok':>10s} {'req/s':>6s} {'tok/s':>6s} "
-              f"{'recomp':>6s} {'swap':>5s} {'P/S/D calls':>12s}")
-    click.echo(header)
-    rows = []
-    for s, res, mismatched in results:
-        st = res.stats
-        calls = "/".join(str(st.strategies[k]) for k in ("preserve", "swap", "discard"))
-        click.echo(f"{s.policy:10s} {s.qps:5g} {s.num_requests:4d} {s.e2e_mean:9.2f} {s.e2e_p50:7.2f} "
-                   f"{s.e2e_p99:7.2f} {s.ttft_mean:9.3f} {s.ttft_p50:7.3f} {s.ttft_p99:7.2f} "
-                   f"{s.norm_mean:10.4f} {s.throughput_rps:6.3f} {s.throughput_tps:6.1f} "
-                   f"{st.recompute_tokens:6d} {st.swap_tokens:5d} {calls:>12s}")
-        rows.append({"summary": s.to_json(), "stats": st.__dict__,
-                     "records": [r.__dict__ for r in res.records], "swapped_out_bytes": res.swapped_out_bytes,
-                     "tier_use": {tier: dataclasses.asdict(use) for tier, use in res.tier_use.items()},
-                     "exact": None if mismatched is None else not mismatched,
-                     "mismatched": mismatched})
-    _report_memory(results)
-    for s, _, mismatched in results:
-        if mismatched:
-            click.echo(f"{s.policy} qps {s.qps:g}: {len(mismatched)} outputs differ from the uninterrupted "
-                       f"generation: {', '.join(mismatched[:5])}", err=True)
-        elif mismatched is not None:
-            click.echo(f"{s.policy} qps {s.qps:g}: verified, all {s.num_requests} outputs equal the uninterrupted "
-                       "generation", err=True)
-    _write_json(os.path.join(out_dir, "summary.json"), {**meta, "results": rows})
-    if not no_plots:
-        from flexlamps.sim.plots import plot_cdf, plot_vs_load
-
-        name = os.path.basename(trace_path)
-        by_load: dict[float, dict[str, list[float]]] = {}
-        for s, res, _ in results:
-            by_load.setdefault(s.qps, {})[s.policy] = [r.e2e for r in res.records]
-        for load, by_policy in by_load.items():
-            plot_cdf(by_policy, f"E2E CDF (real engine), {name}, qps {load:g}",
-                     os.path.join(out_dir, f"cdf_qps{load:g}.png"))
-        plot_vs_load([s for s, _, _ in results], os.path.join(out_dir, "latency_vs_load.png"), name)
-    click.echo(f"wrote {out_dir}/summary.json" + ("" if no_plots else " and PNG plots"))
-    if any(m for _, _, m in results):
-        raise click.ClickException("some outputs differ from their uninterrupted generation (see above)")

@@ -10,16 +10,17 @@ import os
 
 import click
 
+from flexlamps.agents.report import policy_summary, print_table, task_records, write_json_atomic, write_jsonl_atomic
+from flexlamps.agents.run import LiveSettings, run_tasks
+from flexlamps.agents.selfdebug import recheck_records
+from flexlamps.commands.agents_setup import load_planned
+from flexlamps.engine.augmented.run import measure_cost
+
 
 def run_live(*, workload, run, augmented, schedulers, max_new_tokens, rounds, tool_workers, out_dir: str,
              recheck: bool) -> None:
     """Each scheduling policy in `schedulers` over `workload`'s tasks, on the model `run`
     (RunSettings) planned for `augmented` (AugmentedSettings)."""
-    from flexlamps.agents.report import policy_summary, print_table, task_records, write_json_atomic, \
-        write_jsonl_atomic
-    from flexlamps.agents.run import LiveSettings, run_tasks
-    from flexlamps.commands.agents import load_planned
-    from flexlamps.engine.augmented.run import measure_cost
 
     max_context = augmented.max_context
     try:
@@ -39,7 +40,8 @@ def run_live(*, workload, run, augmented, schedulers, max_new_tokens, rounds, to
             continue
         tasks = workload.make_tasks()
         try:
-            result = run_tasks(llm, tasks, policy, plan.pools, cost, live, on_finish=_progress(policy, len(tasks)))
+            result = run_tasks(llm.executor, llm.tokenizer, tasks, policy, plan.pools, cost, live,
+                               on_finish=_progress(policy, len(tasks)))
         except ValueError as e:
             raise click.ClickException(str(e))
         write_jsonl_atomic(os.path.join(out_dir, f"{policy}.jsonl"), task_records(result))
@@ -81,7 +83,6 @@ def _checks(workload: str, out_dir: str, policies: list[str], dtype: str, rechec
     text), and with `recheck`, every recorded pass/fail against running its program again."""
     if workload != "self-debug":
         return {}
-    from flexlamps.agents.selfdebug import recheck_records
 
     records = {p: _read_jsonl(os.path.join(out_dir, f"{p}.jsonl")) for p in policies}
     programs = {p: [[rd["program"] for rd in r["rounds"]] for r in recs] for p, recs in records.items()}

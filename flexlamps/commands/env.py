@@ -11,6 +11,10 @@ import warnings
 
 import click
 
+import flexlamps
+from flexlamps.cache_folder import CACHE_ENV, cache_root
+from flexlamps.kernels import build, loader, variants
+
 # CPU flags that decide which kernels run (theirs, AMX, AVX-512 BF16), in /proc/cpuinfo's names
 _RELEVANT_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vbmi", "avx512_vnni",
                    "avx512_bf16", "amx_bf16")
@@ -24,7 +28,6 @@ def _version(package: str) -> str | None:
 
 
 def _versions() -> dict:
-    import flexlamps
     import torch
 
     return {"flexlamps": f"{flexlamps.__version__} ({os.path.dirname(flexlamps.__file__)})",
@@ -33,7 +36,6 @@ def _versions() -> dict:
 
 
 def _cpu() -> dict:
-    from flexlamps.kernels import build
 
     have = build.cpu_flags()
     name = next((line.split(":", 1)[1].strip() for line in _cpuinfo_lines() if line.startswith("model name")),
@@ -62,7 +64,6 @@ def _gpu() -> str:
 def _kernels() -> dict:
     """The CPU level the kernels run at, and each native kernel: loaded (built and checked, in
     which variant), disabled or failed, and why."""
-    from flexlamps.kernels import loader, variants
 
     level = variants.process_level()
     kernels = loader.chosen()
@@ -74,7 +75,7 @@ def _kernels() -> dict:
 
 
 def _profiles() -> dict:
-    from flexlamps.cache_folder import cache_root
+    # lazy (torch): the hardware profile's module probes with torch
     from flexlamps.hardware.cache import profile_cache_path
 
     generic = profile_cache_path()
@@ -86,7 +87,6 @@ def _profiles() -> dict:
 
 def _cache_folder(root) -> str:
     """The cache folder, and what stops flexlamps keeping its caches there, if anything."""
-    from flexlamps.cache_folder import CACHE_ENV
 
     fix = f"remove it or set ${CACHE_ENV} to a folder"
     if root.exists() and not root.is_dir():

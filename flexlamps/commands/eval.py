@@ -15,6 +15,8 @@ import click
 
 from flexlamps.commands.options import (check_model, check_offload_dir, check_policy, engine_settings, model_options,
                                         offload_options, writable_folder)
+from flexlamps.evals.lm_eval_run import EvalOptions, run_lm_eval
+from flexlamps.io.fingerprint import model_fingerprint
 
 CACHE_FOLDER = ".flexlamps-eval-cache"
 NO_LM_EVAL = "flexlamps eval needs lm-evaluation-harness, which is not installed: pip install 'flexlamps[eval]'"
@@ -83,7 +85,6 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
                   **({} if run.policy == "auto" else {"policy": run.policy})}
     model_args = {k: v for k, v in model_args.items() if v is not None}
     cache = _response_cache(output, model_args, overwrite)
-    from flexlamps.evals.lm_eval_run import EvalOptions, run_lm_eval
 
     opts = EvalOptions(num_fewshot=num_fewshot, limit=limit, log_samples=log_samples,
                        apply_chat_template=apply_chat_template, fewshot_as_multiturn=fewshot_as_multiturn,
@@ -116,8 +117,6 @@ def _response_cache(output: Path, model_args: dict, overwrite: bool) -> str:
     """lm_eval's use_cache path for this model file and the settings its numbers depend on: a
     re-run with them resumes, other settings get their own cache."""
     import hashlib
-
-    from flexlamps.io.fingerprint import model_fingerprint
 
     numbers = {k: model_args.get(k) for k in ("dtype", "compress_weight", "compress_cache", "weight_quant",
                                                "max_length", "seed")}

@@ -12,8 +12,32 @@ import time
 
 import click
 
+from flexlamps import fault_points
+from flexlamps.commands.memory import check_max_rss, fill_cap
 from flexlamps.commands.options import (ByteSize, check_model, check_offload_dir, check_policy, engine_settings, model_options,
                                         offload_options, peak_rss_mib, ray_options)
+from flexlamps.distributed.cluster import DistributedError, ray_cluster
+from flexlamps.distributed.generate import generate_on_ray
+from flexlamps.engine.batch.generate import ContextOverflowError
+from flexlamps.engine.batch.grammar import JsonGrammars
+from flexlamps.engine.batch.sampling import NonFiniteLogitsError
+from flexlamps.generate_job import (
+    GenerateSettings,
+    encode_or_error_rows,
+    error_message,
+    generate_rows,
+    pending_job,
+    prepare_offload,
+)
+from flexlamps.io.prompts import PromptFileError
+from flexlamps.io.records import canonical_schema
+from flexlamps.io.results import ResultsError
+from flexlamps.models.config import UnsupportedModelError
+from flexlamps.models.description import model_spec
+from flexlamps.models.loading.checkpoint import CheckpointError
+from flexlamps.models.loading.registry import UnknownModelError, open_checkpoint
+from offload import BudgetExceededError, PathInUseError, compute_device
+from placement import InfeasiblePlanError
 
 
 def _since_process_start() -> float:
@@ -75,8 +99,6 @@ def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, t
             logprobs, chat, ignore_eos, json_schema_path, batch_size, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight,
             compress_cache, weight_quant, max_rss, overwrite, strict, no_progress, ray_address, ray_workers):
     """Generate a completion for every prompt in PROMPTS and write them to OUT."""
-    from flexlamps import fault_points
-    from flexlamps.generate_job import GenerateSettings
 
     check_model(model, chat=chat)
     run = engine_settings(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight, compress_cache,
@@ -101,8 +123,6 @@ def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, t
 
 def _cpu_tier_within(run, max_rss: int):
     """With --max-rss and --gpu-mem but no --cpu-mem: the cpu tier is what the cap leaves, said on stderr."""
-    from flexlamps.commands.memory import fill_cap
-    from offload import compute_device
 
     run, line = fill_cap(run, max_rss, gpu_is_host=compute_device().type == "cpu")
     if line is not None:
@@ -113,8 +133,6 @@ def _cpu_tier_within(run, max_rss: int):
 def _read_schema(path: str | None) -> str | None:
     """--json-schema's schema as canonical text, or a usage error naming the file and the fix."""
     import json
-
-    from flexlamps.io.records import canonical_schema
 
     if path is None:
         return None
@@ -142,10 +160,6 @@ def _modified_s(path: str) -> int:
 def _pending_job(settings, prompts_path, out_path, overwrite):
     """Check the policy file and the offload folder, read the prompts, lock --out and load what
     earlier runs finished; every refusal names the input and the fix."""
-    from flexlamps.generate_job import pending_job
-    from flexlamps.io.prompts import PromptFileError
-    from flexlamps.io.results import ResultsError
-    from offload import PathInUseError
 
     try:
         check_policy(settings.run.policy)
@@ -168,8 +182,6 @@ def _note_models(records, loaded: str) -> None:
 
 
 def _run(settings, job, no_progress, max_rss, strict, ray_address, ray_workers) -> None:
-    from flexlamps.io.results import ResultsError
-    from offload import PathInUseError
 
     if not job.todo:
         job.results.open()
@@ -215,7 +227,6 @@ class _Progress:
 
 
 def _open_results(job, out_path) -> None:
-    from flexlamps.io.results import ResultsError
 
     try:
         job.results.open()
@@ -242,11 +253,8 @@ def _finish(job, progress: _Progress, wall: float) -> None:
 def _check_max_rss(settings, max_rss: int, num_prompts: int, llm) -> None:
     """--max-rss against the run's one description: the local engine's (its weights not read yet),
     or on Ray one opened here (the driver holds no engine)."""
-    from flexlamps.commands.memory import check_max_rss
 
     if llm is None:
-        from flexlamps.models.description import model_spec
-        from flexlamps.models.loading.registry import open_checkpoint
 
         reader = open_checkpoint(settings.run.model, settings.run.cache_dir or None)
         check_max_rss(settings, max_rss, num_prompts, reader, model_spec(reader.config, reader.hf_config))
@@ -256,9 +264,6 @@ def _check_max_rss(settings, max_rss: int, num_prompts: int, llm) -> None:
 
 def _run_local(settings, job, no_progress: bool, strict: bool, max_rss: int | None) -> None:
     """One engine in this process (with --max-rss, checked before any weight is read)."""
-    from flexlamps.engine.batch.generate import ContextOverflowError
-    from flexlamps.engine.batch.sampling import NonFiniteLogitsError
-    from flexlamps.generate_job import generate_rows
 
     llm = _load_engine(settings, prepare=False)
     try:
@@ -301,7 +306,6 @@ def _run_local(settings, job, no_progress: bool, strict: bool, max_rss: int | No
 def _encode(tokenizer, max_position, job, settings, strict, grammars):
     """Token ids of the prompts to run; the others are recorded as errors with why (finish_reason
     "error", or an OpenAI error line; with --strict: the job is refused before anything runs)."""
-    from flexlamps.generate_job import encode_or_error_rows, error_message
 
     todo, prompt_ids, errors = encode_or_error_rows(tokenizer, max_position, job.todo, settings.chat, grammars,
                                                     settings.json_schema)
@@ -338,9 +342,6 @@ def _load_weights(llm) -> None:
 
 def _prepare_offload(llm, prompt_ids, settings, records) -> None:
     """Plan (or load) the policy, build the offload engine and print the policy before the run."""
-    from flexlamps.generate_job import prepare_offload
-    from offload import BudgetExceededError
-    from placement import InfeasiblePlanError
 
     try:
         lines = prepare_offload(llm, prompt_ids, settings, on_profile=lambda p, why: click.echo(
@@ -353,8 +354,6 @@ def _prepare_offload(llm, prompt_ids, settings, records) -> None:
 
 def _run_on_ray(settings, job, no_progress: bool, address: str, num_workers, threads: int, strict: bool) -> None:
     """One engine per Ray worker; this process only reads prompts and writes the results."""
-    from flexlamps.distributed.cluster import DistributedError, ray_cluster
-    from flexlamps.distributed.generate import generate_on_ray
 
     _open_results(job, job.results.out)
     todo, prompt_ids = _encode_on_driver(settings, job, strict)
@@ -394,15 +393,11 @@ def _run_on_ray(settings, job, no_progress: bool, address: str, num_workers, thr
 
 def _encode_on_driver(settings, job, strict: bool):
     """Check the model and every prompt's length here, before any cluster starts."""
-    from flexlamps.models.loading.checkpoint import CheckpointError
-    from flexlamps.models.config import UnsupportedModelError
-    from flexlamps.models.loading.registry import UnknownModelError, open_checkpoint
 
     try:
         reader = open_checkpoint(settings.run.model)
     except (UnknownModelError, UnsupportedModelError, CheckpointError, ValueError, OSError) as e:
         raise click.ClickException(str(e))
-    from flexlamps.engine.batch.grammar import JsonGrammars
 
     return _encode(reader.tokenizer, reader.config.max_position, job, settings, strict,
                    JsonGrammars(reader.tokenizer, reader.config.vocab_size))

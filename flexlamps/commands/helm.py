@@ -6,10 +6,32 @@ from pathlib import Path
 
 import click
 
-from flexlamps.commands.options import (check_model, check_offload_dir, check_policy, engine_settings, engine_settings_from,
-                                        model_options, offload_kwargs, offload_options, ray_options, writable_folder)
+from flexlamps.commands.options import (
+    ByteSize,
+    check_model,
+    check_offload_dir,
+    check_policy,
+    engine_settings,
+    engine_settings_from,
+    model_options,
+    offload_kwargs,
+    offload_options,
+    ray_options,
+    writable_folder,
+)
 from flexlamps.distributed.cluster import DistributedError
+from flexlamps.distributed.helm import RayEngine
+from flexlamps.evals.helm_env import helm_model_name, write_helm_env
+from flexlamps.evals.identity import EngineIdentity
+from flexlamps.evals.jobs import RunOptions, plan_jobs
+from flexlamps.evals.metrics import missing_metric_package
+from flexlamps.evals.runner import execute_run
 from flexlamps.evals.scenarios import ScenarioError
+from flexlamps.evals.summary import format_table, summary_rows, write_summary
+from flexlamps.io.fingerprint import model_fingerprint
+from flexlamps.settings import RunSettings
+from offload.budget import BudgetExceededError
+from placement import InfeasiblePlanError
 
 
 class LazyLLM:
@@ -26,13 +48,13 @@ class LazyLLM:
 
 
 def load_llm(model: str, dtype: str, llm_args: dict):
-    from flexlamps import LLM
+    from flexlamps import LLM  # lazy (torch): `flexlamps helm` plans its runs without torch
 
     return LLM(model, dtype=dtype, **llm_args)
 
 
 def sampling_params_factory():
-    from flexlamps import SamplingParams
+    from flexlamps import SamplingParams  # lazy (torch): as load_llm
 
     return SamplingParams
 
@@ -43,8 +65,6 @@ def _parse_llm_args(pairs: tuple[str, ...]) -> dict:
     for gpu_mem / cpu_mem, none for an option that may be None; an unknown key is named."""
     import dataclasses
     import typing
-
-    from flexlamps.settings import RunSettings
 
     hints = typing.get_type_hints(RunSettings)
     known = [f.name for f in dataclasses.fields(RunSettings) if f.name not in ("model", "dtype")]
@@ -64,8 +84,6 @@ def _parse_llm_args(pairs: tuple[str, ...]) -> dict:
 
 def _typed_value(key: str, value: str, hint):
     import typing
-
-    from flexlamps.commands.options import ByteSize
 
     args = typing.get_args(hint)
     base = next((a for a in args if a is not type(None)), hint) if args else hint
@@ -115,14 +133,7 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
       flexlamps helm --scenario mmlu:subject=anatomy --scenario demo \\
           --suite s1 --max-eval-instances 50 --num-shots 5
     """
-    from flexlamps.evals.helm_env import helm_model_name
-    from flexlamps.evals.identity import EngineIdentity
-    from flexlamps.evals.jobs import RunOptions
-    from flexlamps.engine.batch.sampling import NonFiniteLogitsError
-    from flexlamps.evals.runner import execute_run
-    from flexlamps.io.fingerprint import model_fingerprint
-    from offload.budget import BudgetExceededError
-    from placement import InfeasiblePlanError
+    from flexlamps.engine.batch.sampling import NonFiniteLogitsError  # lazy (torch): as load_llm
 
     if not scenarios and not scenario_files:
         raise click.UsageError("give at least one --scenario or --scenario-file (try --scenario demo)")
@@ -164,8 +175,6 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
 
 def _planned_jobs(scenarios, scenario_files, opts):
     """The runs to make; a bad scenario, or a metric whose package is not installed, is one line."""
-    from flexlamps.evals.jobs import plan_jobs
-    from flexlamps.evals.metrics import missing_metric_package
 
     try:
         jobs = plan_jobs(scenarios, scenario_files, opts)
@@ -178,8 +187,6 @@ def _planned_jobs(scenarios, scenario_files, opts):
 
 def _write_summaries(output: Path, suite: str, helm_model: str, jobs, outcomes) -> None:
     """HELM's schema and environment files, our summary table, and the helm-summarize command."""
-    from flexlamps.evals.helm_env import write_helm_env
-    from flexlamps.evals.summary import format_table, summary_rows, write_summary
 
     schema_path, prod_env = write_helm_env(output, [helm_model], [j.spec for j in jobs])
     rows = summary_rows(outcomes)
@@ -216,7 +223,6 @@ def _engine(model: str, dtype: str, llm_args: dict, ray_address, ray_workers):
     or with --ray a driver-side stand-in whose workers (one engine each) answer the requests."""
     if ray_address is None:
         return LazyLLM(lambda: load_llm(model, dtype, llm_args)), {}
-    from flexlamps.distributed.helm import RayEngine
 
     def on_workers(infos):
         click.echo(f"ray: {len(infos)} workers x {threads} threads on {', '.join(sorted({i['host'] for i in infos}))}",

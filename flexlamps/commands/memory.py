@@ -89,7 +89,7 @@ def check_max_rss(settings, max_rss: int, num_prompts: int, reader, model) -> No
     run = settings.run
     per_param = _WEIGHT_BYTES.get(run.dtype) or _auto_bytes_per_param(reader)
     budgets = _offload_budgets(run)
-    from flexlamps.engine.caches.dense import held_dtype
+    from flexlamps.engine.caches.dense import held_dtype  # lazy (torch): `flexlamps plan` imports this module
 
     held = held_dtype(run.resolve_dtype(reader), "cpu")  # a bf16 run's cache is bf16 (2 bytes), fp16's fp32
     planned = planned_rss_bytes(model, per_param, offload_budgets=budgets,

@@ -9,6 +9,9 @@ import resource
 import click
 
 from flexlamps.settings import RunSettings
+from offload.folders import UnusablePathError, make_writable_folder
+from offload.lock import PathInUseError, PathLock
+from placement import parse_bytes
 
 
 class ByteSize(click.ParamType):
@@ -23,7 +26,6 @@ class ByteSize(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, int):
             return value
-        from placement import parse_bytes
 
         if self.zero_ok and str(value).strip().lower() in ("0", "0b"):
             return 0
@@ -45,7 +47,6 @@ def refused_option(name: str, message: str):
 def writable_folder(path, option: str):
     """`path` made (with parents) and checked writable, or a one-line error naming `option` and
     the fix: the check every command makes of its output folder before any model loads."""
-    from offload.folders import UnusablePathError, make_writable_folder
 
     try:
         return make_writable_folder(path, option)
@@ -56,8 +57,6 @@ def writable_folder(path, option: str):
 def writable_file_folder(path, option: str):
     """The folder an output file goes in, made and checked writable (see `writable_folder`)."""
     from pathlib import Path
-
-    from offload.folders import UnusablePathError, make_writable_folder
 
     path = Path(path)
     try:
@@ -71,9 +70,6 @@ def hold_output(path, option: str) -> None:
     where `path` is a symlink: two names of one folder are one output), or a one-line error naming
     the run that holds it: the check `generate` makes of --out, for the commands that write folders."""
     from pathlib import Path
-
-    from offload.folders import UnusablePathError
-    from offload.lock import PathInUseError, PathLock
 
     try:
         lock = PathLock(Path(path).resolve(), option, shown=path).acquire()
@@ -215,8 +211,9 @@ def check_model(model: str, chat: bool = False) -> None:
     """What --model names opens (a built-in name, an HF folder, a .gguf file: its config, tensor
     index and every safetensors header, and a folder's tokenizer files; no weights), and with
     `chat` its chat template renders a user turn; else a one-line error naming the input and the fix."""
+    # lazy (torch): `plan` and `simulate` share these options
     from flexlamps.models.loading.checkpoint import HFFolderReader
-    from flexlamps.models.loading.registry import open_checkpoint
+    from flexlamps.models.loading.registry import open_checkpoint  # lazy (torch): as above
 
     try:
         reader = open_checkpoint(model)
@@ -237,7 +234,7 @@ def check_model(model: str, chat: bool = False) -> None:
 def check_policy(policy) -> None:
     """A --placement file read and checked before any model loads ("auto" plans later)."""
     if isinstance(policy, str) and policy != "auto":
-        from flexlamps.engine.executors.policy_choice import load_policy
+        from flexlamps.engine.executors.policy_choice import load_policy  # lazy (torch): as check_model
 
         try:
             load_policy(policy)

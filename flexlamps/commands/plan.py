@@ -9,14 +9,30 @@ from pathlib import Path
 
 import click
 
-from placement import (EngineCapabilities, HardwareSpec, InfeasiblePlanError, ModelSpec, Plan, Policy,
-                       WorkloadSpec, evaluate, format_bytes, hardware_preset, model_preset, solve)
+from placement import (
+    EngineCapabilities,
+    HardwareSpec,
+    InfeasiblePlanError,
+    LatentMissCurves,
+    ModelSpec,
+    Plan,
+    Policy,
+    WorkloadSpec,
+    evaluate,
+    format_bytes,
+    hardware_preset,
+    model_preset,
+    solve,
+)
 from placement.plan import TIERS
-from placement.presets import HARDWARE_PRESETS, model_presets
+from placement.presets import HARDWARE_PRESETS, MODEL_CONFIGS
 from placement.units import GiB
 
+from flexlamps.commands.memory import FIXED_OVERHEAD_BYTES, cpu_mem_within
 from flexlamps.commands.options import ByteSize
 from flexlamps.models.description import model_spec_from_hf
+from placement.ess import pool_entries
+from placement.hybrid_fit import all_full_attention, sequences_that_fit
 
 
 def load_model_spec(text: str) -> ModelSpec:
@@ -37,7 +53,7 @@ def load_model_spec(text: str) -> ModelSpec:
     except KeyError:
         raise click.BadParameter(
             f"{text!r} is neither a config.json, an HF folder, nor a preset "
-            f"({', '.join(model_presets())})", param_hint="--model") from None
+            f"({', '.join(MODEL_CONFIGS)})", param_hint="--model") from None
 
 
 def load_hardware_spec(text: str) -> HardwareSpec:
@@ -154,7 +170,6 @@ def _hybrid_lines(plan: Plan, model: ModelSpec, hardware: HardwareSpec, workload
     model with every layer full attention."""
     if not model.num_linear_layers:
         return []
-    from placement.hybrid_fit import all_full_attention, sequences_that_fit
 
     full_model = all_full_attention(model)
     policies = [plan.policy] + ([all_full_plan.policy] if all_full_plan is not None else [])
@@ -182,8 +197,6 @@ def _latent_pool_lines(plan: Plan, model: ModelSpec, hardware: HardwareSpec, wor
     pol = plan.policy
     if not model.index_topk or pol.cache.gpu >= 1:
         return []
-    from placement import LatentMissCurves
-    from placement.ess import pool_entries
 
     context = workload.prompt_len + workload.gen_len
     fractions = pol.latent_pools or (pol.cache.gpu,) * model.num_layers
@@ -209,7 +222,6 @@ def _all_full_attention_plan(model, hardware, workload, plan, given_policy: bool
     the same options (or the given policy evaluated); None for other models or when nothing fits."""
     if not model.num_linear_layers:
         return None
-    from placement.hybrid_fit import all_full_attention
 
     full = all_full_attention(model)
     if given_policy:
@@ -225,7 +237,6 @@ def _all_full_attention_plan(model, hardware, workload, plan, given_policy: bool
 
 def _cpu_tier_within(hardware: HardwareSpec, max_rss: int) -> HardwareSpec:
     """The machine with the cpu tier `--max-rss` leaves (`memory.cpu_mem_within`), said on stderr."""
-    from flexlamps.commands.memory import FIXED_OVERHEAD_BYTES, cpu_mem_within
 
     cpu_mem = cpu_mem_within(max_rss, hardware.gpu_mem_bytes, hardware.gpu_is_host)
     if cpu_mem <= 0:

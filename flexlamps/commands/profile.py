@@ -5,13 +5,18 @@ from pathlib import Path
 import click
 
 from flexlamps.commands.options import ByteSize, threads_option, writable_file_folder, writable_folder
-
+from flexlamps.commands.plan import load_model_spec
+from flexlamps.engine.latent_profile import measure_latent_miss_curves
+from flexlamps.engine.routing_measure import measure_routing
+from flexlamps.engine.routing_profile import save_routing
+from flexlamps.hardware import machine
+from flexlamps.io.atomic import atomic_output
+from flexlamps.models.loading.registry import open_checkpoint
 from placement import format_bytes
 
 
 def write_atomically(path: Path, text: str) -> None:
     """Write via a temp file in the same folder + rename, so no half-written file is left."""
-    from flexlamps.io.atomic import atomic_output
 
     with atomic_output(path, fsync=True) as handle:
         handle.write(text)
@@ -52,7 +57,6 @@ def command(out_path: Path | None, quick: bool, disk_dir: Path | None, gpu_mem: 
 
 def _routing_inputs(model_text: str | None, prompts_path: Path):
     """The MoE checkpoint and the prompts' token ids, checked before anything is measured."""
-    from flexlamps.models.loading.registry import open_checkpoint
 
     if model_text is None:
         raise click.BadParameter("a routing profile needs the model: add --model (an HF folder or GGUF)",
@@ -77,7 +81,6 @@ ROUTING_NEW_TOKENS = 16  # greedy tokens generated per prompt: decode's routing 
 
 
 def _profile_routing(reader, prompts) -> None:
-    from flexlamps.engine.routing_profile import measure_routing, save_routing
 
     profile = measure_routing(reader, prompts, ROUTING_NEW_TOKENS)
     path = save_routing(reader, profile)
@@ -91,7 +94,6 @@ def _profile_hardware(out_path: Path, quick: bool, disk_dir: Path | None, gpu_me
                       model_text: str | None) -> None:
     from tqdm import tqdm
 
-    from flexlamps.hardware.machine import PROBE_NAMES, profile_machine  # imports torch
 
     if not out_path.parent.exists():
         raise click.BadParameter(f"folder {out_path.parent} does not exist", param_hint="--out")
@@ -101,17 +103,16 @@ def _profile_hardware(out_path: Path, quick: bool, disk_dir: Path | None, gpu_me
     out_path = out_path.resolve()
     model = None
     if model_text is not None:
-        from flexlamps.commands.plan import load_model_spec
 
         model = load_model_spec(model_text)
     gpu_budget = gpu_mem  # bytes (ByteSize) or None
-    with tqdm(total=len(PROBE_NAMES), desc="profiling", unit="probe") as bar:
+    with tqdm(total=len(machine.PROBE_NAMES), desc="profiling", unit="probe") as bar:
         def step(name: str) -> None:
-            if bar.n or name != PROBE_NAMES[0]:
+            if bar.n or name != machine.PROBE_NAMES[0]:
                 bar.update(1)
             bar.set_postfix_str(name)
 
-        spec = profile_machine(disk_folder=disk_dir or out_path.parent, quick=quick,
+        spec = machine.profile_machine(disk_folder=disk_dir or out_path.parent, quick=quick,
                                gpu_budget_bytes=gpu_budget, step=step,
                                model_shapes=model.layer_matrix_shapes() if model else None)
         bar.update(bar.total - bar.n)
@@ -157,7 +158,6 @@ def _with_latent_miss_curves(spec, model, model_text: str):
     if needed > psutil.virtual_memory().available / 2:
         return spec, (f"\n  latent miss curves: not measured ({format_bytes(needed)} of float32 weights do not "
                       "fit in memory here); the planner uses ESS's")
-    from flexlamps.engine.latent_profile import measure_latent_miss_curves
 
     curves = measure_latent_miss_curves(folder)
     mean = [sum(row[i] for row in curves.miss_fractions) / len(curves.miss_fractions)

@@ -8,6 +8,13 @@ import os
 import click
 
 from flexlamps.commands.options import plots_wanted, writable_folder
+from flexlamps.io.atomic import atomic_output
+from flexlamps.sched.cost_model import CostModel, PAPER_SETTING
+from flexlamps.sched.policies import POLICIES
+from flexlamps.sched.scheduler import SchedulerConfig
+from flexlamps.sim.plots import plot_vs_load
+from flexlamps.sim.sweep import Setting, measure, saturation
+from flexlamps.workloads.trace import load_templates
 
 
 def _floats(ctx, param, value):
@@ -21,7 +28,6 @@ def _floats(ctx, param, value):
 
 
 def _policies(ctx, param, value):
-    from flexlamps.sched.policies import POLICIES
 
     names = [v.strip() for v in value.split(",") if v.strip()]
     unknown = [n for n in names if n not in POLICIES]
@@ -31,7 +37,6 @@ def _policies(ctx, param, value):
 
 
 def _write_json(path: str, obj) -> None:
-    from flexlamps.io.atomic import atomic_output
 
     with atomic_output(path) as f:
         json.dump(obj, f, indent=2)
@@ -39,9 +44,6 @@ def _write_json(path: str, obj) -> None:
 
 def _setting(preset, token_budget, max_seqs, swap_gib, cost_model, window, seed, predictor,
              noise_sigma, warmup, cooldown, starvation_threshold, horizon, policies):
-    from flexlamps.sched.cost_model import PAPER_SETTING, CostModel
-    from flexlamps.sched.scheduler import SchedulerConfig
-    from flexlamps.sim.sweep import Setting
 
     paper = preset == "infercept-gptj6b"
     kw = {} if swap_gib is None else {"cpu_swap_gib": swap_gib}
@@ -112,8 +114,6 @@ def command(trace_path, policies, qps, window, seed, predictor, noise_sigma, pre
     """Simulate augmented requests (API-call pauses) under each policy and load, measured in
     steady state: warm-up and cool-down excluded, throughput without the drain, and a window
     test per point (does latency grow with the time the system has run?)."""
-    from flexlamps.sim.sweep import measure, saturation
-    from flexlamps.workloads.trace import load_templates
 
     if warmup + cooldown >= 1:
         raise click.UsageError(f"--warmup {warmup} and --cooldown {cooldown} leave no arrivals to measure; keep "
@@ -154,7 +154,6 @@ def command(trace_path, policies, qps, window, seed, predictor, noise_sigma, pre
         "saturation": sat, "results": [p.to_json() for p in points],
     })
     if not no_plots:
-        from flexlamps.sim.plots import plot_vs_load
 
         plot_vs_load([p.summary for p in points], os.path.join(out_dir, "latency_vs_load.png"),
                      os.path.basename(trace_path), sat,

@@ -15,6 +15,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from flexlamps.cache_folder import default_offload_dir
+
 INSTALL_HINT = "pip install 'flexlamps[ray]' (or: pip install ray)"
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20  # results and shards are small; Ray's default takes 30% of RAM
 CONNECT_TIMEOUT_S = 5.0
@@ -62,7 +64,6 @@ def plan_workers(resources: dict[str, float], requested: int | None, threads: in
 def worker_offload_dir(offload_dir: str | None, rank: int) -> str | None:
     """Workers sharing a machine must not share an offload folder: each gets a subfolder (of the
     cache folder's offload/ when none is given)."""
-    from flexlamps.cache_folder import default_offload_dir
 
     return os.path.join(default_offload_dir() if offload_dir is None else offload_dir, f"ray-worker-{rank}")
 

@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 from flexlamps.distributed.cluster import ray_cluster, worker_offload_dir
 from flexlamps.distributed.pool import ActorPool, Shard, worker_info
+from flexlamps.evals.executor import Executor, ProgressLog
 
 
 class HelmWorker:
@@ -29,7 +30,7 @@ class HelmWorker:
         try:
             import torch
 
-            from flexlamps.api import LLM
+            from flexlamps.api import LLM  # lazy (torch): only the Ray actor's process loads the engine
 
             torch.set_num_threads(threads)
             args = dict(llm_args)
@@ -47,8 +48,7 @@ class HelmWorker:
     def run(self, states: list) -> list:
         """Answer one batch of request states; returns them with their results (the executor
         records each request's time and share of the prefill counters in its result)."""
-        from flexlamps.api import SamplingParams
-        from flexlamps.evals.executor import Executor, ProgressLog
+        from flexlamps.api import SamplingParams  # lazy (torch): in the actor, as __init__
 
         Executor(self.llm, SamplingParams, batch_size=len(states)).run(states, ProgressLog(None))
         return states
@@ -68,7 +68,7 @@ class RayEngine:
 
     @cached_property
     def _reader(self):
-        from flexlamps.models.loading.registry import open_checkpoint
+        from flexlamps.models.loading.registry import open_checkpoint  # lazy (torch): the driver holds no engine
 
         return open_checkpoint(self.model)
 

@@ -40,7 +40,7 @@ class Engines:
     most twice."""
 
     def __init__(self, settings):
-        from flexlamps import LLM
+        from flexlamps import LLM  # lazy (torch): lm_eval's task listing runs without the engine
 
         self.settings = settings
         self.llm = LLM.from_settings(settings, prepare=False)  # tokenizer and config; weights on first use
@@ -52,7 +52,7 @@ class Engines:
 
     def for_kind(self, kind: str):
         if self.kind not in (None, kind) and self.replans and self.llm.executor is not None:
-            from flexlamps import LLM
+            from flexlamps import LLM  # lazy (torch): lm_eval's task listing runs without the engine
 
             self.llm.close()
             self.llm = LLM.from_settings(self.settings, prepare=False)

@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from flexlamps import fault_points
 from flexlamps.evals.lm_eval_jobs import Engines, score_chunks, truncate_pair
+from flexlamps.settings import RunSettings
 
 # generation keywords lm_eval tasks pass that the engine takes (lm_eval's aliases for the length
 # are folded into max_gen_toks by normalize_gen_kwargs)
@@ -53,7 +54,6 @@ class FlexlampsLM(TemplateLM):
                  max_gen_toks: int = 256, seed: int = 0, chunk_tokens: int = 16384, progress: bool = True,
                  **engine):
         super().__init__()
-        from flexlamps.settings import RunSettings
 
         if isinstance(batch_size, int) or (isinstance(batch_size, str) and batch_size.isdigit()):
             engine.setdefault("max_batch_size", int(batch_size))
@@ -197,7 +197,7 @@ class FlexlampsLM(TemplateLM):
     def _sampling(self, gen_kwargs: dict, eos: str, seed: int):
         """(SamplingParams, stop strings, max new tokens) of one request's generation keywords;
         a keyword the engine does not take is a ValueError naming it."""
-        from flexlamps import SamplingParams
+        from flexlamps import SamplingParams  # lazy (torch): registering the model with lm_eval needs no engine
 
         kwargs = dict(normalize_gen_kwargs(gen_kwargs, self.max_gen_toks))
         until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)

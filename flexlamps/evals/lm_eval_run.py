@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import flexlamps.evals.lm_eval_model
+
 
 @dataclass(frozen=True, kw_only=True)
 class EvalOptions:
@@ -29,8 +31,6 @@ def run_lm_eval(model_args: dict, tasks: list, task_manager, output: Path, cache
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.utils import make_table
-
-    import flexlamps.evals.lm_eval_model  # noqa: F401  (registers "flexlamps" with lm_eval)
 
     limit = int(opts.limit) if opts.limit is not None and opts.limit >= 1 else opts.limit
     tracker = EvaluationTracker(output_path=str(output))

@@ -24,7 +24,8 @@ from flexlamps.evals.adapter_spec import (
     multiple_choice_joint_spec,
     multiple_choice_separate_spec,
 )
-from flexlamps.evals.scenarios import ScenarioError
+from flexlamps.evals.custom_file import GENERATION_KIND, METRICS, MULTIPLE_CHOICE, adapter_spec_for
+from flexlamps.evals.scenarios import LOADERS, ScenarioError
 
 if TYPE_CHECKING:
     from flexlamps.evals.custom_file import FileSettings
@@ -105,7 +106,6 @@ def _mc_spec(scenario: str, args: dict, method: str) -> tuple[AdapterSpec, list[
 
 def _file_spec(settings: "FileSettings") -> tuple[AdapterSpec, list[str], str]:
     """(adapter spec, metrics, main metric) of a user's file, from its settings."""
-    from flexlamps.evals.custom_file import GENERATION_KIND, METRICS, MULTIPLE_CHOICE, adapter_spec_for
 
     metrics = {MULTIPLE_CHOICE: MC_SEPARATE_METRICS, GENERATION_KIND: GENERATION_METRICS}.get(
         settings.kind, ["mc_accuracy_raw"])
@@ -168,7 +168,6 @@ def build_run_spec(scenario: "str | tuple[str, dict]", model: str, num_shots: Op
         spec = generation_spec(input_noun="Question", output_noun="Answer", max_train_instances=2, max_tokens=16)
         metrics, main = list(GENERATION_METRICS), "quasi_exact_match"
     else:
-        from flexlamps.evals.scenarios import LOADERS
 
         raise ScenarioError(f"unknown scenario {name!r}; known: {', '.join(sorted(LOADERS))}, file")
     spec = _with_overrides(spec, name, model, num_shots, max_eval_instances, max_tokens)

@@ -277,6 +277,7 @@ def load_scenario(name: str, args: dict, data_dir: Optional[Path] = None) -> Sce
     if name == "file":
         if "path" not in args:
             raise ScenarioError("file scenario needs path=FILE (or use --scenario-file FILE)")
+        # lazy (cycle): custom_file imports ScenarioError and read_jsonl from here
         from flexlamps.evals.custom_file import load_custom_file
 
         overrides = {k: v for k, v in args.items() if k not in ("path", "name")}

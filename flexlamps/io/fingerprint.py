@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from flexlamps.cache_folder import cache_root
+from flexlamps.models.loading.builtin import BUILTIN_MODELS, UnknownModelError, builtin_path
 
 _HASH_CHUNK = 1 << 22
 # files of a Hugging Face folder that decide what the model computes
@@ -95,7 +96,6 @@ def model_fingerprint(model: str) -> str:
     """16 hex digits naming a model's weights by content: a built-in name, a Hugging Face
     folder (or its config.json) or a GGUF file. A name that resolves to nothing is
     fingerprinted as its text (loading it will fail anyway)."""
-    from flexlamps.models.loading.builtin import BUILTIN_MODELS, UnknownModelError, builtin_path
 
     text = str(model)
     path = Path(text).expanduser()

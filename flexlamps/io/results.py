@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from flexlamps import fault_points
+from flexlamps.io.atomic import atomic_output
 from flexlamps.io.fingerprint import RecordFingerprint
+from offload.folders import UnusablePathError, make_writable_folder
+from offload.lock import PathLock
 
 
 _CHECK = "_crc32"  # partial-file lines only; never in <out>
@@ -70,8 +73,6 @@ class ResumableResults:
 
     def lock(self) -> None:
         """Create `out`'s folder and hold `out` for this process (PathInUseError when taken)."""
-        from offload.folders import UnusablePathError, make_writable_folder
-        from offload.lock import PathLock
 
         try:
             make_writable_folder(self.out.parent, "--out", shown=self.given)
@@ -209,7 +210,6 @@ def _check_ok(rec: dict[str, Any]) -> bool:
 
 
 def _write_atomic(path: Path, lines: list[str], out: Path) -> None:
-    from flexlamps.io.atomic import atomic_output
 
     try:
         with atomic_output(path, fsync=True) as fh:

@@ -12,6 +12,7 @@ from placement.tensor_table import TensorRow, TensorTable
 from quant.fp8_layout import fp8_weight_bytes
 
 from flexlamps.models.config import ModelConfig
+from flexlamps.models.families import family_for
 from flexlamps.models.weight_specs import WeightSpec, keeps_fp8, weight_specs
 
 _ARCH = {"decoder": "llama", "opt": "opt", "mla": "mla", "hybrid": "llama"}  # Family.forward -> ModelSpec.arch
@@ -20,7 +21,6 @@ _ARCH = {"decoder": "llama", "opt": "opt", "mla": "mla", "hybrid": "llama"}  # F
 def model_spec(cfg: ModelConfig, hf_config: dict[str, Any] | None = None, name: str | None = None) -> placement.ModelSpec:
     """`cfg` as the planner sizes it (its stored dtype and format from `cfg.storage`); `hf_config`
     only names it (`_name_or_path`)."""
-    from flexlamps.models.families import family_for
 
     hf = hf_config or {}
     kwargs: dict[str, Any] = dict(

@@ -8,8 +8,9 @@ checkpoint names onto it, all without running the model. Names are ours ("layers
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
+
+from flexlamps.models.families import family_for
 
 if TYPE_CHECKING:
     from flexlamps.models.config import ModelConfig
@@ -62,22 +63,16 @@ def keeps_fp8(spec: WeightSpec) -> bool:
 
 def weight_specs(cfg: "ModelConfig") -> list[WeightSpec]:
     """Every tensor `cfg`'s forward reads, in checkpoint order (its family's list)."""
-    from flexlamps.models.families import family_for
-
     return family_for(cfg.model_type).weights(cfg)
 
 
 def hf_name(cfg: "ModelConfig", spec: WeightSpec) -> str:
     """`spec`'s tensor name in the model's Hugging Face checkpoint."""
-    from flexlamps.models.families import family_for
-
     return family_for(cfg.model_type).hf_name(cfg, spec)
 
 
 def hf_part(cfg: "ModelConfig", spec: WeightSpec) -> FusedPart | None:
     """Where `spec` lies inside a fused checkpoint tensor, or None when it is a tensor of its own."""
-    from flexlamps.models.families import family_for
-
     part = family_for(cfg.model_type).hf_part
     return part(cfg, spec) if part is not None else None
 

@@ -16,10 +16,21 @@ from pathlib import Path
 
 import torch
 
-import placement
+from flexlamps.cache_folder import default_offload_dir
+from flexlamps.engine.augmented.pools import pool_sizes
 from flexlamps.engine.executors.contract import Executor
+from flexlamps.engine.executors.in_memory import InMemoryExecutor
+from flexlamps.engine.executors.offloaded import OffloadExecutor
+from flexlamps.engine.routing_profile import cached_routing
+from flexlamps.hardware import cache as hardware_cache
+from flexlamps.kernels import int8_gemm
+from flexlamps.models.blocks import linear
+from flexlamps.models.loading import weight_cache
+from flexlamps.models.loading.weight_cache import load_weights
 from flexlamps.run_plan.plan import RunPlan, agents_config
 from flexlamps.settings import RunSettings
+from offload import compute_device
+import placement
 
 # The in-memory executor keeps a dense copy of its 4-bit and Q8_0 weights (prefill and batches from
 # 16 rows, 3 for Q8_0, run a dense GEMM instead of dequantizing per call) when the copies take at
@@ -36,18 +47,15 @@ def machine_inputs(settings: RunSettings, spec: placement.ModelSpec, reader, on_
     `routing`, a MoE model's routing profile cached by `flexlamps profile --prompts` (or None)."""
     if not (settings.offloaded and isinstance(settings.policy, str) and settings.policy == "auto"):
         return {}
-    from flexlamps.engine.routing_profile import cached_routing
-    from flexlamps.hardware.cache import machine_profile
 
     scratch = Path(settings.offload_dir) if settings.offload_dir else Path(tempfile.gettempdir()) / "flexlamps-profile"
-    hardware = machine_profile(scratch, on_profile, model_shapes=spec.layer_matrix_shapes())
+    hardware = hardware_cache.machine_profile(scratch, on_profile, model_shapes=spec.layer_matrix_shapes())
     return dict(hardware=hardware, disk_bytes=free_disk_bytes(settings.offload_dir), routing=cached_routing(reader))
 
 
 def free_disk_bytes(offload_dir) -> int:
     """The disk tier the planner may use: free space where the offload executor will write, the
     folder given or, as the executor does without one, the default under the cache folder."""
-    from flexlamps.cache_folder import default_offload_dir
 
     folder = Path(offload_dir) if offload_dir else default_offload_dir()
     folder.mkdir(parents=True, exist_ok=True)
@@ -60,14 +68,10 @@ def build_executor(plan: RunPlan, reader) -> Executor:
     is one)."""
     settings = plan.settings
     if plan.offloaded:
-        from flexlamps.engine.executors.offloaded import OffloadExecutor
 
         return OffloadExecutor(reader, plan.policy, gpu_mem=settings.gpu_mem, cpu_mem=settings.cpu_mem,
                                offload_dir=settings.offload_dir, dtype=plan.dtype, weight_quant=settings.weight_quant,
                                model_spec=plan.model)
-    from flexlamps.engine.executors.in_memory import InMemoryExecutor
-    from flexlamps.models.loading.weight_cache import load_weights
-    from offload import compute_device
 
     device = torch.device(settings.device) if settings.device else compute_device()
     cache_dir = settings.cache_dir
@@ -85,7 +89,6 @@ def with_measured_pools(plan: RunPlan, executor: Executor):
     Raises:
         ValueError: the gpu budget leaves no room for one request of `max_context` tokens.
     """
-    from flexlamps.engine.augmented.pools import pool_sizes
 
     aug = plan.augmented
     if aug is None or not plan.offloaded:
@@ -98,28 +101,23 @@ def with_measured_pools(plan: RunPlan, executor: Executor):
 def _dense_twins_fit(weights: dict) -> bool:
     import psutil
 
-    from flexlamps.models.blocks.linear import can_have_dense_twin
-
     dense_bytes = sum(w.shape[0] * w.shape[1] * w.dtype.itemsize for w in weights.values()
-                      if can_have_dense_twin(w) and not _codes_serve_both_phases(w))
+                      if linear.can_have_dense_twin(w) and not _codes_serve_both_phases(w))
     return 0 < dense_bytes <= DENSE_TWINS_MAX_SHARE * psutil.virtual_memory().available
 
 
 def _codes_serve_both_phases(w) -> bool:
     """Whether decode (our tile_gemv) and prompts (our int8 GEMM) both multiply `w`'s codes here: a
     dense copy would only hold memory (on AVX2 CPUs, torch's bf16 GEMM it feeds is slower still)."""
-    from flexlamps.kernels import int8_gemm
-    from flexlamps.models.blocks.linear import int8_kernel, native_kernel
 
-    decode = native_kernel()
-    return (decode is not None and decode.takes(w) and int8_kernel() is not None and w.dtype in int8_gemm.DTYPES
+    decode = linear.native_kernel()
+    return (decode is not None and decode.takes(w) and linear.int8_kernel() is not None and w.dtype in int8_gemm.DTYPES
             and w.shape[1] % int8_gemm.GROUP == 0)
 
 
 def _cached_dense_copies(reader, dtype: torch.dtype, cache_dir):
     """The weight cache's dense copies of the 4-bit matrices (see weight_cache.dense_copies), or
     None when the cache is off or the checkpoint is not one file."""
-    from flexlamps.models.loading import weight_cache
 
     if cache_dir is False or not Path(reader.path).is_file():
         return None

@@ -17,14 +17,15 @@ from pathlib import Path
 
 import torch
 
-import placement
 from flexlamps.engine.augmented.pools import agents_workload, planner_budgets
 from flexlamps.engine.augmented.run import AgentsConfig
 from flexlamps.engine.caches.paged_state import paged_state_blocks
+from flexlamps.engine.executors.policy_choice import load_policy, plan_policy
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.description import model_spec
 from flexlamps.models.families.support import check_paged
 from flexlamps.settings import AugmentedSettings, RunSettings
+import placement
 
 # the augmented face's default pools in memory: room for this many full contexts on each tier
 DEFAULT_POOL_CONTEXTS = 4
@@ -152,7 +153,6 @@ def _placement(settings: RunSettings, model: placement.ModelSpec, config: ModelC
                budgets) -> tuple[placement.Policy, placement.Plan | None]:
     """The placement policy the settings name, and the planner's answer when it chose it (`machine`:
     plan_run's hardware, disk_bytes and routing)."""
-    from flexlamps.engine.executors.policy_choice import load_policy, plan_policy
 
     policy = settings.policy
     if isinstance(policy, str) and policy == "auto":

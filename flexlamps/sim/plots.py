@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from flexlamps.io.atomic import atomic_output
 from flexlamps.sim.metrics import Summary
 
 
 def _save(fig, path: str) -> None:
-    from flexlamps.io.atomic import atomic_output
 
     with atomic_output(path, "wb") as handle:
         fig.savefig(handle, dpi=120, bbox_inches="tight", format="png")

@@ -112,16 +112,16 @@ def tokenize_requests(specs: list[RequestSpec], vocab_size: int, special_ids: se
     return out
 
 
-def load_trace(llm, trace_path: str) -> list[Template]:
+def load_trace(tokenizer, trace_path: str) -> list[Template]:
     """Trace templates, text segments counted with the model's tokenizer (not capped: the
     TraceScale caps them)."""
-    return load_templates(trace_path, lambda text: len(llm.tokenizer.encode(text)), max_model_len=1 << 30)
+    return load_templates(trace_path, lambda text: len(tokenizer.encode(text)), max_model_len=1 << 30)
 
 
-def replay_requests(llm, templates: list[Template], scale: TraceScale, qps: float, num_requests: int,
+def replay_requests(cfg, templates: list[Template], scale: TraceScale, qps: float, num_requests: int,
                     seed: int = 0) -> list[TokenizedRequest]:
-    """`num_requests` drawn from `templates` with Poisson arrivals at `qps`, scaled, with ids."""
-    cfg = llm.config
+    """`num_requests` drawn from `templates` with Poisson arrivals at `qps`, scaled, with ids; the
+    filler ids avoid the special tokens of `cfg` (the model's ModelConfig)."""
     special = set(cfg.eos_token_ids) | ({cfg.bos_token_id} if cfg.bos_token_id is not None else set())
     specs = [scale_spec(s, scale) for s in replay(templates, qps, seed=seed, num_requests=num_requests)]
     return tokenize_requests(specs, cfg.vocab_size, special)

@@ -99,7 +99,7 @@ SETTINGS = LiveSettings(max_new_tokens=6, max_context=600, workers=2, first_call
 
 @pytest.fixture(scope="module")
 def runs(llm, cost):
-    return {p: run_tasks(llm, _tasks(), p, _config(llm), cost, SETTINGS, check=True)
+    return {p: run_tasks(llm.executor, llm.tokenizer, _tasks(), p, _config(llm), cost, SETTINGS, check=True)
             for p in ("fcfs", "infercept", "lamps")}
 
 
@@ -139,7 +139,7 @@ def test_every_policy_gives_the_same_conversations(runs):
 def test_alone_equals_batched(llm, cost, runs):
     """Each task run by itself gives the conversation it had among the others."""
     for task in _tasks()[:2]:
-        alone = run_tasks(llm, [task], "fcfs", _config(llm), cost, SETTINGS)
+        alone = run_tasks(llm.executor, llm.tokenizer, [task], "fcfs", _config(llm), cost, SETTINGS)
         assert alone.result.tokens[task.task_id] == runs["lamps"].result.tokens[task.task_id]
 
 
@@ -167,7 +167,8 @@ def test_chat_turns_continue_the_template(llm):
 def test_a_prompt_too_long_for_the_context_is_refused(llm, cost):
     task = ScriptedTask("long", [])
     with pytest.raises(ValueError, match="raise the context cap"):
-        run_tasks(llm, [task], "lamps", _config(llm), cost, LiveSettings(max_new_tokens=6, max_context=8))
+        run_tasks(llm.executor, llm.tokenizer, [task], "lamps", _config(llm), cost,
+                  LiveSettings(max_new_tokens=6, max_context=8))
 
 
 def test_llm_run_agents_with_a_tools_file(llm, cost, tmp_path):
@@ -194,7 +195,7 @@ def test_offloaded_engine_gives_the_same_conversations(long_tiny, cost, runs, tm
     try:
         assert {off.executor.store.tier_of(n) for n in off.executor.tiers} == {"gpu", "cpu", "disk"}
         for policy in ("infercept", "lamps"):
-            run = run_tasks(off, _tasks(), policy, _config(off), cost, SETTINGS, check=True)
+            run = run_tasks(off.executor, off.tokenizer, _tasks(), policy, _config(off), cost, SETTINGS, check=True)
             assert run.result.tokens == runs[policy].result.tokens
         assert run.result.tier_use["cpu"].peak_bytes <= 4 << 20
     finally:

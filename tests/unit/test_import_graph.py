@@ -1,5 +1,15 @@
 """The package import graph points one way: no cycle between sub-packages (lazy imports inside
-functions count too), and the engine never imports the simulator (DESIGN.md)."""
+functions count too), and the engine never imports the simulator.
+
+The rules, as the design notes give them (they live beside the checkout, not in the repository):
+
+    flexlamps.cli ──> flexlamps.{engine, sched, evals, models, io}
+    flexlamps.engine ──> offload, quant, placement, flexlamps.models
+    offload ──> quant            placement ──> (numpy, scipy only)
+
+"`import placement` must not import torch: it is a pure planning library (numpy/scipy). `offload`
+and `quant` know nothing of models or scheduling." Function-level imports are counted and
+justified in test_function_level_imports.py."""
 
 import ast
 from collections import defaultdict
@@ -66,7 +76,8 @@ def test_the_engine_does_not_import_the_simulator():
 
 
 def test_quant_offload_and_placement_know_nothing_of_flexlamps():
-    """DESIGN.md: quant and offload know nothing of models (nor of anything else in flexlamps)."""
+    """quant and offload know nothing of models (nor of anything else in flexlamps); placement takes
+    numpy and scipy only (the rules in this module's docstring)."""
     graph = _graph()
     assert {top: sorted(t for t in graph[top] if t.startswith("flexlamps")) for top in TOP} == {t: [] for t in TOP}
 
@@ -84,13 +95,11 @@ def test_the_hardware_profile_is_its_own_sub_package():
 def test_no_engine_module_imports_or_holds_the_llm_object():
     """The faces take an executor (the contract), never the `LLM` facade above them: flexlamps.engine
     imports nothing of flexlamps.api, and no engine function takes or names an `llm`."""
-    import ast as _ast
-
     assert "flexlamps.api" not in _graph()["flexlamps.engine"]
     holders = []
     for path in (REPO / "flexlamps" / "engine").rglob("*.py"):
-        for node in _ast.walk(_ast.parse(path.read_text())):
-            names = ([a.arg for a in node.args.args + node.args.kwonlyargs] if isinstance(node, _ast.FunctionDef)
-                     else [node.id] if isinstance(node, _ast.Name) else [])
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.arg for a in node.args.args + node.args.kwonlyargs] if isinstance(node, ast.FunctionDef)
+                     else [node.id] if isinstance(node, ast.Name) else [])
             holders += [f"{path.relative_to(REPO)}:{node.lineno}" for name in names if name in ("llm", "LLM")]
     assert holders == []

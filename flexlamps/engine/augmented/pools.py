@@ -19,6 +19,7 @@ from flexlamps.engine.caches.paged_state import paged_state_blocks, probing
 from flexlamps.engine.caches.window import paged_ring_blocks
 from flexlamps.engine.executors.contract import Executor
 from flexlamps.engine.executors.step import Step
+from placement import format_bytes
 
 # the share of a measured working set added on top, for iterations whose shape the probe did not
 # hit exactly (spans between blocks, a merge refused); a run over it fails loudly, never silently
@@ -114,7 +115,6 @@ def pool_sizes(executor: Executor, *, max_context: int, max_num_seqs: int, max_n
     blocks = min(kv_blocks, ring or kv_blocks) + paged_state_blocks(executor.cfg, block_size, executor.dtype)
     need = blocks * block_size * executor.cfg.kv_bytes_per_token(executor.dtype.itemsize)
     if left["gpu"] < need:
-        from placement import format_bytes
 
         raise ValueError(f"the gpu budget leaves {format_bytes(max(0, left['gpu']))} for KV blocks once the "
                          f"weights ({format_bytes(use['gpu'].used_bytes)} resident) and the working set "

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from flexlamps.models.config import ModelConfig
+from flexlamps.engine.caches.latent_pool import LatentPool
 from flexlamps.models.blocks.mla import (MLAStep, gather_entries, index_scores, latent_attention,
                                   select_topk, topk_mask, visible_mask)
+from flexlamps.models.config import ModelConfig
+from placement.ess import pool_entries
+from quant.fp8 import LatentRecords
 
 
 class PlainRecords:
@@ -41,7 +44,6 @@ def record_formats(cfg: ModelConfig, dtype: torch.dtype, fp8: bool):
     """(latent record format, indexer key format or None) for an MLA model."""
     m = cfg.mla
     if fp8:
-        from quant.fp8 import LatentRecords
 
         keys = LatentRecords(m.index_head_dim) if m.has_indexer else None
         return LatentRecords(m.kv_lora_rank, m.qk_rope_head_dim), keys
@@ -130,6 +132,7 @@ def new_latent_cache(cfg: ModelConfig, num_slots: int, capacity: int, dtype: tor
     per-layer pools; empty: `gpu_fraction` for every layer), at least one step's top-k;
     `overlap_misses`: its decode copies the misses while attending over the hits (not bit-exact:
     `latent_offload.OVERLAP_LOGIT_TOLERANCE`)."""
+    # lazy (cycle): latent_offload imports record_formats from here
     from flexlamps.engine.caches.latent_offload import OffloadedLatentCache
 
     if not is_offloaded(cfg, gpu_fraction):
@@ -152,7 +155,6 @@ def is_offloaded(cfg: ModelConfig, gpu_fraction: float) -> bool:
 def pool_sizes(cfg: ModelConfig, capacity: int, gpu_fraction: float,
                layer_fractions: tuple[float, ...] = ()) -> list[int]:
     """Each layer's pool entries per slot for a policy's cache fraction or per-layer pools."""
-    from placement.ess import pool_entries
 
     fractions = layer_fractions or (gpu_fraction,) * cfg.num_layers
     if len(fractions) != cfg.num_layers:
@@ -166,7 +168,6 @@ def latent_cache_bytes(cfg: ModelConfig, num_slots: int, capacity: int, dtype: t
     """Bytes `new_latent_cache` charges each tier for these arguments, allocating nothing (the
     dry run's): the records in the compute dtype or ESS's FP8 layout (656 B a token and layer
     for DeepSeek-V3.2), the indexer keys, and with offload each layer's pool and its books."""
-    from flexlamps.engine.caches.latent_pool import LatentPool
 
     latent, keys = record_formats(cfg, dtype, fp8)
     key_bytes = keys.record_bytes if keys is not None else 0

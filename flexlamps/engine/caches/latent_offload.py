@@ -23,10 +23,11 @@ from __future__ import annotations
 import torch
 
 from flexlamps.engine.caches.latent import record_formats
+from flexlamps.engine.caches.latent_copy import MissCopy
 from flexlamps.engine.caches.latent_pool import LatentPool
-from flexlamps.models.config import ModelConfig
 from flexlamps.models.blocks.mla import (MLAStep, index_scores, latent_attention, merge_partials, partial_attention,
                                   select_topk, topk_mask, visible_mask)
+from flexlamps.models.config import ModelConfig
 from offload.budget import TierBudget
 
 
@@ -70,7 +71,6 @@ class OffloadedLatentCache:
 
     def _miss_copy(self, max_records: int):
         """The overlapped mode's copier, its pinned staging (on CUDA) charged to the cpu tier."""
-        from flexlamps.engine.caches.latent_copy import MissCopy
 
         lf = self.latent_format
         self._charge("cpu", MissCopy.staging_bytes(self.device, max_records, lf.record_bytes),

@@ -12,12 +12,16 @@ from typing import Callable
 import torch
 
 from flexlamps.engine.caches.dense import DenseKVCache
+from flexlamps.engine.caches.hybrid import HybridCache, kv_view
+from flexlamps.engine.caches.latent import DenseLatentCache
 from flexlamps.engine.caches.paged import PagedKVCache
+from flexlamps.engine.caches.paged_state import HybridPagedCache
+from flexlamps.engine.caches.state import StateCache
 from flexlamps.engine.executors.contract import TierUse
 from flexlamps.engine.executors.step import Step
+from flexlamps.models.blocks.linear import can_have_dense_twin, pack, with_dense_twin
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.forward import forward_for
-from flexlamps.models.blocks.linear import can_have_dense_twin, pack, with_dense_twin
 from flexlamps.models.weight_specs import weight_specs
 
 
@@ -75,22 +79,18 @@ class InMemoryExecutor:
 
     def new_cache(self, num_slots: int, capacity: int):
         if self.cfg.hybrid is not None:  # KV for the full-attention layers, a state for the DeltaNet ones
-            from flexlamps.engine.caches.hybrid import HybridCache, kv_view
-            from flexlamps.engine.caches.state import StateCache
 
             hy = self.cfg.hybrid
             kv = DenseKVCache(kv_view(self.cfg), num_slots, capacity, self.dtype, self.device)
             return HybridCache(self.cfg, kv, StateCache(hy, num_slots, self.dtype, ["gpu"] * len(hy.linear_layers),
                                                         self.device))
         if self.cfg.mla is not None:
-            from flexlamps.engine.caches.latent import DenseLatentCache
 
             return DenseLatentCache(self.cfg, num_slots, capacity, self.dtype, self.device)
         return DenseKVCache(self.cfg, num_slots, capacity, self.dtype, self.device)
 
     def new_paged_cache(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> PagedKVCache:
         if self.cfg.hybrid is not None:  # KV blocks and each request's DeltaNet state in one pool
-            from flexlamps.engine.caches.paged_state import HybridPagedCache
 
             return HybridPagedCache(self.cfg, num_gpu_blocks, num_cpu_blocks, block_size, self.dtype, self.device)
         return PagedKVCache(self.cfg, num_gpu_blocks, num_cpu_blocks, block_size, self.dtype, self.device)
