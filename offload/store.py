@@ -16,6 +16,7 @@ import torch
 from offload.budget import TierBudget
 from offload.disk import DiskFolder, aligned_empty
 from quant.int4_weight import Int4Weight
+from quant.int8_weight import Int8Weight
 
 TIERS = ("gpu", "cpu", "disk")
 _SEP = "::"
@@ -31,10 +32,11 @@ def tensor_bytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _parts_of(value, prefix: str) -> dict[str, torch.Tensor]:
-    """A compressed tensor's component tensors; an Int4Weight's with the code layouts it holds."""
+def stored_parts(value, prefix: str) -> dict[str, torch.Tensor]:
+    """A compressed tensor's component tensors; an Int4Weight's or Int8Weight's with the code
+    layouts it holds (its kernel layout too: not rebuilt on every fetch)."""
 
-    if isinstance(value, Int4Weight):
+    if isinstance(value, (Int4Weight, Int8Weight)):
         return value.to_tensors(prefix, with_kernel=True)
     return value.to_tensors(prefix=prefix)
 
@@ -60,7 +62,7 @@ class TieredStore:
         if tier not in TIERS:
             raise ValueError(f"unknown tier {tier!r}; tiers are {', '.join(TIERS)}")
         if hasattr(value, "to_tensors"):  # a quant.QTensor or Int4Weight: store its parts
-            parts = _parts_of(value, name + _SEP)
+            parts = stored_parts(value, name + _SEP)
             self._qparts[name] = list(parts)
             self._qtypes[name] = type(value)
             for part, t in parts.items():

@@ -3,7 +3,7 @@
 Pure numpy/scipy (never imports torch), so it can be used on its own to size deployments:
 
     import placement
-    model = placement.ModelSpec.preset("opt-30b")        # or ModelSpec.from_hf_config(dict)
+    model = placement.model_preset("opt-30b")  # or flexlamps.models.description.model_spec_from_hf(config)
     hw = placement.hardware_preset("t4-flexgen")          # or HardwareSpec.from_json(profile)
     plan = placement.solve(model, hw, placement.WorkloadSpec(prompt_len=512, gen_len=32))
     plan.policy, plan.tokens_per_s
@@ -24,7 +24,7 @@ be compared with the model. `solve` raises `InfeasiblePlanError` (with
 `.constraint` and `.shortfall_bytes`) when nothing fits.
 """
 
-from placement.cost import CostBreakdown, int4_runs_in_place, predict
+from placement.cost import CostBreakdown, predict
 from placement.latent_pools import LatentMissCurves
 from placement.model_spec import ModelSpec
 from placement.plan import InfeasiblePlanError, Plan
@@ -34,6 +34,7 @@ from placement.specs import (CompressionSpec, EngineCapabilities, HardwareSpec, 
                              WorkloadSpec)
 from placement.tensor_table import TensorRow, TensorTable
 from placement.units import format_bytes, parse_bytes
+from placement.weight_calls import int4_runs_in_place
 
 __all__ = [
     "CompressionSpec", "CostBreakdown", "EngineCapabilities", "HardwareSpec", "InfeasiblePlanError",

@@ -19,7 +19,10 @@ import dataclasses
 
 import numpy as np
 
-from placement.cost import W_CPU, W_DISK, W_GPU, Choice, CostTerms, _sizes, build_terms, routed_staging
+from placement.affine import W_CPU, W_DISK, W_GPU
+from placement.choice import Choice, CostTerms
+from placement.layer_sizes import layer_sizes, routed_staging
+from placement.terms import build_terms
 from placement.expert_compute import tokens_per_expert
 from placement.expert_hits import expert_hit_rate
 from placement.model_spec import ModelSpec
@@ -49,14 +52,14 @@ def _disk_holds_experts_only(choice: Choice, model: ModelSpec, workload: Workloa
     head go to the faster tiers first, `flexlamps.engine.executors.placement_map`)."""
     if model.num_dense_layers or not x[W_DISK]:
         return False
-    sz = _sizes(choice, model, workload)
+    sz = layer_sizes(choice, model, workload)
     return float(x[W_DISK]) * sz.weight_stored <= sz.experts_stored
 
 
 def expert_hits_at(choice: Choice, model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec,
                    x: np.ndarray, terms: CostTerms) -> float:
     """The share of cached-kind expert reads the cache serves at fractions `x` (see the module)."""
-    sz = _sizes(choice, model, workload)
+    sz = layer_sizes(choice, model, workload)
     moe_layers = sorted({int(j) for steps in model.routing.traces for step in steps for j in step})
     num_experts = model.num_experts
     expert_bytes = sz.experts_stored * model.num_layers / (len(moe_layers) * num_experts)

@@ -1,6 +1,6 @@
 """The linear program over placement fractions for one discrete choice (scipy HiGHS).
 
-Variables (in this order; the first nine are `cost.NUM_FRACTIONS`):
+Variables (in this order; the first nine are `affine.NUM_FRACTIONS`):
 
     symbol         meaning
     w_g w_c w_d    fraction of weight bytes on GPU / CPU / disk
@@ -10,7 +10,7 @@ Variables (in this order; the first nine are `cost.NUM_FRACTIONS`):
     t_dec          epigraph of the per-layer decode time (s)
     m              (ESS's latent pools only) mean misses per layer, a fraction of the top-k per
                    sequence per step; m >= each piece of the layers' miss envelope at c_g, and
-                   its copies join the decode terms (`cost.LatentTerms`)
+                   its copies join the decode terms (`choice.LatentTerms`)
 
 minimize   L * t_pre + L * (n - 1) * t_dec
 subject to t_pre >= ctog_p + dtoc_p,  t_pre >= gtoc_p + ctod_p,  t_pre >= comp_p
@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linprog
 
-from placement.cost import C_DISK, C_GPU, NUM_FRACTIONS, Affine, CostTerms
+from placement.affine import C_DISK, C_GPU, NUM_FRACTIONS, Affine
+from placement.choice import CostTerms
 
 GiB = float(1 << 30)  # memory rows are solved in GiB to keep the LP well scaled
 T_PRE, T_DEC = NUM_FRACTIONS, NUM_FRACTIONS + 1

@@ -1,4 +1,5 @@
-"""`ModelSpec`: the shape numbers of a decoder-only model, built from an HF config.json dict.
+"""`ModelSpec`: the shape numbers of a decoder-only model, built by its family from its one
+description (`flexlamps.models.description.model_spec`) or stored (`placement.model_preset`).
 
 Counts the real tensors of each architecture (q/k/v/o with GQA or MLA, gate/up/down or
 fc1/fc2, norms, biases, MoE experts and router) so sizes match what the engine allocates, and
@@ -512,18 +513,3 @@ class ModelSpec(JsonMixin):
         moe_width = self.moe_intermediate_size * self.num_experts_per_token + self.shared_width
         ffn_width = ((self.num_layers - num_moe) * self.intermediate_size + num_moe * moe_width) / self.num_layers
         return 4 * h + rotary + 4 * kv_dim + 2 * ffn_width
-
-    # ---- construction --------------------------------------------------------------------
-    @classmethod
-    def from_hf_config(cls, config: dict, name: str | None = None) -> "ModelSpec":
-        """Build from a Hugging Face config.json dict (llama, mistral, qwen2, opt, deepseek_v3/v32)."""
-        from placement.hf_config import model_spec_kwargs
-
-        return cls(**model_spec_kwargs(config, name))
-
-    @classmethod
-    def preset(cls, name: str) -> "ModelSpec":
-        """A built-in model by name, e.g. "opt-30b", "Llama-3-8B", "deepseek-v3.2-attn"."""
-        from placement.presets import model_preset
-
-        return model_preset(name)

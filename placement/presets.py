@@ -1,60 +1,22 @@
-"""Built-in models (as HF config.json subsets) and machines, looked up by forgiving names.
+"""Built-in models (stored descriptions: `model_presets.json`, written by the families from the
+config.json subsets in `flexlamps.models.presets`) and machines, looked up by forgiving names.
 
 Hardware numbers other than FlexGen's T4 box are typical values from vendor sheets, derated
 to what dense kernels reach in practice; measure your own box with `flexlamps profile`.
 """
 
+import json
 import re
+from functools import lru_cache
+from pathlib import Path
 
 from placement.model_spec import ModelSpec
 from placement.specs import EngineCapabilities, HardwareSpec
 
+MODEL_PRESETS_PATH = Path(__file__).with_name("model_presets.json")
 GiB = 1 << 30
 GB = 10**9
 TFLOPS = 1e12
-
-
-def _opt(hidden: int, layers: int, heads: int) -> dict:
-    return dict(model_type="opt", hidden_size=hidden, num_hidden_layers=layers,
-                num_attention_heads=heads, ffn_dim=4 * hidden, vocab_size=50272,
-                max_position_embeddings=2048, torch_dtype="float16")
-
-
-def _llama(hidden, layers, heads, kv_heads, ffn, vocab, dtype="float16", tie=False) -> dict:
-    return dict(model_type="llama", hidden_size=hidden, num_hidden_layers=layers,
-                num_attention_heads=heads, num_key_value_heads=kv_heads,
-                intermediate_size=ffn, vocab_size=vocab, torch_dtype=dtype,
-                tie_word_embeddings=tie)
-
-
-_DEEPSEEK_V32_ATTN = dict(
-    model_type="deepseek_v32", hidden_size=7168, num_hidden_layers=61, num_attention_heads=128,
-    q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-    v_head_dim=128, index_n_heads=64, index_head_dim=128, index_topk=2048,
-    intermediate_size=18432, vocab_size=129280, torch_dtype="bfloat16")
-
-MODEL_CONFIGS: dict[str, dict] = {
-    "opt-6.7b": _opt(4096, 32, 32),
-    "opt-30b": _opt(7168, 48, 56),
-    "opt-66b": _opt(9216, 64, 72),
-    "opt-175b": _opt(12288, 96, 96),
-    "llama-2-7b": _llama(4096, 32, 32, 32, 11008, 32000),
-    "llama-2-13b": _llama(5120, 40, 40, 40, 13824, 32000),
-    "llama-2-70b": _llama(8192, 80, 64, 8, 28672, 32000),
-    "llama-3-8b": _llama(4096, 32, 32, 8, 14336, 128256, "bfloat16"),
-    "llama-3-70b": _llama(8192, 80, 64, 8, 28672, 128256, "bfloat16"),
-    "smollm2-135m": _llama(576, 30, 9, 3, 1536, 49152, "bfloat16", tie=True),
-    # DeepSeek-V3.2's MLA + lightning-indexer attention with a dense FFN in every layer
-    # (its first three layers' shape): the attention/cache path without the MoE weights.
-    "deepseek-v3.2-attn": _DEEPSEEK_V32_ATTN,
-    "deepseek-v3.2": dict(_DEEPSEEK_V32_ATTN, n_routed_experts=256, num_experts_per_tok=8,
-                          n_shared_experts=1, moe_intermediate_size=2048,
-                          first_k_dense_replace=3),
-    # as released: the same model in an FP8 checkpoint (128x128 tiles, fp32 scales)
-    "deepseek-v3.2-exp": dict(_DEEPSEEK_V32_ATTN, n_routed_experts=256, num_experts_per_tok=8,
-                              n_shared_experts=1, moe_intermediate_size=2048, first_k_dense_replace=3,
-                              quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}),
-}
 
 
 def _t4_flexgen() -> HardwareSpec:
@@ -146,13 +108,24 @@ def _normalize(name: str) -> str:
     return key.replace("-instruct", "").replace("-hf", "")
 
 
+@lru_cache(maxsize=1)
+def _stored_models() -> dict[str, dict]:
+    return json.loads(MODEL_PRESETS_PATH.read_text())
+
+
+def model_presets() -> list[str]:
+    return list(_stored_models())
+
+
 def model_preset(name: str) -> ModelSpec:
+    """A built-in model by name, e.g. "opt-30b", "Llama-3-8B", "deepseek-v3.2-attn"."""
     key = _normalize(name)
     key = {"llama-3.1-8b": "llama-3-8b", "meta-llama-3-8b": "llama-3-8b",
            "meta-llama-3-70b": "llama-3-70b"}.get(key, key)
-    if key not in MODEL_CONFIGS:
-        raise KeyError(f"unknown model preset {name!r}; known: {', '.join(MODEL_CONFIGS)}")
-    return ModelSpec.from_hf_config(MODEL_CONFIGS[key], name=key)
+    stored = _stored_models()
+    if key not in stored:
+        raise KeyError(f"unknown model preset {name!r}; known: {', '.join(stored)}")
+    return ModelSpec.from_dict(stored[key])
 
 
 def hardware_preset(name: str) -> HardwareSpec:

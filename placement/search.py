@@ -15,10 +15,9 @@ import time
 
 import numpy as np
 
-from placement.cost import (C_DISK, C_GPU, H_CPU, H_DISK, H_GPU, MEMORY_ROWS, NUM_FRACTIONS, Choice,
-                            build_terms, decode_layer_time, decode_layer_values, fractions_of,
-                            prefill_layer_time, terms_of_policy,
-                            total_time)
+from placement.affine import C_DISK, C_GPU, H_CPU, H_DISK, H_GPU, MEMORY_ROWS, NUM_FRACTIONS, fractions_of
+from placement.choice import Choice
+from placement.cost import decode_layer_time, decode_layer_values, prefill_layer_time, terms_of_policy, total_time
 from placement.expert_cache_terms import with_expert_hits
 from placement.expert_groups import ONE_AT_A_TIME, STREAMED
 from placement.lp import memory_excess, memory_implied_highs, solve_fractions, time_lower_bounds
@@ -26,6 +25,7 @@ from placement.model_spec import ModelSpec
 from placement.plan import ROW_LABELS, InfeasiblePlanError, Plan
 from placement.specs import (CompressionSpec, EngineCapabilities, HardwareSpec, Policy, TierSplit,
                              WorkloadSpec)
+from placement.terms import build_terms
 
 GPU_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 NUM_GPU_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)

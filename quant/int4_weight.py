@@ -195,6 +195,20 @@ class Int4Weight(CompressedWeight):
             return self
         return dataclasses.replace(self, codes=None)
 
+    def rows(self, start: int, stop: int) -> "Int4Weight":
+        """Output rows start:stop (a piece of a table): the kernel layout sliced where its tiles
+        stack (`_kernel_rows_stack`: whole tiles of 64 on a CPU), else rebuilt from the codes."""
+        scale_zero = self.scale_zero[:, start:stop].contiguous()
+        kernel = self.kernel_codes
+        if (kernel is not None and kernel.dim() == 2 and self.shape[0] % 64 == 0
+                and _kernel_rows_stack(self.device, [start, stop - start])):
+            codes = None if self.codes is None else self.codes[start:stop].contiguous()
+            return Int4Weight(codes, scale_zero, self.group_size, kernel[start:stop].contiguous())
+        codes = self.plain_codes()[start:stop].contiguous()
+        packs = can_pack((stop - start, self.shape[1]), self.group_size, self.device)
+        kernel = _kernel_codes(unpack_codes(codes)) if packs else None
+        return Int4Weight(codes, scale_zero, self.group_size, kernel).kernel_only()
+
     def plain_codes(self) -> torch.Tensor:
         """`codes` (row-major packing), rebuilt from the kernel layout when only that is held."""
         if self.codes is not None:

@@ -146,6 +146,14 @@ class Int8Weight(CompressedWeight):
             return cls(Int4Weight.cat([w.split for w in weights]), torch.cat([w.fifth for w in weights]))
         return cls(Int4Weight.cat([w.as_split().split for w in weights]))
 
+    def rows(self, start: int, stop: int) -> "Int8Weight":
+        """Output rows start:stop (a piece of a table); the 5-bit form's plane sliced as its tiles
+        stack (`cat`: a row of bytes a tile of 64), where they do, else as the split."""
+        if self.fifth is not None and start % FIVE_BIT_TILE == 0 and stop % FIVE_BIT_TILE == 0:
+            return Int8Weight(self.split.rows(start, stop),
+                              self.fifth[start // FIVE_BIT_TILE:stop // FIVE_BIT_TILE].contiguous())
+        return Int8Weight(self.as_split().split.rows(start, stop))
+
     @property
     def shape(self) -> tuple[int, int]:
         rows, cols = self.split.shape

@@ -45,6 +45,8 @@ FAMILY_CONFIGS = {
     "smollm3": dict(model_type="smollm3", num_hidden_layers=3, no_rope_layer_interval=2, attention_bias=True),
     "granite": dict(model_type="granite", num_hidden_layers=2, embedding_multiplier=3.0, attention_multiplier=0.2,
                     residual_multiplier=0.5, logits_scaling=2.5),
+    "ernie4_5": dict(model_type="ernie4_5", num_hidden_layers=2, use_bias=True,
+                     rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0}),
 }
 
 

@@ -25,7 +25,7 @@ from placement import (
     solve,
 )
 from placement.plan import TIERS
-from placement.presets import HARDWARE_PRESETS, MODEL_CONFIGS
+from placement.presets import HARDWARE_PRESETS, model_presets
 from placement.units import GiB
 
 from flexlamps.commands.memory import FIXED_OVERHEAD_BYTES, cpu_mem_within
@@ -53,7 +53,7 @@ def load_model_spec(text: str) -> ModelSpec:
     except KeyError:
         raise click.BadParameter(
             f"{text!r} is neither a config.json, an HF folder, nor a preset "
-            f"({', '.join(MODEL_CONFIGS)})", param_hint="--model") from None
+            f"({', '.join(model_presets())})", param_hint="--model") from None
 
 
 def load_hardware_spec(text: str) -> HardwareSpec:

@@ -22,6 +22,7 @@ class AttentionConfig:
     qk_norm_full: bool = False  # with qk_norm: over all heads' q (k) at once, before the head split (OLMoE)
     o_bias: bool = False  # a bias on the output projection (llama attention_bias)
     rotary_dim: int | None = None  # partial rotary: the leading dims of each head rotated; None: all
+    rope_interleaved: bool = False  # rotary pairs (x0, x1), (x2, x3), ... rather than the halves (ERNIE-4.5)
     rope_layers: tuple[bool, ...] = ()  # which layers rotate; (): every layer (smollm3's no_rope_layers)
     # the local layers' own rope (gemma3's sliding layers: rope_local_base_freq); None: the model's
     local_rope_theta: float | None = None

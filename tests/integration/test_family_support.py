@@ -52,6 +52,7 @@ CASES = {
     "phi3": lambda f: make_family_model(f, family_spec("phi3")),
     "smollm3": lambda f: make_family_model(f, family_spec("smollm3")),
     "granite": lambda f: make_family_model(f, family_spec("granite")),
+    "ernie4_5": lambda f: make_family_model(f, family_spec("ernie4_5")),
     "opt": lambda f: make_tiny_model(f, "opt"),
     "deepseek_v2": lambda f: make_moe_model(f, "deepseek_v2"),
     "deepseek_v3": lambda f: make_deepseek_model(f, "deepseek_v3"),

@@ -6,8 +6,8 @@ Q8_0, K-quants and the 5-bit form, MXFP4 experts), a dtype, an executor (in memo
 by a placement over tight budgets), a batch (1-6 prompts of mixed lengths, maybe sharing a
 prefix the batch face computes once), the batch size, greedy or seeded sampling. Each prompt's
 tokens and the log-probability of each (a function of its whole logits row) must equal those
-of the prompt run alone on the same executor, bit for bit. (The offload executor's bits are not
-yet the in-memory one's in bf16 with 4-bit weights, a gap of its own: see docs/generate.md.) Whatever kernels this machine
+of the prompt run alone on the same executor, bit for bit (the offload executor's equal the
+in-memory one's: tests/integration/test_offload_in_place_blocks.py). Whatever kernels this machine
 runs take part ($FLEXLAMPS_NATIVE_KERNELS=0: torch's only), so the rule is checked on them.
 """
 

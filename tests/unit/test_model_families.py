@@ -1,7 +1,6 @@
 """The family registry: one list of what runs, read alike by `generate` (ModelConfig) and `plan`
 (the planner's ModelSpec built from the same description), torch-free."""
 
-import dataclasses
 import subprocess
 import sys
 
@@ -12,7 +11,6 @@ from flexlamps.models.description import model_spec_from_hf
 from flexlamps.models.families import families, family_for, supported_model_types
 from flexlamps.models.forward import FORWARDS
 from flexlamps.models.weight_specs import hf_name, weight_specs
-from placement import ModelSpec
 from tests.conftest import REPO
 from tests.unit.test_placement_model_spec import TINY_CONFIGS
 
@@ -23,13 +21,6 @@ def test_every_model_type_has_one_family_and_a_forward():
     for fam in families():
         assert fam.forward in FORWARDS, fam.name
         assert family_for(fam.model_types[0]) is fam
-
-
-@pytest.mark.parametrize("model_type", sorted(TINY_CONFIGS))
-def test_the_planner_sizes_the_model_the_family_describes(model_type):
-    """For the families placement also reads on its own, both readings give the same ModelSpec."""
-    config = TINY_CONFIGS[model_type]
-    assert dataclasses.replace(model_spec_from_hf(config), tensors=None) == ModelSpec.from_hf_config(config)
 
 
 @pytest.mark.parametrize("model_type", sorted(TINY_CONFIGS))
@@ -58,7 +49,7 @@ def test_the_registry_and_the_planners_view_import_no_torch():
 # transformers' config class of each model type our decoder families read
 DECODER_CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
                    "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "phi3": "Phi3Config",
-                   "smollm3": "SmolLM3Config", "granite": "GraniteConfig"}
+                   "smollm3": "SmolLM3Config", "granite": "GraniteConfig", "ernie4_5": "Ernie4_5Config"}
 
 
 # and of the hybrid gated-DeltaNet families

@@ -8,7 +8,10 @@ import pytest
 
 import placement
 from flexlamps.models.description import model_spec_from_hf
+from placement.choice import Choice
 from placement.expert_hits import batched_steps, expert_hit_rate
+from placement.layer_sizes import layer_sizes
+from placement.layer_time import unread_input_rows
 from placement.routing import RoutingProfile
 
 # a Qwen3-MoE shape: 4 layers of 16 experts of 3 x 512 x 256 bf16 (768 KiB each), top-2
@@ -81,13 +84,13 @@ def test_a_disk_of_experts_only_is_read_as_routed():
     tier first), a decode step reads the routed share of them (2 of 16); with every weight on
     disk the dense parts and the head are read whole too."""
     model = _model()
-    layer = placement.cost._sizes(placement.cost.Choice(gpu_batch_size=1, num_gpu_batches=1), model,
-                                  placement.WorkloadSpec(prompt_len=16, gen_len=8))
+    layer = layer_sizes(Choice(gpu_batch_size=1, num_gpu_batches=1), model,
+                         placement.WorkloadSpec(prompt_len=16, gen_len=8))
     assert 0.5 * layer.weight_stored < layer.experts_stored
     assert _disk_bytes_per_step(model, 0.5) == pytest.approx(0.5 * layer.weight_stored * 2 / 16, rel=1e-9)
     everything = _disk_bytes_per_step(model, 1.0)
     assert everything == pytest.approx(layer.weight_stored - layer.experts_stored * 14 / 16
-                                       - placement.cost._unread_input_rows(model, 1), rel=1e-9)
+                                       - unread_input_rows(model, 1), rel=1e-9)
 
 
 def test_traced_routing_that_repeats_is_priced_with_the_cache_hits():

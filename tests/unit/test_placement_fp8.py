@@ -5,6 +5,8 @@ import dataclasses
 import pytest
 
 import placement
+from flexlamps.models.description import model_spec_from_hf
+from flexlamps.models.presets import MODEL_CONFIGS
 
 V32 = placement.model_preset("deepseek-v3.2")
 V32_FP8 = placement.model_preset("deepseek-v3.2-exp")
@@ -35,8 +37,7 @@ def test_bad_formats_are_named():
     with pytest.raises(ValueError, match="weight_format must be one of"):
         dataclasses.replace(V32, weight_format="int3")
     with pytest.raises(ValueError, match="quant_method 'gptq' is not supported"):
-        placement.ModelSpec.from_hf_config(dict(placement.presets.MODEL_CONFIGS["deepseek-v3.2"],
-                                                quantization_config={"quant_method": "gptq"}))
+        model_spec_from_hf(dict(MODEL_CONFIGS["deepseek-v3.2"], quantization_config={"quant_method": "gptq"}))
 
 
 def test_plan_prints_fp8_weights_and_the_latent_pools(tmp_path):
@@ -67,7 +68,7 @@ def test_the_engine_plans_fp8_checkpoints_at_the_size_it_holds_them():
     from flexlamps.engine.executors.charges import PlacementCharges
     from flexlamps.engine.executors.policy_choice import plan_policy
 
-    hf = dict(placement.presets.MODEL_CONFIGS["deepseek-v3.2-exp"])
+    hf = dict(MODEL_CONFIGS["deepseek-v3.2-exp"])
     hw = placement.hardware_preset("h200")
     common = dict(gpu_mem=hw.gpu_mem_bytes, cpu_mem=hw.cpu_mem_bytes, disk_bytes=None, prompt_len=512,
                   gen_len=32, allow_compression=False)
@@ -83,13 +84,14 @@ def test_the_engine_plans_fp8_checkpoints_at_the_size_it_holds_them():
 
 
 def test_fp8_weights_cost_an_upcast_per_call_unless_compressed():
-    from placement.cost import Choice, _fp8_upcast_s
+    from placement.choice import Choice
+    from placement.weight_calls import fp8_upcast_s
 
     hw = placement.hardware_preset("h200")
     plain, compressed = Choice(gpu_batch_size=8, num_gpu_batches=1), Choice(gpu_batch_size=8, num_gpu_batches=1,
                                                                              compress_weight=True)
     layer = V32_FP8.weight_bytes_per_layer()
-    upcast = _fp8_upcast_s(plain, V32_FP8, hw, layer)
+    upcast = fp8_upcast_s(plain, V32_FP8, hw, layer)
     # the layer's matrices in bf16 (about twice their FP8 bytes) at the dequantization rate
     assert upcast == pytest.approx(2 * layer / hw.gpu_dequant_bytes_per_s, rel=0.02)
-    assert _fp8_upcast_s(compressed, V32_FP8, hw, layer) == 0 == _fp8_upcast_s(plain, V32, hw, layer)
+    assert fp8_upcast_s(compressed, V32_FP8, hw, layer) == 0 == fp8_upcast_s(plain, V32, hw, layer)

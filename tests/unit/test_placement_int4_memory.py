@@ -7,9 +7,12 @@ import pytest
 import torch
 
 import placement
+from flexlamps.models.description import model_spec_from_hf
 from flexlamps.engine.executors.charges import PlacementCharges
 from flexlamps.engine.executors.offloaded import CAPABILITIES
-from placement.cost import Choice, _dequantized_bytes, _largest_called_matrix, _sizes
+from placement.choice import Choice
+from placement.cost_memory import dequantized_bytes, largest_called_matrix
+from placement.layer_sizes import layer_sizes
 
 LLAMA = dict(model_type="llama", hidden_size=512, num_hidden_layers=2, num_attention_heads=8,
              num_key_value_heads=2, intermediate_size=1536, vocab_size=1024)
@@ -23,13 +26,13 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 @pytest.mark.parametrize("rows", [1, 32, 127, 128, 512])
 def test_planned_dequantized_bytes_equal_the_engines_charge(config, dtype_name, rows):
     config = dict(config, torch_dtype=dtype_name)
-    model = placement.ModelSpec.from_hf_config(config)
+    model = model_spec_from_hf(config)
     on_gpu = placement.TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
     policy = placement.Policy(gpu_batch_size=1, num_gpu_batches=1, weights=on_gpu, cache=on_gpu,
                               activations=on_gpu, compress_weight=True)
     charges = PlacementCharges(config, policy, DTYPES[dtype_name], int4=True, device_type="cpu")
     choice = Choice.of(policy)
-    planned = _dequantized_bytes(choice, _sizes(choice, model, placement.WorkloadSpec(prompt_len=8, gen_len=4)), model, rows)
+    planned = dequantized_bytes(choice, layer_sizes(choice, model, placement.WorkloadSpec(prompt_len=8, gen_len=4)), model, rows)
     assert planned == charges.int4_decompressed(0, rows)
     in_place = rows < CAPABILITIES.int4_in_place_below_rows and dtype_name != "float32"
     assert (planned == 0) == in_place
@@ -42,7 +45,7 @@ def test_the_engines_switch_is_what_the_planner_assumes_by_default():
 def _planned_layer_s_and_bytes(hw, dtype: str, rows: int):
     """A bf16/fp16 llama's decode of `rows` merged rows, 4-bit, all weights on the gpu tier:
     (GEMM seconds of a decode layer, planned gpu bytes at decode)."""
-    model = placement.ModelSpec.from_hf_config(dict(LLAMA, torch_dtype=dtype))
+    model = model_spec_from_hf(dict(LLAMA, torch_dtype=dtype))
     on_gpu = placement.TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
     policy = placement.Policy(gpu_batch_size=rows, num_gpu_batches=1, weights=on_gpu, cache=on_gpu,
                               activations=on_gpu, compress_weight=True)
@@ -64,8 +67,8 @@ def test_time_and_memory_follow_one_kernel_rule_on_presets(preset, dtype):
     # without a kernel the same plan costs a dequantization and holds a matrix more
     no_kernel = dataclasses.replace(hw, gpu_int4_gemm_flops_by_rows={})
     comp_dense_s, gpu_dense_bytes = _planned_layer_s_and_bytes(no_kernel, dtype, rows)
-    model = placement.ModelSpec.from_hf_config(dict(LLAMA, torch_dtype=dtype))
-    matrix = _largest_called_matrix(model) * model.dtype_bytes
+    model = model_spec_from_hf(dict(LLAMA, torch_dtype=dtype))
+    matrix = largest_called_matrix(model) * model.dtype_bytes
     if fused:
         assert gpu_dense_bytes - gpu_bytes == pytest.approx(matrix)
         assert comp_s < comp_dense_s
@@ -83,12 +86,12 @@ def test_time_and_memory_follow_one_kernel_rule_on_presets(preset, dtype):
 def test_a_sweep_of_prompt_chunks_holds_the_layer_dense_in_plan_and_engine():
     """Several prompt chunks of 128+ rows: the engine dequantizes a layer's 4-bit matrices once
     for all of them (and holds them dense); the plan reserves that, and prices one pass."""
-    model = placement.ModelSpec.from_hf_config(dict(LLAMA, torch_dtype="bfloat16"))
-    sizes = _sizes(Choice(gpu_batch_size=2, num_gpu_batches=3, compress_weight=True), model,
+    model = model_spec_from_hf(dict(LLAMA, torch_dtype="bfloat16"))
+    sizes = layer_sizes(Choice(gpu_batch_size=2, num_gpu_batches=3, compress_weight=True), model,
                    placement.WorkloadSpec(prompt_len=8, gen_len=4))
     choice = Choice(gpu_batch_size=2, num_gpu_batches=3, compress_weight=True)
-    one_call = _dequantized_bytes(choice, sizes, model, 256, calls=1)
-    three_calls = _dequantized_bytes(choice, sizes, model, 256, calls=3)
+    one_call = dequantized_bytes(choice, sizes, model, 256, calls=1)
+    three_calls = dequantized_bytes(choice, sizes, model, 256, calls=3)
     on_gpu = placement.TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
     policy = placement.Policy(gpu_batch_size=2, num_gpu_batches=3, weights=on_gpu, cache=on_gpu,
                               activations=on_gpu, compress_weight=True)

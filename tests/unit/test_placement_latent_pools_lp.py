@@ -9,7 +9,8 @@ from scipy.optimize import linprog
 
 import placement
 from placement.latent_pools import LatentMissCurves, MissEnvelope, lower_hull
-from placement.presets import MODEL_CONFIGS
+from flexlamps.models.description import model_spec_from_hf
+from flexlamps.models.presets import MODEL_CONFIGS
 
 FRACTIONS = [0.05, 0.1, 0.2, 0.4, 0.7, 1.0]
 
@@ -60,7 +61,7 @@ def test_envelope_is_the_per_layer_lp_optimum(seed):
 def _model(num_layers: int = 6) -> placement.ModelSpec:
     config = dict(MODEL_CONFIGS["deepseek-v3.2-attn"], num_hidden_layers=num_layers, hidden_size=1024,
                   num_attention_heads=16, q_lora_rank=256, intermediate_size=2048, vocab_size=4096)
-    return placement.ModelSpec.from_hf_config(config, name="v32-small")
+    return model_spec_from_hf(config, name="v32-small")
 
 
 def _hardware(curves=None):

@@ -8,7 +8,9 @@ import pytest
 
 import placement
 from placement import WorkloadSpec, hardware_preset, model_preset, solve
-from placement.cost import Choice, build_terms, predict
+from placement.choice import Choice
+from placement.cost import predict
+from placement.terms import build_terms
 from placement.lp import solve_fractions
 from placement.search import GPU_BATCH_SIZES, NUM_GPU_BATCHES, budgets_for, fraction_highs
 
@@ -107,7 +109,7 @@ def test_search_finds_the_best_enumerated_choice():
 
 
 def test_cache_can_be_kept_off_disk():
-    model = placement.ModelSpec.preset("opt-30b")
+    model = placement.model_preset("opt-30b")
     hw = placement.hardware_preset("t4-flexgen")
     wl = placement.WorkloadSpec(prompt_len=512, gen_len=32)
     free = placement.solve(model, hw, wl, max_block_size=512,

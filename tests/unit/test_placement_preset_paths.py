@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import placement
-from placement.cost import Choice, _runs_fused_int4
+from placement.choice import Choice
 from placement.presets import CUDA_CAPABILITY, HARDWARE_PRESETS
+from placement.weight_calls import runs_fused_int4
 from quant.int4_weight import CUDA_KERNEL_DTYPES, CUDA_KERNEL_MIN_CAPABILITY
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -35,7 +36,7 @@ def test_four_bit_calls_are_priced_on_the_engines_path(preset, dtype, rows):
     model = dataclasses.replace(placement.model_preset("llama-3-8b"), dtype=dtype)
     choice = Choice(gpu_batch_size=rows, num_gpu_batches=1, compress_weight=True,
                     int4_kernel=placement.int4_runs_in_place(hw, dtype))
-    assert _runs_fused_int4(choice, model, hw, rows) == _engine_fuses(preset, dtype, rows)
+    assert runs_fused_int4(choice, model, hw, rows) == _engine_fuses(preset, dtype, rows)
 
 
 @pytest.mark.parametrize("preset", ["rtx4090", "a100-80gb", "h100-80gb"])

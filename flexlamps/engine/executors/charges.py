@@ -21,11 +21,16 @@ from flexlamps.engine.executors.split_tables import head_chunks
 from flexlamps.engine.executors.stored_weights import StoredWeights
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, pack
+from flexlamps.models.blocks.weight_kind import kind_of
 from flexlamps.models.description import model_spec_from_hf
+from flexlamps.models.loading.in_place import TIED_HEAD
+from flexlamps.models.weight_specs import WeightSpec
 from offload import compute_device, tensor_bytes
 from quant.int4_weight import kernel_dtypes
 
 HEAD_CHUNK_ROWS = 8192  # the output head runs in chunks of this many vocab rows (within a piece)
+# a table kept as codes is cut on whole kernel tiles (`Int4Weight.rows`), a piece a head chunk
+CODED_TABLE_ROWS = 64
 
 
 def weight_quant_config(num_bits: int = 4):
@@ -117,13 +122,15 @@ class PlacementCharges:
     `routing`: a MoE model's `placement.routing.RoutingProfile` (hottest experts placed first);
     `model_spec`, `config`: the run's `placement.ModelSpec` and `ModelConfig` (default: built from
     `hf_config`); `weight_bits`: the compressed weights' bits (default: the policy's;
-    `--weight-quant groupwise8`: 8)."""
+    `--weight-quant groupwise8`: 8); `in_place`: {name: a matrix in the form the checkpoint's
+    blocks are kept in} (`models.loading.in_place`: a GGUF's codes; a tied head under "lm_head"),
+    each stored so and charged its kind's `stored_bytes`."""
 
     def __init__(self, hf_config: dict, policy: placement.Policy, dtype: torch.dtype, *,
                  int4: bool | None = None, device_type: str | None = None, stores_fp8=None,
                  latent_fp8: bool = False, fused_int4: bool | None = None, stores_mxfp4=None, routing=None,
                  model_spec: placement.ModelSpec | None = None, weight_bits: int | None = None,
-                 config: ModelConfig | None = None):
+                 config: ModelConfig | None = None, in_place: dict | None = None):
         self.cfg = cfg = config or ModelConfig.from_hf(hf_config)
         self.latent_fp8 = latent_fp8  # an MLA latent cache in ESS's FP8 records (656 B for V3.2)
         if cfg.mla is not None and (policy.compress_cache or policy.cpu_attention):
@@ -139,15 +146,29 @@ class PlacementCharges:
                                      int4_weights(policy) if int4 is None else int4,
                                      cfg.storage.fp8_block, stores_fp8, cfg.storage.mxfp4,
                                      stores_mxfp4)
+        self.in_place = dict(in_place or {})
         self.specs = self.weights.specs  # as stored: 4-bit q/k/v and gate/up stacked
+        if TIED_HEAD in self.in_place and all(s.name != TIED_HEAD for s in self.specs):  # beside the table
+            self.specs.append(WeightSpec(TIED_HEAD, next(s.shape for s in self.specs if s.name == "embed_tokens"),
+                                         "embed", None))
+        self.spec_named = {s.name: s for s in self.specs}
         self.placement = place_weights(cfg, policy.weights, lambda spec: self._stored_bytes(spec, "disk"), self.specs,
-                                       expert_order=routing.expert_order if routing is not None else None)
+                                       expert_order=routing.expert_order if routing is not None else None,
+                                       table_rows={name: (CODED_TABLE_ROWS, HEAD_CHUNK_ROWS) for name in TABLE_NAMES
+                                                   if self.keeps_codes(name)})
         self.tiers = self.placement.tiers  # every stored tensor: each weight, each table piece
         self.stored = {s.name: self._stored_bytes(s, self.tiers[s.name]) for s in self.specs
                        if s.name not in TABLE_NAMES}
         for spec in self.specs:
             for piece in self.placement.pieces.get(spec.name, ()):
-                self.stored[piece.name] = _stored_nbytes((piece.num_rows, *spec.shape[1:]), dtype, None, False)
+                coded = self.coded_piece(spec.name, piece)
+                self.stored[piece.name] = kind_of(coded).stored_bytes(coded) if coded is not None else \
+                    _stored_nbytes((piece.num_rows, *spec.shape[1:]), dtype, None, False)
+        head_name = "lm_head" if "lm_head" in self.placement.pieces else "embed_tokens"
+        # a head kept as codes is read a piece at a time (whole tiles); else in chunks within a piece
+        coded_head = self.keeps_codes(head_name)
+        self.head_chunk_rows = max([HEAD_CHUNK_ROWS] + [p.num_rows for p in self.placement.pieces[head_name]
+                                                        if coded_head])
         # what a layer's fetch stages: its weights but the routed experts, fetched once routed
         experts = experts_by_layer(self.specs)
         routed = {name for by_expert in experts.values() for names in by_expert.values() for name in names}
@@ -157,6 +178,21 @@ class PlacementCharges:
                               for j, by_expert in experts.items()}  # each expert's, largest first
         self.experts_per_token = cfg.moe.num_experts_per_token if cfg.moe is not None else 0
         self.cache_tiers = layer_cache_tiers(cfg, policy.cache)
+
+    def keeps_codes(self, name: str) -> bool:
+        """Whether weight `name` is stored as its checkpoint's blocks (`in_place`): not compressed
+        by the policy, nor kept FP8 / MXFP4. (A table's pieces: by the table's name.)"""
+        name = name.split(".rows")[0]
+        spec = self.spec_named.get(name)
+        return (name in self.in_place and spec is not None and not self.compressed(spec)
+                and self.kept_class(spec) is None)
+
+    def coded_piece(self, name: str, piece=None):
+        """The form weight `name` (or its table piece) is stored in when kept as codes, else None."""
+        if not self.keeps_codes(name):
+            return None
+        sample = self.in_place[name.split(".rows")[0]]
+        return sample if piece is None or piece.num_rows == sample.shape[0] else sample.rows(piece.start, piece.stop)
 
     def compressed(self, spec) -> bool:
         """Compressed by the policy: every matrix but an MXFP4 checkpoint's, which is 4-bit
@@ -182,6 +218,8 @@ class PlacementCharges:
         """Bytes of a weight as stored on `tier` (off the gpu tier: what the split shares out)."""
         if self.compressed(spec) and self.weights.is_int4(spec):
             return self.weights.int4_nbytes(spec, tier)
+        if self.keeps_codes(spec.name):
+            return kind_of(self.in_place[spec.name]).stored_bytes(self.in_place[spec.name])
         if self.is_fp8(spec):
             return _fp8_nbytes(tuple(spec.shape), self.weights.fp8_block, self.dtype)
         if self.is_mxfp4(spec):
@@ -317,7 +355,7 @@ class PlacementCharges:
                 moment = staged + self.layer_need(j, steps, False)
             moments.append(moment)
         head = self.placement.pieces.get("lm_head") or self.placement.pieces["embed_tokens"]
-        chunks = [(stop - start, piece.tier) for piece, start, stop in head_chunks(head, HEAD_CHUNK_ROWS)]
+        chunks = [(stop - start, piece.tier) for piece, start, stop in head_chunks(head, self.head_chunk_rows)]
         head_rows = max(n for n, _ in chunks)  # logits of the widest chunk, and the widest staged one
         head_staged = max((n for n, tier in chunks if tier != "gpu"), default=0) * row_bytes
         moments += [rows * min(tokens, logits_per_row) * head_rows * self.dtype_bytes + head_staged

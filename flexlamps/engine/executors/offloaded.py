@@ -6,8 +6,10 @@ layer: while layer j computes on every micro-batch, layer j+1's weights load on 
 thread, so each layer's I/O is paid once per sweep for the whole block and hidden behind
 compute. Results equal the in-memory executor's exactly (same ops on the same values):
 4-bit weights stay 4-bit on every tier and are multiplied as the in-memory engine multiplies
-the same `Int4Weight`s (`stored_weights`), an FP8 checkpoint's matrices stay FP8 and are upcast
-per call as it upcasts them; a compressed cache is within its quantization error.
+the same `Int4Weight`s (`stored_weights`), a GGUF's quantized matrices stay the file's blocks as
+the in-memory engine keeps them (`models.loading.in_place`: the same kinds, the same kernels, the
+same bits), an FP8 checkpoint's matrices stay FP8 and are upcast per call as it upcasts them; a
+compressed cache is within its quantization error.
 """
 
 from __future__ import annotations
@@ -34,12 +36,15 @@ from flexlamps.engine.executors.copy_stream import CopyStream
 from flexlamps.engine.executors.expert_weights import ExpertCache, RoutedExpertLoads, experts_by_layer
 from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.stored_weights import int4_format_tag
+from flexlamps.models.blocks.weight_kind import KINDS
 from flexlamps.models.forward import forward_for
+from flexlamps.models.loading.in_place import in_place_form, in_place_sample, in_place_specs, packs_five_bit
+from flexlamps.models.weight_specs import weight_specs
 from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, Int4Twin, linear, pack
 from offload import DiskFolder, TierBudget, TieredStore, compute_device, tensor_bytes
+from offload.store import stored_parts
 from quant import QTensor
 from quant.fp8 import Fp8Weight
-from quant.mxfp4 import Mxfp4Weight
 from quant.int4_weight import Int4Weight
 
 
@@ -68,6 +73,7 @@ CAPABILITIES = placement.EngineCapabilities(
 # part of an offload folder's fingerprint when FP8 matrices are kept FP8 (`Fp8Weight.to_tensors`)
 FP8_FORMAT = "fp8-v1"
 MXFP4_FORMAT = "mxfp4-v1"  # the same for MXFP4 matrices (`Mxfp4Weight.to_tensors`)
+IN_PLACE_FORMAT = "blocks-v1"  # the same for a GGUF's blocks kept as codes (`models.loading.in_place`)
 
 
 def _bytes_per(dtype: torch.dtype) -> int:
@@ -118,7 +124,7 @@ class OffloadExecutor:
                                         stores_fp8=getattr(reader, "stores_fp8", None), latent_fp8=latent_fp8,
                                         stores_mxfp4=getattr(reader, "stores_mxfp4", None), routing=routing,
                                         model_spec=model_spec, weight_bits=weight_bits(policy, weight_quant),
-                                        config=cfg)
+                                        config=cfg, in_place=self._in_place_samples(reader))
         self.model_spec = self.charges.model_spec
         self.stored_weights, self.specs = self.charges.weights, self.charges.specs
         self.placement = self.charges.placement
@@ -151,6 +157,12 @@ class OffloadExecutor:
             self.weight_quantizer = get_weight_quantizer(weight_quant)
         return with_backend(policy, weight_quant)
 
+    def _in_place_samples(self, reader) -> dict:
+        """{name: a matrix in the form kept} of the file's blocks kept as codes (sizes, layouts):
+        those the in-memory executor keeps so (`self.in_place`: {name: the file tensor's spec})."""
+        self.in_place = in_place_specs(reader, weight_specs(self.cfg), self.dtype)
+        return {name: in_place_sample(reader, spec, self.dtype) for name, spec in self.in_place.items()}
+
     def _index_weights(self, expert_cache: str) -> None:
         """Which weights a sweep reads where: globals, each layer's own, its routed experts."""
         # the embedding table and output head are read in parts (rows looked up, head in vocab
@@ -176,7 +188,9 @@ class OffloadExecutor:
         # (and the form 4-bit weights are written in: another form is rebuilt, never read)
         policy = self.policy
         owner = f"{reader.fingerprint()}|{self.dtype}|{policy.weights!r}|{policy.compress_weight}|{self.qcfg!r}"
-        owner += f"|{int4_format_tag(self.device)}" if int4 else ""
+        coded = any(self.charges.keeps_codes(s.name) for s in self.specs)
+        owner += f"|{int4_format_tag(self.device)}" if int4 or coded else ""
+        owner += f"|{IN_PLACE_FORMAT}|five-bit {packs_five_bit()}" if coded else ""
         owner += f"|{FP8_FORMAT}" if any(map(self.charges.is_fp8, self.specs)) else ""
         owner += f"|{MXFP4_FORMAT}" if any(map(self.charges.is_mxfp4, self.specs)) else ""
         return DiskFolder(offload_dir, fingerprint=_stable_hash(owner))
@@ -209,6 +223,11 @@ class OffloadExecutor:
             if piece.name in skip:
                 self.store.adopt_disk(piece.name, self._stored_class(spec))
         todo = [piece for piece in pieces if piece.name not in skip]
+        if todo and self.charges.keeps_codes(spec.name):  # the file's blocks, as the in-memory engine keeps them
+            w = in_place_form(reader, self.in_place[spec.name], self.dtype)
+            for piece in todo:
+                self.store.put(piece.name, w if len(pieces) == 1 else w.rows(piece.start, piece.stop), piece.tier)
+            return
         if todo and self._is_int4(spec):  # a matrix: one piece
             self.store.put(spec.name, self.stored_weights.read_int4(reader, spec, todo[0].tier, self.device),
                            todo[0].tier)
@@ -230,6 +249,8 @@ class OffloadExecutor:
         """What a weight was stored as, when compressed or FP8 (to rebuild it from its parts)."""
         if self.charges.kept_class(spec) is not None:
             return self.charges.kept_class(spec)
+        if self.charges.keeps_codes(spec.name):
+            return type(self.charges.in_place[spec.name])
         if not self._compressible(spec):
             return None
         return Int4Weight if self._is_int4(spec) else QTensor
@@ -251,7 +272,10 @@ class OffloadExecutor:
         compressible = {s.name: s for s in self.specs if self._compressible(s)}
         kept = {s.name: self.charges.kept_class(s) for s in self.specs if self.charges.kept_class(s)}
         for name in disk_names:
-            if name in compressible and self._is_int4(compressible[name]):
+            coded = self.charges.coded_piece(name, self._piece_named(name))
+            if coded is not None:
+                names |= set(stored_parts(coded, name + "::"))
+            elif name in compressible and self._is_int4(compressible[name]):
                 names |= set(self.stored_weights.int4_part_names(compressible[name], "disk"))
             elif name in compressible:
                 names |= {f"{name}::codes", f"{name}::scales", f"{name}::meta", f"{name}::mins"}
@@ -260,6 +284,10 @@ class OffloadExecutor:
             else:
                 names.add(name)
         return names
+
+    def _piece_named(self, name: str):
+        """The table piece stored as `name`, or None (a whole weight)."""
+        return next((p for pieces in self.table_pieces.values() for p in pieces if p.name == name), None)
 
     def new_cache(self, num_slots: int, capacity: int) -> TieredKVCache:
         if self.cfg.hybrid is not None:
@@ -321,7 +349,7 @@ class OffloadExecutor:
         Int4Weight is multiplied as it is and an Fp8Weight upcast per call, by `models.linear`)."""
         out, dense_bytes = {}, 0
         for name, w in fetched.items():
-            if not isinstance(w, (torch.Tensor, Int4Weight, Fp8Weight, Mxfp4Weight)):
+            if not isinstance(w, torch.Tensor) and type(w) not in KINDS:  # no kind multiplies it as it is
                 w = w.dequantize(dtype=self.dtype, device=self.device)
                 dense_bytes += tensor_bytes(w)
             out[self.local[name]] = w
@@ -364,7 +392,8 @@ class OffloadExecutor:
         under `limit()` (the sweep's charged peak, asked only when a chunk could be read ahead;
         None: its capacity)."""
         outs = [torch.empty((*h.shape[:-1], self.cfg.vocab_size), dtype=torch.float32) for h in hs]
-        chunks = list(head_chunks(self.head_pieces, self.HEAD_CHUNK_ROWS))
+        coded = self.charges.keeps_codes(self.head_pieces[0].name)  # read a piece at a time
+        chunks = list(head_chunks(self.head_pieces, self.charges.head_chunk_rows if coded else self.HEAD_CHUNK_ROWS))
         widest = max(stop - start for _, start, stop in chunks)
         chunk_bytes = max(h.numel() // h.shape[-1] for h in hs) * widest * _bytes_per(self.dtype)
         self.budgets["gpu"].allocate(chunk_bytes, "logits of one vocab chunk")

@@ -58,11 +58,19 @@ class WeightPlacement:
         return self.pieces.get(spec.name) or (RowPiece(spec.name, self.tiers[spec.name], 0, spec.shape[0]),)
 
 
-def table_pieces(spec: WeightSpec, split) -> tuple[RowPiece, ...]:
-    """A table cut by rows in the split's fractions (to the nearest row), gpu rows first."""
+def table_pieces(spec: WeightSpec, split, rows: tuple[int, int] | None = None) -> tuple[RowPiece, ...]:
+    """A table cut by rows in the split's fractions (to the nearest row), gpu rows first. `rows`:
+    (a multiple every cut falls on, the most rows a piece holds), for a table kept as codes whose
+    kernel layout is cut in whole tiles (a table not made of them stays whole, on the tier where
+    its middle row falls)."""
     num_rows = spec.shape[0]
-    ends = (round(split.gpu * num_rows), round((split.gpu + split.cpu) * num_rows), num_rows)
-    bounds = [(tier, start, stop) for tier, start, stop in zip(TIERS, (0,) + ends[:2], ends) if stop > start]
+    align, most = rows or (1, num_rows)
+    if num_rows % align:
+        return (RowPiece(spec.name, _tier_at(0.5, split), 0, num_rows),)
+    ends = [round(split.gpu * num_rows / align) * align, round((split.gpu + split.cpu) * num_rows / align) * align,
+            num_rows]
+    bounds = [(tier, cut, min(stop, cut + most)) for tier, start, stop in zip(TIERS, [0] + ends[:2], ends)
+              for cut in range(start, stop, most)]
     if len(bounds) == 1:
         return (RowPiece(spec.name, bounds[0][0], 0, num_rows),)
     return tuple(RowPiece(f"{spec.name}.rows{start}-{stop}", tier, start, stop) for tier, start, stop in bounds)
@@ -85,12 +93,13 @@ def placement_units(specs: list[WeightSpec], hottest_first: list[int] | None) ->
 
 
 def place_weights(cfg: ModelConfig, split, size_of=None, specs: list[WeightSpec] | None = None,
-                  expert_order=None) -> WeightPlacement:
+                  expert_order=None, table_rows: dict | None = None) -> WeightPlacement:
     """Tier of every weight tensor, the tables cut into pieces. `size_of(spec)`: the bytes it is
     stored in (default: its element count), so that shares are shares of stored bytes, as the
     planner counts them (compressed matrices shrink, embedding tables do not). `specs`: the
     tensors as stored (default: the model's `weight_specs`). `expert_order(layer)`: a MoE
-    layer's experts, hottest first (default: by index)."""
+    layer's experts, hottest first (default: by index). `table_rows`: {table: `table_pieces`'
+    rows} for tables kept as codes."""
     size_of = size_of or (lambda spec: spec.numel)
     groups: dict[int | None, list[WeightSpec]] = {}
     for s in specs if specs is not None else weight_specs(cfg):
@@ -109,7 +118,7 @@ def place_weights(cfg: ModelConfig, split, size_of=None, specs: list[WeightSpec]
         gpu_end = split.gpu * seen - on_gpu - debt[0] * left
         cpu_end = (split.gpu + split.cpu) * seen - on_gpu_or_cpu - debt[1] * left
         for s in (s for s in specs if s.name in TABLE_NAMES):  # cut in the split's fractions
-            pieces[s.name] = table_pieces(s, head_split if s.name == head_name else split)
+            pieces[s.name] = table_pieces(s, head_split if s.name == head_name else split, (table_rows or {}).get(s.name))
             for piece in pieces[s.name]:
                 tiers[piece.name] = piece.tier
                 size = size_of(s) * piece.num_rows // s.shape[0]

@@ -195,6 +195,11 @@ class CodesKind(WeightKind):
     def product(self, w, x, phase) -> torch.Tensor:
         return self.linear(w, x, phase)
 
+    def stored_bytes(self, w) -> int:
+        """Its parts as a store holds them: the code layouts it has (the kernel's included), the
+        scales and zero points, the group size."""
+        return sum(t.numel() * t.element_size() for t in w.to_tensors(with_kernel=True).values())
+
 
 class UpcastKind(WeightKind):
     """FP8 or MXFP4: upcast for this call only, into the thread's reused buffer, then the dense

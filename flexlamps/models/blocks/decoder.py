@@ -21,7 +21,7 @@ from flexlamps.models.blocks.attention import AttnOptions
 from flexlamps.models.blocks.linear import linear
 from flexlamps.models.blocks.moe import moe_ffn
 from flexlamps.models.blocks.norms import native_ops, rms_norm, rms_norm_plus_one
-from flexlamps.models.blocks.rope import rope_for, rotate_half_split, step_tables
+from flexlamps.models.blocks.rope import rope_for, rotate_half_split, rotate_interleaved_split, step_tables
 from flexlamps.models.config import ModelConfig
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
@@ -114,6 +114,8 @@ class DecoderForward:
         if kind is None:
             return q, k, v
         tables, r = ctx[kind], self.rotary_dim
+        if self.cfg.attention.rope_interleaved:
+            return _rotate(q, tables, r, rotate_interleaved_split), _rotate(k, tables, r, rotate_interleaved_split), v
         if qk is not None and r == self.cfg.head_dim:
             qk = rotate_half_split(qk, *tables)
             return qk.narrow(2, 0, q.shape[2]), qk.narrow(2, q.shape[2], k.shape[2]), v
@@ -189,8 +191,8 @@ class DecoderForward:
         return self.finish_logits(logits)
 
 
-def _rotate(x: torch.Tensor, tables, rotary_dim: int) -> torch.Tensor:
+def _rotate(x: torch.Tensor, tables, rotary_dim: int, rotate=rotate_half_split) -> torch.Tensor:
     """x (n, T, heads, d) with its first `rotary_dim` dims rotated (all of them: one op chain)."""
     if rotary_dim == x.shape[-1]:
-        return rotate_half_split(x, *tables)
-    return torch.cat([rotate_half_split(x[..., :rotary_dim], *tables), x[..., rotary_dim:]], dim=-1)
+        return rotate(x, *tables)
+    return torch.cat([rotate(x[..., :rotary_dim], *tables), x[..., rotary_dim:]], dim=-1)

@@ -167,6 +167,16 @@ def rotate_half_split(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tens
     return (x * cos).add_(swapped.mul_(signed_sin))
 
 
+def rotate_interleaved_split(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x (n, T, heads, d) rotated with its rotary pairs interleaved, (x0, x1), (x2, x3), ..., from
+    `rope_tables`' (cos, signed sin); the output is in half-split order (the pairs' first elements,
+    then their second), which turns q and k alike, so their products are transformers'."""
+    half = x.shape[-1] // 2
+    c, s = cos[..., :half], signed_sin[..., half:]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.cat((even * c - odd * s, odd * c + even * s), dim=-1)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x (n, T, heads, head_dim) by the half-split convention HF LLaMA uses."""
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]

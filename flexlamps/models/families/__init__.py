@@ -10,7 +10,7 @@ from functools import lru_cache
 from flexlamps.models.families.family import Family
 
 # the family modules, each defining FAMILY (a Family); order is the order `flexlamps models` lists them
-FAMILY_MODULES = ("llama", "qwen3", "gemma", "phi3", "smollm3", "granite", "opt", "deepseek", "mixtral", "qwen_moe",
+FAMILY_MODULES = ("llama", "qwen3", "gemma", "phi3", "smollm3", "granite", "ernie4_5", "opt", "deepseek", "mixtral", "qwen_moe",
                   "qwen3_moe", "olmoe", "glm4_moe", "gpt_oss", "qwen3_next", "qwen3_5")
 
 

@@ -26,12 +26,13 @@ from flexlamps.models.loading.gguf_moe import (MLA_GGUF_LAYER, MLA_KV_B, deepsee
                                                moe_gguf_tensor)
 from flexlamps.models.loading.gguf_names import GGUF_GLOBAL, NORM_PLUS_ONE, layer_names, permuted_heads
 from flexlamps.models.loading.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
-from flexlamps.models.blocks.linear import native_kernel
+from flexlamps.models.loading.in_place import (TIED_HEAD, in_place_form, in_place_specs, int4_from_blocks,  # noqa: F401
+                                               int8_from_blocks, packs_five_bit)
 from flexlamps.models.loading.errors import CheckpointError, json_file
 from flexlamps.models.loading.hf_files import tensor_files
 from flexlamps.models.loading.hf_parts import FusedParts
 from flexlamps.models.weight_specs import WeightSpec, hf_name, hf_part, keeps_fp8, weight_specs
-from quant.int4_weight import KERNEL_DTYPES, Int4Weight
+from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
 
 
@@ -324,7 +325,7 @@ class GGUFReader:
         heads = self._row_heads(spec)
         if heads is not None:
             codes, scale, zero = (unpermute_rows(part, heads) for part in (codes, scale, zero))
-        return Int4Weight.from_codes(codes, scale, zero, BLOCK, dtype)
+        return int4_from_blocks(codes, scale, zero, dtype)
 
     def stores_mxfp4(self, spec: WeightSpec) -> bool:
         """Whether the file holds `spec` in ggml's MXFP4 blocks (gpt-oss's experts)."""
@@ -352,8 +353,15 @@ class GGUFReader:
         if heads is not None:
             codes, scale = (unpermute_rows(part, heads) for part in (codes, scale))
             zero = None if zero is None else unpermute_rows(zero, heads)
-        return Int8Weight.from_codes(codes, scale, spec.shape[1] // scale.shape[1], dtype, zero=zero,
-                                     five_bit=packs_five_bit())
+        return int8_from_blocks(codes, scale, zero, dtype)
+
+    def in_place_type(self, spec: WeightSpec) -> str | None:
+        """The block type `read_int4` / `read_int8` give `spec` in ("Q4_1", "Q8_0", ...); None where
+        neither does (another type, not a matrix, or values the converter changed)."""
+        name = self._tensor(spec).tensor_type.name
+        if len(spec.shape) != 2 or self._rebuilt(spec) or not (is_int4_block_type(name) or is_int8_block_type(name)):
+            return None
+        return name
 
     @property
     def has_int4_weights(self) -> bool:
@@ -380,14 +388,6 @@ class GGUFReader:
         return hashlib.sha256(f"{self.path.name}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
-def packs_five_bit() -> bool:
-    """Whether `GGUFReader.read_int8` holds 5-bit codes (Q5_x) in 5 bits (0.6 of the split's bytes):
-    where our decode kernel runs in a variant that multiplies that form (AVX-512's; elsewhere Q5_x
-    stay int8 codes the AVX2 variant takes). The weight cache keys by it."""
-    kernel = native_kernel()
-    return kernel is not None and kernel.takes_five_bit
-
-
 def read_all(reader, dtype: torch.dtype, int4_in_place: bool = False,
              fp8_in_place: bool = False) -> dict[str, torch.Tensor | Int4Weight | Int8Weight]:
     """Every weight by canonical name, in `dtype`. With `int4_in_place` (and a bf16/fp16 `dtype`),
@@ -397,32 +397,18 @@ def read_all(reader, dtype: torch.dtype, int4_in_place: bool = False,
     an FP8 checkpoint's matrices stay FP8 (`Fp8Weight`, upcast per call). MXFP4 matrices (gpt-oss's
     experts) always stay MXFP4 (`Mxfp4Weight`, dequantized per call)."""
     out = {}
-    keep = int4_in_place and dtype in KERNEL_DTYPES and hasattr(reader, "read_int4")
     fp8 = fp8_in_place and getattr(reader, "fp8_block", None) is not None
     mxfp4 = hasattr(reader, "stores_mxfp4")
     specs = weight_specs(reader.config)
-    int8 = keep and hasattr(reader, "read_int8")
+    in_place = in_place_specs(reader, specs, dtype) if int4_in_place else {}
     for spec in specs:
-        w = _read_in_place(reader, spec, dtype) if keep and spec.role == "linear" else None
-        if int8 and spec.name == "lm_head":
-            w = reader.read_int8(spec, dtype)
+        w = in_place_form(reader, spec, dtype) if spec.name in in_place else None
         if fp8 and keeps_fp8(spec) and reader.stores_fp8(spec):
             w = reader.read_fp8(spec, dtype)
         if w is None and mxfp4 and spec.role == "linear" and reader.stores_mxfp4(spec):
             w = reader.read_mxfp4(spec, dtype)  # always kept 4-bit: dequantized per call, exactly
         out[spec.name] = reader.read(spec, dtype) if w is None else w
-    if int8 and "lm_head" not in out:  # tied: the head is the embedding table, kept as its blocks too
-        head = _read_in_place(reader, next(s for s in specs if s.name == "embed_tokens"), dtype)
-        if head is not None:
-            out["lm_head"] = head
+    if TIED_HEAD in in_place and TIED_HEAD not in out:  # the head is the embedding table, kept as its blocks too
+        out[TIED_HEAD] = in_place_form(reader, in_place[TIED_HEAD], dtype)
     return out
 
-
-def _read_in_place(reader, spec: WeightSpec, dtype: torch.dtype):
-    """`spec` as the file's 4-bit or 8-bit blocks (to compute in place), or None when it is neither.
-    4-bit weights keep the kernel's layout alone where it is known (`Int4Weight.kernel_only`: half
-    the bytes to hold, cache and stack; dequantized from it to the same values)."""
-    w = reader.read_int4(spec, dtype)
-    if w is not None:
-        return w.kernel_only()
-    return reader.read_int8(spec, dtype) if hasattr(reader, "read_int8") else None

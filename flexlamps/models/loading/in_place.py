@@ -1,0 +1,104 @@
+"""Which matrices a GGUF file's blocks are computed in place for, and in what form.
+
+With 16-bit activations, a matrix the file holds in 4-bit blocks (Q4_0 / Q4_1 / Q4_K) is kept as
+an `Int4Weight` and one in Q8_0 / Q5_x / Q6_K as an `Int8Weight`, both multiplied on their codes
+(`models.blocks.coded_weights`); a quantized output head stays its blocks too (a tied one as the
+embedding table's, under "lm_head", beside the dense table the lookup reads). Every executor
+keeps the same matrices in the same form (`in_place_form`), so they run the same kernels and
+give the same bits: the in-memory one (`checkpoint.read_all`) and the offload one, which sizes
+its tiers from `in_place_sample` (a matrix of the same block type and shape, built from zero
+blocks: the bytes the kind stores, without reading the file).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from flexlamps.models.blocks.linear import native_kernel
+from flexlamps.models.loading.gguf_blocks import BLOCK, int4_blocks, int8_blocks, is_int4_block_type
+from flexlamps.models.weight_specs import WeightSpec
+from quant.int4_weight import KERNEL_DTYPES, Int4Weight
+from quant.int8_weight import Int8Weight
+
+TIED_HEAD = "lm_head"  # where a tied model's head is kept as its table's blocks
+# the lowest int8 code of each type the file's blocks give (a sample's codes: its 5-bit form or not)
+_LOWEST_CODE = {"Q8_0": -128, "Q6_K": -32}  # the 5-bit types': -16
+
+
+def packs_five_bit() -> bool:
+    """Whether `GGUFReader.read_int8` holds 5-bit codes (Q5_x) in 5 bits (0.6 of the split's bytes):
+    where our decode kernel runs in a variant that multiplies that form (AVX-512's; elsewhere Q5_x
+    stay int8 codes the AVX2 variant takes). The weight cache keys by it."""
+    kernel = native_kernel()
+    return kernel is not None and kernel.takes_five_bit
+
+
+def int4_from_blocks(codes, scale, zero, dtype: torch.dtype) -> Int4Weight:
+    """A 4-bit matrix from its blocks' codes, scales and zero points (`gguf_blocks.int4_blocks`)."""
+    return Int4Weight.from_codes(codes, scale, zero, BLOCK, dtype)
+
+
+def int8_from_blocks(codes, scale, zero, dtype: torch.dtype) -> Int8Weight:
+    """An int8-code matrix from its blocks' codes, scales and zero points (`gguf_blocks.int8_blocks`)."""
+    return Int8Weight.from_codes(codes, scale, codes.shape[1] // scale.shape[1], dtype, zero=zero,
+                                 five_bit=packs_five_bit())
+
+
+def keeps_blocks(reader, dtype: torch.dtype) -> bool:
+    """Whether `reader`'s quantized matrices are computed in place in `dtype` (a GGUF, 16-bit)."""
+    return dtype in KERNEL_DTYPES and hasattr(reader, "read_int4") and hasattr(reader, "read_int8")
+
+
+def _in_place_spec(reader, spec: WeightSpec) -> WeightSpec | None:
+    """Which of the file's tensors `spec` is computed in place from (None: read dense): a layer
+    matrix in 4- or 8-bit blocks, a head in 8-bit ones, a tied head its table's blocks."""
+    if spec.role == "linear":
+        return spec if reader.in_place_type(spec) is not None else None
+    if spec.name != TIED_HEAD:
+        return None
+    if spec.shape and reader.in_place_type(spec) is not None and not is_int4_block_type(reader.in_place_type(spec)):
+        return spec  # a head of its own: 8-bit blocks only
+    return None
+
+
+def in_place_specs(reader, specs: list[WeightSpec], dtype: torch.dtype) -> dict[str, WeightSpec]:
+    """{stored name: the file tensor's spec} of every matrix kept as blocks; a tied model's head
+    under TIED_HEAD, read from the embedding table's spec. {} where nothing is (`keeps_blocks`)."""
+    if not keeps_blocks(reader, dtype):
+        return {}
+    out = {s.name: s for s in specs if _in_place_spec(reader, s) is not None}
+    if not any(s.name == TIED_HEAD for s in specs):
+        table = next((s for s in specs if s.name == "embed_tokens"), None)
+        if table is not None and reader.in_place_type(table) is not None:
+            out[TIED_HEAD] = table
+    return out
+
+
+def in_place_form(reader, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | Int8Weight | None:
+    """The file's blocks of `spec` as the engine multiplies them (a 4-bit matrix keeps the kernel's
+    layout alone where it is known: `Int4Weight.kernel_only`), or None for other tensor types."""
+    w = reader.read_int4(spec, dtype)
+    if w is not None:
+        return w.kernel_only()
+    return reader.read_int8(spec, dtype)
+
+
+def in_place_sample(reader, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | Int8Weight:
+    """A matrix in the form `in_place_form` gives `spec`, of zero blocks (its bytes, its layout)."""
+    return _sample(reader.in_place_type(spec), tuple(spec.shape), dtype, packs_five_bit())
+
+
+@functools.lru_cache(maxsize=64)
+def _sample(type_name: str, shape: tuple[int, int], dtype: torch.dtype, five_bit: bool):
+    import gguf
+    from gguf.quants import quant_shape_to_byte_shape
+
+    raw = np.zeros(quant_shape_to_byte_shape(shape, gguf.GGMLQuantizationType[type_name]), dtype=np.uint8)
+    if is_int4_block_type(type_name):
+        return int4_from_blocks(*int4_blocks(raw, type_name, shape), dtype).kernel_only()
+    codes, scale, zero = int8_blocks(raw, shape, type_name)
+    codes = torch.full_like(codes, _LOWEST_CODE.get(type_name, -16))
+    return Int8Weight.from_codes(codes, scale, shape[1] // scale.shape[1], dtype, zero=zero, five_bit=five_bit)

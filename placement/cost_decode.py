@@ -1,0 +1,81 @@
+"""The decode phase's per-layer terms: transfers and compute of one block's decode step."""
+
+from placement.affine import Affine, C_CPU, C_DISK, C_GPU, H_CPU, H_DISK, W_CPU, W_DISK, W_GPU
+from placement.cost_experts import cached_expert_reads, cpu_experts_in_place, disk_streamed, routed_rows_delta_s
+from placement.expert_groups import experts_read
+from placement.layer_time import delta_rule_s, elementwise_s, layer_seconds, streamed_weights
+from placement.weight_calls import (call_gemm_s, dequant_s, fp8_upcast_s, resident_delta_s, runs_fused_int4,
+                                     weight_dequant_passes, weight_dequant_rate)
+
+
+def _decode_weight_dequant_s(choice, model, hardware, calls: int, rows: int, block: int) -> float:
+    """A decode layer's 4-bit weight dequantization where the fused kernel does not run them: what
+    the whole block touches, dequantized once, or what each call touches, once a call."""
+    if not choice.compress_weight or runs_fused_int4(choice, model, hardware, rows):
+        return 0.0
+    rate = weight_dequant_rate(choice, hardware)
+    if weight_dequant_passes(choice, calls, rows) == 1:
+        return (dequant_s(model.weight_bytes_touched_per_layer(block), model, rate)
+                + model.matrices_per_layer(block) * hardware.gpu_dequant_matrix_s)
+    return calls * (dequant_s(model.weight_bytes_touched_per_layer(rows), model, rate)
+                    + model.matrices_per_layer(rows) * hardware.gpu_dequant_matrix_s)
+
+
+def decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
+    block = choice.gpu_batch_size * choice.num_gpu_batches
+    context = workload.prompt_len + workload.gen_len / 2  # average over the decode steps
+    entries = model.mean_attended_entries(context)  # a window layer reads its window
+    hidden = block * sz.hidden
+    cache_read = block * entries * sz.cache_stored  # entries attention touches, as stored
+    new_cache = block * sz.cache_stored
+
+    calls, rows = choice.decode_calls()
+    read = experts_read(model, choice.expert_group, calls, rows, block)  # the experts its block routes to
+    streamed = streamed_weights(sz, model, block, read)
+    cached = cached_expert_reads(choice, sz, model, hardware, block)  # those the expert cache serves
+    disk = disk_streamed(choice, sz, model, read, streamed - cached[1])
+    ctog = Affine().add(streamed - cached[0], W_CPU).add(disk, W_DISK).add(hidden, H_CPU, H_DISK)
+    gtoc = Affine().add(hidden, H_CPU, H_DISK).add(new_cache, C_CPU, C_DISK)
+    dtoc = Affine().add(disk, W_DISK).add(hidden, H_DISK).add(cache_read, C_DISK)
+    ctod = Affine().add(hidden, H_DISK).add(new_cache, C_DISK)
+    if sz.state:  # an off-gpu DeltaNet state comes to the compute device and goes back, every step
+        ctog.add(block * sz.state, C_CPU, C_DISK)
+        gtoc.add(block * sz.state, C_CPU, C_DISK)
+    if choice.cpu_attention:  # queries go to the CPU, attention outputs come back
+        gtoc.add(block * sz.query, C_CPU, C_DISK)
+        ctog.add(block * sz.hidden, C_CPU, C_DISK)
+    elif not choice.latent_pools:  # the off-GPU cache must come to the GPU every step (only
+        ctog.add(cache_read, C_CPU, C_DISK)  # the selected entries); pools copy their misses (LatentTerms)
+
+    gpu_flops = hardware.gpu_flops(model.dtype)
+    # every call (the merged block, or each micro-batch) re-reads the whole layer and its share
+    # of the head from GPU memory (an MoE call reads only the experts its tokens pick): a
+    # roofline, or the measured GEMM rate at that many rows, which on CPUs falls well short of both
+    embed_share = sz.weight_fp16 - model.weight_bytes_per_layer()
+    touched_by_call = model.weight_bytes_touched_per_layer(rows) + embed_share
+    gemm_s = calls * call_gemm_s(choice, model, hardware, rows, rows * model.matmul_flops_per_token_per_layer(),
+                                  rows * model.head_flops_per_token() / model.num_layers, touched_by_call,
+                                  embed_share)
+    resident_s = resident_delta_s(choice, model, hardware, rows, rows * model.matmul_flops_per_token_per_layer(),
+                                   model.weight_bytes_touched_per_layer(rows), calls)
+    gemm_s += calls * (hardware.gpu_layer_overhead_s + routed_rows_delta_s(choice, model, hardware, rows))
+    gemm_s += calls * fp8_upcast_s(choice, model, hardware, model.weight_bytes_touched_per_layer(rows))
+    gemm_s += elementwise_s(block, model, hardware)
+    gemm_s += delta_rule_s(block, model, hardware, decode=True)
+    gemm_s += _decode_weight_dequant_s(choice, model, hardware, calls, rows, block)
+    attn_flops = block * model.attention_flops_per_query(context)
+    attn_bytes = block * (entries * sz.cache_fp16 + context * sz.indexer)
+    gpu_attn_s = max(attn_flops / gpu_flops, attn_bytes / hardware.gpu_mem_bytes_per_s)
+    if choice.compress_cache:
+        gpu_attn_s += dequant_s(block * entries * sz.cache_fp16, model, hardware.gpu_dequant_bytes_per_s)
+    comp = Affine(gemm_s).add(resident_s, W_GPU)
+    cpu_experts_in_place(choice, sz, model, hardware, (calls, rows), block, ctog, comp)
+    if choice.cpu_attention:
+        cpu_attn_s = attn_flops / hardware.cpu_attention_flops_per_s
+        if choice.compress_cache:
+            cpu_attn_s += dequant_s(block * entries * sz.cache_fp16, model, hardware.cpu_dequant_bytes_per_s)
+        comp.add(gpu_attn_s, C_GPU).add(cpu_attn_s, C_CPU, C_DISK)
+    else:
+        comp.add(gpu_attn_s)
+
+    return layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)

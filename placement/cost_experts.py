@@ -1,0 +1,55 @@
+"""A MoE layer's routed experts in the time terms: cpu-tier experts computed where they live, the reads the
+expert cache serves, a disk that holds experts only, and the GEMM rows an expert actually gets."""
+
+from placement.affine import Affine, W_CPU
+from placement.choice import Choice
+from placement.expert_compute import cpu_experts_seconds, expert_flops_per_token, tokens_per_expert
+from placement.layer_sizes import LayerSizes
+from placement.model_spec import ModelSpec
+from placement.specs import HardwareSpec
+
+
+def routed_rows_delta_s(choice: Choice, model: ModelSpec, hardware: HardwareSpec, rows: float) -> float:
+    """Seconds a call's routed-expert GEMMs take beyond their price at the call's `rows`: each
+    expert multiplies only the tokens routed to it (`tokens_per_expert`: one or two in a decode
+    step), where a measured GEMM runs well below its rate at the call's rows. Uncompressed weights
+    (4-bit experts take the kernels' own rates)."""
+    if not model.num_experts or choice.compress_weight or rows <= 0:
+        return 0.0
+    flops = rows * model.num_experts_per_token * expert_flops_per_token(model) * model.moe_layer_share
+    own = max(tokens_per_expert(model, rows), 1.0)
+    return hardware.gemm_seconds(model.dtype, own, flops, 0.0) - hardware.gemm_seconds(model.dtype, rows, flops, 0.0)
+
+
+def cpu_experts_in_place(choice, sz, model, hardware, calls_rows: tuple[int, float], num_tokens: float,
+                          ctog: Affine, comp: Affine) -> None:
+    """Beside a GPU, where the engine computes cpu-tier experts where they live (few tokens per
+    expert, `placement.expert_compute`): their reads leave the copy and their work joins compute
+    at the CPU's rates. On a CPU-only machine cpu-tier weights are used in place anyway."""
+    calls, rows = calls_rows
+    if (not model.num_experts or hardware.gpu_is_host
+            or tokens_per_expert(model, rows) >= choice.cpu_expert_tokens):
+        return
+    ctog.add(-sz.experts_stored * model.expected_experts(num_tokens) / model.num_experts, W_CPU)
+    comp.add(calls * cpu_experts_seconds(model, hardware, rows, sz.experts_stored), W_CPU)
+
+
+def cached_expert_reads(choice, sz: LayerSizes, model: ModelSpec, hardware: HardwareSpec,
+                         num_tokens: float) -> tuple[float, float]:
+    """Bytes of a sweep's routed-expert reads (per unit of the cpu and of the disk fraction) the
+    expert cache serves: `Choice.expert_hits` of those off disk, and beside a GPU of the copies off
+    the cpu tier (never of cpu-tier experts computed where they live)."""
+    if not (model.num_experts and choice.expert_hits):
+        return 0.0, 0.0
+    served = choice.expert_hits * sz.experts_stored * model.expected_experts(num_tokens) / model.num_experts
+    copies_off_cpu = not hardware.gpu_is_host and tokens_per_expert(model, num_tokens) >= choice.cpu_expert_tokens
+    return (served if copies_off_cpu else 0.0), served
+
+
+def disk_streamed(choice, sz: LayerSizes, model: ModelSpec, experts: float, streamed: float) -> float:
+    """Bytes a sweep reads per unit of the disk fraction: `streamed` (every kind of weight in its
+    share), or with `Choice.disk_experts_only` routed experts only, each of the `experts` read as
+    routed, less what the expert cache serves."""
+    if not (choice.disk_experts_only and model.num_experts):
+        return streamed
+    return sz.weight_stored * experts / model.num_experts * (1 - choice.expert_hits)

@@ -1,0 +1,123 @@
+"""Peak bytes per tier and phase (`MEMORY_ROWS`), affine in the fractions: what is resident plus one call's working buffers."""
+
+import dataclasses
+
+from placement.affine import Affine, C_CPU, C_DISK, C_GPU, H_CPU, H_DISK, H_GPU, W_CPU, W_DISK, W_GPU
+from placement.choice import Choice
+from placement.layer_sizes import LayerSizes, held_tokens, routed_staging
+from placement.model_spec import ModelSpec
+from placement.weight_calls import in_place_int4, int4_twins
+
+
+def _cpu_decode_staging(choice, sz, model, rows: int, full_entries: float, cache_home: float) -> Affine:
+    """The cpu tier's bytes for a decode call beside what is resident there: ESS's records (every
+    one on the cpu tier, the pools besides), the disk tier's activations and cache staged, and with
+    CPU attention its scores plus a dequantized copy of one call's cache."""
+    out = Affine()
+    if choice.latent_pools:
+        out.add(cache_home, C_GPU)
+    out.add(2 * rows * sz.hidden, H_DISK).add(2 * rows * full_entries * sz.cache_stored, C_DISK)
+    if choice.cpu_attention:
+        out.add(model.dtype_bytes * rows * model.num_heads * full_entries)
+        if choice.compress_cache:
+            out.add(rows * full_entries * sz.cache_fp16)
+    return out
+
+
+def memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
+    """Peak bytes per tier: resident data ("home") plus working buffers for one micro-batch."""
+    gbs, block = choice.gpu_batch_size, choice.gpu_batch_size * choice.num_gpu_batches
+    s, n = workload.prompt_len, workload.gen_len
+    layers = model.num_layers
+    num_cached = block * (s + n - workload.shared_prefix_len) + workload.shared_prefix_len
+    weights_home = layers * sz.weight_stored
+    cache_home = layers * held_tokens(choice, model, workload) * sz.cache_stored
+    # DeltaNet states: one per sequence (and one for a shared prefix), placed by the cache fractions
+    cache_home += layers * (block + (1 if workload.shared_prefix_len else 0)) * sz.state
+    indexer_home = layers * num_cached * sz.indexer  # ESS: indexer keys stay on the GPU
+    hidden_p, hidden_g = block * s * sz.hidden, block * sz.hidden
+    full_entries = model.attended_entries(s + n)
+    db = model.dtype_bytes
+
+    def resident(hidden: float, gpu: bool) -> Affine:
+        w, c, h = (W_GPU, C_GPU, H_GPU) if gpu else (W_CPU, C_CPU, H_CPU)
+        return Affine().add(weights_home, w).add(cache_home, c).add(hidden, h)
+
+    # GPU: double-buffered streamed layer weights (a layer's own: the embedding table and the
+    # head are read in rows and vocab chunks, never staged whole; routed experts only as the
+    # sweep's tokens can pick them, and never prefetched), the micro-batch's hidden in/out,
+    # FFN/attention intermediates, compressed weights as they expand.
+    def gpu_working(seqs: int, tokens_per_seq: int, calls: int) -> Affine:
+        hidden_io = 2 * seqs * tokens_per_seq * sz.hidden
+        staged = (2 * (sz.layer_stored - sz.experts_stored)
+                  + routed_staging(sz, model, calls * seqs * tokens_per_seq, choice.expert_group))
+        work = Affine(indexer_home + staged + hidden_io)
+        work.add(-staged, W_GPU).add(-hidden_io, H_GPU)
+        if choice.compress_weight:
+            return work.add(dequantized_bytes(choice, sz, model, seqs * tokens_per_seq, calls))
+        if model.weight_format == "fp8":  # upcast per call: an absorbed matrix and one other at most
+            return work.add(2 * max(o * i for o, i in model.layer_matrix_shapes()) * db)
+        return work
+
+    gpu_prefill = resident(hidden_p, True).plus(gpu_working(gbs, s, choice.num_gpu_batches))
+    gpu_prefill.add(db * gbs * model.layer_workspace_elements(s, s))
+    gpu_prefill.plus(_attended_cache(choice, gbs * s * sz.cache_fp16))
+    # a decode call runs the merged block or one micro-batch (`Choice.decode_calls`)
+    calls, rows = choice.decode_calls()
+    gpu_decode = resident(hidden_g, True).plus(gpu_working(rows, 1, calls))
+    gpu_decode.add(db * rows * model.layer_workspace_elements(1, full_entries))
+    gpu_decode.plus(_attended_cache(choice, rows * full_entries * sz.cache_fp16))
+
+    # CPU: staging buffers for the activations and cache that stream from disk; weights on disk
+    # are read tensor by tensor straight into the gpu tier's staging (on a GPU through a
+    # transient one-tensor host buffer), so they hold no layer-sized CPU buffer
+    cpu_prefill = resident(hidden_p, False)
+    if choice.latent_pools:  # ESS's layout: every record on the cpu tier, the pools besides
+        cpu_prefill.add(cache_home, C_GPU)
+    cpu_prefill.add(2 * gbs * s * sz.hidden, H_DISK).add(gbs * s * sz.cache_stored, C_DISK)
+    cpu_decode = resident(hidden_g, False).plus(_cpu_decode_staging(choice, sz, model, rows, full_entries, cache_home))
+
+    disk = Affine().add(weights_home, W_DISK).add(cache_home, C_DISK).add(hidden_p, H_DISK)
+    return {"gpu_prefill": gpu_prefill, "gpu_decode": gpu_decode, "cpu_prefill": cpu_prefill,
+            "cpu_decode": cpu_decode, "disk": disk}
+
+
+def dequantized_bytes(choice: Choice, sz: LayerSizes, model: ModelSpec, rows: int, calls: int = 1) -> float:
+    """GPU bytes a layer's compressed matrices must expand to while it runs `calls` calls of
+    `rows` rows each, as the offload engine does it: 4-bit matrices in fp16/bf16 multiply in
+    place under `Choice.int4_in_place_below_rows` rows; from there every matrix is held dense
+    for the sweep when there are several such calls (`int4_twins`, plus one matrix's
+    transient copy before it is prepacked), else one matrix is dequantized per call. Other
+    compressions expand the whole layer. Without the kernel (`Choice.int4_kernel`) every
+    call dequantizes."""
+    if choice.compression.num_bits != 4:
+        return sz.layer_matrices
+    if in_place_int4(dataclasses.replace(choice, compress_weight=True), model, rows):
+        return 0.0
+    largest = largest_called_matrix(model) * model.dtype_bytes
+    return sz.layer_matrices + largest if int4_twins(choice, calls, rows) else largest
+
+
+def largest_called_matrix(model: ModelSpec) -> int:
+    """Elements of the largest matrix one call multiplies: the engine stacks a LLaMA-family
+    layer's q/k/v and gate/up projections into one matrix each (OPT and MLA run theirs apart)."""
+    shapes = model.layer_matrix_shapes()
+    if model.arch not in ("opt", "mla") and len(shapes) == 7:
+        (q, h), (k, _), (v, _), o, (gate, _), (up, _), down = shapes
+        shapes = [(q + k + v, h), o, (gate + up, h), down]
+    return max((o * i for o, i in shapes), default=0)
+
+
+def _attended_cache(choice: Choice, dense_bytes: float) -> Affine:
+    """GPU bytes one call's attention holds besides the resident cache: `dense_bytes`, the
+    call's cache rows uncompressed, copied in for the layers off the GPU (unless attention runs
+    on the CPU) and decompressed for compressed layers on it. The engine attends one call at a
+    time and fetches no cache ahead, so one copy is held, never two."""
+    staged = Affine()
+    if choice.latent_pools:  # the selected records, gathered from the pool, as one buffer
+        return staged.add(dense_bytes)
+    if not choice.cpu_attention:
+        staged.add(dense_bytes, C_CPU, C_DISK)
+    if choice.compress_cache:
+        staged.add(dense_bytes, C_GPU)
+    return staged
