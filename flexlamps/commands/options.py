@@ -234,7 +234,7 @@ def check_model(model: str, chat: bool = False) -> None:
 def check_policy(policy) -> None:
     """A --placement file read and checked before any model loads ("auto" plans later)."""
     if isinstance(policy, str) and policy != "auto":
-        from flexlamps.engine.executors.policy_choice import load_policy  # lazy (torch): as check_model
+        from flexlamps.planning.policy_choice import load_policy  # lazy (torch): as check_model
 
         try:
             load_policy(policy)

@@ -20,7 +20,7 @@ import torch
 from flexlamps.engine.augmented.pools import agents_workload, planner_budgets
 from flexlamps.engine.augmented.run import AgentsConfig
 from flexlamps.engine.caches.paged_state import paged_state_blocks
-from flexlamps.engine.executors.policy_choice import load_policy, plan_policy
+from flexlamps.planning.policy_choice import load_policy, plan_policy
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.description import model_spec
 from flexlamps.models.families.support import check_paged

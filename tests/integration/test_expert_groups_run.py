@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import placement
-from flexlamps.engine.executors import policy_choice
-from flexlamps.engine.executors.dry_run import dry_run
+from flexlamps.planning import policy_choice
+from flexlamps.planning.dry_run import dry_run
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step

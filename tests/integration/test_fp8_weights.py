@@ -98,7 +98,7 @@ def test_offloaded_fp8_equals_in_memory(fp8_models, split, tmp_path):
 def test_dry_run_charges_what_the_fp8_executor_charges(fp8_models, tmp_path):
     from flexlamps.engine.batch.generate import generate
     from flexlamps.engine.batch.sampling import SamplingParams
-    from flexlamps.engine.executors.dry_run import dry_run
+    from flexlamps.planning.dry_run import dry_run
 
     reader = open_checkpoint(fp8_models["deepseek_v3"])
     policy = Policy(gpu_batch_size=2, num_gpu_batches=2, weights=SPLITS["gpu_cpu_disk"], cache=ON_GPU,

@@ -17,8 +17,8 @@ import torch
 import placement
 from flexlamps.api import planning_lengths
 from flexlamps.engine.batch.generate import MIN_SHARED_PREFIX
-from flexlamps.engine.executors import policy_choice
-from flexlamps.engine.executors.dry_run import dry_run
+from flexlamps.planning import policy_choice
+from flexlamps.planning.dry_run import dry_run
 
 MiB = 1 << 20
 HARDWARE = "t4-flexgen"

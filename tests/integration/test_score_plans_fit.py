@@ -7,7 +7,7 @@ from unittest import mock
 
 import placement
 from flexlamps import LLM
-from flexlamps.engine.executors.dry_run import dry_run
+from flexlamps.planning.dry_run import dry_run
 
 CONTEXT = "the quick brown fox jumps over the lazy dog hello world"
 CONTEXTS = [CONTEXT] * 4 + ["once upon a time", "hello"]

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import placement
-from flexlamps.engine.executors.dry_run import dry_run
+from flexlamps.planning.dry_run import dry_run
 from flexlamps.engine.executors.offloaded import CAPABILITIES, OffloadExecutor
 from flexlamps.models.description import model_spec_from_hf
 from placement import Policy, TierSplit, WorkloadSpec

@@ -83,7 +83,7 @@ def _pairs(case: dict, prompts: list[list[int]], vocab_size: int) -> list[tuple[
 def _check_the_plan_runs(zoo: CheckpointZoo, case: dict, tmp) -> None:
     from flexlamps import LLM, SamplingParams
     from flexlamps.api import planning_lengths
-    from flexlamps.engine.executors.dry_run import dry_run
+    from flexlamps.planning.dry_run import dry_run
     from flexlamps.models.description import model_spec_from_hf
     from flexlamps.models.loading.registry import open_checkpoint
 

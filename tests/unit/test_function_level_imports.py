@@ -22,9 +22,7 @@ REASON = re.compile(r"#\s*lazy \((cycle|torch)\):")
 # may not gain any; their reason comments are asked for once an entry is removed (when its rewrite lands).
 IN_REWRITE = {
     "flexlamps/engine/executors/charges.py": 9,
-    "flexlamps/engine/executors/dry_run.py": 2,
     "flexlamps/engine/executors/offloaded.py": 7,
-    "flexlamps/engine/executors/policy_choice.py": 3,
     "flexlamps/models/config.py": 2,
     "flexlamps/models/families/__init__.py": 1,
     "flexlamps/models/families/support.py": 1,
@@ -36,7 +34,6 @@ IN_REWRITE = {
     "flexlamps/models/loading/hf_parts.py": 3,
     "flexlamps/models/loading/weight_cache.py": 2,
     "flexlamps/models/presets.py": 1,
-    "placement/cost.py": 1,
     "placement/model_spec.py": 2,
 }
 

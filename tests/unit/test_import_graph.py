@@ -75,6 +75,14 @@ def test_the_engine_does_not_import_the_simulator():
     assert "flexlamps.sim" not in _graph()["flexlamps.engine"]
 
 
+def test_planning_sits_between_the_run_plan_and_the_engine():
+    """flexlamps.planning (the policy choice, the dry run) reads the engine's charges; the engine
+    never reads it back."""
+    graph = _graph()
+    assert "flexlamps.engine" in graph["flexlamps.planning"]
+    assert "flexlamps.planning" not in graph["flexlamps.engine"]
+
+
 def test_quant_offload_and_placement_know_nothing_of_flexlamps():
     """quant and offload know nothing of models (nor of anything else in flexlamps); placement takes
     numpy and scipy only (the rules in this module's docstring)."""

@@ -66,7 +66,7 @@ def test_the_engine_plans_fp8_checkpoints_at_the_size_it_holds_them():
     import torch
 
     from flexlamps.engine.executors.charges import PlacementCharges
-    from flexlamps.engine.executors.policy_choice import plan_policy
+    from flexlamps.planning.policy_choice import plan_policy
 
     hf = dict(MODEL_CONFIGS["deepseek-v3.2-exp"])
     hw = placement.hardware_preset("h200")

@@ -93,7 +93,7 @@ def test_dry_run_charges_a_window_layer_its_ring():
     4096 positions a layer where its full-attention twin takes the context; nothing else moves."""
     import torch
 
-    from flexlamps.engine.executors.dry_run import dry_run
+    from flexlamps.planning.dry_run import dry_run
     from placement import Policy, TierSplit
 
     on_cpu = TierSplit(gpu=0, cpu=1, disk=0)

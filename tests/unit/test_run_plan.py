@@ -48,7 +48,7 @@ def test_the_model_spec_is_built_once_a_run_for_profile_planner_dry_runs_and_exe
     executor all read the one ModelSpec and the one ModelConfig the LLM built."""
     import flexlamps.api
     import flexlamps.engine.executors.charges as charges
-    import flexlamps.engine.executors.policy_choice as policy_choice
+    import flexlamps.planning.policy_choice as policy_choice
     import flexlamps.hardware.cache
     import flexlamps.run_plan.plan as plan_module
     from flexlamps.api import LLM

@@ -2,7 +2,7 @@
 
 One home for the byte counts the executor charges (weights as stored, a micro-batch's
 workspace, the peak of a sweep on the gpu tier), used by the executor itself (to decide
-whether merged decode fits) and by its dry run (`dry_run.py`), so the two cannot drift apart.
+whether merged decode fits) and by its dry run (`flexlamps.planning.dry_run`), so the two cannot drift apart.
 Weights and caches are sized on torch's meta device: no memory, the executor's own layouts.
 """
 

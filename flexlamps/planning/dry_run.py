@@ -17,7 +17,9 @@ from dataclasses import dataclass
 import torch
 
 import placement
+from flexlamps.engine.caches.hybrid import kv_view
 from flexlamps.engine.caches.latent import latent_cache_bytes
+from flexlamps.engine.caches.state import state_layer_bytes
 from flexlamps.engine.caches.tiered import layer_bytes
 from flexlamps.engine.caches.window import layer_rings
 from flexlamps.engine.executors.charges import (PlacementCharges, int4_weights, kv_quant_config, weight_bits,
@@ -93,9 +95,6 @@ def _charge_cache(run: PlacementCharges, budgets: dict[str, TierBudget], num_slo
     compress = kv_quant_config(policy) if policy.compress_cache else None
     cfg = run.cfg
     if cfg.hybrid is not None:  # KV in the full-attention layers, a fixed state in the DeltaNet ones
-        from flexlamps.engine.caches.hybrid import kv_view
-        from flexlamps.engine.caches.state import state_layer_bytes
-
         state_bytes = state_layer_bytes(cfg.hybrid, num_slots, dtype)
         cfg = kv_view(cfg)
     rings = iter(layer_rings(cfg, capacity, compressed=compress is not None))

@@ -11,7 +11,10 @@ from pathlib import Path
 import torch
 
 import placement
+from flexlamps.engine.executors.offloaded import CAPABILITIES
 from flexlamps.models.description import model_spec_from_hf
+from flexlamps.planning.dry_run import dry_run
+from offload import BudgetExceededError
 from placement import HardwareSpec, ModelSpec, Plan, Policy, WorkloadSpec
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -72,8 +75,6 @@ def plan_policy(hf_config: dict, dtype: torch.dtype, hardware: HardwareSpec, *, 
 
 
 def _solve(model, hw: HardwareSpec, workload: WorkloadSpec, options: dict) -> Plan:
-    from flexlamps.engine.executors.offloaded import CAPABILITIES
-
     return placement.solve(model, hw, workload, capabilities=CAPABILITIES, **options)
 
 
@@ -82,9 +83,6 @@ def _dry_run_shortfall(hf_config: dict, policy: Policy, dtype: torch.dtype, gpu_
                        model: ModelSpec | None = None, weight_quant: str | None = None,
                        config=None, logits_per_row: int = 1) -> tuple[str, int] | None:
     """(tier, bytes short) where the executor would exceed its budgets running `policy`, else None."""
-    from flexlamps.engine.executors.dry_run import dry_run
-    from offload import BudgetExceededError
-
     try:
         dry_run(hf_config, policy, gpu_mem=gpu_mem, cpu_mem=cpu_mem, prompt_len=workload.prompt_len,
                 gen_len=workload.gen_len, dtype=dtype, prefix_len=prefix_len, routing=routing, model_spec=model,
