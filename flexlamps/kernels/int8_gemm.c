@@ -20,7 +20,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "native_halves.h"
+#include "native_simd.h"  /* vectors of the variant's width, 16-bit floats */
 
 #define GROUP 64                 /* inputs per x scale */
 #define STEPS (GROUP / 4)        /* vpdpbusd steps per group */

@@ -13,18 +13,6 @@ AI __m256 load_weights8(const void *row, int64_t c, int kind) {
     return halves_to_floats8(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + c)), kind);
 }
 
-AI float hmax8(__m256 f) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
-}
-
-AI int32_t hsum8i(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
-}
-
 /* max |v| over 8 lanes of `count` (a multiple of 8) values, and whether any is NaN. */
 AI float amax_of(const void *row, int64_t count, int kind, int *nan) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -36,7 +24,7 @@ AI float amax_of(const void *row, int64_t count, int kind, int *nan) {
         bad |= _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     }
     *nan = bad != 0;
-    return hmax8(amax);
+    return vf_hmax(amax);
 }
 
 /* max |w| over a row of a weight, and whether it holds a NaN. */
@@ -76,7 +64,7 @@ static void quantize_row(const uint16_t *x, int64_t cols, int fp16, int8_t *q, f
             for (int i = 0; i < 8; i++) q[g * GROUP + j + i] = (int8_t)codes[i];
         }
         scale[g] = m / 127.0f;
-        init[g] = -128 * hsum8i(sum);
+        init[g] = -128 * vi_sum(sum);
     }
 }
 

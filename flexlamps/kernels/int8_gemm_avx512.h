@@ -3,14 +3,10 @@
 #define MAX_ROWS 4               /* rows per micro-tile */
 #define MAX_BLOCKS 3             /* 16-column blocks per micro-tile */
 
-AI __m512 load_halves(const uint16_t *p, int fp16) {
-    return halves_to_floats(_mm256_loadu_si256((const __m256i *)p), fp16);
-}
-
 /* 16 inputs of a weight row: fp32 (kind 2) or halves (bf16 0, fp16 1). */
 AI __m512 load_weights(const void *row, int64_t c, int kind) {
     if (kind == 2) return _mm512_loadu_ps((const float *)row + c);
-    return load_halves((const uint16_t *)row + c, kind);
+    return load_halves((const uint16_t *)row + c, kind, ALL_LANES);  /* native_simd.h */
 }
 
 /* max |w| over a row of a weight, and whether it holds a NaN. */
@@ -45,7 +41,7 @@ static void quantize_row(const uint16_t *x, int64_t cols, int fp16, int8_t *q, f
         __m512 v[4], amax = _mm512_setzero_ps();
         __mmask16 nan = 0;
         for (int j = 0; j < 4; j++) {
-            v[j] = load_halves(x + g * GROUP + 16 * j, fp16);
+            v[j] = load_halves(x + g * GROUP + 16 * j, fp16, ALL_LANES);
             amax = _mm512_max_ps(amax, _mm512_abs_ps(v[j]));
             nan |= _mm512_cmp_ps_mask(v[j], v[j], _CMP_UNORD_Q);
         }

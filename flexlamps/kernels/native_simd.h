@@ -28,6 +28,7 @@ typedef __mmask16 vmask;
 #define vf_fnmadd _mm512_fnmadd_ps
 #define vf_sum _mm512_reduce_add_ps
 #define vf_hmax _mm512_reduce_max_ps
+#define vi_sum _mm512_reduce_add_epi32
 
 /* The first min(left, 16) lanes: a vector's worth, or a row's partial last one. */
 AI vmask lanes(int64_t left) { return left >= 16 ? (vmask)0xFFFF : (vmask)((1u << left) - 1); }
@@ -80,6 +81,12 @@ AI float vf_hmax(vf f) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+AI int32_t vi_sum(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
 }
 
 /* The first min(left, 8) lanes: a vector's worth, or a row's partial last one. */

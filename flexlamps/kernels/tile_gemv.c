@@ -25,14 +25,19 @@
  * tile_gemv_avx512.h (VBMI, VNNI; tiles of 64 rows) or tile_gemv_avx2.h (AVX2, AVX-VNNI where
  * present; tiles of 32 or 64, 16-bit x); both add the same exact sums in the same fp32 steps, so
  * a weight in 64-row tiles gets the same bits from either. Built and loaded by
- * flexlamps/kernels/tile_gemv.py. */
+ * flexlamps/kernels/tile_gemv.py.
+ *
+ * flexlamps_tile_gemm is the product for prompts (many rows a call) on the same codes, in every
+ * variant: x rounded to int8 per group, vpmaddubsw on a sub-tile's codes laid out once for all
+ * the call's rows (tile_gemm.h). */
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "native_halves.h"
+#include "native_simd.h"  /* vectors of the variant's width, 16-bit floats */
 
 #define TILE 64  /* the AVX-512 variant's tile rows */
 /* How far ahead the codes are prefetched: decode's weights stream from memory, and the hardware
@@ -58,6 +63,7 @@ enum { KIND_INT4 = 0, KIND_INT8_SPLIT = 1, KIND_INT5 = 2 };
 #else
 #include "tile_gemv_avx2.h"
 #endif
+#include "tile_gemm.h"
 
 /* Each row's groups of x as codes q of `bits` bits (8 or 16; scale = max |x| / top, top = 127 or
  * 32767, q = round(x / scale)) and the sum of the values they stand for, scale * sum(q): a
@@ -115,6 +121,59 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint64_t *fifth, const uint1
         for (int64_t t = 0; t < tiles; t++)
             run_tile(codes + t * tile_bytes, fifth ? fifth + t * cols : NULL, scale_zero + t * tile * 2, n, group, &xr,
                      &setup, rows, out + t * tile, fp16, kind);
+    }
+    free(buf);
+    return 0;
+}
+
+/* Bytes of the buffer one thread prepares sub-tiles in (`Prepared`). */
+static size_t prepared_bytes(int64_t cols, int64_t groups, int split) {
+    return (size_t)((split ? 2 : 1) * cols * SUB) + 2 * sizeof(float) * (size_t)(groups * SUB);
+}
+
+/* Sub-tiles first .. first + count - 1 (32 rows each), each prepared once in `buf`, then every row
+ * of x by it. */
+static void gemm_subtiles(const uint8_t *codes, const uint16_t *scale_zero, const QRows *x, uint16_t *out, int64_t n,
+                          int64_t rows, int64_t group, int64_t tile, int fp16, int split, int64_t first, int64_t count,
+                          uint8_t *buf) {
+    const int64_t cols = x->cols, h = tile / 2, per_tile = tile / SUB, tile_bytes = (split ? 2 : 1) * cols * h;
+    float *scale = (float *)(buf + (split ? 2 : 1) * cols * SUB);
+    const Prepared prep = {buf, split ? buf + cols * SUB : NULL, scale, scale + x->groups * SUB};
+    for (int64_t sub = first; sub < first + count; sub++) {
+        int64_t t = sub / per_tile, s = sub % per_tile;
+        prepare(codes + t * tile_bytes, scale_zero + t * tile * 2, s, h, n, cols, x->groups, fp16, split, &prep);
+        gemm_rows(&prep, x, rows, group, split, out + t * tile, n, s, h, fp16);
+    }
+}
+
+/* out (rows, n) = x (rows, cols) @ w.T for prompts: w (n, cols) in 4-bit tiles of `tile` rows (kind
+ * 0) or an int8 weight's (n, 2 cols) split (kind 1), x rounded to int8 codes per group (tile_gemm.h).
+ * Returns 0, or -1 for what it does not take (or memory it could not get). */
+int flexlamps_tile_gemm(const uint8_t *codes, const uint16_t *scale_zero, const uint16_t *x, uint16_t *out, int64_t n,
+                        int64_t cols, int64_t group, int64_t rows, int64_t tile, int fp16, int kind, int threads) {
+    if ((tile != 32 && tile != 64) || n % tile || group <= 0 || group % 4 || (group > 32 && group % 32) || cols % group
+        || rows <= 0 || (kind != KIND_INT4 && kind != KIND_INT8_SPLIT))
+        return -1;
+    const int64_t groups = cols / group, subs = n / SUB;
+    const int split = kind == KIND_INT8_SPLIT, parts = threads > 1 && subs > 1 ? threads : 1;
+    const size_t per_thread = (prepared_bytes(cols, groups, split) + 63) / 64 * 64;
+    uint8_t *buf = malloc((size_t)(rows * cols) + 2 * sizeof(float) * (size_t)(rows * groups) + per_thread * parts + 64);
+    if (!buf) return -1;
+    float *scale = (float *)buf, *sum = scale + rows * groups;
+    int8_t *q = (int8_t *)(sum + rows * groups);
+    uint8_t *prepared = (uint8_t *)q + ((rows * cols + 63) / 64) * 64;
+    quantize_rows(x, rows, cols, group, fp16, 8, q, scale, sum);
+    const QRows xr = {q, NULL, scale, sum, cols, groups};
+    if (parts == 1) {
+        gemm_subtiles(codes, scale_zero, &xr, out, n, rows, group, tile, fp16, split, 0, subs, prepared);
+    } else {
+#pragma omp parallel num_threads(parts)
+        {  /* each thread a contiguous run of sub-tiles, in its own part of the buffer */
+            int64_t all = omp_get_num_threads(), me = omp_get_thread_num();
+            int64_t first = subs * me / all, last = subs * (me + 1) / all;
+            gemm_subtiles(codes, scale_zero, &xr, out, n, rows, group, tile, fp16, split, first, last - first,
+                          prepared + per_thread * (size_t)me);
+        }
     }
     free(buf);
     return 0;

@@ -128,30 +128,28 @@ static void run_tile(const uint8_t *codes, const uint64_t *fifth, const uint16_t
     }
 }
 
-/* One group of x's values as codes: amax, the codes' sum and the codes at q; 8 values at a time
- * (the same results as tile_gemv.c's scalar loop). Returns 0 where the group is not whole vectors. */
+/* One group of x's values as codes of `bits` bits (8 or 16): amax, the codes' sum and the codes
+ * at q; 8 values at a time (the same results as tile_gemv.c's scalar loop). Returns 0 where the
+ * group is not whole vectors. */
 static int quantize_group_simd(const uint16_t *xg, int64_t group, int fp16, int bits, void *q, float *amax_out,
                                int32_t *total_out) {
-    if (group % 8 || bits != 16) return 0;
+    if (group % 8) return 0;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 m = _mm256_setzero_ps();
     for (int64_t i = 0; i < group; i += 8)
         m = _mm256_max_ps(m, _mm256_andnot_ps(sign, halves_to_floats8(_mm_loadu_si128((const __m128i *)(xg + i)), fp16)));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
-    __m256 inv = _mm256_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
+    float amax = vf_hmax(m);
+    __m256 inv = _mm256_set1_ps(amax > 0.0f ? (bits == 16 ? 32767.0f : 127.0f) / amax : 0.0f);
     __m256i t = _mm256_setzero_si256();
     for (int64_t i = 0; i < group; i += 8) {
         __m256 f = halves_to_floats8(_mm_loadu_si128((const __m128i *)(xg + i)), fp16);
         __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(f, inv));  /* nearest even, as lrintf */
         t = _mm256_add_epi32(t, c);
-        _mm_storeu_si128((__m128i *)((int16_t *)q + i),
-                         _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1)));
+        __m128i c16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+        if (bits == 16) _mm_storeu_si128((__m128i *)((int16_t *)q + i), c16);
+        else _mm_storel_epi64((__m128i *)((int8_t *)q + i), _mm_packs_epi16(c16, c16));
     }
-    __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4E));
     *amax_out = amax;
-    *total_out = _mm_cvtsi128_si32(_mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xB1)));
+    *total_out = vi_sum(t);
     return 1;
 }

@@ -23,7 +23,6 @@ from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.routing_profile import cached_routing
 from flexlamps.hardware import cache as hardware_cache
-from flexlamps.kernels import int8_gemm
 from flexlamps.models.blocks import linear
 from flexlamps.models.loading import weight_cache
 from flexlamps.models.loading.weight_cache import load_weights
@@ -102,17 +101,8 @@ def _dense_twins_fit(weights: dict) -> bool:
     import psutil
 
     dense_bytes = sum(w.shape[0] * w.shape[1] * w.dtype.itemsize for w in weights.values()
-                      if linear.can_have_dense_twin(w) and not _codes_serve_both_phases(w))
+                      if linear.can_have_dense_twin(w) and not linear.codes_serve_both_phases(w))
     return 0 < dense_bytes <= DENSE_TWINS_MAX_SHARE * psutil.virtual_memory().available
-
-
-def _codes_serve_both_phases(w) -> bool:
-    """Whether decode (our tile_gemv) and prompts (our int8 GEMM) both multiply `w`'s codes here: a
-    dense copy would only hold memory (on AVX2 CPUs, torch's bf16 GEMM it feeds is slower still)."""
-
-    decode = linear.native_kernel()
-    return (decode is not None and decode.takes(w) and linear.int8_kernel() is not None and w.dtype in int8_gemm.DTYPES
-            and w.shape[1] % int8_gemm.GROUP == 0)
 
 
 def _cached_dense_copies(reader, dtype: torch.dtype, cache_dir):

@@ -7,7 +7,8 @@ import torch
 
 from flexlamps.models.loading.gguf_blocks import int4_blocks
 from flexlamps.models.blocks.dense_gemm import fast_dense_gemm
-from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, Int4Twin, Phase, fused_product, fuses, linear, with_dense_twin
+from flexlamps.models.blocks.linear import (INT4_DENSE_FROM_ROWS, Int4Twin, Phase, codes_prompt_product, fused_product, fuses,
+                                             linear, with_dense_twin)
 from quant.int4_weight import Int4Weight, can_pack, pack_codes, unpack_codes
 
 
@@ -55,8 +56,11 @@ def test_quantize_error_is_within_half_a_step():
 
 def _path_by_phase(w, x, phase):
     """What `linear` must give for x in `phase` (`coded_weights.CodesKind`): the fused kernel
-    in decode, and in a prompt where this CPU has no fast dense GEMM for x's dtype; else the
-    dense GEMM on the dequantized weight."""
+    in decode; in a prompt where this CPU has no fast dense GEMM for x's dtype, the many-row
+    kernel on the codes (where it runs) or the fused one; else the dense GEMM on the dequantized
+    weight."""
+    if phase is Phase.PROMPT and not fast_dense_gemm(x) and (on_codes := codes_prompt_product(w, x)) is not None:
+        return on_codes
     if phase is Phase.DECODE or not fast_dense_gemm(x):
         if fuses(w, x):
             return fused_product(w, x)

@@ -12,7 +12,7 @@ import torch
 from flexlamps.models.loading.checkpoint import GGUFReader, read_all
 from flexlamps.models.loading.gguf_blocks import int8_blocks
 from flexlamps.models.blocks.dense_gemm import fast_dense_gemm
-from flexlamps.models.blocks.linear import Int4Twin, Phase, fused_product, linear
+from flexlamps.models.blocks.linear import Int4Twin, Phase, codes_prompt_product, fused_product, linear
 from flexlamps.models.loading.weight_cache import load_weights
 from flexlamps.settings import RunSettings
 from quant.int4_weight import Int4Weight
@@ -80,7 +80,8 @@ def test_linear_takes_one_kernel_per_phase_whatever_the_rows():
     dense = linear(x, w.dequantize())
     assert torch.equal(linear(x, twin, phase=Phase.DECODE), fused_product(w, x))  # decode: on the codes
     prompt = linear(x, twin, phase=Phase.PROMPT)
-    assert torch.equal(prompt, dense if fast_dense_gemm(x) else fused_product(w, x))
+    on_codes = codes_prompt_product(w, x)  # the many-row kernel on the codes, where it runs (AVX2)
+    assert torch.equal(prompt, dense if fast_dense_gemm(x) else fused_product(w, x) if on_codes is None else on_codes)
     for rows in (1, 2, 3, 8, 16):
         for phase, want in ((Phase.DECODE, fused_product(w, x)), (Phase.PROMPT, prompt)):
             assert torch.equal(linear(x[:rows], twin, phase=phase), want[:rows]), (phase, rows)

@@ -32,10 +32,15 @@ class ZeroTileGemv(tile_gemv.TileGemv):
     def matmul(self, w, x):
         return torch.zeros(*x.shape[:-1], w.shape[0], dtype=x.dtype)
 
+    prompt_product = matmul
+
 
 class TorchTileGemv(ZeroTileGemv):
-    def matmul(self, w, x):
-        return (tile_gemv.rounded_like_kernel(x, w.group_size) @ w.dequantize(torch.float32).t()).to(x.dtype)
+    def matmul(self, w, x, x_bits=tile_gemv.X_BITS):
+        return (tile_gemv.rounded_like_kernel(x, w.group_size, x_bits) @ w.dequantize(torch.float32).t()).to(x.dtype)
+
+    def prompt_product(self, w, x):
+        return self.matmul(w, x, 8)
 
 
 class ZeroInt8Gemm(int8_gemm.Int8Gemm):

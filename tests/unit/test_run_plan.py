@@ -153,22 +153,31 @@ def test_the_other_commands_keep_policy_and_policies_as_aliases():
 
 
 def test_no_dense_twins_where_both_phases_run_on_the_codes(monkeypatch):
-    """Our decode kernel and int8 GEMM multiply a bf16 4-bit weight's codes in both phases: no dense
-    copy of it is made (no full-model twin); an fp32 one (no int8 GEMM for fp32) keeps its twin."""
+    """Our decode kernel and a prompt kernel on the codes (the many-row kernel where the dense GEMM
+    is slow for the dtype, the int8 GEMM where it is fast) multiply a bf16 4-bit weight's codes in
+    both phases: no dense copy of it is made (no full-model twin); an fp32 one keeps its twin, and so
+    does a bf16 one where no prompt kernel takes its codes."""
     import torch
 
-    from flexlamps.models.blocks import linear
+    from flexlamps.models.blocks import coded_weights
     from flexlamps.run_plan import build as run_build
     from quant.int4_weight import Int4Weight
 
     class Takes:
+        prompts = True
+
         def takes(self, w):
             return True
 
+        def takes_prompt(self, w):
+            return self.prompts
+
+    decode = Takes()
     w = Int4Weight.quantize(torch.randn(128, 128), 32, torch.bfloat16)
-    monkeypatch.setattr(linear, "native_kernel", lambda: Takes())
-    monkeypatch.setattr(linear, "int8_kernel", lambda: object())
+    monkeypatch.setattr(coded_weights, "native_kernel", lambda: decode)
+    monkeypatch.setattr(coded_weights, "int8_kernel", lambda: object())
     assert not run_build._dense_twins_fit({"w": w})
     assert run_build._dense_twins_fit({"w": Int4Weight.quantize(torch.randn(128, 128), 32, torch.float32)})
-    monkeypatch.setattr(linear, "int8_kernel", lambda: None)  # prompts would run the dense GEMM: a twin
+    decode.prompts = False  # prompts would run the dense GEMM: a twin
+    monkeypatch.setattr(coded_weights, "int8_kernel", lambda: None)
     assert run_build._dense_twins_fit({"w": w})

@@ -1,0 +1,134 @@
+"""The prompt kernel on the codes (`TileGemv.prompt_product`, tile_gemm.h), in every variant this
+CPU has: x rounded to int8 per group times the 4-bit or int8 codes where they lie, exact integer
+sums (the largest codes included), a row's result independent of the rows beside it and of the
+thread count, both of torch's tile layouts, and what it refuses."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flexlamps.kernels import tile_gemv
+from quant.int4_tiles import tiles_from_unpacked
+from quant.int4_weight import Int4Weight
+from quant.int8_weight import Int8Weight
+from tests.kernel_variants import levels, variant_kernel
+
+LEVELS = levels(tile_gemv.KERNEL)
+ULP = {torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}  # one rounding of the output, as test_tile_gemv
+
+
+def _kernel(level: str) -> tile_gemv.TileGemv:
+    return variant_kernel(tile_gemv.KERNEL, level)
+
+
+def _int4(rows: int, cols: int, group: int, dtype: torch.dtype, seed: int = 0) -> Int4Weight:
+    gen = torch.Generator().manual_seed(seed)
+    return Int4Weight.quantize(torch.randn(rows, cols, generator=gen), group, dtype).kernel_only()
+
+
+def _int8(rows: int, cols: int, group: int, dtype: torch.dtype, low: int = -128, high: int = 128) -> Int8Weight:
+    gen = torch.Generator().manual_seed(1)
+    codes = torch.randint(low, high, (rows, cols), dtype=torch.int8, generator=gen)
+    scale = torch.rand(rows, cols // group, generator=gen) / 64
+    zero = torch.randn(rows, cols // group, generator=gen) / 64
+    return Int8Weight.from_codes(codes, scale, group, dtype, zero=zero)
+
+
+def _x(rows: int, cols: int, dtype: torch.dtype, seed: int = 2) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=gen) * torch.rand(rows, 1, generator=gen) * 4
+    x[0, :16] = 0  # a group of zeros: scale 0, codes 0
+    return x.to(dtype)
+
+
+def _assert_product(got: torch.Tensor, w, x: torch.Tensor) -> None:
+    """`got` is x rounded to int8 per group times the weight, within one rounding of the output and
+    the reordering of an fp32 sum."""
+    rounded = tile_gemv.rounded_like_kernel(x, w.group_size, 8).double()
+    dense = w.dequantize(torch.float32).double()
+    want, size = rounded @ dense.t(), rounded.abs() @ dense.abs().t()
+    assert got.dtype == x.dtype and got.shape == want.shape
+    err = (got.double() - want).abs()
+    assert (err <= ULP[x.dtype] * want.abs() + x.shape[-1] * 2 ** -24 * size).all(), (err / size).max()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape,group", [((64, 32), 32), ((192, 576), 32), ((96, 512), 128), ((64, 256), 64)])
+def test_int4_is_x_in_int8_times_the_codes(level, dtype, shape, group):
+    kernel, w = _kernel(level), _int4(*shape, group, dtype)
+    assert kernel.runs_prompt(w, _x(1, shape[1], dtype))
+    for rows in (1, 2, 3, 8):
+        x = _x(rows, shape[1], dtype, seed=rows)
+        _assert_product(kernel.prompt_product(w, x), w, x)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("group", [32, 16])  # Q8_0's blocks, Q6_K's
+def test_int8_is_x_in_int8_times_the_codes(level, dtype, group):
+    kernel, w = _kernel(level), _int8(128, 576, group, dtype)
+    assert kernel.runs_prompt(w, _x(1, 576, dtype))
+    for rows in (1, 3, 6):
+        x = _x(rows, 576, dtype, seed=rows)
+        _assert_product(kernel.prompt_product(w, x), w, x)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_the_largest_codes_stay_exact(level):
+    """Codes of -128 and 127 (int8: |q| and x signed by q) and of 15 over groups of 256 (4-bit: the
+    16-bit sums are widened every 32 inputs) times x's largest codes."""
+    kernel = _kernel(level)
+    x = torch.ones(2, 512, dtype=torch.float16)
+    x[1, ::2] = -1
+    for code in (-128, 127):
+        w = Int8Weight.from_codes(torch.full((64, 512), code, dtype=torch.int8), torch.full((64, 16), 1 / 64), 32,
+                                  torch.float16)
+        _assert_product(kernel.prompt_product(w, x), w, x)
+    w4 = Int4Weight.from_codes(torch.full((64, 512), 15, dtype=torch.uint8), torch.full((64, 2), 1 / 64),
+                               torch.zeros(64, 2), 256, torch.float16).kernel_only()
+    _assert_product(kernel.prompt_product(w4, x), w4, x)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_row_does_not_depend_on_its_batch_or_the_threads(level):
+    kernel = _kernel(level)
+    x = _x(7, 576, torch.bfloat16)
+    threads = torch.get_num_threads()
+    try:
+        for w in (_int4(320, 576, 32, torch.bfloat16), _int8(192, 576, 16, torch.bfloat16)):
+            torch.set_num_threads(1)
+            alone = torch.cat([kernel.prompt_product(w, x[i:i + 1]) for i in range(len(x))])
+            torch.set_num_threads(2)
+            assert torch.equal(kernel.prompt_product(w, x), alone)
+            assert torch.equal(kernel.prompt_product(w, x.view(7, 1, 576)).view(7, -1), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_tiles_of_64_rows_give_the_tiles_of_32s_products(level):
+    """torch lays 4-bit codes out in tiles of 64 rows on AVX-512 builds, of 32 on AVX2 ones: the
+    prompt kernel reads either (here called directly on a layout of 64 made by hand)."""
+    kernel, w = _kernel(level), _int4(128, 256, 32, torch.bfloat16)
+    x = _x(5, 256, torch.bfloat16)
+    codes = torch.randint(0, 16, (128, 256), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    w = Int4Weight.from_codes(codes, torch.rand(128, 8) / 8, torch.randn(128, 8) / 8, 32, torch.bfloat16)
+    tiles64 = tiles_from_unpacked(codes, 64)
+    out = torch.empty(5, 128, dtype=torch.bfloat16)
+    assert kernel._gemm(tiles64.data_ptr(), w.scale_zero.data_ptr(), x.data_ptr(), out.data_ptr(), 128, 256, 32, 5, 64,
+                        0, tile_gemv.KIND_INT4, 1) == 0
+    _assert_product(out, w, x)
+    assert torch.equal(out, kernel.prompt_product(w.kernel_only(), x))
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_it_refuses_what_it_cannot_read(level):
+    kernel = _kernel(level)
+    x = _x(2, 576, torch.bfloat16)
+    assert not kernel.runs_prompt(_int4(64, 576, 48, torch.bfloat16), _x(2, 576, torch.bfloat16))  # 48: not 32s
+    assert not kernel.runs_prompt(_int4(64, 576, 32, torch.bfloat16), x.float())  # fp32 x
+    w = _int4(64, 576, 32, torch.bfloat16)
+    out = torch.empty(2, 64, dtype=torch.bfloat16)
+    assert kernel._gemm(w.kernel_codes.data_ptr(), w.scale_zero.data_ptr(), x.data_ptr(), out.data_ptr(), 64, 576, 48,
+                        2, 32, 0, tile_gemv.KIND_INT4, 1) == -1  # a group the layout of sums cannot take
