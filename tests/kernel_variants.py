@@ -30,3 +30,20 @@ def variant_kernel(spec: loader.Kernel, level: str):
         pytest.fail(f"{spec.name} {level} did not load: {outcome.why}")
     assert outcome.variant == level
     return outcome.kernel
+
+
+def assert_rows_alone_as_together(product, weights, x) -> None:
+    """`product(w, x)` gives each row of x (2-d, or 3-d with one token a row) the bits it gets
+    alone, for each of `weights`: alone on 1 thread, together on 2."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        for w in weights:
+            torch.set_num_threads(1)
+            alone = torch.cat([product(w, x[i:i + 1]) for i in range(len(x))])
+            torch.set_num_threads(2)
+            assert torch.equal(product(w, x), alone)
+            assert torch.equal(product(w, x.view(len(x), 1, -1)).view(len(x), -1), alone)
+    finally:
+        torch.set_num_threads(threads)

@@ -11,7 +11,7 @@ from flexlamps.kernels import tile_gemv
 from quant.int4_tiles import tiles_from_unpacked
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
-from tests.kernel_variants import levels, variant_kernel
+from tests.kernel_variants import assert_rows_alone_as_together, levels, variant_kernel
 
 LEVELS = levels(tile_gemv.KERNEL)
 ULP = {torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}  # one rounding of the output, as test_tile_gemv
@@ -93,17 +93,8 @@ def test_the_largest_codes_stay_exact(level):
 @pytest.mark.parametrize("level", LEVELS)
 def test_a_row_does_not_depend_on_its_batch_or_the_threads(level):
     kernel = _kernel(level)
-    x = _x(7, 576, torch.bfloat16)
-    threads = torch.get_num_threads()
-    try:
-        for w in (_int4(320, 576, 32, torch.bfloat16), _int8(192, 576, 16, torch.bfloat16)):
-            torch.set_num_threads(1)
-            alone = torch.cat([kernel.prompt_product(w, x[i:i + 1]) for i in range(len(x))])
-            torch.set_num_threads(2)
-            assert torch.equal(kernel.prompt_product(w, x), alone)
-            assert torch.equal(kernel.prompt_product(w, x.view(7, 1, 576)).view(7, -1), alone)
-    finally:
-        torch.set_num_threads(threads)
+    weights = (_int4(320, 576, 32, torch.bfloat16), _int8(192, 576, 16, torch.bfloat16))
+    assert_rows_alone_as_together(kernel.prompt_product, weights, _x(7, 576, torch.bfloat16))
 
 
 @pytest.mark.parametrize("level", LEVELS)

@@ -14,7 +14,7 @@ from flexlamps.kernels import loader, tile_gemv
 from quant.int4_tiles import tile_rows
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
-from tests.kernel_variants import levels, variant_kernel
+from tests.kernel_variants import assert_rows_alone_as_together, levels, variant_kernel
 
 KERNEL = linear_mod.native_kernel()
 needs_kernel = pytest.mark.skipif(KERNEL is None, reason="this CPU lacks AVX2 + FMA + F16C or no C compiler")
@@ -128,18 +128,8 @@ def test_rounding_x_costs_a_fraction_of_the_weights_own_error():
 @pytest.mark.parametrize("level", LEVELS)
 def test_a_row_does_not_depend_on_its_batch_or_the_threads(level):
     kernel = _variant(level)
-    w, w8 = _int4(320, 576, 32, torch.bfloat16), _int8(192, 576, torch.bfloat16, True)
-    x = _x(11, 576, torch.bfloat16)
-    threads = torch.get_num_threads()
-    try:
-        for weight in (w, w8):
-            torch.set_num_threads(1)
-            alone = torch.cat([kernel.matmul(weight, x[i:i + 1]) for i in range(len(x))])
-            torch.set_num_threads(2)
-            assert torch.equal(kernel.matmul(weight, x), alone)
-            assert torch.equal(kernel.matmul(weight, x.view(11, 1, 576)).view(11, -1), alone)
-    finally:
-        torch.set_num_threads(threads)
+    weights = (_int4(320, 576, 32, torch.bfloat16), _int8(192, 576, torch.bfloat16, True))
+    assert_rows_alone_as_together(kernel.matmul, weights, _x(11, 576, torch.bfloat16))
 
 
 @needs_kernel
