@@ -16,11 +16,13 @@ FIXED_OVERHEAD_BYTES = 450 * 2**20
 # bytes per weight as the engine holds it; "auto" is 4-bit in place for a 4-bit GGUF (codes and
 # block scales, about 5 bits) plus the in-memory executor's bf16 copy for prefill (see
 # run_plan.build.DENSE_TWINS_MAX_SHARE), int8 in place for a Q8_0 / 5-bit GGUF (1.25 bytes, quant.int8_weight;
-# 1.5 for Q6_K's groups of 16) plus that copy, else float32
+# 1.5 for Q6_K's groups of 16) plus that copy, else float32. Where this process runs prompts on the
+# codes too (`coded_weights.prompts_run_on_codes`), no copy is made and none is charged.
 _WEIGHT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
 _AUTO_INT4_BYTES = 2.625
 _AUTO_INT8_BYTES = 3.25
 _AUTO_INT8_G16_BYTES = 3.5
+_TWIN_BYTES = 2.0  # the bf16 copy within each "auto" figure
 
 
 def planned_rss_bytes(model, weight_bytes_per_param: float, *, offload_budgets: tuple[int, int] | None,
@@ -69,29 +71,36 @@ def _offload_budgets(run) -> tuple[int, int] | None:
     return run.gpu_mem, run.cpu_mem  # the defaults are LLM's: one definition, in RunSettings
 
 
-def _auto_bytes_per_param(reader) -> float:
+def _auto_bytes_per_param(reader, twins: bool = True) -> float:
     """`--dtype auto`'s bytes per weight: int8 in place where any layer holds Q8_0 / Q5_x / Q6_K
     blocks (the larger figure, so a file mixing them with 4-bit blocks, a Q4_K_M, is not
-    under-planned; Q6_K's the largest), else 4-bit in place, else float32."""
+    under-planned; Q6_K's the largest), else 4-bit in place, else float32; without the dense
+    copies (`twins` False) where prompts run on the codes."""
     kinds = getattr(reader, "layer_block_kinds", set())
     if "int8-g16" in kinds:
-        return _AUTO_INT8_G16_BYTES
-    if "int8" in kinds:
-        return _AUTO_INT8_BYTES
-    if "int4" in kinds or getattr(reader, "has_int4_weights", False):
-        return _AUTO_INT4_BYTES
-    return _AUTO_INT8_BYTES if getattr(reader, "has_quantized_weights", False) else 4.0
+        per_param = _AUTO_INT8_G16_BYTES
+    elif "int8" in kinds:
+        per_param = _AUTO_INT8_BYTES
+    elif "int4" in kinds or getattr(reader, "has_int4_weights", False):
+        per_param = _AUTO_INT4_BYTES
+    elif getattr(reader, "has_quantized_weights", False):
+        per_param = _AUTO_INT8_BYTES
+    else:
+        return 4.0
+    return per_param if twins else per_param - _TWIN_BYTES
 
 
 def check_max_rss(settings, max_rss: int, num_prompts: int, reader, model) -> None:
     """Refuse (before loading the weights) a run whose planned memory exceeds `max_rss`; `reader`
     and `model`: the run's checkpoint reader and its `placement.ModelSpec` (an unprepared LLM's)."""
     run = settings.run
-    per_param = _WEIGHT_BYTES.get(run.dtype) or _auto_bytes_per_param(reader)
-    budgets = _offload_budgets(run)
     from flexlamps.engine.caches.dense import held_dtype  # lazy (torch): `flexlamps plan` imports this module
+    from flexlamps.models.blocks.coded_weights import prompts_run_on_codes
 
-    held = held_dtype(run.resolve_dtype(reader), "cpu")  # a bf16 run's cache is bf16 (2 bytes), fp16's fp32
+    dtype = run.resolve_dtype(reader)
+    per_param = _WEIGHT_BYTES.get(run.dtype) or _auto_bytes_per_param(reader, twins=not prompts_run_on_codes(dtype))
+    budgets = _offload_budgets(run)
+    held = held_dtype(dtype, "cpu")  # a bf16 run's cache is bf16 (2 bytes), fp16's fp32
     planned = planned_rss_bytes(model, per_param, offload_budgets=budgets,
                                 num_sequences=min(num_prompts, run.max_batch_size),
                                 context_len=min(reader.config.max_position, 512 + settings.max_new_tokens),

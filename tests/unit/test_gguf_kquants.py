@@ -191,6 +191,34 @@ def test_max_rss_plans_a_q4_k_m_at_int8_bytes(kquant_gguf, tmp_path):
     assert q8.layer_block_kinds == {"int8"} and _auto_bytes_per_param(q8) == _AUTO_INT8_BYTES
 
 
+def test_max_rss_charges_no_dense_copy_where_prompts_run_on_the_codes(tmp_path, monkeypatch):
+    """Where this process multiplies prompts on the codes too (`prompts_run_on_codes`), an in-memory
+    --dtype auto run is planned at the codes' bytes alone: a cap that fits them passes, one byte
+    less is refused; where it does not, the same cap is refused (the bf16 copies are charged)."""
+    from click import ClickException
+
+    from flexlamps.commands import memory
+    from flexlamps.generate_job import GenerateSettings
+    from flexlamps.models.blocks import coded_weights
+    from flexlamps.models.description import model_spec
+    from tests.unit.test_weight_cache import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "q4.gguf")
+    reader = GGUFReader(path)
+    spec = model_spec(reader.config, reader.hf_config)
+    settings = GenerateSettings(run=RunSettings(model=str(path), dtype="auto", max_batch_size=2), max_new_tokens=0)
+    context = min(reader.config.max_position, 512)
+    codes_only = memory.planned_rss_bytes(spec, memory._AUTO_INT4_BYTES - memory._TWIN_BYTES, offload_budgets=None,
+                                          num_sequences=2, context_len=context, cache_bytes_per_value=2)
+    monkeypatch.setattr(coded_weights, "prompts_run_on_codes", lambda dtype: True)
+    memory.check_max_rss(settings, codes_only, 2, reader, spec)
+    with pytest.raises(ClickException, match="cannot be met"):
+        memory.check_max_rss(settings, codes_only - 1, 2, reader, spec)
+    monkeypatch.setattr(coded_weights, "prompts_run_on_codes", lambda dtype: False)
+    with pytest.raises(ClickException, match="cannot be met"):
+        memory.check_max_rss(settings, codes_only, 2, reader, spec)
+
+
 def test_offloaded_4bit_tiers_keep_the_q4_k_blocks(kquant_gguf, tmp_path):
     """--compress-weight on the offload engine reads a Q4_K matrix's blocks as they are (not
     dequantized and quantized again), from disk too."""

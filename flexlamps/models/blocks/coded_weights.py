@@ -89,11 +89,20 @@ def codes_serve_both_phases(w: Int4Weight | Int8Weight) -> bool:
     only hold memory: decode on our fused kernel, prompts on the many-row kernel (where the dense
     GEMM is slow for w's dtype) or the int8 GEMM (where it is fast)."""
     decode = native_kernel()
-    if decode is None or not decode.takes(w):
+    if decode is None or not decode.takes(w) or not prompts_run_on_codes(w.dtype):
         return False
     if fast_dense_gemm(torch.empty(0, dtype=w.dtype, device=w.device)):
         return _int8_runs(w)
     return decode.takes_prompt(w)
+
+
+def prompts_run_on_codes(dtype: torch.dtype) -> bool:
+    """Whether this process multiplies both phases of `dtype` activations on 4-bit / int8 codes on
+    the CPU (for the weights its kernels take), so no dequantized copy is made for them: our decode
+    kernel, and for prompts the many-row kernel or, where the dense GEMM is fast, the int8 GEMM."""
+    if native_kernel() is None or dtype not in tile_gemv.DTYPES:
+        return False
+    return not fast_dense_gemm(torch.empty(0, dtype=dtype)) or (int8_kernel() is not None and dtype in int8_gemm.DTYPES)
 
 
 def _int8_runs(w: Int4Weight | Int8Weight) -> bool:
