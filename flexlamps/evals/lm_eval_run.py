@@ -7,8 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import flexlamps.evals.lm_eval_model
-
 
 @dataclass(frozen=True, kw_only=True)
 class EvalOptions:
@@ -31,6 +29,9 @@ def run_lm_eval(model_args: dict, tasks: list, task_manager, output: Path, cache
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.utils import make_table
+
+    # lazy (extra): lm_eval is the [eval] extra; this module registers "flexlamps" with it
+    import flexlamps.evals.lm_eval_model  # noqa: F401
 
     limit = int(opts.limit) if opts.limit is not None and opts.limit >= 1 else opts.limit
     tracker = EvaluationTracker(output_path=str(output))
