@@ -1,7 +1,8 @@
 """`flexlamps generate --ray`: prompts sharded over engine workers, records merged on the driver.
 
-A shard is `batch_size` consecutive prompts still to do. Each worker builds its own engine
-(planning its placement for its own device and budgets, with its own offload folder) and runs
+A shard is `batch_size` consecutive prompts still to do. Each worker builds its own engine (in
+memory, or offloaded as the run asks: planning its placement for its own device and budgets,
+with its own offload folder) and runs
 its shards through the same `generate_rows` as the single-process command. The driver appends
 each finished shard's records to the same resumable `<out>.partial` and, at the end, writes
 `<out>` in input order: the file a single process writes.
@@ -24,7 +25,10 @@ class GenerateWorker:
 
     def __init__(self, settings: GenerateSettings, threads: int, plan_ids: list[list[int]], plan_records: list, *,
                  rank: int):
-        self.settings = settings.with_offload_dir(worker_offload_dir(settings.run.offload_dir, rank))
+        # an offloaded run's workers each take a folder of their own; an in-memory run stays in
+        # memory (a folder would make it offloaded: `RunSettings.offloaded`)
+        self.settings = settings.with_offload_dir(worker_offload_dir(settings.run.offload_dir, rank)) \
+            if settings.run.offloaded else settings
         self.rank = rank
         self.lines: list[str] = []
         self.error: BaseException | None = None

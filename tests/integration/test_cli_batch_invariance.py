@@ -75,8 +75,6 @@ def test_offloaded_sampled_and_resumed_runs_write_the_same_file(models, prompts,
 
 @pytest.mark.slow
 @pytest.mark.ci
-@pytest.mark.xfail(reason="issue 43, open: two Ray workers' Q4_0 file differs from the single process's "
-                          "(measured once, cause not yet found)", strict=False)
 def test_two_ray_workers_write_the_single_process_file(models, prompts, tmp_path):
     pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'flexlamps[ray]'")
     model, dtype = models["Q4_0"]
