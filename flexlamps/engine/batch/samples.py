@@ -1,6 +1,7 @@
 """Several samples of one prompt (`SamplingParams.n > 1`) share its prefill: the prompt's cache
 up to its last token is computed once into a one-row cache, copied into each sample's row, and
-each sample then runs only the last prompt token (a one-token step, as a decode is). Every
+each sample then runs only the last prompt token (as a prompt: a padded two-column step, so it
+takes the arithmetic it takes when the prompt is prefilled whole, `weight_kind.phase_of`). Every
 sample of such a prompt takes this path, wherever its rows and batches fall, so sample k's
 tokens do not depend on which sample was admitted first or on the batch around it.
 """
@@ -66,7 +67,12 @@ class SharedPrefills:
 
 
 def last_token_step(batch: list) -> Step:
-    """Each sequence's last prompt token at its position (the tokens before it already cached)."""
-    return Step(torch.tensor([[s.prompt_ids[-1]] for s in batch]),
-                torch.tensor([[len(s.prompt_ids) - 1] for s in batch]),
-                torch.tensor([s.slot for s in batch]), torch.zeros(len(batch), dtype=torch.long))
+    """Each sequence's last prompt token at its position (the tokens before it already cached),
+    fed as a prompt: two columns, the second a padding one (as `generate`'s prefill pads), so the
+    token takes the prompt's arithmetic (`weight_kind.phase_of`), as when the prompt is prefilled
+    whole, not a decode step's."""
+    ids = torch.zeros(len(batch), 2, dtype=torch.long)
+    ids[:, 0] = torch.tensor([s.prompt_ids[-1] for s in batch])
+    pos = torch.tensor([[len(s.prompt_ids) - 1, len(s.prompt_ids)] for s in batch]).reshape(len(batch), 2)
+    lengths = torch.ones(len(batch), dtype=torch.long)
+    return Step(ids, pos, torch.tensor([s.slot for s in batch]), lengths - 1, lengths=lengths)
