@@ -25,7 +25,7 @@ from flexlamps.engine.executors.step import Step
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
-from tests.deepseek_models import DEEPSEEK_CONFIGS, to_fp8_checkpoint
+from tests.checkpoints import CHECKPOINTS, to_fp8_checkpoint
 
 WIDE = dict(hidden_size=512, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=4,
             kv_lora_rank=256, q_lora_rank=384, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64,
@@ -96,7 +96,7 @@ def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        tiny = {k: v for k, v in DEEPSEEK_CONFIGS["deepseek_v3"].items() if k != "model_type"}
+        tiny = {k: v for k, v in CHECKPOINTS["deepseek_v3"].items() if k != "model_type"}
         for name, spec in (("tiny (hidden 64)", tiny), ("wide (hidden 512)", WIDE)):
             folder = root / name.split()[0]
             dequantized_copy(build(folder / "random", spec), folder / "fp8", folder / "dequantized")

@@ -4,7 +4,7 @@ delta-rule chunk sizes, side by side in one process (alternating, best of --roun
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_hybrid_decode.py --threads 1
 
 The model: a random Qwen3.5-shaped checkpoint (hidden 1024, 6 DeltaNet + 2 full-attention layers,
-16 key / 16 value heads of 128; tests/hybrid_models.py), built once under --model-dir. Each chunk
+16 key / 16 value heads of 128; tests/checkpoints.py), built once under --model-dir. Each chunk
 size is swapped into the modules that read models.hybrid_config.DELTA_RULE_CHUNK for its run (a
 benchmark's switch, not an engine option: the state layout follows it); every size gives the same
 greedy tokens, checked. Prints tokens/s and each size's ratio to the engine's chunk.
@@ -79,10 +79,10 @@ def main() -> None:
     from flexlamps.models.hybrid_config import DELTA_RULE_CHUNK
     from flexlamps.models.loading.checkpoint import read_all
     from flexlamps.models.loading.registry import open_checkpoint
-    from tests.hybrid_models import make_hybrid_model
+    from tests.checkpoints import make_checkpoint
 
     if not (a.model_dir / "config.json").exists():
-        make_hybrid_model(a.model_dir, "qwen3_5_text", 0, **SHAPE)
+        make_checkpoint(a.model_dir, "qwen3_5_text", 0, **SHAPE)
     reader = open_checkpoint(a.model_dir)
     ex = InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32)
     ids = torch.randint(2, reader.config.vocab_size, (a.rows, a.prompt), generator=torch.Generator().manual_seed(0))

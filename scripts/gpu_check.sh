@@ -63,7 +63,7 @@ printf '{"id": "a", "prompt": "The capital of France is"}\n{"id": "b", "prompt":
 if has_smollm2; then
     MODEL=(--gpu-mem 200MiB --cpu-mem 200MiB)
 else
-    "$PY" -c "from pathlib import Path; from tests.conftest import make_tiny_model; make_tiny_model(Path('$WORK/tiny'), 'llama_gqa')"
+    "$PY" -c "from pathlib import Path; from tests.checkpoints import make_checkpoint; make_checkpoint(Path('$WORK/tiny'), 'llama_gqa')"
     MODEL=(--model "$WORK/tiny" --gpu-mem 400KiB --cpu-mem 100KiB)
 fi
 timeout 120 "$PY" -m flexlamps.cli generate --prompts "$WORK/prompts.jsonl" --out "$WORK/out.jsonl" --max-new-tokens 16 \

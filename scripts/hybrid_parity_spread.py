@@ -29,9 +29,9 @@ HELD_OUT = dict(hidden_size=80, intermediate_size=112, num_attention_heads=5, nu
 
 
 def _make(folder: Path, kind: str, seed: int, init_std: float, held_out: bool) -> Path:
-    from tests.hybrid_models import make_hybrid_model
+    from tests.checkpoints import make_checkpoint
 
-    return make_hybrid_model(folder, kind, seed, init_std=init_std, **(HELD_OUT if held_out else {}))
+    return make_checkpoint(folder, kind, seed, init_std=init_std, **(HELD_OUT if held_out else {}))
 
 
 def gaps(folder: Path, seed: int) -> dict[str, float]:
@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="3,7")
     ap.add_argument("--init-std", type=float, default=0.2)
     ap.add_argument("--widths", choices=["held-out", "tests"], default="held-out",
-                    help="held-out: hidden 80 (tests/integration/test_held_out_parity.py); tests: tests/hybrid_models.py's")
+                    help="held-out: hidden 80 (tests/integration/test_held_out_parity.py); tests: tests/checkpoints.py")
     ap.add_argument("--bar", type=float, default=1e-4)
     a = ap.parse_args()
     torch.manual_seed(0)

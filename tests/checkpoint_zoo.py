@@ -12,12 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from tests.conftest import TINY_CONFIGS, make_tiny_model
-from tests.deepseek_models import DEEPSEEK_CONFIGS, make_deepseek_model
-from tests.family_models import FAMILY_CONFIGS, WIDTHS, family_spec, make_family_model
-from tests.hybrid_models import HYBRID_CONFIGS, make_hybrid_model
+from tests.checkpoints import CHECKPOINTS, GROUPS, make_checkpoint
 from tests.integration.test_gguf_families import GGUF_SPECS
-from tests.moe_models import MOE_CONFIGS, make_moe_model
 
 TOKENIZER_VOCAB = 320  # save_tiny_tokenizer's vocabulary (the default)
 WIDE_VOCAB = 9000  # > HEAD_CHUNK_ROWS: the head runs in two chunks
@@ -38,28 +34,23 @@ GGUF_LLAMA_TYPES: dict[str, Callable[[str, int | None], str | None]] = {
 GGUF_LLAMA_SHAPE = dict(hidden=256, ffn=512, layers=2, heads=4, kv_heads=2)
 # llama.cpp's qwen2moe / qwen3moe have no dense layers (mlp_only_layers, decoder_sparse_step)
 _GGUF_MOE_DENSE = {"mixtral": {}, "qwen2_moe": {"mlp_only_layers": []}, "qwen3_moe": {"decoder_sparse_step": 1}}
-_MOE_MODEL_TYPES = {"MixtralConfig": "mixtral", "Qwen2MoeConfig": "qwen2_moe", "DeepseekV2Config": "deepseek_v2",
-                    "Qwen3MoeConfig": "qwen3_moe", "OlmoeConfig": "olmoe", "Glm4MoeConfig": "glm4_moe",
-                    "GptOssConfig": "gpt_oss"}
 
 
 def _kinds() -> dict[str, tuple[str, Callable[[Path, dict], Path]]]:
     """kind -> (its model_type, build(folder, overrides) -> checkpoint path)."""
-    kinds = {f"tiny:{k}": (spec["model_type"], lambda f, o, k=k: make_tiny_model(f, k, **o))
-             for k, spec in TINY_CONFIGS.items()}
-    for k, spec in FAMILY_CONFIGS.items():
-        for width in WIDTHS:  # the narrow head tied to the embedding
-            kinds[f"family:{k}:{width}"] = (spec["model_type"], lambda f, o, k=k, w=width: make_family_model(
-                f, {**family_spec(k, w), **o}, tied=w == "narrow"))
-    for k, (cls_name, _) in MOE_CONFIGS.items():
+    kinds = {f"tiny:{k}": (CHECKPOINTS[k]["model_type"], lambda f, o, k=k: make_checkpoint(f, k, **o))
+             for k in GROUPS["tiny"]}
+    for k in GROUPS["family"]:
+        for width in ("narrow", "wide"):  # the narrow head tied to the embedding
+            kinds[f"family:{k}:{width}"] = (CHECKPOINTS[k]["model_type"], lambda f, o, k=k, w=width: make_checkpoint(
+                f, k, wide=w == "wide", tied=w == "narrow", **o))
+    for k in GROUPS["moe"]:
         for wide in (False, True):
             kinds[f"moe:{k}:{'wide' if wide else 'narrow'}"] = (
-                _MOE_MODEL_TYPES[cls_name], lambda f, o, k=k, wide=wide: make_moe_model(f, k, wide=wide, **o))
-    for k, spec in DEEPSEEK_CONFIGS.items():
-        kinds[f"deepseek:{k}"] = (spec["model_type"], lambda f, o, k=k: make_deepseek_model(
-            f, k, spec={**DEEPSEEK_CONFIGS[k], **o}))
-    for k, spec in HYBRID_CONFIGS.items():
-        kinds[f"hybrid:{k}"] = (spec["model_type"], lambda f, o, k=k: make_hybrid_model(f, k, **o))
+                CHECKPOINTS[k]["model_type"], lambda f, o, k=k, wide=wide: make_checkpoint(f, k, wide=wide, **o))
+    for k in (*GROUPS["deepseek"], *GROUPS["hybrid"]):
+        group = "deepseek" if k in GROUPS["deepseek"] else "hybrid"
+        kinds[f"{group}:{k}"] = (CHECKPOINTS[k]["model_type"], lambda f, o, k=k: make_checkpoint(f, k, **o))
     for types in GGUF_LLAMA_TYPES:
         kinds[f"gguf:llama:{types}"] = ("llama", lambda f, o, t=types: _llama_gguf(f, t, o))
     for k in _GGUF_MOE_DENSE:
@@ -70,9 +61,9 @@ def _kinds() -> dict[str, tuple[str, Callable[[Path, dict], Path]]]:
     kinds["gguf:gpt_oss_mxfp4"] = ("gpt_oss", _gpt_oss_gguf)
     for k, spec in GGUF_SPECS.items():  # llama.cpp's Gemma-2 ties its head: all tied here
         kinds[f"gguf:{k}"] = (spec["model_type"], lambda f, o, k=k: _decoder_gguf(
-            make_family_model(f / "hf", {**GGUF_SPECS[k], **o}, tied=True), f))
+            make_checkpoint(f / "hf", {**GGUF_SPECS[k], **o}, tied=True), f))
     for k in ("olmoe", "glm4_moe"):
-        kinds[f"gguf:{k}"] = (k, lambda f, o, k=k: _decoder_gguf(make_moe_model(f / "hf", k, **o), f))
+        kinds[f"gguf:{k}"] = (k, lambda f, o, k=k: _decoder_gguf(make_checkpoint(f / "hf", k, **o), f))
     return kinds
 
 
@@ -93,20 +84,20 @@ def _llama_gguf(folder: Path, types: str, overrides: dict) -> Path:
 def _moe_gguf(folder: Path, kind: str, experts: str | None, overrides: dict) -> Path:
     from tests.moe_gguf import write_moe_gguf
 
-    hf = make_moe_model(folder / "hf", kind, **_GGUF_MOE_DENSE[kind], **overrides)
+    hf = make_checkpoint(folder / "hf", kind, **_GGUF_MOE_DENSE[kind], **overrides)
     return write_moe_gguf(hf, folder / "model.gguf", quantize_experts=experts)
 
 
 def _deepseek2_gguf(folder: Path, kind: str, gating: int | None, overrides: dict) -> Path:
     from tests.moe_gguf import write_deepseek2_gguf
 
-    return write_deepseek2_gguf(make_moe_model(folder / "hf", kind, **overrides), folder / "model.gguf", gating)
+    return write_deepseek2_gguf(make_checkpoint(folder / "hf", kind, **overrides), folder / "model.gguf", gating)
 
 
 def _gpt_oss_gguf(folder: Path, overrides: dict) -> Path:
     from tests.moe_gguf import write_gpt_oss_gguf
 
-    return write_gpt_oss_gguf(make_moe_model(folder / "hf", "gpt_oss_mxfp4", **overrides), folder / "model.gguf")
+    return write_gpt_oss_gguf(make_checkpoint(folder / "hf", "gpt_oss_mxfp4", **overrides), folder / "model.gguf")
 
 
 KINDS = _kinds()

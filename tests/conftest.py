@@ -41,22 +41,6 @@ _CORPUS = [
     "Once upon a time there was a model that fit on a small GPU.",
 ]
 
-TINY_CONFIGS = {
-    # GQA, non-default rope_theta
-    "llama_gqa": dict(model_type="llama", hidden_size=64, intermediate_size=112, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, rope_theta=50000.0),
-    # llama3 rope scaling, MHA
-    "llama3_scaled": dict(model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=4, rope_theta=500000.0,
-                          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
-    # qkv bias, tied embeddings
-    "qwen2": dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
-    "opt": dict(model_type="opt", hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
-                word_embed_proj_dim=64),
-}
-
 
 def save_tiny_tokenizer(folder: Path) -> int:
     from tokenizers import ByteLevelBPETokenizer
@@ -69,20 +53,6 @@ def save_tiny_tokenizer(folder: Path) -> int:
          "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                           "{% if add_generation_prompt %}assistant:{% endif %}"}))
     return tk.get_vocab_size()
-
-
-def make_tiny_model(folder: Path, kind: str, seed: int = 0, **overrides) -> Path:
-    """Save a random model of `kind` (see TINY_CONFIGS; `overrides`: fields changed, e.g. a wider
-    vocab_size than the tokenizer's) with a tiny tokenizer into `folder`."""
-    import transformers
-
-    from tests.random_checkpoints import save_random_checkpoint
-
-    spec = dict(TINY_CONFIGS[kind])
-    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-           "opt": transformers.OPTConfig}[spec.pop("model_type")]
-    return save_random_checkpoint(folder, lambda ids: cls(**{"max_position_embeddings": 128, **ids, **spec,
-                                                             **overrides}), seed=seed)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -136,26 +106,28 @@ def failing_compiler(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    from tests.checkpoints import GROUPS, make_checkpoint
+
     root = tmp_path_factory.mktemp("tiny_models")
-    return {kind: make_tiny_model(root / kind, kind) for kind in TINY_CONFIGS}
+    return {kind: make_checkpoint(root / kind, kind) for kind in GROUPS["tiny"]}
 
 
 @pytest.fixture(scope="session")
 def deepseek_models(tmp_path_factory) -> dict[str, Path]:
-    """Tiny random DeepSeek-V3 / V3.2 models (see tests/deepseek_models.py)."""
-    from tests.deepseek_models import DEEPSEEK_CONFIGS, make_deepseek_model
+    """Tiny random DeepSeek-V3 / V3.2 models (see tests/checkpoints.py)."""
+    from tests.checkpoints import GROUPS, make_checkpoint
 
     root = tmp_path_factory.mktemp("deepseek_models")
-    return {kind: make_deepseek_model(root / kind, kind) for kind in DEEPSEEK_CONFIGS}
+    return {kind: make_checkpoint(root / kind, kind) for kind in GROUPS["deepseek"]}
 
 
 @pytest.fixture(scope="session")
 def hybrid_models(tmp_path_factory) -> dict[str, Path]:
-    """Tiny random Qwen3-Next / Qwen3.5 models (see tests/hybrid_models.py), seeds 0 and 1."""
-    from tests.hybrid_models import HYBRID_CONFIGS, make_hybrid_model
+    """Tiny random Qwen3-Next / Qwen3.5 models (see tests/checkpoints.py), seeds 0 and 1."""
+    from tests.checkpoints import GROUPS, make_checkpoint
 
     root = tmp_path_factory.mktemp("hybrid_models")
-    return {kind: make_hybrid_model(root / kind, kind, seed=i % 2) for i, kind in enumerate(HYBRID_CONFIGS)}
+    return {kind: make_checkpoint(root / kind, kind, seed=i % 2) for i, kind in enumerate(GROUPS["hybrid"])}
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""GGUF files written with the `gguf` package from tiny hybrid checkpoints (tests/hybrid_models.py),
+"""GGUF files written with the `gguf` package from tiny hybrid checkpoints (tests/checkpoints.py),
 laid out as llama.cpp's convert_hf_to_gguf.py lays out Qwen3-Next ("qwen3next") and Qwen3.5 text
 ("qwen35"): its metadata keys and tensor names, its changes to the values (norms but the DeltaNet's
 stored as `w + 1`, `ssm_a = -exp(A_log)`, conv taps squeezed, Qwen3-Next's in_proj_qkvz split into

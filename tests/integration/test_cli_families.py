@@ -9,8 +9,8 @@ import torch
 from click.testing import CliRunner
 
 from flexlamps.cli import main
-from tests.family_models import family_spec, make_family_model, reference_run
-from tests.moe_models import make_moe_model
+from tests.checkpoints import make_checkpoint
+from tests.family_models import reference_run
 
 NEW_TOKENS = 12
 TEXTS = ["the quick brown fox jumps", "hello world, this is", "numbers 1 2 3"]
@@ -21,9 +21,7 @@ SLOW = ["gemma3_text", "qwen3", "smollm3", "granite", "glm4_moe", "gpt_oss", "qw
 
 
 def _make(kind, folder):
-    if kind in ("olmoe", "glm4_moe", "gpt_oss", "qwen3_moe", "deepseek_v2"):
-        return make_moe_model(folder, kind, seed=4)
-    return make_family_model(folder, family_spec(kind), seed=4)
+    return make_checkpoint(folder, kind, seed=4)
 
 
 def _generate(folder, prompts, out, *extra):
@@ -71,7 +69,7 @@ def test_cli_on_the_gguf_gives_the_hf_folders_text(kind, tmp_path):
     from tests.decoder_gguf import write_decoder_gguf
     from tests.integration.test_gguf_families import GGUF_SPECS
 
-    folder = make_family_model(tmp_path / kind, GGUF_SPECS[kind], seed=4, tied=True)
+    folder = make_checkpoint(tmp_path / kind, GGUF_SPECS[kind], seed=4, tied=True)
     gguf_file = write_decoder_gguf(folder, tmp_path / f"{kind}.gguf")
     prompts = tmp_path / "in.jsonl"
     prompts.write_text("".join(json.dumps({"id": i, "prompt": t}) + "\n" for i, t in enumerate(TEXTS)))

@@ -18,7 +18,7 @@ from flexlamps.engine.executors.step import Step
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from offload import BudgetExceededError
-from tests.moe_models import make_moe_model
+from tests.checkpoints import make_checkpoint
 
 MiB = 1 << 20
 GPU_MEM, CPU_MEM = 8 * MiB, 2 * MiB
@@ -30,7 +30,7 @@ SHAPE = dict(hidden_size=192, moe_intermediate_size=160, num_experts=32, num_exp
 
 @pytest.fixture(scope="module")
 def reader(tmp_path_factory):
-    return open_checkpoint(make_moe_model(tmp_path_factory.mktemp("moe") / "qwen3_moe", "qwen3_moe", **SHAPE))
+    return open_checkpoint(make_checkpoint(tmp_path_factory.mktemp("moe") / "qwen3_moe", "qwen3_moe", **SHAPE))
 
 
 def _plan(reader):

@@ -35,37 +35,35 @@ from placement import Policy, TierSplit
 from quant import QTensor, dequantize, quantize
 from quant.int4_weight import Int4Weight
 from quant.mxfp4 import Mxfp4Weight
-from tests.conftest import SHARED_DATA, make_tiny_model
-from tests.deepseek_models import make_deepseek_model
-from tests.family_models import family_spec, make_family_model, our_run, prompt_ids
-from tests.hybrid_models import make_hybrid_model
-from tests.moe_models import make_moe_model
+from tests.checkpoints import make_checkpoint
+from tests.conftest import SHARED_DATA
+from tests.family_models import our_run, prompt_ids
 
 # a tiny checkpoint per model type: the parity tests' builders, with the options each family turns on
 CASES = {
-    "llama": lambda f: make_family_model(f, family_spec("llama_bias")),
-    "mistral": lambda f: make_family_model(f, family_spec("mistral_window")),
-    "qwen2": lambda f: make_family_model(f, family_spec("qwen2_window")),
-    "qwen3": lambda f: make_family_model(f, family_spec("qwen3")),
-    "gemma2": lambda f: make_family_model(f, family_spec("gemma2"), tied=True),
-    "gemma3_text": lambda f: make_family_model(f, family_spec("gemma3_text"), tied=True),
-    "phi3": lambda f: make_family_model(f, family_spec("phi3")),
-    "smollm3": lambda f: make_family_model(f, family_spec("smollm3")),
-    "granite": lambda f: make_family_model(f, family_spec("granite")),
-    "ernie4_5": lambda f: make_family_model(f, family_spec("ernie4_5")),
-    "opt": lambda f: make_tiny_model(f, "opt"),
-    "deepseek_v2": lambda f: make_moe_model(f, "deepseek_v2"),
-    "deepseek_v3": lambda f: make_deepseek_model(f, "deepseek_v3"),
-    "deepseek_v32": lambda f: make_deepseek_model(f, "deepseek_v32"),
-    "mixtral": lambda f: make_moe_model(f, "mixtral"),
-    "qwen2_moe": lambda f: make_moe_model(f, "qwen2_moe"),
-    "qwen3_moe": lambda f: make_moe_model(f, "qwen3_moe"),
-    "olmoe": lambda f: make_moe_model(f, "olmoe"),
-    "glm4_moe": lambda f: make_moe_model(f, "glm4_moe"),
-    "gpt_oss": lambda f: make_moe_model(f, "gpt_oss"),
-    "gpt_oss_mxfp4": lambda f: make_moe_model(f, "gpt_oss_mxfp4"),
-    "qwen3_next": lambda f: make_hybrid_model(f, "qwen3_next"),
-    "qwen3_5_text": lambda f: make_hybrid_model(f, "qwen3_5_text"),
+    "llama": lambda f: make_checkpoint(f, "llama_bias"),
+    "mistral": lambda f: make_checkpoint(f, "mistral_window"),
+    "qwen2": lambda f: make_checkpoint(f, "qwen2_window"),
+    "qwen3": lambda f: make_checkpoint(f, "qwen3"),
+    "gemma2": lambda f: make_checkpoint(f, "gemma2", tied=True),
+    "gemma3_text": lambda f: make_checkpoint(f, "gemma3_text", tied=True),
+    "phi3": lambda f: make_checkpoint(f, "phi3"),
+    "smollm3": lambda f: make_checkpoint(f, "smollm3"),
+    "granite": lambda f: make_checkpoint(f, "granite"),
+    "ernie4_5": lambda f: make_checkpoint(f, "ernie4_5"),
+    "opt": lambda f: make_checkpoint(f, "opt"),
+    "deepseek_v2": lambda f: make_checkpoint(f, "deepseek_v2"),
+    "deepseek_v3": lambda f: make_checkpoint(f, "deepseek_v3"),
+    "deepseek_v32": lambda f: make_checkpoint(f, "deepseek_v32"),
+    "mixtral": lambda f: make_checkpoint(f, "mixtral"),
+    "qwen2_moe": lambda f: make_checkpoint(f, "qwen2_moe"),
+    "qwen3_moe": lambda f: make_checkpoint(f, "qwen3_moe"),
+    "olmoe": lambda f: make_checkpoint(f, "olmoe"),
+    "glm4_moe": lambda f: make_checkpoint(f, "glm4_moe"),
+    "gpt_oss": lambda f: make_checkpoint(f, "gpt_oss"),
+    "gpt_oss_mxfp4": lambda f: make_checkpoint(f, "gpt_oss_mxfp4"),
+    "qwen3_next": lambda f: make_checkpoint(f, "qwen3_next"),
+    "qwen3_5_text": lambda f: make_checkpoint(f, "qwen3_5_text"),
 }
 FAST = ["llama", "opt", "deepseek_v3", "mixtral", "qwen3_5_text"]  # every forward kind, dense and MoE
 FLOAT_GAP = {"hybrid": 0.9}  # by forward kind; the rest: 0.45 (measured worst 0.31, see the docstring)

@@ -14,7 +14,7 @@ from flexlamps.models.weight_specs import weight_specs
 from placement import Policy, TierSplit
 from quant.fp8 import Fp8Weight
 from quant.fp8_layout import fp8_weight_bytes
-from tests.deepseek_models import to_fp8_checkpoint
+from tests.checkpoints import to_fp8_checkpoint
 from tests.property.test_plan_engine_agreement import _run_at_once
 
 ON_GPU = TierSplit(gpu=1.0, cpu=0.0, disk=0.0)

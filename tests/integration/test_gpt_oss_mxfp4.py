@@ -8,7 +8,7 @@ from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
 from quant.mxfp4 import Mxfp4Weight
-from tests.moe_models import make_moe_model
+from tests.checkpoints import make_checkpoint
 
 GiB = 2**30
 ON_DISK = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=TierSplit(gpu=0.2, cpu=0.2, disk=0.6),
@@ -19,7 +19,7 @@ def test_mxfp4_experts_stay_four_bit_in_memory_and_on_disk(tmp_path):
     import transformers
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-    folder = make_moe_model(tmp_path / "gpt_oss", "gpt_oss_mxfp4")
+    folder = make_checkpoint(tmp_path / "gpt_oss", "gpt_oss_mxfp4")
     reader = open_checkpoint(folder)
     weights = read_all(reader, torch.float32)
     experts = {n: w for n, w in weights.items() if ".experts." in n and n.endswith("_proj")}

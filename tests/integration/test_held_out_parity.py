@@ -13,12 +13,9 @@ import torch
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
-from tests.deepseek_models import DEEPSEEK_CONFIGS, make_deepseek_model
-from tests.family_models import (FAMILY_CONFIGS, LOGIT_TOLERANCE, greedy_tokens, make_family_model, our_run,
-                                 prompt_ids, reference_run, worst_gap)
-from tests.hybrid_models import HYBRID_CONFIGS, make_hybrid_model
+from tests.checkpoints import CHECKPOINTS, GROUPS, checkpoint_fields, make_checkpoint
+from tests.family_models import LOGIT_TOLERANCE, greedy_tokens, our_run, prompt_ids, reference_run, worst_gap
 from tests.hybrid_reference import float64_logits
-from tests.moe_models import MOE_CONFIGS, make_moe_model
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +28,7 @@ SEEDS = (3, 7)
 
 
 def _moe_overrides(kind: str) -> dict:
-    fields = MOE_CONFIGS[kind][1]
+    fields = CHECKPOINTS[kind]
     if "kv_lora_rank" in fields:
         return {k: v for k, v in _MLA.items() if k in fields or k == "num_key_value_heads"}
     if kind.endswith("_mxfp4"):  # MXFP4 blocks of 32 along the hidden and expert widths
@@ -42,16 +39,16 @@ def _moe_overrides(kind: str) -> dict:
 def _make(family: str, kind: str, folder, seed: int):
     if family == "dense":
         tied = seed == 7 and kind != "gemma2" or kind.startswith("gemma")
-        return make_family_model(folder, {**FAMILY_CONFIGS[kind], **HELD_OUT}, seed=seed, tied=tied)
+        return make_checkpoint(folder, {**checkpoint_fields(kind), **HELD_OUT}, seed, tied=tied)
     if family == "moe":
-        return make_moe_model(folder, kind, seed, **_moe_overrides(kind))
+        return make_checkpoint(folder, kind, seed, **_moe_overrides(kind))
     if family == "deepseek":
-        return make_deepseek_model(folder, kind, seed, spec={**DEEPSEEK_CONFIGS[kind], **_MLA})
-    return make_hybrid_model(folder, kind, seed, **HELD_OUT)
+        return make_checkpoint(folder, kind, seed, **_MLA)
+    return make_checkpoint(folder, kind, seed, **HELD_OUT)
 
 
-CASES = ([("dense", k) for k in sorted(FAMILY_CONFIGS)] + [("moe", k) for k in sorted(MOE_CONFIGS)]
-         + [("deepseek", k) for k in sorted(DEEPSEEK_CONFIGS)] + [("hybrid", k) for k in sorted(HYBRID_CONFIGS)])
+CASES = [(family, k) for family, group in (("dense", "family"), ("moe", "moe"), ("deepseek", "deepseek"),
+                                           ("hybrid", "hybrid")) for k in sorted(GROUPS[group])]
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -12,7 +12,7 @@ from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.models.weight_specs import weight_specs
 from tests.gguf_models import prefill_and_decode_logits
 from tests.hybrid_gguf import write_hybrid_gguf
-from tests.hybrid_models import HYBRID_CONFIGS
+from tests.checkpoints import GROUPS
 
 _PLUS_ONE = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "norm")
 
@@ -35,7 +35,7 @@ def assert_hybrid_gguf_is_the_hf_model(path, folder, cache_dir) -> None:
     assert all(torch.equal(a, b) for a, b in zip(got, ref))
 
 
-@pytest.mark.parametrize("kind", sorted(HYBRID_CONFIGS))
+@pytest.mark.parametrize("kind", sorted(GROUPS["hybrid"]))
 def test_hybrid_gguf_is_the_hf_model(hybrid_models, kind, tmp_path):
     """Qwen3-Next (grouped q/k/v/z split by the converter, a dense layer in the wide one) and Qwen3.5
     (value heads tiled: 4 over 2 key heads, 6 over 2), both widths."""

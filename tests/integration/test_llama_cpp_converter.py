@@ -13,19 +13,16 @@ Skipped when the converter is not found (FLEXLAMPS_LLAMA_CPP, or the script's de
 
 import pytest
 
-from tests.deepseek_models import DEEPSEEK_CONFIGS, make_deepseek_model
-from tests.family_models import family_spec, make_family_model
+from tests.checkpoints import add_mtp_tensors, checkpoint_fields, make_checkpoint
 from tests.gguf_models import assert_gguf_is_the_hf_model
-from tests.hybrid_models import add_mtp_tensors, make_hybrid_model
 from tests.integration.test_gguf_families import GGUF_SPECS
 from tests.integration.test_hybrid_gguf import assert_hybrid_gguf_is_the_hf_model
 from tests.llama_cpp_converter import convert, find_converter
-from tests.moe_models import make_moe_model
 
 pytestmark = pytest.mark.slow
 
-DENSE = {**GGUF_SPECS, "gemma3_text": {**{k: v for k, v in family_spec("gemma3_text").items() if k != "layer_types"},
-                                       "query_pre_attn_scalar": 16, "num_hidden_layers": 6}}
+_GEMMA3 = {k: v for k, v in checkpoint_fields("gemma3_text").items() if k != "layer_types"}
+DENSE = {**GGUF_SPECS, "gemma3_text": {**_GEMMA3, "query_pre_attn_scalar": 16, "num_hidden_layers": 6}}
 MOE = {"mixtral": {}, "qwen2_moe": {"mlp_only_layers": []}, "qwen3_moe": {"decoder_sparse_step": 1}, "olmoe": {},
        "glm4_moe": {}, "deepseek_v2": {}, "deepseek_v2_grouped": {}, "gpt_oss": {"swiglu_limit": 7.0},
        "gpt_oss_mxfp4": {}}
@@ -51,17 +48,17 @@ def _converted_matches(converter, folder, tmp_path):
 @pytest.mark.parametrize("kind", sorted(DENSE))
 def test_converted_decoder_is_the_hf_model(kind, converter, tmp_path):
     tied = kind.startswith("gemma")  # llama.cpp's Gemma-2 drops an untied head
-    _converted_matches(converter, make_family_model(tmp_path / kind, DENSE[kind], tied=tied), tmp_path)
+    _converted_matches(converter, make_checkpoint(tmp_path / kind, DENSE[kind], tied=tied), tmp_path)
 
 
 @pytest.mark.parametrize("kind", sorted(MOE))
 def test_converted_moe_is_the_hf_model(kind, converter, tmp_path):
-    _converted_matches(converter, make_moe_model(tmp_path / kind, kind, **MOE[kind]), tmp_path)
+    _converted_matches(converter, make_checkpoint(tmp_path / kind, kind, **MOE[kind]), tmp_path)
 
 
 def test_converted_deepseek_v3_is_the_hf_model(converter, tmp_path):
-    spec = {k: v for k, v in DEEPSEEK_CONFIGS["deepseek_v3"].items() if k != "rope_parameters"}
-    folder = make_deepseek_model(tmp_path / "deepseek_v3", "deepseek_v3", spec=spec)
+    spec = {k: v for k, v in checkpoint_fields("deepseek_v3").items() if k != "rope_parameters"}
+    folder = make_checkpoint(tmp_path / "deepseek_v3", spec)
     _converted_matches(converter, folder, tmp_path)
 
 
@@ -70,7 +67,7 @@ def test_converted_hybrid_is_the_hf_model(kind, converter, tmp_path):
     """Qwen3-Next ("qwen3next") and Qwen3.5 ("qwen35"): the converter asserts a multi-token-prediction
     block, which the tiny checkpoints get (`add_mtp_tensors`: skipped by transformers and by us) and
     llama.cpp stores as one more block; its file loads as the HF checkpoint bit for bit."""
-    folder = add_mtp_tensors(make_hybrid_model(tmp_path / kind, kind, **HYBRID[kind]))
+    folder = add_mtp_tensors(make_checkpoint(tmp_path / kind, kind, **HYBRID[kind]))
     out = convert(converter, folder, tmp_path / f"{kind}.gguf")
     assert_hybrid_gguf_is_the_hf_model(out, folder, tmp_path / "cache")
 
@@ -89,7 +86,7 @@ def test_converted_q8_0_runs_close_to_the_hf_model(kind, converter, tmp_path):
     from quant.int8_weight import Int8Weight
     from tests.gguf_models import prefill_and_decode_logits
 
-    folder = make_family_model(tmp_path / kind, DENSE[kind], tied=kind.startswith("gemma"))
+    folder = make_checkpoint(tmp_path / kind, DENSE[kind], tied=kind.startswith("gemma"))
     reader = GGUFReader(convert(converter, folder, tmp_path / f"{kind}.gguf", "q8_0"), cache_dir=tmp_path / "c")
     hf = open_checkpoint(folder)
     assert reader.config == hf.config
@@ -119,7 +116,7 @@ def test_converted_hybrid_q8_0_runs_close_to_the_hf_model(kind, converter, tmp_p
     from quant.int8_weight import Int8Weight
     from tests.gguf_models import prefill_and_decode_logits
 
-    folder = add_mtp_tensors(make_hybrid_model(tmp_path / kind, kind, **HYBRID[kind]))
+    folder = add_mtp_tensors(make_checkpoint(tmp_path / kind, kind, **HYBRID[kind]))
     reader = GGUFReader(convert(converter, folder, tmp_path / f"{kind}.gguf", "q8_0"), cache_dir=tmp_path / "c")
     hf = open_checkpoint(folder)
     assert reader.config == hf.config

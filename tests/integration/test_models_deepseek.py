@@ -8,7 +8,7 @@ from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.caches.latent import DenseLatentCache
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
-from tests.deepseek_models import DEEPSEEK_CONFIGS, to_fp8_checkpoint
+from tests.checkpoints import GROUPS, to_fp8_checkpoint
 
 PROMPT_LEN, DECODE_STEPS = 12, 32
 
@@ -37,7 +37,7 @@ def _reference_run(folder, ids: torch.Tensor):
     return logits, tokens
 
 
-@pytest.mark.parametrize("kind", sorted(DEEPSEEK_CONFIGS))
+@pytest.mark.parametrize("kind", sorted(GROUPS["deepseek"]))
 def test_prefill_and_decode_match_transformers(deepseek_models, kind):
     folder = deepseek_models[kind]
     reader = open_checkpoint(folder)

@@ -19,8 +19,9 @@ from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
-from tests.family_models import (DECODE_STEPS, FAMILY_CONFIGS, LOGIT_TOLERANCE, family_spec, greedy_tokens,
-                                 make_family_model, our_run, prompt_ids, reference_run, worst_gap)
+from tests.checkpoints import GROUPS, make_checkpoint
+from tests.family_models import (DECODE_STEPS, LOGIT_TOLERANCE, greedy_tokens, our_run, prompt_ids, reference_run,
+                                 worst_gap)
 
 GiB = 2**30
 ON_GPU = TierSplit(gpu=1, cpu=0, disk=0)
@@ -30,7 +31,7 @@ OFFLOADED = {  # weights over the three tiers; the cache on the gpu tier, or on 
     "cache_cpu": Policy(gpu_batch_size=2, num_gpu_batches=1, weights=SPREAD, cache=TierSplit(gpu=0, cpu=1, disk=0),
                         activations=ON_GPU, cpu_attention=True),
 }
-KINDS = sorted(FAMILY_CONFIGS)
+KINDS = sorted(GROUPS["family"])
 FAST = [(kind, "narrow", 0, i % 2 == 1) for i, kind in enumerate(KINDS)]
 SWEEP = [(kind, width, seed, tied) for kind in KINDS for width in ("narrow", "wide") for seed in (0, 1)
          for tied in (False, True)]
@@ -58,7 +59,7 @@ def _check(folder, tmp_path, mixes=("cache_gpu",)) -> dict:
 
 @pytest.mark.parametrize("kind,width,seed,tied", FAST, ids=[f[0] for f in FAST])
 def test_family_matches_transformers_in_memory_and_offloaded(kind, width, seed, tied, tmp_path):
-    folder = make_family_model(tmp_path / kind, family_spec(kind, width), seed=seed, tied=tied)
+    folder = make_checkpoint(tmp_path / kind, kind, seed, wide=width == "wide", tied=tied)
     _check(folder, tmp_path, mixes=("cache_gpu", "cache_cpu"))
 
 
@@ -66,7 +67,7 @@ def test_family_matches_transformers_in_memory_and_offloaded(kind, width, seed, 
 @pytest.mark.parametrize("kind,width,seed,tied", SWEEP,
                          ids=[f"{k}-{w}-s{s}-{'tied' if t else 'untied'}" for k, w, s, t in SWEEP])
 def test_family_sweep(kind, width, seed, tied, tmp_path):
-    folder = make_family_model(tmp_path / kind, family_spec(kind, width), seed=seed, tied=tied)
+    folder = make_checkpoint(tmp_path / kind, kind, seed, wide=width == "wide", tied=tied)
     _check(folder, tmp_path, mixes=tuple(OFFLOADED))
 
 
@@ -80,7 +81,7 @@ def test_python_api_generates_transformers_greedy_tokens(kind, tmp_path):
     """flexlamps.LLM, in memory and offloaded over gpu / cpu / disk: transformers' greedy tokens."""
     from flexlamps import LLM
 
-    folder = make_family_model(tmp_path / kind, family_spec(kind), seed=1)
+    folder = make_checkpoint(tmp_path / kind, kind, 1)
     ids = prompt_ids(open_checkpoint(folder).config.vocab_size, seed=5)
     _, tokens = reference_run(folder, ids)
     expected = torch.cat(tokens, dim=1).tolist()
@@ -96,7 +97,7 @@ def test_cli_generates_transformers_greedy_tokens(tmp_path):
     from flexlamps import LLM
     from flexlamps.cli import main
 
-    folder = make_family_model(tmp_path / "gemma3", family_spec("gemma3_text"), seed=2)
+    folder = make_checkpoint(tmp_path / "gemma3", "gemma3_text", 2)
     texts = ["the quick brown fox jumps", "hello world, this is"]
     prompts = tmp_path / "in.jsonl"
     prompts.write_text("".join(json.dumps({"id": i, "prompt": t}) + "\n" for i, t in enumerate(texts)))
@@ -120,7 +121,7 @@ def test_a_tensor_no_weight_reads_is_refused_before_loading(tmp_path):
 
     from flexlamps.models.loading.checkpoint import CheckpointError
 
-    folder = make_family_model(tmp_path / "llama", family_spec("llama_bias"))
+    folder = make_checkpoint(tmp_path / "llama", "llama_bias")
     tensors = load_file(str(folder / "model.safetensors"))
     save_file({**tensors, "model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8)},
               str(folder / "model.safetensors"))
@@ -145,7 +146,7 @@ def test_each_option_the_checkpoints_turn_on_moves_the_logits(kind, change, tmp_
     transformers' logits far behind (the window is crossed, the caps bite, ...)."""
     import dataclasses
 
-    folder = make_family_model(tmp_path / kind, family_spec(kind))
+    folder = make_checkpoint(tmp_path / kind, kind)
     reader = open_checkpoint(folder)
     ids = prompt_ids(reader.config.vocab_size)
     expected, tokens = reference_run(folder, ids)

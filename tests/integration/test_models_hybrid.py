@@ -13,7 +13,7 @@ from flexlamps.engine.executors.step import Step
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
-from tests.hybrid_models import HYBRID_CONFIGS
+from tests.checkpoints import GROUPS, make_checkpoint
 from tests.hybrid_reference import float64_logits
 
 PROMPT_LEN, DECODE_STEPS = 70, 28  # the prompt spans five of the chunked form's 16-token chunks
@@ -45,19 +45,18 @@ def _reference_run(folder, ids: torch.Tensor):
 @pytest.fixture(scope="module")
 def hybrid_model_at(tmp_path_factory):
     """(kind, seed) -> a tiny random checkpoint of that kind and seed, built once."""
-    from tests.hybrid_models import make_hybrid_model
 
     made = {}
 
     def build(kind: str, seed: int):
         if (kind, seed) not in made:
-            made[kind, seed] = make_hybrid_model(tmp_path_factory.mktemp(f"{kind}_{seed}"), kind, seed=seed)
+            made[kind, seed] = make_checkpoint(tmp_path_factory.mktemp(f"{kind}_{seed}"), kind, seed=seed)
         return made[kind, seed]
     return build
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("kind", sorted(HYBRID_CONFIGS))
+@pytest.mark.parametrize("kind", sorted(GROUPS["hybrid"]))
 def test_greedy_decode_matches_transformers(hybrid_model_at, kind, seed):
     """Greedy tokens equal to transformers', logits within LOGIT_BAR of its whole forward and of the
     same forward in float64 (tests/hybrid_reference.py). Where its float32 forward is itself more
@@ -89,7 +88,7 @@ def test_greedy_decode_matches_transformers(hybrid_model_at, kind, seed):
         pytest.xfail(f"transformers' own float32 forward is off: {gaps}")
 
 
-@pytest.mark.parametrize("kind", sorted(HYBRID_CONFIGS))
+@pytest.mark.parametrize("kind", sorted(GROUPS["hybrid"]))
 def test_at_transformers_own_init_logits_match_its_decode_to_float32_rounding(kind, tmp_path):
     """Weights at transformers' initializer range (N(0, 0.02)), where float32 rounding is not
     amplified: the same greedy tokens and logits within 2e-6 of transformers' cached decode (about
@@ -97,9 +96,8 @@ def test_at_transformers_own_init_logits_match_its_decode_to_float32_rounding(ki
     issue's 1e-4. (At the N(0, 0.2) the other tests draw, transformers' own two float32 paths
     differ by more than 1e-4 on a quarter of the checkpoints: docs/models.md.)"""
     from tests.family_models import greedy_tokens, our_run, prompt_ids, reference_run, worst_gap
-    from tests.hybrid_models import make_hybrid_model
 
-    folder = make_hybrid_model(tmp_path / kind, kind, seed=5, init_std=0.02)
+    folder = make_checkpoint(tmp_path / kind, kind, seed=5, init_std=0.02)
     reader, ex = _executor(folder)
     ids = prompt_ids(reader.config.vocab_size, seed=5)
     expected, tokens = reference_run(folder, ids, steps=24)

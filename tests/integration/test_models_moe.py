@@ -10,7 +10,7 @@ from flexlamps.engine.executors.step import Step
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
-from tests.moe_models import MOE_CONFIGS, make_moe_model
+from tests.checkpoints import GROUPS, make_checkpoint
 
 PROMPT_LEN, DECODE_STEPS = 12, 16
 GiB = 2**30
@@ -27,7 +27,7 @@ def moe_models(tmp_path_factory):
     def get(kind: str, seed: int = 0, wide: bool = False):
         key = (kind, seed, wide)
         if key not in made:
-            made[key] = make_moe_model(root / f"{kind}-{seed}-{int(wide)}", kind, seed, wide)
+            made[key] = make_checkpoint(root / f"{kind}-{seed}-{int(wide)}", kind, seed, wide=wide)
         return made[key]
     return get
 
@@ -79,13 +79,13 @@ def _check_family(folder, tmp_path):
     return worst
 
 
-@pytest.mark.parametrize("kind", sorted(MOE_CONFIGS))
+@pytest.mark.parametrize("kind", sorted(GROUPS["moe"]))
 def test_family_matches_transformers_in_memory_and_offloaded(moe_models, kind, tmp_path):
     _check_family(moe_models(kind), tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", sorted(MOE_CONFIGS))
+@pytest.mark.parametrize("kind", sorted(GROUPS["moe"]))
 @pytest.mark.parametrize("seed,wide", [(1, False), (0, True), (2, True)])
 def test_family_at_other_widths_and_seeds(moe_models, kind, seed, wide, tmp_path):
     _check_family(moe_models(kind, seed, wide), tmp_path)

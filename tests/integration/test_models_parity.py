@@ -8,7 +8,7 @@ from flexlamps.engine.caches.dense import DenseKVCache
 from flexlamps.engine.executors.step import Step
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
-from tests.conftest import TINY_CONFIGS
+from tests.checkpoints import GROUPS
 
 
 def _our_logits(folder, ids: torch.Tensor) -> torch.Tensor:
@@ -19,7 +19,7 @@ def _our_logits(folder, ids: torch.Tensor) -> torch.Tensor:
     return ex.forward_steps(cache, [Step(ids, torch.arange(t).expand(n, t), torch.arange(n))])[0]
 
 
-@pytest.mark.parametrize("kind", sorted(TINY_CONFIGS))
+@pytest.mark.parametrize("kind", sorted(GROUPS["tiny"]))
 def test_logits_match_transformers(tiny_models, kind):
     import transformers
 

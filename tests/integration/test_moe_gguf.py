@@ -10,14 +10,14 @@ from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.models.weight_specs import weight_specs
 from tests.gguf_models import prefill_and_decode_logits
 from tests.moe_gguf import write_deepseek2_gguf, write_moe_gguf
-from tests.moe_models import make_moe_model
+from tests.checkpoints import make_checkpoint
 
 
 @pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "qwen3_moe"])
 def test_moe_gguf_is_the_hf_model(kind, tmp_path):
     # llama.cpp's qwen2moe / qwen3moe have no dense layers (mlp_only_layers, decoder_sparse_step)
     dense_layers = {"qwen2_moe": {"mlp_only_layers": []}, "qwen3_moe": {"decoder_sparse_step": 1}}
-    folder = make_moe_model(tmp_path / kind, kind, **dense_layers.get(kind, {}))
+    folder = make_checkpoint(tmp_path / kind, kind, **dense_layers.get(kind, {}))
     gguf_reader = GGUFReader(write_moe_gguf(folder, tmp_path / f"{kind}.gguf"), cache_dir=tmp_path / "cache")
     hf_reader = open_checkpoint(folder)
     ours, want = gguf_reader.config, hf_reader.config
@@ -34,7 +34,7 @@ def test_moe_gguf_is_the_hf_model(kind, tmp_path):
 def test_deepseek2_gguf_is_the_hf_model(kind, gating, tmp_path):
     """llama.cpp's deepseek2 layout (MLA's kv_b_proj split into attn_k_b / attn_v_b, stacked
     experts, group routing metadata) gives back the HF checkpoint's weights and logits."""
-    folder = make_moe_model(tmp_path / kind, kind)
+    folder = make_checkpoint(tmp_path / kind, kind)
     gguf_reader = GGUFReader(write_deepseek2_gguf(folder, tmp_path / f"{kind}.gguf", gating), cache_dir=tmp_path / "c")
     hf_reader = open_checkpoint(folder)
     assert (gguf_reader.config.mla, gguf_reader.config.moe) == (hf_reader.config.mla, hf_reader.config.moe)
@@ -50,7 +50,7 @@ def test_quantized_stacked_experts_read_one_slab_each(tmp_path):
     import gguf
     import numpy as np
 
-    folder = make_moe_model(tmp_path / "mixtral", "mixtral")
+    folder = make_checkpoint(tmp_path / "mixtral", "mixtral")
     path = write_moe_gguf(folder, tmp_path / "q8.gguf", quantize_experts="Q8_0")
     reader = GGUFReader(path, cache_dir=tmp_path / "cache")
     stacked = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}["blk.1.ffn_gate_exps.weight"]
@@ -71,7 +71,7 @@ def test_gpt_oss_gguf_keeps_mxfp4_experts_and_is_the_hf_model(tmp_path):
     from quant.mxfp4 import Mxfp4Weight
     from tests.moe_gguf import write_gpt_oss_gguf
 
-    folder = make_moe_model(tmp_path / "gpt_oss", "gpt_oss_mxfp4")
+    folder = make_checkpoint(tmp_path / "gpt_oss", "gpt_oss_mxfp4")
     gguf_reader = GGUFReader(write_gpt_oss_gguf(folder, tmp_path / "gpt-oss.gguf"), cache_dir=tmp_path / "c")
     hf_reader = open_checkpoint(folder)
     for field in ("moe", "attention", "rope_theta", "rope_scaling", "head_dim", "tie_word_embeddings", "qkv_bias"):
@@ -99,7 +99,7 @@ def test_q8_experts_offloaded_are_read_dense_and_run_as_in_memory(tmp_path):
     from quant.int8_weight import Int8Weight
     from tests.family_models import our_run, prompt_ids
 
-    folder = make_moe_model(tmp_path / "mixtral", "mixtral")
+    folder = make_checkpoint(tmp_path / "mixtral", "mixtral")
     reader = GGUFReader(write_moe_gguf(folder, tmp_path / "q8.gguf", quantize_experts="Q8_0"), cache_dir=tmp_path / "c")
     assert "int8" in reader.layer_block_kinds
     policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=TierSplit(gpu=0.3, cpu=0.3, disk=0.4),

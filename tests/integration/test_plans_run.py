@@ -145,10 +145,9 @@ def test_deepseek_v32_with_a_wide_head_runs_in_12_mib_and_equals_in_memory(tmp_p
     stopped with 'staging rows of lm_head.rows...'); float32 output equals the in-memory run's."""
     import flexlamps.hardware.cache
     from flexlamps import LLM, SamplingParams
-    from tests.deepseek_models import DEEPSEEK_CONFIGS, make_deepseek_model
+    from tests.checkpoints import make_checkpoint
 
-    folder = make_deepseek_model(tmp_path / "v32", "deepseek_v32",
-                                 spec={**DEEPSEEK_CONFIGS["deepseek_v32"], "vocab_size": 49152})
+    folder = make_checkpoint(tmp_path / "v32", "deepseek_v32", vocab_size=49152)
     monkeypatch.setattr(flexlamps.hardware.cache, "machine_profile", lambda *a, **k: placement.hardware_preset(HARDWARE))
     prompts, params = [[0, 5, 17, 33, 60, 2, 9], [0, 5, 17, 40, 61]], [SamplingParams(max_new_tokens=4, ignore_eos=True)]
     offloaded = LLM(str(folder), gpu_mem=12 * MiB, cpu_mem=256 * MiB, offload_dir=tmp_path / "off")

@@ -10,7 +10,7 @@ from flexlamps.engine.executors.step import Step
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
-from tests.deepseek_models import MANY_EXPERTS, make_deepseek_model
+from tests.checkpoints import make_checkpoint
 
 ON_GPU = TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
 MOSTLY_DISK = Policy(gpu_batch_size=1, num_gpu_batches=1, weights=TierSplit(gpu=0.05, cpu=0.05, disk=0.9),
@@ -19,35 +19,19 @@ PROMPT_LEN, DECODE_STEPS = 6, 12
 
 
 # every MoE family, 32 experts of which each token picks 2, in every layer
-_ATTN = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-             max_position_embeddings=256)
-MANY_EXPERTS_OF = {
-    "mixtral": ("MixtralConfig", dict(intermediate_size=64, num_local_experts=32, num_experts_per_tok=2, **_ATTN)),
-    "qwen2_moe": ("Qwen2MoeConfig", dict(intermediate_size=96, moe_intermediate_size=64, num_experts=32,
-                                         shared_expert_intermediate_size=32, num_experts_per_tok=2, **_ATTN)),
-}
+MANY_EXPERTS_OF = {"deepseek_v3": "deepseek_v3_many_experts", "mixtral": "mixtral_many_experts",
+                   "qwen2_moe": "qwen2_moe_many_experts"}
 
 
-def _make(folder, family: str):
-    if family == "deepseek_v3":
-        return make_deepseek_model(folder, "", spec=MANY_EXPERTS)
-    import transformers
-
-    from tests.random_checkpoints import save_random_checkpoint
-
-    cls_name, fields = MANY_EXPERTS_OF[family]
-    save_random_checkpoint(folder, lambda ids: getattr(transformers, cls_name)(**ids, **fields))
-    return folder
-
-
-@pytest.fixture(scope="module", params=["deepseek_v3", *MANY_EXPERTS_OF])
+@pytest.fixture(scope="module", params=list(MANY_EXPERTS_OF))
 def family_reader(request, tmp_path_factory):
-    return open_checkpoint(_make(tmp_path_factory.mktemp("moe") / request.param, request.param))
+    folder = tmp_path_factory.mktemp("moe") / request.param
+    return open_checkpoint(make_checkpoint(folder, MANY_EXPERTS_OF[request.param]))
 
 
 @pytest.fixture(scope="module")
 def reader(tmp_path_factory):
-    return open_checkpoint(_make(tmp_path_factory.mktemp("moe") / "deepseek", "deepseek_v3"))
+    return open_checkpoint(make_checkpoint(tmp_path_factory.mktemp("moe") / "deepseek", MANY_EXPERTS_OF["deepseek_v3"]))
 
 
 def _read_bytes() -> int:
@@ -184,7 +168,7 @@ def test_four_bit_experts_read_off_disk_equal_resident_ones(tmp_path, dtype):
     more) fetched from disk as routed give the bits of the same experts resident on the gpu tier."""
     import dataclasses
 
-    reader = open_checkpoint(_make(tmp_path / "mixtral", "mixtral"))
+    reader = open_checkpoint(make_checkpoint(tmp_path / "mixtral", MANY_EXPERTS_OF["mixtral"]))
     ids = torch.randint(2, reader.config.vocab_size, (4, 130), generator=torch.Generator().manual_seed(1))
     steps = [Step(ids[:2], torch.arange(130).expand(2, 130), torch.tensor([0, 1])),
              Step(ids[2:], torch.arange(130).expand(2, 130), torch.tensor([2, 3]))]

@@ -12,7 +12,7 @@ from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.routing_profile import cached_routing, routing_cache_path
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
-from tests.deepseek_models import MANY_EXPERTS, make_deepseek_model
+from tests.checkpoints import make_checkpoint
 
 ON_GPU = TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
 PROMPTS = ["the quick brown fox", "jumps over the lazy dog", "hello world", "numbers 1 2 3"]
@@ -20,7 +20,7 @@ PROMPTS = ["the quick brown fox", "jumps over the lazy dog", "hello world", "num
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return make_deepseek_model(tmp_path_factory.mktemp("routing") / "m", "", spec=MANY_EXPERTS)
+    return make_checkpoint(tmp_path_factory.mktemp("routing") / "m", "deepseek_v3_many_experts")
 
 
 def test_profile_counts_routing_and_placement_follows_it(folder, tmp_path, monkeypatch):

@@ -28,7 +28,8 @@ from flexlamps.sched.policies import InferCept
 from flexlamps.sched.request import RequestSpec, Segment, Strategy
 from flexlamps.workloads.tokenized import tokenize_requests
 from placement import Policy, TierSplit
-from tests.family_models import LOGIT_TOLERANCE, WIDTHS, greedy_tokens, make_family_model, reference_run, worst_gap
+from tests.checkpoints import make_checkpoint
+from tests.family_models import LOGIT_TOLERANCE, greedy_tokens, reference_run, worst_gap
 
 GiB = 2**30
 WINDOW, PROMPT, DECODE = 12, 30, 40
@@ -45,8 +46,8 @@ OFFLOADED = {
 
 @pytest.fixture(scope="module")
 def mistral(tmp_path_factory):
-    spec = {**WIDTHS["narrow"], "model_type": "mistral", "num_hidden_layers": 2, "sliding_window": WINDOW}
-    return make_family_model(tmp_path_factory.mktemp("mistral") / "mistral-window", spec, seed=3)
+    return make_checkpoint(tmp_path_factory.mktemp("mistral") / "mistral-window", "mistral_window", 3,
+                           sliding_window=WINDOW)
 
 
 def _ids(vocab: int, rows: int = 2, seed: int = 7) -> torch.Tensor:

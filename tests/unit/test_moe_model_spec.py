@@ -3,21 +3,22 @@ parameters transformers allocates: experts, shared experts and their gate, route
 
 import pytest
 
-from tests.moe_models import MOE_CONFIGS, config_fields
+from tests.checkpoints import GROUPS, checkpoint_fields
 
 
 def _hf_config(kind: str, wide: bool) -> tuple[dict, object]:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    cls_name, fields = config_fields(kind, wide)
-    cfg = getattr(transformers, cls_name)(vocab_size=320, bos_token_id=0, eos_token_id=1, **fields)
+    fields = checkpoint_fields(kind, wide)
+    cfg = transformers.AutoConfig.for_model(fields.pop("model_type"), vocab_size=320, bos_token_id=0, eos_token_id=1,
+                                            **fields)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cfg)
     return cfg.to_dict(), model
 
 
 @pytest.mark.parametrize("wide", [False, True])
-@pytest.mark.parametrize("kind", sorted(MOE_CONFIGS))
+@pytest.mark.parametrize("kind", sorted(GROUPS["moe"]))
 def test_moe_parameter_counts_match_transformers(kind, wide):
     from flexlamps.models.description import model_spec_from_hf
     from flexlamps.models.config import ModelConfig

@@ -12,39 +12,31 @@ from flexlamps.models.weight_specs import weight_specs
 from placement import ModelSpec
 from placement.tensor_table import TensorRow, TensorTable
 from quant.fp8_layout import fp8_weight_bytes
-from tests.deepseek_models import DEEPSEEK_CONFIGS
-from tests.family_models import FAMILY_CONFIGS, family_spec
-from tests.hybrid_models import HYBRID_CONFIGS
-from tests.moe_models import MOE_CONFIGS, config_fields
+from tests.checkpoints import DENSE_DEFAULTS, GROUPS, checkpoint_fields
 
 # tensors ModelSpec's shape arithmetic leaves out: LLaMA's mlp_bias, Gemma's norms after each block
 NOT_IN_MODEL_SPEC = {"gate_bias", "up_bias", "down_bias", "post_attn_norm", "post_mlp_norm"}
 FP8 = {"quant_method": "fp8", "weight_block_size": [16, 32]}  # tiles the tiny matrices do not divide
 
 
-def _hf(fields: dict, cls_name: str | None = None) -> dict:
+def _hf(fields: dict) -> dict:
     """The config.json transformers writes for these fields."""
     import transformers
 
     fields = {"vocab_size": 320, **fields}
-    if cls_name is None:
-        return transformers.AutoConfig.for_model(fields.pop("model_type"), **fields).to_dict()
-    return getattr(transformers, cls_name)(**fields).to_dict()
+    return transformers.AutoConfig.for_model(fields.pop("model_type"), **fields).to_dict()
 
 
-def _cases() -> dict:
-    cases = {kind: (family_spec(kind), None) for kind in FAMILY_CONFIGS}
-    cases |= {kind: tuple(reversed(config_fields(kind))) for kind in MOE_CONFIGS}
-    cases |= {kind: (fields, None) for kind, fields in {**DEEPSEEK_CONFIGS, **HYBRID_CONFIGS}.items()}
-    return cases
+def _own_fields(kind: str) -> dict:
+    """A kind's fields less the dense checkpoints' defaults (transformers' class defaults then apply)."""
+    return {k: v for k, v in checkpoint_fields(kind).items() if k not in DENSE_DEFAULTS or DENSE_DEFAULTS[k] != v}
 
 
-CASES = _cases()
+CASES = {kind: _own_fields(kind) for group in ("family", "moe", "deepseek", "hybrid") for kind in GROUPS[group]}
 
 
 def _config(kind: str, **extra) -> ModelConfig:
-    fields, cls_name = CASES[kind]
-    hf = _hf(fields, cls_name)
+    hf = _hf(CASES[kind])
     if kind.endswith("_mxfp4"):
         hf["quantization_config"] = {"quant_method": "mxfp4"}
     return ModelConfig.from_hf({**hf, **extra})
