@@ -30,7 +30,7 @@ block), which bounds the scores' memory.
 bfloat16 on the CPU without our kernel runs the same exact path (keys and values upcast, the
 probabilities rounded to bf16 before the product with the values, one rounding at the end), so a
 query's bits do not depend on its step either (`weight_kind`'s batch invariance). torch's flash
-kernel, 2.5x faster on a prompt, moves a query's result with the step's shapes; it no longer runs.
+kernel, faster on a prompt, moves a query's result with the step's shapes; it no longer runs.
 `BF16_TOLERANCE`: how far a bf16 result may be from float32's, as a fraction of the largest
 |value| the query attends over (each rounding of a probability or of the result is within 2^-9
 relative; measured at most 0.0032).
@@ -39,9 +39,9 @@ bf16 and fp16 on the CPU run `native_attention`'s AVX-512 kernel where it is bui
 a prompt chunk alike: the flash kernel's arithmetic (fp32 scores, exp(score - max) rounded to the
 dtype, fp32 sums divided by the weights' sum, one rounding), each kv head's keys read once for its
 query heads, no key after a query's last visible one read, and a query's result depending on
-nothing but its own query, keys and mask (tests/unit/test_native_attention.py). SmolLM2, 1
-thread: a batch-1 decode step 14.4 -> 12.9 ms and batch 32 90 -> 79 ms in one process; a prompt
-of 32 x 128 tokens 23 -> 15 ms a layer. Without it (no AVX-512, no compiler) the paths below run.
+nothing but its own query, keys and mask (tests/unit/test_native_attention.py); what it saves
+is in docs/performance.md ("The model blocks' choices"). Without it (no AVX-512, no compiler) the
+paths below run.
 
 On other devices torch's SDPA runs (no such promise there).
 """
@@ -58,9 +58,9 @@ import torch.nn.functional as F
 from flexlamps.kernels import attention as native_attention, loader
 
 # NOTE(exact): the three shape rules above; changing them needs the exactness tests re-run.
-MIN_ROWS = 4
-MIN_SPAN = 16
-KEY_BLOCK = 128
+MIN_ROWS = 4  # MKL runs 1-3 query rows on another kernel, whose sums move with the step
+MIN_SPAN = 16  # softmax's vectorized sums add masked zeros lane by lane from 16 keys on
+KEY_BLOCK = 128  # MKL splits a longer reduction with the values at points that depend on its length
 # Scores held at once in a long prompt chunk (fp32 elements: 32 MiB; a batch of 32 prompts of 128
 # tokens of SmolLM2 in one block); more queries run in blocks.
 _SCORES_PER_BLOCK = 1 << 23
@@ -207,7 +207,7 @@ def _value_blocks(values: torch.Tensor, span: int, padded_span: int) -> list[tor
 def _padded_last_block(values: torch.Tensor, start: int) -> torch.Tensor:
     """values[:, :, start:] zero-padded to KEY_BLOCK keys, in a buffer this thread reuses (valid until
     its next call): a decode step's keys grow by one, so only the new rows are written, not a fresh
-    zeroed block per layer (SmolLM2 batch 32: 3 MiB, 0.4 ms a layer)."""
+    zeroed block per layer."""
     n, kv, span, d = values.shape
     real = span - start
     buf, held = getattr(_LAST_BLOCK, "buf", None), getattr(_LAST_BLOCK, "real", 0)

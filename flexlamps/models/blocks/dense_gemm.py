@@ -1,10 +1,10 @@
 """The dense weight kind: x @ w.T on a plain (out, in) tensor, prepacked or not.
 
-On the CPU, fp32 and bf16 go through oneDNN's linear instead of `F.linear` (MKL): on this class
-of machine it is 1.4-1.7x faster for both prefill GEMMs and small-batch decode. Weights may be
+On the CPU, fp32 and bf16 go through oneDNN's linear instead of `F.linear` (MKL): faster on
+prompt chunks and decode batches (docs/performance.md, "The model blocks' choices"). Weights may be
 given in their ordinary layout (offloaded and compressed weights arrive that way, and oneDNN
 reorders them on each call) or prepacked once by `pack` (resident weights: the reorder is
-saved, 15-40% on decode-sized calls). Both give bit-identical results, and every executor calls
+saved). Both give bit-identical results, and every executor calls
 the same function, which keeps the plain, offloaded and scheduled paths bit-identical.
 
 `add=` and `mul=` apply a residual add or an elementwise product to the output. In fp32 they run
@@ -113,9 +113,8 @@ def dense_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
 
 def dense_scratch(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A buffer for one dequantized weight, reused by this thread's calls. glibc hands a block
-    over 32 MiB back to the system when it is freed, so a fresh one is paged in (zero-filled)
-    on every call: on this project's 2-core VM that made writing TinyLlama's stacked gate/up
-    (46 MiB in bf16) 95 ms instead of 13."""
+    over 32 MiB back to the system when it is freed, so a fresh one would be paged in
+    (zero-filled) on every call (docs/performance.md, "The model blocks' choices")."""
     numel = shape[0] * shape[1]
     buf = getattr(_SCRATCH, "buf", None)
     if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:

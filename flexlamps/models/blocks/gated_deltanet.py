@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from flexlamps.models.blocks.activation import silu
 
 from flexlamps.models.hybrid_config import DELTA_RULE_CHUNK as CHUNK  # ours (transformers' is 64: hybrid_config)
-L2_EPS = 1e-6
+L2_EPS = 1e-6  # transformers' l2norm of the DeltaNet's queries and keys uses this eps
 
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:

@@ -103,8 +103,8 @@ def latent_attention(step: MLAStep, latent: torch.Tensor, k_rope: torch.Tensor,
 def _scores(step: MLAStep, latent: torch.Tensor, k_rope: torch.Tensor) -> torch.Tensor:
     """(n, H, T, S) scaled scores of every head's queries against the entries. The heads are
     folded into the rows of one GEMM per sequence: broadcasting the shared entries over the
-    heads instead made matmul copy them once per head (on a CPU 268 MB and 1.1 s a layer for
-    4 rows x 16 heads x top-2048 at DeepSeek-V3.2's width; 20 ms folded)."""
+    heads instead makes matmul copy them once per head (docs/performance.md, "The model blocks'
+    choices")."""
     n, heads, t, _ = step.q_latent.shape
     scores = torch.bmm(step.q_latent.reshape(n, heads * t, -1), latent.transpose(1, 2))  # (n, H*T, S)
     scores = scores + torch.bmm(step.q_rope.reshape(n, heads * t, -1), k_rope.transpose(1, 2))
