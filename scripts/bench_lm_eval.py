@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -60,7 +61,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=str(REPO / "examples" / "lm_eval"))
+    manager = TaskManager(include_path=str(REPO / "examples" / "lm_eval"), include_defaults=False)
     sides = make_sides(args)
     responses = {}
     for spec in args.task:
@@ -95,14 +96,27 @@ def make_sides(args) -> dict:
     return sides
 
 
+LL_TOLERANCE = 1e-4  # abs, or relative for a long document's sum: float32 in another order differs
+
+
+def same_responses(a, b) -> bool:
+    """Equal responses: texts and greedy flags exactly, log-likelihoods within LL_TOLERANCE."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_responses(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=LL_TOLERANCE, abs_tol=LL_TOLERANCE)
+    return a == b
+
+
 def report(task: str, limit: int, runs: dict, threads: int) -> None:
     import os
 
     print(f"\n{task}, first {limit} documents, {threads} thread(s), load average {os.getloadavg()[0]:.1f}")
     names = list(runs)
     for n in names[1:]:
-        same = sum(a == b for a, b in zip(runs[names[0]][2], runs[n][2]))
-        print(f"  {n}: responses equal to {names[0]}'s on {same} of {len(runs[n][2])} documents")
+        same = sum(same_responses(a, b) for a, b in zip(runs[names[0]][2], runs[n][2]))
+        print(f"  {n}: responses equal to {names[0]}'s (log-likelihoods within {LL_TOLERANCE}) on {same} of "
+              f"{len(runs[n][2])} documents")
     print("  " + f"{'metric':32s}" + "".join(f"{n:>14s}" for n in names))
     for key in metrics(runs[names[0]][0]):
         print("  " + f"{key:32s}" + "".join(f"{metrics(runs[n][0]).get(key, float('nan')):14.6f}" for n in names))

@@ -5,9 +5,12 @@ results."""
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -73,6 +76,27 @@ def _cli(args, env=None):
                           text=True, env={**os.environ, **(env or {})})
 
 
+def _doc_command_lines(doc: str) -> list[str]:
+    """The `flexlamps` lines of a doc's fenced shell blocks, continuation lines joined."""
+    lines = []
+    for block in re.findall(r"```\n(.*?)```", (REPO / doc).read_text(), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.strip().removeprefix(".venv/bin/")
+            if line.startswith("flexlamps "):
+                lines.append(line)
+    return lines
+
+
+@pytest.mark.parametrize("line", _doc_command_lines("docs/eval.md"))
+def test_docs_eval_lines_parse(line, monkeypatch):
+    """Each of docs/eval.md's command lines names options and files `flexlamps eval` takes."""
+    from flexlamps.cli import main
+
+    monkeypatch.chdir(REPO)
+    name, *args = shlex.split(line)[1:]
+    main.get_command(click.Context(main), name).make_context(name, args)
+
+
 def test_without_lm_eval_the_command_says_so_in_one_line(monkeypatch, tmp_path):
     import flexlamps.commands.eval as eval_cmd
 
@@ -82,13 +106,28 @@ def test_without_lm_eval_the_command_says_so_in_one_line(monkeypatch, tmp_path):
     assert res.output == f"Error: {eval_cmd.NO_LM_EVAL}\n"
 
 
+@pytest.mark.slow
+@pytest.mark.ci
 def test_an_unknown_task_is_named_before_the_model_loads(tmp_path, tiny_llama):
+    """Slow: telling a name lm_eval lacks means indexing its whole registry (~40 s here)."""
     pytest.importorskip("lm_eval")
     import flexlamps.commands.eval as eval_cmd
 
     res = CliRunner().invoke(eval_cmd.command, ["--model", str(tiny_llama), "--tasks", "no_such_task_xyz",
                                                 "--output-path", str(tmp_path)])
     assert res.exit_code == 2 and "no_such_task_xyz" in res.output and "--include-path" in res.output
+
+
+def test_tasks_under_the_include_path_skip_lm_evals_registry(task_dir):
+    pytest.importorskip("lm_eval")
+    import flexlamps.commands.eval as eval_cmd
+
+    names, manager = eval_cmd._tasks("tiny_gen,tiny_mc,tiny_gen", str(task_dir))
+    assert names == ["tiny_gen", "tiny_mc"] and manager.all_tasks == sorted(TASKS)
+    # a group's members may be lm_eval's own tasks: resolved over the whole registry instead
+    (task_dir / "tiny_group.yaml").write_text("group: tiny_group\ntask:\n  - tiny_mc\n  - arc_easy\n")
+    assert eval_cmd._local_tasks("tiny_group", str(task_dir)) is None
+    assert eval_cmd._local_tasks("tiny_mc,arc_easy", str(task_dir)) is None
 
 
 @pytest.mark.slow
