@@ -8,7 +8,7 @@ lm_eval = pytest.importorskip("lm_eval", reason="lm_eval is the optional extra f
 
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from flexlamps.evals.lm_eval_jobs import score_chunks, truncate_pair  # noqa: E402
+from flexlamps.evals.lm_eval_jobs import PartCost, score_chunks, truncate_pair  # noqa: E402
 from flexlamps.evals.lm_eval_model import FlexlampsLM  # noqa: E402
 
 MAX_LENGTH = 24  # short, so rolling windows and truncation really happen
@@ -95,3 +95,12 @@ def test_truncation_keeps_the_continuation_and_the_last_tokens():
 def test_parts_hold_about_chunk_tokens_and_at_least_one_index():
     pairs = [[([1] * 5, [2] * 5)], [([1] * 30, [2])], [([1], [2])], [([1], [2])]]
     assert list(score_chunks([0, 1, 2, 3], pairs, 12)) == [[0], [1], [2, 3]]
+
+
+def test_a_part_counts_its_shared_root_once_and_ends_where_the_root_would_be_lost():
+    first, second = [7] * 200, [8] * 200  # two subjects' few-shot examples
+    pairs = [[(first + [i], [3])] for i in range(4)] + [[(second + [i], [3])] for i in range(4)]
+    assert PartCost().plus(pairs[0]).plus(pairs[1]).tokens == 200 + 2 * 1 + 2 * 1  # root, contexts past it, choices
+    assert PartCost().plus(pairs[0]).plus(pairs[0]).tokens == 201 + 2  # one context under two choices: fed once
+    assert list(score_chunks(range(8), pairs, 1024)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert list(score_chunks(range(8), pairs, 60)) == [[0], [1], [2], [3], [4], [5], [6], [7]]
