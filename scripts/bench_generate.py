@@ -217,7 +217,7 @@ def run_table(llm, hf32, hf16, args, threads: int, batches: list[int]) -> None:
           f"{llm.dtype} | GGUF bytes per decode step {step_bytes / 2**20:.0f} MiB | read bandwidth "
           f"{bw / 1e9:.1f} GB/s -> batch-1 decode limit {bw / step_bytes:.0f} tok/s | GEMM peak: bf16 {bf16 / 1e9:.0f} GFLOP/s, "
           f"int8 {flops / 1e9 if flops > bf16 else 0:.0f} GOP/s (the limit takes the faster)"
-          f" | decode kernel {'AVX-512 (flexlamps.kernels.tile_gemv)' if native_kernel() else 'torch int4'}")
+          f" | decode kernel {native_kernel().level + ' (flexlamps.kernels.tile_gemv)' if native_kernel() else 'torch int4'}")
     sides = {"flexlamps": lambda p: time_ours(llm, p, args.new_tokens)}
     if hf32 is not None:
         sides["hf-fp32"] = lambda p: time_theirs(hf32, p, args.new_tokens)

@@ -20,6 +20,7 @@ from flexlamps.engine.caches.state import StateCache
 from flexlamps.engine.executors.contract import TierUse
 from flexlamps.engine.executors.step import Step
 from flexlamps.models.blocks.linear import can_have_dense_twin, pack, with_dense_twin
+from flexlamps.models.loading.mapped_pages import release_mapped
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.forward import forward_for
 from flexlamps.models.weight_specs import weight_specs
@@ -45,6 +46,14 @@ def _with_dense_twins(layers: list[dict], dense_copies) -> list[dict]:
     return [{name: with_dense_twin(t, plain.get(f"{i}.{name}")) for name, t in w.items()} for i, w in enumerate(layers)]
 
 
+def _fused(fwd, weights: dict) -> dict:
+    """A layer's weights with its projections stacked (`fuse_weights`); the parts' pages of a
+    mapped weight cache given back, so the copy does not count them twice (`release_mapped`)."""
+    fused = fwd.fuse_weights(weights)
+    release_mapped([w for name, w in weights.items() if name not in fused])
+    return fused
+
+
 class InMemoryExecutor:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device | str = "cpu", dense_twins: bool = False,
@@ -65,7 +74,7 @@ class InMemoryExecutor:
         # unpacked weights the offloaded executor streams in (see models.linear).
         self.layer_weights = [{name: pack(t) for name, t in w.items()} for w in layers]  # norms stay as they are
         if hasattr(self.fwd, "fuse_weights"):  # 4-bit projections stacked into fewer kernel calls
-            self.layer_weights = [self.fwd.fuse_weights(w) for w in self.layer_weights]
+            self.layer_weights = [_fused(self.fwd, w) for w in self.layer_weights]
         if dense_twins:
             self.layer_weights = _with_dense_twins(self.layer_weights, dense_copies)
             self._weight_bytes = sum(t.nbytes for t in self.global_weights.values()) + sum(
