@@ -1,5 +1,5 @@
 """Every landed family's tiny checkpoint under one name (a "kind"): the HF folders the test
-builders save (dense, windowed, MoE, MLA, hybrid) and GGUF files in llama.cpp's layouts (dense
+builders save (dense, windowed, MoE, MLA, hybrid; a LLaMA in FP8 tiles) and GGUF files in llama.cpp's layouts (dense
 LLaMA in Q4_0 ... Q8_0 and the K-quants, MoE with quantized experts, DeepSeek-V2, gpt-oss with
 MXFP4 experts, the decoder families tests/decoder_gguf.py writes), each built once per (kind,
 vocabulary size) and kept in a folder.
@@ -51,6 +51,7 @@ def _kinds() -> dict[str, tuple[str, Callable[[Path, dict], Path]]]:
     for k in (*GROUPS["deepseek"], *GROUPS["hybrid"]):
         group = "deepseek" if k in GROUPS["deepseek"] else "hybrid"
         kinds[f"{group}:{k}"] = (CHECKPOINTS[k]["model_type"], lambda f, o, k=k: make_checkpoint(f, k, **o))
+    kinds["tiny:llama_gqa:fp8"] = ("llama", _fp8_llama)  # FP8 tiles, as DeepSeek ships its matrices
     for types in GGUF_LLAMA_TYPES:
         kinds[f"gguf:llama:{types}"] = ("llama", lambda f, o, t=types: _llama_gguf(f, t, o))
     for k in _GGUF_MOE_DENSE:
@@ -65,6 +66,13 @@ def _kinds() -> dict[str, tuple[str, Callable[[Path, dict], Path]]]:
     for k in ("olmoe", "glm4_moe"):
         kinds[f"gguf:{k}"] = (k, lambda f, o, k=k: _decoder_gguf(make_checkpoint(f / "hf", k, **o), f))
     return kinds
+
+
+def _fp8_llama(folder: Path, overrides: dict) -> Path:
+    from tests.checkpoints import to_fp8_checkpoint
+
+    to_fp8_checkpoint(make_checkpoint(folder / "hf", "llama_gqa", **overrides), folder / "fp8")
+    return folder / "fp8"
 
 
 def _decoder_gguf(hf: Path, folder: Path) -> Path:

@@ -2,12 +2,11 @@
 whatever runs beside it.
 
 Drawn: a family and weight kind (dense, MoE, MLA, hybrid DeltaNet; float weights, 4-bit blocks,
-Q8_0, K-quants and the 5-bit form, MXFP4 experts), a dtype, an executor (in memory, or offloaded
+Q8_0, K-quants and the 5-bit form, MXFP4 experts, FP8 tiles), a dtype, an executor (in memory, or offloaded
 by a placement over tight budgets), a batch (1-6 prompts of mixed lengths, maybe sharing a
 prefix the batch face computes once), the batch size, greedy or seeded sampling. Each prompt's
 tokens and the log-probability of each (a function of its whole logits row) must equal those
-of the prompt run alone on the same executor, bit for bit (the offload executor's equal the
-in-memory one's: tests/integration/test_offload_in_place_blocks.py). Whatever kernels this machine
+of the prompt run alone on the in-memory executor, bit for bit (an offloaded batch included). Whatever kernels this machine
 runs take part ($FLEXLAMPS_NATIVE_KERNELS=0: torch's only), so the rule is checked on them.
 """
 
@@ -26,7 +25,8 @@ from flexlamps.engine.batch.sampling import SamplingParams
 from tests.checkpoint_zoo import CheckpointZoo
 
 # family / weight kind -> a tiny checkpoint of it (tests/checkpoint_zoo.py)
-MODELS = ("tiny:llama_gqa", "moe:qwen2_moe:narrow", "deepseek:deepseek_v3", "hybrid:qwen3_5_text",
+MODELS = ("tiny:llama_gqa", "moe:qwen2_moe:narrow", "deepseek:deepseek_v3", "tiny:llama_gqa:fp8",
+          "hybrid:qwen3_5_text",
           "hybrid:qwen3_next", "gguf:llama:Q4_0", "gguf:llama:Q8_0", "gguf:llama:Q4_K_M", "gguf:llama:Q5_1",
           "gguf:mixtral:Q8_0", "gguf:gpt_oss_mxfp4")
 SHARED_PREFIX = 18  # tokens every prompt of a batch starts with, when drawn (generate reuses 16 or more)
@@ -93,8 +93,9 @@ def _check(engines, case: dict) -> None:
     prompts = _prompts(case, min(llm.config.vocab_size, llm.tokenizer.vocab_size))
     params = [_params(case, i) for i in range(len(prompts))]
     together = _outputs(llm, prompts, params, case["batch"])
+    solo = engines(case["model"], case["dtype"], False)  # offloaded or not: the in-memory engine's bits
     for i, (prompt, p) in enumerate(zip(prompts, params)):
-        alone = _outputs(llm, [prompt], [p], 1)[0]
+        alone = _outputs(solo, [prompt], [p], 1)[0]
         assert together[i] == alone, (i, case)
 
 
