@@ -12,9 +12,9 @@ import dataclasses
 from typing import Callable, Sequence
 
 from flexlamps.agents.api import run_agents
-from flexlamps.engine.batch.generate import RequestOutput, generate, shared_prefix_length
+from flexlamps.engine.batch.generate import ContextOverflowError, RequestOutput, generate, shared_prefix_length
 from flexlamps.engine.batch.grammar import JsonGrammars
-from flexlamps.engine.batch.sampling import SamplingParams
+from flexlamps.engine.batch.sampling import NonFiniteLogitsError, SamplingParams
 from flexlamps.engine.batch.scoring import (PrefixScorer, PrefixStats, ScoreLimits, ScoreOutput, planning_positions,
                                             split_tokens)
 from flexlamps.host_allocator import keep_freed_memory
@@ -25,7 +25,15 @@ from flexlamps.run_plan.build import build_executor, machine_inputs, with_measur
 from flexlamps.settings import AugmentedSettings, RunSettings
 import placement
 
-__all__ = ["LLM", "RunSettings", "SamplingParams", "RequestOutput", "ScoreOutput"]
+__all__ = ["LLM", "RunSettings", "SamplingParams", "RequestOutput", "ScoreOutput", "JsonGrammars", "open_model",
+           "ContextOverflowError", "NonFiniteLogitsError"]
+
+
+def open_model(model: str, cache_dir=None):
+    """(checkpoint reader, placement.ModelSpec) of `model`, no weight read: its config, tokenizer
+    and description, for a caller that checks a run before (or without) building an engine."""
+    reader = open_checkpoint(model, cache_dir)
+    return reader, model_spec(reader.config, reader.hf_config)
 
 
 def planning_lengths(prompt_ids: Sequence[list[int]]) -> tuple[int, int]:

@@ -13,14 +13,12 @@ import time
 import click
 
 from flexlamps import fault_points
+from flexlamps.api import ContextOverflowError, JsonGrammars, NonFiniteLogitsError, open_model
 from flexlamps.commands.memory import check_max_rss, fill_cap
 from flexlamps.commands.options import (ByteSize, check_model, check_offload_dir, check_policy, engine_settings, model_options,
                                         offload_options, peak_rss_mib, ray_options)
 from flexlamps.distributed.cluster import DistributedError, ray_cluster
 from flexlamps.distributed.generate import generate_on_ray
-from flexlamps.engine.batch.generate import ContextOverflowError
-from flexlamps.engine.batch.grammar import JsonGrammars
-from flexlamps.engine.batch.sampling import NonFiniteLogitsError
 from flexlamps.generate_job import (
     GenerateSettings,
     encode_or_error_rows,
@@ -32,10 +30,6 @@ from flexlamps.generate_job import (
 from flexlamps.io.prompts import PromptFileError
 from flexlamps.io.records import canonical_schema
 from flexlamps.io.results import ResultsError
-from flexlamps.models.config import UnsupportedModelError
-from flexlamps.models.description import model_spec
-from flexlamps.models.loading.checkpoint import CheckpointError
-from flexlamps.models.loading.registry import UnknownModelError, open_checkpoint
 from offload import BudgetExceededError, PathInUseError, compute_device
 from placement import InfeasiblePlanError
 
@@ -256,8 +250,8 @@ def _check_max_rss(settings, max_rss: int, num_prompts: int, llm) -> None:
 
     if llm is None:
 
-        reader = open_checkpoint(settings.run.model, settings.run.cache_dir or None)
-        check_max_rss(settings, max_rss, num_prompts, reader, model_spec(reader.config, reader.hf_config))
+        reader, spec = open_model(settings.run.model, settings.run.cache_dir or None)
+        check_max_rss(settings, max_rss, num_prompts, reader, spec)
     else:
         check_max_rss(settings, max_rss, num_prompts, llm.reader, llm.model_spec)
 
@@ -326,7 +320,7 @@ _LOAD_ERRORS = (ValueError, OSError, MemoryError)  # MemoryError: a tier budget 
 
 
 def _load_engine(settings, prepare: bool = True):
-    """The run's LLM (UnknownModelError, UnsupportedModelError and CheckpointError are ValueErrors)."""
+    """The run's LLM (an unknown or unsupported model and a damaged checkpoint are ValueErrors)."""
     try:
         return settings.load_llm(prepare)
     except _LOAD_ERRORS as e:
@@ -395,8 +389,8 @@ def _encode_on_driver(settings, job, strict: bool):
     """Check the model and every prompt's length here, before any cluster starts."""
 
     try:
-        reader = open_checkpoint(settings.run.model)
-    except (UnknownModelError, UnsupportedModelError, CheckpointError, ValueError, OSError) as e:
+        reader, _ = open_model(settings.run.model)
+    except (ValueError, OSError) as e:  # an unknown or unsupported model, a damaged checkpoint
         raise click.ClickException(str(e))
 
     return _encode(reader.tokenizer, reader.config.max_position, job, settings, strict,

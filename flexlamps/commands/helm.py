@@ -133,7 +133,7 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
       flexlamps helm --scenario mmlu:subject=anatomy --scenario demo \\
           --suite s1 --max-eval-instances 50 --num-shots 5
     """
-    from flexlamps.engine.batch.sampling import NonFiniteLogitsError  # lazy (torch): as load_llm
+    from flexlamps.api import NonFiniteLogitsError  # lazy (torch): as load_llm
 
     if not scenarios and not scenario_files:
         raise click.UsageError("give at least one --scenario or --scenario-file (try --scenario demo)")
