@@ -93,10 +93,10 @@ def _auto_bytes_per_param(reader, twins: bool = True) -> float:
 def check_max_rss(settings, max_rss: int, num_prompts: int, reader, model) -> None:
     """Refuse (before loading the weights) a run whose planned memory exceeds `max_rss`; `reader`
     and `model`: the run's checkpoint reader and its `placement.ModelSpec` (an unprepared LLM's)."""
-    run = settings.run
     from flexlamps.engine.caches.dense import held_dtype  # lazy (torch): `flexlamps plan` imports this module
-    from flexlamps.models.blocks.coded_weights import prompts_run_on_codes
+    from flexlamps.models.blocks.coded_weights import prompts_run_on_codes  # lazy (torch): as above
 
+    run = settings.run
     dtype = run.resolve_dtype(reader)
     per_param = _WEIGHT_BYTES.get(run.dtype) or _auto_bytes_per_param(reader, twins=not prompts_run_on_codes(dtype))
     budgets = _offload_budgets(run)

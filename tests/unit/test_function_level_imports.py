@@ -62,8 +62,11 @@ def function_level_imports(source: str) -> list[ast.stmt]:
 
 
 def has_reason(lines: list[str], node: ast.stmt) -> bool:
-    """A `# lazy (cycle|torch|extra): ...` comment on one of the import's lines or the line above it."""
-    return any(REASON.search(line) for line in lines[max(node.lineno - 2, 0):node.end_lineno])
+    """A `# lazy (cycle|torch|extra): ...` comment on one of the import's lines, or alone on the line
+    above it (not another import's: each import says its own)."""
+    above = lines[node.lineno - 2] if node.lineno >= 2 else ""
+    own = lines[node.lineno - 1:node.end_lineno] + ([above] if above.lstrip().startswith("#") else [])
+    return any(REASON.search(line) for line in own)
 
 
 @functools.lru_cache(maxsize=1)
@@ -90,11 +93,12 @@ def test_the_counter_sees_only_project_imports_inside_functions():
 def test_a_reason_is_a_lazy_comment_on_the_import_or_above_it():
     source = ("def f():\n    # lazy (cycle): a imports b\n    from a import b\n"
               "def g():\n    from c import d  # lazy (torch): keeps plan light\n"
-              "def h():\n    # a comment of another kind\n    from e import f\n")
+              "def h():\n    # a comment of another kind\n    from e import f\n"
+              "def k():\n    from a import b  # lazy (torch): a reason\n    from g import h\n")
     lines = source.splitlines()
     tree = ast.parse(source)
     nodes = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
-    assert [has_reason(lines, n) for n in nodes] == [True, True, False]
+    assert [has_reason(lines, n) for n in nodes] == [True, True, False, True, False]
 
 
 def test_every_kept_function_level_import_says_why():
