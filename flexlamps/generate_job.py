@@ -22,6 +22,7 @@ from flexlamps.io.fingerprint import RecordFingerprint, model_fingerprint, stabl
 from flexlamps.io.openai_output import error_line, response_line
 from flexlamps.io.prompts import PromptRecord, read_prompts
 from flexlamps.io.results import ResumableResults
+from flexlamps.planning.policy_choice import load_policy
 from flexlamps.settings import RunSettings
 
 
@@ -87,18 +88,30 @@ class PendingJob:
         return [r.id for r in self.records]
 
 
+def policy_compression(policy) -> dict:
+    """What of a policy (a JSON file's path, a `placement.Policy`, "auto" or None) changes a
+    record's bits: the compression it turns on and its layout. Tier fractions, budgets, batching
+    and merged decode are placement: the offload executor gives the in-memory bits under any
+    (`docs/generate.md`), so records made under any placement are resumed by any other."""
+    if policy is None or policy == "auto":
+        return {}
+    policy = load_policy(policy) if isinstance(policy, (str, Path)) else policy
+    if not (policy.compress_weight or policy.compress_cache):
+        return {}
+    return {"policy_compression": [policy.compress_weight, policy.compress_cache, policy.compression.to_json(None)]}
+
+
 def record_fingerprints(settings: GenerateSettings, records: list[PromptRecord]) -> dict[str, RecordFingerprint]:
     """Each prompt's RecordFingerprint: the model file's content, the options that shape the
-    output (dtype, compression, chat, sampling), the prompt's id (it seeds sampling), text and
-    copied fields. Placement and batching are left out: they do not change a record."""
+    output (dtype, compression, a policy's included, chat, sampling), the prompt's id (it seeds
+    sampling), text and copied fields. Placement and batching are left out: they do not change a record."""
     run = settings.run
     shaping = {k: getattr(run, k) for k in ("dtype", "compress_weight", "compress_cache", "weight_quant")}
     shaping.update({k: getattr(settings, k) for k in (
         "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs", "ignore_eos", "chat")})
     if settings.json_schema is not None:
         shaping["json_schema"] = settings.json_schema
-    if run.policy != "auto":  # a policy file may turn compression on
-        shaping["policy"] = stable_hash(Path(run.policy).read_text())
+    shaping.update(policy_compression(run.policy))
     model, options = model_fingerprint(run.model), stable_hash(shaping)
     return {r.id: RecordFingerprint(model=model, options=options, prompt=stable_hash(r.identity())) for r in records}
 
