@@ -14,7 +14,10 @@ sharing a long opening so prefix reuse is exercised), not read from a file, so a
 | killed after 5 records and resumed, batch 32 | the same, uninterrupted |
 
     python scripts/check_batch_invariance.py [--model smollm2-135m] [--dtype auto] [--num-prompts 24] \\
-        [--new-tokens 24] [--prompt-seed 0] [--runs batch7,batch32,offloaded,ray,sampled,resume]
+        [--new-tokens 24] [--prompt-seed 0] [--prompts FILE] [--runs batch7,batch32,offloaded,ray,sampled,resume]
+
+`--prompts` takes prompts of your own instead (one a line, or JSONL with "prompt"), held out from
+whoever tuned the engine; `--model` any model `generate` takes (a tiny MoE or hybrid checkpoint too).
 
 Prints one table row per run (texts equal / prompts); exits 1 when any differs.
 """
@@ -51,6 +54,12 @@ def make_prompts(num: int, seed: int) -> list[str]:
         text = " ".join(words[: rng.randint(3, len(words))])
         prompts.append(f"{opening} {text}" if i % 4 == 3 else text.capitalize())
     return prompts
+
+
+def read_prompts(path: Path) -> list[str]:
+    """A file's prompts: JSONL lines' "prompt", or each non-empty line as it is."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line)["prompt"] if line.lstrip().startswith("{") else line for line in lines]
 
 
 def run_generate(args, prompts: Path, out: Path, extra: list[str], env: dict | None = None) -> int:
@@ -95,14 +104,16 @@ def main() -> int:
     ap.add_argument("--num-prompts", type=int, default=24)
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--prompt-seed", type=int, default=0)
+    ap.add_argument("--prompts", type=Path, help="prompts of your own (one a line, or JSONL with 'prompt')")
     ap.add_argument("--runs", default="batch7,batch32,offloaded,ray,sampled,resume")
     args = ap.parse_args()
     runs = args.runs.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         prompts = folder / "prompts.jsonl"
-        prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n"
-                                   for i, p in enumerate(make_prompts(args.num_prompts, args.prompt_seed))))
+        texts_in = read_prompts(args.prompts) if args.prompts else make_prompts(args.num_prompts, args.prompt_seed)
+        args.num_prompts = len(texts_in)
+        prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(texts_in)))
         ref = produce(args, prompts, folder, "batch1", ["--batch-size", "1"])
         rows = []
         for name, extra in (("batch7", ["--batch-size", "7"]), ("batch32", ["--batch-size", "32"]),
