@@ -10,11 +10,11 @@ import os
 
 import click
 
+from flexlamps.agents.api import measure_cost
 from flexlamps.agents.report import policy_summary, print_table, task_records, write_json_atomic, write_jsonl_atomic
 from flexlamps.agents.run import LiveSettings, run_tasks
 from flexlamps.agents.selfdebug import recheck_records
 from flexlamps.commands.agents_setup import load_planned
-from flexlamps.engine.augmented.run import measure_cost
 
 
 def run_live(*, workload, run, augmented, schedulers, max_new_tokens, rounds, tool_workers, out_dir: str,

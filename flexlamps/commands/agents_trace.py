@@ -4,6 +4,7 @@ each output against its uninterrupted generation, reported and written to OUT/su
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -11,15 +12,13 @@ from dataclasses import dataclass
 import click
 from tqdm import tqdm
 
+from flexlamps.agents.api import measure_cost
+from flexlamps.agents.trace_replay import replay_trace
 from flexlamps.api import LLM
 from flexlamps.commands.agents_setup import load_planned
 from flexlamps.commands.simulate import _write_json
-from flexlamps.engine.augmented.engine import CpuClock, WallClock
-from flexlamps.engine.augmented.reference import uninterrupted_tokens
-from flexlamps.engine.augmented.run import measure_cost, run_policy_on_engine
-from flexlamps.sim.metrics import summarize
 from flexlamps.sim.plots import plot_cdf, plot_vs_load
-from flexlamps.workloads.tokenized import TraceScale, load_trace, replay_requests
+from flexlamps.workloads.tokenized import TraceScale, load_trace
 from flexlamps.workloads.trace import load_templates
 from placement import format_bytes
 
@@ -51,9 +50,14 @@ def run_trace(trace_path: str, run, augmented, scale: TraceScale, replay: TraceR
         click.echo(_VERIFY_LOW_PRECISION.format(str(llm.dtype).removeprefix("torch.")), err=True)
     click.echo("measuring the cost model on this machine ...")
     cost = measure_cost(llm.executor, plan.pools, augmented.max_context, cpu_clock=replay.clock == "cpu")
-    plain = _reference_executor(llm) if replay.verify else None
+    if scale.max_context >= cost.gpu_kv_tokens:
+        raise click.ClickException(f"--max-context {scale.max_context} does not fit the gpu KV pool "
+                                   f"({cost.gpu_kv_tokens} tokens); raise --gpu-kv-mem or lower --max-context")
     try:
-        results = _run_all(llm.executor, llm.config, plain, templates, scale, plan.pools, cost, replay)
+        results = replay_trace(llm.executor, llm.config, templates, scale, plan.pools, cost,
+                               policies=replay.schedulers, qps=replay.qps, num_requests=replay.num_requests,
+                               seed=replay.seed, clock=replay.clock,
+                               reference=_reference_executor(llm) if replay.verify else None, progress=_bar)
     except ValueError as e:  # NonFiniteLogitsError: a model whose weights hold NaN
         raise click.ClickException(f"--model {run.model}: {e}") from None
     _report(results, trace_path, out_dir, replay.plots, dict(
@@ -63,27 +67,11 @@ def run_trace(trace_path: str, run, augmented, scale: TraceScale, replay: TraceR
     llm.close()
 
 
-def _run_all(executor, model_config, plain, templates, scale, config, cost, replay: TraceReplay):
-    """Every (rate, policy) run on `executor`; `plain`: the executor each output is checked against
-    (with --verify), else None."""
-    results = []
-    for load in replay.qps:
-        pool_tokens = cost.gpu_kv_tokens
-        if scale.max_context >= pool_tokens:
-            raise click.ClickException(f"--max-context {scale.max_context} does not fit the gpu KV pool "
-                                       f"({pool_tokens} tokens); raise --gpu-kv-mem or lower --max-context")
-        requests = replay_requests(model_config, templates, scale, load, replay.num_requests, replay.seed)
-        expected = uninterrupted_tokens(plain, requests) if plain is not None else None
-        for policy in replay.schedulers:
-            with tqdm(total=len(requests), desc=f"{policy} qps {load:g}", unit="req", leave=False) as bar:
-                res = run_policy_on_engine(executor, requests, policy, config, cost, on_finish=lambda rec: bar.update(),
-                                           clock=CpuClock() if replay.clock == "cpu" else WallClock())
-            mismatched = None
-            if expected is not None:
-                mismatched = sorted(rid for rid, toks in res.tokens.items() if toks != expected[rid])
-            summary = summarize(res.records, policy, load, res.end_time)
-            results.append((summary, res, mismatched))
-    return results
+@contextlib.contextmanager
+def _bar(policy: str, qps: float, total: int):
+    """A progress bar of one (policy, rate) run; the callback it gives ticks per finished request."""
+    with tqdm(total=total, desc=f"{policy} qps {qps:g}", unit="req", leave=False) as bar:
+        yield lambda record: bar.update()
 
 
 _VERIFY_LOW_PRECISION = (
