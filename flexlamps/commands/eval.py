@@ -56,7 +56,8 @@ def _require_lm_eval() -> None:
 @click.option("--bootstrap-iters", type=click.IntRange(min=0), default=100000, show_default=True,
               help="Bootstrap resamples for the stderr of non-mean metrics (0: none).")
 @click.option("--chunk-tokens", type=click.IntRange(min=1), default=16384, show_default=True,
-              help="Tokens of requests scored per engine call: the unit of progress and of what a killed run keeps.")
+              help="Tokens computed per engine call (a shared prefix once): the unit of progress and of what a killed "
+                   "run keeps.")
 @click.option("--overwrite", is_flag=True, help="Answer every request again instead of resuming from the cache.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bars.")
 def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight, compress_cache, weight_quant,

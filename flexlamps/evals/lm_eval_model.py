@@ -45,7 +45,7 @@ class FlexlampsLM(TemplateLM):
             and its generation); default the model's context, as HFLM takes it from the config.
         max_gen_toks: generation length when a task does not say (HFLM's 256).
         seed: base of each sampled generation's seed (derived from it and the prompt).
-        chunk_tokens: tokens of requests scored per engine call: the unit of progress and resume.
+        chunk_tokens: tokens computed per engine call (a shared prefix once): the unit of progress and resume.
         progress: show progress bars.
     """
 
