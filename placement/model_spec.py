@@ -1,8 +1,8 @@
 """`ModelSpec`: the shape numbers of a decoder-only model, built by its family from its one
 description (`flexlamps.models.description.model_spec`) or stored (`placement.model_preset`).
 
-Counts the real tensors of each architecture (q/k/v/o with GQA or MLA, gate/up/down or
-fc1/fc2, norms, biases, MoE experts and router) so sizes match what the engine allocates, and
+Weight sizes, matrix counts and FLOPs are sums over `tensors`, the table of every weight the
+family lists (the tensors the engine allocates); the shape numbers give the attention's work and
 the bytes each token adds to the cache per layer:
   - MHA / GQA: K and V, `2 * num_kv_heads * head_dim` elements;
   - MLA (DeepSeek-V3.x): the compressed latent plus the shared RoPE key,
@@ -26,8 +26,6 @@ from quant.fp8_layout import WEIGHT_BLOCK, fp8_vector_bytes, fp8_weight_bytes, l
 
 ARCHES = ("llama", "opt", "mla")
 STORAGE_FORMATS = ("dense", "fp8", "mxfp4")
-# stored bytes per parameter of an MXFP4 expert matrix (gpt-oss): a 4-bit code and a byte per 32
-_MXFP4_MATRIX_BYTES = 0.5 + 1 / 32
 # stored bytes per parameter of a 2-D weight in FP8: one byte plus its tile's fp32 scale
 _FP8_MATRIX_BYTES = fp8_weight_bytes(*WEIGHT_BLOCK) / (WEIGHT_BLOCK[0] * WEIGHT_BLOCK[1])
 # Attention scores are materialized for at most this many queries at a time (fused attention
@@ -59,10 +57,7 @@ class ModelSpec(JsonMixin):
     intermediate_size: int  # dense FFN width
     vocab_size: int
     dtype: str = "fp16"  # storage / compute dtype of the uncompressed weights and cache
-    qkv_bias: bool = False  # qwen2, OPT
-    attention_vectors: int = 0  # per layer beyond q/k/v biases and norms: q/k norms, o bias, sinks (llama arch)
     tie_word_embeddings: bool = False
-    num_learned_positions: int = 0  # OPT's learned position table rows
     # MLA (zero when not MLA)
     q_lora_rank: int = 0  # 0: plain q projection
     kv_lora_rank: int = 0
@@ -79,9 +74,6 @@ class ModelSpec(JsonMixin):
     moe_intermediate_size: int = 0
     num_dense_layers: int = 0  # layers with a dense FFN (first_k_dense_replace, Qwen's mlp_only_layers)
     shared_intermediate_size: int = -1  # total width of the shared experts; -1: num_shared_experts experts
-    moe_router_bias: bool = True  # a per-expert router bias (DeepSeek-V3's score correction, gpt-oss's)
-    shared_expert_gate: bool = False  # Qwen2-MoE: the shared expert's (1, hidden) sigmoid gate
-    expert_bias: bool = False  # gpt-oss: biases on every expert projection
     # how often tokens route to each expert, measured on the user's prompts (`flexlamps profile
     # --prompts`): the expected distinct experts a step reads follow it. None: uniform routing
     routing: RoutingProfile | None = None
@@ -103,8 +95,8 @@ class ModelSpec(JsonMixin):
     # no layer slides
     layer_windows: tuple[int, ...] = ()
     # every weight, a row per tensor of a layer, as the model's family lists them
-    # (flexlamps.models.description.tensor_table); None: a description from shape numbers alone
-    tensors: TensorTable | None = None
+    # (flexlamps.models.description.tensor_table): what the sizes below sum
+    tensors: TensorTable
 
     def __post_init__(self):
         if self.arch not in ARCHES:
@@ -139,6 +131,14 @@ class ModelSpec(JsonMixin):
             raise ValueError("ModelSpec: a hybrid model (arch 'llama') needs fewer linear layers than layers and "
                              "linear_num_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel")
         self._check_windows()
+        self._check_tensors()
+
+    def _check_tensors(self) -> None:
+        if not isinstance(self.tensors, TensorTable) or self.tensors.num_layers != self.num_layers:
+            raise ValueError(f"ModelSpec.tensors must be the TensorTable of the model's {self.num_layers} layers "
+                             "(flexlamps.models.description.model_spec builds both)")
+        if self.tensors.dtype != self.dtype:  # the model re-dtyped (a run's compute dtype): its dense tensors too
+            object.__setattr__(self, "tensors", self.tensors.in_dtype(self.dtype))
 
     def _check_windows(self) -> None:
         windows = tuple(self.layer_windows)  # a list from JSON
@@ -196,69 +196,10 @@ class ModelSpec(JsonMixin):
             return 0.0
         return self.num_linear_layers * self.linear_state_bytes() / self.num_layers
 
-    def _linear_param_count(self) -> int:
-        """One DeltaNet mixer with its input norm: q|k|v|z and b|a projections, conv taps, A_log,
-        dt_bias, the gated norm, out_proj."""
-        h, heads = self.hidden_size, self.linear_num_value_heads
-        value_dim = heads * self.linear_value_head_dim
-        conv = self._linear_conv_dim()
-        return (h * (conv + value_dim + 2 * heads) + conv * self.linear_conv_kernel + 2 * heads
-                + self.linear_value_head_dim + value_dim * h + h)
-
-    # ---- sizes ---------------------------------------------------------------------------
+    # ---- weights: sums over the family's table ------------------------------------------------
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
-
-    def attention_param_count(self) -> int:
-        """Parameters of one attention block, its input norm included."""
-        h, nh = self.hidden_size, self.num_heads
-        if self.arch == "mla":
-            return self._mla_param_count()
-        q_dim, kv_dim = nh * self.head_dim, self.num_kv_heads * self.head_dim
-        if self.num_linear_layers:  # gated attention (q_proj twice as wide, q/k norms), averaged with DeltaNet
-            full = 2 * h * q_dim + 2 * h * kv_dim + q_dim * h + 2 * self.head_dim + h
-            return round(self.full_attention_share * full
-                         + (1 - self.full_attention_share) * self._linear_param_count())
-        count = h * q_dim + 2 * h * kv_dim + q_dim * h  # q, k, v, o
-        if self.arch == "opt":
-            count += q_dim + 2 * kv_dim + h  # biases of q, k, v, o
-            count += 2 * h  # layernorm weight + bias
-        else:
-            count += (q_dim + 2 * kv_dim) if self.qkv_bias else 0
-            count += h + self.attention_vectors  # rmsnorm, q/k norms, o bias, sinks
-        return count
-
-    def _mla_param_count(self) -> int:
-        h, nh = self.hidden_size, self.num_heads
-        qk_dim = self.head_dim + self.qk_rope_head_dim  # head_dim holds qk_nope_head_dim
-        if self.q_lora_rank:
-            count = h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * nh * qk_dim
-        else:
-            count = h * nh * qk_dim
-        count += h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank  # kv_a + norm
-        count += self.kv_lora_rank * nh * (self.head_dim + self.v_head_dim)  # kv_b
-        count += nh * self.v_head_dim * h + h  # o_proj + input norm
-        if self.index_head_dim:
-            q_in = self.q_lora_rank or h
-            count += q_in * self.index_num_heads * self.index_head_dim  # indexer wq_b
-            count += h * self.index_head_dim + 2 * self.index_head_dim  # wk + k layernorm
-            count += h * self.index_num_heads  # per-head weights projection
-        return count
-
-    def ffn_param_count(self, *, moe: bool, active_only: bool = False) -> int:
-        """Parameters of one FFN block (its norm included); `active_only`: those a token uses."""
-        h = self.hidden_size
-        if self.arch == "opt":
-            return 2 * h * self.intermediate_size + self.intermediate_size + h + 2 * h
-        if not moe:
-            return 3 * h * self.intermediate_size + h
-        experts = self.num_experts_per_token if active_only else self.num_experts
-        f = self.moe_intermediate_size
-        expert = 3 * h * f + (2 * f + h if self.expert_bias else 0)
-        router = h * self.num_experts + (self.num_experts if self.moe_router_bias else 0)
-        shared = 3 * h * self.shared_width + (h if self.shared_expert_gate else 0)
-        return experts * expert + shared + router + h
 
     @property
     def shared_width(self) -> int:
@@ -277,66 +218,34 @@ class ModelSpec(JsonMixin):
     def _num_moe_layers(self) -> int:
         return max(self.num_layers - self.num_dense_layers, 0) if self.num_experts else 0
 
+    def _per_layer(self, value, rows=None) -> float:
+        """The average layer's sum of `value(row) * copies` over the layers' rows (or `rows`)."""
+        rows = self.tensors.layered_rows if rows is None else rows
+        return sum(value(r) * len(r.layers) for r in rows) / self.num_layers
+
     def layer_param_count(self, *, active_only: bool = False) -> float:
-        """Parameters of one decoder layer, averaged over dense and MoE layers."""
-        num_moe = self._num_moe_layers()
-        ffn = ((self.num_layers - num_moe) * self.ffn_param_count(moe=False)
-               + num_moe * self.ffn_param_count(moe=True, active_only=active_only))
-        return self.attention_param_count() + ffn / self.num_layers
+        """Parameters of one decoder layer, averaged over the layers; `active_only`: those a token uses."""
+        return self._per_layer(lambda r: r.numel * (r.active if active_only else r.copies))
 
     def vector_param_count(self) -> float:
-        """Parameters of one (average) layer outside 2-D matrices: norms, biases, the MoE
-        score bias. These stay uncompressed when weights are quantized."""
-        h = self.hidden_size
-        if self.arch == "opt":
-            q_dim = self.num_heads * self.head_dim
-            attention = q_dim + 2 * self.num_kv_heads * self.head_dim + h + 2 * h
-            return attention + self.intermediate_size + h + 2 * h
-        count = 2 * h + self.attention_vectors  # input and post-attention norms, q/k norms, o bias, sinks
-        if self.arch == "llama" and self.qkv_bias:
-            count += (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
-        if self.arch == "mla":
-            count += (self.q_lora_rank or 0) + self.kv_lora_rank + 2 * self.index_head_dim
-        f = self.moe_intermediate_size
-        moe = (self.num_experts if self.moe_router_bias else 0) + (
-            self.num_experts * (2 * f + self.hidden_size) if self.expert_bias else 0)
-        count += moe * self._moe_share()
-        if self.num_linear_layers:  # q/k norms; conv taps, A_log, dt_bias and the gated norm
-            linear = (self._linear_conv_dim() * self.linear_conv_kernel + 2 * self.linear_num_value_heads
-                      + self.linear_value_head_dim)
-            count += self.full_attention_share * 2 * self.head_dim + (1 - self.full_attention_share) * linear
-        return count
+        """Parameters of one (average) layer outside 2-D matrices: norms, biases, the MoE score
+        bias, DeltaNet's conv taps. These stay uncompressed when weights are quantized."""
+        return self._per_layer(lambda r: 0 if r.is_2d_matrix else r.numel * r.copies)
 
     def uncompressed_matrix_param_count(self) -> float:
         """Parameters of one (average) layer's 2-D weights the engine never compresses: MLA's
         kv_b_proj (sliced per head for the absorbed attention), the indexer's head weights and
-        the MoE router (small, run in fp32)."""
-        routers = (self.num_experts + (1 if self.shared_expert_gate else 0)) * self.hidden_size * self._moe_share()
-        if self.arch != "mla":
-            return routers
-        count = self.kv_lora_rank * self.num_heads * (self.head_dim + self.v_head_dim)
-        count += self.hidden_size * self.index_num_heads if self.index_head_dim else 0
-        return count + routers
+        the MoE routers (small, run in fp32)."""
+        return self._per_layer(lambda r: r.numel * r.copies if r.is_2d_matrix and r.kind != "linear" else 0)
 
     @property
     def matrix_bytes_per_param(self) -> float:
         """Stored bytes of one parameter of a layer's 2-D weights (FP8: its share of the scales too)."""
         return _FP8_MATRIX_BYTES if self.weight_format == "fp8" else self.dtype_bytes
 
-    def _stored_bytes(self, params: float, experts: float | None = None) -> float:
-        """Bytes of `params` parameters of the average layer, vectors staying in dtype; MXFP4
-        checkpoints keep the routed experts' matrices (`experts` of them, default all) 4-bit."""
-        vectors = self.vector_param_count()
-        out = (params - vectors) * self.matrix_bytes_per_param + vectors * self.dtype_bytes
-        if self.weight_format == "mxfp4":
-            experts = self.num_experts if experts is None else experts
-            matrices = experts * 3 * self.hidden_size * self.moe_intermediate_size * self._moe_share()
-            out -= matrices * (self.matrix_bytes_per_param - _MXFP4_MATRIX_BYTES)
-        return out
-
     def weight_bytes_per_layer(self) -> float:
         """Stored bytes of one decoder layer (the average layer, for MoE models)."""
-        return self._stored_bytes(self.layer_param_count())
+        return self._per_layer(lambda r: r.stored_bytes * r.copies)
 
     def expected_experts(self, num_tokens: float) -> float:
         """Expected distinct routed experts `num_tokens` tokens pick in the average MoE layer: from
@@ -349,16 +258,14 @@ class ModelSpec(JsonMixin):
             return self.routing.mean_expected_distinct(num_tokens, layers)
         return self.num_experts * (1 - (1 - self.num_experts_per_token / self.num_experts) ** num_tokens)
 
+    def _routed_copies(self, row, num_tokens: float) -> float:
+        """Copies of `row` that `num_tokens` tokens use: the experts some token picks, or all."""
+        return self.expected_experts(num_tokens) if row.routed else row.copies
+
     def weight_bytes_touched_per_layer(self, num_tokens: float) -> float:
         """Bytes of one (average) layer that `num_tokens` tokens read: with MoE, only the
         routed experts some token picks (`expected_experts`)."""
-        num_moe = self._num_moe_layers()
-        if not num_moe:
-            return self.weight_bytes_per_layer()
-        expert = 3 * self.hidden_size * self.moe_intermediate_size
-        untouched = self.num_experts - self.expected_experts(num_tokens)  # experts nobody picked
-        return self._stored_bytes(self.layer_param_count() - num_moe / self.num_layers * untouched * expert,
-                                  self.num_experts - untouched)
+        return self._per_layer(lambda r: r.stored_bytes * self._routed_copies(r, num_tokens))
 
     def routed_expert_bytes_per_layer(self) -> float:
         """Stored bytes of the average layer's routed experts: what a step stages only as its
@@ -368,46 +275,22 @@ class ModelSpec(JsonMixin):
     def matrices_per_layer(self, num_tokens: float) -> float:
         """2-D weight matrices of one (average) layer that `num_tokens` tokens use (what
         compressed weights decompress matrix by matrix); MoE counts the experts some token picks."""
-        if self.arch == "mla":
-            attention = (2 if self.q_lora_rank else 1) + 3 + (3 if self.index_head_dim else 0)
-        else:
-            attention = 4  # q, k, v, o
-        dense_ffn = 2 if self.arch == "opt" else 3
-        num_moe = self._num_moe_layers()
-        if not num_moe:
-            return attention + dense_ffn
-        moe_ffn = 3 * self.expected_experts(num_tokens) + (3 if self.shared_width else 0) + 1  # + the router
-        return attention + ((self.num_layers - num_moe) * dense_ffn + num_moe * moe_ffn) / self.num_layers
+        return self._per_layer(lambda r: self._routed_copies(r, num_tokens) if r.is_2d_matrix else 0)
 
     def layer_matrix_shapes(self) -> list[tuple[int, int]]:
-        """(out_features, in_features) of one layer's distinct weight matrices, as the engine
-        runs them: what a machine profile for this model times its GEMMs and decompression on.
-        MoE layers list one routed expert's matrices (every expert has the same shape)."""
-        h, nh, hd = self.hidden_size, self.num_heads, self.head_dim
-        if self.arch == "mla":
-            qk_dim = hd + self.qk_rope_head_dim
-            q = ([(self.q_lora_rank, h), (nh * qk_dim, self.q_lora_rank)] if self.q_lora_rank
-                 else [(nh * qk_dim, h)])
-            attention = q + [(self.kv_lora_rank + self.qk_rope_head_dim, h),
-                             (nh * (hd + self.v_head_dim), self.kv_lora_rank), (h, nh * self.v_head_dim)]
-        else:
-            kv = self.num_kv_heads * hd
-            attention = [(nh * hd, h), (kv, h), (kv, h), (h, nh * hd)]
-        if self.arch == "opt":
-            return attention + [(self.intermediate_size, h), (h, self.intermediate_size)]
-        width = self.moe_intermediate_size if self._num_moe_layers() else self.intermediate_size
-        return attention + [(width, h), (width, h), (h, width)]
+        """(out_features, in_features) of the matrices the layers multiply (the MoE layers' where
+        there are any), in the family's order, a row's once (a layer's routed experts share one):
+        what a machine profile for this model times its GEMMs and decompression on."""
+        moe_layers = {j for r in self.tensors.layered_rows if r.routed for j in r.layers}
+        return [tuple(r.shape) for r in self.tensors.layered_rows if r.is_2d_matrix and r.kind != "router"
+                and (not moe_layers or moe_layers & set(r.layers))]
 
     def embedding_bytes(self) -> int:
         """Token embedding, output head (unless tied), learned positions, final norm."""
-        h = self.hidden_size
-        count = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        count += self.num_learned_positions * h
-        count += 2 * h if self.arch == "opt" else h
-        return count * self.dtype_bytes
+        return self.tensors.model_bytes()
 
     def total_weight_bytes(self) -> float:
-        return self.num_layers * self.weight_bytes_per_layer() + self.embedding_bytes()
+        return self.tensors.total_bytes()
 
     def cache_bytes_per_token_per_layer(self) -> float:
         """Cache bytes one token adds to one (average) layer as stored (indexer keys excluded)."""
@@ -427,10 +310,10 @@ class ModelSpec(JsonMixin):
     # ---- work ----------------------------------------------------------------------------
     def matmul_flops_per_token_per_layer(self) -> float:
         """GEMM FLOPs one token costs in one (average) layer: 2 per active weight."""
-        return 2.0 * self.layer_param_count(active_only=True)
+        return self._per_layer(lambda r: r.flops_per_token * r.active)
 
     def head_flops_per_token(self) -> float:
-        return 2.0 * self.hidden_size * self.vocab_size
+        return self.tensors.head_flops_per_token()
 
     def attended_entries(self, context_len: float) -> float:
         """Cache entries the attention reads for one query (sparse selection caps it)."""

@@ -9,9 +9,11 @@ lists them), and a MoE layer's routed experts share one (`copies` of them, `rout
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from placement.jsonable import JsonMixin
+from placement.specs import DTYPE_BYTES
 
 # WeightSpec roles: "linear" (a matmul weight, compressible), "router" (the MoE gate, the indexer's
 # head weights: small, never compressed), "absorbed" (MLA's kv_b, sliced per head), "norm", "bias",
@@ -19,6 +21,9 @@ from placement.jsonable import JsonMixin
 KINDS = ("linear", "router", "absorbed", "norm", "bias", "embed")
 MATRIX_KINDS = ("linear", "router", "absorbed")
 VECTOR_KINDS = ("norm", "bias")
+# how a tensor is stored: "dense" in the table's dtype; "fp8" (codes and fp32 tile scales, an FP8
+# checkpoint's matrices); "mxfp4" (4-bit codes and a byte per 32, gpt-oss's experts)
+ENCODINGS = ("dense", "fp8", "mxfp4")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,14 +35,16 @@ class TensorRow(JsonMixin):
     copies: int = 1  # per layer: a MoE layer's routed experts (one row, `copies` experts)
     routed: bool = False  # a routed expert's: a step reads only the copies its tokens pick
     active: int = 0  # copies one token multiplies (a routed row: the experts per token); 0: every copy
+    encoding: str = "dense"  # one of ENCODINGS
     stored_bytes: int  # one copy as the checkpoint keeps it
-    flops_per_token: float = 0.0  # one token through one copy (2 per weight of a matrix it multiplies)
+    flops_per_token: float = 0.0  # one token through one copy (2 per weight it multiplies or adds)
 
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(self.shape))  # lists from JSON
         object.__setattr__(self, "layers", tuple(self.layers))
-        if self.kind not in KINDS:
-            raise ValueError(f"TensorRow {self.name}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind not in KINDS or self.encoding not in ENCODINGS:
+            raise ValueError(f"TensorRow {self.name}: kind must be one of {KINDS} and encoding one of "
+                             f"{ENCODINGS}, got {self.kind!r}, {self.encoding!r}")
         if not self.active:
             object.__setattr__(self, "active", self.copies)
         if not 1 <= self.active <= self.copies or self.stored_bytes < 0:
@@ -60,10 +67,15 @@ class TensorRow(JsonMixin):
         """Copies in the whole model (a model tensor counts once)."""
         return self.copies * max(len(self.layers), 1)
 
+    @property
+    def is_2d_matrix(self) -> bool:
+        return self.is_matrix and len(self.shape) == 2
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TensorTable(JsonMixin):
     num_layers: int
+    dtype: str  # the dense rows' stored dtype (a placement.specs.DTYPE_BYTES key)
     rows: tuple[TensorRow, ...] = field(default_factory=tuple)
 
     def __post_init__(self):
@@ -72,6 +84,17 @@ class TensorTable(JsonMixin):
         for r in rows:
             if any(not 0 <= i < self.num_layers for i in r.layers):
                 raise ValueError(f"TensorTable: row {r.name} names layers {r.layers} of {self.num_layers}")
+
+    def in_dtype(self, dtype: str) -> "TensorTable":
+        """The table with its dense rows stored in `dtype` (a run's compute dtype)."""
+        ratio = DTYPE_BYTES[dtype] / DTYPE_BYTES[self.dtype]
+        rows = tuple(dataclasses.replace(r, stored_bytes=round(r.stored_bytes * ratio)) if r.encoding == "dense" else r
+                     for r in self.rows)
+        return dataclasses.replace(self, dtype=dtype, rows=rows)
+
+    @property
+    def layered_rows(self) -> list[TensorRow]:
+        return [r for r in self.rows if r.layers]
 
     def layer_rows(self, layer: int) -> list[TensorRow]:
         return [r for r in self.rows if layer in r.layers]

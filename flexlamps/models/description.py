@@ -28,11 +28,7 @@ def model_spec(cfg: ModelConfig, hf_config: dict[str, Any] | None = None, name: 
         num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, num_heads=cfg.num_heads,
         num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, intermediate_size=cfg.intermediate_size,
         vocab_size=cfg.vocab_size, dtype=cfg.storage.dtype,
-        qkv_bias=cfg.qkv_bias, tie_word_embeddings=cfg.tie_word_embeddings,
-        attention_vectors=_attention_vectors(cfg),
-        weight_format=cfg.storage.weight_format, tensors=tensor_table(cfg))
-    if cfg.arch == "opt":
-        kwargs["num_learned_positions"] = cfg.max_position + 2
+        tie_word_embeddings=cfg.tie_word_embeddings, weight_format=cfg.storage.weight_format, tensors=tensor_table(cfg))
     if cfg.mla is not None:
         kwargs.update(_mla_fields(cfg))
     if cfg.moe is not None:
@@ -51,18 +47,6 @@ def _hybrid_fields(cfg: ModelConfig) -> dict[str, Any]:
                 linear_value_head_dim=hy.value_head_dim, linear_conv_kernel=hy.conv_kernel)
 
 
-def _attention_vectors(cfg: ModelConfig) -> int:
-    """A decoder layer's attention vectors beyond q/k/v biases and its norm: q/k norms (per head
-    or over the projection), the o bias, the sinks."""
-    if cfg.arch != "llama":
-        return 0
-    att = cfg.attention
-    count = 0
-    if att.qk_norm:
-        count += cfg.q_size + cfg.kv_size if att.qk_norm_full else 2 * cfg.head_dim
-    return count + (cfg.hidden_size if att.o_bias else 0) + (cfg.num_heads if att.sinks else 0)
-
-
 def _mla_fields(cfg: ModelConfig) -> dict[str, Any]:
     m = cfg.mla
     return dict(num_kv_heads=cfg.num_heads, head_dim=m.qk_nope_head_dim, q_lora_rank=m.q_lora_rank,
@@ -75,9 +59,7 @@ def _moe_fields(cfg: ModelConfig) -> dict[str, Any]:
     dense = sum(1 for is_moe in moe.moe_layers if not is_moe)
     return dict(num_experts=moe.num_experts, num_experts_per_token=moe.num_experts_per_token,
                 num_shared_experts=moe.num_shared_experts, moe_intermediate_size=moe.moe_intermediate_size,
-                num_dense_layers=dense, shared_intermediate_size=moe.shared_intermediate_size,
-                moe_router_bias=moe.router_bias, shared_expert_gate=moe.shared_expert_gate,
-                expert_bias=moe.expert_bias)
+                num_dense_layers=dense, shared_intermediate_size=moe.shared_intermediate_size)
 
 
 def model_spec_from_hf(hf_config: dict[str, Any], name: str | None = None) -> placement.ModelSpec:
@@ -87,27 +69,38 @@ def model_spec_from_hf(hf_config: dict[str, Any], name: str | None = None) -> pl
 
 
 # ---- the per-tensor table ------------------------------------------------------------------------
-def stored_bytes(cfg: ModelConfig, spec: WeightSpec, dtype: str | None = None) -> int:
-    """Bytes of `spec` as its checkpoint keeps it (`dtype`: the unquantized tensors' instead of the
-    stored one): FP8 codes and a fp32 scale per tile for the matrices an FP8 checkpoint keeps so
-    (not the routers, as DeepSeek ships them), MXFP4 blocks (4-bit codes, a byte per 32) for
-    gpt-oss's experts, else the dtype's."""
+def encoding(cfg: ModelConfig, spec: WeightSpec) -> str:
+    """How the checkpoint keeps `spec`: FP8 for the matrices an FP8 checkpoint keeps so (not the
+    routers, as DeepSeek ships them), MXFP4 for gpt-oss's experts, else dense."""
     st = cfg.storage
     if st.fp8_block is not None and keeps_fp8(spec) and spec.role != "router":
-        return fp8_weight_bytes(*spec.shape, st.fp8_block)
+        return "fp8"
     if st.mxfp4 and spec.role == "linear" and spec.layer is not None and spec.local_name.startswith("experts."):
+        return "mxfp4"
+    return "dense"
+
+
+def stored_bytes(cfg: ModelConfig, spec: WeightSpec, dtype: str | None = None) -> int:
+    """Bytes of `spec` as its checkpoint keeps it (`dtype`: a dense tensor's instead of the stored
+    dtype's): FP8 codes and a fp32 scale per tile, MXFP4 blocks (4-bit codes, a byte per 32)."""
+    kind = encoding(cfg, spec)
+    if kind == "fp8":
+        return fp8_weight_bytes(*spec.shape, cfg.storage.fp8_block)
+    if kind == "mxfp4":
         return spec.numel // 2 + spec.numel // 32
-    return spec.numel * DTYPE_BYTES[dtype or st.dtype]
+    return spec.numel * DTYPE_BYTES[dtype or cfg.storage.dtype]
 
 
 def _row_key(cfg: ModelConfig, spec: WeightSpec, dtype: str | None, head: str) -> tuple:
-    """(name, shape, kind, routed, stored bytes, flops per token) of `spec`; a routed expert's name
-    without its index, so a layer's experts share one row."""
+    """(name, shape, kind, routed, encoding, stored bytes, flops per token) of `spec`; a routed
+    expert's name without its index, so a layer's experts share one row. A token spends 2 FLOPs
+    on each weight of a layer (a multiply and an add; a norm's or bias's elementwise work counted
+    alike) and of the output head; the embedding is looked up."""
     local, routed = spec.local_name, spec.local_name.startswith("experts.")
     name = "experts." + local.split(".", 2)[2] if routed else local
-    multiplies = (spec.layer is not None and spec.role in ("linear", "router", "absorbed")) or spec.name == head
-    return (name, spec.shape, spec.role, routed, stored_bytes(cfg, spec, dtype),
-            2.0 * spec.numel if multiplies else 0.0)
+    spent = spec.layer is not None or spec.name == head
+    return (name, spec.shape, spec.role, routed, encoding(cfg, spec), stored_bytes(cfg, spec, dtype),
+            2.0 * spec.numel if spent else 0.0)
 
 
 def tensor_table(cfg: ModelConfig, dtype: str | None = None) -> TensorTable:
@@ -124,7 +117,7 @@ def tensor_table(cfg: ModelConfig, dtype: str | None = None) -> TensorTable:
     for (key, layer), n in copies.items():
         layers.setdefault((key, n), []).extend([] if layer is None else [layer])
     per_token = cfg.moe.num_experts_per_token if cfg.moe is not None else 0
-    rows = [TensorRow(name=name, shape=shape, kind=kind, routed=routed, stored_bytes=nbytes, flops_per_token=flops,
-                      layers=tuple(held), copies=n, active=per_token if routed else n)
-            for ((name, shape, kind, routed, nbytes, flops), n), held in layers.items()]
-    return TensorTable(num_layers=cfg.num_layers, rows=tuple(rows))
+    rows = [TensorRow(name=name, shape=shape, kind=kind, routed=routed, encoding=enc, stored_bytes=nbytes,
+                      flops_per_token=flops, layers=tuple(held), copies=n, active=per_token if routed else n)
+            for ((name, shape, kind, routed, enc, nbytes, flops), n), held in layers.items()]
+    return TensorTable(num_layers=cfg.num_layers, dtype=dtype or cfg.storage.dtype, rows=tuple(rows))

@@ -16,8 +16,9 @@ def test_fp8_checkpoint_is_sized_at_one_byte_per_matrix_parameter():
     assert V32.weight_format == "dense" and V32_FP8.weight_format == "fp8"
     vectors = V32.vector_param_count() * V32.dtype_bytes
     per_layer_bf16, per_layer_fp8 = V32.weight_bytes_per_layer(), V32_FP8.weight_bytes_per_layer()
-    # matrices: 2 bytes -> 1 byte plus one fp32 scale per 128x128 tile; vectors unchanged
-    assert per_layer_fp8 - vectors == pytest.approx((per_layer_bf16 - vectors) / 2 * (1 + 4 / 128 ** 2))
+    # matrices: 2 bytes -> 1 byte plus one fp32 scale per 128x128 tile; vectors unchanged; a little
+    # more for the partial tiles (kv_a's 576 rows) and the routers (bf16, as DeepSeek ships them)
+    assert per_layer_fp8 - vectors == pytest.approx((per_layer_bf16 - vectors) / 2 * (1 + 4 / 128 ** 2), rel=3e-4)
     # DeepSeek-V3.2-Exp: 671B parameters, about 670 GB in FP8 plus bf16 embeddings
     assert 660e9 < V32_FP8.total_weight_bytes() < 690e9
     assert V32_FP8.weight_bytes_touched_per_layer(1) < V32.weight_bytes_touched_per_layer(1) / 1.9
