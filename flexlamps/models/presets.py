@@ -14,6 +14,8 @@ from pathlib import Path
 import placement
 from placement.presets import MODEL_PRESETS_PATH
 
+from flexlamps.models.description import model_spec_from_hf
+
 
 def _opt(hidden: int, layers: int, heads: int) -> dict:
     return dict(model_type="opt", hidden_size=hidden, num_hidden_layers=layers,
@@ -59,8 +61,6 @@ MODEL_CONFIGS: dict[str, dict] = {
 
 def preset_specs() -> dict[str, placement.ModelSpec]:
     """Each preset as its family reads it."""
-    from flexlamps.models.description import model_spec_from_hf
-
     return {name: model_spec_from_hf(config, name=name) for name, config in MODEL_CONFIGS.items()}
 
 

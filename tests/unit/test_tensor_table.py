@@ -12,35 +12,30 @@ from flexlamps.models.weight_specs import weight_specs
 from placement import ModelSpec
 from placement.tensor_table import TensorRow, TensorTable
 from quant.fp8_layout import fp8_weight_bytes
-from tests.checkpoints import DENSE_DEFAULTS, GROUPS, checkpoint_fields
+from tests.checkpoints import CHECKPOINTS, checkpoint_fields
 
 FP8 = {"quant_method": "fp8", "weight_block_size": [16, 32]}  # tiles the tiny matrices do not divide
 
 
-def _hf(fields: dict) -> dict:
-    """The config.json transformers writes for these fields."""
+def _hf(kind: str) -> dict:
+    """The config.json transformers writes for `kind`'s fields."""
     import transformers
 
-    fields = {"vocab_size": 320, **fields}
+    fields = {**checkpoint_fields(kind), "vocab_size": 320, "pad_token_id": None}
     return transformers.AutoConfig.for_model(fields.pop("model_type"), **fields).to_dict()
 
 
-def _own_fields(kind: str) -> dict:
-    """A kind's fields less the dense checkpoints' defaults (transformers' class defaults then apply)."""
-    return {k: v for k, v in checkpoint_fields(kind).items() if k not in DENSE_DEFAULTS or DENSE_DEFAULTS[k] != v}
-
-
-CASES = {kind: _own_fields(kind) for group in ("family", "moe", "deepseek", "hybrid") for kind in GROUPS[group]}
+CASES = sorted(CHECKPOINTS)
 
 
 def _config(kind: str, **extra) -> ModelConfig:
-    hf = _hf(CASES[kind])
+    hf = _hf(kind)
     if kind.endswith("_mxfp4"):
         hf["quantization_config"] = {"quant_method": "mxfp4"}
     return ModelConfig.from_hf({**hf, **extra})
 
 
-@pytest.mark.parametrize("kind", sorted(CASES))
+@pytest.mark.parametrize("kind", CASES)
 def test_the_table_holds_every_weight_once_at_its_stored_bytes(kind):
     cfg = _config(kind)
     table, specs = tensor_table(cfg), weight_specs(cfg)
@@ -51,18 +46,16 @@ def test_the_table_holds_every_weight_once_at_its_stored_bytes(kind):
         assert table.layer_params(i) == sum(s.numel for s in specs if s.layer == i)
 
 
-@pytest.mark.parametrize("kind", sorted(CASES))
+@pytest.mark.parametrize("kind", CASES)
 def test_the_model_specs_sizes_are_the_tensors_transformers_allocates(kind):
     """What the planner sizes (ModelSpec, summing the table) is every parameter and persistent
     buffer of transformers' model of that config (on the meta device), tied weights once."""
     torch = pytest.importorskip("torch")
     import transformers
 
-    fields, cls_name = CASES[kind]
-    hf = _hf(fields, cls_name)
     spec = model_spec(_config(kind))
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**{**hf, "pad_token_id": None}))
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**_hf(kind)))
     saved = set(model.state_dict())
     real = sum(p.numel() for p in model.parameters()) + sum(
         b.numel() for name, b in model.named_buffers() if name in saved)

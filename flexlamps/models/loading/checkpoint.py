@@ -152,6 +152,9 @@ class HFFolderReader:
         return h.hexdigest()[:16]
 
 
+_GGUF_FLOAT_TYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}  # GGML type -> config.json dtype
+
+
 class GGUFReader:
     """GGUF files under llama.cpp's architecture and tensor names: the LLaMA-like ones (`gguf_config`,
     names in `gguf_names`), DeepSeek-V2/V3 and gpt-oss (`gguf_moe`), Qwen3-Next and Qwen3.5
@@ -193,6 +196,13 @@ class GGUFReader:
         return fields, {t.name: t.tensor_type.name for t in self._reader.tensors}
 
     def _hf_config(self) -> dict[str, Any]:
+        """The config.json this file's metadata says, with the stored dtype its token embedding
+        (the largest float tensor) has, where that is a float type (`ModelConfig.storage`)."""
+        hf = self._arch_hf_config()
+        dtype = _GGUF_FLOAT_TYPES.get(self._tensor_types.get("token_embd.weight", ""))
+        return {**hf, "torch_dtype": dtype} if dtype else hf
+
+    def _arch_hf_config(self) -> dict[str, Any]:
         f = as_written(self.fields)
         arch = f.get("general.architecture")
         if arch == "deepseek2":
