@@ -13,7 +13,7 @@ fraction of the machine's limit reached by each side. The limit: prefill at the 
 (the faster of oneDNN's bf16 GEMM and, where it runs, our int8 GEMM: `flexlamps.kernels.int8_gemm`, twice bf16's
 multiply rate), then every decode step at the slower of "read the GGUF's bytes at the probed read
 bandwidth" and "the step's matmuls at that peak". Last, flexlamps' time per decode step outside torch's ops
-(wall time of a step minus the time torch's profiler sees in its ops): Python, and our AVX-512
+(wall time of a step minus the time torch's profiler sees in its ops): Python, and our native
 kernels (ctypes calls, which the profiler does not see: at batch 1 most of the step).
 
     python scripts/bench_generate.py [--batch-sizes 1,8,32] [--prompt-len 128] [--new-tokens 32] \\
@@ -252,7 +252,7 @@ def run_table(llm, hf32, hf16, args, threads: int, batches: list[int]) -> None:
     for bs in batches:
         wall, in_ops = step_overhead(llm, args.prompt_len, bs)
         print(f"flexlamps decode step, batch {bs}: {wall * 1e3:.1f} ms wall, {in_ops * 1e3:.1f} ms in torch ops "
-              f"(profiler), outside them (Python and our AVX-512 kernels) ~{max(wall - in_ops, 0) * 1e3:.1f} ms "
+              f"(profiler), outside them (Python and our native kernels) ~{max(wall - in_ops, 0) * 1e3:.1f} ms "
               f"({max(wall - in_ops, 0) / wall:.0%})")
 
 

@@ -36,7 +36,7 @@ def main() -> None:
         p = profile_decode_step(llm.executor, batch, args.prompt_len, args.steps)
         print(f"{args.model} {llm.dtype} batch {batch}, after {args.prompt_len} tokens, {args.threads} thread(s), "
               f"load avg {os.getloadavg()[0]:.1f}: decode step {p.wall_s * 1e3:.2f} ms wall "
-              f"({p.cpu_s * 1e3:.2f} ms CPU), {p.in_ops_s * 1e3:.2f} ms in torch ops, outside them (Python, our AVX-512 kernels) "
+              f"({p.cpu_s * 1e3:.2f} ms CPU), {p.in_ops_s * 1e3:.2f} ms in torch ops, outside them (Python, our native kernels) "
               f"{p.python_s * 1e3:.2f} ms ({p.python_s / p.step_s:.0%}); {p.ops_per_step} ops dispatched "
               f"({p.ops_per_step / layers:.0f} per layer of {layers})")
         for name, calls, seconds in p.top_ops[:args.top]:

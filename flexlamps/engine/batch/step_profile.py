@@ -6,7 +6,7 @@ step) and under torch's profiler, which records each op the step dispatches from
 time inside those top-level ops (kernels and the dispatcher's own C++ work; each op's shortest
 time over the profiled steps) is what the step spends in torch; the rest of the plain step's
 time (the best step; `StepProfile.step_s`) is the Python that runs between them (the forward's
-glue, the cache callbacks, building the step) and our AVX-512 kernels, which are ctypes calls
+glue, the cache callbacks, building the step) and our native kernels, which are ctypes calls
 the profiler does not see (at batch 1 they are most of a bf16 step). Taking the best of each, a burst of load on
 shared cores counts in none. The profiler's own bookkeeping adds a little to the ops it
 records, so the Python overhead reported is, if anything, an underestimate.
@@ -42,7 +42,7 @@ class StepProfile:
 
     @property
     def python_s(self) -> float:
-        """The step's time outside torch's ops: its Python overhead, and the time in our AVX-512
+        """The step's time outside torch's ops: its Python overhead, and the time in our native
         kernels (ctypes calls, which torch's profiler does not see)."""
         return max(self.step_s - self.in_ops_s, 0.0)
 
