@@ -2,7 +2,7 @@
 ops, the Python overhead between them, ops dispatched per step and per layer, the slowest ops.
 
     python scripts/profile_step.py [--model smollm2-135m] [--dtype auto] [--batch-sizes 1,32] \\
-        [--prompt-len 128] [--steps 16] [--threads 1] [--top 12]
+        [--prompt-len 128] [--steps 16] [--threads 1] [--top 12] [--kernel-time]
 
 See flexlamps.engine.batch.step_profile for how each figure is measured (best of --steps steps).
 """
@@ -11,11 +11,35 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 
 from flexlamps import LLM
 from flexlamps.engine.batch.step_profile import profile_decode_step
+from flexlamps.kernels import tile_gemv
+
+KERNEL_CPU_S = [0.0]  # CPU seconds inside the decode kernel's calls (with --kernel-time)
+
+
+def time_the_decode_kernel() -> None:
+    """Count the CPU time of every call of the decode kernel's products (`TileGemv.bind`) in
+    KERNEL_CPU_S: what torch's profiler does not see."""
+    bind = tile_gemv.TileGemv.bind
+
+    def timed_bind(self, w):
+        product = bind(self, w)
+
+        def timed(x):
+            start = time.thread_time()
+            out = product(x)
+            KERNEL_CPU_S[0] += time.thread_time() - start
+            return out
+
+        timed.weight = w
+        return timed
+
+    tile_gemv.TileGemv.bind = timed_bind
 
 
 def main() -> None:
@@ -27,13 +51,21 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--top", type=int, default=12, help="slowest ops to list")
+    ap.add_argument("--kernel-time", action="store_true",
+                    help="also time the decode kernel's calls (CPU time a step, over the plain and the profiled steps)")
     args = ap.parse_args()
+    if args.kernel_time:
+        time_the_decode_kernel()
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batch_sizes.split(",")]
     llm = LLM(args.model, dtype=args.dtype, max_batch_size=max(batches))
     layers = llm.config.num_layers
     for batch in batches:
+        KERNEL_CPU_S[0] = 0.0
         p = profile_decode_step(llm.executor, batch, args.prompt_len, args.steps)
+        if args.kernel_time:  # the prefill's calls are prompt products, not counted
+            print(f"  decode kernel (tile_gemv): {KERNEL_CPU_S[0] / (2 * args.steps) * 1e3:.2f} ms CPU a step "
+                  f"(mean of {2 * args.steps} steps; the prefill's one head call counted too)")
         print(f"{args.model} {llm.dtype} batch {batch}, after {args.prompt_len} tokens, {args.threads} thread(s), "
               f"load avg {os.getloadavg()[0]:.1f}: decode step {p.wall_s * 1e3:.2f} ms wall "
               f"({p.cpu_s * 1e3:.2f} ms CPU), {p.in_ops_s * 1e3:.2f} ms in torch ops, outside them (Python, our native kernels) "
