@@ -24,7 +24,7 @@ from placement.specs import DTYPE_BYTES
 from placement.tensor_table import TensorTable
 from quant.fp8_layout import WEIGHT_BLOCK, fp8_vector_bytes, fp8_weight_bytes, latent_record_bytes
 
-ARCHES = ("llama", "opt", "mla")
+ARCHES = ("decoder", "opt", "mla", "hybrid")  # a family's forward (flexlamps' Family.forward, ModelConfig.arch)
 STORAGE_FORMATS = ("dense", "fp8", "mxfp4")
 # stored bytes per parameter of a 2-D weight in FP8: one byte plus its tile's fp32 scale
 _FP8_MATRIX_BYTES = fp8_weight_bytes(*WEIGHT_BLOCK) / (WEIGHT_BLOCK[0] * WEIGHT_BLOCK[1])
@@ -48,7 +48,7 @@ def delta_rule_flops(chunk: int, key_dim: int, value_dim: int, decode: bool) -> 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec(JsonMixin):
     name: str
-    arch: str  # "llama" (also mistral, qwen2), "opt", or "mla" (DeepSeek-V3.x)
+    arch: str  # one of ARCHES: "decoder" (LLaMA-like), "opt", "mla" (DeepSeek-V3.x), "hybrid" (DeltaNet layers)
     num_layers: int
     hidden_size: int
     num_heads: int
@@ -125,10 +125,10 @@ class ModelSpec(JsonMixin):
                              f"of {self.num_experts}; measure it for this model (flexlamps profile --prompts)")
         if self.shared_intermediate_size < 0:  # one spelling of the same model: the width itself
             object.__setattr__(self, "shared_intermediate_size", self.num_shared_experts * self.moe_intermediate_size)
-        if self.num_linear_layers and (self.arch != "llama" or self.num_linear_layers >= self.num_layers
+        if self.num_linear_layers and (self.arch != "hybrid" or self.num_linear_layers >= self.num_layers
                                        or not (self.linear_num_value_heads and self.linear_key_head_dim
                                                and self.linear_value_head_dim and self.linear_conv_kernel)):
-            raise ValueError("ModelSpec: a hybrid model (arch 'llama') needs fewer linear layers than layers and "
+            raise ValueError("ModelSpec: a hybrid model (arch 'hybrid') needs fewer linear layers than layers and "
                              "linear_num_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel")
         self._check_windows()
         self._check_tensors()
@@ -148,9 +148,8 @@ class ModelSpec(JsonMixin):
         if len(windows) != self.num_layers or any(not isinstance(w, int) or w < 0 for w in windows):
             raise ValueError(f"ModelSpec.layer_windows must hold one integer >= 0 per layer ({self.num_layers}; "
                              f"0: no window), got {windows!r}")
-        if self.arch != "llama" or self.num_linear_layers:
-            raise ValueError("ModelSpec.layer_windows: sliding windows are modelled for plain decoders (arch 'llama' "
-                             "without linear layers)")
+        if self.arch != "decoder":
+            raise ValueError("ModelSpec.layer_windows: sliding windows are modelled for plain decoders (arch 'decoder')")
 
     # ---- sliding windows -----------------------------------------------------------------
     def held_tokens(self, context: float) -> float:

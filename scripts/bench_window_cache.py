@@ -25,7 +25,7 @@ HEADS, KV, D = 32, 8, 128
 
 
 def _cfg(window: int | None, capacity: int) -> ModelConfig:
-    return ModelConfig(arch="llama", model_type="mistral", vocab_size=8, hidden_size=HEADS * D, num_layers=1,
+    return ModelConfig(arch="decoder", model_type="mistral", vocab_size=8, hidden_size=HEADS * D, num_layers=1,
                        num_heads=HEADS, num_kv_heads=KV, head_dim=D, intermediate_size=8, max_position=capacity,
                        attention=AttentionConfig(window=window))
 

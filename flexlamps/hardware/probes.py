@@ -309,7 +309,7 @@ def measure_layer_overhead(device: torch.device, budget_s: float) -> float:
         return v.repeat_interleave(q.shape[2] // v.shape[2], dim=2).reshape(q.shape[0], q.shape[1], -1)
 
     def step_seconds(num_layers: int) -> float:
-        cfg = ModelConfig(arch="llama", model_type="llama", vocab_size=64, hidden_size=32, num_layers=num_layers,
+        cfg = ModelConfig(arch="decoder", model_type="llama", vocab_size=64, hidden_size=32, num_layers=num_layers,
                           num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64, max_position=64)
         gen = torch.Generator().manual_seed(0)
         specs = weight_specs(cfg)

@@ -24,7 +24,7 @@ class UnsupportedModelError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    arch: str  # "llama" (LLaMA, Mistral, Qwen2, SmolLM2, TinyLlama), "opt", "mla" (DeepSeek-V3/V3.2) or "hybrid"
+    arch: str  # its family's forward (Family.forward): "decoder" (LLaMA-like), "opt", "mla" (DeepSeek) or "hybrid"
     model_type: str  # the HF model_type it came from
     vocab_size: int
     hidden_size: int

@@ -12,19 +12,15 @@ from placement.tensor_table import TensorRow, TensorTable
 from quant.fp8_layout import fp8_weight_bytes
 
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.families import family_for
 from flexlamps.models.weight_specs import WeightSpec, keeps_fp8, weight_specs
-
-_ARCH = {"decoder": "llama", "opt": "opt", "mla": "mla", "hybrid": "llama"}  # Family.forward -> ModelSpec.arch
 
 
 def model_spec(cfg: ModelConfig, hf_config: dict[str, Any] | None = None, name: str | None = None) -> placement.ModelSpec:
     """`cfg` as the planner sizes it (its stored dtype and format from `cfg.storage`); `hf_config`
     only names it (`_name_or_path`)."""
-
     hf = hf_config or {}
     kwargs: dict[str, Any] = dict(
-        name=name or hf.get("_name_or_path") or cfg.model_type, arch=_ARCH[family_for(cfg.model_type).forward],
+        name=name or hf.get("_name_or_path") or cfg.model_type, arch=cfg.arch,
         num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, num_heads=cfg.num_heads,
         num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, intermediate_size=cfg.intermediate_size,
         vocab_size=cfg.vocab_size, dtype=cfg.storage.dtype,

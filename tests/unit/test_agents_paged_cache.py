@@ -8,7 +8,7 @@ from flexlamps.engine.caches.paged import PagedKVCache
 from flexlamps.models.config import ModelConfig
 from offload.budget import BudgetExceededError, TierBudget
 
-CFG = ModelConfig(arch="llama", model_type="llama", vocab_size=32, hidden_size=32, num_layers=2, num_heads=4,
+CFG = ModelConfig(arch="decoder", model_type="llama", vocab_size=32, hidden_size=32, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=8, intermediate_size=64, max_position=64)
 
 

@@ -59,7 +59,7 @@ def test_window_masks_as_transformers_does():
 
 
 def _cfg() -> ModelConfig:
-    return ModelConfig(arch="llama", model_type="llama", vocab_size=8, hidden_size=HEADS * D, num_layers=1,
+    return ModelConfig(arch="decoder", model_type="llama", vocab_size=8, hidden_size=HEADS * D, num_layers=1,
                        num_heads=HEADS, num_kv_heads=KV, head_dim=D, intermediate_size=8, max_position=64)
 
 

@@ -7,7 +7,7 @@ import torch
 from flexlamps.engine.caches.dense import DenseKVCache
 from flexlamps.models.config import ModelConfig
 
-CFG = ModelConfig(arch="llama", model_type="llama", vocab_size=64, hidden_size=32, num_layers=1, num_heads=4,
+CFG = ModelConfig(arch="decoder", model_type="llama", vocab_size=64, hidden_size=32, num_layers=1, num_heads=4,
                   num_kv_heads=2, head_dim=8, intermediate_size=64, max_position=64)
 
 

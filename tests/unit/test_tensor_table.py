@@ -8,6 +8,7 @@ import pytest
 
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.description import model_spec, stored_bytes, tensor_table
+from flexlamps.models.families import family_for
 from flexlamps.models.weight_specs import weight_specs
 from placement import ModelSpec
 from placement.tensor_table import TensorRow, TensorTable
@@ -65,6 +66,12 @@ def test_the_model_specs_sizes_are_the_tensors_transformers_allocates(kind):
         assert spec.total_weight_bytes() == real * spec.dtype_bytes
     in_layers = sum(t.numel() for name, t in model.state_dict().items() if ".layers." in name)
     assert spec.layer_param_count() * spec.num_layers == in_layers
+
+
+@pytest.mark.parametrize("kind", CASES)
+def test_one_arch_vocabulary_the_familys_forward(kind):
+    cfg = _config(kind)
+    assert cfg.arch == family_for(cfg.model_type).forward == model_spec(cfg).arch
 
 
 def test_an_fp8_checkpoints_matrices_take_their_codes_and_tile_scales():

@@ -19,7 +19,7 @@ HEADS, KV, D, ROWS, CAPACITY = 4, 2, 8, 2, 520
 
 
 def _cfg(window: int | None, layers: int = 1, slides: tuple[bool, ...] = ()) -> ModelConfig:
-    return ModelConfig(arch="llama", model_type="mistral", vocab_size=8, hidden_size=HEADS * D, num_layers=layers,
+    return ModelConfig(arch="decoder", model_type="mistral", vocab_size=8, hidden_size=HEADS * D, num_layers=layers,
                        num_heads=HEADS, num_kv_heads=KV, head_dim=D, intermediate_size=8, max_position=CAPACITY,
                        attention=AttentionConfig(window=window, window_layers=slides))
 

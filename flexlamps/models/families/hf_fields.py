@@ -152,7 +152,7 @@ def decoder_model_fields(hf: dict[str, Any], *, attention: AttentionConfig | Non
     if dim is not None:
         attention = dataclasses.replace(attention, rotary_dim=dim)
     return dict(
-        arch="llama",
+        arch="decoder",
         **rms_decoder_fields(hf, activation_field),
         num_kv_heads=hf.get("num_key_value_heads") or heads,
         head_dim=head_dim,
