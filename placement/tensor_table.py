@@ -10,6 +10,7 @@ lists them), and a MoE layer's routed experts share one (`copies` of them, `rout
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from placement.jsonable import JsonMixin
@@ -53,10 +54,7 @@ class TensorRow(JsonMixin):
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @property
     def is_matrix(self) -> bool:

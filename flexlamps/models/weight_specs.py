@@ -7,6 +7,7 @@ checkpoint names onto it, all without running the model. Names are ours ("layers
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,10 +26,7 @@ class WeightSpec:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @property
     def local_name(self) -> str:
