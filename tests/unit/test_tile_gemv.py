@@ -187,7 +187,7 @@ def test_the_source_ships_with_the_package():
 @pytest.mark.parametrize("level", LEVELS)
 def test_only_a_variant_that_multiplies_the_five_bit_form_has_gguf_q5_held_in_it(level, monkeypatch):
     """The 5-bit form's plane is AVX-512's: an AVX2 process keeps Q5_x as int8 codes it multiplies."""
-    from flexlamps.models.loading import checkpoint
+    from flexlamps.models.loading import in_place
 
     kernel = _variant(level)
     gen = torch.Generator().manual_seed(4)
@@ -196,7 +196,7 @@ def test_only_a_variant_that_multiplies_the_five_bit_form_has_gguf_q5_held_in_it
     assert kernel.takes_five_bit == (level == "avx512")
     if five.fifth is not None:  # torch's AVX2 layout (tiles of 32) holds no 5-bit form: plain int8 codes
         assert kernel.takes(five) == kernel.takes_five_bit
-    monkeypatch.setattr(checkpoint, "native_kernel", lambda: kernel)
-    assert checkpoint.packs_five_bit() == (level == "avx512")
-    monkeypatch.setattr(checkpoint, "native_kernel", lambda: None)
-    assert not checkpoint.packs_five_bit()
+    monkeypatch.setattr(in_place, "native_kernel", lambda: kernel)
+    assert in_place.packs_five_bit() == (level == "avx512")
+    monkeypatch.setattr(in_place, "native_kernel", lambda: None)
+    assert not in_place.packs_five_bit()
