@@ -1,5 +1,4 @@
-"""Peak bytes per tier and phase (`MEMORY_ROWS`), affine in the fractions: what is resident plus
-one call's working buffers, and the output head's moment."""
+"""Peak bytes per tier and phase (`MEMORY_ROWS`), affine in the fractions: what is resident plus one call's working buffers."""
 
 import dataclasses
 
@@ -8,31 +7,6 @@ from placement.choice import Choice
 from placement.layer_sizes import LayerSizes, held_tokens, routed_staging
 from placement.model_spec import ModelSpec
 from placement.weight_calls import in_place_int4, int4_twins
-
-HEAD_CHUNK_ROWS = 8192  # the engine's output head runs in chunks of this many vocab rows (within a piece)
-
-
-def workspace_bytes(model: ModelSpec, num_rows: int, num_queries: int, span: float, dtype_bytes: int = 0) -> float:
-    """Compute scratch of one call of `num_rows` rows in one layer, as the engine charges it (its
-    charges call this): the layer's intermediates in the dtype (default the model's) and the
-    boolean attention mask, a byte per query and attended entry."""
-    elements = int(num_rows * model.layer_workspace_elements(num_queries, span))
-    return elements * (dtype_bytes or model.dtype_bytes) + num_rows * num_queries * span
-
-
-def head_working(choice: Choice, model: ModelSpec) -> float:
-    """GPU bytes the engine holds while the output head runs (a moment of its own, beside a
-    layer's): one vocab chunk's logits for the widest call."""
-    rows = max(choice.gpu_batch_size, choice.decode_calls()[1])
-    return min(HEAD_CHUNK_ROWS, model.vocab_size) * rows * model.dtype_bytes
-
-
-def head_staged(model: ModelSpec) -> float:
-    """GPU bytes of the head's rows staged while it runs where they are not all on the gpu tier:
-    one chunk. The LP charges it whatever the fractions (a constant: the gpu_head row may refuse
-    a head held whole on the gpu tier by that much); a plan's peak drops it where no row is off
-    the gpu tier (`cost.memory_at`)."""
-    return min(HEAD_CHUNK_ROWS, model.vocab_size) * model.hidden_size * model.dtype_bytes
 
 
 def _cpu_decode_staging(choice, sz, model, rows: int, full_entries: float, cache_home: float) -> Affine:
@@ -86,15 +60,13 @@ def memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
         return work
 
     gpu_prefill = resident(hidden_p, True).plus(gpu_working(gbs, s, choice.num_gpu_batches))
-    gpu_prefill.add(workspace_bytes(model, gbs, s, s))
+    gpu_prefill.add(db * gbs * model.layer_workspace_elements(s, s))
     gpu_prefill.plus(_attended_cache(choice, gbs * s * sz.cache_fp16))
     # a decode call runs the merged block or one micro-batch (`Choice.decode_calls`)
     calls, rows = choice.decode_calls()
     gpu_decode = resident(hidden_g, True).plus(gpu_working(rows, 1, calls))
-    gpu_decode.add(workspace_bytes(model, rows, 1, full_entries))
+    gpu_decode.add(db * rows * model.layer_workspace_elements(1, full_entries))
     gpu_decode.plus(_attended_cache(choice, rows * full_entries * sz.cache_fp16))
-
-    gpu_head = resident(hidden_p, True).add(indexer_home + head_working(choice, model) + head_staged(model))
 
     # CPU: staging buffers for the activations and cache that stream from disk; weights on disk
     # are read tensor by tensor straight into the gpu tier's staging (on a GPU through a
@@ -106,7 +78,7 @@ def memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     cpu_decode = resident(hidden_g, False).plus(_cpu_decode_staging(choice, sz, model, rows, full_entries, cache_home))
 
     disk = Affine().add(weights_home, W_DISK).add(cache_home, C_DISK).add(hidden_p, H_DISK)
-    return {"gpu_prefill": gpu_prefill, "gpu_decode": gpu_decode, "gpu_head": gpu_head, "cpu_prefill": cpu_prefill,
+    return {"gpu_prefill": gpu_prefill, "gpu_decode": gpu_decode, "cpu_prefill": cpu_prefill,
             "cpu_decode": cpu_decode, "disk": disk}
 
 
