@@ -26,8 +26,8 @@ from flexlamps.models.loading.gguf_moe import (MLA_GGUF_LAYER, MLA_KV_B, deepsee
                                                moe_gguf_tensor)
 from flexlamps.models.loading.gguf_names import GGUF_GLOBAL, NORM_PLUS_ONE, layer_names, permuted_heads
 from flexlamps.models.loading.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
-from flexlamps.models.loading.in_place import (TIED_HEAD, in_place_form, in_place_specs, int4_from_blocks,  # noqa: F401
-                                               int8_from_blocks, packs_five_bit)
+from flexlamps.models.loading.in_place import (TIED_HEAD, in_place_form, in_place_specs, int4_from_blocks,
+                                               int8_from_blocks)
 from flexlamps.models.loading.errors import CheckpointError, json_file
 from flexlamps.models.loading.hf_files import tensor_files
 from flexlamps.models.loading.hf_parts import FusedParts

@@ -32,7 +32,7 @@ import torch
 
 from flexlamps.cache_folder import cache_root
 from flexlamps.models.loading.gguf_header import file_sha256
-from flexlamps.models.loading.checkpoint import packs_five_bit
+from flexlamps.models.loading.in_place import packs_five_bit
 from flexlamps.models.loading.tensor_file import SAFETENSORS_DTYPES, write_tensors
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
