@@ -261,7 +261,6 @@ class LLM:
         position); where no plan fits them, for rows of one pair each (the fewest positions).
         Nothing to do once the executor is built; a caller scoring a job in parts plans it here
         for all its pairs first."""
-
         if self.executor is not None or not pairs:
             return
         positions, root, fewest = planning_positions(pairs, self.reuse_prefix)

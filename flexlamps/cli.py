@@ -70,7 +70,6 @@ def _stdout_failed(error: OSError) -> bool:
 @click.version_option(package_name="flexlamps")
 def main():
     """flexlamps: run LLMs bigger than your GPU, fast, from GPU, CPU and disk."""
-
     try:
         variants.process_level()
     except variants.VariantRefused as err:

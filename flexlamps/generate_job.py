@@ -65,7 +65,6 @@ class GenerateSettings:
         """A prompt's params: the command's options, overridden by what its line sets. Its seed
         derives from --seed and its id (or is the line's own), so results do not depend on
         batching, sharding or resuming."""
-
         fields = dict(seed=zlib.crc32(f"{self.seed}:{record_id}".encode()), max_new_tokens=self.max_new_tokens,
                       temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, stop=tuple(self.stop),
                       logprobs=self.logprobs, ignore_eos=self.ignore_eos, json_schema=self.json_schema)
@@ -235,7 +234,6 @@ def prepare_offload(llm, prompt_ids: list[list[int]], settings: GenerateSettings
     """Plan (or load) the policy and build the offload engine for these prompts (`records`: their
     lines, whose own max_tokens and n are planned for); returns the lines that describe the
     policy (printed by the command, reported by each Ray worker)."""
-
     longest, shared = planning_lengths(prompt_ids)
     params = [settings.sampling_params(r.id, r) for r in records or []]
     gen_len = max((p.max_new_tokens for p in params), default=settings.max_new_tokens)

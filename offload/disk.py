@@ -80,7 +80,6 @@ class DiskFolder:
     # -- ownership ----------------------------------------------------------------------------
     def claim(self) -> None:
         """Create (or recognise) our subfolder and lock it for this process."""
-
         make_writable_folder(self.folder, "--offload-dir", shown=self.root)
         mark = self.folder / _MARK
         if not mark.exists():

@@ -99,7 +99,6 @@ class _Replaced(RuntimeError):
 def _file_lock(path: Path) -> filelock.FileLock:
     """A non-blocking OS lock on `path` that refuses a file its last holder unlinked on release:
     holding that orphan would let a second run lock the new file beside us."""
-
     def check_current(fd: int) -> None:
         try:
             current = os.stat(path)

@@ -35,7 +35,6 @@ def tensor_bytes(*tensors: torch.Tensor) -> int:
 def stored_parts(value, prefix: str) -> dict[str, torch.Tensor]:
     """A compressed tensor's component tensors; an Int4Weight's or Int8Weight's with the code
     layouts it holds (its kernel layout too: not rebuilt on every fetch)."""
-
     if isinstance(value, (Int4Weight, Int8Weight)):
         return value.to_tensors(prefix, with_kernel=True)
     return value.to_tensors(prefix=prefix)

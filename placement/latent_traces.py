@@ -94,7 +94,6 @@ def ess_layer_curves(num_layers: int, topk: int, contexts: list[int], steps: int
 def ess_miss_curves(num_layers: int = 61, topk: int = 2048, context: int = 32768, steps: int = 24):
     """ESS's per-layer curves as the planner reads them (`placement.latent_pools`): pool sizes
     and misses as fractions of the context and of the top-k."""
-
     curves = ess_layer_curves(num_layers, topk, [context], steps=steps)[context]
     return LatentMissCurves(
         source=f"ESS's curves: synthetic traces calibrated to ESS's per-layer misses ({ESS_MISS_RANGE[0]}-"

@@ -184,7 +184,6 @@ def _live_workload(trace_path, self_debug, gsm8k, tools_module, prompts, rounds,
 
 def _check_tool_sandbox(unsafe_tools: bool) -> None:
     """Model-written code runs behind the OS sandbox, or the user asked for none by name."""
-
     if unsafe_tools:
         click.echo("warning: --unsafe-tools: model-written and tool code runs without the OS sandbox; it can read, "
                    "write and signal whatever this process can", err=True)

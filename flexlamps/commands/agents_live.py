@@ -21,7 +21,6 @@ def run_live(*, workload, run, augmented, schedulers, max_new_tokens, rounds, to
              recheck: bool) -> None:
     """Each scheduling policy in `schedulers` over `workload`'s tasks, on the model `run`
     (RunSettings) planned for `augmented` (AugmentedSettings)."""
-
     max_context = augmented.max_context
     try:
         live = LiveSettings(max_new_tokens=max_new_tokens, max_context=max_context, workers=tool_workers)

@@ -12,7 +12,6 @@ from placement import format_bytes
 
 def augmented_settings(max_context: int, **fields):
     """The augmented face's settings, parsed once; a bad value is a UsageError naming it."""
-
     try:
         return AugmentedSettings.parse(max_context=max_context, **fields)
     except ValueError as e:

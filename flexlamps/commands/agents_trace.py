@@ -96,7 +96,6 @@ def _reference_executor(llm):
 
 def _report_memory(results) -> None:
     """Per run: each budgeted tier's peak against its budget, and the KV bytes swapped to cpu."""
-
     for s, res, _ in results:
         peaks = [f"peak {tier} {format_bytes(u.peak_bytes)} of {format_bytes(u.capacity_bytes)}"
                  for tier, u in res.tier_use.items() if u.capacity_bytes is not None]

@@ -64,7 +64,6 @@ def _gpu() -> str:
 def _kernels() -> dict:
     """The CPU level the kernels run at, and each native kernel: loaded (built and checked, in
     which variant), disabled or failed, and why."""
-
     level = variants.process_level()
     kernels = loader.chosen()
     with warnings.catch_warnings():  # a kernel that fails warns; its line below says the same, once
@@ -87,7 +86,6 @@ def _profiles() -> dict:
 
 def _cache_folder(root) -> str:
     """The cache folder, and what stops flexlamps keeping its caches there, if anything."""
-
     fix = f"remove it or set ${CACHE_ENV} to a folder"
     if root.exists() and not root.is_dir():
         return f"{root} (a file, not a folder: no cache can be kept there; {fix})"

@@ -93,7 +93,6 @@ def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, t
             logprobs, chat, ignore_eos, json_schema_path, batch_size, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight,
             compress_cache, weight_quant, max_rss, overwrite, strict, no_progress, ray_address, ray_workers):
     """Generate a completion for every prompt in PROMPTS and write them to OUT."""
-
     check_model(model, chat=chat)
     run = engine_settings(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_weight, compress_cache,
                           weight_quant, max_batch_size=batch_size)
@@ -117,7 +116,6 @@ def command(model, dtype, prompts_path, out_path, max_new_tokens, temperature, t
 
 def _cpu_tier_within(run, max_rss: int):
     """With --max-rss and --gpu-mem but no --cpu-mem: the cpu tier is what the cap leaves, said on stderr."""
-
     run, line = fill_cap(run, max_rss, gpu_is_host=compute_device().type == "cpu")
     if line is not None:
         click.echo(line, err=True)
@@ -154,7 +152,6 @@ def _modified_s(path: str) -> int:
 def _pending_job(settings, prompts_path, out_path, overwrite):
     """Check the policy file and the offload folder, read the prompts, lock --out and load what
     earlier runs finished; every refusal names the input and the fix."""
-
     try:
         check_policy(settings.run.policy)
         check_offload_dir(settings.run.offload_dir)
@@ -247,7 +244,6 @@ def _finish(job, progress: _Progress, wall: float) -> None:
 def _check_max_rss(settings, max_rss: int, num_prompts: int, llm) -> None:
     """--max-rss against the run's one description: the local engine's (its weights not read yet),
     or on Ray one opened here (the driver holds no engine)."""
-
     if llm is None:
 
         reader, spec = open_model(settings.run.model, settings.run.cache_dir or None)
@@ -258,7 +254,6 @@ def _check_max_rss(settings, max_rss: int, num_prompts: int, llm) -> None:
 
 def _run_local(settings, job, no_progress: bool, strict: bool, max_rss: int | None) -> None:
     """One engine in this process (with --max-rss, checked before any weight is read)."""
-
     llm = _load_engine(settings, prepare=False)
     try:
         if max_rss is not None:
@@ -300,7 +295,6 @@ def _run_local(settings, job, no_progress: bool, strict: bool, max_rss: int | No
 def _encode(tokenizer, max_position, job, settings, strict, grammars):
     """Token ids of the prompts to run; the others are recorded as errors with why (finish_reason
     "error", or an OpenAI error line; with --strict: the job is refused before anything runs)."""
-
     todo, prompt_ids, errors = encode_or_error_rows(tokenizer, max_position, job.todo, settings.chat, grammars,
                                                     settings.json_schema)
     if errors:
@@ -336,7 +330,6 @@ def _load_weights(llm) -> None:
 
 def _prepare_offload(llm, prompt_ids, settings, records) -> None:
     """Plan (or load) the policy, build the offload engine and print the policy before the run."""
-
     try:
         lines = prepare_offload(llm, prompt_ids, settings, on_profile=lambda p, why: click.echo(
             f"measuring this machine ({why}; cached in {p}) ...", err=True), records=records)
@@ -348,7 +341,6 @@ def _prepare_offload(llm, prompt_ids, settings, records) -> None:
 
 def _run_on_ray(settings, job, no_progress: bool, address: str, num_workers, threads: int, strict: bool) -> None:
     """One engine per Ray worker; this process only reads prompts and writes the results."""
-
     _open_results(job, job.results.out)
     todo, prompt_ids = _encode_on_driver(settings, job, strict)
     progress = None
@@ -387,7 +379,6 @@ def _run_on_ray(settings, job, no_progress: bool, address: str, num_workers, thr
 
 def _encode_on_driver(settings, job, strict: bool):
     """Check the model and every prompt's length here, before any cluster starts."""
-
     try:
         reader, _ = open_model(settings.run.model)
     except (ValueError, OSError) as e:  # an unknown or unsupported model, a damaged checkpoint

@@ -175,7 +175,6 @@ def command(model, dtype, gpu_mem, cpu_mem, offload_dir, policy_arg, compress_we
 
 def _planned_jobs(scenarios, scenario_files, opts):
     """The runs to make; a bad scenario, or a metric whose package is not installed, is one line."""
-
     try:
         jobs = plan_jobs(scenarios, scenario_files, opts)
     except ScenarioError as e:
@@ -187,7 +186,6 @@ def _planned_jobs(scenarios, scenario_files, opts):
 
 def _write_summaries(output: Path, suite: str, helm_model: str, jobs, outcomes) -> None:
     """HELM's schema and environment files, our summary table, and the helm-summarize command."""
-
     schema_path, prod_env = write_helm_env(output, [helm_model], [j.spec for j in jobs])
     rows = summary_rows(outcomes)
     summary_path = write_summary(output / "runs" / suite, rows)

@@ -14,7 +14,6 @@ from flexlamps.models.loading.builtin import BUILTIN_MODELS
 def model_rows() -> list[tuple[str, str, str, str, str, str]]:
     """(family, config.json model_type values, GGUF architectures, cache, what it runs, examples)
     for each family."""
-
     return [(f.name, ", ".join(f.model_types), ", ".join(f.gguf_architectures) or "-", SUPPORT[f.forward].cache,
              runs(f.forward), f.examples or "-") for f in families()]
 
@@ -33,7 +32,6 @@ def command(markdown: bool):
     """List the built-in model names and the model families flexlamps runs (HF folders whose
     config.json has one of these model_types, or GGUF files of these architectures), each with the
     cache it keeps and what it runs: in memory, offloaded, 4-bit weights (--compress-weight), agents."""
-
     if markdown:
         click.echo(markdown_table())
         return

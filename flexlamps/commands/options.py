@@ -47,7 +47,6 @@ def refused_option(name: str, message: str):
 def writable_folder(path, option: str):
     """`path` made (with parents) and checked writable, or a one-line error naming `option` and
     the fix: the check every command makes of its output folder before any model loads."""
-
     try:
         return make_writable_folder(path, option)
     except UnusablePathError as e:

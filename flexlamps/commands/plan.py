@@ -237,7 +237,6 @@ def _all_full_attention_plan(model, hardware, workload, plan, given_policy: bool
 
 def _cpu_tier_within(hardware: HardwareSpec, max_rss: int) -> HardwareSpec:
     """The machine with the cpu tier `--max-rss` leaves (`memory.cpu_mem_within`), said on stderr."""
-
     cpu_mem = cpu_mem_within(max_rss, hardware.gpu_mem_bytes, hardware.gpu_is_host)
     if cpu_mem <= 0:
         raise click.BadParameter(f"{format_bytes(max_rss)} leaves no cpu tier after the fixed overhead "

@@ -17,7 +17,6 @@ from placement import format_bytes
 
 def write_atomically(path: Path, text: str) -> None:
     """Write via a temp file in the same folder + rename, so no half-written file is left."""
-
     with atomic_output(path, fsync=True) as handle:
         handle.write(text)
 
@@ -57,7 +56,6 @@ def command(out_path: Path | None, quick: bool, disk_dir: Path | None, gpu_mem: 
 
 def _routing_inputs(model_text: str | None, prompts_path: Path):
     """The MoE checkpoint and the prompts' token ids, checked before anything is measured."""
-
     if model_text is None:
         raise click.BadParameter("a routing profile needs the model: add --model (an HF folder or GGUF)",
                                  param_hint="--prompts")

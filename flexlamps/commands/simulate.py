@@ -114,7 +114,6 @@ def command(trace_path, policies, qps, window, seed, predictor, noise_sigma, pre
     """Simulate augmented requests (API-call pauses) under each policy and load, measured in
     steady state: warm-up and cool-down excluded, throughput without the drain, and a window
     test per point (does latency grow with the time the system has run?)."""
-
     if warmup + cooldown >= 1:
         raise click.UsageError(f"--warmup {warmup} and --cooldown {cooldown} leave no arrivals to measure; keep "
                                "their sum below 1")

@@ -64,7 +64,6 @@ def plan_workers(resources: dict[str, float], requested: int | None, threads: in
 def worker_offload_dir(offload_dir: str | None, rank: int) -> str | None:
     """Workers sharing a machine must not share an offload folder: each gets a subfolder (of the
     cache folder's offload/ when none is given)."""
-
     return os.path.join(default_offload_dir() if offload_dir is None else offload_dir, f"ray-worker-{rank}")
 
 

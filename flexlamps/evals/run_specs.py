@@ -106,7 +106,6 @@ def _mc_spec(scenario: str, args: dict, method: str) -> tuple[AdapterSpec, list[
 
 def _file_spec(settings: "FileSettings") -> tuple[AdapterSpec, list[str], str]:
     """(adapter spec, metrics, main metric) of a user's file, from its settings."""
-
     metrics = {MULTIPLE_CHOICE: MC_SEPARATE_METRICS, GENERATION_KIND: GENERATION_METRICS}.get(
         settings.kind, ["mc_accuracy_raw"])
     return adapter_spec_for(settings), list(metrics), METRICS[settings.metric]

@@ -66,7 +66,6 @@ def _engine_dequant_dtype(device: torch.device) -> torch.dtype:
 
 def _quantized_matrices(device: torch.device, shapes) -> list:
     """Random matrices of the given (out, in) shapes, compressed as the engine stores weights."""
-
     config = engine_weight_config()
     return [quantize(torch.randn(o, i, device=device), config) for o, i in shapes]
 
@@ -304,7 +303,6 @@ def measure_layer_overhead(device: torch.device, budget_s: float) -> float:
     A decode step of a model so narrow that its arithmetic is free, timed with two depths;
     the slope per layer is the fixed cost every layer pays on every micro-batch.
     """
-
     def attend(q, k, v, opts=None):  # one token attending to itself: the cache's cost is not what is timed here
         return v.repeat_interleave(q.shape[2] // v.shape[2], dim=2).reshape(q.shape[0], q.shape[1], -1)
 
@@ -347,7 +345,6 @@ def measure_delta_rule(device: torch.device, budget_s: float) -> dict[str, float
     engine runs it, 8 rows of 16 value heads of 128 x 128 (Qwen3.5 / Qwen3-Next's head size):
     "decode", a one-token step (its open chunk padded to a chunk, the state update skipped), and
     "prompt", a 256-token step. Far below the GEMM rate: small batched products and solves."""
-
     rows, heads, dim, prompt = 8, 16, 128, 256
     gen = torch.Generator().manual_seed(0)
 

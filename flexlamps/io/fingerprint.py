@@ -96,7 +96,6 @@ def model_fingerprint(model: str) -> str:
     """16 hex digits naming a model's weights by content: a built-in name, a Hugging Face
     folder (or its config.json) or a GGUF file. A name that resolves to nothing is
     fingerprinted as its text (loading it will fail anyway)."""
-
     text = str(model)
     path = Path(text).expanduser()
     if text.lower() in BUILTIN_MODELS:

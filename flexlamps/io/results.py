@@ -73,7 +73,6 @@ class ResumableResults:
 
     def lock(self) -> None:
         """Create `out`'s folder and hold `out` for this process (PathInUseError when taken)."""
-
         try:
             make_writable_folder(self.out.parent, "--out", shown=self.given)
             self._lock = PathLock(self.out, "--out", shown=self.given).acquire()

@@ -12,14 +12,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from flexlamps.models.errors import UnsupportedModelError
+from flexlamps.models.families import family_for
+from flexlamps.models.hf_field_types import wrong_field
 from flexlamps.models.hybrid_config import HybridConfig
 from flexlamps.models.layer_config import AttentionConfig, DecoderConfig, from_dict
 from flexlamps.models.mla_config import MLAConfig
 from flexlamps.models.moe_config import MoEConfig
 from flexlamps.models.storage_config import StorageConfig, storage_from_hf
-
-class UnsupportedModelError(ValueError):
-    pass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,9 +101,6 @@ class ModelConfig:
     def from_hf(cls, hf: dict[str, Any], source: str | None = None) -> "ModelConfig":
         """Build from an HF `config.json` dict; raises UnsupportedModelError naming the field, and
         `source` (the file the dict was read from) when given."""
-        from flexlamps.models.families import family_for
-        from flexlamps.models.hf_field_types import wrong_field
-
         where = f"{source}: " if source else ""
         if not isinstance(hf, dict):
             raise UnsupportedModelError(f"{source or 'config.json'} must hold a JSON object, not {type(hf).__name__}")

@@ -55,7 +55,6 @@ def machine_inputs(settings: RunSettings, spec: placement.ModelSpec, reader, on_
 def free_disk_bytes(offload_dir) -> int:
     """The disk tier the planner may use: free space where the offload executor will write, the
     folder given or, as the executor does without one, the default under the cache folder."""
-
     folder = Path(offload_dir) if offload_dir else default_offload_dir()
     folder.mkdir(parents=True, exist_ok=True)
     return shutil.disk_usage(folder).free
@@ -88,7 +87,6 @@ def with_measured_pools(plan: RunPlan, executor: Executor):
     Raises:
         ValueError: the gpu budget leaves no room for one request of `max_context` tokens.
     """
-
     aug = plan.augmented
     if aug is None or not plan.offloaded:
         raise ValueError("pools are measured on the offload executor of a plan made by plan_augmented")
@@ -108,7 +106,6 @@ def _dense_twins_fit(weights: dict) -> bool:
 def _cached_dense_copies(reader, dtype: torch.dtype, cache_dir):
     """The weight cache's dense copies of the 4-bit matrices (see weight_cache.dense_copies), or
     None when the cache is off or the checkpoint is not one file."""
-
     if cache_dir is False or not Path(reader.path).is_file():
         return None
     entry = weight_cache.entry_path(reader, dtype, True, cache_dir or None)

@@ -153,7 +153,6 @@ def _placement(settings: RunSettings, model: placement.ModelSpec, config: ModelC
                budgets) -> tuple[placement.Policy, placement.Plan | None]:
     """The placement policy the settings name, and the planner's answer when it chose it (`machine`:
     plan_run's hardware, disk_bytes and routing)."""
-
     policy = settings.policy
     if isinstance(policy, str) and policy == "auto":
         if machine["hardware"] is None:

@@ -12,32 +12,18 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 from tests.conftest import REPO
 
 ROOTS = ("flexlamps", "placement", "quant", "offload")
 LIMIT = 40
 REASON = re.compile(r"#\s*lazy \((cycle|torch|extra)\):")
 
-# Files #47's items 1-3 are rewriting now (the model description, the memory model, the executor as a
-# store and a sweep), with the function-level imports each holds today: they count towards LIMIT and
-# may not gain any; their reason comments are asked for once an entry is removed (when its rewrite lands).
+# Files #47's items 2-3 are rewriting now (the memory model, the executor as a store and a sweep), with
+# the function-level imports each holds today: they count towards LIMIT and may not gain any; their
+# reason comments are asked for once an entry is removed (when its rewrite lands).
 IN_REWRITE = {
     "flexlamps/engine/executors/charges.py": 9,
     "flexlamps/engine/executors/offloaded.py": 7,
-    "flexlamps/models/config.py": 2,
-    "flexlamps/models/families/__init__.py": 1,
-    "flexlamps/models/families/support.py": 1,
-    "flexlamps/models/loading/checkpoint.py": 8,
-    "flexlamps/models/loading/gguf_config.py": 1,
-    "flexlamps/models/loading/gguf_header.py": 1,
-    "flexlamps/models/loading/gguf_moe.py": 1,
-    "flexlamps/models/loading/gguf_tensors.py": 2,
-    "flexlamps/models/loading/hf_parts.py": 3,
-    "flexlamps/models/loading/weight_cache.py": 2,
-    "flexlamps/models/presets.py": 1,
-    "placement/model_spec.py": 2,
 }
 
 
@@ -118,8 +104,6 @@ def test_files_outside_the_rewrite_keep_within_the_limit():
     assert outside <= LIMIT
 
 
-@pytest.mark.xfail(strict=True, reason="the files of IN_REWRITE hold most of the count until #47's items 1-3 land; when this "
-                                       "passes, drop the marker")
 def test_at_most_40_function_level_imports_in_all():
     assert sum(len(found) for found in _all_imports().values()) <= LIMIT
 

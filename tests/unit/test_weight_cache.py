@@ -9,7 +9,7 @@ import torch
 
 from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
-from flexlamps.models.loading import checkpoint
+from flexlamps.models.loading import weight_cache
 from flexlamps.models.loading.checkpoint import GGUFReader, read_all
 from flexlamps.models.loading.weight_cache import load_weights
 from quant.int4_weight import Int4Weight
@@ -77,7 +77,7 @@ def test_second_load_reads_the_cache(tiny_gguf, tmp_path, monkeypatch):
     def no_read(*a, **k):
         raise AssertionError("the second load must come from the cache")
 
-    monkeypatch.setattr(checkpoint, "read_all", no_read)
+    monkeypatch.setattr(weight_cache, "read_all", no_read)
     second = load_weights(GGUFReader(tiny_gguf), torch.bfloat16, int4_in_place=True, cache_dir=cache)
     assert first.keys() == second.keys() and all(_same(first[k], second[k]) for k in first)
 
@@ -143,8 +143,6 @@ def test_header_is_parsed_once_and_reparsed_when_the_file_changes(tiny_gguf, tmp
 def test_cache_keeps_the_recently_used_entries_within_its_size(tmp_path, monkeypatch):
     import os
 
-    from flexlamps.models.loading import weight_cache
-
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "notes.txt").write_text("the user's file")  # never one of the cache's own entries
@@ -164,8 +162,6 @@ def test_cache_keeps_the_recently_used_entries_within_its_size(tmp_path, monkeyp
 
 
 def test_a_load_prunes_the_folder_and_keeps_its_entry(tiny_gguf, tmp_path, monkeypatch):
-    from flexlamps.models.loading import weight_cache
-
     cache = tmp_path / "cache"
     cache.mkdir()
     stale = cache / "weights-stale.safetensors"
@@ -200,8 +196,6 @@ def test_dense_twins_are_read_from_the_cache_and_equal_dequantizing(tiny_gguf, t
         assert torch.equal(_twin_logits(reader, path), want)
     path.write_bytes(path.read_bytes()[:100])  # torn: rebuilt
     assert torch.equal(_twin_logits(reader, path), want) and path.stat().st_size > 100
-    from flexlamps.models.loading import weight_cache
-
     monkeypatch.setattr(weight_cache, "_holds_dense", lambda *a: True)
     path.unlink()  # gone after the load checked it (pruned by another process): each twin dequantizes
     assert torch.equal(_twin_logits(reader, path), want)

@@ -155,7 +155,6 @@ def is_offloaded(cfg: ModelConfig, gpu_fraction: float) -> bool:
 def pool_sizes(cfg: ModelConfig, capacity: int, gpu_fraction: float,
                layer_fractions: tuple[float, ...] = ()) -> list[int]:
     """Each layer's pool entries per slot for a policy's cache fraction or per-layer pools."""
-
     fractions = layer_fractions or (gpu_fraction,) * cfg.num_layers
     if len(fractions) != cfg.num_layers:
         raise ValueError(f"the policy's latent_pools has {len(fractions)} layers, the model {cfg.num_layers}")
@@ -168,7 +167,6 @@ def latent_cache_bytes(cfg: ModelConfig, num_slots: int, capacity: int, dtype: t
     """Bytes `new_latent_cache` charges each tier for these arguments, allocating nothing (the
     dry run's): the records in the compute dtype or ESS's FP8 layout (656 B a token and layer
     for DeepSeek-V3.2), the indexer keys, and with offload each layer's pool and its books."""
-
     latent, keys = record_formats(cfg, dtype, fp8)
     key_bytes = keys.record_bytes if keys is not None else 0
     table = num_slots * capacity  # records per layer

@@ -71,7 +71,6 @@ class OffloadedLatentCache:
 
     def _miss_copy(self, max_records: int):
         """The overlapped mode's copier, its pinned staging (on CUDA) charged to the cpu tier."""
-
         lf = self.latent_format
         self._charge("cpu", MissCopy.staging_bytes(self.device, max_records, lf.record_bytes),
                      "pinned staging for the latent misses")

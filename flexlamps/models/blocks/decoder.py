@@ -73,7 +73,6 @@ class DecoderForward:
         `gate_up_proj`): fewer, larger fused-kernel calls (SmolLM2 decode: ~60 us less per layer).
         Dense weights, and parts of different kinds, stay apart, so the float paths keep their
         exact results."""
-
         out = dict(w)
         for fused, parts in self.FUSED_INT4.items():
             biases = [part.replace("_proj", "_bias") for part in parts]

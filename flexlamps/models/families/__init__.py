@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 from functools import lru_cache
 
+from flexlamps.models.errors import UnsupportedModelError
 from flexlamps.models.families.family import Family
 
 # the family modules, each defining FAMILY (a Family); order is the order `flexlamps models` lists them
@@ -38,8 +39,6 @@ def family_for(model_type: str | None) -> Family:
     """The family reading `model_type`; UnsupportedModelError naming what runs otherwise."""
     fam = _by_model_type().get(model_type or "")
     if fam is None:
-        from flexlamps.models.config import UnsupportedModelError
-
         raise UnsupportedModelError(f"model_type {model_type!r} is not supported; flexlamps runs "
                                     f"{', '.join(supported_model_types())} (see `flexlamps models`)")
     return fam

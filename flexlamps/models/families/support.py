@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flexlamps.models.errors import UnsupportedModelError
 from flexlamps.models.families import family_for
 
 
@@ -43,8 +44,6 @@ def check_paged(model_type: str) -> None:
     """Raise when the augmented engine's paged pool cannot hold this model's cache."""
     support = support_of(model_type)
     if not support.paged:
-        from flexlamps.models.config import UnsupportedModelError
-
         raise UnsupportedModelError(
             f"{model_type} keeps an {support.cache} cache, which the augmented engine's paged pool does not hold: "
             "`flexlamps agents` runs the families `flexlamps models` marks with agents; use `flexlamps generate`")

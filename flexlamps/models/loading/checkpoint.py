@@ -14,9 +14,11 @@ from typing import Any
 
 import torch
 
+from flexlamps.cache_folder import cache_root
 from flexlamps.models.config import ModelConfig, UnsupportedModelError
-from flexlamps.models.loading.gguf_blocks import mxfp4_blocks
-from flexlamps.models.loading.gguf_blocks import BLOCK, int4_blocks, int8_blocks, is_int4_block_type, is_int8_block_type
+from flexlamps.models.families import families, family_for
+from flexlamps.models.loading.gguf_blocks import (int4_blocks, int8_blocks, is_int4_block_type, is_int8_block_type,
+                                                  mxfp4_blocks)
 from flexlamps.models.loading.gguf_header import open_gguf, read_header
 from flexlamps.models.loading.gguf_tensors import GGUFTensor, dequantize_rows, field_value, unpermute_rows
 from flexlamps.models.loading.gguf_config import DECODER_ARCHITECTURES, as_written, decoder_hf_config
@@ -25,6 +27,7 @@ from flexlamps.models.loading.gguf_hybrid import (HYBRID_ARCHITECTURES, REFUSED_
 from flexlamps.models.loading.gguf_moe import (MLA_GGUF_LAYER, MLA_KV_B, deepseek2_hf_config, gpt_oss_hf_config,
                                                moe_gguf_tensor)
 from flexlamps.models.loading.gguf_names import GGUF_GLOBAL, NORM_PLUS_ONE, layer_names, permuted_heads
+from flexlamps.models.loading.unread import unread_error, unread_gguf_tensors, unread_tensors
 from flexlamps.models.loading.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 from flexlamps.models.loading.in_place import (TIED_HEAD, in_place_form, in_place_specs, int4_from_blocks,
                                                int8_from_blocks)
@@ -32,8 +35,10 @@ from flexlamps.models.loading.errors import CheckpointError, json_file
 from flexlamps.models.loading.hf_files import tensor_files
 from flexlamps.models.loading.hf_parts import FusedParts
 from flexlamps.models.weight_specs import WeightSpec, hf_name, hf_part, keeps_fp8, weight_specs
+from quant.fp8 import Fp8Weight, has_nan_codes
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
+from quant.mxfp4 import Mxfp4Weight
 
 
 class HFFolderReader:
@@ -54,9 +59,6 @@ class HFFolderReader:
 
     def _refuse_unread(self) -> None:
         """Every tensor of the checkpoint is read by some weight (see loading.unread)."""
-        from flexlamps.models.families import family_for
-        from flexlamps.models.loading.unread import unread_error, unread_tensors
-
         read = set()
         for spec in weight_specs(self.config):
             part = hf_part(self.config, spec)
@@ -131,8 +133,6 @@ class HFFolderReader:
 
     def _fp8_weight(self, name: str, codes: torch.Tensor, dtype: torch.dtype):
         """An FP8 checkpoint matrix with its `<name>_scale_inv` tiles (DeepSeek-V3's layout)."""
-        from quant.fp8 import Fp8Weight, has_nan_codes
-
         scale_name = name + "_scale_inv"
         if self.fp8_block is None or scale_name not in self._files:
             raise CheckpointError(f"{self.path}: {name} is stored in FP8 but the checkpoint has no "
@@ -167,12 +167,10 @@ class GGUFReader:
 
     def __init__(self, path: Path, cache_dir: Path | None = None):
         """`cache_dir`: where the parsed header is kept (default: the weight cache's folder)."""
-        from flexlamps.models.loading.weight_cache import default_cache_dir
-
         self.path = path
         self._reader = None  # the gguf package's reader, opened on the first tensor read
         self._tensors = None  # its tensors by name
-        self._cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self._cache_dir = Path(cache_dir) if cache_dir else cache_root()
         header = read_header(Path(path), self._parse_header, self._cache_dir)
         self.fields, self._tensor_types, self.sha256 = header.fields, header.tensor_types, header.sha256
         try:
@@ -212,8 +210,6 @@ class GGUFReader:
         if arch in HYBRID_ARCHITECTURES or arch in REFUSED_HYBRID:
             return hybrid_hf_config(f, self._tensor_types)
         if arch not in DECODER_ARCHITECTURES:
-            from flexlamps.models.families import families
-
             known = sorted({a for fam in families() for a in fam.gguf_architectures})
             raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported ({', '.join(known)} are; "
                                         "see `flexlamps models`)")
@@ -253,9 +249,6 @@ class GGUFReader:
 
     def _refuse_unread(self) -> None:
         """Every tensor of the file is read by some weight (see loading.unread.unread_gguf_tensors)."""
-        from flexlamps.models.families import family_for
-        from flexlamps.models.loading.unread import unread_error, unread_gguf_tensors
-
         read = set()
         for spec in weight_specs(self.config):
             split = spec.local_name == "kv_b_proj" and f"blk.{spec.layer}.{MLA_KV_B[0]}" in self._tensor_types
@@ -344,8 +337,6 @@ class GGUFReader:
 
     def read_mxfp4(self, spec: WeightSpec, dtype: torch.dtype):
         """An MXFP4 expert matrix as its blocks (`quant.mxfp4.Mxfp4Weight`, dequantized per call)."""
-        from quant.mxfp4 import Mxfp4Weight
-
         t = self._tensor(spec)
         if t.tensor_type.name != "MXFP4":
             raise CheckpointError(f"{self.path}: {spec.name} is not stored in MXFP4")

@@ -2,6 +2,8 @@
 a `ValueError` whose message names the file and the fix, so every command shows it as one line.
 Torch-free, so the readers of config, index and tokenizer files can raise it too."""
 
+import json
+
 
 class CheckpointError(ValueError):
     pass
@@ -10,8 +12,6 @@ class CheckpointError(ValueError):
 def json_file(path, what: str):
     """The JSON value in `path` (the checkpoint's `what`, e.g. "tokenizer config"), or a
     CheckpointError naming the file: unreadable, not UTF-8, or not JSON."""
-    import json
-
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from flexlamps.models.config import UnsupportedModelError
+from flexlamps.models.loading.gguf_moe import moe_hf_fields
 
 # what llama.cpp does without the key (llama-hparams.h, src/models/gemma*.cpp)
 _GEMMA2_SOFTCAPS = (50.0, 30.0)  # attention, final logits
@@ -30,8 +31,6 @@ def decoder_hf_config(f: dict[str, Any], tensor_types: dict[str, str],
                       tensor_values: Callable[[str], list[float]]) -> dict[str, Any]:
     """The HF config of a llama.cpp architecture in `DECODER_ARCHITECTURES` (its MoE fields from
     `gguf_moe`); `tensor_values` reads a small tensor's values (Phi-3's rope factors)."""
-    from flexlamps.models.loading.gguf_moe import moe_hf_fields
-
     arch = f["general.architecture"]
     f = as_written(f)
     cfg = _shape_fields(arch, f, tensor_types)

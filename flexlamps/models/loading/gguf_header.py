@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flexlamps.models.loading.errors import CheckpointError
+
 FORMAT_VERSION = 1
 log = logging.getLogger(__name__)
 
@@ -34,8 +36,6 @@ class GGUFHeader:
 def open_gguf(path: Path):
     """The `gguf` package's reader of `path`, or a CheckpointError naming the file: "truncated" when
     the header or a tensor it lists lies past the file's end, else what the package said."""
-    from flexlamps.models.loading.errors import CheckpointError
-
     size = path.stat().st_size
     if size == 0:
         raise CheckpointError(f"{path} is empty: not a GGUF file; copy or download it again")

@@ -100,8 +100,6 @@ def deepseek2_hf_config(f: dict[str, Any], tensors: set[str]) -> dict[str, Any]:
     a = "deepseek2"
     rope_dim = f[f"{a}.rope.dimension_count"]
     if f.get(f"{a}.rope.scaling.type") not in (None, "none"):
-        from flexlamps.models.config import UnsupportedModelError
-
         raise UnsupportedModelError(f"deepseek2 GGUF rope scaling {f[f'{a}.rope.scaling.type']!r} is not supported")
     gating = f.get(f"{a}.expert_gating_func")
     sigmoid = gating == 2 or (gating is None and any(t.endswith(".exp_probs_b.bias") for t in tensors))

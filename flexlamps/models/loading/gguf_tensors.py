@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from flexlamps.models.loading.errors import CheckpointError
+
 
 @dataclass(frozen=True)
 class GGUFTensor:
@@ -24,16 +26,12 @@ class GGUFTensor:
         count = int(np.prod(self.item_shape))
         data = np.fromfile(path, dtype=self.item_dtype, count=count, offset=self.data_offset)
         if data.size != count:
-            from flexlamps.models.loading.checkpoint import CheckpointError
-
             raise CheckpointError(f"{path}: a tensor is cut short; the file is truncated or damaged")
         return data.reshape(self.item_shape)
 
     def slab(self, index: int) -> "GGUFTensor":
         """Slab `index` along the first (numpy) dim: one expert of llama.cpp's stacked experts."""
         if len(self.item_shape) not in (2, 3) or not 0 <= index < self.item_shape[0]:
-            from flexlamps.models.loading.checkpoint import CheckpointError
-
             raise CheckpointError(f"expert {index} is not in a stacked tensor of shape {self.item_shape}")
         rest = self.item_shape[1:]
         return GGUFTensor(self.tensor_type, self.item_dtype, rest,

@@ -10,6 +10,7 @@ from typing import Callable
 
 import torch
 
+from flexlamps.models.loading.errors import CheckpointError
 from flexlamps.models.weight_specs import FusedPart, WeightSpec
 from quant.mxfp4 import Mxfp4Weight
 
@@ -31,8 +32,6 @@ class FusedParts:
         return tuple(part.name + s for s in MXFP4_SUFFIXES) if self.is_mxfp4(part) else (part.name,)
 
     def _missing(self, part: FusedPart, spec: WeightSpec):
-        from flexlamps.models.loading.checkpoint import CheckpointError
-
         return CheckpointError(f"{self._where}: tensor {part.name} (or its MXFP4 {part.name}_blocks and "
                                f"_scales), for {spec.name}, is missing from the checkpoint")
 
@@ -59,12 +58,8 @@ class FusedParts:
         try:
             return Mxfp4Weight(blocks.reshape(blocks.shape[0], -1).contiguous(), scales.contiguous(), dtype)
         except ValueError as e:
-            from flexlamps.models.loading.checkpoint import CheckpointError
-
             raise CheckpointError(f"{self._where}: {part.name}: {e}") from None
 
     def _check(self, name: str, shape: tuple[int, ...], spec: WeightSpec) -> None:
         if shape != spec.shape:
-            from flexlamps.models.loading.checkpoint import CheckpointError
-
             raise CheckpointError(f"{self._where}: {name} gives {spec.name} the shape {shape}, expected {spec.shape}")

@@ -31,9 +31,11 @@ from typing import Callable
 import torch
 
 from flexlamps.cache_folder import cache_root
+from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.gguf_header import file_sha256
 from flexlamps.models.loading.in_place import packs_five_bit
 from flexlamps.models.loading.tensor_file import SAFETENSORS_DTYPES, write_tensors
+from flexlamps.models.weight_specs import weight_specs
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
 
@@ -167,9 +169,6 @@ def load_weights(reader, dtype: torch.dtype, *, int4_in_place: bool, cache_dir: 
     """`checkpoint.read_all(reader, dtype, int4_in_place)`, from the cache when the checkpoint is one
     file (GGUF) whose packed weights were cached before; otherwise read, then cached. An FP8
     checkpoint (an HF folder: never cached) keeps its matrices FP8 (`quant.fp8.Fp8Weight`)."""
-    from flexlamps.models.loading.checkpoint import read_all
-    from flexlamps.models.weight_specs import weight_specs
-
     source = Path(reader.path)
     if not use_cache or not source.is_file():
         return read_all(reader, dtype, int4_in_place=int4_in_place, fp8_in_place=True)
