@@ -195,22 +195,27 @@ def encode_checked(tokenizer, max_position: int, records: list[PromptRecord], ch
 
 def result_row(record: PromptRecord, outs: list, settings: GenerateSettings, tokenizer) -> dict[str, Any]:
     """The output record of a prompt whose samples finished (`RequestOutput`s in sample order):
-    an OpenAI output line for an OpenAI request, else one plain record of its one sample."""
+    an OpenAI output line for an OpenAI request, else a plain record: its one sample's fields, or
+    for a line asking for `n` > 1, the list of its `samples`."""
     if record.endpoint is not None:
         return response_line(record, outs, model=settings.model_name, created=settings.created,
                              token_text=tokenizer.token_str)
-    return _plain_row(record, outs[0], settings.logprobs or bool(record.sampling.get("logprobs")))
+    logprobs = settings.logprobs or bool(record.sampling.get("logprobs"))
+    row, prompt_tokens = {"id": record.id, **record.extra}, outs[0].num_prompt_tokens
+    if record.n == 1:  # the keys in the order records had before `n`, so older outputs resume alike
+        fields = _sample_fields(outs[0], logprobs)
+        return {**row, "text": fields.pop("text"), "num_prompt_tokens": prompt_tokens, **fields}
+    return {**row, "num_prompt_tokens": prompt_tokens, "samples": [_sample_fields(out, logprobs) for out in outs]}
 
 
-def _plain_row(record: PromptRecord, out, logprobs: bool) -> dict[str, Any]:
-    row = {"id": record.id, **record.extra, "text": out.text, "num_prompt_tokens": out.num_prompt_tokens,
-           "num_generated_tokens": len(out.token_ids), "finish_reason": out.finish_reason}
+def _sample_fields(out, logprobs: bool) -> dict[str, Any]:
+    fields = {"text": out.text, "num_generated_tokens": len(out.token_ids), "finish_reason": out.finish_reason}
     if out.stop_string is not None:
-        row["stop"] = out.stop_string
+        fields["stop"] = out.stop_string
     if logprobs:
-        row["token_ids"] = out.token_ids
-        row["logprobs"] = out.logprobs
-    return row
+        fields["token_ids"] = out.token_ids
+        fields["logprobs"] = out.logprobs
+    return fields
 
 
 def generate_rows(llm, settings: GenerateSettings, records: list[PromptRecord], prompt_ids: list[list[int]],

@@ -53,8 +53,9 @@ def _since_process_start() -> float:
 @click.command("generate")
 @model_options
 @click.option("--prompts", "prompts_path", required=True, type=click.Path(dir_okay=False),
-              help='Input: JSONL lines {"id": ..., "prompt": ...} or {"id": ..., "messages": [...]} (extra fields are '
-                   'kept), an OpenAI Batch file (custom_id, url, body), or a text file, one prompt a line.')
+              help='Input: JSONL lines {"id": ..., "prompt": ...} or {"id": ..., "messages": [...]} (optional '
+                   '"json_schema" and "n" samples; extra fields are kept), an OpenAI Batch file (custom_id, url, '
+                   'body), or a text file, one prompt a line.')
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False),
               help="Output JSONL, one record per prompt. Re-running the same command resumes: finished records whose "
                    "fingerprint (model file, options, prompt) matches are kept.")

@@ -1,5 +1,5 @@
 """Read prompt files: JSONL records `{"id": ..., "prompt": ...}` or `{"id": ..., "messages": [...]}`
-(an optional `json_schema` the answer must follow; other fields kept), OpenAI Batch files
+(an optional `json_schema` the answer must follow and `n` samples; other fields kept), OpenAI Batch files
 (`openai_batch`, recognised by the first line's `custom_id` and `body`) or plain text, one prompt
 per line. Errors name the file, the line and the fix."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from flexlamps.io.openai_batch import is_batch_line, read_batch_lines
+from flexlamps.io.openai_batch import MAX_N, is_batch_line, read_batch_lines
 from flexlamps.io.records import PromptRecord, canonical_schema
 
 __all__ = ["PromptFileError", "PromptRecord", "read_prompts"]
@@ -83,19 +83,28 @@ def _read_jsonl(path: Path, lines: list[str]) -> list[PromptRecord]:
     return records
 
 
-def _plain_record(path: Path, n: int, obj: dict) -> PromptRecord:
+def _plain_record(path: Path, line_no: int, obj: dict) -> PromptRecord:
     prompt, messages, schema = obj.pop("prompt", None), obj.pop("messages", None), obj.pop("json_schema", None)
+    where = f"{path}:{line_no}"
     if messages is not None:
         if prompt is not None:
-            raise PromptFileError(f"{path}:{n}: give \"prompt\" or \"messages\", not both")
+            raise PromptFileError(f"{where}: give \"prompt\" or \"messages\", not both")
         if not (isinstance(messages, list) and messages and all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                 for m in messages)):
-            raise PromptFileError(f"{path}:{n}: \"messages\" must be a non-empty list of "
+            raise PromptFileError(f"{where}: \"messages\" must be a non-empty list of "
                                   "{\"role\": ..., \"content\": \"...\"} objects")
     elif not isinstance(prompt, str) or not prompt:
-        raise PromptFileError(f"{path}:{n}: needs a non-empty string field \"prompt\" (or \"messages\")")
+        raise PromptFileError(f"{where}: needs a non-empty string field \"prompt\" (or \"messages\")")
     if schema is not None and not isinstance(schema, dict):
-        raise PromptFileError(f"{path}:{n}: \"json_schema\" must be a JSON schema object")
-    return PromptRecord(str(obj.pop("id", n)), prompt, obj, messages=messages,
+        raise PromptFileError(f"{where}: \"json_schema\" must be a JSON schema object")
+    return PromptRecord(str(obj.pop("id", line_no)), prompt, obj, messages=messages, n=_samples(where, obj.pop("n", 1)),
                         json_schema=None if schema is None else canonical_schema(schema))
+
+
+def _samples(where: str, n) -> int:
+    """A plain line's `n`: how many samples of its prompt to generate (1 to MAX_N)."""
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
+        raise PromptFileError(f"{where}: \"n\" (samples of the prompt) must be an integer from 1 to {MAX_N}, "
+                              f"got {json.dumps(n)}")
+    return n

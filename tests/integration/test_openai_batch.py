@@ -155,12 +155,7 @@ def test_killed_and_resumed_and_offloaded_write_the_same_file(tiny_llama, batch_
     res = CliRunner().invoke(main, _args(tiny_llama, batch_file, off, "--gpu-mem", "64MiB", "--cpu-mem", "64MiB",
                                          "--offload-dir", str(tmp_path / "dir"), "--policy", str(policy)))
     assert res.exit_code == 0, res.output
-    # the same lines; only flexlamps' own fingerprint differs (it names the policy file the run was given)
-    assert _without_fingerprints(off) == _without_fingerprints(reference)
-
-
-def _without_fingerprints(path):
-    return [{k: v for k, v in row.items() if k != "fingerprint"} for row in _read(path)]
+    assert off.read_bytes() == reference.read_bytes()  # fingerprints too: a placement is not an option
 
 
 def test_strict_refuses_a_file_with_a_broken_line(tiny_llama, batch_file, tmp_path):
@@ -199,3 +194,22 @@ def test_plain_lines_take_a_schema_per_line_or_one_for_all(tiny_llama, tmp_path)
     res = CliRunner().invoke(main, _args(tiny_llama, tmp_path / "in.jsonl", tmp_path / "o2.jsonl", "--json-schema",
                                          str(tmp_path / "bad.json")))
     assert res.exit_code != 0 and "--json-schema" in res.output and "is not JSON" in res.output
+
+
+def test_plain_lines_take_n_samples(tiny_llama, tmp_path):
+    """A plain line's `n` gives its `samples`, sample 0 the line's own answer without `n`; the
+    other samples seed from it and their index, so they differ when sampled."""
+    (tmp_path / "n.jsonl").write_text(json.dumps({"id": "a", "prompt": "Once upon a time", "n": 3, "tag": 1}) + "\n"
+                                      + json.dumps({"id": "b", "prompt": "hello", "n": 1}) + "\n")
+    (tmp_path / "one.jsonl").write_text(json.dumps({"id": "a", "prompt": "Once upon a time", "tag": 1}) + "\n")
+    sampled = ["--temperature", "1.0", "--max-new-tokens", "5", "--ignore-eos", "--logprobs"]
+    for name in ("n", "one"):
+        res = CliRunner().invoke(main, _args(tiny_llama, tmp_path / f"{name}.jsonl", tmp_path / f"{name}.out", *sampled))
+        assert res.exit_code == 0, res.output
+    (three, one), alone = _read(tmp_path / "n.out"), _read(tmp_path / "one.out")[0]
+    assert sorted(three) == ["fingerprint", "id", "num_prompt_tokens", "samples", "tag"] and len(three["samples"]) == 3
+    assert three["num_prompt_tokens"] == alone["num_prompt_tokens"]
+    assert three["samples"][0] == {k: alone[k] for k in three["samples"][0]}
+    assert all(len(s["token_ids"]) == len(s["logprobs"]) == s["num_generated_tokens"] == 5 for s in three["samples"])
+    assert len({s["text"] for s in three["samples"]}) > 1
+    assert "samples" not in one and one["num_generated_tokens"] == 5  # n: 1 keeps the one-sample record
