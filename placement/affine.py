@@ -9,7 +9,7 @@ NUM_FRACTIONS = 9
 W_GPU, W_CPU, W_DISK, C_GPU, C_CPU, C_DISK, H_GPU, H_CPU, H_DISK = range(NUM_FRACTIONS)
 PREFILL_TERMS = ("ctog", "gtoc", "dtoc", "ctod", "comp")
 DECODE_TERMS = PREFILL_TERMS
-MEMORY_ROWS = ("gpu_prefill", "gpu_decode", "cpu_prefill", "cpu_decode", "disk")
+MEMORY_ROWS = ("gpu_prefill", "gpu_decode", "gpu_head", "cpu_prefill", "cpu_decode", "disk")
 
 
 class Affine:

@@ -69,6 +69,9 @@ class CostTerms:
     cache_gpu_bounds: tuple[float, float] = (0.0, 1.0)  # what the engine can run for c_gpu
     latent: "LatentTerms | None" = None  # the pools' misses, for `Choice.latent_pools`
     cpu_expert_tokens: int = 0  # the switch priced (`Choice.cpu_expert_tokens`), for the plan's policy
+    # the output head's rows the gpu_head row stages (bytes, the engine's one chunk) and its vocab rows:
+    # nothing is staged where the fractions keep every row on the gpu tier (`memory_at`)
+    head_staged: tuple[float, int] = (0.0, 1)
 
 
 @dataclass(frozen=True, slots=True)

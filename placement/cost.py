@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from placement.affine import Affine, fractions_of
+from placement.affine import W_GPU, Affine, fractions_of
 from placement.choice import Choice, CostTerms
 from placement.expert_cache_terms import with_expert_hits
 from placement.model_spec import ModelSpec
@@ -90,7 +90,17 @@ def predict(policy: Policy, model: ModelSpec, hardware: HardwareSpec,
         prefill_s=prefill_s, decode_s=decode_s,
         prefill_layer_s={k: a(x) for k, a in terms.prefill.items()},
         decode_layer_s=decode_layer_values(terms, x),
-        peak_bytes={k: a(x) for k, a in terms.memory.items()})
+        peak_bytes=memory_at(terms, x))
+
+
+def memory_at(terms: CostTerms, x: np.ndarray) -> dict[str, float]:
+    """Each memory row's bytes at fractions `x`: the affine rows, less the output head's staged
+    chunk where `x` keeps every vocab row of it on the gpu tier (the engine stages none then)."""
+    rows = {name: a(x) for name, a in terms.memory.items()}
+    staged, vocab = terms.head_staged
+    if (1.0 - float(x[W_GPU])) * vocab < 0.5:
+        rows["gpu_head"] -= staged
+    return rows
 
 
 def terms_of_policy(policy: Policy, model: ModelSpec, hardware: HardwareSpec,

@@ -1,4 +1,5 @@
-"""Peak bytes per tier and phase (`MEMORY_ROWS`), affine in the fractions: what is resident plus one call's working buffers."""
+"""Peak bytes per tier and phase (`MEMORY_ROWS`), affine in the fractions: what is resident plus
+one call's working buffers, and the output head's moment."""
 
 import dataclasses
 
@@ -7,6 +8,31 @@ from placement.choice import Choice
 from placement.layer_sizes import LayerSizes, held_tokens, routed_staging
 from placement.model_spec import ModelSpec
 from placement.weight_calls import in_place_int4, int4_twins
+
+HEAD_CHUNK_ROWS = 8192  # the engine's output head runs in chunks of this many vocab rows (within a piece)
+
+
+def workspace_bytes(model: ModelSpec, num_rows: int, num_queries: int, span: float, dtype_bytes: int = 0) -> float:
+    """Compute scratch of one call of `num_rows` rows in one layer, as the engine charges it (its
+    charges call this): the layer's intermediates in the dtype (default the model's) and the
+    boolean attention mask, a byte per query and attended entry."""
+    elements = int(num_rows * model.layer_workspace_elements(num_queries, span))
+    return elements * (dtype_bytes or model.dtype_bytes) + num_rows * num_queries * span
+
+
+def head_working(choice: Choice, model: ModelSpec) -> float:
+    """GPU bytes the engine holds while the output head runs (a moment of its own, beside a
+    layer's): one vocab chunk's logits for the widest call."""
+    rows = max(choice.gpu_batch_size, choice.decode_calls()[1])
+    return min(HEAD_CHUNK_ROWS, model.vocab_size) * rows * model.dtype_bytes
+
+
+def head_staged(model: ModelSpec) -> float:
+    """GPU bytes of the head's rows staged while it runs where they are not all on the gpu tier:
+    one chunk. The LP charges it whatever the fractions (a constant: the gpu_head row may refuse
+    a head held whole on the gpu tier by that much); a plan's peak drops it where no row is off
+    the gpu tier (`cost.memory_at`)."""
+    return min(HEAD_CHUNK_ROWS, model.vocab_size) * model.hidden_size * model.dtype_bytes
 
 
 def _cpu_decode_staging(choice, sz, model, rows: int, full_entries: float, cache_home: float) -> Affine:
@@ -28,6 +54,7 @@ def memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     """Peak bytes per tier: resident data ("home") plus working buffers for one micro-batch."""
     gbs, block = choice.gpu_batch_size, choice.gpu_batch_size * choice.num_gpu_batches
     s, n = workload.prompt_len, workload.gen_len
+    cols = workload.prompt_columns  # a prompt step's width: a one-token prompt runs in two columns
     layers = model.num_layers
     num_cached = block * (s + n - workload.shared_prefix_len) + workload.shared_prefix_len
     weights_home = layers * sz.weight_stored
@@ -35,7 +62,7 @@ def memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     # DeltaNet states: one per sequence (and one for a shared prefix), placed by the cache fractions
     cache_home += layers * (block + (1 if workload.shared_prefix_len else 0)) * sz.state
     indexer_home = layers * num_cached * sz.indexer  # ESS: indexer keys stay on the GPU
-    hidden_p, hidden_g = block * s * sz.hidden, block * sz.hidden
+    hidden_p, hidden_g = block * cols * sz.hidden, block * sz.hidden
     full_entries = model.attended_entries(s + n)
     db = model.dtype_bytes
 
@@ -45,28 +72,29 @@ def memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
 
     # GPU: double-buffered streamed layer weights (a layer's own: the embedding table and the
     # head are read in rows and vocab chunks, never staged whole; routed experts only as the
-    # sweep's tokens can pick them, and never prefetched), the micro-batch's hidden in/out,
-    # FFN/attention intermediates, compressed weights as they expand.
+    # sweep's tokens can pick them, and never prefetched), compressed weights as they expand. A
+    # call's input and output are in its workspace (`workspace_bytes`), as the engine charges them
     def gpu_working(seqs: int, tokens_per_seq: int, calls: int) -> Affine:
-        hidden_io = 2 * seqs * tokens_per_seq * sz.hidden
         staged = (2 * (sz.layer_stored - sz.experts_stored)
                   + routed_staging(sz, model, calls * seqs * tokens_per_seq, choice.expert_group))
-        work = Affine(indexer_home + staged + hidden_io)
-        work.add(-staged, W_GPU).add(-hidden_io, H_GPU)
+        work = Affine(indexer_home + staged)
+        work.add(-staged, W_GPU)
         if choice.compress_weight:
             return work.add(dequantized_bytes(choice, sz, model, seqs * tokens_per_seq, calls))
         if model.weight_format == "fp8":  # upcast per call: an absorbed matrix and one other at most
             return work.add(2 * max(o * i for o, i in model.layer_matrix_shapes()) * db)
         return work
 
-    gpu_prefill = resident(hidden_p, True).plus(gpu_working(gbs, s, choice.num_gpu_batches))
-    gpu_prefill.add(db * gbs * model.layer_workspace_elements(s, s))
-    gpu_prefill.plus(_attended_cache(choice, gbs * s * sz.cache_fp16))
+    gpu_prefill = resident(hidden_p, True).plus(gpu_working(gbs, cols, choice.num_gpu_batches))
+    gpu_prefill.add(workspace_bytes(model, gbs, cols, cols))
+    gpu_prefill.plus(_attended_cache(choice, gbs * cols * sz.cache_fp16))
     # a decode call runs the merged block or one micro-batch (`Choice.decode_calls`)
     calls, rows = choice.decode_calls()
     gpu_decode = resident(hidden_g, True).plus(gpu_working(rows, 1, calls))
-    gpu_decode.add(db * rows * model.layer_workspace_elements(1, full_entries))
+    gpu_decode.add(workspace_bytes(model, rows, 1, full_entries))
     gpu_decode.plus(_attended_cache(choice, rows * full_entries * sz.cache_fp16))
+
+    gpu_head = resident(hidden_p, True).add(indexer_home + head_working(choice, model) + head_staged(model))
 
     # CPU: staging buffers for the activations and cache that stream from disk; weights on disk
     # are read tensor by tensor straight into the gpu tier's staging (on a GPU through a
@@ -74,11 +102,11 @@ def memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
     cpu_prefill = resident(hidden_p, False)
     if choice.latent_pools:  # ESS's layout: every record on the cpu tier, the pools besides
         cpu_prefill.add(cache_home, C_GPU)
-    cpu_prefill.add(2 * gbs * s * sz.hidden, H_DISK).add(gbs * s * sz.cache_stored, C_DISK)
+    cpu_prefill.add(2 * gbs * cols * sz.hidden, H_DISK).add(gbs * cols * sz.cache_stored, C_DISK)
     cpu_decode = resident(hidden_g, False).plus(_cpu_decode_staging(choice, sz, model, rows, full_entries, cache_home))
 
     disk = Affine().add(weights_home, W_DISK).add(cache_home, C_DISK).add(hidden_p, H_DISK)
-    return {"gpu_prefill": gpu_prefill, "gpu_decode": gpu_decode, "cpu_prefill": cpu_prefill,
+    return {"gpu_prefill": gpu_prefill, "gpu_decode": gpu_decode, "gpu_head": gpu_head, "cpu_prefill": cpu_prefill,
             "cpu_decode": cpu_decode, "disk": disk}
 
 

@@ -8,6 +8,7 @@ from placement.units import format_bytes
 
 ROW_LABELS = {
     "gpu_prefill": "gpu memory (prefill)", "gpu_decode": "gpu memory (decode)",
+    "gpu_head": "gpu memory (output head)",
     "cpu_prefill": "cpu memory (prefill)", "cpu_decode": "cpu memory (decode)",
     "disk": "disk",
 }

@@ -17,7 +17,8 @@ import numpy as np
 
 from placement.affine import C_DISK, C_GPU, H_CPU, H_DISK, H_GPU, MEMORY_ROWS, NUM_FRACTIONS, fractions_of
 from placement.choice import Choice
-from placement.cost import decode_layer_time, decode_layer_values, prefill_layer_time, terms_of_policy, total_time
+from placement.cost import (decode_layer_time, decode_layer_values, memory_at, prefill_layer_time, terms_of_policy,
+                            total_time)
 from placement.expert_cache_terms import with_expert_hits
 from placement.expert_groups import ONE_AT_A_TIME, STREAMED
 from placement.lp import memory_excess, memory_implied_highs, solve_fractions, time_lower_bounds
@@ -37,7 +38,7 @@ def budgets_for(hardware: HardwareSpec, usable_fraction: float) -> dict[str, flo
         raise ValueError(f"usable_fraction must be in (0, 1], got {usable_fraction}")
     gpu = hardware.gpu_mem_bytes * usable_fraction
     cpu = hardware.cpu_mem_bytes * usable_fraction
-    return {"gpu_prefill": gpu, "gpu_decode": gpu, "cpu_prefill": cpu, "cpu_decode": cpu,
+    return {"gpu_prefill": gpu, "gpu_decode": gpu, "gpu_head": gpu, "cpu_prefill": cpu, "cpu_decode": cpu,
             "disk": hardware.disk_bytes * usable_fraction}
 
 
@@ -266,14 +267,14 @@ def _make_plan(best, budgets: dict[str, float], num_lps: int, search_s: float) -
         cpu_expert_tokens=terms.cpu_expert_tokens, expert_group=choice.expert_group)
     prefill_s = terms.num_layers * prefill_layer_time(terms.prefill, x)
     decode_s = terms.num_layers * terms.num_decode_steps * decode_layer_time(terms, x)
-    rows = {name: terms.memory[name](x) for name in MEMORY_ROWS}
+    rows = memory_at(terms, x)
     slack = {name: (budgets[name] - rows[name]) / budgets[name] for name in MEMORY_ROWS}
     return Plan(
         policy=policy, tokens_per_s=terms.tokens_per_block / (prefill_s + decode_s),
         total_s=prefill_s + decode_s, prefill_s=prefill_s, decode_s=decode_s,
         prefill_layer_s={k: a(x) for k, a in terms.prefill.items()},
         decode_layer_s=decode_layer_values(terms, x),
-        peak_bytes={"gpu": max(rows["gpu_prefill"], rows["gpu_decode"]),
+        peak_bytes={"gpu": max(rows["gpu_prefill"], rows["gpu_decode"], rows["gpu_head"]),
                     "cpu": max(rows["cpu_prefill"], rows["cpu_decode"]), "disk": rows["disk"]},
         budget_bytes={"gpu": budgets["gpu_decode"], "cpu": budgets["cpu_decode"],
                       "disk": budgets["disk"]},

@@ -213,6 +213,16 @@ def _rate_at(table: dict[str, float], rows: float) -> float:
     return math.exp((1 - t) * math.log(points[i - 1][1]) + t * math.log(points[i][1]))
 
 
+# a prompt step is at least this many columns wide (a one-token prompt gets a padded column): a
+# prompt is always multiplied as a prompt, never as a decode step (the engine's batch invariance)
+MIN_PROMPT_COLUMNS = 2
+
+
+def prompt_columns(tokens: int) -> int:
+    """Columns of a prompt step that feeds `tokens` tokens of each row, as the engine pads it."""
+    return max(MIN_PROMPT_COLUMNS, tokens)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadSpec(JsonMixin):
     """A batch job: every sequence has the same prompt and output length (FlexGen's setting)."""
@@ -220,6 +230,11 @@ class WorkloadSpec(JsonMixin):
     prompt_len: int  # tokens per prompt, including the shared prefix
     gen_len: int  # tokens generated per sequence
     shared_prefix_len: int = 0  # leading prompt tokens common to all sequences (computed once)
+
+    @property
+    def prompt_columns(self) -> int:
+        """Columns of the widest prompt step (`prompt_columns`): what its calls hold at once."""
+        return prompt_columns(self.prompt_len)
 
     def __post_init__(self):
         for name in ("prompt_len", "gen_len"):

@@ -4,7 +4,7 @@ import dataclasses
 
 from placement.choice import Choice, CostTerms, LatentTerms
 from placement.cost_decode import decode_terms
-from placement.cost_memory import memory_rows
+from placement.cost_memory import head_staged, memory_rows
 from placement.cost_prompt import prompt_terms
 from placement.expert_compute import cpu_expert_tokens
 from placement.latent_pools import LatentMissCurves, MissEnvelope
@@ -34,7 +34,7 @@ def build_terms(choice: Choice, model: ModelSpec, hardware: HardwareSpec,
         num_layers=model.num_layers, num_decode_steps=workload.gen_len - 1,
         tokens_per_block=choice.gpu_batch_size * choice.num_gpu_batches * workload.gen_len,
         cache_gpu_bounds=_cache_gpu_bounds(model, latent), latent=latent,
-        cpu_expert_tokens=choice.cpu_expert_tokens)
+        cpu_expert_tokens=choice.cpu_expert_tokens, head_staged=(head_staged(model), model.vocab_size))
 
 
 def _cache_gpu_bounds(model: ModelSpec, latent: "LatentTerms | None") -> tuple[float, float]:

@@ -26,6 +26,7 @@ from flexlamps.engine.executors.charges import (PlacementCharges, int4_weights, 
                                                 with_backend)
 from flexlamps.engine.executors.offloaded import CAPABILITIES
 from offload import TierBudget
+from placement.specs import prompt_columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +72,8 @@ def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem:
     _charge_cache(run, budgets, num_slots, prompt_len + gen_len)
     if prefix_len:
         _charge_cache(run, budgets, 1, prefix_len)
-    _sweep(run, budgets, [(policy.gpu_batch_size, prompt_len, prompt_len)] * policy.num_gpu_batches, logits_per_row)
+    columns = prompt_columns(prompt_len)  # a one-token prompt runs in two columns
+    _sweep(run, budgets, [(policy.gpu_batch_size, columns, columns)] * policy.num_gpu_batches, logits_per_row)
     span = prompt_len + gen_len - 1  # the last decode step attends to the longest context
     merged = (policy.merge_decode and policy.num_gpu_batches > 1
               and run.sweep_gpu_peak([(num_slots, 1, span)]) <= budgets["gpu"].free_bytes)

@@ -85,27 +85,21 @@ def test_every_feasible_plan_passes_the_dry_run_fine(builtin, disk):
     assert _check_grid(reader, dtype, itertools.product(GPU_MIB, CPU_MIB), disk) >= (40 if disk is None else 100)
 
 
-def test_a_plan_the_dry_run_refuses_is_planned_again_within_less(builtin, monkeypatch):
-    """Where the engine would charge more than the planner estimated, the plan is made again
-    with that tier's budget less the shortfall, and that plan is returned."""
+def test_a_plan_the_dry_run_refuses_is_an_error_not_a_replan(builtin, monkeypatch):
+    """One memory model: the plan is made once, at the user's budgets. Where the engine would
+    still charge more than a tier holds, planning stops with the tier and the shortfall (no loop
+    of plans with less room); the plan the dry run passes is the planner's own."""
     reader, dtype = builtin
-    refusals = []
-    real = policy_choice._dry_run_shortfall
-
-    def refuse_once(*args):
-        if not refusals:
-            refusals.append(args[1])
-            return "gpu", 4 * MiB
-        return real(*args)
-
-    monkeypatch.setattr(policy_choice, "_dry_run_shortfall", refuse_once)
     common = dict(gpu_mem=64 * MiB, cpu_mem=512 * MiB, disk_bytes=None, prompt_len=53, gen_len=GEN_LEN,
                   max_block_size=NUM_PROMPTS, allow_compression=False)
-    plan = policy_choice.plan_policy(reader.hf_config, dtype, placement.hardware_preset(HARDWARE), **common)
-    assert refusals and plan.budget_bytes["gpu"] < 0.9 * (64 - 4) * MiB
-    monkeypatch.setattr(policy_choice, "_dry_run_shortfall", lambda *args: ("gpu", 1 << 40))
-    with pytest.raises(placement.InfeasiblePlanError, match="gpu tier"):
-        policy_choice.plan_policy(reader.hf_config, dtype, placement.hardware_preset(HARDWARE), **common)
+    hw = placement.hardware_preset(HARDWARE)
+    plan = policy_choice.plan_policy(reader.hf_config, dtype, hw, **common)
+    assert plan.budget_bytes["gpu"] == pytest.approx(0.9 * 64 * MiB)
+    calls = []
+    monkeypatch.setattr(policy_choice, "_dry_run_shortfall", lambda *args: calls.append(args) or ("gpu", 4 * MiB))
+    with pytest.raises(placement.InfeasiblePlanError, match="gpu tier .as the engine charges it.: needs 4.0 MiB"):
+        policy_choice.plan_policy(reader.hf_config, dtype, hw, **common)
+    assert len(calls) == 1
 
 
 def _generate_within(model, gpu: int, cpu: int, tmp_path, monkeypatch, prompts, gen_len: int):

@@ -87,7 +87,9 @@ def _cases(draw, models=_models()):
     return config, model, hw, workload, options
 
 
-def _check_plan_runs_in_a_dry_run(case):
+def _check_plan_runs_in_a_dry_run(case, within: float = 0.1, budget_share: float = 0.01):
+    """The plan passes the engine's dry run, and its peak per tier is the dry run's within `within` of
+    it, plus placement granularity and `budget_share` of the tier's budget (tiers the plan barely uses)."""
     config, model, hw, workload, options = case
     try:
         plan = placement.solve(model, hw, workload, **options)
@@ -108,10 +110,9 @@ def _check_plan_runs_in_a_dry_run(case):
     for tier in ("gpu", "cpu", "disk"):
         charged, estimate = run.peak_bytes[tier], plan.peak_bytes[tier]
         assert charged <= capacity[tier], (tier, charged, capacity[tier], plan.policy)
-        # within 10% of the estimate, plus that granularity and 1% of the budget for tiers
-        # the plan barely uses
-        slack = matrix + cache_layer + 0.01 * plan.budget_bytes[tier]
-        assert abs(charged - estimate) <= 0.1 * estimate + slack, (tier, charged / GiB, estimate / GiB, plan.policy)
+        slack = matrix + cache_layer + budget_share * plan.budget_bytes[tier]
+        assert abs(charged - estimate) <= within * estimate + slack, (
+            tier, charged / GiB, estimate / GiB, plan.policy)
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
@@ -124,7 +125,7 @@ def test_plans_pass_the_engines_dry_run(case):
 @given(_cases(_mla_models()))
 def test_mla_plans_pass_the_engines_dry_run(case):
     """The dry run charges a V3.2 model's latent cache as the planner sizes it (cpu records and
-    gpu pools, or all on the gpu tier), within the same 10%."""
+    gpu pools, or all on the gpu tier), within 10% (measured: up to +2.6% on the gpu tier)."""
     _check_plan_runs_in_a_dry_run(case)
 
 
@@ -134,6 +135,19 @@ def test_mla_plans_pass_the_engines_dry_run(case):
 def test_plans_pass_the_engines_dry_run_500_cases(case):
     """The issue's bar: 500 random models, machines and workloads (about 10 minutes)."""
     _check_plan_runs_in_a_dry_run(case)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason="#47's bar, not met yet: the planner counts a call's hidden in/out "
+                   "(2 x rows x hidden) the engine does not charge (+152 MB, 6.8%, on a 3584-wide llama at 64x145 "
+                   "rows), and misses part of a 4-bit prefill's gpu working set (-55 MB, 6.6%, on an OPT)")
+@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_cases())
+def test_predicted_peaks_are_the_dry_runs_within_2_percent_500_cases(case):
+    """#47's one memory model: over 500 random models, machines and workloads the planner's peak per
+    tier is the dry run's within 2%, plus one tensor and one cache layer (what whole-tensor placement
+    rounds by)."""
+    _check_plan_runs_in_a_dry_run(case, within=0.02, budget_share=0.0)
 
 
 # -- the dry run charges what the executor charges -----------------------------------------
@@ -280,5 +294,7 @@ def _moe_models(draw) -> dict:
 @given(_cases(_moe_models()))
 def test_moe_plans_pass_the_engines_dry_run(case):
     """MoE models, their experts placed whole and staged only as routed (min(E, tokens * k) a
-    layer), are charged by the dry run within the same 10% of the plan."""
+    layer), are charged by the dry run within 10% of the plan (the planner prices a step's routed experts
+    as if every off-gpu expert were as likely as the mean, an upper bound: measured up to 7% over on small
+    gpu tiers)."""
     _check_plan_runs_in_a_dry_run(case)

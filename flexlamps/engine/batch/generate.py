@@ -21,6 +21,7 @@ from flexlamps.engine.batch.samples import SharedPrefills, last_token_step, pref
 from flexlamps.engine.executors.contract import Executor
 from flexlamps.engine.executors.step import Step
 from flexlamps.engine.batch.sampling import SamplingParams, make_generator, select_tokens
+from placement.specs import prompt_columns
 
 
 @dataclass
@@ -222,10 +223,10 @@ def _decode_step(batch: list[_Sequence]) -> Step:
 
 def _prefill_step(group: list[_Sequence], start: int = 0) -> Step:
     """Prefill of the prompts' tokens from position `start` on (before it: a shared prefix
-    already copied into their cache rows). At least two columns (a padded one where every
-    prompt has one token left): a prompt's tokens are always fed as a prompt (`weight_kind.phase_of`),
-    whatever its neighbours' lengths."""
-    longest = max(2, max(len(s.prompt_ids) for s in group) - start)
+    already copied into their cache rows). At least two columns (`placement.specs.prompt_columns`: a
+    padded one where every prompt has one token left, as the planner charges it): a prompt's tokens
+    are always fed as a prompt (`weight_kind.phase_of`), whatever its neighbours' lengths."""
+    longest = prompt_columns(max(len(s.prompt_ids) for s in group) - start)
     ids = torch.zeros(len(group), longest, dtype=torch.long)
     for r, s in enumerate(group):
         ids[r, : len(s.prompt_ids) - start] = torch.tensor(s.prompt_ids[start:])

@@ -26,9 +26,9 @@ from flexlamps.models.description import model_spec_from_hf
 from flexlamps.models.loading.in_place import TIED_HEAD
 from flexlamps.models.weight_specs import WeightSpec
 from offload import compute_device, tensor_bytes
+from placement.cost_memory import HEAD_CHUNK_ROWS, workspace_bytes
 from quant.int4_weight import kernel_dtypes
 
-HEAD_CHUNK_ROWS = 8192  # the output head runs in chunks of this many vocab rows (within a piece)
 # a table kept as codes is cut on whole kernel tiles (`Int4Weight.rows`), a piece a head chunk
 CODED_TABLE_ROWS = 64
 
@@ -46,14 +46,6 @@ def kv_quant_config(policy: placement.Policy):
 
     size = dict(bits=policy.compression.num_bits, group_size=policy.compression.group_size)
     return dataclasses.replace(KV_CACHE_DEFAULT, **size)
-
-
-def workspace_bytes(model_spec: placement.ModelSpec, num_rows: int, num_queries: int, span: int,
-                    dtype_bytes: int) -> int:
-    """Compute scratch of one micro-batch in one layer, charged while it runs: the planner's
-    own formula (so a plan that fits runs within its budget) plus the boolean mask."""
-    elements = num_rows * model_spec.layer_workspace_elements(num_queries, span)
-    return int(elements) * dtype_bytes + num_rows * num_queries * span
 
 
 @functools.lru_cache(maxsize=4096)
