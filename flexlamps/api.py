@@ -20,13 +20,14 @@ from flexlamps.engine.batch.scoring import (PrefixScorer, PrefixStats, ScoreLimi
 from flexlamps.host_allocator import keep_freed_memory
 from flexlamps.models.description import model_spec
 from flexlamps.models.loading.registry import open_checkpoint
+from flexlamps.planning.policy_choice import load_policy
 from flexlamps.run_plan import RunPlan, Workload, plan_augmented, plan_run
 from flexlamps.run_plan.build import build_executor, machine_inputs, with_measured_pools
 from flexlamps.settings import AugmentedSettings, RunSettings
 import placement
 
 __all__ = ["LLM", "RunSettings", "SamplingParams", "RequestOutput", "ScoreOutput", "JsonGrammars", "open_model",
-           "ContextOverflowError", "NonFiniteLogitsError"]
+           "load_policy", "ContextOverflowError", "NonFiniteLogitsError"]
 
 
 def open_model(model: str, cache_dir=None):
@@ -249,7 +250,12 @@ class LLM:
         """Log-likelihood of each continuation after its context (shared prefixes computed once)."""
         if len(contexts) != len(continuations):
             raise ValueError(f"{len(contexts)} contexts but {len(continuations)} continuations")
-        return self.score_ids([split_tokens(self.tokenizer, c, k) for c, k in zip(contexts, continuations)])
+        return self.score_ids([self.score_tokens(c, k) for c, k in zip(contexts, continuations)])
+
+    def score_tokens(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """(context ids, continuation ids) of a pair as `score` splits it, as lm-eval does: trailing
+        spaces of the context go to the continuation, and the pair is encoded whole."""
+        return split_tokens(self.tokenizer, context, continuation)
 
     def score_ids(self, pairs: list[tuple[list[int], list[int]]]) -> list[ScoreOutput]:
         """`score` of (context ids, continuation ids) pairs."""
@@ -282,6 +288,12 @@ class LLM:
             max_context=max_context, block_size=block_size, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, gpu_kv_mem=gpu_kv_mem, cpu_swap_mem=cpu_swap_mem))
         return run_agents(self.executor, self.tokenizer, plan, tasks, tools, **options)
+
+    def replan(self) -> None:
+        """Close the executor and forget its plan: the next call plans (policy "auto") and builds
+        one for its own workload, e.g. a generation job after a scoring one."""
+        self.close()
+        self.executor, self.run_plan, self.pool_sizes, self._scorer = None, None, None, None
 
     def close(self) -> None:
         if hasattr(self.executor, "close"):

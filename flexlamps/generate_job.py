@@ -58,7 +58,6 @@ class GenerateSettings:
         return dataclasses.replace(self, run=dataclasses.replace(self.run, offload_dir=offload_dir))
 
     def load_llm(self, prepare: bool = True):
-
         return LLM.from_settings(self.run, prepare)
 
     def sampling_params(self, record_id: str, record: PromptRecord | None = None):
@@ -171,7 +170,6 @@ def _encode_or_why(tokenizer, max_position: int, r: PromptRecord, chat: bool):
 
 
 def _schema_error(grammars, schema: str):
-
     try:
         grammars.compile(schema)
     except GrammarError as e:

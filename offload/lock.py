@@ -40,7 +40,6 @@ class PathLock:
         self._lock = _file_lock(self.lock_path)
 
     def acquire(self) -> PathLock:
-
         make_writable_folder(self.lock_path.parent, self.option, self.shown)
         try:
             self._acquire_current()

@@ -49,7 +49,6 @@ def write_jsonl_atomic(path: str, rows: list[dict]) -> None:
 
 
 def _write_atomic(path: str, text: str) -> None:
-
     with atomic_output(path) as f:  # the file's mode follows the umask, as a plain open's would
         f.write(text)
 

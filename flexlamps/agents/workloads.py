@@ -35,18 +35,15 @@ def load_workload(name: str, path: str, *, rounds: int, limit: int | None, tool_
     `unsafe_tools`: run the tools without the OS sandbox (see flexlamps.tools.sandbox)."""
     limits = Limits(wall_s=tool_timeout, cpu_s=max(1, math.ceil(tool_timeout)), unsafe=unsafe_tools)
     if name == "self-debug":
-
         problems = load_problems(path, limit)
         return Workload(name, lambda: [SelfDebugTask(p, rounds, limits) for p in problems],
                         lambda tasks: {"pass_at_round": pass_at_round(tasks, rounds)},
                         max(len(p.prompt) for p in problems))
     if name == "gsm8k":
-
         problems = load_gsm8k(path, limit)
         return Workload(name, lambda: [CalculatorTask(p, rounds, limits) for p in problems], accuracy,
                         max(len(p.question) for p in problems))
     if name == "tools":
-
         if prompts is None:
             raise ValueError("--tools needs --prompts FILE: the requests that may call the tools")
         records = read_prompts(prompts)[:limit]

@@ -132,7 +132,6 @@ def _report(results, trace_path, out_dir, plots: bool, meta: dict) -> None:
                        "generation", err=True)
     _write_json(os.path.join(out_dir, "summary.json"), {**meta, "results": rows})
     if plots:
-
         name = os.path.basename(trace_path)
         by_load: dict[float, dict[str, list[float]]] = {}
         for s, res, _ in results:

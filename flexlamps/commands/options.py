@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import resource
+from pathlib import Path
 
 import click
 
@@ -55,8 +56,6 @@ def writable_folder(path, option: str):
 
 def writable_file_folder(path, option: str):
     """The folder an output file goes in, made and checked writable (see `writable_folder`)."""
-    from pathlib import Path
-
     path = Path(path)
     try:
         return make_writable_folder(path.parent if str(path.parent) else Path("."), option, shown=path)
@@ -68,8 +67,6 @@ def hold_output(path, option: str) -> None:
     """`path`, a file or folder this command writes, locked until the command ends (on its target
     where `path` is a symlink: two names of one folder are one output), or a one-line error naming
     the run that holds it: the check `generate` makes of --out, for the commands that write folders."""
-    from pathlib import Path
-
     try:
         lock = PathLock(Path(path).resolve(), option, shown=path).acquire()
     except (PathInUseError, UnusablePathError) as e:
@@ -210,13 +207,11 @@ def check_model(model: str, chat: bool = False) -> None:
     """What --model names opens (a built-in name, an HF folder, a .gguf file: its config, tensor
     index and every safetensors header, and a folder's tokenizer files; no weights), and with
     `chat` its chat template renders a user turn; else a one-line error naming the input and the fix."""
-    # lazy (torch): `plan` and `simulate` share these options
-    from flexlamps.models.loading.checkpoint import HFFolderReader
-    from flexlamps.models.loading.registry import open_checkpoint  # lazy (torch): as above
+    from flexlamps.api import open_model  # lazy (torch): `plan` and `simulate` share these options
 
     try:
-        reader = open_checkpoint(model)
-        if isinstance(reader, HFFolderReader) or chat:  # a folder's files the user gave (a GGUF's are its own)
+        reader, _ = open_model(model)
+        if Path(reader.path).is_dir() or chat:  # a folder's files the user gave (a GGUF's are its own)
             tokenizer = reader.tokenizer
     except (ValueError, OSError) as e:  # UnknownModelError, CheckpointError, UnsupportedModelError
         raise click.ClickException(str(e)) from None
@@ -233,7 +228,7 @@ def check_model(model: str, chat: bool = False) -> None:
 def check_policy(policy) -> None:
     """A --placement file read and checked before any model loads ("auto" plans later)."""
     if isinstance(policy, str) and policy != "auto":
-        from flexlamps.planning.policy_choice import load_policy  # lazy (torch): as check_model
+        from flexlamps.api import load_policy  # lazy (torch): as check_model
 
         try:
             load_policy(policy)

@@ -1,6 +1,7 @@
 """`flexlamps plan`: pick a placement policy for a model on a machine and print it.
 
-Imports only `placement` (no torch), so it answers in well under a second.
+Imports `placement` and the API's torch-free catalog (`flexlamps.catalog`), so it answers in well under a
+second.
 """
 
 import dataclasses
@@ -21,39 +22,25 @@ from placement import (
     evaluate,
     format_bytes,
     hardware_preset,
-    model_preset,
     solve,
 )
 from placement.plan import TIERS
-from placement.presets import HARDWARE_PRESETS, model_presets
+from placement.presets import HARDWARE_PRESETS
 from placement.units import GiB
 
+from flexlamps.catalog import describe_model
 from flexlamps.commands.memory import FIXED_OVERHEAD_BYTES, cpu_mem_within
 from flexlamps.commands.options import ByteSize
-from flexlamps.models.description import model_spec_from_hf
 from placement.ess import pool_entries
 from placement.hybrid_fit import all_full_attention, sequences_that_fit
 
 
 def load_model_spec(text: str) -> ModelSpec:
     """A model from a config.json path, an HF folder holding one, or a preset name."""
-    path = Path(text)
-    if path.is_dir():
-        path = path / "config.json"
-        if not path.is_file():
-            raise click.BadParameter(f"folder {text!r} has no config.json", param_hint="--model")
-    if path.is_file():
-        try:
-            config = json.loads(path.read_text())
-            return model_spec_from_hf(config, name=path.parent.name or path.stem)
-        except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
-            raise click.BadParameter(f"{path}: {exc}", param_hint="--model") from None
     try:
-        return model_preset(text)
-    except KeyError:
-        raise click.BadParameter(
-            f"{text!r} is neither a config.json, an HF folder, nor a preset "
-            f"({', '.join(model_presets())})", param_hint="--model") from None
+        return describe_model(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--model") from None
 
 
 def load_hardware_spec(text: str) -> HardwareSpec:

@@ -4,14 +4,11 @@ from pathlib import Path
 
 import click
 
+from flexlamps.api import open_model
 from flexlamps.commands.options import ByteSize, threads_option, writable_file_folder, writable_folder
 from flexlamps.commands.plan import load_model_spec
-from flexlamps.engine.latent_profile import measure_latent_miss_curves
-from flexlamps.engine.routing_measure import measure_routing
-from flexlamps.engine.routing_profile import save_routing
-from flexlamps.hardware import machine
 from flexlamps.io.atomic import atomic_output
-from flexlamps.models.loading.registry import open_checkpoint
+from flexlamps.profiling import PROBE_NAMES, latent_miss_curves, profile_machine, profile_routing
 from placement import format_bytes
 
 
@@ -60,7 +57,7 @@ def _routing_inputs(model_text: str | None, prompts_path: Path):
         raise click.BadParameter("a routing profile needs the model: add --model (an HF folder or GGUF)",
                                  param_hint="--prompts")
     try:
-        reader = open_checkpoint(model_text)
+        reader, _ = open_model(model_text)
     except (ValueError, OSError) as exc:
         raise click.BadParameter(str(exc), param_hint="--model") from None
     if reader.config.moe is None:
@@ -79,9 +76,7 @@ ROUTING_NEW_TOKENS = 16  # greedy tokens generated per prompt: decode's routing 
 
 
 def _profile_routing(reader, prompts) -> None:
-
-    profile = measure_routing(reader, prompts, ROUTING_NEW_TOKENS)
-    path = save_routing(reader, profile)
+    profile, path = profile_routing(reader, prompts, ROUTING_NEW_TOKENS)
     top = max(max(row) for row in profile.counts.values()) / profile.tokens if profile.tokens else 0.0
     click.echo(f"wrote {path}\n  routing of {profile.tokens} tokens over {len(profile.counts)} MoE layers; "
                f"the hottest expert is picked by {top:.0%} of tokens (uniform: "
@@ -92,7 +87,6 @@ def _profile_hardware(out_path: Path, quick: bool, disk_dir: Path | None, gpu_me
                       model_text: str | None) -> None:
     from tqdm import tqdm
 
-
     if not out_path.parent.exists():
         raise click.BadParameter(f"folder {out_path.parent} does not exist", param_hint="--out")
     writable_file_folder(out_path, "--out")
@@ -101,16 +95,15 @@ def _profile_hardware(out_path: Path, quick: bool, disk_dir: Path | None, gpu_me
     out_path = out_path.resolve()
     model = None
     if model_text is not None:
-
         model = load_model_spec(model_text)
     gpu_budget = gpu_mem  # bytes (ByteSize) or None
-    with tqdm(total=len(machine.PROBE_NAMES), desc="profiling", unit="probe") as bar:
+    with tqdm(total=len(PROBE_NAMES), desc="profiling", unit="probe") as bar:
         def step(name: str) -> None:
-            if bar.n or name != machine.PROBE_NAMES[0]:
+            if bar.n or name != PROBE_NAMES[0]:
                 bar.update(1)
             bar.set_postfix_str(name)
 
-        spec = machine.profile_machine(disk_folder=disk_dir or out_path.parent, quick=quick,
+        spec = profile_machine(disk_folder=disk_dir or out_path.parent, quick=quick,
                                gpu_budget_bytes=gpu_budget, step=step,
                                model_shapes=model.layer_matrix_shapes() if model else None)
         bar.update(bar.total - bar.n)
@@ -157,7 +150,7 @@ def _with_latent_miss_curves(spec, model, model_text: str):
         return spec, (f"\n  latent miss curves: not measured ({format_bytes(needed)} of float32 weights do not "
                       "fit in memory here); the planner uses ESS's")
 
-    curves = measure_latent_miss_curves(folder)
+    curves = latent_miss_curves(folder)
     mean = [sum(row[i] for row in curves.miss_fractions) / len(curves.miss_fractions)
             for i in range(len(curves.pool_fractions))]
     line = ("\n  latent misses (fraction of top-k, mean over layers) by pool size: "

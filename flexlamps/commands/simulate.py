@@ -28,7 +28,6 @@ def _floats(ctx, param, value):
 
 
 def _policies(ctx, param, value):
-
     names = [v.strip() for v in value.split(",") if v.strip()]
     unknown = [n for n in names if n not in POLICIES]
     if unknown or not names:
@@ -37,14 +36,12 @@ def _policies(ctx, param, value):
 
 
 def _write_json(path: str, obj) -> None:
-
     with atomic_output(path) as f:
         json.dump(obj, f, indent=2)
 
 
 def _setting(preset, token_budget, max_seqs, swap_gib, cost_model, window, seed, predictor,
              noise_sigma, warmup, cooldown, starvation_threshold, horizon, policies):
-
     paper = preset == "infercept-gptj6b"
     kw = {} if swap_gib is None else {"cpu_swap_gib": swap_gib}
     cost = CostModel.load(cost_model) if cost_model else CostModel.preset(preset, **kw)
@@ -153,7 +150,6 @@ def command(trace_path, policies, qps, window, seed, predictor, noise_sigma, pre
         "saturation": sat, "results": [p.to_json() for p in points],
     })
     if not no_plots:
-
         plot_vs_load([p.summary for p in points], os.path.join(out_dir, "latency_vs_load.png"),
                      os.path.basename(trace_path), sat,
                      {(p.summary.policy, p.summary.qps): p.stable for p in points})

@@ -70,29 +70,24 @@ class PartCost:
 
 
 class Engines:
-    """The `LLM` each kind of request ("score", "generate") runs on. In memory, or with a
-    placement given, one engine answers every kind. With placement "auto" an offloaded engine is
-    planned for its first workload (a scorer's packed rows, or decoding sequences), so another
-    kind gets a fresh engine planned for it; lm_eval asks for each kind once, so a run plans at
-    most twice."""
+    """The `LLM` (flexlamps.api) each kind of request ("score", "generate") runs on: one object. In
+    memory, or with a placement given, one engine answers every kind. With placement "auto" an
+    offloaded engine is planned for its first workload (a scorer's packed rows, or decoding
+    sequences), so another kind has the LLM plan again (`LLM.replan`) for its own; lm_eval asks for
+    each kind once, so a run plans at most twice."""
 
-    def __init__(self, settings):
-        from flexlamps import LLM  # lazy (torch): lm_eval's task listing runs without the engine
-
-        self.settings = settings
-        self.llm = LLM.from_settings(settings, prepare=False)  # tokenizer and config; weights on first use
+    def __init__(self, llm):
+        self.llm = llm
         self.kind: str | None = None
 
     @property
     def replans(self) -> bool:
-        return self.settings.offloaded and isinstance(self.settings.policy, str) and self.settings.policy == "auto"
+        settings = self.llm.settings
+        return settings.offloaded and isinstance(settings.policy, str) and settings.policy == "auto"
 
     def for_kind(self, kind: str):
         if self.kind not in (None, kind) and self.replans and self.llm.executor is not None:
-            from flexlamps import LLM  # lazy (torch): lm_eval's task listing runs without the engine
-
-            self.llm.close()
-            self.llm = LLM.from_settings(self.settings, prepare=False)
+            self.llm.replan()
         self.kind = kind
         return self.llm
 

@@ -23,8 +23,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from flexlamps import fault_points
+from flexlamps.api import LLM, RunSettings, SamplingParams
 from flexlamps.evals.lm_eval_jobs import Engines, score_chunks, truncate_pair
-from flexlamps.settings import RunSettings
 
 # generation keywords lm_eval tasks pass that the engine takes (lm_eval's aliases for the length
 # are folded into max_gen_toks by normalize_gen_kwargs)
@@ -38,6 +38,8 @@ class FlexlampsLM(TemplateLM):
     Args:
         pretrained: a built-in name (smollm2-135m), a Hugging Face folder or a .gguf file
             (`model` is accepted too, as `flexlamps eval --model` names it).
+        llm: an `LLM` (flexlamps.api) to run on instead: pretrained and the engine options are
+            then its own.
         dtype, gpu_mem, cpu_mem, offload_dir, policy, compress_weight, compress_cache,
             weight_quant, cache_dir, max_batch_size, reuse_prefix: `flexlamps.LLM`'s options.
         batch_size: lm_eval's name for max_batch_size ("auto" leaves the engine's default).
@@ -52,7 +54,7 @@ class FlexlampsLM(TemplateLM):
     def __init__(self, pretrained: str = "smollm2-135m", *, model: str | None = None, dtype: str = "auto",
                  batch_size=None, max_batch_size=None, device=None, max_length: int | None = None,
                  max_gen_toks: int = 256, seed: int = 0, chunk_tokens: int = 16384, progress: bool = True,
-                 **engine):
+                 llm: LLM | None = None, **engine):
         super().__init__()
 
         if isinstance(batch_size, int) or (isinstance(batch_size, str) and batch_size.isdigit()):
@@ -61,8 +63,10 @@ class FlexlampsLM(TemplateLM):
             engine["max_batch_size"] = int(max_batch_size)
         if device is not None:
             engine["device"] = device
-        self.settings = RunSettings.parse(model or pretrained, dtype=dtype, **engine)
-        self.engines = Engines(self.settings)
+        if llm is None:  # weights are read on first use
+            llm = LLM.from_settings(RunSettings.parse(model or pretrained, dtype=dtype, **engine), prepare=False)
+        self.settings = llm.settings
+        self.engines = Engines(llm)
         self.tokenizer = self.engines.llm.tokenizer
         self._max_length = int(max_length) if max_length else self.engines.llm.config.max_position
         self._max_gen_toks = int(max_gen_toks)
@@ -197,8 +201,6 @@ class FlexlampsLM(TemplateLM):
     def _sampling(self, gen_kwargs: dict, eos: str, seed: int):
         """(SamplingParams, stop strings, max new tokens) of one request's generation keywords;
         a keyword the engine does not take is a ValueError naming it."""
-        from flexlamps import SamplingParams  # lazy (torch): registering the model with lm_eval needs no engine
-
         kwargs = dict(normalize_gen_kwargs(gen_kwargs, self.max_gen_toks))
         until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
         max_gen = int(kwargs.pop("max_gen_toks"))

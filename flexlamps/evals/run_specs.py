@@ -167,7 +167,6 @@ def build_run_spec(scenario: "str | tuple[str, dict]", model: str, num_shots: Op
         spec = generation_spec(input_noun="Question", output_noun="Answer", max_train_instances=2, max_tokens=16)
         metrics, main = list(GENERATION_METRICS), "quasi_exact_match"
     else:
-
         raise ScenarioError(f"unknown scenario {name!r}; known: {', '.join(sorted(LOADERS))}, file")
     spec = _with_overrides(spec, name, model, num_shots, max_eval_instances, max_tokens)
     shown = {k: v for k, v in args.items() if k != "path"}

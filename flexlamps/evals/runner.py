@@ -62,10 +62,8 @@ def _planned_length(llm, state) -> int:
     """Tokens of a request's row: its prompt, or a scored pair as the scorer splits it."""
     if not state.is_scored:
         return len(llm.tokenizer.encode(state.request.prompt))
-    from flexlamps.engine.batch.scoring import split_tokens  # lazy (torch): evals plan runs without torch
-
     bare = "" if getattr(llm.tokenizer, "bos_token_id", 0) is not None else "\n"  # as the executor's _score
-    ctx, cont = split_tokens(llm.tokenizer, state.context or bare, state.continuation)
+    ctx, cont = llm.score_tokens(state.context or bare, state.continuation)
     return len(ctx) + len(cont)
 
 

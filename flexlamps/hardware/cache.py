@@ -8,33 +8,11 @@ from pathlib import Path
 
 import torch
 
-from flexlamps.cache_folder import cache_root
 from flexlamps.hardware import machine
+from flexlamps.hardware.profile_path import profile_cache_path
 from flexlamps.hardware.probes import GENERIC_SHAPES, _typical_rate, gemm_probe_shapes
 from flexlamps.models.blocks.linear import linear
 from placement import HardwareSpec
-
-
-# 3: dequantization over a sweep of matrices + a per-matrix cost, the engine's allocator;
-# 4: GEMM rates for resident (prepacked) weights; 5: median repetitions, a model's own
-# matrices, tensor-sized disk files, gpu_is_host; 6: the engine's 4-bit weights (fused kernel
-# by rows, dequantization rate, the switch between them); 7: those in passes taking turns;
-# 8: a quick GEMM check beside each profile, so one measured on a busy box is measured again;
-# 9: the int8 GEMM 4-bit prompts run on (a CPU with it)
-PROFILE_VERSION = 9
-
-
-def profile_cache_path(shapes=None) -> Path:
-    """Where the profile timed on matrices of `shapes` (None: the generic ones) is cached."""
-    root = cache_root()
-    # versioned: a profile written before the probes changed is measured again, not reused
-    name = f"hardware-v{PROFILE_VERSION}"
-    if shapes:
-        import hashlib
-
-        name += "-" + hashlib.sha256(repr(tuple(map(tuple, shapes))).encode()).hexdigest()[:12]
-    return Path(root) / f"{name}.json"
-
 
 # A cached profile is measured again when a quick GEMM now runs this much faster than it did
 # right after the profile was taken: that profile was measured on a busy machine (one cached

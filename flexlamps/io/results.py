@@ -209,7 +209,6 @@ def _check_ok(rec: dict[str, Any]) -> bool:
 
 
 def _write_atomic(path: Path, lines: list[str], out: Path) -> None:
-
     try:
         with atomic_output(path, fsync=True) as fh:
             for line in lines:

@@ -66,7 +66,6 @@ def build_executor(plan: RunPlan, reader) -> Executor:
     is one)."""
     settings = plan.settings
     if plan.offloaded:
-
         return OffloadExecutor(reader, plan.policy, gpu_mem=settings.gpu_mem, cpu_mem=settings.cpu_mem,
                                offload_dir=settings.offload_dir, dtype=plan.dtype, weight_quant=settings.weight_quant,
                                model_spec=plan.model)

@@ -160,7 +160,6 @@ class CostModel:
         return cls(**d)
 
     def save(self, path: str) -> None:
-
         with atomic_output(path) as f:
             json.dump(self.to_json(), f, indent=2)
 

@@ -9,7 +9,6 @@ from flexlamps.sim.metrics import Summary
 
 
 def _save(fig, path: str) -> None:
-
     with atomic_output(path, "wb") as handle:
         fig.savefig(handle, dpi=120, bbox_inches="tight", format="png")
 

@@ -8,7 +8,8 @@ lm_eval = pytest.importorskip("lm_eval", reason="lm_eval is the optional extra f
 
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from flexlamps.evals.lm_eval_jobs import PartCost, score_chunks, truncate_pair  # noqa: E402
+from flexlamps.api import LLM, RunSettings  # noqa: E402
+from flexlamps.evals.lm_eval_jobs import Engines, PartCost, score_chunks, truncate_pair  # noqa: E402
 from flexlamps.evals.lm_eval_model import FlexlampsLM  # noqa: E402
 
 MAX_LENGTH = 24  # short, so rolling windows and truncation really happen
@@ -75,6 +76,45 @@ def test_offloaded_to_disk_equals_lm_evals_hf_backend(tmp_path, tiny_llama, refe
     finally:
         lm.close()
     assert any((tmp_path / "offload").iterdir())  # weights really went to the disk tier
+
+
+def test_it_runs_on_the_llm_it_is_given(tiny_llama, reference):
+    llm = LLM.from_settings(RunSettings.parse(str(tiny_llama), dtype="float32"), prepare=False)
+    lm = FlexlampsLM(llm=llm, max_length=MAX_LENGTH, progress=False)
+    assert lm.engines.for_kind("score") is llm and lm.settings is llm.settings
+    ll = lm.loglikelihood(_instances("loglikelihood", PAIRS), disable_tqdm=True)
+    assert [lp for lp, _ in ll] == pytest.approx([lp for lp, _ in reference["loglikelihood"]], abs=1e-4)
+
+
+class _PlannedLLM:
+    """An LLM as `Engines` sees it: its settings, its executor once planned, `replan`."""
+
+    def __init__(self, offloaded: bool, policy):
+        self.settings = type("Settings", (), {"offloaded": offloaded, "policy": policy})()
+        self.executor, self.replans = None, 0
+
+    def replan(self):
+        self.executor, self.replans = None, self.replans + 1
+
+
+@pytest.mark.parametrize("offloaded,policy,replans", [(True, "auto", 1), (True, "policy.json", 0), (False, "auto", 0)])
+def test_another_request_kind_replans_only_an_auto_placed_engine(offloaded, policy, replans):
+    """One LLM answers every kind; an offloaded one placed by "auto" plans again for the second
+    kind's workload, once it has planned for the first."""
+    llm = _PlannedLLM(offloaded, policy)
+    engines = Engines(llm)
+    for kind in ("score", "score", "generate", "generate"):
+        assert engines.for_kind(kind) is llm
+        llm.executor = object()  # the kind's call planned and built it
+    assert llm.replans == replans
+
+
+def test_replan_forgets_the_plan_and_the_next_call_plans_again(tiny_llama):
+    llm = LLM(str(tiny_llama), dtype="float32")
+    first = llm.score(["the quick brown fox"], [" jumps"])[0].logprob
+    llm.replan()
+    assert llm.executor is None and llm.run_plan is None
+    assert llm.score(["the quick brown fox"], [" jumps"])[0].logprob == first and llm.executor is not None
 
 
 def test_a_generation_keyword_the_engine_lacks_is_named(tiny_llama):

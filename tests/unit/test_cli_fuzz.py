@@ -124,14 +124,14 @@ def no_work(monkeypatch):
     """Replace what a command does after its checks by a sentinel."""
     import flexlamps.api
     import flexlamps.commands.plan
-    import flexlamps.hardware.machine
+    import flexlamps.commands.profile
     import flexlamps.sim.sweep
 
     def refuse(*args, **kwargs):
         raise ReachedTheWork()
 
     for owner, attr in ((flexlamps.api.LLM, "__init__"), (flexlamps.api.LLM, "from_settings"),
-                        (flexlamps.hardware.machine, "profile_machine"), (flexlamps.sim.sweep, "measure"),
+                        (flexlamps.commands.profile, "profile_machine"), (flexlamps.sim.sweep, "measure"),
                         (flexlamps.sim.sweep, "saturation"), (flexlamps.commands.plan, "solve"),
                         (flexlamps.commands.plan, "evaluate")):
         monkeypatch.setattr(owner, attr, refuse)

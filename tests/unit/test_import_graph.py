@@ -100,6 +100,26 @@ def test_the_hardware_profile_is_its_own_sub_package():
     assert {"flexlamps.hardware"} <= set(_graph())
 
 
+# what the commands may import of the layers below the Python API, and why (nothing else)
+BELOW_THE_API = ("flexlamps.engine", "flexlamps.models", "flexlamps.hardware", "flexlamps.kernels", "flexlamps.planning")
+COMMANDS_BELOW_THE_API = {
+    # --max-rss's arithmetic asks the engine how a dtype's cache is held and whether prompts run on the codes
+    "flexlamps/commands/memory.py": {"flexlamps.engine.caches.dense", "flexlamps.models.blocks.coded_weights"},
+}
+
+
+def test_the_commands_call_the_python_api():
+    """`flexlamps.commands` reach the engine, the models, the machine's probes, the kernels and the
+    planning through the Python API (flexlamps.api, .catalog, .environment, .profiling) only."""
+    found = defaultdict(set)
+    for path in (REPO / "flexlamps" / "commands").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = ([node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else
+                       [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            found[path.relative_to(REPO).as_posix()] |= {m for m in modules if m.startswith(BELOW_THE_API)}
+    assert {path: modules for path, modules in found.items() if modules} == COMMANDS_BELOW_THE_API
+
+
 def test_no_engine_module_imports_or_holds_the_llm_object():
     """The faces take an executor (the contract), never the `LLM` facade above them: flexlamps.engine
     imports nothing of flexlamps.api, and no engine function takes or names an `llm`."""

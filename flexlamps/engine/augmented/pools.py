@@ -115,7 +115,6 @@ def pool_sizes(executor: Executor, *, max_context: int, max_num_seqs: int, max_n
     blocks = min(kv_blocks, ring or kv_blocks) + paged_state_blocks(executor.cfg, block_size, executor.dtype)
     need = blocks * block_size * executor.cfg.kv_bytes_per_token(executor.dtype.itemsize)
     if left["gpu"] < need:
-
         raise ValueError(f"the gpu budget leaves {format_bytes(max(0, left['gpu']))} for KV blocks once the "
                          f"weights ({format_bytes(use['gpu'].used_bytes)} resident) and the working set "
                          f"({format_bytes(ws['gpu'])}) are in, but one request of {max_context} tokens needs "

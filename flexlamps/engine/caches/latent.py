@@ -44,7 +44,6 @@ def record_formats(cfg: ModelConfig, dtype: torch.dtype, fp8: bool):
     """(latent record format, indexer key format or None) for an MLA model."""
     m = cfg.mla
     if fp8:
-
         keys = LatentRecords(m.index_head_dim) if m.has_indexer else None
         return LatentRecords(m.kv_lora_rank, m.qk_rope_head_dim), keys
     keys = PlainRecords(m.index_head_dim, 0, dtype) if m.has_indexer else None

@@ -94,7 +94,6 @@ class InMemoryExecutor:
             return HybridCache(self.cfg, kv, StateCache(hy, num_slots, self.dtype, ["gpu"] * len(hy.linear_layers),
                                                         self.device))
         if self.cfg.mla is not None:
-
             return DenseLatentCache(self.cfg, num_slots, capacity, self.dtype, self.device)
         return DenseKVCache(self.cfg, num_slots, capacity, self.dtype, self.device)
 
