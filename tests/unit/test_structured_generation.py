@@ -10,6 +10,7 @@ import torch
 
 from flexlamps import LLM, SamplingParams
 from flexlamps.engine.batch.grammar import GrammarError, mask_rows
+from flexlamps.engine.batch.sampling import top_tokens
 from flexlamps.io.records import canonical_schema
 
 SCHEMAS = {
@@ -137,3 +138,22 @@ def test_mask_rows_blocks_only_the_disallowed_tokens_of_the_constrained_rows():
     assert torch.isfinite(base[2, 0]).nonzero().flatten().tolist() == [0]
     assert torch.equal(base[1], before[1]) and torch.equal(base[:, 1], before[:, 1])
     assert torch.equal(base[0, 0, [1, 5, 59]], before[0, 0, [1, 5, 59]])
+
+
+def test_top_tokens_order_ties_by_token_id_whatever_the_rows_beside():
+    """The most likely tokens of a row, equal log-probabilities by the lower id (torch.topk lists
+    [0, 1, 1, 1, 0.5]'s two best as ids 1, 3), the same alone and beside other rows."""
+    row = torch.tensor([0.0, 1.0, 1.0, 1.0, 0.5])
+    values, ids = top_tokens(row[None], 2)
+    assert ids.tolist() == [[1, 2]] and values.tolist() == [[1.0, 1.0]]
+    assert top_tokens(row[None], 5)[1].tolist() == [[1, 2, 3, 4, 0]]
+    torch.manual_seed(0)
+    block = torch.randn(6, 49152)
+    block[:, [100, 200, 300]] = block.max() + 1
+    block[3] = torch.randn(49152)
+    values, ids = top_tokens(block, 4)
+    for r in range(6):
+        alone = top_tokens(block[r:r + 1], 4)
+        assert torch.equal(alone[1][0], ids[r]) and torch.equal(alone[0][0], values[r])
+    assert ids[0, :3].tolist() == [100, 200, 300]
+    assert torch.equal(values[3], torch.topk(block[3], 4).values)

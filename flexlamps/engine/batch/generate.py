@@ -20,7 +20,7 @@ from flexlamps.engine.batch.prefix import common_prefix_length, prefill_prefix
 from flexlamps.engine.batch.samples import SharedPrefills, last_token_step, prefill_tokens_computed
 from flexlamps.engine.executors.contract import Executor
 from flexlamps.engine.executors.step import Step
-from flexlamps.engine.batch.sampling import SamplingParams, make_generator, select_tokens
+from flexlamps.engine.batch.sampling import SamplingParams, make_generator, select_tokens, top_tokens
 from placement.specs import prompt_columns
 
 
@@ -208,12 +208,12 @@ def _record_logprobs(seqs: list[_Sequence], log_probs: torch.Tensor, tokens: tor
     """Each sequence's chosen token's log-probability and, where asked, the most likely tokens'."""
     chosen = log_probs.gather(-1, tokens[:, None])[:, 0].tolist()
     k = max(s.params.top_logprobs for s in seqs)
-    top = torch.topk(log_probs, k, -1) if k else None
+    values, ids = top_tokens(log_probs, k) if k else (None, None)
     for j, s in enumerate(seqs):
         s.logprobs.append(chosen[j])
         if s.params.top_logprobs:
-            ids = top.indices[j, :s.params.top_logprobs].tolist()
-            s.top_logprobs.append(list(zip(ids, top.values[j, :s.params.top_logprobs].tolist())))
+            top = s.params.top_logprobs
+            s.top_logprobs.append(list(zip(ids[j, :top].tolist(), values[j, :top].tolist())))
 
 
 def _decode_step(batch: list[_Sequence]) -> Step:

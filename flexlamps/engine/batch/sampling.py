@@ -113,6 +113,21 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(logits.numpy().argmax(-1))
 
 
+def top_tokens(log_probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, token ids) of the `k` largest entries of each row of `log_probs` (n, vocab), in
+    descending order, equal values by the lower token id. torch.topk orders equal values as its
+    kernel meets them, which moves with the rows beside a row (seen: an offloaded run's tie
+    listed in the other order), so only the k-th value is taken from it."""
+    kth = torch.topk(log_probs, k, -1).values[:, -1]  # (n,)
+    values, ids = [], []
+    for row, least in zip(log_probs, kth):
+        candidates = torch.nonzero(row >= least)[:, 0]  # ascending ids: k, or more where the k-th ties
+        order = torch.sort(row[candidates], descending=True, stable=True).indices[:k]
+        values.append(row[candidates[order]])
+        ids.append(candidates[order])
+    return torch.stack(values), torch.stack(ids)
+
+
 def select_tokens(logits: torch.Tensor, params: list[SamplingParams],
                   generators: list[torch.Generator | None]) -> torch.Tensor:
     """Next token per row of `logits` (n, vocab), fp32."""
