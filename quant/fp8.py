@@ -217,3 +217,8 @@ class LatentRecords:
         if not self.tail:
             return values, None
         return values, records[..., self.tail_offset:].contiguous().view(torch.bfloat16).to(dtype)
+
+    def entries(self, records: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """records -> the values with the tail after them (..., width + tail) in `dtype`."""
+        values, tail = self.unpack(records, dtype)
+        return values if tail is None else torch.cat([values, tail], dim=-1)

@@ -6,7 +6,7 @@ in one process on this machine; docs/performance.md records a run.
 - prepacked weights (`dense_gemm.pack`) against the plain layout oneDNN reorders on every call;
 - the dequantization buffer reused per thread (`dense_gemm.dense_scratch`) against a fresh one of
   TinyLlama's stacked gate/up size (46 MiB in bf16; glibc returns blocks over 32 MiB to the system);
-- MLA scores with the heads folded into the rows of one GEMM (`mla._scores`) against the shared
+- MLA scores with the heads folded into the rows of one GEMM (`mla.latent_attention`) against the shared
   entries broadcast over the heads.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_block_choices.py [--threads 1] [--repeats 20]

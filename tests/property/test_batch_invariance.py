@@ -1,13 +1,14 @@
 """Batch invariance (`flexlamps.models.blocks.weight_kind`): a sequence's output is the same bits
 whatever runs beside it.
 
-Drawn: a family and weight kind (dense, MoE, MLA, hybrid DeltaNet; float weights, 4-bit blocks,
-Q8_0, K-quants and the 5-bit form, MXFP4 experts, FP8 tiles), a dtype, an executor (in memory, or offloaded
-by a placement over tight budgets), a batch (1-6 prompts of mixed lengths, maybe sharing a
-prefix the batch face computes once), the batch size, greedy or seeded sampling. Each prompt's
-tokens and the log-probability of each (a function of its whole logits row) must equal those
-of the prompt run alone on the in-memory executor, bit for bit (an offloaded batch included). Whatever kernels this machine
-runs take part ($FLEXLAMPS_NATIVE_KERNELS=0: torch's only), so the rule is checked on them.
+Drawn: a family and weight kind (dense, MoE, MLA with and without DSA's selection, hybrid DeltaNet;
+float weights, 4-bit blocks, Q8_0, K-quants and the 5-bit form, MXFP4 experts, FP8 tiles), a dtype,
+an executor (in memory, or offloaded by a placement over tight budgets), a batch (1-6 prompts of
+mixed lengths, maybe sharing a prefix the batch face computes once), the batch size, greedy or
+seeded sampling. Each prompt's tokens and the log-probability of each (a function of its whole
+logits row) must equal those of the prompt run alone on the in-memory executor, bit for bit (an
+offloaded batch included). Whatever kernels this machine runs take part
+($FLEXLAMPS_NATIVE_KERNELS=0: torch's only), so the rule is checked on them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from flexlamps.engine.batch.sampling import SamplingParams
 from tests.checkpoint_zoo import CheckpointZoo
 
 # family / weight kind -> a tiny checkpoint of it (tests/checkpoint_zoo.py)
-MODELS = ("tiny:llama_gqa", "moe:qwen2_moe:narrow", "deepseek:deepseek_v3", "tiny:llama_gqa:fp8",
+MODELS = ("tiny:llama_gqa", "moe:qwen2_moe:narrow", "deepseek:deepseek_v3", "deepseek:deepseek_v32",
+          "moe:deepseek_v2:narrow", "tiny:llama_gqa:fp8",
           "hybrid:qwen3_5_text",
           "hybrid:qwen3_next", "gguf:llama:Q4_0", "gguf:llama:Q8_0", "gguf:llama:Q4_K_M", "gguf:llama:Q5_1",
           "gguf:mixtral:Q8_0", "gguf:gpt_oss_mxfp4")

@@ -39,6 +39,10 @@ class PlainRecords:
             return records, None
         return records[..., :self.width], records[..., self.width:]
 
+    def entries(self, records: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The records themselves: values then tail, in the compute dtype already."""
+        return records
+
 
 def record_formats(cfg: ModelConfig, dtype: torch.dtype, fp8: bool):
     """(latent record format, indexer key format or None) for an MLA model."""
@@ -99,8 +103,9 @@ class DenseLatentCache:
         """The `attend(step)` callback for one layer of one step (see models.deepseek)."""
         return lambda step: self.attend(layer, slots, positions, step)
 
-    def _unpack(self, records: torch.Tensor):
-        return self.latent_format.unpack(records, self.dtype)
+    def _entries(self, records: torch.Tensor) -> torch.Tensor:
+        """Records as `latent_attention` takes them: (..., R + r) in the compute dtype."""
+        return self.latent_format.entries(records, self.dtype)
 
     def attend(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, step: MLAStep) -> torch.Tensor:
         device = self.entries[layer].device  # the offload executor hands the step's rows over from the CPU
@@ -113,13 +118,13 @@ class DenseLatentCache:
         records = self.entries[layer][slots, :span]
         visible = visible_mask(positions, span)
         if not step.is_sparse:
-            return latent_attention(step, *self._unpack(records), visible)
+            return latent_attention(step, self._entries(records), visible)
         keys = self.key_format.unpack(self.index_keys[layer][slots, :span], self.dtype)[0]
         scores = index_scores(step, keys)
         if positions.shape[1] > 1:
-            return latent_attention(step, *self._unpack(records), topk_mask(scores, visible, step.index_topk))
+            return latent_attention(step, self._entries(records), topk_mask(scores, visible, step.index_topk))
         indices, valid = select_topk(scores, visible, step.index_topk)  # (n, 1, k)
-        return latent_attention(step, *self._unpack(gather_entries(records, indices[:, 0])), valid)
+        return latent_attention(step, self._entries(gather_entries(records, indices[:, 0])), valid)
 
 
 def new_latent_cache(cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype, *,

@@ -122,6 +122,10 @@ class OffloadedLatentCache:
     def _unpack(self, records: torch.Tensor):
         return self.latent_format.unpack(records, self.dtype)
 
+    def _entries(self, records: torch.Tensor) -> torch.Tensor:
+        """Records as `latent_attention` takes them: (..., R + r) in the compute dtype."""
+        return self.latent_format.entries(records, self.dtype)
+
     def attend(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, step: MLAStep) -> torch.Tensor:
         self._now += 1
         new = self.latent_format.pack(step.latent, step.k_rope)  # (n, T, record) on the device
@@ -159,7 +163,7 @@ class OffloadedLatentCache:
         try:
             records = self.entries[layer][slots_cpu, :span].to(self.device)
             self.stats["h2d_bytes"] += staged_bytes
-            out = latent_attention(step, *self._unpack(records), topk_mask(scores, visible, step.index_topk))
+            out = latent_attention(step, self._entries(records), topk_mask(scores, visible, step.index_topk))
             indices, valid = select_topk(scores[:, -1:], visible[:, -1:], step.index_topk)
             slots = slots_cpu.to(self.device)
             miss_slots, miss_pos, entries = self.pools[layer].admit(slots, indices[:, 0], valid[:, 0], self._now)
@@ -177,7 +181,7 @@ class OffloadedLatentCache:
         self._copy_in(layer, miss_slots, miss_pos, entries)
         pooled = pool.entries(slots, indices[:, 0]).clamp_min(0)  # unselected slots: masked below
         gathered = pool.records[slots[:, None], pooled]  # (n, k, record)
-        out = latent_attention(step, *self._unpack(gathered), valid)
+        out = latent_attention(step, self._entries(gathered), valid)
         # the new tokens are on the device already: pool them for free where an entry is spare
         fresh_slots, _, fresh_entries = pool.offer(slots, positions, self._now)
         pool.records[fresh_slots, fresh_entries] = new[_row_of(slots)[fresh_slots], 0]

@@ -59,7 +59,8 @@ from flexlamps.kernels import attention as native_attention, loader
 
 # NOTE(exact): the three shape rules above; changing them needs the exactness tests re-run.
 MIN_ROWS = 4  # MKL runs 1-3 query rows on another kernel, whose sums move with the step
-MIN_SPAN = 16  # softmax's vectorized sums add masked zeros lane by lane from 16 keys on
+MIN_SPAN = 16  # softmax's vectorized sums add masked zeros lane by lane from 16 keys on; MKL's
+# product with fewer than 12 keys (columns) runs another kernel
 KEY_BLOCK = 128  # MKL splits a longer reduction with the values at points that depend on its length
 # Scores held at once in a long prompt chunk (fp32 elements: 32 MiB; a batch of 32 prompts of 128
 # tokens of SmolLM2 in one block); more queries run in blocks.
@@ -117,8 +118,9 @@ def windowed(mask: torch.Tensor, window: int | None) -> torch.Tensor:
 
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
               opts: AttnOptions | None = None) -> torch.Tensor:
-    """q (n, heads, T, d), keys/values (n, kv_heads, S, d), mask (n, T, S) bool (True: attend; a
-    window already in it) -> (n, heads, T, d)."""
+    """q (n, heads, T, d), keys (n, kv_heads, S, d), values (n, kv_heads, S, dv), mask (n, T, S)
+    bool (True: attend; a window already in it) -> (n, heads, T, dv). Values may be the first dv
+    columns of the keys (MLA's latents: `mla.latent_attention`)."""
     opts = opts or PLAIN
     heads, kv_heads = q.shape[1], keys.shape[1]
     scale = opts.scale_for(q.shape[-1])
@@ -128,7 +130,7 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=heads != kv_heads,
                                               scale=scale)
     kernel = native_attention_kernel() if q.dtype in native_attention.DTYPES else None
-    if kernel is not None and kernel.takes(q, keys):
+    if kernel is not None and kernel.takes(q, keys) and values.shape[-1] == q.shape[-1]:
         return kernel(q, keys, values, mask, scale)
     return _per_query_attention(q, keys, values, mask, opts)
 
@@ -141,13 +143,13 @@ def native_attention_kernel() -> native_attention.NativeAttention | None:
 
 def _per_query_attention(q, keys, values, mask, opts: AttnOptions) -> torch.Tensor:
     n, heads, t, d = q.shape
-    kv_heads, span = keys.shape[1], keys.shape[2]
+    kv_heads, span, value_dim = keys.shape[1], keys.shape[2], values.shape[-1]
     group = heads // kv_heads  # heads h*group..h*group+group-1 read kv head h
     if span < MIN_SPAN:  # zero keys and values, masked out
         grow = MIN_SPAN - span
         keys, values, mask = F.pad(keys, (0, 0, 0, grow)), F.pad(values, (0, 0, 0, grow)), F.pad(mask, (0, grow))
         span = MIN_SPAN
-    keys, values = keys.float(), values.float()
+    keys, values = _in_float32(keys, values)
     padded_span = -(-span // KEY_BLOCK) * KEY_BLOCK
     value_blocks = _value_blocks(values, span, padded_span)
     grouped = q.reshape(n, kv_heads, group, t, d)
@@ -160,9 +162,19 @@ def _per_query_attention(q, keys, values, mask, opts: AttnOptions) -> torch.Tens
         if q.dtype != torch.float32:
             probs = probs.to(q.dtype).float()
         out = _weighted_values(probs, value_blocks)[:, :, :queries.shape[2]]
-        outs.append(out.view(n, kv_heads, group, end - start, d))
+        outs.append(out.view(n, kv_heads, group, end - start, value_dim))
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=3)
-    return out.reshape(n, heads, t, d).to(q.dtype)
+    return out.reshape(n, heads, t, value_dim).to(q.dtype)
+
+
+def _in_float32(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """keys and values in fp32; values that are the keys' first columns stay a view of the keys'
+    copy (one conversion of MLA's entries, not two)."""
+    if (values.data_ptr() == keys.data_ptr() and values.stride() == keys.stride()
+            and values.shape[:-1] == keys.shape[:-1]):
+        keys = keys.float()
+        return keys, keys[..., :values.shape[-1]]
+    return keys.float(), values.float()
 
 
 def _probabilities(queries, keys, mask, group: int, padded_span: int, opts: AttnOptions) -> torch.Tensor:

@@ -14,6 +14,15 @@ position (a stable sort), so every cache layout that holds the same entries pick
 ones; the chosen entries are then taken in position order, so the reductions over them run
 in the same order everywhere and results agree bit for bit.
 
+Batch invariance (`weight_kind`'s rule): a row's bits depend on the row and its phase, never
+on the rows beside it. The per-head products with W_UK and W_UV run with the heads as the batch
+and every row of the step as a row of one GEMM per head (`head_products`), at least
+`attention.MIN_ROWS` rows (MKL runs 1-3 rows on another kernel); the attention over the
+entries is `attention.attention`'s exact path (MQA: one key head, the latent and its rotary key
+side by side as the key, the latent as the value), whose shape rules make a query's result
+independent of the step's other rows, its padded span and its chunk; the indexer's head-weighted
+sum runs at MIN_ROWS rows too, and its products over at least MIN_SPAN keys. tests/unit/test_mla_exact.py checks each product.
+
 Attention may also run in parts (`partial_attention`: the entries already on the compute
 device while the others are still being copied in) and the parts be merged by their
 log-sum-exp (`merge_partials`): the same result up to fp32 rounding, not bit for bit.
@@ -25,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from flexlamps.models.blocks.attention import MIN_ROWS, MIN_SPAN, AttnOptions, attention
 
 
 @dataclass
@@ -46,13 +57,39 @@ class MLAStep:
         return self.index_topk > 0
 
 
+def rows_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """torch.matmul(a, b) with a's rows (dim -2) padded to MIN_ROWS: a row's result then takes
+    the same kernel and summation order however many rows share the product."""
+    rows = a.shape[-2]
+    if rows >= MIN_ROWS:
+        return torch.matmul(a, b)
+    return torch.matmul(F.pad(a, (0, 0, 0, MIN_ROWS - rows)), b)[..., :rows, :]
+
+
+def absorb_query(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
+    """q_nope (n, T, H, nope) times each head's W_UK (H, nope, R) -> q_latent (n, H, T, R)."""
+    n, t, heads, nope = q_nope.shape
+    rows = q_nope.permute(2, 0, 1, 3).reshape(heads, n * t, nope)  # (H, n*T, nope)
+    return rows_product(rows, w_uk).view(heads, n, t, -1).transpose(0, 1)
+
+
+def expand_values(attended: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
+    """attended latents (n, H, T, R) times each head's W_UV (H, v, R) -> values (n, T, H * v)."""
+    n, heads, t, rank = attended.shape
+    rows = attended.transpose(0, 1).reshape(heads, n * t, rank)  # (H, n*T, R)
+    out = rows_product(rows, w_uv.transpose(1, 2))  # (H, n*T, v)
+    return out.view(heads, n, t, -1).permute(1, 2, 0, 3).reshape(n, t, -1)
+
+
 def index_scores(step: MLAStep, keys: torch.Tensor) -> torch.Tensor:
     """(n, T, S) fp32 indexer scores of the step's queries against `keys` (n, S, Di)."""
     q = step.index_q.float()  # (n, T, Hi, Di)
-    head_dim = q.shape[-1]
-    scores = torch.matmul(q, keys.float().transpose(-1, -2).unsqueeze(1)) * head_dim ** -0.5  # (n, T, Hi, S)
+    head_dim, span = q.shape[-1], keys.shape[1]
+    if span < MIN_SPAN:  # zero keys: MKL runs a product of fewer than 12 columns on another kernel
+        keys = F.pad(keys, (0, 0, 0, MIN_SPAN - span))
+    scores = rows_product(q, keys.float().transpose(-1, -2).unsqueeze(1)) * head_dim ** -0.5  # (n, T, Hi, S')
     scores = F.relu(scores)
-    return torch.matmul(step.index_w.unsqueeze(-2), scores).squeeze(-2)  # (n, T, S)
+    return rows_product(step.index_w.unsqueeze(-2), scores).squeeze(-2)[..., :span]  # (n, T, S)
 
 
 def visible_mask(positions: torch.Tensor, span: int) -> torch.Tensor:
@@ -85,19 +122,20 @@ def topk_mask(scores: torch.Tensor, visible: torch.Tensor, topk: int) -> torch.T
     return keep.scatter_(-1, indices, valid)
 
 
-def latent_attention(step: MLAStep, latent: torch.Tensor, k_rope: torch.Tensor,
-                     keep: torch.Tensor) -> torch.Tensor:
+def latent_attention(step: MLAStep, entries: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """Attention over cached entries, in latent space.
 
     Args:
-        latent: (n, S, R) cached latents; k_rope: (n, S, r) their rotated keys.
+        entries: (n, S, R + r) cached latents with their rotated keys after them (a latent
+            cache's records in the compute dtype).
         keep: (n, T, S) bool, which entries each query attends to.
     Returns:
         (n, H, T, R): the attention-weighted sum of latents per head (times W_UV gives values).
     """
-    scores = _scores(step, latent, k_rope).masked_fill(~keep.unsqueeze(1), float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(latent.dtype)
-    return _weighted_latents(probs, latent)
+    rank = step.q_latent.shape[-1]
+    q = torch.cat([step.q_latent, step.q_rope], dim=-1)  # (n, H, T, R + r)
+    keys = entries.unsqueeze(1)  # (n, 1, S, R + r): one key head shared by all heads
+    return attention(q, keys, keys[..., :rank], keep, AttnOptions(scale=step.softmax_scale))
 
 
 def _scores(step: MLAStep, latent: torch.Tensor, k_rope: torch.Tensor) -> torch.Tensor:

@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from flexlamps.models.config import ModelConfig
+from flexlamps.models.blocks.activation import silu
 from flexlamps.models.blocks.linear import linear, unpack
 from flexlamps.models.blocks.norms import rms_norm
-from flexlamps.models.blocks.mla import MLAStep
+from flexlamps.models.blocks.mla import MLAStep, absorb_query, expand_values
 from flexlamps.models.blocks.moe import moe_ffn
 from flexlamps.models.blocks.rope import (apply_rope, apply_rope_interleaved, inverse_frequencies,
                                    rope_attention_factor, rope_cos_sin)
@@ -48,7 +49,7 @@ class DeepseekForward:
         h = rms_norm(x, w["mlp_norm"], eps)
         if "router" in w:
             return x + moe_ffn(w, h, self.cfg.moe)
-        gate = F.silu(linear(h, w["gate_proj"]), inplace=True)
+        gate = silu(linear(h, w["gate_proj"]), inplace=True)
         return linear(linear(h, w["up_proj"], mul=gate), w["down_proj"], add=x)
 
     def attention(self, w: dict[str, torch.Tensor], h: torch.Tensor, ctx, attend: AttendLatent) -> torch.Tensor:
@@ -73,13 +74,12 @@ class DeepseekForward:
         kv_b = unpack(w["kv_b_proj"]).view(heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
         w_uk, w_uv = kv_b.split([m.qk_nope_head_dim, m.v_head_dim], dim=1)
         step = MLAStep(
-            q_latent=torch.matmul(q_nope.transpose(1, 2), w_uk),  # (n, H, T, R)
+            q_latent=absorb_query(q_nope, w_uk),  # (n, H, T, R)
             q_rope=q_rope.transpose(1, 2),  # (n, H, T, r)
             latent=latent, k_rope=k_rope, softmax_scale=m.softmax_scale)
         if m.has_indexer:
             self._index_inputs(w, h, q_resid, ctx, step)
-        out = torch.matmul(attend(step), w_uv.transpose(1, 2))  # (n, H, T, v)
-        return out.transpose(1, 2).reshape(n, t, heads * m.v_head_dim)
+        return expand_values(attend(step), w_uv)  # (n, T, H * v)
 
     def _index_inputs(self, w, h: torch.Tensor, q_resid: torch.Tensor, ctx, step: MLAStep) -> None:
         """The lightning indexer's queries, head weights and new keys (V3.2), onto `step`.

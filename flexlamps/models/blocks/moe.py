@@ -32,7 +32,7 @@ def _mask_groups(scores: torch.Tensor, group_scores: torch.Tensor, cfg: MoEConfi
 def _sigmoid_grouped(logits: torch.Tensor, bias: torch.Tensor, cfg: MoEConfig):
     """DeepSeek-V3 / GLM-4.5: sigmoid scores; groups by the sum of their two best biased scores;
     the bias picks, the unbiased scores weigh (renormalized when `norm_topk_prob`)."""
-    scores = logits.sigmoid()
+    scores = sigmoid(logits)  # row-independent (activation.py); torch's moves a row with the row count
     choice = scores + bias.float()
     per_group = cfg.num_experts // cfg.num_groups
     group_scores = choice.view(-1, cfg.num_groups, per_group).topk(2, dim=-1).values.sum(-1)  # (N, G)
@@ -85,7 +85,7 @@ def clamped_swiglu(x: torch.Tensor, w: dict[str, torch.Tensor], pre: str, cfg: M
     """gpt-oss's expert: gate clamped above at `limit`, up to +-limit, `(up + 1) * gate * sigmoid(alpha * gate)`."""
     gate = linear(x, w[pre + "gate_proj"], w[pre + "gate_bias"]).clamp(min=None, max=cfg.swiglu_limit)
     up = linear(x, w[pre + "up_proj"], w[pre + "up_bias"]).clamp(min=-cfg.swiglu_limit, max=cfg.swiglu_limit)
-    glu = gate * torch.sigmoid(gate * cfg.swiglu_alpha)
+    glu = gate * sigmoid(gate * cfg.swiglu_alpha)
     return linear((up + 1) * glu, w[pre + "down_proj"], w[pre + "down_bias"])
 
 
