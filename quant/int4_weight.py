@@ -124,6 +124,8 @@ class Int4Weight(CompressedWeight):
         group_size: input channels per group.
         kernel_codes: the codes in the fused kernel's layout on `codes`' device (built by
             `from_codes`/`to`); None where the kernel cannot run (then `matmul` dequantizes).
+        x_bits: the bits the decode kernel rounds x to for this matrix (None: the kernel's own,
+            `flexlamps.kernels.tile_gemv.X_BITS`); an output head keeps 16 (`as_logits_head`).
     """
 
     KIND: ClassVar[str] = "int4"
@@ -132,6 +134,7 @@ class Int4Weight(CompressedWeight):
     scale_zero: torch.Tensor
     group_size: int
     kernel_codes: torch.Tensor | None = None
+    x_bits: int | None = None
 
     @classmethod
     def from_codes(cls, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int,

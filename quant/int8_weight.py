@@ -83,12 +83,13 @@ class Int8Weight(CompressedWeight):
     """A weight (N, K) as int8 codes with one scale per group of input channels, held as the
     (N, 2K) 4-bit weight `split`, or in the 5-bit form (`fifth` given) as the (N, K) 4-bit weight
     of the codes' low nibbles, whose (scale, zero) mean `(u - 16) * scale + zero`, and the plane
-    of their fifth bits (see the module's docstring)."""
+    of their fifth bits (see the module's docstring); `x_bits` as `Int4Weight.x_bits`."""
 
     KIND: ClassVar[str] = "int8"
     PARTS: ClassVar[tuple[str, ...]] = ("split", "fifth")
     split: Int4Weight
     fifth: torch.Tensor | None = None
+    x_bits: int | None = None
 
     @classmethod
     def from_codes(cls, codes: torch.Tensor, scale: torch.Tensor, group_size: int = 32,

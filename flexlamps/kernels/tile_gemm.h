@@ -159,7 +159,8 @@ static void gemm_rows(const Prepared *prep, const QRows *x, int64_t rows, int64_
                       int64_t n, int64_t s, int64_t h, int fp16) {
     for (int64_t b0 = 0; b0 < rows; b0 += GEMM_ROWS) {
         int nb = rows - b0 < GEMM_ROWS ? (int)(rows - b0) : GEMM_ROWS;
-        QRows xb = {x->q8 + b0 * x->cols, NULL, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups};
+        QRows xb = {x->q8 + b0 * x->cols, NULL, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups,
+                    x->total + b0 * x->groups};
         __m256 tot[GEMM_ROWS][4];
         if (nb == GEMM_ROWS) gemm_pass(prep, &xb, group, split, tot, GEMM_ROWS);  /* constant counts: sums in registers */
         else gemm_pass(prep, &xb, group, split, tot, 1);

@@ -23,8 +23,10 @@
  *
  * Variants (flexlamps/kernels/tile_gemv.py builds each with its flags): the inner loops come from
  * tile_gemv_avx512.h (VBMI, VNNI; tiles of 64 rows) or tile_gemv_avx2.h (AVX2, AVX-VNNI where
- * present; tiles of 32 or 64, 16-bit x); both add the same exact sums in the same fp32 steps, so
- * a weight in 64-row tiles gets the same bits from either. Built and loaded by
+ * present; tiles of 32 or 64; 8-bit x in tile_gemv_avx2_x8.h); both add the same exact sums in the
+ * same fp32 steps, so a weight in 64-row tiles gets the same bits from either. With 8-bit x an
+ * int8 split's group sum is taken for q = u - 128 (offset zero - 8 d), as the prompt kernel takes
+ * it, so decode and prompts give a row the same bits. Built and loaded by
  * flexlamps/kernels/tile_gemv.py.
  *
  * flexlamps_tile_gemm is the product for prompts (many rows a call) on the same codes, in every
@@ -52,8 +54,15 @@ static float half_to_float(uint16_t h, int fp16) {
     return v.f;
 }
 
-/* The rows of x as int8 codes, a scale per group (codes * scale ~ x) and each group's sum. */
-typedef struct { const int8_t *q8; const int16_t *q16; const float *scale, *sum; int64_t cols, groups; } QRows;
+/* The rows of x as int8 codes, a scale per group (codes * scale ~ x), each group's sum and (8-bit
+ * codes) its codes' sum. */
+typedef struct {
+    const int8_t *q8;
+    const int16_t *q16;
+    const float *scale, *sum;
+    int64_t cols, groups;
+    const int32_t *total;
+} QRows;
 
 /* A weight's kind: 4-bit codes, an int8 split, or 5-bit codes (nibbles and a plane of fifth bits). */
 enum { KIND_INT4 = 0, KIND_INT8_SPLIT = 1, KIND_INT5 = 2 };
@@ -70,7 +79,7 @@ enum { KIND_INT4 = 0, KIND_INT8_SPLIT = 1, KIND_INT5 = 2 };
  * weight's zero point then multiplies the same x as its codes do (with the exact sum of x, errors
  * grew 1.5-3x). Whole vectors go through the variant's `quantize_group_simd` (the same results). */
 static void quantize_rows(const uint16_t *x, int64_t rows, int64_t cols, int64_t group, int fp16, int bits,
-                          void *q, float *scale, float *sum) {
+                          void *q, float *scale, float *sum, int32_t *codes_sum) {
     const float top = bits == 16 ? 32767.0f : 127.0f;
     for (int64_t g = 0; g < rows * (cols / group); g++) {  /* the groups of all rows, in order */
         const uint16_t *xg = x + g * group;
@@ -89,8 +98,38 @@ static void quantize_rows(const uint16_t *x, int64_t rows, int64_t cols, int64_t
         }
         scale[g] = amax / top;
         sum[g] = scale[g] * (float)total;
+        codes_sum[g] = total;
     }
 }
+
+/* x's rows rounded to codes of `bits` bits in one buffer (`xr` points into it; free it), or NULL. */
+static void *quantized_x(const uint16_t *x, int64_t rows, int64_t cols, int64_t group, int fp16, int bits, QRows *xr) {
+    const int64_t groups = cols / group, codes_bytes = (rows * cols * (bits / 8) + 63) / 64 * 64;
+    void *buf = malloc((size_t)codes_bytes + (2 * sizeof(float) + sizeof(int32_t)) * (size_t)(rows * groups) + 64);
+    if (!buf) return NULL;
+    float *scale = (float *)((char *)buf + codes_bytes), *sum = scale + rows * groups;
+    int32_t *total = (int32_t *)(sum + rows * groups);
+    quantize_rows(x, rows, cols, group, fp16, bits, buf, scale, sum, total);
+    QRows r = {bits == 8 ? buf : NULL, bits == 16 ? buf : NULL, scale, sum, cols, groups, total};
+    *xr = r;
+    return buf;
+}
+
+static int gemm_codes(const uint8_t *codes, const uint16_t *scale_zero, const QRows *x, uint16_t *out, int64_t n,
+                      int64_t rows, int64_t group, int64_t tile, int fp16, int split, int threads);
+
+/* Whether the prompt kernel (tile_gemm.h) takes a weight of this tile, group and kind. */
+static int gemm_takes(int64_t tile, int64_t group, int kind) {
+    return (tile == 32 || tile == 64) && (group <= 32 || group % 32 == 0)
+           && (kind == KIND_INT4 || kind == KIND_INT8_SPLIT);
+}
+
+/* Rows of 8-bit x from which a decode call lays the codes out once for all its rows (tile_gemm.h)
+ * rather than unpacking them once per pass of PASS8_ROWS: the same exact sums and fp32 steps, so
+ * the same bits (a row's result still does not depend on the rows beside it). */
+#ifndef DECODE_GEMM_FROM_ROWS
+#define DECODE_GEMM_FROM_ROWS 4
+#endif
 
 /* out (rows, n) = x (rows, cols) @ w.T, w (n, cols) in 4-bit tiles of `tile` rows (kind 0), an int8
  * weight's (n, 2 cols) split (kind 1) or 5-bit codes, 4-bit tiles and the plane `fifth` (kind 2),
@@ -103,13 +142,14 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint64_t *fifth, const uint1
         || (x_bits != 8 && x_bits != 16) || kind < KIND_INT4 || kind > KIND_INT5 || (kind == KIND_INT5 && !fifth)
         || !takes_tile(tile, kind, x_bits))
         return -1;
-    const int64_t groups = cols / group;
-    void *buf = malloc((size_t)(rows * cols * (x_bits / 8)) + 2 * sizeof(float) * (size_t)(rows * groups) + 64);
+    QRows xr;
+    void *buf = quantized_x(x, rows, cols, group, fp16, x_bits, &xr);
     if (!buf) return -1;
-    float *scale = (float *)buf, *sum = scale + rows * groups;
-    void *q = sum + rows * groups;
-    quantize_rows(x, rows, cols, group, fp16, x_bits, q, scale, sum);
-    QRows xr = {x_bits == 8 ? q : NULL, x_bits == 16 ? q : NULL, scale, sum, cols, groups};
+    if (x_bits == 8 && rows >= DECODE_GEMM_FROM_ROWS && gemm_takes(tile, group, kind)) {
+        int status = gemm_codes(codes, scale_zero, &xr, out, n, rows, group, tile, fp16, kind == KIND_INT8_SPLIT, threads);
+        free(buf);
+        return status;
+    }
     const Setup setup = make_setup(tile);
     const int64_t tiles = n / tile, tile_bytes = (kind == KIND_INT8_SPLIT ? 2 : 1) * cols * (tile / 2);
     if (threads <= 1 || tiles == 1) {  /* no parallel region to enter: a few microseconds a call */
@@ -146,35 +186,40 @@ static void gemm_subtiles(const uint8_t *codes, const uint16_t *scale_zero, cons
     }
 }
 
-/* out (rows, n) = x (rows, cols) @ w.T for prompts: w (n, cols) in 4-bit tiles of `tile` rows (kind
- * 0) or an int8 weight's (n, 2 cols) split (kind 1), x rounded to int8 codes per group (tile_gemm.h).
- * Returns 0, or -1 for what it does not take (or memory it could not get). */
-int flexlamps_tile_gemm(const uint8_t *codes, const uint16_t *scale_zero, const uint16_t *x, uint16_t *out, int64_t n,
-                        int64_t cols, int64_t group, int64_t rows, int64_t tile, int fp16, int kind, int threads) {
-    if ((tile != 32 && tile != 64) || n % tile || group <= 0 || group % 4 || (group > 32 && group % 32) || cols % group
-        || rows <= 0 || (kind != KIND_INT4 && kind != KIND_INT8_SPLIT))
-        return -1;
-    const int64_t groups = cols / group, subs = n / SUB;
-    const int split = kind == KIND_INT8_SPLIT, parts = threads > 1 && subs > 1 ? threads : 1;
-    const size_t per_thread = (prepared_bytes(cols, groups, split) + 63) / 64 * 64;
-    uint8_t *buf = malloc((size_t)(rows * cols) + 2 * sizeof(float) * (size_t)(rows * groups) + per_thread * parts + 64);
-    if (!buf) return -1;
-    float *scale = (float *)buf, *sum = scale + rows * groups;
-    int8_t *q = (int8_t *)(sum + rows * groups);
-    uint8_t *prepared = (uint8_t *)q + ((rows * cols + 63) / 64) * 64;
-    quantize_rows(x, rows, cols, group, fp16, 8, q, scale, sum);
-    const QRows xr = {q, NULL, scale, sum, cols, groups};
+/* out = x @ w.T for x's rows already rounded to int8 (`quantized_x`), each sub-tile laid out once
+ * per call; 0, or -1 where it could not get memory. */
+static int gemm_codes(const uint8_t *codes, const uint16_t *scale_zero, const QRows *x, uint16_t *out, int64_t n,
+                      int64_t rows, int64_t group, int64_t tile, int fp16, int split, int threads) {
+    const int64_t subs = n / SUB;
+    const int parts = threads > 1 && subs > 1 ? threads : 1;
+    const size_t per_thread = (prepared_bytes(x->cols, x->groups, split) + 63) / 64 * 64;
+    uint8_t *prepared = malloc(per_thread * parts + 64);
+    if (!prepared) return -1;
     if (parts == 1) {
-        gemm_subtiles(codes, scale_zero, &xr, out, n, rows, group, tile, fp16, split, 0, subs, prepared);
+        gemm_subtiles(codes, scale_zero, x, out, n, rows, group, tile, fp16, split, 0, subs, prepared);
     } else {
 #pragma omp parallel num_threads(parts)
         {  /* each thread a contiguous run of sub-tiles, in its own part of the buffer */
             int64_t all = omp_get_num_threads(), me = omp_get_thread_num();
             int64_t first = subs * me / all, last = subs * (me + 1) / all;
-            gemm_subtiles(codes, scale_zero, &xr, out, n, rows, group, tile, fp16, split, first, last - first,
+            gemm_subtiles(codes, scale_zero, x, out, n, rows, group, tile, fp16, split, first, last - first,
                           prepared + per_thread * (size_t)me);
         }
     }
-    free(buf);
+    free(prepared);
     return 0;
+}
+
+/* out (rows, n) = x (rows, cols) @ w.T for prompts: w (n, cols) in 4-bit tiles of `tile` rows (kind
+ * 0) or an int8 weight's (n, 2 cols) split (kind 1), x rounded to int8 codes per group (tile_gemm.h).
+ * Returns 0, or -1 for what it does not take (or memory it could not get). */
+int flexlamps_tile_gemm(const uint8_t *codes, const uint16_t *scale_zero, const uint16_t *x, uint16_t *out, int64_t n,
+                        int64_t cols, int64_t group, int64_t rows, int64_t tile, int fp16, int kind, int threads) {
+    if (n % tile || group <= 0 || group % 4 || cols % group || rows <= 0 || !gemm_takes(tile, group, kind)) return -1;
+    QRows xr;
+    void *buf = quantized_x(x, rows, cols, group, fp16, 8, &xr);
+    if (!buf) return -1;
+    int status = gemm_codes(codes, scale_zero, &xr, out, n, rows, group, tile, fp16, kind == KIND_INT8_SPLIT, threads);
+    free(buf);
+    return status;
 }

@@ -9,11 +9,15 @@ integers with one scale per group, summed exactly in int32: 1.5-3x faster than t
 one row with the weights in cache; streamed from memory (a SmolLM2 step) it reaches 10-16 GB/s of
 the probe's 28, so a batch-1 step fell from 17-18 ms to 13-15.
 
-x's codes have 16 bits (`X_BITS`): the error stays at the bf16 rounding of the output (0.166% of
-an output's size, rms, against torch's kernel's 0.163%), so decode keeps the quality of a
-weight-only kernel. With 8 bits, as llama.cpp rounds x for its block types, it runs up to 1.5x
-faster from 4 rows but the error grows to 0.55%: on SmolLM2 +0.5% decode perplexity, and greedy
-agreement with float32 at batch 8 fell from 68% to 60%. A row's result does not depend on the batch.
+x's codes have 8 bits per group of the weight (`X_BITS`), as llama.cpp rounds x for its block
+types: on AVX2 the codes then stay bytes and vpmaddubsw multiplies 32 an instruction, summed in
+int16 for 32 inputs (tile_gemv_avx2_x8.h), 1.4-1.6x the 16-bit path's rate (Zen 2, 1 thread, a
+2048 x 2048 Q4_0-like matrix: 16.5 against 10.7 GMAC/s). The error grows from the bf16 rounding
+of the output (0.166% rms) to about 0.5%; an output head, whose outputs are the logits, keeps
+16-bit codes (`Int4Weight.x_bits`, set by `models.blocks.coded_weights.as_logits_head`). With
+8-bit x, decode and prompts add the same exact sums in the same fp32 steps, so a decode call of
+4 rows or more lays each slice of codes out once for all its rows, as prompts do (the same bits).
+A row's result does not depend on the batch.
 
 Prompts (calls of many rows) have their own product on the same codes (`prompt_product`,
 tile_gemm.h): x rounded to int8 per group of the weight, as llama.cpp rounds x for its block
@@ -21,9 +25,9 @@ types, and each 32-row slice of codes laid out once for all the call's rows so t
 multiplies 32 pairs an instruction: 3x the 16-bit decode path's rate at 128 rows (Zen 2, 1 thread).
 A row's result depends on that row alone there too.
 
-The AVX2 variants take torch's AVX2 layout (tiles of 32 rows) and the AVX-512 one (64), 16-bit x
-and 4-bit or int8 codes (not the 5-bit form, whose plane is laid out for AVX-512 registers), and
-add the same exact sums in the same fp32 steps as the AVX-512 variant: the same bits.
+The AVX2 variants take torch's AVX2 layout (tiles of 32 rows) and the AVX-512 one (64), 8- or
+16-bit x and 4-bit or int8 codes (not the 5-bit form, whose plane is laid out for AVX-512
+registers), and add the same exact sums in the same fp32 steps as the AVX-512 variant: the same bits.
 
 `KERNEL` is how `flexlamps.kernels.loader` builds it (once per source, compiler and flags) and
 checks it against a plain computation in each dtype and weight kind it takes; callers keep
@@ -53,7 +57,7 @@ VARIANTS = (variants.variant("avx2"), variants.variant("avx_vnni"),
 TILES = {"avx512": (64,)}  # the tile rows a variant takes (the others: torch's AVX2 and AVX-512 layouts)
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}  # the activations' dtypes, as the kernel's flag
 KIND_INT4, KIND_INT8_SPLIT, KIND_INT5 = 0, 1, 2  # the weight's layout, as the kernel's `kind`
-X_BITS = 16  # x's codes: 16 bits (near bf16's own rounding) or 8 (llama.cpp's, a little faster; AVX-512 only)
+X_BITS = 8  # x's codes for decode: 8 bits (llama.cpp's rounding of x; twice the 16-bit rate on AVX2) or 16
 
 
 class TileGemv:
@@ -61,8 +65,8 @@ class TileGemv:
     activations, `matmul(w, x)` computes x @ w.T."""
 
     def __init__(self, library: ctypes.CDLL, level: str = "avx512", x_bits: int = X_BITS):
-        if x_bits not in (8, 16) or (x_bits == 8 and level != "avx512"):
-            raise ValueError(f"tile_gemv: x_bits must be 16 (or 8 on AVX-512), got {x_bits} for {level}")
+        if x_bits not in (8, 16):
+            raise ValueError(f"tile_gemv: x_bits must be 8 or 16, got {x_bits} for {level}")
         fn = library.flexlamps_tile_gemv
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.c_int] * 4
@@ -99,7 +103,8 @@ class TileGemv:
         return x.device.type == "cpu" and x.dtype == w.dtype and self.takes_prompt(w)
 
     def matmul(self, w: Int4Weight | Int8Weight, x: torch.Tensor) -> torch.Tensor:
-        """x (..., K) @ w.T, for a weight and activations `runs` takes."""
+        """x (..., K) @ w.T, for a weight and activations `runs` takes; x rounded to `w.x_bits`
+        where the weight sets it, else to `x_bits`."""
         return self.bind(w)(x)
 
     def prompt_product(self, w: Int4Weight | Int8Weight, x: torch.Tensor) -> torch.Tensor:
@@ -131,7 +136,7 @@ class TileGemv:
         split = w.split if int8 else w
         fifth = w.fifth if int8 else None  # the 5-bit form's plane
         kind = KIND_INT5 if fifth is not None else KIND_INT8_SPLIT if int8 else KIND_INT4
-        fn, n, cols, group, x_bits = self._fn, split.shape[0], w.shape[1], split.group_size, self.x_bits
+        fn, n, cols, group, x_bits = self._fn, split.shape[0], w.shape[1], split.group_size, w.x_bits or self.x_bits
         tile = tile_rows(split.shape[1])
         codes, scale_zero = split.kernel_codes.data_ptr(), split.scale_zero.data_ptr()
         plane = None if fifth is None else fifth.data_ptr()

@@ -1,11 +1,15 @@
 /* tile_gemv.c's inner loops on AVX2 + FMA + F16C (AVX-VNNI's vpdpwssd where built with it): a
- * tile of 32 or 64 output rows (torch's layout has 32 on AVX2 builds, 64 on AVX-512 ones) for up
- * to PASS_ROWS rows of x in 16-bit codes. A tile's rows are taken 16 at a time (a 16-byte slice
- * of each column: rows j in the low nibbles, rows j + tile/2 in the high ones): the codes of two
- * columns are widened to 16 bits and paired in a row's 32-bit lane, and vpmaddwd adds the row's
- * two products to its int32 sum (exact, as the AVX-512 variant's). The fp32 steps after each
- * group are the AVX-512 variant's, in the same order, so both give the same bits.
- * Included by tile_gemv.c only, for its AVX2 variants. */
+ * tile of 32 or 64 output rows (torch's layout has 32 on AVX2 builds, 64 on AVX-512 ones).
+ *
+ * 16-bit x: up to PASS_ROWS rows of x a pass. A tile's rows are taken 16 at a time (a 16-byte
+ * slice of each column: rows j in the low nibbles, rows j + tile/2 in the high ones): the codes of
+ * two columns are widened to 16 bits and paired in a row's 32-bit lane, and vpmaddwd adds the
+ * row's two products to its int32 sum (exact, as the AVX-512 variant's).
+ * 8-bit x (tile_gemv_avx2_x8.h): the codes stay bytes, paired for vpmaddubsw, and sums are kept
+ * in int16 for up to 32 inputs: about twice the rate, enough to stream a decode step's weights.
+ *
+ * The fp32 steps after each group are the AVX-512 variant's, in the same order, so both give the
+ * same bits. Included by tile_gemv.c only, for its AVX2 variants. */
 #define PASS_ROWS 2
 
 #ifdef __AVXVNNI__
@@ -16,10 +20,10 @@
 
 typedef struct { int64_t tile; } Setup;  /* what run_tile needs prepared once a call */
 
-/* 16-bit x only (8-bit codes would need the sign trick of int8_gemm's AVX2 path), no 5-bit plane
- * (its words are laid out for the AVX-512 registers). */
+/* 4-bit codes and int8 splits, no 5-bit plane (its words are laid out for the AVX-512 registers). */
 static int takes_tile(int64_t tile, int kind, int x_bits) {
-    return (tile == 32 || tile == 64) && kind != KIND_INT5 && x_bits == 16;
+    (void)x_bits;
+    return (tile == 32 || tile == 64) && kind != KIND_INT5;
 }
 
 static Setup make_setup(int64_t tile) { Setup s = {tile}; return s; }
@@ -56,6 +60,11 @@ AI void pair_codes(const uint8_t *p, int64_t h, int64_t low_half, int kind, __m2
 /* 8 rows' (scale, zero) pairs of 16-bit floats as fp32. */
 AI void scale_zero8(const uint16_t *sz, int fp16, __m256 *scale, __m256 *zero) {
     __m256i pairs = _mm256_loadu_si256((const __m256i *)sz);
+    if (!fp16) {  /* bf16: the upper 16 bits of an fp32 */
+        *scale = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
+        *zero = _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32((int)0xFFFF0000u)));
+        return;
+    }
     __m256i low = _mm256_and_si256(pairs, _mm256_set1_epi32(0xFFFF)), high = _mm256_srli_epi32(pairs, 16);
     *scale = halves_to_floats8(_mm_packus_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1)), fp16);
     *zero = halves_to_floats8(_mm_packus_epi32(_mm256_castsi256_si128(high), _mm256_extracti128_si256(high, 1)), fp16);
@@ -108,14 +117,21 @@ AI void slice_pass(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t 
     }
 }
 
+#include "tile_gemv_avx2_x8.h"
+
 static void run_tile(const uint8_t *codes, const uint64_t *fifth, const uint16_t *sz, int64_t n, int64_t group,
                      const QRows *x, const Setup *setup, int64_t rows, uint16_t *out, int fp16, int kind) {
     (void)fifth;
+    if (x->q8) {
+        run_tile8(codes, sz, n, group, x, setup->tile, rows, out, fp16, kind);
+        return;
+    }
     float tot[PASS_ROWS][64] __attribute__((aligned(32)));
     const int64_t tile = setup->tile, h = tile / 2;
     for (int64_t b0 = 0; b0 < rows; b0 += PASS_ROWS) {
         int nb = rows - b0 < PASS_ROWS ? (int)(rows - b0) : PASS_ROWS;
-        QRows xb = {NULL, x->q16 + b0 * x->cols, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups};
+        QRows xb = {NULL, x->q16 + b0 * x->cols, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups,
+                    NULL};
         for (int b = 0; b < nb; b++)
             for (int64_t r = 0; r < tile; r++) tot[b][r] = 0.0f;
         for (int64_t s = 0; s < h / 16; s++) {  /* constant row counts, so the sums stay in registers */

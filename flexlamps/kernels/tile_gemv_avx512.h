@@ -137,8 +137,13 @@ AI void tile_pass(const uint8_t *codes, const uint64_t *fifth, const uint16_t *s
         if (wide)
             for (int b = 0; b < nb; b++)
                 for (int i = 0; i < 4; i++) acc[b][i] = pair_sums_to_rows(pairs[b][i][0], pairs[b][i][1], idx.order);
+        if (split && !wide)  /* 8-bit x: the sums of q = u - 128, as the prompt kernel's (tile_gemm.h) */
+            for (int b = 0; b < nb; b++)
+                for (int i = 0; i < 4; i++)
+                    acc[b][i] = _mm512_sub_epi32(acc[b][i], _mm512_set1_epi32(128 * x->total[b * x->groups + g]));
         const uint16_t *group_sz = sz + (split ? g + x->groups : g) * n * 2;
-        add_group(group_sz, split ? 136.0f : kind == KIND_INT5 ? 16.0f : 8.0f, fp16, acc, x, g, tot, nb);
+        const float bias = split ? (wide ? 136.0f : 8.0f) : kind == KIND_INT5 ? 16.0f : 8.0f;
+        add_group(group_sz, bias, fp16, acc, x, g, tot, nb);
     }
 }
 
@@ -149,7 +154,7 @@ static void run_tile(const uint8_t *codes, const uint64_t *fifth, const uint16_t
     for (int64_t b0 = 0; b0 < rows; b0 += per_pass) {
         int nb = rows - b0 < per_pass ? (int)(rows - b0) : per_pass;
         QRows xb = {wide ? NULL : x->q8 + b0 * x->cols, wide ? x->q16 + b0 * x->cols : NULL,
-                    x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups};
+                    x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups, x->total + b0 * x->groups};
         switch (wide * 8 + nb) {  /* constant row counts, so the accumulators stay in registers */
             case 1: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 0, 1); break;
             case 2: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 0, 2); break;

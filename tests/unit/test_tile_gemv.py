@@ -46,11 +46,8 @@ def _x(rows: int, cols: int, dtype: torch.dtype, seed: int = 1) -> torch.Tensor:
 
 
 def _variant(level: str, x_bits: int = tile_gemv.X_BITS) -> tile_gemv.TileGemv:
-    """The `level` variant taking x in `x_bits` codes (skipped where the variant has none)."""
-    kernel = variant_kernel(tile_gemv.KERNEL, level)
-    if x_bits == 8 and level != "avx512":
-        pytest.skip(f"tile_gemv {level}: 8-bit x is AVX-512's only")
-    return tile_gemv.TileGemv(kernel.library, level, x_bits)
+    """The `level` variant taking x in `x_bits` codes (skipped where this CPU lacks it)."""
+    return tile_gemv.TileGemv(variant_kernel(tile_gemv.KERNEL, level).library, level, x_bits)
 
 
 def _assert_kernel_product(kernel: tile_gemv.TileGemv, w, x: torch.Tensor) -> None:
@@ -98,14 +95,30 @@ def test_the_variants_agree_bit_for_bit(level):
 
 
 @pytest.mark.parametrize("level", LEVELS)
-def test_the_largest_groups_do_not_overflow(level):
-    """Codes of 255 (int8 weights) times x's largest 16-bit code over a group of 256 inputs: the
-    int32 sums stay exact."""
+@pytest.mark.parametrize("x_bits", [16, 8])
+@pytest.mark.parametrize("code", [127, -128])
+def test_the_largest_groups_do_not_overflow(level, x_bits, code):
+    """The largest codes (int8 weights) times x's largest codes of either sign over a group of 256
+    inputs: the int32 sums (and 8-bit x's int16 partial sums) stay exact."""
     rows, cols = 64, 512
-    codes = torch.full((rows, cols), 127, dtype=torch.int8)
+    codes = torch.full((rows, cols), code, dtype=torch.int8)
     w = Int8Weight.from_codes(codes, torch.full((rows, cols // 256), 1 / 64), 256, torch.float16)
-    x = torch.ones(2, cols, dtype=torch.float16)
-    _assert_kernel_product(_variant(level), w, x)
+    for sign in (1, -1):
+        _assert_kernel_product(_variant(level, x_bits), w, sign * torch.ones(2, cols, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_decode_and_prompt_products_agree_bit_for_bit(level, dtype):
+    """With 8-bit x the decode product and the prompt product add the same exact sums in the same
+    fp32 steps, so a row gets the same bits from either, alone or among many (a decode call of
+    many rows lays the codes out once, as prompts do)."""
+    kernel = _variant(level, 8)
+    for w in (_int4(192, 576, 32, dtype), _int4(128, 512, 128, dtype), _int8(128, 576, dtype, True)):
+        x = _x(9, w.shape[1], dtype)
+        together = kernel.matmul(w, x)
+        assert torch.equal(together, kernel.prompt_product(w, x))
+        assert torch.equal(together, torch.cat([kernel.matmul(w, row) for row in x.split(1)]))
 
 
 @needs_kernel
@@ -154,6 +167,17 @@ def test_linear_gives_both_engines_the_same_products():
     decode = linear_mod.Phase.DECODE  # decode rows take the kernel at any row count
     assert torch.equal(linear_mod.linear(x, twin, phase=decode), KERNEL.matmul(w, x))
     assert torch.equal(linear_mod.linear(x, w, phase=decode), KERNEL.matmul(w, x))
+
+
+@needs_kernel
+def test_an_output_head_keeps_16_bit_x():
+    """A head's products are the logits: its decode rounds x to 16 bits, other matrices' to 8."""
+    decode, x = linear_mod.Phase.DECODE, _x(3, 576, torch.bfloat16)
+    for w in (_int4(192, 576, 32, torch.bfloat16), _int8(128, 576, torch.bfloat16, True)):
+        head = linear_mod.linear(x, linear_mod.as_logits_head(w), phase=decode)
+        assert torch.equal(head, _variant(KERNEL.level, 16).matmul(w, x))
+        assert torch.equal(linear_mod.linear(x, w, phase=decode), _variant(KERNEL.level, 8).matmul(w, x))
+        assert not torch.equal(head, linear_mod.linear(x, w, phase=decode))
 
 
 def test_switched_off_by_the_environment(monkeypatch, tmp_path):

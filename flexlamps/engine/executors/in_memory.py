@@ -19,7 +19,7 @@ from flexlamps.engine.caches.paged_state import HybridPagedCache
 from flexlamps.engine.caches.state import StateCache
 from flexlamps.engine.executors.contract import TierUse
 from flexlamps.engine.executors.step import Step
-from flexlamps.models.blocks.linear import can_have_dense_twin, pack, with_dense_twin
+from flexlamps.models.blocks.linear import as_logits_head, can_have_dense_twin, pack, with_dense_twin
 from flexlamps.models.loading.mapped_pages import release_mapped
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.forward import forward_for
@@ -81,7 +81,7 @@ class InMemoryExecutor:
                 t.nbytes for w in self.layer_weights for t in w.values())
         # the output head too (a packed copy of a tied embedding table: the lookup reads it dense);
         # unpacked, oneDNN reorders the whole vocab x hidden matrix on every decode step
-        head = self.global_weights.get("lm_head", self.global_weights["embed_tokens"])
+        head = as_logits_head(self.global_weights.get("lm_head", self.global_weights["embed_tokens"]))
         if dense_twins and can_have_dense_twin(head):  # a Q8_0 head; a tied one's dense copy is the table
             head = with_dense_twin(head, self.global_weights["embed_tokens"] if cfg.tie_word_embeddings else None)
         self.global_weights["lm_head"] = pack(head)

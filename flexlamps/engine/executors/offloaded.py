@@ -40,7 +40,7 @@ from flexlamps.models.blocks.weight_kind import KINDS
 from flexlamps.models.forward import forward_for
 from flexlamps.models.loading.in_place import in_place_form, in_place_sample, in_place_specs, packs_five_bit
 from flexlamps.models.weight_specs import weight_specs
-from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, Int4Twin, linear, pack
+from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, Int4Twin, as_logits_head, linear, pack
 from offload import DiskFolder, TierBudget, TieredStore, compute_device, tensor_bytes
 from offload.store import stored_parts
 from quant import QTensor
@@ -404,7 +404,7 @@ class OffloadExecutor:
                 w, staged = reads.take(i)
                 try:
                     for h, out in zip(hs, outs):  # rows on the compute device one micro-batch at a time
-                        out[..., start:stop] = linear(h.to(self.device), w).float().cpu()
+                        out[..., start:stop] = linear(h.to(self.device), as_logits_head(w)).float().cpu()
                 finally:
                     self.store.release(staged)
         finally:

@@ -19,6 +19,7 @@ compute dtype for each call into this thread's reused buffer and runs the dense 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import torch
@@ -40,6 +41,12 @@ INT4_DENSE_FROM_ROWS = 128
 # for a weight used once or twice (a first prompt).
 TWIN_PACK_AFTER_USES = 2
 _TWIN_DTYPES = (torch.float32, torch.bfloat16)  # dense copies on the CPU (`can_have_dense_twin`)
+
+
+# The output head's decode x: its outputs are the logits, where 8-bit x's error lands unsoftened by
+# later layers (a Q4_K_M test model's decode logits: 2.2x a bf16 copy's error with the head at 8
+# bits, 1.04x at 16, which costs the head about twice its 8-bit time).
+LOGITS_X_BITS = 16
 
 
 def native_kernel() -> tile_gemv.TileGemv | None:
@@ -196,8 +203,9 @@ class CodesKind(WeightKind):
     """4-bit blocks or int8 codes, plain or as an `Int4Twin`. The kernel is chosen by the phase,
     never by the row count (`weight_kind`'s rule):
 
-    - DECODE: the fused kernel on the codes (ours, else torch's) wherever one takes x (16-bit x:
-      greedy agreement with float32), else the dense GEMM on the twin's copy or a dequantization;
+    - DECODE: the fused kernel on the codes (ours, else torch's) wherever one takes x (ours: x in
+      8 bits per group, an output head's in 16), else the dense GEMM on the twin's copy or a
+      dequantization;
     - PROMPT: where this CPU has a fast dense GEMM for x's dtype (oneDNN: fp32 everywhere, bf16 on
       AVX-512 / AMX CPUs; a GPU), int8 codes (`int8_product`, where that kernel runs) or that GEMM;
       elsewhere the codes where they lie, many rows a pass with x in int8 per group
@@ -267,6 +275,14 @@ class _TwinKind(WeightKind):
 
 
 register(Int4Twin, _TwinKind())
+
+
+def as_logits_head(w):
+    """`w` as an output head: a 4-bit or int8 weight whose decode product keeps x in
+    LOGITS_X_BITS bits (the same codes, not copied); any other weight as it is."""
+    if isinstance(w, (Int4Weight, Int8Weight)):
+        return dataclasses.replace(w, x_bits=LOGITS_X_BITS)
+    return w
 
 
 def can_have_dense_twin(w) -> bool:

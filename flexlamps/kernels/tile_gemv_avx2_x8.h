@@ -1,0 +1,129 @@
+/* tile_gemv.c's decode loops on AVX2 for x in 8-bit codes (llama.cpp's rounding of x for its block
+ * types): a tile's codes stay bytes and vpmaddubsw multiplies 32 of them an instruction.
+ *
+ * A tile's rows are taken 16 at a time (the 16-byte slice s of each column: rows 16s + j in the low
+ * nibbles, h + 16s + j in the high ones; h = tile / 2). Columns k..k+3 are read as two registers
+ * (columns k, k+1 and k+2, k+3, a column a 128-bit lane) and interleaved bytewise, which pairs in
+ * every 16-bit lane one row's codes of columns (k, k+2) in the low 128-bit lane and (k+1, k+3) in
+ * the high one; x's codes are paired the same way, so vpmaddubsw(codes 0..15, x) adds two of a
+ * row's products a 16-bit lane. Those sums stay in int16 for at most 8 such steps (32 inputs: 8 *
+ * 2 * 15 * 127 < 2^15), then the two lanes of a row are widened and added into its exact int32
+ * group sum. An int8 split's halves run as two 4-bit weights (high nibbles times 16, plus low
+ * ones) and its group sum is taken for q = u - 128, as the prompt kernel's (tile_gemm.h).
+ *
+ * The fp32 steps after each group are the prompt kernel's: the same bits for a row whichever of
+ * the two multiplies it (tile_gemv.c lets decode calls of many rows take the prompt kernel).
+ * Included by tile_gemv_avx2.h only. */
+#define PASS8_ROWS 2   /* rows of x a pass multiplies by a slice's codes, their sums in registers */
+#define SEGMENT8 32    /* inputs whose products a 16-bit lane can hold */
+
+/* Columns k..k+3 of a 16-row slice at p (column stride h) as codes 0..15, paired for vpmaddubsw:
+ * c[0] rows 0-7, c[1] rows 8-15 of the low nibbles, c[2], c[3] of the high ones. */
+AI void slice_codes4(const uint8_t *p, int64_t h, __m256i c[4]) {
+    __m256i a, b;
+    if (h == 16) {  /* torch's AVX2 layout: the four columns' slices are 64 contiguous bytes */
+        a = _mm256_loadu_si256((const __m256i *)p);
+        b = _mm256_loadu_si256((const __m256i *)(p + 32));
+    } else {
+        a = _mm256_loadu2_m128i((const __m128i *)(p + h), (const __m128i *)p);
+        b = _mm256_loadu2_m128i((const __m128i *)(p + 3 * h), (const __m128i *)(p + 2 * h));
+    }
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    __m256i rows_lo = _mm256_unpacklo_epi8(a, b), rows_hi = _mm256_unpackhi_epi8(a, b);
+    c[0] = _mm256_and_si256(rows_lo, nib);
+    c[1] = _mm256_and_si256(rows_hi, nib);
+    c[2] = _mm256_and_si256(_mm256_srli_epi16(rows_lo, 4), nib);
+    c[3] = _mm256_and_si256(_mm256_srli_epi16(rows_hi, 4), nib);
+}
+
+/* x's codes k..k+3 paired as slice_codes4 pairs the weight's: (k, k+2) in the low lane, (k+1, k+3)
+ * in the high one. */
+AI __m256i x_pairs(const int8_t *q) {
+    const __m256i order = _mm256_setr_epi8(0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2,
+                                           1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3);
+    int32_t four;
+    memcpy(&four, q, sizeof four);
+    return _mm256_shuffle_epi8(_mm256_set1_epi32(four), order);
+}
+
+/* dot[b][i] += 2^shift * the exact sums of `steps` (at most 8) steps of 4 inputs of nb rows of x
+ * (codes at xq, row stride cols) by the slice's codes at p. */
+AI void segment8(const uint8_t *p, int64_t h, const int8_t *xq, int64_t cols, int64_t steps, int shift,
+                 __m256i dot[][4], int nb) {
+    __m256i acc[PASS8_ROWS][4];
+    for (int b = 0; b < nb; b++)
+        for (int i = 0; i < 4; i++) acc[b][i] = _mm256_setzero_si256();
+    for (int64_t step = 0; step < steps; step++) {
+        const uint8_t *at = p + 4 * step * h;
+        _mm_prefetch((const char *)(at + PREFETCH_BYTES), _MM_HINT_T0);
+        __m256i c[4];
+        slice_codes4(at, h, c);
+        for (int b = 0; b < nb; b++) {
+            __m256i xb = x_pairs(xq + b * cols + 4 * step);
+            for (int i = 0; i < 4; i++) acc[b][i] = _mm256_add_epi16(acc[b][i], _mm256_maddubs_epi16(c[i], xb));
+        }
+    }
+    for (int b = 0; b < nb; b++)
+        for (int i = 0; i < 4; i++) {  /* a row's two 16-bit lanes (low and high 128 bits) into its int32 */
+            __m256i low = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(acc[b][i]));
+            __m256i high = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(acc[b][i], 1));
+            dot[b][i] = _mm256_add_epi32(dot[b][i], _mm256_slli_epi32(_mm256_add_epi32(low, high), shift));
+        }
+}
+
+/* The 16-row slice s of a tile for nb rows of x (8-bit codes), every group, into tot. */
+AI void slice_pass8(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t h, int64_t s, int64_t group,
+                    const QRows *x, float tot[][64], int fp16, int split, int nb) {
+    const int64_t low_half = x->cols * h, first[4] = {16 * s, 16 * s + 8, h + 16 * s, h + 16 * s + 8};
+    for (int64_t g = 0; g < x->groups; g++) {
+        __m256i dot[PASS8_ROWS][4];
+        for (int b = 0; b < nb; b++)
+            for (int i = 0; i < 4; i++) dot[b][i] = _mm256_setzero_si256();
+        const uint16_t *group_sz = sz + (split ? g + x->groups : g) * n * 2;
+        if (g + 2 < x->groups) {  /* the scales two groups on: a strided read the prefetcher misses */
+            _mm_prefetch((const char *)(group_sz + 4 * n + 2 * first[0]), _MM_HINT_T0);
+            _mm_prefetch((const char *)(group_sz + 4 * n + 2 * first[2]), _MM_HINT_T0);
+        }
+        for (int64_t k = g * group; k < (g + 1) * group; k += SEGMENT8) {
+            int64_t steps = ((g + 1) * group - k < SEGMENT8 ? (g + 1) * group - k : SEGMENT8) / 4;
+            const uint8_t *p = codes + k * h + 16 * s;
+            segment8(p, h, x->q8 + k, x->cols, steps, split ? 4 : 0, dot, nb);
+            if (split) segment8(p + low_half, h, x->q8 + k, x->cols, steps, 0, dot, nb);
+        }
+        for (int i = 0; i < 4; i++) {
+            __m256i rows8[PASS8_ROWS];
+            for (int b = 0; b < nb; b++)  /* an int8 split: the sums of q = u - 128 */
+                rows8[b] = split ? _mm256_sub_epi32(dot[b][i], _mm256_set1_epi32(128 * x->total[b * x->groups + g]))
+                                 : dot[b][i];
+            add_group8(group_sz, first[i], 8.0f, fp16, rows8, x, g, tot, nb);
+        }
+    }
+}
+
+/* One tile (h = 16 or 32 codes a column: constant in each call, so the loads specialise) for
+ * every row of x, PASS8_ROWS at a time. */
+AI void tile8(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t h, int64_t group, const QRows *x,
+              int64_t rows, uint16_t *out, int fp16, int split) {
+    float tot[PASS8_ROWS][64] __attribute__((aligned(32)));
+    for (int64_t b0 = 0; b0 < rows; b0 += PASS8_ROWS) {
+        int nb = rows - b0 < PASS8_ROWS ? (int)(rows - b0) : PASS8_ROWS;
+        QRows xb = {x->q8 + b0 * x->cols, NULL, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols,
+                    x->groups, x->total + b0 * x->groups};
+        for (int b = 0; b < nb; b++)
+            for (int64_t r = 0; r < 2 * h; r++) tot[b][r] = 0.0f;
+        for (int64_t s = 0; s < h / 16; s++) {  /* constant row counts, so the sums stay in registers */
+            if (nb == PASS8_ROWS) slice_pass8(codes, sz, n, h, s, group, &xb, tot, fp16, split, PASS8_ROWS);
+            else slice_pass8(codes, sz, n, h, s, group, &xb, tot, fp16, split, 1);
+        }
+        for (int b = 0; b < nb; b++)
+            for (int64_t r = 0; r < 2 * h; r += 8)
+                _mm_storeu_si128((__m128i *)(out + (b0 + b) * n + r), floats_to_halves8(_mm256_loadu_ps(tot[b] + r), fp16));
+    }
+}
+
+static void run_tile8(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t group, const QRows *x, int64_t tile,
+                      int64_t rows, uint16_t *out, int fp16, int kind) {
+    const int split = kind == KIND_INT8_SPLIT;
+    if (tile == 32) tile8(codes, sz, n, 16, group, x, rows, out, fp16, split);
+    else tile8(codes, sz, n, 32, group, x, rows, out, fp16, split);
+}
