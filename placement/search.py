@@ -58,12 +58,13 @@ def _flag_sets(allow_weight_compression: bool, allow_cache_compression: bool,
         merges))
 
 
-def fraction_highs(capabilities: EngineCapabilities) -> list[np.ndarray]:
+def fraction_highs(capabilities: EngineCapabilities, model: ModelSpec | None = None) -> list[np.ndarray]:
     """Upper bounds on the nine fractions, one vector per placement the engine can run:
-    the cache off disk unless it can keep it there, and the activations on one tier at a time
-    (a vector per allowed tier) unless it can split them."""
+    the cache off disk unless it can keep it there (a KV cache: an MLA latent cache and a hybrid's
+    DeltaNet state stay in memory), and the activations on one tier at a time (a vector per
+    allowed tier) unless it can split them."""
     base = np.ones(NUM_FRACTIONS)
-    if not capabilities.cache_on_disk:
+    if not capabilities.cache_on_disk or (model is not None and model.arch in ("mla", "hybrid")):
         base[C_DISK] = 0.0
     act_tiers = capabilities.activation_tiers()
     act_index = {"gpu": H_GPU, "cpu": H_CPU, "disk": H_DISK}
@@ -111,7 +112,7 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
     flags = [f for f in flags if (f[0] or not require_weight_compression) and (f[1] or not require_cache_compression)]
     if not flags:
         raise ValueError("compression is required but not allowed (or the engine cannot run it)")
-    placements = fraction_highs(capabilities)
+    placements = fraction_highs(capabilities, model)
     best, num_lps = None, 0
     # a MoE model's experts staged all at once, or streamed two at a time; one at a time only
     # where nothing else fits (`expert_groups`)

@@ -294,7 +294,7 @@ class EngineCapabilities(JsonMixin):
     model, for planning an engine that can do everything.
     """
 
-    cache_on_disk: bool = False  # KV cache layers may live on the disk tier
+    cache_on_disk: bool = True  # KV cache layers may live on the disk tier (not MLA's or DeltaNet's)
     activations_on_disk: bool = False  # the hidden states between layers may live on disk
     # the hidden states may be spread over several tiers at once; False: all on one tier
     split_activations: bool = False

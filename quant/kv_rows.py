@@ -38,15 +38,16 @@ def _nbytes(*tensors: torch.Tensor) -> int:
 class TokenGroupedRows:
     """One layer's K or V as 4-bit codes + per-group step and min, per (slot, head, position)."""
 
-    def __init__(self, shape, dtype: torch.dtype, device, config: QuantConfig):
+    def __init__(self, shape, dtype: torch.dtype, device, config: QuantConfig, zeros=torch.zeros):
+        """`zeros`: allocates the buffers (`torch.zeros`'s signature; a disk-tier layer's maps files)."""
         slots, heads, cap, d = shape
         if config.bits != 4 or d % 2:
             raise ValueError(f"compressed KV rows are 4-bit with an even head_dim; got {config.bits} bits, {d}")
         self.qcfg, self.d, self.dtype = config, d, dtype
         self.groups = -(-d // config.group_size)
-        self.codes = torch.zeros((slots, heads, cap, d // 2), dtype=torch.uint8, device=device)
-        self.scales = torch.zeros((slots, heads, cap, self.groups), dtype=dtype, device=device)
-        self.mins = torch.zeros((slots, heads, cap, self.groups), dtype=dtype, device=device)
+        self.codes = zeros((slots, heads, cap, d // 2), dtype=torch.uint8, device=device)
+        self.scales = zeros((slots, heads, cap, self.groups), dtype=dtype, device=device)
+        self.mins = zeros((slots, heads, cap, self.groups), dtype=dtype, device=device)
 
     @property
     def nbytes(self) -> int:
@@ -80,7 +81,9 @@ class TokenGroupedRows:
 class ChannelGroupedRows:
     """One layer's keys grouped per channel over `config.group_size` tokens (see the module)."""
 
-    def __init__(self, shape, dtype: torch.dtype, device, config: QuantConfig = KV_KEYS_PER_CHANNEL):
+    def __init__(self, shape, dtype: torch.dtype, device, config: QuantConfig = KV_KEYS_PER_CHANNEL,
+                 zeros=torch.zeros):
+        """`zeros`: allocates the buffers, as `TokenGroupedRows`'s."""
         slots, heads, cap, d = shape
         group = config.group_size
         if config.bits != 4 or group % 2:
@@ -88,10 +91,10 @@ class ChannelGroupedRows:
         self.g, self.d, self.dtype = group, d, dtype
         self.qcfg = config  # quantize_grouped groups along the G tokens of a (heads, G, d) block
         blocks = -(-cap // group)
-        self.codes = torch.zeros((slots, heads, blocks, group // 2, d), dtype=torch.uint8, device=device)
-        self.scales = torch.zeros((slots, heads, blocks, d), dtype=dtype, device=device)
-        self.mins = torch.zeros((slots, heads, blocks, d), dtype=dtype, device=device)
-        self.residual = torch.zeros((slots, heads, group, d), dtype=dtype, device=device)
+        self.codes = zeros((slots, heads, blocks, group // 2, d), dtype=torch.uint8, device=device)
+        self.scales = zeros((slots, heads, blocks, d), dtype=dtype, device=device)
+        self.mins = zeros((slots, heads, blocks, d), dtype=dtype, device=device)
+        self.residual = zeros((slots, heads, group, d), dtype=dtype, device=device)
         self.lengths = [0] * slots
 
     @property

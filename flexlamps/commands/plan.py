@@ -261,8 +261,8 @@ def _cpu_tier_within(hardware: HardwareSpec, max_rss: int) -> HardwareSpec:
                    "(--no-merged-decode: one by one, as FlexGen does).")
 @click.option("--cache-on-disk/--no-cache-on-disk", default=EngineCapabilities().cache_on_disk,
               show_default=True,
-              help="Let the plan keep KV cache on disk: for an engine that can (FlexGen); "
-                   "flexlamps' own engine cannot, so the default is no.")
+              help="Let the plan keep KV cache layers on disk (the engine maps their files and the OS "
+                   "pages them; an MLA latent cache or a DeltaNet state stays in memory).")
 @click.option("--placement", "--policy", "policy_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Evaluate this placement policy (JSON, like a plan's \"policy\") instead of searching. "
                    "--policy is FlexGen's name for it.")

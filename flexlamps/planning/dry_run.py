@@ -69,9 +69,9 @@ def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem:
         if tier != "disk":
             budgets[tier].allocate(run.stored[name], f"{name} resident")
     num_slots = policy.gpu_batch_size * policy.num_gpu_batches
-    _charge_cache(run, budgets, num_slots, prompt_len + gen_len)
+    disk = _charge_cache(run, budgets, num_slots, prompt_len + gen_len)
     if prefix_len:
-        _charge_cache(run, budgets, 1, prefix_len)
+        disk += _charge_cache(run, budgets, 1, prefix_len)
     columns = prompt_columns(prompt_len)  # a one-token prompt runs in two columns
     _sweep(run, budgets, [(policy.gpu_batch_size, columns, columns)] * policy.num_gpu_batches, logits_per_row)
     span = prompt_len + gen_len - 1  # the last decode step attends to the longest context
@@ -79,31 +79,36 @@ def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem:
               and run.sweep_gpu_peak([(num_slots, 1, span)]) <= budgets["gpu"].free_bytes)
     rows = [num_slots] if merged else [policy.gpu_batch_size] * policy.num_gpu_batches
     _sweep(run, budgets, [(n, 1, span) for n in rows])
-    disk = sum(run.stored[name] for name, tier in run.tiers.items() if tier == "disk")
+    disk += sum(run.stored[name] for name, tier in run.tiers.items() if tier == "disk")
     return DryRun({"gpu": budgets["gpu"].peak_bytes, "cpu": budgets["cpu"].peak_bytes, "disk": disk}, merged)
 
 
-def _charge_cache(run: PlacementCharges, budgets: dict[str, TierBudget], num_slots: int, capacity: int) -> None:
+def _charge_cache(run: PlacementCharges, budgets: dict[str, TierBudget], num_slots: int, capacity: int) -> int:
     """The cache the executor's `new_cache` builds: an MLA latent cache (whole on the gpu tier,
     or ESS's cpu records and gpu pools) or a KV cache, layer by layer on the policy's tiers (a
-    sliding-window layer's ring: its window, not the capacity)."""
+    sliding-window layer's ring: its window, not the capacity). Returns its bytes on disk."""
     policy, dtype = run.policy, run.dtype
     if run.cfg.mla is not None:
         latent = latent_cache_bytes(run.cfg, num_slots, capacity, dtype, gpu_fraction=policy.cache.gpu,
                                     layer_fractions=policy.latent_pools, fp8=run.latent_fp8)
         for tier, nbytes in latent.items():
             budgets[tier].allocate(nbytes, f"latent cache ({tier})")
-        return
+        return 0
     compress = kv_quant_config(policy) if policy.compress_cache else None
     cfg = run.cfg
     if cfg.hybrid is not None:  # KV in the full-attention layers, a fixed state in the DeltaNet ones
         state_bytes = state_layer_bytes(cfg.hybrid, num_slots, dtype)
         cfg = kv_view(cfg)
     rings = iter(layer_rings(cfg, capacity, compressed=compress is not None))
+    disk = 0
     for layer, tier in enumerate(run.cache_tiers):
         linear = run.cfg.hybrid is not None and run.cfg.hybrid.is_linear(layer)
         nbytes = state_bytes if linear else layer_bytes(cfg, num_slots, next(rings) or capacity, dtype, compress)
-        budgets[tier].allocate(nbytes, f"cache layer {layer} ({tier})")
+        if tier == "disk":  # a disk-tier layer's files, paged by the OS (`caches.disk_rows`)
+            disk += nbytes
+        else:
+            budgets[tier].allocate(nbytes, f"cache layer {layer} ({tier})")
+    return disk
 
 
 def _sweep(run: PlacementCharges, budgets: dict[str, TierBudget], steps, logits_per_row: int = 1) -> None:

@@ -21,7 +21,6 @@ def test_the_planner_defaults_to_the_engines_capabilities():
 
 
 @pytest.mark.parametrize("changes, problem", [
-    (dict(cache=TierSplit(gpu=0.5, cpu=0.0, disk=0.5)), "KV cache on disk"),
     (dict(activations=TierSplit(gpu=0.6, cpu=0.4, disk=0.0)), "activations split"),
     (dict(activations=TierSplit(gpu=0.0, cpu=0.0, disk=1.0)), "activations on disk"),
 ])

@@ -114,7 +114,8 @@ def test_cache_can_be_kept_off_disk():
     wl = placement.WorkloadSpec(prompt_len=512, gen_len=32)
     free = placement.solve(model, hw, wl, max_block_size=512,
                            capabilities=placement.EngineCapabilities.unrestricted())
-    pinned = placement.solve(model, hw, wl, max_block_size=512)
+    pinned = placement.solve(model, hw, wl, max_block_size=512,
+                             capabilities=placement.EngineCapabilities(cache_on_disk=False))
     assert pinned.policy.cache.disk == 0
     assert pinned.tokens_per_s <= free.tokens_per_s * (1 + 1e-9)
 
@@ -122,11 +123,20 @@ def test_cache_can_be_kept_off_disk():
 @pytest.mark.parametrize("model, hardware", [("opt-30b", "t4-flexgen"), ("opt-175b", "t4-flexgen"),
                                              ("llama-3-8b", "rtx4090")])
 def test_default_plans_are_what_the_engine_runs(model, hardware):
-    """The reproductions of issue 13: cache on disk, activations on disk or split."""
+    """The reproductions of issue 13: activations on disk or split (a KV cache on disk runs)."""
     plan = solve(model_preset(model), hardware_preset(hardware), WorkloadSpec(prompt_len=512, gen_len=32))
     assert placement.EngineCapabilities().unsupported(plan.policy) == []
-    assert plan.policy.cache.disk == 0 and plan.policy.activations.disk == 0
+    assert plan.policy.activations.disk == 0
     assert max(plan.policy.activations.as_tuple()) == 1.0
+
+
+def test_a_latent_cache_stays_off_disk():
+    """The engine keeps an MLA latent cache (and a hybrid's DeltaNet state) in memory; a KV cache
+    may go to disk."""
+    from placement.affine import C_DISK
+
+    assert all(h[C_DISK] == 0 for h in fraction_highs(placement.EngineCapabilities(), model_preset("deepseek-v3.2")))
+    assert all(h[C_DISK] == 1 for h in fraction_highs(placement.EngineCapabilities(), model_preset("opt-30b")))
 
 
 def test_unrestricted_capabilities_may_split_activations():

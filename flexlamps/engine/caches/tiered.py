@@ -1,6 +1,7 @@
 """KV cache for the offload engine: each layer's cache lives on the tier the policy gives it,
 optionally 4-bit compressed (quant.kv_rows: keys per channel, values along the head dim), with
-its bytes charged to that tier.
+its bytes charged to that tier (a disk-tier layer: files mapped into memory, `caches.disk_rows`,
+read as a cpu-tier layer is, charged to no memory budget).
 
 Attention over a cache layer off the gpu tier either copies the rows it needs to the compute
 device (charged to the gpu budget while used) or, with `cpu_attention`, runs where the cache
@@ -16,6 +17,7 @@ from typing import NamedTuple
 
 import torch
 
+from flexlamps.engine.caches.disk_rows import file_backed_zeros
 from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
 from flexlamps.engine.caches.segments import segment_attention, with_fresh
 from flexlamps.engine.caches.window import (RingRows, RingStep, copy_ring_prefix, layer_rings, may_ring, refuse_packed,
@@ -29,13 +31,14 @@ from quant.kv_rows import ChannelGroupedRows, TokenGroupedRows, rows_of
 
 
 def _layer_buffers(cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype,
-                   device: torch.device, compress=None):
-    """One layer's K and V buffers (4-bit packed when `compress` is a QuantConfig)."""
+                   device: torch.device, compress=None, zeros=torch.zeros):
+    """One layer's K and V buffers (4-bit packed when `compress` is a QuantConfig), allocated by
+    `zeros` (a disk-tier layer's: `caches.disk_rows`)."""
     shape = (num_slots, cfg.num_kv_heads, capacity, cfg.head_dim)
     if compress is not None:
-        return (ChannelGroupedRows(shape, dtype, device),  # quant.KV_KEYS_PER_CHANNEL, as the planner prices
-                TokenGroupedRows(shape, dtype, device, compress))
-    return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+        return (ChannelGroupedRows(shape, dtype, device, zeros=zeros),  # quant.KV_KEYS_PER_CHANNEL, as planned
+                TokenGroupedRows(shape, dtype, device, compress, zeros=zeros))
+    return zeros(shape, dtype=dtype, device=device), zeros(shape, dtype=dtype, device=device)
 
 
 def layer_bytes(cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype, compress=None) -> int:
@@ -59,9 +62,11 @@ def attends_with_staged_rows(tier: str, cpu_attention: bool, compressed: bool) -
 class TieredKVCache:
     def __init__(self, cfg: ModelConfig, num_slots: int, capacity: int, dtype: torch.dtype,
                  tiers: list[str], budgets: dict[str, TierBudget], device: torch.device,
-                 cpu_attention: bool = False, compress=None):
-        if "disk" in tiers:
-            raise ValueError("a KV cache on disk is not supported; give the cache gpu or cpu memory")
+                 cpu_attention: bool = False, compress=None, disk_folder=None):
+        """`tiers`: each layer's tier; a "disk" layer's buffers are files in `disk_folder`
+        (`caches.disk_rows`: paged by the OS, charged to no memory budget), attended as a cpu one's."""
+        if "disk" in tiers and disk_folder is None:
+            raise ValueError("a KV cache layer on disk needs an offload folder (--offload-dir)")
         self.capacity, self.num_slots = capacity, num_slots
         self.tiers, self.budgets = tiers, budgets
         self.device, self.cpu_attention, self.compress = device, cpu_attention, compress
@@ -75,11 +80,13 @@ class TieredKVCache:
             for layer, tier in enumerate(tiers):
                 # charged before it is allocated: a cache that does not fit never takes memory
                 held = self.rings[layer] or capacity
-                n = layer_bytes(cfg, num_slots, held, dtype, compress)
-                budgets[tier].allocate(n, f"KV cache layer {layer} ({tier})")
-                self._charged.append((tier, n))
+                zeros = torch.zeros if tier != "disk" else file_backed_zeros(disk_folder)
+                if tier != "disk":
+                    n = layer_bytes(cfg, num_slots, held, dtype, compress)
+                    budgets[tier].allocate(n, f"KV cache layer {layer} ({tier})")
+                    self._charged.append((tier, n))
                 dev = device if tier == "gpu" else torch.device("cpu")
-                k, v = _layer_buffers(cfg, num_slots, held, dtype, dev, compress)
+                k, v = _layer_buffers(cfg, num_slots, held, dtype, dev, compress, zeros)
                 self.k.append(k)
                 self.v.append(v)
         except BaseException:

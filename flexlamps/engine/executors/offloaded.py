@@ -61,13 +61,23 @@ class SweepProfile:
     io_s: list[float] = field(default_factory=list)
 
 
-# What this executor runs exactly as planned: the cache and activations off disk, activations
-# on one tier, decode merged or per micro-batch. `placement.solve` plans for this by default
-# (a test keeps placement's default equal to it).
+# What this executor runs exactly as planned: a KV cache on any tier (an MLA latent cache or a
+# DeltaNet state off disk: `placement.search.fraction_highs`), activations off disk, on one tier,
+# decode merged or per micro-batch. `placement.solve` plans for this by default (a test keeps
+# placement's default equal to it).
 CAPABILITIES = placement.EngineCapabilities(
-    cache_on_disk=False, activations_on_disk=False, split_activations=False, merged_decode=True,
+    cache_on_disk=True, activations_on_disk=False, split_activations=False, merged_decode=True,
     per_micro_batch_decode=True, cpu_attention=True, weight_compression=True, cache_compression=True,
     int4_in_place_below_rows=INT4_DENSE_FROM_ROWS)
+
+
+def _unsupported(policy, cfg) -> list[str]:
+    """What in `policy` this executor would not run as planned: CAPABILITIES', and a cache it keeps
+    in memory put on disk (an MLA latent cache, a DeltaNet state)."""
+    problems = CAPABILITIES.unsupported(policy)
+    if policy.cache.disk > 0 and cfg is not None and (cfg.mla is not None or cfg.hybrid is not None):
+        problems.append("an MLA latent cache or a DeltaNet state on disk")
+    return problems
 
 
 # part of an offload folder's fingerprint when FP8 matrices are kept FP8 (`Fp8Weight.to_tensors`)
@@ -95,8 +105,7 @@ class OffloadExecutor:
         model's `placement.routing.RoutingProfile`, hottest experts on the fastest tier
         (default: the one `flexlamps profile --prompts` cached for this checkpoint, if any).
         `model_spec`: the run's `placement.ModelSpec` (the run plan's; default: built from the config)."""
-        unsupported = CAPABILITIES.unsupported(policy)
-        if unsupported:
+        if unsupported := _unsupported(policy, getattr(reader, "config", None)):
             raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(unsupported)}); "
                              "use --placement auto or a policy from `flexlamps plan`")
         self.cfg = cfg = reader.config
@@ -130,6 +139,7 @@ class OffloadExecutor:
         self.placement = self.charges.placement
         self.tiers, self.table_pieces = self.placement.tiers, self.placement.pieces
         disk = self._disk_folder(reader, offload_dir, int4) if "disk" in self.tiers.values() else None
+        self.cache_disk_folder = offload_dir or default_offload_dir()  # disk-tier cache layers' (caches.disk_rows)
         self.store = TieredStore(self.budgets, disk, self.device)
         self.copies = CopyStream(self.device)  # on CUDA: weight loads on a copy stream, joined by events
         self.reused_disk = False
@@ -300,7 +310,8 @@ class OffloadExecutor:
                                     overlap_misses=self.overlap_latent_misses, fp8=self.charges.latent_fp8)
         return TieredKVCache(self.cfg, num_slots, capacity, self.dtype, cache_tiers(self.cfg.num_layers, self.policy.cache),
                              self.budgets, self.device, cpu_attention=self.policy.cpu_attention,
-                             compress=self.kv_qcfg if self.policy.compress_cache else None)
+                             compress=self.kv_qcfg if self.policy.compress_cache else None,
+                             disk_folder=self.cache_disk_folder)
 
     def _hybrid_cache(self, num_slots: int, capacity: int):
         """A hybrid model's KV cache over its full-attention layers and recurrent state for its
@@ -312,7 +323,8 @@ class OffloadExecutor:
         kv_cfg = kv_view(cfg)
         kv = TieredKVCache(kv_cfg, num_slots, capacity, self.dtype, cache_tiers(kv_cfg.num_layers, split),
                            self.budgets, self.device, cpu_attention=self.policy.cpu_attention,
-                           compress=self.kv_qcfg if self.policy.compress_cache else None)
+                           compress=self.kv_qcfg if self.policy.compress_cache else None,
+                           disk_folder=self.cache_disk_folder)
         try:
             state = StateCache(cfg.hybrid, num_slots, self.dtype, cache_tiers(len(cfg.hybrid.linear_layers), split),
                                self.device, self.budgets)
