@@ -45,20 +45,9 @@ _HYBRID_WIDE = dict(_HYBRID, hidden_size=96, intermediate_size=160, num_key_valu
                     linear_conv_kernel_dim=3)
 _HYBRID_MOE = dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=40)
 
-CHECKPOINTS: dict[str, dict] = {
-    # -- small LLaMA / Qwen2 / OPT models (class defaults kept: pad id, tie) ---------------------------
-    "llama_gqa": dict(model_type="llama", hidden_size=64, intermediate_size=112, num_hidden_layers=3,  # GQA
-                      num_attention_heads=4, num_key_value_heads=2, rope_theta=50000.0, max_position_embeddings=128),
-    "llama3_scaled": dict(model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2,  # MHA
-                          num_attention_heads=4, num_key_value_heads=4, rope_theta=500000.0,
-                          max_position_embeddings=128,
-                          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
-    "qwen2": dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,  # qkv bias, tied
-                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=128),
-    "opt": dict(model_type="opt", hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
-                word_embed_proj_dim=64, max_position_embeddings=128),
-    # -- dense families, every option each one's checkpoint turns on (windows of 5-6 keys: 28 tokens cross them)
+# the dense families, every option each one's checkpoint turns on (windows of 5-6 keys: 28 tokens cross
+# them): a family's entry here is its test (parity with transformers, support claims, plans, the zoo)
+DENSE_FAMILIES: dict[str, dict] = {
     "llama_bias": dict(_DENSE, model_type="llama", num_hidden_layers=2, attention_bias=True, mlp_bias=True,
                        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
                                         "rope_theta": 10000.0}),
@@ -81,6 +70,24 @@ CHECKPOINTS: dict[str, dict] = {
                     attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=2.5),
     "ernie4_5": dict(_DENSE, model_type="ernie4_5", num_hidden_layers=2, use_bias=True,
                      rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0}),
+    "olmo2": dict(_DENSE, model_type="olmo2", num_hidden_layers=2, attention_bias=True,
+                  rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0}),
+}
+
+CHECKPOINTS: dict[str, dict] = {
+    # -- small LLaMA / Qwen2 / OPT models (class defaults kept: pad id, tie) ---------------------------
+    "llama_gqa": dict(model_type="llama", hidden_size=64, intermediate_size=112, num_hidden_layers=3,  # GQA
+                      num_attention_heads=4, num_key_value_heads=2, rope_theta=50000.0, max_position_embeddings=128),
+    "llama3_scaled": dict(model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2,  # MHA
+                          num_attention_heads=4, num_key_value_heads=4, rope_theta=500000.0,
+                          max_position_embeddings=128,
+                          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+    "qwen2": dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,  # qkv bias, tied
+                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=128),
+    "opt": dict(model_type="opt", hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                word_embed_proj_dim=64, max_position_embeddings=128),
+    **DENSE_FAMILIES,
     # -- mixture-of-experts families ------------------------------------------------------------------
     "mixtral": dict(model_type="mixtral", hidden_size=64, intermediate_size=48, num_local_experts=6,
                     num_experts_per_tok=2, **_ATTN),
@@ -156,8 +163,7 @@ CHECKPOINTS: dict[str, dict] = {
 
 GROUPS = {
     "tiny": ("llama_gqa", "llama3_scaled", "qwen2", "opt"),
-    "family": ("llama_bias", "mistral_window", "qwen2_window", "qwen3", "gemma2", "gemma3_text", "phi3", "smollm3",
-               "granite", "ernie4_5"),
+    "family": tuple(DENSE_FAMILIES),
     "moe": ("mixtral", "qwen2_moe", "qwen2_moe_norm", "deepseek_v2", "deepseek_v2_grouped", "qwen3_moe", "olmoe",
             "glm4_moe", "gpt_oss", "gpt_oss_mxfp4"),
     "deepseek": ("deepseek_v3", "deepseek_v3_dense", "deepseek_v32"),

@@ -46,6 +46,7 @@ class AttentionConfig:
 class DecoderConfig:
     norm_plus_one: bool = False  # RMSNorm scales by (1 + w), in fp32 before rounding (gemma)
     sandwich_norms: bool = False  # norms after attention and around the MLP too (gemma2/3)
+    pre_norms: bool = True  # a norm before attention and before the MLP; False: only the ones after (olmo2)
     embed_scale: float | None = None  # embeddings times this (gemma: sqrt(hidden); granite's multiplier)
     embed_scale_rounded: bool = False  # the scale rounded to the weights' dtype first (gemma)
     residual_scale: float = 1.0  # each block's output times this before the residual add (granite)

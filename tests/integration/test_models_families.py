@@ -1,6 +1,6 @@
-"""The decoder families (qwen3, gemma2, gemma3_text, phi3, smollm3, granite, ernie4_5; llama / mistral / qwen2
-with biases and windows) against transformers on tiny random checkpoints made by its own config
-classes (tests/family_models.py): prompt and 16 greedy steps, max |logit difference| <= 1e-4 and the
+"""The dense decoder families (every entry of tests/checkpoints.py's DENSE_FAMILIES: qwen3, gemma2,
+gemma3_text, phi3, smollm3, granite, ernie4_5, olmo2; llama / mistral / qwen2 with biases and windows)
+against transformers on tiny random checkpoints made by its own config classes (tests/family_models.py): prompt and 16 greedy steps, max |logit difference| <= 1e-4 and the
 same greedy tokens, in memory and offloaded (weights over gpu / cpu / disk, the cache on either
 tier: offloaded equals in memory bit for bit), through the Python API and the CLI.
 

@@ -11,6 +11,7 @@ from flexlamps.models.description import model_spec_from_hf
 from flexlamps.models.families import families, family_for, supported_model_types
 from flexlamps.models.forward import FORWARDS
 from flexlamps.models.weight_specs import hf_name, weight_specs
+from tests.checkpoints import CHECKPOINTS, GROUPS
 from tests.conftest import REPO
 from tests.unit.test_placement_model_spec import TINY_CONFIGS
 
@@ -46,27 +47,21 @@ def test_the_registry_and_the_planners_view_import_no_torch():
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
-# transformers' config class of each model type our decoder families read
-DECODER_CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
-                   "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "phi3": "Phi3Config",
-                   "smollm3": "SmolLM3Config", "granite": "GraniteConfig", "ernie4_5": "Ernie4_5Config"}
+# the model types of the dense decoder and the hybrid gated-DeltaNet families (their tests' checkpoints)
+CHECKED_TYPES = sorted({CHECKPOINTS[k]["model_type"] for k in (*GROUPS["family"], *GROUPS["hybrid"])})
 
 
-# and of the hybrid gated-DeltaNet families
-HYBRID_CLASSES = {"qwen3_next": "Qwen3NextConfig", "qwen3_5_text": "Qwen3_5TextConfig"}
-
-
-@pytest.mark.parametrize("model_type", sorted(DECODER_CLASSES) + sorted(HYBRID_CLASSES))
+@pytest.mark.parametrize("model_type", CHECKED_TYPES)
 def test_every_config_field_transformers_defines_is_read_or_known_inert(model_type):
-    """No config option is dropped unseen: each field of transformers' class is one the family reads
-    (and runs or refuses) or one no forward reads (dropout, cache, init)."""
+    """No config option is dropped unseen: each field of transformers' config class of the model
+    type is one the family reads (and runs or refuses) or one no forward reads (dropout, cache, init)."""
     import dataclasses
 
     import transformers
 
     from flexlamps.models.families.hf_fields import INERT_FIELDS
 
-    cls = getattr(transformers, {**DECODER_CLASSES, **HYBRID_CLASSES}[model_type])
+    cls = type(transformers.AutoConfig.for_model(model_type))
     fields = {f.name for f in dataclasses.fields(cls)}
     fam = family_for(model_type)
     assert fields - fam.reads - INERT_FIELDS == set(), fam.name
@@ -127,3 +122,28 @@ def test_windows_and_per_layer_options_are_read():
     smol = ModelConfig.from_hf(_decoder("smollm3", num_hidden_layers=4))
     assert [smol.attention.layer_rotates(i) for i in range(4)] == [True, True, True, False]
     assert ModelConfig.from_json(gemma.to_json()) == gemma
+
+
+def test_a_module_in_the_families_package_registers_its_family(tmp_path, monkeypatch):
+    """Adding a family is adding its module: the registry finds every module of the package that
+    defines FAMILY, with no list to extend (here a copy of ernie4_5 under another model_type)."""
+    import sys
+
+    import flexlamps.models.families as package
+
+    source = (REPO / "flexlamps/models/families/ernie4_5.py").read_text()
+    (tmp_path / "added_family.py").write_text(source.replace('name="ernie4_5", model_types=("ernie4_5",)',
+                                                             'name="added", model_types=("added_type",)'))
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
+    monkeypatch.delitem(sys.modules, "flexlamps.models.families.added_family", raising=False)
+    package.families.cache_clear()
+    package._by_model_type.cache_clear()
+    try:
+        assert family_for("added_type").name == "added" and "added_type" in supported_model_types()
+        cfg = ModelConfig.from_hf(_decoder("added_type"))
+        ernie = ModelConfig.from_hf(_decoder("ernie4_5"))
+        assert [s.name for s in weight_specs(cfg)] == [s.name for s in weight_specs(ernie)]
+    finally:
+        package.families.cache_clear()
+        package._by_model_type.cache_clear()
+        sys.modules.pop("flexlamps.models.families.added_family", None)

@@ -4,7 +4,7 @@ Functions take the weights they need as arguments, so the engine decides where e
 lives; attention is a callback (`attend`) so the engine owns the KV cache. What a family changes
 is data on its config (`cfg.attention`, `cfg.decoder`, models/layer_config.py): biases on any
 projection (a weight's bias is used when present), q/k norms, Gemma's (1 + w) norms and the
-norms around each block, embedding and residual scales, final-logit soft-capping, partial or
+norms around each block (OLMo-2's after each block only), embedding and residual scales, final-logit soft-capping, partial or
 no rotation, a rope per layer kind, sliding windows and the attention options (blocks.attention).
 """
 
@@ -122,7 +122,7 @@ class DecoderForward:
 
     def attention_block(self, w, x, ctx, attend: Attend, index: int) -> torch.Tensor:
         """The attention's contribution to the residual stream (before the residual scale)."""
-        q, k, v = self._rotated_qkv(w, self.norm(x, w["attn_norm"], self.cfg.norm_eps), ctx, index)
+        q, k, v = self._rotated_qkv(w, self._pre_norm(x, w, "attn_norm"), ctx, index)
         opts = self.options[index]
         if "sinks" in w:  # gpt-oss: a weight of the layer
             opts = dataclasses.replace(opts, sinks=w["sinks"])
@@ -148,18 +148,22 @@ class DecoderForward:
 
     def layer(self, w: dict[str, torch.Tensor], x: torch.Tensor, ctx, attend: Attend, index: int) -> torch.Tensor:
         """Decoder layer `index` (its weights `w`) over hidden states x (n, T, hidden)."""
-        dec, eps = self.cfg.decoder, self.cfg.norm_eps
+        dec = self.cfg.decoder
         attn = self.attention_block(w, x, ctx, attend, index)
         if dec.sandwich_norms or dec.residual_scale != 1.0:
             x = x + self._branch(linear(attn, w["o_proj"], w.get("o_bias")), w, "post_attn_norm")
-            h = self.mlp(w, self.norm(x, w["mlp_norm"], eps))
+            h = self.mlp(w, self._pre_norm(x, w, "mlp_norm"))
             return x + self._branch(h, w, "post_mlp_norm")
         # the residual adds ride on the GEMMs (fused in fp32; see models.linear)
         x = linear(attn, w["o_proj"], w.get("o_bias"), add=x)
-        h = self.norm(x, w["mlp_norm"], eps)
+        h = self._pre_norm(x, w, "mlp_norm")
         if "router" in w:
             return x + moe_ffn(w, h, self.cfg.moe)
         return linear(self._mlp_product(w, h), w["down_proj"], w.get("down_bias"), add=x)
+
+    def _pre_norm(self, x: torch.Tensor, w, norm: str) -> torch.Tensor:
+        """What a block reads: the residual normed, or as it is where the family norms only after (OLMo-2)."""
+        return self.norm(x, w[norm], self.cfg.norm_eps) if self.cfg.decoder.pre_norms else x
 
     def _branch(self, out: torch.Tensor, w, post_norm: str) -> torch.Tensor:
         """A block's output as it joins the residual: normed after (Gemma), scaled (Granite)."""

@@ -1,23 +1,30 @@
 """One short module per architecture family (a `Family`: config parsing, weights as data, checkpoint
-names), over the shared blocks. The registry below is the one list of what flexlamps runs.
-Torch-free: `flexlamps plan` accepts exactly what `generate` accepts by reading the same list."""
+names), over the shared blocks. A module of this package that defines `FAMILY` registers it: the
+registry below finds them, so adding a family is adding its module. This is the one list of what
+flexlamps runs. Torch-free: `flexlamps plan` accepts exactly what `generate` accepts by reading it."""
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from functools import lru_cache
 
 from flexlamps.models.errors import UnsupportedModelError
 from flexlamps.models.families.family import Family
 
-# the family modules, each defining FAMILY (a Family); order is the order `flexlamps models` lists them
-FAMILY_MODULES = ("llama", "qwen3", "gemma", "phi3", "smollm3", "granite", "ernie4_5", "opt", "deepseek", "mixtral", "qwen_moe",
-                  "qwen3_moe", "olmoe", "glm4_moe", "gpt_oss", "qwen3_next", "qwen3_5")
+# how `flexlamps models` lists the families: by forward kind in this order, then by name
+FORWARD_ORDER = ("decoder", "opt", "mla", "hybrid")
 
 
 @lru_cache(maxsize=None)
 def families() -> tuple[Family, ...]:
-    return tuple(importlib.import_module(f"flexlamps.models.families.{m}").FAMILY for m in FAMILY_MODULES)
+    """Every `FAMILY` a module of this package defines, in listing order."""
+    found = []
+    for info in pkgutil.iter_modules(__path__):
+        family = getattr(importlib.import_module(f"{__name__}.{info.name}"), "FAMILY", None)
+        if isinstance(family, Family):
+            found.append(family)
+    return tuple(sorted(found, key=lambda f: (FORWARD_ORDER.index(f.forward), f.name)))
 
 
 @lru_cache(maxsize=None)

@@ -2,7 +2,8 @@
 shared by every family built on that block (torch-free).
 
 Which tensors a layer has follows its config: biases (q/k/v, o, the MLP), q/k norms, sinks, the
-norms after attention and around the MLP (Gemma), a stacked q/k/v and gate/up as Phi-3 ships them.
+norms after attention and around the MLP (Gemma), only the ones after (OLMo-2), a stacked q/k/v and
+gate/up as Phi-3 ships them.
 A family passes its own FFN (`ffn`: the MoE families' experts) and its own checkpoint names where
 they differ from LLaMA's (`hf_layer_names`).
 """
@@ -37,9 +38,10 @@ HF_GLOBAL = {"embed_tokens": "model.embed_tokens.weight", "norm": "model.norm.we
 
 
 def attention_shapes(cfg: ModelConfig, stacked: bool = False) -> Shapes:
-    """The input norm and attention of one layer; `stacked`: q/k/v as one matrix (Phi-3)."""
+    """The input norm (where the family has one) and attention of one layer; `stacked`: q/k/v as
+    one matrix (Phi-3)."""
     h, q, kv, d, att = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.head_dim, cfg.attention
-    out: Shapes = [("attn_norm", (h,), "norm")]
+    out: Shapes = [("attn_norm", (h,), "norm")] if cfg.decoder.pre_norms else []
     if stacked:
         out.append(("qkv_proj", (q + 2 * kv, h), "linear"))
     else:
@@ -72,7 +74,7 @@ def decoder_specs(cfg: ModelConfig, ffn: Callable[[ModelConfig, int], Shapes] = 
     h = cfg.hidden_size
     specs = [WeightSpec("embed_tokens", (cfg.vocab_size, h), "embed", None)]
     for i in range(cfg.num_layers):
-        shapes = attention_shapes(cfg, stacked) + [("mlp_norm", (h,), "norm")]
+        shapes = attention_shapes(cfg, stacked) + ([("mlp_norm", (h,), "norm")] if cfg.decoder.pre_norms else [])
         shapes += stacked_mlp_shapes(cfg, i) if stacked else ffn(cfg, i)
         if cfg.decoder.sandwich_norms:
             shapes.append(("post_mlp_norm", (h,), "norm"))

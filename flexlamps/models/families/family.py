@@ -3,7 +3,7 @@
 A family module parses its `config.json` into a `ModelConfig`, lists its weights (`WeightSpec`s,
 our names) and maps them to its checkpoint's tensor names; its forward is assembled from the
 shared blocks and named by `forward` (a key of `models.forward.FORWARDS`). Everything a run does
-with a model goes through these, so adding a family is one module and one line in the registry.
+with a model goes through these, so adding a family is one module (the registry finds its `FAMILY`).
 """
 
 from __future__ import annotations
