@@ -74,9 +74,6 @@ def _kernels() -> dict:
 
 
 def _profiles() -> dict:
-    # lazy (torch): the hardware profile's module probes with torch
-    from flexlamps.hardware.cache import profile_cache_path
-
     generic = profile_cache_path()
     per_model = sorted(p.name for p in generic.parent.glob(f"{generic.stem}-*.json") if not p.stem.endswith(".check"))
     return {"cache folder": _cache_folder(cache_root()),

@@ -39,7 +39,7 @@ from flexlamps.evals.instances import (
     Scenario,
     mc_instance,
 )
-from flexlamps.evals.scenarios import ScenarioError, read_jsonl
+from flexlamps.evals.scenario_files import ScenarioError, read_jsonl
 
 MULTIPLE_CHOICE = "multiple_choice"
 PARTIAL = "partial"

@@ -7,12 +7,12 @@ returns instances in HELM's form. The file formats are those of `../shared/data`
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
 from pathlib import Path
 from typing import Callable, Optional
 
+from flexlamps.evals.custom_file import load_custom_file
 from flexlamps.evals.demo_scenario import demo_scenario
 from flexlamps.evals.instances import (
     CORRECT_TAG,
@@ -24,10 +24,7 @@ from flexlamps.evals.instances import (
     Scenario,
     mc_instance,
 )
-
-
-class ScenarioError(ValueError):
-    """A scenario that cannot be loaded because of the user's input (name, args, files)."""
+from flexlamps.evals.scenario_files import ScenarioError, read_jsonl
 
 
 def default_data_dir() -> Path:
@@ -48,28 +45,6 @@ def _need(path: Path, hint: str = "") -> Path:
             "to the folder holding the benchmark files"
         )
     return path
-
-
-def read_jsonl(path: Path) -> list[tuple[int, dict]]:
-    """(line number, JSON object) pairs, one object a line; a malformed line is reported with file and line number."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = list(f)
-    except (OSError, UnicodeDecodeError) as e:
-        why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
-        raise ScenarioError(f"{path}: cannot read it ({why}); give a JSONL file, one JSON object a line") from None
-    rows = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ScenarioError(f"{path}:{lineno}: not valid JSON ({e.msg}); fix or remove that line") from None
-        if not isinstance(obj, dict):
-            raise ScenarioError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-        rows.append((lineno, obj))
-    return rows
 
 
 # --- text normalization used by lighteval's cloze ("CF") prompts -----------------------------
@@ -277,9 +252,6 @@ def load_scenario(name: str, args: dict, data_dir: Optional[Path] = None) -> Sce
     if name == "file":
         if "path" not in args:
             raise ScenarioError("file scenario needs path=FILE (or use --scenario-file FILE)")
-        # lazy (cycle): custom_file imports ScenarioError and read_jsonl from here
-        from flexlamps.evals.custom_file import load_custom_file
-
         overrides = {k: v for k, v in args.items() if k not in ("path", "name")}
         scen = load_custom_file(Path(args["path"]), args.get("name"), overrides).scenario
     else:

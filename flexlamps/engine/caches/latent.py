@@ -15,43 +15,13 @@ from __future__ import annotations
 
 import torch
 
+from flexlamps.engine.caches.latent_offload import OffloadedLatentCache
 from flexlamps.engine.caches.latent_pool import LatentPool
+from flexlamps.engine.caches.latent_records import record_formats
 from flexlamps.models.blocks.mla import (MLAStep, gather_entries, index_scores, latent_attention,
                                   select_topk, topk_mask, visible_mask)
 from flexlamps.models.config import ModelConfig
 from placement.ess import pool_entries
-from quant.fp8 import LatentRecords
-
-
-class PlainRecords:
-    """Records in the compute dtype: `width` values then `tail` values, side by side."""
-
-    def __init__(self, width: int, tail: int, dtype: torch.dtype):
-        self.width, self.tail = width, tail
-        self.record_bytes = (width + tail) * torch.empty((), dtype=dtype).element_size()
-        self.storage_dtype, self.record_len = dtype, width + tail  # a record's tensor form
-
-    def pack(self, values: torch.Tensor, tail: torch.Tensor | None = None) -> torch.Tensor:
-        return values if tail is None else torch.cat([values, tail], dim=-1)
-
-    def unpack(self, records: torch.Tensor, dtype: torch.dtype):
-        if not self.tail:
-            return records, None
-        return records[..., :self.width], records[..., self.width:]
-
-    def entries(self, records: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """The records themselves: values then tail, in the compute dtype already."""
-        return records
-
-
-def record_formats(cfg: ModelConfig, dtype: torch.dtype, fp8: bool):
-    """(latent record format, indexer key format or None) for an MLA model."""
-    m = cfg.mla
-    if fp8:
-        keys = LatentRecords(m.index_head_dim) if m.has_indexer else None
-        return LatentRecords(m.kv_lora_rank, m.qk_rope_head_dim), keys
-    keys = PlainRecords(m.index_head_dim, 0, dtype) if m.has_indexer else None
-    return PlainRecords(m.kv_lora_rank, m.qk_rope_head_dim, dtype), keys
 
 
 class DenseLatentCache:
@@ -136,9 +106,6 @@ def new_latent_cache(cfg: ModelConfig, num_slots: int, capacity: int, dtype: tor
     per-layer pools; empty: `gpu_fraction` for every layer), at least one step's top-k;
     `overlap_misses`: its decode copies the misses while attending over the hits (not bit-exact:
     `latent_offload.OVERLAP_LOGIT_TOLERANCE`)."""
-    # lazy (cycle): latent_offload imports record_formats from here
-    from flexlamps.engine.caches.latent_offload import OffloadedLatentCache
-
     if not is_offloaded(cfg, gpu_fraction):
         return DenseLatentCache(cfg, num_slots, capacity, dtype, device, fp8=fp8, budget=budgets["gpu"])
     pools = pool_sizes(cfg, capacity, gpu_fraction, layer_fractions)

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from flexlamps.engine.caches.latent import record_formats
 from flexlamps.engine.caches.latent_copy import MissCopy
 from flexlamps.engine.caches.latent_pool import LatentPool
+from flexlamps.engine.caches.latent_records import record_formats
 from flexlamps.models.blocks.mla import (MLAStep, index_scores, latent_attention, merge_partials, partial_attention,
                                   select_topk, topk_mask, visible_mask)
 from flexlamps.models.config import ModelConfig
