@@ -23,6 +23,10 @@ MIXES = {
     "cache_cpu_cpu_attention": dict(weights=ALL_GPU, cache=TierSplit(gpu=0, cpu=1, disk=0), activations=ALL_GPU,
                                     cpu_attention=True),
     "cache_cpu_staged": dict(weights=ALL_GPU, cache=TierSplit(gpu=0.5, cpu=0.5, disk=0), activations=ALL_GPU),
+    # disk-tier cache layers: mapped files (caches.disk_rows, tests/integration/test_cache_on_disk.py)
+    "cache_disk_staged": dict(weights=ALL_GPU, cache=TierSplit(gpu=0, cpu=0.5, disk=0.5), activations=ALL_GPU),
+    "cache_disk_cpu_attention": dict(weights=ALL_GPU, cache=TierSplit(gpu=0, cpu=0, disk=1), activations=ALL_GPU,
+                                     cpu_attention=True),
     "activations_cpu": dict(weights=TierSplit(gpu=0.3, cpu=0.7, disk=0), cache=ALL_GPU,
                             activations=TierSplit(gpu=0, cpu=1, disk=0)),
 }
