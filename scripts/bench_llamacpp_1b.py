@@ -7,8 +7,10 @@ file. llama.cpp runs `llama-batched-bench`; flexlamps runs `LLM.generate` in a w
 this script. Each side runs in its own process (its peak RSS from the kernel's rusage), in turns,
 --repeats times; the fastest run counts. Printed per quantization: batch 1 decode (new tokens / s
 after the first), batch 1 and batch 32 total (new tokens / s of the whole call, prefill included),
-peak RSS, and flexlamps' ratio to llama.cpp for each; first the CPU (model, flags) and the memory's
-bandwidth (a reduction's read rate, and a copy's read + write rate).
+peak RSS, and flexlamps' ratio to llama.cpp for each, then the memory's limit on batch 1 decode
+(the file's bytes a step at the read rate) and each side's share of it; first the CPU (model,
+flags) and the memory's bandwidth (a reduction's read rate on --threads threads, and a copy's read
++ write rate).
 
 `--isa avx2` caps flexlamps and torch at AVX2 ($FLEXLAMPS_CPU_VARIANT, $ATEN_CPU_CAPABILITY,
 $ONEDNN_MAX_CPU_ISA) and runs a llama.cpp built without AVX-512 (scripts/llama_cpp_tools.py builds
@@ -45,9 +47,11 @@ def cpu_line() -> str:
     return f"CPU: {model}, {os.cpu_count()} cpus; has {' '.join(f for f in CPU_FLAGS if f in flags) or '-'}"
 
 
-def bandwidth_line() -> str:
-    """The memory's read rate (flexlamps' probe) and a stream-like copy's (read + write bytes / s)."""
+def bandwidth_line(threads: int) -> tuple[str, float]:
+    """The memory's read rate on `threads` threads (flexlamps' probe) and a stream-like copy's (read
+    + write bytes / s), as a line; and the read rate (bytes / s)."""
     import numpy as np
+    import torch
 
     from flexlamps.hardware.probes import measure_read_bandwidth
 
@@ -59,8 +63,10 @@ def bandwidth_line() -> str:
         start = time.perf_counter()
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - start)
-    return (f"memory: read {measure_read_bandwidth() / 1e9:.1f} GB/s (reduction, median), "
-            f"copy {2 * src.nbytes / best / 1e9:.1f} GB/s (read + write, best of 5)")
+    torch.set_num_threads(threads)
+    read = measure_read_bandwidth()
+    return (f"memory: read {read / 1e9:.1f} GB/s ({threads}-thread reduction, median), "
+            f"copy {2 * src.nbytes / best / 1e9:.1f} GB/s (read + write, best of 5)"), read
 
 
 def make_checkpoint(folder: Path) -> Path:
@@ -172,6 +178,11 @@ def compare(tools: Path, gguf: Path, args) -> None:
     for what, value in figures.items():
         print(f"  {what:<22} flexlamps {value['flexlamps']:8.2f}   llama.cpp {value['llama.cpp']:8.2f}   "
               f"ratio {value['flexlamps'] / value['llama.cpp']:.2f}x", flush=True)
+    if "batch 1 decode tok/s" in figures:  # a decode step reads every weight once: the file's bytes
+        limit = args.read_bytes_per_s / gguf.stat().st_size
+        rates = figures["batch 1 decode tok/s"]
+        print(f"  {'memory limit tok/s':<22} {limit:8.2f} (file bytes a step / read rate): flexlamps at "
+              f"{rates['flexlamps'] / limit:.0%}, llama.cpp at {rates['llama.cpp'] / limit:.0%}", flush=True)
 
 
 def main() -> None:
@@ -202,7 +213,8 @@ def main() -> None:
         ap.error(f"--llama-cpp-tools {tools}: no llama-batched-bench there (scripts/llama_cpp_tools.py builds it)")
     args.folder.mkdir(parents=True, exist_ok=True)
     print(cpu_line())
-    print(bandwidth_line())
+    line, args.read_bytes_per_s = bandwidth_line(args.threads)
+    print(line)
     print(f"isa {args.isa} | threads {args.threads} | prompts {args.prompt_len} tokens, {args.new_tokens} new | "
           f"best of {args.repeats} | llama.cpp tools {tools}", flush=True)
     f16 = make_checkpoint(args.folder)
