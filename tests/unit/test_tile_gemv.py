@@ -111,14 +111,15 @@ def test_the_largest_groups_do_not_overflow(level, x_bits, code):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_decode_and_prompt_products_agree_bit_for_bit(level, dtype):
     """With 8-bit x the decode product and the prompt product add the same exact sums in the same
-    fp32 steps, so a row gets the same bits from either, alone or among many (a decode call of
-    many rows lays the codes out once, as prompts do)."""
+    fp32 steps, so a row gets the same bits from either, alone or among few or many (a decode
+    call of many rows lays the codes out once, as prompts do)."""
     kernel = _variant(level, 8)
     for w in (_int4(192, 576, 32, dtype), _int4(128, 512, 128, dtype), _int8(128, 576, dtype, True)):
-        x = _x(9, w.shape[1], dtype)
-        together = kernel.matmul(w, x)
-        assert torch.equal(together, kernel.prompt_product(w, x))
-        assert torch.equal(together, torch.cat([kernel.matmul(w, row) for row in x.split(1)]))
+        x = _x(25, w.shape[1], dtype)
+        alone = torch.cat([kernel.matmul(w, row) for row in x.split(1)])
+        assert torch.equal(kernel.matmul(w, x), kernel.prompt_product(w, x))
+        for rows in (3, 9, 25):
+            assert torch.equal(kernel.matmul(w, x[:rows]), alone[:rows])
 
 
 @needs_kernel
