@@ -27,7 +27,7 @@ from flexlamps.settings import AugmentedSettings, RunSettings
 import placement
 
 __all__ = ["LLM", "RunSettings", "SamplingParams", "RequestOutput", "ScoreOutput", "JsonGrammars", "open_model",
-           "load_policy", "ContextOverflowError", "NonFiniteLogitsError"]
+           "open_checkpoint", "load_policy", "ContextOverflowError", "NonFiniteLogitsError"]
 
 
 def open_model(model: str, cache_dir=None):

@@ -17,7 +17,7 @@ __all__ = ["PROBE_NAMES", "latent_miss_curves", "profile_machine", "profile_rout
 
 
 def profile_routing(reader, prompt_ids: list[list[int]], new_tokens: int) -> tuple[RoutingProfile, Path]:
-    """A MoE model's routing (`reader`: its checkpoint, `flexlamps.api.open_model`) counted over the
+    """A MoE model's routing (`reader`: its checkpoint, `flexlamps.api.open_checkpoint`) counted over the
     prompts and `new_tokens` greedy tokens each, and the file it is cached in: later runs of the
     same checkpoint put the hottest experts on the fastest tier."""
     profile = measure_routing(reader, prompt_ids, new_tokens)

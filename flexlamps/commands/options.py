@@ -207,10 +207,10 @@ def check_model(model: str, chat: bool = False) -> None:
     """What --model names opens (a built-in name, an HF folder, a .gguf file: its config, tensor
     index and every safetensors header, and a folder's tokenizer files; no weights), and with
     `chat` its chat template renders a user turn; else a one-line error naming the input and the fix."""
-    from flexlamps.api import open_model  # lazy (torch): `plan` and `simulate` share these options
+    from flexlamps.api import open_checkpoint  # lazy (torch): `plan` and `simulate` share these options
 
     try:
-        reader, _ = open_model(model)
+        reader = open_checkpoint(model)  # no description built: the run builds its one
         if Path(reader.path).is_dir() or chat:  # a folder's files the user gave (a GGUF's are its own)
             tokenizer = reader.tokenizer
     except (ValueError, OSError) as e:  # UnknownModelError, CheckpointError, UnsupportedModelError

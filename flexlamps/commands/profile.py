@@ -4,7 +4,7 @@ from pathlib import Path
 
 import click
 
-from flexlamps.api import open_model
+from flexlamps.api import open_checkpoint
 from flexlamps.commands.options import ByteSize, threads_option, writable_file_folder, writable_folder
 from flexlamps.commands.plan import load_model_spec
 from flexlamps.io.atomic import atomic_output
@@ -57,7 +57,7 @@ def _routing_inputs(model_text: str | None, prompts_path: Path):
         raise click.BadParameter("a routing profile needs the model: add --model (an HF folder or GGUF)",
                                  param_hint="--prompts")
     try:
-        reader, _ = open_model(model_text)
+        reader = open_checkpoint(model_text)
     except (ValueError, OSError) as exc:
         raise click.BadParameter(str(exc), param_hint="--model") from None
     if reader.config.moe is None:

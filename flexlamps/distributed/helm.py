@@ -68,9 +68,9 @@ class RayEngine:
 
     @cached_property
     def _reader(self):
-        from flexlamps.api import open_model  # lazy (torch): the driver holds no engine
+        from flexlamps.api import open_checkpoint  # lazy (torch): the driver holds no engine
 
-        return open_model(self.model)[0]
+        return open_checkpoint(self.model)
 
     @property
     def tokenizer(self):
