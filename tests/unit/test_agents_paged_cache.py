@@ -77,3 +77,24 @@ def test_swap_out_and_in_round_trip_to_other_blocks():
 def test_bad_sizes_are_rejected_with_the_numbers():
     with pytest.raises(ValueError, match="num_gpu_blocks > 0"):
         PagedKVCache(CFG, 0, 1, 4, torch.float32)
+
+
+def test_a_padded_row_writes_its_real_tokens_only():
+    """A one-token chunk fed as a two-column prompt step (`Step.lengths`): the pad's position starts
+    a block the request does not own, and nothing is written there (the table's padding is block 0,
+    another request's)."""
+    bs = 4
+    paged = PagedKVCache(CFG, 8, 0, bs, torch.float32)
+    other = torch.randn(2, bs, 8)
+    paged.k[0][0], paged.v[0][0] = other, other  # block 0: someone else's keys
+    tables = [[3, 5], [6]]  # row 1 owns positions 0..3 only
+    slots = paged.set_block_tables(tables)
+    q, k, v = _qkv(2, 2, 4)
+    pos = torch.tensor([[5, 6], [3, 4]])  # row 1: its last position, then a pad at 4 (block 1 of its table)
+    geometry = paged.step_geometry(slots, pos, lengths=torch.tensor([2, 1]))
+    out = paged.attend(0, slots, pos, q, k, v, geometry=geometry)
+    assert torch.equal(paged.k[0][0], other) and torch.equal(paged.v[0][0], other)
+    assert torch.equal(paged.k[0][6][:, 3], k[1, 0]) and torch.equal(paged.k[0][5][:, 2], k[0, 1])
+    # the real query sees what an unpadded step shows it
+    alone = paged.attend(0, slots[1:], pos[1:, :1], q[1:, :1], k[1:, :1], v[1:, :1])
+    assert torch.equal(out[1, 0], alone[0, 0])

@@ -5,8 +5,9 @@ One iteration:
 
     out = scheduler.schedule(now)                      # block ids and token counts only
     cache: swap out -> zero discarded blocks -> swap in  # the moves `out` lists, in that order
-    forward: one micro-batch of every 1-token row (decodes), one per longer chunk
-             (prompt / returned API tokens / chunked recompute of a discarded cache)
+    forward: one micro-batch of every decode (a row's one pending token, the one it just
+             sampled), one of every other 1-token chunk (run as a two-column prompt step), one
+             per longer chunk (prompt / returned API tokens / chunked recompute of a discarded cache)
     sample (greedy) -> RunnerOutput(intercepted, finished) -> scheduler.update_from_output
 
 A request whose segment ends is intercepted: its call runs (a trace's: sleeps for the segment's
@@ -14,6 +15,11 @@ scaled API time; a live tool: runs in a thread, see `calls`), then the call's re
 join its context and the scheduler resumes it. Whatever the scheduler did with its cache meanwhile (preserve / swap / discard), the
 engine only ever feeds `tokens[num_computed : num_computed + n]`, so the output equals an
 uninterrupted generation.
+
+A row's arithmetic depends on the row and its phase only (#43): every token but a decode is
+computed in the prompt phase, however the token budget chunks it, so a request's tokens do not
+depend on what shares its iterations (a discarded cache is recomputed in the prompt phase, which
+equals the decodes it replaces only where both phases share arithmetic: fp32 and dense weights).
 
 An iteration is one sweep of the executor (`forward_steps`): every chunk is a micro-batch of
 its own (a micro-batch has one length T), but the weights are read once per layer for all of
@@ -35,7 +41,7 @@ from flexlamps.engine.augmented.calls import FINISHED, Calls, TraceCalls
 from flexlamps.engine.batch.sampling import check_finite
 from flexlamps.workloads.tokenized import TokenizedRequest
 from flexlamps.engine.executors.contract import Executor, PagedCache
-from flexlamps.engine.executors.step import Step
+from flexlamps.engine.executors.step import Step, prompt_step
 from flexlamps.sched.output import RunnerOutput, SchedulerOutput
 from flexlamps.sched.request import Request, Status
 from flexlamps.sched.scheduler import Scheduler
@@ -135,6 +141,7 @@ class AugmentedEngine:
         self._state: dict[str, Request] = {}  # scheduler objects, kept after they finish
         self._tokens: dict[str, list[int]] = {}
         self._tables: dict[str, list[int]] = {}  # last gpu table seen, to zero it when freed
+        self._sampled: dict[str, int] = {}  # index of each request's last sampled token
         self.calls = calls
         self.swapped_out_bytes = 0
 
@@ -240,8 +247,9 @@ class AugmentedEngine:
         work = [(rid, 1) for rid in out.decode]
         work += [(rid, out.prefill.get(rid, 0) + out.recompute.get(rid, 0))
                  for rid in dict.fromkeys([*out.recompute, *out.prefill])]
-        singles = [w for w in work if w[1] == 1]
-        groups = ([singles] if singles else []) + [[w] for w in work if w[1] > 1]
+        decodes = [w for w in work if w[1] == 1 and self._decodes(w[0])]
+        short = [w for w in work if w[1] == 1 and not self._decodes(w[0])]
+        groups = [g for g in (decodes, short) if g] + [[w] for w in work if w[1] > 1]
         last_logits: dict[str, torch.Tensor] = {}
         for group, logits in zip(groups, self._forward(groups, out)):
             for (rid, _), row in zip(group, logits[:, 0]):
@@ -250,6 +258,7 @@ class AugmentedEngine:
         for rid in out.sampling:
             token = int(last_logits[rid].argmax())
             check_finite(last_logits[rid][token:token + 1])
+            self._sampled[rid] = len(self._tokens[rid])
             self._tokens[rid].append(token)
             verdict = self.calls.on_token(self._state[rid], self._tokens[rid])
             if verdict is FINISHED:
@@ -258,25 +267,30 @@ class AugmentedEngine:
                 runner.intercepted[rid] = verdict
         return runner
 
+    def _decodes(self, rid: str) -> bool:
+        """Whether `rid`'s next token is a decode: its one pending token is the one it last sampled."""
+        pending = len(self._tokens[rid]) - self._state[rid].num_computed
+        return pending == 1 and self._sampled.get(rid) == len(self._tokens[rid]) - 1
+
     def _forward(self, groups: list[list[tuple[str, int]]], out: SchedulerOutput) -> list[torch.Tensor]:
         """One sweep of the executor over every group: one micro-batch per group, of rows of
-        equal length n (all 1, or a single chunk). Returns per group the logits (rows, 1,
-        vocab) at each row's last fed token."""
+        equal length n (all 1, or a single chunk): the decodes as a decode step, any other group
+        as a prompt step. Returns per group the logits (rows, 1, vocab) at each row's last fed token."""
         rows = [rid for group in groups for rid, _ in group]
         slots = self.cache.set_block_tables([out.block_tables[rid] for rid in rows])
         device, steps, first = self.cache.device, [], 0
         for group in groups:
             n = group[0][1]
-            ids, pos = [], []
-            for rid, _ in group:
-                start = self._state[rid].num_computed
-                toks = self._tokens[rid][start:start + n]
+            starts = [self._state[rid].num_computed for rid, _ in group]
+            ids = [self._tokens[rid][start:start + n] for (rid, _), start in zip(group, starts)]
+            for (rid, _), toks in zip(group, ids):
                 assert len(toks) == n, f"{rid}: {len(toks)} tokens to feed, scheduled {n}"
-                ids.append(toks)
-                pos.append(list(range(start, start + n)))
-            steps.append(Step(torch.tensor(ids, device=device), torch.tensor(pos, device=device),
-                              slots[first:first + len(group)],
-                              torch.full((len(group),), n - 1, dtype=torch.long, device=device)))
+            rows_slots = slots[first:first + len(group)]
+            if n == 1 and self._decodes(group[0][0]):
+                steps.append(Step(torch.tensor(ids, device=device), torch.tensor(starts, device=device)[:, None],
+                                  rows_slots, torch.zeros(len(group), dtype=torch.long, device=device)))
+            else:
+                steps.append(prompt_step(ids, starts, rows_slots, device))
             first += len(group)
         return self.executor.forward_steps(self.cache, steps)
 

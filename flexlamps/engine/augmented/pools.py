@@ -18,7 +18,7 @@ import torch
 from flexlamps.engine.caches.paged_state import paged_state_blocks, probing
 from flexlamps.engine.caches.window import paged_ring_blocks
 from flexlamps.engine.executors.contract import Executor
-from flexlamps.engine.executors.step import Step
+from flexlamps.engine.executors.step import Step, prompt_step
 from placement import format_bytes
 
 # the share of a measured working set added on top, for iterations whose shape the probe did not
@@ -55,8 +55,9 @@ def planner_budgets(gpu_mem: int, cpu_mem: int, kv_bytes_per_token: int, max_num
 
 def _probe_iterations(max_context: int, max_num_seqs: int, max_num_batched_tokens: int) -> list[list[Step]]:
     """The largest iterations the scheduler can issue, all at the last position: one prompt
-    chunk of the whole token budget; and every other running request decoding beside the
-    chunk the rest of the budget allows (rows index the probe's block tables)."""
+    chunk of the whole token budget; every other running request decoding beside the chunk the
+    rest of the budget allows; and every request with one prompt token to feed, a two-column
+    prompt step (rows index the probe's block tables)."""
     def chunk(tokens: int, row: int) -> Step:
         return Step(torch.zeros((1, tokens), dtype=torch.long),
                     torch.arange(max_context - tokens, max_context)[None], torch.tensor([row]),
@@ -67,7 +68,9 @@ def _probe_iterations(max_context: int, max_num_seqs: int, max_num_batched_token
     mixed = [Step(torch.zeros((decodes, 1), dtype=torch.long), torch.full((decodes, 1), max_context - 1),
                   torch.arange(decodes), torch.zeros(decodes, dtype=torch.long))] if decodes else []
     rest = min(max_context, max_num_batched_tokens - decodes)
-    return [[chunk(whole, 0)], mixed + ([chunk(rest, decodes)] if rest > 0 else [])]
+    singles = max(1, min(max_num_seqs, max_num_batched_tokens))
+    padded = prompt_step([[0]] * singles, [max(0, max_context - 2)] * singles, torch.arange(singles))
+    return [[chunk(whole, 0)], mixed + ([chunk(rest, decodes)] if rest > 0 else []), [padded]]
 
 
 def working_set(executor: Executor, *, max_context: int, max_num_seqs: int, max_num_batched_tokens: int,
@@ -83,9 +86,7 @@ def working_set(executor: Executor, *, max_context: int, max_num_seqs: int, max_
         probes = _probe_iterations(max_context, max_num_seqs, max_num_batched_tokens)
         for steps in probes:
             with probing(cache):  # every row shares the scratch block: shapes only
-                executor.forward_steps(cache, [Step(s.input_ids.to(cache.device), s.positions.to(cache.device),
-                                                    slots[s.slots.to(slots.device)], s.logit_rows.to(cache.device))
-                                               for s in steps])
+                executor.forward_steps(cache, [_on(s, cache.device, slots) for s in steps])
         ws = {tier: use.peak_bytes - resting[tier] for tier, use in executor.tier_use().items()}
     finally:
         cache.release()
@@ -95,6 +96,13 @@ def working_set(executor: Executor, *, max_context: int, max_num_seqs: int, max_
                 for steps in probes)
     ws["gpu"] = max(ws["gpu"], worst)
     return ws
+
+
+def _on(step: Step, device, slots: torch.Tensor) -> Step:
+    """A probe's step on the cache's device, its rows the probe's block tables' `slots`."""
+    lengths = None if step.lengths is None else step.lengths.to(device)
+    return Step(step.input_ids.to(device), step.positions.to(device), slots[step.slots.to(slots.device)],
+                step.logit_rows.to(device), lengths=lengths)
 
 
 def pool_sizes(executor: Executor, *, max_context: int, max_num_seqs: int, max_num_batched_tokens: int,

@@ -14,7 +14,7 @@ import torch
 
 from flexlamps.workloads.tokenized import TokenizedRequest, total_tokens
 from flexlamps.engine.executors.contract import Executor
-from flexlamps.engine.executors.step import Step
+from flexlamps.engine.executors.step import Step, prompt_step
 
 
 @dataclass
@@ -56,8 +56,13 @@ def _alone(executor: Executor, request: TokenizedRequest) -> list[int]:
 
 
 def _step(group: list[_Progress]) -> Step:
-    """The rows' pending tokens (all of one length) as one micro-batch."""
+    """The rows' pending tokens (all of one length) as one micro-batch: a decode where each row's
+    one pending token is the one it sampled, else a prompt step (a one-token prompt included), as
+    the augmented engine feeds them."""
     n = len(group[0].tokens) - group[0].computed
+    slots = torch.tensor([p.row for p in group])
+    if n > 1 or group[0].computed == 0:  # computed > 0: the pending token was sampled
+        return prompt_step([p.tokens[p.computed:] for p in group], [p.computed for p in group], slots)
     ids = torch.tensor([p.tokens[p.computed:] for p in group])
     pos = torch.stack([torch.arange(p.computed, p.computed + n) for p in group])
-    return Step(ids, pos, torch.tensor([p.row for p in group]), torch.full((len(group),), n - 1))
+    return Step(ids, pos, slots, torch.zeros(len(group), dtype=torch.long))

@@ -9,7 +9,9 @@ is what the BlockManager counts.
 Before each forward the engine sets the step's block tables (`set_block_tables`); the
 `attend_fn(layer, slots, positions)` contract is the dense cache's, with `slots` indexing
 rows of that per-step table: each row writes its new K/V at its own positions, then attends
-over its blocks with the mask key_pos <= query_pos.
+over its blocks with the mask key_pos <= query_pos. A step whose rows are padded after their
+real tokens (`Step.lengths`: a one-token prompt chunk fed as a two-column prompt) writes only the
+real tokens: a pad's position may lie in a block the request does not own (`step_geometry`).
 
 When every layer slides (Mistral-v0.1), a request keeps only `ring_blocks` blocks, a ring of
 whole blocks holding its last window (the scheduler's BlockManager gives it no more: its
@@ -22,6 +24,7 @@ Must not import the scheduler (it only sees block ids from it).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -45,6 +48,14 @@ def refuse_recurrent_state(cfg: ModelConfig) -> None:
         raise ValueError(f"{cfg.model_type} keeps a recurrent DeltaNet state per request beside its KV cache, "
                          "which PagedKVCache does not hold; build its paged cache with executor.new_paged_cache "
                          "(HybridPagedCache)")
+
+
+@dataclass(frozen=True)
+class PagedGeometry:
+    """What every layer of one step shares (`PagedKVCache.step_geometry`)."""
+    span: int  # cache positions the step reads: its last real token's + 1
+    real: tuple[torch.Tensor, torch.Tensor] | None  # (rows, columns) of the real tokens; None: every token
+    lengths: torch.Tensor | None  # (n,) real tokens a row, the rest padding; None: every token
 
 
 class PagedKVCache:
@@ -158,28 +169,38 @@ class PagedKVCache:
         self._tables = rows.to(self.device)
         return torch.arange(len(tables), device=self.device)
 
-    def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor):
-        """The `attend(q, k, v, opts)` callback for one layer of one step (see blocks.decoder.Attend)."""
-        return lambda q, k, v, opts=None: self.attend(layer, slots, positions, q, k, v, opts)
+    def step_geometry(self, slots: torch.Tensor, positions: torch.Tensor, segments=None,
+                      lengths: torch.Tensor | None = None) -> PagedGeometry:
+        """The step's span and real tokens, once for all its layers; `lengths` (n,): each row's
+        real tokens, the rest padding (None: all real)."""
+        if segments is not None:
+            raise ValueError("a paged cache row holds one request: packed rows (segments) are not taken")
+        if lengths is None:
+            return PagedGeometry(int(positions.max()) + 1, None, None)
+        lengths = lengths.to(positions.device)
+        real = torch.arange(positions.shape[1], device=positions.device)[None, :] < lengths[:, None]  # (n, T)
+        return PagedGeometry(int(positions[real].max()) + 1, real.nonzero(as_tuple=True), lengths)
 
-    def attend(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
-               q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, opts: AttnOptions | None = None) -> torch.Tensor:
+    def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
+                  geometry: PagedGeometry | None = None):
+        """The `attend(q, k, v, opts)` callback for one layer of one step (see blocks.decoder.Attend)."""
+        return lambda q, k, v, opts=None: self.attend(layer, slots, positions, q, k, v, opts, geometry)
+
+    def attend(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor, opts: AttnOptions | None = None, geometry: PagedGeometry | None = None) -> torch.Tensor:
+        geometry = geometry or self.step_geometry(slots, positions)
         if self.ring_blocks is not None:
-            return self._ring_attend(layer, slots, positions, q, k, v, opts)
+            return self._ring_attend(layer, slots, positions, q, k, v, opts, geometry.lengths)
         n, t, heads, d = q.shape
         bs = self.block_size
         tables = self._tables[slots]  # (n, width)
         kc, vc = self.k[layer], self.v[layer]
-        # write: position p of row r lives at block tables[r, p // bs], offset p % bs
-        blocks = tables.gather(1, positions // bs)  # (n, T)
-        offsets = positions % bs
-        kc[blocks, :, offsets] = k.to(kc.dtype)  # k: (n, T, kv_heads, d)
-        vc[blocks, :, offsets] = v.to(vc.dtype)
+        self._write_tokens(layer, tables, positions, k, v, geometry.real)
         if is_fresh_prefill(positions):  # see caches.fresh
             span = t
             keys, values = fresh_keys(k, v)
         else:
-            num_blocks = int(positions.max()) // bs + 1
+            num_blocks = (geometry.span - 1) // bs + 1
             span = num_blocks * bs
             used = tables[:, :num_blocks]  # (n, B)
             # (n, B, kv_heads, bs, d) -> (n, kv_heads, B * bs, d)
@@ -190,8 +211,23 @@ class PagedKVCache:
         out = attention(q.transpose(1, 2), keys, values, mask, opts)
         return out.transpose(1, 2).reshape(n, t, heads * d)
 
+    def _write_tokens(self, layer: int, tables: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               real: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """The step's keys and values k, v (n, T, kv_heads, d) at their positions, the real tokens
+        only: position p of row r lives at block tables[r, p // bs], offset p % bs."""
+        kc, vc, bs = self.k[layer], self.v[layer], self.block_size
+        if real is None:
+            blocks, offsets = tables.gather(1, positions // bs), positions % bs  # (n, T)
+        else:
+            rows, cols = real
+            at = positions[rows, cols]
+            blocks, offsets, k, v = tables[rows, at // bs], at % bs, k[rows, cols], v[rows, cols]
+        kc[blocks, :, offsets] = k.to(kc.dtype)
+        vc[blocks, :, offsets] = v.to(vc.dtype)
+
     def _ring_attend(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, q: torch.Tensor,
-                     k: torch.Tensor, v: torch.Tensor, opts: AttnOptions | None) -> torch.Tensor:
+                     k: torch.Tensor, v: torch.Tensor, opts: AttnOptions | None,
+                     lengths: torch.Tensor | None = None) -> torch.Tensor:
         """Every layer slides: each row's blocks are a ring of `ring_blocks` blocks (caches.window)."""
         if opts is None or opts.window is None:
             raise ValueError(f"paged KV layer {layer} keeps a ring of blocks for a sliding window, but the layer "
@@ -200,7 +236,7 @@ class PagedKVCache:
         bs, ring = self.block_size, self.ring_blocks * self.block_size
         tables = self._tables[slots][:, :self.ring_blocks]
         tables = F.pad(tables, (0, self.ring_blocks - tables.shape[1]))  # short tables: block 0, masked
-        step = ring_step(positions, opts.window, ring=ring)
+        step = ring_step(positions, opts.window, lengths, ring=ring)  # pads are never written
         kc, vc = self.k[layer], self.v[layer]
         if is_fresh_prefill(positions):  # see caches.fresh
             keys, values = fresh_keys(k, v)

@@ -156,7 +156,8 @@ class HybridPagedCache(PagedKVCache):
         fed = torch.full_like(start, t) if lengths is None else lengths.cpu().to(torch.long)
         self._write(ids, 0, (start + fed).to(self.device)[:, None].view(torch.uint8))
         rows = StateStepRows(ids, fresh, None if lengths is None else lengths.cpu(), torch.where(fresh, 0, start))
-        return HybridGeometry(None, rows, int(positions.max()) + 1)
+        kv = super().step_geometry(slots, positions, lengths=lengths)  # pads are never written
+        return HybridGeometry(kv, rows, kv.span)
 
     def attend_fn(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
                   geometry: HybridGeometry | None = None):
@@ -165,7 +166,7 @@ class HybridPagedCache(PagedKVCache):
         kind, index = self._where[layer]
         if kind == "state":
             return PagedStateAccess(self, index, geometry.state)
-        return super().attend_fn(index, slots, positions)
+        return super().attend_fn(index, slots, positions, geometry.kv)
 
     # -- a request's state bytes, spread over its state blocks --------------------------------------
     def _pieces(self, offset: int, nbytes: int):

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from placement.specs import prompt_columns
+
 
 @dataclass
 class Step:
@@ -88,3 +90,20 @@ class Segments:
 
     def to(self, device) -> "Segments":
         return Segments(tuple(g.to(device) for g in self.groups), self.span, self.fresh_from)
+
+
+def prompt_step(tokens: list[list[int]], starts: list[int], slots: torch.Tensor, device=None) -> Step:
+    """Rows of tokens fed as a prompt (`weight_kind.Phase.PROMPT`), row r from position starts[r]
+    on: at least `prompt_columns` wide, so a one-token chunk (a prompt, an API call's returned
+    token, a recompute chunk) is computed as prompt tokens are, not as a decode; shorter rows
+    padded with token 0 after their own, which no cache writes (`lengths`). Logits at each row's
+    last real token."""
+    width = prompt_columns(max(len(t) for t in tokens))
+    ids = torch.zeros(len(tokens), width, dtype=torch.long)
+    for row, row_tokens in enumerate(tokens):
+        ids[row, :len(row_tokens)] = torch.tensor(row_tokens)
+    positions = torch.tensor(starts)[:, None] + torch.arange(width)[None, :]  # (n, width)
+    lengths = torch.tensor([len(t) for t in tokens])
+    padded = bool((lengths < width).any())
+    return Step(ids.to(device), positions.to(device), slots, (lengths - 1).to(device),
+                lengths=lengths.to(device) if padded else None)
