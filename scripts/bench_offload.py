@@ -123,7 +123,7 @@ def run_ours(folder, prompts, gen_len, dtype, gpu_mem, cpu_mem, offload_dir, com
     llm = LLM(str(folder), dtype=dtype, gpu_mem=gpu_mem, cpu_mem=cpu_mem, offload_dir=str(offload_dir),
               compress_weight=compress_weight or None)
     llm.prepare(prompt_len=len(prompts[0]), gen_len=gen_len, num_sequences=len(prompts))
-    llm.executor.record_profile = True
+    llm.executor.sweep.record_profile = True
     params = SamplingParams(max_new_tokens=gen_len, ignore_eos=True)
     t = time.perf_counter()
     outs = llm.generate_ids(prompts, [params] * len(prompts))
@@ -131,10 +131,10 @@ def run_ours(folder, prompts, gen_len, dtype, gpu_mem, cpu_mem, offload_dir, com
     b = llm.executor.budgets
     ex = llm.executor
     disk_bytes = sum(ex.charges.stored[name] for name, tier in ex.tiers.items() if tier == "disk")
-    first = ex.sweeps[0] if ex.sweeps else None
+    first = ex.sweep.profiles[0] if ex.sweep.profiles else None
     info = dict(policy=llm.policy, predicted=llm.plan.tokens_per_s if llm.plan else None,
                 gpu_peak=b["gpu"].peak_bytes, gpu_cap=b["gpu"].capacity_bytes, disk_bytes=disk_bytes,
-                overlap=ex.overlap_report(), sweeps=len(ex.sweeps),
+                overlap=ex.sweep.overlap_report(), sweeps=len(ex.sweep.profiles),
                 experts=ex.expert_cache.stats() if ex.experts else None,
                 prefill=dict(wall_s=first.sweep_s, io_s=sum(first.io_s), compute_s=sum(first.compute_s))
                 if first is not None and first.prefill else None)

@@ -89,11 +89,11 @@ class Run:
         prompts = [ids[i: i + self.prompt_len] for i in range(self.num_sequences)]
         params = SamplingParams(max_new_tokens=self.gen_len, ignore_eos=True)
         llm.generate_ids(prompts[:2], [dataclasses.replace(params, max_new_tokens=2)] * 2)  # warm-up
-        llm.executor.record_profile = True
-        llm.executor.sweeps = []
+        llm.executor.sweep.record_profile = True
+        llm.executor.sweep.profiles = []
         start = time.perf_counter()
         llm.generate_ids(prompts, [params] * len(prompts))
-        self.results.append((time.perf_counter() - start, llm.executor.sweeps, hardware))
+        self.results.append((time.perf_counter() - start, llm.executor.sweep.profiles, hardware))
         llm.close()
 
 

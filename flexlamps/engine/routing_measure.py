@@ -57,7 +57,7 @@ def measure_routing(reader, prompts: list[list[int]], max_new_tokens: int = 16) 
     memory = 1 << 50  # everything in memory: the counts do not depend on the budgets
     ex = OffloadExecutor(reader, policy, gpu_mem=memory, cpu_mem=memory, dtype=torch.float32,
                          routing=RoutingProfile.uniform(moe.num_experts, moe.num_experts_per_token))
-    counter = ex.routing_counter = RoutingCounter(moe.num_experts, moe.num_experts_per_token)
+    counter = ex.sweep.routing_counter = RoutingCounter(moe.num_experts, moe.num_experts_per_token)
     forward_steps = ex.forward_steps
 
     def traced(cache, steps):  # one sequence at a time: a step at position 0 starts the next

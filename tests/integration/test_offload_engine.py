@@ -144,8 +144,8 @@ def test_decode_micro_batches_merge_only_when_the_policy_says_so(reader, plain, 
     ex = OffloadExecutor(reader, _policy("all_gpu", merge_decode=merge), gpu_mem=GiB, cpu_mem=GiB,
                          offload_dir=tmp_path / "off")
     swept = []
-    sweep = ex._sweep
-    ex._sweep = lambda cache, steps: swept.append(len(steps)) or sweep(cache, steps)
+    sweep = ex.sweep._sweep
+    ex.sweep._sweep = lambda cache, steps: swept.append(len(steps)) or sweep(cache, steps)
     params = [SamplingParams(max_new_tokens=4, ignore_eos=True)] * 4
     ids = [reader.tokenizer.encode(p) for p in PROMPTS]
     expected = [o.token_ids for o in generate(plain, reader.tokenizer, ids, params, max_batch=4)]
@@ -216,7 +216,7 @@ def test_the_head_is_read_once_a_sweep_for_every_micro_batch(reader, plain, mix,
     ref = plain.forward_steps(plain.new_cache(4, 16), steps)
     for a, b in zip(ref, got):
         assert (a - b).abs().max().item() <= 1e-5
-    chunks = list(head_chunks(ex.head_pieces, ex.HEAD_CHUNK_ROWS))
+    chunks = list(head_chunks(ex.head_pieces, ex.sweep.head_chunk_rows))
     assert len(reads) == len(chunks)  # one read a chunk for both micro-batches
     ex.close()
 
@@ -247,7 +247,7 @@ def test_the_head_reads_its_next_chunk_while_it_multiplies_one(reader, plain, tm
     for room_for_one in (False, True):
         ex = OffloadExecutor(reader, _policy("weights_mostly_disk"), gpu_mem=GiB, cpu_mem=GiB,
                              offload_dir=tmp_path / str(room_for_one))
-        ex.HEAD_CHUNK_ROWS = 64  # several chunks on disk on the tiny vocab
+        ex.sweep.head_chunk_rows = 64  # several chunks on disk on the tiny vocab
         threads = _head_reads_by_thread(ex)
         if room_for_one:
             _leave_room_for_one_chunk(ex)
@@ -258,7 +258,7 @@ def test_the_head_reads_its_next_chunk_while_it_multiplies_one(reader, plain, tm
         got = ex.forward_steps(cache, steps)
         # reads ahead stay under what the dry run charges (the squeeze's own bytes are not charged)
         assert ex.budgets["gpu"].peak_bytes <= (ex.budgets["gpu"].capacity_bytes if room_for_one else charged)
-        chunks = list(head_chunks(ex.head_pieces, ex.HEAD_CHUNK_ROWS))
+        chunks = list(head_chunks(ex.head_pieces, ex.sweep.head_chunk_rows))
         off_gpu = sum(p.tier != "gpu" for p, _, _ in chunks)
         assert off_gpu > 2 and len(threads) == len(chunks)
         read_ahead = sum(name.startswith("flexlamps-io") for name in threads)
@@ -275,18 +275,18 @@ def test_the_head_reads_its_next_chunk_while_it_multiplies_one(reader, plain, tm
 def _leave_room_for_one_chunk(ex) -> None:
     """Take all of the gpu tier's room (under the sweep's charged peak) but one head chunk's
     staging while `ex` computes logits."""
-    logits, budget = ex._logits, ex.budgets["gpu"]
+    logits, budget = ex.sweep._logits, ex.budgets["gpu"]
     elem = torch.empty(0, dtype=ex.dtype).element_size()
-    one_chunk = ex.HEAD_CHUNK_ROWS * ex.cfg.hidden_size * elem
+    one_chunk = ex.sweep.head_chunk_rows * ex.cfg.hidden_size * elem
 
     def squeezed(hs, limit):
         rows = max(h.numel() // h.shape[-1] for h in hs)  # the chunk of logits `_logits` holds
         top = min(budget.capacity_bytes, limit())
-        taken = top - budget.used_bytes - rows * ex.HEAD_CHUNK_ROWS * elem - one_chunk - 1
+        taken = top - budget.used_bytes - rows * ex.sweep.head_chunk_rows * elem - one_chunk - 1
         budget.allocate(taken, "test: the rest of the tier")
         try:
             return logits(hs, limit)
         finally:
             budget.free(taken)
-    ex._logits = squeezed
+    ex.sweep._logits = squeezed
 

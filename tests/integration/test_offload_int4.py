@@ -8,7 +8,7 @@ import torch
 
 from flexlamps.engine.batch.generate import generate
 from flexlamps.engine.batch.sampling import SamplingParams
-from flexlamps.engine.executors import offloaded
+from flexlamps.engine.executors import weight_store
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
@@ -121,7 +121,7 @@ def test_a_folder_written_in_another_4bit_form_is_rebuilt(tiny_models, tmp_path,
         return ex.reused_disk
 
     with monkeypatch.context() as m:
-        m.setattr(offloaded, "int4_format_tag", lambda device: "int4-v0|an older layout")
+        m.setattr(weight_store, "int4_format_tag", lambda device: "int4-v0|an older layout")
         assert not run()
     assert not run()  # another form: rebuilt (its files deleted as its index lists them)
     assert run()

@@ -39,7 +39,7 @@ def test_split_tables_generate_exactly_as_in_memory(tiny_models, kind, tmp_path)
     # on the CPU, as the in-memory engine: bit identity is the CPU's guarantee (cuBLAS picks kernels by shape)
     ex = OffloadExecutor(reader, policy, gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off", dtype=torch.float32,
                          device=torch.device("cpu"))
-    ex.HEAD_CHUNK_ROWS = 40  # several vocab chunks in every piece
+    ex.sweep.head_chunk_rows = 40  # several vocab chunks in every piece
     assert set(ex.table_pieces) == ({"embed_tokens", "lm_head"} if kind == "llama_gqa" else {"embed_tokens"})
     for pieces in ex.table_pieces.values():
         _check_pieces(pieces, vocab)

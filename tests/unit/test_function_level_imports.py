@@ -23,7 +23,6 @@ REASON = re.compile(r"#\s*lazy \((cycle|torch|extra)\):")
 # reason comments are asked for once an entry is removed (when its rewrite lands).
 IN_REWRITE = {
     "flexlamps/engine/executors/charges.py": 9,
-    "flexlamps/engine/executors/offloaded.py": 7,
 }
 
 

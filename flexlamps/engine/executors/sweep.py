@@ -1,0 +1,265 @@
+"""One sweep of the offload executor: a list of micro-batches (prefills and decodes mixed) through
+the model layer by layer over a `WeightStore`, in FlexGen's zig-zag order: while layer j computes
+on every micro-batch, layer j+1's weights load on a worker thread, so each layer's I/O is paid
+once per sweep for the whole block and hidden behind compute. Every charge to the tier budgets is
+the one `PlacementCharges` computes on paper (the dry run's)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from flexlamps.engine.caches.tiered import TieredKVCache
+from flexlamps.engine.executors.charges import HEAD_CHUNK_ROWS, workspace_bytes
+from flexlamps.engine.executors.expert_weights import RoutedExpertLoads
+from flexlamps.engine.executors.split_tables import HeadReads, gather_rows, head_chunks
+from flexlamps.engine.executors.step import Step
+from flexlamps.engine.executors.weight_store import WeightStore, element_bytes
+from flexlamps.models.blocks.linear import Int4Twin, as_logits_head, linear
+from quant.int4_weight import Int4Weight
+
+
+@dataclass
+class SweepProfile:
+    """Per layer: wall time, time spent waiting for its weights, compute time, and how long its
+    weight load took on the I/O thread. Perfect overlap makes wall == max(io, compute).
+    `sweep_s`: the whole sweep, embeddings and output head included; `prefill`: it had a prompt."""
+    sweep_s: float = 0.0
+    prefill: bool = False
+    layer_s: list[float] = field(default_factory=list)
+    io_wait_s: list[float] = field(default_factory=list)
+    compute_s: list[float] = field(default_factory=list)
+    io_s: list[float] = field(default_factory=list)
+
+
+class Sweep:
+    """Runs micro-batches over `weights` with the model's forward `fwd`, charging `budgets`.
+    `record_profile`: every sweep appends a SweepProfile to `profiles`; `routing_counter`: a
+    RoutingCounter told every MoE layer's routing, when set; `head_chunk_rows`: vocab rows of the
+    output head multiplied at once (within a piece)."""
+
+    def __init__(self, weights: WeightStore, fwd, budgets: dict, device: torch.device):
+        self.weights, self.fwd, self.budgets, self.device = weights, fwd, budgets, device
+        self.cfg, self.policy, self.dtype, self.charges = weights.cfg, weights.policy, weights.dtype, weights.charges
+        self.model_spec = weights.charges.model_spec
+        self.head_chunk_rows = HEAD_CHUNK_ROWS
+        self.record_profile = False
+        self.profiles: list[SweepProfile] = []
+        self.routing_counter = None
+
+    def _embed(self, glob: dict, step: Step) -> torch.Tensor:
+        ids = step.input_ids
+        uniq, remapped = torch.unique(ids, return_inverse=True)
+        rows, staged = gather_rows(self.weights.store, self.weights.table_pieces["embed_tokens"], uniq)
+        try:
+            return self.fwd.embed({**glob, "embed_tokens": rows}, remapped.to(self.device), step.positions.to(self.device))
+        finally:
+            self.weights.store.release(staged)
+
+    def _logits(self, hs: list[torch.Tensor], limit=None) -> list[torch.Tensor]:
+        """Each micro-batch's logits, in vocab chunks within one piece of the head (read from one
+        tier): a chunk is read once a sweep, as the planner prices it, and multiplied by each
+        micro-batch's rows in turn (each product as it would be alone), one chunk of logits held
+        on the compute device at a time; the next chunk read meanwhile where the gpu tier stays
+        under `limit()` (the sweep's charged peak, asked only when a chunk could be read ahead;
+        None: its capacity)."""
+        outs = [torch.empty((*h.shape[:-1], self.cfg.vocab_size), dtype=torch.float32) for h in hs]
+        coded = self.charges.keeps_codes(self.weights.head_pieces[0].name)  # read a piece at a time
+        chunk_rows = self.charges.head_chunk_rows if coded else self.head_chunk_rows
+        chunks = list(head_chunks(self.weights.head_pieces, chunk_rows))
+        widest = max(stop - start for _, start, stop in chunks)
+        chunk_bytes = max(h.numel() // h.shape[-1] for h in hs) * widest * element_bytes(self.dtype)
+        self.budgets["gpu"].allocate(chunk_bytes, "logits of one vocab chunk")
+        row_bytes = self.cfg.hidden_size * element_bytes(self.dtype)
+        reads = HeadReads(self.weights.store, self.budgets["gpu"], chunks, row_bytes, limit)
+        try:
+            for i, (_, start, stop) in enumerate(chunks):
+                w, staged = reads.take(i)
+                try:
+                    for h, out in zip(hs, outs):  # rows on the compute device one micro-batch at a time
+                        out[..., start:stop] = linear(h.to(self.device), as_logits_head(w)).float().cpu()
+                finally:
+                    self.weights.store.release(staged)
+        finally:
+            reads.close()
+            self.budgets["gpu"].free(chunk_bytes)
+        return outs
+
+    def _workspace_bytes(self, step: Step, span: int) -> int:
+        n, t = step.input_ids.shape
+        return workspace_bytes(self.model_spec, n, t, span, element_bytes(self.dtype))
+
+    @torch.inference_mode()
+    def forward_steps(self, cache: TieredKVCache, steps: list[Step]) -> list[torch.Tensor]:
+        """Run the micro-batches in one sweep. Decode micro-batches are merged into one when the
+        policy says so (`merge_decode`, the planner's default) and the merged one's workspace
+        fits the gpu budget: on hardware where small GEMMs are slow (a CPU) that is much
+        faster, and the cache still moves per row only."""
+        merged, sizes = self._merge_decodes(steps)
+        if merged is None:
+            return self._sweep(cache, steps)
+        outs = self._sweep(cache, [merged] + [s for s in steps if s.input_ids.shape[1] != 1])
+        decode_out = list(outs[0].split(sizes))
+        rest = iter(outs[1:])
+        return [decode_out.pop(0) if s.input_ids.shape[1] == 1 else next(rest) for s in steps]
+
+    def _merge_decodes(self, steps: list[Step]):
+        if not self.policy.merge_decode:
+            return None, None
+        decodes = [s for s in steps if s.input_ids.shape[1] == 1 and s.logit_rows is not None and s.segments is None
+                   and s.cache_positions is None and s.logit_rows.dim() == 1]
+        if len(decodes) < 2 or len(decodes) != sum(s.input_ids.shape[1] == 1 for s in steps):
+            return None, None
+        merged = Step(torch.cat([s.input_ids for s in decodes]), torch.cat([s.positions for s in decodes]),
+                      torch.cat([s.slots for s in decodes]), torch.cat([s.logit_rows for s in decodes]))
+        span = int(merged.positions.max()) + 1
+        need = self.charges.sweep_gpu_peak([(len(merged.slots), 1, span)])  # a latent pool's misses included
+        if need > self.budgets["gpu"].free_bytes:
+            return None, None
+        return merged, [len(s.slots) for s in decodes]
+
+    def _sweep(self, cache: TieredKVCache, steps: list[Step]) -> list[torch.Tensor]:
+        cfg, fwd, store = self.cfg, self.fwd, self.weights.store
+        prof = SweepProfile(prefill=any(s.input_ids.shape[1] > 1 for s in steps)) if self.record_profile else None
+        t_sweep = time.perf_counter()
+        glob_fetched, glob_staged = store.fetch(self.weights.small_global_names)
+        glob = self.weights.layer_weights(glob_fetched)[0]
+        act_tier = "cpu" if self.policy.activations.cpu == 1 else "gpu"  # one tier (CAPABILITIES)
+        hidden, ctxs, act_bytes, pending = [], [], 0, None
+        # what the dry run charges this sweep at most: reads ahead stay under it (a walk over every
+        # layer's charges, so only worked out when the head has a chunk to read ahead)
+        base, shapes = self.budgets["gpu"].used_bytes, [(s.input_ids.shape[0], s.input_ids.shape[1], s.span)
+                                                        for s in steps]
+
+        def peak_limit() -> int:
+            return base + self.charges.sweep_gpu_peak(shapes)
+        try:
+            for s in steps:
+                x = self._embed(glob, s)
+                nb = x.numel() * x.element_size()
+                self.budgets[act_tier].allocate(nb, f"activations ({act_tier})")
+                act_bytes += nb
+                hidden.append(x.to("cpu") if act_tier == "cpu" else x)
+                ctxs.append((fwd.step_context(s.positions.to(self.device), self.dtype), self._attend_kwargs(cache, s)))
+            pending = self.weights.fetch_timed(0) if cfg.num_layers else None
+            for j in range(cfg.num_layers):
+                t0 = time.perf_counter()
+                (fetched, staged, io_s, done), pending = pending.result(), None
+                self.weights.copies.hand_over(done, fetched.values())
+                t_io = time.perf_counter()
+                twin_bytes = self._reserve_int4_twins(j, steps)  # before the next layer's staging
+                pending = self.weights.fetch_timed(j + 1) if j + 1 < cfg.num_layers else None
+                try:
+                    self._run_layer(j, fetched, steps, hidden, ctxs, cache, act_tier, twin_bytes)
+                finally:
+                    store.release(staged)
+                if prof is not None:
+                    t1 = time.perf_counter()
+                    prof.layer_s.append(t1 - t0)
+                    prof.io_wait_s.append(t_io - t0)
+                    prof.compute_s.append(t1 - t_io)
+                    prof.io_s.append(io_s)
+            for k, s in enumerate(steps):  # each replaces its hidden states, on their tier
+                x = fwd.final_hidden(glob, s.pick_logit_rows(hidden[k].to(self.device)))
+                hidden[k] = x.to("cpu") if act_tier == "cpu" else x
+            outs = [fwd.finish_logits(logits) for logits in self._logits(hidden, peak_limit)]
+            if prof is not None:
+                prof.sweep_s = time.perf_counter() - t_sweep
+                self.profiles.append(prof)
+            return outs
+        finally:
+            if pending is not None and pending.exception() is None:  # a layer raised: its next was read
+                store.release(pending.result()[1])
+            if act_bytes:
+                self.budgets[act_tier].free(act_bytes)
+            store.release(glob_staged)
+
+    def _run_layer(self, j: int, fetched: dict, steps: list[Step], hidden: list, ctxs: list, cache,
+                   act_tier: str, twin_bytes: int) -> None:
+        """Layer j over every micro-batch (hidden[k] replaced by its output), its decompressed
+        weights charged to the gpu tier meanwhile (`twin_bytes`: its 4-bit matrices' dense
+        copies for the sweep, already charged; 0: dequantized per call)."""
+        w, dense_bytes = self.weights.layer_weights(fetched)
+        # each dense copy is made (and prepacked) on its first call (`Int4Twin.dense`)
+        twin = (lambda m: Int4Twin(m) if isinstance(m, Int4Weight) else m) \
+            if twin_bytes else (lambda m: m)
+        w = {name: twin(m) for name, m in w.items()}
+        loads = self._expert_loads(j, twin)
+        if loads is not None:
+            w = loads.mapping(w, self.weights.local, self.routing_counter)
+        charged = 0
+        try:
+            if not twin_bytes:  # inside models.linear: 4-bit matrices dequantized per call
+                dense_bytes += self.charges.int4_decompressed(j, max(s.input_ids.numel() for s in steps))
+            dense_bytes += self.charges.fp8_upcast(j)  # FP8 matrices upcast per call
+            self.budgets["gpu"].allocate(dense_bytes, f"layer {j} weights decompressed")
+            charged = dense_bytes
+            for k, s in enumerate(steps):
+                hidden[k] = self._layer_step(j, w, s, hidden[k], ctxs[k], cache, act_tier)
+        finally:
+            if loads is not None:
+                loads.finish()
+                charged += loads.charged
+            self.budgets["gpu"].free(charged + twin_bytes)
+
+    def _expert_loads(self, j: int, twin) -> RoutedExpertLoads | None:
+        """Layer j's routed experts, fetched as the forward reads them; None: it has none."""
+        if j not in self.weights.experts:
+            return None
+
+        def convert(fetched):
+            w, dense_bytes = self.weights.layer_weights(fetched)
+            self.budgets["gpu"].allocate(dense_bytes, f"layer {j} experts decompressed")
+            return {name: twin(m) for name, m in w.items()}, dense_bytes
+
+        return RoutedExpertLoads(self.weights.store, self.weights.expert_cache, j, self.weights.experts[j], convert,
+                                 self.policy.cpu_expert_tokens, self.weights.cpu_expert_reads, self.policy.expert_group)
+
+    def _reserve_int4_twins(self, j: int, steps: list[Step]) -> int:
+        """When several of the sweep's calls take a 4-bit matrix's dense path (prompt chunks of
+        INT4_DENSE_FROM_ROWS rows or more), layer j's matrices are dequantized (and prepacked)
+        once for all of them instead of once a call: the same values, so the same bits. Taken
+        where the layer's whole need with them (`PlacementCharges.layer_need`: the next layer's
+        staging included, which is why this runs before that prefetch) fits the gpu tier, as
+        the dry run decides it; the planner reserves it. Returns the bytes charged (0: per call)."""
+        shapes = [(s.input_ids.shape[0], s.input_ids.shape[1], s.span) for s in steps]
+        need = self.charges.int4_twins_bytes(j)
+        if (not need or not self.charges.wants_int4_twins(shapes)
+                or self.charges.layer_need(j, shapes, True) > self.budgets["gpu"].free_bytes):
+            return 0
+        self.budgets["gpu"].allocate(need, f"layer {j} 4-bit weights dequantized for the sweep")
+        return need
+
+    @staticmethod
+    def _attend_kwargs(cache, step: Step) -> dict:
+        """`attend_fn`'s keywords for a step, the same for all its layers: the step's geometry
+        (mask, span, rows per device), computed once, where the cache offers it."""
+        if hasattr(cache, "step_geometry"):
+            return {"geometry": cache.step_geometry(step.slots, step.write_positions, **step.geometry_kwargs)}
+        return step.mask_kwargs
+
+    def _layer_step(self, j: int, w: dict, step: Step, x, ctx, cache, act_tier: str):
+        """Layer j over one micro-batch, its workspace charged to the gpu tier meanwhile;
+        `ctx`: (the step's rotary tables, its `attend_fn` keywords), from `_sweep`."""
+        rope, attend_kwargs = ctx
+        geometry = attend_kwargs.get("geometry")
+        ws = self._workspace_bytes(step, geometry.span if geometry is not None else step.span)
+        self.budgets["gpu"].allocate(ws, "compute workspace")
+        try:
+            x = self.fwd.layer(w, x.to(self.device), rope,
+                               cache.attend_fn(j, step.slots, step.write_positions, **attend_kwargs), j)
+            return x.to("cpu") if act_tier == "cpu" else x
+        finally:
+            self.budgets["gpu"].free(ws)
+
+    def overlap_report(self) -> dict[str, float]:
+        """Steady-state (all sweeps but the first) per-layer wall time vs max(I/O, compute)."""
+        sweeps = self.profiles[1:] or self.profiles
+        wall = sum(sum(p.layer_s) for p in sweeps)
+        bound = sum(max(io, c) for p in sweeps for io, c in zip(p.io_s, p.compute_s))
+        io = sum(sum(p.io_s) for p in sweeps)
+        compute = sum(sum(p.compute_s) for p in sweeps)
+        return {"sweeps": len(sweeps), "wall_s": wall, "io_s": io, "compute_s": compute,
+                "max_io_compute_s": bound, "ratio": wall / bound if bound else float("nan")}
