@@ -25,6 +25,7 @@ from flexlamps.engine.caches.window import layer_rings
 from flexlamps.engine.executors.charges import (PlacementCharges, int4_weights, kv_quant_config, weight_bits,
                                                 with_backend)
 from flexlamps.engine.executors.offloaded import CAPABILITIES
+from flexlamps.models.config import ModelConfig
 from offload import TierBudget
 from placement.specs import prompt_columns
 
@@ -61,9 +62,9 @@ def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem:
     if unsupported:
         raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(unsupported)})")
     policy = with_backend(policy, weight_quant)
-    run = PlacementCharges(hf_config, policy, dtype, latent_fp8=latent_fp8, fused_int4=fused_int4, routing=routing,
-                           model_spec=model_spec, int4=int4_weights(policy, weight_quant),
-                           weight_bits=weight_bits(policy, weight_quant), config=config)
+    run = PlacementCharges(config or ModelConfig.from_hf(hf_config), policy, dtype, latent_fp8=latent_fp8,
+                           fused_int4=fused_int4, routing=routing, model_spec=model_spec,
+                           int4=int4_weights(policy, weight_quant), weight_bits=weight_bits(policy, weight_quant))
     budgets = {"gpu": TierBudget("gpu", gpu_mem), "cpu": TierBudget("cpu", cpu_mem)}
     for name, tier in run.tiers.items():  # each weight, each piece of a split table
         if tier != "disk":

@@ -22,7 +22,7 @@ from flexlamps.engine.executors.stored_weights import StoredWeights
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, pack
 from flexlamps.models.blocks.weight_kind import kind_of
-from flexlamps.models.description import model_spec_from_hf
+from flexlamps.models import description
 from flexlamps.models.loading.in_place import TIED_HEAD
 from flexlamps.models.weight_specs import WeightSpec
 from offload import compute_device, tensor_bytes
@@ -112,23 +112,23 @@ class PlacementCharges:
     `fused_int4`: whether the device multiplies 4-bit weights in place in `dtype` (default: as
     torch's kernels do on `device_type`; a planned GPU says it, `placement.int4_runs_in_place`);
     `routing`: a MoE model's `placement.routing.RoutingProfile` (hottest experts placed first);
-    `model_spec`, `config`: the run's `placement.ModelSpec` and `ModelConfig` (default: built from
-    `hf_config`); `weight_bits`: the compressed weights' bits (default: the policy's;
+    `model_spec`: the run's `placement.ModelSpec` (default: `config`'s table, `models.description`);
+    `weight_bits`: the compressed weights' bits (default: the policy's;
     `--weight-quant groupwise8`: 8); `in_place`: {name: a matrix in the form the checkpoint's
     blocks are kept in} (`models.loading.in_place`: a GGUF's codes; a tied head under "lm_head"),
     each stored so and charged its kind's `stored_bytes`."""
 
-    def __init__(self, hf_config: dict, policy: placement.Policy, dtype: torch.dtype, *,
+    def __init__(self, config: ModelConfig, policy: placement.Policy, dtype: torch.dtype, *,
                  int4: bool | None = None, device_type: str | None = None, stores_fp8=None,
                  latent_fp8: bool = False, fused_int4: bool | None = None, stores_mxfp4=None, routing=None,
                  model_spec: placement.ModelSpec | None = None, weight_bits: int | None = None,
-                 config: ModelConfig | None = None, in_place: dict | None = None):
-        self.cfg = cfg = config or ModelConfig.from_hf(hf_config)
+                 in_place: dict | None = None):
+        self.cfg = cfg = config
         self.latent_fp8 = latent_fp8  # an MLA latent cache in ESS's FP8 records (656 B for V3.2)
         if cfg.mla is not None and (policy.compress_cache or policy.cpu_attention):
             raise ValueError(f"{cfg.model_type}'s latent cache is stored as it is and attended on the gpu tier: "
                              "give a policy without compress_cache and cpu_attention (or --placement auto)")
-        self.model_spec = model_spec or model_spec_from_hf(hf_config)  # the run plan's, built once
+        self.model_spec = model_spec or description.model_spec(cfg)  # the run plan's, built once
         self.policy, self.dtype = policy, dtype
         self.weight_bits = weight_bits or policy.compression.num_bits
         self.dtype_bytes = torch.empty((), dtype=dtype).element_size()

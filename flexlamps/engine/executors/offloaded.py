@@ -92,11 +92,11 @@ class OffloadExecutor:
         if routing is None:
             routing = cached_routing(reader)
         in_place, samples = in_place_samples(reader, dtype)
-        self.charges = PlacementCharges(reader.hf_config, policy, dtype, int4=int4, device_type=self.device.type,
+        self.charges = PlacementCharges(cfg, policy, dtype, int4=int4, device_type=self.device.type,
                                         stores_fp8=getattr(reader, "stores_fp8", None), latent_fp8=latent_fp8,
                                         stores_mxfp4=getattr(reader, "stores_mxfp4", None), routing=routing,
                                         model_spec=model_spec, weight_bits=weight_bits(policy, weight_quant),
-                                        config=cfg, in_place=samples)
+                                        in_place=samples)
         self.model_spec = self.charges.model_spec
         self.weights = WeightStore(reader, self.charges, self.budgets, self.device, in_place=in_place, qcfg=self.qcfg,
                                    weight_quantizer=self.weight_quantizer, int4=int4, offload_dir=offload_dir,
