@@ -7,6 +7,7 @@ from click.testing import CliRunner
 
 from flexlamps import LLM, SamplingParams
 from flexlamps.cli import main
+import placement
 from placement import Policy, TierSplit
 
 G = TierSplit(gpu=1, cpu=0, disk=0)
@@ -20,7 +21,12 @@ def agreement(a: list[int], b: list[int]) -> float:
     return sum(x == y for x, y in zip(a, b)) / n if n else 1.0
 
 
-def test_cli_generates_with_compression(tiny_llama, tmp_path):
+def test_cli_generates_with_compression(tiny_llama, tmp_path, monkeypatch):
+    import flexlamps.hardware.cache
+
+    # planned on a preset machine: measuring this one (test_placement_cli's job) took most of this
+    # test's time (166 of 167 s in a full run), and compression is what this test checks
+    monkeypatch.setattr(flexlamps.hardware.cache, "machine_profile", lambda *a, **k: placement.hardware_preset("rtx3090"))
     prompts = tmp_path / "in.jsonl"
     prompts.write_text("\n".join(json.dumps({"id": i, "prompt": p}) for i, p in enumerate(PROMPTS)) + "\n")
     res = CliRunner().invoke(main, ["generate", "--model", str(tiny_llama), "--prompts", str(prompts), "--out",
