@@ -27,8 +27,8 @@ def plan_policy(hf_config: dict, dtype: torch.dtype, hardware: HardwareSpec, *, 
                 model: ModelSpec | None = None, weight_quant: str | None = None, config=None,
                 logits_per_row: int = 1) -> Plan:
     """The planner's policy for this run at the user's budgets, checked once by the executor's dry
-    run: the planner's memory rows charge what the engine charges (the property tests hold them
-    within 10% of the dry run's peaks; #47's 2% is not met yet), and it plans for 90% of a tier, so
+    run: the planner's memory rows charge what the engine charges (the property tests hold dense
+    models' peaks to the dry run's within 2%, MoE and MLA within 10%), and it plans for 90% of a tier, so
     a plan it accepts runs; one the engine would still refuse is an error naming the tier, never
     re-planned.
     `prompt_len`: the longest prompt (the cache holds it); `prefix_len`: a prefix shared by the

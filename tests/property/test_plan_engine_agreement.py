@@ -137,9 +137,6 @@ def test_plans_pass_the_engines_dry_run_500_cases(case):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="#47's bar, not met yet: the planner counts a call's hidden in/out "
-                   "(2 x rows x hidden) the engine does not charge (+152 MB, 6.8%, on a 3584-wide llama at 64x145 "
-                   "rows), and misses part of a 4-bit prefill's gpu working set (-55 MB, 6.6%, on an OPT)")
 @settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
 @given(_cases())
 def test_predicted_peaks_are_the_dry_runs_within_2_percent_500_cases(case):
