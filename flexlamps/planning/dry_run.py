@@ -24,7 +24,7 @@ from flexlamps.engine.caches.tiered import layer_bytes
 from flexlamps.engine.caches.window import layer_rings
 from flexlamps.engine.executors.charges import (PlacementCharges, int4_weights, kv_quant_config, weight_bits,
                                                 with_backend)
-from flexlamps.engine.executors.offloaded import CAPABILITIES
+from flexlamps.engine.executors.offloaded import unsupported
 from flexlamps.models.config import ModelConfig
 from offload import TierBudget
 from placement.specs import prompt_columns
@@ -58,11 +58,11 @@ def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem:
         ValueError: the executor would not run the policy as planned (see CAPABILITIES).
         BudgetExceededError: a charge does not fit its tier, as in a real run.
     """
-    unsupported = CAPABILITIES.unsupported(policy)
-    if unsupported:
-        raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(unsupported)})")
+    config = config or ModelConfig.from_hf(hf_config)
+    if problems := unsupported(policy, config):
+        raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(problems)})")
     policy = with_backend(policy, weight_quant)
-    run = PlacementCharges(config or ModelConfig.from_hf(hf_config), policy, dtype, latent_fp8=latent_fp8,
+    run = PlacementCharges(config, policy, dtype, latent_fp8=latent_fp8,
                            fused_int4=fused_int4, routing=routing, model_spec=model_spec,
                            int4=int4_weights(policy, weight_quant), weight_bits=weight_bits(policy, weight_quant))
     budgets = {"gpu": TierBudget("gpu", gpu_mem), "cpu": TierBudget("cpu", cpu_mem)}

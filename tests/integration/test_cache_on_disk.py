@@ -2,11 +2,15 @@
 paged by the OS, charged to no memory budget. The text equals the in-memory engine's:
 `test_offload_engine.py`'s `cache_disk_*` tier mixes."""
 
+import json
+
+import pytest
 import torch
 
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
 from flexlamps.models.loading.registry import open_checkpoint
+from flexlamps.planning.dry_run import dry_run
 from placement import Policy, TierSplit
 
 GiB = 2**30
@@ -42,3 +46,16 @@ def test_a_compressed_cache_on_disk_holds_the_same_codes_as_on_the_cpu_tier(tiny
         outs.append(ex.forward_steps(cache, steps) + ex.forward_steps(cache, decode))
         ex.close()
     assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+def test_an_mla_latent_cache_on_disk_is_refused_by_the_executor_and_its_dry_run(deepseek_models, tmp_path):
+    """The executor keeps a latent cache in memory; the dry run (what `plan_policy` trusts) must refuse
+    the same policy, not charge it as a KV cache on disk and call it feasible."""
+    folder = deepseek_models["deepseek_v3"]
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=ALL_GPU, cache=TierSplit(gpu=0, cpu=0.5, disk=0.5),
+                    activations=ALL_GPU)
+    with pytest.raises(ValueError, match="latent cache or a DeltaNet state on disk"):
+        OffloadExecutor(open_checkpoint(folder), policy, gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
+    with pytest.raises(ValueError, match="latent cache or a DeltaNet state on disk"):
+        dry_run(json.loads((folder / "config.json").read_text()), policy, gpu_mem=GiB, cpu_mem=GiB,
+                prompt_len=8, gen_len=4)

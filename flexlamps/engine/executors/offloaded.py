@@ -46,9 +46,9 @@ CAPABILITIES = placement.EngineCapabilities(
     int4_in_place_below_rows=INT4_DENSE_FROM_ROWS)
 
 
-def _unsupported(policy, cfg) -> list[str]:
+def unsupported(policy, cfg) -> list[str]:
     """What in `policy` this executor would not run as planned: CAPABILITIES', and a cache it keeps
-    in memory put on disk (an MLA latent cache, a DeltaNet state)."""
+    in memory put on disk (an MLA latent cache, a DeltaNet state). The dry run asks the same."""
     problems = CAPABILITIES.unsupported(policy)
     if policy.cache.disk > 0 and cfg is not None and (cfg.mla is not None or cfg.hybrid is not None):
         problems.append("an MLA latent cache or a DeltaNet state on disk")
@@ -70,8 +70,8 @@ class OffloadExecutor:
         model's `placement.routing.RoutingProfile`, hottest experts on the fastest tier
         (default: the one `flexlamps profile --prompts` cached for this checkpoint, if any).
         `model_spec`: the run's `placement.ModelSpec` (the run plan's; default: built from the config)."""
-        if unsupported := _unsupported(policy, getattr(reader, "config", None)):
-            raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(unsupported)}); "
+        if problems := unsupported(policy, getattr(reader, "config", None)):
+            raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(problems)}); "
                              "use --placement auto or a policy from `flexlamps plan`")
         self.cfg = cfg = reader.config
         self.dtype = dtype
