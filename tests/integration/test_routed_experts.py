@@ -121,11 +121,11 @@ def test_a_forward_that_raises_mid_layer_leaves_no_expert_staged(reader, tmp_pat
     before = ex.budgets["gpu"].used_bytes  # the weights and the cache
     real, calls = moe._expert, []
 
-    def failing(x, w, e, cfg):
+    def failing(x, w, e, cfg, phase):
         calls.append(e)
         if len(calls) == 2:
             raise RuntimeError("expert failed")
-        return real(x, w, e, cfg)
+        return real(x, w, e, cfg, phase)
     monkeypatch.setattr(moe, "_expert", failing)
     try:
         with pytest.raises(RuntimeError, match="expert failed"):

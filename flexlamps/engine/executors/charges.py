@@ -139,6 +139,7 @@ class PlacementCharges:
                                      cfg.storage.fp8_block, stores_fp8, cfg.storage.mxfp4,
                                      stores_mxfp4)
         self.in_place = dict(in_place or {})
+        self._layer_memo: dict[tuple[str, int], int] = {}  # `_per_layer`
         self.specs = self.weights.specs  # as stored: 4-bit q/k/v and gate/up stacked
         if TIED_HEAD in self.in_place and all(s.name != TIED_HEAD for s in self.specs):  # beside the table
             self.specs.append(WeightSpec(TIED_HEAD, next(s.shape for s in self.specs if s.name == "embed_tokens"),
@@ -242,9 +243,19 @@ class PlacementCharges:
         as `int4_decompressed` says."""
         return self._expanded_whole(layer) + self.int4_decompressed(layer, rows)
 
+    def _per_layer(self, what: str, layer: int, compute) -> int:
+        """A layer's figure that depends on the placement only, computed once: the executor asks
+        for the sweep's peak every step, and each figure scans every weight's spec."""
+        if (what, layer) not in self._layer_memo:
+            self._layer_memo[what, layer] = compute()
+        return self._layer_memo[what, layer]
+
     def _expanded_whole(self, layer: int) -> int:
         """Bytes of a layer's weights expanded for its whole run: compressed forms other than
         Int4Weight, and the FP8 matrices upcast at once (`fp8_upcast`)."""
+        return self._per_layer("expanded", layer, lambda: self._expanded_whole_now(layer))
+
+    def _expanded_whole_now(self, layer: int) -> int:
         others = sum(s.numel for s in self.specs
                      if s.layer == layer and self.compressed(s) and not self.weights.is_int4(s))
         return others * self.dtype_bytes + self.fp8_upcast(layer)
@@ -253,6 +264,9 @@ class PlacementCharges:
         """Most bytes a layer's FP8 (and MXFP4) matrices hold upcast at once: `models.linear` upcasts one per
         call, and an absorbed one (MLA's kv_b_proj) stays upcast through the attention, while
         other calls run (the indexer's): the largest of each kind."""
+        return self._per_layer("fp8", layer, lambda: self._fp8_upcast_now(layer))
+
+    def _fp8_upcast_now(self, layer: int) -> int:
         fp8 = [s for s in self.specs if s.layer == layer and self.kept_class(s) is not None]
         absorbed = max((s.numel for s in fp8 if s.role == "absorbed"), default=0)
         called = max((s.numel for s in fp8 if s.role != "absorbed"), default=0)
@@ -263,6 +277,9 @@ class PlacementCharges:
         its dense path: `rows` at least INT4_DENSE_FROM_ROWS, activations the kernel does not
         take (fp32), or no kernel for the shape)."""
         dense_rows = rows >= INT4_DENSE_FROM_ROWS or not self.fused_int4
+        return self._per_layer(f"int4 dense {dense_rows}", layer, lambda: self._int4_dense_now(layer, dense_rows))
+
+    def _int4_dense_now(self, layer: int, dense_rows: bool) -> int:
         dense_path = [s.numel for s in self.specs if s.layer == layer and self.compressed(s)
                       and self.weights.is_int4(s) and (dense_rows or self.weights.dense_on_call(s))]
         return max(dense_path, default=0) * self.dtype_bytes
@@ -271,6 +288,9 @@ class PlacementCharges:
         """What the executor holds when it dequantizes a layer's 4-bit matrices once for a
         sweep's prompt chunks (`OffloadExecutor._int4_twins`): all of them dense, plus one
         matrix's transient copy before it is prepacked."""
+        return self._per_layer("twins", layer, lambda: self._int4_twins_now(layer))
+
+    def _int4_twins_now(self, layer: int) -> int:
         sizes = [s.numel for s in self.specs if s.layer == layer and self.compressed(s) and self.weights.is_int4(s)]
         return (sum(sizes) + max(sizes, default=0)) * self.dtype_bytes
 

@@ -13,10 +13,15 @@ as transformers' loop does, on the device its weights are on.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from flexlamps.models.blocks.activation import sigmoid, silu
+from flexlamps.models.blocks.dense_gemm import fast_dense_gemm
 from flexlamps.models.blocks.linear import linear, unpack
+from flexlamps.models.blocks.mla import rows_product
+from flexlamps.models.blocks.weight_kind import Phase, phase_of
 from flexlamps.models.moe_config import FP32_ROUTERS, MoEConfig
 
 
@@ -77,8 +82,8 @@ def route(x: torch.Tensor, w: dict[str, torch.Tensor], cfg: MoEConfig) -> tuple[
     return weights, indices
 
 
-def swiglu(x: torch.Tensor, gate, up, down) -> torch.Tensor:
-    return linear(silu(linear(x, gate), inplace=True) * linear(x, up), down)
+def swiglu(x: torch.Tensor, gate, up, down, product=linear) -> torch.Tensor:
+    return product(silu(product(x, gate), inplace=True) * product(x, up), down)
 
 
 def clamped_swiglu(x: torch.Tensor, w: dict[str, torch.Tensor], pre: str, cfg: MoEConfig) -> torch.Tensor:
@@ -89,28 +94,46 @@ def clamped_swiglu(x: torch.Tensor, w: dict[str, torch.Tensor], pre: str, cfg: M
     return linear((up + 1) * glu, w[pre + "down_proj"], w[pre + "down_bias"])
 
 
-def _expert(x: torch.Tensor, w: dict[str, torch.Tensor], e: int, cfg: MoEConfig) -> torch.Tensor:
-    """Expert e on its tokens x, computed where its weights are (an offloaded expert handed over
-    in host memory runs on the CPU: its tokens go there and its output comes back)."""
+def expert_linear(x: torch.Tensor, w, phase: Phase) -> torch.Tensor:
+    """x (m, in) @ w (out, in).T for a routed expert's m tokens in `phase`. A prompt's tokens on a
+    plain 16-bit matrix, on a CPU without a fast 16-bit GEMM (AVX2), multiply in fp32 and round
+    once (`mla.rows_product`, rows padded so a row's bits do not depend on m): torch's bf16 GEMM
+    there takes each row alone, 2.5-4x slower at 16-64 rows (768x2048 experts, 1 thread, Zen 2).
+    Decode keeps torch's: converting the matrix costs 4-6x its one-row product. Else `linear`."""
+    if (phase is Phase.DECODE or x.device.type != "cpu" or x.dtype == torch.float32
+            or type(w) is not torch.Tensor or w.is_mkldnn or fast_dense_gemm(x)):
+        return linear(x, w)
+    return rows_product(x, w.t())
+
+
+def _expert(x: torch.Tensor, w: dict[str, torch.Tensor], e: int, cfg: MoEConfig, phase: Phase) -> torch.Tensor:
+    """Expert e on its tokens x (in `phase`), computed where its weights are (an offloaded expert
+    handed over in host memory runs on the CPU: its tokens go there and its output comes back)."""
     pre = f"experts.{e}."
     where = getattr(w[pre + "down_proj"], "device", x.device)  # an Int4Twin is always on the CPU
     if where != x.device:
-        return _expert(x.to(where), w, e, cfg).to(x.device)
+        return _expert(x.to(where), w, e, cfg, phase).to(x.device)
     if cfg.experts == "clamped_swiglu":
         return clamped_swiglu(x, w, pre, cfg)
-    return swiglu(x, w[pre + "gate_proj"], w[pre + "up_proj"], w[pre + "down_proj"])
+    return swiglu(x, w[pre + "gate_proj"], w[pre + "up_proj"], w[pre + "down_proj"],
+                  functools.partial(expert_linear, phase=phase))
 
 
-def routed_experts(w, indices: torch.Tensor) -> list[int]:
-    """The experts `indices` route to, in order; `w` is told, with each one's token count,
-    where it takes the hint (`routed_to`: weights that load on demand fetch them together, a
-    profile counts them); a dict needs none."""
-    experts, counts = indices.unique(return_counts=True)
-    experts = experts.tolist()
+def routed_experts(w, indices: torch.Tensor) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """The experts `indices` (N, k) route to, in order, each with its picks' token rows and
+    their flat (token * k + slot) positions, in token order: one stable sort for all experts
+    (MoE-Gen's grouping), not a scan of `indices` per expert. `w` is told, with each expert's
+    token count, where it takes the hint (`routed_to`: weights that load on demand fetch them
+    together, a profile counts them); a dict needs none."""
+    flat = indices.reshape(-1)
+    order = flat.argsort(stable=True)  # by expert; within one, by token (the picks' flat order)
+    experts, counts = flat.unique(return_counts=True)
+    experts, counts = experts.tolist(), counts.tolist()
     routed_to = getattr(w, "routed_to", None)
     if routed_to is not None:
-        routed_to(dict(zip(experts, counts.tolist())))
-    return experts
+        routed_to(dict(zip(experts, counts)))
+    picks = order.split(counts)
+    return [(e, pick // indices.shape[1], pick) for e, pick in zip(experts, picks)]
 
 
 def moe_ffn(w: dict[str, torch.Tensor], x: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
@@ -120,11 +143,11 @@ def moe_ffn(w: dict[str, torch.Tensor], x: torch.Tensor, cfg: MoEConfig) -> torc
     weights, indices = route(flat, w, cfg)
     out = torch.zeros_like(flat)
     done = getattr(w, "expert_done", None)  # weights that stream experts take each back once used
+    pick_weights, phase = weights.reshape(-1, 1), phase_of(x)
     # each expert runs once on the tokens that chose it, in expert order
-    for expert in routed_experts(w, indices):
-        token_idx, slot_idx = torch.where(indices == expert)
-        y = _expert(flat[token_idx], w, expert, cfg)
-        out.index_add_(0, token_idx, (y * weights[token_idx, slot_idx, None]).to(out.dtype))
+    for expert, token_idx, pick in routed_experts(w, indices):
+        y = _expert(flat[token_idx], w, expert, cfg, phase)
+        out.index_add_(0, token_idx, (y * pick_weights[pick]).to(out.dtype))
         if done is not None:
             done(expert)
     out = out.view(shape)

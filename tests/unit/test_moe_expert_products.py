@@ -1,0 +1,57 @@
+"""A MoE layer's per-step costs on the CPU: routed tokens grouped per expert in one sort, a
+prompt's 16-bit expert products in fp32 where torch's 16-bit GEMM is slow, and the executor's
+per-step peak figures computed once per layer (bench: `scripts/bench_moe.py --small`)."""
+
+import pytest
+import torch
+
+import placement
+from flexlamps.engine.executors.charges import PlacementCharges
+from flexlamps.models.blocks import moe
+from flexlamps.models.blocks.linear import linear
+from flexlamps.models.blocks.weight_kind import Phase
+from flexlamps.models.config import ModelConfig
+
+from tests.unit.test_expert_groups import SMALL_MOE
+
+
+def test_tokens_are_grouped_per_expert_in_token_order_as_a_scan_per_expert_finds_them():
+    indices = torch.randint(0, 16, (40, 1)).expand(-1, 4) + torch.arange(4) * 3 % 16  # distinct per row
+    indices = indices % 16
+    told = {}
+    groups = moe.routed_experts(type("W", (), {"routed_to": lambda self, t: told.update(t)})(), indices)
+    assert [e for e, _, _ in groups] == sorted(set(indices.flatten().tolist()))
+    for expert, token_idx, pick in groups:
+        tokens, slots = torch.where(indices == expert)
+        assert torch.equal(token_idx, tokens) and torch.equal(pick, tokens * 4 + slots)
+        assert told[expert] == len(tokens)
+
+
+@pytest.mark.parametrize("phase", [Phase.PROMPT, Phase.DECODE])
+def test_a_rows_expert_product_is_the_same_bits_alone_or_among_others(phase):
+    torch.manual_seed(0)
+    w = torch.randn(96, 768).bfloat16()
+    x = torch.randn(9, 768).bfloat16()
+    together = moe.expert_linear(x, w, phase)
+    for i in (0, 4, 8):
+        assert torch.equal(moe.expert_linear(x[i:i + 1], w, phase), together[i:i + 1])
+        assert torch.equal(moe.expert_linear(x[i:i + 3], w, phase), together[i:i + 3])
+    if phase is Phase.DECODE:  # decode keeps the dense kind's product
+        assert torch.equal(together, linear(x, w))
+    else:  # a prompt's: fp32 products summed in fp32, rounded once
+        exact = (x.double() @ w.double().T)
+        assert (together.double() - exact).abs().max() <= (exact.abs().max() * 2 ** -7)
+
+
+def test_the_sweeps_peak_scans_the_weights_once_per_layer(monkeypatch):
+    on_cpu = placement.TierSplit(gpu=0.0, cpu=1.0, disk=0.0)
+    policy = placement.Policy(gpu_batch_size=4, num_gpu_batches=1, weights=on_cpu, cache=on_cpu,
+                              activations=on_cpu)
+    charges, fresh = (PlacementCharges(ModelConfig.from_hf(SMALL_MOE), policy, torch.bfloat16, device_type="cpu")
+                      for _ in range(2))
+    charges.sweep_gpu_peak([(4, 1, 20)])
+    expected = fresh.sweep_gpu_peak([(4, 1, 21)])
+    scans = []
+    monkeypatch.setattr(PlacementCharges, "kept_class", lambda self, spec: scans.append(spec) or None)
+    assert charges.sweep_gpu_peak([(4, 1, 21)]) == expected and charges.fp8_upcast(3) == 0
+    assert scans == []  # a decode step asks again for every layer: nothing scanned again
