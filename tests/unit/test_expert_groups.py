@@ -132,12 +132,15 @@ def test_a_job_of_many_prompts_shares_each_expert_read_among_as_many_sequences_a
     """`generate` plans a job with its prompt count as the most sequences in flight: on a model
     mostly on disk the planner puts as many sequences in one sweep as the cpu tier holds caches
     for, and prices what that buys: a decode step's expert reads shared by the block, a quarter
-    (or less) of the disk bytes a token of a block of 8 at the same placement."""
+    (or less) of the disk bytes a token of a block of 8 at the same placement. The caches kept in
+    memory (`plan --no-cache-on-disk`); with them allowed on disk the block grows past what the cpu
+    tier holds (`test_placement_moe_job.py`)."""
     model = model_spec_from_hf(SMALL_MOE)
     hw = dataclasses.replace(HW, gpu_mem_bytes=8 << 20, cpu_mem_bytes=48 << 20)
     job = placement.WorkloadSpec(prompt_len=128, gen_len=64)
+    in_memory = dataclasses.replace(placement.EngineCapabilities(), cache_on_disk=False)
     plan = placement.solve(model, hw, job, allow_weight_compression=False, allow_cache_compression=False,
-                           max_block_size=1000)
+                           max_block_size=1000, capabilities=in_memory)
     assert plan.policy.block_size >= 32 and plan.policy.weights.disk > 0.8 and plan.policy.cache.cpu == 1.0
     assert plan.peak_bytes["cpu"] > 0.8 * plan.budget_bytes["cpu"]  # the caches fill the memory
     eight = placement.evaluate(dataclasses.replace(plan.policy, gpu_batch_size=2, num_gpu_batches=4), model, hw, job)
