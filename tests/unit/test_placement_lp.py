@@ -12,7 +12,7 @@ from placement.choice import Choice
 from placement.cost import predict
 from placement.terms import build_terms
 from placement.lp import solve_fractions
-from placement.search import GPU_BATCH_SIZES, NUM_GPU_BATCHES, budgets_for, fraction_highs
+from placement.search import GPU_BATCH_SIZES, NUM_GPU_BATCHES, _cache_in_whole_layers, budgets_for, fraction_highs
 
 MODELS = ("opt-6.7b", "opt-30b", "llama-2-13b", "llama-3-8b", "smollm2-135m",
           "deepseek-v3.2-attn")
@@ -86,7 +86,8 @@ def test_lp_beats_the_brute_force_grid():
 
 
 def test_search_finds_the_best_enumerated_choice():
-    """Pruning never drops the optimum: compare with solving every grid point."""
+    """Pruning never drops the optimum: compare with solving every grid point, its cache in whole
+    layers per tier as the engine places it (and `solve` plans it)."""
     model = model_preset("llama-2-7b")
     hw = hardware_preset("rtx3090").with_memory(gpu_mem_bytes=8 << 30, cpu_mem_bytes=32 << 30)
     workload = WorkloadSpec(prompt_len=256, gen_len=64)
@@ -99,8 +100,10 @@ def test_search_finds_the_best_enumerated_choice():
             continue
         terms = build_terms(Choice(gpu_batch_size=gbs, num_gpu_batches=ngb, compress_cache=cache,
                                    cpu_attention=cpu_attn, merge_decode=merge), model, hw, workload)
-        for highs in fraction_highs(placement.EngineCapabilities()):  # what the engine runs
+        for highs in fraction_highs(placement.EngineCapabilities(), model):  # what the engine runs
             solution = solve_fractions(terms, budgets, [(0.0, high) for high in highs])
+            if solution is not None:
+                solution, _ = _cache_in_whole_layers(solution, terms, budgets, highs)
             if solution is not None:
                 best = max(best, terms.tokens_per_block / solution.total_s)
     assert plan.tokens_per_s == pytest.approx(best, rel=1e-6)
