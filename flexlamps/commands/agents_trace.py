@@ -76,12 +76,11 @@ def _bar(policy: str, qps: float, total: int):
 
 _VERIFY_LOW_PRECISION = (
     "note: in {} --verify compares each output with the same engine's own uninterrupted generation (its weights "
-    "and kernels; an in-memory run keeps 4-bit weights in another form). Exact equality would need kernels whose "
-    "rows do not depend on the step's shapes: oneDNN's bf16 GEMM is so on CPUs without AMX, but not with AMX (a row "
-    "may move by one bf16 rounding step), nor are 4-bit weights (another kernel from 128 rows) or bf16 attention "
-    "(torch's flash kernel: a token may move by a rounding step with the rows and chunks of its step); a near-tie "
-    "may then flip a token. Outputs that differ are listed. float32 (--dtype float32) is exact and is also checked "
-    "against the model all in memory.")
+    "and kernels; an in-memory run keeps 4-bit weights in another form). A row's arithmetic does not depend on the "
+    "rows or chunks sharing its step (models/blocks/weight_kind.py), so outputs are equal, except on CPUs with AMX, "
+    "where oneDNN picks its bf16 GEMM by row count and a row may move by one bf16 rounding step; a near-tie may "
+    "then flip a token. Outputs that differ are listed. float32 (--dtype float32) is also checked against the "
+    "model all in memory.")
 
 
 def _reference_executor(llm):

@@ -8,8 +8,8 @@ On the CPU an fp16 cache is held in fp32: the attention there computes in fp32 (
 models.attention), so it would otherwise convert every layer's keys and values at every decode
 step. The values held are the keys and values as computed, exactly (the wider type holds them
 all), so results do not change; the cache takes twice the bytes of the compute dtype. A bf16
-cache is held in bf16: bf16 attention runs torch's flash kernel on bf16 keys, and a decode step
-reads every cached key, so half the bytes is what it spends its time on.
+cache is held in bf16: bf16 attention reads bf16 keys (models.blocks.attention upcasts per block),
+and a decode step reads every cached key, so half the bytes is what it spends its time on.
 
 A sliding-window layer whose window is shorter than the capacity keeps a ring of its last
 `window` positions per row instead (caches.window), with the same results.
