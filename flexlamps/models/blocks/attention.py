@@ -17,7 +17,8 @@ up to ~4e-7 with the padded span or the chunk length), nor does a plain `softmax
 MKL's GEMM picks its kernel and its split of the reduction by shape. So every product here is
 given shapes under which MKL's per-element result is fixed, measured on this class of machine
 and asserted by tests/unit/test_attention_exact.py:
-- at least `MIN_ROWS` query rows per product (1-3 rows run another kernel; fewer are padded);
+- at least `MIN_ROWS` query rows per product (1-3 rows run another kernel; fewer are padded;
+  `row_products`, the rule every row-invariant product outside `linear` keeps);
 - keys in blocks of `KEY_BLOCK` for the product with the values (MKL splits a longer reduction
   at points that depend on its length), the blocks' partial results added in key order; a block
   past a query's last key holds probabilities of exactly 0 and adds exactly 0;
@@ -56,9 +57,9 @@ import torch
 import torch.nn.functional as F
 
 from flexlamps.kernels import attention as native_attention, loader
+from flexlamps.models.blocks.row_products import MIN_ROWS
 
 # NOTE(exact): the three shape rules above; changing them needs the exactness tests re-run.
-MIN_ROWS = 4  # MKL runs 1-3 query rows on another kernel, whose sums move with the step
 MIN_SPAN = 16  # softmax's vectorized sums add masked zeros lane by lane from 16 keys on; MKL's
 # product with fewer than 12 keys (columns) runs another kernel
 KEY_BLOCK = 128  # MKL splits a longer reduction with the values at points that depend on its length

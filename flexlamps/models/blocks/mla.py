@@ -17,7 +17,7 @@ in the same order everywhere and results agree bit for bit.
 Batch invariance (`weight_kind`'s rule): a row's bits depend on the row and its phase, never
 on the rows beside it. The per-head products with W_UK and W_UV run with the heads as the batch
 and every row of the step as a row of one GEMM per head (`head_products`), at least
-`attention.MIN_ROWS` rows (MKL runs 1-3 rows on another kernel); the attention over the
+`row_products.MIN_ROWS` rows (MKL runs 1-3 rows on another kernel); the attention over the
 entries is `attention.attention`'s exact path (MQA: one key head, the latent and its rotary key
 side by side as the key, the latent as the value), whose shape rules make a query's result
 independent of the step's other rows, its padded span and its chunk; the indexer's head-weighted
@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from flexlamps.models.blocks.attention import MIN_ROWS, MIN_SPAN, AttnOptions, attention
+from flexlamps.models.blocks.attention import MIN_SPAN, AttnOptions, attention
+from flexlamps.models.blocks.row_products import MIN_ROWS, rows_product
 
 
 @dataclass
@@ -55,19 +56,6 @@ class MLAStep:
     @property
     def is_sparse(self) -> bool:
         return self.index_topk > 0
-
-
-def rows_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """torch.matmul(a, b) with a's rows (dim -2) padded to MIN_ROWS: a row's result then takes
-    the same kernel and summation order however many rows share the product. bf16 / fp16 on the
-    CPU multiply in fp32 and round once: torch's 16-bit batched GEMM there is 2-10x slower than
-    converting both to fp32 (16 heads of 128 x 512, 1-32 rows, Zen 2)."""
-    rows, dtype = a.shape[-2], a.dtype
-    if a.device.type == "cpu" and dtype != torch.float32:
-        a, b = a.float(), b.float()
-    if rows < MIN_ROWS:
-        a = F.pad(a, (0, 0, 0, MIN_ROWS - rows))
-    return torch.matmul(a, b)[..., :rows, :].to(dtype)
 
 
 def absorb_query(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch
 from flexlamps.models.blocks.activation import sigmoid, silu
 from flexlamps.models.blocks.dense_gemm import fast_dense_gemm
 from flexlamps.models.blocks.linear import linear, unpack
-from flexlamps.models.blocks.mla import rows_product
+from flexlamps.models.blocks.row_products import rows_product
 from flexlamps.models.blocks.weight_kind import Phase, phase_of
 from flexlamps.models.moe_config import FP32_ROUTERS, MoEConfig
 
@@ -97,7 +97,7 @@ def clamped_swiglu(x: torch.Tensor, w: dict[str, torch.Tensor], pre: str, cfg: M
 def expert_linear(x: torch.Tensor, w, phase: Phase) -> torch.Tensor:
     """x (m, in) @ w (out, in).T for a routed expert's m tokens in `phase`. A prompt's tokens on a
     plain 16-bit matrix, on a CPU without a fast 16-bit GEMM (AVX2), multiply in fp32 and round
-    once (`mla.rows_product`, rows padded so a row's bits do not depend on m): torch's bf16 GEMM
+    once (`row_products.rows_product`, rows padded so a row's bits do not depend on m): torch's bf16 GEMM
     there takes each row alone, 2.5-4x slower at 16-64 rows (768x2048 experts, 1 thread, Zen 2).
     Decode keeps torch's: converting the matrix costs 4-6x its one-row product. Else `linear`."""
     if (phase is Phase.DECODE or x.device.type != "cpu" or x.dtype == torch.float32
