@@ -4,13 +4,18 @@
  * 16-bit x: up to PASS_ROWS rows of x a pass. A tile's rows are taken 16 at a time (a 16-byte
  * slice of each column: rows j in the low nibbles, rows j + tile/2 in the high ones): the codes of
  * two columns are widened to 16 bits and paired in a row's 32-bit lane, and vpmaddwd adds the
- * row's two products to its int32 sum (exact, as the AVX-512 variant's).
+ * row's two products to its int32 sum (exact, as the AVX-512 variant's). A call of PREPARED_FROM
+ * rows or more (an output head at batch 32) widens and pairs a tile's codes once into a buffer
+ * that every pass reads, rather than once a pass: the same sums and fp32 steps, so the same bits.
  * 8-bit x (tile_gemv_avx2_x8.h): the codes stay bytes, paired for vpmaddubsw, and sums are kept
  * in int16 for up to 32 inputs: about twice the rate, enough to stream a decode step's weights.
  *
  * The fp32 steps after each group are the AVX-512 variant's, in the same order, so both give the
  * same bits. Included by tile_gemv.c only, for its AVX2 variants. */
 #define PASS_ROWS 2
+#ifndef PREPARED_FROM
+#define PREPARED_FROM 4  /* rows of 16-bit x from which a tile's paired codes are made once a call */
+#endif
 
 #ifdef __AVXVNNI__
 #define DPWSSD(acc, a, b) _mm256_dpwssd_avx_epi32(acc, a, b)
@@ -84,9 +89,10 @@ AI void add_group8(const uint16_t *sz, int64_t r, float bias, int fp16, const __
 }
 
 /* The 16-row slice `s` of a tile (rows 16s.. in the low nibbles, h + 16s.. in the high ones) for
- * nb rows of x, every group. */
-AI void slice_pass(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t h, int64_t s, int64_t group,
-                   const QRows *x, float tot[][64], int fp16, int kind, int nb) {
+ * nb rows of x, every group; its paired codes read from `paired` (4 vectors per 2 columns, as
+ * pair_codes makes them) where given, else made from the codes. */
+AI void slice_pass(const uint8_t *codes, const __m256i *paired, const uint16_t *sz, int64_t n, int64_t h, int64_t s,
+                   int64_t group, const QRows *x, float tot[][64], int fp16, int kind, int nb) {
     const int split = kind == KIND_INT8_SPLIT;
     const int64_t low_half = x->cols * h, first[4] = {16 * s, 16 * s + 8, h + 16 * s, h + 16 * s + 8};
     const float bias = split ? 136.0f : 8.0f;
@@ -95,10 +101,14 @@ AI void slice_pass(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t 
         for (int b = 0; b < nb; b++)
             for (int i = 0; i < 4; i++) acc[b][i] = _mm256_setzero_si256();
         for (int64_t k = g * group; k < (g + 1) * group; k += 2) {
-            const uint8_t *p = codes + k * h + 16 * s;
-            if ((k & 3) == 0) _mm_prefetch((const char *)(p + 16 * h), _MM_HINT_T0);
             __m256i c[4];
-            pair_codes(p, h, low_half, kind, c);
+            if (paired) {
+                for (int i = 0; i < 4; i++) c[i] = _mm256_loadu_si256(paired + 2 * k + i);
+            } else {
+                const uint8_t *p = codes + k * h + 16 * s;
+                if ((k & 3) == 0) _mm_prefetch((const char *)(p + 16 * h), _MM_HINT_T0);
+                pair_codes(p, h, low_half, kind, c);
+            }
             for (int b = 0; b < nb; b++) {
                 int32_t two;  /* x's 16-bit codes k, k + 1, broadcast */
                 memcpy(&two, x->q16 + b * x->cols + k, sizeof two);
@@ -117,6 +127,20 @@ AI void slice_pass(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t 
     }
 }
 
+/* Every slice of a tile's codes widened and paired once (pair_codes' 4 vectors per 2 columns, 2
+ * cols vectors a slice), or NULL where memory is short (the passes then pair them themselves). */
+static __m256i *paired_slices(const uint8_t *codes, int64_t cols, int64_t h, int kind) {
+    __m256i *paired = aligned_alloc(sizeof(__m256i), sizeof(__m256i) * (size_t)(2 * cols * (h / 16)));  /* stored whole */
+    if (!paired) return NULL;
+    for (int64_t s = 0; s < h / 16; s++)
+        for (int64_t k = 0; k < cols; k += 2) {
+            const uint8_t *p = codes + k * h + 16 * s;
+            if ((k & 3) == 0) _mm_prefetch((const char *)(p + 16 * h), _MM_HINT_T0);
+            pair_codes(p, h, cols * h, kind, paired + s * 2 * cols + 2 * k);
+        }
+    return paired;
+}
+
 #include "tile_gemv_avx2_x8.h"
 
 static void run_tile(const uint8_t *codes, const uint64_t *fifth, const uint16_t *sz, int64_t n, int64_t group,
@@ -127,21 +151,24 @@ static void run_tile(const uint8_t *codes, const uint64_t *fifth, const uint16_t
         return;
     }
     float tot[PASS_ROWS][64] __attribute__((aligned(32)));
-    const int64_t tile = setup->tile, h = tile / 2;
+    const int64_t tile = setup->tile, h = tile / 2, slices = h / 16;
+    __m256i *paired = rows >= PREPARED_FROM ? paired_slices(codes, x->cols, h, kind) : NULL;
     for (int64_t b0 = 0; b0 < rows; b0 += PASS_ROWS) {
         int nb = rows - b0 < PASS_ROWS ? (int)(rows - b0) : PASS_ROWS;
         QRows xb = {NULL, x->q16 + b0 * x->cols, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups,
                     NULL};
         for (int b = 0; b < nb; b++)
             for (int64_t r = 0; r < tile; r++) tot[b][r] = 0.0f;
-        for (int64_t s = 0; s < h / 16; s++) {  /* constant row counts, so the sums stay in registers */
-            if (nb == PASS_ROWS) slice_pass(codes, sz, n, h, s, group, &xb, tot, fp16, kind, PASS_ROWS);
-            else slice_pass(codes, sz, n, h, s, group, &xb, tot, fp16, kind, 1);
+        for (int64_t s = 0; s < slices; s++) {  /* constant row counts, so the sums stay in registers */
+            const __m256i *ps = paired ? paired + s * 2 * x->cols : NULL;
+            if (nb == PASS_ROWS) slice_pass(codes, ps, sz, n, h, s, group, &xb, tot, fp16, kind, PASS_ROWS);
+            else slice_pass(codes, ps, sz, n, h, s, group, &xb, tot, fp16, kind, 1);
         }
         for (int b = 0; b < nb; b++)
             for (int64_t r = 0; r < tile; r += 8)
                 _mm_storeu_si128((__m128i *)(out + (b0 + b) * n + r), floats_to_halves8(_mm256_loadu_ps(tot[b] + r), fp16));
     }
+    free(paired);
 }
 
 /* One group of x's values as codes of `bits` bits (8 or 16): amax, the codes' sum and the codes

@@ -140,8 +140,9 @@ def test_rounding_x_costs_a_fraction_of_the_weights_own_error():
 
 
 @pytest.mark.parametrize("level", LEVELS)
-def test_a_row_does_not_depend_on_its_batch_or_the_threads(level):
-    kernel = _variant(level)
+@pytest.mark.parametrize("x_bits", [8, 16])  # 16: an output head's, its codes paired once for many rows
+def test_a_row_does_not_depend_on_its_batch_or_the_threads(level, x_bits):
+    kernel = _variant(level, x_bits)
     weights = (_int4(320, 576, 32, torch.bfloat16), _int8(192, 576, torch.bfloat16, True))
     assert_rows_alone_as_together(kernel.matmul, weights, _x(11, 576, torch.bfloat16))
 
