@@ -116,7 +116,7 @@ def test_dry_run_charges_what_the_fp8_executor_charges(fp8_models, tmp_path):
     run = dry_run(reader.hf_config, policy, gpu_mem=budget, cpu_mem=budget, prompt_len=prompt_len,
                   gen_len=gen_len, dtype=torch.float32)
     fp8 = [s for s in ex.specs if ex.charges.is_fp8(s)]
-    assert fp8 and ex.charges.fp8_upcast(1) > 0
+    assert fp8 and ex.charges.call_copies(1, 1) > 0
     assert run.peak_bytes["disk"] == sum(ex.charges.stored[n] for n, t in ex.tiers.items() if t == "disk")
     for tier in ("gpu", "cpu"):
         measured = ex.budgets[tier].peak_bytes

@@ -53,5 +53,5 @@ def test_the_sweeps_peak_scans_the_weights_once_per_layer(monkeypatch):
     expected = fresh.sweep_gpu_peak([(4, 1, 21)])
     scans = []
     monkeypatch.setattr(PlacementCharges, "kept_class", lambda self, spec: scans.append(spec) or None)
-    assert charges.sweep_gpu_peak([(4, 1, 21)]) == expected and charges.fp8_upcast(3) == 0
+    assert charges.sweep_gpu_peak([(4, 1, 21)]) == expected and charges.call_copies(3, 1) == 0
     assert scans == []  # a decode step asks again for every layer: nothing scanned again

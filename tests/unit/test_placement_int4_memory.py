@@ -35,7 +35,7 @@ def test_planned_dequantized_bytes_equal_the_engines_charge(config, dtype_name, 
                                device_type="cpu")
     choice = Choice.of(policy)
     planned = dequantized_bytes(choice, layer_sizes(choice, model, placement.WorkloadSpec(prompt_len=8, gen_len=4)), model, rows)
-    assert planned == charges.int4_decompressed(0, rows)
+    assert planned == charges.call_copies(0, rows)
     in_place = rows < CAPABILITIES.int4_in_place_below_rows and dtype_name != "float32"
     assert (planned == 0) == in_place
 
@@ -82,7 +82,7 @@ def test_time_and_memory_follow_one_kernel_rule_on_presets(preset, dtype):
                               activations=on_gpu, compress_weight=True)
     charges = PlacementCharges(ModelConfig.from_hf(dict(LLAMA, torch_dtype=dtype)), policy, DTYPES[dtype],
                                int4=True, device_type="cuda", fused_int4=fused)
-    assert charges.int4_decompressed(0, rows) == (0 if fused else matrix)
+    assert charges.call_copies(0, rows) == (0 if fused else matrix)
 
 
 def test_a_sweep_of_prompt_chunks_holds_the_layer_dense_in_plan_and_engine():
@@ -99,12 +99,12 @@ def test_a_sweep_of_prompt_chunks_holds_the_layer_dense_in_plan_and_engine():
                               activations=on_gpu, compress_weight=True)
     charges = PlacementCharges(ModelConfig.from_hf(dict(LLAMA, torch_dtype="bfloat16")), policy, torch.bfloat16,
                                int4=True, device_type="cpu")
-    assert one_call == charges.int4_decompressed(0, 256)
-    assert three_calls == charges.int4_twins_bytes(0)
+    assert one_call == charges.call_copies(0, 256)
+    assert three_calls == charges.sweep_copies(0)
     steps = [(2, 128, 128)] * 3
-    assert charges.wants_int4_twins(steps) and not charges.wants_int4_twins(steps[:1])
+    assert charges.takes_sweep_copies(0, steps) and not charges.takes_sweep_copies(0, steps[:1])
     # room for everything but the dense copies: the sweep falls back to one matrix a call
     room = charges.sweep_gpu_peak(steps, room=None)
     assert charges.sweep_gpu_peak(steps, room=room) == room
     tight = charges.sweep_gpu_peak(steps, room=room - 1)
-    assert tight == room - charges.int4_twins_bytes(0) + charges.int4_decompressed(0, 256)
+    assert tight == room - charges.sweep_copies(0) + charges.call_copies(0, 256)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections import Counter
 
 import torch
 
@@ -20,14 +21,16 @@ from flexlamps.engine.executors.placement_map import TABLE_NAMES, cache_tiers, p
 from flexlamps.engine.executors.split_tables import head_chunks
 from flexlamps.engine.executors.stored_weights import StoredWeights
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, pack
-from flexlamps.models.blocks.weight_kind import kind_of
+from flexlamps.models.blocks.linear import pack
+from flexlamps.models.blocks.weight_kind import EXPANDED_ON_ARRIVAL, KINDS, WeightKind, kind_of
 from flexlamps.models import description
 from flexlamps.models.loading.in_place import TIED_HEAD
 from flexlamps.models.weight_specs import WeightSpec
 from offload import compute_device, tensor_bytes
 from placement.cost_memory import HEAD_CHUNK_ROWS, workspace_bytes
-from quant.int4_weight import kernel_dtypes
+from quant.fp8 import FP8, Fp8Weight
+from quant.int4_weight import Int4Weight, kernel_dtypes
+from quant.mxfp4 import Mxfp4Weight, mxfp4_nbytes
 
 # a table kept as codes is cut on whole kernel tiles (`Int4Weight.rows`), a piece a head chunk
 CODED_TABLE_ROWS = 64
@@ -63,8 +66,6 @@ def _stored_nbytes(shape: tuple[int, ...], dtype: torch.dtype, num_bits: int | N
 @functools.lru_cache(maxsize=4096)
 def _fp8_nbytes(shape: tuple[int, int], block: tuple[int, int], dtype: torch.dtype) -> int:
     """Bytes of an FP8 checkpoint's matrix as the executor stores it (`Fp8Weight.to_tensors`)."""
-    from quant.fp8 import FP8, Fp8Weight
-
     grid = (-(-shape[0] // block[0]), -(-shape[1] // block[1]))
     w = Fp8Weight(torch.empty(shape, dtype=FP8, device="meta"), torch.empty(grid, device="meta"), block, dtype)
     return tensor_bytes(*w.to_tensors().values())
@@ -100,6 +101,17 @@ def with_backend(policy: placement.Policy, weight_quant: str | None) -> placemen
     """The policy as run with the weight compression backend `weight_quant`: any turns
     compress_weight on."""
     return policy if weight_quant in (None, "none") else dataclasses.replace(policy, compress_weight=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerMatrices:
+    """`count` weights of one layer run by `kind`, of one `shape`; `absorbed`: MLA's kv_b (held
+    through the attention); `fused`: the device multiplies the kind in place for this shape."""
+    kind: WeightKind
+    shape: tuple[int, ...]
+    absorbed: bool
+    fused: bool
+    count: int
 
 
 class PlacementCharges:
@@ -139,7 +151,6 @@ class PlacementCharges:
                                      cfg.storage.fp8_block, stores_fp8, cfg.storage.mxfp4,
                                      stores_mxfp4)
         self.in_place = dict(in_place or {})
-        self._layer_memo: dict[tuple[str, int], int] = {}  # `_per_layer`
         self.specs = self.weights.specs  # as stored: 4-bit q/k/v and gate/up stacked
         if TIED_HEAD in self.in_place and all(s.name != TIED_HEAD for s in self.specs):  # beside the table
             self.specs.append(WeightSpec(TIED_HEAD, next(s.shape for s in self.specs if s.name == "embed_tokens"),
@@ -165,12 +176,16 @@ class PlacementCharges:
         # what a layer's fetch stages: its weights but the routed experts, fetched once routed
         experts = experts_by_layer(self.specs)
         routed = {name for by_expert in experts.values() for names in by_expert.values() for name in names}
-        self.layer_names = [[s.name for s in self.specs if s.layer == j and s.name not in routed]
-                            for j in range(cfg.num_layers)]
+        self.layer_specs = [[] for _ in range(cfg.num_layers)]  # each layer's weights, indexed once
+        for spec in self.specs:
+            if spec.layer is not None:
+                self.layer_specs[spec.layer].append(spec)
+        self.layer_names = [[s.name for s in specs if s.name not in routed] for specs in self.layer_specs]
         self.expert_staged = {j: sorted((self.staged(names) for names in by_expert.values()), reverse=True)
                               for j, by_expert in experts.items()}  # each expert's, largest first
         self.experts_per_token = cfg.moe.num_experts_per_token if cfg.moe is not None else 0
         self.cache_tiers = layer_cache_tiers(cfg, policy.cache)
+        self.layer_matrices = self._index_layers()
 
     def keeps_codes(self, name: str) -> bool:
         """Whether weight `name` is stored as its checkpoint's blocks (`in_place`): not compressed
@@ -202,9 +217,6 @@ class PlacementCharges:
 
     def kept_class(self, spec) -> type | None:
         """The class of a weight kept as its checkpoint stores it (FP8 or MXFP4), else None."""
-        from quant.fp8 import Fp8Weight
-        from quant.mxfp4 import Mxfp4Weight
-
         return Fp8Weight if self.is_fp8(spec) else Mxfp4Weight if self.is_mxfp4(spec) else None
 
     def _stored_bytes(self, spec, tier: str) -> int:
@@ -216,8 +228,6 @@ class PlacementCharges:
         if self.is_fp8(spec):
             return _fp8_nbytes(tuple(spec.shape), self.weights.fp8_block, self.dtype)
         if self.is_mxfp4(spec):
-            from quant.mxfp4 import mxfp4_nbytes
-
             return mxfp4_nbytes(tuple(spec.shape))
         prepacked = tier == "gpu" and spec.role == "linear" and spec.layer is not None and not self.compressed(spec)
         return _stored_nbytes(tuple(spec.shape), self.dtype,
@@ -237,69 +247,61 @@ class PlacementCharges:
             picks = min(picks, self.policy.expert_group)
         return sum(sizes[:picks])
 
-    def decompressed(self, layer: int, rows: int) -> int:
-        """Bytes a layer's compressed weights expand to while it computes calls of up to `rows`
-        rows: other forms than Int4Weight all at once, before the layer runs, and 4-bit ones
-        as `int4_decompressed` says."""
-        return self._expanded_whole(layer) + self.int4_decompressed(layer, rows)
+    def _index_layers(self) -> list[list[LayerMatrices]]:
+        """Each layer's weights grouped by the kind that runs them, shape and role, once: the
+        executor asks for a sweep's peak every step, and a layer's figures read only these."""
+        counts = [Counter() for _ in range(self.cfg.num_layers)]
+        for spec in (s for specs in self.layer_specs for s in specs):
+            kind = self.stored_kind(spec)
+            if kind is not None:
+                fused = self.fused_int4 and not (kind is KINDS[Int4Weight] and self.weights.dense_on_call(spec))
+                counts[spec.layer][kind, tuple(spec.shape), spec.role == "absorbed", fused] += 1
+        return [[LayerMatrices(*key, count) for key, count in layer.items()] for layer in counts]
 
-    def _per_layer(self, what: str, layer: int, compute) -> int:
-        """A layer's figure that depends on the placement only, computed once: the executor asks
-        for the sweep's peak every step, and each figure scans every weight's spec."""
-        if (what, layer) not in self._layer_memo:
-            self._layer_memo[what, layer] = compute()
-        return self._layer_memo[what, layer]
+    def stored_kind(self, spec) -> WeightKind | None:
+        """The kind that runs weight `spec` in the form stored (`weight_kind`); None: a GGUF's
+        blocks kept as codes, charged as stored only (a call's copy of them lives in the thread's
+        reused buffer, `dense_scratch`, as in the in-memory engine)."""
+        if self.compressed(spec):
+            return KINDS[Int4Weight] if self.weights.is_int4(spec) else EXPANDED_ON_ARRIVAL
+        if self.keeps_codes(spec.name):
+            return None
+        kept = self.kept_class(spec)
+        return KINDS[kept] if kept is not None else KINDS[torch.Tensor]
 
-    def _expanded_whole(self, layer: int) -> int:
-        """Bytes of a layer's weights expanded for its whole run: compressed forms other than
-        Int4Weight, and the FP8 matrices upcast at once (`fp8_upcast`)."""
-        return self._per_layer("expanded", layer, lambda: self._expanded_whole_now(layer))
+    def arrival_copies(self, layer: int) -> int:
+        """Bytes of a layer's weights expanded when it arrives, held for its whole run."""
+        return sum(m.count * m.kind.arrival_bytes(m.shape, self.dtype_bytes) for m in self.layer_matrices[layer])
 
-    def _expanded_whole_now(self, layer: int) -> int:
-        others = sum(s.numel for s in self.specs
-                     if s.layer == layer and self.compressed(s) and not self.weights.is_int4(s))
-        return others * self.dtype_bytes + self.fp8_upcast(layer)
+    def call_copies(self, layer: int, rows: int, *, sweep_copies: bool = False) -> int:
+        """Most bytes a layer's calls of up to `rows` rows hold in copies (`WeightKind.call_bytes`):
+        one call at a time, so the largest of each kind, and an absorbed matrix's (MLA's kv_b,
+        upcast once for the attention while other calls run) beside them. `sweep_copies`: the
+        kinds that keep a copy for the sweep (`sweep_copies`) make none a call."""
+        absorbed, largest = 0, {}
+        for m in self.layer_matrices[layer]:
+            if sweep_copies and m.kind.sweep_bytes(m.shape, self.dtype_bytes):
+                continue
+            nbytes = m.kind.call_bytes(m.shape, rows, self.dtype_bytes, fused=m.fused)
+            if m.absorbed:
+                absorbed = max(absorbed, nbytes)
+            else:
+                largest[m.kind] = max(largest.get(m.kind, 0), nbytes)
+        return absorbed + sum(largest.values())
 
-    def fp8_upcast(self, layer: int) -> int:
-        """Most bytes a layer's FP8 (and MXFP4) matrices hold upcast at once: `models.linear` upcasts one per
-        call, and an absorbed one (MLA's kv_b_proj) stays upcast through the attention, while
-        other calls run (the indexer's): the largest of each kind."""
-        return self._per_layer("fp8", layer, lambda: self._fp8_upcast_now(layer))
+    def sweep_copies(self, layer: int) -> int:
+        """What the executor holds when a layer's matrices keep one dense copy each for a sweep's
+        calls (`Sweep._reserve_int4_twins`): all of them, plus one matrix's transient copy
+        before it is prepacked."""
+        sizes = [(m.count, m.kind.sweep_bytes(m.shape, self.dtype_bytes)) for m in self.layer_matrices[layer]]
+        return sum(count * nbytes for count, nbytes in sizes) + max((nbytes for _, nbytes in sizes), default=0)
 
-    def _fp8_upcast_now(self, layer: int) -> int:
-        fp8 = [s for s in self.specs if s.layer == layer and self.kept_class(s) is not None]
-        absorbed = max((s.numel for s in fp8 if s.role == "absorbed"), default=0)
-        called = max((s.numel for s in fp8 if s.role != "absorbed"), default=0)
-        return (absorbed + called) * self.dtype_bytes
-
-    def int4_decompressed(self, layer: int, rows: int) -> int:
-        """The largest 4-bit matrix of a layer that `models.linear` dequantizes for one call (on
-        its dense path: `rows` at least INT4_DENSE_FROM_ROWS, activations the kernel does not
-        take (fp32), or no kernel for the shape)."""
-        dense_rows = rows >= INT4_DENSE_FROM_ROWS or not self.fused_int4
-        return self._per_layer(f"int4 dense {dense_rows}", layer, lambda: self._int4_dense_now(layer, dense_rows))
-
-    def _int4_dense_now(self, layer: int, dense_rows: bool) -> int:
-        dense_path = [s.numel for s in self.specs if s.layer == layer and self.compressed(s)
-                      and self.weights.is_int4(s) and (dense_rows or self.weights.dense_on_call(s))]
-        return max(dense_path, default=0) * self.dtype_bytes
-
-    def int4_twins_bytes(self, layer: int) -> int:
-        """What the executor holds when it dequantizes a layer's 4-bit matrices once for a
-        sweep's prompt chunks (`OffloadExecutor._int4_twins`): all of them dense, plus one
-        matrix's transient copy before it is prepacked."""
-        return self._per_layer("twins", layer, lambda: self._int4_twins_now(layer))
-
-    def _int4_twins_now(self, layer: int) -> int:
-        sizes = [s.numel for s in self.specs if s.layer == layer and self.compressed(s) and self.weights.is_int4(s)]
-        return (sum(sizes) + max(sizes, default=0)) * self.dtype_bytes
-
-    @staticmethod
-    def wants_int4_twins(steps) -> bool:
-        """Whether a sweep over `steps` dequantizes each 4-bit matrix of a layer once for all its
-        calls (when the gpu tier has room, `layer_need`): two calls or more take the dense path
-        (`INT4_DENSE_FROM_ROWS` rows or more: prompt chunks, or unmerged decode of large micro-batches)."""
-        return sum(rows * tokens >= INT4_DENSE_FROM_ROWS for rows, tokens, _ in steps) >= 2
+    def takes_sweep_copies(self, layer: int, steps) -> bool:
+        """Whether a sweep over `steps` keeps a dense copy of layer `layer`'s matrices for all its
+        calls (their kind's choice, `WeightKind.keeps_sweep_copy`), when the gpu tier has room."""
+        call_rows = [rows * tokens for rows, tokens, _ in steps]
+        return any(m.kind.sweep_bytes(m.shape, self.dtype_bytes) and m.kind.keeps_sweep_copy(call_rows)
+                   for m in self.layer_matrices[layer])
 
     def layer_need(self, layer: int, steps, twins: bool) -> int:
         """Gpu bytes layer `layer` holds while it runs `steps`, besides its own staged weights:
@@ -308,10 +310,8 @@ class PlacementCharges:
         and staged cache rows. The executor takes twins where staged + this fits (the same rule
         as `sweep_gpu_peak`)."""
         most_rows = max((rows * tokens for rows, tokens, _ in steps), default=0)
-        if twins:
-            weights = self._expanded_whole(layer) + self.int4_twins_bytes(layer)
-        else:
-            weights = self.decompressed(layer, most_rows)
+        weights = self.arrival_copies(layer) + self.call_copies(layer, most_rows, sweep_copies=twins)
+        weights += self.sweep_copies(layer) if twins else 0
         weights += self.staged(self.layer_names[layer + 1]) if layer + 1 < self.cfg.num_layers else 0
         step_peak = 0
         for rows, tokens, span in steps:
@@ -349,7 +349,7 @@ class PlacementCharges:
         plus the largest of the embedding rows, a layer (its staged weights and `layer_need`)
         and the output head's vocab chunk. `room`: the gpu bytes free when the sweep starts,
         which decides where a layer's 4-bit matrices are dequantized once for the sweep
-        (`wants_int4_twins`), as the executor decides it; None: wherever the sweep wants it
+        (`takes_sweep_copies`), as the executor decides it; None: wherever the sweep wants it
         (the worst case). `logits_per_row`: positions of a row whose logits a step returns (1 when
         generating; scoring asks for every fed position, `engine.batch.scoring`)."""
         cfg = self.cfg
@@ -359,8 +359,8 @@ class PlacementCharges:
         row_bytes = cfg.hidden_size * self.dtype_bytes
         embed_rows_off_gpu = sum(p.num_rows for p in self.placement.pieces["embed_tokens"] if p.tier != "gpu")
         moments = [min(embed_rows_off_gpu, rows * tokens) * row_bytes for rows, tokens, _ in steps]
-        twins = self.wants_int4_twins(steps)
         for j in range(cfg.num_layers):
+            twins = self.takes_sweep_copies(j, steps)
             staged = self.staged(self.layer_names[j]) + self.staged_experts(j, steps)
             moment = staged + self.layer_need(j, steps, twins)
             if twins and room is not None and held + moment > room:

@@ -190,10 +190,9 @@ class Sweep:
         if loads is not None:
             w = loads.mapping(w, self.weights.local, self.routing_counter)
         charged = 0
-        try:
-            if not twin_bytes:  # inside models.linear: 4-bit matrices dequantized per call
-                dense_bytes += self.charges.int4_decompressed(j, max(s.input_ids.numel() for s in steps))
-            dense_bytes += self.charges.fp8_upcast(j)  # FP8 matrices upcast per call
+        try:  # inside models.linear: each call's copies (4-bit matrices dequantized, FP8 upcast), as the kinds say
+            dense_bytes += self.charges.call_copies(j, max(s.input_ids.numel() for s in steps),
+                                                    sweep_copies=bool(twin_bytes))
             self.budgets["gpu"].allocate(dense_bytes, f"layer {j} weights decompressed")
             charged = dense_bytes
             for k, s in enumerate(steps):
@@ -218,15 +217,15 @@ class Sweep:
                                  self.policy.cpu_expert_tokens, self.weights.cpu_expert_reads, self.policy.expert_group)
 
     def _reserve_int4_twins(self, j: int, steps: list[Step]) -> int:
-        """When several of the sweep's calls take a 4-bit matrix's dense path (prompt chunks of
-        INT4_DENSE_FROM_ROWS rows or more), layer j's matrices are dequantized (and prepacked)
+        """When several of the sweep's calls take a 4-bit matrix's dense path (prompt chunks:
+        `WeightKind.keeps_sweep_copy`), layer j's matrices are dequantized (and prepacked)
         once for all of them instead of once a call: the same values, so the same bits. Taken
         where the layer's whole need with them (`PlacementCharges.layer_need`: the next layer's
         staging included, which is why this runs before that prefetch) fits the gpu tier, as
         the dry run decides it; the planner reserves it. Returns the bytes charged (0: per call)."""
         shapes = [(s.input_ids.shape[0], s.input_ids.shape[1], s.span) for s in steps]
-        need = self.charges.int4_twins_bytes(j)
-        if (not need or not self.charges.wants_int4_twins(shapes)
+        need = self.charges.sweep_copies(j)
+        if (not need or not self.charges.takes_sweep_copies(j, shapes)
                 or self.charges.layer_need(j, shapes, True) > self.budgets["gpu"].free_bytes):
             return 0
         self.budgets["gpu"].allocate(need, f"layer {j} 4-bit weights dequantized for the sweep")

@@ -79,13 +79,11 @@ class WeightStore:
         self.experts = experts_by_layer(self.specs)
         self.expert_cache = ExpertCache(gpu_budget, expert_cache, self.cfg.num_layers)
         self.cpu_expert_reads = Counter()  # cpu-tier experts read "in place" or "staged" (`RoutedExpertLoads`)
-        routed = {name for experts in self.experts.values() for names in experts.values() for name in names}
-        layers = range(self.cfg.num_layers)
-        self.layer_names = [[s.name for s in self.specs if s.layer == i and s.name not in routed] for i in layers]
+        self.layer_names = self.charges.layer_names  # each layer's weights but its routed experts
         in_place = ("gpu", "cpu") if self.device.type == "cpu" else ("gpu",)  # tiers fetched without a copy
         self._copies_for = [any(self.store.tier_of(n) not in in_place for n in names) for names in self.layer_names]
         self.local = {s.name: s.local_name for s in self.specs}
-        per_layer = [sum(s.numel for s in self.specs if s.layer == i) for i in layers]
+        per_layer = [sum(s.numel for s in specs) for specs in self.charges.layer_specs]
         self.max_layer_bytes = max(per_layer, default=0) * element_bytes(self.dtype)
 
     def _disk_folder(self, reader, offload_dir, int4: bool) -> DiskFolder:

@@ -20,6 +20,7 @@ compute dtype for each call into this thread's reused buffer and runs the dense 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 import torch
@@ -33,9 +34,9 @@ from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
 from quant.mxfp4 import Mxfp4Weight
 
-# What the planner prices (placement's `int4_dense_from_rows`): 4-bit calls of fewer rows on the
-# fused kernel (decode batches), of more on the dense GEMM (prompt chunks). The kinds choose by
-# phase, not by this count.
+# What the planner prices (placement's `int4_dense_from_rows`) and the executor charges (`CodesKind.
+# call_bytes`): 4-bit calls of fewer rows on the fused kernel (decode batches), of more on the dense
+# GEMM (prompt chunks). The kinds' products choose by phase, not by this count.
 INT4_DENSE_FROM_ROWS = 128
 # Calls a twin's dense copy serves unpacked before it is packed: packing costs more than it saves
 # for a weight used once or twice (a first prompt).
@@ -239,6 +240,19 @@ class CodesKind(WeightKind):
         scales and zero points, the group size."""
         return sum(t.numel() * t.element_size() for t in w.to_tensors(with_kernel=True).values())
 
+    def call_bytes(self, shape, rows: int, dtype_bytes: int, *, fused: bool = True) -> int:
+        """A dequantized copy for a call on the dense path: `INT4_DENSE_FROM_ROWS` rows or more,
+        or wherever the device has no fused kernel for it."""
+        return math.prod(shape) * dtype_bytes if rows >= INT4_DENSE_FROM_ROWS or not fused else 0
+
+    def sweep_bytes(self, shape, dtype_bytes: int) -> int:
+        """The twin's dense copy (`Int4Twin`), made once for a sweep's calls."""
+        return math.prod(shape) * dtype_bytes
+
+    def keeps_sweep_copy(self, call_rows) -> bool:
+        """Two calls or more on the dense path: one copy a matrix for the sweep, not one a call."""
+        return sum(rows >= INT4_DENSE_FROM_ROWS for rows in call_rows) >= 2
+
 
 class UpcastKind(WeightKind):
     """FP8 or MXFP4: upcast for this call only, into the thread's reused buffer, then the dense
@@ -253,6 +267,10 @@ class UpcastKind(WeightKind):
 
     def product(self, w, x, phase) -> torch.Tensor:
         return self.linear(w, x, phase)
+
+    def call_bytes(self, shape, rows: int, dtype_bytes: int, *, fused: bool = True) -> int:
+        """Every call upcasts the whole matrix."""
+        return math.prod(shape) * dtype_bytes
 
 
 INT4 = CodesKind("4-bit blocks")

@@ -7,7 +7,11 @@ blocks (`quant.int4_weight.Int4Weight`), int8 codes (`quant.int8_weight.Int8Weig
 - its product, `product(w, x, phase)` = x @ w.T (and `linear`, the product with a bias and a
   residual add or elementwise product applied), choosing the kernel it runs;
 - its stored bytes, `stored_bytes(w)`: what holding `w` costs (a dense copy kept beside the codes
-  included).
+  included);
+- what running it holds besides, asked of a shape (the executor's charges, on paper or not):
+  `arrival_bytes` (a dense copy made when its layer arrives, held for the layer's run),
+  `call_bytes` (a copy one call of so many rows makes), `sweep_bytes` (a dense copy kept for a
+  whole sweep's calls, where `keeps_sweep_copy` says the sweep's calls want one).
 
 `linear` asks `kind_of(w)` and never switches on the weight's type. A kernel (torch's, or ours
 in `flexlamps.kernels`, per instruction set) is something a kind runs, not something `linear`
@@ -31,6 +35,7 @@ every forward calls `linear`: the faces feed a prompt's tokens in chunks of two 
 from __future__ import annotations
 
 import enum
+import math
 
 import torch
 
@@ -82,9 +87,45 @@ class WeightKind:
         """Bytes holding `w` costs (codes, scales, any dense copy kept beside them)."""
         return int(w.nbytes)
 
+    # -- what running a weight of `shape` holds beside its stored bytes, in `dtype_bytes` values ----
+    def arrival_bytes(self, shape, dtype_bytes: int) -> int:
+        """Held while its layer runs: a dense copy made when the layer arrives (0: none)."""
+        return 0
+
+    def call_bytes(self, shape, rows: int, dtype_bytes: int, *, fused: bool = True) -> int:
+        """Held during one call of `rows` rows: a copy the call multiplies instead of the stored
+        form (0: the stored form is multiplied as it is). `fused`: the device multiplies this
+        kind in place for a shape like this one (a planned GPU's kernel rule)."""
+        return 0
+
+    def sweep_bytes(self, shape, dtype_bytes: int) -> int:
+        """Held for a whole sweep when `keeps_sweep_copy`: a dense copy serving all its calls."""
+        return 0
+
+    def keeps_sweep_copy(self, call_rows) -> bool:
+        """Whether a sweep whose calls have `call_rows` rows each is served by one dense copy a
+        matrix (`sweep_bytes`) rather than a copy a call."""
+        return False
+
     def __repr__(self) -> str:
         return f"<{self.name} weights>"
 
+
+class ExpandedOnArrival(WeightKind):
+    """A compressed form no kind multiplies as stored (group-wise `quant.QTensor`, bitsandbytes'
+    forms): the offload store dequantizes it when its layer arrives, and the calls multiply that
+    dense copy. Not registered: `linear` never sees the stored form."""
+
+    name = "expanded on arrival"
+
+    def product(self, w, x: torch.Tensor, phase: Phase) -> torch.Tensor:
+        raise TypeError(f"{type(w).__name__} is dequantized when its layer arrives, not multiplied as stored")
+
+    def arrival_bytes(self, shape, dtype_bytes: int) -> int:
+        return math.prod(shape) * dtype_bytes
+
+
+EXPANDED_ON_ARRIVAL = ExpandedOnArrival()
 
 # the weight's Python type -> its kind; a type not listed is a dense tensor (`KINDS[torch.Tensor]`)
 KINDS: dict[type, WeightKind] = {}
