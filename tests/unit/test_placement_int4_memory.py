@@ -11,9 +11,13 @@ from flexlamps.models.config import ModelConfig
 from flexlamps.models.description import model_spec_from_hf
 from flexlamps.engine.executors.charges import PlacementCharges
 from flexlamps.engine.executors.offloaded import CAPABILITIES
+from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, KINDS
+from flexlamps.models.blocks.weight_kind import EXPANDED_ON_ARRIVAL
 from placement.choice import Choice
 from placement.cost_memory import dequantized_bytes, largest_called_matrix
 from placement.layer_sizes import layer_sizes
+from quant.fp8 import Fp8Weight
+from quant.int4_weight import Int4Weight
 
 LLAMA = dict(model_type="llama", hidden_size=512, num_hidden_layers=2, num_attention_heads=8,
              num_key_value_heads=2, intermediate_size=1536, vocab_size=1024)
@@ -108,3 +112,17 @@ def test_a_sweep_of_prompt_chunks_holds_the_layer_dense_in_plan_and_engine():
     assert charges.sweep_gpu_peak(steps, room=room) == room
     tight = charges.sweep_gpu_peak(steps, room=room - 1)
     assert tight == room - charges.sweep_copies(0) + charges.call_copies(0, 256)
+
+
+def test_each_kind_says_what_its_calls_hold():
+    """The charges ask the kind (`WeightKind.call_bytes` ...): a 4-bit matrix holds a dense copy on
+    the dense path only (many rows, or no fused kernel), an FP8 one on every call, a dense one
+    never; a group-wise QTensor is expanded when its layer arrives."""
+    shape, matrix = (256, 512), 256 * 512 * 2
+    int4, fp8, dense = KINDS[Int4Weight], KINDS[Fp8Weight], KINDS[torch.Tensor]
+    assert int4.call_bytes(shape, INT4_DENSE_FROM_ROWS - 1, 2) == 0
+    assert int4.call_bytes(shape, INT4_DENSE_FROM_ROWS, 2) == matrix == int4.call_bytes(shape, 1, 2, fused=False)
+    assert int4.keeps_sweep_copy([INT4_DENSE_FROM_ROWS] * 2) and not int4.keeps_sweep_copy([INT4_DENSE_FROM_ROWS, 1])
+    assert fp8.call_bytes(shape, 1, 2) == matrix and fp8.sweep_bytes(shape, 2) == 0
+    assert dense.call_bytes(shape, 4096, 2) == 0 == dense.arrival_bytes(shape, 2)
+    assert EXPANDED_ON_ARRIVAL.arrival_bytes(shape, 2) == matrix == EXPANDED_ON_ARRIVAL.call_bytes(shape, 1, 2) + matrix
