@@ -34,7 +34,7 @@ def open_model(model: str, cache_dir=None):
     """(checkpoint reader, placement.ModelSpec) of `model`, no weight read: its config, tokenizer
     and description, for a caller that checks a run before (or without) building an engine."""
     reader = open_checkpoint(model, cache_dir)
-    return reader, model_spec(reader.config, reader.hf_config)
+    return reader, model_spec(reader.config, name=model)
 
 
 def planning_lengths(prompt_ids: Sequence[list[int]]) -> tuple[int, int]:
@@ -85,7 +85,7 @@ class LLM:
         self.model_name = settings.model
         self.reader = open_checkpoint(settings.model, settings.cache_dir or None)
         self.config = self.reader.config
-        self.model_spec = model_spec(self.config, self.reader.hf_config)  # the planner's view, built once a run
+        self.model_spec = model_spec(self.config, name=settings.model)  # the planner's view, built once a run
         self.tokenizer = self.reader.tokenizer
         self.dtype = settings.resolve_dtype(self.reader)
         self.device = settings.device
@@ -136,22 +136,22 @@ class LLM:
             return
         workload = Workload(prompt_len=prompt_len, gen_len=gen_len, num_sequences=num_sequences,
                             prefix_len=prefix_len, scoring=scoring)
-        self._build(plan_run(self.offload or self.settings, self.config, self.reader.hf_config, self.dtype, workload,
-                             model=self.model_spec, **self._machine(on_profile)))
+        self._build(plan_run(self.offload or self.settings, self.config, self.model_spec, self.dtype, workload,
+                             **self._machine(on_profile)))
 
     def prepare_augmented(self, augmented: AugmentedSettings, on_profile=None) -> RunPlan:
         """Plan an augmented run and build its executor: the paged pools as given (in memory) or
         what the tiers' budgets leave once the weights are placed (offloaded, measured on the
         built executor); returns the plan, whose `pools` the augmented face runs with."""
         if self.executor is None:
-            self._build(plan_augmented(self.offload or self.settings, augmented, self.config, self.reader.hf_config,
-                                       self.dtype, model=self.model_spec, **self._machine(on_profile)))
+            self._build(plan_augmented(self.offload or self.settings, augmented, self.config, self.model_spec,
+                                       self.dtype, **self._machine(on_profile)))
         elif self.run_plan.augmented != augmented:
             if self.run_plan.predicted is not None:  # "auto" placed the weights for another workload
                 raise ValueError("this LLM's placement was planned for another workload; make a fresh LLM for "
                                  "the augmented run")
-            plan = plan_augmented(self.offload or self.settings, augmented, self.config, self.reader.hf_config,
-                                  self.dtype, model=self.model_spec)  # a placement given: the executor is the plan's
+            plan = plan_augmented(self.offload or self.settings, augmented, self.config, self.model_spec,
+                                  self.dtype)  # a placement given: the executor is the plan's
             self.run_plan = self._as_run(plan)
         if self.run_plan.pools is None:
             self.run_plan, self.pool_sizes = with_measured_pools(self.run_plan, self.executor)

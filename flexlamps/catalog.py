@@ -12,7 +12,8 @@ from pathlib import Path
 import placement
 from placement.presets import model_presets
 
-from flexlamps.models.description import model_spec_from_hf
+from flexlamps.models.config import ModelConfig
+from flexlamps.models.description import model_spec
 from flexlamps.models.families import families
 from flexlamps.models.families.support import SUPPORT, runs
 from flexlamps.models.loading.builtin import BUILTIN_MODELS
@@ -49,7 +50,8 @@ def describe_model(text: str) -> placement.ModelSpec:
             raise ValueError(f"folder {text!r} has no config.json")
     if path.is_file():
         try:
-            return model_spec_from_hf(json.loads(path.read_text()), name=path.parent.name or path.stem)
+            config = ModelConfig.from_hf(json.loads(path.read_text()))
+            return model_spec(config, name=path.parent.name or path.stem)
         except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
             raise ValueError(f"{path}: {exc}") from None
     try:

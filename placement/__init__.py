@@ -3,7 +3,7 @@
 Pure numpy/scipy (never imports torch), so it can be used on its own to size deployments:
 
     import placement
-    model = placement.model_preset("opt-30b")  # or flexlamps.models.description.model_spec_from_hf(config)
+    model = placement.model_preset("opt-30b")  # or flexlamps.models.description.model_spec(config)
     hw = placement.hardware_preset("t4-flexgen")          # or HardwareSpec.from_json(profile)
     plan = placement.solve(model, hw, placement.WorkloadSpec(prompt_len=512, gen_len=32))
     plan.policy, plan.tokens_per_s

@@ -87,7 +87,6 @@ def _timed(generate, gens, folders) -> dict:
 def worker_flexlamps(args) -> dict:
     from flexlamps import LLM, SamplingParams
     from flexlamps.hardware.cache import machine_profile
-    from flexlamps.models.description import model_spec_from_hf
 
     llm = LLM(str(args.model), dtype="bfloat16", gpu_mem=args.gpu_mem, cpu_mem=args.cpu_mem,
               offload_dir=str(args.offload_dir), policy="auto", max_batch_size=args.batch)
@@ -100,7 +99,7 @@ def worker_flexlamps(args) -> dict:
 
     runs = _timed(generate, (1, args.gen_len), [args.model, args.offload_dir])
     plan, policy = llm.plan, llm.policy
-    spec = model_spec_from_hf(llm.reader.hf_config)
+    spec = llm.model_spec
     hw = machine_profile(args.offload_dir, model_shapes=spec.layer_matrix_shapes())
     block, steps = policy.gpu_batch_size * policy.num_gpu_batches, max(args.gen_len - 1, 1)
     out = {"runs": runs, "policy": policy.to_dict(), "hit_rate": llm.executor.expert_cache.stats()["hit_rate"],
@@ -165,9 +164,10 @@ def _decode(runs: dict, batch: int, gen_len: int) -> dict:
 def _ceilings(args, batch: int, flex: dict) -> dict:
     """Decode tok/s ceilings: reading only each step's routed experts that the budgets cannot hold
     off disk (experts spread evenly), and computing every token's FLOPs at the GEMM peak."""
-    from flexlamps.models.description import model_spec_from_hf
+    from flexlamps.models.config import ModelConfig
+    from flexlamps.models.description import model_spec
 
-    spec = model_spec_from_hf(json.loads((args.model / "config.json").read_text()))
+    spec = model_spec(ModelConfig.from_hf(json.loads((args.model / "config.json").read_text())))
     experts = spec.routed_expert_bytes_per_layer() * spec.num_layers
     dense = spec.weight_bytes_per_layer() * spec.num_layers - experts + spec.embedding_bytes()
     held = min(1.0, max(0.0, (args.gpu_mem + args.cpu_mem - dense) / experts))

@@ -205,13 +205,13 @@ def run_accelerate(folder, prompts, gen_len, dtype, max_memory, offload_dir, bat
     return len(prompts) * gen_len / wall, outs
 
 
-def work_flops(hf_config: dict, num_prompts: int, prompt_len: int, gen_len: int) -> tuple[float, float]:
+def work_flops(config, num_prompts: int, prompt_len: int, gen_len: int) -> tuple[float, float]:
     """(prefill, decode) FLOPs both engines must do: every prompt token through every layer's
     matrices and attention, the head on each prompt's last position only, then gen_len - 1
     decode steps (the planner's own per-token counts, `placement.ModelSpec`)."""
-    from flexlamps.models.description import model_spec_from_hf
+    from flexlamps.models.description import model_spec
 
-    m = model_spec_from_hf(hf_config)  # every family the engine runs
+    m = model_spec(config)  # every family the engine runs
     per_token = m.num_layers * m.matmul_flops_per_token_per_layer()
     prompt_attn = m.num_layers * sum(m.attention_flops_per_query(t + 1) for t in range(prompt_len))
     prefill = num_prompts * (prompt_len * per_token + prompt_attn + m.head_flops_per_token())
@@ -221,14 +221,14 @@ def work_flops(hf_config: dict, num_prompts: int, prompt_len: int, gen_len: int)
     return prefill, decode
 
 
-def gemm_peak(hf_config: dict, rows: int, dtype: torch.dtype, repeats: int = 7) -> float:
+def gemm_peak(config, rows: int, dtype: torch.dtype, repeats: int = 7) -> float:
     """Best FLOP/s of this machine's GEMM (at torch's thread count) on the model's largest stacked
     matrix (LLaMA's gate/up) over `rows` rows: the faster of oneDNN's dense GEMM (prepacked) and,
     in bf16 where it runs, our int8 GEMM (`flexlamps.kernels.int8_gemm`, which 4-bit prompts use): the rate
     no engine computing these layers exceeds by much."""
     from flexlamps.models.blocks.linear import int8_kernel, linear, pack
 
-    hidden, ffn = hf_config["hidden_size"], hf_config["intermediate_size"]
+    hidden, ffn = config.hidden_size, config.intermediate_size
     x = torch.randn(rows, hidden, dtype=dtype)
     w = torch.randn(2 * ffn, hidden) * 0.02
     products = [lambda dense=pack(w.to(dtype)): linear(x, dense)]
@@ -244,8 +244,8 @@ def gemm_peak(hf_config: dict, rows: int, dtype: torch.dtype, repeats: int = 7) 
     return 2 * rows * hidden * 2 * ffn / best
 
 
-def _print_ceiling(hf_config, args, peak: float, acc_tps: float) -> None:
-    prefill, decode = work_flops(hf_config, args.prompts, args.prompt_len, args.gen_len)
+def _print_ceiling(config, args, peak: float, acc_tps: float) -> None:
+    prefill, decode = work_flops(config, args.prompts, args.prompt_len, args.gen_len)
     ceiling = args.prompts * args.gen_len / ((prefill + decode) / peak)
     print(f"compute ceiling: {(prefill + decode) / 1e12:.2f} TFLOP of work (prefill {prefill / 1e12:.2f}, decode "
           f"{decode / 1e12:.2f}) at this machine's best GEMM rate {peak / 1e9:.0f} GFLOP/s "
@@ -309,7 +309,7 @@ def main():
     # its batches are alike, so by default it runs one of them (tokens/s is per batch anyway)
     acc_prompts = prompts[:args.accelerate_prompts or batch]
     ours_runs, acc_runs, peaks = [], [], []
-    llama = bool(reader.hf_config.get("intermediate_size"))  # the ceiling's GEMM probe takes its gate/up
+    llama = reader.config.arch == "decoder"  # the ceiling's GEMM probe takes its gate/up
     for repeat in range(args.repeats):
         ours_runs.append(run_ours(folder, prompts, args.gen_len, args.dtype, gpu_mem, cpu_mem, work / "ours-offload",
                                   args.compress_weight))
@@ -319,7 +319,7 @@ def main():
         print(f"[{repeat + 1}] accelerate disk offload (batch {batch}, {len(acc_prompts)} of the {len(prompts)} prompts, "
               f"resident weights up to {max_memory / 2**20:.0f} MiB, page cache {args.accelerate_page_cache}): "
               f"{acc_runs[-1][0]:.2f} tok/s", flush=True)
-        peaks += [gemm_peak(reader.hf_config, 1024, dtype)] if llama else []
+        peaks += [gemm_peak(reader.config, 1024, dtype)] if llama else []
     ours_tps, ours_ids, _ = max(ours_runs, key=lambda r: r[0])
     acc_tps, acc_ids = max(acc_runs, key=lambda r: r[0])
     same = sum(a == b for a, b in zip(ours_ids, acc_ids))
@@ -328,7 +328,7 @@ def main():
     print(f"ratio flexlamps / accelerate: {ours_tps / acc_tps:.2f}x | identical greedy outputs {same}/{len(acc_ids)}"
           f"{' (flexlamps 4-bit, accelerate uncompressed)' if args.compress_weight else ''}")
     if peaks:
-        _print_ceiling(reader.hf_config, args, max(peaks), acc_tps)
+        _print_ceiling(reader.config, args, max(peaks), acc_tps)
 
 
 def _print_ours(run, repeat: int) -> None:

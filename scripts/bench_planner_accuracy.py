@@ -26,7 +26,7 @@ import torch
 import placement
 from flexlamps import LLM, SamplingParams
 from flexlamps.hardware.machine import profile_machine
-from flexlamps.models.description import model_spec_from_hf
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit, WorkloadSpec
 
@@ -132,7 +132,7 @@ def main():
                          "with the model's matrices)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="flexlamps-acc-"))
-    model = model_spec_from_hf(open_checkpoint(args.model).hf_config)  # every family the engine loads
+    model = model_spec(open_checkpoint(args.model).config)  # every family the engine loads
     runs = {name: Run(args.model, policy, work / f"offload-{i}", args.dtype, args.prompt_len, args.gen_len)
             for i, (name, policy) in enumerate((policies() if args.policy_set == "mixed" else budget_policies()).items())}
     fixed = placement.HardwareSpec.from_json(Path(args.hardware).read_text()) if args.hardware else None

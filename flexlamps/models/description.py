@@ -15,12 +15,11 @@ from flexlamps.models.config import ModelConfig
 from flexlamps.models.weight_specs import WeightSpec, keeps_fp8, weight_specs
 
 
-def model_spec(cfg: ModelConfig, hf_config: dict[str, Any] | None = None, name: str | None = None) -> placement.ModelSpec:
-    """`cfg` as the planner sizes it (its stored dtype and format from `cfg.storage`); `hf_config`
-    only names it (`_name_or_path`)."""
-    hf = hf_config or {}
+def model_spec(cfg: ModelConfig, name: str | None = None) -> placement.ModelSpec:
+    """`cfg` as the planner sizes it (its stored dtype and format from `cfg.storage`), named `name`
+    (default: its model type)."""
     kwargs: dict[str, Any] = dict(
-        name=name or hf.get("_name_or_path") or cfg.model_type, arch=cfg.arch,
+        name=name or cfg.model_type, arch=cfg.arch,
         num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, num_heads=cfg.num_heads,
         num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, intermediate_size=cfg.intermediate_size,
         vocab_size=cfg.vocab_size, dtype=cfg.storage.dtype,
@@ -56,12 +55,6 @@ def _moe_fields(cfg: ModelConfig) -> dict[str, Any]:
     return dict(num_experts=moe.num_experts, num_experts_per_token=moe.num_experts_per_token,
                 num_shared_experts=moe.num_shared_experts, moe_intermediate_size=moe.moe_intermediate_size,
                 num_dense_layers=dense, shared_intermediate_size=moe.shared_intermediate_size)
-
-
-def model_spec_from_hf(hf_config: dict[str, Any], name: str | None = None) -> placement.ModelSpec:
-    """`model_spec` of a config.json's model: its family parses it, so `plan` accepts exactly what
-    `generate` does (the same UnsupportedModelError otherwise)."""
-    return model_spec(ModelConfig.from_hf(hf_config), hf_config, name)
 
 
 # ---- the per-tensor table ------------------------------------------------------------------------

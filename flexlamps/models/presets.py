@@ -14,7 +14,8 @@ from pathlib import Path
 import placement
 from placement.presets import MODEL_PRESETS_PATH
 
-from flexlamps.models.description import model_spec_from_hf
+from flexlamps.models.config import ModelConfig
+from flexlamps.models.description import model_spec
 
 
 def _opt(hidden: int, layers: int, heads: int) -> dict:
@@ -61,7 +62,7 @@ MODEL_CONFIGS: dict[str, dict] = {
 
 def preset_specs() -> dict[str, placement.ModelSpec]:
     """Each preset as its family reads it."""
-    return {name: model_spec_from_hf(config, name=name) for name, config in MODEL_CONFIGS.items()}
+    return {name: model_spec(ModelConfig.from_hf(config), name=name) for name, config in MODEL_CONFIGS.items()}
 
 
 def stored_text() -> str:

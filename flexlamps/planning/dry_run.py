@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 import placement
 from flexlamps.engine.caches.hybrid import kv_view
 from flexlamps.engine.caches.latent import latent_cache_bytes
@@ -25,7 +23,7 @@ from flexlamps.engine.caches.window import layer_rings
 from flexlamps.engine.executors.charges import (PlacementCharges, int4_weights, kv_quant_config, weight_bits,
                                                 with_backend)
 from flexlamps.engine.executors.offloaded import unsupported
-from flexlamps.models.config import ModelConfig
+from flexlamps.planning.target import BlockLengths, PlanTarget
 from offload import TierBudget
 from placement.specs import prompt_columns
 
@@ -38,43 +36,38 @@ class DryRun:
     merged_decode: bool  # the decode sweep ran its micro-batches merged
 
 
-def dry_run(hf_config: dict, policy: placement.Policy, *, gpu_mem: int, cpu_mem: int, prompt_len: int,
-            gen_len: int, dtype: torch.dtype = torch.float16, latent_fp8: bool = False,
-            fused_int4: bool | None = None, routing=None, prefix_len: int = 0,
-            model_spec: placement.ModelSpec | None = None, weight_quant: str | None = None,
-            config=None, logits_per_row: int = 1) -> DryRun:
+def dry_run(target: PlanTarget, policy: placement.Policy, lengths: BlockLengths, *, gpu_mem: int, cpu_mem: int,
+            latent_fp8: bool = False, fused_int4: bool | None = None) -> DryRun:
     """Charge the budgets as `OffloadExecutor` would for one block of `policy`: its
-    `gpu_batch_size * num_gpu_batches` prompts of `prompt_len` tokens generating `gen_len`;
-    `latent_fp8` as the executor's (an MLA latent cache in ESS's FP8 records); `fused_int4`:
-    whether the target multiplies 4-bit weights in place (`PlacementCharges`); `routing`: a MoE
-    model's routing profile (which experts go where); `prefix_len`: a prefix shared by the
-    prompts, held in a one-row cache of its own for the whole run (generate's); `model_spec`: the
-    run's ModelSpec when it has one and `config` its ModelConfig (`PlacementCharges`);
-    `weight_quant`: the executor's weight compression backend (groupwise8 stores 8-bit weights);
-    `logits_per_row`: positions of a prompt row whose logits the prefill returns (1: generation;
-    scoring's rows: every position).
+    `gpu_batch_size * num_gpu_batches` prompts of `lengths.prompt_len` tokens generating
+    `lengths.gen_len`, a shared prefix in a one-row cache of its own for the whole run (generate's),
+    prompt rows returning `lengths.logits_per_row` positions' logits; `latent_fp8` as the
+    executor's (an MLA latent cache in ESS's FP8 records); `fused_int4`: whether the target
+    multiplies 4-bit weights in place (`PlacementCharges`).
 
     Raises:
         ValueError: the executor would not run the policy as planned (see CAPABILITIES).
         BudgetExceededError: a charge does not fit its tier, as in a real run.
     """
-    config = config or ModelConfig.from_hf(hf_config)
+    config, weight_quant = target.config, target.weight_quant
     if problems := unsupported(policy, config):
         raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(problems)})")
     policy = with_backend(policy, weight_quant)
-    run = PlacementCharges(config, policy, dtype, latent_fp8=latent_fp8,
-                           fused_int4=fused_int4, routing=routing, model_spec=model_spec,
-                           int4=int4_weights(policy, weight_quant), weight_bits=weight_bits(policy, weight_quant))
+    run = PlacementCharges(config, policy, target.dtype, latent_fp8=latent_fp8, fused_int4=fused_int4,
+                           routing=target.routing, model_spec=target.model, int4=int4_weights(policy, weight_quant),
+                           weight_bits=weight_bits(policy, weight_quant))
     budgets = {"gpu": TierBudget("gpu", gpu_mem), "cpu": TierBudget("cpu", cpu_mem)}
     for name, tier in run.tiers.items():  # each weight, each piece of a split table
         if tier != "disk":
             budgets[tier].allocate(run.stored[name], f"{name} resident")
     num_slots = policy.gpu_batch_size * policy.num_gpu_batches
+    prompt_len, gen_len = lengths.prompt_len, lengths.gen_len
     disk = _charge_cache(run, budgets, num_slots, prompt_len + gen_len)
-    if prefix_len:
-        disk += _charge_cache(run, budgets, 1, prefix_len)
+    if lengths.prefix_len:
+        disk += _charge_cache(run, budgets, 1, lengths.prefix_len)
     columns = prompt_columns(prompt_len)  # a one-token prompt runs in two columns
-    _sweep(run, budgets, [(policy.gpu_batch_size, columns, columns)] * policy.num_gpu_batches, logits_per_row)
+    _sweep(run, budgets, [(policy.gpu_batch_size, columns, columns)] * policy.num_gpu_batches,
+           lengths.logits_per_row)
     span = prompt_len + gen_len - 1  # the last decode step attends to the longest context
     merged = (policy.merge_decode and policy.num_gpu_batches > 1
               and run.sweep_gpu_peak([(num_slots, 1, span)]) <= budgets["gpu"].free_bytes)

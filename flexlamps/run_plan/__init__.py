@@ -1,6 +1,6 @@
 """The run plan: what a run runs with, decided once, and the executor built from it.
 
-    plan = plan_run(settings, config, hf_config, dtype, Workload(...), hardware=..., disk_bytes=...)
+    plan = plan_run(settings, config, model, dtype, Workload(...), hardware=..., disk_bytes=...)
     executor = build_executor(plan, reader)
 
 `plan.py` is the pure step (settings and workload in, `RunPlan` out: placement policy, batch

@@ -20,9 +20,9 @@ import torch
 from flexlamps.engine.augmented.pools import agents_workload, planner_budgets
 from flexlamps.engine.augmented.run import AgentsConfig
 from flexlamps.engine.caches.paged_state import paged_state_blocks
-from flexlamps.planning.policy_choice import load_policy, plan_policy
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.description import model_spec
+from flexlamps.planning.policy_choice import load_policy, plan_policy
+from flexlamps.planning.target import BlockLengths, Compression, PlanTarget
 from flexlamps.models.families.support import check_paged
 from flexlamps.settings import AugmentedSettings, RunSettings
 import placement
@@ -68,13 +68,12 @@ class RunPlan:
         return self.policy is not None
 
 
-def plan_run(settings: RunSettings, config: ModelConfig, hf_config: dict, dtype: torch.dtype,
-             workload: Workload = Workload(), *, model: placement.ModelSpec | None = None,
-             hardware: placement.HardwareSpec | None = None, disk_bytes: int | None = None,
-             routing=None, budgets: tuple[int, int] | None = None) -> RunPlan:
+def plan_run(settings: RunSettings, config: ModelConfig, model: placement.ModelSpec, dtype: torch.dtype,
+             workload: Workload = Workload(), *, hardware: placement.HardwareSpec | None = None,
+             disk_bytes: int | None = None, routing=None, budgets: tuple[int, int] | None = None) -> RunPlan:
     """The plan for `workload`. Offloaded settings need their budgets filled in
     (`RunSettings.with_budgets`), and policy "auto" needs `hardware` and `disk_bytes`. `model`:
-    the run's ModelSpec when the caller built it already (once per run), else built here.
+    the planner's view of `config`, built once a run (`models.description.model_spec`).
     `routing`: a MoE model's measured routing profile, which "auto" prices the experts by.
     `budgets`: the (gpu, cpu) bytes the planner may fill, when part of each tier is kept for
     something it does not plan (the augmented face's pools); the executor still runs within
@@ -84,15 +83,16 @@ def plan_run(settings: RunSettings, config: ModelConfig, hf_config: dict, dtype:
         ValueError: a policy file that is not one; budgets not filled in; no hardware for "auto".
         placement.InfeasiblePlanError: no placement runs within the budgets.
     """
-    model = model or model_spec(config, hf_config)
     if not settings.offloaded:
         return RunPlan(settings=settings, model=model, dtype=dtype, workload=workload, policy=None, predicted=None,
                        max_batch_size=settings.max_batch_size, micro_batch=None, planner_budgets=None)
     if settings.gpu_mem is None or settings.cpu_mem is None:
         raise ValueError("an offloaded run is planned within both tier budgets: fill them in first "
                          "(RunSettings.with_budgets)")
-    machine = dict(hardware=hardware, disk_bytes=disk_bytes, routing=routing)
-    policy, predicted = _placement(settings, model, config, hf_config, dtype, workload, machine, budgets)
+    machine = dict(hardware=hardware, disk_bytes=disk_bytes)
+    target = PlanTarget(config=config, model=model, dtype=dtype, weight_quant=settings.weight_quant,
+                        routing=routing)
+    policy, predicted = _placement(settings, target, workload, machine, budgets)
     if settings.compress_weight is not None or settings.compress_cache is not None:
         policy = dataclasses.replace(
             policy, compress_weight=_given(settings.compress_weight, policy.compress_weight),
@@ -102,10 +102,9 @@ def plan_run(settings: RunSettings, config: ModelConfig, hf_config: dict, dtype:
                    planner_budgets=budgets)
 
 
-def plan_augmented(settings: RunSettings, augmented: AugmentedSettings, config: ModelConfig, hf_config: dict,
-                   dtype: torch.dtype, *, model: placement.ModelSpec | None = None,
-                   hardware: placement.HardwareSpec | None = None, disk_bytes: int | None = None,
-                   routing=None) -> RunPlan:
+def plan_augmented(settings: RunSettings, augmented: AugmentedSettings, config: ModelConfig,
+                   model: placement.ModelSpec, dtype: torch.dtype, *, hardware: placement.HardwareSpec | None = None,
+                   disk_bytes: int | None = None, routing=None) -> RunPlan:
     """The plan of an augmented run: offloaded, the planner places the weights for one sequence
     (the KV cache lives in the paged pools, not where it would put it) within budgets that keep
     room for the pools, which the built executor then measures (`build.with_measured_pools`);
@@ -128,8 +127,8 @@ def plan_augmented(settings: RunSettings, augmented: AugmentedSettings, config: 
     if settings.offloaded and settings.gpu_mem is not None and settings.cpu_mem is not None:
         budgets = planner_budgets(settings.gpu_mem, settings.cpu_mem, per_token, augmented.max_num_seqs,
                                   augmented.max_context, state_bytes=state)
-    plan = plan_run(settings, config, hf_config, dtype, workload, model=model, hardware=hardware,
-                    disk_bytes=disk_bytes, routing=routing, budgets=budgets)
+    plan = plan_run(settings, config, model, dtype, workload, hardware=hardware, disk_bytes=disk_bytes,
+                    routing=routing, budgets=budgets)
     pools = None
     if not plan.offloaded:
         contexts = DEFAULT_POOL_CONTEXTS
@@ -148,26 +147,24 @@ def agents_config(augmented: AugmentedSettings, gpu_kv_bytes: int, cpu_swap_byte
                         noise_sigma=augmented.noise_sigma, seed=augmented.seed)
 
 
-def _placement(settings: RunSettings, model: placement.ModelSpec, config: ModelConfig, hf_config: dict,
-               dtype: torch.dtype, workload: Workload, machine: dict,
+def _placement(settings: RunSettings, target: PlanTarget, workload: Workload, machine: dict,
                budgets) -> tuple[placement.Policy, placement.Plan | None]:
     """The placement policy the settings name, and the planner's answer when it chose it (`machine`:
-    plan_run's hardware, disk_bytes and routing)."""
+    plan_run's hardware and disk_bytes)."""
     policy = settings.policy
     if isinstance(policy, str) and policy == "auto":
         if machine["hardware"] is None:
             raise ValueError("policy 'auto' is planned with this machine's profile: pass hardware "
                              "(flexlamps.run_plan.build.machine_inputs)")
         gpu_mem, cpu_mem = budgets or (settings.gpu_mem, settings.cpu_mem)
-        compress = bool(settings.compress_weight or settings.compress_cache)
-        predicted = plan_policy(hf_config, dtype, machine["hardware"], gpu_mem=gpu_mem, cpu_mem=cpu_mem,
-                                disk_bytes=machine["disk_bytes"], routing=machine["routing"],
-                                prompt_len=workload.prompt_len, gen_len=workload.gen_len,
-                                max_block_size=max(1, workload.num_sequences), allow_compression=compress,
-                                compress_weight=settings.compress_weight, compress_cache=settings.compress_cache,
-                                prefix_len=workload.prefix_len if settings.reuse_prefix else 0, model=model,
-                                weight_quant=settings.weight_quant, config=config,
-                                logits_per_row=workload.logits_per_row)
+        compression = Compression(allow=bool(settings.compress_weight or settings.compress_cache),
+                                  weight=settings.compress_weight, cache=settings.compress_cache)
+        lengths = BlockLengths(prompt_len=workload.prompt_len, gen_len=workload.gen_len,
+                               prefix_len=workload.prefix_len if settings.reuse_prefix else 0,
+                               logits_per_row=workload.logits_per_row)
+        predicted = plan_policy(target, machine["hardware"], lengths, gpu_mem=gpu_mem, cpu_mem=cpu_mem,
+                                disk_bytes=machine["disk_bytes"], max_block_size=max(1, workload.num_sequences),
+                                compression=compression)
         return predicted.policy, predicted
     if isinstance(policy, (str, Path)):
         return load_policy(policy), None

@@ -11,7 +11,9 @@ from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
 from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.planning.dry_run import dry_run
+from flexlamps.planning.target import BlockLengths
 from placement import Policy, TierSplit
+from tests.described import plan_target
 
 GiB = 2**30
 ALL_GPU = TierSplit(gpu=1, cpu=0, disk=0)
@@ -57,5 +59,5 @@ def test_an_mla_latent_cache_on_disk_is_refused_by_the_executor_and_its_dry_run(
     with pytest.raises(ValueError, match="latent cache or a DeltaNet state on disk"):
         OffloadExecutor(open_checkpoint(folder), policy, gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
     with pytest.raises(ValueError, match="latent cache or a DeltaNet state on disk"):
-        dry_run(json.loads((folder / "config.json").read_text()), policy, gpu_mem=GiB, cpu_mem=GiB,
-                prompt_len=8, gen_len=4)
+        dry_run(plan_target(json.loads((folder / "config.json").read_text())), policy,
+                BlockLengths(prompt_len=8, gen_len=4), gpu_mem=GiB, cpu_mem=GiB)

@@ -234,7 +234,7 @@ def test_max_rss_is_refused_upfront(tiny_llama, tmp_path, monkeypatch, budgets):
 
     built, real = [], flexlamps.api.model_spec
     monkeypatch.setattr(flexlamps.api, "model_spec", lambda *a, **k: built.append(1) or real(*a, **k))
-    monkeypatch.setattr(description, "model_spec_from_hf", lambda *a, **k: pytest.fail("a second ModelSpec"))
+    monkeypatch.setattr(description, "model_spec", lambda *a, **k: pytest.fail("a second ModelSpec"))
     monkeypatch.setattr(checkpoint.HFFolderReader, "read", lambda *a, **k: pytest.fail("a weight was read"))
     prompts = _write_prompts(tmp_path / "in.jsonl", 1)
     res = CliRunner().invoke(main, ["generate", "--model", str(tiny_llama), "--prompts", str(prompts), "--out",
@@ -255,11 +255,10 @@ def test_max_rss_plans_the_cache_in_the_dtype_it_is_held(tiny_llama):
     from flexlamps.settings import RunSettings
 
     reader = open_checkpoint(str(tiny_llama))
-    cfg, spec = reader.hf_config, model_spec(reader.config, reader.hf_config)
+    cfg, spec = reader.config, model_spec(reader.config)
     plan = lambda per_value: planned_rss_bytes(spec, 4.0, offload_budgets=None, num_sequences=64,  # noqa: E731
                                                context_len=512, cache_bytes_per_value=per_value)
-    values = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * (
-        cfg["hidden_size"] // cfg["num_attention_heads"]) * 512 * 64
+    values = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 512 * 64
     assert plan(4) - plan(2) == 2 * values
     for dtype, cache_bytes in (("bfloat16", 2), ("float32", 4), ("float16", 4)):
         settings = GenerateSettings(run=RunSettings(model=str(tiny_llama), dtype=dtype, max_batch_size=64),

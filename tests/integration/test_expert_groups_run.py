@@ -10,19 +10,22 @@ import pytest
 import torch
 
 import placement
-from flexlamps.planning import policy_choice
-from flexlamps.planning.dry_run import dry_run
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
+from flexlamps.planning import policy_choice
+from flexlamps.planning.dry_run import dry_run
+from flexlamps.planning.target import BlockLengths, Compression
 from offload import BudgetExceededError
 from tests.checkpoints import make_checkpoint
+from tests.described import plan_target
 
 MiB = 1 << 20
 GPU_MEM, CPU_MEM = 8 * MiB, 2 * MiB
 PROMPT_LEN, DECODE_STEPS = 40, 6
+LENGTHS = BlockLengths(prompt_len=PROMPT_LEN, gen_len=DECODE_STEPS + 1)
 # a layer's 32 experts: 32 x 3 x 192 x 160 fp32 = 11.2 MiB, more than the gpu tier
 SHAPE = dict(hidden_size=192, moe_intermediate_size=160, num_experts=32, num_experts_per_tok=2, decoder_sparse_step=1,
              num_hidden_layers=4, head_dim=48, intermediate_size=192)
@@ -34,9 +37,9 @@ def reader(tmp_path_factory):
 
 
 def _plan(reader):
-    return policy_choice.plan_policy(reader.hf_config, torch.float32, placement.hardware_preset("t4-flexgen"),
-                                     gpu_mem=GPU_MEM, cpu_mem=CPU_MEM, disk_bytes=1 << 33, prompt_len=PROMPT_LEN,
-                                     gen_len=DECODE_STEPS + 1, max_block_size=1, allow_compression=False)
+    return policy_choice.plan_policy(plan_target(reader.config, torch.float32), placement.hardware_preset("t4-flexgen"),
+                                     LENGTHS, gpu_mem=GPU_MEM, cpu_mem=CPU_MEM, disk_bytes=1 << 33, max_block_size=1,
+                                     compression=Compression(allow=False))
 
 
 def _read_bytes() -> int:
@@ -66,8 +69,8 @@ def test_an_8_mib_gpu_tier_streams_the_experts_and_runs_as_in_memory(reader, tmp
     plan = _plan(reader)
     assert plan.policy.expert_group > 0
     with pytest.raises(BudgetExceededError, match="gpu"):  # every touched expert staged at once: too big
-        dry_run(reader.hf_config, dataclasses.replace(plan.policy, expert_group=0), gpu_mem=GPU_MEM, cpu_mem=CPU_MEM, prompt_len=PROMPT_LEN, gen_len=DECODE_STEPS + 1,
-                dtype=torch.float32)
+        dry_run(plan_target(reader.config, torch.float32), dataclasses.replace(plan.policy, expert_group=0), LENGTHS,
+                gpu_mem=GPU_MEM, cpu_mem=CPU_MEM)
     expected = _run(InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32))
     ex = OffloadExecutor(reader, plan.policy, gpu_mem=GPU_MEM, cpu_mem=CPU_MEM, offload_dir=tmp_path / "off",
                          dtype=torch.float32)

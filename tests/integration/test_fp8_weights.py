@@ -99,6 +99,8 @@ def test_dry_run_charges_what_the_fp8_executor_charges(fp8_models, tmp_path):
     from flexlamps.engine.batch.generate import generate
     from flexlamps.engine.batch.sampling import SamplingParams
     from flexlamps.planning.dry_run import dry_run
+    from flexlamps.planning.target import BlockLengths
+    from tests.described import plan_target
 
     reader = open_checkpoint(fp8_models["deepseek_v3"])
     policy = Policy(gpu_batch_size=2, num_gpu_batches=2, weights=SPLITS["gpu_cpu_disk"], cache=ON_GPU,
@@ -113,8 +115,8 @@ def test_dry_run_charges_what_the_fp8_executor_charges(fp8_models, tmp_path):
                  max_batch=4, micro_batch=2, reuse_prefix=False)
     finally:
         ex.close()
-    run = dry_run(reader.hf_config, policy, gpu_mem=budget, cpu_mem=budget, prompt_len=prompt_len,
-                  gen_len=gen_len, dtype=torch.float32)
+    run = dry_run(plan_target(reader.config, torch.float32), policy,
+                  BlockLengths(prompt_len=prompt_len, gen_len=gen_len), gpu_mem=budget, cpu_mem=budget)
     fp8 = [s for s in ex.specs if ex.charges.is_fp8(s)]
     assert fp8 and ex.charges.call_copies(1, 1) > 0
     assert run.peak_bytes["disk"] == sum(ex.charges.stored[n] for n, t in ex.tiers.items() if t == "disk")

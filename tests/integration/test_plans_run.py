@@ -19,6 +19,8 @@ from flexlamps.api import planning_lengths
 from flexlamps.engine.batch.generate import MIN_SHARED_PREFIX
 from flexlamps.planning import policy_choice
 from flexlamps.planning.dry_run import dry_run
+from flexlamps.planning.target import BlockLengths, Compression
+from tests.described import plan_target
 
 MiB = 1 << 20
 HARDWARE = "t4-flexgen"
@@ -40,7 +42,8 @@ def builtin(smollm2_path):
     from flexlamps.settings import RunSettings
 
     reader = open_checkpoint(smollm2_path)
-    return reader, RunSettings().resolve_dtype(reader)  # the default dtype: bf16, its blocks in place
+    # the default dtype: bf16, its blocks in place
+    return plan_target(reader.config, RunSettings().resolve_dtype(reader))
 
 
 def test_plans_are_made_for_the_longest_prompt_and_the_shared_prefix():
@@ -51,7 +54,7 @@ def test_plans_are_made_for_the_longest_prompt_and_the_shared_prefix():
     assert MIN_SHARED_PREFIX <= SHARED
 
 
-def _check_grid(reader, dtype, points, disk: int | None) -> int:
+def _check_grid(target, points, disk: int | None) -> int:
     """Plan at every point; each feasible plan must pass the dry run. Returns how many were."""
     hw = placement.hardware_preset(HARDWARE)
     longest, shared = planning_lengths(PROMPTS)
@@ -59,46 +62,44 @@ def _check_grid(reader, dtype, points, disk: int | None) -> int:
     for gpu, cpu in points:
         budgets = dict(gpu_mem=gpu * MiB, cpu_mem=cpu * MiB)
         try:
-            plan = policy_choice.plan_policy(reader.hf_config, dtype, hw, disk_bytes=disk, prompt_len=longest,
-                                             gen_len=GEN_LEN, max_block_size=NUM_PROMPTS, allow_compression=False,
-                                             prefix_len=shared, **budgets)
+            plan = policy_choice.plan_policy(target, hw, BlockLengths(prompt_len=longest, gen_len=GEN_LEN,
+                                                                      prefix_len=shared),
+                                             disk_bytes=disk, max_block_size=NUM_PROMPTS,
+                                             compression=Compression(allow=False), **budgets)
         except placement.InfeasiblePlanError:
             continue
         feasible += 1
         # what generate holds: the longest prompt's cache rows, the prefix's own cache
-        dry_run(reader.hf_config, plan.policy, prompt_len=LONGEST, gen_len=GEN_LEN, dtype=dtype, prefix_len=SHARED,
+        dry_run(target, plan.policy, BlockLengths(prompt_len=LONGEST, gen_len=GEN_LEN, prefix_len=SHARED),
                 **budgets)  # raises BudgetExceededError where the engine would
     return feasible
 
 
 @pytest.mark.parametrize("disk", [None, DISK], ids=["no-disk", "disk"])
 def test_every_feasible_plan_passes_the_dry_run_coarse(builtin, disk):
-    reader, dtype = builtin
-    assert dtype == torch.bfloat16
-    assert _check_grid(reader, dtype, COARSE, disk) >= (3 if disk is None else 8)
+    assert builtin.dtype == torch.bfloat16
+    assert _check_grid(builtin, COARSE, disk) >= (3 if disk is None else 8)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("disk", [None, DISK], ids=["no-disk", "disk"])
 def test_every_feasible_plan_passes_the_dry_run_fine(builtin, disk):
-    reader, dtype = builtin
-    assert _check_grid(reader, dtype, itertools.product(GPU_MIB, CPU_MIB), disk) >= (40 if disk is None else 100)
+    assert _check_grid(builtin, itertools.product(GPU_MIB, CPU_MIB), disk) >= (40 if disk is None else 100)
 
 
 def test_a_plan_the_dry_run_refuses_is_an_error_not_a_replan(builtin, monkeypatch):
     """One memory model: the plan is made once, at the user's budgets. Where the engine would
     still charge more than a tier holds, planning stops with the tier and the shortfall (no loop
     of plans with less room); the plan the dry run passes is the planner's own."""
-    reader, dtype = builtin
-    common = dict(gpu_mem=64 * MiB, cpu_mem=512 * MiB, disk_bytes=None, prompt_len=53, gen_len=GEN_LEN,
-                  max_block_size=NUM_PROMPTS, allow_compression=False)
-    hw = placement.hardware_preset(HARDWARE)
-    plan = policy_choice.plan_policy(reader.hf_config, dtype, hw, **common)
+    common = dict(gpu_mem=64 * MiB, cpu_mem=512 * MiB, disk_bytes=None, max_block_size=NUM_PROMPTS,
+                  compression=Compression(allow=False))
+    hw, lengths = placement.hardware_preset(HARDWARE), BlockLengths(prompt_len=53, gen_len=GEN_LEN)
+    plan = policy_choice.plan_policy(builtin, hw, lengths, **common)
     assert plan.budget_bytes["gpu"] == pytest.approx(0.9 * 64 * MiB)
     calls = []
     monkeypatch.setattr(policy_choice, "_dry_run_shortfall", lambda *args: calls.append(args) or ("gpu", 4 * MiB))
     with pytest.raises(placement.InfeasiblePlanError, match="gpu tier .as the engine charges it.: needs 4.0 MiB"):
-        policy_choice.plan_policy(reader.hf_config, dtype, hw, **common)
+        policy_choice.plan_policy(builtin, hw, lengths, **common)
     assert len(calls) == 1
 
 

@@ -228,7 +228,7 @@ def test_the_planner_prices_the_bytes_a_decode_step_reads_off_disk(family_reader
     import dataclasses
 
     import placement
-    from flexlamps.models.description import model_spec_from_hf
+    from tests.described import described
 
     reader = family_reader
     policy = Policy(gpu_batch_size=1, num_gpu_batches=1, weights=TierSplit(gpu=0.0, cpu=0.0, disk=1.0),
@@ -240,7 +240,7 @@ def test_the_planner_prices_the_bytes_a_decode_step_reads_off_disk(family_reader
         _greedy(ex, reads)
     finally:
         ex.close()
-    spec = dataclasses.replace(model_spec_from_hf(reader.hf_config), dtype="fp32")
+    spec = dataclasses.replace(described(reader.config)[1], dtype="fp32")
     hw = placement.hardware_preset("rtx4090")
     workload = placement.WorkloadSpec(prompt_len=PROMPT_LEN, gen_len=DECODE_STEPS + 1)
     predicted = placement.predict(policy, spec, hw, workload).decode_layer_s["dtoc"] * hw.disk_read_bytes_per_s

@@ -8,6 +8,7 @@ from unittest import mock
 import placement
 from flexlamps import LLM
 from flexlamps.planning.dry_run import dry_run
+from flexlamps.planning.target import BlockLengths, PlanTarget
 
 CONTEXT = "the quick brown fox jumps over the lazy dog hello world"
 CONTEXTS = [CONTEXT] * 4 + ["once upon a time", "hello"]
@@ -24,8 +25,10 @@ def test_an_auto_plan_scores_within_its_budgets(tiny_llama, tmp_path):
     assert [o.token_logprobs for o in got] == [o.token_logprobs for o in want]
     w = llm.run_plan.workload
     assert w.scoring and w.logits_per_row == w.prompt_len - w.prefix_len
-    run = dry_run(llm.reader.hf_config, llm.policy, gpu_mem=gpu_mem, cpu_mem=cpu_mem, prompt_len=w.prompt_len,
-                  gen_len=w.gen_len, dtype=llm.dtype, prefix_len=w.prefix_len, logits_per_row=w.logits_per_row)
+    target = PlanTarget(config=llm.config, model=llm.model_spec, dtype=llm.dtype)
+    lengths = BlockLengths(prompt_len=w.prompt_len, gen_len=w.gen_len, prefix_len=w.prefix_len,
+                           logits_per_row=w.logits_per_row)
+    run = dry_run(target, llm.policy, lengths, gpu_mem=gpu_mem, cpu_mem=cpu_mem)
     for tier, use in llm.executor.tier_use().items():
         assert use.peak_bytes <= run.peak_bytes[tier], (tier, use.peak_bytes, run.peak_bytes[tier])
     llm.close()

@@ -48,13 +48,13 @@ def engines(tmp_path_factory):
 
 def _engine(zoo, tmp_path_factory, model: str, dtype: str, offloaded: bool):
     from flexlamps import LLM
-    from flexlamps.models.description import model_spec_from_hf
+    from tests.described import described
     from flexlamps.models.loading.registry import open_checkpoint
 
     path = zoo.path(model)
     budgets = {}
     if offloaded:  # the offload executor, its gpu tier short of the weights (in fp32) plus room to run
-        weights = model_spec_from_hf(open_checkpoint(path).hf_config).total_weight_bytes() * 4
+        weights = described(open_checkpoint(path).config)[1].total_weight_bytes() * 4
         budgets = dict(gpu_mem=weights // 2 + (8 << 20), cpu_mem=4 * weights + (64 << 20),
                        offload_dir=str(tmp_path_factory.mktemp("off")))
     # a preset machine: planning does not measure this one (the plan's shape is not what is tested)

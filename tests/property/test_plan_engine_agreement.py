@@ -8,9 +8,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import placement
-from flexlamps.planning.dry_run import dry_run
 from flexlamps.engine.executors.offloaded import CAPABILITIES, OffloadExecutor
-from flexlamps.models.description import model_spec_from_hf
+from flexlamps.planning.dry_run import dry_run
+from flexlamps.planning.target import BlockLengths, PlanTarget
+from tests.described import described, plan_target
 from placement import Policy, TierSplit, WorkloadSpec
 
 ON_GPU = TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
@@ -71,8 +72,7 @@ def _mla_models(draw) -> dict:
 
 @st.composite
 def _cases(draw, models=_models()):
-    config = draw(models)
-    model = model_spec_from_hf(config)  # the engine's description (every family it runs)
+    config, model = described(draw(models))  # the engine's description (every family it runs)
     weights = model.total_weight_bytes()
     # memory around the model's size, so every tier matters in some cases
     hw = placement.hardware_preset(draw(st.sampled_from(HARDWARE))).with_memory(
@@ -96,8 +96,9 @@ def _check_plan_runs_in_a_dry_run(case, within: float = 0.1, budget_share: float
         assume(False)
     dtype = torch.bfloat16 if model.dtype == "bf16" else torch.float16
     # the target GPU's kernel rule, which the plan followed (no fused 4-bit kernel on a T4)
-    run = dry_run(config, plan.policy, gpu_mem=hw.gpu_mem_bytes, cpu_mem=hw.cpu_mem_bytes,
-                  prompt_len=workload.prompt_len, gen_len=workload.gen_len, dtype=dtype,
+    run = dry_run(PlanTarget(config=config, model=model, dtype=dtype), plan.policy,
+                  BlockLengths(prompt_len=workload.prompt_len, gen_len=workload.gen_len),
+                  gpu_mem=hw.gpu_mem_bytes, cpu_mem=hw.cpu_mem_bytes,
                   fused_int4=placement.int4_runs_in_place(hw, model.dtype))
     capacity = {"gpu": hw.gpu_mem_bytes, "cpu": hw.cpu_mem_bytes, "disk": hw.disk_bytes}
     # the engine places whole tensors and whole cache layers: each tier boundary may fall half
@@ -213,8 +214,9 @@ def _check_dry_run_charges_what_the_executor_charges(reader, policy, tmp_path, *
     params = [SamplingParams(max_new_tokens=gen_len, ignore_eos=True)] * len(ids)
     generate(executor, reader.tokenizer, ids, params, max_batch=policy.block_size,
              micro_batch=policy.gpu_batch_size, reuse_prefix=False)
-    run = dry_run(reader.hf_config, policy, gpu_mem=budget, cpu_mem=budget, prompt_len=prompt_len,
-                  gen_len=gen_len, dtype=torch.float32, **options)
+    target = plan_target(reader.config, torch.float32, weight_quant=options.get("weight_quant"))
+    run = dry_run(target, policy, BlockLengths(prompt_len=prompt_len, gen_len=gen_len), gpu_mem=budget,
+                  cpu_mem=budget, latent_fp8=options.get("latent_fp8", False))
     executor.close()
     for tier in ("gpu", "cpu"):
         measured = executor.budgets[tier].peak_bytes
@@ -264,7 +266,8 @@ def test_a_latent_cache_refuses_what_it_cannot_run(deepseek_models, flag):
     with pytest.raises(ValueError, match="without compress_cache and cpu_attention"):
         OffloadExecutor(reader, policy, gpu_mem=1 << 28, cpu_mem=1 << 28)
     with pytest.raises(ValueError, match="without compress_cache and cpu_attention"):
-        dry_run(reader.hf_config, policy, gpu_mem=1 << 28, cpu_mem=1 << 28, prompt_len=8, gen_len=2)
+        dry_run(plan_target(reader.config), policy, BlockLengths(prompt_len=8, gen_len=2), gpu_mem=1 << 28,
+                cpu_mem=1 << 28)
 
 
 @st.composite

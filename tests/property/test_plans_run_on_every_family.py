@@ -77,13 +77,13 @@ def _pairs(case: dict, prompts: list[list[int]], vocab_size: int) -> list[tuple[
 def _check_the_plan_runs(zoo: CheckpointZoo, case: dict, tmp) -> None:
     from flexlamps import LLM, SamplingParams
     from flexlamps.api import planning_lengths
-    from flexlamps.planning.dry_run import dry_run
-    from flexlamps.models.description import model_spec_from_hf
     from flexlamps.models.loading.registry import open_checkpoint
+    from flexlamps.planning.dry_run import dry_run
+    from flexlamps.planning.target import BlockLengths, PlanTarget
+    from tests.described import described
 
     path = zoo.path(case["kind"], case["vocab"])
-    hf_config = open_checkpoint(path).hf_config
-    spec = model_spec_from_hf(hf_config)
+    _, spec = described(open_checkpoint(path).config)
     weights = spec.total_weight_bytes() / spec.dtype_bytes * 4  # in float32
     gpu_mem, cpu_mem = int(weights * case["gpu_share"]), int(weights * case["cpu_share"])
     hw = placement.hardware_preset(case["hardware"])
@@ -115,9 +115,10 @@ def _check_the_plan_runs(zoo: CheckpointZoo, case: dict, tmp) -> None:
     finally:
         llm.close()
     w = llm.run_plan.workload
-    run = dry_run(llm.reader.hf_config, llm.policy, gpu_mem=gpu_mem, cpu_mem=cpu_mem, prompt_len=w.prompt_len,
-                  gen_len=w.gen_len, dtype=llm.dtype, prefix_len=w.prefix_len, weight_quant=case["weight_quant"],
-                  logits_per_row=w.logits_per_row)
+    target = PlanTarget(config=llm.config, model=llm.model_spec, dtype=llm.dtype, weight_quant=case["weight_quant"])
+    lengths = BlockLengths(prompt_len=w.prompt_len, gen_len=w.gen_len, prefix_len=w.prefix_len,
+                           logits_per_row=w.logits_per_row)
+    run = dry_run(target, llm.policy, lengths, gpu_mem=gpu_mem, cpu_mem=cpu_mem)
     for tier, use in executor.tier_use().items():
         assert use.peak_bytes <= run.peak_bytes[tier], (tier, use.peak_bytes, run.peak_bytes[tier], llm.policy)
 

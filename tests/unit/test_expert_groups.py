@@ -9,7 +9,7 @@ import pytest
 
 import placement
 from flexlamps.engine.executors.expert_groups import ExpertGroups
-from flexlamps.models.description import model_spec_from_hf
+from tests.described import described
 from placement.expert_groups import STREAMED, experts_read, staged_share
 
 
@@ -86,7 +86,7 @@ def _policy(**fields):
 
 
 def test_a_group_stages_its_experts_and_a_streamed_sweep_of_several_calls_reads_each_calls_own():
-    model = model_spec_from_hf(QWEN3_MOE)
+    model = described(QWEN3_MOE)[1]
     assert staged_share(model, 128, 0) == 1.0 and staged_share(model, 128, STREAMED) == 2 / 128
     assert staged_share(model, 0.125, STREAMED) == staged_share(model, 0.125, 0) == 1 / 128
     # one call reads each touched expert once either way; four calls streamed read each call's own
@@ -106,7 +106,7 @@ def test_the_planner_streams_experts_where_staging_every_touched_one_does_not_fi
     """A gpu tier a tenth of one layer's experts: staging the 128 a prompt touches cannot fit,
     two at a time does; where the gpu tier holds the model, staging is moot and the tie goes to
     staging them together (every read started at once)."""
-    model = model_spec_from_hf(QWEN3_MOE)
+    model = described(QWEN3_MOE)[1]
     layer_experts = model.routed_expert_bytes_per_layer()
     tight = dataclasses.replace(HW, gpu_mem_bytes=int(layer_experts / 10), cpu_mem_bytes=1 << 30)
     plan = placement.solve(model, tight, WORKLOAD, allow_weight_compression=False, max_block_size=4)
@@ -135,7 +135,7 @@ def test_a_job_of_many_prompts_shares_each_expert_read_among_as_many_sequences_a
     (or less) of the disk bytes a token of a block of 8 at the same placement. The caches kept in
     memory (`plan --no-cache-on-disk`); with them allowed on disk the block grows past what the cpu
     tier holds (`test_placement_moe_job.py`)."""
-    model = model_spec_from_hf(SMALL_MOE)
+    model = described(SMALL_MOE)[1]
     hw = dataclasses.replace(HW, gpu_mem_bytes=8 << 20, cpu_mem_bytes=48 << 20)
     job = placement.WorkloadSpec(prompt_len=128, gen_len=64)
     in_memory = dataclasses.replace(placement.EngineCapabilities(), cache_on_disk=False)

@@ -205,7 +205,7 @@ def test_max_rss_charges_no_dense_copy_where_prompts_run_on_the_codes(tmp_path, 
 
     path = write_tiny_gguf(tmp_path / "q4.gguf")
     reader = GGUFReader(path)
-    spec = model_spec(reader.config, reader.hf_config)
+    spec = model_spec(reader.config)
     settings = GenerateSettings(run=RunSettings(model=str(path), dtype="auto", max_batch_size=2), max_new_tokens=0)
     context = min(reader.config.max_position, 512)
     codes_only = memory.planned_rss_bytes(spec, memory._AUTO_INT4_BYTES - memory._TWIN_BYTES, offload_budgets=None,

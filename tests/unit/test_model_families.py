@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from flexlamps.models.config import ModelConfig, UnsupportedModelError
-from flexlamps.models.description import model_spec_from_hf
+from tests.described import described
 from flexlamps.models.families import families, family_for, supported_model_types
 from flexlamps.models.forward import FORWARDS
 from flexlamps.models.weight_specs import hf_name, weight_specs
@@ -36,7 +36,7 @@ def test_an_unknown_family_is_refused_alike_by_generate_and_plan():
     with pytest.raises(UnsupportedModelError) as by_generate:
         ModelConfig.from_hf(config)
     with pytest.raises(UnsupportedModelError) as by_plan:
-        model_spec_from_hf(config)
+        described(config)[1]
     assert str(by_generate.value) == str(by_plan.value)
     assert "no-such-family" in str(by_generate.value) and "flexlamps models" in str(by_generate.value)
 
@@ -88,7 +88,7 @@ def test_options_we_do_not_run_are_refused_alike_by_generate_and_plan(config, fi
     with pytest.raises(UnsupportedModelError) as by_generate:
         ModelConfig.from_hf(config)
     with pytest.raises(UnsupportedModelError) as by_plan:
-        model_spec_from_hf(config)
+        described(config)[1]
     assert str(by_generate.value) == str(by_plan.value) and field in str(by_generate.value)
 
 

@@ -4,7 +4,7 @@ the ones they do not run by name, alike for generate and plan."""
 import pytest
 
 from flexlamps.models.config import ModelConfig, UnsupportedModelError
-from flexlamps.models.description import model_spec_from_hf
+from tests.described import described
 from flexlamps.models.families import family_for
 
 MOE_CLASSES = {"mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig", "qwen3_moe": "Qwen3MoeConfig",
@@ -30,5 +30,5 @@ def test_options_we_do_not_run_are_refused_alike_by_generate_and_plan(model_type
     with pytest.raises(UnsupportedModelError, match=field) as by_generate:
         ModelConfig.from_hf(hf)
     with pytest.raises(UnsupportedModelError) as by_plan:
-        model_spec_from_hf(hf)
+        described(hf)[1]
     assert str(by_generate.value) == str(by_plan.value)

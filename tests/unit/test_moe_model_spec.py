@@ -20,7 +20,7 @@ def _hf_config(kind: str, wide: bool) -> tuple[dict, object]:
 @pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize("kind", sorted(GROUPS["moe"]))
 def test_moe_parameter_counts_match_transformers(kind, wide):
-    from flexlamps.models.description import model_spec_from_hf
+    from tests.described import described
     from flexlamps.models.config import ModelConfig
     from flexlamps.models.weight_specs import weight_specs
 
@@ -28,7 +28,7 @@ def test_moe_parameter_counts_match_transformers(kind, wide):
     saved = set(model.state_dict())  # tied weights once; persistent buffers (score bias) are tensors
     total = sum(p.numel() for p in model.parameters())
     total += sum(b.numel() for name, b in model.named_buffers() if name in saved)
-    spec = model_spec_from_hf(hf)
+    spec = described(hf)[1]
     assert spec.num_experts > 0
     assert spec.total_weight_bytes() / spec.dtype_bytes == pytest.approx(total, abs=0.5)
     # the engine's own weight list holds the same parameters

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 import placement
-from flexlamps.models.description import model_spec_from_hf
+from tests.described import described
 from placement.expert_compute import cpu_expert_tokens, tokens_per_expert
 
 ON_GPU = placement.TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
@@ -18,7 +18,7 @@ MIXTRAL = dict(model_type="mixtral", hidden_size=4096, num_hidden_layers=32, num
 
 
 def _model():
-    return model_spec_from_hf(MIXTRAL)
+    return described(MIXTRAL)[1]
 
 
 def test_the_switch_is_where_copying_an_expert_beats_streaming_it_on_the_cpu():

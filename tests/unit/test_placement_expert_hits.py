@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 import placement
-from flexlamps.models.description import model_spec_from_hf
+from tests.described import described
 from placement.choice import Choice
 from placement.expert_hits import batched_steps, expert_hit_rate
 from placement.layer_sizes import layer_sizes
@@ -66,7 +66,7 @@ def test_a_batch_beyond_the_traced_sequences_shares_the_room_instead_of_repeatin
 
 
 def _model(traces=None):
-    spec = model_spec_from_hf(QWEN3_MOE)
+    spec = described(QWEN3_MOE)[1]
     return dataclasses.replace(spec, routing=_profile(traces) if traces else None)
 
 

@@ -6,7 +6,7 @@ import pytest
 
 import placement
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.description import model_spec_from_hf
+from tests.described import described, plan_target
 from flexlamps.models.presets import MODEL_CONFIGS
 
 V32 = placement.model_preset("deepseek-v3.2")
@@ -39,7 +39,7 @@ def test_bad_formats_are_named():
     with pytest.raises(ValueError, match="weight_format must be one of"):
         dataclasses.replace(V32, weight_format="int3")
     with pytest.raises(ValueError, match="quant_method 'gptq' is not supported"):
-        model_spec_from_hf(dict(MODEL_CONFIGS["deepseek-v3.2"], quantization_config={"quant_method": "gptq"}))
+        described(dict(MODEL_CONFIGS["deepseek-v3.2"], quantization_config={"quant_method": "gptq"}))[1]
 
 
 def test_plan_prints_fp8_weights_and_the_latent_pools(tmp_path):
@@ -69,14 +69,16 @@ def test_the_engine_plans_fp8_checkpoints_at_the_size_it_holds_them():
 
     from flexlamps.engine.executors.charges import PlacementCharges
     from flexlamps.planning.policy_choice import plan_policy
+    from flexlamps.planning.target import BlockLengths, Compression
 
     hf = dict(MODEL_CONFIGS["deepseek-v3.2-exp"])
     hw = placement.hardware_preset("h200")
-    common = dict(gpu_mem=hw.gpu_mem_bytes, cpu_mem=hw.cpu_mem_bytes, disk_bytes=None, prompt_len=512,
-                  gen_len=32, allow_compression=False)
+    common = dict(gpu_mem=hw.gpu_mem_bytes, cpu_mem=hw.cpu_mem_bytes, disk_bytes=None,
+                  compression=Compression(allow=False))
     dense = {k: v for k, v in hf.items() if k != "quantization_config"}
-    with_fp8 = plan_policy(hf, torch.bfloat16, hw, **common)
-    without = plan_policy(dense, torch.bfloat16, hw, **common)
+    lengths = BlockLengths(prompt_len=512, gen_len=32)
+    with_fp8 = plan_policy(plan_target(hf, torch.bfloat16), hw, lengths, **common)
+    without = plan_policy(plan_target(dense, torch.bfloat16), hw, lengths, **common)
     assert 0.4 < with_fp8.peak_bytes["cpu"] / without.peak_bytes["cpu"] < 0.5  # the gpu tier is full in both
     on_cpu = placement.TierSplit(gpu=0.0, cpu=1.0, disk=0.0)
     policy = placement.Policy(gpu_batch_size=1, num_gpu_batches=1, weights=on_cpu, cache=on_cpu, activations=on_cpu)

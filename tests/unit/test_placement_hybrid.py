@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from flexlamps.commands.plan import command as plan_command
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.description import model_spec_from_hf
+from tests.described import described
 from placement import Policy, TierSplit, WorkloadSpec, evaluate, hardware_preset
 from placement.hybrid_fit import all_full_attention, sequences_that_fit
 
@@ -25,7 +25,7 @@ QWEN3_NEXT_80B = {
 
 
 def test_kv_only_in_full_attention_layers_and_a_fixed_state_per_sequence():
-    spec = model_spec_from_hf(QWEN3_NEXT_80B)
+    spec = described(QWEN3_NEXT_80B)[1]
     cfg = ModelConfig.from_hf(QWEN3_NEXT_80B)
     assert spec.num_linear_layers == 36 and cfg.num_kv_layers == 12
     kv_per_token = 12 * 2 * 2 * 256 * 2  # 12 layers, K and V, 2 kv heads x 256, bf16
@@ -40,7 +40,7 @@ def test_kv_only_in_full_attention_layers_and_a_fixed_state_per_sequence():
 
 
 def test_the_state_is_charged_per_sequence_on_the_cache_tiers():
-    spec = model_spec_from_hf(QWEN3_NEXT_80B)
+    spec = described(QWEN3_NEXT_80B)[1]
     hw, wl = hardware_preset("rtx4090"), WorkloadSpec(prompt_len=512, gen_len=32)
     cpu = TierSplit(gpu=0, cpu=1, disk=0)
     policy = Policy(gpu_batch_size=4, num_gpu_batches=2, weights=TierSplit(gpu=0.1, cpu=0.4, disk=0.5), cache=cpu,
@@ -63,7 +63,7 @@ def test_plan_prints_the_sequences_that_fit_beside_all_full_attention(tmp_path):
 
 
 def test_sequences_that_fit_grow_with_the_state_saved():
-    spec = model_spec_from_hf(QWEN3_NEXT_80B)
+    spec = described(QWEN3_NEXT_80B)[1]
     hw, wl = hardware_preset("rtx4090").with_memory(gpu_mem_bytes=24 << 30), WorkloadSpec(prompt_len=8192, gen_len=64)
     cpu = TierSplit(gpu=0, cpu=1, disk=0)
     policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=TierSplit(gpu=0.05, cpu=0.15, disk=0.8), cache=cpu,
@@ -76,7 +76,7 @@ def test_sequences_that_fit_grow_with_the_state_saved():
 def test_max_rss_plans_the_states_of_the_batch():
     from flexlamps.commands.memory import planned_rss_bytes
 
-    spec = model_spec_from_hf(QWEN3_NEXT_80B)
+    spec = described(QWEN3_NEXT_80B)[1]
     one, nine = (planned_rss_bytes(spec, 2.0, offload_budgets=None, num_sequences=n, context_len=1)
                  for n in (1, 9))
     assert nine - one >= 8 * spec.num_layers * spec.state_bytes_per_sequence_per_layer()
@@ -97,7 +97,7 @@ def test_the_delta_rules_work_is_priced_a_decode_token_a_whole_chunk():
     DeltaNet layers."""
     from placement.model_spec import LINEAR_CHUNK, delta_rule_flops
 
-    spec = model_spec_from_hf(QWEN3_NEXT_80B)
+    spec = described(QWEN3_NEXT_80B)[1]
     c, d = LINEAR_CHUNK, 128
     decode = 4 * c * c * d + 2 * c * c * d + 4 * c * d * d + 2 * c * c * d
     assert delta_rule_flops(c, d, d, True) == decode

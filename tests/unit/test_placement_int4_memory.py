@@ -8,7 +8,7 @@ import torch
 
 import placement
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.description import model_spec_from_hf
+from tests.described import described
 from flexlamps.engine.executors.charges import PlacementCharges
 from flexlamps.engine.executors.offloaded import CAPABILITIES
 from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS, KINDS
@@ -31,7 +31,7 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 @pytest.mark.parametrize("rows", [1, 32, 127, 128, 512])
 def test_planned_dequantized_bytes_equal_the_engines_charge(config, dtype_name, rows):
     config = dict(config, torch_dtype=dtype_name)
-    model = model_spec_from_hf(config)
+    model = described(config)[1]
     on_gpu = placement.TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
     policy = placement.Policy(gpu_batch_size=1, num_gpu_batches=1, weights=on_gpu, cache=on_gpu,
                               activations=on_gpu, compress_weight=True)
@@ -51,7 +51,7 @@ def test_the_engines_switch_is_what_the_planner_assumes_by_default():
 def _planned_layer_s_and_bytes(hw, dtype: str, rows: int):
     """A bf16/fp16 llama's decode of `rows` merged rows, 4-bit, all weights on the gpu tier:
     (GEMM seconds of a decode layer, planned gpu bytes at decode)."""
-    model = model_spec_from_hf(dict(LLAMA, torch_dtype=dtype))
+    model = described(dict(LLAMA, torch_dtype=dtype))[1]
     on_gpu = placement.TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
     policy = placement.Policy(gpu_batch_size=rows, num_gpu_batches=1, weights=on_gpu, cache=on_gpu,
                               activations=on_gpu, compress_weight=True)
@@ -73,7 +73,7 @@ def test_time_and_memory_follow_one_kernel_rule_on_presets(preset, dtype):
     # without a kernel the same plan costs a dequantization and holds a matrix more
     no_kernel = dataclasses.replace(hw, gpu_int4_gemm_flops_by_rows={})
     comp_dense_s, gpu_dense_bytes = _planned_layer_s_and_bytes(no_kernel, dtype, rows)
-    model = model_spec_from_hf(dict(LLAMA, torch_dtype=dtype))
+    model = described(dict(LLAMA, torch_dtype=dtype))[1]
     matrix = largest_called_matrix(model) * model.dtype_bytes
     if fused:
         assert gpu_dense_bytes - gpu_bytes == pytest.approx(matrix)
@@ -92,7 +92,7 @@ def test_time_and_memory_follow_one_kernel_rule_on_presets(preset, dtype):
 def test_a_sweep_of_prompt_chunks_holds_the_layer_dense_in_plan_and_engine():
     """Several prompt chunks of 128+ rows: the engine dequantizes a layer's 4-bit matrices once
     for all of them (and holds them dense); the plan reserves that, and prices one pass."""
-    model = model_spec_from_hf(dict(LLAMA, torch_dtype="bfloat16"))
+    model = described(dict(LLAMA, torch_dtype="bfloat16"))[1]
     sizes = layer_sizes(Choice(gpu_batch_size=2, num_gpu_batches=3, compress_weight=True), model,
                    placement.WorkloadSpec(prompt_len=8, gen_len=4))
     choice = Choice(gpu_batch_size=2, num_gpu_batches=3, compress_weight=True)

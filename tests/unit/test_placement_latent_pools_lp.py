@@ -9,7 +9,7 @@ from scipy.optimize import linprog
 
 import placement
 from placement.latent_pools import LatentMissCurves, MissEnvelope, lower_hull
-from flexlamps.models.description import model_spec_from_hf
+from tests.described import described
 from flexlamps.models.presets import MODEL_CONFIGS
 
 FRACTIONS = [0.05, 0.1, 0.2, 0.4, 0.7, 1.0]
@@ -64,7 +64,7 @@ def _config(num_layers: int = 6) -> dict:
 
 
 def _model(num_layers: int = 6) -> placement.ModelSpec:
-    return model_spec_from_hf(_config(num_layers), name="v32-small")
+    return described(_config(num_layers), name="v32-small")[1]
 
 
 def _hardware(curves=None, gpu_mem_bytes: int = 2 << 30):
@@ -76,6 +76,7 @@ def test_solve_sizes_each_layers_pool_and_beats_one_fraction():
     """3 GiB: a 16384-token prompt's call holds a 268 MB attention mask (charged by the engine and,
     since one memory model, by the planner), so 2 GiB leaves no room for a block the cache outgrows."""
     from flexlamps.planning.dry_run import dry_run
+    from flexlamps.planning.target import BlockLengths, PlanTarget
 
     model, workload = _model(), placement.WorkloadSpec(prompt_len=16384, gen_len=512)
     hardware = _hardware(_curves(6, seed=3, source="measured"), gpu_mem_bytes=3 << 30)
@@ -87,8 +88,9 @@ def test_solve_sizes_each_layers_pool_and_beats_one_fraction():
     assert plan.peak_bytes["gpu"] <= plan.budget_bytes["gpu"] * (1 + 1e-6)
     # the engine charges what the plan says, pools and all, within #47's 2% (measured: 0.95% more
     # on the gpu tier, the cpu tier's equal); without the mask the plan was 9% short
-    run = dry_run(_config(), pol, gpu_mem=hardware.gpu_mem_bytes, cpu_mem=hardware.cpu_mem_bytes,
-                  prompt_len=workload.prompt_len, gen_len=workload.gen_len, model_spec=model)
+    target = PlanTarget(config=described(_config())[0], model=model)
+    run = dry_run(target, pol, BlockLengths(prompt_len=workload.prompt_len, gen_len=workload.gen_len),
+                  gpu_mem=hardware.gpu_mem_bytes, cpu_mem=hardware.cpu_mem_bytes)
     for tier in ("gpu", "cpu"):
         assert run.peak_bytes[tier] == pytest.approx(plan.peak_bytes[tier], rel=0.02), tier
     assert plan.peak_bytes["cpu"] >= model.num_layers * 16896 * pol.block_size * model.cache_bytes_per_token_per_layer()

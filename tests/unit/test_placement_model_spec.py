@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from flexlamps.models.description import model_spec_from_hf
+from tests.described import described
 from flexlamps.models.presets import MODEL_CONFIGS
 from placement import ModelSpec, model_preset
 
@@ -43,7 +43,7 @@ def _meta_model(config: dict):
 def test_parameter_counts_match_transformers(model_type):
     config = TINY_CONFIGS[model_type]
     model = _meta_model(config)
-    spec = model_spec_from_hf(config)
+    spec = described(config)[1]
     # tied weights are counted once; persistent buffers (MoE score bias) are checkpoint tensors
     saved = set(model.state_dict())
     total = sum(p.numel() for p in model.parameters())
@@ -55,7 +55,7 @@ def test_parameter_counts_match_transformers(model_type):
 def test_dense_layer_count_matches_transformers_layer():
     config = TINY_CONFIGS["llama"]
     layer = _meta_model(config).model.layers[0]
-    spec = model_spec_from_hf(config)
+    spec = described(config)[1]
     assert spec.layer_param_count() == sum(p.numel() for p in layer.parameters())
 
 
@@ -90,9 +90,9 @@ def test_json_round_trip_and_bad_configs():
     spec = model_preset("deepseek-v3.2")
     assert ModelSpec.from_json(spec.to_json()) == spec
     with pytest.raises(ValueError, match="not supported"):
-        model_spec_from_hf({"model_type": "gpt2"})
+        described({"model_type": "gpt2"})[1]
     with pytest.raises(ValueError, match="lacks the field 'num_attention_heads'"):
-        model_spec_from_hf({"model_type": "llama", "num_hidden_layers": 2})
+        described({"model_type": "llama", "num_hidden_layers": 2})[1]
     with pytest.raises(ValueError, match="unknown field"):
         ModelSpec.from_dict(dict(json.loads(spec.to_json()), colour="red"))
 
@@ -111,7 +111,7 @@ def test_moe_micro_batches_touch_only_their_experts():
 def test_vector_params_are_the_non_matrix_tensors(model_type):
     config = TINY_CONFIGS[model_type]
     model = _meta_model(config)
-    spec = model_spec_from_hf(config)
+    spec = described(config)[1]
     saved = set(model.state_dict())
     vectors = sum(t.numel() for name, t in list(model.named_parameters()) + list(model.named_buffers())
                   if name in saved and ".layers." in f".{name}" and t.dim() == 1)
@@ -138,7 +138,7 @@ def test_sizes_match_the_engines_weight_specs(model_type):
 
     config = TINY_CONFIGS[model_type]
     specs = weight_specs.weight_specs(ModelConfig.from_hf(config))
-    spec = model_spec_from_hf(config)
+    spec = described(config)[1]
     for layer in range(spec.num_layers):
         tensors = [s for s in specs if s.layer == layer]
         assert sum(s.numel for s in tensors) == spec.layer_param_count()
@@ -157,7 +157,7 @@ def test_uncompressed_matrices_are_those_the_engine_keeps_dense(model_type):
 
     config = TINY_CONFIGS[model_type]
     specs = weight_specs.weight_specs(ModelConfig.from_hf(config))
-    spec = model_spec_from_hf(config)
+    spec = described(config)[1]
     kept = sum(s.numel for s in specs if s.layer is not None and len(s.shape) == 2 and s.role != "linear")
     assert spec.uncompressed_matrix_param_count() * spec.num_layers == pytest.approx(kept)
 
@@ -168,7 +168,7 @@ def test_layer_matrix_shapes_are_the_layers_weight_matrices(model_type):
     model = _meta_model(config).model
     layers = model.decoder.layers if model_type == "opt" else model.layers
     layer = layers[-1]  # the MoE layer where there is one
-    spec = model_spec_from_hf(config)
+    spec = described(config)[1]
     real = [tuple(p.shape) for p in layer.parameters() if p.dim() == 2]
     ours = spec.layer_matrix_shapes()
     if spec.num_experts:  # one routed expert stands for all; the router and indexer are left out

@@ -3,7 +3,7 @@ their caches allows, the caches on disk where the memory tiers are short, so eac
 serves more tokens (FlexGen's trade, priced by its disk terms)."""
 
 import placement
-from flexlamps.models.description import model_spec_from_hf
+from tests.described import described
 
 # Qwen3-30B-A3B's MoE layer (128 experts of width 768, top-8) in 4 layers, bf16: 4.9 GiB
 QWEN3_MOE = dict(model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=4, num_attention_heads=32,
@@ -16,7 +16,7 @@ def test_a_job_short_of_memory_keeps_its_caches_on_disk_for_a_larger_sweep():
     """Each memory tier 5% of the model, 1000 prompts: with the cache allowed on disk the plan
     shares a sweep between more sequences, keeps most of their cache on disk, and predicts more
     tokens a second than the best plan that keeps the cache in memory."""
-    model = model_spec_from_hf(QWEN3_MOE)
+    model = described(QWEN3_MOE)[1]
     weights = model.total_weight_bytes()
     hw = placement.hardware_preset("rtx4090").with_memory(gpu_mem_bytes=weights // 20, cpu_mem_bytes=weights // 20,
                                                           disk_bytes=100 << 30)

@@ -8,7 +8,7 @@ import transformers
 from click.testing import CliRunner
 
 from flexlamps.cli import main
-from flexlamps.models.description import model_spec_from_hf
+from tests.described import described, plan_target
 from placement import ModelSpec, WorkloadSpec, evaluate, hardware_preset, solve
 
 # Mistral-7B-v0.1's config.json (sliding_window 4096)
@@ -35,13 +35,13 @@ def _hf(model_type: str, **fields) -> dict:
     ("qwen2", dict(num_hidden_layers=3, use_sliding_window=True, sliding_window=5, max_window_layers=1), (0, 5, 5)),
 ])
 def test_model_spec_has_each_layers_window(model_type, fields, windows):
-    spec = model_spec_from_hf(_hf(model_type, **fields))
+    spec = described(_hf(model_type, **fields))[1]
     assert spec.layer_windows == windows
     assert ModelSpec.from_json(spec.to_json()) == spec  # a list in JSON, a tuple again
 
 
 def test_a_window_layer_holds_its_window_not_the_context():
-    spec = model_spec_from_hf(_hf("gemma2", num_hidden_layers=4, sliding_window=6))
+    spec = described(_hf("gemma2", num_hidden_layers=4, sliding_window=6))[1]
     assert spec.held_tokens(4) == 4  # shorter than the window: the context, every layer
     assert spec.held_tokens(100) == (6 + 100 + 6 + 100) / 4
     assert spec.mean_attended_entries(100) == spec.held_tokens(100)
@@ -54,8 +54,8 @@ def test_planner_charges_the_window_and_gives_the_memory_to_the_batch():
     """Mistral-7B-v0.1 at 32K context on a 24 GiB GPU: its 4096-token windows hold an eighth of the
     cache a full-attention twin holds, so the same policy fits in less memory and `solve` finds a
     larger batch."""
-    windowed = model_spec_from_hf(MISTRAL_7B_V01)
-    full = model_spec_from_hf({**MISTRAL_7B_V01, "sliding_window": None})
+    windowed = described(MISTRAL_7B_V01)[1]
+    full = described({**MISTRAL_7B_V01, "sliding_window": None})[1]
     hardware, workload = hardware_preset("rtx4090"), WorkloadSpec(prompt_len=32000, gen_len=768)
     plan_full = solve(full, hardware, workload)
     in_window = evaluate(plan_full.policy, windowed, hardware, workload)
@@ -94,12 +94,14 @@ def test_dry_run_charges_a_window_layer_its_ring():
     import torch
 
     from flexlamps.planning.dry_run import dry_run
+    from flexlamps.planning.target import BlockLengths
     from placement import Policy, TierSplit
 
     on_cpu = TierSplit(gpu=0, cpu=1, disk=0)
     policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=on_cpu, cache=on_cpu, activations=on_cpu)
-    peaks = {window: dry_run({**MISTRAL_7B_V01, "sliding_window": window}, policy, gpu_mem=1 << 40, cpu_mem=1 << 40,
-                             prompt_len=32000, gen_len=768, dtype=torch.bfloat16).peak_bytes["cpu"]
+    lengths = BlockLengths(prompt_len=32000, gen_len=768)
+    peaks = {window: dry_run(plan_target({**MISTRAL_7B_V01, "sliding_window": window}, torch.bfloat16), policy,
+                             lengths, gpu_mem=1 << 40, cpu_mem=1 << 40).peak_bytes["cpu"]
              for window in (4096, None)}
     per_position = 32 * 2 * 2 * 8 * 128 * 2  # layers x rows x (K, V) x kv heads x head dim x bf16
     assert peaks[None] - peaks[4096] == per_position * (32000 + 768 - 4096)

@@ -34,11 +34,11 @@ def test_the_planner_reads_only_the_experts_a_decode_step_routes_to():
     """Weights on disk: a decode step at batch 1 reads the layer but its 30 unpicked experts
     (top-2 of 32), a block of 64 tokens about all of them."""
     import placement
-    from flexlamps.models.description import model_spec_from_hf
+    from tests.described import described
 
-    moe = model_spec_from_hf(dict(model_type="mixtral", hidden_size=1024, num_hidden_layers=4, num_attention_heads=8,
-                                  num_key_value_heads=2, intermediate_size=1024, num_local_experts=32,
-                                  num_experts_per_tok=2, vocab_size=32000, torch_dtype="bfloat16"))
+    _, moe = described(dict(model_type="mixtral", hidden_size=1024, num_hidden_layers=4, num_attention_heads=8,
+                            num_key_value_heads=2, intermediate_size=1024, num_local_experts=32,
+                            num_experts_per_tok=2, vocab_size=32000, torch_dtype="bfloat16"))
     hw = placement.hardware_preset("rtx4090")
     disk = placement.TierSplit(gpu=0.0, cpu=0.0, disk=1.0)
     on_gpu = placement.TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
@@ -58,11 +58,11 @@ def test_the_planner_reads_only_the_experts_a_decode_step_routes_to():
 def _mixtral_spec(routing=None):
     import dataclasses
 
-    from flexlamps.models.description import model_spec_from_hf
+    from tests.described import described
 
-    spec = model_spec_from_hf(dict(model_type="mixtral", hidden_size=1024, num_hidden_layers=4, num_attention_heads=8,
-                                   num_key_value_heads=2, intermediate_size=1024, num_local_experts=32,
-                                   num_experts_per_tok=2, vocab_size=32000, torch_dtype="bfloat16"))
+    _, spec = described(dict(model_type="mixtral", hidden_size=1024, num_hidden_layers=4, num_attention_heads=8,
+                             num_key_value_heads=2, intermediate_size=1024, num_local_experts=32,
+                             num_experts_per_tok=2, vocab_size=32000, torch_dtype="bfloat16"))
     return dataclasses.replace(spec, routing=routing)
 
 

@@ -9,6 +9,7 @@ import torch
 from click.testing import CliRunner
 
 import placement
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.run_plan import Workload, plan_augmented, plan_run
 from flexlamps.run_plan.build import build_executor
@@ -27,7 +28,7 @@ def reader(tiny_llama):
 
 def _plan(reader, workload=Workload(), **settings):
     run = RunSettings.parse(reader.path, dtype="float32", **settings)
-    return plan_run(run, reader.config, reader.hf_config, torch.float32, workload,
+    return plan_run(run, reader.config, model_spec(reader.config), torch.float32, workload,
                     hardware=placement.hardware_preset("t4-flexgen"), disk_bytes=1 << 30)
 
 
@@ -48,9 +49,7 @@ def test_the_model_spec_is_built_once_a_run_for_profile_planner_dry_runs_and_exe
     executor all read the one ModelSpec and the one ModelConfig the LLM built."""
     import flexlamps.api
     import flexlamps.engine.executors.charges as charges
-    import flexlamps.planning.policy_choice as policy_choice
     import flexlamps.hardware.cache
-    import flexlamps.run_plan.plan as plan_module
     from flexlamps.api import LLM
 
     built, shapes = [], []
@@ -59,10 +58,9 @@ def test_the_model_spec_is_built_once_a_run_for_profile_planner_dry_runs_and_exe
     monkeypatch.setattr(flexlamps.hardware.cache, "machine_profile",
                         lambda scratch, on, model_shapes: shapes.append(model_shapes)
                         or placement.hardware_preset("t4-flexgen"))
-    # charges build one through the description module when not handed the run's (585fb88)
-    for owner, name in ((charges.description, "model_spec"), (policy_choice, "model_spec_from_hf"),
-                        (plan_module, "model_spec")):
-        monkeypatch.setattr(owner, name, lambda *a, **k: pytest.fail("a second ModelSpec"))
+    # charges build one through the description module when not handed the run's (585fb88); planning
+    # and the run plan take it, required
+    monkeypatch.setattr(charges.description, "model_spec", lambda *a, **k: pytest.fail("a second ModelSpec"))
     llm = LLM(str(tiny_llama), dtype="float32", gpu_mem=2 * MiB, cpu_mem=8 * MiB, offload_dir=str(tmp_path))
     # nor a second ModelConfig: the dry runs and the executor's charges read the reader's
     monkeypatch.setattr(charges.ModelConfig, "from_hf", lambda *a, **k: pytest.fail("a second ModelConfig"))
@@ -92,23 +90,22 @@ def test_an_executor_is_built_as_its_plan_says(reader, tmp_path):
 def test_auto_needs_the_machine_and_budgets(reader):
     run = RunSettings.parse(reader.path, gpu_mem="2MiB")
     with pytest.raises(ValueError, match="with_budgets"):
-        plan_run(run, reader.config, reader.hf_config, torch.float32)
+        plan_run(run, reader.config, model_spec(reader.config), torch.float32)
     with pytest.raises(ValueError, match="pass hardware"):
-        plan_run(run.with_budgets(), reader.config, reader.hf_config, torch.float32)
+        plan_run(run.with_budgets(), reader.config, model_spec(reader.config), torch.float32)
 
 
 def test_augmented_pools_in_memory_default_to_four_contexts_or_as_given(reader):
     run = RunSettings.parse(reader.path, dtype="float32")
-    per_token = reader.config.kv_bytes_per_token(4)
-    plan = plan_augmented(run, AugmentedSettings(max_context=64, block_size=8), reader.config, reader.hf_config,
-                          torch.float32)
+    per_token, spec = reader.config.kv_bytes_per_token(4), model_spec(reader.config)
+    plan = plan_augmented(run, AugmentedSettings(max_context=64, block_size=8), reader.config, spec, torch.float32)
     assert plan.pools.gpu_kv_bytes == 4 * (64 + 8) * per_token and plan.pools.cpu_swap_bytes == 4 * 64 * per_token
     assert plan.pools.block_size == 8
     given = AugmentedSettings.parse(max_context=64, gpu_kv_mem="1MiB", cpu_swap_mem="0", seed=3)
-    plan = plan_augmented(run, given, reader.config, reader.hf_config, torch.float32)
+    plan = plan_augmented(run, given, reader.config, spec, torch.float32)
     assert (plan.pools.gpu_kv_bytes, plan.pools.cpu_swap_bytes, plan.pools.seed) == (MiB, 0, 3)
     with pytest.raises(ValueError, match="exceeds the model's context"):
-        plan_augmented(run, AugmentedSettings(max_context=10 ** 6), reader.config, reader.hf_config, torch.float32)
+        plan_augmented(run, AugmentedSettings(max_context=10 ** 6), reader.config, spec, torch.float32)
 
 
 def test_a_hybrid_models_default_pools_hold_four_requests_with_their_states(hybrid_models):
@@ -118,8 +115,8 @@ def test_a_hybrid_models_default_pools_hold_four_requests_with_their_states(hybr
 
     reader = open_checkpoint(hybrid_models["qwen3_next"])
     run = RunSettings.parse(str(hybrid_models["qwen3_next"]), dtype="float32")
-    plan = plan_augmented(run, AugmentedSettings(max_context=64, block_size=8), reader.config, reader.hf_config,
-                          torch.float32)
+    plan = plan_augmented(run, AugmentedSettings(max_context=64, block_size=8), reader.config,
+                          model_spec(reader.config), torch.float32)
     block = 8 * reader.config.kv_bytes_per_token(4)
     state = paged_state_blocks(reader.config, 8, torch.float32)
     assert state > 0
