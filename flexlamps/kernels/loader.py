@@ -140,6 +140,9 @@ class Kernels:
         self._lock = threading.Lock()
 
     def outcome(self, name: str) -> Outcome:
+        known = self._outcomes.get(name)  # loaded once, then read without the lock (every decode product asks)
+        if known is not None:
+            return known
         with self._lock:
             if name not in self._outcomes:
                 self._outcomes[name] = load(kernel_spec(name), self.folder, self.level)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import weakref
 from pathlib import Path
 from typing import Callable
 
@@ -132,24 +133,32 @@ class TileGemv:
         return rows, torch.empty(rows.shape[0], n, dtype=x.dtype)
 
     def bind(self, w: Int4Weight | Int8Weight) -> Callable[[torch.Tensor], torch.Tensor]:
-        """`matmul` for one weight, its arguments worked out once (a decode step makes ~120 calls)."""
+        """`matmul` for one weight, its arguments worked out once (a decode step makes ~120 calls,
+        each a few microseconds of Python: x's rows are read where they lie when contiguous, and
+        the output is made in its final shape). The product holds the weight's tensors (so the
+        pointers stay valid), not the weight: a cache keyed weakly by the weight may keep it."""
         int8 = isinstance(w, Int8Weight)
         split = w.split if int8 else w
         fifth = w.fifth if int8 else None  # the 5-bit form's plane
         kind = KIND_INT5 if fifth is not None else KIND_INT8_SPLIT if int8 else KIND_INT4
         fn, n, cols, group, x_bits = self._fn, split.shape[0], w.shape[1], split.group_size, w.x_bits or self.x_bits
         tile = tile_rows(split.shape[1])
-        codes, scale_zero = split.kernel_codes.data_ptr(), split.scale_zero.data_ptr()
-        plane = None if fifth is None else fifth.data_ptr()
+        held = (split.kernel_codes, split.scale_zero, fifth)
+        codes, scale_zero, plane = (None if t is None else t.data_ptr() for t in held)
+        described = weakref.ref(w)  # for a refusal's message
 
         def product(x: torch.Tensor) -> torch.Tensor:
-            rows, out = self._rows_and_out(x, cols, n, w)
-            if rows.shape[0] and fn(codes, plane, scale_zero, rows.data_ptr(), out.data_ptr(), n, cols, group, rows.shape[0],
-                                    tile, DTYPES[x.dtype], kind, x_bits, torch.get_num_threads()):
-                raise ValueError(f"tile_gemv: the kernel refused x {tuple(x.shape)} with {w!r}")
-            return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
+            shape = x.shape
+            if shape[-1] != cols or not x.is_contiguous():  # else the rows are read where they lie
+                x = self._rows_and_out(x, cols, n, described())[0]
+            out = torch.empty(shape[:-1] + (n,), dtype=x.dtype)
+            rows = x.numel() // cols
+            if rows and fn(codes, plane, scale_zero, x.data_ptr(), out.data_ptr(), n, cols, group, rows, tile,
+                           DTYPES[x.dtype], kind, x_bits, torch.get_num_threads()):
+                raise ValueError(f"tile_gemv: the kernel refused x {tuple(shape)} with {described()!r}")
+            return out
 
-        product.weight = w  # the pointers above stay valid while the weight lives
+        product.held = held
         return product
 
 

@@ -4,7 +4,9 @@ for bit, that `linear` gives the in-memory and offload engines the same products
 built, found again and refused."""
 from __future__ import annotations
 
+import gc
 import os
+import weakref
 
 import pytest
 import torch
@@ -226,3 +228,19 @@ def test_only_a_variant_that_multiplies_the_five_bit_form_has_gguf_q5_held_in_it
     assert in_place.packs_five_bit() == (level == "avx512")
     monkeypatch.setattr(in_place, "native_kernel", lambda: None)
     assert not in_place.packs_five_bit()
+
+
+@needs_kernel
+def test_a_plain_weights_decode_product_is_bound_once_and_dropped_with_it(monkeypatch):
+    from flexlamps.models.blocks import coded_weights
+
+    made = []
+    monkeypatch.setattr(coded_weights, "_fused_for", lambda w, x, real=coded_weights._fused_for: made.append(w) or real(w, x))
+    w, x = _int4(64, 64, 32, torch.bfloat16), _x(1, 64, torch.bfloat16).view(1, 1, 64)
+    first = linear_mod.linear(x, w)
+    assert torch.equal(linear_mod.linear(x, w), first) and torch.equal(first.view(1, 64), KERNEL.matmul(w, x[0]))
+    assert len(made) == 1  # the second call found the product bound for this weight
+    gone = weakref.ref(w)
+    del w, made[:]
+    gc.collect()
+    assert gone() is None  # the cache held the weight's tensors only, not the weight

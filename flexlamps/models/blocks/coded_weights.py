@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from typing import Callable
 
 import torch
@@ -68,6 +69,25 @@ def _fused_for(w: Int4Weight | Int8Weight, x: torch.Tensor) -> Callable[[torch.T
     if kernel is not None and kernel.runs(w, x):
         return kernel.bind(w)
     return w.matmul if w.can_run_fused(x) else None
+
+
+# A plain weight's products from our kernel, by (kernel, activations' dtype, device): `_fused_for`
+# and the kernel's binding cost several times the product's own Python on a decode row. A product
+# holds the weight's tensors, not the weight, so an entry goes when its weight does.
+_BOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _plain_fused(w: Int4Weight | Int8Weight, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """`_fused_for(w, x)`, our kernel's product looked up once per weight, kernel, dtype and device."""
+    kernel = native_kernel()
+    key = (kernel, x.dtype, x.device)
+    bound = _BOUND.get(w)
+    if bound is not None and key in bound:
+        return bound[key]
+    fused = _fused_for(w, x)
+    if fused is not None and kernel is not None and getattr(fused, "held", None) is not None:
+        _BOUND.setdefault(w, {})[key] = fused  # (torch's `w.matmul` holds w: not kept)
+    return fused
 
 
 def fused_product(w: Int4Weight | Int8Weight, x: torch.Tensor) -> torch.Tensor:
@@ -223,7 +243,7 @@ class CodesKind(WeightKind):
         if phase is Phase.PROMPT and not fast_dense_gemm(x) and (out := codes_prompt_product(codes, x)) is not None:
             return epilogue(out, b, add, mul)
         if phase is Phase.DECODE or not fast_dense_gemm(x):
-            fused = twin.fused(x) if twin else _fused_for(codes, x)
+            fused = twin.fused(x) if twin else _plain_fused(codes, x)
             if fused is not None:
                 return epilogue(fused(x), b, add, mul)
         elif (out := int8_product(w, x)) is not None:
