@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flexlamps.kernels import attention, build, elementwise, int8_gemm, loader, tile_gemv, variants
+from flexlamps.kernels import attention, build, elementwise, half_gemv, int8_gemm, loader, tile_gemv, variants
 from flexlamps.kernels.loader import KernelCheckError, Kernels
-from flexlamps.models.blocks import attention as attention_block, linear, norms
+from flexlamps.models.blocks import attention as attention_block, linear, moe, norms
 from tests.conftest import REPO
 
 
@@ -92,12 +92,35 @@ class TorchElementwise(ZeroElementwise):
         return F.silu(gate_up[..., :half]) * gate_up[..., half:]
 
 
-ZERO = {"tile_gemv": ZeroTileGemv, "int8_gemm": ZeroInt8Gemm, "attention": ZeroAttention, "elementwise": ZeroElementwise}
+class ZeroHalfGemv(half_gemv.HalfGemv):
+    def __init__(self):
+        self.level = "avx512"
+
+    def matmul(self, x, w):
+        return torch.zeros(*x.shape[:-1], w.shape[0], dtype=x.dtype)
+
+    def expert_swiglu(self, x, gate, up, down, picks, slots, weights, out):
+        pass  # adds nothing
+
+
+class TorchHalfGemv(ZeroHalfGemv):
+    def matmul(self, x, w):
+        return F.linear(x, w)
+
+    def expert_swiglu(self, x, gate, up, down, picks, slots, weights, out):
+        tokens = picks // slots
+        y = half_gemv.reference_swiglu(x[tokens], gate, up, down)
+        out.index_add_(0, tokens, (y * weights[picks, None]).to(out.dtype))
+
+
+ZERO = {"tile_gemv": ZeroTileGemv, "int8_gemm": ZeroInt8Gemm, "attention": ZeroAttention, "elementwise": ZeroElementwise,
+        "half_gemv": ZeroHalfGemv}
 TORCH = {"tile_gemv": TorchTileGemv, "int8_gemm": TorchInt8Gemm, "attention": TorchAttention,
-         "elementwise": TorchElementwise}
+         "elementwise": TorchElementwise, "half_gemv": TorchHalfGemv}
 # what the models ask for each kernel
 ENTRY = {"tile_gemv": lambda: linear.native_kernel(), "int8_gemm": lambda: linear.int8_kernel(),
-         "attention": lambda: attention_block.native_attention_kernel(), "elementwise": lambda: norms.native_ops()}
+         "attention": lambda: attention_block.native_attention_kernel(), "elementwise": lambda: norms.native_ops(),
+         "half_gemv": lambda: moe.decode_expert_kernel()}
 
 
 def test_every_kernel_module_is_registered():

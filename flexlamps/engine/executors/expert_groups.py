@@ -49,7 +49,7 @@ class ExpertGroups:
             self.queue.insert(0, first)
         while self.queue:
             e = self.queue[0]
-            holds = self._holds(e)
+            holds = self.size != math.inf and self._holds(e)  # without a cap no room is counted
             if holds and len(self.held) >= self.size and not self._make_room(waited_on=e == first):
                 return
             self.queue.pop(0)

@@ -12,6 +12,7 @@ family's naming: the router and shared experts are plain weights, fetched with t
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from collections import Counter, OrderedDict
@@ -41,6 +42,11 @@ def experts_by_layer(specs) -> dict[int, dict[int, list[str]]]:
     return out
 
 
+def expert_owners(experts: dict[int, list[str]]) -> dict[str, int]:
+    """Each expert weight's local name -> its expert."""
+    return {name: e for e, names in experts.items() for name in names}
+
+
 class LayerWeights(Mapping):
     """One layer's weights by local name: `eager` ones already fetched, each routed expert's
     fetched by `load(experts) -> {local name: weight}` on its first read. With `begin(experts,
@@ -50,10 +56,10 @@ class LayerWeights(Mapping):
     forward is done with it (`expert_groups.ExpertGroups`)."""
 
     def __init__(self, eager: dict, experts: dict[int, list[str]], load, on_route=None, begin=None,
-                 group: int = 0, holds=None, evict=None):
+                 group: int = 0, holds=None, evict=None, owner: dict[str, int] | None = None):
         self._values = dict(eager)
         self._names = experts
-        self._owner = {name: e for e, names in experts.items() for name in names}
+        self._owner = owner if owner is not None else expert_owners(experts)
         self._load, self._on_route, self._begin, self._evict = load, on_route, begin, evict
         self._pending: dict[int, Future] = {}
         self._tokens: dict[int, int] | None = None  # the latest routing hint
@@ -77,8 +83,12 @@ class LayerWeights(Mapping):
     def _start(self, e: int) -> None:
         if self._begin is None:
             self._values.update(self._load([e], self._tokens))
-        else:
-            self._pending.update(self._begin([e], self._tokens))
+            return
+        for expert, got in self._begin([e], self._tokens).items():  # a dict: no read was needed
+            if isinstance(got, Future):
+                self._pending[expert] = got
+            else:
+                self._values.update(got)
 
     def _give_back(self, e: int) -> None:
         pending = self._pending.pop(e, None)
@@ -195,6 +205,30 @@ class ExpertCache:
                 "kept_bytes": self.budget.cached_bytes}
 
 
+def local_expert_names(experts: dict[int, list[str]], local: dict[str, str]) -> tuple[dict, dict]:
+    """A layer's experts' weights by local name (expert -> names) and their owners (name -> expert)."""
+    by_expert = {e: [local[name] for name in names] for e, names in experts.items()}
+    return by_expert, expert_owners(by_expert)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertPlace:
+    """Where one expert's weights live (fixed for a store), as its reads ask it each step."""
+    resident: bool  # all on the gpu tier
+    on_cpu_tier: bool  # all on the cpu tier
+    in_host_memory: bool  # on the cpu tier as the CPU multiplies them (computed in place)
+    copied: bool  # a fetch makes a copy (read off disk, or moved to another device): worth keeping
+
+    @classmethod
+    def of(cls, store, names: list[str]) -> ExpertPlace:
+        tiers = {store.tier_of(name) for name in names}
+        on_cpu = tiers == {"cpu"}
+        # beside a GPU only plain tensors are multiplied by the CPU (a 4-bit weight there is in the
+        # GPU kernel's layout); on a CPU-only machine any cpu-tier expert is its resident tensors
+        host = on_cpu and (store.device.type == "cpu" or all(store.is_plain(n) for n in names))
+        return cls(tiers == {"gpu"}, on_cpu, host, "disk" in tiers or store.device.type != "cpu")
+
+
 class RoutedExpertLoads:
     """Layer `layer`'s expert reads in one sweep: each routed expert fetched from its tiers (or
     found in the cache), its staged bytes charged to the gpu tier until `finish`, which keeps the
@@ -213,8 +247,10 @@ class RoutedExpertLoads:
     the next read needs its room (`expert_groups`)."""
 
     def __init__(self, store, cache: ExpertCache, layer: int, experts: dict[int, list[str]], convert,
-                 in_place_below: int = 0, reads: Counter | None = None, group: int = 0):
+                 in_place_below: int = 0, reads: Counter | None = None, group: int = 0,
+                 places: dict[tuple[int, int], ExpertPlace] | None = None):
         self.store, self.cache, self.layer = store, cache, layer
+        self._places = {} if places is None else places  # where each expert lives: fixed for a store
         self.experts, self.convert = experts, convert
         self.in_place_below, self.group = in_place_below, group
         self.reads = Counter() if reads is None else reads
@@ -226,17 +262,21 @@ class RoutedExpertLoads:
         self.charged = 0  # bytes `convert` charged (decompressed copies), freed by `finish`
         self._charged_by = Counter()  # the same per expert, for `evict`
 
-    def mapping(self, eager: dict, local: dict[str, str], counter=None) -> LayerWeights:
+    def mapping(self, eager: dict, local: dict[str, str], counter=None,
+                names: tuple[dict[int, list[str]], dict[str, int]] | None = None) -> LayerWeights:
         """The layer's weights for the forward: `eager` ones, and these experts on first read
-        (`local`: stored name -> local name; `counter`: a RoutingCounter told the routing)."""
+        (`local`: stored name -> local name; `counter`: a RoutingCounter told the routing;
+        `names`: `local_expert_names`' result for this layer, where the caller keeps it)."""
         on_route = None if counter is None else (lambda tokens: counter.add(self.layer, tokens))
-        by_expert = {e: [local[name] for name in names] for e, names in self.experts.items()}
-        return LayerWeights(eager, by_expert, self.load, on_route, self.begin, self.group, self.holds, self.evict)
+        by_expert, owner = names if names is not None else local_expert_names(self.experts, local)
+        return LayerWeights(eager, by_expert, self.load, on_route, self.begin, self.group, self.holds, self.evict,
+                            owner)
 
     def holds(self, e: int, tokens: dict[int, int] | None = None) -> bool:
         """Whether expert e takes staged gpu bytes once read: not when used where it lives."""
         self._decide_in_place(tokens)
-        return not (self._resident(e) or (self._in_place and self._lives_in_host_memory(e)))
+        place = self._place(e)
+        return not (place.resident or (self._in_place and place.in_host_memory))
 
     def evict(self, e: int) -> None:
         """The forward is done with expert e before the layer ends: its bytes go back now, as
@@ -262,9 +302,9 @@ class RoutedExpertLoads:
             out.update(ready if ready is not None else self._read(e))
         return out
 
-    def begin(self, experts: list[int], tokens: dict[int, int] | None = None) -> dict[int, Future]:
+    def begin(self, experts: list[int], tokens: dict[int, int] | None = None) -> dict[int, Future | dict]:
         """`load` without waiting: {expert: a Future of its weights}. Those used where they live or
-        found in the cache come back done; each read off the cpu or disk tier goes to the store's
+        found in the cache come back as their weights (no Future); each read off the cpu or disk tier goes to the store's
         I/O threads in routing order, so the forward computes the first experts while the later
         ones are read (the overlap of the reads only a layer's router can name)."""
         self._decide_in_place(tokens)
@@ -275,8 +315,7 @@ class RoutedExpertLoads:
                 out[e] = self.store.submit(lambda e=e: self._read(e))
                 self._pending.append(out[e])
             else:
-                out[e] = Future()
-                out[e].set_result(ready)
+                out[e] = ready
         return out
 
     def _decide_in_place(self, tokens: dict[int, int] | None) -> None:
@@ -286,11 +325,12 @@ class RoutedExpertLoads:
     def _ready(self, e: int) -> dict | None:
         """Expert e's weights where no read is needed (computed in place, on the gpu tier, or a
         cache hit), else None."""
-        if self._in_place and self._lives_in_host_memory(e):
+        place = self._place(e)
+        if self._in_place and place.in_host_memory:
             self.reads["in place"] += 1
             return self._converted(e, self.store.resident(self.experts[e]))
-        self.reads["staged"] += self._on_cpu_tier(e)
-        if self._resident(e):
+        self.reads["staged"] += place.on_cpu_tier
+        if place.resident:
             return self._converted(e, self.store.fetch(self.experts[e])[0])  # nothing staged
         fetched = self.cache.get((self.layer, e))
         if fetched is None:
@@ -312,15 +352,11 @@ class RoutedExpertLoads:
             self._charged_by[e] += charged
         return out
 
-    def _on_cpu_tier(self, expert: int) -> bool:
-        return all(self.store.tier_of(name) == "cpu" for name in self.experts[expert])
-
-    def _lives_in_host_memory(self, expert: int) -> bool:
-        """A cpu-tier expert the CPU multiplies as stored: on a CPU-only machine any, beside a GPU
-        only plain tensors (a 4-bit weight there is in the GPU kernel's layout)."""
-        names = self.experts[expert]
-        return self._on_cpu_tier(expert) and (self.store.device.type == "cpu"
-                                              or all(self.store.is_plain(n) for n in names))
+    def _place(self, expert: int) -> ExpertPlace:
+        key = (self.layer, expert)
+        if key not in self._places:
+            self._places[key] = ExpertPlace.of(self.store, self.experts[expert])
+        return self._places[key]
 
     def finish(self) -> None:
         """The layer ran: hits go back to the cache, fetched copies into it (or are released).
@@ -336,14 +372,6 @@ class RoutedExpertLoads:
     def _give_back(self, staged) -> None:
         """Fetched copies worth keeping into the cache, the others' bytes released."""
         for key, fetched, nbytes in staged:
-            if not (nbytes and self._is_copy(key) and self.cache.put(key, fetched, nbytes)):
+            if not (nbytes and self._place(key[1]).copied and self.cache.put(key, fetched, nbytes)):
                 self.store.release(nbytes)
 
-    def _resident(self, expert: int) -> bool:
-        return all(self.store.tier_of(name) == "gpu" for name in self.experts[expert])
-
-    def _is_copy(self, key) -> bool:
-        """Whether the fetch made a copy (read off disk, or moved to another device): a cpu-tier
-        expert on a CPU-only machine is its resident tensors, nothing worth keeping twice."""
-        tiers = {self.store.tier_of(name) for name in self.experts[key[1]]}
-        return "disk" in tiers or self.store.device.type != "cpu"

@@ -13,7 +13,7 @@ import torch
 
 from flexlamps.engine.caches.tiered import TieredKVCache
 from flexlamps.engine.executors.charges import HEAD_CHUNK_ROWS, workspace_bytes
-from flexlamps.engine.executors.expert_weights import RoutedExpertLoads
+from flexlamps.engine.executors.expert_weights import RoutedExpertLoads, local_expert_names
 from flexlamps.engine.executors.split_tables import HeadReads, gather_rows, head_chunks
 from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.weight_store import WeightStore, element_bytes
@@ -48,6 +48,8 @@ class Sweep:
         self.record_profile = False
         self.profiles: list[SweepProfile] = []
         self.routing_counter = None
+        self._expert_names: dict[int, tuple] = {}  # layer -> its experts' local names (`local_expert_names`)
+        self._expert_places: dict = {}  # (layer, expert) -> where it lives (`ExpertPlace`)
 
     def _embed(self, glob: dict, step: Step) -> torch.Tensor:
         ids = step.input_ids
@@ -188,7 +190,9 @@ class Sweep:
         w = {name: twin(m) for name, m in w.items()}
         loads = self._expert_loads(j, twin)
         if loads is not None:
-            w = loads.mapping(w, self.weights.local, self.routing_counter)
+            if j not in self._expert_names:
+                self._expert_names[j] = local_expert_names(self.weights.experts[j], self.weights.local)
+            w = loads.mapping(w, self.weights.local, self.routing_counter, self._expert_names[j])
         charged = 0
         try:  # inside models.linear: each call's copies (4-bit matrices dequantized, FP8 upcast), as the kinds say
             dense_bytes += self.charges.call_copies(j, max(s.input_ids.numel() for s in steps),
@@ -214,7 +218,8 @@ class Sweep:
             return {name: twin(m) for name, m in w.items()}, dense_bytes
 
         return RoutedExpertLoads(self.weights.store, self.weights.expert_cache, j, self.weights.experts[j], convert,
-                                 self.policy.cpu_expert_tokens, self.weights.cpu_expert_reads, self.policy.expert_group)
+                                 self.policy.cpu_expert_tokens, self.weights.cpu_expert_reads, self.policy.expert_group,
+                                 self._expert_places)
 
     def _reserve_int4_twins(self, j: int, steps: list[Step]) -> int:
         """When several of the sweep's calls take a 4-bit matrix's dense path (prompt chunks:

@@ -17,6 +17,7 @@ import functools
 
 import torch
 
+from flexlamps.kernels import half_gemv, loader
 from flexlamps.models.blocks.activation import sigmoid, silu
 from flexlamps.models.blocks.dense_gemm import fast_dense_gemm
 from flexlamps.models.blocks.linear import linear, unpack
@@ -119,12 +120,12 @@ def _expert(x: torch.Tensor, w: dict[str, torch.Tensor], e: int, cfg: MoEConfig,
                   functools.partial(expert_linear, phase=phase))
 
 
-def routed_experts(w, indices: torch.Tensor) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
-    """The experts `indices` (N, k) route to, in order, each with its picks' token rows and
-    their flat (token * k + slot) positions, in token order: one stable sort for all experts
-    (MoE-Gen's grouping), not a scan of `indices` per expert. `w` is told, with each expert's
-    token count, where it takes the hint (`routed_to`: weights that load on demand fetch them
-    together, a profile counts them); a dict needs none."""
+def routed_picks(w, indices: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+    """The experts `indices` (N, k) route to, in order, each with its picks' flat (token * k +
+    slot) positions, in token order: one stable sort for all experts (MoE-Gen's grouping), not a
+    scan of `indices` per expert. `w` is told, with each expert's token count, where it takes the
+    hint (`routed_to`: weights that load on demand fetch them together, a profile counts them); a
+    dict needs none."""
     flat = indices.reshape(-1)
     order = flat.argsort(stable=True)  # by expert; within one, by token (the picks' flat order)
     experts, counts = flat.unique(return_counts=True)
@@ -132,8 +133,48 @@ def routed_experts(w, indices: torch.Tensor) -> list[tuple[int, torch.Tensor, to
     routed_to = getattr(w, "routed_to", None)
     if routed_to is not None:
         routed_to(dict(zip(experts, counts)))
-    picks = order.split(counts)
-    return [(e, pick // indices.shape[1], pick) for e, pick in zip(experts, picks)]
+    return list(zip(experts, order.split(counts)))
+
+
+def routed_experts(w, indices: torch.Tensor) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """`routed_picks` with each expert's token rows: (expert, token rows, flat picks)."""
+    return [(e, pick // indices.shape[1], pick) for e, pick in routed_picks(w, indices)]
+
+
+def _fused_experts(x: torch.Tensor, cfg: MoEConfig, phase: Phase):
+    """The native decode kernel for SwiGLU experts on x (`kernels.half_gemv`), or None: prompts
+    keep `expert_linear`'s fp32 products, and so does a CPU where the kernel does not load."""
+    if phase is not Phase.DECODE or cfg.experts == "clamped_swiglu" or x.device.type != "cpu" \
+            or x.dtype not in half_gemv.DTYPES:
+        return None
+    return decode_expert_kernel()
+
+
+def decode_expert_kernel() -> half_gemv.HalfGemv | None:
+    """This process's 16-bit decode kernel (`kernels.half_gemv`), None where it does not load."""
+    return loader.chosen().get("half_gemv")
+
+
+def _routed_sum(w, flat: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, cfg: MoEConfig,
+                phase: Phase) -> torch.Tensor:
+    """The routed experts' weighted outputs summed per token, each expert once on the tokens that
+    chose it, in expert order; a token's sum is rounded to the dtype after each expert."""
+    out = torch.zeros_like(flat)
+    done = getattr(w, "expert_done", None)  # weights that stream experts take each back once used
+    kernel = _fused_experts(flat, cfg, phase)
+    pick_weights = weights.reshape(-1).float().contiguous()
+    for expert, pick in routed_picks(w, indices):
+        pre = f"experts.{expert}."
+        mats = (w[pre + "gate_proj"], w[pre + "up_proj"], w[pre + "down_proj"]) if kernel is not None else ()
+        if kernel is not None and kernel.takes_expert(flat, *mats):  # the same roundings in one call
+            kernel.expert_swiglu(flat, *mats, pick, indices.shape[1], pick_weights, out)
+        else:
+            token_idx = pick // indices.shape[1]
+            y = _expert(flat[token_idx], w, expert, cfg, phase)
+            out.index_add_(0, token_idx, (y * pick_weights[pick, None]).to(out.dtype))
+        if done is not None:
+            done(expert)
+    return out
 
 
 def moe_ffn(w: dict[str, torch.Tensor], x: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
@@ -141,15 +182,7 @@ def moe_ffn(w: dict[str, torch.Tensor], x: torch.Tensor, cfg: MoEConfig) -> torc
     shape = x.shape
     flat = x.reshape(-1, shape[-1])  # (N, hidden)
     weights, indices = route(flat, w, cfg)
-    out = torch.zeros_like(flat)
-    done = getattr(w, "expert_done", None)  # weights that stream experts take each back once used
-    pick_weights, phase = weights.reshape(-1, 1), phase_of(x)
-    # each expert runs once on the tokens that chose it, in expert order
-    for expert, token_idx, pick in routed_experts(w, indices):
-        y = _expert(flat[token_idx], w, expert, cfg, phase)
-        out.index_add_(0, token_idx, (y * pick_weights[pick]).to(out.dtype))
-        if done is not None:
-            done(expert)
+    out = _routed_sum(w, flat, weights, indices, cfg, phase_of(x))
     out = out.view(shape)
     if cfg.has_shared:
         shared = swiglu(x, w["shared_gate_proj"], w["shared_up_proj"], w["shared_down_proj"])

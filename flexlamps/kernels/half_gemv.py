@@ -1,0 +1,134 @@
+"""Decode's products on plain bf16 / fp16 weights (`half_gemv.c`), compiled on first use in an
+AVX2 and an AVX-512 variant and loaded with ctypes.
+
+torch's 16-bit GEMM on a CPU without oneDNN's bf16 (AVX2) multiplies a decode row at 1-5 GFLOP/s,
+and a MoE expert on its few tokens runs as about ten dispatched ops (a gather, three products,
+silu, a product, the routing weight, an index_add). Here:
+
+- `matmul(x, w)`: x @ w.T rounded once to x's dtype, each output one fp32 dot product in a fixed
+  order (one vector accumulator over the inner dimension, then its lanes summed);
+- `expert_swiglu(...)`: one routed SwiGLU expert on its picks, added into the layer's output in
+  place, with the roundings of torch's ops (`models.blocks.moe.swiglu` and the FFN's weighted add):
+  one call an expert instead of ten ops.
+
+A row's result depends on that row and the weight only: not on how many rows share the call, the
+tile it lands in, or the thread count (`weight_kind`'s batch invariance). The sums run in
+another order than torch's, so results equal torch's up to fp32 rounding of each dot product
+(then one rounding to the dtype): `KERNEL`'s check holds them to that.
+
+`KERNEL` is how `flexlamps.kernels.loader` builds it; callers keep torch's ops where it does not
+load (no AVX2, no compiler, a failed check: with a warning that says why) or where
+$FLEXLAMPS_NATIVE_KERNELS=0. Imports torch only.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from flexlamps.kernels import build, loader, variants
+from flexlamps.kernels.loader import require
+
+SOURCE = build.SOURCES / "half_gemv.c"
+VARIANTS = (variants.variant("avx2"), variants.variant("avx512"))
+DTYPES = {torch.bfloat16: 0, torch.float16: 1}
+
+
+def _plain(t: torch.Tensor) -> bool:
+    return type(t) is torch.Tensor and t.device.type == "cpu" and not t.is_mkldnn and t.dim() == 2
+
+
+class HalfGemv:
+    """The loaded kernels in one variant (`level`)."""
+
+    def __init__(self, library: ctypes.CDLL, level: str = "avx512"):
+        self.level = level
+        self._gemv, self._expert = library.flexlamps_half_gemv, library.flexlamps_expert_swiglu
+        self._gemv.restype = self._expert.restype = ctypes.c_int
+        self._gemv.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_int64,
+                                                                           ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        self._expert.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3 + [ctypes.c_int64]
+                                 + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 2
+                                 + [ctypes.c_int] * 2)
+
+    @staticmethod
+    def takes(w, x: torch.Tensor) -> bool:
+        """Whether `matmul` runs x on w: CPU tensors of one 16-bit dtype, w a plain contiguous
+        (out, in) tensor, x's rows with a contiguous last dim."""
+        return (_plain(w) and w.dtype in DTYPES and x.dtype == w.dtype and x.device.type == "cpu"
+                and w.is_contiguous() and x.dim() >= 1 and x.shape[-1] == w.shape[1] and x.stride(-1) == 1)
+
+    def matmul(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x (..., in) @ w (out, in).T, rounded once to x's dtype (`takes` holds)."""
+        k, n = w.shape[1], w.shape[0]
+        flat = x.reshape(-1, k)
+        if flat.stride(-1) != 1 or (flat.shape[0] > 1 and flat.stride(0) < k):
+            flat = flat.contiguous()
+        out = torch.empty((flat.shape[0], n), dtype=x.dtype)
+        if flat.shape[0]:
+            rc = self._gemv(flat.data_ptr(), flat.shape[0], k, flat.stride(0), w.data_ptr(), n, out.data_ptr(),
+                            DTYPES[x.dtype], torch.get_num_threads())
+            require(rc == 0, "half_gemv: out of memory for its fp32 rows")
+        return out.view(*x.shape[:-1], n)
+
+    @staticmethod
+    def takes_expert(x: torch.Tensor, gate, up, down) -> bool:
+        """Whether `expert_swiglu` runs: x (N, hidden) on the CPU in a 16-bit dtype, rows with a
+        contiguous last dim, and the three matrices plain contiguous tensors of its dtype."""
+        return (x.device.type == "cpu" and x.dtype in DTYPES and x.dim() == 2 and x.stride(-1) == 1
+                and all(_plain(m) and m.dtype == x.dtype and m.is_contiguous() for m in (gate, up, down))
+                and gate.shape == up.shape and gate.shape[1] == x.shape[1] and tuple(down.shape) == (x.shape[1], gate.shape[0]))
+
+    def expert_swiglu(self, x: torch.Tensor, gate, up, down, picks: torch.Tensor, slots: int,
+                      weights: torch.Tensor, out: torch.Tensor) -> None:
+        """out[t] = round(out[t] + round(swiglu(x[t]) * weights[p])) for each pick p of `picks` (flat
+        token * slots + slot positions, int64, contiguous; t = p // slots); `weights` the picks'
+        flat fp32 routing weights, out (N, hidden) contiguous in x's dtype (`takes_expert` holds)."""
+        if not picks.numel():
+            return
+        rc = self._expert(x.data_ptr(), x.stride(0), x.shape[1], gate.data_ptr(), up.data_ptr(), down.data_ptr(),
+                          gate.shape[0], picks.data_ptr(), picks.numel(), slots, weights.data_ptr(), out.data_ptr(),
+                          DTYPES[x.dtype], torch.get_num_threads())
+        require(rc == 0, "half_gemv: out of memory for an expert's fp32 rows")
+
+
+def reference_swiglu(x: torch.Tensor, gate, up, down) -> torch.Tensor:
+    """The expert as torch's ops compute it (models.blocks.moe.swiglu with torch's product)."""
+    import torch.nn.functional as F
+
+    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+
+def _check(kernel: HalfGemv) -> None:
+    """Both kernels against torch on odd shapes (partial vectors and tiles), in each dtype, within
+    the rounding of an fp32 sum in another order and one rounding to the dtype."""
+    gen = torch.Generator().manual_seed(0)
+    for dtype in DTYPES:
+        x = torch.randn(3, 37, generator=gen).to(dtype)
+        w = torch.randn(11, 37, generator=gen).to(dtype)
+        want = (x.float() @ w.float().T).to(dtype)
+        require(bool(torch.allclose(kernel.matmul(x, w).float(), want.float(), rtol=2 ** -7, atol=1e-3)),
+                f"half_gemv: matmul's check failed in {dtype}")
+        gate, up = torch.randn(2, 13, 37, generator=gen).to(dtype)
+        down = torch.randn(37, 13, generator=gen).to(dtype) * 0.1
+        picks = torch.tensor([1, 4], dtype=torch.int64)  # tokens 0 and 2 of 3, two slots each
+        weights = torch.rand(6, generator=gen)
+        out = torch.zeros(3, 37, dtype=dtype)
+        kernel.expert_swiglu(x, gate, up, down, picks, 2, weights, out)
+        y = reference_swiglu(x[[0, 2]], gate, up, down)
+        want = torch.zeros(3, 37, dtype=dtype).index_add_(0, torch.tensor([0, 2]), (y * weights[picks, None]).to(dtype))
+        require(bool(torch.allclose(out.float(), want.float(), rtol=2 ** -5, atol=2e-2)),
+                f"half_gemv: expert_swiglu's check failed in {dtype}")
+
+
+KERNEL = loader.Kernel("half_gemv", SOURCE, VARIANTS, "the 16-bit decode products", "torch's 16-bit GEMM runs",
+                       HalfGemv, _check)
+
+
+@functools.lru_cache(maxsize=None)
+def load(folder: Path, level: str | None = None) -> HalfGemv | None:
+    """The kernels built into (or found in) `folder` and checked, or None where they cannot run
+    here (the process's own: `loader.chosen().get("half_gemv")`)."""
+    return loader.load(KERNEL, Path(folder), level).kernel
