@@ -4,8 +4,9 @@ the built-in scenarios (scenarios.py) and the user's own files (custom_file.py).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from flexlamps.io.jsonl import json_objects
 
 
 class ScenarioError(ValueError):
@@ -20,15 +21,7 @@ def read_jsonl(path: Path) -> list[tuple[int, dict]]:
     except (OSError, UnicodeDecodeError) as e:
         why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
         raise ScenarioError(f"{path}: cannot read it ({why}); give a JSONL file, one JSON object a line") from None
-    rows = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ScenarioError(f"{path}:{lineno}: not valid JSON ({e.msg}); fix or remove that line") from None
-        if not isinstance(obj, dict):
-            raise ScenarioError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-        rows.append((lineno, obj))
-    return rows
+    def error(n: int, problem: str) -> ScenarioError:
+        return ScenarioError(f"{path}:{n}: {problem}; fix or remove that line")
+
+    return list(json_objects(lines, error))

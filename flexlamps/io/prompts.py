@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from flexlamps.io.jsonl import json_objects
 from flexlamps.io.openai_batch import MAX_N, is_batch_line, read_batch_lines
 from flexlamps.io.records import PromptRecord, canonical_schema
 
@@ -64,17 +65,12 @@ def _read_text(lines: list[str]) -> list[PromptRecord]:
 
 
 def _read_jsonl(path: Path, lines: list[str]) -> list[PromptRecord]:
+    def error(n: int, problem: str) -> PromptFileError:
+        return PromptFileError(f"{path}:{n}: {problem}; each line must be one JSON object like "
+                               "{\"id\": 1, \"prompt\": \"...\"}")
+
     records, seen = [], {}
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PromptFileError(f"{path}:{n}: malformed JSON ({e.msg} at column {e.colno}); "
-                                  "each line must be one JSON object like {\"id\": 1, \"prompt\": \"...\"}") from None
-        if not isinstance(obj, dict):
-            raise PromptFileError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
+    for n, obj in json_objects(lines, error):
         record = _plain_record(path, n, obj)
         if record.id in seen:
             raise PromptFileError(f"{path}:{n}: id {record.id!r} already used on line {seen[record.id]}; ids must be unique")

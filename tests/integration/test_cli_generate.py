@@ -64,7 +64,7 @@ def test_malformed_jsonl_names_line_and_writes_nothing(tiny_llama, tmp_path):
     out = tmp_path / "out.jsonl"
     res = CliRunner().invoke(main, ["generate", "--model", str(tiny_llama), "--prompts", str(prompts), "--out", str(out)])
     assert res.exit_code != 0
-    assert "in.jsonl:2" in res.output and "malformed JSON" in res.output
+    assert "in.jsonl:2" in res.output and "not valid JSON" in res.output
     assert not out.exists() and not (tmp_path / "out.jsonl.partial").exists()
 
 
