@@ -135,7 +135,7 @@ def _bounds(highs: np.ndarray) -> tuple[tuple[float, float], ...]:
     return tuple((0.0, float(high)) for high in highs)
 
 
-def _cache_in_whole_layers(solution, terms, budgets, highs) -> tuple[object, int]:
+def cache_in_whole_layers(solution, terms, budgets, highs) -> tuple[object, int]:
     """The best solution whose cache split gives each tier whole layers, as the engine places
     the cache (layer by layer), and the LPs solved to find it (None when none fits).
 
@@ -180,7 +180,7 @@ def _best_candidate(candidates, budgets: dict[str, float], placements) -> tuple[
         solution = solve_fractions(terms, budgets, _bounds(placements[place]))
         num_lps += 1
         if solution is not None:
-            solution, extra_lps = _cache_in_whole_layers(solution, terms, budgets, placements[place])
+            solution, extra_lps = cache_in_whole_layers(solution, terms, budgets, placements[place])
             num_lps += extra_lps
         if solution is None:
             too_big.setdefault(key, []).append((choice.gpu_batch_size, choice.num_gpu_batches))

@@ -12,7 +12,7 @@ from placement.choice import Choice
 from placement.cost import predict
 from placement.terms import build_terms
 from placement.lp import solve_fractions
-from placement.search import GPU_BATCH_SIZES, NUM_GPU_BATCHES, _cache_in_whole_layers, budgets_for, fraction_highs
+from placement.search import GPU_BATCH_SIZES, NUM_GPU_BATCHES, budgets_for, cache_in_whole_layers, fraction_highs
 
 MODELS = ("opt-6.7b", "opt-30b", "llama-2-13b", "llama-3-8b", "smollm2-135m",
           "deepseek-v3.2-attn")
@@ -103,7 +103,7 @@ def test_search_finds_the_best_enumerated_choice():
         for highs in fraction_highs(placement.EngineCapabilities(), model):  # what the engine runs
             solution = solve_fractions(terms, budgets, [(0.0, high) for high in highs])
             if solution is not None:
-                solution, _ = _cache_in_whole_layers(solution, terms, budgets, highs)
+                solution, _ = cache_in_whole_layers(solution, terms, budgets, highs)
             if solution is not None:
                 best = max(best, terms.tokens_per_block / solution.total_s)
     assert plan.tokens_per_s == pytest.approx(best, rel=1e-6)
