@@ -94,11 +94,13 @@ static void scores(const Args *a, int64_t row, int64_t kvh, const float *qf, int
                 vf_store(kb + j * d + VW * c, j < count ? load_vec(keys + (j0 + j) * a->st[5] + VW * c, a->fp16) : vf_zero());
         vmask vis = visible(a, mask, j0, count);
         for (int g = 0; g < group; g++) {
-            vf acc[VW];
-            for (int j = 0; j < VW; j++) {
-                acc[j] = vf_mul(vf_load(qf + g * d), vf_load(kb + j * d));
-                for (int64_t c = 1; c < chunks; c++)
-                    acc[j] = vf_fmadd(vf_load(qf + g * d + VW * c), vf_load(kb + j * d + VW * c), acc[j]);
+            /* the keys' sums side by side, a chunk at a time: VW independent chains hide the FMA's
+             * latency (one key's chain after another waited on it); each sum's steps are unchanged */
+            vf acc[VW], qc = vf_load(qf + g * d);
+            for (int j = 0; j < VW; j++) acc[j] = vf_mul(qc, vf_load(kb + j * d));
+            for (int64_t c = 1; c < chunks; c++) {
+                qc = vf_load(qf + g * d + VW * c);
+                for (int j = 0; j < VW; j++) acc[j] = vf_fmadd(qc, vf_load(kb + j * d + VW * c), acc[j]);
             }
             vf s = vf_select(vis, vf_mul(sums_vw(acc), scale), ninf);
             vf_store_lanes(sc + g * a->span + j0, lanes(count), s);
