@@ -58,7 +58,7 @@ def decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
                                   embed_share)
     resident_s = resident_delta_s(choice, model, hardware, rows, rows * model.matmul_flops_per_token_per_layer(),
                                    model.weight_bytes_touched_per_layer(rows), calls)
-    gemm_s += calls * (hardware.gpu_layer_overhead_s + routed_rows_delta_s(choice, model, hardware, rows))
+    gemm_s += calls * (hardware.gpu_layer_overhead_s + routed_rows_delta_s(choice, model, hardware, rows, "decode"))
     gemm_s += calls * fp8_upcast_s(choice, model, hardware, model.weight_bytes_touched_per_layer(rows))
     gemm_s += elementwise_s(block, model, hardware)
     gemm_s += delta_rule_s(block, model, hardware, decode=True)

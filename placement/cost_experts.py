@@ -7,17 +7,27 @@ from placement.expert_compute import cpu_experts_seconds, expert_flops_per_token
 from placement.layer_sizes import LayerSizes
 from placement.model_spec import ModelSpec
 from placement.specs import HardwareSpec
+from placement.weight_calls import call_gemm_s
 
 
-def routed_rows_delta_s(choice: Choice, model: ModelSpec, hardware: HardwareSpec, rows: float) -> float:
-    """Seconds a call's routed-expert GEMMs take beyond their price at the call's `rows`: each
-    expert multiplies only the tokens routed to it (`tokens_per_expert`: one or two in a decode
-    step), where a measured GEMM runs well below its rate at the call's rows. Uncompressed weights
-    (4-bit experts take the kernels' own rates)."""
-    if not model.num_experts or choice.compress_weight or rows <= 0:
+def routed_rows_delta_s(choice: Choice, model: ModelSpec, hardware: HardwareSpec, rows: float, phase: str) -> float:
+    """Seconds a call's routed-expert products take beyond what `call_gemm_s` charges them at the
+    call's `rows`: each expert multiplies only the tokens routed to it (`tokens_per_expert`: one or
+    two in a decode step), in `phase` ("prompt" or "decode"), at the rate the profile measured the
+    engine's expert product at (`HardwareSpec.expert_seconds`: on AVX2 a prompt's bf16 experts
+    multiply in fp32, 2.5-4x faster than the bf16 GEMM). Without that table, the dense GEMM's rate
+    at the expert's rows (uncompressed weights; 4-bit experts then take the kernels' own rates)."""
+    if not model.num_experts or rows <= 0:
         return 0.0
     flops = rows * model.num_experts_per_token * expert_flops_per_token(model) * model.moe_layer_share
     own = max(tokens_per_expert(model, rows), 1.0)
+    int4 = choice.compress_weight and choice.compression.num_bits == 4
+    measured = (None if choice.compress_weight and not int4
+                else hardware.expert_seconds(phase, model.dtype, own, flops, int4=int4))
+    if measured is not None:
+        return measured - call_gemm_s(choice, model, hardware, rows, flops, 0.0, 0.0, 0.0)
+    if choice.compress_weight:
+        return 0.0
     return hardware.gemm_seconds(model.dtype, own, flops, 0.0) - hardware.gemm_seconds(model.dtype, rows, flops, 0.0)
 
 

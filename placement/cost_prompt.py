@@ -39,7 +39,7 @@ def prompt_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     embed_share = sz.weight_fp16 - model.weight_bytes_per_layer()
     comp_s = ngb * call_gemm_s(choice, model, hardware, rows, gemm_flops / ngb, head_flops / ngb,
                                 sz.weight_fp16, embed_share)
-    comp_s += ngb * routed_rows_delta_s(choice, model, hardware, rows)
+    comp_s += ngb * routed_rows_delta_s(choice, model, hardware, rows, "prompt")
     resident_s = resident_delta_s(choice, model, hardware, rows, gemm_flops / ngb, sz.weight_fp16, ngb)
     comp_s += attn_flops / gpu_flops
     comp_s += delta_rule_s(num_tokens, model, hardware, decode=False)

@@ -284,6 +284,11 @@ class ModelSpec(JsonMixin):
         return [tuple(r.shape) for r in self.tensors.layered_rows if r.is_2d_matrix and r.kind != "router"
                 and (not moe_layers or moe_layers & set(r.layers))]
 
+    def routed_expert_dims(self) -> tuple[int, int] | None:
+        """(hidden, width) of a routed expert (gate and up width x hidden, down hidden x width): what a
+        machine profile for this model times the engine's expert product on; None for a dense model."""
+        return (self.hidden_size, self.moe_intermediate_size) if self.num_experts else None
+
     def embedding_bytes(self) -> int:
         """Token embedding, output head (unless tied), learned positions, final norm."""
         return self.tensors.model_bytes()

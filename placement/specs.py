@@ -13,6 +13,7 @@ from placement.latent_pools import LatentMissCurves
 
 DTYPES = ("fp32", "bf16", "fp16")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+PHASES = ("prompt", "decode")  # the engine's two kinds of step (a MoE expert's rate differs by phase)
 _SUM_TOLERANCE = 1e-6
 # A compressed cache quantizes keys per channel over blocks of this many tokens (values per
 # token along the head dim): what keeps 4-bit caches within ~2% of full precision on SmolLM2.
@@ -86,6 +87,14 @@ class HardwareSpec(JsonMixin):
     # "decode" (one token a row, its open chunk padded to a chunk) and "prompt" (whole chunks).
     # Empty: a third of the fp32 GEMM rate at a chunk's rows (measured so on a Zen 2 CPU).
     gpu_delta_rule_flops_per_s: dict[str, float] = field(default_factory=dict)
+    # a MoE model's routed experts as the engine multiplies them, by phase ("prompt", "decode"),
+    # dtype and the tokens one expert gets: {"prompt": {"bf16": {"16": 3e10, ...}}, "decode": ...}.
+    # On a CPU without a fast 16-bit GEMM prompt tokens on 16-bit experts multiply in fp32, decode
+    # tokens in the dtype: rates the dense table does not give. Measured through the engine's own
+    # expert product (`flexlamps profile --model` a MoE model). Empty: the dense table's rates.
+    gpu_expert_flops_by_rows: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    # the same for the engine's 4-bit experts, by the activations' dtype. Empty: as other 4-bit calls.
+    gpu_int4_expert_flops_by_rows: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     def __post_init__(self):
         _require_positive(
@@ -110,15 +119,13 @@ class HardwareSpec(JsonMixin):
                              f"{self.int4_dense_from_rows!r}")
         for attr in ("gpu_gemm_flops_by_rows", "gpu_gemm_flops_by_rows_resident", "gpu_int4_gemm_flops_by_rows",
                      "gpu_int8_prompt_flops_by_rows"):
-            for dtype, table in getattr(self, attr).items():
-                if dtype not in DTYPES or not isinstance(table, dict) or not table:
-                    raise ValueError(f"HardwareSpec.{attr}: expected {{dtype in {DTYPES}: "
-                                     f"{{rows: FLOP/s}}}}, got {dtype!r}: {table!r}")
-                for rows, flops in table.items():
-                    if not str(rows).isdigit() or int(rows) < 1:
-                        raise ValueError(f"HardwareSpec.{attr}[{dtype!r}]: rows must be an "
-                                         f"integer >= 1, got {rows!r}")
-                    _require_positive(f"HardwareSpec.{attr}[{dtype!r}]", **{str(rows): flops})
+            _check_rows_tables(f"HardwareSpec.{attr}", getattr(self, attr))
+        for attr in ("gpu_expert_flops_by_rows", "gpu_int4_expert_flops_by_rows"):
+            for phase, tables in getattr(self, attr).items():
+                if phase not in PHASES or not isinstance(tables, dict):
+                    raise ValueError(f"HardwareSpec.{attr}: expected {{phase in {PHASES}: {{dtype: "
+                                     f"{{rows: FLOP/s}}}}}}, got {phase!r}: {tables!r}")
+                _check_rows_tables(f"HardwareSpec.{attr}[{phase!r}]", tables)
         for phase, flops in self.gpu_delta_rule_flops_per_s.items():
             if phase not in ("decode", "prompt"):
                 raise ValueError(f"HardwareSpec.gpu_delta_rule_flops_per_s: unknown phase {phase!r}; "
@@ -171,6 +178,14 @@ class HardwareSpec(JsonMixin):
             return None
         return flops / _rate_at(table, rows)
 
+    def expert_seconds(self, phase: str, dtype: str, rows: float, flops: float, *, int4: bool = False) -> float | None:
+        """Time of routed experts' products doing `flops` in `phase` with `rows` tokens an expert
+        (`int4`: the engine's 4-bit experts), as measured through the engine's expert product, or
+        None where the profile has no such table."""
+        tables = self.gpu_int4_expert_flops_by_rows if int4 else self.gpu_expert_flops_by_rows
+        table = tables.get(phase, {}).get(dtype)
+        return flops / _rate_at(table, rows) if table else None
+
     def delta_rule_seconds(self, phase: str, flops: float, chunk: int) -> float:
         """Time of `flops` of the gated delta rule in `phase` ("decode" or "prompt")."""
         rate = self.gpu_delta_rule_flops_per_s.get(phase)
@@ -197,6 +212,17 @@ class HardwareSpec(JsonMixin):
                                      ("cpu_mem_bytes", cpu_mem_bytes),
                                      ("disk_bytes", disk_bytes)) if v is not None}
         return dataclasses.replace(self, **changes)
+
+
+def _check_rows_tables(owner: str, tables: dict) -> None:
+    """Refuse {dtype: {rows: FLOP/s}} tables with an unknown dtype, a bad row count or rate."""
+    for dtype, table in tables.items():
+        if dtype not in DTYPES or not isinstance(table, dict) or not table:
+            raise ValueError(f"{owner}: expected {{dtype in {DTYPES}: {{rows: FLOP/s}}}}, got {dtype!r}: {table!r}")
+        for rows, flops in table.items():
+            if not str(rows).isdigit() or int(rows) < 1:
+                raise ValueError(f"{owner}[{dtype!r}]: rows must be an integer >= 1, got {rows!r}")
+            _require_positive(f"{owner}[{dtype!r}]", **{str(rows): flops})
 
 
 def _rate_at(table: dict[str, float], rows: float) -> float:

@@ -100,7 +100,7 @@ def worker_flexlamps(args) -> dict:
     runs = _timed(generate, (1, args.gen_len), [args.model, args.offload_dir])
     plan, policy = llm.plan, llm.policy
     spec = llm.model_spec
-    hw = machine_profile(args.offload_dir, model_shapes=spec.layer_matrix_shapes())
+    hw = machine_profile(args.offload_dir, model_shapes=spec.layer_matrix_shapes(), expert_dims=spec.routed_expert_dims())
     block, steps = policy.gpu_batch_size * policy.num_gpu_batches, max(args.gen_len - 1, 1)
     out = {"runs": runs, "policy": policy.to_dict(), "hit_rate": llm.executor.expert_cache.stats()["hit_rate"],
            "cpu_expert_reads": dict(llm.executor.cpu_expert_reads),

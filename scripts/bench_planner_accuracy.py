@@ -141,7 +141,8 @@ def main():
         # a profile measured just before them
         if fixed is None:
             print(f"round {round_ + 1}: profiling this machine (about 40 s) ...", flush=True)
-        hw = fixed or profile_machine(disk_folder=work, model_shapes=model.layer_matrix_shapes())
+        hw = fixed or profile_machine(disk_folder=work, model_shapes=model.layer_matrix_shapes(),
+                                      expert_dims=model.routed_expert_dims())
         print(f"hardware: {hw.name}\n{describe(hw)}", flush=True)
         for run in runs.values():
             run.once(hw)

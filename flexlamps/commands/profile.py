@@ -105,7 +105,8 @@ def _profile_hardware(out_path: Path, quick: bool, disk_dir: Path | None, gpu_me
 
         spec = profile_machine(disk_folder=disk_dir or out_path.parent, quick=quick,
                                gpu_budget_bytes=gpu_budget, step=step,
-                               model_shapes=model.layer_matrix_shapes() if model else None)
+                               model_shapes=model.layer_matrix_shapes() if model else None,
+                               expert_dims=model.routed_expert_dims() if model else None)
         bar.update(bar.total - bar.n)
     curves_line = ""
     if model is not None and model.index_topk:
@@ -131,8 +132,21 @@ def _profile_hardware(out_path: Path, quick: bool, disk_dir: Path | None, gpu_me
         + f"; dequantized above at {spec.gpu_int4_dequant_bytes_per_s / gb:.2f} GB/s"
         + "".join(f", prompts on int8 codes {k} {max(v.values()) / 1e9:.0f} GFLOP/s"
                   for k, v in spec.gpu_int8_prompt_flops_by_rows.items()) + "\n"
+        + _expert_line(spec) +
         f"  gpu {format_bytes(spec.gpu_mem_bytes)}, cpu {format_bytes(spec.cpu_mem_bytes)}, "
         f"disk {format_bytes(spec.disk_bytes)}" + curves_line)
+
+
+def _expert_line(spec) -> str:
+    """The MoE experts' rates (GFLOP/s at the fewest and most tokens an expert measured), or ""."""
+    def span(table: dict) -> str:
+        rows = sorted(table, key=int)
+        return f"{table[rows[0]] / 1e9:.1f}-{table[rows[-1]] / 1e9:.1f} GFLOP/s at {rows[0]}-{rows[-1]} tokens"
+
+    parts = [f"{phase} {'4-bit ' if int4 else ''}{dtype} {span(table)}"
+             for int4, tables in ((False, spec.gpu_expert_flops_by_rows), (True, spec.gpu_int4_expert_flops_by_rows))
+             for phase, by_dtype in tables.items() for dtype, table in by_dtype.items()]
+    return "  moe experts: " + ", ".join(parts) + "\n" if parts else ""
 
 
 def _with_latent_miss_curves(spec, model, model_text: str):

@@ -61,20 +61,21 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def machine_profile(scratch: Path, on_measure=None, model_shapes=None) -> HardwareSpec:
+def machine_profile(scratch: Path, on_measure=None, model_shapes=None, expert_dims=None) -> HardwareSpec:
     """This machine's profile: the cached one, or a quick measurement made now and cached for
     the next run. `model_shapes`: the model's layer matrices, to time GEMMs and decompression
-    on (a model too big for the quick probes gets the generic profile). `on_measure(path,
-    why)` is told before a measurement."""
+    on (a model too big for the quick probes gets the generic profile); `expert_dims`: a MoE
+    model's routed experts' (hidden, width) (`ModelSpec.routed_expert_dims`), to time them on.
+    `on_measure(path, why)` is told before a measurement."""
     shapes = gemm_probe_shapes(model_shapes, quick=True)
-    path = profile_cache_path(None if shapes == GENERIC_SHAPES else shapes)
+    path = profile_cache_path(None if shapes == GENERIC_SHAPES else shapes, expert_dims)
     spec, why = _cached_profile(path)
     if spec is not None:
         return spec
     if on_measure:
         on_measure(path, why)
     scratch.mkdir(parents=True, exist_ok=True)
-    spec = machine.profile_machine(disk_folder=scratch, quick=True, model_shapes=model_shapes)
+    spec = machine.profile_machine(disk_folder=scratch, quick=True, model_shapes=model_shapes, expert_dims=expert_dims)
     _write_atomic(path, spec.to_json())
     _write_atomic(_check_path(path), json.dumps({"gemm_flops": check_rate()}))
     return spec

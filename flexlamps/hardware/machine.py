@@ -10,6 +10,7 @@ from typing import Callable
 import psutil
 import torch
 
+from flexlamps.hardware.expert_probes import measure_expert_products
 from flexlamps.hardware.int4_probes import measure_int4, measure_int8_prompts
 from flexlamps.hardware.probes import (GENERIC_SHAPES, ProbeSizes, gemm_probe_shapes, measure_copies,
                                        measure_cpu_attention, measure_delta_rule, measure_dequant,
@@ -58,12 +59,12 @@ def _gemm_peaks(on_cpu, device: torch.device, sizes: ProbeSizes, has_cuda: bool)
     return gpu, _best_over_threads(lambda: measure_gemm(torch.device("cpu"), sizes.gemm_dim, sizes.seconds_per_probe))
 
 
-def _int4_rates(on_cpu, device: torch.device, shapes, sizes: ProbeSizes) -> tuple[dict, float]:
+def _int4_rates(on_cpu, device: torch.device, shapes, sizes: ProbeSizes, has_cuda: bool) -> tuple[dict, float, dict]:
     """The fused 4-bit kernel's FLOP/s by rows (made nondecreasing in rows, as the GEMM tables
-    are) and the 4-bit dequantization rate."""
+    are), the 4-bit dequantization rate, and on a CPU the int8 GEMM's FLOP/s by rows (`_int8_rates`)."""
     table, dequant = on_cpu(lambda: measure_int4(device, shapes, sizes.gemm_rows_bytes // 16,
                                                  2 * sizes.seconds_per_probe))
-    return _nondecreasing_tables(table), dequant
+    return _nondecreasing_tables(table), dequant, {} if has_cuda else _int8_rates(shapes, sizes)
 
 
 def _int8_rates(shapes, sizes: ProbeSizes) -> dict:
@@ -78,17 +79,17 @@ def _nondecreasing_tables(table: dict) -> dict:
 
 
 def profile_machine(*, disk_folder: Path, quick: bool = False,
-                    gpu_budget_bytes: int | None = None, model_shapes=None,
+                    gpu_budget_bytes: int | None = None, model_shapes=None, expert_dims=None,
                     step: Callable[[str], None] = lambda name: None) -> HardwareSpec:
     """Run every probe and return the machine as a `HardwareSpec`.
 
     Args:
         disk_folder: where the disk probe writes its temporary file (the offload folder).
         quick: small probes, about ten seconds in all (for tests and smoke runs).
-        gpu_budget_bytes: GPU memory to plan with; default: the device's memory on CUDA,
-            a quarter of RAM on a CPU-only box.
+        gpu_budget_bytes: GPU memory to plan with; default: the device's on CUDA, a quarter of RAM on a CPU.
         model_shapes: (out, in) of one layer's weight matrices (`ModelSpec.layer_matrix_shapes`)
             to time GEMMs and decompression on; default: a generic 2048x1024 matrix.
+        expert_dims: a MoE model's routed experts' (hidden, width), to time its expert product on.
         step: called with each probe's name before it runs (progress display).
     """
     keep_freed_memory()  # the allocator the engine runs with (LLM sets it too)
@@ -120,8 +121,7 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     step("dequantization")
     dequant_matrix_s, gpu_dequant, cpu_dequant = _dequant_rates(on_cpu, device, sizes, model_shapes, has_cuda)
     step("4-bit weights")
-    int4_table, int4_dequant = _int4_rates(on_cpu, device, shapes, sizes)
-    int8_table = {} if has_cuda else _int8_rates(shapes, sizes)
+    int4_table, int4_dequant, int8_table = _int4_rates(on_cpu, device, shapes, sizes, has_cuda)
     gpu_mem, cpu_mem = _tier_memory(has_cuda, gpu_budget_bytes)
     return HardwareSpec(
         name=_profile_name(has_cuda, shapes),
@@ -136,7 +136,24 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
         gpu_gemm_flops_by_rows=gemm_by_rows, gpu_gemm_flops_by_rows_resident=gemm_by_rows_resident,
         gpu_is_host=not has_cuda, gpu_int4_gemm_flops_by_rows=int4_table, int4_dense_from_rows=INT4_DENSE_FROM_ROWS,
         gpu_int4_dequant_bytes_per_s=int4_dequant, gpu_int8_prompt_flops_by_rows=int8_table,
-        gpu_delta_rule_flops_per_s=delta_rule)
+        gpu_delta_rule_flops_per_s=delta_rule, **_expert_rates(on_cpu, device, sizes, expert_dims, has_cuda, step))
+
+
+def _expert_rates(on_cpu, device: torch.device, sizes: ProbeSizes, expert_dims, has_cuda: bool,
+                  step) -> dict[str, dict]:
+    """HardwareSpec's MoE expert tables, {phase: {dtype: {rows: FLOP/s}}} as the engine multiplies
+    plain and 4-bit experts (each made nondecreasing in rows); none without `expert_dims`."""
+    if not expert_dims:
+        return {}
+    step("moe experts")
+    hidden, width = expert_dims
+    dtypes = ("fp32", "bf16", "fp16") if has_cuda else ("fp32", "bf16")
+    budget_s = 4 * sizes.seconds_per_probe
+    plain = on_cpu(lambda: measure_expert_products(device, hidden, width, sizes.gemm_rows_bytes, budget_s, dtypes))
+    int4 = on_cpu(lambda: measure_expert_products(device, hidden, width, sizes.gemm_rows_bytes // 4, budget_s / 2,
+                                                  ("bf16",), int4=True))
+    return {"gpu_expert_flops_by_rows": {phase: _nondecreasing_tables(tables) for phase, tables in plain.items()},
+            "gpu_int4_expert_flops_by_rows": {phase: _nondecreasing_tables(tables) for phase, tables in int4.items()}}
 
 
 def _attention_rates(on_cpu, device: torch.device, sizes: ProbeSizes, step) -> tuple[float, dict[str, float]]:
@@ -207,4 +224,4 @@ def _tier_memory(has_cuda: bool, gpu_budget_bytes: int | None) -> tuple[int, int
 
 
 PROBE_NAMES = ("disk", "copies", "memory bandwidth", "layer overhead", "gemm by rows", "gemm", "cpu attention",
-               "dequantization", "4-bit weights")
+               "dequantization", "4-bit weights", "moe experts")  # the last for a MoE model only

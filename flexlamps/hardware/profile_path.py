@@ -15,11 +15,15 @@ from flexlamps.cache_folder import cache_root
 PROFILE_VERSION = 9
 
 
-def profile_cache_path(shapes=None) -> Path:
-    """Where the profile timed on matrices of `shapes` (None: the generic ones) is cached."""
+def profile_cache_path(shapes=None, expert_dims=None) -> Path:
+    """Where the profile timed on matrices of `shapes` (None: the generic ones) is cached, and on
+    routed experts of `expert_dims` (hidden, width) for a MoE model (its own file: a profile
+    without the experts' rates is measured again for one)."""
     root = cache_root()
     # versioned: a profile written before the probes changed is measured again, not reused
     name = f"hardware-v{PROFILE_VERSION}"
     if shapes:
         name += "-" + hashlib.sha256(repr(tuple(map(tuple, shapes))).encode()).hexdigest()[:12]
+    if expert_dims:
+        name += "-experts-{}x{}".format(*expert_dims)
     return Path(root) / f"{name}.json"

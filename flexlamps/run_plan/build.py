@@ -48,7 +48,8 @@ def machine_inputs(settings: RunSettings, spec: placement.ModelSpec, reader, on_
         return {}
 
     scratch = Path(settings.offload_dir) if settings.offload_dir else Path(tempfile.gettempdir()) / "flexlamps-profile"
-    hardware = hardware_cache.machine_profile(scratch, on_profile, model_shapes=spec.layer_matrix_shapes())
+    hardware = hardware_cache.machine_profile(scratch, on_profile, model_shapes=spec.layer_matrix_shapes(),
+                                              expert_dims=spec.routed_expert_dims())
     return dict(hardware=hardware, disk_bytes=free_disk_bytes(settings.offload_dir), routing=cached_routing(reader))
 
 

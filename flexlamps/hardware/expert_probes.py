@@ -1,0 +1,94 @@
+"""The probe of a MoE model's routed experts for the machine profile: FLOP/s of one expert's products
+(gate, up, SwiGLU, down) on the tokens routed to it, per phase, through the engine's own expert product
+(`models.blocks.moe.swiglu` with `moe.expert_linear`), so the profile follows whatever that runs: on an
+AVX2 CPU a prompt's tokens on a bf16 expert multiply in fp32 (2.5-4x torch's bf16 GEMM at 16-64 rows),
+a decode's in bf16; 4-bit experts on the engine's `Int4Weight`. The planner prices a MoE layer's
+experts with these (`placement.HardwareSpec.expert_seconds`).
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from flexlamps.engine.executors.stored_weights import INT4_GROUP
+from flexlamps.models.blocks.moe import expert_linear, swiglu
+from flexlamps.models.blocks.weight_kind import Phase
+from quant.int4_weight import Int4Weight, can_pack
+
+# tokens one expert gets: a decode step's one to tens (batch x top-k over the experts it picks), a prompt
+# chunk's tens to hundreds; the planner clamps beyond the ends
+EXPERT_ROWS = {Phase.DECODE: (1, 4, 16, 64), Phase.PROMPT: (4, 16, 64, 256)}
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_PASSES = 3  # the row counts take turns this often: on a shared machine each median spans slow and fast spells
+
+
+def _experts(device: torch.device, hidden: int, width: int, dtype: torch.dtype, num_bytes: int,
+             int4: bool) -> list[tuple]:
+    """Distinct random experts (gate, up, down) of about `num_bytes` in all (one at least): beyond the
+    caches, as a layer's experts are read; 4-bit ones as the engine stores them (`Int4Weight`)."""
+    count = max(1, num_bytes // (3 * hidden * width * (dtype.itemsize if not int4 else 0.5)))
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def matrix(out: int, inp: int):
+        w = (torch.randn(out, inp, generator=gen, device=device) / inp ** 0.5).to(dtype)
+        return Int4Weight.quantize(w.float(), INT4_GROUP, dtype).kernel_only() if int4 else w
+
+    return [(matrix(width, hidden), matrix(width, hidden), matrix(hidden, width)) for _ in range(int(count))]
+
+
+def _sweep(experts: list[tuple], rows: int, phase: Phase, share_s: float,
+           sync: Callable[[], None]) -> tuple[Callable[[], None], float]:
+    """(a run of the expert product on `rows` tokens over as many experts as a quarter of `share_s`
+    affords, its FLOPs): many at a few rows, where reading the experts is the time; one where it is compute."""
+    gate = experts[0][0]
+    hidden, width = gate.shape[1], gate.shape[0]
+    x = torch.randn(rows, hidden, device=experts[0][2].device).to(getattr(gate, "dtype", torch.float32))
+    product = functools.partial(expert_linear, phase=phase)
+    start = time.perf_counter()
+    swiglu(x, *experts[0], product)
+    sync()
+    one_s = max(time.perf_counter() - start, 1e-9)
+    used = experts[:max(1, min(len(experts), int(share_s / 4 / one_s)))]
+    return (lambda: [swiglu(x, g, u, d, product) for g, u, d in used]), 2.0 * 3 * rows * hidden * width * len(used)
+
+
+def measure_expert_products(device: torch.device, hidden: int, width: int, num_bytes: int, budget_s: float,
+                            dtypes: tuple[str, ...], *, int4: bool = False) -> dict[str, dict[str, dict[str, float]]]:
+    """{phase: {dtype: {rows: FLOP/s}}} of a routed expert of `hidden` x `width` (Qwen3-30B-A3B: 2048
+    x 768) on `rows` tokens for each of the phase's EXPERT_ROWS, the median of passes taking turns, over distinct
+    experts of about `num_bytes` (`int4`: the engine's 4-bit experts, `dtypes` their activations')."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    slots = len(dtypes) * sum(len(rows) for rows in EXPERT_ROWS.values())
+    share_s = budget_s / slots / _PASSES
+    table: dict[str, dict[str, dict[str, float]]] = {phase.value: {} for phase in Phase}
+    for name in dtypes:
+        if int4 and not can_pack((width, hidden), INT4_GROUP, device):
+            continue
+        experts = _experts(device, hidden, width, _DTYPES[name], num_bytes, int4)
+        for phase in Phase:
+            probes = {rows: _sweep(experts, rows, phase, share_s, sync) for rows in EXPERT_ROWS[phase]}
+            table[phase.value][name] = _median_rates(probes, share_s, sync)
+    return {phase: tables for phase, tables in table.items() if tables}
+
+
+def _median_rates(probes: dict, share_s: float, sync: Callable[[], None]) -> dict[str, float]:
+    """{rows: work / median seconds} of probes {rows: (run, work)}, each warmed up, timed in passes taking turns."""
+    for run, _ in probes.values():
+        run()
+    sync()
+    times: dict[int, list[float]] = {rows: [] for rows in probes}
+    for _ in range(_PASSES):
+        for rows, (run, _) in probes.items():
+            spent = 0.0
+            while spent < share_s or not times[rows]:
+                start = time.perf_counter()
+                run()
+                sync()
+                times[rows].append(time.perf_counter() - start)
+                spent += times[rows][-1]
+    return {str(rows): work / statistics.median(times[rows]) for rows, (_, work) in probes.items()}
