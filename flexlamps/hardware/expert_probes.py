@@ -1,14 +1,13 @@
-"""The probe of a MoE model's routed experts for the machine profile: FLOP/s of one expert's products
-(gate, up, SwiGLU, down) on the tokens routed to it, per phase, through the engine's own expert product
-(`models.blocks.moe.swiglu` with `moe.expert_linear`), so the profile follows whatever that runs: on an
-AVX2 CPU a prompt's tokens on a bf16 expert multiply in fp32 (2.5-4x torch's bf16 GEMM at 16-64 rows),
-a decode's in bf16; 4-bit experts on the engine's `Int4Weight`. The planner prices a MoE layer's
+"""The probe of a MoE model's routed experts for the machine profile: FLOP/s of a layer's experts (gate, up,
+SwiGLU, down, the weighted sum) on the tokens routed to each, per phase, through the engine's own loop over
+them (`models.blocks.moe.routed_sum`), so the profile follows whatever that runs: on an AVX2 CPU a prompt's
+tokens on bf16 experts multiply in fp32 (2.5-4x torch's bf16 GEMM at 16-64 rows), a decode's in the native
+16-bit kernel where it loads; 4-bit experts on the engine's `Int4Weight`. The planner prices a MoE layer's
 experts with these (`placement.HardwareSpec.expert_seconds`).
 """
 
 from __future__ import annotations
 
-import functools
 import statistics
 import time
 from typing import Callable
@@ -16,8 +15,9 @@ from typing import Callable
 import torch
 
 from flexlamps.engine.executors.stored_weights import INT4_GROUP
-from flexlamps.models.blocks.moe import expert_linear, swiglu
+from flexlamps.models.blocks.moe import routed_sum
 from flexlamps.models.blocks.weight_kind import Phase
+from flexlamps.models.moe_config import MoEConfig
 from quant.int4_weight import Int4Weight, can_pack
 
 # tokens one expert gets: a decode step's one to tens (batch x top-k over the experts it picks), a prompt
@@ -43,18 +43,29 @@ def _experts(device: torch.device, hidden: int, width: int, dtype: torch.dtype, 
 
 def _sweep(experts: list[tuple], rows: int, phase: Phase, share_s: float,
            sync: Callable[[], None]) -> tuple[Callable[[], None], float]:
-    """(a run of the expert product on `rows` tokens over as many experts as a quarter of `share_s`
-    affords, its FLOPs): many at a few rows, where reading the experts is the time; one where it is compute."""
-    gate = experts[0][0]
-    hidden, width = gate.shape[1], gate.shape[0]
-    x = torch.randn(rows, hidden, device=experts[0][2].device).to(getattr(gate, "dtype", torch.float32))
-    product = functools.partial(expert_linear, phase=phase)
+    """(one `routed_sum` over as many experts as a quarter of `share_s` affords, `rows` tokens routed
+    to each, its FLOPs): many at a few rows, where reading the experts is the time; one where it is compute."""
+    width, hidden = experts[0][0].shape
+    dtype = getattr(experts[0][0], "dtype", torch.float32)
+    device = experts[0][2].device
+
+    def run_on(count: int) -> Callable[[], None]:
+        w = {f"experts.{e}.{name}": m for e, mats in enumerate(experts[:count])
+             for name, m in zip(("gate_proj", "up_proj", "down_proj"), mats)}
+        cfg = MoEConfig(num_experts=count, num_experts_per_token=1, num_shared_experts=0,
+                        moe_intermediate_size=width, moe_layers=(True,), router="softmax_topk")
+        x = torch.randn(count * rows, hidden, device=device).to(dtype)
+        indices = torch.arange(count * rows, device=device).div(rows, rounding_mode="floor").unsqueeze(1)
+        weights = torch.ones(count * rows, 1, device=device)
+        return lambda: routed_sum(w, x, weights, indices, cfg, phase)
+
+    one = run_on(1)
+    one()  # warm-up: kernels load, buffers grow
     start = time.perf_counter()
-    swiglu(x, *experts[0], product)
+    one()
     sync()
-    one_s = max(time.perf_counter() - start, 1e-9)
-    used = experts[:max(1, min(len(experts), int(share_s / 4 / one_s)))]
-    return (lambda: [swiglu(x, g, u, d, product) for g, u, d in used]), 2.0 * 3 * rows * hidden * width * len(used)
+    count = max(1, min(len(experts), int(share_s / 4 / max(time.perf_counter() - start, 1e-9))))
+    return run_on(count), 2.0 * 3 * rows * hidden * width * count
 
 
 def measure_expert_products(device: torch.device, hidden: int, width: int, num_bytes: int, budget_s: float,

@@ -11,8 +11,8 @@ import torch
 import placement
 from flexlamps.hardware import expert_probes
 from flexlamps.models.blocks.weight_kind import Phase
-from flexlamps.models.description import model_spec_from_hf
 from placement.expert_compute import expert_flops_per_token, tokens_per_expert
+from tests.described import described
 
 # a Qwen3-MoE shape: 4 layers of 16 experts of 3 x 512 x 256 bf16, top-2
 QWEN3_MOE = dict(model_type="qwen3_moe", hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
@@ -34,7 +34,7 @@ def _cpu(expert_tables=None, int4_tables=None) -> placement.HardwareSpec:
 
 
 def _terms(hw, **policy) -> placement.Plan:
-    model = model_spec_from_hf(QWEN3_MOE)
+    model = described(QWEN3_MOE)[1]
     pol = placement.Policy(gpu_batch_size=16, num_gpu_batches=1, weights=ON_GPU, cache=ON_GPU, activations=ON_GPU,
                            **policy)
     return model, placement.predict(pol, model, hw, WORKLOAD)
@@ -63,7 +63,7 @@ def test_each_phase_prices_its_experts_at_the_rate_measured_for_it():
 def test_the_rate_is_read_at_the_tokens_one_expert_gets():
     """A call of 16 decode rows gives each of its distinct experts ~2 tokens: the table is read there,
     not at the call's 16 rows."""
-    model = model_spec_from_hf(QWEN3_MOE)
+    model = described(QWEN3_MOE)[1]
     own = tokens_per_expert(model, 16)
     assert 1 < own < 4
     slow_few = {"decode": {"bf16": {"1": 1e9, "4": 1e9, "16": 8e9}}}
@@ -93,17 +93,18 @@ def test_tables_round_trip_and_bad_ones_are_refused():
             _cpu(bad)
 
 
-def test_the_probe_times_the_engines_expert_product_in_both_phases(monkeypatch):
-    """The profile's rates come from `moe.expert_linear` in each phase (the engine's own product, so a
-    faster one moves the profile), at each phase's rows."""
+def test_the_probe_times_the_engines_expert_loop_in_both_phases(monkeypatch):
+    """The profile's rates come from `moe.routed_sum` in each phase (the engine's own loop over a layer's
+    experts, so a faster product moves the profile), each expert given each of the phase's row counts."""
     seen = []
-    product = expert_probes.expert_linear
+    engine_loop = expert_probes.routed_sum
 
-    def spy(x, w, phase):
-        seen.append((phase, x.shape[0]))
-        return product(x, w, phase)
+    def spy(w, flat, weights, indices, cfg, phase):
+        seen.append((phase, flat.shape[0] // cfg.num_experts))
+        assert indices.unique(return_counts=True)[1].tolist() == [flat.shape[0] // cfg.num_experts] * cfg.num_experts
+        return engine_loop(w, flat, weights, indices, cfg, phase)
 
-    monkeypatch.setattr(expert_probes, "expert_linear", spy)
+    monkeypatch.setattr(expert_probes, "routed_sum", spy)
     table = expert_probes.measure_expert_products(torch.device("cpu"), 64, 32, 1 << 16, 0.01, ("bf16",))
     for phase in Phase:
         assert sorted(int(r) for r in table[phase.value]["bf16"]) == list(expert_probes.EXPERT_ROWS[phase])

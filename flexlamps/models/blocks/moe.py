@@ -155,10 +155,11 @@ def decode_expert_kernel() -> half_gemv.HalfGemv | None:
     return loader.chosen().get("half_gemv")
 
 
-def _routed_sum(w, flat: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, cfg: MoEConfig,
-                phase: Phase) -> torch.Tensor:
+def routed_sum(w, flat: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, cfg: MoEConfig,
+               phase: Phase) -> torch.Tensor:
     """The routed experts' weighted outputs summed per token, each expert once on the tokens that
-    chose it, in expert order; a token's sum is rounded to the dtype after each expert."""
+    chose it, in expert order; a token's sum is rounded to the dtype after each expert. (The machine
+    profile times this, `hardware.expert_probes`: the planner's expert rates are what it runs at.)"""
     out = torch.zeros_like(flat)
     done = getattr(w, "expert_done", None)  # weights that stream experts take each back once used
     kernel = _fused_experts(flat, cfg, phase)
@@ -182,7 +183,7 @@ def moe_ffn(w: dict[str, torch.Tensor], x: torch.Tensor, cfg: MoEConfig) -> torc
     shape = x.shape
     flat = x.reshape(-1, shape[-1])  # (N, hidden)
     weights, indices = route(flat, w, cfg)
-    out = _routed_sum(w, flat, weights, indices, cfg, phase_of(x))
+    out = routed_sum(w, flat, weights, indices, cfg, phase_of(x))
     out = out.view(shape)
     if cfg.has_shared:
         shared = swiglu(x, w["shared_gate_proj"], w["shared_up_proj"], w["shared_down_proj"])
