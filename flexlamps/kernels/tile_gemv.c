@@ -185,7 +185,7 @@ static void gemm_subtiles(const uint8_t *codes, const uint16_t *scale_zero, cons
                           uint8_t *buf) {
     const int64_t cols = x->cols, h = tile / 2, per_tile = tile / SUB, tile_bytes = (split ? 2 : 1) * cols * h;
     float *scale = (float *)(buf + (split ? 2 : 1) * cols * SUB);
-    const Prepared prep = {buf, split ? buf + cols * SUB : NULL, scale, scale + x->groups * SUB};
+    Prepared prep = {buf, split ? buf + cols * SUB : NULL, scale, scale + x->groups * SUB, 1};
     for (int64_t sub = first; sub < first + count; sub++) {
         int64_t t = sub / per_tile, s = sub % per_tile;
         prepare(codes + t * tile_bytes, scale_zero + t * tile * 2, s, h, n, cols, x->groups, fp16, split, &prep);

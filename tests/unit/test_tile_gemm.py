@@ -77,13 +77,14 @@ def test_int8_is_x_in_int8_times_the_codes(level, dtype, group):
 @pytest.mark.parametrize("level", LEVELS)
 def test_the_largest_codes_stay_exact(level):
     """Codes of -128 and 127 (int8: |q| and x signed by q) and of 15 over groups of 256 (4-bit: the
-    16-bit sums are widened every 32 inputs) times x's largest codes."""
+    16-bit sums are widened every 32 inputs) times x's largest codes; int8 codes of at most 16, 32, 33
+    in magnitude, whose 16-bit sums are widened every 8, 4, 3 steps of 4 inputs (2 * 127 * |q| a step)."""
     kernel = _kernel(level)
     x = torch.ones(2, 512, dtype=torch.float16)
     x[1, ::2] = -1
-    for code in (-128, 127):
-        w = Int8Weight.from_codes(torch.full((64, 512), code, dtype=torch.int8), torch.full((64, 16), 1 / 64), 32,
-                                  torch.float16)
+    for code, group in ((-128, 32), (127, 32), (-16, 32), (-32, 16), (33, 32)):
+        w = Int8Weight.from_codes(torch.full((64, 512), code, dtype=torch.int8), torch.full((64, 512 // group), 1 / 64),
+                                  group, torch.float16)
         _assert_product(kernel.prompt_product(w, x), w, x)
     w4 = Int4Weight.from_codes(torch.full((64, 512), 15, dtype=torch.uint8), torch.full((64, 2), 1 / 64),
                                torch.zeros(64, 2), 256, torch.float16).kernel_only()
