@@ -43,7 +43,7 @@ def _folder(tmp_path, template):
 def test_render_equals_transformers(tmp_path, tools, generation):
     transformers = pytest.importorskip("transformers")
     folder = _folder(tmp_path, HERMES)
-    ours = tokenizer_from_hf_folder(folder, {}).apply_chat_template(CONVERSATION, generation, tools=tools)
+    ours = tokenizer_from_hf_folder(folder).apply_chat_template(CONVERSATION, generation, tools=tools)
     theirs = transformers.PreTrainedTokenizerFast.from_pretrained(folder).apply_chat_template(
         CONVERSATION, tools=tools, tokenize=False, add_generation_prompt=generation)
     assert ours == theirs
@@ -51,9 +51,9 @@ def test_render_equals_transformers(tmp_path, tools, generation):
 
 
 def test_template_takes_tools_is_read_off_the_template(tmp_path):
-    assert tokenizer_from_hf_folder(_folder(tmp_path / "h", HERMES), {}).template_takes_tools
+    assert tokenizer_from_hf_folder(_folder(tmp_path / "h", HERMES)).template_takes_tools
     plain = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    assert not tokenizer_from_hf_folder(_folder(tmp_path / "p", plain), {}).template_takes_tools
+    assert not tokenizer_from_hf_folder(_folder(tmp_path / "p", plain)).template_takes_tools
 
 
 def test_a_template_cannot_reach_python(tmp_path):
@@ -61,7 +61,7 @@ def test_a_template_cannot_reach_python(tmp_path):
 
     sneaky = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
     with pytest.raises(SecurityError):
-        tokenizer_from_hf_folder(_folder(tmp_path, sneaky), {}).apply_chat_template(CONVERSATION)
+        tokenizer_from_hf_folder(_folder(tmp_path, sneaky)).apply_chat_template(CONVERSATION)
 
 
 @pytest.mark.parametrize("template,shown_by_template", [(HERMES, True), ("{% for m in messages %}{{ m['role'] }}: "
@@ -71,7 +71,7 @@ def test_a_tool_task_hands_its_tools_to_a_template_that_shows_them(tmp_path, tem
     from flexlamps.agents.run import _first_prompt
     from flexlamps.agents.toolcalls import ToolUseTask
 
-    tokenizer = tokenizer_from_hf_folder(_folder(tmp_path, template), {})
+    tokenizer = tokenizer_from_hf_folder(_folder(tmp_path, template))
     task = ToolUseTask("0", "What is 2 + 3?", "tools.py", [TOOLS[0]["function"]])
     text = tokenizer.decode(_first_prompt(ChatTurns(tokenizer), task), skip_special_tokens=False)
     assert ("Tools:\n<tools>" in text) == shown_by_template  # the template's own words

@@ -70,7 +70,7 @@ class HFFolderReader:
     @property
     def tokenizer(self) -> Tokenizer:
         if self._tokenizer is None:
-            self._tokenizer = tokenizer_from_hf_folder(self.path, self.hf_config)
+            self._tokenizer = tokenizer_from_hf_folder(self.path, self.config.bos_token_id, self.config.eos_token_ids)
         return self._tokenizer
 
     def _handle(self, name: str):

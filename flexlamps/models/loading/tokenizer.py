@@ -125,7 +125,11 @@ def _token_text(tok: Any) -> str | None:
     return tok.get("content")
 
 
-def tokenizer_from_hf_folder(folder: Path, hf_config: dict[str, Any]) -> Tokenizer:
+def tokenizer_from_hf_folder(folder: Path, bos_token_id: int | None = None,
+                             eos_token_ids: tuple[int, ...] = ()) -> Tokenizer:
+    """The folder's tokenizer.json with its tokenizer_config.json's special tokens and chat template;
+    `bos_token_id`/`eos_token_ids`: the model config's (its `ModelConfig`), a bos the tokenizer
+    config does not name and eos tokens beside the tokenizer's."""
     path = folder / "tokenizer.json"
     if not path.exists():
         raise FileNotFoundError(f"{folder} has no tokenizer.json; flexlamps needs a fast-tokenizer file")
@@ -139,12 +143,11 @@ def tokenizer_from_hf_folder(folder: Path, hf_config: dict[str, Any]) -> Tokeniz
     if not isinstance(tc, dict):
         raise CheckpointError(f"{tc_path} must hold a JSON object, not {type(tc).__name__}")
     specials = {k: _token_text(tc.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
-    bos = tk.token_to_id(specials["bos_token"]) if specials["bos_token"] else hf_config.get("bos_token_id")
+    bos = tk.token_to_id(specials["bos_token"]) if specials["bos_token"] else bos_token_id
     eos_ids = set()
     if specials["eos_token"] and tk.token_to_id(specials["eos_token"]) is not None:
         eos_ids.add(tk.token_to_id(specials["eos_token"]))
-    cfg_eos = hf_config.get("eos_token_id")
-    eos_ids.update(cfg_eos if isinstance(cfg_eos, list) else [cfg_eos] if cfg_eos is not None else [])
+    eos_ids.update(eos_token_ids)
     template = tc.get("chat_template")
     chat_file = folder / "chat_template.jinja"
     if template is None and chat_file.exists():
