@@ -66,7 +66,8 @@ class NativeAttention:
         kv, span = keys.shape[1], keys.shape[2]
         if values.shape != keys.shape:  # the kernel would read past them
             raise ValueError(f"native_attention: values {tuple(values.shape)} differ from keys {tuple(keys.shape)}")
-        keys, values = keys.to(q.dtype), values.to(q.dtype)  # no-ops where they are q's dtype already
+        if keys.dtype != q.dtype or values.dtype != q.dtype:  # (a no-op `to` still costs a dispatch)
+            keys, values = keys.to(q.dtype), values.to(q.dtype)
         if q.stride(-1) != 1:
             q = q.contiguous()
         if keys.stride(-1) != 1:

@@ -49,23 +49,32 @@ class NativeElementwise:
         evenly strided; weight contiguous, of x's dtype)."""
         cols = x.shape[-1]
         rows = x.numel() // cols if cols else 0
-        flat = x if x.dim() == 2 else x.reshape(rows, cols)  # a view where the rows are evenly strided
+        flat, stride = _rows(x, rows, cols)
         out = torch.empty(x.shape, dtype=x.dtype)
         if rows:
-            self._norm(flat.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, cols, flat.stride(0), eps,
-                       DTYPES[x.dtype], torch.get_num_threads())
+            self._norm(flat.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, cols, stride, eps, DTYPES[x.dtype],
+                       torch.get_num_threads())
         return out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """round(silu(gate)) * up for gate, up the two halves of the last dim of `gate_up`."""
         half = gate_up.shape[-1] // 2
         rows = gate_up.numel() // gate_up.shape[-1] if half else 0
-        flat = gate_up if gate_up.dim() == 2 else gate_up.reshape(rows, 2 * half)
-        out = torch.empty(*gate_up.shape[:-1], half, dtype=gate_up.dtype)
+        flat, stride = _rows(gate_up, rows, 2 * half)
+        out = torch.empty(gate_up.shape[:-1] + (half,), dtype=gate_up.dtype)
         if rows:
-            self._silu_mul(flat.data_ptr(), out.data_ptr(), rows, half, flat.stride(0), DTYPES[gate_up.dtype],
+            self._silu_mul(flat.data_ptr(), out.data_ptr(), rows, half, stride, DTYPES[gate_up.dtype],
                            torch.get_num_threads())
         return out
+
+
+def _rows(x: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, int]:
+    """x's rows (evenly strided, `takes`) and their stride: contiguous ones where they lie (a
+    reshape costs about what a decode row's norm does), else a 2-d view."""
+    if x.is_contiguous():
+        return x, cols
+    flat = x if x.dim() == 2 else x.reshape(rows, cols)
+    return flat, flat.stride(0)
 
 
 def _check(ops: NativeElementwise) -> None:
