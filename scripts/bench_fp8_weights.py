@@ -84,7 +84,7 @@ def executors(readers: dict, dtype: torch.dtype, offloaded: bool) -> dict:
 def layer_bytes(ex) -> int:
     if isinstance(ex, InMemoryExecutor):
         return sum(w.nbytes for layer in ex.layer_weights for w in layer.values())
-    return sum(n for name, n in ex.charges.stored.items() if name.startswith("layers."))
+    return sum(n for name, n in ex.weights.stored.items() if name.startswith("layers."))
 
 
 def main() -> None:

@@ -130,7 +130,7 @@ def run_ours(folder, prompts, gen_len, dtype, gpu_mem, cpu_mem, offload_dir, com
     wall = time.perf_counter() - t
     b = llm.executor.budgets
     ex = llm.executor
-    disk_bytes = sum(ex.charges.stored[name] for name, tier in ex.tiers.items() if tier == "disk")
+    disk_bytes = sum(ex.weights.stored[name] for name, tier in ex.tiers.items() if tier == "disk")
     first = ex.sweep.profiles[0] if ex.sweep.profiles else None
     info = dict(policy=llm.policy, predicted=llm.plan.tokens_per_s if llm.plan else None,
                 gpu_peak=b["gpu"].peak_bytes, gpu_cap=b["gpu"].capacity_bytes, disk_bytes=disk_bytes,

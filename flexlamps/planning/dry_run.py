@@ -1,9 +1,9 @@
 """A dry run of the offload executor: what it charges each tier for one block of a policy,
 without loading weights or allocating anything.
 
-It places every weight with the executor's own map (tables cut by vocab rows) and sizes it in the form the executor
-stores (`charges.PlacementCharges`, on torch's meta device), sizes the KV cache with the
-tiered cache's own buffers (meta again) and an MLA latent cache with the latent cache's own
+It places every weight with the executor's own `WeightStore`, on paper (tables cut by vocab rows, each
+weight sized in the form the executor stores, on torch's meta device; `charges.PlacementCharges` charges
+its sweeps), sizes the KV cache with the tiered cache's own buffers (meta again) and an MLA latent cache with the latent cache's own
 record formats and pools (`latent_cache_bytes`), then charges one prefill sweep and the last, longest
 decode sweep as the executor does, merging the decode micro-batches when the executor would.
 A plan the executor would refuse raises the same `BudgetExceededError`.
@@ -20,8 +20,8 @@ from flexlamps.engine.caches.latent import latent_cache_bytes
 from flexlamps.engine.caches.state import state_layer_bytes
 from flexlamps.engine.caches.tiered import layer_bytes
 from flexlamps.engine.caches.window import layer_rings
-from flexlamps.engine.executors.charges import (PlacementCharges, int4_weights, kv_quant_config, weight_bits,
-                                                with_backend)
+from flexlamps.engine.executors.charges import PlacementCharges, kv_quant_config, with_backend
+from flexlamps.engine.executors.stored_weights import int4_weights, weight_bits
 from flexlamps.engine.executors.offloaded import unsupported
 from flexlamps.planning.target import BlockLengths, PlanTarget
 from offload import TierBudget
@@ -53,13 +53,13 @@ def dry_run(target: PlanTarget, policy: placement.Policy, lengths: BlockLengths,
     if problems := unsupported(policy, config):
         raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(problems)})")
     policy = with_backend(policy, weight_quant)
-    run = PlacementCharges(config, policy, target.dtype, latent_fp8=latent_fp8, fused_int4=fused_int4,
-                           routing=target.routing, model_spec=target.model, int4=int4_weights(policy, weight_quant),
-                           weight_bits=weight_bits(policy, weight_quant))
+    run = PlacementCharges.on_paper(config, policy, target.dtype, latent_fp8=latent_fp8, fused_int4=fused_int4,
+                                    routing=target.routing, model_spec=target.model,
+                                    int4=int4_weights(policy, weight_quant), weight_bits=weight_bits(policy, weight_quant))
     budgets = {"gpu": TierBudget("gpu", gpu_mem), "cpu": TierBudget("cpu", cpu_mem)}
-    for name, tier in run.tiers.items():  # each weight, each piece of a split table
+    for name, tier in run.store.tiers.items():  # each weight, each piece of a split table
         if tier != "disk":
-            budgets[tier].allocate(run.stored[name], f"{name} resident")
+            budgets[tier].allocate(run.store.stored[name], f"{name} resident")
     num_slots = policy.gpu_batch_size * policy.num_gpu_batches
     prompt_len, gen_len = lengths.prompt_len, lengths.gen_len
     disk = _charge_cache(run, budgets, num_slots, prompt_len + gen_len)
@@ -73,7 +73,7 @@ def dry_run(target: PlanTarget, policy: placement.Policy, lengths: BlockLengths,
               and run.sweep_gpu_peak([(num_slots, 1, span)]) <= budgets["gpu"].free_bytes)
     rows = [num_slots] if merged else [policy.gpu_batch_size] * policy.num_gpu_batches
     _sweep(run, budgets, [(n, 1, span) for n in rows])
-    disk += sum(run.stored[name] for name, tier in run.tiers.items() if tier == "disk")
+    disk += sum(run.store.stored[name] for name, tier in run.store.tiers.items() if tier == "disk")
     return DryRun({"gpu": budgets["gpu"].peak_bytes, "cpu": budgets["cpu"].peak_bytes, "disk": disk}, merged)
 
 

@@ -77,8 +77,8 @@ def test_an_8_mib_gpu_tier_streams_the_experts_and_runs_as_in_memory(reader, tmp
     reads = []
     try:
         got = _run(ex, reads)
-        disk = sum(ex.charges.stored[name] for name, tier in ex.tiers.items() if tier == "disk")
-        assert disk > 0.8 * sum(ex.charges.stored.values())  # weights mostly on disk
+        disk = sum(ex.weights.stored[name] for name, tier in ex.tiers.items() if tier == "disk")
+        assert disk > 0.8 * sum(ex.weights.stored.values())  # weights mostly on disk
         assert ex.budgets["gpu"].peak_bytes <= GPU_MEM
     finally:
         ex.close()

@@ -90,7 +90,7 @@ def _same_4bit_weights(reader, ex) -> dict:
     out = {}
     for spec in weight_specs(reader.config):
         w = reader.read(spec, torch.float32)
-        if spec.role == "linear" and not ex.charges.is_mxfp4(spec):
+        if spec.role == "linear" and not ex.weights.is_mxfp4(spec):
             int4 = ex.stored_weights.is_int4(spec)
             w = Int4Weight.quantize(w, 32, torch.float32) if int4 else dequantize(quantize(w, ex.qcfg))
         out[spec.name] = w

@@ -83,11 +83,11 @@ def test_offloaded_fp8_equals_in_memory(fp8_models, split, tmp_path):
                              dtype=torch.float32, device=torch.device("cpu"))  # bit identity: the CPU's guarantee
         try:
             assert ex.reused_disk == reused
-            on_disk = [s for s in ex.specs if ex.charges.is_fp8(s) and ex.tiers[s.name] == "disk"]
+            on_disk = [s for s in ex.specs if ex.weights.is_fp8(s) and ex.tiers[s.name] == "disk"]
             assert on_disk, "no FP8 matrix went to disk"
             for spec in on_disk:  # the folder holds the codes, a byte each
                 assert ex.store.disk.nbytes(f"{spec.name}::fp8.codes") == spec.numel
-            resident = sum(ex.charges.stored[n] for n, tier in ex.tiers.items() if tier != "disk")
+            resident = sum(ex.weights.stored[n] for n, tier in ex.tiers.items() if tier != "disk")
             assert sum(ex.tier_use()[t].used_bytes for t in ("gpu", "cpu")) == resident
             got = _run(ex, reader.config.vocab_size)
         finally:
@@ -117,9 +117,9 @@ def test_dry_run_charges_what_the_fp8_executor_charges(fp8_models, tmp_path):
         ex.close()
     run = dry_run(plan_target(reader.config, torch.float32), policy,
                   BlockLengths(prompt_len=prompt_len, gen_len=gen_len), gpu_mem=budget, cpu_mem=budget)
-    fp8 = [s for s in ex.specs if ex.charges.is_fp8(s)]
+    fp8 = [s for s in ex.specs if ex.weights.is_fp8(s)]
     assert fp8 and ex.charges.call_copies(1, 1) > 0
-    assert run.peak_bytes["disk"] == sum(ex.charges.stored[n] for n, t in ex.tiers.items() if t == "disk")
+    assert run.peak_bytes["disk"] == sum(ex.weights.stored[n] for n, t in ex.tiers.items() if t == "disk")
     for tier in ("gpu", "cpu"):
         measured = ex.budgets[tier].peak_bytes
         assert measured <= run.peak_bytes[tier] <= 1.1 * measured, (tier, measured, run.peak_bytes[tier])

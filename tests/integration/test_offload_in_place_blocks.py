@@ -71,14 +71,14 @@ def test_offloaded_blocks_give_the_in_memory_bits(zoo, tmp_path, kind, vocab):
 def _assert_kept_as_blocks_and_charged_so(ex, in_memory_blocks: set[str]) -> None:
     """The matrices the in-memory engine keeps as blocks are those stored so (no dense copy),
     each charged its kind's `stored_bytes`, the bytes its stored parts take, wherever it lies."""
-    coded = {name for name in ex.tiers if ex.charges.keeps_codes(name)}
+    coded = {name for name in ex.tiers if ex.weights.keeps_codes(name)}
     assert {name.split(".rows")[0] for name in coded} == in_memory_blocks
     for name in coded:
         fetched, staged = ex.store.fetch([name])
         w = fetched[name]
         ex.store.release(staged)
         assert type(w) in KINDS and not is_dense(w)
-        assert ex.charges.stored[name] == kind_of(w).stored_bytes(w) == tensor_bytes(*stored_parts(w, "").values())
+        assert ex.weights.stored[name] == kind_of(w).stored_bytes(w) == tensor_bytes(*stored_parts(w, "").values())
 
 
 def test_a_float32_run_keeps_no_blocks(zoo, tmp_path):
@@ -86,5 +86,5 @@ def test_a_float32_run_keeps_no_blocks(zoo, tmp_path):
     reader = open_checkpoint(zoo.path("gguf:llama:Q4_0"))
     ex = OffloadExecutor(reader, _policy(ON_GPU), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off",
                          dtype=torch.float32, device=torch.device("cpu"))
-    assert not any(ex.charges.keeps_codes(name) for name in ex.tiers)
+    assert not any(ex.weights.keeps_codes(name) for name in ex.tiers)
     ex.close()

@@ -102,7 +102,7 @@ def test_tiers_hold_4bit_bytes_and_are_charged_what_they_hold(tiny_models, tmp_p
             held = sum((folder / (n.replace("/", "_") + ".dat")).stat().st_size for n in parts)
         else:
             held = sum(ex.store._resident[n].numel() * ex.store._resident[n].element_size() for n in parts)
-        assert held == ex.charges.stored[spec.name], (spec.name, tier, held)
+        assert held == ex.weights.stored[spec.name], (spec.name, tier, held)
         if ex.stored_weights.is_int4(spec) and tier != "gpu":  # what the planner prices, plus the group size
             assert held == spec.numel * CompressionSpec(num_bits=4).weight_bytes_per_element(2) + 4
             assert held == spec.numel * (0.5 + 2 * 2 / 32) + 4  # 4 bits, a bf16 scale and zero per 32

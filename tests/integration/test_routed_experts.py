@@ -62,7 +62,7 @@ def _executor(reader, tmp_path, order: str, gpu_mem: int) -> OffloadExecutor:
 
 
 def _disk_bytes(ex) -> int:
-    return sum(ex.charges.stored[name] for name, tier in ex.tiers.items() if tier == "disk")
+    return sum(ex.weights.stored[name] for name, tier in ex.tiers.items() if tier == "disk")
 
 
 def test_a_decode_step_reads_only_the_routed_experts(family_reader, tmp_path):
@@ -81,7 +81,7 @@ def test_a_decode_step_reads_only_the_routed_experts(family_reader, tmp_path):
     assert tokens == expected_tokens
     assert all((a - b).abs().max() <= 1e-5 for a, b in zip(logits, expected_logits))
     disk = _disk_bytes(ex)
-    assert disk > 0.8 * sum(ex.charges.stored.values())
+    assert disk > 0.8 * sum(ex.weights.stored.values())
     per_step = sum(reads) / len(reads) / disk
     assert per_step <= 0.3, per_step  # top-2 of 32 experts, plus the attention and the head
 
@@ -146,7 +146,7 @@ def test_the_hot_set_serves_repeat_experts_from_free_room(reader, tmp_path, orde
     expected = _greedy(InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32),
                        forced=forced.tolist())[1]
     probe = _executor(reader, tmp_path / "probe", "off", 1 << 30)
-    one_expert = max(sum(probe.charges.stored[n] for n in names) for names in probe.experts[0].values())
+    one_expert = max(sum(probe.weights.stored[n] for n in names) for names in probe.experts[0].values())
     _greedy(probe, forced=forced.tolist())
     gpu_mem = probe.budgets["gpu"].peak_bytes + 6 * one_expert  # room for about 6 of 64 experts
     probe.close()

@@ -7,6 +7,7 @@ import torch
 
 import placement
 from flexlamps.engine.executors.charges import PlacementCharges
+from flexlamps.engine.executors.weight_store import WeightStore
 from flexlamps.models.blocks import moe
 from flexlamps.models.blocks.linear import linear
 from flexlamps.models.blocks.weight_kind import Phase
@@ -47,11 +48,11 @@ def test_the_sweeps_peak_scans_the_weights_once_per_layer(monkeypatch):
     on_cpu = placement.TierSplit(gpu=0.0, cpu=1.0, disk=0.0)
     policy = placement.Policy(gpu_batch_size=4, num_gpu_batches=1, weights=on_cpu, cache=on_cpu,
                               activations=on_cpu)
-    charges, fresh = (PlacementCharges(ModelConfig.from_hf(SMALL_MOE), policy, torch.bfloat16, device_type="cpu")
-                      for _ in range(2))
+    config = ModelConfig.from_hf(SMALL_MOE)
+    charges, fresh = (PlacementCharges.on_paper(config, policy, torch.bfloat16, device_type="cpu") for _ in range(2))
     charges.sweep_gpu_peak([(4, 1, 20)])
     expected = fresh.sweep_gpu_peak([(4, 1, 21)])
     scans = []
-    monkeypatch.setattr(PlacementCharges, "kept_class", lambda self, spec: scans.append(spec) or None)
+    monkeypatch.setattr(WeightStore, "form", lambda self, spec: scans.append(spec) or "dense")
     assert charges.sweep_gpu_peak([(4, 1, 21)]) == expected and charges.call_copies(3, 1) == 0
     assert scans == []  # a decode step asks again for every layer: nothing scanned again

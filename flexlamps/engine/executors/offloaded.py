@@ -1,6 +1,7 @@
 """The offload executor: weights and KV cache spread over gpu / cpu / disk as a `Policy` says,
-run in FlexGen's zig-zag order: a `WeightStore` (the placement `PlacementCharges` computes, the
-weights in their stored forms) and a `Sweep` that runs micro-batches layer by layer over it.
+run in FlexGen's zig-zag order: a `WeightStore` (the placement and the weights in their stored forms:
+the same store its dry run keeps on paper), the `PlacementCharges` over it, and a `Sweep` that runs
+micro-batches layer by layer over it.
 
 Results equal the in-memory executor's exactly (same ops on the same values): 4-bit weights stay
 4-bit on every tier and are multiplied as the in-memory engine multiplies the same `Int4Weight`s
@@ -22,11 +23,11 @@ from flexlamps.engine.caches.paged import PagedKVCache
 from flexlamps.engine.caches.paged_state import HybridPagedCache
 from flexlamps.engine.caches.state import StateCache
 from flexlamps.engine.caches.tiered import TieredKVCache
-from flexlamps.engine.executors.charges import (GROUPWISE_BACKENDS, PlacementCharges, int4_weights, kv_quant_config,
-                                                weight_bits, weight_quant_config, with_backend)
+from flexlamps.engine.executors.charges import PlacementCharges, kv_quant_config, with_backend
 from flexlamps.engine.executors.contract import TierUse
 from flexlamps.engine.executors.placement_map import cache_tiers
 from flexlamps.engine.executors.step import Step
+from flexlamps.engine.executors.stored_weights import GROUPWISE_BACKENDS, int4_weights, weight_bits, weight_quant_config
 from flexlamps.engine.executors.sweep import Sweep
 from flexlamps.engine.executors.weight_store import WeightStore, in_place_samples
 from flexlamps.engine.routing_profile import cached_routing
@@ -85,23 +86,23 @@ class OffloadExecutor:
             self.qcfg = weight_quant_config(policy.compression.num_bits)  # groups along the input channels
             self.kv_qcfg = kv_quant_config(policy)
         self.policy = policy = self._weight_backend(policy, weight_quant)
-        # the placement and what a sweep charges, computed ahead (whether merged decode fits);
-        # the dry run's counts. Tables are cut by vocab rows into pieces, one a tier. 4-bit
-        # weights are Int4Weights, stacked where the forward stacks them (`stored_weights`).
+        # the store placed on paper as the dry run places it (tables cut by vocab rows into pieces,
+        # one a tier; 4-bit weights Int4Weights, stacked where the forward stacks them), what its
+        # sweeps charge (whether merged decode fits), then the checkpoint written into it
         int4 = bool(int4_weights(policy, weight_quant))
         if routing is None:
             routing = cached_routing(reader)
         in_place, samples = in_place_samples(reader, dtype)
-        self.charges = PlacementCharges(cfg, policy, dtype, int4=int4, device_type=self.device.type,
-                                        stores_fp8=getattr(reader, "stores_fp8", None), latent_fp8=latent_fp8,
-                                        stores_mxfp4=getattr(reader, "stores_mxfp4", None), routing=routing,
-                                        model_spec=model_spec, weight_bits=weight_bits(policy, weight_quant),
-                                        in_place=samples)
+        self.weights = WeightStore(cfg, policy, dtype, int4=int4, device_type=self.device.type,
+                                   stores_fp8=getattr(reader, "stores_fp8", None),
+                                   stores_mxfp4=getattr(reader, "stores_mxfp4", None), routing=routing,
+                                   weight_bits=weight_bits(policy, weight_quant), in_place=samples)
+        self.charges = PlacementCharges(self.weights, latent_fp8=latent_fp8, model_spec=model_spec)
         self.model_spec = self.charges.model_spec
-        self.weights = WeightStore(reader, self.charges, self.budgets, self.device, in_place=in_place, qcfg=self.qcfg,
-                                   weight_quantizer=self.weight_quantizer, int4=int4, offload_dir=offload_dir,
-                                   verify_disk=verify_disk, expert_cache=expert_cache)
-        self.sweep = Sweep(self.weights, self.fwd, self.budgets, self.device)
+        self.weights.write(reader, self.budgets, self.device, in_place=in_place, qcfg=self.qcfg,
+                           weight_quantizer=self.weight_quantizer, offload_dir=offload_dir, verify_disk=verify_disk,
+                           expert_cache=expert_cache)
+        self.sweep = Sweep(self.weights, self.charges, self.fwd, self.budgets, self.device)
         self.cache_disk_folder = offload_dir or default_offload_dir()  # disk-tier cache layers' (caches.disk_rows)
         # what callers read of the placement and the store (the WeightStore owns them)
         w = self.weights

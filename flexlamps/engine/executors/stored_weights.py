@@ -19,19 +19,64 @@ MXFP4 checkpoint's experts stay MXFP4 (`quant.mxfp4.Mxfp4Weight`), dequantized p
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
+import placement
+from flexlamps.models.blocks.dense_gemm import pack
 from flexlamps.models.loading.checkpoint import keeps_fp8
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.forward import forward_for
 from flexlamps.models.weight_specs import WeightSpec, weight_specs
+from offload import tensor_bytes
+from quant import engine_weight_config, quantize
+from quant.fp8 import FP8, Fp8Weight
 from quant.int4_tiles import tile_rows
 from quant.int4_weight import KERNEL_DTYPES, Int4Weight, can_pack
 
 INT4_GROUP = 32  # input channels per scale and zero point: GGUF's Q4 block, read without a detour
 # part of an offload folder's fingerprint: a folder written in another form is rebuilt, never read
 INT4_FORMAT = "int4-v1"
+
+
+# the group-wise weight compression backends (`--weight-quant`) and their bits
+GROUPWISE_BACKENDS = {"groupwise4": 4, "groupwise8": 8}
+
+
+def weight_bits(policy: placement.Policy, weight_quant: str | None = None) -> int:
+    """Bits of the group-wise compressed weights: the backend's own, else the policy's."""
+    return GROUPWISE_BACKENDS.get(weight_quant or "", policy.compression.num_bits)
+
+
+def int4_weights(policy: placement.Policy, weight_quant: str | None = None) -> bool:
+    """Whether compressed weights are 4-bit `Int4Weight`s, the engine's form for 4-bit
+    group-wise compression (bitsandbytes' nf4/fp4 keep their own)."""
+    return (policy.compress_weight and weight_bits(policy, weight_quant) == 4
+            and weight_quant in (None, "none", "groupwise4"))
+
+
+def weight_quant_config(num_bits: int = 4):
+    """Weights as the engine stores them compressed (one definition: quant.engine_weight_config)."""
+    return engine_weight_config(num_bits)
+
+
+@functools.lru_cache(maxsize=4096)
+def stored_nbytes(shape: tuple[int, ...], dtype: torch.dtype, num_bits: int | None, prepacked: bool) -> int:
+    """Bytes of one weight as the executor stores it: quantized (`num_bits`), prepacked for the
+    GEMM on the gpu tier, or as read (sized on torch's meta device: no memory)."""
+    w = torch.empty(shape, dtype=dtype, device="meta")
+    if num_bits is not None:
+        return tensor_bytes(*quantize(w, weight_quant_config(num_bits)).to_tensors().values())
+    return tensor_bytes(pack(w) if prepacked else w)
+
+
+@functools.lru_cache(maxsize=4096)
+def fp8_nbytes(shape: tuple[int, int], block: tuple[int, int], dtype: torch.dtype) -> int:
+    """Bytes of an FP8 checkpoint's matrix as the executor stores it (`Fp8Weight.to_tensors`)."""
+    grid = (-(-shape[0] // block[0]), -(-shape[1] // block[1]))
+    w = Fp8Weight(torch.empty(shape, dtype=FP8, device="meta"), torch.empty(grid, device="meta"), block, dtype)
+    return tensor_bytes(*w.to_tensors().values())
 
 
 def int4_format_tag(device: torch.device) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from flexlamps.engine.caches.tiered import TieredKVCache
-from flexlamps.engine.executors.charges import HEAD_CHUNK_ROWS, workspace_bytes
+from flexlamps.engine.executors.charges import HEAD_CHUNK_ROWS, PlacementCharges, workspace_bytes
 from flexlamps.engine.executors.expert_weights import RoutedExpertLoads, local_expert_names
 from flexlamps.engine.executors.split_tables import HeadReads, gather_rows, head_chunks
 from flexlamps.engine.executors.step import Step
@@ -35,15 +35,16 @@ class SweepProfile:
 
 
 class Sweep:
-    """Runs micro-batches over `weights` with the model's forward `fwd`, charging `budgets`.
+    """Runs micro-batches over `weights` with the model's forward `fwd`, charging `budgets` what
+    `charges` (over the same store) says.
     `record_profile`: every sweep appends a SweepProfile to `profiles`; `routing_counter`: a
     RoutingCounter told every MoE layer's routing, when set; `head_chunk_rows`: vocab rows of the
     output head multiplied at once (within a piece)."""
 
-    def __init__(self, weights: WeightStore, fwd, budgets: dict, device: torch.device):
-        self.weights, self.fwd, self.budgets, self.device = weights, fwd, budgets, device
-        self.cfg, self.policy, self.dtype, self.charges = weights.cfg, weights.policy, weights.dtype, weights.charges
-        self.model_spec = weights.charges.model_spec
+    def __init__(self, weights: WeightStore, charges: PlacementCharges, fwd, budgets: dict, device: torch.device):
+        self.weights, self.charges, self.fwd, self.budgets, self.device = weights, charges, fwd, budgets, device
+        self.cfg, self.policy, self.dtype = weights.cfg, weights.policy, weights.dtype
+        self.model_spec = charges.model_spec
         self.head_chunk_rows = HEAD_CHUNK_ROWS
         self.record_profile = False
         self.profiles: list[SweepProfile] = []
@@ -68,8 +69,8 @@ class Sweep:
         under `limit()` (the sweep's charged peak, asked only when a chunk could be read ahead;
         None: its capacity)."""
         outs = [torch.empty((*h.shape[:-1], self.cfg.vocab_size), dtype=torch.float32) for h in hs]
-        coded = self.charges.keeps_codes(self.weights.head_pieces[0].name)  # read a piece at a time
-        chunk_rows = self.charges.head_chunk_rows if coded else self.head_chunk_rows
+        coded = self.weights.keeps_codes(self.weights.head_pieces[0].name)  # read a piece at a time
+        chunk_rows = self.weights.head_chunk_rows if coded else self.head_chunk_rows
         chunks = list(head_chunks(self.weights.head_pieces, chunk_rows))
         widest = max(stop - start for _, start, stop in chunks)
         chunk_bytes = max(h.numel() // h.shape[-1] for h in hs) * widest * element_bytes(self.dtype)

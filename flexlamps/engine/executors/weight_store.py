@@ -1,7 +1,9 @@
-"""The offload executor's weights: placed on the tiers by `PlacementCharges` (the map its dry run
-charges, so the store and its charges on paper are one placement), stored in the forms the weight
-kinds multiply (compressed, FP8/MXFP4 or a GGUF's blocks as the checkpoint has them, prepacked
-where resident), and fetched a layer at a time for a `Sweep`."""
+"""The offload executor's weights: a `WeightStore` places every weight on a tier (`placement_map`),
+decides the one form each is stored in (`form`: compressed, FP8/MXFP4 or a GGUF's blocks as the
+checkpoint has them, prepacked where resident) and sizes every stored tensor in it. As built it is
+on paper: that is what the dry run charges (`charges.PlacementCharges`). `write` then reads the
+checkpoint into a tiered store in those forms, fetched a layer at a time for a `Sweep`: the
+executor's store and its dry run's are the same code and the same placement."""
 
 from __future__ import annotations
 
@@ -12,27 +14,38 @@ from concurrent.futures import Future
 
 import torch
 
+import placement
 from flexlamps import fault_points
 from flexlamps.cache_folder import default_offload_dir
-from flexlamps.engine.executors.charges import PlacementCharges
 from flexlamps.engine.executors.copy_stream import CopyStream
 from flexlamps.engine.executors.expert_weights import ExpertCache, experts_by_layer
-from flexlamps.engine.executors.placement_map import TABLE_NAMES
-from flexlamps.engine.executors.stored_weights import int4_format_tag
+from flexlamps.engine.executors.placement_map import TABLE_NAMES, place_weights
+from flexlamps.engine.executors.stored_weights import (StoredWeights, fp8_nbytes, int4_format_tag, int4_weights,
+                                                       stored_nbytes)
 from flexlamps.models.blocks.dense_gemm import pack
-from flexlamps.models.blocks.weight_kind import KINDS
-from flexlamps.models.loading.in_place import in_place_form, in_place_sample, in_place_specs, packs_five_bit
-from flexlamps.models.weight_specs import weight_specs
-from offload import DiskFolder, TieredStore, tensor_bytes
+from flexlamps.models.blocks.weight_kind import EXPANDED_ON_ARRIVAL, KINDS, WeightKind, kind_of
+from flexlamps.models.config import ModelConfig
+from flexlamps.models.loading.in_place import (TIED_HEAD, in_place_form, in_place_sample, in_place_specs,
+                                               packs_five_bit)
+from flexlamps.models.weight_specs import WeightSpec, weight_specs
+from offload import DiskFolder, TieredStore, compute_device, tensor_bytes
 from offload.store import stored_parts
+from placement.cost_memory import HEAD_CHUNK_ROWS
 from quant import QTensor, quantize
 from quant.fp8 import Fp8Weight
 from quant.int4_weight import Int4Weight
+from quant.mxfp4 import Mxfp4Weight, mxfp4_nbytes
 
 # part of an offload folder's fingerprint when FP8 matrices are kept FP8 (`Fp8Weight.to_tensors`)
 FP8_FORMAT = "fp8-v1"
 MXFP4_FORMAT = "mxfp4-v1"  # the same for MXFP4 matrices (`Mxfp4Weight.to_tensors`)
 IN_PLACE_FORMAT = "blocks-v1"  # the same for a GGUF's blocks kept as codes (`models.loading.in_place`)
+# a table kept as codes is cut on whole kernel tiles (`Int4Weight.rows`), a piece a head chunk
+CODED_TABLE_ROWS = 64
+# each stored form (`WeightStore.form`): its class when read back from disk, the kind that runs it
+FORM_CLASSES = {"int4": Int4Weight, "quantized": QTensor, "fp8": Fp8Weight, "mxfp4": Mxfp4Weight}
+FORM_KINDS = {"int4": KINDS[Int4Weight], "quantized": EXPANDED_ON_ARRIVAL, "fp8": KINDS[Fp8Weight],
+              "mxfp4": KINDS[Mxfp4Weight], "dense": KINDS[torch.Tensor]}
 
 
 def in_place_samples(reader, dtype: torch.dtype) -> tuple[dict, dict]:
@@ -43,21 +56,153 @@ def in_place_samples(reader, dtype: torch.dtype) -> tuple[dict, dict]:
 
 
 class WeightStore:
-    """Every weight of one model on its tier as `charges` places it, and the reads a sweep makes.
-    `in_place`: {name: the file tensor's spec} of the blocks kept as codes (`in_place_samples`);
-    `qcfg` / `weight_quantizer`: the compression backend (group-wise, or bitsandbytes');
-    `int4`: compressed matrices are `Int4Weight`s. Owns the tiered store and its worker threads."""
+    """Every weight of one model on its tier in its stored form, on paper until `write`.
 
-    def __init__(self, reader, charges: PlacementCharges, budgets: dict, device: torch.device, *, in_place: dict,
-                 qcfg=None, weight_quantizer=None, int4: bool = False, offload_dir=None, verify_disk: bool = True,
-                 expert_cache: str = "cyclic"):
-        self.cfg, self.charges, self.policy, self.dtype, self.device = reader.config, charges, charges.policy, \
-            charges.dtype, device
-        self.in_place, self.qcfg, self.weight_quantizer = in_place, qcfg, weight_quantizer
-        self.stored_weights, self.specs = charges.weights, charges.specs
-        self.placement = charges.placement
-        self.tiers, self.table_pieces = self.placement.tiers, self.placement.pieces
-        disk = self._disk_folder(reader, offload_dir, int4) if "disk" in self.tiers.values() else None
+    `int4`: compressed matrices are 4-bit `Int4Weight`s (default: as the policy says);
+    `device_type`: the compute device's (the forms depend on it; default: this machine's);
+    `stores_fp8` / `stores_mxfp4`: which weights an FP8 / MXFP4 checkpoint holds so (its reader's;
+    default: as DeepSeek-V3 / gpt-oss ship them); `routing`: a MoE model's
+    `placement.routing.RoutingProfile` (hottest experts placed first); `weight_bits`: the
+    compressed weights' bits (default: the policy's; `--weight-quant groupwise8`: 8); `in_place`:
+    {name: a matrix in the form a checkpoint's blocks are kept in} (`in_place_samples`: a GGUF's
+    codes; a tied head under "lm_head"), each stored so and sized by its kind's `stored_bytes`."""
+
+    def __init__(self, config: ModelConfig, policy: placement.Policy, dtype: torch.dtype, *, int4: bool | None = None,
+                 device_type: str | None = None, stores_fp8=None, stores_mxfp4=None, routing=None,
+                 weight_bits: int | None = None, in_place: dict | None = None):
+        self.cfg, self.policy, self.dtype = config, policy, dtype
+        self.dtype_bytes = element_bytes(dtype)
+        self.device_type = device_type or compute_device().type
+        self.weight_bits = weight_bits or policy.compression.num_bits
+        self.stored_weights = StoredWeights(config, dtype, self.device_type,
+                                            int4_weights(policy) if int4 is None else int4, config.storage.fp8_block,
+                                            stores_fp8, config.storage.mxfp4, stores_mxfp4)
+        self.in_place = dict(in_place or {})
+        self.specs = self.stored_weights.specs  # as stored: 4-bit q/k/v and gate/up stacked
+        if TIED_HEAD in self.in_place and all(s.name != TIED_HEAD for s in self.specs):  # beside the table
+            self.specs.append(WeightSpec(TIED_HEAD, next(s.shape for s in self.specs if s.name == "embed_tokens"),
+                                         "embed", None))
+        self.spec_named = {s.name: s for s in self.specs}
+        self.placement = place_weights(config, policy.weights, lambda spec: self._stored_bytes(spec, "disk"),
+                                       self.specs, expert_order=routing.expert_order if routing is not None else None,
+                                       table_rows={name: (CODED_TABLE_ROWS, HEAD_CHUNK_ROWS) for name in TABLE_NAMES
+                                                   if self.keeps_codes(name)})
+        self.tiers, self.table_pieces = self.placement.tiers, self.placement.pieces  # each weight, each table piece
+        self.stored = self._stored_sizes()
+        self.store = None  # the tiered store, once written
+        self._index_weights()
+
+    @property
+    def on_paper(self) -> bool:
+        """Placed and sized, nothing read nor held (the dry run's); False once `write` stored it."""
+        return self.store is None
+
+    def _stored_sizes(self) -> dict[str, int]:
+        """Bytes of every stored tensor: each weight on its tier, each table piece."""
+        stored = {s.name: self._stored_bytes(s, self.tiers[s.name]) for s in self.specs if s.name not in TABLE_NAMES}
+        for spec in self.specs:
+            for piece in self.table_pieces.get(spec.name, ()):
+                coded = self.coded_piece(spec.name, piece)
+                stored[piece.name] = kind_of(coded).stored_bytes(coded) if coded is not None else \
+                    stored_nbytes((piece.num_rows, *spec.shape[1:]), self.dtype, None, False)
+        return stored
+
+    def _index_weights(self) -> None:
+        """Which weights a sweep reads where: globals, each layer's own, its routed experts."""
+        # the embedding table and output head are read in parts (rows looked up, head in vocab
+        # chunks), so they never have to be staged whole on the gpu tier
+        self.small_global_names = [s.name for s in self.specs if s.layer is None and s.name not in TABLE_NAMES]
+        self.head_pieces = self.table_pieces.get("lm_head") or self.table_pieces["embed_tokens"]
+        # a head kept as codes is read a piece at a time (whole tiles); else in chunks within a piece
+        coded_head = self.keeps_codes(self.head_pieces[0].name)
+        self.head_chunk_rows = max([HEAD_CHUNK_ROWS] + [p.num_rows for p in self.head_pieces if coded_head])
+        # a layer's routed experts are fetched when its router has picked them (`expert_weights`)
+        self.experts = experts_by_layer(self.specs)
+        routed = {name for experts in self.experts.values() for names in experts.values() for name in names}
+        self.layer_specs = [[] for _ in range(self.cfg.num_layers)]  # each layer's weights, indexed once
+        for spec in self.specs:
+            if spec.layer is not None:
+                self.layer_specs[spec.layer].append(spec)
+        self.layer_names = [[s.name for s in specs if s.name not in routed] for specs in self.layer_specs]
+        self.local = {s.name: s.local_name for s in self.specs}
+        per_layer = [sum(s.numel for s in specs) for specs in self.layer_specs]
+        self.max_layer_bytes = max(per_layer, default=0) * self.dtype_bytes
+
+    # -- forms and bytes --------------------------------------------------------------------
+    def form(self, spec) -> str:
+        """How weight `spec` is stored, the one decision its bytes, its writes and its reads follow:
+        "int4" / "quantized" (compressed by the policy: `Int4Weight`s, or the group-wise or
+        bitsandbytes backend's form), "fp8" / "mxfp4" (kept as the checkpoint stores it), "codes"
+        (a checkpoint's blocks, `in_place`) or "dense" (as read; prepacked where resident)."""
+        if self.compressed(spec):
+            return "int4" if self.stored_weights.is_int4(spec) else "quantized"
+        if self.stored_weights.is_fp8(spec):
+            return "fp8"
+        if self.stored_weights.is_mxfp4(spec):
+            return "mxfp4"
+        return "codes" if spec.name in self.in_place else "dense"
+
+    def stored_kind(self, spec) -> WeightKind | None:
+        """The kind that runs weight `spec` in its stored form (`weight_kind`); None: a checkpoint's
+        blocks kept as codes, charged as stored only (a call's copy of them lives in the thread's
+        reused buffer, `dense_scratch`, as in the in-memory engine)."""
+        return FORM_KINDS.get(self.form(spec))
+
+    def keeps_codes(self, name: str) -> bool:
+        """Whether weight `name` is stored as its checkpoint's blocks (a table's pieces: by the table's name)."""
+        spec = self.spec_named.get(name.split(".rows")[0])
+        return spec is not None and self.form(spec) == "codes"
+
+    def coded_piece(self, name: str, piece=None):
+        """The form weight `name` (or its table piece) is stored in when kept as codes, else None."""
+        if not self.keeps_codes(name):
+            return None
+        sample = self.in_place[name.split(".rows")[0]]
+        return sample if piece is None or piece.num_rows == sample.shape[0] else sample.rows(piece.start, piece.stop)
+
+    def compressed(self, spec) -> bool:
+        """Compressed by the policy: every matrix but an MXFP4 checkpoint's, which is 4-bit
+        already (quantizing its dequantized values again would add error and save nothing)."""
+        return self.policy.compress_weight and spec.role == "linear" and not self.stored_weights.is_mxfp4(spec)
+
+    def kept_class(self, spec) -> type | None:
+        """The class of a weight kept as its checkpoint stores it (FP8 or MXFP4), else None."""
+        form = self.form(spec)
+        return FORM_CLASSES[form] if form in ("fp8", "mxfp4") else None
+
+    def is_fp8(self, spec) -> bool:
+        return self.form(spec) == "fp8"
+
+    def is_mxfp4(self, spec) -> bool:
+        return self.form(spec) == "mxfp4"
+
+    def _stored_bytes(self, spec, tier: str) -> int:
+        """Bytes of a weight as stored on `tier` (off the gpu tier: what the split shares out)."""
+        form, shape = self.form(spec), tuple(spec.shape)
+        if form == "int4":
+            return self.stored_weights.int4_nbytes(spec, tier)
+        if form == "codes":
+            return kind_of(self.in_place[spec.name]).stored_bytes(self.in_place[spec.name])
+        if form == "fp8":
+            return fp8_nbytes(shape, self.stored_weights.fp8_block, self.dtype)
+        if form == "mxfp4":
+            return mxfp4_nbytes(shape)
+        prepacked = form == "dense" and tier == "gpu" and spec.role == "linear" and spec.layer is not None
+        return stored_nbytes(shape, self.dtype, self.weight_bits if form == "quantized" else None, prepacked)
+
+    def staged(self, names) -> int:
+        """Bytes a fetch of `names` stages on the gpu tier (those not resident there)."""
+        return sum(self.stored[n] for n in names if self.tiers[n] != "gpu")
+
+    # -- writing ----------------------------------------------------------------------------
+    def write(self, reader, budgets: dict, device: torch.device, *, in_place: dict, qcfg=None, weight_quantizer=None,
+              offload_dir=None, verify_disk: bool = True, expert_cache: str = "cyclic") -> "WeightStore":
+        """Read `reader`'s weights into a tiered store charged to `budgets`, each in its form on
+        its tier. `in_place`: {name: the file tensor's spec} of the blocks kept as codes
+        (`in_place_samples`); `qcfg` / `weight_quantizer`: the compression backend (group-wise, or
+        bitsandbytes'). Owns the tiered store and its worker threads from here on."""
+        self.device, self.file_in_place, self.qcfg, self.weight_quantizer = device, in_place, qcfg, weight_quantizer
+        disk = self._disk_folder(reader, offload_dir) if "disk" in self.tiers.values() else None
         self.store = TieredStore(budgets, disk, device)
         self.copies = CopyStream(device)  # on CUDA: weight loads on a copy stream, joined by events
         self.reused_disk = False
@@ -66,41 +211,24 @@ class WeightStore:
         except BaseException:
             self.store.close()  # frees the worker threads and the offload folder's lock
             raise
-        self._index_weights(budgets["gpu"], expert_cache)
-
-    # -- placing ----------------------------------------------------------------------------
-    def _index_weights(self, gpu_budget, expert_cache: str) -> None:
-        """Which weights a sweep reads where: globals, each layer's own, its routed experts."""
-        # the embedding table and output head are read in parts (rows looked up, head in vocab
-        # chunks), so they never have to be staged whole on the gpu tier
-        self.small_global_names = [s.name for s in self.specs if s.layer is None and s.name not in TABLE_NAMES]
-        self.head_pieces = self.table_pieces.get("lm_head") or self.table_pieces["embed_tokens"]
-        # a layer's routed experts are fetched when its router has picked them (`expert_weights`)
-        self.experts = experts_by_layer(self.specs)
-        self.expert_cache = ExpertCache(gpu_budget, expert_cache, self.cfg.num_layers)
+        self.expert_cache = ExpertCache(budgets["gpu"], expert_cache, self.cfg.num_layers)
         self.cpu_expert_reads = Counter()  # cpu-tier experts read "in place" or "staged" (`RoutedExpertLoads`)
-        self.layer_names = self.charges.layer_names  # each layer's weights but its routed experts
-        in_place = ("gpu", "cpu") if self.device.type == "cpu" else ("gpu",)  # tiers fetched without a copy
-        self._copies_for = [any(self.store.tier_of(n) not in in_place for n in names) for names in self.layer_names]
-        self.local = {s.name: s.local_name for s in self.specs}
-        per_layer = [sum(s.numel for s in specs) for specs in self.charges.layer_specs]
-        self.max_layer_bytes = max(per_layer, default=0) * element_bytes(self.dtype)
+        in_place_tiers = ("gpu", "cpu") if device.type == "cpu" else ("gpu",)  # tiers fetched without a copy
+        self._copies_for = [any(self.store.tier_of(n) not in in_place_tiers for n in names)
+                            for names in self.layer_names]
+        return self
 
-    def _disk_folder(self, reader, offload_dir, int4: bool) -> DiskFolder:
+    def _disk_folder(self, reader, offload_dir) -> DiskFolder:
         offload_dir = default_offload_dir() if offload_dir is None else offload_dir
         # the folder's contents depend on the model, the dtype, the weight split and compression
         # (and the form 4-bit weights are written in: another form is rebuilt, never read)
-        policy = self.policy
+        policy, forms = self.policy, {self.form(s) for s in self.specs}
         owner = f"{reader.fingerprint()}|{self.dtype}|{policy.weights!r}|{policy.compress_weight}|{self.qcfg!r}"
-        coded = any(self.charges.keeps_codes(s.name) for s in self.specs)
-        owner += f"|{int4_format_tag(self.device)}" if int4 or coded else ""
-        owner += f"|{IN_PLACE_FORMAT}|five-bit {packs_five_bit()}" if coded else ""
-        owner += f"|{FP8_FORMAT}" if any(map(self.charges.is_fp8, self.specs)) else ""
-        owner += f"|{MXFP4_FORMAT}" if any(map(self.charges.is_mxfp4, self.specs)) else ""
+        owner += f"|{int4_format_tag(self.device)}" if self.stored_weights.int4 or "codes" in forms else ""
+        owner += f"|{IN_PLACE_FORMAT}|five-bit {packs_five_bit()}" if "codes" in forms else ""
+        owner += f"|{FP8_FORMAT}" if "fp8" in forms else ""
+        owner += f"|{MXFP4_FORMAT}" if "mxfp4" in forms else ""
         return DiskFolder(offload_dir, fingerprint=_stable_hash(owner))
-
-    def _compressible(self, spec) -> bool:
-        return self.charges.compressed(spec)
 
     def _place_weights(self, reader, disk: DiskFolder | None, verify: bool) -> None:
         skip = set()  # stored tensors already in a reused offload folder
@@ -109,7 +237,7 @@ class WeightStore:
             names = self._disk_part_names(disk_names)
             disk.claim()
             self.reused_disk = disk.try_reuse(names, verify=verify)
-            disk.check_room(sum(self.charges.stored[n] for n in disk_names), self.reused_disk)
+            disk.check_room(sum(self.stored[n] for n in disk_names), self.reused_disk)
             if not self.reused_disk:
                 disk.clear()
                 disk.begin(names)
@@ -122,67 +250,55 @@ class WeightStore:
 
     def _store_weight(self, reader, spec, skip: set[str]) -> None:
         """Put one weight's pieces on their tiers (those in `skip` adopted from the reused folder)."""
-        pieces = self.placement.pieces_of(spec)
+        pieces, form = self.placement.pieces_of(spec), self.form(spec)
         for piece in pieces:
             if piece.name in skip:
                 self.store.adopt_disk(piece.name, self._stored_class(spec))
         todo = [piece for piece in pieces if piece.name not in skip]
-        if todo and self.charges.keeps_codes(spec.name):  # the file's blocks, as the in-memory engine keeps them
-            w = in_place_form(reader, self.in_place[spec.name], self.dtype)
+        if not todo:
+            return
+        if form == "codes":  # the file's blocks, as the in-memory engine keeps them
+            w = in_place_form(reader, self.file_in_place[spec.name], self.dtype)
             for piece in todo:
                 self.store.put(piece.name, w if len(pieces) == 1 else w.rows(piece.start, piece.stop), piece.tier)
-            return
-        if todo and self._is_int4(spec):  # a matrix: one piece
+        elif form == "int4":  # a matrix: one piece
             self.store.put(spec.name, self.stored_weights.read_int4(reader, spec, todo[0].tier, self.device),
                            todo[0].tier)
-            return
-        kept = self.charges.kept_class(spec) if todo else None
-        if kept is not None:  # a matrix: one piece, kept as the checkpoint has it (FP8, MXFP4)
-            read = reader.read_fp8 if kept is Fp8Weight else reader.read_mxfp4
+        elif form in ("fp8", "mxfp4"):  # a matrix: one piece, kept as the checkpoint has it
+            read = reader.read_fp8 if form == "fp8" else reader.read_mxfp4
             self.store.put(spec.name, read(spec, self.dtype), todo[0].tier)
-            return
-        w = self.stored_weights.read_dense(reader, spec) if todo else None
-        for piece in todo:  # a table's pieces are copies: the whole table is not kept alive
-            part = w if len(pieces) == 1 else w[piece.start:piece.stop].clone()
-            self.store.put(piece.name, self._stored_form(spec, part, piece.tier), piece.tier)
-
-    def _is_int4(self, spec) -> bool:
-        return self._compressible(spec) and self.stored_weights.is_int4(spec)
+        else:
+            w = self.stored_weights.read_dense(reader, spec)
+            for piece in todo:  # a table's pieces are copies: the whole table is not kept alive
+                part = w if len(pieces) == 1 else w[piece.start:piece.stop].clone()
+                self.store.put(piece.name, self._stored_form(spec, part, piece.tier), piece.tier)
 
     def _stored_class(self, spec) -> type | None:
-        """What a weight was stored as, when compressed or FP8 (to rebuild it from its parts)."""
-        if self.charges.kept_class(spec) is not None:
-            return self.charges.kept_class(spec)
-        if self.charges.keeps_codes(spec.name):
-            return type(self.charges.in_place[spec.name])
-        if not self._compressible(spec):
-            return None
-        return Int4Weight if self._is_int4(spec) else QTensor
+        """What a weight was stored as, when not dense (to rebuild it from its parts)."""
+        form = self.form(spec)
+        return type(self.in_place[spec.name]) if form == "codes" else FORM_CLASSES.get(form)
 
     def _stored_form(self, spec, w: torch.Tensor, tier: str):
-        """A weight as the store keeps it: compressed, prepacked for the GEMM, or as read."""
-        if self._compressible(spec) and self.weight_quantizer is not None:
-            return self.weight_quantizer.quantize(w)
-        if self._compressible(spec):
-            return quantize(w, self.qcfg)
+        """A weight read dense as the store keeps it: compressed, prepacked for the GEMM, or as read."""
+        if self.form(spec) == "quantized":
+            return self.weight_quantizer.quantize(w) if self.weight_quantizer is not None else quantize(w, self.qcfg)
         if tier == "gpu" and spec.role == "linear" and spec.layer is not None and self.device.type == "cpu":
             return pack(w)  # resident for the whole run: prepacked once for oneDNN (the planner prices it so)
         return w
 
     def _disk_part_names(self, disk_names) -> set[str]:
         names = set()
-        compressible = {s.name: s for s in self.specs if self._compressible(s)}
-        kept = {s.name: self.charges.kept_class(s) for s in self.specs if self.charges.kept_class(s)}
         for name in disk_names:
-            coded = self.charges.coded_piece(name, self._piece_named(name))
-            if coded is not None:
-                names |= set(stored_parts(coded, name + "::"))
-            elif name in compressible and self._is_int4(compressible[name]):
-                names |= set(self.stored_weights.int4_part_names(compressible[name], "disk"))
-            elif name in compressible:
+            spec = self.spec_named[name.split(".rows")[0]]
+            form = self.form(spec)
+            if form == "codes":
+                names |= set(stored_parts(self.coded_piece(name, self._piece_named(name)), name + "::"))
+            elif form == "int4":
+                names |= set(self.stored_weights.int4_part_names(spec, "disk"))
+            elif form == "quantized":
                 names |= {f"{name}::codes", f"{name}::scales", f"{name}::meta", f"{name}::mins"}
-            elif name in kept:
-                names |= set(kept[name].part_names(f"{name}::"))
+            elif form in ("fp8", "mxfp4"):
+                names |= set(FORM_CLASSES[form].part_names(f"{name}::"))
             else:
                 names.add(name)
         return names
@@ -222,6 +338,8 @@ class WeightStore:
         return self.store.submit(load)
 
     def close(self) -> None:
+        if self.on_paper:  # nothing held
+            return
         self.expert_cache.clear()
         self.store.close()
 
