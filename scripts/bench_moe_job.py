@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -46,7 +47,9 @@ def worker_flexlamps(args) -> dict:
     plan, policy = llm.plan, llm.policy
     llm.close()
     return {"s": seconds, "read_bytes": after["read_bytes"] - before["read_bytes"], "block": policy.block_size,
-            "expert_group": policy.expert_group, "predicted_tps": plan.tokens_per_s if plan else None}
+            "expert_group": policy.expert_group, "predicted_tps": plan.tokens_per_s if plan else None,
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "cache_on_disk": policy.cache.disk, "weights_in_memory": 1 - policy.weights.disk}
 
 
 def worker_accelerate(args) -> dict:
@@ -98,7 +101,9 @@ def _flexlamps_line(res: dict, job: int, gen_len: int) -> tuple[float, str]:
     tps = tokens / res["s"]
     predicted = f", measured/predicted {tps / res['predicted_tps']:.2f}" if res["predicted_tps"] else ""
     return tps, (f"  flexlamps  {res['block']:5d} sequences a sweep (experts {'streamed' if res['expert_group'] else 'staged'}): "
-                 f"{tps:8.2f} tok/s, disk {res['read_bytes'] / tokens / 2**20:7.2f} MiB a token{predicted}")
+                 f"{tps:8.2f} tok/s, disk {res['read_bytes'] / tokens / 2**20:7.2f} MiB a token{predicted}; "
+                 f"weights {res['weights_in_memory']:.0%} in memory, cache {res['cache_on_disk']:.0%} on disk, "
+                 f"peak RSS {res['peak_rss'] / 2**20:.0f} MiB")
 
 
 def run(args) -> None:
