@@ -31,10 +31,11 @@ from flexlamps.engine.executors.stored_weights import GROUPWISE_BACKENDS, int4_w
 from flexlamps.engine.executors.sweep import Sweep
 from flexlamps.engine.executors.weight_store import WeightStore, in_place_samples
 from flexlamps.engine.routing_profile import cached_routing
-from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS
+from flexlamps.models.blocks.linear import KINDS
 from flexlamps.models.forward import forward_for
 from offload import TierBudget, compute_device
 from quant import get_weight_quantizer
+from quant.int4_weight import Int4Weight
 
 
 # What this executor runs exactly as planned: a KV cache on any tier (an MLA latent cache or a
@@ -44,7 +45,7 @@ from quant import get_weight_quantizer
 CAPABILITIES = placement.EngineCapabilities(
     cache_on_disk=True, activations_on_disk=False, split_activations=False, merged_decode=True,
     per_micro_batch_decode=True, cpu_attention=True, weight_compression=True, cache_compression=True,
-    int4_in_place_below_rows=INT4_DENSE_FROM_ROWS)
+    int4_in_place_below_rows=KINDS[Int4Weight].dense_from_rows)  # the 4-bit kind's rule (`CodesKind.call_bytes`)
 
 
 def unsupported(policy, cfg) -> list[str]:

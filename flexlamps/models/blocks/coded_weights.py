@@ -234,6 +234,8 @@ class CodesKind(WeightKind):
       (torch's bf16 GEMM on an AVX2 CPU is slower than the fused kernels at every row count).
     """
 
+    dense_from_rows = INT4_DENSE_FROM_ROWS  # calls of this many rows charge a dense copy (`call_bytes`)
+
     def __init__(self, name: str):
         self.name = name
 
@@ -261,9 +263,9 @@ class CodesKind(WeightKind):
         return sum(t.numel() * t.element_size() for t in w.to_tensors(with_kernel=True).values())
 
     def call_bytes(self, shape, rows: int, dtype_bytes: int, *, fused: bool = True) -> int:
-        """A dequantized copy for a call on the dense path: `INT4_DENSE_FROM_ROWS` rows or more,
-        or wherever the device has no fused kernel for it."""
-        return math.prod(shape) * dtype_bytes if rows >= INT4_DENSE_FROM_ROWS or not fused else 0
+        """A dequantized copy for a call on the dense path: `dense_from_rows` rows or more, or
+        wherever the device has no fused kernel for it."""
+        return math.prod(shape) * dtype_bytes if rows >= self.dense_from_rows or not fused else 0
 
     def sweep_bytes(self, shape, dtype_bytes: int) -> int:
         """The twin's dense copy (`Int4Twin`), made once for a sweep's calls."""
@@ -271,7 +273,7 @@ class CodesKind(WeightKind):
 
     def keeps_sweep_copy(self, call_rows) -> bool:
         """Two calls or more on the dense path: one copy a matrix for the sweep, not one a call."""
-        return sum(rows >= INT4_DENSE_FROM_ROWS for rows in call_rows) >= 2
+        return sum(rows >= self.dense_from_rows for rows in call_rows) >= 2
 
 
 class UpcastKind(WeightKind):
