@@ -80,7 +80,11 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def no_model_load(monkeypatch):
     """`flexlamps.api.LLM` replaced by one that fails the test when built: the checks a command
-    makes before the model loads are all that may run."""
+    makes before the model loads are all that may run. The modules that bind `LLM` at import are
+    imported first and patched too: imported under the patch, they would keep the fake for the
+    rest of the run (a later test's real load then fails as "loaded")."""
+    import importlib
+
     import flexlamps.api
 
     class NoLoad:
@@ -91,7 +95,10 @@ def no_model_load(monkeypatch):
         def from_settings(cls, *args, **kwargs):
             pytest.fail("the model was loaded")
 
-    monkeypatch.setattr(flexlamps.api, "LLM", NoLoad)
+    binders = [importlib.import_module(name) for name in
+               ("flexlamps.generate_job", "flexlamps.commands.agents_setup", "flexlamps.commands.agents_trace")]
+    for module in (flexlamps.api, *binders):
+        monkeypatch.setattr(module, "LLM", NoLoad)
 
 
 @pytest.fixture
