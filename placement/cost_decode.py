@@ -1,7 +1,8 @@
 """The decode phase's per-layer terms: transfers and compute of one block's decode step."""
 
 from placement.affine import Affine, C_CPU, C_DISK, C_GPU, H_CPU, H_DISK, W_CPU, W_DISK, W_GPU
-from placement.cost_experts import cached_expert_reads, cpu_experts_in_place, disk_streamed, routed_rows_delta_s
+from placement.cost_experts import (cached_expert_reads, cpu_experts_in_place, dequantized_tokens, disk_streamed,
+                                    routed_rows_delta_s)
 from placement.expert_groups import experts_read
 from placement.layer_time import delta_rule_s, elementwise_s, layer_seconds, streamed_weights
 from placement.weight_calls import (call_gemm_s, dequant_s, fp8_upcast_s, resident_delta_s, runs_fused_int4,
@@ -14,11 +15,10 @@ def _decode_weight_dequant_s(choice, model, hardware, calls: int, rows: int, blo
     if not choice.compress_weight or runs_fused_int4(choice, model, hardware, rows):
         return 0.0
     rate = weight_dequant_rate(choice, hardware)
-    if weight_dequant_passes(choice, calls, rows) == 1:
-        return (dequant_s(model.weight_bytes_touched_per_layer(block), model, rate)
-                + model.matrices_per_layer(block) * hardware.gpu_dequant_matrix_s)
-    return calls * (dequant_s(model.weight_bytes_touched_per_layer(rows), model, rate)
-                    + model.matrices_per_layer(rows) * hardware.gpu_dequant_matrix_s)
+    once = weight_dequant_passes(choice, calls, rows) == 1
+    tokens = dequantized_tokens(choice, model, hardware, "decode", block if once else rows)  # 0: experts priced whole
+    return (1 if once else calls) * (dequant_s(model.weight_bytes_touched_per_layer(tokens), model, rate)
+                                     + model.matrices_per_layer(tokens) * hardware.gpu_dequant_matrix_s)
 
 
 def decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:

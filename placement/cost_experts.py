@@ -31,6 +31,15 @@ def routed_rows_delta_s(choice: Choice, model: ModelSpec, hardware: HardwareSpec
     return hardware.gemm_seconds(model.dtype, own, flops, 0.0) - hardware.gemm_seconds(model.dtype, rows, flops, 0.0)
 
 
+def dequantized_tokens(choice: Choice, model: ModelSpec, hardware: HardwareSpec, phase: str, tokens: float) -> float:
+    """The tokens whose routed experts the layer's 4-bit dequantization terms count (`tokens`), or 0
+    where the profile's 4-bit expert table prices those experts whole in `phase` (their products with
+    whatever the engine does to their codes, measured through its own loop): not charged twice."""
+    whole = (model.num_experts and choice.compress_weight and choice.compression.num_bits == 4
+             and hardware.gpu_int4_expert_flops_by_rows.get(phase, {}).get(model.dtype))
+    return 0.0 if whole else tokens
+
+
 def cpu_experts_in_place(choice, sz, model, hardware, calls_rows: tuple[int, float], num_tokens: float,
                           ctog: Affine, comp: Affine) -> None:
     """Beside a GPU, where the engine computes cpu-tier experts where they live (few tokens per

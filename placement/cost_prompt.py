@@ -1,7 +1,7 @@
 """The prompt (prefill) phase's per-layer terms: transfers and compute of one block's prompt sweep."""
 
 from placement.affine import Affine, C_CPU, C_DISK, H_CPU, H_DISK, W_CPU, W_DISK, W_GPU
-from placement.cost_experts import cpu_experts_in_place, routed_rows_delta_s
+from placement.cost_experts import cpu_experts_in_place, dequantized_tokens, routed_rows_delta_s
 from placement.expert_groups import experts_read
 from placement.layer_time import delta_rule_s, elementwise_s, layer_seconds, streamed_weights
 from placement.specs import WorkloadSpec
@@ -48,8 +48,10 @@ def prompt_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
         # the layer's matrices (embeddings stay dense): once a sweep for all its micro-batches,
         # or once a call where the engine dequantizes per call (`weight_dequant_passes`)
         passes = weight_dequant_passes(choice, ngb, rows)
-        comp_s += passes * dequant_s(model.weight_bytes_per_layer(), model, weight_dequant_rate(choice, hardware))
-        comp_s += passes * model.matrices_per_layer(num_tokens) * hardware.gpu_dequant_matrix_s
+        touched = dequantized_tokens(choice, model, hardware, "prompt", num_tokens)  # experts priced whole: 0
+        dense_bytes = model.weight_bytes_per_layer() if touched else model.weight_bytes_touched_per_layer(0)
+        comp_s += passes * dequant_s(dense_bytes, model, weight_dequant_rate(choice, hardware))
+        comp_s += passes * model.matrices_per_layer(touched) * hardware.gpu_dequant_matrix_s
     if choice.compress_cache:  # quantizing the new cache costs about as much as dequantizing
         comp_s += dequant_s(num_tokens * sz.cache_fp16, model, hardware.gpu_dequant_bytes_per_s)
     comp_s += choice.num_gpu_batches * hardware.gpu_layer_overhead_s

@@ -110,3 +110,23 @@ def test_the_probe_times_the_engines_expert_loop_in_both_phases(monkeypatch):
         assert sorted(int(r) for r in table[phase.value]["bf16"]) == list(expert_probes.EXPERT_ROWS[phase])
         assert {rows for p, rows in seen if p is phase} == set(expert_probes.EXPERT_ROWS[phase])
     assert all(rate > 0 for tables in table.values() for rates in tables.values() for rate in rates.values())
+
+
+def test_4bit_experts_priced_whole_are_not_dequantized_again():
+    """Where the 4-bit experts' table prices them (their products with whatever the engine does to their
+    codes), the layer's dequantization terms count its other matrices only: a slower dequantization
+    costs the same with or without routed experts in the layer's bytes (the attention's share alone)."""
+    int4 = {"prompt": {"bf16": {"4": PROMPT_EXPERTS}}, "decode": {"bf16": {"1": DECODE_EXPERTS}}}
+
+    def prefill_comp(tables, dequant_bytes_per_s: float) -> float:
+        hw = dataclasses.replace(_cpu(int4_tables=tables), gpu_int4_dequant_bytes_per_s=dequant_bytes_per_s,
+                                 gpu_dequant_matrix_s=0.0)
+        return _terms(hw, compress_weight=True)[1].prefill_layer_s["comp"]
+
+    model = described(QWEN3_MOE)[1]
+    dense_share = model.weight_bytes_touched_per_layer(0) / model.weight_bytes_per_layer()
+    assert 0 < dense_share < 0.5
+    without = prefill_comp({}, 1e9) - prefill_comp({}, 2e9)  # every matrix dequantized (no table)
+    whole = prefill_comp(int4, 1e9) - prefill_comp(int4, 2e9)
+    assert without > 0
+    assert whole == pytest.approx(without * dense_share, rel=1e-9)
