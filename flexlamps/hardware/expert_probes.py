@@ -8,13 +8,13 @@ experts with these (`placement.HardwareSpec.expert_seconds`).
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Callable
 
 import torch
 
 from flexlamps.engine.executors.stored_weights import INT4_GROUP
+from flexlamps.hardware.int4_probes import PASSES, median_rates
 from flexlamps.models.blocks.moe import routed_sum
 from flexlamps.models.blocks.weight_kind import Phase
 from flexlamps.models.moe_config import MoEConfig
@@ -24,7 +24,6 @@ from quant.int4_weight import Int4Weight, can_pack
 # chunk's tens to hundreds; the planner clamps beyond the ends
 EXPERT_ROWS = {Phase.DECODE: (1, 4, 16, 64), Phase.PROMPT: (4, 16, 64, 256)}
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-_PASSES = 3  # the row counts take turns this often: on a shared machine each median spans slow and fast spells
 
 
 def _experts(device: torch.device, hidden: int, width: int, dtype: torch.dtype, num_bytes: int,
@@ -75,7 +74,7 @@ def measure_expert_products(device: torch.device, hidden: int, width: int, num_b
     experts of about `num_bytes` (`int4`: the engine's 4-bit experts, `dtypes` their activations')."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     slots = len(dtypes) * sum(len(rows) for rows in EXPERT_ROWS.values())
-    share_s = budget_s / slots / _PASSES
+    share_s = budget_s / slots / PASSES
     table: dict[str, dict[str, dict[str, float]]] = {phase.value: {} for phase in Phase}
     for name in dtypes:
         if int4 and not can_pack((width, hidden), INT4_GROUP, device):
@@ -83,23 +82,9 @@ def measure_expert_products(device: torch.device, hidden: int, width: int, num_b
         experts = _experts(device, hidden, width, _DTYPES[name], num_bytes, int4)
         for phase in Phase:
             probes = {rows: _sweep(experts, rows, phase, share_s, sync) for rows in EXPERT_ROWS[phase]}
-            table[phase.value][name] = _median_rates(probes, share_s, sync)
+            for run, _ in probes.values():
+                run()  # warm-up
+            sync()
+            table[phase.value][name] = {str(rows): rate for rows, rate in median_rates(probes, share_s, sync).items()}
     return {phase: tables for phase, tables in table.items() if tables}
 
-
-def _median_rates(probes: dict, share_s: float, sync: Callable[[], None]) -> dict[str, float]:
-    """{rows: work / median seconds} of probes {rows: (run, work)}, each warmed up, timed in passes taking turns."""
-    for run, _ in probes.values():
-        run()
-    sync()
-    times: dict[int, list[float]] = {rows: [] for rows in probes}
-    for _ in range(_PASSES):
-        for rows, (run, _) in probes.items():
-            spent = 0.0
-            while spent < share_s or not times[rows]:
-                start = time.perf_counter()
-                run()
-                sync()
-                times[rows].append(time.perf_counter() - start)
-                spent += times[rows][-1]
-    return {str(rows): work / statistics.median(times[rows]) for rows, (_, work) in probes.items()}

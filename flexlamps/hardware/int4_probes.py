@@ -23,7 +23,7 @@ _CPU_DTYPES = {"bf16": torch.bfloat16}
 _CUDA_DTYPES = {"bf16": torch.bfloat16}  # quant.int4_weight.CUDA_KERNEL_DTYPES
 PROBE_ROWS = (1, 8, 32, 64)
 PROMPT_ROWS = (128, 512, 2048)  # calls on int8 codes (`models.linear.int8_product`) from INT4_DENSE_FROM_ROWS
-_PASSES = 3  # the probes take turns this many times: on a shared machine each median spans slow and fast spells
+PASSES = 3  # the probes take turns this many times: on a shared machine each median spans slow and fast spells
 
 
 def _weights(device: torch.device, shapes, dtype: torch.dtype, num_bytes: int) -> list[Int4Weight]:
@@ -67,7 +67,7 @@ def measure_int4(device: torch.device, shapes, num_bytes: int, budget_s: float) 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     dtypes = _CUDA_DTYPES if device.type == "cuda" else _CPU_DTYPES
     rows_list = [r for r in PROBE_ROWS if r < INT4_DENSE_FROM_ROWS]
-    share_s = budget_s / (len(rows_list) + 1) / _PASSES
+    share_s = budget_s / (len(rows_list) + 1) / PASSES
     table, dequant_rate = {}, 0.0
     for name, dtype in dtypes.items():
         weights = _weights(device, shapes, dtype, num_bytes)
@@ -78,7 +78,7 @@ def measure_int4(device: torch.device, shapes, num_bytes: int, budget_s: float) 
                              2.0 * sum(w.shape[0] * w.shape[1] for w in weights))  # fp16 output bytes
         for run, _ in probes.values():
             run()  # warm-up
-        rates = _median_rates(probes, share_s, sync)
+        rates = median_rates(probes, share_s, sync)
         dequant_rate = max(dequant_rate, rates.pop("dequant"))
         table[name] = {str(rows): rate for rows, rate in rates.items()}
     return table, dequant_rate
@@ -94,19 +94,19 @@ def measure_int8_prompts(shapes, num_bytes: int, budget_s: float) -> dict:
     usable = [(o, i) for o, i in shapes if i % int8_gemm.GROUP == 0] or [(2048, 1024)]
     cycle = usable * max(1, -(-num_bytes // sum(o * i for o, i in usable)))
     packed = [kernel.pack(torch.randn(o, i, dtype=torch.bfloat16)) for o, i in cycle]
-    share_s = budget_s / len(PROMPT_ROWS) / _PASSES
+    share_s = budget_s / len(PROMPT_ROWS) / PASSES
     probes = {}
     for rows in PROMPT_ROWS:
         inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=torch.bfloat16) for w in packed}
         probes[rows] = ((lambda inputs=inputs: [kernel.matmul(inputs[w.shape[1]], w) for w in packed]),
                         sum(2.0 * rows * w.shape[0] * w.shape[1] for w in packed))
-    return {"bf16": {str(rows): rate for rows, rate in _median_rates(probes, share_s, lambda: None).items()}}
+    return {"bf16": {str(rows): rate for rows, rate in median_rates(probes, share_s, lambda: None).items()}}
 
 
-def _median_rates(probes: dict, share_s: float, sync) -> dict:
-    """{key: work / median time} of probes {key: (run, work)} timed in _PASSES passes taking turns."""
+def median_rates(probes: dict, share_s: float, sync) -> dict:
+    """{key: work / median time} of probes {key: (run, work)} timed in PASSES passes taking turns."""
     times = {key: [] for key in probes}
-    for _ in range(_PASSES):
+    for _ in range(PASSES):
         for key, (run, _) in probes.items():
             times[key] += _times(run, share_s, sync)
     return {key: work / statistics.median(times[key]) for key, (_, work) in probes.items()}
