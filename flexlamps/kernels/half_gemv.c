@@ -1,7 +1,7 @@
 /* Decode's products on plain 16-bit (bf16 / fp16) weights, in a fixed order: torch's 16-bit GEMM
  * on an AVX2 CPU (no oneDNN bf16 there) runs a decode row at ~1-5 GFLOP/s and a small MoE expert
  * as ~10 dispatched ops.
- *   half_gemv:      out = round(x @ w.T), x (m, k), w (n, k)
+ *   half_gemv:      out = round(x @ w.T + b), x (m, k), w (n, k), b (n) or none
  *   expert_swiglu:  one routed expert on its tokens, added into the layer's output:
  *                   g = round(x @ gate.T), u = round(x @ up.T), h = round(round(silu(g)) * u),
  *                   y = round(h @ down.T), out[t] = round(out[t] + round(y * weight))
@@ -25,7 +25,7 @@ AI vf load_all_halves(const uint16_t *p, int fp16) {
     return halves_to_floats8(_mm_loadu_si128((const __m128i *)p), fp16);
 #endif
 }
-#define TILE_M 2  /* activation rows each weight vector is multiplied by while loaded */
+#define TILE_M 3  /* activation rows each weight vector is multiplied by while loaded (dots_range: 3, 2 or 1) */
 
 /* R outputs x T rows: acc[r][t] = w[r] . x[t] over k (x in fp32, zero-padded to whole vectors). */
 AI void dot_tile(const uint16_t *w, int64_t k, const float *x, int64_t xs, float *dots, int R, int T, int fp16) {
@@ -57,14 +57,19 @@ static void dots_range(const uint16_t *w, int64_t n0, int64_t n1, int64_t k, con
     int full = n1 - n0 == TILE_N, outs = (int)(n1 - n0);
     const uint16_t *wj = w + n0 * k;
     for (int64_t i = 0; i < m;) {
-        int rows = i + TILE_M <= m ? TILE_M : 1;
+        int rows = m - i < TILE_M ? (int)(m - i) : TILE_M;
         const float *xi = x + i * xs;
         /* constant R and T in every call: each is unrolled into registers */
-        for (int r = 0; r < (full ? 1 : outs); r++) {
-            if (full && rows == TILE_M) dot_tile(wj, k, xi, xs, tile, TILE_N, TILE_M, fp16);
-            else if (full) dot_tile(wj, k, xi, xs, tile, TILE_N, 1, fp16);
-            else if (rows == TILE_M) dot_tile(wj + r * k, k, xi, xs, tile + r, 1, TILE_M, fp16);
-            else dot_tile(wj + r * k, k, xi, xs, tile + r, 1, 1, fp16);
+        if (full) {
+            if (rows == 3) dot_tile(wj, k, xi, xs, tile, TILE_N, 3, fp16);
+            else if (rows == 2) dot_tile(wj, k, xi, xs, tile, TILE_N, 2, fp16);
+            else dot_tile(wj, k, xi, xs, tile, TILE_N, 1, fp16);
+        } else {
+            for (int r = 0; r < outs; r++) {
+                if (rows == 3) dot_tile(wj + r * k, k, xi, xs, tile + r, 1, 3, fp16);
+                else if (rows == 2) dot_tile(wj + r * k, k, xi, xs, tile + r, 1, 2, fp16);
+                else dot_tile(wj + r * k, k, xi, xs, tile + r, 1, 1, fp16);
+            }
         }
         for (int t = 0; t < rows; t++)
             for (int r = 0; r < outs; r++) dots[(i + t) * ds + n0 + r] = tile[t * TILE_N + r];
@@ -98,9 +103,10 @@ static void widen(const uint16_t *x, int64_t x_stride, const int64_t *rows, int6
     }
 }
 
-/* x (m, k) with row stride x_stride, w (n, k) contiguous, out (m, n) contiguous. 0, or -1 (no memory). */
+/* x (m, k) with row stride x_stride, w (n, k) contiguous, b (n) or NULL, out (m, n) contiguous. 0, or -1
+ * (no memory). The bias is added to the fp32 sum before the one rounding, as torch's addmm. */
 int flexlamps_half_gemv(const uint16_t *x, int64_t m, int64_t k, int64_t x_stride, const uint16_t *w, int64_t n,
-                        uint16_t *out, int fp16, int threads) {
+                        const uint16_t *b, uint16_t *out, int fp16, int threads) {
     int64_t xs = padded(k);
     float *xf = malloc(sizeof(float) * (size_t)(m * xs + m * n));
     if (!xf) return -1;
@@ -110,7 +116,8 @@ int flexlamps_half_gemv(const uint16_t *x, int64_t m, int64_t k, int64_t x_strid
     for (int64_t i = 0; i < m; i++)
         for (int64_t c = 0; c < n; c += VW) {
             vmask lm = lanes(n - c);
-            store_halves(out + i * n + c, vf_load_lanes(lm, dots + i * n + c), fp16, lm);
+            vf v = vf_load_lanes(lm, dots + i * n + c);
+            store_halves(out + i * n + c, b ? vf_add(v, load_halves(b + c, fp16, lm)) : v, fp16, lm);
         }
     free(xf);
     return 0;

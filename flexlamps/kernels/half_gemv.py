@@ -47,8 +47,8 @@ class HalfGemv:
         self.level = level
         self._gemv, self._expert = library.flexlamps_half_gemv, library.flexlamps_expert_swiglu
         self._gemv.restype = self._expert.restype = ctypes.c_int
-        self._gemv.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_int64,
-                                                                           ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        self._gemv.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_int64]
+                               + [ctypes.c_void_p] * 2 + [ctypes.c_int] * 2)
         self._expert.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3 + [ctypes.c_int64]
                                  + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 2
                                  + [ctypes.c_int] * 2)
@@ -56,22 +56,23 @@ class HalfGemv:
     @staticmethod
     def takes(w, x: torch.Tensor) -> bool:
         """Whether `matmul` runs x on w: CPU tensors of one 16-bit dtype, w a plain contiguous
-        (out, in) tensor, x's rows with a contiguous last dim."""
-        return (_plain(w) and w.dtype in DTYPES and x.dtype == w.dtype and x.device.type == "cpu"
-                and w.is_contiguous() and x.dim() >= 1 and x.shape[-1] == w.shape[1] and x.stride(-1) == 1)
+        (out, in) tensor (x's dtype and device are the caller's to have checked: `DTYPES`, CPU)."""
+        return (type(w) is torch.Tensor and w.dtype == x.dtype and w.dim() == 2 and not w.is_mkldnn
+                and w.device.type == "cpu" and w.is_contiguous() and x.shape[-1] == w.shape[1])
 
-    def matmul(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """x (..., in) @ w (out, in).T, rounded once to x's dtype (`takes` holds)."""
-        k, n = w.shape[1], w.shape[0]
-        flat = x.reshape(-1, k)
-        if flat.stride(-1) != 1 or (flat.shape[0] > 1 and flat.stride(0) < k):
-            flat = flat.contiguous()
-        out = torch.empty((flat.shape[0], n), dtype=x.dtype)
-        if flat.shape[0]:
-            rc = self._gemv(flat.data_ptr(), flat.shape[0], k, flat.stride(0), w.data_ptr(), n, out.data_ptr(),
-                            DTYPES[x.dtype], torch.get_num_threads())
+    def matmul(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        """x (..., in) @ w (out, in).T + b, rounded once to x's dtype (x on the CPU in a 16-bit dtype,
+        `takes` holds; b contiguous, of x's dtype). Lean: a decode step calls it for every dense matrix."""
+        n, k = w.shape
+        if not x.is_contiguous():
+            x = x.contiguous()
+        out = torch.empty((*x.shape[:-1], n), dtype=x.dtype)
+        rows = x.numel() // k if k else 0
+        if rows:
+            rc = self._gemv(x.data_ptr(), rows, k, k, w.data_ptr(), n, None if b is None else b.data_ptr(),
+                            out.data_ptr(), DTYPES[x.dtype], torch.get_num_threads())
             require(rc == 0, "half_gemv: out of memory for its fp32 rows")
-        return out.view(*x.shape[:-1], n)
+        return out
 
     @staticmethod
     def takes_expert(x: torch.Tensor, gate, up, down) -> bool:
@@ -108,8 +109,9 @@ def _check(kernel: HalfGemv) -> None:
     for dtype in DTYPES:
         x = torch.randn(3, 37, generator=gen).to(dtype)
         w = torch.randn(11, 37, generator=gen).to(dtype)
-        want = (x.float() @ w.float().T).to(dtype)
-        require(bool(torch.allclose(kernel.matmul(x, w).float(), want.float(), rtol=2 ** -7, atol=1e-3)),
+        b = torch.randn(11, generator=gen).to(dtype)
+        want = (x.float() @ w.float().T + b.float()).to(dtype)
+        require(bool(torch.allclose(kernel.matmul(x, w, b).float(), want.float(), rtol=2 ** -7, atol=1e-3)),
                 f"half_gemv: matmul's check failed in {dtype}")
         gate, up = torch.randn(2, 13, 37, generator=gen).to(dtype)
         down = torch.randn(37, 13, generator=gen).to(dtype) * 0.1

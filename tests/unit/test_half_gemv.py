@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from flexlamps.kernels import half_gemv as hg
-from flexlamps.models.blocks import moe
+from flexlamps.models.blocks import dense_gemm, moe
+from flexlamps.models.blocks.linear import linear
 from flexlamps.models.blocks.weight_kind import Phase
 from flexlamps.models.moe_config import MoEConfig
 from tests.kernel_variants import assert_rows_alone_as_together, levels, variant_kernel
@@ -29,9 +30,13 @@ def test_matmul_is_the_product_rounded_once_and_a_row_keeps_its_bits(kernel, dty
     g = torch.Generator().manual_seed(shape[1])
     w = torch.randn(shape, generator=g).to(dtype)
     x = torch.randn(7, shape[1], generator=g).to(dtype)
+    b = torch.randn(shape[0], generator=g).to(dtype)
     exact = x.double() @ w.double().T
     got = kernel.matmul(x, w)
     assert got.dtype == dtype and got.shape == (7, shape[0])
+    with_bias = exact + b.double()  # added to the fp32 sum, one rounding
+    assert ((kernel.matmul(x, w, b).double() - with_bias).abs()
+            <= _step(dtype) * with_bias.abs() + shape[1] * 2.0 ** -23 * (x.double().abs() @ w.double().abs().T)).all()
     # one rounding to the dtype, plus an fp32 sum's reordering (k * 2^-24 of the sum of |terms|)
     bound = _step(dtype) * exact.abs() + shape[1] * 2.0 ** -23 * (x.double().abs() @ w.double().abs().T)
     assert ((got.double() - exact).abs() <= bound).all()
@@ -86,3 +91,16 @@ def test_moe_decode_runs_the_fused_experts_a_token_alone_as_in_a_batch(monkeypat
         assert torch.equal(moe.moe_ffn(w, x[i:i + 1], cfg), together[i:i + 1])
     monkeypatch.setattr(moe, "_fused_experts", lambda *args: None)
     assert torch.allclose(together.float(), moe.moe_ffn(w, x, cfg).float(), rtol=2 ** -6, atol=2 ** -6)
+
+
+def test_dense_decode_rows_in_16_bits_take_the_kernel_where_torchs_gemm_is_slow():
+    """The dense kind's decode product on an AVX2 CPU (no oneDNN bf16) is the kernel's, bias
+    included; prompts keep torch's GEMM."""
+    kernel = moe.decode_expert_kernel()
+    x, w = torch.randn(3, 1, 64).bfloat16(), torch.randn(24, 64).bfloat16()
+    b = torch.randn(24).bfloat16()
+    if kernel is None or torch.bfloat16 not in dense_gemm._HALF_DECODE_DTYPES:
+        assert dense_gemm.half_decode_product(x, w) is None
+        pytest.skip("torch's 16-bit GEMM is fast here, or the kernel does not load")
+    assert torch.equal(linear(x, w, b), kernel.matmul(x, w, b))
+    assert torch.equal(linear(x.view(1, 3, 64), w, b), F.linear(x.view(1, 3, 64), w, b))  # a prompt

@@ -96,7 +96,7 @@ class ZeroHalfGemv(half_gemv.HalfGemv):
     def __init__(self):
         self.level = "avx512"
 
-    def matmul(self, x, w):
+    def matmul(self, x, w, b=None):
         return torch.zeros(*x.shape[:-1], w.shape[0], dtype=x.dtype)
 
     def expert_swiglu(self, x, gate, up, down, picks, slots, weights, out):
@@ -104,8 +104,8 @@ class ZeroHalfGemv(half_gemv.HalfGemv):
 
 
 class TorchHalfGemv(ZeroHalfGemv):
-    def matmul(self, x, w):
-        return F.linear(x, w)
+    def matmul(self, x, w, b=None):
+        return F.linear(x, w, b)
 
     def expert_swiglu(self, x, gate, up, down, picks, slots, weights, out):
         tokens = picks // slots

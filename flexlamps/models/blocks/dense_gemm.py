@@ -18,6 +18,11 @@ oneDNN bf16 there) and oneDNN's on AVX-512-BF16 CPUs without AMX give each row t
 any row count (measured: `tests/property/test_batch_invariance.py`); on CPUs with AMX oneDNN
 picks its bf16 kernel by row count and a row may move by one bf16 rounding step of the output
 (`BF16_BATCH_TOLERANCE`), a limit `docs/generate.md` states.
+
+Decode rows in bf16 / fp16 on a CPU without oneDNN's 16-bit GEMM (AVX2) take our kernel
+(`kernels.half_gemv`: each output one fp32 dot product in a fixed order, rounded once; a row's
+bits its own): torch's 16-bit GEMM there runs 3-5 GFLOP/s, 3x slower at 8 rows (768 x 2048, Zen 2),
+and a MoE model's batch-64 decode step spent 110 of 135 ms in it. Prompts keep torch's.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from flexlamps.models.blocks.weight_kind import Phase, WeightKind, is_dense, register
+from flexlamps.kernels import half_gemv, loader
+from flexlamps.models.blocks.weight_kind import Phase, WeightKind, epilogue, is_dense, register
 
 # The row count oneDNN tunes a packed layout for; results do not depend on it, and decode
 # batches of 8-64 rows and prefill GEMMs of thousands both run at full speed with it.
@@ -59,6 +65,8 @@ def _onednn_dtypes() -> tuple[torch.dtype, ...]:
 
 _ONEDNN = _onednn_available()
 _ONEDNN_DTYPES = _onednn_dtypes() if _ONEDNN else (torch.float32,)
+# decode rows in these dtypes take the native 16-bit kernel on the CPU (`half_decode_product`)
+_HALF_DECODE_DTYPES = tuple(d for d in half_gemv.DTYPES if d not in _ONEDNN_DTYPES)
 
 
 def uses_onednn(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -125,14 +133,29 @@ def dense_scratch(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
     return buf[:numel].view(shape)
 
 
+def half_decode_product(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor | None:
+    """x @ w.T + b by the native 16-bit decode kernel where it runs and torch's 16-bit GEMM is slow
+    (a CPU without oneDNN's bf16), else None."""
+    if x.dtype not in _HALF_DECODE_DTYPES or x.device.type != "cpu":
+        return None
+    kernel = loader.chosen().get("half_gemv")
+    if kernel is None or not kernel.takes(w, x) or (b is not None and (b.dtype != x.dtype or not b.is_contiguous())):
+        return None
+    return kernel.matmul(x, w, b)
+
+
 class DenseKind(WeightKind):
-    """A plain tensor: the GEMM above, the same kernel in both phases."""
+    """A plain tensor: the GEMM above; decode rows in 16 bits on an AVX2 CPU, the native kernel."""
     name = "dense"
 
     def product(self, w, x: torch.Tensor, phase: Phase) -> torch.Tensor:
+        if phase is Phase.DECODE and (out := half_decode_product(x, w)) is not None:
+            return out
         return dense_linear(x, w)
 
     def linear(self, w, x, phase, b=None, add=None, mul=None) -> torch.Tensor:
+        if phase is Phase.DECODE and (out := half_decode_product(x, w, b)) is not None:
+            return epilogue(out, None, add, mul)
         return dense_linear(x, w, b, add=add, mul=mul)
 
     def stored_bytes(self, w) -> int:
