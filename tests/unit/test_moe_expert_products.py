@@ -10,7 +10,8 @@ from flexlamps.engine.executors.charges import PlacementCharges
 from flexlamps.engine.executors.weight_store import WeightStore
 from flexlamps.models.blocks import moe
 from flexlamps.models.blocks.linear import linear
-from flexlamps.models.blocks.weight_kind import Phase
+from flexlamps.models.blocks.weight_kind import KINDS, Phase, WeightKind
+from flexlamps.models.moe_config import MoEConfig
 from flexlamps.models.config import ModelConfig
 
 from tests.unit.test_expert_groups import SMALL_MOE
@@ -56,3 +57,28 @@ def test_the_sweeps_peak_scans_the_weights_once_per_layer(monkeypatch):
     monkeypatch.setattr(WeightStore, "form", lambda self, spec: scans.append(spec) or "dense")
     assert charges.sweep_gpu_peak([(4, 1, 21)]) == expected and charges.call_copies(3, 1) == 0
     assert scans == []  # a decode step asks again for every layer: nothing scanned again
+
+
+@pytest.mark.parametrize("phase", [Phase.PROMPT, Phase.DECODE])
+def test_a_coded_expert_is_multiplied_in_the_tokens_phase_not_the_one_its_2d_rows_suggest(phase, monkeypatch):
+    """An expert's gathered tokens are 2-d (one row a token): a prompt's must still reach the
+    weight's kind as PROMPT (4-bit codes have a prompt kernel), for plain and gpt-oss experts."""
+    seen = []
+
+    class Coded:
+        shape = (8, 16)
+
+    class Recording(WeightKind):
+        def product(self, w, x, phase_):
+            seen.append(phase_)
+            return torch.zeros(*x.shape[:-1], w.shape[0], dtype=x.dtype)
+
+    monkeypatch.setitem(KINDS, Coded, Recording())
+    x = torch.randn(5, 16)
+    moe.expert_linear(x, Coded(), phase)
+    cfg = MoEConfig(num_experts=1, num_experts_per_token=1, num_shared_experts=0, moe_intermediate_size=8,
+                    moe_layers=(True,), router="topk_softmax", experts="clamped_swiglu")
+    w = {f"experts.0.{p}": Coded() for p in ("gate_proj", "up_proj", "down_proj")}
+    w.update({f"experts.0.{p}": None for p in ("gate_bias", "up_bias", "down_bias")})
+    moe._expert(x, w, 0, cfg, phase)
+    assert seen == [phase] * 4

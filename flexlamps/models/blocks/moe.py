@@ -87,12 +87,15 @@ def swiglu(x: torch.Tensor, gate, up, down, product=linear) -> torch.Tensor:
     return product(silu(product(x, gate), inplace=True) * product(x, up), down)
 
 
-def clamped_swiglu(x: torch.Tensor, w: dict[str, torch.Tensor], pre: str, cfg: MoEConfig) -> torch.Tensor:
-    """gpt-oss's expert: gate clamped above at `limit`, up to +-limit, `(up + 1) * gate * sigmoid(alpha * gate)`."""
-    gate = linear(x, w[pre + "gate_proj"], w[pre + "gate_bias"]).clamp(min=None, max=cfg.swiglu_limit)
-    up = linear(x, w[pre + "up_proj"], w[pre + "up_bias"]).clamp(min=-cfg.swiglu_limit, max=cfg.swiglu_limit)
+def clamped_swiglu(x: torch.Tensor, w: dict[str, torch.Tensor], pre: str, cfg: MoEConfig,
+                   phase: Phase | None = None) -> torch.Tensor:
+    """gpt-oss's expert: gate clamped above at `limit`, up to +-limit, `(up + 1) * gate * sigmoid(alpha * gate)`.
+    `phase`: the tokens' (an expert's gathered tokens are 2-d: their shape does not say it)."""
+    gate = linear(x, w[pre + "gate_proj"], w[pre + "gate_bias"], phase=phase).clamp(min=None, max=cfg.swiglu_limit)
+    up = linear(x, w[pre + "up_proj"], w[pre + "up_bias"], phase=phase).clamp(min=-cfg.swiglu_limit,
+                                                                             max=cfg.swiglu_limit)
     glu = gate * sigmoid(gate * cfg.swiglu_alpha)
-    return linear((up + 1) * glu, w[pre + "down_proj"], w[pre + "down_bias"])
+    return linear((up + 1) * glu, w[pre + "down_proj"], w[pre + "down_bias"], phase=phase)
 
 
 def expert_linear(x: torch.Tensor, w, phase: Phase) -> torch.Tensor:
@@ -100,10 +103,11 @@ def expert_linear(x: torch.Tensor, w, phase: Phase) -> torch.Tensor:
     plain 16-bit matrix, on a CPU without a fast 16-bit GEMM (AVX2), multiply in fp32 and round
     once (`row_products.rows_product`, rows padded so a row's bits do not depend on m): torch's bf16 GEMM
     there takes each row alone, 2.5-4x slower at 16-64 rows (768x2048 experts, 1 thread, Zen 2).
-    Decode keeps torch's: converting the matrix costs 4-6x its one-row product. Else `linear`."""
+    Decode keeps the dense kind's (converting the matrix costs 4-6x its one-row product). Else
+    `linear` in `phase`, not the one x's 2-d shape says (a prompt's 4-bit experts take the prompt kernel)."""
     if (phase is Phase.DECODE or x.device.type != "cpu" or x.dtype == torch.float32
             or type(w) is not torch.Tensor or w.is_mkldnn or fast_dense_gemm(x)):
-        return linear(x, w)
+        return linear(x, w, phase=phase)
     return rows_product(x, w.t())
 
 
@@ -115,7 +119,7 @@ def _expert(x: torch.Tensor, w: dict[str, torch.Tensor], e: int, cfg: MoEConfig,
     if where != x.device:
         return _expert(x.to(where), w, e, cfg, phase).to(x.device)
     if cfg.experts == "clamped_swiglu":
-        return clamped_swiglu(x, w, pre, cfg)
+        return clamped_swiglu(x, w, pre, cfg, phase)
     return swiglu(x, w[pre + "gate_proj"], w[pre + "up_proj"], w[pre + "down_proj"],
                   functools.partial(expert_linear, phase=phase))
 
