@@ -106,7 +106,23 @@ def _flexlamps_line(res: dict, job: int, gen_len: int) -> tuple[float, str]:
                  f"peak RSS {res['peak_rss'] / 2**20:.0f} MiB")
 
 
+def measure_profile(args) -> None:
+    """The machine profile flexlamps' `--policy auto` plans with, measured here (unless cached) at the
+    job's thread count before any side runs: its probes stay out of the capped, timed worker and its peak RSS."""
+    import torch
+
+    from flexlamps.hardware.cache import machine_profile
+    from flexlamps.models.description import model_spec
+    from flexlamps.models.loading.registry import open_checkpoint
+
+    torch.set_num_threads(args.threads)
+    spec = model_spec(open_checkpoint(str(args.model)).config)
+    machine_profile(args.offload_dir, lambda path, why: print(f"measuring {path} ({why})", flush=True),
+                    model_shapes=spec.layer_matrix_shapes(), expert_dims=spec.routed_expert_dims())
+
+
 def run(args) -> None:
+    measure_profile(args)
     cap = MemoryCap(args.cap)
     print(f"job {args.job} prompts x ({args.prompt_len} + {args.gen_len}); {cap.describe()}; flexlamps gpu "
           f"{args.gpu_mem / 2**20:.0f} MiB + cpu {args.cpu_mem / 2**20:.0f} MiB; "
