@@ -77,7 +77,7 @@ def measure_expert_products(device: torch.device, hidden: int, width: int, num_b
     share_s = budget_s / slots / PASSES
     table: dict[str, dict[str, dict[str, float]]] = {phase.value: {} for phase in Phase}
     for name in dtypes:
-        if int4 and not can_pack((width, hidden), INT4_GROUP, device):
+        if int4 and not all(can_pack(shape, INT4_GROUP, device) for shape in ((width, hidden), (hidden, width))):
             continue
         experts = _experts(device, hidden, width, _DTYPES[name], num_bytes, int4)
         for phase in Phase:
