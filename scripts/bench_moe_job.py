@@ -29,7 +29,7 @@ from pathlib import Path
 
 from bench_moe import _prompts, accelerate_model
 from bench_moe_checkpoint import build_gguf, build_hf
-from bench_moe_peers import MemoryCap, drop_page_cache, io_counters, run_capped
+from bench_moe_peers import MemoryCap, drop_page_cache, io_counters, llama_jsonl_row, run_capped
 
 
 def worker_flexlamps(args) -> dict:
@@ -74,8 +74,7 @@ def llama_cpp_best(args, cap: MemoryCap) -> dict:
         cmd = [args.llama_cpp, "-m", str(args.gguf), "-c", str(npl * (args.prompt_len + args.gen_len) + 16),
                "-b", "2048", "-ub", "512", "-npp", str(args.prompt_len), "-ntg", str(args.gen_len), "-npl", str(npl),
                "-t", str(args.threads), "--output-format", "jsonl"]
-        out, read, _ = run_capped(cap, cmd, args.timeout)
-        row = next(json.loads(line) for line in out.splitlines() if line.startswith("{"))
+        row, read = llama_jsonl_row(cap, cmd, args.timeout)
         tps = npl * args.gen_len / row["t"]
         print(f"  llama.cpp -npl {npl}: {tps:.2f} tok/s (prefill + decode of {npl} sequences in {row['t']:.1f} s)",
               flush=True)

@@ -99,6 +99,17 @@ def run_capped(cap: MemoryCap, cmd: list[str], timeout_s: float) -> tuple[str, d
     return out, last, time.perf_counter() - t
 
 
+def llama_jsonl_row(cap: MemoryCap, cmd: list[str], timeout_s: float, tries: int = 3) -> tuple[dict, dict[str, int]]:
+    """llama-batched-bench's one JSON row (and its bytes read), run in the cgroup; run again where it
+    exited 0 with no row (seen under load: an empty stdout), up to `tries` times."""
+    for _ in range(tries):
+        out, read, _ = run_capped(cap, cmd, timeout_s)
+        rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        if len(rows) == 1:
+            return rows[0], read
+    raise RuntimeError(f"unexpected llama-batched-bench output after {tries} runs: {out[-500:]!r}")
+
+
 def worker_command(side: str, args, batch: int, prompt_len: int, gen_len: int) -> list[str]:
     """The command that runs `side` as a worker of this script (prints one JSON line)."""
     return [sys.executable, str(Path(__file__).with_name("bench_moe.py")), "--worker", side, "--model", str(args.model),
@@ -118,9 +129,6 @@ def llama_cpp_runs(cap: MemoryCap, binary: str, gguf: Path, batch: int, prompt_l
         cmd = [binary, "-m", str(gguf), "-c", str(batch * (prompt_len + gen) + 16), "-b", "2048", "-ub", "512",
                "-npp", str(prompt_len), "-ntg", str(gen), "-npl", str(batch), "-t", str(threads),
                "--output-format", "jsonl"]
-        out, read, _ = run_capped(cap, cmd, timeout_s)
-        rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        if len(rows) != 1:
-            raise RuntimeError(f"unexpected llama-batched-bench output: {out[-500:]}")
-        runs[gen] = {"s": rows[0]["t"], "t_tg": rows[0]["t_tg"], **read}
+        row, read = llama_jsonl_row(cap, cmd, timeout_s)
+        runs[gen] = {"s": row["t"], "t_tg": row["t_tg"], **read}
     return runs
