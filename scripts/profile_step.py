@@ -1,8 +1,12 @@
-"""A decode step of the in-memory engine, taken apart: wall and CPU time, the time inside torch's
+"""A decode step of the in-memory engine (or, with --offload-dir, the offload executor), taken apart: wall and CPU time, the time inside torch's
 ops, the Python overhead between them, ops dispatched per step and per layer, the slowest ops.
 
     python scripts/profile_step.py [--model smollm2-135m] [--dtype auto] [--batch-sizes 1,32] \\
-        [--prompt-len 128] [--steps 16] [--threads 1] [--top 12] [--kernel-time]
+        [--prompt-len 128] [--steps 16] [--threads 1] [--top 12] [--kernel-time] \\
+        [--offload-dir DIR --gpu-mem BYTES --cpu-mem BYTES]
+
+With --offload-dir the step is the offload executor's (`--policy auto` under the two budgets, as
+`scripts/bench_moe.py` runs flexlamps), else the in-memory engine's.
 
 See flexlamps.engine.batch.step_profile for how each figure is measured (best of --steps steps).
 """
@@ -53,12 +57,19 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=12, help="slowest ops to list")
     ap.add_argument("--kernel-time", action="store_true",
                     help="also time the decode kernel's calls (CPU time a step, over the plain and the profiled steps)")
+    ap.add_argument("--offload-dir", help="profile the offload executor, its weights placed by the planner")
+    ap.add_argument("--gpu-mem", type=int, default=0, help="with --offload-dir: the gpu tier's bytes")
+    ap.add_argument("--cpu-mem", type=int, default=0, help="with --offload-dir: the cpu tier's bytes")
     args = ap.parse_args()
     if args.kernel_time:
         time_the_decode_kernel()
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batch_sizes.split(",")]
-    llm = LLM(args.model, dtype=args.dtype, max_batch_size=max(batches))
+    budgets = dict(gpu_mem=args.gpu_mem, cpu_mem=args.cpu_mem, offload_dir=args.offload_dir, policy="auto") \
+        if args.offload_dir else {}
+    llm = LLM(args.model, dtype=args.dtype, max_batch_size=max(batches), **budgets)
+    if args.offload_dir:
+        llm.prepare(prompt_len=args.prompt_len, gen_len=2 * args.steps + 1, num_sequences=max(batches))
     layers = llm.config.num_layers
     for batch in batches:
         KERNEL_CPU_S[0] = 0.0
