@@ -105,3 +105,31 @@ def test_an_expert_given_back_while_its_read_is_in_flight_is_waited_for_first():
     w._groups.pump(first=2)  # the forward waits on 2: 1, still being read, makes room
     assert evicted == [(1, True)] and w["experts.2.w"] == 2
     pool.shutdown()
+
+
+def test_in_place_experts_are_handed_over_once_a_store_where_they_are_multiplied_as_stored():
+    """A cpu-tier expert computed in place is its resident tensors every step: later layers' loads
+    (sharing `as_stored`) take them without converting again; a converted (wrapped) one is converted anew."""
+    import types
+
+    import torch
+
+    from flexlamps.engine.executors.expert_weights import ExpertCache, RoutedExpertLoads
+    from offload import TierBudget
+
+    tensors = {"experts.0.w": torch.ones(2)}
+    store = types.SimpleNamespace(tier_of=lambda name: "cpu", device=torch.device("cpu"), is_plain=lambda n: True,
+                                  resident=lambda names: {n: tensors[n] for n in names})
+    for wraps in (False, True):
+        calls, as_stored, places = [], {}, {}
+
+        def convert(fetched):
+            calls.append(1)
+            return ({n: (w.clone() if wraps else w) for n, w in fetched.items()}, 0)
+
+        for _ in range(3):  # three sweeps of layer 0
+            loads = RoutedExpertLoads(store, ExpertCache(TierBudget("gpu", 1 << 20), "off"), 0, {0: ["experts.0.w"]}, convert,
+                                      in_place_below=10, places=places, as_stored=as_stored)
+            got = loads.load([0], {0: 1})
+            assert torch.equal(got["experts.0.w"], tensors["experts.0.w"])
+        assert len(calls) == (3 if wraps else 1)

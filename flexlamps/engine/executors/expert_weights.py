@@ -248,9 +248,10 @@ class RoutedExpertLoads:
 
     def __init__(self, store, cache: ExpertCache, layer: int, experts: dict[int, list[str]], convert,
                  in_place_below: int = 0, reads: Counter | None = None, group: int = 0,
-                 places: dict[tuple[int, int], ExpertPlace] | None = None):
+                 places: dict[tuple[int, int], ExpertPlace] | None = None, as_stored: dict | None = None):
         self.store, self.cache, self.layer = store, cache, layer
         self._places = {} if places is None else places  # where each expert lives: fixed for a store
+        self._as_stored = {} if as_stored is None else as_stored  # (layer, expert) -> weights multiplied as stored
         self.experts, self.convert = experts, convert
         self.in_place_below, self.group = in_place_below, group
         self.reads = Counter() if reads is None else reads
@@ -328,7 +329,7 @@ class RoutedExpertLoads:
         place = self._place(e)
         if self._in_place and place.in_host_memory:
             self.reads["in place"] += 1
-            return self._converted(e, self.store.resident(self.experts[e]))
+            return self._in_place_weights(e)
         self.reads["staged"] += place.on_cpu_tier
         if place.resident:
             return self._converted(e, self.store.fetch(self.experts[e])[0])  # nothing staged
@@ -337,6 +338,18 @@ class RoutedExpertLoads:
             return None
         self._hits.append((self.layer, e))
         return self._converted(e, fetched)
+
+    def _in_place_weights(self, e: int) -> dict:
+        """Expert e's resident weights for the forward; kept for later steps where `convert` hands
+        them over as stored (nothing decompressed or wrapped, nothing charged: the same every step)."""
+        key = (self.layer, e)
+        if key in self._as_stored:
+            return self._as_stored[key]
+        stored = self.store.resident(self.experts[e])
+        out = self._converted(e, stored)
+        if len(out) == len(stored) and all(a is b for a, b in zip(stored.values(), out.values())):
+            self._as_stored[key] = out
+        return out
 
     def _read(self, e: int) -> dict:
         """Fetch expert e from its tiers (on an I/O thread under `begin`); `finish` keeps or releases it."""

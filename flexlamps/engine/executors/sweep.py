@@ -51,6 +51,7 @@ class Sweep:
         self.routing_counter = None
         self._expert_names: dict[int, tuple] = {}  # layer -> its experts' local names (`local_expert_names`)
         self._expert_places: dict = {}  # (layer, expert) -> where it lives (`ExpertPlace`)
+        self._experts_as_stored: dict = {}  # (layer, expert) -> its in-place weights, as stored
 
     def _embed(self, glob: dict, step: Step) -> torch.Tensor:
         ids = step.input_ids
@@ -220,7 +221,7 @@ class Sweep:
 
         return RoutedExpertLoads(self.weights.store, self.weights.expert_cache, j, self.weights.experts[j], convert,
                                  self.policy.cpu_expert_tokens, self.weights.cpu_expert_reads, self.policy.expert_group,
-                                 self._expert_places)
+                                 self._expert_places, self._experts_as_stored)
 
     def _reserve_int4_twins(self, j: int, steps: list[Step]) -> int:
         """When several of the sweep's calls take a 4-bit matrix's dense path (prompt chunks:
