@@ -55,9 +55,9 @@ def decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     touched_by_call = model.weight_bytes_touched_per_layer(rows) + embed_share
     gemm_s = calls * call_gemm_s(choice, model, hardware, rows, rows * model.matmul_flops_per_token_per_layer(),
                                   rows * model.head_flops_per_token() / model.num_layers, touched_by_call,
-                                  embed_share)
+                                  embed_share, decode=True)
     resident_s = resident_delta_s(choice, model, hardware, rows, rows * model.matmul_flops_per_token_per_layer(),
-                                   model.weight_bytes_touched_per_layer(rows), calls)
+                                   model.weight_bytes_touched_per_layer(rows), calls, decode=True)
     gemm_s += calls * (hardware.gpu_layer_overhead_s + routed_rows_delta_s(choice, model, hardware, rows, "decode"))
     gemm_s += calls * fp8_upcast_s(choice, model, hardware, model.weight_bytes_touched_per_layer(rows))
     gemm_s += elementwise_s(block, model, hardware)

@@ -24,11 +24,13 @@ def routed_rows_delta_s(choice: Choice, model: ModelSpec, hardware: HardwareSpec
     int4 = choice.compress_weight and choice.compression.num_bits == 4
     measured = (None if choice.compress_weight and not int4
                 else hardware.expert_seconds(phase, model.dtype, own, flops, int4=int4))
+    decode = phase == "decode"
     if measured is not None:
-        return measured - call_gemm_s(choice, model, hardware, rows, flops, 0.0, 0.0, 0.0)
+        return measured - call_gemm_s(choice, model, hardware, rows, flops, 0.0, 0.0, 0.0, decode)
     if choice.compress_weight:
         return 0.0
-    return hardware.gemm_seconds(model.dtype, own, flops, 0.0) - hardware.gemm_seconds(model.dtype, rows, flops, 0.0)
+    return (hardware.gemm_seconds(model.dtype, own, flops, 0.0, decode=decode)
+            - hardware.gemm_seconds(model.dtype, rows, flops, 0.0, decode=decode))
 
 
 def dequantized_tokens(choice: Choice, model: ModelSpec, hardware: HardwareSpec, phase: str, tokens: float) -> float:

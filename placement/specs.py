@@ -64,6 +64,10 @@ class HardwareSpec(JsonMixin):
     # the same for weights resident on the GPU tier for the whole run, where the engine keeps
     # them in the GEMM's own layout (prepacked for oneDNN on CPUs). Empty: as streamed weights.
     gpu_gemm_flops_by_rows_resident: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the same for decode calls where the engine multiplies them with another kernel than prompts
+    # (16-bit decode rows on a CPU without oneDNN's 16-bit GEMM: a native kernel); the tables above
+    # are measured on prompt calls. Empty: the tables above for both phases.
+    gpu_gemm_flops_by_rows_decode: dict[str, dict[str, float]] = field(default_factory=dict)
     # a sparse-attention MLA model's latent-pool misses per layer, measured on it by `flexlamps
     # profile --model` (None: the planner uses ESS's curves)
     latent_miss_curves: LatentMissCurves | None = None
@@ -117,8 +121,8 @@ class HardwareSpec(JsonMixin):
         if not (isinstance(self.int4_dense_from_rows, int) and self.int4_dense_from_rows >= 0):
             raise ValueError(f"HardwareSpec.int4_dense_from_rows must be an integer >= 0, got "
                              f"{self.int4_dense_from_rows!r}")
-        for attr in ("gpu_gemm_flops_by_rows", "gpu_gemm_flops_by_rows_resident", "gpu_int4_gemm_flops_by_rows",
-                     "gpu_int8_prompt_flops_by_rows"):
+        for attr in ("gpu_gemm_flops_by_rows", "gpu_gemm_flops_by_rows_resident", "gpu_gemm_flops_by_rows_decode",
+                     "gpu_int4_gemm_flops_by_rows", "gpu_int8_prompt_flops_by_rows"):
             _check_rows_tables(f"HardwareSpec.{attr}", getattr(self, attr))
         for attr in ("gpu_expert_flops_by_rows", "gpu_int4_expert_flops_by_rows"):
             for phase, tables in getattr(self, attr).items():
@@ -149,14 +153,16 @@ class HardwareSpec(JsonMixin):
         raise KeyError(dtype)
 
     def gemm_seconds(self, dtype: str, rows: float, flops: float, weight_bytes: float, *,
-                     resident: bool = False) -> float:
+                     resident: bool = False, decode: bool = False) -> float:
         """Time of GEMMs doing `flops` on `rows` tokens per call over `weight_bytes` of weights
-        (`resident`: weights that stay on the GPU tier, see gpu_gemm_flops_by_rows_resident).
+        (`resident`: weights that stay on the GPU tier, see gpu_gemm_flops_by_rows_resident;
+        `decode`: decode calls, gpu_gemm_flops_by_rows_decode where it has the dtype).
 
         From the measured table when there is one (interpolated in log rows, clamped at its
         ends), else the roofline: the larger of compute at peak and streaming the weights.
         """
-        table = ((resident and self.gpu_gemm_flops_by_rows_resident.get(dtype))
+        table = ((decode and self.gpu_gemm_flops_by_rows_decode.get(dtype))
+                 or (resident and self.gpu_gemm_flops_by_rows_resident.get(dtype))
                  or self.gpu_gemm_flops_by_rows.get(dtype))
         if not table:
             return max(flops / self.gpu_flops(dtype), weight_bytes / self.gpu_mem_bytes_per_s)

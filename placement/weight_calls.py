@@ -49,11 +49,11 @@ def weight_dequant_rate(choice: Choice, hardware: HardwareSpec) -> float:
 
 
 def call_gemm_s(choice: Choice, model: ModelSpec, hardware: HardwareSpec, rows: float, layer_flops: float,
-                 head_flops: float, weight_bytes: float, head_bytes: float) -> float:
+                 head_flops: float, weight_bytes: float, head_bytes: float, decode: bool = False) -> float:
     """Seconds of one call's GEMMs over `rows` rows: the layer's matrices (`layer_flops` over
     `weight_bytes`, the head's share included) on the dense GEMM, or on the fused 4-bit kernel
     where the engine runs that, or on int8 codes where it runs 4-bit prompts so (the head's share,
-    `head_flops` over `head_bytes`, stays dense)."""
+    `head_flops` over `head_bytes`, stays dense); `decode`: a decode call (`HardwareSpec.gemm_seconds`)."""
     if runs_fused_int4(choice, model, hardware, rows):
         fused_s = hardware.int4_gemm_seconds(model.dtype, rows, layer_flops)
     elif choice.compress_weight and choice.compression.num_bits == 4 and model.dtype in ("fp16", "bf16"):
@@ -61,19 +61,19 @@ def call_gemm_s(choice: Choice, model: ModelSpec, hardware: HardwareSpec, rows: 
     else:
         fused_s = None
     if fused_s is None:
-        return hardware.gemm_seconds(model.dtype, rows, layer_flops + head_flops, weight_bytes)
-    return fused_s + hardware.gemm_seconds(model.dtype, rows, head_flops, head_bytes)
+        return hardware.gemm_seconds(model.dtype, rows, layer_flops + head_flops, weight_bytes, decode=decode)
+    return fused_s + hardware.gemm_seconds(model.dtype, rows, head_flops, head_bytes, decode=decode)
 
 
 def resident_delta_s(choice, model: ModelSpec, hardware: HardwareSpec, rows: float, flops: float,
-                      weight_bytes: float, calls: int) -> float:
+                      weight_bytes: float, calls: int, decode: bool = False) -> float:
     """Seconds a layer's GEMMs change by (negative: saved) per unit of the weight fraction on
     the GPU tier, where the engine keeps weights resident in the GEMM's own layout; compressed
     weights are decompressed afresh every time and gain nothing. `flops`: per call of `rows`."""
     if choice.compress_weight:
         return 0.0
-    resident = hardware.gemm_seconds(model.dtype, rows, flops, weight_bytes, resident=True)
-    streamed = hardware.gemm_seconds(model.dtype, rows, flops, weight_bytes)
+    resident = hardware.gemm_seconds(model.dtype, rows, flops, weight_bytes, resident=True, decode=decode)
+    streamed = hardware.gemm_seconds(model.dtype, rows, flops, weight_bytes, decode=decode)
     return calls * (resident - streamed)
 
 

@@ -12,13 +12,14 @@ import torch
 
 from flexlamps.hardware.expert_probes import measure_expert_products
 from flexlamps.hardware.int4_probes import measure_int4, measure_int8_prompts
-from flexlamps.hardware.probes import (GENERIC_SHAPES, ProbeSizes, gemm_probe_shapes, measure_copies,
+from flexlamps.hardware.probes import (DECODE_ROWS, GENERIC_SHAPES, ProbeSizes, gemm_probe_shapes, measure_copies,
                                        measure_cpu_attention, measure_delta_rule, measure_dequant,
                                        measure_dequant_matrix_s,
                                        measure_device_bandwidth, measure_disk, measure_gemm, measure_gemm_by_rows,
                                        measure_layer_overhead, nondecreasing, probe_shapes)
 from flexlamps.host_allocator import keep_freed_memory
 from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS
+from flexlamps.models.blocks.weight_kind import Phase
 from placement import HardwareSpec
 
 
@@ -111,10 +112,10 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     layer_overhead = on_cpu(lambda: measure_layer_overhead(device, budget_s), pick=min)
     step("gemm by rows")
     shapes = gemm_probe_shapes(model_shapes, quick)
-    gemm_by_rows, gemm_by_rows_resident = _gemm_row_tables(on_cpu, device, sizes, shapes, has_cuda)
+    gemm_tables = _gemm_row_tables(on_cpu, device, sizes, shapes, has_cuda)
     # the decode roofline is what an 8-row fp32 GEMM streams (4 weight bytes per 2 FLOPs per
     # row); a memcpy only bounds it, and overstates it several times on a CPU
-    gpu_bandwidth = min(gpu_bandwidth, gemm_by_rows["fp32"]["8"] * 4 / (2 * 8))
+    gpu_bandwidth = min(gpu_bandwidth, gemm_tables["gpu_gemm_flops_by_rows"]["fp32"]["8"] * 4 / (2 * 8))
     step("gemm")
     gpu_gemm, cpu_gemm = _gemm_peaks(on_cpu, device, sizes, has_cuda)
     cpu_attention, delta_rule = _attention_rates(on_cpu, device, sizes, step)
@@ -133,8 +134,8 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
         gpu_mem_bytes_per_s=gpu_bandwidth, cpu_attention_flops_per_s=cpu_attention, cpu_mem_bytes_per_s=cpu_bandwidth,
         gpu_dequant_bytes_per_s=gpu_dequant, cpu_dequant_bytes_per_s=cpu_dequant,
         gpu_layer_overhead_s=layer_overhead, gpu_dequant_matrix_s=dequant_matrix_s,
-        gpu_gemm_flops_by_rows=gemm_by_rows, gpu_gemm_flops_by_rows_resident=gemm_by_rows_resident,
-        gpu_is_host=not has_cuda, gpu_int4_gemm_flops_by_rows=int4_table, int4_dense_from_rows=INT4_DENSE_FROM_ROWS,
+        **gemm_tables, gpu_is_host=not has_cuda,
+        gpu_int4_gemm_flops_by_rows=int4_table, int4_dense_from_rows=INT4_DENSE_FROM_ROWS,
         gpu_int4_dequant_bytes_per_s=int4_dequant, gpu_int8_prompt_flops_by_rows=int8_table,
         gpu_delta_rule_flops_per_s=delta_rule, **_expert_rates(on_cpu, device, sizes, expert_dims, has_cuda, step))
 
@@ -186,17 +187,23 @@ def _disk_rates(disk_folder: Path, sizes, model_shapes, has_cuda: bool) -> tuple
     return measure_disk(disk_folder, sizes.disk_file_bytes, [o * i * itemsize for o, i in file_shapes])
 
 
-def _gemm_row_tables(on_cpu, device: torch.device, sizes, shapes, has_cuda: bool) -> tuple[dict, dict]:
-    """GEMM rates by row count: streamed weights, and (on CPUs, where resident weights are
-    prepacked) resident ones; on GPUs packing is a no-op and the second table would repeat."""
+def _gemm_row_tables(on_cpu, device: torch.device, sizes, shapes, has_cuda: bool) -> dict[str, dict]:
+    """HardwareSpec's GEMM rates by row count on prompt calls: streamed weights, and (on CPUs, where
+    resident weights are prepacked) resident ones; on GPUs packing is a no-op and the second table
+    would repeat. On CPUs also bf16 decode calls, which the engine runs on another kernel where
+    oneDNN has no 16-bit GEMM (`dense_gemm.half_decode_product`)."""
     # fp16 GEMMs are emulated (and slow) on CPUs; engines there run fp32 or bf16
     row_dtypes = ("fp32", "bf16", "fp16") if has_cuda else ("fp32", "bf16")
     rows_budget_s = 2 * sizes.seconds_per_probe  # the planner's main input: twice a probe's time
     rows_bytes = sizes.gemm_rows_bytes
     streamed = on_cpu(lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s, row_dtypes, shapes))
-    resident = {} if has_cuda else on_cpu(
-        lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s, row_dtypes, shapes, packed=True))
-    return streamed, resident
+    if has_cuda:
+        return {"gpu_gemm_flops_by_rows": streamed}
+    resident = on_cpu(lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s, row_dtypes, shapes, packed=True))
+    decode = on_cpu(lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s / 2, ("bf16",), shapes,
+                                                 phase=Phase.DECODE, row_counts=DECODE_ROWS))
+    return {"gpu_gemm_flops_by_rows": streamed, "gpu_gemm_flops_by_rows_resident": resident,
+            "gpu_gemm_flops_by_rows_decode": decode}
 
 
 def _dequant_rates(on_cpu, device: torch.device, sizes, model_shapes, has_cuda: bool) -> tuple[float, float, float]:

@@ -20,6 +20,7 @@ import torch
 
 from flexlamps.models.blocks.gated_deltanet import CHUNK, chunk_rule_with_boundaries
 from flexlamps.models.blocks.linear import linear, pack
+from flexlamps.models.blocks.weight_kind import Phase
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.forward import forward_for
 from flexlamps.models.weight_specs import weight_specs
@@ -234,14 +235,16 @@ def measure_gemm(device: torch.device, max_dim: int, budget_s: float) -> dict[st
 
 
 GEMM_ROWS = (1, 8, 32, 128, 512, 2048)
+DECODE_ROWS = (1, 8, 32, 128)  # a decode call's rows: the block's sequences (clamped beyond)
 _SWEEP_FLOPS = 8e9  # per sweep of the GEMM-by-rows probe, at most (2 matrices at least)
 _GEMM_PASSES = 3
 
 
 def measure_gemm_by_rows(device: torch.device, num_bytes: int, budget_s: float,
-                         dtypes: tuple[str, ...], shapes=GENERIC_SHAPES,
-                         packed: bool = False) -> dict[str, dict[str, float]]:
-    """GEMM FLOP/s of the engine's `linear` at each row count in GEMM_ROWS, per dtype.
+                         dtypes: tuple[str, ...], shapes=GENERIC_SHAPES, packed: bool = False,
+                         phase: Phase = Phase.PROMPT, row_counts=GEMM_ROWS) -> dict[str, dict[str, float]]:
+    """GEMM FLOP/s of the engine's `linear` at each of `row_counts` rows, per dtype, on calls in
+    `phase` (the engine may multiply decode rows with another kernel: `DECODE_ROWS`).
 
     Weights of the (out, in) `shapes` cycle through `num_bytes` of distinct matrices (beyond
     the caches), so small calls pay for reading their weights as a decode step does. The
@@ -258,7 +261,7 @@ def measure_gemm_by_rows(device: torch.device, num_bytes: int, budget_s: float,
         if packed:
             weights = [pack(w) for w in weights]
         sweeps = {}
-        for rows in GEMM_ROWS:
+        for rows in row_counts:
             inputs = {i: torch.randn(rows, i, device=device).to(dtype) for i in {i for _, i in cycle}}
             # many rows are compute-bound: a few matrices measure them as well as all, and
             # keep a sweep to a fraction of a second on a CPU; always whole sets of the shapes,
@@ -267,18 +270,18 @@ def measure_gemm_by_rows(device: torch.device, num_bytes: int, budget_s: float,
             count = max(2, len(shapes) * max(1, int(_SWEEP_FLOPS // set_flops)))
             used = [(inputs[i], w) for w, (o, i) in zip(weights[:count], cycle)]
             flops = sum(2.0 * rows * o * i for o, i in cycle[:len(used)])
-            sweeps[rows] = (lambda used=used: [linear(x, w) for x, w in used], flops)
+            sweeps[rows] = (lambda used=used: [linear(x, w, phase=phase) for x, w in used], flops)
         # row counts take turns over several passes, so on a shared machine each median spans
         # its slow and fast spells (one probe's second sees just one of them)
-        times = {rows: [] for rows in GEMM_ROWS}
+        times = {rows: [] for rows in row_counts}
         for sweep, _ in sweeps.values():
             sweep()  # warm-up
         sync()
         for _ in range(_GEMM_PASSES):
             for rows, (sweep, _) in sweeps.items():
-                times[rows] += _repetition_times(sweep, budget_s / len(GEMM_ROWS) / _GEMM_PASSES, sync, 1)
-        rates = [sweeps[rows][1] / statistics.median(times[rows]) for rows in GEMM_ROWS]
-        table[name] = {str(rows): rate for rows, rate in zip(GEMM_ROWS, nondecreasing(rates))}
+                times[rows] += _repetition_times(sweep, budget_s / len(row_counts) / _GEMM_PASSES, sync, 1)
+        rates = [sweeps[rows][1] / statistics.median(times[rows]) for rows in row_counts]
+        table[name] = {str(rows): rate for rows, rate in zip(row_counts, nondecreasing(rates))}
     return table
 
 

@@ -230,3 +230,36 @@ def test_4bit_prompts_on_int8_codes_are_priced_at_the_int8_rate():
     assert comp(int8, 8, 2, "decode") == comp(base, 8, 2, "decode")  # 16 rows: the fused kernel
     with pytest.raises(ValueError, match="gpu_int8_prompt_flops_by_rows"):
         dataclasses.replace(T4, gpu_int8_prompt_flops_by_rows={"int8": {"1": 1.0}})
+
+
+def test_decode_calls_take_the_decode_table_prompts_the_main_one():
+    """Where the engine multiplies decode rows with another kernel (16-bit on an AVX2 CPU: a native
+    one), the profile's decode table prices decode calls and the main table prompt calls."""
+    model = model_preset("smollm2-135m")
+    main = {model.dtype: {"1": 1e9, "2048": 1e9}}
+    hw = dataclasses.replace(T4, gpu_gemm_flops_by_rows=main, gpu_layer_overhead_s=0.0)
+    base = predict(_policy(8, 1), model, hw, WORKLOAD)
+    fast_decode = dataclasses.replace(hw, gpu_gemm_flops_by_rows_decode={model.dtype: {"1": 4e9, "128": 4e9}})
+    split = predict(_policy(8, 1), model, fast_decode, WORKLOAD)
+    assert split.prefill_layer_s == base.prefill_layer_s
+    assert split.decode_layer_s["comp"] < base.decode_layer_s["comp"]
+    gemm = 8 * (model.matmul_flops_per_token_per_layer() + model.head_flops_per_token() / model.num_layers)
+    saved = base.decode_layer_s["comp"] - split.decode_layer_s["comp"]
+    assert saved == pytest.approx(gemm * (1 / 1e9 - 1 / 4e9), rel=1e-6)
+
+
+def test_the_gemm_probe_multiplies_in_the_phase_it_is_given(monkeypatch):
+    """The dense tables time `linear` on calls of the phase they price (decode rows may take another kernel)."""
+    import torch
+
+    from flexlamps.hardware import probes
+    from flexlamps.models.blocks.weight_kind import Phase
+
+    seen = set()
+    engine_linear = probes.linear
+    monkeypatch.setattr(probes, "linear", lambda x, w, phase=None: seen.add(phase) or engine_linear(x, w, phase=phase))
+    for phase in Phase:
+        table = probes.measure_gemm_by_rows(torch.device("cpu"), 1 << 16, 0.01, ("bf16",), ((32, 32),), phase=phase,
+                                            row_counts=(1, 8))
+        assert list(table["bf16"]) == ["1", "8"]
+    assert seen == set(Phase)
