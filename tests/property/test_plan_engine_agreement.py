@@ -152,7 +152,7 @@ def test_predicted_peaks_are_the_dry_runs_within_2_percent_500_cases(case):
 @given(_cases(_mla_models()))
 def test_mla_predicted_peaks_are_the_dry_runs_within_2_percent(case):
     """MLA models (V3.2's latent cache and indexer) meet the dense models' 2% too: measured over 121
-    draws, at most 1.25% beyond one tensor and one cache layer (about 10 minutes on 2 cores)."""
+    draws, at most 1.25% beyond one tensor and one cache layer (253 s on 2 loaded cores)."""
     _check_plan_runs_in_a_dry_run(case, within=0.02, budget_share=0.0)
 
 
