@@ -94,7 +94,8 @@ def test_the_largest_codes_stay_exact(level):
 @pytest.mark.parametrize("level", LEVELS)
 def test_a_row_does_not_depend_on_its_batch_or_the_threads(level):
     kernel = _kernel(level)
-    weights = (_int4(320, 576, 32, torch.bfloat16), _int8(192, 576, 16, torch.bfloat16))
+    weights = (_int4(320, 576, 32, torch.bfloat16), _int8(192, 576, 16, torch.bfloat16),
+               _int8(192, 576, 16, torch.bfloat16, -32, 32))  # Q6_K's codes: two rows a pass, the odd row alone
     assert_rows_alone_as_together(kernel.prompt_product, weights, _x(7, 576, torch.bfloat16))
 
 
