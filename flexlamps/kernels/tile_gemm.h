@@ -14,8 +14,9 @@
  *           q) (pairs of at most 2 * 127 * max|q|), summed in int16 for as many steps as that
  *           allows (the sub-tile's `steps8`: 4 for Q6_K's |q| <= 32, 1 for Q8_0's), then widened.
  * A step's multiply-adds are asm (`step_rows`) and the common group sizes have constant counts
- * (`gemm_pass`): 1.2x the rate gcc made of the same intrinsics (this EPYC, 1 thread, 2048 x 2048,
- * 128 rows: 4-bit 42 -> 50 GFLOP/s, Q6_K 26 -> 29; vpmaddubsw's peak there is 79).
+ * (`gemm_pass`, `pass2`): 1.2x the rate gcc made of the same intrinsics (this EPYC, 1 thread,
+ * 2048 x 2048, 128 rows: 4-bit 41 -> 49 GFLOP/s, Q6_K 26 -> 32; vpmaddubsw's peak there is 79:
+ * scripts/bench_prompt_kernel.py).
  * Then per group: tot += scale * (dot * dx) + offset * sum_x, offset = zero - 8 * scale (for the
  * int8 split, the low half's pair: w = d q + zero - 8 d). Integer sums are exact and the fp32 steps
  * of a row run in the same order whatever rows share the call, the blocking or the threads: a
