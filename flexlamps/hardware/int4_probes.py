@@ -84,29 +84,33 @@ def measure_int4(device: torch.device, shapes, num_bytes: int, budget_s: float) 
     return table, dequant_rate
 
 
-def measure_int8_prompts(shapes, num_bytes: int, budget_s: float) -> dict:
+def measure_int8_prompts(shapes, num_bytes: int, budget_s: float, sweep_flops: float = 8e9,
+                         passes: int = PASSES) -> dict:
     """{"bf16": {rows: FLOP/s}} of the int8 GEMM that 4-bit prompts run on (packed weights: the
     planner prices their packing as a dequantization), or {} where `models.linear` does not use it
-    (not a CPU with the kernel). Medians over passes that take turns."""
+    (not a CPU with the kernel). Medians over `passes` passes that take turns; a sweep runs whole sets
+    of the shapes up to `sweep_flops` (one set at least): these rows are compute-bound."""
     kernel = int8_kernel()
     if kernel is None:
         return {}
     usable = [(o, i) for o, i in shapes if i % int8_gemm.GROUP == 0] or [(2048, 1024)]
     cycle = usable * max(1, -(-num_bytes // sum(o * i for o, i in usable)))
     packed = [kernel.pack(torch.randn(o, i, dtype=torch.bfloat16)) for o, i in cycle]
-    share_s = budget_s / len(PROMPT_ROWS) / PASSES
+    share_s = budget_s / len(PROMPT_ROWS) / passes
     probes = {}
     for rows in PROMPT_ROWS:
-        inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=torch.bfloat16) for w in packed}
-        probes[rows] = ((lambda inputs=inputs: [kernel.matmul(inputs[w.shape[1]], w) for w in packed]),
-                        sum(2.0 * rows * w.shape[0] * w.shape[1] for w in packed))
-    return {"bf16": {str(rows): rate for rows, rate in median_rates(probes, share_s, lambda: None).items()}}
+        sets = max(1, int(sweep_flops // sum(2.0 * rows * o * i for o, i in usable)))
+        used = packed[:sets * len(usable)]
+        inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=torch.bfloat16) for w in used}
+        probes[rows] = ((lambda inputs=inputs, used=used: [kernel.matmul(inputs[w.shape[1]], w) for w in used]),
+                        sum(2.0 * rows * w.shape[0] * w.shape[1] for w in used))
+    return {"bf16": {str(rows): rate for rows, rate in median_rates(probes, share_s, lambda: None, passes).items()}}
 
 
-def median_rates(probes: dict, share_s: float, sync) -> dict:
-    """{key: work / median time} of probes {key: (run, work)} timed in PASSES passes taking turns."""
+def median_rates(probes: dict, share_s: float, sync, passes: int = PASSES) -> dict:
+    """{key: work / median time} of probes {key: (run, work)} timed in `passes` passes taking turns."""
     times = {key: [] for key in probes}
-    for _ in range(PASSES):
+    for _ in range(passes):
         for key, (run, _) in probes.items():
             times[key] += _times(run, share_s, sync)
     return {key: work / statistics.median(times[key]) for key, (_, work) in probes.items()}

@@ -71,7 +71,8 @@ def _int4_rates(on_cpu, device: torch.device, shapes, sizes: ProbeSizes, has_cud
 def _int8_rates(shapes, sizes: ProbeSizes) -> dict:
     """The int8 GEMM's FLOP/s by rows for 4-bit prompts on this CPU (nondecreasing in rows), or {}."""
     return _nondecreasing_tables(_best_over_threads(
-        lambda: measure_int8_prompts(shapes, sizes.gemm_rows_bytes // 4, 2 * sizes.seconds_per_probe)))
+        lambda: measure_int8_prompts(shapes, sizes.gemm_rows_bytes // 4, 2 * sizes.seconds_per_probe,
+                                     sizes.sweep_flops, sizes.passes)))
 
 
 def _nondecreasing_tables(table: dict) -> dict:
@@ -86,7 +87,7 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
 
     Args:
         disk_folder: where the disk probe writes its temporary file (the offload folder).
-        quick: small probes, about ten seconds in all (for tests and smoke runs).
+        quick: small probes with bounded sweeps (`ProbeSizes`), under a minute on a quiet CPU.
         gpu_budget_bytes: GPU memory to plan with; default: the device's on CUDA, a quarter of RAM on a CPU.
         model_shapes: (out, in) of one layer's weight matrices (`ModelSpec.layer_matrix_shapes`)
             to time GEMMs and decompression on; default: a generic 2048x1024 matrix.
@@ -162,7 +163,7 @@ def _attention_rates(on_cpu, device: torch.device, sizes: ProbeSizes, step) -> t
     step("cpu attention")
     cpu_attention = _best_over_threads(lambda: measure_cpu_attention(sizes.attention_context, sizes.seconds_per_probe))
     step("delta rule")
-    return cpu_attention, on_cpu(lambda: measure_delta_rule(device, sizes.seconds_per_probe))
+    return cpu_attention, on_cpu(lambda: measure_delta_rule(device, sizes.seconds_per_probe, sizes.delta_rule_rows))
 
 
 def _bandwidths(on_cpu, device: torch.device, num_bytes: int, budget_s: float) -> tuple[float, float]:
@@ -196,12 +197,14 @@ def _gemm_row_tables(on_cpu, device: torch.device, sizes, shapes, has_cuda: bool
     row_dtypes = ("fp32", "bf16", "fp16") if has_cuda else ("fp32", "bf16")
     rows_budget_s = 2 * sizes.seconds_per_probe  # the planner's main input: twice a probe's time
     rows_bytes = sizes.gemm_rows_bytes
-    streamed = on_cpu(lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s, row_dtypes, shapes))
+    bounds = {"sweep_flops": sizes.sweep_flops, "passes": sizes.passes}
+    streamed = on_cpu(lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s, row_dtypes, shapes, **bounds))
     if has_cuda:
         return {"gpu_gemm_flops_by_rows": streamed}
-    resident = on_cpu(lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s, row_dtypes, shapes, packed=True))
+    resident = on_cpu(lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s, row_dtypes, shapes, packed=True,
+                                                   **bounds))
     decode = on_cpu(lambda: measure_gemm_by_rows(device, rows_bytes, rows_budget_s / 2, ("bf16",), shapes,
-                                                 phase=Phase.DECODE, row_counts=DECODE_ROWS))
+                                                 phase=Phase.DECODE, row_counts=DECODE_ROWS, **bounds))
     return {"gpu_gemm_flops_by_rows": streamed, "gpu_gemm_flops_by_rows_resident": resident,
             "gpu_gemm_flops_by_rows_decode": decode}
 

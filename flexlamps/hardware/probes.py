@@ -32,7 +32,14 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProbeSizes:
-    """How big each probe is; `quick` trades accuracy for a run of a few seconds."""
+    """How big each probe is; `quick` trades accuracy for a run of under a minute.
+
+    `sweep_flops` bounds one sweep of the GEMM-by-rows and int8 probes at a row count (one set of
+    the matrices at least) and `passes` is how many turns their row counts take: a sweep runs once
+    per pass whatever the time budget, so at many rows these, not `seconds_per_probe`, set the
+    time (a quick profile of a tiny model's matrices took 70-440 s under load with the full
+    probe's 8 GFLOP sweeps in 3 passes). `delta_rule_rows`: sequences in the delta rule's probe (a
+    call of 8 takes about a second on a loaded 2-core box, and a probe makes four)."""
 
     disk_file_bytes: int
     copy_bytes: int
@@ -40,14 +47,19 @@ class ProbeSizes:
     attention_context: int
     dequant_elements: int
     seconds_per_probe: float
+    sweep_flops: float
+    passes: int
+    delta_rule_rows: int
 
     @classmethod
     def for_mode(cls, quick: bool) -> "ProbeSizes":
         if quick:
             return cls(disk_file_bytes=32 << 20, copy_bytes=32 << 20, gemm_dim=256,
-                       attention_context=512, dequant_elements=1 << 20, seconds_per_probe=0.05)
+                       attention_context=512, dequant_elements=1 << 20, seconds_per_probe=0.05,
+                       sweep_flops=5e8, passes=1, delta_rule_rows=2)
         return cls(disk_file_bytes=256 << 20, copy_bytes=128 << 20, gemm_dim=2048,
-                   attention_context=2048, dequant_elements=64 << 20, seconds_per_probe=0.4)
+                   attention_context=2048, dequant_elements=64 << 20, seconds_per_probe=0.4,
+                   sweep_flops=8e9, passes=3, delta_rule_rows=8)
 
     @property
     def gemm_rows_bytes(self) -> int:
@@ -236,13 +248,12 @@ def measure_gemm(device: torch.device, max_dim: int, budget_s: float) -> dict[st
 
 GEMM_ROWS = (1, 8, 32, 128, 512, 2048)
 DECODE_ROWS = (1, 8, 32, 128)  # a decode call's rows: the block's sequences (clamped beyond)
-_SWEEP_FLOPS = 8e9  # per sweep of the GEMM-by-rows probe, at most (2 matrices at least)
-_GEMM_PASSES = 3
 
 
 def measure_gemm_by_rows(device: torch.device, num_bytes: int, budget_s: float,
                          dtypes: tuple[str, ...], shapes=GENERIC_SHAPES, packed: bool = False,
-                         phase: Phase = Phase.PROMPT, row_counts=GEMM_ROWS) -> dict[str, dict[str, float]]:
+                         phase: Phase = Phase.PROMPT, row_counts=GEMM_ROWS, sweep_flops: float = 8e9,
+                         passes: int = 3) -> dict[str, dict[str, float]]:
     """GEMM FLOP/s of the engine's `linear` at each of `row_counts` rows, per dtype, on calls in
     `phase` (the engine may multiply decode rows with another kernel: `DECODE_ROWS`).
 
@@ -250,7 +261,7 @@ def measure_gemm_by_rows(device: torch.device, num_bytes: int, budget_s: float,
     the caches), so small calls pay for reading their weights as a decode step does. The
     curve between the bandwidth-bound and compute-bound ends is what the planner
     interpolates. `packed`: the weights in the layout the engine keeps resident ones in
-    (`models.linear.pack`).
+    (`models.linear.pack`). `sweep_flops` and `passes`: as `ProbeSizes` says.
     """
     sync = _synchronizer(device)
     table = {}
@@ -260,29 +271,35 @@ def measure_gemm_by_rows(device: torch.device, num_bytes: int, budget_s: float,
         weights = [torch.randn(o, i, device=device).to(dtype) for o, i in cycle]
         if packed:
             weights = [pack(w) for w in weights]
-        sweeps = {}
-        for rows in row_counts:
-            inputs = {i: torch.randn(rows, i, device=device).to(dtype) for i in {i for _, i in cycle}}
-            # many rows are compute-bound: a few matrices measure them as well as all, and
-            # keep a sweep to a fraction of a second on a CPU; always whole sets of the shapes,
-            # so every row count is timed on the same mix (small matrices run slower)
-            set_flops = sum(2.0 * rows * o * i for o, i in shapes)
-            count = max(2, len(shapes) * max(1, int(_SWEEP_FLOPS // set_flops)))
-            used = [(inputs[i], w) for w, (o, i) in zip(weights[:count], cycle)]
-            flops = sum(2.0 * rows * o * i for o, i in cycle[:len(used)])
-            sweeps[rows] = (lambda used=used: [linear(x, w, phase=phase) for x, w in used], flops)
+        sweeps = {rows: _row_sweep(weights, cycle, shapes, rows, sweep_flops, dtype, phase) for rows in row_counts}
+        for sweep, flops in sweeps.values():
+            if flops <= sweep_flops:  # warm-up (kernel selection, first allocations) on one set of the shapes;
+                sweep(len(shapes))  # a set past the bound computes for far longer than a first call's setup
+        sync()
         # row counts take turns over several passes, so on a shared machine each median spans
         # its slow and fast spells (one probe's second sees just one of them)
         times = {rows: [] for rows in row_counts}
-        for sweep, _ in sweeps.values():
-            sweep()  # warm-up
-        sync()
-        for _ in range(_GEMM_PASSES):
+        for _ in range(passes):
             for rows, (sweep, _) in sweeps.items():
-                times[rows] += _repetition_times(sweep, budget_s / len(row_counts) / _GEMM_PASSES, sync, 1)
+                times[rows] += _repetition_times(sweep, budget_s / len(row_counts) / passes, sync, 1)
         rates = [sweeps[rows][1] / statistics.median(times[rows]) for rows in row_counts]
         table[name] = {str(rows): rate for rows, rate in zip(row_counts, nondecreasing(rates))}
     return table
+
+
+def _row_sweep(weights: list, cycle, shapes, rows: int, sweep_flops: float, dtype: torch.dtype,
+               phase: Phase) -> tuple[Callable, float]:
+    """(a sweep of `linear` calls of `rows` rows over a prefix of `weights` (of the (out, in) `cycle`), its
+    FLOPs). Many rows are compute-bound: a few matrices measure them as well as all and keep the sweep
+    under `sweep_flops`; always whole sets of the shapes, so every row count is timed on the same mix
+    (small matrices run slower)."""
+    device = weights[0].device
+    inputs = {i: torch.randn(rows, i, device=device).to(dtype) for i in {i for _, i in cycle}}
+    set_flops = sum(2.0 * rows * o * i for o, i in shapes)
+    count = len(shapes) * max(1, int(sweep_flops // set_flops))
+    used = [(inputs[i], w) for w, (o, i) in zip(weights[:count], cycle)]
+    flops = sum(2.0 * rows * o * i for o, i in cycle[:len(used)])
+    return (lambda upto=len(used): [linear(x, w, phase=phase) for x, w in used[:upto]]), flops
 
 
 def nondecreasing(values: list[float]) -> list[float]:
@@ -343,12 +360,12 @@ def measure_cpu_attention(context: int, budget_s: float) -> float:
     return _typical_rate(lambda: attend(q, k, v), 4.0 * batch * heads * head_dim * context, budget_s)
 
 
-def measure_delta_rule(device: torch.device, budget_s: float) -> dict[str, float]:
+def measure_delta_rule(device: torch.device, budget_s: float, rows: int = 8) -> dict[str, float]:
     """FLOP/s (as placement.model_spec.delta_rule_flops counts them) of the gated delta rule as the
-    engine runs it, 8 rows of 16 value heads of 128 x 128 (Qwen3.5 / Qwen3-Next's head size):
+    engine runs it, `rows` rows of 16 value heads of 128 x 128 (Qwen3.5 / Qwen3-Next's head size):
     "decode", a one-token step (its open chunk padded to a chunk, the state update skipped), and
     "prompt", a 256-token step. Far below the GEMM rate: small batched products and solves."""
-    rows, heads, dim, prompt = 8, 16, 128, 256
+    heads, dim, prompt = 16, 128, 256
     gen = torch.Generator().manual_seed(0)
 
     def inputs(tokens: int):
