@@ -106,6 +106,8 @@ def _tasks(tasks: str, include_path):
     --include-path skip indexing lm_eval's registry (about 14,700 YAMLs: 40 s on a 2-core box)."""
     from lm_eval.config.evaluate_config import EvaluatorConfig
 
+    if include_path:
+        _check_include_path(Path(include_path))
     local = _local_tasks(tasks, include_path)
     if local is not None:
         return local
@@ -116,6 +118,15 @@ def _tasks(tasks: str, include_path):
         raise click.UsageError(f"--tasks: {e}; list lm_eval's tasks with `lm_eval ls tasks`, or give your "
                                "task YAMLs' folder with --include-path") from None
     return cfg.tasks, manager
+
+
+def _check_include_path(path: Path) -> None:
+    """--include-path names a task YAML or a folder holding one (lm_eval reads `**/*.yaml`); else
+    refused before the registry's index, which every name would otherwise be looked up in."""
+    found = path.suffix == ".yaml" if path.is_file() else next(path.glob("**/*.yaml"), None) is not None
+    if not found:
+        raise click.BadParameter(f"{path} holds no task YAML (*.yaml); give your task YAMLs' file or folder",
+                                 param_hint="'--include-path'")
 
 
 def _local_tasks(tasks: str, include_path):

@@ -130,6 +130,22 @@ def test_tasks_under_the_include_path_skip_lm_evals_registry(task_dir):
     assert eval_cmd._local_tasks("tiny_mc,arc_easy", str(task_dir)) is None
 
 
+def test_an_include_path_without_task_yamls_is_refused_before_the_registry_is_indexed(task_dir, monkeypatch):
+    """A folder or file with no *.yaml: one line naming --include-path, not lm_eval's ~40 s index of
+    its own registry (where the names would be looked up) followed by an unknown-task error."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    import flexlamps.commands.eval as eval_cmd
+
+    monkeypatch.setattr(EvaluatorConfig, "process_tasks", lambda *a: pytest.fail("indexed lm_eval's registry"))
+    (task_dir / "notes.txt").write_text("no tasks here")
+    for path in (task_dir / "notes.txt", task_dir / "empty"):
+        (task_dir / "empty").mkdir(exist_ok=True)
+        with pytest.raises(click.BadParameter, match="holds no task YAML"):
+            eval_cmd._tasks("tiny_mc", str(path))
+
+
 @pytest.mark.slow
 @pytest.mark.ci
 @pytest.mark.faults
