@@ -53,7 +53,10 @@ def teacher_forced_agreement(llm, prompt_ids: list[int], continuation: list[int]
     return sum(p == t for p, t in zip(pred, continuation)) / len(continuation)
 
 
+@pytest.mark.slow
+@pytest.mark.ci
 def test_smollm2_compressed_tokens_stay_close(smollm2_path):
+    """Slow (49 s of the quick suite: SmolLM2 generating 4 x 32 tokens twice): CI's `-m ci` step runs it."""
     params = SamplingParams(max_new_tokens=32, ignore_eos=True)
     plain = LLM("smollm2-135m", dtype="float32").generate(PROMPTS, params)
     policy = Policy(gpu_batch_size=4, num_gpu_batches=1, weights=G, cache=G, activations=G,

@@ -16,6 +16,10 @@ ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install '
 
 WORDS = ["the quick brown fox", "hello world", "numbers 1 2 3", "Once upon a time", "a tiny model", "punctuation !?"]
 NUM_PROMPTS = 16
+# 11-18 s each on the 2-core box (Ray's workers start and load the model per run): CI's `-m ci` step
+# runs them; the quick suite keeps the plain `--ray` run and the error paths
+def slow_on_ray(test):
+    return pytest.mark.ci(pytest.mark.slow(test))
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +95,7 @@ def test_generate_on_ray_writes_the_single_process_file(cluster, tiny_llama, pro
     assert not (tmp_path / "ray.jsonl.partial").exists()
 
 
+@slow_on_ray
 def test_openai_batch_file_on_ray_writes_the_single_process_file(cluster, tiny_llama, tmp_path):
     """Chat and completions lines, a schema, n samples and a broken body, sharded over 2 workers."""
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
@@ -112,6 +117,7 @@ def test_openai_batch_file_on_ray_writes_the_single_process_file(cluster, tiny_l
     assert json.loads(out.read_text().splitlines()[-1])["error"]["code"] == "invalid_request"
 
 
+@slow_on_ray
 def test_killed_worker_is_replaced_and_its_shards_retried(cluster, tiny_llama, prompts, reference, tmp_path):
     """A worker process killed mid-run: its shards are retried on a fresh worker and the file is
     the single-process one. Deterministic: the worker killed is the one that ran the first recorded
@@ -130,6 +136,7 @@ def test_killed_worker_is_replaced_and_its_shards_retried(cluster, tiny_llama, p
     assert out.read_bytes() == reference.read_bytes()
 
 
+@slow_on_ray
 def test_dead_driver_resumes_with_what_it_recorded(cluster, tiny_llama, prompts, reference, tmp_path):
     """The driver dies right after recording its second shard: re-running the command keeps the
     records it had written and computes only the rest. The count is the recorded shards' own
@@ -192,6 +199,7 @@ def _untimed(obj):
     return obj
 
 
+@slow_on_ray
 def test_helm_on_ray_writes_the_single_process_run_folders(cluster, tiny_llama, tmp_path):
     from flexlamps.commands.helm import command as helm
 
