@@ -87,7 +87,7 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
 
     Args:
         disk_folder: where the disk probe writes its temporary file (the offload folder).
-        quick: small probes with bounded sweeps (`ProbeSizes`), under a minute on a quiet CPU.
+        quick: small probes with bounded sweeps (`ProbeSizes`), about 15-20 s on a quiet 2-core CPU.
         gpu_budget_bytes: GPU memory to plan with; default: the device's on CUDA, a quarter of RAM on a CPU.
         model_shapes: (out, in) of one layer's weight matrices (`ModelSpec.layer_matrix_shapes`)
             to time GEMMs and decompression on; default: a generic 2048x1024 matrix.
