@@ -22,7 +22,7 @@ def write_atomically(path: Path, text: str) -> None:
 @click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the HardwareSpec JSON, e.g. hw.json (needed unless --prompts is given).")
 @click.option("--quick", is_flag=True,
-              help="Small probes with bounded sweeps: about 15-20 s on a quiet CPU (more for a MoE model), rougher numbers.")
+              help="Small probes with bounded sweeps: about 15-20 s on a quiet CPU (more for MoE), rougher numbers.")
 @click.option("--disk-dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Folder to measure disk speed in (your offload folder). Default: --out's.")
 @click.option("--gpu-mem", type=ByteSize(), help="GPU memory to plan with, e.g. 8GiB. Default: the device's; "
