@@ -56,7 +56,7 @@ def test_the_model_spec_is_built_once_a_run_for_profile_planner_dry_runs_and_exe
     real = flexlamps.api.model_spec
     monkeypatch.setattr(flexlamps.api, "model_spec", lambda *a, **k: built.append(1) or real(*a, **k))
     monkeypatch.setattr(flexlamps.hardware.cache, "machine_profile",
-                        lambda scratch, on, model_shapes: shapes.append(model_shapes)
+                        lambda scratch, on, model_shapes, expert_dims=None: shapes.append(model_shapes)
                         or placement.hardware_preset("t4-flexgen"))
     # charges build one through the description module when not handed the run's (585fb88); planning
     # and the run plan take it, required
