@@ -21,11 +21,12 @@ def test_tokens_are_grouped_per_expert_in_token_order_as_a_scan_per_expert_finds
     indices = torch.randint(0, 16, (40, 1)).expand(-1, 4) + torch.arange(4) * 3 % 16  # distinct per row
     indices = indices % 16
     told = {}
-    groups = moe.routed_experts(type("W", (), {"routed_to": lambda self, t: told.update(t)})(), indices)
-    assert [e for e, _, _ in groups] == sorted(set(indices.flatten().tolist()))
-    for expert, token_idx, pick in groups:
+    groups = moe.routed_picks(type("W", (), {"routed_to": lambda self, t: told.update(t)})(), indices)
+    assert [e for e, _ in groups] == sorted(set(indices.flatten().tolist()))
+    for expert, pick in groups:
         tokens, slots = torch.where(indices == expert)
-        assert torch.equal(token_idx, tokens) and torch.equal(pick, tokens * 4 + slots)
+        # routed_sum's token rows are pick // k
+        assert torch.equal(pick // 4, tokens) and torch.equal(pick, tokens * 4 + slots)
         assert told[expert] == len(tokens)
 
 

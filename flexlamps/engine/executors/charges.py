@@ -24,7 +24,7 @@ from flexlamps.engine.executors.weight_store import WeightStore
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.blocks.weight_kind import KINDS, WeightKind
 from flexlamps.models import description
-from placement.cost_memory import HEAD_CHUNK_ROWS, workspace_bytes  # noqa: F401  (sweep's, from here)
+from placement.cost_memory import workspace_bytes
 from quant import KV_CACHE_DEFAULT
 from quant.int4_weight import Int4Weight, kernel_dtypes
 

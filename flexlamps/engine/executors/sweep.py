@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 import torch
 
 from flexlamps.engine.caches.tiered import TieredKVCache
-from flexlamps.engine.executors.charges import HEAD_CHUNK_ROWS, PlacementCharges, workspace_bytes
+from flexlamps.engine.executors.charges import PlacementCharges
 from flexlamps.engine.executors.expert_weights import RoutedExpertLoads, local_expert_names
 from flexlamps.engine.executors.split_tables import HeadReads, gather_rows, head_chunks
 from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.weight_store import WeightStore, element_bytes
 from flexlamps.models.blocks.linear import Int4Twin, as_logits_head, linear
+from placement.cost_memory import HEAD_CHUNK_ROWS, workspace_bytes
 from quant.int4_weight import Int4Weight
 
 

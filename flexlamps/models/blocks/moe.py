@@ -140,11 +140,6 @@ def routed_picks(w, indices: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
     return list(zip(experts, order.split(counts)))
 
 
-def routed_experts(w, indices: torch.Tensor) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
-    """`routed_picks` with each expert's token rows: (expert, token rows, flat picks)."""
-    return [(e, pick // indices.shape[1], pick) for e, pick in routed_picks(w, indices)]
-
-
 def _fused_experts(x: torch.Tensor, cfg: MoEConfig, phase: Phase):
     """The native decode kernel for SwiGLU experts on x (`kernels.half_gemv`), or None: prompts
     keep `expert_linear`'s fp32 products, and so does a CPU where the kernel does not load."""
