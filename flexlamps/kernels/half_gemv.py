@@ -57,8 +57,7 @@ class HalfGemv:
     def takes(w, x: torch.Tensor) -> bool:
         """Whether `matmul` runs x on w: CPU tensors of one 16-bit dtype, w a plain contiguous
         (out, in) tensor (x's dtype and device are the caller's to have checked: `DTYPES`, CPU)."""
-        return (type(w) is torch.Tensor and w.dtype == x.dtype and w.dim() == 2 and not w.is_mkldnn
-                and w.device.type == "cpu" and w.is_contiguous() and x.shape[-1] == w.shape[1])
+        return _plain(w) and w.dtype == x.dtype and w.is_contiguous() and x.shape[-1] == w.shape[1]
 
     def matmul(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         """x (..., in) @ w (out, in).T + b, rounded once to x's dtype (x on the CPU in a 16-bit dtype,
