@@ -34,7 +34,7 @@ class NativeElementwise:
     last dim is contiguous (`takes`)."""
 
     def __init__(self, library: ctypes.CDLL, level: str = "avx512"):
-        self.level = level
+        self.library, self.level = library, level
         self._norm, self._silu_mul = library.flexlamps_rms_norm, library.flexlamps_silu_mul
         self._norm.restype = self._silu_mul.restype = None
         self._norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]

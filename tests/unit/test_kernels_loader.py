@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flexlamps.kernels import attention, build, elementwise, half_gemv, int8_gemm, loader, tile_gemv, variants
+from flexlamps.kernels import attention, build, decode_layers, elementwise, half_gemv, int8_gemm, loader, tile_gemv, variants
 from flexlamps.kernels.loader import KernelCheckError, Kernels
-from flexlamps.models.blocks import attention as attention_block, linear, moe, norms
+from flexlamps.models.blocks import attention as attention_block, linear, moe, native_decode, norms
 from tests.conftest import REPO
 
 
@@ -92,6 +92,19 @@ class TorchElementwise(ZeroElementwise):
         return F.silu(gate_up[..., :half]) * gate_up[..., half:]
 
 
+class ZeroDecodeLayers(decode_layers.DecodeLayers):
+    def __init__(self):
+        pass
+
+    def rotate(self, x, cos, signed_sin):
+        return torch.zeros_like(x)
+
+
+class TorchDecodeLayers(ZeroDecodeLayers):
+    def rotate(self, x, cos, signed_sin):
+        return (x * cos).add_(x.roll(x.shape[-1] // 2, -1).mul_(signed_sin))
+
+
 class ZeroHalfGemv(half_gemv.HalfGemv):
     def __init__(self):
         self.level = "avx512"
@@ -114,13 +127,13 @@ class TorchHalfGemv(ZeroHalfGemv):
 
 
 ZERO = {"tile_gemv": ZeroTileGemv, "int8_gemm": ZeroInt8Gemm, "attention": ZeroAttention, "elementwise": ZeroElementwise,
-        "half_gemv": ZeroHalfGemv}
+        "half_gemv": ZeroHalfGemv, "decode_layers": ZeroDecodeLayers}
 TORCH = {"tile_gemv": TorchTileGemv, "int8_gemm": TorchInt8Gemm, "attention": TorchAttention,
-         "elementwise": TorchElementwise, "half_gemv": TorchHalfGemv}
+         "elementwise": TorchElementwise, "half_gemv": TorchHalfGemv, "decode_layers": TorchDecodeLayers}
 # what the models ask for each kernel
 ENTRY = {"tile_gemv": lambda: linear.native_kernel(), "int8_gemm": lambda: linear.int8_kernel(),
          "attention": lambda: attention_block.native_attention_kernel(), "elementwise": lambda: norms.native_ops(),
-         "half_gemv": lambda: moe.decode_expert_kernel()}
+         "half_gemv": lambda: moe.decode_expert_kernel(), "decode_layers": lambda: native_decode.native_loop()}
 
 
 def test_every_kernel_module_is_registered():

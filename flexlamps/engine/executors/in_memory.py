@@ -20,6 +20,7 @@ from flexlamps.engine.caches.state import StateCache
 from flexlamps.engine.executors.contract import TierUse
 from flexlamps.engine.executors.step import Step
 from flexlamps.models.blocks.linear import as_logits_head, can_have_dense_twin, pack, with_dense_twin
+from flexlamps.models.blocks.native_decode import NativeDecode
 from flexlamps.models.loading.mapped_pages import release_mapped
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.forward import forward_for
@@ -85,6 +86,8 @@ class InMemoryExecutor:
         if dense_twins and can_have_dense_twin(head):  # a Q8_0 head; a tied one's dense copy is the table
             head = with_dense_twin(head, self.global_weights["embed_tokens"] if cfg.tie_word_embeddings else None)
         self.global_weights["lm_head"] = pack(head)
+        # decode steps' layers in one native call where every layer runs on our kernels (same bits)
+        self._native = NativeDecode.build(self.fwd, self.layer_weights, dtype) if self.device.type == "cpu" else None
 
     def new_cache(self, num_slots: int, capacity: int):
         if self.cfg.hybrid is not None:  # KV for the full-attention layers, a state for the DeltaNet ones
@@ -138,6 +141,18 @@ class InMemoryExecutor:
             geo = {"geometry": cache.step_geometry(slots, writes, **mask, **lengths)}
         else:
             geo = mask
-        for i, w in enumerate(self.layer_weights):
-            x = fwd.layer(w, x, ctx, cache.attend_fn(i, slots, writes, **geo), i)
+        native = self._native_layers(x, cache, step, geo.get("geometry"), ctx)
+        if native is not None:
+            x = native
+        else:
+            for i, w in enumerate(self.layer_weights):
+                x = fwd.layer(w, x, ctx, cache.attend_fn(i, slots, writes, **geo), i)
         return fwd.head(self.global_weights, step.pick_logit_rows(x)).float().cpu()
+
+    def _native_layers(self, x, cache, step: Step, geometry, ctx) -> torch.Tensor | None:
+        """x after every layer on the native decode loop (`NativeDecode`), or None where it does not
+        take the step: a dense cache of whole rows, keys written at the positions."""
+        if (self._native is None or type(cache) is not DenseKVCache or step.cache_positions is not None
+                or step.lengths is not None or any(ring is not None for ring in cache.rings)):
+            return None
+        return self._native.run(x, cache.k, cache.v, geometry, ctx)

@@ -1,0 +1,167 @@
+/* Every decoder layer of one decode step (one token a row) in one call: the LLaMA layer the
+ * Python forward runs (models/blocks/decoder.py) on 4-bit / int8 codes in bf16, with the same
+ * kernels in the same order on the same values, so the same bits:
+ *   h = rms_norm(x); qkv = h @ Wqkv; q, k rotated (rope, half-split); k, v written to the cache;
+ *   a = attention(q, cache); x = round(a @ Wo + x); h = rms_norm(x); g = silu_mul(h @ Wgu);
+ *   x = round(g @ Wd + x)
+ * The products, norms, SwiGLU and attention are the other kernels' own functions, handed over
+ * as pointers (`Kernels`), so this file adds only what the forward did in torch's ops: the
+ * rotation (x * cos + swap(x) * signed_sin, each product and the sum rounded to the dtype, as
+ * torch's bf16 ops round them), the cache writes (copies) and the residual adds (fp32 sum,
+ * rounded once). What it saves is the Python between the ~10 kernel calls of each layer
+ * (flexlamps/models/blocks/native_decode.py). Rows are independent: a row's arithmetic is the
+ * row's alone, as in the kernels it calls. Built and loaded by flexlamps/kernels/decode_layers.py. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "native_simd.h"
+
+typedef int (*gemv_fn)(const void *, const void *, const void *, const uint16_t *, uint16_t *, int64_t, int64_t,
+                       int64_t, int64_t, int64_t, int, int, int, int);
+typedef void (*norm_fn)(const uint16_t *, const uint16_t *, uint16_t *, int64_t, int64_t, int64_t, float, int, int);
+typedef void (*silu_fn)(const uint16_t *, uint16_t *, int64_t, int64_t, int64_t, int, int);
+typedef int (*attn_fn)(const uint16_t *, const uint16_t *, const uint16_t *, const uint8_t *, uint16_t *, int64_t,
+                       int64_t, int64_t, int64_t, int64_t, int64_t, const int64_t *, float, int, int, int);
+
+typedef struct {  /* the other kernels' entry points (tile_gemv.c, elementwise.c, attention.c) */
+    void *gemv, *norm, *silu, *attention;
+} Kernels;
+
+typedef struct {  /* one weight as tile_gemv's decode product takes it */
+    const void *codes, *fifth, *scale_zero;
+    int64_t n, cols, group, tile;
+    int32_t kind, x_bits;
+} Matrix;
+
+typedef struct {
+    const uint16_t *attn_norm, *mlp_norm;
+    Matrix qkv, o, gate_up, down;
+    float scale;  /* the attention's softmax scale */
+    int32_t unused;
+} Layer;
+
+typedef struct {  /* one step's rows, the model's sizes and the cache (slots, kv_heads, capacity, head_dim) a layer */
+    int64_t rows, hidden, heads, kv_heads, head_dim, inter, capacity;
+    int64_t first;  /* the first slot when the rows are a block of slots (one attention call), else -1 */
+    int64_t span, mask_stride;  /* a block's mask (rows, span) and its row stride */
+    const int64_t *slots, *positions;  /* each row's cache slot and position */
+    const uint16_t *cos, *sin;  /* (rows, head_dim) each: the rope's cos and signed sin (rope_tables) */
+    const uint8_t *mask, *ones;  /* a block's mask; `capacity` ones (a row alone sees keys 0..its position) */
+    uint16_t *const *k_cache, *const *v_cache;  /* a layer's keys and values */
+    float eps;
+    int32_t fp16, bf16_dot, threads;
+} Step;
+
+static int product(const Kernels *kn, const Matrix *m, const uint16_t *x, uint16_t *out, int64_t rows, const Step *s) {
+    return ((gemv_fn)kn->gemv)(m->codes, m->fifth, m->scale_zero, x, out, m->n, m->cols, m->group, rows, m->tile,
+                               s->fp16, m->kind, m->x_bits, s->threads);
+}
+
+/* x = round(x + y), `count` values (torch's `out.add_(x)` on the product's output). */
+static void add_rounded(uint16_t *x, const uint16_t *y, int64_t count, int fp16) {
+    for (int64_t i = 0; i < count; i += VW) {
+        vmask m = lanes(count - i);
+        store_halves(x + i, vf_add(load_halves(y + i, fp16, m), load_halves(x + i, fp16, m)), fp16, m);
+    }
+}
+
+/* One head's d values rotated: round(round(x * cos) + round(swap(x) * sin)), swap(x) the halves
+ * exchanged (torch's roll by d / 2), as blocks/rope.py's rotate_half_split. */
+static void rotate(const uint16_t *x, const uint16_t *cos, const uint16_t *sin, uint16_t *out, int64_t d, int fp16) {
+    uint16_t swapped[512];
+    const int64_t half = d / 2;
+    memcpy(swapped, x + half, sizeof(uint16_t) * (size_t)half);
+    memcpy(swapped + half, x, sizeof(uint16_t) * (size_t)half);
+    for (int64_t e = 0; e < d; e += VW) {
+        vmask m = lanes(d - e);
+        vf a = rounded(vf_mul(load_halves(x + e, fp16, m), load_halves(cos + e, fp16, m)), fp16);
+        vf b = rounded(vf_mul(load_halves(swapped + e, fp16, m), load_halves(sin + e, fp16, m)), fp16);
+        store_halves(out + e, vf_add(a, b), fp16, m);
+    }
+}
+
+/* q and k of every row rotated into qk (rows, heads + kv_heads, d); k and v written to the cache. */
+static void rotate_and_store(const Step *s, int64_t layer, const uint16_t *qkv, uint16_t *qk) {
+    const int64_t d = s->head_dim, rotated = s->heads + s->kv_heads, width = (rotated + s->kv_heads) * d;
+    const int64_t slot_stride = s->kv_heads * s->capacity * d, head_stride = s->capacity * d;
+    for (int64_t r = 0; r < s->rows; r++) {
+        const uint16_t *row = qkv + r * width;
+        for (int64_t h = 0; h < rotated; h++)
+            rotate(row + h * d, s->cos + r * d, s->sin + r * d, qk + (r * rotated + h) * d, d, s->fp16);
+        const int64_t at = s->slots[r] * slot_stride + s->positions[r] * d;
+        for (int64_t h = 0; h < s->kv_heads; h++) {
+            memcpy(s->k_cache[layer] + at + h * head_stride, qk + (r * rotated + s->heads + h) * d, sizeof(uint16_t) * d);
+            memcpy(s->v_cache[layer] + at + h * head_stride, row + (rotated + h) * d, sizeof(uint16_t) * d);
+        }
+    }
+}
+
+/* The rows' attention over their cached keys into att (rows, heads, d): one call for a block of
+ * slots (the step's mask), else a call a row (its keys up to its position). */
+static int attend(const Kernels *kn, const Step *s, int64_t layer, float scale, const uint16_t *qk, uint16_t *att) {
+    const int64_t d = s->head_dim, rotated = s->heads + s->kv_heads;
+    const int64_t slot_stride = s->kv_heads * s->capacity * d, head_stride = s->capacity * d;
+    int64_t st[12] = {rotated * d, d, d, slot_stride, head_stride, d, slot_stride, head_stride, d, s->mask_stride,
+                      s->mask_stride, 1};
+    attn_fn fn = (attn_fn)kn->attention;
+    if (s->first >= 0)
+        return fn(qk, s->k_cache[layer] + s->first * slot_stride, s->v_cache[layer] + s->first * slot_stride, s->mask,
+                  att, s->rows, s->heads, s->kv_heads, 1, s->span, d, st, scale, s->fp16, s->bf16_dot, s->threads);
+    st[9] = st[10] = 0;
+    for (int64_t r = 0; r < s->rows; r++) {
+        const int64_t at = s->slots[r] * slot_stride;
+        if (fn(qk + r * rotated * d, s->k_cache[layer] + at, s->v_cache[layer] + at, s->ones, att + r * s->heads * d,
+               1, s->heads, s->kv_heads, 1, s->positions[r] + 1, d, st, scale, s->fp16, s->bf16_dot, s->threads))
+            return 1;
+    }
+    return 0;
+}
+
+typedef struct { uint16_t *h, *qkv, *qk, *att, *tmp, *gu, *act; } Scratch;
+
+static int layer_step(const Kernels *kn, const Step *s, const Layer *l, int64_t index, uint16_t *x, Scratch *b) {
+    const int64_t rows = s->rows, hidden = s->hidden;
+    norm_fn norm = (norm_fn)kn->norm;
+    norm(x, l->attn_norm, b->h, rows, hidden, hidden, s->eps, s->fp16, s->threads);
+    if (product(kn, &l->qkv, b->h, b->qkv, rows, s)) return 1;
+    rotate_and_store(s, index, b->qkv, b->qk);
+    if (attend(kn, s, index, l->scale, b->qk, b->att)) return 2;
+    if (product(kn, &l->o, b->att, b->tmp, rows, s)) return 1;
+    add_rounded(x, b->tmp, rows * hidden, s->fp16);
+    norm(x, l->mlp_norm, b->h, rows, hidden, hidden, s->eps, s->fp16, s->threads);
+    if (product(kn, &l->gate_up, b->h, b->gu, rows, s)) return 1;
+    ((silu_fn)kn->silu)(b->gu, b->act, rows, s->inter, 2 * s->inter, s->fp16, s->threads);
+    if (product(kn, &l->down, b->act, b->tmp, rows, s)) return 1;
+    add_rounded(x, b->tmp, rows * hidden, s->fp16);
+    return 0;
+}
+
+/* x (rows, hidden) through layers 0..num_layers-1, in place; 0, or 1 (a product refused), 2 (the
+ * attention refused) or 3 (no memory). */
+int flexlamps_decode_layers(const Kernels *kn, const Step *s, const Layer *layers, int64_t num_layers, uint16_t *x) {
+    const int64_t rows = s->rows, d = s->head_dim, qkv = (s->heads + 2 * s->kv_heads) * d;
+    if (d > 512) return 1;
+    const int64_t sizes[7] = {s->hidden, qkv, (s->heads + s->kv_heads) * d, s->heads * d, s->hidden, 2 * s->inter,
+                              s->inter};
+    int64_t total = 0;
+    for (int i = 0; i < 7; i++) total += rows * sizes[i];
+    uint16_t *buf = malloc(sizeof(uint16_t) * (size_t)total + 64);
+    if (!buf) return 3;
+    uint16_t *parts[7];
+    int64_t at = 0;
+    for (int i = 0; i < 7; i++) {
+        parts[i] = buf + at;
+        at += rows * sizes[i];
+    }
+    Scratch b = {parts[0], parts[1], parts[2], parts[3], parts[4], parts[5], parts[6]};
+    int status = 0;
+    for (int64_t i = 0; i < num_layers && !status; i++) status = layer_step(kn, s, layers + i, i, x, &b);
+    free(buf);
+    return status;
+}
+
+/* The rotation alone, for the loader's check: x (count, d) -> out, each head by the same tables. */
+void flexlamps_rotate_heads(const uint16_t *x, const uint16_t *cos, const uint16_t *sin, uint16_t *out, int64_t count,
+                            int64_t d, int fp16) {
+    for (int64_t h = 0; h < count; h++) rotate(x + h * d, cos, sin, out + h * d, d, fp16);
+}

@@ -1,0 +1,79 @@
+"""The native decode loop (`models.blocks.native_decode`): a decode step's layers in one call give
+every row the Python forward's bits, its logits and the keys and values it writes, for rows in a
+block of slots or scattered, at positions of their own; steps and models it does not take run
+the Python forward."""
+
+from unittest import mock
+
+import pytest
+import torch
+
+from flexlamps import LLM
+from flexlamps.engine.executors.step import Step
+from flexlamps.kernels import loader
+from flexlamps.models.blocks.native_decode import NativeDecode
+from tests.checkpoint_zoo import CheckpointZoo
+
+PROMPT = 20  # tokens each row holds before the decode steps
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    if loader.chosen().get("decode_layers") is None:
+        pytest.skip("the native decode loop does not run here (no AVX2, no compiler, or switched off)")
+    return CheckpointZoo(tmp_path_factory.mktemp("native_decode_zoo"))
+
+
+def _decode(executor, slots: torch.Tensor, offsets: torch.Tensor, native: bool):
+    """Logits of STEPS decode steps of rows `slots` after a prompt, each row `offsets` further along
+    (keys it never wrote read as the cache's zeros on both paths), and the cache."""
+    saved = executor._native
+    executor._native = saved if native else None
+    cache = executor.new_cache(8, PROMPT + STEPS + int(offsets.max()) + 1)
+    n = len(slots)
+    ids = torch.randint(3, 200, (n, PROMPT + STEPS), generator=torch.Generator().manual_seed(0))
+    try:
+        executor.forward_steps(cache, [Step(ids[:, :PROMPT], torch.arange(PROMPT).expand(n, -1), slots,
+                                            torch.full((n,), PROMPT - 1))])
+        logits = [executor.forward_steps(cache, [Step(ids[:, PROMPT + i:PROMPT + i + 1],
+                                                      (PROMPT + i + offsets)[:, None], slots)])[0]
+                  for i in range(STEPS)]
+    finally:
+        executor._native = saved
+    return torch.stack(logits), cache
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("rows", [(0,), (0, 1, 2), (5, 1, 3)], ids=["one", "block", "scattered"])
+def test_native_layers_give_the_python_forwards_bits(zoo, kind, rows):
+    llm = LLM(str(zoo.path(f"gguf:llama:{kind}")), dtype="bfloat16", max_batch_size=8, cache_dir=False)
+    executor = llm.executor
+    assert executor._native is not None
+    slots = torch.tensor(rows)
+    offsets = torch.tensor([0, 4, 1][:len(rows)])  # rows at positions of their own
+    taken, real = [], NativeDecode.run
+
+    def watched(self, *args):
+        out = real(self, *args)
+        taken.append(out is not None)
+        return out
+
+    with mock.patch.object(NativeDecode, "run", watched):
+        got, cache = _decode(executor, slots, offsets, native=True)
+    assert taken == [False] + [True] * STEPS  # the prompt on the Python forward, each decode step on the loop
+    want, plain = _decode(executor, slots, offsets, native=False)
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(cache.k + cache.v, plain.k + plain.v))
+
+
+def test_a_prompt_and_a_float32_model_run_the_python_forward(zoo):
+    """Prompts (several tokens a row) are not the loop's; nor is a model in fp32."""
+    llm = LLM(str(zoo.path("gguf:llama:Q4_0")), dtype="bfloat16", max_batch_size=2, cache_dir=False)
+    executor = llm.executor
+    cache = executor.new_cache(2, 16)
+    geo = cache.step_geometry(torch.arange(2), torch.arange(4).expand(2, -1))
+    x = torch.zeros(2, 4, llm.config.hidden_size, dtype=torch.bfloat16)
+    assert not executor._native.takes(x, cache.k, geo)
+    fp32 = LLM(str(zoo.path("gguf:llama:Q4_0")), dtype="float32", max_batch_size=2, cache_dir=False)
+    assert fp32.executor._native is None
