@@ -7,7 +7,7 @@ shared machine slows them less than it does wall time; a kernel's line is its ca
 torch's profiler does not see our kernels (ctypes calls): the bench's "outside torch's ops" figure
 (scripts/bench_generate.py) is their time plus the Python's.
 
-    python scripts/profile_decode.py [--model smollm2-135m] [--batch-sizes 1,32] [--steps 8]
+    python scripts/profile_decode.py [--model smollm2-135m] [--batch-sizes 1,32] [--steps 8] [--python-layers]
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ _CALLS = {
     "attention": {"_fn": ("attention", lambda a: f"rows {a[5]} heads {a[6]}/{a[7]} queries {a[8]}")},
     "elementwise": {"_norm": ("rms_norm", lambda a: f"{a[3]}x{a[4]}"),
                     "_silu_mul": ("silu_mul", lambda a: f"{a[2]}x{a[3]}")},
+    # the native decode loop (models/blocks/native_decode.py): every layer's kernels in one call, timed as one
+    "decode_layers": {"_fn": ("decode layers (every layer's kernels)", lambda a: f"rows {a[1]._obj.rows} layers {a[3]}")},
 }
 
 
@@ -103,12 +105,16 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=8, help="decode steps timed (the median counts) and profiled")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--python-layers", action="store_true",
+                    help="run decode's layers from Python (not the native loop): each kernel call timed on its own")
     args = ap.parse_args()
     batches = [int(b) for b in args.batch_sizes.split(",")]
     torch.set_num_threads(args.threads)
     times = NativeTimes()
     times.install()
     llm = LLM(args.model, dtype=args.dtype, max_batch_size=max(batches))
+    if args.python_layers:
+        llm.executor._native = None
     print(f"{args.model}, {llm.dtype}, {args.threads} thread(s); kernels: "
           + ", ".join(f"{k} {getattr(loader.chosen().get(k), 'level', 'off')}" for k in _CALLS))
     for batch in batches:

@@ -2,7 +2,7 @@
 ops, the Python overhead between them, ops dispatched per step and per layer, the slowest ops.
 
     python scripts/profile_step.py [--model smollm2-135m] [--dtype auto] [--batch-sizes 1,32] \\
-        [--prompt-len 128] [--steps 16] [--threads 1] [--top 12] [--kernel-time] \\
+        [--prompt-len 128] [--steps 16] [--threads 1] [--top 12] [--kernel-time] [--python-layers] \\
         [--offload-dir DIR --gpu-mem BYTES --cpu-mem BYTES]
 
 With --offload-dir the step is the offload executor's (`--policy auto` under the two budgets, as
@@ -57,6 +57,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=12, help="slowest ops to list")
     ap.add_argument("--kernel-time", action="store_true",
                     help="also time the decode kernel's calls (CPU time a step, over the plain and the profiled steps)")
+    ap.add_argument("--python-layers", action="store_true",
+                    help="run the in-memory engine's decode layers from Python, not the native loop (models/blocks/native_decode.py)")
     ap.add_argument("--offload-dir", help="profile the offload executor, its weights placed by the planner")
     ap.add_argument("--gpu-mem", type=int, default=0, help="with --offload-dir: the gpu tier's bytes")
     ap.add_argument("--cpu-mem", type=int, default=0, help="with --offload-dir: the cpu tier's bytes")
@@ -68,6 +70,8 @@ def main() -> None:
     budgets = dict(gpu_mem=args.gpu_mem, cpu_mem=args.cpu_mem, offload_dir=args.offload_dir, policy="auto") \
         if args.offload_dir else {}
     llm = LLM(args.model, dtype=args.dtype, max_batch_size=max(batches), **budgets)
+    if args.python_layers and not args.offload_dir:
+        llm.executor._native = None
     if args.offload_dir:
         llm.prepare(prompt_len=args.prompt_len, gen_len=2 * args.steps + 1, num_sequences=max(batches))
     layers = llm.config.num_layers
