@@ -62,6 +62,7 @@ typedef struct {
     const float *scale, *sum;
     int64_t cols, groups;
     const int32_t *total;
+    const int32_t *starts16;  /* biased int8 codes' int16 sums start here, per 16 inputs (tile_gemm.h) */
 } QRows;
 
 /* A weight's kind: 4-bit codes, an int8 split, or 5-bit codes (nibbles and a plane of fifth bits). */
@@ -185,7 +186,7 @@ static void gemm_subtiles(const uint8_t *codes, const uint16_t *scale_zero, cons
                           uint8_t *buf) {
     const int64_t cols = x->cols, h = tile / 2, per_tile = tile / SUB, tile_bytes = (split ? 2 : 1) * cols * h;
     float *scale = (float *)(buf + (split ? 2 : 1) * cols * SUB);
-    Prepared prep = {buf, split ? buf + cols * SUB : NULL, scale, scale + x->groups * SUB, 1};
+    Prepared prep = {buf, split ? buf + cols * SUB : NULL, scale, scale + x->groups * SUB, 1, 0, x->starts16 != NULL};
     for (int64_t sub = first; sub < first + count; sub++) {
         int64_t t = sub / per_tile, s = sub % per_tile;
         prepare(codes + t * tile_bytes, scale_zero + t * tile * 2, s, h, n, cols, x->groups, fp16, split, &prep);
@@ -202,6 +203,9 @@ static int gemm_codes(const uint8_t *codes, const uint16_t *scale_zero, const QR
     const size_t per_thread = (prepared_bytes(x->cols, x->groups, split) + 63) / 64 * 64;
     uint8_t *prepared = malloc(per_thread * parts + 64);
     if (!prepared) return -1;
+    QRows biased = *x;  /* with the starts of biased int8 codes' sums */
+    biased.starts16 = split ? bias_starts(x, rows) : NULL;
+    x = &biased;
     if (parts == 1) {
         gemm_subtiles(codes, scale_zero, x, out, n, rows, group, tile, fp16, split, 0, subs, prepared);
     } else {
@@ -214,6 +218,7 @@ static int gemm_codes(const uint8_t *codes, const uint16_t *scale_zero, const QR
         }
     }
     free(prepared);
+    free((void *)biased.starts16);
     return 0;
 }
 

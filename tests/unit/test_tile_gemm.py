@@ -100,6 +100,19 @@ def test_a_row_does_not_depend_on_its_batch_or_the_threads(level):
 
 
 @pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("group", [16, 32])
+def test_small_int8_codes_give_the_decode_products_bits(level, group):
+    """int8 codes of at most 32 in magnitude (Q6_K's) are multiplied unsigned, biased by 64, their
+    16-bit sums started at -64 times x's sums: the bits of the decode product, which multiplies the
+    codes' 4-bit halves, one row a call."""
+    kernel = tile_gemv.TileGemv(_kernel(level).library, level, x_bits=8)
+    for low, high in ((-32, 33), (-16, 16)):
+        w, x = _int8(64, 576, group, torch.bfloat16, low, high), _x(5, 576, torch.bfloat16)
+        alone = torch.cat([kernel.matmul(w, row) for row in x.split(1)])
+        assert torch.equal(kernel.prompt_product(w, x), alone)
+
+
+@pytest.mark.parametrize("level", LEVELS)
 def test_tiles_of_64_rows_give_the_tiles_of_32s_products(level):
     """torch lays 4-bit codes out in tiles of 64 rows on AVX-512 builds, of 32 on AVX2 ones: the
     prompt kernel reads either (here called directly on a layout of 64 made by hand)."""
