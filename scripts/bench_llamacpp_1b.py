@@ -1,10 +1,15 @@
-"""flexlamps against llama.cpp on a 1.1B TinyLlama-shaped checkpoint of random weights, CPU only.
+"""flexlamps against llama.cpp on a checkpoint of random weights, CPU only: by default 1.1B
+TinyLlama-shaped, or any shape of scripts/random_gguf.py (--shape).
 
-The checkpoint (22 layers, hidden 2048, FFN 5632, 32 heads, 4 kv heads, vocabulary 32000; weights
-N(0, 0.05) in fp16, tied embeddings) is written once as a GGUF with llama.cpp's own `gguf` package
-and quantized by llama.cpp's `llama-quantize` to each of --quants; every side then runs the same
-file. llama.cpp runs `llama-batched-bench`; flexlamps runs `LLM.generate` in a worker process of
-this script. Each side runs in its own process (its peak RSS from the kernel's rusage), in turns,
+The checkpoint (by default 22 layers, hidden 2048, FFN 5632, 32 heads, 4 kv heads, vocabulary
+32000; weights N(0, 0.05) in fp16, tied embeddings) is written once as a GGUF with llama.cpp's own
+`gguf` package and quantized by llama.cpp's `llama-quantize` to each of --quants; every side then
+runs the same file. `--shape NAME[:field=value,...]` picks another (llama-3.2-1b: GQA 32/8, vocab
+128256; qwen2.5-0.5b: hidden 896, 14/2 heads, q/k/v biases; smollm2-360m) with any size changed,
+e.g. `--shape qwen2.5-0.5b:vocab=32002`: shapes no kernel was tuned to; the worker names every
+matrix our kernels do not multiply on its codes (decode or prompt: torch's slower path runs it)
+and every dense twin. llama.cpp runs `llama-batched-bench`; flexlamps runs `LLM.generate` in a
+worker process of this script. Each side runs in its own process (its peak RSS from the kernel's rusage), in turns,
 --repeats times; the fastest run counts. Printed per quantization: batch 1 decode (new tokens / s
 after the first), batch 1 and batch 32 total (new tokens / s of the whole call, prefill included),
 peak RSS, and flexlamps' ratio to llama.cpp for each, then the memory's limit on batch 1 decode
@@ -17,7 +22,7 @@ $ONEDNN_MAX_CPU_ISA) and runs a llama.cpp built without AVX-512 (scripts/llama_c
 it, or give --llama-cpp-tools), so an AVX-512 box measures the AVX2 path too.
 
     python scripts/bench_llamacpp_1b.py [--quants Q4_K_M,Q4_0,Q8_0] [--isa native|avx2] [--repeats 3] \\
-        [--batches 1,32] [--llama-cpp-tools DIR] [--folder DIR] [--threads N]
+        [--batches 1,32] [--llama-cpp-tools DIR] [--folder DIR] [--threads N] [--shape NAME[:field=value,...]]
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-SHAPE = dict(hidden=2048, ffn=5632, layers=22, heads=32, kv_heads=4, vocab=32000, context=2048)  # TinyLlama-1.1B
+sys.path.insert(0, str(REPO / "scripts"))
+from random_gguf import SHAPES, parse_shape, write_random_gguf  # noqa: E402
 ISA_ENV = {"native": {}, "avx2": {"FLEXLAMPS_CPU_VARIANT": "avx2", "ATEN_CPU_CAPABILITY": "avx2",
                                    "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 CPU_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi",
@@ -69,14 +75,13 @@ def bandwidth_line(threads: int) -> tuple[str, float]:
             f"copy {2 * src.nbytes / best / 1e9:.1f} GB/s (read + write, best of 5)"), read
 
 
-def make_checkpoint(folder: Path) -> Path:
-    """The fp16 GGUF of random weights (written once)."""
-    from tests.gguf_models import write_llama_gguf
-
-    path = folder / "tinyllama-1.1b-random-f16.gguf"
+def make_checkpoint(folder: Path, shape_text: str) -> Path:
+    """The fp16 GGUF of random weights in the shape `shape_text` names (written once)."""
+    label, shape = parse_shape(shape_text)
+    path = folder / f"{label}-random-f16.gguf"
     if not path.exists():
         tmp = path.with_suffix(".tmp")
-        write_llama_gguf(tmp, lambda name, layer: None if name.endswith("norm") else "F16", **SHAPE)
+        write_random_gguf(tmp, shape)
         tmp.rename(path)
     return path
 
@@ -135,7 +140,6 @@ def worker(args) -> None:
     """One timed `generate` of --batch prompts after a warm-up, as JSON on stdout."""
     import torch
 
-    sys.path.insert(0, str(REPO / "scripts"))
     from bench_generate import time_ours
     from bench_prompts import distinct_prompts
     from flexlamps import LLM
@@ -145,7 +149,37 @@ def worker(args) -> None:
     time_ours(llm, distinct_prompts(llm.tokenizer, 1, args.prompt_len), 2)
     total, _, prefill = time_ours(llm, distinct_prompts(llm.tokenizer, args.batch, args.prompt_len), args.new_tokens)
     print(json.dumps({"total_s": total, "decode_s": total - prefill, "decode_tokens": args.batch * (args.new_tokens - 1),
-                      "new_tokens": args.batch * args.new_tokens}))
+                      "new_tokens": args.batch * args.new_tokens, "off_kernels": off_kernels(llm.executor)}))
+
+
+def off_kernels(executor) -> list[str]:
+    """The matrices an in-memory `executor` holds that our kernels do not multiply on their codes,
+    in decode or in prompts (torch's path runs them: a dense GEMM, or a dequantization each call),
+    each as "layer.name (N, K) form: phases"; a dense twin (a dequantized copy kept beside the codes,
+    which the engine makes for every matrix when one of them is off the kernels) is named too. The
+    embedding table's lookup is not a product."""
+    import torch
+
+    from flexlamps.models.blocks.coded_weights import Int4Twin, native_kernel
+    from quant.int4_weight import Int4Weight
+    from quant.int8_weight import Int8Weight
+
+    kernel = native_kernel()
+    named = [(f"{i}.{n}", w) for i, layer in enumerate(executor.layer_weights) for n, w in layer.items()]
+    off = []
+    for name, w in named + [(n, w) for n, w in executor.global_weights.items() if n != "embed_tokens"]:
+        twin = isinstance(w, Int4Twin)
+        w = w.int4 if twin else w
+        if isinstance(w, (Int4Weight, Int8Weight)):
+            x = torch.empty(1, w.shape[1], dtype=w.dtype)
+            phases = [p for p, runs in (("decode", kernel and kernel.runs(w, x)),
+                                        ("prompt", kernel and kernel.runs_prompt(w, x))) if not runs]
+        else:
+            phases = ["decode", "prompt"] if isinstance(w, torch.Tensor) and w.dim() == 2 else []
+        if phases or twin:
+            off.append(f"{name} {tuple(w.shape)} {type(w).__name__}{' with a dense twin' if twin else ''}: "
+                       f"{', '.join(phases) or 'on the codes'}")
+    return off
 
 
 def best_of(sides: dict, repeats: int) -> dict:
@@ -175,6 +209,9 @@ def compare(tools: Path, gguf: Path, args) -> None:
         figures[f"batch {batch} total tok/s"] = {s: r["new_tokens"] / r["total_s"] for s, r in row.items()}
     figures["peak RSS GB"] = {s: max(rows[b][s]["rss"] for b in rows) / 1e9 for s in ("flexlamps", "llama.cpp")}
     print(f"\n{gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB), load avg {os.getloadavg()[0]:.1f}")
+    off = rows[args.batches[0]]["flexlamps"]["off_kernels"]
+    print(f"  matrices off our kernels: {len(off)}" + "".join(f"\n    {line}" for line in off[:12])
+          + (f"\n    ... and {len(off) - 12} more" if len(off) > 12 else ""))
     for what, value in figures.items():
         print(f"  {what:<22} flexlamps {value['flexlamps']:8.2f}   llama.cpp {value['llama.cpp']:8.2f}   "
               f"ratio {value['flexlamps'] / value['llama.cpp']:.2f}x", flush=True)
@@ -188,6 +225,9 @@ def compare(tools: Path, gguf: Path, args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quants", default="Q4_K_M,Q4_0,Q8_0", help="llama-quantize types, comma-separated")
+    ap.add_argument("--shape", default="tinyllama-1.1b",
+                    help=f"the checkpoint's shape: one of {', '.join(SHAPES)}, sizes changed by :field=value,... "
+                         "(scripts/random_gguf.py; default %(default)s)")
     ap.add_argument("--isa", choices=sorted(ISA_ENV), default="native")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each side, in turns; the fastest counts")
     ap.add_argument("--prompt-len", type=int, default=128)
@@ -205,7 +245,10 @@ def main() -> None:
     if args.worker:
         return worker(args)
     args.batches = [int(b) for b in args.batches.split(",")]
-    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        parse_shape(args.shape)
+    except ValueError as err:
+        ap.error(str(err))
     from llama_cpp_tools import DEFAULT_DEST, ensure_tools
 
     tools = args.llama_cpp_tools or ensure_tools(DEFAULT_DEST, args.isa)
@@ -215,9 +258,10 @@ def main() -> None:
     print(cpu_line())
     line, args.read_bytes_per_s = bandwidth_line(args.threads)
     print(line)
+    print(f"shape {args.shape}: {parse_shape(args.shape)[1]}")
     print(f"isa {args.isa} | threads {args.threads} | prompts {args.prompt_len} tokens, {args.new_tokens} new | "
           f"best of {args.repeats} | llama.cpp tools {tools}", flush=True)
-    f16 = make_checkpoint(args.folder)
+    f16 = make_checkpoint(args.folder, args.shape)
     for quant in args.quants.split(","):
         compare(tools, quantized(tools, f16, quant.strip()), args)
 
