@@ -36,6 +36,7 @@ typedef struct {  /* one weight as tile_gemv's decode product takes it */
 typedef struct {
     const uint16_t *attn_norm, *mlp_norm;
     Matrix qkv, o, gate_up, down;
+    Matrix q, k, v;  /* q, k and v apart where qkv.codes is NULL (weights of different kinds) */
     float scale;  /* the attention's softmax scale */
     int32_t unused;
 } Layer;
@@ -117,13 +118,28 @@ static int attend(const Kernels *kn, const Step *s, int64_t layer, float scale, 
     return 0;
 }
 
-typedef struct { uint16_t *h, *qkv, *qk, *att, *tmp, *gu, *act; } Scratch;
+typedef struct { uint16_t *h, *qkv, *qk, *att, *tmp, *gu, *act, *apart; } Scratch;
+
+/* qkv (rows, (heads + 2 kv_heads) d) = h @ [Wq; Wk; Wv]: one product, or three (q, k, v of
+ * different kinds) laid side by side in each row as the stacked one's are. */
+static int qkv_product(const Kernels *kn, const Step *s, const Layer *l, Scratch *b) {
+    if (l->qkv.codes) return product(kn, &l->qkv, b->h, b->qkv, s->rows, s);
+    const Matrix *parts[3] = {&l->q, &l->k, &l->v};
+    const int64_t width = (s->heads + 2 * s->kv_heads) * s->head_dim;
+    int64_t at = 0;
+    for (int p = 0; p < 3; at += parts[p]->n, p++) {
+        if (product(kn, parts[p], b->h, b->apart, s->rows, s)) return 1;
+        for (int64_t r = 0; r < s->rows; r++)
+            memcpy(b->qkv + r * width + at, b->apart + r * parts[p]->n, sizeof(uint16_t) * (size_t)parts[p]->n);
+    }
+    return 0;
+}
 
 static int layer_step(const Kernels *kn, const Step *s, const Layer *l, int64_t index, uint16_t *x, Scratch *b) {
     const int64_t rows = s->rows, hidden = s->hidden;
     norm_fn norm = (norm_fn)kn->norm;
     norm(x, l->attn_norm, b->h, rows, hidden, hidden, s->eps, s->fp16, s->threads);
-    if (product(kn, &l->qkv, b->h, b->qkv, rows, s)) return 1;
+    if (qkv_product(kn, s, l, b)) return 1;
     rotate_and_store(s, index, b->qkv, b->qk);
     if (attend(kn, s, index, l->scale, b->qk, b->att)) return 2;
     if (product(kn, &l->o, b->att, b->tmp, rows, s)) return 1;
@@ -141,19 +157,19 @@ static int layer_step(const Kernels *kn, const Step *s, const Layer *l, int64_t 
 int flexlamps_decode_layers(const Kernels *kn, const Step *s, const Layer *layers, int64_t num_layers, uint16_t *x) {
     const int64_t rows = s->rows, d = s->head_dim, qkv = (s->heads + 2 * s->kv_heads) * d;
     if (d > 512) return 1;
-    const int64_t sizes[7] = {s->hidden, qkv, (s->heads + s->kv_heads) * d, s->heads * d, s->hidden, 2 * s->inter,
-                              s->inter};
+    const int64_t sizes[8] = {s->hidden, qkv, (s->heads + s->kv_heads) * d, s->heads * d, s->hidden, 2 * s->inter,
+                              s->inter, s->heads * d};
     int64_t total = 0;
-    for (int i = 0; i < 7; i++) total += rows * sizes[i];
+    for (int i = 0; i < 8; i++) total += rows * sizes[i];
     uint16_t *buf = malloc(sizeof(uint16_t) * (size_t)total + 64);
     if (!buf) return 3;
-    uint16_t *parts[7];
+    uint16_t *parts[8];
     int64_t at = 0;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < 8; i++) {
         parts[i] = buf + at;
         at += rows * sizes[i];
     }
-    Scratch b = {parts[0], parts[1], parts[2], parts[3], parts[4], parts[5], parts[6]};
+    Scratch b = {parts[0], parts[1], parts[2], parts[3], parts[4], parts[5], parts[6], parts[7]};
     int status = 0;
     for (int64_t i = 0; i < num_layers && !status; i++) status = layer_step(kn, s, layers + i, i, x, &b);
     free(buf);

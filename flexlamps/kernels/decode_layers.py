@@ -43,8 +43,9 @@ class Matrix(ctypes.Structure):
 
 
 class Layer(ctypes.Structure):
+    """One layer's norms and weights; q, k and v apart (`qkv` zeros) where they are of different kinds."""
     _fields_ = [("attn_norm", _P), ("mlp_norm", _P), ("qkv", Matrix), ("o", Matrix), ("gate_up", Matrix),
-                ("down", Matrix), ("scale", _F), ("unused", _I32)]
+                ("down", Matrix), ("q", Matrix), ("k", Matrix), ("v", Matrix), ("scale", _F), ("unused", _I32)]
 
 
 class Step(ctypes.Structure):

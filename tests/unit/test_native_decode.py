@@ -44,7 +44,7 @@ def _decode(executor, slots: torch.Tensor, offsets: torch.Tensor, native: bool):
     return torch.stack(logits), cache
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "Q4_K_M"])  # Q4_K_M: q, k 4-bit and v int8, apart
 @pytest.mark.parametrize("rows", [(0,), (0, 1, 2), (5, 1, 3)], ids=["one", "block", "scattered"])
 def test_native_layers_give_the_python_forwards_bits(zoo, kind, rows):
     llm = LLM(str(zoo.path(f"gguf:llama:{kind}")), dtype="bfloat16", max_batch_size=8, cache_dir=False)

@@ -11,8 +11,9 @@ offloaded executor, which keeps the Python forward, and a scheduled run still eq
 What it takes (`NativeDecode.build`, once per model; else the Python forward runs):
 - the plain LLaMA layer (`DecoderForward`: pre-norms, SwiGLU, half-split rope over the whole
   head, no biases, q/k norms, soft-capping, sinks or windows), in bf16;
-- every layer's q/k/v and gate/up stacked (`fuse_weights`), each product a 4-bit or int8 weight
-  the decode kernel takes (a twin's codes), the norms and attention on our kernels.
+- every layer's gate/up stacked (`fuse_weights`), and q/k/v stacked or apart (of different kinds:
+  a Q4_K_M's Q6_K v), each product a 4-bit or int8 weight the decode kernel takes (a twin's
+  codes), the norms and attention on our kernels.
 And each step (`run`, else None): one token a row, into a dense cache of whole rows (no ring)
 in the compute dtype, the positions the keys are written at, no packed segments.
 """
@@ -32,7 +33,9 @@ from quant.int4_tiles import tile_rows
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
 
-LAYER_WEIGHTS = frozenset({"attn_norm", "mlp_norm", "qkv_proj", "o_proj", "gate_up_proj", "down_proj"})
+# a layer's weights the loop takes: q, k and v stacked (`fuse_weights`), or apart where their kinds differ
+_COMMON = frozenset({"attn_norm", "mlp_norm", "o_proj", "gate_up_proj", "down_proj"})
+LAYER_WEIGHTS = (_COMMON | {"qkv_proj"}, _COMMON | {"q_proj", "k_proj", "v_proj"})
 
 
 def plain_llama(fwd) -> bool:
@@ -99,7 +102,7 @@ class NativeDecode:
         cfg = fwd.cfg
         hidden, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
         heads, kv = cfg.num_heads, cfg.num_kv_heads
-        if set(w) != LAYER_WEIGHTS:
+        if set(w) not in LAYER_WEIGHTS:
             return None
         norms = [w["attn_norm"], w["mlp_norm"]]
         if not all(isinstance(t, torch.Tensor) and t.dtype == dtype and t.is_contiguous() and t.shape == (hidden,)
@@ -107,11 +110,12 @@ class NativeDecode:
             return None
         probe = torch.empty(1, 1, hidden, dtype=dtype)
         shapes = {"qkv_proj": ((heads + 2 * kv) * d, hidden), "o_proj": (hidden, heads * d),
-                  "gate_up_proj": (2 * inter, hidden), "down_proj": (hidden, inter)}
-        mats = [_matrix(w[name], gemv, probe, shape) for name, shape in shapes.items()]
-        if None in mats:
+                  "gate_up_proj": (2 * inter, hidden), "down_proj": (hidden, inter), "q_proj": (heads * d, hidden),
+                  "k_proj": (kv * d, hidden), "v_proj": (kv * d, hidden)}
+        mats = {name: _matrix(w[name], gemv, probe, shape) if name in w else Matrix() for name, shape in shapes.items()}
+        if None in mats.values():
             return None
-        return Layer(norms[0].data_ptr(), norms[1].data_ptr(), *mats, fwd.options[index].scale_for(d), 0)
+        return Layer(norms[0].data_ptr(), norms[1].data_ptr(), *mats.values(), fwd.options[index].scale_for(d), 0)
 
     def takes(self, x: torch.Tensor, keys: list[torch.Tensor], geo) -> bool:
         """Whether `run` computes this step: one token a row in x's dtype (the cache's), causal keys
