@@ -128,14 +128,23 @@ static int gemm_takes(int64_t tile, int64_t group, int kind) {
 /* Rows of 8-bit x from which a decode call lays the codes out once for all its rows (tile_gemm.h)
  * rather than unpacking them once per pass of PASS8_ROWS: the same exact sums and fp32 steps, so
  * the same bits (a row's result still does not depend on the rows beside it); only the speed
- * differs. Measured on Zen 2 (1 thread, 2048 x 2048): 4-bit codes 16.4 against 17.5 GMAC/s at 24
- * rows (9.6 against 16.0 at 4), an int8 split with groups of 16 (Q6_K) 7.5 against 8.9 at 12 and
- * 11.4 against 7.5 at 32 (its passes run two 4-bit halves a group). */
+ * differs. AVX2, measured on this EPYC (Zen 1, 1 thread, 5632 x 2048, after 0bc8686), decode path
+ * against the prompt kernel: 4-bit codes 37.3 against 36.0 GFLOP/s at 6 rows, 37.4 against 39.4 at
+ * 8, 37.5 against 45.7 at 16; an int8 split of Q6_K's codes (groups of 16) 15.5 against 18.0 at 4;
+ * of Q8_0's 20.2 against 21.1 at 6 (20.0 against 17.8 at 4). AVX-512 keeps the thresholds measured
+ * before (24 and 8; its decode path multiplies with VNNI). */
+#if defined(__AVX512F__)
+#define GEMM_FROM_4BIT 24
+#define GEMM_FROM_SPLIT 8
+#else
+#define GEMM_FROM_4BIT 8
+#define GEMM_FROM_SPLIT 6
+#endif
 #ifndef DECODE_GEMM_FROM_ROWS
-#define DECODE_GEMM_FROM_ROWS 24
+#define DECODE_GEMM_FROM_ROWS GEMM_FROM_4BIT
 #endif
 #ifndef DECODE_GEMM_FROM_ROWS_SPLIT
-#define DECODE_GEMM_FROM_ROWS_SPLIT 8
+#define DECODE_GEMM_FROM_ROWS_SPLIT GEMM_FROM_SPLIT
 #endif
 
 /* out (rows, n) = x (rows, cols) @ w.T, w (n, cols) in 4-bit tiles of `tile` rows (kind 0), an int8

@@ -16,8 +16,9 @@ int16 for 32 inputs (tile_gemv_avx2_x8.h), 1.4-1.6x the 16-bit path's rate (Zen 
 of the output (0.166% rms) to about 0.5%; an output head, whose outputs are the logits, keeps
 16-bit codes (`Int4Weight.x_bits`, set by `models.blocks.coded_weights.as_logits_head`). With
 8-bit x, decode and prompts add the same exact sums in the same fp32 steps, so a decode call of
-many rows (24 on 4-bit codes, 8 on an int8 split) lays each slice of codes out once for all its
-rows, as prompts do (the same bits; 1.5x the 16-bit path's rate at 32 rows).
+many rows (AVX2: 8 on 4-bit codes, 6 on an int8 split; AVX-512: 24 and 8) lays each slice of
+codes out once for all its rows, as prompts do (the same bits; 1.5x the 16-bit path's rate at
+32 rows).
 A row's result does not depend on the batch.
 
 Prompts (calls of many rows) have their own product on the same codes (`prompt_product`,
