@@ -1,6 +1,7 @@
-/* Every decoder layer of one decode step (one token a row) in one call: the LLaMA layer the
- * Python forward runs (models/blocks/decoder.py) on 4-bit / int8 codes in bf16, with the same
- * kernels in the same order on the same values, so the same bits:
+/* Every decoder layer of one step in one call (a decode step, one token a row, or a prompt chunk:
+ * the products by phase, as the weight kinds choose): the LLaMA layer the Python forward runs
+ * (models/blocks/decoder.py) on 4-bit / int8 codes in bf16, with the same kernels in the same
+ * order on the same values, so the same bits:
  *   h = rms_norm(x); qkv = h @ Wqkv; q, k rotated (rope, half-split); k, v written to the cache;
  *   a = attention(q, cache); x = round(a @ Wo + x); h = rms_norm(x); g = silu_mul(h @ Wgu);
  *   x = round(g @ Wd + x)
@@ -18,16 +19,18 @@
 
 typedef int (*gemv_fn)(const void *, const void *, const void *, const uint16_t *, uint16_t *, int64_t, int64_t,
                        int64_t, int64_t, int64_t, int, int, int, int);
+typedef int (*gemm_fn)(const void *, const void *, const uint16_t *, uint16_t *, int64_t, int64_t, int64_t, int64_t,
+                       int64_t, int, int, int);
 typedef void (*norm_fn)(const uint16_t *, const uint16_t *, uint16_t *, int64_t, int64_t, int64_t, float, int, int);
 typedef void (*silu_fn)(const uint16_t *, uint16_t *, int64_t, int64_t, int64_t, int, int);
 typedef int (*attn_fn)(const uint16_t *, const uint16_t *, const uint16_t *, const uint8_t *, uint16_t *, int64_t,
                        int64_t, int64_t, int64_t, int64_t, int64_t, const int64_t *, float, int, int, int);
 
-typedef struct {  /* the other kernels' entry points (tile_gemv.c, elementwise.c, attention.c) */
-    void *gemv, *norm, *silu, *attention;
+typedef struct {  /* the other kernels' entry points (tile_gemv.c's two products, elementwise.c, attention.c) */
+    void *gemv, *gemm, *norm, *silu, *attention;
 } Kernels;
 
-typedef struct {  /* one weight as tile_gemv's decode product takes it */
+typedef struct {  /* one weight as tile_gemv's products take it */
     const void *codes, *fifth, *scale_zero;
     int64_t n, cols, group, tile;
     int32_t kind, x_bits;
@@ -41,20 +44,26 @@ typedef struct {
     int32_t unused;
 } Layer;
 
-typedef struct {  /* one step's rows, the model's sizes and the cache (slots, kv_heads, capacity, head_dim) a layer */
-    int64_t rows, hidden, heads, kv_heads, head_dim, inter, capacity;
+typedef struct {  /* one step: `rows` rows of `tokens` tokens, the model's sizes, the cache (slots, kv_heads, capacity, d) */
+    int64_t rows, tokens, hidden, heads, kv_heads, head_dim, inter, capacity;
     int64_t first;  /* the first slot when the rows are a block of slots (one attention call), else -1 */
-    int64_t span, mask_stride;  /* a block's mask (rows, span) and its row stride */
-    const int64_t *slots, *positions;  /* each row's cache slot and position */
-    const uint16_t *cos, *sin;  /* (rows, head_dim) each: the rope's cos and signed sin (rope_tables) */
-    const uint8_t *mask, *ones;  /* a block's mask; `capacity` ones (a row alone sees keys 0..its position) */
+    int64_t span;  /* keys 0..span-1 of a row are read, as `mask` (rows, tokens, span) lets each token */
+    const int64_t *slots, *positions;  /* each row's cache slot; each token's position (rows, tokens) */
+    const uint16_t *cos, *sin;  /* (rows * tokens, head_dim) each: the rope's cos and signed sin (rope_tables) */
+    const uint8_t *mask;
     uint16_t *const *k_cache, *const *v_cache;  /* a layer's keys and values */
     float eps;
     int32_t fp16, bf16_dot, threads;
 } Step;
 
-static int product(const Kernels *kn, const Matrix *m, const uint16_t *x, uint16_t *out, int64_t rows, const Step *s) {
-    return ((gemv_fn)kn->gemv)(m->codes, m->fifth, m->scale_zero, x, out, m->n, m->cols, m->group, rows, m->tile,
+/* out = x @ m.T for all the step's tokens: the decode product (one token a row) or the prompts' one,
+ * as the weight's kind chooses by phase (models/blocks/coded_weights.py). */
+static int product(const Kernels *kn, const Matrix *m, const uint16_t *x, uint16_t *out, const Step *s) {
+    const int64_t count = s->rows * s->tokens;
+    if (s->tokens > 1)
+        return ((gemm_fn)kn->gemm)(m->codes, m->scale_zero, x, out, m->n, m->cols, m->group, count, m->tile, s->fp16,
+                                   m->kind, s->threads);
+    return ((gemv_fn)kn->gemv)(m->codes, m->fifth, m->scale_zero, x, out, m->n, m->cols, m->group, count, m->tile,
                                s->fp16, m->kind, m->x_bits, s->threads);
 }
 
@@ -81,93 +90,107 @@ static void rotate(const uint16_t *x, const uint16_t *cos, const uint16_t *sin, 
     }
 }
 
-/* q and k of every row rotated into qk (rows, heads + kv_heads, d); k and v written to the cache. */
+/* q and k of every token rotated into qk (tokens, heads + kv_heads, d); k and v written to the cache
+ * at the token's position in its row's slot. */
 static void rotate_and_store(const Step *s, int64_t layer, const uint16_t *qkv, uint16_t *qk) {
     const int64_t d = s->head_dim, rotated = s->heads + s->kv_heads, width = (rotated + s->kv_heads) * d;
     const int64_t slot_stride = s->kv_heads * s->capacity * d, head_stride = s->capacity * d;
-    for (int64_t r = 0; r < s->rows; r++) {
-        const uint16_t *row = qkv + r * width;
+    for (int64_t i = 0; i < s->rows * s->tokens; i++) {
+        const uint16_t *token = qkv + i * width;
         for (int64_t h = 0; h < rotated; h++)
-            rotate(row + h * d, s->cos + r * d, s->sin + r * d, qk + (r * rotated + h) * d, d, s->fp16);
-        const int64_t at = s->slots[r] * slot_stride + s->positions[r] * d;
+            rotate(token + h * d, s->cos + i * d, s->sin + i * d, qk + (i * rotated + h) * d, d, s->fp16);
+        const int64_t at = s->slots[i / s->tokens] * slot_stride + s->positions[i] * d;
         for (int64_t h = 0; h < s->kv_heads; h++) {
-            memcpy(s->k_cache[layer] + at + h * head_stride, qk + (r * rotated + s->heads + h) * d, sizeof(uint16_t) * d);
-            memcpy(s->v_cache[layer] + at + h * head_stride, row + (rotated + h) * d, sizeof(uint16_t) * d);
+            memcpy(s->k_cache[layer] + at + h * head_stride, qk + (i * rotated + s->heads + h) * d, sizeof(uint16_t) * d);
+            memcpy(s->v_cache[layer] + at + h * head_stride, token + (rotated + h) * d, sizeof(uint16_t) * d);
         }
     }
 }
 
-/* The rows' attention over their cached keys into att (rows, heads, d): one call for a block of
- * slots (the step's mask), else a call a row (its keys up to its position). */
-static int attend(const Kernels *kn, const Step *s, int64_t layer, float scale, const uint16_t *qk, uint16_t *att) {
-    const int64_t d = s->head_dim, rotated = s->heads + s->kv_heads;
+/* The tokens' attention over their rows' cached keys into out (rows, heads, tokens, d): one call for
+ * a block of slots, else a call a row. */
+static int attend(const Kernels *kn, const Step *s, int64_t layer, float scale, const uint16_t *qk, uint16_t *out) {
+    const int64_t d = s->head_dim, rotated = s->heads + s->kv_heads, t = s->tokens;
     const int64_t slot_stride = s->kv_heads * s->capacity * d, head_stride = s->capacity * d;
-    int64_t st[12] = {rotated * d, d, d, slot_stride, head_stride, d, slot_stride, head_stride, d, s->mask_stride,
-                      s->mask_stride, 1};
+    const int64_t st[12] = {t * rotated * d, d, rotated * d, slot_stride, head_stride, d, slot_stride, head_stride, d,
+                            t * s->span, s->span, 1};
     attn_fn fn = (attn_fn)kn->attention;
     if (s->first >= 0)
         return fn(qk, s->k_cache[layer] + s->first * slot_stride, s->v_cache[layer] + s->first * slot_stride, s->mask,
-                  att, s->rows, s->heads, s->kv_heads, 1, s->span, d, st, scale, s->fp16, s->bf16_dot, s->threads);
-    st[9] = st[10] = 0;
+                  out, s->rows, s->heads, s->kv_heads, t, s->span, d, st, scale, s->fp16, s->bf16_dot, s->threads);
     for (int64_t r = 0; r < s->rows; r++) {
         const int64_t at = s->slots[r] * slot_stride;
-        if (fn(qk + r * rotated * d, s->k_cache[layer] + at, s->v_cache[layer] + at, s->ones, att + r * s->heads * d,
-               1, s->heads, s->kv_heads, 1, s->positions[r] + 1, d, st, scale, s->fp16, s->bf16_dot, s->threads))
+        if (fn(qk + r * t * rotated * d, s->k_cache[layer] + at, s->v_cache[layer] + at, s->mask + r * t * s->span,
+               out + r * s->heads * t * d, 1, s->heads, s->kv_heads, t, s->span, d, st, scale, s->fp16, s->bf16_dot,
+               s->threads))
             return 1;
     }
     return 0;
 }
 
+/* The attention's (rows, heads, tokens, d) as (rows, tokens, heads d): the forward's transpose. */
+static void heads_last(const Step *s, const uint16_t *by_head, uint16_t *att) {
+    const int64_t d = s->head_dim, t = s->tokens;
+    for (int64_t r = 0; r < s->rows; r++)
+        for (int64_t h = 0; h < s->heads; h++)
+            for (int64_t j = 0; j < t; j++)
+                memcpy(att + ((r * t + j) * s->heads + h) * d, by_head + ((r * s->heads + h) * t + j) * d,
+                       sizeof(uint16_t) * d);
+}
+
+/* A step's buffers, each (rows * tokens, width): `apart` holds q, k or v made apart, then the
+ * attention's output by head (tokens > 1) before `heads_last`. */
 typedef struct { uint16_t *h, *qkv, *qk, *att, *tmp, *gu, *act, *apart; } Scratch;
 
-/* qkv (rows, (heads + 2 kv_heads) d) = h @ [Wq; Wk; Wv]: one product, or three (q, k, v of
- * different kinds) laid side by side in each row as the stacked one's are. */
+/* qkv (tokens, (heads + 2 kv_heads) d) = h @ [Wq; Wk; Wv]: one product, or three (q, k, v of
+ * different kinds) laid side by side in each token's row as the stacked one's are. */
 static int qkv_product(const Kernels *kn, const Step *s, const Layer *l, Scratch *b) {
-    if (l->qkv.codes) return product(kn, &l->qkv, b->h, b->qkv, s->rows, s);
+    if (l->qkv.codes) return product(kn, &l->qkv, b->h, b->qkv, s);
     const Matrix *parts[3] = {&l->q, &l->k, &l->v};
     const int64_t width = (s->heads + 2 * s->kv_heads) * s->head_dim;
     int64_t at = 0;
     for (int p = 0; p < 3; at += parts[p]->n, p++) {
-        if (product(kn, parts[p], b->h, b->apart, s->rows, s)) return 1;
-        for (int64_t r = 0; r < s->rows; r++)
-            memcpy(b->qkv + r * width + at, b->apart + r * parts[p]->n, sizeof(uint16_t) * (size_t)parts[p]->n);
+        if (product(kn, parts[p], b->h, b->apart, s)) return 1;
+        for (int64_t i = 0; i < s->rows * s->tokens; i++)
+            memcpy(b->qkv + i * width + at, b->apart + i * parts[p]->n, sizeof(uint16_t) * (size_t)parts[p]->n);
     }
     return 0;
 }
 
 static int layer_step(const Kernels *kn, const Step *s, const Layer *l, int64_t index, uint16_t *x, Scratch *b) {
-    const int64_t rows = s->rows, hidden = s->hidden;
+    const int64_t count = s->rows * s->tokens, hidden = s->hidden;
     norm_fn norm = (norm_fn)kn->norm;
-    norm(x, l->attn_norm, b->h, rows, hidden, hidden, s->eps, s->fp16, s->threads);
+    norm(x, l->attn_norm, b->h, count, hidden, hidden, s->eps, s->fp16, s->threads);
     if (qkv_product(kn, s, l, b)) return 1;
     rotate_and_store(s, index, b->qkv, b->qk);
-    if (attend(kn, s, index, l->scale, b->qk, b->att)) return 2;
-    if (product(kn, &l->o, b->att, b->tmp, rows, s)) return 1;
-    add_rounded(x, b->tmp, rows * hidden, s->fp16);
-    norm(x, l->mlp_norm, b->h, rows, hidden, hidden, s->eps, s->fp16, s->threads);
-    if (product(kn, &l->gate_up, b->h, b->gu, rows, s)) return 1;
-    ((silu_fn)kn->silu)(b->gu, b->act, rows, s->inter, 2 * s->inter, s->fp16, s->threads);
-    if (product(kn, &l->down, b->act, b->tmp, rows, s)) return 1;
-    add_rounded(x, b->tmp, rows * hidden, s->fp16);
+    if (attend(kn, s, index, l->scale, b->qk, s->tokens > 1 ? b->apart : b->att)) return 2;
+    if (s->tokens > 1) heads_last(s, b->apart, b->att);
+    if (product(kn, &l->o, b->att, b->tmp, s)) return 1;
+    add_rounded(x, b->tmp, count * hidden, s->fp16);
+    norm(x, l->mlp_norm, b->h, count, hidden, hidden, s->eps, s->fp16, s->threads);
+    if (product(kn, &l->gate_up, b->h, b->gu, s)) return 1;
+    ((silu_fn)kn->silu)(b->gu, b->act, count, s->inter, 2 * s->inter, s->fp16, s->threads);
+    if (product(kn, &l->down, b->act, b->tmp, s)) return 1;
+    add_rounded(x, b->tmp, count * hidden, s->fp16);
     return 0;
 }
 
-/* x (rows, hidden) through layers 0..num_layers-1, in place; 0, or 1 (a product refused), 2 (the
- * attention refused) or 3 (no memory). */
+/* x (rows * tokens, hidden) through layers 0..num_layers-1, in place; 0, or 1 (a product refused),
+ * 2 (the attention refused) or 3 (no memory). */
 int flexlamps_decode_layers(const Kernels *kn, const Step *s, const Layer *layers, int64_t num_layers, uint16_t *x) {
-    const int64_t rows = s->rows, d = s->head_dim, qkv = (s->heads + 2 * s->kv_heads) * d;
+    const int64_t count = s->rows * s->tokens, d = s->head_dim, qkv = (s->heads + 2 * s->kv_heads) * d;
     if (d > 512) return 1;
-    const int64_t sizes[8] = {s->hidden, qkv, (s->heads + s->kv_heads) * d, s->heads * d, s->hidden, 2 * s->inter,
-                              s->inter, s->heads * d};
+    const int64_t widths[8] = {s->hidden, qkv, (s->heads + s->kv_heads) * d, s->heads * d, s->hidden, 2 * s->inter,
+                               s->inter, s->heads * d};
     int64_t total = 0;
-    for (int i = 0; i < 8; i++) total += rows * sizes[i];
+    for (int i = 0; i < 8; i++) total += count * widths[i];
     uint16_t *buf = malloc(sizeof(uint16_t) * (size_t)total + 64);
     if (!buf) return 3;
     uint16_t *parts[8];
     int64_t at = 0;
     for (int i = 0; i < 8; i++) {
         parts[i] = buf + at;
-        at += rows * sizes[i];
+        at += count * widths[i];
     }
     Scratch b = {parts[0], parts[1], parts[2], parts[3], parts[4], parts[5], parts[6], parts[7]};
     int status = 0;

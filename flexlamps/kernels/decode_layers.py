@@ -1,5 +1,5 @@
-"""Every decoder layer of a decode step in one native call (`decode_layers.c`), compiled on first
-use in an AVX2 and an AVX-512 variant.
+"""Every decoder layer of a step (a decode step, or a prompt chunk where prompts run on the codes)
+in one native call (`decode_layers.c`), compiled on first use in an AVX2 and an AVX-512 variant.
 
 A SmolLM2 decode step ran ~10 kernel calls a layer from Python, with ~33 torch ops between them
 (the rotation, the cache writes, the residual adds, views): at batch 1 that Python was ~40% of the
@@ -33,7 +33,7 @@ _P, _I, _F, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
 class Kernels(ctypes.Structure):
     """The other kernels' entry points the loop calls."""
-    _fields_ = [("gemv", _P), ("norm", _P), ("silu", _P), ("attention", _P)]
+    _fields_ = [("gemv", _P), ("gemm", _P), ("norm", _P), ("silu", _P), ("attention", _P)]
 
 
 class Matrix(ctypes.Structure):
@@ -49,10 +49,10 @@ class Layer(ctypes.Structure):
 
 
 class Step(ctypes.Structure):
-    """One step's rows and sizes (decode_layers.c's `Step`)."""
-    _fields_ = [("rows", _I), ("hidden", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("inter", _I),
-                ("capacity", _I), ("first", _I), ("span", _I), ("mask_stride", _I), ("slots", _P), ("positions", _P),
-                ("cos", _P), ("sin", _P), ("mask", _P), ("ones", _P), ("k_cache", _P), ("v_cache", _P),
+    """One step's rows, tokens and sizes (decode_layers.c's `Step`)."""
+    _fields_ = [("rows", _I), ("tokens", _I), ("hidden", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I),
+                ("inter", _I), ("capacity", _I), ("first", _I), ("span", _I), ("slots", _P), ("positions", _P),
+                ("cos", _P), ("sin", _P), ("mask", _P), ("k_cache", _P), ("v_cache", _P),
                 ("eps", _F), ("fp16", _I32), ("bf16_dot", _I32), ("threads", _I32)]
 
 
@@ -69,7 +69,7 @@ class DecodeLayers:
         self._rotate.argtypes = [_P] * 4 + [_I, _I, ctypes.c_int]
 
     def run(self, kernels: Kernels, step: Step, layers, num_layers: int, x: torch.Tensor) -> None:
-        """x (rows, hidden), contiguous, through the layers in place; raises where a kernel refused."""
+        """x (rows * tokens, hidden), contiguous, through the layers in place; raises where a kernel refused."""
         status = self._fn(ctypes.byref(kernels), ctypes.byref(step), layers, num_layers, x.data_ptr())
         if status:
             why = {1: "a product refused its weight", 2: "the attention refused its shapes", 3: "no memory"}

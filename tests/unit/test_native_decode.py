@@ -1,7 +1,7 @@
-"""The native decode loop (`models.blocks.native_decode`): a decode step's layers in one call give
-every row the Python forward's bits, its logits and the keys and values it writes, for rows in a
-block of slots or scattered, at positions of their own; steps and models it does not take run
-the Python forward."""
+"""The native loop (`models.blocks.native_decode`): a step's layers in one call give every row the
+Python forward's bits, its logits and the keys and values it writes, for prompt chunks (from
+position 0, and after cached keys) and decode steps, rows in a block of slots or scattered, at
+positions of their own; models it does not take run the Python forward."""
 
 from unittest import mock
 
@@ -14,7 +14,8 @@ from flexlamps.kernels import loader
 from flexlamps.models.blocks.native_decode import NativeDecode
 from tests.checkpoint_zoo import CheckpointZoo
 
-PROMPT = 20  # tokens each row holds before the decode steps
+PROMPT = 20  # tokens each row holds before the decode steps, fed in two chunks
+SECOND_CHUNK = 3  # the prompt's last tokens, a chunk after the first one's cached keys
 STEPS = 3
 
 
@@ -26,22 +27,22 @@ def zoo(tmp_path_factory):
 
 
 def _decode(executor, slots: torch.Tensor, offsets: torch.Tensor, native: bool):
-    """Logits of STEPS decode steps of rows `slots` after a prompt, each row `offsets` further along
-    (keys it never wrote read as the cache's zeros on both paths), and the cache."""
+    """Logits of a prompt in two chunks and STEPS decode steps of rows `slots`, each row `offsets`
+    further along in the decode (keys it never wrote read as the cache's zeros on both paths), and
+    the cache."""
     saved = executor._native
     executor._native = saved if native else None
     cache = executor.new_cache(8, PROMPT + STEPS + int(offsets.max()) + 1)
-    n = len(slots)
+    n, first = len(slots), PROMPT - SECOND_CHUNK
     ids = torch.randint(3, 200, (n, PROMPT + STEPS), generator=torch.Generator().manual_seed(0))
+    steps = [Step(ids[:, :first], torch.arange(first).expand(n, -1), slots),
+             Step(ids[:, first:PROMPT], torch.arange(first, PROMPT).expand(n, -1), slots)]
+    steps += [Step(ids[:, PROMPT + i:PROMPT + i + 1], (PROMPT + i + offsets)[:, None], slots) for i in range(STEPS)]
     try:
-        executor.forward_steps(cache, [Step(ids[:, :PROMPT], torch.arange(PROMPT).expand(n, -1), slots,
-                                            torch.full((n,), PROMPT - 1))])
-        logits = [executor.forward_steps(cache, [Step(ids[:, PROMPT + i:PROMPT + i + 1],
-                                                      (PROMPT + i + offsets)[:, None], slots)])[0]
-                  for i in range(STEPS)]
+        logits = [executor.forward_steps(cache, [step])[0] for step in steps]
     finally:
         executor._native = saved
-    return torch.stack(logits), cache
+    return [out.flatten() for out in logits], cache
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "Q4_K_M"])  # Q4_K_M: q, k 4-bit and v int8, apart
@@ -61,19 +62,15 @@ def test_native_layers_give_the_python_forwards_bits(zoo, kind, rows):
 
     with mock.patch.object(NativeDecode, "run", watched):
         got, cache = _decode(executor, slots, offsets, native=True)
-    assert taken == [False] + [True] * STEPS  # the prompt on the Python forward, each decode step on the loop
+    # each decode step on the loop; the prompt's chunks too where prompts run on the codes (AVX2)
+    assert taken == [executor._native.prompts] * 2 + [True] * STEPS
     want, plain = _decode(executor, slots, offsets, native=False)
-    assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert all(torch.equal(a, b) for a, b in zip(cache.k + cache.v, plain.k + plain.v))
 
 
-def test_a_prompt_and_a_float32_model_run_the_python_forward(zoo):
-    """Prompts (several tokens a row) are not the loop's; nor is a model in fp32."""
-    llm = LLM(str(zoo.path("gguf:llama:Q4_0")), dtype="bfloat16", max_batch_size=2, cache_dir=False)
-    executor = llm.executor
-    cache = executor.new_cache(2, 16)
-    geo = cache.step_geometry(torch.arange(2), torch.arange(4).expand(2, -1))
-    x = torch.zeros(2, 4, llm.config.hidden_size, dtype=torch.bfloat16)
-    assert not executor._native.takes(x, cache.k, geo)
+def test_a_float32_model_and_a_model_off_the_kernels_run_the_python_forward(zoo):
     fp32 = LLM(str(zoo.path("gguf:llama:Q4_0")), dtype="float32", max_batch_size=2, cache_dir=False)
     assert fp32.executor._native is None
+    dense = LLM(str(zoo.path("tiny:llama_gqa")), dtype="bfloat16", max_batch_size=2, cache_dir=False)
+    assert dense.executor._native is None

@@ -1,5 +1,6 @@
-"""A decode step's decoder layers in one native call (`flexlamps.kernels.decode_layers`), for the
-models and steps whose every layer the Python forward would run on our kernels anyway.
+"""A step's decoder layers in one native call (`flexlamps.kernels.decode_layers`), for the models
+and steps whose every layer the Python forward would run on our kernels anyway: decode steps, and
+prompt chunks where prompts run on the codes too (no fast dense GEMM for bf16: an AVX2 CPU).
 
 `DecoderForward.layer` makes ~10 kernel calls a layer with ~33 torch ops between them; on a
 SmolLM2 decode step that Python was ~40% of the step at batch 1, and it grows with the layers.
@@ -14,8 +15,8 @@ What it takes (`NativeDecode.build`, once per model; else the Python forward run
 - every layer's gate/up stacked (`fuse_weights`), and q/k/v stacked or apart (of different kinds:
   a Q4_K_M's Q6_K v), each product a 4-bit or int8 weight the decode kernel takes (a twin's
   codes), the norms and attention on our kernels.
-And each step (`run`, else None): one token a row, into a dense cache of whole rows (no ring)
-in the compute dtype, the positions the keys are written at, no packed segments.
+And each step (`run`, else None): into a dense cache of whole rows (no ring) in the compute dtype,
+the positions the keys are written at, no packed segments.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from flexlamps.kernels import decode_layers, loader, tile_gemv
 from flexlamps.kernels.decode_layers import Kernels, Layer, Matrix, Step
 from flexlamps.models.blocks.coded_weights import Int4Twin
 from flexlamps.models.blocks.decoder import DecoderForward
+from flexlamps.models.blocks.dense_gemm import fast_dense_gemm
 from quant.int4_tiles import tile_rows
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
@@ -51,8 +53,9 @@ def plain_llama(fwd) -> bool:
             and all(opts.fused and opts.window is None for opts in fwd.options))
 
 
-def _matrix(w, kernel: tile_gemv.TileGemv, probe: torch.Tensor, shape: tuple[int, int]) -> Matrix | None:
-    """`w` as the decode product takes it (`TileGemv.bind`'s arguments), or None where it does not."""
+def _matrix(w, kernel: tile_gemv.TileGemv, probe: torch.Tensor, shape: tuple[int, int]) -> tuple[Matrix, bool] | None:
+    """`w` as the decode product takes it (`TileGemv.bind`'s arguments) and whether the prompts'
+    product takes it too (`runs_prompt`), or None where the decode product does not."""
     w = w.int4 if isinstance(w, Int4Twin) else w
     if not isinstance(w, (Int4Weight, Int8Weight)) or tuple(w.shape) != shape or not kernel.runs(w, probe):
         return None
@@ -61,7 +64,8 @@ def _matrix(w, kernel: tile_gemv.TileGemv, probe: torch.Tensor, shape: tuple[int
     fifth = w.fifth if int8 else None
     kind = tile_gemv.KIND_INT5 if fifth is not None else tile_gemv.KIND_INT8_SPLIT if int8 else tile_gemv.KIND_INT4
     return Matrix(split.kernel_codes.data_ptr(), None if fifth is None else fifth.data_ptr(), split.scale_zero.data_ptr(),
-                  split.shape[0], w.shape[1], split.group_size, tile_rows(split.shape[1]), kind, w.x_bits or kernel.x_bits)
+                  split.shape[0], w.shape[1], split.group_size, tile_rows(split.shape[1]), kind,
+                  w.x_bits or kernel.x_bits), kernel.runs_prompt(w, probe)
 
 
 def native_loop() -> decode_layers.DecodeLayers | None:
@@ -70,35 +74,41 @@ def native_loop() -> decode_layers.DecodeLayers | None:
 
 
 class NativeDecode:
-    """The native loop over one model's layers: `run` a decode step's rows through all of them."""
+    """The native loop over one model's layers: `run` a step's rows through all of them."""
 
-    def __init__(self, fwd: DecoderForward, layers: ctypes.Array, kernels: Kernels, held: list, bf16_dot: bool):
+    def __init__(self, fwd: DecoderForward, layers: list[Layer], kernels: Kernels, held: list, bf16_dot: bool,
+                 prompts: bool):
         self.fwd, self.cfg = fwd, fwd.cfg
-        self._layers, self._kernels, self._held, self._bf16_dot = layers, kernels, held, int(bf16_dot)
+        self._layers, self._kernels, self._held = (Layer * len(layers))(*layers), kernels, held
+        self._bf16_dot, self.prompts = int(bf16_dot), prompts  # prompts: chunks of several tokens a row too
         self._loop = native_loop()
         self._last = (lambda: None, None)  # the last cache's first keys (weakly) and its pointers
 
     @classmethod
     def build(cls, fwd, layer_weights: list[dict], dtype: torch.dtype) -> "NativeDecode | None":
-        """The loop for these layers' weights (kept by the caller), or None where it does not take them."""
+        """The loop for these layers' weights (kept by the caller), or None where it does not take them.
+        Prompts too where every product of a prompt would run on the codes (`CodesKind`: no fast
+        dense GEMM for bf16 here, the prompts' product takes every weight)."""
         kernels = loader.chosen()
         parts = [native_loop()] + [kernels.get(name) for name in ("tile_gemv", "elementwise", "attention")]
-        if None in parts or dtype not in decode_layers.DTYPES or not plain_llama(fwd):
+        cfg = fwd.cfg
+        if (None in parts or dtype not in decode_layers.DTYPES or not plain_llama(fwd) or cfg.head_dim % 16
+                or cfg.num_heads // cfg.num_kv_heads > 16):  # (the attention kernel's shapes)
             return None
         _, gemv, elementwise, attention = parts
-        cfg = fwd.cfg
-        layers = [cls._layer(fwd, i, w, gemv, dtype) for i, w in enumerate(layer_weights)]
-        if not layers or None in layers:
+        made = [cls._layer(fwd, i, w, gemv, dtype) for i, w in enumerate(layer_weights)]
+        if not made or None in made:
             return None
         addresses = Kernels(*(ctypes.cast(fn, ctypes.c_void_p).value for fn in (
-            gemv.library.flexlamps_tile_gemv, elementwise.library.flexlamps_rms_norm,
+            gemv.library.flexlamps_tile_gemv, gemv.library.flexlamps_tile_gemm, elementwise.library.flexlamps_rms_norm,
             elementwise.library.flexlamps_silu_mul, attention.library.flexlamps_attention)))
-        if cfg.num_heads // cfg.num_kv_heads > 16 or cfg.head_dim % 16:  # the attention kernel's shapes
-            return None
-        return cls(fwd, (Layer * len(layers))(*layers), addresses, list(layer_weights), attention.bf16_dot)
+        prompts = all(p for _, p in made) and not fast_dense_gemm(torch.empty(0, dtype=dtype))
+        return cls(fwd, [layer for layer, _ in made], addresses, list(layer_weights), attention.bf16_dot, prompts)
 
     @staticmethod
-    def _layer(fwd, index: int, w: dict, gemv, dtype: torch.dtype) -> Layer | None:
+    def _layer(fwd, index: int, w: dict, gemv, dtype: torch.dtype) -> tuple[Layer, bool] | None:
+        """Layer `index` as the loop takes it and whether its prompts' products run on the codes; None
+        where the loop does not take it."""
         cfg = fwd.cfg
         hidden, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
         heads, kv = cfg.num_heads, cfg.num_kv_heads
@@ -112,55 +122,58 @@ class NativeDecode:
         shapes = {"qkv_proj": ((heads + 2 * kv) * d, hidden), "o_proj": (hidden, heads * d),
                   "gate_up_proj": (2 * inter, hidden), "down_proj": (hidden, inter), "q_proj": (heads * d, hidden),
                   "k_proj": (kv * d, hidden), "v_proj": (kv * d, hidden)}
-        mats = {name: _matrix(w[name], gemv, probe, shape) if name in w else Matrix() for name, shape in shapes.items()}
+        mats = {name: _matrix(w[name], gemv, probe, shape) if name in w else (Matrix(), True)
+                for name, shape in shapes.items()}
         if None in mats.values():
             return None
-        return Layer(norms[0].data_ptr(), norms[1].data_ptr(), *mats.values(), fwd.options[index].scale_for(d), 0)
+        layer = Layer(norms[0].data_ptr(), norms[1].data_ptr(), *(m for m, _ in mats.values()),
+                      fwd.options[index].scale_for(d), 0)
+        return layer, all(p for _, p in mats.values())
 
     def takes(self, x: torch.Tensor, keys: list[torch.Tensor], geo) -> bool:
-        """Whether `run` computes this step: one token a row in x's dtype (the cache's), causal keys
-        (no packed segments), the rows' slots and positions inside the cache."""
+        """Whether `run` computes this step: one token a row (or several, where `prompts`) in x's dtype
+        (the cache's), causal keys (no packed segments), the rows' slots and positions inside the cache."""
         num_slots, _, capacity, _ = keys[0].shape
-        if (x.dim() != 3 or x.shape[1] != 1 or x.dtype != keys[0].dtype or geo is None or geo.segments is not None
-                or geo.fresh or geo.mask is None or geo.span > capacity or len(keys) != len(self._layers)):
+        if (x.dim() != 3 or (x.shape[1] != 1 and not self.prompts) or x.dtype != keys[0].dtype or geo is None
+                or geo.segments is not None or geo.mask is None or geo.span > capacity
+                or len(keys) != len(self._layers)):
             return False
         if geo.first is not None:
             return geo.first + x.shape[0] <= num_slots
         return int(geo.slots.min()) >= 0 and int(geo.slots.max()) < num_slots
 
     def run(self, x: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], geo, ctx) -> torch.Tensor | None:
-        """x (n, 1, hidden) after every layer, each layer's keys and values (slots, kv_heads,
+        """x (n, T, hidden) after every layer, each layer's keys and values (slots, kv_heads,
         capacity, head_dim), contiguous, written as the Python forward writes them (`DenseKVCache`'s
         rows); `geo` its `StepGeometry`, `ctx` the forward's `step_context`. None where this step is
         not taken (`takes`): the caller runs the Python forward then."""
         if not self.takes(x, keys, geo):
             return None
-        positions = geo.positions[:, 0].contiguous()
+        positions = geo.positions.to(torch.int64).contiguous()
         if int(positions.min()) < 0:
             return None
-        n, cfg = x.shape[0], self.cfg
-        rows = x.reshape(n, cfg.hidden_size).contiguous()
+        (n, t, _), cfg = x.shape, self.cfg
+        rows = x.reshape(n * t, cfg.hidden_size).contiguous()
         slots = geo.slots.to(torch.int64).contiguous()
-        cos, sin = (t.reshape(n, cfg.head_dim).contiguous() for t in ctx["global"])
-        mask = geo.mask.contiguous() if geo.first is not None else None  # bool: a byte a key
-        k_ptrs, v_ptrs, ones = self._cache_pointers(keys, values)
-        step = Step(n, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-                    keys[0].shape[2], -1 if geo.first is None else geo.first, geo.span, geo.span, slots.data_ptr(),
-                    positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), None if mask is None else mask.data_ptr(),
-                    ones.data_ptr(), ctypes.addressof(k_ptrs), ctypes.addressof(v_ptrs), cfg.norm_eps,
-                    decode_layers.DTYPES[x.dtype], self._bf16_dot, torch.get_num_threads())
+        cos, sin = (table.reshape(n * t, cfg.head_dim).contiguous() for table in ctx["global"])
+        mask = geo.mask.contiguous()  # bool (n, T, span): a byte a key
+        k_ptrs, v_ptrs = self._cache_pointers(keys, values)
+        step = Step(n, t, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
+                    keys[0].shape[2], -1 if geo.first is None else geo.first, geo.span, slots.data_ptr(),
+                    positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), mask.data_ptr(), ctypes.addressof(k_ptrs),
+                    ctypes.addressof(v_ptrs), cfg.norm_eps, decode_layers.DTYPES[x.dtype], self._bf16_dot,
+                    torch.get_num_threads())
         self._loop.run(self._kernels, step, self._layers, len(self._layers), rows)
-        return rows.view(n, 1, cfg.hidden_size)
+        return rows.view(n, t, cfg.hidden_size)
 
     def _cache_pointers(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
-        """Each layer's keys' and values' addresses, and `capacity` ones (a row's keys all visible),
-        made again when the cache differs from the last one's (its first layer's keys stand for it)."""
+        """Each layer's keys' and values' addresses, made again when the cache differs from the last
+        one's (its first layer's keys stand for it)."""
         held, known = self._last
         if held() is not keys[0]:
             if not all(t.is_contiguous() and t.shape == keys[0].shape for t in keys + values):
                 raise ValueError("native decode: a cache layer's keys or values are not whole contiguous rows")
             known = ((ctypes.c_void_p * len(keys))(*(t.data_ptr() for t in keys)),
-                     (ctypes.c_void_p * len(values))(*(t.data_ptr() for t in values)),
-                     torch.ones(keys[0].shape[2], dtype=torch.uint8))
+                     (ctypes.c_void_p * len(values))(*(t.data_ptr() for t in values)))
             self._last = (weakref.ref(keys[0]), known)
         return known
