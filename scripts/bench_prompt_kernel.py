@@ -1,8 +1,11 @@
 """The prompt kernel on codes (`TileGemv.prompt_product`, flexlamps/kernels/tile_gemm.h) on one
-matrix at a time: TinyLlama-1.1B's shapes (2048 x 2048, 5632 x 2048, 2048 x 5632), 4-bit codes in
-groups of 32 (Q4_0 / Q4_K as loaded) and int8 codes of Q6_K's range in groups of 16, 128 rows (a
-prompt) and 4096 (32 prompts), bf16 x. Prints the best of --repeats in CPU time (this thread's, so
-other load on the box moves it less than wall time) and GFLOP/s.
+matrix at a time: the products of a TinyLlama-1.1B layer as the engine calls them (q/k/v stacked
+2560 x 2048, the output 2048 x 2048, gate/up stacked 11264 x 2048, down 2048 x 5632), 4-bit codes
+in groups of 32 (Q4_0 / Q4_K as loaded) and int8 codes of Q6_K's range in groups of 16, 128 rows
+(a prompt) and 4096 (32 prompts), bf16 x. Prints the best of --repeats in CPU time (this thread's,
+so other load on the box moves it less than wall time) and GFLOP/s, and for each kind and row count
+the shapes together (with the default shapes: one layer's prompt products, 22 of which make the
+1.1B's).
 
 `--against DIR` also builds the kernel from another copy of flexlamps/kernels (e.g. an older
 commit's: `git archive COMMIT flexlamps/kernels | tar x -C /tmp/old`, then DIR is
@@ -10,7 +13,7 @@ commit's: `git archive COMMIT flexlamps/kernels | tar x -C /tmp/old`, then DIR i
 this process: their ratio is what a change to the kernel gained.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_prompt_kernel.py [--rows 128,4096] [--kinds q4,q6] \\
-        [--shapes 2048x2048,5632x2048,2048x5632] [--repeats 3] [--against DIR]
+        [--shapes 2560x2048,2048x2048,11264x2048,2048x5632] [--repeats 3] [--against DIR]
 """
 
 from __future__ import annotations
@@ -54,11 +57,31 @@ def best_seconds(fn, repeats: int, calls: int) -> float:
     return best
 
 
+def time_kernels(kernels: dict, w, x: torch.Tensor, repeats: int) -> tuple[dict, bool]:
+    """Each kernel's best seconds a call of x @ w.T (the kernels in turns, so load hits them alike),
+    and whether they all give the same bits."""
+    results = [k.prompt_product(w, x) for k in kernels.values()]
+    same = all(torch.equal(r.view(torch.int16), results[0].view(torch.int16)) for r in results)
+    calls = max(1, int(1e9 / (x.shape[0] * w.shape[0] * w.shape[1])))
+    times = {}
+    for _ in range(repeats):
+        for name, k in kernels.items():
+            t = best_seconds(lambda: k.prompt_product(w, x), 1, calls)
+            times[name] = min(times.get(name, t), t)
+    return times, same
+
+
+def report(label: str, flops: float, times: dict, same: bool) -> None:
+    line = " | ".join(f"{name} {t * 1e3:8.2f} ms {flops / t / 1e9:5.1f} GFLOP/s" for name, t in times.items())
+    ratio = f" | {times['against'] / times['this']:.2f}x, same bits: {same}" if "against" in times else ""
+    print(f"{label}: {line}{ratio}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="128,4096")
     ap.add_argument("--kinds", default="q4,q6")
-    ap.add_argument("--shapes", default="2048x2048,5632x2048,2048x5632", help="out x in, comma-separated")
+    ap.add_argument("--shapes", default="2560x2048,2048x2048,11264x2048,2048x5632", help="out x in, comma-separated")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--against", type=Path, default=None, help="a folder holding another tile_gemv.c and its headers")
     args = ap.parse_args()
@@ -68,24 +91,22 @@ def main() -> None:
         kernels = {"against": kernel_from(args.against), **kernels}
     print(f"prompt kernel, {kernels['this'].level} variant, 1 thread, CPU time, best of {args.repeats}")
     gen = torch.Generator().manual_seed(0)
+    row_counts = [int(r) for r in args.rows.split(",")]
     for kind in args.kinds.split(","):
+        totals = {rows: [0.0, {name: 0.0 for name in kernels}, True] for rows in row_counts}  # flops, seconds, same
         for shape in args.shapes.split(","):
             out_dim, in_dim = (int(v) for v in shape.split("x"))
             w = weight(kind, out_dim, in_dim, gen)
-            for rows in (int(r) for r in args.rows.split(",")):
-                x = torch.randn(rows, in_dim, generator=gen).to(torch.bfloat16)
-                results = [k.prompt_product(w, x) for k in kernels.values()]
-                same = all(torch.equal(r.view(torch.int16), results[0].view(torch.int16)) for r in results)
-                calls = max(1, int(1e9 / (rows * out_dim * in_dim)))
-                flops = 2 * rows * out_dim * in_dim
-                times = {}
-                for _ in range(args.repeats):  # the kernels in turns, so load hits both alike
-                    for name, k in kernels.items():
-                        t = best_seconds(lambda: k.prompt_product(w, x), 1, calls)
-                        times[name] = min(times.get(name, t), t)
-                line = " | ".join(f"{name} {t * 1e3:8.2f} ms {flops / t / 1e9:5.1f} GFLOP/s" for name, t in times.items())
-                ratio = f" | {times['against'] / times['this']:.2f}x, same bits: {same}" if args.against else ""
-                print(f"{kind} {shape:>9} rows {rows:5d}: {line}{ratio}", flush=True)
+            for rows in row_counts:
+                times, same = time_kernels(kernels, w, torch.randn(rows, in_dim, generator=gen).to(torch.bfloat16),
+                                           args.repeats)
+                report(f"{kind} {shape:>10} rows {rows:5d}", 2 * rows * out_dim * in_dim, times, same)
+                total = totals[rows]
+                total[0] += 2 * rows * out_dim * in_dim
+                total[1] = {name: total[1][name] + t for name, t in times.items()}
+                total[2] = total[2] and same
+        for rows, (flops, seconds, same) in totals.items():
+            report(f"{kind} {'all shapes':>10} rows {rows:5d}", flops, seconds, same)
 
 
 if __name__ == "__main__":
