@@ -35,6 +35,9 @@ typedef struct {
     /* per task: its queries, its mask row and its outputs at their position, and each query's
      * sum of weights; `span` is cut after its last visible key */
     const uint16_t *qt; const uint8_t *mt; uint16_t *ot; float sums[MAX_GROUP];
+    /* a prompt block's keys and values of its (row, kv head) in fp32, made once for its queries
+     * (`block_task`; rows of d, zeros past the span), or NULL: converted as they are read */
+    const float *kf, *vf;
 } Args;
 
 #ifdef __AVX512F__
@@ -81,17 +84,24 @@ AI vmask visible(const Args *a, const uint8_t *mask, int64_t j0, int count) {
 }
 
 /* The group's scores against every key, scaled; masked keys get -inf. Keys are converted to
- * fp32 VW at a time into `kb` (L1) and read once per query of the group. */
+ * fp32 VW at a time into `kb` (L1) and read once per query of the group, or read from `kf`
+ * (the same values, converted once for a prompt block's queries). */
 static void scores(const Args *a, int64_t row, int64_t kvh, const float *qf, int group, float *sc, float *kb) {
     const uint16_t *keys = a->k + row * a->st[3] + kvh * a->st[4];
     const uint8_t *mask = a->mt;
     int64_t d = a->d, chunks = d / VW;
     const vf scale = vf_set1(a->scale), ninf = vf_set1(-INFINITY);
+    float *const own = kb;
     for (int64_t j0 = 0; j0 < a->span; j0 += VW) {
         int count = a->span - j0 < VW ? (int)(a->span - j0) : VW;
-        for (int j = 0; j < VW; j++)
-            for (int64_t c = 0; c < chunks; c++)
-                vf_store(kb + j * d + VW * c, j < count ? load_vec(keys + (j0 + j) * a->st[5] + VW * c, a->fp16) : vf_zero());
+        if (a->kf) {
+            kb = (float *)a->kf + j0 * d;  /* zeros past the span, as the block below */
+        } else {
+            kb = own;
+            for (int j = 0; j < VW; j++)
+                for (int64_t c = 0; c < chunks; c++)
+                    vf_store(kb + j * d + VW * c, j < count ? load_vec(keys + (j0 + j) * a->st[5] + VW * c, a->fp16) : vf_zero());
+        }
         vmask vis = visible(a, mask, j0, count);
         for (int g = 0; g < group; g++) {
             /* the keys' sums side by side, a chunk at a time: VW independent chains hide the FMA's
@@ -134,6 +144,11 @@ AI void store_rounded(const Args *a, int64_t row, int64_t kvh, int group, int g,
     store_halves(out, x, a->fp16, ALL_LANES);
 }
 
+/* Value j's chunk c in fp32: from `vf` where a prompt block made it, else converted here. */
+AI vf value_at(const Args *a, const uint16_t *values, int64_t j, int64_t c) {
+    return a->vf ? vf_load(a->vf + j * a->d + VW * c) : load_vec(values + j * a->st[8] + VW * c, a->fp16);
+}
+
 /* out rows of the group = probabilities @ values, fp32 sums, rounded once; G queries of C
  * chunks of VW, constants where inlined so the sums stay in registers. Probabilities of exactly
  * 0 (masked keys, or rounded to 0) add exactly 0 and are skipped. */
@@ -143,7 +158,7 @@ AI void weighted_values_fixed(const Args *a, int64_t row, int64_t kvh, const flo
     for (int i = 0; i < G * C; i++) acc[i] = vf_zero();
     for (int64_t j = 0; j < a->span; j++) {
         vf vc[C];
-        for (int c = 0; c < C; c++) vc[c] = load_vec(values + j * a->st[8] + VW * c, a->fp16);
+        for (int c = 0; c < C; c++) vc[c] = value_at(a, values, j, c);
         for (int g = 0; g < G; g++) {
             float p = pr[g * a->span + j];
             if (p == 0.0f) continue;
@@ -162,7 +177,7 @@ static void weighted_values_any(const Args *a, int64_t row, int64_t kvh, int gro
     for (int64_t i = 0; i < group * a->d; i++) acc[i] = 0.0f;
     for (int64_t j = 0; j < a->span; j++) {
         vf vc[MAX_D / VW];
-        for (int64_t c = 0; c < chunks; c++) vc[c] = load_vec(values + j * a->st[8] + VW * c, a->fp16);
+        for (int64_t c = 0; c < chunks; c++) vc[c] = value_at(a, values, j, c);
         for (int g = 0; g < group; g++) {
             float p = pr[g * a->span + j];
             if (p == 0.0f) continue;
@@ -299,18 +314,63 @@ static int task(const Args *shared, int64_t row, int64_t kvh, int64_t pos) {
     return 0;
 }
 
+/* Keys or values 0..span-1 of a (row, kv head) (position stride `stride`) as fp32 rows of d, then
+ * VW rows of zeros. */
+static void to_floats(const uint16_t *src, int64_t stride, int64_t span, int64_t d, int fp16, float *dst) {
+    for (int64_t j = 0; j < span; j++)
+        for (int64_t c = 0; c < d; c += VW) vf_store(dst + j * d + c, load_vec(src + j * stride + c, fp16));
+    memset(dst + span * d, 0, sizeof(float) * (size_t)(VW * d));
+}
+
+/* Queries pos0..pos0+count-1 of kv head `kvh`'s group in row `row`: their keys and values converted to
+ * fp32 once for all of them (a prompt chunk's queries read the same keys), then each query as `task`
+ * computes it (the same values, so the same bits). The bf16 dot paths read the keys as they are. */
+static int block_task(const Args *shared, int64_t row, int64_t kvh, int64_t pos0, int64_t count) {
+    Args own = *shared;
+    int64_t span = 0;
+    for (int64_t p = pos0; p < pos0 + count; p++) {  /* the block's last key any query sees */
+        const uint8_t *m = own.mask + row * own.st[9] + p * own.st[10];
+        for (int64_t j = own.span; j > span; j--)
+            if (m[(j - 1) * own.st[11]]) { span = j; break; }
+    }
+    float *buf = NULL;
+    if (span > 0 && !(own.bf16_dot && !own.fp16 && own.d % 32 == 0)) {
+        buf = malloc(sizeof(float) * (size_t)(2 * (span + VW) * own.d));
+        if (!buf) return 1;
+        to_floats(own.k + row * own.st[3] + kvh * own.st[4], own.st[5], span, own.d, own.fp16, buf);
+        to_floats(own.v + row * own.st[6] + kvh * own.st[7], own.st[8], span, own.d, own.fp16, buf + (span + VW) * own.d);
+        own.kf = buf;
+        own.vf = buf + (span + VW) * own.d;
+    }
+    int failed = 0;
+    for (int64_t p = pos0; p < pos0 + count && !failed; p++) failed = task(&own, row, kvh, p);
+    free(buf);
+    return failed;
+}
+
+/* A prompt chunk's queries per task: keys converted once for that many queries. */
+#define QUERY_BLOCK 16
+
 /* Returns 0, or 1 for shapes it does not take (nothing written) or a failed allocation. */
 int flexlamps_attention(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint8_t *mask,
                                uint16_t *out, int64_t n, int64_t heads, int64_t kv_heads, int64_t t, int64_t span,
                                int64_t d, const int64_t *strides, float scale, int fp16, int bf16_dot, int threads) {
     if (d % 16 || d > MAX_D || kv_heads < 1 || heads % kv_heads || heads / kv_heads > MAX_GROUP || span < 1 || t < 1)
         return 1;
-    Args a = {q, k, v, mask, out, heads, kv_heads, span, d, t, strides, scale, fp16, bf16_dot, 0, 0, 0, {0}};
-    int64_t tasks = n * kv_heads * t;
+    Args a = {q, k, v, mask, out, heads, kv_heads, span, d, t, strides, scale, fp16, bf16_dot, 0, 0, 0, {0}, 0, 0};
+    const int64_t blocks = (t + QUERY_BLOCK - 1) / QUERY_BLOCK, tasks = t > 1 ? n * kv_heads * blocks : n * kv_heads;
     int failed = 0;
-    /* a task is 1-40 us: below a few per thread the fork costs more than it saves; a row's
-     * positions are neighbouring tasks, which read the same keys */
+    /* a task is 1-40 us a query: below a few per thread the fork costs more than it saves; a row's
+     * query blocks are neighbouring tasks, which read the same keys */
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(|:failed) if (threads > 1 && tasks >= 4 * threads)
-    for (int64_t i = 0; i < tasks; i++) failed |= task(&a, i / (kv_heads * t), (i / t) % kv_heads, i % t);
+    for (int64_t i = 0; i < tasks; i++) {
+        if (t == 1) {
+            failed |= task(&a, i / kv_heads, i % kv_heads, 0);
+        } else {
+            int64_t block = i % blocks, first = block * QUERY_BLOCK;
+            failed |= block_task(&a, i / (kv_heads * blocks), (i / blocks) % kv_heads, first,
+                                 t - first < QUERY_BLOCK ? t - first : QUERY_BLOCK);
+        }
+    }
     return failed;
 }

@@ -74,11 +74,14 @@ def test_a_row_does_not_depend_on_the_rows_beside_it_the_padding_or_the_threads(
     assert torch.equal(kernel(q.contiguous(), keys.contiguous(), values.contiguous(), mask.to(torch.uint8)), full)
 
 
-def test_a_query_in_a_chunk_equals_itself_alone(kernel):
-    q, keys, values, mask = _case(2, 8, 2, 90, 128, torch.bfloat16, seed=5, t=24)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_query_in_a_chunk_equals_itself_alone(kernel, dtype):
+    """Every query of a chunk (its keys converted once for a block of 16 queries, two blocks here)
+    equals the query alone (a decode: its keys converted as read)."""
+    q, keys, values, mask = _case(2, 8, 2, 90, 128, dtype, seed=5, t=24)
     chunk = kernel(q, keys, values, mask)
     for r in range(2):
-        for i in (0, 7, 23):
+        for i in range(24):
             alone = kernel(q[r:r + 1, :, i:i + 1], keys[r:r + 1], values[r:r + 1], mask[r:r + 1, i:i + 1])
             assert torch.equal(alone, chunk[r:r + 1, :, i:i + 1])
     # one mask row for every query of a row is broadcast, as torch's attention does
