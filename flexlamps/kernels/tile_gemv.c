@@ -34,11 +34,11 @@
  * the call's rows (tile_gemm.h). */
 #include <immintrin.h>
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "claim_pool.h"  /* the threads' split: chunks claimed by whoever asks next */
 #include "native_simd.h"  /* vectors of the variant's width, 16-bit floats */
 
 #define TILE 64  /* the AVX-512 variant's tile rows */
@@ -103,14 +103,39 @@ static void quantize_rows(const uint16_t *x, int64_t rows, int64_t cols, int64_t
     }
 }
 
-/* x's rows rounded to codes of `bits` bits in one buffer (`xr` points into it; free it), or NULL. */
-static void *quantized_x(const uint16_t *x, int64_t rows, int64_t cols, int64_t group, int fp16, int bits, QRows *xr) {
+/* A call's rounding of x (`quantize_rows`), split between threads by rows (`quantize_chunk`). */
+typedef struct {
+    const uint16_t *x;
+    int64_t rows, cols, group, per_chunk;
+    int fp16, bits;
+    void *q;
+    float *scale, *sum;
+    int32_t *total;
+} QuantizeCall;
+
+#define QUANTIZE_CHUNK_VALUES (1 << 15)  /* x's values a chunk of rows rounds, about: ~10 us */
+
+static void quantize_chunk(void *ctx, int64_t c, int slot) {
+    const QuantizeCall *a = ctx;
+    const int64_t first = c * a->per_chunk, count = first + a->per_chunk < a->rows ? a->per_chunk : a->rows - first;
+    const int64_t at = first * (a->cols / a->group);
+    (void)slot;
+    quantize_rows(a->x + first * a->cols, count, a->cols, a->group, a->fp16, a->bits,
+                  (char *)a->q + first * a->cols * (a->bits / 8), a->scale + at, a->sum + at, a->total + at);
+}
+
+/* x's rows rounded to codes of `bits` bits in one buffer (`xr` points into it; free it), or NULL;
+ * a prompt's rows on `threads` threads (each row's codes are the same on any). */
+static void *quantized_x(const uint16_t *x, int64_t rows, int64_t cols, int64_t group, int fp16, int bits, QRows *xr,
+                         int threads) {
     const int64_t groups = cols / group, codes_bytes = (rows * cols * (bits / 8) + 63) / 64 * 64;
     void *buf = malloc((size_t)codes_bytes + (2 * sizeof(float) + sizeof(int32_t)) * (size_t)(rows * groups) + 64);
     if (!buf) return NULL;
     float *scale = (float *)((char *)buf + codes_bytes), *sum = scale + rows * groups;
     int32_t *total = (int32_t *)(sum + rows * groups);
-    quantize_rows(x, rows, cols, group, fp16, bits, buf, scale, sum, total);
+    const int64_t per_chunk = QUANTIZE_CHUNK_VALUES / cols > 1 ? QUANTIZE_CHUNK_VALUES / cols : 1;
+    QuantizeCall call = {x, rows, cols, group, per_chunk, fp16, bits, buf, scale, sum, total};
+    pool_run(threads, (rows + per_chunk - 1) / per_chunk, quantize_chunk, &call);
     QRows r = {bits == 8 ? buf : NULL, bits == 16 ? buf : NULL, scale, sum, cols, groups, total};
     *xr = r;
     return buf;
@@ -123,6 +148,32 @@ static int gemm_codes(const uint8_t *codes, const uint16_t *scale_zero, const QR
 static int gemm_takes(int64_t tile, int64_t group, int kind) {
     return (tile == 32 || tile == 64) && (group <= 32 || group % 32 == 0)
            && (kind == KIND_INT4 || kind == KIND_INT8_SPLIT);
+}
+
+/* A decode call's arguments, for the threads' chunks of tiles (`decode_tiles`). */
+typedef struct {
+    const uint8_t *codes;
+    const uint64_t *fifth;
+    const uint16_t *scale_zero;
+    uint16_t *out;
+    const QRows *x;
+    Setup setup;
+    int64_t n, group, rows, tile;
+    int fp16, kind;
+    int64_t per_chunk, tiles, tile_bytes;
+} DecodeCall;
+
+/* Chunks a thread claims per call, about: a thread slowed mid-call leaves the rest to the others. */
+#define DECODE_CHUNKS_PER_THREAD 8
+
+/* Chunk c of a decode call: its tiles. */
+static void decode_tiles(void *ctx, int64_t c, int slot) {
+    const DecodeCall *d = ctx;
+    (void)slot;
+    int64_t last = (c + 1) * d->per_chunk < d->tiles ? (c + 1) * d->per_chunk : d->tiles;
+    for (int64_t t = c * d->per_chunk; t < last; t++)
+        run_tile(d->codes + t * d->tile_bytes, d->fifth ? d->fifth + t * d->x->cols : NULL, d->scale_zero + t * d->tile * 2,
+                 d->n, d->group, d->x, &d->setup, d->rows, d->out + t * d->tile, d->fp16, d->kind);
 }
 
 /* Rows of 8-bit x from which a decode call lays the codes out once for all its rows (tile_gemm.h)
@@ -159,7 +210,7 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint64_t *fifth, const uint1
         || !takes_tile(tile, kind, x_bits))
         return -1;
     QRows xr;
-    void *buf = quantized_x(x, rows, cols, group, fp16, x_bits, &xr);
+    void *buf = quantized_x(x, rows, cols, group, fp16, x_bits, &xr, threads);
     if (!buf) return -1;
     const int64_t gemm_from = kind == KIND_INT8_SPLIT ? DECODE_GEMM_FROM_ROWS_SPLIT : DECODE_GEMM_FROM_ROWS;
     if (x_bits == 8 && rows >= gemm_from && gemm_takes(tile, group, kind)) {
@@ -167,18 +218,11 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint64_t *fifth, const uint1
         free(buf);
         return status;
     }
-    const Setup setup = make_setup(tile);
-    const int64_t tiles = n / tile, tile_bytes = (kind == KIND_INT8_SPLIT ? 2 : 1) * cols * (tile / 2);
-    if (threads <= 1 || tiles == 1) {  /* no parallel region to enter: a few microseconds a call */
-        for (int64_t t = 0; t < tiles; t++)
-            run_tile(codes + t * tile_bytes, fifth ? fifth + t * cols : NULL, scale_zero + t * tile * 2, n, group, &xr,
-                     &setup, rows, out + t * tile, fp16, kind);
-    } else {
-#pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t t = 0; t < tiles; t++)
-            run_tile(codes + t * tile_bytes, fifth ? fifth + t * cols : NULL, scale_zero + t * tile * 2, n, group, &xr,
-                     &setup, rows, out + t * tile, fp16, kind);
-    }
+    const int64_t tiles = n / tile;
+    const int64_t per_chunk = tiles / (DECODE_CHUNKS_PER_THREAD * threads) > 1 ? tiles / (DECODE_CHUNKS_PER_THREAD * threads) : 1;
+    DecodeCall call = {codes, fifth, scale_zero, out, &xr, make_setup(tile), n, group, rows, tile, fp16, kind,
+                       per_chunk, tiles, (kind == KIND_INT8_SPLIT ? 2 : 1) * cols * (tile / 2)};
+    pool_run(threads, (tiles + per_chunk - 1) / per_chunk, decode_tiles, &call);
     free(buf);
     return 0;
 }
@@ -188,44 +232,45 @@ static size_t prepared_bytes(int64_t cols, int64_t groups, int split) {
     return (size_t)((split ? 2 : 1) * cols * SUB) + 2 * sizeof(float) * (size_t)(groups * SUB);
 }
 
-/* Sub-tiles first .. first + count - 1 (32 rows each), each prepared once in `buf`, then every row
- * of x by it. */
-static void gemm_subtiles(const uint8_t *codes, const uint16_t *scale_zero, const QRows *x, uint16_t *out, int64_t n,
-                          int64_t rows, int64_t group, int64_t tile, int fp16, int split, int64_t first, int64_t count,
-                          uint8_t *buf) {
-    const int64_t cols = x->cols, h = tile / 2, per_tile = tile / SUB, tile_bytes = (split ? 2 : 1) * cols * h;
-    float *scale = (float *)(buf + (split ? 2 : 1) * cols * SUB);
-    Prepared prep = {buf, split ? buf + cols * SUB : NULL, scale, scale + x->groups * SUB, 1, 0, x->starts16 != NULL};
-    for (int64_t sub = first; sub < first + count; sub++) {
-        int64_t t = sub / per_tile, s = sub % per_tile;
-        prepare(codes + t * tile_bytes, scale_zero + t * tile * 2, s, h, n, cols, x->groups, fp16, split, &prep);
-        gemm_rows(&prep, x, rows, group, split, out + t * tile, n, s, h, fp16);
-    }
+/* A prompt call's arguments, for the threads' sub-tiles (`gemm_subtile`): each thread lays a
+ * sub-tile out in its own part of `prepared` (`per_thread` bytes a slot). */
+typedef struct {
+    const uint8_t *codes;
+    const uint16_t *scale_zero;
+    const QRows *x;
+    uint16_t *out;
+    int64_t n, rows, group, tile;
+    int fp16, split;
+    uint8_t *prepared;
+    size_t per_thread;
+} GemmCall;
+
+/* Sub-tile `sub` (32 rows) prepared once in the slot's buffer, then every row of x by it. */
+static void gemm_subtile(void *ctx, int64_t sub, int slot) {
+    const GemmCall *g = ctx;
+    const int64_t cols = g->x->cols, h = g->tile / 2, per_tile = g->tile / SUB, tile_bytes = (g->split ? 2 : 1) * cols * h;
+    uint8_t *buf = g->prepared + g->per_thread * (size_t)slot;
+    float *scale = (float *)(buf + (g->split ? 2 : 1) * cols * SUB);
+    Prepared prep = {buf, g->split ? buf + cols * SUB : NULL, scale, scale + g->x->groups * SUB, 1, 0,
+                     g->x->starts16 != NULL};
+    int64_t t = sub / per_tile, s = sub % per_tile;
+    prepare(g->codes + t * tile_bytes, g->scale_zero + t * g->tile * 2, s, h, g->n, cols, g->x->groups, g->fp16, g->split,
+            &prep);
+    gemm_rows(&prep, g->x, g->rows, g->group, g->split, g->out + t * g->tile, g->n, s, h, g->fp16);
 }
 
 /* out = x @ w.T for x's rows already rounded to int8 (`quantized_x`), each sub-tile laid out once
  * per call; 0, or -1 where it could not get memory. */
 static int gemm_codes(const uint8_t *codes, const uint16_t *scale_zero, const QRows *x, uint16_t *out, int64_t n,
                       int64_t rows, int64_t group, int64_t tile, int fp16, int split, int threads) {
-    const int64_t subs = n / SUB;
-    const int parts = threads > 1 && subs > 1 ? threads : 1;
+    const int slots = threads > 1 ? (threads < POOL_MAX_WORKERS + 1 ? threads : POOL_MAX_WORKERS + 1) : 1;
     const size_t per_thread = (prepared_bytes(x->cols, x->groups, split) + 63) / 64 * 64;
-    uint8_t *prepared = malloc(per_thread * parts + 64);
+    uint8_t *prepared = malloc(per_thread * (size_t)slots + 64);
     if (!prepared) return -1;
     QRows biased = *x;  /* with the starts of biased int8 codes' sums */
     biased.starts16 = split ? bias_starts(x, rows) : NULL;
-    x = &biased;
-    if (parts == 1) {
-        gemm_subtiles(codes, scale_zero, x, out, n, rows, group, tile, fp16, split, 0, subs, prepared);
-    } else {
-#pragma omp parallel num_threads(parts)
-        {  /* each thread a contiguous run of sub-tiles, in its own part of the buffer */
-            int64_t all = omp_get_num_threads(), me = omp_get_thread_num();
-            int64_t first = subs * me / all, last = subs * (me + 1) / all;
-            gemm_subtiles(codes, scale_zero, x, out, n, rows, group, tile, fp16, split, first, last - first,
-                          prepared + per_thread * (size_t)me);
-        }
-    }
+    GemmCall call = {codes, scale_zero, &biased, out, n, rows, group, tile, fp16, split, prepared, per_thread};
+    pool_run(slots, n / SUB, gemm_subtile, &call);
     free(prepared);
     free((void *)biased.starts16);
     return 0;
@@ -238,7 +283,7 @@ int flexlamps_tile_gemm(const uint8_t *codes, const uint16_t *scale_zero, const 
                         int64_t cols, int64_t group, int64_t rows, int64_t tile, int fp16, int kind, int threads) {
     if (n % tile || group <= 0 || group % 4 || cols % group || rows <= 0 || !gemm_takes(tile, group, kind)) return -1;
     QRows xr;
-    void *buf = quantized_x(x, rows, cols, group, fp16, 8, &xr);
+    void *buf = quantized_x(x, rows, cols, group, fp16, 8, &xr, threads);
     if (!buf) return -1;
     int status = gemm_codes(codes, scale_zero, &xr, out, n, rows, group, tile, fp16, kind == KIND_INT8_SPLIT, threads);
     free(buf);

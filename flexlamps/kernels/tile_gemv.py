@@ -35,7 +35,9 @@ registers), and add the same exact sums in the same fp32 steps as the AVX-512 va
 checks it against a plain computation in each dtype and weight kind it takes; callers keep
 torch's kernel where the CPU lacks AVX2 + FMA + F16C, no C compiler is found (`$CC`, else cc),
 or the build or the check fails (with a warning that says why).
-The library joins torch's OpenMP runtime (the same libgomp), so it uses torch's threads.
+Threads (torch.get_num_threads(), passed each call) split a call by claiming chunks of tiles
+(`claim_pool.h`): the caller does not wait for a worker that has not woken, where an OpenMP team
+waits at its barrier (a 1.1B decode step at 2 threads on a shared 2-core box: 1.5-1.7 s -> 0.3 s).
 Imports torch only.
 """
 from __future__ import annotations
