@@ -100,7 +100,8 @@ static void scores(const Args *a, int64_t row, int64_t kvh, const float *qf, int
             kb = own;
             for (int j = 0; j < VW; j++)
                 for (int64_t c = 0; c < chunks; c++)
-                    vf_store(kb + j * d + VW * c, j < count ? load_vec(keys + (j0 + j) * a->st[5] + VW * c, a->fp16) : vf_zero());
+                    vf_store(kb + j * d + VW * c,
+                             j < count ? load_vec(keys + (j0 + j) * a->st[5] + VW * c, a->fp16) : vf_zero());
         }
         vmask vis = visible(a, mask, j0, count);
         for (int g = 0; g < group; g++) {
@@ -338,9 +339,10 @@ static int block_task(const Args *shared, int64_t row, int64_t kvh, int64_t pos0
         buf = malloc(sizeof(float) * (size_t)(2 * (span + VW) * own.d));
         if (!buf) return 1;
         to_floats(own.k + row * own.st[3] + kvh * own.st[4], own.st[5], span, own.d, own.fp16, buf);
-        to_floats(own.v + row * own.st[6] + kvh * own.st[7], own.st[8], span, own.d, own.fp16, buf + (span + VW) * own.d);
+        float *values = buf + (span + VW) * own.d;
+        to_floats(own.v + row * own.st[6] + kvh * own.st[7], own.st[8], span, own.d, own.fp16, values);
         own.kf = buf;
-        own.vf = buf + (span + VW) * own.d;
+        own.vf = values;
     }
     int failed = 0;
     for (int64_t p = pos0; p < pos0 + count && !failed; p++) failed = task(&own, row, kvh, p);

@@ -44,7 +44,8 @@ typedef struct {
     int32_t unused;
 } Layer;
 
-typedef struct {  /* one step: `rows` rows of `tokens` tokens, the model's sizes, the cache (slots, kv_heads, capacity, d) */
+/* One step: `rows` rows of `tokens` tokens, the model's sizes, the cache (slots, kv_heads, capacity, d). */
+typedef struct {
     int64_t rows, tokens, hidden, heads, kv_heads, head_dim, inter, capacity;
     int64_t first;  /* the first slot when the rows are a block of slots (one attention call), else -1 */
     int64_t span;  /* keys 0..span-1 of a row are read, as `mask` (rows, tokens, span) lets each token */
@@ -101,7 +102,8 @@ static void rotate_and_store(const Step *s, int64_t layer, const uint16_t *qkv, 
             rotate(token + h * d, s->cos + i * d, s->sin + i * d, qk + (i * rotated + h) * d, d, s->fp16);
         const int64_t at = s->slots[i / s->tokens] * slot_stride + s->positions[i] * d;
         for (int64_t h = 0; h < s->kv_heads; h++) {
-            memcpy(s->k_cache[layer] + at + h * head_stride, qk + (i * rotated + s->heads + h) * d, sizeof(uint16_t) * d);
+            const uint16_t *k = qk + (i * rotated + s->heads + h) * d;
+            memcpy(s->k_cache[layer] + at + h * head_stride, k, sizeof(uint16_t) * d);
             memcpy(s->v_cache[layer] + at + h * head_stride, token + (rotated + h) * d, sizeof(uint16_t) * d);
         }
     }

@@ -90,7 +90,8 @@ def _check(loop: DecodeLayers) -> None:
     for d in (16, 48, 64, 80):
         x, cos, sin = ((torch.randn(n, d, generator=gen) * 4).to(torch.bfloat16) for n in (5, 1, 1))
         want = (x * cos).add_(x.roll(d // 2, -1).mul_(sin))
-        require(torch.equal(loop.rotate(x, cos[0], sin[0]), want), f"decode_layers: the rotation's check failed (head size {d})")
+        require(torch.equal(loop.rotate(x, cos[0], sin[0]), want),
+                f"decode_layers: the rotation's check failed (head size {d})")
 
 
 KERNEL = loader.Kernel("decode_layers", SOURCE, VARIANTS, "the native decode loop",

@@ -26,7 +26,7 @@ import weakref
 
 import torch
 
-from flexlamps.kernels import decode_layers, loader, tile_gemv
+from flexlamps.kernels import attention as attention_kernel, decode_layers, loader, tile_gemv
 from flexlamps.kernels.decode_layers import Kernels, Layer, Matrix, Step
 from flexlamps.models.blocks.coded_weights import Int4Twin
 from flexlamps.models.blocks.decoder import DecoderForward
@@ -63,9 +63,10 @@ def _matrix(w, kernel: tile_gemv.TileGemv, probe: torch.Tensor, shape: tuple[int
     split = w.split if int8 else w
     fifth = w.fifth if int8 else None
     kind = tile_gemv.KIND_INT5 if fifth is not None else tile_gemv.KIND_INT8_SPLIT if int8 else tile_gemv.KIND_INT4
-    return Matrix(split.kernel_codes.data_ptr(), None if fifth is None else fifth.data_ptr(), split.scale_zero.data_ptr(),
-                  split.shape[0], w.shape[1], split.group_size, tile_rows(split.shape[1]), kind,
-                  w.x_bits or kernel.x_bits), kernel.runs_prompt(w, probe)
+    plane = None if fifth is None else fifth.data_ptr()
+    matrix = Matrix(split.kernel_codes.data_ptr(), plane, split.scale_zero.data_ptr(), split.shape[0], w.shape[1],
+                    split.group_size, tile_rows(split.shape[1]), kind, w.x_bits or kernel.x_bits)
+    return matrix, kernel.runs_prompt(w, probe)
 
 
 def native_loop() -> decode_layers.DecodeLayers | None:
@@ -93,8 +94,9 @@ class NativeDecode:
         parts = [native_loop()] + [kernels.get(name) for name in ("tile_gemv", "elementwise", "attention")]
         cfg = fwd.cfg
         if (None in parts or dtype not in decode_layers.DTYPES or not plain_llama(fwd) or cfg.head_dim % 16
-                or cfg.num_heads // cfg.num_kv_heads > 16):  # (the attention kernel's shapes)
-            return None
+                or cfg.head_dim > attention_kernel.MAX_HEAD_DIM
+                or cfg.num_heads // cfg.num_kv_heads > attention_kernel.MAX_GROUP):
+            return None  # (the attention kernel's shapes: the Python forward runs torch's attention for others)
         _, gemv, elementwise, attention = parts
         made = [cls._layer(fwd, i, w, gemv, dtype) for i, w in enumerate(layer_weights)]
         if not made or None in made:
@@ -142,7 +144,8 @@ class NativeDecode:
             return geo.first + x.shape[0] <= num_slots
         return int(geo.slots.min()) >= 0 and int(geo.slots.max()) < num_slots
 
-    def run(self, x: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], geo, ctx) -> torch.Tensor | None:
+    def run(self, x: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], geo,
+            ctx) -> torch.Tensor | None:
         """x (n, T, hidden) after every layer, each layer's keys and values (slots, kv_heads,
         capacity, head_dim), contiguous, written as the Python forward writes them (`DenseKVCache`'s
         rows); `geo` its `StepGeometry`, `ctx` the forward's `step_context`. None where this step is
