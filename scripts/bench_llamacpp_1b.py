@@ -9,13 +9,14 @@ runs the same file. `--shape NAME[:field=value,...]` picks another (llama-3.2-1b
 e.g. `--shape qwen2.5-0.5b:vocab=32002`: shapes no kernel was tuned to; the worker names every
 matrix our kernels do not multiply on its codes (decode or prompt: torch's slower path runs it)
 and every dense twin. llama.cpp runs `llama-batched-bench`; flexlamps runs `LLM.generate` in a
-worker process of this script. Each side runs in its own process (its peak RSS from the kernel's rusage), in turns,
---repeats times; the fastest run counts. Printed per quantization: batch 1 decode (new tokens / s
-after the first), batch 1 and batch 32 total (new tokens / s of the whole call, prefill included),
-peak RSS, and flexlamps' ratio to llama.cpp for each, then the memory's limit on batch 1 decode
-(the file's bytes a step at the read rate) and each side's share of it; first the CPU (model,
-flags) and the memory's bandwidth (a reduction's read rate on --threads threads, and a copy's read
-+ write rate).
+worker process of this script. Each side runs in its own process (its peak RSS from the kernel's
+rusage), in turns, --repeats times; the fastest run counts. flexlamps first loads the file once,
+untimed (a new file's weight cache is written then: that load's peak RSS is printed apart).
+Printed per quantization: batch 1 decode (new tokens / s after the first), batch 1 and batch 32
+total (new tokens / s of the whole call, prefill included), peak RSS, and flexlamps' ratio to
+llama.cpp for each, then the memory's limit on batch 1 decode (the file's bytes a step at the read
+rate) and each side's share of it; first the CPU (model, flags) and the memory's bandwidth (a
+reduction's read rate on --threads threads, and a copy's read + write rate).
 
 `--isa avx2` caps flexlamps and torch at AVX2 ($FLEXLAMPS_CPU_VARIANT, $ATEN_CPU_CAPABILITY,
 $ONEDNN_MAX_CPU_ISA) and runs a llama.cpp built without AVX-512 (scripts/llama_cpp_tools.py builds
@@ -128,10 +129,11 @@ def llama_cpp(tools: Path, gguf: Path, batch: int, args) -> dict:
             "new_tokens": batch * args.new_tokens, "rss": rss}
 
 
-def flexlamps(gguf: Path, batch: int, args) -> dict:
-    """This script's worker on the same file: the same figures as `llama_cpp`."""
+def flexlamps(gguf: Path, batch: int, args, load_only: bool = False) -> dict:
+    """This script's worker on the same file: the same figures as `llama_cpp` (`load_only`: the
+    model loaded, its weight cache written where the file is new, and no more: its peak RSS)."""
     cmd = [sys.executable, __file__, "--worker", str(gguf), "--batch", str(batch), "--prompt-len", str(args.prompt_len),
-           "--new-tokens", str(args.new_tokens), "--threads", str(args.threads)]
+           "--new-tokens", str(args.new_tokens), "--threads", str(args.threads)] + ["--load-only"] * load_only
     out, rss = run_measured(cmd, ISA_ENV[args.isa])
     return {**json.loads(out.strip().splitlines()[-1]), "rss": rss}
 
@@ -146,6 +148,8 @@ def worker(args) -> None:
 
     torch.set_num_threads(args.threads)
     llm = LLM(args.worker, max_batch_size=args.batch)
+    if args.load_only:
+        return print("{}")
     time_ours(llm, distinct_prompts(llm.tokenizer, 1, args.prompt_len), 2)
     total, _, prefill = time_ours(llm, distinct_prompts(llm.tokenizer, args.batch, args.prompt_len), args.new_tokens)
     print(json.dumps({"total_s": total, "decode_s": total - prefill, "decode_tokens": args.batch * (args.new_tokens - 1),
@@ -198,6 +202,7 @@ def best_of(sides: dict, repeats: int) -> dict:
 
 def compare(tools: Path, gguf: Path, args) -> None:
     """--batches (1 and 32) on one file: rates, peak RSS and flexlamps' ratios."""
+    first = flexlamps(gguf, args.batches[0], args, load_only=True)  # a new file's weight cache written: not timed
     rows = {}
     for batch in args.batches:
         rows[batch] = best_of({"flexlamps": lambda: flexlamps(gguf, batch, args),
@@ -209,6 +214,8 @@ def compare(tools: Path, gguf: Path, args) -> None:
         figures[f"batch {batch} total tok/s"] = {s: r["new_tokens"] / r["total_s"] for s, r in row.items()}
     figures["peak RSS GB"] = {s: max(rows[b][s]["rss"] for b in rows) / 1e9 for s in ("flexlamps", "llama.cpp")}
     print(f"\n{gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB), load avg {os.getloadavg()[0]:.1f}")
+    print(f"  flexlamps' first load: peak RSS {first['rss'] / 1e9:.2f} GB (its weight cache written where the file "
+          "was new: once a file; the runs below read the cache)")
     off = rows[args.batches[0]]["flexlamps"]["off_kernels"]
     print(f"  matrices off our kernels: {len(off)}" + "".join(f"\n    {line}" for line in off[:12])
           + (f"\n    ... and {len(off) - 12} more" if len(off) > 12 else ""))
@@ -241,6 +248,7 @@ def main() -> None:
                          "with scripts/llama_cpp_tools.py)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--load-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args)
