@@ -68,10 +68,17 @@ static int product(const Kernels *kn, const Matrix *m, const uint16_t *x, uint16
                                s->fp16, m->kind, m->x_bits, s->threads);
 }
 
-/* x = round(x + y), `count` values (torch's `out.add_(x)` on the product's output). */
-static void add_rounded(uint16_t *x, const uint16_t *y, int64_t count, int fp16) {
-    for (int64_t i = 0; i < count; i += VW) {
-        vmask m = lanes(count - i);
+/* Tokens from which this file's own passes (rotation, adds, copies) split over the threads, as
+ * torch's ops would: each token's values are its own, so the split changes no bit. */
+#define PARALLEL_FROM 256
+
+/* x = round(x + y), `tokens` rows of `width` values (torch's `out.add_(x)` on the product's output). */
+static void add_rounded(uint16_t *x, const uint16_t *y, int64_t tokens, int64_t width, int fp16, int threads) {
+    const int64_t vectors = (tokens * width + VW - 1) / VW;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && tokens >= PARALLEL_FROM)
+    for (int64_t v = 0; v < vectors; v++) {
+        const int64_t i = v * VW;
+        vmask m = lanes(tokens * width - i);
         store_halves(x + i, vf_add(load_halves(y + i, fp16, m), load_halves(x + i, fp16, m)), fp16, m);
     }
 }
@@ -96,7 +103,9 @@ static void rotate(const uint16_t *x, const uint16_t *cos, const uint16_t *sin, 
 static void rotate_and_store(const Step *s, int64_t layer, const uint16_t *qkv, uint16_t *qk) {
     const int64_t d = s->head_dim, rotated = s->heads + s->kv_heads, width = (rotated + s->kv_heads) * d;
     const int64_t slot_stride = s->kv_heads * s->capacity * d, head_stride = s->capacity * d;
-    for (int64_t i = 0; i < s->rows * s->tokens; i++) {
+    const int64_t count = s->rows * s->tokens;
+#pragma omp parallel for num_threads(s->threads) schedule(static) if (s->threads > 1 && count >= PARALLEL_FROM)
+    for (int64_t i = 0; i < count; i++) {
         const uint16_t *token = qkv + i * width;
         for (int64_t h = 0; h < rotated; h++)
             rotate(token + h * d, s->cos + i * d, s->sin + i * d, qk + (i * rotated + h) * d, d, s->fp16);
@@ -132,12 +141,13 @@ static int attend(const Kernels *kn, const Step *s, int64_t layer, float scale, 
 
 /* The attention's (rows, heads, tokens, d) as (rows, tokens, heads d): the forward's transpose. */
 static void heads_last(const Step *s, const uint16_t *by_head, uint16_t *att) {
-    const int64_t d = s->head_dim, t = s->tokens;
-    for (int64_t r = 0; r < s->rows; r++)
+    const int64_t d = s->head_dim, t = s->tokens, count = s->rows * t;
+#pragma omp parallel for num_threads(s->threads) schedule(static) if (s->threads > 1 && count >= PARALLEL_FROM)
+    for (int64_t i = 0; i < count; i++) {  /* token i = (row r, position j) */
+        const int64_t r = i / t, j = i % t;
         for (int64_t h = 0; h < s->heads; h++)
-            for (int64_t j = 0; j < t; j++)
-                memcpy(att + ((r * t + j) * s->heads + h) * d, by_head + ((r * s->heads + h) * t + j) * d,
-                       sizeof(uint16_t) * d);
+            memcpy(att + (i * s->heads + h) * d, by_head + ((r * s->heads + h) * t + j) * d, sizeof(uint16_t) * d);
+    }
 }
 
 /* A step's buffers, each (rows * tokens, width): `apart` holds q, k or v made apart, then the
@@ -168,12 +178,12 @@ static int layer_step(const Kernels *kn, const Step *s, const Layer *l, int64_t 
     if (attend(kn, s, index, l->scale, b->qk, s->tokens > 1 ? b->apart : b->att)) return 2;
     if (s->tokens > 1) heads_last(s, b->apart, b->att);
     if (product(kn, &l->o, b->att, b->tmp, s)) return 1;
-    add_rounded(x, b->tmp, count * hidden, s->fp16);
+    add_rounded(x, b->tmp, count, hidden, s->fp16, s->threads);
     norm(x, l->mlp_norm, b->h, count, hidden, hidden, s->eps, s->fp16, s->threads);
     if (product(kn, &l->gate_up, b->h, b->gu, s)) return 1;
     ((silu_fn)kn->silu)(b->gu, b->act, count, s->inter, 2 * s->inter, s->fp16, s->threads);
     if (product(kn, &l->down, b->act, b->tmp, s)) return 1;
-    add_rounded(x, b->tmp, count * hidden, s->fp16);
+    add_rounded(x, b->tmp, count, hidden, s->fp16, s->threads);
     return 0;
 }
 

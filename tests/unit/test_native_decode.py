@@ -26,18 +26,18 @@ def zoo(tmp_path_factory):
     return CheckpointZoo(tmp_path_factory.mktemp("native_decode_zoo"))
 
 
-def _decode(executor, slots: torch.Tensor, offsets: torch.Tensor, native: bool):
+def _decode(executor, slots: torch.Tensor, offsets: torch.Tensor, native: bool, prompt: int = PROMPT):
     """Logits of a prompt in two chunks and STEPS decode steps of rows `slots`, each row `offsets`
     further along in the decode (keys it never wrote read as the cache's zeros on both paths), and
     the cache."""
     saved = executor._native
     executor._native = saved if native else None
-    cache = executor.new_cache(8, PROMPT + STEPS + int(offsets.max()) + 1)
-    n, first = len(slots), PROMPT - SECOND_CHUNK
-    ids = torch.randint(3, 200, (n, PROMPT + STEPS), generator=torch.Generator().manual_seed(0))
+    cache = executor.new_cache(8, prompt + STEPS + int(offsets.max()) + 1)
+    n, first = len(slots), prompt - SECOND_CHUNK
+    ids = torch.randint(3, 200, (n, prompt + STEPS), generator=torch.Generator().manual_seed(0))
     steps = [Step(ids[:, :first], torch.arange(first).expand(n, -1), slots),
-             Step(ids[:, first:PROMPT], torch.arange(first, PROMPT).expand(n, -1), slots)]
-    steps += [Step(ids[:, PROMPT + i:PROMPT + i + 1], (PROMPT + i + offsets)[:, None], slots) for i in range(STEPS)]
+             Step(ids[:, first:prompt], torch.arange(first, prompt).expand(n, -1), slots)]
+    steps += [Step(ids[:, prompt + i:prompt + i + 1], (prompt + i + offsets)[:, None], slots) for i in range(STEPS)]
     try:
         logits = [executor.forward_steps(cache, [step])[0] for step in steps]
     finally:
@@ -65,6 +65,23 @@ def test_native_layers_give_the_python_forwards_bits(zoo, kind, rows):
     # each decode step on the loop; the prompt's chunks too where prompts run on the codes (AVX2)
     assert taken == [executor._native.prompts] * 2 + [True] * STEPS
     want, plain = _decode(executor, slots, offsets, native=False)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert all(torch.equal(a, b) for a, b in zip(cache.k + cache.v, plain.k + plain.v))
+
+
+def test_two_threads_give_one_threads_bits(zoo):
+    """A prompt of 8 x 40 tokens: the loop's own passes (rotation, adds, copies) split over two
+    threads from 256 tokens, the kernels over theirs; the bits are the Python forward's on one."""
+    llm = LLM(str(zoo.path("gguf:llama:Q4_0")), dtype="bfloat16", max_batch_size=8, cache_dir=False)
+    slots, offsets = torch.arange(8), torch.zeros(8, dtype=torch.long)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        got, cache = _decode(llm.executor, slots, offsets, native=True, prompt=40)
+        torch.set_num_threads(1)
+        want, plain = _decode(llm.executor, slots, offsets, native=False, prompt=40)
+    finally:
+        torch.set_num_threads(threads)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert all(torch.equal(a, b) for a, b in zip(cache.k + cache.v, plain.k + plain.v))
 
