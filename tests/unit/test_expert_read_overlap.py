@@ -133,3 +133,32 @@ def test_in_place_experts_are_handed_over_once_a_store_where_they_are_multiplied
             got = loads.load([0], {0: 1})
             assert torch.equal(got["experts.0.w"], tensors["experts.0.w"])
         assert len(calls) == (3 if wraps else 1)
+
+
+def test_experts_at_hand_are_computed_first_while_the_others_are_read():
+    """`ready_first`: an expert whose read landed comes first (its room goes to the next read), then
+    those here without a read, in the order given; one still being read when nothing is at hand."""
+    gates = {e: threading.Event() for e in NAMES}
+    pool = ThreadPoolExecutor(max_workers=4)
+
+    def begin(experts, tokens):
+        out = {}
+        for e in experts:
+            if e in (1, 2):  # used where they live: no read
+                out[e] = {f"experts.{e}.w": e}
+            else:
+                out[e] = pool.submit(lambda e=e: gates[e].wait(timeout=10) and {f"experts.{e}.w": e})
+        return out
+
+    w = LayerWeights({}, NAMES, lambda experts, tokens: {}, begin=begin)
+    w.routed_to({0: 1, 1: 1, 2: 1, 3: 1})
+    order = w.ready_first([0, 1, 2, 3])
+    assert next(order) == 1  # here already; 0 and 3 are being read
+    gates[3].set()
+    w._pending[3].result(timeout=10)
+    assert next(order) == 3  # landed: before 2, which is here without a read
+    assert next(order) == 2
+    assert next(order) == 0  # nothing else left: waited for
+    gates[0].set()
+    assert w["experts.0.w"] == 0 and list(order) == []
+    pool.shutdown()

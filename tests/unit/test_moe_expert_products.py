@@ -83,3 +83,36 @@ def test_a_coded_expert_is_multiplied_in_the_tokens_phase_not_the_one_its_2d_row
     w.update({f"experts.0.{p}": None for p in ("gate_bias", "up_bias", "down_bias")})
     moe._expert(x, w, 0, cfg, phase)
     assert seen == [phase] * 4
+
+
+class _ReadyInOrder(dict):
+    """Experts' weights whose `ready_first` hands the experts out in a given order (as weights
+    read on demand do: those here first)."""
+
+    def __init__(self, weights: dict, order: list[int]):
+        super().__init__(weights)
+        self.order = order
+
+    def ready_first(self, experts):
+        assert sorted(experts) == sorted(self.order)
+        yield from self.order
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_decode_step_sums_its_experts_to_the_same_bits_in_any_order_it_computes_them(native, dtype, monkeypatch):
+    if not native:  # torch's ops: the expert, then the weighted index_add_
+        monkeypatch.setattr(moe, "decode_expert_kernel", lambda: None)
+    cfg = MoEConfig(num_experts=8, num_experts_per_token=3, num_shared_experts=0, moe_intermediate_size=48,
+                    moe_layers=(True,))
+    gen = torch.Generator().manual_seed(3)
+    weights = {f"experts.{e}.{m}": (torch.randn(shape, generator=gen) * 0.3).to(dtype)
+               for e in range(8) for m, shape in (("gate_proj", (48, 64)), ("up_proj", (48, 64)), ("down_proj", (64, 48)))}
+    flat = torch.randn(5, 64, generator=gen).to(dtype)
+    routing = torch.randn(5, 8, generator=gen).softmax(-1)
+    pick_weights, indices = routing.topk(3, dim=-1)
+    in_order = moe.routed_sum(weights, flat, pick_weights, indices, cfg, Phase.DECODE)
+    experts = sorted(set(indices.flatten().tolist()))
+    for order in (experts[::-1], experts[1::2] + experts[0::2]):
+        got = moe.routed_sum(_ReadyInOrder(weights, order), flat, pick_weights, indices, cfg, Phase.DECODE)
+        assert torch.equal(got.view(torch.int16), in_order.view(torch.int16))

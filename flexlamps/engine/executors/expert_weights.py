@@ -76,6 +76,20 @@ class LayerWeights(Mapping):
         staged = {e for e in self._names if e in self._pending or self._names[e][0] in self._values}
         self._groups.want([e for e in sorted(tokens) if e in self._names], staged)
 
+    def ready_first(self, experts: list[int]):
+        """`experts` in the order to compute them (the MoE FFN's decode asks): each time the first,
+        in the order given, whose read has landed (computing it frees its room in the group for the
+        next read), else the first whose weights are here without a read (used where they live, or
+        cached), else the first left, whose read the forward then waits for. The reads in flight
+        overlap the work on the experts at hand instead of holding it up."""
+        left = list(experts)
+        while left:
+            landed = [e for e in left if e in self._pending and self._pending[e].done()]
+            here = landed or [e for e in left if e not in self._pending and self._names[e][0] in self._values]
+            e = (here or left)[0]
+            left.remove(e)
+            yield e
+
     def expert_done(self, expert: int) -> None:
         """The forward has computed `expert` on its tokens: its room may go to the next read."""
         self._groups.finished(expert)

@@ -157,24 +157,65 @@ def decode_expert_kernel() -> half_gemv.HalfGemv | None:
 def routed_sum(w, flat: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, cfg: MoEConfig,
                phase: Phase) -> torch.Tensor:
     """The routed experts' weighted outputs summed per token, each expert once on the tokens that
-    chose it, in expert order; a token's sum is rounded to the dtype after each expert. (The machine
-    profile times this, `hardware.expert_probes`: the planner's expert rates are what it runs at.)"""
+    chose it; a token's sum is rounded to the dtype after each expert, in expert order. (The machine
+    profile times this, `hardware.expert_probes`: the planner's expert rates are what it runs at.)
+
+    A decode step computes first the experts whose weights are here (`w.ready_first`, weights read
+    on demand: those still being read wait their turn), so their work overlaps the reads: one
+    computed ahead of an expert before it keeps its own rounded terms (`_ExpertTerms`), added at its
+    turn, so the sums are the same bits in any order."""
     out = torch.zeros_like(flat)
     done = getattr(w, "expert_done", None)  # weights that stream experts take each back once used
     kernel = _fused_experts(flat, cfg, phase)
     pick_weights = weights.reshape(-1).float().contiguous()
-    for expert, pick in routed_picks(w, indices):
+    picks = dict(routed_picks(w, indices))
+    ready_first = getattr(w, "ready_first", None) if phase is Phase.DECODE else None
+    terms = _ExpertTerms(out, list(picks), indices.shape[1])
+    for expert in (ready_first(list(picks)) if ready_first is not None else picks):
         pre = f"experts.{expert}."
         mats = (w[pre + "gate_proj"], w[pre + "up_proj"], w[pre + "down_proj"]) if kernel is not None else ()
-        if kernel is not None and kernel.takes_expert(flat, *mats):  # the same roundings in one call
-            kernel.expert_swiglu(flat, *mats, pick, indices.shape[1], pick_weights, out)
+        fused = kernel is not None and kernel.takes_expert(flat, *mats)
+        x, pick, slots, pick_w, target = terms.target(expert, flat, picks[expert], pick_weights)
+        if fused:  # the same roundings in one call
+            kernel.expert_swiglu(x, *mats, pick, slots, pick_w, target)
         else:
-            token_idx = pick // indices.shape[1]
-            y = _expert(flat[token_idx], w, expert, cfg, phase)
-            out.index_add_(0, token_idx, (y * pick_weights[pick, None]).to(out.dtype))
+            token_idx = pick // slots
+            y = _expert(x[token_idx], w, expert, cfg, phase)
+            target.index_add_(0, token_idx, (y * pick_w[pick, None]).to(target.dtype))
+        terms.computed(expert)
         if done is not None:
             done(expert)
     return out
+
+
+class _ExpertTerms:
+    """Where each expert's weighted terms go as `routed_sum` computes experts in any order: into
+    `out` when every expert before it (in `order`) is added, else into its own zeroed rows, one per
+    token that picked it, added into `out` (one rounding each, as the in-order add) at its turn.
+    `out` is never -0 (it starts +0; x + -x rounds to +0), so a term's +-0 adds the same either way."""
+
+    def __init__(self, out: torch.Tensor, order: list[int], slots: int):
+        self.out, self.order, self.slots = out, order, slots
+        self.added = 0  # order[:added] are in out
+        self.ahead: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # expert -> (its token rows, its terms)
+
+    def target(self, expert: int, flat: torch.Tensor, pick: torch.Tensor, pick_weights: torch.Tensor):
+        """(token rows, their picks, slots, the picks' weights, rows to add into) for computing
+        `expert`'s terms now: the layer's, or its picks' own (one slot a row)."""
+        if self.order[self.added] == expert:
+            return flat, pick, self.slots, pick_weights, self.out
+        token_idx = pick // self.slots
+        rows = torch.zeros((len(pick), flat.shape[1]), dtype=flat.dtype)
+        self.ahead[expert] = (token_idx, rows)
+        return flat[token_idx], torch.arange(len(pick)), 1, pick_weights[pick], rows
+
+    def computed(self, expert: int) -> None:
+        if self.order[self.added] == expert:
+            self.added += 1
+        while self.added < len(self.order) and self.order[self.added] in self.ahead:
+            token_idx, rows = self.ahead.pop(self.order[self.added])
+            self.out.index_add_(0, token_idx, rows)
+            self.added += 1
 
 
 def moe_ffn(w: dict[str, torch.Tensor], x: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
