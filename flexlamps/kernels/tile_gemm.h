@@ -15,7 +15,7 @@
  *           Q8_0's), then widened. Where |q| <= 32 the codes are held biased, q + 64 (unsigned, as
  *           4-bit codes), and each 16-bit sum starts at -64 times the x codes it multiplies, mod
  *           2^16: it ends at the exact sum of q x (which fits int16; vpaddw wraps), with no vpsignb
- *           (Q6_K 33 -> 37 GFLOP/s). Larger codes: vpmaddubsw(|q|, x signed by q).
+ *           (Q6_K 33 -> 40 GFLOP/s on a 1.1B layer). Larger codes: vpmaddubsw(|q|, x signed by q).
  * A step's multiply-adds are asm (`step_rows`) and the common group sizes have constant counts
  * (`gemm_pass`, `pass2`): 1.2x the rate gcc made of the same intrinsics (this EPYC, 1 thread,
  * 2048 x 2048, 128 rows: 4-bit 41 -> 49 GFLOP/s, Q6_K 26 -> 32; vpmaddubsw's peak there is 79:
