@@ -156,8 +156,9 @@ def _decode(runs: dict, batch: int, gen_len: int) -> dict:
         tps = batch * gen_len / full["t_tg"]
     else:
         tps = batch * steps / decode_s if decode_s > 0 else float("nan")
-    return {"decode_tps": tps, "prefill_s": one["s"],
-            "read_per_step": (full["read_bytes"] - one["read_bytes"]) / steps,
+    read_per_step = (full["decode_read_bytes"] / gen_len if "decode_read_bytes" in full  # llama.cpp's own window
+                     else (full["read_bytes"] - one["read_bytes"]) / steps)
+    return {"decode_tps": tps, "prefill_s": one["s"], "read_per_step": read_per_step,
             "rchar_per_step": (full["rchar"] - one["rchar"]) / steps}
 
 

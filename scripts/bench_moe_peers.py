@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -81,28 +82,59 @@ class MemoryCap:
 
 
 def run_capped(cap: MemoryCap, cmd: list[str], timeout_s: float) -> tuple[str, dict[str, int], float]:
-    """(stdout, its bytes read, seconds) of `cmd` run in the cgroup, its /proc io polled until it ends."""
+    """(stdout, its bytes read, seconds) of `cmd` run in the cgroup. `read_bytes` is exact: the
+    child's own count at its exit (`wait4`'s `ru_inblock`, in 512-byte units: every thread, page
+    faults of mmap'ed files included), where a poll of /proc/<pid>/io misses what it read after the
+    last poll (and reads nothing once the child is reaped); `rchar` is the last poll's (no rusage
+    field counts it). Its output is drained while it runs, so a chatty child never blocks on a pipe."""
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=cap.join)
-    last = {"read_bytes": 0, "rchar": 0}
-    while proc.poll() is None:
+    streams = {"out": [], "err": []}
+    readers = [threading.Thread(target=lambda f=f, into=into: into.append(f.read()), daemon=True)
+               for f, into in ((proc.stdout, streams["out"]), (proc.stderr, streams["err"]))]
+    for reader in readers:
+        reader.start()
+    last, polls = {"read_bytes": 0, "rchar": 0}, []
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
         try:
             last = io_counters(proc.pid)
+            polls.append((time.perf_counter() - t, last["read_bytes"]))
         except (OSError, KeyError, ValueError):
             pass
         if time.perf_counter() - t > timeout_s:
             proc.kill()
         time.sleep(0.05)
-    out, err = proc.communicate()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    for reader in readers:
+        reader.join()
+    out, err = "".join(streams["out"]), "".join(streams["err"])
     if proc.returncode:
         raise RuntimeError(f"{Path(cmd[0]).name} exited with {proc.returncode}: {err[-800:]}")
-    return out, last, time.perf_counter() - t
+    seconds, read_bytes = time.perf_counter() - t, usage.ru_inblock * 512
+    return out, {"read_bytes": read_bytes, "rchar": last["rchar"], "polls": polls + [(seconds, read_bytes)]}, seconds
 
 
-def llama_jsonl_row(cap: MemoryCap, cmd: list[str], timeout_s: float, tries: int = 3) -> tuple[dict, dict[str, int]]:
+def read_in_last(polls: list[tuple[float, int]], seconds: float) -> float:
+    """Bytes read in the last `seconds` of a run polled as (time, bytes read so far), the last
+    poll at its exit: the bytes at the end less those at that time (interpolated between polls)."""
+    end_t, end_bytes = polls[-1]
+    at = max(0.0, end_t - seconds)
+    before = [(pt, pb) for pt, pb in polls if pt <= at] or [(0.0, 0)]
+    after = next((pt, pb) for pt, pb in polls if pt >= at)
+    (t0, b0), (t1, b1) = before[-1], after
+    return end_bytes - (b0 + (b1 - b0) * ((at - t0) / (t1 - t0) if t1 > t0 else 0.0))
+
+
+def llama_jsonl_row(cap: MemoryCap, cmd: list[str], timeout_s: float, tries: int = 3,
+                    drop: tuple[Path, ...] = ()) -> tuple[dict, dict[str, int]]:
     """llama-batched-bench's one JSON row (and its bytes read), run in the cgroup; run again where it
-    exited 0 with no row (seen under load: an empty stdout), up to `tries` times."""
+    exited 0 with no row (seen under load: an empty stdout), up to `tries` times, each from a page
+    cache without the files `drop` (a try after one that read them would read less)."""
     for _ in range(tries):
+        drop_page_cache(*drop)
         out, read, _ = run_capped(cap, cmd, timeout_s)
         rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         if len(rows) == 1:
@@ -122,13 +154,17 @@ def llama_cpp_runs(cap: MemoryCap, binary: str, gguf: Path, batch: int, prompt_l
                    threads: int, timeout_s: float) -> dict:
     """llama-batched-bench for 1 and for `gen_len` new tokens: {gen: (seconds, bytes read)}; its own timing
     (`t`: prefill and decode of the batch, model load excluded; `t_tg`: its `gen` decode steps alone), our
-    /proc counts."""
+    /proc counts, and `decode_read_bytes`: what it read in its decode, the last `t_tg` seconds before
+    it exited (its row is printed, and the model freed, as the decode ends). The difference of the
+    two runs' totals is no measure of that: under a cap each run's load reads the mmap'ed model
+    anew, and how much of it is read twice varies by more than the decode reads (seen: -151 MiB a
+    step at full size)."""
     runs = {}
     for gen in (1, gen_len):
-        drop_page_cache(gguf)
         cmd = [binary, "-m", str(gguf), "-c", str(batch * (prompt_len + gen) + 16), "-b", "2048", "-ub", "512",
                "-npp", str(prompt_len), "-ntg", str(gen), "-npl", str(batch), "-t", str(threads),
                "--output-format", "jsonl"]
-        row, read = llama_jsonl_row(cap, cmd, timeout_s)
-        runs[gen] = {"s": row["t"], "t_tg": row["t_tg"], **read}
+        row, read = llama_jsonl_row(cap, cmd, timeout_s, drop=(gguf,))
+        decode_bytes = read_in_last(read.pop("polls"), row["t_tg"])
+        runs[gen] = {"s": row["t"], "t_tg": row["t_tg"], "decode_read_bytes": decode_bytes, **read}
     return runs
