@@ -127,6 +127,24 @@ static int pool_workers(int want) {
     return atomic_load(&pool.started);
 }
 
+/* Bounds of chunks of `items` for `threads` (starts[c] .. starts[c + 1], c < the count returned):
+ * each a 1 / (2 threads) share of what is left, at least one item and at most an 8th of a thread's
+ * share (a thread preempted mid-chunk holds little back), so the threads' last chunks are small and
+ * they finish close together; at most max_chunks (the last takes the rest). */
+static int64_t pool_guided(int64_t items, int threads, int64_t *starts, int64_t max_chunks) {
+    const int64_t parts = threads > 1 ? 2 * (int64_t)threads : 1, cap = items / (4 * parts) > 1 ? items / (4 * parts) : 1;
+    int64_t chunks = 0, at = threads > 1 ? 0 : items;  /* one thread: one chunk */
+    starts[0] = 0;
+    starts[1] = items;
+    while (at < items) {
+        int64_t left = items - at, size = (left + parts - 1) / parts;
+        size = chunks + 1 == max_chunks ? left : size < cap ? size : cap;
+        at += size;
+        starts[++chunks] = at;
+    }
+    return threads > 1 ? chunks : 1;
+}
+
 /* fn(ctx, c, slot) for every chunk c < chunks, on the caller and up to threads - 1 workers; slot
  * < threads names the thread's scratch (the caller's is 0). */
 static void pool_run(int threads, int64_t chunks, pool_fn fn, void *ctx) {

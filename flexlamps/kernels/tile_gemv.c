@@ -160,18 +160,17 @@ typedef struct {
     Setup setup;
     int64_t n, group, rows, tile;
     int fp16, kind;
-    int64_t per_chunk, tiles, tile_bytes;
+    const int64_t *starts;  /* chunk c's tiles: starts[c] .. starts[c + 1] - 1 */
+    int64_t tile_bytes;
 } DecodeCall;
 
-/* Chunks a thread claims per call, about: a thread slowed mid-call leaves the rest to the others. */
-#define DECODE_CHUNKS_PER_THREAD 8
+#define DECODE_MAX_CHUNKS 256  /* of a call's tiles, largest first (`pool_guided`) */
 
 /* Chunk c of a decode call: its tiles. */
 static void decode_tiles(void *ctx, int64_t c, int slot) {
     const DecodeCall *d = ctx;
     (void)slot;
-    int64_t last = (c + 1) * d->per_chunk < d->tiles ? (c + 1) * d->per_chunk : d->tiles;
-    for (int64_t t = c * d->per_chunk; t < last; t++)
+    for (int64_t t = d->starts[c]; t < d->starts[c + 1]; t++)
         run_tile(d->codes + t * d->tile_bytes, d->fifth ? d->fifth + t * d->x->cols : NULL, d->scale_zero + t * d->tile * 2,
                  d->n, d->group, d->x, &d->setup, d->rows, d->out + t * d->tile, d->fp16, d->kind);
 }
@@ -219,10 +218,11 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint64_t *fifth, const uint1
         return status;
     }
     const int64_t tiles = n / tile;
-    const int64_t per_chunk = tiles / (DECODE_CHUNKS_PER_THREAD * threads) > 1 ? tiles / (DECODE_CHUNKS_PER_THREAD * threads) : 1;
+    int64_t starts[DECODE_MAX_CHUNKS + 1];
+    const int64_t chunks = pool_guided(tiles, threads, starts, DECODE_MAX_CHUNKS);
     DecodeCall call = {codes, fifth, scale_zero, out, &xr, make_setup(tile), n, group, rows, tile, fp16, kind,
-                       per_chunk, tiles, (kind == KIND_INT8_SPLIT ? 2 : 1) * cols * (tile / 2)};
-    pool_run(threads, (tiles + per_chunk - 1) / per_chunk, decode_tiles, &call);
+                       starts, (kind == KIND_INT8_SPLIT ? 2 : 1) * cols * (tile / 2)};
+    pool_run(threads, chunks, decode_tiles, &call);
     free(buf);
     return 0;
 }
