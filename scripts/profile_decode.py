@@ -114,7 +114,7 @@ def main():
     times.install()
     llm = LLM(args.model, dtype=args.dtype, max_batch_size=max(batches))
     if args.python_layers:
-        llm.executor._native = None
+        llm.executor.native_layers = None
     print(f"{args.model}, {llm.dtype}, {args.threads} thread(s); kernels: "
           + ", ".join(f"{k} {getattr(loader.chosen().get(k), 'level', 'off')}" for k in _CALLS))
     for batch in batches:

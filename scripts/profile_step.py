@@ -71,7 +71,7 @@ def main() -> None:
         if args.offload_dir else {}
     llm = LLM(args.model, dtype=args.dtype, max_batch_size=max(batches), **budgets)
     if args.python_layers and not args.offload_dir:
-        llm.executor._native = None
+        llm.executor.native_layers = None
     if args.offload_dir:
         llm.prepare(prompt_len=args.prompt_len, gen_len=2 * args.steps + 1, num_sequences=max(batches))
     layers = llm.config.num_layers

@@ -30,8 +30,8 @@ def _decode(executor, slots: torch.Tensor, offsets: torch.Tensor, native: bool, 
     """Logits of a prompt in two chunks and STEPS decode steps of rows `slots`, each row `offsets`
     further along in the decode (keys it never wrote read as the cache's zeros on both paths), and
     the cache."""
-    saved = executor._native
-    executor._native = saved if native else None
+    saved = executor.native_layers
+    executor.native_layers = saved if native else None
     cache = executor.new_cache(8, prompt + STEPS + int(offsets.max()) + 1)
     n, first = len(slots), prompt - SECOND_CHUNK
     ids = torch.randint(3, 200, (n, prompt + STEPS), generator=torch.Generator().manual_seed(0))
@@ -41,7 +41,7 @@ def _decode(executor, slots: torch.Tensor, offsets: torch.Tensor, native: bool, 
     try:
         logits = [executor.forward_steps(cache, [step])[0] for step in steps]
     finally:
-        executor._native = saved
+        executor.native_layers = saved
     return [out.flatten() for out in logits], cache
 
 
@@ -50,7 +50,7 @@ def _decode(executor, slots: torch.Tensor, offsets: torch.Tensor, native: bool, 
 def test_native_layers_give_the_python_forwards_bits(zoo, kind, rows):
     llm = LLM(str(zoo.path(f"gguf:llama:{kind}")), dtype="bfloat16", max_batch_size=8, cache_dir=False)
     executor = llm.executor
-    assert executor._native is not None
+    assert executor.native_layers is not None
     slots = torch.tensor(rows)
     offsets = torch.tensor([0, 4, 1][:len(rows)])  # rows at positions of their own
     taken, real = [], NativeDecode.run
@@ -63,7 +63,7 @@ def test_native_layers_give_the_python_forwards_bits(zoo, kind, rows):
     with mock.patch.object(NativeDecode, "run", watched):
         got, cache = _decode(executor, slots, offsets, native=True)
     # each decode step on the loop; the prompt's chunks too where prompts run on the codes (AVX2)
-    assert taken == [executor._native.prompts] * 2 + [True] * STEPS
+    assert taken == [executor.native_layers.prompts] * 2 + [True] * STEPS
     want, plain = _decode(executor, slots, offsets, native=False)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert all(torch.equal(a, b) for a, b in zip(cache.k + cache.v, plain.k + plain.v))
@@ -88,6 +88,6 @@ def test_two_threads_give_one_threads_bits(zoo):
 
 def test_a_float32_model_and_a_model_off_the_kernels_run_the_python_forward(zoo):
     fp32 = LLM(str(zoo.path("gguf:llama:Q4_0")), dtype="float32", max_batch_size=2, cache_dir=False)
-    assert fp32.executor._native is None
+    assert fp32.executor.native_layers is None
     dense = LLM(str(zoo.path("tiny:llama_gqa")), dtype="bfloat16", max_batch_size=2, cache_dir=False)
-    assert dense.executor._native is None
+    assert dense.executor.native_layers is None

@@ -86,8 +86,10 @@ class InMemoryExecutor:
         if dense_twins and can_have_dense_twin(head):  # a Q8_0 head; a tied one's dense copy is the table
             head = with_dense_twin(head, self.global_weights["embed_tokens"] if cfg.tie_word_embeddings else None)
         self.global_weights["lm_head"] = pack(head)
-        # a step's layers in one native call where every layer runs on our kernels (same bits)
-        self._native = NativeDecode.build(self.fwd, self.layer_weights, dtype) if self.device.type == "cpu" else None
+        # a step's layers in one native call where every layer runs on our kernels (same bits); None:
+        # the Python forward (set it to None to run that, as scripts/profile_step.py --python-layers does)
+        cpu = self.device.type == "cpu"
+        self.native_layers = NativeDecode.build(self.fwd, self.layer_weights, dtype) if cpu else None
 
     def new_cache(self, num_slots: int, capacity: int):
         if self.cfg.hybrid is not None:  # KV for the full-attention layers, a state for the DeltaNet ones
@@ -152,7 +154,7 @@ class InMemoryExecutor:
     def _native_layers(self, x, cache, step: Step, geometry, ctx) -> torch.Tensor | None:
         """x after every layer on the native loop (`NativeDecode`), or None where it does not take the
         step: a dense cache of whole rows, keys written at the positions."""
-        if (self._native is None or type(cache) is not DenseKVCache or step.cache_positions is not None
+        if (self.native_layers is None or type(cache) is not DenseKVCache or step.cache_positions is not None
                 or any(ring is not None for ring in cache.rings)):
             return None
-        return self._native.run(x, cache.k, cache.v, geometry, ctx)
+        return self.native_layers.run(x, cache.k, cache.v, geometry, ctx)
