@@ -17,6 +17,9 @@
 
 #include "native_simd.h"
 
+/* The other kernels' signatures, as their sources declare them: a change there must be made here too
+ * (tests/unit/test_native_decode.py compares the loop's bits with the Python forward's, which calls them
+ * through ctypes with their declared arguments). */
 typedef int (*gemv_fn)(const void *, const void *, const void *, const uint16_t *, uint16_t *, int64_t, int64_t,
                        int64_t, int64_t, int64_t, int, int, int, int);
 typedef int (*gemm_fn)(const void *, const void *, const uint16_t *, uint16_t *, int64_t, int64_t, int64_t, int64_t,
