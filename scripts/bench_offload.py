@@ -61,10 +61,20 @@ def save_smollm2(folder: Path, dtype: torch.dtype) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     save_file({hf_name(reader.config, s): weights[s.name].contiguous() for s in weight_specs(reader.config)},
               str(folder / "model.safetensors"))
-    cfg = dict(reader.hf_config, architectures=["LlamaForCausalLM"], torch_dtype=str(dtype).removeprefix("torch."))
-    (folder / "config.json").write_text(json.dumps(cfg))
+    (folder / "config.json").write_text(json.dumps(llama_config_json(reader.config, dtype)))
     _copy_tokenizer(folder)
     return folder
+
+
+def llama_config_json(cfg, dtype: torch.dtype) -> dict:
+    """The config.json transformers loads a plain LLaMA (SmolLM2) from, written from its `ModelConfig`."""
+    return dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=cfg.hidden_size,
+                intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
+                num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_position, rms_norm_eps=cfg.norm_eps,
+                rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling, tie_word_embeddings=cfg.tie_word_embeddings,
+                bos_token_id=cfg.bos_token_id, eos_token_id=list(cfg.eos_token_ids) if len(cfg.eos_token_ids) > 1 else cfg.eos_token_ids[0],
+                torch_dtype=str(dtype).removeprefix("torch."))
 
 
 def save_random_tinyllama(folder: Path, dtype: torch.dtype) -> Path:

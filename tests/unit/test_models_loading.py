@@ -107,3 +107,22 @@ def test_gguf_rope_factors_are_refused_not_dropped(tmp_path):
     w.add_tensor("rope_freqs.weight", np.ones(4, dtype=np.float32))
     with pytest.raises(UnsupportedModelError, match="rope_freqs.weight"):
         open_checkpoint(finish_gguf(w, path))
+
+
+@pytest.mark.parametrize("field", ["num_nextn_predict_layers", "num_mtp_layers"])
+def test_multi_token_prediction_layers_are_read_from_the_model_description(field):
+    """GLM-4.5 / DeepSeek-V3 store their multi-token-prediction layers after the last one run: the
+    description counts them (`ModelConfig.storage.mtp_layers`), so only those layers' tensors pass
+    unread, and a config without the count refuses them."""
+    from flexlamps.models.loading.unread import unread_tensors
+    from tests.checkpoints import checkpoint_fields
+
+    hf = dict(checkpoint_fields("glm4_moe"), vocab_size=64)
+    layers = hf["num_hidden_layers"]
+    names = [f"model.layers.{layers}.eh_proj.weight", f"model.layers.{layers + 1}.eh_proj.weight"]
+    with_mtp = ModelConfig.from_hf({**hf, field: 1})
+    assert with_mtp.storage.mtp_layers == 1
+    assert unread_tensors(names, set(), with_mtp) == names[1:]
+    assert unread_tensors(names, set(), ModelConfig.from_hf(hf)) == names
+    with pytest.raises(UnsupportedModelError, match="num_nextn_predict_layers"):
+        ModelConfig.from_hf({**hf, field: "one"})

@@ -12,8 +12,8 @@ from flexlamps.models.blocks import moe
 from flexlamps.models.blocks.linear import linear
 from flexlamps.models.blocks.weight_kind import KINDS, Phase, WeightKind
 from flexlamps.models.moe_config import MoEConfig
-from flexlamps.models.config import ModelConfig
 
+from tests.described import described
 from tests.unit.test_expert_groups import SMALL_MOE
 
 
@@ -50,8 +50,9 @@ def test_the_sweeps_peak_scans_the_weights_once_per_layer(monkeypatch):
     on_cpu = placement.TierSplit(gpu=0.0, cpu=1.0, disk=0.0)
     policy = placement.Policy(gpu_batch_size=4, num_gpu_batches=1, weights=on_cpu, cache=on_cpu,
                               activations=on_cpu)
-    config = ModelConfig.from_hf(SMALL_MOE)
-    charges, fresh = (PlacementCharges.on_paper(config, policy, torch.bfloat16, device_type="cpu") for _ in range(2))
+    config, spec = described(SMALL_MOE)
+    charges, fresh = (PlacementCharges.on_paper(config, policy, torch.bfloat16, model_spec=spec, device_type="cpu")
+                      for _ in range(2))
     charges.sweep_gpu_peak([(4, 1, 20)])
     expected = fresh.sweep_gpu_peak([(4, 1, 21)])
     scans = []

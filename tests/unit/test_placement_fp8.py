@@ -5,7 +5,6 @@ import dataclasses
 import pytest
 
 import placement
-from flexlamps.models.config import ModelConfig
 from tests.described import described, plan_target
 from flexlamps.models.presets import MODEL_CONFIGS
 
@@ -82,7 +81,8 @@ def test_the_engine_plans_fp8_checkpoints_at_the_size_it_holds_them():
     assert 0.4 < with_fp8.peak_bytes["cpu"] / without.peak_bytes["cpu"] < 0.5  # the gpu tier is full in both
     on_cpu = placement.TierSplit(gpu=0.0, cpu=1.0, disk=0.0)
     policy = placement.Policy(gpu_batch_size=1, num_gpu_batches=1, weights=on_cpu, cache=on_cpu, activations=on_cpu)
-    charges = PlacementCharges.on_paper(ModelConfig.from_hf(hf), policy, torch.bfloat16, device_type="cpu")
+    config, spec = described(hf)
+    charges = PlacementCharges.on_paper(config, policy, torch.bfloat16, model_spec=spec, device_type="cpu")
     charged = sum(charges.store.stored.values())
     planned = dataclasses.replace(V32_FP8, dtype="bf16").total_weight_bytes()
     assert charged == pytest.approx(planned, rel=1e-3)  # 627.7 GiB either way

@@ -36,7 +36,7 @@ def test_planned_dequantized_bytes_equal_the_engines_charge(config, dtype_name, 
     policy = placement.Policy(gpu_batch_size=1, num_gpu_batches=1, weights=on_gpu, cache=on_gpu,
                               activations=on_gpu, compress_weight=True)
     charges = PlacementCharges.on_paper(ModelConfig.from_hf(config), policy, DTYPES[dtype_name], int4=True,
-                                        device_type="cpu")
+                                        model_spec=model, device_type="cpu")
     choice = Choice.of(policy)
     planned = dequantized_bytes(choice, layer_sizes(choice, model, placement.WorkloadSpec(prompt_len=8, gen_len=4)), model, rows)
     assert planned == charges.call_copies(0, rows)
@@ -84,7 +84,8 @@ def test_time_and_memory_follow_one_kernel_rule_on_presets(preset, dtype):
     on_gpu = placement.TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
     policy = placement.Policy(gpu_batch_size=rows, num_gpu_batches=1, weights=on_gpu, cache=on_gpu,
                               activations=on_gpu, compress_weight=True)
-    charges = PlacementCharges.on_paper(ModelConfig.from_hf(dict(LLAMA, torch_dtype=dtype)), policy, DTYPES[dtype],
+    config, spec = described(dict(LLAMA, torch_dtype=dtype))
+    charges = PlacementCharges.on_paper(config, policy, DTYPES[dtype], model_spec=spec,
                                         int4=True, device_type="cuda", fused_int4=fused)
     assert charges.call_copies(0, rows) == (0 if fused else matrix)
 
@@ -101,8 +102,8 @@ def test_a_sweep_of_prompt_chunks_holds_the_layer_dense_in_plan_and_engine():
     on_gpu = placement.TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
     policy = placement.Policy(gpu_batch_size=2, num_gpu_batches=3, weights=on_gpu, cache=on_gpu,
                               activations=on_gpu, compress_weight=True)
-    charges = PlacementCharges.on_paper(ModelConfig.from_hf(dict(LLAMA, torch_dtype="bfloat16")), policy,
-                                        torch.bfloat16, int4=True, device_type="cpu")
+    config, spec = described(dict(LLAMA, torch_dtype="bfloat16"))
+    charges = PlacementCharges.on_paper(config, policy, torch.bfloat16, model_spec=spec, int4=True, device_type="cpu")
     assert one_call == charges.call_copies(0, 256)
     assert three_calls == charges.sweep_copies(0)
     steps = [(2, 128, 128)] * 3

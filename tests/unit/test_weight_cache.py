@@ -134,7 +134,7 @@ def test_header_is_parsed_once_and_reparsed_when_the_file_changes(tiny_gguf, tmp
 
     monkeypatch.setattr(gguf, "GGUFReader", no_parse)
     second = GGUFReader(tiny_gguf, cache)
-    assert second.fields == first.fields and second.hf_config == first.hf_config and second.sha256 == first.sha256
+    assert second.fields == first.fields and second.config == first.config and second.sha256 == first.sha256
     monkeypatch.setattr(gguf, "GGUFReader", real)
     write_tiny_gguf(tiny_gguf, seed=2)  # same size, new bytes and mtime
     assert GGUFReader(tiny_gguf, cache).sha256 != first.sha256

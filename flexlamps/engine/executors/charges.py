@@ -23,7 +23,6 @@ from flexlamps.engine.executors.split_tables import head_chunks
 from flexlamps.engine.executors.weight_store import WeightStore
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.blocks.weight_kind import KINDS, WeightKind
-from flexlamps.models import description
 from placement.cost_memory import workspace_bytes
 from quant import KV_CACHE_DEFAULT
 from quant.int4_weight import Int4Weight, kernel_dtypes
@@ -69,10 +68,10 @@ class PlacementCharges:
     holds ESS's FP8 records, not the compute dtype's; `fused_int4`: whether the device multiplies
     4-bit weights in place in the store's dtype (default: as torch's kernels do on its device
     type; a planned GPU says it, `placement.int4_runs_in_place`); `model_spec`: the run's
-    `placement.ModelSpec` (default: the config's table, `models.description`)."""
+    `placement.ModelSpec` (its workspace figures), described from the store's config once a run."""
 
-    def __init__(self, store: WeightStore, *, latent_fp8: bool = False, fused_int4: bool | None = None,
-                 model_spec: placement.ModelSpec | None = None):
+    def __init__(self, store: WeightStore, *, model_spec: placement.ModelSpec, latent_fp8: bool = False,
+                 fused_int4: bool | None = None):
         self.store = store
         self.cfg, self.policy, self.dtype, self.dtype_bytes = store.cfg, store.policy, store.dtype, store.dtype_bytes
         cfg, policy = self.cfg, self.policy
@@ -80,7 +79,7 @@ class PlacementCharges:
         if cfg.mla is not None and (policy.compress_cache or policy.cpu_attention):
             raise ValueError(f"{cfg.model_type}'s latent cache is stored as it is and attended on the gpu tier: "
                              "give a policy without compress_cache and cpu_attention (or --placement auto)")
-        self.model_spec = model_spec or description.model_spec(cfg)  # the run plan's, built once
+        self.model_spec = model_spec
         self.fused_int4 = self.dtype in kernel_dtypes(store.device_type) if fused_int4 is None else fused_int4
         self.expert_staged = {j: sorted((store.staged(names) for names in by_expert.values()), reverse=True)
                               for j, by_expert in store.experts.items()}  # each expert's, largest first
@@ -89,8 +88,8 @@ class PlacementCharges:
         self.layer_matrices = self._index_layers()
 
     @classmethod
-    def on_paper(cls, config: ModelConfig, policy: placement.Policy, dtype: torch.dtype, *, latent_fp8: bool = False,
-                 fused_int4: bool | None = None, model_spec: placement.ModelSpec | None = None,
+    def on_paper(cls, config: ModelConfig, policy: placement.Policy, dtype: torch.dtype, *,
+                 model_spec: placement.ModelSpec, latent_fp8: bool = False, fused_int4: bool | None = None,
                  **store_options) -> "PlacementCharges":
         """The charges of `config`'s weights placed by `policy` in a `WeightStore` on paper
         (`store_options`: its keywords), nothing read: the dry run's."""

@@ -31,6 +31,7 @@ from flexlamps.engine.executors.stored_weights import GROUPWISE_BACKENDS, int4_w
 from flexlamps.engine.executors.sweep import Sweep
 from flexlamps.engine.executors.weight_store import WeightStore, in_place_samples
 from flexlamps.engine.routing_profile import cached_routing
+from flexlamps.models import description
 from flexlamps.models.blocks.linear import KINDS
 from flexlamps.models.forward import forward_for
 from offload import TierBudget, compute_device
@@ -71,7 +72,7 @@ class OffloadExecutor:
         room ("cyclic", "lru", "frequency" or "off"; `expert_weights.ExpertCache`). `routing`: a MoE
         model's `placement.routing.RoutingProfile`, hottest experts on the fastest tier
         (default: the one `flexlamps profile --prompts` cached for this checkpoint, if any).
-        `model_spec`: the run's `placement.ModelSpec` (the run plan's; default: built from the config)."""
+        `model_spec`: the run's `placement.ModelSpec` (the run plan's; default: the reader's config described, `models.description`)."""
         if problems := unsupported(policy, getattr(reader, "config", None)):
             raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(problems)}); "
                              "use --placement auto or a policy from `flexlamps plan`")
@@ -98,8 +99,9 @@ class OffloadExecutor:
                                    stores_fp8=getattr(reader, "stores_fp8", None),
                                    stores_mxfp4=getattr(reader, "stores_mxfp4", None), routing=routing,
                                    weight_bits=weight_bits(policy, weight_quant), in_place=samples)
-        self.charges = PlacementCharges(self.weights, latent_fp8=latent_fp8, model_spec=model_spec)
-        self.model_spec = self.charges.model_spec
+        # the run plan's description, or the reader's config described here (what a plan would build)
+        self.model_spec = model_spec or description.model_spec(cfg)
+        self.charges = PlacementCharges(self.weights, model_spec=self.model_spec, latent_fp8=latent_fp8)
         self.weights.write(reader, self.budgets, self.device, in_place=in_place, qcfg=self.qcfg,
                            weight_quantizer=self.weight_quantizer, offload_dir=offload_dir, verify_disk=verify_disk,
                            expert_cache=expert_cache)

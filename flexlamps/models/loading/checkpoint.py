@@ -47,8 +47,8 @@ class HFFolderReader:
         cfg_path = folder / "config.json"
         if not cfg_path.exists():
             raise CheckpointError(f"{folder} has no config.json; is it a Hugging Face model folder?")
-        self.hf_config = json_file(cfg_path, "model config")
-        self.config = ModelConfig.from_hf(self.hf_config, source=str(cfg_path))
+        self._config_json = json_file(cfg_path, "model config")  # read once: the ModelConfig describes the model
+        self.config = ModelConfig.from_hf(self._config_json, source=str(cfg_path))
         self.fp8_block = self.config.storage.fp8_block
         self._files = tensor_files(folder)
         self._parts = FusedParts(lambda name, i: self._handle(name).get_slice(name)[i], self._files.__contains__,
@@ -63,7 +63,7 @@ class HFFolderReader:
         for spec in weight_specs(self.config):
             part = hf_part(self.config, spec)
             read |= set(self._parts.names(part)) if part is not None else {self._file_name(spec)}
-        unread = unread_tensors(self._files, read, self.hf_config)
+        unread = unread_tensors(self._files, read, self.config)
         if unread:
             raise CheckpointError(unread_error(str(self.path), unread, family_for(self.config.model_type).name))
 
@@ -145,7 +145,7 @@ class HFFolderReader:
             raise CheckpointError(f"{self.path}: {name}: {e}") from None
 
     def fingerprint(self) -> str:
-        h = hashlib.sha256(json.dumps(self.hf_config, sort_keys=True).encode())
+        h = hashlib.sha256(json.dumps(self._config_json, sort_keys=True).encode())
         for f in sorted(set(self._files.values())):
             st = f.stat()
             h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
@@ -174,14 +174,14 @@ class GGUFReader:
         header = read_header(Path(path), self._parse_header, self._cache_dir)
         self.fields, self._tensor_types, self.sha256 = header.fields, header.tensor_types, header.sha256
         try:
-            self.hf_config = self._hf_config()
+            config_json = self._hf_config()
         except KeyError as e:  # a metadata key every converted file of its architecture has
             if not (isinstance(e.args[0], str) and "." in e.args[0] and e.args[0] not in self.fields):
                 raise  # not a metadata key the file lacks: our own bug, shown as it is
             raise CheckpointError(f"{path}: GGUF metadata key {e.args[0]!r} is missing (llama.cpp's "
                                   "convert_hf_to_gguf.py writes it); convert the model again, or give its "
                                   "Hugging Face folder") from None
-        self.config = ModelConfig.from_hf(self.hf_config)
+        self.config = ModelConfig.from_hf(config_json)
         self._tokenizer: Tokenizer | None = None
         self._refuse_unread()
 

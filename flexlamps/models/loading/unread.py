@@ -10,15 +10,16 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable
 
+from flexlamps.models.config import ModelConfig
+
 HARMLESS = (re.compile(r"(^|\.)rotary_emb\.inv_freq$"), re.compile(r"^mtp\."))
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-def unread_tensors(names: Iterable[str], read: set[str], hf_config: dict[str, Any]) -> list[str]:
-    """The tensors in `names` (a checkpoint's) that are not in `read` (the names its weights are read
-    from) and not a known-harmless extra, sorted."""
-    layers = hf_config.get("num_hidden_layers", 0)
-    mtp = hf_config.get("num_nextn_predict_layers") or hf_config.get("num_mtp_layers") or 0  # GLM-4.5: either
+def unread_tensors(names: Iterable[str], read: set[str], config: ModelConfig) -> list[str]:
+    """The tensors in `names` (a checkpoint's) that are not in `read` (the names `config`'s weights are
+    read from) and not a known-harmless extra, sorted."""
+    layers, mtp = config.num_layers, config.storage.mtp_layers
     out = []
     for name in names:
         if name in read or any(p.search(name) for p in HARMLESS):
