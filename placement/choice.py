@@ -6,6 +6,7 @@ import numpy as np
 
 from placement.affine import Affine, C_GPU
 from placement.latent_pools import MissEnvelope
+from placement.staging import WeightStaging
 from placement.specs import CompressionSpec, EngineCapabilities, Policy
 
 
@@ -62,7 +63,7 @@ class CostTerms:
 
     prefill: dict[str, Affine]  # PREFILL_TERMS
     decode: dict[str, Affine]  # DECODE_TERMS
-    memory: dict[str, Affine]  # MEMORY_ROWS
+    memory: dict[str, Affine]  # MEMORY_ROWS (a MoE model's gpu rows less `staging`'s `extra`: a lower bound)
     num_layers: int
     num_decode_steps: int  # gen_len - 1
     tokens_per_block: int  # block size * gen_len
@@ -72,6 +73,11 @@ class CostTerms:
     # the output head's rows the gpu_head row stages (bytes, the engine's one chunk) and its vocab rows:
     # nothing is staged where the fractions keep every row on the gpu tier (`memory_at`)
     head_staged: tuple[float, int] = (0.0, 1)
+    staging: WeightStaging | None = None  # a MoE layer's staged weights beyond the rows' chord, one branch
+
+    def memory_value(self, row: str, x: np.ndarray) -> float:
+        """Memory row `row`'s bytes at fractions `x`, a MoE layer's staging exactly as the engine charges it."""
+        return self.memory[row](x) + (self.staging.extra(row, x) if self.staging is not None else 0.0)
 
 
 @dataclass(frozen=True, slots=True)

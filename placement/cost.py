@@ -94,11 +94,12 @@ def predict(policy: Policy, model: ModelSpec, hardware: HardwareSpec,
 
 
 def memory_at(terms: CostTerms, x: np.ndarray) -> dict[str, float]:
-    """Each memory row's bytes at fractions `x`: the affine rows, less the output head's staged
-    chunk where `x` keeps every vocab row of it on the gpu tier (the engine stages none then)."""
-    rows = {name: a(x) for name, a in terms.memory.items()}
+    """Each memory row's bytes at fractions `x` (`CostTerms.memory_value`), less a dense model's
+    output head's staged chunk where `x` keeps every vocab row of it on the gpu tier (the engine
+    stages none then; a MoE model's staging prices the head's rows off the gpu tier)."""
+    rows = {name: terms.memory_value(name, x) for name in terms.memory}
     staged, vocab = terms.head_staged
-    if (1.0 - float(x[W_GPU])) * vocab < 0.5:
+    if terms.staging is None and (1.0 - float(x[W_GPU])) * vocab < 0.5:
         rows["gpu_head"] -= staged
     return rows
 

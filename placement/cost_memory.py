@@ -7,9 +7,12 @@ from placement.affine import Affine, C_CPU, C_DISK, C_GPU, H_CPU, H_DISK, H_GPU,
 from placement.choice import Choice
 from placement.layer_sizes import LayerSizes, held_tokens, routed_staging
 from placement.model_spec import ModelSpec
+from placement.staging import Capped, WeightStaging
 from placement.weight_calls import in_place_int4, int4_twins
 
 HEAD_CHUNK_ROWS = 8192  # the engine's output head runs in chunks of this many vocab rows (within a piece)
+# the projections the decoder forward multiplies as one stacked matrix (`DecoderForward.FUSED_INT4`)
+STACKED_PROJECTIONS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 def workspace_bytes(model: ModelSpec, num_rows: int, num_queries: int, span: float, dtype_bytes: int = 0) -> float:
@@ -50,8 +53,24 @@ def _cpu_decode_staging(choice, sz, model, rows: int, full_entries: float, cache
     return out
 
 
-def memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
-    """Peak bytes per tier: resident data ("home") plus working buffers for one micro-batch."""
+def weight_staging(choice: Choice, sz: LayerSizes, model: ModelSpec, workload) -> WeightStaging | None:
+    """A MoE model's staged weights in the gpu rows (`placement.staging`): a layer's routed experts as
+    the prompt sweep's and a decode step's calls can pick them, the head's chunk; None for a dense
+    model (a layer stages twice its off-gpu bytes, affine; the head a chunk, whatever the fractions)."""
+    if not sz.experts_stored:
+        return None
+    calls, rows = choice.decode_calls()
+    prompt_tokens = choice.num_gpu_batches * choice.gpu_batch_size * workload.prompt_columns
+    head = model.vocab_size * model.hidden_size * model.dtype_bytes
+    terms = (Capped("gpu_prefill", routed_staging(sz, model, prompt_tokens, choice.expert_group), sz.layer_stored),
+             Capped("gpu_decode", routed_staging(sz, model, calls * rows, choice.expert_group), sz.layer_stored),
+             Capped("gpu_head", head_staged(model), head))
+    return WeightStaging(dense=sz.layer_stored - sz.experts_stored, layer=sz.layer_stored, terms=terms)
+
+
+def memory_rows(choice, sz, model, workload, staging: WeightStaging | None) -> dict[str, Affine]:
+    """Peak bytes per tier: resident data ("home") plus working buffers for one micro-batch; a MoE
+    model's gpu rows less what `staging` (`weight_staging`) adds to them."""
     gbs, block = choice.gpu_batch_size, choice.gpu_batch_size * choice.num_gpu_batches
     s, n = workload.prompt_len, workload.gen_len
     cols = workload.prompt_columns  # a prompt step's width: a one-token prompt runs in two columns
@@ -71,30 +90,31 @@ def memory_rows(choice, sz, model, workload) -> dict[str, Affine]:
         return Affine().add(weights_home, w).add(cache_home, c).add(hidden, h)
 
     # GPU: double-buffered streamed layer weights (a layer's own: the embedding table and the
-    # head are read in rows and vocab chunks, never staged whole; routed experts only as the
-    # sweep's tokens can pick them, and never prefetched), compressed weights as they expand. A
-    # call's input and output are in its workspace (`workspace_bytes`), as the engine charges them
-    def gpu_working(seqs: int, tokens_per_seq: int, calls: int) -> Affine:
-        staged = (2 * (sz.layer_stored - sz.experts_stored)
-                  + routed_staging(sz, model, calls * seqs * tokens_per_seq, choice.expert_group))
-        work = Affine(indexer_home + staged)
-        work.add(-staged, W_GPU)
+    # head are read in rows and vocab chunks, never staged whole; a MoE layer's as `staging`
+    # prices them), compressed weights as they expand. A call's input and output are in its
+    # workspace (`workspace_bytes`), as the engine charges them
+    def gpu_working(row: str, seqs: int, tokens_per_seq: int, calls: int) -> Affine:
+        if staging is not None:  # its chord here, the rest in `staging`
+            work = Affine(indexer_home).plus(staging.chord(row))
+        else:
+            work = Affine(indexer_home + 2 * sz.layer_stored).add(-2 * sz.layer_stored, W_GPU)
         if choice.compress_weight:
             return work.add(dequantized_bytes(choice, sz, model, seqs * tokens_per_seq, calls))
         if model.weight_format == "fp8":  # upcast per call: an absorbed matrix and one other at most
             return work.add(2 * max(o * i for o, i in model.layer_matrix_shapes()) * db)
         return work
 
-    gpu_prefill = resident(hidden_p, True).plus(gpu_working(gbs, cols, choice.num_gpu_batches))
+    gpu_prefill = resident(hidden_p, True).plus(gpu_working("gpu_prefill", gbs, cols, choice.num_gpu_batches))
     gpu_prefill.add(workspace_bytes(model, gbs, cols, cols))
     gpu_prefill.plus(_attended_cache(choice, gbs * cols * sz.cache_fp16))
     # a decode call runs the merged block or one micro-batch (`Choice.decode_calls`)
     calls, rows = choice.decode_calls()
-    gpu_decode = resident(hidden_g, True).plus(gpu_working(rows, 1, calls))
+    gpu_decode = resident(hidden_g, True).plus(gpu_working("gpu_decode", rows, 1, calls))
     gpu_decode.add(workspace_bytes(model, rows, 1, full_entries))
     gpu_decode.plus(_attended_cache(choice, rows * full_entries * sz.cache_fp16))
 
-    gpu_head = resident(hidden_p, True).add(indexer_home + head_working(choice, model) + head_staged(model))
+    gpu_head = resident(hidden_p, True).add(indexer_home + head_working(choice, model))
+    gpu_head.plus(staging.chord("gpu_head") if staging is not None else Affine(head_staged(model)))
 
     # CPU: staging buffers for the activations and cache that stream from disk; weights on disk
     # are read tensor by tensor straight into the gpu tier's staging (on a GPU through a
@@ -127,13 +147,20 @@ def dequantized_bytes(choice: Choice, sz: LayerSizes, model: ModelSpec, rows: in
 
 
 def largest_called_matrix(model: ModelSpec) -> int:
-    """Elements of the largest matrix one call multiplies: the engine stacks a LLaMA-family
-    layer's q/k/v and gate/up projections into one matrix each (OPT and MLA run theirs apart)."""
-    shapes = model.layer_matrix_shapes()
-    if model.arch not in ("opt", "mla") and len(shapes) == 7:
-        (q, h), (k, _), (v, _), o, (gate, _), (up, _), down = shapes
-        shapes = [(q + k + v, h), o, (gate + up, h), down]
-    return max((o * i for o, i in shapes), default=0)
+    """Elements of the largest matrix one call multiplies: a decoder layer's q/k/v and gate/up as the
+    engine stacks them, one matrix each where every part is there (a MoE layer's q/k/v too; its
+    experts' gate/up stay apart), with biases on all parts or none; OPT and MLA run theirs apart."""
+    rows = [r for r in model.tensors.layered_rows if r.is_2d_matrix and r.kind != "router"]
+    sizes = [r.numel for r in rows]
+    if model.arch not in ("opt", "mla"):
+        named = {r.name: r for r in model.tensors.layered_rows}
+        for names in STACKED_PROJECTIONS:
+            parts = [named.get(name) for name in names]
+            biases = {named.get(name.replace("_proj", "_bias")) is None for name in names}
+            if all(p is not None and p.is_2d_matrix for p in parts) and len({p.shape[1] for p in parts}) == 1 \
+                    and len(biases) == 1:
+                sizes.append(sum(p.shape[0] for p in parts) * parts[0].shape[1])
+    return max(sizes, default=0)
 
 
 def _attended_cache(choice: Choice, dense_bytes: float) -> Affine:

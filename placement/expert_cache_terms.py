@@ -19,9 +19,9 @@ import dataclasses
 
 import numpy as np
 
-from placement.affine import W_CPU, W_DISK, W_GPU
+from placement.affine import W_CPU, W_DISK
 from placement.choice import Choice, CostTerms
-from placement.layer_sizes import layer_sizes, routed_staging
+from placement.layer_sizes import layer_sizes
 from placement.terms import build_terms
 from placement.expert_compute import tokens_per_expert
 from placement.expert_hits import expert_hit_rate
@@ -64,10 +64,10 @@ def expert_hits_at(choice: Choice, model: ModelSpec, hardware: HardwareSpec, wor
     num_experts = model.num_experts
     expert_bytes = sz.experts_stored * model.num_layers / (len(moe_layers) * num_experts)
     block = choice.gpu_batch_size * choice.num_gpu_batches
-    calls, rows = choice.decode_calls()
+    _, rows = choice.decode_calls()
     # the decode row holds the routed experts of a call as staged bytes; the cache has the rest
-    routed = routed_staging(sz, model, calls * rows, choice.expert_group) * (1.0 - float(x[W_GPU]))
-    room = hardware.gpu_mem_bytes - (terms.memory["gpu_decode"](x) - routed)
+    routed = terms.staging.capped_at("gpu_decode", x)
+    room = hardware.gpu_mem_bytes - (terms.memory_value("gpu_decode", x) - routed)
     capacity = int(room // expert_bytes)
     copies_off_cpu = not hardware.gpu_is_host and tokens_per_expert(model, rows) >= choice.cpu_expert_tokens
     off = float(x[W_DISK]) + (float(x[W_CPU]) if copies_off_cpu else 0.0)

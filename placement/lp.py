@@ -11,6 +11,8 @@ Variables (in this order; the first nine are `affine.NUM_FRACTIONS`):
     m              (ESS's latent pools only) mean misses per layer, a fraction of the top-k per
                    sequence per step; m >= each piece of the layers' miss envelope at c_g, and
                    its copies join the decode terms (`choice.LatentTerms`)
+    s              (MoE models only) GiB of a layer's always-read tensors off the gpu tier,
+                   s >= D - w_g L and s >= 0; the gpu rows stage 2 s (`placement.staging`)
 
 minimize   L * t_pre + L * (n - 1) * t_dec
 subject to t_pre >= ctog_p + dtoc_p,  t_pre >= gtoc_p + ctod_p,  t_pre >= comp_p
@@ -29,6 +31,7 @@ from scipy.optimize import linprog
 
 from placement.affine import C_DISK, C_GPU, NUM_FRACTIONS, Affine
 from placement.choice import CostTerms
+from placement.staging import LAYER_ROWS
 
 GiB = float(1 << 30)  # memory rows are solved in GiB to keep the LP well scaled
 T_PRE, T_DEC = NUM_FRACTIONS, NUM_FRACTIONS + 1
@@ -52,7 +55,7 @@ def _sum(terms: dict[str, Affine], names: tuple[str, ...]) -> Affine:
 
 
 def _num_vars(terms: CostTerms) -> int:
-    return NUM_VARS + (terms.latent is not None)
+    return NUM_VARS + (terms.latent is not None) + (terms.staging is not None)
 
 
 def _time_rows(terms: CostTerms) -> tuple[np.ndarray, np.ndarray]:
@@ -86,12 +89,24 @@ def _miss_rows(terms: CostTerms) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _memory_rows(terms: CostTerms, budgets: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    """Every memory row within its budget, a MoE layer's staging as `terms.staging`'s branch bounds
+    it (the staged always-read tensors 2 s, the last variable), then the row s >= D - w_g L."""
     rows, rhs = [], []
+    staging, num_vars = terms.staging, _num_vars(terms)
     for name, expr in terms.memory.items():
-        row = np.zeros(_num_vars(terms))
+        row = np.zeros(num_vars)
+        if staging is not None:
+            expr = Affine(expr.const, expr.coef.copy()).plus(staging.bound(name))
+            row[-1] = 2.0 if name in LAYER_ROWS else 0.0
         row[:NUM_FRACTIONS] = expr.coef / GiB
         rows.append(row)
         rhs.append((budgets[name] - expr.const) / GiB)
+    if staging is not None:
+        hinge = staging.hinge()
+        row = np.zeros(num_vars)
+        row[:NUM_FRACTIONS], row[-1] = hinge.coef / GiB, -1.0
+        rows.append(row)
+        rhs.append(-hinge.const / GiB)
     return np.array(rows), np.array(rhs)
 
 
@@ -149,18 +164,18 @@ def memory_excess(terms: CostTerms, budgets: dict[str, float],
     An elastic LP: one excess variable per row, minimize their sum. All zero means feasible.
     """
     names = list(terms.memory)
-    num_vars = NUM_FRACTIONS + len(names)
-    mem_a, mem_b = _memory_rows(terms, budgets)
-    a_ub = np.zeros((len(names), num_vars))
-    a_ub[:, :NUM_FRACTIONS] = mem_a[:, :NUM_FRACTIONS]
-    a_ub[:, NUM_FRACTIONS:] = -np.eye(len(names))
+    mem_a, mem_b = _memory_rows(terms, budgets)  # a row per name, then a MoE model's staging row
+    aux = [_num_vars(terms) - 1] if terms.staging is not None else []  # its s
+    base = mem_a[:, list(range(NUM_FRACTIONS)) + aux]
+    num_vars = base.shape[1] + len(names)
+    a_ub = np.hstack([base, -np.eye(len(mem_b), len(names))])
     eq_a, eq_b = _sum_to_one_rows(num_vars)
-    objective = np.concatenate([np.zeros(NUM_FRACTIONS), np.ones(len(names))])
+    objective = np.concatenate([np.zeros(base.shape[1]), np.ones(len(names))])
     result = linprog(objective, A_ub=a_ub, b_ub=mem_b, A_eq=eq_a, b_eq=eq_b,
-                     bounds=list(bounds) + [(0, None)] * len(names), method="highs")
+                     bounds=list(bounds) + [(0, None)] * (len(aux) + len(names)), method="highs")
     if result.status != 0:  # cannot happen: the excess variables make it always feasible
         raise RuntimeError(f"elastic memory LP failed: {result.message}")
-    return {name: excess * GiB for name, excess in zip(names, result.x[NUM_FRACTIONS:])}
+    return {name: excess * GiB for name, excess in zip(names, result.x[base.shape[1]:])}
 
 
 def affine_minima(consts: np.ndarray, coefs: np.ndarray, highs: np.ndarray) -> np.ndarray:
@@ -189,6 +204,20 @@ def _stack(exprs: list[Affine]) -> tuple[np.ndarray, np.ndarray]:
     return np.array([e.const for e in exprs]), np.array([e.coef for e in exprs])
 
 
+def _lower_rows(terms: CostTerms) -> list[tuple[str, Affine]]:
+    """(row, affine lower bound of it) for every memory row of `terms`' LP: a MoE model's rows with
+    their branch's bounds, each layer row twice, its 2 s at least 0 and at least 2 (D - w_g L)."""
+    if terms.staging is None:
+        return list(terms.memory.items())
+    out = []
+    for name, expr in terms.memory.items():
+        row = Affine(expr.const, expr.coef.copy()).plus(terms.staging.bound(name))
+        out.append((name, row))
+        if name in LAYER_ROWS:
+            out.append((name, Affine(row.const, row.coef.copy()).plus(terms.staging.hinge().scaled(2.0))))
+    return out
+
+
 def memory_implied_highs(terms: list[CostTerms], budgets: dict[str, float],
                          caps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """For each choice: can it fit at all, and upper bounds on single fractions it implies.
@@ -204,8 +233,8 @@ def memory_implied_highs(terms: list[CostTerms], budgets: dict[str, float],
         highs: (n, 9) upper bounds on the fractions (within `caps`).
     """
     caps = np.ones((len(terms), NUM_FRACTIONS)) if caps is None else np.asarray(caps, dtype=float)
-    names = list(terms[0].memory)
-    consts, coefs = _stack([t.memory[name] for t in terms for name in names])
+    names = [name for name, _ in _lower_rows(terms[0])]
+    consts, coefs = _stack([row for t in terms for _, row in _lower_rows(t)])
     minima = affine_minima(consts, coefs, np.repeat(caps, len(names), axis=0))
     minima = minima.reshape(len(terms), len(names))
     slack = np.array([budgets[name] for name in names]) - minima  # (n, rows)

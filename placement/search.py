@@ -168,12 +168,16 @@ def _best_candidate(candidates, budgets: dict[str, float], placements) -> tuple[
     the best found."""
     candidates = sorted(candidates, key=lambda cand: -cand[0])
     too_big: dict[tuple, list[tuple[int, int]]] = {}  # flags -> (gbs, ngb) that did not fit
+    # (choice, placement) solved as fast as any of its staging branches can be (its first solved has the highest bound)
+    settled = set()
     best, num_lps = None, 0
     for bound, choice, terms, place in candidates:
         if best is not None and bound < best[0] * (1 - _TIE):  # a tie may still win on compute
             break
-        key = (choice.compress_weight, choice.compress_cache, choice.cpu_attention,
-               choice.merge_decode, choice.latent_pools, choice.expert_group, place)
+        if (choice, place) in settled:
+            continue
+        key = (choice.compress_weight, choice.compress_cache, choice.cpu_attention, choice.merge_decode,
+               choice.latent_pools, choice.expert_group, place, terms.staging and terms.staging.capped)
         if any(choice.gpu_batch_size >= gbs and choice.num_gpu_batches >= ngb
                for gbs, ngb in too_big.get(key, ())):
             continue  # memory grows with both knobs, so a larger one cannot fit either
@@ -186,6 +190,8 @@ def _best_candidate(candidates, budgets: dict[str, float], placements) -> tuple[
             too_big.setdefault(key, []).append((choice.gpu_batch_size, choice.num_gpu_batches))
             continue
         tokens_per_s = terms.tokens_per_block / solution.total_s
+        if tokens_per_s >= bound * (1 - _TIE):
+            settled.add((choice, place))
         if best is None or _beats(tokens_per_s, choice, terms, solution.fractions, best):
             best = (tokens_per_s, choice, terms, solution.fractions)
     return best, num_lps
@@ -229,7 +235,9 @@ def _candidates(model, hardware, workload, budgets, flags, placements, compressi
         choices += [dataclasses.replace(c, latent_pools=True) for c in choices
                     if not (c.cpu_attention or c.compress_cache)]
     choices = [dataclasses.replace(c, expert_group=group) for group in expert_groups for c in choices]
-    terms = [build_terms(choice, model, hardware, workload) for choice in choices]
+    # a MoE choice once per branch of its staged experts' bound (`placement.staging`)
+    choices, terms = zip(*[(choice, branch) for choice in choices
+                           for branch in _branches(build_terms(choice, model, hardware, workload))])
     pairs = [(i, place) for i in range(len(choices)) for place in range(len(placements))]
     caps_highs = np.array([placements[place] for _, place in pairs])
     fits, highs = memory_implied_highs([terms[i] for i, _ in pairs], budgets, caps_highs)
@@ -239,6 +247,13 @@ def _candidates(model, hardware, workload, budgets, flags, placements, compressi
         bounds[kept] = time_lower_bounds([terms[pairs[k][0]] for k in kept], highs[kept])
     return [(terms[pairs[k][0]].tokens_per_block / bounds[k], choices[pairs[k][0]],
              terms[pairs[k][0]], pairs[k][1]) for k in np.flatnonzero(np.isfinite(bounds))]
+
+
+def _branches(terms) -> list:
+    """`terms`, or a MoE model's once per branch of its staging (each an upper bound; together exact)."""
+    if terms.staging is None:
+        return [terms]
+    return [dataclasses.replace(terms, staging=branch) for branch in terms.staging.branches()]
 
 
 def evaluate(policy: Policy, model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec,

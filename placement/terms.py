@@ -4,7 +4,7 @@ import dataclasses
 
 from placement.choice import Choice, CostTerms, LatentTerms
 from placement.cost_decode import decode_terms
-from placement.cost_memory import head_staged, memory_rows
+from placement.cost_memory import head_staged, memory_rows, weight_staging
 from placement.cost_prompt import prompt_terms
 from placement.expert_compute import cpu_expert_tokens
 from placement.latent_pools import LatentMissCurves, MissEnvelope
@@ -27,10 +27,11 @@ def build_terms(choice: Choice, model: ModelSpec, hardware: HardwareSpec,
             model, hardware, compressed=choice.compress_weight, most_tokens=most))
     sz = layer_sizes(choice, model, workload)
     latent = _latent_terms(choice, sz, model, hardware, workload) if choice.latent_pools else None
+    staging = weight_staging(choice, sz, model, workload)
     return CostTerms(
         prefill=prompt_terms(choice, sz, model, hardware, workload),
         decode=decode_terms(choice, sz, model, hardware, workload),
-        memory=memory_rows(choice, sz, model, workload),
+        memory=memory_rows(choice, sz, model, workload, staging), staging=staging,
         num_layers=model.num_layers, num_decode_steps=workload.gen_len - 1,
         tokens_per_block=choice.gpu_batch_size * choice.num_gpu_batches * workload.gen_len,
         cache_gpu_bounds=_cache_gpu_bounds(model, latent), latent=latent,
