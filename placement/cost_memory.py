@@ -40,12 +40,13 @@ def head_staged(model: ModelSpec) -> float:
 
 def _cpu_decode_staging(choice, sz, model, rows: int, full_entries: float, cache_home: float) -> Affine:
     """The cpu tier's bytes for a decode call beside what is resident there: ESS's records (every
-    one on the cpu tier, the pools besides), the disk tier's activations and cache staged, and with
-    CPU attention its scores plus a dequantized copy of one call's cache."""
+    one on the cpu tier, the pools besides), the disk tier's activations staged (its cache layers are
+    files the OS pages in, charged to no budget: `caches.disk_rows`), and with CPU attention its scores
+    plus a dequantized copy of one call's cache."""
     out = Affine()
     if choice.latent_pools:
         out.add(cache_home, C_GPU)
-    out.add(2 * rows * sz.hidden, H_DISK).add(2 * rows * full_entries * sz.cache_stored, C_DISK)
+    out.add(2 * rows * sz.hidden, H_DISK)
     if choice.cpu_attention:
         out.add(model.dtype_bytes * rows * model.num_heads * full_entries)
         if choice.compress_cache:
@@ -116,13 +117,14 @@ def memory_rows(choice, sz, model, workload, staging: WeightStaging | None) -> d
     gpu_head = resident(hidden_p, True).add(indexer_home + head_working(choice, model))
     gpu_head.plus(staging.chord("gpu_head") if staging is not None else Affine(head_staged(model)))
 
-    # CPU: staging buffers for the activations and cache that stream from disk; weights on disk
+    # CPU: staging buffers for the activations that stream from disk (a disk cache layer is paged
+    # by the OS, charged to no budget, as the engine maps it: `caches.disk_rows`); weights on disk
     # are read tensor by tensor straight into the gpu tier's staging (on a GPU through a
     # transient one-tensor host buffer), so they hold no layer-sized CPU buffer
     cpu_prefill = resident(hidden_p, False)
     if choice.latent_pools:  # ESS's layout: every record on the cpu tier, the pools besides
         cpu_prefill.add(cache_home, C_GPU)
-    cpu_prefill.add(2 * gbs * cols * sz.hidden, H_DISK).add(gbs * cols * sz.cache_stored, C_DISK)
+    cpu_prefill.add(2 * gbs * cols * sz.hidden, H_DISK)
     cpu_decode = resident(hidden_g, False).plus(_cpu_decode_staging(choice, sz, model, rows, full_entries, cache_home))
 
     disk = Affine().add(weights_home, W_DISK).add(cache_home, C_DISK).add(hidden_p, H_DISK)
