@@ -47,9 +47,15 @@ def tile_rows(cols: int) -> int | None:
 
 
 def unpack_tile_rows_into(out: torch.Tensor, kernel_codes: torch.Tensor, start: int, tile: int) -> None:
-    """Codes of output rows start .. start + len(out) (whole tiles) as numbers, row-major, into
-    `out` (rows, K) of any dtype: the tiles' bytes are transposed back, then split in nibbles."""
+    """Codes of output rows start .. start + len(out) (from a tile's first row; the last tile may be
+    a weight's partial one, padded to the tile) as numbers, row-major, into `out` (rows, K) of any
+    dtype: the tiles' bytes are transposed back, then split in nibbles."""
     rows, cols = out.shape
+    if rows % tile:  # the weight's last tile, its padding dropped
+        whole = torch.empty(-(-rows // tile) * tile, cols, dtype=out.dtype, device=out.device)
+        unpack_tile_rows_into(whole, kernel_codes, start, tile)
+        out.copy_(whole[:rows])
+        return
     tiles = kernel_codes.view(-1, cols, tile // 2)[start // tile:(start + rows) // tile]  # (n, K, t/2)
     back = tiles.transpose(1, 2).contiguous()  # (n, t/2, K): a byte transpose, cheap
     halves = out.view(rows // tile, 2, tile // 2, cols)

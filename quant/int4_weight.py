@@ -24,7 +24,7 @@ from typing import ClassVar
 import torch
 
 from quant.compressed_weight import CompressedWeight
-from quant.int4_tiles import tile_rows, unpack_tile_rows_into, unpacked_from_tiles
+from quant.int4_tiles import tile_rows, tiles_from_unpacked, unpack_tile_rows_into, unpacked_from_tiles
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)  # the fused kernels' activation dtypes (CPU)
 # torch's CUDA kernel (tinygemm, aten/src/ATen/native/cuda/int4mm.cu) takes bf16 activations
@@ -72,6 +72,19 @@ def _kernel_codes(codes: torch.Tensor) -> torch.Tensor:
         inner_k_tiles = 8 if codes.shape[1] % 256 == 0 else 4 if codes.shape[1] % 128 == 0 else 2
         return torch.ops.aten._convert_weight_to_int4pack(pairs.contiguous(), inner_k_tiles)
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+
+
+def _kernel_layout(codes: torch.Tensor, group_size: int) -> torch.Tensor | None:
+    """(N, K) uint8 codes in the layout a kernel on their device reads, or None where none takes
+    them: torch's packer where it takes the shape (`can_pack`). Else, on a CPU whose tiles
+    `quant.int4_tiles` knows, the tiles written here, rows that do not fill the last tile padded
+    with code-0 rows to it (a few KB): only our kernels (flexlamps.kernels.tile_gemv) read those,
+    computing the tile whole and keeping its real rows; torch's kernel does not (`can_run_fused`)."""
+    rows, cols = codes.shape
+    tile = tile_rows(cols) if codes.device.type == "cpu" and cols % group_size == 0 else None
+    if tile is not None and (rows % tile or not can_pack((rows, cols), group_size, codes.device)):
+        return tiles_from_unpacked(torch.cat([codes, codes.new_zeros(-rows % tile, cols)]), tile)
+    return _kernel_codes(codes) if can_pack((rows, cols), group_size, codes.device) else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -149,8 +162,7 @@ class Int4Weight(CompressedWeight):
             raise ValueError(f"Int4Weight: the input dim {cols} must be even")
         codes = codes.to(torch.uint8).contiguous()
         scale_zero = torch.stack([scale.t(), zero.t()], dim=-1).to(dtype).contiguous()  # (K/g, N, 2)
-        kernel = _kernel_codes(codes) if can_pack((rows, cols), group_size, codes.device) else None
-        return cls(pack_codes(codes), scale_zero, group_size, kernel)
+        return cls(pack_codes(codes), scale_zero, group_size, _kernel_layout(codes, group_size))
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, group_size: int = 32, dtype: torch.dtype | None = None) -> "Int4Weight":
@@ -176,25 +188,20 @@ class Int4Weight(CompressedWeight):
         if stack and all(w.codes is None for w in weights):  # kernel layouts alone: stacked as they are
             return cls(None, scale_zero, first.group_size, torch.cat(kernels))
         codes = torch.cat([w.plain_codes() for w in weights])
-        if stack:
-            kernel = torch.cat(kernels)
-        else:
-            shape = (codes.shape[0], 2 * codes.shape[1])
-            kernel = _kernel_codes(unpack_codes(codes)) if can_pack(shape, first.group_size, first.device) else None
+        kernel = torch.cat(kernels) if stack else _kernel_layout(unpack_codes(codes), first.group_size)
         return cls(codes, scale_zero, first.group_size, kernel)
 
     def kernel_only(self) -> "Int4Weight":
         """The same weight holding only the kernel's layout where it can be read back exactly (on
-        CUDA; on a CPU where `quant.int4_tiles` knows the tiles and the rows fill them), else
-        itself: half the bytes, the same results."""
+        CUDA; on a CPU where `quant.int4_tiles` knows the tiles, the last one padded where the rows
+        do not fill it), else itself: half the bytes, the same results."""
         if self.codes is None or self.kernel_codes is None:
             return self
         if self.device.type == "cuda":
             return dataclasses.replace(self, codes=None)
         if self.device.type != "cpu":
             return self
-        tile = tile_rows(self.shape[1])
-        if tile is None or self.shape[0] % tile:
+        if tile_rows(self.shape[1]) is None:
             return self
         return dataclasses.replace(self, codes=None)
 
@@ -208,8 +215,7 @@ class Int4Weight(CompressedWeight):
             codes = None if self.codes is None else self.codes[start:stop].contiguous()
             return Int4Weight(codes, scale_zero, self.group_size, kernel[start:stop].contiguous())
         codes = self.plain_codes()[start:stop].contiguous()
-        packs = can_pack((stop - start, self.shape[1]), self.group_size, self.device)
-        kernel = _kernel_codes(unpack_codes(codes)) if packs else None
+        kernel = _kernel_layout(unpack_codes(codes), self.group_size)
         return Int4Weight(codes, scale_zero, self.group_size, kernel).kernel_only()
 
     def plain_codes(self) -> torch.Tensor:
@@ -218,14 +224,15 @@ class Int4Weight(CompressedWeight):
             return self.codes
         if self.kernel_codes.is_cuda:
             return pack_codes(_cuda_codes(self.kernel_codes, self.group_size))
-        return pack_codes(unpacked_from_tiles(self.kernel_codes, self.shape[1], tile_rows(self.shape[1])))
+        rows, cols = self.shape  # the tiles may hold padding rows past them
+        return pack_codes(unpacked_from_tiles(self.kernel_codes, cols, tile_rows(cols))[:rows])
 
     @property
     def shape(self) -> tuple[int, int]:
         if self.codes is None and self.kernel_codes.dim() == 4:  # tinygemm's CUDA layout
             return _cuda_kernel_shape(self.kernel_codes)
-        held = self.codes if self.codes is not None else self.kernel_codes  # both (N, K/2) on a CPU
-        return (held.shape[0], 2 * held.shape[1])
+        held = self.codes if self.codes is not None else self.kernel_codes  # (N, K/2) on a CPU; tiles padded past N
+        return (self.scale_zero.shape[1], 2 * held.shape[1])
 
     @property
     def dtype(self) -> torch.dtype:
@@ -237,7 +244,9 @@ class Int4Weight(CompressedWeight):
         # runs it ~5x slower than dequantizing for the dense GEMM (1 vs 80 GFLOP/s in bf16)
         # torch's kernels take groups from 32 (GROUP_SIZES); a Q6_K's 16 runs only on flexlamps.kernels.tile_gemv
         return (self.kernel_codes is not None and x.dtype == self.dtype and x.dtype in kernel_dtypes(x.device.type)
-                and x.device == self.device and self.group_size in GROUP_SIZES)
+                and x.device == self.device and self.group_size in GROUP_SIZES
+                and (self.kernel_codes.dim() != 2 or self.kernel_codes.shape[0] == self.scale_zero.shape[1]))
+        # (not our tiles padded past the rows: `_kernel_layout`)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., K) @ w.T with the fused kernel (x in `dtype`, on `device`)."""
@@ -293,7 +302,7 @@ class Int4Weight(CompressedWeight):
         if device == self.device:
             return self
         codes = self.plain_codes().to(device, non_blocking=non_blocking)
-        kernel = _kernel_codes(unpack_codes(codes)) if can_pack(self.shape, self.group_size, device) else None
+        kernel = _kernel_layout(unpack_codes(codes), self.group_size)
         moved = dataclasses.replace(self, codes=codes, scale_zero=self.scale_zero.to(device), kernel_codes=kernel)
         # NOTE(memory): on CUDA the tinygemm layout alone (half the bytes; codes read back from it)
         return moved.kernel_only() if device.type == "cuda" else moved
@@ -325,9 +334,8 @@ class Int4Weight(CompressedWeight):
         kernel = tensors.get(f"{prefix}int4.kernel_codes")
         if codes is None:  # written by a kernel_only weight
             return cls(None, scale_zero, group_size, kernel)
-        shape = (codes.shape[0], 2 * codes.shape[1])
-        if kernel is None and can_pack(shape, group_size, codes.device):
-            kernel = _kernel_codes(unpack_codes(codes))
+        if kernel is None:
+            kernel = _kernel_layout(unpack_codes(codes), group_size)
         return cls(codes, scale_zero, group_size, kernel)
 
     def __repr__(self) -> str:

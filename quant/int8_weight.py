@@ -231,6 +231,11 @@ class Int8Weight(CompressedWeight):
             v.copy_(((halves[:, :cols] << 4) | halves[:, cols:]).bitwise_xor_(128).view(torch.int8))
             return
         tile = tile_rows(2 * cols)
+        if (stop - start) % tile:  # the weight's last tile, padded to the tile: its padding dropped
+            whole = torch.empty(-(-(stop - start) // tile) * tile, cols, dtype=v.dtype, device=v.device)
+            self._codes_into(whole, start, start + len(whole))
+            v.copy_(whole[:stop - start])
+            return
         tiles = s.kernel_codes.view(-1, 2 * cols, tile // 2)[start // tile:stop // tile]  # (n, 2K, t/2)
         high, low = tiles[:, :cols], tiles[:, cols:]
         both = torch.empty(len(tiles), 2, cols, tile // 2, dtype=torch.uint8, device=v.device)

@@ -150,6 +150,48 @@ static int gemm_takes(int64_t tile, int64_t group, int kind) {
            && (kind == KIND_INT4 || kind == KIND_INT8_SPLIT);
 }
 
+/* A weight's last tile where its n rows do not fill it. Its codes are stored padded with zero rows
+ * to the tile (quant/int4_weight.py); its scale-zero pairs (`sz_groups` groups, n rows each) are
+ * copied here into a tile of their own, the missing rows' pairs 0, and the call's products for it
+ * go to `out` (rows of whole tiles), whose real columns `partial_close` copies out: the kernels run
+ * the tile as any other, so a real row's result has the same bits as in a whole tile. */
+typedef struct {
+    int64_t first;  /* the tile's first row; n where the rows fill their tiles (then nothing is held) */
+    uint16_t *sz, *out;
+} PartialTile;
+
+/* 0, or -1 where it could not get memory. */
+static int partial_open(PartialTile *p, const uint16_t *scale_zero, int64_t n, int64_t tile, int64_t sz_groups,
+                        int64_t rows) {
+    p->first = n / tile * tile;
+    p->sz = p->out = NULL;
+    if (p->first == n) return 0;
+    p->sz = calloc((size_t)(sz_groups * tile * 2), sizeof(uint16_t));
+    p->out = malloc((size_t)(rows * tile) * sizeof(uint16_t));
+    if (!p->sz || !p->out) {
+        free(p->sz);
+        free(p->out);
+        return -1;
+    }
+    for (int64_t g = 0; g < sz_groups; g++)
+        memcpy(p->sz + g * tile * 2, scale_zero + (g * n + p->first) * 2,
+               (size_t)(n - p->first) * 2 * sizeof(uint16_t));
+    return 0;
+}
+
+/* The partial tile's real columns into out (rows, n); its buffers freed. */
+static void partial_close(PartialTile *p, uint16_t *out, int64_t n, int64_t tile, int64_t rows) {
+    for (int64_t r = 0; p->out && r < rows; r++)
+        memcpy(out + r * n + p->first, p->out + r * tile, (size_t)(n - p->first) * sizeof(uint16_t));
+    free(p->sz);
+    free(p->out);
+}
+
+/* Scale-zero groups of a weight of this kind (an int8 split's are twice its inputs'). */
+static int64_t sz_groups(int64_t cols, int64_t group, int kind) {
+    return (kind == KIND_INT8_SPLIT ? 2 : 1) * cols / group;
+}
+
 /* A decode call's arguments, for the threads' chunks of tiles (`decode_tiles`). */
 typedef struct {
     const uint8_t *codes;
@@ -162,6 +204,7 @@ typedef struct {
     int fp16, kind;
     const int64_t *starts;  /* chunk c's tiles: starts[c] .. starts[c + 1] - 1 */
     int64_t tile_bytes;
+    const PartialTile *partial;
 } DecodeCall;
 
 #define DECODE_MAX_CHUNKS 256  /* of a call's tiles, largest first (`pool_guided`) */
@@ -170,9 +213,12 @@ typedef struct {
 static void decode_tiles(void *ctx, int64_t c, int slot) {
     const DecodeCall *d = ctx;
     (void)slot;
-    for (int64_t t = d->starts[c]; t < d->starts[c + 1]; t++)
-        run_tile(d->codes + t * d->tile_bytes, d->fifth ? d->fifth + t * d->x->cols : NULL, d->scale_zero + t * d->tile * 2,
-                 d->n, d->group, d->x, &d->setup, d->rows, d->out + t * d->tile, d->fp16, d->kind);
+    for (int64_t t = d->starts[c]; t < d->starts[c + 1]; t++) {
+        const int own = t * d->tile == d->partial->first;  /* the partial last tile: its own pairs and output */
+        run_tile(d->codes + t * d->tile_bytes, d->fifth ? d->fifth + t * d->x->cols : NULL,
+                 own ? d->partial->sz : d->scale_zero + t * d->tile * 2, own ? d->tile : d->n, d->group, d->x,
+                 &d->setup, d->rows, own ? d->partial->out : d->out + t * d->tile, d->fp16, d->kind);
+    }
 }
 
 /* Rows of 8-bit x from which a decode call lays the codes out once for all its rows (tile_gemm.h)
@@ -197,15 +243,17 @@ static void decode_tiles(void *ctx, int64_t c, int slot) {
 #define DECODE_GEMM_FROM_ROWS_SPLIT GEMM_FROM_SPLIT
 #endif
 
-/* out (rows, n) = x (rows, cols) @ w.T, w (n, cols) in 4-bit tiles of `tile` rows (kind 0), an int8
+/* out (rows, n) = x (rows, cols) @ w.T, w (n, cols) in 4-bit tiles of `tile` rows (kind 0; the last
+ * tile's codes padded with zero rows where n does not fill it, `PartialTile`), an int8
  * weight's (n, 2 cols) split (kind 1) or 5-bit codes, 4-bit tiles and the plane `fifth` (kind 2),
  * x rounded to codes of x_bits (8 or 16) bits; returns 0, or -1 for what it (this variant) does
  * not take. */
 int flexlamps_tile_gemv(const uint8_t *codes, const uint64_t *fifth, const uint16_t *scale_zero, const uint16_t *x,
                         uint16_t *out, int64_t n, int64_t cols, int64_t group, int64_t rows, int64_t tile, int fp16,
                         int kind, int x_bits, int threads) {
-    if (tile <= 0 || n % tile || group <= 0 || group % 4 || group > 256 || cols % group || rows <= 0
-        || (x_bits != 8 && x_bits != 16) || kind < KIND_INT4 || kind > KIND_INT5 || (kind == KIND_INT5 && !fifth)
+    if (tile <= 0 || n <= 0 || group <= 0 || group % 4 || group > 256 || cols % group || rows <= 0
+        || (x_bits != 8 && x_bits != 16) || kind < KIND_INT4 || kind > KIND_INT5
+        || (kind == KIND_INT5 && (!fifth || n % tile))  /* the 5-bit form's plane: whole tiles only */
         || !takes_tile(tile, kind, x_bits))
         return -1;
     QRows xr;
@@ -217,12 +265,18 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint64_t *fifth, const uint1
         free(buf);
         return status;
     }
-    const int64_t tiles = n / tile;
+    PartialTile partial;
+    if (partial_open(&partial, scale_zero, n, tile, sz_groups(cols, group, kind), rows)) {
+        free(buf);
+        return -1;
+    }
+    const int64_t tiles = (n + tile - 1) / tile;
     int64_t starts[DECODE_MAX_CHUNKS + 1];
     const int64_t chunks = pool_guided(tiles, threads, starts, DECODE_MAX_CHUNKS);
     DecodeCall call = {codes, fifth, scale_zero, out, &xr, make_setup(tile), n, group, rows, tile, fp16, kind,
-                       starts, (kind == KIND_INT8_SPLIT ? 2 : 1) * cols * (tile / 2)};
+                       starts, (kind == KIND_INT8_SPLIT ? 2 : 1) * cols * (tile / 2), &partial};
     pool_run(threads, chunks, decode_tiles, &call);
+    partial_close(&partial, out, n, tile, rows);
     free(buf);
     return 0;
 }
@@ -243,6 +297,7 @@ typedef struct {
     int fp16, split;
     uint8_t *prepared;
     size_t per_thread;
+    const PartialTile *partial;
 } GemmCall;
 
 /* Sub-tile `sub` (32 rows) prepared once in the slot's buffer, then every row of x by it. */
@@ -254,9 +309,11 @@ static void gemm_subtile(void *ctx, int64_t sub, int slot) {
     Prepared prep = {buf, g->split ? buf + cols * SUB : NULL, scale, scale + g->x->groups * SUB, 1, 0,
                      g->x->starts16 != NULL};
     int64_t t = sub / per_tile, s = sub % per_tile;
-    prepare(g->codes + t * tile_bytes, g->scale_zero + t * g->tile * 2, s, h, g->n, cols, g->x->groups, g->fp16, g->split,
-            &prep);
-    gemm_rows(&prep, g->x, g->rows, g->group, g->split, g->out + t * g->tile, g->n, s, h, g->fp16);
+    const int own = t * g->tile == g->partial->first;  /* the partial last tile: its own pairs and output */
+    const int64_t n = own ? g->tile : g->n;
+    prepare(g->codes + t * tile_bytes, own ? g->partial->sz : g->scale_zero + t * g->tile * 2, s, h, n, cols,
+            g->x->groups, g->fp16, g->split, &prep);
+    gemm_rows(&prep, g->x, g->rows, g->group, g->split, own ? g->partial->out : g->out + t * g->tile, n, s, h, g->fp16);
 }
 
 /* out = x @ w.T for x's rows already rounded to int8 (`quantized_x`), each sub-tile laid out once
@@ -266,11 +323,17 @@ static int gemm_codes(const uint8_t *codes, const uint16_t *scale_zero, const QR
     const int slots = threads > 1 ? (threads < POOL_MAX_WORKERS + 1 ? threads : POOL_MAX_WORKERS + 1) : 1;
     const size_t per_thread = (prepared_bytes(x->cols, x->groups, split) + 63) / 64 * 64;
     uint8_t *prepared = malloc(per_thread * (size_t)slots + 64);
-    if (!prepared) return -1;
+    PartialTile partial;
+    if (!prepared || partial_open(&partial, scale_zero, n, tile, (split ? 2 : 1) * x->groups, rows)) {
+        free(prepared);
+        return -1;
+    }
     QRows biased = *x;  /* with the starts of biased int8 codes' sums */
     biased.starts16 = split ? bias_starts(x, rows) : NULL;
-    GemmCall call = {codes, scale_zero, &biased, out, n, rows, group, tile, fp16, split, prepared, per_thread};
-    pool_run(slots, n / SUB, gemm_subtile, &call);
+    GemmCall call = {codes, scale_zero, &biased, out, n, rows, group, tile, fp16, split, prepared, per_thread,
+                     &partial};
+    pool_run(slots, (n + tile - 1) / tile * (tile / SUB), gemm_subtile, &call);
+    partial_close(&partial, out, n, tile, rows);
     free(prepared);
     free((void *)biased.starts16);
     return 0;
@@ -281,7 +344,7 @@ static int gemm_codes(const uint8_t *codes, const uint16_t *scale_zero, const QR
  * Returns 0, or -1 for what it does not take (or memory it could not get). */
 int flexlamps_tile_gemm(const uint8_t *codes, const uint16_t *scale_zero, const uint16_t *x, uint16_t *out, int64_t n,
                         int64_t cols, int64_t group, int64_t rows, int64_t tile, int fp16, int kind, int threads) {
-    if (n % tile || group <= 0 || group % 4 || cols % group || rows <= 0 || !gemm_takes(tile, group, kind)) return -1;
+    if (n <= 0 || group <= 0 || group % 4 || cols % group || rows <= 0 || !gemm_takes(tile, group, kind)) return -1;
     QRows xr;
     void *buf = quantized_x(x, rows, cols, group, fp16, 8, &xr, threads);
     if (!buf) return -1;

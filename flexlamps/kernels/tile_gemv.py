@@ -83,13 +83,15 @@ class TileGemv:
         self.takes_five_bit = level == "avx512"  # the 5-bit form's plane is laid out for AVX-512 registers
 
     def takes(self, w: Int4Weight | Int8Weight) -> bool:
-        """Whether the kernel takes `w`: a CPU weight in whole tiles of torch's layout (of rows this
-        variant takes), in bf16 or fp16, its groups a multiple of 4 inputs."""
+        """Whether the kernel takes `w`: a CPU weight in tiles of torch's layout (of rows this variant
+        takes; the last one's codes padded to the tile where the rows do not fill it), in bf16 or
+        fp16, its groups a multiple of 4 inputs."""
         split = w.split if isinstance(w, Int8Weight) else w
         rows, cols = split.shape
         tile = tile_rows(cols)
         return (split.kernel_codes is not None and split.device.type == "cpu" and split.dtype in DTYPES
-                and tile in self.tiles and rows % tile == 0 and split.group_size % 4 == 0
+                and tile in self.tiles and split.kernel_codes.shape[0] == -(-rows // tile) * tile
+                and split.group_size % 4 == 0
                 and (self.takes_five_bit or not (isinstance(w, Int8Weight) and w.fifth is not None)))
 
     def runs(self, w: Int4Weight | Int8Weight, x: torch.Tensor) -> bool:

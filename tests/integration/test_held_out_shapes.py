@@ -18,9 +18,12 @@ sys.path.insert(0, str(SCRIPTS))
 random_gguf = importlib.import_module("random_gguf")
 bench = importlib.import_module("bench_llamacpp_1b")
 
+ODD_ROWS = "tinyllama-1.1b:hidden=128,ffn=160,layers=1,heads=4,kv_heads=1,head_dim=40,vocab=97"
 SHAPES = {  # held-out forms at test size: GQA with a head dim of its own; Qwen2's biases on inputs of 96
     "llama-gqa-head96": "llama-3.2-1b:hidden=256,ffn=512,layers=2,heads=4,kv_heads=2,head_dim=96,vocab=256",
     "qwen2-bias-hidden96": "qwen2.5-0.5b:hidden=96,ffn=160,layers=2,heads=3,kv_heads=1,vocab=224",
+    # rows that do not fill the kernels' tiles: q/k/v of 160 + 40 + 40 rows, a head of 97 (as a vocab of 32002)
+    "llama-odd-rows": ODD_ROWS,
 }
 
 
@@ -67,6 +70,49 @@ def test_off_kernels_names_what_torch_runs(tmp_path, monkeypatch):
     off = bench.off_kernels(llm.executor)
     assert len(off) == 2 * 4 + 1  # qkv, o, gate_up, down a layer (stacked), and the head
     assert all(line.endswith("decode, prompt") for line in off)
+
+
+class _Refusing:
+    """The decode kernel refusing the weights of `rows` output rows (as one off our kernels would be)."""
+
+    def __init__(self, kernel, rows: int):
+        self.kernel, self.rows = kernel, rows
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+    def takes(self, w):
+        return w.shape[0] != self.rows and self.kernel.takes(w)
+
+    def runs(self, w, x):
+        return w.shape[0] != self.rows and self.kernel.runs(w, x)
+
+    def takes_prompt(self, w):
+        return w.shape[0] != self.rows and self.kernel.takes_prompt(w)
+
+    def runs_prompt(self, w, x):
+        return w.shape[0] != self.rows and self.kernel.runs_prompt(w, x)
+
+
+@pytest.mark.parametrize("quant", ["Q4_K_M", "Q4_0"])
+def test_only_a_matrix_off_the_kernels_gets_a_dense_twin(tmp_path, monkeypatch, quant):
+    """One matrix the kernels do not take (the output head here) is twinned alone: the others keep
+    their codes only, and the model still generates."""
+    from flexlamps import LLM, SamplingParams
+    from flexlamps.models.blocks import coded_weights
+    from flexlamps.models.blocks.coded_weights import Int4Twin
+
+    kernel = coded_weights.native_kernel()
+    if kernel is None:
+        pytest.skip("no native decode kernel on this CPU")
+    monkeypatch.setattr(coded_weights, "native_kernel", lambda: _Refusing(kernel, 97))  # the vocab's rows
+    llm = LLM(str(written(tmp_path, ODD_ROWS, quant)), dtype="bfloat16", cache_dir=False)
+    off = bench.off_kernels(llm.executor)
+    assert len(off) == 1 and off[0].startswith("lm_head (97, 128)") and "with a dense twin" in off[0], off
+    weights = list(llm.executor.layer_weights[0].values()) + [llm.executor.global_weights["lm_head"]]
+    assert sum(isinstance(w, Int4Twin) for w in weights) == 1
+    out = llm.generate_ids([[5, 6, 7, 8]], [SamplingParams(max_new_tokens=3, ignore_eos=True)])
+    assert len(out[0].token_ids) == 3
 
 
 @pytest.mark.parametrize("text, says", [("llama-9b", "no shape named"), ("qwen2.5-0.5b:vocab=x", "takes a number"),

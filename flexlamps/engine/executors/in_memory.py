@@ -19,7 +19,8 @@ from flexlamps.engine.caches.paged_state import HybridPagedCache
 from flexlamps.engine.caches.state import StateCache
 from flexlamps.engine.executors.contract import TierUse
 from flexlamps.engine.executors.step import Step
-from flexlamps.models.blocks.linear import as_logits_head, can_have_dense_twin, pack, with_dense_twin
+from flexlamps.models.blocks.linear import (as_logits_head, can_have_dense_twin, codes_serve_both_phases, pack,
+                                            with_dense_twin)
 from flexlamps.models.blocks.native_decode import NativeDecode
 from flexlamps.models.loading.mapped_pages import release_mapped
 from flexlamps.models.config import ModelConfig
@@ -40,11 +41,19 @@ def split_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor]):
     return glob, layers
 
 
+def _needs_twin(w) -> bool:
+    """Whether `w` gets a dense twin: a coded weight some phase does not multiply on its codes (one
+    matrix off our kernels twins alone, not the model beside it)."""
+    return can_have_dense_twin(w) and not codes_serve_both_phases(w)
+
+
 def _with_dense_twins(layers: list[dict], dense_copies) -> list[dict]:
-    """Every layer's 4-bit weights as `Int4Twin`s, given their dense copies when `dense_copies` has them."""
-    int4 = {f"{i}.{name}": t for i, w in enumerate(layers) for name, t in w.items() if can_have_dense_twin(t)}
+    """The layers' coded weights that need one (`_needs_twin`) as `Int4Twin`s, given their dense
+    copies when `dense_copies` has them."""
+    int4 = {f"{i}.{name}": t for i, w in enumerate(layers) for name, t in w.items() if _needs_twin(t)}
     plain = dense_copies(int4) if dense_copies is not None and int4 else {}
-    return [{name: with_dense_twin(t, plain.get(f"{i}.{name}")) for name, t in w.items()} for i, w in enumerate(layers)]
+    return [{name: with_dense_twin(t, plain.get(f"{i}.{name}")) if f"{i}.{name}" in int4 else t
+             for name, t in w.items()} for i, w in enumerate(layers)]
 
 
 def _fused(fwd, weights: dict) -> dict:
@@ -83,7 +92,7 @@ class InMemoryExecutor:
         # the output head too (a packed copy of a tied embedding table: the lookup reads it dense);
         # unpacked, oneDNN reorders the whole vocab x hidden matrix on every decode step
         head = as_logits_head(self.global_weights.get("lm_head", self.global_weights["embed_tokens"]))
-        if dense_twins and can_have_dense_twin(head):  # a Q8_0 head; a tied one's dense copy is the table
+        if dense_twins and _needs_twin(head):  # a Q8_0 head; a tied one's dense copy is the table
             head = with_dense_twin(head, self.global_weights["embed_tokens"] if cfg.tie_word_embeddings else None)
         self.global_weights["lm_head"] = pack(head)
         # a step's layers in one native call where every layer runs on our kernels (same bits); None:
