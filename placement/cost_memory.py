@@ -84,7 +84,6 @@ def memory_rows(choice, sz, model, workload, staging: WeightStaging | None) -> d
     indexer_home = layers * num_cached * sz.indexer  # ESS: indexer keys stay on the GPU
     hidden_p, hidden_g = block * cols * sz.hidden, block * sz.hidden
     full_entries = model.attended_entries(s + n)
-    db = model.dtype_bytes
 
     def resident(hidden: float, gpu: bool) -> Affine:
         w, c, h = (W_GPU, C_GPU, H_GPU) if gpu else (W_CPU, C_CPU, H_CPU)
@@ -102,7 +101,7 @@ def memory_rows(choice, sz, model, workload, staging: WeightStaging | None) -> d
         if choice.compress_weight:
             return work.add(dequantized_bytes(choice, sz, model, seqs * tokens_per_seq, calls))
         if model.weight_format == "fp8":  # upcast per call: an absorbed matrix and one other at most
-            return work.add(2 * max(o * i for o, i in model.layer_matrix_shapes()) * db)
+            return work.add(2 * max(o * i for o, i in model.layer_matrix_shapes()) * model.dtype_bytes)
         return work
 
     gpu_prefill = resident(hidden_p, True).plus(gpu_working("gpu_prefill", gbs, cols, choice.num_gpu_batches))
