@@ -190,8 +190,10 @@ def _write_summaries(output: Path, suite: str, helm_model: str, jobs, outcomes) 
     rows = summary_rows(outcomes)
     summary_path = write_summary(output / "runs" / suite, rows)
     click.echo(format_table(rows))
+    # one thread: mako's templates compiled on several threads hit CPython 3.11's AST recursion-depth
+    # race (python/cpython#106905: "SystemError: AST constructor recursion depth mismatch")
     click.echo(f"\nsummary: {summary_path}\nHELM: helm-summarize --suite {suite} --output-path {output} "
-               f"--schema-path {schema_path} --local-path {prod_env}", err=True)
+               f"--schema-path {schema_path} --local-path {prod_env} --num-threads 1", err=True)
 
 
 def _policy_printer():
