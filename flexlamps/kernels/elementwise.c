@@ -33,8 +33,23 @@ AI vf silu(vf x) {
     return vf_div(x, vf_add(e, vf_set1(1.0f)));
 }
 
-static void silu_mul_row(const uint16_t *gu, uint16_t *out, int64_t half, int fp16) {
-    for (int64_t c = 0; c < half; c += VW) {
+/* UNROLL whole vectors an iteration: silu's chain (exp's polynomial, a division) is long, and one
+ * vector at a time left the core waiting on it; independent vectors side by side overlap their
+ * chains (each lane's arithmetic unchanged: the same bits). 4096 x 1536 bf16 on this EPYC (Zen 1,
+ * 1 thread, under load): 31.8 -> 19.2 ms, with the dtype a constant in each copy (no branch a vector). */
+#define UNROLL 4
+
+AI void silu_mul_row(const uint16_t *gu, uint16_t *out, int64_t half, const int fp16) {
+    int64_t c = 0;
+    for (; c + UNROLL * VW <= half; c += UNROLL * VW) {
+        vf s[UNROLL];
+        for (int u = 0; u < UNROLL; u++) s[u] = silu(load_halves(gu + c + u * VW, fp16, ALL_LANES));
+        for (int u = 0; u < UNROLL; u++) {
+            vf up = load_halves(gu + half + c + u * VW, fp16, ALL_LANES);
+            store_halves(out + c + u * VW, vf_mul(rounded(s[u], fp16), up), fp16, ALL_LANES);
+        }
+    }
+    for (; c < half; c += VW) {
         vmask m = lanes(half - c);
         vf s = rounded(silu(load_halves(gu + c, fp16, m)), fp16);
         store_halves(out + c, vf_mul(s, load_halves(gu + half + c, fp16, m)), fp16, m);
@@ -52,5 +67,8 @@ void flexlamps_rms_norm(const uint16_t *x, const uint16_t *w, uint16_t *out, int
 void flexlamps_silu_mul(const uint16_t *gu, uint16_t *out, int64_t rows, int64_t half, int64_t gu_stride, int fp16,
                         int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows * half >= (1 << 16))
-    for (int64_t i = 0; i < rows; i++) silu_mul_row(gu + i * gu_stride, out + i * half, half, fp16);
+    for (int64_t i = 0; i < rows; i++) {
+        if (fp16) silu_mul_row(gu + i * gu_stride, out + i * half, half, 1);
+        else silu_mul_row(gu + i * gu_stride, out + i * half, half, 0);
+    }
 }
