@@ -192,7 +192,7 @@ def _gemm_row_tables(on_cpu, device: torch.device, sizes, shapes, has_cuda: bool
     """HardwareSpec's GEMM rates by row count on prompt calls: streamed weights, and (on CPUs, where
     resident weights are prepacked) resident ones; on GPUs packing is a no-op and the second table
     would repeat. On CPUs also bf16 decode calls, which the engine runs on another kernel where
-    oneDNN has no 16-bit GEMM (`dense_gemm.half_decode_product`)."""
+    oneDNN has no 16-bit GEMM (`dense_gemm.half_product`)."""
     # fp16 GEMMs are emulated (and slow) on CPUs; engines there run fp32 or bf16
     row_dtypes = ("fp32", "bf16", "fp16") if has_cuda else ("fp32", "bf16")
     rows_budget_s = 2 * sizes.seconds_per_probe  # the planner's main input: twice a probe's time

@@ -12,8 +12,9 @@ from flexlamps.cache_folder import cache_root
 # by rows, dequantization rate, the switch between them); 7: those in passes taking turns;
 # 8: a quick GEMM check beside each profile, so one measured on a busy box is measured again;
 # 9: the int8 GEMM 4-bit prompts run on (a CPU with it); 10: dense GEMMs by rows on prompt calls and, on
-# CPUs, bf16 decode calls apart (the engine's decode kernel), MoE experts per phase
-PROFILE_VERSION = 10
+# CPUs, bf16 decode calls apart (the engine's decode kernel), MoE experts per phase; 11: 16-bit prompt rows on an
+# AVX2 CPU on the native kernel (`kernels.half_gemm`), dense and MoE experts
+PROFILE_VERSION = 11
 
 
 def profile_cache_path(shapes=None, expert_dims=None) -> Path:

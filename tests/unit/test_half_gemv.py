@@ -75,14 +75,16 @@ def test_the_fused_expert_adds_what_torchs_ops_add_and_a_token_keeps_its_bits(ke
 
 
 def test_moe_decode_runs_the_fused_experts_a_token_alone_as_in_a_batch(monkeypatch):
-    """The MoE FFN's decode on bf16 experts takes the kernel (prompts and fp32 keep torch's GEMMs):
+    """The MoE FFN's decode on bf16 experts takes the kernel (fp32 keeps torch's GEMMs; prompts,
+    test_half_gemm.py):
     within a rounding or two of torch's ops, and a token's bits do not depend on its neighbours."""
     cfg = MoEConfig(num_experts=4, num_experts_per_token=2, num_shared_experts=0, moe_intermediate_size=21,
                     moe_layers=(True,), router="softmax_topk")
     x = torch.randn(5, 1, 40, generator=torch.Generator().manual_seed(2)).bfloat16()
     if moe._fused_experts(x, cfg, Phase.DECODE) is None:
         pytest.skip("the 16-bit decode kernel does not load here")
-    assert moe._fused_experts(x, cfg, Phase.PROMPT) is None and moe._fused_experts(x.float(), cfg, Phase.DECODE) is None
+    assert moe._fused_experts(x, cfg, Phase.PROMPT) is not moe.decode_expert_kernel()
+    assert moe._fused_experts(x.float(), cfg, Phase.DECODE) is None
     w = {"router": torch.randn(4, 40, generator=torch.Generator().manual_seed(3)).bfloat16()}
     for e in range(4):
         w.update(zip((f"experts.{e}.gate_proj", f"experts.{e}.up_proj", f"experts.{e}.down_proj"), _expert(torch.bfloat16, seed=e)))
@@ -95,12 +97,11 @@ def test_moe_decode_runs_the_fused_experts_a_token_alone_as_in_a_batch(monkeypat
 
 def test_dense_decode_rows_in_16_bits_take_the_kernel_where_torchs_gemm_is_slow():
     """The dense kind's decode product on an AVX2 CPU (no oneDNN bf16) is the kernel's, bias
-    included; prompts keep torch's GEMM."""
+    included; prompts take theirs (test_half_gemm.py)."""
     kernel = moe.decode_expert_kernel()
     x, w = torch.randn(3, 1, 64).bfloat16(), torch.randn(24, 64).bfloat16()
     b = torch.randn(24).bfloat16()
     if kernel is None or torch.bfloat16 not in dense_gemm._HALF_DECODE_DTYPES:
-        assert dense_gemm.half_decode_product(x, w) is None
+        assert dense_gemm.half_product(x, w) is None
         pytest.skip("torch's 16-bit GEMM is fast here, or the kernel does not load")
     assert torch.equal(linear(x, w, b), kernel.matmul(x, w, b))
-    assert torch.equal(linear(x.view(1, 3, 64), w, b), F.linear(x.view(1, 3, 64), w, b))  # a prompt

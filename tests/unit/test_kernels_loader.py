@@ -127,13 +127,15 @@ class TorchHalfGemv(ZeroHalfGemv):
 
 
 ZERO = {"tile_gemv": ZeroTileGemv, "int8_gemm": ZeroInt8Gemm, "attention": ZeroAttention, "elementwise": ZeroElementwise,
-        "half_gemv": ZeroHalfGemv, "decode_layers": ZeroDecodeLayers}
+        "half_gemv": ZeroHalfGemv, "half_gemm": ZeroHalfGemv, "decode_layers": ZeroDecodeLayers}
 TORCH = {"tile_gemv": TorchTileGemv, "int8_gemm": TorchInt8Gemm, "attention": TorchAttention,
-         "elementwise": TorchElementwise, "half_gemv": TorchHalfGemv, "decode_layers": TorchDecodeLayers}
+         "elementwise": TorchElementwise, "half_gemv": TorchHalfGemv, "half_gemm": TorchHalfGemv,
+         "decode_layers": TorchDecodeLayers}
 # what the models ask for each kernel
 ENTRY = {"tile_gemv": lambda: linear.native_kernel(), "int8_gemm": lambda: linear.int8_kernel(),
          "attention": lambda: attention_block.native_attention_kernel(), "elementwise": lambda: norms.native_ops(),
-         "half_gemv": lambda: moe.decode_expert_kernel(), "decode_layers": lambda: native_decode.native_loop()}
+         "half_gemv": lambda: moe.decode_expert_kernel(), "half_gemm": lambda: moe.prompt_expert_kernel(),
+         "decode_layers": lambda: native_decode.native_loop()}
 
 
 def test_every_kernel_module_is_registered():

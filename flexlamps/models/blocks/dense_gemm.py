@@ -22,7 +22,9 @@ picks its bf16 kernel by row count and a row may move by one bf16 rounding step 
 Decode rows in bf16 / fp16 on a CPU without oneDNN's 16-bit GEMM (AVX2) take our kernel
 (`kernels.half_gemv`: each output one fp32 dot product in a fixed order, rounded once; a row's
 bits its own): torch's 16-bit GEMM there runs 3-5 GFLOP/s, 3x slower at 8 rows (768 x 2048, Zen 2),
-and a MoE model's batch-64 decode step spent 110 of 135 ms in it. Prompts keep torch's.
+and a MoE model's batch-64 decode step spent 110 of 135 ms in it. Prompt rows there take
+`kernels.half_gemm` (one fp32 multiply-add chain an output, the weight converted a panel at a time):
+34 GFLOP/s against torch's 5 at 1024 rows of a 4096 x 2048 matrix (1 thread, CPU time, Zen 1-class EPYC).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def _onednn_dtypes() -> tuple[torch.dtype, ...]:
 
 _ONEDNN = _onednn_available()
 _ONEDNN_DTYPES = _onednn_dtypes() if _ONEDNN else (torch.float32,)
-# decode rows in these dtypes take the native 16-bit kernel on the CPU (`half_decode_product`)
+# decode rows in these dtypes take the native 16-bit kernel on the CPU (`half_product`)
 _HALF_DECODE_DTYPES = tuple(d for d in half_gemv.DTYPES if d not in _ONEDNN_DTYPES)
 
 
@@ -133,28 +135,29 @@ def dense_scratch(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
     return buf[:numel].view(shape)
 
 
-def half_decode_product(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor | None:
-    """x @ w.T + b by the native 16-bit decode kernel where it runs and torch's 16-bit GEMM is slow
-    (a CPU without oneDNN's bf16), else None."""
+def half_product(x: torch.Tensor, w, b: torch.Tensor | None = None,
+                 phase: Phase = Phase.DECODE) -> torch.Tensor | None:
+    """x @ w.T + b by the native 16-bit kernel of `phase` (decode's `half_gemv`, a prompt's
+    `half_gemm`) where it runs and torch's 16-bit GEMM is slow (a CPU without oneDNN's bf16), else None."""
     if x.dtype not in _HALF_DECODE_DTYPES or x.device.type != "cpu":
         return None
-    kernel = loader.chosen().get("half_gemv")
+    kernel = loader.chosen().get("half_gemv" if phase is Phase.DECODE else "half_gemm")
     if kernel is None or not kernel.takes(w, x) or (b is not None and (b.dtype != x.dtype or not b.is_contiguous())):
         return None
     return kernel.matmul(x, w, b)
 
 
 class DenseKind(WeightKind):
-    """A plain tensor: the GEMM above; decode rows in 16 bits on an AVX2 CPU, the native kernel."""
+    """A plain tensor: the GEMM above; rows in 16 bits on an AVX2 CPU, the native kernel of their phase."""
     name = "dense"
 
     def product(self, w, x: torch.Tensor, phase: Phase) -> torch.Tensor:
-        if phase is Phase.DECODE and (out := half_decode_product(x, w)) is not None:
+        if (out := half_product(x, w, phase=phase)) is not None:
             return out
         return dense_linear(x, w)
 
     def linear(self, w, x, phase, b=None, add=None, mul=None) -> torch.Tensor:
-        if phase is Phase.DECODE and (out := half_decode_product(x, w, b)) is not None:
+        if (out := half_product(x, w, b, phase)) is not None:
             return epilogue(out, None, add, mul)
         return dense_linear(x, w, b, add=add, mul=mul)
 

@@ -141,17 +141,24 @@ def routed_picks(w, indices: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
 
 
 def _fused_experts(x: torch.Tensor, cfg: MoEConfig, phase: Phase):
-    """The native decode kernel for SwiGLU experts on x (`kernels.half_gemv`), or None: prompts
-    keep `expert_linear`'s fp32 products, and so does a CPU where the kernel does not load."""
-    if phase is not Phase.DECODE or cfg.experts == "clamped_swiglu" or x.device.type != "cpu" \
-            or x.dtype not in half_gemv.DTYPES:
+    """The native kernel for SwiGLU experts on x in `phase`, or None (`expert_linear`'s products run):
+    decode's (`kernels.half_gemv`) and, on a CPU without a fast 16-bit GEMM, a prompt's
+    (`kernels.half_gemm`: all an expert's tokens in one call, its weights converted once)."""
+    if cfg.experts == "clamped_swiglu" or x.device.type != "cpu" or x.dtype not in half_gemv.DTYPES:
         return None
-    return decode_expert_kernel()
+    if phase is Phase.DECODE:
+        return decode_expert_kernel()
+    return None if fast_dense_gemm(x) else prompt_expert_kernel()
 
 
 def decode_expert_kernel() -> half_gemv.HalfGemv | None:
     """This process's 16-bit decode kernel (`kernels.half_gemv`), None where it does not load."""
     return loader.chosen().get("half_gemv")
+
+
+def prompt_expert_kernel():
+    """This process's 16-bit prompt kernel (`kernels.half_gemm`), None where it does not load."""
+    return loader.chosen().get("half_gemm")
 
 
 def routed_sum(w, flat: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, cfg: MoEConfig,

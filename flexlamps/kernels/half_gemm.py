@@ -1,0 +1,106 @@
+"""Prompts' products on plain bf16 / fp16 weights (`half_gemm.c`), compiled on first use in an AVX2
+and an AVX-512 variant and loaded with ctypes, for CPUs without a fast 16-bit GEMM (no oneDNN
+bf16: AVX2), where torch's runs a prompt's rows at ~1-5 GFLOP/s and MKL's fp32 GEMM needs the
+weight converted on every call (an AVX-512 CPU multiplies bf16 with oneDNN, which `dense_gemm`
+prefers; the kernel builds there too).
+
+- `matmul(x, w, b)`: x @ w.T + b rounded once to x's dtype (the dense kind's prompt product);
+- `expert_swiglu(...)`: one routed SwiGLU expert on its picked tokens, added into the layer's
+  output with the roundings of `half_gemv`'s (a prompt's MoE experts, tokens grouped per expert).
+
+Each output is one fp32 multiply-add chain over the inner dimension in order: a row's result
+depends on that row and the weight only, never on how many rows share the call or the thread
+count (`weight_kind`'s batch invariance); it differs from decode's (`half_gemv`: lane-wise sums)
+by an fp32 sum's reordering, as a prompt's phase may. `KERNEL`'s check holds both to torch's
+products within that. Callers keep their other products where it does not load. Imports torch only.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from flexlamps.kernels import build, loader, variants
+from flexlamps.kernels.half_gemv import DTYPES, HalfGemv, reference_swiglu
+from flexlamps.kernels.loader import require
+
+SOURCE = build.SOURCES / "half_gemm.c"
+VARIANTS = (variants.variant("avx2"), variants.variant("avx512"))  # products 8 lanes wide in both
+
+
+class HalfGemm:
+    """The loaded kernels (`level`: the variant's)."""
+
+    takes = staticmethod(HalfGemv.takes)
+    takes_expert = staticmethod(HalfGemv.takes_expert)
+
+    def __init__(self, library: ctypes.CDLL, level: str = "avx2"):
+        self.level = level
+        self._gemm, self._expert = library.flexlamps_half_gemm, library.flexlamps_expert_swiglu_rows
+        self._gemm.restype = self._expert.restype = ctypes.c_int
+        self._gemm.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_int64]
+                               + [ctypes.c_void_p] * 2 + [ctypes.c_int] * 2)
+        self._expert.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3 + [ctypes.c_int64]
+                                 + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 2
+                                 + [ctypes.c_int] * 2)
+
+    def matmul(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        """x (..., in) @ w (out, in).T + b, rounded once to x's dtype (x on the CPU in a 16-bit dtype,
+        `takes` holds; b contiguous, of x's dtype)."""
+        n, k = w.shape
+        if not x.is_contiguous():
+            x = x.contiguous()
+        out = torch.empty((*x.shape[:-1], n), dtype=x.dtype)
+        rows = x.numel() // k if k else 0
+        if rows:
+            rc = self._gemm(x.data_ptr(), rows, k, k, w.data_ptr(), n, None if b is None else b.data_ptr(),
+                            out.data_ptr(), DTYPES[x.dtype], torch.get_num_threads())
+            require(rc == 0, "half_gemm: out of memory for its fp32 rows")
+        return out
+
+    def expert_swiglu(self, x: torch.Tensor, gate, up, down, picks: torch.Tensor, slots: int,
+                      weights: torch.Tensor, out: torch.Tensor) -> None:
+        """As `HalfGemv.expert_swiglu` (the same arguments and roundings), each product a prompt's."""
+        if not picks.numel():
+            return
+        rc = self._expert(x.data_ptr(), x.stride(0), x.shape[1], gate.data_ptr(), up.data_ptr(), down.data_ptr(),
+                          gate.shape[0], picks.data_ptr(), picks.numel(), slots, weights.data_ptr(), out.data_ptr(),
+                          DTYPES[x.dtype], torch.get_num_threads())
+        require(rc == 0, "half_gemm: out of memory for an expert's fp32 rows")
+
+
+def _check(kernel: HalfGemm) -> None:
+    """Both kernels against torch on odd shapes (partial vectors, panels and row tiles), in each
+    dtype, within an fp32 sum's reordering and one rounding to the dtype."""
+    gen = torch.Generator().manual_seed(0)
+    for dtype in DTYPES:
+        x = torch.randn(7, 37, generator=gen).to(dtype)
+        w = torch.randn(19, 37, generator=gen).to(dtype)
+        b = torch.randn(19, generator=gen).to(dtype)
+        want = (x.float() @ w.float().T + b.float()).to(dtype)
+        require(bool(torch.allclose(kernel.matmul(x, w, b).float(), want.float(), rtol=2 ** -7, atol=1e-3)),
+                f"half_gemm: matmul's check failed in {dtype}")
+        gate, up = torch.randn(2, 13, 37, generator=gen).to(dtype)
+        down = torch.randn(37, 13, generator=gen).to(dtype) * 0.1
+        picks = torch.tensor([1, 4, 13], dtype=torch.int64)  # tokens 0, 2 and 6 of 7, two slots each
+        weights = torch.rand(14, generator=gen)
+        out = torch.zeros(7, 37, dtype=dtype)
+        kernel.expert_swiglu(x, gate, up, down, picks, 2, weights, out)
+        y = reference_swiglu(x[[0, 2, 6]], gate, up, down)
+        want = torch.zeros(7, 37, dtype=dtype).index_add_(0, torch.tensor([0, 2, 6]),
+                                                          (y * weights[picks, None]).to(dtype))
+        require(bool(torch.allclose(out.float(), want.float(), rtol=2 ** -5, atol=2e-2)),
+                f"half_gemm: expert_swiglu's check failed in {dtype}")
+
+
+KERNEL = loader.Kernel("half_gemm", SOURCE, VARIANTS, "the 16-bit prompt products", "torch's 16-bit GEMM runs",
+                       HalfGemm, _check)
+
+
+@functools.lru_cache(maxsize=None)
+def load(folder: Path, level: str | None = None) -> HalfGemm | None:
+    """The kernels built into (or found in) `folder` and checked, or None where they cannot run here
+    (the process's own: `loader.chosen().get("half_gemm")`)."""
+    return loader.load(KERNEL, Path(folder), level).kernel
