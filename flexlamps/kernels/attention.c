@@ -119,23 +119,41 @@ static void scores(const Args *a, int64_t row, int64_t kvh, const float *qf, int
     }
 }
 
+#define EXPS_AT_ONCE 4  /* vectors of scores `weights_in` exponentiates side by side */
+
 /* One query's scores -> weights in place: e_j = exp(s_j - max) rounded to the dtype (the
  * largest is exactly 1, as in torch's flash kernel, so the key that dominates adds no rounding);
  * returns their sum, by which the weighted values are divided once. */
-static float weights(float *sc, int64_t span, int fp16) {
+AI float weights_in(float *sc, int64_t span, const int fp16) {
     vf mx = vf_set1(-INFINITY);
     int64_t j = 0;
     for (; j + VW <= span; j += VW) mx = vf_max(mx, vf_load(sc + j));
     float m = vf_hmax(mx);
     for (; j < span; j++) m = sc[j] > m ? sc[j] : m;
     vf vm = vf_set1(m), sum = vf_zero();
-    for (j = 0; j < span; j += VW) {
+    /* whole vectors side by side (exp's chain is long: one at a time left the core waiting on
+     * it), added to the sum in order: the same bits */
+    for (j = 0; j + EXPS_AT_ONCE * VW <= span; j += EXPS_AT_ONCE * VW) {
+        vf e[EXPS_AT_ONCE];
+        for (int u = 0; u < EXPS_AT_ONCE; u++)
+            e[u] = rounded(exp_nonpositive(vf_sub(vf_load(sc + j + u * VW), vm)), fp16);
+        for (int u = 0; u < EXPS_AT_ONCE; u++) {
+            vf_store(sc + j + u * VW, e[u]);
+            sum = vf_add(sum, e[u]);
+        }
+    }
+    for (; j < span; j += VW) {
         vmask part = lanes(span - j);
         vf e = vf_keep(part, rounded(exp_nonpositive(vf_sub(vf_load_lanes(part, sc + j), vm)), fp16));
         vf_store_lanes(sc + j, part, e);
         sum = vf_add(sum, e);
     }
     return vf_sum(sum);
+}
+
+/* weights_in with the dtype a constant in each copy (no branch a vector). */
+static float weights(float *sc, int64_t span, int fp16) {
+    return fp16 ? weights_in(sc, span, 1) : weights_in(sc, span, 0);
 }
 
 /* The weighted sum x of query g, chunk c, divided by the weights' sum and rounded once. */
