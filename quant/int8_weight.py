@@ -25,7 +25,16 @@ kernel's tiles of 64 rows, its fifth bits as a plane in the order our AVX-512 ke
 (`flexlamps.kernels.tile_gemv`) reads them, and a scale and zero per group, `w = (u - 16) * scale + zero`.
 Only that kernel multiplies it in place (torch's int4 kernel takes no fifth bit: elsewhere it is
 dequantized for the dense GEMM), and it leaves the CPU as the split. Decode streams these weights
-from memory, so a call reads about 0.6 of the split's bytes. Imports torch only.
+from memory, so a call reads about 0.6 of the split's bytes.
+
+The 6-bit form (`from_codes(..., six_bit=True)`, codes in [-32, 31]: GGUF's Q6_K, and Q5_x where
+the 5-bit form is not taken) holds u = q + 32 in 1 byte a weight where the split holds 1.5: its
+low nibbles as a 4-bit weight in the CPU kernel's tiles (the split's low halves), the plane of its
+high two bits laid out as those tiles (`high_plane`), and only the low halves' (scale, zero)
+pairs (the high halves' 16 d and 0 are implied). Our kernel adds 6 to each high part, which makes
+it the split's high nibble (u + 96 = q + 128), and runs the split's arithmetic: the same bits.
+Only our kernel multiplies it in place (any variant); it leaves the CPU as the split. Imports
+torch only.
 """
 from __future__ import annotations
 
@@ -41,6 +50,7 @@ from quant.int4_weight import Int4Weight, unpack_codes
 _DEQUANT_CHUNK_BYTES = 2 << 20  # fp32 values dequantized at a time on a CPU: about one L2 cache
 _PACK_ROWS = 4096  # rows split and laid out at a time
 FIVE_BIT_TILE = 64  # output rows per tile of the 5-bit form (`flexlamps.kernels.tile_gemv.TILE`)
+_PLANE_BLOCK = 64  # tile bytes whose high parts a 32-byte block of the 6-bit form's plane holds
 
 
 def fifth_plane(bits: torch.Tensor) -> torch.Tensor:
@@ -58,6 +68,22 @@ def fifth_bits(plane: torch.Tensor, cols: int) -> torch.Tensor:
     tiles = plane.shape[0]
     bits = (plane.reshape(-1, 8, 1) >> torch.arange(8, dtype=torch.uint8, device=plane.device)) & 1
     return bits.reshape(tiles, cols // 4, 4, 16, 4).permute(0, 2, 3, 1, 4).reshape(64 * tiles, cols)
+
+
+def high_plane(tiles: torch.Tensor) -> torch.Tensor:
+    """(N, K/2) tile bytes whose nibbles are in [0, 3] (the codes' high two bits, in the kernel's tile
+    layout, N whole tiles) -> the (N, K/4) plane: byte 32b + i holds tile byte 64b + i's nibbles in
+    bits 0-1 and 4-5, byte 64b + 32 + i's in bits 2-3 and 6-7 (tile_gemv.c's 6-bit form)."""
+    rows, half = tiles.shape
+    blocks = tiles.reshape(-1, 2, _PLANE_BLOCK // 2)
+    return (blocks[:, 0] | (blocks[:, 1] << 2)).reshape(rows, half // 2)
+
+
+def plane_tiles(plane: torch.Tensor) -> torch.Tensor:
+    """Inverse of `high_plane`: the (N, K/4) plane -> (N, K/2) tile bytes of nibbles in [0, 3]."""
+    rows, quarter = plane.shape
+    blocks = plane.reshape(-1, 1, _PLANE_BLOCK // 2)
+    return torch.cat([blocks & 0x33, (blocks >> 2) & 0x33], dim=1).reshape(rows, 2 * quarter)
 
 
 def split_codes(codes: torch.Tensor, scale: torch.Tensor,
@@ -83,22 +109,27 @@ class Int8Weight(CompressedWeight):
     """A weight (N, K) as int8 codes with one scale per group of input channels, held as the
     (N, 2K) 4-bit weight `split`, or in the 5-bit form (`fifth` given) as the (N, K) 4-bit weight
     of the codes' low nibbles, whose (scale, zero) mean `(u - 16) * scale + zero`, and the plane
-    of their fifth bits (see the module's docstring); `x_bits` as `Int4Weight.x_bits`."""
+    of their fifth bits, or in the 6-bit form (`high` given) as the (N, K) 4-bit weight of the
+    codes' low nibbles with the split's low halves' (scale, zero) and the plane of their high two
+    bits (see the module's docstring); `x_bits` as `Int4Weight.x_bits`."""
 
     KIND: ClassVar[str] = "int8"
-    PARTS: ClassVar[tuple[str, ...]] = ("split", "fifth")
+    PARTS: ClassVar[tuple[str, ...]] = ("split", "fifth", "high")
     split: Int4Weight
     fifth: torch.Tensor | None = None
     x_bits: int | None = None
+    high: torch.Tensor | None = None
 
     @classmethod
     def from_codes(cls, codes: torch.Tensor, scale: torch.Tensor, group_size: int = 32,
                    dtype: torch.dtype = torch.bfloat16, zero: torch.Tensor | None = None,
-                   five_bit: bool = False) -> "Int8Weight":
+                   five_bit: bool = False, six_bit: bool = False) -> "Int8Weight":
         """From int8 codes (N, K) and scales (N, K/group_size): `w = scale * codes`, plus `zero`
         (N, K/group_size) when given (GGUF's Q5_1 / Q5_K: `d q + m` with q - 16 as the code).
         `five_bit`: the 5-bit form where the codes fit it (in [-16, 15], on a CPU whose int4
-        tiles have 64 rows, whole tiles), for our AVX-512 kernel; else the split."""
+        tiles have 64 rows, whole tiles), for our AVX-512 kernel; `six_bit`: else the 6-bit form
+        where they fit it (in [-32, 31], on a CPU whose int4 tiles our kernel takes), for our
+        kernel in any variant; else the split."""
         rows, cols = codes.shape
         if (codes.dtype != torch.int8 or cols % group_size or scale.shape != (rows, cols // group_size)
                 or (zero is not None and zero.shape != scale.shape)):
@@ -106,6 +137,8 @@ class Int8Weight(CompressedWeight):
                              f"{codes.dtype} {tuple(codes.shape)} and {tuple(scale.shape)}")
         if five_bit and _fits_five_bits(codes):
             return cls._five_bit(codes, scale, group_size, dtype, zero)
+        if six_bit and _fits_six_bits(codes):
+            return cls._six_bit(codes, scale, group_size, dtype, zero)
         tile = tile_rows(2 * cols) if codes.device.type == "cpu" else None
         if tile is None or rows % tile:
             return cls(Int4Weight.from_codes(*split_codes(codes, scale, zero), group_size, dtype).kernel_only())
@@ -129,15 +162,35 @@ class Int8Weight(CompressedWeight):
         nibbles = Int4Weight(None, scale_zero, group_size, tiles_from_unpacked(u & 15, FIVE_BIT_TILE))
         return cls(nibbles, fifth_plane(u >> 4))
 
+    @classmethod
+    def _six_bit(cls, codes: torch.Tensor, scale: torch.Tensor, group_size: int, dtype: torch.dtype,
+                 zero: torch.Tensor | None) -> "Int8Weight":
+        """The 6-bit form: u = codes + 32's low nibbles and high two bits in tiles (the last one
+        padded with code-0 rows where the rows do not fill it), the split's low halves' pairs."""
+        rows, cols = codes.shape
+        tile = tile_rows(cols)
+        padded = -(-rows // tile) * tile
+        nibbles = torch.empty(padded, cols // 2, dtype=torch.uint8)
+        plane = torch.empty(padded, cols // 4, dtype=torch.uint8)
+        step = max(tile, _PACK_ROWS // tile * tile)
+        for start in range(0, padded, step):
+            u = (codes[start:start + step].to(torch.int16) + 32).to(torch.uint8)
+            u = torch.cat([u, u.new_zeros(min(step, padded - start) - len(u), cols)])
+            nibbles[start:start + step] = tiles_from_unpacked(u & 15, tile)
+            plane[start:start + step] = high_plane(tiles_from_unpacked(u >> 4, tile))
+        low_scale, low_zero = (half[:, half.shape[1] // 2:] for half in _split_scales(scale, zero))
+        scale_zero = torch.stack([low_scale.t(), low_zero.t()], dim=-1).to(dtype).contiguous()  # (K/g, N, 2)
+        return cls(Int4Weight(None, scale_zero, group_size, nibbles), high=plane)
+
     def as_split(self) -> "Int8Weight":
         """The same codes, scales and zero points as the split (itself when it is one)."""
-        if self.fifth is None:
+        if self.fifth is None and self.high is None:
             return self
         rows, cols = self.shape
         codes = torch.empty(rows, cols, dtype=torch.int8)
         self._codes_into(codes, 0, rows)
-        scale, zero = (part.t() for part in self.split.scale_zero.unbind(-1))
-        return Int8Weight.from_codes(codes, scale, self.group_size, self.dtype, zero=zero if bool(zero.any()) else None)
+        scale, zero = self._scale_zero()
+        return Int8Weight.from_codes(codes, scale, self.group_size, self.dtype, zero=zero)
 
     @classmethod
     def cat(cls, weights: list["Int8Weight"]) -> "Int8Weight":
@@ -145,6 +198,11 @@ class Int8Weight(CompressedWeight):
         and fifth bit; a mix is stacked as splits): one fused call."""
         if all(w.fifth is not None for w in weights):  # whole tiles each: the planes stack as the tiles do
             return cls(Int4Weight.cat([w.split for w in weights]), torch.cat([w.fifth for w in weights]))
+        if all(w.high is not None and w.shape[0] % tile_rows(w.shape[1]) == 0 for w in weights):  # the same
+            first = weights[0].split
+            nibbles = Int4Weight(None, torch.cat([w.split.scale_zero for w in weights], dim=1), first.group_size,
+                                 torch.cat([w.split.kernel_codes for w in weights]))
+            return cls(nibbles, high=torch.cat([w.high for w in weights]))
         return cls(Int4Weight.cat([w.as_split().split for w in weights]))
 
     def rows(self, start: int, stop: int) -> "Int8Weight":
@@ -153,12 +211,19 @@ class Int8Weight(CompressedWeight):
         if self.fifth is not None and start % FIVE_BIT_TILE == 0 and stop % FIVE_BIT_TILE == 0:
             return Int8Weight(self.split.rows(start, stop),
                               self.fifth[start // FIVE_BIT_TILE:stop // FIVE_BIT_TILE].contiguous())
+        tile = tile_rows(self.shape[1])
+        if self.high is not None and start % tile == 0 and (stop % tile == 0 or stop == self.shape[0]):
+            end = -(-stop // tile) * tile  # the last tile's padding rows with it
+            s = self.split
+            nibbles = Int4Weight(None, s.scale_zero[:, start:stop].contiguous(), s.group_size,
+                                 s.kernel_codes[start:end].contiguous())
+            return Int8Weight(nibbles, high=self.high[start:end].contiguous())
         return Int8Weight(self.as_split().split.rows(start, stop))
 
     @property
     def shape(self) -> tuple[int, int]:
         rows, cols = self.split.shape
-        return (rows, cols if self.fifth is not None else cols // 2)
+        return (rows, cols if self.fifth is not None or self.high is not None else cols // 2)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -170,13 +235,13 @@ class Int8Weight(CompressedWeight):
 
     def can_run_fused(self, x: torch.Tensor) -> bool:
         """Whether torch's fused int4 kernel (`matmul`) multiplies x by it: the split's question;
-        never the 5-bit form (our AVX-512 kernel's alone)."""
-        return self.fifth is None and self.split.can_run_fused(x)
+        never the 5- or 6-bit form (our kernel's alone)."""
+        return self.fifth is None and self.high is None and self.split.can_run_fused(x)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., K) @ w.T with torch's fused kernel (x in `dtype`, on `device`; `can_run_fused`)."""
-        if self.fifth is not None:
-            raise ValueError("Int8Weight.matmul: torch's int4 kernel cannot multiply the 5-bit form; "
+        if self.fifth is not None or self.high is not None:
+            raise ValueError("Int8Weight.matmul: torch's int4 kernel cannot multiply the 5-bit or 6-bit form; "
                              "flexlamps.kernels.tile_gemv does, or dequantize it")
         return self.split.matmul(torch.cat([x, x], dim=-1))
 
@@ -210,8 +275,8 @@ class Int8Weight(CompressedWeight):
         where it is 0 throughout (Q8_0 / Q5_0)."""
         if self.fifth is not None:
             scale, zero = (part.t().float() for part in self.split.scale_zero.unbind(-1))
-        else:
-            low = self.split.scale_zero[self.shape[1] // self.group_size:]  # (K/g, N, 2): the low halves' d, 8 d + zero
+        else:  # (K/g, N, 2): the low halves' d, 8 d + zero (the 6-bit form holds them alone)
+            low = self.split.scale_zero[0 if self.high is not None else self.shape[1] // self.group_size:]
             scale = low[..., 0].t()
             zero = low[..., 1].t().float() - 8 * scale.float()  # exactly 0 for Q8_0 / Q5_0
         return scale, (zero if bool(zero.any()) else None)
@@ -225,6 +290,13 @@ class Int8Weight(CompressedWeight):
             nibbles = unpacked_from_tiles(s.kernel_codes[start:stop], cols, FIVE_BIT_TILE)
             tiles = self.fifth[start // FIVE_BIT_TILE:stop // FIVE_BIT_TILE]
             v.copy_(nibbles.add_(fifth_bits(tiles, cols) << 4).view(torch.int8).sub_(16))
+            return
+        if self.high is not None:  # u = nibble + 16 high; q = u - 32
+            tile = tile_rows(cols)
+            end = min(-(-stop // tile) * tile, s.kernel_codes.shape[0])  # whole tiles, the padding dropped below
+            u = unpacked_from_tiles(s.kernel_codes[start:end], cols, tile)
+            u.add_(unpacked_from_tiles(plane_tiles(self.high[start:end]), cols, tile) << 4)
+            v.copy_(u[:stop - start].view(torch.int8)).sub_(32)
             return
         if s.codes is not None:
             halves = unpack_codes(s.codes[start:stop])
@@ -255,19 +327,23 @@ class Int8Weight(CompressedWeight):
 
     def to_tensors(self, prefix: str = "", with_kernel: bool = False) -> dict[str, torch.Tensor]:
         """Flat dict for safetensors (`Int4Weight.to_tensors` of the split or the nibbles, under
-        `<prefix>int8.`; the 5-bit form's plane as `<prefix>int8.fifth`)."""
+        `<prefix>int8.`; the 5-bit form's plane as `<prefix>int8.fifth`, the 6-bit form's as
+        `<prefix>int8.high`)."""
         out = self.split.to_tensors(f"{prefix}int8.", with_kernel)
         if self.fifth is not None:
             out[f"{prefix}int8.fifth"] = self.fifth
+        if self.high is not None:
+            out[f"{prefix}int8.high"] = self.high
         return out
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str = "") -> "Int8Weight":
-        return cls(Int4Weight.from_tensors(tensors, f"{prefix}int8."), tensors.get(f"{prefix}int8.fifth"))
+        return cls(Int4Weight.from_tensors(tensors, f"{prefix}int8."), tensors.get(f"{prefix}int8.fifth"),
+                   high=tensors.get(f"{prefix}int8.high"))
 
     @classmethod
     def part_names(cls, prefix: str = "", codes: bool = True, kernel: bool = False) -> tuple[str, ...]:
-        """The names `to_tensors` gives the split's parts (`Int4Weight.part_names`), not the 5-bit plane."""
+        """The names `to_tensors` gives the split's parts (`Int4Weight.part_names`), not the 5- or 6-bit plane."""
         return Int4Weight.part_names(f"{prefix}{cls.KIND}.", codes, kernel)
 
     @classmethod
@@ -276,7 +352,7 @@ class Int8Weight(CompressedWeight):
 
     def __repr__(self) -> str:
         return (f"Int8Weight(shape={self.shape}, group_size={self.group_size}, dtype={self.dtype}, "
-                f"{'5-bit' if self.fifth is not None else 'split'}, "
+                f"{'5-bit' if self.fifth is not None else '6-bit' if self.high is not None else 'split'}, "
                 f"nbytes={self.nbytes}, device={self.device})")
 
 
@@ -286,3 +362,11 @@ def _fits_five_bits(codes: torch.Tensor) -> bool:
     rows, cols = codes.shape
     return (codes.device.type == "cpu" and rows % FIVE_BIT_TILE == 0 and cols % 4 == 0
             and tile_rows(cols) == FIVE_BIT_TILE and int(codes.min()) >= -16 and int(codes.max()) <= 15)
+
+
+def _fits_six_bits(codes: torch.Tensor) -> bool:
+    """Whether codes (N, K) can take the 6-bit form: in [-32, 31], on a CPU whose int4 tiles our
+    kernel takes (32 or 64 rows), K a multiple of 4 (the plane's blocks then never straddle tiles)."""
+    rows, cols = codes.shape
+    return (codes.device.type == "cpu" and rows > 0 and cols % 4 == 0 and tile_rows(cols) in (32, 64)
+            and int(codes.min()) >= -32 and int(codes.max()) <= 31)

@@ -22,8 +22,8 @@
  * through ctypes with their declared arguments). */
 typedef int (*gemv_fn)(const void *, const void *, const void *, const uint16_t *, uint16_t *, int64_t, int64_t,
                        int64_t, int64_t, int64_t, int, int, int, int);
-typedef int (*gemm_fn)(const void *, const void *, const uint16_t *, uint16_t *, int64_t, int64_t, int64_t, int64_t,
-                       int64_t, int, int, int);
+typedef int (*gemm_fn)(const void *, const void *, const void *, const uint16_t *, uint16_t *, int64_t, int64_t,
+                       int64_t, int64_t, int64_t, int, int, int);
 typedef void (*norm_fn)(const uint16_t *, const uint16_t *, uint16_t *, int64_t, int64_t, int64_t, float, int, int);
 typedef void (*silu_fn)(const uint16_t *, uint16_t *, int64_t, int64_t, int64_t, int, int);
 typedef int (*attn_fn)(const uint16_t *, const uint16_t *, const uint16_t *, const uint8_t *, uint16_t *, int64_t,
@@ -33,8 +33,8 @@ typedef struct {  /* the other kernels' entry points (tile_gemv.c's two products
     void *gemv, *gemm, *norm, *silu, *attention;
 } Kernels;
 
-typedef struct {  /* one weight as tile_gemv's products take it */
-    const void *codes, *fifth, *scale_zero;
+typedef struct {  /* one weight as tile_gemv's products take it (plane: the 5- or 6-bit form's) */
+    const void *codes, *plane, *scale_zero;
     int64_t n, cols, group, tile;
     int32_t kind, x_bits;
 } Matrix;
@@ -65,9 +65,9 @@ typedef struct {
 static int product(const Kernels *kn, const Matrix *m, const uint16_t *x, uint16_t *out, const Step *s) {
     const int64_t count = s->rows * s->tokens;
     if (s->tokens > 1)
-        return ((gemm_fn)kn->gemm)(m->codes, m->scale_zero, x, out, m->n, m->cols, m->group, count, m->tile, s->fp16,
-                                   m->kind, s->threads);
-    return ((gemv_fn)kn->gemv)(m->codes, m->fifth, m->scale_zero, x, out, m->n, m->cols, m->group, count, m->tile,
+        return ((gemm_fn)kn->gemm)(m->codes, m->plane, m->scale_zero, x, out, m->n, m->cols, m->group, count, m->tile,
+                                   s->fp16, m->kind, s->threads);
+    return ((gemv_fn)kn->gemv)(m->codes, m->plane, m->scale_zero, x, out, m->n, m->cols, m->group, count, m->tile,
                                s->fp16, m->kind, m->x_bits, s->threads);
 }
 

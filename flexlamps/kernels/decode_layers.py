@@ -37,8 +37,8 @@ class Kernels(ctypes.Structure):
 
 
 class Matrix(ctypes.Structure):
-    """One weight as tile_gemv's decode product takes it (its codes, 5-bit plane, scales and zeros)."""
-    _fields_ = [("codes", _P), ("fifth", _P), ("scale_zero", _P), ("n", _I), ("cols", _I), ("group", _I),
+    """One weight as tile_gemv's decode product takes it (its codes, 5- or 6-bit form's plane, scales and zeros)."""
+    _fields_ = [("codes", _P), ("plane", _P), ("scale_zero", _P), ("n", _I), ("cols", _I), ("group", _I),
                 ("tile", _I), ("kind", _I32), ("x_bits", _I32)]
 
 

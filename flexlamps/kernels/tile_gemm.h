@@ -36,10 +36,10 @@
  * `biased`: int8 codes held as q + CODE_BIAS (where `can_bias`: x's rows come with bias_starts). */
 typedef struct { uint8_t *codes, *magnitude; float *scale, *offset; int64_t steps8; int biased, can_bias; } Prepared;
 
-/* Column slice p's 16 bytes as codes: low nibbles (rows j) in the low 128-bit lane, high ones
+/* A column slice's 16 bytes as codes: low nibbles (rows j) in the low 128-bit lane, high ones
  * (rows h + j) in the high lane. */
-AI __m256i nibble_lanes(const uint8_t *p) {
-    __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+AI __m256i nibble_lanes(__m128i bytes) {
+    __m256i b = _mm256_broadcastsi128_si256(bytes);
     return _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0F));
 }
 
@@ -54,10 +54,13 @@ AI void transpose4(__m256i c0, __m256i c1, __m256i c2, __m256i c3, __m256i *out)
 }
 
 /* Column k of the sub-tile at p (column stride h): a 4-bit code, or the int8 split's q (its high
- * nibbles at p, its low ones `low_half` bytes on). */
-AI __m256i column_codes(const uint8_t *p, int64_t low_half, int split) {
-    if (!split) return nibble_lanes(p);
-    __m256i u = _mm256_or_si256(_mm256_slli_epi16(nibble_lanes(p), 4), nibble_lanes(p + low_half));
+ * nibbles at p, its low ones `low_half` bytes on; the 6-bit form's: its high nibbles from the plane,
+ * at the tile's byte `off`, its low ones at p). */
+AI __m256i column_codes(const uint8_t *p, const uint8_t *plane, int64_t off, int64_t low_half, int split) {
+    if (!split) return nibble_lanes(_mm_loadu_si128((const __m128i *)p));
+    __m128i high = plane ? plane_high16(plane, off) : _mm_loadu_si128((const __m128i *)p);
+    __m256i low = nibble_lanes(_mm_loadu_si128((const __m128i *)(p + low_half)));
+    __m256i u = _mm256_or_si256(_mm256_slli_epi16(nibble_lanes(high), 4), low);
     return _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80));
 }
 
@@ -74,17 +77,20 @@ AI void lane_scales(const uint16_t *lo, const uint16_t *hi, int fp16, __m256 *sc
     *zero = halves_to_floats8(_mm_packus_epi32(_mm256_castsi256_si128(high), _mm256_extracti128_si256(high, 1)), fp16);
 }
 
-/* Sub-tile s of the tile at `codes` (scale_zero `sz` at its first row; n rows in all) laid out in
- * `prep`, and for int8 codes the steps whose pairs int16 holds (`steps8`, from their largest |q|). */
-static void prepare(const uint8_t *codes, const uint16_t *sz, int64_t s, int64_t h, int64_t n, int64_t cols,
-                    int64_t groups, int fp16, int split, Prepared *prep) {
-    const int64_t low_half = cols * h;
+/* Sub-tile s of the tile at `codes` (its plane at `plane` for the 6-bit form, else NULL; scale_zero
+ * `sz` at its first row; n rows in all) laid out in `prep`, and for int8 codes the steps whose pairs
+ * int16 holds (`steps8`, from their largest |q|). */
+static void prepare(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz, int64_t s, int64_t h, int64_t n,
+                    int64_t cols, int64_t groups, int fp16, int split, Prepared *prep) {
+    const int64_t low_half = plane ? 0 : cols * h;
     __m256i top = _mm256_setzero_si256();
     for (int64_t k = 0; k < cols; k += 4) {
-        const uint8_t *p = codes + k * h + 16 * s;
+        const int64_t off = k * h + 16 * s;
+        const uint8_t *p = codes + off;
         __m256i *out = (__m256i *)(prep->codes + k * 32);
-        transpose4(column_codes(p, low_half, split), column_codes(p + h, low_half, split),
-                   column_codes(p + 2 * h, low_half, split), column_codes(p + 3 * h, low_half, split), out);
+        transpose4(column_codes(p, plane, off, low_half, split), column_codes(p + h, plane, off + h, low_half, split),
+                   column_codes(p + 2 * h, plane, off + 2 * h, low_half, split),
+                   column_codes(p + 3 * h, plane, off + 3 * h, low_half, split), out);
         if (split)
             for (int v = 0; v < 4; v++) {
                 __m256i magnitude = _mm256_abs_epi8(_mm256_loadu_si256(out + v));
@@ -103,7 +109,7 @@ static void prepare(const uint8_t *codes, const uint16_t *sz, int64_t s, int64_t
         _mm256_storeu_si256(at, _mm256_add_epi8(_mm256_loadu_si256(at), _mm256_set1_epi8(CODE_BIAS)));
     }
     for (int64_t g = 0; g < groups; g++) {
-        const uint16_t *pairs = sz + (split ? g + groups : g) * n * 2;
+        const uint16_t *pairs = sz + (split && !plane ? g + groups : g) * n * 2;
         for (int v = 0; v < 4; v++) {  /* vector v: rows 16s + 4v.. (lanes 0-3) and h + 16s + 4v.. (4-7) */
             __m256 scale, zero;
             lane_scales(pairs + 2 * (16 * s + 4 * v), pairs + 2 * (h + 16 * s + 4 * v), fp16, &scale, &zero);

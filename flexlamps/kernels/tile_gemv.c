@@ -17,6 +17,15 @@
  * and its fifth bits in a plane of 64-bit words, one per register of codes tile_codes makes: for
  * tile t and columns k..k+3, words t K + k .. t K + k + 3, bit 4i + c of word q the fifth bit of
  * row 64t + 16q + i, column k + c (quant/int8_weight.py writes it); w = (u - 16) * scale + zero.
+ * The 6-bit form (codes q in [-32, 31]: GGUF's Q6_K, Q5_x where the 5-bit form is not taken) holds
+ * u = q + 32 as the int8 split's low nibbles alone, 4-bit tiles of its own (n, K), and a plane of
+ * its high two bits, u >> 4, laid out as those tiles are (a tile's plane follows the last tile's,
+ * cols * tile / 4 bytes): bytes 32b + i of a tile's plane hold, in bits 0-1 and 4-5, the two
+ * nibbles of its tile byte 64b + i and, in bits 2-3 and 6-7, those of byte 64b + 32 + i. So a mask
+ * (0x33) and a shift by 2 give any 16 consecutive tile bytes' nibbles, and adding 6 to each makes
+ * them the split's high nibbles (u + 96 = q + 128) exactly (`plane_high16`): every kernel runs
+ * the split's arithmetic on the same bytes, so the 6-bit form gives a row the split's bits. Its
+ * scale-zero pairs are the split's low halves' alone (K/G, n, 2): 8 bits a weight, not 12.
  *
  * Integer sums are exact, so a row's result does not depend on the rows beside it, on the
  * thread count, or on the split of the work.
@@ -65,8 +74,20 @@ typedef struct {
     const int32_t *starts16;  /* biased int8 codes' int16 sums start here, per 16 inputs (tile_gemm.h) */
 } QRows;
 
-/* A weight's kind: 4-bit codes, an int8 split, or 5-bit codes (nibbles and a plane of fifth bits). */
-enum { KIND_INT4 = 0, KIND_INT8_SPLIT = 1, KIND_INT5 = 2 };
+/* A weight's kind: 4-bit codes, an int8 split, 5-bit codes (nibbles and a plane of fifth bits), or
+ * 6-bit codes (nibbles and a plane of high two bits; the split's arithmetic). */
+enum { KIND_INT4 = 0, KIND_INT8_SPLIT = 1, KIND_INT5 = 2, KIND_INT6 = 3 };
+
+/* The 6-bit form's tile bytes off .. off + 15 (off a multiple of 16) as the int8 split's high
+ * nibbles: the plane's two bits of each nibble, plus 6 (see the top of this file). */
+AI __m128i plane_high16(const uint8_t *plane, int64_t off) {
+    __m128i v = _mm_loadu_si128((const __m128i *)(plane + (off >> 6) * 32 + (off & 31)));
+    if (off & 32) v = _mm_srli_epi16(v, 2);
+    return _mm_add_epi8(_mm_and_si128(v, _mm_set1_epi8(0x33)), _mm_set1_epi8(0x66));
+}
+
+/* Where group g's scale-zero pairs start, in groups of n rows: an int8 split's are its low halves'. */
+static inline int64_t sz_group(int64_t g, int64_t groups, int kind) { return kind == KIND_INT8_SPLIT ? g + groups : g; }
 
 #if defined(__AVX512F__)
 #include "tile_gemv_avx512.h"
@@ -141,13 +162,14 @@ static void *quantized_x(const uint16_t *x, int64_t rows, int64_t cols, int64_t 
     return buf;
 }
 
-static int gemm_codes(const uint8_t *codes, const uint16_t *scale_zero, const QRows *x, uint16_t *out, int64_t n,
-                      int64_t rows, int64_t group, int64_t tile, int fp16, int split, int threads);
+static int gemm_codes(const uint8_t *codes, const uint8_t *plane, const uint16_t *scale_zero, const QRows *x,
+                      uint16_t *out, int64_t n, int64_t rows, int64_t group, int64_t tile, int fp16, int kind,
+                      int threads);
 
 /* Whether the prompt kernel (tile_gemm.h) takes a weight of this tile, group and kind. */
 static int gemm_takes(int64_t tile, int64_t group, int kind) {
     return (tile == 32 || tile == 64) && (group <= 32 || group % 32 == 0)
-           && (kind == KIND_INT4 || kind == KIND_INT8_SPLIT);
+           && (kind == KIND_INT4 || kind == KIND_INT8_SPLIT || kind == KIND_INT6);
 }
 
 /* A weight's last tile where its n rows do not fill it. Its codes are stored padded with zero rows
@@ -192,10 +214,20 @@ static int64_t sz_groups(int64_t cols, int64_t group, int kind) {
     return (kind == KIND_INT8_SPLIT ? 2 : 1) * cols / group;
 }
 
+/* Bytes of a weight's codes a tile of its: an int8 split's two halves, else one 4-bit tile. */
+static int64_t tile_code_bytes(int64_t cols, int64_t tile, int kind) {
+    return (kind == KIND_INT8_SPLIT ? 2 : 1) * cols * (tile / 2);
+}
+
+/* Bytes of a weight's plane a tile (the 5-bit form's fifth bits, the 6-bit form's high two; else 0). */
+static int64_t tile_plane_bytes(int64_t cols, int64_t tile, int kind) {
+    return kind == KIND_INT5 ? cols * tile / 8 : kind == KIND_INT6 ? cols * tile / 4 : 0;
+}
+
 /* A decode call's arguments, for the threads' chunks of tiles (`decode_tiles`). */
 typedef struct {
     const uint8_t *codes;
-    const uint64_t *fifth;
+    const uint8_t *plane;
     const uint16_t *scale_zero;
     uint16_t *out;
     const QRows *x;
@@ -203,7 +235,7 @@ typedef struct {
     int64_t n, group, rows, tile;
     int fp16, kind;
     const int64_t *starts;  /* chunk c's tiles: starts[c] .. starts[c + 1] - 1 */
-    int64_t tile_bytes;
+    int64_t tile_bytes, plane_bytes;
     const PartialTile *partial;
 } DecodeCall;
 
@@ -215,7 +247,7 @@ static void decode_tiles(void *ctx, int64_t c, int slot) {
     (void)slot;
     for (int64_t t = d->starts[c]; t < d->starts[c + 1]; t++) {
         const int own = t * d->tile == d->partial->first;  /* the partial last tile: its own pairs and output */
-        run_tile(d->codes + t * d->tile_bytes, d->fifth ? d->fifth + t * d->x->cols : NULL,
+        run_tile(d->codes + t * d->tile_bytes, d->plane ? d->plane + t * d->plane_bytes : NULL,
                  own ? d->partial->sz : d->scale_zero + t * d->tile * 2, own ? d->tile : d->n, d->group, d->x,
                  &d->setup, d->rows, own ? d->partial->out : d->out + t * d->tile, d->fp16, d->kind);
     }
@@ -245,23 +277,25 @@ static void decode_tiles(void *ctx, int64_t c, int slot) {
 
 /* out (rows, n) = x (rows, cols) @ w.T, w (n, cols) in 4-bit tiles of `tile` rows (kind 0; the last
  * tile's codes padded with zero rows where n does not fill it, `PartialTile`), an int8
- * weight's (n, 2 cols) split (kind 1) or 5-bit codes, 4-bit tiles and the plane `fifth` (kind 2),
+ * weight's (n, 2 cols) split (kind 1), 5-bit codes, 4-bit tiles and the plane of fifth bits (kind
+ * 2), or 6-bit codes, 4-bit tiles and the plane of high two bits (kind 3, padded as its tiles),
  * x rounded to codes of x_bits (8 or 16) bits; returns 0, or -1 for what it (this variant) does
  * not take. */
-int flexlamps_tile_gemv(const uint8_t *codes, const uint64_t *fifth, const uint16_t *scale_zero, const uint16_t *x,
+int flexlamps_tile_gemv(const uint8_t *codes, const uint8_t *plane, const uint16_t *scale_zero, const uint16_t *x,
                         uint16_t *out, int64_t n, int64_t cols, int64_t group, int64_t rows, int64_t tile, int fp16,
                         int kind, int x_bits, int threads) {
     if (tile <= 0 || n <= 0 || group <= 0 || group % 4 || group > 256 || cols % group || rows <= 0
-        || (x_bits != 8 && x_bits != 16) || kind < KIND_INT4 || kind > KIND_INT5
-        || (kind == KIND_INT5 && (!fifth || n % tile))  /* the 5-bit form's plane: whole tiles only */
+        || (x_bits != 8 && x_bits != 16) || kind < KIND_INT4 || kind > KIND_INT6
+        || (kind == KIND_INT5 && (!plane || n % tile))  /* the 5-bit form's plane: whole tiles only */
+        || (kind == KIND_INT6 && (!plane || cols * tile % 128))  /* the 6-bit form's plane: blocks of 64 tile bytes */
         || !takes_tile(tile, kind, x_bits))
         return -1;
     QRows xr;
     void *buf = quantized_x(x, rows, cols, group, fp16, x_bits, &xr, threads);
     if (!buf) return -1;
-    const int64_t gemm_from = kind == KIND_INT8_SPLIT ? DECODE_GEMM_FROM_ROWS_SPLIT : DECODE_GEMM_FROM_ROWS;
+    const int64_t gemm_from = kind == KIND_INT4 ? DECODE_GEMM_FROM_ROWS : DECODE_GEMM_FROM_ROWS_SPLIT;
     if (x_bits == 8 && rows >= gemm_from && gemm_takes(tile, group, kind)) {
-        int status = gemm_codes(codes, scale_zero, &xr, out, n, rows, group, tile, fp16, kind == KIND_INT8_SPLIT, threads);
+        int status = gemm_codes(codes, plane, scale_zero, &xr, out, n, rows, group, tile, fp16, kind, threads);
         free(buf);
         return status;
     }
@@ -273,8 +307,8 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint64_t *fifth, const uint1
     const int64_t tiles = (n + tile - 1) / tile;
     int64_t starts[DECODE_MAX_CHUNKS + 1];
     const int64_t chunks = pool_guided(tiles, threads, starts, DECODE_MAX_CHUNKS);
-    DecodeCall call = {codes, fifth, scale_zero, out, &xr, make_setup(tile), n, group, rows, tile, fp16, kind,
-                       starts, (kind == KIND_INT8_SPLIT ? 2 : 1) * cols * (tile / 2), &partial};
+    DecodeCall call = {codes, plane, scale_zero, out, &xr, make_setup(tile), n, group, rows, tile, fp16, kind,
+                       starts, tile_code_bytes(cols, tile, kind), tile_plane_bytes(cols, tile, kind), &partial};
     pool_run(threads, chunks, decode_tiles, &call);
     partial_close(&partial, out, n, tile, rows);
     free(buf);
@@ -289,7 +323,7 @@ static size_t prepared_bytes(int64_t cols, int64_t groups, int split) {
 /* A prompt call's arguments, for the threads' sub-tiles (`gemm_subtile`): each thread lays a
  * sub-tile out in its own part of `prepared` (`per_thread` bytes a slot). */
 typedef struct {
-    const uint8_t *codes;
+    const uint8_t *codes, *plane;
     const uint16_t *scale_zero;
     const QRows *x;
     uint16_t *out;
@@ -303,7 +337,8 @@ typedef struct {
 /* Sub-tile `sub` (32 rows) prepared once in the slot's buffer, then every row of x by it. */
 static void gemm_subtile(void *ctx, int64_t sub, int slot) {
     const GemmCall *g = ctx;
-    const int64_t cols = g->x->cols, h = g->tile / 2, per_tile = g->tile / SUB, tile_bytes = (g->split ? 2 : 1) * cols * h;
+    const int64_t cols = g->x->cols, h = g->tile / 2, per_tile = g->tile / SUB;
+    const int64_t tile_bytes = (g->split && !g->plane ? 2 : 1) * cols * h;
     uint8_t *buf = g->prepared + g->per_thread * (size_t)slot;
     float *scale = (float *)(buf + (g->split ? 2 : 1) * cols * SUB);
     Prepared prep = {buf, g->split ? buf + cols * SUB : NULL, scale, scale + g->x->groups * SUB, 1, 0,
@@ -311,27 +346,30 @@ static void gemm_subtile(void *ctx, int64_t sub, int slot) {
     int64_t t = sub / per_tile, s = sub % per_tile;
     const int own = t * g->tile == g->partial->first;  /* the partial last tile: its own pairs and output */
     const int64_t n = own ? g->tile : g->n;
-    prepare(g->codes + t * tile_bytes, own ? g->partial->sz : g->scale_zero + t * g->tile * 2, s, h, n, cols,
-            g->x->groups, g->fp16, g->split, &prep);
+    prepare(g->codes + t * tile_bytes, g->plane ? g->plane + t * (cols * h / 2) : NULL,
+            own ? g->partial->sz : g->scale_zero + t * g->tile * 2, s, h, n, cols, g->x->groups, g->fp16, g->split,
+            &prep);
     gemm_rows(&prep, g->x, g->rows, g->group, g->split, own ? g->partial->out : g->out + t * g->tile, n, s, h, g->fp16);
 }
 
 /* out = x @ w.T for x's rows already rounded to int8 (`quantized_x`), each sub-tile laid out once
- * per call; 0, or -1 where it could not get memory. */
-static int gemm_codes(const uint8_t *codes, const uint16_t *scale_zero, const QRows *x, uint16_t *out, int64_t n,
-                      int64_t rows, int64_t group, int64_t tile, int fp16, int split, int threads) {
+ * per call (the 6-bit form's as the split's: the same codes); 0, or -1 where it could not get memory. */
+static int gemm_codes(const uint8_t *codes, const uint8_t *plane, const uint16_t *scale_zero, const QRows *x,
+                      uint16_t *out, int64_t n, int64_t rows, int64_t group, int64_t tile, int fp16, int kind,
+                      int threads) {
+    const int split = kind != KIND_INT4;
     const int slots = threads > 1 ? (threads < POOL_MAX_WORKERS + 1 ? threads : POOL_MAX_WORKERS + 1) : 1;
     const size_t per_thread = (prepared_bytes(x->cols, x->groups, split) + 63) / 64 * 64;
     uint8_t *prepared = malloc(per_thread * (size_t)slots + 64);
     PartialTile partial;
-    if (!prepared || partial_open(&partial, scale_zero, n, tile, (split ? 2 : 1) * x->groups, rows)) {
+    if (!prepared || partial_open(&partial, scale_zero, n, tile, sz_groups(x->cols, x->cols / x->groups, kind), rows)) {
         free(prepared);
         return -1;
     }
     QRows biased = *x;  /* with the starts of biased int8 codes' sums */
     biased.starts16 = split ? bias_starts(x, rows) : NULL;
-    GemmCall call = {codes, scale_zero, &biased, out, n, rows, group, tile, fp16, split, prepared, per_thread,
-                     &partial};
+    GemmCall call = {codes, kind == KIND_INT6 ? plane : NULL, scale_zero, &biased, out, n, rows, group, tile, fp16,
+                     split, prepared, per_thread, &partial};
     pool_run(slots, (n + tile - 1) / tile * (tile / SUB), gemm_subtile, &call);
     partial_close(&partial, out, n, tile, rows);
     free(prepared);
@@ -340,15 +378,19 @@ static int gemm_codes(const uint8_t *codes, const uint16_t *scale_zero, const QR
 }
 
 /* out (rows, n) = x (rows, cols) @ w.T for prompts: w (n, cols) in 4-bit tiles of `tile` rows (kind
- * 0) or an int8 weight's (n, 2 cols) split (kind 1), x rounded to int8 codes per group (tile_gemm.h).
- * Returns 0, or -1 for what it does not take (or memory it could not get). */
-int flexlamps_tile_gemm(const uint8_t *codes, const uint16_t *scale_zero, const uint16_t *x, uint16_t *out, int64_t n,
-                        int64_t cols, int64_t group, int64_t rows, int64_t tile, int fp16, int kind, int threads) {
-    if (n <= 0 || group <= 0 || group % 4 || cols % group || rows <= 0 || !gemm_takes(tile, group, kind)) return -1;
+ * 0), an int8 weight's (n, 2 cols) split (kind 1) or its 6-bit form (kind 3: tiles and `plane`), x
+ * rounded to int8 codes per group (tile_gemm.h). Returns 0, or -1 for what it does not take (or
+ * memory it could not get). */
+int flexlamps_tile_gemm(const uint8_t *codes, const uint8_t *plane, const uint16_t *scale_zero, const uint16_t *x,
+                        uint16_t *out, int64_t n, int64_t cols, int64_t group, int64_t rows, int64_t tile, int fp16,
+                        int kind, int threads) {
+    if (n <= 0 || group <= 0 || group % 4 || cols % group || rows <= 0 || !gemm_takes(tile, group, kind)
+        || (kind == KIND_INT6 && (!plane || cols * tile % 128)))
+        return -1;
     QRows xr;
     void *buf = quantized_x(x, rows, cols, group, fp16, 8, &xr, threads);
     if (!buf) return -1;
-    int status = gemm_codes(codes, scale_zero, &xr, out, n, rows, group, tile, fp16, kind == KIND_INT8_SPLIT, threads);
+    int status = gemm_codes(codes, plane, scale_zero, &xr, out, n, rows, group, tile, fp16, kind, threads);
     free(buf);
     return status;
 }

@@ -30,6 +30,9 @@ A row's result depends on that row alone there too.
 The AVX2 variants take torch's AVX2 layout (tiles of 32 rows) and the AVX-512 one (64), 8- or
 16-bit x and 4-bit or int8 codes (not the 5-bit form, whose plane is laid out for AVX-512
 registers), and add the same exact sums in the same fp32 steps as the AVX-512 variant: the same bits.
+Every variant takes the 6-bit form of codes in [-32, 31] (Q6_K: `Int8Weight.high`, 8 bits a weight
+where the split holds 12) and gives it the split's bits: its plane's high parts plus 6 are the
+split's high nibbles.
 
 `KERNEL` is how `flexlamps.kernels.loader` builds it (once per source, compiler and flags) and
 checks it against a plain computation in each dtype and weight kind it takes; callers keep
@@ -61,7 +64,7 @@ VARIANTS = (variants.variant("avx2"), variants.variant("avx_vnni"),
             variants.variant("avx512", ("avx512vbmi", "avx512_vnni"), ("-mavx512vbmi", "-mavx512vnni")))
 TILES = {"avx512": (64,)}  # the tile rows a variant takes (the others: torch's AVX2 and AVX-512 layouts)
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}  # the activations' dtypes, as the kernel's flag
-KIND_INT4, KIND_INT8_SPLIT, KIND_INT5 = 0, 1, 2  # the weight's layout, as the kernel's `kind`
+KIND_INT4, KIND_INT8_SPLIT, KIND_INT5, KIND_INT6 = 0, 1, 2, 3  # the weight's layout, as the kernel's `kind`
 X_BITS = 8  # x's codes for decode: 8 bits (llama.cpp's rounding of x; twice the 16-bit rate on AVX2) or 16
 
 
@@ -77,7 +80,7 @@ class TileGemv:
         fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.c_int] * 4
         gemm = library.flexlamps_tile_gemm
         gemm.restype = ctypes.c_int
-        gemm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_int] * 3
+        gemm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.c_int] * 3
         self.library, self._fn, self._gemm, self.x_bits, self.level = library, fn, gemm, x_bits, level
         self.tiles = TILES.get(level, (32, 64))
         self.takes_five_bit = level == "avx512"  # the 5-bit form's plane is laid out for AVX-512 registers
@@ -99,8 +102,8 @@ class TileGemv:
         return x.device.type == "cpu" and x.dtype == w.dtype and self.takes(w)
 
     def takes_prompt(self, w: Int4Weight | Int8Weight) -> bool:
-        """Whether `prompt_product` takes `w`: as `takes`, with 4-bit or int8 codes (not the 5-bit
-        form) in groups of at most 32 inputs or of whole 32s."""
+        """Whether `prompt_product` takes `w`: as `takes`, with 4-bit or int8 codes (the split or
+        the 6-bit form, not the 5-bit one) in groups of at most 32 inputs or of whole 32s."""
         group = (w.split if isinstance(w, Int8Weight) else w).group_size
         return (self.takes(w) and not (isinstance(w, Int8Weight) and w.fifth is not None)
                 and (group <= 32 or group % 32 == 0))
@@ -117,13 +120,13 @@ class TileGemv:
     def prompt_product(self, w: Int4Weight | Int8Weight, x: torch.Tensor) -> torch.Tensor:
         """x (..., K) @ w.T for prompts (`runs_prompt`): x rounded to int8 per group (`rounded_like_kernel`
         with 8 bits), the codes multiplied where they lie, many rows a pass (tile_gemm.h)."""
-        split = w.split if isinstance(w, Int8Weight) else w
-        kind = KIND_INT8_SPLIT if isinstance(w, Int8Weight) else KIND_INT4
+        split, plane, kind = layout_of(w)
         n, cols = split.shape[0], w.shape[1]
         rows, out = self._rows_and_out(x, cols, n, w)
-        if rows.shape[0] and self._gemm(split.kernel_codes.data_ptr(), split.scale_zero.data_ptr(), rows.data_ptr(),
-                                        out.data_ptr(), n, cols, split.group_size, rows.shape[0],
-                                        tile_rows(split.shape[1]), DTYPES[x.dtype], kind, torch.get_num_threads()):
+        if rows.shape[0] and self._gemm(split.kernel_codes.data_ptr(), None if plane is None else plane.data_ptr(),
+                                        split.scale_zero.data_ptr(), rows.data_ptr(), out.data_ptr(), n, cols,
+                                        split.group_size, rows.shape[0], tile_rows(split.shape[1]), DTYPES[x.dtype],
+                                        kind, torch.get_num_threads()):
             raise ValueError(f"tile_gemv: the prompt kernel refused x {tuple(x.shape)} with {w!r}")
         return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
 
@@ -142,13 +145,10 @@ class TileGemv:
         each a few microseconds of Python: x's rows are read where they lie when contiguous, and
         the output is made in its final shape). The product holds the weight's tensors (so the
         pointers stay valid), not the weight: a cache keyed weakly by the weight may keep it."""
-        int8 = isinstance(w, Int8Weight)
-        split = w.split if int8 else w
-        fifth = w.fifth if int8 else None  # the 5-bit form's plane
-        kind = KIND_INT5 if fifth is not None else KIND_INT8_SPLIT if int8 else KIND_INT4
+        split, plane, kind = layout_of(w)
         fn, n, cols, group, x_bits = self._fn, split.shape[0], w.shape[1], split.group_size, w.x_bits or self.x_bits
         tile = tile_rows(split.shape[1])
-        held = (split.kernel_codes, split.scale_zero, fifth)
+        held = (split.kernel_codes, split.scale_zero, plane)
         codes, scale_zero, plane = (None if t is None else t.data_ptr() for t in held)
         described = weakref.ref(w)  # for a refusal's message
 
@@ -165,6 +165,18 @@ class TileGemv:
 
         product.held = held
         return product
+
+
+def layout_of(w: Int4Weight | Int8Weight) -> tuple[Int4Weight, torch.Tensor | None, int]:
+    """The 4-bit tiles the kernel reads (the split's, or the 5- or 6-bit form's nibbles), the form's
+    plane (None: no plane) and the kernel's `kind` for `w`."""
+    if not isinstance(w, Int8Weight):
+        return w, None, KIND_INT4
+    if w.fifth is not None:
+        return w.split, w.fifth, KIND_INT5
+    if w.high is not None:
+        return w.split, w.high, KIND_INT6
+    return w.split, None, KIND_INT8_SPLIT
 
 
 def _check(kernel: TileGemv) -> None:
@@ -191,14 +203,14 @@ def _require_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 
 
 def _check_weights(gen: torch.Generator, dtype: torch.dtype, kernel: TileGemv) -> tuple:
-    """One weight of each kind the kernel takes: 4-bit, int8 in two 4-bit halves, the 5-bit form
-    (on AVX-512)."""
-    def int8(low: int, high: int, five_bit: bool) -> Int8Weight:
+    """One weight of each kind the kernel takes: 4-bit, int8 in two 4-bit halves, the 6-bit form,
+    the 5-bit form (on AVX-512)."""
+    def int8(low: int, high: int, five_bit: bool, six_bit: bool = False) -> Int8Weight:
         return Int8Weight.from_codes(torch.randint(low, high, (64, 64), dtype=torch.int8, generator=gen),
                                      torch.rand(64, 2, generator=gen) / 64, 32, dtype,
-                                     zero=torch.randn(64, 2, generator=gen) / 64, five_bit=five_bit)
+                                     zero=torch.randn(64, 2, generator=gen) / 64, five_bit=five_bit, six_bit=six_bit)
     weights = (Int4Weight.quantize(torch.randn(128, 64, generator=gen), 32, dtype), int8(-128, 128, False),
-               int8(-16, 16, True))
+               int8(-32, 32, False, True), int8(-16, 16, True))
     return tuple(w for w in weights if kernel.takes(w) or not (isinstance(w, Int8Weight) and w.fifth is not None))
 
 

@@ -25,7 +25,8 @@
 
 typedef struct { int64_t tile; } Setup;  /* what run_tile needs prepared once a call */
 
-/* 4-bit codes and int8 splits, no 5-bit plane (its words are laid out for the AVX-512 registers). */
+/* 4-bit codes, int8 splits and the 6-bit form, no 5-bit plane (its words are laid out for the
+ * AVX-512 registers). */
 static int takes_tile(int64_t tile, int kind, int x_bits) {
     (void)x_bits;
     return (tile == 32 || tile == 64) && kind != KIND_INT5;
@@ -33,16 +34,20 @@ static int takes_tile(int64_t tile, int kind, int x_bits) {
 
 static Setup make_setup(int64_t tile) { Setup s = {tile}; return s; }
 
-/* Columns k, k + 1 of a 16-row slice at p (column stride h bytes) as 32-bit lanes of two 16-bit
+/* Columns k, k + 1 of a 16-row slice at p (column stride h) as 32-bit lanes of two 16-bit
  * codes: c[0] rows 0-3 | 8-11 and c[1] rows 4-7 | 12-15 of the low nibbles' rows, c[2], c[3] the
  * same of the high nibbles'. An int8 split joins its halves (high nibbles at p, low ones at p +
- * low_half) into u = q + 128. */
-AI void pair_codes(const uint8_t *p, int64_t h, int64_t low_half, int kind, __m256i c[4]) {
+ * low_half) into u = q + 128; the 6-bit form its high nibbles from the plane (p at the tile's
+ * byte off, low_half 0), the same u. */
+AI void pair_codes(const uint8_t *p, const uint8_t *plane, int64_t off, int64_t h, int64_t low_half, int kind,
+                   __m256i c[4]) {
     const __m256i nib = _mm256_set1_epi16(0x0F);
-    __m256i a0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
-    __m256i a1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + h)));
+    const int from_plane = kind == KIND_INT6;
+    __m256i a0 = _mm256_cvtepu8_epi16(from_plane ? plane_high16(plane, off) : _mm_loadu_si128((const __m128i *)p));
+    __m256i a1 = _mm256_cvtepu8_epi16(from_plane ? plane_high16(plane, off + h)
+                                                 : _mm_loadu_si128((const __m128i *)(p + h)));
     __m256i l0, l1, h0, h1;
-    if (kind == KIND_INT8_SPLIT) {
+    if (kind == KIND_INT8_SPLIT || from_plane) {
         const __m256i top = _mm256_set1_epi16(0xF0);
         __m256i b0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + low_half)));
         __m256i b1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + low_half + h)));
@@ -91,10 +96,11 @@ AI void add_group8(const uint16_t *sz, int64_t r, float bias, int fp16, const __
 /* The 16-row slice `s` of a tile (rows 16s.. in the low nibbles, h + 16s.. in the high ones) for
  * nb rows of x, every group; its paired codes read from `paired` (4 vectors per 2 columns, as
  * pair_codes makes them) where given, else made from the codes. */
-AI void slice_pass(const uint8_t *codes, const __m256i *paired, const uint16_t *sz, int64_t n, int64_t h, int64_t s,
-                   int64_t group, const QRows *x, float tot[][64], int fp16, int kind, int nb) {
-    const int split = kind == KIND_INT8_SPLIT;
-    const int64_t low_half = x->cols * h, first[4] = {16 * s, 16 * s + 8, h + 16 * s, h + 16 * s + 8};
+AI void slice_pass(const uint8_t *codes, const uint8_t *plane, const __m256i *paired, const uint16_t *sz, int64_t n,
+                   int64_t h, int64_t s, int64_t group, const QRows *x, float tot[][64], int fp16, int kind, int nb) {
+    const int split = kind == KIND_INT8_SPLIT || kind == KIND_INT6;
+    const int64_t low_half = kind == KIND_INT8_SPLIT ? x->cols * h : 0;
+    const int64_t first[4] = {16 * s, 16 * s + 8, h + 16 * s, h + 16 * s + 8};
     const float bias = split ? 136.0f : 8.0f;
     for (int64_t g = 0; g < x->groups; g++) {
         __m256i acc[PASS_ROWS][4];
@@ -107,7 +113,7 @@ AI void slice_pass(const uint8_t *codes, const __m256i *paired, const uint16_t *
             } else {
                 const uint8_t *p = codes + k * h + 16 * s;
                 if ((k & 3) == 0) _mm_prefetch((const char *)(p + 16 * h), _MM_HINT_T0);
-                pair_codes(p, h, low_half, kind, c);
+                pair_codes(p, plane, k * h + 16 * s, h, low_half, kind, c);
             }
             for (int b = 0; b < nb; b++) {
                 int32_t two;  /* x's 16-bit codes k, k + 1, broadcast */
@@ -116,7 +122,7 @@ AI void slice_pass(const uint8_t *codes, const __m256i *paired, const uint16_t *
                 for (int i = 0; i < 4; i++) acc[b][i] = DPWSSD(acc[b][i], c[i], xb);
             }
         }
-        const uint16_t *group_sz = sz + (split ? g + x->groups : g) * n * 2;
+        const uint16_t *group_sz = sz + sz_group(g, x->groups, kind) * n * 2;
         for (int half = 0; half < 2; half++)  /* the low nibbles' rows, then the high ones' */
             for (int upper = 0; upper < 2; upper++) {  /* rows 0-7 of the slice's 16, then 8-15 */
                 __m256i dot[PASS_ROWS];
@@ -129,30 +135,30 @@ AI void slice_pass(const uint8_t *codes, const __m256i *paired, const uint16_t *
 
 /* Every slice of a tile's codes widened and paired once (pair_codes' 4 vectors per 2 columns, 2
  * cols vectors a slice), or NULL where memory is short (the passes then pair them themselves). */
-static __m256i *paired_slices(const uint8_t *codes, int64_t cols, int64_t h, int kind) {
+static __m256i *paired_slices(const uint8_t *codes, const uint8_t *plane, int64_t cols, int64_t h, int kind) {
     __m256i *paired = aligned_alloc(sizeof(__m256i), sizeof(__m256i) * (size_t)(2 * cols * (h / 16)));  /* stored whole */
     if (!paired) return NULL;
     for (int64_t s = 0; s < h / 16; s++)
         for (int64_t k = 0; k < cols; k += 2) {
             const uint8_t *p = codes + k * h + 16 * s;
             if ((k & 3) == 0) _mm_prefetch((const char *)(p + 16 * h), _MM_HINT_T0);
-            pair_codes(p, h, cols * h, kind, paired + s * 2 * cols + 2 * k);
+            pair_codes(p, plane, k * h + 16 * s, h, kind == KIND_INT8_SPLIT ? cols * h : 0, kind,
+                       paired + s * 2 * cols + 2 * k);
         }
     return paired;
 }
 
 #include "tile_gemv_avx2_x8.h"
 
-static void run_tile(const uint8_t *codes, const uint64_t *fifth, const uint16_t *sz, int64_t n, int64_t group,
+static void run_tile(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz, int64_t n, int64_t group,
                      const QRows *x, const Setup *setup, int64_t rows, uint16_t *out, int fp16, int kind) {
-    (void)fifth;
     if (x->q8) {
-        run_tile8(codes, sz, n, group, x, setup->tile, rows, out, fp16, kind);
+        run_tile8(codes, kind == KIND_INT6 ? plane : NULL, sz, n, group, x, setup->tile, rows, out, fp16, kind);
         return;
     }
     float tot[PASS_ROWS][64] __attribute__((aligned(32)));
     const int64_t tile = setup->tile, h = tile / 2, slices = h / 16;
-    __m256i *paired = rows >= PREPARED_FROM ? paired_slices(codes, x->cols, h, kind) : NULL;
+    __m256i *paired = rows >= PREPARED_FROM ? paired_slices(codes, plane, x->cols, h, kind) : NULL;
     for (int64_t b0 = 0; b0 < rows; b0 += PASS_ROWS) {
         int nb = rows - b0 < PASS_ROWS ? (int)(rows - b0) : PASS_ROWS;
         QRows xb = {NULL, x->q16 + b0 * x->cols, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups,
@@ -161,8 +167,8 @@ static void run_tile(const uint8_t *codes, const uint64_t *fifth, const uint16_t
             for (int64_t r = 0; r < tile; r++) tot[b][r] = 0.0f;
         for (int64_t s = 0; s < slices; s++) {  /* constant row counts, so the sums stay in registers */
             const __m256i *ps = paired ? paired + s * 2 * x->cols : NULL;
-            if (nb == PASS_ROWS) slice_pass(codes, ps, sz, n, h, s, group, &xb, tot, fp16, kind, PASS_ROWS);
-            else slice_pass(codes, ps, sz, n, h, s, group, &xb, tot, fp16, kind, 1);
+            if (nb == PASS_ROWS) slice_pass(codes, plane, ps, sz, n, h, s, group, &xb, tot, fp16, kind, PASS_ROWS);
+            else slice_pass(codes, plane, ps, sz, n, h, s, group, &xb, tot, fp16, kind, 1);
         }
         for (int b = 0; b < nb; b++)
             for (int64_t r = 0; r < tile; r += 8)

@@ -20,23 +20,47 @@
 #define PREFETCH8_BYTES 1024  /* 5% faster than 512 on a 5632 x 2048 Q4_0-like matrix (Zen 2) */
 #endif
 
-/* Columns k..k+3 of a 16-row slice at p (column stride h) as codes 0..15, paired for vpmaddubsw:
- * c[0] rows 0-7, c[1] rows 8-15 of the low nibbles, c[2], c[3] of the high ones. */
-AI void slice_codes4(const uint8_t *p, int64_t h, __m256i c[4]) {
-    __m256i a, b;
-    if (h == 16) {  /* torch's AVX2 layout: the four columns' slices are 64 contiguous bytes */
-        a = _mm256_loadu_si256((const __m256i *)p);
-        b = _mm256_loadu_si256((const __m256i *)(p + 32));
-    } else {
-        a = _mm256_loadu2_m128i((const __m128i *)(p + h), (const __m128i *)p);
-        b = _mm256_loadu2_m128i((const __m128i *)(p + 3 * h), (const __m128i *)(p + 2 * h));
-    }
+/* Columns k..k+3 of a 16-row slice as codes 0..15, paired for vpmaddubsw: c[0] rows 0-7, c[1] rows
+ * 8-15 of the low nibbles, c[2], c[3] of the high ones; from the slice's bytes of columns k, k+1 (a)
+ * and k+2, k+3 (b), a column a 128-bit lane. */
+AI void pair_columns4(__m256i a, __m256i b, __m256i c[4]) {
     const __m256i nib = _mm256_set1_epi8(0x0F);
     __m256i rows_lo = _mm256_unpacklo_epi8(a, b), rows_hi = _mm256_unpackhi_epi8(a, b);
     c[0] = _mm256_and_si256(rows_lo, nib);
     c[1] = _mm256_and_si256(rows_hi, nib);
     c[2] = _mm256_and_si256(_mm256_srli_epi16(rows_lo, 4), nib);
     c[3] = _mm256_and_si256(_mm256_srli_epi16(rows_hi, 4), nib);
+}
+
+/* pair_columns4 of the slice at p (column stride h). */
+AI void slice_codes4(const uint8_t *p, int64_t h, __m256i c[4]) {
+    if (h == 16)  /* torch's AVX2 layout: the four columns' slices are 64 contiguous bytes */
+        pair_columns4(_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)(p + 32)), c);
+    else
+        pair_columns4(_mm256_loadu2_m128i((const __m128i *)(p + h), (const __m128i *)p),
+                      _mm256_loadu2_m128i((const __m128i *)(p + 3 * h), (const __m128i *)(p + 2 * h)), c);
+}
+
+/* The 6-bit form's high two bits of the slice at the tile's byte off as slice_codes4 pairs codes
+ * (c[i] in [0, 3]; the split's high nibbles less 6), from its plane (tile_gemv.c: 64 tile bytes a
+ * 32-byte block). Tiles of 32 rows: one block holds columns k..k+3, k and k+1 in its bits 0-1 and
+ * 4-5, k+2 and k+3 in bits 2-3 and 6-7, so the block interleaved with itself shifted by 2 pairs
+ * them as slice_codes4 does (10 instructions a step, as a nibble half's). */
+AI void plane_codes4(const uint8_t *plane, int64_t off, int64_t h, __m256i c[4]) {
+    const __m256i three = _mm256_set1_epi8(3), mask = _mm256_set1_epi8(0x33);
+    if (h == 16) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(plane + off / 2)), w = _mm256_srli_epi16(v, 2);
+        __m256i rows_lo = _mm256_unpacklo_epi8(v, w), rows_hi = _mm256_unpackhi_epi8(v, w);
+        c[0] = _mm256_and_si256(rows_lo, three);
+        c[1] = _mm256_and_si256(rows_hi, three);
+        c[2] = _mm256_and_si256(_mm256_srli_epi16(rows_lo, 4), three);
+        c[3] = _mm256_and_si256(_mm256_srli_epi16(rows_hi, 4), three);
+        return;
+    }
+    const uint8_t *at = plane + (off >> 6) * 32 + (off & 31);  /* columns k, k+1 | k+2, k+3: two blocks */
+    __m256i v = _mm256_loadu2_m128i((const __m128i *)(at + 32), (const __m128i *)at);
+    __m256i even = _mm256_and_si256(v, mask), odd = _mm256_and_si256(_mm256_srli_epi16(v, 2), mask);
+    pair_columns4(_mm256_permute2x128_si256(even, odd, 0x20), _mm256_permute2x128_si256(even, odd, 0x31), c);
 }
 
 /* x's codes k..k+3 paired as slice_codes4 pairs the weight's: (k, k+2) in the low lane, (k+1, k+3)
@@ -50,17 +74,23 @@ AI __m256i x_pairs(const int8_t *q) {
 }
 
 /* dot[b][i] += 2^shift * the exact sums of `steps` (at most 8) steps of 4 inputs of nb rows of x
- * (codes at xq, row stride cols) by the slice's codes at p. */
-AI void segment8(const uint8_t *p, int64_t h, const int8_t *xq, int64_t cols, int64_t steps, int shift,
-                 __m256i dot[][4], int nb) {
+ * (codes at xq, row stride cols) by the slice's codes at p, or where `plane` is given by the 6-bit
+ * form's high nibbles at the tile's byte off (`plane_codes4`). */
+AI void segment8(const uint8_t *p, const uint8_t *plane, int64_t off, int64_t h, const int8_t *xq, int64_t cols,
+                 int64_t steps, int shift, __m256i dot[][4], int nb) {
     __m256i acc[PASS8_ROWS][4];
     for (int b = 0; b < nb; b++)
         for (int i = 0; i < 4; i++) acc[b][i] = _mm256_setzero_si256();
     for (int64_t step = 0; step < steps; step++) {
-        const uint8_t *at = p + 4 * step * h;
-        _mm_prefetch((const char *)(at + PREFETCH8_BYTES), _MM_HINT_T0);
         __m256i c[4];
-        slice_codes4(at, h, c);
+        if (plane) {
+            _mm_prefetch((const char *)(plane + (off + 4 * step * h + PREFETCH8_BYTES) / 2), _MM_HINT_T0);
+            plane_codes4(plane, off + 4 * step * h, h, c);
+        } else {
+            const uint8_t *at = p + 4 * step * h;
+            _mm_prefetch((const char *)(at + PREFETCH8_BYTES), _MM_HINT_T0);
+            slice_codes4(at, h, c);
+        }
         for (int b = 0; b < nb; b++) {
             __m256i xb = x_pairs(xq + b * cols + 4 * step);
             for (int i = 0; i < 4; i++) acc[b][i] = _mm256_add_epi16(acc[b][i], _mm256_maddubs_epi16(c[i], xb));
@@ -94,10 +124,11 @@ AI void add_group_rows(const uint16_t *group_sz, const int64_t first[4], int fp1
     }
 }
 
-/* The 16-row slice s of a tile for nb rows of x (8-bit codes), every group, into out (row stride n). */
-AI void slice_pass8(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t h, int64_t s, int64_t group,
-                    const QRows *x, uint16_t *out, int fp16, int split, int nb) {
-    const int64_t low_half = x->cols * h, first[4] = {16 * s, 16 * s + 8, h + 16 * s, h + 16 * s + 8};
+/* The 16-row slice s of a tile for nb rows of x (8-bit codes), every group, into out (row stride n);
+ * an int8 split's, or with `plane` the 6-bit form's (its low nibbles at codes). */
+AI void slice_pass8(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz, int64_t n, int64_t h, int64_t s,
+                    int64_t group, const QRows *x, uint16_t *out, int fp16, int split, int nb) {
+    const int64_t low_half = plane ? 0 : x->cols * h, first[4] = {16 * s, 16 * s + 8, h + 16 * s, h + 16 * s + 8};
     __m256 tot[PASS8_ROWS][4];
     for (int b = 0; b < nb; b++)
         for (int i = 0; i < 4; i++) tot[b][i] = _mm256_setzero_ps();
@@ -105,7 +136,7 @@ AI void slice_pass8(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t
         __m256i dot[PASS8_ROWS][4];
         for (int b = 0; b < nb; b++)
             for (int i = 0; i < 4; i++) dot[b][i] = _mm256_setzero_si256();
-        const uint16_t *group_sz = sz + (split ? g + x->groups : g) * n * 2;
+        const uint16_t *group_sz = sz + (split && !plane ? g + x->groups : g) * n * 2;
         if (g + 2 < x->groups) {  /* the scales two groups on: a strided read the prefetcher misses */
             _mm_prefetch((const char *)(group_sz + 4 * n + 2 * first[0]), _MM_HINT_T0);
             _mm_prefetch((const char *)(group_sz + 4 * n + 2 * first[2]), _MM_HINT_T0);
@@ -113,13 +144,13 @@ AI void slice_pass8(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t
         for (int64_t k = g * group; k < (g + 1) * group; k += SEGMENT8) {
             int64_t steps = ((g + 1) * group - k < SEGMENT8 ? (g + 1) * group - k : SEGMENT8) / 4;
             const uint8_t *p = codes + k * h + 16 * s;
-            segment8(p, h, x->q8 + k, x->cols, steps, split ? 4 : 0, dot, nb);
-            if (split) segment8(p + low_half, h, x->q8 + k, x->cols, steps, 0, dot, nb);
+            segment8(p, plane, k * h + 16 * s, h, x->q8 + k, x->cols, steps, split ? 4 : 0, dot, nb);
+            if (split) segment8(p + low_half, NULL, 0, h, x->q8 + k, x->cols, steps, 0, dot, nb);
         }
-        if (split)  /* the sums of q = u - 128 */
+        if (split)  /* the sums of q = u - 128 (the 6-bit form's: of u - 32, its high parts 6 less) */
             for (int b = 0; b < nb; b++)
                 for (int i = 0; i < 4; i++)
-                    dot[b][i] = _mm256_sub_epi32(dot[b][i], _mm256_set1_epi32(128 * x->total[b * x->groups + g]));
+                    dot[b][i] = _mm256_sub_epi32(dot[b][i], _mm256_set1_epi32((plane ? 32 : 128) * x->total[b * x->groups + g]));
         add_group_rows(group_sz, first, fp16, dot, x, g, tot, nb);
     }
     for (int b = 0; b < nb; b++)
@@ -129,25 +160,29 @@ AI void slice_pass8(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t
 
 /* One tile (h = 16 or 32 codes a column: constant in each call, so the loads specialise) for
  * every row of x, PASS8_ROWS at a time. */
-AI void tile8(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t h, int64_t group, const QRows *x,
-              int64_t rows, uint16_t *out, int fp16, int split) {
+AI void tile8(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz, int64_t n, int64_t h, int64_t group,
+              const QRows *x, int64_t rows, uint16_t *out, int fp16, int split) {
     for (int64_t b0 = 0; b0 < rows; b0 += PASS8_ROWS) {
         int nb = rows - b0 < PASS8_ROWS ? (int)(rows - b0) : PASS8_ROWS;
         QRows xb = {x->q8 + b0 * x->cols, NULL, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols,
                     x->groups, x->total + b0 * x->groups};
         for (int64_t s = 0; s < h / 16; s++) {  /* constant row counts, so the sums stay in registers */
-            if (nb == PASS8_ROWS) slice_pass8(codes, sz, n, h, s, group, &xb, out + b0 * n, fp16, split, PASS8_ROWS);
-            else slice_pass8(codes, sz, n, h, s, group, &xb, out + b0 * n, fp16, split, 1);
+            if (nb == PASS8_ROWS)
+                slice_pass8(codes, plane, sz, n, h, s, group, &xb, out + b0 * n, fp16, split, PASS8_ROWS);
+            else slice_pass8(codes, plane, sz, n, h, s, group, &xb, out + b0 * n, fp16, split, 1);
         }
     }
 }
 
-static void run_tile8(const uint8_t *codes, const uint16_t *sz, int64_t n, int64_t group, const QRows *x, int64_t tile,
-                      int64_t rows, uint16_t *out, int fp16, int kind) {
-    switch ((tile == 32) * 2 + (kind == KIND_INT8_SPLIT)) {  /* constant layouts: loads and branches specialise */
-        case 0: tile8(codes, sz, n, 32, group, x, rows, out, fp16, 0); break;
-        case 1: tile8(codes, sz, n, 32, group, x, rows, out, fp16, 1); break;
-        case 2: tile8(codes, sz, n, 16, group, x, rows, out, fp16, 0); break;
-        default: tile8(codes, sz, n, 16, group, x, rows, out, fp16, 1); break;
+/* `plane`: the 6-bit form's (kind KIND_INT6), else NULL. */
+static void run_tile8(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz, int64_t n, int64_t group,
+                      const QRows *x, int64_t tile, int64_t rows, uint16_t *out, int fp16, int kind) {
+    switch ((tile == 32) * 3 + (kind == KIND_INT8_SPLIT) + 2 * (kind == KIND_INT6)) {  /* constant layouts */
+        case 0: tile8(codes, NULL, sz, n, 32, group, x, rows, out, fp16, 0); break;
+        case 1: tile8(codes, NULL, sz, n, 32, group, x, rows, out, fp16, 1); break;
+        case 2: tile8(codes, plane, sz, n, 32, group, x, rows, out, fp16, 1); break;
+        case 3: tile8(codes, NULL, sz, n, 16, group, x, rows, out, fp16, 0); break;
+        case 4: tile8(codes, NULL, sz, n, 16, group, x, rows, out, fp16, 1); break;
+        default: tile8(codes, plane, sz, n, 16, group, x, rows, out, fp16, 1); break;
     }
 }

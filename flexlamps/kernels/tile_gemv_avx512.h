@@ -36,6 +36,18 @@ AI void gather4(const uint8_t *p, __m512i idx_lo, __m512i idx_hi, __m512i *rows_
     *rows_hi = _mm512_permutex2var_epi8(a, idx_hi, b);
 }
 
+/* gather4 of the 6-bit form's high nibbles (the split's: plane_high16's bytes) of columns k..k+3,
+ * from the 64 bytes of the plane at q (two blocks: columns k, k+1, then k+2, k+3). */
+AI void plane_gather4(const uint8_t *q, __m512i idx_lo, __m512i idx_hi, __m512i *rows_lo, __m512i *rows_hi) {
+    const __m512i mask = _mm512_set1_epi8(0x33), six = _mm512_set1_epi8(0x66);
+    __m512i v = _mm512_loadu_si512(q);
+    __m512i even = _mm512_and_si512(v, mask), odd = _mm512_and_si512(_mm512_srli_epi16(v, 2), mask);
+    __m512i a = _mm512_add_epi8(_mm512_shuffle_i64x2(even, odd, 0x44), six);  /* columns k | k + 1 */
+    __m512i b = _mm512_add_epi8(_mm512_shuffle_i64x2(even, odd, 0xEE), six);  /* columns k + 2 | k + 3 */
+    *rows_lo = _mm512_permutex2var_epi8(a, idx_lo, b);
+    *rows_hi = _mm512_permutex2var_epi8(a, idx_hi, b);
+}
+
 /* The permutes' indices: four columns of a row into a lane (rows j and j + 16, j < 16), and the
  * order pair_sums_to_rows puts rows back in. */
 typedef struct { __m512i lo, hi, order; } Indices;
@@ -57,15 +69,22 @@ static Indices make_indices(void) {
 
 /* The codes of columns k..k+3 of a tile's 64 rows, 16 rows a register, 4 bytes a row: 4-bit
  * codes, an int8 split's halves joined back (high nibbles from the first half, low ones from
- * the second: q + 128), or 4-bit codes plus 16 where `fifth`'s words (the plane at k) say. */
-AI void tile_codes(const uint8_t *p, int64_t low_half, const uint64_t *fifth, const Indices *idx, int kind,
+ * the second: q + 128), the 6-bit form's (high nibbles from its plane at k, low ones at p: the
+ * same q + 128), or 4-bit codes plus 16 where `fifth`'s words (the plane at k) say. */
+AI void tile_codes(const uint8_t *p, int64_t low_half, const void *plane, const Indices *idx, int kind,
                    __m512i c[4]) {
     const __m512i nib = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
+    const uint64_t *fifth = plane;
     __m512i p0, p1;
-    _mm_prefetch((const char *)(p + PREFETCH_BYTES), _MM_HINT_T0);
-    _mm_prefetch((const char *)(p + PREFETCH_BYTES + 64), _MM_HINT_T0);
-    gather4(p, idx->lo, idx->hi, &p0, &p1);
-    if (kind == KIND_INT8_SPLIT) {
+    if (kind == KIND_INT6) {
+        _mm_prefetch((const char *)plane + PREFETCH_BYTES / 2, _MM_HINT_T0);
+        plane_gather4(plane, idx->lo, idx->hi, &p0, &p1);
+    } else {
+        _mm_prefetch((const char *)(p + PREFETCH_BYTES), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + PREFETCH_BYTES + 64), _MM_HINT_T0);
+        gather4(p, idx->lo, idx->hi, &p0, &p1);
+    }
+    if (kind == KIND_INT8_SPLIT || kind == KIND_INT6) {
         __m512i l0, l1;
         _mm_prefetch((const char *)(p + low_half + PREFETCH_BYTES), _MM_HINT_T0);
         _mm_prefetch((const char *)(p + low_half + PREFETCH_BYTES + 64), _MM_HINT_T0);
@@ -112,13 +131,14 @@ AI void dot4(const __m512i c[4], const QRows *x, int64_t k, int wide, int nb, __
     }
 }
 
-/* One tile (64 output rows) for nb <= ROWS_PER_PASS rows of x; kind: the weight's (fifth: its
- * plane for this tile); wide: x in 16-bit codes. */
-AI void tile_pass(const uint8_t *codes, const uint64_t *fifth, const uint16_t *sz, int64_t n, int64_t group,
+/* One tile (64 output rows) for nb <= ROWS_PER_PASS rows of x; kind: the weight's (plane: its
+ * plane for this tile, the 5- or 6-bit form's); wide: x in 16-bit codes. */
+AI void tile_pass(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz, int64_t n, int64_t group,
                   const QRows *x, const Indices *indices, float tot[][TILE], int fp16, int kind, int wide, int nb) {
     const Indices idx = *indices;
-    const int64_t low_half = x->cols * 32;  /* an int8 split: the low nibbles' columns start at K */
-    const int split = kind == KIND_INT8_SPLIT;
+    /* an int8 split: the low nibbles' columns start at K; the 6-bit form's are its tiles */
+    const int64_t low_half = kind == KIND_INT8_SPLIT ? x->cols * 32 : 0;
+    const int split = kind == KIND_INT8_SPLIT || kind == KIND_INT6;
     for (int b = 0; b < nb; b++)
         for (int r = 0; r < TILE; r++) tot[b][r] = 0.0f;
     for (int64_t g = 0; g < x->groups; g++) {
@@ -126,12 +146,14 @@ AI void tile_pass(const uint8_t *codes, const uint64_t *fifth, const uint16_t *s
         for (int b = 0; b < nb; b++)
             for (int i = 0; i < 4; i++) acc[b][i] = pairs[b][i][0] = pairs[b][i][1] = _mm512_setzero_si512();
         if (g + 2 < x->groups) {  /* the scales two groups on: a strided read the prefetcher misses */
-            const char *next = (const char *)(sz + (split ? g + 2 + x->groups : g + 2) * n * 2);
+            const char *next = (const char *)(sz + sz_group(g + 2, x->groups, kind) * n * 2);
             for (int line = 0; line < 4; line++) _mm_prefetch(next + 64 * line, _MM_HINT_T0);
         }
         for (int64_t k = g * group; k < (g + 1) * group; k += 4) {
             __m512i c[4];
-            tile_codes(codes + k * 32, low_half, kind == KIND_INT5 ? fifth + k : NULL, &idx, kind, c);
+            const void *at = kind == KIND_INT5 ? (const void *)((const uint64_t *)plane + k)
+                             : kind == KIND_INT6 ? (const void *)(plane + 16 * k) : NULL;  /* the plane's columns k.. */
+            tile_codes(codes + k * 32, low_half, at, &idx, kind, c);
             dot4(c, x, k, wide, nb, acc, pairs);
         }
         if (wide)
@@ -141,13 +163,13 @@ AI void tile_pass(const uint8_t *codes, const uint64_t *fifth, const uint16_t *s
             for (int b = 0; b < nb; b++)
                 for (int i = 0; i < 4; i++)
                     acc[b][i] = _mm512_sub_epi32(acc[b][i], _mm512_set1_epi32(128 * x->total[b * x->groups + g]));
-        const uint16_t *group_sz = sz + (split ? g + x->groups : g) * n * 2;
+        const uint16_t *group_sz = sz + sz_group(g, x->groups, kind) * n * 2;
         const float bias = split ? (wide ? 136.0f : 8.0f) : kind == KIND_INT5 ? 16.0f : 8.0f;
         add_group(group_sz, bias, fp16, acc, x, g, tot, nb);
     }
 }
 
-static void run_tile(const uint8_t *codes, const uint64_t *fifth, const uint16_t *sz, int64_t n, int64_t group,
+static void run_tile(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz, int64_t n, int64_t group,
                      const QRows *x, const Indices *idx, int64_t rows, uint16_t *out, int fp16, int kind) {
     float tot[ROWS_PER_PASS][TILE] __attribute__((aligned(64)));
     const int wide = x->q16 != NULL, per_pass = wide ? 2 : ROWS_PER_PASS;  /* wide: twice the accumulators */
@@ -156,12 +178,12 @@ static void run_tile(const uint8_t *codes, const uint64_t *fifth, const uint16_t
         QRows xb = {wide ? NULL : x->q8 + b0 * x->cols, wide ? x->q16 + b0 * x->cols : NULL,
                     x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups, x->total + b0 * x->groups};
         switch (wide * 8 + nb) {  /* constant row counts, so the accumulators stay in registers */
-            case 1: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 0, 1); break;
-            case 2: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 0, 2); break;
-            case 3: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 0, 3); break;
-            case 4: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 0, 4); break;
-            case 9: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 1, 1); break;
-            default: tile_pass(codes, fifth, sz, n, group, &xb, idx, tot, fp16, kind, 1, 2); break;
+            case 1: tile_pass(codes, plane, sz, n, group, &xb, idx, tot, fp16, kind, 0, 1); break;
+            case 2: tile_pass(codes, plane, sz, n, group, &xb, idx, tot, fp16, kind, 0, 2); break;
+            case 3: tile_pass(codes, plane, sz, n, group, &xb, idx, tot, fp16, kind, 0, 3); break;
+            case 4: tile_pass(codes, plane, sz, n, group, &xb, idx, tot, fp16, kind, 0, 4); break;
+            case 9: tile_pass(codes, plane, sz, n, group, &xb, idx, tot, fp16, kind, 1, 1); break;
+            default: tile_pass(codes, plane, sz, n, group, &xb, idx, tot, fp16, kind, 1, 2); break;
         }
         for (int b = 0; b < nb; b++)
             for (int i = 0; i < 4; i++)

@@ -96,7 +96,7 @@ def test_a_partial_tile_of_64_rows_in_both_products(level, rows):
         out = torch.empty(count, rows, dtype=torch.bfloat16)
         shape = (rows, COLS, 32, count, 64, 0, tile_gemv.KIND_INT4)
         if call is kernel._gemm:
-            assert call(tiles.data_ptr(), *common, out.data_ptr(), *shape, 1) == 0
+            assert call(tiles.data_ptr(), None, *common, out.data_ptr(), *shape, 1) == 0
         else:
             assert call(tiles.data_ptr(), None, *common, out.data_ptr(), *shape, 8, 1) == 0
         _assert_product(out, w, x[:count], 8)

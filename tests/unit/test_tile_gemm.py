@@ -122,8 +122,8 @@ def test_tiles_of_64_rows_give_the_tiles_of_32s_products(level):
     w = Int4Weight.from_codes(codes, torch.rand(128, 8) / 8, torch.randn(128, 8) / 8, 32, torch.bfloat16)
     tiles64 = tiles_from_unpacked(codes, 64)
     out = torch.empty(5, 128, dtype=torch.bfloat16)
-    assert kernel._gemm(tiles64.data_ptr(), w.scale_zero.data_ptr(), x.data_ptr(), out.data_ptr(), 128, 256, 32, 5, 64,
-                        0, tile_gemv.KIND_INT4, 1) == 0
+    assert kernel._gemm(tiles64.data_ptr(), None, w.scale_zero.data_ptr(), x.data_ptr(), out.data_ptr(), 128, 256, 32,
+                        5, 64, 0, tile_gemv.KIND_INT4, 1) == 0
     _assert_product(out, w, x)
     assert torch.equal(out, kernel.prompt_product(w.kernel_only(), x))
 
@@ -136,5 +136,5 @@ def test_it_refuses_what_it_cannot_read(level):
     assert not kernel.runs_prompt(_int4(64, 576, 32, torch.bfloat16), x.float())  # fp32 x
     w = _int4(64, 576, 32, torch.bfloat16)
     out = torch.empty(2, 64, dtype=torch.bfloat16)
-    assert kernel._gemm(w.kernel_codes.data_ptr(), w.scale_zero.data_ptr(), x.data_ptr(), out.data_ptr(), 64, 576, 48,
-                        2, 32, 0, tile_gemv.KIND_INT4, 1) == -1  # a group the layout of sums cannot take
+    assert kernel._gemm(w.kernel_codes.data_ptr(), None, w.scale_zero.data_ptr(), x.data_ptr(), out.data_ptr(), 64, 576,
+                        48, 2, 32, 0, tile_gemv.KIND_INT4, 1) == -1  # a group the layout of sums cannot take

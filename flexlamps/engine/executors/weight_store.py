@@ -26,7 +26,7 @@ from flexlamps.models.blocks.dense_gemm import pack
 from flexlamps.models.blocks.weight_kind import EXPANDED_ON_ARRIVAL, KINDS, WeightKind, kind_of
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.loading.in_place import (TIED_HEAD, in_place_form, in_place_sample, in_place_specs,
-                                               packs_five_bit)
+                                               packs_five_bit, packs_six_bit)
 from flexlamps.models.weight_specs import WeightSpec, weight_specs
 from offload import DiskFolder, TieredStore, compute_device, tensor_bytes
 from offload.store import stored_parts
@@ -225,7 +225,7 @@ class WeightStore:
         policy, forms = self.policy, {self.form(s) for s in self.specs}
         owner = f"{reader.fingerprint()}|{self.dtype}|{policy.weights!r}|{policy.compress_weight}|{self.qcfg!r}"
         owner += f"|{int4_format_tag(self.device)}" if self.stored_weights.int4 or "codes" in forms else ""
-        owner += f"|{IN_PLACE_FORMAT}|five-bit {packs_five_bit()}" if "codes" in forms else ""
+        owner += f"|{IN_PLACE_FORMAT}|five-bit {packs_five_bit()}|six-bit {packs_six_bit()}" if "codes" in forms else ""
         owner += f"|{FP8_FORMAT}" if "fp8" in forms else ""
         owner += f"|{MXFP4_FORMAT}" if "mxfp4" in forms else ""
         return DiskFolder(offload_dir, fingerprint=_stable_hash(owner))

@@ -4,7 +4,7 @@ A 4-bit weight (`quant.int4_weight.Int4Weight`) is multiplied in place by a fuse
 codes: our own (`flexlamps.kernels.tile_gemv`, per instruction set, where the loader found one
 for this CPU) or else torch's int4 kernel, for the activations' dtypes it takes. A Q8_0 weight
 (`quant.int8_weight.Int8Weight`) runs the same kernels on its codes split into two 4-bit halves;
-a Q6_K (groups of 16) and the 5-bit form run in place on our kernel only (`fuses`). Otherwise the
+a Q6_K (groups of 16), the 5-bit and the 6-bit forms run in place on our kernel only (`fuses`). Otherwise the
 weight is dequantized and takes the dense GEMM (`dense_gemm`).
 
 An `Int4Twin` is such a weight with a dense copy kept beside it (made when first needed,

@@ -59,12 +59,8 @@ def _matrix(w, kernel: tile_gemv.TileGemv, probe: torch.Tensor, shape: tuple[int
     w = w.int4 if isinstance(w, Int4Twin) else w
     if not isinstance(w, (Int4Weight, Int8Weight)) or tuple(w.shape) != shape or not kernel.runs(w, probe):
         return None
-    int8 = isinstance(w, Int8Weight)
-    split = w.split if int8 else w
-    fifth = w.fifth if int8 else None
-    kind = tile_gemv.KIND_INT5 if fifth is not None else tile_gemv.KIND_INT8_SPLIT if int8 else tile_gemv.KIND_INT4
-    plane = None if fifth is None else fifth.data_ptr()
-    matrix = Matrix(split.kernel_codes.data_ptr(), plane, split.scale_zero.data_ptr(), split.shape[0], w.shape[1],
+    split, plane, kind = tile_gemv.layout_of(w)
+    matrix = Matrix(split.kernel_codes.data_ptr(), None if plane is None else plane.data_ptr(), split.scale_zero.data_ptr(), split.shape[0], w.shape[1],
                     split.group_size, tile_rows(split.shape[1]), kind, w.x_bits or kernel.x_bits)
     return matrix, kernel.runs_prompt(w, probe)
 

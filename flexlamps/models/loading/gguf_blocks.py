@@ -17,8 +17,9 @@ Q5_K adds 32 bytes of fifth bits (int8 codes `q - 16`, zero `16 d sc_j - dmin m_
 A Q6_K super-block (`block_q6_K`, 256 inputs: 128 bytes of low nibbles, 64 of 2-bit high parts,
 16 int8 sub-block scales `sc`, fp16 `d`) means `d sc_j (q - 32)` in its sixteen sub-blocks of 16:
 int8 codes `q - 32`, scale `d sc_j` (exact in fp32), no zero; groups of 16, which only our
-AVX-512 kernel (`flexlamps.kernels.tile_gemv`) multiplies in place (torch's int4 kernel takes groups from 32:
-elsewhere such a weight is dequantized for the dense GEMM).
+kernel (`flexlamps.kernels.tile_gemv`) multiplies in place, held in its 6-bit form there
+(`models.loading.in_place.packs_six_bit`; torch's int4 kernel takes groups from 32: elsewhere such
+a weight is dequantized for the dense GEMM).
 The codes go from the file's bytes to the weight without a float detour. Other types (Q2_K,
 Q3_K, the IQ types) are dequantized by the `gguf` package and computed dense.
 """

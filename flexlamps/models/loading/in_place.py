@@ -1,7 +1,8 @@
 """Which matrices a GGUF file's blocks are computed in place for, and in what form.
 
 With 16-bit activations, a matrix the file holds in 4-bit blocks (Q4_0 / Q4_1 / Q4_K) is kept as
-an `Int4Weight` and one in Q8_0 / Q5_x / Q6_K as an `Int8Weight`, both multiplied on their codes
+an `Int4Weight` and one in Q8_0 / Q5_x / Q6_K as an `Int8Weight` (Q6_K and Q5_x in the 6-bit form
+where our kernel runs: `packs_six_bit`), both multiplied on their codes
 (`models.blocks.coded_weights`); a quantized output head stays its blocks too (a tied one as the
 embedding table's, under "lm_head", beside the dense table the lookup reads). Every executor
 keeps the same matrices in the same form (`in_place_form`), so they run the same kernels and
@@ -36,6 +37,13 @@ def packs_five_bit() -> bool:
     return kernel is not None and kernel.takes_five_bit
 
 
+def packs_six_bit() -> bool:
+    """Whether `GGUFReader.read_int8` holds codes that fit 6 bits (Q6_K; Q5_x where they are not
+    held in 5) in the 6-bit form (2/3 of the split's bytes): where our decode kernel runs, in any
+    variant (torch's int4 kernel takes no Q6_K groups of 16). The weight cache keys by it."""
+    return native_kernel() is not None
+
+
 def int4_from_blocks(codes, scale, zero, dtype: torch.dtype) -> Int4Weight:
     """A 4-bit matrix from its blocks' codes, scales and zero points (`gguf_blocks.int4_blocks`)."""
     return Int4Weight.from_codes(codes, scale, zero, BLOCK, dtype)
@@ -44,7 +52,7 @@ def int4_from_blocks(codes, scale, zero, dtype: torch.dtype) -> Int4Weight:
 def int8_from_blocks(codes, scale, zero, dtype: torch.dtype) -> Int8Weight:
     """An int8-code matrix from its blocks' codes, scales and zero points (`gguf_blocks.int8_blocks`)."""
     return Int8Weight.from_codes(codes, scale, codes.shape[1] // scale.shape[1], dtype, zero=zero,
-                                 five_bit=packs_five_bit())
+                                 five_bit=packs_five_bit(), six_bit=packs_six_bit())
 
 
 def keeps_blocks(reader, dtype: torch.dtype) -> bool:
@@ -88,11 +96,11 @@ def in_place_form(reader, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | 
 
 def in_place_sample(reader, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | Int8Weight:
     """A matrix in the form `in_place_form` gives `spec`, of zero blocks (its bytes, its layout)."""
-    return _sample(reader.in_place_type(spec), tuple(spec.shape), dtype, packs_five_bit())
+    return _sample(reader.in_place_type(spec), tuple(spec.shape), dtype, packs_five_bit(), packs_six_bit())
 
 
 @functools.lru_cache(maxsize=64)
-def _sample(type_name: str, shape: tuple[int, int], dtype: torch.dtype, five_bit: bool):
+def _sample(type_name: str, shape: tuple[int, int], dtype: torch.dtype, five_bit: bool, six_bit: bool):
     import gguf
     from gguf.quants import quant_shape_to_byte_shape
 
@@ -101,4 +109,5 @@ def _sample(type_name: str, shape: tuple[int, int], dtype: torch.dtype, five_bit
         return int4_from_blocks(*int4_blocks(raw, type_name, shape), dtype).kernel_only()
     codes, scale, zero = int8_blocks(raw, shape, type_name)
     codes = torch.full_like(codes, _LOWEST_CODE.get(type_name, -16))
-    return Int8Weight.from_codes(codes, scale, shape[1] // scale.shape[1], dtype, zero=zero, five_bit=five_bit)
+    return Int8Weight.from_codes(codes, scale, shape[1] // scale.shape[1], dtype, zero=zero, five_bit=five_bit,
+                                 six_bit=six_bit)

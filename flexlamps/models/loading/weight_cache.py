@@ -33,7 +33,7 @@ import torch
 from flexlamps.cache_folder import cache_root
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.gguf_header import file_sha256
-from flexlamps.models.loading.in_place import packs_five_bit
+from flexlamps.models.loading.in_place import packs_five_bit, packs_six_bit
 from flexlamps.models.loading.tensor_file import SAFETENSORS_DTYPES, write_tensors
 from flexlamps.models.weight_specs import weight_specs
 from quant.int4_weight import Int4Weight
@@ -42,8 +42,9 @@ from quant.int8_weight import Int8Weight
 # 2: Q8_0 matrices kept int8 (`Int8Weight`), a tied Q8_0 head as "lm_head"; 3: Q4_K and Q5_0 kept
 # as their blocks too, a tied 4-bit head as "lm_head"; 4: Q5_1 and Q5_K as int8 codes with zero points;
 # 5: Q6_K as int8 codes in groups of 16; 6: Q5_x in the 5-bit form where our AVX-512 kernel runs (keyed by it);
-# 7: a llama GGUF's q/k biases un-interleaved as its q/k rows are (6 kept them in llama.cpp's order)
-FORMAT_VERSION = 7
+# 7: a llama GGUF's q/k biases un-interleaved as its q/k rows are (6 kept them in llama.cpp's order);
+# 8: codes that fit 6 bits (Q6_K) in the 6-bit form where our kernel runs (keyed by it)
+FORMAT_VERSION = 8
 MAX_CACHE_BYTES = 8 * 2**30  # all entries of one folder together
 _ENTRY_GLOB = "weights-*.safetensors"
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ def cache_key(content_sha256: str, dtype: torch.dtype, int4_in_place: bool) -> s
     """What the packed weights depend on, hashed: the checkpoint's bytes and how they are packed."""
     parts = {"sha256": content_sha256, "dtype": str(dtype), "int4": int4_in_place,
              "torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "format": FORMAT_VERSION,
-             "five_bit": int4_in_place and packs_five_bit()}
+             "five_bit": int4_in_place and packs_five_bit(), "six_bit": int4_in_place and packs_six_bit()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
