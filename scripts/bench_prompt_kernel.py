@@ -1,7 +1,8 @@
 """The prompt kernel on codes (`TileGemv.prompt_product`, flexlamps/kernels/tile_gemm.h) on one
 matrix at a time: the products of a TinyLlama-1.1B layer as the engine calls them (q/k/v stacked
 2560 x 2048, the output 2048 x 2048, gate/up stacked 11264 x 2048, down 2048 x 5632), 4-bit codes
-in groups of 32 (Q4_0 / Q4_K as loaded) and int8 codes of Q6_K's range in groups of 16, 128 rows
+in groups of 32 (Q4_0 / Q4_K as loaded) and int8 codes of Q6_K's range in groups of 16 (q6: in the
+6-bit form, as loaded where our kernel runs; q6split: as the split), 128 rows
 (a prompt) and 4096 (32 prompts), bf16 x. Prints the best of --repeats in CPU time (this thread's,
 so other load on the box moves it less than wall time) and GFLOP/s, and for each kind and row count
 the shapes together (with the default shapes: one layer's prompt products, 22 of which make the
@@ -10,32 +11,61 @@ the shapes together (with the default shapes: one layer's prompt products, 22 of
 `--against DIR` also builds the kernel from another copy of flexlamps/kernels (e.g. an older
 commit's: `git archive COMMIT flexlamps/kernels | tar x -C /tmp/old`, then DIR is
 /tmp/old/flexlamps/kernels), checks that both give the same bits, and times the two in turns in
-this process: their ratio is what a change to the kernel gained.
+this process: their ratio is what a change to the kernel gained (a copy older than the 6-bit form
+multiplies each weight as the split: the same bits).
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_prompt_kernel.py [--rows 128,4096] [--kinds q4,q6] \\
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_prompt_kernel.py [--rows 128,4096] [--kinds q4,q6,q6split] \\
         [--shapes 2560x2048,2048x2048,11264x2048,2048x5632] [--repeats 3] [--against DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import time
+import weakref
 from pathlib import Path
 
 import torch
 
 from flexlamps.cache_folder import cache_root
 from flexlamps.kernels import build, tile_gemv, variants
+from quant.int4_tiles import tile_rows
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
 
 
 def weight(kind: str, rows: int, cols: int, gen: torch.Generator):
-    """A random weight of `kind`: q4 (4-bit codes, groups of 32) or q6 (int8 codes in [-32, 31], groups of 16)."""
+    """A random weight of `kind`: q4 (4-bit codes, groups of 32), q6 (int8 codes in [-32, 31], groups of
+    16, in the 6-bit form) or q6split (the same as the split)."""
     if kind == "q4":
         return Int4Weight.quantize(torch.randn(rows, cols, generator=gen) * 0.05, 32, torch.bfloat16).kernel_only()
     codes = torch.randint(-32, 32, (rows, cols), dtype=torch.int8, generator=gen)
-    return Int8Weight.from_codes(codes, torch.rand(rows, cols // 16, generator=gen) / 64, 16, torch.bfloat16)
+    return Int8Weight.from_codes(codes, torch.rand(rows, cols // 16, generator=gen) / 64, 16, torch.bfloat16,
+                                 six_bit=kind == "q6")
+
+
+class BeforeSixBit:
+    """A prompt kernel built from a tile_gemv.c older than the 6-bit form (its product takes no plane):
+    each weight multiplied as the split (made once a weight), as the engine held it then."""
+
+    def __init__(self, library: ctypes.CDLL, level: str):
+        self.level, self._gemm, self._splits = level, library.flexlamps_tile_gemm, weakref.WeakKeyDictionary()
+        self._gemm.restype = ctypes.c_int
+        self._gemm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_int] * 3
+
+    def prompt_product(self, w, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(w, Int8Weight):
+            if w not in self._splits:
+                self._splits[w] = w.as_split()
+            w = self._splits[w]
+        split = w.split if isinstance(w, Int8Weight) else w
+        kind = tile_gemv.KIND_INT8_SPLIT if isinstance(w, Int8Weight) else tile_gemv.KIND_INT4
+        out = torch.empty(x.shape[0], split.shape[0], dtype=x.dtype)
+        if self._gemm(split.kernel_codes.data_ptr(), split.scale_zero.data_ptr(), x.data_ptr(), out.data_ptr(),
+                      split.shape[0], x.shape[1], split.group_size, x.shape[0], tile_rows(split.shape[1]), 0, kind, 1):
+            raise ValueError(f"the older prompt kernel refused {w!r}")
+        return out
 
 
 def kernel_from(folder: Path) -> tile_gemv.TileGemv:
@@ -43,6 +73,8 @@ def kernel_from(folder: Path) -> tile_gemv.TileGemv:
     level = variants.process_level()
     chosen = variants.best(tile_gemv.VARIANTS, level, build.cpu_flags())
     library = build.built_library(folder / "tile_gemv.c", chosen.compile_flags, Path(cache_root()) / "kernels")
+    if "KIND_INT6" not in (folder / "tile_gemv.c").read_text():
+        return BeforeSixBit(library, chosen.level)
     return tile_gemv.TileGemv(library, chosen.level)
 
 
