@@ -101,6 +101,38 @@ static void rotate(const uint16_t *x, const uint16_t *cos, const uint16_t *sin, 
     }
 }
 
+/* rotate's arithmetic where the halves are whole vectors (d / 2 a multiple of VW), the tables
+ * already fp32 (the same values): no copy of the swapped halves, no lane masks, the dtype a
+ * constant. */
+AI void rotate_whole(const uint16_t *x, const float *cos, const float *sin, uint16_t *out, int64_t d, const int fp16) {
+    const int64_t half = d / 2;
+    for (int64_t e = 0; e < d; e += VW) {
+        const uint16_t *swapped = x + (e < half ? e + half : e - half);
+        vf a = rounded(vf_mul(load_halves(x + e, fp16, ALL_LANES), vf_load(cos + e)), fp16);
+        vf b = rounded(vf_mul(load_halves(swapped, fp16, ALL_LANES), vf_load(sin + e)), fp16);
+        store_halves(out + e, vf_add(a, b), fp16, ALL_LANES);
+    }
+}
+
+/* `count` heads (count, d) rotated by the same tables into out: rotate's bits, the tables converted
+ * to fp32 once for the token's heads. */
+static void rotate_heads(const uint16_t *x, const uint16_t *cos, const uint16_t *sin, uint16_t *out, int64_t count,
+                         int64_t d, int fp16) {
+    if ((d / 2) % VW) {
+        for (int64_t h = 0; h < count; h++) rotate(x + h * d, cos, sin, out + h * d, d, fp16);
+        return;
+    }
+    float cos32[512], sin32[512];
+    for (int64_t e = 0; e < d; e += VW) {
+        vf_store(cos32 + e, load_halves(cos + e, fp16, ALL_LANES));
+        vf_store(sin32 + e, load_halves(sin + e, fp16, ALL_LANES));
+    }
+    for (int64_t h = 0; h < count; h++) {
+        if (fp16) rotate_whole(x + h * d, cos32, sin32, out + h * d, d, 1);
+        else rotate_whole(x + h * d, cos32, sin32, out + h * d, d, 0);
+    }
+}
+
 /* q and k of every token rotated into qk (tokens, heads + kv_heads, d); k and v written to the cache
  * at the token's position in its row's slot. */
 static void rotate_and_store(const Step *s, int64_t layer, const uint16_t *qkv, uint16_t *qk) {
@@ -110,8 +142,7 @@ static void rotate_and_store(const Step *s, int64_t layer, const uint16_t *qkv, 
 #pragma omp parallel for num_threads(s->threads) schedule(static) if (s->threads > 1 && count >= PARALLEL_FROM)
     for (int64_t i = 0; i < count; i++) {
         const uint16_t *token = qkv + i * width;
-        for (int64_t h = 0; h < rotated; h++)
-            rotate(token + h * d, s->cos + i * d, s->sin + i * d, qk + (i * rotated + h) * d, d, s->fp16);
+        rotate_heads(token, s->cos + i * d, s->sin + i * d, qk + i * rotated * d, rotated, d, s->fp16);
         const int64_t at = s->slots[i / s->tokens] * slot_stride + s->positions[i] * d;
         for (int64_t h = 0; h < s->kv_heads; h++) {
             const uint16_t *k = qk + (i * rotated + s->heads + h) * d;
@@ -217,5 +248,5 @@ int flexlamps_decode_layers(const Kernels *kn, const Step *s, const Layer *layer
 /* The rotation alone, for the loader's check: x (count, d) -> out, each head by the same tables. */
 void flexlamps_rotate_heads(const uint16_t *x, const uint16_t *cos, const uint16_t *sin, uint16_t *out, int64_t count,
                             int64_t d, int fp16) {
-    for (int64_t h = 0; h < count; h++) rotate(x + h * d, cos, sin, out + h * d, d, fp16);
+    rotate_heads(x, cos, sin, out, count, d, fp16);
 }
