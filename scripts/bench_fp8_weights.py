@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' tiny 
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
@@ -77,7 +78,8 @@ def executors(readers: dict, dtype: torch.dtype, offloaded: bool) -> dict:
                 for kept, r in readers.items()}
     on_gpu, on_cpu = TierSplit(gpu=1.0, cpu=0.0, disk=0.0), TierSplit(gpu=0.0, cpu=1.0, disk=0.0)
     policy = Policy(gpu_batch_size=64, num_gpu_batches=1, weights=on_cpu, cache=on_gpu, activations=on_gpu)
-    return {kept: OffloadExecutor(r, policy, gpu_mem=1 << 32, cpu_mem=1 << 32, dtype=dtype)
+    return {kept: OffloadExecutor(r, policy, model_spec=model_spec(r.config),
+                                  gpu_mem=1 << 32, cpu_mem=1 << 32, dtype=dtype)
             for kept, r in readers.items()}
 
 

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' tiny 
 from flexlamps.engine.batch.generate import generate
 from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.executors.offloaded import OffloadExecutor
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.models.weight_specs import weight_specs
 from offload.budget import BudgetExceededError
@@ -53,7 +54,8 @@ def policy(cache_gpu: float, batch: int) -> Policy:
 
 def largest_batch(reader, cache_gpu: float, gpu_mem: int, capacity: int, reserve: int) -> int:
     """The most sequences whose cache fits beside the weights, leaving `reserve` bytes of work space."""
-    ex = OffloadExecutor(reader, policy(cache_gpu, 1), gpu_mem=gpu_mem - reserve, cpu_mem=1 << 34)
+    ex = OffloadExecutor(reader, policy(cache_gpu, 1), model_spec=model_spec(reader.config),
+                         gpu_mem=gpu_mem - reserve, cpu_mem=1 << 34)
     batch = 1
     while True:
         try:
@@ -66,7 +68,8 @@ def largest_batch(reader, cache_gpu: float, gpu_mem: int, capacity: int, reserve
 
 def decode_tokens_per_s(reader, cache_gpu, batch, gpu_mem, prompts, gen_len) -> float:
     """Decode tokens/s once every prompt has its first token (all prefills done)."""
-    ex = OffloadExecutor(reader, policy(cache_gpu, batch), gpu_mem=gpu_mem, cpu_mem=1 << 34)
+    ex = OffloadExecutor(reader, policy(cache_gpu, batch), model_spec=model_spec(reader.config),
+                         gpu_mem=gpu_mem, cpu_mem=1 << 34)
     marks = []  # (time, tokens so far)
 
     def on_tokens(n: int) -> None:

@@ -29,6 +29,7 @@ import torch
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
@@ -103,7 +104,7 @@ def main():
         else:
             policy = Policy(gpu_batch_size=1, num_gpu_batches=1, weights=ALL_GPU, cache=ALL_GPU, activations=ALL_GPU,
                             compress_weight=name in ("weights", "both"), compress_cache=name in ("cache", "both"))
-            ex = OffloadExecutor(reader, policy, gpu_mem=8 * 2**30, cpu_mem=2**30)
+            ex = OffloadExecutor(reader, policy, model_spec=model_spec(reader.config), gpu_mem=8 * 2**30, cpu_mem=2**30)
         results[name] = (decode_perplexity(ex, ids, args.window, args.decode_rows) if args.decode_rows
                           else perplexity(ex, ids, args.window, args.stride))
         base = results.get("none")

@@ -73,9 +73,11 @@ def assert_offloaded_equals_in_memory(reader, policy, ids, tokens, folder: Path)
 
     from flexlamps.engine.executors.in_memory import InMemoryExecutor
     from flexlamps.engine.executors.offloaded import OffloadExecutor
+    from flexlamps.models.description import model_spec
     from flexlamps.models.loading.checkpoint import read_all
 
-    ex = OffloadExecutor(reader, policy, gpu_mem=2**30, cpu_mem=2**30, offload_dir=folder)
+    ex = OffloadExecutor(reader, policy, model_spec=model_spec(reader.config),
+                         gpu_mem=2**30, cpu_mem=2**30, offload_dir=folder)
     try:
         assert {"gpu", "cpu", "disk"} <= set(ex.tiers.values())
         offloaded = our_run(ex, ids, tokens)

@@ -10,6 +10,7 @@ import torch
 from flexlamps.engine.batch.generate import generate
 from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.executors.offloaded import OffloadExecutor
+from flexlamps.models.description import model_spec
 from placement import Policy, TierSplit
 from placement.routing import RoutingProfile
 
@@ -55,7 +56,8 @@ def measure_routing(reader, prompts: list[list[int]], max_new_tokens: int = 16) 
     on_gpu = TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
     policy = Policy(gpu_batch_size=1, num_gpu_batches=1, weights=on_gpu, cache=on_gpu, activations=on_gpu)
     memory = 1 << 50  # everything in memory: the counts do not depend on the budgets
-    ex = OffloadExecutor(reader, policy, gpu_mem=memory, cpu_mem=memory, dtype=torch.float32,
+    ex = OffloadExecutor(reader, policy, model_spec=model_spec(reader.config),
+                         gpu_mem=memory, cpu_mem=memory, dtype=torch.float32,
                          routing=RoutingProfile.uniform(moe.num_experts, moe.num_experts_per_token))
     counter = ex.sweep.routing_counter = RoutingCounter(moe.num_experts, moe.num_experts_per_token)
     forward_steps = ex.forward_steps

@@ -9,6 +9,7 @@ import torch
 
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.planning.dry_run import dry_run
 from flexlamps.planning.target import BlockLengths
@@ -21,7 +22,8 @@ ALL_GPU = TierSplit(gpu=1, cpu=0, disk=0)
 
 def _executor(reader, folder, cache: TierSplit, **kw) -> OffloadExecutor:
     policy = Policy(gpu_batch_size=2, num_gpu_batches=2, weights=ALL_GPU, cache=cache, activations=ALL_GPU, **kw)
-    return OffloadExecutor(reader, policy, gpu_mem=GiB, cpu_mem=GiB, offload_dir=folder)
+    return OffloadExecutor(reader, policy, model_spec=model_spec(reader.config),
+                           gpu_mem=GiB, cpu_mem=GiB, offload_dir=folder)
 
 
 def test_disk_layers_charge_no_memory_budget_and_leave_no_file(tiny_models, tmp_path):
@@ -56,8 +58,10 @@ def test_an_mla_latent_cache_on_disk_is_refused_by_the_executor_and_its_dry_run(
     folder = deepseek_models["deepseek_v3"]
     policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=ALL_GPU, cache=TierSplit(gpu=0, cpu=0.5, disk=0.5),
                     activations=ALL_GPU)
+    reader = open_checkpoint(folder)
     with pytest.raises(ValueError, match="latent cache or a DeltaNet state on disk"):
-        OffloadExecutor(open_checkpoint(folder), policy, gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
+        OffloadExecutor(reader, policy, model_spec=model_spec(reader.config), gpu_mem=GiB, cpu_mem=GiB,
+                        offload_dir=tmp_path / "off")
     with pytest.raises(ValueError, match="latent cache or a DeltaNet state on disk"):
         dry_run(plan_target(json.loads((folder / "config.json").read_text())), policy,
                 BlockLengths(prompt_len=8, gen_len=4), gpu_mem=GiB, cpu_mem=GiB)

@@ -13,6 +13,7 @@ import placement
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.planning import policy_choice
@@ -72,7 +73,8 @@ def test_an_8_mib_gpu_tier_streams_the_experts_and_runs_as_in_memory(reader, tmp
         dry_run(plan_target(reader.config, torch.float32), dataclasses.replace(plan.policy, expert_group=0), LENGTHS,
                 gpu_mem=GPU_MEM, cpu_mem=CPU_MEM)
     expected = _run(InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32))
-    ex = OffloadExecutor(reader, plan.policy, gpu_mem=GPU_MEM, cpu_mem=CPU_MEM, offload_dir=tmp_path / "off",
+    ex = OffloadExecutor(reader, plan.policy, model_spec=model_spec(reader.config),
+                         gpu_mem=GPU_MEM, cpu_mem=CPU_MEM, offload_dir=tmp_path / "off",
                          dtype=torch.float32)
     reads = []
     try:

@@ -25,6 +25,7 @@ from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
 from flexlamps.models.config import UnsupportedModelError
+from flexlamps.models.description import model_spec
 from flexlamps.models.families import family_for, supported_model_types
 from flexlamps.models.families.support import SUPPORT, support_of
 from flexlamps.models.forward import FORWARDS
@@ -122,7 +123,8 @@ def test_4bit_offloaded_is_the_same_4bit_model_and_near_the_float_one(kind, tmp_
     ids = prompt_ids(reader.config.vocab_size)
     float_logits, tokens = _greedy(InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32),
                                    ids, DECODE)
-    ex = OffloadExecutor(reader, SPREAD, gpu_mem=2**30, cpu_mem=2**30, offload_dir=tmp_path / "offload")
+    ex = OffloadExecutor(reader, SPREAD, model_spec=model_spec(reader.config),
+                         gpu_mem=2**30, cpu_mem=2**30, offload_dir=tmp_path / "offload")
     try:
         assert set(ex.tiers.values()) == {"gpu", "cpu", "disk"}
         assert _stored_4bit(ex), f"{kind}: a matmul weight is not stored 4-bit"

@@ -8,6 +8,7 @@ import torch
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import keeps_fp8, read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.models.weight_specs import weight_specs
@@ -79,7 +80,8 @@ def test_offloaded_fp8_equals_in_memory(fp8_models, split, tmp_path):
                     reader.config.vocab_size)
     policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=SPLITS[split], cache=ON_GPU, activations=ON_GPU)
     for reused in (False, True):  # the second run reads the offload folder the first wrote
-        ex = OffloadExecutor(reader, policy, gpu_mem=64 << 20, cpu_mem=64 << 20, offload_dir=tmp_path / "off",
+        ex = OffloadExecutor(reader, policy, model_spec=model_spec(reader.config),
+                             gpu_mem=64 << 20, cpu_mem=64 << 20, offload_dir=tmp_path / "off",
                              dtype=torch.float32, device=torch.device("cpu"))  # bit identity: the CPU's guarantee
         try:
             assert ex.reused_disk == reused
@@ -106,7 +108,8 @@ def test_dry_run_charges_what_the_fp8_executor_charges(fp8_models, tmp_path):
     policy = Policy(gpu_batch_size=2, num_gpu_batches=2, weights=SPLITS["gpu_cpu_disk"], cache=ON_GPU,
                     activations=ON_GPU)
     budget, prompt_len, gen_len = 64 << 20, 16, 4
-    ex = OffloadExecutor(reader, policy, gpu_mem=budget, cpu_mem=budget, offload_dir=tmp_path / "off",
+    ex = OffloadExecutor(reader, policy, model_spec=model_spec(reader.config),
+                         gpu_mem=budget, cpu_mem=budget, offload_dir=tmp_path / "off",
                          dtype=torch.float32)
     ex.store.submit = _run_at_once  # prefetches land while a layer computes, as the dry run assumes
     ids = torch.randint(2, reader.config.vocab_size, (4, prompt_len), generator=torch.Generator().manual_seed(0))

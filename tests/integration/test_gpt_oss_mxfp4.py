@@ -4,6 +4,7 @@ tier and on disk, and compute what transformers computes from the same codes."""
 import torch
 
 from flexlamps.engine.executors.offloaded import OffloadExecutor
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
@@ -35,7 +36,8 @@ def test_mxfp4_experts_stay_four_bit_in_memory_and_on_disk(tmp_path):
         blocks, scales = (f.get_tensor(f"model.layers.1.mlp.experts.down_proj_{s}") for s in ("blocks", "scales"))
     assert torch.equal(experts["layers.1.experts.4.down_proj"].dequantize(),
                        convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)[4].T)
-    off = OffloadExecutor(reader, ON_DISK, gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
+    off = OffloadExecutor(reader, ON_DISK, model_spec=model_spec(reader.config),
+                          gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
     try:
         on_disk = [n for n in experts if off.tiers[n] == "disk"]
         assert on_disk

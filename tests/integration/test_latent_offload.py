@@ -216,6 +216,7 @@ def test_cuda_offloaded_equals_in_memory(deepseek_models):
 
 def test_the_offload_executor_passes_the_overlap_choice_on(deepseek_models):
     from flexlamps.engine.executors.offloaded import OffloadExecutor
+    from flexlamps.models.description import model_spec
     from placement import Policy, TierSplit
 
     reader = open_checkpoint(deepseek_models["deepseek_v32"])
@@ -223,7 +224,8 @@ def test_the_offload_executor_passes_the_overlap_choice_on(deepseek_models):
     policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=on_gpu, activations=on_gpu,
                     cache=TierSplit(gpu=0.3, cpu=0.7, disk=0.0))
     for overlap in (False, True):
-        ex = OffloadExecutor(reader, policy, gpu_mem=1 << 28, cpu_mem=1 << 28, overlap_latent_misses=overlap)
+        ex = OffloadExecutor(reader, policy, model_spec=model_spec(reader.config),
+                             gpu_mem=1 << 28, cpu_mem=1 << 28, overlap_latent_misses=overlap)
         cache = ex.new_cache(2, CAPACITY)
         assert (cache._copies is not None) == overlap
         cache.release()

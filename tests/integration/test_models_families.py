@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
@@ -48,7 +49,8 @@ def _check(folder, tmp_path, mixes=("cache_gpu",)) -> dict:
     assert gap <= LOGIT_TOLERANCE, f"{folder.name}: max |logit difference| {gap:.3g}"
     assert all(torch.equal(a, b) for a, b in zip(greedy_tokens(ours), tokens)), f"{folder.name}: greedy tokens differ"
     for mix in mixes:
-        ex = OffloadExecutor(reader, OFFLOADED[mix], gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / mix)
+        ex = OffloadExecutor(reader, OFFLOADED[mix], model_spec=model_spec(reader.config),
+                             gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / mix)
         assert {ex.tiers[n] for n in ex.tiers} == {"gpu", "cpu", "disk"}
         offloaded = our_run(ex, ids, tokens)
         ex.close()

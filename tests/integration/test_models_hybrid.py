@@ -10,6 +10,7 @@ from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
@@ -206,7 +207,8 @@ def test_offloaded_equals_in_memory_bit_for_bit(hybrid_models, mix, tmp_path):
     """Weights, KV cache and DeltaNet states over the tiers: the same steps give the same bits."""
     reader, plain = _executor(hybrid_models["qwen3_next"])
     policy = Policy(gpu_batch_size=2, num_gpu_batches=2, activations=TierSplit(gpu=1, cpu=0, disk=0), **MIXES[mix])
-    ex = OffloadExecutor(reader, policy, gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
+    ex = OffloadExecutor(reader, policy, model_spec=model_spec(reader.config),
+                         gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
     ref_cache, cache = plain.new_cache(4, 80), ex.new_cache(4, 80)
     for steps in _rounds(reader.config.vocab_size):
         for a, b in zip(plain.forward_steps(ref_cache, steps), ex.forward_steps(cache, steps)):

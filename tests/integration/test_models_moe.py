@@ -7,6 +7,7 @@ import torch
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
@@ -68,7 +69,8 @@ def _check_family(folder, tmp_path):
     worst = max((prompt - ref_prompt).abs().max().item(), (steps - ref_steps).abs().max().item())
     assert worst <= 1e-4, f"max |logit difference| {worst}"
     assert torch.equal(steps.argmax(-1), tokens), "greedy tokens differ from transformers'"
-    off = OffloadExecutor(reader, SPREAD, gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
+    off = OffloadExecutor(reader, SPREAD, model_spec=model_spec(reader.config),
+                          gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
     try:
         assert {"gpu", "cpu", "disk"} <= set(off.tiers.values())
         assert any(t == "disk" and ".experts." in n for n, t in off.tiers.items())

@@ -95,6 +95,7 @@ def test_q8_experts_offloaded_are_read_dense_and_run_as_in_memory(tmp_path):
     in-memory engine on those dense weights bit for bit."""
     from flexlamps.engine.executors.in_memory import InMemoryExecutor
     from flexlamps.engine.executors.offloaded import OffloadExecutor
+    from flexlamps.models.description import model_spec
     from placement import Policy, TierSplit
     from quant.int8_weight import Int8Weight
     from tests.family_models import our_run, prompt_ids
@@ -104,7 +105,8 @@ def test_q8_experts_offloaded_are_read_dense_and_run_as_in_memory(tmp_path):
     assert "int8" in reader.layer_block_kinds
     policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=TierSplit(gpu=0.3, cpu=0.3, disk=0.4),
                     cache=TierSplit(gpu=1, cpu=0, disk=0), activations=TierSplit(gpu=1, cpu=0, disk=0))
-    ex = OffloadExecutor(reader, policy, gpu_mem=2**30, cpu_mem=2**30, offload_dir=tmp_path / "offload")
+    ex = OffloadExecutor(reader, policy, model_spec=model_spec(reader.config),
+                         gpu_mem=2**30, cpu_mem=2**30, offload_dir=tmp_path / "offload")
     try:
         assert set(ex.tiers.values()) == {"gpu", "cpu", "disk"}
         experts = [s.name for s in ex.specs if ".experts." in s.name]

@@ -9,6 +9,7 @@ from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.split_tables import head_chunks
 from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.executors.step import Step
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from offload import BudgetExceededError
@@ -56,7 +57,8 @@ def _steps(reader):
 
 @pytest.mark.parametrize("mix", sorted(MIXES))
 def test_tier_mix_equals_plain_engine(reader, plain, mix, tmp_path):
-    ex = OffloadExecutor(reader, _policy(mix), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
+    ex = OffloadExecutor(reader, _policy(mix), model_spec=model_spec(reader.config),
+                         gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
     steps = _steps(reader)
     ref_cache, cache = plain.new_cache(4, 16), ex.new_cache(4, 16)
     ref = plain.forward_steps(ref_cache, steps)
@@ -75,7 +77,8 @@ def test_tier_mix_equals_plain_engine(reader, plain, mix, tmp_path):
 
 
 def test_weights_on_disk_really_leave_memory(reader, tmp_path):
-    ex = OffloadExecutor(reader, _policy("weights_mostly_disk"), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
+    ex = OffloadExecutor(reader, _policy("weights_mostly_disk"), model_spec=model_spec(reader.config),
+                         gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
     on_disk = [n for n, t in ex.tiers.items() if t == "disk"]
     assert on_disk and all(n not in ex.store._resident for n in on_disk)
     assert (tmp_path / "off" / "flexlamps-offload" / "index.json").exists()
@@ -86,7 +89,8 @@ def test_offload_folder_is_reused_and_damage_detected(reader, tmp_path):
     folder = tmp_path / "off"
 
     def run(policy):
-        ex = OffloadExecutor(reader, policy, gpu_mem=GiB, cpu_mem=GiB, offload_dir=folder)
+        ex = OffloadExecutor(reader, policy, model_spec=model_spec(reader.config),
+                             gpu_mem=GiB, cpu_mem=GiB, offload_dir=folder)
         ex.close()
         return ex
 
@@ -105,12 +109,21 @@ def test_offload_folder_is_reused_and_damage_detected(reader, tmp_path):
 
 def test_gpu_budget_is_enforced(reader, tmp_path):
     with pytest.raises(BudgetExceededError, match="gpu tier budget exceeded"):
-        OffloadExecutor(reader, _policy("all_gpu"), gpu_mem=10_000, cpu_mem=GiB)
+        OffloadExecutor(reader, _policy("all_gpu"), model_spec=model_spec(reader.config), gpu_mem=10_000, cpu_mem=GiB)
+
+
+def test_a_description_of_another_model_is_refused(reader, tiny_models):
+    """The executor charges from the description it is handed (a run plan's): one of another model
+    would charge another model's workspace, so it is refused before any weight is placed."""
+    other = model_spec(open_checkpoint(tiny_models["llama3_scaled"]).config)
+    with pytest.raises(ValueError, match="model_spec describes another model"):
+        OffloadExecutor(reader, _policy("all_gpu"), model_spec=other, gpu_mem=GiB, cpu_mem=GiB)
 
 
 def test_budget_too_small_for_a_step_raises(reader, tmp_path):
     total = sum(s.numel for s in __import__("flexlamps.models.weight_specs", fromlist=["x"]).weight_specs(reader.config)) * 4
-    ex = OffloadExecutor(reader, _policy("weights_mostly_disk"), gpu_mem=int(total * 0.25), cpu_mem=GiB,
+    ex = OffloadExecutor(reader, _policy("weights_mostly_disk"), model_spec=model_spec(reader.config),
+                         gpu_mem=int(total * 0.25), cpu_mem=GiB,
                          offload_dir=tmp_path / "off")
     cache = ex.new_cache(4, 16)
     big = Step(torch.ones(4, 2000, dtype=torch.long), torch.arange(2000).expand(4, 2000), torch.arange(4))
@@ -123,7 +136,8 @@ def test_budget_too_small_for_a_step_raises(reader, tmp_path):
 
 
 def test_compressed_cache_stays_close(reader, plain):
-    ex = OffloadExecutor(reader, _policy("all_gpu", compress_cache=True), gpu_mem=GiB, cpu_mem=GiB,
+    ex = OffloadExecutor(reader, _policy("all_gpu", compress_cache=True), model_spec=model_spec(reader.config),
+                         gpu_mem=GiB, cpu_mem=GiB,
                          device=torch.device("cpu"))  # the prompt's rows bit for bit: the CPU's guarantee
     steps = _steps(reader)
     ref_cache, cache = plain.new_cache(4, 16), ex.new_cache(4, 512)
@@ -141,7 +155,8 @@ def test_compressed_cache_stays_close(reader, plain):
 
 @pytest.mark.parametrize("merge", [True, False])
 def test_decode_micro_batches_merge_only_when_the_policy_says_so(reader, plain, tmp_path, merge):
-    ex = OffloadExecutor(reader, _policy("all_gpu", merge_decode=merge), gpu_mem=GiB, cpu_mem=GiB,
+    ex = OffloadExecutor(reader, _policy("all_gpu", merge_decode=merge), model_spec=model_spec(reader.config),
+                         gpu_mem=GiB, cpu_mem=GiB,
                          offload_dir=tmp_path / "off")
     swept = []
     sweep = ex.sweep._sweep
@@ -160,7 +175,8 @@ def test_decode_micro_batches_merge_only_when_the_policy_says_so(reader, plain, 
 @pytest.mark.parametrize("mix", ["weights_mostly_disk", "cache_cpu_staged", "activations_cpu"])
 def test_cuda_offload_with_copy_stream_equals_the_plain_engine(reader, plain, mix, tmp_path):
     """On CUDA the weights load on a copy stream from pinned buffers; the results must not change."""
-    ex = OffloadExecutor(reader, _policy(mix), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off",
+    ex = OffloadExecutor(reader, _policy(mix), model_spec=model_spec(reader.config),
+                         gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off",
                          device=torch.device("cuda"))
     assert ex.copies.stream is not None
     steps = _steps(reader)
@@ -188,7 +204,8 @@ def test_step_geometry_is_made_once_per_step_not_per_layer(reader, plain, mix, t
         return real_on(self, device)
 
     monkeypatch.setattr(tiered.TieredStepGeometry, "on", counted_on)
-    ex = OffloadExecutor(reader, _policy(mix), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
+    ex = OffloadExecutor(reader, _policy(mix), model_spec=model_spec(reader.config),
+                         gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
     steps = _steps(reader)
     cache, ref_cache = ex.new_cache(4, 16), plain.new_cache(4, 16)
     got, ref = ex.forward_steps(cache, steps), plain.forward_steps(ref_cache, steps)
@@ -205,7 +222,8 @@ def test_step_geometry_is_made_once_per_step_not_per_layer(reader, plain, mix, t
 def test_the_head_is_read_once_a_sweep_for_every_micro_batch(reader, plain, mix, tmp_path):
     """The output head's vocab chunks are read once a sweep (as the planner prices them), not once
     per micro-batch, and each micro-batch's logits stay the plain engine's."""
-    ex = OffloadExecutor(reader, _policy(mix), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
+    ex = OffloadExecutor(reader, _policy(mix), model_spec=model_spec(reader.config),
+                         gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
     head = {p.name for p in ex.head_pieces}
     reads = []
     fetch_rows = ex.store.fetch_rows
@@ -245,7 +263,8 @@ def test_the_head_reads_its_next_chunk_while_it_multiplies_one(reader, plain, tm
     steps = _steps(reader)
     ref = plain.forward_steps(plain.new_cache(4, 16), steps)
     for room_for_one in (False, True):
-        ex = OffloadExecutor(reader, _policy("weights_mostly_disk"), gpu_mem=GiB, cpu_mem=GiB,
+        ex = OffloadExecutor(reader, _policy("weights_mostly_disk"), model_spec=model_spec(reader.config),
+                             gpu_mem=GiB, cpu_mem=GiB,
                              offload_dir=tmp_path / str(room_for_one))
         ex.sweep.head_chunk_rows = 64  # several chunks on disk on the tiny vocab
         threads = _head_reads_by_thread(ex)

@@ -10,6 +10,7 @@ from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
 from flexlamps.models.blocks.weight_kind import KINDS, is_dense, kind_of
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from offload import tensor_bytes
@@ -58,7 +59,8 @@ def test_offloaded_blocks_give_the_in_memory_bits(zoo, tmp_path, kind, vocab):
     plain = InMemoryExecutor(reader.config, weights, dtype)
     ref = _logits(plain, reader.config.vocab_size)
     for reuse in (False, True):  # the folder written, then read back as it is
-        ex = OffloadExecutor(reader, _policy(), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off", dtype=dtype,
+        ex = OffloadExecutor(reader, _policy(), model_spec=model_spec(reader.config),
+                             gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off", dtype=dtype,
                              device=torch.device("cpu"))
         assert ex.reused_disk == reuse
         assert {"gpu", "cpu", "disk"} <= set(ex.tiers.values())
@@ -84,7 +86,8 @@ def _assert_kept_as_blocks_and_charged_so(ex, in_memory_blocks: set[str]) -> Non
 def test_a_float32_run_keeps_no_blocks(zoo, tmp_path):
     """The kernels take 16-bit activations: in float32 both engines read the matrices dense."""
     reader = open_checkpoint(zoo.path("gguf:llama:Q4_0"))
-    ex = OffloadExecutor(reader, _policy(ON_GPU), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off",
+    ex = OffloadExecutor(reader, _policy(ON_GPU), model_spec=model_spec(reader.config),
+                         gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off",
                          dtype=torch.float32, device=torch.device("cpu"))
     assert not any(ex.weights.keeps_codes(name) for name in ex.tiers)
     ex.close()

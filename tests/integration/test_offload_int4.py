@@ -14,6 +14,7 @@ from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
 from flexlamps.models.blocks.dense_gemm import fast_dense_gemm
 from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.models.weight_specs import weight_specs
 from placement import CompressionSpec, Policy, TierSplit
@@ -61,7 +62,8 @@ def _steps(reader):
 def test_4bit_offloaded_equals_the_in_memory_engine_bit_for_bit(tiny_models, tmp_path, kind, dtype, weights):
     reader = open_checkpoint(tiny_models[kind])
     # both engines on the CPU: bit identity is the CPU's guarantee (the CUDA test below has a tolerance)
-    ex = OffloadExecutor(reader, _policy(weights), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off", dtype=dtype,
+    ex = OffloadExecutor(reader, _policy(weights), model_spec=model_spec(reader.config),
+                         gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off", dtype=dtype,
                          device=torch.device("cpu"))
     plain = _same_compression(reader, ex, dtype)
     steps = _steps(reader)
@@ -77,7 +79,8 @@ def test_4bit_offloaded_equals_the_in_memory_engine_bit_for_bit(tiny_models, tmp
 
 def test_4bit_generation_with_merged_decode_equals_the_in_memory_engine(tiny_models, tmp_path):
     reader = open_checkpoint(tiny_models["llama3_scaled"])
-    ex = OffloadExecutor(reader, _policy(), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off",
+    ex = OffloadExecutor(reader, _policy(), model_spec=model_spec(reader.config),
+                         gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off",
                          dtype=torch.bfloat16)
     plain = _same_compression(reader, ex, torch.bfloat16)
     ids = [reader.tokenizer.encode(p) for p in ["hello world", "the quick brown fox", "1 2 3 4", "a"]]
@@ -90,7 +93,8 @@ def test_4bit_generation_with_merged_decode_equals_the_in_memory_engine(tiny_mod
 
 def test_tiers_hold_4bit_bytes_and_are_charged_what_they_hold(tiny_models, tmp_path):
     reader = open_checkpoint(tiny_models["llama3_scaled"])
-    ex = OffloadExecutor(reader, _policy(TierSplit(gpu=0.3, cpu=0.3, disk=0.4)), gpu_mem=GiB, cpu_mem=GiB,
+    ex = OffloadExecutor(reader, _policy(TierSplit(gpu=0.3, cpu=0.3, disk=0.4)), model_spec=model_spec(reader.config),
+                         gpu_mem=GiB, cpu_mem=GiB,
                          offload_dir=tmp_path / "off", dtype=torch.bfloat16)
     folder = tmp_path / "off" / "flexlamps-offload"
     matrices = [s for s in ex.specs if s.layer is not None and s.role == "linear"]  # tables: in pieces
@@ -115,7 +119,8 @@ def test_a_folder_written_in_another_4bit_form_is_rebuilt(tiny_models, tmp_path,
     reader = open_checkpoint(tiny_models["llama3_scaled"])
 
     def run():
-        ex = OffloadExecutor(reader, _policy(), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off",
+        ex = OffloadExecutor(reader, _policy(), model_spec=model_spec(reader.config),
+                             gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off",
                              dtype=torch.bfloat16)
         ex.close()
         return ex.reused_disk
@@ -133,7 +138,8 @@ def test_a_folder_written_in_another_4bit_form_is_rebuilt(tiny_models, tmp_path,
 def test_prompt_chunks_share_one_dequantization_per_layer_and_equal_the_in_memory_engine(
         tiny_models, tmp_path, monkeypatch, dtype):
     reader = open_checkpoint(tiny_models["llama3_scaled"])
-    ex = OffloadExecutor(reader, _policy(), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off", dtype=dtype,
+    ex = OffloadExecutor(reader, _policy(), model_spec=model_spec(reader.config),
+                         gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off", dtype=dtype,
                          device=torch.device("cpu"))  # bit identity: the CPU's guarantee
     plain = _same_compression(reader, ex, dtype)
     ids = torch.randint(2, reader.config.vocab_size, (8, 40), generator=torch.Generator().manual_seed(1))
@@ -168,7 +174,8 @@ def test_on_cuda_4bit_offloaded_equals_the_in_memory_engine(tiny_models, tmp_pat
     same logits (to bf16 rounding: the engines stack q/k/v and gate/up differently)."""
     reader = open_checkpoint(tiny_models[kind])
     cuda = torch.device("cuda")
-    ex = OffloadExecutor(reader, _policy(), gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off",
+    ex = OffloadExecutor(reader, _policy(), model_spec=model_spec(reader.config),
+                         gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off",
                          dtype=torch.bfloat16, device=cuda)
     plain = _same_compression(reader, ex, torch.bfloat16, cuda)
     steps = _steps(reader)

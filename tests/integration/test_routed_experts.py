@@ -7,6 +7,7 @@ import torch
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
@@ -57,7 +58,8 @@ def _greedy(ex, reads: list | None = None, forced: list[int] | None = None) -> t
 
 
 def _executor(reader, tmp_path, order: str, gpu_mem: int) -> OffloadExecutor:
-    return OffloadExecutor(reader, MOSTLY_DISK, gpu_mem=gpu_mem, cpu_mem=1 << 30, offload_dir=tmp_path / "off",
+    return OffloadExecutor(reader, MOSTLY_DISK, model_spec=model_spec(reader.config),
+                           gpu_mem=gpu_mem, cpu_mem=1 << 30, offload_dir=tmp_path / "off",
                            dtype=torch.float32, expert_cache=order)
 
 
@@ -177,7 +179,8 @@ def test_four_bit_experts_read_off_disk_equal_resident_ones(tmp_path, dtype):
     for weights in (MOSTLY_DISK.weights, ON_GPU):
         policy = dataclasses.replace(MOSTLY_DISK, weights=weights, compress_weight=True, gpu_batch_size=2,
                                      num_gpu_batches=2)
-        ex = OffloadExecutor(reader, policy, gpu_mem=1 << 30, cpu_mem=1 << 30, offload_dir=tmp_path / str(weights.gpu),
+        ex = OffloadExecutor(reader, policy, model_spec=model_spec(reader.config),
+                             gpu_mem=1 << 30, cpu_mem=1 << 30, offload_dir=tmp_path / str(weights.gpu),
                              dtype=dtype)
         try:
             cache = ex.new_cache(4, 140)
@@ -201,7 +204,8 @@ def test_cpu_tier_experts_are_computed_where_they_live_when_few_tokens_route_to_
                                                                 torch.float32))
     policy = Policy(gpu_batch_size=1, num_gpu_batches=1, weights=MOSTLY_CPU, cache=ON_GPU, activations=ON_GPU,
                     cpu_expert_tokens=1 << 20 if in_place else 0)
-    ex = OffloadExecutor(reader, policy, gpu_mem=1 << 30, cpu_mem=1 << 30, dtype=torch.float32, expert_cache="off")
+    ex = OffloadExecutor(reader, policy, model_spec=model_spec(reader.config),
+                         gpu_mem=1 << 30, cpu_mem=1 << 30, dtype=torch.float32, expert_cache="off")
     cpu_experts = {name for experts in ex.experts.values() for names in experts.values() for name in names
                    if ex.store.tier_of(name) == "cpu"}
     fetched = []
@@ -233,7 +237,8 @@ def test_the_planner_prices_the_bytes_a_decode_step_reads_off_disk(family_reader
     reader = family_reader
     policy = Policy(gpu_batch_size=1, num_gpu_batches=1, weights=TierSplit(gpu=0.0, cpu=0.0, disk=1.0),
                     cache=ON_GPU, activations=ON_GPU)
-    ex = OffloadExecutor(reader, policy, gpu_mem=1 << 30, cpu_mem=1 << 30, offload_dir=tmp_path / "off",
+    ex = OffloadExecutor(reader, policy, model_spec=model_spec(reader.config),
+                         gpu_mem=1 << 30, cpu_mem=1 << 30, offload_dir=tmp_path / "off",
                          dtype=torch.float32, expert_cache="off")
     reads = []
     try:

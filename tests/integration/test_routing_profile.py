@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from flexlamps.cli import main
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.routing_profile import cached_routing, routing_cache_path
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
 from tests.checkpoints import make_checkpoint
@@ -47,7 +48,8 @@ def test_profile_counts_routing_and_placement_follows_it(folder, tmp_path, monke
     # an expert is placed whole; the gpu tier holds the most-routed ones
     policy = Policy(gpu_batch_size=1, num_gpu_batches=1, weights=TierSplit(gpu=0.5, cpu=0.2, disk=0.3),
                     cache=ON_GPU, activations=ON_GPU)
-    ex = OffloadExecutor(reader, policy, gpu_mem=1 << 30, cpu_mem=1 << 30, offload_dir=tmp_path / "off",
+    ex = OffloadExecutor(reader, policy, model_spec=model_spec(reader.config),
+                         gpu_mem=1 << 30, cpu_mem=1 << 30, offload_dir=tmp_path / "off",
                          dtype=torch.float32)
     try:
         for layer, experts in ex.experts.items():

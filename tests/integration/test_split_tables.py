@@ -10,6 +10,7 @@ from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.placement_map import place_weights
 from flexlamps.engine.executors.step import Step
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.loading.registry import open_checkpoint
@@ -37,7 +38,8 @@ def test_split_tables_generate_exactly_as_in_memory(tiny_models, kind, tmp_path)
     plain = InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32)
     policy = Policy(gpu_batch_size=2, num_gpu_batches=2, weights=THREE_TIERS, cache=ON_GPU, activations=ON_GPU)
     # on the CPU, as the in-memory engine: bit identity is the CPU's guarantee (cuBLAS picks kernels by shape)
-    ex = OffloadExecutor(reader, policy, gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off", dtype=torch.float32,
+    ex = OffloadExecutor(reader, policy, model_spec=model_spec(reader.config),
+                         gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off", dtype=torch.float32,
                          device=torch.device("cpu"))
     ex.sweep.head_chunk_rows = 40  # several vocab chunks in every piece
     assert set(ex.table_pieces) == ({"embed_tokens", "lm_head"} if kind == "llama_gqa" else {"embed_tokens"})

@@ -21,6 +21,7 @@ from flexlamps.engine.batch.scoring import PrefixStats
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.sched.cost_model import CostModel
@@ -80,7 +81,8 @@ def test_rings_match_transformers_and_the_masked_rows_in_memory_and_offloaded(mi
     assert gap <= LOGIT_TOLERANCE, f"max |logit difference| {gap:.3g}"
     assert all(torch.equal(a, b) for a, b in zip(greedy_tokens(ours), tokens)), "greedy tokens differ"
     for mix, policy in OFFLOADED.items():
-        ex = OffloadExecutor(reader, policy, gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / mix)
+        ex = OffloadExecutor(reader, policy, model_spec=model_spec(reader.config),
+                             gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / mix)
         offloaded = _chunked_run(ex, ids, tokens)
         ex.close()
         for step, (a, b) in enumerate(zip(ours, offloaded)):
@@ -100,7 +102,8 @@ def test_a_sequences_cache_bytes_stop_growing_past_the_window(mistral, tmp_path)
     plain = InMemoryExecutor(cfg, read_all(reader, torch.float32), torch.float32)
     executors = {"in_memory": plain}
     for mix in ("cache_gpu", "cache_cpu_staged"):
-        executors[mix] = OffloadExecutor(reader, OFFLOADED[mix], gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / mix)
+        executors[mix] = OffloadExecutor(reader, OFFLOADED[mix], model_spec=model_spec(reader.config),
+                                         gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / mix)
     measured = {}
     for name, ex in executors.items():
         for capacity in (4, WINDOW, 2 * WINDOW, 100, 1000):
@@ -152,7 +155,8 @@ def test_augmented_requests_keep_rings_of_blocks_and_resume_exactly(mistral, str
     reader = open_checkpoint(mistral)
     cfg = reader.config
     plain = InMemoryExecutor(cfg, read_all(reader, torch.float32), torch.float32)
-    runs_on = OffloadExecutor(reader, OFFLOADED["cache_gpu"], gpu_mem=GiB, cpu_mem=GiB,
+    runs_on = OffloadExecutor(reader, OFFLOADED["cache_gpu"], model_spec=model_spec(reader.config),
+                              gpu_mem=GiB, cpu_mem=GiB,
                               offload_dir=tmp_path / "off") if offloaded else plain
     specs = [RequestSpec(f"r{i}", 14 + 2 * i, (Segment(6 + i % 3, "qa", 0.03, 3), Segment(8, "math", 0.02, 2),
                                               Segment(6)), arrival_time=0.01 * i, kind="qa") for i in range(6)]

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import placement
 from flexlamps.engine.executors.offloaded import CAPABILITIES, OffloadExecutor
+from flexlamps.models.description import model_spec
 from flexlamps.planning.dry_run import dry_run
 from flexlamps.planning.target import BlockLengths, PlanTarget
 from tests.described import described, plan_target
@@ -29,7 +30,7 @@ def test_the_engine_refuses_what_it_would_not_run_as_planned(changes, problem):
     policy = Policy(gpu_batch_size=1, num_gpu_batches=1, **{
         "weights": ON_GPU, "cache": ON_GPU, "activations": ON_GPU, **changes})
     with pytest.raises(ValueError, match=problem):
-        OffloadExecutor(None, policy, gpu_mem=1 << 30, cpu_mem=1 << 30)
+        OffloadExecutor(None, policy, model_spec=None, gpu_mem=1 << 30, cpu_mem=1 << 30)  # refused first
 
 
 # -- every plan passes the offload executor's dry run, charging what the planner estimated --
@@ -212,7 +213,8 @@ def _check_dry_run_charges_what_the_executor_charges(reader, policy, tmp_path, *
     from flexlamps.engine.batch.sampling import SamplingParams
 
     prompt_len, gen_len, budget = 24, 6, 64 << 20
-    executor = OffloadExecutor(reader, policy, gpu_mem=budget, cpu_mem=budget, offload_dir=tmp_path / "off",
+    executor = OffloadExecutor(reader, policy, model_spec=model_spec(reader.config),
+                               gpu_mem=budget, cpu_mem=budget, offload_dir=tmp_path / "off",
                                dtype=torch.float32, **options)
     # the dry run assumes the next layer's prefetch lands while a layer computes, as it does
     # unless the machine is loaded: loads run at once here, so the measured peak cannot depend
@@ -273,7 +275,7 @@ def test_a_latent_cache_refuses_what_it_cannot_run(deepseek_models, flag):
     policy = Policy(gpu_batch_size=1, num_gpu_batches=1, weights=ON_GPU, activations=ON_GPU,
                     cache=TierSplit(gpu=0.5, cpu=0.5, disk=0.0), **{flag: True})
     with pytest.raises(ValueError, match="without compress_cache and cpu_attention"):
-        OffloadExecutor(reader, policy, gpu_mem=1 << 28, cpu_mem=1 << 28)
+        OffloadExecutor(reader, policy, model_spec=model_spec(reader.config), gpu_mem=1 << 28, cpu_mem=1 << 28)
     with pytest.raises(ValueError, match="without compress_cache and cpu_attention"):
         dry_run(plan_target(reader.config), policy, BlockLengths(prompt_len=8, gen_len=2), gpu_mem=1 << 28,
                 cpu_mem=1 << 28)

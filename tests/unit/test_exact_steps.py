@@ -9,6 +9,7 @@ import torch
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
+from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from placement import Policy, TierSplit
@@ -82,7 +83,8 @@ def _offloaded(reader, tmp_path, cache_split, cpu_attention=False):
                     cache=cache_split, activations=GPU, cpu_attention=cpu_attention)
     # on the CPU, as `plain`: bit-identity is the CPU's guarantee (cuBLAS picks kernels by shape;
     # on CUDA the gpu-marked tests compare within a tolerance)
-    return OffloadExecutor(reader, policy, gpu_mem=256 * MiB, cpu_mem=256 * MiB, offload_dir=tmp_path / "off",
+    return OffloadExecutor(reader, policy, model_spec=model_spec(reader.config),
+                           gpu_mem=256 * MiB, cpu_mem=256 * MiB, offload_dir=tmp_path / "off",
                            device=torch.device("cpu"))
 
 

@@ -223,13 +223,15 @@ def test_offloaded_4bit_tiers_keep_the_q4_k_blocks(kquant_gguf, tmp_path):
     """--compress-weight on the offload engine reads a Q4_K matrix's blocks as they are (not
     dequantized and quantized again), from disk too."""
     from flexlamps.engine.executors.offloaded import OffloadExecutor
+    from flexlamps.models.description import model_spec
     from placement import Policy, TierSplit
 
     reader = GGUFReader(kquant_gguf)
     all_gpu = TierSplit(gpu=1, cpu=0, disk=0)
     policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=TierSplit(gpu=0, cpu=0, disk=1), cache=all_gpu,
                     activations=all_gpu, compress_weight=True)
-    ex = OffloadExecutor(reader, policy, gpu_mem=2**30, cpu_mem=2**30, offload_dir=tmp_path / "off", dtype=torch.bfloat16)
+    ex = OffloadExecutor(reader, policy, model_spec=model_spec(reader.config),
+                         gpu_mem=2**30, cpu_mem=2**30, offload_dir=tmp_path / "off", dtype=torch.bfloat16)
     try:
         spec = next(s for s in ex.specs if s.name == "layers.1.down_proj")
         assert ex.tiers[spec.name] == "disk"

@@ -49,8 +49,8 @@ def test_the_model_spec_is_built_once_a_run_for_profile_planner_dry_runs_and_exe
     executor all read the one ModelSpec and the one ModelConfig the LLM built."""
     import flexlamps.api
     import flexlamps.engine.executors.charges as charges
-    import flexlamps.engine.executors.offloaded as offloaded
     import flexlamps.hardware.cache
+    from flexlamps.models import description
     from flexlamps.api import LLM
 
     built, shapes = [], []
@@ -59,9 +59,8 @@ def test_the_model_spec_is_built_once_a_run_for_profile_planner_dry_runs_and_exe
     monkeypatch.setattr(flexlamps.hardware.cache, "machine_profile",
                         lambda scratch, on, model_shapes, expert_dims=None: shapes.append(model_shapes)
                         or placement.hardware_preset("t4-flexgen"))
-    # the offload executor builds one through the description module when not handed the run's;
-    # planning, the charges and the run plan take it, required
-    monkeypatch.setattr(offloaded.description, "model_spec", lambda *a, **k: pytest.fail("a second ModelSpec"))
+    # planning, the executor, its charges and the run plan take it, required: none describes the model again
+    monkeypatch.setattr(description, "model_spec", lambda *a, **k: pytest.fail("a second ModelSpec"))
     llm = LLM(str(tiny_llama), dtype="float32", gpu_mem=2 * MiB, cpu_mem=8 * MiB, offload_dir=str(tmp_path))
     # nor a second ModelConfig: the dry runs and the executor's charges read the reader's
     monkeypatch.setattr(charges.ModelConfig, "from_hf", lambda *a, **k: pytest.fail("a second ModelConfig"))

@@ -31,7 +31,6 @@ from flexlamps.engine.executors.stored_weights import GROUPWISE_BACKENDS, int4_w
 from flexlamps.engine.executors.sweep import Sweep
 from flexlamps.engine.executors.weight_store import WeightStore, in_place_samples
 from flexlamps.engine.routing_profile import cached_routing
-from flexlamps.models import description
 from flexlamps.models.blocks.linear import KINDS
 from flexlamps.models.forward import forward_for
 from offload import TierBudget, compute_device
@@ -59,10 +58,11 @@ def unsupported(policy, cfg) -> list[str]:
 
 
 class OffloadExecutor:
-    def __init__(self, reader, policy, *, gpu_mem: int, cpu_mem: int, offload_dir=None,
-                 dtype: torch.dtype = torch.float32, device: torch.device | None = None, verify_disk: bool = True,
+    def __init__(self, reader, policy, *, model_spec: placement.ModelSpec, gpu_mem: int, cpu_mem: int,
+                 offload_dir=None, dtype: torch.dtype = torch.float32, device: torch.device | None = None,
+                 verify_disk: bool = True,
                  weight_quant: str | None = None, overlap_latent_misses: bool = False,
-                 latent_fp8: bool = False, expert_cache: str = "cyclic", routing=None, model_spec=None):
+                 latent_fp8: bool = False, expert_cache: str = "cyclic", routing=None):
         """`overlap_latent_misses`: an offloaded MLA latent cache copies each decode step's
         misses while attending over its hits (`caches.latent_copy`; within fp32 rounding of the
         exact mode, which copies, then attends, and equals the in-memory path bit for bit).
@@ -72,11 +72,16 @@ class OffloadExecutor:
         room ("cyclic", "lru", "frequency" or "off"; `expert_weights.ExpertCache`). `routing`: a MoE
         model's `placement.routing.RoutingProfile`, hottest experts on the fastest tier
         (default: the one `flexlamps profile --prompts` cached for this checkpoint, if any).
-        `model_spec`: the run's `placement.ModelSpec` (the run plan's; default: the reader's config described, `models.description`)."""
+        `model_spec`: the run's `placement.ModelSpec`, the one description the planner sized (a run
+        plan's `plan.model`; without a plan, `models.description.model_spec(reader.config)`)."""
         if problems := unsupported(policy, getattr(reader, "config", None)):
             raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(problems)}); "
                              "use --placement auto or a policy from `flexlamps plan`")
         self.cfg = cfg = reader.config
+        if (model_spec.num_layers, model_spec.hidden_size) != (cfg.num_layers, cfg.hidden_size):
+            raise ValueError(f"model_spec describes another model ({model_spec.num_layers} layers of "
+                             f"{model_spec.hidden_size}, the checkpoint {cfg.num_layers} of {cfg.hidden_size}): "
+                             "pass the reader's, models.description.model_spec(reader.config)")
         self.dtype = dtype
         self.policy = policy
         self.overlap_latent_misses = overlap_latent_misses
@@ -99,8 +104,7 @@ class OffloadExecutor:
                                    stores_fp8=getattr(reader, "stores_fp8", None),
                                    stores_mxfp4=getattr(reader, "stores_mxfp4", None), routing=routing,
                                    weight_bits=weight_bits(policy, weight_quant), in_place=samples)
-        # the run plan's description, or the reader's config described here (what a plan would build)
-        self.model_spec = model_spec or description.model_spec(cfg)
+        self.model_spec = model_spec
         self.charges = PlacementCharges(self.weights, model_spec=self.model_spec, latent_fp8=latent_fp8)
         self.weights.write(reader, self.budgets, self.device, in_place=in_place, qcfg=self.qcfg,
                            weight_quantizer=self.weight_quantizer, offload_dir=offload_dir, verify_disk=verify_disk,
