@@ -24,7 +24,7 @@ from placement.choice import Choice, CostTerms
 from placement.layer_sizes import layer_sizes
 from placement.terms import build_terms
 from placement.expert_compute import tokens_per_expert
-from placement.expert_hits import expert_hit_rate
+from placement.expert_hits import expert_hit_rate, held_out_kinds
 from placement.model_spec import ModelSpec
 from placement.specs import HardwareSpec, WorkloadSpec
 
@@ -62,21 +62,34 @@ def expert_hits_at(choice: Choice, model: ModelSpec, hardware: HardwareSpec, wor
     sz = layer_sizes(choice, model, workload)
     moe_layers = sorted({int(j) for steps in model.routing.traces for step in steps for j in step})
     num_experts = model.num_experts
-    expert_bytes = sz.experts_stored * model.num_layers / (len(moe_layers) * num_experts)
+    expert_bytes = expert_stored_bytes(choice, model, workload)
     block = choice.gpu_batch_size * choice.num_gpu_batches
     _, rows = choice.decode_calls()
-    # the decode row holds the routed experts of a call as staged bytes; the cache has the rest
-    routed = terms.staging.capped_at("gpu_decode", x)
-    room = hardware.gpu_mem_bytes - (terms.memory_value("gpu_decode", x) - routed)
-    capacity = int(room // expert_bytes)
+    layer_room, between_steps = cache_room(terms, hardware, x)
     copies_off_cpu = not hardware.gpu_is_host and tokens_per_expert(model, rows) >= choice.cpu_expert_tokens
     off = float(x[W_DISK]) + (float(x[W_CPU]) if copies_off_cpu else 0.0)
     # a layer's bytes: its dense parts first on the fastest tiers, then its experts hottest first
     layer = sz.layer_stored - sz.experts_stored + num_experts * expert_bytes
-    cached_kinds = {j: set(model.routing.expert_order(j)[num_experts - _experts_on(off * layer, expert_bytes,
-                                                                                 num_experts):])
-                    for j in moe_layers}
-    return expert_hit_rate(model.routing, block, capacity, cached_kinds, model.num_layers)
+    slow = _experts_on(off * layer, expert_bytes, num_experts)
+    kinds = held_out_kinds(model.routing, moe_layers, lambda _: slow)
+    return expert_hit_rate(model.routing, block, int(layer_room // expert_bytes), kinds, model.num_layers,
+                           between_steps=int(between_steps // expert_bytes))
+
+
+def expert_stored_bytes(choice: Choice, model: ModelSpec, workload: WorkloadSpec) -> float:
+    """One routed expert's bytes as stored: what a slot of the expert cache holds."""
+    sz = layer_sizes(choice, model, workload)
+    moe_layers = max(1, model.num_layers - model.num_dense_layers)
+    return sz.experts_stored * model.num_layers / (moe_layers * model.num_experts)
+
+
+def cache_room(terms: CostTerms, hardware: HardwareSpec, x: np.ndarray) -> tuple[float, float]:
+    """Bytes of the gpu tier's budget the expert cache has at fractions `x`: while a layer runs (the
+    decode row's other bytes taken; its staged routed experts count in the room, the replay stages
+    them there) and between steps (the output head's row taken: its staged rows reclaim the rest)."""
+    routed = terms.staging.capped_at("gpu_decode", x) if terms.staging is not None else 0.0
+    layer = hardware.gpu_mem_bytes - (terms.memory_value("gpu_decode", x) - routed)
+    return max(0.0, layer), max(0.0, hardware.gpu_mem_bytes - terms.memory_value("gpu_head", x))
 
 
 def _experts_on(tier_bytes: float, expert_bytes: float, num_experts: int) -> int:

@@ -10,7 +10,9 @@ sum_e 1 - (1 - q_e)^T of them, which is k at T = 1 and tends to E as T grows.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from placement.jsonable import JsonMixin
 
@@ -45,6 +47,18 @@ class RoutingProfile(JsonMixin):
         if row is None or not self.tokens:
             return [self.experts_per_token / self.num_experts] * self.num_experts
         return [c / self.tokens for c in row]
+
+    @cached_property
+    def trace_counts(self) -> list[dict[int, Counter]]:
+        """Per traced sequence, per MoE layer, how many of its steps routed to each expert."""
+        out = []
+        for steps in self.traces:
+            layers: dict[int, Counter] = {}
+            for step in steps:
+                for layer, experts in step.items():
+                    layers.setdefault(int(layer), Counter()).update(experts)
+            out.append(layers)
+        return out
 
     def expert_order(self, layer: int) -> list[int]:
         """The layer's experts, most often routed to first (ties by index)."""

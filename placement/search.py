@@ -19,7 +19,7 @@ from placement.affine import C_DISK, C_GPU, H_CPU, H_DISK, H_GPU, MEMORY_ROWS, N
 from placement.choice import Choice
 from placement.cost import (decode_layer_time, decode_layer_values, memory_at, prefill_layer_time, terms_of_policy,
                             total_time)
-from placement.expert_cache_terms import with_expert_hits
+from placement.expert_cache_terms import expert_stored_bytes, with_expert_hits
 from placement.expert_groups import ONE_AT_A_TIME, STREAMED
 from placement.lp import memory_excess, memory_implied_highs, solve_fractions, time_lower_bounds
 from placement.model_spec import ModelSpec
@@ -128,7 +128,63 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
     _, choice, terms, x = best  # priced again with the expert cache's hits at its fractions
     terms = with_expert_hits(choice, model, hardware, workload, x, terms)
     best = (terms.tokens_per_block / total_time(terms, x), choice, terms, x)
-    return _make_plan(best, budgets, num_lps, time.perf_counter() - started)
+    best, lps = _with_cache_room(best, model, hardware, workload, budgets, placements)
+    return _make_plan(best, budgets, num_lps + lps, time.perf_counter() - started)
+
+
+def _with_cache_room(best, model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec,
+                     budgets: dict[str, float], placements) -> tuple[tuple, int]:
+    """`best` (priced with its expert cache's hits), or its choice solved again with room kept free
+    in the gpu tier for the cache, where that prices faster; and the LPs solved. The LP gives every
+    byte it can to resident weights and prices no hits (a replay of traced routing, not affine in the
+    fractions), so the cache would get only what the rows leave: one resident expert saves its share
+    of the steps that route to it, a cache slot the reads a sequence repeats step after step. Room
+    for k experts is taken off the gpu decode rows' budgets, k on a geometric grid up to the tier,
+    and each solution priced with its hits (`cache_room` sizes the cache from the rows, as the
+    engine's is what its charges leave). Without traced routing no hits are priced: `best` as is."""
+    _, choice, terms, x = best
+    if not (model.num_experts and model.routing is not None and model.routing.traces):
+        return best, 0
+    highs = next(h for h in placements if (x <= h + 1e-9).all())  # the placement `best` was solved in
+    # every read of the cached kinds a hit, at the whole budgets: no room kept can price faster
+    ideal = dataclasses.replace(choice, cpu_expert_tokens=terms.cpu_expert_tokens, expert_hits=1.0,
+                                disk_experts_only=True)
+    bounds = [solve_fractions(t, budgets, _bounds(highs)) for t in _branches(build_terms(ideal, model, hardware,
+                                                                                          workload))]
+    num_lps = len(bounds)
+    if min((b.total_s for b in bounds if b is not None), default=math.inf) >= best[2].tokens_per_block / best[0] * (
+            1 - _TIE):
+        return best, num_lps
+    slot = expert_stored_bytes(choice, model, workload)
+    branches = _branches(build_terms(choice, model, hardware, workload))
+    for slots in _geometric_grid(budgets["gpu_decode"] / slot):
+        room = dict(budgets, **{row: budgets[row] - slots * slot for row in CACHE_ROOM_ROWS})
+        fastest = None  # the LP's best (solution, terms) with this room, priced with hits below
+        for terms in branches:
+            solution = solve_fractions(terms, room, _bounds(highs))
+            num_lps += 1
+            if solution is not None:
+                solution, extra_lps = cache_in_whole_layers(solution, terms, room, highs)
+                num_lps += extra_lps
+            if solution is not None and (fastest is None or solution.total_s < fastest[0].total_s):
+                fastest = (solution, terms)
+        if fastest is None:  # less room fits nothing more
+            break
+        x = fastest[0].fractions
+        priced = with_expert_hits(choice, model, hardware, workload, x, fastest[1])
+        tokens_per_s = priced.tokens_per_block / total_time(priced, x)
+        if tokens_per_s > best[0] * (1 + _TIE):
+            best = (tokens_per_s, choice, priced, x)
+    return best, num_lps
+
+
+CACHE_ROOM_ROWS = ("gpu_decode", "gpu_head")  # the rows whose slack the expert cache has during decode
+
+
+def _geometric_grid(high: float) -> list[int]:
+    """Whole numbers from 1 to `high` (the last), each about sqrt(2) times the one before."""
+    grid = {round(2 ** (i / 2)) for i in range(2 * math.ceil(math.log2(max(high, 1))) + 1)} | {math.floor(high)}
+    return sorted(k for k in grid if 1 <= k <= high)
 
 
 def _bounds(highs: np.ndarray) -> tuple[tuple[float, float], ...]:

@@ -58,3 +58,18 @@ def test_cyclic_drops_the_layer_just_run_first():
     budget.allocate(NBYTES, "expert")  # needs one expert's room
     assert cache.get((3, 0)) is None  # layer 3 (next needed after 1 and 2) went
     assert cache.get((1, 0)) is not None and cache.get((2, 0)) is not None
+
+
+def test_after_the_last_layer_its_experts_give_way_first():
+    """Between sweeps (the output head's rows staged after the last layer) the layer just run comes
+    back last: its expert goes, the next sweep's first layers' stay."""
+    budget = TierBudget("gpu", 4 * NBYTES)
+    cache = ExpertCache(budget, "cyclic", LAYERS)
+    for layer in range(LAYERS):
+        assert cache.get((layer, 0)) is None
+        budget.allocate(NBYTES, "expert")
+        cache.put((layer, 0), {}, NBYTES)
+        cache.passed(layer)
+    budget.allocate(NBYTES, "the head's rows")
+    assert cache.get((3, 0)) is None
+    assert all(cache.get((layer, 0)) is not None for layer in range(3))

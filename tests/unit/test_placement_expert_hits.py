@@ -9,7 +9,7 @@ import pytest
 import placement
 from tests.described import described
 from placement.choice import Choice
-from placement.expert_hits import batched_steps, expert_hit_rate
+from placement.expert_hits import batched_steps, expert_hit_rate, held_out_kinds
 from placement.layer_sizes import layer_sizes
 from placement.layer_time import unread_input_rows
 from placement.routing import RoutingProfile
@@ -63,6 +63,29 @@ def test_a_batch_beyond_the_traced_sequences_shares_the_room_instead_of_repeatin
     profile = _profile([a, b])
     assert expert_hit_rate(profile, 2, 4, ALL, 4) == 1.0
     assert expert_hit_rate(profile, 4, 4, ALL, 4) == expert_hit_rate(profile, 2, 2, ALL, 4) < 1.0
+
+
+def test_the_output_heads_rows_between_steps_take_the_room_they_need():
+    """Room for every layer's pair while the layers run, for two pairs between steps (the head's
+    staged rows take the rest): the last layers' pairs give way, the first two layers' hit."""
+    steps = [{j: [4 * j, 4 * j + 1] for j in range(4)}] * 8
+    assert expert_hit_rate(_profile([steps]), 1, 8, ALL, 4, between_steps=8) == 1.0
+    assert expert_hit_rate(_profile([steps]), 1, 8, ALL, 4, between_steps=4) == pytest.approx(0.5)
+
+
+def test_a_sequence_meets_the_experts_other_sequences_placed():
+    """Two traced sequences, each keeping its own pair of layer 0's experts, 12 of 16 experts on the
+    slow tier: by their own counts both pairs sit on the fast tier and no slow read is priced; the
+    engine runs prompts the profile did not trace, so each is replayed with the experts placed by
+    the other's counts: its pair is on the slow tier, read once, then cached."""
+    a, b = [{0: [14, 15]}] * 6, [{0: [12, 13]}] * 6
+    counts = [0] * 12 + [6] * 4
+    profile = RoutingProfile(16, 2, tokens=12, counts={"0": counts}, traces=_profile([a, b]).traces)
+    kinds = held_out_kinds(profile, [0], lambda _: 12)
+    assert kinds([0]) == {0: set(range(2, 16)) - {12, 13}} and kinds([1]) == {0: set(range(2, 14))}
+    assert kinds([0, 1]) == {0: set(range(12))}  # no other trace: the profile's counts
+    assert expert_hit_rate(profile, 1, 2, kinds, 4) == 1.0
+    assert expert_hit_rate(profile, 1, 2, kinds([0, 1]), 4) == 0.0
 
 
 def _model(traces=None):

@@ -174,6 +174,13 @@ class ExpertCache:
             self.budget.take(entry[1])
             return entry[0]
 
+    def passed(self, layer: int) -> None:
+        """Layer `layer` ran: the sweep stands before the next one, so until it asks, the layer just
+        run is the one that comes back last (what is staged between layers, the output head's rows
+        after the last, takes its experts' room first, not the next layers')."""
+        with self._lock:
+            self._layer_now = (layer + 1) % self.num_layers
+
     def put(self, key: tuple[int, int], fetched: dict, nbytes: int) -> bool:
         """Keep a fetched expert (its `nbytes` staged bytes become cached); False when off."""
         if self.order == "off":
@@ -395,6 +402,7 @@ class RoutedExpertLoads:
             self.cache.release(key)
         self._give_back(self._staged)
         self._hits, self._staged = [], []
+        self.cache.passed(self.layer)
 
     def _give_back(self, staged) -> None:
         """Fetched copies worth keeping into the cache, the others' bytes released."""
