@@ -72,6 +72,7 @@ typedef struct {
     int64_t cols, groups;
     const int32_t *total;
     const int32_t *starts16;  /* biased int8 codes' int16 sums start here, per 16 inputs (tile_gemm.h) */
+    const int32_t *starts6;  /* the 6-bit form's decode sums, per 16 inputs (AVX2: tile_gemv_avx2_x8.h) */
 } QRows;
 
 /* A weight's kind: 4-bit codes, an int8 split, 5-bit codes (nibbles and a plane of fifth bits), or
@@ -300,7 +301,9 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint8_t *plane, const uint16
         return status;
     }
     PartialTile partial;
+    xr.starts6 = kind == KIND_INT6 && x_bits == 8 ? six_starts(&xr, rows, tile, group) : NULL;
     if (partial_open(&partial, scale_zero, n, tile, sz_groups(cols, group, kind), rows)) {
+        free((void *)xr.starts6);
         free(buf);
         return -1;
     }
@@ -311,6 +314,7 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint8_t *plane, const uint16
                        starts, tile_code_bytes(cols, tile, kind), tile_plane_bytes(cols, tile, kind), &partial};
     pool_run(threads, chunks, decode_tiles, &call);
     partial_close(&partial, out, n, tile, rows);
+    free((void *)xr.starts6);
     free(buf);
     return 0;
 }

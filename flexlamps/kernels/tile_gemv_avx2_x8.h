@@ -73,6 +73,72 @@ AI __m256i x_pairs(const int8_t *q) {
     return _mm256_shuffle_epi8(_mm256_set1_epi32(four), order);
 }
 
+/* Tiles of 32 rows of the 6-bit form, groups of whole 16s: a step's codes are joined, u = q + 32 in
+ * [0, 63] (the nibble tile's low nibbles, the plane's high two bits), and one vpmaddubsw a register
+ * adds two of a row's products u x (at most 2 * 63 * 127: no saturation) to int16 sums that start
+ * at -32 times the x codes they multiply, mod 2^16 (`six_starts`), so after 4 steps (16 inputs,
+ * 8 a lane) they hold the exact sums of q x, |q x| summed <= 8 * 32 * 127 < 2^15 (vpaddw wraps on
+ * the way): the split's dot products with one multiply a register where its two halves take two,
+ * and one widening per 16 inputs. Same exact sums: the same bits. */
+#define SIX_INPUTS 16
+
+/* For each row of x and each 16 of its inputs, the int16 starts of the 6-bit form's sums: -32 times
+ * the sum of the x codes a low 128-bit lane multiplies (inputs 0, 2 mod 4: the even ones) in the
+ * low 16 bits, of the high lane's (the odd ones) in the high 16; a malloc'd array, or NULL where
+ * the joined path does not run (then the two-half path does). */
+static int32_t *six_starts(const QRows *x, int64_t rows, int64_t tile, int64_t group) {
+    const int64_t per_row = x->cols / SIX_INPUTS;
+    if (tile != 32 || group % SIX_INPUTS || !x->q8) return NULL;
+    int32_t *starts = malloc(sizeof(int32_t) * (size_t)(rows * per_row) + 1);
+    for (int64_t i = 0; starts && i < rows * per_row; i++) {
+        const int8_t *q = x->q8 + i * SIX_INPUTS;  /* rows are whole 16s: chunk i of all rows in order */
+        int32_t even = 0, odd = 0;
+        for (int j = 0; j < SIX_INPUTS; j += 2) {
+            even += q[j];
+            odd += q[j + 1];
+        }
+        starts[i] = (int32_t)((uint32_t)(uint16_t)(-32 * even) | (uint32_t)(uint16_t)(-32 * odd) << 16);
+    }
+    return starts;
+}
+
+/* dot[b][i] += the exact sums of q x for the 16 inputs from k of nb rows of x (codes at xq, row
+ * stride cols) by the 6-bit form's slice (tiles of 32: low nibbles at p, high parts at plane),
+ * starts at `start` (row stride cols / 16). */
+AI void segment8_six(const uint8_t *p, const uint8_t *plane, const int8_t *xq, int64_t cols, const int32_t *start,
+                     __m256i dot[][4], int nb) {
+    const __m256i top = _mm256_set1_epi8(0x30);
+    const __m256i halves = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                            2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    __m256i acc[PASS8_ROWS][4];
+    for (int b = 0; b < nb; b++) {
+        __m256i s = _mm256_shuffle_epi8(_mm256_set1_epi32(start[b * (cols / SIX_INPUTS)]), halves);
+        for (int i = 0; i < 4; i++) acc[b][i] = s;
+    }
+    for (int step = 0; step < SIX_INPUTS / 4; step++) {
+        _mm_prefetch((const char *)(p + 64 * step + PREFETCH8_BYTES), _MM_HINT_T0);
+        _mm_prefetch((const char *)(plane + 32 * step + PREFETCH8_BYTES / 2), _MM_HINT_T0);
+        __m256i u[4];
+        slice_codes4(p + 64 * step, 16, u);  /* the low nibbles */
+        __m256i v = _mm256_loadu_si256((const __m256i *)(plane + 32 * step)), w = _mm256_srli_epi16(v, 2);
+        __m256i rows_lo = _mm256_unpacklo_epi8(v, w), rows_hi = _mm256_unpackhi_epi8(v, w);  /* as plane_codes4 */
+        u[0] = _mm256_or_si256(u[0], _mm256_and_si256(_mm256_slli_epi16(rows_lo, 4), top));
+        u[1] = _mm256_or_si256(u[1], _mm256_and_si256(_mm256_slli_epi16(rows_hi, 4), top));
+        u[2] = _mm256_or_si256(u[2], _mm256_and_si256(rows_lo, top));
+        u[3] = _mm256_or_si256(u[3], _mm256_and_si256(rows_hi, top));
+        for (int b = 0; b < nb; b++) {
+            __m256i xb = x_pairs(xq + b * cols + 4 * step);
+            for (int i = 0; i < 4; i++) acc[b][i] = _mm256_add_epi16(acc[b][i], _mm256_maddubs_epi16(u[i], xb));
+        }
+    }
+    for (int b = 0; b < nb; b++)
+        for (int i = 0; i < 4; i++) {  /* a row's two 16-bit lanes (low and high 128 bits) into its int32 */
+            __m256i low = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(acc[b][i]));
+            __m256i high = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(acc[b][i], 1));
+            dot[b][i] = _mm256_add_epi32(dot[b][i], _mm256_add_epi32(low, high));
+        }
+}
+
 /* dot[b][i] += 2^shift * the exact sums of `steps` (at most 8) steps of 4 inputs of nb rows of x
  * (codes at xq, row stride cols) by the slice's codes at p, or where `plane` is given by the 6-bit
  * form's high nibbles at the tile's byte off (`plane_codes4`). */
@@ -141,13 +207,16 @@ AI void slice_pass8(const uint8_t *codes, const uint8_t *plane, const uint16_t *
             _mm_prefetch((const char *)(group_sz + 4 * n + 2 * first[0]), _MM_HINT_T0);
             _mm_prefetch((const char *)(group_sz + 4 * n + 2 * first[2]), _MM_HINT_T0);
         }
-        for (int64_t k = g * group; k < (g + 1) * group; k += SEGMENT8) {
+        const int joined = plane && h == 16 && x->starts6;  /* the 6-bit form's codes joined (segment8_six) */
+        for (int64_t k = g * group; joined && k < (g + 1) * group; k += SIX_INPUTS)
+            segment8_six(codes + k * h, plane + k * h / 2, x->q8 + k, x->cols, x->starts6 + k / SIX_INPUTS, dot, nb);
+        for (int64_t k = g * group; !joined && k < (g + 1) * group; k += SEGMENT8) {
             int64_t steps = ((g + 1) * group - k < SEGMENT8 ? (g + 1) * group - k : SEGMENT8) / 4;
             const uint8_t *p = codes + k * h + 16 * s;
             segment8(p, plane, k * h + 16 * s, h, x->q8 + k, x->cols, steps, split ? 4 : 0, dot, nb);
             if (split) segment8(p + low_half, NULL, 0, h, x->q8 + k, x->cols, steps, 0, dot, nb);
         }
-        if (split)  /* the sums of q = u - 128 (the 6-bit form's: of u - 32, its high parts 6 less) */
+        if (split && !joined)  /* the sums of q = u - 128 (the 6-bit form's: of u - 32, its high parts 6 less) */
             for (int b = 0; b < nb; b++)
                 for (int i = 0; i < 4; i++)
                     dot[b][i] = _mm256_sub_epi32(dot[b][i], _mm256_set1_epi32((plane ? 32 : 128) * x->total[b * x->groups + g]));
@@ -165,7 +234,8 @@ AI void tile8(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz, in
     for (int64_t b0 = 0; b0 < rows; b0 += PASS8_ROWS) {
         int nb = rows - b0 < PASS8_ROWS ? (int)(rows - b0) : PASS8_ROWS;
         QRows xb = {x->q8 + b0 * x->cols, NULL, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols,
-                    x->groups, x->total + b0 * x->groups};
+                    x->groups, x->total + b0 * x->groups, NULL,
+                    x->starts6 ? x->starts6 + b0 * (x->cols / SIX_INPUTS) : NULL};
         for (int64_t s = 0; s < h / 16; s++) {  /* constant row counts, so the sums stay in registers */
             if (nb == PASS8_ROWS)
                 slice_pass8(codes, plane, sz, n, h, s, group, &xb, out + b0 * n, fp16, split, PASS8_ROWS);

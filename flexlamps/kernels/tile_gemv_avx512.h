@@ -194,6 +194,12 @@ static void run_tile(const uint8_t *codes, const uint8_t *plane, const uint16_t 
 
 typedef Indices Setup;  /* what run_tile needs prepared once a call */
 
+/* The AVX2 variants' starts of the 6-bit form's sums (tile_gemv_avx2_x8.h): none here. */
+static int32_t *six_starts(const QRows *x, int64_t rows, int64_t tile, int64_t group) {
+    (void)x; (void)rows; (void)tile; (void)group;
+    return NULL;
+}
+
 static int takes_tile(int64_t tile, int kind, int x_bits) { (void)kind; (void)x_bits; return tile == TILE; }
 
 static Setup make_setup(int64_t tile) { (void)tile; return make_indices(); }
