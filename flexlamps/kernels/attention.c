@@ -168,21 +168,35 @@ AI vf value_at(const Args *a, const uint16_t *values, int64_t j, int64_t c) {
     return a->vf ? vf_load(a->vf + j * a->d + VW * c) : load_vec(values + j * a->st[8] + VW * c, a->fp16);
 }
 
-/* out rows of the group = probabilities @ values, fp32 sums, rounded once; G queries of C
- * chunks of VW, constants where inlined so the sums stay in registers. Probabilities of exactly
- * 0 (masked keys, or rounded to 0) add exactly 0 and are skipped. */
+/* out rows of the group = probabilities @ values, fp32 sums over the keys in order, rounded once;
+ * G queries of C chunks of VW, constants where inlined so the sums stay in registers. A probability
+ * of exactly 0 (a masked key, or one rounded to 0) adds exactly 0 and is skipped: a key whose G
+ * probabilities are all nonzero (nearly every visible one) takes its G x C multiply-adds with one
+ * test, others each nonzero one's. */
 AI void weighted_values_fixed(const Args *a, int64_t row, int64_t kvh, const float *pr, const int G, const int C) {
     const uint16_t *values = a->v + row * a->st[6] + kvh * a->st[7];
     vf acc[G * C];
     for (int i = 0; i < G * C; i++) acc[i] = vf_zero();
     for (int64_t j = 0; j < a->span; j++) {
-        vf vc[C];
-        for (int c = 0; c < C; c++) vc[c] = value_at(a, values, j, c);
+        float p[G];
+        int zeros = 0;
         for (int g = 0; g < G; g++) {
-            float p = pr[g * a->span + j];
-            if (p == 0.0f) continue;
-            vf vp = vf_set1(p);
-            for (int c = 0; c < C; c++) acc[g * C + c] = vf_fmadd(vp, vc[c], acc[g * C + c]);
+            p[g] = pr[g * a->span + j];
+            zeros += p[g] == 0.0f;
+        }
+        if (!zeros) {
+            vf vp[G];
+            for (int g = 0; g < G; g++) vp[g] = vf_set1(p[g]);
+            for (int c = 0; c < C; c++) {
+                vf v = value_at(a, values, j, c);
+                for (int g = 0; g < G; g++) acc[g * C + c] = vf_fmadd(vp[g], v, acc[g * C + c]);
+            }
+            continue;
+        }
+        for (int g = 0; g < G; g++) {
+            if (p[g] == 0.0f) continue;
+            for (int c = 0; c < C; c++)
+                acc[g * C + c] = vf_fmadd(vf_set1(p[g]), value_at(a, values, j, c), acc[g * C + c]);
         }
     }
     for (int g = 0; g < G; g++)

@@ -115,6 +115,26 @@ def test_a_query_that_sees_no_key_gets_zeros(kernel):
     assert torch.equal(got[:1], kernel(q[:1], keys[:1], values[:1], mask[:1]))
 
 
+@pytest.mark.parametrize("t", [1, 20])
+def test_keys_of_probability_zero_add_nothing_whatever_their_values(kernel, t):
+    """Keys masked between visible ones (every query's probability exactly 0) and keys whose weight
+    underflows to 0 for one query of a group but not for the others (a query of large scores):
+    skipped, so NaN values there leave the result of the visible keys' values, in a decode and a
+    causal chunk (keys converted once for a block)."""
+    q, keys, values, mask = _case(2, 9, 3, 40, 64, torch.bfloat16, seed=7, t=t)
+    keys, values, mask, q = keys.clone(), values.clone(), mask.clone(), q.clone()
+    mask[:, :, 5:12] = False
+    q[:, 0] *= 60  # head 0's scores span hundreds: most of its weights underflow, its group's do not
+    finite = values.clone()
+    finite[:, :, 5:12] = 0
+    keys[:, :, 5:12] = values[:, :, 5:12] = float("nan")
+    got = kernel(q, keys, values, mask)
+    assert not got.isnan().any()
+    want = da.reference(q, keys.nan_to_num(), finite, mask)
+    assert torch.equal(got, kernel(q, keys.nan_to_num(), finite, mask))
+    assert _max_error(got, want, finite) <= 2 ** -9
+
+
 def test_an_empty_batch_gives_an_empty_output(kernel):
     q, keys, values, mask = _case(1, 9, 3, 10, 64, torch.bfloat16)
     assert kernel(q[:0], keys[:0], values[:0], mask[:0]).shape == (0, 9, 1, 64)
