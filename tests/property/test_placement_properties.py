@@ -12,6 +12,9 @@ GiB = 1 << 30
 MODELS = ("smollm2-135m", "opt-6.7b", "llama-2-7b", "llama-3-8b")
 PROPERTY_SETTINGS = settings(max_examples=12, deadline=None,
                              suppress_health_check=[HealthCheck.too_slow])
+# the two solve-heavy properties: a few draws in the quick suite (~3 s a draw), the many marked slow
+QUICK_SETTINGS = settings(PROPERTY_SETTINGS, max_examples=4)
+MANY_SETTINGS = settings(PROPERTY_SETTINGS, max_examples=100)
 
 
 @st.composite
@@ -36,9 +39,20 @@ def _solve_or_none(model, hw, workload, options):
         return None
 
 
-@PROPERTY_SETTINGS
+@QUICK_SETTINGS
 @given(cases(), st.floats(1.0, 4.0), st.sampled_from(("gpu_mem_bytes", "cpu_mem_bytes")))
 def test_more_memory_never_lowers_throughput(case, factor, tier):
+    _check_more_memory_never_lowers_throughput(case, factor, tier)
+
+
+@pytest.mark.slow
+@MANY_SETTINGS
+@given(cases(), st.floats(1.0, 4.0), st.sampled_from(("gpu_mem_bytes", "cpu_mem_bytes")))
+def test_more_memory_never_lowers_throughput_100_cases(case, factor, tier):
+    _check_more_memory_never_lowers_throughput(case, factor, tier)
+
+
+def _check_more_memory_never_lowers_throughput(case, factor, tier):
     model, hw, workload, options = case
     before = _solve_or_none(model, hw, workload, options)
     assume(before is not None)
@@ -48,9 +62,20 @@ def test_more_memory_never_lowers_throughput(case, factor, tier):
     assert after.tokens_per_s >= before.tokens_per_s * (1 - 2e-5)
 
 
-@PROPERTY_SETTINGS
+@QUICK_SETTINGS
 @given(cases())
 def test_every_plan_fits_every_tier(case):
+    _check_every_plan_fits_every_tier(case)
+
+
+@pytest.mark.slow
+@MANY_SETTINGS
+@given(cases())
+def test_every_plan_fits_every_tier_100_cases(case):
+    _check_every_plan_fits_every_tier(case)
+
+
+def _check_every_plan_fits_every_tier(case):
     model, hw, workload, options = case
     plan = _solve_or_none(model, hw, workload, options)
     assume(plan is not None)

@@ -116,18 +116,19 @@ def _check_plan_runs_in_a_dry_run(case, within: float = 0.1, budget_share: float
             tier, charged / GiB, estimate / GiB, plan.policy)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+# the quick suite's few draws hold the slow ones' bar (2%); the many draws are the slow tests below
+@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
 @given(_cases())
 def test_plans_pass_the_engines_dry_run(case):
-    _check_plan_runs_in_a_dry_run(case)
+    _check_plan_runs_in_a_dry_run(case, within=0.02, budget_share=0.0)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
 @given(_cases(_mla_models()))
 def test_mla_plans_pass_the_engines_dry_run(case):
     """The dry run charges a V3.2 model's latent cache as the planner sizes it (cpu records and
-    gpu pools, or all on the gpu tier), within 10% (measured: up to +2.6% on the gpu tier)."""
-    _check_plan_runs_in_a_dry_run(case)
+    gpu pools, or all on the gpu tier), within 2% (the slow test's 100 draws)."""
+    _check_plan_runs_in_a_dry_run(case, within=0.02, budget_share=0.0)
 
 
 @pytest.mark.slow
@@ -300,7 +301,7 @@ def _moe_models(draw) -> dict:
                 **common)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))  # ~4 s a draw; 500: slow
 @given(_cases(_moe_models()))
 def test_moe_plans_pass_the_engines_dry_run(case):
     """MoE models, their experts placed whole and staged only as routed (min(E, tokens * k) a

@@ -85,18 +85,20 @@ def test_lp_beats_the_brute_force_grid():
         assert total_time(terms, x) == pytest.approx(solution.total_s, rel=1e-6)
 
 
-def test_search_finds_the_best_enumerated_choice():
+# the quick suite's grid: blocks up to 64 (44 of the 98 (batch size, batches) points); all of them: slow
+@pytest.mark.parametrize("max_block", [64, pytest.param(512, marks=pytest.mark.slow)])
+def test_search_finds_the_best_enumerated_choice(max_block):
     """Pruning never drops the optimum: compare with solving every grid point, its cache in whole
     layers per tier as the engine places it (and `solve` plans it)."""
     model = model_preset("llama-2-7b")
     hw = hardware_preset("rtx3090").with_memory(gpu_mem_bytes=8 << 30, cpu_mem_bytes=32 << 30)
     workload = WorkloadSpec(prompt_len=256, gen_len=64)
-    plan = solve(model, hw, workload, allow_weight_compression=False, max_block_size=512)
+    plan = solve(model, hw, workload, allow_weight_compression=False, max_block_size=max_block)
     budgets = budgets_for(hw, 0.9)
     best = 0.0
     for gbs, ngb, cache, cpu_attn, merge in itertools.product(GPU_BATCH_SIZES, NUM_GPU_BATCHES, (False, True),
                                                                (False, True), (False, True)):
-        if gbs * ngb > 512:
+        if gbs * ngb > max_block:
             continue
         terms = build_terms(Choice(gpu_batch_size=gbs, num_gpu_batches=ngb, compress_cache=cache,
                                    cpu_attention=cpu_attn, merge_decode=merge), model, hw, workload)
