@@ -12,8 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from tests.checkpoints import CHECKPOINTS, GROUPS, make_checkpoint
-from tests.integration.test_gguf_families import GGUF_SPECS
+from tests.checkpoints import CHECKPOINTS, GGUF_FIELDS, GGUF_MOE_OVERRIDES, GROUPS, make_checkpoint
 
 TOKENIZER_VOCAB = 320  # save_tiny_tokenizer's vocabulary (the default)
 WIDE_VOCAB = 9000  # > HEAD_CHUNK_ROWS: the head runs in two chunks
@@ -32,8 +31,6 @@ GGUF_LLAMA_TYPES: dict[str, Callable[[str, int | None], str | None]] = {
     "Q6_K": lambda name, layer: None if name.endswith("norm") else "Q6_K",
 }
 GGUF_LLAMA_SHAPE = dict(hidden=256, ffn=512, layers=2, heads=4, kv_heads=2)
-# llama.cpp's qwen2moe / qwen3moe have no dense layers (mlp_only_layers, decoder_sparse_step)
-_GGUF_MOE_DENSE = {"mixtral": {}, "qwen2_moe": {"mlp_only_layers": []}, "qwen3_moe": {"decoder_sparse_step": 1}}
 
 
 def _kinds() -> dict[str, tuple[str, Callable[[Path, dict], Path]]]:
@@ -54,15 +51,15 @@ def _kinds() -> dict[str, tuple[str, Callable[[Path, dict], Path]]]:
     kinds["tiny:llama_gqa:fp8"] = ("llama", _fp8_llama)  # FP8 tiles, as DeepSeek ships its matrices
     for types in GGUF_LLAMA_TYPES:
         kinds[f"gguf:llama:{types}"] = ("llama", lambda f, o, t=types: _llama_gguf(f, t, o))
-    for k in _GGUF_MOE_DENSE:
+    for k in GGUF_MOE_OVERRIDES:
         for experts in (None, "Q8_0", "Q4_0"):
             kinds[f"gguf:{k}:{experts or 'f32'}"] = (k, lambda f, o, k=k, q=experts: _moe_gguf(f, k, q, o))
     for k, gating in (("deepseek_v2", None), ("deepseek_v2_grouped", 1)):
         kinds[f"gguf:{k}"] = ("deepseek_v2", lambda f, o, k=k, g=gating: _deepseek2_gguf(f, k, g, o))
     kinds["gguf:gpt_oss_mxfp4"] = ("gpt_oss", _gpt_oss_gguf)
-    for k, spec in GGUF_SPECS.items():  # llama.cpp's Gemma-2 ties its head: all tied here
+    for k, spec in GGUF_FIELDS.items():  # llama.cpp's Gemma-2 ties its head: all tied here
         kinds[f"gguf:{k}"] = (spec["model_type"], lambda f, o, k=k: _decoder_gguf(
-            make_checkpoint(f / "hf", {**GGUF_SPECS[k], **o}, tied=True), f))
+            make_checkpoint(f / "hf", {**GGUF_FIELDS[k], **o}, tied=True), f))
     for k in ("olmoe", "glm4_moe"):
         kinds[f"gguf:{k}"] = (k, lambda f, o, k=k: _decoder_gguf(make_checkpoint(f / "hf", k, **o), f))
     return kinds
@@ -90,10 +87,10 @@ def _llama_gguf(folder: Path, types: str, overrides: dict) -> Path:
 
 
 def _moe_gguf(folder: Path, kind: str, experts: str | None, overrides: dict) -> Path:
-    from tests.moe_gguf import write_moe_gguf
+    from tests.decoder_gguf import write_decoder_gguf
 
-    hf = make_checkpoint(folder / "hf", kind, **_GGUF_MOE_DENSE[kind], **overrides)
-    return write_moe_gguf(hf, folder / "model.gguf", quantize_experts=experts)
+    hf = make_checkpoint(folder / "hf", kind, **GGUF_MOE_OVERRIDES[kind], **overrides)
+    return write_decoder_gguf(hf, folder / "model.gguf", quantize_experts=experts)
 
 
 def _deepseek2_gguf(folder: Path, kind: str, gating: int | None, overrides: dict) -> Path:

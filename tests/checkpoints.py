@@ -186,6 +186,21 @@ def checkpoint_fields(kind: str, wide: bool = False) -> dict:
     return {**CHECKPOINTS[kind], **(WIDE[kind] if wide else {})}
 
 
+# the fields of the kinds written as llama.cpp's GGUFs (tests/decoder_gguf.py, tests/moe_gguf.py), less what
+# a GGUF cannot say: a Gemma query_pre_attn_scalar other than head_dim, SmolLM3's no-rope interval other
+# than 4, a window on qwen2; llama.cpp's qwen2moe / qwen3moe have no dense layers
+GGUF_FIELDS: dict[str, dict] = {
+    "llama_bias": checkpoint_fields("llama_bias"),  # q/k biases interleaved too; YaRN
+    "qwen2": {**checkpoint_fields("qwen2_window"), "use_sliding_window": False},
+    "qwen3": checkpoint_fields("qwen3"),
+    "smollm3": {**checkpoint_fields("smollm3"), "no_rope_layer_interval": 4, "num_hidden_layers": 4},
+    "granite": checkpoint_fields("granite"),
+    "gemma2": {**checkpoint_fields("gemma2"), "query_pre_attn_scalar": 16},
+    "gemma3_text": {**checkpoint_fields("gemma3_text"), "query_pre_attn_scalar": 16},
+    "phi3": checkpoint_fields("phi3"),
+}
+GGUF_MOE_OVERRIDES = {"mixtral": {}, "qwen2_moe": {"mlp_only_layers": []}, "qwen3_moe": {"decoder_sparse_step": 1}}
+
 def make_checkpoint(folder: Path, kind: str | dict, seed: int = 0, *, wide: bool = False, tied: bool | None = None,
                     dtype: str = "float32", init_std: float = 0.2, **overrides) -> Path:
     """Save a random model into `folder`: of `kind` (a CHECKPOINTS name, at the wide width when

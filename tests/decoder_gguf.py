@@ -5,8 +5,9 @@ and tensor names, and its changes to the values (q/k rows and biases interleaved
 Phi-3's rope factors as tensors, GLM-4.5's block count including its multi-token-prediction layer).
 
 `write_decoder_gguf(folder, path)` takes qwen2, llama, mistral, qwen3, smollm3, granite, gemma2,
-gemma3_text, phi3, olmoe and glm4_moe checkpoints; `write_hf_as_gguf` any family a GGUF writer here
-knows (MoE ones from tests/moe_gguf.py). Values a GGUF cannot carry (a Gemma `query_pre_attn_scalar`
+gemma3_text, phi3 and the MoE mixtral (as "llama", experts stacked), qwen2_moe, qwen3_moe, olmoe and
+glm4_moe checkpoints; `write_hf_as_gguf` any family a GGUF writer here knows (MLA and gpt-oss ones
+from tests/moe_gguf.py). Values a GGUF cannot carry (a Gemma `query_pre_attn_scalar`
 other than llama.cpp's, SmolLM3's no-rope interval other than 4, a window on llama/qwen2/qwen3) are
 refused, so a written file always means the checkpoint's model.
 """
@@ -20,7 +21,7 @@ import numpy as np
 
 ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "smollm3": "smollm3",
         "granite": "granite", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "olmoe": "olmoe",
-        "glm4_moe": "glm4moe"}
+        "glm4_moe": "glm4moe", "mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
 _PERMUTED = ("llama", "smollm3", "granite")  # llama.cpp's LlamaModel and its subclasses
 _LAYER = {"input_layernorm.weight": "attn_norm.weight", "self_attn.o_proj.weight": "attn_output.weight",
           "self_attn.o_proj.bias": "attn_output.bias", "self_attn.qkv_proj.weight": "attn_qkv.weight",
@@ -31,7 +32,13 @@ _LAYER = {"input_layernorm.weight": "attn_norm.weight", "self_attn.o_proj.weight
           "mlp.gate.e_score_correction_bias": "exp_probs_b.bias"}
 _LAYER.update({f"self_attn.{x}_proj.{k}": f"attn_{x}.{k}" for x in "qkv" for k in ("weight", "bias")})
 _LAYER.update({f"mlp.{x}_proj.{k}": f"ffn_{x}.{k}" for x in ("gate", "up", "down") for k in ("weight", "bias")})
-_LAYER.update({f"mlp.shared_experts.{x}_proj.weight": f"ffn_{x}_shexp.weight" for x in ("gate", "up", "down")})
+_LAYER.update({f"mlp.{shared}.{x}_proj.weight": f"ffn_{x}_shexp.weight" for x in ("gate", "up", "down")
+               for shared in ("shared_experts", "shared_expert")})  # DeepSeek-style / Qwen2-MoE's
+_LAYER.update({"block_sparse_moe.gate.weight": "ffn_gate_inp.weight",  # Mixtral's router
+               "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight"})  # Qwen2-MoE's, 1-D in a GGUF
+# a layer's experts: HF's per-expert prefix and projection names -> llama.cpp's stacked tensors
+_EXPERTS = {"mlp.experts": {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"},
+            "block_sparse_moe.experts": {"w1": "gate", "w3": "up", "w2": "down"}}  # Mixtral's
 # where HF's post_attention_layernorm is not llama.cpp's ffn_norm
 _POST_ATTENTION = {"gemma2": "post_attention_norm.weight", "gemma3": "post_attention_norm.weight",
                    "glm4moe": "post_attention_norm.weight"}
@@ -137,13 +144,21 @@ def _phi3_rope(w, hf: dict) -> dict[str, np.ndarray]:
             "rope_factors_short.weight": np.array(params["short_factor"], np.float32)}
 
 
+def _num_experts(hf: dict) -> int:
+    return hf.get("num_experts") or hf.get("n_routed_experts") or hf.get("num_local_experts") or 0
+
+
 def _moe_metadata(w, a: str, hf: dict) -> None:
-    experts = hf.get("num_experts") or hf.get("n_routed_experts")
-    u32 = {"expert_count": experts, "expert_used_count": hf["num_experts_per_tok"]}
+    u32 = {"expert_count": _num_experts(hf), "expert_used_count": hf["num_experts_per_tok"],
+           "expert_feed_forward_length": hf.get("moe_intermediate_size") or hf["intermediate_size"]}
+    if hf.get("shared_expert_intermediate_size"):
+        u32["expert_shared_feed_forward_length"] = hf["shared_expert_intermediate_size"]
+    if a == "qwen3moe" and hf.get("norm_topk_prob") is not None:
+        w.add_bool(f"{a}.expert_weights_norm", hf["norm_topk_prob"])
     if a == "glm4moe":
         head_dim = hf["head_dim"]
-        u32.update({"expert_feed_forward_length": hf["moe_intermediate_size"], "nextn_predict_layers":
-                    hf.get("num_nextn_predict_layers", 0), "expert_shared_count": hf["n_shared_experts"],
+        u32.update({"nextn_predict_layers": hf.get("num_nextn_predict_layers", 0),
+                    "expert_shared_count": hf["n_shared_experts"],
                     "leading_dense_block_count": hf["first_k_dense_replace"], "expert_gating_func": 2,
                     "expert_group_count": hf["n_group"], "expert_group_used_count": hf["topk_group"],
                     "rope.dimension_count": int(head_dim * hf["rope_parameters"]["partial_rotary_factor"])})
@@ -164,18 +179,20 @@ def _layer(t: dict, i: int, hf: dict, a: str) -> dict[str, np.ndarray]:
         gguf_name = gguf_name or _LAYER[local]
         if a in _PERMUTED and local.startswith(("self_attn.q_proj", "self_attn.k_proj")):
             value = permute(value, heads[local[10]])
-        out[gguf_name] = value
-    experts = hf.get("num_experts") or hf.get("n_routed_experts") or 0
-    if f"{p}mlp.experts.0.gate_proj.weight" in t:
-        for proj in ("gate", "up", "down"):
-            out[f"ffn_{proj}_exps.weight"] = np.stack([t[f"{p}mlp.experts.{e}.{proj}_proj.weight"]
-                                                       for e in range(experts)])
+        out[gguf_name] = value.reshape(-1) if local == "mlp.shared_expert_gate.weight" else value
+    for prefix, projs in _EXPERTS.items():
+        if f"{p}{prefix}.0.{next(iter(projs))}.weight" in t:
+            for theirs, ours in projs.items():
+                out[f"ffn_{ours}_exps.weight"] = np.stack([t[f"{p}{prefix}.{e}.{theirs}.weight"]
+                                                           for e in range(_num_experts(hf))])
     return out
 
 
-def write_decoder_gguf(folder: Path, path: Path, extra: dict[str, np.ndarray] | None = None) -> Path:
+def write_decoder_gguf(folder: Path, path: Path, extra: dict[str, np.ndarray] | None = None,
+                       quantize_experts: str | None = None) -> Path:
     """The float32 checkpoint in `folder` as llama.cpp's converter writes it (see the module doc),
-    with the tensors `extra` added."""
+    with the tensors `extra` added; `quantize_experts`: a gguf quant type name (e.g. "Q8_0") for the
+    stacked expert tensors whose rows it can take."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -187,7 +204,7 @@ def write_decoder_gguf(folder: Path, path: Path, extra: dict[str, np.ndarray] | 
     _metadata(w, a, hf)
     _tokenizer_metadata(w, folder, hf["vocab_size"])
     tensors = _phi3_rope(w, hf) if a == "phi3" else {}
-    if hf.get("num_experts") or hf.get("n_routed_experts"):
+    if _num_experts(hf):
         _moe_metadata(w, a, hf)
     tensors.update({"token_embd.weight": t["model.embed_tokens.weight"], "output_norm.weight": t["model.norm.weight"]})
     if "lm_head.weight" in t and a != "gemma2":
@@ -196,6 +213,10 @@ def write_decoder_gguf(folder: Path, path: Path, extra: dict[str, np.ndarray] | 
         tensors.update({f"blk.{i}.{k}": v for k, v in _layer(t, i, hf, a).items()})
     for name, value in {**tensors, **(extra or {})}.items():
         value = value.astype(np.float32)
+        if quantize_experts and name.endswith("_exps.weight") and value.shape[-1] % 32 == 0:
+            qtype = gguf.GGMLQuantizationType[quantize_experts]
+            w.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+            continue
         w.add_tensor(name, value + np.float32(1) if a.startswith("gemma") and name.endswith("norm.weight") else value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -205,15 +226,13 @@ def write_decoder_gguf(folder: Path, path: Path, extra: dict[str, np.ndarray] | 
 
 
 def write_hf_as_gguf(folder: Path, path: Path) -> Path:
-    """Any tiny checkpoint a writer here knows, as llama.cpp's GGUF (MoE ones: tests/moe_gguf.py,
-    hybrid ones: tests/hybrid_gguf.py)."""
-    from tests.moe_gguf import write_deepseek2_gguf, write_gpt_oss_gguf, write_moe_gguf
+    """Any tiny checkpoint a writer here knows, as llama.cpp's GGUF (MLA and gpt-oss ones:
+    tests/moe_gguf.py, hybrid ones: tests/hybrid_gguf.py)."""
+    from tests.moe_gguf import write_deepseek2_gguf, write_gpt_oss_gguf
 
     model_type = json.loads((folder / "config.json").read_text())["model_type"]
     if model_type in ARCH:
         return write_decoder_gguf(folder, path)
-    if model_type in ("mixtral", "qwen2_moe", "qwen3_moe"):
-        return write_moe_gguf(folder, path)
     if model_type in ("deepseek_v2", "deepseek_v3"):
         return write_deepseek2_gguf(folder, path, gating_func=2 if model_type == "deepseek_v3" else None)
     if model_type == "gpt_oss":

@@ -1,36 +1,27 @@
-"""Tiny LLaMA GGUF files written for tests, and the logits an engine gives on them."""
+"""Tiny LLaMA GGUF files written for tests (by scripts/random_gguf.py, the one random-GGUF writer),
+and the logits an engine gives on them."""
 
+import importlib
+import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.step import Step
+
+_SCRIPTS = str(Path(__file__).resolve().parent.parent / "scripts")
+if _SCRIPTS not in sys.path:
+    sys.path.insert(0, _SCRIPTS)
+random_gguf = importlib.import_module("random_gguf")
+random_k_blocks, add_made_up_vocabulary = random_gguf.random_k_blocks, random_gguf.add_made_up_vocabulary
 
 
 def llama_gguf_writer(path: Path, *, hidden: int, ffn: int, layers: int, heads: int, kv_heads: int, vocab: int,
                       context: int = 128):
     """A `gguf.GGUFWriter` for a LLaMA of these sizes (`context`: its trained context, tokens) with its
     metadata and a made-up vocabulary written; the caller adds the tensors, then `finish_gguf`."""
-    import gguf
-
-    w = gguf.GGUFWriter(str(path), "llama")
-    for key, value in (("embedding_length", hidden), ("block_count", layers), ("feed_forward_length", ffn),
-                       ("attention.head_count", heads), ("attention.head_count_kv", kv_heads),
-                       ("vocab_size", vocab), ("context_length", context)):
-        w.add_uint32(f"llama.{key}", value)
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    add_test_vocabulary(w, vocab)
-    return w
-
-
-def add_test_vocabulary(w, vocab: int) -> None:
-    """A made-up byte-level BPE vocabulary of `vocab` tokens ("t", "0", "t0", "t3", "t4", ...; one
-    merge): enough for the reader to build a tokenizer, so the file runs through `LLM` as a real one."""
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(["t", "0", "t0"] + [f"t{i}" for i in range(3, vocab)])
-    w.add_token_merges(["t 0"])
+    return random_gguf.gguf_writer(path, _llama(hidden, ffn, layers, heads, kv_heads, vocab, context))
 
 
 def finish_gguf(w, path: Path) -> Path:
@@ -41,60 +32,22 @@ def finish_gguf(w, path: Path) -> Path:
     return path
 
 
-def _fp16_bytes(values: np.ndarray) -> np.ndarray:
-    return values.astype(np.float16).reshape(-1, 1).view(np.uint8)
-
-
-def random_k_blocks(rng, rows: int, cols: int, type_name: str) -> np.ndarray:
-    """Random raw bytes of a Q4_K, Q5_K or Q6_K tensor (every bit pattern of the codes and packed
-    scales), with small positive fp16 super-block scales so the weights stay near +-1."""
-    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[type_name]
-    raw = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
-    if type_name in ("Q4_K", "Q5_K"):  # d, dmin first
-        raw[..., 0:2] = _fp16_bytes(rng.uniform(5e-4, 3e-3, rows * cols // 256)).reshape(rows, -1, 2)
-        raw[..., 2:4] = _fp16_bytes(rng.uniform(5e-4, 3e-3, rows * cols // 256)).reshape(rows, -1, 2)
-    else:  # d last; the 16 int8 sub-block scales before it
-        raw[..., 208:210] = _fp16_bytes(rng.uniform(1e-4, 4e-4, rows * cols // 256)).reshape(rows, -1, 2)
-    return raw.reshape(rows, -1)
+def _llama(hidden: int, ffn: int, layers: int, heads: int, kv_heads: int, vocab: int, context: int):
+    return random_gguf.Shape("llama", hidden, ffn, layers, heads, kv_heads, vocab, context=context)
 
 
 def write_llama_gguf(path: Path, types, *, seed: int = 0, hidden: int, ffn: int, layers: int, heads: int,
                      kv_heads: int, vocab: int, context: int = 128) -> Path:
-    """A LLaMA GGUF of random weights, each tensor of the ggml type `types(name, layer)` names (its
-    llama.cpp name without `blk.i.` and `.weight`, e.g. "attn_v", "token_embd", "attn_norm"; layer
-    None for the globals; None: f32). K-quant blocks are random bytes (`random_k_blocks`), other
-    types the `gguf` package's quantization of N(0, 0.05) values (Q5_1 / Q4_1 rows offset apart,
-    so their zero points matter); the embedding table is tied (no output.weight)."""
-    import gguf
-    from gguf.quants import quantize
+    """A LLaMA GGUF of random weights (scripts/random_gguf.py's writer, every tensor N(0, 0.05)),
+    each matrix of the ggml type `types(name, layer)` names (its llama.cpp name without `blk.i.` and
+    `.weight`, e.g. "attn_v", "token_embd"; layer None for the globals; None: f32); the embedding
+    table is tied (no output.weight)."""
+    def by_file_name(name: str) -> str | None:
+        parts = name.split(".")
+        return types(parts[2], int(parts[1])) if parts[0] == "blk" else types(parts[0], None)
 
-    T = gguf.GGMLQuantizationType
-    rng = np.random.default_rng(seed)
-    w = llama_gguf_writer(path, hidden=hidden, ffn=ffn, layers=layers, heads=heads, kv_heads=kv_heads, vocab=vocab,
-                          context=context)
-
-    def add(name: str, layer: int | None, shape: tuple[int, ...]):
-        qtype = types(name, layer)
-        full = f"{name}.weight" if layer is None else f"blk.{layer}.{name}.weight"
-        if qtype in ("Q4_K", "Q5_K", "Q6_K"):
-            w.add_tensor(full, random_k_blocks(rng, *shape, qtype), raw_dtype=T[qtype])
-            return
-        data = (rng.standard_normal(shape) * 0.05).astype(np.float32)
-        if qtype in ("Q5_1", "Q4_1"):  # rows of their own offsets: zero points that tell the rows apart
-            data += rng.uniform(-0.1, 0.1, (shape[0], 1)).astype(np.float32)
-        w.add_tensor(full, data if qtype is None else quantize(data, T[qtype]), raw_dtype=T[qtype] if qtype else None)
-
-    add("token_embd", None, (vocab, hidden))
-    add("output_norm", None, (hidden,))
-    kv = kv_heads * hidden // heads
-    for i in range(layers):
-        add("attn_norm", i, (hidden,))
-        add("ffn_norm", i, (hidden,))
-        for name, shape in (("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
-                            ("attn_output", (hidden, hidden)), ("ffn_gate", (ffn, hidden)), ("ffn_up", (ffn, hidden)),
-                            ("ffn_down", (hidden, ffn))):
-            add(name, i, shape)
-    return finish_gguf(w, path)
+    shape = _llama(hidden, ffn, layers, heads, kv_heads, vocab, context)
+    return random_gguf.write_random_gguf(path, shape, seed, by_file_name, values=random_gguf.SMALL_NORMAL)
 
 
 def prefill_and_decode_logits(weights, reader, dtype, *, steps: int, feed=None, **executor_kw):

@@ -1,8 +1,7 @@
-"""GGUF files written with the `gguf` package from tiny HF MoE checkpoints, under llama.cpp's
-architecture, metadata and tensor names (as its convert_hf_to_gguf.py lays them out): Mixtral as
-"llama" with stacked `ffn_*_exps` experts and q/k rows permuted for llama.cpp's rope, Qwen2-MoE
-as "qwen2moe" with its shared expert and a 1-D `ffn_gate_inp_shexp`, Qwen3-MoE as "qwen3moe"
-with its q/k norms, DeepSeek-V2/V3 as "deepseek2"."""
+"""GGUF files written with the `gguf` package from tiny HF checkpoints whose layers llama.cpp lays
+out apart from the LLaMA-like ones (tests/decoder_gguf.py writes those, Mixtral / Qwen2-MoE /
+Qwen3-MoE included), under its architecture, metadata and tensor names (as its
+convert_hf_to_gguf.py lays them out): DeepSeek-V2/V3 as "deepseek2", gpt-oss with MXFP4 experts."""
 
 from __future__ import annotations
 
@@ -11,91 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.gguf_models import add_test_vocabulary
-
-
-def _permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's row order of LLaMA's q/k weights (convert_hf_to_gguf's LlamaModel.permute)."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _layer_tensors(t: dict, i: int, hf: dict, arch: str) -> dict[str, np.ndarray]:
-    p, out = f"model.layers.{i}.", {}
-    heads, kv = hf["num_attention_heads"], hf["num_key_value_heads"]
-    q, k = t[p + "self_attn.q_proj.weight"], t[p + "self_attn.k_proj.weight"]
-    out.update({"attn_norm.weight": t[p + "input_layernorm.weight"],
-                "ffn_norm.weight": t[p + "post_attention_layernorm.weight"],
-                "attn_q.weight": _permute(q, heads) if arch == "llama" else q,
-                "attn_k.weight": _permute(k, kv) if arch == "llama" else k,
-                "attn_v.weight": t[p + "self_attn.v_proj.weight"],
-                "attn_output.weight": t[p + "self_attn.o_proj.weight"]})
-    for b in ("q", "k"):
-        if p + f"self_attn.{b}_norm.weight" in t:
-            out[f"attn_{b}_norm.weight"] = t[p + f"self_attn.{b}_norm.weight"]
-    for b in ("q", "k", "v"):
-        if p + f"self_attn.{b}_proj.bias" in t:
-            out[f"attn_{b}.bias"] = t[p + f"self_attn.{b}_proj.bias"]
-    moe = "block_sparse_moe." if arch == "llama" else "mlp."
-    names = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"} if arch == "llama" else None
-    out["ffn_gate_inp.weight"] = t[p + moe + "gate.weight"]
-    experts = hf.get("num_local_experts") or hf["num_experts"]
-    for proj in ("gate_proj", "up_proj", "down_proj"):
-        local = names[proj] if names else proj
-        stacked = [t[p + f"{moe}experts.{e}.{local}.weight"] for e in range(experts)]
-        out[f"ffn_{proj[:-5]}_exps.weight"] = np.stack(stacked)
-        if p + f"mlp.shared_expert.{proj}.weight" in t:
-            out[f"ffn_{proj[:-5]}_shexp.weight"] = t[p + f"mlp.shared_expert.{proj}.weight"]
-    if p + "mlp.shared_expert_gate.weight" in t:
-        out["ffn_gate_inp_shexp.weight"] = t[p + "mlp.shared_expert_gate.weight"].reshape(-1)
-    return out
-
-
-def write_moe_gguf(folder: Path, path: Path, quantize_experts: str | None = None) -> Path:
-    """The checkpoint in `folder` (mixtral or qwen2_moe) as a GGUF at `path`; `quantize_experts`:
-    a gguf quant type name (e.g. "Q8_0") for the stacked expert tensors whose rows it can take."""
-    import gguf
-    from safetensors.numpy import load_file
-
-    hf = json.loads((folder / "config.json").read_text())
-    arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}[hf["model_type"]]
-    t = load_file(str(folder / "model.safetensors"))
-    w = gguf.GGUFWriter(str(path), arch)
-    moe_width = hf.get("moe_intermediate_size") or hf["intermediate_size"]
-    experts = hf.get("num_local_experts") or hf["num_experts"]
-    if hf.get("head_dim"):
-        w.add_uint32(f"{arch}.attention.key_length", hf["head_dim"])
-        w.add_uint32(f"{arch}.attention.value_length", hf["head_dim"])
-    if hf.get("norm_topk_prob") is not None and arch == "qwen3moe":
-        w.add_bool(f"{arch}.expert_weights_norm", hf["norm_topk_prob"])
-    for key, value in (("embedding_length", hf["hidden_size"]), ("block_count", hf["num_hidden_layers"]),
-                       ("feed_forward_length", hf["intermediate_size"]), ("attention.head_count",
-                                                                          hf["num_attention_heads"]),
-                       ("attention.head_count_kv", hf["num_key_value_heads"]), ("vocab_size", hf["vocab_size"]),
-                       ("context_length", hf["max_position_embeddings"]), ("expert_count", experts),
-                       ("expert_used_count", hf["num_experts_per_tok"]), ("expert_feed_forward_length", moe_width)):
-        w.add_uint32(f"{arch}.{key}", value)
-    if hf.get("shared_expert_intermediate_size"):
-        w.add_uint32(f"{arch}.expert_shared_feed_forward_length", hf["shared_expert_intermediate_size"])
-    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", hf["rms_norm_eps"])
-    w.add_float32(f"{arch}.rope.freq_base", (hf.get("rope_parameters") or {}).get("rope_theta",
-                                                                                  hf.get("rope_theta", 1e4)))
-    add_test_vocabulary(w, hf["vocab_size"])
-    tensors = {"token_embd.weight": t["model.embed_tokens.weight"], "output_norm.weight": t["model.norm.weight"]}
-    if "lm_head.weight" in t:
-        tensors["output.weight"] = t["lm_head.weight"]
-    for i in range(hf["num_hidden_layers"]):
-        tensors.update({f"blk.{i}.{k}": v for k, v in _layer_tensors(t, i, hf, arch).items()})
-    for name, value in tensors.items():
-        if quantize_experts and name.endswith("_exps.weight") and value.shape[-1] % 32 == 0:
-            qtype = gguf.GGMLQuantizationType[quantize_experts]
-            w.add_tensor(name, gguf.quants.quantize(value.astype(np.float32), qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(name, value.astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+from tests.gguf_models import add_made_up_vocabulary
 
 
 _MLA_TENSORS = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
@@ -161,7 +76,7 @@ def write_deepseek2_gguf(folder: Path, path: Path, gating_func: int | None = Non
     w.add_float32(f"{a}.expert_weights_scale", hf["routed_scaling_factor"])
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", hf["rms_norm_eps"])
     w.add_float32(f"{a}.rope.freq_base", hf["rope_parameters"]["rope_theta"])
-    add_test_vocabulary(w, hf["vocab_size"])
+    add_made_up_vocabulary(w, hf["vocab_size"])
     tensors = {"token_embd.weight": t["model.embed_tokens.weight"], "output_norm.weight": t["model.norm.weight"]}
     if "lm_head.weight" in t:
         tensors["output.weight"] = t["lm_head.weight"]
@@ -209,7 +124,7 @@ def write_gpt_oss_gguf(folder: Path, path: Path) -> Path:
     w.add_float32(f"{a}.rope.freq_base", rope["rope_theta"])
     w.add_string(f"{a}.rope.scaling.type", "yarn")
     w.add_float32(f"{a}.rope.scaling.factor", rope["factor"])
-    add_test_vocabulary(w, hf["vocab_size"])
+    add_made_up_vocabulary(w, hf["vocab_size"])
     tensors = {"token_embd.weight": t["model.embed_tokens.weight"], "output_norm.weight": t["model.norm.weight"]}
     if "lm_head.weight" in t:
         tensors["output.weight"] = t["lm_head.weight"]

@@ -67,9 +67,9 @@ def test_cli_on_the_gguf_gives_the_hf_folders_text(kind, tmp_path):
     """`flexlamps generate --model X.gguf` (the checkpoint written as llama.cpp's GGUF, its tokenizer
     as GPT-2's vocabulary) writes the Hugging Face folder's text and tokens, in memory and offloaded."""
     from tests.decoder_gguf import write_decoder_gguf
-    from tests.integration.test_gguf_families import GGUF_SPECS
+    from tests.checkpoints import GGUF_FIELDS
 
-    folder = make_checkpoint(tmp_path / kind, GGUF_SPECS[kind], seed=4, tied=True)
+    folder = make_checkpoint(tmp_path / kind, GGUF_FIELDS[kind], seed=4, tied=True)
     gguf_file = write_decoder_gguf(folder, tmp_path / f"{kind}.gguf")
     prompts = tmp_path / "in.jsonl"
     prompts.write_text("".join(json.dumps({"id": i, "prompt": t}) + "\n" for i, t in enumerate(TEXTS)))

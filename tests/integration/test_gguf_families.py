@@ -5,28 +5,15 @@ the same ModelConfig from the metadata, every weight equal, bit-equal logits (fl
 import pytest
 
 from tests.decoder_gguf import write_decoder_gguf
-from tests.checkpoints import checkpoint_fields, make_checkpoint
+from tests.checkpoints import GGUF_FIELDS, make_checkpoint
 from tests.gguf_models import assert_gguf_is_the_hf_model
 
-# the family configs of the parity tests, less what a GGUF cannot say (see decoder_gguf's doc)
-GGUF_SPECS = {
-    "llama_bias": checkpoint_fields("llama_bias"),  # q/k biases interleaved too; YaRN
-    "qwen2": {**checkpoint_fields("qwen2_window"), "use_sliding_window": False},
-    "qwen3": checkpoint_fields("qwen3"),
-    "smollm3": {**checkpoint_fields("smollm3"), "no_rope_layer_interval": 4, "num_hidden_layers": 4},
-    "granite": checkpoint_fields("granite"),
-    "gemma2": {**checkpoint_fields("gemma2"), "query_pre_attn_scalar": 16},
-    "gemma3_text": {**checkpoint_fields("gemma3_text"), "query_pre_attn_scalar": 16},
-    "phi3": checkpoint_fields("phi3"),
-}
-
-
-@pytest.mark.parametrize("kind", sorted(GGUF_SPECS))
+@pytest.mark.parametrize("kind", sorted(GGUF_FIELDS))
 @pytest.mark.parametrize("tied", [False, True])
 def test_decoder_gguf_is_the_hf_model(kind, tied, tmp_path):
     if kind == "gemma2" and not tied:
         pytest.skip("llama.cpp's Gemma-2 always ties its head")
-    folder = make_checkpoint(tmp_path / kind, GGUF_SPECS[kind], tied=tied)
+    folder = make_checkpoint(tmp_path / kind, GGUF_FIELDS[kind], tied=tied)
     assert_gguf_is_the_hf_model(write_decoder_gguf(folder, tmp_path / f"{kind}.gguf"), folder, tmp_path / "c")
 
 
@@ -43,7 +30,7 @@ def test_a_tensor_no_weight_reads_is_refused_when_the_file_opens(tmp_path):
 
     from flexlamps.models.loading.checkpoint import CheckpointError, GGUFReader
 
-    folder = make_checkpoint(tmp_path / "qwen3", GGUF_SPECS["qwen3"])
+    folder = make_checkpoint(tmp_path / "qwen3", GGUF_FIELDS["qwen3"])
     extra = {"blk.1.post_ffw_norm.weight": np.ones(64, np.float32)}
     path = write_decoder_gguf(folder, tmp_path / "extra.gguf", extra=extra)
     with pytest.raises(CheckpointError, match=r"blk\.1\.post_ffw_norm\.weight is not read by flexlamps' qwen3 model"):
@@ -60,7 +47,7 @@ def test_gguf_offloaded_over_three_tiers_equals_in_memory(kind, tmp_path):
     from placement import Policy, TierSplit
     from tests.family_models import assert_offloaded_equals_in_memory, prompt_ids
 
-    folder = make_checkpoint(tmp_path / kind, GGUF_SPECS[kind], seed=2)
+    folder = make_checkpoint(tmp_path / kind, GGUF_FIELDS[kind], seed=2)
     reader = GGUFReader(write_decoder_gguf(folder, tmp_path / f"{kind}.gguf"), cache_dir=tmp_path / "c")
     ids = prompt_ids(reader.config.vocab_size)
     tokens = [torch.full((2, 1), t) for t in (5, 9, 17, 3, 11, 40, 7, 2)]  # fed as decode steps, past the windows

@@ -63,10 +63,10 @@ def test_qwen35moe_is_refused_by_name(tmp_path):
     import gguf
 
     from flexlamps.models.config import UnsupportedModelError
-    from tests.gguf_models import add_test_vocabulary, finish_gguf
+    from tests.gguf_models import add_made_up_vocabulary, finish_gguf
 
     w = gguf.GGUFWriter(str(tmp_path / "moe.gguf"), "qwen35moe")
-    add_test_vocabulary(w, 8)
+    add_made_up_vocabulary(w, 8)
     w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
     with pytest.raises(UnsupportedModelError, match="'qwen35moe'.*Qwen3.5-MoE"):
         GGUFReader(finish_gguf(w, tmp_path / "moe.gguf"), cache_dir=tmp_path / "c")

@@ -13,19 +13,17 @@ Skipped when the converter is not found (FLEXLAMPS_LLAMA_CPP, or the script's de
 
 import pytest
 
-from tests.checkpoints import add_mtp_tensors, checkpoint_fields, make_checkpoint
+from tests.checkpoints import GGUF_FIELDS, GGUF_MOE_OVERRIDES, add_mtp_tensors, checkpoint_fields, make_checkpoint
 from tests.gguf_models import assert_gguf_is_the_hf_model
-from tests.integration.test_gguf_families import GGUF_SPECS
 from tests.integration.test_hybrid_gguf import assert_hybrid_gguf_is_the_hf_model
 from tests.llama_cpp_converter import convert, find_converter
 
 pytestmark = pytest.mark.slow
 
 _GEMMA3 = {k: v for k, v in checkpoint_fields("gemma3_text").items() if k != "layer_types"}
-DENSE = {**GGUF_SPECS, "gemma3_text": {**_GEMMA3, "query_pre_attn_scalar": 16, "num_hidden_layers": 6}}
-MOE = {"mixtral": {}, "qwen2_moe": {"mlp_only_layers": []}, "qwen3_moe": {"decoder_sparse_step": 1}, "olmoe": {},
-       "glm4_moe": {}, "deepseek_v2": {}, "deepseek_v2_grouped": {}, "gpt_oss": {"swiglu_limit": 7.0},
-       "gpt_oss_mxfp4": {}}
+DENSE = {**GGUF_FIELDS, "gemma3_text": {**_GEMMA3, "query_pre_attn_scalar": 16, "num_hidden_layers": 6}}
+MOE = {**GGUF_MOE_OVERRIDES, "olmoe": {}, "glm4_moe": {}, "deepseek_v2": {}, "deepseek_v2_grouped": {},
+       "gpt_oss": {"swiglu_limit": 7.0}, "gpt_oss_mxfp4": {}}
 
 # the converter writes no dense layer for qwen3next (llama.cpp's graph would run one)
 HYBRID = {"qwen3_next": {}, "qwen3_next_wide": {"mlp_only_layers": []}, "qwen3_5_text": {}, "qwen3_5_text_wide": {}}

@@ -8,17 +8,16 @@ import torch
 from flexlamps.models.loading.checkpoint import GGUFReader, read_all
 from flexlamps.models.loading.registry import open_checkpoint
 from flexlamps.models.weight_specs import weight_specs
+from tests.checkpoints import GGUF_MOE_OVERRIDES, make_checkpoint
+from tests.decoder_gguf import write_decoder_gguf
 from tests.gguf_models import prefill_and_decode_logits
-from tests.moe_gguf import write_deepseek2_gguf, write_moe_gguf
-from tests.checkpoints import make_checkpoint
+from tests.moe_gguf import write_deepseek2_gguf
 
 
 @pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "qwen3_moe"])
 def test_moe_gguf_is_the_hf_model(kind, tmp_path):
-    # llama.cpp's qwen2moe / qwen3moe have no dense layers (mlp_only_layers, decoder_sparse_step)
-    dense_layers = {"qwen2_moe": {"mlp_only_layers": []}, "qwen3_moe": {"decoder_sparse_step": 1}}
-    folder = make_checkpoint(tmp_path / kind, kind, **dense_layers.get(kind, {}))
-    gguf_reader = GGUFReader(write_moe_gguf(folder, tmp_path / f"{kind}.gguf"), cache_dir=tmp_path / "cache")
+    folder = make_checkpoint(tmp_path / kind, kind, **GGUF_MOE_OVERRIDES[kind])
+    gguf_reader = GGUFReader(write_decoder_gguf(folder, tmp_path / f"{kind}.gguf"), cache_dir=tmp_path / "cache")
     hf_reader = open_checkpoint(folder)
     ours, want = gguf_reader.config, hf_reader.config
     assert (ours.model_type, ours.moe) == (want.model_type, want.moe)
@@ -51,7 +50,7 @@ def test_quantized_stacked_experts_read_one_slab_each(tmp_path):
     import numpy as np
 
     folder = make_checkpoint(tmp_path / "mixtral", "mixtral")
-    path = write_moe_gguf(folder, tmp_path / "q8.gguf", quantize_experts="Q8_0")
+    path = write_decoder_gguf(folder, tmp_path / "q8.gguf", quantize_experts="Q8_0")
     reader = GGUFReader(path, cache_dir=tmp_path / "cache")
     stacked = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}["blk.1.ffn_gate_exps.weight"]
     assert stacked.tensor_type.name == "Q8_0"
@@ -101,7 +100,8 @@ def test_q8_experts_offloaded_are_read_dense_and_run_as_in_memory(tmp_path):
     from tests.family_models import our_run, prompt_ids
 
     folder = make_checkpoint(tmp_path / "mixtral", "mixtral")
-    reader = GGUFReader(write_moe_gguf(folder, tmp_path / "q8.gguf", quantize_experts="Q8_0"), cache_dir=tmp_path / "c")
+    path = write_decoder_gguf(folder, tmp_path / "q8.gguf", quantize_experts="Q8_0")
+    reader = GGUFReader(path, cache_dir=tmp_path / "c")
     assert "int8" in reader.layer_block_kinds
     policy = Policy(gpu_batch_size=2, num_gpu_batches=1, weights=TierSplit(gpu=0.3, cpu=0.3, disk=0.4),
                     cache=TierSplit(gpu=1, cpu=0, disk=0), activations=TierSplit(gpu=1, cpu=0, disk=0))
