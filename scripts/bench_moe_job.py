@@ -41,12 +41,12 @@ def worker_flexlamps(args) -> dict:
     llm.prepare(prompt_len=args.prompt_len, gen_len=args.gen_len, num_sequences=args.block)
     prompts = _prompts(args.job, args.prompt_len, llm.config.vocab_size)
     drop_page_cache(args.model, args.offload_dir)
-    before, started = io_counters(), time.perf_counter()
+    before, started, cpu_started = io_counters(), time.perf_counter(), time.process_time()
     llm.generate_ids(prompts, [SamplingParams(max_new_tokens=args.gen_len, ignore_eos=True)] * len(prompts))
-    seconds, after = time.perf_counter() - started, io_counters()
+    seconds, cpu_s, after = time.perf_counter() - started, time.process_time() - cpu_started, io_counters()
     plan, policy = llm.plan, llm.policy
     llm.close()
-    return {"s": seconds, "read_bytes": after["read_bytes"] - before["read_bytes"], "block": policy.block_size,
+    return {"s": seconds, "cpu_s": cpu_s, "read_bytes": after["read_bytes"] - before["read_bytes"], "block": policy.block_size,
             "expert_group": policy.expert_group, "predicted_tps": plan.tokens_per_s if plan else None,
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "cache_on_disk": policy.cache.disk, "weights_in_memory": 1 - policy.weights.disk}
@@ -101,6 +101,7 @@ def _flexlamps_line(res: dict, job: int, gen_len: int) -> tuple[float, str]:
     predicted = f", measured/predicted {tps / res['predicted_tps']:.2f}" if res["predicted_tps"] else ""
     return tps, (f"  flexlamps  {res['block']:5d} sequences a sweep (experts {'streamed' if res['expert_group'] else 'staged'}): "
                  f"{tps:8.2f} tok/s, disk {res['read_bytes'] / tokens / 2**20:7.2f} MiB a token{predicted}; "
+                 f"{res['s'] / job:.2f} s a prompt ({res['cpu_s'] / job:.2f} s of CPU, all threads); "
                  f"weights {res['weights_in_memory']:.0%} in memory, cache {res['cache_on_disk']:.0%} on disk, "
                  f"peak RSS {res['peak_rss'] / 2**20:.0f} MiB")
 
@@ -165,8 +166,9 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--gpu-mem", type=int, default=None, help="bytes (default: an eighth of the model)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--timeout", type=float, default=7200.0)
-    for hidden in ("--worker", "--model", "--offload-dir"):
+    for hidden in ("--worker", "--model"):
         ap.add_argument(hidden, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--offload-dir", default=None, help="flexlamps' offload folder (default: offload-SIZE in --cache-dir)")
     ap.add_argument("--cpu-mem", type=int, default=None, help="bytes (default: what the cap leaves flexlamps)")
     ap.add_argument("--block", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -174,7 +176,7 @@ def _args() -> argparse.Namespace:
         size = "small" if args.small else "full"
         args.model = build_hf(args.cache_dir / size, size)
         args.gguf = build_gguf(args.model, args.cache_dir / f"{size}.gguf") if args.llama_cpp else None
-        args.offload_dir = args.cache_dir / f"offload-{size}"
+        args.offload_dir = Path(args.offload_dir or args.cache_dir / f"offload-{size}")
         model_bytes = sum(p.stat().st_size for p in args.model.glob("*.safetensors"))
         args.gpu_mem = args.gpu_mem or model_bytes // 8
         args.cap = args.cap or (3584 << 20 if not args.small else (650 << 20))

@@ -16,7 +16,6 @@ products within that. Callers keep their other products where it does not load. 
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 from pathlib import Path
 
@@ -30,45 +29,11 @@ SOURCE = build.SOURCES / "half_gemm.c"
 VARIANTS = (variants.variant("avx2"), variants.variant("avx512"))  # products 8 lanes wide in both
 
 
-class HalfGemm:
-    """The loaded kernels (`level`: the variant's)."""
-
-    takes = staticmethod(HalfGemv.takes)
-    takes_expert = staticmethod(HalfGemv.takes_expert)
-
-    def __init__(self, library: ctypes.CDLL, level: str = "avx2"):
-        self.level = level
-        self._gemm, self._expert = library.flexlamps_half_gemm, library.flexlamps_expert_swiglu_rows
-        self._gemm.restype = self._expert.restype = ctypes.c_int
-        self._gemm.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_int64]
-                               + [ctypes.c_void_p] * 2 + [ctypes.c_int] * 2)
-        self._expert.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3 + [ctypes.c_int64]
-                                 + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 2
-                                 + [ctypes.c_int] * 2)
-
-    def matmul(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        """x (..., in) @ w (out, in).T + b, rounded once to x's dtype (x on the CPU in a 16-bit dtype,
-        `takes` holds; b contiguous, of x's dtype)."""
-        n, k = w.shape
-        if not x.is_contiguous():
-            x = x.contiguous()
-        out = torch.empty((*x.shape[:-1], n), dtype=x.dtype)
-        rows = x.numel() // k if k else 0
-        if rows:
-            rc = self._gemm(x.data_ptr(), rows, k, k, w.data_ptr(), n, None if b is None else b.data_ptr(),
-                            out.data_ptr(), DTYPES[x.dtype], torch.get_num_threads())
-            require(rc == 0, "half_gemm: out of memory for its fp32 rows")
-        return out
-
-    def expert_swiglu(self, x: torch.Tensor, gate, up, down, picks: torch.Tensor, slots: int,
-                      weights: torch.Tensor, out: torch.Tensor) -> None:
-        """As `HalfGemv.expert_swiglu` (the same arguments and roundings), each product a prompt's."""
-        if not picks.numel():
-            return
-        rc = self._expert(x.data_ptr(), x.stride(0), x.shape[1], gate.data_ptr(), up.data_ptr(), down.data_ptr(),
-                          gate.shape[0], picks.data_ptr(), picks.numel(), slots, weights.data_ptr(), out.data_ptr(),
-                          DTYPES[x.dtype], torch.get_num_threads())
-        require(rc == 0, "half_gemm: out of memory for an expert's fp32 rows")
+class HalfGemm(HalfGemv):
+    """The loaded kernels (`level`: the variant's): `matmul` and `expert_swiglu` take `HalfGemv`'s
+    arguments and roundings, each product a prompt's."""
+    SYMBOLS = ("flexlamps_half_gemm", "flexlamps_expert_swiglu_rows")
+    NAME = "half_gemm"
 
 
 def _check(kernel: HalfGemm) -> None:

@@ -41,11 +41,14 @@ def _plain(t: torch.Tensor) -> bool:
 
 
 class HalfGemv:
-    """The loaded kernels in one variant (`level`)."""
+    """The loaded kernels in one variant (`level`). `SYMBOLS`: the library's product and expert
+    functions (`half_gemm`'s prompt kernels take the same arguments)."""
+    SYMBOLS = ("flexlamps_half_gemv", "flexlamps_expert_swiglu")
+    NAME = "half_gemv"
 
     def __init__(self, library: ctypes.CDLL, level: str = "avx512"):
         self.level = level
-        self._gemv, self._expert = library.flexlamps_half_gemv, library.flexlamps_expert_swiglu
+        self._gemv, self._expert = (getattr(library, symbol) for symbol in self.SYMBOLS)
         self._gemv.restype = self._expert.restype = ctypes.c_int
         self._gemv.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_int64]
                                + [ctypes.c_void_p] * 2 + [ctypes.c_int] * 2)
@@ -70,7 +73,7 @@ class HalfGemv:
         if rows:
             rc = self._gemv(x.data_ptr(), rows, k, k, w.data_ptr(), n, None if b is None else b.data_ptr(),
                             out.data_ptr(), DTYPES[x.dtype], torch.get_num_threads())
-            require(rc == 0, "half_gemv: out of memory for its fp32 rows")
+            require(rc == 0, f"{self.NAME}: out of memory for its fp32 rows")
         return out
 
     @staticmethod
@@ -91,7 +94,7 @@ class HalfGemv:
         rc = self._expert(x.data_ptr(), x.stride(0), x.shape[1], gate.data_ptr(), up.data_ptr(), down.data_ptr(),
                           gate.shape[0], picks.data_ptr(), picks.numel(), slots, weights.data_ptr(), out.data_ptr(),
                           DTYPES[x.dtype], torch.get_num_threads())
-        require(rc == 0, "half_gemv: out of memory for an expert's fp32 rows")
+        require(rc == 0, f"{self.NAME}: out of memory for an expert's fp32 rows")
 
 
 def reference_swiglu(x: torch.Tensor, gate, up, down) -> torch.Tensor:
