@@ -76,8 +76,8 @@ def llama_cpp_best(args, cap: MemoryCap) -> dict:
                "-t", str(args.threads), "--output-format", "jsonl"]
         row, read = llama_jsonl_row(cap, cmd, args.timeout)
         tps = npl * args.gen_len / row["t"]
-        print(f"  llama.cpp -npl {npl}: {tps:.2f} tok/s (prefill + decode of {npl} sequences in {row['t']:.1f} s)",
-              flush=True)
+        print(f"  llama.cpp -npl {npl}: {tps:.2f} tok/s (prefill + decode of {npl} sequences in {row['t']:.1f} s, "
+              f"{row['t'] / npl:.2f} s a prompt)", flush=True)
         if best is None or tps > best["tps"]:
             best = {"tps": tps, "npl": npl, "read_per_token": read["read_bytes"] / (npl * args.gen_len)}
     return best
@@ -129,7 +129,8 @@ def run(args) -> None:
           f"load {os.getloadavg()[0]:.1f}", flush=True)
     try:
         results = {}
-        for block in [int(b) for b in args.blocks.split(",")] if args.blocks else [args.job]:
+        blocks = [int(b) for b in args.blocks.split(",")] if args.blocks else [args.job]
+        for block in blocks if "flexlamps" in args.sides else []:
             tps, line = _flexlamps_line(_capped_worker(args, cap, "flexlamps", block), args.job, args.gen_len)
             print(line, flush=True)
             results["flexlamps"] = max(tps, results.get("flexlamps", 0.0))
@@ -140,7 +141,7 @@ def run(args) -> None:
         if "llama.cpp" in args.sides and args.llama_cpp:
             results["llama.cpp"] = llama_cpp_best(args, cap)["tps"]
         for side in ("llama.cpp", "accelerate"):
-            if side in results:
+            if side in results and "flexlamps" in results:
                 print(f"  flexlamps / {side}: {results['flexlamps'] / results[side]:.2f}x")
     finally:
         cap.close()
