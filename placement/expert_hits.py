@@ -85,20 +85,22 @@ def _coldest(order: list[int], count: int) -> set[int]:
 def expert_hit_rate(profile: RoutingProfile, batch: int, capacity: int, cached_kinds: dict[int, set[int]] | KindsOf,
                     num_layers: int, between_steps: int | None = None) -> float:
     """Hits over reads of the experts in `cached_kinds` (per MoE layer, those read off a tier whose
-    copies the cache keeps; or a function of a group's trace indices giving them,
-    `held_out_kinds`) in decode steps, with room for `capacity` of them (cached and staged
-    together) while a layer runs and `between_steps` cached between steps (None: `capacity`),
-    replaying the engine's "cyclic" rule over the traces `batch` sequences at a time
-    (`num_layers`: the model's, as the rule counts layers). 0 without traces or room."""
+    copies the cache keeps; or a function of a group's trace indices giving them, `held_out_kinds`,
+    then at most half the traces a group) in decode steps, with room for `capacity` of them
+    (cached and staged together) while a layer runs and `between_steps` cached between steps
+    (None: `capacity`), replaying the engine's "cyclic" rule over the traces `batch` sequences at
+    a time (`num_layers`: the model's, as the rule counts layers). 0 without traces or room."""
     if not profile.traces or capacity <= 0:
         return 0.0
     between_steps = capacity if between_steps is None else min(capacity, between_steps)
-    if batch > len(profile.traces):
-        # more sequences than were traced: repeating traces would share their experts and overcount
-        # the hits; the traced ones at a time instead, each with its share of the room
-        scale = len(profile.traces) / batch
+    # held out, a group leaves at least half the traces to place its slow-tier experts
+    most = len(profile.traces) // 2 if callable(cached_kinds) and len(profile.traces) > 1 else len(profile.traces)
+    if batch > most:
+        # more sequences than that: repeating traces would share their experts and overcount the
+        # hits; `most` at a time instead, each with its share of the room
+        scale = most / batch
         capacity, between_steps = int(capacity * scale), int(between_steps * scale)
-        batch = len(profile.traces)
+        batch = most
     kinds_of = cached_kinds if callable(cached_kinds) else (lambda _: cached_kinds)
     hits = reads = 0
     for members in trace_groups(len(profile.traces), batch):

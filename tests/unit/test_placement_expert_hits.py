@@ -85,6 +85,9 @@ def test_a_sequence_meets_the_experts_other_sequences_placed():
     assert kinds([0]) == {0: set(range(2, 16)) - {12, 13}} and kinds([1]) == {0: set(range(2, 14))}
     assert kinds([0, 1]) == {0: set(range(12))}  # no other trace: the profile's counts
     assert expert_hit_rate(profile, 1, 2, kinds, 4) == 1.0
+    # a batch of both is replayed a trace at a time with half the room each: their pairs placed by the other's counts
+    assert expert_hit_rate(profile, 2, 4, kinds, 4) == expert_hit_rate(profile, 1, 2, kinds, 4)
+    assert expert_hit_rate(profile, 2, 2, kinds, 4) == expert_hit_rate(profile, 1, 1, kinds, 4) < 1.0
     assert expert_hit_rate(profile, 1, 2, kinds([0, 1]), 4) == 0.0
 
 
