@@ -73,6 +73,17 @@ AI __m256i x_pairs(const int8_t *q) {
     return _mm256_shuffle_epi8(_mm256_set1_epi32(four), order);
 }
 
+/* dot[b][i] += 2^shift * each row's int16 sums in acc[b][i]: its two 16-bit lanes (low and high 128
+ * bits) widened into its int32. */
+AI void widen_into(__m256i acc[][4], int shift, __m256i dot[][4], int nb) {
+    for (int b = 0; b < nb; b++)
+        for (int i = 0; i < 4; i++) {
+            __m256i low = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(acc[b][i]));
+            __m256i high = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(acc[b][i], 1));
+            dot[b][i] = _mm256_add_epi32(dot[b][i], _mm256_slli_epi32(_mm256_add_epi32(low, high), shift));
+        }
+}
+
 /* Tiles of 32 rows of the 6-bit form, groups of whole 16s: a step's codes are joined, u = q + 32 in
  * [0, 63] (the nibble tile's low nibbles, the plane's high two bits), and one vpmaddubsw a register
  * adds two of a row's products u x (at most 2 * 63 * 127: no saturation) to int16 sums that start
@@ -131,12 +142,7 @@ AI void segment8_six(const uint8_t *p, const uint8_t *plane, const int8_t *xq, i
             for (int i = 0; i < 4; i++) acc[b][i] = _mm256_add_epi16(acc[b][i], _mm256_maddubs_epi16(u[i], xb));
         }
     }
-    for (int b = 0; b < nb; b++)
-        for (int i = 0; i < 4; i++) {  /* a row's two 16-bit lanes (low and high 128 bits) into its int32 */
-            __m256i low = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(acc[b][i]));
-            __m256i high = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(acc[b][i], 1));
-            dot[b][i] = _mm256_add_epi32(dot[b][i], _mm256_add_epi32(low, high));
-        }
+    widen_into(acc, 0, dot, nb);
 }
 
 /* dot[b][i] += 2^shift * the exact sums of `steps` (at most 8) steps of 4 inputs of nb rows of x
@@ -162,12 +168,7 @@ AI void segment8(const uint8_t *p, const uint8_t *plane, int64_t off, int64_t h,
             for (int i = 0; i < 4; i++) acc[b][i] = _mm256_add_epi16(acc[b][i], _mm256_maddubs_epi16(c[i], xb));
         }
     }
-    for (int b = 0; b < nb; b++)
-        for (int i = 0; i < 4; i++) {  /* a row's two 16-bit lanes (low and high 128 bits) into its int32 */
-            __m256i low = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(acc[b][i]));
-            __m256i high = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(acc[b][i], 1));
-            dot[b][i] = _mm256_add_epi32(dot[b][i], _mm256_slli_epi32(_mm256_add_epi32(low, high), shift));
-        }
+    widen_into(acc, shift, dot, nb);
 }
 
 /* tot[b][i] (rows first[i]..first[i]+7) += scale * (dot * dx) + (zero - 8 scale) * sum_x for
