@@ -16,8 +16,8 @@
 
 #include "native_simd.h"
 
-#define MR 6        /* rows a tile holds in registers */
-#define NR 16       /* outputs a panel holds (two vectors) */
+#define MR 4        /* rows a tile holds in registers */
+#define NR 24       /* outputs a panel holds (three vectors) */
 #define MC 384      /* rows converted to fp32 at once (a multiple of MR) */
 
 /* panel[p * NR + j] = w[(n0 + j) * k + p] as fp32 for j < outs (the rest 0): 8 x 8 blocks transposed. */
@@ -27,8 +27,9 @@ static void pack_panel(const uint16_t *w, int64_t n0, int outs, int64_t k, float
         for (int half = 0; half < NR; half += 8) {
             __m256 r[8];
             for (int j = 0; j < 8; j++)
-                r[j] = half + j < outs ? halves_to_floats8(_mm_loadu_si128((const __m128i *)(w + (n0 + half + j) * k + p)), fp16)
-                                       : _mm256_setzero_ps();
+                r[j] = half + j < outs
+                           ? halves_to_floats8(_mm_loadu_si128((const __m128i *)(w + (n0 + half + j) * k + p)), fp16)
+                           : _mm256_setzero_ps();
             __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
             __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
             __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
@@ -56,28 +57,28 @@ static void pack_panel(const uint16_t *w, int64_t n0, int outs, int64_t k, float
 
 /* c (R <= MR rows, row stride cs; its first `outs` columns) = a (R rows of k fp32, stride as) @ the panel.
  * A short tile multiplies its last row again in the missing rows' registers (never stored): every tile
- * is the same unrolled code, its accumulators in registers. */
+ * is the same unrolled code, its accumulators in registers (4 rows: 8 prompt tokens fill two tiles). */
 static void tile(const float *a, int64_t as, const float *panel, int64_t k, float *c, int64_t cs, int outs, int R) {
-    const float *a0 = a, *a1 = a + (R > 1 ? 1 : 0) * as, *a2 = a + (R > 2 ? 2 : R - 1) * as;
-    const float *a3 = a + (R > 3 ? 3 : R - 1) * as, *a4 = a + (R > 4 ? 4 : R - 1) * as, *a5 = a + (R > 5 ? 5 : R - 1) * as;
-    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    const float *a0 = a, *a1 = a + (R > 1 ? 1 : 0) * as;
+    const float *a2 = a + (R > 2 ? 2 : R - 1) * as, *a3 = a + (R > 3 ? 3 : R - 1) * as;
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
+    __m256 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
+/* one row's three accumulators += its p-th value times the panel's p-th row */
+#define ROW(ar, x0, x1, x2) do { __m256 av = _mm256_broadcast_ss(ar + p); x0 = _mm256_fmadd_ps(av, b0, x0); \
+        x1 = _mm256_fmadd_ps(av, b1, x1); x2 = _mm256_fmadd_ps(av, b2, x2); } while (0)
     for (int64_t p = 0; p < k; p++) {
-        __m256 b0 = _mm256_loadu_ps(panel + p * NR), b1 = _mm256_loadu_ps(panel + p * NR + 8), av;
-        av = _mm256_broadcast_ss(a0 + p); c00 = _mm256_fmadd_ps(av, b0, c00); c01 = _mm256_fmadd_ps(av, b1, c01);
-        av = _mm256_broadcast_ss(a1 + p); c10 = _mm256_fmadd_ps(av, b0, c10); c11 = _mm256_fmadd_ps(av, b1, c11);
-        av = _mm256_broadcast_ss(a2 + p); c20 = _mm256_fmadd_ps(av, b0, c20); c21 = _mm256_fmadd_ps(av, b1, c21);
-        av = _mm256_broadcast_ss(a3 + p); c30 = _mm256_fmadd_ps(av, b0, c30); c31 = _mm256_fmadd_ps(av, b1, c31);
-        av = _mm256_broadcast_ss(a4 + p); c40 = _mm256_fmadd_ps(av, b0, c40); c41 = _mm256_fmadd_ps(av, b1, c41);
-        av = _mm256_broadcast_ss(a5 + p); c50 = _mm256_fmadd_ps(av, b0, c50); c51 = _mm256_fmadd_ps(av, b1, c51);
+        const float *bp = panel + p * NR;
+        __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8), b2 = _mm256_loadu_ps(bp + 16);
+        ROW(a0, c00, c01, c02);
+        ROW(a1, c10, c11, c12);
+        ROW(a2, c20, c21, c22);
+        ROW(a3, c30, c31, c32);
     }
+#undef ROW
     float rows[MR][NR];
-    _mm256_storeu_ps(rows[0], c00); _mm256_storeu_ps(rows[0] + 8, c01);
-    _mm256_storeu_ps(rows[1], c10); _mm256_storeu_ps(rows[1] + 8, c11);
-    _mm256_storeu_ps(rows[2], c20); _mm256_storeu_ps(rows[2] + 8, c21);
-    _mm256_storeu_ps(rows[3], c30); _mm256_storeu_ps(rows[3] + 8, c31);
-    _mm256_storeu_ps(rows[4], c40); _mm256_storeu_ps(rows[4] + 8, c41);
-    _mm256_storeu_ps(rows[5], c50); _mm256_storeu_ps(rows[5] + 8, c51);
+    __m256 accs[MR][3] = {{c00, c01, c02}, {c10, c11, c12}, {c20, c21, c22}, {c30, c31, c32}};
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < 3; v++) _mm256_storeu_ps(rows[r] + 8 * v, accs[r][v]);
     for (int r = 0; r < R; r++)
         for (int j = 0; j < outs; j++) c[r * cs + j] = rows[r][j];
 }

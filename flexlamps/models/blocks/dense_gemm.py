@@ -67,7 +67,7 @@ def _onednn_dtypes() -> tuple[torch.dtype, ...]:
 
 _ONEDNN = _onednn_available()
 _ONEDNN_DTYPES = _onednn_dtypes() if _ONEDNN else (torch.float32,)
-# decode rows in these dtypes take the native 16-bit kernel on the CPU (`half_product`)
+# rows in these dtypes take the native 16-bit kernels on the CPU, decode's and a prompt's (`half_product`)
 _HALF_DECODE_DTYPES = tuple(d for d in half_gemv.DTYPES if d not in _ONEDNN_DTYPES)
 
 
