@@ -58,15 +58,20 @@ typedef struct {
     uint16_t *const *k_cache, *const *v_cache;  /* a layer's keys and values */
     float eps;
     int32_t fp16, bf16_dot, threads;
+    const int64_t *keep;  /* a prompt chunk's token a row read after the last layer (rows,), or NULL: all */
 } Step;
 
 /* out = x @ m.T for all the step's tokens: the decode product (one token a row) or the prompts' one,
  * as the weight's kind chooses by phase (models/blocks/coded_weights.py). */
+static int prompt_product(const Kernels *kn, const Matrix *m, const uint16_t *x, uint16_t *out, int64_t count,
+                          const Step *s) {
+    return ((gemm_fn)kn->gemm)(m->codes, m->plane, m->scale_zero, x, out, m->n, m->cols, m->group, count, m->tile,
+                               s->fp16, m->kind, s->threads);
+}
+
 static int product(const Kernels *kn, const Matrix *m, const uint16_t *x, uint16_t *out, const Step *s) {
     const int64_t count = s->rows * s->tokens;
-    if (s->tokens > 1)
-        return ((gemm_fn)kn->gemm)(m->codes, m->plane, m->scale_zero, x, out, m->n, m->cols, m->group, count, m->tile,
-                                   s->fp16, m->kind, s->threads);
+    if (s->tokens > 1) return prompt_product(kn, m, x, out, count, s);
     return ((gemv_fn)kn->gemv)(m->codes, m->plane, m->scale_zero, x, out, m->n, m->cols, m->group, count, m->tile,
                                s->fp16, m->kind, m->x_bits, s->threads);
 }
@@ -221,8 +226,54 @@ static int layer_step(const Kernels *kn, const Step *s, const Layer *l, int64_t 
     return 0;
 }
 
-/* x (rows * tokens, hidden) through layers 0..num_layers-1, in place; 0, or 1 (a product refused),
- * 2 (the attention refused) or 3 (no memory). */
+/* Each row's kept token's attention (`keep`) into out (rows, heads d): one query a row, as the
+ * chunk's call computes it (a query's result is its own). */
+static int attend_kept(const Kernels *kn, const Step *s, int64_t layer, float scale, const uint16_t *qk,
+                       uint16_t *out) {
+    const int64_t d = s->head_dim, rotated = s->heads + s->kv_heads;
+    const int64_t slot_stride = s->kv_heads * s->capacity * d, head_stride = s->capacity * d;
+    const int64_t st[12] = {rotated * d, d, rotated * d, slot_stride, head_stride, d, slot_stride, head_stride, d,
+                            s->span, s->span, 1};
+    for (int64_t r = 0; r < s->rows; r++) {
+        const int64_t i = r * s->tokens + s->keep[r], at = s->slots[r] * slot_stride;
+        if (((attn_fn)kn->attention)(qk + i * rotated * d, s->k_cache[layer] + at, s->v_cache[layer] + at,
+                                     s->mask + i * s->span, out + r * s->heads * d, 1, s->heads, s->kv_heads, 1,
+                                     s->span, d, st, scale, s->fp16, s->bf16_dot, s->threads))
+            return 1;
+    }
+    return 0;
+}
+
+/* The last layer of a prompt chunk read at one token a row (`keep`): every token's keys and values
+ * are written, the rest of the layer (attention, o, the MLP) runs for the kept tokens alone, by the
+ * prompts' product as the whole chunk's call runs it (a row's result is the row's alone), so they
+ * get the same bits; the other tokens' rows of x are left as they were. */
+static int kept_layer_step(const Kernels *kn, const Step *s, const Layer *l, int64_t index, uint16_t *x,
+                           Scratch *b) {
+    const int64_t count = s->rows * s->tokens, hidden = s->hidden, rows = s->rows;
+    uint16_t *kept = b->tmp, *y = b->tmp + rows * hidden;  /* tokens > 1: tmp holds both */
+    norm_fn norm = (norm_fn)kn->norm;
+    norm(x, l->attn_norm, b->h, count, hidden, hidden, s->eps, s->fp16, s->threads);
+    if (qkv_product(kn, s, l, b)) return 1;
+    rotate_and_store(s, index, b->qkv, b->qk);
+    if (attend_kept(kn, s, index, l->scale, b->qk, b->att)) return 2;
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(kept + r * hidden, x + (r * s->tokens + s->keep[r]) * hidden, sizeof(uint16_t) * (size_t)hidden);
+    if (prompt_product(kn, &l->o, b->att, y, rows, s)) return 1;
+    add_rounded(kept, y, rows, hidden, s->fp16, s->threads);
+    norm(kept, l->mlp_norm, b->h, rows, hidden, hidden, s->eps, s->fp16, s->threads);
+    if (prompt_product(kn, &l->gate_up, b->h, b->gu, rows, s)) return 1;
+    ((silu_fn)kn->silu)(b->gu, b->act, rows, s->inter, 2 * s->inter, s->fp16, s->threads);
+    if (prompt_product(kn, &l->down, b->act, y, rows, s)) return 1;
+    add_rounded(kept, y, rows, hidden, s->fp16, s->threads);
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(x + (r * s->tokens + s->keep[r]) * hidden, kept + r * hidden, sizeof(uint16_t) * (size_t)hidden);
+    return 0;
+}
+
+/* x (rows * tokens, hidden) through layers 0..num_layers-1, in place (where `keep` is given, only the
+ * kept tokens' rows after the last layer); 0, or 1 (a product refused), 2 (the attention refused)
+ * or 3 (no memory). */
 int flexlamps_decode_layers(const Kernels *kn, const Step *s, const Layer *layers, int64_t num_layers, uint16_t *x) {
     const int64_t count = s->rows * s->tokens, d = s->head_dim, qkv = (s->heads + 2 * s->kv_heads) * d;
     if (d > 512) return 1;
@@ -240,7 +291,9 @@ int flexlamps_decode_layers(const Kernels *kn, const Step *s, const Layer *layer
     }
     Scratch b = {parts[0], parts[1], parts[2], parts[3], parts[4], parts[5], parts[6], parts[7]};
     int status = 0;
-    for (int64_t i = 0; i < num_layers && !status; i++) status = layer_step(kn, s, layers + i, i, x, &b);
+    for (int64_t i = 0; i < num_layers && !status; i++)
+        status = s->keep && s->tokens > 1 && i == num_layers - 1 ? kept_layer_step(kn, s, layers + i, i, x, &b)
+                                                                 : layer_step(kn, s, layers + i, i, x, &b);
     free(buf);
     return status;
 }

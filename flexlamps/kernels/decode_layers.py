@@ -53,7 +53,7 @@ class Step(ctypes.Structure):
     _fields_ = [("rows", _I), ("tokens", _I), ("hidden", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I),
                 ("inter", _I), ("capacity", _I), ("first", _I), ("span", _I), ("slots", _P), ("positions", _P),
                 ("cos", _P), ("sin", _P), ("mask", _P), ("k_cache", _P), ("v_cache", _P),
-                ("eps", _F), ("fp16", _I32), ("bf16_dot", _I32), ("threads", _I32)]
+                ("eps", _F), ("fp16", _I32), ("bf16_dot", _I32), ("threads", _I32), ("keep", _P)]
 
 
 class DecodeLayers:

@@ -11,6 +11,7 @@ import torch
 from flexlamps import LLM
 from flexlamps.engine.executors.step import Step
 from flexlamps.kernels import loader
+from flexlamps.kernels.decode_layers import DecodeLayers
 from flexlamps.models.blocks.native_decode import NativeDecode
 from tests.checkpoint_zoo import CheckpointZoo
 
@@ -67,6 +68,38 @@ def test_native_layers_give_the_python_forwards_bits(zoo, kind, rows):
     want, plain = _decode(executor, slots, offsets, native=False)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert all(torch.equal(a, b) for a, b in zip(cache.k + cache.v, plain.k + plain.v))
+
+
+@pytest.mark.parametrize("rows", [(0, 1, 2), (5, 1, 3)], ids=["block", "scattered"])
+def test_a_prompt_read_at_one_token_a_row_gives_that_tokens_bits(zoo, rows):
+    """A prompt chunk whose logits are read at one token a row (`logit_rows`, a padded row's last real
+    token): the last layer finishes those tokens alone, which get the Python forward's logits, and
+    every token's keys and values are still written as the Python forward writes them."""
+    llm = LLM(str(zoo.path("gguf:llama:Q4_K_M")), dtype="bfloat16", max_batch_size=8, cache_dir=False)
+    executor = llm.executor
+    if not executor.native_layers.prompts:
+        pytest.skip("prompts run the Python forward here (a fast dense GEMM for bf16)")
+    slots, n = torch.tensor(rows), len(rows)
+    ids = torch.randint(3, 200, (n, 14), generator=torch.Generator().manual_seed(1))
+    step = Step(ids, torch.arange(14).expand(n, -1), slots, logit_rows=torch.tensor([13, 6, 0]))
+    kept, real = [], DecodeLayers.run
+
+    def watched(self, kernels, native_step, *args):
+        kept.append(native_step.keep)  # the kept tokens' address, handed to the C loop
+        return real(self, kernels, native_step, *args)
+
+    caches, logits = [], []
+    for native in (True, False):
+        saved, executor.native_layers = executor.native_layers, executor.native_layers if native else None
+        try:
+            caches.append(executor.new_cache(8, 16))
+            with mock.patch.object(DecodeLayers, "run", watched):
+                logits.append(executor.forward_steps(caches[-1], [step])[0])
+        finally:
+            executor.native_layers = saved
+    assert len(kept) == 1 and kept[0]
+    assert logits[0].shape == (n, 1, logits[0].shape[-1]) and torch.equal(logits[0], logits[1])
+    assert all(torch.equal(a, b) for a, b in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v))
 
 
 def test_two_threads_give_one_threads_bits(zoo):

@@ -166,4 +166,4 @@ class InMemoryExecutor:
         if (self.native_layers is None or type(cache) is not DenseKVCache or step.cache_positions is not None
                 or any(ring is not None for ring in cache.rings)):
             return None
-        return self.native_layers.run(x, cache.k, cache.v, geometry, ctx)
+        return self.native_layers.run(x, cache.k, cache.v, geometry, ctx, step.logit_rows)

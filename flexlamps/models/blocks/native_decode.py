@@ -140,12 +140,14 @@ class NativeDecode:
             return geo.first + x.shape[0] <= num_slots
         return int(geo.slots.min()) >= 0 and int(geo.slots.max()) < num_slots
 
-    def run(self, x: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], geo,
-            ctx) -> torch.Tensor | None:
+    def run(self, x: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], geo, ctx,
+            keep: torch.Tensor | None = None) -> torch.Tensor | None:
         """x (n, T, hidden) after every layer, each layer's keys and values (slots, kv_heads,
         capacity, head_dim), contiguous, written as the Python forward writes them (`DenseKVCache`'s
-        rows); `geo` its `StepGeometry`, `ctx` the forward's `step_context`. None where this step is
-        not taken (`takes`): the caller runs the Python forward then."""
+        rows); `geo` its `StepGeometry`, `ctx` the forward's `step_context`. `keep` (n,): the one
+        token of each row read after the last layer (a prompt's logits row), whose rows alone that
+        layer finishes (the others' keys and values are still written; their rows of x are left
+        stale). None where this step is not taken (`takes`): the caller runs the Python forward then."""
         if not self.takes(x, keys, geo):
             return None
         positions = geo.positions.to(torch.int64).contiguous()
@@ -154,6 +156,7 @@ class NativeDecode:
         (n, t, _), cfg = x.shape, self.cfg
         rows = x.reshape(n * t, cfg.hidden_size).contiguous()
         slots = geo.slots.to(torch.int64).contiguous()
+        keep = _kept_tokens(keep, n, t)
         cos, sin = (table.reshape(n * t, cfg.head_dim).contiguous() for table in ctx["global"])
         mask = geo.mask.contiguous()  # bool (n, T, span): a byte a key
         k_ptrs, v_ptrs = self._cache_pointers(keys, values)
@@ -161,7 +164,7 @@ class NativeDecode:
                     keys[0].shape[2], -1 if geo.first is None else geo.first, geo.span, slots.data_ptr(),
                     positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), mask.data_ptr(), ctypes.addressof(k_ptrs),
                     ctypes.addressof(v_ptrs), cfg.norm_eps, decode_layers.DTYPES[x.dtype], self._bf16_dot,
-                    torch.get_num_threads())
+                    torch.get_num_threads(), None if keep is None else keep.data_ptr())
         self._loop.run(self._kernels, step, self._layers, len(self._layers), rows)
         return rows.view(n, t, cfg.hidden_size)
 
@@ -176,3 +179,12 @@ class NativeDecode:
                      (ctypes.c_void_p * len(values))(*(t.data_ptr() for t in values)))
             self._last = (weakref.ref(keys[0]), known)
         return known
+
+
+def _kept_tokens(keep: torch.Tensor | None, rows: int, tokens: int) -> torch.Tensor | None:
+    """`keep` as the loop reads it ((rows,) int64, each a token of its row), or None (every token
+    finished) where it is not one token a row of a chunk."""
+    if keep is None or tokens == 1 or keep.shape != (rows,):
+        return None
+    keep = keep.to(torch.int64).contiguous()
+    return keep if int(keep.min()) >= 0 and int(keep.max()) < tokens else None
