@@ -19,11 +19,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import torch
-
 from flexlamps.kernels import build, loader, variants
-from flexlamps.kernels.half_gemv import DTYPES, HalfGemv, reference_swiglu
-from flexlamps.kernels.loader import require
+from flexlamps.kernels.half_gemv import HalfGemv, check_products
 
 SOURCE = build.SOURCES / "half_gemm.c"
 VARIANTS = (variants.variant("avx2"), variants.variant("avx512"))  # products 8 lanes wide in both
@@ -36,32 +33,9 @@ class HalfGemm(HalfGemv):
     NAME = "half_gemm"
 
 
-def _check(kernel: HalfGemm) -> None:
-    """Both kernels against torch on odd shapes (partial vectors, panels and row tiles), in each
-    dtype, within an fp32 sum's reordering and one rounding to the dtype."""
-    gen = torch.Generator().manual_seed(0)
-    for dtype in DTYPES:
-        x = torch.randn(7, 37, generator=gen).to(dtype)
-        w = torch.randn(19, 37, generator=gen).to(dtype)
-        b = torch.randn(19, generator=gen).to(dtype)
-        want = (x.float() @ w.float().T + b.float()).to(dtype)
-        require(bool(torch.allclose(kernel.matmul(x, w, b).float(), want.float(), rtol=2 ** -7, atol=1e-3)),
-                f"half_gemm: matmul's check failed in {dtype}")
-        gate, up = torch.randn(2, 13, 37, generator=gen).to(dtype)
-        down = torch.randn(37, 13, generator=gen).to(dtype) * 0.1
-        picks = torch.tensor([1, 4, 13], dtype=torch.int64)  # tokens 0, 2 and 6 of 7, two slots each
-        weights = torch.rand(14, generator=gen)
-        out = torch.zeros(7, 37, dtype=dtype)
-        kernel.expert_swiglu(x, gate, up, down, picks, 2, weights, out)
-        y = reference_swiglu(x[[0, 2, 6]], gate, up, down)
-        want = torch.zeros(7, 37, dtype=dtype).index_add_(0, torch.tensor([0, 2, 6]),
-                                                          (y * weights[picks, None]).to(dtype))
-        require(bool(torch.allclose(out.float(), want.float(), rtol=2 ** -5, atol=2e-2)),
-                f"half_gemm: expert_swiglu's check failed in {dtype}")
-
-
+# the check's shapes: two row tiles (one short), a partial panel, picks in both tiles
 KERNEL = loader.Kernel("half_gemm", SOURCE, VARIANTS, "the 16-bit prompt products", "torch's 16-bit GEMM runs",
-                       HalfGemm, _check)
+                       HalfGemm, functools.partial(check_products, rows=7, outs=29, picks=(1, 4, 13)))
 
 
 @functools.lru_cache(maxsize=None)

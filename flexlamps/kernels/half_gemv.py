@@ -104,31 +104,33 @@ def reference_swiglu(x: torch.Tensor, gate, up, down) -> torch.Tensor:
     return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
 
 
-def _check(kernel: HalfGemv) -> None:
-    """Both kernels against torch on odd shapes (partial vectors and tiles), in each dtype, within
-    the rounding of an fp32 sum in another order and one rounding to the dtype."""
+def check_products(kernel: HalfGemv, rows: int = 3, outs: int = 11, picks: tuple[int, ...] = (1, 4)) -> None:
+    """Both of `kernel`'s products against torch, in each dtype, within the rounding of an fp32 sum in
+    another order and one rounding to the dtype: `rows` x 37 @ `outs` x 37 (partial vectors and
+    tiles), and an expert of 13 on the tokens `picks` (flat token * 2 + slot) picks of `rows` tokens."""
     gen = torch.Generator().manual_seed(0)
     for dtype in DTYPES:
-        x = torch.randn(3, 37, generator=gen).to(dtype)
-        w = torch.randn(11, 37, generator=gen).to(dtype)
-        b = torch.randn(11, generator=gen).to(dtype)
+        x = torch.randn(rows, 37, generator=gen).to(dtype)
+        w = torch.randn(outs, 37, generator=gen).to(dtype)
+        b = torch.randn(outs, generator=gen).to(dtype)
         want = (x.float() @ w.float().T + b.float()).to(dtype)
         require(bool(torch.allclose(kernel.matmul(x, w, b).float(), want.float(), rtol=2 ** -7, atol=1e-3)),
-                f"half_gemv: matmul's check failed in {dtype}")
+                f"{kernel.NAME}: matmul's check failed in {dtype}")
         gate, up = torch.randn(2, 13, 37, generator=gen).to(dtype)
         down = torch.randn(37, 13, generator=gen).to(dtype) * 0.1
-        picks = torch.tensor([1, 4], dtype=torch.int64)  # tokens 0 and 2 of 3, two slots each
-        weights = torch.rand(6, generator=gen)
-        out = torch.zeros(3, 37, dtype=dtype)
-        kernel.expert_swiglu(x, gate, up, down, picks, 2, weights, out)
-        y = reference_swiglu(x[[0, 2]], gate, up, down)
-        want = torch.zeros(3, 37, dtype=dtype).index_add_(0, torch.tensor([0, 2]), (y * weights[picks, None]).to(dtype))
+        pick = torch.tensor(picks, dtype=torch.int64)
+        weights = torch.rand(2 * rows, generator=gen)
+        out = torch.zeros(rows, 37, dtype=dtype)
+        kernel.expert_swiglu(x, gate, up, down, pick, 2, weights, out)
+        tokens = pick // 2
+        y = reference_swiglu(x[tokens], gate, up, down)
+        want = torch.zeros(rows, 37, dtype=dtype).index_add_(0, tokens, (y * weights[pick, None]).to(dtype))
         require(bool(torch.allclose(out.float(), want.float(), rtol=2 ** -5, atol=2e-2)),
-                f"half_gemv: expert_swiglu's check failed in {dtype}")
+                f"{kernel.NAME}: expert_swiglu's check failed in {dtype}")
 
 
 KERNEL = loader.Kernel("half_gemv", SOURCE, VARIANTS, "the 16-bit decode products", "torch's 16-bit GEMM runs",
-                       HalfGemv, _check)
+                       HalfGemv, check_products)
 
 
 @functools.lru_cache(maxsize=None)

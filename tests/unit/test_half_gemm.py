@@ -5,15 +5,14 @@ prompt's MoE experts and dense matrices run on where torch's 16-bit GEMM is slow
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from flexlamps.kernels import half_gemm as hm
 from flexlamps.models.blocks import dense_gemm, moe
 from flexlamps.models.blocks.linear import linear
 from flexlamps.models.blocks.weight_kind import Phase
-from flexlamps.models.moe_config import MoEConfig
 from tests.kernel_variants import assert_rows_alone_as_together, levels, variant_kernel
-from tests.unit.test_half_gemv import _expert, _step
+from tests.unit.test_half_gemv import (TINY_MOE, _step, assert_expert_adds_what_torchs_ops_add,
+                                       assert_moe_rows_alone_as_together_near_torch)
 
 
 @pytest.fixture(params=levels(hm.KERNEL))
@@ -49,49 +48,17 @@ def test_a_row_keeps_its_bits_across_the_kernels_row_chunks(kernel):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_the_expert_adds_what_torchs_ops_add_and_a_token_keeps_its_bits(kernel, dtype):
-    gate, up, down = _expert(dtype)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(9, 40, generator=g).to(dtype)
-    weights = torch.rand(18, generator=g)  # 9 tokens, 2 slots
-    start = torch.randn(9, 40, generator=g).to(dtype)  # what earlier experts added
-    picks = torch.tensor([1, 2, 7, 10, 12, 14, 17])  # tokens 0, 1, 3, 5, 6, 7, 8
-    out = start.clone()
-    kernel.expert_swiglu(x, gate, up, down, picks, 2, weights, out)
-    tokens = picks // 2
-    y = moe.swiglu(x[tokens], gate, up, down, F.linear)
-    want = start.clone().index_add_(0, tokens, (y * weights[picks, None]).to(dtype))
-    untouched = torch.ones(9, dtype=torch.bool).index_fill_(0, tokens, False)
-    assert torch.equal(out[untouched], start[untouched])
-    assert torch.allclose(out.float(), want.float(), rtol=4 * _step(dtype), atol=4 * _step(dtype))
-    for p in picks.tolist():  # a token's bits alone are its bits among the others
-        alone = start.clone()
-        kernel.expert_swiglu(x, gate, up, down, torch.tensor([p]), 2, weights, alone)
-        assert torch.equal(alone[p // 2], out[p // 2])
-
-
-def _moe(cfg: MoEConfig) -> dict:
-    w = {"router": torch.randn(4, 40, generator=torch.Generator().manual_seed(3)).bfloat16()}
-    for e in range(4):
-        w.update(zip((f"experts.{e}.gate_proj", f"experts.{e}.up_proj", f"experts.{e}.down_proj"),
-                     _expert(torch.bfloat16, seed=e)))
-    return w
+    assert_expert_adds_what_torchs_ops_add(kernel, dtype, 9, [1, 2, 7, 10, 12, 14, 17])  # two tiles, one short
 
 
 def test_a_prompts_experts_take_the_kernel_a_prompt_alone_as_in_a_batch(monkeypatch):
     """The MoE FFN on a prompt's bf16 tokens (an AVX2 CPU) runs each expert on all its tokens in one
     call: within a rounding or two of torch's ops, a prompt's bits not its neighbours'."""
-    cfg = MoEConfig(num_experts=4, num_experts_per_token=2, num_shared_experts=0, moe_intermediate_size=21,
-                    moe_layers=(True,), router="softmax_topk")
     x = torch.randn(3, 7, 40, generator=torch.Generator().manual_seed(2)).bfloat16()
-    if moe._fused_experts(x, cfg, Phase.PROMPT) is None:
+    if moe._fused_experts(x, TINY_MOE, Phase.PROMPT) is None:
         pytest.skip("torch's 16-bit GEMM is fast here, or the prompt kernel does not load")
-    assert isinstance(moe._fused_experts(x, cfg, Phase.PROMPT), hm.HalfGemm)
-    w = _moe(cfg)
-    together = moe.moe_ffn(w, x, cfg)
-    for i in range(3):
-        assert torch.equal(moe.moe_ffn(w, x[i:i + 1], cfg), together[i:i + 1])
-    monkeypatch.setattr(moe, "_fused_experts", lambda *args: None)
-    assert torch.allclose(together.float(), moe.moe_ffn(w, x, cfg).float(), rtol=2 ** -6, atol=2 ** -6)
+    assert isinstance(moe._fused_experts(x, TINY_MOE, Phase.PROMPT), hm.HalfGemm)
+    assert_moe_rows_alone_as_together_near_torch(TINY_MOE, x, monkeypatch)
 
 
 def test_dense_prompt_rows_in_16_bits_take_the_kernel_where_torchs_gemm_is_slow():

@@ -51,45 +51,60 @@ def _expert(dtype, hidden=40, inter=21, seed=0):
     return gate, up, down
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_the_fused_expert_adds_what_torchs_ops_add_and_a_token_keeps_its_bits(kernel, dtype):
+def assert_expert_adds_what_torchs_ops_add(kernel, dtype, num_tokens: int, picks: list[int]) -> None:
+    """`kernel.expert_swiglu` on `picks` (flat token * 2 + slot) of `num_tokens` tokens adds what torch's
+    ops add (within a rounding step or two: each product one fp32 sum in another order), leaves the
+    other tokens alone, and gives a token alone the bits it gets among the others."""
     gate, up, down = _expert(dtype)
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(6, 40, generator=g).to(dtype)
-    weights = torch.rand(12, generator=g)  # 6 tokens, 2 slots
-    start = torch.randn(6, 40, generator=g).to(dtype)  # what earlier experts added
-    picks = torch.tensor([1, 2, 7, 10])  # tokens 0, 1, 3, 5
+    x = torch.randn(num_tokens, 40, generator=g).to(dtype)
+    weights = torch.rand(2 * num_tokens, generator=g)
+    start = torch.randn(num_tokens, 40, generator=g).to(dtype)  # what earlier experts added
     out = start.clone()
-    kernel.expert_swiglu(x, gate, up, down, picks, 2, weights, out)
-    tokens = picks // 2
+    kernel.expert_swiglu(x, gate, up, down, torch.tensor(picks), 2, weights, out)
+    tokens = torch.tensor(picks) // 2
     y = moe.swiglu(x[tokens], gate, up, down, F.linear)
     want = start.clone().index_add_(0, tokens, (y * weights[picks, None]).to(dtype))
-    untouched = torch.ones(6, dtype=torch.bool).index_fill_(0, tokens, False)
+    untouched = torch.ones(num_tokens, dtype=torch.bool).index_fill_(0, tokens, False)
     assert torch.equal(out[untouched], start[untouched])
-    # each product one fp32 sum in another order than torch's: a rounding step or two of the output
     assert torch.allclose(out.float(), want.float(), rtol=4 * _step(dtype), atol=4 * _step(dtype))
-    for p in picks.tolist():  # a token's bits alone are its bits among the others
+    for p in picks:
         alone = start.clone()
         kernel.expert_swiglu(x, gate, up, down, torch.tensor([p]), 2, weights, alone)
         assert torch.equal(alone[p // 2], out[p // 2])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_fused_expert_adds_what_torchs_ops_add_and_a_token_keeps_its_bits(kernel, dtype):
+    assert_expert_adds_what_torchs_ops_add(kernel, dtype, 6, [1, 2, 7, 10])  # tokens 0, 1, 3, 5
 
 
 def test_moe_decode_runs_the_fused_experts_a_token_alone_as_in_a_batch(monkeypatch):
     """The MoE FFN's decode on bf16 experts takes the kernel (fp32 keeps torch's GEMMs; prompts,
     test_half_gemm.py):
     within a rounding or two of torch's ops, and a token's bits do not depend on its neighbours."""
-    cfg = MoEConfig(num_experts=4, num_experts_per_token=2, num_shared_experts=0, moe_intermediate_size=21,
-                    moe_layers=(True,), router="softmax_topk")
+    cfg = TINY_MOE
     x = torch.randn(5, 1, 40, generator=torch.Generator().manual_seed(2)).bfloat16()
     if moe._fused_experts(x, cfg, Phase.DECODE) is None:
         pytest.skip("the 16-bit decode kernel does not load here")
     assert moe._fused_experts(x, cfg, Phase.PROMPT) is not moe.decode_expert_kernel()
     assert moe._fused_experts(x.float(), cfg, Phase.DECODE) is None
+    assert_moe_rows_alone_as_together_near_torch(cfg, x, monkeypatch)
+
+
+TINY_MOE = MoEConfig(num_experts=4, num_experts_per_token=2, num_shared_experts=0, moe_intermediate_size=21,
+                     moe_layers=(True,), router="softmax_topk")
+
+
+def assert_moe_rows_alone_as_together_near_torch(cfg: MoEConfig, x: torch.Tensor, monkeypatch) -> None:
+    """The MoE FFN of `cfg` (4 experts of 21 on 40 in bf16) on x (rows, tokens, 40): each row alone gets
+    its bits among the others, and all are within a rounding or two of torch's ops (no kernel)."""
     w = {"router": torch.randn(4, 40, generator=torch.Generator().manual_seed(3)).bfloat16()}
     for e in range(4):
-        w.update(zip((f"experts.{e}.gate_proj", f"experts.{e}.up_proj", f"experts.{e}.down_proj"), _expert(torch.bfloat16, seed=e)))
+        w.update(zip((f"experts.{e}.gate_proj", f"experts.{e}.up_proj", f"experts.{e}.down_proj"),
+                     _expert(torch.bfloat16, seed=e)))
     together = moe.moe_ffn(w, x, cfg)
-    for i in range(5):
+    for i in range(len(x)):
         assert torch.equal(moe.moe_ffn(w, x[i:i + 1], cfg), together[i:i + 1])
     monkeypatch.setattr(moe, "_fused_experts", lambda *args: None)
     assert torch.allclose(together.float(), moe.moe_ffn(w, x, cfg).float(), rtol=2 ** -6, atol=2 ** -6)
