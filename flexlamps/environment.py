@@ -74,7 +74,9 @@ def _kernels() -> dict:
 
 
 def _profiles() -> dict:
-    generic = profile_cache_path()
+    import torch  # deferred, as in the rest of this module
+
+    generic = profile_cache_path(torch.get_num_threads())
     per_model = sorted(p.name for p in generic.parent.glob(f"{generic.stem}-*.json") if not p.stem.endswith(".check"))
     return {"cache folder": _cache_folder(cache_root()),
             "hardware profile": f"{generic} ({'measured' if generic.exists() else 'not measured yet: the first --policy auto run or `flexlamps profile` measures it'})",

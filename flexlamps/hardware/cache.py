@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from flexlamps.hardware import machine
-from flexlamps.hardware.profile_path import profile_cache_path
+from flexlamps.hardware import profile_path
 from flexlamps.hardware.probes import GENERIC_SHAPES, _typical_rate, gemm_probe_shapes
 from flexlamps.models.blocks.linear import linear
 from placement import HardwareSpec
@@ -31,8 +31,13 @@ def check_rate() -> float:
     return _typical_rate(lambda: linear(a, b), 2.0 * _CHECK_DIM**3, _CHECK_BUDGET_S)
 
 
-def _check_path(profile_path: Path) -> Path:
-    return profile_path.with_name(profile_path.stem + ".check.json")
+def profile_cache_path(shapes=None, expert_dims=None) -> Path:
+    """Where this process's profile (at its torch thread count) for `shapes` / `expert_dims` is cached."""
+    return profile_path.profile_cache_path(torch.get_num_threads(), shapes, expert_dims)
+
+
+def _check_path(path: Path) -> Path:
+    return path.with_name(path.stem + ".check.json")
 
 
 def _cached_profile(path: Path) -> tuple[HardwareSpec | None, str]:

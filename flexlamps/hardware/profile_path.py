@@ -17,13 +17,14 @@ from flexlamps.cache_folder import cache_root
 PROFILE_VERSION = 11
 
 
-def profile_cache_path(shapes=None, expert_dims=None) -> Path:
-    """Where the profile timed on matrices of `shapes` (None: the generic ones) is cached, and on
-    routed experts of `expert_dims` (hidden, width) for a MoE model (its own file: a profile
-    without the experts' rates is measured again for one)."""
+def profile_cache_path(threads: int, shapes=None, expert_dims=None) -> Path:
+    """Where the profile timed at `threads` compute threads on matrices of `shapes` (None: the
+    generic ones) is cached, and on routed experts of `expert_dims` (hidden, width) for a MoE
+    model (its own file: a profile without the experts' rates is measured again for one)."""
     root = cache_root()
-    # versioned: a profile written before the probes changed is measured again, not reused
-    name = f"hardware-v{PROFILE_VERSION}"
+    # versioned: a profile written before the probes changed is measured again, not reused; per
+    # thread count: rates taken at 2 threads priced a 1-thread run 2x fast (measured/predicted 0.49)
+    name = f"hardware-v{PROFILE_VERSION}-t{threads}"
     if shapes:
         name += "-" + hashlib.sha256(repr(tuple(map(tuple, shapes))).encode()).hexdigest()[:12]
     if expert_dims:

@@ -34,3 +34,21 @@ def test_default_is_the_user_cache(monkeypatch, tmp_path):
     assert cache_root() == Path(tmp_path) / ".cache" / "flexlamps"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache_root() == tmp_path / "xdg" / "flexlamps"
+
+
+def test_a_profile_is_kept_per_thread_count(monkeypatch, tmp_path):
+    """Rates taken at 2 threads priced a 1-thread run twice too fast: each thread count has its file."""
+    import torch
+
+    monkeypatch.setenv("FLEXLAMPS_CACHE", str(tmp_path))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = profile_cache_path()
+        torch.set_num_threads(2)
+        two = profile_cache_path()
+    finally:
+        torch.set_num_threads(before)
+    assert one != two and one.parent == two.parent == tmp_path
+    assert profile_cache_path(expert_dims=(64, 32)) != two
+
