@@ -17,9 +17,11 @@
  * half); a query that sees no key gets zeros.
  * Built and loaded by flexlamps/kernels/attention.py. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "native_simd.h"
+#include "pool_hook.h"  /* the threads: tile_gemv's claim pool */
 
 #define MAX_D 256
 #define MAX_GROUP 16
@@ -385,6 +387,32 @@ static int block_task(const Args *shared, int64_t row, int64_t kvh, int64_t pos0
 /* A prompt chunk's queries per task: keys converted once for that many queries. */
 #define QUERY_BLOCK 16
 
+/* A call's tasks, for the threads' chunks (`attention_chunk`): chunk c runs tasks c * per ..; a
+ * decode task is a (row, kv head), a prompt chunk's a (row, kv head, block of QUERY_BLOCK queries). */
+typedef struct {
+    const Args *a;
+    int64_t tasks, blocks, per;
+    _Atomic int failed;
+} Call;
+
+static void attention_chunk(void *ctx, int64_t c, int slot) {
+    Call *call = ctx;
+    const Args *a = call->a;
+    const int64_t end = (c + 1) * call->per < call->tasks ? (c + 1) * call->per : call->tasks, blocks = call->blocks;
+    int failed = 0;
+    (void)slot;
+    for (int64_t i = c * call->per; i < end; i++) {
+        if (a->t == 1) {
+            failed |= task(a, i / a->kv_heads, i % a->kv_heads, 0);
+        } else {
+            int64_t block = i % blocks, first = block * QUERY_BLOCK;
+            failed |= block_task(a, i / (a->kv_heads * blocks), (i / blocks) % a->kv_heads, first,
+                                 a->t - first < QUERY_BLOCK ? a->t - first : QUERY_BLOCK);
+        }
+    }
+    if (failed) atomic_store(&call->failed, 1);
+}
+
 /* Returns 0, or 1 for shapes it does not take (nothing written) or a failed allocation. */
 int flexlamps_attention(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint8_t *mask,
                                uint16_t *out, int64_t n, int64_t heads, int64_t kv_heads, int64_t t, int64_t span,
@@ -393,18 +421,11 @@ int flexlamps_attention(const uint16_t *q, const uint16_t *k, const uint16_t *v,
         return 1;
     Args a = {q, k, v, mask, out, heads, kv_heads, span, d, t, strides, scale, fp16, bf16_dot, 0, 0, 0, {0}, 0, 0};
     const int64_t blocks = (t + QUERY_BLOCK - 1) / QUERY_BLOCK, tasks = t > 1 ? n * kv_heads * blocks : n * kv_heads;
-    int failed = 0;
-    /* a task is 1-40 us a query: below a few per thread the fork costs more than it saves; a row's
-     * query blocks are neighbouring tasks, which read the same keys */
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(|:failed) if (threads > 1 && tasks >= 4 * threads)
-    for (int64_t i = 0; i < tasks; i++) {
-        if (t == 1) {
-            failed |= task(&a, i / kv_heads, i % kv_heads, 0);
-        } else {
-            int64_t block = i % blocks, first = block * QUERY_BLOCK;
-            failed |= block_task(&a, i / (kv_heads * blocks), (i / blocks) % kv_heads, first,
-                                 t - first < QUERY_BLOCK ? t - first : QUERY_BLOCK);
-        }
-    }
-    return failed;
+    Call call = {&a, tasks, blocks, tasks, 0};
+    /* a task is 1-40 us a query: below a few per thread one thread runs them all; a row's query
+     * blocks are neighbouring tasks, which read the same keys */
+    const int split = threads > 1 && tasks >= 4 * threads;
+    const int64_t chunks = split ? chunk_items(tasks, threads, &call.per) : 1;
+    run_chunks(split ? threads : 1, chunks, attention_chunk, &call);
+    return atomic_load(&call.failed);
 }

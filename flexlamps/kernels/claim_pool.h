@@ -11,7 +11,8 @@
  * few hundred microseconds), then sleep on a condition variable. A call while the pool serves
  * another (two Python threads) runs its chunks on the calling thread alone. After fork() the
  * child has no workers: its caller runs every chunk. Which thread runs a chunk never changes its
- * result (callers' chunks write disjoint outputs). Included by tile_gemv.c. */
+ * result (callers' chunks write disjoint outputs). Included by tile_gemv.c, which hands it to the
+ * other kernels (`flexlamps_pool_run`, pool_hook.h): one set of workers for all of them. */
 #ifndef FLEXLAMPS_CLAIM_POOL_H
 #define FLEXLAMPS_CLAIM_POOL_H
 #include <immintrin.h>

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "native_simd.h"
+#include "pool_hook.h"  /* the threads of this file's passes: tile_gemv's claim pool */
 
 /* The other kernels' signatures, as their sources declare them: a change there must be made here too
  * (tests/unit/test_native_decode.py compares the loop's bits with the Python forward's, which calls them
@@ -76,19 +77,49 @@ static int product(const Kernels *kn, const Matrix *m, const uint16_t *x, uint16
                                s->fp16, m->kind, m->x_bits, s->threads);
 }
 
-/* Tokens from which this file's own passes (rotation, adds, copies) split over the threads, as
- * torch's ops would: each token's values are its own, so the split changes no bit. */
+/* Tokens from which this file's own passes (rotation, adds, copies) split over the threads (tile_gemv's
+ * claim pool, pool_hook.h), as torch's ops would: each token's values are its own, so the split
+ * changes no bit. */
 #define PARALLEL_FROM 256
+
+/* One of this file's passes over `count` tokens, for the threads' chunks: chunk c is tokens c * per ... */
+typedef struct {
+    const Step *s;
+    int64_t layer, count, width, per;
+    const uint16_t *in;
+    uint16_t *out;
+    int fp16;
+} Pass;
+
+/* Chunk c's tokens [*first, return value). */
+static int64_t pass_tokens(const Pass *p, int64_t c, int64_t *first) {
+    *first = c * p->per;
+    return *first + p->per < p->count ? *first + p->per : p->count;
+}
+
+/* fn over the pass's tokens: split over the threads from PARALLEL_FROM tokens, else on this one. */
+static void over_tokens(Pass *p, int threads, chunk_fn fn) {
+    const int split = threads > 1 && p->count >= PARALLEL_FROM;
+    const int64_t chunks = chunk_items(p->count, split ? threads : 1, &p->per);
+    run_chunks(split ? threads : 1, chunks, fn, p);
+}
+
+/* Chunk c of x = round(x + y) (out = x, in = y). */
+static void add_chunk(void *ctx, int64_t c, int slot) {
+    const Pass *p = ctx;
+    int64_t first, end = pass_tokens(p, c, &first);
+    (void)slot;
+    for (int64_t i = first * p->width; i < end * p->width; i += VW) {
+        vmask m = lanes(end * p->width - i);
+        store_halves(p->out + i, vf_add(load_halves(p->in + i, p->fp16, m), load_halves(p->out + i, p->fp16, m)),
+                     p->fp16, m);
+    }
+}
 
 /* x = round(x + y), `tokens` rows of `width` values (torch's `out.add_(x)` on the product's output). */
 static void add_rounded(uint16_t *x, const uint16_t *y, int64_t tokens, int64_t width, int fp16, int threads) {
-    const int64_t vectors = (tokens * width + VW - 1) / VW;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && tokens >= PARALLEL_FROM)
-    for (int64_t v = 0; v < vectors; v++) {
-        const int64_t i = v * VW;
-        vmask m = lanes(tokens * width - i);
-        store_halves(x + i, vf_add(load_halves(y + i, fp16, m), load_halves(x + i, fp16, m)), fp16, m);
-    }
+    Pass p = {NULL, 0, tokens, width, 1, y, x, fp16};
+    over_tokens(&p, threads, add_chunk);
 }
 
 /* One head's d values rotated: round(round(x * cos) + round(swap(x) * sin)), swap(x) the halves
@@ -138,23 +169,31 @@ static void rotate_heads(const uint16_t *x, const uint16_t *cos, const uint16_t 
     }
 }
 
+/* Chunk c of `rotate_and_store` (in = qkv, out = qk). */
+static void rotate_chunk(void *ctx, int64_t c, int slot) {
+    const Pass *p = ctx;
+    const Step *s = p->s;
+    const int64_t d = s->head_dim, rotated = s->heads + s->kv_heads, width = (rotated + s->kv_heads) * d;
+    const int64_t slot_stride = s->kv_heads * s->capacity * d, head_stride = s->capacity * d;
+    int64_t first, end = pass_tokens(p, c, &first);
+    (void)slot;
+    for (int64_t i = first; i < end; i++) {
+        const uint16_t *token = p->in + i * width;
+        rotate_heads(token, s->cos + i * d, s->sin + i * d, p->out + i * rotated * d, rotated, d, s->fp16);
+        const int64_t at = s->slots[i / s->tokens] * slot_stride + s->positions[i] * d;
+        for (int64_t h = 0; h < s->kv_heads; h++) {
+            const uint16_t *k = p->out + (i * rotated + s->heads + h) * d;
+            memcpy(s->k_cache[p->layer] + at + h * head_stride, k, sizeof(uint16_t) * d);
+            memcpy(s->v_cache[p->layer] + at + h * head_stride, token + (rotated + h) * d, sizeof(uint16_t) * d);
+        }
+    }
+}
+
 /* q and k of every token rotated into qk (tokens, heads + kv_heads, d); k and v written to the cache
  * at the token's position in its row's slot. */
 static void rotate_and_store(const Step *s, int64_t layer, const uint16_t *qkv, uint16_t *qk) {
-    const int64_t d = s->head_dim, rotated = s->heads + s->kv_heads, width = (rotated + s->kv_heads) * d;
-    const int64_t slot_stride = s->kv_heads * s->capacity * d, head_stride = s->capacity * d;
-    const int64_t count = s->rows * s->tokens;
-#pragma omp parallel for num_threads(s->threads) schedule(static) if (s->threads > 1 && count >= PARALLEL_FROM)
-    for (int64_t i = 0; i < count; i++) {
-        const uint16_t *token = qkv + i * width;
-        rotate_heads(token, s->cos + i * d, s->sin + i * d, qk + i * rotated * d, rotated, d, s->fp16);
-        const int64_t at = s->slots[i / s->tokens] * slot_stride + s->positions[i] * d;
-        for (int64_t h = 0; h < s->kv_heads; h++) {
-            const uint16_t *k = qk + (i * rotated + s->heads + h) * d;
-            memcpy(s->k_cache[layer] + at + h * head_stride, k, sizeof(uint16_t) * d);
-            memcpy(s->v_cache[layer] + at + h * head_stride, token + (rotated + h) * d, sizeof(uint16_t) * d);
-        }
-    }
+    Pass p = {s, layer, s->rows * s->tokens, 0, 1, qkv, qk, s->fp16};
+    over_tokens(&p, s->threads, rotate_chunk);
 }
 
 /* The tokens' attention over their rows' cached keys into out (rows, heads, tokens, d): one call for
@@ -178,15 +217,24 @@ static int attend(const Kernels *kn, const Step *s, int64_t layer, float scale, 
     return 0;
 }
 
-/* The attention's (rows, heads, tokens, d) as (rows, tokens, heads d): the forward's transpose. */
-static void heads_last(const Step *s, const uint16_t *by_head, uint16_t *att) {
-    const int64_t d = s->head_dim, t = s->tokens, count = s->rows * t;
-#pragma omp parallel for num_threads(s->threads) schedule(static) if (s->threads > 1 && count >= PARALLEL_FROM)
-    for (int64_t i = 0; i < count; i++) {  /* token i = (row r, position j) */
+/* Chunk c of `heads_last` (in = by head, out = att). */
+static void heads_last_chunk(void *ctx, int64_t c, int slot) {
+    const Pass *p = ctx;
+    const Step *s = p->s;
+    const int64_t d = s->head_dim, t = s->tokens;
+    int64_t first, end = pass_tokens(p, c, &first);
+    (void)slot;
+    for (int64_t i = first; i < end; i++) {  /* token i = (row r, position j) */
         const int64_t r = i / t, j = i % t;
         for (int64_t h = 0; h < s->heads; h++)
-            memcpy(att + (i * s->heads + h) * d, by_head + ((r * s->heads + h) * t + j) * d, sizeof(uint16_t) * d);
+            memcpy(p->out + (i * s->heads + h) * d, p->in + ((r * s->heads + h) * t + j) * d, sizeof(uint16_t) * d);
     }
+}
+
+/* The attention's (rows, heads, tokens, d) as (rows, tokens, heads d): the forward's transpose. */
+static void heads_last(const Step *s, const uint16_t *by_head, uint16_t *att) {
+    Pass p = {s, 0, s->rows * s->tokens, 0, 1, by_head, att, s->fp16};
+    over_tokens(&p, s->threads, heads_last_chunk);
 }
 
 /* A step's buffers, each (rows * tokens, width): `apart` holds q, k or v made apart, then the

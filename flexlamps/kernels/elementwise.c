@@ -6,11 +6,13 @@
  *              rms_norm rounds before the scale)
  *   silu_mul:  out = round(round(silu(gate)) * up), gate and up the two halves of a row
  * Written once over native_simd.h's vectors: the AVX-512 and AVX2 variants differ in their flags.
- * Rows are independent: a row's result does not depend on the others or on the thread count.
+ * Rows are independent: a row's result does not depend on the others or on the thread count
+ * (rows split over tile_gemv's claim pool: pool_hook.h).
  * Built and loaded by flexlamps/kernels/elementwise.py. */
 #include <math.h>
 
 #include "native_simd.h"
+#include "pool_hook.h"  /* the threads: tile_gemv's claim pool */
 
 static void rms_norm_row(const uint16_t *x, const uint16_t *w, uint16_t *out, int64_t cols, float eps, int fp16) {
     vf ss = vf_zero();
@@ -56,19 +58,50 @@ AI void silu_mul_row(const uint16_t *gu, uint16_t *out, int64_t half, const int 
     }
 }
 
+/* A call's rows, for the threads' chunks: chunk c is rows c * per .. (`norm_chunk`, `silu_chunk`). */
+typedef struct {
+    const uint16_t *in, *w;
+    uint16_t *out;
+    int64_t rows, cols, stride, per;
+    float eps;
+    int fp16;
+} Rows;
+
+static void norm_chunk(void *ctx, int64_t c, int slot) {
+    const Rows *r = ctx;
+    const int64_t end = (c + 1) * r->per < r->rows ? (c + 1) * r->per : r->rows;
+    (void)slot;
+    for (int64_t i = c * r->per; i < end; i++)
+        rms_norm_row(r->in + i * r->stride, r->w, r->out + i * r->cols, r->cols, r->eps, r->fp16);
+}
+
+static void silu_chunk(void *ctx, int64_t c, int slot) {
+    const Rows *r = ctx;
+    const int64_t end = (c + 1) * r->per < r->rows ? (c + 1) * r->per : r->rows;
+    (void)slot;
+    for (int64_t i = c * r->per; i < end; i++) {
+        if (r->fp16) silu_mul_row(r->in + i * r->stride, r->out + i * r->cols, r->cols, 1);
+        else silu_mul_row(r->in + i * r->stride, r->out + i * r->cols, r->cols, 0);
+    }
+}
+
+/* The rows split over the threads where there are enough values to pay for it. */
+static void run_rows(Rows *r, int threads, chunk_fn fn) {
+    const int split = threads > 1 && r->rows * r->cols >= (1 << 16);
+    const int64_t chunks = chunk_items(r->rows, split ? threads : 1, &r->per);
+    run_chunks(split ? threads : 1, chunks, fn, r);
+}
+
 /* x (rows, cols) with row stride x_stride, w (cols), out (rows, cols) contiguous. */
 void flexlamps_rms_norm(const uint16_t *x, const uint16_t *w, uint16_t *out, int64_t rows, int64_t cols,
                         int64_t x_stride, float eps, int fp16, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows * cols >= (1 << 16))
-    for (int64_t i = 0; i < rows; i++) rms_norm_row(x + i * x_stride, w, out + i * cols, cols, eps, fp16);
+    Rows r = {x, w, out, rows, cols, x_stride, 1, eps, fp16};
+    run_rows(&r, threads, norm_chunk);
 }
 
 /* gate_up (rows, 2 * half) with row stride gu_stride, out (rows, half) contiguous. */
 void flexlamps_silu_mul(const uint16_t *gu, uint16_t *out, int64_t rows, int64_t half, int64_t gu_stride, int fp16,
                         int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows * half >= (1 << 16))
-    for (int64_t i = 0; i < rows; i++) {
-        if (fp16) silu_mul_row(gu + i * gu_stride, out + i * half, half, 1);
-        else silu_mul_row(gu + i * gu_stride, out + i * half, half, 0);
-    }
+    Rows r = {gu, NULL, out, rows, half, gu_stride, 1, 0.0f, fp16};
+    run_rows(&r, threads, silu_chunk);
 }

@@ -15,6 +15,7 @@ each kernel's `Outcome`, its variant included.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 import importlib
@@ -106,7 +107,9 @@ def load(kernel: Kernel, folder: Path, level: str | None = None) -> Outcome:
     if isinstance(chosen, str):
         return Outcome(None, "disabled", chosen)
     try:
-        made = kernel.make(build.built_library(kernel.source, chosen.compile_flags, Path(folder)), chosen.level)
+        library = build.built_library(kernel.source, chosen.compile_flags, Path(folder))
+        share_pool(library, Path(folder), level)
+        made = kernel.make(library, chosen.level)
         kernel.check(made)
     except Exception as err:  # noqa: BLE001  (whatever stops a kernel, torch's run instead)
         why = _reason(err)
@@ -114,6 +117,27 @@ def load(kernel: Kernel, folder: Path, level: str | None = None) -> Outcome:
                       RuntimeWarning, stacklevel=3)
         return Outcome(None, "failed", why, chosen.level)
     return Outcome(made, "loaded", "built and checked against torch", chosen.level)
+
+
+POOL_KERNEL = "tile_gemv"  # the kernel whose claim pool (`flexlamps_pool_run`) every other kernel's threads share
+
+
+def share_pool(library: ctypes.CDLL, folder: Path, level: str | None = None) -> None:
+    """Hands a kernel library that splits its work over threads (`flexlamps_use_pool`, pool_hook.h)
+    the claim pool of POOL_KERNEL's variant for `level` (the same library, so the same workers, as
+    that kernel's): one set of workers for every kernel of a step, where each OpenMP team beside the
+    pool kept a spinning thread on a core the pool's workers needed."""
+    use = getattr(library, "flexlamps_use_pool", None)
+    if use is None:
+        return
+    spec = kernel_spec(POOL_KERNEL)
+    cap = level if level is not None else variants.process_level()
+    variant = variants.best(spec.variants, cap, build.cpu_flags()) if cap is not None else None
+    if variant is None:
+        return  # (no kernel runs below the baseline: nothing to share)
+    pool = build.built_library(spec.source, variant.compile_flags, folder)
+    use.argtypes, use.restype = [ctypes.c_void_p], None
+    use(ctypes.cast(pool.flexlamps_pool_run, ctypes.c_void_p))
 
 
 def _reason(err: Exception) -> str:

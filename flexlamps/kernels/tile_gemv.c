@@ -319,6 +319,10 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint8_t *plane, const uint16
     return 0;
 }
 
+/* This library's claim pool for the other kernels (pool_hook.h): the loader hands it to each, so
+ * one set of workers serves every kernel of a step. */
+void flexlamps_pool_run(int threads, int64_t chunks, pool_fn fn, void *ctx) { pool_run(threads, chunks, fn, ctx); }
+
 /* Bytes of the buffer one thread prepares sub-tiles in (`Prepared`). */
 static size_t prepared_bytes(int64_t cols, int64_t groups, int split) {
     return (size_t)((split ? 2 : 1) * cols * SUB) + 2 * sizeof(float) * (size_t)(groups * SUB);

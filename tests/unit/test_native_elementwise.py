@@ -66,6 +66,25 @@ def test_rows_are_independent_and_strided_rows_are_read_in_place(ops):
     assert ops.silu_mul(x[:0]).shape == (0, 144)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_rows_split_over_threads_give_one_threads_bits(ops, threads):
+    """From 2^16 values the rows split over tile_gemv's claim pool (pool_hook.h): a row's bits are
+    the same on any thread count, rows not a multiple of the chunks' too."""
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(37, 2 * 2048, generator=g) * 3).bfloat16()
+    weight = (torch.rand(2 * 2048, generator=g) + 0.5).bfloat16()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        want = ops.rms_norm(x, weight, 1e-5), ops.silu_mul(x)
+        torch.set_num_threads(threads)
+        for _ in range(2):  # the pool's workers started, then still spinning
+            got = ops.rms_norm(x, weight, 1e-5), ops.silu_mul(x)
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.skipif(LAYER_OPS is None, reason="the layers run torch's ops here (no AVX2 CPU or no C compiler)")
 def test_the_layers_use_them_in_bf16_and_not_in_fp32():
     ops = LAYER_OPS
