@@ -199,7 +199,11 @@ GGUF_FIELDS: dict[str, dict] = {
     "gemma3_text": {**checkpoint_fields("gemma3_text"), "query_pre_attn_scalar": 16},
     "phi3": checkpoint_fields("phi3"),
 }
-GGUF_MOE_OVERRIDES = {"mixtral": {}, "qwen2_moe": {"mlp_only_layers": []}, "qwen3_moe": {"decoder_sparse_step": 1}}
+# (Mixtral's experts 64 wide: its down experts' rows whole blocks of 32, so a file of quantized experts holds
+# all of them quantized)
+GGUF_MOE_OVERRIDES = {"mixtral": {"intermediate_size": 64}, "qwen2_moe": {"mlp_only_layers": []},
+                      "qwen3_moe": {"decoder_sparse_step": 1}}
+
 
 def make_checkpoint(folder: Path, kind: str | dict, seed: int = 0, *, wide: bool = False, tied: bool | None = None,
                     dtype: str = "float32", init_std: float = 0.2, **overrides) -> Path:
@@ -210,6 +214,8 @@ def make_checkpoint(folder: Path, kind: str | dict, seed: int = 0, *, wide: bool
     import torch
     import transformers
 
+    if wide and not isinstance(kind, str):
+        raise ValueError("make_checkpoint: wide=True takes a CHECKPOINTS name; config fields are built as given")
     fields = checkpoint_fields(kind, wide) if isinstance(kind, str) else dict(kind)
     fields.update(overrides)
     if tied is not None:

@@ -191,8 +191,8 @@ def _layer(t: dict, i: int, hf: dict, a: str) -> dict[str, np.ndarray]:
 def write_decoder_gguf(folder: Path, path: Path, extra: dict[str, np.ndarray] | None = None,
                        quantize_experts: str | None = None) -> Path:
     """The float32 checkpoint in `folder` as llama.cpp's converter writes it (see the module doc),
-    with the tensors `extra` added; `quantize_experts`: a gguf quant type name (e.g. "Q8_0") for the
-    stacked expert tensors whose rows it can take."""
+    with the tensors `extra` added; `quantize_experts`: a gguf quant type name (e.g. "Q8_0") for every
+    stacked expert tensor (ValueError where one's rows are not whole blocks of it)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -213,9 +213,9 @@ def write_decoder_gguf(folder: Path, path: Path, extra: dict[str, np.ndarray] | 
         tensors.update({f"blk.{i}.{k}": v for k, v in _layer(t, i, hf, a).items()})
     for name, value in {**tensors, **(extra or {})}.items():
         value = value.astype(np.float32)
-        if quantize_experts and name.endswith("_exps.weight") and value.shape[-1] % 32 == 0:
+        if quantize_experts and name.endswith("_exps.weight"):
             qtype = gguf.GGMLQuantizationType[quantize_experts]
-            w.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+            w.add_tensor(name, _quantized(value, qtype, name), raw_dtype=qtype)
             continue
         w.add_tensor(name, value + np.float32(1) if a.startswith("gemma") and name.endswith("norm.weight") else value)
     w.write_header_to_file()
@@ -223,6 +223,18 @@ def write_decoder_gguf(folder: Path, path: Path, extra: dict[str, np.ndarray] | 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _quantized(value: np.ndarray, qtype, name: str) -> np.ndarray:
+    """`value` in the ggml type `qtype`; a ValueError naming the tensor where its rows are not whole
+    blocks (a file asked for quantized experts never holds some of them in f32)."""
+    import gguf
+
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    if value.shape[-1] % block:
+        raise ValueError(f"{name}: rows of {value.shape[-1]} are not whole {qtype.name} blocks of {block}; "
+                         f"give the checkpoint widths that are")
+    return gguf.quants.quantize(value, qtype)
 
 
 def write_hf_as_gguf(folder: Path, path: Path) -> Path:

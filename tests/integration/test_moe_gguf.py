@@ -49,7 +49,7 @@ def test_quantized_stacked_experts_read_one_slab_each(tmp_path):
     import gguf
     import numpy as np
 
-    folder = make_checkpoint(tmp_path / "mixtral", "mixtral")
+    folder = make_checkpoint(tmp_path / "mixtral", "mixtral", **GGUF_MOE_OVERRIDES["mixtral"])  # experts in blocks
     path = write_decoder_gguf(folder, tmp_path / "q8.gguf", quantize_experts="Q8_0")
     reader = GGUFReader(path, cache_dir=tmp_path / "cache")
     stacked = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}["blk.1.ffn_gate_exps.weight"]
@@ -99,7 +99,7 @@ def test_q8_experts_offloaded_are_read_dense_and_run_as_in_memory(tmp_path):
     from quant.int8_weight import Int8Weight
     from tests.family_models import our_run, prompt_ids
 
-    folder = make_checkpoint(tmp_path / "mixtral", "mixtral")
+    folder = make_checkpoint(tmp_path / "mixtral", "mixtral", **GGUF_MOE_OVERRIDES["mixtral"])  # experts in blocks
     path = write_decoder_gguf(folder, tmp_path / "q8.gguf", quantize_experts="Q8_0")
     reader = GGUFReader(path, cache_dir=tmp_path / "c")
     assert "int8" in reader.layer_block_kinds
