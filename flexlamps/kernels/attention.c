@@ -170,69 +170,76 @@ AI vf value_at(const Args *a, const uint16_t *values, int64_t j, int64_t c) {
     return a->vf ? vf_load(a->vf + j * a->d + VW * c) : load_vec(values + j * a->st[8] + VW * c, a->fp16);
 }
 
-/* out rows of the group = probabilities @ values, fp32 sums over the keys in order, rounded once;
- * G queries of C chunks of VW, constants where inlined so the sums stay in registers. A probability
- * of exactly 0 (a masked key, or one rounded to 0) adds exactly 0 and is skipped: a key whose G
- * probabilities are all nonzero (nearly every visible one) takes its G x C multiply-adds with one
- * test, others each nonzero one's. */
-AI void weighted_values_fixed(const Args *a, int64_t row, int64_t kvh, const float *pr, const int G, const int C) {
+#ifdef __AVX512F__
+/* Bit i set where p[i] is not 0 (NaN counts as not 0, as `p == 0.0f` is false for it). */
+AI int nonzero_lanes(const float *p) { return (int)_mm512_cmp_ps_mask(vf_load(p), vf_zero(), _CMP_NEQ_UQ); }
+#define EVERY_LANE 0xFFFF
+/* queries of a tile of 4, 2 or 1 chunks: its sums, a broadcast each and a value in 32 registers */
+#define TILE_QUERIES(chunks) ((chunks) == 4 ? 5 : 6)
+#else
+AI int nonzero_lanes(const float *p) { return _mm256_movemask_ps(_mm256_cmp_ps(vf_load(p), vf_zero(), _CMP_NEQ_UQ)); }
+#define EVERY_LANE 0xFF
+/* queries of a tile of 4, 2 or 1 chunks: its sums, a broadcast each and a value in 16 registers */
+#define TILE_QUERIES(chunks) ((chunks) == 4 ? 3 : (chunks) == 2 ? 5 : 6)
+#endif
+
+/* Outputs of queries g0..g0+G-1, chunks c0..c0+C-1 (a tile whose sums stay in registers; G, C
+ * constants where inlined) = probabilities @ values: fp32 sums over the keys in order, divided and
+ * rounded once. A probability of exactly 0 (a masked key, or one rounded to 0) adds exactly 0 and
+ * is skipped: VW keys whose G x VW probabilities are all nonzero (nearly every visible block) take
+ * their multiply-adds after one vector test, others each nonzero one's. Every output's sum takes
+ * the same steps in the same order whatever the tile, so the tiling changes no bit. */
+AI void values_tile(const Args *a, int64_t row, int64_t kvh, const float *pr, int group, int g0, int64_t c0,
+                    const int G, const int C) {
     const uint16_t *values = a->v + row * a->st[6] + kvh * a->st[7];
-    vf acc[G * C];
+    const int64_t span = a->span;
+    const float *p = pr + g0 * span;
+    vf acc[6 * 4];  /* G x C: fixed sizes (a variable-length array stays in memory after inlining) */
     for (int i = 0; i < G * C; i++) acc[i] = vf_zero();
-    for (int64_t j = 0; j < a->span; j++) {
-        float p[G];
-        int zeros = 0;
-        for (int g = 0; g < G; g++) {
-            p[g] = pr[g * a->span + j];
-            zeros += p[g] == 0.0f;
-        }
-        if (!zeros) {
-            vf vp[G];
-            for (int g = 0; g < G; g++) vp[g] = vf_set1(p[g]);
-            for (int c = 0; c < C; c++) {
-                vf v = value_at(a, values, j, c);
-                for (int g = 0; g < G; g++) acc[g * C + c] = vf_fmadd(vp[g], v, acc[g * C + c]);
+    for (int64_t j0 = 0; j0 < span; j0 += VW) {
+        int64_t end = span - j0 < VW ? span : j0 + VW;
+        int live = end - j0 == VW ? EVERY_LANE : 0;
+        for (int g = 0; g < G && live == EVERY_LANE; g++) live &= nonzero_lanes(p + g * span + j0);
+        if (live == EVERY_LANE) {
+            for (int64_t j = j0; j < end; j++) {
+                vf vp[6];
+                for (int g = 0; g < G; g++) vp[g] = vf_set1(p[g * span + j]);
+                for (int c = 0; c < C; c++) {
+                    vf v = value_at(a, values, j, c0 + c);
+                    for (int g = 0; g < G; g++) acc[g * C + c] = vf_fmadd(vp[g], v, acc[g * C + c]);
+                }
             }
             continue;
         }
-        for (int g = 0; g < G; g++) {
-            if (p[g] == 0.0f) continue;
-            for (int c = 0; c < C; c++)
-                acc[g * C + c] = vf_fmadd(vf_set1(p[g]), value_at(a, values, j, c), acc[g * C + c]);
-        }
+        for (int64_t j = j0; j < end; j++)
+            for (int g = 0; g < G; g++) {
+                if (p[g * span + j] == 0.0f) continue;
+                vf vp = vf_set1(p[g * span + j]);
+                for (int c = 0; c < C; c++) acc[g * C + c] = vf_fmadd(vp, value_at(a, values, j, c0 + c), acc[g * C + c]);
+            }
     }
     for (int g = 0; g < G; g++)
-        for (int c = 0; c < C; c++) store_rounded(a, row, kvh, G, g, c, acc[g * C + c]);
+        for (int c = 0; c < C; c++) store_rounded(a, row, kvh, group, g0 + g, c0 + c, acc[g * C + c]);
 }
 
-/* The same for any group and head size, the sums in memory (`acc`: group * d floats). */
-static void weighted_values_any(const Args *a, int64_t row, int64_t kvh, int group, const float *pr, float *acc) {
-    const uint16_t *values = a->v + row * a->st[6] + kvh * a->st[7];
-    int64_t chunks = a->d / VW;
-    for (int64_t i = 0; i < group * a->d; i++) acc[i] = 0.0f;
-    for (int64_t j = 0; j < a->span; j++) {
-        vf vc[MAX_D / VW];
-        for (int64_t c = 0; c < chunks; c++) vc[c] = value_at(a, values, j, c);
-        for (int g = 0; g < group; g++) {
-            float p = pr[g * a->span + j];
-            if (p == 0.0f) continue;
-            vf vp = vf_set1(p);
-            for (int64_t c = 0; c < chunks; c++) {
-                float *o = acc + g * a->d + VW * c;
-                vf_store(o, vf_fmadd(vp, vc[c], vf_load(o)));
-            }
-        }
-    }
-    for (int g = 0; g < group; g++)
-        for (int64_t c = 0; c < chunks; c++) store_rounded(a, row, kvh, group, g, c, vf_load(acc + g * a->d + VW * c));
+/* values_tile with its shape a constant in each copy. */
+static void values_tile_of(const Args *a, int64_t row, int64_t kvh, const float *pr, int group, int g0, int64_t c0,
+                           int queries, int chunks) {
+#define TILE(G, C) if (queries == G && chunks == C) { values_tile(a, row, kvh, pr, group, g0, c0, G, C); return; }
+#define TILES(C) TILE(1, C) TILE(2, C) TILE(3, C) TILE(4, C) TILE(5, C) TILE(6, C)
+    TILES(1) TILES(2) TILES(4)
+#undef TILES
+#undef TILE
 }
 
-static void weighted_values(const Args *a, int64_t row, int64_t kvh, int group, const float *pr, float *acc) {
-#define FIXED(G, D) if (group == G && a->d == D) { weighted_values_fixed(a, row, kvh, pr, G, D / VW); return; }
-    FIXED(1, 64) FIXED(2, 64) FIXED(3, 64) FIXED(4, 64) FIXED(5, 64) FIXED(6, 64)
-    FIXED(1, 128) FIXED(2, 128) FIXED(3, 128)
-#undef FIXED
-    weighted_values_any(a, row, kvh, group, pr, acc);
+/* out rows of the group = probabilities @ values, a register tile of queries x chunks at a time
+ * (each tile reads the keys' probabilities and its chunks of the values: L1 for a block's keys). */
+static void weighted_values(const Args *a, int64_t row, int64_t kvh, int group, const float *pr) {
+    const int64_t chunks = a->d / VW;
+    const int per_tile = chunks % 4 == 0 ? 4 : chunks % 2 == 0 ? 2 : 1, most = TILE_QUERIES(per_tile);
+    for (int g0 = 0; g0 < group; g0 += most)
+        for (int64_t c0 = 0; c0 < chunks; c0 += per_tile)
+            values_tile_of(a, row, kvh, pr, group, g0, c0, group - g0 < most ? group - g0 : most, per_tile);
 }
 
 #ifdef __AVX512F__
@@ -327,7 +334,7 @@ static int task(const Args *shared, int64_t row, int64_t kvh, int64_t pos) {
             for (int64_t c = 0; c < a->d / VW; c++) store_rounded(a, row, kvh, group, g, c, vf_zero());
         return 0;
     }
-    float qf[MAX_GROUP * MAX_D], acc[MAX_GROUP * MAX_D], kb[VW * MAX_D];
+    float qf[MAX_GROUP * MAX_D], kb[VW * MAX_D];
     float *sc = malloc(sizeof(float) * (size_t)(group * a->span + 16));  /* + a block's tail */
     if (!sc) return 1;
     for (int g = 0; g < group; g++) {
@@ -339,11 +346,11 @@ static int task(const Args *shared, int64_t row, int64_t kvh, int64_t pos) {
     if (bf16_dot) scores_bf16(a, row, kvh, group, sc);
     else scores(a, row, kvh, qf, group, sc, kb);
     for (int g = 0; g < group; g++) a->sums[g] = weights(sc + g * a->span, a->span, a->fp16);
-    if (!(bf16_dot && weighted_values_bf16(a, row, kvh, group, sc))) weighted_values(a, row, kvh, group, sc, acc);
+    if (!(bf16_dot && weighted_values_bf16(a, row, kvh, group, sc))) weighted_values(a, row, kvh, group, sc);
 #else  /* vdpbf16ps is AVX-512's: the fp32 paths */
     scores(a, row, kvh, qf, group, sc, kb);
     for (int g = 0; g < group; g++) a->sums[g] = weights(sc + g * a->span, a->span, a->fp16);
-    weighted_values(a, row, kvh, group, sc, acc);
+    weighted_values(a, row, kvh, group, sc);
 #endif
     free(sc);
     return 0;
