@@ -26,7 +26,7 @@ from flexlamps.kernels.loader import require
 SOURCE = build.SOURCES / "decode_layers.c"
 VARIANTS = (variants.variant("avx2"), variants.variant("avx512"))
 DTYPES = {torch.bfloat16: 0}  # an fp16 cache is held in fp32 on the CPU (caches.dense): not this loop's
-MAX_HEAD_DIM = 512
+MAX_HEAD_DIM = 512  # decode_layers.c holds a head in stack buffers of 512 (rotate, rotate_heads)
 
 _P, _I, _F, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int32
 
@@ -77,6 +77,8 @@ class DecodeLayers:
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
         """x (heads, d) contiguous, each head rotated by cos and signed sin (d,) (`rope_tables`)."""
+        if x.shape[1] > MAX_HEAD_DIM:
+            raise ValueError(f"decode_layers.rotate: head size {x.shape[1]} is above {MAX_HEAD_DIM}")
         out = torch.empty_like(x)
         self._rotate(x.data_ptr(), cos.data_ptr(), signed_sin.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1],
                      DTYPES[x.dtype])

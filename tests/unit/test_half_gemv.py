@@ -79,6 +79,12 @@ def test_the_fused_expert_adds_what_torchs_ops_add_and_a_token_keeps_its_bits(ke
     assert_expert_adds_what_torchs_ops_add(kernel, dtype, 6, [1, 2, 7, 10])  # tokens 0, 1, 3, 5
 
 
+def test_an_expert_of_many_picks_converts_its_weights_once_and_a_token_keeps_its_bits(kernel):
+    """More than WIDEN_ROWS (6) picks: each weight row converted to fp32 once for all of them, the
+    bits a token gets alone (16-bit loads)."""
+    assert_expert_adds_what_torchs_ops_add(kernel, torch.bfloat16, 9, [1, 2, 7, 10, 12, 14, 17])
+
+
 def test_moe_decode_runs_the_fused_experts_a_token_alone_as_in_a_batch(monkeypatch):
     """The MoE FFN's decode on bf16 experts takes the kernel (fp32 keeps torch's GEMMs; prompts,
     test_half_gemm.py):

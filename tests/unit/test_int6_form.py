@@ -15,7 +15,7 @@ from flexlamps.models.blocks import linear as lin
 from quant import int8_weight
 from quant.int4_tiles import tile_rows, tiles_from_unpacked
 from quant.int8_weight import Int8Weight, high_plane, plane_tiles
-from tests.kernel_variants import levels, variant_kernel
+from tests.kernel_variants import assert_rows_alone_as_together, levels, variant_kernel
 
 LEVELS = levels(tile_gemv.KERNEL)
 needs_tiles = pytest.mark.skipif(tile_rows(256) not in (32, 64), reason="torch's CPU int4 tiles here are unknown")
@@ -87,11 +87,28 @@ def _assert_split_bits(kernel: tile_gemv.TileGemv, split: Int8Weight, six: Int8W
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("x_bits", [8, 16])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("rows,cols,group,with_zero", [(192, 256, 16, False), (64, 512, 32, True), (50, 256, 16, False)])
+@pytest.mark.parametrize("rows,cols,group,with_zero", [(192, 256, 16, False), (64, 512, 32, True), (50, 256, 16, False),
+                                                     (33, 256, 8, False), (2, 96, 48, True)])
 def test_the_kernel_gives_the_splits_bits(level, x_bits, dtype, rows, cols, group, with_zero):
+    """50 and 33 rows: the last tile padded (33: one real row in it; 2: the only tile). Groups of 8:
+    tiles of 32 take the two-half path on the plane (not whole 16s); groups of 48: the joined path
+    at every row count (the prompt kernel takes no such group)."""
     kernel = tile_gemv.TileGemv(variant_kernel(tile_gemv.KERNEL, level).library, level, x_bits)
-    split, six = _forms(rows, cols, group, dtype, with_zero)  # 50 rows: the last tile padded
+    split, six = _forms(rows, cols, group, dtype, with_zero)
     _assert_split_bits(kernel, split, six, dtype)
+
+
+@needs_tiles
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_row_keeps_its_bits_alone_and_on_two_threads(level):
+    library = variant_kernel(tile_gemv.KERNEL, level).library
+    _, six = _forms()
+    x = torch.randn(9, six.shape[1], generator=torch.Generator().manual_seed(4)).bfloat16()
+    for x_bits in (8, 16):
+        kernel = tile_gemv.TileGemv(library, level, x_bits)
+        assert_rows_alone_as_together(lambda w, x_: kernel.matmul(w, x_), [six], x)
+    kernel = tile_gemv.TileGemv(library, level, 8)
+    assert_rows_alone_as_together(lambda w, x_: kernel.prompt_product(w, x_), [six], x)
 
 
 @needs_tiles

@@ -124,3 +124,22 @@ def test_a_float32_model_and_a_model_off_the_kernels_run_the_python_forward(zoo)
     assert fp32.executor.native_layers is None
     dense = LLM(str(zoo.path("tiny:llama_gqa")), dtype="bfloat16", max_batch_size=2, cache_dir=False)
     assert dense.executor.native_layers is None
+
+
+
+def test_the_rotation_is_rotate_half_splits_on_every_head_size_the_loop_holds():
+    """Each head of a token rotated by its tables (`rotate_heads`): whole-vector halves (the tables
+    converted once) up to the loop's largest head (512), and halves of a partial vector (head size
+    8; the loader checks 16-80), bit for bit `rotate_half_split`'s ops in bf16; a larger head is
+    refused (the C loop's buffers hold 512)."""
+    loop = loader.chosen().get("decode_layers")
+    if loop is None:
+        pytest.skip("the native decode loop does not run here")
+    gen = torch.Generator().manual_seed(2)
+    for d in (8, 16, 64, 128, 256, 512):
+        x, cos, sin = ((torch.randn(n, d, generator=gen) * 4).bfloat16() for n in (7, 1, 1))
+        want = (x * cos).add_(x.roll(d // 2, -1).mul_(sin))
+        assert torch.equal(loop.rotate(x, cos[0], sin[0]), want), d
+    x = torch.zeros(2, 1024, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="head size 1024"):
+        loop.rotate(x, x[0], x[0])
