@@ -96,11 +96,16 @@ def split_codes(codes: torch.Tensor, scale: torch.Tensor,
     return (torch.cat([high, low], dim=1), *_split_scales(scale, zero))
 
 
+def _low_scales(scale: torch.Tensor, zero: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split's low halves' (N, G) scales and zeros: d and 8 d (+ zero)."""
+    scale = scale.float()
+    return scale, 8 * scale if zero is None else 8 * scale + zero.float()
+
+
 def _split_scales(scale: torch.Tensor, zero: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The split's (N, 2G) scales and zeros: 16 d and 0 for the high halves, d and 8 d (+ zero)
-    for the low ones."""
-    scale = scale.float()
-    low_zero = 8 * scale if zero is None else 8 * scale + zero.float()
+    for the low ones (`_low_scales`)."""
+    scale, low_zero = _low_scales(scale, zero)
     return torch.cat([16 * scale, scale], dim=1), torch.cat([torch.zeros_like(scale), low_zero], dim=1)
 
 
@@ -178,7 +183,7 @@ class Int8Weight(CompressedWeight):
             u = torch.cat([u, u.new_zeros(min(step, padded - start) - len(u), cols)])
             nibbles[start:start + step] = tiles_from_unpacked(u & 15, tile)
             plane[start:start + step] = high_plane(tiles_from_unpacked(u >> 4, tile))
-        low_scale, low_zero = (half[:, half.shape[1] // 2:] for half in _split_scales(scale, zero))
+        low_scale, low_zero = _low_scales(scale, zero)
         scale_zero = torch.stack([low_scale.t(), low_zero.t()], dim=-1).to(dtype).contiguous()  # (K/g, N, 2)
         return cls(Int4Weight(None, scale_zero, group_size, nibbles), high=plane)
 

@@ -57,10 +57,14 @@ def test_q4_k_blocks_are_exactly_what_gguf_dequantizes(shape):
     torch.testing.assert_close(values, want, rtol=0, atol=1e-6 * want.abs().max().item())
 
 
-def test_q6_k_blocks_are_exactly_what_gguf_dequantizes():
+@pytest.mark.parametrize("rows_at_a_time", [4096, 2])  # 2: decoded in three pieces, the last one short
+def test_q6_k_blocks_are_exactly_what_gguf_dequantizes(rows_at_a_time, monkeypatch):
     from gguf import GGMLQuantizationType as T
     from gguf.quants import dequantize
 
+    from flexlamps.models.loading import gguf_blocks
+
+    monkeypatch.setattr(gguf_blocks, "_Q6_K_ROWS", rows_at_a_time)
     raw = random_k_blocks(np.random.default_rng(6), 5, 512, "Q6_K")
     codes, scale, zero = int8_blocks(raw, (5, 512), "Q6_K")
     assert codes.dtype == torch.int8 and int(codes.min()) == -32 and int(codes.max()) == 31

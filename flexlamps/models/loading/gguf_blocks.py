@@ -156,19 +156,29 @@ def _q5_k_blocks(data: np.ndarray, rows: int, cols: int):
     return (codes, *_k_scales_zeros(blocks, rows, cols, code_offset=16))
 
 
+_Q6_K_ROWS = 4096  # rows decoded at a time: numpy's temporaries (~6 bytes a weight) stay a few MiB
+
+
 def _q6_k_blocks(data: np.ndarray, rows: int, cols: int):
     """Q6_K super-blocks: each half of 128 elements takes 64 low-nibble bytes `ql` and 32 bytes
     `qh`; element 32 i + l (i < 4, l < 32) is the low (i even) or high nibble of ql[l] (i < 2) or
-    ql[32 + l], plus 16 times bits 2i, 2i + 1 of qh[l]. Sub-block j (16 elements) has scale d sc_j."""
+    ql[32 + l], plus 16 times bit 2i, 2i + 1 of qh[l]. Sub-block j (16 elements) has scale d sc_j.
+    Decoded _Q6_K_ROWS rows at a time into the result: a whole 128256 x 2048 table's temporaries
+    took ~1 GB beside it (a llama-3.2-1b GGUF's first load peaked at 3.3 GB)."""
     blocks = data.reshape(rows, cols // SUPER_BLOCK, _Q6_K_BYTES)
-    ql = blocks[..., :128].reshape(rows, -1, 2, 64)
-    qh = blocks[..., 128:192].reshape(rows, -1, 2, 1, 32)
-    low = np.stack([ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4], axis=-2)
-    high = (qh >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3  # (N, K/256, 2, 4, 32)
-    codes = torch.from_numpy((low | (high << 4)).astype(np.int8) - 32).reshape(rows, cols)
-    sc = blocks[..., 192:208].copy().view(np.int8).astype(np.float32)  # (N, K/256, 16)
-    scale = (_fp16(blocks[..., 208:210])[..., None] * sc).reshape(rows, cols // Q6_K_GROUP)
-    return codes, torch.from_numpy(scale), None
+    codes = torch.empty(rows, cols, dtype=torch.int8)
+    scale = torch.empty(rows, cols // Q6_K_GROUP, dtype=torch.float32)
+    for start in range(0, rows, _Q6_K_ROWS):
+        part = blocks[start:start + _Q6_K_ROWS]
+        count = len(part)
+        ql = part[..., :128].reshape(count, -1, 2, 64)
+        qh = part[..., 128:192].reshape(count, -1, 2, 1, 32)
+        low = np.stack([ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4], axis=-2)
+        high = (qh >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3  # (count, K/256, 2, 4, 32)
+        codes[start:start + count] = torch.from_numpy((low | (high << 4)).astype(np.int8) - 32).reshape(count, cols)
+        sc = part[..., 192:208].copy().view(np.int8).astype(np.float32)  # (count, K/256, 16)
+        scale[start:start + count] = torch.from_numpy((_fp16(part[..., 208:210])[..., None] * sc).reshape(count, -1))
+    return codes, scale, None
 
 
 _FIVE_BIT = {"Q5_0": lambda data, r, c: _q5_blocks(data, r, c, with_min=False),

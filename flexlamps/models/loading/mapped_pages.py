@@ -67,3 +67,17 @@ def release_mapped(weights) -> int:
             if _madvise()(start, end - start, _MADV_DONTNEED) == 0:
                 released += end - start
     return released
+
+
+def release_heap() -> bool:
+    """Give the heap's free pages back to the system (glibc's malloc_trim): after a load let go of
+    its copies, the allocator kept ~0.75 GB of them (a llama-3.2-1b GGUF's first load: 1.58 -> 0.84 GB
+    resident). Whether it ran (glibc on Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    trim = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None)
+    if trim is None:  # another C library (musl)
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
