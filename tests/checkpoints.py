@@ -87,6 +87,9 @@ CHECKPOINTS: dict[str, dict] = {
                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=128),
     "opt": dict(model_type="opt", hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
                 word_embed_proj_dim=64, max_position_embeddings=128),
+    # head_dim apart from hidden / heads (8 heads of 16 on a hidden of 64): the sizes follow head_dim
+    "mistral_head_dim": dict(model_type="mistral", hidden_size=64, intermediate_size=80, num_hidden_layers=2,
+                             num_attention_heads=8, num_key_value_heads=2, head_dim=16, max_position_embeddings=128),
     **DENSE_FAMILIES,
     # -- mixture-of-experts families ------------------------------------------------------------------
     "mixtral": dict(model_type="mixtral", hidden_size=64, intermediate_size=48, num_local_experts=6,

@@ -7,28 +7,12 @@ import pytest
 from tests.described import described
 from flexlamps.models.presets import MODEL_CONFIGS
 from placement import ModelSpec, model_preset
+from tests.checkpoints import checkpoint_fields
 
-TINY_CONFIGS = {
-    "llama": dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, intermediate_size=96, vocab_size=128),
-    "mistral": dict(model_type="mistral", hidden_size=64, num_hidden_layers=2,
-                    num_attention_heads=8, num_key_value_heads=2, head_dim=16,
-                    intermediate_size=80, vocab_size=100),
-    "qwen2": dict(model_type="qwen2", hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                  num_key_value_heads=1, intermediate_size=96, vocab_size=128,
-                  tie_word_embeddings=True),
-    "opt": dict(model_type="opt", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                ffn_dim=256, vocab_size=128, max_position_embeddings=64,
-                word_embed_proj_dim=64),
-    "deepseek_v3": dict(model_type="deepseek_v3", hidden_size=64, num_hidden_layers=3,
-                        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32,
-                        kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
-                        intermediate_size=96, moe_intermediate_size=24, n_routed_experts=8,
-                        num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
-                        n_group=2, topk_group=1, vocab_size=128),
-}
-TINY_CONFIGS["deepseek_v32"] = dict(TINY_CONFIGS["deepseek_v3"], model_type="deepseek_v32",
-                                    index_n_heads=2, index_head_dim=16, index_topk=4)
+# one kind of each layout the planner sizes, from the tests' one table (tests/checkpoints.py), by model type
+_KINDS = {"llama": "llama_gqa", "mistral": "mistral_head_dim", "qwen2": "qwen2", "opt": "opt",
+          "deepseek_v3": "deepseek_v3", "deepseek_v32": "deepseek_v32"}
+TINY_CONFIGS = {model_type: {**checkpoint_fields(kind), "vocab_size": 128} for model_type, kind in _KINDS.items()}
 
 
 def _meta_model(config: dict):
