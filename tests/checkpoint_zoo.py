@@ -81,6 +81,8 @@ def _decoder_gguf(hf: Path, folder: Path) -> Path:
 def _llama_gguf(folder: Path, types: str, overrides: dict) -> Path:
     from tests.gguf_models import write_llama_gguf
 
+    if set(overrides) - {"vocab_size"}:  # no HF config behind these files: its other fields cannot be honoured
+        raise ValueError(f"gguf:llama:{types} takes a vocab_size alone, not {sorted(set(overrides) - {'vocab_size'})}")
     folder.mkdir(parents=True, exist_ok=True)
     vocab = overrides.get("vocab_size", TOKENIZER_VOCAB)
     return write_llama_gguf(folder / "model.gguf", GGUF_LLAMA_TYPES[types], vocab=vocab, **GGUF_LLAMA_SHAPE)

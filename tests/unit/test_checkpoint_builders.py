@@ -4,7 +4,7 @@ dropped (tests/checkpoints.py, tests/decoder_gguf.py, tests/checkpoint_zoo.py)."
 
 import pytest
 
-from tests.checkpoint_zoo import CheckpointZoo
+from tests.checkpoint_zoo import KINDS, CheckpointZoo
 from tests.checkpoints import GGUF_MOE_OVERRIDES, checkpoint_fields, make_checkpoint
 from tests.decoder_gguf import write_decoder_gguf
 
@@ -29,3 +29,8 @@ def test_experts_whose_rows_are_not_whole_blocks_are_refused(tmp_path):
 def test_the_wide_width_of_config_fields_is_refused(tmp_path):
     with pytest.raises(ValueError, match="wide=True takes a CHECKPOINTS name"):
         make_checkpoint(tmp_path / "llama", checkpoint_fields("llama_gqa"), wide=True)
+
+
+def test_a_random_llama_gguf_refuses_config_fields_it_cannot_write(tmp_path):
+    with pytest.raises(ValueError, match=r"takes a vocab_size alone, not \['hidden_size'\]"):
+        KINDS["gguf:llama:Q4_0"][1](tmp_path / "q4", {"hidden_size": 64, "vocab_size": 400})
