@@ -42,33 +42,42 @@ typedef struct {
     const float *kf, *vf;
 } Args;
 
+/* VW vectors' horizontal sums as one vector, in order: pairs are added after unpacking, a level at a
+ * time; the first two levels make each 4 keys' sums (`quad_sums`), the rest join the quads. */
 #ifdef __AVX512F__
-/* 16 vectors' horizontal sums as one vector, in order: pairs are added after unpacking (4 levels). */
-AI vf sums_vw(vf *a) {
-    __m512 t[8], u[4], v[2];
-    for (int p = 0; p < 8; p++)
-        t[p] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * p], a[2 * p + 1]), _mm512_unpackhi_ps(a[2 * p], a[2 * p + 1]));
-    for (int q = 0; q < 4; q++) {
-        __m512d s = _mm512_castps_pd(t[2 * q]), r = _mm512_castps_pd(t[2 * q + 1]);
-        u[q] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(s, r)), _mm512_castpd_ps(_mm512_unpackhi_pd(s, r)));
-    }
+#define QUADS 4
+AI vf quad_sums(const vf *a) {
+    __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
+    __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
+    __m512d s = _mm512_castps_pd(t0), r = _mm512_castps_pd(t1);
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(s, r)), _mm512_castpd_ps(_mm512_unpackhi_pd(s, r)));
+}
+
+AI vf join_quads(const vf *u) {
+    __m512 v[2];
     for (int w = 0; w < 2; w++)
         v[w] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * w], u[2 * w + 1], 0x88), _mm512_shuffle_f32x4(u[2 * w], u[2 * w + 1], 0xDD));
     return _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x88), _mm512_shuffle_f32x4(v[0], v[1], 0xDD));
 }
 #else
-/* 8 vectors' horizontal sums as one vector, in order: pairs are added after unpacking (3 levels). */
-AI vf sums_vw(vf *a) {
-    vf t[4], u[2];
-    for (int p = 0; p < 4; p++)
-        t[p] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * p], a[2 * p + 1]), _mm256_unpackhi_ps(a[2 * p], a[2 * p + 1]));
-    for (int q = 0; q < 2; q++) {
-        __m256d s = _mm256_castps_pd(t[2 * q]), r = _mm256_castps_pd(t[2 * q + 1]);
-        u[q] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(s, r)), _mm256_castpd_ps(_mm256_unpackhi_pd(s, r)));
-    }
+#define QUADS 2
+AI vf quad_sums(const vf *a) {
+    vf t0 = _mm256_add_ps(_mm256_unpacklo_ps(a[0], a[1]), _mm256_unpackhi_ps(a[0], a[1]));
+    vf t1 = _mm256_add_ps(_mm256_unpacklo_ps(a[2], a[3]), _mm256_unpackhi_ps(a[2], a[3]));
+    __m256d s = _mm256_castps_pd(t0), r = _mm256_castps_pd(t1);
+    return _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(s, r)), _mm256_castpd_ps(_mm256_unpackhi_pd(s, r)));
+}
+
+AI vf join_quads(const vf *u) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
 }
 #endif
+
+AI vf sums_vw(vf *a) {
+    vf u[QUADS];
+    for (int q = 0; q < QUADS; q++) u[q] = quad_sums(a + 4 * q);
+    return join_quads(u);
+}
 
 /* Which of keys j0..j0+count-1 the row attends to, as a lane mask. */
 AI vmask visible(const Args *a, const uint8_t *mask, int64_t j0, int count) {
@@ -85,12 +94,46 @@ AI vmask visible(const Args *a, const uint8_t *mask, int64_t j0, int count) {
 #endif
 }
 
+#define TILE_GROUP 3  /* queries a key row loaded serves in `tile_sums` (3 x 4 sums in registers) */
+
+/* Queries qf[0..G-1]'s dot products with VW keys (`kb`, rows of d) as one vector each (`out`), 4 keys x
+ * G queries at a time so each key chunk loaded serves G queries; G constant where inlined. Each sum
+ * takes its own key's steps (a product, then multiply-adds chunk by chunk, then `sums_vw`'s
+ * levels), so the tiling changes no bit. */
+AI void tile_sums(const float *qf, const float *kb, int64_t d, vf *out, const int G) {
+    vf u[TILE_GROUP][QUADS];
+    for (int quad = 0; quad < QUADS; quad++) {
+        const float *k = kb + 4 * quad * d;
+        vf acc[TILE_GROUP * 4];
+        for (int j = 0; j < 4; j++) {
+            vf kc = vf_load(k + j * d);
+            for (int g = 0; g < G; g++) acc[g * 4 + j] = vf_mul(vf_load(qf + g * d), kc);
+        }
+        for (int64_t c = VW; c < d; c += VW) {
+            vf qc[TILE_GROUP];
+            for (int g = 0; g < G; g++) qc[g] = vf_load(qf + g * d + c);
+            for (int j = 0; j < 4; j++) {
+                vf kc = vf_load(k + j * d + c);
+                for (int g = 0; g < G; g++) acc[g * 4 + j] = vf_fmadd(qc[g], kc, acc[g * 4 + j]);
+            }
+        }
+        for (int g = 0; g < G; g++) u[g][quad] = quad_sums(acc + g * 4);
+    }
+    for (int g = 0; g < G; g++) out[g] = join_quads(u[g]);
+}
+
+/* tile_sums with its queries a constant in each copy. */
+static void tile_sums_of(const float *qf, const float *kb, int64_t d, vf *out, int queries) {
+    if (queries == 3) tile_sums(qf, kb, d, out, 3);
+    else if (queries == 2) tile_sums(qf, kb, d, out, 2);
+    else tile_sums(qf, kb, d, out, 1);
+}
+
 /* The group's scores against every key, scaled; masked keys get -inf. Keys are converted to
- * fp32 VW at a time into `kb` (L1) and read once per query of the group, or read from `kf`
+ * fp32 VW at a time into `kb` (L1) and read once per tile of queries, or read from `kf`
  * (the same values, converted once for a prompt block's queries). */
 static void scores(const Args *a, int64_t row, int64_t kvh, const float *qf, int group, float *sc, float *kb) {
     const uint16_t *keys = a->k + row * a->st[3] + kvh * a->st[4];
-    const uint8_t *mask = a->mt;
     int64_t d = a->d, chunks = d / VW;
     const vf scale = vf_set1(a->scale), ninf = vf_set1(-INFINITY);
     float *const own = kb;
@@ -105,18 +148,17 @@ static void scores(const Args *a, int64_t row, int64_t kvh, const float *qf, int
                     vf_store(kb + j * d + VW * c,
                              j < count ? load_vec(keys + (j0 + j) * a->st[5] + VW * c, a->fp16) : vf_zero());
         }
-        vmask vis = visible(a, mask, j0, count);
-        for (int g = 0; g < group; g++) {
-            /* the keys' sums side by side, a chunk at a time: VW independent chains hide the FMA's
-             * latency (one key's chain after another waited on it); each sum's steps are unchanged */
-            vf acc[VW], qc = vf_load(qf + g * d);
-            for (int j = 0; j < VW; j++) acc[j] = vf_mul(qc, vf_load(kb + j * d));
-            for (int64_t c = 1; c < chunks; c++) {
-                qc = vf_load(qf + g * d + VW * c);
-                for (int j = 0; j < VW; j++) acc[j] = vf_fmadd(qc, vf_load(kb + j * d + VW * c), acc[j]);
+        vmask vis = visible(a, a->mt, j0, count);
+        for (int g0 = 0; g0 < group; g0 += TILE_GROUP) {
+            int queries = group - g0 < TILE_GROUP ? group - g0 : TILE_GROUP;
+            vf sums[TILE_GROUP];
+            tile_sums_of(qf + g0 * d, kb, d, sums, queries);
+            for (int g = 0; g < queries; g++) {
+                vf s = vf_select(vis, vf_mul(sums[g], scale), ninf);
+                float *to = sc + (g0 + g) * a->span + j0;
+                if (count == VW) vf_store(to, s);  /* (a masked store is slow on some CPUs) */
+                else vf_store_lanes(to, lanes(count), s);
             }
-            vf s = vf_select(vis, vf_mul(sums_vw(acc), scale), ninf);
-            vf_store_lanes(sc + g * a->span + j0, lanes(count), s);
         }
     }
 }
