@@ -150,10 +150,83 @@ static __m256i *paired_slices(const uint8_t *codes, const uint8_t *plane, int64_
 
 #include "tile_gemv_avx2_x8.h"
 
+/* The 6-bit form in tiles of 32 rows, groups of whole 16s, by one row of 16-bit x (an output head
+ * at batch 1): a step's codes joined as bytes (u = q + 32 in [0, 63], `six_codes4`), widened to 16
+ * bits and multiplied by vpmaddwd into exact int32 sums of u x; the split's sums of (q + 128) x are
+ * those plus 96 times the group's x codes' sum, exactly, and the fp32 steps are add_group8's: the
+ * same bits as `slice_pass` with about half its instructions (pair_codes rebuilds the split's bytes
+ * two columns at a time). acc[2i], acc[2i + 1]: rows 0-3, 4-7 of six_codes4's u[i], columns (k, k + 2)
+ * in the low 128 bits and (k + 1, k + 3) in the high ones, as x16_pairs pairs x's codes. */
+AI __m256i x16_pairs(const int16_t *q) {
+    const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 0, 1, 4, 5, 0, 1, 4, 5, 0, 1, 4, 5,
+                                           2, 3, 6, 7, 2, 3, 6, 7, 2, 3, 6, 7, 2, 3, 6, 7);
+    int64_t four;
+    memcpy(&four, q, sizeof four);
+    return _mm256_shuffle_epi8(_mm256_set1_epi64x(four), order);
+}
+
+/* Groups ahead whose scale-zero pairs are prefetched: unfetched, their loads were half the time of
+ * a 128256 x 2048 head (1 thread, Zen 1-class EPYC). */
+#define SIX16_SZ_AHEAD 4
+
+/* tot[0][r] for the tile's 32 rows += every group's products with the row of x (see x16_pairs). */
+static void six_tile16(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz, int64_t n, int64_t group,
+                       const QRows *x, float tot[][64], int fp16) {
+    const __m256i zero = _mm256_setzero_si256();
+    for (int64_t g = 0; g < x->groups; g++) {
+        __m256i acc[8];
+        for (int i = 0; i < 8; i++) acc[i] = zero;
+        if (g + SIX16_SZ_AHEAD < x->groups) {  /* a group's pairs lie n rows apart: the prefetcher misses them */
+            _mm_prefetch((const char *)(sz + (g + SIX16_SZ_AHEAD) * n * 2), _MM_HINT_T0);
+            _mm_prefetch((const char *)(sz + (g + SIX16_SZ_AHEAD) * n * 2 + 32), _MM_HINT_T0);
+        }
+        for (int64_t k = g * group; k < (g + 1) * group; k += 4) {  /* 4 columns: 64 code bytes, 32 of the plane */
+            _mm_prefetch((const char *)(codes + 16 * k + PREFETCH8_BYTES), _MM_HINT_T0);
+            _mm_prefetch((const char *)(plane + 8 * k + PREFETCH8_BYTES / 2), _MM_HINT_T0);
+            __m256i u[4], xb = x16_pairs(x->q16 + k);
+            six_codes4(codes + 16 * k, plane + 8 * k, u);
+            for (int i = 0; i < 4; i++) {
+                acc[2 * i] = _mm256_add_epi32(acc[2 * i], _mm256_madd_epi16(_mm256_unpacklo_epi8(u[i], zero), xb));
+                acc[2 * i + 1] = _mm256_add_epi32(acc[2 * i + 1], _mm256_madd_epi16(_mm256_unpackhi_epi8(u[i], zero), xb));
+            }
+        }
+        const __m256i extra = _mm256_set1_epi32(96 * x->total[g]);
+        for (int i = 0; i < 4; i++) {  /* rows 8i .. 8i + 7 (u[i]: rows 0-7, 8-15 of each nibble half) */
+            __m256i dot = _mm256_add_epi32(_mm256_permute2x128_si256(acc[2 * i], acc[2 * i + 1], 0x20),
+                                           _mm256_permute2x128_si256(acc[2 * i], acc[2 * i + 1], 0x31));
+            dot = _mm256_add_epi32(dot, extra);
+            add_group8(sz + g * n * 2, 8 * i, 136.0f, fp16, &dot, x, g, tot, 1);
+        }
+    }
+}
+
+/* Whether six_tile16 takes the call: the 6-bit form in tiles of 32, groups of whole 16s, 16-bit x,
+ * too few rows for the paired codes (`PREPARED_FROM`). */
+static int takes_six16(const QRows *x, int64_t tile, int64_t group, int64_t rows, int kind) {
+    return kind == KIND_INT6 && !x->q8 && tile == 32 && group % 16 == 0 && rows < PREPARED_FROM;
+}
+
+static void run_six16(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz, int64_t n, int64_t group,
+                      const QRows *x, int64_t rows, uint16_t *out, int fp16) {
+    float tot[PASS_ROWS][64] __attribute__((aligned(32)));
+    for (int64_t b = 0; b < rows; b++) {
+        QRows xb = {NULL, x->q16 + b * x->cols, x->scale + b * x->groups, x->sum + b * x->groups, x->cols, x->groups,
+                    x->total + b * x->groups};
+        for (int r = 0; r < 32; r++) tot[0][r] = 0.0f;
+        six_tile16(codes, plane, sz, n, group, &xb, tot, fp16);
+        for (int64_t r = 0; r < 32; r += 8)
+            _mm_storeu_si128((__m128i *)(out + b * n + r), floats_to_halves8(_mm256_loadu_ps(tot[0] + r), fp16));
+    }
+}
+
 static void run_tile(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz, int64_t n, int64_t group,
                      const QRows *x, const Setup *setup, int64_t rows, uint16_t *out, int fp16, int kind) {
     if (x->q8) {
         run_tile8(codes, kind == KIND_INT6 ? plane : NULL, sz, n, group, x, setup->tile, rows, out, fp16, kind);
+        return;
+    }
+    if (takes_six16(x, setup->tile, group, rows, kind)) {
+        run_six16(codes, plane, sz, n, group, x, rows, out, fp16);
         return;
     }
     float tot[PASS_ROWS][64] __attribute__((aligned(32)));

@@ -113,12 +113,24 @@ static int32_t *six_starts(const QRows *x, int64_t rows, int64_t tile, int64_t g
     return starts;
 }
 
+/* The 6-bit form's codes u = q + 32 of 4 columns of a tile of 32 rows (low nibbles at p, high parts
+ * at plane), paired as slice_codes4 pairs them. */
+AI void six_codes4(const uint8_t *p, const uint8_t *plane, __m256i u[4]) {
+    const __m256i top = _mm256_set1_epi8(0x30);
+    slice_codes4(p, 16, u);  /* the low nibbles */
+    __m256i v = _mm256_loadu_si256((const __m256i *)plane), w = _mm256_srli_epi16(v, 2);
+    __m256i rows_lo = _mm256_unpacklo_epi8(v, w), rows_hi = _mm256_unpackhi_epi8(v, w);  /* as plane_codes4 */
+    u[0] = _mm256_or_si256(u[0], _mm256_and_si256(_mm256_slli_epi16(rows_lo, 4), top));
+    u[1] = _mm256_or_si256(u[1], _mm256_and_si256(_mm256_slli_epi16(rows_hi, 4), top));
+    u[2] = _mm256_or_si256(u[2], _mm256_and_si256(rows_lo, top));
+    u[3] = _mm256_or_si256(u[3], _mm256_and_si256(rows_hi, top));
+}
+
 /* dot[b][i] += the exact sums of q x for the 16 inputs from k of nb rows of x (codes at xq, row
  * stride cols) by the 6-bit form's slice (tiles of 32: low nibbles at p, high parts at plane),
  * starts at `start` (row stride cols / 16). */
 AI void segment8_six(const uint8_t *p, const uint8_t *plane, const int8_t *xq, int64_t cols, const int32_t *start,
                      __m256i dot[][4], int nb) {
-    const __m256i top = _mm256_set1_epi8(0x30);
     const __m256i halves = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
                                             2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
     __m256i acc[PASS8_ROWS][4];
@@ -130,13 +142,7 @@ AI void segment8_six(const uint8_t *p, const uint8_t *plane, const int8_t *xq, i
         _mm_prefetch((const char *)(p + 64 * step + PREFETCH8_BYTES), _MM_HINT_T0);
         _mm_prefetch((const char *)(plane + 32 * step + PREFETCH8_BYTES / 2), _MM_HINT_T0);
         __m256i u[4];
-        slice_codes4(p + 64 * step, 16, u);  /* the low nibbles */
-        __m256i v = _mm256_loadu_si256((const __m256i *)(plane + 32 * step)), w = _mm256_srli_epi16(v, 2);
-        __m256i rows_lo = _mm256_unpacklo_epi8(v, w), rows_hi = _mm256_unpackhi_epi8(v, w);  /* as plane_codes4 */
-        u[0] = _mm256_or_si256(u[0], _mm256_and_si256(_mm256_slli_epi16(rows_lo, 4), top));
-        u[1] = _mm256_or_si256(u[1], _mm256_and_si256(_mm256_slli_epi16(rows_hi, 4), top));
-        u[2] = _mm256_or_si256(u[2], _mm256_and_si256(rows_lo, top));
-        u[3] = _mm256_or_si256(u[3], _mm256_and_si256(rows_hi, top));
+        six_codes4(p + 64 * step, plane + 32 * step, u);
         for (int b = 0; b < nb; b++) {
             __m256i xb = x_pairs(xq + b * cols + 4 * step);
             for (int i = 0; i < 4; i++) acc[b][i] = _mm256_add_epi16(acc[b][i], _mm256_maddubs_epi16(u[i], xb));
