@@ -96,24 +96,32 @@ AI vmask visible(const Args *a, const uint8_t *mask, int64_t j0, int count) {
 
 #define TILE_GROUP 3  /* queries a key row loaded serves in `tile_sums` (3 x 4 sums in registers) */
 
-/* Queries qf[0..G-1]'s dot products with VW keys (`kb`, rows of d) as one vector each (`out`), 4 keys x
- * G queries at a time so each key chunk loaded serves G queries; G constant where inlined. Each sum
- * takes its own key's steps (a product, then multiply-adds chunk by chunk, then `sums_vw`'s
- * levels), so the tiling changes no bit. */
-AI void tile_sums(const float *qf, const float *kb, int64_t d, vf *out, const int G) {
+/* VW keys as `tile_sums` reads them: fp32 rows (`f`) or the cache's 16-bit rows (`h`), `stride` apart. */
+typedef struct { const float *f; const uint16_t *h; int64_t stride; } KeyRows;
+enum { KEYS_FP32, KEYS_BF16, KEYS_FP16 };
+
+/* Key j's elements c..c+VW-1 in fp32 (`kind` a constant where inlined: no branch a chunk). */
+AI vf key_chunk(KeyRows keys, const int kind, int64_t j, int64_t c) {
+    return kind == KEYS_FP32 ? vf_load(keys.f + j * keys.stride + c) : load_vec(keys.h + j * keys.stride + c, kind == KEYS_FP16);
+}
+
+/* Queries qf[0..G-1]'s dot products with VW keys as one vector each (`out`), 4 keys x G queries at a
+ * time so each key chunk loaded (and converted) serves G queries; G and kind constants where
+ * inlined. Each sum takes its own key's steps (a product, then multiply-adds chunk by chunk, then
+ * `sums_vw`'s levels), so the tiling changes no bit. */
+AI void tile_sums(const float *qf, KeyRows keys, const int kind, int64_t d, vf *out, const int G) {
     vf u[TILE_GROUP][QUADS];
     for (int quad = 0; quad < QUADS; quad++) {
-        const float *k = kb + 4 * quad * d;
         vf acc[TILE_GROUP * 4];
         for (int j = 0; j < 4; j++) {
-            vf kc = vf_load(k + j * d);
+            vf kc = key_chunk(keys, kind, 4 * quad + j, 0);
             for (int g = 0; g < G; g++) acc[g * 4 + j] = vf_mul(vf_load(qf + g * d), kc);
         }
         for (int64_t c = VW; c < d; c += VW) {
             vf qc[TILE_GROUP];
             for (int g = 0; g < G; g++) qc[g] = vf_load(qf + g * d + c);
             for (int j = 0; j < 4; j++) {
-                vf kc = vf_load(k + j * d + c);
+                vf kc = key_chunk(keys, kind, 4 * quad + j, c);
                 for (int g = 0; g < G; g++) acc[g * 4 + j] = vf_fmadd(qc[g], kc, acc[g * 4 + j]);
             }
         }
@@ -122,37 +130,48 @@ AI void tile_sums(const float *qf, const float *kb, int64_t d, vf *out, const in
     for (int g = 0; g < G; g++) out[g] = join_quads(u[g]);
 }
 
-/* tile_sums with its queries a constant in each copy. */
-static void tile_sums_of(const float *qf, const float *kb, int64_t d, vf *out, int queries) {
-    if (queries == 3) tile_sums(qf, kb, d, out, 3);
-    else if (queries == 2) tile_sums(qf, kb, d, out, 2);
-    else tile_sums(qf, kb, d, out, 1);
+/* tile_sums with its queries and key kind constants in each copy. */
+static void tile_sums_of(const float *qf, KeyRows keys, int kind, int64_t d, vf *out, int queries) {
+#define TILE(G, K) if (queries == G && kind == K) { tile_sums(qf, keys, K, d, out, G); return; }
+#define TILES(G) TILE(G, KEYS_FP32) TILE(G, KEYS_BF16) TILE(G, KEYS_FP16)
+    TILES(1) TILES(2) TILES(3)
+#undef TILES
+#undef TILE
 }
 
-/* The group's scores against every key, scaled; masked keys get -inf. Keys are converted to
- * fp32 VW at a time into `kb` (L1) and read once per tile of queries, or read from `kf`
- * (the same values, converted once for a prompt block's queries). */
+/* VW keys from j0 as `tile_sums` reads them: a prompt block's fp32 rows (`kf`: zeros past the span),
+ * the cache's rows where all VW are there, else the `count` there converted into `kb` and zeros. */
+static int key_rows(const Args *a, const uint16_t *keys, int64_t j0, int count, float *kb, KeyRows *rows) {
+    if (a->kf) {
+        *rows = (KeyRows){a->kf + j0 * a->d, NULL, a->d};
+        return KEYS_FP32;
+    }
+    if (count == VW) {
+        *rows = (KeyRows){NULL, keys + j0 * a->st[5], a->st[5]};
+        return a->fp16 ? KEYS_FP16 : KEYS_BF16;
+    }
+    for (int j = 0; j < VW; j++)
+        for (int64_t c = 0; c < a->d; c += VW)
+            vf_store(kb + j * a->d + c, j < count ? load_vec(keys + (j0 + j) * a->st[5] + c, a->fp16) : vf_zero());
+    *rows = (KeyRows){kb, NULL, a->d};
+    return KEYS_FP32;
+}
+
+/* The group's scores against every key, scaled; masked keys get -inf. Each tile of queries reads
+ * VW keys (`key_rows`) at a time. */
 static void scores(const Args *a, int64_t row, int64_t kvh, const float *qf, int group, float *sc, float *kb) {
     const uint16_t *keys = a->k + row * a->st[3] + kvh * a->st[4];
-    int64_t d = a->d, chunks = d / VW;
+    const int64_t d = a->d;
     const vf scale = vf_set1(a->scale), ninf = vf_set1(-INFINITY);
-    float *const own = kb;
     for (int64_t j0 = 0; j0 < a->span; j0 += VW) {
         int count = a->span - j0 < VW ? (int)(a->span - j0) : VW;
-        if (a->kf) {
-            kb = (float *)a->kf + j0 * d;  /* zeros past the span, as the block below */
-        } else {
-            kb = own;
-            for (int j = 0; j < VW; j++)
-                for (int64_t c = 0; c < chunks; c++)
-                    vf_store(kb + j * d + VW * c,
-                             j < count ? load_vec(keys + (j0 + j) * a->st[5] + VW * c, a->fp16) : vf_zero());
-        }
+        KeyRows rows;
+        int kind = key_rows(a, keys, j0, count, kb, &rows);
         vmask vis = visible(a, a->mt, j0, count);
         for (int g0 = 0; g0 < group; g0 += TILE_GROUP) {
             int queries = group - g0 < TILE_GROUP ? group - g0 : TILE_GROUP;
             vf sums[TILE_GROUP];
-            tile_sums_of(qf + g0 * d, kb, d, sums, queries);
+            tile_sums_of(qf + g0 * d, rows, kind, d, sums, queries);
             for (int g = 0; g < queries; g++) {
                 vf s = vf_select(vis, vf_mul(sums[g], scale), ninf);
                 float *to = sc + (g0 + g) * a->span + j0;
