@@ -106,6 +106,8 @@ def worker_accelerate(args) -> dict:
     model = accelerate_model(args)
     ids = torch.tensor(_prompts(args.block, args.prompt_len, model.config.vocab_size))
     runs, read = {}, 0
+    with torch.inference_mode():  # warm-up: the first call's one-time costs are no decode step's
+        model.generate(ids[:1, :8], attention_mask=torch.ones_like(ids[:1, :8]), max_new_tokens=1, pad_token_id=0)
     for gen in sorted({1, args.peer_gen}):
         drop_page_cache(args.model, args.offload_dir / "accelerate")
         before, started = io_counters(), time.perf_counter()
@@ -130,7 +132,8 @@ def llama_cpp_best(args, cap: MemoryCap) -> dict:
         tps = args.job * args.gen_len / job_s
         print(f"  llama.cpp -npl {npl}: a batch's prefill {row['t_pp']:.1f} s ({row['t_pp'] / npl:.2f} s a prompt), "
               f"{args.peer_gen} decode steps {row['t_tg']:.1f} s ({row['t_tg'] / args.peer_gen:.2f} s a step); "
-              f"the job {job_s / 3600:.2f} h, {tps:.2f} tok/s, {job_s / args.job:.2f} s a prompt", flush=True)
+              f"the job{' projected' if args.peer_gen < args.gen_len or npl < args.job else ''} {job_s / 3600:.2f} h, "
+              f"{tps:.2f} tok/s, {job_s / args.job:.2f} s a prompt", flush=True)
         if best is None or tps > best["tps"]:
             best = {"tps": tps, "npl": npl, "read_per_token": read["read_bytes"] / (npl * args.peer_gen)}
     return best
@@ -196,7 +199,8 @@ def run(args) -> None:
     sampled = args.sample < args.job or args.peer_gen < args.gen_len
     print(f"job {args.job} prompts x ({args.prompt_len} + {args.gen_len}); {cap.describe()}; flexlamps gpu "
           f"{args.gpu_mem / 2**20:.0f} MiB + cpu {args.cpu_mem / 2**20:.0f} MiB; "
-          + (f"a sample: flexlamps {args.sample} prompts, the peers {args.peer_gen} new tokens a batch; " if sampled else "")
+          + (f"flexlamps a sample of {args.sample} prompts; " if args.sample < args.job else "")
+          + (f"the peers' batches {args.peer_gen} new tokens; " if args.peer_gen < args.gen_len else "")
           + f"load {os.getloadavg()[0]:.1f}", flush=True)
     try:
         results = {}  # side -> the job's seconds
@@ -207,7 +211,8 @@ def run(args) -> None:
             job_s = res["s"] if args.sample >= args.job else flexlamps_job_s(res, args.job, args.sample)
             if job_s is not None:
                 print(f"  flexlamps the job ({res['job_phases']['block'] if res.get('job_phases') else res['block']} "
-                      f"a sweep): {job_s / 3600:.2f} h, {args.job * args.gen_len / job_s:.2f} tok/s", flush=True)
+                      f"a sweep){' projected' if sampled else ''}: {job_s / 3600:.2f} h, "
+                      f"{args.job * args.gen_len / job_s:.2f} tok/s", flush=True)
                 results["flexlamps"] = min(job_s, results.get("flexlamps", math.inf))
         if "accelerate" in args.sides:
             res = _capped_worker(args, cap, "accelerate", args.accelerate_batch)
@@ -215,7 +220,7 @@ def run(args) -> None:
             results["accelerate"] = accelerate_job_s(res["runs"], args.job, args.accelerate_batch, args.gen_len)
             print(f"  accelerate batch {args.accelerate_batch}: " + ", ".join(f"{g} new tokens {t:.1f} s"
                                                                           for g, t in res["runs"].items())
-                  + f"; the job {results['accelerate'] / 3600:.2f} h, "
+                  + f"; the job{' projected' if sampled else ''} {results['accelerate'] / 3600:.2f} h, "
                     f"{args.job * args.gen_len / results['accelerate']:.2f} tok/s", flush=True)
         if "llama.cpp" in args.sides and args.llama_cpp:
             best = llama_cpp_best(args, cap)
