@@ -205,10 +205,16 @@ AI float weights_in(float *sc, int64_t span, const int fp16) {
             sum = vf_add(sum, e[u]);
         }
     }
-    for (; j < span; j += VW) {
+    for (; j + VW <= span; j += VW) {
+        vf e = rounded(exp_nonpositive(vf_sub(vf_load(sc + j), vm)), fp16);
+        vf_store(sc + j, e);
+        sum = vf_add(sum, e);
+    }
+    if (j < span) {  /* the partial last vector, unmasked loads and stores (masked ones are slow on AMD): its
+                      * lanes past the span (the next query's scores, or `task`'s spare floats) written back as read */
         vmask part = lanes(span - j);
-        vf e = vf_keep(part, rounded(exp_nonpositive(vf_sub(vf_load_lanes(part, sc + j), vm)), fp16));
-        vf_store_lanes(sc + j, part, e);
+        vf x = vf_load(sc + j), e = vf_keep(part, rounded(exp_nonpositive(vf_sub(x, vm)), fp16));
+        vf_store(sc + j, vf_select(part, e, x));
         sum = vf_add(sum, e);
     }
     return vf_sum(sum);
