@@ -107,3 +107,19 @@ def test_offloaded_row_independent_of_its_steps(reader, plain, tokens, kind, tmp
         assert torch.equal(_shared(executor, cache, slots, tokens, chunks), reference), chunks
         cache.release()
     executor.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_logits_conversion_is_torchs_on_one_thread(dtype):
+    """`float_logits` (numpy, this thread only) gives `.float()`'s bits: signed zeros, infinities,
+    a NaN, subnormals, a row picked out of a wider tensor (strided)."""
+    from flexlamps.engine.executors.in_memory import float_logits
+
+    gen = torch.Generator().manual_seed(0)
+    wide = (torch.randn(3, 2 * 128256, generator=gen) * 30).to(dtype)
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40, -3e-41, 6e-8])
+    wide[0, :8] = special.to(dtype)
+    logits = wide[:, ::2]
+    got = float_logits(logits)
+    assert got.dtype == torch.float32 and got.shape == logits.shape
+    assert torch.equal(got.view(torch.int32), logits.float().view(torch.int32))
