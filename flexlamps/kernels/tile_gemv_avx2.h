@@ -158,11 +158,8 @@ static __m256i *paired_slices(const uint8_t *codes, const uint8_t *plane, int64_
  * two columns at a time). acc[2i], acc[2i + 1]: rows 0-3, 4-7 of six_codes4's u[i], columns (k, k + 2)
  * in the low 128 bits and (k + 1, k + 3) in the high ones, as x16_pairs pairs x's codes. */
 AI __m256i x16_pairs(const int16_t *q) {
-    const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 0, 1, 4, 5, 0, 1, 4, 5, 0, 1, 4, 5,
-                                           2, 3, 6, 7, 2, 3, 6, 7, 2, 3, 6, 7, 2, 3, 6, 7);
-    int64_t four;
-    memcpy(&four, q, sizeof four);
-    return _mm256_shuffle_epi8(_mm256_set1_epi64x(four), order);
+    return x_picked(q, 8, _mm256_setr_epi8(0, 1, 4, 5, 0, 1, 4, 5, 0, 1, 4, 5, 0, 1, 4, 5,
+                                           2, 3, 6, 7, 2, 3, 6, 7, 2, 3, 6, 7, 2, 3, 6, 7));
 }
 
 /* Groups ahead whose scale-zero pairs are prefetched: unfetched, their loads were half the time of

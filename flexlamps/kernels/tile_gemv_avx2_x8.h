@@ -63,14 +63,18 @@ AI void plane_codes4(const uint8_t *plane, int64_t off, int64_t h, __m256i c[4])
     pair_columns4(_mm256_permute2x128_si256(even, odd, 0x20), _mm256_permute2x128_si256(even, odd, 0x31), c);
 }
 
+/* `bytes` (4 or 8) bytes of x's codes at q in every lane, each 128-bit lane's bytes picked by `order`. */
+AI __m256i x_picked(const void *q, const int bytes, __m256i order) {
+    int64_t v = 0;
+    memcpy(&v, q, (size_t)bytes);
+    return _mm256_shuffle_epi8(bytes == 4 ? _mm256_set1_epi32((int32_t)v) : _mm256_set1_epi64x(v), order);
+}
+
 /* x's codes k..k+3 paired as slice_codes4 pairs the weight's: (k, k+2) in the low lane, (k+1, k+3)
  * in the high one. */
 AI __m256i x_pairs(const int8_t *q) {
-    const __m256i order = _mm256_setr_epi8(0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2,
-                                           1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3);
-    int32_t four;
-    memcpy(&four, q, sizeof four);
-    return _mm256_shuffle_epi8(_mm256_set1_epi32(four), order);
+    return x_picked(q, 4, _mm256_setr_epi8(0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2,
+                                           1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3));
 }
 
 /* dot[b][i] += 2^shift * each row's int16 sums in acc[b][i]: its two 16-bit lanes (low and high 128
