@@ -55,7 +55,8 @@ def profile_routing(args, prompt_len: int) -> str:
     """As `flexlamps profile --model M --prompts FILE` would: the model's routing on --routing-prompts
     held-out prompts (not the rows' own), cached where every run of this model finds it (its plan
     prices the expert cache's hits from the traces); 0: the cached profile removed, uniform routing.
-    Runs before the rows, outside the memory cap (it holds every weight in memory)."""
+    Runs before the rows, outside the memory cap (it holds every weight in memory), in a child
+    process (`_in_child`): this one would keep those pages (~20 GB at full size) while the sides run."""
     from flexlamps.commands.profile import ROUTING_NEW_TOKENS
     from flexlamps.engine.routing_measure import measure_routing
     from flexlamps.engine.routing_profile import routing_cache_path, save_routing
@@ -70,6 +71,14 @@ def profile_routing(args, prompt_len: int) -> str:
     save_routing(reader, measure_routing(reader, prompts, ROUTING_NEW_TOKENS))
     return (f"routing profiled on {args.routing_prompts} held-out prompts of {prompt_len} tokens "
             f"({ROUTING_NEW_TOKENS} new each) in {time.perf_counter() - started:.0f} s")
+
+
+def _in_child(fn, *args):
+    """fn(*args) in a fresh process, its memory given back to the machine when it returns."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
 
 
 def _timed(generate, gens, folders) -> dict:
@@ -302,7 +311,7 @@ def main() -> None:
         raise SystemExit(f"--workloads: unknown {', '.join(sorted(unknown))} (choose from {', '.join(workloads)})")
     workloads = {k: v for k, v in workloads.items() if k in chosen}
     if "flexlamps" in args.sides.split(","):
-        print(profile_routing(args, next(iter(workloads.values()))[0]), flush=True)
+        print(_in_child(profile_routing, args, next(iter(workloads.values()))[0]), flush=True)
     cap = MemoryCap(cap_bytes)
     print(f"model {model_bytes / 2**30:.2f} GiB bf16; budgets gpu {args.gpu_mem / 2**20:.0f} MiB + cpu "
           f"{args.cpu_mem / 2**20:.0f} MiB; {cap.describe()}; threads {args.threads}; load {os.getloadavg()[0]:.1f}",

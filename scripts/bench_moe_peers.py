@@ -21,7 +21,8 @@ import threading
 import time
 from pathlib import Path
 
-CGROUP_NAME = "flexlamps-bench-moe"
+# one cgroup per bench process: two benches at once (bench_moe.py, bench_moe_job.py) would share one cap
+CGROUP_NAME = f"flexlamps-bench-moe-{os.getpid()}"
 
 
 def io_counters(pid: int | str = "self") -> dict[str, int]:
