@@ -29,16 +29,22 @@ from flexlamps.models.forward import forward_for
 from flexlamps.models.weight_specs import weight_specs
 
 
+_ONE_THREAD_LOGITS = 1 << 21  # values up to which `float_logits` converts on the calling thread (~1 ms)
+
+
 def float_logits(logits: torch.Tensor) -> torch.Tensor:
-    """`logits.float().cpu()`, a 16-bit CPU tensor converted on this thread (numpy; the same values:
-    the conversion is exact). torch's conversion of a 128k vocabulary's row (above its 32768-element
-    grain) wakes its OpenMP team, whose second thread then waits for a core behind our kernels' pool
-    worker: 1-15 ms against numpy's 0.13 at 2 threads on a 2-core box (under load)."""
-    if logits.device.type != "cpu" or logits.dtype not in (torch.bfloat16, torch.float16):
+    """`logits.float().cpu()`, a 16-bit CPU tensor of a step's rows converted on this thread (numpy;
+    the same values: the conversion is exact). torch's conversion of a 128k vocabulary's row (above
+    its 32768-element grain) wakes its OpenMP team, whose second thread then waits for a core behind
+    our kernels' pool worker: 1-15 ms against numpy's 0.13 at 2 threads on a 2-core box (under
+    load). Larger ones (a scored prompt's every position) stay torch's, split over its threads."""
+    if (logits.device.type != "cpu" or logits.dtype not in (torch.bfloat16, torch.float16)
+            or logits.numel() > _ONE_THREAD_LOGITS):
         return logits.float().cpu()
     if logits.dtype == torch.float16:
         return torch.from_numpy(logits.numpy().astype(np.float32))
-    bits = logits.view(torch.int16).numpy().astype(np.int32) << 16  # bf16: an fp32's upper half
+    bits = logits.view(torch.int16).numpy().astype(np.int32)
+    bits <<= 16  # bf16: an fp32's upper half
     return torch.from_numpy(bits.view(np.float32))
 
 
