@@ -201,6 +201,33 @@ def _run_side(side: str, args, cap: MemoryCap, batch: int, prompt_len: int, gen_
         return f"failed: {str(exc)[-300:]}"
 
 
+def best_trial(trials: list, batch: int, gen_len: int, prompt_heavy: bool) -> dict | str:
+    """A side's best of its trials (a row's main figure: the shortest prefill for a prompt-heavy row, the
+    fastest decode otherwise); the last trial's failure where none ran."""
+    ran = [t for t in trials if not isinstance(t, str)]
+    if not ran:
+        return trials[-1]
+    if prompt_heavy:
+        return min(ran, key=lambda t: _decode(t["runs"], batch, gen_len)["prefill_s"])
+    return max(ran, key=lambda t: _decode(t["runs"], batch, gen_len)["decode_tps"])
+
+
+def _run_row(name: str, args, cap: MemoryCap, batch: int, prompt_len: int, gen_len: int) -> dict:
+    """Each side's best of --repeats trials, the sides taking turns (a slow minute on a shared box
+    then costs every side one trial, not one side its only one); every trial's rate printed."""
+    sides = args.sides.split(",")
+    trials = {side: [] for side in sides}
+    for _ in range(args.repeats):
+        for side in sides:
+            trials[side].append(_run_side(side, args, cap, batch, prompt_len, gen_len))
+    if args.repeats > 1:
+        for side, runs in trials.items():
+            rates = [f"{_decode(t['runs'], batch, gen_len)['decode_tps']:.2f}" if not isinstance(t, str) else "failed"
+                     for t in runs]
+            print(f"  {side} decode tok/s by trial: {', '.join(rates)}")
+    return {side: best_trial(runs, batch, gen_len, name == "prompt-heavy") for side, runs in trials.items()}
+
+
 def _print_row(name: str, batch: int, gen_len: int, prompt_len: int, results: dict, args) -> None:
     print(f"\n{name}, batch {batch} (prompt {prompt_len}, {gen_len} new tokens)")
     decoded = {}
@@ -270,13 +297,17 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--slack", type=int, default=3 << 29, help="the default cap's bytes for runtime and code")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds a side may take for one row")
+    ap.add_argument("--repeats", type=int, default=1, help="trials a side for each row, the sides in turns; best kept")
     ap.add_argument("--routing-prompts", type=int, default=8,
                     help="held-out prompts flexlamps' routing profile is measured on first (0: uniform routing)")
     for hidden in ("--worker", "--model", "--offload-dir"):
         ap.add_argument(hidden, default=None, help=argparse.SUPPRESS)
     for hidden in ("--batch", "--prompt-len", "--gen-len"):
         ap.add_argument(hidden, type=int, default=None, help=argparse.SUPPRESS)
-    return ap.parse_args()
+    args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: give 1 or more trials a side")
+    return args
 
 
 def _has_cuda() -> bool:
@@ -319,8 +350,7 @@ def main() -> None:
     try:
         for name, (prompt_len, gen_len) in workloads.items():
             for batch in batches:
-                results = {side: _run_side(side, args, cap, batch, prompt_len, gen_len)
-                           for side in args.sides.split(",")}
+                results = _run_row(name, args, cap, batch, prompt_len, gen_len)
                 _print_row(name, batch, gen_len, prompt_len, results, args)
     finally:
         cap.close()
