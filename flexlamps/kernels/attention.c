@@ -472,10 +472,11 @@ typedef struct {
 static void attention_chunk(void *ctx, int64_t c, int slot) {
     Call *call = ctx;
     const Args *a = call->a;
-    const int64_t end = (c + 1) * call->per < call->tasks ? (c + 1) * call->per : call->tasks, blocks = call->blocks;
+    const int64_t blocks = call->blocks;
+    int64_t first, end = chunk_range(c, call->per, call->tasks, &first);
     int failed = 0;
     (void)slot;
-    for (int64_t i = c * call->per; i < end; i++) {
+    for (int64_t i = first; i < end; i++) {
         if (a->t == 1) {
             failed |= task(a, i / a->kv_heads, i % a->kv_heads, 0);
         } else {
@@ -498,8 +499,6 @@ int flexlamps_attention(const uint16_t *q, const uint16_t *k, const uint16_t *v,
     Call call = {&a, tasks, blocks, tasks, 0};
     /* a task is 1-40 us a query: below a few per thread one thread runs them all; a row's query
      * blocks are neighbouring tasks, which read the same keys */
-    const int split = threads > 1 && tasks >= 4 * threads;
-    const int64_t chunks = split ? chunk_items(tasks, threads, &call.per) : 1;
-    run_chunks(split ? threads : 1, chunks, attention_chunk, &call);
+    run_split(threads, threads > 1 && tasks >= 4 * threads, tasks, &call.per, attention_chunk, &call);
     return atomic_load(&call.failed);
 }

@@ -92,16 +92,11 @@ typedef struct {
 } Pass;
 
 /* Chunk c's tokens [*first, return value). */
-static int64_t pass_tokens(const Pass *p, int64_t c, int64_t *first) {
-    *first = c * p->per;
-    return *first + p->per < p->count ? *first + p->per : p->count;
-}
+static int64_t pass_tokens(const Pass *p, int64_t c, int64_t *first) { return chunk_range(c, p->per, p->count, first); }
 
 /* fn over the pass's tokens: split over the threads from PARALLEL_FROM tokens, else on this one. */
 static void over_tokens(Pass *p, int threads, chunk_fn fn) {
-    const int split = threads > 1 && p->count >= PARALLEL_FROM;
-    const int64_t chunks = chunk_items(p->count, split ? threads : 1, &p->per);
-    run_chunks(split ? threads : 1, chunks, fn, p);
+    run_split(threads, threads > 1 && p->count >= PARALLEL_FROM, p->count, &p->per, fn, p);
 }
 
 /* Chunk c of x = round(x + y) (out = x, in = y). */

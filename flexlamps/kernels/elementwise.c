@@ -69,17 +69,17 @@ typedef struct {
 
 static void norm_chunk(void *ctx, int64_t c, int slot) {
     const Rows *r = ctx;
-    const int64_t end = (c + 1) * r->per < r->rows ? (c + 1) * r->per : r->rows;
+    int64_t first, end = chunk_range(c, r->per, r->rows, &first);
     (void)slot;
-    for (int64_t i = c * r->per; i < end; i++)
+    for (int64_t i = first; i < end; i++)
         rms_norm_row(r->in + i * r->stride, r->w, r->out + i * r->cols, r->cols, r->eps, r->fp16);
 }
 
 static void silu_chunk(void *ctx, int64_t c, int slot) {
     const Rows *r = ctx;
-    const int64_t end = (c + 1) * r->per < r->rows ? (c + 1) * r->per : r->rows;
+    int64_t first, end = chunk_range(c, r->per, r->rows, &first);
     (void)slot;
-    for (int64_t i = c * r->per; i < end; i++) {
+    for (int64_t i = first; i < end; i++) {
         if (r->fp16) silu_mul_row(r->in + i * r->stride, r->out + i * r->cols, r->cols, 1);
         else silu_mul_row(r->in + i * r->stride, r->out + i * r->cols, r->cols, 0);
     }
@@ -87,9 +87,7 @@ static void silu_chunk(void *ctx, int64_t c, int slot) {
 
 /* The rows split over the threads where there are enough values to pay for it. */
 static void run_rows(Rows *r, int threads, chunk_fn fn) {
-    const int split = threads > 1 && r->rows * r->cols >= (1 << 16);
-    const int64_t chunks = chunk_items(r->rows, split ? threads : 1, &r->per);
-    run_chunks(split ? threads : 1, chunks, fn, r);
+    run_split(threads, threads > 1 && r->rows * r->cols >= (1 << 16), r->rows, &r->per, fn, r);
 }
 
 /* x (rows, cols) with row stride x_stride, w (cols), out (rows, cols) contiguous. */

@@ -35,4 +35,17 @@ static int64_t chunk_items(int64_t items, int threads, int64_t *per) {
     *per = (items + want - 1) / want > 0 ? (items + want - 1) / want : 1;
     return (items + *per - 1) / *per;
 }
+
+/* Chunk c's items [*first, return value) of `items` in chunks of `per` (`chunk_items`). */
+static inline int64_t chunk_range(int64_t c, int64_t per, int64_t items, int64_t *first) {
+    *first = c * per;
+    return *first + per < items ? *first + per : items;
+}
+
+/* fn over `items` items in `chunk_items` chunks (*per set): split over `threads` where `split`, else
+ * one chunk on the calling thread. */
+static void run_split(int threads, int split, int64_t items, int64_t *per, chunk_fn fn, void *ctx) {
+    const int64_t chunks = chunk_items(items, split ? threads : 1, per);
+    run_chunks(split ? threads : 1, chunks, fn, ctx);
+}
 #endif
