@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_moe import _prompts, accelerate_model
+from bench_moe import _prompts, _timed, accelerate_model
 from bench_moe_checkpoint import build_gguf, build_hf
 from bench_moe_job_sample import accelerate_job_s, flexlamps_job_s, llama_cpp_job_s
 from bench_moe_peers import MemoryCap, drop_page_cache, io_counters, llama_jsonl_row, run_capped
@@ -105,17 +105,15 @@ def worker_accelerate(args) -> dict:
 
     model = accelerate_model(args)
     ids = torch.tensor(_prompts(args.block, args.prompt_len, model.config.vocab_size))
-    runs, read = {}, 0
-    with torch.inference_mode():  # warm-up: the first call's one-time costs are no decode step's
-        model.generate(ids[:1, :8], attention_mask=torch.ones_like(ids[:1, :8]), max_new_tokens=1, pad_token_id=0)
-    for gen in sorted({1, args.peer_gen}):
-        drop_page_cache(args.model, args.offload_dir / "accelerate")
-        before, started = io_counters(), time.perf_counter()
-        with torch.inference_mode():
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen, min_new_tokens=gen,
-                           do_sample=False, pad_token_id=0)
-        runs[gen], read = time.perf_counter() - started, io_counters()["read_bytes"] - before["read_bytes"]
-    return {"runs": runs, "read_bytes": read}
+
+    @torch.inference_mode()
+    def generate(gen, rows=ids):
+        model.generate(rows, attention_mask=torch.ones_like(rows), max_new_tokens=gen, min_new_tokens=gen,
+                       do_sample=False, pad_token_id=0)
+
+    generate(1, ids[:1, :8])  # warm-up: the first call's one-time costs are no decode step's
+    runs = _timed(generate, sorted({1, args.peer_gen}), [args.model, args.offload_dir / "accelerate"])
+    return {"runs": {gen: run["s"] for gen, run in runs.items()}, "read_bytes": runs[max(runs)]["read_bytes"]}
 
 
 def llama_cpp_best(args, cap: MemoryCap) -> dict:
