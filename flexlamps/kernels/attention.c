@@ -362,9 +362,14 @@ BF16_TARGET AI void weighted_values_bf16_fixed(const Args *a, int64_t row, int64
             union { float f; uint32_t u; } p0 = { pr[g * a->span + j] }, p1 = { two ? pr[g * a->span + j + 1] : 0.0f };
             if (!(p0.u | p1.u)) continue;  /* masked, or rounded to 0: adds exactly 0 */
             __m512bh pair = (__m512bh)_mm512_set1_epi32((int)((p0.u >> 16) | (p1.u & 0xFFFF0000u)));
+            /* one key of the pair at probability 0 adds nothing: its value (a masked key's may be NaN
+             * or Inf, and 0 * NaN is NaN) is read as 0 (the low half of each lane is key j's) */
+            __m512i keep = _mm512_set1_epi32((int)((p0.u ? 0xFFFFu : 0u) | (p1.u ? 0xFFFF0000u : 0u)));
+            int lone = !p0.u || !p1.u;
             for (int b = 0; b < B; b++) {
-                lo[g * B + b] = _mm512_dpbf16_ps(lo[g * B + b], pair, (__m512bh)il[b]);
-                hi[g * B + b] = _mm512_dpbf16_ps(hi[g * B + b], pair, (__m512bh)ih[b]);
+                __m512i l = lone ? _mm512_and_si512(il[b], keep) : il[b], h = lone ? _mm512_and_si512(ih[b], keep) : ih[b];
+                lo[g * B + b] = _mm512_dpbf16_ps(lo[g * B + b], pair, (__m512bh)l);
+                hi[g * B + b] = _mm512_dpbf16_ps(hi[g * B + b], pair, (__m512bh)h);
             }
         }
     }
