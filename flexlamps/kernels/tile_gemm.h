@@ -23,7 +23,8 @@
  * Then per group: tot += scale * (dot * dx) + offset * sum_x, offset = zero - 8 * scale (for the
  * int8 split, the low half's pair: w = d q + zero - 8 d). Integer sums are exact and the fp32 steps
  * of a row run in the same order whatever rows share the call, the blocking or the threads: a
- * row's result depends on that row alone. Included by tile_gemv.c. */
+ * row's result depends on that row alone. The avx_vnni variant's passes (tile_gemm_vnni.h) sum with
+ * vpdpbusd into int32: the same exact sums, the same bits. Included by tile_gemv.c. */
 #ifndef GEMM_ROWS
 #define GEMM_ROWS 2
 #endif  /* rows of x a pass multiplies by a sub-tile's codes, their sums in registers */
@@ -272,6 +273,9 @@ AI void pass2(const Prepared *prep, const QRows *x, int64_t steps, int split, fl
     }
 }
 
+#ifdef __AVXVNNI__
+#include "tile_gemm_vnni.h"  /* gemm_pass with vpdpbusd */
+#else
 /* groups_pass, its counts constant for the common groups (4-bit codes in groups of 32: Q4_0, Q4_K;
  * Q6_K's int8 codes, |q| <= 32, in groups of 16; Q8_0's), so the compiler unrolls them. */
 AI void gemm_pass(const Prepared *prep, const QRows *x, int64_t group, int split, float *tot, int nb) {
@@ -284,6 +288,7 @@ AI void gemm_pass(const Prepared *prep, const QRows *x, int64_t group, int split
     else if (split && group == 32 && prep->steps8 == 1) groups_pass(prep, x, 32, 32, 1, tot, nb);  /* Q8_0 */
     else groups_pass(prep, x, group, chunk, split, tot, nb);
 }
+#endif
 
 /* bias_start's values for every row of x and every 16 of its inputs (a malloc'd array), or NULL
  * where no sub-tile can be biased (cols not 16s) or memory is short (then none is). */
