@@ -77,9 +77,8 @@ def _bar(policy: str, qps: float, total: int):
 _VERIFY_LOW_PRECISION = (
     "note: in {} --verify compares each output with the same engine's own uninterrupted generation (its weights "
     "and kernels; an in-memory run keeps 4-bit weights in another form). A row's arithmetic does not depend on the "
-    "rows or chunks sharing its step (models/blocks/weight_kind.py), so outputs are equal, except on CPUs with AMX, "
-    "where oneDNN picks its bf16 GEMM by row count and a row may move by one bf16 rounding step; a near-tie may "
-    "then flip a token. Outputs that differ are listed. float32 (--dtype float32) is also checked against the "
+    "rows or chunks sharing its step (models/blocks/weight_kind.py), so outputs are equal. Outputs that differ "
+    "are listed. float32 (--dtype float32) is also checked against the "
     "model all in memory.")
 
 

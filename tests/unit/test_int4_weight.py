@@ -8,7 +8,7 @@ import torch
 from flexlamps.models.loading.gguf_blocks import int4_blocks
 from flexlamps.models.blocks.dense_gemm import fast_dense_gemm
 from flexlamps.models.blocks.linear import (INT4_DENSE_FROM_ROWS, Int4Twin, Phase, codes_prompt_product, fused_product, fuses,
-                                             linear, with_dense_twin)
+                                             int8_product, linear, with_dense_twin)
 from quant.int4_weight import Int4Weight, can_pack, pack_codes, unpack_codes
 
 
@@ -54,17 +54,20 @@ def test_quantize_error_is_within_half_a_step():
     assert ((w.dequantize() - dense).abs() <= step / 2 + 1e-6).all()
 
 
-def _path_by_phase(w, x, phase):
+def _path_by_phase(w, x, phase, bias=None):
     """What `linear` must give for x in `phase` (`coded_weights.CodesKind`): the fused kernel
     in decode; in a prompt where this CPU has no fast dense GEMM for x's dtype, the many-row
-    kernel on the codes (where it runs) or the fused one; else the dense GEMM on the dequantized
-    weight."""
+    kernel on the codes (where it runs) or the fused one; else the int8 GEMM where it takes x, or
+    the dense GEMM on the dequantized weight (the bias inside it)."""
+    add = (lambda out: out) if bias is None else (lambda out: out + bias)
     if phase is Phase.PROMPT and not fast_dense_gemm(x) and (on_codes := codes_prompt_product(w, x)) is not None:
-        return on_codes
+        return add(on_codes)
     if phase is Phase.DECODE or not fast_dense_gemm(x):
         if fuses(w, x):
-            return fused_product(w, x)
-    return linear(x, w.dequantize(x.dtype))
+            return add(fused_product(w, x))
+    elif (on_int8 := int8_product(w, x)) is not None:
+        return add(on_int8)
+    return linear(x, w.dequantize(x.dtype), bias)
 
 
 def test_linear_chooses_the_kernel_by_phase_never_by_rows():
@@ -73,7 +76,7 @@ def test_linear_chooses_the_kernel_by_phase_never_by_rows():
     bias = torch.randn(64, dtype=torch.bfloat16)
     for phase in Phase:
         x = torch.randn(40, 96, dtype=torch.bfloat16)
-        want = _path_by_phase(w, x, phase) + bias
+        want = _path_by_phase(w, x, phase, bias)
         for rows in (1, 2, 3, 17, 40):  # a row's bits do not depend on the rows beside it
             assert torch.equal(linear(x[:rows], w, bias, phase=phase), want[:rows]), (phase, rows)
     # a forward's (n, T, in) activations: T > 1 is a prompt, T == 1 decode

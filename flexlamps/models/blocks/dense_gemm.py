@@ -15,9 +15,12 @@ run as a separate op.
 Batch invariance (`weight_kind`): oneDNN's fp32 GEMM switches to a GEMV with another summation
 order for a single row, so a single row is computed as two. torch's bf16 GEMM on AVX2 CPUs (no
 oneDNN bf16 there) and oneDNN's on AVX-512-BF16 CPUs without AMX give each row the same bits at
-any row count (measured: `tests/property/test_batch_invariance.py`); on CPUs with AMX oneDNN
-picks its bf16 kernel by row count and a row may move by one bf16 rounding step of the output
-(`BF16_BATCH_TOLERANCE`), a limit `docs/generate.md` states.
+any row count (measured: `tests/property/test_batch_invariance.py`). On CPUs with AMX oneDNN
+picks its bf16 kernel (and its split over threads) by the call's row count: 1-10 of a row's 2048
+outputs moved by a rounding step between calls of 1-33 rows and of 300 (Sapphire Rapids-class
+Xeon). A call of a fixed row count gives a row the same bits wherever it sits among the call's
+rows and whatever they hold (measured there, 1 and 2 threads, packed or not), so there bf16 rows
+run in calls of exactly `AMX_ROW_BLOCK` rows, the last one padded with zero rows.
 
 Decode rows in bf16 / fp16 on a CPU without oneDNN's 16-bit GEMM (AVX2) take our kernel
 (`kernels.half_gemv`: each output one fp32 dot product in a fixed order, rounded once; a row's
@@ -34,16 +37,15 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from flexlamps.kernels import half_gemv, loader
+from flexlamps.kernels import build, half_gemv, loader
 from flexlamps.models.blocks.weight_kind import Phase, WeightKind, epilogue, is_dense, register
 
 # The row count oneDNN tunes a packed layout for; results do not depend on it, and decode
 # batches of 8-64 rows and prefill GEMMs of thousands both run at full speed with it.
 _PACK_ROWS_HINT = 32
-# How far a bf16 row may move with the batch it shares a call with on a CPU with AMX: one
-# rounding step of the bf16 output (up to 2^-7 of the value), plus the worst-case reordering
-# error of an fp32 accumulation over K <= 4096 terms (K * 2^-24 of the row's sum of |x_i * w_i|).
-BF16_BATCH_TOLERANCE = {"rel": 2.0 ** -7, "abs_of_magnitude": 2.0 ** -12}
+# bf16 rows per oneDNN call on a CPU with AMX (see the docstring): a decode row costs a call of this
+# many, a prompt's rows take one call per this many (32: within 1.5x of one whole call at 1 and 8 rows)
+AMX_ROW_BLOCK = 32
 _SCRATCH = threading.local()  # per thread: the buffer compressed weights are dequantized into
 
 
@@ -67,6 +69,8 @@ def _onednn_dtypes() -> tuple[torch.dtype, ...]:
 
 _ONEDNN = _onednn_available()
 _ONEDNN_DTYPES = _onednn_dtypes() if _ONEDNN else (torch.float32,)
+# dtypes whose oneDNN kernel is picked by the row count here: run in calls of AMX_ROW_BLOCK rows
+_ROW_BLOCK_DTYPES = (torch.bfloat16,) if torch.bfloat16 in _ONEDNN_DTYPES and "amx_bf16" in build.cpu_flags() else ()
 # rows in these dtypes take the native 16-bit kernels on the CPU, decode's and a prompt's (`half_product`)
 _HALF_DECODE_DTYPES = tuple(d for d in half_gemv.DTYPES if d not in _ONEDNN_DTYPES)
 
@@ -103,6 +107,8 @@ def dense_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
         return F.linear(x, w.to_dense() if w.is_mkldnn else w, b)
     lead, out_dim = x.shape[:-1], w.shape[0]
     rows = x.reshape(-1, x.shape[-1])
+    if x.dtype in _ROW_BLOCK_DTYPES:  # (add and mul ran apart above: bf16)
+        return _in_row_blocks(rows, w, b).reshape(*lead, out_dim)
     single = rows.shape[0] == 1
     if single:  # oneDNN runs one row as a GEMV (another summation order): run it as two
         rows = rows.expand(2, -1)
@@ -119,6 +125,19 @@ def dense_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
     if single:
         out = out[:1]
     return out.reshape(*lead, out_dim)
+
+
+def _in_row_blocks(rows: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """rows @ w.T + b in oneDNN calls of exactly AMX_ROW_BLOCK rows (zero rows pad the last): the
+    kernel and its split then never depend on how many rows share the call. An unpacked weight
+    is packed once for a call of several blocks, not reordered by each."""
+    count = rows.shape[0]
+    padded = F.pad(rows, (0, 0, 0, -count % AMX_ROW_BLOCK)).contiguous()
+    weight = w if w.is_mkldnn else (pack(w) if padded.shape[0] > AMX_ROW_BLOCK else w.contiguous())
+    outs = [torch.ops.mkldnn._linear_pointwise(padded[i:i + AMX_ROW_BLOCK], weight, b, "none", [], "")
+            for i in range(0, padded.shape[0], AMX_ROW_BLOCK)]
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return out[:count]
 
 
 def dense_scratch(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

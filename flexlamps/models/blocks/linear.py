@@ -14,7 +14,7 @@ import torch
 from flexlamps.models.blocks.coded_weights import (  # noqa: F401  (the names callers import from here)
     INT4_DENSE_FROM_ROWS, TWIN_PACK_AFTER_USES, Int4Twin, as_logits_head, can_have_dense_twin, codes_prompt_product,
     codes_serve_both_phases, fused_product, fuses, int8_kernel, int8_product, native_kernel, with_dense_twin)
-from flexlamps.models.blocks.dense_gemm import BF16_BATCH_TOLERANCE, pack, uses_onednn  # noqa: F401
+from flexlamps.models.blocks.dense_gemm import pack, uses_onednn  # noqa: F401
 from flexlamps.models.blocks.weight_kind import KINDS, Phase, kind_of, phase_of  # noqa: F401
 from quant.compressed_weight import CompressedWeight
 
