@@ -177,7 +177,8 @@ def test_a_q4_k_m_model_holds_its_q6_k_and_q5_0_in_it_with_the_splits_logits(tmp
         executor = LLM(path, dtype="bfloat16", max_batch_size=2, cache_dir=False).executor
         held = [w.int4 if hasattr(w, "int4") else w for layer in executor.layer_weights for w in layer.values()]
         int8 = [w for w in held if isinstance(w, Int8Weight)]
-        assert int8 and all((w.high is not None) == expect_six for w in int8)
+        # (Q5_0 codes are held in the 5-bit form instead where our AVX-512 variant runs)
+        assert int8 and all((w.high is not None) == expect_six for w in int8 if w.fifth is None)
         cache, ids = executor.new_cache(2, 12), torch.randint(3, 200, (2, 11), generator=torch.Generator().manual_seed(0))
         steps = [Step(ids[:, :8], torch.arange(8).expand(2, -1), torch.arange(2))]
         steps += [Step(ids[:, i:i + 1], torch.full((2, 1), i), torch.arange(2)) for i in range(8, 11)]
