@@ -20,9 +20,11 @@ reduction's read rate on --threads threads, and a copy's read + write rate).
 
 `--isa avx2` caps flexlamps and torch at AVX2 ($FLEXLAMPS_CPU_VARIANT, $ATEN_CPU_CAPABILITY,
 $ONEDNN_MAX_CPU_ISA) and runs a llama.cpp built without AVX-512 (scripts/llama_cpp_tools.py builds
-it, or give --llama-cpp-tools), so an AVX-512 box measures the AVX2 path too.
+it, or give --llama-cpp-tools), so an AVX-512 box measures the AVX2 path too. `--isa avx_vnni` is an
+Intel desktop core's: flexlamps' avx_vnni variant, torch at AVX2, llama.cpp with AVX-VNNI (its
+alderlake level; or give the AVX2 build in --llama-cpp-tools).
 
-    python scripts/bench_llamacpp_1b.py [--quants Q4_K_M,Q4_0,Q8_0] [--isa native|avx2] [--repeats 3] \\
+    python scripts/bench_llamacpp_1b.py [--quants Q4_K_M,Q4_0,Q8_0] [--isa native|avx2|avx_vnni] [--repeats 3] \\
         [--batches 1,32] [--llama-cpp-tools DIR] [--folder DIR] [--threads N] [--shape NAME[:field=value,...]]
 """
 
@@ -42,7 +44,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 from random_gguf import SHAPES, parse_shape, write_random_gguf  # noqa: E402
 ISA_ENV = {"native": {}, "avx2": {"FLEXLAMPS_CPU_VARIANT": "avx2", "ATEN_CPU_CAPABILITY": "avx2",
-                                   "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+                                   "ONEDNN_MAX_CPU_ISA": "AVX2"},
+           # an Intel desktop core (12th gen on): AVX2 and AVX-VNNI, no AVX-512
+           "avx_vnni": {"FLEXLAMPS_CPU_VARIANT": "avx_vnni", "ATEN_CPU_CAPABILITY": "avx2",
+                        "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 CPU_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi",
              "avx512_bf16", "amx_bf16")
 

