@@ -183,8 +183,8 @@ static void six_tile16(const uint8_t *codes, const uint8_t *plane, const uint16_
             __m256i u[4], xb = x16_pairs(x->q16 + k);
             six_codes4(codes + 16 * k, plane + 8 * k, u);
             for (int i = 0; i < 4; i++) {
-                acc[2 * i] = _mm256_add_epi32(acc[2 * i], _mm256_madd_epi16(_mm256_unpacklo_epi8(u[i], zero), xb));
-                acc[2 * i + 1] = _mm256_add_epi32(acc[2 * i + 1], _mm256_madd_epi16(_mm256_unpackhi_epi8(u[i], zero), xb));
+                acc[2 * i] = DPWSSD(acc[2 * i], _mm256_unpacklo_epi8(u[i], zero), xb);
+                acc[2 * i + 1] = DPWSSD(acc[2 * i + 1], _mm256_unpackhi_epi8(u[i], zero), xb);
             }
         }
         const __m256i extra = _mm256_set1_epi32(96 * x->total[g]);
