@@ -11,7 +11,9 @@ from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.executors.step import Step
 from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import read_all
+from flexlamps.models.loading.mapped_pages import in_file_mapping
 from flexlamps.models.loading.registry import open_checkpoint
+from flexlamps.models.weight_specs import weight_specs
 from offload import BudgetExceededError
 from placement import Policy, TierSplit
 
@@ -82,6 +84,20 @@ def test_weights_on_disk_really_leave_memory(reader, tmp_path):
     on_disk = [n for n, t in ex.tiers.items() if t == "disk"]
     assert on_disk and all(n not in ex.store._resident for n in on_disk)
     assert (tmp_path / "off" / "flexlamps-offload" / "index.json").exists()
+    ex.close()
+
+
+@pytest.mark.parametrize("mix", ["weights_half_cpu", "weights_mostly_disk"])
+def test_memory_tiers_hold_their_own_copies(reader, mix, tmp_path):
+    """No memory-tier weight is a view of the checkpoint's mapped file (a memory cgroup would evict it
+    as page cache and read it again); the checkpoint's tensors are mapped views to begin with."""
+    spec = next(s for s in weight_specs(reader.config) if s.layer == 0)
+    assert in_file_mapping(reader.read(spec, torch.float32))
+    ex = OffloadExecutor(reader, _policy(mix), model_spec=model_spec(reader.config),
+                         gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
+    held = {n: t for n, t in ex.store._resident.items() if isinstance(t, torch.Tensor)}
+    assert any(ex.store.tier_of(n) == "cpu" for n in held)
+    assert [n for n, t in held.items() if in_file_mapping(t)] == []
     ex.close()
 
 

@@ -7,7 +7,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from flexlamps.models.loading.mapped_pages import file_mappings, release_mapped
+from flexlamps.models.loading.mapped_pages import file_mappings, in_file_mapping, owned, release_mapped
 from quant.int4_weight import Int4Weight
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and /proc/self/maps: Linux")
@@ -55,3 +55,21 @@ def test_heap_memory_is_left_alone():
     t = torch.randn(1 << 20)
     want = t.clone()
     assert release_mapped([t]) == 0 and torch.equal(t, want)
+
+
+def test_owned_copies_a_mapped_tensor_and_gives_its_pages_back(tmp_path):
+    path = tmp_path / "w.safetensors"
+    dense = torch.randn(1024, 1024)
+    save_file({"plain": dense}, str(path))
+    with safe_open(str(path), framework="pt") as f:
+        plain = f.get_tensor("plain")
+    assert in_file_mapping(plain) and torch.equal(plain, dense)
+    before = _resident_bytes(path)
+    copy = owned(plain)
+    assert not in_file_mapping(copy) and torch.equal(copy, dense)
+    assert before - _resident_bytes(path) >= plain.nbytes - 2 * 4096
+
+
+def test_owned_leaves_heap_memory_as_it_is():
+    t = torch.randn(1 << 16)
+    assert not in_file_mapping(t) and owned(t) is t

@@ -27,6 +27,7 @@ from flexlamps.models.blocks.weight_kind import EXPANDED_ON_ARRIVAL, KINDS, Weig
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.loading.in_place import (TIED_HEAD, in_place_form, in_place_sample, in_place_specs,
                                                packs_five_bit, packs_six_bit)
+from flexlamps.models.loading.mapped_pages import owned
 from flexlamps.models.weight_specs import WeightSpec, weight_specs
 from offload import DiskFolder, TieredStore, compute_device, tensor_bytes
 from offload.store import stored_parts
@@ -284,7 +285,8 @@ class WeightStore:
             return self.weight_quantizer.quantize(w) if self.weight_quantizer is not None else quantize(w, self.qcfg)
         if tier == "gpu" and spec.role == "linear" and spec.layer is not None and self.device.type == "cpu":
             return pack(w)  # resident for the whole run: prepacked once for oneDNN (the planner prices it so)
-        return w
+        # a memory tier holds its own copy, never a view of the checkpoint's mapped pages (`owned`)
+        return w if tier == "disk" else owned(w)
 
     def _disk_part_names(self, disk_names) -> set[str]:
         names = set()

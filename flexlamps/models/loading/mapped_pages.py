@@ -8,6 +8,10 @@ pages would stay resident beside it: a Q8_0 1.1B model's RSS counted its stacked
 pages from this process (madvise MADV_DONTNEED), only where they belong to a file mapping: such a
 page is read again from the page cache if anything touches it later, so nothing is lost even if a
 part is still in use; heap memory is never touched. Linux only (elsewhere it does nothing).
+`owned(t)` copies a tensor that lies in a file mapping into the process's own memory and gives the
+mapped pages back: the offload store's memory tiers hold their weights so (a safetensors read is a view
+of the file's pages, which a memory cgroup counts as reclaimable cache, evicts under its cap and reads
+again from disk: the plan charged them as held).
 """
 
 from __future__ import annotations
@@ -42,6 +46,30 @@ def file_mappings(maps_text: str) -> list[tuple[int, int]]:
     return ranges
 
 
+def _maps() -> list[tuple[int, int]]:
+    with open("/proc/self/maps") as f:
+        return file_mappings(f.read())
+
+
+def in_file_mapping(t: torch.Tensor, mapped: list[tuple[int, int]] | None = None) -> bool:
+    """Whether any byte of CPU tensor `t`'s storage lies in a file mapping (False off Linux)."""
+    if not sys.platform.startswith("linux") or t.device.type != "cpu" or t.is_mkldnn or not t.numel():
+        return False
+    storage = t.untyped_storage()
+    start, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+    return any(lo < end and start < hi for lo, hi in (_maps() if mapped is None else mapped))
+
+
+def owned(t: torch.Tensor) -> torch.Tensor:
+    """`t` in memory this process owns: a private copy where it lies in a file mapping (those pages
+    given back, `release_mapped`), else `t` itself."""
+    if not in_file_mapping(t):
+        return t
+    copy = t.clone(memory_format=torch.contiguous_format)
+    release_mapped([t])
+    return copy
+
+
 def _tensors(weight) -> list[torch.Tensor]:
     """A weight's tensors: itself, or a compressed weight's parts (nested ones too)."""
     if isinstance(weight, torch.Tensor):
@@ -55,8 +83,7 @@ def release_mapped(weights) -> int:
     that lie in a file mapping; returns the bytes given back (0 off Linux)."""
     if not sys.platform.startswith("linux"):
         return 0
-    with open("/proc/self/maps") as f:
-        mapped = file_mappings(f.read())
+    mapped = _maps()
     page, released = mmap.PAGESIZE, 0
     for t in (t for w in weights for t in _tensors(w)):
         if t.device.type != "cpu" or t.is_mkldnn or not t.numel() or not t.is_contiguous():
