@@ -162,3 +162,39 @@ def test_experts_at_hand_are_computed_first_while_the_others_are_read():
     gates[0].set()
     assert w["experts.0.w"] == 0 and list(order) == []
     pool.shutdown()
+
+
+def test_an_evicted_experts_read_is_let_go_before_the_layer_ends():
+    """`evict` gives an expert's staged bytes back mid-layer; its weights must go with them, not stay
+    alive in the read's Future until `finish` (a prompt layer's every disk expert held at once:
+    ~530 MiB beyond the charges in the MoE job's worker)."""
+    import gc
+    import types
+    import weakref
+
+    import torch
+
+    from flexlamps.engine.executors.expert_weights import ExpertCache, RoutedExpertLoads
+    from offload import TierBudget
+
+    pool, released, made = ThreadPoolExecutor(1), [], []
+
+    def fetch(names):
+        made.append({n: torch.ones(256) for n in names})
+        return made[-1], 1024
+
+    store = types.SimpleNamespace(tier_of=lambda name: "disk", device=torch.device("cpu"), is_plain=lambda n: True,
+                                  fetch=fetch, submit=pool.submit, release=released.append)
+    loads = RoutedExpertLoads(store, ExpertCache(TierBudget("gpu", 1 << 20), "off"), 0,
+                              {0: ["experts.0.w"], 1: ["experts.1.w"]}, lambda fetched: (dict(fetched), 0))
+    futures = loads.begin([0, 1], {0: 1, 1: 1})
+    gone = [weakref.ref(futures[e].result()["experts.%d.w" % e]) for e in (0, 1)]
+    del futures
+    made.clear()
+    loads.evict(0)
+    gc.collect()
+    assert gone[0]() is None and gone[1]() is not None  # expert 1 is still the layer's
+    loads.finish()
+    gc.collect()
+    assert gone[1]() is None and released == [1024, 1024]
+    pool.shutdown()

@@ -279,7 +279,8 @@ class RoutedExpertLoads:
         self._in_place: bool | None = None  # decided on the layer's first routing hint
         self._staged: list[tuple[tuple[int, int], dict, int]] = []  # fetched now
         self._hits: list[tuple[int, int]] = []
-        self._pending: list[Future] = []  # reads started by `begin`
+        # reads started by `begin`, by expert: a Future holds its weights, so `evict` drops it
+        self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()  # `_staged` and `charged` grow on the I/O threads too
         self.charged = 0  # bytes `convert` charged (decompressed copies), freed by `finish`
         self._charged_by = Counter()  # the same per expert, for `evict`
@@ -310,6 +311,7 @@ class RoutedExpertLoads:
             charged = self._charged_by.pop(e, 0)
             self.charged -= charged
         self.cache.budget.free(charged)
+        self._pending.pop(e, None)  # its read landed (the forward used it): the weights go with it
         if key in self._hits:
             self._hits.remove(key)
             self.cache.release(key)
@@ -334,8 +336,7 @@ class RoutedExpertLoads:
         for e in experts:
             ready = self._ready(e)
             if ready is None:
-                out[e] = self.store.submit(lambda e=e: self._read(e))
-                self._pending.append(out[e])
+                out[e] = self._pending[e] = self.store.submit(lambda e=e: self._read(e))
             else:
                 out[e] = ready
         return out
@@ -395,9 +396,9 @@ class RoutedExpertLoads:
     def finish(self) -> None:
         """The layer ran: hits go back to the cache, fetched copies into it (or are released).
         Reads the forward never waited for (it raised) are waited for first."""
-        for future in self._pending:
+        for future in self._pending.values():
             future.exception()  # waits; an error was the forward's to raise, and it stopped
-        self._pending = []
+        self._pending = {}
         for key in self._hits:
             self.cache.release(key)
         self._give_back(self._staged)

@@ -18,6 +18,7 @@ from flexlamps.engine.executors.split_tables import HeadReads, gather_rows, head
 from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.weight_store import WeightStore, element_bytes
 from flexlamps.models.blocks.linear import Int4Twin, as_logits_head, linear
+from flexlamps.models.loading.mapped_pages import release_heap
 from placement.cost_memory import HEAD_CHUNK_ROWS, workspace_bytes
 from quant.int4_weight import Int4Weight
 
@@ -127,7 +128,8 @@ class Sweep:
 
     def _sweep(self, cache: TieredKVCache, steps: list[Step]) -> list[torch.Tensor]:
         cfg, fwd, store = self.cfg, self.fwd, self.weights.store
-        prof = SweepProfile(prefill=any(s.input_ids.shape[1] > 1 for s in steps)) if self.record_profile else None
+        prefill = any(s.input_ids.shape[1] > 1 for s in steps)
+        prof = SweepProfile(prefill=prefill) if self.record_profile else None
         t_sweep = time.perf_counter()
         glob_fetched, glob_staged = store.fetch(self.weights.small_global_names)
         glob = self.weights.layer_weights(glob_fetched)[0]
@@ -160,6 +162,8 @@ class Sweep:
                     self._run_layer(j, fetched, steps, hidden, ctxs, cache, act_tier, twin_bytes)
                 finally:
                     store.release(staged)
+                if prefill:  # a prompt layer's freed activations back to the system (`release_heap`)
+                    release_heap()
                 if prof is not None:
                     t1 = time.perf_counter()
                     prof.layer_s.append(t1 - t0)
