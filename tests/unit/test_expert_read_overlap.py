@@ -198,3 +198,33 @@ def test_an_evicted_experts_read_is_let_go_before_the_layer_ends():
     gc.collect()
     assert gone[1]() is None and released == [1024, 1024]
     pool.shutdown()
+
+
+def test_a_closed_layers_weights_are_freed_without_the_cyclic_collector():
+    """LayerWeights is a reference cycle (its groups call back into it); `close` lets go of the
+    experts it read, so they are freed when the sweep drops them, not at some later collection."""
+    import gc
+    import weakref
+
+    import torch
+
+    pool = ThreadPoolExecutor(max_workers=2)
+    made = {}
+
+    def begin(experts, tokens):
+        made.update({e: torch.ones(256) for e in experts})
+        return {e: pool.submit(lambda e=e: {f"experts.{e}.w": made[e]}) for e in experts}
+
+    w = LayerWeights({}, NAMES, None, begin=begin, group=1, holds=lambda e, tokens: True, evict=lambda e: None)
+    w.routed_to({1: 1, 2: 1})
+    assert torch.equal(w["experts.1.w"], w["experts.2.w"])
+    gone = [weakref.ref(t) for t in made.values()]
+    made.clear()
+    gc.disable()
+    try:
+        w.close()
+        del w
+        assert all(ref() is None for ref in gone)
+    finally:
+        gc.enable()
+    pool.shutdown()

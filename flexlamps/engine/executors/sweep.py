@@ -211,6 +211,7 @@ class Sweep:
         finally:
             if loads is not None:
                 loads.finish()
+                w.close()
                 charged += loads.charged
             self.budgets["gpu"].free(charged + twin_bytes)
 
