@@ -317,14 +317,20 @@ AI void store_pass(const float *tot, uint16_t *out_lo, uint16_t *out_hi, int fp1
     }
 }
 
+/* Rows of x from b0 as a QRows of their own. */
+AI QRows rows_from(const QRows *x, int64_t b0) {
+    QRows xb = {x->q8 + b0 * x->cols, NULL, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups,
+                x->total + b0 * x->groups, x->starts16 ? x->starts16 + b0 * (x->cols / BIAS_INPUTS) : NULL, NULL};
+    return xb;
+}
+
 /* Every row of x by one prepared sub-tile (its rows 16s.. and h + 16s.. of the tile whose first
  * output column is out). */
 static void gemm_rows(const Prepared *prep, const QRows *x, int64_t rows, int64_t group, int split, uint16_t *out,
                       int64_t n, int64_t s, int64_t h, int fp16) {
     for (int64_t b0 = 0; b0 < rows; b0 += GEMM_ROWS) {
         int nb = rows - b0 < GEMM_ROWS ? (int)(rows - b0) : GEMM_ROWS;
-        QRows xb = {x->q8 + b0 * x->cols, NULL, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups,
-                    x->total + b0 * x->groups, x->starts16 ? x->starts16 + b0 * (x->cols / BIAS_INPUTS) : NULL};
+        QRows xb = rows_from(x, b0);
         float tot[GEMM_ROWS * 32];
         if (nb == GEMM_ROWS) gemm_pass(prep, &xb, group, split, tot, GEMM_ROWS);  /* constant counts: sums in registers */
         else gemm_pass(prep, &xb, group, split, tot, 1);

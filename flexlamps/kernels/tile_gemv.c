@@ -96,6 +96,9 @@ static inline int64_t sz_group(int64_t g, int64_t groups, int kind) { return kin
 #include "tile_gemv_avx2.h"
 #endif
 #include "tile_gemm.h"
+#if defined(__AMX_INT8__)
+#include "tile_gemm_amx.h"
+#endif
 
 /* Each row's groups of x as codes q of `bits` bits (8 or 16; scale = max |x| / top, top = 127 or
  * 32767, q = round(x / scale)) and the sum of the values they stand for, scale * sum(q): a
@@ -349,15 +352,28 @@ static void gemm_subtile(void *ctx, int64_t sub, int slot) {
     const int64_t tile_bytes = (g->split && !g->plane ? 2 : 1) * cols * h;
     uint8_t *buf = g->prepared + g->per_thread * (size_t)slot;
     float *scale = (float *)(buf + (g->split ? 2 : 1) * cols * SUB);
+#if defined(__AMX_INT8__)
+    const int amx = amx_takes(g->group);  /* int8 codes stay signed there (tdpbssd): not biased */
+#else
+    const int amx = 0;
+#endif
     Prepared prep = {buf, g->split ? buf + cols * SUB : NULL, scale, scale + g->x->groups * SUB, 1, 0,
-                     g->x->starts16 != NULL};
+                     g->x->starts16 != NULL && !amx};
     int64_t t = sub / per_tile, s = sub % per_tile;
     const int own = t * g->tile == g->partial->first;  /* the partial last tile: its own pairs and output */
     const int64_t n = own ? g->tile : g->n;
     prepare(g->codes + t * tile_bytes, g->plane ? g->plane + t * (cols * h / 2) : NULL,
             own ? g->partial->sz : g->scale_zero + t * g->tile * 2, s, h, n, cols, g->x->groups, g->fp16, g->split,
             &prep);
-    gemm_rows(&prep, g->x, g->rows, g->group, g->split, own ? g->partial->out : g->out + t * g->tile, n, s, h, g->fp16);
+    uint16_t *out = own ? g->partial->out : g->out + t * g->tile;
+    int64_t done = 0;
+#if defined(__AMX_INT8__)
+    if (amx) done = amx_rows(&prep, g->x, g->rows, g->group, g->split, out, n, s, h, g->fp16);
+#endif
+    if (done < g->rows) {
+        QRows rest = rows_from(g->x, done);
+        gemm_rows(&prep, &rest, g->rows - done, g->group, g->split, out + done * n, n, s, h, g->fp16);
+    }
 }
 
 /* out = x @ w.T for x's rows already rounded to int8 (`quantized_x`), each sub-tile laid out once

@@ -61,8 +61,10 @@ from quant.int8_weight import Int8Weight
 
 SOURCE = build.SOURCES / "tile_gemv.c"
 VARIANTS = (variants.variant("avx2"), variants.variant("avx_vnni"),
-            variants.variant("avx512", ("avx512vbmi", "avx512_vnni"), ("-mavx512vbmi", "-mavx512vnni")))
-TILES = {"avx512": (64,)}  # the tile rows a variant takes (the others: torch's AVX2 and AVX-512 layouts)
+            variants.variant("avx512", ("avx512vbmi", "avx512_vnni"), ("-mavx512vbmi", "-mavx512vnni")),
+            # the avx512 build whose prompts multiply 4-bit codes on AMX int8 tiles (tile_gemm_amx.h)
+            variants.variant("amx", ("avx512vbmi", "avx512_vnni"), ("-mavx512vbmi", "-mavx512vnni")))
+TILES = {"avx512": (64,), "amx": (64,)}  # the tile rows a variant takes (the others: torch's AVX2 and AVX-512 layouts)
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}  # the activations' dtypes, as the kernel's flag
 KIND_INT4, KIND_INT8_SPLIT, KIND_INT5, KIND_INT6 = 0, 1, 2, 3  # the weight's layout, as the kernel's `kind`
 X_BITS = 8  # x's codes for decode: 8 bits (llama.cpp's rounding of x; twice the 16-bit rate on AVX2) or 16
@@ -83,6 +85,11 @@ class TileGemv:
         gemm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.c_int] * 3
         self.library, self._fn, self._gemm, self.x_bits, self.level = library, fn, gemm, x_bits, level
         self.tiles = TILES.get(level, (32, 64))
+        # prompts multiply the codes on AMX int8 tiles (tile_gemm_amx.h), with the bits of every other
+        # variant and no dense copy (`coded_weights.prompts_take_codes`)
+        self.amx_prompts = level == "amx"
+        # (not amx's: the prompt product takes no 5-bit form, and there a Q5_x held in the 6-bit form
+        # runs prompts on the codes too, with no dense twin)
         self.takes_five_bit = level == "avx512"  # the 5-bit form's plane is laid out for AVX-512 registers
 
     def takes(self, w: Int4Weight | Int8Weight) -> bool:

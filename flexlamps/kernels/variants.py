@@ -23,6 +23,8 @@ LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "avx_vnni": (("avx2", "fma", "f16c", "avx_vnni"), ("-mavx2", "-mfma", "-mf16c", "-mavxvnni")),
     "avx512": (("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"),
                ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c")),
+    "amx": (("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c", "amx_tile", "amx_int8"),
+            ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c", "-mamx-tile", "-mamx-int8")),
 }
 BELOW_BASELINE = "this CPU lacks AVX2 + FMA + F16C (or is not x86-64): torch's kernels run"
 

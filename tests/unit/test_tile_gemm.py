@@ -100,6 +100,25 @@ def test_a_row_does_not_depend_on_its_batch_or_the_threads(level):
 
 
 @pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("group", [16, 32, 64, 128])
+def test_rows_in_blocks_of_16_give_a_row_its_bits_alone(level, group):
+    """Calls of 16 rows and more (the amx variant multiplies them on AMX tiles, 16 rows a tile, the
+    last rows as the other variants do) give a row the bits it gets alone, and the avx512 variant's."""
+    cols = 512 if group > 32 else 576
+    weights = [_int4(96, cols, group, torch.bfloat16)]
+    if group <= 32:  # int8 codes: Q8_0's, Q6_K's (split and 6-bit form)
+        weights += [_int8(64, cols, group, torch.bfloat16), _int8(64, cols, group, torch.bfloat16, -32, 32)]
+        codes = torch.randint(-32, 32, (64, cols), dtype=torch.int8, generator=torch.Generator().manual_seed(3))
+        weights.append(Int8Weight.from_codes(codes, torch.rand(64, cols // group) / 64, group, torch.bfloat16,
+                                             six_bit=True))
+    x = _x(37, cols, torch.bfloat16)
+    assert_rows_alone_as_together(_kernel(level).prompt_product, weights, x)
+    if level == "amx":  # (on a CPU with AMX, which has AVX-512)
+        for w in weights:
+            assert torch.equal(_kernel(level).prompt_product(w, x), _kernel("avx512").prompt_product(w, x))
+
+
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("group", [16, 32])
 def test_small_int8_codes_give_the_decode_products_bits(level, group):
     """int8 codes of at most 32 in magnitude (Q6_K's) are multiplied unsigned, biased by 64, their

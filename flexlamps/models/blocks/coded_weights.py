@@ -112,6 +112,18 @@ def codes_prompt_product(w: Int4Weight | Int8Weight, x: torch.Tensor) -> torch.T
     return kernel.prompt_product(w, x) if kernel is not None and kernel.runs_prompt(w, x) else None
 
 
+def prompts_take_codes(x: torch.Tensor) -> bool:
+    """Whether prompts of activations like x multiply the codes (`codes_prompt_product`) before a
+    dense copy: where the dense GEMM is slow for x's dtype (AVX2), or where our prompt product runs
+    on AMX tiles (its "amx" variant: ~350 GFLOP/s a core on 4-bit codes; oneDNN's bf16 GEMM there
+    runs ~750 on a dense copy of each matrix, 3x a Q4_0 model's memory, and gives a row other bits
+    at other row counts; a 1.1B's 128-token prefill took as long either way)."""
+    if not fast_dense_gemm(x):
+        return True
+    kernel = native_kernel()
+    return x.device.type == "cpu" and kernel is not None and kernel.amx_prompts
+
+
 def codes_serve_both_phases(w: Int4Weight | Int8Weight) -> bool:
     """Whether decode and prompts both multiply `w`'s codes here (`CodesKind`), so a dense copy would
     only hold memory: decode on our fused kernel, prompts on the many-row kernel (where the dense
@@ -119,7 +131,7 @@ def codes_serve_both_phases(w: Int4Weight | Int8Weight) -> bool:
     decode = native_kernel()
     if decode is None or not decode.takes(w) or not prompts_run_on_codes(w.dtype):
         return False
-    if fast_dense_gemm(torch.empty(0, dtype=w.dtype, device=w.device)):
+    if not prompts_take_codes(torch.empty(0, dtype=w.dtype, device=w.device)):
         return _int8_runs(w)
     return decode.takes_prompt(w)
 
@@ -130,7 +142,7 @@ def prompts_run_on_codes(dtype: torch.dtype) -> bool:
     kernel, and for prompts the many-row kernel or, where the dense GEMM is fast, the int8 GEMM."""
     if native_kernel() is None or dtype not in tile_gemv.DTYPES:
         return False
-    return not fast_dense_gemm(torch.empty(0, dtype=dtype)) or (int8_kernel() is not None and dtype in int8_gemm.DTYPES)
+    return prompts_take_codes(torch.empty(0, dtype=dtype)) or (int8_kernel() is not None and dtype in int8_gemm.DTYPES)
 
 
 def _int8_runs(w: Int4Weight | Int8Weight) -> bool:
@@ -227,11 +239,12 @@ class CodesKind(WeightKind):
     - DECODE: the fused kernel on the codes (ours, else torch's) wherever one takes x (ours: x in
       8 bits per group, an output head's in 16), else the dense GEMM on the twin's copy or a
       dequantization;
-    - PROMPT: where this CPU has a fast dense GEMM for x's dtype (oneDNN: fp32 everywhere, bf16 on
-      AVX-512 / AMX CPUs; a GPU), int8 codes (`int8_product`, where that kernel runs) or that GEMM;
-      elsewhere the codes where they lie, many rows a pass with x in int8 per group
+    - PROMPT: where `prompts_take_codes` (no fast dense GEMM for x's dtype, or our prompt product on
+      AMX tiles), the codes where they lie, many rows a pass with x in int8 per group
       (`codes_prompt_product`: 3x the decode kernel's rate at 128 rows on Zen 2), else as DECODE
-      (torch's bf16 GEMM on an AVX2 CPU is slower than the fused kernels at every row count).
+      (torch's bf16 GEMM on an AVX2 CPU is slower than the fused kernels at every row count);
+      elsewhere (oneDNN's GEMM: fp32 everywhere, bf16 on AVX-512 CPUs; a GPU) int8 codes
+      (`int8_product`, where that kernel runs) or that GEMM.
     """
 
     dense_from_rows = INT4_DENSE_FROM_ROWS  # calls of this many rows charge a dense copy (`call_bytes`)
@@ -242,7 +255,7 @@ class CodesKind(WeightKind):
     def linear(self, w, x, phase, b=None, add=None, mul=None) -> torch.Tensor:
         twin = w if isinstance(w, Int4Twin) else None
         codes = twin.int4 if twin else w
-        if phase is Phase.PROMPT and not fast_dense_gemm(x) and (out := codes_prompt_product(codes, x)) is not None:
+        if phase is Phase.PROMPT and prompts_take_codes(x) and (out := codes_prompt_product(codes, x)) is not None:
             return epilogue(out, b, add, mul)
         if phase is Phase.DECODE or not fast_dense_gemm(x):
             fused = twin.fused(x) if twin else _plain_fused(codes, x)

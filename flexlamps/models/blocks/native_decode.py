@@ -1,6 +1,7 @@
 """A step's decoder layers in one native call (`flexlamps.kernels.decode_layers`), for the models
 and steps whose every layer the Python forward would run on our kernels anyway: decode steps, and
-prompt chunks where prompts run on the codes too (no fast dense GEMM for bf16: an AVX2 CPU).
+prompt chunks where prompts run on the codes too (`coded_weights.prompts_take_codes`: no fast dense
+GEMM for bf16, an AVX2 CPU, or our prompt product on AMX tiles).
 
 `DecoderForward.layer` makes ~10 kernel calls a layer with ~33 torch ops between them; on a
 SmolLM2 decode step that Python was ~40% of the step at batch 1, and it grows with the layers.
@@ -28,9 +29,8 @@ import torch
 
 from flexlamps.kernels import attention as attention_kernel, decode_layers, loader, tile_gemv
 from flexlamps.kernels.decode_layers import Kernels, Layer, Matrix, Step
-from flexlamps.models.blocks.coded_weights import Int4Twin
+from flexlamps.models.blocks.coded_weights import Int4Twin, prompts_take_codes
 from flexlamps.models.blocks.decoder import DecoderForward
-from flexlamps.models.blocks.dense_gemm import fast_dense_gemm
 from quant.int4_tiles import tile_rows
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
@@ -84,8 +84,8 @@ class NativeDecode:
     @classmethod
     def build(cls, fwd, layer_weights: list[dict], dtype: torch.dtype) -> "NativeDecode | None":
         """The loop for these layers' weights (kept by the caller), or None where it does not take them.
-        Prompts too where every product of a prompt would run on the codes (`CodesKind`: no fast
-        dense GEMM for bf16 here, the prompts' product takes every weight)."""
+        Prompts too where every product of a prompt would run on the codes (`CodesKind`:
+        `prompts_take_codes`, and the prompts' product takes every weight)."""
         kernels = loader.chosen()
         parts = [native_loop()] + [kernels.get(name) for name in ("tile_gemv", "elementwise", "attention")]
         cfg = fwd.cfg
@@ -100,7 +100,7 @@ class NativeDecode:
         addresses = Kernels(*(ctypes.cast(fn, ctypes.c_void_p).value for fn in (
             gemv.library.flexlamps_tile_gemv, gemv.library.flexlamps_tile_gemm, elementwise.library.flexlamps_rms_norm,
             elementwise.library.flexlamps_silu_mul, attention.library.flexlamps_attention)))
-        prompts = all(p for _, p in made) and not fast_dense_gemm(torch.empty(0, dtype=dtype))
+        prompts = all(p for _, p in made) and prompts_take_codes(torch.empty(0, dtype=dtype))
         return cls(fwd, [layer for layer, _ in made], addresses, list(layer_weights), attention.bf16_dot, prompts)
 
     @staticmethod

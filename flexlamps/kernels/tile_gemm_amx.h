@@ -1,0 +1,127 @@
+/* tile_gemm.h's prompt product on AMX int8 tiles (the "amx" variant: Sapphire Rapids and later),
+ * for 4-bit codes: a prepared sub-tile's codes (`prepare`: for every 4 inputs, 32 output rows' 4
+ * codes, 128 bytes) are two B tiles as they lie (the first and last 64 bytes of each 128, stride
+ * 128: 16 output rows x 4 codes a tile row), 16 rows of x's int8 codes an A tile (a group's bytes,
+ * stride cols), and tdpbsud (signed x by unsigned codes) sums a group's products exactly in int32:
+ * the same integers vpmaddubsw's pairs add up to, in the same lane order. Each group's sums are
+ * stored and go through add_dots's fp32 steps, in its order (t = dot * dx; t = scale * t + tot;
+ * tot = offset * sx + t), 16 lanes a vector: a row gets the bits tile_gemm.h and decode give it,
+ * whatever rows share the call (the batch-invariance rule). Rows in blocks of 32 (two A tiles) and
+ * 16; the last rows (under 16) take gemm_rows. Included by tile_gemv.c where __AMX_INT8__ is set.
+ * Linux lends a process the tiles' state only when asked (arch_prctl): where it refuses, every row
+ * takes gemm_rows. */
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define AMX_ROWS 16          /* rows of x an A tile holds */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* Whether this process may use the tiles: asked of the kernel once (the answer is the process's). */
+static int amx_permitted(void) {
+    static int permitted = -1;
+    if (permitted < 0) permitted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return permitted;
+}
+
+/* Whether the AMX path takes a prompt call's sub-tiles: groups of 16, 32 or 64 inputs (one product's
+ * K), or whole 32s (32 a product). */
+static int amx_takes(int64_t group) {
+    return (group == 16 || group == 32 || group == 64 || group % 32 == 0) && amx_permitted();
+}
+
+/* Tile 0: A (16 rows of x, `chunk` bytes; 1 unused); 2, 3: B (chunk / 4 rows of 64 bytes); 4-7: the sums. */
+static void amx_configure(int64_t chunk) {
+    struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = t < 2 ? (uint16_t)chunk : 64;
+        cfg.rows[t] = t == 2 || t == 3 ? (uint8_t)(chunk / 4) : AMX_ROWS;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* tot (nb rows x 32 floats) += the fp32 steps of group g for the stored sums dots (nb rows x 32). */
+AI void amx_add_dots(const Prepared *prep, int64_t g, const QRows *x, const int32_t *dots, float *tot, int nb) {
+    const __m512 scale0 = _mm512_loadu_ps(prep->scale + g * SUB), scale1 = _mm512_loadu_ps(prep->scale + g * SUB + 16);
+    const __m512 off0 = _mm512_loadu_ps(prep->offset + g * SUB), off1 = _mm512_loadu_ps(prep->offset + g * SUB + 16);
+    for (int b = 0; b < nb; b++) {
+        __m512 dx = _mm512_set1_ps(x->scale[b * x->groups + g]), sx = _mm512_set1_ps(x->sum[b * x->groups + g]);
+        float *at = tot + 32 * b;
+        __m512 t0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(dots + 32 * b)), dx);
+        __m512 t1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(dots + 32 * b + 16)), dx);
+        t0 = _mm512_fmadd_ps(scale0, t0, _mm512_loadu_ps(at));
+        t1 = _mm512_fmadd_ps(scale1, t1, _mm512_loadu_ps(at + 16));
+        _mm512_storeu_ps(at, _mm512_fmadd_ps(off0, sx, t0));
+        _mm512_storeu_ps(at + 16, _mm512_fmadd_ps(off1, sx, t1));
+    }
+}
+
+/* Group g's sums of 16 rows of x (at q8, stride cols) by the sub-tile's codes, `group` inputs in
+ * chunks of `chunk`, into tiles 4, 5 (g even) or 6, 7 (g odd); the other pair still holds g - 1's. */
+AI void amx_group(const uint8_t *codes, const int8_t *q8, int64_t cols, int64_t g, int64_t group, int64_t chunk,
+                  int split) {
+    if (g & 1) {
+        _tile_zero(6);
+        _tile_zero(7);
+    } else {
+        _tile_zero(4);
+        _tile_zero(5);
+    }
+    for (int64_t k = g * group; k < (g + 1) * group; k += chunk) {
+        _tile_loadd(0, q8 + k, cols);
+        _tile_loadd(2, codes + k * 32, 128);
+        _tile_loadd(3, codes + k * 32 + 64, 128);
+        if (split && (g & 1)) {  /* int8 codes q, signed */
+            _tile_dpbssd(6, 0, 2);
+            _tile_dpbssd(7, 0, 3);
+        } else if (split) {
+            _tile_dpbssd(4, 0, 2);
+            _tile_dpbssd(5, 0, 3);
+        } else if (g & 1) {  /* 4-bit codes, unsigned */
+            _tile_dpbsud(6, 0, 2);
+            _tile_dpbsud(7, 0, 3);
+        } else {
+            _tile_dpbsud(4, 0, 2);
+            _tile_dpbsud(5, 0, 3);
+        }
+    }
+}
+
+/* Group g's sums (tiles 4, 5 or 6, 7) stored in dots (16 rows x 32 int32). */
+AI void amx_store(int64_t g, int32_t *dots) {
+    if (g & 1) {
+        _tile_stored(6, dots, 128);
+        _tile_stored(7, dots + 16, 128);
+    } else {
+        _tile_stored(4, dots, 128);
+        _tile_stored(5, dots + 16, 128);
+    }
+}
+
+/* gemm_rows on the tiles for x's rows in whole 16s; returns how many rows it did (the caller runs
+ * gemm_rows on the rest). A group's products are issued before the previous group's fp32 steps, so
+ * the tiles multiply while the vector units scale (each alone took as long as the other). */
+static int64_t amx_rows(const Prepared *prep, const QRows *x, int64_t rows, int64_t group, int split, uint16_t *out,
+                        int64_t n, int64_t s, int64_t h, int fp16) {
+    const int64_t chunk = group <= 64 ? group : 32, done = rows / AMX_ROWS * AMX_ROWS;
+    if (!done) return 0;
+    int32_t dots[2][AMX_ROWS * 32] __attribute__((aligned(64)));
+    float tot[AMX_ROWS * 32] __attribute__((aligned(64)));
+    amx_configure(chunk);
+    for (int64_t b0 = 0; b0 < done; b0 += AMX_ROWS) {
+        QRows xb = rows_from(x, b0);
+        memset(tot, 0, sizeof tot);
+        for (int64_t g = 0; g < x->groups; g++) {
+            amx_group(prep->codes, xb.q8, x->cols, g, group, chunk, split);
+            if (g) amx_add_dots(prep, g - 1, &xb, dots[(g - 1) & 1], tot, AMX_ROWS);
+            amx_store(g, dots[g & 1]);
+        }
+        amx_add_dots(prep, x->groups - 1, &xb, dots[(x->groups - 1) & 1], tot, AMX_ROWS);
+        for (int b = 0; b < AMX_ROWS; b++)
+            store_pass(tot + 32 * b, out + (b0 + b) * n + 16 * s, out + (b0 + b) * n + h + 16 * s, fp16);
+    }
+    _tile_release();
+    return done;
+}
