@@ -7,6 +7,7 @@ import torch
 
 from flexlamps.models.loading.gguf_blocks import int4_blocks
 from flexlamps.models.blocks.dense_gemm import fast_dense_gemm
+from flexlamps.models.blocks.coded_weights import prompts_take_codes
 from flexlamps.models.blocks.linear import (INT4_DENSE_FROM_ROWS, Int4Twin, Phase, codes_prompt_product, fused_product, fuses,
                                              int8_product, linear, with_dense_twin)
 from quant.int4_weight import Int4Weight, can_pack, pack_codes, unpack_codes
@@ -56,11 +57,12 @@ def test_quantize_error_is_within_half_a_step():
 
 def _path_by_phase(w, x, phase, bias=None):
     """What `linear` must give for x in `phase` (`coded_weights.CodesKind`): the fused kernel
-    in decode; in a prompt where this CPU has no fast dense GEMM for x's dtype, the many-row
-    kernel on the codes (where it runs) or the fused one; else the int8 GEMM where it takes x, or
-    the dense GEMM on the dequantized weight (the bias inside it)."""
+    in decode; in a prompt where this CPU has no fast dense GEMM for x's dtype or our many-row kernel
+    runs on AMX tiles (`prompts_take_codes`), that kernel on the codes (where it runs) or the fused
+    one; else the int8 GEMM where it takes x, or the dense GEMM on the dequantized weight (the bias
+    inside it)."""
     add = (lambda out: out) if bias is None else (lambda out: out + bias)
-    if phase is Phase.PROMPT and not fast_dense_gemm(x) and (on_codes := codes_prompt_product(w, x)) is not None:
+    if phase is Phase.PROMPT and prompts_take_codes(x) and (on_codes := codes_prompt_product(w, x)) is not None:
         return add(on_codes)
     if phase is Phase.DECODE or not fast_dense_gemm(x):
         if fuses(w, x):
