@@ -17,8 +17,8 @@ up to ~4e-7 with the padded span or the chunk length), nor does a plain `softmax
 MKL's GEMM picks its kernel and its split of the reduction by shape. So every product here is
 given shapes under which MKL's per-element result is fixed, measured on this class of machine
 and asserted by tests/unit/test_attention_exact.py:
-- at least `MIN_ROWS` query rows per product (1-3 rows run another kernel; fewer are padded;
-  `row_products`, the rule every row-invariant product outside `linear` keeps);
+- at least `min_rows(head size)` query rows per product (fewer rows run another kernel; fewer are
+  padded; `row_products`, the rule every row-invariant product outside `linear` keeps);
 - keys in blocks of `KEY_BLOCK` for the product with the values (MKL splits a longer reduction
   at points that depend on its length), the blocks' partial results added in key order; a block
   past a query's last key holds probabilities of exactly 0 and adds exactly 0;
@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 
 from flexlamps.kernels import attention as native_attention, loader
-from flexlamps.models.blocks.row_products import MIN_ROWS
+from flexlamps.models.blocks.row_products import min_rows
 
 # NOTE(exact): the three shape rules above; changing them needs the exactness tests re-run.
 MIN_SPAN = 16  # softmax's vectorized sums add masked zeros lane by lane from 16 keys on; MKL's
@@ -180,12 +180,12 @@ def _in_float32(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor,
 
 def _probabilities(queries, keys, mask, group: int, padded_span: int, opts: AttnOptions) -> torch.Tensor:
     """softmax(q k^T * scale), soft-capped, masked keys at probability 0: (n, kv, rows', padded_span),
-    where rows' = max(rows, MIN_ROWS) (zero queries pad the product; their rows are dropped later).
+    where rows' = max(rows, min_rows(d)) (zero queries pad the product; their rows are dropped later).
     Sinks join the softmax as a column before the keys, dropped from what it returns."""
     n, kv_heads, rows, d = queries.shape
     span = keys.shape[2]
-    if rows < MIN_ROWS:
-        queries = F.pad(queries, (0, 0, 0, MIN_ROWS - rows))
+    if rows < min_rows(d):
+        queries = F.pad(queries, (0, 0, 0, min_rows(d) - rows))
     scores = torch.matmul(queries, keys.transpose(-1, -2)).mul_(opts.scale_for(d))  # (n, kv, rows', S)
     if opts.softcap is not None:
         scores.div_(opts.softcap).tanh_().mul_(opts.softcap)

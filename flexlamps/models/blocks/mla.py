@@ -17,11 +17,11 @@ in the same order everywhere and results agree bit for bit.
 Batch invariance (`weight_kind`'s rule): a row's bits depend on the row and its phase, never
 on the rows beside it. The per-head products with W_UK and W_UV run with the heads as the batch
 and every row of the step as a row of one GEMM per head (`head_products`), at least
-`row_products.MIN_ROWS` rows (MKL runs 1-3 rows on another kernel); the attention over the
+`row_products.min_rows` rows (MKL runs a few rows on another kernel); the attention over the
 entries is `attention.attention`'s exact path (MQA: one key head, the latent and its rotary key
 side by side as the key, the latent as the value), whose shape rules make a query's result
 independent of the step's other rows, its padded span and its chunk; the indexer's head-weighted
-sum runs at MIN_ROWS rows too, and its products over at least MIN_SPAN keys. tests/unit/test_mla_exact.py checks each product.
+sum runs at min_rows rows too, and its products over at least MIN_SPAN keys. tests/unit/test_mla_exact.py checks each product.
 
 Attention may also run in parts (`partial_attention`: the entries already on the compute
 device while the others are still being copied in) and the parts be merged by their
@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from flexlamps.models.blocks.attention import MIN_SPAN, AttnOptions, attention
-from flexlamps.models.blocks.row_products import MIN_ROWS, rows_product
+from flexlamps.models.blocks.row_products import rows_product
 
 
 @dataclass
