@@ -32,6 +32,23 @@ GPU_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 NUM_GPU_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 
+# a block split into micro-batches of one size may hold this share more sequences than the job has (its last
+# micro-batch short): the plan prices them, so the price is at most that share fast
+FIT_OVERSHOOT = 0.01
+
+
+def block_grid(max_block_size: int) -> list[tuple[int, int]]:
+    """The (gpu_batch_size, num_gpu_batches) points searched: the grid's, gpu_batch_size *
+    num_gpu_batches at most `max_block_size`, and for each of NUM_GPU_BATCHES the block of that many
+    micro-batches of ceil(max / count) that holds all `max_block_size` sequences, where that is within
+    FIT_OVERSHOOT of them. A job of N prompts is ceil(N / block) sweeps, each paying a decode step's
+    expert reads: on the grid alone 1000 prompts ran as 768 + 232 (two sweeps' reads), 16 x 63 reads once."""
+    grid = [(gbs, ngb) for gbs, ngb in itertools.product(GPU_BATCH_SIZES, NUM_GPU_BATCHES) if gbs * ngb <= max_block_size]
+    fits = [(-(-max_block_size // ngb), ngb) for ngb in NUM_GPU_BATCHES if ngb <= max_block_size]
+    return grid + [(gbs, ngb) for gbs, ngb in fits if gbs <= GPU_BATCH_SIZES[-1] and (gbs, ngb) not in grid
+                   and gbs * ngb <= max_block_size * (1 + FIT_OVERSHOOT)]
+
+
 def budgets_for(hardware: HardwareSpec, usable_fraction: float) -> dict[str, float]:
     """Bytes each memory row may use: capacities derated for fragmentation, runtime, OS."""
     if not 0 < usable_fraction <= 1:
@@ -96,7 +113,8 @@ def solve(model: ModelSpec, hardware: HardwareSpec, workload: WorkloadSpec, *,
             (`Policy.merge_decode`; False plans decode one micro-batch at a time, as FlexGen does).
         require_*_compression: plan only with that compression on (the user asked for it: the
             plan then prices what will run).
-        max_block_size: cap on gpu_batch_size * num_gpu_batches.
+        max_block_size: the most sequences a block needs (`block_grid`: a block holds at most that many,
+            or exactly that many in micro-batches of one size, the last short).
         compression: the quantization used when compression is on.
         capabilities: what the engine can run (default: flexlamps' offload engine, which keeps
             the cache and activations off disk and the activations on one tier);
@@ -283,8 +301,7 @@ def _candidates(model, hardware, workload, budgets, flags, placements, compressi
                       compress_cache=cache, cpu_attention=cpu_attention, compression=compression,
                       merge_decode=merge, int4_in_place_below_rows=int4_in_place_below_rows)
                for weight, cache, cpu_attention, merge in flags
-               for gbs, ngb in itertools.product(GPU_BATCH_SIZES, NUM_GPU_BATCHES)
-               if gbs * ngb <= max_block_size and (ngb > 1 or merge == single_batch_merge)]
+               for gbs, ngb in block_grid(max_block_size) if ngb > 1 or merge == single_batch_merge]
     if model.arch == "mla":  # the engine's latent cache is stored as it is and attended on the gpu
         choices = [c for c in choices if not (c.compress_cache or c.cpu_attention)]
     if model.index_topk:  # ESS's layout too: per-layer gpu pools over the latent records on the cpu tier

@@ -12,7 +12,7 @@ from placement.choice import Choice
 from placement.cost import predict
 from placement.terms import build_terms
 from placement.lp import solve_fractions
-from placement.search import GPU_BATCH_SIZES, NUM_GPU_BATCHES, budgets_for, cache_in_whole_layers, fraction_highs
+from placement.search import block_grid, budgets_for, cache_in_whole_layers, fraction_highs
 
 MODELS = ("opt-6.7b", "opt-30b", "llama-2-13b", "llama-3-8b", "smollm2-135m",
           "deepseek-v3.2-attn")
@@ -96,10 +96,8 @@ def test_search_finds_the_best_enumerated_choice(max_block):
     plan = solve(model, hw, workload, allow_weight_compression=False, max_block_size=max_block)
     budgets = budgets_for(hw, 0.9)
     best = 0.0
-    for gbs, ngb, cache, cpu_attn, merge in itertools.product(GPU_BATCH_SIZES, NUM_GPU_BATCHES, (False, True),
-                                                               (False, True), (False, True)):
-        if gbs * ngb > max_block:
-            continue
+    for (gbs, ngb), cache, cpu_attn, merge in itertools.product(block_grid(max_block), (False, True),
+                                                                 (False, True), (False, True)):
         terms = build_terms(Choice(gpu_batch_size=gbs, num_gpu_batches=ngb, compress_cache=cache,
                                    cpu_attention=cpu_attn, merge_decode=merge), model, hw, workload)
         for highs in fraction_highs(placement.EngineCapabilities(), model):  # what the engine runs
