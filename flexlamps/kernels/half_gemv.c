@@ -28,7 +28,13 @@ AI vf load_all_halves(const uint16_t *p, int fp16) {
     return halves_to_floats8(_mm_loadu_si128((const __m128i *)p), fp16);
 #endif
 }
-#define TILE_M 3  /* activation rows each weight vector is multiplied by while loaded (dots_range: 3, 2 or 1) */
+/* activation rows each weight vector is multiplied by while loaded (dots_range: TILE_M down to 1): 4 x 6
+ * accumulators fit AVX-512's 32 registers, 4 x 3 AVX2's 16 */
+#ifdef __AVX512F__
+#define TILE_M 6
+#else
+#define TILE_M 3
+#endif
 #define WIDEN_ROWS 6  /* above this many rows, a tile's weight rows are converted to fp32 once, not once per TILE_M rows */
 
 /* R outputs x T rows: acc[r][t] = w[r] . x[t] over k (x in fp32, zero-padded to whole vectors). The
@@ -80,18 +86,18 @@ static void dots_range(const uint16_t *w, int64_t n0, int64_t n1, int64_t k, con
         int rows = m - i < TILE_M ? (int)(m - i) : TILE_M;
         const float *xi = x + i * xs;
         /* constant R and T in every call: each is unrolled into registers */
-        if (full) {
-            if (rows == 3) dot_tile(wj, wf, xs, k, xi, xs, tile, TILE_N, 3, fp16);
-            else if (rows == 2) dot_tile(wj, wf, xs, k, xi, xs, tile, TILE_N, 2, fp16);
-            else dot_tile(wj, wf, xs, k, xi, xs, tile, TILE_N, 1, fp16);
-        } else {
-            for (int r = 0; r < outs; r++) {
-                const float *wfr = wf ? wf + r * xs : NULL;
-                if (rows == 3) dot_tile(wj + r * k, wfr, xs, k, xi, xs, tile + r, 1, 3, fp16);
-                else if (rows == 2) dot_tile(wj + r * k, wfr, xs, k, xi, xs, tile + r, 1, 2, fp16);
-                else dot_tile(wj + r * k, wfr, xs, k, xi, xs, tile + r, 1, 1, fp16);
-            }
+#define ROWS_CASE(T) case T: \
+            if (full) dot_tile(wj, wf, xs, k, xi, xs, tile, TILE_N, T, fp16); \
+            else for (int r = 0; r < outs; r++) \
+                dot_tile(wj + r * k, wf ? wf + r * xs : NULL, xs, k, xi, xs, tile + r, 1, T, fp16); \
+            break;
+        switch (rows) {
+#if TILE_M > 3
+            ROWS_CASE(6) ROWS_CASE(5) ROWS_CASE(4)
+#endif
+            ROWS_CASE(3) ROWS_CASE(2) default: ROWS_CASE(1)
         }
+#undef ROWS_CASE
         for (int t = 0; t < rows; t++)
             for (int r = 0; r < outs; r++) dots[(i + t) * ds + n0 + r] = tile[t * TILE_N + r];
         i += rows;

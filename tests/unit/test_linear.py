@@ -5,7 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from flexlamps.models.blocks import dense_gemm
 from flexlamps.models.blocks.linear import linear, pack, unpack, uses_onednn
+from flexlamps.models.blocks.weight_kind import Phase
 
 SHAPES = [(1536, 576), (576, 1536), (192, 576), (37, 19), (4096, 64)]
 
@@ -23,8 +25,9 @@ def test_rows_are_independent_of_the_batch(dtype, out_in):
     for rows in (1, 2, 3, 8, 31, 32, 33, 129):
         assert torch.equal(linear(x[:rows], w, b), full[:rows]), rows
         assert torch.equal(linear(x[rows:rows + 1], w, b), full[rows:rows + 1]), rows
-    # a (n, T, in) activation gives the same rows as the flattened one
-    assert torch.equal(linear(x[:240].view(8, 30, n_in), w, b).view(240, n_out), full[:240])
+    # a (n, T, in) activation (a prompt's: `phase_of`) gives the same rows as the flattened one in that phase
+    prompt = linear(x, w, b, phase=Phase.PROMPT)
+    assert torch.equal(linear(x[:240].view(8, 30, n_in), w, b).view(240, n_out), prompt[:240])
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
@@ -119,3 +122,30 @@ def test_compressed_weights_move_their_parts_together():
                                if t.dtype != torch.int32)
     assert Int4Weight.is_stored(w4.to_tensors("a."), "a.") and not Int8Weight.is_stored(w4.to_tensors("a."), "a.")
     assert set(Int8Weight.part_names("b.")) <= set(w8.to_tensors("b."))
+
+
+@pytest.mark.parametrize("out_in", SHAPES)
+def test_a_prompts_bf16_rows_are_independent_of_the_batch_and_near_decodes(out_in):
+    """A prompt's rows (on CPUs with AMX: oneDNN calls of `AMX_PROMPT_ROW_BLOCK` rows, not decode's 32) get
+    their bits at any row count and position; within a rounding step or two of the same rows as decode."""
+    gen = torch.Generator().manual_seed(5)
+    n_out, n_in = out_in
+    w = torch.randn(n_out, n_in, generator=gen).bfloat16()
+    x = torch.randn(300, n_in, generator=gen).bfloat16()
+    full = linear(x, w, phase=Phase.PROMPT)
+    for rows in (1, 3, 32, 33, 127, 128, 129, 200):
+        assert torch.equal(linear(x[:rows], w, phase=Phase.PROMPT), full[:rows]), rows
+        assert torch.equal(linear(x[rows:rows + 5], w, phase=Phase.PROMPT), full[rows:rows + 5]), rows
+    decode = linear(x, w, phase=Phase.DECODE)
+    assert torch.allclose(full.float(), decode.float(), rtol=2 ** -6, atol=2 ** -6 * decode.float().abs().max().item())
+
+
+def test_on_an_amx_cpu_a_prompts_bf16_rows_run_in_calls_of_the_prompt_block(monkeypatch):
+    if torch.bfloat16 not in dense_gemm._ROW_BLOCK_DTYPES:
+        pytest.skip("no AMX here: oneDNN's bf16 rows need no fixed call size")
+    blocks, run = [], dense_gemm._in_row_blocks
+    monkeypatch.setattr(dense_gemm, "_in_row_blocks", lambda rows, w, b, block: blocks.append(block) or run(rows, w, b, block))
+    x, w = torch.randn(200, 64).bfloat16(), torch.randn(48, 64).bfloat16()
+    linear(x, w, phase=Phase.PROMPT)
+    linear(x, w, phase=Phase.DECODE)
+    assert blocks == [dense_gemm.AMX_PROMPT_ROW_BLOCK, dense_gemm.AMX_ROW_BLOCK] and blocks[0] > blocks[1]

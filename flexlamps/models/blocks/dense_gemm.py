@@ -20,7 +20,8 @@ picks its bf16 kernel (and its split over threads) by the call's row count: 1-10
 outputs moved by a rounding step between calls of 1-33 rows and of 300 (Sapphire Rapids-class
 Xeon). A call of a fixed row count gives a row the same bits wherever it sits among the call's
 rows and whatever they hold (measured there, 1 and 2 threads, packed or not), so there bf16 rows
-run in calls of exactly `AMX_ROW_BLOCK` rows, the last one padded with zero rows.
+run in calls of exactly `AMX_ROW_BLOCK` rows (a prompt's: `AMX_PROMPT_ROW_BLOCK`), the last one padded
+with zero rows.
 
 Decode rows in bf16 / fp16 on a CPU without oneDNN's 16-bit GEMM (AVX2) take our kernel
 (`kernels.half_gemv`: each output one fp32 dot product in a fixed order, rounded once; a row's
@@ -46,6 +47,11 @@ _PACK_ROWS_HINT = 32
 # bf16 rows per oneDNN call on a CPU with AMX (see the docstring): a decode row costs a call of this
 # many, a prompt's rows take one call per this many (32: within 1.5x of one whole call at 1 and 8 rows)
 AMX_ROW_BLOCK = 32
+# bf16 rows per call there in a prompt (a row's bits depend on its phase, as `weight_kind`'s rule allows, not
+# on how many rows share the call; checked there: a call of 64, 128 or 256 rows gives a row the same bits at
+# any position beside any rows): a prompt's 512 rows on a 768 x 2048 expert, 1 thread, 16 calls of 32 took
+# 6.1 ms and one call of 512 1.6; a call of 128 rows 0.40 ms against 0.30 for 32 (a short prompt pays that)
+AMX_PROMPT_ROW_BLOCK = 128
 _SCRATCH = threading.local()  # per thread: the buffer compressed weights are dequantized into
 
 
@@ -97,18 +103,21 @@ def pack(w: torch.Tensor) -> torch.Tensor:
 
 
 def dense_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *,
-                 add: torch.Tensor | None = None, mul: torch.Tensor | None = None) -> torch.Tensor:
-    """x (..., in) @ w (out, in).T + b, as `F.linear`; then `+ add` or `* mul`."""
+                 add: torch.Tensor | None = None, mul: torch.Tensor | None = None,
+                 phase: Phase = Phase.DECODE) -> torch.Tensor:
+    """x (..., in) @ w (out, in).T + b, as `F.linear`; then `+ add` or `* mul`. `phase`: the rows'
+    (on an AMX CPU, the rows a bf16 call holds: `AMX_PROMPT_ROW_BLOCK` or `AMX_ROW_BLOCK`)."""
     other = add if add is not None else mul
     if other is not None and not (x.dtype == torch.float32 and uses_onednn(x, w)):
-        out = dense_linear(x, w, b)
+        out = dense_linear(x, w, b, phase=phase)
         return out + add if add is not None else out * mul
     if not uses_onednn(x, w):
         return F.linear(x, w.to_dense() if w.is_mkldnn else w, b)
     lead, out_dim = x.shape[:-1], w.shape[0]
     rows = x.reshape(-1, x.shape[-1])
     if x.dtype in _ROW_BLOCK_DTYPES:  # (add and mul ran apart above: bf16)
-        return _in_row_blocks(rows, w, b).reshape(*lead, out_dim)
+        block = AMX_PROMPT_ROW_BLOCK if phase is Phase.PROMPT else AMX_ROW_BLOCK
+        return _in_row_blocks(rows, w, b, block).reshape(*lead, out_dim)
     single = rows.shape[0] == 1
     if single:  # oneDNN runs one row as a GEMV (another summation order): run it as two
         rows = rows.expand(2, -1)
@@ -127,15 +136,15 @@ def dense_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
     return out.reshape(*lead, out_dim)
 
 
-def _in_row_blocks(rows: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """rows @ w.T + b in oneDNN calls of exactly AMX_ROW_BLOCK rows (zero rows pad the last): the
+def _in_row_blocks(rows: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, block: int) -> torch.Tensor:
+    """rows @ w.T + b in oneDNN calls of exactly `block` rows (zero rows pad the last): the
     kernel and its split then never depend on how many rows share the call. An unpacked weight
     is packed once for a call of several blocks, not reordered by each."""
     count = rows.shape[0]
-    padded = F.pad(rows, (0, 0, 0, -count % AMX_ROW_BLOCK)).contiguous()
-    weight = w if w.is_mkldnn else (pack(w) if padded.shape[0] > AMX_ROW_BLOCK else w.contiguous())
-    outs = [torch.ops.mkldnn._linear_pointwise(padded[i:i + AMX_ROW_BLOCK], weight, b, "none", [], "")
-            for i in range(0, padded.shape[0], AMX_ROW_BLOCK)]
+    padded = F.pad(rows, (0, 0, 0, -count % block)).contiguous()
+    weight = w if w.is_mkldnn else (pack(w) if padded.shape[0] > block else w.contiguous())
+    outs = [torch.ops.mkldnn._linear_pointwise(padded[i:i + block], weight, b, "none", [], "")
+            for i in range(0, padded.shape[0], block)]
     out = outs[0] if len(outs) == 1 else torch.cat(outs)
     return out[:count]
 
@@ -173,12 +182,12 @@ class DenseKind(WeightKind):
     def product(self, w, x: torch.Tensor, phase: Phase) -> torch.Tensor:
         if (out := half_product(x, w, phase=phase)) is not None:
             return out
-        return dense_linear(x, w)
+        return dense_linear(x, w, phase=phase)
 
     def linear(self, w, x, phase, b=None, add=None, mul=None) -> torch.Tensor:
         if (out := half_product(x, w, b, phase)) is not None:
             return epilogue(out, None, add, mul)
-        return dense_linear(x, w, b, add=add, mul=mul)
+        return dense_linear(x, w, b, add=add, mul=mul, phase=phase)
 
     def stored_bytes(self, w) -> int:
         return w.numel() * w.element_size()
