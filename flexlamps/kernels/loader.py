@@ -10,7 +10,9 @@ $FLEXLAMPS_CPU_VARIANT) that the CPU has, from the cache folder (built there onc
 and variant); or not where $FLEXLAMPS_NATIVE_KERNELS=0, the CPU has none of its variants or has
 instructions that make torch's own faster. Anything else that stops it (no compiler, a failed
 build, a library that does not load, a check that fails or raises) leaves torch's kernels
-running, with one warning naming the kernel, why and what runs instead. `flexlamps env` prints
+running, with one warning naming the kernel, why and what runs instead; but a variant the compiler
+refuses (gcc before 11 knows no -mamx-tile, -mavxvnni) gives way to the kernel's variant below it,
+which runs if it builds (`_below_for_compiler`, `share_pool`). `flexlamps env` prints
 each kernel's `Outcome`, its variant included.
 """
 from __future__ import annotations
@@ -113,10 +115,27 @@ def load(kernel: Kernel, folder: Path, level: str | None = None) -> Outcome:
         kernel.check(made)
     except Exception as err:  # noqa: BLE001  (whatever stops a kernel, torch's run instead)
         why = _reason(err)
+        if (lower := _below_for_compiler(kernel, chosen, err, Path(folder))) is not None:
+            warnings.warn(f"flexlamps: {kernel.what} ({chosen.level}) is not used ({why}); its {lower.variant} "
+                          f"variant runs", RuntimeWarning, stacklevel=3)
+            return lower
         warnings.warn(f"flexlamps: {kernel.what} ({chosen.level}) is not used ({why}); {kernel.fallback}",
                       RuntimeWarning, stacklevel=3)
         return Outcome(None, "failed", why, chosen.level)
     return Outcome(made, "loaded", "built and checked against torch", chosen.level)
+
+
+def _below_for_compiler(kernel: Kernel, chosen: Variant, err: Exception, folder: Path) -> Outcome | None:
+    """Where the compiler refused `chosen` (e.g. gcc before 11 has no -mamx-tile or -mavxvnni) and
+    `kernel` has a variant below it, that variant loaded (the next one down that the CPU has; its own
+    failures silent), else None."""
+    below = [v for v in kernel.variants if variants.rank(v.level) < variants.rank(chosen.level)]
+    if not isinstance(err, subprocess.CalledProcessError) or not below:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outcome = load(kernel, folder, below[-1].level)
+    return outcome if outcome.kernel is not None else None
 
 
 POOL_KERNEL = "tile_gemv"  # the kernel whose claim pool (`flexlamps_pool_run`) every other kernel's threads share
@@ -135,7 +154,13 @@ def share_pool(library: ctypes.CDLL, folder: Path, level: str | None = None) -> 
     variant = variants.best(spec.variants, cap, build.cpu_flags()) if cap is not None else None
     if variant is None:
         return  # (no kernel runs below the baseline: nothing to share)
-    pool = build.built_library(spec.source, variant.compile_flags, folder)
+    try:
+        pool = build.built_library(spec.source, variant.compile_flags, folder)
+    except subprocess.CalledProcessError:  # the compiler refused it: the variant below, as `load` falls back
+        below = [v for v in spec.variants if variants.rank(v.level) < variants.rank(variant.level)]
+        if not below:
+            raise
+        return share_pool(library, folder, below[-1].level)
     use.argtypes, use.restype = [ctypes.c_void_p], None
     use(ctypes.cast(pool.flexlamps_pool_run, ctypes.c_void_p))
 

@@ -312,3 +312,24 @@ def test_the_cli_refuses_an_override_the_cpu_lacks_in_one_line(monkeypatch):
     result = CliRunner().invoke(main, ["env"])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
     assert result.output.startswith("Error: $FLEXLAMPS_CPU_VARIANT=avx512: this CPU lacks avx512f")
+
+
+def test_a_variant_the_compiler_refuses_falls_back_to_the_one_below(tmp_path, monkeypatch):
+    """gcc before 11 has no -mamx-tile: on an AMX CPU tile_gemv then runs its avx512 variant (and the
+    kernels sharing its pool theirs), not torch's."""
+    real = subprocess.run(["sh", "-c", "command -v ${CC:-cc}"], capture_output=True, text=True).stdout.strip()
+    picky = tmp_path / "picky-cc"
+    picky.write_text(f'#!/bin/sh\nfor a; do [ "$a" = -mamx-tile ] && {{ echo "error: no AMX" >&2; exit 1; }}; done\n'
+                     f'exec {real} "$@"\n')
+    picky.chmod(0o755)
+    monkeypatch.setenv("CC", str(picky))
+    flags = build.cpu_flags() + ["amx_tile", "amx_int8"]
+    monkeypatch.setattr(build, "cpu_flags", lambda cpuinfo=None: flags)
+    monkeypatch.delenv(variants.VARIANT_ENV, raising=False)
+    if "avx512" not in variants.cpu_levels(flags) or loader.switched_off():
+        pytest.skip("needs an AVX-512 CPU and the kernels on")
+    with pytest.warns(RuntimeWarning, match="its avx512 variant runs"):
+        outcome = loader.load(tile_gemv.KERNEL, tmp_path / "kernels")
+    assert outcome.state == "loaded" and outcome.variant == "avx512" and not outcome.kernel.amx_prompts
+    attention = loader.load(loader.kernel_spec("attention"), tmp_path / "kernels")
+    assert attention.state == "loaded" and attention.variant == "avx512"
