@@ -15,7 +15,9 @@ this process: their ratio is what a change to the kernel gained (a copy older th
 multiplies each weight as the split: the same bits).
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_prompt_kernel.py [--rows 128,4096] [--kinds q4,q6,q6split] \\
-        [--shapes 2560x2048,2048x2048,11264x2048,2048x5632] [--repeats 3] [--against DIR]
+        [--shapes 2560x2048,2048x2048,11264x2048,2048x5632] [--repeats 3] [--against DIR] [--levels avx2,avx_vnni]
+
+`--levels` times the named variants of this copy beside it, in turns (the bits compared as with --against).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 import torch
 
 from flexlamps.cache_folder import cache_root
-from flexlamps.kernels import build, tile_gemv, variants
+from flexlamps.kernels import build, loader, tile_gemv, variants
 from quant.int4_tiles import tile_rows
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
@@ -78,6 +80,14 @@ def kernel_from(folder: Path) -> tile_gemv.TileGemv:
     return tile_gemv.TileGemv(library, chosen.level)
 
 
+def level_kernel(level: str) -> tile_gemv.TileGemv:
+    """This copy's kernel in its `level` variant (`--levels`: variants timed side by side)."""
+    outcome = loader.load(tile_gemv.KERNEL, Path(cache_root()) / "kernels", level)
+    if outcome.kernel is None:
+        raise SystemExit(f"--levels {level}: {outcome.why}")
+    return outcome.kernel
+
+
 def best_seconds(fn, repeats: int, calls: int) -> float:
     """The fastest of `repeats` runs of `calls` calls, per call, in this thread's CPU time."""
     best = float("inf")
@@ -105,7 +115,8 @@ def time_kernels(kernels: dict, w, x: torch.Tensor, repeats: int) -> tuple[dict,
 
 def report(label: str, flops: float, times: dict, same: bool) -> None:
     line = " | ".join(f"{name} {t * 1e3:8.2f} ms {flops / t / 1e9:5.1f} GFLOP/s" for name, t in times.items())
-    ratio = f" | {times['against'] / times['this']:.2f}x, same bits: {same}" if "against" in times else ""
+    ratio = (f" | {times['against'] / times['this']:.2f}x, same bits: {same}" if "against" in times
+             else f" | same bits: {same}" if len(times) > 1 else "")
     print(f"{label}: {line}{ratio}", flush=True)
 
 
@@ -116,11 +127,15 @@ def main() -> None:
     ap.add_argument("--shapes", default="2560x2048,2048x2048,11264x2048,2048x5632", help="out x in, comma-separated")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--against", type=Path, default=None, help="a folder holding another tile_gemv.c and its headers")
+    ap.add_argument("--levels", default=None,
+                    help="comma-separated variants (e.g. avx2,avx_vnni), each timed in turns against 'this' (the process's)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     kernels = {"this": kernel_from(tile_gemv.SOURCE.parent)}
     if args.against:
         kernels = {"against": kernel_from(args.against), **kernels}
+    for level in args.levels.split(",") if args.levels else []:
+        kernels[level] = level_kernel(level)
     print(f"prompt kernel, {kernels['this'].level} variant, 1 thread, CPU time, best of {args.repeats}")
     gen = torch.Generator().manual_seed(0)
     row_counts = [int(r) for r in args.rows.split(",")]
