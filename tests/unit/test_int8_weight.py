@@ -11,7 +11,7 @@ import torch
 
 from flexlamps.models.loading.checkpoint import GGUFReader, read_all
 from flexlamps.models.loading.gguf_blocks import int8_blocks
-from flexlamps.models.blocks.dense_gemm import fast_dense_gemm
+from flexlamps.models.blocks.coded_weights import prompts_take_codes
 from flexlamps.models.blocks.linear import Int4Twin, Phase, codes_prompt_product, fused_product, linear
 from flexlamps.models.loading.weight_cache import load_weights
 from flexlamps.settings import RunSettings
@@ -82,8 +82,9 @@ def test_linear_takes_one_kernel_per_phase_whatever_the_rows():
     dense = linear(x, w.dequantize())
     assert torch.equal(linear(x, twin, phase=Phase.DECODE), fused_product(w, x))  # decode: on the codes
     prompt = linear(x, twin, phase=Phase.PROMPT)
-    on_codes = codes_prompt_product(w, x)  # the many-row kernel on the codes, where it runs (AVX2)
-    assert torch.equal(prompt, dense if fast_dense_gemm(x) else fused_product(w, x) if on_codes is None else on_codes)
+    on_codes = codes_prompt_product(w, x)  # the many-row kernel on the codes, where it runs (AVX2, AMX)
+    want = dense if not prompts_take_codes(x) else fused_product(w, x) if on_codes is None else on_codes
+    assert torch.equal(prompt, want)
     for rows in (1, 2, 3, 8, 16):
         for phase, want in ((Phase.DECODE, fused_product(w, x)), (Phase.PROMPT, prompt)):
             assert torch.equal(linear(x[:rows], twin, phase=phase), want[:rows]), (phase, rows)

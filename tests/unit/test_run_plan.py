@@ -163,6 +163,7 @@ def test_no_dense_twins_where_both_phases_run_on_the_codes(monkeypatch):
 
     class Takes:
         prompts = True
+        amx_prompts = False  # (where True, prompts take the codes even beside a fast dense GEMM)
 
         def takes(self, w):
             return True
