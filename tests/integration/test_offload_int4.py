@@ -12,7 +12,7 @@ from flexlamps.engine.executors import weight_store
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
-from flexlamps.models.blocks.dense_gemm import fast_dense_gemm
+from flexlamps.models.blocks.coded_weights import prompts_take_codes
 from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS
 from flexlamps.models.description import model_spec
 from flexlamps.models.loading.registry import open_checkpoint
@@ -159,9 +159,9 @@ def test_prompt_chunks_share_one_dequantization_per_layer_and_equal_the_in_memor
     ex.store.release(staged)
     per_layer = sum(isinstance(w, Int4Weight) for w in fetched.values())
     assert per_layer
-    if fast_dense_gemm(torch.empty(1, dtype=dtype)):  # prompts take the dense GEMM: dequantized once a sweep
+    if not prompts_take_codes(torch.empty(1, dtype=dtype)):  # the dense GEMM: dequantized once a sweep
         assert len(calls) == per_layer * reader.config.num_layers  # not once a chunk
-    else:  # prompts run on the codes (bf16 on a CPU without a fast bf16 GEMM): nothing dequantized
+    else:  # prompts run on the codes (bf16 without a fast bf16 GEMM, or on AMX tiles): nothing dequantized
         assert not calls
     ex.close()
 

@@ -121,7 +121,7 @@ def prompts_take_codes(x: torch.Tensor) -> bool:
     if not fast_dense_gemm(x):
         return True
     kernel = native_kernel()
-    return x.device.type == "cpu" and kernel is not None and kernel.amx_prompts
+    return x.device.type == "cpu" and x.dtype in tile_gemv.DTYPES and kernel is not None and kernel.amx_prompts
 
 
 def codes_serve_both_phases(w: Int4Weight | Int8Weight) -> bool:
