@@ -153,24 +153,29 @@ AI void add_dots(const Prepared *prep, int64_t g, const QRows *x, const __m256i 
 #define STEP_READS(w, q, x) "m"(*(const uint8_t(*)[128])(w)), "m"(*(const uint8_t(*)[128])(q)), "m"(*(const int32_t *)(x))
 #define STEP_CLOBBERS "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15"
 
+/* The four asm forms of a step (codes, or int8 codes signed by q, where `sign`; one row or two), their
+ * multiply-adds written by the row macros T (codes) and S (signed): step_rows' and the VNNI step's. */
+#define STEP_FORMS(T, S, sign)                                                                                     \
+    const int8_t *x1 = x + stride;                                                                                 \
+    if (!(sign) && nb == 2)                                                                                        \
+        __asm__(LOAD_CODES ROW(T, "(%[x])", "a") ROW(T, "(%[x1])", "b")                                            \
+                : SUMS(a, p[0]), SUMS(b, p[1]) : [w] "r"(w), [x] "r"(x), [x1] "r"(x1), STEP_READS(w, w, x),        \
+                  "m"(*(const int32_t *)x1) : STEP_CLOBBERS);                                                      \
+    else if (!(sign))                                                                                              \
+        __asm__(LOAD_CODES ROW(T, "(%[x])", "a") : SUMS(a, p[0]) : [w] "r"(w), [x] "r"(x),                         \
+                STEP_READS(w, w, x) : STEP_CLOBBERS);                                                              \
+    else if (nb == 2)                                                                                              \
+        __asm__(LOAD_CODES ROW(S, "(%[x])", "a") ROW(S, "(%[x1])", "b")                                            \
+                : SUMS(a, p[0]), SUMS(b, p[1]) : [w] "r"(w), [q] "r"(q), [x] "r"(x), [x1] "r"(x1),                 \
+                  STEP_READS(w, q, x), "m"(*(const int32_t *)x1) : STEP_CLOBBERS);                                 \
+    else                                                                                                           \
+        __asm__(LOAD_CODES ROW(S, "(%[x])", "a") : SUMS(a, p[0]) : [w] "r"(w), [q] "r"(q), [x] "r"(x),             \
+                STEP_READS(w, q, x) : STEP_CLOBBERS)
+
 /* Step of nb (1 or 2) rows at x (row stride `stride`) by the codes at w (int8: magnitudes at w, q at q). */
 AI void step_rows(const uint8_t *w, const uint8_t *q, const int8_t *x, int64_t stride, __m256i p[][4], int split,
                   int nb) {
-    const int8_t *x1 = x + stride;
-    if (!split && nb == 2)
-        __asm__(LOAD_CODES ROW(TIMES_CODES, "(%[x])", "a") ROW(TIMES_CODES, "(%[x1])", "b")
-                : SUMS(a, p[0]), SUMS(b, p[1]) : [w] "r"(w), [x] "r"(x), [x1] "r"(x1), STEP_READS(w, w, x),
-                  "m"(*(const int32_t *)x1) : STEP_CLOBBERS);
-    else if (!split)
-        __asm__(LOAD_CODES ROW(TIMES_CODES, "(%[x])", "a") : SUMS(a, p[0]) : [w] "r"(w), [x] "r"(x),
-                STEP_READS(w, w, x) : STEP_CLOBBERS);
-    else if (nb == 2)
-        __asm__(LOAD_CODES ROW(TIMES_SIGNED, "(%[x])", "a") ROW(TIMES_SIGNED, "(%[x1])", "b")
-                : SUMS(a, p[0]), SUMS(b, p[1]) : [w] "r"(w), [q] "r"(q), [x] "r"(x), [x1] "r"(x1),
-                  STEP_READS(w, q, x), "m"(*(const int32_t *)x1) : STEP_CLOBBERS);
-    else
-        __asm__(LOAD_CODES ROW(TIMES_SIGNED, "(%[x])", "a") : SUMS(a, p[0]) : [w] "r"(w), [q] "r"(q), [x] "r"(x),
-                STEP_READS(w, q, x) : STEP_CLOBBERS);
+    STEP_FORMS(TIMES_CODES, TIMES_SIGNED, split);
 }
 
 /* The first step of two rows by 4-bit (or biased int8) codes at w: the products start the sums (one

@@ -19,21 +19,7 @@
 
 AI void vnni_step(const uint8_t *w, const uint8_t *q, const int8_t *x, int64_t stride, __m256i p[][4], int sign,
                   int nb) {
-    const int8_t *x1 = x + stride;
-    if (!sign && nb == 2)
-        __asm__(LOAD_CODES ROW(VNNI_TIMES, "(%[x])", "a") ROW(VNNI_TIMES, "(%[x1])", "b")
-                : SUMS(a, p[0]), SUMS(b, p[1]) : [w] "r"(w), [x] "r"(x), [x1] "r"(x1), STEP_READS(w, w, x),
-                  "m"(*(const int32_t *)x1) : STEP_CLOBBERS);
-    else if (!sign)
-        __asm__(LOAD_CODES ROW(VNNI_TIMES, "(%[x])", "a") : SUMS(a, p[0]) : [w] "r"(w), [x] "r"(x),
-                STEP_READS(w, w, x) : STEP_CLOBBERS);
-    else if (nb == 2)
-        __asm__(LOAD_CODES ROW(VNNI_SIGNED, "(%[x])", "a") ROW(VNNI_SIGNED, "(%[x1])", "b")
-                : SUMS(a, p[0]), SUMS(b, p[1]) : [w] "r"(w), [q] "r"(q), [x] "r"(x), [x1] "r"(x1),
-                  STEP_READS(w, q, x), "m"(*(const int32_t *)x1) : STEP_CLOBBERS);
-    else
-        __asm__(LOAD_CODES ROW(VNNI_SIGNED, "(%[x])", "a") : SUMS(a, p[0]) : [w] "r"(w), [q] "r"(q), [x] "r"(x),
-                STEP_READS(w, q, x) : STEP_CLOBBERS);
+    STEP_FORMS(VNNI_TIMES, VNNI_SIGNED, sign);
 }
 
 /* The 32 outputs (lane order) of nb rows of x by a prepared sub-tile, every group, into tot. */
