@@ -96,15 +96,24 @@ def release_mapped(weights) -> int:
     return released
 
 
+@functools.cache
+def _malloc_trim():
+    """glibc's malloc_trim, looked up once (find_library runs `ldconfig -p` in a subprocess: a call a
+    decode sweep read ~42 KB through a pipe); None off Linux or under another C library (musl)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    trim = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None)
+    if trim is not None:
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
 def release_heap() -> bool:
     """Give the heap's free pages back to the system (glibc's malloc_trim): after a load let go of
     its copies, the allocator kept ~0.75 GB of them (a llama-3.2-1b GGUF's first load: 1.58 -> 0.84 GB
     resident). Whether it ran (glibc on Linux only)."""
-    if not sys.platform.startswith("linux"):
+    trim = _malloc_trim()
+    if trim is None:
         return False
-    trim = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None)
-    if trim is None:  # another C library (musl)
-        return False
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     trim(0)
     return True
