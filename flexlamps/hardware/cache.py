@@ -1,9 +1,11 @@
 """The machine profile `--policy auto` plans with: cached in the cache folder per probed matrices,
-measured on first use and again when a quick GEMM shows it was taken on a busy machine.
+measured on first use and again when it was taken on a busy machine (the load average it was
+measured under, or a quick GEMM now faster than then, says so).
 """
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -21,6 +23,12 @@ from placement import HardwareSpec
 STALE_PROFILE_SPEEDUP = 1.5
 _CHECK_DIM = 256
 _CHECK_BUDGET_S = 0.03
+# ... and when the load average as it was measured, plus its probes' threads, came to this many times
+# the cores: each probe got ~1/1.5 of the CPU it asked for, so compute was priced slow (a MoE job's
+# profile taken on a busy box gave measured/predicted 1.29 where quiet ones give 0.85-0.92). The GEMM
+# check misses that: its ~0.3 ms calls mostly run whole within one time slice. Measured again only
+# once the box is below it (else kept, with a warning): a profile measured under load is no better.
+BUSY_CONTENTION = 1.5
 
 
 def check_rate() -> float:
@@ -29,6 +37,15 @@ def check_rate() -> float:
     a = torch.randn(_CHECK_DIM, _CHECK_DIM)
     b = torch.randn(_CHECK_DIM, _CHECK_DIM)
     return _typical_rate(lambda: linear(a, b), 2.0 * _CHECK_DIM**3, _CHECK_BUDGET_S)
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def contention(load: float) -> float:
+    """Runnable threads per core were this process's compute threads added to `load` (a load average)."""
+    return (load + torch.get_num_threads()) / _cores()
 
 
 def profile_cache_path(shapes=None, expert_dims=None) -> Path:
@@ -49,9 +66,19 @@ def _cached_profile(path: Path) -> tuple[HardwareSpec | None, str]:
     except (ValueError, TypeError, KeyError):
         return None, "the cached profile is damaged"
     try:
-        recorded = float(json.loads(_check_path(path).read_text())["gemm_flops"])
+        check = json.loads(_check_path(path).read_text())
+        recorded = float(check["gemm_flops"])
     except (OSError, ValueError, TypeError, KeyError):
         return spec, ""  # no check beside it (written by hand, or by an older flexlamps): trusted
+    then = check.get("load")  # None: checked by an older flexlamps, which did not record it
+    if isinstance(then, (int, float)) and contention(then) > BUSY_CONTENTION:
+        load = os.getloadavg()[0]
+        if contention(load) <= BUSY_CONTENTION:
+            return None, f"it was measured under load {then:.1f} on {_cores()} cores, {load:.1f} now"
+        warnings.warn(f"flexlamps: the machine profile {path} was measured under load {then:.1f} on {_cores()} "
+                      f"cores, so it prices compute slow; kept, the box being as busy now ({load:.1f}): it is "
+                      "measured again once the box is quieter", stacklevel=3)
+        return spec, ""
     now = check_rate()
     if now > STALE_PROFILE_SPEEDUP * recorded:
         return None, (f"it was measured on a busy machine (a quick GEMM ran {now / recorded:.1f}x "
@@ -80,7 +107,11 @@ def machine_profile(scratch: Path, on_measure=None, model_shapes=None, expert_di
     if on_measure:
         on_measure(path, why)
     scratch.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()[0]  # before the probes, which add their own threads
+    if contention(load) > BUSY_CONTENTION:
+        warnings.warn(f"flexlamps: measuring the machine profile {path} under load {load:.1f} on {_cores()} cores:"
+                      " it prices compute slow until it is measured again on a quieter box", stacklevel=2)
     spec = machine.profile_machine(disk_folder=scratch, quick=True, model_shapes=model_shapes, expert_dims=expert_dims)
     _write_atomic(path, spec.to_json())
-    _write_atomic(_check_path(path), json.dumps({"gemm_flops": check_rate()}))
+    _write_atomic(_check_path(path), json.dumps({"gemm_flops": check_rate(), "load": load, "cores": _cores()}))
     return spec
