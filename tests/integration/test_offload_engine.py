@@ -188,9 +188,10 @@ def test_decode_micro_batches_merge_only_when_the_policy_says_so(reader, plain, 
 
 
 def test_every_sweep_gives_its_freed_heap_back(reader, plain, tmp_path, monkeypatch):
-    """A prompt sweep's layers and each decode sweep end in `release_heap`: without the decode one
-    the freed heap grew sweep on sweep (the MoE job worker: RssAnon 3031 -> 3604 MiB over 63 decode
-    sweeps at steady charges, OOM-killed under its 3.5 GiB cap); the tokens stay the plain engine's."""
+    """Every layer of every sweep, prompt or decode, ends in `release_heap` (one policy): with a prompt
+    sweep's layers trimmed alone the freed heap grew sweep on sweep (the MoE job worker: RssAnon 3031 ->
+    3604 MiB over 63 decode sweeps at steady charges, OOM-killed under its 3.5 GiB cap); the tokens stay
+    the plain engine's."""
     from flexlamps.engine.executors import sweep as sweep_module
 
     trims = []
@@ -207,7 +208,7 @@ def test_every_sweep_gives_its_freed_heap_back(reader, plain, tmp_path, monkeypa
     got = [o.token_ids for o in generate(ex, reader.tokenizer, ids, params, max_batch=4, micro_batch=2)]
     assert got == expected
     prompt_sweeps, decode_sweeps = sum(swept), len(swept) - sum(swept)
-    assert decode_sweeps >= 3 and len(trims) == prompt_sweeps * reader.config.num_layers + decode_sweeps
+    assert decode_sweeps >= 3 and len(trims) == (prompt_sweeps + decode_sweeps) * reader.config.num_layers
     ex.close()
 
 

@@ -127,6 +127,9 @@ class Sweep:
         return merged, [len(s.slots) for s in decodes]
 
     def _sweep(self, cache: TieredKVCache, steps: list[Step]) -> list[torch.Tensor]:
+        """Every layer, prompt or decode, ends in `release_heap`: glibc kept what layers freed (activations,
+        disk-expert staging), its free heap growing sweep on sweep (the MoE job: +230 MiB over 63 decode
+        sweeps, OOM-killed under its cap). The cost: docs/performance.md (scripts/bench_heap_trim.py)."""
         cfg, fwd, store = self.cfg, self.fwd, self.weights.store
         prefill = any(s.input_ids.shape[1] > 1 for s in steps)
         prof = SweepProfile(prefill=prefill) if self.record_profile else None
@@ -162,8 +165,7 @@ class Sweep:
                     self._run_layer(j, fetched, steps, hidden, ctxs, cache, act_tier, twin_bytes)
                 finally:
                     store.release(staged)
-                if prefill:  # a prompt layer's freed activations back to the system (`release_heap`)
-                    release_heap()
+                release_heap()  # the sweep's one heap policy: see `_sweep`'s docstring
                 if prof is not None:
                     t1 = time.perf_counter()
                     prof.layer_s.append(t1 - t0)
@@ -174,8 +176,6 @@ class Sweep:
                 x = fwd.final_hidden(glob, s.pick_logit_rows(hidden[k].to(self.device)))
                 hidden[k] = x.to("cpu") if act_tier == "cpu" else x
             outs = [fwd.finish_logits(logits) for logits in self._logits(hidden, peak_limit)]
-            if not prefill:  # freed heap piles up sweep on sweep (+230 MiB over 63 in the MoE job): give it back
-                release_heap()
             if prof is not None:
                 prof.sweep_s = time.perf_counter() - t_sweep
                 self.profiles.append(prof)
