@@ -46,8 +46,7 @@ _TWIN_DTYPES = (torch.float32, torch.bfloat16)  # dense copies on the CPU (`can_
 
 
 # The output head's decode x: its outputs are the logits, where 8-bit x's error lands unsoftened by
-# later layers (a Q4_K_M test model's decode logits: 2.2x a bf16 copy's error with the head at 8
-# bits, 1.04x at 16, which costs the head about twice its 8-bit time).
+# later layers (measured: docs/performance.md, "The model blocks' choices").
 LOGITS_X_BITS = 16
 
 

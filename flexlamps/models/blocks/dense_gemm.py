@@ -44,13 +44,11 @@ from flexlamps.models.blocks.weight_kind import Phase, WeightKind, epilogue, is_
 # The row count oneDNN tunes a packed layout for; results do not depend on it, and decode
 # batches of 8-64 rows and prefill GEMMs of thousands both run at full speed with it.
 _PACK_ROWS_HINT = 32
-# bf16 rows per oneDNN call on a CPU with AMX (see the docstring): a decode row costs a call of this
-# many, a prompt's rows take one call per this many (32: within 1.5x of one whole call at 1 and 8 rows)
+# bf16 rows per oneDNN call on a CPU with AMX (see the docstring), decode's: a decode row pays a call of
+# this many (measured: docs/performance.md, "The model blocks' choices")
 AMX_ROW_BLOCK = 32
-# bf16 rows per call there in a prompt (a row's bits depend on its phase, as `weight_kind`'s rule allows, not
-# on how many rows share the call; checked there: a call of 64, 128 or 256 rows gives a row the same bits at
-# any position beside any rows): a prompt's 512 rows on a 768 x 2048 expert, 1 thread, 16 calls of 32 took
-# 6.1 ms and one call of 512 1.6; a call of 128 rows 0.40 ms against 0.30 for 32 (a short prompt pays that)
+# ... a prompt's (its rows' bits depend on the phase, as `weight_kind`'s rule allows, never on the rows beside
+# them): fewer calls for a long prompt, a short one pays a wider call (measured: the same place)
 AMX_PROMPT_ROW_BLOCK = 128
 _SCRATCH = threading.local()  # per thread: the buffer compressed weights are dequantized into
 
