@@ -13,7 +13,8 @@ worker process of this script. Each side runs in its own process (its peak RSS f
 rusage), in turns, --repeats times; the fastest run counts. flexlamps first loads the file once,
 untimed (a new file's weight cache is written then: that load's peak RSS is printed apart).
 Printed per quantization: batch 1 decode (new tokens / s after the first), batch 1 and batch 32
-total (new tokens / s of the whole call, prefill included), peak RSS, and flexlamps' ratio to
+total (new tokens / s of the whole call, prefill included), each batch's prompt rate (prompt tokens
+/ s until the first new tokens; llama.cpp's own t_pp), peak RSS, and flexlamps' ratio to
 llama.cpp for each, then the memory's limit on batch 1 decode (the file's bytes a step at the read
 rate) and each side's share of it; first the CPU (model, flags) and the memory's bandwidth (a
 reduction's read rate on --threads threads, and a copy's read + write rate).
@@ -130,8 +131,8 @@ def llama_cpp(tools: Path, gguf: Path, batch: int, args) -> dict:
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     if len(rows) != 1 or rows[0]["pl"] != batch:
         raise RuntimeError(f"unexpected llama-batched-bench output for batch {batch}: {out[-500:]}")
-    return {"total_s": rows[0]["t"], "decode_s": rows[0]["t_tg"], "decode_tokens": batch * args.new_tokens,
-            "new_tokens": batch * args.new_tokens, "rss": rss}
+    return {"total_s": rows[0]["t"], "decode_s": rows[0]["t_tg"], "prefill_s": rows[0]["t_pp"],
+            "decode_tokens": batch * args.new_tokens, "new_tokens": batch * args.new_tokens, "rss": rss}
 
 
 def flexlamps(gguf: Path, batch: int, args, load_only: bool = False) -> dict:
@@ -157,7 +158,8 @@ def worker(args) -> None:
         return print("{}")
     time_ours(llm, distinct_prompts(llm.tokenizer, 1, args.prompt_len), 2)
     total, _, prefill = time_ours(llm, distinct_prompts(llm.tokenizer, args.batch, args.prompt_len), args.new_tokens)
-    print(json.dumps({"total_s": total, "decode_s": total - prefill, "decode_tokens": args.batch * (args.new_tokens - 1),
+    print(json.dumps({"total_s": total, "decode_s": total - prefill, "prefill_s": prefill,
+                      "decode_tokens": args.batch * (args.new_tokens - 1),
                       "new_tokens": args.batch * args.new_tokens, "off_kernels": off_kernels(llm.executor)}))
 
 
@@ -217,6 +219,7 @@ def compare(tools: Path, gguf: Path, args) -> None:
         if batch == 1:
             figures["batch 1 decode tok/s"] = {s: r["decode_tokens"] / r["decode_s"] for s, r in row.items()}
         figures[f"batch {batch} total tok/s"] = {s: r["new_tokens"] / r["total_s"] for s, r in row.items()}
+        figures[f"batch {batch} prompt tok/s"] = {s: batch * args.prompt_len / r["prefill_s"] for s, r in row.items()}
     figures["peak RSS GB"] = {s: max(rows[b][s]["rss"] for b in rows) / 1e9 for s in ("flexlamps", "llama.cpp")}
     print(f"\n{gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB), load avg {os.getloadavg()[0]:.1f}")
     print(f"  flexlamps' first load: peak RSS {first['rss'] / 1e9:.2f} GB (its weight cache written where the file "
