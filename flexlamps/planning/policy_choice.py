@@ -24,11 +24,10 @@ def plan_policy(target: PlanTarget, hardware: HardwareSpec, lengths: BlockLength
                 disk_bytes: int | None, max_block_size: int = 256, compression: Compression = Compression()) -> Plan:
     """The planner's policy for `target` at the user's budgets, for blocks of at most
     `max_block_size` sequences of `lengths`, checked once by the executor's dry run: the planner's
-    memory rows charge what the engine charges (the property tests hold dense and MLA models' peaks
-    to the dry run's within 2%; MoE models' within 10%, over by up to 4.5% measured: in the case
-    examined a layer's gpu share holds its always-read tensors first, priced as staged by the
-    share), and it plans for 90% of a tier, so a plan it accepts runs; one the engine would still
-    refuse is an error naming the tier, never re-planned.
+    memory rows charge what the engine charges (the property tests hold dense, MLA and MoE models'
+    peaks per tier to the dry run's within 2%: `placement.staging` stages a MoE layer as the
+    engine's placement leaves it), and it plans for 90% of a tier, so a plan it accepts runs; one
+    the engine would still refuse is an error naming the tier, never re-planned.
     A MoE target's routing profile prices the experts a step reads (None: uniform routing); the
     shared prefix is charged by the dry run (the planner plans the longest prompt)."""
     # an FP8 checkpoint's matrices stay FP8 in the engine (upcast per call): planned as stored
