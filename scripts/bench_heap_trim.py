@@ -1,10 +1,10 @@
-"""What the offload sweep's heap policy costs: `release_heap` (glibc's malloc_trim) after every layer,
-prompt or decode (`Sweep._sweep`), against trimming only after a decode sweep's last layer (the
-policy before), alternating in one process on the MoE job's model and budgets (`bench_moe_job.py`'s
+"""What the offload sweep's heap policy costs and saves: `release_heap` (glibc's malloc_trim) after a
+prompt sweep's every layer and a decode sweep's last (`sweep.trims_heap_after`), against trimming after
+every decode layer too, alternating in one process on the MoE job's model and budgets (`bench_moe_job.py`'s
 defaults: gpu an eighth of the model, cpu what a 3.5 GiB cap leaves). Printed per variant and round:
-prompt and decode sweeps' seconds, decode tok/s, the trims' own seconds (calls, median, max) and the
-largest RssAnon seen at a sweep's end; then decode tok/s every-layer / last-layer. The trims' own
-time leaves out what they cost later (freed pages faulted back in), which the tok/s ratio includes.
+prompt and decode sweeps' seconds, decode tok/s, the trims' own seconds (calls, median, max), the largest
+RssAnon before a sweep's last trim and the run's minor page faults (a trimmed page the next layer uses
+again is faulted back in: the trims' cost beyond their own time); then decode tok/s every layer / the policy.
 
     python scripts/bench_heap_trim.py --sample 8 --gen-len 16 --rounds 2
     python scripts/bench_heap_trim.py --small
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import time
 from pathlib import Path
@@ -27,46 +28,36 @@ def rss_anon_mib() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("RssAnon")) / 1024
 
 
-def timed_trims(real, layers: int, every_layer: bool, log: dict):
-    """`release_heap` as the sweep calls it (once a layer), timed; `every_layer` False: only a decode
-    sweep's last layer trims (a prompt sweep's layers still do, as before)."""
-    calls = [0]
-
-    def trim() -> bool:
-        calls[0] += 1
-        last = calls[0] % layers == 0
-        if every_layer or log["prefill"] or last:
-            t = time.perf_counter()
-            real()
-            log["trim_s"].append(time.perf_counter() - t)
-        if last:
-            log["rss"] = max(log["rss"], rss_anon_mib())
-        return True
-    return trim
-
-
-def one_run(llm, sweep_module, real, prompts, gen_len: int, every_layer: bool) -> dict:
+def one_run(llm, sweep_module, prompts, gen_len: int, every_layer: bool) -> dict:
+    """One `generate_ids` call, each trim timed; `every_layer`: a decode sweep's layers all trim too."""
     from flexlamps import SamplingParams
 
-    sweep = llm.executor.sweep
-    log = {"trim_s": [], "rss": 0.0, "prefill": False}
-    inner = sweep._sweep
+    sweep, policy, real = llm.executor.sweep, sweep_module.trims_heap_after, sweep_module.release_heap
+    log = {"trim_s": [], "rss": 0.0}
 
-    def flagged(cache, steps):
-        log["prefill"] = any(s.input_ids.shape[1] > 1 for s in steps)
-        return inner(cache, steps)
-    sweep._sweep, sweep.profiles = flagged, []
-    sweep_module.release_heap = timed_trims(real, llm.config.num_layers, every_layer, log)
+    def decide(layer: int, layers: int, prefill: bool) -> bool:
+        if layer == layers - 1:
+            log["rss"] = max(log["rss"], rss_anon_mib())
+        return every_layer or policy(layer, layers, prefill)
+
+    def trim() -> bool:
+        t = time.perf_counter()
+        real()
+        log["trim_s"].append(time.perf_counter() - t)
+        return True
+    sweep_module.trims_heap_after, sweep_module.release_heap, sweep.profiles = decide, trim, []
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     try:
         llm.generate_ids(prompts, [SamplingParams(max_new_tokens=gen_len, ignore_eos=True)] * len(prompts))
     finally:
-        sweep_module.release_heap, sweep._sweep = real, inner
+        sweep_module.trims_heap_after, sweep_module.release_heap = policy, real
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     prompt_s = sum(p.sweep_s for p in sweep.profiles if p.prefill)
     decode = [p.sweep_s for p in sweep.profiles if not p.prefill]
     return {"prompt_s": prompt_s, "decode_s": sum(decode), "decode_tps": len(prompts) * (gen_len - 1) / sum(decode),
             "trims": len(log["trim_s"]), "trim_s": sum(log["trim_s"]),
             "trim_med_ms": 1e3 * statistics.median(log["trim_s"]), "trim_max_ms": 1e3 * max(log["trim_s"]),
-            "rss_mib": log["rss"]}
+            "rss_mib": log["rss"], "faults": faults}
 
 
 def main() -> None:
@@ -92,20 +83,20 @@ def main() -> None:
     llm.prepare(prompt_len=args.prompt_len, gen_len=args.gen_len, num_sequences=args.sample)
     llm.executor.sweep.record_profile = True
     prompts = _prompts(args.sample, args.prompt_len, llm.config.vocab_size)
-    real = sweep_module.release_heap
     print(f"{size} model, {args.sample} x ({args.prompt_len} + {args.gen_len}), threads {args.threads}, "
           f"load {os.getloadavg()[0]:.1f}", flush=True)
     tps = {True: [], False: []}
     for r in range(args.rounds):
         for every_layer in ((True, False) if r % 2 == 0 else (False, True)):  # neither always first
-            res = one_run(llm, sweep_module, real, prompts, args.gen_len, every_layer)
+            res = one_run(llm, sweep_module, prompts, args.gen_len, every_layer)
             tps[every_layer].append(res["decode_tps"])
-            print(f"round {r} {'every layer' if every_layer else 'last layer '}: prompt {res['prompt_s']:.2f} s, "
+            print(f"round {r} {'every layer ' if every_layer else 'the policy '}: prompt {res['prompt_s']:.2f} s, "
                   f"decode {res['decode_s']:.2f} s ({res['decode_tps']:.2f} tok/s); {res['trims']} trims "
                   f"{res['trim_s']:.3f} s (median {res['trim_med_ms']:.2f} ms, max {res['trim_max_ms']:.2f} ms); "
-                  f"RssAnon at a sweep's end <= {res['rss_mib']:.0f} MiB; load {os.getloadavg()[0]:.1f}", flush=True)
+                  f"RssAnon before a sweep's last trim <= {res['rss_mib']:.0f} MiB; {res['faults']} minor page faults; "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
     llm.close()
-    print(f"decode tok/s every layer / last layer: {statistics.median(tps[True]) / statistics.median(tps[False]):.3f}")
+    print(f"decode tok/s every layer / the policy: {statistics.median(tps[True]) / statistics.median(tps[False]):.3f}")
 
 
 if __name__ == "__main__":

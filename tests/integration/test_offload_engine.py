@@ -9,6 +9,7 @@ from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.split_tables import head_chunks
 from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.executors.step import Step
+from flexlamps.engine.executors.sweep import trims_heap_after
 from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.mapped_pages import in_file_mapping
@@ -188,10 +189,10 @@ def test_decode_micro_batches_merge_only_when_the_policy_says_so(reader, plain, 
 
 
 def test_every_sweep_gives_its_freed_heap_back(reader, plain, tmp_path, monkeypatch):
-    """Every layer of every sweep, prompt or decode, ends in `release_heap` (one policy): with a prompt
-    sweep's layers trimmed alone the freed heap grew sweep on sweep (the MoE job worker: RssAnon 3031 ->
-    3604 MiB over 63 decode sweeps at steady charges, OOM-killed under its 3.5 GiB cap); the tokens stay
-    the plain engine's."""
+    """Every layer of a prompt sweep and the last of each decode sweep end in `release_heap`
+    (`trims_heap_after`): with a prompt sweep's layers trimmed alone the freed heap grew sweep on sweep
+    (the MoE job worker: RssAnon 3031 -> 3604 MiB over 63 decode sweeps at steady charges, OOM-killed
+    under its 3.5 GiB cap); the tokens stay the plain engine's."""
     from flexlamps.engine.executors import sweep as sweep_module
 
     trims = []
@@ -208,8 +209,13 @@ def test_every_sweep_gives_its_freed_heap_back(reader, plain, tmp_path, monkeypa
     got = [o.token_ids for o in generate(ex, reader.tokenizer, ids, params, max_batch=4, micro_batch=2)]
     assert got == expected
     prompt_sweeps, decode_sweeps = sum(swept), len(swept) - sum(swept)
-    assert decode_sweeps >= 3 and len(trims) == (prompt_sweeps + decode_sweeps) * reader.config.num_layers
+    assert decode_sweeps >= 3 and len(trims) == prompt_sweeps * reader.config.num_layers + decode_sweeps
     ex.close()
+
+
+def test_the_heap_policy_trims_a_prompt_sweeps_layers_and_a_decode_sweeps_last():
+    assert [trims_heap_after(j, 4, prefill=True) for j in range(4)] == [True] * 4
+    assert [trims_heap_after(j, 4, prefill=False) for j in range(4)] == [False, False, False, True]
 
 
 @pytest.mark.gpu

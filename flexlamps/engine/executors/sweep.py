@@ -23,6 +23,17 @@ from placement.cost_memory import HEAD_CHUNK_ROWS, workspace_bytes
 from quant.int4_weight import Int4Weight
 
 
+def trims_heap_after(layer: int, layers: int, prefill: bool) -> bool:
+    """The sweep's one heap policy: `release_heap` after every layer of a sweep with a prompt, after
+    the last layer of a decode sweep. glibc keeps what is freed (`host_allocator`: trimming off, so
+    pages are reused): a prompt layer frees activations the next one does not reuse (0.6-1.2 GB free
+    in the MoE job's heap), and decode sweeps' leftovers piled up sweep on sweep without a trim (the
+    MoE job: +230 MiB over 63, OOM-killed under its cap); a decode layer's disk-expert staging is what
+    the next layer reuses, so a trim a decode layer only has it faulted back in (docs/performance.md:
+    scripts/bench_heap_trim.py)."""
+    return prefill or layer == layers - 1
+
+
 @dataclass
 class SweepProfile:
     """Per layer: wall time, time spent waiting for its weights, compute time, and how long its
@@ -127,9 +138,6 @@ class Sweep:
         return merged, [len(s.slots) for s in decodes]
 
     def _sweep(self, cache: TieredKVCache, steps: list[Step]) -> list[torch.Tensor]:
-        """Every layer, prompt or decode, ends in `release_heap`: glibc kept what layers freed (activations,
-        disk-expert staging), its free heap growing sweep on sweep (the MoE job: +230 MiB over 63 decode
-        sweeps, OOM-killed under its cap). The cost: docs/performance.md (scripts/bench_heap_trim.py)."""
         cfg, fwd, store = self.cfg, self.fwd, self.weights.store
         prefill = any(s.input_ids.shape[1] > 1 for s in steps)
         prof = SweepProfile(prefill=prefill) if self.record_profile else None
@@ -165,7 +173,8 @@ class Sweep:
                     self._run_layer(j, fetched, steps, hidden, ctxs, cache, act_tier, twin_bytes)
                 finally:
                     store.release(staged)
-                release_heap()  # the sweep's one heap policy: see `_sweep`'s docstring
+                if trims_heap_after(j, cfg.num_layers, prefill):
+                    release_heap()
                 if prof is not None:
                     t1 = time.perf_counter()
                     prof.layer_s.append(t1 - t0)
