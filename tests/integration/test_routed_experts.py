@@ -250,3 +250,36 @@ def test_the_planner_prices_the_bytes_a_decode_step_reads_off_disk(family_reader
     workload = placement.WorkloadSpec(prompt_len=PROMPT_LEN, gen_len=DECODE_STEPS + 1)
     predicted = placement.predict(policy, spec, hw, workload).decode_layer_s["dtoc"] * hw.disk_read_bytes_per_s
     assert sum(reads) / len(reads) == pytest.approx(predicted * spec.num_layers, rel=0.01)
+
+
+def test_the_next_layers_predicted_experts_are_read_ahead_once(reader, tmp_path):
+    """A decode step's MoE layer scores its routed inputs with the next layer's router and starts
+    reading those predicted experts that live on disk into the expert cache (`experts_ahead`; here
+    every expert is predicted, as this tiny random model's next routing is not predictable): reads
+    ahead start, none is read twice, the gpu tier stays within its budget,
+    and the logits equal the in-memory run's (and the run's without reads ahead)."""
+    forced = torch.randint(2, reader.config.vocab_size, (DECODE_STEPS,), generator=torch.Generator().manual_seed(5))
+    expected = _greedy(InMemoryExecutor(reader.config, read_all(reader, torch.float32), torch.float32),
+                       forced=forced.tolist())[1]
+    runs = {}
+    for ahead in (True, False):
+        ex = _executor(reader, tmp_path / str(ahead), "cyclic", 1 << 30)
+        ex.sweep.read_ahead = ahead
+        ex.sweep.read_ahead_picks = reader.config.moe.num_experts  # every expert predicted: some are picked
+        owner = {name: (layer, e) for layer, experts in ex.experts.items() for e, names in experts.items()
+                 for name in names}
+        fetched, fetch = [], ex.store.fetch
+        ex.store.fetch = lambda names: fetched.extend(owner[n] for n in names[:1] if n in owner) or fetch(names)
+        reads = []
+        try:
+            runs[ahead] = _greedy(ex, reads, forced=forced.tolist())[1]
+            budget = ex.budgets["gpu"]
+            assert budget.used_bytes + budget.cached_bytes <= budget.capacity_bytes
+            stats = (ex.sweep._ahead.started, ex.sweep._ahead.used) if ahead else None
+        finally:
+            ex.close()
+        if ahead:  # the gpu tier keeps every expert read: none is read twice, ahead or in turn
+            assert stats[0] > 0, stats
+            assert len(fetched) == len(set(fetched)), fetched
+    for logits in runs.values():
+        assert all((a - b).abs().max() <= 1e-5 for a, b in zip(logits, expected))

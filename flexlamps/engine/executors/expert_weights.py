@@ -56,8 +56,9 @@ class LayerWeights(Mapping):
     forward is done with it (`expert_groups.ExpertGroups`)."""
 
     def __init__(self, eager: dict, experts: dict[int, list[str]], load, on_route=None, begin=None,
-                 group: int = 0, holds=None, evict=None, owner: dict[str, int] | None = None):
+                 group: int = 0, holds=None, evict=None, owner: dict[str, int] | None = None, on_inputs=None):
         self._values = dict(eager)
+        self._on_inputs = on_inputs
         self._names = experts
         self._owner = owner if owner is not None else expert_owners(experts)
         self._load, self._on_route, self._begin, self._evict = load, on_route, begin, evict
@@ -75,6 +76,12 @@ class LayerWeights(Mapping):
         self._tokens = tokens
         staged = {e for e in self._names if e in self._pending or self._names[e][0] in self._values}
         self._groups.want([e for e in sorted(tokens) if e in self._names], staged)
+
+    def routed_inputs(self, h) -> None:
+        """A decode step's routed inputs (N, hidden), once `routed_to` has started this layer's
+        reads: a hint for reading the next layer's experts ahead (`experts_ahead`)."""
+        if self._on_inputs is not None:
+            self._on_inputs(h)
 
     def ready_first(self, experts: list[int]):
         """`experts` in the order to compute them (the MoE FFN's decode asks): each time the first,
@@ -181,6 +188,10 @@ class ExpertCache:
             self.budget.take(entry[1])
             return entry[0]
 
+    def __contains__(self, key: tuple[int, int]) -> bool:
+        with self._lock:
+            return key in self._entries
+
     def passed(self, layer: int) -> None:
         """Layer `layer` ran: the sweep stands before the next one, so until it asks, the layer just
         run is the one that comes back last (what is staged between layers, the output head's rows
@@ -276,8 +287,10 @@ class RoutedExpertLoads:
 
     def __init__(self, store, cache: ExpertCache, layer: int, experts: dict[int, list[str]], convert,
                  in_place_below: int = 0, reads: Counter | None = None, group: int = 0,
-                 places: dict[tuple[int, int], ExpertPlace] | None = None, as_stored: dict | None = None):
+                 places: dict[tuple[int, int], ExpertPlace] | None = None, as_stored: dict | None = None,
+                 ahead=None):
         self.store, self.cache, self.layer = store, cache, layer
+        self.ahead = ahead  # `experts_ahead.ExpertsAhead`: reads of this layer's experts started a layer early
         self._places = {} if places is None else places  # where each expert lives: fixed for a store
         self._as_stored = {} if as_stored is None else as_stored  # (layer, expert) -> weights multiplied as stored
         self.experts, self.convert = experts, convert
@@ -299,8 +312,9 @@ class RoutedExpertLoads:
         `names`: `local_expert_names`' result for this layer, where the caller keeps it)."""
         on_route = None if counter is None else (lambda tokens: counter.add(self.layer, tokens))
         by_expert, owner = names if names is not None else local_expert_names(self.experts, local)
+        on_inputs = None if self.ahead is None else (lambda h: self.ahead.after_router(self.layer, h))
         return LayerWeights(eager, by_expert, self.load, on_route, self.begin, self.group, self.holds, self.evict,
-                            owner)
+                            owner, on_inputs)
 
     def holds(self, e: int, tokens: dict[int, int] | None = None) -> bool:
         """Whether expert e takes staged gpu bytes once read: not when used where it lives."""
@@ -329,6 +343,9 @@ class RoutedExpertLoads:
         self._decide_in_place(tokens)
         out = {}
         for e in experts:
+            read_ahead = self._read_ahead(e)
+            if read_ahead is not None:
+                read_ahead.exception()  # landed in the cache, or not kept: then read in turn
             ready = self._ready(e)
             out.update(ready if ready is not None else self._read(e))
         return out
@@ -341,6 +358,10 @@ class RoutedExpertLoads:
         self._decide_in_place(tokens)
         out = {}
         for e in experts:
+            read_ahead = self._read_ahead(e)
+            if read_ahead is not None and not read_ahead.done():
+                out[e] = self._pending[e] = self._after(read_ahead, e)
+                continue
             ready = self._ready(e)
             if ready is None:
                 out[e] = self._pending[e] = self.store.submit(lambda e=e: self._read(e))
@@ -348,9 +369,29 @@ class RoutedExpertLoads:
                 out[e] = ready
         return out
 
+    def _read_ahead(self, e: int) -> Future | None:
+        return None if self.ahead is None else self.ahead.take((self.layer, e))
+
+    def _after(self, read_ahead: Future, e: int) -> Future:
+        """A Future of expert e's weights once its read ahead lands: a cache hit then (or, where
+        the read could not be kept, read in turn on the I/O thread that finished it)."""
+        out = Future()
+
+        def landed(_):
+            try:
+                ready = self._ready(e)
+                out.set_result(ready if ready is not None else self._read(e))
+            except BaseException as exc:  # the forward raises it where it waits
+                out.set_exception(exc)
+
+        read_ahead.add_done_callback(landed)
+        return out
+
     def _decide_in_place(self, tokens: dict[int, int] | None) -> None:
         if self._in_place is None and tokens:
             self._in_place = sum(tokens.values()) / len(tokens) < self.in_place_below
+            if self.ahead is not None:  # the layer's routing is known: reads ahead it did not pick give way
+                self.ahead.routed(self.layer, tokens)
 
     def _ready(self, e: int) -> dict | None:
         """Expert e's weights where no read is needed (computed in place, on the gpu tier, or a

@@ -13,7 +13,8 @@ import torch
 
 from flexlamps.engine.caches.tiered import TieredKVCache
 from flexlamps.engine.executors.charges import PlacementCharges
-from flexlamps.engine.executors.expert_weights import RoutedExpertLoads, local_expert_names
+from flexlamps.engine.executors.expert_weights import ExpertPlace, RoutedExpertLoads, local_expert_names
+from flexlamps.engine.executors.experts_ahead import ExpertsAhead
 from flexlamps.engine.executors.split_tables import HeadReads, gather_rows, head_chunks
 from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.weight_store import WeightStore, element_bytes
@@ -65,6 +66,9 @@ class Sweep:
         self._expert_names: dict[int, tuple] = {}  # layer -> its experts' local names (`local_expert_names`)
         self._expert_places: dict = {}  # (layer, expert) -> where it lives (`ExpertPlace`)
         self._experts_as_stored: dict = {}  # (layer, expert) -> its in-place weights, as stored
+        self.read_ahead = True  # decode steps read the next layer's predicted disk experts early (`experts_ahead`)
+        self.read_ahead_picks = 0  # experts predicted per token (0: as many as its router picks)
+        self._ahead: ExpertsAhead | None = None
 
     def _embed(self, glob: dict, step: Step) -> torch.Tensor:
         ids = step.input_ids
@@ -146,13 +150,13 @@ class Sweep:
         glob = self.weights.layer_weights(glob_fetched)[0]
         act_tier = "cpu" if self.policy.activations.cpu == 1 else "gpu"  # one tier (CAPABILITIES)
         hidden, ctxs, act_bytes, pending = [], [], 0, None
-        # what the dry run charges this sweep at most: reads ahead stay under it (a walk over every
-        # layer's charges, so only worked out when the head has a chunk to read ahead)
-        base, shapes = self.budgets["gpu"].used_bytes, [(s.input_ids.shape[0], s.input_ids.shape[1], s.span)
-                                                        for s in steps]
+        # what the dry run charges this sweep at most: reads ahead (the head's, experts') stay under it
+        # (a walk over every layer's charges: worked out only once one could start)
+        base, shapes = self.budgets["gpu"].used_bytes, _shapes(steps)
 
         def peak_limit() -> int:
             return base + self.charges.sweep_gpu_peak(shapes)
+        ahead = self._experts_ahead(prefill, peak_limit)
         try:
             for s in steps:
                 x = self._embed(glob, s)
@@ -170,7 +174,7 @@ class Sweep:
                 twin_bytes = self._reserve_int4_twins(j, steps)  # before the next layer's staging
                 pending = self.weights.fetch_timed(j + 1) if j + 1 < cfg.num_layers else None
                 try:
-                    self._run_layer(j, fetched, steps, hidden, ctxs, cache, act_tier, twin_bytes)
+                    self._run_layer(j, fetched, steps, hidden, ctxs, cache, act_tier, twin_bytes, ahead)
                 finally:
                     store.release(staged)
                 if trims_heap_after(j, cfg.num_layers, prefill):
@@ -196,8 +200,21 @@ class Sweep:
                 self.budgets[act_tier].free(act_bytes)
             store.release(glob_staged)
 
+    def _experts_ahead(self, prefill: bool, peak_limit) -> ExpertsAhead | None:
+        """A decode sweep's reads ahead (`experts_ahead`), where the model has routed experts."""
+        if prefill or not self.read_ahead or not self.weights.experts:
+            return None
+        if self._ahead is None:
+            def place(layer: int, e: int) -> ExpertPlace:
+                if (layer, e) not in self._expert_places:
+                    self._expert_places[layer, e] = ExpertPlace.of(self.weights.store, self.weights.experts[layer][e])
+                return self._expert_places[layer, e]
+            self._ahead = ExpertsAhead(self.weights, place, self.read_ahead_picks or self.cfg.moe.num_experts_per_token)
+        self._ahead.begin_sweep(peak_limit)
+        return self._ahead
+
     def _run_layer(self, j: int, fetched: dict, steps: list[Step], hidden: list, ctxs: list, cache,
-                   act_tier: str, twin_bytes: int) -> None:
+                   act_tier: str, twin_bytes: int, ahead: ExpertsAhead | None = None) -> None:
         """Layer j over every micro-batch (hidden[k] replaced by its output), its decompressed
         weights charged to the gpu tier meanwhile (`twin_bytes`: its 4-bit matrices' dense
         copies for the sweep, already charged; 0: dequantized per call)."""
@@ -206,7 +223,7 @@ class Sweep:
         twin = (lambda m: Int4Twin(m) if isinstance(m, Int4Weight) else m) \
             if twin_bytes else (lambda m: m)
         w = {name: twin(m) for name, m in w.items()}
-        loads = self._expert_loads(j, twin)
+        loads = self._expert_loads(j, twin, ahead)
         if loads is not None:
             if j not in self._expert_names:
                 self._expert_names[j] = local_expert_names(self.weights.experts[j], self.weights.local)
@@ -224,9 +241,11 @@ class Sweep:
                 loads.finish()
                 w.close()
                 charged += loads.charged
+            if ahead is not None:
+                ahead.end_layer(j)
             self.budgets["gpu"].free(charged + twin_bytes)
 
-    def _expert_loads(self, j: int, twin) -> RoutedExpertLoads | None:
+    def _expert_loads(self, j: int, twin, ahead: ExpertsAhead | None = None) -> RoutedExpertLoads | None:
         """Layer j's routed experts, fetched as the forward reads them; None: it has none."""
         if j not in self.weights.experts:
             return None
@@ -238,7 +257,7 @@ class Sweep:
 
         return RoutedExpertLoads(self.weights.store, self.weights.expert_cache, j, self.weights.experts[j], convert,
                                  self.policy.cpu_expert_tokens, self.weights.cpu_expert_reads, self.policy.expert_group,
-                                 self._expert_places, self._experts_as_stored)
+                                 self._expert_places, self._experts_as_stored, ahead)
 
     def _reserve_int4_twins(self, j: int, steps: list[Step]) -> int:
         """When several of the sweep's calls take a 4-bit matrix's dense path (prompt chunks:
@@ -247,7 +266,7 @@ class Sweep:
         where the layer's whole need with them (`PlacementCharges.layer_need`: the next layer's
         staging included, which is why this runs before that prefetch) fits the gpu tier, as
         the dry run decides it; the planner reserves it. Returns the bytes charged (0: per call)."""
-        shapes = [(s.input_ids.shape[0], s.input_ids.shape[1], s.span) for s in steps]
+        shapes = _shapes(steps)
         need = self.charges.sweep_copies(j)
         if (not need or not self.charges.takes_sweep_copies(j, shapes)
                 or self.charges.layer_need(j, shapes, True) > self.budgets["gpu"].free_bytes):
@@ -286,3 +305,8 @@ class Sweep:
         compute = sum(sum(p.compute_s) for p in sweeps)
         return {"sweeps": len(sweeps), "wall_s": wall, "io_s": io, "compute_s": compute,
                 "max_io_compute_s": bound, "ratio": wall / bound if bound else float("nan")}
+
+
+def _shapes(steps: list[Step]) -> list[tuple[int, int, int]]:
+    """(rows, tokens, span) of each micro-batch: what `PlacementCharges` charges a sweep by."""
+    return [(s.input_ids.shape[0], s.input_ids.shape[1], s.span) for s in steps]

@@ -177,6 +177,8 @@ def routed_sum(w, flat: torch.Tensor, weights: torch.Tensor, indices: torch.Tens
     pick_weights = weights.reshape(-1).float().contiguous()
     picks = dict(routed_picks(w, indices))
     ready_first = getattr(w, "ready_first", None) if phase is Phase.DECODE else None
+    if ready_first is not None and hasattr(w, "routed_inputs"):  # the next layer's reads may start now
+        w.routed_inputs(flat)
     terms = _ExpertTerms(out, list(picks), indices.shape[1])
     for expert in (ready_first(list(picks)) if ready_first is not None else picks):
         pre = f"experts.{expert}."
