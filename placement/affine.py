@@ -8,7 +8,8 @@ from placement.specs import Policy
 NUM_FRACTIONS = 9
 W_GPU, W_CPU, W_DISK, C_GPU, C_CPU, C_DISK, H_GPU, H_CPU, H_DISK = range(NUM_FRACTIONS)
 PREFILL_TERMS = ("ctog", "gtoc", "dtoc", "ctod", "comp")
-DECODE_TERMS = PREFILL_TERMS
+# "routed": a MoE layer's routed-expert disk reads with the compute they cannot overlap (`cost_experts.routed_reads_s`)
+DECODE_TERMS = PREFILL_TERMS + ("routed",)
 MEMORY_ROWS = ("gpu_prefill", "gpu_decode", "gpu_head", "cpu_prefill", "cpu_decode", "disk")
 
 

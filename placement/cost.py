@@ -2,7 +2,7 @@
 
 Starts from FlexGen's model (ICML'23, §4 and experimental/cost_model.py):
     prefill layer  = max(ctog + dtoc, gtoc + ctod, comp)
-    decode layer   = ctog + max(gtoc, dtoc, ctod, comp)
+    decode layer   = ctog + max(gtoc, dtoc, ctod, comp, routed)
     total          = L * prefill + L * (gen_len - 1) * decode,  throughput = block * gen_len / total
 with ctog/gtoc = CPU->GPU / GPU->CPU copies, dtoc/ctod = disk reads / writes. Extended with:
   - cache sizes per architecture (GQA, MLA latent; sparse selection reads only top-k entries);
@@ -16,7 +16,10 @@ with ctog/gtoc = CPU->GPU / GPU->CPU copies, dtoc/ctod = disk reads / writes. Ex
   - a shared prompt prefix computed and stored once per block;
   - a fixed cost per layer and micro-batch (launches, dispatch), measured by the profile;
   - the memory-bound elementwise passes (norms, rotary, activation) at memory bandwidth;
-  - on a CPU standing in for the GPU, tier copies as compute work (they share its cores).
+  - on a CPU standing in for the GPU, tier copies as compute work (they share its cores);
+  - a MoE layer's routed experts read off disk only once its router names them: those reads
+    wait for the layer's compute before the router (and the last one's expert computes after
+    it lands), the decode term `routed` (`cost_experts.routed_reads_s`).
 Embedding and output-head weights are spread evenly over the layers and share the layers'
 fractions: the engine cuts each table by vocab rows in those fractions, so every tier holds
 its counted share of them.
@@ -69,7 +72,7 @@ def decode_layer_values(terms: CostTerms, x: np.ndarray) -> dict[str, float]:
 
 def decode_layer_time(terms: CostTerms, x: np.ndarray) -> float:
     v = decode_layer_values(terms, x)
-    return v["ctog"] + max(v["gtoc"], v["dtoc"], v["ctod"], v["comp"])
+    return v["ctog"] + max(v["gtoc"], v["dtoc"], v["ctod"], v["comp"], v["routed"])
 
 
 def total_time(terms: CostTerms, x: np.ndarray) -> float:

@@ -2,7 +2,8 @@
 
 from placement.affine import Affine, C_CPU, C_DISK, C_GPU, H_CPU, H_DISK, W_CPU, W_DISK, W_GPU
 from placement.cost_experts import (cached_expert_reads, cpu_experts_in_place, dequantized_tokens, disk_streamed,
-                                    routed_rows_delta_s)
+                                    routed_reads_s, routed_rows_delta_s)
+from placement.expert_compute import expert_flops_per_token
 from placement.expert_groups import experts_read
 from placement.layer_time import delta_rule_s, elementwise_s, layer_seconds, streamed_weights
 from placement.weight_calls import (call_gemm_s, dequant_s, fp8_upcast_s, resident_delta_s, runs_fused_int4,
@@ -47,7 +48,6 @@ def decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     elif not choice.latent_pools:  # the off-GPU cache must come to the GPU every step (only
         ctog.add(cache_read, C_CPU, C_DISK)  # the selected entries); pools copy their misses (LatentTerms)
 
-    gpu_flops = hardware.gpu_flops(model.dtype)
     # every call (the merged block, or each micro-batch) re-reads the whole layer and its share
     # of the head from GPU memory (an MoE call reads only the experts its tokens pick): a
     # roofline, or the measured GEMM rate at that many rows, which on CPUs falls well short of both
@@ -63,19 +63,42 @@ def decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     gemm_s += elementwise_s(block, model, hardware)
     gemm_s += delta_rule_s(block, model, hardware, decode=True)
     gemm_s += _decode_weight_dequant_s(choice, model, hardware, calls, rows, block)
+    attention = _attention_s(choice, sz, model, hardware, block, context)
+    comp = Affine(gemm_s).add(resident_s, W_GPU).plus(attention)
+    cpu_experts_in_place(choice, sz, model, hardware, (calls, rows), block, ctog, comp)
+    before_router = _before_router_s(choice, model, hardware, (calls, rows), embed_share, block).plus(attention)
+    terms = layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)
+    terms["routed"] = routed_reads_s(choice, sz, model, hardware, (calls, rows), read, cached[1], before_router)
+    return terms
+
+
+def _attention_s(choice, sz, model, hardware, block: float, context: float) -> Affine:
+    """A decode layer's attention over `context` cached tokens, on the GPU, or where the cache is
+    off it on the CPU when `cpu_attention` (its share of the cache there)."""
+    entries = model.mean_attended_entries(context)
     attn_flops = block * model.attention_flops_per_query(context)
     attn_bytes = block * (entries * sz.cache_fp16 + context * sz.indexer)
-    gpu_attn_s = max(attn_flops / gpu_flops, attn_bytes / hardware.gpu_mem_bytes_per_s)
+    gpu_attn_s = max(attn_flops / hardware.gpu_flops(model.dtype), attn_bytes / hardware.gpu_mem_bytes_per_s)
     if choice.compress_cache:
         gpu_attn_s += dequant_s(block * entries * sz.cache_fp16, model, hardware.gpu_dequant_bytes_per_s)
-    comp = Affine(gemm_s).add(resident_s, W_GPU)
-    cpu_experts_in_place(choice, sz, model, hardware, (calls, rows), block, ctog, comp)
-    if choice.cpu_attention:
-        cpu_attn_s = attn_flops / hardware.cpu_attention_flops_per_s
-        if choice.compress_cache:
-            cpu_attn_s += dequant_s(block * entries * sz.cache_fp16, model, hardware.cpu_dequant_bytes_per_s)
-        comp.add(gpu_attn_s, C_GPU).add(cpu_attn_s, C_CPU, C_DISK)
-    else:
-        comp.add(gpu_attn_s)
+    if not choice.cpu_attention:
+        return Affine(gpu_attn_s)
+    cpu_attn_s = attn_flops / hardware.cpu_attention_flops_per_s
+    if choice.compress_cache:
+        cpu_attn_s += dequant_s(block * entries * sz.cache_fp16, model, hardware.cpu_dequant_bytes_per_s)
+    return Affine().add(gpu_attn_s, C_GPU).add(cpu_attn_s, C_CPU, C_DISK)
 
-    return layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)
+
+def _before_router_s(choice, model, hardware, calls_rows: tuple[int, float], embed_share: float, block: float) -> Affine:
+    """A decode layer's work before its router names the routed experts, attention aside: its other
+    products (the layer's share of the output head's included), the per-call overhead and the
+    elementwise passes, at the rates `comp` prices them at (0 for a dense model: nothing waits)."""
+    calls, rows = calls_rows
+    if not model.num_experts:
+        return Affine()
+    routed = model.num_experts_per_token * expert_flops_per_token(model) * model.moe_layer_share
+    flops = rows * (model.matmul_flops_per_token_per_layer() - routed)
+    head_flops = rows * model.head_flops_per_token() / model.num_layers
+    dense = model.weight_bytes_touched_per_layer(0) + embed_share
+    gemm_s = call_gemm_s(choice, model, hardware, rows, flops, head_flops, dense, embed_share, decode=True)
+    return Affine(calls * (gemm_s + hardware.gpu_layer_overhead_s) + elementwise_s(block, model, hardware))

@@ -1,7 +1,8 @@
 """A MoE layer's routed experts in the time terms: cpu-tier experts computed where they live, the reads the
-expert cache serves, a disk that holds experts only, and the GEMM rows an expert actually gets."""
+expert cache serves, a disk that holds experts only, the GEMM rows an expert actually gets, and the
+compute a decode step's routed disk reads cannot overlap."""
 
-from placement.affine import Affine, W_CPU
+from placement.affine import Affine, W_CPU, W_DISK
 from placement.choice import Choice
 from placement.expert_compute import cpu_experts_seconds, expert_flops_per_token, tokens_per_expert
 from placement.layer_sizes import LayerSizes
@@ -74,3 +75,24 @@ def disk_streamed(choice, sz: LayerSizes, model: ModelSpec, experts: float, stre
     if not (choice.disk_experts_only and model.num_experts):
         return streamed
     return sz.weight_stored * experts / model.num_experts * (1 - choice.expert_hits)
+
+
+def routed_reads_s(choice, sz: LayerSizes, model: ModelSpec, hardware: HardwareSpec, calls_rows: tuple[int, float],
+                   experts: float, served: float, before_router: Affine) -> Affine:
+    """Seconds from a decode layer's start until its routed experts read off disk are computed: the
+    engine reads a routed expert only once the layer's router has named it, so those reads wait for
+    the compute before the router (`before_router`: norms, attention, the dense products and the
+    layer's share of the output head, during which the disk idles), and the last one read is
+    computed after it lands (one expert's product at the call's rows, from the same rates `comp`
+    prices every expert at); the experts at hand are computed while they are read. `experts`,
+    `served`: the experts the layer reads and the disk bytes the expert cache serves (per unit of
+    the disk fraction), as `dtoc` counts them. A dense model has none: 0."""
+    calls, rows = calls_rows
+    if not model.num_experts or rows <= 0:
+        return Affine()
+    read = disk_streamed(choice, sz, model, experts, sz.experts_stored * experts / model.num_experts - served)
+    flops = rows * model.num_experts_per_token * expert_flops_per_token(model) * model.moe_layer_share
+    experts_s = (call_gemm_s(choice, model, hardware, rows, flops, 0.0, 0.0, 0.0, decode=True)
+                 + routed_rows_delta_s(choice, model, hardware, rows, "decode"))
+    last_s = calls * experts_s / max(model.expected_experts(rows), 1.0)
+    return Affine(last_s).plus(before_router).add(read / hardware.disk_read_bytes_per_s, W_DISK)

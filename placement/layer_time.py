@@ -53,7 +53,8 @@ def delta_rule_s(num_tokens: float, model: ModelSpec, hardware: HardwareSpec, *,
 def layer_seconds(ctog: Affine, gtoc: Affine, dtoc: Affine, ctod: Affine, comp: Affine,
                    hardware: HardwareSpec) -> dict[str, Affine]:
     """Per-layer terms in seconds: the four transfers' bytes over their bandwidths, and compute
-    (which the tier copies join when the gpu is the host CPU: `HardwareSpec.gpu_is_host`)."""
+    (which the tier copies join when the gpu is the host CPU: `HardwareSpec.gpu_is_host`).
+    A decode layer's "routed" term is added by its caller (`cost_experts.routed_reads_s`)."""
     ctog_s = ctog.scaled(1 / hardware.cpu_to_gpu_bytes_per_s)
     gtoc_s = gtoc.scaled(1 / hardware.gpu_to_cpu_bytes_per_s)
     if hardware.gpu_is_host:

@@ -16,7 +16,7 @@ Variables (in this order; the first nine are `affine.NUM_FRACTIONS`):
 
 minimize   L * t_pre + L * (n - 1) * t_dec
 subject to t_pre >= ctog_p + dtoc_p,  t_pre >= gtoc_p + ctod_p,  t_pre >= comp_p
-           t_dec >= ctog_g + y   for y in (gtoc_g, dtoc_g, ctod_g, comp_g)
+           t_dec >= ctog_g + y   for y in (gtoc_g, dtoc_g, ctod_g, comp_g, routed_g)
            peak bytes of every memory row <= its tier's budget
            each triple sums to 1, every fraction in its bounds (default [0, 1])
 
@@ -38,7 +38,7 @@ T_PRE, T_DEC = NUM_FRACTIONS, NUM_FRACTIONS + 1
 NUM_VARS = NUM_FRACTIONS + 2
 FULL_BOUNDS = ((0.0, 1.0),) * NUM_FRACTIONS
 _PREFILL_MAX = (("ctog", "dtoc"), ("gtoc", "ctod"), ("comp",))
-_DECODE_MAX = (("ctog", "gtoc"), ("ctog", "dtoc"), ("ctog", "ctod"), ("ctog", "comp"))
+_DECODE_MAX = (("ctog", "gtoc"), ("ctog", "dtoc"), ("ctog", "ctod"), ("ctog", "comp"), ("ctog", "routed"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,7 @@ def _grid_best_seconds(terms, budgets) -> float:
     pre = {k: _on_grid(a) for k, a in terms.prefill.items()}
     dec = {k: _on_grid(a) for k, a in terms.decode.items()}
     pre_s = np.maximum.reduce([pre["ctog"] + pre["dtoc"], pre["gtoc"] + pre["ctod"], pre["comp"]])
-    dec_s = dec["ctog"] + np.maximum.reduce([dec["gtoc"], dec["dtoc"], dec["ctod"], dec["comp"]])
+    dec_s = dec["ctog"] + np.maximum.reduce([dec["gtoc"], dec["dtoc"], dec["ctod"], dec["comp"], dec["routed"]])
     total = terms.num_layers * (pre_s + terms.num_decode_steps * dec_s)
     return float(total[fits].min()) if fits.any() else float("inf")
 
