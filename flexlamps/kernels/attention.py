@@ -1,5 +1,6 @@
 """Attention in bf16 / fp16 (`attention.c`), compiled on first use in an AVX2 and an AVX-512 variant
-(one source over native_simd.h's vectors; vdpbf16ps paths on AVX-512 BF16 CPUs).
+(one source over native_simd.h's vectors; vdpbf16ps paths on AVX-512 BF16 CPUs, in
+attention_bf16_avx512.h).
 
 torch's flash kernel spends ~60 us a layer on one decode row of SmolLM2 (3 kv heads, 160 keys)
 and the batched products ~650 us on 32 rows, where the keys and values take a few us to read:
