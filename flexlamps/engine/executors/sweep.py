@@ -160,12 +160,11 @@ class Sweep:
             return base + self.charges.sweep_gpu_peak(shapes)
         ahead = self._experts_ahead(prefill, peak_limit)
         try:
-            for s in steps:
-                x = self._embed(glob, s)
-                nb = x.numel() * x.element_size()
-                self.budgets[act_tier].allocate(nb, f"activations ({act_tier})")
-                act_bytes += nb
-                hidden.append(x.to("cpu") if act_tier == "cpu" else x)
+            self.budgets[act_tier].allocate(self.charges.activation_bytes(shapes), f"activations ({act_tier})")
+            act_bytes = self.charges.activation_bytes(shapes)
+            hidden = self._activations(act_tier, steps)
+            for s, h in zip(steps, hidden):
+                h.copy_(self._embed(glob, s))
                 ctxs.append((fwd.step_context(s.positions.to(self.device), self.dtype), self._attend_kwargs(cache, s)))
             pending = self.weights.fetch_timed(0) if cfg.num_layers else None
             for j in range(cfg.num_layers):
@@ -176,7 +175,7 @@ class Sweep:
                 twin_bytes = self._reserve_int4_twins(j, steps)  # before the next layer's staging
                 pending = self.weights.fetch_timed(j + 1) if j + 1 < cfg.num_layers else None
                 try:
-                    self._run_layer(j, fetched, steps, hidden, ctxs, cache, act_tier, twin_bytes, ahead)
+                    self._run_layer(j, fetched, steps, hidden, ctxs, cache, twin_bytes, ahead)
                 finally:
                     store.release(staged)
                 if trims_heap_after(j, cfg.num_layers, prefill):
@@ -202,6 +201,17 @@ class Sweep:
                 self.budgets[act_tier].free(act_bytes)
             store.release(glob_staged)
 
+    def _activations(self, act_tier: str, steps: list[Step]) -> list[torch.Tensor]:
+        """Each micro-batch's hidden states, views of one buffer on `act_tier` that every layer writes
+        its output over: replaced by a fresh tensor a layer, each micro-batch's left a hole below the
+        next in glibc's heap (the MoE job's prompt sweep, 16 micro-batches of 63 x 128 tokens: +31 MiB
+        of free heap a micro-batch, ~0.5 GB by a layer's end, uncharged: OOM-killed under its cap)."""
+        width = self.cfg.hidden_size
+        sizes = [s.input_ids.numel() for s in steps]
+        device = "cpu" if act_tier == "cpu" else self.device
+        flat = torch.empty(sum(sizes) * width, dtype=self.dtype, device=device)
+        return [v.view(*s.input_ids.shape, width) for v, s in zip(flat.split([n * width for n in sizes]), steps)]
+
     def _experts_ahead(self, prefill: bool, peak_limit) -> ExpertsAhead | None:
         """A decode sweep's reads ahead (`experts_ahead`), where the model has routed experts."""
         if prefill or not self.read_ahead or not self.weights.experts:
@@ -216,8 +226,8 @@ class Sweep:
         return self._ahead
 
     def _run_layer(self, j: int, fetched: dict, steps: list[Step], hidden: list, ctxs: list, cache,
-                   act_tier: str, twin_bytes: int, ahead: ExpertsAhead | None = None) -> None:
-        """Layer j over every micro-batch (hidden[k] replaced by its output), its decompressed
+                   twin_bytes: int, ahead: ExpertsAhead | None = None) -> None:
+        """Layer j over every micro-batch (its output written over hidden[k]), its decompressed
         weights charged to the gpu tier meanwhile (`twin_bytes`: its 4-bit matrices' dense
         copies for the sweep, already charged; 0: dequantized per call)."""
         w, dense_bytes = self.weights.layer_weights(fetched)
@@ -237,7 +247,7 @@ class Sweep:
             self.budgets["gpu"].allocate(dense_bytes, f"layer {j} weights decompressed")
             charged = dense_bytes
             for k, s in enumerate(steps):
-                hidden[k] = self._layer_step(j, w, s, hidden[k], ctxs[k], cache, act_tier)
+                self._layer_step(j, w, s, hidden[k], ctxs[k], cache)
         finally:
             if loads is not None:
                 loads.finish()
@@ -284,17 +294,17 @@ class Sweep:
             return {"geometry": cache.step_geometry(step.slots, step.write_positions, **step.geometry_kwargs)}
         return step.mask_kwargs
 
-    def _layer_step(self, j: int, w: dict, step: Step, x, ctx, cache, act_tier: str):
-        """Layer j over one micro-batch, its workspace charged to the gpu tier meanwhile;
-        `ctx`: (the step's rotary tables, its `attend_fn` keywords), from `_sweep`."""
+    def _layer_step(self, j: int, w: dict, step: Step, x: torch.Tensor, ctx, cache) -> None:
+        """Layer j over one micro-batch, its output written over its input `x` (`_activations`), its
+        workspace charged to the gpu tier meanwhile; `ctx`: (the step's rotary tables, its
+        `attend_fn` keywords), from `_sweep`."""
         rope, attend_kwargs = ctx
         geometry = attend_kwargs.get("geometry")
         ws = self._workspace_bytes(step, geometry.span if geometry is not None else step.span)
         self.budgets["gpu"].allocate(ws, "compute workspace")
         try:
-            x = self.fwd.layer(w, x.to(self.device), rope,
-                               cache.attend_fn(j, step.slots, step.write_positions, **attend_kwargs), j)
-            return x.to("cpu") if act_tier == "cpu" else x
+            x.copy_(self.fwd.layer(w, x.to(self.device), rope,
+                                   cache.attend_fn(j, step.slots, step.write_positions, **attend_kwargs), j))
         finally:
             self.budgets["gpu"].free(ws)
 
