@@ -268,6 +268,14 @@ class ExpertPlace:
         return cls(tiers == {"gpu"}, on_cpu, host, "disk" in tiers or store.device.type != "cpu")
 
 
+def expert_place(places: dict, store, layer: int, expert: int, names: list[str]) -> ExpertPlace:
+    """Expert `expert` of `layer`'s place (its weights `names`), worked out once a store: `places`
+    is the sweep's memo, shared by a layer's loads and the reads ahead of it."""
+    if (layer, expert) not in places:
+        places[layer, expert] = ExpertPlace.of(store, names)
+    return places[layer, expert]
+
+
 class RoutedExpertLoads:
     """Layer `layer`'s expert reads in one sweep: each routed expert fetched from its tiers (or
     found in the cache), its staged bytes charged to the gpu tier until `finish`, which keeps the
@@ -436,10 +444,7 @@ class RoutedExpertLoads:
         return out
 
     def _place(self, expert: int) -> ExpertPlace:
-        key = (self.layer, expert)
-        if key not in self._places:
-            self._places[key] = ExpertPlace.of(self.store, self.experts[expert])
-        return self._places[key]
+        return expert_place(self._places, self.store, self.layer, expert, self.experts[expert])
 
     def finish(self) -> None:
         """The layer ran: hits go back to the cache, fetched copies into it (or are released).

@@ -13,7 +13,8 @@ import torch
 
 from flexlamps.engine.caches.tiered import TieredKVCache
 from flexlamps.engine.executors.charges import PlacementCharges
-from flexlamps.engine.executors.expert_weights import ExpertPlace, RoutedExpertLoads, local_expert_names
+from flexlamps.engine.executors.expert_weights import (ExpertPlace, RoutedExpertLoads, expert_place,
+                                                       local_expert_names)
 from flexlamps.engine.executors.experts_ahead import ExpertsAhead
 from flexlamps.engine.executors.split_tables import HeadReads, gather_rows, head_chunks
 from flexlamps.engine.executors.step import Step
@@ -160,8 +161,9 @@ class Sweep:
             return base + self.charges.sweep_gpu_peak(shapes)
         ahead = self._experts_ahead(prefill, peak_limit)
         try:
-            self.budgets[act_tier].allocate(self.charges.activation_bytes(shapes), f"activations ({act_tier})")
-            act_bytes = self.charges.activation_bytes(shapes)
+            nb = self.charges.activation_bytes(shapes)
+            self.budgets[act_tier].allocate(nb, f"activations ({act_tier})")
+            act_bytes = nb  # freed below once allocated
             hidden = self._activations(act_tier, steps)
             for s, h in zip(steps, hidden):
                 h.copy_(self._embed(glob, s))
@@ -218,9 +220,7 @@ class Sweep:
             return None
         if self._ahead is None:
             def place(layer: int, e: int) -> ExpertPlace:
-                if (layer, e) not in self._expert_places:
-                    self._expert_places[layer, e] = ExpertPlace.of(self.weights.store, self.weights.experts[layer][e])
-                return self._expert_places[layer, e]
+                return expert_place(self._expert_places, self.weights.store, layer, e, self.weights.experts[layer][e])
             self._ahead = ExpertsAhead(self.weights, place, self.read_ahead_picks or self.cfg.moe.num_experts_per_token)
         self._ahead.begin_sweep(peak_limit)
         return self._ahead
