@@ -18,12 +18,16 @@ multiplies each weight as the split: the same bits).
         [--shapes 2560x2048,2048x2048,11264x2048,2048x5632] [--repeats 3] [--against DIR] [--levels avx2,avx_vnni]
 
 `--levels` times the named variants of this copy beside it, in turns (the bits compared as with --against).
+`--decode-x-bits 16` times the decode product (`TileGemv.matmul`) with x in that many bits instead, as an
+output head's calls it (e.g. `--shapes 32000x2048 --kinds q6 --rows 32 --decode-x-bits 16`: a 1.1B's head
+at batch 32).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import time
 import weakref
 from pathlib import Path
@@ -99,16 +103,19 @@ def best_seconds(fn, repeats: int, calls: int) -> float:
     return best
 
 
-def time_kernels(kernels: dict, w, x: torch.Tensor, repeats: int) -> tuple[dict, bool]:
+def time_kernels(kernels: dict, w, x: torch.Tensor, repeats: int, x_bits: int | None = None) -> tuple[dict, bool]:
     """Each kernel's best seconds a call of x @ w.T (the kernels in turns, so load hits them alike),
-    and whether they all give the same bits."""
-    results = [k.prompt_product(w, x) for k in kernels.values()]
+    and whether they all give the same bits; x_bits: the decode product's, x in that many bits."""
+    if x_bits:
+        w = dataclasses.replace(w, x_bits=x_bits)
+    call = (lambda k: k.matmul(w, x)) if x_bits else (lambda k: k.prompt_product(w, x))
+    results = [call(k) for k in kernels.values()]
     same = all(torch.equal(r.view(torch.int16), results[0].view(torch.int16)) for r in results)
     calls = max(1, int(1e9 / (x.shape[0] * w.shape[0] * w.shape[1])))
     times = {}
     for _ in range(repeats):
         for name, k in kernels.items():
-            t = best_seconds(lambda: k.prompt_product(w, x), 1, calls)
+            t = best_seconds(lambda: call(k), 1, calls)
             times[name] = min(times.get(name, t), t)
     return times, same
 
@@ -129,6 +136,7 @@ def main() -> None:
     ap.add_argument("--against", type=Path, default=None, help="a folder holding another tile_gemv.c and its headers")
     ap.add_argument("--levels", default=None,
                     help="comma-separated variants (e.g. avx2,avx_vnni), each timed in turns against 'this' (the process's)")
+    ap.add_argument("--decode-x-bits", type=int, default=None, help="time the decode product, x in 8 or 16 bits")
     args = ap.parse_args()
     torch.set_num_threads(1)
     kernels = {"this": kernel_from(tile_gemv.SOURCE.parent)}
@@ -146,7 +154,7 @@ def main() -> None:
             w = weight(kind, out_dim, in_dim, gen)
             for rows in row_counts:
                 times, same = time_kernels(kernels, w, torch.randn(rows, in_dim, generator=gen).to(torch.bfloat16),
-                                           args.repeats)
+                                           args.repeats, args.decode_x_bits)
                 report(f"{kind} {shape:>10} rows {rows:5d}", 2 * rows * out_dim * in_dim, times, same)
                 total = totals[rows]
                 total[0] += 2 * rows * out_dim * in_dim

@@ -35,7 +35,7 @@
 
 /* One sub-tile's codes laid out for the passes, and its groups' scales and offsets (lane order);
  * `biased`: int8 codes held as q + CODE_BIAS (where `can_bias`: x's rows come with bias_starts). */
-typedef struct { uint8_t *codes, *magnitude; float *scale, *offset; int64_t steps8; int biased, can_bias; } Prepared;
+typedef struct { uint8_t *codes, *magnitude; float *scale, *offset; int64_t steps8; int biased, can_bias, wide; } Prepared;
 
 /* A column slice's 16 bytes as codes: low nibbles (rows j) in the low 128-bit lane, high ones
  * (rows h + j) in the high lane. */
@@ -92,7 +92,7 @@ static void prepare(const uint8_t *codes, const uint8_t *plane, const uint16_t *
         transpose4(column_codes(p, plane, off, low_half, split), column_codes(p + h, plane, off + h, low_half, split),
                    column_codes(p + 2 * h, plane, off + 2 * h, low_half, split),
                    column_codes(p + 3 * h, plane, off + 3 * h, low_half, split), out);
-        if (split)
+        if (split && prep->magnitude)  /* (none on AMX tiles taking every row: they multiply q) */
             for (int v = 0; v < 4; v++) {
                 __m256i magnitude = _mm256_abs_epi8(_mm256_loadu_si256(out + v));
                 top = _mm256_max_epu8(top, magnitude);
@@ -115,7 +115,10 @@ static void prepare(const uint8_t *codes, const uint8_t *plane, const uint16_t *
             __m256 scale, zero;
             lane_scales(pairs + 2 * (16 * s + 4 * v), pairs + 2 * (h + 16 * s + 4 * v), fp16, &scale, &zero);
             _mm256_storeu_ps(prep->scale + g * SUB + 8 * v, scale);
-            _mm256_storeu_ps(prep->offset + g * SUB + 8 * v, _mm256_sub_ps(zero, _mm256_mul_ps(_mm256_set1_ps(8.0f), scale)));
+            /* 16-bit x (`wide`) on an int8 split: decode's offset for u = q + 128, zero - 136 scale rounded once */
+            __m256 offset = prep->wide && split ? _mm256_fnmadd_ps(_mm256_set1_ps(136.0f), scale, zero)
+                                                : _mm256_sub_ps(zero, _mm256_mul_ps(_mm256_set1_ps(8.0f), scale));
+            _mm256_storeu_ps(prep->offset + g * SUB + 8 * v, offset);
         }
     }
 }
@@ -324,8 +327,10 @@ AI void store_pass(const float *tot, uint16_t *out_lo, uint16_t *out_hi, int fp1
 
 /* Rows of x from b0 as a QRows of their own. */
 AI QRows rows_from(const QRows *x, int64_t b0) {
-    QRows xb = {x->q8 + b0 * x->cols, NULL, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups,
-                x->total + b0 * x->groups, x->starts16 ? x->starts16 + b0 * (x->cols / BIAS_INPUTS) : NULL, NULL};
+    QRows xb = {x->q8 ? x->q8 + b0 * x->cols : NULL, x->q16 ? x->q16 + b0 * x->cols : NULL, x->scale + b0 * x->groups,
+                x->sum + b0 * x->groups, x->cols, x->groups, x->total + b0 * x->groups,
+                x->starts16 ? x->starts16 + b0 * (x->cols / BIAS_INPUTS) : NULL, NULL,
+                x->lo8 ? x->lo8 + b0 * x->cols : NULL};
     return xb;
 }
 

@@ -125,3 +125,104 @@ static int64_t amx_rows(const Prepared *prep, const QRows *x, int64_t rows, int6
     _tile_release();
     return done;
 }
+
+/* 16-bit x (an output head's decode rows) on the tiles. Each code x16 = 256 hi + lo (hi signed, lo
+ * unsigned bytes), so a group's exact sum of x16 times the codes is 256 S_hi + S_lo, two int8 tile
+ * products (int32 adds wrap, and the sum itself fits: |x16| <= 32767, codes u = q + 128 <= 255 and
+ * groups <= 256 inputs keep |sum u x16| < 2^31, the per-row path's own bound). An int8 split's sums
+ * are of q, so 128 * sum(x16) turns them into decode's sums of u; then decode's fp32 steps (its
+ * offset, zero - 136 scale, rounded once: `Prepared.wide`), so a row's bits are those of the
+ * per-row path (tile_gemv_avx512.h), whatever rows share the call. Rows come in whole 16s. */
+#define AMX16_FROM_ROWS AMX_ROWS  /* from here the tiles take a 16-bit-x call's rows in whole 16s */
+
+/* Group g's S_hi (tiles 4, 5) and S_lo (6, 7) of 16 rows of x (bytes hi and lo, stride cols). */
+AI void amx_group16(const uint8_t *codes, const int8_t *hi, const uint8_t *lo, int64_t cols, int64_t g,
+                    int64_t group, int64_t chunk, int split) {
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    for (int64_t k = g * group; k < (g + 1) * group; k += chunk) {
+        _tile_loadd(0, hi + k, cols);
+        _tile_loadd(1, lo + k, cols);
+        _tile_loadd(2, codes + k * 32, 128);
+        _tile_loadd(3, codes + k * 32 + 64, 128);
+        if (split) {  /* int8 codes q, signed */
+            _tile_dpbssd(4, 0, 2);
+            _tile_dpbssd(5, 0, 3);
+            _tile_dpbusd(6, 1, 2);
+            _tile_dpbusd(7, 1, 3);
+        } else {  /* 4-bit codes, unsigned */
+            _tile_dpbsud(4, 0, 2);
+            _tile_dpbsud(5, 0, 3);
+            _tile_dpbuud(6, 1, 2);
+            _tile_dpbuud(7, 1, 3);
+        }
+    }
+}
+
+/* The stored S_hi, S_lo (16 rows x 32 each, at sums and sums + 512) as decode's group sums, in place. */
+AI void amx_join16(int32_t *sums, const QRows *x, int64_t g, int split) {
+    for (int b = 0; b < AMX_ROWS; b++) {
+        const __m512i shift = _mm512_set1_epi32(split ? 128 * x->total[b * x->groups + g] : 0);
+        for (int i = 0; i < 32; i += 16) {
+            __m512i h = _mm512_loadu_si512(sums + 32 * b + i), l = _mm512_loadu_si512(sums + 512 + 32 * b + i);
+            _mm512_storeu_si512(sums + 32 * b + i, _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l), shift));
+        }
+    }
+}
+
+/* amx_rows for 16-bit x (q8: the codes' high bytes, lo8: their low ones), rows in whole 16s; a group's
+ * products issued before the previous group's fp32 steps, as amx_rows does. */
+static int64_t amx_rows16(const Prepared *prep, const QRows *x, int64_t rows, int64_t group, int split, uint16_t *out,
+                          int64_t n, int64_t s, int64_t h, int fp16) {
+    const int64_t chunk = group <= 64 ? group : 32, done = rows / AMX_ROWS * AMX_ROWS;
+    int32_t sums[2][2 * AMX_ROWS * 32] __attribute__((aligned(64)));
+    float tot[AMX_ROWS * 32] __attribute__((aligned(64)));
+    if (!done) return 0;
+    amx_configure(chunk);
+    for (int64_t b0 = 0; b0 < done; b0 += AMX_ROWS) {
+        QRows xb = rows_from(x, b0);
+        memset(tot, 0, sizeof tot);
+        for (int64_t g = 0; g < x->groups; g++) {
+            amx_group16(prep->codes, xb.q8, xb.lo8, x->cols, g, group, chunk, split);
+            if (g) {
+                amx_join16(sums[(g - 1) & 1], &xb, g - 1, split);
+                amx_add_dots(prep, g - 1, &xb, sums[(g - 1) & 1], tot, AMX_ROWS);
+            }
+            _tile_stored(4, sums[g & 1], 128);
+            _tile_stored(5, sums[g & 1] + 16, 128);
+            _tile_stored(6, sums[g & 1] + 512, 128);
+            _tile_stored(7, sums[g & 1] + 512 + 16, 128);
+        }
+        amx_join16(sums[(x->groups - 1) & 1], &xb, x->groups - 1, split);
+        amx_add_dots(prep, x->groups - 1, &xb, sums[(x->groups - 1) & 1], tot, AMX_ROWS);
+        for (int b = 0; b < AMX_ROWS; b++)
+            store_pass(tot + 32 * b, out + (b0 + b) * n + 16 * s, out + (b0 + b) * n + h + 16 * s, fp16);
+    }
+    _tile_release();
+    return done;
+}
+
+/* A decode call's 16-bit x (xr: its codes, q16) by the tiles for its first rows in whole 16s, where
+ * the tiles take the weight: returns how many rows it did (0: none; the caller runs the per-row path
+ * on the rest), or -1 where it could not get memory. */
+static int64_t amx16_lead(const uint8_t *codes, const uint8_t *plane, const uint16_t *scale_zero, const QRows *xr,
+                          uint16_t *out, int64_t n, int64_t rows, int64_t group, int64_t tile, int fp16, int kind,
+                          int threads) {
+    const int64_t done = rows / AMX_ROWS * AMX_ROWS, values = done * xr->cols;
+    if (rows < AMX16_FROM_ROWS || !gemm_takes(tile, group, kind) || !amx_takes(group)) return 0;
+    uint8_t *bytes = malloc((size_t)(2 * values) + 64);
+    if (!bytes) return -1;
+    for (int64_t i = 0; i < values; i++) {  /* x16 = 256 hi + lo */
+        bytes[i] = (uint8_t)((uint16_t)xr->q16[i] >> 8);
+        bytes[values + i] = (uint8_t)xr->q16[i];
+    }
+    QRows halves = *xr;
+    halves.q8 = (const int8_t *)bytes;
+    halves.q16 = NULL;
+    halves.lo8 = bytes + values;
+    int status = gemm_codes(codes, plane, scale_zero, &halves, out, n, done, group, tile, fp16, kind, 1, threads);
+    free(bytes);
+    return status ? -1 : done;
+}

@@ -40,7 +40,9 @@
  *
  * flexlamps_tile_gemm is the product for prompts (many rows a call) on the same codes, in every
  * variant: x rounded to int8 per group, vpmaddubsw on a sub-tile's codes laid out once for all
- * the call's rows (tile_gemm.h). */
+ * the call's rows (tile_gemm.h). In the amx variant a decode call's 16-bit x (an output head's)
+ * takes the AMX tiles too, for its rows in whole 16s: each code as two bytes, their exact sums
+ * joined, then the per-row path's fp32 steps (tile_gemm_amx.h's amx_rows16): the same bits. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -73,6 +75,7 @@ typedef struct {
     const int32_t *total;
     const int32_t *starts16;  /* biased int8 codes' int16 sums start here, per 16 inputs (tile_gemm.h) */
     const int32_t *starts6;  /* the 6-bit form's decode sums, per 16 inputs (AVX2: tile_gemv_avx2_x8.h) */
+    const uint8_t *lo8;  /* 16-bit codes on AMX tiles (tile_gemm_amx.h): their low bytes; q8 their high ones */
 } QRows;
 
 /* A weight's kind: 4-bit codes, an int8 split, 5-bit codes (nibbles and a plane of fifth bits), or
@@ -89,6 +92,18 @@ AI __m128i plane_high16(const uint8_t *plane, int64_t off) {
 
 /* Where group g's scale-zero pairs start, in groups of n rows: an int8 split's are its low halves'. */
 static inline int64_t sz_group(int64_t g, int64_t groups, int kind) { return kind == KIND_INT8_SPLIT ? g + groups : g; }
+
+/* x's rows by sub-tiles laid out once a call (defined below); wide: x's 16-bit codes as two bytes
+ * (`lo8`), AMX only. */
+static int gemm_codes(const uint8_t *codes, const uint8_t *plane, const uint16_t *scale_zero, const QRows *x,
+                      uint16_t *out, int64_t n, int64_t rows, int64_t group, int64_t tile, int fp16, int kind,
+                      int wide, int threads);
+
+/* Whether the prompt kernel (tile_gemm.h) takes a weight of this tile, group and kind. */
+static int gemm_takes(int64_t tile, int64_t group, int kind) {
+    return (tile == 32 || tile == 64) && (group <= 32 || group % 32 == 0)
+           && (kind == KIND_INT4 || kind == KIND_INT8_SPLIT || kind == KIND_INT6);
+}
 
 #if defined(__AVX512F__)
 #include "tile_gemv_avx512.h"
@@ -166,15 +181,6 @@ static void *quantized_x(const uint16_t *x, int64_t rows, int64_t cols, int64_t 
     return buf;
 }
 
-static int gemm_codes(const uint8_t *codes, const uint8_t *plane, const uint16_t *scale_zero, const QRows *x,
-                      uint16_t *out, int64_t n, int64_t rows, int64_t group, int64_t tile, int fp16, int kind,
-                      int threads);
-
-/* Whether the prompt kernel (tile_gemm.h) takes a weight of this tile, group and kind. */
-static int gemm_takes(int64_t tile, int64_t group, int kind) {
-    return (tile == 32 || tile == 64) && (group <= 32 || group % 32 == 0)
-           && (kind == KIND_INT4 || kind == KIND_INT8_SPLIT || kind == KIND_INT6);
-}
 
 /* A weight's last tile where its n rows do not fill it. Its codes are stored padded with zero rows
  * to the tile (quant/int4_weight.py); its scale-zero pairs (`sz_groups` groups, n rows each) are
@@ -299,10 +305,21 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint8_t *plane, const uint16
     if (!buf) return -1;
     const int64_t gemm_from = kind == KIND_INT4 ? DECODE_GEMM_FROM_ROWS : DECODE_GEMM_FROM_ROWS_SPLIT;
     if (x_bits == 8 && rows >= gemm_from && gemm_takes(tile, group, kind)) {
-        int status = gemm_codes(codes, plane, scale_zero, &xr, out, n, rows, group, tile, fp16, kind, threads);
+        int status = gemm_codes(codes, plane, scale_zero, &xr, out, n, rows, group, tile, fp16, kind, 0, threads);
         free(buf);
         return status;
     }
+#if defined(__AMX_INT8__)
+    const int64_t done = x_bits == 16 ? amx16_lead(codes, plane, scale_zero, &xr, out, n, rows, group, tile, fp16,
+                                                   kind, threads) : 0;
+    if (done < 0 || done == rows) {
+        free(buf);
+        return done < 0 ? -1 : 0;
+    }
+    xr = rows_from(&xr, done);  /* the last rows (under 16) on the per-row path: the same bits */
+    rows -= done;
+    out += done * n;
+#endif
     PartialTile partial;
     xr.starts6 = kind == KIND_INT6 && x_bits == 8 ? six_starts(&xr, rows, tile, group) : NULL;
     if (partial_open(&partial, scale_zero, n, tile, sz_groups(cols, group, kind), rows)) {
@@ -344,7 +361,7 @@ typedef struct {
     const QRows *x;
     uint16_t *out;
     int64_t n, rows, group, tile, chunk_rows, subs;
-    int fp16, split;
+    int fp16, split, wide;  /* wide: x's 16-bit codes as two bytes (`QRows.lo8`), on the AMX tiles */
     uint8_t *prepared;
     size_t per_thread;
     const PartialTile *partial;
@@ -371,8 +388,10 @@ static void gemm_subtile(void *ctx, int64_t c, int slot) {
 #else
     const int amx = 0;
 #endif
-    Prepared prep = {buf, g->split ? buf + cols * SUB : NULL, scale, scale + g->x->groups * SUB, 1, 0,
-                     g->x->starts16 != NULL && !amx};
+    /* the split's magnitudes and their int16 steps serve gemm_rows only: not where the tiles take every row */
+    const int tiles_only = g->wide || (amx && g->rows % 16 == 0);
+    Prepared prep = {buf, g->split && !tiles_only ? buf + cols * SUB : NULL, scale, scale + g->x->groups * SUB, 1, 0,
+                     g->x->starts16 != NULL && !amx, g->wide};
     int64_t t = sub / per_tile, s = sub % per_tile;
     const int own = t * g->tile == g->partial->first;  /* the partial last tile: its own pairs and output */
     const int64_t n = own ? g->tile : g->n;
@@ -382,7 +401,8 @@ static void gemm_subtile(void *ctx, int64_t c, int slot) {
     uint16_t *out = (own ? g->partial->out : g->out + t * g->tile) + r0 * n;
     int64_t done = 0;
 #if defined(__AMX_INT8__)
-    if (amx) done = amx_rows(&prep, g->x, g->rows, g->group, g->split, out, n, s, h, g->fp16);
+    if (g->wide) done = amx_rows16(&prep, g->x, g->rows, g->group, g->split, out, n, s, h, g->fp16);
+    else if (amx) done = amx_rows(&prep, g->x, g->rows, g->group, g->split, out, n, s, h, g->fp16);
 #endif
     if (done < g->rows) {
         QRows rest = rows_from(g->x, done);
@@ -394,7 +414,7 @@ static void gemm_subtile(void *ctx, int64_t c, int slot) {
  * per call (the 6-bit form's as the split's: the same codes); 0, or -1 where it could not get memory. */
 static int gemm_codes(const uint8_t *codes, const uint8_t *plane, const uint16_t *scale_zero, const QRows *x,
                       uint16_t *out, int64_t n, int64_t rows, int64_t group, int64_t tile, int fp16, int kind,
-                      int threads) {
+                      int wide, int threads) {
     const int split = kind != KIND_INT4;
     const int slots = threads > 1 ? (threads < POOL_MAX_WORKERS + 1 ? threads : POOL_MAX_WORKERS + 1) : 1;
     const size_t per_thread = (prepared_bytes(x->cols, x->groups, split) + 63) / 64 * 64;
@@ -405,12 +425,12 @@ static int gemm_codes(const uint8_t *codes, const uint8_t *plane, const uint16_t
         return -1;
     }
     QRows biased = *x;  /* with the starts of biased int8 codes' sums */
-    biased.starts16 = split ? bias_starts(x, rows) : NULL;
+    biased.starts16 = split && !wide ? bias_starts(x, rows) : NULL;
     int64_t chunk_rows = (GEMM_CHUNK_X_BYTES / x->cols) / 16 * 16;
     chunk_rows = chunk_rows < 64 ? 64 : chunk_rows;
     const int64_t subs = (n + tile - 1) / tile * (tile / SUB), chunks = (rows + chunk_rows - 1) / chunk_rows;
     GemmCall call = {codes, kind == KIND_INT6 ? plane : NULL, scale_zero, &biased, out, n, rows, group, tile,
-                     chunk_rows, subs, fp16, split, prepared, per_thread, &partial};
+                     chunk_rows, subs, fp16, split, wide, prepared, per_thread, &partial};
     pool_run(slots, chunks * subs, gemm_subtile, &call);
     partial_close(&partial, out, n, tile, rows);
     free(prepared);
@@ -431,7 +451,7 @@ int flexlamps_tile_gemm(const uint8_t *codes, const uint8_t *plane, const uint16
     QRows xr;
     void *buf = quantized_x(x, rows, cols, group, fp16, 8, &xr, threads);
     if (!buf) return -1;
-    int status = gemm_codes(codes, plane, scale_zero, &xr, out, n, rows, group, tile, fp16, kind, threads);
+    int status = gemm_codes(codes, plane, scale_zero, &xr, out, n, rows, group, tile, fp16, kind, 0, threads);
     free(buf);
     return status;
 }

@@ -104,8 +104,9 @@ def test_the_largest_groups_do_not_overflow(level, x_bits, code):
     rows, cols = 64, 512
     codes = torch.full((rows, cols), code, dtype=torch.int8)
     w = Int8Weight.from_codes(codes, torch.full((rows, cols // 256), 1 / 64), 256, torch.float16)
-    for sign in (1, -1):
-        _assert_kernel_product(_variant(level, x_bits), w, sign * torch.ones(2, cols, dtype=torch.float16))
+    for sign in (1, -1):  # 2 rows, and 16 (16-bit x: the AMX tiles' two byte halves)
+        for rows in (2, 16):
+            _assert_kernel_product(_variant(level, x_bits), w, sign * torch.ones(rows, cols, dtype=torch.float16))
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -143,9 +144,16 @@ def test_rounding_x_costs_a_fraction_of_the_weights_own_error():
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("x_bits", [8, 16])  # 16: an output head's, its codes paired once for many rows
 def test_a_row_does_not_depend_on_its_batch_or_the_threads(level, x_bits):
+    """11 rows, and 35 (16-bit x on AMX: two 16s on the tiles, 3 rows on the per-row path), of 4-bit
+    codes, an int8 split and Q6_K's 6-bit form in groups of 16 (an output head's)."""
     kernel = _variant(level, x_bits)
-    weights = (_int4(320, 576, 32, torch.bfloat16), _int8(192, 576, torch.bfloat16, True))
-    assert_rows_alone_as_together(kernel.matmul, weights, _x(11, 576, torch.bfloat16))
+    gen = torch.Generator().manual_seed(5)
+    six = Int8Weight.from_codes(torch.randint(-32, 32, (320, 576), dtype=torch.int8, generator=gen),
+                                torch.rand(320, 36, generator=gen) / 64, 16, torch.bfloat16,
+                                zero=torch.randn(320, 36, generator=gen) / 64, six_bit=True)
+    weights = (_int4(320, 576, 32, torch.bfloat16), _int8(192, 576, torch.bfloat16, True), six)
+    for rows in (11, 35):
+        assert_rows_alone_as_together(kernel.matmul, weights, _x(rows, 576, torch.bfloat16, seed=rows))
 
 
 @needs_kernel
