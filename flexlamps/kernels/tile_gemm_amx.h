@@ -42,6 +42,26 @@ static void amx_configure(int64_t chunk) {
     _tile_loadconfig(&cfg);
 }
 
+/* The next tile's codes (and plane) and its scale-zero pairs, taken into L2 a share at a time while a
+ * sub-tile's rows multiply on the tiles: a decode call of few rows reads each tile's codes once, from
+ * memory, and `prepare` waited on those reads with the tiles idle. Lines of two regions, then `groups`
+ * runs of `pair_lines` lines `stride` bytes apart. */
+typedef struct {
+    const char *at[2], *pairs;
+    int64_t lines[2], groups, pair_lines, stride;
+} Ahead;
+
+/* Share i of `of` of what `a` names prefetched (an empty Ahead: nothing). */
+AI void ahead_share(const Ahead *a, int64_t i, int64_t of) {
+    const int64_t codes = a->lines[0] + a->lines[1], total = codes + a->groups * a->pair_lines;
+    for (int64_t l = i * total / of; l < (i + 1) * total / of; l++) {
+        const char *p = l < a->lines[0] ? a->at[0] + 64 * l
+                        : l < codes ? a->at[1] + 64 * (l - a->lines[0])
+                        : a->pairs + (l - codes) / a->pair_lines * a->stride + 64 * ((l - codes) % a->pair_lines);
+        _mm_prefetch(p, _MM_HINT_T1);
+    }
+}
+
 /* tot (nb rows x 32 floats) += the fp32 steps of group g for the stored sums dots (nb rows x 32). */
 AI void amx_add_dots(const Prepared *prep, int64_t g, const QRows *x, const int32_t *dots, float *tot, int nb) {
     const __m512 scale0 = _mm512_loadu_ps(prep->scale + g * SUB), scale1 = _mm512_loadu_ps(prep->scale + g * SUB + 16);
@@ -104,7 +124,7 @@ AI void amx_store(int64_t g, int32_t *dots) {
  * gemm_rows on the rest). A group's products are issued before the previous group's fp32 steps, so
  * the tiles multiply while the vector units scale (each alone took as long as the other). */
 static int64_t amx_rows(const Prepared *prep, const QRows *x, int64_t rows, int64_t group, int split, uint16_t *out,
-                        int64_t n, int64_t s, int64_t h, int fp16) {
+                        int64_t n, int64_t s, int64_t h, int fp16, const Ahead *ahead) {
     const int64_t chunk = group <= 64 ? group : 32, done = rows / AMX_ROWS * AMX_ROWS;
     if (!done) return 0;
     int32_t dots[2][AMX_ROWS * 32] __attribute__((aligned(64)));
@@ -115,6 +135,7 @@ static int64_t amx_rows(const Prepared *prep, const QRows *x, int64_t rows, int6
         memset(tot, 0, sizeof tot);
         for (int64_t g = 0; g < x->groups; g++) {
             amx_group(prep->codes, xb.q8, x->cols, g, group, chunk, split);
+            ahead_share(ahead, b0 / AMX_ROWS * x->groups + g, done / AMX_ROWS * x->groups);
             if (g) amx_add_dots(prep, g - 1, &xb, dots[(g - 1) & 1], tot, AMX_ROWS);
             amx_store(g, dots[g & 1]);
         }
@@ -175,7 +196,7 @@ AI void amx_join16(int32_t *sums, const QRows *x, int64_t g, int split) {
 /* amx_rows for 16-bit x (q8: the codes' high bytes, lo8: their low ones), rows in whole 16s; a group's
  * products issued before the previous group's fp32 steps, as amx_rows does. */
 static int64_t amx_rows16(const Prepared *prep, const QRows *x, int64_t rows, int64_t group, int split, uint16_t *out,
-                          int64_t n, int64_t s, int64_t h, int fp16) {
+                          int64_t n, int64_t s, int64_t h, int fp16, const Ahead *ahead) {
     const int64_t chunk = group <= 64 ? group : 32, done = rows / AMX_ROWS * AMX_ROWS;
     int32_t sums[2][2 * AMX_ROWS * 32] __attribute__((aligned(64)));
     float tot[AMX_ROWS * 32] __attribute__((aligned(64)));
@@ -186,6 +207,7 @@ static int64_t amx_rows16(const Prepared *prep, const QRows *x, int64_t rows, in
         memset(tot, 0, sizeof tot);
         for (int64_t g = 0; g < x->groups; g++) {
             amx_group16(prep->codes, xb.q8, xb.lo8, x->cols, g, group, chunk, split);
+            ahead_share(ahead, b0 / AMX_ROWS * x->groups + g, done / AMX_ROWS * x->groups);
             if (g) {
                 amx_join16(sums[(g - 1) & 1], &xb, g - 1, split);
                 amx_add_dots(prep, g - 1, &xb, sums[(g - 1) & 1], tot, AMX_ROWS);

@@ -343,6 +343,11 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint8_t *plane, const uint16
  * one set of workers serves every kernel of a step. */
 void flexlamps_pool_run(int threads, int64_t chunks, pool_fn fn, void *ctx) { pool_run(threads, chunks, fn, ctx); }
 
+/* Rows of a call (its chunk's) up to which the AMX tiles prefetch the next tile's codes (`next_tile`). */
+#ifndef AHEAD_MAX_ROWS
+#define AHEAD_MAX_ROWS 256
+#endif
+
 /* x's int8 codes a prompt call's row chunk holds (`gemm_subtile`): rows in whole 16s (the AMX tiles'). */
 #ifndef GEMM_CHUNK_X_BYTES
 #define GEMM_CHUNK_X_BYTES (1 << 20)
@@ -366,6 +371,28 @@ typedef struct {
     size_t per_thread;
     const PartialTile *partial;
 } GemmCall;
+
+#if defined(__AMX_INT8__)
+/* What `prepare` reads of tile t + 1 (none after the last, nor at a prompt's many rows, whose tiles
+ * are laid out once per row chunk: for them the reads are a small part already). */
+static Ahead next_tile(const GemmCall *g, int64_t t, int64_t cols, int64_t h) {
+    Ahead a = {{NULL, NULL}, NULL, {0, 0}, 0, 0, 0};
+    const int64_t tile_bytes = (g->split && !g->plane ? 2 : 1) * cols * h, next = (t + 1) * g->tile;
+    if (next >= g->n || g->rows > AHEAD_MAX_ROWS || (next + g->tile > g->n && g->partial->first < g->n)) return a;
+    a.at[0] = (const char *)(g->codes + (t + 1) * tile_bytes);
+    a.lines[0] = tile_bytes / 64;
+    if (g->plane) {
+        a.at[1] = (const char *)(g->plane + (t + 1) * (cols * h / 2));
+        a.lines[1] = cols * h / 2 / 64;
+    }
+    const int64_t groups = g->x->groups;  /* `prepare`'s pairs: an int8 split's low halves' */
+    a.pairs = (const char *)(g->scale_zero + ((g->split && !g->plane ? groups : 0) * g->n + next) * 2);
+    a.groups = groups;
+    a.pair_lines = g->tile * 4 / 64;
+    a.stride = g->n * 4;
+    return a;
+}
+#endif
 
 /* Sub-tile `sub` (32 rows) prepared in the slot's buffer, then the rows of x of row chunk `c / subs`
  * by it: the threads take a chunk's sub-tiles in turn, so its rows of x stay in their caches (all
@@ -401,8 +428,9 @@ static void gemm_subtile(void *ctx, int64_t c, int slot) {
     uint16_t *out = (own ? g->partial->out : g->out + t * g->tile) + r0 * n;
     int64_t done = 0;
 #if defined(__AMX_INT8__)
-    if (g->wide) done = amx_rows16(&prep, g->x, g->rows, g->group, g->split, out, n, s, h, g->fp16);
-    else if (amx) done = amx_rows(&prep, g->x, g->rows, g->group, g->split, out, n, s, h, g->fp16);
+    const Ahead ahead = next_tile(g, t, cols, h);
+    if (g->wide) done = amx_rows16(&prep, g->x, g->rows, g->group, g->split, out, n, s, h, g->fp16, &ahead);
+    else if (amx) done = amx_rows(&prep, g->x, g->rows, g->group, g->split, out, n, s, h, g->fp16, &ahead);
 #endif
     if (done < g->rows) {
         QRows rest = rows_from(g->x, done);
