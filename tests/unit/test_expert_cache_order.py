@@ -73,3 +73,27 @@ def test_after_the_last_layer_its_experts_give_way_first():
     budget.allocate(NBYTES, "the head's rows")
     assert cache.get((3, 0)) is None
     assert all(cache.get((layer, 0)) is not None for layer in range(3))
+
+
+def test_an_expert_its_layer_did_not_ask_for_last_time_gives_way_first():
+    """A prompt's expert that its layer's next visit did not ask for (stale) goes before one the
+    latest sweep used, even where the latter's layer comes back last (a batch-1 decode reuses its
+    few experts step after step; the layer order alone dropped them between steps)."""
+    budget = TierBudget("gpu", 3 * NBYTES)
+    cache = ExpertCache(budget, "cyclic", LAYERS)
+
+    def read(key):
+        assert cache.get(key) is None
+        budget.allocate(NBYTES, "expert")
+        cache.put(key, {}, NBYTES)
+
+    read((0, 5))  # the prompt's sweep
+    for layer in range(LAYERS):
+        cache.passed(layer)
+    for layer in range(LAYERS):  # a decode sweep: layer 0 wants expert 2, the last layer expert 1
+        if layer in (0, LAYERS - 1):
+            read((layer, 2 if layer == 0 else 1))
+        cache.passed(layer)
+    budget.allocate(NBYTES, "the head's rows")
+    assert (0, 5) not in cache
+    assert (LAYERS - 1, 1) in cache and (0, 2) in cache

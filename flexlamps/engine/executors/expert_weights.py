@@ -47,6 +47,16 @@ def expert_owners(experts: dict[int, list[str]]) -> dict[str, int]:
     return {name: e for e, names in experts.items() for name in names}
 
 
+def stale_then_cyclic(key: tuple[int, int], used: int, visited: int, now: int, num_layers: int, routed: int):
+    """The "cyclic" eviction order's sort key of cached expert `key` (layer, expert), last used in
+    sweep `used`, its layer last visited in sweep `visited`: stale ones (not used at that visit)
+    first, unused longest first; then the layer that comes back last from layer `now`, least often
+    `routed` first. (The planner's replay, `placement.expert_hits`, prices the layer order alone:
+    at batch 1 it then counts fewer hits than this rule gives, a price on the slow side.)"""
+    fresh = used >= visited
+    return fresh, 0 if fresh else used, -((key[0] - now) % num_layers), routed
+
+
 class LayerWeights(Mapping):
     """One layer's weights by local name: `eager` ones already fetched, each routed expert's
     fetched by `load(experts) -> {local name: weight}` on its first read. With `begin(experts,
@@ -152,10 +162,14 @@ class ExpertCache:
     """Experts read from the cpu or disk tier, kept on the compute device after their layer ran,
     in the gpu budget's free room: their bytes are the budget's cached bytes, dropped on demand
     when an allocation needs the room (`TierBudget.reclaim`). Which go first:
-    - "cyclic" (the default): those whose layer comes back last, as sweeps visit the layers in
-      turn (the layer just run first: Belady's choice for this scan), least often routed first
+    - "cyclic" (the default): first those stale, not asked for when their layer last ran (a
+      prompt's experts no decode step has wanted since, those a batch-1 sequence's tokens left;
+      unused longest first), then those whose layer comes back last, as sweeps visit the layers
+      in turn (the layer just run first: Belady's choice for this scan), least often routed first
       within a layer. "lru" would drop the layer that comes next, and a cache smaller than a
-      step's reads would then never hit;
+      step's reads would then never hit; with the layer order alone, a batch-1 decode's few
+      experts a step, reused step after step, went between steps (the output head's rows take
+      room) while a prompt's stale experts stayed (moe18: ~2 of a step's 32 read again each step);
     - "lru": least recently used; "frequency": least often routed (counts over the run).
     A hit's bytes are in use until its layer ends (`take`, then `keep`). `num_layers`: the
     model's, for "cyclic"."""
@@ -165,6 +179,9 @@ class ExpertCache:
             raise ValueError(f"expert cache order {order!r}: use one of {', '.join(CACHE_ORDERS)}")
         self.budget, self.order, self.num_layers = budget, order, max(1, num_layers)
         self._layer_now = 0  # the layer whose experts were last asked for
+        self._sweep = 0  # sweeps passed (the last layer run)
+        self._used: dict[tuple[int, int], int] = {}  # each kept expert's last sweep of use
+        self._visited: dict[int, int] = {}  # each layer's last sweep that asked for an expert
         self._entries: OrderedDict[tuple[int, int], tuple[dict, int]] = OrderedDict()  # by recency
         self._in_use: set[tuple[int, int]] = set()
         self.routed = Counter()  # (layer, expert) -> times routed to (read by a step)
@@ -178,11 +195,13 @@ class ExpertCache:
         with self._lock:
             self.routed[key] += 1
             self._layer_now = key[0]
+            self._visited[key[0]] = self._sweep
             entry = self._entries.get(key)
             if entry is None:
                 self.misses += 1
                 return None
             self.hits += 1
+            self._used[key] = self._sweep
             self._entries.move_to_end(key)
             self._in_use.add(key)
             self.budget.take(entry[1])
@@ -198,6 +217,7 @@ class ExpertCache:
         after the last, takes its experts' room first, not the next layers')."""
         with self._lock:
             self._layer_now = (layer + 1) % self.num_layers
+            self._sweep += layer == self.num_layers - 1
 
     def put(self, key: tuple[int, int], fetched: dict, nbytes: int) -> bool:
         """Keep a fetched expert (its `nbytes` staged bytes become cached); False when off."""
@@ -205,6 +225,7 @@ class ExpertCache:
             return False
         with self._lock:
             self._entries[key] = (fetched, nbytes)
+            self._used[key] = self._sweep
             self._entries.move_to_end(key)
             self.budget.keep(nbytes)
         return True
@@ -220,8 +241,9 @@ class ExpertCache:
             victims = [k for k in self._entries if k not in self._in_use]
             if self.order == "frequency":
                 victims.sort(key=lambda k: self.routed[k])  # stable: least recent first among equals
-            elif self.order == "cyclic":  # furthest next use first: (layer - now) mod L, largest first
-                victims.sort(key=lambda k: (-((k[0] - self._layer_now) % self.num_layers), self.routed[k]))
+            elif self.order == "cyclic":  # stale first, then furthest next use: (layer - now) mod L, largest first
+                victims.sort(key=lambda k: stale_then_cyclic(k, self._used[k], self._visited.get(k[0], -1),
+                                                             self._layer_now, self.num_layers, self.routed[k]))
             for key in victims:
                 if nbytes <= 0:
                     break
@@ -234,6 +256,7 @@ class ExpertCache:
 
     def _drop(self, key) -> int:
         nbytes = self._entries.pop(key)[1]
+        self._used.pop(key, None)
         self.budget.drop(nbytes)
         return nbytes
 
