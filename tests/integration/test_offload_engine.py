@@ -189,27 +189,31 @@ def test_decode_micro_batches_merge_only_when_the_policy_says_so(reader, plain, 
 
 
 def test_every_sweep_gives_its_freed_heap_back(reader, plain, tmp_path, monkeypatch):
-    """Every layer of a prompt sweep and the last of each decode sweep end in `release_heap`
-    (`trims_heap_after`): with a prompt sweep's layers trimmed alone the freed heap grew sweep on sweep
-    (the MoE job worker: RssAnon 3031 -> 3604 MiB over 63 decode sweeps at steady charges, OOM-killed
-    under its 3.5 GiB cap); the tokens stay the plain engine's."""
+    """Every layer of a prompt sweep, every prompt micro-batch and the last layer of each decode sweep
+    end in `release_heap` (`trims_heap_after`): with a prompt sweep's layers trimmed alone the freed
+    heap grew sweep on sweep (the MoE job worker: RssAnon 3031 -> 3604 MiB over 63 decode sweeps at
+    steady charges, OOM-killed under its 3.5 GiB cap) and micro-batch on micro-batch within a prompt
+    layer (122 -> 501 MiB free over 6); the tokens stay the plain engine's."""
     from flexlamps.engine.executors import sweep as sweep_module
 
     trims = []
     monkeypatch.setattr(sweep_module, "release_heap", lambda: trims.append(1) or True)
     ex = OffloadExecutor(reader, _policy("weights_mostly_disk"), model_spec=model_spec(reader.config),
                          gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
-    swept = []
+    swept = []  # per sweep, whether each micro-batch has a prompt
     sweep = ex.sweep._sweep
-    ex.sweep._sweep = lambda cache, steps: swept.append(any(s.input_ids.shape[1] > 1 for s in steps)) \
+    ex.sweep._sweep = lambda cache, steps: swept.append([s.input_ids.shape[1] > 1 for s in steps]) \
         or sweep(cache, steps)
     params = [SamplingParams(max_new_tokens=4, ignore_eos=True)] * 4
     ids = [reader.tokenizer.encode(p) for p in PROMPTS]
     expected = [o.token_ids for o in generate(plain, reader.tokenizer, ids, params, max_batch=4)]
     got = [o.token_ids for o in generate(ex, reader.tokenizer, ids, params, max_batch=4, micro_batch=2)]
     assert got == expected
-    prompt_sweeps, decode_sweeps = sum(swept), len(swept) - sum(swept)
-    assert decode_sweeps >= 3 and len(trims) == prompt_sweeps * reader.config.num_layers + decode_sweeps
+    prompt_sweeps = [steps for steps in swept if any(steps)]
+    decode_sweeps = len(swept) - len(prompt_sweeps)
+    between = sum(sum(steps[:-1]) for steps in prompt_sweeps)  # prompt micro-batches not a layer's last
+    assert decode_sweeps >= 3 and between >= 1
+    assert len(trims) == (len(prompt_sweeps) + between) * reader.config.num_layers + decode_sweeps
     ex.close()
 
 
@@ -234,9 +238,11 @@ def test_every_layer_writes_over_its_micro_batchs_hidden_states(reader, plain, m
     ex.close()
 
 
-def test_the_heap_policy_trims_a_prompt_sweeps_layers_and_a_decode_sweeps_last():
+def test_the_heap_policy_trims_a_prompt_sweeps_layers_and_micro_batches_and_a_decode_sweeps_last():
     assert [trims_heap_after(j, 4, prefill=True) for j in range(4)] == [True] * 4
     assert [trims_heap_after(j, 4, prefill=False) for j in range(4)] == [False, False, False, True]
+    assert [trims_heap_after(j, 4, True, micro_batch=True) for j in range(4)] == [True] * 4
+    assert [trims_heap_after(j, 4, False, micro_batch=True) for j in range(4)] == [False] * 4
 
 
 @pytest.mark.gpu
