@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from flexlamps.cores import free_cores
 from flexlamps.settings import RunSettings
 from offload.folders import UnusablePathError, make_writable_folder
 from offload.lock import PathInUseError, PathLock
@@ -91,18 +92,6 @@ def plots_wanted(no_plots: bool) -> bool:
 def peak_rss_mib() -> float:
     """This process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def free_cores() -> int:
-    """CPU cores not already busy: the cores we may run on minus the 1-minute load average
-    (other processes' runnable threads), at least 1. torch's default (every core) makes its
-    threads wait on each other when another process holds some cores."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        busy = os.getloadavg()[0]
-    except OSError:
-        busy = 0.0
-    return max(1, min(cores, int(cores - busy + 0.5)))
 
 
 def set_threads(value: int | None) -> int:

@@ -12,6 +12,7 @@ import torch
 
 from flexlamps.hardware import machine
 from flexlamps.hardware import profile_path
+from flexlamps.cores import usable_cores
 from flexlamps.hardware.probes import GENERIC_SHAPES, _typical_rate, gemm_probe_shapes
 from flexlamps.models.blocks.linear import linear
 from placement import HardwareSpec
@@ -39,13 +40,9 @@ def check_rate() -> float:
     return _typical_rate(lambda: linear(a, b), 2.0 * _CHECK_DIM**3, _CHECK_BUDGET_S)
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def contention(load: float) -> float:
     """Runnable threads per core were this process's compute threads added to `load` (a load average)."""
-    return (load + torch.get_num_threads()) / _cores()
+    return (load + torch.get_num_threads()) / usable_cores()
 
 
 def profile_cache_path(shapes=None, expert_dims=None) -> Path:
@@ -74,8 +71,8 @@ def _cached_profile(path: Path) -> tuple[HardwareSpec | None, str]:
     if isinstance(then, (int, float)) and contention(then) > BUSY_CONTENTION:
         load = os.getloadavg()[0]
         if contention(load) <= BUSY_CONTENTION:
-            return None, f"it was measured under load {then:.1f} on {_cores()} cores, {load:.1f} now"
-        warnings.warn(f"flexlamps: the machine profile {path} was measured under load {then:.1f} on {_cores()} "
+            return None, f"it was measured under load {then:.1f} on {usable_cores()} cores, {load:.1f} now"
+        warnings.warn(f"flexlamps: the machine profile {path} was measured under load {then:.1f} on {usable_cores()} "
                       f"cores, so it prices compute slow; kept, the box being as busy now ({load:.1f}): it is "
                       "measured again once the box is quieter", stacklevel=3)
         return spec, ""
@@ -109,9 +106,9 @@ def machine_profile(scratch: Path, on_measure=None, model_shapes=None, expert_di
     scratch.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0]  # before the probes, which add their own threads
     if contention(load) > BUSY_CONTENTION:
-        warnings.warn(f"flexlamps: measuring the machine profile {path} under load {load:.1f} on {_cores()} cores:"
+        warnings.warn(f"flexlamps: measuring the machine profile {path} under load {load:.1f} on {usable_cores()} cores:"
                       " it prices compute slow until it is measured again on a quieter box", stacklevel=2)
     spec = machine.profile_machine(disk_folder=scratch, quick=True, model_shapes=model_shapes, expert_dims=expert_dims)
     _write_atomic(path, spec.to_json())
-    _write_atomic(_check_path(path), json.dumps({"gemm_flops": check_rate(), "load": load, "cores": _cores()}))
+    _write_atomic(_check_path(path), json.dumps({"gemm_flops": check_rate(), "load": load, "cores": usable_cores()}))
     return spec

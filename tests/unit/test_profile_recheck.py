@@ -17,7 +17,7 @@ def _cache(tmp_path, monkeypatch, check_flops, check_load=None, load_now=QUIET):
     """A cached profile (rtx4090's) and its check (`check_load`: the load it records, None: none
     recorded, as an older flexlamps wrote it); the box's load average `load_now`, its cores 4."""
     monkeypatch.setenv("FLEXLAMPS_CACHE", str(tmp_path))
-    monkeypatch.setattr(cache, "_cores", lambda: 4)
+    monkeypatch.setattr(cache, "usable_cores", lambda: 4)
     monkeypatch.setattr(os, "getloadavg", lambda: (load_now, load_now, load_now))
     path = cache.profile_cache_path()
     path.write_text(hardware_preset("rtx4090").to_json())
@@ -102,7 +102,7 @@ def test_measuring_under_a_high_load_warns_and_records_it(tmp_path, monkeypatch)
 
 
 def test_contention_counts_this_process_threads_on_top_of_the_load(monkeypatch):
-    monkeypatch.setattr(cache, "_cores", lambda: 2)
+    monkeypatch.setattr(cache, "usable_cores", lambda: 2)
     monkeypatch.setattr(cache.torch, "get_num_threads", lambda: 1)
     assert cache.contention(0.0) == 0.5 and cache.contention(2.0) == 1.5  # at the bar: not yet busy
     assert cache.contention(2.2) > cache.BUSY_CONTENTION
