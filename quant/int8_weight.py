@@ -33,8 +33,10 @@ low nibbles as a 4-bit weight in the CPU kernel's tiles (the split's low halves)
 high two bits laid out as those tiles (`high_plane`), and only the low halves' (scale, zero)
 pairs (the high halves' 16 d and 0 are implied). Our kernel adds 6 to each high part, which makes
 it the split's high nibble (u + 96 = q + 128), and runs the split's arithmetic: the same bits.
-Only our kernel multiplies it in place (any variant); it leaves the CPU as the split. Imports
-torch only.
+Where every pair's zero is 8 times its scale in the compute dtype, bit for bit (Q6_K, w = d q: the
+zero 8 d rounds as d does, a power of two apart), it holds the scales alone (`scales_alone`: 7 bits
+a weight, not 8) and the kernel makes each zero as 8 scale, the value the pair held. Only our
+kernel multiplies it in place (any variant); it leaves the CPU as the split. Imports torch only.
 """
 from __future__ import annotations
 
@@ -185,6 +187,8 @@ class Int8Weight(CompressedWeight):
             plane[start:start + step] = high_plane(tiles_from_unpacked(u >> 4, tile))
         low_scale, low_zero = _low_scales(scale, zero)
         scale_zero = torch.stack([low_scale.t(), low_zero.t()], dim=-1).to(dtype).contiguous()  # (K/g, N, 2)
+        if torch.equal(scale_zero[..., 1], scale_zero[..., 0] * 8):  # no zero point of its own: the scales alone
+            scale_zero = scale_zero[..., :1].contiguous()  # (K/g, N, 1)
         return cls(Int4Weight(None, scale_zero, group_size, nibbles), high=plane)
 
     def as_split(self) -> "Int8Weight":
@@ -204,9 +208,10 @@ class Int8Weight(CompressedWeight):
         if all(w.fifth is not None for w in weights):  # whole tiles each: the planes stack as the tiles do
             return cls(Int4Weight.cat([w.split for w in weights]), torch.cat([w.fifth for w in weights]))
         if all(w.high is not None and w.shape[0] % tile_rows(w.shape[1]) == 0 for w in weights):  # the same
-            first = weights[0].split
-            nibbles = Int4Weight(None, torch.cat([w.split.scale_zero for w in weights], dim=1), first.group_size,
-                                 torch.cat([w.split.kernel_codes for w in weights]))
+            first, alone = weights[0].split, all(w.scales_alone for w in weights)
+            scale_zero = torch.cat([_pairs(w.split.scale_zero) if w.scales_alone and not alone else w.split.scale_zero
+                                    for w in weights], dim=1)
+            nibbles = Int4Weight(None, scale_zero, first.group_size, torch.cat([w.split.kernel_codes for w in weights]))
             return cls(nibbles, high=torch.cat([w.high for w in weights]))
         return cls(Int4Weight.cat([w.as_split().split for w in weights]))
 
@@ -233,6 +238,11 @@ class Int8Weight(CompressedWeight):
     @property
     def dtype(self) -> torch.dtype:
         return self.split.dtype
+
+    @property
+    def scales_alone(self) -> bool:
+        """Whether it is the 6-bit form holding its scales alone, (K/g, N, 1): each zero 8 scale."""
+        return self.high is not None and self.split.scale_zero.shape[-1] == 1
 
     @property
     def group_size(self) -> int:
@@ -282,6 +292,7 @@ class Int8Weight(CompressedWeight):
             scale, zero = (part.t().float() for part in self.split.scale_zero.unbind(-1))
         else:  # (K/g, N, 2): the low halves' d, 8 d + zero (the 6-bit form holds them alone)
             low = self.split.scale_zero[0 if self.high is not None else self.shape[1] // self.group_size:]
+            low = _pairs(low) if self.scales_alone else low
             scale = low[..., 0].t()
             zero = low[..., 1].t().float() - 8 * scale.float()  # exactly 0 for Q8_0 / Q5_0
         return scale, (zero if bool(zero.any()) else None)
@@ -359,6 +370,11 @@ class Int8Weight(CompressedWeight):
         return (f"Int8Weight(shape={self.shape}, group_size={self.group_size}, dtype={self.dtype}, "
                 f"{'5-bit' if self.fifth is not None else '6-bit' if self.high is not None else 'split'}, "
                 f"nbytes={self.nbytes}, device={self.device})")
+
+
+def _pairs(scales: torch.Tensor) -> torch.Tensor:
+    """The 6-bit form's scales alone (K/g, N, 1) as the pairs they stand for: (d, 8 d), exact."""
+    return torch.cat([scales, scales * 8], dim=-1)
 
 
 def _fits_five_bits(codes: torch.Tensor) -> bool:

@@ -16,12 +16,14 @@ FIXED_OVERHEAD_BYTES = 450 * 2**20
 # bytes per weight as the engine holds it; "auto" is 4-bit in place for a 4-bit GGUF (codes and
 # block scales, about 5 bits) plus the in-memory executor's bf16 copy for prefill (see
 # run_plan.build.DENSE_TWINS_MAX_SHARE), int8 in place for a Q8_0 / 5-bit GGUF (1.25 bytes, quant.int8_weight;
-# 1.5 for Q6_K's groups of 16) plus that copy, else float32. Where this process runs prompts on the
+# 1.5 for Q6_K's groups of 16 as the split, 0.875 in the 6-bit form with its scales alone where our
+# kernel runs, `in_place.packs_six_bit`) plus that copy, else float32. Where this process runs prompts on the
 # codes too (`coded_weights.prompts_run_on_codes`), no copy is made and none is charged.
 _WEIGHT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
 _AUTO_INT4_BYTES = 2.625
 _AUTO_INT8_BYTES = 3.25
 _AUTO_INT8_G16_BYTES = 3.5
+_AUTO_SIX_BIT_BYTES = 2.875  # Q6_K in the 6-bit form: codes 0.75, a 16-bit scale a group of 16 (quant.int8_weight)
 _TWIN_BYTES = 2.0  # the bf16 copy within each "auto" figure
 
 
@@ -74,11 +76,14 @@ def _offload_budgets(run) -> tuple[int, int] | None:
 def _auto_bytes_per_param(reader, twins: bool = True) -> float:
     """`--dtype auto`'s bytes per weight: int8 in place where any layer holds Q8_0 / Q5_x / Q6_K
     blocks (the larger figure, so a file mixing them with 4-bit blocks, a Q4_K_M, is not
-    under-planned; Q6_K's the largest), else 4-bit in place, else float32; without the dense
-    copies (`twins` False) where prompts run on the codes."""
+    under-planned; Q6_K's the largest as the split, below Q8_0's in the 6-bit form), else 4-bit in
+    place, else float32; without the dense copies (`twins` False) where prompts run on the codes."""
     kinds = getattr(reader, "layer_block_kinds", set())
     if "int8-g16" in kinds:
-        per_param = _AUTO_INT8_G16_BYTES
+        from flexlamps.models.loading.in_place import packs_six_bit  # lazy (torch): `flexlamps plan` imports us
+
+        per_param = _AUTO_SIX_BIT_BYTES if packs_six_bit() else _AUTO_INT8_G16_BYTES
+        per_param = max(per_param, _AUTO_INT8_BYTES) if "int8" in kinds else per_param
     elif "int8" in kinds:
         per_param = _AUTO_INT8_BYTES
     elif "int4" in kinds or getattr(reader, "has_int4_weights", False):

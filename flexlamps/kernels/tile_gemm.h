@@ -65,8 +65,15 @@ AI __m256i column_codes(const uint8_t *p, const uint8_t *plane, int64_t off, int
     return _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80));
 }
 
-/* 8 lanes' (scale, zero) pairs of 16-bit floats as fp32: lanes 0-3 the 4 rows' at lo, 4-7 at hi. */
-AI void lane_scales(const uint16_t *lo, const uint16_t *hi, int fp16, __m256 *scale, __m256 *zero) {
+/* 8 lanes' (scale, zero) pairs of 16-bit floats as fp32: lanes 0-3 the 4 rows' at lo, 4-7 at hi
+ * (width 1: their scales alone, zero = 8 scale, exact). */
+AI void lane_scales(const uint16_t *lo, const uint16_t *hi, int64_t width, int fp16, __m256 *scale, __m256 *zero) {
+    if (width == 1) {
+        *scale = halves_to_floats8(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)lo),
+                                                      _mm_loadl_epi64((const __m128i *)hi)), fp16);
+        *zero = _mm256_mul_ps(*scale, _mm256_set1_ps(8.0f));
+        return;
+    }
     __m256i pairs = _mm256_loadu2_m128i((const __m128i *)hi, (const __m128i *)lo);
     if (!fp16) {  /* bf16: the upper 16 bits of an fp32 */
         *scale = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
@@ -82,7 +89,7 @@ AI void lane_scales(const uint16_t *lo, const uint16_t *hi, int fp16, __m256 *sc
  * `sz` at its first row; n rows in all) laid out in `prep`, and for int8 codes the steps whose pairs
  * int16 holds (`steps8`, from their largest |q|). */
 static void prepare(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz, int64_t s, int64_t h, int64_t n,
-                    int64_t cols, int64_t groups, int fp16, int split, Prepared *prep) {
+                    int64_t cols, int64_t groups, int64_t width, int fp16, int split, Prepared *prep) {
     const int64_t low_half = plane ? 0 : cols * h;
     __m256i top = _mm256_setzero_si256();
     for (int64_t k = 0; k < cols; k += 4) {
@@ -110,10 +117,10 @@ static void prepare(const uint8_t *codes, const uint8_t *plane, const uint16_t *
         _mm256_storeu_si256(at, _mm256_add_epi8(_mm256_loadu_si256(at), _mm256_set1_epi8(CODE_BIAS)));
     }
     for (int64_t g = 0; g < groups; g++) {
-        const uint16_t *pairs = sz + (split && !plane ? g + groups : g) * n * 2;
+        const uint16_t *pairs = sz + (split && !plane ? g + groups : g) * n * width;
         for (int v = 0; v < 4; v++) {  /* vector v: rows 16s + 4v.. (lanes 0-3) and h + 16s + 4v.. (4-7) */
             __m256 scale, zero;
-            lane_scales(pairs + 2 * (16 * s + 4 * v), pairs + 2 * (h + 16 * s + 4 * v), fp16, &scale, &zero);
+            lane_scales(pairs + width * (16 * s + 4 * v), pairs + width * (h + 16 * s + 4 * v), width, fp16, &scale, &zero);
             _mm256_storeu_ps(prep->scale + g * SUB + 8 * v, scale);
             /* 16-bit x (`wide`) on an int8 split: decode's offset for u = q + 128, zero - 136 scale rounded once */
             __m256 offset = prep->wide && split ? _mm256_fnmadd_ps(_mm256_set1_ps(136.0f), scale, zero)
@@ -330,7 +337,7 @@ AI QRows rows_from(const QRows *x, int64_t b0) {
     QRows xb = {x->q8 ? x->q8 + b0 * x->cols : NULL, x->q16 ? x->q16 + b0 * x->cols : NULL, x->scale + b0 * x->groups,
                 x->sum + b0 * x->groups, x->cols, x->groups, x->total + b0 * x->groups,
                 x->starts16 ? x->starts16 + b0 * (x->cols / BIAS_INPUTS) : NULL, NULL,
-                x->lo8 ? x->lo8 + b0 * x->cols : NULL};
+                x->lo8 ? x->lo8 + b0 * x->cols : NULL, x->sz_width};
     return xb;
 }
 

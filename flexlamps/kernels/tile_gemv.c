@@ -25,7 +25,10 @@
  * (0x33) and a shift by 2 give any 16 consecutive tile bytes' nibbles, and adding 6 to each makes
  * them the split's high nibbles (u + 96 = q + 128) exactly (`plane_high16`): every kernel runs
  * the split's arithmetic on the same bytes, so the 6-bit form gives a row the split's bits. Its
- * scale-zero pairs are the split's low halves' alone (K/G, n, 2): 8 bits a weight, not 12.
+ * scale-zero pairs are the split's low halves' alone (K/G, n, 2): 8 bits a weight, not 12. Where
+ * every pair's zero is 8 times its scale (Q6_K: w = d q, no zero point; the pair held bf16(8 d) =
+ * 8 bf16(d) exactly), kind 4 holds the scales alone (K/G, n): 7 bits a weight, and each inner loop
+ * makes the zero as 8 scale in fp32 (exact), the value the pair held: the same bits.
  *
  * Integer sums are exact, so a row's result does not depend on the rows beside it, on the
  * thread count, or on the split of the work.
@@ -76,11 +79,15 @@ typedef struct {
     const int32_t *starts16;  /* biased int8 codes' int16 sums start here, per 16 inputs (tile_gemm.h) */
     const int32_t *starts6;  /* the 6-bit form's decode sums, per 16 inputs (AVX2: tile_gemv_avx2_x8.h) */
     const uint8_t *lo8;  /* 16-bit codes on AMX tiles (tile_gemm_amx.h): their low bytes; q8 their high ones */
+    /* The weight's 16-bit values a row's group holds in scale_zero: 2 (scale, zero), or 1 (the scale
+     * alone, KIND_INT6_SCALES: zero = 8 scale). It rides with x, which every loop that applies a
+     * group's scales has. */
+    int64_t sz_width;
 } QRows;
 
 /* A weight's kind: 4-bit codes, an int8 split, 5-bit codes (nibbles and a plane of fifth bits), or
  * 6-bit codes (nibbles and a plane of high two bits; the split's arithmetic). */
-enum { KIND_INT4 = 0, KIND_INT8_SPLIT = 1, KIND_INT5 = 2, KIND_INT6 = 3 };
+enum { KIND_INT4 = 0, KIND_INT8_SPLIT = 1, KIND_INT5 = 2, KIND_INT6 = 3, KIND_INT6_SCALES = 4 };
 
 /* The 6-bit form's tile bytes off .. off + 15 (off a multiple of 16) as the int8 split's high
  * nibbles: the plane's two bits of each nibble, plus 6 (see the top of this file). */
@@ -89,6 +96,10 @@ AI __m128i plane_high16(const uint8_t *plane, int64_t off) {
     if (off & 32) v = _mm_srli_epi16(v, 2);
     return _mm_add_epi8(_mm_and_si128(v, _mm_set1_epi8(0x33)), _mm_set1_epi8(0x66));
 }
+
+/* 16-bit values a row a group of scale_zero: the kind the entry points were given (KIND_INT6_SCALES
+ * runs as KIND_INT6 with QRows.sz_width 1 from there on). */
+static inline int64_t sz_width_of(int kind) { return kind == KIND_INT6_SCALES ? 1 : 2; }
 
 /* Where group g's scale-zero pairs start, in groups of n rows: an int8 split's are its low halves'. */
 static inline int64_t sz_group(int64_t g, int64_t groups, int kind) { return kind == KIND_INT8_SPLIT ? g + groups : g; }
@@ -176,7 +187,7 @@ static void *quantized_x(const uint16_t *x, int64_t rows, int64_t cols, int64_t 
     const int64_t per_chunk = QUANTIZE_CHUNK_VALUES / cols > 1 ? QUANTIZE_CHUNK_VALUES / cols : 1;
     QuantizeCall call = {x, rows, cols, group, per_chunk, fp16, bits, buf, scale, sum, total};
     pool_run(threads, (rows + per_chunk - 1) / per_chunk, quantize_chunk, &call);
-    QRows r = {bits == 8 ? buf : NULL, bits == 16 ? buf : NULL, scale, sum, cols, groups, total};
+    QRows r = {bits == 8 ? buf : NULL, bits == 16 ? buf : NULL, scale, sum, cols, groups, total, NULL, NULL, NULL, 2};
     *xr = r;
     return buf;
 }
@@ -194,11 +205,11 @@ typedef struct {
 
 /* 0, or -1 where it could not get memory. */
 static int partial_open(PartialTile *p, const uint16_t *scale_zero, int64_t n, int64_t tile, int64_t sz_groups,
-                        int64_t rows) {
+                        int64_t rows, int64_t width) {
     p->first = n / tile * tile;
     p->sz = p->out = NULL;
     if (p->first == n) return 0;
-    p->sz = calloc((size_t)(sz_groups * tile * 2), sizeof(uint16_t));
+    p->sz = calloc((size_t)(sz_groups * tile * width), sizeof(uint16_t));
     p->out = malloc((size_t)(rows * tile) * sizeof(uint16_t));
     if (!p->sz || !p->out) {
         free(p->sz);
@@ -206,8 +217,8 @@ static int partial_open(PartialTile *p, const uint16_t *scale_zero, int64_t n, i
         return -1;
     }
     for (int64_t g = 0; g < sz_groups; g++)
-        memcpy(p->sz + g * tile * 2, scale_zero + (g * n + p->first) * 2,
-               (size_t)(n - p->first) * 2 * sizeof(uint16_t));
+        memcpy(p->sz + g * tile * width, scale_zero + (g * n + p->first) * width,
+               (size_t)((n - p->first) * width) * sizeof(uint16_t));
     return 0;
 }
 
@@ -258,7 +269,7 @@ static void decode_tiles(void *ctx, int64_t c, int slot) {
     for (int64_t t = d->starts[c]; t < d->starts[c + 1]; t++) {
         const int own = t * d->tile == d->partial->first;  /* the partial last tile: its own pairs and output */
         run_tile(d->codes + t * d->tile_bytes, d->plane ? d->plane + t * d->plane_bytes : NULL,
-                 own ? d->partial->sz : d->scale_zero + t * d->tile * 2, own ? d->tile : d->n, d->group, d->x,
+                 own ? d->partial->sz : d->scale_zero + t * d->tile * d->x->sz_width, own ? d->tile : d->n, d->group, d->x,
                  &d->setup, d->rows, own ? d->partial->out : d->out + t * d->tile, d->fp16, d->kind);
     }
 }
@@ -288,21 +299,26 @@ static void decode_tiles(void *ctx, int64_t c, int slot) {
 /* out (rows, n) = x (rows, cols) @ w.T, w (n, cols) in 4-bit tiles of `tile` rows (kind 0; the last
  * tile's codes padded with zero rows where n does not fill it, `PartialTile`), an int8
  * weight's (n, 2 cols) split (kind 1), 5-bit codes, 4-bit tiles and the plane of fifth bits (kind
- * 2), or 6-bit codes, 4-bit tiles and the plane of high two bits (kind 3, padded as its tiles),
+ * 2), or 6-bit codes, 4-bit tiles and the plane of high two bits (kind 3, padded as its tiles; kind 4:
+ * with the scales alone, zero = 8 scale),
  * x rounded to codes of x_bits (8 or 16) bits; returns 0, or -1 for what it (this variant) does
  * not take. */
 int flexlamps_tile_gemv(const uint8_t *codes, const uint8_t *plane, const uint16_t *scale_zero, const uint16_t *x,
                         uint16_t *out, int64_t n, int64_t cols, int64_t group, int64_t rows, int64_t tile, int fp16,
                         int kind, int x_bits, int threads) {
     if (tile <= 0 || n <= 0 || group <= 0 || group % 4 || group > 256 || cols % group || rows <= 0
-        || (x_bits != 8 && x_bits != 16) || kind < KIND_INT4 || kind > KIND_INT6
-        || (kind == KIND_INT5 && (!plane || n % tile))  /* the 5-bit form's plane: whole tiles only */
+        || (x_bits != 8 && x_bits != 16) || kind < KIND_INT4 || kind > KIND_INT6_SCALES)
+        return -1;
+    const int64_t width = sz_width_of(kind);
+    kind = kind == KIND_INT6_SCALES ? KIND_INT6 : kind;
+    if ((kind == KIND_INT5 && (!plane || n % tile))  /* the 5-bit form's plane: whole tiles only */
         || (kind == KIND_INT6 && (!plane || cols * tile % 128))  /* the 6-bit form's plane: blocks of 64 tile bytes */
         || !takes_tile(tile, kind, x_bits))
         return -1;
     QRows xr;
     void *buf = quantized_x(x, rows, cols, group, fp16, x_bits, &xr, threads);
     if (!buf) return -1;
+    xr.sz_width = width;
     const int64_t gemm_from = kind == KIND_INT4 ? DECODE_GEMM_FROM_ROWS : DECODE_GEMM_FROM_ROWS_SPLIT;
     if (x_bits == 8 && rows >= gemm_from && gemm_takes(tile, group, kind)) {
         int status = gemm_codes(codes, plane, scale_zero, &xr, out, n, rows, group, tile, fp16, kind, 0, threads);
@@ -322,7 +338,7 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint8_t *plane, const uint16
 #endif
     PartialTile partial;
     xr.starts6 = kind == KIND_INT6 && x_bits == 8 ? six_starts(&xr, rows, tile, group) : NULL;
-    if (partial_open(&partial, scale_zero, n, tile, sz_groups(cols, group, kind), rows)) {
+    if (partial_open(&partial, scale_zero, n, tile, sz_groups(cols, group, kind), rows, width)) {
         free((void *)xr.starts6);
         free(buf);
         return -1;
@@ -385,11 +401,11 @@ static Ahead next_tile(const GemmCall *g, int64_t t, int64_t cols, int64_t h) {
         a.at[1] = (const char *)(g->plane + (t + 1) * (cols * h / 2));
         a.lines[1] = cols * h / 2 / 64;
     }
-    const int64_t groups = g->x->groups;  /* `prepare`'s pairs: an int8 split's low halves' */
-    a.pairs = (const char *)(g->scale_zero + ((g->split && !g->plane ? groups : 0) * g->n + next) * 2);
+    const int64_t groups = g->x->groups, w = g->x->sz_width;  /* `prepare`'s pairs: an int8 split's low halves' */
+    a.pairs = (const char *)(g->scale_zero + ((g->split && !g->plane ? groups : 0) * g->n + next) * w);
     a.groups = groups;
-    a.pair_lines = g->tile * 4 / 64;
-    a.stride = g->n * 4;
+    a.pair_lines = g->tile * 2 * w / 64;
+    a.stride = g->n * 2 * w;
     return a;
 }
 #endif
@@ -423,8 +439,8 @@ static void gemm_subtile(void *ctx, int64_t c, int slot) {
     const int own = t * g->tile == g->partial->first;  /* the partial last tile: its own pairs and output */
     const int64_t n = own ? g->tile : g->n;
     prepare(g->codes + t * tile_bytes, g->plane ? g->plane + t * (cols * h / 2) : NULL,
-            own ? g->partial->sz : g->scale_zero + t * g->tile * 2, s, h, n, cols, g->x->groups, g->fp16, g->split,
-            &prep);
+            own ? g->partial->sz : g->scale_zero + t * g->tile * g->x->sz_width, s, h, n, cols, g->x->groups,
+            g->x->sz_width, g->fp16, g->split, &prep);
     uint16_t *out = (own ? g->partial->out : g->out + t * g->tile) + r0 * n;
     int64_t done = 0;
 #if defined(__AMX_INT8__)
@@ -448,7 +464,8 @@ static int gemm_codes(const uint8_t *codes, const uint8_t *plane, const uint16_t
     const size_t per_thread = (prepared_bytes(x->cols, x->groups, split) + 63) / 64 * 64;
     uint8_t *prepared = malloc(per_thread * (size_t)slots + 64);
     PartialTile partial;
-    if (!prepared || partial_open(&partial, scale_zero, n, tile, sz_groups(x->cols, x->cols / x->groups, kind), rows)) {
+    if (!prepared || partial_open(&partial, scale_zero, n, tile, sz_groups(x->cols, x->cols / x->groups, kind), rows,
+                                  x->sz_width)) {
         free(prepared);
         return -1;
     }
@@ -467,18 +484,22 @@ static int gemm_codes(const uint8_t *codes, const uint8_t *plane, const uint16_t
 }
 
 /* out (rows, n) = x (rows, cols) @ w.T for prompts: w (n, cols) in 4-bit tiles of `tile` rows (kind
- * 0), an int8 weight's (n, 2 cols) split (kind 1) or its 6-bit form (kind 3: tiles and `plane`), x
+ * 0), an int8 weight's (n, 2 cols) split (kind 1) or its 6-bit form (kind 3: tiles and `plane`; 4: the
+ * scales alone), x
  * rounded to int8 codes per group (tile_gemm.h). Returns 0, or -1 for what it does not take (or
  * memory it could not get). */
 int flexlamps_tile_gemm(const uint8_t *codes, const uint8_t *plane, const uint16_t *scale_zero, const uint16_t *x,
                         uint16_t *out, int64_t n, int64_t cols, int64_t group, int64_t rows, int64_t tile, int fp16,
                         int kind, int threads) {
+    const int64_t width = sz_width_of(kind);
+    kind = kind == KIND_INT6_SCALES ? KIND_INT6 : kind;
     if (n <= 0 || group <= 0 || group % 4 || cols % group || rows <= 0 || !gemm_takes(tile, group, kind)
         || (kind == KIND_INT6 && (!plane || cols * tile % 128)))
         return -1;
     QRows xr;
     void *buf = quantized_x(x, rows, cols, group, fp16, 8, &xr, threads);
     if (!buf) return -1;
+    xr.sz_width = width;
     int status = gemm_codes(codes, plane, scale_zero, &xr, out, n, rows, group, tile, fp16, kind, 0, threads);
     free(buf);
     return status;

@@ -33,8 +33,8 @@ The AVX2 variants take torch's AVX2 layout (tiles of 32 rows) and the AVX-512 on
 16-bit x and 4-bit or int8 codes (not the 5-bit form, whose plane is laid out for AVX-512
 registers), and add the same exact sums in the same fp32 steps as the AVX-512 variant: the same bits.
 Every variant takes the 6-bit form of codes in [-32, 31] (Q6_K: `Int8Weight.high`, 8 bits a weight
-where the split holds 12) and gives it the split's bits: its plane's high parts plus 6 are the
-split's high nibbles.
+where the split holds 12; 7 where its zeros are 8 times its scales and it holds the scales alone)
+and gives it the split's bits: its plane's high parts plus 6 are the split's high nibbles.
 
 `KERNEL` is how `flexlamps.kernels.loader` builds it (once per source, compiler and flags) and
 checks it against a plain computation in each dtype and weight kind it takes; callers keep
@@ -68,7 +68,8 @@ VARIANTS = (variants.variant("avx2"), variants.variant("avx_vnni"),
             variants.variant("amx", ("avx512vbmi", "avx512_vnni"), ("-mavx512vbmi", "-mavx512vnni")))
 TILES = {"avx512": (64,), "amx": (64,)}  # the tile rows a variant takes (the others: torch's AVX2 and AVX-512 layouts)
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}  # the activations' dtypes, as the kernel's flag
-KIND_INT4, KIND_INT8_SPLIT, KIND_INT5, KIND_INT6 = 0, 1, 2, 3  # the weight's layout, as the kernel's `kind`
+# the weight's layout, as the kernel's `kind` (KIND_INT6_SCALES: the 6-bit form with its scales alone)
+KIND_INT4, KIND_INT8_SPLIT, KIND_INT5, KIND_INT6, KIND_INT6_SCALES = 0, 1, 2, 3, 4
 X_BITS = 8  # x's codes for decode: 8 bits (llama.cpp's rounding of x; twice the 16-bit rate on AVX2) or 16
 
 
@@ -184,7 +185,7 @@ def layout_of(w: Int4Weight | Int8Weight) -> tuple[Int4Weight, torch.Tensor | No
     if w.fifth is not None:
         return w.split, w.fifth, KIND_INT5
     if w.high is not None:
-        return w.split, w.high, KIND_INT6
+        return w.split, w.high, KIND_INT6_SCALES if w.scales_alone else KIND_INT6
     return w.split, None, KIND_INT8_SPLIT
 
 

@@ -67,8 +67,14 @@ AI void pair_codes(const uint8_t *p, const uint8_t *plane, int64_t off, int64_t 
     c[3] = _mm256_unpackhi_epi16(h0, h1);
 }
 
-/* 8 rows' (scale, zero) pairs of 16-bit floats as fp32. */
-AI void scale_zero8(const uint16_t *sz, int fp16, __m256 *scale, __m256 *zero) {
+/* 8 rows' (scale, zero) pairs of 16-bit floats as fp32 (width 2), or their scales alone (width 1:
+ * zero = 8 scale, exact). */
+AI void scale_zero8(const uint16_t *sz, int64_t width, int fp16, __m256 *scale, __m256 *zero) {
+    if (width == 1) {
+        *scale = halves_to_floats8(_mm_loadu_si128((const __m128i *)sz), fp16);
+        *zero = _mm256_mul_ps(*scale, _mm256_set1_ps(8.0f));
+        return;
+    }
     __m256i pairs = _mm256_loadu_si256((const __m256i *)sz);
     if (!fp16) {  /* bf16: the upper 16 bits of an fp32 */
         *scale = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
@@ -84,7 +90,7 @@ AI void scale_zero8(const uint16_t *sz, int fp16, __m256 *scale, __m256 *zero) {
 AI void add_group8(const uint16_t *sz, int64_t r, float bias, int fp16, const __m256i dot[], const QRows *x,
                    int64_t g, float tot[][64], int nb) {
     __m256 scale, zero;
-    scale_zero8(sz + 2 * r, fp16, &scale, &zero);
+    scale_zero8(sz + x->sz_width * r, x->sz_width, fp16, &scale, &zero);
     __m256 offset = _mm256_fnmadd_ps(_mm256_set1_ps(bias), scale, zero);
     for (int b = 0; b < nb; b++) {
         __m256 d = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[b]), _mm256_set1_ps(x->scale[b * x->groups + g]));
@@ -122,7 +128,7 @@ AI void slice_pass(const uint8_t *codes, const uint8_t *plane, const __m256i *pa
                 for (int i = 0; i < 4; i++) acc[b][i] = DPWSSD(acc[b][i], c[i], xb);
             }
         }
-        const uint16_t *group_sz = sz + sz_group(g, x->groups, kind) * n * 2;
+        const uint16_t *group_sz = sz + sz_group(g, x->groups, kind) * n * x->sz_width;
         for (int half = 0; half < 2; half++)  /* the low nibbles' rows, then the high ones' */
             for (int upper = 0; upper < 2; upper++) {  /* rows 0-7 of the slice's 16, then 8-15 */
                 __m256i dot[PASS_ROWS];
@@ -174,8 +180,8 @@ static void six_tile16(const uint8_t *codes, const uint8_t *plane, const uint16_
         __m256i acc[8];
         for (int i = 0; i < 8; i++) acc[i] = zero;
         if (g + SIX16_SZ_AHEAD < x->groups) {  /* a group's pairs lie n rows apart: the prefetcher misses them */
-            _mm_prefetch((const char *)(sz + (g + SIX16_SZ_AHEAD) * n * 2), _MM_HINT_T0);
-            _mm_prefetch((const char *)(sz + (g + SIX16_SZ_AHEAD) * n * 2 + 32), _MM_HINT_T0);
+            _mm_prefetch((const char *)(sz + (g + SIX16_SZ_AHEAD) * n * x->sz_width), _MM_HINT_T0);
+            if (x->sz_width == 2) _mm_prefetch((const char *)(sz + (g + SIX16_SZ_AHEAD) * n * 2 + 32), _MM_HINT_T0);
         }
         for (int64_t k = g * group; k < (g + 1) * group; k += 4) {  /* 4 columns: 64 code bytes, 32 of the plane */
             _mm_prefetch((const char *)(codes + 16 * k + PREFETCH8_BYTES), _MM_HINT_T0);
@@ -192,7 +198,7 @@ static void six_tile16(const uint8_t *codes, const uint8_t *plane, const uint16_
             __m256i dot = _mm256_add_epi32(_mm256_permute2x128_si256(acc[2 * i], acc[2 * i + 1], 0x20),
                                            _mm256_permute2x128_si256(acc[2 * i], acc[2 * i + 1], 0x31));
             dot = _mm256_add_epi32(dot, extra);
-            add_group8(sz + g * n * 2, 8 * i, 136.0f, fp16, &dot, x, g, tot, 1);
+            add_group8(sz + g * n * x->sz_width, 8 * i, 136.0f, fp16, &dot, x, g, tot, 1);
         }
     }
 }
@@ -208,7 +214,7 @@ static void run_six16(const uint8_t *codes, const uint8_t *plane, const uint16_t
     float tot[PASS_ROWS][64] __attribute__((aligned(32)));
     for (int64_t b = 0; b < rows; b++) {
         QRows xb = {NULL, x->q16 + b * x->cols, x->scale + b * x->groups, x->sum + b * x->groups, x->cols, x->groups,
-                    x->total + b * x->groups};
+                    x->total + b * x->groups, NULL, NULL, NULL, x->sz_width};
         for (int r = 0; r < 32; r++) tot[0][r] = 0.0f;
         six_tile16(codes, plane, sz, n, group, &xb, tot, fp16);
         for (int64_t r = 0; r < 32; r += 8)
@@ -232,7 +238,7 @@ static void run_tile(const uint8_t *codes, const uint8_t *plane, const uint16_t 
     for (int64_t b0 = 0; b0 < rows; b0 += PASS_ROWS) {
         int nb = rows - b0 < PASS_ROWS ? (int)(rows - b0) : PASS_ROWS;
         QRows xb = {NULL, x->q16 + b0 * x->cols, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups,
-                    NULL};
+                    NULL, NULL, NULL, NULL, x->sz_width};
         for (int b = 0; b < nb; b++)
             for (int64_t r = 0; r < tile; r++) tot[b][r] = 0.0f;
         for (int64_t s = 0; s < slices; s++) {  /* constant row counts, so the sums stay in registers */

@@ -192,7 +192,7 @@ AI void add_group_rows(const uint16_t *group_sz, const int64_t first[4], int fp1
     }
     for (int i = 0; i < 4; i++) {
         __m256 scale, zero;
-        scale_zero8(group_sz + 2 * first[i], fp16, &scale, &zero);
+        scale_zero8(group_sz + x->sz_width * first[i], x->sz_width, fp16, &scale, &zero);
         __m256 offset = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), scale, zero);
         for (int b = 0; b < nb; b++) {
             __m256 t = _mm256_fmadd_ps(scale, _mm256_mul_ps(_mm256_cvtepi32_ps(dot[b][i]), dx[b]), tot[b][i]);
@@ -213,10 +213,11 @@ AI void slice_pass8(const uint8_t *codes, const uint8_t *plane, const uint16_t *
         __m256i dot[PASS8_ROWS][4];
         for (int b = 0; b < nb; b++)
             for (int i = 0; i < 4; i++) dot[b][i] = _mm256_setzero_si256();
-        const uint16_t *group_sz = sz + (split && !plane ? g + x->groups : g) * n * 2;
+        const int64_t w = x->sz_width;
+        const uint16_t *group_sz = sz + (split && !plane ? g + x->groups : g) * n * w;
         if (g + 2 < x->groups) {  /* the scales two groups on: a strided read the prefetcher misses */
-            _mm_prefetch((const char *)(group_sz + 4 * n + 2 * first[0]), _MM_HINT_T0);
-            _mm_prefetch((const char *)(group_sz + 4 * n + 2 * first[2]), _MM_HINT_T0);
+            _mm_prefetch((const char *)(group_sz + 2 * n * w + w * first[0]), _MM_HINT_T0);
+            _mm_prefetch((const char *)(group_sz + 2 * n * w + w * first[2]), _MM_HINT_T0);
         }
         const int joined = plane && h == 16 && x->starts6;  /* the 6-bit form's codes joined (segment8_six) */
         for (int64_t k = g * group; joined && k < (g + 1) * group; k += SIX_INPUTS)
@@ -246,7 +247,7 @@ AI void tile8(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz, in
         int nb = rows - b0 < PASS8_ROWS ? (int)(rows - b0) : PASS8_ROWS;
         QRows xb = {x->q8 + b0 * x->cols, NULL, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols,
                     x->groups, x->total + b0 * x->groups, NULL,
-                    x->starts6 ? x->starts6 + b0 * (x->cols / SIX_INPUTS) : NULL};
+                    x->starts6 ? x->starts6 + b0 * (x->cols / SIX_INPUTS) : NULL, NULL, x->sz_width};
         for (int64_t s = 0; s < h / 16; s++) {  /* constant row counts, so the sums stay in registers */
             if (nb == PASS8_ROWS)
                 slice_pass8(codes, plane, sz, n, h, s, group, &xb, out + b0 * n, fp16, split, PASS8_ROWS);

@@ -4,13 +4,20 @@
  * Included by tile_gemv.c only, for its AVX-512 variant. */
 #define ROWS_PER_PASS 4
 
-/* tot[b] += scale * dx * acc[b] + (zero - bias * scale) * sum_x for one group of a tile's 64 rows. */
+/* tot[b] += scale * dx * acc[b] + (zero - bias * scale) * sum_x for one group of a tile's 64 rows
+ * (x->sz_width 1: the scales alone, zero = 8 scale, exact). */
 AI void add_group(const uint16_t *sz, float bias, int fp16, __m512i acc[][4], const QRows *x, int64_t g,
                   float tot[][TILE], int nb) {
     for (int i = 0; i < 4; i++) {
-        __m512i pairs = _mm512_loadu_si512(sz + 32 * i);  /* 16 rows' (scale, zero) */
-        __m512 scale = halves_to_floats(_mm512_cvtepi32_epi16(pairs), fp16);
-        __m512 zero = halves_to_floats(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16)), fp16);
+        __m512 scale, zero;
+        if (x->sz_width == 1) {
+            scale = halves_to_floats(_mm256_loadu_si256((const __m256i *)(sz + 16 * i)), fp16);
+            zero = _mm512_mul_ps(scale, _mm512_set1_ps(8.0f));
+        } else {
+            __m512i pairs = _mm512_loadu_si512(sz + 32 * i);  /* 16 rows' (scale, zero) */
+            scale = halves_to_floats(_mm512_cvtepi32_epi16(pairs), fp16);
+            zero = halves_to_floats(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16)), fp16);
+        }
         __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(bias), scale, zero);
         for (int b = 0; b < nb; b++) {
             __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[b][i]), _mm512_set1_ps(x->scale[b * x->groups + g]));
@@ -146,8 +153,8 @@ AI void tile_pass(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz
         for (int b = 0; b < nb; b++)
             for (int i = 0; i < 4; i++) acc[b][i] = pairs[b][i][0] = pairs[b][i][1] = _mm512_setzero_si512();
         if (g + 2 < x->groups) {  /* the scales two groups on: a strided read the prefetcher misses */
-            const char *next = (const char *)(sz + sz_group(g + 2, x->groups, kind) * n * 2);
-            for (int line = 0; line < 4; line++) _mm_prefetch(next + 64 * line, _MM_HINT_T0);
+            const char *next = (const char *)(sz + sz_group(g + 2, x->groups, kind) * n * x->sz_width);
+            for (int line = 0; line < 2 * x->sz_width; line++) _mm_prefetch(next + 64 * line, _MM_HINT_T0);
         }
         for (int64_t k = g * group; k < (g + 1) * group; k += 4) {
             __m512i c[4];
@@ -163,7 +170,7 @@ AI void tile_pass(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz
             for (int b = 0; b < nb; b++)
                 for (int i = 0; i < 4; i++)
                     acc[b][i] = _mm512_sub_epi32(acc[b][i], _mm512_set1_epi32(128 * x->total[b * x->groups + g]));
-        const uint16_t *group_sz = sz + sz_group(g, x->groups, kind) * n * 2;
+        const uint16_t *group_sz = sz + sz_group(g, x->groups, kind) * n * x->sz_width;
         const float bias = split ? (wide ? 136.0f : 8.0f) : kind == KIND_INT5 ? 16.0f : 8.0f;
         add_group(group_sz, bias, fp16, acc, x, g, tot, nb);
     }
@@ -176,7 +183,8 @@ static void run_tile(const uint8_t *codes, const uint8_t *plane, const uint16_t 
     for (int64_t b0 = 0; b0 < rows; b0 += per_pass) {
         int nb = rows - b0 < per_pass ? (int)(rows - b0) : per_pass;
         QRows xb = {wide ? NULL : x->q8 + b0 * x->cols, wide ? x->q16 + b0 * x->cols : NULL,
-                    x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups, x->total + b0 * x->groups};
+                    x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups, x->total + b0 * x->groups,
+                    NULL, NULL, NULL, x->sz_width};
         switch (wide * 8 + nb) {  /* constant row counts, so the accumulators stay in registers */
             case 1: tile_pass(codes, plane, sz, n, group, &xb, idx, tot, fp16, kind, 0, 1); break;
             case 2: tile_pass(codes, plane, sz, n, group, &xb, idx, tot, fp16, kind, 0, 2); break;

@@ -1,6 +1,7 @@
 """The 6-bit form of an `Int8Weight` (codes in [-32, 31]: GGUF's Q6_K): the codes' low nibbles in
 the int4 tiles, a plane of their high two bits laid out as those tiles, and the split's low
-halves' scale-zero pairs, 8 bits a weight where the split holds 12. It holds the split's values;
+halves' scale-zero pairs, 8 bits a weight where the split holds 12 (7 where each zero is 8 times
+its scale, Q6_K's: the scales alone, `scales_alone`; the "q6_k" cases). It holds the split's values;
 our kernel, in every variant this CPU has and in both of torch's tile layouts, gives it the split's
 bits in decode (8- and 16-bit x, 1 to 13 rows) and prompts, codes at the edges of their high bits
 included; everywhere else (a device, safetensors, stacking, a piece of a table) it falls back to
@@ -58,7 +59,9 @@ def test_the_splits_values_in_two_thirds_of_its_bytes(with_zero):
     assert torch.equal(six.dequantize(torch.float32), split.dequantize(torch.float32))
     rows, cols = six.shape
     assert six.nbytes == rows * cols // 2 + rows * cols // 4 + six.split.scale_zero.nbytes
-    assert 3 * six.nbytes == 2 * split.nbytes  # 8 bits a weight against 12 (groups of 16)
+    # 8 bits a weight against 12 (groups of 16); 7 where the zeros are 8 times the scales (Q6_K): the scales alone
+    assert six.scales_alone == (not with_zero)
+    assert 8 * six.nbytes == (8 if with_zero else 7) * rows * cols and 8 * split.nbytes == 12 * rows * cols
     assert not six.can_run_fused(torch.zeros(1, cols, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="6-bit"):
         six.matmul(torch.zeros(1, cols, dtype=torch.bfloat16))
@@ -129,19 +132,27 @@ def test_tiles_of_64_rows_give_the_splits_bits(level, x_bits, monkeypatch):
 
 
 @needs_tiles
-def test_it_moves_stores_stacks_and_slices_as_the_split_does():
-    split, six = _forms()
+@pytest.mark.parametrize("with_zero", [False, True], ids=["q6_k", "zero"])
+def test_it_moves_stores_stacks_and_slices_as_the_split_does(with_zero):
+    split, six = _forms(with_zero=with_zero)
     values = split.dequantize(torch.float32)
     back = Int8Weight.from_tensors(six.to_tensors(with_kernel=True))
-    assert back.high is not None and torch.equal(back.dequantize(torch.float32), values)
+    assert back.high is not None and back.scales_alone == six.scales_alone == (not with_zero)
+    assert torch.equal(back.dequantize(torch.float32), values)
     assert torch.equal(Int8Weight.from_tensors(six.to_tensors()).dequantize(torch.float32), values)
     assert six.as_split().high is None and torch.equal(six.as_split().dequantize(torch.float32), values)
     both = Int8Weight.cat([six, six])
     assert both.high is not None and torch.equal(both.dequantize(torch.float32), torch.cat([values, values]))
+    assert both.scales_alone == six.scales_alone
     assert Int8Weight.cat([six, split]).high is None
+    other = _forms(with_zero=not with_zero)[1]  # one holds its scales alone, the other pairs: stacked as pairs
+    mixed = Int8Weight.cat([six, other])
+    assert mixed.high is not None and not mixed.scales_alone
+    assert torch.equal(mixed.dequantize(torch.float32), torch.cat([values, other.dequantize(torch.float32)]))
     tile = tile_rows(256)
     piece = six.rows(tile, 192)
-    assert piece.high is not None and torch.equal(piece.dequantize(torch.float32), values[tile:])
+    assert piece.high is not None and piece.scales_alone == six.scales_alone
+    assert torch.equal(piece.dequantize(torch.float32), values[tile:])
     assert torch.equal(six.rows(1, 3).dequantize(torch.float32), values[1:3])
     moved = six.to("meta")
     assert moved.high is None and moved.shape == six.shape
@@ -154,6 +165,7 @@ def test_gguf_q6_k_is_held_in_it_where_our_kernel_runs(monkeypatch):
     kernel = lin.native_kernel()
     assert in_place.packs_six_bit() == (kernel is not None)
     assert (in_place.int8_from_blocks(codes, scale, None, torch.bfloat16).high is not None) == (kernel is not None)
+    assert in_place.int8_from_blocks(codes, scale, None, torch.bfloat16).scales_alone == (kernel is not None)
     monkeypatch.setattr(in_place, "native_kernel", lambda: None)
     assert in_place.int8_from_blocks(codes, scale, None, torch.bfloat16).high is None
 
