@@ -73,16 +73,15 @@ def _offload_budgets(run) -> tuple[int, int] | None:
     return run.gpu_mem, run.cpu_mem  # the defaults are LLM's: one definition, in RunSettings
 
 
-def _auto_bytes_per_param(reader, twins: bool = True) -> float:
+def _auto_bytes_per_param(reader, twins: bool = True, six_bit: bool = False) -> float:
     """`--dtype auto`'s bytes per weight: int8 in place where any layer holds Q8_0 / Q5_x / Q6_K
     blocks (the larger figure, so a file mixing them with 4-bit blocks, a Q4_K_M, is not
     under-planned; Q6_K's the largest as the split, below Q8_0's in the 6-bit form), else 4-bit in
-    place, else float32; without the dense copies (`twins` False) where prompts run on the codes."""
+    place, else float32; without the dense copies (`twins` False) where prompts run on the codes;
+    `six_bit`: whether Q6_K is held in the 6-bit form (`in_place.packs_six_bit`)."""
     kinds = getattr(reader, "layer_block_kinds", set())
     if "int8-g16" in kinds:
-        from flexlamps.models.loading.in_place import packs_six_bit  # lazy (torch): `flexlamps plan` imports us
-
-        per_param = _AUTO_SIX_BIT_BYTES if packs_six_bit() else _AUTO_INT8_G16_BYTES
+        per_param = _AUTO_SIX_BIT_BYTES if six_bit else _AUTO_INT8_G16_BYTES
         per_param = max(per_param, _AUTO_INT8_BYTES) if "int8" in kinds else per_param
     elif "int8" in kinds:
         per_param = _AUTO_INT8_BYTES
@@ -99,11 +98,13 @@ def check_max_rss(settings, max_rss: int, num_prompts: int, reader, model) -> No
     """Refuse (before loading the weights) a run whose planned memory exceeds `max_rss`; `reader`
     and `model`: the run's checkpoint reader and its `placement.ModelSpec` (an unprepared LLM's)."""
     from flexlamps.engine.caches.dense import held_dtype  # lazy (torch): `flexlamps plan` imports this module
-    from flexlamps.models.blocks.coded_weights import prompts_run_on_codes  # lazy (torch): as above
+    from flexlamps.models.blocks.coded_weights import native_kernel, prompts_run_on_codes  # lazy (torch): as above
 
     run = settings.run
     dtype = run.resolve_dtype(reader)
-    per_param = _WEIGHT_BYTES.get(run.dtype) or _auto_bytes_per_param(reader, twins=not prompts_run_on_codes(dtype))
+    # Q6_K in the 6-bit form wherever our decode kernel runs (`in_place.packs_six_bit`'s rule)
+    per_param = _WEIGHT_BYTES.get(run.dtype) or _auto_bytes_per_param(
+        reader, twins=not prompts_run_on_codes(dtype), six_bit=native_kernel() is not None)
     budgets = _offload_budgets(run)
     held = held_dtype(dtype, "cpu")  # a bf16 run's cache is bf16 (2 bytes), fp16's fp32
     planned = planned_rss_bytes(model, per_param, offload_budgets=budgets,

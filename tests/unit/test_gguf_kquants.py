@@ -179,23 +179,20 @@ def test_cache_keeps_the_blocks(kquant_gguf, tmp_path):
     assert "lm_head" in assert_cache_gives_back_the_same_weights(kquant_gguf, tmp_path / "cache")
 
 
-def test_max_rss_plans_a_q4_k_m_at_int8_bytes(kquant_gguf, tmp_path, monkeypatch):
+def test_max_rss_plans_a_q4_k_m_at_int8_bytes(kquant_gguf, tmp_path):
     """--max-rss under --dtype auto: a file whose layers hold int8 blocks (Q5_0) beside 4-bit ones
     is planned at the int8 figure (Q6_K's groups of 16 at theirs as the split; in the 6-bit form,
     its scales alone, below Q8_0's), a 4-bit one (the head alone Q8_0 or not) at the 4-bit one."""
     from flexlamps.commands.memory import (_AUTO_INT4_BYTES, _AUTO_INT8_BYTES, _AUTO_INT8_G16_BYTES,
                                            _AUTO_SIX_BIT_BYTES, _auto_bytes_per_param)
-    from flexlamps.models.loading import in_place
     from tests.unit.test_weight_cache import write_tiny_gguf
 
     assert GGUFReader(kquant_gguf).layer_block_kinds == {"int4", "int8", "int8-g16"}  # Q6_K's groups of 16
     for six_bit, want in ((True, _AUTO_INT8_BYTES), (False, _AUTO_INT8_G16_BYTES)):
-        monkeypatch.setattr(in_place, "packs_six_bit", lambda six_bit=six_bit: six_bit)
-        assert _auto_bytes_per_param(GGUFReader(kquant_gguf)) == want
+        assert _auto_bytes_per_param(GGUFReader(kquant_gguf), six_bit=six_bit) == want
     q6_alone = type("Q6Reader", (), {"layer_block_kinds": {"int4", "int8-g16"}})()  # Q6_K the only int8 blocks
     assert _auto_bytes_per_param(q6_alone) == _AUTO_INT8_G16_BYTES
-    monkeypatch.setattr(in_place, "packs_six_bit", lambda: True)
-    assert _auto_bytes_per_param(q6_alone) == _AUTO_SIX_BIT_BYTES == 2 + 7 / 8  # 7 bits a weight and the twin
+    assert _auto_bytes_per_param(q6_alone, six_bit=True) == _AUTO_SIX_BIT_BYTES == 2 + 7 / 8  # 7 bits a weight, twin
     q4 = GGUFReader(write_tiny_gguf(tmp_path / "q4.gguf"))
     assert q4.layer_block_kinds == {"int4"} and _auto_bytes_per_param(q4) == _AUTO_INT4_BYTES
     q8 = GGUFReader(write_tiny_gguf(tmp_path / "q8.gguf", all_q8_0=True))
