@@ -25,10 +25,9 @@
  * (0x33) and a shift by 2 give any 16 consecutive tile bytes' nibbles, and adding 6 to each makes
  * them the split's high nibbles (u + 96 = q + 128) exactly (`plane_high16`): every kernel runs
  * the split's arithmetic on the same bytes, so the 6-bit form gives a row the split's bits. Its
- * scale-zero pairs are the split's low halves' alone (K/G, n, 2): 8 bits a weight, not 12. Where
- * every pair's zero is 8 times its scale (Q6_K: w = d q, no zero point; the pair held bf16(8 d) =
- * 8 bf16(d) exactly), kind 4 holds the scales alone (K/G, n): 7 bits a weight, and each inner loop
- * makes the zero as 8 scale in fp32 (exact), the value the pair held: the same bits.
+ * scale-zero pairs are the split's low halves' alone (K/G, n, 2): 8 bits a weight, not 12. Q6_K's (w = d q:
+ * each zero bf16(8 d) = 8 bf16(d)) are its scales alone (kind 4, (K/G, n): 7 bits a weight), each loop making
+ * the zero as 8 scale in fp32, exact: the pair's value, the same bits.
  *
  * Integer sums are exact, so a row's result does not depend on the rows beside it, on the
  * thread count, or on the split of the work.
@@ -79,10 +78,7 @@ typedef struct {
     const int32_t *starts16;  /* biased int8 codes' int16 sums start here, per 16 inputs (tile_gemm.h) */
     const int32_t *starts6;  /* the 6-bit form's decode sums, per 16 inputs (AVX2: tile_gemv_avx2_x8.h) */
     const uint8_t *lo8;  /* 16-bit codes on AMX tiles (tile_gemm_amx.h): their low bytes; q8 their high ones */
-    /* The weight's 16-bit values a row's group holds in scale_zero: 2 (scale, zero), or 1 (the scale
-     * alone, KIND_INT6_SCALES: zero = 8 scale). It rides with x, which every loop that applies a
-     * group's scales has. */
-    int64_t sz_width;
+    int64_t sz_width;  /* the weight's scale_zero values a row a group (2; 1: KIND_INT6_SCALES'), for every loop */
 } QRows;
 
 /* A weight's kind: 4-bit codes, an int8 split, 5-bit codes (nibbles and a plane of fifth bits), or
@@ -97,9 +93,10 @@ AI __m128i plane_high16(const uint8_t *plane, int64_t off) {
     return _mm_add_epi8(_mm_and_si128(v, _mm_set1_epi8(0x33)), _mm_set1_epi8(0x66));
 }
 
-/* 16-bit values a row a group of scale_zero: the kind the entry points were given (KIND_INT6_SCALES
- * runs as KIND_INT6 with QRows.sz_width 1 from there on). */
-static inline int64_t sz_width_of(int kind) { return kind == KIND_INT6_SCALES ? 1 : 2; }
+/* The entry points' kind as the loops run it (KIND_INT6_SCALES as KIND_INT6), its QRows.sz_width in *width. */
+static inline int run_kind(int kind, int64_t *width) {
+    return (*width = kind == KIND_INT6_SCALES ? 1 : 2) == 1 ? KIND_INT6 : kind;
+}
 
 /* Where group g's scale-zero pairs start, in groups of n rows: an int8 split's are its low halves'. */
 static inline int64_t sz_group(int64_t g, int64_t groups, int kind) { return kind == KIND_INT8_SPLIT ? g + groups : g; }
@@ -299,19 +296,17 @@ static void decode_tiles(void *ctx, int64_t c, int slot) {
 /* out (rows, n) = x (rows, cols) @ w.T, w (n, cols) in 4-bit tiles of `tile` rows (kind 0; the last
  * tile's codes padded with zero rows where n does not fill it, `PartialTile`), an int8
  * weight's (n, 2 cols) split (kind 1), 5-bit codes, 4-bit tiles and the plane of fifth bits (kind
- * 2), or 6-bit codes, 4-bit tiles and the plane of high two bits (kind 3, padded as its tiles; kind 4:
- * with the scales alone, zero = 8 scale),
- * x rounded to codes of x_bits (8 or 16) bits; returns 0, or -1 for what it (this variant) does
+ * 2), or 6-bit codes, 4-bit tiles and the plane of high two bits (kind 3, padded as its tiles; 4: the
+ * scales alone), x rounded to codes of x_bits (8 or 16) bits; returns 0, or -1 for what it (this variant) does
  * not take. */
 int flexlamps_tile_gemv(const uint8_t *codes, const uint8_t *plane, const uint16_t *scale_zero, const uint16_t *x,
                         uint16_t *out, int64_t n, int64_t cols, int64_t group, int64_t rows, int64_t tile, int fp16,
                         int kind, int x_bits, int threads) {
+    int64_t width;
+    kind = run_kind(kind, &width);
     if (tile <= 0 || n <= 0 || group <= 0 || group % 4 || group > 256 || cols % group || rows <= 0
-        || (x_bits != 8 && x_bits != 16) || kind < KIND_INT4 || kind > KIND_INT6_SCALES)
-        return -1;
-    const int64_t width = sz_width_of(kind);
-    kind = kind == KIND_INT6_SCALES ? KIND_INT6 : kind;
-    if ((kind == KIND_INT5 && (!plane || n % tile))  /* the 5-bit form's plane: whole tiles only */
+        || (x_bits != 8 && x_bits != 16) || kind < KIND_INT4 || kind > KIND_INT6
+        || (kind == KIND_INT5 && (!plane || n % tile))  /* the 5-bit form's plane: whole tiles only */
         || (kind == KIND_INT6 && (!plane || cols * tile % 128))  /* the 6-bit form's plane: blocks of 64 tile bytes */
         || !takes_tile(tile, kind, x_bits))
         return -1;
@@ -485,14 +480,13 @@ static int gemm_codes(const uint8_t *codes, const uint8_t *plane, const uint16_t
 
 /* out (rows, n) = x (rows, cols) @ w.T for prompts: w (n, cols) in 4-bit tiles of `tile` rows (kind
  * 0), an int8 weight's (n, 2 cols) split (kind 1) or its 6-bit form (kind 3: tiles and `plane`; 4: the
- * scales alone), x
- * rounded to int8 codes per group (tile_gemm.h). Returns 0, or -1 for what it does not take (or
+ * scales alone), x rounded to int8 codes per group (tile_gemm.h). Returns 0, or -1 for what it does not take (or
  * memory it could not get). */
 int flexlamps_tile_gemm(const uint8_t *codes, const uint8_t *plane, const uint16_t *scale_zero, const uint16_t *x,
                         uint16_t *out, int64_t n, int64_t cols, int64_t group, int64_t rows, int64_t tile, int fp16,
                         int kind, int threads) {
-    const int64_t width = sz_width_of(kind);
-    kind = kind == KIND_INT6_SCALES ? KIND_INT6 : kind;
+    int64_t width;
+    kind = run_kind(kind, &width);
     if (n <= 0 || group <= 0 || group % 4 || cols % group || rows <= 0 || !gemm_takes(tile, group, kind)
         || (kind == KIND_INT6 && (!plane || cols * tile % 128)))
         return -1;

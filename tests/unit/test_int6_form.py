@@ -77,7 +77,8 @@ def test_codes_that_do_not_fit_stay_the_split():
 
 def _assert_split_bits(kernel: tile_gemv.TileGemv, split: Int8Weight, six: Int8Weight, dtype) -> None:
     gen = torch.Generator().manual_seed(3)
-    for rows in (1, 2, 3, 5, 8, 13):  # 8 and 13: decode calls of many rows take the prompt kernel
+    for rows in (1, 2, 3, 5, 8, 13, 35):  # 8 and 13: decode calls of many rows take the prompt kernel; 35: 16-bit
+        # x's first 32 on the AMX tiles (the amx variant)
         x = (torch.randn(rows, six.shape[1], generator=gen) * 3).to(dtype)
         x[0, :16] = 0
         assert kernel.runs(six, x)
