@@ -109,5 +109,7 @@ def _sample(type_name: str, shape: tuple[int, int], dtype: torch.dtype, five_bit
         return int4_from_blocks(*int4_blocks(raw, type_name, shape), dtype).kernel_only()
     codes, scale, zero = int8_blocks(raw, shape, type_name)
     codes = torch.full_like(codes, _LOWEST_CODE.get(type_name, -16))
+    if zero is not None:  # a zero point of its own (Q5_1, Q5_K): held as (scale, zero) pairs, as a file's are
+        zero = torch.ones_like(zero)  # (zero blocks' zeros, 8 times their scales, would take the scales alone)
     return Int8Weight.from_codes(codes, scale, shape[1] // scale.shape[1], dtype, zero=zero, five_bit=five_bit,
                                  six_bit=six_bit)
