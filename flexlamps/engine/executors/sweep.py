@@ -33,7 +33,7 @@ def trims_heap_after(layer: int, layers: int, prefill: bool, micro_batch: bool =
     does not reuse (0.6-1.2 GB free in the MoE job's heap); a prompt micro-batch's transients do not fit
     back into the holes the one before left (the MoE job, 63 x 128 tokens a micro-batch: the free heap
     122 -> 501 MiB over a layer's 6 micro-batches at a flat heap in use, the resident peak 2757 -> 3029
-    MiB; trimmed, 2727-2817 throughout, a trim 6-100 ms against a 6-20 s micro-batch); decode sweeps'
+    MiB; trimmed, 2752-2820 throughout, a trim 6-100 ms against a 6-20 s micro-batch); decode sweeps'
     leftovers piled up sweep on sweep without a trim (the MoE job: +230 MiB over 63, OOM-killed under its
     cap); a decode layer's disk-expert staging is what the next layer reuses, so a trim a decode layer
     only has it faulted back in (docs/performance.md: scripts/bench_heap_trim.py)."""
