@@ -5,7 +5,7 @@ model and budgets by default (`bench_moe_job.py`: gpu 626 + cpu 2508 MiB, the pl
 Default: per layer step, the resident set (RssAnon before, after and its peak: VmHWM reset before the
 step, less the mapped file pages), glibc's heap (arena, in use, free), the budgets and the charged
 workspace. --no-trim leaves out the heap trims between a layer's micro-batches (what the sweep did
-before `trims_heap_after(..., micro_batch=True)`). --by-op: torch's own allocations instead (the
+before `trims_heap_after(..., micro_batch_workspace)`). --by-op: torch's own allocations instead (the
 profiler's allocation events), the first layer step's peak and every allocation of 1 MiB or more with
 the op that made it and the running total.
 
@@ -52,13 +52,14 @@ def _resident_step(layer_step):
         with open("/proc/self/clear_refs", "w") as fh:
             fh.write("5")  # VmHWM from the resident set now
         before, heap0 = _status(), _heap()
-        layer_step(self, j, w, s, *rest)
+        ws = layer_step(self, j, w, s, *rest)
         after, heap1, gpu = _status(), _heap(), self.budgets["gpu"]
         peak = after["VmHWM"] - max(before["RssFile"], after["RssFile"])
         print(f"layer {j}: workspace {self._workspace_bytes(s, s.span) // MiB} MiB | RssAnon {before['RssAnon']} -> "
               f"{after['RssAnon']}, peak {peak} (+{peak - before['RssAnon']}) | heap arena {heap0[0]} -> {heap1[0]}, "
               f"in use {heap0[1]} -> {heap1[1]}, free {heap0[2]} -> {heap1[2]} | gpu used {gpu.used_bytes // MiB} "
               f"cached {gpu.cached_bytes // MiB}, cpu used {self.budgets['cpu'].used_bytes // MiB}", flush=True)
+        return ws
     return step
 
 
@@ -67,7 +68,7 @@ def _by_op(ex, cache, steps) -> None:
 
     def marked(self, *args):
         with record_function("layer_step"):
-            layer_step(self, *args)
+            return layer_step(self, *args)
 
     sweep_module.Sweep._layer_step = marked
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True) as prof:
@@ -112,7 +113,7 @@ def main() -> None:
         return
     if args.no_trim:
         policy = sweep_module.trims_heap_after
-        sweep_module.trims_heap_after = lambda j, n, prefill, micro_batch=False: not micro_batch and policy(j, n, prefill)
+        sweep_module.trims_heap_after = lambda j, n, prefill, micro_batch_workspace=None: micro_batch_workspace is None and policy(j, n, prefill)
     sweep_module.Sweep._layer_step = _resident_step(sweep_module.Sweep._layer_step)
     ex.forward_steps(cache, steps)
 

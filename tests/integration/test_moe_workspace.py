@@ -32,8 +32,9 @@ def _layer_peaks(ex, steps: list[Step]) -> list[tuple[int, int]]:
 
     def marked(self, j, w, step, *rest):
         with record_function(f"layer_step_{len(charged)}"):
-            layer_step(self, j, w, step, *rest)
-        charged.append(self._workspace_bytes(step, step.span))
+            ws = layer_step(self, j, w, step, *rest)
+        charged.append(ws)
+        return ws
 
     sweep_module.Sweep._layer_step = marked
     try:

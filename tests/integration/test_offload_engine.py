@@ -9,7 +9,7 @@ from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.split_tables import head_chunks
 from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.executors.step import Step
-from flexlamps.engine.executors.sweep import trims_heap_after
+from flexlamps.engine.executors.sweep import MICRO_BATCH_TRIM_BYTES, trims_heap_after
 from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import read_all
 from flexlamps.models.loading.mapped_pages import in_file_mapping
@@ -198,6 +198,7 @@ def test_every_sweep_gives_its_freed_heap_back(reader, plain, tmp_path, monkeypa
 
     trims = []
     monkeypatch.setattr(sweep_module, "release_heap", lambda: trims.append(1) or True)
+    monkeypatch.setattr(sweep_module, "MICRO_BATCH_TRIM_BYTES", 0)  # the tiny model's micro-batches count as large
     ex = OffloadExecutor(reader, _policy("weights_mostly_disk"), model_spec=model_spec(reader.config),
                          gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
     swept = []  # per sweep, whether each micro-batch has a prompt
@@ -241,8 +242,10 @@ def test_every_layer_writes_over_its_micro_batchs_hidden_states(reader, plain, m
 def test_the_heap_policy_trims_a_prompt_sweeps_layers_and_micro_batches_and_a_decode_sweeps_last():
     assert [trims_heap_after(j, 4, prefill=True) for j in range(4)] == [True] * 4
     assert [trims_heap_after(j, 4, prefill=False) for j in range(4)] == [False, False, False, True]
-    assert [trims_heap_after(j, 4, True, micro_batch=True) for j in range(4)] == [True] * 4
-    assert [trims_heap_after(j, 4, False, micro_batch=True) for j in range(4)] == [False] * 4
+    large = MICRO_BATCH_TRIM_BYTES
+    assert [trims_heap_after(j, 4, True, large) for j in range(4)] == [True] * 4  # a large prompt micro-batch
+    assert [trims_heap_after(j, 4, True, large - 1) for j in range(4)] == [False] * 4  # a small one
+    assert [trims_heap_after(j, 4, False, large) for j in range(4)] == [False] * 4  # decode
 
 
 @pytest.mark.gpu

@@ -25,20 +25,28 @@ from placement.cost_memory import HEAD_CHUNK_ROWS, workspace_bytes
 from quant.int4_weight import Int4Weight
 
 
-def trims_heap_after(layer: int, layers: int, prefill: bool, micro_batch: bool = False) -> bool:
+# a prompt micro-batch with at least this much workspace ends in a trim (`trims_heap_after`): it frees
+# enough for the holes to matter (the MoE job's 347 MiB: +35-115 MiB of free heap a micro-batch) and
+# computes for long enough (seconds) that a trim's few ms (2.4-100 measured) are noise; smaller
+# micro-batches' trims would cost a visible share and their holes are small
+MICRO_BATCH_TRIM_BYTES = 64 << 20
+
+
+def trims_heap_after(layer: int, layers: int, prefill: bool, micro_batch_workspace: int | None = None) -> bool:
     """The sweep's one heap policy: `release_heap` after every layer of a sweep with a prompt, after
-    the last layer of a decode sweep, and after every prompt micro-batch (`micro_batch`: asked between
-    a layer's micro-batches, `prefill` then the one just run). glibc keeps what is freed
-    (`host_allocator`: trimming off, so pages are reused): a prompt layer frees activations the next one
-    does not reuse (0.6-1.2 GB free in the MoE job's heap); a prompt micro-batch's transients do not fit
-    back into the holes the one before left (the MoE job, 63 x 128 tokens a micro-batch: the free heap
-    122 -> 501 MiB over a layer's 6 micro-batches at a flat heap in use, the resident peak 2757 -> 3029
-    MiB; trimmed, 2752-2820 throughout, a trim 6-100 ms against a 6-20 s micro-batch); decode sweeps'
-    leftovers piled up sweep on sweep without a trim (the MoE job: +230 MiB over 63, OOM-killed under its
-    cap); a decode layer's disk-expert staging is what the next layer reuses, so a trim a decode layer
-    only has it faulted back in (docs/performance.md: scripts/bench_heap_trim.py)."""
-    if micro_batch:
-        return prefill
+    the last layer of a decode sweep, and after a large prompt micro-batch (`micro_batch_workspace`:
+    asked between a layer's micro-batches with the workspace of the one just run, `prefill` its having
+    a prompt; `MICRO_BATCH_TRIM_BYTES`). glibc keeps what is freed (`host_allocator`: trimming off, so
+    pages are reused): a prompt layer frees activations the next one does not reuse (0.6-1.2 GB free in
+    the MoE job's heap); a prompt micro-batch's transients do not fit back into the holes the one before
+    left (the MoE job, 63 x 128 tokens a micro-batch: the free heap 122 -> 501 MiB over a layer's 6
+    micro-batches at a flat heap in use, the resident peak 2757 -> 3029 MiB; trimmed, 2752-2820
+    throughout); decode sweeps' leftovers piled up sweep on sweep without a trim (the MoE job: +230 MiB
+    over 63, OOM-killed under its cap); a decode layer's disk-expert staging is what the next layer
+    reuses, so a trim a decode layer only has it faulted back in (docs/performance.md:
+    scripts/bench_heap_trim.py, scripts/probe_prompt_transients.py)."""
+    if micro_batch_workspace is not None:
+        return prefill and micro_batch_workspace >= MICRO_BATCH_TRIM_BYTES
     return prefill or layer == layers - 1
 
 
@@ -253,8 +261,8 @@ class Sweep:
             self.budgets["gpu"].allocate(dense_bytes, f"layer {j} weights decompressed")
             charged = dense_bytes
             for k, s in enumerate(steps):
-                self._layer_step(j, w, s, hidden[k], ctxs[k], cache)
-                if k + 1 < len(steps) and trims_heap_after(j, self.cfg.num_layers, s.input_ids.shape[1] > 1, True):
+                ws = self._layer_step(j, w, s, hidden[k], ctxs[k], cache)
+                if k + 1 < len(steps) and trims_heap_after(j, self.cfg.num_layers, s.input_ids.shape[1] > 1, ws):
                     release_heap()  # the layer's last micro-batch: its end's trim
         finally:
             if loads is not None:
@@ -302,10 +310,10 @@ class Sweep:
             return {"geometry": cache.step_geometry(step.slots, step.write_positions, **step.geometry_kwargs)}
         return step.mask_kwargs
 
-    def _layer_step(self, j: int, w: dict, step: Step, x: torch.Tensor, ctx, cache) -> None:
+    def _layer_step(self, j: int, w: dict, step: Step, x: torch.Tensor, ctx, cache) -> int:
         """Layer j over one micro-batch, its output written over its input `x` (`_activations`), its
         workspace charged to the gpu tier meanwhile; `ctx`: (the step's rotary tables, its
-        `attend_fn` keywords), from `_sweep`."""
+        `attend_fn` keywords), from `_sweep`. Returns the workspace it charged."""
         rope, attend_kwargs = ctx
         geometry = attend_kwargs.get("geometry")
         ws = self._workspace_bytes(step, geometry.span if geometry is not None else step.span)
@@ -315,6 +323,7 @@ class Sweep:
                                    cache.attend_fn(j, step.slots, step.write_positions, **attend_kwargs), j))
         finally:
             self.budgets["gpu"].free(ws)
+        return ws
 
     def overlap_report(self) -> dict[str, float]:
         """Steady-state (all sweeps but the first) per-layer wall time vs max(I/O, compute)."""
