@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 
-from flexlamps.engine.caches import disk_rows
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.step import Step
 from flexlamps.models.description import model_spec
@@ -66,40 +65,3 @@ def test_an_mla_latent_cache_on_disk_is_refused_by_the_executor_and_its_dry_run(
     with pytest.raises(ValueError, match="latent cache or a DeltaNet state on disk"):
         dry_run(plan_target(json.loads((folder / "config.json").read_text())), policy,
                 BlockLengths(prompt_len=8, gen_len=4), gpu_mem=GiB, cpu_mem=GiB)
-
-
-def test_a_decode_step_reads_the_next_disk_layer_ahead_up_to_the_next_span(tiny_models, tmp_path, monkeypatch):
-    """After a decode step attends layer j, layer j+1's rows (layer 0's after the last: the next step's)
-    are asked for ahead, each (slot, head) row up to one past the span (the next step's), from a thread;
-    a prefill asks for none. Without it the step faulted each layer's pages in from its compute thread."""
-    asked = []
-    monkeypatch.setattr(disk_rows.PagesAhead, "read", lambda self, ranges: asked.append(ranges))
-    ex = _executor(open_checkpoint(tiny_models["llama_gqa"]), tmp_path / "off", TierSplit(gpu=0, cpu=0, disk=1))
-    cache = ex.new_cache(4, 64)
-    prompt = [Step(torch.arange(2, 14).expand(2, 12), torch.arange(12).expand(2, 12), torch.tensor([0, 1]))]
-    ex.forward_steps(cache, prompt)
-    assert not asked
-    ex.forward_steps(cache, [Step(torch.tensor([[5], [6]]), torch.tensor([[12], [12]]), torch.tensor([0, 1]))])
-    layers, heads = len(cache.k), cache.k[0].shape[1]
-    assert len(asked) == layers
-    for j, ranges in enumerate(asked):
-        kc = cache.k[(j + 1) % layers]
-        assert len(ranges) == 2 * 2 * heads  # K and V, 2 slots x heads
-        row = kc.shape[3] * kc.element_size()
-        start, length = ranges[0]
-        assert start <= kc.data_ptr() and start + length == kc.data_ptr() + 14 * row  # span 13, one past it
-    cache.release()
-    ex.close()
-
-
-def test_pages_read_ahead_leave_the_rows_as_written(tmp_path):
-    rows = disk_rows.file_backed_zeros(tmp_path)((3, 2, 4096, 8), dtype=torch.bfloat16)
-    rows.copy_(torch.randn(rows.shape, dtype=torch.bfloat16))
-    before = rows.clone()
-    ranges = disk_rows.span_ranges(rows, 100)
-    assert len(ranges) == 6 and all(start % 4096 == 0 for start, _ in ranges)
-    assert ranges[1][0] + ranges[1][1] == rows[0, 1].data_ptr() + 100 * 8 * 2
-    ahead = disk_rows.PagesAhead()
-    ahead.read(ranges)
-    ahead.close()
-    assert torch.equal(rows, before)

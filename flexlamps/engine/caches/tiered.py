@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from flexlamps.engine.caches.disk_rows import PagesAhead, file_backed_zeros, span_ranges
+from flexlamps.engine.caches.disk_rows import file_backed_zeros
 from flexlamps.engine.caches.fresh import fresh_keys, is_fresh_prefill
 from flexlamps.engine.caches.segments import segment_attention, with_fresh
 from flexlamps.engine.caches.window import (RingRows, RingStep, copy_ring_prefix, layer_rings, may_ring, refuse_packed,
@@ -73,7 +73,6 @@ class TieredKVCache:
 
         self.k, self.v = [], []
         self._charged: list[tuple[str, int]] = []
-        self._pages_ahead = PagesAhead()  # a disk layer's pages read while the layer before computes
         self.rings = layer_rings(cfg, capacity, compressed=compress is not None)  # caches.window
         self.ring_rows = RingRows(num_slots, self.rings)
         self.packs_rows = self.rewinds = compress is not None or not may_ring(cfg)  # as DenseKVCache's
@@ -95,7 +94,6 @@ class TieredKVCache:
             raise
 
     def release(self) -> None:
-        self._pages_ahead.close()
         for tier, n in self._charged:
             self.budgets[tier].free(n)
         self._charged = []
@@ -159,20 +157,7 @@ class TieredKVCache:
         finally:
             if staged:
                 self.budgets["gpu"].free(staged)
-        if t == 1:
-            self._read_ahead((layer + 1) % len(self.k), at_home.slots, geo.span + 1)
         return out.transpose(1, 2).reshape(n, t, heads * d).to(self.device)
-
-    def _read_ahead(self, layer: int, slots: torch.Tensor, span: int) -> None:
-        """A decode step's next layer, where it is on disk: its rows of `slots` (from the first to the
-        last) up to `span` (the next step's, where it is the first layer) start reading into the page cache now, while this layer computes the rest of its work
-        (`disk_rows.PagesAhead`), as the plan prices them (`dtoc`, overlapped). Ring and compressed
-        layers are left to their faults."""
-        kc, vc = self.k[layer], self.v[layer]
-        if self.tiers[layer] != "disk" or self.rings[layer] is not None or not isinstance(kc, torch.Tensor):
-            return
-        first, last = int(slots.min()), int(slots.max())
-        self._pages_ahead.read(span_ranges(kc[first:last + 1], span) + span_ranges(vc[first:last + 1], span))
 
     def _ring_attend(self, layer, slots, home, q, k, v, geo: "TieredStepGeometry",
                      opts: AttnOptions | None) -> torch.Tensor:
