@@ -171,7 +171,7 @@ def off_kernels(executor) -> list[str]:
     embedding table's lookup is not a product."""
     import torch
 
-    from flexlamps.models.blocks.coded_weights import Int4Twin, native_kernel
+    from flexlamps.models.blocks.coded_weights import Int4Twin, int8_prompts_take, native_kernel
     from quant.int4_weight import Int4Weight
     from quant.int8_weight import Int8Weight
 
@@ -184,7 +184,8 @@ def off_kernels(executor) -> list[str]:
         if isinstance(w, (Int4Weight, Int8Weight)):
             x = torch.empty(1, w.shape[1], dtype=w.dtype)
             phases = [p for p, runs in (("decode", kernel and kernel.runs(w, x)),
-                                        ("prompt", kernel and kernel.runs_prompt(w, x))) if not runs]
+                                        ("prompt", kernel and kernel.runs_prompt(w, x) or int8_prompts_take(w, x)))
+                      if not runs]
         else:
             phases = ["decode", "prompt"] if isinstance(w, torch.Tensor) and w.dim() == 2 else []
         if phases or twin:

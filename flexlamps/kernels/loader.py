@@ -97,7 +97,10 @@ def pick(kernel: Kernel, level: str | None = None) -> Variant | str:
     if chosen is None:
         lowest = kernel.variants[0]
         return f"this CPU lacks {' '.join(f for f in lowest.cpu_flags if f not in have) or lowest.level}"
-    if kernel.faster_flags and all(flag in have for flag in kernel.faster_flags):
+    # torch's faster path counts only at the CPU's own level: a variant forced below it (say avx2 on an
+    # AMX CPU) runs as a CPU of that level, whose prompts take the codes, not a dense copy
+    at_best = cap == variants.cpu_levels(have)[-1]
+    if at_best and kernel.faster_flags and all(flag in have for flag in kernel.faster_flags):
         return kernel.faster_why
     return chosen
 

@@ -88,8 +88,8 @@ class TileGemv:
         gemm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.c_int] * 3
         self.library, self._fn, self._gemm, self.x_bits, self.level = library, fn, gemm, x_bits, level
         self.tiles = TILES.get(level, (32, 64))
-        # prompts multiply the codes on AMX int8 tiles (tile_gemm_amx.h), with the bits of every other
-        # variant and no dense copy (`coded_weights.prompts_take_codes`)
+        # prompts multiply the codes on AMX int8 tiles (tile_gemm_amx.h) here, with the bits of every
+        # other variant's prompt product (`coded_weights.prompts_take_codes`)
         self.amx_prompts = level == "amx"
         # (not amx's: the prompt product takes no 5-bit form, and there a Q5_x held in the 6-bit form
         # runs prompts on the codes too, with no dense twin)

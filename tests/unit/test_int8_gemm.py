@@ -155,7 +155,11 @@ def test_error_against_the_exact_product_stays_near_one_percent(gemm):
 
 
 @needs_linear_use
-def test_linear_runs_it_for_prompts_with_the_same_bits_for_twin_and_plain():
+def test_linear_runs_it_for_prompts_with_the_same_bits_for_twin_and_plain(monkeypatch):
+    from flexlamps.models.blocks import coded_weights
+
+    # it serves the prompts our codes' product does not take (AVX-512's 5-bit form): here, none does
+    monkeypatch.setattr(coded_weights, "native_kernel", lambda: None)
     gemm = L.int8_kernel()
     g = torch.Generator().manual_seed(5)
     w = Int4Weight.quantize(torch.randn(96, 192, generator=g), 32, torch.bfloat16)

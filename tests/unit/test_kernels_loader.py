@@ -233,9 +233,18 @@ def test_no_instructions_or_the_switch_off_disables_and_builds_nothing(name, tmp
 
 def test_on_a_cpu_with_amx_the_int8_gemm_is_left_to_onednn(tmp_path, monkeypatch):
     monkeypatch.setattr(build, "cpu_flags", lambda cpuinfo=None: [*EVERY_FLAG, "amx_bf16"])
+    monkeypatch.delenv(variants.VARIANT_ENV, raising=False)  # (a variant forced below: the next test)
     outcome = loader.load(loader.kernel_spec("int8_gemm"), tmp_path)
     assert outcome.state == "disabled" and "AMX" in outcome.why
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_a_variant_forced_below_amx_runs_the_int8_gemm_as_a_cpu_of_that_level(monkeypatch):
+    # else prompts at that level take neither the codes nor the int8 GEMM: every matrix gets a dense twin
+    amx = [*EVERY_FLAG, "amx_bf16"]
+    assert "AMX" in _picked("int8_gemm", amx, monkeypatch)
+    assert _picked("int8_gemm", amx, monkeypatch, "avx512") == "avx512"
+    assert _picked("int8_gemm", amx, monkeypatch, "avx2") == "avx2"
 
 
 def test_the_build_key_covers_nested_headers(tmp_path):

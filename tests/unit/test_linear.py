@@ -149,3 +149,19 @@ def test_on_an_amx_cpu_a_prompts_bf16_rows_run_in_calls_of_the_prompt_block(monk
     linear(x, w, phase=Phase.PROMPT)
     linear(x, w, phase=Phase.DECODE)
     assert blocks == [dense_gemm.AMX_PROMPT_ROW_BLOCK, dense_gemm.AMX_ROW_BLOCK] and blocks[0] > blocks[1]
+
+
+def test_prompts_take_the_codes_beside_a_fast_dense_gemm_on_every_variant(monkeypatch):
+    """Where our kernel runs, prompts multiply the codes whatever the dense GEMM's speed (an AVX-512
+    CPU without AMX as on AMX): the same bits as the codes' own product, no dense twin made."""
+    from flexlamps.models.blocks import coded_weights
+    from quant.int4_weight import Int4Weight
+
+    if coded_weights.native_kernel() is None:
+        pytest.skip("no native kernel on this CPU")
+    monkeypatch.setattr(coded_weights, "fast_dense_gemm", lambda x: True)
+    g = torch.Generator().manual_seed(3)
+    w = Int4Weight.quantize(torch.randn(128, 256, generator=g), 32, torch.bfloat16).kernel_only()
+    x = torch.randn(40, 256, generator=g).bfloat16()
+    assert coded_weights.prompts_take_codes(x) and coded_weights.codes_serve_both_phases(w)
+    assert torch.equal(linear(x, w, phase=Phase.PROMPT), coded_weights.codes_prompt_product(w, x))

@@ -151,8 +151,8 @@ def test_the_other_commands_keep_policy_and_policies_as_aliases():
 
 
 def test_no_dense_twins_where_both_phases_run_on_the_codes(monkeypatch):
-    """Our decode kernel and a prompt kernel on the codes (the many-row kernel where the dense GEMM
-    is slow for the dtype, the int8 GEMM where it is fast) multiply a bf16 4-bit weight's codes in
+    """Our decode kernel and a prompt kernel on the codes (the many-row kernel, or the int8 GEMM
+    for what it does not take where the dense GEMM is fast) multiply a bf16 4-bit weight's codes in
     both phases: no dense copy of it is made (no full-model twin); an fp32 one keeps its twin, and so
     does a bf16 one where no prompt kernel takes its codes."""
     import torch
@@ -163,7 +163,6 @@ def test_no_dense_twins_where_both_phases_run_on_the_codes(monkeypatch):
 
     class Takes:
         prompts = True
-        amx_prompts = False  # (where True, prompts take the codes even beside a fast dense GEMM)
 
         def takes(self, w):
             return True

@@ -113,14 +113,17 @@ def codes_prompt_product(w: Int4Weight | Int8Weight, x: torch.Tensor) -> torch.T
 
 def prompts_take_codes(x: torch.Tensor) -> bool:
     """Whether prompts of activations like x multiply the codes (`codes_prompt_product`) before a
-    dense copy: where the dense GEMM is slow for x's dtype (AVX2), or where our prompt product runs
-    on AMX tiles (its "amx" variant: ~350 GFLOP/s a core on 4-bit codes; oneDNN's bf16 GEMM there
-    runs ~750 on a dense copy of each matrix, 3x a Q4_0 model's memory, and gives a row other bits
-    at other row counts; a 1.1B's 128-token prefill took as long either way)."""
+    dense copy or the int8 GEMM: where the dense GEMM is slow for x's dtype (AVX2), and wherever our
+    kernel runs (on AMX ~350 GFLOP/s a core on 4-bit codes; oneDNN's bf16 GEMM there runs ~750 on a
+    dense copy of each matrix, 3x a Q4_0 model's memory, and gives a row other bits at other row
+    counts; a 1.1B's 128-token prefill took as long either way). So every variant's prompts have
+    the same bits; the int8 GEMM's coarser rounding of x (0.021 against 0.016 on the Q4_K_M test
+    model's prefill logits, `FLEXLAMPS_CPU_VARIANT=avx512`) serves only what the codes' product
+    does not take (AVX-512's 5-bit form)."""
     if not fast_dense_gemm(x):
         return True
     kernel = native_kernel()
-    return x.device.type == "cpu" and x.dtype in tile_gemv.DTYPES and kernel is not None and kernel.amx_prompts
+    return x.device.type == "cpu" and x.dtype in tile_gemv.DTYPES and kernel is not None
 
 
 def codes_serve_both_phases(w: Int4Weight | Int8Weight) -> bool:
@@ -130,9 +133,9 @@ def codes_serve_both_phases(w: Int4Weight | Int8Weight) -> bool:
     decode = native_kernel()
     if decode is None or not decode.takes(w) or not prompts_run_on_codes(w.dtype):
         return False
-    if not prompts_take_codes(torch.empty(0, dtype=w.dtype, device=w.device)):
-        return _int8_runs(w)
-    return decode.takes_prompt(w)
+    if prompts_take_codes(torch.empty(0, dtype=w.dtype, device=w.device)) and decode.takes_prompt(w):
+        return True
+    return _int8_runs(w) and w.shape[1] % int8_gemm.GROUP == 0  # (AVX-512's 5-bit form: the int8 GEMM)
 
 
 def prompts_run_on_codes(dtype: torch.dtype) -> bool:
@@ -148,6 +151,13 @@ def _int8_runs(w: Int4Weight | Int8Weight) -> bool:
     """Whether `int8_product` takes prompts of activations in `w`'s dtype."""
     return (w.dtype in int8_gemm.DTYPES and w.shape[1] % int8_gemm.GROUP == 0 and w.device.type == "cpu"
             and int8_kernel() is not None)
+
+
+def int8_prompts_take(w: Int4Weight | Int8Weight, x: torch.Tensor) -> bool:
+    """Whether prompts of activations like `x` can run `w` on the int8 GEMM (`int8_product`): where
+    the dense GEMM is fast (`CodesKind.linear` takes it where the codes' product does not)."""
+    return (fast_dense_gemm(x) and x.dtype == w.dtype and _int8_runs(w)
+            and int8_gemm.can_take(x, tuple(w.shape)))
 
 
 def int8_product(w, x: torch.Tensor) -> torch.Tensor | None:
@@ -238,9 +248,9 @@ class CodesKind(WeightKind):
     - DECODE: the fused kernel on the codes (ours, else torch's) wherever one takes x (ours: x in
       8 bits per group, an output head's in 16), else the dense GEMM on the twin's copy or a
       dequantization;
-    - PROMPT: where `prompts_take_codes` (no fast dense GEMM for x's dtype, or our prompt product on
-      AMX tiles), the codes where they lie, many rows a pass with x in int8 per group
-      (`codes_prompt_product`: 3x the decode kernel's rate at 128 rows on Zen 2), else as DECODE
+    - PROMPT: where `prompts_take_codes` (no fast dense GEMM for x's dtype, or our kernel runs),
+      the codes where they lie, many rows a pass with x in int8 per group (`codes_prompt_product`:
+      3x the decode kernel's rate at 128 rows on Zen 2), else as DECODE
       (torch's bf16 GEMM on an AVX2 CPU is slower than the fused kernels at every row count);
       elsewhere (oneDNN's GEMM: fp32 everywhere, bf16 on AVX-512 CPUs; a GPU) int8 codes
       (`int8_product`, where that kernel runs) or that GEMM.

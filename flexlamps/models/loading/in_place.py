@@ -18,6 +18,7 @@ import functools
 import numpy as np
 import torch
 
+from flexlamps.kernels import int8_gemm
 from flexlamps.models.blocks.linear import native_kernel
 from flexlamps.models.loading.gguf_blocks import BLOCK, int4_blocks, int8_blocks, is_int4_block_type
 from flexlamps.models.weight_specs import WeightSpec
@@ -37,6 +38,13 @@ def packs_five_bit() -> bool:
     return kernel is not None and kernel.takes_five_bit
 
 
+def _five_bit_for(cols: int) -> bool:
+    """`packs_five_bit` for a matrix of `cols` inputs: its prompts on that variant run the int8 GEMM
+    (the prompt product takes no 5-bit form), so a width that GEMM does not take keeps the 6-bit
+    form, whose prompts run on the codes, rather than a dense twin."""
+    return packs_five_bit() and cols % int8_gemm.GROUP == 0
+
+
 def packs_six_bit() -> bool:
     """Whether `GGUFReader.read_int8` holds codes that fit 6 bits (Q6_K; Q5_x where they are not
     held in 5) in the 6-bit form (2/3 of the split's bytes): where our decode kernel runs, in any
@@ -52,7 +60,7 @@ def int4_from_blocks(codes, scale, zero, dtype: torch.dtype) -> Int4Weight:
 def int8_from_blocks(codes, scale, zero, dtype: torch.dtype) -> Int8Weight:
     """An int8-code matrix from its blocks' codes, scales and zero points (`gguf_blocks.int8_blocks`)."""
     return Int8Weight.from_codes(codes, scale, codes.shape[1] // scale.shape[1], dtype, zero=zero,
-                                 five_bit=packs_five_bit(), six_bit=packs_six_bit())
+                                 five_bit=_five_bit_for(codes.shape[1]), six_bit=packs_six_bit())
 
 
 def keeps_blocks(reader, dtype: torch.dtype) -> bool:
@@ -96,7 +104,8 @@ def in_place_form(reader, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | 
 
 def in_place_sample(reader, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | Int8Weight:
     """A matrix in the form `in_place_form` gives `spec`, of zero blocks (its bytes, its layout)."""
-    return _sample(reader.in_place_type(spec), tuple(spec.shape), dtype, packs_five_bit(), packs_six_bit())
+    shape = tuple(spec.shape)
+    return _sample(reader.in_place_type(spec), shape, dtype, _five_bit_for(shape[1]), packs_six_bit())
 
 
 @functools.lru_cache(maxsize=64)
