@@ -117,9 +117,9 @@ def prompts_take_codes(x: torch.Tensor) -> bool:
     kernel runs (on AMX ~350 GFLOP/s a core on 4-bit codes; oneDNN's bf16 GEMM there runs ~750 on a
     dense copy of each matrix, 3x a Q4_0 model's memory, and gives a row other bits at other row
     counts; a 1.1B's 128-token prefill took as long either way). So every variant's prompts have
-    the same bits; the int8 GEMM's coarser rounding of x (0.021 against 0.016 on the Q4_K_M test
-    model's prefill logits, `FLEXLAMPS_CPU_VARIANT=avx512`) serves only what the codes' product
-    does not take (AVX-512's 5-bit form)."""
+    the same bits; the int8 GEMM (the weight rounded again to int8 a row, x per 64 inputs: 0.021
+    against 0.016 on the Q4_K_M test model's prefill logits at `FLEXLAMPS_CPU_VARIANT=avx512`)
+    serves only what the codes' product does not take (AVX-512's 5-bit form)."""
     if not fast_dense_gemm(x):
         return True
     kernel = native_kernel()
