@@ -263,7 +263,7 @@ class Sweep:
             for k, s in enumerate(steps):
                 ws = self._layer_step(j, w, s, hidden[k], ctxs[k], cache)
                 if k + 1 < len(steps) and trims_heap_after(j, self.cfg.num_layers, s.input_ids.shape[1] > 1, ws):
-                    release_heap()  # the layer's last micro-batch: its end's trim
+                    release_heap()  # (not after the last: the layer's end trims)
         finally:
             if loads is not None:
                 loads.finish()
