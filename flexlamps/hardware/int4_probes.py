@@ -93,7 +93,7 @@ def measure_int8_prompts(shapes, num_bytes: int, budget_s: float, sweep_flops: f
     kernel = int8_kernel()
     if kernel is None:
         return {}
-    usable = [(o, i) for o, i in shapes if i % int8_gemm.GROUP == 0] or [(2048, 1024)]
+    usable = [(o, i) for o, i in shapes if int8_gemm.takes_width(i)] or [(2048, 1024)]
     cycle = usable * max(1, -(-num_bytes // sum(o * i for o, i in usable)))
     packed = [kernel.pack(torch.randn(o, i, dtype=torch.bfloat16)) for o, i in cycle]
     share_s = budget_s / len(PROMPT_ROWS) / passes

@@ -67,16 +67,21 @@ class Int8Matrix:
         return self.packed.numel() + 4 * self.scale.numel()
 
 
+def takes_width(cols: int) -> bool:
+    """Whether a weight of `cols` inputs holds whole groups of x (the one width rule)."""
+    return cols % GROUP == 0
+
+
 def _whole_groups(shape: tuple[int, int]) -> tuple[int, int]:
     """`shape` (N, K) of a weight to pack, its K checked to hold whole groups of x."""
-    if shape[1] % GROUP:
+    if not takes_width(shape[1]):
         raise ValueError(f"Int8Matrix: the input dim {shape[1]} must be a multiple of {GROUP}")
     return shape
 
 
 def can_take(x: torch.Tensor, shape: tuple[int, int]) -> bool:
     """Whether the kernel multiplies activations like `x` by a weight of `shape` (N, K)."""
-    return (x.device.type == "cpu" and x.dtype in DTYPES and x.shape[-1] == shape[1] and shape[1] % GROUP == 0
+    return (x.device.type == "cpu" and x.dtype in DTYPES and x.shape[-1] == shape[1] and takes_width(shape[1])
             and not x.requires_grad)
 
 

@@ -135,7 +135,7 @@ def codes_serve_both_phases(w: Int4Weight | Int8Weight) -> bool:
         return False
     if prompts_take_codes(torch.empty(0, dtype=w.dtype, device=w.device)) and decode.takes_prompt(w):
         return True
-    return _int8_runs(w) and w.shape[1] % int8_gemm.GROUP == 0  # (AVX-512's 5-bit form: the int8 GEMM)
+    return _int8_runs(w)  # (AVX-512's 5-bit form: the int8 GEMM)
 
 
 def prompts_run_on_codes(dtype: torch.dtype) -> bool:
@@ -149,7 +149,7 @@ def prompts_run_on_codes(dtype: torch.dtype) -> bool:
 
 def _int8_runs(w: Int4Weight | Int8Weight) -> bool:
     """Whether `int8_product` takes prompts of activations in `w`'s dtype."""
-    return (w.dtype in int8_gemm.DTYPES and w.shape[1] % int8_gemm.GROUP == 0 and w.device.type == "cpu"
+    return (w.dtype in int8_gemm.DTYPES and int8_gemm.takes_width(w.shape[1]) and w.device.type == "cpu"
             and int8_kernel() is not None)
 
 

@@ -42,7 +42,7 @@ def _five_bit_for(cols: int) -> bool:
     """`packs_five_bit` for a matrix of `cols` inputs: its prompts on that variant run the int8 GEMM
     (the prompt product takes no 5-bit form), so a width that GEMM does not take keeps the 6-bit
     form, whose prompts run on the codes, rather than a dense twin."""
-    return packs_five_bit() and cols % int8_gemm.GROUP == 0
+    return packs_five_bit() and int8_gemm.takes_width(cols)
 
 
 def packs_six_bit() -> bool:
