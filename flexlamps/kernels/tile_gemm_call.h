@@ -1,0 +1,129 @@
+/* tile_gemv.c's prompt product's call (flexlamps_tile_gemm, and decode calls of many rows): x's rows
+ * in chunks, each by every sub-tile of the weight laid out once (tile_gemm.h's `prepare`) in a
+ * thread's buffer, then multiplied by the variant's loops (tile_gemm.h's gemm_rows, AMX's
+ * amx_rows / amx_rows16). Included by tile_gemv.c only, after its QRows, PartialTile and the
+ * variants' headers. */
+
+/* Rows of a call (its chunk's) up to which the AMX tiles prefetch the next tile's codes (`next_tile`). */
+#ifndef AHEAD_MAX_ROWS
+#define AHEAD_MAX_ROWS 256
+#endif
+
+/* x's int8 codes a prompt call's row chunk holds (`gemm_subtile`): rows in whole 16s (the AMX tiles'). */
+#ifndef GEMM_CHUNK_X_BYTES
+#define GEMM_CHUNK_X_BYTES (1 << 20)
+#endif
+
+/* Bytes of the buffer one thread prepares sub-tiles in (`Prepared`). */
+static size_t prepared_bytes(int64_t cols, int64_t groups, int split) {
+    return (size_t)((split ? 2 : 1) * cols * SUB) + 2 * sizeof(float) * (size_t)(groups * SUB);
+}
+
+/* A prompt call's arguments, for the threads' sub-tiles (`gemm_subtile`): each thread lays a
+ * sub-tile out in its own part of `prepared` (`per_thread` bytes a slot). */
+typedef struct {
+    const uint8_t *codes, *plane;
+    const uint16_t *scale_zero;
+    const QRows *x;
+    uint16_t *out;
+    int64_t n, rows, group, tile, chunk_rows, subs;
+    int fp16, split, wide;  /* wide: x's 16-bit codes as two bytes (`QRows.lo8`), on the AMX tiles */
+    uint8_t *prepared;
+    size_t per_thread;
+    const PartialTile *partial;
+} GemmCall;
+
+#if defined(__AMX_INT8__)
+/* What `prepare` reads of tile t + 1 (none after the last, nor at a prompt's many rows, whose tiles
+ * are laid out once per row chunk: for them the reads are a small part already). */
+static Ahead next_tile(const GemmCall *g, int64_t t, int64_t cols, int64_t h) {
+    Ahead a = {{NULL, NULL}, NULL, {0, 0}, 0, 0, 0};
+    const int64_t tile_bytes = (g->split && !g->plane ? 2 : 1) * cols * h, next = (t + 1) * g->tile;
+    if (next >= g->n || g->rows > AHEAD_MAX_ROWS || (next + g->tile > g->n && g->partial->first < g->n)) return a;
+    a.at[0] = (const char *)(g->codes + (t + 1) * tile_bytes);
+    a.lines[0] = tile_bytes / 64;
+    if (g->plane) {
+        a.at[1] = (const char *)(g->plane + (t + 1) * (cols * h / 2));
+        a.lines[1] = cols * h / 2 / 64;
+    }
+    const int64_t groups = g->x->groups, w = g->x->sz_width;  /* `prepare`'s pairs: an int8 split's low halves' */
+    a.pairs = (const char *)(g->scale_zero + ((g->split && !g->plane ? groups : 0) * g->n + next) * w);
+    a.groups = groups;
+    a.pair_lines = g->tile * 2 * w / 64;
+    a.stride = g->n * 2 * w;
+    return a;
+}
+#endif
+
+/* Sub-tile `sub` (32 rows) prepared in the slot's buffer, then the rows of x of row chunk `c / subs`
+ * by it: the threads take a chunk's sub-tiles in turn, so its rows of x stay in their caches (all
+ * 4,096 rows of x, 8 MiB, streamed once per sub-tile from memory, ran the AMX tiles at 300-330
+ * GFLOP/s a core where 128 rows ran at 370-440). Each row's arithmetic is the same in any chunk. */
+static void gemm_subtile(void *ctx, int64_t c, int slot) {
+    const GemmCall *whole = ctx;
+    const int64_t sub = c % whole->subs, r0 = c / whole->subs * whole->chunk_rows;
+    QRows part = rows_from(whole->x, r0);
+    GemmCall chunk = *whole;
+    chunk.x = &part;
+    chunk.rows = whole->rows - r0 < whole->chunk_rows ? whole->rows - r0 : whole->chunk_rows;
+    const GemmCall *g = &chunk;
+    const int64_t cols = g->x->cols, h = g->tile / 2, per_tile = g->tile / SUB;
+    const int64_t tile_bytes = (g->split && !g->plane ? 2 : 1) * cols * h;
+    uint8_t *buf = g->prepared + g->per_thread * (size_t)slot;
+    float *scale = (float *)(buf + (g->split ? 2 : 1) * cols * SUB);
+#if defined(__AMX_INT8__)
+    const int amx = amx_takes(g->group);  /* int8 codes stay signed there (tdpbssd): not biased */
+#else
+    const int amx = 0;
+#endif
+    /* the split's magnitudes and their int16 steps serve gemm_rows only: not where the tiles take every row */
+    const int tiles_only = g->wide || (amx && g->rows % 16 == 0);
+    Prepared prep = {buf, g->split && !tiles_only ? buf + cols * SUB : NULL, scale, scale + g->x->groups * SUB, 1, 0,
+                     g->x->starts16 != NULL && !amx, g->wide};
+    int64_t t = sub / per_tile, s = sub % per_tile;
+    const int own = t * g->tile == g->partial->first;  /* the partial last tile: its own pairs and output */
+    const int64_t n = own ? g->tile : g->n;
+    prepare(g->codes + t * tile_bytes, g->plane ? g->plane + t * (cols * h / 2) : NULL,
+            own ? g->partial->sz : g->scale_zero + t * g->tile * g->x->sz_width, s, h, n, cols, g->x->groups,
+            g->x->sz_width, g->fp16, g->split, &prep);
+    uint16_t *out = (own ? g->partial->out : g->out + t * g->tile) + r0 * n;
+    int64_t done = 0;
+#if defined(__AMX_INT8__)
+    const Ahead ahead = next_tile(g, t, cols, h);
+    if (g->wide) done = amx_rows16(&prep, g->x, g->rows, g->group, g->split, out, n, s, h, g->fp16, &ahead);
+    else if (amx) done = amx_rows(&prep, g->x, g->rows, g->group, g->split, out, n, s, h, g->fp16, &ahead);
+#endif
+    if (done < g->rows) {
+        QRows rest = rows_from(g->x, done);
+        gemm_rows(&prep, &rest, g->rows - done, g->group, g->split, out + done * n, n, s, h, g->fp16);
+    }
+}
+
+/* out = x @ w.T for x's rows already rounded to int8 (`quantized_x`), each sub-tile laid out once
+ * per call (the 6-bit form's as the split's: the same codes); 0, or -1 where it could not get memory. */
+static int gemm_codes(const uint8_t *codes, const uint8_t *plane, const uint16_t *scale_zero, const QRows *x,
+                      uint16_t *out, int64_t n, int64_t rows, int64_t group, int64_t tile, int fp16, int kind,
+                      int wide, int threads) {
+    const int split = kind != KIND_INT4;
+    const int slots = threads > 1 ? (threads < POOL_MAX_WORKERS + 1 ? threads : POOL_MAX_WORKERS + 1) : 1;
+    const size_t per_thread = (prepared_bytes(x->cols, x->groups, split) + 63) / 64 * 64;
+    uint8_t *prepared = malloc(per_thread * (size_t)slots + 64);
+    PartialTile partial;
+    if (!prepared || partial_open(&partial, scale_zero, n, tile, sz_groups(x->cols, x->cols / x->groups, kind), rows,
+                                  x->sz_width)) {
+        free(prepared);
+        return -1;
+    }
+    QRows biased = *x;  /* with the starts of biased int8 codes' sums */
+    biased.starts16 = split && !wide ? bias_starts(x, rows) : NULL;
+    int64_t chunk_rows = (GEMM_CHUNK_X_BYTES / x->cols) / 16 * 16;
+    chunk_rows = chunk_rows < 64 ? 64 : chunk_rows;
+    const int64_t subs = (n + tile - 1) / tile * (tile / SUB), chunks = (rows + chunk_rows - 1) / chunk_rows;
+    GemmCall call = {codes, kind == KIND_INT6 ? plane : NULL, scale_zero, &biased, out, n, rows, group, tile,
+                     chunk_rows, subs, fp16, split, wide, prepared, per_thread, &partial};
+    pool_run(slots, chunks * subs, gemm_subtile, &call);
+    partial_close(&partial, out, n, tile, rows);
+    free(prepared);
+    free((void *)biased.starts16);
+    return 0;
+}
