@@ -20,8 +20,8 @@ picks its bf16 kernel (and its split over threads) by the call's row count: 1-10
 outputs moved by a rounding step between calls of 1-33 rows and of 300 (Sapphire Rapids-class
 Xeon). A call of a fixed row count gives a row the same bits wherever it sits among the call's
 rows and whatever they hold (measured there, 1 and 2 threads, packed or not), so there bf16 rows
-run in calls of exactly `AMX_ROW_BLOCK` rows (a prompt's: `AMX_PROMPT_ROW_BLOCK`), the last one padded
-with zero rows.
+run in calls of exactly `AMX_ROW_BLOCK` rows (a prompt's: `AMX_PROMPT_ROW_BLOCK`), fewer padded with
+zero rows, more ending in a call on the last block's worth (`_in_row_blocks`).
 
 Decode rows in bf16 / fp16 on a CPU without oneDNN's 16-bit GEMM (AVX2) take our kernel
 (`kernels.half_gemv`: each output one fp32 dot product in a fixed order, rounded once; a row's
@@ -135,16 +135,22 @@ def dense_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
 
 
 def _in_row_blocks(rows: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, block: int) -> torch.Tensor:
-    """rows @ w.T + b in oneDNN calls of exactly `block` rows (zero rows pad the last): the
-    kernel and its split then never depend on how many rows share the call. An unpacked weight
-    is packed once for a call of several blocks, not reordered by each."""
+    """rows @ w.T + b in oneDNN calls of exactly `block` rows: the kernel and its split then never
+    depend on how many rows share the call. Fewer rows than a block are padded with zero rows; more
+    end in a call on the last `block` rows, which overlaps the one before instead of a padded copy of
+    them all (a row's bits do not depend on where it sits in the call or what is beside it: the
+    docstring above; the copy was ~20% of a 504-row MoE expert's product). An unpacked weight is
+    packed once for a call of several blocks, not reordered by each."""
     count = rows.shape[0]
-    padded = F.pad(rows, (0, 0, 0, -count % block)).contiguous()
-    weight = w if w.is_mkldnn else (pack(w) if padded.shape[0] > block else w.contiguous())
-    outs = [torch.ops.mkldnn._linear_pointwise(padded[i:i + block], weight, b, "none", [], "")
-            for i in range(0, padded.shape[0], block)]
-    out = outs[0] if len(outs) == 1 else torch.cat(outs)
-    return out[:count]
+    rows = rows.contiguous()
+    if count <= block:
+        padded = F.pad(rows, (0, 0, 0, block - count)) if count < block else rows
+        return torch.ops.mkldnn._linear_pointwise(padded, w if w.is_mkldnn else w.contiguous(), b, "none", [], "")[:count]
+    weight = w if w.is_mkldnn else pack(w)
+    starts = list(range(0, count - block, block))
+    outs = [torch.ops.mkldnn._linear_pointwise(rows[i:i + block], weight, b, "none", [], "") for i in starts]
+    last = torch.ops.mkldnn._linear_pointwise(rows[count - block:], weight, b, "none", [], "")
+    return torch.cat([*outs, last[len(starts) * block - (count - block):]])
 
 
 def dense_scratch(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
