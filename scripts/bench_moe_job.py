@@ -80,12 +80,14 @@ def job_plan_phases(llm, args) -> dict | None:
 
 
 def measured_phases(profiles) -> dict:
-    """The sweeps' seconds by phase (a sweep with a prompt in it is prefill): wall, waiting on reads, compute."""
+    """The sweeps' seconds by phase (a sweep with a prompt in it is prefill): wall, waiting on reads, compute,
+    and the sweep thread's CPU and wait for a core (the rest of the wall it was blocked: faults, reads)."""
     out = {}
     for phase in ("prefill", "decode"):
         sweeps = [p for p in profiles if p.prefill == (phase == "prefill")]
         out[phase] = {"s": sum(p.sweep_s for p in sweeps), "io_wait_s": sum(sum(p.io_wait_s) for p in sweeps),
                       "compute_s": sum(sum(p.compute_s) for p in sweeps), "io_s": sum(sum(p.io_s) for p in sweeps),
+                      "cpu_s": sum(p.cpu_s for p in sweeps), "run_queue_s": sum(p.run_queue_s for p in sweeps),
                       "sweeps": len(sweeps)}
     return out
 
@@ -172,7 +174,8 @@ def _phase_lines(res: dict) -> str:
             priced = f"; predicted {want['s']:.1f} s (ms a layer a sweep: {terms}), measured/predicted {want['s'] / got['s']:.2f}" \
                 if got["s"] else ""
         lines += (f"\n    {phase}: {got['sweeps']} sweeps {got['s']:.1f} s (waiting on reads {got['io_wait_s']:.1f} s, "
-                  f"compute {got['compute_s']:.1f} s, reads on the I/O thread {got['io_s']:.1f} s){priced}")
+                  f"compute {got['compute_s']:.1f} s, reads on the I/O thread {got['io_s']:.1f} s; the sweep thread's CPU "
+                  f"{got.get('cpu_s', 0):.1f} s, waiting for a core {got.get('run_queue_s', 0):.1f} s){priced}")
     return lines
 
 

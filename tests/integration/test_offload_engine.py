@@ -188,6 +188,21 @@ def test_decode_micro_batches_merge_only_when_the_policy_says_so(reader, plain, 
     ex.close()
 
 
+def test_a_recorded_sweep_splits_its_wall_time_into_cpu_a_cores_wait_and_the_rest(reader, tmp_path):
+    """A sweep profile says how much of the sweep its thread computed and waited for a core, so a
+    benchmark tells a plan's miss on compute from a busy machine's and from blocking (faults, reads)."""
+    ex = OffloadExecutor(reader, _policy("weights_mostly_disk"), model_spec=model_spec(reader.config),
+                         gpu_mem=GiB, cpu_mem=GiB, offload_dir=tmp_path / "off")
+    ex.sweep.record_profile = True
+    ids = [reader.tokenizer.encode(p) for p in PROMPTS[:2]]
+    generate(ex, reader.tokenizer, ids, [SamplingParams(max_new_tokens=3, ignore_eos=True)] * 2, max_batch=2)
+    profiles = ex.sweep.profiles
+    assert len(profiles) >= 3
+    for p in profiles:
+        assert p.cpu_s > 0 and p.run_queue_s >= 0 and p.cpu_s + p.run_queue_s <= p.sweep_s + 0.01
+    ex.close()
+
+
 def test_every_sweep_gives_its_freed_heap_back(reader, plain, tmp_path, monkeypatch):
     """Every layer of a prompt sweep, every prompt micro-batch and the last layer of each decode sweep
     end in `release_heap` (`trims_heap_after`): with a prompt sweep's layers trimmed alone the freed

@@ -18,6 +18,7 @@ from flexlamps.engine.executors.expert_weights import (ExpertPlace, RoutedExpert
 from flexlamps.engine.executors.experts_ahead import ExpertsAhead
 from flexlamps.engine.executors.split_tables import HeadReads, gather_rows, head_chunks
 from flexlamps.engine.executors.step import Step
+from flexlamps.engine.executors.thread_clock import thread_clock
 from flexlamps.engine.executors.weight_store import WeightStore, element_bytes
 from flexlamps.models.blocks.linear import Int4Twin, as_logits_head, linear
 from flexlamps.models.loading.mapped_pages import release_heap
@@ -54,13 +55,17 @@ def trims_heap_after(layer: int, layers: int, prefill: bool, micro_batch_workspa
 class SweepProfile:
     """Per layer: wall time, time spent waiting for its weights, compute time, and how long its
     weight load took on the I/O thread. Perfect overlap makes wall == max(io, compute).
-    `sweep_s`: the whole sweep, embeddings and output head included; `prefill`: it had a prompt."""
+    `sweep_s`: the whole sweep, embeddings and output head included; `prefill`: it had a prompt;
+    `cpu_s` / `run_queue_s`: the sweep thread's CPU seconds in it and its seconds waiting for a core
+    (`thread_clock`; the rest of `sweep_s` it was blocked)."""
     sweep_s: float = 0.0
     prefill: bool = False
     layer_s: list[float] = field(default_factory=list)
     io_wait_s: list[float] = field(default_factory=list)
     compute_s: list[float] = field(default_factory=list)
     io_s: list[float] = field(default_factory=list)
+    cpu_s: float = 0.0
+    run_queue_s: float = 0.0
 
 
 class Sweep:
@@ -162,7 +167,7 @@ class Sweep:
         cfg, fwd, store = self.cfg, self.fwd, self.weights.store
         prefill = any(s.input_ids.shape[1] > 1 for s in steps)
         prof = SweepProfile(prefill=prefill) if self.record_profile else None
-        t_sweep = time.perf_counter()
+        t_sweep, clock = time.perf_counter(), thread_clock()
         glob_fetched, glob_staged = store.fetch(self.weights.small_global_names)
         glob = self.weights.layer_weights(glob_fetched)[0]
         act_tier = "cpu" if self.policy.activations.cpu == 1 else "gpu"  # one tier (CAPABILITIES)
@@ -208,6 +213,7 @@ class Sweep:
             outs = [fwd.finish_logits(logits) for logits in self._logits(hidden, peak_limit)]
             if prof is not None:
                 prof.sweep_s = time.perf_counter() - t_sweep
+                prof.cpu_s, prof.run_queue_s = (b - a for a, b in zip(clock, thread_clock()))
                 self.profiles.append(prof)
             return outs
         finally:
