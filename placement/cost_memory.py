@@ -4,6 +4,7 @@ one call's working buffers, and the output head's moment."""
 import dataclasses
 
 from placement.affine import Affine, C_CPU, C_DISK, C_GPU, H_CPU, H_DISK, H_GPU, W_CPU, W_DISK, W_GPU
+from placement.attention_scratch import exact_attention_bytes
 from placement.choice import Choice
 from placement.layer_sizes import LayerSizes, held_tokens, routed_staging
 from placement.model_spec import ModelSpec
@@ -18,9 +19,15 @@ STACKED_PROJECTIONS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 def workspace_bytes(model: ModelSpec, num_rows: int, num_queries: int, span: float, dtype_bytes: int = 0) -> float:
     """Compute scratch of one call of `num_rows` rows in one layer, as the engine charges it (its
     charges call this): the layer's intermediates in the dtype (default the model's) and the
-    boolean attention mask, a byte per query and attended entry."""
-    elements = int(num_rows * model.layer_workspace_elements(num_queries, span))
-    return elements * (dtype_bytes or model.dtype_bytes) + num_rows * num_queries * span
+    boolean attention mask, a byte per query and attended entry. Attention with sinks or
+    soft-capping counts the exact fp32 path's scratch for its scores (`attention_scratch`)."""
+    dtype_bytes = dtype_bytes or model.dtype_bytes
+    scores = None
+    if model.exact_attention and num_rows:
+        held = exact_attention_bytes(num_rows, model.num_heads, model.num_kv_heads, model.head_dim, num_queries, span)
+        scores = held / (num_rows * dtype_bytes)
+    elements = int(num_rows * model.layer_workspace_elements(num_queries, span, scores))
+    return elements * dtype_bytes + num_rows * num_queries * span
 
 
 def head_working(choice: Choice, model: ModelSpec) -> float:

@@ -94,6 +94,9 @@ class ModelSpec(JsonMixin):
     # sliding windows, one entry per layer (0: the layer attends over the whole context); ():
     # no layer slides
     layer_windows: tuple[int, ...] = ()
+    # the attention runs the exact fp32 per-query path on every device (sinks: gpt-oss; soft-capping:
+    # Gemma-2), whose scratch a layer's workspace counts (`placement.attention_scratch`)
+    exact_attention: bool = False
     # every weight, a row per tensor of a layer, as the model's family lists them
     # (flexlamps.models.description.tensor_table): what the sizes below sum
     tensors: TensorTable
@@ -331,18 +334,20 @@ class ModelSpec(JsonMixin):
             return flops + 2 * self.index_num_heads * self.index_head_dim * context_len
         return 4 * self.num_heads * self.head_dim * entries
 
-    def layer_workspace_elements(self, num_queries: int, num_keys: float) -> float:
+    def layer_workspace_elements(self, num_queries: int, num_keys: float, scores: float | None = None) -> float:
         """Scratch elements one sequence holds at the peak of a layer, beside the cache.
 
         The larger of the two stages, counting what the engine's forward keeps alive at once:
         attention holds the input, its norm, q, k, v, the attention output, the o projection
-        and the scores (at most SCORE_QUERY_CHUNK queries at a time); the FFN holds the input,
-        its norm and the wide buffers (gate, up and their product; OPT: fc1 and its
+        and the scores (at most SCORE_QUERY_CHUNK queries at a time; `scores` where the caller
+        counts them: the exact path's, `placement.cost_memory.workspace_bytes`); the FFN holds the
+        input, its norm and the wide buffers (gate, up and their product; OPT: fc1 and its
         activation). The engine charges exactly this to its gpu budget, so plans and runs agree.
         """
         h, queries = self.hidden_size, num_queries
         q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        scores = self.num_heads * min(queries, SCORE_QUERY_CHUNK) * num_keys
+        if scores is None:
+            scores = self.num_heads * min(queries, SCORE_QUERY_CHUNK) * num_keys
         attention = queries * (3 * h + 2 * q_dim + 2 * kv_dim) + scores
         ffn_wide = 2 if self.arch == "opt" else 3
         ffn = queries * (2 * h + ffn_wide * self.intermediate_size)

@@ -30,6 +30,8 @@ def model_spec(cfg: ModelConfig, name: str | None = None) -> placement.ModelSpec
         kwargs.update(_moe_fields(cfg))
     if cfg.hybrid is not None:
         kwargs.update(_hybrid_fields(cfg))
+    if cfg.attention.sinks or cfg.attention.softcap is not None:  # the exact fp32 path runs its attention
+        kwargs["exact_attention"] = True
     if cfg.attention.window is not None:  # each layer's window (0: it attends over the whole context)
         kwargs["layer_windows"] = tuple(cfg.attention.layer_window(i) or 0 for i in range(cfg.num_layers))
     return placement.ModelSpec(**kwargs)

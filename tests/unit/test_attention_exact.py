@@ -9,7 +9,8 @@ import random
 import pytest
 import torch
 
-from flexlamps.models.blocks import attention as attention_module
+from placement import attention_scratch
+
 from flexlamps.models.blocks.attention import BF16_TOLERANCE, KEY_BLOCK, AttnOptions, attention
 
 # (head_dim, heads, kv_heads): SmolLM2, MHA, LLaMA-3-8B (4 of its 8 kv heads), small GQA, MQA
@@ -49,7 +50,7 @@ def _cases(shape, dtype, monkeypatch, count, options=lambda heads, g: None):
     rnd, g = random.Random(sum(shape)), torch.Generator().manual_seed(sum(shape))
     for case in range(count):
         if case % 3 == 2:  # long chunks cut into blocks of a few queries
-            monkeypatch.setattr(attention_module, "_SCORES_PER_BLOCK", rnd.choice([1, 4096, 50_000]))
+            monkeypatch.setattr(attention_scratch, "SCORES_PER_BLOCK", rnd.choice([1, 4096, 50_000]))
         else:
             monkeypatch.undo()
         own = rnd.choice([1, 2, 9, 16, 17, KEY_BLOCK, KEY_BLOCK + 1, rnd.randrange(1, 400)])

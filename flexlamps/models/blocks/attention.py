@@ -56,16 +56,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from placement.attention_scratch import KEY_BLOCK, MIN_SPAN, padded_span as padded_keys, query_chunk
+
 from flexlamps.kernels import attention as native_attention, loader
 from flexlamps.models.blocks.row_products import min_rows
 
-# NOTE(exact): the three shape rules above; changing them needs the exactness tests re-run.
-MIN_SPAN = 16  # softmax's vectorized sums add masked zeros lane by lane from 16 keys on; MKL's
-# product with fewer than 12 keys (columns) runs another kernel
-KEY_BLOCK = 128  # MKL splits a longer reduction with the values at points that depend on its length
-# Scores held at once in a long prompt chunk (fp32 elements: 32 MiB; a batch of 32 prompts of 128
-# tokens of SmolLM2 in one block); more queries run in blocks.
-_SCORES_PER_BLOCK = 1 << 23
+# NOTE(exact): the three shape rules above (MIN_SPAN, KEY_BLOCK, the query blocks) live with the
+# scratch they give, which the layer workspace charges (`placement.attention_scratch`).
 # bf16: how far a query's result may be from float32's, or from itself in another step, as a
 # fraction of the largest |value| it attends over (see the docstring)
 BF16_TOLERANCE = 2.0 ** -7
@@ -151,10 +148,10 @@ def _per_query_attention(q, keys, values, mask, opts: AttnOptions) -> torch.Tens
         keys, values, mask = F.pad(keys, (0, 0, 0, grow)), F.pad(values, (0, 0, 0, grow)), F.pad(mask, (0, grow))
         span = MIN_SPAN
     keys, values = _in_float32(keys, values)
-    padded_span = -(-span // KEY_BLOCK) * KEY_BLOCK
+    padded_span = int(padded_keys(span))
     value_blocks = _value_blocks(values, span, padded_span)
     grouped = q.reshape(n, kv_heads, group, t, d)
-    chunk = max(1, min(t, _SCORES_PER_BLOCK // (n * heads * padded_span)))
+    chunk = query_chunk(n, heads, padded_span, t)
     outs = []
     for start in range(0, t, chunk):
         end = min(t, start + chunk)
