@@ -47,18 +47,35 @@ def _heap() -> tuple[int, int, int]:
     return m.arena // MiB, m.uordblks // MiB, m.fordblks // MiB
 
 
-def _resident_step(layer_step):
+def _counting_reads(store) -> list[int]:
+    """Wrap `store`'s disk-read buffers (the staged copies a fetch makes on a CPU-only machine) to
+    add their bytes to the returned one-element list."""
+    read, made = store._read_buffer, [0]
+
+    def counted(shape, dtype):
+        buf = read(shape, dtype)
+        made[0] += buf.numel() * buf.element_size()
+        return buf
+    store._read_buffer = counted
+    return made
+
+
+def _resident_step(layer_step, disk_reads: list[int]):
     def step(self, j, w, s, *rest):
         with open("/proc/self/clear_refs", "w") as fh:
             fh.write("5")  # VmHWM from the resident set now
-        before, heap0 = _status(), _heap()
+        gpu = self.budgets["gpu"]
+        before, heap0, used0, cached0, disk_reads[0] = _status(), _heap(), gpu.used_bytes, gpu.cached_bytes, 0
+        gpu.reset_peak()
         ws = layer_step(self, j, w, s, *rest)
-        after, heap1, gpu = _status(), _heap(), self.budgets["gpu"]
+        after, heap1 = _status(), _heap()
         peak = after["VmHWM"] - max(before["RssFile"], after["RssFile"])
         print(f"layer {j}: workspace {self._workspace_bytes(s, s.span) // MiB} MiB | RssAnon {before['RssAnon']} -> "
               f"{after['RssAnon']}, peak {peak} (+{peak - before['RssAnon']}) | heap arena {heap0[0]} -> {heap1[0]}, "
-              f"in use {heap0[1]} -> {heap1[1]}, free {heap0[2]} -> {heap1[2]} | gpu used {gpu.used_bytes // MiB} "
-              f"cached {gpu.cached_bytes // MiB}, cpu used {self.budgets['cpu'].used_bytes // MiB}", flush=True)
+              f"in use {heap0[1]} -> {heap1[1]}, free {heap0[2]} -> {heap1[2]} | gpu used {used0 // MiB} -> "
+              f"{gpu.used_bytes // MiB}, peak +{(gpu.peak_bytes - used0) // MiB}, cached {cached0 // MiB} -> "
+              f"{gpu.cached_bytes // MiB}; disk reads staged {disk_reads[0] // MiB} MiB | cpu used "
+              f"{self.budgets['cpu'].used_bytes // MiB}", flush=True)
         return ws
     return step
 
@@ -114,7 +131,7 @@ def main() -> None:
     if args.no_trim:
         policy = sweep_module.trims_heap_after
         sweep_module.trims_heap_after = lambda j, n, prefill, micro_batch_workspace=None: micro_batch_workspace is None and policy(j, n, prefill)
-    sweep_module.Sweep._layer_step = _resident_step(sweep_module.Sweep._layer_step)
+    sweep_module.Sweep._layer_step = _resident_step(sweep_module.Sweep._layer_step, _counting_reads(ex.store))
     ex.forward_steps(cache, steps)
 
 
