@@ -32,6 +32,9 @@ KERNEL_DTYPES = (torch.bfloat16, torch.float16)  # the fused kernels' activation
 CUDA_KERNEL_DTYPES = (torch.bfloat16,)
 CUDA_KERNEL_MIN_CAPABILITY = (8, 0)
 GROUP_SIZES = (32, 64, 128, 256)
+# Q4_K's scales as the file holds them (`from_k_blocks`): a super-block of K_GROUPS groups of 32 inputs
+# keeps K_PLANES 16-bit planes (flexlamps/kernels/tile_scales_k4.h)
+K_SUPER, K_GROUPS, K_PLANES = 256, 8, 10
 _DEQUANT_CHUNK_BYTES = 2 << 20  # fp32 codes dequantized at a time on a CPU: about one L2 cache
 
 
@@ -133,7 +136,10 @@ class Int4Weight(CompressedWeight):
         codes: (N, K/2) uint8 in `pack_codes`' layout; None when only `kernel_codes` are held
             (`kernel_only`).
         scale_zero: (K/group_size, N, 2): each group's scale and zero point (the value of code
-            8), in the compute dtype; the fused kernel's own format.
+            8), in the compute dtype; the fused kernel's own format. Or Q4_K's scales as the file
+            holds them (`k_scales`, `from_k_blocks`): (K/256 * K_PLANES, N, 1) 16-bit planes, a
+            super-block's fp16 d, dmin and each group's 6-bit `sc | m << 8`, their bits viewed as
+            the compute dtype; 4.625 bits a weight with the codes where the pairs make 5.
         group_size: input channels per group.
         kernel_codes: the codes in the fused kernel's layout on `codes`' device (built by
             `from_codes`/`to`); None where the kernel cannot run (then `matmul` dequantizes).
@@ -165,6 +171,50 @@ class Int4Weight(CompressedWeight):
         return cls(pack_codes(codes), scale_zero, group_size, _kernel_layout(codes, group_size))
 
     @classmethod
+    def from_k_blocks(cls, codes: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Tensor,
+                      m: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> "Int4Weight":
+        """Q4_K's `w = d sc q - dmin m` as the file holds it: codes (N, K) in [0, 15], d and dmin
+        (N, K/256) (fp16 values), sc and m (N, K/32) 6-bit integers. Only our kernel multiplies it
+        (`flexlamps.kernels.tile_gemv`, exact fp32 scales); elsewhere `pairs` gives torch's form."""
+        rows, cols = codes.shape
+        supers = cols // K_SUPER
+        if cols % K_SUPER or d.shape != (rows, supers) or sc.shape != (rows, supers * K_GROUPS):
+            raise ValueError(f"Int4Weight.from_k_blocks: codes {tuple(codes.shape)} need d (N, K/256) and sc (N, K/32)")
+        halves = [t.to(torch.float16).view(torch.int16) for t in (d, dmin)]  # (N, K/256) each, their bits
+        sc_m = (sc.to(torch.int32) | (m.to(torch.int32) << 8)).to(torch.int16).view(rows, supers, K_GROUPS)
+        planes = torch.cat([halves[0][..., None], halves[1][..., None], sc_m], dim=-1)  # (N, K/256, K_PLANES)
+        scale_zero = planes.reshape(rows, supers * K_PLANES).t().contiguous().view(dtype)[..., None]
+        codes = codes.to(torch.uint8).contiguous()
+        return cls(pack_codes(codes), scale_zero, 32, _kernel_layout(codes, 32))
+
+    @property
+    def k_scales(self) -> bool:
+        """Whether it holds Q4_K's scales as the file does (`from_k_blocks`), not (scale, zero) pairs."""
+        sz = self.scale_zero
+        return sz.shape[-1] == 1 and self.group_size == 32 and sz.shape[0] * K_SUPER == self.shape[1] * K_PLANES
+
+    def scales_offsets(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each group's scale and the value of code 0, (N, K/g) fp32: from the pairs, or Q4_K's
+        `d sc` and `-dmin m`, exact (as our kernel makes them and llama.cpp dequantizes)."""
+        if not self.k_scales:
+            scale = self.scale_zero[..., 0].t().float()
+            return scale, self.scale_zero[..., 1].t().float() - 8 * scale
+        rows = self.scale_zero.shape[1]
+        planes = self.scale_zero[..., 0].view(torch.int16).t().reshape(rows, -1, K_PLANES)  # (N, K/256, K_PLANES)
+        d, dmin = (planes[..., i:i + 1].contiguous().view(torch.float16).float() for i in (0, 1))
+        sc_m = planes[..., 2:].int() & 0xFFFF
+        scale, offset = d * (sc_m & 0xFF).float(), -(dmin * (sc_m >> 8).float())
+        return scale.reshape(rows, -1), offset.reshape(rows, -1)
+
+    def pairs(self) -> "Int4Weight":
+        """The same weight with (scale, zero) pairs in its dtype (torch's kernels' form; itself where it holds them)."""
+        if not self.k_scales:
+            return self
+        scale, offset = self.scales_offsets()
+        scale_zero = torch.stack([scale.t(), (offset + 8 * scale).t()], dim=-1).to(self.dtype).contiguous()
+        return dataclasses.replace(self, scale_zero=scale_zero)
+
+    @classmethod
     def quantize(cls, weight: torch.Tensor, group_size: int = 32, dtype: torch.dtype | None = None) -> "Int4Weight":
         """Min-max asymmetric 4-bit quantization of a dense (N, K) weight, groups along K."""
         rows, cols = weight.shape
@@ -182,6 +232,8 @@ class Int4Weight(CompressedWeight):
         if any((w.group_size, w.shape[1], w.dtype, w.device) != (first.group_size, first.shape[1], first.dtype,
                                                                   first.device) for w in weights):
             raise ValueError(f"Int4Weight.cat: weights differ in group size, input dim, dtype or device: {weights}")
+        if len({w.k_scales for w in weights}) > 1:  # Q4_K's scales beside pairs: stacked as pairs
+            weights = [w.pairs() for w in weights]
         scale_zero = torch.cat([w.scale_zero for w in weights], dim=1)
         kernels = [w.kernel_codes for w in weights]
         stack = all(k is not None for k in kernels) and _kernel_rows_stack(first.device, [w.shape[0] for w in weights])
@@ -243,7 +295,7 @@ class Int4Weight(CompressedWeight):
         # NOTE(offspeed): not in fp32 (an fp32 model's 4-bit weights offloaded): torch's CPU kernel
         # runs it ~5x slower than dequantizing for the dense GEMM (1 vs 80 GFLOP/s in bf16)
         # torch's kernels take groups from 32 (GROUP_SIZES); a Q6_K's 16 runs only on flexlamps.kernels.tile_gemv
-        return (self.kernel_codes is not None and x.dtype == self.dtype and x.dtype in kernel_dtypes(x.device.type)
+        return (self.kernel_codes is not None and not self.k_scales and x.dtype == self.dtype and x.dtype in kernel_dtypes(x.device.type)
                 and x.device == self.device and self.group_size in GROUP_SIZES
                 and (self.kernel_codes.dim() != 2 or self.kernel_codes.shape[0] == self.scale_zero.shape[1]))
         # (not our tiles padded past the rows: `_kernel_layout`)
@@ -269,8 +321,7 @@ class Int4Weight(CompressedWeight):
         rows, cols = self.shape
         if out is None:
             out = torch.empty(rows, cols, dtype=dtype or self.dtype, device=self.device)
-        scale = self.scale_zero[..., 0].t().float()  # (N, K/g)
-        offset = self.scale_zero[..., 1].t().float() - 8 * scale
+        scale, offset = self.scales_offsets()  # (N, K/g)
         tile = tile_rows(cols) if self.codes is None else 1
         # NOTE(offspeed): a few rows at a time, so the fp32 codes stay in cache (4-8x faster on
         # a CPU than one pass per op over the whole matrix); in-place mul/add over a broadcast
@@ -301,6 +352,8 @@ class Int4Weight(CompressedWeight):
         device = torch.device(device)
         if device == self.device:
             return self
+        if device.type != "cpu" and self.k_scales:  # only our CPU kernel reads Q4_K's scales
+            return self.pairs().to(device, non_blocking)
         codes = self.plain_codes().to(device, non_blocking=non_blocking)
         kernel = _kernel_layout(unpack_codes(codes), self.group_size)
         moved = dataclasses.replace(self, codes=codes, scale_zero=self.scale_zero.to(device), kernel_codes=kernel)

@@ -76,6 +76,19 @@ def assert_as_good_as_a_bf16_copy(got, bf16_copy, ref) -> None:
     assert (got[2] == ref[2]).sum() >= (bf16_copy[2] == ref[2]).sum() - 1
 
 
+def assert_int8_x_as_good_as_a_bf16_copy(got, bf16_copy, ref) -> None:
+    """As `assert_as_good_as_a_bf16_copy` where our kernel rounds x to int8 a group of 32 in prompts
+    and decode (a 4-bit model's every matrix): that rounding sets the logits' error, and one logit's
+    (the largest of 1.5k) wanders with it: over kquant seeds 0-7 the Q4_K_M model's prefill reached
+    0.45-4.35 times the copy's largest error with Q4_K's exact scales and 0.75-3.89 with them rounded
+    to bf16 pairs (2x missed at 3 and 5 of 8). So the error's root mean square, within 3 times the
+    copy's (at most 2.97 there, either form), besides the largest within 10% of the largest logit."""
+    for mine, copy, want in zip(got[:2], bf16_copy[:2], ref[:2]):
+        err, copy_err = (mine - want).pow(2).mean().sqrt().item(), (copy - want).pow(2).mean().sqrt().item()
+        assert (mine - want).abs().max().item() <= 0.1 * want.abs().max().item() and err <= 3 * copy_err, (err, copy_err)
+    assert (got[2] == ref[2]).sum() >= (bf16_copy[2] == ref[2]).sum() - 1
+
+
 def assert_cache_gives_back_the_same_weights(path: Path, cache_dir: Path) -> dict:
     """Loads `path` in bf16 with its blocks in place twice (the second from the weight cache):
     every weight comes back of the same kind and with the same values; returns the second load."""

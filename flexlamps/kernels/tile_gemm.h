@@ -89,7 +89,7 @@ AI void lane_scales(const uint16_t *lo, const uint16_t *hi, int64_t width, int f
  * `sz` at its first row; n rows in all) laid out in `prep`, and for int8 codes the steps whose pairs
  * int16 holds (`steps8`, from their largest |q|). */
 static void prepare(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz, int64_t s, int64_t h, int64_t n,
-                    int64_t cols, int64_t groups, int64_t width, int fp16, int split, Prepared *prep) {
+                    int64_t cols, int64_t groups, int64_t width, int k4, int fp16, int split, Prepared *prep) {
     const int64_t low_half = plane ? 0 : cols * h;
     __m256i top = _mm256_setzero_si256();
     for (int64_t k = 0; k < cols; k += 4) {
@@ -118,7 +118,13 @@ static void prepare(const uint8_t *codes, const uint8_t *plane, const uint16_t *
     }
     for (int64_t g = 0; g < groups; g++) {
         const uint16_t *pairs = sz + (split && !plane ? g + groups : g) * n * width;
-        for (int v = 0; v < 4; v++) {  /* vector v: rows 16s + 4v.. (lanes 0-3) and h + 16s + 4v.. (4-7) */
+        for (int v = 0; k4 && v < 4; v++) {  /* Q4_K's form (tile_scales_k4.h): the offset itself */
+            __m256 scale, offset;
+            k4_lanes(k4_group(sz, g, n), g, n, 16 * s + 4 * v, h + 16 * s + 4 * v, &scale, &offset);
+            _mm256_storeu_ps(prep->scale + g * SUB + 8 * v, scale);
+            _mm256_storeu_ps(prep->offset + g * SUB + 8 * v, offset);
+        }
+        for (int v = 0; !k4 && v < 4; v++) {  /* vector v: rows 16s + 4v.. (lanes 0-3) and h + 16s + 4v.. (4-7) */
             __m256 scale, zero;
             lane_scales(pairs + width * (16 * s + 4 * v), pairs + width * (h + 16 * s + 4 * v), width, fp16, &scale, &zero);
             _mm256_storeu_ps(prep->scale + g * SUB + 8 * v, scale);
@@ -337,7 +343,7 @@ AI QRows rows_from(const QRows *x, int64_t b0) {
     QRows xb = {x->q8 ? x->q8 + b0 * x->cols : NULL, x->q16 ? x->q16 + b0 * x->cols : NULL, x->scale + b0 * x->groups,
                 x->sum + b0 * x->groups, x->cols, x->groups, x->total + b0 * x->groups,
                 x->starts16 ? x->starts16 + b0 * (x->cols / BIAS_INPUTS) : NULL, NULL,
-                x->lo8 ? x->lo8 + b0 * x->cols : NULL, x->sz_width};
+                x->lo8 ? x->lo8 + b0 * x->cols : NULL, x->sz_width, x->k4};
     return xb;
 }
 

@@ -48,7 +48,7 @@ static Ahead next_tile(const GemmCall *g, int64_t t, int64_t cols, int64_t h) {
     }
     const int64_t groups = g->x->groups, w = g->x->sz_width;  /* `prepare`'s pairs: an int8 split's low halves' */
     a.pairs = (const char *)(g->scale_zero + ((g->split && !g->plane ? groups : 0) * g->n + next) * w);
-    a.groups = groups;
+    a.groups = sz_groups(g->x, KIND_INT4);
     a.pair_lines = g->tile * 2 * w / 64;
     a.stride = g->n * 2 * w;
     return a;
@@ -85,7 +85,7 @@ static void gemm_subtile(void *ctx, int64_t c, int slot) {
     const int64_t n = own ? g->tile : g->n;
     prepare(g->codes + t * tile_bytes, g->plane ? g->plane + t * (cols * h / 2) : NULL,
             own ? g->partial->sz : g->scale_zero + t * g->tile * g->x->sz_width, s, h, n, cols, g->x->groups,
-            g->x->sz_width, g->fp16, g->split, &prep);
+            g->x->sz_width, g->x->k4, g->fp16, g->split, &prep);
     uint16_t *out = (own ? g->partial->out : g->out + t * g->tile) + r0 * n;
     int64_t done = 0;
 #if defined(__AMX_INT8__)
@@ -109,8 +109,7 @@ static int gemm_codes(const uint8_t *codes, const uint8_t *plane, const uint16_t
     const size_t per_thread = (prepared_bytes(x->cols, x->groups, split) + 63) / 64 * 64;
     uint8_t *prepared = malloc(per_thread * (size_t)slots + 64);
     PartialTile partial;
-    if (!prepared || partial_open(&partial, scale_zero, n, tile, sz_groups(x->cols, x->cols / x->groups, kind), rows,
-                                  x->sz_width)) {
+    if (!prepared || partial_open(&partial, scale_zero, n, tile, sz_groups(x, kind), rows, x->sz_width)) {
         free(prepared);
         return -1;
     }

@@ -79,11 +79,12 @@ typedef struct {
     const int32_t *starts6;  /* the 6-bit form's decode sums, per 16 inputs (AVX2: tile_gemv_avx2_x8.h) */
     const uint8_t *lo8;  /* 16-bit codes on AMX tiles (tile_gemm_amx.h): their low bytes; q8 their high ones */
     int64_t sz_width;  /* the weight's scale_zero values a row a group (2; 1: KIND_INT6_SCALES'), for every loop */
+    int k4;  /* scale_zero in Q4_K's form (KIND_INT4_K; sz_width 1: planes of a value a row, tile_scales_k4.h) */
 } QRows;
 
 /* A weight's kind: 4-bit codes, an int8 split, 5-bit codes (nibbles and a plane of fifth bits), or
  * 6-bit codes (nibbles and a plane of high two bits; the split's arithmetic). */
-enum { KIND_INT4 = 0, KIND_INT8_SPLIT = 1, KIND_INT5 = 2, KIND_INT6 = 3, KIND_INT6_SCALES = 4 };
+enum { KIND_INT4 = 0, KIND_INT8_SPLIT = 1, KIND_INT5 = 2, KIND_INT6 = 3, KIND_INT6_SCALES = 4, KIND_INT4_K = 5 };
 
 /* The 6-bit form's tile bytes off .. off + 15 (off a multiple of 16) as the int8 split's high
  * nibbles: the plane's two bits of each nibble, plus 6 (see the top of this file). */
@@ -93,13 +94,17 @@ AI __m128i plane_high16(const uint8_t *plane, int64_t off) {
     return _mm_add_epi8(_mm_and_si128(v, _mm_set1_epi8(0x33)), _mm_set1_epi8(0x66));
 }
 
-/* The entry points' kind as the loops run it (KIND_INT6_SCALES as KIND_INT6), its QRows.sz_width in *width. */
-static inline int run_kind(int kind, int64_t *width) {
-    return (*width = kind == KIND_INT6_SCALES ? 1 : 2) == 1 ? KIND_INT6 : kind;
+/* The entry points' kind as the loops run it (KIND_INT6_SCALES as KIND_INT6, KIND_INT4_K as KIND_INT4), its
+ * QRows.sz_width in *width, QRows.k4 in *k4. */
+static inline int run_kind(int kind, int64_t *width, int *k4) {
+    *k4 = kind == KIND_INT4_K;
+    *width = kind == KIND_INT6_SCALES || *k4 ? 1 : 2;
+    return kind == KIND_INT6_SCALES ? KIND_INT6 : *k4 ? KIND_INT4 : kind;
 }
 
 /* Where group g's scale-zero pairs start, in groups of n rows: an int8 split's are its low halves'. */
 static inline int64_t sz_group(int64_t g, int64_t groups, int kind) { return kind == KIND_INT8_SPLIT ? g + groups : g; }
+#include "tile_scales_k4.h"  /* Q4_K's scales as the file holds them */
 
 /* x's rows by sub-tiles laid out once a call (tile_gemm_call.h; tile_gemm_amx.h's amx16_lead calls it
  * too); wide: x's 16-bit codes as two bytes (`lo8`), AMX only. */
@@ -184,7 +189,7 @@ static void *quantized_x(const uint16_t *x, int64_t rows, int64_t cols, int64_t 
     const int64_t per_chunk = QUANTIZE_CHUNK_VALUES / cols > 1 ? QUANTIZE_CHUNK_VALUES / cols : 1;
     QuantizeCall call = {x, rows, cols, group, per_chunk, fp16, bits, buf, scale, sum, total};
     pool_run(threads, (rows + per_chunk - 1) / per_chunk, quantize_chunk, &call);
-    QRows r = {bits == 8 ? buf : NULL, bits == 16 ? buf : NULL, scale, sum, cols, groups, total, NULL, NULL, NULL, 2};
+    QRows r = {bits == 8 ? buf : NULL, bits == 16 ? buf : NULL, scale, sum, cols, groups, total, NULL, NULL, NULL, 2, 0};
     *xr = r;
     return buf;
 }
@@ -227,9 +232,9 @@ static void partial_close(PartialTile *p, uint16_t *out, int64_t n, int64_t tile
     free(p->out);
 }
 
-/* Scale-zero groups of a weight of this kind (an int8 split's are twice its inputs'). */
-static int64_t sz_groups(int64_t cols, int64_t group, int kind) {
-    return (kind == KIND_INT8_SPLIT ? 2 : 1) * cols / group;
+/* Scale-zero groups of a weight of this kind (an int8 split's are twice its inputs'; Q4_K's form's planes). */
+static int64_t sz_groups(const QRows *x, int kind) {
+    return x->k4 ? k4_planes(x->groups) : (kind == KIND_INT8_SPLIT ? 2 : 1) * x->groups;
 }
 
 /* Bytes of a weight's codes a tile of its: an int8 split's two halves, else one 4-bit tile. */
@@ -299,15 +304,16 @@ static void decode_tiles(void *ctx, int64_t c, int slot) {
  * tile's codes padded with zero rows where n does not fill it, `PartialTile`), an int8
  * weight's (n, 2 cols) split (kind 1), 5-bit codes, 4-bit tiles and the plane of fifth bits (kind
  * 2), or 6-bit codes, 4-bit tiles and the plane of high two bits (kind 3, padded as its tiles; 4: the
- * scales alone), x rounded to codes of x_bits (8 or 16) bits; returns 0, or -1 for what it (this variant) does
+ * scales alone; kind 5: 4-bit tiles with Q4_K's scales, tile_scales_k4.h), x rounded to codes of x_bits (8 or 16) bits; returns 0, or -1 for what it (this variant) does
  * not take. */
 int flexlamps_tile_gemv(const uint8_t *codes, const uint8_t *plane, const uint16_t *scale_zero, const uint16_t *x,
                         uint16_t *out, int64_t n, int64_t cols, int64_t group, int64_t rows, int64_t tile, int fp16,
                         int kind, int x_bits, int threads) {
     int64_t width;
-    kind = run_kind(kind, &width);
+    int k4;
+    kind = run_kind(kind, &width, &k4);
     if (tile <= 0 || n <= 0 || group <= 0 || group % 4 || group > 256 || cols % group || rows <= 0
-        || (x_bits != 8 && x_bits != 16) || kind < KIND_INT4 || kind > KIND_INT6
+        || (x_bits != 8 && x_bits != 16) || kind < KIND_INT4 || kind > KIND_INT6 || (k4 && (group != 32 || cols % 256))
         || (kind == KIND_INT5 && (!plane || n % tile))  /* the 5-bit form's plane: whole tiles only */
         || (kind == KIND_INT6 && (!plane || cols * tile % 128))  /* the 6-bit form's plane: blocks of 64 tile bytes */
         || !takes_tile(tile, kind, x_bits))
@@ -316,6 +322,7 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint8_t *plane, const uint16
     void *buf = quantized_x(x, rows, cols, group, fp16, x_bits, &xr, threads);
     if (!buf) return -1;
     xr.sz_width = width;
+    xr.k4 = k4;
     const int64_t gemm_from = kind == KIND_INT4 ? DECODE_GEMM_FROM_ROWS : DECODE_GEMM_FROM_ROWS_SPLIT;
     if (x_bits == 8 && rows >= gemm_from && gemm_takes(tile, group, kind)) {
         int status = gemm_codes(codes, plane, scale_zero, &xr, out, n, rows, group, tile, fp16, kind, 0, threads);
@@ -335,7 +342,7 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint8_t *plane, const uint16
 #endif
     PartialTile partial;
     xr.starts6 = kind == KIND_INT6 && x_bits == 8 ? six_starts(&xr, rows, tile, group) : NULL;
-    if (partial_open(&partial, scale_zero, n, tile, sz_groups(cols, group, kind), rows, width)) {
+    if (partial_open(&partial, scale_zero, n, tile, sz_groups(&xr, kind), rows, width)) {
         free((void *)xr.starts6);
         free(buf);
         return -1;
@@ -357,21 +364,24 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint8_t *plane, const uint16
 void flexlamps_pool_run(int threads, int64_t chunks, pool_fn fn, void *ctx) { pool_run(threads, chunks, fn, ctx); }
 
 /* out (rows, n) = x (rows, cols) @ w.T for prompts: w (n, cols) in 4-bit tiles of `tile` rows (kind
- * 0), an int8 weight's (n, 2 cols) split (kind 1) or its 6-bit form (kind 3: tiles and `plane`; 4: the
- * scales alone), x rounded to int8 codes per group (tile_gemm.h). Returns 0, or -1 for what it does not take (or
+ * 0; 5: with Q4_K's scales), an int8 weight's (n, 2 cols) split (kind 1) or its 6-bit form (kind 3: tiles and
+ * `plane`; 4: the scales alone), x rounded to int8 codes per group (tile_gemm.h). Returns 0, or -1 for what it does not take (or
  * memory it could not get). */
 int flexlamps_tile_gemm(const uint8_t *codes, const uint8_t *plane, const uint16_t *scale_zero, const uint16_t *x,
                         uint16_t *out, int64_t n, int64_t cols, int64_t group, int64_t rows, int64_t tile, int fp16,
                         int kind, int threads) {
     int64_t width;
-    kind = run_kind(kind, &width);
+    int k4;
+    kind = run_kind(kind, &width, &k4);
     if (n <= 0 || group <= 0 || group % 4 || cols % group || rows <= 0 || !gemm_takes(tile, group, kind)
+        || (k4 && (group != 32 || cols % 256))
         || (kind == KIND_INT6 && (!plane || cols * tile % 128)))
         return -1;
     QRows xr;
     void *buf = quantized_x(x, rows, cols, group, fp16, 8, &xr, threads);
     if (!buf) return -1;
     xr.sz_width = width;
+    xr.k4 = k4;
     int status = gemm_codes(codes, plane, scale_zero, &xr, out, n, rows, group, tile, fp16, kind, 0, threads);
     free(buf);
     return status;

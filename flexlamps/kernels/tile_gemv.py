@@ -68,8 +68,9 @@ VARIANTS = (variants.variant("avx2"), variants.variant("avx_vnni"),
             variants.variant("amx", ("avx512vbmi", "avx512_vnni"), ("-mavx512vbmi", "-mavx512vnni")))
 TILES = {"avx512": (64,), "amx": (64,)}  # the tile rows a variant takes (the others: torch's AVX2 and AVX-512 layouts)
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}  # the activations' dtypes, as the kernel's flag
-# the weight's layout, as the kernel's `kind` (KIND_INT6_SCALES: the 6-bit form with its scales alone)
-KIND_INT4, KIND_INT8_SPLIT, KIND_INT5, KIND_INT6, KIND_INT6_SCALES = 0, 1, 2, 3, 4
+# the weight's layout, as the kernel's `kind` (KIND_INT6_SCALES: the 6-bit form with its scales alone;
+# KIND_INT4_K: 4-bit codes with Q4_K's scales as the file holds them, `Int4Weight.k_scales`)
+KIND_INT4, KIND_INT8_SPLIT, KIND_INT5, KIND_INT6, KIND_INT6_SCALES, KIND_INT4_K = 0, 1, 2, 3, 4, 5
 X_BITS = 8  # x's codes for decode: 8 bits (llama.cpp's rounding of x; twice the 16-bit rate on AVX2) or 16
 
 
@@ -181,7 +182,7 @@ def layout_of(w: Int4Weight | Int8Weight) -> tuple[Int4Weight, torch.Tensor | No
     """The 4-bit tiles the kernel reads (the split's, or the 5- or 6-bit form's nibbles), the form's
     plane (None: no plane) and the kernel's `kind` for `w`."""
     if not isinstance(w, Int8Weight):
-        return w, None, KIND_INT4
+        return w, None, KIND_INT4_K if w.k_scales else KIND_INT4
     if w.fifth is not None:
         return w.split, w.fifth, KIND_INT5
     if w.high is not None:

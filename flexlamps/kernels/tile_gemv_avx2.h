@@ -86,12 +86,24 @@ AI void scale_zero8(const uint16_t *sz, int64_t width, int fp16, __m256 *scale, 
     *zero = halves_to_floats8(_mm_packus_epi32(_mm256_castsi256_si128(high), _mm256_extracti128_si256(high, 1)), fp16);
 }
 
+/* Rows r..r+7's scale and offset (zero - bias * scale; Q4_K's form: -dmin m, tile_scales_k4.h) for
+ * group g, its scales at sz (`group_scales`, a tile of n rows). */
+AI void scale_offset8(const uint16_t *sz, int64_t n, int64_t r, float bias, int fp16, const QRows *x, int64_t g,
+                      __m256 *scale, __m256 *offset) {
+    if (x->k4) {
+        k4_lanes(sz, g, n, r, r + 4, scale, offset);
+        return;
+    }
+    __m256 zero;
+    scale_zero8(sz + x->sz_width * r, x->sz_width, fp16, scale, &zero);
+    *offset = _mm256_fnmadd_ps(_mm256_set1_ps(bias), *scale, zero);
+}
+
 /* tot[b][r..r+7] += scale * (dot * dx) + (zero - bias * scale) * sum_x: the AVX-512 variant's steps. */
-AI void add_group8(const uint16_t *sz, int64_t r, float bias, int fp16, const __m256i dot[], const QRows *x,
-                   int64_t g, float tot[][64], int nb) {
-    __m256 scale, zero;
-    scale_zero8(sz + x->sz_width * r, x->sz_width, fp16, &scale, &zero);
-    __m256 offset = _mm256_fnmadd_ps(_mm256_set1_ps(bias), scale, zero);
+AI void add_group8(const uint16_t *sz, int64_t n, int64_t r, float bias, int fp16, const __m256i dot[],
+                   const QRows *x, int64_t g, float tot[][64], int nb) {
+    __m256 scale, offset;
+    scale_offset8(sz, n, r, bias, fp16, x, g, &scale, &offset);
     for (int b = 0; b < nb; b++) {
         __m256 d = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[b]), _mm256_set1_ps(x->scale[b * x->groups + g]));
         __m256 t = _mm256_fmadd_ps(scale, d, _mm256_loadu_ps(tot[b] + r));
@@ -128,13 +140,13 @@ AI void slice_pass(const uint8_t *codes, const uint8_t *plane, const __m256i *pa
                 for (int i = 0; i < 4; i++) acc[b][i] = DPWSSD(acc[b][i], c[i], xb);
             }
         }
-        const uint16_t *group_sz = sz + sz_group(g, x->groups, kind) * n * x->sz_width;
+        const uint16_t *group_sz = group_scales(sz, g, n, x, kind);
         for (int half = 0; half < 2; half++)  /* the low nibbles' rows, then the high ones' */
             for (int upper = 0; upper < 2; upper++) {  /* rows 0-7 of the slice's 16, then 8-15 */
                 __m256i dot[PASS_ROWS];
                 for (int b = 0; b < nb; b++)
                     dot[b] = _mm256_permute2x128_si256(acc[b][2 * half], acc[b][2 * half + 1], upper ? 0x31 : 0x20);
-                add_group8(group_sz, first[2 * half + upper], bias, fp16, dot, x, g, tot, nb);
+                add_group8(group_sz, n, first[2 * half + upper], bias, fp16, dot, x, g, tot, nb);
             }
     }
 }
@@ -198,7 +210,7 @@ static void six_tile16(const uint8_t *codes, const uint8_t *plane, const uint16_
             __m256i dot = _mm256_add_epi32(_mm256_permute2x128_si256(acc[2 * i], acc[2 * i + 1], 0x20),
                                            _mm256_permute2x128_si256(acc[2 * i], acc[2 * i + 1], 0x31));
             dot = _mm256_add_epi32(dot, extra);
-            add_group8(sz + g * n * x->sz_width, 8 * i, 136.0f, fp16, &dot, x, g, tot, 1);
+            add_group8(sz + g * n * x->sz_width, n, 8 * i, 136.0f, fp16, &dot, x, g, tot, 1);
         }
     }
 }
@@ -214,7 +226,7 @@ static void run_six16(const uint8_t *codes, const uint8_t *plane, const uint16_t
     float tot[PASS_ROWS][64] __attribute__((aligned(32)));
     for (int64_t b = 0; b < rows; b++) {
         QRows xb = {NULL, x->q16 + b * x->cols, x->scale + b * x->groups, x->sum + b * x->groups, x->cols, x->groups,
-                    x->total + b * x->groups, NULL, NULL, NULL, x->sz_width};
+                    x->total + b * x->groups, NULL, NULL, NULL, x->sz_width, x->k4};
         for (int r = 0; r < 32; r++) tot[0][r] = 0.0f;
         six_tile16(codes, plane, sz, n, group, &xb, tot, fp16);
         for (int64_t r = 0; r < 32; r += 8)
@@ -238,7 +250,7 @@ static void run_tile(const uint8_t *codes, const uint8_t *plane, const uint16_t 
     for (int64_t b0 = 0; b0 < rows; b0 += PASS_ROWS) {
         int nb = rows - b0 < PASS_ROWS ? (int)(rows - b0) : PASS_ROWS;
         QRows xb = {NULL, x->q16 + b0 * x->cols, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups,
-                    NULL, NULL, NULL, NULL, x->sz_width};
+                    NULL, NULL, NULL, NULL, x->sz_width, x->k4};
         for (int b = 0; b < nb; b++)
             for (int64_t r = 0; r < tile; r++) tot[b][r] = 0.0f;
         for (int64_t s = 0; s < slices; s++) {  /* constant row counts, so the sums stay in registers */

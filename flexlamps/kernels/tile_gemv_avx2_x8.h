@@ -183,17 +183,16 @@ AI void segment8(const uint8_t *p, const uint8_t *plane, int64_t off, int64_t h,
 
 /* tot[b][i] (rows first[i]..first[i]+7) += scale * (dot * dx) + (zero - 8 scale) * sum_x for
  * group g: add_group8's fp32 steps in its order (the same bits), the sums kept in registers. */
-AI void add_group_rows(const uint16_t *group_sz, const int64_t first[4], int fp16, __m256i dot[][4], const QRows *x,
-                       int64_t g, __m256 tot[][4], int nb) {
+AI void add_group_rows(const uint16_t *group_sz, int64_t n, const int64_t first[4], int fp16, __m256i dot[][4],
+                       const QRows *x, int64_t g, __m256 tot[][4], int nb) {
     __m256 dx[PASS8_ROWS], sx[PASS8_ROWS];
     for (int b = 0; b < nb; b++) {
         dx[b] = _mm256_set1_ps(x->scale[b * x->groups + g]);
         sx[b] = _mm256_set1_ps(x->sum[b * x->groups + g]);
     }
     for (int i = 0; i < 4; i++) {
-        __m256 scale, zero;
-        scale_zero8(group_sz + x->sz_width * first[i], x->sz_width, fp16, &scale, &zero);
-        __m256 offset = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), scale, zero);
+        __m256 scale, offset;
+        scale_offset8(group_sz, n, first[i], 8.0f, fp16, x, g, &scale, &offset);
         for (int b = 0; b < nb; b++) {
             __m256 t = _mm256_fmadd_ps(scale, _mm256_mul_ps(_mm256_cvtepi32_ps(dot[b][i]), dx[b]), tot[b][i]);
             tot[b][i] = _mm256_fmadd_ps(offset, sx[b], t);
@@ -214,10 +213,12 @@ AI void slice_pass8(const uint8_t *codes, const uint8_t *plane, const uint16_t *
         for (int b = 0; b < nb; b++)
             for (int i = 0; i < 4; i++) dot[b][i] = _mm256_setzero_si256();
         const int64_t w = x->sz_width;
-        const uint16_t *group_sz = sz + (split && !plane ? g + x->groups : g) * n * w;
+        const int kind = split && !plane ? KIND_INT8_SPLIT : KIND_INT4;  /* (where its scales lie: the 6-bit form's as 4-bit) */
+        const uint16_t *group_sz = group_scales(sz, g, n, x, kind);
         if (g + 2 < x->groups) {  /* the scales two groups on: a strided read the prefetcher misses */
-            _mm_prefetch((const char *)(group_sz + 2 * n * w + w * first[0]), _MM_HINT_T0);
-            _mm_prefetch((const char *)(group_sz + 2 * n * w + w * first[2]), _MM_HINT_T0);
+            const uint16_t *ahead = group_scales(sz, g + 2, n, x, kind);
+            _mm_prefetch((const char *)(ahead + w * first[0]), _MM_HINT_T0);
+            _mm_prefetch((const char *)(ahead + w * first[2]), _MM_HINT_T0);
         }
         const int joined = plane && h == 16 && x->starts6;  /* the 6-bit form's codes joined (segment8_six) */
         for (int64_t k = g * group; joined && k < (g + 1) * group; k += SIX_INPUTS)
@@ -232,7 +233,7 @@ AI void slice_pass8(const uint8_t *codes, const uint8_t *plane, const uint16_t *
             for (int b = 0; b < nb; b++)
                 for (int i = 0; i < 4; i++)
                     dot[b][i] = _mm256_sub_epi32(dot[b][i], _mm256_set1_epi32((plane ? 32 : 128) * x->total[b * x->groups + g]));
-        add_group_rows(group_sz, first, fp16, dot, x, g, tot, nb);
+        add_group_rows(group_sz, n, first, fp16, dot, x, g, tot, nb);
     }
     for (int b = 0; b < nb; b++)
         for (int i = 0; i < 4; i++)
@@ -247,7 +248,7 @@ AI void tile8(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz, in
         int nb = rows - b0 < PASS8_ROWS ? (int)(rows - b0) : PASS8_ROWS;
         QRows xb = {x->q8 + b0 * x->cols, NULL, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols,
                     x->groups, x->total + b0 * x->groups, NULL,
-                    x->starts6 ? x->starts6 + b0 * (x->cols / SIX_INPUTS) : NULL, NULL, x->sz_width};
+                    x->starts6 ? x->starts6 + b0 * (x->cols / SIX_INPUTS) : NULL, NULL, x->sz_width, x->k4};
         for (int64_t s = 0; s < h / 16; s++) {  /* constant row counts, so the sums stay in registers */
             if (nb == PASS8_ROWS)
                 slice_pass8(codes, plane, sz, n, h, s, group, &xb, out + b0 * n, fp16, split, PASS8_ROWS);

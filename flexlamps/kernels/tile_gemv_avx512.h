@@ -5,12 +5,18 @@
 #define ROWS_PER_PASS 4
 
 /* tot[b] += scale * dx * acc[b] + (zero - bias * scale) * sum_x for one group of a tile's 64 rows
- * (x->sz_width 1: the scales alone, zero = 8 scale, exact). */
-AI void add_group(const uint16_t *sz, float bias, int fp16, __m512i acc[][4], const QRows *x, int64_t g,
+ * (x->sz_width 1: the scales alone, zero = 8 scale, exact; x->k4: Q4_K's, tile_scales_k4.h). */
+AI void add_group(const uint16_t *sz, int64_t n, float bias, int fp16, __m512i acc[][4], const QRows *x, int64_t g,
                   float tot[][TILE], int nb) {
     for (int i = 0; i < 4; i++) {
         __m512 scale, zero;
-        if (x->sz_width == 1) {
+        if (x->k4) {  /* Q4_K's form (tile_scales_k4.h): rows 16i.. as two runs of 8; `zero` the offset itself */
+            __m256 s0, o0, s1, o1;
+            k4_lanes(sz, g, n, 16 * i, 16 * i + 4, &s0, &o0);
+            k4_lanes(sz, g, n, 16 * i + 8, 16 * i + 12, &s1, &o1);
+            scale = _mm512_insertf32x8(_mm512_castps256_ps512(s0), s1, 1);
+            zero = _mm512_insertf32x8(_mm512_castps256_ps512(o0), o1, 1);
+        } else if (x->sz_width == 1) {
             scale = halves_to_floats(_mm256_loadu_si256((const __m256i *)(sz + 16 * i)), fp16);
             zero = _mm512_mul_ps(scale, _mm512_set1_ps(8.0f));
         } else {
@@ -18,7 +24,7 @@ AI void add_group(const uint16_t *sz, float bias, int fp16, __m512i acc[][4], co
             scale = halves_to_floats(_mm512_cvtepi32_epi16(pairs), fp16);
             zero = halves_to_floats(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16)), fp16);
         }
-        __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(bias), scale, zero);
+        __m512 offset = x->k4 ? zero : _mm512_fnmadd_ps(_mm512_set1_ps(bias), scale, zero);
         for (int b = 0; b < nb; b++) {
             __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[b][i]), _mm512_set1_ps(x->scale[b * x->groups + g]));
             __m512 t = _mm512_fmadd_ps(scale, dot, _mm512_loadu_ps(tot[b] + 16 * i));
@@ -153,7 +159,7 @@ AI void tile_pass(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz
         for (int b = 0; b < nb; b++)
             for (int i = 0; i < 4; i++) acc[b][i] = pairs[b][i][0] = pairs[b][i][1] = _mm512_setzero_si512();
         if (g + 2 < x->groups) {  /* the scales two groups on: a strided read the prefetcher misses */
-            const char *next = (const char *)(sz + sz_group(g + 2, x->groups, kind) * n * x->sz_width);
+            const char *next = (const char *)group_scales(sz, g + 2, n, x, kind);
             for (int line = 0; line < 2 * x->sz_width; line++) _mm_prefetch(next + 64 * line, _MM_HINT_T0);
         }
         for (int64_t k = g * group; k < (g + 1) * group; k += 4) {
@@ -170,9 +176,9 @@ AI void tile_pass(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz
             for (int b = 0; b < nb; b++)
                 for (int i = 0; i < 4; i++)
                     acc[b][i] = _mm512_sub_epi32(acc[b][i], _mm512_set1_epi32(128 * x->total[b * x->groups + g]));
-        const uint16_t *group_sz = sz + sz_group(g, x->groups, kind) * n * x->sz_width;
+        const uint16_t *group_sz = group_scales(sz, g, n, x, kind);
         const float bias = split ? (wide ? 136.0f : 8.0f) : kind == KIND_INT5 ? 16.0f : 8.0f;
-        add_group(group_sz, bias, fp16, acc, x, g, tot, nb);
+        add_group(group_sz, n, bias, fp16, acc, x, g, tot, nb);
     }
 }
 
@@ -184,7 +190,7 @@ static void run_tile(const uint8_t *codes, const uint8_t *plane, const uint16_t 
         int nb = rows - b0 < per_pass ? (int)(rows - b0) : per_pass;
         QRows xb = {wide ? NULL : x->q8 + b0 * x->cols, wide ? x->q16 + b0 * x->cols : NULL,
                     x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups, x->total + b0 * x->groups,
-                    NULL, NULL, NULL, x->sz_width};
+                    NULL, NULL, NULL, x->sz_width, x->k4};
         switch (wide * 8 + nb) {  /* constant row counts, so the accumulators stay in registers */
             case 1: tile_pass(codes, plane, sz, n, group, &xb, idx, tot, fp16, kind, 0, 1); break;
             case 2: tile_pass(codes, plane, sz, n, group, &xb, idx, tot, fp16, kind, 0, 2); break;

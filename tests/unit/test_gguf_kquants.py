@@ -16,7 +16,7 @@ from flexlamps.settings import RunSettings
 from quant.int4_tiles import tile_rows
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
-from tests.gguf_models import (assert_as_good_as_a_bf16_copy, assert_cache_gives_back_the_same_weights,
+from tests.gguf_models import (assert_cache_gives_back_the_same_weights, assert_int8_x_as_good_as_a_bf16_copy,
                                 prefill_and_decode_logits, random_k_blocks, write_llama_gguf)
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, VOCAB = 256, 512, 2, 4, 2, 64
@@ -172,7 +172,7 @@ def test_q4_k_m_model_computes_its_blocks_in_place_and_keeps_quality(kquant_gguf
     assert isinstance(weights["lm_head"], Int4Weight) and type(weights["embed_tokens"]) is torch.Tensor  # tied
     ref = _logits(read_all(reader, torch.float32), reader, torch.float32)
     bf16_copy = _logits(read_all(reader, torch.bfloat16), reader, torch.bfloat16, feed=ref[2])
-    assert_as_good_as_a_bf16_copy(_logits(weights, reader, torch.bfloat16, feed=ref[2]), bf16_copy, ref)
+    assert_int8_x_as_good_as_a_bf16_copy(_logits(weights, reader, torch.bfloat16, feed=ref[2]), bf16_copy, ref)
 
 
 def test_cache_keeps_the_blocks(kquant_gguf, tmp_path):

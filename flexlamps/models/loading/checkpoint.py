@@ -17,8 +17,7 @@ import torch
 from flexlamps.cache_folder import cache_root
 from flexlamps.models.config import ModelConfig, UnsupportedModelError
 from flexlamps.models.families import families, family_for
-from flexlamps.models.loading.gguf_blocks import (int4_blocks, int8_blocks, is_int4_block_type, is_int8_block_type,
-                                                  mxfp4_blocks)
+from flexlamps.models.loading.gguf_blocks import int8_blocks, is_int4_block_type, is_int8_block_type, mxfp4_blocks
 from flexlamps.models.loading.gguf_header import open_gguf, read_header
 from flexlamps.models.loading.gguf_tensors import GGUFTensor, dequantize_rows, field_value, unpermute_rows
 from flexlamps.models.loading.gguf_config import DECODER_ARCHITECTURES, as_written, decoder_hf_config
@@ -29,7 +28,7 @@ from flexlamps.models.loading.gguf_moe import (MLA_GGUF_LAYER, MLA_KV_B, deepsee
 from flexlamps.models.loading.gguf_names import GGUF_GLOBAL, NORM_PLUS_ONE, layer_names, permuted_heads
 from flexlamps.models.loading.unread import unread_error, unread_gguf_tensors, unread_tensors
 from flexlamps.models.loading.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
-from flexlamps.models.loading.in_place import (TIED_HEAD, in_place_form, in_place_specs, int4_from_blocks,
+from flexlamps.models.loading.in_place import (TIED_HEAD, in_place_form, in_place_specs, int4_matrix,
                                                int8_from_blocks)
 from flexlamps.models.loading.errors import CheckpointError, json_file
 from flexlamps.models.loading.hf_files import tensor_files
@@ -324,11 +323,9 @@ class GGUFReader:
         t = self._tensor(spec)
         if len(spec.shape) != 2 or not is_int4_block_type(t.tensor_type.name) or self._rebuilt(spec):
             return None
-        codes, scale, zero = int4_blocks(t.read(self.path), t.tensor_type.name, spec.shape)
         heads = self._row_heads(spec)
-        if heads is not None:
-            codes, scale, zero = (unpermute_rows(part, heads) for part in (codes, scale, zero))
-        return int4_from_blocks(codes, scale, zero, dtype)
+        rows = None if heads is None else (lambda part: unpermute_rows(part, heads))
+        return int4_matrix(t.read(self.path), t.tensor_type.name, tuple(spec.shape), dtype, rows)
 
     def stores_mxfp4(self, spec: WeightSpec) -> bool:
         """Whether the file holds `spec` in ggml's MXFP4 blocks (gpt-oss's experts)."""

@@ -83,6 +83,17 @@ def _q4_k_blocks(data: np.ndarray, rows: int, cols: int):
     return (torch.from_numpy(codes), *_k_scales_zeros(blocks, rows, cols, code_offset=8))
 
 
+def q4_k_parts(data: np.ndarray, shape: tuple[int, int]):
+    """A Q4_K tensor as the file holds it: codes (N, K) uint8, d and dmin (N, K/256) fp32 (fp16
+    values) and the 6-bit scales and mins (N, K/32) fp32 (`quant.int4_weight.Int4Weight.from_k_blocks`)."""
+    rows, cols = shape
+    blocks = np.ascontiguousarray(data).reshape(rows, cols // SUPER_BLOCK, _Q4_K_BYTES)
+    codes = _k_nibbles(blocks[..., 16:], rows, cols).reshape(rows, cols)
+    d, dmin = _fp16(blocks[..., 0:2]), _fp16(blocks[..., 2:4])
+    sc, m = (part.reshape(rows, cols // BLOCK) for part in _q4_k_scales_mins(blocks[..., 4:16]))
+    return tuple(torch.from_numpy(np.ascontiguousarray(t)) for t in (codes, d, dmin, sc, m))
+
+
 def _k_nibbles(qs: np.ndarray, rows: int, cols: int) -> np.ndarray:
     """A Q4_K / Q5_K tensor's 128 nibble bytes a super-block as (N, K/256, 8, 32): 32-byte chunk c
     holds sub-block 2c in its low nibbles, 2c + 1 in its high ones."""

@@ -20,7 +20,7 @@ import torch
 
 from flexlamps.kernels import int8_gemm
 from flexlamps.models.blocks.linear import native_kernel
-from flexlamps.models.loading.gguf_blocks import BLOCK, int4_blocks, int8_blocks, is_int4_block_type
+from flexlamps.models.loading.gguf_blocks import BLOCK, int4_blocks, int8_blocks, is_int4_block_type, q4_k_parts
 from flexlamps.models.weight_specs import WeightSpec
 from quant.int4_weight import KERNEL_DTYPES, Int4Weight
 from quant.int8_weight import Int8Weight
@@ -52,9 +52,34 @@ def packs_six_bit() -> bool:
     return native_kernel() is not None
 
 
+def keeps_k_scales() -> bool:
+    """Whether a Q4_K matrix keeps its scales as the file holds them (`Int4Weight.from_k_blocks`:
+    4.625 bits a weight, exact fp32 scales): where our kernel runs, in any variant (torch's int4
+    kernel reads (scale, zero) pairs). The weight cache keys by it (`packs_six_bit`'s rule)."""
+    return native_kernel() is not None
+
+
 def int4_from_blocks(codes, scale, zero, dtype: torch.dtype) -> Int4Weight:
     """A 4-bit matrix from its blocks' codes, scales and zero points (`gguf_blocks.int4_blocks`)."""
     return Int4Weight.from_codes(codes, scale, zero, BLOCK, dtype)
+
+
+def int4_from_k_blocks(codes, d, dmin, sc, m, dtype: torch.dtype) -> Int4Weight:
+    """A Q4_K matrix from its parts (`gguf_blocks.q4_k_parts`): its scales as the file holds them
+    where our kernel runs (`keeps_k_scales`), else (scale, zero) pairs."""
+    if keeps_k_scales():
+        return Int4Weight.from_k_blocks(codes, d, dmin, sc, m, dtype)
+    scale = (d.repeat_interleave(sc.shape[1] // d.shape[1], 1) * sc)
+    zero = 8 * scale - dmin.repeat_interleave(sc.shape[1] // d.shape[1], 1) * m
+    return int4_from_blocks(codes, scale, zero, dtype)
+
+
+def int4_matrix(raw, type_name: str, shape: tuple[int, int], dtype: torch.dtype, rows=None) -> Int4Weight:
+    """A Q4_0 / Q4_1 / Q4_K tensor's raw bytes as the engine keeps it; `rows` (optional) maps each
+    row-first part (a llama GGUF's q / k rows un-interleaved)."""
+    parts = q4_k_parts(raw, shape) if type_name == "Q4_K" else int4_blocks(raw, type_name, shape)
+    parts = parts if rows is None else tuple(rows(part) for part in parts)
+    return (int4_from_k_blocks if type_name == "Q4_K" else int4_from_blocks)(*parts, dtype)
 
 
 def int8_from_blocks(codes, scale, zero, dtype: torch.dtype) -> Int8Weight:
@@ -115,7 +140,7 @@ def _sample(type_name: str, shape: tuple[int, int], dtype: torch.dtype, five_bit
 
     raw = np.zeros(quant_shape_to_byte_shape(shape, gguf.GGMLQuantizationType[type_name]), dtype=np.uint8)
     if is_int4_block_type(type_name):
-        return int4_from_blocks(*int4_blocks(raw, type_name, shape), dtype).kernel_only()
+        return int4_matrix(raw, type_name, shape, dtype).kernel_only()
     codes, scale, zero = int8_blocks(raw, shape, type_name)
     codes = torch.full_like(codes, _LOWEST_CODE.get(type_name, -16))
     if zero is not None:  # a zero point of its own (Q5_1, Q5_K): held as (scale, zero) pairs, as a file's are
