@@ -196,8 +196,8 @@ def _check(kernel: TileGemv) -> None:
     fails here, not in a user's outputs)."""
     gen = torch.Generator().manual_seed(0)
     for dtype in DTYPES:
-        x = torch.randn(3, 64, generator=gen).to(dtype)
         for w in _check_weights(gen, dtype, kernel):
+            x = torch.randn(3, w.shape[1], generator=gen).to(dtype)
             require(kernel.runs(w, x), f"tile_gemv: the check's weight is not taken: {w!r}")
             want = (rounded_like_kernel(x, w.group_size, kernel.x_bits) @ w.dequantize(torch.float32).t()).to(dtype)
             _require_close(kernel.matmul(w, x), want, f"the kernel's check failed for {w!r} in {dtype}")
@@ -214,13 +214,17 @@ def _require_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 
 
 def _check_weights(gen: torch.Generator, dtype: torch.dtype, kernel: TileGemv) -> tuple:
-    """One weight of each kind the kernel takes: 4-bit, int8 in two 4-bit halves, the 6-bit form,
-    the 5-bit form (on AVX-512)."""
+    """One weight of each kind the kernel takes: 4-bit (with pairs, and Q4_K's scales), int8 in two
+    4-bit halves, the 6-bit form, the 5-bit form (on AVX-512)."""
     def int8(low: int, high: int, five_bit: bool, six_bit: bool = False) -> Int8Weight:
         return Int8Weight.from_codes(torch.randint(low, high, (64, 64), dtype=torch.int8, generator=gen),
                                      torch.rand(64, 2, generator=gen) / 64, 32, dtype,
                                      zero=torch.randn(64, 2, generator=gen) / 64, five_bit=five_bit, six_bit=six_bit)
-    weights = (Int4Weight.quantize(torch.randn(128, 64, generator=gen), 32, dtype), int8(-128, 128, False),
+    k4 = Int4Weight.from_k_blocks(torch.randint(0, 16, (64, 256), dtype=torch.uint8, generator=gen),
+                                  torch.rand(64, 1, generator=gen) / 64, torch.rand(64, 1, generator=gen) / 64,
+                                  torch.randint(0, 64, (64, 8), generator=gen), torch.randint(0, 64, (64, 8), generator=gen),
+                                  dtype)
+    weights = (Int4Weight.quantize(torch.randn(128, 64, generator=gen), 32, dtype), k4, int8(-128, 128, False),
                int8(-32, 32, False, True), int8(-16, 16, True))
     return tuple(w for w in weights if kernel.takes(w) or not (isinstance(w, Int8Weight) and w.fifth is not None))
 
