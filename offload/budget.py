@@ -40,14 +40,20 @@ class TierBudget:
         self.reclaim = None  # reclaim(nbytes): a cache drops at least that many bytes if it can
         self._lock = threading.Lock()
 
-    def allocate(self, nbytes: int, what: str) -> None:
-        short = self.used_bytes + self.cached_bytes + nbytes - self.capacity_bytes
-        if short > 0 and self.reclaim is not None:
+    def allocate(self, nbytes: int, what: str, holds: bool = True) -> None:
+        """Charge `nbytes` until `free`. `holds=False`: a charge that holds no memory of its own (a
+        cpu-tier tensor staged as itself where the compute device is the CPU): in `used_bytes` and
+        the peak like any other (the plan's charge), it fits beside what is used, not beside the
+        cache's bytes, and never makes the cache give way: the bytes that exist (cached and held)
+        stay within the capacity either way."""
+        cached = self.cached_bytes if holds else 0
+        short = self.used_bytes + cached + nbytes - self.capacity_bytes
+        if short > 0 and self.reclaim is not None and holds:
             self.reclaim(short)
         with self._lock:
-            if self.used_bytes + self.cached_bytes + nbytes > self.capacity_bytes:
-                raise BudgetExceededError(self.tier, what, nbytes, self.used_bytes + self.cached_bytes,
-                                          self.capacity_bytes)
+            cached = self.cached_bytes if holds else 0
+            if self.used_bytes + cached + nbytes > self.capacity_bytes:
+                raise BudgetExceededError(self.tier, what, nbytes, self.used_bytes + cached, self.capacity_bytes)
             self.used_bytes += nbytes
             self.peak_bytes = max(self.peak_bytes, self.used_bytes)
 

@@ -2,8 +2,10 @@
 
 A fetch of a tensor that lives off the gpu tier makes a staged copy on the compute device,
 charged to the gpu budget until `release` (on a CPU-only machine a cpu-tier tensor is charged
-but not copied: both tiers are the same memory, and a copy would only cost time and RSS); fetches run on worker threads so the next
-layer's weights load while this one computes. Compressed tensors (`quant.QTensor`,
+but not copied: both tiers are the same memory, and a copy would only cost time and RSS; the
+charge keeps the plan's gpu peak, as the dry run counts it, but holds no bytes, so the expert
+cache does not give way to it: `TierBudget.allocate(holds=False)`); fetches run on worker threads
+so the next layer's weights load while this one computes. Compressed tensors (`quant.QTensor`,
 `quant.int4_weight.Int4Weight`) are stored and moved compressed, as their component tensors
 (`to_tensors`), and rebuilt from them after a load (`from_tensors`).
 """
@@ -174,10 +176,9 @@ class TieredStore:
         if tier == "cpu":
             src = self._resident[name]
             n = tensor_bytes(src)
-            self.budgets["gpu"].allocate(n, f"staging {name}")
-            if self.device.type == "cpu":  # the tiers share one memory: charge the staging, skip the copy
-                return src, n
-            return src.to(self.device, non_blocking=True), n
+            copies = self.device.type != "cpu"  # the tiers share one memory: charge the staging, skip the copy
+            self.budgets["gpu"].allocate(n, f"staging {name}", holds=copies)
+            return (src.to(self.device, non_blocking=True) if copies else src), n
         shape, dtype = self.disk.spec(name)
         buf = self._read_buffer(shape, dtype)
         n = tensor_bytes(buf)
@@ -217,8 +218,9 @@ class TieredStore:
         if tier == "cpu":
             src = self._resident[name][start:stop]
             n = tensor_bytes(src)
-            self.budgets["gpu"].allocate(n, f"staging rows of {name}")
-            return (src if self.device.type == "cpu" else src.to(self.device)), n
+            copies = self.device.type != "cpu"
+            self.budgets["gpu"].allocate(n, f"staging rows of {name}", holds=copies)
+            return (src.to(self.device) if copies else src), n
         shape, dtype = self.disk.spec(name)
         buf = self._read_buffer((stop - start, *shape[1:]), dtype)
         n = tensor_bytes(buf)
