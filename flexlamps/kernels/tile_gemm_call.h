@@ -113,8 +113,13 @@ static int gemm_codes(const uint8_t *codes, const uint8_t *plane, const uint16_t
         free(prepared);
         return -1;
     }
-    QRows biased = *x;  /* with the starts of biased int8 codes' sums */
-    biased.starts16 = split && !wide ? bias_starts(x, rows) : NULL;
+#if defined(__AMX_INT8__)
+    const int amx = amx_takes(group);  /* the tiles multiply int8 codes signed: no sub-tile is biased */
+#else
+    const int amx = 0;
+#endif
+    QRows biased = *x;  /* with the starts of biased int8 codes' sums (serial work: ~6 ms a 4,096-row Q6_K down) */
+    biased.starts16 = split && !wide && !amx ? bias_starts(x, rows) : NULL;
     int64_t chunk_rows = (GEMM_CHUNK_X_BYTES / x->cols) / 16 * 16;
     chunk_rows = chunk_rows < 64 ? 64 : chunk_rows;
     const int64_t subs = (n + tile - 1) / tile * (tile / SUB), chunks = (rows + chunk_rows - 1) / chunk_rows;
