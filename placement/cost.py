@@ -16,6 +16,7 @@ with ctog/gtoc = CPU->GPU / GPU->CPU copies, dtoc/ctod = disk reads / writes. Ex
   - a shared prompt prefix computed and stored once per block;
   - a fixed cost per layer and micro-batch (launches, dispatch), measured by the profile;
   - the memory-bound elementwise passes (norms, rotary, activation) at memory bandwidth;
+  - attention at the rate the profile measured the engine's at (`HardwareSpec.attention_seconds`), else the GEMM peak;
   - on a CPU standing in for the GPU, tier copies as compute work (they share its cores);
   - a MoE layer's routed experts read off disk only once its router names them: those reads
     wait for the layer's compute before the router (and the last one's expert computes after

@@ -78,7 +78,8 @@ def _attention_s(choice, sz, model, hardware, block: float, context: float) -> A
     entries = model.mean_attended_entries(context)
     attn_flops = block * model.attention_flops_per_query(context)
     attn_bytes = block * (entries * sz.cache_fp16 + context * sz.indexer)
-    gpu_attn_s = max(attn_flops / hardware.gpu_flops(model.dtype), attn_bytes / hardware.gpu_mem_bytes_per_s)
+    gpu_attn_s = max(hardware.attention_seconds("decode", model.dtype, attn_flops),
+                     attn_bytes / hardware.gpu_mem_bytes_per_s)
     if choice.compress_cache:
         gpu_attn_s += dequant_s(block * entries * sz.cache_fp16, model, hardware.gpu_dequant_bytes_per_s)
     if not choice.cpu_attention:

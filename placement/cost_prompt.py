@@ -29,7 +29,6 @@ def prompt_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     dtoc = Affine().add(streamed, W_DISK).add(hidden, H_DISK)
     ctod = Affine().add(new_cache, C_DISK).add(hidden, H_DISK)
 
-    gpu_flops = hardware.gpu_flops(model.dtype)
     # causal attention: the suffix queries see on average (s + p) / 2 tokens, the prefix p / 2
     attn_flops = (block * (s - p) * model.attention_flops_per_query((s + p) / 2)
                   + p * model.attention_flops_per_query(p / 2))
@@ -41,7 +40,7 @@ def prompt_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
                                 sz.weight_fp16, embed_share)
     comp_s += ngb * routed_rows_delta_s(choice, model, hardware, rows, "prompt")
     resident_s = resident_delta_s(choice, model, hardware, rows, gemm_flops / ngb, sz.weight_fp16, ngb)
-    comp_s += attn_flops / gpu_flops
+    comp_s += hardware.attention_seconds("prompt", model.dtype, attn_flops)
     comp_s += delta_rule_s(num_tokens, model, hardware, decode=False)
     comp_s += elementwise_s(num_tokens, model, hardware)
     if choice.compress_weight and not runs_fused_int4(choice, model, hardware, rows):

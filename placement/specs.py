@@ -99,6 +99,11 @@ class HardwareSpec(JsonMixin):
     gpu_expert_flops_by_rows: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     # the same for the engine's 4-bit experts, by the activations' dtype. Empty: as other 4-bit calls.
     gpu_int4_expert_flops_by_rows: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    # attention as the engine runs a layer's (its cache's write and read, the mask, the exact per-query
+    # product), by phase ("prompt", "decode") and dtype, FLOP/s as `ModelSpec.attention_flops_per_query`
+    # counts them: on a CPU 5-20 GFLOP/s, far below the GEMM peak the planner otherwise prices it at.
+    # Empty (a preset): the GEMM peak, and a decode's cache read at memory bandwidth.
+    gpu_attention_flops_per_s: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self):
         _require_positive(
@@ -130,6 +135,11 @@ class HardwareSpec(JsonMixin):
                     raise ValueError(f"HardwareSpec.{attr}: expected {{phase in {PHASES}: {{dtype: "
                                      f"{{rows: FLOP/s}}}}}}, got {phase!r}: {tables!r}")
                 _check_rows_tables(f"HardwareSpec.{attr}[{phase!r}]", tables)
+        for phase, rates in self.gpu_attention_flops_per_s.items():
+            if phase not in PHASES or not isinstance(rates, dict) or not set(rates) <= set(DTYPES):
+                raise ValueError(f"HardwareSpec.gpu_attention_flops_per_s: expected {{phase in {PHASES}: "
+                                 f"{{dtype in {DTYPES}: FLOP/s}}}}, got {phase!r}: {rates!r}")
+            _require_positive(f"HardwareSpec.gpu_attention_flops_per_s[{phase!r}]", **rates)
         for phase, flops in self.gpu_delta_rule_flops_per_s.items():
             if phase not in ("decode", "prompt"):
                 raise ValueError(f"HardwareSpec.gpu_delta_rule_flops_per_s: unknown phase {phase!r}; "
@@ -191,6 +201,12 @@ class HardwareSpec(JsonMixin):
         tables = self.gpu_int4_expert_flops_by_rows if int4 else self.gpu_expert_flops_by_rows
         table = tables.get(phase, {}).get(dtype)
         return flops / _rate_at(table, rows) if table else None
+
+    def attention_seconds(self, phase: str, dtype: str, flops: float) -> float:
+        """Time of a layer's attention doing `flops` in `phase` on the gpu tier: at the measured rate
+        (`gpu_attention_flops_per_s`), else at the GEMM peak."""
+        rate = self.gpu_attention_flops_per_s.get(phase, {}).get(dtype)
+        return flops / (rate or self.gpu_flops(dtype))
 
     def delta_rule_seconds(self, phase: str, flops: float, chunk: int) -> float:
         """Time of `flops` of the gated delta rule in `phase` ("decode" or "prompt")."""

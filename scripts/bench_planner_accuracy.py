@@ -112,7 +112,9 @@ def describe(hw: placement.HardwareSpec) -> str:
         f"  4-bit fused kernel (under {hw.int4_dense_from_rows} rows) GFLOP/s by rows: "
         + "; ".join(f"{d} " + ", ".join(f"{r}: {f / 1e9:.0f}" for r, f in t.items())
                     for d, t in hw.gpu_int4_gemm_flops_by_rows.items())
-        + f"; 4-bit dequant {hw.gpu_int4_dequant_bytes_per_s / 1e9:.2f} GB/s")
+        + f"; 4-bit dequant {hw.gpu_int4_dequant_bytes_per_s / 1e9:.2f} GB/s\n"
+        f"  attention GFLOP/s: " + "; ".join(f"{phase} " + ", ".join(f"{d} {f / 1e9:.1f}" for d, f in rates.items())
+                                             for phase, rates in hw.gpu_attention_flops_per_s.items()))
 
 
 def main():

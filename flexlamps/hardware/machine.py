@@ -10,13 +10,14 @@ from typing import Callable
 import psutil
 import torch
 
+from flexlamps.hardware.attention_probe import attention_steps
 from flexlamps.hardware.expert_probes import measure_expert_products
 from flexlamps.hardware.int4_probes import measure_int4, measure_int8_prompts
 from flexlamps.hardware.probes import (DECODE_ROWS, GENERIC_SHAPES, ProbeSizes, gemm_probe_shapes, measure_copies,
                                        measure_cpu_attention, measure_delta_rule, measure_dequant,
                                        measure_dequant_matrix_s,
                                        measure_device_bandwidth, measure_disk, measure_gemm, measure_gemm_by_rows,
-                                       measure_layer_overhead, nondecreasing, probe_shapes)
+                                       measure_layer_overhead, nondecreasing, probe_shapes, _typical_rate)
 from flexlamps.host_allocator import keep_freed_memory
 from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS
 from flexlamps.models.blocks.weight_kind import Phase
@@ -119,7 +120,7 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
     gpu_bandwidth = min(gpu_bandwidth, gemm_tables["gpu_gemm_flops_by_rows"]["fp32"]["8"] * 4 / (2 * 8))
     step("gemm")
     gpu_gemm, cpu_gemm = _gemm_peaks(on_cpu, device, sizes, has_cuda)
-    cpu_attention, delta_rule = _attention_rates(on_cpu, device, sizes, step)
+    cpu_attention, delta_rule, attention = _attention_rates(on_cpu, device, sizes, step)
     step("dequantization")
     dequant_matrix_s, gpu_dequant, cpu_dequant = _dequant_rates(on_cpu, device, sizes, model_shapes, has_cuda)
     step("4-bit weights")
@@ -138,7 +139,8 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
         **gemm_tables, gpu_is_host=not has_cuda,
         gpu_int4_gemm_flops_by_rows=int4_table, int4_dense_from_rows=INT4_DENSE_FROM_ROWS,
         gpu_int4_dequant_bytes_per_s=int4_dequant, gpu_int8_prompt_flops_by_rows=int8_table,
-        gpu_delta_rule_flops_per_s=delta_rule, **_expert_rates(on_cpu, device, sizes, expert_dims, has_cuda, step))
+        gpu_delta_rule_flops_per_s=delta_rule, gpu_attention_flops_per_s=attention,
+        **_expert_rates(on_cpu, device, sizes, expert_dims, has_cuda, step))
 
 
 def _expert_rates(on_cpu, device: torch.device, sizes: ProbeSizes, expert_dims, has_cuda: bool,
@@ -158,12 +160,20 @@ def _expert_rates(on_cpu, device: torch.device, sizes: ProbeSizes, expert_dims, 
             "gpu_int4_expert_flops_by_rows": {phase: _nondecreasing_tables(tables) for phase, tables in int4.items()}}
 
 
-def _attention_rates(on_cpu, device: torch.device, sizes: ProbeSizes, step) -> tuple[float, dict[str, float]]:
-    """(decode attention's FLOP/s on the CPU, a hybrid model's delta rule's FLOP/s on the device)."""
+def _attention_rates(on_cpu, device: torch.device, sizes: ProbeSizes, step) -> tuple[float, dict, dict]:
+    """(decode attention's FLOP/s on the CPU, a hybrid model's delta rule's FLOP/s on the device, the
+    engine's attention on the device by phase and dtype: `gpu_attention_flops_per_s`)."""
     step("cpu attention")
     cpu_attention = _best_over_threads(lambda: measure_cpu_attention(sizes.attention_context, sizes.seconds_per_probe))
     step("delta rule")
-    return cpu_attention, on_cpu(lambda: measure_delta_rule(device, sizes.seconds_per_probe, sizes.delta_rule_rows))
+    delta_rule = on_cpu(lambda: measure_delta_rule(device, sizes.seconds_per_probe, sizes.delta_rule_rows))
+    step("attention")
+    steps = attention_steps(device, ("fp32", "bf16", "fp16") if device.type == "cuda" else ("fp32", "bf16"))
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    attention = {phase: {dtype: on_cpu(lambda run=run, flops=flops: _typical_rate(run, flops, sizes.seconds_per_probe,
+                                                                                    sync))
+                         for dtype, (run, flops) in by_dtype.items()} for phase, by_dtype in steps.items()}
+    return cpu_attention, delta_rule, attention
 
 
 def _bandwidths(on_cpu, device: torch.device, num_bytes: int, budget_s: float) -> tuple[float, float]:
@@ -234,4 +244,5 @@ def _tier_memory(has_cuda: bool, gpu_budget_bytes: int | None) -> tuple[int, int
 
 
 PROBE_NAMES = ("disk", "copies", "memory bandwidth", "layer overhead", "gemm by rows", "gemm", "cpu attention",
-               "dequantization", "4-bit weights", "moe experts")  # the last for a MoE model only
+               "delta rule", "attention", "dequantization", "4-bit weights",
+               "moe experts")  # the last for a MoE model only

@@ -14,8 +14,9 @@ from flexlamps.cache_folder import cache_root
 # 9: the int8 GEMM 4-bit prompts run on (a CPU with it); 10: dense GEMMs by rows on prompt calls and, on
 # CPUs, bf16 decode calls apart (the engine's decode kernel), MoE experts per phase; 11: 16-bit prompt rows on an
 # AVX2 CPU on the native kernel (`kernels.half_gemm`), dense and MoE experts; 12: on an AMX CPU a prompt's bf16
-# rows in oneDNN calls of 128 rows (`dense_gemm.AMX_PROMPT_ROW_BLOCK`), decode experts' kernel in 6-row tiles
-PROFILE_VERSION = 12
+# rows in oneDNN calls of 128 rows (`dense_gemm.AMX_PROMPT_ROW_BLOCK`), decode experts' kernel in 6-row tiles;
+# 13: the engine's attention through its cache, by phase and dtype (`attention_probe`)
+PROFILE_VERSION = 13
 
 
 def profile_cache_path(threads: int, shapes=None, expert_dims=None) -> Path:

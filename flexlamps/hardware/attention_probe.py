@@ -1,0 +1,53 @@
+"""The engine's attention as a layer runs it, timed for the planner: a `TieredKVCache` layer on the gpu
+tier attending one step (its keys written, the rows read back, the mask, the exact per-query product of
+`blocks.attention`), at a prompt's and a decode step's shapes. On a CPU it runs 5-20 GFLOP/s where the
+GEMM peak the planner priced it at is 100-1000: a tenth of SmolLM2's prompt sweep and a fifth of its
+decode step went unpriced (docs/performance.md, "SmolLM2's planner accuracy")."""
+
+import torch
+
+from flexlamps.engine.caches.tiered import TieredKVCache
+from flexlamps.models.config import ModelConfig
+from offload.budget import TierBudget
+
+# a common head geometry (Llama-3.2-1B's and SmolLM2's head size, GQA by 4): the rate per FLOP moves little
+# with the head count (SmolLM2's 9/3 heads within 5% of these 8/2 here), much with the row and key counts
+HEADS, KV_HEADS, HEAD_DIM = 8, 2, 64
+PROMPT_ROWS, PROMPT_TOKENS = 8, 64  # a prompt micro-batch: 8 prompts of 64 tokens, no cache before them
+# a decode step: 32 rows, one query each over 64 cached keys (a short context: the engine pads the keys to
+# whole blocks of 128, so a longer one runs faster per FLOP and is priced slow, never fast)
+DECODE_ROWS, DECODE_KEYS = 32, 64
+
+
+def _step(dtype: torch.dtype, device: torch.device, rows: int, tokens: int, past: int):
+    """A callable running one layer's attend of `rows` rows of `tokens` queries after `past` cached
+    positions, and its FLOPs as the planner counts them (`ModelSpec.attention_flops_per_query`: a
+    prompt's queries see half its tokens on average)."""
+    cfg = ModelConfig(arch="decoder", model_type="llama", vocab_size=64, hidden_size=HEADS * HEAD_DIM,
+                      num_layers=1, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+                      intermediate_size=64, max_position=past + tokens + 1)
+    budgets = {tier: TierBudget(tier, 1 << 40) for tier in ("gpu", "cpu")}
+    cache = TieredKVCache(cfg, rows, past + tokens, dtype, ["gpu"], budgets, device)
+    gen = torch.Generator().manual_seed(0)
+
+    def heads(n: int, t: int, count: int) -> torch.Tensor:
+        return torch.randn(n, t, count, HEAD_DIM, generator=gen).to(device=device, dtype=dtype)
+
+    slots = torch.arange(rows, device=device)
+    if past:  # the cached keys, written by a prompt step
+        before = torch.arange(past, device=device).expand(rows, past).contiguous()
+        keys = heads(rows, past, KV_HEADS)
+        cache.attend(0, slots, before, heads(rows, past, HEADS), keys, keys)
+    positions = (past + torch.arange(tokens, device=device)).expand(rows, tokens).contiguous()
+    q, k, v = heads(rows, tokens, HEADS), heads(rows, tokens, KV_HEADS), heads(rows, tokens, KV_HEADS)
+    geometry = cache.step_geometry(slots, positions)  # once a step, shared by its layers: not timed
+    seen = tokens / 2 if not past else past + tokens
+    flops = rows * tokens * 4.0 * HEADS * HEAD_DIM * seen
+    return (lambda: cache.attend(0, slots, positions, q, k, v, geometry=geometry)), flops
+
+
+def attention_steps(device: torch.device, dtypes: tuple[str, ...]) -> dict[str, dict[str, tuple]]:
+    """{phase: {dtype: (run one layer's attend, its FLOPs)}} for a prompt and a decode step."""
+    torch_dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    return {"prompt": {d: _step(torch_dtypes[d], device, PROMPT_ROWS, PROMPT_TOKENS, 0) for d in dtypes},
+            "decode": {d: _step(torch_dtypes[d], device, DECODE_ROWS, 1, DECODE_KEYS) for d in dtypes}}
