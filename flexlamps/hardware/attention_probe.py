@@ -1,8 +1,10 @@
 """The engine's attention as a layer runs it, timed for the planner: a `TieredKVCache` layer on the gpu
 tier attending one step (its keys written, the rows read back, the mask, the exact per-query product of
-`blocks.attention`), at a prompt's and a decode step's shapes. On a CPU it runs 5-20 GFLOP/s where the
-GEMM peak the planner priced it at is 100-1000: a tenth of SmolLM2's prompt sweep and a fifth of its
-decode step went unpriced (docs/performance.md, "SmolLM2's planner accuracy")."""
+`blocks.attention`), at a prompt's and a decode step's shapes, each at two sizes: the rate is the slope
+between them (the FLOPs a row more costs), the fixed cost of a call being the layer overhead's
+(`probes.measure_layer_overhead` attends through such a cache too). On a CPU the slope runs 5-20 GFLOP/s
+where the GEMM peak the planner priced attention at is 100-1000: a tenth of SmolLM2's prompt sweep and a
+fifth of its decode step went unpriced (docs/performance.md, "SmolLM2's planner accuracy taken apart")."""
 
 import torch
 
@@ -13,10 +15,11 @@ from offload.budget import TierBudget
 # a common head geometry (Llama-3.2-1B's and SmolLM2's head size, GQA by 4): the rate per FLOP moves little
 # with the head count (SmolLM2's 9/3 heads within 5% of these 8/2 here), much with the row and key counts
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 64
-PROMPT_ROWS, PROMPT_TOKENS = 8, 64  # a prompt micro-batch: 8 prompts of 64 tokens, no cache before them
-# a decode step: 32 rows, one query each over 64 cached keys (a short context: the engine pads the keys to
-# whole blocks of 128, so a longer one runs faster per FLOP and is priced slow, never fast)
-DECODE_ROWS, DECODE_KEYS = 32, 64
+# a prompt micro-batch: 2 and 8 prompts of 64 tokens, no cache before them
+PROMPT_ROWS, PROMPT_TOKENS = (2, 8), 64
+# a decode step: 8 and 32 rows, one query each over 64 cached keys (a short context: the engine pads the keys
+# to whole blocks of 128, so a longer one runs faster per FLOP and is priced slow, never fast)
+DECODE_ROWS, DECODE_KEYS = (8, 32), 64
 
 
 def _step(dtype: torch.dtype, device: torch.device, rows: int, tokens: int, past: int):
@@ -46,8 +49,17 @@ def _step(dtype: torch.dtype, device: torch.device, rows: int, tokens: int, past
     return (lambda: cache.attend(0, slots, positions, q, k, v, geometry=geometry)), flops
 
 
-def attention_steps(device: torch.device, dtypes: tuple[str, ...]) -> dict[str, dict[str, tuple]]:
-    """{phase: {dtype: (run one layer's attend, its FLOPs)}} for a prompt and a decode step."""
+def attention_steps(device: torch.device, dtypes: tuple[str, ...]) -> dict[str, dict[str, list[tuple]]]:
+    """{phase: {dtype: [(run one layer's attend, its FLOPs) at the smaller size, at the larger]}}."""
     torch_dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    return {"prompt": {d: _step(torch_dtypes[d], device, PROMPT_ROWS, PROMPT_TOKENS, 0) for d in dtypes},
-            "decode": {d: _step(torch_dtypes[d], device, DECODE_ROWS, 1, DECODE_KEYS) for d in dtypes}}
+    return {"prompt": {d: [_step(torch_dtypes[d], device, rows, PROMPT_TOKENS, 0) for rows in PROMPT_ROWS]
+                       for d in dtypes},
+            "decode": {d: [_step(torch_dtypes[d], device, rows, 1, DECODE_KEYS) for rows in DECODE_ROWS]
+                       for d in dtypes}}
+
+
+def slope_rate(seconds: tuple[float, float], flops: tuple[float, float]) -> float:
+    """FLOP/s between two sizes' (seconds, FLOPs): what a row more costs, the call's fixed cost left out
+    (the larger size's own rate where noise made it no slower than the smaller)."""
+    extra_s = seconds[1] - seconds[0]
+    return (flops[1] - flops[0]) / extra_s if extra_s > 0 else flops[1] / seconds[1]

@@ -10,7 +10,7 @@ from typing import Callable
 import psutil
 import torch
 
-from flexlamps.hardware.attention_probe import attention_steps
+from flexlamps.hardware.attention_probe import attention_steps, slope_rate
 from flexlamps.hardware.expert_probes import measure_expert_products
 from flexlamps.hardware.int4_probes import measure_int4, measure_int8_prompts
 from flexlamps.hardware.probes import (DECODE_ROWS, GENERIC_SHAPES, ProbeSizes, gemm_probe_shapes, measure_copies,
@@ -170,9 +170,12 @@ def _attention_rates(on_cpu, device: torch.device, sizes: ProbeSizes, step) -> t
     step("attention")
     steps = attention_steps(device, ("fp32", "bf16", "fp16") if device.type == "cuda" else ("fp32", "bf16"))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    attention = {phase: {dtype: on_cpu(lambda run=run, flops=flops: _typical_rate(run, flops, sizes.seconds_per_probe,
-                                                                                    sync))
-                         for dtype, (run, flops) in by_dtype.items()} for phase, by_dtype in steps.items()}
+
+    def rate(sizes_: list) -> float:  # the slope between the two sizes, each its median seconds
+        seconds = [1.0 / _typical_rate(run, 1.0, sizes.seconds_per_probe / 2, sync) for run, _ in sizes_]
+        return slope_rate(tuple(seconds), tuple(flops for _, flops in sizes_))
+    attention = {phase: {dtype: on_cpu(lambda s=sizes_: rate(s)) for dtype, sizes_ in by_dtype.items()}
+                 for phase, by_dtype in steps.items()}
     return cpu_attention, delta_rule, attention
 
 

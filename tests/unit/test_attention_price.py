@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from placement import HardwareSpec, Policy, TierSplit, WorkloadSpec, hardware_preset, model_preset, predict
-from flexlamps.hardware import attention_probe
+from flexlamps.hardware import attention_probe, probes
 
 ON_GPU = TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
 POLICY = Policy(gpu_batch_size=16, num_gpu_batches=2, weights=ON_GPU, cache=ON_GPU, activations=ON_GPU)
@@ -62,7 +62,7 @@ def test_the_attention_rates_are_checked_and_travel_in_json():
 @pytest.mark.parametrize("phase", ["prompt", "decode"])
 def test_the_probe_runs_the_engines_attention_through_its_cache(phase, monkeypatch):
     """Each step's attend writes its keys into a gpu-tier `TieredKVCache` layer and calls the engine's
-    attention; its FLOPs are counted as the planner counts them."""
+    attention, at two sizes; their FLOPs are counted as the planner counts them."""
     calls = []
     real = attention_probe.TieredKVCache.attend
 
@@ -71,11 +71,31 @@ def test_the_probe_runs_the_engines_attention_through_its_cache(phase, monkeypat
         return real(self, layer, slots, positions, q, *args, **kwargs)
 
     monkeypatch.setattr(attention_probe.TieredKVCache, "attend", attend)
-    run, flops = attention_probe.attention_steps(torch.device("cpu"), ("fp32",))[phase]["fp32"]
-    calls.clear()
-    out = run()
     p = attention_probe
-    rows, tokens = (p.PROMPT_ROWS, p.PROMPT_TOKENS) if phase == "prompt" else (p.DECODE_ROWS, 1)
-    assert calls == [(rows, tokens, p.HEADS, p.HEAD_DIM)] and out.shape == (rows, tokens, p.HEADS * p.HEAD_DIM)
-    seen = tokens / 2 if phase == "prompt" else p.DECODE_KEYS + 1
-    assert flops == rows * tokens * 4 * p.HEADS * p.HEAD_DIM * seen
+    sizes = p.attention_steps(torch.device("cpu"), ("fp32",))[phase]["fp32"]
+    for rows, (run, flops) in zip(p.PROMPT_ROWS if phase == "prompt" else p.DECODE_ROWS, sizes):
+        calls.clear()
+        tokens = p.PROMPT_TOKENS if phase == "prompt" else 1
+        assert run().shape == (rows, tokens, p.HEADS * p.HEAD_DIM)
+        assert calls == [(rows, tokens, p.HEADS, p.HEAD_DIM)]
+        seen = tokens / 2 if phase == "prompt" else p.DECODE_KEYS + 1
+        assert flops == rows * tokens * 4 * p.HEADS * p.HEAD_DIM * seen
+
+
+def test_the_rate_is_the_slope_between_the_two_sizes():
+    """A call's fixed cost is the layer overhead's: the rate is what the FLOPs beyond it cost."""
+    assert attention_probe.slope_rate((1.0, 3.0), (1e9, 5e9)) == 2e9
+    assert attention_probe.slope_rate((2.0, 2.0), (1e9, 4e9)) == 2e9  # noise: the larger size's own rate
+
+
+def test_the_layer_overhead_probe_attends_through_the_engines_cache(monkeypatch):
+    calls = []
+    real = probes.TieredKVCache.attend
+
+    def attend(self, *args, **kwargs):
+        calls.append(len(self.k))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(probes.TieredKVCache, "attend", attend)
+    assert probes.measure_layer_overhead(torch.device("cpu"), 0.0) >= 0.0
+    assert set(calls) == {2, 10}  # every layer of both depths attended through its cache
