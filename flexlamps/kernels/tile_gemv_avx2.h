@@ -91,7 +91,7 @@ AI void scale_zero8(const uint16_t *sz, int64_t width, int fp16, __m256 *scale, 
 AI void scale_offset8(const uint16_t *sz, int64_t n, int64_t r, float bias, int fp16, const QRows *x, int64_t g,
                       __m256 *scale, __m256 *offset) {
     if (x->k4) {
-        k4_lanes(sz, g, n, r, r + 4, scale, offset);
+        k4_rows8(sz, g, n, r, scale, offset);
         return;
     }
     __m256 zero;

@@ -10,12 +10,13 @@ AI void add_group(const uint16_t *sz, int64_t n, float bias, int fp16, __m512i a
                   float tot[][TILE], int nb) {
     for (int i = 0; i < 4; i++) {
         __m512 scale, zero;
-        if (x->k4) {  /* Q4_K's form (tile_scales_k4.h): rows 16i.. as two runs of 8; `zero` the offset itself */
-            __m256 s0, o0, s1, o1;
-            k4_lanes(sz, g, n, 16 * i, 16 * i + 4, &s0, &o0);
-            k4_lanes(sz, g, n, 16 * i + 8, 16 * i + 12, &s1, &o1);
-            scale = _mm512_insertf32x8(_mm512_castps256_ps512(s0), s1, 1);
-            zero = _mm512_insertf32x8(_mm512_castps256_ps512(o0), o1, 1);
+        if (x->k4) {  /* Q4_K's form (tile_scales_k4.h: k4_make8's steps, 16 lanes); `zero` the offset itself */
+            const uint16_t *d = sz - (2 + g % K4_GROUPS) * n + 16 * i;
+            const __m512i sm = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(sz + 16 * i)));
+            scale = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)d)),
+                                  _mm512_cvtepi32_ps(_mm512_and_si512(sm, _mm512_set1_epi32(0xFF))));
+            zero = _mm512_fnmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + n))),
+                                    _mm512_cvtepi32_ps(_mm512_srli_epi32(sm, 8)), _mm512_setzero_ps());
         } else if (x->sz_width == 1) {
             scale = halves_to_floats(_mm256_loadu_si256((const __m256i *)(sz + 16 * i)), fp16);
             zero = _mm512_mul_ps(scale, _mm512_set1_ps(8.0f));

@@ -27,16 +27,25 @@ AI const uint16_t *group_scales(const uint16_t *sz, int64_t g, int64_t n, const 
     return sz + sz_group(g, x->groups, kind) * n * x->sz_width;
 }
 
+/* Lanes' fp32 scale d sc and offset -dmin m from their 16-bit sc | m << 8 (as int32), d and dmin. */
+AI void k4_make8(__m256i sm, __m128i d, __m128i dmin, __m256 *scale, __m256 *offset) {
+    *scale = _mm256_mul_ps(_mm256_cvtph_ps(d), _mm256_cvtepi32_ps(_mm256_and_si256(sm, _mm256_set1_epi32(0xFF))));
+    *offset = _mm256_fnmadd_ps(_mm256_cvtph_ps(dmin), _mm256_cvtepi32_ps(_mm256_srli_epi32(sm, 8)), _mm256_setzero_ps());
+}
+
+/* Group g's scale and offset for the 8 rows r.. (at = `group_scales`, a tile of n rows). */
+AI void k4_rows8(const uint16_t *at, int64_t g, int64_t n, int64_t r, __m256 *scale, __m256 *offset) {
+    const uint16_t *d = at - (2 + g % K4_GROUPS) * n + r;
+    k4_make8(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(at + r))), _mm_loadu_si128((const __m128i *)d),
+             _mm_loadu_si128((const __m128i *)(d + n)), scale, offset);
+}
+
 /* Group g's fp32 scale d sc and offset -dmin m for 8 lanes, 0-3 the rows at lo, 4-7 at hi (row
  * indices within the tile; at = `group_scales`). */
 AI void k4_lanes(const uint16_t *at, int64_t g, int64_t n, int64_t lo, int64_t hi, __m256 *scale, __m256 *offset) {
     const uint16_t *d = at - (2 + g % K4_GROUPS) * n;
 #define K4_LOAD(p) _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)((p) + lo)), \
                                       _mm_loadl_epi64((const __m128i *)((p) + hi)))
-    const __m256i sm = _mm256_cvtepu16_epi32(K4_LOAD(at));
-    const __m256 sc = _mm256_cvtepi32_ps(_mm256_and_si256(sm, _mm256_set1_epi32(0xFF)));
-    const __m256 m = _mm256_cvtepi32_ps(_mm256_srli_epi32(sm, 8));
-    *scale = _mm256_mul_ps(_mm256_cvtph_ps(K4_LOAD(d)), sc);
-    *offset = _mm256_fnmadd_ps(_mm256_cvtph_ps(K4_LOAD(d + n)), m, _mm256_setzero_ps());
+    k4_make8(_mm256_cvtepu16_epi32(K4_LOAD(at)), K4_LOAD(d), K4_LOAD(d + n), scale, offset);
 #undef K4_LOAD
 }
