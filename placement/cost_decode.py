@@ -78,7 +78,8 @@ def _attention_s(choice, sz, model, hardware, block: float, context: float) -> A
     entries = model.mean_attended_entries(context)
     attn_flops = block * model.attention_flops_per_query(context)
     attn_bytes = block * (entries * sz.cache_fp16 + context * sz.indexer)
-    gpu_attn_s = max(hardware.attention_seconds("decode", model.dtype, attn_flops),
+    calls = choice.decode_calls()[0]
+    gpu_attn_s = max(hardware.attention_seconds("decode", model.dtype, attn_flops, calls),
                      attn_bytes / hardware.gpu_mem_bytes_per_s)
     if choice.compress_cache:
         gpu_attn_s += dequant_s(block * entries * sz.cache_fp16, model, hardware.gpu_dequant_bytes_per_s)

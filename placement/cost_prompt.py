@@ -40,7 +40,7 @@ def prompt_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
                                 sz.weight_fp16, embed_share)
     comp_s += ngb * routed_rows_delta_s(choice, model, hardware, rows, "prompt")
     resident_s = resident_delta_s(choice, model, hardware, rows, gemm_flops / ngb, sz.weight_fp16, ngb)
-    comp_s += hardware.attention_seconds("prompt", model.dtype, attn_flops)
+    comp_s += hardware.attention_seconds("prompt", model.dtype, attn_flops, calls=ngb)
     comp_s += delta_rule_s(num_tokens, model, hardware, decode=False)
     comp_s += elementwise_s(num_tokens, model, hardware)
     if choice.compress_weight and not runs_fused_int4(choice, model, hardware, rows):

@@ -104,6 +104,8 @@ class HardwareSpec(JsonMixin):
     # counts them: on a CPU 5-20 GFLOP/s, far below the GEMM peak the planner otherwise prices it at.
     # Empty (a preset): the GEMM peak, and a decode's cache read at memory bandwidth.
     gpu_attention_flops_per_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    # ... and the seconds a layer's attention call costs beyond its FLOPs (its fixed cost), by phase and dtype
+    gpu_attention_call_s: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self):
         _require_positive(
@@ -135,11 +137,12 @@ class HardwareSpec(JsonMixin):
                     raise ValueError(f"HardwareSpec.{attr}: expected {{phase in {PHASES}: {{dtype: "
                                      f"{{rows: FLOP/s}}}}}}, got {phase!r}: {tables!r}")
                 _check_rows_tables(f"HardwareSpec.{attr}[{phase!r}]", tables)
-        for phase, rates in self.gpu_attention_flops_per_s.items():
-            if phase not in PHASES or not isinstance(rates, dict) or not set(rates) <= set(DTYPES):
-                raise ValueError(f"HardwareSpec.gpu_attention_flops_per_s: expected {{phase in {PHASES}: "
-                                 f"{{dtype in {DTYPES}: FLOP/s}}}}, got {phase!r}: {rates!r}")
-            _require_positive(f"HardwareSpec.gpu_attention_flops_per_s[{phase!r}]", **rates)
+        for attr, check in (("gpu_attention_flops_per_s", _require_positive), ("gpu_attention_call_s", _require_sane)):
+            for phase, values in getattr(self, attr).items():
+                if phase not in PHASES or not isinstance(values, dict) or not set(values) <= set(DTYPES):
+                    raise ValueError(f"HardwareSpec.{attr}: expected {{phase in {PHASES}: {{dtype in {DTYPES}: "
+                                     f"value}}}}, got {phase!r}: {values!r}")
+                check(f"HardwareSpec.{attr}[{phase!r}]", **values)
         for phase, flops in self.gpu_delta_rule_flops_per_s.items():
             if phase not in ("decode", "prompt"):
                 raise ValueError(f"HardwareSpec.gpu_delta_rule_flops_per_s: unknown phase {phase!r}; "
@@ -202,11 +205,13 @@ class HardwareSpec(JsonMixin):
         table = tables.get(phase, {}).get(dtype)
         return flops / _rate_at(table, rows) if table else None
 
-    def attention_seconds(self, phase: str, dtype: str, flops: float) -> float:
-        """Time of a layer's attention doing `flops` in `phase` on the gpu tier: at the measured rate
-        (`gpu_attention_flops_per_s`), else at the GEMM peak."""
+    def attention_seconds(self, phase: str, dtype: str, flops: float, calls: float = 1) -> float:
+        """Time of a layer's `calls` attention calls doing `flops` in `phase` on the gpu tier: each call's
+        fixed cost and the FLOPs at the measured rate (`gpu_attention_call_s`, `gpu_attention_flops_per_s`),
+        else the FLOPs at the GEMM peak."""
         rate = self.gpu_attention_flops_per_s.get(phase, {}).get(dtype)
-        return flops / (rate or self.gpu_flops(dtype))
+        call_s = self.gpu_attention_call_s.get(phase, {}).get(dtype, 0.0)
+        return calls * call_s + flops / (rate or self.gpu_flops(dtype))
 
     def delta_rule_seconds(self, phase: str, flops: float, chunk: int) -> float:
         """Time of `flops` of the gated delta rule in `phase` ("decode" or "prompt")."""
@@ -234,6 +239,12 @@ class HardwareSpec(JsonMixin):
                                      ("cpu_mem_bytes", cpu_mem_bytes),
                                      ("disk_bytes", disk_bytes)) if v is not None}
         return dataclasses.replace(self, **changes)
+
+
+def _require_sane(owner: str, **values: float) -> None:
+    for name, value in values.items():
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ValueError(f"{owner}.{name} must be a number >= 0, got {value!r}")
 
 
 def _check_rows_tables(owner: str, tables: dict) -> None:

@@ -114,7 +114,9 @@ def describe(hw: placement.HardwareSpec) -> str:
                     for d, t in hw.gpu_int4_gemm_flops_by_rows.items())
         + f"; 4-bit dequant {hw.gpu_int4_dequant_bytes_per_s / 1e9:.2f} GB/s\n"
         f"  attention GFLOP/s: " + "; ".join(f"{phase} " + ", ".join(f"{d} {f / 1e9:.1f}" for d, f in rates.items())
-                                             for phase, rates in hw.gpu_attention_flops_per_s.items()))
+                                             for phase, rates in hw.gpu_attention_flops_per_s.items())
+        + "; a call (us): " + "; ".join(f"{phase} " + ", ".join(f"{d} {s * 1e6:.0f}" for d, s in calls.items())
+                                       for phase, calls in hw.gpu_attention_call_s.items()))
 
 
 def main():

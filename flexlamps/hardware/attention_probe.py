@@ -1,10 +1,10 @@
 """The engine's attention as a layer runs it, timed for the planner: a `TieredKVCache` layer on the gpu
 tier attending one step (its keys written, the rows read back, the mask, the exact per-query product of
 `blocks.attention`), at a prompt's and a decode step's shapes, each at two sizes: the rate is the slope
-between them (the FLOPs a row more costs), the fixed cost of a call being the layer overhead's
-(`probes.measure_layer_overhead` attends through such a cache too). On a CPU the slope runs 5-20 GFLOP/s
-where the GEMM peak the planner priced attention at is 100-1000: a tenth of SmolLM2's prompt sweep and a
-fifth of its decode step went unpriced (docs/performance.md, "SmolLM2's planner accuracy taken apart")."""
+between them (what the FLOPs of a row more cost), the call's fixed cost the intercept. On a CPU the slope
+runs 8-25 GFLOP/s where the GEMM peak the planner priced attention at is 100-1000, and a call costs
+~0.25 ms in fp32 (0.08 in bf16, the native kernel) before its first FLOP, which no probe timed (the layer
+overhead's attends with a stand-in) (docs/performance.md, "SmolLM2's planner accuracy taken apart")."""
 
 import torch
 
@@ -12,8 +12,9 @@ from flexlamps.engine.caches.tiered import TieredKVCache
 from flexlamps.models.config import ModelConfig
 from offload.budget import TierBudget
 
-# a common head geometry (Llama-3.2-1B's and SmolLM2's head size, GQA by 4): the rate per FLOP moves little
-# with the head count (SmolLM2's 9/3 heads within 5% of these 8/2 here), much with the row and key counts
+# a common head geometry (Llama-3.2-1B's head size, GQA by 4). The rate moves with it: SmolLM2's 9/3 heads ran
+# a prompt within 5% of these, a decode step of 32 rows over 72 keys at ~half the rate (3 against 8 GFLOP/s fp32,
+# thread CPU time): a model's own heads would price it closer (left for a profile that knows them)
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 64
 # a prompt micro-batch: 2 and 8 prompts of 64 tokens, no cache before them
 PROMPT_ROWS, PROMPT_TOKENS = (2, 8), 64
@@ -58,8 +59,12 @@ def attention_steps(device: torch.device, dtypes: tuple[str, ...]) -> dict[str, 
                        for d in dtypes}}
 
 
-def slope_rate(seconds: tuple[float, float], flops: tuple[float, float]) -> float:
-    """FLOP/s between two sizes' (seconds, FLOPs): what a row more costs, the call's fixed cost left out
-    (the larger size's own rate where noise made it no slower than the smaller)."""
+def slope_rate(seconds: tuple[float, float], flops: tuple[float, float]) -> tuple[float, float]:
+    """(FLOP/s, seconds a call) from two sizes' (seconds, FLOPs): the slope between them (what a row more
+    costs) and the intercept (a call's fixed cost, at least 0); where noise made the larger size no slower
+    than the smaller, its own rate and no fixed cost."""
     extra_s = seconds[1] - seconds[0]
-    return (flops[1] - flops[0]) / extra_s if extra_s > 0 else flops[1] / seconds[1]
+    if extra_s <= 0:
+        return flops[1] / seconds[1], 0.0
+    rate = (flops[1] - flops[0]) / extra_s
+    return rate, max(0.0, seconds[0] - flops[0] / rate)

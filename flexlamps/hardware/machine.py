@@ -139,7 +139,7 @@ def profile_machine(*, disk_folder: Path, quick: bool = False,
         **gemm_tables, gpu_is_host=not has_cuda,
         gpu_int4_gemm_flops_by_rows=int4_table, int4_dense_from_rows=INT4_DENSE_FROM_ROWS,
         gpu_int4_dequant_bytes_per_s=int4_dequant, gpu_int8_prompt_flops_by_rows=int8_table,
-        gpu_delta_rule_flops_per_s=delta_rule, gpu_attention_flops_per_s=attention,
+        gpu_delta_rule_flops_per_s=delta_rule, **attention,
         **_expert_rates(on_cpu, device, sizes, expert_dims, has_cuda, step))
 
 
@@ -171,12 +171,15 @@ def _attention_rates(on_cpu, device: torch.device, sizes: ProbeSizes, step) -> t
     steps = attention_steps(device, ("fp32", "bf16", "fp16") if device.type == "cuda" else ("fp32", "bf16"))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    def rate(sizes_: list) -> float:  # the slope between the two sizes, each its median seconds
+    def rate(sizes_: list) -> tuple[float, float]:  # (slope, intercept) between the sizes' median seconds
         seconds = [1.0 / _typical_rate(run, 1.0, sizes.seconds_per_probe / 2, sync) for run, _ in sizes_]
         return slope_rate(tuple(seconds), tuple(flops for _, flops in sizes_))
-    attention = {phase: {dtype: on_cpu(lambda s=sizes_: rate(s)) for dtype, sizes_ in by_dtype.items()}
-                 for phase, by_dtype in steps.items()}
-    return cpu_attention, delta_rule, attention
+    # over thread counts each the larger: the faster slope, the dearer call (a CPU's decode runs 1 thread)
+    fits = {phase: {dtype: on_cpu(lambda s=sizes_: rate(s)) for dtype, sizes_ in by_dtype.items()}
+            for phase, by_dtype in steps.items()}
+    return cpu_attention, delta_rule, {
+        "gpu_attention_flops_per_s": {p: {d: f[0] for d, f in by_d.items()} for p, by_d in fits.items()},
+        "gpu_attention_call_s": {p: {d: f[1] for d, f in by_d.items()} for p, by_d in fits.items()}}
 
 
 def _bandwidths(on_cpu, device: torch.device, num_bytes: int, budget_s: float) -> tuple[float, float]:

@@ -18,7 +18,6 @@ from typing import Callable
 
 import torch
 
-from flexlamps.engine.caches.tiered import TieredKVCache
 from flexlamps.models.blocks.gated_deltanet import CHUNK, chunk_rule_with_boundaries
 from flexlamps.models.blocks.linear import linear, pack
 from flexlamps.models.blocks.weight_kind import Phase
@@ -26,7 +25,6 @@ from flexlamps.models.config import ModelConfig
 from flexlamps.models.forward import forward_for
 from flexlamps.models.weight_specs import weight_specs
 from placement.model_spec import delta_rule_flops
-from offload.budget import TierBudget
 from quant import engine_weight_config, quantize
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -320,20 +318,19 @@ def nondecreasing(values: list[float]) -> list[float]:
 
 
 def measure_layer_overhead(device: torch.device, budget_s: float) -> float:
-    """Seconds a layer costs beyond its FLOPs and bytes: launches and host-side dispatch, and its
-    attention's fixed cost (the cache's write and read, the mask, the exact product's calls).
+    """Seconds a layer costs beyond its FLOPs and bytes: launches and host-side dispatch.
 
-    A decode step of a model so narrow that its arithmetic is free, attending through a gpu-tier
-    `TieredKVCache` as the engine's layers do, timed with two depths; the slope per layer is the
-    fixed cost every layer pays on every micro-batch. (A stand-in attention here left SmolLM2's
-    decode layers ~0.2 ms a call unpriced on a 1-thread Xeon: `attention_probe`.)
+    A decode step of a model so narrow that its arithmetic is free, timed with two depths;
+    the slope per layer is the fixed cost every layer pays on every micro-batch.
     """
+    # one token attending to itself: the engine's attention (its fixed cost a call included, by dtype) is
+    # `attention_probe`'s, priced apart (`HardwareSpec.gpu_attention_call_s`)
+    def attend(q, k, v, opts=None):
+        return v.repeat_interleave(q.shape[2] // v.shape[2], dim=2).reshape(q.shape[0], q.shape[1], -1)
+
     def step_seconds(num_layers: int) -> float:
         cfg = ModelConfig(arch="decoder", model_type="llama", vocab_size=64, hidden_size=32, num_layers=num_layers,
                           num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64, max_position=64)
-        budgets = {tier: TierBudget(tier, 1 << 40) for tier in ("gpu", "cpu")}
-        cache = TieredKVCache(cfg, 1, 16, torch.float32, ["gpu"] * num_layers, budgets, device)
-        slots, positions = torch.zeros(1, dtype=torch.long, device=device), torch.full((1, 1), 8, device=device)
         gen = torch.Generator().manual_seed(0)
         specs = weight_specs(cfg)
         weights = {s.name: torch.randn(s.shape, generator=gen).to(device) for s in specs}
@@ -343,11 +340,10 @@ def measure_layer_overhead(device: torch.device, budget_s: float) -> float:
 
         @torch.inference_mode()
         def decode_step():
-            ctx = fwd.step_context(positions, torch.float32)
-            geometry = cache.step_geometry(slots, positions)  # once a step, as the sweep does
-            x = fwd.embed(glob, ids, positions)
+            ctx = fwd.step_context(ids, torch.float32)
+            x = fwd.embed(glob, ids, ids)
             for i, w in enumerate(layers):
-                x = fwd.layer(w, x, ctx, cache.attend_fn(i, slots, positions, geometry=geometry), i)
+                x = fwd.layer(w, x, ctx, attend, i)
             return fwd.head(glob, x).float()
 
         return 1.0 / _typical_rate(decode_step, 1.0, budget_s / 2, _synchronizer(device))

@@ -15,8 +15,8 @@ from flexlamps.cache_folder import cache_root
 # CPUs, bf16 decode calls apart (the engine's decode kernel), MoE experts per phase; 11: 16-bit prompt rows on an
 # AVX2 CPU on the native kernel (`kernels.half_gemm`), dense and MoE experts; 12: on an AMX CPU a prompt's bf16
 # rows in oneDNN calls of 128 rows (`dense_gemm.AMX_PROMPT_ROW_BLOCK`), decode experts' kernel in 6-row tiles;
-# 13: the engine's attention through its cache, by phase and dtype (`attention_probe`)
-PROFILE_VERSION = 13
+# 13: the engine's attention through its cache, by phase and dtype (`attention_probe`); 14: its fixed cost a call
+PROFILE_VERSION = 14
 
 
 def profile_cache_path(threads: int, shapes=None, expert_dims=None) -> Path:

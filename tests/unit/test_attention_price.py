@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from placement import HardwareSpec, Policy, TierSplit, WorkloadSpec, hardware_preset, model_preset, predict
-from flexlamps.hardware import attention_probe, probes
+from flexlamps.hardware import attention_probe
 
 ON_GPU = TierSplit(gpu=1.0, cpu=0.0, disk=0.0)
 POLICY = Policy(gpu_batch_size=16, num_gpu_batches=2, weights=ON_GPU, cache=ON_GPU, activations=ON_GPU)
@@ -82,20 +82,26 @@ def test_the_probe_runs_the_engines_attention_through_its_cache(phase, monkeypat
         assert flops == rows * tokens * 4 * p.HEADS * p.HEAD_DIM * seen
 
 
-def test_the_rate_is_the_slope_between_the_two_sizes():
-    """A call's fixed cost is the layer overhead's: the rate is what the FLOPs beyond it cost."""
-    assert attention_probe.slope_rate((1.0, 3.0), (1e9, 5e9)) == 2e9
-    assert attention_probe.slope_rate((2.0, 2.0), (1e9, 4e9)) == 2e9  # noise: the larger size's own rate
+def test_the_rate_is_the_slope_between_the_two_sizes_and_the_call_cost_its_intercept():
+    assert attention_probe.slope_rate((1.0, 3.0), (1e9, 5e9)) == (2e9, 0.5)
+    assert attention_probe.slope_rate((2.0, 2.0), (1e9, 4e9)) == (2e9, 0.0)  # noise: the larger size's own rate
+    assert attention_probe.slope_rate((1.0, 2.0), (4e9, 5e9)) == (1e9, 0.0)  # never a negative fixed cost
 
 
-def test_the_layer_overhead_probe_attends_through_the_engines_cache(monkeypatch):
-    calls = []
-    real = probes.TieredKVCache.attend
-
-    def attend(self, *args, **kwargs):
-        calls.append(len(self.k))
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(probes.TieredKVCache, "attend", attend)
-    assert probes.measure_layer_overhead(torch.device("cpu"), 0.0) >= 0.0
-    assert set(calls) == {2, 10}  # every layer of both depths attended through its cache
+def test_each_attention_call_pays_its_fixed_cost():
+    """A prompt sweep's micro-batches and a decode step's calls each pay `gpu_attention_call_s` (in their
+    dtype: fp32's exact path costs 3x bf16's native kernel a call on this project's Xeon)."""
+    model = _model()
+    rates = {"prompt": {"fp32": RATE}, "decode": {"fp32": RATE}}
+    base = _hardware(rates)
+    fixed = dataclasses.replace(base, gpu_attention_call_s={"prompt": {"fp32": 1e-3}, "decode": {"fp32": 2e-3}})
+    one_by_one = dataclasses.replace(POLICY, merge_decode=False)  # 2 decode calls a layer
+    for policy, decode_calls in ((POLICY, 1), (one_by_one, 2)):
+        a, b = predict(policy, model, fixed, WORKLOAD), predict(policy, model, base, WORKLOAD)
+        assert a.prefill_layer_s["comp"] - b.prefill_layer_s["comp"] == pytest.approx(2 * 1e-3)  # 2 micro-batches
+        assert a.decode_layer_s["comp"] - b.decode_layer_s["comp"] == pytest.approx(decode_calls * 2e-3)
+    other_dtype = dataclasses.replace(base, gpu_attention_call_s={"prompt": {"bf16": 1.0}})
+    assert predict(POLICY, model, other_dtype, WORKLOAD).prefill_layer_s == \
+        predict(POLICY, model, base, WORKLOAD).prefill_layer_s
+    with pytest.raises(ValueError, match=">= 0"):
+        dataclasses.replace(base, gpu_attention_call_s={"decode": {"fp32": -1.0}})
