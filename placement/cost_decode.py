@@ -65,6 +65,8 @@ def decode_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
     gemm_s += _decode_weight_dequant_s(choice, model, hardware, calls, rows, block)
     attention = _attention_s(choice, sz, model, hardware, block, context)
     comp = Affine(gemm_s).add(resident_s, W_GPU).plus(attention)
+    if hardware.gpu_is_host:  # a disk-tier cache is a mapped file the compute thread faults in itself: no overlap
+        comp.add(cache_read / hardware.disk_read_bytes_per_s, C_DISK)  # (measured: docs/performance.md, moe19)
     cpu_experts_in_place(choice, sz, model, hardware, (calls, rows), block, ctog, comp)
     before_router = _before_router_s(choice, model, hardware, (calls, rows), embed_share, block).plus(attention)
     terms = layer_seconds(ctog, gtoc, dtoc, ctod, comp, hardware)
