@@ -64,22 +64,14 @@ def int4_from_blocks(codes, scale, zero, dtype: torch.dtype) -> Int4Weight:
     return Int4Weight.from_codes(codes, scale, zero, BLOCK, dtype)
 
 
-def int4_from_k_blocks(codes, d, dmin, sc, m, dtype: torch.dtype) -> Int4Weight:
-    """A Q4_K matrix from its parts (`gguf_blocks.q4_k_parts`): its scales as the file holds them
-    where our kernel runs (`keeps_k_scales`), else (scale, zero) pairs."""
-    if keeps_k_scales():
-        return Int4Weight.from_k_blocks(codes, d, dmin, sc, m, dtype)
-    scale = (d.repeat_interleave(sc.shape[1] // d.shape[1], 1) * sc)
-    zero = 8 * scale - dmin.repeat_interleave(sc.shape[1] // d.shape[1], 1) * m
-    return int4_from_blocks(codes, scale, zero, dtype)
-
-
 def int4_matrix(raw, type_name: str, shape: tuple[int, int], dtype: torch.dtype, rows=None) -> Int4Weight:
-    """A Q4_0 / Q4_1 / Q4_K tensor's raw bytes as the engine keeps it; `rows` (optional) maps each
-    row-first part (a llama GGUF's q / k rows un-interleaved)."""
-    parts = q4_k_parts(raw, shape) if type_name == "Q4_K" else int4_blocks(raw, type_name, shape)
+    """A Q4_0 / Q4_1 / Q4_K tensor's raw bytes as the engine keeps it: a Q4_K's scales as the file
+    holds them where our kernel runs (`keeps_k_scales`), else (scale, zero) pairs (`int4_blocks`);
+    `rows` (optional) maps each row-first part (a llama GGUF's q / k rows un-interleaved)."""
+    k_form = type_name == "Q4_K" and keeps_k_scales()
+    parts = q4_k_parts(raw, shape) if k_form else int4_blocks(raw, type_name, shape)
     parts = parts if rows is None else tuple(rows(part) for part in parts)
-    return (int4_from_k_blocks if type_name == "Q4_K" else int4_from_blocks)(*parts, dtype)
+    return Int4Weight.from_k_blocks(*parts, dtype) if k_form else int4_from_blocks(*parts, dtype)
 
 
 def int8_from_blocks(codes, scale, zero, dtype: torch.dtype) -> Int8Weight:
