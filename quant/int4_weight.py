@@ -24,6 +24,7 @@ from typing import ClassVar
 import torch
 
 from quant.compressed_weight import CompressedWeight
+from quant.int4_layout import K_GROUPS, K_PLANES, K_SUPER
 from quant.int4_tiles import tile_rows, tiles_from_unpacked, unpack_tile_rows_into, unpacked_from_tiles
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)  # the fused kernels' activation dtypes (CPU)
@@ -32,9 +33,6 @@ KERNEL_DTYPES = (torch.bfloat16, torch.float16)  # the fused kernels' activation
 CUDA_KERNEL_DTYPES = (torch.bfloat16,)
 CUDA_KERNEL_MIN_CAPABILITY = (8, 0)
 GROUP_SIZES = (32, 64, 128, 256)
-# Q4_K's scales as the file holds them (`from_k_blocks`): a super-block of K_GROUPS groups of 32 inputs
-# keeps K_PLANES 16-bit planes (flexlamps/kernels/tile_scales_k4.h)
-K_SUPER, K_GROUPS, K_PLANES = 256, 8, 10
 _DEQUANT_CHUNK_BYTES = 2 << 20  # fp32 codes dequantized at a time on a CPU: about one L2 cache
 
 

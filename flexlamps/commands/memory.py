@@ -11,20 +11,24 @@ import dataclasses
 
 import click
 
+from quant.int4_layout import int4_bits_per_weight
+
 # measured with the built-in SmolLM2-135M on CPU (README "Memory"): peak RSS minus tier peaks
 FIXED_OVERHEAD_BYTES = 450 * 2**20
 # bytes per weight as the engine holds it; "auto" is 4-bit in place for a 4-bit GGUF (codes and
-# block scales, about 5 bits) plus the in-memory executor's bf16 copy for prefill (see
+# block scales: 5 bits with (scale, zero) pairs, 4.625 with Q4_K's scales as the file has them where
+# our kernel runs, `quant.int4_layout`) plus the in-memory executor's bf16 copy for prefill (see
 # run_plan.build.DENSE_TWINS_MAX_SHARE), int8 in place for a Q8_0 / 5-bit GGUF (1.25 bytes, quant.int8_weight;
 # 1.5 for Q6_K's groups of 16 as the split, 0.875 in the 6-bit form with its scales alone where our
 # kernel runs, `in_place.packs_six_bit`) plus that copy, else float32. Where this process runs prompts on the
 # codes too (`coded_weights.prompts_run_on_codes`), no copy is made and none is charged.
 _WEIGHT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
-_AUTO_INT4_BYTES = 2.625
+_TWIN_BYTES = 2.0  # the bf16 copy within each "auto" figure
+_AUTO_INT4_BYTES = _TWIN_BYTES + int4_bits_per_weight(k_scales=False) / 8  # 2.625
+_AUTO_INT4_K_BYTES = _TWIN_BYTES + int4_bits_per_weight(k_scales=True) / 8  # 2.578125
 _AUTO_INT8_BYTES = 3.25
 _AUTO_INT8_G16_BYTES = 3.5
 _AUTO_SIX_BIT_BYTES = 2.875  # Q6_K in the 6-bit form: codes 0.75, a 16-bit scale a group of 16 (quant.int8_weight)
-_TWIN_BYTES = 2.0  # the bf16 copy within each "auto" figure
 
 
 def planned_rss_bytes(model, weight_bytes_per_param: float, *, offload_budgets: tuple[int, int] | None,
@@ -73,12 +77,14 @@ def _offload_budgets(run) -> tuple[int, int] | None:
     return run.gpu_mem, run.cpu_mem  # the defaults are LLM's: one definition, in RunSettings
 
 
-def _auto_bytes_per_param(reader, twins: bool = True, six_bit: bool = False) -> float:
+def _auto_bytes_per_param(reader, twins: bool = True, six_bit: bool = False, k_scales: bool = False) -> float:
     """`--dtype auto`'s bytes per weight: int8 in place where any layer holds Q8_0 / Q5_x / Q6_K
     blocks (the larger figure, so a file mixing them with 4-bit blocks, a Q4_K_M, is not
     under-planned; Q6_K's the largest as the split, below Q8_0's in the 6-bit form), else 4-bit in
-    place, else float32; without the dense copies (`twins` False) where prompts run on the codes;
-    `six_bit`: whether Q6_K is held in the 6-bit form (`in_place.packs_six_bit`)."""
+    place (Q4_K's scales where every 4-bit layer block is Q4_K and `k_scales`, else pairs), else
+    float32; without the dense copies (`twins` False) where prompts run on the codes; `six_bit` /
+    `k_scales`: whether Q6_K is held in the 6-bit form / Q4_K with its scales
+    (`in_place.packs_six_bit` / `keeps_k_scales`)."""
     kinds = getattr(reader, "layer_block_kinds", set())
     if "int8-g16" in kinds:
         per_param = _AUTO_SIX_BIT_BYTES if six_bit else _AUTO_INT8_G16_BYTES
@@ -86,7 +92,7 @@ def _auto_bytes_per_param(reader, twins: bool = True, six_bit: bool = False) -> 
     elif "int8" in kinds:
         per_param = _AUTO_INT8_BYTES
     elif "int4" in kinds or getattr(reader, "has_int4_weights", False):
-        per_param = _AUTO_INT4_BYTES
+        per_param = _AUTO_INT4_K_BYTES if k_scales and "int4-k" in kinds else _AUTO_INT4_BYTES
     elif getattr(reader, "has_quantized_weights", False):
         per_param = _AUTO_INT8_BYTES
     else:
@@ -102,9 +108,11 @@ def check_max_rss(settings, max_rss: int, num_prompts: int, reader, model) -> No
 
     run = settings.run
     dtype = run.resolve_dtype(reader)
-    # Q6_K in the 6-bit form wherever our decode kernel runs (`in_place.packs_six_bit`'s rule)
+    # Q6_K in the 6-bit form, Q4_K with its scales, wherever our decode kernel runs (the rule of
+    # `in_place.packs_six_bit` and `keeps_k_scales`)
+    native = native_kernel() is not None
     per_param = _WEIGHT_BYTES.get(run.dtype) or _auto_bytes_per_param(
-        reader, twins=not prompts_run_on_codes(dtype), six_bit=native_kernel() is not None)
+        reader, twins=not prompts_run_on_codes(dtype), six_bit=native, k_scales=native)
     budgets = _offload_budgets(run)
     held = held_dtype(dtype, "cpu")  # a bf16 run's cache is bf16 (2 bytes), fp16's fp32
     planned = planned_rss_bytes(model, per_param, offload_budgets=budgets,

@@ -13,7 +13,7 @@ import torch
 from flexlamps.hardware import machine
 from flexlamps.hardware import profile_path
 from flexlamps.cores import usable_cores
-from flexlamps.hardware.probes import GENERIC_SHAPES, _typical_rate, gemm_probe_shapes
+from flexlamps.hardware.probes import GENERIC_SHAPES, gemm_probe_shapes, typical_rate
 from flexlamps.models.blocks.linear import linear
 from placement import HardwareSpec
 
@@ -37,7 +37,7 @@ def check_rate() -> float:
     cheap reading of how much of the CPU this process gets right now."""
     a = torch.randn(_CHECK_DIM, _CHECK_DIM)
     b = torch.randn(_CHECK_DIM, _CHECK_DIM)
-    return _typical_rate(lambda: linear(a, b), 2.0 * _CHECK_DIM**3, _CHECK_BUDGET_S)
+    return typical_rate(lambda: linear(a, b), 2.0 * _CHECK_DIM**3, _CHECK_BUDGET_S)
 
 
 def contention(load: float) -> float:

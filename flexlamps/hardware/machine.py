@@ -17,7 +17,7 @@ from flexlamps.hardware.probes import (DECODE_ROWS, GENERIC_SHAPES, ProbeSizes, 
                                        measure_cpu_attention, measure_delta_rule, measure_dequant,
                                        measure_dequant_matrix_s,
                                        measure_device_bandwidth, measure_disk, measure_gemm, measure_gemm_by_rows,
-                                       measure_layer_overhead, nondecreasing, probe_shapes, _typical_rate)
+                                       measure_layer_overhead, nondecreasing, probe_shapes, typical_rate)
 from flexlamps.host_allocator import keep_freed_memory
 from flexlamps.models.blocks.linear import INT4_DENSE_FROM_ROWS
 from flexlamps.models.blocks.weight_kind import Phase
@@ -172,7 +172,7 @@ def _attention_rates(on_cpu, device: torch.device, sizes: ProbeSizes, step) -> t
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def rate(sizes_: list) -> tuple[float, float]:  # (slope, intercept) between the sizes' median seconds
-        seconds = [1.0 / _typical_rate(run, 1.0, sizes.seconds_per_probe / 2, sync) for run, _ in sizes_]
+        seconds = [1.0 / typical_rate(run, 1.0, sizes.seconds_per_probe / 2, sync) for run, _ in sizes_]
         return slope_rate(tuple(seconds), tuple(flops for _, flops in sizes_))
     # over thread counts each the larger: the faster slope, the dearer call (a CPU's decode runs 1 thread)
     fits = {phase: {dtype: on_cpu(lambda s=sizes_: rate(s)) for dtype, sizes_ in by_dtype.items()}

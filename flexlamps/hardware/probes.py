@@ -124,7 +124,7 @@ def _repetition_times(run: Callable[[], None], budget_s: float, sync: Callable[[
     return times
 
 
-def _typical_rate(run: Callable[[], None], work: float, budget_s: float,
+def typical_rate(run: Callable[[], None], work: float, budget_s: float,
                   sync: Callable[[], None] = lambda: None) -> float:
     """`work` units per second of the median repetition of `run` within `budget_s` (3 at least)."""
     run()  # warm-up: allocations, kernel selection
@@ -186,11 +186,11 @@ def measure_copies(device: torch.device, num_bytes: int, budget_s: float) -> tup
         host = torch.empty(numel, dtype=torch.float32, pin_memory=True)
         dev = torch.empty(numel, dtype=torch.float32, device=device)
         sync = torch.cuda.synchronize
-        to_gpu = _typical_rate(lambda: dev.copy_(host, non_blocking=True), num_bytes, budget_s, sync)
-        to_cpu = _typical_rate(lambda: host.copy_(dev, non_blocking=True), num_bytes, budget_s, sync)
+        to_gpu = typical_rate(lambda: dev.copy_(host, non_blocking=True), num_bytes, budget_s, sync)
+        to_cpu = typical_rate(lambda: host.copy_(dev, non_blocking=True), num_bytes, budget_s, sync)
         return to_gpu, to_cpu
     src, dst = torch.ones(numel), torch.empty(numel)
-    rate = _typical_rate(lambda: dst.copy_(src), num_bytes, budget_s)
+    rate = typical_rate(lambda: dst.copy_(src), num_bytes, budget_s)
     return rate, rate
 
 
@@ -220,7 +220,7 @@ def measure_device_bandwidth(device: torch.device, num_bytes: int, budget_s: flo
     src = torch.ones(num_bytes // 4, device=device)
     dst = torch.empty_like(src)
     sync = _synchronizer(device)
-    return _typical_rate(lambda: dst.copy_(src), 2 * num_bytes, budget_s, sync)
+    return typical_rate(lambda: dst.copy_(src), 2 * num_bytes, budget_s, sync)
 
 
 def measure_gemm(device: torch.device, max_dim: int, budget_s: float) -> dict[str, float]:
@@ -237,7 +237,7 @@ def measure_gemm(device: torch.device, max_dim: int, budget_s: float) -> dict[st
         while True:
             a = torch.randn(dim, dim, device=device).to(dtype)
             b = torch.randn(dim, dim, device=device).to(dtype)
-            rate = _typical_rate(lambda: linear(a, b), 2.0 * dim**3, budget_s / 4, sync)
+            rate = typical_rate(lambda: linear(a, b), 2.0 * dim**3, budget_s / 4, sync)
             # the next size up must still run a call in under a tenth of the budget
             if dim >= max_dim or 2.0 * (2 * dim) ** 3 / rate > budget_s / 10:
                 break
@@ -346,7 +346,7 @@ def measure_layer_overhead(device: torch.device, budget_s: float) -> float:
                 x = fwd.layer(w, x, ctx, attend, i)
             return fwd.head(glob, x).float()
 
-        return 1.0 / _typical_rate(decode_step, 1.0, budget_s / 2, _synchronizer(device))
+        return 1.0 / typical_rate(decode_step, 1.0, budget_s / 2, _synchronizer(device))
 
     shallow, deep = 2, 10
     return max(0.0, (step_seconds(deep) - step_seconds(shallow)) / (deep - shallow))
@@ -359,7 +359,7 @@ def measure_cpu_attention(context: int, budget_s: float) -> float:
     k = torch.randn(batch, heads, context, head_dim)
     v = torch.randn(batch, heads, context, head_dim)
     attend = torch.nn.functional.scaled_dot_product_attention
-    return _typical_rate(lambda: attend(q, k, v), 4.0 * batch * heads * head_dim * context, budget_s)
+    return typical_rate(lambda: attend(q, k, v), 4.0 * batch * heads * head_dim * context, budget_s)
 
 
 def measure_delta_rule(device: torch.device, budget_s: float, rows: int = 8) -> dict[str, float]:
@@ -380,9 +380,9 @@ def measure_delta_rule(device: torch.device, budget_s: float, rows: int = 8) -> 
     keep = torch.zeros(rows, dtype=torch.long, device=device)
     one, many, sync = inputs(CHUNK), inputs(prompt), _synchronizer(device)
     per_head = {phase: delta_rule_flops(CHUNK, dim, dim, phase == "decode") for phase in ("decode", "prompt")}
-    return {"decode": _typical_rate(lambda: chunk_rule_with_boundaries(*one, state, keep),
+    return {"decode": typical_rate(lambda: chunk_rule_with_boundaries(*one, state, keep),
                                     rows * heads * per_head["decode"], budget_s, sync),
-            "prompt": _typical_rate(lambda: chunk_rule_with_boundaries(*many, state, None),
+            "prompt": typical_rate(lambda: chunk_rule_with_boundaries(*many, state, None),
                                     rows * prompt * heads * per_head["prompt"], budget_s, sync)}
 
 
@@ -411,7 +411,7 @@ def measure_dequant(device: torch.device, numel: int, budget_s: float, shapes=((
             layer = [qt.dequantize(dtype=dtype) for qt in matrices[first:first + per_layer]]
             del layer
 
-    sweep_s = 1.0 / _typical_rate(sweep, 1.0, budget_s, sync)
+    sweep_s = 1.0 / typical_rate(sweep, 1.0, budget_s, sync)
     elements = sum(o * i for o, i in cycle)
     return 2.0 * elements / max(sweep_s - len(cycle) * matrix_s, 0.1 * sweep_s)
 
@@ -425,6 +425,6 @@ def measure_dequant_matrix_s(device: torch.device, budget_s: float) -> float:
     seconds = {}
     for numel in (small, large):
         qt, = _quantized_matrices(device, [(numel // 1024, 1024)])
-        seconds[numel] = 1.0 / _typical_rate(lambda: qt.dequantize(dtype=dtype), 1.0, budget_s / 2, sync)
+        seconds[numel] = 1.0 / typical_rate(lambda: qt.dequantize(dtype=dtype), 1.0, budget_s / 2, sync)
     per_element = (seconds[large] - seconds[small]) / (large - small)
     return max(0.0, seconds[small] - small * per_element)

@@ -54,7 +54,7 @@ def dry_run(target: PlanTarget, policy: placement.Policy, lengths: BlockLengths,
         raise ValueError(f"the offload engine cannot run this policy as planned ({'; '.join(problems)})")
     policy = with_backend(policy, weight_quant)
     run = PlacementCharges.on_paper(config, policy, target.dtype, latent_fp8=latent_fp8, fused_int4=fused_int4,
-                                    routing=target.routing, model_spec=target.model,
+                                    routing=target.routing, model_spec=target.model, in_place=target.in_place,
                                     int4=int4_weights(policy, weight_quant), weight_bits=weight_bits(policy, weight_quant))
     budgets = {"gpu": TierBudget("gpu", gpu_mem), "cpu": TierBudget("cpu", cpu_mem)}
     for name, tier in run.store.tiers.items():  # each weight, each piece of a split table

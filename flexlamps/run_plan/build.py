@@ -21,6 +21,7 @@ from flexlamps.engine.augmented.pools import pool_sizes
 from flexlamps.engine.executors.contract import Executor
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
+from flexlamps.engine.executors.weight_store import in_place_samples
 from flexlamps.engine.routing_profile import cached_routing
 from flexlamps.hardware import cache as hardware_cache
 from flexlamps.models.blocks import linear
@@ -43,14 +44,16 @@ def machine_inputs(settings: RunSettings, spec: placement.ModelSpec, reader, on_
     """What `plan.plan_run` takes from this machine when the settings plan with it (policy "auto"
     offloaded), else {}: `hardware`, the profile (the cached one, or measured now on the model's
     own matrices, `on_profile(path, why)` told first); `disk_bytes`, the disk tier's free space;
-    `routing`, a MoE model's routing profile cached by `flexlamps profile --prompts` (or None)."""
+    `routing`, a MoE model's routing profile cached by `flexlamps profile --prompts` (or None);
+    `in_place`, the checkpoint's blocks the executor keeps as they are (`in_place_samples`)."""
     if not (settings.offloaded and isinstance(settings.policy, str) and settings.policy == "auto"):
         return {}
 
     scratch = Path(settings.offload_dir) if settings.offload_dir else Path(tempfile.gettempdir()) / "flexlamps-profile"
     hardware = hardware_cache.machine_profile(scratch, on_profile, model_shapes=spec.layer_matrix_shapes(),
                                               expert_dims=spec.routed_expert_dims())
-    return dict(hardware=hardware, disk_bytes=free_disk_bytes(settings.offload_dir), routing=cached_routing(reader))
+    return dict(hardware=hardware, disk_bytes=free_disk_bytes(settings.offload_dir), routing=cached_routing(reader),
+                in_place=in_place_samples(reader, settings.resolve_dtype(reader))[1])
 
 
 def free_disk_bytes(offload_dir) -> int:

@@ -70,14 +70,16 @@ class RunPlan:
 
 def plan_run(settings: RunSettings, config: ModelConfig, model: placement.ModelSpec, dtype: torch.dtype,
              workload: Workload = Workload(), *, hardware: placement.HardwareSpec | None = None,
-             disk_bytes: int | None = None, routing=None, budgets: tuple[int, int] | None = None) -> RunPlan:
+             disk_bytes: int | None = None, routing=None, budgets: tuple[int, int] | None = None,
+             in_place: dict | None = None) -> RunPlan:
     """The plan for `workload`. Offloaded settings need their budgets filled in
     (`RunSettings.with_budgets`), and policy "auto" needs `hardware` and `disk_bytes`. `model`:
     the planner's view of `config`, built once a run (`models.description.model_spec`).
     `routing`: a MoE model's measured routing profile, which "auto" prices the experts by.
     `budgets`: the (gpu, cpu) bytes the planner may fill, when part of each tier is kept for
     something it does not plan (the augmented face's pools); the executor still runs within
-    the whole budgets.
+    the whole budgets. `in_place`: the checkpoint's blocks the executor keeps as they are
+    (`PlanTarget.in_place`), which the dry run charges as the executor stores them.
 
     Raises:
         ValueError: a policy file that is not one; budgets not filled in; no hardware for "auto".
@@ -91,7 +93,7 @@ def plan_run(settings: RunSettings, config: ModelConfig, model: placement.ModelS
                          "(RunSettings.with_budgets)")
     machine = dict(hardware=hardware, disk_bytes=disk_bytes)
     target = PlanTarget(config=config, model=model, dtype=dtype, weight_quant=settings.weight_quant,
-                        routing=routing)
+                        routing=routing, in_place=in_place)
     policy, predicted = _placement(settings, target, workload, machine, budgets)
     if settings.compress_weight is not None or settings.compress_cache is not None:
         policy = dataclasses.replace(
@@ -104,7 +106,7 @@ def plan_run(settings: RunSettings, config: ModelConfig, model: placement.ModelS
 
 def plan_augmented(settings: RunSettings, augmented: AugmentedSettings, config: ModelConfig,
                    model: placement.ModelSpec, dtype: torch.dtype, *, hardware: placement.HardwareSpec | None = None,
-                   disk_bytes: int | None = None, routing=None) -> RunPlan:
+                   disk_bytes: int | None = None, routing=None, in_place: dict | None = None) -> RunPlan:
     """The plan of an augmented run: offloaded, the planner places the weights for one sequence
     (the KV cache lives in the paged pools, not where it would put it) within budgets that keep
     room for the pools, which the built executor then measures (`build.with_measured_pools`);
@@ -128,7 +130,7 @@ def plan_augmented(settings: RunSettings, augmented: AugmentedSettings, config: 
         budgets = planner_budgets(settings.gpu_mem, settings.cpu_mem, per_token, augmented.max_num_seqs,
                                   augmented.max_context, state_bytes=state)
     plan = plan_run(settings, config, model, dtype, workload, hardware=hardware, disk_bytes=disk_bytes,
-                    routing=routing, budgets=budgets)
+                    routing=routing, budgets=budgets, in_place=in_place)
     pools = None
     if not plan.offloaded:
         contexts = DEFAULT_POOL_CONTEXTS

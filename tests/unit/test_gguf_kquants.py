@@ -187,7 +187,7 @@ def test_max_rss_plans_a_q4_k_m_at_int8_bytes(kquant_gguf, tmp_path):
                                            _AUTO_SIX_BIT_BYTES, _auto_bytes_per_param)
     from tests.unit.test_weight_cache import write_tiny_gguf
 
-    assert GGUFReader(kquant_gguf).layer_block_kinds == {"int4", "int8", "int8-g16"}  # Q6_K's groups of 16
+    assert GGUFReader(kquant_gguf).layer_block_kinds == {"int4", "int4-k", "int8", "int8-g16"}  # Q6_K's groups of 16
     for six_bit, want in ((True, _AUTO_INT8_BYTES), (False, _AUTO_INT8_G16_BYTES)):
         assert _auto_bytes_per_param(GGUFReader(kquant_gguf), six_bit=six_bit) == want
     q6_alone = type("Q6Reader", (), {"layer_block_kinds": {"int4", "int8-g16"}})()  # Q6_K the only int8 blocks

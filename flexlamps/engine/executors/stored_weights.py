@@ -33,6 +33,7 @@ from offload import tensor_bytes
 from quant import engine_weight_config, quantize
 from quant.fp8 import FP8, Fp8Weight
 from quant.int4_tiles import tile_rows
+from quant.int4_layout import int4_params_nbytes
 from quant.int4_weight import KERNEL_DTYPES, Int4Weight, can_pack
 
 INT4_GROUP = 32  # input channels per scale and zero point: GGUF's Q4 block, read without a detour
@@ -159,12 +160,24 @@ class StoredWeights:
         return self._stores_mxfp4(spec)
 
     # -- bytes ------------------------------------------------------------------------------
-    def int4_nbytes(self, spec: WeightSpec, tier: str) -> int:
-        """Bytes of a 4-bit weight on `tier`: its code layouts, scales and zeros, group size."""
+    def int4_nbytes(self, spec: WeightSpec, tier: str, in_place: dict | None = None) -> int:
+        """Bytes of a 4-bit weight on `tier`: its code layouts, its group parameters in the form
+        it is read in (`holds_k_scales`: Q4_K's, else pairs; `quant.int4_layout`), group size."""
         rows, cols = spec.shape
         codes, kernel = _held_layouts((rows, cols), tier, self.device_type)
-        params = cols // INT4_GROUP * rows * 2 * self.dtype_bytes + 4
-        return (codes + kernel) * rows * cols // 2 + params
+        params = int4_params_nbytes(rows, cols, k_scales=self.holds_k_scales(spec, tier, in_place or {}),
+                                    group_size=INT4_GROUP, dtype_bytes=self.dtype_bytes)
+        return (codes + kernel) * rows * cols // 2 + params + 4
+
+    def holds_k_scales(self, spec: WeightSpec, tier: str, in_place: dict) -> bool:
+        """Whether a 4-bit weight is held on `tier` with Q4_K's scales as the file has them
+        (`read_int4`): every part read so (`in_place`: the file's blocks as kept, `in_place_samples`;
+        a part quantized here, or stacked beside pairs, makes pairs), and not moved to a device
+        for its kernel there (`Int4Weight.to`: pairs on a GPU)."""
+        samples = [in_place.get(p.name) for p in self.parts.get(spec.name, [spec])]
+        if not all(isinstance(w, Int4Weight) and w.k_scales for w in samples):
+            return False
+        return self.device_type == "cpu" or not _held_layouts(tuple(spec.shape), tier, self.device_type)[1]
 
     def int4_part_names(self, spec: WeightSpec, tier: str) -> list[str]:
         """The names of a 4-bit weight's parts in the store (`Int4Weight.to_tensors`)."""

@@ -183,7 +183,7 @@ class WeightStore:
         """Bytes of a weight as stored on `tier` (off the gpu tier: what the split shares out)."""
         form, shape = self.form(spec), tuple(spec.shape)
         if form == "int4":
-            return self.stored_weights.int4_nbytes(spec, tier)
+            return self.stored_weights.int4_nbytes(spec, tier, self.in_place)
         if form == "codes":
             return kind_of(self.in_place[spec.name]).stored_bytes(self.in_place[spec.name])
         if form == "fp8":
