@@ -27,6 +27,8 @@ from flexlamps.hardware import cache as hardware_cache
 from flexlamps.models.blocks import linear
 from flexlamps.models.loading import weight_cache
 from flexlamps.models.loading.weight_cache import load_weights
+from flexlamps.models.blocks.weight_kind import kind_of
+from flexlamps.models.weight_specs import weight_specs
 from flexlamps.run_plan.plan import RunPlan, agents_config
 from flexlamps.settings import RunSettings
 from offload import compute_device
@@ -98,12 +100,29 @@ def with_measured_pools(plan: RunPlan, executor: Executor):
     return dataclasses.replace(plan, pools=agents_config(aug, sizes.gpu_kv_bytes, sizes.cpu_swap_bytes)), sizes
 
 
+def _twinned(w) -> bool:
+    """Whether the in-memory executor keeps a dense twin beside `w` (where `_dense_twins_fit`)."""
+    return linear.can_have_dense_twin(w) and not linear.codes_serve_both_phases(w)
+
+
 def _dense_twins_fit(weights: dict) -> bool:
     import psutil
 
-    dense_bytes = sum(w.shape[0] * w.shape[1] * w.dtype.itemsize for w in weights.values()
-                      if linear.can_have_dense_twin(w) and not linear.codes_serve_both_phases(w))
+    dense_bytes = sum(w.shape[0] * w.shape[1] * w.dtype.itemsize for w in weights.values() if _twinned(w))
     return 0 < dense_bytes <= DENSE_TWINS_MAX_SHARE * psutil.virtual_memory().available
+
+
+def in_memory_weight_bytes(reader, dtype: torch.dtype) -> int:
+    """Bytes the in-memory executor on this CPU holds for `reader`'s weights in `dtype`, each as its
+    kind stores it (`WeightKind.stored_bytes`): a checkpoint's blocks kept as codes
+    (`in_place_samples`: Q4_K at 4.625 bits a weight where our kernel keeps its scales), with the
+    dense twin (and int8 copy) `Int4Twin` adds where `_twinned`, as if they fit; the others dense."""
+    _, samples = in_place_samples(reader, dtype)
+    held = sum(s.numel * dtype.itemsize for s in weight_specs(reader.config) if s.name not in samples)
+    for w in samples.values():
+        w = linear.with_dense_twin(w, plain=lambda: None) if _twinned(w) else w  # sized, never read
+        held += kind_of(w).stored_bytes(w)
+    return held
 
 
 def _cached_dense_copies(reader, dtype: torch.dtype, cache_dir):

@@ -179,54 +179,6 @@ def test_cache_keeps_the_blocks(kquant_gguf, tmp_path):
     assert "lm_head" in assert_cache_gives_back_the_same_weights(kquant_gguf, tmp_path / "cache")
 
 
-def test_max_rss_plans_a_q4_k_m_at_int8_bytes(kquant_gguf, tmp_path):
-    """--max-rss under --dtype auto: a file whose layers hold int8 blocks (Q5_0) beside 4-bit ones
-    is planned at the int8 figure (Q6_K's groups of 16 at theirs as the split; in the 6-bit form,
-    its scales alone, below Q8_0's), a 4-bit one (the head alone Q8_0 or not) at the 4-bit one."""
-    from flexlamps.commands.memory import (_AUTO_INT4_BYTES, _AUTO_INT8_BYTES, _AUTO_INT8_G16_BYTES,
-                                           _AUTO_SIX_BIT_BYTES, _auto_bytes_per_param)
-    from tests.unit.test_weight_cache import write_tiny_gguf
-
-    assert GGUFReader(kquant_gguf).layer_block_kinds == {"int4", "int4-k", "int8", "int8-g16"}  # Q6_K's groups of 16
-    for six_bit, want in ((True, _AUTO_INT8_BYTES), (False, _AUTO_INT8_G16_BYTES)):
-        assert _auto_bytes_per_param(GGUFReader(kquant_gguf), six_bit=six_bit) == want
-    q6_alone = type("Q6Reader", (), {"layer_block_kinds": {"int4", "int8-g16"}})()  # Q6_K the only int8 blocks
-    assert _auto_bytes_per_param(q6_alone) == _AUTO_INT8_G16_BYTES
-    assert _auto_bytes_per_param(q6_alone, six_bit=True) == _AUTO_SIX_BIT_BYTES == 2 + 7 / 8  # 7 bits a weight, twin
-    q4 = GGUFReader(write_tiny_gguf(tmp_path / "q4.gguf"))
-    assert q4.layer_block_kinds == {"int4"} and _auto_bytes_per_param(q4) == _AUTO_INT4_BYTES
-    q8 = GGUFReader(write_tiny_gguf(tmp_path / "q8.gguf", all_q8_0=True))
-    assert q8.layer_block_kinds == {"int8"} and _auto_bytes_per_param(q8) == _AUTO_INT8_BYTES
-
-
-def test_max_rss_charges_no_dense_copy_where_prompts_run_on_the_codes(tmp_path, monkeypatch):
-    """Where this process multiplies prompts on the codes too (`prompts_run_on_codes`), an in-memory
-    --dtype auto run is planned at the codes' bytes alone: a cap that fits them passes, one byte
-    less is refused; where it does not, the same cap is refused (the bf16 copies are charged)."""
-    from click import ClickException
-
-    from flexlamps.commands import memory
-    from flexlamps.generate_job import GenerateSettings
-    from flexlamps.models.blocks import coded_weights
-    from flexlamps.models.description import model_spec
-    from tests.unit.test_weight_cache import write_tiny_gguf
-
-    path = write_tiny_gguf(tmp_path / "q4.gguf")
-    reader = GGUFReader(path)
-    spec = model_spec(reader.config)
-    settings = GenerateSettings(run=RunSettings(model=str(path), dtype="auto", max_batch_size=2), max_new_tokens=0)
-    context = min(reader.config.max_position, 512)
-    codes_only = memory.planned_rss_bytes(spec, memory._AUTO_INT4_BYTES - memory._TWIN_BYTES, offload_budgets=None,
-                                          num_sequences=2, context_len=context, cache_bytes_per_value=2)
-    monkeypatch.setattr(coded_weights, "prompts_run_on_codes", lambda dtype: True)
-    memory.check_max_rss(settings, codes_only, 2, reader, spec)
-    with pytest.raises(ClickException, match="cannot be met"):
-        memory.check_max_rss(settings, codes_only - 1, 2, reader, spec)
-    monkeypatch.setattr(coded_weights, "prompts_run_on_codes", lambda dtype: False)
-    with pytest.raises(ClickException, match="cannot be met"):
-        memory.check_max_rss(settings, codes_only, 2, reader, spec)
-
-
 def test_offloaded_4bit_tiers_keep_the_q4_k_blocks(kquant_gguf, tmp_path):
     """--compress-weight on the offload engine reads a Q4_K matrix's blocks as they are (not
     dequantized and quantized again), from disk too."""

@@ -1,7 +1,8 @@
 """A GGUF's 4-bit blocks charged as the engine holds them: Q4_K's scales as the file has them (4.625
 bits a weight where our kernel runs, `Int4Weight.from_k_blocks`), Q4_0 / Q4_1's and a stacked mix's
-(scale, zero) pairs (5), sized in one place (`quant.int4_layout`), by the offload executor's store,
-its dry run (`PlanTarget.in_place`: the file's blocks as kept) and `--max-rss`'s figure."""
+(scale, zero) pairs (5), sized in one place (`quant.int4_layout`, each kind's `stored_bytes`), by the
+offload executor's store, its dry run (`PlanTarget.in_place`: the file's blocks as kept) and
+`--max-rss`'s figure for the in-memory executor."""
 from __future__ import annotations
 
 from concurrent.futures import Future
@@ -13,14 +14,19 @@ import torch
 from flexlamps.commands import memory
 from flexlamps.engine.batch.generate import generate
 from flexlamps.engine.batch.sampling import SamplingParams
+from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
 from flexlamps.engine.executors.weight_store import in_place_samples
 from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import GGUFReader
 from flexlamps.models.loading.gguf_blocks import q4_k_parts
+from flexlamps.models.blocks.weight_kind import kind_of
 from flexlamps.models.loading.in_place import keeps_k_scales
+from flexlamps.models.loading.weight_cache import load_weights
+from flexlamps.models.weight_specs import weight_specs
 from flexlamps.planning.dry_run import dry_run
 from flexlamps.planning.target import BlockLengths, PlanTarget
+from flexlamps.run_plan.build import in_memory_weight_bytes
 from placement import Policy, TierSplit
 from quant.int4_layout import int4_bits_per_weight, int4_params_nbytes
 from quant.int4_weight import Int4Weight
@@ -97,29 +103,41 @@ def _run_at_once(load) -> Future:
     return done
 
 
-def test_max_rss_counts_q4_k_at_its_own_bits(tmp_path, monkeypatch):
-    """`--dtype auto`'s figure for a GGUF whose 4-bit layer blocks are all Q4_K: 4.625 bits a weight
-    where our kernel keeps its scales (not Q4_0's 5), so a cap that fits them passes."""
+def _held_in_memory(reader) -> int:
+    """Bytes the in-memory executor holds, each weight as its kind stores it (twins made)."""
+    ex = InMemoryExecutor(reader.config, load_weights(reader, torch.bfloat16, int4_in_place=True, use_cache=False),
+                          torch.bfloat16, "cpu", dense_twins=True)
+    held = [*ex.global_weights.values(), *(t for w in ex.layer_weights for t in w.values())]
+    return sum(kind_of(t).stored_bytes(t) for t in held)
+
+
+@pytest.mark.parametrize("prompts_on_codes", [True, False], ids=["codes", "twins"])
+@pytest.mark.parametrize("types", sorted(TYPES))
+def test_max_rss_charges_what_the_in_memory_executor_holds(tmp_path, monkeypatch, types, prompts_on_codes):
+    """`--dtype auto` in memory charges each weight as its kind holds it there (`in_memory_weight_bytes`):
+    a Q4_K matrix at 4.625 bits where our kernel keeps its scales (not Q4_0's 5, nor Q8_0's 10 for a
+    Q4_K_M, which the one figure a weight charged), with a dense twin where prompts do not run on
+    the codes; equal to what the executor holds but the group sizes of the parts it stacks."""
     from click import ClickException
 
     from flexlamps.generate_job import GenerateSettings
     from flexlamps.models.blocks import coded_weights
     from flexlamps.settings import RunSettings
-    from tests.unit.test_weight_cache import write_tiny_gguf
 
-    reader, pairs = _gguf(tmp_path, "q4_k"), GGUFReader(write_tiny_gguf(tmp_path / "q4_0.gguf"))
-    assert reader.layer_block_kinds == {"int4", "int4-k"} and pairs.layer_block_kinds == {"int4"}
-    assert memory._auto_bytes_per_param(reader, k_scales=True) == 2 + 4.625 / 8 == memory._AUTO_INT4_K_BYTES
-    assert memory._auto_bytes_per_param(reader) == memory._auto_bytes_per_param(pairs, k_scales=True) == 2 + 5 / 8
+    if not prompts_on_codes:
+        monkeypatch.setattr(coded_weights, "prompts_run_on_codes", lambda dtype: False)
+    reader = _gguf(tmp_path, types)
+    charged = in_memory_weight_bytes(reader, torch.bfloat16)
+    assert 0 <= charged - _held_in_memory(reader) <= 4 * len(weight_specs(reader.config))  # stacked: fewer group sizes
+    if types == "q4_k" and prompts_on_codes and keeps_k_scales():  # the embedding table dense, the rest Q4_K
+        specs = weight_specs(reader.config)
+        coded = [s for s in specs if s.role == "linear"] + [s for s in specs if s.name == "embed_tokens"]  # tied head
+        dense = sum(s.numel * 2 for s in specs if s.role != "linear")
+        assert charged == dense + sum(s.numel * 4.625 / 8 + 4 for s in coded)
     spec = model_spec(reader.config)
-    settings = GenerateSettings(run=RunSettings(model="q4_k.gguf", dtype="auto", max_batch_size=2), max_new_tokens=0)
-    cap = memory.planned_rss_bytes(spec, memory._AUTO_INT4_K_BYTES, offload_budgets=None, num_sequences=2,
+    settings = GenerateSettings(run=RunSettings(model=f"{types}.gguf", max_batch_size=2), max_new_tokens=0)
+    cap = memory.planned_rss_bytes(spec, None, weight_bytes=charged, offload_budgets=None, num_sequences=2,
                                    context_len=min(reader.config.max_position, 512), cache_bytes_per_value=2)
-    monkeypatch.setattr(coded_weights, "prompts_run_on_codes", lambda dtype: False)  # the bf16 copies charged
-    monkeypatch.setattr(coded_weights, "native_kernel", lambda: object())  # our kernel: Q4_K keeps its scales
     memory.check_max_rss(settings, cap, 2, reader, spec)
     with pytest.raises(ClickException, match="cannot be met"):
         memory.check_max_rss(settings, cap - 1, 2, reader, spec)
-    monkeypatch.setattr(coded_weights, "native_kernel", lambda: None)  # torch's kernel: (scale, zero) pairs
-    with pytest.raises(ClickException, match="cannot be met"):
-        memory.check_max_rss(settings, cap, 2, reader, spec)

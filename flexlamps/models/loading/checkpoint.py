@@ -370,11 +370,9 @@ class GGUFReader:
     def layer_block_kinds(self) -> set[str]:
         """How the layers' matrices are computed in place: "int4" (Q4 blocks) and/or "int8"
         (Q8_0 / Q5_x / Q6_K), and "int8-g16" too where Q6_K's groups of 16 are among them (their
-        scales take more bytes), "int4-k" where every 4-bit one is Q4_K (its scales take fewer);
-        the global tables (embedding, head) not counted."""
+        scales take more bytes); the global tables (embedding, head) not counted."""
         types = {t for name, t in self._tensor_types.items() if name.startswith("blk.")}
-        int4 = {t for t in types if is_int4_block_type(t)}
-        return ({"int4"} if int4 else set()) | ({"int4-k"} if int4 == {"Q4_K"} else set()) | (
+        return ({"int4"} if any(is_int4_block_type(t) for t in types) else set()) | (
             {"int8"} if any(is_int8_block_type(t) for t in types) else set()) | (
             {"int8-g16"} if "Q6_K" in types else set())
 
