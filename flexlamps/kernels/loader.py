@@ -33,7 +33,7 @@ from flexlamps.kernels import build, variants
 from flexlamps.kernels.variants import Variant
 
 SWITCH_ENV = "FLEXLAMPS_NATIVE_KERNELS"  # "0": torch's kernels everywhere (A/B runs, a broken toolchain)
-NAMES = ("tile_gemv", "int8_gemm", "attention", "elementwise", "half_gemv", "half_gemm", "decode_layers")  # the kernel modules of this package
+NAMES = ("tile_gemv", "int8_gemm", "attention", "elementwise", "half_gemv", "half_gemm", "half_amx", "decode_layers")  # the kernel modules of this package
 
 
 class KernelCheckError(RuntimeError):

@@ -15,9 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flexlamps.kernels import attention, build, decode_layers, elementwise, half_gemv, int8_gemm, loader, tile_gemv, variants
+from flexlamps.kernels import (attention, build, decode_layers, elementwise, half_amx, half_gemv, int8_gemm, loader,
+                               tile_gemv, variants)
 from flexlamps.kernels.loader import KernelCheckError, Kernels
-from flexlamps.models.blocks import attention as attention_block, linear, moe, native_decode, norms
+from flexlamps.models.blocks import attention as attention_block, dense_gemm, linear, moe, native_decode, norms
 from tests.conftest import REPO
 
 
@@ -126,15 +127,29 @@ class TorchHalfGemv(ZeroHalfGemv):
         out.index_add_(0, tokens, (y * weights[picks, None]).to(out.dtype))
 
 
+class ZeroHalfAmx(half_amx.HalfAmx):
+    def __init__(self):
+        self.level = "amx"
+
+    def matmul(self, x, w, b=None):
+        return torch.zeros(*x.shape[:-1], w.shape[0], dtype=x.dtype)
+
+
+class TorchHalfAmx(ZeroHalfAmx):  # (the bits it is held to: oneDNN's 32-row call)
+    def matmul(self, x, w, b=None):
+        return half_amx.onednn_rows(x, w, b)
+
+
 ZERO = {"tile_gemv": ZeroTileGemv, "int8_gemm": ZeroInt8Gemm, "attention": ZeroAttention, "elementwise": ZeroElementwise,
-        "half_gemv": ZeroHalfGemv, "half_gemm": ZeroHalfGemv, "decode_layers": ZeroDecodeLayers}
+        "half_gemv": ZeroHalfGemv, "half_gemm": ZeroHalfGemv, "half_amx": ZeroHalfAmx, "decode_layers": ZeroDecodeLayers}
 TORCH = {"tile_gemv": TorchTileGemv, "int8_gemm": TorchInt8Gemm, "attention": TorchAttention,
          "elementwise": TorchElementwise, "half_gemv": TorchHalfGemv, "half_gemm": TorchHalfGemv,
-         "decode_layers": TorchDecodeLayers}
+         "half_amx": TorchHalfAmx, "decode_layers": TorchDecodeLayers}
 # what the models ask for each kernel
 ENTRY = {"tile_gemv": lambda: linear.native_kernel(), "int8_gemm": lambda: linear.int8_kernel(),
          "attention": lambda: attention_block.native_attention_kernel(), "elementwise": lambda: norms.native_ops(),
          "half_gemv": lambda: moe.decode_expert_kernel(), "half_gemm": lambda: moe.prompt_expert_kernel(),
+         "half_amx": lambda: dense_gemm._amx_decode(torch.ones(1, 4).bfloat16(), torch.ones(4, 4).bfloat16(), None),
          "decode_layers": lambda: native_decode.native_loop()}
 
 
@@ -168,13 +183,16 @@ def test_a_kernel_returning_zeros_is_rejected_under_python_O():
     assert proc.stdout.split("\n")[:-1] == [f"rejected {n} True" for n in loader.NAMES] + ["optimize 1"]
 
 
-EVERY_FLAG = sorted({f for n in loader.NAMES for v in loader.kernel_spec(n).variants for f in v.cpu_flags})
+# every variant's flags but AMX-BF16's (which leave the int8 GEMM to oneDNN): half_amx alone is given them
+AMX_BF16 = sorted(set(loader.kernel_spec("half_amx").variants[-1].cpu_flags) - set(variants.LEVELS["amx"][0]))
+EVERY_FLAG = sorted({f for n in loader.NAMES for v in loader.kernel_spec(n).variants for f in v.cpu_flags} - {*AMX_BF16})
 
 
 @pytest.fixture
-def cpu_has_everything(monkeypatch):
-    """A CPU with every variant's flags (no AMX), and no override of the level."""
-    monkeypatch.setattr(build, "cpu_flags", lambda cpuinfo=None: list(EVERY_FLAG))
+def cpu_has_everything(monkeypatch, request):
+    """A CPU with every variant's flags (AMX-BF16 for half_amx alone), and no override of the level."""
+    flags = EVERY_FLAG + (AMX_BF16 if request.node.callspec.params.get("name") == "half_amx" else [])
+    monkeypatch.setattr(build, "cpu_flags", lambda cpuinfo=None: list(flags))
     monkeypatch.delenv(variants.VARIANT_ENV, raising=False)
 
 

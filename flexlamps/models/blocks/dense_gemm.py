@@ -21,7 +21,10 @@ outputs moved by a rounding step between calls of 1-33 rows and of 300 (Sapphire
 Xeon). A call of a fixed row count gives a row the same bits wherever it sits among the call's
 rows and whatever they hold (measured there, 1 and 2 threads, packed or not), so there bf16 rows
 run in calls of exactly `AMX_ROW_BLOCK` rows (a prompt's: `AMX_PROMPT_ROW_BLOCK`), fewer padded with
-zero rows, more ending in a call on the last block's worth (`_in_row_blocks`).
+zero rows, more ending in a call on the last block's worth (`_in_row_blocks`). A decode call of at most
+`AMX_ROW_BLOCK` rows on a plain weight takes `kernels.half_amx` where it loads: the same bits (the same tile
+chain, checked at load) with the weight read once as it lies, at the memory's rate (oneDNN's 32-row call:
+5-9 GB/s for one row; the head and attention were ~40 of a MoE batch-1 step's ~100 ms).
 
 Decode rows in bf16 / fp16 on a CPU without oneDNN's 16-bit GEMM (AVX2) take our kernel
 (`kernels.half_gemv`: each output one fp32 dot product in a fixed order, rounded once; a row's
@@ -38,7 +41,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from flexlamps.kernels import build, half_gemv, loader
+from flexlamps.kernels import build, half_amx, half_gemv, loader
 from flexlamps.models.blocks.weight_kind import Phase, WeightKind, epilogue, is_dense, register
 
 # The row count oneDNN tunes a packed layout for; results do not depend on it, and decode
@@ -114,6 +117,8 @@ def dense_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
     lead, out_dim = x.shape[:-1], w.shape[0]
     rows = x.reshape(-1, x.shape[-1])
     if x.dtype in _ROW_BLOCK_DTYPES:  # (add and mul ran apart above: bf16)
+        if phase is not Phase.PROMPT and rows.shape[0] <= AMX_ROW_BLOCK and (amx := _amx_decode(rows, w, b)):
+            return amx.matmul(rows, w, b).reshape(*lead, out_dim)  # the bits of the oneDNN call below
         block = AMX_PROMPT_ROW_BLOCK if phase is Phase.PROMPT else AMX_ROW_BLOCK
         return _in_row_blocks(rows, w, b, block).reshape(*lead, out_dim)
     single = rows.shape[0] == 1
@@ -132,6 +137,16 @@ def dense_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
     if single:
         out = out[:1]
     return out.reshape(*lead, out_dim)
+
+
+def _amx_decode(rows: torch.Tensor, w, b: torch.Tensor | None) -> half_amx.HalfAmx | None:
+    """`kernels.half_amx` where it loads and takes these decode rows on w: a plain weight (a prepacked one
+    is oneDNN's layout), no bias or a contiguous bf16 one. Its rows have the bits of the 32-row oneDNN
+    call (checked at load) and it reads the weight at the memory's rate for one row (oneDNN: 5-9 GB/s)."""
+    kernel = loader.chosen().get("half_amx")
+    if kernel is None or not kernel.takes(w, rows) or (b is not None and (b.dtype != rows.dtype or not b.is_contiguous())):
+        return None
+    return kernel
 
 
 def _in_row_blocks(rows: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, block: int) -> torch.Tensor:
