@@ -35,12 +35,12 @@ def one_run(llm, sweep_module, prompts, gen_len: int, every_layer: bool) -> dict
     sweep, policy, real = llm.executor.sweep, sweep_module.trims_heap_after, sweep_module.release_heap
     log = {"trim_s": [], "rss": 0.0}
 
-    def decide(layer: int, layers: int, prefill: bool, micro_batch_workspace: int | None = None) -> bool:
+    def decide(layer: int, layers: int, prefill: bool, micro_batch_workspace: int | None = None, **free) -> bool:
         if micro_batch_workspace is not None:  # between a layer's micro-batches: the policy's word
             return policy(layer, layers, prefill, micro_batch_workspace)
         if layer == layers - 1:
             log["rss"] = max(log["rss"], rss_anon_mib())
-        return every_layer or policy(layer, layers, prefill)
+        return every_layer or policy(layer, layers, prefill, **free)
 
     def trim() -> bool:
         t = time.perf_counter()

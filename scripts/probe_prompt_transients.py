@@ -130,7 +130,8 @@ def main() -> None:
         return
     if args.no_trim:
         policy = sweep_module.trims_heap_after
-        sweep_module.trims_heap_after = lambda j, n, prefill, micro_batch_workspace=None: micro_batch_workspace is None and policy(j, n, prefill)
+        sweep_module.trims_heap_after = lambda j, n, prefill, micro_batch_workspace=None, **free: \
+            micro_batch_workspace is None and policy(j, n, prefill, **free)
     sweep_module.Sweep._layer_step = _resident_step(sweep_module.Sweep._layer_step, _counting_reads(ex.store))
     ex.forward_steps(cache, steps)
 

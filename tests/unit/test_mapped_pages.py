@@ -1,5 +1,7 @@
 """`release_mapped`: a mapped weight's resident pages are given back and read again from the file
 when touched; heap memory is left alone."""
+import ctypes
+import ctypes.util
 import sys
 
 import pytest
@@ -7,7 +9,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from flexlamps.models.loading.mapped_pages import file_mappings, in_file_mapping, owned, release_mapped
+from flexlamps.models.loading.mapped_pages import file_mappings, heap_free_bytes, in_file_mapping, owned, release_mapped
 from quant.int4_weight import Int4Weight
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and /proc/self/maps: Linux")
@@ -73,3 +75,17 @@ def test_owned_copies_a_mapped_tensor_and_gives_its_pages_back(tmp_path):
 def test_owned_leaves_heap_memory_as_it_is():
     t = torch.randn(1 << 16)
     assert not in_file_mapping(t) and owned(t) is t
+
+
+@pytest.mark.skipif(heap_free_bytes() is None, reason="glibc's mallinfo2 only")
+def test_heap_free_bytes_counts_what_the_heap_freed():
+    """`heap_free_bytes` (the sweep's trims ask it) reads glibc's own count: 16 blocks of 64 KiB freed
+    (under the mmap threshold, so in the heap) add at least 15 of them to it."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    blocks = [libc.malloc(64 << 10) for _ in range(16)]
+    held = heap_free_bytes()
+    for b in blocks:
+        libc.free(b)
+    assert heap_free_bytes() >= held + 15 * (64 << 10)

@@ -7,6 +7,7 @@ the one `PlacementCharges` computes on paper (the dry run's)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -21,7 +22,7 @@ from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.thread_clock import thread_clock
 from flexlamps.engine.executors.weight_store import WeightStore, element_bytes
 from flexlamps.models.blocks.linear import Int4Twin, as_logits_head, linear
-from flexlamps.models.loading.mapped_pages import release_heap
+from flexlamps.models.loading.mapped_pages import heap_free_bytes, release_heap
 from placement.cost_memory import HEAD_CHUNK_ROWS, workspace_bytes
 from quant.int4_weight import Int4Weight
 
@@ -31,16 +32,23 @@ from quant.int4_weight import Int4Weight
 # computes for long enough (seconds) that a trim's few ms (2.4-100 measured) are noise; smaller
 # micro-batches' trims would cost a visible share and their holes are small
 MICRO_BATCH_TRIM_BYTES = 64 << 20
+# a layer's end trims only a heap with at least 1/HEAP_TRIM_SHARE of the host memory budgeted free: the
+# next layer faults back what a trim gives it and reuses (SmolLM2's 4-bit disk 32x4: ~170 MiB free of 16
+# GiB budgeted, its prompt trims 5-11% of the run), while the MoE job's 3.1 GiB heap frees more
+HEAP_TRIM_SHARE = 32
 
 
-def trims_heap_after(layer: int, layers: int, prefill: bool, micro_batch_workspace: int | None = None) -> bool:
+def trims_heap_after(layer: int, layers: int, prefill: bool, micro_batch_workspace: int | None = None, *,
+                     host_budget: int = 0, free_heap: Callable[[], int | None] | None = None) -> bool:
     """The sweep's one heap policy: `release_heap` after every layer of a sweep with a prompt, after
     the last layer of a decode sweep, and after a large prompt micro-batch (`micro_batch_workspace`:
     asked between a layer's micro-batches with the workspace of the one just run, `prefill` its having
-    a prompt; `MICRO_BATCH_TRIM_BYTES`). glibc keeps what is freed (`host_allocator`: trimming off, so
-    pages are reused): a prompt layer frees activations the next one does not reuse (0.6-1.2 GB free in
-    the MoE job's heap); a prompt micro-batch's transients do not fit back into the holes the one before
-    left (the MoE job, 63 x 128 tokens a micro-batch: the free heap 122 -> 501 MiB over a layer's 6
+    a prompt; `MICRO_BATCH_TRIM_BYTES`); a layer's end only where the heap's free bytes (`free_heap`,
+    default `heap_free_bytes`, read there alone) are at least 1/HEAP_TRIM_SHARE of `host_budget`, the
+    bytes the host's tiers are budgeted (0, or the free bytes unknown: always). glibc keeps what is
+    freed (`host_allocator`: trimming off, so pages are reused): a prompt layer frees activations the
+    next one does not reuse (0.6-1.2 GB free in the MoE job's heap); a prompt micro-batch's transients
+    do not fit back into the holes the one before left (the MoE job, 63 x 128 tokens a micro-batch: the free heap 122 -> 501 MiB over a layer's 6
     micro-batches at a flat heap in use, the resident peak 2757 -> 3029 MiB; trimmed, 2752-2820
     throughout); decode sweeps' leftovers piled up sweep on sweep without a trim (the MoE job: +230 MiB
     over 63, OOM-killed under its cap); a decode layer's disk-expert staging is what the next layer
@@ -48,7 +56,10 @@ def trims_heap_after(layer: int, layers: int, prefill: bool, micro_batch_workspa
     scripts/bench_heap_trim.py, scripts/probe_prompt_transients.py)."""
     if micro_batch_workspace is not None:
         return prefill and micro_batch_workspace >= MICRO_BATCH_TRIM_BYTES
-    return prefill or layer == layers - 1
+    if not (prefill or layer == layers - 1):
+        return False
+    free = (free_heap or heap_free_bytes)() if host_budget else None
+    return free is None or free * HEAP_TRIM_SHARE >= host_budget
 
 
 @dataclass
@@ -199,7 +210,7 @@ class Sweep:
                     self._run_layer(j, fetched, steps, hidden, ctxs, cache, twin_bytes, ahead)
                 finally:
                     store.release(staged)
-                if trims_heap_after(j, cfg.num_layers, prefill):
+                if trims_heap_after(j, cfg.num_layers, prefill, host_budget=self._host_budget()):
                     release_heap()
                 if prof is not None:
                     t1 = time.perf_counter()
@@ -222,6 +233,12 @@ class Sweep:
             if act_bytes:
                 self.budgets[act_tier].free(act_bytes)
             store.release(glob_staged)
+
+    def _host_budget(self) -> int:
+        """The bytes the tiers in host memory are budgeted: the cpu tier's, the gpu tier's too where
+        the compute device is the CPU."""
+        host = self.budgets["cpu"].capacity_bytes
+        return host + (self.budgets["gpu"].capacity_bytes if self.device.type == "cpu" else 0)
 
     def _activations(self, act_tier: str, steps: list[Step]) -> list[torch.Tensor]:
         """Each micro-batch's hidden states, views of one buffer on `act_tier` that every layer writes
