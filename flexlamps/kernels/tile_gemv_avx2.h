@@ -195,6 +195,8 @@ static void six_tile16(const uint8_t *codes, const uint8_t *plane, const uint16_
             _mm_prefetch((const char *)(sz + (g + SIX16_SZ_AHEAD) * n * x->sz_width), _MM_HINT_T0);
             if (x->sz_width == 2) _mm_prefetch((const char *)(sz + (g + SIX16_SZ_AHEAD) * n * 2 + 32), _MM_HINT_T0);
         }
+        for (int64_t line = 0; line < x->sz_width; line++)  /* the next tile's, into L2 (`next_tile_scales`) */
+            _mm_prefetch((const char *)(sz + (g * n + 32) * x->sz_width + 32 * line), _MM_HINT_T1);
         for (int64_t k = g * group; k < (g + 1) * group; k += 4) {  /* 4 columns: 64 code bytes, 32 of the plane */
             _mm_prefetch((const char *)(codes + 16 * k + PREFETCH8_BYTES), _MM_HINT_T0);
             _mm_prefetch((const char *)(plane + 8 * k + PREFETCH8_BYTES / 2), _MM_HINT_T0);

@@ -181,10 +181,27 @@ AI void segment8(const uint8_t *p, const uint8_t *plane, int64_t off, int64_t h,
     widen_into(acc, shift, dot, nb);
 }
 
+/* Q4_K's form: the super-block's d and dmin (the file's fp16) of rows first[i]..first[i]+7 as fp32,
+ * made once for its 8 groups (`k4_scales8`) where k4_rows8 made them again each group. */
+AI void k4_super8(const uint16_t *d, int64_t n, const int64_t first[4], __m256 kd[4], __m256 kdmin[4]) {
+    for (int i = 0; i < 4; i++) {
+        kd[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + first[i])));
+        kdmin[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + n + first[i])));
+    }
+}
+
+/* Rows r..r+7's scale d sc and offset -dmin m in Q4_K's form, their d and dmin given: k4_make8's steps. */
+AI void k4_scales8(const uint16_t *group_sz, int64_t r, __m256 kd, __m256 kdmin, __m256 *scale, __m256 *offset) {
+    __m256i sm = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(group_sz + r)));
+    *scale = _mm256_mul_ps(kd, _mm256_cvtepi32_ps(_mm256_and_si256(sm, _mm256_set1_epi32(0xFF))));
+    *offset = _mm256_fnmadd_ps(kdmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(sm, 8)), _mm256_setzero_ps());
+}
+
 /* tot[b][i] (rows first[i]..first[i]+7) += scale * (dot * dx) + (zero - 8 scale) * sum_x for
- * group g: add_group8's fp32 steps in its order (the same bits), the sums kept in registers. */
+ * group g: add_group8's fp32 steps in its order (the same bits), the sums kept in registers; in
+ * Q4_K's form the super-block's d and dmin from kd, kdmin (`k4_super8`). */
 AI void add_group_rows(const uint16_t *group_sz, int64_t n, const int64_t first[4], int fp16, __m256i dot[][4],
-                       const QRows *x, int64_t g, __m256 tot[][4], int nb) {
+                       const QRows *x, int64_t g, const __m256 kd[4], const __m256 kdmin[4], __m256 tot[][4], int nb) {
     __m256 dx[PASS8_ROWS], sx[PASS8_ROWS];
     for (int b = 0; b < nb; b++) {
         dx[b] = _mm256_set1_ps(x->scale[b * x->groups + g]);
@@ -192,11 +209,26 @@ AI void add_group_rows(const uint16_t *group_sz, int64_t n, const int64_t first[
     }
     for (int i = 0; i < 4; i++) {
         __m256 scale, offset;
-        scale_offset8(group_sz, n, first[i], 8.0f, fp16, x, g, &scale, &offset);
+        if (x->k4) k4_scales8(group_sz, first[i], kd[i], kdmin[i], &scale, &offset);
+        else scale_offset8(group_sz, n, first[i], 8.0f, fp16, x, g, &scale, &offset);
         for (int b = 0; b < nb; b++) {
             __m256 t = _mm256_fmadd_ps(scale, _mm256_mul_ps(_mm256_cvtepi32_ps(dot[b][i]), dx[b]), tot[b][i]);
             tot[b][i] = _mm256_fmadd_ps(offset, sx[b], t);
         }
+    }
+}
+
+/* The next tile's scales of a group (its `group_scales` at sz; in Q4_K's form with its super-block's d
+ * and dmin planes where `super`) into L2, a tile of codes ahead: each group's lie n rows apart, lines
+ * the hardware prefetcher does not follow, and two groups ahead (slice_pass8) is too late to hide
+ * the memory's latency; 1.1B Q4_K rows, streamed, 1 thread: 7.4 -> 8.6 GB/s. */
+AI void next_tile_scales(const uint16_t *sz, int64_t n, int64_t tile, int64_t w, const int64_t first[4], int super) {
+    const uint16_t *next = sz + w * tile;
+    _mm_prefetch((const char *)(next + w * first[0]), _MM_HINT_T1);
+    _mm_prefetch((const char *)(next + w * first[2]), _MM_HINT_T1);
+    if (super) {
+        _mm_prefetch((const char *)(next - 2 * n + first[0]), _MM_HINT_T1);
+        _mm_prefetch((const char *)(next - n + first[0]), _MM_HINT_T1);
     }
 }
 
@@ -205,7 +237,7 @@ AI void add_group_rows(const uint16_t *group_sz, int64_t n, const int64_t first[
 AI void slice_pass8(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz, int64_t n, int64_t h, int64_t s,
                     int64_t group, const QRows *x, uint16_t *out, int fp16, int split, int nb) {
     const int64_t low_half = plane ? 0 : x->cols * h, first[4] = {16 * s, 16 * s + 8, h + 16 * s, h + 16 * s + 8};
-    __m256 tot[PASS8_ROWS][4];
+    __m256 tot[PASS8_ROWS][4], kd[4], kdmin[4];
     for (int b = 0; b < nb; b++)
         for (int i = 0; i < 4; i++) tot[b][i] = _mm256_setzero_ps();
     for (int64_t g = 0; g < x->groups; g++) {
@@ -215,11 +247,13 @@ AI void slice_pass8(const uint8_t *codes, const uint8_t *plane, const uint16_t *
         const int64_t w = x->sz_width;
         const int kind = split && !plane ? KIND_INT8_SPLIT : KIND_INT4;  /* (where its scales lie: the 6-bit form's as 4-bit) */
         const uint16_t *group_sz = group_scales(sz, g, n, x, kind);
+        if (x->k4 && g % K4_GROUPS == 0) k4_super8(group_sz - 2 * n, n, first, kd, kdmin);  /* (its d and dmin planes) */
         if (g + 2 < x->groups) {  /* the scales two groups on: a strided read the prefetcher misses */
             const uint16_t *ahead = group_scales(sz, g + 2, n, x, kind);
             _mm_prefetch((const char *)(ahead + w * first[0]), _MM_HINT_T0);
             _mm_prefetch((const char *)(ahead + w * first[2]), _MM_HINT_T0);
         }
+        next_tile_scales(group_sz, n, 2 * h, w, first, x->k4 && g % K4_GROUPS == 0);
         const int joined = plane && h == 16 && x->starts6;  /* the 6-bit form's codes joined (segment8_six) */
         for (int64_t k = g * group; joined && k < (g + 1) * group; k += SIX_INPUTS)
             segment8_six(codes + k * h, plane + k * h / 2, x->q8 + k, x->cols, x->starts6 + k / SIX_INPUTS, dot, nb);
@@ -233,7 +267,7 @@ AI void slice_pass8(const uint8_t *codes, const uint8_t *plane, const uint16_t *
             for (int b = 0; b < nb; b++)
                 for (int i = 0; i < 4; i++)
                     dot[b][i] = _mm256_sub_epi32(dot[b][i], _mm256_set1_epi32((plane ? 32 : 128) * x->total[b * x->groups + g]));
-        add_group_rows(group_sz, n, first, fp16, dot, x, g, tot, nb);
+        add_group_rows(group_sz, n, first, fp16, dot, x, g, kd, kdmin, tot, nb);
     }
     for (int b = 0; b < nb; b++)
         for (int i = 0; i < 4; i++)
