@@ -14,7 +14,8 @@ from offload.budget import TierBudget
 
 # a common head geometry (Llama-3.2-1B's head size, GQA by 4). The rate moves with it: SmolLM2's 9/3 heads ran
 # a prompt within 5% of these, a decode step of 32 rows over 72 keys at ~half the rate (3 against 8 GFLOP/s fp32,
-# thread CPU time): a model's own heads would price it closer (left for a profile that knows them)
+# thread CPU time); at this probe's own sizes 12-16% slower, which moved SmolLM2's eight priced policies 0.1-1.2%
+# (plan50, docs/figures.md): not worth a profile that knows the model's heads
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 64
 # a prompt micro-batch: 2 and 8 prompts of 64 tokens, no cache before them
 PROMPT_ROWS, PROMPT_TOKENS = (2, 8), 64
