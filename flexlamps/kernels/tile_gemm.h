@@ -34,8 +34,21 @@
 #define BIAS_INPUTS 16 /* inputs a biased sum covers: its start is per 16 of a row's inputs */
 
 /* One sub-tile's codes laid out for the passes, and its groups' scales and offsets (lane order);
- * `biased`: int8 codes held as q + CODE_BIAS (where `can_bias`: x's rows come with bias_starts). */
-typedef struct { uint8_t *codes, *magnitude; float *scale, *offset; int64_t steps8; int biased, can_bias, wide; } Prepared;
+ * `biased`: int8 codes held as q + CODE_BIAS (where `can_bias`: x's rows come with bias_starts);
+ * `offsets`: whether any offset is other than +0 (`prepare` says; Q6_K's and Q4_0's are all +0). */
+typedef struct {
+    uint8_t *codes, *magnitude;
+    float *scale, *offset;
+    int64_t steps8;
+    int biased, can_bias, wide, offsets;
+} Prepared;
+
+/* Whether any of n floats is other than +0 (its bits nonzero). */
+AI int any_nonzero(const float *f, int64_t n) {
+    __m256i any = _mm256_setzero_si256();
+    for (int64_t i = 0; i < n; i += 8) any = _mm256_or_si256(any, _mm256_loadu_si256((const __m256i *)(f + i)));
+    return !_mm256_testz_si256(any, any);
+}
 
 /* A column slice's 16 bytes as codes: low nibbles (rows j) in the low 128-bit lane, high ones
  * (rows h + j) in the high lane. */
@@ -134,20 +147,34 @@ static void prepare(const uint8_t *codes, const uint8_t *plane, const uint16_t *
             _mm256_storeu_ps(prep->offset + g * SUB + 8 * v, offset);
         }
     }
+    prep->offsets = any_nonzero(prep->offset, groups * SUB);
 }
 
 /* tot[b][v] (8 floats each, in memory) += scale * (dot[b][v] * dx) + offset * sum_x for group g of
- * nb rows: the fp32 steps of every variant, in this order. */
-AI void add_dots(const Prepared *prep, int64_t g, const QRows *x, const __m256i dot[][4], float *tot, int nb) {
+ * nb rows: the fp32 steps of every variant, in this order. Where every offset is +0 (`offsets` 0) the
+ * last step is left out: fma(+0, sum_x, t) is t, bit for bit, for a finite sum_x (t is never -0: tot
+ * starts at +0 and a sum that cancels rounds to +0), and where x holds an inf or NaN, dx is NaN or
+ * inf and t already NaN. So the bits are those of the per-row path, which takes every step. */
+AI void add_dots_with(const Prepared *prep, int64_t g, const QRows *x, const __m256i dot[][4], float *tot, int nb,
+                      int offsets) {
     for (int b = 0; b < nb; b++) {
         __m256 dx = _mm256_set1_ps(x->scale[b * x->groups + g]), sx = _mm256_set1_ps(x->sum[b * x->groups + g]);
         for (int v = 0; v < 4; v++) {
             float *at = tot + (b * 4 + v) * 8;
             __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[b][v]), dx);
             t = _mm256_fmadd_ps(_mm256_loadu_ps(prep->scale + g * SUB + 8 * v), t, _mm256_loadu_ps(at));
-            _mm256_storeu_ps(at, _mm256_fmadd_ps(_mm256_loadu_ps(prep->offset + g * SUB + 8 * v), sx, t));
+            if (offsets) t = _mm256_fmadd_ps(_mm256_loadu_ps(prep->offset + g * SUB + 8 * v), sx, t);
+            _mm256_storeu_ps(at, t);
         }
     }
+}
+
+/* add_dots_with, `offsets` a constant in each copy; for int8 codes (`split`) alone: the 4-bit passes'
+ * offsets are rarely +0 (Q4_0's), and two copies of the steps cost the AVX2 4-bit pass 3-4%. */
+AI void add_dots(const Prepared *prep, int64_t g, const QRows *x, const __m256i dot[][4], float *tot, int nb,
+                 int split) {
+    if (split && !prep->offsets) add_dots_with(prep, g, x, dot, tot, nb, 0);
+    else add_dots_with(prep, g, x, dot, tot, nb, 1);
 }
 
 /* One step (4 inputs) of one or two rows of x by a sub-tile's 4 vectors of codes, added to each row's
@@ -260,7 +287,7 @@ AI void groups_pass(const Prepared *prep, const QRows *x, int64_t group, int64_t
             int64_t steps = ((g + 1) * group - k < chunk ? (g + 1) * group - k : chunk) / 4;
             chunk_sums(prep, x, k, steps, dot, k > g * group, split, nb);
         }
-        add_dots(prep, g, x, dot, tot, nb);
+        add_dots(prep, g, x, dot, tot, nb, split);
     }
 }
 
@@ -290,7 +317,7 @@ AI void pass2(const Prepared *prep, const QRows *x, int64_t steps, int split, fl
         __m256i dot[2][4];
         for (int b = 0; b < 2; b++)
             for (int v = 0; v < 4; v++) dot[b][v] = _mm256_madd_epi16(p[b][v], _mm256_set1_epi16(1));
-        add_dots(prep, g, x, dot, tot, 2);
+        add_dots(prep, g, x, dot, tot, 2, split);
     }
 }
 

@@ -62,8 +62,11 @@ AI void ahead_share(const Ahead *a, int64_t i, int64_t of) {
     }
 }
 
-/* tot (nb rows x 32 floats) += the fp32 steps of group g for the stored sums dots (nb rows x 32). */
-AI void amx_add_dots(const Prepared *prep, int64_t g, const QRows *x, const int32_t *dots, float *tot, int nb) {
+/* tot (nb rows x 32 floats) += the fp32 steps of group g for the stored sums dots (nb rows x 32); the
+ * last (offset * sum_x) only where `offsets` (add_dots says why leaving it out keeps the bits: Q6_K's
+ * 32-row calls are bound by these steps' vector ports, 4 a 16 outputs, now 3). */
+AI void amx_add_dots(const Prepared *prep, int64_t g, const QRows *x, const int32_t *dots, float *tot, int nb,
+                     int offsets) {
     const __m512 scale0 = _mm512_loadu_ps(prep->scale + g * SUB), scale1 = _mm512_loadu_ps(prep->scale + g * SUB + 16);
     const __m512 off0 = _mm512_loadu_ps(prep->offset + g * SUB), off1 = _mm512_loadu_ps(prep->offset + g * SUB + 16);
     for (int b = 0; b < nb; b++) {
@@ -73,9 +76,15 @@ AI void amx_add_dots(const Prepared *prep, int64_t g, const QRows *x, const int3
         __m512 t1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(dots + 32 * b + 16)), dx);
         t0 = _mm512_fmadd_ps(scale0, t0, _mm512_loadu_ps(at));
         t1 = _mm512_fmadd_ps(scale1, t1, _mm512_loadu_ps(at + 16));
-        _mm512_storeu_ps(at, _mm512_fmadd_ps(off0, sx, t0));
-        _mm512_storeu_ps(at + 16, _mm512_fmadd_ps(off1, sx, t1));
+        _mm512_storeu_ps(at, offsets ? _mm512_fmadd_ps(off0, sx, t0) : t0);
+        _mm512_storeu_ps(at + 16, offsets ? _mm512_fmadd_ps(off1, sx, t1) : t1);
     }
+}
+
+/* amx_add_dots with `offsets` a constant in each copy (the loop then holds no test). */
+AI void amx_add_dots_of(const Prepared *prep, int64_t g, const QRows *x, const int32_t *dots, float *tot, int nb) {
+    if (prep->offsets) amx_add_dots(prep, g, x, dots, tot, nb, 1);
+    else amx_add_dots(prep, g, x, dots, tot, nb, 0);
 }
 
 /* Group g's sums of 16 rows of x (at q8, stride cols) by the sub-tile's codes, `group` inputs in
@@ -136,10 +145,10 @@ static int64_t amx_rows(const Prepared *prep, const QRows *x, int64_t rows, int6
         for (int64_t g = 0; g < x->groups; g++) {
             amx_group(prep->codes, xb.q8, x->cols, g, group, chunk, split);
             ahead_share(ahead, b0 / AMX_ROWS * x->groups + g, done / AMX_ROWS * x->groups);
-            if (g) amx_add_dots(prep, g - 1, &xb, dots[(g - 1) & 1], tot, AMX_ROWS);
+            if (g) amx_add_dots_of(prep, g - 1, &xb, dots[(g - 1) & 1], tot, AMX_ROWS);
             amx_store(g, dots[g & 1]);
         }
-        amx_add_dots(prep, x->groups - 1, &xb, dots[(x->groups - 1) & 1], tot, AMX_ROWS);
+        amx_add_dots_of(prep, x->groups - 1, &xb, dots[(x->groups - 1) & 1], tot, AMX_ROWS);
         for (int b = 0; b < AMX_ROWS; b++)
             store_pass(tot + 32 * b, out + (b0 + b) * n + 16 * s, out + (b0 + b) * n + h + 16 * s, fp16);
     }
@@ -210,7 +219,7 @@ static int64_t amx_rows16(const Prepared *prep, const QRows *x, int64_t rows, in
             ahead_share(ahead, b0 / AMX_ROWS * x->groups + g, done / AMX_ROWS * x->groups);
             if (g) {
                 amx_join16(sums[(g - 1) & 1], &xb, g - 1, split);
-                amx_add_dots(prep, g - 1, &xb, sums[(g - 1) & 1], tot, AMX_ROWS);
+                amx_add_dots_of(prep, g - 1, &xb, sums[(g - 1) & 1], tot, AMX_ROWS);
             }
             _tile_stored(4, sums[g & 1], 128);
             _tile_stored(5, sums[g & 1] + 16, 128);
@@ -218,7 +227,7 @@ static int64_t amx_rows16(const Prepared *prep, const QRows *x, int64_t rows, in
             _tile_stored(7, sums[g & 1] + 512 + 16, 128);
         }
         amx_join16(sums[(x->groups - 1) & 1], &xb, x->groups - 1, split);
-        amx_add_dots(prep, x->groups - 1, &xb, sums[(x->groups - 1) & 1], tot, AMX_ROWS);
+        amx_add_dots_of(prep, x->groups - 1, &xb, sums[(x->groups - 1) & 1], tot, AMX_ROWS);
         for (int b = 0; b < AMX_ROWS; b++)
             store_pass(tot + 32 * b, out + (b0 + b) * n + 16 * s, out + (b0 + b) * n + h + 16 * s, fp16);
     }

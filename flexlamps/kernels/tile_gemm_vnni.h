@@ -38,7 +38,7 @@ AI void vnni_pass(const Prepared *prep, const QRows *x, int64_t group, int split
         }
         for (int64_t k = g * group; k < (g + 1) * group; k += 4)
             vnni_step(w + k * 32, prep->codes + k * 32, x->q8 + k, x->cols, dot, sign, nb);
-        add_dots(prep, g, x, dot, tot, nb);
+        add_dots(prep, g, x, dot, tot, nb, split);
     }
 }
 
