@@ -8,7 +8,8 @@
  * 32-row call runs (checked bit for bit at load, half_amx.py). An output's bits depend on its row and
  * the weight only, never on the rows beside it, the tile it lands in or the thread count (each output
  * on one thread). The bias is added to the fp32 sum before the one rounding (RNE), as oneDNN's. Fast
- * at few rows (the weight read once); many rows (a 1008-row step) stay oneDNN's, whose bits these are.
+ * at few rows (the weight read once a CHUNK of row tiles); many rows (a 1008-row step) stay oneDNN's,
+ * whose bits these are.
  * Linux lends a process the tiles' state only when asked (arch_prctl): where it refuses, -2.
  * Built and loaded by flexlamps/kernels/half_amx.py. */
 #include <immintrin.h>
@@ -24,6 +25,7 @@
 #define NB 16        /* outputs an A tile holds */
 #define MB 16        /* rows of x a B tile holds */
 #define AHEAD 8      /* input blocks of the weight prefetched ahead */
+#define CHUNK 8      /* row tiles one pass over the weight multiplies (128 rows x 2048 inputs: 512 KiB of L2) */
 
 static int amx_permitted(void) {
     static int permitted = -1;
@@ -137,10 +139,13 @@ int flexlamps_half_amx(const uint16_t *x, int64_t m, int64_t k, int64_t x_stride
         uint16_t pad[2 * NB * KB] __attribute__((aligned(64)));
         float c[NB * MB] __attribute__((aligned(64)));
         amx_configure();
+        for (int64_t c0 = 0; c0 < blocks; c0 += CHUNK) {  /* x's tiles of a chunk stay in L2 for the whole weight */
+            int64_t c1 = c0 + CHUNK < blocks ? c0 + CHUNK : blocks;
 #pragma omp for schedule(static)
-        for (int64_t p = 0; p < pairs; p++)
-            for (int64_t b0 = 0; b0 < blocks; b0 += 2)
-                block_pair(w, n, k, p * 2 * NB, xp, kbs, m, b0, blocks - b0 >= 2 ? 2 : 1, b, out, pad, c);
+            for (int64_t p = 0; p < pairs; p++)
+                for (int64_t b0 = c0; b0 < c1; b0 += 2)
+                    block_pair(w, n, k, p * 2 * NB, xp, kbs, m, b0, c1 - b0 >= 2 ? 2 : 1, b, out, pad, c);
+        }
         _tile_release();
     }
     free(xp);

@@ -1,5 +1,5 @@
-"""kernels.half_amx: a bf16 decode row on an AMX CPU gets the same bits whichever kernel computes it
-(our tiles for a call of few rows, oneDNN's 32-row calls for many), at any row count."""
+"""kernels.half_amx: a bf16 decode row on an AMX CPU gets the same bits at any row count, those of
+oneDNN's 32-row calls (what ran before it, and what runs where it does not load)."""
 
 import pytest
 import torch
@@ -36,17 +36,18 @@ def calls(monkeypatch):
 
 @pytest.mark.parametrize("out_in,bias", [((512, 2048), False), ((96, 200), True), ((37, 45), True)])
 def test_a_decode_row_has_its_bits_at_1_7_32_100_and_1008_rows(calls, out_in, bias):
-    """Few rows take the tiles, many oneDNN: a row's bits are the same in every call, so this fails
-    the moment the kernel a row count picks gives other bits."""
+    """Every row count takes the tiles, with the bits of oneDNN's 32-row calls (`_in_row_blocks`, as
+    where the kernel does not load): this fails the moment a row count picks a kernel of other bits."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(*out_in, generator=gen).bfloat16()
     b = torch.randn(out_in[0], generator=gen).bfloat16() if bias else None
     x = torch.randn(1008, out_in[1], generator=gen).bfloat16()
-    full = linear(x, w, b)
+    full = dense_gemm._in_row_blocks(x, w, b, dense_gemm.AMX_ROW_BLOCK)
+    del calls[:]
     for rows in (1, 7, 32, 100, 1008):
         assert torch.equal(linear(x[:rows], w, b), full[:rows]), rows
         assert torch.equal(linear(x[rows - 1:rows], w, b), full[rows - 1:rows]), rows
-    assert "amx" in calls and calls[0] == "onednn"  # both kernels ran (the 1008 rows first)
+    assert calls == ["amx"] * 10
 
 
 def test_the_tiles_equal_onednns_32_row_call_at_every_row_count_and_thread_count():
@@ -66,11 +67,12 @@ def test_the_tiles_equal_onednns_32_row_call_at_every_row_count_and_thread_count
         torch.set_num_threads(threads)
 
 
-def test_prompts_and_packed_weights_keep_onednn(calls):
-    """A prompt's rows have their own block's bits (`AMX_PROMPT_ROW_BLOCK`), and a prepacked weight is
-    oneDNN's layout: neither takes the tiles."""
+def test_prompts_and_packed_weights_keep_onednn_and_pack_leaves_bf16_plain(calls):
+    """A prompt's rows have their own block's bits (`AMX_PROMPT_ROW_BLOCK`), and a weight in oneDNN's
+    layout is oneDNN's: neither takes the tiles. `pack` leaves a bf16 weight plain (fp32 it packs)."""
     x, w = torch.randn(4, 64).bfloat16(), torch.randn(48, 64).bfloat16()
     linear(x, w, phase=Phase.PROMPT)
-    packed = pack(w)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, 32)
     assert torch.equal(linear(x, packed), linear(x, w))
     assert calls == ["onednn", "onednn", "amx"] and dense_gemm._amx_decode(x, packed, None) is None
+    assert pack(w) is w and pack(w.float()).is_mkldnn

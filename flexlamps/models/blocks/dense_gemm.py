@@ -21,10 +21,11 @@ outputs moved by a rounding step between calls of 1-33 rows and of 300 (Sapphire
 Xeon). A call of a fixed row count gives a row the same bits wherever it sits among the call's
 rows and whatever they hold (measured there, 1 and 2 threads, packed or not), so there bf16 rows
 run in calls of exactly `AMX_ROW_BLOCK` rows (a prompt's: `AMX_PROMPT_ROW_BLOCK`), fewer padded with
-zero rows, more ending in a call on the last block's worth (`_in_row_blocks`). A decode call of at most
-`AMX_ROW_BLOCK` rows on a plain weight takes `kernels.half_amx` where it loads: the same bits (the same tile
-chain, checked at load) with the weight read once as it lies, at the memory's rate (oneDNN's 32-row call:
-5-9 GB/s for one row; the head and attention were ~40 of a MoE batch-1 step's ~100 ms).
+zero rows, more ending in a call on the last block's worth (`_in_row_blocks`). Decode rows on a plain
+weight take `kernels.half_amx` where it loads, at any row count: the bits of those 32-row calls (the same
+tile chain, checked at load) with the weight read as it lies, at the memory's rate for one row (oneDNN's
+32-row call: 5-9 GB/s; the head and attention were ~40 of a MoE batch-1 step's ~100 ms) and 1.2-2.2x
+oneDNN's packed calls up to 1008 rows; `pack` leaves such weights plain.
 
 Decode rows in bf16 / fp16 on a CPU without oneDNN's 16-bit GEMM (AVX2) take our kernel
 (`kernels.half_gemv`: each output one fp32 dot product in a fixed order, rounded once; a row's
@@ -97,8 +98,10 @@ def fast_dense_gemm(x: torch.Tensor) -> bool:
 def pack(w: torch.Tensor) -> torch.Tensor:
     """w (out, in) in the layout the dense product computes fastest with; w itself where that is
     plain (or w is no dense tensor). The packed tensor is opaque (a oneDNN tensor of the same
-    size); `linear.unpack` gives w back."""
-    if not is_dense(w) or not uses_onednn(w, w) or w.is_mkldnn:
+    size); `linear.unpack` gives w back. A bf16 weight stays plain where `kernels.half_amx` runs its
+    decode rows (which read the weight as it lies, 1.2-2.2x oneDNN's packed calls at 1-1008 rows); a
+    prompt's oneDNN call then reorders it (once a call: `_in_row_blocks`)."""
+    if not is_dense(w) or not uses_onednn(w, w) or w.is_mkldnn or _stays_plain(w):
         return w
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), _PACK_ROWS_HINT)
 
@@ -117,8 +120,8 @@ def dense_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
     lead, out_dim = x.shape[:-1], w.shape[0]
     rows = x.reshape(-1, x.shape[-1])
     if x.dtype in _ROW_BLOCK_DTYPES:  # (add and mul ran apart above: bf16)
-        if phase is not Phase.PROMPT and rows.shape[0] <= AMX_ROW_BLOCK and (amx := _amx_decode(rows, w, b)):
-            return amx.matmul(rows, w, b).reshape(*lead, out_dim)  # the bits of the oneDNN call below
+        if phase is not Phase.PROMPT and (amx := _amx_decode(rows, w, b)):
+            return amx.matmul(rows, w, b).reshape(*lead, out_dim)  # the bits of the oneDNN calls below
         block = AMX_PROMPT_ROW_BLOCK if phase is Phase.PROMPT else AMX_ROW_BLOCK
         return _in_row_blocks(rows, w, b, block).reshape(*lead, out_dim)
     single = rows.shape[0] == 1
@@ -137,6 +140,11 @@ def dense_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
     if single:
         out = out[:1]
     return out.reshape(*lead, out_dim)
+
+
+def _stays_plain(w: torch.Tensor) -> bool:
+    """Whether `pack` leaves w as it is: decode's rows on it take `kernels.half_amx`, which reads it plain."""
+    return w.dtype in _ROW_BLOCK_DTYPES and _amx_decode(w[:1], w, None) is not None
 
 
 def _amx_decode(rows: torch.Tensor, w, b: torch.Tensor | None) -> half_amx.HalfAmx | None:
