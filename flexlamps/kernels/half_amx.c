@@ -8,8 +8,8 @@
  * 32-row call runs (checked bit for bit at load, half_amx.py). An output's bits depend on its row and
  * the weight only, never on the rows beside it, the tile it lands in or the thread count (each output
  * on one thread). The bias is added to the fp32 sum before the one rounding (RNE), as oneDNN's. Fast
- * at few rows (the weight read once a CHUNK of row tiles); many rows (a 1008-row step) stay oneDNN's,
- * whose bits these are.
+ * at one row (the weight read once a CHUNK of 128 rows) and at many (a 1008-row step: x's CHUNK stays in L2
+ * while the weight streams), so dense_gemm sends every decode call here.
  * Linux lends a process the tiles' state only when asked (arch_prctl): where it refuses, -2.
  * Built and loaded by flexlamps/kernels/half_amx.py. */
 #include <immintrin.h>

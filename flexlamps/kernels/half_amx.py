@@ -7,10 +7,10 @@ that call reads a weight at 5-9 GB/s for one row, where the weight's bytes are a
 costs: a MoE model's head and attention were ~40 of a batch-1 step's ~100 ms (docs/performance.md,
 "MoE batch 1: where a step goes"). `matmul(x, w, b)` gives each row the bits of that 32-row call
 (the same tile chain, `half_amx.c`), reading the weight as it lies, once for all the call's rows: a
-row's bits are the same whichever of the two computes it, so `dense_gemm` sends a decode call
-of few rows here and many (a throughput job's 1008) to oneDNN. The load check holds it to oneDNN's
-32-row call bit for bit; where that fails (another oneDNN, a CPU whose tiles sum otherwise) it does
-not run. Imports torch only.
+row's bits never depend on the rows beside it, so `dense_gemm` sends every decode call on a plain
+bf16 weight here, 1 row or a throughput job's 1008 (1.2-2.2x oneDNN's packed calls there). The load
+check holds it to oneDNN's 32-row call bit for bit; where that fails (another oneDNN, a CPU whose
+tiles sum otherwise) it does not run and every decode call is oneDNN's 32-row one. Imports torch only.
 """
 from __future__ import annotations
 
