@@ -76,3 +76,28 @@ def test_prompts_and_packed_weights_keep_onednn_and_pack_leaves_bf16_plain(calls
     assert torch.equal(linear(x, packed), linear(x, w))
     assert calls == ["onednn", "onednn", "amx"] and dense_gemm._amx_decode(x, packed, None) is None
     assert pack(w) is w and pack(w.float()).is_mkldnn
+
+
+def test_a_prompt_of_many_blocks_packs_a_plain_weight_once(monkeypatch):
+    """A prompt call of several `AMX_PROMPT_ROW_BLOCK`s on a weight `pack` left plain runs every block on
+    one packed copy (`pack(w, for_decode=False)`), not on the plain weight that oneDNN would reorder
+    each block (an 8064-row micro-batch: 63 reorders of each weight, 1.4x the products' CPU)."""
+    _kernel()
+    w = torch.randn(48, 64).bfloat16()
+    x = torch.randn(3 * dense_gemm.AMX_PROMPT_ROW_BLOCK + 5, 64).bfloat16()
+    assert pack(w) is w and pack(w, for_decode=False).is_mkldnn
+    seen, real = [], torch.ops.mkldnn
+
+    class Ops:  # torch.ops.mkldnn with its linear calls' weights recorded
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        @staticmethod
+        def _linear_pointwise(rows, weight, *rest):
+            seen.append(weight.is_mkldnn)
+            return real._linear_pointwise(rows, weight, *rest)
+    monkeypatch.setattr(dense_gemm.torch.ops, "mkldnn", Ops(), raising=False)
+    got = linear(x, w, phase=Phase.PROMPT)
+    monkeypatch.undo()
+    assert seen and all(seen), seen
+    assert torch.equal(got, linear(x, w, phase=Phase.PROMPT))

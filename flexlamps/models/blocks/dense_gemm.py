@@ -95,13 +95,13 @@ def fast_dense_gemm(x: torch.Tensor) -> bool:
     return x.device.type != "cpu" or (_ONEDNN and x.dtype in _ONEDNN_DTYPES)
 
 
-def pack(w: torch.Tensor) -> torch.Tensor:
+def pack(w: torch.Tensor, *, for_decode: bool = True) -> torch.Tensor:
     """w (out, in) in the layout the dense product computes fastest with; w itself where that is
     plain (or w is no dense tensor). The packed tensor is opaque (a oneDNN tensor of the same
     size); `linear.unpack` gives w back. A bf16 weight stays plain where `kernels.half_amx` runs its
     decode rows (which read the weight as it lies, 1.2-2.2x oneDNN's packed calls at 1-1008 rows); a
-    prompt's oneDNN call then reorders it (once a call: `_in_row_blocks`)."""
-    if not is_dense(w) or not uses_onednn(w, w) or w.is_mkldnn or _stays_plain(w):
+    prompt's oneDNN call then reorders it (once a call: `_in_row_blocks` asks with `for_decode` False)."""
+    if not is_dense(w) or not uses_onednn(w, w) or w.is_mkldnn or (for_decode and _stays_plain(w)):
         return w
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), _PACK_ROWS_HINT)
 
@@ -169,7 +169,7 @@ def _in_row_blocks(rows: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, 
     if count <= block:
         padded = F.pad(rows, (0, 0, 0, block - count)) if count < block else rows
         return torch.ops.mkldnn._linear_pointwise(padded, w if w.is_mkldnn else w.contiguous(), b, "none", [], "")[:count]
-    weight = w if w.is_mkldnn else pack(w)
+    weight = w if w.is_mkldnn else pack(w, for_decode=False)
     starts = list(range(0, count - block, block))
     outs = [torch.ops.mkldnn._linear_pointwise(rows[i:i + block], weight, b, "none", [], "") for i in starts]
     last = torch.ops.mkldnn._linear_pointwise(rows[count - block:], weight, b, "none", [], "")
