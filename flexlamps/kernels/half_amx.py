@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from flexlamps.kernels import build, loader, variants
+from flexlamps.kernels.half_gemv import rows_and_out
 from flexlamps.kernels.loader import require
 
 SOURCE = build.SOURCES / "half_amx.c"
@@ -48,11 +49,8 @@ class HalfAmx:
 
     def matmul(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         """x (..., in) @ w (out, in).T + b, rounded once to bf16 (`takes` holds; b contiguous bf16)."""
+        x, out, rows = rows_and_out(x, w)
         n, k = w.shape
-        if not x.is_contiguous():
-            x = x.contiguous()
-        out = torch.empty((*x.shape[:-1], n), dtype=x.dtype)
-        rows = x.numel() // k if k else 0
         if rows:
             rc = self._matmul(x.data_ptr(), rows, k, k, w.data_ptr(), n, None if b is None else b.data_ptr(),
                               out.data_ptr(), torch.get_num_threads())

@@ -40,6 +40,14 @@ def _plain(t: torch.Tensor) -> bool:
     return type(t) is torch.Tensor and t.device.type == "cpu" and not t.is_mkldnn and t.dim() == 2
 
 
+def rows_and_out(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A 16-bit product's operands for its C call: x contiguous, an empty out (..., w's outputs) of x's
+    dtype, and x's row count (0 for an empty inner dimension)."""
+    n, k = w.shape
+    x = x if x.is_contiguous() else x.contiguous()
+    return x, torch.empty((*x.shape[:-1], n), dtype=x.dtype), x.numel() // k if k else 0
+
+
 class HalfGemv:
     """The loaded kernels in one variant (`level`). `SYMBOLS`: the library's product and expert
     functions (`half_gemm`'s prompt kernels take the same arguments)."""
@@ -65,11 +73,8 @@ class HalfGemv:
     def matmul(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         """x (..., in) @ w (out, in).T + b, rounded once to x's dtype (x on the CPU in a 16-bit dtype,
         `takes` holds; b contiguous, of x's dtype). Lean: a decode step calls it for every dense matrix."""
+        x, out, rows = rows_and_out(x, w)
         n, k = w.shape
-        if not x.is_contiguous():
-            x = x.contiguous()
-        out = torch.empty((*x.shape[:-1], n), dtype=x.dtype)
-        rows = x.numel() // k if k else 0
         if rows:
             rc = self._gemv(x.data_ptr(), rows, k, k, w.data_ptr(), n, None if b is None else b.data_ptr(),
                             out.data_ptr(), DTYPES[x.dtype], torch.get_num_threads())
