@@ -190,11 +190,9 @@ AI void k4_super8(const uint16_t *d, int64_t n, const int64_t first[4], __m256 k
     }
 }
 
-/* Rows r..r+7's scale d sc and offset -dmin m in Q4_K's form, their d and dmin given: k4_make8's steps. */
+/* Rows r..r+7's scale d sc and offset -dmin m in Q4_K's form, their d and dmin given (`k4_make8_ps`). */
 AI void k4_scales8(const uint16_t *group_sz, int64_t r, __m256 kd, __m256 kdmin, __m256 *scale, __m256 *offset) {
-    __m256i sm = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(group_sz + r)));
-    *scale = _mm256_mul_ps(kd, _mm256_cvtepi32_ps(_mm256_and_si256(sm, _mm256_set1_epi32(0xFF))));
-    *offset = _mm256_fnmadd_ps(kdmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(sm, 8)), _mm256_setzero_ps());
+    k4_make8_ps(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(group_sz + r))), kd, kdmin, scale, offset);
 }
 
 /* tot[b][i] (rows first[i]..first[i]+7) += scale * (dot * dx) + (zero - 8 scale) * sum_x for

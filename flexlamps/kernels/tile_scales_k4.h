@@ -27,10 +27,15 @@ AI const uint16_t *group_scales(const uint16_t *sz, int64_t g, int64_t n, const 
     return sz + sz_group(g, x->groups, kind) * n * x->sz_width;
 }
 
-/* Lanes' fp32 scale d sc and offset -dmin m from their 16-bit sc | m << 8 (as int32), d and dmin. */
+/* Lanes' fp32 scale d sc and offset -dmin m from their 16-bit sc | m << 8 (as int32), d and dmin in fp32. */
+AI void k4_make8_ps(__m256i sm, __m256 d, __m256 dmin, __m256 *scale, __m256 *offset) {
+    *scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(sm, _mm256_set1_epi32(0xFF))));
+    *offset = _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(sm, 8)), _mm256_setzero_ps());
+}
+
+/* k4_make8_ps with d and dmin as the file's fp16 bits. */
 AI void k4_make8(__m256i sm, __m128i d, __m128i dmin, __m256 *scale, __m256 *offset) {
-    *scale = _mm256_mul_ps(_mm256_cvtph_ps(d), _mm256_cvtepi32_ps(_mm256_and_si256(sm, _mm256_set1_epi32(0xFF))));
-    *offset = _mm256_fnmadd_ps(_mm256_cvtph_ps(dmin), _mm256_cvtepi32_ps(_mm256_srli_epi32(sm, 8)), _mm256_setzero_ps());
+    k4_make8_ps(sm, _mm256_cvtph_ps(d), _mm256_cvtph_ps(dmin), scale, offset);
 }
 
 /* Group g's scale and offset for the 8 rows r.. (at = `group_scales`, a tile of n rows). */
