@@ -128,38 +128,58 @@ static int gemm_takes(int64_t tile, int64_t group, int kind) {
 #include "tile_gemm_amx.h"
 #endif
 
-/* Each row's groups of x as codes q of `bits` bits (8 or 16; scale = max |x| / top, top = 127 or
- * 32767, q = round(x / scale)) and the sum of the values they stand for, scale * sum(q): a
- * weight's zero point then multiplies the same x as its codes do (with the exact sum of x, errors
- * grew 1.5-3x). Whole vectors go through the variant's `quantize_group_simd` (the same results). */
-static void quantize_rows(const uint16_t *x, int64_t rows, int64_t cols, int64_t group, int fp16, int bits,
-                          void *q, float *scale, float *sum, int32_t *codes_sum) {
+/* Each row's blocks of `xgroup` inputs of x as codes q of `bits` bits (8 or 16; scale = max |x| / top,
+ * top = 127 or 32767, q = round(x / scale)), and for each group of the weight's `group` inputs
+ * (xgroup a multiple of group) its block's scale, the sum of the values its codes stand for,
+ * scale * sum(q), and sum(q): a weight's zero point then multiplies the same x as its codes do
+ * (with the exact sum of x, errors grew 1.5-3x). xgroup is the weight's group, or 256 (one scale a
+ * K-quant super-block, `x_block`: llama.cpp's Q8_K rounding of x for its K-quants); `scale` holds
+ * the block's scale at each of its groups, so every loop reads x's scales per group as before.
+ * Whole vectors go through the variant's `quantize_group_simd` (the same results). */
+static void quantize_rows(const uint16_t *x, int64_t rows, int64_t cols, int64_t group, int64_t xgroup, int fp16,
+                          int bits, void *q, float *scale, float *sum, int32_t *codes_sum) {
     const float top = bits == 16 ? 32767.0f : 127.0f;
-    for (int64_t g = 0; g < rows * (cols / group); g++) {  /* the groups of all rows, in order */
-        const uint16_t *xg = x + g * group;
+    const int64_t per = xgroup / group;  /* groups a block */
+    for (int64_t blk = 0; blk < rows * (cols / xgroup); blk++) {  /* the blocks of all rows, in order */
+        const uint16_t *xg = x + blk * xgroup;
         float amax = 0.0f;
         int32_t total = 0;
-        void *qg = (char *)q + g * group * (bits / 8);
-        if (!quantize_group_simd(xg, group, fp16, bits, qg, &amax, &total)) {
-            for (int64_t i = 0; i < group; i++) amax = fmaxf(amax, fabsf(half_to_float(xg[i], fp16)));
+        void *qg = (char *)q + blk * xgroup * (bits / 8);
+        if (!quantize_group_simd(xg, xgroup, fp16, bits, qg, &amax, &total)) {
+            for (int64_t i = 0; i < xgroup; i++) amax = fmaxf(amax, fabsf(half_to_float(xg[i], fp16)));
             float inv = amax > 0.0f ? top / amax : 0.0f;
-            for (int64_t i = 0; i < group; i++) {
+            for (int64_t i = 0; i < xgroup; i++) {
                 long code = lrintf(half_to_float(xg[i], fp16) * inv);
                 if (bits == 16) ((int16_t *)qg)[i] = (int16_t)code;
                 else ((int8_t *)qg)[i] = (int8_t)code;
                 total += (int32_t)code;
             }
         }
-        scale[g] = amax / top;
-        sum[g] = scale[g] * (float)total;
-        codes_sum[g] = total;
+        for (int64_t j = 0; j < per; j++) {
+            const int64_t g = blk * per + j;
+            if (per > 1) {  /* the group's own codes' sum */
+                total = 0;
+                for (int64_t i = j * group; i < (j + 1) * group; i++)
+                    total += bits == 16 ? ((const int16_t *)qg)[i] : ((const int8_t *)qg)[i];
+            }
+            scale[g] = amax / top;
+            sum[g] = scale[g] * (float)total;
+            codes_sum[g] = total;
+        }
     }
+}
+
+/* The inputs x is rounded in blocks of for a weight (`quantize_rows`' xgroup): a K-quant's
+ * super-block (256, where the caller's weight asks for it with 8-bit x and its rows are whole
+ * 256s), else the weight's group. */
+static inline int64_t x_block(int64_t group, int64_t cols, int bits, int per_super_block) {
+    return per_super_block && bits == 8 && cols % 256 == 0 && 256 % group == 0 ? 256 : group;
 }
 
 /* A call's rounding of x (`quantize_rows`), split between threads by rows (`quantize_chunk`). */
 typedef struct {
     const uint16_t *x;
-    int64_t rows, cols, group, per_chunk;
+    int64_t rows, cols, group, xgroup, per_chunk;
     int fp16, bits;
     void *q;
     float *scale, *sum;
@@ -173,21 +193,22 @@ static void quantize_chunk(void *ctx, int64_t c, int slot) {
     const int64_t first = c * a->per_chunk, count = first + a->per_chunk < a->rows ? a->per_chunk : a->rows - first;
     const int64_t at = first * (a->cols / a->group);
     (void)slot;
-    quantize_rows(a->x + first * a->cols, count, a->cols, a->group, a->fp16, a->bits,
+    quantize_rows(a->x + first * a->cols, count, a->cols, a->group, a->xgroup, a->fp16, a->bits,
                   (char *)a->q + first * a->cols * (a->bits / 8), a->scale + at, a->sum + at, a->total + at);
 }
 
-/* x's rows rounded to codes of `bits` bits in one buffer (`xr` points into it; free it), or NULL;
- * a prompt's rows on `threads` threads (each row's codes are the same on any). */
-static void *quantized_x(const uint16_t *x, int64_t rows, int64_t cols, int64_t group, int fp16, int bits, QRows *xr,
-                         int threads) {
+/* x's rows rounded to codes of `bits` bits in blocks of xgroup inputs (`x_block`) in one buffer (`xr`
+ * points into it; free it), or NULL; a prompt's rows on `threads` threads (each row's codes are the
+ * same on any). */
+static void *quantized_x(const uint16_t *x, int64_t rows, int64_t cols, int64_t group, int64_t xgroup, int fp16,
+                         int bits, QRows *xr, int threads) {
     const int64_t groups = cols / group, codes_bytes = (rows * cols * (bits / 8) + 63) / 64 * 64;
     void *buf = malloc((size_t)codes_bytes + (2 * sizeof(float) + sizeof(int32_t)) * (size_t)(rows * groups) + 64);
     if (!buf) return NULL;
     float *scale = (float *)((char *)buf + codes_bytes), *sum = scale + rows * groups;
     int32_t *total = (int32_t *)(sum + rows * groups);
     const int64_t per_chunk = QUANTIZE_CHUNK_VALUES / cols > 1 ? QUANTIZE_CHUNK_VALUES / cols : 1;
-    QuantizeCall call = {x, rows, cols, group, per_chunk, fp16, bits, buf, scale, sum, total};
+    QuantizeCall call = {x, rows, cols, group, xgroup, per_chunk, fp16, bits, buf, scale, sum, total};
     pool_run(threads, (rows + per_chunk - 1) / per_chunk, quantize_chunk, &call);
     QRows r = {bits == 8 ? buf : NULL, bits == 16 ? buf : NULL, scale, sum, cols, groups, total, NULL, NULL, NULL, 2, 0};
     *xr = r;
@@ -319,7 +340,7 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint8_t *plane, const uint16
         || !takes_tile(tile, kind, x_bits))
         return -1;
     QRows xr;
-    void *buf = quantized_x(x, rows, cols, group, fp16, x_bits, &xr, threads);
+    void *buf = quantized_x(x, rows, cols, group, x_block(group, cols, x_bits, k4), fp16, x_bits, &xr, threads);
     if (!buf) return -1;
     xr.sz_width = width;
     xr.k4 = k4;
@@ -378,7 +399,7 @@ int flexlamps_tile_gemm(const uint8_t *codes, const uint8_t *plane, const uint16
         || (kind == KIND_INT6 && (!plane || cols * tile % 128)))
         return -1;
     QRows xr;
-    void *buf = quantized_x(x, rows, cols, group, fp16, 8, &xr, threads);
+    void *buf = quantized_x(x, rows, cols, group, x_block(group, cols, 8, k4), fp16, 8, &xr, threads);
     if (!buf) return -1;
     xr.sz_width = width;
     xr.k4 = k4;

@@ -199,10 +199,11 @@ def _check(kernel: TileGemv) -> None:
         for w in _check_weights(gen, dtype, kernel):
             x = torch.randn(3, w.shape[1], generator=gen).to(dtype)
             require(kernel.runs(w, x), f"tile_gemv: the check's weight is not taken: {w!r}")
-            want = (rounded_like_kernel(x, w.group_size, kernel.x_bits) @ w.dequantize(torch.float32).t()).to(dtype)
+            want = (rounded_like_kernel(x, x_group(w, kernel.x_bits), kernel.x_bits)
+                    @ w.dequantize(torch.float32).t()).to(dtype)
             _require_close(kernel.matmul(w, x), want, f"the kernel's check failed for {w!r} in {dtype}")
             if kernel.runs_prompt(w, x):
-                want = (rounded_like_kernel(x, w.group_size, 8) @ w.dequantize(torch.float32).t()).to(dtype)
+                want = (rounded_like_kernel(x, x_group(w, 8), 8) @ w.dequantize(torch.float32).t()).to(dtype)
                 _require_close(kernel.prompt_product(w, x), want, f"the prompt kernel's check failed for {w!r} in {dtype}")
 
 
@@ -239,6 +240,16 @@ def load(folder: Path, level: str | None = None) -> TileGemv | None:
     `folder` and checked, or None where it cannot run here (the process's own:
     `loader.chosen().get("tile_gemv")`)."""
     return loader.load(KERNEL, Path(folder), level).kernel
+
+
+def x_group(w: Int4Weight | Int8Weight, bits: int = X_BITS) -> int:
+    """The inputs x is rounded in blocks of (one scale each) for `w` with codes of `bits` bits:
+    a super-block of 256 for Q4_K's form (`Int4Weight.k_scales`) with 8-bit x, as llama.cpp rounds x
+    (Q8_K) for its K-quants (tile_gemv.c's `x_block`); else the weight's group."""
+    split = w.split if isinstance(w, Int8Weight) else w
+    if isinstance(w, Int4Weight) and w.k_scales and bits == 8 and w.shape[1] % 256 == 0:
+        return 256
+    return split.group_size
 
 
 def rounded_like_kernel(x: torch.Tensor, group: int, bits: int = X_BITS) -> torch.Tensor:

@@ -38,7 +38,8 @@ class ZeroTileGemv(tile_gemv.TileGemv):
 
 class TorchTileGemv(ZeroTileGemv):
     def matmul(self, w, x, x_bits=tile_gemv.X_BITS):
-        return (tile_gemv.rounded_like_kernel(x, w.group_size, x_bits) @ w.dequantize(torch.float32).t()).to(x.dtype)
+        return (tile_gemv.rounded_like_kernel(x, tile_gemv.x_group(w, x_bits), x_bits)
+                @ w.dequantize(torch.float32).t()).to(x.dtype)
 
     def prompt_product(self, w, x):
         return self.matmul(w, x, 8)

@@ -4,7 +4,8 @@ zero) pairs in bf16 take 5. Its values are llama.cpp's (`d sc q - dmin m` in fp3
 gguf package dequantizes), where the pairs rounded each group's scale and zero to bf16; our kernel
 makes them in fp32 in every variant this CPU has, so a row gets the same bits in every variant, at
 every row count, alone or beside others, in decode (8- and 16-bit x) and prompts, on a partial last
-tile too; everywhere else (torch's kernel, a device, stacking beside pairs) it is the pairs."""
+tile too; everywhere else (torch's kernel, a device, stacking beside pairs) it is the pairs. With
+8-bit x our kernel rounds x per 256 inputs (one scale a super-block, as llama.cpp's Q8_K)."""
 from __future__ import annotations
 
 import numpy as np
@@ -96,7 +97,8 @@ def test_every_variant_gives_a_row_the_same_bits(x_bits, dtype, rows):
             got = [_product(tile_gemv.TileGemv(variant_kernel(tile_gemv.KERNEL, level).library, level, x_bits), w, x,
                             prompt) for level in LEVELS]
             assert all(torch.equal(g, got[0]) for g in got), (count, prompt)
-            want = tile_gemv.rounded_like_kernel(x, 32, 8 if prompt else x_bits) @ exact.t()
+            bits = 8 if prompt else x_bits  # 8-bit x: rounded per 256 inputs (Q8_K's), 16-bit per group
+            want = tile_gemv.rounded_like_kernel(x, tile_gemv.x_group(w, bits), bits) @ exact.t()
             torch.testing.assert_close(got[0].float(), want, rtol=2 ** -7, atol=2 ** -8 * float(want.abs().max()))
 
 
