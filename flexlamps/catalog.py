@@ -17,6 +17,7 @@ from flexlamps.models.description import model_spec
 from flexlamps.models.families import families
 from flexlamps.models.families.support import SUPPORT, runs
 from flexlamps.models.loading.builtin import BUILTIN_MODELS
+from flexlamps.models.loading.gguf_description import gguf_model_config
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,14 @@ def builtin_models() -> list[str]:
 
 def describe_model(text: str) -> placement.ModelSpec:
     """The planner's description of a model given as a config.json path, an HF folder holding one,
-    or a preset name (`placement.model_presets()`); a ValueError naming the input otherwise."""
+    a GGUF file (its family's reader of the metadata, as the engine reads it), or a preset name
+    (`placement.model_presets()`); a ValueError naming the input otherwise."""
     path = Path(text)
+    if path.is_file() and _is_gguf(path):
+        try:
+            return model_spec(gguf_model_config(path), name=path.stem)
+        except (ValueError, TypeError) as exc:  # a CheckpointError or UnsupportedModelError among them
+            raise ValueError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
     if path.is_dir():
         path = path / "config.json"
         if not path.is_file():
@@ -57,5 +64,10 @@ def describe_model(text: str) -> placement.ModelSpec:
     try:
         return placement.model_preset(text)
     except KeyError:
-        raise ValueError(f"{text!r} is neither a config.json, an HF folder, nor a preset "
+        raise ValueError(f"{text!r} is neither a config.json, an HF folder, a GGUF file, nor a preset "
                          f"({', '.join(model_presets())})") from None
+
+
+def _is_gguf(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"  # the format's magic

@@ -36,7 +36,7 @@ from placement.hybrid_fit import all_full_attention, sequences_that_fit
 
 
 def load_model_spec(text: str) -> ModelSpec:
-    """A model from a config.json path, an HF folder holding one, or a preset name."""
+    """A model from a config.json path, an HF folder holding one, a GGUF file, or a preset name."""
     try:
         return describe_model(text)
     except ValueError as exc:
@@ -236,7 +236,7 @@ def _cpu_tier_within(hardware: HardwareSpec, max_rss: int) -> HardwareSpec:
 
 @click.command("plan")
 @click.option("--model", "model_text", required=True,
-              help="config.json, an HF model folder, or a preset (e.g. opt-30b, llama-3-8b).")
+              help="config.json, an HF model folder, a GGUF file, or a preset (e.g. opt-30b, llama-3-8b).")
 @click.option("--hardware", "hardware_text", default="t4-flexgen", show_default=True,
               help="profile.json from `flexlamps profile`, or a preset (t4-flexgen, rtx4090, a100-80gb, ...).")
 @click.option("--prompt-len", type=click.IntRange(min=1), default=512, show_default=True)

@@ -15,16 +15,14 @@ from typing import Any
 import torch
 
 from flexlamps.cache_folder import cache_root
-from flexlamps.models.config import ModelConfig, UnsupportedModelError
-from flexlamps.models.families import families, family_for
+from flexlamps.models.config import ModelConfig
+from flexlamps.models.families import family_for
 from flexlamps.models.loading.gguf_blocks import int8_blocks, is_int4_block_type, is_int8_block_type, mxfp4_blocks
 from flexlamps.models.loading.gguf_header import open_gguf, read_header
-from flexlamps.models.loading.gguf_tensors import GGUFTensor, dequantize_rows, field_value, unpermute_rows
-from flexlamps.models.loading.gguf_config import DECODER_ARCHITECTURES, as_written, decoder_hf_config
-from flexlamps.models.loading.gguf_hybrid import (HYBRID_ARCHITECTURES, REFUSED_HYBRID, hybrid_hf_config,
-                                                  changed_by_converter, hybrid_layer_names, read_hybrid)
-from flexlamps.models.loading.gguf_moe import (MLA_GGUF_LAYER, MLA_KV_B, deepseek2_hf_config, gpt_oss_hf_config,
-                                               moe_gguf_tensor)
+from flexlamps.models.loading.gguf_description import gguf_config, parse_header
+from flexlamps.models.loading.gguf_tensors import GGUFTensor, dequantize_rows, unpermute_rows
+from flexlamps.models.loading.gguf_hybrid import changed_by_converter, hybrid_layer_names, read_hybrid
+from flexlamps.models.loading.gguf_moe import MLA_GGUF_LAYER, MLA_KV_B, moe_gguf_tensor
 from flexlamps.models.loading.gguf_names import GGUF_GLOBAL, NORM_PLUS_ONE, layer_names, permuted_heads
 from flexlamps.models.loading.unread import unread_error, unread_gguf_tensors, unread_tensors
 from flexlamps.models.loading.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
@@ -151,9 +149,6 @@ class HFFolderReader:
         return h.hexdigest()[:16]
 
 
-_GGUF_FLOAT_TYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}  # GGML type -> config.json dtype
-
-
 class GGUFReader:
     """GGUF files under llama.cpp's architecture and tensor names: the LLaMA-like ones (`gguf_config`,
     names in `gguf_names`), DeepSeek-V2/V3 and gpt-oss (`gguf_moe`), Qwen3-Next and Qwen3.5
@@ -172,15 +167,7 @@ class GGUFReader:
         self._cache_dir = Path(cache_dir) if cache_dir else cache_root()
         header = read_header(Path(path), self._parse_header, self._cache_dir)
         self.fields, self._tensor_types, self.sha256 = header.fields, header.tensor_types, header.sha256
-        try:
-            config_json = self._hf_config()
-        except KeyError as e:  # a metadata key every converted file of its architecture has
-            if not (isinstance(e.args[0], str) and "." in e.args[0] and e.args[0] not in self.fields):
-                raise  # not a metadata key the file lacks: our own bug, shown as it is
-            raise CheckpointError(f"{path}: GGUF metadata key {e.args[0]!r} is missing (llama.cpp's "
-                                  "convert_hf_to_gguf.py writes it); convert the model again, or give its "
-                                  "Hugging Face folder") from None
-        self.config = ModelConfig.from_hf(config_json)
+        self.config = gguf_config(Path(path), header, self._small_tensor_values)
         self._tokenizer: Tokenizer | None = None
         self._refuse_unread()
 
@@ -189,33 +176,7 @@ class GGUFReader:
 
     def _parse_header(self):
         self._reader = self._open()
-        fields = {k: field_value(f) for k, f in self._reader.fields.items()}
-        return fields, {t.name: t.tensor_type.name for t in self._reader.tensors}
-
-    def _hf_config(self) -> dict[str, Any]:
-        """The config.json this file's metadata says, with the stored dtype its token embedding
-        (the largest float tensor) has, where that is a float type (`ModelConfig.storage`)."""
-        hf = self._arch_hf_config()
-        dtype = _GGUF_FLOAT_TYPES.get(self._tensor_types.get("token_embd.weight", ""))
-        return {**hf, "torch_dtype": dtype} if dtype else hf
-
-    def _arch_hf_config(self) -> dict[str, Any]:
-        f = as_written(self.fields)
-        arch = f.get("general.architecture")
-        if arch == "deepseek2":
-            return deepseek2_hf_config(f, set(self._tensor_types))
-        if arch == "gpt-oss":
-            return gpt_oss_hf_config(f, self._tensor_types)
-        if arch in HYBRID_ARCHITECTURES or arch in REFUSED_HYBRID:
-            return hybrid_hf_config(f, self._tensor_types)
-        if arch not in DECODER_ARCHITECTURES:
-            known = sorted({a for fam in families() for a in fam.gguf_architectures})
-            raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported ({', '.join(known)} are; "
-                                        "see `flexlamps models`)")
-        try:
-            return decoder_hf_config(f, self._tensor_types, self._small_tensor_values)
-        except UnsupportedModelError as e:
-            raise UnsupportedModelError(f"{self.path}: {e}") from None
+        return parse_header(self._reader)
 
     def _small_tensor_values(self, name: str) -> list[float]:
         """A small global tensor's values (Phi-3's rope factors), as Python floats of its fp32 values."""

@@ -61,10 +61,3 @@ def unpermute_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
     """LLaMA's row order of q/k rows (or biases) llama.cpp's converter interleaved per head for its rope."""
     rows = w.shape[0]
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
-
-
-def field_value(field) -> Any:
-    try:
-        return field.contents()
-    except Exception:
-        return None
