@@ -4,11 +4,22 @@ same values where the indexed write puts them."""
 import pytest
 import torch
 
-from flexlamps.engine.caches.dense import DenseKVCache
+from flexlamps.engine.caches.dense import DenseKVCache, held_dtype, zeroed
 from flexlamps.models.config import ModelConfig
 
 CFG = ModelConfig(arch="decoder", model_type="llama", vocab_size=64, hidden_size=32, num_layers=1, num_heads=4,
                   num_kv_heads=2, head_dim=8, intermediate_size=64, max_position=64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_new_cache_is_zeros_where_the_allocator_hands_back_used_memory(dtype):
+    for _ in range(3):  # blocks of the cache's size, dirtied and freed: the next ones may reuse them
+        torch.full((CFG.num_kv_heads, 40000), float("nan"), dtype=dtype).neg_()
+    cache = DenseKVCache(CFG, 3, 5000, dtype)
+    for t in cache.k + cache.v:
+        assert t.dtype == held_dtype(dtype, "cpu") and t.shape == (3, CFG.num_kv_heads, 5000, CFG.head_dim)
+        assert torch.equal(t, torch.zeros_like(t)) and not t.signbit().any()  # +0.0, torch.zeros' bits
+    assert torch.equal(zeroed((2, 3), dtype, "cpu"), torch.zeros(2, 3, dtype=dtype))
 
 
 def _indexed(slots, positions, k):

@@ -17,6 +17,7 @@ A sliding-window layer whose window is shorter than the capacity keeps a ring of
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 
 import torch
@@ -36,8 +37,8 @@ class DenseKVCache:
         dtype = held_dtype(dtype, device)
         self.rings = layer_rings(cfg, capacity)  # a window layer's ring, or None: the whole row
         shapes = [(num_slots, cfg.num_kv_heads, ring or capacity, cfg.head_dim) for ring in self.rings]
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]
+        self.k = [zeroed(shape, dtype, device) for shape in shapes]
+        self.v = [zeroed(shape, dtype, device) for shape in shapes]
         self.capacity = capacity
         self.num_slots = num_slots
         self.ring_rows = RingRows(num_slots, self.rings)
@@ -147,6 +148,18 @@ def _write(cache: torch.Tensor, geo: "StepGeometry", new: torch.Tensor) -> None:
         cache[geo.first:geo.first + new.shape[0], :, geo.decode_at].copy_(new[:, 0])
     else:
         cache[geo.slots[:, None], :, geo.positions] = new.to(cache.dtype)
+
+
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """`torch.zeros(shape)`; on the CPU zeroed by one memset on this thread. torch's fill starts its
+    OpenMP team for a tensor past its grain (a 1.1B batch-1 generate's cache: 44 such regions), and
+    the team's idle thread then spins for milliseconds beside the kernels' claim-pool workers as the
+    prefill starts: three threads on two cores (under load, a region waits for a descheduled one)."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    t = torch.empty(shape, dtype=dtype)
+    ctypes.memset(t.data_ptr(), 0, t.numel() * t.element_size())
+    return t
 
 
 def held_dtype(dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
