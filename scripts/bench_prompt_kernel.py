@@ -1,7 +1,7 @@
 """The prompt kernel on codes (`TileGemv.prompt_product`, flexlamps/kernels/tile_gemm.h) on one
 matrix at a time: the products of a TinyLlama-1.1B layer as the engine calls them (q/k/v stacked
 2560 x 2048, the output 2048 x 2048, gate/up stacked 11264 x 2048, down 2048 x 5632), 4-bit codes
-in groups of 32 (Q4_0 / Q4_K as loaded) and int8 codes of Q6_K's range in groups of 16 (q6: in the
+in groups of 32 (Q4_0; q4k: Q4_K's form as loaded) and int8 codes of Q6_K's range in groups of 16 (q6: in the
 6-bit form, as loaded where our kernel runs; q6split: as the split), 128 rows
 (a prompt) and 4096 (32 prompts), bf16 x. Prints the best of --repeats in CPU time (this thread's,
 so other load on the box moves it less than wall time) and GFLOP/s, and for each kind and row count
@@ -42,10 +42,17 @@ from quant.int8_weight import Int8Weight
 
 
 def weight(kind: str, rows: int, cols: int, gen: torch.Generator):
-    """A random weight of `kind`: q4 (4-bit codes, groups of 32), q6 (int8 codes in [-32, 31], groups of
-    16, in the 6-bit form) or q6split (the same as the split)."""
+    """A random weight of `kind`: q4 (4-bit codes, groups of 32), q4k (the same codes with Q4_K's scales),
+    q6 (int8 codes in [-32, 31], groups of 16, in the 6-bit form) or q6split (the same as the split)."""
     if kind == "q4":
         return Int4Weight.quantize(torch.randn(rows, cols, generator=gen) * 0.05, 32, torch.bfloat16).kernel_only()
+    if kind == "q4k":  # Q4_K's form as loaded (`Int4Weight.k_scales`): its 8-bit x rounded per 256 inputs
+        blocks, groups = cols // 256, cols // 32
+        return Int4Weight.from_k_blocks(torch.randint(0, 16, (rows, cols), dtype=torch.uint8, generator=gen),
+                                        torch.rand(rows, blocks, generator=gen) / 64,
+                                        torch.rand(rows, blocks, generator=gen) / 64,
+                                        torch.randint(0, 64, (rows, groups), generator=gen),
+                                        torch.randint(0, 64, (rows, groups), generator=gen), torch.bfloat16).kernel_only()
     codes = torch.randint(-32, 32, (rows, cols), dtype=torch.int8, generator=gen)
     return Int8Weight.from_codes(codes, torch.rand(rows, cols // 16, generator=gen) / 64, 16, torch.bfloat16,
                                  six_bit=kind == "q6")

@@ -21,7 +21,8 @@
  * 2048 x 2048, 128 rows: 4-bit 41 -> 49 GFLOP/s, Q6_K 26 -> 32; vpmaddubsw's peak there is 79:
  * scripts/bench_prompt_kernel.py).
  * Then per group: tot += scale * (dot * dx) + offset * sum_x, offset = zero - 8 * scale (for the
- * int8 split, the low half's pair: w = d q + zero - 8 d). Integer sums are exact and the fp32 steps
+ * int8 split, the low half's pair: w = d q + zero - 8 d); Q4_K's form, x rounded per super-block,
+ * takes tile_scales_k4.h's K4_SUPER steps instead (`k4_add_dots`). Integer sums are exact and the fp32 steps
  * of a row run in the same order whatever rows share the call, the blocking or the threads: a
  * row's result depends on that row alone. The avx_vnni variant's passes (tile_gemm_vnni.h) sum with
  * vpdpbusd into int32: the same exact sums, the same bits. Included by tile_gemv.c. */
@@ -129,7 +130,11 @@ static void prepare(const uint8_t *codes, const uint8_t *plane, const uint16_t *
         __m256i *at = (__m256i *)(prep->codes + i);
         _mm256_storeu_si256(at, _mm256_add_epi8(_mm256_loadu_si256(at), _mm256_set1_epi8(CODE_BIAS)));
     }
-    for (int64_t g = 0; g < groups; g++) {
+    for (int64_t j = 0; k4 == K4_SUPER && j < groups / K4_GROUPS; j++)  /* Q4_K's form, x per super-block */
+        for (int v = 0; v < 4; v++)
+            k4_super_block(sz + j * K4_PLANES * n, n, 16 * s + 4 * v, h + 16 * s + 4 * v,
+                           prep->scale + j * K4_GROUPS * SUB + 8 * v, prep->offset + j * K4_GROUPS * SUB + 8 * v, SUB);
+    for (int64_t g = 0; k4 != K4_SUPER && g < groups; g++) {
         const uint16_t *pairs = sz + (split && !plane ? g + groups : g) * n * width;
         for (int v = 0; k4 && v < 4; v++) {  /* Q4_K's form (tile_scales_k4.h): the offset itself */
             __m256 scale, offset;
@@ -169,11 +174,37 @@ AI void add_dots_with(const Prepared *prep, int64_t g, const QRows *x, const __m
     }
 }
 
+/* Q4_K's form with x per super-block (tile_scales_k4.h's K4_SUPER steps): group g's sums into the
+ * super-block sums (at tot + 32 GEMM_ROWS: the passes' tot holds both), after its last group the
+ * super-block into tot. `prepare` laid out the groups' sc at scale, the super-blocks' values at offset. */
+AI void k4_add_dots(const Prepared *prep, int64_t g, const QRows *x, const __m256i dot[][4], float *tot, int nb) {
+    const int64_t q = g % K4_GROUPS, j0 = g - q;
+    float *sums = tot + 32 * GEMM_ROWS;
+    for (int b = 0; b < nb; b++)
+        for (int v = 0; v < 4; v++) {
+            float *sum = sums + (b * 4 + v) * 8;
+            _mm256_storeu_ps(sum, k4_step8(dot[b][v], _mm256_loadu_ps(prep->scale + g * SUB + 8 * v),
+                                           _mm256_loadu_ps(sum), q == 0));
+        }
+    for (int b = 0; q == K4_GROUPS - 1 && b < nb; b++) {
+        __m256i qp[K4_GROUPS / 2];
+        k4_q_pairs8(x->total + b * x->groups + j0, qp);
+        const __m256 dx = _mm256_set1_ps(x->scale[b * x->groups + j0]);
+        for (int v = 0; v < 4; v++) {
+            float *at = tot + (b * 4 + v) * 8;
+            _mm256_storeu_ps(at, k4_finish8(prep->offset + j0 * SUB + 8 * v, SUB, _mm256_loadu_ps(sums + (b * 4 + v) * 8),
+                                            qp, dx, _mm256_loadu_ps(at)));
+        }
+    }
+}
+
 /* add_dots_with, `offsets` a constant in each copy; for int8 codes (`split`) alone: the 4-bit passes'
- * offsets are rarely +0 (Q4_0's), and two copies of the steps cost the AVX2 4-bit pass 3-4%. */
+ * offsets are rarely +0 (Q4_0's), and two copies of the steps cost the AVX2 4-bit pass 3-4%. Q4_K's
+ * form with x per super-block: k4_add_dots. tot: 2 GEMM_ROWS x 32 floats. */
 AI void add_dots(const Prepared *prep, int64_t g, const QRows *x, const __m256i dot[][4], float *tot, int nb,
                  int split) {
-    if (split && !prep->offsets) add_dots_with(prep, g, x, dot, tot, nb, 0);
+    if (x->k4 == K4_SUPER) k4_add_dots(prep, g, x, dot, tot, nb);
+    else if (split && !prep->offsets) add_dots_with(prep, g, x, dot, tot, nb, 0);
     else add_dots_with(prep, g, x, dot, tot, nb, 1);
 }
 
@@ -381,7 +412,7 @@ static void gemm_rows(const Prepared *prep, const QRows *x, int64_t rows, int64_
     for (int64_t b0 = 0; b0 < rows; b0 += GEMM_ROWS) {
         int nb = rows - b0 < GEMM_ROWS ? (int)(rows - b0) : GEMM_ROWS;
         QRows xb = rows_from(x, b0);
-        float tot[GEMM_ROWS * 32];
+        float tot[2 * GEMM_ROWS * 32];  /* (the second half: Q4_K's super-block sums, `k4_add_dots`) */
         if (nb == GEMM_ROWS) gemm_pass(prep, &xb, group, split, tot, GEMM_ROWS);  /* constant counts: sums in registers */
         else gemm_pass(prep, &xb, group, split, tot, 1);
         for (int b = 0; b < nb; b++)

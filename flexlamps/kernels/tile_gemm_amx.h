@@ -6,7 +6,8 @@
  * the same integers vpmaddubsw's pairs add up to, in the same lane order. Each group's sums are
  * stored and go through add_dots's fp32 steps, in its order (t = dot * dx; t = scale * t + tot;
  * tot = offset * sx + t), 16 lanes a vector: a row gets the bits tile_gemm.h and decode give it,
- * whatever rows share the call (the batch-invariance rule). Rows in blocks of 32 (two A tiles) and
+ * whatever rows share the call (the batch-invariance rule); Q4_K's form with x per super-block: its
+ * K4_SUPER steps (`amx_k4_add_dots`). Rows in blocks of 32 (two A tiles) and
  * 16; the last rows (under 16) take gemm_rows. Included by tile_gemv.c where __AMX_INT8__ is set.
  * Linux lends a process the tiles' state only when asked (arch_prctl): where it refuses, every row
  * takes gemm_rows. */
@@ -39,6 +40,9 @@ static void amx_configure(int64_t chunk) {
         cfg.colsb[t] = t < 2 ? (uint16_t)chunk : 64;
         cfg.rows[t] = t == 2 || t == 3 ? (uint8_t)(chunk / 4) : AMX_ROWS;
     }
+    /* gcc does not count ldtilecfg as a read of cfg: inlined into amx_rows beside its larger frame it
+     * dropped the loop's stores as dead, and ldtilecfg faulted on the garbage left there */
+    __asm__ __volatile__("" : : "m"(cfg) : "memory");
     _tile_loadconfig(&cfg);
 }
 
@@ -81,9 +85,35 @@ AI void amx_add_dots(const Prepared *prep, int64_t g, const QRows *x, const int3
     }
 }
 
-/* amx_add_dots with `offsets` a constant in each copy (the loop then holds no test). */
+/* tile_gemm.h's k4_add_dots on the stored sums dots, 16 lanes a vector (the super-block sums at tot +
+ * 32 AMX_ROWS): the same steps in the same order, so the same bits. */
+AI void amx_k4_add_dots(const Prepared *prep, int64_t g, const QRows *x, const int32_t *dots, float *tot, int nb) {
+    const int64_t q = g % K4_GROUPS, j0 = g - q;
+    const __m512 sc0 = _mm512_loadu_ps(prep->scale + g * SUB), sc1 = _mm512_loadu_ps(prep->scale + g * SUB + 16);
+    float *sums = tot + 32 * AMX_ROWS;
+    for (int b = 0; b < nb; b++) {
+        float *sum = sums + 32 * b;
+        _mm512_storeu_ps(sum, k4_step16(_mm512_loadu_si512(dots + 32 * b), sc0, _mm512_loadu_ps(sum), q == 0));
+        _mm512_storeu_ps(sum + 16, k4_step16(_mm512_loadu_si512(dots + 32 * b + 16), sc1, _mm512_loadu_ps(sum + 16),
+                                             q == 0));
+    }
+    const float *super = prep->offset + j0 * SUB;
+    for (int b = 0; q == K4_GROUPS - 1 && b < nb; b++) {
+        __m512i qp[K4_GROUPS / 2];
+        k4_q_pairs16(x->total + b * x->groups + j0, qp);
+        const __m512 dx = _mm512_set1_ps(x->scale[b * x->groups + j0]);
+        float *at = tot + 32 * b;
+        _mm512_storeu_ps(at, k4_finish16(super, SUB, _mm512_loadu_ps(sums + 32 * b), qp, dx, _mm512_loadu_ps(at)));
+        _mm512_storeu_ps(at + 16, k4_finish16(super + 16, SUB, _mm512_loadu_ps(sums + 32 * b + 16), qp, dx,
+                                              _mm512_loadu_ps(at + 16)));
+    }
+}
+
+/* amx_add_dots with `offsets` a constant in each copy (the loop then holds no test); Q4_K's form with x
+ * per super-block: amx_k4_add_dots (then tot holds 2 AMX_ROWS x 32 floats). */
 AI void amx_add_dots_of(const Prepared *prep, int64_t g, const QRows *x, const int32_t *dots, float *tot, int nb) {
-    if (prep->offsets) amx_add_dots(prep, g, x, dots, tot, nb, 1);
+    if (x->k4 == K4_SUPER) amx_k4_add_dots(prep, g, x, dots, tot, nb);
+    else if (prep->offsets) amx_add_dots(prep, g, x, dots, tot, nb, 1);
     else amx_add_dots(prep, g, x, dots, tot, nb, 0);
 }
 
@@ -137,11 +167,11 @@ static int64_t amx_rows(const Prepared *prep, const QRows *x, int64_t rows, int6
     const int64_t chunk = group <= 64 ? group : 32, done = rows / AMX_ROWS * AMX_ROWS;
     if (!done) return 0;
     int32_t dots[2][AMX_ROWS * 32] __attribute__((aligned(64)));
-    float tot[AMX_ROWS * 32] __attribute__((aligned(64)));
+    float tot[2 * AMX_ROWS * 32] __attribute__((aligned(64)));  /* (the second half: `amx_k4_add_dots`') */
     amx_configure(chunk);
     for (int64_t b0 = 0; b0 < done; b0 += AMX_ROWS) {
         QRows xb = rows_from(x, b0);
-        memset(tot, 0, sizeof tot);
+        memset(tot, 0, sizeof tot / 2);
         for (int64_t g = 0; g < x->groups; g++) {
             amx_group(prep->codes, xb.q8, x->cols, g, group, chunk, split);
             ahead_share(ahead, b0 / AMX_ROWS * x->groups + g, done / AMX_ROWS * x->groups);

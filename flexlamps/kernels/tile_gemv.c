@@ -343,7 +343,7 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint8_t *plane, const uint16
     void *buf = quantized_x(x, rows, cols, group, x_block(group, cols, x_bits, k4), fp16, x_bits, &xr, threads);
     if (!buf) return -1;
     xr.sz_width = width;
-    xr.k4 = k4;
+    xr.k4 = k4 ? (x_bits == 8 ? K4_SUPER : K4_GROUPWISE) : 0;  /* 8-bit x: rounded per super-block (`x_block`) */
     const int64_t gemm_from = kind == KIND_INT4 ? DECODE_GEMM_FROM_ROWS : DECODE_GEMM_FROM_ROWS_SPLIT;
     if (x_bits == 8 && rows >= gemm_from && gemm_takes(tile, group, kind)) {
         int status = gemm_codes(codes, plane, scale_zero, &xr, out, n, rows, group, tile, fp16, kind, 0, threads);
@@ -402,7 +402,7 @@ int flexlamps_tile_gemm(const uint8_t *codes, const uint8_t *plane, const uint16
     void *buf = quantized_x(x, rows, cols, group, x_block(group, cols, 8, k4), fp16, 8, &xr, threads);
     if (!buf) return -1;
     xr.sz_width = width;
-    xr.k4 = k4;
+    xr.k4 = k4 ? K4_SUPER : 0;  /* x rounded per super-block (`x_block`) */
     int status = gemm_codes(codes, plane, scale_zero, &xr, out, n, rows, group, tile, fp16, kind, 0, threads);
     free(buf);
     return status;

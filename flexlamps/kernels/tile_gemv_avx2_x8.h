@@ -216,6 +216,27 @@ AI void add_group_rows(const uint16_t *group_sz, int64_t n, const int64_t first[
     }
 }
 
+/* Q4_K's form with 8-bit x per super-block (tile_scales_k4.h's K4_SUPER steps) for group g of the
+ * rows first[i]..first[i]+7 (group_sz = `group_scales`, n rows a plane): its sums into the super-block's
+ * S (sb), after its last group the super-block into tot, M summed then (`k4_mins8`). */
+AI void k4_group_rows(const uint16_t *group_sz, int64_t n, const int64_t first[4], __m256i dot[][4], const QRows *x,
+                      int64_t g, __m256 sb[][4], __m256 tot[][4], int nb) {
+    const int64_t q = g % K4_GROUPS, j0 = g - q;
+    for (int i = 0; i < 4; i++) {
+        const __m256i sm = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(group_sz + first[i])));
+        const __m256 sc = _mm256_cvtepi32_ps(_mm256_and_si256(sm, _mm256_set1_epi32(0xFF)));
+        for (int b = 0; b < nb; b++) sb[b][i] = k4_step8(dot[b][i], sc, sb[b][i], q == 0);
+        if (q < K4_GROUPS - 1) continue;
+        const uint16_t *d = group_sz - (2 + q) * n + first[i];  /* (the super-block's d and dmin planes) */
+        const __m256 dd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + n)));
+        __m256 m[PASS8_ROWS];
+        k4_mins8(group_sz - q * n, n, first[i], x->total + j0, x->groups, nb, m);
+        for (int b = 0; b < nb; b++)
+            tot[b][i] = k4_close8(dd, dmin, sb[b][i], m[b], _mm256_set1_ps(x->scale[b * x->groups + j0]), tot[b][i]);
+    }
+}
+
 /* The next tile's scales of a group (its `group_scales` at sz; in Q4_K's form with its super-block's d
  * and dmin planes where `super`) into L2, a tile of codes ahead: each group's lie n rows apart, lines
  * the hardware prefetcher does not follow, and two groups ahead (slice_pass8) is too late to hide
@@ -235,7 +256,8 @@ AI void next_tile_scales(const uint16_t *sz, int64_t n, int64_t tile, int64_t w,
 AI void slice_pass8(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz, int64_t n, int64_t h, int64_t s,
                     int64_t group, const QRows *x, uint16_t *out, int fp16, int split, int nb) {
     const int64_t low_half = plane ? 0 : x->cols * h, first[4] = {16 * s, 16 * s + 8, h + 16 * s, h + 16 * s + 8};
-    __m256 tot[PASS8_ROWS][4], kd[4], kdmin[4];
+    __m256 tot[PASS8_ROWS][4], kd[4], kdmin[4], sb[PASS8_ROWS][4];
+    const int super = x->k4 == K4_SUPER;  /* Q4_K's form, x per super-block (`k4_group_rows`) */
     for (int b = 0; b < nb; b++)
         for (int i = 0; i < 4; i++) tot[b][i] = _mm256_setzero_ps();
     for (int64_t g = 0; g < x->groups; g++) {
@@ -245,7 +267,7 @@ AI void slice_pass8(const uint8_t *codes, const uint8_t *plane, const uint16_t *
         const int64_t w = x->sz_width;
         const int kind = split && !plane ? KIND_INT8_SPLIT : KIND_INT4;  /* (where its scales lie: the 6-bit form's as 4-bit) */
         const uint16_t *group_sz = group_scales(sz, g, n, x, kind);
-        if (x->k4 && g % K4_GROUPS == 0) k4_super8(group_sz - 2 * n, n, first, kd, kdmin);  /* (its d and dmin planes) */
+        if (x->k4 == K4_GROUPWISE && g % K4_GROUPS == 0) k4_super8(group_sz - 2 * n, n, first, kd, kdmin);  /* (its d and dmin planes) */
         if (g + 2 < x->groups) {  /* the scales two groups on: a strided read the prefetcher misses */
             const uint16_t *ahead = group_scales(sz, g + 2, n, x, kind);
             _mm_prefetch((const char *)(ahead + w * first[0]), _MM_HINT_T0);
@@ -265,7 +287,8 @@ AI void slice_pass8(const uint8_t *codes, const uint8_t *plane, const uint16_t *
             for (int b = 0; b < nb; b++)
                 for (int i = 0; i < 4; i++)
                     dot[b][i] = _mm256_sub_epi32(dot[b][i], _mm256_set1_epi32((plane ? 32 : 128) * x->total[b * x->groups + g]));
-        add_group_rows(group_sz, n, first, fp16, dot, x, g, kd, kdmin, tot, nb);
+        if (super) k4_group_rows(group_sz, n, first, dot, x, g, sb, tot, nb);
+        else add_group_rows(group_sz, n, first, fp16, dot, x, g, kd, kdmin, tot, nb);
     }
     for (int b = 0; b < nb; b++)
         for (int i = 0; i < 4; i++)

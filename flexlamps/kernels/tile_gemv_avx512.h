@@ -35,6 +35,30 @@ AI void add_group(const uint16_t *sz, int64_t n, float bias, int fp16, __m512i a
     }
 }
 
+/* Q4_K's form with 8-bit x per super-block (tile_scales_k4.h's K4_SUPER steps) for group g of a tile's
+ * 64 rows (at = `group_scales`, n rows a plane): its sums into the super-block's S (sums), after its
+ * last group the super-block into tot, M summed then (`k4_mins16`). */
+AI void k4_group16(const uint16_t *at, int64_t n, __m512i acc[][4], const QRows *x, int64_t g, float sums[][TILE],
+                   float tot[][TILE], int nb) {
+    const int64_t q = g % K4_GROUPS, j0 = g - q;
+    for (int i = 0; i < 4; i++) {
+        const __m512i sm = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(at + 16 * i)));
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_and_si512(sm, _mm512_set1_epi32(0xFF)));
+        for (int b = 0; b < nb; b++)
+            _mm512_storeu_ps(sums[b] + 16 * i, k4_step16(acc[b][i], sc, _mm512_loadu_ps(sums[b] + 16 * i), q == 0));
+        if (q < K4_GROUPS - 1) continue;
+        const uint16_t *d = at - (2 + q) * n + 16 * i;  /* (the super-block's d and dmin planes) */
+        const __m512 dd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)d));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + n)));
+        __m512 m[ROWS_PER_PASS];
+        k4_mins16(at - q * n, n, 16 * i, x->total + j0, x->groups, nb, m);
+        for (int b = 0; b < nb; b++)
+            _mm512_storeu_ps(tot[b] + 16 * i, k4_close16(dd, dmin, _mm512_loadu_ps(sums[b] + 16 * i), m[b],
+                                                         _mm512_set1_ps(x->scale[b * x->groups + j0]),
+                                                         _mm512_loadu_ps(tot[b] + 16 * i)));
+    }
+}
+
 /* Row sums of a 16-bit product: lo/hi hold, per 128-bit lane L, two 32-bit pair sums for each
  * of rows 4L, 4L+1 (lo) and 4L+2, 4L+3 (hi); back to one lane per row, rows in order. */
 AI __m512i pair_sums_to_rows(__m512i lo, __m512i hi, __m512i order) {
@@ -153,6 +177,8 @@ AI void tile_pass(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz
     /* an int8 split: the low nibbles' columns start at K; the 6-bit form's are its tiles */
     const int64_t low_half = kind == KIND_INT8_SPLIT ? x->cols * 32 : 0;
     const int split = kind == KIND_INT8_SPLIT || kind == KIND_INT6;
+    const int super = x->k4 == K4_SUPER && !wide;  /* Q4_K's form, x per super-block: `k4_group16` */
+    float sums[ROWS_PER_PASS][TILE] __attribute__((aligned(64)));
     for (int b = 0; b < nb; b++)
         for (int r = 0; r < TILE; r++) tot[b][r] = 0.0f;
     for (int64_t g = 0; g < x->groups; g++) {
@@ -179,7 +205,8 @@ AI void tile_pass(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz
                     acc[b][i] = _mm512_sub_epi32(acc[b][i], _mm512_set1_epi32(128 * x->total[b * x->groups + g]));
         const uint16_t *group_sz = group_scales(sz, g, n, x, kind);
         const float bias = split ? (wide ? 136.0f : 8.0f) : kind == KIND_INT5 ? 16.0f : 8.0f;
-        add_group(group_sz, n, bias, fp16, acc, x, g, tot, nb);
+        if (super) k4_group16(group_sz, n, acc, x, g, sums, tot, nb);
+        else add_group(group_sz, n, bias, fp16, acc, x, g, tot, nb);
     }
 }
 

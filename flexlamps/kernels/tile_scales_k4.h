@@ -54,3 +54,124 @@ AI void k4_lanes(const uint16_t *at, int64_t g, int64_t n, int64_t lo, int64_t h
     k4_make8(_mm256_cvtepu16_epi32(K4_LOAD(at)), K4_LOAD(d), K4_LOAD(d + n), scale, offset);
 #undef K4_LOAD
 }
+
+/* With 8-bit x rounded per super-block (QRows.k4 == K4_SUPER: one dx a 256 inputs, `x_block`, as
+ * llama.cpp's Q8_K) a row's super-block sum is d (sum_g sc_g S_g) - dmin (sum_g m_g Q_g), times dx:
+ * S_g the group's exact int32 sum of u q, Q_g its x codes' sum. Every variant takes these fp32 steps,
+ * in this order, for each output and row (so a row's bits do not depend on the variant or the rows
+ * beside it):
+ *   sb = cvt(S_0) sc_0; sb = fma(cvt(S_g), sc_g, sb) for g = 1..7   (sc_g exact in fp32)
+ *   tot = fma(fmsub(d, sb, dmin cvt(M)), dx, tot), M = sum_g m_g Q_g
+ * M is an exact integer (|M| <= 8 * 63 * 32 * 127 < 2^24), so each variant may sum it as it likes: the
+ * prompt loops by vpmaddwd of int16 pairs (m_2p, m_2p+1) times (Q_2p, Q_2p+1), the decode loops in fp32
+ * (every partial sum an integer under 2^24: exact). A group takes cvt + fma where the per-group form
+ * (K4_GROUPWISE, 16-bit x) took cvt, mul and two fmas; tot is read and written once a super-block. */
+#define K4_GROUPWISE 1  /* QRows.k4: Q4_K's form with x rounded per group (16-bit x) */
+#define K4_SUPER 2      /* QRows.k4: Q4_K's form with 8-bit x rounded per super-block */
+
+/* Super-block j's values for 8 lanes (rows lo..lo+3, hi..hi+3 of a tile of n rows; d: the super-block's
+ * d plane, `k4_group`'s 2 + g % 8 planes before its groups'): each group q's sc as fp32 at scale + q *
+ * stride; d, dmin (fp32) and the m pairs (int32: m_2p | m_2p+1 << 16) at super + slot * stride (slots 0,
+ * 1 and 2..5). */
+static void k4_super_block(const uint16_t *d, int64_t n, int64_t lo, int64_t hi, float *scale, float *super,
+                           int64_t stride) {
+#define K4_LOAD(p) _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)((p) + lo)), \
+                                      _mm_loadl_epi64((const __m128i *)((p) + hi)))
+    _mm256_storeu_ps(super, _mm256_cvtph_ps(K4_LOAD(d)));
+    _mm256_storeu_ps(super + stride, _mm256_cvtph_ps(K4_LOAD(d + n)));
+    __m256i m[K4_GROUPS];
+    for (int q = 0; q < K4_GROUPS; q++) {
+        const __m256i sm = _mm256_cvtepu16_epi32(K4_LOAD(d + (2 + q) * n));
+        _mm256_storeu_ps(scale + q * stride, _mm256_cvtepi32_ps(_mm256_and_si256(sm, _mm256_set1_epi32(0xFF))));
+        m[q] = _mm256_srli_epi32(sm, 8);
+    }
+    for (int p = 0; p < K4_GROUPS / 2; p++)
+        _mm256_storeu_si256((__m256i *)(super + (2 + p) * stride),
+                            _mm256_or_si256(m[2 * p], _mm256_slli_epi32(m[2 * p + 1], 16)));
+#undef K4_LOAD
+}
+
+/* x's group code sums g, g + 1 as the int16 pair vpmaddwd multiplies the m pairs by. */
+AI int32_t k4_q_pair(const int32_t *total) { return (int32_t)((uint32_t)(uint16_t)total[0] | (uint32_t)total[1] << 16); }
+
+/* A row's x code sums of a super-block's groups (total: its first) as the 4 int16 pairs vpmaddwd
+ * multiplies the m pairs by, each in every lane. */
+AI void k4_q_pairs8(const int32_t *total, __m256i qp[4]) {
+    for (int p = 0; p < K4_GROUPS / 2; p++) qp[p] = _mm256_set1_epi32(k4_q_pair(total + 2 * p));
+}
+
+/* tot + (d sb - dmin M) dx for 8 lanes, M in fp32 (exact). */
+AI __m256 k4_close8(__m256 d, __m256 dmin, __m256 sb, __m256 m, __m256 dx, __m256 tot) {
+    return _mm256_fmadd_ps(_mm256_fmsub_ps(d, sb, _mm256_mul_ps(dmin, m)), dx, tot);
+}
+
+/* k4_close8 with the super-block's values at super (`k4_super_block`), M from the m pairs times qp (the
+ * row's `k4_q_pairs8`). */
+AI __m256 k4_finish8(const float *super, int64_t stride, __m256 sb, const __m256i qp[4], __m256 dx, __m256 tot) {
+    __m256i m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(super + 2 * stride)), qp[0]);
+    for (int p = 1; p < K4_GROUPS / 2; p++)
+        m = _mm256_add_epi32(m, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(super + (2 + p) * stride)), qp[p]));
+    return k4_close8(_mm256_loadu_ps(super), _mm256_loadu_ps(super + stride), sb, _mm256_cvtepi32_ps(m), dx, tot);
+}
+
+/* A group's step into the super-block's M in fp32, mf (its m) times the row's Q: exact, every partial
+ * sum an integer under 2^24, so the integer M's value (the decode loops sum it so: no m pairs to make). */
+AI __m256 k4_min_step8(__m256 mf, float q, __m256 m, int first) {
+    return first ? _mm256_mul_ps(mf, _mm256_set1_ps(q)) : _mm256_fmadd_ps(mf, _mm256_set1_ps(q), m);
+}
+
+/* A group's step into the super-block sum: sb = cvt(S) sc (the first group: `first`), else fma. */
+AI __m256 k4_step8(__m256i dot, __m256 sc, __m256 sb, int first) {
+    return first ? _mm256_mul_ps(_mm256_cvtepi32_ps(dot), sc) : _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, sb);
+}
+
+/* M in fp32 (`k4_min_step8`'s chain) of nb rows (x's code sums at total, row stride `stride`, from the
+ * super-block's first group) for 8 lanes, rows r.. of the planes from the super-block's first group's
+ * at `plane` (the groups' planes n apart): the m made once for every row. */
+AI void k4_mins8(const uint16_t *plane, int64_t n, int64_t r, const int32_t *total, int64_t stride, int nb,
+                 __m256 m[]) {
+    for (int q = 0; q < K4_GROUPS; q++) {
+        const __m256i sm = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(plane + q * n + r)));
+        const __m256 mf = _mm256_cvtepi32_ps(_mm256_srli_epi32(sm, 8));
+        for (int b = 0; b < nb; b++) m[b] = k4_min_step8(mf, (float)total[b * stride + q], m[b], q == 0);
+    }
+}
+
+#if defined(__AVX512F__)
+/* k4_q_pairs8 for 16 lanes. */
+AI void k4_q_pairs16(const int32_t *total, __m512i qp[4]) {
+    for (int p = 0; p < K4_GROUPS / 2; p++) qp[p] = _mm512_set1_epi32(k4_q_pair(total + 2 * p));
+}
+
+/* k4_close8 for 16 lanes. */
+AI __m512 k4_close16(__m512 d, __m512 dmin, __m512 sb, __m512 m, __m512 dx, __m512 tot) {
+    return _mm512_fmadd_ps(_mm512_fmsub_ps(d, sb, _mm512_mul_ps(dmin, m)), dx, tot);
+}
+
+/* k4_finish8 for 16 lanes. */
+AI __m512 k4_finish16(const float *super, int64_t stride, __m512 sb, const __m512i qp[4], __m512 dx, __m512 tot) {
+    __m512i m = _mm512_madd_epi16(_mm512_loadu_si512(super + 2 * stride), qp[0]);
+    for (int p = 1; p < K4_GROUPS / 2; p++)
+        m = _mm512_add_epi32(m, _mm512_madd_epi16(_mm512_loadu_si512(super + (2 + p) * stride), qp[p]));
+    return k4_close16(_mm512_loadu_ps(super), _mm512_loadu_ps(super + stride), sb, _mm512_cvtepi32_ps(m), dx, tot);
+}
+
+/* k4_min_step8 for 16 lanes. */
+AI __m512 k4_min_step16(__m512 mf, float q, __m512 m, int first) {
+    return first ? _mm512_mul_ps(mf, _mm512_set1_ps(q)) : _mm512_fmadd_ps(mf, _mm512_set1_ps(q), m);
+}
+
+/* k4_step8 for 16 lanes. */
+AI __m512 k4_step16(__m512i dot, __m512 sc, __m512 sb, int first) {
+    return first ? _mm512_mul_ps(_mm512_cvtepi32_ps(dot), sc) : _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, sb);
+}
+/* k4_mins8 for 16 lanes. */
+AI void k4_mins16(const uint16_t *plane, int64_t n, int64_t r, const int32_t *total, int64_t stride, int nb,
+                  __m512 m[]) {
+    for (int q = 0; q < K4_GROUPS; q++) {
+        const __m512i sm = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(plane + q * n + r)));
+        const __m512 mf = _mm512_cvtepi32_ps(_mm512_srli_epi32(sm, 8));
+        for (int b = 0; b < nb; b++) m[b] = k4_min_step16(mf, (float)total[b * stride + q], m[b], q == 0);
+    }
+}
+#endif
