@@ -36,7 +36,14 @@ it the split's high nibble (u + 96 = q + 128), and runs the split's arithmetic: 
 Where every pair's zero is 8 times its scale in the compute dtype, bit for bit (Q6_K, w = d q: the
 zero 8 d rounds as d does, a power of two apart), it holds the scales alone (`scales_alone`: 7 bits
 a weight, not 8) and the kernel makes each zero as 8 scale, the value the pair held. Only our
-kernel multiplies it in place (any variant); it leaves the CPU as the split. Imports torch only.
+kernel multiplies it in place (any variant); it leaves the CPU as the split.
+
+Q6_K's form (`from_k6_blocks`, `k_scales`) is the 6-bit form holding Q6_K's scales as the file does:
+a super-block's fp16 d and its 16 groups' int8 sc as 16-bit planes (17 a 256 inputs: 7.06 bits a
+weight with the codes), values d sc q exact in fp32 (llama.cpp's). Our kernel's products with 8-bit
+x round x per 256 and sum a super-block's sc q x exactly in int32, one fp32 step a super-block
+(flexlamps/kernels/tile_scales_k6.h); every other path (16-bit x: a head; torch; another device;
+stacking beside the 6-bit form) takes `pairs`, the 6-bit form's scales. Imports torch only.
 """
 from __future__ import annotations
 
@@ -52,6 +59,9 @@ from quant.int4_weight import Int4Weight, unpack_codes
 _DEQUANT_CHUNK_BYTES = 2 << 20  # fp32 values dequantized at a time on a CPU: about one L2 cache
 _PACK_ROWS = 4096  # rows split and laid out at a time
 FIVE_BIT_TILE = 64  # output rows per tile of the 5-bit form (`flexlamps.kernels.tile_gemv.TILE`)
+K6_SUPER, K6_GROUP = 256, 16  # Q6_K's super-block and group (sub-block) of inputs
+K6_GROUPS = K6_SUPER // K6_GROUP
+K6_PLANES = 1 + K6_GROUPS  # Q6_K's form's 16-bit planes a super-block: d, then each group's sc
 _PLANE_BLOCK = 64  # tile bytes whose high parts a 32-byte block of the 6-bit form's plane holds
 
 
@@ -191,6 +201,49 @@ class Int8Weight(CompressedWeight):
             scale_zero = scale_zero[..., :1].contiguous()  # (K/g, N, 1)
         return cls(Int4Weight(None, scale_zero, group_size, nibbles), high=plane)
 
+    @classmethod
+    def from_k6_blocks(cls, codes: torch.Tensor, d: torch.Tensor, sc: torch.Tensor,
+                       dtype: torch.dtype = torch.bfloat16) -> "Int8Weight":
+        """Q6_K's `w = d sc q` as the file holds it, in the 6-bit form: codes (N, K) in [-32, 31], d
+        (N, K/256) (fp16 values) and sc (N, K/16) int8 sub-scales, held as K6_PLANES 16-bit planes a
+        super-block (`k_scales`: d's fp16 bits, then each group's sc) where the 6-bit form holds each
+        group's scale d sc rounded to `dtype`. Our kernel's products with 8-bit x sum a super-block's
+        sc q x exactly in int32 and scale it once (llama.cpp's Q6_K x Q8_K); `pairs` gives the
+        6-bit form's scales. Where the codes do not take the 6-bit form: `from_codes`' form."""
+        rows, cols = codes.shape
+        supers = cols // K6_SUPER
+        if cols % K6_SUPER or d.shape != (rows, supers) or sc.shape != (rows, supers * K6_GROUPS):
+            raise ValueError(f"Int8Weight.from_k6_blocks: codes {tuple(codes.shape)} need d (N, K/256) and sc (N, K/16)")
+        w = cls.from_codes(codes, d.float().repeat_interleave(K6_GROUPS, 1) * sc.float(), K6_GROUP, dtype, six_bit=True)
+        if w.high is None:
+            return w
+        planes = torch.cat([d.to(torch.float16).view(torch.int16)[..., None],
+                            sc.to(torch.int16).view(rows, supers, K6_GROUPS)], dim=-1)  # (N, K/256, K6_PLANES)
+        scale_zero = planes.reshape(rows, supers * K6_PLANES).t().contiguous().view(dtype)[..., None]
+        return cls(dataclasses.replace(w.split, scale_zero=scale_zero), high=w.high)
+
+    @property
+    def k_scales(self) -> bool:
+        """Whether it is the 6-bit form holding Q6_K's scales as the file does (`from_k6_blocks`)."""
+        sz = self.split.scale_zero
+        return (self.high is not None and sz.shape[-1] == 1 and self.group_size == K6_GROUP
+                and sz.shape[0] * K6_SUPER == self.shape[1] * K6_PLANES)
+
+    def _k6_scales(self) -> torch.Tensor:
+        """Q6_K's form's group scales d sc (N, K/16) in fp32, exact (11 by 8 significant bits)."""
+        rows = self.split.scale_zero.shape[1]
+        planes = self.split.scale_zero[..., 0].view(torch.int16).t().reshape(rows, -1, K6_PLANES)
+        d = planes[..., :1].contiguous().view(torch.float16).float()
+        return (d * planes[..., 1:].float()).reshape(rows, -1)
+
+    def pairs(self) -> "Int8Weight":
+        """The 6-bit form with each group's scale d sc rounded to its dtype (the scales alone: what
+        every path but our 8-bit-x products reads, an output head's too); itself where it holds them."""
+        if not self.k_scales:
+            return self
+        scale_zero = self._k6_scales().t().to(self.dtype).contiguous()[..., None]
+        return dataclasses.replace(self, split=dataclasses.replace(self.split, scale_zero=scale_zero))
+
     def as_split(self) -> "Int8Weight":
         """The same codes, scales and zero points as the split (itself when it is one)."""
         if self.fifth is None and self.high is None:
@@ -207,6 +260,8 @@ class Int8Weight(CompressedWeight):
         and fifth bit; a mix is stacked as splits): one fused call."""
         if all(w.fifth is not None for w in weights):  # whole tiles each: the planes stack as the tiles do
             return cls(Int4Weight.cat([w.split for w in weights]), torch.cat([w.fifth for w in weights]))
+        if len({w.k_scales for w in weights}) > 1:  # Q6_K's scales beside others: stacked as their pairs
+            weights = [w.pairs() for w in weights]
         if all(w.high is not None and w.shape[0] % tile_rows(w.shape[1]) == 0 for w in weights):  # the same
             first, alone = weights[0].split, all(w.scales_alone for w in weights)
             scale_zero = torch.cat([_pairs(w.split.scale_zero) if w.scales_alone and not alone else w.split.scale_zero
@@ -242,7 +297,7 @@ class Int8Weight(CompressedWeight):
     @property
     def scales_alone(self) -> bool:
         """Whether it is the 6-bit form holding its scales alone, (K/g, N, 1): each zero 8 scale."""
-        return self.high is not None and self.split.scale_zero.shape[-1] == 1
+        return self.high is not None and self.split.scale_zero.shape[-1] == 1 and not self.k_scales
 
     @property
     def group_size(self) -> int:
@@ -290,6 +345,8 @@ class Int8Weight(CompressedWeight):
         where it is 0 throughout (Q8_0 / Q5_0)."""
         if self.fifth is not None:
             scale, zero = (part.t().float() for part in self.split.scale_zero.unbind(-1))
+        elif self.k_scales:
+            return self._k6_scales(), None
         else:  # (K/g, N, 2): the low halves' d, 8 d + zero (the 6-bit form holds them alone)
             low = self.split.scale_zero[0 if self.high is not None else self.shape[1] // self.group_size:]
             low = _pairs(low) if self.scales_alone else low

@@ -43,7 +43,9 @@ from quant.int8_weight import Int8Weight
 
 def weight(kind: str, rows: int, cols: int, gen: torch.Generator):
     """A random weight of `kind`: q4 (4-bit codes, groups of 32), q4k (the same codes with Q4_K's scales),
-    q6 (int8 codes in [-32, 31], groups of 16, in the 6-bit form) or q6split (the same as the split)."""
+    q6 (int8 codes in [-32, 31], groups of 16, in the 6-bit form), q6split (the same as the split) or q6k
+    (Q6_K's form, `Int8Weight.from_k6_blocks`, as loaded where our kernel runs; a kernel older than it takes
+    its 6-bit form's scales, `pairs`)."""
     if kind == "q4":
         return Int4Weight.quantize(torch.randn(rows, cols, generator=gen) * 0.05, 32, torch.bfloat16).kernel_only()
     if kind == "q4k":  # Q4_K's form as loaded (`Int4Weight.k_scales`): its 8-bit x rounded per 256 inputs
@@ -54,6 +56,9 @@ def weight(kind: str, rows: int, cols: int, gen: torch.Generator):
                                         torch.randint(0, 64, (rows, groups), generator=gen),
                                         torch.randint(0, 64, (rows, groups), generator=gen), torch.bfloat16).kernel_only()
     codes = torch.randint(-32, 32, (rows, cols), dtype=torch.int8, generator=gen)
+    if kind == "q6k":
+        return Int8Weight.from_k6_blocks(codes, (torch.rand(rows, cols // 256, generator=gen) / 4096).half().float(),
+                                         torch.randint(-128, 128, (rows, cols // 16), dtype=torch.int8, generator=gen))
     return Int8Weight.from_codes(codes, torch.rand(rows, cols // 16, generator=gen) / 64, 16, torch.bfloat16,
                                  six_bit=kind == "q6")
 
@@ -88,7 +93,9 @@ def kernel_from(folder: Path) -> tile_gemv.TileGemv:
     library = build.built_library(folder / "tile_gemv.c", chosen.compile_flags, Path(cache_root()) / "kernels")
     if "KIND_INT6" not in (folder / "tile_gemv.c").read_text():
         return BeforeSixBit(library, chosen.level)
-    return tile_gemv.TileGemv(library, chosen.level)
+    kernel = tile_gemv.TileGemv(library, chosen.level)
+    kernel.takes_k6 = "KIND_INT6_K" in (folder / "tile_gemv.c").read_text()  # (else a q6k weight's `pairs`)
+    return kernel
 
 
 def level_kernel(level: str) -> tile_gemv.TileGemv:
@@ -115,7 +122,9 @@ def time_kernels(kernels: dict, w, x: torch.Tensor, repeats: int, x_bits: int | 
     and whether they all give the same bits; x_bits: the decode product's, x in that many bits."""
     if x_bits:
         w = dataclasses.replace(w, x_bits=x_bits)
-    call = (lambda k: k.matmul(w, x)) if x_bits else (lambda k: k.prompt_product(w, x))
+    older = w.pairs() if isinstance(w, Int8Weight) and w.k_scales else w  # (Q6_K's form's, for an older kernel)
+    form = {id(k): w if getattr(k, "takes_k6", True) else older for k in kernels.values()}
+    call = (lambda k: k.matmul(form[id(k)], x)) if x_bits else (lambda k: k.prompt_product(form[id(k)], x))
     results = [call(k) for k in kernels.values()]
     same = all(torch.equal(r.view(torch.int16), results[0].view(torch.int16)) for r in results)
     calls = max(1, int(1e9 / (x.shape[0] * w.shape[0] * w.shape[1])))

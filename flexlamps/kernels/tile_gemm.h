@@ -42,6 +42,9 @@ typedef struct {
     float *scale, *offset;
     int64_t steps8;
     int biased, can_bias, wide, offsets;
+    int k6;  /* Q6_K's form (tile_scales_k6.h): `scale` holds each group's sc (int32), `offset` each super-block's d */
+    int32_t *acc;  /* Q6_K's form: the rows' super-block sums (a pass's rows x 32 lanes) */
+    uint8_t *planes;  /* Q6_K's form on AMX tiles: sc q's high and low bytes, as `codes` (tile_gemm_amx.h) */
 } Prepared;
 
 /* Whether any of n floats is other than +0 (its bits nonzero). */
@@ -99,6 +102,21 @@ AI void lane_scales(const uint16_t *lo, const uint16_t *hi, int64_t width, int f
     *zero = halves_to_floats8(_mm_packus_epi32(_mm256_castsi256_si128(high), _mm256_extracti128_si256(high, 1)), fp16);
 }
 
+/* Q6_K's form's scales of sub-tile s (tile_scales_k6.h) in prep's lane order: each group's sc as int32 at
+ * `scale`, each super-block's d at `offset`; no offsets. */
+static void k6_prepare(const uint16_t *sz, int64_t s, int64_t h, int64_t n, int64_t groups, Prepared *prep) {
+#define K6_LANES(p) _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)((p) + 16 * s + 4 * v)), \
+                                       _mm_loadl_epi64((const __m128i *)((p) + h + 16 * s + 4 * v)))
+    for (int64_t g = 0; g < groups; g++)
+        for (int v = 0; v < 4; v++) {  /* vector v: rows 16s + 4v.. (lanes 0-3) and h + 16s + 4v.. (4-7) */
+            _mm256_storeu_si256((__m256i *)(prep->scale + g * SUB + 8 * v), _mm256_cvtepi16_epi32(K6_LANES(k6_group(sz, g, n))));
+            if (g % K6_GROUPS == 0)
+                _mm256_storeu_ps(prep->offset + g / K6_GROUPS * SUB + 8 * v, _mm256_cvtph_ps(K6_LANES(k6_d(sz, g, n))));
+        }
+#undef K6_LANES
+    prep->offsets = 0;
+}
+
 /* Sub-tile s of the tile at `codes` (its plane at `plane` for the 6-bit form, else NULL; scale_zero
  * `sz` at its first row; n rows in all) laid out in `prep`, and for int8 codes the steps whose pairs
  * int16 holds (`steps8`, from their largest |q|). */
@@ -129,6 +147,10 @@ static void prepare(const uint8_t *codes, const uint8_t *plane, const uint16_t *
     for (int64_t i = 0; prep->biased && i < cols * SUB; i += 32) {
         __m256i *at = (__m256i *)(prep->codes + i);
         _mm256_storeu_si256(at, _mm256_add_epi8(_mm256_loadu_si256(at), _mm256_set1_epi8(CODE_BIAS)));
+    }
+    if (prep->k6) {
+        k6_prepare(sz, s, h, n, groups, prep);
+        return;
     }
     for (int64_t j = 0; k4 == K4_SUPER && j < groups / K4_GROUPS; j++)  /* Q4_K's form, x per super-block */
         for (int v = 0; v < 4; v++)
@@ -198,12 +220,32 @@ AI void k4_add_dots(const Prepared *prep, int64_t g, const QRows *x, const __m25
     }
 }
 
+/* Q6_K's form (tile_scales_k6.h): group g's exact sums times each lane's sc added to the rows' super-block
+ * sums (prep->acc, in int32), and at the super-block's last group its one fp32 step into tot. */
+AI void k6_add_dots(const Prepared *prep, int64_t g, const QRows *x, const __m256i dot[][4], float *tot, int nb) {
+    const int64_t j = g % K6_GROUPS;
+    for (int b = 0; b < nb; b++)
+        for (int v = 0; v < 4; v++) {
+            int32_t *acc = prep->acc + (b * 4 + v) * 8;
+            __m256i sum = _mm256_mullo_epi32(dot[b][v], _mm256_loadu_si256((const __m256i *)(prep->scale + g * SUB + 8 * v)));
+            if (j) sum = _mm256_add_epi32(sum, _mm256_loadu_si256((const __m256i *)acc));
+            if (j < K6_GROUPS - 1) {
+                _mm256_storeu_si256((__m256i *)acc, sum);
+                continue;
+            }
+            float *at = tot + (b * 4 + v) * 8;
+            const __m256 d = _mm256_loadu_ps(prep->offset + g / K6_GROUPS * SUB + 8 * v);
+            _mm256_storeu_ps(at, k6_step8(sum, d, x->scale[b * x->groups + g], _mm256_loadu_ps(at)));
+        }
+}
+
 /* add_dots_with, `offsets` a constant in each copy; for int8 codes (`split`) alone: the 4-bit passes'
  * offsets are rarely +0 (Q4_0's), and two copies of the steps cost the AVX2 4-bit pass 3-4%. Q4_K's
  * form with x per super-block: k4_add_dots. tot: 2 GEMM_ROWS x 32 floats. */
 AI void add_dots(const Prepared *prep, int64_t g, const QRows *x, const __m256i dot[][4], float *tot, int nb,
                  int split) {
     if (x->k4 == K4_SUPER) k4_add_dots(prep, g, x, dot, tot, nb);
+    else if (prep->k6) k6_add_dots(prep, g, x, dot, tot, nb);
     else if (split && !prep->offsets) add_dots_with(prep, g, x, dot, tot, nb, 0);
     else add_dots_with(prep, g, x, dot, tot, nb, 1);
 }
@@ -401,7 +443,7 @@ AI QRows rows_from(const QRows *x, int64_t b0) {
     QRows xb = {x->q8 ? x->q8 + b0 * x->cols : NULL, x->q16 ? x->q16 + b0 * x->cols : NULL, x->scale + b0 * x->groups,
                 x->sum + b0 * x->groups, x->cols, x->groups, x->total + b0 * x->groups,
                 x->starts16 ? x->starts16 + b0 * (x->cols / BIAS_INPUTS) : NULL, NULL,
-                x->lo8 ? x->lo8 + b0 * x->cols : NULL, x->sz_width, x->k4};
+                x->lo8 ? x->lo8 + b0 * x->cols : NULL, x->sz_width, x->k4, x->k6};
     return xb;
 }
 

@@ -85,6 +85,31 @@ AI void amx_add_dots(const Prepared *prep, int64_t g, const QRows *x, const int3
     }
 }
 
+/* Q6_K's form (tile_scales_k6.h): tile_gemm.h's k6_add_dots, 16 lanes a vector (the same operations on
+ * each lane, so the same bits), for the stored sums dots (nb rows x 32). */
+AI void amx_k6_add_dots(const Prepared *prep, int64_t g, const QRows *x, const int32_t *dots, float *tot, int nb) {
+    const int64_t j = g % K6_GROUPS;
+    const __m512i sc0 = _mm512_loadu_si512(prep->scale + g * SUB), sc1 = _mm512_loadu_si512(prep->scale + g * SUB + 16);
+    for (int b = 0; b < nb; b++) {
+        int32_t *acc = prep->acc + 32 * b;
+        __m512i s0 = _mm512_mullo_epi32(_mm512_loadu_si512(dots + 32 * b), sc0);
+        __m512i s1 = _mm512_mullo_epi32(_mm512_loadu_si512(dots + 32 * b + 16), sc1);
+        if (j) {
+            s0 = _mm512_add_epi32(s0, _mm512_loadu_si512(acc));
+            s1 = _mm512_add_epi32(s1, _mm512_loadu_si512(acc + 16));
+        }
+        if (j < K6_GROUPS - 1) {
+            _mm512_storeu_si512(acc, s0);
+            _mm512_storeu_si512(acc + 16, s1);
+            continue;
+        }
+        const float dx = x->scale[b * x->groups + g], *d = prep->offset + g / K6_GROUPS * SUB;
+        float *at = tot + 32 * b;
+        _mm512_storeu_ps(at, k6_step16(s0, _mm512_loadu_ps(d), dx, _mm512_loadu_ps(at)));
+        _mm512_storeu_ps(at + 16, k6_step16(s1, _mm512_loadu_ps(d + 16), dx, _mm512_loadu_ps(at + 16)));
+    }
+}
+
 /* tile_gemm.h's k4_add_dots on the stored sums dots, 16 lanes a vector (the super-block sums at tot +
  * 32 AMX_ROWS): the same steps in the same order, so the same bits. */
 AI void amx_k4_add_dots(const Prepared *prep, int64_t g, const QRows *x, const int32_t *dots, float *tot, int nb) {
@@ -113,6 +138,7 @@ AI void amx_k4_add_dots(const Prepared *prep, int64_t g, const QRows *x, const i
  * per super-block: amx_k4_add_dots (then tot holds 2 AMX_ROWS x 32 floats). */
 AI void amx_add_dots_of(const Prepared *prep, int64_t g, const QRows *x, const int32_t *dots, float *tot, int nb) {
     if (x->k4 == K4_SUPER) amx_k4_add_dots(prep, g, x, dots, tot, nb);
+    else if (prep->k6) amx_k6_add_dots(prep, g, x, dots, tot, nb);
     else if (prep->offsets) amx_add_dots(prep, g, x, dots, tot, nb, 1);
     else amx_add_dots(prep, g, x, dots, tot, nb, 0);
 }
@@ -179,6 +205,98 @@ static int64_t amx_rows(const Prepared *prep, const QRows *x, int64_t rows, int6
             amx_store(g, dots[g & 1]);
         }
         amx_add_dots_of(prep, x->groups - 1, &xb, dots[(x->groups - 1) & 1], tot, AMX_ROWS);
+        for (int b = 0; b < AMX_ROWS; b++)
+            store_pass(tot + 32 * b, out + (b0 + b) * n + 16 * s, out + (b0 + b) * n + h + 16 * s, fp16);
+    }
+    _tile_release();
+    return done;
+}
+
+/* Q6_K's form on the tiles (tile_scales_k6.h): each code times its group's sc, c = sc q (|c| <= 4096),
+ * split into bytes c = 256 hi + lo (hi signed, lo unsigned) laid out as the codes are (`amx_k6_planes`),
+ * so a super-block's exact sum S = sum of sc q x is 256 S_hi + S_lo: K = 64 a product (where a group's
+ * own took K = 16), four tiles summing the whole super-block with no store between its groups, then
+ * the super-block's one fp32 step (k6_step16: the bits every other path gives the row). */
+#define K6_CHUNK 64  /* inputs a product */
+
+/* The prepared sub-tile's signed codes q (cols inputs) times their group's sc (prep->scale as int32,
+ * in lane order), as the planes' bytes: hi at prep->planes, lo cols * SUB bytes on. */
+static void amx_k6_planes(const Prepared *prep, int64_t cols) {
+    __m512i idx = _mm512_setzero_si512();
+    int16_t order[32];
+    for (int e = 0; e < 32; e++) order[e] = (int16_t)(2 * (e / 4));  /* each lane's sc (int32's low half) 4 times */
+    idx = _mm512_loadu_si512(order);
+    for (int64_t k = 0; k < cols; k += 4)
+        for (int v = 0; v < 4; v++) {  /* 8 lanes' 4 codes */
+            const int64_t at = k * 32 + 32 * v;
+            __m512i q = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(prep->codes + at)));
+            __m512i sc = _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(prep->scale + k / 16 * SUB + 8 * v))));
+            __m512i c = _mm512_mullo_epi16(q, sc);
+            _mm256_storeu_si256((__m256i *)(prep->planes + at), _mm512_cvtepi16_epi8(_mm512_srai_epi16(c, 8)));
+            _mm256_storeu_si256((__m256i *)(prep->planes + cols * SUB + at), _mm512_cvtepi16_epi8(c));
+        }
+}
+
+/* Super-block sb's S_hi (tiles 4, 5) and S_lo (6, 7) of 16 rows of x (at q8, stride cols). */
+AI void amx_k6_super(const uint8_t *hi, const uint8_t *lo, const int8_t *q8, int64_t cols, int64_t sb) {
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    for (int64_t k = sb * 256; k < (sb + 1) * 256; k += K6_CHUNK) {
+        _tile_loadd(0, q8 + k, cols);
+        _tile_loadd(2, hi + k * 32, 128);
+        _tile_loadd(3, hi + k * 32 + 64, 128);
+        _tile_dpbssd(4, 0, 2);
+        _tile_dpbssd(5, 0, 3);
+        _tile_loadd(2, lo + k * 32, 128);
+        _tile_loadd(3, lo + k * 32 + 64, 128);
+        _tile_dpbsud(6, 0, 2);
+        _tile_dpbsud(7, 0, 3);
+    }
+}
+
+/* The stored S_hi, S_lo of super-block sb (16 rows x 32 each, at sums and sums + 512) joined and taken
+ * into tot by its one fp32 step. */
+AI void amx_k6_step(const Prepared *prep, const QRows *x, const int32_t *sums, int64_t sb, float *tot) {
+    const float *d = prep->offset + sb * SUB;
+    const __m512 d0 = _mm512_loadu_ps(d), d1 = _mm512_loadu_ps(d + 16);
+    for (int b = 0; b < AMX_ROWS; b++) {
+        const float dx = x->scale[b * x->groups + sb * K6_GROUPS];
+        float *at = tot + 32 * b;
+        for (int i = 0; i < 32; i += 16) {
+            __m512i h = _mm512_loadu_si512(sums + 32 * b + i), l = _mm512_loadu_si512(sums + 512 + 32 * b + i);
+            __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(h, 8), l);
+            _mm512_storeu_ps(at + i, k6_step16(sum, i ? d1 : d0, dx, _mm512_loadu_ps(at + i)));
+        }
+    }
+}
+
+/* amx_rows for Q6_K's form: x's rows in whole 16s, a super-block's products issued before the previous
+ * super-block's step (as amx_rows does a group's); returns how many rows it did. */
+static int64_t amx_rows_k6(const Prepared *prep, const QRows *x, int64_t rows, uint16_t *out, int64_t n, int64_t s,
+                           int64_t h, int fp16, const Ahead *ahead) {
+    const int64_t done = rows / AMX_ROWS * AMX_ROWS, supers = x->cols / 256;
+    int32_t sums[2][2 * AMX_ROWS * 32] __attribute__((aligned(64)));
+    float tot[AMX_ROWS * 32] __attribute__((aligned(64)));
+    if (!done) return 0;
+    amx_k6_planes(prep, x->cols);
+    const uint8_t *hi = prep->planes, *lo = prep->planes + x->cols * SUB;
+    amx_configure(K6_CHUNK);
+    for (int64_t b0 = 0; b0 < done; b0 += AMX_ROWS) {
+        QRows xb = rows_from(x, b0);
+        memset(tot, 0, sizeof tot);
+        for (int64_t sb = 0; sb < supers; sb++) {
+            amx_k6_super(hi, lo, xb.q8, x->cols, sb);
+            ahead_share(ahead, b0 / AMX_ROWS * supers + sb, done / AMX_ROWS * supers);
+            if (sb) amx_k6_step(prep, &xb, sums[(sb - 1) & 1], sb - 1, tot);
+            _tile_stored(4, sums[sb & 1], 128);
+            _tile_stored(5, sums[sb & 1] + 16, 128);
+            _tile_stored(6, sums[sb & 1] + 512, 128);
+            _tile_stored(7, sums[sb & 1] + 512 + 16, 128);
+        }
+        amx_k6_step(prep, &xb, sums[(supers - 1) & 1], supers - 1, tot);
         for (int b = 0; b < AMX_ROWS; b++)
             store_pass(tot + 32 * b, out + (b0 + b) * n + 16 * s, out + (b0 + b) * n + h + 16 * s, fp16);
     }

@@ -14,9 +14,24 @@
 #define GEMM_CHUNK_X_BYTES (1 << 20)
 #endif
 
+/* The same for Q6_K's form on the AMX tiles (`amx_rows_k6`): a chunk's sub-tiles lay their planes out
+ * again, so more rows a chunk (1.1B down 2048 x 5632 at 4,096 rows, 1 thread, CPU time, load ~6, the
+ * 6-bit form's ~440 ms: 437-457 ms at 512 KiB, 270 at 1 MiB, 241-245 at 2, 242 at 4, 256 at 8). */
+#ifndef K6_CHUNK_X_BYTES
+#define K6_CHUNK_X_BYTES (1 << 21)
+#endif
+
+/* A chunk's rows from which Q6_K's form takes the planes on the AMX tiles (`amx_rows_k6`); below, the
+ * groups' products (`amx_rows`, then k6_add_dots' integer steps): the same bits. Laying the planes out
+ * costs a sub-tile about what 32 rows' products save (the 1.1B's Q6_K products at 32 rows 0.82x, 64 1.24x). */
+#ifndef K6_PLANES_FROM_ROWS
+#define K6_PLANES_FROM_ROWS 64
+#endif
+
 /* Bytes of the buffer one thread prepares sub-tiles in (`Prepared`). */
 static size_t prepared_bytes(int64_t cols, int64_t groups, int split) {
-    return (size_t)((split ? 2 : 1) * cols * SUB) + 2 * sizeof(float) * (size_t)(groups * SUB);
+    /* (int8 codes: two more planes of bytes, Q6_K's form's sc q on the AMX tiles, `amx_k6_planes`) */
+    return (size_t)((split ? 4 : 1) * cols * SUB) + 2 * sizeof(float) * (size_t)(groups * SUB);
 }
 
 /* A prompt call's arguments, for the threads' sub-tiles (`gemm_subtile`): each thread lays a
@@ -78,8 +93,10 @@ static void gemm_subtile(void *ctx, int64_t c, int slot) {
 #endif
     /* the split's magnitudes and their int16 steps serve gemm_rows only: not where the tiles take every row */
     const int tiles_only = g->wide || (amx && g->rows % 16 == 0);
+    int32_t acc[16 * 32] __attribute__((aligned(64)));  /* Q6_K's form's super-block sums: up to 16 rows (AMX's) */
     Prepared prep = {buf, g->split && !tiles_only ? buf + cols * SUB : NULL, scale, scale + g->x->groups * SUB, 1, 0,
-                     g->x->starts16 != NULL && !amx, g->wide};
+                     g->x->starts16 != NULL && !amx, g->wide, 0, g->x->k6, acc,
+                     (uint8_t *)(scale + 2 * g->x->groups * SUB)};
     int64_t t = sub / per_tile, s = sub % per_tile;
     const int own = t * g->tile == g->partial->first;  /* the partial last tile: its own pairs and output */
     const int64_t n = own ? g->tile : g->n;
@@ -91,6 +108,8 @@ static void gemm_subtile(void *ctx, int64_t c, int slot) {
 #if defined(__AMX_INT8__)
     const Ahead ahead = next_tile(g, t, cols, h);
     if (g->wide) done = amx_rows16(&prep, g->x, g->rows, g->group, g->split, out, n, s, h, g->fp16, &ahead);
+    else if (amx && prep.k6 && g->rows >= K6_PLANES_FROM_ROWS)
+        done = amx_rows_k6(&prep, g->x, g->rows, out, n, s, h, g->fp16, &ahead);
     else if (amx) done = amx_rows(&prep, g->x, g->rows, g->group, g->split, out, n, s, h, g->fp16, &ahead);
 #endif
     if (done < g->rows) {
@@ -120,7 +139,7 @@ static int gemm_codes(const uint8_t *codes, const uint8_t *plane, const uint16_t
 #endif
     QRows biased = *x;  /* with the starts of biased int8 codes' sums (serial work: ~6 ms a 4,096-row Q6_K down) */
     biased.starts16 = split && !wide && !amx ? bias_starts(x, rows) : NULL;
-    int64_t chunk_rows = (GEMM_CHUNK_X_BYTES / x->cols) / 16 * 16;
+    int64_t chunk_rows = ((amx && x->k6 ? K6_CHUNK_X_BYTES : GEMM_CHUNK_X_BYTES) / x->cols) / 16 * 16;
     chunk_rows = chunk_rows < 64 ? 64 : chunk_rows;
     const int64_t subs = (n + tile - 1) / tile * (tile / SUB), chunks = (rows + chunk_rows - 1) / chunk_rows;
     GemmCall call = {codes, kind == KIND_INT6 ? plane : NULL, scale_zero, &biased, out, n, rows, group, tile,

@@ -27,7 +27,8 @@
  * the split's arithmetic on the same bytes, so the 6-bit form gives a row the split's bits. Its
  * scale-zero pairs are the split's low halves' alone (K/G, n, 2): 8 bits a weight, not 12. Q6_K's (w = d q:
  * each zero bf16(8 d) = 8 bf16(d)) are its scales alone (kind 4, (K/G, n): 7 bits a weight), each loop making
- * the zero as 8 scale in fp32, exact: the pair's value, the same bits.
+ * the zero as 8 scale in fp32, exact: the pair's value, the same bits. Q6_K's file scales (kind 6,
+ * 8-bit x alone) take one step a super-block on its exact int32 sum instead (tile_scales_k6.h).
  *
  * Integer sums are exact, so a row's result does not depend on the rows beside it, on the
  * thread count, or on the split of the work.
@@ -80,11 +81,13 @@ typedef struct {
     const uint8_t *lo8;  /* 16-bit codes on AMX tiles (tile_gemm_amx.h): their low bytes; q8 their high ones */
     int64_t sz_width;  /* the weight's scale_zero values a row a group (2; 1: KIND_INT6_SCALES'), for every loop */
     int k4;  /* scale_zero in Q4_K's form (KIND_INT4_K; sz_width 1: planes of a value a row, tile_scales_k4.h) */
+    int k6;  /* scale_zero in Q6_K's form (KIND_INT6_K, the 6-bit form's codes; 8-bit x: tile_scales_k6.h) */
 } QRows;
 
 /* A weight's kind: 4-bit codes, an int8 split, 5-bit codes (nibbles and a plane of fifth bits), or
  * 6-bit codes (nibbles and a plane of high two bits; the split's arithmetic). */
-enum { KIND_INT4 = 0, KIND_INT8_SPLIT = 1, KIND_INT5 = 2, KIND_INT6 = 3, KIND_INT6_SCALES = 4, KIND_INT4_K = 5 };
+enum { KIND_INT4 = 0, KIND_INT8_SPLIT = 1, KIND_INT5 = 2, KIND_INT6 = 3, KIND_INT6_SCALES = 4, KIND_INT4_K = 5,
+       KIND_INT6_K = 6 };
 
 /* The 6-bit form's tile bytes off .. off + 15 (off a multiple of 16) as the int8 split's high
  * nibbles: the plane's two bits of each nibble, plus 6 (see the top of this file). */
@@ -94,17 +97,19 @@ AI __m128i plane_high16(const uint8_t *plane, int64_t off) {
     return _mm_add_epi8(_mm_and_si128(v, _mm_set1_epi8(0x33)), _mm_set1_epi8(0x66));
 }
 
-/* The entry points' kind as the loops run it (KIND_INT6_SCALES as KIND_INT6, KIND_INT4_K as KIND_INT4), its
- * QRows.sz_width in *width, QRows.k4 in *k4. */
-static inline int run_kind(int kind, int64_t *width, int *k4) {
+/* The entry points' kind as the loops run it (KIND_INT6_SCALES and KIND_INT6_K as KIND_INT6, KIND_INT4_K as
+ * KIND_INT4), its QRows.sz_width in *width, QRows.k4 in *k4, QRows.k6 in *k6. */
+static inline int run_kind(int kind, int64_t *width, int *k4, int *k6) {
     *k4 = kind == KIND_INT4_K;
-    *width = kind == KIND_INT6_SCALES || *k4 ? 1 : 2;
-    return kind == KIND_INT6_SCALES ? KIND_INT6 : *k4 ? KIND_INT4 : kind;
+    *k6 = kind == KIND_INT6_K;
+    *width = kind == KIND_INT6_SCALES || *k4 || *k6 ? 1 : 2;
+    return kind == KIND_INT6_SCALES || *k6 ? KIND_INT6 : *k4 ? KIND_INT4 : kind;
 }
 
 /* Where group g's scale-zero pairs start, in groups of n rows: an int8 split's are its low halves'. */
 static inline int64_t sz_group(int64_t g, int64_t groups, int kind) { return kind == KIND_INT8_SPLIT ? g + groups : g; }
-#include "tile_scales_k4.h"  /* Q4_K's scales as the file holds them */
+#include "tile_scales_k6.h"  /* Q6_K's scales as the file holds them */
+#include "tile_scales_k4.h"  /* Q4_K's (and `group_scales`, for every form) */
 
 /* x's rows by sub-tiles laid out once a call (tile_gemm_call.h; tile_gemm_amx.h's amx16_lead calls it
  * too); wide: x's 16-bit codes as two bytes (`lo8`), AMX only. */
@@ -210,7 +215,7 @@ static void *quantized_x(const uint16_t *x, int64_t rows, int64_t cols, int64_t 
     const int64_t per_chunk = QUANTIZE_CHUNK_VALUES / cols > 1 ? QUANTIZE_CHUNK_VALUES / cols : 1;
     QuantizeCall call = {x, rows, cols, group, xgroup, per_chunk, fp16, bits, buf, scale, sum, total};
     pool_run(threads, (rows + per_chunk - 1) / per_chunk, quantize_chunk, &call);
-    QRows r = {bits == 8 ? buf : NULL, bits == 16 ? buf : NULL, scale, sum, cols, groups, total, NULL, NULL, NULL, 2, 0};
+    QRows r = {bits == 8 ? buf : NULL, bits == 16 ? buf : NULL, scale, sum, cols, groups, total, NULL, NULL, NULL, 2, 0, 0};
     *xr = r;
     return buf;
 }
@@ -255,7 +260,7 @@ static void partial_close(PartialTile *p, uint16_t *out, int64_t n, int64_t tile
 
 /* Scale-zero groups of a weight of this kind (an int8 split's are twice its inputs'; Q4_K's form's planes). */
 static int64_t sz_groups(const QRows *x, int kind) {
-    return x->k4 ? k4_planes(x->groups) : (kind == KIND_INT8_SPLIT ? 2 : 1) * x->groups;
+    return x->k4 ? k4_planes(x->groups) : x->k6 ? k6_planes(x->groups) : (kind == KIND_INT8_SPLIT ? 2 : 1) * x->groups;
 }
 
 /* Bytes of a weight's codes a tile of its: an int8 split's two halves, else one 4-bit tile. */
@@ -331,19 +336,21 @@ int flexlamps_tile_gemv(const uint8_t *codes, const uint8_t *plane, const uint16
                         uint16_t *out, int64_t n, int64_t cols, int64_t group, int64_t rows, int64_t tile, int fp16,
                         int kind, int x_bits, int threads) {
     int64_t width;
-    int k4;
-    kind = run_kind(kind, &width, &k4);
+    int k4, k6;
+    kind = run_kind(kind, &width, &k4, &k6);
     if (tile <= 0 || n <= 0 || group <= 0 || group % 4 || group > 256 || cols % group || rows <= 0
         || (x_bits != 8 && x_bits != 16) || kind < KIND_INT4 || kind > KIND_INT6 || (k4 && (group != 32 || cols % 256))
+        || (k6 && (group != 16 || cols % 256 || x_bits != 8))  /* Q6_K's form: super-blocks, 8-bit x */
         || (kind == KIND_INT5 && (!plane || n % tile))  /* the 5-bit form's plane: whole tiles only */
         || (kind == KIND_INT6 && (!plane || cols * tile % 128))  /* the 6-bit form's plane: blocks of 64 tile bytes */
         || !takes_tile(tile, kind, x_bits))
         return -1;
     QRows xr;
-    void *buf = quantized_x(x, rows, cols, group, x_block(group, cols, x_bits, k4), fp16, x_bits, &xr, threads);
+    void *buf = quantized_x(x, rows, cols, group, x_block(group, cols, x_bits, k4 || k6), fp16, x_bits, &xr, threads);
     if (!buf) return -1;
     xr.sz_width = width;
     xr.k4 = k4 ? (x_bits == 8 ? K4_SUPER : K4_GROUPWISE) : 0;  /* 8-bit x: rounded per super-block (`x_block`) */
+    xr.k6 = k6;
     const int64_t gemm_from = kind == KIND_INT4 ? DECODE_GEMM_FROM_ROWS : DECODE_GEMM_FROM_ROWS_SPLIT;
     if (x_bits == 8 && rows >= gemm_from && gemm_takes(tile, group, kind)) {
         int status = gemm_codes(codes, plane, scale_zero, &xr, out, n, rows, group, tile, fp16, kind, 0, threads);
@@ -392,17 +399,18 @@ int flexlamps_tile_gemm(const uint8_t *codes, const uint8_t *plane, const uint16
                         uint16_t *out, int64_t n, int64_t cols, int64_t group, int64_t rows, int64_t tile, int fp16,
                         int kind, int threads) {
     int64_t width;
-    int k4;
-    kind = run_kind(kind, &width, &k4);
+    int k4, k6;
+    kind = run_kind(kind, &width, &k4, &k6);
     if (n <= 0 || group <= 0 || group % 4 || cols % group || rows <= 0 || !gemm_takes(tile, group, kind)
-        || (k4 && (group != 32 || cols % 256))
+        || (k4 && (group != 32 || cols % 256)) || (k6 && (group != 16 || cols % 256))
         || (kind == KIND_INT6 && (!plane || cols * tile % 128)))
         return -1;
     QRows xr;
-    void *buf = quantized_x(x, rows, cols, group, x_block(group, cols, 8, k4), fp16, 8, &xr, threads);
+    void *buf = quantized_x(x, rows, cols, group, x_block(group, cols, 8, k4 || k6), fp16, 8, &xr, threads);
     if (!buf) return -1;
     xr.sz_width = width;
     xr.k4 = k4 ? K4_SUPER : 0;  /* x rounded per super-block (`x_block`) */
+    xr.k6 = k6;
     int status = gemm_codes(codes, plane, scale_zero, &xr, out, n, rows, group, tile, fp16, kind, 0, threads);
     free(buf);
     return status;

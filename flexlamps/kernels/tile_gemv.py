@@ -34,7 +34,9 @@ The AVX2 variants take torch's AVX2 layout (tiles of 32 rows) and the AVX-512 on
 registers), and add the same exact sums in the same fp32 steps as the AVX-512 variant: the same bits.
 Every variant takes the 6-bit form of codes in [-32, 31] (Q6_K: `Int8Weight.high`, 8 bits a weight
 where the split holds 12; 7 where its zeros are 8 times its scales and it holds the scales alone)
-and gives it the split's bits: its plane's high parts plus 6 are the split's high nibbles.
+and gives it the split's bits: its plane's high parts plus 6 are the split's high nibbles. Q6_K's
+form of it (`Int8Weight.k_scales`, KIND_INT6_K: the file's d and sc) takes 8-bit x alone, rounded per
+256 inputs (`x_group`), each super-block's sc q x summed exactly and scaled once (tile_scales_k6.h).
 
 `KERNEL` is how `flexlamps.kernels.loader` builds it (once per source, compiler and flags) and
 checks it against a plain computation in each dtype and weight kind it takes; callers keep
@@ -70,7 +72,8 @@ TILES = {"avx512": (64,), "amx": (64,)}  # the tile rows a variant takes (the ot
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}  # the activations' dtypes, as the kernel's flag
 # the weight's layout, as the kernel's `kind` (KIND_INT6_SCALES: the 6-bit form with its scales alone;
 # KIND_INT4_K: 4-bit codes with Q4_K's scales as the file holds them, `Int4Weight.k_scales`)
-KIND_INT4, KIND_INT8_SPLIT, KIND_INT5, KIND_INT6, KIND_INT6_SCALES, KIND_INT4_K = 0, 1, 2, 3, 4, 5
+# KIND_INT6_K: the 6-bit form with Q6_K's scales as the file holds them, `Int8Weight.k_scales`: 8-bit x only)
+KIND_INT4, KIND_INT8_SPLIT, KIND_INT5, KIND_INT6, KIND_INT6_SCALES, KIND_INT4_K, KIND_INT6_K = 0, 1, 2, 3, 4, 5, 6
 X_BITS = 8  # x's codes for decode: 8 bits (llama.cpp's rounding of x; twice the 16-bit rate on AVX2) or 16
 
 
@@ -100,6 +103,11 @@ class TileGemv:
         """Whether the kernel takes `w`: a CPU weight in tiles of torch's layout (of rows this variant
         takes; the last one's codes padded to the tile where the rows do not fill it), in bf16 or
         fp16, its groups a multiple of 4 inputs."""
+        if isinstance(w, Int8Weight) and w.k_scales and (w.x_bits or self.x_bits) != 8:
+            return False  # (Q6_K's form's products are for 8-bit x: `as_logits_head` gives a head the pairs)
+        return self._takes_codes(w)
+
+    def _takes_codes(self, w: Int4Weight | Int8Weight) -> bool:
         split = w.split if isinstance(w, Int8Weight) else w
         rows, cols = split.shape
         tile = tile_rows(cols)
@@ -116,7 +124,7 @@ class TileGemv:
         """Whether `prompt_product` takes `w`: as `takes`, with 4-bit or int8 codes (the split or
         the 6-bit form, not the 5-bit one) in groups of at most 32 inputs or of whole 32s."""
         group = (w.split if isinstance(w, Int8Weight) else w).group_size
-        return (self.takes(w) and not (isinstance(w, Int8Weight) and w.fifth is not None)
+        return (self._takes_codes(w) and not (isinstance(w, Int8Weight) and w.fifth is not None)
                 and (group <= 32 or group % 32 == 0))
 
     def runs_prompt(self, w: Int4Weight | Int8Weight, x: torch.Tensor) -> bool:
@@ -186,7 +194,7 @@ def layout_of(w: Int4Weight | Int8Weight) -> tuple[Int4Weight, torch.Tensor | No
     if w.fifth is not None:
         return w.split, w.fifth, KIND_INT5
     if w.high is not None:
-        return w.split, w.high, KIND_INT6_SCALES if w.scales_alone else KIND_INT6
+        return w.split, w.high, KIND_INT6_K if w.k_scales else KIND_INT6_SCALES if w.scales_alone else KIND_INT6
     return w.split, None, KIND_INT8_SPLIT
 
 
@@ -225,9 +233,13 @@ def _check_weights(gen: torch.Generator, dtype: torch.dtype, kernel: TileGemv) -
                                   torch.rand(64, 1, generator=gen) / 64, torch.rand(64, 1, generator=gen) / 64,
                                   torch.randint(0, 64, (64, 8), generator=gen), torch.randint(0, 64, (64, 8), generator=gen),
                                   dtype)
+    k6 = Int8Weight.from_k6_blocks(torch.randint(-32, 32, (64, 256), dtype=torch.int8, generator=gen),
+                                   torch.rand(64, 1, generator=gen) / 4096,
+                                   torch.randint(-128, 128, (64, 16), dtype=torch.int8, generator=gen), dtype)
     weights = (Int4Weight.quantize(torch.randn(128, 64, generator=gen), 32, dtype), k4, int8(-128, 128, False),
-               int8(-32, 32, False, True), int8(-16, 16, True))
-    return tuple(w for w in weights if kernel.takes(w) or not (isinstance(w, Int8Weight) and w.fifth is not None))
+               int8(-32, 32, False, True), int8(-16, 16, True), k6)
+    return tuple(w for w in weights if kernel.takes(w)
+                 or not (isinstance(w, Int8Weight) and (w.fifth is not None or w.k_scales)))
 
 
 KERNEL = loader.Kernel("tile_gemv", SOURCE, VARIANTS, "the decode kernel", "4-bit decode runs torch's slower int4 kernel",
@@ -244,10 +256,10 @@ def load(folder: Path, level: str | None = None) -> TileGemv | None:
 
 def x_group(w: Int4Weight | Int8Weight, bits: int = X_BITS) -> int:
     """The inputs x is rounded in blocks of (one scale each) for `w` with codes of `bits` bits:
-    a super-block of 256 for Q4_K's form (`Int4Weight.k_scales`) with 8-bit x, as llama.cpp rounds x
-    (Q8_K) for its K-quants (tile_gemv.c's `x_block`); else the weight's group."""
+    a super-block of 256 for Q4_K's and Q6_K's forms (`Int4Weight.k_scales`, `Int8Weight.k_scales`) with
+    8-bit x, as llama.cpp rounds x (Q8_K) for its K-quants (tile_gemv.c's `x_block`); else the weight's group."""
     split = w.split if isinstance(w, Int8Weight) else w
-    if isinstance(w, Int4Weight) and w.k_scales and bits == 8 and w.shape[1] % 256 == 0:
+    if w.k_scales and bits == 8 and w.shape[1] % 256 == 0:
         return 256
     return split.group_size
 

@@ -228,7 +228,7 @@ static void run_six16(const uint8_t *codes, const uint8_t *plane, const uint16_t
     float tot[PASS_ROWS][64] __attribute__((aligned(32)));
     for (int64_t b = 0; b < rows; b++) {
         QRows xb = {NULL, x->q16 + b * x->cols, x->scale + b * x->groups, x->sum + b * x->groups, x->cols, x->groups,
-                    x->total + b * x->groups, NULL, NULL, NULL, x->sz_width, x->k4};
+                    x->total + b * x->groups, NULL, NULL, NULL, x->sz_width, x->k4, x->k6};
         for (int r = 0; r < 32; r++) tot[0][r] = 0.0f;
         six_tile16(codes, plane, sz, n, group, &xb, tot, fp16);
         for (int64_t r = 0; r < 32; r += 8)
@@ -252,7 +252,7 @@ static void run_tile(const uint8_t *codes, const uint8_t *plane, const uint16_t 
     for (int64_t b0 = 0; b0 < rows; b0 += PASS_ROWS) {
         int nb = rows - b0 < PASS_ROWS ? (int)(rows - b0) : PASS_ROWS;
         QRows xb = {NULL, x->q16 + b0 * x->cols, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups,
-                    NULL, NULL, NULL, NULL, x->sz_width, x->k4};
+                    NULL, NULL, NULL, NULL, x->sz_width, x->k4, x->k6};
         for (int b = 0; b < nb; b++)
             for (int64_t r = 0; r < tile; r++) tot[b][r] = 0.0f;
         for (int64_t s = 0; s < slices; s++) {  /* constant row counts, so the sums stay in registers */

@@ -237,6 +237,25 @@ AI void k4_group_rows(const uint16_t *group_sz, int64_t n, const int64_t first[4
     }
 }
 
+/* Q6_K's form (tile_scales_k6.h): group g's exact sums dot times each row's sc added to the super-block
+ * sums isum (int32), and at its last group the super-block's one fp32 step into tot (tile_gemm.h's
+ * k6_add_dots' operations on each row: the same bits). */
+AI void k6_rows8(const uint16_t *sz, int64_t n, const int64_t first[4], int64_t g, const QRows *x, __m256i dot[][4],
+                 __m256i isum[][4], __m256 tot[][4], int nb) {
+    const int64_t j = g % K6_GROUPS;
+    const uint16_t *sc = k6_group(sz, g, n), *d = k6_d(sz, g, n);
+    for (int i = 0; i < 4; i++) {
+        const __m256i s = k6_sc8(sc + first[i]);
+        for (int b = 0; b < nb; b++) {
+            const __m256i t = _mm256_mullo_epi32(dot[b][i], s);
+            isum[b][i] = j ? _mm256_add_epi32(isum[b][i], t) : t;
+        }
+        if (j < K6_GROUPS - 1) continue;
+        const __m256 dd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + first[i])));
+        for (int b = 0; b < nb; b++) tot[b][i] = k6_step8(isum[b][i], dd, x->scale[b * x->groups + g], tot[b][i]);
+    }
+}
+
 /* The next tile's scales of a group (its `group_scales` at sz; in Q4_K's form with its super-block's d
  * and dmin planes where `super`) into L2, a tile of codes ahead: each group's lie n rows apart, lines
  * the hardware prefetcher does not follow, and two groups ahead (slice_pass8) is too late to hide
@@ -258,6 +277,7 @@ AI void slice_pass8(const uint8_t *codes, const uint8_t *plane, const uint16_t *
     const int64_t low_half = plane ? 0 : x->cols * h, first[4] = {16 * s, 16 * s + 8, h + 16 * s, h + 16 * s + 8};
     __m256 tot[PASS8_ROWS][4], kd[4], kdmin[4], sb[PASS8_ROWS][4];
     const int super = x->k4 == K4_SUPER;  /* Q4_K's form, x per super-block (`k4_group_rows`) */
+    __m256i isum[PASS8_ROWS][4];  /* Q6_K's form's super-block sums */
     for (int b = 0; b < nb; b++)
         for (int i = 0; i < 4; i++) tot[b][i] = _mm256_setzero_ps();
     for (int64_t g = 0; g < x->groups; g++) {
@@ -288,6 +308,7 @@ AI void slice_pass8(const uint8_t *codes, const uint8_t *plane, const uint16_t *
                 for (int i = 0; i < 4; i++)
                     dot[b][i] = _mm256_sub_epi32(dot[b][i], _mm256_set1_epi32((plane ? 32 : 128) * x->total[b * x->groups + g]));
         if (super) k4_group_rows(group_sz, n, first, dot, x, g, sb, tot, nb);
+        else if (x->k6) k6_rows8(sz, n, first, g, x, dot, isum, tot, nb);
         else add_group_rows(group_sz, n, first, fp16, dot, x, g, kd, kdmin, tot, nb);
     }
     for (int b = 0; b < nb; b++)
@@ -303,7 +324,7 @@ AI void tile8(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz, in
         int nb = rows - b0 < PASS8_ROWS ? (int)(rows - b0) : PASS8_ROWS;
         QRows xb = {x->q8 + b0 * x->cols, NULL, x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols,
                     x->groups, x->total + b0 * x->groups, NULL,
-                    x->starts6 ? x->starts6 + b0 * (x->cols / SIX_INPUTS) : NULL, NULL, x->sz_width, x->k4};
+                    x->starts6 ? x->starts6 + b0 * (x->cols / SIX_INPUTS) : NULL, NULL, x->sz_width, x->k4, x->k6};
         for (int64_t s = 0; s < h / 16; s++) {  /* constant row counts, so the sums stay in registers */
             if (nb == PASS8_ROWS)
                 slice_pass8(codes, plane, sz, n, h, s, group, &xb, out + b0 * n, fp16, split, PASS8_ROWS);

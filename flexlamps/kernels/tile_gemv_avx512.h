@@ -59,6 +59,27 @@ AI void k4_group16(const uint16_t *at, int64_t n, __m512i acc[][4], const QRows 
     }
 }
 
+/* Q6_K's form (tile_scales_k6.h): group g's exact sums acc times each row's sc added to the super-block
+ * sums isum (int32), and at its last group the super-block's one fp32 step into tot (tile_gemm.h's
+ * k6_add_dots' operations on each row: the same bits). */
+AI void k6_rows16(const uint16_t *sz, int64_t n, int64_t g, const QRows *x, __m512i acc[][4], __m512i isum[][4],
+                  float tot[][TILE], int nb) {
+    const int64_t j = g % K6_GROUPS;
+    const uint16_t *sc = k6_group(sz, g, n), *d = k6_d(sz, g, n);
+    for (int i = 0; i < 4; i++) {
+        const __m512i s = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)(sc + 16 * i)));
+        for (int b = 0; b < nb; b++) {
+            const __m512i t = _mm512_mullo_epi32(acc[b][i], s);
+            isum[b][i] = j ? _mm512_add_epi32(isum[b][i], t) : t;
+        }
+        if (j < K6_GROUPS - 1) continue;
+        const __m512 dd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + 16 * i)));
+        for (int b = 0; b < nb; b++)
+            _mm512_storeu_ps(tot[b] + 16 * i, k6_step16(isum[b][i], dd, x->scale[b * x->groups + g],
+                                                        _mm512_loadu_ps(tot[b] + 16 * i)));
+    }
+}
+
 /* Row sums of a 16-bit product: lo/hi hold, per 128-bit lane L, two 32-bit pair sums for each
  * of rows 4L, 4L+1 (lo) and 4L+2, 4L+3 (hi); back to one lane per row, rows in order. */
 AI __m512i pair_sums_to_rows(__m512i lo, __m512i hi, __m512i order) {
@@ -181,6 +202,7 @@ AI void tile_pass(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz
     float sums[ROWS_PER_PASS][TILE] __attribute__((aligned(64)));
     for (int b = 0; b < nb; b++)
         for (int r = 0; r < TILE; r++) tot[b][r] = 0.0f;
+    __m512i isum[ROWS_PER_PASS][4];  /* Q6_K's form's super-block sums */
     for (int64_t g = 0; g < x->groups; g++) {
         __m512i acc[ROWS_PER_PASS][4], pairs[ROWS_PER_PASS][4][2];
         for (int b = 0; b < nb; b++)
@@ -203,6 +225,10 @@ AI void tile_pass(const uint8_t *codes, const uint8_t *plane, const uint16_t *sz
             for (int b = 0; b < nb; b++)
                 for (int i = 0; i < 4; i++)
                     acc[b][i] = _mm512_sub_epi32(acc[b][i], _mm512_set1_epi32(128 * x->total[b * x->groups + g]));
+        if (x->k6) {
+            k6_rows16(sz, n, g, x, acc, isum, tot, nb);
+            continue;
+        }
         const uint16_t *group_sz = group_scales(sz, g, n, x, kind);
         const float bias = split ? (wide ? 136.0f : 8.0f) : kind == KIND_INT5 ? 16.0f : 8.0f;
         if (super) k4_group16(group_sz, n, acc, x, g, sums, tot, nb);
@@ -218,7 +244,7 @@ static void run_tile(const uint8_t *codes, const uint8_t *plane, const uint16_t 
         int nb = rows - b0 < per_pass ? (int)(rows - b0) : per_pass;
         QRows xb = {wide ? NULL : x->q8 + b0 * x->cols, wide ? x->q16 + b0 * x->cols : NULL,
                     x->scale + b0 * x->groups, x->sum + b0 * x->groups, x->cols, x->groups, x->total + b0 * x->groups,
-                    NULL, NULL, NULL, x->sz_width, x->k4};
+                    NULL, NULL, NULL, x->sz_width, x->k4, x->k6};
         switch (wide * 8 + nb) {  /* constant row counts, so the accumulators stay in registers */
             case 1: tile_pass(codes, plane, sz, n, group, &xb, idx, tot, fp16, kind, 0, 1); break;
             case 2: tile_pass(codes, plane, sz, n, group, &xb, idx, tot, fp16, kind, 0, 2); break;

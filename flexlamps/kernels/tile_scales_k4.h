@@ -24,6 +24,7 @@ AI const uint16_t *k4_group(const uint16_t *sz, int64_t g, int64_t n) {
  * 2 + g % 8 and 1 + g % 8 planes before it: `k4_lanes`). */
 AI const uint16_t *group_scales(const uint16_t *sz, int64_t g, int64_t n, const QRows *x, int kind) {
     if (x->k4) return k4_group(sz, g, n);
+    if (x->k6) return k6_group(sz, g, n);  /* (Q6_K's form: tile_scales_k6.h) */
     return sz + sz_group(g, x->groups, kind) * n * x->sz_width;
 }
 

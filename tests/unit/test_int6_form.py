@@ -176,7 +176,8 @@ def test_gguf_q6_k_is_held_in_it_where_our_kernel_runs(monkeypatch):
 def test_a_q4_k_m_model_holds_its_q6_k_and_q5_0_in_it_with_the_splits_logits(tmp_path, monkeypatch):
     """A llama GGUF in llama.cpp's Q4_K_M mix (attn_v Q5_0, ffn_down Q6_K): where our kernel runs,
     those matrices are held in the 6-bit form, and every step's logits (a prompt, decode steps on
-    the native loop) are the bits they are with them held as the split."""
+    the native loop) are the bits they are with them held as the split (Q6_K with the 6-bit form's
+    scales: its own form's super-block products are test_q6_k_form's)."""
     from flexlamps import LLM
     from flexlamps.engine.executors.step import Step
     from flexlamps.models.loading import in_place
@@ -185,6 +186,7 @@ def test_a_q4_k_m_model_holds_its_q6_k_and_q5_0_in_it_with_the_splits_logits(tmp
     if lin.native_kernel() is None:
         pytest.skip("our decode kernel does not run here")
     path = str(CheckpointZoo(tmp_path).path("gguf:llama:Q4_K_M"))
+    monkeypatch.setattr(in_place, "keeps_q6_k_scales", lambda: False)
 
     def logits(expect_six: bool) -> list[torch.Tensor]:
         executor = LLM(path, dtype="bfloat16", max_batch_size=2, cache_dir=False).executor

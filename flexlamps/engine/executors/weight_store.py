@@ -41,8 +41,8 @@ from quant.mxfp4 import Mxfp4Weight, mxfp4_nbytes
 FP8_FORMAT = "fp8-v1"
 MXFP4_FORMAT = "mxfp4-v1"  # the same for MXFP4 matrices (`Mxfp4Weight.to_tensors`)
 # the same for a GGUF's blocks kept as codes (`models.loading.in_place`; v2: Q6_K's 6-bit form, its scales
-# alone; v3: Q4_K's scales as the file holds them, `Int4Weight.from_k_blocks`)
-IN_PLACE_FORMAT = "blocks-v3"
+# alone; v3: Q4_K's scales as the file holds them, `Int4Weight.from_k_blocks`; v4: Q6_K's, `from_k6_blocks`)
+IN_PLACE_FORMAT = "blocks-v4"
 # a table kept as codes is cut on whole kernel tiles (`Int4Weight.rows`), a piece a head chunk
 CODED_TABLE_ROWS = 64
 # each stored form (`WeightStore.form`): its class when read back from disk, the kind that runs it

@@ -341,8 +341,11 @@ register(Int4Twin, _TwinKind())
 
 def as_logits_head(w):
     """`w` as an output head: a 4-bit or int8 weight whose decode product keeps x in
-    LOGITS_X_BITS bits (the same codes, not copied); any other weight as it is."""
-    if isinstance(w, (Int4Weight, Int8Weight)):
+    LOGITS_X_BITS bits (the same codes, not copied; Q6_K's form's scales as the 6-bit form's,
+    `Int8Weight.pairs`: its super-block products are for 8-bit x); any other weight as it is."""
+    if isinstance(w, Int8Weight):
+        return dataclasses.replace(w.pairs(), x_bits=LOGITS_X_BITS)
+    if isinstance(w, Int4Weight):
         return dataclasses.replace(w, x_bits=LOGITS_X_BITS)
     return w
 

@@ -17,7 +17,7 @@ import torch
 from flexlamps.cache_folder import cache_root
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.families import family_for
-from flexlamps.models.loading.gguf_blocks import int8_blocks, is_int4_block_type, is_int8_block_type, mxfp4_blocks
+from flexlamps.models.loading.gguf_blocks import is_int4_block_type, is_int8_block_type, mxfp4_blocks
 from flexlamps.models.loading.gguf_header import open_gguf, read_header
 from flexlamps.models.loading.gguf_description import gguf_config, parse_header
 from flexlamps.models.loading.gguf_tensors import GGUFTensor, dequantize_rows, unpermute_rows
@@ -27,7 +27,7 @@ from flexlamps.models.loading.gguf_names import GGUF_GLOBAL, NORM_PLUS_ONE, laye
 from flexlamps.models.loading.unread import unread_error, unread_gguf_tensors, unread_tensors
 from flexlamps.models.loading.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 from flexlamps.models.loading.in_place import (TIED_HEAD, in_place_form, in_place_specs, int4_matrix,
-                                               int8_from_blocks)
+                                               int8_matrix)
 from flexlamps.models.loading.errors import CheckpointError, json_file
 from flexlamps.models.loading.hf_files import tensor_files
 from flexlamps.models.loading.hf_parts import FusedParts
@@ -307,12 +307,9 @@ class GGUFReader:
         t = self._tensor(spec)
         if len(spec.shape) != 2 or not is_int8_block_type(t.tensor_type.name) or self._rebuilt(spec):
             return None
-        codes, scale, zero = int8_blocks(t.read(self.path), spec.shape, t.tensor_type.name)
         heads = self._row_heads(spec)
-        if heads is not None:
-            codes, scale = (unpermute_rows(part, heads) for part in (codes, scale))
-            zero = None if zero is None else unpermute_rows(zero, heads)
-        return int8_from_blocks(codes, scale, zero, dtype)
+        rows = None if heads is None else (lambda part: unpermute_rows(part, heads))
+        return int8_matrix(t.read(self.path), t.tensor_type.name, tuple(spec.shape), dtype, rows)
 
     def in_place_type(self, spec: WeightSpec) -> str | None:
         """The block type `read_int4` / `read_int8` give `spec` in ("Q4_1", "Q8_0", ...); None where

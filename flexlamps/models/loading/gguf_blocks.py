@@ -171,14 +171,21 @@ _Q6_K_ROWS = 4096  # rows decoded at a time: numpy's temporaries (~6 bytes a wei
 
 
 def _q6_k_blocks(data: np.ndarray, rows: int, cols: int):
-    """Q6_K super-blocks: each half of 128 elements takes 64 low-nibble bytes `ql` and 32 bytes
-    `qh`; element 32 i + l (i < 4, l < 32) is the low (i even) or high nibble of ql[l] (i < 2) or
-    ql[32 + l], plus 16 times bit 2i, 2i + 1 of qh[l]. Sub-block j (16 elements) has scale d sc_j.
-    Decoded _Q6_K_ROWS rows at a time into the result: a whole 128256 x 2048 table's temporaries
-    took ~1 GB beside it (a llama-3.2-1b GGUF's first load peaked at 3.3 GB)."""
-    blocks = data.reshape(rows, cols // SUPER_BLOCK, _Q6_K_BYTES)
+    """Q6_K super-blocks as int8 codes and each sub-block j's scale d sc_j (fp32, exact)."""
+    codes, d, sc = q6_k_parts(data, (rows, cols))
+    return codes, d.repeat_interleave(SUPER_BLOCK // Q6_K_GROUP, 1) * sc.float(), None
+
+
+def q6_k_parts(data: np.ndarray, shape: tuple[int, int]):
+    """A Q6_K tensor as the file holds it: codes q - 32 (N, K) int8, d (N, K/256) fp32 (fp16 values)
+    and the sub-blocks' scales sc (N, K/16) int8 (`quant.int8_weight.Int8Weight.from_k6_blocks`).
+    Each half of 128 elements takes 64 low-nibble bytes `ql` and 32 bytes `qh`; element 32 i + l
+    (i < 4, l < 32) is the low (i even) or high nibble of ql[l] (i < 2) or ql[32 + l], plus 16 times
+    bit 2i, 2i + 1 of qh[l]. Decoded _Q6_K_ROWS rows at a time into the result: a whole 128256 x 2048
+    table's temporaries took ~1 GB beside it (a llama-3.2-1b GGUF's first load peaked at 3.3 GB)."""
+    rows, cols = shape
+    blocks = np.ascontiguousarray(data).reshape(rows, cols // SUPER_BLOCK, _Q6_K_BYTES)
     codes = torch.empty(rows, cols, dtype=torch.int8)
-    scale = torch.empty(rows, cols // Q6_K_GROUP, dtype=torch.float32)
     for start in range(0, rows, _Q6_K_ROWS):
         part = blocks[start:start + _Q6_K_ROWS]
         count = len(part)
@@ -187,9 +194,8 @@ def _q6_k_blocks(data: np.ndarray, rows: int, cols: int):
         low = np.stack([ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4], axis=-2)
         high = (qh >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3  # (count, K/256, 2, 4, 32)
         codes[start:start + count] = torch.from_numpy((low | (high << 4)).astype(np.int8) - 32).reshape(count, cols)
-        sc = part[..., 192:208].copy().view(np.int8).astype(np.float32)  # (count, K/256, 16)
-        scale[start:start + count] = torch.from_numpy((_fp16(part[..., 208:210])[..., None] * sc).reshape(count, -1))
-    return codes, scale, None
+    sc = torch.from_numpy(blocks[..., 192:208].copy().view(np.int8).reshape(rows, cols // Q6_K_GROUP))
+    return codes, torch.from_numpy(_fp16(blocks[..., 208:210]).astype(np.float32)), sc
 
 
 _FIVE_BIT = {"Q5_0": lambda data, r, c: _q5_blocks(data, r, c, with_min=False),

@@ -20,7 +20,8 @@ import torch
 
 from flexlamps.kernels import int8_gemm
 from flexlamps.models.blocks.linear import native_kernel
-from flexlamps.models.loading.gguf_blocks import BLOCK, int4_blocks, int8_blocks, is_int4_block_type, q4_k_parts
+from flexlamps.models.loading.gguf_blocks import (BLOCK, int4_blocks, int8_blocks, is_int4_block_type, q4_k_parts,
+                                                 q6_k_parts)
 from flexlamps.models.weight_specs import WeightSpec
 from quant.int4_weight import KERNEL_DTYPES, Int4Weight
 from quant.int8_weight import Int8Weight
@@ -59,6 +60,13 @@ def keeps_k_scales() -> bool:
     return native_kernel() is not None
 
 
+def keeps_q6_k_scales() -> bool:
+    """Whether a Q6_K matrix keeps its scales as the file holds them (`Int8Weight.from_k6_blocks`: its
+    8-bit-x products a super-block's exact int32 sum and one fp32 step, llama.cpp's Q6_K x Q8_K): where
+    it takes the 6-bit form (`packs_six_bit`), our kernel reading the file's scales (`keeps_k_scales`)."""
+    return keeps_k_scales() and packs_six_bit()
+
+
 def int4_from_blocks(codes, scale, zero, dtype: torch.dtype) -> Int4Weight:
     """A 4-bit matrix from its blocks' codes, scales and zero points (`gguf_blocks.int4_blocks`)."""
     return Int4Weight.from_codes(codes, scale, zero, BLOCK, dtype)
@@ -78,6 +86,17 @@ def int8_from_blocks(codes, scale, zero, dtype: torch.dtype) -> Int8Weight:
     """An int8-code matrix from its blocks' codes, scales and zero points (`gguf_blocks.int8_blocks`)."""
     return Int8Weight.from_codes(codes, scale, codes.shape[1] // scale.shape[1], dtype, zero=zero,
                                  five_bit=_five_bit_for(codes.shape[1]), six_bit=packs_six_bit())
+
+
+def int8_matrix(raw, type_name: str, shape: tuple[int, int], dtype: torch.dtype, rows=None) -> Int8Weight:
+    """A Q8_0 / Q5_x / Q6_K tensor's raw bytes as the engine keeps it: a Q6_K's scales as the file
+    holds them where our kernel runs (`keeps_k_scales`: the 6-bit form with `Int8Weight.k_scales`),
+    else codes with a scale (and zero) a group (`int8_blocks`); `rows` (optional) maps each row-first
+    part (a llama GGUF's q / k rows un-interleaved)."""
+    k_form = type_name == "Q6_K" and keeps_q6_k_scales()
+    parts = q6_k_parts(raw, shape) if k_form else int8_blocks(raw, shape, type_name)
+    parts = parts if rows is None else tuple(None if part is None else rows(part) for part in parts)
+    return Int8Weight.from_k6_blocks(*parts, dtype) if k_form else int8_from_blocks(*parts, dtype)
 
 
 def keeps_blocks(reader, dtype: torch.dtype) -> bool:
@@ -122,17 +141,22 @@ def in_place_form(reader, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | 
 def in_place_sample(reader, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | Int8Weight:
     """A matrix in the form `in_place_form` gives `spec`, of zero blocks (its bytes, its layout)."""
     shape = tuple(spec.shape)
-    return _sample(reader.in_place_type(spec), shape, dtype, _five_bit_for(shape[1]), packs_six_bit())
+    return _sample(reader.in_place_type(spec), shape, dtype, _five_bit_for(shape[1]), packs_six_bit(),
+                   keeps_q6_k_scales())
 
 
 @functools.lru_cache(maxsize=64)
-def _sample(type_name: str, shape: tuple[int, int], dtype: torch.dtype, five_bit: bool, six_bit: bool):
+def _sample(type_name: str, shape: tuple[int, int], dtype: torch.dtype, five_bit: bool, six_bit: bool,
+            q6_k_scales: bool = False):
     import gguf
     from gguf.quants import quant_shape_to_byte_shape
 
     raw = np.zeros(quant_shape_to_byte_shape(shape, gguf.GGMLQuantizationType[type_name]), dtype=np.uint8)
     if is_int4_block_type(type_name):
         return int4_matrix(raw, type_name, shape, dtype).kernel_only()
+    if type_name == "Q6_K" and six_bit and q6_k_scales:  # (lowest codes: the 6-bit form's fit)
+        codes, d, sc = q6_k_parts(raw, shape)
+        return Int8Weight.from_k6_blocks(torch.full_like(codes, -32), d, sc, dtype)
     codes, scale, zero = int8_blocks(raw, shape, type_name)
     codes = torch.full_like(codes, _LOWEST_CODE.get(type_name, -16))
     if zero is not None:  # a zero point of its own (Q5_1, Q5_K): held as (scale, zero) pairs, as a file's are

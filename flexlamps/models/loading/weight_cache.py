@@ -46,8 +46,8 @@ from quant.int8_weight import Int8Weight
 # 7: a llama GGUF's q/k biases un-interleaved as its q/k rows are (6 kept them in llama.cpp's order);
 # 8: codes that fit 6 bits (Q6_K) in the 6-bit form where our kernel runs (keyed by it); 9: that form
 # with its scales alone where every zero is 8 times its scale (Q6_K); 10: Q4_K's scales as the file holds
-# them where our kernel runs (`in_place.keeps_k_scales`)
-FORMAT_VERSION = 10
+# them where our kernel runs (`in_place.keeps_k_scales`); 11: Q6_K's too (`in_place.keeps_q6_k_scales`)
+FORMAT_VERSION = 11
 MAX_CACHE_BYTES = 8 * 2**30  # all entries of one folder together
 _ENTRY_GLOB = "weights-*.safetensors"
 log = logging.getLogger(__name__)
