@@ -21,7 +21,8 @@ codes out once for all its rows, as prompts do (the same bits; 1.5x the 16-bit p
 32 rows). With 16-bit x the amx variant does so from 16 rows (in whole 16s, on the AMX tiles: each
 code split into two bytes, their exact sums joined, then the per-row path's fp32 steps, so the
 same bits; a 1.1B's Q6_K head at 32 rows 1.4-1.5x).
-A row's result does not depend on the batch.
+A row's result does not depend on the batch. For Q4_K's form (`Int4Weight.k_scales`) 8-bit x is rounded
+per 256 inputs instead, one scale a super-block as llama.cpp's Q8_K (`x_group`).
 
 Prompts (calls of many rows) have their own product on the same codes (`prompt_product`,
 tile_gemm.h): x rounded to int8 per group of the weight, as llama.cpp rounds x for its block
