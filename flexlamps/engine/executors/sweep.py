@@ -22,7 +22,7 @@ from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.thread_clock import thread_clock
 from flexlamps.engine.executors.weight_store import WeightStore, element_bytes
 from flexlamps.models.blocks.linear import Int4Twin, as_logits_head, linear
-from flexlamps.models.loading.mapped_pages import heap_free_bytes, release_heap
+from flexlamps.models.loading.mapped_pages import anon_resident_bytes, heap_free_bytes, release_heap
 from placement.cost_memory import HEAD_CHUNK_ROWS, workspace_bytes
 from quant.int4_weight import Int4Weight
 
@@ -62,6 +62,27 @@ def trims_heap_after(layer: int, layers: int, prefill: bool, micro_batch_workspa
     return free is None or free * HEAP_TRIM_SHARE >= host_budget
 
 
+class HeapWatch:
+    """`heap_free_bytes` for `trims_heap_after`, read again only where the last reading was at least
+    1/HEAP_TRIM_SHARE of the host budget (a trim followed) or the anonymous resident bytes moved by
+    1/(2 HEAP_TRIM_SHARE) of it since: a reading costs ~2.4 ms (mallinfo2 walks the free lists), 45 a
+    SmolLM2 generate (~4% of it), and the resident peak grows only as the anonymous bytes do."""
+
+    def __init__(self, read_free: Callable[[], int | None] | None = None,
+                 read_anon: Callable[[], int | None] | None = None):
+        self.read_free, self.read_anon = read_free, read_anon  # None: this module's, looked up at the call
+        self.anon: int | None = None
+        self.free: int | None = None
+
+    def free_bytes(self, host_budget: int) -> int | None:
+        anon = (self.read_anon or anon_resident_bytes)()
+        settled = anon is not None and self.anon is not None and self.free is not None \
+            and self.free * HEAP_TRIM_SHARE < host_budget and abs(anon - self.anon) * 2 * HEAP_TRIM_SHARE < host_budget
+        if not settled:
+            self.anon, self.free = anon, (self.read_free or heap_free_bytes)()
+        return self.free
+
+
 @dataclass
 class SweepProfile:
     """Per layer: wall time, time spent waiting for its weights, compute time, and how long its
@@ -93,6 +114,7 @@ class Sweep:
         self.head_chunk_rows = HEAD_CHUNK_ROWS
         self.record_profile = False
         self.profiles: list[SweepProfile] = []
+        self.heap = HeapWatch()  # the free heap for a layer's end trim, read where it may have moved
         self.routing_counter = None
         self._expert_names: dict[int, tuple] = {}  # layer -> its experts' local names (`local_expert_names`)
         self._expert_places: dict = {}  # (layer, expert) -> where it lives (`ExpertPlace`)
@@ -210,7 +232,9 @@ class Sweep:
                     self._run_layer(j, fetched, steps, hidden, ctxs, cache, twin_bytes, ahead)
                 finally:
                     store.release(staged)
-                if trims_heap_after(j, cfg.num_layers, prefill, host_budget=self._host_budget()):
+                host = self._host_budget()
+                if trims_heap_after(j, cfg.num_layers, prefill, host_budget=host,
+                                    free_heap=lambda: self.heap.free_bytes(host)):
                     release_heap()
                 if prof is not None:
                     t1 = time.perf_counter()
