@@ -232,10 +232,7 @@ class Sweep:
                     self._run_layer(j, fetched, steps, hidden, ctxs, cache, twin_bytes, ahead)
                 finally:
                     store.release(staged)
-                host = self._host_budget()
-                if trims_heap_after(j, cfg.num_layers, prefill, host_budget=host,
-                                    free_heap=lambda: self.heap.free_bytes(host)):
-                    release_heap()
+                self._trim_after(j, prefill)
                 if prof is not None:
                     t1 = time.perf_counter()
                     prof.layer_s.append(t1 - t0)
@@ -257,6 +254,13 @@ class Sweep:
             if act_bytes:
                 self.budgets[act_tier].free(act_bytes)
             store.release(glob_staged)
+
+    def _trim_after(self, j: int, prefill: bool) -> None:
+        """Layer j's end: `release_heap` where `trims_heap_after` says, the free heap read through `heap`."""
+        host = self._host_budget()
+        if trims_heap_after(j, self.cfg.num_layers, prefill, host_budget=host,
+                            free_heap=lambda: self.heap.free_bytes(host)):
+            release_heap()
 
     def _host_budget(self) -> int:
         """The bytes the tiers in host memory are budgeted: the cpu tier's, the gpu tier's too where
