@@ -222,10 +222,9 @@ static int64_t amx_rows(const Prepared *prep, const QRows *x, int64_t rows, int6
 /* The prepared sub-tile's signed codes q (cols inputs) times their group's sc (prep->scale as int32,
  * in lane order), as the planes' bytes: hi at prep->planes, lo cols * SUB bytes on. */
 static void amx_k6_planes(const Prepared *prep, int64_t cols) {
-    __m512i idx = _mm512_setzero_si512();
     int16_t order[32];
     for (int e = 0; e < 32; e++) order[e] = (int16_t)(2 * (e / 4));  /* each lane's sc (int32's low half) 4 times */
-    idx = _mm512_loadu_si512(order);
+    const __m512i idx = _mm512_loadu_si512(order);
     for (int64_t k = 0; k < cols; k += 4)
         for (int v = 0; v < 4; v++) {  /* 8 lanes' 4 codes */
             const int64_t at = k * 32 + 32 * v;

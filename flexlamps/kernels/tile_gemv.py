@@ -259,10 +259,7 @@ def x_group(w: Int4Weight | Int8Weight, bits: int = X_BITS) -> int:
     """The inputs x is rounded in blocks of (one scale each) for `w` with codes of `bits` bits:
     a super-block of 256 for Q4_K's and Q6_K's forms (`Int4Weight.k_scales`, `Int8Weight.k_scales`) with
     8-bit x, as llama.cpp rounds x (Q8_K) for its K-quants (tile_gemv.c's `x_block`); else the weight's group."""
-    split = w.split if isinstance(w, Int8Weight) else w
-    if w.k_scales and bits == 8 and w.shape[1] % 256 == 0:
-        return 256
-    return split.group_size
+    return 256 if w.k_scales and bits == 8 and w.shape[1] % 256 == 0 else w.group_size
 
 
 def rounded_like_kernel(x: torch.Tensor, group: int, bits: int = X_BITS) -> torch.Tensor:
