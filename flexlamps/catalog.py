@@ -17,7 +17,7 @@ from flexlamps.models.description import model_spec
 from flexlamps.models.families import families
 from flexlamps.models.families.support import SUPPORT, runs
 from flexlamps.models.loading.builtin import BUILTIN_MODELS
-from flexlamps.models.loading.gguf_description import gguf_model_config
+from flexlamps.models.loading.gguf_description import gguf_model_spec
 
 
 @dataclass(frozen=True)
@@ -43,12 +43,13 @@ def builtin_models() -> list[str]:
 
 def describe_model(text: str) -> placement.ModelSpec:
     """The planner's description of a model given as a config.json path, an HF folder holding one,
-    a GGUF file (its family's reader of the metadata, as the engine reads it), or a preset name
+    a GGUF file (its family's reader of the metadata, as the engine reads it; its matrices kept as
+    the file's blocks at the bytes our kernels hold them in, `gguf_model_spec`), or a preset name
     (`placement.model_presets()`); a ValueError naming the input otherwise."""
     path = Path(text)
     if path.is_file() and _is_gguf(path):
         try:
-            return model_spec(gguf_model_config(path), name=path.stem)
+            return gguf_model_spec(path, name=path.stem)
         except (ValueError, TypeError) as exc:  # a CheckpointError or UnsupportedModelError among them
             raise ValueError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
     if path.is_dir():

@@ -13,9 +13,9 @@ class LayerSizes:
     """Bytes and FLOPs of one layer for one block, derived once per `Choice`."""
 
     weight_stored: float  # one layer's weights as stored (compressed or not), embeddings spread
-    weight_fp16: float  # the same, uncompressed (what GEMMs read)
+    weight_fp16: float  # the same, uncompressed (what GEMMs read; a GGUF's blocks as codes: their bytes)
     layer_stored: float  # one layer's own weights as stored, no embedding share (what streams)
-    layer_matrices: float  # its 2-D matrices uncompressed (what compressed weights expand to)
+    layer_matrices: float  # its compressible matrices in dtype (what compressed weights expand to)
     experts_stored: float  # its routed experts as stored (fetched only as tokens route to them)
     cache_stored: float  # cache bytes per token per layer as stored
     cache_fp16: float  # uncompressed
@@ -31,21 +31,26 @@ def layer_sizes(choice: Choice, model: ModelSpec, workload: WorkloadSpec) -> Lay
     capacity = workload.prompt_len + workload.gen_len
     cache_ratio = choice.compression.cache_bytes_per_element(capacity, dtype_bytes) / dtype_bytes
     # norms, biases and embeddings stay dense; only the layers' matrices are quantized, from
-    # their values in dtype (an FP8 checkpoint's too: `per_stored` turns its bytes into those)
+    # their values in dtype (an FP8 checkpoint's too: `per_stored` turns its bytes into those; a
+    # GGUF's blocks kept as codes: their parameters, `ModelSpec.coded_per_layer`)
     per_stored = dtype_bytes / model.matrix_bytes_per_param
     # what compression leaves as it is: vectors, and the matrices the engine never compresses
     layer_dense = (model.vector_param_count() * dtype_bytes
                    + model.uncompressed_matrix_param_count() * model.matrix_bytes_per_param)
-    dense = layer_dense + model.embedding_bytes() / model.num_layers
-    weight = model.weight_bytes_per_layer() + model.embedding_bytes() / model.num_layers
-    stored = (weight - dense) * per_stored * ratio + dense if choice.compress_weight else weight
-    cache = model.cache_bytes_per_token_per_layer()
+    embedding = model.embedding_bytes() / model.num_layers
     layer = model.weight_bytes_per_layer()
-    layer_stored = (layer - layer_dense) * per_stored * ratio + layer_dense if choice.compress_weight else layer
+    coded_bytes, coded_params = model.coded_per_layer()
+    matrices = (layer - layer_dense - coded_bytes) * per_stored + coded_params * dtype_bytes  # in dtype
+    compress = choice.compress_weight
+    layer_stored = matrices * ratio + layer_dense if compress else layer
+    experts = model.routed_expert_bytes_per_layer()
+    if compress:
+        routed_bytes, routed_params = model.coded_per_layer(routed_only=True)
+        experts = ((experts - routed_bytes) * per_stored + routed_params * dtype_bytes) * ratio
+    cache = model.cache_bytes_per_token_per_layer()
     return LayerSizes(
-        weight_stored=stored, weight_fp16=weight, layer_stored=layer_stored,
-        layer_matrices=(layer - layer_dense) * per_stored,
-        experts_stored=model.routed_expert_bytes_per_layer() * (per_stored * ratio if choice.compress_weight else 1.0),
+        weight_stored=layer_stored + embedding, weight_fp16=layer + embedding, layer_stored=layer_stored,
+        layer_matrices=matrices, experts_stored=experts,
         cache_stored=cache * (cache_ratio if choice.compress_cache else 1.0), cache_fp16=cache,
         indexer=model.indexer_bytes_per_token_per_layer(),
         state=model.state_bytes_per_sequence_per_layer(),

@@ -245,6 +245,14 @@ class ModelSpec(JsonMixin):
         """Stored bytes of one parameter of a layer's 2-D weights (FP8: its share of the scales too)."""
         return _FP8_MATRIX_BYTES if self.weight_format == "fp8" else self.dtype_bytes
 
+    def coded_per_layer(self, routed_only: bool = False) -> tuple[float, float]:
+        """(stored bytes, parameters) of the average layer's matrices kept as a checkpoint's blocks
+        (encoding "codes", a GGUF's; `routed_only`: its routed experts'): compression quantizes
+        their values, so it prices their parameters, not their bytes."""
+        rows = [r for r in self.tensors.layered_rows if r.encoding == "codes" and (r.routed or not routed_only)]
+        return (self._per_layer(lambda r: r.stored_bytes * r.copies, rows),
+                self._per_layer(lambda r: r.numel * r.copies, rows))
+
     def weight_bytes_per_layer(self) -> float:
         """Stored bytes of one decoder layer (the average layer, for MoE models)."""
         return self._per_layer(lambda r: r.stored_bytes * r.copies)

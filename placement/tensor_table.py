@@ -2,7 +2,8 @@
 
 The model's family builds it (`flexlamps.models.description.tensor_table`) from the same weight
 list the loaders read and the executor stores, with the bytes each tensor takes as its checkpoint
-keeps it (dtype, FP8 codes and tile scales, MXFP4 blocks); placement only sums rows, so the
+keeps it (dtype, FP8 codes and tile scales, MXFP4 blocks; a GGUF's blocks kept as codes at the bytes
+their weight kind holds them in, `models.loading.gguf_codes`); placement only sums rows, so the
 planner and the engine count the same tensors. Layers with the same tensor share a row (`layers`
 lists them), and a MoE layer's routed experts share one (`copies` of them, `routed`).
 """
@@ -23,8 +24,10 @@ KINDS = ("linear", "router", "absorbed", "norm", "bias", "embed")
 MATRIX_KINDS = ("linear", "router", "absorbed")
 VECTOR_KINDS = ("norm", "bias")
 # how a tensor is stored: "dense" in the table's dtype; "fp8" (codes and fp32 tile scales, an FP8
-# checkpoint's matrices); "mxfp4" (4-bit codes and a byte per 32, gpt-oss's experts)
-ENCODINGS = ("dense", "fp8", "mxfp4")
+# checkpoint's matrices); "mxfp4" (4-bit codes and a byte per 32, gpt-oss's experts); "codes" (a
+# checkpoint's blocks the engine keeps and multiplies as they are, a GGUF's: `stored_bytes` as their
+# weight kind holds them, e.g. Q4_K at 4.625 bits a weight; they keep those bytes in any dtype)
+ENCODINGS = ("dense", "fp8", "mxfp4", "codes")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,6 +111,10 @@ class TensorTable(JsonMixin):
 
     def total_bytes(self) -> int:
         return sum(r.stored_bytes * r.instances for r in self.rows)
+
+    def codes_bytes(self) -> int:
+        """Stored bytes of the tensors kept as a checkpoint's blocks (encoding "codes")."""
+        return sum(r.stored_bytes * r.instances for r in self.rows if r.encoding == "codes")
 
     def model_bytes(self) -> int:
         """Stored bytes of the tensors outside the layers."""

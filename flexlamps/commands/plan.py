@@ -77,9 +77,7 @@ def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
     attention (None: nothing fits it), shown beside this one."""
     pol = plan.policy
     lines = [
-        f"model     {model.name} ({model.arch}, {model.num_layers} layers, "
-        f"{format_bytes(model.total_weight_bytes())} of "
-        f"{'fp8' if model.weight_format == 'fp8' else model.dtype} weights)",
+        f"model     {model.name} ({model.arch}, {model.num_layers} layers, {_weight_words(model)})",
         *_window_lines(model, workload, plan.policy.compress_cache),
         f"hardware  {hardware.name}",
         f"workload  prompt {workload.prompt_len}, output {workload.gen_len}, "
@@ -117,6 +115,16 @@ def format_plan(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
          else "search      none (policy given)"),
     ]
     return "\n".join(lines)
+
+
+def _weight_words(model: ModelSpec) -> str:
+    """The weights' bytes as the engine holds them: a GGUF's blocks kept as codes said apart."""
+    dtype = "fp8" if model.weight_format == "fp8" else model.dtype
+    codes = model.tensors.codes_bytes()
+    if not codes:
+        return f"{format_bytes(model.total_weight_bytes())} of {dtype} weights"
+    return (f"{format_bytes(model.total_weight_bytes())} of weights: {format_bytes(codes)} of the file's blocks "
+            f"kept as codes, the rest {dtype}")
 
 
 def _window_lines(model: ModelSpec, workload: WorkloadSpec, compressed: bool) -> list[str]:

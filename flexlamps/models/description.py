@@ -4,6 +4,7 @@ engine size the same model. Torch-free."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import placement
@@ -15,15 +16,17 @@ from flexlamps.models.config import ModelConfig
 from flexlamps.models.weight_specs import WeightSpec, keeps_fp8, weight_specs
 
 
-def model_spec(cfg: ModelConfig, name: str | None = None) -> placement.ModelSpec:
+def model_spec(cfg: ModelConfig, name: str | None = None, coded: dict[str, int] | None = None) -> placement.ModelSpec:
     """`cfg` as the planner sizes it (its stored dtype and format from `cfg.storage`), named `name`
-    (default: its model type)."""
+    (default: its model type); `coded`: {weight name: bytes} of the matrices kept as the
+    checkpoint's blocks (a GGUF's codes), at the bytes their kind holds them in (`tensor_table`)."""
     kwargs: dict[str, Any] = dict(
         name=name or cfg.model_type, arch=cfg.arch,
         num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, num_heads=cfg.num_heads,
         num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, intermediate_size=cfg.intermediate_size,
         vocab_size=cfg.vocab_size, dtype=cfg.storage.dtype,
-        tie_word_embeddings=cfg.tie_word_embeddings, weight_format=cfg.storage.weight_format, tensors=tensor_table(cfg))
+        tie_word_embeddings=cfg.tie_word_embeddings, weight_format=cfg.storage.weight_format,
+        tensors=tensor_table(cfg, coded=coded))
     if cfg.mla is not None:
         kwargs.update(_mla_fields(cfg))
     if cfg.moe is not None:
@@ -35,6 +38,12 @@ def model_spec(cfg: ModelConfig, name: str | None = None) -> placement.ModelSpec
     if cfg.attention.window is not None:  # each layer's window (0: it attends over the whole context)
         kwargs["layer_windows"] = tuple(cfg.attention.layer_window(i) or 0 for i in range(cfg.num_layers))
     return placement.ModelSpec(**kwargs)
+
+
+def with_codes(model: placement.ModelSpec, cfg: ModelConfig, coded: dict[str, int]) -> placement.ModelSpec:
+    """`model` (the planner's view of `cfg`, in any dtype) with the matrices in `coded` kept as the
+    checkpoint's blocks at those bytes (`tensor_table`'s "codes" rows)."""
+    return dataclasses.replace(model, tensors=tensor_table(cfg, coded=coded))
 
 
 def _hybrid_fields(cfg: ModelConfig) -> dict[str, Any]:
@@ -82,27 +91,33 @@ def stored_bytes(cfg: ModelConfig, spec: WeightSpec, dtype: str | None = None) -
     return spec.numel * DTYPE_BYTES[dtype or cfg.storage.dtype]
 
 
-def _row_key(cfg: ModelConfig, spec: WeightSpec, dtype: str | None, head: str) -> tuple:
+def _row_key(cfg: ModelConfig, spec: WeightSpec, dtype: str | None, head: str, coded: dict[str, int]) -> tuple:
     """(name, shape, kind, routed, encoding, stored bytes, flops per token) of `spec`; a routed
     expert's name without its index, so a layer's experts share one row. A token spends 2 FLOPs
     on each weight of a layer (a multiply and an add; a norm's or bias's elementwise work counted
-    alike) and of the output head; the embedding is looked up."""
+    alike) and of the output head; the embedding is looked up. A matrix in `coded` is "codes" at
+    its bytes there."""
     local, routed = spec.local_name, spec.local_name.startswith("experts.")
     name = "experts." + local.split(".", 2)[2] if routed else local
     spent = spec.layer is not None or spec.name == head
-    return (name, spec.shape, spec.role, routed, encoding(cfg, spec), stored_bytes(cfg, spec, dtype),
-            2.0 * spec.numel if spent else 0.0)
+    enc, nbytes = ("codes", coded[spec.name]) if spec.name in coded else (encoding(cfg, spec),
+                                                                          stored_bytes(cfg, spec, dtype))
+    return name, spec.shape, spec.role, routed, enc, nbytes, 2.0 * spec.numel if spent else 0.0
 
 
-def tensor_table(cfg: ModelConfig, dtype: str | None = None) -> TensorTable:
+def tensor_table(cfg: ModelConfig, dtype: str | None = None, coded: dict[str, int] | None = None) -> TensorTable:
     """Every weight of `cfg` (its family's list) as the planner's table: a row per tensor of a layer,
     the layers holding it alike sharing it, a layer's routed experts one row of `copies`; `dtype`:
-    the unquantized tensors' bytes in it instead of the stored dtype (a run's compute dtype)."""
+    the unquantized tensors' bytes in it instead of the stored dtype (a run's compute dtype);
+    `coded`: {weight name: bytes} of the matrices the engine keeps as the checkpoint's blocks (a
+    GGUF's, `models.loading.gguf_codes`), rows of encoding "codes", and a tied head kept as the
+    table's blocks under "lm_head" a row of its own beside the dense table."""
+    coded = dict(coded or {})
     specs = weight_specs(cfg)
     head = "lm_head" if any(s.name == "lm_head" for s in specs) else "embed_tokens"  # what the head multiplies
     copies: dict[tuple, int] = {}  # (row key, layer) -> copies in that layer
     for spec in specs:
-        key = (_row_key(cfg, spec, dtype, head), spec.layer)
+        key = (_row_key(cfg, spec, dtype, head, coded), spec.layer)
         copies[key] = copies.get(key, 0) + 1
     layers: dict[tuple, list[int]] = {}  # (row key, copies) -> layers
     for (key, layer), n in copies.items():
@@ -111,4 +126,8 @@ def tensor_table(cfg: ModelConfig, dtype: str | None = None) -> TensorTable:
     rows = [TensorRow(name=name, shape=shape, kind=kind, routed=routed, encoding=enc, stored_bytes=nbytes,
                       flops_per_token=flops, layers=tuple(held), copies=n, active=per_token if routed else n)
             for ((name, shape, kind, routed, enc, nbytes, flops), n), held in layers.items()]
+    if head == "embed_tokens" and "lm_head" in coded:  # the tied head's blocks, beside the table (its FLOPs there)
+        table = next(s for s in specs if s.name == "embed_tokens")
+        rows.append(TensorRow(name="lm_head", shape=table.shape, kind="embed", encoding="codes",
+                              stored_bytes=coded["lm_head"]))
     return TensorTable(num_layers=cfg.num_layers, dtype=dtype or cfg.storage.dtype, rows=tuple(rows))

@@ -12,6 +12,8 @@ import torch
 
 import placement
 from flexlamps.engine.executors.offloaded import CAPABILITIES
+from flexlamps.engine.executors.weight_store import in_place_bytes
+from flexlamps.models.description import with_codes
 from flexlamps.planning.dry_run import dry_run
 from flexlamps.planning.target import BlockLengths, Compression, PlanTarget
 from offload import BudgetExceededError
@@ -30,8 +32,11 @@ def plan_policy(target: PlanTarget, hardware: HardwareSpec, lengths: BlockLength
     the engine would still refuse is an error naming the tier, never re-planned.
     A MoE target's routing profile prices the experts a step reads (None: uniform routing); the
     shared prefix is charged by the dry run (the planner plans the longest prompt)."""
-    # an FP8 checkpoint's matrices stay FP8 in the engine (upcast per call): planned as stored
-    model = dataclasses.replace(target.model, dtype=_DTYPE_NAMES[target.dtype], routing=target.routing)
+    # an FP8 checkpoint's matrices stay FP8 in the engine (upcast per call): planned as stored; a
+    # GGUF's blocks kept as codes at the bytes their kind stores them in, as the dry run charges them
+    model = target.model if not target.in_place else with_codes(target.model, target.config,
+                                                                  in_place_bytes(target.in_place))
+    model = dataclasses.replace(model, dtype=_DTYPE_NAMES[target.dtype], routing=target.routing)
     workload = WorkloadSpec(prompt_len=max(1, lengths.prompt_len), gen_len=max(1, lengths.gen_len))
     hw = dataclasses.replace(hardware, gpu_mem_bytes=gpu_mem, cpu_mem_bytes=cpu_mem, disk_bytes=max(1, disk_bytes or 1))
     plan = placement.solve(model, hw, workload, capabilities=CAPABILITIES, max_block_size=max_block_size,

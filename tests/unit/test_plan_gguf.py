@@ -1,17 +1,31 @@
 """`flexlamps plan --model file.gguf`: the planner reads a GGUF's description through its family's
-reader of the metadata (`gguf_description`), the one the engine loads it with, without torch."""
+reader of the metadata (`gguf_description`), the one the engine loads it with, without torch, and
+prices the matrices the engine keeps as the file's blocks at the bytes their kind stores them in
+(`gguf_codes`); `generate`'s LP prices them at the executor's own samples' bytes, so it plans in
+memory what fits as codes and agrees with the dry run."""
 
 import json
 import subprocess
 import sys
 
+import pytest
+import torch
 from click.testing import CliRunner
 
+import placement
 from flexlamps.catalog import describe_model
 from flexlamps.cli import main
-from flexlamps.models.description import model_spec
+from flexlamps.engine.executors.weight_store import WeightStore, in_place_bytes, in_place_samples
+from flexlamps.models.description import model_spec, with_codes
 from flexlamps.models.loading.checkpoint import GGUFReader
+from flexlamps.models.loading.gguf_codes import CodeForms, gguf_coded_bytes
+from flexlamps.models.loading.gguf_header import open_gguf
+from flexlamps.models.loading.in_place import keeps_k_scales, packs_five_bit
+from flexlamps.planning.dry_run import dry_run
+from flexlamps.planning.policy_choice import plan_policy
+from flexlamps.planning.target import BlockLengths, Compression, PlanTarget
 from tests.gguf_models import write_llama_gguf
+from tests.unit.test_gguf_kquants import kquant_types
 
 SHAPE = dict(hidden=64, ffn=128, layers=2, heads=4, kv_heads=2, vocab=300)
 
@@ -20,12 +34,68 @@ def _gguf(tmp_path, types=lambda name, layer: None if name.endswith("norm") else
     return write_llama_gguf(tmp_path / "tiny-llama.gguf", types, **SHAPE)
 
 
+def _every(type_name: str):
+    return lambda name, layer: None if name.endswith("norm") else type_name
+
+
+def _types(path) -> dict[str, str]:
+    return {t.name: t.tensor_type.name for t in open_gguf(path).tensors}
+
+
 def test_plan_describes_a_gguf_as_the_engine_reads_it(tmp_path):
     path = _gguf(tmp_path)
     spec = describe_model(str(path))
-    assert spec == model_spec(GGUFReader(path).config, name="tiny-llama")
+    config = GGUFReader(path).config
+    assert spec == with_codes(model_spec(config, name="tiny-llama"), config, gguf_coded_bytes(config, _types(path)))
     assert (spec.num_layers, spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.intermediate_size,
             spec.vocab_size) == (2, 64, 4, 2, 128, 300)
+    # every matrix and the tied head's blocks as codes (Q8_0: 10 bits a weight), the table and norms bf16
+    assert spec.tensors.codes_bytes() == sum(r.stored_bytes * r.instances for r in spec.tensors.rows
+                                             if r.is_matrix or r.name == "lm_head")
+
+
+TYPES = {"q8_0": _every("Q8_0"), "q4_0": _every("Q4_0"), "q6_k": _every("Q6_K"), "q4_k_m": kquant_types}
+
+
+@pytest.mark.parametrize("types", sorted(TYPES))
+def test_the_planned_codes_are_the_bytes_the_executor_stores(tmp_path, types):
+    """`gguf_coded_bytes` (torch-free, `flexlamps plan`'s) in this machine's forms gives each matrix kept
+    as codes the bytes its kind stores the executor's sample in (`in_place_bytes`, what the store
+    charges): exactly, tile padding of the narrow k / v rows included."""
+    path = write_llama_gguf(tmp_path / f"{types}.gguf", TYPES[types], hidden=256, ffn=512, layers=2, heads=4,
+                            kv_heads=2, vocab=300)
+    reader = GGUFReader(path)
+    forms = CodeForms(native=keeps_k_scales(), five_bit=packs_five_bit())
+    samples = in_place_samples(reader, torch.bfloat16)[1]
+    assert gguf_coded_bytes(reader.config, _types(path), forms) == in_place_bytes(samples)
+    # the planner's whole model is what the executor's store holds, every weight on the cpu tier
+    on_cpu = placement.TierSplit(gpu=0, cpu=1, disk=0)
+    policy = placement.Policy(gpu_batch_size=1, num_gpu_batches=1, weights=on_cpu, cache=on_cpu, activations=on_cpu)
+    store = WeightStore(reader.config, policy, torch.bfloat16, device_type="cpu", in_place=samples)
+    planned = with_codes(model_spec(reader.config), reader.config, in_place_bytes(samples))
+    assert planned.total_weight_bytes() == sum(store.stored.values())
+
+
+def test_generate_plans_in_memory_what_fits_as_codes(tmp_path):
+    """A budget that holds the Q4_K codes (2.0 MB) but not bf16 (6.4 MB): generate's LP (`plan_policy`
+    with the file's blocks, `PlanTarget.in_place`) keeps every weight in memory, where priced as bf16
+    it sent 55% to disk; its peaks are the dry run's (the engine's charges) to the byte."""
+    path = write_llama_gguf(tmp_path / "q4_k.gguf", _every("Q4_K"), hidden=256, ffn=768, layers=4, heads=4,
+                            kv_heads=2, vocab=256)
+    reader = GGUFReader(path)
+    budgets = dict(gpu_mem=4 << 20, cpu_mem=2 << 20)
+    lengths = BlockLengths(prompt_len=16, gen_len=4)
+
+    def plan(in_place):
+        target = PlanTarget(config=reader.config, model=model_spec(reader.config), dtype=torch.bfloat16,
+                            in_place=in_place)
+        return target, plan_policy(target, placement.hardware_preset("t4-flexgen"), lengths, disk_bytes=1 << 30,
+                                   max_block_size=2, compression=Compression(allow=False), **budgets)
+
+    target, codes = plan(in_place_samples(reader, torch.bfloat16)[1])
+    assert codes.policy.weights.disk == 0
+    assert dry_run(target, codes.policy, lengths, **budgets).peak_bytes == pytest.approx(codes.peak_bytes, rel=1e-6)
+    assert plan(None)[1].policy.weights.disk > 0.5  # the same file priced as bf16
 
 
 def test_plan_command_prices_a_gguf(tmp_path):

@@ -58,6 +58,13 @@ def in_place_samples(reader, dtype: torch.dtype) -> tuple[dict, dict]:
     return specs, {name: in_place_sample(reader, spec, dtype) for name, spec in specs.items()}
 
 
+def in_place_bytes(samples: dict) -> dict[str, int]:
+    """{name: bytes} of the blocks kept as codes (`in_place_samples`' matrices), each as its kind
+    stores it: what the store charges them (`WeightStore._stored_bytes`), and the planner's LP too
+    (`planning.policy_choice`, `models.description.with_codes`)."""
+    return {name: kind_of(w).stored_bytes(w) for name, w in samples.items()}
+
+
 class WeightStore:
     """Every weight of one model on its tier in its stored form, on paper until `write`.
 
@@ -185,7 +192,7 @@ class WeightStore:
         if form == "int4":
             return self.stored_weights.int4_nbytes(spec, tier, self.in_place)
         if form == "codes":
-            return kind_of(self.in_place[spec.name]).stored_bytes(self.in_place[spec.name])
+            return in_place_bytes({spec.name: self.in_place[spec.name]})[spec.name]
         if form == "fp8":
             return fp8_nbytes(shape, self.stored_weights.fp8_block, self.dtype)
         if form == "mxfp4":

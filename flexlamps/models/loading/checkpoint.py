@@ -18,12 +18,13 @@ from flexlamps.cache_folder import cache_root
 from flexlamps.models.config import ModelConfig
 from flexlamps.models.families import family_for
 from flexlamps.models.loading.gguf_blocks import is_int4_block_type, is_int8_block_type, mxfp4_blocks
+from flexlamps.models.loading.gguf_codes import block_type, gguf_tensor_name
 from flexlamps.models.loading.gguf_header import open_gguf, read_header
 from flexlamps.models.loading.gguf_description import gguf_config, parse_header
 from flexlamps.models.loading.gguf_tensors import GGUFTensor, dequantize_rows, unpermute_rows
 from flexlamps.models.loading.gguf_hybrid import changed_by_converter, hybrid_layer_names, read_hybrid
-from flexlamps.models.loading.gguf_moe import MLA_GGUF_LAYER, MLA_KV_B, moe_gguf_tensor
-from flexlamps.models.loading.gguf_names import GGUF_GLOBAL, NORM_PLUS_ONE, layer_names, permuted_heads
+from flexlamps.models.loading.gguf_moe import MLA_KV_B, moe_gguf_tensor
+from flexlamps.models.loading.gguf_names import NORM_PLUS_ONE, permuted_heads
 from flexlamps.models.loading.unread import unread_error, unread_gguf_tensors, unread_tensors
 from flexlamps.models.loading.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 from flexlamps.models.loading.in_place import (TIED_HEAD, in_place_form, in_place_specs, int4_matrix,
@@ -193,13 +194,7 @@ class GGUFReader:
 
     def _file_name(self, spec: WeightSpec) -> str:
         """The name of the tensor `spec` lies in (for an expert: the stacked tensor)."""
-        moe = moe_gguf_tensor(spec.local_name, self.config.model_type) if spec.layer is not None else None
-        if moe is not None:
-            return f"blk.{spec.layer}.{moe[0]}"
-        if self.config.hybrid is not None and spec.layer is not None:
-            return f"blk.{spec.layer}.{hybrid_layer_names(spec.local_name)[0]}"
-        names = MLA_GGUF_LAYER if self.config.mla is not None else layer_names(self.config.model_type)
-        return GGUF_GLOBAL[spec.name] if spec.layer is None else f"blk.{spec.layer}.{names[spec.local_name]}"
+        return gguf_tensor_name(self.config, spec)
 
     def _tensor(self, spec: WeightSpec):
         """Where `spec` lies in the file: its tensor, or its expert's slab of a stacked one."""
@@ -314,10 +309,7 @@ class GGUFReader:
     def in_place_type(self, spec: WeightSpec) -> str | None:
         """The block type `read_int4` / `read_int8` give `spec` in ("Q4_1", "Q8_0", ...); None where
         neither does (another type, not a matrix, or values the converter changed)."""
-        name = self._tensor(spec).tensor_type.name
-        if len(spec.shape) != 2 or self._rebuilt(spec) or not (is_int4_block_type(name) or is_int8_block_type(name)):
-            return None
-        return name
+        return block_type(self.config, spec, self._tensor(spec).tensor_type.name)
 
     @property
     def has_int4_weights(self) -> bool:

@@ -29,6 +29,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from flexlamps.models.loading.gguf_codes import INT4_BLOCK_TYPES, INT8_BLOCK_TYPES
+
 BLOCK = 32  # elements per group: a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 block, a Q4_K / Q5_K sub-block
 _HEADER_BYTES = {"Q4_0": 2, "Q4_1": 4}  # fp16 d (+ fp16 m) before the 16 code bytes
 SUPER_BLOCK = 256  # elements per Q4_K / Q5_K super-block
@@ -36,11 +38,10 @@ _Q4_K_BYTES = 144  # fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 b
 _Q5_K_BYTES = 176  # the same, with 32 bytes of fifth bits before the nibbles
 _Q6_K_BYTES = 210  # 128 bytes of low nibbles, 64 of high 2-bit parts, 16 int8 scales, fp16 d
 Q6_K_GROUP = 16  # inputs per Q6_K sub-block: one scale each
-INT8_BLOCK_TYPES = ("Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K")  # as int8 codes; Q5_1 / Q5_K with a zero point
 
 
 def is_int4_block_type(type_name: str) -> bool:
-    return type_name in _HEADER_BYTES or type_name == "Q4_K"
+    return type_name in INT4_BLOCK_TYPES
 
 
 def is_int8_block_type(type_name: str) -> bool:

@@ -1,7 +1,8 @@
 """A GGUF file's model description, read without torch or its weights: the HF config its
 architecture's reader makes of the metadata (`gguf_config`, `gguf_moe`, `gguf_hybrid`) and the
 `ModelConfig` its family parses from it. `GGUFReader` reads a file's description here, and so does
-`flexlamps plan`, from the header alone (`gguf_model_config`)."""
+`flexlamps plan`, from the header alone (`gguf_model_spec`: the matrices the engine keeps as the
+file's blocks priced at the bytes it holds them in, `gguf_codes`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from flexlamps.cache_folder import cache_root
+import placement
 from flexlamps.models.config import ModelConfig, UnsupportedModelError
+from flexlamps.models.description import model_spec
 from flexlamps.models.families import families
 from flexlamps.models.loading.errors import CheckpointError
+from flexlamps.models.loading.gguf_codes import CodeForms, gguf_coded_bytes
 from flexlamps.models.loading.gguf_config import DECODER_ARCHITECTURES, as_written, decoder_hf_config
 from flexlamps.models.loading.gguf_header import GGUFHeader, open_gguf, read_header
 from flexlamps.models.loading.gguf_hybrid import HYBRID_ARCHITECTURES, REFUSED_HYBRID, hybrid_hf_config
@@ -52,13 +56,21 @@ def gguf_config(path: Path, header: GGUFHeader, tensor_values: Callable[[str], l
     return ModelConfig.from_hf({**hf, "torch_dtype": dtype} if dtype else hf)
 
 
-def gguf_model_config(path: Path, cache_dir: Path | None = None) -> ModelConfig:
-    """The description of the GGUF at `path`, its weights unread; its header parsed once and kept in
-    `cache_dir` (default: the weight cache's folder), where `GGUFReader` finds it (a 1.1B's header:
+def gguf_model_spec(path: Path, name: str, forms: CodeForms = CodeForms(),
+                    cache_dir: Path | None = None) -> placement.ModelSpec:
+    """The planner's description of the GGUF at `path` (its family's reading of the metadata), named
+    `name`: the matrices the engine keeps as the file's blocks at the bytes `forms` hold them in
+    (default: where our kernels run, AVX2's forms; `gguf_codes.coded_nbytes`), the rest in its dtype."""
+    cfg, header = _config_and_header(Path(path), cache_dir)
+    return model_spec(cfg, name=name, coded=gguf_coded_bytes(cfg, header.tensor_types, forms))
+
+
+def _config_and_header(path: Path, cache_dir: Path | None) -> tuple[ModelConfig, GGUFHeader]:
+    """The description of the GGUF at `path`, its weights unread, and its header: parsed once and kept
+    in `cache_dir` (default: the weight cache's folder), where `GGUFReader` finds it (a 1.1B's header:
     ~5 s to parse and hash the first time)."""
-    path = Path(path)
     header = read_header(path, lambda: parse_header(open_gguf(path)), Path(cache_dir) if cache_dir else cache_root())
-    return gguf_config(path, header, lambda name: _plain_tensor_values(path, header, name))
+    return gguf_config(path, header, lambda name: _plain_tensor_values(path, header, name)), header
 
 
 def _plain_tensor_values(path: Path, header: GGUFHeader, name: str) -> list[float]:

@@ -22,11 +22,11 @@ from flexlamps.kernels import int8_gemm
 from flexlamps.models.blocks.linear import native_kernel
 from flexlamps.models.loading.gguf_blocks import (BLOCK, int4_blocks, int8_blocks, is_int4_block_type, q4_k_parts,
                                                  q6_k_parts)
+from flexlamps.models.loading.gguf_codes import TIED_HEAD, coded_specs
 from flexlamps.models.weight_specs import WeightSpec
 from quant.int4_weight import KERNEL_DTYPES, Int4Weight
 from quant.int8_weight import Int8Weight
 
-TIED_HEAD = "lm_head"  # where a tied model's head is kept as its table's blocks
 # the lowest int8 code of each type the file's blocks give (a sample's codes: its 5-bit form or not)
 _LOWEST_CODE = {"Q8_0": -128, "Q6_K": -32}  # the 5-bit types': -16
 
@@ -104,29 +104,13 @@ def keeps_blocks(reader, dtype: torch.dtype) -> bool:
     return dtype in KERNEL_DTYPES and hasattr(reader, "read_int4") and hasattr(reader, "read_int8")
 
 
-def _in_place_spec(reader, spec: WeightSpec) -> WeightSpec | None:
-    """Which of the file's tensors `spec` is computed in place from (None: read dense): a layer
-    matrix in 4- or 8-bit blocks, a head in 8-bit ones, a tied head its table's blocks."""
-    if spec.role == "linear":
-        return spec if reader.in_place_type(spec) is not None else None
-    if spec.name != TIED_HEAD:
-        return None
-    if spec.shape and reader.in_place_type(spec) is not None and not is_int4_block_type(reader.in_place_type(spec)):
-        return spec  # a head of its own: 8-bit blocks only
-    return None
-
-
 def in_place_specs(reader, specs: list[WeightSpec], dtype: torch.dtype) -> dict[str, WeightSpec]:
-    """{stored name: the file tensor's spec} of every matrix kept as blocks; a tied model's head
-    under TIED_HEAD, read from the embedding table's spec. {} where nothing is (`keeps_blocks`)."""
+    """{stored name: the file tensor's spec} of every matrix kept as blocks (`gguf_codes.coded_specs`:
+    a layer matrix in 4- or 8-bit blocks, a head in 8-bit ones, a tied head its table's blocks under
+    TIED_HEAD); {} where nothing is (`keeps_blocks`)."""
     if not keeps_blocks(reader, dtype):
         return {}
-    out = {s.name: s for s in specs if _in_place_spec(reader, s) is not None}
-    if not any(s.name == TIED_HEAD for s in specs):
-        table = next((s for s in specs if s.name == "embed_tokens"), None)
-        if table is not None and reader.in_place_type(table) is not None:
-            out[TIED_HEAD] = table
-    return out
+    return coded_specs(specs, reader.in_place_type)
 
 
 def in_place_form(reader, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | Int8Weight | None:
