@@ -1,6 +1,7 @@
 """Every instruction-set variant of a native kernel as a test parameter: each runs where the CPU
 has it and is skipped, with the flags it lacks, where not (CI runs the AVX2 variant on any x86
-box; an AVX-512 box runs both)."""
+box; an AVX-512 box runs both), or where this process cannot run it (`loader.Kernel.unfit`: torch
+capped at AVX2 lays int4 tiles out for the AVX2 variants only)."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,6 +25,8 @@ def variant_kernel(spec: loader.Kernel, level: str):
     missing = [flag for flag in spec.variant(level).cpu_flags if flag not in have]
     if missing:
         pytest.skip(f"{spec.name} {level}: this CPU lacks {' '.join(missing)}")
+    if (unfit := spec.unfit(spec.variant(level))) is not None:  # (the loader runs the variant below)
+        pytest.skip(f"{spec.name} {level}: {unfit}")
     # every variant is tested, also where the process prefers torch's (the int8 GEMM on AMX CPUs)
     outcome = loader.load(dataclasses.replace(spec, faster_flags=()), Path(cache_root()) / "kernels", level)
     if outcome.state == "disabled":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from pathlib import Path
 
 import torch
@@ -78,8 +79,18 @@ def check_products(kernel: HalfAmx) -> None:
                 f"bias {bias})")
 
 
+def _unfit(variant: variants.Variant) -> str | None:
+    """Why this process cannot run the kernel: it gives the bits of oneDNN's bf16 call on AMX, which a
+    oneDNN capped below AMX ($ONEDNN_MAX_CPU_ISA, as a simulated AVX2 box sets it) never makes (capped
+    at AVX2 it makes no bf16 call at all); None where it can."""
+    isa = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").strip().upper()
+    if isa in ("ALL", "DEFAULT") or "AMX" in isa:
+        return None
+    return f"$ONEDNN_MAX_CPU_ISA={isa}: oneDNN's bf16 calls, whose bits it gives, do not run on AMX here"
+
+
 KERNEL = loader.Kernel("half_amx", SOURCE, VARIANTS, "the bf16 decode products on AMX",
-                       "oneDNN's 32-row calls run", HalfAmx, check_products)
+                       "oneDNN's 32-row calls run", HalfAmx, check_products, unfit=_unfit)
 
 
 @functools.lru_cache(maxsize=None)

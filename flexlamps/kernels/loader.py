@@ -6,7 +6,7 @@ is built in (`flexlamps.kernels.variants`: AVX2 + FMA + F16C, AVX-VNNI, AVX-512 
 the loaded library, and a check against torch's arithmetic that raises `KernelCheckError` (never
 `assert`: it must hold under `python -O`). `chosen()` is the process's `Kernels`: a kernel is
 loaded on first use, in its best variant at or below the process's level (the CPU's best, or
-$FLEXLAMPS_CPU_VARIANT) that the CPU has, from the cache folder (built there once per machine
+$FLEXLAMPS_CPU_VARIANT) that the CPU has and the process can run (`Kernel.unfit`), from the cache folder (built there once per machine
 and variant); or not where $FLEXLAMPS_NATIVE_KERNELS=0, the CPU has none of its variants or has
 instructions that make torch's own faster. Anything else that stops it (no compiler, a failed
 build, a library that does not load, a check that fails or raises) leaves torch's kernels
@@ -40,6 +40,11 @@ class KernelCheckError(RuntimeError):
     """A kernel's result differs from the plain computation it replaces."""
 
 
+def fits_any(variant: Variant) -> str | None:
+    """`Kernel.unfit`'s default: every variant runs in any process the CPU allows."""
+    return None
+
+
 def require(ok: bool, message: str) -> None:
     """A load check's condition: raises KernelCheckError with `message` where it does not hold."""
     if not ok:
@@ -51,7 +56,9 @@ class Kernel:
     """One C kernel: its source, the variants it is built in (lowest level first), `make` (the
     loaded library and its level -> the object callers use) and `check` (raises on a wrong result);
     for a warning, what it is and what runs without it. Where the CPU has `faster_flags`, torch's
-    own runs (`faster_why`)."""
+    own runs (`faster_why`). `unfit(variant)` says why this process cannot run a variant the CPU
+    has (tile_gemv's AVX-512 variants take torch's 64-row int4 tiles, which torch lays out only at its
+    AVX-512 level: $ATEN_CPU_CAPABILITY=avx2 gives 32), else None; the best variant below runs."""
     name: str
     source: Path
     variants: tuple[Variant, ...]
@@ -61,6 +68,7 @@ class Kernel:
     check: Callable[[Any], None]
     faster_flags: tuple[str, ...] = ()
     faster_why: str = ""
+    unfit: Callable[[Variant], str | None] = fits_any
 
     def variant(self, level: str) -> Variant:
         """The variant built for `level` (KeyError naming the ones there are)."""
@@ -93,7 +101,9 @@ def pick(kernel: Kernel, level: str | None = None) -> Variant | str:
     cap = level if level is not None else variants.process_level(have)
     if cap is None:
         return variants.BELOW_BASELINE
-    chosen = variants.best(kernel.variants, cap, have)
+    chosen = variants.best(offered(kernel), cap, have)
+    if chosen is None and (unfit := variants.best(kernel.variants, cap, have)) is not None:
+        return f"{unfit.level}: {kernel.unfit(unfit)}"
     if chosen is None:
         lowest = kernel.variants[0]
         return f"this CPU lacks {' '.join(f for f in lowest.cpu_flags if f not in have) or lowest.level}"
@@ -103,6 +113,11 @@ def pick(kernel: Kernel, level: str | None = None) -> Variant | str:
     if at_best and kernel.faster_flags and all(flag in have for flag in kernel.faster_flags):
         return kernel.faster_why
     return chosen
+
+
+def offered(kernel: Kernel) -> tuple[Variant, ...]:
+    """`kernel`'s variants this process can run (`Kernel.unfit`), lowest first."""
+    return tuple(v for v in kernel.variants if kernel.unfit(v) is None)
 
 
 def load(kernel: Kernel, folder: Path, level: str | None = None) -> Outcome:
@@ -132,7 +147,7 @@ def _below_for_compiler(kernel: Kernel, chosen: Variant, err: Exception, folder:
     """Where the compiler refused `chosen` (e.g. gcc before 11 has no -mamx-tile or -mavxvnni) and
     `kernel` has a variant below it, that variant loaded (the next one down that the CPU has; its own
     failures silent), else None."""
-    below = [v for v in kernel.variants if variants.rank(v.level) < variants.rank(chosen.level)]
+    below = [v for v in offered(kernel) if variants.rank(v.level) < variants.rank(chosen.level)]
     if not isinstance(err, subprocess.CalledProcessError) or not below:
         return None
     with warnings.catch_warnings():
@@ -154,13 +169,13 @@ def share_pool(library: ctypes.CDLL, folder: Path, level: str | None = None) -> 
         return
     spec = kernel_spec(POOL_KERNEL)
     cap = level if level is not None else variants.process_level()
-    variant = variants.best(spec.variants, cap, build.cpu_flags()) if cap is not None else None
+    variant = variants.best(offered(spec), cap, build.cpu_flags()) if cap is not None else None
     if variant is None:
         return  # (no kernel runs below the baseline: nothing to share)
     try:
         pool = build.built_library(spec.source, variant.compile_flags, folder)
     except subprocess.CalledProcessError:  # the compiler refused it: the variant below, as `load` falls back
-        below = [v for v in spec.variants if variants.rank(v.level) < variants.rank(variant.level)]
+        below = [v for v in offered(spec) if variants.rank(v.level) < variants.rank(variant.level)]
         if not below:
             raise
         return share_pool(library, folder, below[-1].level)

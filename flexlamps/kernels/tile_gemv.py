@@ -243,8 +243,19 @@ def _check_weights(gen: torch.Generator, dtype: torch.dtype, kernel: TileGemv) -
                  or not (isinstance(w, Int8Weight) and (w.fifth is not None or w.k_scales)))
 
 
+def _unfit(variant: variants.Variant) -> str | None:
+    """Why this process cannot run `variant`: torch lays its int4 tiles out by its own CPU level (64
+    rows at AVX-512, 32 at AVX2: $ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU), and the AVX-512
+    variants take 64 only. None where it can (or torch has no int4 tiles: no weight is in them)."""
+    tile = tile_rows(256)
+    if tile is None or tile in TILES.get(variant.level, (32, 64)):
+        return None
+    return (f"torch runs at {torch.backends.cpu.get_cpu_capability()} ($ATEN_CPU_CAPABILITY), where its int4 "
+            f"tiles have {tile} rows; the {variant.level} variant takes {' or '.join(map(str, TILES[variant.level]))}")
+
+
 KERNEL = loader.Kernel("tile_gemv", SOURCE, VARIANTS, "the decode kernel", "4-bit decode runs torch's slower int4 kernel",
-                       TileGemv, _check)
+                       TileGemv, _check, unfit=_unfit)
 
 
 @functools.lru_cache(maxsize=None)
