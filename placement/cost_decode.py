@@ -18,7 +18,7 @@ def _decode_weight_dequant_s(choice, model, hardware, calls: int, rows: int, blo
     rate = weight_dequant_rate(choice, hardware)
     once = weight_dequant_passes(choice, calls, rows) == 1
     tokens = dequantized_tokens(choice, model, hardware, "decode", block if once else rows)  # 0: experts priced whole
-    return (1 if once else calls) * (dequant_s(model.weight_bytes_touched_per_layer(tokens), model, rate)
+    return (1 if once else calls) * (dequant_s(model.expanded_bytes_per_layer(tokens), model, rate)
                                      + model.matrices_per_layer(tokens) * hardware.gpu_dequant_matrix_s)
 
 

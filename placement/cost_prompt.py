@@ -48,7 +48,7 @@ def prompt_terms(choice, sz, model, hardware, workload) -> dict[str, Affine]:
         # or once a call where the engine dequantizes per call (`weight_dequant_passes`)
         passes = weight_dequant_passes(choice, ngb, rows)
         touched = dequantized_tokens(choice, model, hardware, "prompt", num_tokens)  # experts priced whole: 0
-        dense_bytes = model.weight_bytes_per_layer() if touched else model.weight_bytes_touched_per_layer(0)
+        dense_bytes = model.expanded_bytes_per_layer(None if touched else 0)
         comp_s += passes * dequant_s(dense_bytes, model, weight_dequant_rate(choice, hardware))
         comp_s += passes * model.matrices_per_layer(touched) * hardware.gpu_dequant_matrix_s
     if choice.compress_cache:  # quantizing the new cache costs about as much as dequantizing

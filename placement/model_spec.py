@@ -277,6 +277,16 @@ class ModelSpec(JsonMixin):
         routed experts some token picks (`expected_experts`)."""
         return self._per_layer(lambda r: r.stored_bytes * self._routed_copies(r, num_tokens))
 
+    def expanded_bytes_per_layer(self, num_tokens: float | None = None) -> float:
+        """Bytes compressed weights of one (average) layer expand to where `num_tokens` tokens read
+        them (None: every copy; with MoE, else the routed experts some token picks): a GGUF's blocks
+        kept as codes, which compression re-quantizes from their values, their parameters in the
+        dtype; other rows their stored bytes (`weight_bytes_touched_per_layer`)."""
+        def expanded(r) -> float:
+            copies = r.copies if num_tokens is None else self._routed_copies(r, num_tokens)
+            return (r.numel * self.dtype_bytes if r.encoding == "codes" else r.stored_bytes) * copies
+        return self._per_layer(expanded)
+
     def routed_expert_bytes_per_layer(self) -> float:
         """Stored bytes of the average layer's routed experts: what a step stages only as its
         tokens route (0 for a dense model)."""

@@ -24,6 +24,10 @@ from flexlamps.models.loading.in_place import keeps_k_scales, packs_five_bit
 from flexlamps.planning.dry_run import dry_run
 from flexlamps.planning.policy_choice import plan_policy
 from flexlamps.planning.target import BlockLengths, Compression, PlanTarget
+from placement.choice import Choice
+from placement.layer_sizes import layer_sizes
+from tests.checkpoints import GGUF_MOE_OVERRIDES, make_checkpoint
+from tests.decoder_gguf import write_decoder_gguf
 from tests.gguf_models import write_llama_gguf
 from tests.unit.test_gguf_kquants import kquant_types
 
@@ -121,3 +125,38 @@ def test_a_gguf_is_described_without_torch(tmp_path):
             "print(spec.num_layers)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "2", out.stderr
+
+
+def test_compression_prices_a_codes_matrix_from_its_values(tmp_path):
+    """A policy that compresses weights re-quantizes a kept block from its values: a layer prices
+    as the bf16 description's does (stored, expanded, dequantized), never the codes' bytes shrunk
+    again; uncompressed, it holds the codes' bytes."""
+    path = write_llama_gguf(tmp_path / "q4_k.gguf", _every("Q4_K"), hidden=256, ffn=512, layers=2, heads=4,
+                            kv_heads=2, vocab=300)
+    config = GGUFReader(path).config
+    dense = model_spec(config)
+    codes = with_codes(dense, config, gguf_coded_bytes(config, _types(path)))
+    workload = placement.WorkloadSpec(prompt_len=16, gen_len=4)
+    compressed = Choice(gpu_batch_size=1, num_gpu_batches=1, compress_weight=True)
+    ours, theirs = layer_sizes(compressed, codes, workload), layer_sizes(compressed, dense, workload)
+    assert (ours.layer_stored, ours.layer_matrices) == pytest.approx((theirs.layer_stored, theirs.layer_matrices))
+    assert codes.expanded_bytes_per_layer() == dense.weight_bytes_per_layer()
+    plain = layer_sizes(Choice(gpu_batch_size=1, num_gpu_batches=1), codes, workload)
+    assert plain.layer_stored == codes.weight_bytes_per_layer() < 0.35 * dense.weight_bytes_per_layer()
+
+
+def test_a_moe_gguf_plans_its_experts_blocks_as_stored(tmp_path):
+    """Mixtral's experts in Q8_0 slabs of stacked tensors, the rest f32: `flexlamps plan` prices the
+    experts at their codes' bytes and the other tensors in bf16, the dtype a run picks for such a
+    file, so its whole model is what the executor's store holds, to the byte."""
+    folder = make_checkpoint(tmp_path / "mixtral", "mixtral", **GGUF_MOE_OVERRIDES["mixtral"])
+    path = write_decoder_gguf(folder, tmp_path / "q8.gguf", quantize_experts="Q8_0")
+    reader = GGUFReader(path, cache_dir=tmp_path / "cache")
+    samples = in_place_samples(reader, torch.bfloat16)[1]
+    assert samples and all(".experts." in name for name in samples)
+    on_cpu = placement.TierSplit(gpu=0, cpu=1, disk=0)
+    policy = placement.Policy(gpu_batch_size=1, num_gpu_batches=1, weights=on_cpu, cache=on_cpu, activations=on_cpu)
+    store = WeightStore(reader.config, policy, torch.bfloat16, device_type="cpu", in_place=samples)
+    spec = describe_model(str(path))
+    assert spec.dtype == "bf16" and spec.total_weight_bytes() == sum(store.stored.values())
+    assert spec.coded_per_layer(routed_only=True) == spec.coded_per_layer()  # every kept block an expert's

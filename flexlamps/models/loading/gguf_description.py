@@ -6,6 +6,7 @@ file's blocks priced at the bytes it holds them in, `gguf_codes`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,7 +16,7 @@ from flexlamps.models.config import ModelConfig, UnsupportedModelError
 from flexlamps.models.description import model_spec
 from flexlamps.models.families import families
 from flexlamps.models.loading.errors import CheckpointError
-from flexlamps.models.loading.gguf_codes import CodeForms, gguf_coded_bytes
+from flexlamps.models.loading.gguf_codes import INT4_BLOCK_TYPES, INT8_BLOCK_TYPES, CodeForms, gguf_coded_bytes
 from flexlamps.models.loading.gguf_config import DECODER_ARCHITECTURES, as_written, decoder_hf_config
 from flexlamps.models.loading.gguf_header import GGUFHeader, open_gguf, read_header
 from flexlamps.models.loading.gguf_hybrid import HYBRID_ARCHITECTURES, REFUSED_HYBRID, hybrid_hf_config
@@ -60,9 +61,13 @@ def gguf_model_spec(path: Path, name: str, forms: CodeForms = CodeForms(),
                     cache_dir: Path | None = None) -> placement.ModelSpec:
     """The planner's description of the GGUF at `path` (its family's reading of the metadata), named
     `name`: the matrices the engine keeps as the file's blocks at the bytes `forms` hold them in
-    (default: where our kernels run, AVX2's forms; `gguf_codes.coded_nbytes`), the rest in its dtype."""
+    (default: where our kernels run, AVX2's forms; `gguf_codes.coded_nbytes`), the rest in its dtype
+    (bf16 where the file holds such blocks, as a run picks it)."""
     cfg, header = _config_and_header(Path(path), cache_dir)
-    return model_spec(cfg, name=name, coded=gguf_coded_bytes(cfg, header.tensor_types, forms))
+    spec = model_spec(cfg, name=name, coded=gguf_coded_bytes(cfg, header.tensor_types, forms))
+    # a file with blocks computed in place runs in bf16 (`--dtype auto`, `RunSettings.resolve_dtype`)
+    quantized = any(t in INT4_BLOCK_TYPES + INT8_BLOCK_TYPES for t in header.tensor_types.values())
+    return dataclasses.replace(spec, dtype="bf16") if quantized else spec
 
 
 def _config_and_header(path: Path, cache_dir: Path | None) -> tuple[ModelConfig, GGUFHeader]:
