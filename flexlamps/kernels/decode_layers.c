@@ -25,13 +25,20 @@ typedef int (*gemv_fn)(const void *, const void *, const void *, const uint16_t 
                        int64_t, int64_t, int64_t, int, int, int, int);
 typedef int (*gemm_fn)(const void *, const void *, const void *, const uint16_t *, uint16_t *, int64_t, int64_t,
                        int64_t, int64_t, int64_t, int, int, int);
+typedef struct {  /* one weight of a group of products that read the same x (tile_gemv.c's GemvPart) */
+    const void *codes, *plane, *scale_zero;
+    uint16_t *out;
+    int64_t n, cols, group, tile;
+    int32_t kind, x_bits;
+} GemvPart;
+typedef int (*gemv_group_fn)(const GemvPart *, int, const uint16_t *, int64_t, int, int);
 typedef void (*norm_fn)(const uint16_t *, const uint16_t *, uint16_t *, int64_t, int64_t, int64_t, float, int, int);
 typedef void (*silu_fn)(const uint16_t *, uint16_t *, int64_t, int64_t, int64_t, int, int);
 typedef int (*attn_fn)(const uint16_t *, const uint16_t *, const uint16_t *, const uint8_t *, uint16_t *, int64_t,
                        int64_t, int64_t, int64_t, int64_t, int64_t, const int64_t *, float, int, int, int);
 
-typedef struct {  /* the other kernels' entry points (tile_gemv.c's two products, elementwise.c, attention.c) */
-    void *gemv, *gemm, *norm, *silu, *attention;
+typedef struct {  /* the other kernels' entry points (tile_gemv.c's products, elementwise.c, attention.c) */
+    void *gemv, *gemm, *norm, *silu, *attention, *gemv_group;
 } Kernels;
 
 typedef struct {  /* one weight as tile_gemv's products take it (plane: the 5- or 6-bit form's) */
@@ -232,22 +239,39 @@ static void heads_last(const Step *s, const uint16_t *by_head, uint16_t *att) {
     over_tokens(&p, s->threads, heads_last_chunk);
 }
 
-/* A step's buffers, each (rows * tokens, width): `apart` holds q, k or v made apart, then the
+/* A step's buffers, each (rows * tokens, width): `apart` holds q, k and v made apart, then the
  * attention's output by head (tokens > 1) before `heads_last`. */
 typedef struct { uint16_t *h, *qkv, *qk, *att, *tmp, *gu, *act, *apart; } Scratch;
 
+/* q, k and v made apart (of different kinds) into `apart`, each (tokens, its n) after the last: a
+ * decode step's as one group (tile_gemv's `flexlamps_tile_gemv_group`: each weight's own product,
+ * their tiles in one pool job), a prompt's one product each. */
+static int qkv_apart(const Kernels *kn, const Step *s, const Layer *l, const uint16_t *h, uint16_t *apart) {
+    const Matrix *parts[3] = {&l->q, &l->k, &l->v};
+    const int64_t count = s->rows * s->tokens;
+    GemvPart group[3];
+    uint16_t *out = apart;
+    for (int p = 0; p < 3; out += count * parts[p]->n, p++) {
+        const Matrix *m = parts[p];
+        if (s->tokens > 1 && prompt_product(kn, m, h, out, count, s)) return 1;
+        GemvPart w = {m->codes, m->plane, m->scale_zero, out, m->n, m->cols, m->group, m->tile, m->kind, m->x_bits};
+        group[p] = w;
+    }
+    return s->tokens == 1 && ((gemv_group_fn)kn->gemv_group)(group, 3, h, count, s->fp16, s->threads);
+}
+
 /* qkv (tokens, (heads + 2 kv_heads) d) = h @ [Wq; Wk; Wv]: one product, or three (q, k, v of
- * different kinds) laid side by side in each token's row as the stacked one's are. */
+ * different kinds, `qkv_apart`) laid side by side in each token's row as the stacked one's are. */
 static int qkv_product(const Kernels *kn, const Step *s, const Layer *l, Scratch *b) {
     if (l->qkv.codes) return product(kn, &l->qkv, b->h, b->qkv, s);
     const Matrix *parts[3] = {&l->q, &l->k, &l->v};
-    const int64_t width = (s->heads + 2 * s->kv_heads) * s->head_dim;
+    const int64_t width = (s->heads + 2 * s->kv_heads) * s->head_dim, count = s->rows * s->tokens;
+    if (qkv_apart(kn, s, l, b->h, b->apart)) return 1;
+    const uint16_t *from = b->apart;
     int64_t at = 0;
-    for (int p = 0; p < 3; at += parts[p]->n, p++) {
-        if (product(kn, parts[p], b->h, b->apart, s)) return 1;
-        for (int64_t i = 0; i < s->rows * s->tokens; i++)
-            memcpy(b->qkv + i * width + at, b->apart + i * parts[p]->n, sizeof(uint16_t) * (size_t)parts[p]->n);
-    }
+    for (int p = 0; p < 3; from += count * parts[p]->n, at += parts[p]->n, p++)
+        for (int64_t i = 0; i < count; i++)
+            memcpy(b->qkv + i * width + at, from + i * parts[p]->n, sizeof(uint16_t) * (size_t)parts[p]->n);
     return 0;
 }
 
@@ -321,7 +345,7 @@ int flexlamps_decode_layers(const Kernels *kn, const Step *s, const Layer *layer
     const int64_t count = s->rows * s->tokens, d = s->head_dim, qkv = (s->heads + 2 * s->kv_heads) * d;
     if (d > 512) return 1;
     const int64_t widths[8] = {s->hidden, qkv, (s->heads + s->kv_heads) * d, s->heads * d, s->hidden, 2 * s->inter,
-                               s->inter, s->heads * d};
+                               s->inter, qkv};
     int64_t total = 0;
     for (int i = 0; i < 8; i++) total += count * widths[i];
     uint16_t *buf = malloc(sizeof(uint16_t) * (size_t)total + 64);

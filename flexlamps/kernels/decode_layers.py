@@ -33,7 +33,7 @@ _P, _I, _F, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
 class Kernels(ctypes.Structure):
     """The other kernels' entry points the loop calls."""
-    _fields_ = [("gemv", _P), ("gemm", _P), ("norm", _P), ("silu", _P), ("attention", _P)]
+    _fields_ = [("gemv", _P), ("gemm", _P), ("norm", _P), ("silu", _P), ("attention", _P), ("gemv_group", _P)]
 
 
 class Matrix(ctypes.Structure):

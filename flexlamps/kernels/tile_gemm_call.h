@@ -118,17 +118,18 @@ static void gemm_subtile(void *ctx, int64_t c, int slot) {
     }
 }
 
-/* out = x @ w.T for x's rows already rounded to int8 (`quantized_x`), each sub-tile laid out once
- * per call (the 6-bit form's as the split's: the same codes); 0, or -1 where it could not get memory. */
-static int gemm_codes(const uint8_t *codes, const uint8_t *plane, const uint16_t *scale_zero, const QRows *x,
-                      uint16_t *out, int64_t n, int64_t rows, int64_t group, int64_t tile, int fp16, int kind,
-                      int wide, int threads) {
+/* A call's work on x's rows already rounded to int8 (`quantized_x`) laid out for the threads:
+ * `gemm_subtile` over *chunks chunks of *call, each sub-tile laid out once per call (the 6-bit form's
+ * as the split's: the same codes); `biased` and `partial` are the caller's and stay until `gemm_close`.
+ * 0, or -1 where it could not get memory (nothing held then). */
+static int gemm_open(GemmCall *call, QRows *biased, PartialTile *partial, const uint8_t *codes, const uint8_t *plane,
+                     const uint16_t *scale_zero, const QRows *x, uint16_t *out, int64_t n, int64_t rows,
+                     int64_t group, int64_t tile, int fp16, int kind, int wide, int threads, int64_t *chunks) {
     const int split = kind != KIND_INT4;
     const int slots = threads > 1 ? (threads < POOL_MAX_WORKERS + 1 ? threads : POOL_MAX_WORKERS + 1) : 1;
     const size_t per_thread = (prepared_bytes(x->cols, x->groups, split) + 63) / 64 * 64;
     uint8_t *prepared = malloc(per_thread * (size_t)slots + 64);
-    PartialTile partial;
-    if (!prepared || partial_open(&partial, scale_zero, n, tile, sz_groups(x, kind), rows, x->sz_width)) {
+    if (!prepared || partial_open(partial, scale_zero, n, tile, sz_groups(x, kind), rows, x->sz_width)) {
         free(prepared);
         return -1;
     }
@@ -137,16 +138,38 @@ static int gemm_codes(const uint8_t *codes, const uint8_t *plane, const uint16_t
 #else
     const int amx = 0;
 #endif
-    QRows biased = *x;  /* with the starts of biased int8 codes' sums (serial work: ~6 ms a 4,096-row Q6_K down) */
-    biased.starts16 = split && !wide && !amx ? bias_starts(x, rows) : NULL;
+    *biased = *x;  /* with the starts of biased int8 codes' sums (serial work: ~6 ms a 4,096-row Q6_K down) */
+    biased->starts16 = split && !wide && !amx ? bias_starts(x, rows) : NULL;
     int64_t chunk_rows = ((amx && x->k6 ? K6_CHUNK_X_BYTES : GEMM_CHUNK_X_BYTES) / x->cols) / 16 * 16;
     chunk_rows = chunk_rows < 64 ? 64 : chunk_rows;
-    const int64_t subs = (n + tile - 1) / tile * (tile / SUB), chunks = (rows + chunk_rows - 1) / chunk_rows;
-    GemmCall call = {codes, kind == KIND_INT6 ? plane : NULL, scale_zero, &biased, out, n, rows, group, tile,
-                     chunk_rows, subs, fp16, split, wide, prepared, per_thread, &partial};
-    pool_run(slots, chunks * subs, gemm_subtile, &call);
-    partial_close(&partial, out, n, tile, rows);
-    free(prepared);
-    free((void *)biased.starts16);
+    const int64_t subs = (n + tile - 1) / tile * (tile / SUB);
+    *chunks = (rows + chunk_rows - 1) / chunk_rows * subs;
+    GemmCall c = {codes, kind == KIND_INT6 ? plane : NULL, scale_zero, biased, out, n, rows, group, tile,
+                  chunk_rows, subs, fp16, split, wide, prepared, per_thread, partial};
+    *call = c;
+    return 0;
+}
+
+/* What `gemm_open` held: the partial tile's columns copied out, the buffers freed. */
+static void gemm_close(GemmCall *call, PartialTile *partial) {
+    partial_close(partial, call->out, call->n, call->tile, call->rows);
+    free(call->prepared);
+    free((void *)call->x->starts16);
+}
+
+/* out = x @ w.T for x's rows already rounded to int8 (`quantized_x`), on the threads (`gemm_open`);
+ * 0, or -1 where it could not get memory. */
+static int gemm_codes(const uint8_t *codes, const uint8_t *plane, const uint16_t *scale_zero, const QRows *x,
+                      uint16_t *out, int64_t n, int64_t rows, int64_t group, int64_t tile, int fp16, int kind,
+                      int wide, int threads) {
+    GemmCall call;
+    QRows biased;
+    PartialTile partial;
+    int64_t chunks;
+    if (gemm_open(&call, &biased, &partial, codes, plane, scale_zero, x, out, n, rows, group, tile, fp16, kind, wide,
+                  threads, &chunks))
+        return -1;
+    pool_run(threads, chunks, gemm_subtile, &call);
+    gemm_close(&call, &partial);
     return 0;
 }

@@ -274,57 +274,7 @@ static int64_t tile_plane_bytes(int64_t cols, int64_t tile, int kind) {
 }
 
 #include "tile_gemm_call.h"  /* the prompt product's call: sub-tiles laid out once, on the threads */
-
-/* A decode call's arguments, for the threads' chunks of tiles (`decode_tiles`). */
-typedef struct {
-    const uint8_t *codes;
-    const uint8_t *plane;
-    const uint16_t *scale_zero;
-    uint16_t *out;
-    const QRows *x;
-    Setup setup;
-    int64_t n, group, rows, tile;
-    int fp16, kind;
-    const int64_t *starts;  /* chunk c's tiles: starts[c] .. starts[c + 1] - 1 */
-    int64_t tile_bytes, plane_bytes;
-    const PartialTile *partial;
-} DecodeCall;
-
-#define DECODE_MAX_CHUNKS 256  /* of a call's tiles, largest first (`pool_guided`) */
-
-/* Chunk c of a decode call: its tiles. */
-static void decode_tiles(void *ctx, int64_t c, int slot) {
-    const DecodeCall *d = ctx;
-    (void)slot;
-    for (int64_t t = d->starts[c]; t < d->starts[c + 1]; t++) {
-        const int own = t * d->tile == d->partial->first;  /* the partial last tile: its own pairs and output */
-        run_tile(d->codes + t * d->tile_bytes, d->plane ? d->plane + t * d->plane_bytes : NULL,
-                 own ? d->partial->sz : d->scale_zero + t * d->tile * d->x->sz_width, own ? d->tile : d->n, d->group, d->x,
-                 &d->setup, d->rows, own ? d->partial->out : d->out + t * d->tile, d->fp16, d->kind);
-    }
-}
-
-/* Rows of 8-bit x from which a decode call lays the codes out once for all its rows (tile_gemm.h)
- * rather than unpacking them once per pass of PASS8_ROWS: the same exact sums and fp32 steps, so
- * the same bits (a row's result still does not depend on the rows beside it); only the speed
- * differs. AVX2, measured on this EPYC (Zen 1, 1 thread, 5632 x 2048, after 0bc8686), decode path
- * against the prompt kernel: 4-bit codes 37.3 against 36.0 GFLOP/s at 6 rows, 37.4 against 39.4 at
- * 8, 37.5 against 45.7 at 16; an int8 split of Q6_K's codes (groups of 16) 15.5 against 18.0 at 4;
- * of Q8_0's 20.2 against 21.1 at 6 (20.0 against 17.8 at 4). AVX-512 keeps the thresholds measured
- * before (24 and 8; its decode path multiplies with VNNI). */
-#if defined(__AVX512F__)
-#define GEMM_FROM_4BIT 24
-#define GEMM_FROM_SPLIT 8
-#else
-#define GEMM_FROM_4BIT 8
-#define GEMM_FROM_SPLIT 6
-#endif
-#ifndef DECODE_GEMM_FROM_ROWS
-#define DECODE_GEMM_FROM_ROWS GEMM_FROM_4BIT
-#endif
-#ifndef DECODE_GEMM_FROM_ROWS_SPLIT
-#define DECODE_GEMM_FROM_ROWS_SPLIT GEMM_FROM_SPLIT
-#endif
+#include "tile_gemv_product.h"  /* a decode product's work as the pool's chunks (`Product`) */
 
 /* out (rows, n) = x (rows, cols) @ w.T, w (n, cols) in 4-bit tiles of `tile` rows (kind 0; the last
  * tile's codes padded with zero rows where n does not fill it, `PartialTile`), an int8
@@ -335,56 +285,59 @@ static void decode_tiles(void *ctx, int64_t c, int slot) {
 int flexlamps_tile_gemv(const uint8_t *codes, const uint8_t *plane, const uint16_t *scale_zero, const uint16_t *x,
                         uint16_t *out, int64_t n, int64_t cols, int64_t group, int64_t rows, int64_t tile, int fp16,
                         int kind, int x_bits, int threads) {
-    int64_t width;
-    int k4, k6;
-    kind = run_kind(kind, &width, &k4, &k6);
-    if (tile <= 0 || n <= 0 || group <= 0 || group % 4 || group > 256 || cols % group || rows <= 0
-        || (x_bits != 8 && x_bits != 16) || kind < KIND_INT4 || kind > KIND_INT6 || (k4 && (group != 32 || cols % 256))
-        || (k6 && (group != 16 || cols % 256 || x_bits != 8))  /* Q6_K's form: super-blocks, 8-bit x */
-        || (kind == KIND_INT5 && (!plane || n % tile))  /* the 5-bit form's plane: whole tiles only */
-        || (kind == KIND_INT6 && (!plane || cols * tile % 128))  /* the 6-bit form's plane: blocks of 64 tile bytes */
-        || !takes_tile(tile, kind, x_bits))
+    Product p;
+    if (product_open(&p, codes, plane, scale_zero, x, out, n, cols, group, rows, tile, fp16, kind, x_bits, threads))
         return -1;
-    QRows xr;
-    void *buf = quantized_x(x, rows, cols, group, x_block(group, cols, x_bits, k4 || k6), fp16, x_bits, &xr, threads);
-    if (!buf) return -1;
-    xr.sz_width = width;
-    xr.k4 = k4 ? (x_bits == 8 ? K4_SUPER : K4_GROUPWISE) : 0;  /* 8-bit x: rounded per super-block (`x_block`) */
-    xr.k6 = k6;
-    const int64_t gemm_from = kind == KIND_INT4 ? DECODE_GEMM_FROM_ROWS : DECODE_GEMM_FROM_ROWS_SPLIT;
-    if (x_bits == 8 && rows >= gemm_from && gemm_takes(tile, group, kind)) {
-        int status = gemm_codes(codes, plane, scale_zero, &xr, out, n, rows, group, tile, fp16, kind, 0, threads);
-        free(buf);
-        return status;
-    }
-#if defined(__AMX_INT8__)
-    const int64_t done = x_bits == 16 ? amx16_lead(codes, plane, scale_zero, &xr, out, n, rows, group, tile, fp16,
-                                                   kind, threads) : 0;
-    if (done < 0 || done == rows) {
-        free(buf);
-        return done < 0 ? -1 : 0;
-    }
-    xr = rows_from(&xr, done);  /* the last rows (under 16) on the per-row path: the same bits */
-    rows -= done;
-    out += done * n;
-#endif
-    PartialTile partial;
-    xr.starts6 = kind == KIND_INT6 && x_bits == 8 ? six_starts(&xr, rows, tile, group) : NULL;
-    if (partial_open(&partial, scale_zero, n, tile, sz_groups(&xr, kind), rows, width)) {
-        free((void *)xr.starts6);
-        free(buf);
-        return -1;
-    }
-    const int64_t tiles = (n + tile - 1) / tile;
-    int64_t starts[DECODE_MAX_CHUNKS + 1];
-    const int64_t chunks = pool_guided(tiles, threads, starts, DECODE_MAX_CHUNKS);
-    DecodeCall call = {codes, plane, scale_zero, out, &xr, make_setup(tile), n, group, rows, tile, fp16, kind,
-                       starts, tile_code_bytes(cols, tile, kind), tile_plane_bytes(cols, tile, kind), &partial};
-    pool_run(threads, chunks, decode_tiles, &call);
-    partial_close(&partial, out, n, tile, rows);
-    free((void *)xr.starts6);
-    free(buf);
+    pool_run(threads, p.chunks, p.fn, p.ctx);
+    product_close(&p);
     return 0;
+}
+
+/* One weight of a group (`flexlamps_tile_gemv_group`): flexlamps_tile_gemv's arguments of its own. */
+typedef struct {
+    const uint8_t *codes, *plane;
+    const uint16_t *scale_zero;
+    uint16_t *out;
+    int64_t n, cols, group, tile;
+    int32_t kind, x_bits;
+} GemvPart;
+
+#define GROUP_MAX_PARTS 4
+
+/* A group's products as one pool job: chunk c is product i's chunk c - first[i]. */
+typedef struct {
+    const Product *products;
+    int64_t first[GROUP_MAX_PARTS + 1];
+} Group;
+
+static void group_chunk(void *ctx, int64_t c, int slot) {
+    const Group *g = ctx;
+    int i = 0;
+    while (c >= g->first[i + 1]) i++;
+    g->products[i].fn(g->products[i].ctx, c - g->first[i], slot);
+}
+
+/* out_i (rows, n_i) = x (rows, cols) @ w_i.T for `count` (<= GROUP_MAX_PARTS) weights that read the
+ * same x (a layer's q, k and v of different kinds): each weight's product as flexlamps_tile_gemv
+ * computes it (its kind's, the same bits), their chunks in one pool job claimed from one counter, so
+ * the threads go on to the next weight's tiles where each call waited for its last ones and handed
+ * the next over (a 1.1B decode step had ~110 such joins). 0, or -1 as flexlamps_tile_gemv. */
+int flexlamps_tile_gemv_group(const GemvPart *parts, int count, const uint16_t *x, int64_t rows, int fp16,
+                              int threads) {
+    Product products[GROUP_MAX_PARTS];
+    Group g = {products, {0}};
+    int opened = 0, status = 0;
+    if (count < 1 || count > GROUP_MAX_PARTS) return -1;
+    for (; opened < count && !status; opened++) {
+        const GemvPart *w = parts + opened;
+        status = product_open(products + opened, w->codes, w->plane, w->scale_zero, x, w->out, w->n, w->cols,
+                              w->group, rows, w->tile, fp16, w->kind, w->x_bits, threads);
+        g.first[opened + 1] = g.first[opened] + products[opened].chunks;
+    }
+    if (status) opened--;  /* the one that failed holds nothing */
+    else pool_run(threads, g.first[opened], group_chunk, &g);
+    for (int i = 0; i < opened; i++) product_close(products + i);
+    return status;
 }
 
 /* This library's claim pool for the other kernels (pool_hook.h): the loader hands it to each, so

@@ -78,6 +78,13 @@ KIND_INT4, KIND_INT8_SPLIT, KIND_INT5, KIND_INT6, KIND_INT6_SCALES, KIND_INT4_K,
 X_BITS = 8  # x's codes for decode: 8 bits (llama.cpp's rounding of x; twice the 16-bit rate on AVX2) or 16
 
 
+class GemvPart(ctypes.Structure):
+    """One weight of `TileGemv.matmul_group` (tile_gemv.c's GemvPart: flexlamps_tile_gemv's arguments)."""
+    _fields_ = [("codes", ctypes.c_void_p), ("plane", ctypes.c_void_p), ("scale_zero", ctypes.c_void_p),
+                ("out", ctypes.c_void_p), ("n", ctypes.c_int64), ("cols", ctypes.c_int64), ("group", ctypes.c_int64),
+                ("tile", ctypes.c_int64), ("kind", ctypes.c_int32), ("x_bits", ctypes.c_int32)]
+
+
 class TileGemv:
     """The loaded kernel in one variant (`level`): `runs(w, x)` says whether it takes a weight and
     activations, `matmul(w, x)` computes x @ w.T."""
@@ -136,6 +143,26 @@ class TileGemv:
         """x (..., K) @ w.T, for a weight and activations `runs` takes; x rounded to `w.x_bits`
         where the weight sets it, else to `x_bits`."""
         return self.bind(w)(x)
+
+    def matmul_group(self, ws: list, x: torch.Tensor, threads: int | None = None) -> list[torch.Tensor]:
+        """x (rows, K) contiguous @ w.T for each weight of `ws` (up to 4, each one `runs` takes) in one
+        call, as the native loop runs a layer's q, k and v of different kinds: each product is
+        `matmul`'s (the same bits), the threads claim the tiles of all of them from one counter."""
+        outs = [torch.empty(x.shape[0], layout_of(w)[0].shape[0], dtype=x.dtype) for w in ws]
+        parts = (GemvPart * len(ws))()
+        for part, w, out in zip(parts, ws, outs):
+            split, plane, kind = layout_of(w)
+            part.codes, part.scale_zero, part.out = split.kernel_codes.data_ptr(), split.scale_zero.data_ptr(), \
+                out.data_ptr()
+            part.plane = None if plane is None else plane.data_ptr()
+            part.n, part.cols, part.group, part.tile = split.shape[0], w.shape[1], split.group_size, \
+                tile_rows(split.shape[1])
+            part.kind, part.x_bits = kind, w.x_bits or self.x_bits
+        if self.library.flexlamps_tile_gemv_group(parts, len(ws), ctypes.c_void_p(x.data_ptr()),
+                                                  ctypes.c_int64(x.shape[0]), DTYPES[x.dtype],
+                                                  threads or torch.get_num_threads()):
+            raise ValueError(f"tile_gemv: the kernel refused x {tuple(x.shape)} with one of {ws!r}")
+        return outs
 
     def prompt_product(self, w: Int4Weight | Int8Weight, x: torch.Tensor) -> torch.Tensor:
         """x (..., K) @ w.T for prompts (`runs_prompt`): x rounded to int8 per group (`rounded_like_kernel`

@@ -16,6 +16,7 @@ from flexlamps.kernels import loader, tile_gemv
 from quant.int4_weight import Int4Weight
 from quant.int8_weight import Int8Weight
 from tests.kernel_variants import assert_rows_alone_as_together, levels, variant_kernel
+from tests.unit.test_q6_k_form import _form as q6_k_form
 
 KERNEL = linear_mod.native_kernel()
 needs_kernel = pytest.mark.skipif(KERNEL is None, reason="this CPU lacks AVX2 + FMA + F16C or no C compiler")
@@ -154,6 +155,25 @@ def test_a_row_does_not_depend_on_its_batch_or_the_threads(level, x_bits):
     weights = (_int4(320, 576, 32, torch.bfloat16), _int8(192, 576, torch.bfloat16, True), six)
     for rows in (11, 35):
         assert_rows_alone_as_together(kernel.matmul, weights, _x(rows, 576, torch.bfloat16, seed=rows))
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("x_bits", [8, 16])
+def test_a_group_gives_each_weight_its_own_products_bits(level, x_bits):
+    """Weights of different kinds that read the same x in one call (a layer's q, k and v, the native
+    loop's `qkv_apart`): each product's bits are its call's alone, at 1 and 2 threads, on the per-row
+    path (1, 5 rows), the prompt kernel's (32: 8-bit x from 8 and 24 rows) and AMX's 16-bit x (32)."""
+    kernel = _variant(level, x_bits)
+    weights = [_int4(320, 512, 32, torch.bfloat16), _int8(96, 512, torch.bfloat16, True),
+               _int4(40, 512, 32, torch.bfloat16, seed=3)]  # 40 rows: a partial last tile
+    if x_bits == 8:
+        weights += [q6_k_form(72, 512)]
+    for rows in (1, 5, 32):
+        x = _x(rows, 512, torch.bfloat16, seed=rows)
+        want = [kernel.matmul(w, x) for w in weights]
+        for threads in (1, 2):
+            got = kernel.matmul_group(weights, x, threads)
+            assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), (rows, threads)
 
 
 @needs_kernel

@@ -99,7 +99,8 @@ class NativeDecode:
             return None
         addresses = Kernels(*(ctypes.cast(fn, ctypes.c_void_p).value for fn in (
             gemv.library.flexlamps_tile_gemv, gemv.library.flexlamps_tile_gemm, elementwise.library.flexlamps_rms_norm,
-            elementwise.library.flexlamps_silu_mul, attention.library.flexlamps_attention)))
+            elementwise.library.flexlamps_silu_mul, attention.library.flexlamps_attention,
+            gemv.library.flexlamps_tile_gemv_group)))
         prompts = all(p for _, p in made) and prompts_take_codes(torch.empty(0, dtype=dtype))
         return cls(fwd, [layer for layer, _ in made], addresses, list(layer_weights), attention.bf16_dot, prompts)
 
