@@ -117,6 +117,10 @@ static void k6_prepare(const uint16_t *sz, int64_t s, int64_t h, int64_t n, int6
     prep->offsets = 0;
 }
 
+#if defined(__AVX512VBMI__)
+#include "tile_prepare_512.h"  /* prepare's permutes for 64-row tiles */
+#endif
+
 /* Sub-tile s of the tile at `codes` (its plane at `plane` for the 6-bit form, else NULL; scale_zero
  * `sz` at its first row; n rows in all) laid out in `prep`, and for int8 codes the steps whose pairs
  * int16 holds (`steps8`, from their largest |q|). */
@@ -124,10 +128,20 @@ static void prepare(const uint8_t *codes, const uint8_t *plane, const uint16_t *
                     int64_t cols, int64_t groups, int64_t width, int k4, int fp16, int split, Prepared *prep) {
     const int64_t low_half = plane ? 0 : cols * h;
     __m256i top = _mm256_setzero_si256();
+#if defined(__AVX512VBMI__)
+    const int fast = h == 32 && (!split || plane);  /* tile_prepare_512.h's permutes (the same bytes) */
+    const Layout512 layout = layout512(fast ? s : 0);
+#else
+    const int fast = 0;
+#endif
     for (int64_t k = 0; k < cols; k += 4) {
         const int64_t off = k * h + 16 * s;
         const uint8_t *p = codes + off;
         __m256i *out = (__m256i *)(prep->codes + k * 32);
+#if defined(__AVX512VBMI__)
+        if (fast) prepare4_512(codes + k * h, plane, k, &layout, prep->codes + k * 32);
+        else
+#endif
         transpose4(column_codes(p, plane, off, low_half, split), column_codes(p + h, plane, off + h, low_half, split),
                    column_codes(p + 2 * h, plane, off + 2 * h, low_half, split),
                    column_codes(p + 3 * h, plane, off + 3 * h, low_half, split), out);

@@ -338,15 +338,32 @@ AI void amx_group16(const uint8_t *codes, const int8_t *hi, const uint8_t *lo, i
     }
 }
 
-/* The stored S_hi, S_lo (16 rows x 32 each, at sums and sums + 512) as decode's group sums, in place. */
-AI void amx_join16(int32_t *sums, const QRows *x, int64_t g, int split) {
+/* The stored S_hi, S_lo (16 rows x 32 each, at sums and sums + 512) joined as decode's group sums (an
+ * int8 split's plus 128 sum(x16): of u), then amx_add_dots' steps (16-bit x takes no others) in one
+ * pass, the joined sums in registers where they were stored and loaded again: the same integers and
+ * fp32 steps, so the same bits, with the stores the head's calls were bound by left out. */
+AI void amx_join_add16(const Prepared *prep, int64_t g, const QRows *x, const int32_t *sums, float *tot, int split,
+                       int offsets) {
+    const __m512 scale[2] = {_mm512_loadu_ps(prep->scale + g * SUB), _mm512_loadu_ps(prep->scale + g * SUB + 16)};
+    const __m512 off[2] = {_mm512_loadu_ps(prep->offset + g * SUB), _mm512_loadu_ps(prep->offset + g * SUB + 16)};
     for (int b = 0; b < AMX_ROWS; b++) {
         const __m512i shift = _mm512_set1_epi32(split ? 128 * x->total[b * x->groups + g] : 0);
-        for (int i = 0; i < 32; i += 16) {
-            __m512i h = _mm512_loadu_si512(sums + 32 * b + i), l = _mm512_loadu_si512(sums + 512 + 32 * b + i);
-            _mm512_storeu_si512(sums + 32 * b + i, _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l), shift));
+        const __m512 dx = _mm512_set1_ps(x->scale[b * x->groups + g]), sx = _mm512_set1_ps(x->sum[b * x->groups + g]);
+        for (int i = 0; i < 2; i++) {
+            __m512i h = _mm512_loadu_si512(sums + 32 * b + 16 * i), l = _mm512_loadu_si512(sums + 512 + 32 * b + 16 * i);
+            __m512i dot = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l), shift);
+            float *at = tot + 32 * b + 16 * i;
+            __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), dx);
+            t = _mm512_fmadd_ps(scale[i], t, _mm512_loadu_ps(at));
+            _mm512_storeu_ps(at, offsets ? _mm512_fmadd_ps(off[i], sx, t) : t);
         }
     }
+}
+
+/* amx_join_add16 with `offsets` a constant in each copy (the loop then holds no test). */
+AI void amx_join_add16_of(const Prepared *prep, int64_t g, const QRows *x, const int32_t *sums, float *tot, int split) {
+    if (prep->offsets) amx_join_add16(prep, g, x, sums, tot, split, 1);
+    else amx_join_add16(prep, g, x, sums, tot, split, 0);
 }
 
 /* amx_rows for 16-bit x (q8: the codes' high bytes, lo8: their low ones), rows in whole 16s; a group's
@@ -364,17 +381,13 @@ static int64_t amx_rows16(const Prepared *prep, const QRows *x, int64_t rows, in
         for (int64_t g = 0; g < x->groups; g++) {
             amx_group16(prep->codes, xb.q8, xb.lo8, x->cols, g, group, chunk, split);
             ahead_share(ahead, b0 / AMX_ROWS * x->groups + g, done / AMX_ROWS * x->groups);
-            if (g) {
-                amx_join16(sums[(g - 1) & 1], &xb, g - 1, split);
-                amx_add_dots_of(prep, g - 1, &xb, sums[(g - 1) & 1], tot, AMX_ROWS);
-            }
+            if (g) amx_join_add16_of(prep, g - 1, &xb, sums[(g - 1) & 1], tot, split);
             _tile_stored(4, sums[g & 1], 128);
             _tile_stored(5, sums[g & 1] + 16, 128);
             _tile_stored(6, sums[g & 1] + 512, 128);
             _tile_stored(7, sums[g & 1] + 512 + 16, 128);
         }
-        amx_join16(sums[(x->groups - 1) & 1], &xb, x->groups - 1, split);
-        amx_add_dots_of(prep, x->groups - 1, &xb, sums[(x->groups - 1) & 1], tot, AMX_ROWS);
+        amx_join_add16_of(prep, x->groups - 1, &xb, sums[(x->groups - 1) & 1], tot, split);
         for (int b = 0; b < AMX_ROWS; b++)
             store_pass(tot + 32 * b, out + (b0 + b) * n + 16 * s, out + (b0 + b) * n + h + 16 * s, fp16);
     }
