@@ -140,36 +140,32 @@ static int gemm_takes(int64_t tile, int64_t group, int kind) {
  * (with the exact sum of x, errors grew 1.5-3x). xgroup is the weight's group, or 256 (one scale a
  * K-quant super-block, `x_block`: llama.cpp's Q8_K rounding of x for its K-quants); `scale` holds
  * the block's scale at each of its groups, so every loop reads x's scales per group as before.
- * Whole vectors go through the variant's `quantize_group_simd` (the same results). */
+ * Whole vectors go through the variant's `quantize_group_simd`, the groups' sums too (the same results). */
 static void quantize_rows(const uint16_t *x, int64_t rows, int64_t cols, int64_t group, int64_t xgroup, int fp16,
                           int bits, void *q, float *scale, float *sum, int32_t *codes_sum) {
     const float top = bits == 16 ? 32767.0f : 127.0f;
-    const int64_t per = xgroup / group;  /* groups a block */
+    const int64_t per = xgroup / group;  /* groups a block: at most 64 (xgroup <= 256, group >= 4) */
+    int32_t totals[64];
     for (int64_t blk = 0; blk < rows * (cols / xgroup); blk++) {  /* the blocks of all rows, in order */
         const uint16_t *xg = x + blk * xgroup;
         float amax = 0.0f;
-        int32_t total = 0;
         void *qg = (char *)q + blk * xgroup * (bits / 8);
-        if (!quantize_group_simd(xg, xgroup, fp16, bits, qg, &amax, &total)) {
+        if (!quantize_group_simd(xg, xgroup, group, fp16, bits, qg, &amax, totals)) {
             for (int64_t i = 0; i < xgroup; i++) amax = fmaxf(amax, fabsf(half_to_float(xg[i], fp16)));
             float inv = amax > 0.0f ? top / amax : 0.0f;
+            for (int64_t j = 0; j < per; j++) totals[j] = 0;
             for (int64_t i = 0; i < xgroup; i++) {
                 long code = lrintf(half_to_float(xg[i], fp16) * inv);
                 if (bits == 16) ((int16_t *)qg)[i] = (int16_t)code;
                 else ((int8_t *)qg)[i] = (int8_t)code;
-                total += (int32_t)code;
+                totals[i / group] += (int32_t)code;
             }
         }
         for (int64_t j = 0; j < per; j++) {
             const int64_t g = blk * per + j;
-            if (per > 1) {  /* the group's own codes' sum */
-                total = 0;
-                for (int64_t i = j * group; i < (j + 1) * group; i++)
-                    total += bits == 16 ? ((const int16_t *)qg)[i] : ((const int8_t *)qg)[i];
-            }
             scale[g] = amax / top;
-            sum[g] = scale[g] * (float)total;
-            codes_sum[g] = total;
+            sum[g] = scale[g] * (float)totals[j];
+            codes_sum[g] = totals[j];
         }
     }
 }

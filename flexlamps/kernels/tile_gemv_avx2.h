@@ -267,28 +267,30 @@ static void run_tile(const uint8_t *codes, const uint8_t *plane, const uint16_t 
     free(paired);
 }
 
-/* One group of x's values as codes of `bits` bits (8 or 16): amax, the codes' sum and the codes
- * at q; 8 values at a time (the same results as tile_gemv.c's scalar loop). Returns 0 where the
- * group is not whole vectors. */
-static int quantize_group_simd(const uint16_t *xg, int64_t group, int fp16, int bits, void *q, float *amax_out,
-                               int32_t *total_out) {
-    if (group % 8) return 0;
+/* One block of x's values (xgroup of them) as codes of `bits` bits (8 or 16): amax, the codes at q
+ * and their sum per group of `group` inputs (xgroup / group sums at totals); 8 values at a time
+ * (the same results as tile_gemv.c's scalar loop). Returns 0 where the groups are not whole vectors. */
+static int quantize_group_simd(const uint16_t *xg, int64_t xgroup, int64_t group, int fp16, int bits, void *q,
+                               float *amax_out, int32_t *totals) {
+    if (group % 8 || xgroup % group) return 0;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 m = _mm256_setzero_ps();
-    for (int64_t i = 0; i < group; i += 8)
+    for (int64_t i = 0; i < xgroup; i += 8)
         m = _mm256_max_ps(m, _mm256_andnot_ps(sign, halves_to_floats8(_mm_loadu_si128((const __m128i *)(xg + i)), fp16)));
     float amax = vf_hmax(m);
     __m256 inv = _mm256_set1_ps(amax > 0.0f ? (bits == 16 ? 32767.0f : 127.0f) / amax : 0.0f);
-    __m256i t = _mm256_setzero_si256();
-    for (int64_t i = 0; i < group; i += 8) {
-        __m256 f = halves_to_floats8(_mm_loadu_si128((const __m128i *)(xg + i)), fp16);
-        __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(f, inv));  /* nearest even, as lrintf */
-        t = _mm256_add_epi32(t, c);
-        __m128i c16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
-        if (bits == 16) _mm_storeu_si128((__m128i *)((int16_t *)q + i), c16);
-        else _mm_storel_epi64((__m128i *)((int8_t *)q + i), _mm_packs_epi16(c16, c16));
+    for (int64_t g = 0; g < xgroup; g += group) {
+        __m256i t = _mm256_setzero_si256();
+        for (int64_t i = g; i < g + group; i += 8) {
+            __m256 f = halves_to_floats8(_mm_loadu_si128((const __m128i *)(xg + i)), fp16);
+            __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(f, inv));  /* nearest even, as lrintf */
+            t = _mm256_add_epi32(t, c);
+            __m128i c16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+            if (bits == 16) _mm_storeu_si128((__m128i *)((int16_t *)q + i), c16);
+            else _mm_storel_epi64((__m128i *)((int8_t *)q + i), _mm_packs_epi16(c16, c16));
+        }
+        totals[g / group] = vi_sum(t);
     }
     *amax_out = amax;
-    *total_out = vi_sum(t);
     return 1;
 }

@@ -272,26 +272,29 @@ static int takes_tile(int64_t tile, int kind, int x_bits) { (void)kind; (void)x_
 
 static Setup make_setup(int64_t tile) { (void)tile; return make_indices(); }
 
-/* One group of x's values as codes: amax, the codes' sum and the codes at q; 16 values at a time
- * (the same results as tile_gemv.c's scalar loop). Returns 0 where the group is not whole vectors. */
-static int quantize_group_simd(const uint16_t *xg, int64_t group, int fp16, int bits, void *q, float *amax_out,
-                               int32_t *total_out) {
-    if (group % 16) return 0;
+/* One block of x's values (xgroup of them) as codes: amax, the codes at q and their sum per group of
+ * `group` inputs (xgroup / group sums at totals); 16 values at a time (the same results as
+ * tile_gemv.c's scalar loop). Returns 0 where the groups are not whole vectors. */
+static int quantize_group_simd(const uint16_t *xg, int64_t xgroup, int64_t group, int fp16, int bits, void *q,
+                               float *amax_out, int32_t *totals) {
+    if (group % 16 || xgroup % group) return 0;
     const float top = bits == 16 ? 32767.0f : 127.0f;
     __m512 m = _mm512_setzero_ps();
-    for (int64_t i = 0; i < group; i += 16)
+    for (int64_t i = 0; i < xgroup; i += 16)
         m = _mm512_max_ps(m, _mm512_abs_ps(halves_to_floats(_mm256_loadu_si256((const __m256i *)(xg + i)), fp16)));
     float amax = _mm512_reduce_max_ps(m);
     __m512 inv = _mm512_set1_ps(amax > 0.0f ? top / amax : 0.0f);
-    __m512i t = _mm512_setzero_si512();
-    for (int64_t i = 0; i < group; i += 16) {
-        __m512 f = halves_to_floats(_mm256_loadu_si256((const __m256i *)(xg + i)), fp16);
-        __m512i c = _mm512_cvt_roundps_epi32(_mm512_mul_ps(f, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        t = _mm512_add_epi32(t, c);
-        if (bits == 16) _mm256_storeu_si256((__m256i *)((int16_t *)q + i), _mm512_cvtepi32_epi16(c));
-        else _mm_storeu_si128((__m128i *)((int8_t *)q + i), _mm512_cvtepi32_epi8(c));
+    for (int64_t g = 0; g < xgroup; g += group) {
+        __m512i t = _mm512_setzero_si512();
+        for (int64_t i = g; i < g + group; i += 16) {
+            __m512 f = halves_to_floats(_mm256_loadu_si256((const __m256i *)(xg + i)), fp16);
+            __m512i c = _mm512_cvt_roundps_epi32(_mm512_mul_ps(f, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            t = _mm512_add_epi32(t, c);
+            if (bits == 16) _mm256_storeu_si256((__m256i *)((int16_t *)q + i), _mm512_cvtepi32_epi16(c));
+            else _mm_storeu_si128((__m128i *)((int8_t *)q + i), _mm512_cvtepi32_epi8(c));
+        }
+        totals[g / group] = _mm512_reduce_add_epi32(t);
     }
     *amax_out = amax;
-    *total_out = _mm512_reduce_add_epi32(t);
     return 1;
 }
