@@ -220,21 +220,33 @@ static int64_t amx_rows(const Prepared *prep, const QRows *x, int64_t rows, int6
 #define K6_CHUNK 64  /* inputs a product */
 
 /* The prepared sub-tile's signed codes q (cols inputs) times their group's sc (prep->scale as int32,
- * in lane order), as the planes' bytes: hi at prep->planes, lo cols * SUB bytes on. */
+ * in lane order), as the planes' bytes: hi at prep->planes, lo cols * SUB bytes on. A group's sc are
+ * spread to its codes' 16-bit lanes once (4 inputs' codes share them), and each product's bytes are
+ * its 16-bit lane's: lo the even bytes, hi (c >> 8, signed) the odd ones, two permutes a 64 codes. */
 static void amx_k6_planes(const Prepared *prep, int64_t cols) {
     int16_t order[32];
+    uint8_t even[64], odd[64];
     for (int e = 0; e < 32; e++) order[e] = (int16_t)(2 * (e / 4));  /* each lane's sc (int32's low half) 4 times */
-    const __m512i idx = _mm512_loadu_si512(order);
-    for (int64_t k = 0; k < cols; k += 4)
-        for (int v = 0; v < 4; v++) {  /* 8 lanes' 4 codes */
-            const int64_t at = k * 32 + 32 * v;
-            __m512i q = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(prep->codes + at)));
-            __m512i sc = _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(
-                _mm256_loadu_si256((const __m256i *)(prep->scale + k / 16 * SUB + 8 * v))));
-            __m512i c = _mm512_mullo_epi16(q, sc);
-            _mm256_storeu_si256((__m256i *)(prep->planes + at), _mm512_cvtepi16_epi8(_mm512_srai_epi16(c, 8)));
-            _mm256_storeu_si256((__m256i *)(prep->planes + cols * SUB + at), _mm512_cvtepi16_epi8(c));
-        }
+    for (int i = 0; i < 64; i++) {
+        even[i] = (uint8_t)(2 * i);
+        odd[i] = (uint8_t)(2 * i + 1);
+    }
+    const __m512i idx = _mm512_loadu_si512(order), lo_bytes = _mm512_loadu_si512(even), hi_bytes = _mm512_loadu_si512(odd);
+    for (int64_t g = 0; g < cols / 16; g++) {
+        __m512i sc[4];
+        for (int v = 0; v < 4; v++)  /* lanes 8v..8v+7: the 32 codes of vector v of each 4 inputs */
+            sc[v] = _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(prep->scale + g * SUB + 8 * v))));
+        for (int64_t k = 16 * g; k < 16 * (g + 1); k += 4)
+            for (int v = 0; v < 4; v += 2) {  /* 64 codes: two vectors' */
+                const int64_t at = k * 32 + 32 * v;
+                __m512i c0 = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(prep->codes + at))), sc[v]);
+                __m512i c1 = _mm512_mullo_epi16(
+                    _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(prep->codes + at + 32))), sc[v + 1]);
+                _mm512_storeu_si512(prep->planes + at, _mm512_permutex2var_epi8(c0, hi_bytes, c1));
+                _mm512_storeu_si512(prep->planes + cols * SUB + at, _mm512_permutex2var_epi8(c0, lo_bytes, c1));
+            }
+    }
 }
 
 /* Super-block sb's S_hi (tiles 4, 5) and S_lo (6, 7) of 16 rows of x (at q8, stride cols). */

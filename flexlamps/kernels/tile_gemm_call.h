@@ -22,10 +22,11 @@
 #endif
 
 /* A chunk's rows from which Q6_K's form takes the planes on the AMX tiles (`amx_rows_k6`); below, the
- * groups' products (`amx_rows`, then k6_add_dots' integer steps): the same bits. Laying the planes out
- * costs a sub-tile about what 32 rows' products save (the 1.1B's Q6_K products at 32 rows 0.82x, 64 1.24x). */
+ * groups' products (`amx_rows`, then k6_add_dots' integer steps): the same bits. With the planes laid
+ * out in 16-bit products' bytes (kern31) they pay from a decode step's 32 rows (the 1.1B layer's Q6_K
+ * products 1.14x there; with the older planes 0.82x at 32, 1.24x at 64). */
 #ifndef K6_PLANES_FROM_ROWS
-#define K6_PLANES_FROM_ROWS 64
+#define K6_PLANES_FROM_ROWS 32
 #endif
 
 /* Bytes of the buffer one thread prepares sub-tiles in (`Prepared`). */

@@ -86,7 +86,7 @@ def _product(kernel: tile_gemv.TileGemv, w: Int8Weight, x: torch.Tensor, prompt:
 @pytest.mark.parametrize("rows", [128, 100])  # 100: the last tile padded
 def test_every_variant_gives_a_row_the_same_bits(dtype, rows):
     """Decode at 1 to 96 rows (from 6 or 8 rows the prompt kernel's passes; the AMX tiles for whole
-    16s, from 64 rows with the planes of sc q) and prompts: each variant's bits equal, each row's the
+    16s, from 32 rows with the planes of sc q) and prompts: each variant's bits equal, each row's the
     same at every count, and within a rounding of x per 256 times the exact weight (llama.cpp's Q8_K)."""
     w = _form(rows, 512, dtype)
     exact = w.dequantize(torch.float32)
