@@ -7,7 +7,8 @@
  * stored and go through add_dots's fp32 steps, in its order (t = dot * dx; t = scale * t + tot;
  * tot = offset * sx + t), 16 lanes a vector: a row gets the bits tile_gemm.h and decode give it,
  * whatever rows share the call (the batch-invariance rule); Q4_K's form with x per super-block: its
- * K4_SUPER steps (`amx_k4_add_dots`). Rows in blocks of 32 (two A tiles) and
+ * K4_SUPER steps (`amx_k4_add_dots`), and from 64 rows a chunk planes of sc u (`amx_rows_k4`, as
+ * Q6_K's `amx_rows_k6`). Rows in blocks of 32 (two A tiles) and
  * 16; the last rows (under 16) take gemm_rows. Included by tile_gemv.c where __AMX_INT8__ is set.
  * Linux lends a process the tiles' state only when asked (arch_prctl): where it refuses, every row
  * takes gemm_rows. */
@@ -219,11 +220,12 @@ static int64_t amx_rows(const Prepared *prep, const QRows *x, int64_t rows, int6
  * the super-block's one fp32 step (k6_step16: the bits every other path gives the row). */
 #define K6_CHUNK 64  /* inputs a product */
 
-/* The prepared sub-tile's signed codes q (cols inputs) times their group's sc (prep->scale as int32,
- * in lane order), as the planes' bytes: hi at prep->planes, lo cols * SUB bytes on. A group's sc are
+/* The prepared sub-tile's codes (cols inputs: Q6_K's signed q, Q4_K's u in 0..15) times their group's
+ * sc (prep->scale in lane order: Q6_K's as int32, groups of 16; Q4_K's as fp32, an integer, groups of
+ * 32: `k4`), as the planes' bytes: hi at prep->planes, lo cols * SUB bytes on. A group's sc are
  * spread to its codes' 16-bit lanes once (4 inputs' codes share them), and each product's bytes are
  * its 16-bit lane's: lo the even bytes, hi (c >> 8, signed) the odd ones, two permutes a 64 codes. */
-static void amx_k6_planes(const Prepared *prep, int64_t cols) {
+static void amx_k6_planes(const Prepared *prep, int64_t cols, int k4) {
     int16_t order[32];
     uint8_t even[64], odd[64];
     for (int e = 0; e < 32; e++) order[e] = (int16_t)(2 * (e / 4));  /* each lane's sc (int32's low half) 4 times */
@@ -234,9 +236,11 @@ static void amx_k6_planes(const Prepared *prep, int64_t cols) {
     const __m512i idx = _mm512_loadu_si512(order), lo_bytes = _mm512_loadu_si512(even), hi_bytes = _mm512_loadu_si512(odd);
     for (int64_t g = 0; g < cols / 16; g++) {
         __m512i sc[4];
-        for (int v = 0; v < 4; v++)  /* lanes 8v..8v+7: the 32 codes of vector v of each 4 inputs */
+        for (int v = 0; v < 4; v++) {  /* lanes 8v..8v+7: the 32 codes of vector v of each 4 inputs */
+            const float *lanes = prep->scale + (k4 ? g / 2 : g) * SUB + 8 * v;  /* (Q4_K: 32 inputs a group) */
             sc[v] = _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(
-                _mm256_loadu_si256((const __m256i *)(prep->scale + g * SUB + 8 * v))));
+                k4 ? _mm256_cvttps_epi32(_mm256_loadu_ps(lanes)) : _mm256_loadu_si256((const __m256i *)lanes)));
+        }
         for (int64_t k = 16 * g; k < 16 * (g + 1); k += 4)
             for (int v = 0; v < 4; v += 2) {  /* 64 codes: two vectors' */
                 const int64_t at = k * 32 + 32 * v;
@@ -292,7 +296,7 @@ static int64_t amx_rows_k6(const Prepared *prep, const QRows *x, int64_t rows, u
     int32_t sums[2][2 * AMX_ROWS * 32] __attribute__((aligned(64)));
     float tot[AMX_ROWS * 32] __attribute__((aligned(64)));
     if (!done) return 0;
-    amx_k6_planes(prep, x->cols);
+    amx_k6_planes(prep, x->cols, 0);
     const uint8_t *hi = prep->planes, *lo = prep->planes + x->cols * SUB;
     amx_configure(K6_CHUNK);
     for (int64_t b0 = 0; b0 < done; b0 += AMX_ROWS) {
@@ -314,6 +318,8 @@ static int64_t amx_rows_k6(const Prepared *prep, const QRows *x, int64_t rows, u
     _tile_release();
     return done;
 }
+
+#include "tile_gemm_amx_k4.h"  /* Q4_K's form from 64 rows: planes of sc u, as Q6_K's above */
 
 /* 16-bit x (an output head's decode rows) on the tiles. Each code x16 = 256 hi + lo (hi signed, lo
  * unsigned bytes), so a group's exact sum of x16 times the codes is 256 S_hi + S_lo, two int8 tile

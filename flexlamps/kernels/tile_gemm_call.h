@@ -29,10 +29,16 @@
 #define K6_PLANES_FROM_ROWS 32
 #endif
 
+/* A chunk's rows from which Q4_K's form with x per super-block takes the planes on the AMX tiles
+ * (`amx_rows_k4`), as Q6_K's; below, the groups' products (`amx_rows`): the same bits. */
+#ifndef K4_PLANES_FROM_ROWS
+#define K4_PLANES_FROM_ROWS 64
+#endif
+
 /* Bytes of the buffer one thread prepares sub-tiles in (`Prepared`). */
-static size_t prepared_bytes(int64_t cols, int64_t groups, int split) {
-    /* (int8 codes: two more planes of bytes, Q6_K's form's sc q on the AMX tiles, `amx_k6_planes`) */
-    return (size_t)((split ? 4 : 1) * cols * SUB) + 2 * sizeof(float) * (size_t)(groups * SUB);
+static size_t prepared_bytes(int64_t cols, int64_t groups, int split, int k4) {
+    /* (two more planes of bytes, Q6_K's and Q4_K's forms' sc q on the AMX tiles, `amx_k6_planes`) */
+    return (size_t)((split ? 4 : k4 ? 3 : 1) * cols * SUB) + 2 * sizeof(float) * (size_t)(groups * SUB);
 }
 
 /* A prompt call's arguments, for the threads' sub-tiles (`gemm_subtile`): each thread lays a
@@ -47,6 +53,7 @@ typedef struct {
     uint8_t *prepared;
     size_t per_thread;
     const PartialTile *partial;
+    uint8_t *k4_fits;  /* Q4_K's form on the AMX planes: x's rows' `k4_fit_rows` flags, else NULL */
 } GemmCall;
 
 #if defined(__AMX_INT8__)
@@ -111,12 +118,33 @@ static void gemm_subtile(void *ctx, int64_t c, int slot) {
     if (g->wide) done = amx_rows16(&prep, g->x, g->rows, g->group, g->split, out, n, s, h, g->fp16, &ahead);
     else if (amx && prep.k6 && g->rows >= K6_PLANES_FROM_ROWS)
         done = amx_rows_k6(&prep, g->x, g->rows, out, n, s, h, g->fp16, &ahead);
+    else if (g->k4_fits && g->rows >= K4_PLANES_FROM_ROWS)
+        done = amx_rows_k4(&prep, g->x, g->rows, out, n, s, h, g->fp16, &ahead, g->k4_fits + r0 * (cols / 256));
     else if (amx) done = amx_rows(&prep, g->x, g->rows, g->group, g->split, out, n, s, h, g->fp16, &ahead);
 #endif
     if (done < g->rows) {
         QRows rest = rows_from(g->x, done);
         gemm_rows(&prep, &rest, g->rows - done, g->group, g->split, out + done * n, n, s, h, g->fp16);
     }
+}
+
+/* Q4_K's form with x per super-block on the AMX planes (a call of K4_PLANES_FROM_ROWS rows or more):
+ * its rows' `k4_fit_rows` flags (free them), else NULL; *failed where it could not get memory. */
+static uint8_t *k4_fits_of(const QRows *x, int64_t rows, int amx, int slots, int *failed) {
+    *failed = 0;
+#if defined(__AMX_INT8__)
+    if (!amx || x->k4 != K4_SUPER || rows < K4_PLANES_FROM_ROWS) return NULL;
+    K4Fits f = {x, rows, malloc((size_t)(rows * (x->cols / 256)) + 64)};
+    if (!f.fits) {
+        *failed = 1;
+        return NULL;
+    }
+    pool_run(slots, (rows + 63) / 64, k4_fit_rows, &f);
+    return f.fits;
+#else
+    (void)x, (void)rows, (void)amx, (void)slots;
+    return NULL;
+#endif
 }
 
 /* A call's work on x's rows already rounded to int8 (`quantized_x`) laid out for the threads:
@@ -128,7 +156,8 @@ static int gemm_open(GemmCall *call, QRows *biased, PartialTile *partial, const 
                      int64_t group, int64_t tile, int fp16, int kind, int wide, int threads, int64_t *chunks) {
     const int split = kind != KIND_INT4;
     const int slots = threads > 1 ? (threads < POOL_MAX_WORKERS + 1 ? threads : POOL_MAX_WORKERS + 1) : 1;
-    const size_t per_thread = (prepared_bytes(x->cols, x->groups, split) + 63) / 64 * 64;
+    const int planes4 = x->k4 == K4_SUPER && rows >= K4_PLANES_FROM_ROWS;
+    const size_t per_thread = (prepared_bytes(x->cols, x->groups, split, planes4) + 63) / 64 * 64;
     uint8_t *prepared = malloc(per_thread * (size_t)slots + 64);
     if (!prepared || partial_open(partial, scale_zero, n, tile, sz_groups(x, kind), rows, x->sz_width)) {
         free(prepared);
@@ -141,12 +170,20 @@ static int gemm_open(GemmCall *call, QRows *biased, PartialTile *partial, const 
 #endif
     *biased = *x;  /* with the starts of biased int8 codes' sums (serial work: ~6 ms a 4,096-row Q6_K down) */
     biased->starts16 = split && !wide && !amx ? bias_starts(x, rows) : NULL;
+    int failed;
+    uint8_t *fits = k4_fits_of(x, rows, amx, slots, &failed);
+    if (failed) {
+        partial_close(partial, NULL, n, tile, 0);
+        free(prepared);
+        free((void *)biased->starts16);
+        return -1;
+    }
     int64_t chunk_rows = ((amx && x->k6 ? K6_CHUNK_X_BYTES : GEMM_CHUNK_X_BYTES) / x->cols) / 16 * 16;
     chunk_rows = chunk_rows < 64 ? 64 : chunk_rows;
     const int64_t subs = (n + tile - 1) / tile * (tile / SUB);
     *chunks = (rows + chunk_rows - 1) / chunk_rows * subs;
     GemmCall c = {codes, kind == KIND_INT6 ? plane : NULL, scale_zero, biased, out, n, rows, group, tile,
-                  chunk_rows, subs, fp16, split, wide, prepared, per_thread, partial};
+                  chunk_rows, subs, fp16, split, wide, prepared, per_thread, partial, fits};
     *call = c;
     return 0;
 }
@@ -156,6 +193,7 @@ static void gemm_close(GemmCall *call, PartialTile *partial) {
     partial_close(partial, call->out, call->n, call->tile, call->rows);
     free(call->prepared);
     free((void *)call->x->starts16);
+    free(call->k4_fits);
 }
 
 /* out = x @ w.T for x's rows already rounded to int8 (`quantized_x`), on the threads (`gemm_open`);
