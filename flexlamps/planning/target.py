@@ -23,7 +23,7 @@ class PlanTarget:
     weight_quant: str | None = None  # the executor's weight compression backend (groupwise8 stores 8-bit weights)
     routing: RoutingProfile | None = None  # a MoE model's measured routing (None: uniform)
     # a checkpoint's blocks the executor keeps as they are: {name: a matrix in the form kept}
-    # (`engine.executors.weight_store.in_place_samples`: a GGUF's codes, sized by their kind); None: none
+    # (`engine.executors.weight_store.in_place_coded`: a GGUF's codes, sized by their kind); None: none
     in_place: dict | None = None
 
 

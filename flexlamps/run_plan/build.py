@@ -21,11 +21,12 @@ from flexlamps.engine.augmented.pools import pool_sizes
 from flexlamps.engine.executors.contract import Executor
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
-from flexlamps.engine.executors.weight_store import in_place_samples
+from flexlamps.engine.executors.weight_store import in_place_coded
 from flexlamps.engine.routing_profile import cached_routing
 from flexlamps.hardware import cache as hardware_cache
 from flexlamps.models.blocks import linear
 from flexlamps.models.loading import weight_cache
+from flexlamps.models.loading.in_place import in_place_sample
 from flexlamps.models.loading.weight_cache import load_weights
 from flexlamps.models.blocks.weight_kind import kind_of
 from flexlamps.models.weight_specs import weight_specs
@@ -47,7 +48,7 @@ def machine_inputs(settings: RunSettings, spec: placement.ModelSpec, reader, on_
     offloaded), else {}: `hardware`, the profile (the cached one, or measured now on the model's
     own matrices, `on_profile(path, why)` told first); `disk_bytes`, the disk tier's free space;
     `routing`, a MoE model's routing profile cached by `flexlamps profile --prompts` (or None);
-    `in_place`, the checkpoint's blocks the executor keeps as they are (`in_place_samples`)."""
+    `in_place`, the checkpoint's blocks the executor keeps as they are (`in_place_coded`)."""
     if not (settings.offloaded and isinstance(settings.policy, str) and settings.policy == "auto"):
         return {}
 
@@ -55,7 +56,7 @@ def machine_inputs(settings: RunSettings, spec: placement.ModelSpec, reader, on_
     hardware = hardware_cache.machine_profile(scratch, on_profile, model_shapes=spec.layer_matrix_shapes(),
                                               expert_dims=spec.routed_expert_dims())
     return dict(hardware=hardware, disk_bytes=free_disk_bytes(settings.offload_dir), routing=cached_routing(reader),
-                in_place=in_place_samples(reader, settings.resolve_dtype(reader))[1])
+                in_place=in_place_coded(reader, settings.resolve_dtype(reader))[1])
 
 
 def free_disk_bytes(offload_dir) -> int:
@@ -115,11 +116,12 @@ def _dense_twins_fit(weights: dict) -> bool:
 def in_memory_weight_bytes(reader, dtype: torch.dtype) -> int:
     """Bytes the in-memory executor on this CPU holds for `reader`'s weights in `dtype`, each as its
     kind stores it (`WeightKind.stored_bytes`): a checkpoint's blocks kept as codes
-    (`in_place_samples`: Q4_K at 4.625 bits a weight where our kernel keeps its scales), with the
+    (`in_place_sample`: Q4_K at 4.625 bits a weight where our kernel keeps its scales), with the
     dense twin (and int8 copy) `Int4Twin` adds where `_twinned`, as if they fit; the others dense."""
-    _, samples = in_place_samples(reader, dtype)
-    held = sum(s.numel * dtype.itemsize for s in weight_specs(reader.config) if s.name not in samples)
-    for w in samples.values():
+    specs, _ = in_place_coded(reader, dtype)
+    held = sum(s.numel * dtype.itemsize for s in weight_specs(reader.config) if s.name not in specs)
+    for spec in specs.values():  # the twin rule reads the matrix's form: built, one at a time
+        w = in_place_sample(reader, spec, dtype)
         w = linear.with_dense_twin(w, plain=lambda: None) if _twinned(w) else w  # sized, never read
         held += kind_of(w).stored_bytes(w)
     return held

@@ -15,16 +15,19 @@ from click.testing import CliRunner
 import placement
 from flexlamps.catalog import describe_model
 from flexlamps.cli import main
-from flexlamps.engine.executors.weight_store import WeightStore, in_place_bytes, in_place_samples
+from flexlamps.engine.executors.weight_store import WeightStore, in_place_bytes, in_place_coded
 from flexlamps.models.description import model_spec, with_codes
 from flexlamps.models.loading.checkpoint import GGUFReader
-from flexlamps.models.loading.gguf_codes import CodeForms, gguf_coded_bytes
+from flexlamps.models.blocks.weight_kind import kind_of
+from flexlamps.models.loading import in_place
+from flexlamps.models.loading.gguf_codes import KERNEL_TILE, CodeForms, gguf_coded_bytes
 from flexlamps.models.loading.gguf_header import open_gguf
-from flexlamps.models.loading.in_place import keeps_k_scales, packs_five_bit
+from flexlamps.models.loading.in_place import in_place_form, keeps_k_scales, packs_five_bit
 from flexlamps.planning.dry_run import dry_run
 from flexlamps.planning.policy_choice import plan_policy
 from flexlamps.planning.target import BlockLengths, Compression, PlanTarget
 from placement.choice import Choice
+from offload.store import stored_parts
 from placement.layer_sizes import layer_sizes
 from tests.checkpoints import GGUF_MOE_OVERRIDES, make_checkpoint
 from tests.decoder_gguf import write_decoder_gguf
@@ -64,20 +67,48 @@ TYPES = {"q8_0": _every("Q8_0"), "q4_0": _every("Q4_0"), "q6_k": _every("Q6_K"),
 @pytest.mark.parametrize("types", sorted(TYPES))
 def test_the_planned_codes_are_the_bytes_the_executor_stores(tmp_path, types):
     """`gguf_coded_bytes` (torch-free, `flexlamps plan`'s) in this machine's forms gives each matrix kept
-    as codes the bytes its kind stores the executor's sample in (`in_place_bytes`, what the store
-    charges): exactly, tile padding of the narrow k / v rows included."""
+    as codes the bytes its kind stores the matrix read from the file in (`in_place_form`), exactly, tile
+    padding of the narrow k / v rows included; so do the store's descriptions (`in_place_bytes`), the
+    tied head's table pieces and their parts' names too."""
     path = write_llama_gguf(tmp_path / f"{types}.gguf", TYPES[types], hidden=256, ffn=512, layers=2, heads=4,
                             kv_heads=2, vocab=300)
     reader = GGUFReader(path)
     forms = CodeForms(native=keeps_k_scales(), five_bit=packs_five_bit())
-    samples = in_place_samples(reader, torch.bfloat16)[1]
-    assert gguf_coded_bytes(reader.config, _types(path), forms) == in_place_bytes(samples)
+    specs, coded = in_place_coded(reader, torch.bfloat16)
+    held = {name: in_place_form(reader, spec, torch.bfloat16) for name, spec in specs.items()}
+    assert gguf_coded_bytes(reader.config, _types(path), forms) == in_place_bytes(coded) == \
+        {name: kind_of(w).stored_bytes(w) for name, w in held.items()}
+    for start, stop in ((0, 64), (64, 256), (256, 300)):  # a table's pieces: whole kernel tiles, the last short
+        piece, kept = coded["lm_head"].rows(start, stop), held["lm_head"].rows(start, stop)
+        assert piece.nbytes == kind_of(kept).stored_bytes(kept)
+        assert piece.part_names("p::") == list(stored_parts(kept, "p::"))
     # the planner's whole model is what the executor's store holds, every weight on the cpu tier
     on_cpu = placement.TierSplit(gpu=0, cpu=1, disk=0)
     policy = placement.Policy(gpu_batch_size=1, num_gpu_batches=1, weights=on_cpu, cache=on_cpu, activations=on_cpu)
-    store = WeightStore(reader.config, policy, torch.bfloat16, device_type="cpu", in_place=samples)
-    planned = with_codes(model_spec(reader.config), reader.config, in_place_bytes(samples))
+    store = WeightStore(reader.config, policy, torch.bfloat16, device_type="cpu", in_place=coded)
+    planned = with_codes(model_spec(reader.config), reader.config, in_place_bytes(coded))
     assert planned.total_weight_bytes() == sum(store.stored.values())
+
+
+def test_sizing_the_codes_builds_no_matrix(tmp_path, monkeypatch):
+    """The dry run sizes the file's blocks from the formula: no sample of a matrix's size is built (a
+    1B's tied head, 128256 x 2048, took a process from 278 to 1455 MiB peak RSS), only one kernel tile
+    of rows where a form's parts' names are asked for."""
+    path = write_llama_gguf(tmp_path / "q4_k_m.gguf", kquant_types, hidden=256, ffn=512, layers=2, heads=4,
+                            kv_heads=2, vocab=300)
+    reader = GGUFReader(path)
+    built = []
+    real = in_place._sample
+    monkeypatch.setattr(in_place, "_sample", lambda kind, shape, *rest: built.append(shape) or real(kind, shape, *rest))
+    in_place._part_names.cache_clear()
+    coded = in_place_coded(reader, torch.bfloat16)[1]
+    split = placement.TierSplit(gpu=0.2, cpu=0.3, disk=0.5)
+    policy = placement.Policy(gpu_batch_size=1, num_gpu_batches=1, weights=split, cache=split, activations=split)
+    store = WeightStore(reader.config, policy, torch.bfloat16, device_type="cpu", in_place=coded)
+    assert "disk" in store.tiers.values() and store.stored
+    coded_names = [name for name in store.stored if store.keeps_codes(name)]
+    assert all(store.coded_piece(name, store._piece_named(name)).part_names("x::") for name in coded_names)
+    assert coded_names and all(shape[0] == KERNEL_TILE for shape in built)
 
 
 def test_generate_plans_in_memory_what_fits_as_codes(tmp_path):
@@ -96,7 +127,7 @@ def test_generate_plans_in_memory_what_fits_as_codes(tmp_path):
         return target, plan_policy(target, placement.hardware_preset("t4-flexgen"), lengths, disk_bytes=1 << 30,
                                    max_block_size=2, compression=Compression(allow=False), **budgets)
 
-    target, codes = plan(in_place_samples(reader, torch.bfloat16)[1])
+    target, codes = plan(in_place_coded(reader, torch.bfloat16)[1])
     assert codes.policy.weights.disk == 0
     assert dry_run(target, codes.policy, lengths, **budgets).peak_bytes == pytest.approx(codes.peak_bytes, rel=1e-6)
     assert plan(None)[1].policy.weights.disk > 0.5  # the same file priced as bf16
@@ -152,7 +183,7 @@ def test_a_moe_gguf_plans_its_experts_blocks_as_stored(tmp_path):
     folder = make_checkpoint(tmp_path / "mixtral", "mixtral", **GGUF_MOE_OVERRIDES["mixtral"])
     path = write_decoder_gguf(folder, tmp_path / "q8.gguf", quantize_experts="Q8_0")
     reader = GGUFReader(path, cache_dir=tmp_path / "cache")
-    samples = in_place_samples(reader, torch.bfloat16)[1]
+    samples = in_place_coded(reader, torch.bfloat16)[1]
     assert samples and all(".experts." in name for name in samples)
     on_cpu = placement.TierSplit(gpu=0, cpu=1, disk=0)
     policy = placement.Policy(gpu_batch_size=1, num_gpu_batches=1, weights=on_cpu, cache=on_cpu, activations=on_cpu)

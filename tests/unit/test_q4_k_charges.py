@@ -16,7 +16,7 @@ from flexlamps.engine.batch.generate import generate
 from flexlamps.engine.batch.sampling import SamplingParams
 from flexlamps.engine.executors.in_memory import InMemoryExecutor
 from flexlamps.engine.executors.offloaded import OffloadExecutor
-from flexlamps.engine.executors.weight_store import in_place_samples
+from flexlamps.engine.executors.weight_store import in_place_coded
 from flexlamps.models.description import model_spec
 from flexlamps.models.loading.checkpoint import GGUFReader
 from flexlamps.models.loading.gguf_blocks import q4_k_parts
@@ -84,7 +84,7 @@ def test_the_dry_run_charges_what_the_store_holds(tmp_path, types, compress):
              micro_batch=2, reuse_prefix=False)
     ex.close()
     target = PlanTarget(config=reader.config, model=model_spec(reader.config), dtype=torch.bfloat16,
-                        in_place=in_place_samples(reader, torch.bfloat16)[1])
+                        in_place=in_place_coded(reader, torch.bfloat16)[1])
     run = dry_run(target, policy, BlockLengths(prompt_len=prompt_len, gen_len=gen_len), gpu_mem=1 << 30,
                   cpu_mem=1 << 30)
     by_tier = {t: sum(n for name, n in held.items() if ex.weights.tiers[name] == t) for t in ("cpu", "disk")}

@@ -29,7 +29,7 @@ from flexlamps.engine.executors.placement_map import cache_tiers
 from flexlamps.engine.executors.step import Step
 from flexlamps.engine.executors.stored_weights import GROUPWISE_BACKENDS, int4_weights, weight_bits, weight_quant_config
 from flexlamps.engine.executors.sweep import Sweep
-from flexlamps.engine.executors.weight_store import WeightStore, in_place_samples
+from flexlamps.engine.executors.weight_store import WeightStore, in_place_coded
 from flexlamps.engine.routing_profile import cached_routing
 from flexlamps.models.blocks.linear import KINDS
 from flexlamps.models.forward import forward_for
@@ -99,11 +99,11 @@ class OffloadExecutor:
         int4 = bool(int4_weights(policy, weight_quant))
         if routing is None:
             routing = cached_routing(reader)
-        in_place, samples = in_place_samples(reader, dtype)
+        in_place, coded = in_place_coded(reader, dtype)
         self.weights = WeightStore(cfg, policy, dtype, int4=int4, device_type=self.device.type,
                                    stores_fp8=getattr(reader, "stores_fp8", None),
                                    stores_mxfp4=getattr(reader, "stores_mxfp4", None), routing=routing,
-                                   weight_bits=weight_bits(policy, weight_quant), in_place=samples)
+                                   weight_bits=weight_bits(policy, weight_quant), in_place=coded)
         self.model_spec = model_spec
         self.charges = PlacementCharges(self.weights, model_spec=self.model_spec, latent_fp8=latent_fp8)
         self.weights.write(reader, self.budgets, self.device, in_place=in_place, qcfg=self.qcfg,

@@ -171,11 +171,11 @@ class StoredWeights:
 
     def holds_k_scales(self, spec: WeightSpec, tier: str, in_place: dict) -> bool:
         """Whether a 4-bit weight is held on `tier` with Q4_K's scales as the file has them
-        (`read_int4`): every part read so (`in_place`: the file's blocks as kept, `in_place_samples`;
+        (`read_int4`): every part read so (`in_place`: the file's blocks as kept, `in_place_coded`;
         a part quantized here, or stacked beside pairs, makes pairs), and not moved to a device
         for its kernel there (`Int4Weight.to`: pairs on a GPU)."""
-        samples = [in_place.get(p.name) for p in self.parts.get(spec.name, [spec])]
-        if not all(isinstance(w, Int4Weight) and w.k_scales for w in samples):
+        kept = [in_place.get(p.name) for p in self.parts.get(spec.name, [spec])]
+        if not all(w is not None and w.cls is Int4Weight and w.k_scales for w in kept):
             return False
         return self.device_type == "cpu" or not _held_layouts(tuple(spec.shape), tier, self.device_type)[1]
 

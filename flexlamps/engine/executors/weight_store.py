@@ -23,14 +23,13 @@ from flexlamps.engine.executors.placement_map import TABLE_NAMES, place_weights
 from flexlamps.engine.executors.stored_weights import (StoredWeights, fp8_nbytes, int4_format_tag, int4_weights,
                                                        stored_nbytes)
 from flexlamps.models.blocks.dense_gemm import pack
-from flexlamps.models.blocks.weight_kind import EXPANDED_ON_ARRIVAL, KINDS, WeightKind, kind_of
+from flexlamps.models.blocks.weight_kind import EXPANDED_ON_ARRIVAL, KINDS, WeightKind
 from flexlamps.models.config import ModelConfig
-from flexlamps.models.loading.in_place import (TIED_HEAD, in_place_form, in_place_sample, in_place_specs,
+from flexlamps.models.loading.in_place import (TIED_HEAD, coded_matrix, in_place_form, in_place_specs,
                                                packs_five_bit, packs_six_bit)
 from flexlamps.models.loading.mapped_pages import owned
 from flexlamps.models.weight_specs import WeightSpec, weight_specs
 from offload import DiskFolder, TieredStore, compute_device, tensor_bytes
-from offload.store import stored_parts
 from placement.cost_memory import HEAD_CHUNK_ROWS
 from quant import QTensor, quantize
 from quant.fp8 import Fp8Weight
@@ -51,18 +50,19 @@ FORM_KINDS = {"int4": KINDS[Int4Weight], "quantized": EXPANDED_ON_ARRIVAL, "fp8"
               "mxfp4": KINDS[Mxfp4Weight], "dense": KINDS[torch.Tensor]}
 
 
-def in_place_samples(reader, dtype: torch.dtype) -> tuple[dict, dict]:
-    """({name: the file tensor's spec}, {name: a matrix in the form kept}) of the file's blocks kept
-    as codes (sizes, layouts): those the in-memory executor keeps so."""
+def in_place_coded(reader, dtype: torch.dtype) -> tuple[dict, dict]:
+    """({name: the file tensor's spec}, {name: its `CodedMatrix`, the form kept, described}) of the
+    file's blocks kept as codes: those the in-memory executor keeps so. Nothing is built: a sample
+    of the tied head alone took a 1B's process from 278 to 1455 MiB peak RSS."""
     specs = in_place_specs(reader, weight_specs(reader.config), dtype)
-    return specs, {name: in_place_sample(reader, spec, dtype) for name, spec in specs.items()}
+    return specs, {name: coded_matrix(reader, spec, dtype) for name, spec in specs.items()}
 
 
-def in_place_bytes(samples: dict) -> dict[str, int]:
-    """{name: bytes} of the blocks kept as codes (`in_place_samples`' matrices), each as its kind
-    stores it: what the store charges them (`WeightStore._stored_bytes`), and the planner's LP too
-    (`planning.policy_choice`, `models.description.with_codes`)."""
-    return {name: kind_of(w).stored_bytes(w) for name, w in samples.items()}
+def in_place_bytes(coded: dict) -> dict[str, int]:
+    """{name: bytes} of the blocks kept as codes (`in_place_coded`'s), as their kind stores them
+    (`gguf_codes.coded_nbytes`): what the store charges them (`WeightStore._stored_bytes`), and the
+    planner's LP too (`planning.policy_choice`, `models.description.with_codes`)."""
+    return {name: w.nbytes for name, w in coded.items()}
 
 
 class WeightStore:
@@ -74,8 +74,8 @@ class WeightStore:
     default: as DeepSeek-V3 / gpt-oss ship them); `routing`: a MoE model's
     `placement.routing.RoutingProfile` (hottest experts placed first); `weight_bits`: the
     compressed weights' bits (default: the policy's; `--weight-quant groupwise8`: 8); `in_place`:
-    {name: a matrix in the form a checkpoint's blocks are kept in} (`in_place_samples`: a GGUF's
-    codes; a tied head under "lm_head"), each stored so and sized by its kind's `stored_bytes`."""
+    {name: the form a checkpoint's blocks are kept in, described} (`in_place_coded`: a GGUF's
+    codes; a tied head under "lm_head"), each stored so and sized by `gguf_codes.coded_nbytes`."""
 
     def __init__(self, config: ModelConfig, policy: placement.Policy, dtype: torch.dtype, *, int4: bool | None = None,
                  device_type: str | None = None, stores_fp8=None, stores_mxfp4=None, routing=None,
@@ -113,7 +113,7 @@ class WeightStore:
         for spec in self.specs:
             for piece in self.table_pieces.get(spec.name, ()):
                 coded = self.coded_piece(spec.name, piece)
-                stored[piece.name] = kind_of(coded).stored_bytes(coded) if coded is not None else \
+                stored[piece.name] = coded.nbytes if coded is not None else \
                     stored_nbytes((piece.num_rows, *spec.shape[1:]), self.dtype, None, False)
         return stored
 
@@ -164,11 +164,11 @@ class WeightStore:
         return spec is not None and self.form(spec) == "codes"
 
     def coded_piece(self, name: str, piece=None):
-        """The form weight `name` (or its table piece) is stored in when kept as codes, else None."""
+        """The form weight `name` (or its table piece) is stored in when kept as codes (a `CodedMatrix`), else None."""
         if not self.keeps_codes(name):
             return None
-        sample = self.in_place[name.split(".rows")[0]]
-        return sample if piece is None or piece.num_rows == sample.shape[0] else sample.rows(piece.start, piece.stop)
+        coded = self.in_place[name.split(".rows")[0]]
+        return coded if piece is None or piece.num_rows == coded.shape[0] else coded.rows(piece.start, piece.stop)
 
     def compressed(self, spec) -> bool:
         """Compressed by the policy: every matrix but an MXFP4 checkpoint's, which is 4-bit
@@ -209,7 +209,7 @@ class WeightStore:
               offload_dir=None, verify_disk: bool = True, expert_cache: str = "cyclic") -> "WeightStore":
         """Read `reader`'s weights into a tiered store charged to `budgets`, each in its form on
         its tier. `in_place`: {name: the file tensor's spec} of the blocks kept as codes
-        (`in_place_samples`); `qcfg` / `weight_quantizer`: the compression backend (group-wise, or
+        (`in_place_coded`); `qcfg` / `weight_quantizer`: the compression backend (group-wise, or
         bitsandbytes'). Owns the tiered store and its worker threads from here on."""
         self.device, self.file_in_place, self.qcfg, self.weight_quantizer = device, in_place, qcfg, weight_quantizer
         disk = self._disk_folder(reader, offload_dir) if "disk" in self.tiers.values() else None
@@ -286,7 +286,7 @@ class WeightStore:
     def _stored_class(self, spec) -> type | None:
         """What a weight was stored as, when not dense (to rebuild it from its parts)."""
         form = self.form(spec)
-        return type(self.in_place[spec.name]) if form == "codes" else FORM_CLASSES.get(form)
+        return self.in_place[spec.name].cls if form == "codes" else FORM_CLASSES.get(form)
 
     def _stored_form(self, spec, w: torch.Tensor, tier: str):
         """A weight read dense as the store keeps it: compressed, prepacked for the GEMM, or as read."""
@@ -303,7 +303,7 @@ class WeightStore:
             spec = self.spec_named[name.split(".rows")[0]]
             form = self.form(spec)
             if form == "codes":
-                names |= set(stored_parts(self.coded_piece(name, self._piece_named(name)), name + "::"))
+                names |= set(self.coded_piece(name, self._piece_named(name)).part_names(name + "::"))
             elif form == "int4":
                 names |= set(self.stored_weights.int4_part_names(spec, "disk"))
             elif form == "quantized":

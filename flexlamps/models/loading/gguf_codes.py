@@ -6,9 +6,9 @@ keeps them by, and what `flexlamps plan` prices a GGUF's matrices at (`gguf_code
 `quant.int8_weight.Int8Weight`, each kind's `stored_bytes`): codes in rows padded to whole kernel
 tiles (KERNEL_TILE rows), and each form's group parameters in the compute dtype. Which form a type
 takes depends on the machine (`CodeForms`: where our kernel runs, Q4_K and Q6_K keep the file's
-scales and Q5_x / Q6_K the 6-bit form; AVX-512's kernel takes Q5_x's 5-bit form); the executor
-sizes its samples of the same forms (`in_place_sample`), and tests/unit/test_gguf_plan_codes.py
-holds the two to each other on this machine.
+scales and Q5_x / Q6_K the 6-bit form; AVX-512's kernel takes Q5_x's 5-bit form); the executor's
+store and dry run size its matrices by it too (`in_place.CodedMatrix`), and tests/unit/test_plan_gguf.py
+holds it to the matrices read from a file on this machine.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def coded_nbytes(type_name: str, shape: tuple[int, int], forms: CodeForms = Code
     if type_name not in INT8_BLOCK_TYPES:
         raise ValueError(f"coded_nbytes: {type_name} is not a block type the engine keeps as codes")
     groups = rows * (cols // _GROUP.get(type_name, 32))
-    if forms.five_bit and type_name in ("Q5_0", "Q5_1", "Q5_K"):  # nibbles, a plane of fifth bits, pairs
+    if forms.five_bit and type_name in ("Q5_0", "Q5_1", "Q5_K") and rows % KERNEL_TILE == 0:  # in whole tiles
+        # nibbles, a plane of fifth bits, pairs (other rows: the 6-bit form, `Int8Weight.from_codes`)
         return padded * cols // 2 + padded * cols // 8 + groups * pair + LAYOUT_BYTES
     if forms.native and type_name != "Q8_0":  # the 6-bit form: nibbles, a plane of high two bits
         if type_name == "Q6_K":  # the file's scales: d and each group's sc, 16-bit planes

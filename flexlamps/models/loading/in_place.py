@@ -7,12 +7,13 @@ where our kernel runs: `packs_six_bit`), both multiplied on their codes
 embedding table's, under "lm_head", beside the dense table the lookup reads). Every executor
 keeps the same matrices in the same form (`in_place_form`), so they run the same kernels and
 give the same bits: the in-memory one (`checkpoint.read_all`) and the offload one, which sizes
-its tiers from `in_place_sample` (a matrix of the same block type and shape, built from zero
-blocks: the bytes the kind stores, without reading the file).
+its tiers from `CodedMatrix` descriptions (`coded_matrix`: the bytes `gguf_codes.coded_nbytes` gives,
+the planner's formula, without reading the file or building anything of the matrix's size).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -22,7 +23,7 @@ from flexlamps.kernels import int8_gemm
 from flexlamps.models.blocks.linear import native_kernel
 from flexlamps.models.loading.gguf_blocks import (BLOCK, int4_blocks, int8_blocks, is_int4_block_type, q4_k_parts,
                                                  q6_k_parts)
-from flexlamps.models.loading.gguf_codes import TIED_HEAD, coded_specs
+from flexlamps.models.loading.gguf_codes import KERNEL_TILE, TIED_HEAD, CodeForms, coded_nbytes, coded_specs
 from flexlamps.models.weight_specs import WeightSpec
 from quant.int4_weight import KERNEL_DTYPES, Int4Weight
 from quant.int8_weight import Int8Weight
@@ -122,14 +123,62 @@ def in_place_form(reader, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | 
     return reader.read_int8(spec, dtype)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class CodedMatrix:
+    """A matrix of a GGUF's blocks as `in_place_form` will keep it, described, never built (the
+    dry run and the planner size a 1B's tied head, 128256 x 2048, without 1.2 GB of samples): its
+    class, its bytes (`coded_nbytes`, the formula `flexlamps plan` prices by), its parts' names."""
+
+    type_name: str
+    shape: tuple[int, int]
+    forms: CodeForms
+    dtype: torch.dtype
+
+    @property
+    def cls(self) -> type:
+        return Int4Weight if is_int4_block_type(self.type_name) else Int8Weight
+
+    @property
+    def k_scales(self) -> bool:
+        """A 4-bit matrix holding Q4_K's scales as the file has them (`int4_matrix`)."""
+        return self.type_name == "Q4_K" and self.forms.native
+
+    @property
+    def nbytes(self) -> int:
+        return coded_nbytes(self.type_name, self.shape, self.forms)
+
+    def rows(self, start: int, stop: int) -> "CodedMatrix":
+        """Output rows start:stop (a table's piece, cut on whole kernel tiles)."""
+        return dataclasses.replace(self, shape=(stop - start, self.shape[1]))
+
+    def part_names(self, prefix: str) -> list[str]:
+        """The names its stored parts take (`offload.store.stored_parts`): a sample's of one kernel
+        tile of rows, the form's parts being the same at any row count."""
+        return [prefix + name for name in _part_names(self.type_name, self.shape[1], self.dtype, self.forms)]
+
+
+@functools.lru_cache(maxsize=64)
+def _part_names(type_name: str, cols: int, dtype: torch.dtype, forms: CodeForms) -> tuple[str, ...]:
+    sample = _sample(type_name, (KERNEL_TILE, cols), dtype, forms.five_bit, forms.native, forms.native)
+    return tuple(sample.to_tensors("", with_kernel=True))
+
+
+def coded_matrix(reader, spec: WeightSpec, dtype: torch.dtype) -> CodedMatrix:
+    """`spec`'s blocks as this machine keeps them (`in_place_form`), described."""
+    shape = tuple(spec.shape)
+    five_bit = _five_bit_for(shape[1]) and shape[0] % KERNEL_TILE == 0  # whole tiles, else 6-bit (`coded_nbytes`)
+    forms = CodeForms(native=packs_six_bit(), five_bit=five_bit, dtype_bytes=dtype.itemsize)
+    return CodedMatrix(reader.in_place_type(spec), shape, forms, dtype)
+
+
 def in_place_sample(reader, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | Int8Weight:
-    """A matrix in the form `in_place_form` gives `spec`, of zero blocks (its bytes, its layout)."""
+    """A matrix in the form `in_place_form` gives `spec`, of zero blocks (its bytes, its layout),
+    built at full size and not cached: for what needs the matrix itself (`coded_matrix` sizes it)."""
     shape = tuple(spec.shape)
     return _sample(reader.in_place_type(spec), shape, dtype, _five_bit_for(shape[1]), packs_six_bit(),
                    keeps_q6_k_scales())
 
 
-@functools.lru_cache(maxsize=64)
 def _sample(type_name: str, shape: tuple[int, int], dtype: torch.dtype, five_bit: bool, six_bit: bool,
             q6_k_scales: bool = False):
     import gguf
