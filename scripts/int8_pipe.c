@@ -1,7 +1,7 @@
 /* What this core's pipes allow the AVX2 prompt kernel (flexlamps/kernels/tile_gemm.h, `pass2`): its
  * instruction mix in asm loops on data in L1, with no loop, memory or call costs, cut at each stage.
  *
- *     cc -O2 -mavx2 -mfma -o /tmp/int8_pipe scripts/int8_pipe.c && /tmp/int8_pipe
+ *     cc -O2 -mavx2 -mfma [-mavxvnni] -o /tmp/int8_pipe scripts/int8_pipe.c && /tmp/int8_pipe
  *
  * A "group" is the kernel's unit: 2 rows of x by 32 output rows by 32 inputs (2048 multiply-adds,
  * 4096 FLOP): 8 steps of 4 code loads, 2 broadcasts of x, 8 vpmaddubsw and 8 vpaddw (int16 sums),
@@ -10,7 +10,8 @@
  * the offset by x's sum). Two other roundings are timed for comparison: Q4_0's offset folded into
  * the integers (one FMA less), and Q4_K's integer sub-scales (llama.cpp's Q4_K x Q8_K: vpmaddwd by
  * the 6-bit sub-scale widens, 8 groups summed in int32, the fp32 steps once per 256 inputs, which
- * needs x rounded with one scale per 256). Prints, per mix: ns and cycles a group, GFLOP/s. The
+ * needs x rounded with one scale per 256). Built with -mavxvnni it also times the AVX-VNNI variant's mix
+ * (vpdpbusd, then the same fp32 steps: an Intel desktop core's, 12th gen on). Prints, per mix: ns and cycles a group, GFLOP/s. The
  * clock is a chain of dependent imuls (3 cycles each); times are this thread's CPU time. */
 #include <stdint.h>
 #include <stdio.h>
@@ -38,6 +39,14 @@ static int16_t ones[16] __attribute__((aligned(32))) = {1, 1, 1, 1, 1, 1, 1, 1, 
     "vpmaddubsw %%ymm14, %%ymm10, %%ymm15\n\t" ADD("4") "vpmaddubsw %%ymm14, %%ymm11, %%ymm15\n\t" ADD("5") \
     "vpmaddubsw %%ymm14, %%ymm12, %%ymm15\n\t" ADD("6") "vpmaddubsw %%ymm14, %%ymm13, %%ymm15\n\t" ADD("7")
 #define STEPS STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5) STEP(6) STEP(7)
+/* The same step on AVX-VNNI (tile_gemm_vnni.h): vpdpbusd multiplies 4 code bytes by 4 of x's and adds them
+ * to an int32 lane, so the int16 sums (vpaddw) and the widening go; still 32 multiply-adds an instruction. */
+#define DP(v, r) "%{vex%} vpdpbusd %%ymm14, %%ymm" v ", %%ymm" r "\n\t"
+#define VSTEP(k) "vmovdqu " #k "*128(%[w]), %%ymm10\n\tvmovdqu " #k "*128+32(%[w]), %%ymm11\n\t" \
+    "vmovdqu " #k "*128+64(%[w]), %%ymm12\n\tvmovdqu " #k "*128+96(%[w]), %%ymm13\n\t" \
+    "vpbroadcastd " #k "*4(%[x]), %%ymm14\n\t" DP("10", "0") DP("11", "1") DP("12", "2") DP("13", "3") \
+    "vpbroadcastd " #k "*4+32(%[x]), %%ymm14\n\t" DP("10", "4") DP("11", "5") DP("12", "6") DP("13", "7")
+#define VSTEPS VSTEP(0) VSTEP(1) VSTEP(2) VSTEP(3) VSTEP(4) VSTEP(5) VSTEP(6) VSTEP(7)
 #define EACH(m) m("0", "0") m("1", "32") m("2", "64") m("3", "96") m("4", "128") m("5", "160") m("6", "192") \
     m("7", "224")
 #define WIDEN(r, o) "vpmaddwd %[ones], %%ymm" r ", %%ymm" r "\n\t"
@@ -86,5 +95,9 @@ int main(void) {
     TIMED("Q4_0 offset folded in int32 (cvt, mul, 1 FMA)", 1, STEPS EACH(WIDEN) FOLD_ALL);
     TIMED("Q4_K integer sub-scales, fp32 steps once per 8 groups", 8,
           SUB_GROUP SUB_GROUP SUB_GROUP SUB_GROUP SUB_GROUP SUB_GROUP SUB_GROUP SUB_GROUP FP_ALL);
+#ifdef __AVXVNNI__
+    TIMED("AVX-VNNI: vpdpbusd alone (64 a group)", 1, VSTEPS);
+    TIMED("AVX-VNNI + fp32 steps: the avx_vnni kernel's mix", 1, VSTEPS FP_ALL);
+#endif
     return 0;
 }
