@@ -7,7 +7,7 @@
  * stored and go through add_dots's fp32 steps, in its order (t = dot * dx; t = scale * t + tot;
  * tot = offset * sx + t), 16 lanes a vector: a row gets the bits tile_gemm.h and decode give it,
  * whatever rows share the call (the batch-invariance rule); Q4_K's form with x per super-block: its
- * K4_SUPER steps (`amx_k4_add_dots`), and from 64 rows a chunk planes of sc u (`amx_rows_k4`, as
+ * K4_SUPER steps (`amx_k4_add_dots`), and from 256 rows a call planes of sc u (`amx_rows_k4`, as
  * Q6_K's `amx_rows_k6`). Rows in blocks of 32 (two A tiles) and
  * 16; the last rows (under 16) take gemm_rows. Included by tile_gemv.c where __AMX_INT8__ is set.
  * Linux lends a process the tiles' state only when asked (arch_prctl): where it refuses, every row
@@ -319,7 +319,7 @@ static int64_t amx_rows_k6(const Prepared *prep, const QRows *x, int64_t rows, u
     return done;
 }
 
-#include "tile_gemm_amx_k4.h"  /* Q4_K's form from 64 rows: planes of sc u, as Q6_K's above */
+#include "tile_gemm_amx_k4.h"  /* Q4_K's form from 256 rows: planes of sc u, as Q6_K's above */
 
 /* 16-bit x (an output head's decode rows) on the tiles. Each code x16 = 256 hi + lo (hi signed, lo
  * unsigned bytes), so a group's exact sum of x16 times the codes is 256 S_hi + S_lo, two int8 tile

@@ -1,6 +1,7 @@
-/* tile_gemm_amx.h's Q4_K product from 64 rows a chunk (`amx_rows_k4`, called by tile_gemm_call.h's
- * gemm_subtile): Q4_K's form with x per super-block on the tiles, as Q6_K's `amx_rows_k6`, with its
- * planes and super-block products (`amx_k6_planes`, `amx_k6_super`). Included by tile_gemm_amx.h only. */
+/* tile_gemm_amx.h's Q4_K product for calls of 256 rows or more, in chunks of 64 or more (`amx_rows_k4`,
+ * called by tile_gemm_call.h's gemm_subtile): Q4_K's form with x per super-block on the tiles, as Q6_K's
+ * `amx_rows_k6`, with its planes and super-block products (`amx_k6_planes`, `amx_k6_super`). Included by
+ * tile_gemm_amx.h only. */
 
 /* Q4_K's form with x per super-block on the tiles, as Q6_K's: c = sc u (u the 4-bit code, 0 <= c <= 945)
  * split into bytes 256 hi + lo (both unsigned: hi <= 3, so tdpbssd takes it as amx_k6_super does), a

@@ -117,7 +117,7 @@ def test_a_row_keeps_its_bits_alone_and_on_two_threads(level):
 
 @needs_tiles
 def test_prompts_of_many_rows_give_a_row_its_bits_where_the_chain_rounds():
-    """From 64 rows the AMX tiles sum a super-block's sc u x exactly in int32 (`amx_rows_k4`), which is
+    """From 256 rows the AMX tiles sum a super-block's sc u x exactly in int32 (`amx_rows_k4`), which is
     the fp32 chain's sb wherever that chain stays under 2^24; a row and super-block that may pass it
     (x near its largest across the super-block) takes the chain. Weights at their largest (every u 15,
     sc and m 63) with such rows: each variant gives each row the bits it gets alone (one row: the
@@ -125,9 +125,9 @@ def test_prompts_of_many_rows_give_a_row_its_bits_where_the_chain_rounds():
     raw = _raw(64, 768).reshape(64, 3, 144)
     raw[:8, :, 4:] = 0xFF  # the packed sc / m and the codes at their largest: the chain passes 2^24
     w = Int4Weight.from_k_blocks(*q4_k_parts(raw.reshape(64, -1), (64, 768)), torch.bfloat16).kernel_only()
-    x = (torch.randn(150, 768, generator=torch.Generator().manual_seed(7)) * 3).bfloat16()
-    x[3], x[70, :256], x[149, 256:512] = 1.0, -2.0, 5.0  # codes +-127 ...
-    x[3, ::32], x[70, :256:32], x[149, 256:512:32] = 0.25, -0.5, 1.25  # ... but one a group (+-32): odd sums
+    x = (torch.randn(262, 768, generator=torch.Generator().manual_seed(7)) * 3).bfloat16()
+    x[3], x[70, :256], x[261, 256:512] = 1.0, -2.0, 5.0  # codes +-127 ...
+    x[3, ::32], x[70, :256:32], x[261, 256:512:32] = 0.25, -0.5, 1.25  # ... but one a group (+-32): odd sums
     got = []
     for level in LEVELS:
         kernel = tile_gemv.TileGemv(variant_kernel(tile_gemv.KERNEL, level).library, level, 8)
