@@ -7,8 +7,8 @@
  * stored and go through add_dots's fp32 steps, in its order (t = dot * dx; t = scale * t + tot;
  * tot = offset * sx + t), 16 lanes a vector: a row gets the bits tile_gemm.h and decode give it,
  * whatever rows share the call (the batch-invariance rule); Q4_K's form with x per super-block: its
- * K4_SUPER steps (`amx_k4_add_dots`), and from 256 rows a call planes of sc u (`amx_rows_k4`, as
- * Q6_K's `amx_rows_k6`). Rows in blocks of 32 (two A tiles) and
+ * K4_SUPER steps (`amx_k4_add_dots`), and from 256 rows a call planes of sc u (`amx_rows_planes`, as
+ * Q6_K's). Rows in blocks of 32 (two A tiles) and
  * 16; the last rows (under 16) take gemm_rows. Included by tile_gemv.c where __AMX_INT8__ is set.
  * Linux lends a process the tiles' state only when asked (arch_prctl): where it refuses, every row
  * takes gemm_rows. */
@@ -288,38 +288,47 @@ AI void amx_k6_step(const Prepared *prep, const QRows *x, const int32_t *sums, i
     }
 }
 
-/* amx_rows for Q6_K's form: x's rows in whole 16s, a super-block's products issued before the previous
- * super-block's step (as amx_rows does a group's); returns how many rows it did. */
-static int64_t amx_rows_k6(const Prepared *prep, const QRows *x, int64_t rows, uint16_t *out, int64_t n, int64_t s,
-                           int64_t h, int fp16, const Ahead *ahead) {
+#include "tile_gemm_amx_k4.h"  /* Q4_K's form from 256 rows: planes of sc u, as Q6_K's */
+
+/* A super-block's step of the planes' forms: Q4_K's (fit: its rows' `k4_fit_rows` flags) or Q6_K's. */
+AI void planes_step(const Prepared *prep, const QRows *xb, const int32_t *sums, int64_t sb, float *tot,
+                    const uint8_t *fit) {
+    if (fit) amx_k4_step(prep, xb, sums, sb, tot, fit);
+    else amx_k6_step(prep, xb, sums, sb, tot);
+}
+
+/* amx_rows for the planes' forms, Q6_K's (fits NULL) or Q4_K's (fits: `k4_fit_rows`' flags of x's rows):
+ * x's rows in whole 16s, a super-block's products issued before the previous super-block's step (as
+ * amx_rows does a group's); returns how many rows it did. */
+static int64_t amx_rows_planes(const Prepared *prep, const QRows *x, int64_t rows, uint16_t *out, int64_t n,
+                               int64_t s, int64_t h, int fp16, const Ahead *ahead, const uint8_t *fits) {
     const int64_t done = rows / AMX_ROWS * AMX_ROWS, supers = x->cols / 256;
     int32_t sums[2][2 * AMX_ROWS * 32] __attribute__((aligned(64)));
     float tot[AMX_ROWS * 32] __attribute__((aligned(64)));
     if (!done) return 0;
-    amx_k6_planes(prep, x->cols, 0);
+    amx_k6_planes(prep, x->cols, fits != NULL);
     const uint8_t *hi = prep->planes, *lo = prep->planes + x->cols * SUB;
     amx_configure(K6_CHUNK);
     for (int64_t b0 = 0; b0 < done; b0 += AMX_ROWS) {
         QRows xb = rows_from(x, b0);
+        const uint8_t *fit = fits ? fits + b0 * supers : NULL;
         memset(tot, 0, sizeof tot);
         for (int64_t sb = 0; sb < supers; sb++) {
             amx_k6_super(hi, lo, xb.q8, x->cols, sb);
             ahead_share(ahead, b0 / AMX_ROWS * supers + sb, done / AMX_ROWS * supers);
-            if (sb) amx_k6_step(prep, &xb, sums[(sb - 1) & 1], sb - 1, tot);
+            if (sb) planes_step(prep, &xb, sums[(sb - 1) & 1], sb - 1, tot, fit);
             _tile_stored(4, sums[sb & 1], 128);
             _tile_stored(5, sums[sb & 1] + 16, 128);
             _tile_stored(6, sums[sb & 1] + 512, 128);
             _tile_stored(7, sums[sb & 1] + 512 + 16, 128);
         }
-        amx_k6_step(prep, &xb, sums[(supers - 1) & 1], supers - 1, tot);
+        planes_step(prep, &xb, sums[(supers - 1) & 1], supers - 1, tot, fit);
         for (int b = 0; b < AMX_ROWS; b++)
             store_pass(tot + 32 * b, out + (b0 + b) * n + 16 * s, out + (b0 + b) * n + h + 16 * s, fp16);
     }
     _tile_release();
     return done;
 }
-
-#include "tile_gemm_amx_k4.h"  /* Q4_K's form from 256 rows: planes of sc u, as Q6_K's above */
 
 /* 16-bit x (an output head's decode rows) on the tiles. Each code x16 = 256 hi + lo (hi signed, lo
  * unsigned bytes), so a group's exact sum of x16 times the codes is 256 S_hi + S_lo, two int8 tile

@@ -1,7 +1,7 @@
-/* tile_gemm_amx.h's Q4_K product for calls of 256 rows or more, in chunks of 64 or more (`amx_rows_k4`,
- * called by tile_gemm_call.h's gemm_subtile): Q4_K's form with x per super-block on the tiles, as Q6_K's
- * `amx_rows_k6`, with its planes and super-block products (`amx_k6_planes`, `amx_k6_super`). Included by
- * tile_gemm_amx.h only. */
+/* Q4_K's form from 256 rows a call on the AMX tiles (tile_gemm_amx.h's `amx_rows_planes`, called by
+ * tile_gemm_call.h's gemm_subtile in chunks of 64 rows or more): x per super-block on the tiles with
+ * Q6_K's planes and super-block products (`amx_k6_planes`, `amx_k6_super`), and Q4_K's step
+ * (`amx_k4_step`). Included by tile_gemm_amx.h only. */
 
 /* Q4_K's form with x per super-block on the tiles, as Q6_K's: c = sc u (u the 4-bit code, 0 <= c <= 945)
  * split into bytes 256 hi + lo (both unsigned: hi <= 3, so tdpbssd takes it as amx_k6_super does), a
@@ -70,35 +70,4 @@ AI void amx_k4_step(const Prepared *prep, const QRows *x, const int32_t *sums, i
             _mm512_storeu_ps(at + i, k4_finish16(super + i, SUB, s, qp, dx, _mm512_loadu_ps(at + i)));
         }
     }
-}
-
-/* amx_rows_k6 for Q4_K's form with x per super-block (fits: `k4_fit_rows`' flags of x's rows). */
-static int64_t amx_rows_k4(const Prepared *prep, const QRows *x, int64_t rows, uint16_t *out, int64_t n, int64_t s,
-                           int64_t h, int fp16, const Ahead *ahead, const uint8_t *fits) {
-    const int64_t done = rows / AMX_ROWS * AMX_ROWS, supers = x->cols / 256;
-    int32_t sums[2][2 * AMX_ROWS * 32] __attribute__((aligned(64)));
-    float tot[AMX_ROWS * 32] __attribute__((aligned(64)));
-    if (!done) return 0;
-    amx_k6_planes(prep, x->cols, 1);
-    const uint8_t *hi = prep->planes, *lo = prep->planes + x->cols * SUB;
-    amx_configure(K6_CHUNK);
-    for (int64_t b0 = 0; b0 < done; b0 += AMX_ROWS) {
-        QRows xb = rows_from(x, b0);
-        const uint8_t *fit = fits + b0 * supers;
-        memset(tot, 0, sizeof tot);
-        for (int64_t sb = 0; sb < supers; sb++) {
-            amx_k6_super(hi, lo, xb.q8, x->cols, sb);
-            ahead_share(ahead, b0 / AMX_ROWS * supers + sb, done / AMX_ROWS * supers);
-            if (sb) amx_k4_step(prep, &xb, sums[(sb - 1) & 1], sb - 1, tot, fit);
-            _tile_stored(4, sums[sb & 1], 128);
-            _tile_stored(5, sums[sb & 1] + 16, 128);
-            _tile_stored(6, sums[sb & 1] + 512, 128);
-            _tile_stored(7, sums[sb & 1] + 512 + 16, 128);
-        }
-        amx_k4_step(prep, &xb, sums[(supers - 1) & 1], supers - 1, tot, fit);
-        for (int b = 0; b < AMX_ROWS; b++)
-            store_pass(tot + 32 * b, out + (b0 + b) * n + 16 * s, out + (b0 + b) * n + h + 16 * s, fp16);
-    }
-    _tile_release();
-    return done;
 }

@@ -14,14 +14,14 @@
 #define GEMM_CHUNK_X_BYTES (1 << 20)
 #endif
 
-/* The same for Q6_K's form on the AMX tiles (`amx_rows_k6`): a chunk's sub-tiles lay their planes out
+/* The same for Q6_K's form on the AMX tiles (`amx_rows_planes`): a chunk's sub-tiles lay their planes out
  * again, so more rows a chunk (1.1B down 2048 x 5632 at 4,096 rows, 1 thread, CPU time, load ~6, the
  * 6-bit form's ~440 ms: 437-457 ms at 512 KiB, 270 at 1 MiB, 241-245 at 2, 242 at 4, 256 at 8). */
 #ifndef K6_CHUNK_X_BYTES
 #define K6_CHUNK_X_BYTES (1 << 21)
 #endif
 
-/* A chunk's rows from which Q6_K's form takes the planes on the AMX tiles (`amx_rows_k6`); below, the
+/* A chunk's rows from which Q6_K's form takes the planes on the AMX tiles (`amx_rows_planes`); below, the
  * groups' products (`amx_rows`, then k6_add_dots' integer steps): the same bits. With the planes laid
  * out in 16-bit products' bytes (kern31) they pay from a decode step's 32 rows (the 1.1B layer's Q6_K
  * products 1.14x there; with the older planes 0.82x at 32, 1.24x at 64). */
@@ -30,7 +30,7 @@
 #endif
 
 /* A call's rows from which Q4_K's form with x per super-block takes the planes on the AMX tiles
- * (`amx_rows_k4`, in its chunks of 64 rows or more), as Q6_K's; below, the groups' products (`amx_rows`):
+ * (`amx_rows_planes`, in its chunks of 64 rows or more), as Q6_K's; below, the groups' products (`amx_rows`):
  * the same bits. The 1.1B's down (2048 x 5632) ran 0.68x at 64 rows and 0.80x at 128 on the planes,
  * 1.15-1.18x from 176 (gate / up and o 1.2-1.4x at 128): a batch-1 prompt's 128 rows keep the groups'. */
 #ifndef K4_PLANES_FROM_ROWS
@@ -119,9 +119,9 @@ static void gemm_subtile(void *ctx, int64_t c, int slot) {
     const Ahead ahead = next_tile(g, t, cols, h);
     if (g->wide) done = amx_rows16(&prep, g->x, g->rows, g->group, g->split, out, n, s, h, g->fp16, &ahead);
     else if (amx && prep.k6 && g->rows >= K6_PLANES_FROM_ROWS)
-        done = amx_rows_k6(&prep, g->x, g->rows, out, n, s, h, g->fp16, &ahead);
+        done = amx_rows_planes(&prep, g->x, g->rows, out, n, s, h, g->fp16, &ahead, NULL);
     else if (g->k4_fits && g->rows >= 64)
-        done = amx_rows_k4(&prep, g->x, g->rows, out, n, s, h, g->fp16, &ahead, g->k4_fits + r0 * (cols / 256));
+        done = amx_rows_planes(&prep, g->x, g->rows, out, n, s, h, g->fp16, &ahead, g->k4_fits + r0 * (cols / 256));
     else if (amx) done = amx_rows(&prep, g->x, g->rows, g->group, g->split, out, n, s, h, g->fp16, &ahead);
 #endif
     if (done < g->rows) {

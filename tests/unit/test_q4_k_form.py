@@ -117,7 +117,7 @@ def test_a_row_keeps_its_bits_alone_and_on_two_threads(level):
 
 @needs_tiles
 def test_prompts_of_many_rows_give_a_row_its_bits_where_the_chain_rounds():
-    """From 256 rows the AMX tiles sum a super-block's sc u x exactly in int32 (`amx_rows_k4`), which is
+    """From 256 rows the AMX tiles sum a super-block's sc u x exactly in int32 (`amx_rows_planes`), which is
     the fp32 chain's sb wherever that chain stays under 2^24; a row and super-block that may pass it
     (x near its largest across the super-block) takes the chain. Weights at their largest (every u 15,
     sc and m 63) with such rows: each variant gives each row the bits it gets alone (one row: the
