@@ -192,7 +192,7 @@ class WeightStore:
         if form == "int4":
             return self.stored_weights.int4_nbytes(spec, tier, self.in_place)
         if form == "codes":
-            return in_place_bytes({spec.name: self.in_place[spec.name]})[spec.name]
+            return self.in_place[spec.name].nbytes
         if form == "fp8":
             return fp8_nbytes(shape, self.stored_weights.fp8_block, self.dtype)
         if form == "mxfp4":

@@ -22,7 +22,7 @@ from flexlamps.models.loading.gguf_codes import block_type, gguf_tensor_name
 from flexlamps.models.loading.gguf_header import open_gguf, read_header
 from flexlamps.models.loading.gguf_description import gguf_config, parse_header
 from flexlamps.models.loading.gguf_tensors import GGUFTensor, dequantize_rows, unpermute_rows
-from flexlamps.models.loading.gguf_hybrid import changed_by_converter, hybrid_layer_names, read_hybrid
+from flexlamps.models.loading.gguf_hybrid import hybrid_layer_names, read_hybrid
 from flexlamps.models.loading.gguf_moe import MLA_KV_B, moe_gguf_tensor
 from flexlamps.models.loading.gguf_names import NORM_PLUS_ONE, permuted_heads
 from flexlamps.models.loading.unread import unread_error, unread_gguf_tensors, unread_tensors
@@ -269,16 +269,12 @@ class GGUFReader:
 
         return read_hybrid(self.config, spec, raw)
 
-    def _rebuilt(self, spec: WeightSpec) -> bool:
-        """Whether `spec` is put together from changed values (read dense, never as the file's blocks)."""
-        return self.config.hybrid is not None and changed_by_converter(self.config, spec)
-
     def read_int4(self, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | None:
         """A Q4_0 / Q4_1 / Q4_K weight as it is in the file (codes, block scales and zero points), to be
         multiplied in place with activations in `dtype`; None for other tensor types."""
-        t = self._tensor(spec)
-        if len(spec.shape) != 2 or not is_int4_block_type(t.tensor_type.name) or self._rebuilt(spec):
+        if not is_int4_block_type(self.in_place_type(spec) or ""):
             return None
+        t = self._tensor(spec)
         heads = self._row_heads(spec)
         rows = None if heads is None else (lambda part: unpermute_rows(part, heads))
         return int4_matrix(t.read(self.path), t.tensor_type.name, tuple(spec.shape), dtype, rows)
@@ -299,9 +295,9 @@ class GGUFReader:
         """A Q8_0 / Q5_0 / Q5_1 / Q5_K / Q6_K matrix as it is in the file (int8 codes, block scales
         and zero points, groups of 32 or Q6_K's 16), to be multiplied in place with activations in
         `dtype`; None for other types."""
-        t = self._tensor(spec)
-        if len(spec.shape) != 2 or not is_int8_block_type(t.tensor_type.name) or self._rebuilt(spec):
+        if not is_int8_block_type(self.in_place_type(spec) or ""):
             return None
+        t = self._tensor(spec)
         heads = self._row_heads(spec)
         rows = None if heads is None else (lambda part: unpermute_rows(part, heads))
         return int8_matrix(t.read(self.path), t.tensor_type.name, tuple(spec.shape), dtype, rows)
