@@ -67,6 +67,13 @@ AI void ahead_share(const Ahead *a, int64_t i, int64_t of) {
     }
 }
 
+/* add_dots' fp32 steps for 16 lanes of a row's exact group sums `dot`, into the sums at `at`:
+ * t = dot * dx; t = scale * t + tot; tot = offset * sx + t (`offsets`), the order every path takes. */
+AI void add_dot16(__m512i dot, __m512 dx, __m512 scale, __m512 off, __m512 sx, float *at, int offsets) {
+    const __m512 t = _mm512_fmadd_ps(scale, _mm512_mul_ps(_mm512_cvtepi32_ps(dot), dx), _mm512_loadu_ps(at));
+    _mm512_storeu_ps(at, offsets ? _mm512_fmadd_ps(off, sx, t) : t);
+}
+
 /* tot (nb rows x 32 floats) += the fp32 steps of group g for the stored sums dots (nb rows x 32); the
  * last (offset * sum_x) only where `offsets` (add_dots says why leaving it out keeps the bits: Q6_K's
  * 32-row calls are bound by these steps' vector ports, 4 a 16 outputs, now 3). */
@@ -77,12 +84,8 @@ AI void amx_add_dots(const Prepared *prep, int64_t g, const QRows *x, const int3
     for (int b = 0; b < nb; b++) {
         __m512 dx = _mm512_set1_ps(x->scale[b * x->groups + g]), sx = _mm512_set1_ps(x->sum[b * x->groups + g]);
         float *at = tot + 32 * b;
-        __m512 t0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(dots + 32 * b)), dx);
-        __m512 t1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(dots + 32 * b + 16)), dx);
-        t0 = _mm512_fmadd_ps(scale0, t0, _mm512_loadu_ps(at));
-        t1 = _mm512_fmadd_ps(scale1, t1, _mm512_loadu_ps(at + 16));
-        _mm512_storeu_ps(at, offsets ? _mm512_fmadd_ps(off0, sx, t0) : t0);
-        _mm512_storeu_ps(at + 16, offsets ? _mm512_fmadd_ps(off1, sx, t1) : t1);
+        add_dot16(_mm512_loadu_si512(dots + 32 * b), dx, scale0, off0, sx, at, offsets);
+        add_dot16(_mm512_loadu_si512(dots + 32 * b + 16), dx, scale1, off1, sx, at + 16, offsets);
     }
 }
 
@@ -366,7 +369,7 @@ AI void amx_group16(const uint8_t *codes, const int8_t *hi, const uint8_t *lo, i
 }
 
 /* The stored S_hi, S_lo (16 rows x 32 each, at sums and sums + 512) joined as decode's group sums (an
- * int8 split's plus 128 sum(x16): of u), then amx_add_dots' steps (16-bit x takes no others) in one
+ * int8 split's plus 128 sum(x16): of u), then add_dots' steps (`add_dot16`) (16-bit x takes no others) in one
  * pass, the joined sums in registers where they were stored and loaded again: the same integers and
  * fp32 steps, so the same bits, with the stores the head's calls were bound by left out. */
 AI void amx_join_add16(const Prepared *prep, int64_t g, const QRows *x, const int32_t *sums, float *tot, int split,
@@ -379,10 +382,7 @@ AI void amx_join_add16(const Prepared *prep, int64_t g, const QRows *x, const in
         for (int i = 0; i < 2; i++) {
             __m512i h = _mm512_loadu_si512(sums + 32 * b + 16 * i), l = _mm512_loadu_si512(sums + 512 + 32 * b + 16 * i);
             __m512i dot = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l), shift);
-            float *at = tot + 32 * b + 16 * i;
-            __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), dx);
-            t = _mm512_fmadd_ps(scale[i], t, _mm512_loadu_ps(at));
-            _mm512_storeu_ps(at, offsets ? _mm512_fmadd_ps(off[i], sx, t) : t);
+            add_dot16(dot, dx, scale[i], off[i], sx, tot + 32 * b + 16 * i, offsets);
         }
     }
 }
