@@ -12,6 +12,13 @@ from placement.staging import Capped, WeightStaging
 from placement.weight_calls import in_place_int4, int4_twins
 
 HEAD_CHUNK_ROWS = 8192  # the engine's output head runs in chunks of this many vocab rows (within a piece)
+# weights of a GGUF matrix whose kept form `models.loading.in_place.blocks_matrix` builds at a time (whole
+# tiles of BUILD_TILE_ROWS rows), and what that part's transients take a weight at most (the file's bytes,
+# int8 codes, fp32 scales, the layout's temporaries: 8-16 measured, tests/unit/test_gguf_pieces.py), where
+# a 1B's tied Q6_K head built whole held ~1.1 GB beyond its form
+BUILD_WEIGHTS = 1 << 21
+BUILD_TILE_ROWS = 64
+BUILD_BYTES_PER_WEIGHT = 24
 # the projections the decoder forward multiplies as one stacked matrix (`DecoderForward.FUSED_INT4`)
 STACKED_PROJECTIONS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -184,3 +191,16 @@ def _attended_cache(choice: Choice, dense_bytes: float) -> Affine:
     if choice.compress_cache:
         staged.add(dense_bytes, C_GPU)
     return staged
+
+
+def build_transient_bytes(model: ModelSpec, offloaded: bool) -> int:
+    """What building `model`'s weights holds beyond what is kept: one part of a GGUF matrix's form
+    (BUILD_WEIGHTS weights, at least a tile of its widest input, BUILD_BYTES_PER_WEIGHT each);
+    offloaded, also the largest weight the store builds at once in the model's dtype (a matrix, or
+    a table's piece of HEAD_CHUNK_ROWS rows), which no tier charges while it is read, compressed or
+    written to disk (`--max-rss`: `flexlamps.commands.memory`)."""
+    widest = max(model.hidden_size, model.intermediate_size, model.moe_intermediate_size,
+                 model.num_heads * model.head_dim)
+    part = BUILD_BYTES_PER_WEIGHT * max(BUILD_WEIGHTS, BUILD_TILE_ROWS * widest)
+    largest = max(model.hidden_size * widest, min(HEAD_CHUNK_ROWS, model.vocab_size) * model.hidden_size)
+    return part + (largest * model.dtype_bytes if offloaded else 0)

@@ -2,7 +2,9 @@
 
 Tier budgets bound what the offload engine holds; the process also holds a fixed overhead
 that no budget sees: the Python interpreter and torch (about 230 MiB on CPU), the checkpoint
-reader and tokenizer, and the engine's working buffers.
+reader and tokenizer, and the engine's working buffers; and, while the weights are written, what
+building them holds beyond what it keeps (`placement.cost_memory.build_transient_bytes`, from the
+model's shapes).
 """
 
 from __future__ import annotations
@@ -11,23 +13,29 @@ import dataclasses
 
 import click
 
+from flexlamps.catalog import describe_model
+from placement.cost_memory import build_transient_bytes
+
 # measured with the built-in SmolLM2-135M on CPU (README "Memory"): peak RSS minus tier peaks
 FIXED_OVERHEAD_BYTES = 450 * 2**20
+
 
 def planned_rss_bytes(model, weight_bytes_per_param: float | None, *, offload_budgets: tuple[int, int] | None,
                       num_sequences: int, context_len: int, cache_bytes_per_value: int = 4,
                       weight_bytes: int | None = None) -> int:
-    """Fixed overhead plus what the run's data may take: with offloading the two tier budgets
-    (caps the engine enforces), else every weight of `model` (the run's `placement.ModelSpec`) at
-    `weight_bytes_per_param`, or `weight_bytes` in all, and a full cache for `num_sequences`, its
-    keys and values `cache_bytes_per_value` bytes each (the dtype the dense cache holds)."""
+    """Fixed overhead and the build's transients (`build_transient_bytes`) plus what the run's data
+    may take: with offloading the two tier budgets (caps the engine enforces), else every weight of
+    `model` (the run's `placement.ModelSpec`) at `weight_bytes_per_param`, or `weight_bytes` in all,
+    and a full cache for `num_sequences`, its keys and values `cache_bytes_per_value` bytes each (the
+    dtype the dense cache holds)."""
+    overhead = FIXED_OVERHEAD_BYTES + build_transient_bytes(model, offload_budgets is not None)
     if offload_budgets is not None:
-        return FIXED_OVERHEAD_BYTES + sum(offload_budgets)
+        return overhead + sum(offload_budgets)
     spec = dataclasses.replace(model, dtype="fp32")
     weights = spec.total_weight_bytes() / 4 * weight_bytes_per_param if weight_bytes is None else weight_bytes
     cache = spec.cache_bytes_per_token_per_layer() / 4 * cache_bytes_per_value
     state = spec.state_bytes_per_sequence_per_layer()  # a hybrid model's DeltaNet states (fp32 bound)
-    return int(FIXED_OVERHEAD_BYTES + weights + (cache * context_len + state) * spec.num_layers * num_sequences)
+    return int(overhead + weights + (cache * context_len + state) * spec.num_layers * num_sequences)
 
 
 def cpu_mem_within(max_rss: int, gpu_mem: int, gpu_is_host: bool) -> int:
@@ -37,21 +45,33 @@ def cpu_mem_within(max_rss: int, gpu_mem: int, gpu_is_host: bool) -> int:
     return max_rss - FIXED_OVERHEAD_BYTES - (gpu_mem if gpu_is_host else 0)
 
 
-def fill_cap(run, max_rss: int, gpu_is_host: bool):
-    """`run` with its cpu tier what `max_rss` leaves (`cpu_mem_within`), and the line that says so;
-    unchanged (and None) unless offloaded with a gpu tier given and the cpu tier not."""
+def fill_cap(run, max_rss: int, gpu_is_host: bool, model=None):
+    """`run` with its cpu tier what `max_rss` leaves (`cpu_mem_within`) after the build's transients
+    (`build_transient_bytes` of `model`, the run's `placement.ModelSpec`; default: `run.model`
+    described as `flexlamps plan` describes it), and the line that says so; unchanged (and None)
+    unless offloaded with a gpu tier given and the cpu tier not."""
     if not run.offloaded or run.gpu_mem is None or run.cpu_mem is not None:
         return run, None
     mib = lambda n: f"{n / 2**20:.0f} MiB"  # noqa: E731
-    cpu_mem = cpu_mem_within(max_rss, run.gpu_mem, gpu_is_host)
+    transient = build_transient_bytes(_described(run.model) if model is None else model, offloaded=True)
+    cpu_mem = cpu_mem_within(max_rss, run.gpu_mem, gpu_is_host) - transient
+    overheads = f"the fixed overhead ({mib(FIXED_OVERHEAD_BYTES)}), the build's transients ({mib(transient)})"
     if cpu_mem <= 0:
         raise click.ClickException(
-            f"--max-rss {mib(max_rss)} leaves no cpu tier after the fixed overhead ({mib(FIXED_OVERHEAD_BYTES)})"
+            f"--max-rss {mib(max_rss)} leaves no cpu tier after {overheads}"
             + (f" and --gpu-mem {mib(run.gpu_mem)} (host memory here)" if gpu_is_host else "")
             + "; raise --max-rss or lower --gpu-mem")
-    line = (f"cpu tier {mib(cpu_mem)}: what --max-rss {mib(max_rss)} leaves after the fixed overhead "
-            f"({mib(FIXED_OVERHEAD_BYTES)})" + (" and the gpu tier (host memory here)" if gpu_is_host else ""))
+    line = (f"cpu tier {mib(cpu_mem)}: what --max-rss {mib(max_rss)} leaves after {overheads}"
+            + (" and the gpu tier (host memory here)" if gpu_is_host else ""))
     return dataclasses.replace(run, cpu_mem=cpu_mem), line
+
+
+def _described(model: str):
+    """The planner's description of `--model` (`catalog.describe_model`), a usage error if none."""
+    try:
+        return describe_model(model)
+    except ValueError as e:
+        raise click.ClickException(str(e))
 
 
 def _offload_budgets(run) -> tuple[int, int] | None:

@@ -267,10 +267,11 @@ class WeightStore:
         todo = [piece for piece in pieces if piece.name not in skip]
         if not todo:
             return
-        if form == "codes":  # the file's blocks, as the in-memory engine keeps them
-            w = in_place_form(reader, self.file_in_place[spec.name], self.dtype)
+        if form == "codes":  # the file's blocks, as the in-memory engine keeps them; a table's piece built alone
             for piece in todo:
-                self.store.put(piece.name, w if len(pieces) == 1 else w.rows(piece.start, piece.stop), piece.tier)
+                piece_rows = None if len(pieces) == 1 else (piece.start, piece.stop)
+                self.store.put(piece.name, in_place_form(reader, self.file_in_place[spec.name], self.dtype, piece_rows),
+                               piece.tier)
         elif form == "int4":  # a matrix: one piece
             self.store.put(spec.name, self.stored_weights.read_int4(reader, spec, todo[0].tier, self.device),
                            todo[0].tier)
@@ -278,10 +279,19 @@ class WeightStore:
             read = reader.read_fp8 if form == "fp8" else reader.read_mxfp4
             self.store.put(spec.name, read(spec, self.dtype), todo[0].tier)
         else:
-            w = self.stored_weights.read_dense(reader, spec)
-            for piece in todo:  # a table's pieces are copies: the whole table is not kept alive
+            self._store_dense(reader, spec, pieces, todo)
+
+    def _store_dense(self, reader, spec, pieces, todo) -> None:
+        """A weight read dense: a table's pieces each read alone where the reader can (no dense copy of
+        the whole: a 1B's is 501 MiB), else from the whole, read once, as copies (not kept alive)."""
+        read_rows = getattr(reader, "read_rows", None) if len(pieces) > 1 else None
+        w = None
+        for piece in todo:
+            part = None if read_rows is None else read_rows(spec, self.dtype, piece.start, piece.stop)
+            if part is None:
+                w = self.stored_weights.read_dense(reader, spec) if w is None else w
                 part = w if len(pieces) == 1 else w[piece.start:piece.stop].clone()
-                self.store.put(piece.name, self._stored_form(spec, part, piece.tier), piece.tier)
+            self.store.put(piece.name, self._stored_form(spec, part, piece.tier), piece.tier)
 
     def _stored_class(self, spec) -> type | None:
         """What a weight was stored as, when not dense (to rebuild it from its parts)."""

@@ -27,8 +27,7 @@ from flexlamps.models.loading.gguf_moe import MLA_KV_B, moe_gguf_tensor
 from flexlamps.models.loading.gguf_names import NORM_PLUS_ONE, permuted_heads
 from flexlamps.models.loading.unread import unread_error, unread_gguf_tensors, unread_tensors
 from flexlamps.models.loading.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
-from flexlamps.models.loading.in_place import (TIED_HEAD, in_place_form, in_place_specs, int4_matrix,
-                                               int8_matrix)
+from flexlamps.models.loading.in_place import TIED_HEAD, blocks_matrix, build_rows, in_place_form, in_place_specs
 from flexlamps.models.loading.errors import CheckpointError, json_file
 from flexlamps.models.loading.hf_files import tensor_files
 from flexlamps.models.loading.hf_parts import FusedParts
@@ -269,15 +268,13 @@ class GGUFReader:
 
         return read_hybrid(self.config, spec, raw)
 
-    def read_int4(self, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | None:
+    def read_int4(self, spec: WeightSpec, dtype: torch.dtype, piece: tuple[int, int] | None = None) -> Int4Weight | None:
         """A Q4_0 / Q4_1 / Q4_K weight as it is in the file (codes, block scales and zero points), to be
-        multiplied in place with activations in `dtype`; None for other tensor types."""
+        multiplied in place with activations in `dtype`; None for other tensor types. `piece` (start,
+        stop): those output rows alone (a table's piece), read and built alone (`in_place.blocks_matrix`)."""
         if not is_int4_block_type(self.in_place_type(spec) or ""):
             return None
-        t = self._tensor(spec)
-        heads = self._row_heads(spec)
-        rows = None if heads is None else (lambda part: unpermute_rows(part, heads))
-        return int4_matrix(t.read(self.path), t.tensor_type.name, tuple(spec.shape), dtype, rows)
+        return self._blocks_matrix(spec, dtype, piece)
 
     def stores_mxfp4(self, spec: WeightSpec) -> bool:
         """Whether the file holds `spec` in ggml's MXFP4 blocks (gpt-oss's experts)."""
@@ -291,16 +288,30 @@ class GGUFReader:
             raise CheckpointError(f"{self.path}: {spec.name} is not stored in MXFP4")
         return Mxfp4Weight(*mxfp4_blocks(t.read(self.path), spec.shape), dtype)
 
-    def read_int8(self, spec: WeightSpec, dtype: torch.dtype) -> Int8Weight | None:
+    def read_int8(self, spec: WeightSpec, dtype: torch.dtype, piece: tuple[int, int] | None = None) -> Int8Weight | None:
         """A Q8_0 / Q5_0 / Q5_1 / Q5_K / Q6_K matrix as it is in the file (int8 codes, block scales
         and zero points, groups of 32 or Q6_K's 16), to be multiplied in place with activations in
-        `dtype`; None for other types."""
+        `dtype`; None for other types. `piece` as `read_int4`'s."""
         if not is_int8_block_type(self.in_place_type(spec) or ""):
             return None
+        return self._blocks_matrix(spec, dtype, piece)
+
+    def _blocks_matrix(self, spec: WeightSpec, dtype: torch.dtype, piece: tuple[int, int] | None):
+        """`spec`'s blocks as kept (`in_place.blocks_matrix`), a few rows of the file read at a time."""
         t = self._tensor(spec)
         heads = self._row_heads(spec)
         rows = None if heads is None else (lambda part: unpermute_rows(part, heads))
-        return int8_matrix(t.read(self.path), t.tensor_type.name, tuple(spec.shape), dtype, rows)
+        return blocks_matrix(lambda start, stop: t.rows(start, stop).read(self.path), t.tensor_type.name,
+                             tuple(spec.shape), dtype, rows, piece)
+
+    def read_rows(self, spec: WeightSpec, dtype: torch.dtype, start: int, stop: int) -> torch.Tensor | None:
+        """Rows start:stop of a table in `dtype`, read and dequantized alone: a table's piece without a
+        dense copy of the whole (a 1B's: 501 MiB); None where `read` changes its values (a hybrid's)."""
+        if spec.role != "embed" or self.config.hybrid is not None:
+            return None
+        t = self._tensor(spec).rows(start, stop)  # dequantized a build's part at a time (its fp32 rows)
+        return dequantize_rows(t.read(self.path), t.tensor_type, (stop - start, *spec.shape[1:]), dtype,
+                               build_rows(spec.shape[1]))
 
     def in_place_type(self, spec: WeightSpec) -> str | None:
         """The block type `read_int4` / `read_int8` give `spec` in ("Q4_1", "Q8_0", ...); None where

@@ -29,6 +29,13 @@ class GGUFTensor:
             raise CheckpointError(f"{path}: a tensor is cut short; the file is truncated or damaged")
         return data.reshape(self.item_shape)
 
+    def rows(self, start: int, stop: int) -> "GGUFTensor":
+        """Rows start:stop along the first (numpy) dim: a piece of a matrix, read alone."""
+        if len(self.item_shape) != 2 or not 0 <= start < stop <= self.item_shape[0]:
+            raise CheckpointError(f"rows {start}:{stop} are not in a matrix of shape {self.item_shape}")
+        return GGUFTensor(self.tensor_type, self.item_dtype, (stop - start, self.item_shape[1]),
+                          self.data_offset + start * self.item_shape[1] * self.item_dtype.itemsize)
+
     def slab(self, index: int) -> "GGUFTensor":
         """Slab `index` along the first (numpy) dim: one expert of llama.cpp's stacked experts."""
         if len(self.item_shape) not in (2, 3) or not 0 <= index < self.item_shape[0]:

@@ -25,8 +25,10 @@ from flexlamps.models.loading.gguf_blocks import (BLOCK, int4_blocks, int8_block
                                                  q6_k_parts)
 from flexlamps.models.loading.gguf_codes import KERNEL_TILE, TIED_HEAD, CodeForms, coded_nbytes, coded_specs
 from flexlamps.models.weight_specs import WeightSpec
+from placement.cost_memory import BUILD_WEIGHTS
+from quant.int4_tiles import tile_rows
 from quant.int4_weight import KERNEL_DTYPES, Int4Weight
-from quant.int8_weight import Int8Weight
+from quant.int8_weight import FIVE_BIT_TILE, Int8Weight
 
 # the lowest int8 code of each type the file's blocks give (a sample's codes: its 5-bit form or not)
 _LOWEST_CODE = {"Q8_0": -128, "Q6_K": -32}  # the 5-bit types': -16
@@ -83,21 +85,107 @@ def int4_matrix(raw, type_name: str, shape: tuple[int, int], dtype: torch.dtype,
     return Int4Weight.from_k_blocks(*parts, dtype) if k_form else int4_from_blocks(*parts, dtype)
 
 
-def int8_from_blocks(codes, scale, zero, dtype: torch.dtype) -> Int8Weight:
-    """An int8-code matrix from its blocks' codes, scales and zero points (`gguf_blocks.int8_blocks`)."""
+def int8_from_blocks(codes, scale, zero, dtype: torch.dtype, whole_rows: int | None = None) -> Int8Weight:
+    """An int8-code matrix from its blocks' codes, scales and zero points (`gguf_blocks.int8_blocks`);
+    `whole_rows`: the rows of the matrix they are a part of (its 5-bit form or not: whole tiles)."""
+    whole_rows = codes.shape[0] if whole_rows is None else whole_rows
+    five_bit = _five_bit_for(codes.shape[1]) and whole_rows % KERNEL_TILE == 0
     return Int8Weight.from_codes(codes, scale, codes.shape[1] // scale.shape[1], dtype, zero=zero,
-                                 five_bit=_five_bit_for(codes.shape[1]), six_bit=packs_six_bit())
+                                 five_bit=five_bit, six_bit=packs_six_bit())
 
 
-def int8_matrix(raw, type_name: str, shape: tuple[int, int], dtype: torch.dtype, rows=None) -> Int8Weight:
+def int8_matrix(raw, type_name: str, shape: tuple[int, int], dtype: torch.dtype, rows=None,
+                whole_rows: int | None = None) -> Int8Weight:
     """A Q8_0 / Q5_x / Q6_K tensor's raw bytes as the engine keeps it: a Q6_K's scales as the file
     holds them where our kernel runs (`keeps_k_scales`: the 6-bit form with `Int8Weight.k_scales`),
     else codes with a scale (and zero) a group (`int8_blocks`); `rows` (optional) maps each row-first
-    part (a llama GGUF's q / k rows un-interleaved)."""
+    part (a llama GGUF's q / k rows un-interleaved); `whole_rows` as `int8_from_blocks`'."""
     k_form = type_name == "Q6_K" and keeps_q6_k_scales()
     parts = q6_k_parts(raw, shape) if k_form else int8_blocks(raw, shape, type_name)
     parts = parts if rows is None else tuple(None if part is None else rows(part) for part in parts)
-    return Int8Weight.from_k6_blocks(*parts, dtype) if k_form else int8_from_blocks(*parts, dtype)
+    return Int8Weight.from_k6_blocks(*parts, dtype) if k_form else int8_from_blocks(*parts, dtype, whole_rows)
+
+
+def build_rows(cols: int) -> int:
+    """Rows of a matrix of `cols` inputs whose form `blocks_matrix` builds at a time: whole kernel
+    tiles, about BUILD_WEIGHTS weights."""
+    return max(KERNEL_TILE, BUILD_WEIGHTS // cols // KERNEL_TILE * KERNEL_TILE)
+
+
+def blocks_matrix(read, type_name: str, shape: tuple[int, int], dtype: torch.dtype, rows=None,
+                  piece: tuple[int, int] | None = None) -> Int4Weight | Int8Weight:
+    """The (N, K) matrix of GGUF `type_name` blocks as the engine keeps it (`int4_matrix` /
+    `int8_matrix`), built `build_rows` rows at a time from `read(start, stop)` (the file's bytes of
+    those rows) and stacked as built whole (`_stacked`: the same form, the same bits); `piece`
+    (start, stop): those rows alone, as the whole's `rows(start, stop)` holds them (a table's piece,
+    cut on whole tiles). `rows` (a llama GGUF's q / k rows un-interleaved) takes the whole at once."""
+    total, cols = shape
+    start, stop = piece or (0, total)
+    if start % KERNEL_TILE or not 0 <= start < stop <= total:
+        raise ValueError(f"blocks_matrix: rows {start}:{stop} of {total} do not start a kernel tile")
+    int4 = is_int4_block_type(type_name)
+    if rows is not None or tile_rows(cols) is None:  # no tiles to stack (or rows mapped across the matrix)
+        if piece is not None:
+            raise ValueError(f"blocks_matrix: rows {piece} of a matrix read whole")
+        return (int4_matrix if int4 else int8_matrix)(read(0, total), type_name, shape, dtype, rows)
+    step = build_rows(cols)
+    bounds = [(first, min(first + step, stop)) for first in range(start, stop, step)]
+
+    def part(first: int, last: int) -> Int4Weight | Int8Weight:
+        if not int4:
+            return int8_matrix(read(first, last), type_name, (last - first, cols), dtype, whole_rows=total)
+        w = int4_matrix(read(first, last), type_name, (last - first, cols), dtype)
+        return w if len(bounds) == 1 else w.kernel_only()  # the plain codes beside the tiles where one part
+
+    return _stacked(part, bounds)
+
+
+def _grown(w) -> dict[str, tuple[torch.Tensor, int, int]]:
+    """A form's tensors that grow with its rows: {name: (tensor, its rows' dim, rows an index)}."""
+    split = w if isinstance(w, Int4Weight) else w.split
+    out = {"kernel": (split.kernel_codes, 0, 1), "scale_zero": (split.scale_zero, 1, 1)}
+    if isinstance(w, Int8Weight) and w.fifth is not None:
+        out["fifth"] = (w.fifth, 0, FIVE_BIT_TILE)
+    if isinstance(w, Int8Weight) and w.high is not None:
+        out["high"] = (w.high, 0, 1)
+    return out
+
+
+def _tile(w) -> int:
+    """Rows a tile of `w`'s kernel layout holds (the split's: twice the inputs; the 5-bit form's: 64)."""
+    if isinstance(w, Int8Weight) and w.fifth is not None:
+        return FIVE_BIT_TILE
+    return tile_rows(w.shape[1] * (2 if isinstance(w, Int8Weight) and w.high is None else 1))
+
+
+def _stacked(part, bounds: list[tuple[int, int]]) -> Int4Weight | Int8Weight:
+    """The parts `part(start, stop)` of one matrix's rows `bounds` (whole tiles each but the last,
+    whose tiles are padded as the whole's are), built one at a time into the whole form's tensors:
+    what building it whole gives, holding one part's transients beside it. Parts in two forms (Q8_0
+    codes some of which fit 6 bits) or holding plain codes are stacked as the class does; the 6-bit
+    form's scales alone beside pairs as pairs (a zero 8 times its scale in some parts, as the whole)."""
+    first = part(*bounds[0])
+    if len(bounds) == 1:
+        return first
+    rows = bounds[-1][1] - bounds[0][0]
+    out = None
+    for i, (start, _) in enumerate(bounds):
+        w = first if i == 0 else part(*bounds[i])
+        grown = _grown(w)
+        if (w if isinstance(w, Int4Weight) else w.split).codes is not None or (out or grown).keys() != grown.keys():
+            return type(first).cat([part(*b) for b in bounds])
+        if out is None:
+            padded = rows + (-rows) % _tile(first)
+            out = {name: t.new_empty((*t.shape[:dim], (rows if dim else padded) // per, *t.shape[dim + 1:]))
+                   for name, (t, dim, per) in grown.items()}
+        for name, (t, dim, per) in grown.items():
+            if name == "scale_zero" and t.shape[-1] != out[name].shape[-1]:  # scales alone beside pairs
+                t, out[name] = (t, torch.cat([out[name], out[name] * 8], -1)) if t.shape[-1] == 2 else \
+                    (torch.cat([t, t * 8], -1), out[name])
+            out[name].narrow(dim, (start - bounds[0][0]) // per, t.shape[dim]).copy_(t)
+    split = first if isinstance(first, Int4Weight) else first.split
+    nibbles = Int4Weight(None, out["scale_zero"], split.group_size, out["kernel"])
+    return nibbles if isinstance(first, Int4Weight) else Int8Weight(nibbles, out.get("fifth"), high=out.get("high"))
 
 
 def keeps_blocks(reader, dtype: torch.dtype) -> bool:
@@ -114,13 +202,15 @@ def in_place_specs(reader, specs: list[WeightSpec], dtype: torch.dtype) -> dict[
     return coded_specs(specs, reader.in_place_type)
 
 
-def in_place_form(reader, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | Int8Weight | None:
+def in_place_form(reader, spec: WeightSpec, dtype: torch.dtype,
+                  piece: tuple[int, int] | None = None) -> Int4Weight | Int8Weight | None:
     """The file's blocks of `spec` as the engine multiplies them (a 4-bit matrix keeps the kernel's
-    layout alone where it is known: `Int4Weight.kernel_only`), or None for other tensor types."""
-    w = reader.read_int4(spec, dtype)
+    layout alone where it is known: `Int4Weight.kernel_only`), or None for other tensor types;
+    `piece` (start, stop): those rows alone, as the whole's `rows(start, stop)` (a table's piece)."""
+    w = reader.read_int4(spec, dtype, piece)
     if w is not None:
         return w.kernel_only()
-    return reader.read_int8(spec, dtype)
+    return reader.read_int8(spec, dtype, piece)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
