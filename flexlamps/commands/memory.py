@@ -38,11 +38,13 @@ def planned_rss_bytes(model, weight_bytes_per_param: float | None, *, offload_bu
     return int(overhead + weights + (cache * context_len + state) * spec.num_layers * num_sequences)
 
 
-def cpu_mem_within(max_rss: int, gpu_mem: int, gpu_is_host: bool) -> int:
-    """The cpu tier a memory cap leaves the offload engine: the cap less the fixed overhead and,
+def cpu_mem_within(max_rss: int, gpu_mem: int, gpu_is_host: bool, model=None) -> int:
+    """The cpu tier a memory cap leaves the offload engine: the cap less the fixed overhead, the
+    build's transients of `model` (a `placement.ModelSpec`, offloaded: `build_transient_bytes`) and,
     where the gpu tier is host memory (no GPU), the gpu tier (`--max-rss` with `--gpu-mem` and no
     `--cpu-mem`: the whole cap goes to the engine, as a peer's page cache would take it)."""
-    return max_rss - FIXED_OVERHEAD_BYTES - (gpu_mem if gpu_is_host else 0)
+    transient = 0 if model is None else build_transient_bytes(model, offloaded=True)
+    return max_rss - FIXED_OVERHEAD_BYTES - transient - (gpu_mem if gpu_is_host else 0)
 
 
 def fill_cap(run, max_rss: int, gpu_is_host: bool, model=None):
@@ -53,8 +55,9 @@ def fill_cap(run, max_rss: int, gpu_is_host: bool, model=None):
     if not run.offloaded or run.gpu_mem is None or run.cpu_mem is not None:
         return run, None
     mib = lambda n: f"{n / 2**20:.0f} MiB"  # noqa: E731
-    transient = build_transient_bytes(_described(run.model) if model is None else model, offloaded=True)
-    cpu_mem = cpu_mem_within(max_rss, run.gpu_mem, gpu_is_host) - transient
+    model = _described(run.model) if model is None else model
+    cpu_mem = cpu_mem_within(max_rss, run.gpu_mem, gpu_is_host, model)
+    transient = build_transient_bytes(model, offloaded=True)
     overheads = f"the fixed overhead ({mib(FIXED_OVERHEAD_BYTES)}), the build's transients ({mib(transient)})"
     if cpu_mem <= 0:
         raise click.ClickException(

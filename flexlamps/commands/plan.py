@@ -24,6 +24,7 @@ from placement import (
     hardware_preset,
     solve,
 )
+from placement.cost_memory import build_transient_bytes
 from placement.plan import TIERS
 from placement.presets import HARDWARE_PRESETS
 from placement.units import GiB
@@ -230,15 +231,17 @@ def _all_full_attention_plan(model, hardware, workload, plan, given_policy: bool
         return None
 
 
-def _cpu_tier_within(hardware: HardwareSpec, max_rss: int) -> HardwareSpec:
+def _cpu_tier_within(hardware: HardwareSpec, max_rss: int, model: ModelSpec) -> HardwareSpec:
     """The machine with the cpu tier `--max-rss` leaves (`memory.cpu_mem_within`), said on stderr."""
-    cpu_mem = cpu_mem_within(max_rss, hardware.gpu_mem_bytes, hardware.gpu_is_host)
+    cpu_mem = cpu_mem_within(max_rss, hardware.gpu_mem_bytes, hardware.gpu_is_host, model)
+    overheads = (f"the fixed overhead ({format_bytes(FIXED_OVERHEAD_BYTES)}), the build's transients "
+                 f"({format_bytes(build_transient_bytes(model, offloaded=True))})")
     if cpu_mem <= 0:
-        raise click.BadParameter(f"{format_bytes(max_rss)} leaves no cpu tier after the fixed overhead "
-                                 f"({format_bytes(FIXED_OVERHEAD_BYTES)}) and the gpu tier", param_hint="--max-rss")
+        raise click.BadParameter(f"{format_bytes(max_rss)} leaves no cpu tier after {overheads} and the gpu tier",
+                                 param_hint="--max-rss")
     click.echo(f"cpu tier {format_bytes(cpu_mem)} (--cpu-mem {cpu_mem}): what --max-rss {format_bytes(max_rss)} leaves "
-               f"after the fixed overhead ({format_bytes(FIXED_OVERHEAD_BYTES)})"
-               + (" and the gpu tier (host memory on this machine)" if hardware.gpu_is_host else ""), err=True)
+               f"after {overheads}" + (" and the gpu tier (host memory on this machine)" if hardware.gpu_is_host else ""),
+               err=True)
     return hardware.with_memory(cpu_mem_bytes=cpu_mem)
 
 
@@ -283,7 +286,7 @@ def command(model_text, hardware_text, prompt_len, gen_len, shared_prefix_len, g
     hardware = load_hardware_spec(hardware_text).with_memory(
         gpu_mem_bytes=gpu_mem, cpu_mem_bytes=cpu_mem, disk_bytes=disk_mem)
     if max_rss is not None and cpu_mem is None:
-        hardware = _cpu_tier_within(hardware, max_rss)
+        hardware = _cpu_tier_within(hardware, max_rss, model)
     if shared_prefix_len > prompt_len:
         raise click.BadParameter(f"{shared_prefix_len} exceeds --prompt-len {prompt_len}",
                                  param_hint="--shared-prefix-len")

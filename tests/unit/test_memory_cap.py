@@ -23,6 +23,9 @@ MIXTRAL = dict(model_type="mixtral", hidden_size=4096, num_hidden_layers=32, num
 def test_the_cap_less_the_overhead_and_a_host_gpu_tier_is_the_cpu_tier():
     assert cpu_mem_within(4096 * MiB, 1024 * MiB, gpu_is_host=True) == 3072 * MiB - FIXED_OVERHEAD_BYTES
     assert cpu_mem_within(4096 * MiB, 1024 * MiB, gpu_is_host=False) == 4096 * MiB - FIXED_OVERHEAD_BYTES
+    model = describe_model("llama-2-7b")
+    assert cpu_mem_within(4096 * MiB, 1024 * MiB, False, model) == (
+        4096 * MiB - FIXED_OVERHEAD_BYTES - build_transient_bytes(model, offloaded=True))
 
 
 def test_generate_fills_the_cpu_tier_from_the_cap_only_where_it_is_not_given():
@@ -44,7 +47,8 @@ def test_plan_prints_the_cpu_tier_a_cap_leaves_and_plans_with_it(tmp_path):
               "--no-cpu-attention"]
     out = CliRunner().invoke(plan_command, [*common, "--max-rss", "40GiB"])
     assert out.exit_code == 0, out.output
-    expected = 40 * 1024 * MiB - FIXED_OVERHEAD_BYTES  # a GPU machine: its memory is not the process's
+    transient = build_transient_bytes(describe_model(str(config)), offloaded=True)
+    expected = 40 * 1024 * MiB - FIXED_OVERHEAD_BYTES - transient  # a GPU machine: its memory is not the process's
     assert f"--cpu-mem {expected}" in out.stderr
     plan = json.loads(out.stdout)
     assert plan["hardware"]["cpu_mem_bytes"] == expected
