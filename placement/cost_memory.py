@@ -2,6 +2,7 @@
 one call's working buffers, and the output head's moment."""
 
 import dataclasses
+import math
 
 from placement.affine import Affine, C_CPU, C_DISK, C_GPU, H_CPU, H_DISK, H_GPU, W_CPU, W_DISK, W_GPU
 from placement.attention_scratch import exact_attention_bytes
@@ -195,12 +196,14 @@ def _attended_cache(choice: Choice, dense_bytes: float) -> Affine:
 
 def build_transient_bytes(model: ModelSpec, offloaded: bool) -> int:
     """What building `model`'s weights holds beyond what is kept: one part of a GGUF matrix's form
-    (BUILD_WEIGHTS weights, at least a tile of its widest input, BUILD_BYTES_PER_WEIGHT each);
+    (BUILD_WEIGHTS weights, at least a tile of its widest input, or of whole heads where a llama
+    GGUF's q / k rows are un-interleaved a part at a time; BUILD_BYTES_PER_WEIGHT each);
     offloaded, also the largest weight the store builds at once in the model's dtype (a matrix, or
     a table's piece of HEAD_CHUNK_ROWS rows), which no tier charges while it is read, compressed or
     written to disk (`--max-rss`: `flexlamps.commands.memory`)."""
     widest = max(model.hidden_size, model.intermediate_size, model.moe_intermediate_size,
                  model.num_heads * model.head_dim)
-    part = BUILD_BYTES_PER_WEIGHT * max(BUILD_WEIGHTS, BUILD_TILE_ROWS * widest)
+    unit = math.lcm(BUILD_TILE_ROWS, model.head_dim) if model.head_dim > 0 else BUILD_TILE_ROWS
+    part = BUILD_BYTES_PER_WEIGHT * max(BUILD_WEIGHTS, unit * widest)
     largest = max(model.hidden_size * widest, min(HEAD_CHUNK_ROWS, model.vocab_size) * model.hidden_size)
     return part + (largest * model.dtype_bytes if offloaded else 0)

@@ -14,6 +14,7 @@ import torch
 
 from flexlamps.models.loading import in_place
 from flexlamps.models.loading.gguf_codes import INT4_BLOCK_TYPES, INT8_BLOCK_TYPES
+from flexlamps.models.loading.gguf_tensors import unpermute_rows
 from placement.cost_memory import BUILD_BYTES_PER_WEIGHT, BUILD_WEIGHTS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -58,6 +59,24 @@ def test_built_by_rows_and_by_pieces_as_whole(type_name, rows, monkeypatch):
         assert_same(by_rows(raw, type_name, (rows, cols), piece=(start, stop)), want.rows(start, stop))
     with pytest.raises(ValueError, match="kernel tile"):
         by_rows(raw, type_name, (rows, cols), piece=(10, 64))
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("heads, head", [(6, 64), (4, 96), (4, 40)])  # parts of 128, 192 rows; one part
+def test_q_k_rows_un_interleaved_by_parts_of_whole_heads(type_name, heads, head, monkeypatch):
+    """llama.cpp interleaves q / k rows within each head: built a part of whole heads at a time, each
+    part's rows put back as the whole's are."""
+    rows, cols = heads * head, 512
+    raw = blocks(type_name, rows, cols)
+    unmixed = lambda part: unpermute_rows(part, heads)  # noqa: E731
+    build = in_place.int4_matrix if type_name in INT4_BLOCK_TYPES else in_place.int8_matrix
+    want = build(raw, type_name, (rows, cols), torch.bfloat16, unmixed)
+    monkeypatch.setattr(in_place, "BUILD_WEIGHTS", 100 * cols)  # parts of lcm(64, head) rows
+    got = in_place.blocks_matrix(lambda start, stop: raw[start:stop], type_name, (rows, cols), torch.bfloat16,
+                                 heads=heads)
+    if type_name in INT4_BLOCK_TYPES:
+        got, want = got.kernel_only(), want.kernel_only()
+    assert_same(got, want)
 
 
 def test_a_part_whose_zeros_are_8_scales_stacks_as_the_whole_holds_them(monkeypatch):

@@ -299,10 +299,8 @@ class GGUFReader:
     def _blocks_matrix(self, spec: WeightSpec, dtype: torch.dtype, piece: tuple[int, int] | None):
         """`spec`'s blocks as kept (`in_place.blocks_matrix`), a few rows of the file read at a time."""
         t = self._tensor(spec)
-        heads = self._row_heads(spec)
-        rows = None if heads is None else (lambda part: unpermute_rows(part, heads))
         return blocks_matrix(lambda start, stop: t.rows(start, stop).read(self.path), t.tensor_type.name,
-                             tuple(spec.shape), dtype, rows, piece)
+                             tuple(spec.shape), dtype, self._row_heads(spec), piece)
 
     def read_rows(self, spec: WeightSpec, dtype: torch.dtype, start: int, stop: int) -> torch.Tensor | None:
         """Rows start:stop of a table in `dtype`, read and dequantized alone: a table's piece without a

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ from flexlamps.models.blocks.linear import native_kernel
 from flexlamps.models.loading.gguf_blocks import (BLOCK, int4_blocks, int8_blocks, is_int4_block_type, q4_k_parts,
                                                  q6_k_parts)
 from flexlamps.models.loading.gguf_codes import KERNEL_TILE, TIED_HEAD, CodeForms, coded_nbytes, coded_specs
+from flexlamps.models.loading.gguf_tensors import unpermute_rows
 from flexlamps.models.weight_specs import WeightSpec
 from placement.cost_memory import BUILD_WEIGHTS
 from quant.int4_tiles import tile_rows
@@ -106,35 +108,38 @@ def int8_matrix(raw, type_name: str, shape: tuple[int, int], dtype: torch.dtype,
     return Int8Weight.from_k6_blocks(*parts, dtype) if k_form else int8_from_blocks(*parts, dtype, whole_rows)
 
 
-def build_rows(cols: int) -> int:
-    """Rows of a matrix of `cols` inputs whose form `blocks_matrix` builds at a time: whole kernel
-    tiles, about BUILD_WEIGHTS weights."""
-    return max(KERNEL_TILE, BUILD_WEIGHTS // cols // KERNEL_TILE * KERNEL_TILE)
+def build_rows(cols: int, unit: int = KERNEL_TILE) -> int:
+    """Rows of a matrix of `cols` inputs whose form `blocks_matrix` builds at a time: whole units
+    (kernel tiles, or tiles and heads), about BUILD_WEIGHTS weights."""
+    return max(unit, BUILD_WEIGHTS // cols // unit * unit)
 
 
-def blocks_matrix(read, type_name: str, shape: tuple[int, int], dtype: torch.dtype, rows=None,
+def blocks_matrix(read, type_name: str, shape: tuple[int, int], dtype: torch.dtype, heads: int | None = None,
                   piece: tuple[int, int] | None = None) -> Int4Weight | Int8Weight:
     """The (N, K) matrix of GGUF `type_name` blocks as the engine keeps it (`int4_matrix` /
     `int8_matrix`), built `build_rows` rows at a time from `read(start, stop)` (the file's bytes of
     those rows) and stacked as built whole (`_stacked`: the same form, the same bits); `piece`
     (start, stop): those rows alone, as the whole's `rows(start, stop)` holds them (a table's piece,
-    cut on whole tiles). `rows` (a llama GGUF's q / k rows un-interleaved) takes the whole at once."""
+    cut on whole tiles). `heads`: a llama GGUF's q / k rows, interleaved within each of that many
+    heads (`unpermute_rows`), built in parts of whole heads."""
     total, cols = shape
     start, stop = piece or (0, total)
     if start % KERNEL_TILE or not 0 <= start < stop <= total:
         raise ValueError(f"blocks_matrix: rows {start}:{stop} of {total} do not start a kernel tile")
     int4 = is_int4_block_type(type_name)
-    if rows is not None or tile_rows(cols) is None:  # no tiles to stack (or rows mapped across the matrix)
+    head = None if heads is None else total // heads
+    unmixed = None if heads is None else (lambda part: unpermute_rows(part, len(part) // head))  # whole heads
+    if tile_rows(cols) is None:  # no tiles to stack
         if piece is not None:
             raise ValueError(f"blocks_matrix: rows {piece} of a matrix read whole")
-        return (int4_matrix if int4 else int8_matrix)(read(0, total), type_name, shape, dtype, rows)
-    step = build_rows(cols)
+        return (int4_matrix if int4 else int8_matrix)(read(0, total), type_name, shape, dtype, unmixed)
+    step = build_rows(cols, KERNEL_TILE if head is None else math.lcm(KERNEL_TILE, head))
     bounds = [(first, min(first + step, stop)) for first in range(start, stop, step)]
 
     def part(first: int, last: int) -> Int4Weight | Int8Weight:
         if not int4:
-            return int8_matrix(read(first, last), type_name, (last - first, cols), dtype, whole_rows=total)
-        w = int4_matrix(read(first, last), type_name, (last - first, cols), dtype)
+            return int8_matrix(read(first, last), type_name, (last - first, cols), dtype, unmixed, whole_rows=total)
+        w = int4_matrix(read(first, last), type_name, (last - first, cols), dtype, unmixed)
         return w if len(bounds) == 1 else w.kernel_only()  # the plain codes beside the tiles where one part
 
     return _stacked(part, bounds)
