@@ -461,10 +461,20 @@ AI QRows rows_from(const QRows *x, int64_t b0) {
     return xb;
 }
 
+#if defined(__AVX512VNNI__)
+#include "tile_gemm_vnni512.h"  /* zmm_rows: vpdpbusd on 512 bits, 4 rows a pass */
+#endif
+
 /* Every row of x by one prepared sub-tile (its rows 16s.. and h + 16s.. of the tile whose first
  * output column is out). */
 static void gemm_rows(const Prepared *prep, const QRows *x, int64_t rows, int64_t group, int split, uint16_t *out,
                       int64_t n, int64_t s, int64_t h, int fp16) {
+#if defined(__AVX512VNNI__)
+    if (zmm_takes(prep, group, split)) {
+        zmm_rows(prep, x, rows, group, split, out, n, s, h, fp16);
+        return;
+    }
+#endif
     for (int64_t b0 = 0; b0 < rows; b0 += GEMM_ROWS) {
         int nb = rows - b0 < GEMM_ROWS ? (int)(rows - b0) : GEMM_ROWS;
         QRows xb = rows_from(x, b0);
