@@ -268,10 +268,14 @@ def coded_matrix(reader, spec: WeightSpec, dtype: torch.dtype) -> CodedMatrix:
 
 def in_place_sample(reader, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | Int8Weight:
     """A matrix in the form `in_place_form` gives `spec`, of zero blocks (its bytes, its layout),
-    built at full size and not cached: for what needs the matrix itself (`coded_matrix` sizes it)."""
-    shape = tuple(spec.shape)
-    return _sample(reader.in_place_type(spec), shape, dtype, _five_bit_for(shape[1]), packs_six_bit(),
-                   keeps_q6_k_scales())
+    built at full size (a part at a time, as `blocks_matrix`) and not cached: for what needs the
+    matrix itself (`coded_matrix` sizes it)."""
+    rows, cols = spec.shape
+    five_bit = _five_bit_for(cols) and rows % KERNEL_TILE == 0
+    step = build_rows(cols)
+    return _stacked(lambda first, last: _sample(reader.in_place_type(spec), (last - first, cols), dtype, five_bit,
+                                                packs_six_bit(), keeps_q6_k_scales()),
+                    [(first, min(first + step, rows)) for first in range(0, rows, step)])
 
 
 def _sample(type_name: str, shape: tuple[int, int], dtype: torch.dtype, five_bit: bool, six_bit: bool,
@@ -280,7 +284,7 @@ def _sample(type_name: str, shape: tuple[int, int], dtype: torch.dtype, five_bit
     from gguf.quants import quant_shape_to_byte_shape
 
     raw = np.zeros(quant_shape_to_byte_shape(shape, gguf.GGMLQuantizationType[type_name]), dtype=np.uint8)
-    if is_int4_block_type(type_name):
+    if is_int4_block_type(type_name):  # (kernel_only: a part `_stacked` stacks)
         return int4_matrix(raw, type_name, shape, dtype).kernel_only()
     if type_name == "Q6_K" and six_bit and q6_k_scales:  # (lowest codes: the 6-bit form's fit)
         codes, d, sc = q6_k_parts(raw, shape)
