@@ -20,6 +20,9 @@
 #define PREFETCH8_BYTES 2048  /* 5% faster than 512 on Zen 2; 2048 on Zen 4 (1 thread, 32768 x 4096 from
                                * memory): Q4_0 6-9%, Q6_K's 6-bit form 3%, Q4_K 1% faster than 1024 */
 #endif
+#ifndef PREFETCH8_FAR  /* and the 4-bit streams again this far ahead into L2: more lines in flight than */
+#define PREFETCH8_FAR 8192  /* a core's hardware prefetchers keep (tile_gemv_avx512.h's DECODE_PREFETCH_FAR) */
+#endif
 
 /* Columns k..k+3 of a 16-row slice as codes 0..15, paired for vpmaddubsw: c[0] rows 0-7, c[1] rows
  * 8-15 of the low nibbles, c[2], c[3] of the high ones; from the slice's bytes of columns k, k+1 (a)
@@ -172,6 +175,7 @@ AI void segment8(const uint8_t *p, const uint8_t *plane, int64_t off, int64_t h,
         } else {
             const uint8_t *at = p + 4 * step * h;
             _mm_prefetch((const char *)(at + PREFETCH8_BYTES), _MM_HINT_T0);
+            _mm_prefetch((const char *)(at + PREFETCH8_FAR), _MM_HINT_T1);
             slice_codes4(at, h, c);
         }
         for (int b = 0; b < nb; b++) {
