@@ -26,9 +26,8 @@ from flexlamps.engine.routing_profile import cached_routing
 from flexlamps.hardware import cache as hardware_cache
 from flexlamps.models.blocks import linear
 from flexlamps.models.loading import weight_cache
-from flexlamps.models.loading.in_place import in_place_sample
+from flexlamps.models.loading.in_place import CodedMatrix
 from flexlamps.models.loading.weight_cache import load_weights
-from flexlamps.models.blocks.weight_kind import kind_of
 from flexlamps.models.weight_specs import weight_specs
 from flexlamps.run_plan.plan import RunPlan, agents_config
 from flexlamps.settings import RunSettings
@@ -114,17 +113,25 @@ def _dense_twins_fit(weights: dict) -> bool:
 
 
 def in_memory_weight_bytes(reader, dtype: torch.dtype) -> int:
-    """Bytes the in-memory executor on this CPU holds for `reader`'s weights in `dtype`, each as its
-    kind stores it (`WeightKind.stored_bytes`): a checkpoint's blocks kept as codes
-    (`in_place_sample`: Q4_K at 4.625 bits a weight where our kernel keeps its scales), with the
-    dense twin (and int8 copy) `Int4Twin` adds where `_twinned`, as if they fit; the others dense."""
-    specs, _ = in_place_coded(reader, dtype)
+    """Bytes the in-memory executor on this CPU holds for `reader`'s weights in `dtype`: a checkpoint's
+    blocks kept as codes as described (`in_place_coded`, `held_bytes`), nothing of them built; the
+    others dense."""
+    specs, coded = in_place_coded(reader, dtype)
     held = sum(s.numel * dtype.itemsize for s in weight_specs(reader.config) if s.name not in specs)
-    for spec in specs.values():  # the twin rule reads the matrix's form: built, one at a time
-        w = in_place_sample(reader, spec, dtype)
-        w = linear.with_dense_twin(w, plain=lambda: None) if _twinned(w) else w  # sized, never read
-        held += kind_of(w).stored_bytes(w)
-    return held
+    return held + sum(held_bytes(w) for w in coded.values())
+
+
+def held_bytes(coded: CodedMatrix) -> int:
+    """Bytes the in-memory executor holds for a matrix kept as codes: the form's
+    (`gguf_codes.coded_nbytes`), with the dense twin (and int8 copy) `Int4Twin` adds where
+    `_twinned`, as if they fit. The twin rule reads only the form, so it is asked of one tile of it
+    (`CodedMatrix.form_tile`); the twin's copies grow with the rows, so its bytes are the tile's
+    scaled (building each matrix to ask took a 1B 10.8 s of CPU before its run)."""
+    tile = coded.form_tile()
+    if not _twinned(tile):
+        return coded.nbytes
+    copies = linear.with_dense_twin(tile, plain=lambda: None).nbytes - tile.nbytes  # sized, never read
+    return coded.nbytes + copies * coded.shape[0] // tile.shape[0]
 
 
 def _cached_dense_copies(reader, dtype: torch.dtype, cache_dir):

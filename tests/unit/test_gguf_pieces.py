@@ -62,30 +62,6 @@ def test_built_by_rows_and_by_pieces_as_whole(type_name, rows, monkeypatch):
         by_rows(raw, type_name, (rows, cols), piece=(10, 64))
 
 
-class _Typed:
-    """A reader of one block type (what `in_place_sample` asks of it)."""
-
-    def __init__(self, type_name: str):
-        self.type_name = type_name
-
-    def in_place_type(self, spec) -> str:
-        return self.type_name
-
-
-@pytest.mark.parametrize("type_name", INT4_BLOCK_TYPES + INT8_BLOCK_TYPES)
-@pytest.mark.parametrize("rows", [448, 421])
-def test_the_charges_sample_is_built_by_parts_as_whole(type_name, rows, monkeypatch):
-    """`in_place_sample` (what `--max-rss` in memory sizes a matrix by): a part at a time, the same
-    form as built whole, where the check itself took a 1B's process to ~1.5 GB sizing its tied head."""
-    cols, dtype = 512, torch.bfloat16
-    five_bit = in_place._five_bit_for(cols) and rows % 64 == 0
-    want = in_place._sample(type_name, (rows, cols), dtype, five_bit, in_place.packs_six_bit(),
-                            in_place.keeps_q6_k_scales())
-    monkeypatch.setattr(in_place, "BUILD_WEIGHTS", 128 * cols)
-    got = in_place.in_place_sample(_Typed(type_name), WeightSpec("m", (rows, cols), "linear", 0), dtype)
-    assert_same(got, want)
-
-
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q8_0"])
 @pytest.mark.parametrize("heads, head", [(6, 64), (4, 96), (4, 40)])  # parts of 128, 192 rows; one part
 def test_q_k_rows_un_interleaved_by_parts_of_whole_heads(type_name, heads, head, monkeypatch):

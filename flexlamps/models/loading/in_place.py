@@ -247,15 +247,25 @@ class CodedMatrix:
         return dataclasses.replace(self, shape=(stop - start, self.shape[1]))
 
     def part_names(self, prefix: str) -> list[str]:
-        """The names its stored parts take (`offload.store.stored_parts`): a sample's of one kernel
-        tile of rows, the form's parts being the same at any row count."""
+        """The names its stored parts take (`offload.store.stored_parts`): its `form_tile`'s, the
+        form's parts being the same at any row count."""
         return [prefix + name for name in _part_names(self.type_name, self.shape[1], self.dtype, self.forms)]
+
+    def form_tile(self) -> Int4Weight | Int8Weight:
+        """One kernel tile of rows in the form described, of zero blocks (cached: do not change it):
+        what a rule that reads a matrix's form asks of (its kernels, its dense twin), the form being
+        the same at any row count."""
+        return _form_tile(self.type_name, self.shape[1], self.dtype, self.forms)
+
+
+@functools.lru_cache(maxsize=64)
+def _form_tile(type_name: str, cols: int, dtype: torch.dtype, forms: CodeForms) -> Int4Weight | Int8Weight:
+    return _sample(type_name, (KERNEL_TILE, cols), dtype, forms.five_bit, forms.native, forms.native)
 
 
 @functools.lru_cache(maxsize=64)
 def _part_names(type_name: str, cols: int, dtype: torch.dtype, forms: CodeForms) -> tuple[str, ...]:
-    sample = _sample(type_name, (KERNEL_TILE, cols), dtype, forms.five_bit, forms.native, forms.native)
-    return tuple(sample.to_tensors("", with_kernel=True))
+    return tuple(_form_tile(type_name, cols, dtype, forms).to_tensors("", with_kernel=True))
 
 
 def coded_matrix(reader, spec: WeightSpec, dtype: torch.dtype) -> CodedMatrix:
@@ -264,18 +274,6 @@ def coded_matrix(reader, spec: WeightSpec, dtype: torch.dtype) -> CodedMatrix:
     five_bit = _five_bit_for(shape[1]) and shape[0] % KERNEL_TILE == 0  # whole tiles, else 6-bit (`coded_nbytes`)
     forms = CodeForms(native=packs_six_bit(), five_bit=five_bit, dtype_bytes=dtype.itemsize)
     return CodedMatrix(reader.in_place_type(spec), shape, forms, dtype)
-
-
-def in_place_sample(reader, spec: WeightSpec, dtype: torch.dtype) -> Int4Weight | Int8Weight:
-    """A matrix in the form `in_place_form` gives `spec`, of zero blocks (its bytes, its layout),
-    built at full size (a part at a time, as `blocks_matrix`) and not cached: for what needs the
-    matrix itself (`coded_matrix` sizes it)."""
-    rows, cols = spec.shape
-    five_bit = _five_bit_for(cols) and rows % KERNEL_TILE == 0
-    step = build_rows(cols)
-    return _stacked(lambda first, last: _sample(reader.in_place_type(spec), (last - first, cols), dtype, five_bit,
-                                                packs_six_bit(), keeps_q6_k_scales()),
-                    [(first, min(first + step, rows)) for first in range(0, rows, step)])
 
 
 def _sample(type_name: str, shape: tuple[int, int], dtype: torch.dtype, five_bit: bool, six_bit: bool,
