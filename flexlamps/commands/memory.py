@@ -47,6 +47,13 @@ def cpu_mem_within(max_rss: int, gpu_mem: int, gpu_is_host: bool, model=None) ->
     return max_rss - FIXED_OVERHEAD_BYTES - transient - (gpu_mem if gpu_is_host else 0)
 
 
+def overheads_text(model, fmt, offloaded: bool = True) -> str:
+    """What a cap pays beside the tiers, said with `fmt` (bytes -> text): the fixed overhead and the
+    build's transients of `model` (a `placement.ModelSpec`, `build_transient_bytes`)."""
+    transient = build_transient_bytes(model, offloaded)
+    return f"the fixed overhead ({fmt(FIXED_OVERHEAD_BYTES)}), the build's transients ({fmt(transient)})"
+
+
 def fill_cap(run, max_rss: int, gpu_is_host: bool, model=None):
     """`run` with its cpu tier what `max_rss` leaves (`cpu_mem_within`) after the build's transients
     (`build_transient_bytes` of `model`, the run's `placement.ModelSpec`; default: `run.model`
@@ -57,8 +64,7 @@ def fill_cap(run, max_rss: int, gpu_is_host: bool, model=None):
     mib = lambda n: f"{n / 2**20:.0f} MiB"  # noqa: E731
     model = _described(run.model) if model is None else model
     cpu_mem = cpu_mem_within(max_rss, run.gpu_mem, gpu_is_host, model)
-    transient = build_transient_bytes(model, offloaded=True)
-    overheads = f"the fixed overhead ({mib(FIXED_OVERHEAD_BYTES)}), the build's transients ({mib(transient)})"
+    overheads = overheads_text(model, mib)
     if cpu_mem <= 0:
         raise click.ClickException(
             f"--max-rss {mib(max_rss)} leaves no cpu tier after {overheads}"
@@ -106,5 +112,5 @@ def check_max_rss(settings, max_rss: int, num_prompts: int, reader, model) -> No
         what = ("the tier budgets --gpu-mem + --cpu-mem" if budgets is not None else
                 "the weights and a cache for the batch; --gpu-mem and --cpu-mem bound them")
         raise click.ClickException(
-            f"--max-rss {mib(max_rss)} cannot be met: the run plans {mib(planned)} (fixed overhead "
-            f"{mib(FIXED_OVERHEAD_BYTES)} plus {what}); lower the budgets or raise --max-rss")
+            f"--max-rss {mib(max_rss)} cannot be met: the run plans {mib(planned)} "
+            f"({overheads_text(model, mib, budgets is not None)} plus {what}); lower the budgets or raise --max-rss")

@@ -24,13 +24,12 @@ from placement import (
     hardware_preset,
     solve,
 )
-from placement.cost_memory import build_transient_bytes
 from placement.plan import TIERS
 from placement.presets import HARDWARE_PRESETS
 from placement.units import GiB
 
 from flexlamps.catalog import describe_model
-from flexlamps.commands.memory import FIXED_OVERHEAD_BYTES, cpu_mem_within
+from flexlamps.commands.memory import cpu_mem_within, overheads_text
 from flexlamps.commands.options import ByteSize
 from placement.ess import pool_entries
 from placement.hybrid_fit import all_full_attention, sequences_that_fit
@@ -234,8 +233,7 @@ def _all_full_attention_plan(model, hardware, workload, plan, given_policy: bool
 def _cpu_tier_within(hardware: HardwareSpec, max_rss: int, model: ModelSpec) -> HardwareSpec:
     """The machine with the cpu tier `--max-rss` leaves (`memory.cpu_mem_within`), said on stderr."""
     cpu_mem = cpu_mem_within(max_rss, hardware.gpu_mem_bytes, hardware.gpu_is_host, model)
-    overheads = (f"the fixed overhead ({format_bytes(FIXED_OVERHEAD_BYTES)}), the build's transients "
-                 f"({format_bytes(build_transient_bytes(model, offloaded=True))})")
+    overheads = overheads_text(model, format_bytes)
     if cpu_mem <= 0:
         raise click.BadParameter(f"{format_bytes(max_rss)} leaves no cpu tier after {overheads} and the gpu tier",
                                  param_hint="--max-rss")
